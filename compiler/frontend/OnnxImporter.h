@@ -1,0 +1,63 @@
+//===- OnnxImporter.h - ONNX model -> carve dialect -----------------------===//
+//
+// Reads an ONNX model (protobuf, optionally with external data files) and
+// builds `func.func @forward` in the carve dialect: graph inputs, parameters
+// and buffers become named function arguments; shape arithmetic is evaluated
+// at import so every tensor has a static shape.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_FRONTEND_ONNXIMPORTER_H
+#define CARVE_COMPILER_FRONTEND_ONNXIMPORTER_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <string>
+#include <vector>
+
+namespace carve {
+
+/// What the user told the importer on the command line.
+struct ImportOptions {
+  /// Values for symbolic dimensions (`--set-dim NAME=VALUE`).
+  llvm::StringMap<int64_t> dims;
+  /// Glob patterns of parameters that are not trained (`--frozen GLOB`).
+  std::vector<std::string> frozen;
+  /// Run the carve-raise pass after import (on by default).
+  bool raise = true;
+};
+
+/// Parses one `NAME=VALUE` of `--set-dim` into `opts`; on a malformed entry
+/// returns false and sets `error`.
+bool parseSetDim(llvm::StringRef entry, ImportOptions &opts, std::string &error);
+
+/// Imports the model at `path`. On failure returns a null module and sets
+/// `error` to one line naming the cause (and the node, where there is one).
+mlir::OwningOpRef<mlir::ModuleOp> importOnnxFile(mlir::MLIRContext &context,
+                                                 llvm::StringRef path,
+                                                 const ImportOptions &opts,
+                                                 std::string &error);
+
+/// Imports a model already held in memory; `baseDir` resolves external data.
+mlir::OwningOpRef<mlir::ModuleOp> importOnnxBytes(mlir::MLIRContext &context,
+                                                  llvm::StringRef bytes,
+                                                  llvm::StringRef displayName,
+                                                  llvm::StringRef baseDir,
+                                                  const ImportOptions &opts,
+                                                  std::string &error);
+
+/// The ONNX op types the importer accepts (default domain), sorted.
+std::vector<std::string> supportedOnnxOps();
+
+/// The argument attribute names that tag function arguments.
+constexpr const char *kParamAttr = "carve.param";
+constexpr const char *kTrainableAttr = "carve.trainable";
+constexpr const char *kBufferAttr = "carve.buffer";
+constexpr const char *kInputAttr = "carve.input";
+constexpr const char *kOutputAttr = "carve.output";
+
+} // namespace carve
+
+#endif // CARVE_COMPILER_FRONTEND_ONNXIMPORTER_H

@@ -1,0 +1,40 @@
+//===- Passes.td - passes of the frontend ------------------*- tablegen -*-===//
+
+#ifndef CARVE_FRONTEND_PASSES_TD
+#define CARVE_FRONTEND_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
+  let summary = "Recognize normalizations, activations and the attention core";
+  let description = [{
+    PyTorch's exporter writes many high-level ops out as chains of elementwise
+    ops: RMSNorm always, LayerNorm before opset 17, GELU before opset 20, SiLU,
+    cross-entropy as LogSoftmax + NegativeLogLikelihoodLoss, and attention
+    written by hand as MatMul / Mul / Where / Softmax / MatMul. Autodiff, the
+    partitioner and the fused kernels need these ops whole, and a person reads
+    them more easily, so this pass folds each chain back into one op:
+
+      1. `x * sigmoid(x)`                                   -> `carve.silu`
+      2. `x * 0.5 * (1 + erf(x / sqrt 2))` (any order)      -> `carve.gelu {none}`
+         `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`  -> `carve.gelu {tanh}`
+      3. `(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* g] [+ b]`
+                                                            -> `carve.layer_norm`
+      4. `x * rsqrt(mean(x^2) + eps) [* w]` (rsqrt written as 1/sqrt, reciprocal
+         or division)                                       -> `carve.rms_norm`
+      5. `softmax(s) @ v` with `s = (q @ k^T) * c` (or `/ c`), optionally masked
+         by `where(causal_const, -inf, s)` or `s + mask`    -> `carve.attention`
+      6. `log_softmax` feeding the NLL pattern               -> `carve.cross_entropy`
+
+    Before: any carve IR. After: the same computation with the chains replaced;
+    ops left without users are erased (the pass runs canonicalization-style
+    dead-code removal on the function). Chains that do not match exactly are
+    left alone, never approximated.
+  }];
+  let dependentDialects = ["carve::CarveDialect"];
+  let statistics = [
+    Statistic<"numRaised", "num-raised", "Number of op chains replaced">
+  ];
+}
+
+#endif // CARVE_FRONTEND_PASSES_TD

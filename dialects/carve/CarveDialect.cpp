@@ -1,0 +1,23 @@
+//===- CarveDialect.cpp - registration of the carve dialect ---------------===//
+
+#include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
+
+using namespace mlir;
+
+#include "dialects/carve/CarveDialect.cpp.inc"
+
+void carve::CarveDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/carve/CarveOps.cpp.inc"
+      >();
+}
+
+Operation *carve::CarveDialect::materializeConstant(OpBuilder &builder, Attribute value,
+                                                    Type type, Location loc) {
+  auto elements = dyn_cast<ElementsAttr>(value);
+  if (!elements || elements.getType() != type)
+    return nullptr;
+  return carve::ConstantOp::create(builder, loc, elements);
+}

@@ -1,0 +1,517 @@
+//===- CarveOps.td - the carve dialect and its tensor ops --*- tablegen -*-===//
+//
+// Value-semantics tensor ops over builtin ranked tensors with static shapes. The
+// ONNX importer produces them; autodiff, the partitioner and codegen consume them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_OPS_TD
+#define CARVE_OPS_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/BuiltinAttributeInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Dialect
+//===----------------------------------------------------------------------===//
+
+def Carve_Dialect : Dialect {
+  let name = "carve";
+  let cppNamespace = "::carve";
+  let summary = "Value-semantics tensor ops for training-step compilation.";
+  let description = [{
+    The `carve` dialect holds a model as a function of builtin ranked tensors with
+    static shapes. Every op is free of side effects and works on whole tensors;
+    there are no in-place updates and no dynamic shapes. Parameters, buffers and
+    graph inputs are function arguments tagged with `carve.param`,
+    `carve.buffer` or `carve.input` (the names they had in the exported model),
+    so the names survive into checkpoints.
+
+    Elementwise ops broadcast their operands the NumPy/ONNX way (align trailing
+    dimensions; a dimension of size 1 stretches). Higher-level ops
+    (`carve.layer_norm`, `carve.rms_norm`, `carve.gelu`, `carve.silu`,
+    `carve.attention`, `carve.cross_entropy`) are kept whole because later stages
+    (autodiff, partitioning, fused kernels) need them whole.
+  }];
+  let useDefaultAttributePrinterParser = 0;
+  let useDefaultTypePrinterParser = 0;
+  let hasConstantMaterializer = 1;
+}
+
+class Carve_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Carve_Dialect, mnemonic, !listconcat(traits, [Pure])> {
+  let hasVerifier = 1;
+}
+
+def Carve_Tensor : RankedTensorOf<[AnyType]>;
+
+//===----------------------------------------------------------------------===//
+// Constants and casts
+//===----------------------------------------------------------------------===//
+
+def Carve_ConstantOp : Carve_Op<"constant", [ConstantLike, AllTypesMatch<["value", "result"]>]> {
+  let summary = "A tensor constant.";
+  let description = [{
+    Materializes a constant tensor. Splats print as one value; large constants
+    folded at import (a causal mask, a rotary table slice) are stored as
+    `dense_resource` blobs named after the ONNX value they came from.
+
+    ```mlir
+    %eps = carve.constant dense<9.99999974E-6> : tensor<f32>
+    ```
+  }];
+  let arguments = (ins ElementsAttr:$value);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$value attr-dict";
+  let builders = [OpBuilder<(ins "::mlir::ElementsAttr":$value), [{
+    build($_builder, $_state, value.getType(), value);
+  }]>];
+  let hasFolder = 1;
+}
+
+def Carve_CastOp : Carve_Op<"cast"> {
+  let summary = "Element type conversion.";
+  let description = [{
+    Converts every element to the result's element type with the semantics of
+    ONNX `Cast` (floats round to nearest even, floats to integers truncate toward
+    zero, anything non-zero becomes `true` in `i1`). Shapes are equal.
+
+    ```mlir
+    %f = carve.cast %mask : tensor<4x16xi64> -> tensor<4x16xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise ops
+//===----------------------------------------------------------------------===//
+
+class Carve_BinaryOp<string mnemonic, string formula, string kind = "numeric">
+    : Carve_Op<mnemonic> {
+  let summary = "Elementwise `" # formula # "` with broadcasting.";
+  let description = [{
+    Computes `}] # formula # [{` element by element. Operands broadcast the
+    NumPy way to the result shape; both have the same element type.
+
+    ```mlir
+    %r = carve.}] # mnemonic # [{ %a, %b : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$lhs, Carve_Tensor:$rhs);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+  string operandKind = kind;
+}
+
+def Carve_AddOp : Carve_BinaryOp<"add", "lhs + rhs">;
+def Carve_SubOp : Carve_BinaryOp<"sub", "lhs - rhs">;
+def Carve_MulOp : Carve_BinaryOp<"mul", "lhs * rhs">;
+def Carve_DivOp : Carve_BinaryOp<"div", "lhs / rhs">;
+def Carve_PowOp : Carve_BinaryOp<"pow", "lhs ^ rhs">;
+def Carve_MaximumOp : Carve_BinaryOp<"maximum", "max(lhs, rhs)">;
+def Carve_MinimumOp : Carve_BinaryOp<"minimum", "min(lhs, rhs)">;
+def Carve_EqualOp : Carve_BinaryOp<"equal", "lhs == rhs (result i1)">;
+def Carve_LessOp : Carve_BinaryOp<"less", "lhs < rhs (result i1)">;
+def Carve_GreaterOp : Carve_BinaryOp<"greater", "lhs > rhs (result i1)">;
+def Carve_AndOp : Carve_BinaryOp<"and", "lhs and rhs (i1)">;
+def Carve_OrOp : Carve_BinaryOp<"or", "lhs or rhs (i1)">;
+
+class Carve_UnaryOp<string mnemonic, string formula>
+    : Carve_Op<mnemonic, [AllTypesMatch<["input", "result"]>]> {
+  let summary = "Elementwise `" # formula # "`.";
+  let description = [{
+    Computes `}] # formula # [{` element by element; the result has the
+    operand's type.
+
+    ```mlir
+    %r = carve.}] # mnemonic # [{ %x : tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Carve_NegOp : Carve_UnaryOp<"neg", "-x">;
+def Carve_AbsOp : Carve_UnaryOp<"abs", "|x|">;
+def Carve_ExpOp : Carve_UnaryOp<"exp", "e^x">;
+def Carve_LogOp : Carve_UnaryOp<"log", "ln(x)">;
+def Carve_SqrtOp : Carve_UnaryOp<"sqrt", "sqrt(x)">;
+def Carve_RsqrtOp : Carve_UnaryOp<"rsqrt", "1 / sqrt(x)">;
+def Carve_ReciprocalOp : Carve_UnaryOp<"reciprocal", "1 / x">;
+def Carve_TanhOp : Carve_UnaryOp<"tanh", "tanh(x)">;
+def Carve_ErfOp : Carve_UnaryOp<"erf", "erf(x)">;
+def Carve_SigmoidOp : Carve_UnaryOp<"sigmoid", "1 / (1 + e^-x)">;
+def Carve_ReluOp : Carve_UnaryOp<"relu", "max(x, 0)">;
+def Carve_SinOp : Carve_UnaryOp<"sin", "sin(x)">;
+def Carve_CosOp : Carve_UnaryOp<"cos", "cos(x)">;
+def Carve_NotOp : Carve_UnaryOp<"not", "not x (i1)">;
+def Carve_SiluOp : Carve_UnaryOp<"silu", "x * sigmoid(x)">;
+
+def Carve_GeluOp : Carve_Op<"gelu", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "Gaussian error linear unit.";
+  let description = [{
+    `approximate = "none"`: `0.5 x (1 + erf(x / sqrt(2)))`;
+    `approximate = "tanh"`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`,
+    PyTorch's `F.gelu(x, approximate=...)`.
+
+    ```mlir
+    %y = carve.gelu %x {approximate = "none"} : tensor<4x16x128xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input,
+                       DefaultValuedStrAttr<StrAttr, "none">:$approximate);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Carve_WhereOp : Carve_Op<"where"> {
+  let summary = "Elementwise select with broadcasting.";
+  let description = [{
+    `result = condition ? on_true : on_false`, all three broadcast to the result
+    shape; `condition` is `i1`.
+
+    ```mlir
+    %r = carve.where %mask, %ninf, %s : (tensor<16x16xi1>, tensor<f32>, tensor<4x2x16x16xf32>) -> tensor<4x2x16x16xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$condition, Carve_Tensor:$on_true,
+                       Carve_Tensor:$on_false);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = [{
+    $condition `,` $on_true `,` $on_false attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Contractions, reductions and normalizations
+//===----------------------------------------------------------------------===//
+
+def Carve_MatmulOp : Carve_Op<"matmul"> {
+  let summary = "Batched matrix product with NumPy semantics.";
+  let description = [{
+    `[..., m, k] x [..., k, n] -> [..., m, n]`; batch dimensions broadcast. A
+    rank-1 operand is a vector (its dimension is dropped from the result), as in
+    `numpy.matmul` and ONNX `MatMul`. Partition rule (later): `m k+, k+ n -> m n`.
+
+    ```mlir
+    %y = carve.matmul %x, %w : (tensor<4x16x32xf32>, tensor<32x96xf32>) -> tensor<4x16x96xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$lhs, Carve_Tensor:$rhs);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+}
+
+class Carve_ReduceOp<string mnemonic, string what> : Carve_Op<mnemonic> {
+  let summary = "Reduction (" # what # ") over the given axes.";
+  let description = [{
+    Reduces `input` over `axes` (sorted, non-negative, unique) by }] # what # [{.
+    With `keep_dims` the reduced dimensions stay with size 1.
+
+    ```mlir
+    %m = carve.}] # mnemonic # [{ %x {axes = array<i64: 2>, keep_dims = true} : tensor<4x16x32xf32> -> tensor<4x16x1xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, DenseI64ArrayAttr:$axes,
+                       DefaultValuedAttr<BoolAttr, "true">:$keep_dims);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+def Carve_ReduceSumOp : Carve_ReduceOp<"reduce_sum", "sum">;
+def Carve_ReduceMeanOp : Carve_ReduceOp<"reduce_mean", "arithmetic mean">;
+def Carve_ReduceMaxOp : Carve_ReduceOp<"reduce_max", "maximum">;
+
+def Carve_SoftmaxOp : Carve_Op<"softmax", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "Softmax along one axis.";
+  let description = [{
+    `exp(x - max(x)) / sum(exp(x - max(x)))` along `axis` (non-negative).
+
+    ```mlir
+    %p = carve.softmax %s {axis = 3 : i64} : tensor<4x2x16x16xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, I64Attr:$axis);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Carve_LogSoftmaxOp : Carve_Op<"log_softmax", [AllTypesMatch<["input", "result"]>]> {
+  let summary = "Log-softmax along one axis.";
+  let description = [{
+    `x - max(x) - log(sum(exp(x - max(x))))` along `axis` (non-negative).
+
+    ```mlir
+    %p = carve.log_softmax %logits {axis = 1 : i64} : tensor<64x10xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, I64Attr:$axis);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Carve_LayerNormOp : Carve_Op<"layer_norm", [AttrSizedOperandSegments]> {
+  let summary = "Layer normalization over the trailing dimensions.";
+  let description = [{
+    Normalizes `input` over dimensions `[axis, rank)` to zero mean and unit
+    (biased) variance, `(x - mean) / sqrt(var + epsilon)`, then multiplies by
+    `scale` and adds `bias` when present (both shaped like those dimensions).
+    This is `torch.nn.LayerNorm` and ONNX `LayerNormalization`; the importer also
+    recognizes the decomposed form older opsets export.
+
+    ```mlir
+    %y = carve.layer_norm %x scale %g bias %b {axis = 2 : i64, epsilon = 9.99999974E-6 : f32}
+           : (tensor<4x16x32xf32>, tensor<32xf32>, tensor<32xf32>) -> tensor<4x16x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Optional<Carve_Tensor>:$scale,
+                       Optional<Carve_Tensor>:$bias, I64Attr:$axis, F32Attr:$epsilon);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = [{
+    $input (`scale` $scale^)? (`bias` $bias^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_RmsNormOp : Carve_Op<"rms_norm"> {
+  let summary = "Root-mean-square normalization over the trailing dimensions.";
+  let description = [{
+    `x / sqrt(mean(x^2 over [axis, rank)) + epsilon) * scale` (Llama's RMSNorm),
+    recognized by the importer from the written-out form
+    `x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`.
+
+    ```mlir
+    %y = carve.rms_norm %x scale %w {axis = 2 : i64, epsilon = 9.99999997E-7 : f32}
+           : (tensor<4x16x32xf32>, tensor<32xf32>) -> tensor<4x16x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Optional<Carve_Tensor>:$scale,
+                       I64Attr:$axis, F32Attr:$epsilon);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = [{
+    $input (`scale` $scale^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_AttentionOp : Carve_Op<"attention"> {
+  let summary = "Scaled dot-product attention core.";
+  let description = [{
+    `softmax(q k^T * scale + mask) v` over the last two dimensions:
+    `q: [..., Tq, d]`, `k: [..., Tk, d]`, `v: [..., Tk, dv]` give `[..., Tq, dv]`.
+    Batch dimensions (batch, heads) must be equal. `causal` hides key `j > i`
+    from query `i` (the upper triangle gets `-inf`); the optional `mask` is an
+    additive float tensor broadcastable to `[..., Tq, Tk]` (BERT's padding mask).
+    The importer recognizes this op from the MatMul / Mul / Where / Softmax /
+    MatMul chain that PyTorch exports for attention written out by hand.
+
+    ```mlir
+    %o = carve.attention %q, %k, %v {causal = true, scale = 0.25 : f32}
+           : (tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>) -> tensor<4x2x16x16xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$query, Carve_Tensor:$key, Carve_Tensor:$value,
+                       Optional<Carve_Tensor>:$mask, F32Attr:$scale,
+                       DefaultValuedAttr<BoolAttr, "false">:$causal);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value (`mask` $mask^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Data movement
+//===----------------------------------------------------------------------===//
+
+def Carve_ReshapeOp : Carve_Op<"reshape"> {
+  let summary = "Reinterprets a tensor's shape; element count is unchanged.";
+  let description = [{
+    Row-major reshape to the static result type.
+
+    ```mlir
+    %r = carve.reshape %x : tensor<4x16x32xf32> -> tensor<4x16x2x16xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasFolder = 1;
+}
+
+def Carve_TransposeOp : Carve_Op<"transpose"> {
+  let summary = "Permutes dimensions.";
+  let description = [{
+    `result.shape[i] = input.shape[perm[i]]`.
+
+    ```mlir
+    %t = carve.transpose %x {perm = array<i64: 0, 2, 1, 3>} : tensor<4x16x2x16xf32> -> tensor<4x2x16x16xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, DenseI64ArrayAttr:$perm);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+def Carve_SliceOp : Carve_Op<"slice"> {
+  let summary = "Strided slice with static bounds.";
+  let description = [{
+    Takes `input[starts[i] : ends[i] : steps[i]]` on every dimension `i`;
+    bounds are normalized (`0 <= start <= end <= dim`, `step >= 1`).
+
+    ```mlir
+    %q = carve.slice %qkv {starts = array<i64: 0, 0, 0>, ends = array<i64: 4, 16, 32>,
+                          steps = array<i64: 1, 1, 1>} : tensor<4x16x96xf32> -> tensor<4x16x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, DenseI64ArrayAttr:$starts,
+                       DenseI64ArrayAttr:$ends, DenseI64ArrayAttr:$steps);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+def Carve_ConcatOp : Carve_Op<"concat"> {
+  let summary = "Concatenates tensors along one axis.";
+  let description = [{
+    All operands have the result's rank and element type and agree on every
+    dimension except `axis`.
+
+    ```mlir
+    %r = carve.concat %a, %b {axis = 3 : i64} : (tensor<4x2x16x4xf32>, tensor<4x2x16x4xf32>) -> tensor<4x2x16x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Carve_Tensor>:$inputs, I64Attr:$axis);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type(operands, results)";
+}
+
+def Carve_GatherOp : Carve_Op<"gather"> {
+  let summary = "Gathers slices along an axis (embedding lookup).";
+  let description = [{
+    ONNX `Gather`: `result.shape = data.shape[:axis] + indices.shape +
+    data.shape[axis+1:]`; integer indices, negative ones count from the end.
+    An embedding lookup is `gather` on axis 0 of the table.
+
+    ```mlir
+    %e = carve.gather %wte, %ids {axis = 0 : i64} : (tensor<64x32xf32>, tensor<4x16xi64>) -> tensor<4x16x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$data, Carve_Tensor:$indices, I64Attr:$axis);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$data `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Carve_ExpandOp : Carve_Op<"expand"> {
+  let summary = "Broadcasts a tensor to a larger static shape.";
+  let description = [{
+    NumPy broadcasting of `input` to the result shape (ONNX `Expand`).
+
+    ```mlir
+    %k = carve.expand %kv : tensor<4x2x1x16x8xf32> -> tensor<4x2x2x16x8xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Convolutional networks
+//===----------------------------------------------------------------------===//
+
+def Carve_Conv2dOp : Carve_Op<"conv2d"> {
+  let summary = "2-D convolution, NCHW, weights OIHW.";
+  let description = [{
+    ONNX `Conv` on 4-D tensors. `pads` is `[top, left, bottom, right]`; `group`
+    divides the input channels. The optional `bias` has one value per output
+    channel.
+
+    ```mlir
+    %y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 1 : i64,
+                              pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>}
+           : (tensor<4x8x32x32xf32>, tensor<8x8x3x3xf32>) -> tensor<4x8x32x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Carve_Tensor:$weight,
+                       Optional<Carve_Tensor>:$bias, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations,
+                       I64Attr:$group);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight (`bias` $bias^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_MaxPool2dOp : Carve_Op<"max_pool2d"> {
+  let summary = "2-D max pooling, NCHW.";
+  let description = [{
+    ONNX `MaxPool` (floor mode) on 4-D tensors; padding counts as `-inf`.
+
+    ```mlir
+    %y = carve.max_pool2d %x {kernel = array<i64: 3, 3>, pads = array<i64: 1, 1, 1, 1>,
+                              strides = array<i64: 2, 2>} : tensor<4x8x32x32xf32> -> tensor<4x8x16x16xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, DenseI64ArrayAttr:$kernel,
+                       DenseI64ArrayAttr:$strides, DenseI64ArrayAttr:$pads);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+}
+
+def Carve_BatchNormOp : Carve_Op<"batch_norm"> {
+  let summary = "Batch normalization over the channel dimension (dim 1).";
+  let description = [{
+    With `training = true`: normalizes with the batch's mean and biased variance
+    over all dimensions but 1, and returns the updated running statistics
+    `running = running * momentum + batch * (1 - momentum)` (ONNX's convention;
+    PyTorch's `momentum=0.1` is ONNX's `0.9`; the running variance uses the
+    unbiased batch variance, as PyTorch does). With `training = false`: uses
+    `running_mean` / `running_var` and returns them unchanged.
+
+    ```mlir
+    %y, %mean, %var = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 9.99999974E-6 : f32,
+                        momentum = 0.899999976 : f32, training = true}
+           : (tensor<4x8x32x32xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>)
+           -> (tensor<4x8x32x32xf32>, tensor<8xf32>, tensor<8xf32>)
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Carve_Tensor:$scale, Carve_Tensor:$bias,
+                       Carve_Tensor:$running_mean, Carve_Tensor:$running_var,
+                       F32Attr:$epsilon, F32Attr:$momentum, BoolAttr:$training);
+  let results = (outs Carve_Tensor:$result, Carve_Tensor:$new_running_mean,
+                      Carve_Tensor:$new_running_var);
+  let assemblyFormat = [{
+    $input `,` $scale `,` $bias `,` $running_mean `,` $running_var attr-dict `:`
+    functional-type(operands, results)
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Losses
+//===----------------------------------------------------------------------===//
+
+def Carve_CrossEntropyOp : Carve_Op<"cross_entropy"> {
+  let summary = "Softmax cross-entropy between logits and class indices.";
+  let description = [{
+    `logits: [N, C, d...]`, `targets: [N, d...]` (integer class indices).
+    Per element `loss = -log_softmax(logits)[target]` along dim 1; elements whose
+    target is `ignore_index` contribute 0 and do not count. `reduction` is
+    `mean` (over counted elements), `sum` or `none` (result shaped like
+    `targets`). This is `F.cross_entropy` and ONNX `SoftmaxCrossEntropyLoss`.
+
+    ```mlir
+    %loss = carve.cross_entropy %logits, %targets {ignore_index = -100 : i64, reduction = "mean"}
+              : (tensor<64x64xf32>, tensor<64xi64>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$logits, Carve_Tensor:$targets,
+                       DefaultValuedStrAttr<StrAttr, "mean">:$reduction,
+                       OptionalAttr<I64Attr>:$ignore_index);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
+}
+
+#endif // CARVE_OPS_TD

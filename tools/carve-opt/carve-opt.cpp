@@ -1,0 +1,25 @@
+//===- carve-opt.cpp - mlir-opt with carve's dialects and passes ----------===//
+//
+// Parses carve IR, runs any registered pass pipeline and prints the result;
+// the driver behind the lit tests of every carve pass.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/frontend/Passes.h"
+#include "dialects/carve/CarveDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+
+int main(int argc, char **argv) {
+  mlir::DialectRegistry registry;
+  registry.insert<carve::CarveDialect, mlir::func::FuncDialect>();
+  mlir::registerCanonicalizerPass();
+  mlir::registerCSEPass();
+  mlir::registerSymbolDCEPass();
+  carve::registerFrontendPasses();
+  return mlir::asMainReturnCode(
+      mlir::MlirOptMain(argc, argv, "carve optimizer driver\n", registry));
+}
