@@ -28,6 +28,7 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/GlobPattern.h"
@@ -134,6 +135,9 @@ private:
   HostTensor loadTensor(const onnx::TensorProto &t, const std::string &what);
   std::string readExternal(const onnx::TensorProto &t, int64_t bytes,
                            const std::string &what);
+  /// Validates an initializer's external data entry; returns the file path.
+  std::string externalPath(const onnx::TensorProto &t, int64_t bytes,
+                           const std::string &what, int64_t &offset);
   Type mlirType(int onnxType, const std::string &what);
   void classifyInitializers();
   void makeArguments();
@@ -166,6 +170,9 @@ private:
   [[noreturn]] void fail(const std::string &msg) const;
   int64_t normAxis(int64_t axis, int64_t rank) const;
   RankedTensorType tensorType(ArrayRef<int64_t> shape, Type elt) {
+    for (int64_t d : shape)
+      if (d < 0)
+        fail("shape " + formatShape(shape) + " has a negative dimension");
     return RankedTensorType::get(shape, elt);
   }
   Type eltOf(Value v) { return cast<RankedTensorType>(v.getType()).getElementType(); }
@@ -195,12 +202,13 @@ private:
   Block *entry = nullptr;
   SmallVector<DictionaryAttr> argAttrs;
   const onnx::NodeProto *node = nullptr;
+  std::string nodeLabel; ///< the node's name, or OpType_index when it has none
   Location loc = UnknownLoc::get(&ctx);
 };
 
 void Importer::fail(const std::string &msg) const {
   if (node)
-    throw ImportFailure{"node '" + node->name() + "' (" + node->op_type() + "): " + msg};
+    throw ImportFailure{"node '" + nodeLabel + "' (" + node->op_type() + "): " + msg};
   throw ImportFailure{msg};
 }
 
@@ -241,23 +249,25 @@ Type Importer::mlirType(int t, const std::string &what) {
   case ElemKind::BF16: return b.getBF16Type();
   case ElemKind::I64: return b.getI64Type();
   case ElemKind::I32: return b.getI32Type();
-  case ElemKind::I8: case ElemKind::U8: return b.getIntegerType(8);
+  case ElemKind::I8: return b.getIntegerType(8);
+  case ElemKind::U8: return b.getIntegerType(8, /*isSigned=*/false);
   case ElemKind::Bool: return b.getI1Type();
   }
   fail(what + " has element type " + elemKindName(t) + ", which carve does not support");
 }
 
-std::string Importer::readExternal(const onnx::TensorProto &t, int64_t bytes,
-                                   const std::string &what) {
+std::string Importer::externalPath(const onnx::TensorProto &t, int64_t bytes,
+                                   const std::string &what, int64_t &offset) {
   std::string location;
-  int64_t offset = 0, length = -1;
+  int64_t length = -1;
+  offset = 0;
   for (const auto &kv : t.external_data()) {
+    StringRef value = kv.value();
     if (kv.key() == "location")
       location = kv.value();
-    else if (kv.key() == "offset")
-      offset = std::atoll(kv.value().c_str());
-    else if (kv.key() == "length")
-      length = std::atoll(kv.value().c_str());
+    else if ((kv.key() == "offset" && value.getAsInteger(10, offset)) ||
+             (kv.key() == "length" && value.getAsInteger(10, length)))
+      fail(what + ": external data " + kv.key() + " '" + kv.value() + "' is not a number");
   }
   if (location.empty())
     fail(what + " is stored externally but names no location");
@@ -267,16 +277,26 @@ std::string Importer::readExternal(const onnx::TensorProto &t, int64_t bytes,
   SmallVector<char> full(baseDir.begin(), baseDir.end());
   llvm::sys::path::append(full, location);
   std::string path(full.begin(), full.end());
-  auto buf = llvm::MemoryBuffer::getFileSlice(path, bytes, offset);
   uint64_t fileSize = 0;
   if (llvm::sys::fs::file_size(path, fileSize))
     fail(what + ": external data file '" + path + "' does not exist");
   if (length >= 0 && length != bytes)
     fail(what + ": external data length " + std::to_string(length) + " should be " +
          std::to_string(bytes) + " bytes for its shape");
-  if ((uint64_t)(offset + bytes) > fileSize || !buf)
+  if (offset < 0 || (uint64_t)(offset + bytes) > fileSize)
     fail(what + ": external data file '" + path + "' is too short (" +
          std::to_string(fileSize) + " bytes, need " + std::to_string(offset + bytes) + ")");
+  return path;
+}
+
+std::string Importer::readExternal(const onnx::TensorProto &t, int64_t bytes,
+                                   const std::string &what) {
+  int64_t offset;
+  std::string path = externalPath(t, bytes, what, offset);
+  auto buf = llvm::MemoryBuffer::getFileSlice(path, bytes, offset);
+  if (!buf)
+    fail(what + ": cannot read external data file '" + path + "': " +
+         buf.getError().message());
   return (*buf)->getBuffer().str();
 }
 
@@ -293,27 +313,13 @@ void Importer::checkInitializer(const onnx::TensorProto &t) {
   for (int64_t d : t.dims()) {
     if (d < 0)
       fail(what + " has a negative dimension");
-    n *= d;
+    if (__builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 40))
+      fail(what + " has too many elements");
   }
   int64_t bytes = n * elemBytes(t.data_type());
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string location;
-    for (const auto &kv : t.external_data())
-      if (kv.key() == "location")
-        location = kv.value();
-    SmallVector<char> full(baseDir.begin(), baseDir.end());
-    llvm::sys::path::append(full, location);
-    uint64_t size = 0;
-    if (location.empty() || llvm::sys::fs::file_size(full, size))
-      fail(what + ": external data file '" + std::string(full.begin(), full.end()) +
-           "' does not exist");
-    int64_t offset = 0;
-    for (const auto &kv : t.external_data())
-      if (kv.key() == "offset")
-        offset = std::atoll(kv.value().c_str());
-    if ((int64_t)size < offset + bytes)
-      fail(what + ": external data file '" + location + "' is too short (" +
-           std::to_string(size) + " bytes, need " + std::to_string(offset + bytes) + ")");
+    int64_t offset;
+    (void)externalPath(t, bytes, what, offset);
     return;
   }
   int64_t have;
@@ -551,6 +557,9 @@ bool Importer::hasInput(int k) const {
 }
 
 Slot &Importer::slot(int k) {
+  if (!hasInput(k))
+    fail("input " + std::to_string(k) + " is missing (the node has " +
+         std::to_string(node->input_size()) + ")");
   const std::string &name = node->input(k);
   auto it = env.find(name);
   if (it == env.end())
@@ -627,6 +636,7 @@ ElemKind Importer::kindOf(int k) {
   if (t.isInteger(64)) return ElemKind::I64;
   if (t.isInteger(32)) return ElemKind::I32;
   if (t.isInteger(1)) return ElemKind::Bool;
+  if (t.isUnsignedInteger(8)) return ElemKind::U8;
   return ElemKind::I8;
 }
 
@@ -753,6 +763,9 @@ template <typename OpTy> Value Importer::binary(Value l, Value r, bool boolResul
   }
   ShapeOrError s = broadcastShapes(shp(l), shp(r));
   expect(s);
+  bool logical = std::is_same_v<OpTy, AndOp> || std::is_same_v<OpTy, OrOp>;
+  if (logical != eltOf(l).isInteger(1))
+    fail(logical ? "the inputs must be BOOL" : "arithmetic on BOOL is not supported");
   Type elt = boolResult ? b.getI1Type() : eltOf(l);
   return OpTy::create(b, loc, tensorType(s.shape, elt), l, r);
 }
@@ -769,10 +782,15 @@ SmallVector<int64_t> Importer::reduceAxes(const onnx::NodeProto &n, int64_t rank
   std::vector<int64_t> axes;
   bool axesAsInput = n.op_type() == "ReduceSum" || opset >= 18;
   if (axesAsInput) {
+    if (attr("axes"))
+      fail("the axes attribute was replaced by an input at this opset");
     if (hasInput(1))
       axes = needConst(1, "axes").toInts();
-  } else if (auto a = attrInts("axes")) {
-    axes = *a;
+  } else {
+    if (hasInput(1))
+      fail("axes is an attribute, not an input, before opset 18");
+    if (auto a = attrInts("axes"))
+      axes = *a;
   }
   if (axes.empty() && attrInt("noop_with_empty_axes", 0))
     return {};
@@ -875,6 +893,9 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
     HostTensor value = HostTensor::floats(ElemKind::F32, {}, {0.0});
     if (const auto *a = attr("value"))
       value = loadTensor(a->t(), "ConstantOfShape value");
+    for (int64_t d : shape)
+      if (d < 0)
+        fail("shape " + formatShape(shape) + " has a negative dimension");
     if (numElements(shape) > kFoldLimit)
       fail("ConstantOfShape of " + formatShape(shape) + " is too large to build at import");
     defineConst(0, hostExpand(hostReshape(value, {}), shape));
@@ -955,6 +976,10 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
     int64_t k = in.size() > 1 && in[1] ? in[1]->asInt(0) : 0;
     defineConst(0, hostTrilu(x, k, attrInt("upper", 1) != 0));
   } else if (op == "Range") {
+    double count = (in[1]->asDouble(0) - x.asDouble(0)) / in[2]->asDouble(0);
+    if (in[2]->asDouble(0) != 0 && count > (double)kFoldLimit)
+      fail("Range of " + std::to_string((int64_t)count) +
+           " elements is too large to build at import");
     defineConst(0, hostRange(x, *in[1], *in[2]));
   } else if (op == "ReduceSum" || op == "ReduceMean" || op == "ReduceMax" ||
              op == "ReduceMin" || op == "ReduceProd") {
@@ -968,8 +993,8 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
 
 void Importer::importNode(const onnx::NodeProto &n, int index) {
   node = &n;
-  std::string label = n.name().empty() ? n.op_type() + "_" + std::to_string(index) : n.name();
-  loc = NameLoc::get(b.getStringAttr(label), FileLineColLoc::get(&ctx, file, index + 1, 0));
+  nodeLabel = n.name().empty() ? n.op_type() + "_" + std::to_string(index) : n.name();
+  loc = NameLoc::get(b.getStringAttr(nodeLabel), FileLineColLoc::get(&ctx, file, index + 1, 0));
   if (!n.domain().empty() && n.domain() != "ai.onnx")
     fail("operator domain '" + n.domain() +
          "' is unknown; carve reads the default ONNX domain only (see docs/onnx-ops.md)");
@@ -987,7 +1012,8 @@ void Importer::importNode(const onnx::NodeProto &n, int index) {
   }
   if (foldOnlyOps().count(n.op_type()))
     fail("carve evaluates " + n.op_type() +
-         " only on constants known at import, but an input is computed from graph inputs");
+         " only on constants known at import, but an input is computed from graph inputs "
+         "(or is a constant too large to fold)");
   build(n);
 }
 
@@ -1020,9 +1046,16 @@ void Importer::build(const onnx::NodeProto &n) {
   if (op == "Or") return define(0, binary<OrOp>(val(0), val(1), true));
 
   // Elementwise unary ops.
+  static const std::set<std::string> anyNumeric = {"Neg", "Abs", "Relu"};
   auto unary = [&](auto tag) {
     using OpTy = decltype(tag);
     Value x = val(0);
+    Type elt = eltOf(x);
+    if (op == "Not" ? !elt.isInteger(1)
+                    : anyNumeric.count(op) ? elt.isInteger(1) : !isa<FloatType>(elt))
+      fail(op == "Not" ? std::string("the input must be BOOL")
+                       : anyNumeric.count(op) ? std::string("the input must be numeric")
+                                              : std::string("the input must be floating-point"));
     return define(0, OpTy::create(b, loc, x.getType(), x));
   };
   if (op == "Neg") return unary(NegOp());
@@ -1040,7 +1073,11 @@ void Importer::build(const onnx::NodeProto &n) {
   if (op == "Not") return unary(NotOp());
   if (op == "Gelu") {
     std::string approx = attrString("approximate", "none");
+    if (approx != "none" && approx != "tanh")
+      fail("approximate must be 'none' or 'tanh', got '" + approx + "'");
     Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("the input must be floating-point");
     return define(0, GeluOp::create(b, loc, x.getType(), x, b.getStringAttr(approx)));
   }
   if (op == "Identity") return define(0, val(0));
@@ -1157,12 +1194,9 @@ void Importer::build(const onnx::NodeProto &n) {
     Value bias = hasInput(2) ? val(2) : Value();
     ArrayRef<int64_t> norm = shp(x).drop_front(axis);
     for (Value p : {scale, bias})
-      if (p && shp(p) != norm) {
-        if (!broadcastsTo(shp(p), norm))
-          fail("scale/bias shape " + formatShape(shp(p)) + " does not match the normalized "
-               "dimensions " + formatShape(norm));
-        p = ExpandOp::create(b, loc, tensorType(norm, eltOf(p)), p);
-      }
+      if (p && !broadcastsTo(shp(p), norm))
+        fail("scale/bias shape " + formatShape(shp(p)) +
+             " does not match the normalized dimensions " + formatShape(norm));
     if (scale && shp(scale) != norm)
       scale = ExpandOp::create(b, loc, tensorType(norm, eltOf(scale)), scale);
     if (bias && shp(bias) != norm)
@@ -1176,7 +1210,12 @@ void Importer::build(const onnx::NodeProto &n) {
     if (shp(x).size() < 2)
       fail("the input needs rank >= 2");
     // Opset 13 has no training_mode: the optional statistics outputs mark it.
-    bool training = opset >= 14 ? attrInt("training_mode", 0) != 0 : n.output_size() > 1;
+    int present = 0;
+    for (const auto &o : n.output())
+      present += !o.empty();
+    bool training = opset >= 14 ? attrInt("training_mode", 0) != 0 : present > 1;
+    if (outputUsed(3) || outputUsed(4))
+      fail("the saved_mean / saved_var outputs are not supported");
     if (!training && (outputUsed(1) || outputUsed(2)))
       fail("running statistics outputs need training_mode=1");
     SmallVector<Value> ops = {x, val(1), val(2), val(3), val(4)};
@@ -1309,6 +1348,8 @@ void Importer::build(const onnx::NodeProto &n) {
     Value x = val(0);
     int64_t rank = shp(x).size(), axis = normAxis(attrInt("axis", 0), rank);
     int64_t dim = shp(x)[axis], outs = n.output_size();
+    if (outs < 1)
+      fail("Split needs at least one output");
     std::vector<int64_t> sizes;
     if (hasInput(1)) {
       sizes = needConst(1, "split").toInts();
@@ -1316,6 +1357,8 @@ void Importer::build(const onnx::NodeProto &n) {
       sizes = *s;
     } else {
       int64_t parts = attrInt("num_outputs", outs);
+      if (parts < 1)
+        fail("Split needs at least one output");
       int64_t chunk = (dim + parts - 1) / parts;
       if (opset < 18 && dim % parts)
         fail("dimension " + std::to_string(dim) + " does not split evenly into " +
@@ -1537,6 +1580,11 @@ OwningOpRef<ModuleOp> Importer::run(StringRef bytes) {
         b.getDictionaryAttr({b.getNamedAttr(kOutputAttr, b.getStringAttr(out.name()))}));
   }
   func::ReturnOp::create(b, loc, results);
+  // Drop ops that lost their users at import (a LogSoftmax folded into
+  // cross-entropy); everything carve builds is side-effect free.
+  for (Operation &op : llvm::make_early_inc_range(llvm::reverse(*entry)))
+    if (isOpTriviallyDead(&op))
+      op.erase();
   func.setFunctionType(b.getFunctionType(entry->getArgumentTypes(), TypeRange(results)));
   func.setAllArgAttrs(argAttrs);
   func.setAllResultAttrs(resultAttrs);
@@ -1578,8 +1626,10 @@ OwningOpRef<ModuleOp> importOnnxBytes(MLIRContext &context, StringRef bytes,
   std::string diag;
   {
     ScopedDiagnosticHandler handler(&context, [&](Diagnostic &d) {
-      if (diag.empty())
-        diag = d.str();
+      if (diag.empty()) {
+        llvm::raw_string_ostream os(diag);
+        os << d.getLocation() << ": " << d.str();
+      }
       return success();
     });
     if (failed(verify(*module))) {
@@ -1602,14 +1652,14 @@ OwningOpRef<ModuleOp> importOnnxBytes(MLIRContext &context, StringRef bytes,
 
 OwningOpRef<ModuleOp> importOnnxFile(MLIRContext &context, StringRef path,
                                      const ImportOptions &opts, std::string &error) {
+  if (llvm::sys::fs::is_directory(path)) {
+    error = "is a directory, not an ONNX file";
+    return nullptr;
+  }
   auto buf = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
                                          /*RequiresNullTerminator=*/false);
   if (!buf) {
     error = "cannot read the file: " + buf.getError().message();
-    return nullptr;
-  }
-  if (llvm::sys::fs::is_directory(path)) {
-    error = "is a directory, not an ONNX file";
     return nullptr;
   }
   SmallVector<char> dir(path.begin(), path.end());

@@ -10,8 +10,9 @@ def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
   let description = [{
     PyTorch's exporter writes many high-level ops out as chains of elementwise
     ops: RMSNorm always, LayerNorm before opset 17, GELU before opset 20, SiLU,
-    cross-entropy as LogSoftmax + NegativeLogLikelihoodLoss, and attention
-    written by hand as MatMul / Mul / Where / Softmax / MatMul. Autodiff, the
+    and attention written by hand as MatMul / Mul / Where / Softmax / MatMul.
+    (LogSoftmax + NegativeLogLikelihoodLoss becomes `carve.cross_entropy` in
+    the importer itself, since carve has no NLL op.) Autodiff, the
     partitioner and the fused kernels need these ops whole, and a person reads
     them more easily, so this pass folds each chain back into one op:
 
@@ -24,7 +25,6 @@ def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
          or division)                                       -> `carve.rms_norm`
       5. `softmax(s) @ v` with `s = (q @ k^T) * c` (or `/ c`), optionally masked
          by `where(causal_const, -inf, s)` or `s + mask`    -> `carve.attention`
-      6. `log_softmax` feeding the NLL pattern               -> `carve.cross_entropy`
 
     Before: any carve IR. After: the same computation with the chains replaced;
     ops left without users are erased (the pass runs canonicalization-style

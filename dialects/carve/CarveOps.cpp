@@ -10,6 +10,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/Sequence.h"
 
 using namespace mlir;
 using namespace carve;
@@ -307,6 +308,24 @@ LogicalResult TransposeOp::verify() {
   if (failed(verifyStatic(*this)) || failed(expectSameElement(*this, getInput(), getResult())))
     return failure();
   return expectShape(*this, transposeShape(shapeOf(getInput()), getPerm()), getResult());
+}
+
+OpFoldResult TransposeOp::fold(FoldAdaptor) {
+  ArrayRef<int64_t> perm = getPerm();
+  if (llvm::equal(perm, llvm::seq<int64_t>(0, perm.size())))
+    return getInput();
+  if (auto inner = getInput().getDefiningOp<TransposeOp>()) {
+    SmallVector<int64_t> combined;
+    for (int64_t p : perm)
+      combined.push_back(inner.getPerm()[p]);
+    getInputMutable().assign(inner.getInput());
+    setPerm(combined);
+    if (llvm::equal(combined, llvm::seq<int64_t>(0, combined.size())) &&
+        getInput().getType() == getType())
+      return getInput();
+    return getResult();
+  }
+  return {};
 }
 
 LogicalResult SliceOp::verify() {

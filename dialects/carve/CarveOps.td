@@ -262,8 +262,8 @@ def Carve_LayerNormOp : Carve_Op<"layer_norm", [AttrSizedOperandSegments]> {
     Normalizes `input` over dimensions `[axis, rank)` to zero mean and unit
     (biased) variance, `(x - mean) / sqrt(var + epsilon)`, then multiplies by
     `scale` and adds `bias` when present (both shaped like those dimensions).
-    This is `torch.nn.LayerNorm` and ONNX `LayerNormalization`; the importer also
-    recognizes the decomposed form older opsets export.
+    This is `torch.nn.LayerNorm` and ONNX `LayerNormalization`; the carve-raise
+    pass also recognizes the decomposed form older opsets export.
 
     ```mlir
     %y = carve.layer_norm %x scale %g bias %b {axis = 2 : i64, epsilon = 9.99999974E-6 : f32}
@@ -282,7 +282,7 @@ def Carve_RmsNormOp : Carve_Op<"rms_norm"> {
   let summary = "Root-mean-square normalization over the trailing dimensions.";
   let description = [{
     `x / sqrt(mean(x^2 over [axis, rank)) + epsilon) * scale` (Llama's RMSNorm),
-    recognized by the importer from the written-out form
+    recognized by the carve-raise pass from the written-out form
     `x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`.
 
     ```mlir
@@ -306,7 +306,7 @@ def Carve_AttentionOp : Carve_Op<"attention"> {
     Batch dimensions (batch, heads) must be equal. `causal` hides key `j > i`
     from query `i` (the upper triangle gets `-inf`); the optional `mask` is an
     additive float tensor broadcastable to `[..., Tq, Tk]` (BERT's padding mask).
-    The importer recognizes this op from the MatMul / Mul / Where / Softmax /
+    The carve-raise pass recognizes this op from the MatMul / Mul / Where / Softmax /
     MatMul chain that PyTorch exports for attention written out by hand.
 
     ```mlir
@@ -354,6 +354,8 @@ def Carve_TransposeOp : Carve_Op<"transpose"> {
   let arguments = (ins Carve_Tensor:$input, DenseI64ArrayAttr:$perm);
   let results = (outs Carve_Tensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  // transpose(transpose(x, p), q) = transpose(x, p[q[i]]); the identity folds away.
+  let hasFolder = 1;
 }
 
 def Carve_SliceOp : Carve_Op<"slice"> {

@@ -23,7 +23,8 @@ std::string formatShape(ArrayRef<int64_t> shape) {
 int64_t numElements(ArrayRef<int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape)
-    n *= d;
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      return INT64_MAX; // saturate: callers compare against limits
   return n;
 }
 

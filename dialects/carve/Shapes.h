@@ -63,7 +63,8 @@ ShapeOrError attentionShape(llvm::ArrayRef<int64_t> q, llvm::ArrayRef<int64_t> k
 /// Cross-entropy: logits [N, C, d...], targets [N, d...].
 ShapeOrError crossEntropyShape(llvm::ArrayRef<int64_t> logits,
                                llvm::ArrayRef<int64_t> targets, bool reduce);
-/// Number of elements of a static shape.
+/// Number of elements of a static shape; INT64_MAX if it overflows or a
+/// dimension is negative.
 int64_t numElements(llvm::ArrayRef<int64_t> shape);
 
 } // namespace carve

@@ -91,7 +91,7 @@ int runImport() {
   std::string error;
   for (const std::string &d : setDims)
     if (!carve::parseSetDim(d, opts, error))
-      die(error);
+      die(importInput + ": " + error);
   opts.frozen.assign(frozen.begin(), frozen.end());
   opts.raise = !noRaise;
   mlir::MLIRContext context;
@@ -103,7 +103,7 @@ int runImport() {
   if (summary)
     carve::printSummary(*module, os);
   else
-    module->print(os);
+    module->print(os), os << "\n";
   writeAtomically(importOutput, text);
   return 0;
 }

@@ -1,0 +1,222 @@
+//===- ImporterTest.cpp - the ONNX importer on hand-built graphs ----------===//
+
+#include "compiler/frontend/OnnxImporter.h"
+#include "dialects/carve/CarveOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/MLIRContext.h"
+
+#include "onnx/onnx_pb.h"
+
+#include <gtest/gtest.h>
+
+using namespace mlir;
+
+namespace {
+
+/// Builds a small ONNX model in memory.
+struct ModelBuilder {
+  onnx::ModelProto model;
+  onnx::GraphProto *graph;
+
+  explicit ModelBuilder(int opset = 17) {
+    model.set_ir_version(8);
+    auto *op = model.add_opset_import();
+    op->set_domain("");
+    op->set_version(opset);
+    graph = model.mutable_graph();
+    graph->set_name("test");
+  }
+  void input(const std::string &name, std::vector<int64_t> shape, int type = 1,
+             std::vector<std::string> symbols = {}) {
+    auto *v = graph->add_input();
+    v->set_name(name);
+    auto *tt = v->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(type);
+    for (size_t k = 0; k < shape.size(); ++k) {
+      auto *d = tt->mutable_shape()->add_dim();
+      if (k < symbols.size() && !symbols[k].empty())
+        d->set_dim_param(symbols[k]);
+      else
+        d->set_dim_value(shape[k]);
+    }
+  }
+  void output(const std::string &name) { graph->add_output()->set_name(name); }
+  onnx::NodeProto *node(const std::string &type, std::vector<std::string> ins,
+                        std::vector<std::string> outs, const std::string &name = "") {
+    auto *n = graph->add_node();
+    n->set_op_type(type);
+    n->set_name(name.empty() ? type + std::to_string(graph->node_size()) : name);
+    for (auto &i : ins)
+      n->add_input(i);
+    for (auto &o : outs)
+      n->add_output(o);
+    return n;
+  }
+  void floatInit(const std::string &name, std::vector<int64_t> dims) {
+    auto *t = graph->add_initializer();
+    t->set_name(name);
+    t->set_data_type(1);
+    int64_t n = 1;
+    for (int64_t d : dims) {
+      t->add_dims(d);
+      n *= d;
+    }
+    for (int64_t k = 0; k < n; ++k)
+      t->add_float_data(0.5f);
+  }
+  void intInit(const std::string &name, std::vector<int64_t> values) {
+    auto *t = graph->add_initializer();
+    t->set_name(name);
+    t->set_data_type(7);
+    t->add_dims(values.size());
+    for (int64_t v : values)
+      t->add_int64_data(v);
+  }
+  void meta(const std::string &key, const std::string &value) {
+    auto *p = model.add_metadata_props();
+    p->set_key(key);
+    p->set_value(value);
+  }
+  std::string bytes() const { return model.SerializeAsString(); }
+};
+
+struct Imported {
+  MLIRContext ctx;
+  OwningOpRef<ModuleOp> module;
+  std::string error;
+  func::FuncOp forward() { return module->lookupSymbol<func::FuncOp>("forward"); }
+  int count(StringRef opName) {
+    int n = 0;
+    forward().walk([&](Operation *op) { n += op->getName().getStringRef() == opName; });
+    return n;
+  }
+};
+
+std::unique_ptr<Imported> import(const ModelBuilder &m, carve::ImportOptions opts = {}) {
+  auto r = std::make_unique<Imported>();
+  r->module = carve::importOnnxBytes(r->ctx, m.bytes(), "test.onnx", ".", opts, r->error);
+  return r;
+}
+
+TEST(Importer, ShapeSubgraphFoldsAway) {
+  // y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])): [2, 3, 4] -> [2, 12]
+  ModelBuilder m;
+  m.input("x", {2, 3, 4});
+  m.intInit("zero", {0});
+  m.intInit("minus_one", {-1});
+  m.node("Shape", {"x"}, {"s"});
+  auto *g = m.node("Gather", {"s", "zero"}, {"b"});
+  (void)g;
+  m.node("Concat", {"b", "minus_one"}, {"shape"})->add_attribute()->set_name("axis");
+  m.node("Reshape", {"x", "shape"}, {"y"});
+  m.output("y");
+  auto r = import(m);
+  ASSERT_TRUE(r->module) << r->error;
+  EXPECT_EQ(r->count("carve.reshape"), 1);
+  EXPECT_EQ(r->count("carve.constant"), 0);
+  auto type = cast<RankedTensorType>(r->forward().getResultTypes()[0]);
+  EXPECT_EQ(type.getShape(), (ArrayRef<int64_t>{2, 12}));
+  // Integer initializers are constants, not parameters.
+  EXPECT_EQ(r->forward().getNumArguments(), 1u);
+}
+
+TEST(Importer, ParametersWithoutMetadataAreFloatInitializers) {
+  ModelBuilder m;
+  m.input("x", {2, 3});
+  m.floatInit("w", {3, 4});
+  m.node("MatMul", {"x", "w"}, {"y"});
+  m.output("y");
+  auto r = import(m);
+  ASSERT_TRUE(r->module) << r->error;
+  func::FuncOp f = r->forward();
+  ASSERT_EQ(f.getNumArguments(), 2u);
+  EXPECT_EQ(f.getArgAttrOfType<StringAttr>(0, carve::kInputAttr).str(), "x");
+  EXPECT_EQ(f.getArgAttrOfType<StringAttr>(1, carve::kParamAttr).str(), "w");
+  EXPECT_TRUE(f.getArgAttr(1, carve::kTrainableAttr));
+}
+
+TEST(Importer, MetadataSeparatesBuffersAndFrozenGlobs) {
+  ModelBuilder m;
+  m.input("x", {2, 3});
+  m.floatInit("layer.weight", {3});
+  m.floatInit("layer.bias", {3});
+  m.floatInit("stats", {3});
+  m.meta("carve.parameters", "[\"layer.weight\", \"layer.bias\"]");
+  m.meta("carve.buffers", "[\"stats\"]");
+  m.node("Mul", {"x", "layer.weight"}, {"a"});
+  m.node("Add", {"a", "layer.bias"}, {"b"});
+  m.node("Add", {"b", "stats"}, {"y"});
+  m.output("y");
+  carve::ImportOptions opts;
+  opts.frozen = {"*.bias"};
+  auto r = import(m, opts);
+  ASSERT_TRUE(r->module) << r->error;
+  func::FuncOp f = r->forward();
+  ASSERT_EQ(f.getNumArguments(), 4u);
+  EXPECT_TRUE(f.getArgAttr(1, carve::kTrainableAttr));
+  EXPECT_EQ(f.getArgAttrOfType<StringAttr>(2, carve::kParamAttr).str(), "layer.bias");
+  EXPECT_FALSE(f.getArgAttr(2, carve::kTrainableAttr));
+  EXPECT_EQ(f.getArgAttrOfType<StringAttr>(3, carve::kBufferAttr).str(), "stats");
+}
+
+TEST(Importer, SymbolicDimsNeedBinding) {
+  ModelBuilder m;
+  m.input("x", {0, 3}, 1, {"batch"});
+  m.node("Relu", {"x"}, {"y"});
+  m.output("y");
+  auto r = import(m);
+  EXPECT_FALSE(r->module);
+  EXPECT_NE(r->error.find("--set-dim batch=N"), std::string::npos) << r->error;
+
+  carve::ImportOptions opts;
+  std::string err;
+  ASSERT_TRUE(carve::parseSetDim("batch=5", opts, err));
+  auto ok = import(m, opts);
+  ASSERT_TRUE(ok->module) << ok->error;
+  EXPECT_EQ(cast<RankedTensorType>(ok->forward().getArgumentTypes()[0]).getShape(),
+            (ArrayRef<int64_t>{5, 3}));
+  EXPECT_FALSE(carve::parseSetDim("batch=x", opts, err));
+  EXPECT_FALSE(carve::parseSetDim("=3", opts, err));
+}
+
+TEST(Importer, ErrorsNameTheNode) {
+  ModelBuilder m;
+  m.input("a", {2, 3});
+  m.input("b", {4, 5});
+  m.node("Add", {"a", "b"}, {"y"}, "/blocks.0/Add");
+  m.output("y");
+  auto r = import(m);
+  EXPECT_FALSE(r->module);
+  EXPECT_EQ(r->error, "node '/blocks.0/Add' (Add): shapes [2, 3] and [4, 5] do not broadcast");
+
+  ModelBuilder u(15);
+  u.input("a", {2, 3});
+  u.node("NonZero", {"a"}, {"y"}, "nz");
+  u.output("y");
+  auto ru = import(u);
+  EXPECT_FALSE(ru->module);
+  EXPECT_NE(ru->error.find("unsupported op 'NonZero' at opset 15"), std::string::npos);
+  EXPECT_NE(ru->error.find("'nz'"), std::string::npos);
+  EXPECT_NE(ru->error.find("docs/onnx-ops.md"), std::string::npos);
+}
+
+TEST(Importer, RaisesSiluAndKeepsItWithoutRaise) {
+  ModelBuilder m;
+  m.input("x", {2, 8});
+  m.node("Sigmoid", {"x"}, {"s"});
+  m.node("Mul", {"x", "s"}, {"y"});
+  m.output("y");
+  auto r = import(m);
+  ASSERT_TRUE(r->module) << r->error;
+  EXPECT_EQ(r->count("carve.silu"), 1);
+  EXPECT_EQ(r->count("carve.sigmoid"), 0);
+  carve::ImportOptions opts;
+  opts.raise = false;
+  auto raw = import(m, opts);
+  ASSERT_TRUE(raw->module) << raw->error;
+  EXPECT_EQ(raw->count("carve.silu"), 0);
+  EXPECT_EQ(raw->count("carve.sigmoid"), 1);
+}
+
+} // namespace
