@@ -1,0 +1,55 @@
+# carve: `make demo` and `make test` are the whole quick start. Each installs the
+# Debian 12 packages it lacks (as root), configures, builds and runs.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+PYTHON := /usr/bin/python3
+
+# Debian 12 packages carve builds and tests with (see ../shared/DESIGN.md).
+PACKAGES := cmake ninja-build g++ ccache python3 \
+  llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools \
+  libonnx-dev libprotobuf-dev protobuf-compiler \
+  nlohmann-json3-dev libfmt-dev libgtest-dev \
+  python3-torch python3-onnx python3-numpy
+
+.PHONY: all deps configure build demo test clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(PACKAGES); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "carve: installing Debian packages:" $$missing; \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "carve: error: missing packages and not root; run as root or install:" $$missing >&2; \
+	    exit 1; \
+	  fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q && apt-get install -y -q $$missing; \
+	fi
+
+$(BUILD)/build.ninja: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	ninja -C $(BUILD) -j $(JOBS)
+
+demo: build
+	@mkdir -p $(BUILD)/demo
+	$(PYTHON) models/export.py gpt --out $(BUILD)/demo
+	@echo
+	@echo "== carve import $(BUILD)/demo/gpt.onnx --summary"
+	@$(BUILD)/bin/carve import $(BUILD)/demo/gpt.onnx --summary
+	@$(BUILD)/bin/carve import $(BUILD)/demo/gpt.onnx -o $(BUILD)/demo/gpt.mlir
+	@echo
+	@echo "== the first block of $(BUILD)/demo/gpt.mlir (the whole IR is in that file)"
+	@grep -m1 -A22 'carve.gather' $(BUILD)/demo/gpt.mlir | cut -c1-160
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD)
