@@ -417,9 +417,16 @@ struct RaiseAttention : OpRewritePattern<MatmulOp> {
     } else if (auto add = scores.getDefiningOp<AddOp>()) {
       if (!singleUse(scores))
         return failure();
+      // The scores side is q @ k^T, possibly scaled; the other side is the mask
+      // (which may itself be a product, as BERT's (1 - m) * -10000 is).
       auto isScaledQK = [](Value a, Value) {
-        return a.getDefiningOp<MulOp>() || a.getDefiningOp<DivOp>() ||
-               a.getDefiningOp<MatmulOp>();
+        if (a.getDefiningOp<MatmulOp>())
+          return true;
+        Operation *op = a.getDefiningOp();
+        if (!op || !isa<MulOp, DivOp>(op))
+          return false;
+        return (bool)op->getOperand(0).getDefiningOp<MatmulOp>() ||
+               (isa<MulOp>(op) && op->getOperand(1).getDefiningOp<MatmulOp>());
       };
       if (!eitherSide(add, isScaledQK, scores, mask))
         return failure();

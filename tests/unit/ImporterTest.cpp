@@ -219,4 +219,53 @@ TEST(Importer, RaisesSiluAndKeepsItWithoutRaise) {
   EXPECT_EQ(raw->count("carve.sigmoid"), 1);
 }
 
+TEST(Importer, Opset18TakesReduceAxesAsInputAndSplitsByCount) {
+  ModelBuilder m(18);
+  m.input("x", {4, 6});
+  m.intInit("axes", {1});
+  m.node("ReduceMean", {"x", "axes"}, {"mean"});
+  auto *split = m.node("Split", {"x"}, {"a", "b", "c"});
+  auto *num = split->add_attribute();
+  num->set_name("num_outputs");
+  num->set_type(onnx::AttributeProto::INT);
+  num->set_i(3);
+  auto *axis = split->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  m.output("mean");
+  m.output("c");
+  auto r = import(m);
+  ASSERT_TRUE(r->module) << r->error;
+  auto types = r->forward().getResultTypes();
+  EXPECT_EQ(cast<RankedTensorType>(types[0]).getShape(), (ArrayRef<int64_t>{4, 1}));
+  EXPECT_EQ(cast<RankedTensorType>(types[1]).getShape(), (ArrayRef<int64_t>{4, 2}));
+
+  // Before opset 18, ReduceMean's axes are an attribute; an input is refused.
+  ModelBuilder old(17);
+  old.input("x", {4, 6});
+  old.intInit("axes", {1});
+  old.node("ReduceMean", {"x", "axes"}, {"mean"}, "rm");
+  old.output("mean");
+  auto ro = import(old);
+  EXPECT_FALSE(ro->module);
+  EXPECT_NE(ro->error.find("axes is an attribute, not an input, before opset 18"),
+            std::string::npos)
+      << ro->error;
+}
+
+TEST(Importer, OpsetsOutsideTheSupportedRangeAreRefused) {
+  for (int opset : {12, 22}) {
+    ModelBuilder m(opset);
+    m.input("x", {2});
+    m.node("Relu", {"x"}, {"y"});
+    m.output("y");
+    auto r = import(m);
+    EXPECT_FALSE(r->module);
+    EXPECT_NE(r->error.find("opset " + std::to_string(opset) + " is not supported"),
+              std::string::npos)
+        << r->error;
+  }
+}
+
 } // namespace

@@ -195,3 +195,20 @@ func.func @masked_attention(%q: tensor<2x2x5x8xf32>, %kt: tensor<2x2x8x5xf32>, %
   %o = carve.matmul %p, %v : (tensor<2x2x5x5xf32>, tensor<2x2x5x8xf32>) -> tensor<2x2x5x8xf32>
   return %o : tensor<2x2x5x8xf32>
 }
+
+// -----
+
+// Tests that the mask may come first and be a product itself.
+// CHECK-LABEL: func.func @mask_first
+// CHECK: carve.attention {{.*}} mask
+func.func @mask_first(%q: tensor<2x5x8xf32>, %kt: tensor<2x8x5xf32>, %v: tensor<2x5x8xf32>, %m: tensor<2x1x5xf32>) -> tensor<2x5x8xf32> {
+  %big = carve.constant dense<-1.000000e+04> : tensor<f32>
+  %c = carve.constant dense<2.82842708> : tensor<f32>
+  %mask = carve.mul %m, %big : (tensor<2x1x5xf32>, tensor<f32>) -> tensor<2x1x5xf32>
+  %s = carve.matmul %q, %kt : (tensor<2x5x8xf32>, tensor<2x8x5xf32>) -> tensor<2x5x5xf32>
+  %ss = carve.div %s, %c : (tensor<2x5x5xf32>, tensor<f32>) -> tensor<2x5x5xf32>
+  %sm = carve.add %mask, %ss : (tensor<2x1x5xf32>, tensor<2x5x5xf32>) -> tensor<2x5x5xf32>
+  %p = carve.softmax %sm {axis = 2 : i64} : tensor<2x5x5xf32>
+  %o = carve.matmul %p, %v : (tensor<2x5x5xf32>, tensor<2x5x8xf32>) -> tensor<2x5x8xf32>
+  return %o : tensor<2x5x8xf32>
+}
