@@ -124,75 +124,93 @@ static void copyElem(HostTensor &dst, int64_t dk, const HostTensor &src, int64_t
     dst.i[dk] = src.i[sk];
 }
 
+/// The float and integer forms of a binary op, resolved once per call so the
+/// element loop does no string comparisons (masks can have millions of elements).
+struct BinaryFns {
+  double (*f)(double, double);
+  int64_t (*i)(int64_t, int64_t); ///< null: not defined on integers
+};
+
+static BinaryFns binaryFns(StringRef op) {
+  using D = double;
+  using I = int64_t;
+  if (op == "Add") return {[](D x, D y) { return x + y; }, [](I x, I y) { return x + y; }};
+  if (op == "Sub") return {[](D x, D y) { return x - y; }, [](I x, I y) { return x - y; }};
+  if (op == "Mul") return {[](D x, D y) { return x * y; }, [](I x, I y) { return x * y; }};
+  // ONNX integer Div truncates; Mod (fmod=0) takes the divisor's sign.
+  if (op == "Div") return {[](D x, D y) { return x / y; }, [](I x, I y) { return x / y; }};
+  if (op == "Mod")
+    return {[](D x, D y) { return std::fmod(x, y); },
+            [](I x, I y) { return ((x % y) + y) % y; }};
+  if (op == "Pow")
+    return {[](D x, D y) { return std::pow(x, y); },
+            [](I x, I y) { return (I)std::pow((D)x, (D)y); }};
+  if (op == "Max")
+    return {[](D x, D y) { return std::max(x, y); }, [](I x, I y) { return std::max(x, y); }};
+  if (op == "Min")
+    return {[](D x, D y) { return std::min(x, y); }, [](I x, I y) { return std::min(x, y); }};
+  if (op == "Equal")
+    return {[](D x, D y) { return (D)(x == y); }, [](I x, I y) { return (I)(x == y); }};
+  if (op == "Less")
+    return {[](D x, D y) { return (D)(x < y); }, [](I x, I y) { return (I)(x < y); }};
+  if (op == "Greater")
+    return {[](D x, D y) { return (D)(x > y); }, [](I x, I y) { return (I)(x > y); }};
+  if (op == "And") return {nullptr, [](I x, I y) { return (I)(x && y); }};
+  if (op == "Or") return {nullptr, [](I x, I y) { return (I)(x || y); }};
+  return {nullptr, nullptr};
+}
+
 HostTensor hostBinary(StringRef op, const HostTensor &a, const HostTensor &b) {
   ShapeOrError s = broadcastShapes(a.shape, b.shape);
   if (!s.ok())
     throw HostError(s.error);
   bool cmp = op == "Equal" || op == "Less" || op == "Greater" || op == "And" || op == "Or";
-  HostTensor out = like(cmp ? ElemKind::Bool : a.kind, s.shape);
   bool fl = a.isFloat() || b.isFloat();
+  BinaryFns fns = binaryFns(op);
+  if (fl ? !fns.f : !fns.i)
+    throw HostError("cannot evaluate " + op.str() + (fl ? " on floats" : " on integers"));
+  bool intDivision = !fl && (op == "Div" || op == "Mod");
+  HostTensor out = like(cmp ? ElemKind::Bool : a.kind, s.shape);
   for (int64_t k = 0; k < out.size(); ++k) {
     int64_t ia = broadcastIndex(k, s.shape, a.shape), ib = broadcastIndex(k, s.shape, b.shape);
     if (fl) {
-      double x = a.asDouble(ia), y = b.asDouble(ib), r;
-      if (op == "Add") r = x + y;
-      else if (op == "Sub") r = x - y;
-      else if (op == "Mul") r = x * y;
-      else if (op == "Div") r = x / y;
-      else if (op == "Pow") r = std::pow(x, y);
-      else if (op == "Max") r = std::max(x, y);
-      else if (op == "Min") r = std::min(x, y);
-      else if (op == "Mod") r = std::fmod(x, y);
-      else if (op == "Equal") r = x == y;
-      else if (op == "Less") r = x < y;
-      else if (op == "Greater") r = x > y;
-      else throw HostError("cannot evaluate " + op.str() + " on floats");
-      set(out, k, r);
+      set(out, k, fns.f(a.asDouble(ia), b.asDouble(ib)));
       continue;
     }
-    int64_t x = a.i[ia], y = b.i[ib], r;
-    if (op == "Add") r = x + y;
-    else if (op == "Sub") r = x - y;
-    else if (op == "Mul") r = x * y;
-    else if (op == "Div" || op == "Mod") {
-      if (y == 0)
-        throw HostError("integer division by zero in a constant expression");
-      // ONNX integer Div truncates; Mod (fmod=0) takes the divisor's sign.
-      r = op == "Div" ? x / y : ((x % y) + y) % y;
-    } else if (op == "Pow") r = (int64_t)std::pow((double)x, (double)y);
-    else if (op == "Max") r = std::max(x, y);
-    else if (op == "Min") r = std::min(x, y);
-    else if (op == "Equal") r = x == y;
-    else if (op == "Less") r = x < y;
-    else if (op == "Greater") r = x > y;
-    else if (op == "And") r = x && y;
-    else if (op == "Or") r = x || y;
-    else throw HostError("cannot evaluate " + op.str() + " on integers");
-    out.i[k] = r;
+    if (intDivision && b.i[ib] == 0)
+      throw HostError("integer division by zero in a constant expression");
+    out.i[k] = fns.i(a.i[ia], b.i[ib]);
   }
   return out;
 }
 
+static double (*unaryFn(StringRef op))(double) {
+  using D = double;
+  if (op == "Neg") return [](D x) { return -x; };
+  if (op == "Abs") return [](D x) { return std::fabs(x); };
+  if (op == "Sqrt") return [](D x) { return std::sqrt(x); };
+  if (op == "Reciprocal") return [](D x) { return 1.0 / x; };
+  if (op == "Exp") return [](D x) { return std::exp(x); };
+  if (op == "Log") return [](D x) { return std::log(x); };
+  if (op == "Floor") return [](D x) { return std::floor(x); };
+  if (op == "Ceil") return [](D x) { return std::ceil(x); };
+  if (op == "Not") return [](D x) { return (D)(x == 0); };
+  if (op == "Relu") return [](D x) { return std::max(x, 0.0); };
+  if (op == "Sigmoid") return [](D x) { return 1.0 / (1.0 + std::exp(-x)); };
+  if (op == "Tanh") return [](D x) { return std::tanh(x); };
+  if (op == "Erf") return [](D x) { return std::erf(x); };
+  if (op == "Sin") return [](D x) { return std::sin(x); };
+  if (op == "Cos") return [](D x) { return std::cos(x); };
+  return nullptr;
+}
+
 HostTensor hostUnary(StringRef op, const HostTensor &a) {
+  double (*fn)(double) = unaryFn(op);
+  if (!fn)
+    throw HostError("cannot evaluate " + op.str());
   HostTensor out = like(a.kind, a.shape);
   for (int64_t k = 0; k < a.size(); ++k) {
-    double x = a.asDouble(k), r;
-    if (op == "Neg") r = -x;
-    else if (op == "Abs") r = std::fabs(x);
-    else if (op == "Sqrt") r = std::sqrt(x);
-    else if (op == "Reciprocal") r = 1.0 / x;
-    else if (op == "Exp") r = std::exp(x);
-    else if (op == "Log") r = std::log(x);
-    else if (op == "Floor") r = std::floor(x);
-    else if (op == "Ceil") r = std::ceil(x);
-    else if (op == "Not") r = x == 0;
-    else if (op == "Relu") r = std::max(x, 0.0);
-    else if (op == "Sigmoid") r = 1.0 / (1.0 + std::exp(-x));
-    else if (op == "Tanh") r = std::tanh(x);
-    else if (op == "Erf") r = std::erf(x);
-    else if (op == "Sin") r = std::sin(x);
-    else if (op == "Cos") r = std::cos(x);
-    else throw HostError("cannot evaluate " + op.str());
+    double r = fn(a.asDouble(k));
     if (a.isFloat())
       out.f[k] = r;
     else

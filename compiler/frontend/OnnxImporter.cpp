@@ -476,8 +476,6 @@ void Importer::makeArguments() {
   const onnx::GraphProto &g = model.graph();
   std::set<std::string> symbols;
   loc = FileLineColLoc::get(&ctx, file, 0, 0);
-  auto module = b.getInsertionBlock()->getParentOp();
-  (void)module;
   func = func::FuncOp::create(b, loc, "forward", b.getFunctionType({}, {}));
   entry = func.addEntryBlock();
 
@@ -647,11 +645,21 @@ Value Importer::materialize(const HostTensor &t, StringRef name) {
   bool splat = t.size() > 0;
   for (int64_t k = 1; k < t.size() && splat; ++k)
     splat = t.isFloat() ? t.f[k] == t.f[0] : t.i[k] == t.i[0];
+  // Large non-splat f32/i64 constants print as named blobs at the end of the module.
+  bool asBlob = !splat && t.size() > kInlineConstantLimit;
+  StringRef blobName = name.empty() ? StringRef("constant") : name;
   if (t.kind == ElemKind::Bool) {
     SmallVector<bool> v;
     for (int64_t x : t.i)
       v.push_back(x != 0);
     attr = DenseElementsAttr::get(type, ArrayRef<bool>(v));
+  } else if (asBlob && t.kind == ElemKind::F32) {
+    std::vector<float> raw(t.f.begin(), t.f.end());
+    attr = DenseResourceElementsAttr::get(
+        type, blobName, HeapAsmResourceBlob::allocateAndCopyInferAlign(ArrayRef<float>(raw)));
+  } else if (asBlob && t.kind == ElemKind::I64) {
+    attr = DenseResourceElementsAttr::get(
+        type, blobName, HeapAsmResourceBlob::allocateAndCopyInferAlign(ArrayRef<int64_t>(t.i)));
   } else if (t.isFloat()) {
     const llvm::fltSemantics &sem = cast<FloatType>(elt).getFloatSemantics();
     SmallVector<llvm::APFloat> v;
@@ -661,28 +669,13 @@ Value Importer::materialize(const HostTensor &t, StringRef name) {
       f.convert(sem, llvm::APFloat::rmNearestTiesToEven, &lost);
       v.push_back(f);
     }
-    if (splat || t.size() <= kInlineConstantLimit) {
-      attr = DenseElementsAttr::get(type, v);
-    } else if (t.kind == ElemKind::F32) {
-      std::vector<float> raw(t.f.begin(), t.f.end());
-      attr = DenseResourceElementsAttr::get(
-          type, name.empty() ? "constant" : name,
-          HeapAsmResourceBlob::allocateAndCopyInferAlign(ArrayRef<float>(raw)));
-    } else {
-      attr = DenseElementsAttr::get(type, v);
-    }
+    attr = DenseElementsAttr::get(type, v);
   } else {
     unsigned width = elt.getIntOrFloatBitWidth();
     SmallVector<llvm::APInt> v;
     for (int64_t x : t.i)
       v.push_back(llvm::APInt(width, (uint64_t)x, /*isSigned=*/true, /*implicitTrunc=*/true));
-    if (!splat && t.size() > kInlineConstantLimit && t.kind == ElemKind::I64) {
-      attr = DenseResourceElementsAttr::get(
-          type, name.empty() ? "constant" : name,
-          HeapAsmResourceBlob::allocateAndCopyInferAlign(ArrayRef<int64_t>(t.i)));
-    } else {
-      attr = DenseElementsAttr::get(type, v);
-    }
+    attr = DenseElementsAttr::get(type, v);
   }
   return ConstantOp::create(b, loc, attr);
 }
@@ -1019,7 +1012,6 @@ void Importer::importNode(const onnx::NodeProto &n, int index) {
 
 void Importer::build(const onnx::NodeProto &n) {
   const std::string &op = n.op_type();
-  auto rankOf = [&](int k) { return (int64_t)shapeOf(k).size(); };
 
   // Elementwise binary ops.
   if (op == "Add") return define(0, binary<AddOp>(val(0), val(1)));

@@ -286,8 +286,7 @@ struct RaiseLayerNorm : OpRewritePattern<DivOp> {
 struct RaiseRmsNorm : RewritePattern {
   RaiseRmsNorm(MLIRContext *ctx) : RewritePattern(MatchAnyOpTypeTag(), 1, ctx) {}
   LogicalResult matchAndRewrite(Operation *op, PatternRewriter &rw) const override {
-    Value x, eps2;
-    Value norm;
+    Value x, norm;
     if (auto mul = dyn_cast<MulOp>(op)) {
       if (!eitherSide(mul, [](Value a, Value) { return (bool)matchRsqrt(a); }, norm, x))
         return failure();
@@ -391,7 +390,7 @@ struct RaiseAttention : OpRewritePattern<MatmulOp> {
       return failure();
     auto probsType = cast<RankedTensorType>(softmax.getType());
     int64_t rank = probsType.getRank();
-    if (rank < 2 || softmax.getAxis() != rank - 1)
+    if (rank < 2 || (int64_t)softmax.getAxis() != rank - 1)
       return failure();
     int64_t tq = probsType.getShape()[rank - 2], tk = probsType.getShape()[rank - 1];
     Value scores = softmax.getInput();

@@ -73,6 +73,12 @@ struct ModelBuilder {
     for (int64_t v : values)
       t->add_int64_data(v);
   }
+  static void intAttr(onnx::NodeProto *n, const std::string &name, int64_t value) {
+    auto *a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(value);
+  }
   void meta(const std::string &key, const std::string &value) {
     auto *p = model.add_metadata_props();
     p->set_key(key);
@@ -106,9 +112,8 @@ TEST(Importer, ShapeSubgraphFoldsAway) {
   m.intInit("zero", {0});
   m.intInit("minus_one", {-1});
   m.node("Shape", {"x"}, {"s"});
-  auto *g = m.node("Gather", {"s", "zero"}, {"b"});
-  (void)g;
-  m.node("Concat", {"b", "minus_one"}, {"shape"})->add_attribute()->set_name("axis");
+  m.node("Gather", {"s", "zero"}, {"b"});
+  ModelBuilder::intAttr(m.node("Concat", {"b", "minus_one"}, {"shape"}), "axis", 0);
   m.node("Reshape", {"x", "shape"}, {"y"});
   m.output("y");
   auto r = import(m);
@@ -225,14 +230,8 @@ TEST(Importer, Opset18TakesReduceAxesAsInputAndSplitsByCount) {
   m.intInit("axes", {1});
   m.node("ReduceMean", {"x", "axes"}, {"mean"});
   auto *split = m.node("Split", {"x"}, {"a", "b", "c"});
-  auto *num = split->add_attribute();
-  num->set_name("num_outputs");
-  num->set_type(onnx::AttributeProto::INT);
-  num->set_i(3);
-  auto *axis = split->add_attribute();
-  axis->set_name("axis");
-  axis->set_type(onnx::AttributeProto::INT);
-  axis->set_i(1);
+  ModelBuilder::intAttr(split, "num_outputs", 3);
+  ModelBuilder::intAttr(split, "axis", 1);
   m.output("mean");
   m.output("c");
   auto r = import(m);
