@@ -133,6 +133,8 @@ private:
   void parse(StringRef bytes);
   void checkInitializer(const onnx::TensorProto &t);
   HostTensor loadTensor(const onnx::TensorProto &t, const std::string &what);
+  /// Appends the initializer to ImportOptions::initialValues when asked.
+  void recordInitialValue(const onnx::TensorProto &t, const std::string &what);
   std::string readExternal(const onnx::TensorProto &t, int64_t bytes,
                            const std::string &what);
   /// Validates an initializer's external data entry; returns the file path.
@@ -492,6 +494,10 @@ void Importer::makeArguments() {
     SmallVector<int64_t> shape;
     for (int d = 0; d < tt.shape().dim_size(); ++d) {
       const auto &dim = tt.shape().dim(d);
+      if (d == 0 && opts.batch > 0) {
+        shape.push_back(opts.batch);
+        continue;
+      }
       if (dim.has_dim_value()) {
         if (dim.dim_value() <= 0)
           fail(what + " dimension " + std::to_string(d) + " has size " +
@@ -543,7 +549,21 @@ void Importer::makeArguments() {
     s.value = arg;
     s.init = nullptr;
     s.isParam = true;
+    recordInitialValue(t, what);
   }
+}
+
+void Importer::recordInitialValue(const onnx::TensorProto &t, const std::string &what) {
+  if (!opts.initialValues)
+    return;
+  HostTensor h = loadTensor(t, what);
+  ImportOptions::InitialValue v;
+  v.name = t.name();
+  v.shape.assign(t.dims().begin(), t.dims().end());
+  v.data.resize(h.size());
+  for (int64_t k = 0; k < h.size(); ++k)
+    v.data[k] = (float)h.asDouble(k);
+  opts.initialValues->push_back(std::move(v));
 }
 
 //===----------------------------------------------------------------------===//
@@ -604,6 +624,7 @@ Value Importer::val(int k) {
     argAttrs.push_back(
         b.getDictionaryAttr({b.getNamedAttr(kBufferAttr, b.getStringAttr(name))}));
     s.value = arg;
+    recordInitialValue(t, "buffer '" + name + "'");
     return arg;
   }
   const HostTensor *t = cst(k);

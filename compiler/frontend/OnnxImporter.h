@@ -27,6 +27,18 @@ struct ImportOptions {
   std::vector<std::string> frozen;
   /// Run the carve-raise pass after import (on by default).
   bool raise = true;
+  /// If positive, the leading (batch) dimension of every graph input, whether
+  /// the model has it static or symbolic: how a data-parallel rank imports its
+  /// share of the global batch.
+  int64_t batch = 0;
+  /// If set, receives the initial value of every parameter and buffer that
+  /// became a function argument (in argument order).
+  struct InitialValue {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+  };
+  std::vector<InitialValue> *initialValues = nullptr;
 };
 
 /// Parses one `NAME=VALUE` of `--set-dim` into `opts`; on a malformed entry

@@ -6,6 +6,7 @@
 using namespace mlir;
 
 #include "dialects/carve/CarveDialect.cpp.inc"
+#include "dialects/carve/CarveInterfaces.cpp.inc"
 
 void carve::CarveDialect::initialize() {
   addOperations<

@@ -432,3 +432,120 @@ LogicalResult CrossEntropyOp::verify() {
 
 #define GET_OP_CLASSES
 #include "dialects/carve/CarveOps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Backward ops
+//===----------------------------------------------------------------------===//
+
+static LogicalResult sameShape(Operation *op, Value a, Value b, StringRef what) {
+  if (shapeOf(a) != shapeOf(b))
+    return op->emitOpError(what) << " has type " << b.getType() << ", expected the shape of "
+                                 << a.getType();
+  return success();
+}
+
+LogicalResult UnaryGradOp::verify() {
+  static const char *fns[] = {"abs",     "exp",  "log",  "sqrt", "rsqrt",
+                              "reciprocal", "tanh", "erf", "sigmoid", "relu",
+                              "sin",     "cos",  "silu", "gelu", "gelu_tanh"};
+  for (const char *f : fns)
+    if (getFn() == f)
+      return verifyStatic(*this);
+  return emitOpError("unknown function '") << getFn() << "'";
+}
+
+LogicalResult SoftmaxGradOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  if (getAxis() < 0 || getAxis() >= tensorType(getOutput()).getRank())
+    return emitOpError("axis ") << getAxis() << " out of range";
+  return success();
+}
+
+/// Shared checks of layer_norm_grad / rms_norm_grad: grad and input_grad like
+/// input; the parameter gradients (and scale) shaped like dims [axis, rank).
+static LogicalResult verifyNormGrad(Operation *op, Value input, Value grad, Value scale,
+                                    int64_t axis, ValueRange paramGrads, Value inputGrad) {
+  if (failed(verifyStatic(op)))
+    return failure();
+  int64_t rank = tensorType(input).getRank();
+  if (axis < 0 || axis >= rank)
+    return op->emitOpError("axis ") << axis << " out of range for rank " << rank;
+  if (failed(sameShape(op, input, grad, "grad")) ||
+      failed(sameShape(op, input, inputGrad, "input_grad")))
+    return failure();
+  ArrayRef<int64_t> norm = shapeOf(input).drop_front(axis);
+  for (Value v : paramGrads)
+    if (shapeOf(v) != norm)
+      return op->emitOpError("parameter gradient of type ")
+             << v.getType() << " is not shaped like the normalized dimensions";
+  if (scale && shapeOf(scale) != norm)
+    return op->emitOpError("scale of type ")
+           << scale.getType() << " is not shaped like the normalized dimensions";
+  return success();
+}
+
+LogicalResult LayerNormGradOp::verify() {
+  return verifyNormGrad(*this, getInput(), getGrad(), getScale(), getAxis(),
+                        ValueRange{getScaleGrad(), getBiasGrad()}, getInputGrad());
+}
+
+LogicalResult RmsNormGradOp::verify() {
+  return verifyNormGrad(*this, getInput(), getGrad(), getScale(), getAxis(),
+                        ValueRange{getScaleGrad()}, getInputGrad());
+}
+
+LogicalResult AttentionGradOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  auto shape = attentionShape(shapeOf(getQuery()), shapeOf(getKey()), shapeOf(getValue()));
+  if (!shape.ok())
+    return emitOpError(shape.error);
+  if (ArrayRef<int64_t>(shape.shape) != shapeOf(getGrad()))
+    return emitOpError("grad has type ") << getGrad().getType() << ", expected the output shape";
+  if (failed(sameShape(*this, getQuery(), getQueryGrad(), "query_grad")) ||
+      failed(sameShape(*this, getKey(), getKeyGrad(), "key_grad")) ||
+      failed(sameShape(*this, getValue(), getValueGrad(), "value_grad")))
+    return failure();
+  return success();
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  StringRef r = getReduction();
+  if (r != "mean" && r != "sum" && r != "none")
+    return emitOpError("reduction must be mean, sum or none, got '") << r << "'";
+  auto shape = crossEntropyShape(shapeOf(getLogits()), shapeOf(getTargets()), r != "none");
+  if (!shape.ok())
+    return emitOpError(shape.error);
+  if (ArrayRef<int64_t>(shape.shape) != shapeOf(getGrad()))
+    return emitOpError("grad has type ") << getGrad().getType() << ", expected the loss shape";
+  return sameShape(*this, getLogits(), getResult(), "result");
+}
+
+LogicalResult GatherGradOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  if (!isa<IntegerType>(elementOf(getIndices())))
+    return emitOpError("indices must be integers");
+  auto shape = gatherShape(shapeOf(getResult()), shapeOf(getIndices()), getAxis());
+  if (!shape.ok())
+    return emitOpError(shape.error);
+  if (ArrayRef<int64_t>(shape.shape) != shapeOf(getGrad()))
+    return emitOpError("grad has type ")
+           << getGrad().getType() << ", expected the shape gather would produce";
+  return success();
+}
+
+LogicalResult SliceGradOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  auto shape = sliceShape(shapeOf(getResult()), getStarts(), getEnds(), getSteps());
+  if (!shape.ok())
+    return emitOpError(shape.error);
+  if (ArrayRef<int64_t>(shape.shape) != shapeOf(getGrad()))
+    return emitOpError("grad has type ")
+           << getGrad().getType() << ", expected the shape of the slice";
+  return success();
+}

@@ -11,6 +11,8 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include "dialects/carve/CarveInterfaces.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialects/carve/CarveOps.h.inc"
 

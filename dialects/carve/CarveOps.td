@@ -12,6 +12,7 @@ include "mlir/IR/OpBase.td"
 include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/BuiltinAttributeInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
+include "dialects/carve/CarveInterfaces.td"
 
 //===----------------------------------------------------------------------===//
 // Dialect
@@ -47,6 +48,9 @@ class Carve_Op<string mnemonic, list<Trait> traits = []>
 
 def Carve_Tensor : RankedTensorOf<[AnyType]>;
 
+// An op with a gradient rule (defined in Gradients.cpp).
+defvar Carve_Differentiable = DeclareOpInterfaceMethods<Carve_DifferentiableOpInterface>;
+
 //===----------------------------------------------------------------------===//
 // Constants and casts
 //===----------------------------------------------------------------------===//
@@ -71,7 +75,7 @@ def Carve_ConstantOp : Carve_Op<"constant", [ConstantLike, AllTypesMatch<["value
   let hasFolder = 1;
 }
 
-def Carve_CastOp : Carve_Op<"cast"> {
+def Carve_CastOp : Carve_Op<"cast", [Carve_Differentiable]> {
   let summary = "Element type conversion.";
   let description = [{
     Converts every element to the result's element type with the semantics of
@@ -91,8 +95,9 @@ def Carve_CastOp : Carve_Op<"cast"> {
 // Elementwise ops
 //===----------------------------------------------------------------------===//
 
-class Carve_BinaryOp<string mnemonic, string formula, string kind = "numeric">
-    : Carve_Op<mnemonic> {
+class Carve_BinaryOp<string mnemonic, string formula, string kind = "numeric",
+                     list<Trait> traits = []>
+    : Carve_Op<mnemonic, traits> {
   let summary = "Elementwise `" # formula # "` with broadcasting.";
   let description = [{
     Computes `}] # formula # [{` element by element. Operands broadcast the
@@ -108,21 +113,21 @@ class Carve_BinaryOp<string mnemonic, string formula, string kind = "numeric">
   string operandKind = kind;
 }
 
-def Carve_AddOp : Carve_BinaryOp<"add", "lhs + rhs">;
-def Carve_SubOp : Carve_BinaryOp<"sub", "lhs - rhs">;
-def Carve_MulOp : Carve_BinaryOp<"mul", "lhs * rhs">;
-def Carve_DivOp : Carve_BinaryOp<"div", "lhs / rhs">;
-def Carve_PowOp : Carve_BinaryOp<"pow", "lhs ^ rhs">;
-def Carve_MaximumOp : Carve_BinaryOp<"maximum", "max(lhs, rhs)">;
-def Carve_MinimumOp : Carve_BinaryOp<"minimum", "min(lhs, rhs)">;
+def Carve_AddOp : Carve_BinaryOp<"add", "lhs + rhs", "numeric", [Carve_Differentiable]>;
+def Carve_SubOp : Carve_BinaryOp<"sub", "lhs - rhs", "numeric", [Carve_Differentiable]>;
+def Carve_MulOp : Carve_BinaryOp<"mul", "lhs * rhs", "numeric", [Carve_Differentiable]>;
+def Carve_DivOp : Carve_BinaryOp<"div", "lhs / rhs", "numeric", [Carve_Differentiable]>;
+def Carve_PowOp : Carve_BinaryOp<"pow", "lhs ^ rhs", "numeric", [Carve_Differentiable]>;
+def Carve_MaximumOp : Carve_BinaryOp<"maximum", "max(lhs, rhs)", "numeric", [Carve_Differentiable]>;
+def Carve_MinimumOp : Carve_BinaryOp<"minimum", "min(lhs, rhs)", "numeric", [Carve_Differentiable]>;
 def Carve_EqualOp : Carve_BinaryOp<"equal", "lhs == rhs (result i1)">;
 def Carve_LessOp : Carve_BinaryOp<"less", "lhs < rhs (result i1)">;
 def Carve_GreaterOp : Carve_BinaryOp<"greater", "lhs > rhs (result i1)">;
 def Carve_AndOp : Carve_BinaryOp<"and", "lhs and rhs (i1)">;
 def Carve_OrOp : Carve_BinaryOp<"or", "lhs or rhs (i1)">;
 
-class Carve_UnaryOp<string mnemonic, string formula>
-    : Carve_Op<mnemonic, [AllTypesMatch<["input", "result"]>]> {
+class Carve_UnaryOp<string mnemonic, string formula, list<Trait> traits = [Carve_Differentiable]>
+    : Carve_Op<mnemonic, !listconcat([AllTypesMatch<["input", "result"]>], traits)> {
   let summary = "Elementwise `" # formula # "`.";
   let description = [{
     Computes `}] # formula # [{` element by element; the result has the
@@ -150,10 +155,10 @@ def Carve_SigmoidOp : Carve_UnaryOp<"sigmoid", "1 / (1 + e^-x)">;
 def Carve_ReluOp : Carve_UnaryOp<"relu", "max(x, 0)">;
 def Carve_SinOp : Carve_UnaryOp<"sin", "sin(x)">;
 def Carve_CosOp : Carve_UnaryOp<"cos", "cos(x)">;
-def Carve_NotOp : Carve_UnaryOp<"not", "not x (i1)">;
+def Carve_NotOp : Carve_UnaryOp<"not", "not x (i1)", []>;
 def Carve_SiluOp : Carve_UnaryOp<"silu", "x * sigmoid(x)">;
 
-def Carve_GeluOp : Carve_Op<"gelu", [AllTypesMatch<["input", "result"]>]> {
+def Carve_GeluOp : Carve_Op<"gelu", [Carve_Differentiable, AllTypesMatch<["input", "result"]>]> {
   let summary = "Gaussian error linear unit.";
   let description = [{
     `approximate = "none"`: `0.5 x (1 + erf(x / sqrt(2)))`;
@@ -170,7 +175,7 @@ def Carve_GeluOp : Carve_Op<"gelu", [AllTypesMatch<["input", "result"]>]> {
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Carve_WhereOp : Carve_Op<"where"> {
+def Carve_WhereOp : Carve_Op<"where", [Carve_Differentiable]> {
   let summary = "Elementwise select with broadcasting.";
   let description = [{
     `result = condition ? on_true : on_false`, all three broadcast to the result
@@ -192,7 +197,7 @@ def Carve_WhereOp : Carve_Op<"where"> {
 // Contractions, reductions and normalizations
 //===----------------------------------------------------------------------===//
 
-def Carve_MatmulOp : Carve_Op<"matmul"> {
+def Carve_MatmulOp : Carve_Op<"matmul", [Carve_Differentiable]> {
   let summary = "Batched matrix product with NumPy semantics.";
   let description = [{
     `[..., m, k] x [..., k, n] -> [..., m, n]`; batch dimensions broadcast. A
@@ -208,7 +213,7 @@ def Carve_MatmulOp : Carve_Op<"matmul"> {
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
 }
 
-class Carve_ReduceOp<string mnemonic, string what> : Carve_Op<mnemonic> {
+class Carve_ReduceOp<string mnemonic, string what> : Carve_Op<mnemonic, [Carve_Differentiable]> {
   let summary = "Reduction (" # what # ") over the given axes.";
   let description = [{
     Reduces `input` over `axes` (sorted, non-negative, unique) by }] # what # [{.
@@ -228,7 +233,7 @@ def Carve_ReduceSumOp : Carve_ReduceOp<"reduce_sum", "sum">;
 def Carve_ReduceMeanOp : Carve_ReduceOp<"reduce_mean", "arithmetic mean">;
 def Carve_ReduceMaxOp : Carve_ReduceOp<"reduce_max", "maximum">;
 
-def Carve_SoftmaxOp : Carve_Op<"softmax", [AllTypesMatch<["input", "result"]>]> {
+def Carve_SoftmaxOp : Carve_Op<"softmax", [Carve_Differentiable, AllTypesMatch<["input", "result"]>]> {
   let summary = "Softmax along one axis.";
   let description = [{
     `exp(x - max(x)) / sum(exp(x - max(x)))` along `axis` (non-negative).
@@ -242,7 +247,7 @@ def Carve_SoftmaxOp : Carve_Op<"softmax", [AllTypesMatch<["input", "result"]>]> 
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Carve_LogSoftmaxOp : Carve_Op<"log_softmax", [AllTypesMatch<["input", "result"]>]> {
+def Carve_LogSoftmaxOp : Carve_Op<"log_softmax", [Carve_Differentiable, AllTypesMatch<["input", "result"]>]> {
   let summary = "Log-softmax along one axis.";
   let description = [{
     `x - max(x) - log(sum(exp(x - max(x))))` along `axis` (non-negative).
@@ -256,7 +261,7 @@ def Carve_LogSoftmaxOp : Carve_Op<"log_softmax", [AllTypesMatch<["input", "resul
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
-def Carve_LayerNormOp : Carve_Op<"layer_norm", [AttrSizedOperandSegments]> {
+def Carve_LayerNormOp : Carve_Op<"layer_norm", [Carve_Differentiable, AttrSizedOperandSegments]> {
   let summary = "Layer normalization over the trailing dimensions.";
   let description = [{
     Normalizes `input` over dimensions `[axis, rank)` to zero mean and unit
@@ -278,7 +283,7 @@ def Carve_LayerNormOp : Carve_Op<"layer_norm", [AttrSizedOperandSegments]> {
   }];
 }
 
-def Carve_RmsNormOp : Carve_Op<"rms_norm"> {
+def Carve_RmsNormOp : Carve_Op<"rms_norm", [Carve_Differentiable]> {
   let summary = "Root-mean-square normalization over the trailing dimensions.";
   let description = [{
     `x / sqrt(mean(x^2 over [axis, rank)) + epsilon) * scale` (Llama's RMSNorm),
@@ -298,7 +303,7 @@ def Carve_RmsNormOp : Carve_Op<"rms_norm"> {
   }];
 }
 
-def Carve_AttentionOp : Carve_Op<"attention"> {
+def Carve_AttentionOp : Carve_Op<"attention", [Carve_Differentiable]> {
   let summary = "Scaled dot-product attention core.";
   let description = [{
     `softmax(q k^T * scale + mask) v` over the last two dimensions:
@@ -327,7 +332,7 @@ def Carve_AttentionOp : Carve_Op<"attention"> {
 // Data movement
 //===----------------------------------------------------------------------===//
 
-def Carve_ReshapeOp : Carve_Op<"reshape"> {
+def Carve_ReshapeOp : Carve_Op<"reshape", [Carve_Differentiable]> {
   let summary = "Reinterprets a tensor's shape; element count is unchanged.";
   let description = [{
     Row-major reshape to the static result type.
@@ -342,7 +347,7 @@ def Carve_ReshapeOp : Carve_Op<"reshape"> {
   let hasFolder = 1;
 }
 
-def Carve_TransposeOp : Carve_Op<"transpose"> {
+def Carve_TransposeOp : Carve_Op<"transpose", [Carve_Differentiable]> {
   let summary = "Permutes dimensions.";
   let description = [{
     `result.shape[i] = input.shape[perm[i]]`.
@@ -358,7 +363,7 @@ def Carve_TransposeOp : Carve_Op<"transpose"> {
   let hasFolder = 1;
 }
 
-def Carve_SliceOp : Carve_Op<"slice"> {
+def Carve_SliceOp : Carve_Op<"slice", [Carve_Differentiable]> {
   let summary = "Strided slice with static bounds.";
   let description = [{
     Takes `input[starts[i] : ends[i] : steps[i]]` on every dimension `i`;
@@ -375,7 +380,7 @@ def Carve_SliceOp : Carve_Op<"slice"> {
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
 }
 
-def Carve_ConcatOp : Carve_Op<"concat"> {
+def Carve_ConcatOp : Carve_Op<"concat", [Carve_Differentiable]> {
   let summary = "Concatenates tensors along one axis.";
   let description = [{
     All operands have the result's rank and element type and agree on every
@@ -390,7 +395,7 @@ def Carve_ConcatOp : Carve_Op<"concat"> {
   let assemblyFormat = "$inputs attr-dict `:` functional-type(operands, results)";
 }
 
-def Carve_GatherOp : Carve_Op<"gather"> {
+def Carve_GatherOp : Carve_Op<"gather", [Carve_Differentiable]> {
   let summary = "Gathers slices along an axis (embedding lookup).";
   let description = [{
     ONNX `Gather`: `result.shape = data.shape[:axis] + indices.shape +
@@ -406,7 +411,7 @@ def Carve_GatherOp : Carve_Op<"gather"> {
   let assemblyFormat = "$data `,` $indices attr-dict `:` functional-type(operands, results)";
 }
 
-def Carve_ExpandOp : Carve_Op<"expand"> {
+def Carve_ExpandOp : Carve_Op<"expand", [Carve_Differentiable]> {
   let summary = "Broadcasts a tensor to a larger static shape.";
   let description = [{
     NumPy broadcasting of `input` to the result shape (ONNX `Expand`).
@@ -495,7 +500,7 @@ def Carve_BatchNormOp : Carve_Op<"batch_norm"> {
 // Losses
 //===----------------------------------------------------------------------===//
 
-def Carve_CrossEntropyOp : Carve_Op<"cross_entropy"> {
+def Carve_CrossEntropyOp : Carve_Op<"cross_entropy", [Carve_Differentiable]> {
   let summary = "Softmax cross-entropy between logits and class indices.";
   let description = [{
     `logits: [N, C, d...]`, `targets: [N, d...]` (integer class indices).
@@ -514,6 +519,156 @@ def Carve_CrossEntropyOp : Carve_Op<"cross_entropy"> {
                        OptionalAttr<I64Attr>:$ignore_index);
   let results = (outs Carve_Tensor:$result);
   let assemblyFormat = "$logits `,` $targets attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Backward ops
+//
+// The gradient rules (Gradients.cpp) write most gradients with the forward
+// ops above; these ops are the backward computations that have no cheaper or
+// clearer spelling in them. None of them is differentiable again.
+//===----------------------------------------------------------------------===//
+
+def Carve_UnaryGradOp : Carve_Op<"unary_grad", [AllTypesMatch<["input", "grad", "result"]>]> {
+  let summary = "Gradient of an elementwise function: `grad * f'(input)`.";
+  let description = [{
+    `fn` names the forward op: `abs`, `exp`, `log`, `sqrt`, `rsqrt`,
+    `reciprocal`, `tanh`, `erf`, `sigmoid`, `relu`, `sin`, `cos`, `silu`,
+    `gelu` or `gelu_tanh`. At kinks PyTorch's choices hold: `relu'(0) = 0`,
+    `abs'(0) = 0`.
+
+    ```mlir
+    %dx = carve.unary_grad %x, %dy {fn = "gelu"} : tensor<4x16x128xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Carve_Tensor:$grad, StrAttr:$fn);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
+}
+
+def Carve_SoftmaxGradOp : Carve_Op<"softmax_grad", [AllTypesMatch<["output", "grad", "result"]>]> {
+  let summary = "Gradient of softmax or log-softmax from its output.";
+  let description = [{
+    With `y` the forward output: `y * (dy - sum(dy * y))` for softmax,
+    `dy - exp(y) * sum(dy)` for log-softmax (`log = true`); sums along `axis`.
+
+    ```mlir
+    %dx = carve.softmax_grad %y, %dy {axis = 1 : i64, log = false} : tensor<64x10xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$output, Carve_Tensor:$grad, I64Attr:$axis, BoolAttr:$log);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$output `,` $grad attr-dict `:` type($result)";
+}
+
+def Carve_LayerNormGradOp : Carve_Op<"layer_norm_grad"> {
+  let summary = "Gradients of layer_norm (input, scale, bias).";
+  let description = [{
+    Recomputes the statistics of `input` over `[axis, rank)` and returns the
+    gradients of the input, the scale and the bias (the last two shaped like
+    the normalized dimensions; unused when the forward op had none).
+
+    ```mlir
+    %dx, %dg, %db = carve.layer_norm_grad %x, %dy scale %g {axis = 2 : i64, epsilon = 9.99999974E-6 : f32}
+           : (tensor<4x16x32xf32>, tensor<4x16x32xf32>, tensor<32xf32>) -> (tensor<4x16x32xf32>, tensor<32xf32>, tensor<32xf32>)
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Carve_Tensor:$grad, Optional<Carve_Tensor>:$scale,
+                       I64Attr:$axis, F32Attr:$epsilon);
+  let results = (outs Carve_Tensor:$input_grad, Carve_Tensor:$scale_grad,
+                      Carve_Tensor:$bias_grad);
+  let assemblyFormat = [{
+    $input `,` $grad (`scale` $scale^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_RmsNormGradOp : Carve_Op<"rms_norm_grad"> {
+  let summary = "Gradients of rms_norm (input, scale).";
+  let description = [{
+    ```mlir
+    %dx, %dw = carve.rms_norm_grad %x, %dy scale %w {axis = 2 : i64, epsilon = 9.99999997E-7 : f32}
+           : (tensor<4x16x32xf32>, tensor<4x16x32xf32>, tensor<32xf32>) -> (tensor<4x16x32xf32>, tensor<32xf32>)
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Carve_Tensor:$grad, Optional<Carve_Tensor>:$scale,
+                       I64Attr:$axis, F32Attr:$epsilon);
+  let results = (outs Carve_Tensor:$input_grad, Carve_Tensor:$scale_grad);
+  let assemblyFormat = [{
+    $input `,` $grad (`scale` $scale^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_AttentionGradOp : Carve_Op<"attention_grad"> {
+  let summary = "Gradients of attention (query, key, value).";
+  let description = [{
+    Recomputes the attention probabilities from `query`, `key` and the
+    optional additive `mask`, and returns the gradients of query, key and
+    value. The mask gets no gradient.
+
+    ```mlir
+    %dq, %dk, %dv = carve.attention_grad %q, %k, %v, %dy {causal = true, scale = 2.500000e-01 : f32}
+           : (tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>)
+             -> (tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>)
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$query, Carve_Tensor:$key, Carve_Tensor:$value,
+                       Carve_Tensor:$grad, Optional<Carve_Tensor>:$mask, F32Attr:$scale,
+                       DefaultValuedAttr<BoolAttr, "false">:$causal);
+  let results = (outs Carve_Tensor:$query_grad, Carve_Tensor:$key_grad,
+                      Carve_Tensor:$value_grad);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `,` $grad (`mask` $mask^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_CrossEntropyGradOp : Carve_Op<"cross_entropy_grad"> {
+  let summary = "Gradient of cross_entropy with respect to the logits.";
+  let description = [{
+    `(softmax(logits) - onehot(targets)) * dy`, scaled by `1 / count` for the
+    mean reduction; ignored elements get 0.
+
+    ```mlir
+    %dl = carve.cross_entropy_grad %logits, %targets, %dy {ignore_index = -100 : i64, reduction = "mean"}
+           : (tensor<64x64xf32>, tensor<64xi64>, tensor<f32>) -> tensor<64x64xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$logits, Carve_Tensor:$targets, Carve_Tensor:$grad,
+                       DefaultValuedStrAttr<StrAttr, "mean">:$reduction,
+                       OptionalAttr<I64Attr>:$ignore_index);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$logits `,` $targets `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Carve_GatherGradOp : Carve_Op<"gather_grad"> {
+  let summary = "Gradient of gather: scatter-add into a zero table.";
+  let description = [{
+    The result (shaped like the gathered table) is zero except where `indices`
+    picked slices, which receive the sum of their `grad` slices.
+
+    ```mlir
+    %dwte = carve.gather_grad %dy, %ids {axis = 0 : i64} : (tensor<4x16x32xf32>, tensor<4x16xi64>) -> tensor<64x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$grad, Carve_Tensor:$indices, I64Attr:$axis);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$grad `,` $indices attr-dict `:` functional-type(operands, results)";
+}
+
+def Carve_SliceGradOp : Carve_Op<"slice_grad"> {
+  let summary = "Gradient of slice: the slice's gradient placed in zeros.";
+  let description = [{
+    The result (shaped like the sliced input) is zero outside
+    `[starts : ends : steps]` and `grad` inside it.
+
+    ```mlir
+    %dx = carve.slice_grad %dq {starts = array<i64: 0, 0, 0>, ends = array<i64: 4, 16, 32>,
+                               steps = array<i64: 1, 1, 1>} : tensor<4x16x32xf32> -> tensor<4x16x96xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$grad, DenseI64ArrayAttr:$starts,
+                       DenseI64ArrayAttr:$ends, DenseI64ArrayAttr:$steps);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$grad attr-dict `:` type($grad) `->` type($result)";
 }
 
 #endif // CARVE_OPS_TD

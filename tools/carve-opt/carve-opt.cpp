@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
 #include "dialects/carve/CarveDialect.h"
 
@@ -20,6 +21,7 @@ int main(int argc, char **argv) {
   mlir::registerCSEPass();
   mlir::registerSymbolDCEPass();
   carve::registerFrontendPasses();
+  carve::registerAutodiffPass();
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "carve optimizer driver\n", registry));
 }
