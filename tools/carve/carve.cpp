@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/frontend/OnnxImporter.h"
+#include "tools/carve/Compile.h"
 #include "tools/carve/Summary.h"
 
 #include "mlir/IR/AsmState.h"
@@ -31,14 +32,76 @@ cl::opt<std::string> importInput(cl::Positional, cl::Required, cl::desc("MODEL.o
 cl::opt<std::string> importOutput("o", cl::desc("Write the IR to FILE (default: stdout)"),
                                   cl::value_desc("FILE"), cl::init("-"),
                                   cl::sub(importCmd), cl::cat(carveCat));
+cl::SubCommand compileCmd("compile",
+                          "Compile an ONNX model into a training executable (OUT/bin/train)");
+cl::SubCommand runCmd("run", "Launch a compiled training program on N ranks (mpirun)");
+
 cl::list<std::string> setDims(
     "set-dim",
     cl::desc("Bind a symbolic dimension (from dynamic_axes) to a size; repeatable"),
-    cl::value_desc("NAME=VALUE"), cl::sub(importCmd), cl::cat(carveCat));
+    cl::value_desc("NAME=VALUE"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
 cl::list<std::string> frozen(
     "frozen",
     cl::desc("Do not train parameters whose names match GLOB (e.g. 'wte.*'); repeatable"),
-    cl::value_desc("GLOB"), cl::sub(importCmd), cl::cat(carveCat));
+    cl::value_desc("GLOB"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
+
+// carve compile
+cl::opt<std::string> compileInput(cl::Positional, cl::Required, cl::desc("MODEL.onnx"),
+                                  cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> compileOutput("o", cl::desc("Output directory (src/, bin/train, ...)"),
+                                   cl::value_desc("OUT"), cl::Required, cl::sub(compileCmd),
+                                   cl::cat(carveCat));
+cl::opt<std::string> planFile("plan", cl::desc("Plan file (JSON), e.g. {\"dp\": 4}"),
+                              cl::value_desc("PLAN.json"), cl::sub(compileCmd),
+                              cl::cat(carveCat));
+cl::opt<std::string> target("target", cl::desc("Target: cpu"), cl::init("cpu"),
+                            cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> lossName("loss", cl::desc("The output that is the loss"),
+                              cl::value_desc("NAME"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training step's IR"),
+                              cl::value_desc("FILE"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<bool> compileQuiet("quiet", cl::desc("Print nothing on success"), cl::sub(compileCmd),
+                           cl::cat(carveCat));
+cl::opt<bool> compileNoRaise("no-raise", cl::desc("Do not raise fused ops (debugging)"),
+                             cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> optimizer("optimizer", cl::desc("adamw (default) or sgd"),
+                               cl::init("adamw"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> lr("lr", cl::desc("Learning rate (default 1e-3)"), cl::init(1e-3),
+                   cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> momentum("momentum", cl::desc("SGD momentum (default 0)"), cl::init(0),
+                         cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> dampening("dampening", cl::desc("SGD dampening (default 0)"), cl::init(0),
+                          cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<bool> nesterov("nesterov", cl::desc("SGD with Nesterov momentum"),
+                       cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> weightDecay("weight-decay",
+                            cl::desc("Weight decay (default: AdamW 0.01, SGD 0)"),
+                            cl::init(-1), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> beta1("beta1", cl::desc("AdamW beta1 (default 0.9)"), cl::init(0.9),
+                      cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> beta2("beta2", cl::desc("AdamW beta2 (default 0.999)"), cl::init(0.999),
+                      cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> eps("eps", cl::desc("AdamW eps (default 1e-8)"), cl::init(1e-8),
+                    cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> clipGradNorm("clip-grad-norm",
+                             cl::desc("Clip the global gradient norm to this (0: off)"),
+                             cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<int64_t> warmupSteps("warmup-steps", cl::desc("Linear learning-rate warm-up steps"),
+                             cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<int64_t> decaySteps("decay-steps",
+                            cl::desc("Cosine decay steps after warm-up (0: constant)"),
+                            cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<double> minLrRatio("min-lr-ratio",
+                           cl::desc("Final learning rate of the cosine decay, as a ratio"),
+                           cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
+
+// carve run
+cl::opt<std::string> runOut(cl::Positional, cl::Required, cl::desc("OUT"), cl::sub(runCmd),
+                            cl::cat(carveCat));
+cl::list<std::string> runTrainArgs(cl::Positional, cl::desc("-- TRAIN ARGS..."),
+                                   cl::sub(runCmd), cl::cat(carveCat));
+cl::opt<int> runRanks("n", cl::desc("Number of ranks"), cl::value_desc("N"), cl::Required,
+                      cl::sub(runCmd), cl::cat(carveCat));
 cl::opt<bool> summary("summary",
                       cl::desc("Print a summary (inputs, outputs, parameters, op counts) "
                                "instead of the IR"),
@@ -48,11 +111,7 @@ cl::opt<bool> noRaise("no-raise",
                                "recognizing layer_norm, rms_norm, gelu, silu, attention"),
                       cl::sub(importCmd), cl::cat(carveCat));
 
-[[noreturn]] void die(const Twine &msg) {
-  errs() << "carve: error: " << msg << "\n";
-  errs().flush();
-  std::exit(1);
-}
+[[noreturn]] void die(const Twine &msg) { carve::die(msg.str()); }
 
 /// Writes `text` to `path` through a temporary file and a rename, so a
 /// failure never leaves a half-written output behind.
@@ -108,21 +167,79 @@ int runImport() {
   return 0;
 }
 
+int runCompileCommand() {
+  carve::CompileArgs args;
+  args.model = compileInput;
+  args.output = compileOutput;
+  args.planPath = planFile;
+  args.target = target;
+  args.loss = lossName;
+  args.emitMlir = emitMlir;
+  args.quiet = compileQuiet;
+  std::string error;
+  for (const std::string &d : setDims)
+    if (!carve::parseSetDim(d, args.import, error))
+      die(compileInput + ": " + error);
+  args.import.frozen.assign(frozen.begin(), frozen.end());
+  args.import.raise = !compileNoRaise;
+  carve::OptimizerConfig &o = args.optimizer;
+  o.kind = optimizer;
+  o.lr = lr;
+  o.momentum = momentum;
+  o.dampening = dampening;
+  o.nesterov = nesterov;
+  o.weightDecay = weightDecay;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.eps = eps;
+  o.clipGradNorm = clipGradNorm;
+  o.warmupSteps = warmupSteps;
+  o.decaySteps = decaySteps;
+  o.minLrRatio = minLrRatio;
+  auto note = [&](cl::Option &opt, const char *name) {
+    if (opt.getNumOccurrences())
+      args.setOnCommandLine.push_back(name);
+  };
+  note(optimizer, "optimizer");
+  note(lr, "lr");
+  note(momentum, "momentum");
+  note(dampening, "dampening");
+  note(nesterov, "nesterov");
+  note(weightDecay, "weight-decay");
+  note(beta1, "beta1");
+  note(beta2, "beta2");
+  note(eps, "eps");
+  note(clipGradNorm, "clip-grad-norm");
+  note(warmupSteps, "warmup-steps");
+  note(decaySteps, "decay-steps");
+  note(minLrRatio, "min-lr-ratio");
+  return carve::runCompile(args);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
   cl::HideUnrelatedOptions(carveCat, importCmd);
+  cl::HideUnrelatedOptions(carveCat, compileCmd);
+  cl::HideUnrelatedOptions(carveCat, runCmd);
   cl::HideUnrelatedOptions(carveCat);
   cl::SetVersionPrinter([](raw_ostream &os) { os << "carve 0.1 (MLIR 22)\n"; });
   cl::ParseCommandLineOptions(
       argc, argv,
       "carve: an ahead-of-time parallelization compiler for models exported from "
       "PyTorch\n\n"
-      "  carve import MODEL.onnx [--set-dim NAME=N] [--frozen GLOB] [--summary] [-o OUT]\n\n"
+      "  carve import MODEL.onnx [--set-dim NAME=N] [--frozen GLOB] [--summary] [-o OUT]\n"
+      "  carve compile MODEL.onnx [--plan PLAN.json] [--optimizer adamw|sgd --lr X ...] -o OUT\n"
+      "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n\n"
       "Run `carve SUBCOMMAND --help` for the flags of one subcommand.\n");
   if (importCmd)
     return runImport();
+  if (compileCmd)
+    return runCompileCommand();
+  if (runCmd)
+    return carve::runRun(runOut, runRanks,
+                         std::vector<std::string>(runTrainArgs.begin(), runTrainArgs.end()));
   errs() << "carve: error: no subcommand given; try `carve --help`\n";
   return 1;
 }

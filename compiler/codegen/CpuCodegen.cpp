@@ -1,0 +1,1121 @@
+//===- CpuCodegen.cpp - per-rank C++ programs for the CPU target ----------===//
+//
+// The generated step function is straight-line code: one runtime kernel call
+// per op of @train_step, in program order. Three rewrites keep it lean:
+//   - a reshape is a new name for its input's memory (no copy);
+//   - a transpose that swaps the last two dimensions and feeds only matmuls
+//     becomes the GEMM's transpose flag;
+//   - activations share memory: a first-fit plan over their live ranges.
+// Gradients are placed contiguously in the order backward produces them, so
+// each all-reduce bucket is one contiguous range started as soon as its last
+// gradient is written.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/CpuCodegen.h"
+
+#include "dialects/carve/CarveOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectResourceBlobManager.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+using namespace mlir;
+
+namespace carve {
+
+namespace {
+/// A number as Python prints it in a repr (shortest form that reads back).
+std::string py(double x) {
+  char buf[64];
+  for (int p = 1; p <= 17; ++p) {
+    snprintf(buf, sizeof buf, "%.*g", p, x);
+    if (strtod(buf, nullptr) == x)
+      break;
+  }
+  return buf;
+}
+struct PyNum {
+  double x;
+};
+llvm::raw_ostream &operator<<(llvm::raw_ostream &os, PyNum n) { return os << py(n.x); }
+} // namespace
+
+std::string OptimizerConfig::describe() const {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  double wd = effectiveWeightDecay();
+  if (kind == "adamw")
+    os << "AdamW(lr=" << PyNum{lr} << ", betas=(" << PyNum{beta1} << ", " << PyNum{beta2} << "), eps=" << PyNum{eps}
+       << ", weight_decay=" << PyNum{wd} << ")";
+  else
+    os << "SGD(lr=" << PyNum{lr} << ", momentum=" << PyNum{momentum} << ", dampening=" << PyNum{dampening}
+       << ", weight_decay=" << PyNum{wd} << ", nesterov=" << (nesterov ? "True" : "False") << ")";
+  if (clipGradNorm > 0)
+    os << ", clip_grad_norm=" << PyNum{clipGradNorm};
+  if (warmupSteps > 0 || decaySteps > 0)
+    os << ", schedule: warmup " << warmupSteps << " steps, cosine decay over " << decaySteps
+       << " steps to " << PyNum{minLrRatio} << " x lr";
+  return s;
+}
+
+namespace {
+
+constexpr int64_t kAlign = 64;
+
+int64_t alignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+std::string nodeOf(Location loc) {
+  if (auto n = dyn_cast<NameLoc>(loc))
+    return n.getName().str();
+  if (auto f = dyn_cast<FusedLoc>(loc))
+    for (Location l : f.getLocations())
+      if (auto n = dyn_cast<NameLoc>(l))
+        return n.getName().str();
+  return "";
+}
+
+/// A C identifier from a model name: "/h.0/attn/c_attn/MatMul" -> "h0_attn_c_attn_MatMul".
+std::string identifier(StringRef name) {
+  std::string s;
+  for (char c : name) {
+    if (isalnum((unsigned char)c)) {
+      s += c;
+    } else if (c == '.' && !s.empty() && isdigit((unsigned char)s.back())) {
+      s += '_';
+    } else if (!s.empty() && s.back() != '_') {
+      s += '_';
+    }
+  }
+  while (!s.empty() && s.back() == '_')
+    s.pop_back();
+  if (s.empty() || isdigit((unsigned char)s[0]))
+    s = "v" + s;
+  return s;
+}
+
+/// The C element type, the runtime's DType, and the size of an element type.
+bool elementInfo(Type t, std::string &ctype, std::string &dtype, int &size) {
+  if (t.isF32())
+    return ctype = "float", dtype = "F32", size = 4, true;
+  if (t.isF64())
+    return ctype = "double", dtype = "F64", size = 8, true;
+  if (t.isInteger(64))
+    return ctype = "int64_t", dtype = "I64", size = 8, true;
+  if (t.isInteger(32))
+    return ctype = "int32_t", dtype = "I32", size = 4, true;
+  if (t.isInteger(1))
+    return ctype = "uint8_t", dtype = "Bool", size = 1, true;
+  return false;
+}
+
+std::string typeString(Type t) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  t.print(os);
+  return s;
+}
+
+std::string dims(ArrayRef<int64_t> d) {
+  std::string s = "{";
+  for (size_t i = 0; i < d.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "}";
+}
+
+std::string shapeText(ArrayRef<int64_t> d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+std::string number(double x, bool isFloat) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::format("%.9g", x);
+  if (isFloat) {
+    if (s.find_first_of(".eEn") == std::string::npos)
+      s += ".0";
+    if (s == "inf" || s == "-inf" || s == "nan")
+      return s == "nan" ? "NAN" : (s[0] == '-' ? "-INFINITY" : "INFINITY");
+    s += "f";
+  }
+  return s;
+}
+
+std::string bytesText(int64_t b) {
+  char buf[64];
+  if (b >= (1 << 20))
+    snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else if (b >= 1024)
+    snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else
+    snprintf(buf, sizeof buf, "%lld B", (long long)b);
+  return buf;
+}
+
+enum class Region { Activation, Param, Grad, State, Input, Seed, Constant };
+
+struct Buffer {
+  Region region = Region::Activation;
+  int64_t bytes = 0;
+  int def = -1;     // index of the defining op (-1: lives for the whole step)
+  int lastUse = -1; // index of the last op that reads it
+  int64_t offset = -1;
+  std::string name; // C variable of the root value
+};
+
+struct TensorRow {
+  std::string name, dtype;
+  SmallVector<int64_t> shape;
+  int64_t numel = 0, offset = 0;
+  bool trainable = false;
+  int64_t gradOffset = -1, state[2] = {-1, -1};
+};
+
+class Generator {
+public:
+  Generator(func::FuncOp fn, const CodegenOptions &opts, GeneratedProgram &out,
+            std::string &error)
+      : fn(fn), opts(opts), out(out), error(error) {}
+
+  bool run();
+
+private:
+  func::FuncOp fn;
+  const CodegenOptions &opts;
+  GeneratedProgram &out;
+  std::string &error;
+
+  std::vector<Operation *> ops;
+  DenseMap<Operation *, int> index;
+  DenseMap<Value, int> bufferOf;    // value -> buffer
+  DenseMap<Value, std::string> var; // value -> C variable
+  std::vector<Buffer> buffers;
+  llvm::StringSet<> usedNames;
+  std::set<Operation *> foldedTransposes;
+  std::map<std::pair<Operation *, unsigned>, Value> foldedOperand;
+
+  std::string constants; // static arrays
+  std::string body;      // the step function's statements
+  std::vector<TensorRow> inputRows, paramRows;
+  int kernelCalls = 0;
+
+  bool fail(const std::string &msg) {
+    error = msg;
+    return false;
+  }
+  bool failOp(Operation *op, const std::string &msg) {
+    std::string node = nodeOf(op->getLoc());
+    return fail("'" + op->getName().getStringRef().str() + "'" +
+                (node.empty() ? "" : " (node '" + node + "')") + ": " + msg);
+  }
+
+  std::string uniqueName(std::string base) {
+    if (base.size() > 60)
+      base = base.substr(base.size() - 60), base = identifier(base);
+    std::string n = base;
+    for (int k = 2; usedNames.count(n); ++k)
+      n = base + "_" + std::to_string(k);
+    usedNames.insert(n);
+    return n;
+  }
+
+  std::string ctypeOf(Value v) {
+    std::string c, d;
+    int s;
+    elementInfo(typeOf(v).getElementType(), c, d, s);
+    return c;
+  }
+  int64_t bytesOf(Value v) {
+    std::string c, d;
+    int s = 0;
+    elementInfo(typeOf(v).getElementType(), c, d, s);
+    return typeOf(v).getNumElements() * s;
+  }
+
+  int newBuffer(Region r, int64_t bytes, int def, std::string name) {
+    Buffer b;
+    b.region = r;
+    b.bytes = bytes;
+    b.def = def;
+    b.name = std::move(name);
+    buffers.push_back(b);
+    return (int)buffers.size() - 1;
+  }
+
+  Value operandOf(Operation *op, unsigned k) {
+    auto it = foldedOperand.find({op, k});
+    return it == foldedOperand.end() ? op->getOperand(k) : it->second;
+  }
+
+  bool checkTypes();
+  void foldTransposes();
+  bool assignBuffers();
+  void planActivations();
+  bool emitConstant(ConstantOp op);
+  bool emitOp(Operation *op);
+  std::string emitProgram(const std::vector<std::pair<int, std::string>> &bucketStarts,
+                          const std::string &tail);
+};
+
+bool Generator::checkTypes() {
+  for (BlockArgument a : fn.getArguments()) {
+    std::string c, d;
+    int s;
+    auto t = dyn_cast<RankedTensorType>(a.getType());
+    if (!t || !t.hasStaticShape() || !elementInfo(t.getElementType(), c, d, s))
+      return fail("argument " + std::to_string(a.getArgNumber()) + " has type " +
+                  typeString(a.getType()) +
+                  ", which the CPU target does not support (f32, f64, i64, i32, i1)");
+  }
+  for (Operation *op : ops)
+    for (Value v : op->getResults()) {
+      std::string c, d;
+      int s;
+      auto t = dyn_cast<RankedTensorType>(v.getType());
+      if (!t || !elementInfo(t.getElementType(), c, d, s))
+        return failOp(op, "result type " + typeString(v.getType()) +
+                              " is not supported by the CPU target (f32, f64, i64, i32, i1)");
+    }
+  return true;
+}
+
+/// A transpose that swaps only the last two dimensions and feeds only matmuls
+/// becomes the matmul's transpose flag.
+void Generator::foldTransposes() {
+  auto swapsLastTwo = [](TransposeOp t) {
+    ArrayRef<int64_t> p = t.getPerm();
+    int64_t r = (int64_t)p.size();
+    if (r < 2)
+      return false;
+    for (int64_t i = 0; i < r - 2; ++i)
+      if (p[i] != i)
+        return false;
+    return p[r - 2] == r - 1 && p[r - 1] == r - 2;
+  };
+  for (Operation *op : ops) {
+    auto t = dyn_cast<TransposeOp>(op);
+    if (!t || !swapsLastTwo(t))
+      continue;
+    bool allMatmul = !t->use_empty() &&
+                     llvm::all_of(t->getUsers(), [](Operation *u) { return isa<MatmulOp>(u); });
+    if (!allMatmul)
+      continue;
+    foldedTransposes.insert(op);
+    for (OpOperand &use : t->getUses())
+      foldedOperand[{use.getOwner(), use.getOperandNumber()}] = t.getInput();
+  }
+}
+
+bool Generator::assignBuffers() {
+  // Arguments: parameters, buffers, inputs and the loss seed live all step.
+  for (BlockArgument a : fn.getArguments()) {
+    unsigned i = a.getArgNumber();
+    Region r = Region::Param;
+    std::string name;
+    if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.param"))
+      name = p.getValue().str();
+    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.buffer"))
+      name = p.getValue().str();
+    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.input"))
+      name = p.getValue().str(), r = Region::Input;
+    else if (fn.getArgAttr(i, "carve.loss_seed"))
+      name = "loss_seed", r = Region::Seed;
+    else
+      return fail("argument " + std::to_string(i) +
+                  " is neither an input, a parameter, a buffer nor the loss seed");
+    std::string v = uniqueName(identifier(name));
+    var[a] = v;
+    bufferOf[a] = newBuffer(r, bytesOf(a), -1, v);
+  }
+  // Op results.
+  for (Operation *op : ops) {
+    int k = index[op];
+    std::string node = nodeOf(op->getLoc());
+    std::string base;
+    if (StringRef(node).starts_with("backward of "))
+      base = "d_" + identifier(StringRef(node).drop_front(12));
+    else if (!node.empty())
+      base = identifier(node);
+    else
+      base = identifier(op->getName().stripDialect());
+    if (isa<ConstantOp>(op))
+      base = "const_" + base;
+    for (Value r : op->getResults()) {
+      unsigned resultNumber = cast<OpResult>(r).getResultNumber();
+      std::string name = uniqueName(
+          op->getNumResults() > 1 ? base + "_" + std::to_string(resultNumber) : base);
+      var[r] = name;
+      if (isa<ReshapeOp>(op)) {
+        bufferOf[r] = bufferOf.lookup(op->getOperand(0));
+        continue;
+      }
+      if (foldedTransposes.count(op))
+        continue; // never materialized
+      Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
+      bufferOf[r] = newBuffer(reg, bytesOf(r), k, name);
+    }
+  }
+  // Reads.
+  for (Operation *op : ops) {
+    if (foldedTransposes.count(op) || isa<ReshapeOp>(op))
+      continue;
+    for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+      Buffer &b = buffers[bufferOf.lookup(operandOf(op, i))];
+      b.lastUse = std::max(b.lastUse, index[op]);
+    }
+  }
+  return true;
+}
+
+/// First fit over live ranges, in definition order: a buffer may take the
+/// memory of any buffer whose last reader ran before it is written.
+void Generator::planActivations() {
+  std::vector<int> order;
+  for (int i = 0; i < (int)buffers.size(); ++i)
+    if (buffers[i].region == Region::Activation)
+      order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return buffers[a].def < buffers[b].def; });
+  std::vector<int> live; // placed buffers
+  int64_t peak = 0, total = 0;
+  for (int i : order) {
+    Buffer &b = buffers[i];
+    int64_t size = alignUp(std::max<int64_t>(b.bytes, 1));
+    total += size;
+    std::vector<std::pair<int64_t, int64_t>> taken;
+    std::vector<int> still;
+    for (int j : live) {
+      const Buffer &o = buffers[j];
+      if (o.lastUse >= b.def) {
+        still.push_back(j);
+        taken.push_back({o.offset, o.offset + alignUp(std::max<int64_t>(o.bytes, 1))});
+      }
+    }
+    std::sort(taken.begin(), taken.end());
+    int64_t at = 0;
+    for (auto &[lo, hi] : taken) {
+      if (at + size <= lo)
+        break;
+      at = std::max(at, hi);
+    }
+    b.offset = at;
+    peak = std::max(peak, at + size);
+    still.push_back(i);
+    live = std::move(still);
+  }
+  out.activationBytes = peak;
+  out.unplannedBytes = total;
+}
+
+bool Generator::emitConstant(ConstantOp op) {
+  Value r = op.getResult();
+  auto type = typeOf(r);
+  std::string ctype = ctypeOf(r);
+  int64_t n = type.getNumElements();
+  Type elt = type.getElementType();
+  std::vector<std::string> values;
+  values.reserve(n);
+  ElementsAttr attr = op.getValue();
+  if (auto dense = dyn_cast<DenseElementsAttr>(attr)) {
+    if (isa<FloatType>(elt)) {
+      for (APFloat f : dense.getValues<APFloat>())
+        values.push_back(number(f.convertToDouble(), elt.isF32()));
+    } else if (elt.isInteger(1)) {
+      for (bool x : dense.getValues<bool>())
+        values.push_back(x ? "1" : "0");
+    } else {
+      for (APInt x : dense.getValues<APInt>())
+        values.push_back(std::to_string(x.getSExtValue()) + (elt.isInteger(64) ? "LL" : ""));
+    }
+  } else if (auto res = dyn_cast<DenseResourceElementsAttr>(attr)) {
+    AsmResourceBlob *blob = res.getRawHandle().getBlob();
+    if (!blob)
+      return failOp(op, "its dense_resource data is missing");
+    ArrayRef<char> data = blob->getData();
+    int64_t size = bytesOf(r);
+    if ((int64_t)data.size() != size)
+      return failOp(op, "its dense_resource data has " + std::to_string(data.size()) +
+                            " bytes, expected " + std::to_string(size));
+    for (int64_t k = 0; k < n; ++k) {
+      if (elt.isF32()) {
+        float f;
+        memcpy(&f, data.data() + 4 * k, 4);
+        values.push_back(number(f, true));
+      } else if (elt.isF64()) {
+        double f;
+        memcpy(&f, data.data() + 8 * k, 8);
+        values.push_back(number(f, false));
+      } else if (elt.isInteger(64)) {
+        int64_t x;
+        memcpy(&x, data.data() + 8 * k, 8);
+        values.push_back(std::to_string(x) + "LL");
+      } else if (elt.isInteger(32)) {
+        int32_t x;
+        memcpy(&x, data.data() + 4 * k, 4);
+        values.push_back(std::to_string(x));
+      } else {
+        values.push_back(data[k] ? "1" : "0");
+      }
+    }
+  } else {
+    return failOp(op, "unsupported constant attribute");
+  }
+  if ((int64_t)values.size() == 1 && n > 1)
+    values.assign(n, values[0]); // a splat
+  std::string &c = constants;
+  c += "// " + var[r] + ": " + typeString(type) + (nodeOf(op.getLoc()).empty() ? "" : " (node '" + nodeOf(op.getLoc()) + "')") + "\n";
+  c += "alignas(64) " + ctype + " " + var[r] + "[" + std::to_string(std::max<int64_t>(n, 1)) +
+       "] = {";
+  for (int64_t k = 0; k < n; ++k) {
+    if (k % 12 == 0)
+      c += "\n    ";
+    c += values[k] + (k + 1 < n ? ", " : "");
+  }
+  c += "};\n";
+  return true;
+}
+
+const char *unaryEnum(StringRef fn) {
+  static const std::pair<const char *, const char *> table[] = {
+      {"neg", "Neg"},   {"abs", "Abs"},         {"exp", "Exp"},       {"log", "Log"},
+      {"sqrt", "Sqrt"}, {"rsqrt", "Rsqrt"},     {"reciprocal", "Reciprocal"},
+      {"tanh", "Tanh"}, {"erf", "Erf"},         {"sigmoid", "Sigmoid"}, {"relu", "Relu"},
+      {"sin", "Sin"},   {"cos", "Cos"},         {"silu", "Silu"},     {"gelu", "Gelu"},
+      {"gelu_tanh", "GeluTanh"}};
+  for (auto &[k, v] : table)
+    if (fn == k)
+      return v;
+  return nullptr;
+}
+
+bool Generator::emitOp(Operation *op) {
+  if (foldedTransposes.count(op))
+    return true;
+  auto name = [&](Value v) { return var.lookup(v); };
+  auto opnd = [&](unsigned k) { return name(operandOf(op, k)); };
+  auto shapeOf = [&](Value v) { return dims(typeOf(v).getShape()); };
+  auto oshape = [&](unsigned k) { return shapeOf(operandOf(op, k)); };
+  auto isF32 = [&](Value v) { return typeOf(v).getElementType().isF32(); };
+  auto scalar = [&](double x, Value like) { return number(x, isF32(like)); };
+  auto nullOf = [&](Value like) { return "(const " + ctypeOf(like) + " *)nullptr"; };
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  std::string &s = body;
+
+  // The comment: the op, its shapes and its model node.
+  std::string node = nodeOf(op->getLoc());
+  s += "  // " + op->getName().getStringRef().str() + " ";
+  for (unsigned k = 0; k < op->getNumOperands(); ++k)
+    s += (k ? ", " : "") + shapeText(typeOf(op->getOperand(k)).getShape());
+  s += " -> ";
+  for (unsigned k = 0; k < op->getNumResults(); ++k)
+    s += (k ? ", " : "") + shapeText(typeOf(op->getResult(k)).getShape());
+  if (!node.empty())
+    s += "   [" + node + "]";
+  s += "\n";
+
+  if (auto c = dyn_cast<ConstantOp>(op))
+    return emitConstant(c);
+  if (isa<ReshapeOp>(op)) {
+    s += "  " + ctypeOf(res) + " *" + name(res) + " = " + opnd(0) + ";  // same memory\n";
+    return true;
+  }
+  ++kernelCalls;
+  for (Value r : op->getResults()) {
+    const Buffer &b = buffers[bufferOf.lookup(r)];
+    s += "  " + ctypeOf(r) + " *" + name(r) + " = (" + ctypeOf(r) + " *)(A + " +
+         std::to_string(b.offset) + ");\n";
+  }
+  std::string call;
+  llvm::raw_string_ostream os(call);
+  os << "  ";
+
+  if (isa<AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp>(op)) {
+    const char *k = isa<AddOp>(op)       ? "Add"
+                    : isa<SubOp>(op)     ? "Sub"
+                    : isa<MulOp>(op)     ? "Mul"
+                    : isa<DivOp>(op)     ? "Div"
+                    : isa<PowOp>(op)     ? "Pow"
+                    : isa<MaximumOp>(op) ? "Max"
+                                         : "Min";
+    os << "binary(Binary::" << k << ", " << opnd(0) << ", " << oshape(0) << ", " << opnd(1)
+       << ", " << oshape(1) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (isa<EqualOp, LessOp, GreaterOp>(op)) {
+    const char *k = isa<EqualOp>(op) ? "Eq" : isa<LessOp>(op) ? "Lt" : "Gt";
+    os << "compare(Compare::" << k << ", " << opnd(0) << ", " << oshape(0) << ", " << opnd(1)
+       << ", " << oshape(1) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (isa<AndOp, OrOp>(op)) {
+    os << "logic(Logic::" << (isa<AndOp>(op) ? "And" : "Or") << ", " << opnd(0) << ", "
+       << oshape(0) << ", " << opnd(1) << ", " << oshape(1) << ", " << name(res) << ", "
+       << shapeOf(res) << ");";
+  } else if (isa<NotOp>(op)) {
+    os << "logic(Logic::Not, " << opnd(0) << ", " << oshape(0) << ", " << opnd(0) << ", "
+       << oshape(0) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp,
+                 SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
+    std::string fnName = op->getName().stripDialect().str();
+    if (auto g = dyn_cast<GeluOp>(op); g && g.getApproximate() == "tanh")
+      fnName = "gelu_tanh";
+    os << "unary(Unary::" << unaryEnum(fnName) << ", " << opnd(0) << ", " << name(res) << ", "
+       << typeOf(res).getNumElements() << ");";
+  } else if (auto g = dyn_cast<UnaryGradOp>(op)) {
+    const char *k = unaryEnum(g.getFn());
+    if (!k)
+      return failOp(op, "unknown function " + g.getFn().str());
+    os << "unary_grad(Unary::" << k << ", " << opnd(0) << ", " << opnd(1) << ", " << name(res)
+       << ", " << typeOf(res).getNumElements() << ");";
+  } else if (isa<WhereOp>(op)) {
+    os << "where(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1)
+       << ", " << opnd(2) << ", " << oshape(2) << ", " << name(res) << ", " << shapeOf(res)
+       << ");";
+  } else if (isa<CastOp>(op)) {
+    os << "cast(" << opnd(0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
+       << ");";
+  } else if (auto m = dyn_cast<MatmulOp>(op)) {
+    auto matDims = [&](unsigned k, bool &trans) {
+      Value v = operandOf(op, k);
+      trans = v != op->getOperand(k);
+      SmallVector<int64_t> d(typeOf(v).getShape());
+      if (d.size() == 1) // a vector: a 1-row (lhs) or 1-column (rhs) matrix
+        d.insert(k == 0 ? d.begin() : d.end(), 1);
+      return dims(d);
+    };
+    bool ta, tb;
+    std::string da = matDims(0, ta), db = matDims(1, tb);
+    SmallVector<int64_t> ys(typeOf(res).getShape());
+    int64_t ra = typeOf(m.getLhs()).getRank(), rb = typeOf(m.getRhs()).getRank();
+    if (ra == 1)
+      ys.insert(ys.end() - (rb == 1 ? 0 : 1), 1);
+    if (rb == 1)
+      ys.push_back(1);
+    os << "matmul(" << opnd(0) << ", " << da << ", " << (ta ? "true" : "false") << ", "
+       << opnd(1) << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", "
+       << dims(ys) << ");";
+  } else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(op)) {
+    ArrayRef<int64_t> axes = op->getAttrOfType<DenseI64ArrayAttr>("axes").asArrayRef();
+    uint32_t mask = 0;
+    for (int64_t a : axes)
+      mask |= 1u << a;
+    const char *k = isa<ReduceSumOp>(op) ? "Sum" : isa<ReduceMeanOp>(op) ? "Mean" : "Max";
+    os << "reduce(Reduce::" << k << ", " << opnd(0) << ", " << oshape(0) << ", 0x";
+    os.write_hex(mask);
+    os << "u, " << name(res) << ");";
+  } else if (auto sm = dyn_cast<SoftmaxOp>(op)) {
+    os << "softmax(" << opnd(0) << ", " << oshape(0) << ", " << sm.getAxis() << ", false, "
+       << name(res) << ");";
+  } else if (auto sm = dyn_cast<LogSoftmaxOp>(op)) {
+    os << "softmax(" << opnd(0) << ", " << oshape(0) << ", " << sm.getAxis() << ", true, "
+       << name(res) << ");";
+  } else if (auto g = dyn_cast<SoftmaxGradOp>(op)) {
+    os << "softmax_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(0) << ", "
+       << g.getAxis() << ", " << (g.getLog() ? "true" : "false") << ", " << name(res) << ");";
+  } else if (auto ln = dyn_cast<LayerNormOp>(op)) {
+    Value x = ln.getInput();
+    os << "layer_norm(" << name(x) << ", " << shapeOf(x) << ", " << ln.getAxis() << ", "
+       << (ln.getScale() ? name(ln.getScale()) : nullOf(x)) << ", "
+       << (ln.getBias() ? name(ln.getBias()) : nullOf(x)) << ", "
+       << scalar(ln.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
+  } else if (auto g = dyn_cast<LayerNormGradOp>(op)) {
+    Value x = g.getInput();
+    os << "layer_norm_grad(" << name(x) << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
+       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+       << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
+       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", "
+       << name(g.getBiasGrad()) << ");";
+  } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
+    Value x = rn.getInput();
+    os << "rms_norm(" << name(x) << ", " << shapeOf(x) << ", " << rn.getAxis() << ", "
+       << (rn.getScale() ? name(rn.getScale()) : nullOf(x)) << ", "
+       << scalar(rn.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
+  } else if (auto g = dyn_cast<RmsNormGradOp>(op)) {
+    Value x = g.getInput();
+    os << "rms_norm_grad(" << name(x) << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
+       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+       << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
+       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ");";
+  } else if (auto at = dyn_cast<AttentionOp>(op)) {
+    Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
+    os << "attention(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", " << shapeOf(k)
+       << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q)) << ", "
+       << (mk ? shapeOf(mk) : "{}") << ", " << scalar(at.getScale().convertToDouble(), q)
+       << ", " << (at.getCausal() ? "true" : "false") << ", " << name(res) << ");";
+  } else if (auto g = dyn_cast<AttentionGradOp>(op)) {
+    Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
+    os << "attention_grad(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", "
+       << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
+       << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
+       << scalar(g.getScale().convertToDouble(), q) << ", "
+       << (g.getCausal() ? "true" : "false") << ", " << name(g.getGrad()) << ", "
+       << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", "
+       << name(g.getValueGrad()) << ");";
+  } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
+    StringRef red = op->getAttrOfType<StringAttr>("reduction")
+                        ? op->getAttrOfType<StringAttr>("reduction").getValue()
+                        : StringRef("mean");
+    auto ig = op->getAttrOfType<IntegerAttr>("ignore_index");
+    Value logits = op->getOperand(0), targets = op->getOperand(1);
+    if (!typeOf(targets).getElementType().isInteger(64))
+      return failOp(op, "targets must be int64 for the CPU target");
+    int r = red == "mean" ? 0 : red == "sum" ? 1 : 2;
+    os << (isa<CrossEntropyOp>(op) ? "cross_entropy(" : "cross_entropy_grad(") << name(logits)
+       << ", " << shapeOf(logits) << ", " << name(targets) << ", " << r << " /*" << red
+       << "*/, " << (ig ? "true" : "false") << ", " << (ig ? ig.getInt() : 0) << "LL, ";
+    if (isa<CrossEntropyGradOp>(op))
+      os << opnd(2) << ", ";
+    os << name(res) << ");";
+  } else if (auto t = dyn_cast<TransposeOp>(op)) {
+    os << "transpose(" << opnd(0) << ", " << oshape(0) << ", " << dims(t.getPerm()) << ", "
+       << name(res) << ");";
+  } else if (auto sl = dyn_cast<SliceOp>(op)) {
+    os << "slice(" << opnd(0) << ", " << oshape(0) << ", " << dims(sl.getStarts()) << ", "
+       << dims(sl.getSteps()) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (auto sg = dyn_cast<SliceGradOp>(op)) {
+    os << "slice_grad(" << opnd(0) << ", " << oshape(0) << ", " << dims(sg.getStarts()) << ", "
+       << dims(sg.getSteps()) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (auto cc = dyn_cast<ConcatOp>(op)) {
+    std::string ct = ctypeOf(res);
+    os << "{\n    const " << ct << " *parts[] = {";
+    for (unsigned k = 0; k < op->getNumOperands(); ++k)
+      os << (k ? ", " : "") << opnd(k);
+    os << "};\n    const Dims shapes[] = {";
+    for (unsigned k = 0; k < op->getNumOperands(); ++k)
+      os << (k ? ", " : "") << "Dims" << oshape(k);
+    os << "};\n    concat(" << op->getNumOperands() << ", parts, shapes, " << cc.getAxis()
+       << ", " << name(res) << ");\n  }";
+  } else if (auto g = dyn_cast<GatherOp>(op)) {
+    if (!typeOf(g.getIndices()).getElementType().isInteger(64))
+      return failOp(op, "indices must be int64 for the CPU target");
+    os << "gather(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1)
+       << ", " << g.getAxis() << ", " << name(res) << ");";
+  } else if (auto g = dyn_cast<GatherGradOp>(op)) {
+    if (!typeOf(g.getIndices()).getElementType().isInteger(64))
+      return failOp(op, "indices must be int64 for the CPU target");
+    os << "gather_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1) << ", "
+       << g.getAxis() << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (isa<ExpandOp>(op)) {
+    os << "expand(" << opnd(0) << ", " << oshape(0) << ", " << name(res) << ", "
+       << shapeOf(res) << ");";
+  } else {
+    return failOp(op, "the CPU target has no kernel for this op yet");
+  }
+  s += call + "\n";
+  return true;
+}
+
+bool Generator::run() {
+  Block &block = fn.getBody().front();
+  for (Operation &op : block.without_terminator()) {
+    index[&op] = (int)ops.size();
+    ops.push_back(&op);
+  }
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  int end = (int)ops.size();
+  if (!checkTypes())
+    return false;
+  foldTransposes();
+  if (!assignBuffers())
+    return false;
+  if (ret.getNumOperands() < 1)
+    return fail("@train_step returns nothing");
+
+  // Results: the loss lives to the end; gradients go to the gradient region.
+  Value loss = ret.getOperand(0);
+  buffers[bufferOf.lookup(loss)].lastUse = end;
+  struct GradSlot {
+    unsigned param;  // argument number of the parameter
+    Value value;
+    int buffer;      // its buffer in the gradient region
+    bool copy;       // the value lives elsewhere; copy it into the slot
+    int ready;       // index of the op after which it is final
+  };
+  std::vector<GradSlot> grads;
+  std::set<int> pinned{bufferOf.lookup(loss)};
+  for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
+    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
+    if (!of)
+      return fail("@train_step result " + std::to_string(k) + " is not a gradient");
+    unsigned param = ~0u;
+    for (BlockArgument a : fn.getArguments())
+      if (auto p = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.param"))
+        if (p == of)
+          param = a.getArgNumber();
+    if (param == ~0u)
+      return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
+    Value g = ret.getOperand(k);
+    if (!typeOf(g).getElementType().isF32())
+      return fail("parameter '" + of.getValue().str() +
+                  "' is not float32; the CPU target trains float32 parameters");
+    int b = bufferOf.lookup(g);
+    GradSlot slot{param, g, b, false, buffers[b].def};
+    if (buffers[b].region != Region::Activation || pinned.count(b)) {
+      slot.copy = true;
+      slot.buffer = newBuffer(Region::Grad, bytesOf(g), end, "grad_" + var[fn.getArgument(param)]);
+      slot.ready = end; // copied after the last op
+      buffers[b].lastUse = end;
+    } else {
+      buffers[b].region = Region::Grad;
+      pinned.insert(b);
+    }
+    grads.push_back(slot);
+  }
+  std::stable_sort(grads.begin(), grads.end(),
+                   [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
+
+  // Persistent layout: parameters and buffers, gradients (in the order
+  // backward finishes them), optimizer state, inputs, the seed; then activations.
+  int64_t at = 0;
+  auto place = [&](int b) {
+    buffers[b].offset = at;
+    at += alignUp(std::max<int64_t>(buffers[b].bytes, 1));
+  };
+  for (BlockArgument a : fn.getArguments())
+    if (buffers[bufferOf.lookup(a)].region == Region::Param)
+      place(bufferOf.lookup(a));
+  int64_t paramEnd = at;
+  int64_t gradBegin = at;
+  for (GradSlot &g : grads)
+    place(g.buffer);
+  int64_t gradEnd = at;
+  // The gradient region is one contiguous float array (padding included, zero):
+  // clipping and bucket all-reduces cover it in one go.
+  const bool adam = opts.optimizer.kind == "adamw";
+  const bool momentum = !adam && opts.optimizer.momentum != 0;
+  int slots = adam ? 2 : momentum ? 1 : 0;
+  std::map<unsigned, std::array<int64_t, 2>> stateOf;
+  for (GradSlot &g : grads) {
+    std::array<int64_t, 2> st = {-1, -1};
+    for (int s = 0; s < slots; ++s) {
+      st[s] = at;
+      at += alignUp(bytesOf(g.value));
+    }
+    stateOf[g.param] = st;
+  }
+  int64_t stateEnd = at;
+  for (BlockArgument a : fn.getArguments()) {
+    Region r = buffers[bufferOf.lookup(a)].region;
+    if (r == Region::Input || r == Region::Seed)
+      place(bufferOf.lookup(a));
+  }
+  int64_t activationBase = at;
+  planActivations();
+  for (Buffer &b : buffers)
+    if (b.region == Region::Activation)
+      b.offset += activationBase;
+  out.arenaBytes = alignUp(activationBase + out.activationBytes);
+
+  // Buckets: consecutive gradients up to bucketBytes.
+  struct Bucket {
+    size_t first, last;
+    int64_t begin, end;
+    int ready;
+  };
+  std::vector<Bucket> buckets;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Buffer &b = buffers[grads[i].buffer];
+    int64_t stop = b.offset + alignUp(b.bytes);
+    if (buckets.empty() || stop - buckets.back().begin > opts.bucketBytes)
+      buckets.push_back({i, i, b.offset, stop, grads[i].ready});
+    else
+      buckets.back().last = i, buckets.back().end = stop, buckets.back().ready = grads[i].ready;
+  }
+  out.numBuckets = (int)buckets.size();
+
+  // Emit the ops, starting each bucket's all-reduce after its last gradient.
+  std::string &s = body;
+  size_t nextBucket = 0;
+  auto startBuckets = [&](int after) {
+    if (opts.dp <= 1)
+      return;
+    while (nextBucket < buckets.size() && buckets[nextBucket].ready <= after) {
+      const Bucket &bk = buckets[nextBucket];
+      std::string names;
+      for (size_t i = bk.first; i <= bk.last; ++i) {
+        auto of = fn.getResultAttrOfType<StringAttr>(0, "carve.output");
+        (void)of;
+        names += (i > bk.first ? ", " : "") +
+                 fn.getArgAttrOfType<StringAttr>(grads[i].param, "carve.param").getValue().str();
+        if (i - bk.first >= 3 && i < bk.last) {
+          names += ", ... (" + std::to_string(bk.last - i) + " more)";
+          break;
+        }
+      }
+      s += "\n  // Gradient bucket " + std::to_string(nextBucket) + " is complete (" + names +
+           "; " + bytesText(bk.end - bk.begin) +
+           ").\n  // Data parallel: sum it over the " + std::to_string(opts.dp) +
+           " replicas so that every replica applies the same update.\n";
+      s += "  CommHandle bucket" + std::to_string(nextBucket) +
+           " = ctx.dpComm->allReduceAsync(A + " + std::to_string(bk.begin) + ", " +
+           std::to_string((bk.end - bk.begin) / 4) + ", CommType::F32, ReduceOp::Sum);\n\n";
+      ++nextBucket;
+    }
+  };
+  std::string lossReduction = "unknown";
+  if (auto r = fn->getAttrOfType<StringAttr>("carve.loss_reduction"))
+    lossReduction = r.getValue().str();
+  if (opts.dp > 1 && lossReduction == "unknown")
+    return fail("cannot tell how the loss reduces over the batch (a mean or a sum of "
+                "cross_entropy, reduce_mean or reduce_sum); data parallelism needs to know");
+  std::string seedName;
+  for (BlockArgument a : fn.getArguments())
+    if (fn.getArgAttr(a.getArgNumber(), "carve.loss_seed"))
+      seedName = var[a];
+  if (seedName.empty())
+    return fail("@train_step has no loss-seed argument");
+  std::string seedValue = lossReduction == "mean" && opts.dp > 1
+                              ? "1.0f / " + std::to_string(opts.dp)
+                              : std::string("1.0f");
+  s += "  // d(loss)/d(loss): " +
+       std::string(lossReduction == "mean" && opts.dp > 1
+                       ? "the loss is a mean over the batch and each replica sees 1/" +
+                             std::to_string(opts.dp) +
+                             " of it, so the summed gradients equal the global mean's."
+                       : "1.") +
+       "\n  *" + seedName + " = " + seedValue + ";\n\n";
+  bool backward = false;
+  for (Operation *op : ops) {
+    if (!backward && StringRef(nodeOf(op->getLoc())).starts_with("backward of ")) {
+      backward = true;
+      s += "\n  // ---- Backward ----\n\n";
+    }
+    if (!emitOp(op))
+      return false;
+    startBuckets(index[op]);
+  }
+  for (GradSlot &g : grads)
+    if (g.copy)
+      s += "  copy(" + var[g.value] + ", (float *)(A + " +
+           std::to_string(buffers[g.buffer].offset) + "), " +
+           std::to_string(typeOf(g.value).getNumElements()) +
+           ");  // gradient of " +
+           fn.getArgAttrOfType<StringAttr>(g.param, "carve.param").getValue().str() + "\n";
+  startBuckets(end);
+
+  // The step's tail: wait for the buckets, the loss, clipping, the optimizer.
+  std::string t;
+  llvm::raw_string_ostream ts(t);
+  const OptimizerConfig &o = opts.optimizer;
+  if (opts.dp > 1) {
+    ts << "\n  // Wait for the gradient all-reduces before the optimizer reads them.\n";
+    for (size_t b = 0; b < buckets.size(); ++b)
+      ts << "  ctx.dpComm->wait(bucket" << b << ");\n";
+  }
+  ts << "\n  // The loss of the whole global batch.\n";
+  ts << "  float loss = (float)" << var[loss] << "[0];\n";
+  if (opts.dp > 1) {
+    ts << "  ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report "
+          "the global loss\n";
+    if (lossReduction == "mean")
+      ts << "  loss /= " << opts.dp << ".0f;  // the mean of " << opts.dp
+         << " equal shares is the global mean\n";
+  }
+  ts << "  ctx.loss = loss;\n";
+  int64_t gradFloats = (gradEnd - gradBegin) / 4;
+  ts << "\n  float *grads = (float *)(A + " << gradBegin << ");  // all gradients, "
+     << gradFloats << " floats\n";
+  if (o.clipGradNorm > 0) {
+    ts << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false)
+       << ")\n";
+    ts << "  double norm = std::sqrt(sumSquares(grads, " << gradFloats << "));\n";
+    ts << "  ctx.gradNorm = (float)norm;\n";
+    ts << "  scaleInPlace(grads, " << gradFloats << ", clipCoefficient(norm, "
+       << number(o.clipGradNorm, false) << "));\n";
+  } else {
+    ts << "  ctx.gradNorm = (float)std::sqrt(sumSquares(grads, " << gradFloats << "));\n";
+  }
+  ts << "\n  // " << o.describe() << "\n";
+  ts << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", "
+     << o.warmupSteps << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
+  ts << "  ctx.lr = (float)lr;\n";
+  double wd = o.effectiveWeightDecay();
+  for (GradSlot &g : grads) {
+    std::string p = var[fn.getArgument(g.param)];
+    int64_t n = typeOf(g.value).getNumElements();
+    std::string go = "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
+    auto st = stateOf[g.param];
+    if (adam)
+      ts << "  adamwUpdate(" << p << ", " << go << ", (float *)(A + " << st[0]
+         << "), (float *)(A + " << st[1] << "), " << n << ", lr, " << number(o.beta1, false)
+         << ", " << number(o.beta2, false) << ", " << number(o.eps, false) << ", "
+         << number(wd, false) << ", ctx.step + 1);\n";
+    else
+      ts << "  sgdUpdate(" << p << ", " << go << ", "
+         << (momentum ? "(float *)(A + " + std::to_string(st[0]) + ")" : "nullptr") << ", "
+         << n << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false)
+         << ", " << number(wd, false) << ", " << (o.nesterov ? "true" : "false")
+         << ", ctx.step == 0);\n";
+  }
+
+  // Tables for the runtime.
+  for (BlockArgument a : fn.getArguments()) {
+    unsigned i = a.getArgNumber();
+    const Buffer &b = buffers[bufferOf.lookup(a)];
+    if (b.region != Region::Param && b.region != Region::Input)
+      continue;
+    TensorRow row;
+    auto nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.param");
+    if (!nameAttr)
+      nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.buffer");
+    if (!nameAttr)
+      nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.input");
+    row.name = nameAttr.getValue().str();
+    std::string c;
+    int sz;
+    elementInfo(typeOf(a).getElementType(), c, row.dtype, sz);
+    row.shape.assign(typeOf(a).getShape().begin(), typeOf(a).getShape().end());
+    row.numel = typeOf(a).getNumElements();
+    row.offset = b.offset;
+    for (GradSlot &g : grads)
+      if (g.param == i) {
+        row.trainable = true;
+        row.gradOffset = buffers[g.buffer].offset;
+        row.state[0] = stateOf[i][0];
+        row.state[1] = stateOf[i][1];
+      }
+    (b.region == Region::Param ? paramRows : inputRows).push_back(row);
+  }
+
+  std::vector<std::pair<int, std::string>> unusedBuckets;
+  out.numKernelCalls = kernelCalls;
+  std::string header;
+  llvm::raw_string_ostream hs(header);
+  hs << "  // Memory plan (one arena, " << bytesText(out.arenaBytes) << "):\n"
+     << "  //   parameters and buffers   [0, " << paramEnd << ")\n"
+     << "  //   gradients                [" << gradBegin << ", " << gradEnd << ")\n"
+     << "  //   optimizer state          [" << gradEnd << ", " << stateEnd << ")\n"
+     << "  //   inputs and loss seed     [" << stateEnd << ", " << activationBase << ")\n"
+     << "  //   activations              [" << activationBase << ", "
+     << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
+     << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
+  out.source = emitProgram(unusedBuckets, header + "\n  char *const A = ctx.arena;\n" + t);
+  (void)stateEnd;
+  return true;
+}
+
+std::string Generator::emitProgram(const std::vector<std::pair<int, std::string>> &,
+                                   const std::string &tail) {
+  std::string src;
+  llvm::raw_string_ostream os(src);
+  const std::string &P = opts.programName;
+  os << "// " << P << ".cpp: one rank's training step, generated by `carve compile` from "
+     << opts.modelName << ".\n"
+     << "// Regenerate it rather than editing it.\n//\n"
+     << "// Plan: " << opts.planJson << "\n"
+     << "// Data parallel over " << opts.dp << " rank(s): this program sees "
+     << opts.globalBatch / std::max(1, opts.dp) << " of the global batch of "
+     << opts.globalBatch << ".\n"
+     << "// Optimizer: " << opts.optimizer.describe() << "\n"
+     << "// " << kernelCalls << " kernel calls, " << out.numBuckets
+     << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
+     << "#include \"carve/rt/kernels.h\"\n#include \"carve/rt/optim.h\"\n"
+     << "#include \"carve/rt/program.h\"\n\n#include <cmath>\n#include <cstdint>\n\n"
+     << "using namespace carve::rt;\n\nnamespace {\n\n";
+  if (!constants.empty())
+    os << "// ---- Constants ----\n\n" << constants << "\n";
+  os << "void step(StepContext &ctx) {\n";
+  // Split the tail: the header part (memory plan + arena pointer) goes first.
+  size_t cut = tail.find("\n  char *const A = ctx.arena;\n");
+  os << tail.substr(0, cut) << "\n  char *const A = ctx.arena;\n\n";
+  os << "  // ---- Inputs, parameters and buffers ----\n";
+  for (BlockArgument a : fn.getArguments()) {
+    const Buffer &b = buffers[bufferOf.lookup(a)];
+    std::string what = b.region == Region::Input  ? "input"
+                       : b.region == Region::Seed ? "loss seed"
+                                                  : "parameter";
+    os << "  " << ctypeOf(a) << " *" << var[a] << " = (" << ctypeOf(a) << " *)(A + "
+       << b.offset << ");  // " << what << " " << shapeText(typeOf(a).getShape()) << "\n";
+  }
+  os << "\n  // ---- Forward ----\n\n" << body;
+  os << tail.substr(cut + strlen("\n  char *const A = ctx.arena;\n")) << "}\n\n";
+
+  auto rows = [&](const char *name, const std::vector<TensorRow> &rs) {
+    os << "const TensorSpec " << name << "[] = {\n";
+    for (const TensorRow &r : rs) {
+      os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
+         << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
+         << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0]
+         << ", " << r.state[1] << "}},\n";
+    }
+    if (rs.empty())
+      os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
+    os << "};\n";
+  };
+  rows("kInputs", inputRows);
+  rows("kParams", paramRows);
+  int64_t seq = 0;
+  bool tokens = inputRows.size() == 2 && inputRows[0].dtype == "I64" &&
+                inputRows[1].dtype == "I64" && inputRows[0].shape.size() == 2 &&
+                inputRows[0].shape == inputRows[1].shape;
+  if (tokens)
+    seq = inputRows[0].shape[1];
+  bool adam = opts.optimizer.kind == "adamw";
+  int slots = adam ? 2 : opts.optimizer.momentum != 0 ? 1 : 0;
+  std::string desc = opts.optimizer.describe();
+  std::string escaped;
+  for (char c : desc)
+    escaped += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  std::string model;
+  for (char c : opts.modelName)
+    model += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
+     << "    \"" << P << "\", \"" << model << "\",\n"
+     << "    /*worldSize=*/" << opts.dp << ", /*dp=*/" << opts.dp << ",\n"
+     << "    /*globalBatch=*/" << opts.globalBatch << ", /*localBatch=*/"
+     << opts.globalBatch / std::max(1, opts.dp) << ", /*seqLen=*/" << seq << ",\n"
+     << "    DataKind::" << (tokens ? "Tokens" : "Tensors") << ",\n"
+     << "    " << inputRows.size() << ", kInputs, " << paramRows.size() << ", kParams,\n"
+     << "    /*arenaBytes=*/" << out.arenaBytes << ",\n"
+     << "    OptimizerKind::" << (adam ? "AdamW" : "SGD") << ", /*numStateSlots=*/" << slots
+     << ",\n"
+     << "    \"" << escaped << "\",\n"
+     << "    step,\n};\n";
+  return src;
+}
+
+} // namespace
+
+bool generateCpuProgram(ModuleOp module, const CodegenOptions &opts, GeneratedProgram &out,
+                        std::string &error) {
+  auto fn = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!fn) {
+    error = "the module has no @train_step (run autodiff first)";
+    return false;
+  }
+  if (fn.getBody().getBlocks().size() != 1) {
+    error = "@train_step must be a single block";
+    return false;
+  }
+  Generator g(fn, opts, out, error);
+  return g.run();
+}
+
+std::string generateProgramTable(const std::vector<std::string> &programNames,
+                                 const std::vector<int> &rankToProgram) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << "// programs.cpp: which program each rank runs (generated by `carve compile`).\n\n"
+     << "#include \"carve/rt/program.h\"\n\nusing carve::rt::Program;\n\n";
+  for (const std::string &p : programNames)
+    os << "extern const Program " << p << ";\n";
+  os << "\nextern \"C\" int carve_world_size() { return " << rankToProgram.size() << "; }\n\n"
+     << "extern \"C\" const Program *carve_program_for_rank(int rank) {\n"
+     << "  static const Program *const table[] = {";
+  for (size_t r = 0; r < rankToProgram.size(); ++r)
+    os << (r ? ", " : "") << "&" << programNames[rankToProgram[r]];
+  os << "};\n  if (rank < 0 || rank >= " << rankToProgram.size()
+     << ")\n    return nullptr;\n  return table[rank];\n}\n";
+  return s;
+}
+
+} // namespace carve

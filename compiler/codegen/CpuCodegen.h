@@ -1,0 +1,75 @@
+//===- CpuCodegen.h - per-rank C++ programs for the CPU target ------------===//
+//
+// Turns `@train_step` (built by autodiff, shaped for one rank's share of the
+// batch) into a readable C++ source that implements the runtime's `Program`
+// contract (runtime/include/carve/rt/program.h): one kernel call per op with
+// a comment naming the op and its model node, a static memory plan (one
+// arena; activations share memory by liveness), gradient buckets all-reduced
+// over the data-parallel group as soon as they are complete, and the
+// optimizer update.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_CODEGEN_CPUCODEGEN_H
+#define CARVE_COMPILER_CODEGEN_CPUCODEGEN_H
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+/// The optimizer and its schedule: PyTorch's defaults unless set.
+struct OptimizerConfig {
+  std::string kind = "adamw"; // "adamw" or "sgd"
+  double lr = 1e-3;
+  double momentum = 0, dampening = 0;
+  bool nesterov = false;
+  double weightDecay = -1; // -1: the optimizer's default (AdamW 0.01, SGD 0)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double clipGradNorm = 0; // 0: no clipping
+  int64_t warmupSteps = 0, decaySteps = 0;
+  double minLrRatio = 0;
+
+  double effectiveWeightDecay() const {
+    return weightDecay >= 0 ? weightDecay : (kind == "adamw" ? 0.01 : 0.0);
+  }
+  /// One line, e.g. "AdamW(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)".
+  std::string describe() const;
+};
+
+struct CodegenOptions {
+  std::string modelName;   // shown in comments and in Program::model
+  std::string programName = "program0";
+  int dp = 1;
+  int64_t globalBatch = 0;
+  int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size
+  OptimizerConfig optimizer;
+  std::string planJson;    // shown in the header comment
+};
+
+struct GeneratedProgram {
+  std::string source;      // program0.cpp
+  int64_t arenaBytes = 0;
+  int64_t activationBytes = 0;   // the activation region after reuse
+  int64_t unplannedBytes = 0;    // all activations without reuse
+  int numBuckets = 0;
+  int numKernelCalls = 0;
+};
+
+/// Generates the program for `@train_step` in `module`. On failure returns
+/// false with one line in `error` naming the op (and node) that could not be
+/// compiled.
+bool generateCpuProgram(mlir::ModuleOp module, const CodegenOptions &opts,
+                        GeneratedProgram &out, std::string &error);
+
+/// programs.cpp: `carve_program_for_rank` and `carve_world_size` for the
+/// given programs (rank r runs programs[rankToProgram[r]]).
+std::string generateProgramTable(const std::vector<std::string> &programNames,
+                                 const std::vector<int> &rankToProgram);
+
+} // namespace carve
+
+#endif // CARVE_COMPILER_CODEGEN_CPUCODEGEN_H

@@ -1,0 +1,181 @@
+//===- Plan.cpp - parsing and checking plan files -------------------------===//
+
+#include "compiler/plan/Plan.h"
+
+#include <nlohmann/json.hpp>
+
+namespace carve {
+namespace {
+
+using json = nlohmann::json;
+
+/// Reserved plan fields, their neutral values, and what they will mean.
+struct Reserved {
+  const char *name;
+  json neutral;
+  const char *meaning;
+};
+
+const std::vector<Reserved> &reserved() {
+  static const std::vector<Reserved> r = {
+      {"tp", 1, "tensor parallelism"},
+      {"pp", 1, "pipeline parallelism"},
+      {"zero", 0, "ZeRO sharding"},
+      {"sequence_parallel", false, "sequence parallelism"},
+      {"num_micro_batches", 1, "micro-batching"},
+      {"micro_batch_size", nullptr, "micro-batching"},
+      {"schedule", nullptr, "pipeline schedules"},
+      {"virtual_stages", 1, "interleaved pipeline stages"},
+      {"recompute", "none", "recomputation"},
+      {"precision", "fp32", "mixed precision"},
+      {"ops", nullptr, "per-op partition overrides"},
+  };
+  return r;
+}
+
+const char *optimizerNumberFields[] = {"lr",           "momentum",     "dampening",
+                                       "weight_decay", "beta1",        "beta2",
+                                       "eps",          "clip_grad_norm", "warmup_steps",
+                                       "decay_steps",  "min_lr_ratio"};
+
+} // namespace
+
+bool parsePlan(const std::string &text, const std::string &what, Plan &plan,
+               std::string &error) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error &e) {
+    std::string msg = e.what();
+    size_t colon = msg.find(": ");
+    error = what + ": not valid JSON (" +
+            (colon == std::string::npos ? msg : msg.substr(colon + 2)) + ")";
+    return false;
+  }
+  if (!j.is_object()) {
+    error = what + ": a plan is a JSON object, e.g. {\"dp\": 4}";
+    return false;
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string &key = it.key();
+    const json &v = it.value();
+    if (key == "dp") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 20) {
+        error = what + ": \"dp\" must be a positive integer, got " + v.dump();
+        return false;
+      }
+      plan.dp = (int)v.get<int64_t>();
+      continue;
+    }
+    if (key == "optimizer") {
+      if (!v.is_object()) {
+        error = what + ": \"optimizer\" must be an object, e.g. {\"name\": \"adamw\", \"lr\": 3e-4}";
+        return false;
+      }
+      for (auto o = v.begin(); o != v.end(); ++o) {
+        const std::string &k = o.key();
+        if (k == "name") {
+          if (!o.value().is_string()) {
+            error = what + ": optimizer \"name\" must be a string";
+            return false;
+          }
+          plan.optimizerStrings["name"] = o.value().get<std::string>();
+        } else if (k == "nesterov") {
+          if (!o.value().is_boolean()) {
+            error = what + ": optimizer \"nesterov\" must be true or false";
+            return false;
+          }
+          plan.optimizerFlags["nesterov"] = o.value().get<bool>();
+        } else if (std::find(std::begin(optimizerNumberFields), std::end(optimizerNumberFields),
+                             k) != std::end(optimizerNumberFields)) {
+          if (!o.value().is_number()) {
+            error = what + ": optimizer \"" + k + "\" must be a number, got " + o.value().dump();
+            return false;
+          }
+          plan.optimizerNumbers[k] = o.value().get<double>();
+        } else {
+          error = what + ": unknown optimizer field \"" + k +
+                  "\" (known: name, lr, momentum, dampening, nesterov, weight_decay, beta1, "
+                  "beta2, eps, clip_grad_norm, warmup_steps, decay_steps, min_lr_ratio)";
+          return false;
+        }
+      }
+      continue;
+    }
+    bool known = false;
+    for (const Reserved &r : reserved()) {
+      if (key != r.name)
+        continue;
+      known = true;
+      if (!r.neutral.is_null() && v == r.neutral)
+        break; // the neutral value asks for nothing
+      error = what + ": \"" + key + "\": " + r.meaning +
+              " is not implemented in this version of carve (only \"dp\" is); remove the "
+              "field or set it to " +
+              (r.neutral.is_null() ? std::string("nothing") : r.neutral.dump());
+      return false;
+    }
+    if (!known) {
+      std::string names = "dp, optimizer";
+      for (const Reserved &r : reserved())
+        names += std::string(", ") + r.name;
+      error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
+      return false;
+    }
+  }
+  plan.json = j.dump();
+  return true;
+}
+
+bool applyPlanOptimizer(const Plan &plan, OptimizerConfig &opt, std::string &error) {
+  auto it = plan.optimizerStrings.find("name");
+  if (it != plan.optimizerStrings.end())
+    opt.kind = it->second;
+  for (const auto &[k, v] : plan.optimizerNumbers) {
+    if (k == "lr") opt.lr = v;
+    else if (k == "momentum") opt.momentum = v;
+    else if (k == "dampening") opt.dampening = v;
+    else if (k == "weight_decay") opt.weightDecay = v;
+    else if (k == "beta1") opt.beta1 = v;
+    else if (k == "beta2") opt.beta2 = v;
+    else if (k == "eps") opt.eps = v;
+    else if (k == "clip_grad_norm") opt.clipGradNorm = v;
+    else if (k == "warmup_steps") opt.warmupSteps = (int64_t)v;
+    else if (k == "decay_steps") opt.decaySteps = (int64_t)v;
+    else if (k == "min_lr_ratio") opt.minLrRatio = v;
+  }
+  auto n = plan.optimizerFlags.find("nesterov");
+  if (n != plan.optimizerFlags.end())
+    opt.nesterov = n->second;
+  return validateOptimizer(opt, error);
+}
+
+bool validateOptimizer(const OptimizerConfig &o, std::string &error) {
+  auto bad = [&](const std::string &m) {
+    error = m;
+    return false;
+  };
+  if (o.kind != "adamw" && o.kind != "sgd")
+    return bad("unknown optimizer '" + o.kind + "' (known: adamw, sgd)");
+  if (!(o.lr > 0))
+    return bad("the learning rate must be positive");
+  if (o.kind == "adamw" && !(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
+    return bad("AdamW betas must be in [0, 1)");
+  if (o.kind == "adamw" && !(o.eps > 0))
+    return bad("AdamW eps must be positive");
+  if (o.momentum < 0 || o.dampening < 0)
+    return bad("momentum and dampening must not be negative");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    return bad("Nesterov momentum requires a momentum and zero dampening (as in PyTorch)");
+  if (o.weightDecay < 0 && o.weightDecay != -1)
+    return bad("weight decay must not be negative");
+  if (o.clipGradNorm < 0)
+    return bad("--clip-grad-norm must not be negative");
+  if (o.warmupSteps < 0 || o.decaySteps < 0)
+    return bad("warm-up and decay steps must not be negative");
+  if (o.minLrRatio < 0 || o.minLrRatio > 1)
+    return bad("--min-lr-ratio must be in [0, 1]");
+  return true;
+}
+
+} // namespace carve

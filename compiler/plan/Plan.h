@@ -1,0 +1,48 @@
+//===- Plan.h - the parallelization plan file -----------------------------===//
+//
+// A plan is a JSON object (docs/plan.md). This version carries out data
+// parallelism (`dp`) and the optimizer settings; the names of the later forms
+// of parallelism are reserved and refused with a clear message until they are
+// implemented, so a plan written for a later version never silently means
+// something else.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_PLAN_PLAN_H
+#define CARVE_COMPILER_PLAN_PLAN_H
+
+#include "compiler/codegen/CpuCodegen.h"
+
+#include <map>
+#include <string>
+
+namespace carve {
+
+struct Plan {
+  int dp = 1;
+  /// Optimizer fields the plan set (applied over the defaults, under the
+  /// command line's).
+  std::map<std::string, double> optimizerNumbers;
+  std::map<std::string, std::string> optimizerStrings;
+  std::map<std::string, bool> optimizerFlags;
+  /// The plan as given (canonical JSON), for OUT/plan.json and comments.
+  std::string json;
+
+  int worldSize() const { return dp; }
+};
+
+/// Parses plan text; `what` names it in errors (the file name). On failure
+/// returns false with one line in `error`.
+bool parsePlan(const std::string &text, const std::string &what, Plan &plan,
+               std::string &error);
+
+/// Applies the plan's optimizer fields to `opt`. Returns false with `error`
+/// on an invalid value.
+bool applyPlanOptimizer(const Plan &plan, OptimizerConfig &opt, std::string &error);
+
+/// Checks optimizer values (positive lr, betas in [0, 1), ...).
+bool validateOptimizer(const OptimizerConfig &opt, std::string &error);
+
+} // namespace carve
+
+#endif // CARVE_COMPILER_PLAN_PLAN_H

@@ -1,0 +1,189 @@
+//===- kernels.h - CPU kernels called by generated programs ----------------===//
+//
+// Every operation of a compiled training step is one call into this header.
+// Kernels take raw pointers into the program's arena plus static shapes
+// (`Dims`, row-major, contiguous). They never allocate on the heap in the
+// hot path, are OpenMP-parallel where the work is large enough, and GEMMs go
+// to OpenBLAS. Every floating-point kernel is instantiated for float (the
+// generated programs) and double (the compiler's reference interpreter, which
+// checks gradient rules against finite differences).
+//
+// Broadcasting follows NumPy: shapes are right-aligned, size-1 dimensions
+// repeat. `Dims` of rank 0 is a scalar (one element).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_RT_KERNELS_H
+#define CARVE_RT_KERNELS_H
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace carve::rt {
+
+constexpr int kMaxRank = 8;
+
+/// A static shape (row-major, contiguous).
+struct Dims {
+  int rank = 0;
+  int64_t d[kMaxRank] = {};
+  Dims() = default;
+  Dims(std::initializer_list<int64_t> l) {
+    for (int64_t v : l)
+      d[rank++] = v;
+  }
+  Dims(const int64_t *p, int r) : rank(r) {
+    for (int i = 0; i < r; ++i)
+      d[i] = p[i];
+  }
+  int64_t operator[](int i) const { return d[i]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i)
+      n *= d[i];
+    return n;
+  }
+};
+
+//===--- Elementwise ------------------------------------------------------===//
+
+enum class Unary {
+  Neg, Abs, Exp, Log, Sqrt, Rsqrt, Reciprocal, Tanh, Erf, Sigmoid, Relu, Sin, Cos,
+  Silu,
+  Gelu,     // x * 0.5 * (1 + erf(x / sqrt(2)))
+  GeluTanh, // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+};
+
+/// y[i] = f(x[i]).
+template <class T> void unary(Unary f, const T *x, T *y, int64_t n);
+/// dx[i] = dy[i] * f'(x[i]). For Relu f'(0) = 0; for Abs f'(0) = 0 (PyTorch's choices).
+template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int64_t n);
+
+enum class Binary { Add, Sub, Mul, Div, Pow, Max, Min };
+/// y = f(a, b) with broadcasting of a and b to ys.
+template <class T>
+void binary(Binary f, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys);
+
+enum class Compare { Eq, Lt, Gt };
+/// y = (a OP b) as 0/1 bytes, with broadcasting.
+template <class T>
+void compare(Compare f, const T *a, Dims as, const T *b, Dims bs, uint8_t *y, Dims ys);
+/// Logical and/or/not on 0/1 bytes (b ignored for not), with broadcasting.
+enum class Logic { And, Or, Not };
+void logic(Logic f, const uint8_t *a, Dims as, const uint8_t *b, Dims bs, uint8_t *y, Dims ys);
+
+/// y = c ? a : b with broadcasting of all three.
+template <class T>
+void where(const uint8_t *c, Dims cs, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys);
+
+/// y[i] = To(x[i]). Instantiated for every pair of {float, double, int64_t, int32_t, uint8_t}.
+template <class From, class To> void cast(const From *x, To *y, int64_t n);
+
+/// y[i] = v. (float, double, int64_t, int32_t, uint8_t)
+template <class T> void fill(T *y, int64_t n, T v);
+/// memcpy of n elements. (float, double, int64_t, int32_t, uint8_t)
+template <class T> void copy(const T *x, T *y, int64_t n);
+
+//===--- Linear algebra ---------------------------------------------------===//
+
+/// y = op(a) @ op(b), NumPy matmul semantics on the last two dimensions with
+/// broadcasting of the leading (batch) dimensions; both ranks >= 2.
+/// `as`/`bs` are the shapes as stored; transA/transB swap the last two
+/// dimensions of the stored operand before multiplying. ys is the result
+/// shape. If accumulate, y += product instead of y = product.
+/// Uses cblas_sgemm / cblas_dgemm (one call per batch matrix, or a single call
+/// when the batch folds into M).
+template <class T>
+void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
+            bool accumulate = false);
+
+//===--- Reductions and normalization -------------------------------------===//
+
+enum class Reduce { Sum, Mean, Max };
+/// Reduces the axes set in `axesMask` (bit i = axis i) of x; y holds
+/// x's shape with those axes of size 1 (keep-dims layout; same memory either way).
+template <class T> void reduce(Reduce f, const T *x, Dims xs, uint32_t axesMask, T *y);
+
+/// Softmax (or log-softmax if `log`) along `axis`.
+template <class T> void softmax(const T *x, Dims xs, int axis, bool log, T *y);
+/// Given y = softmax(x) (or log_softmax) and dy, dx = y*(dy - sum(dy*y)) for
+/// softmax; dx = dy - exp(y)*sum(dy) for log-softmax; sums along `axis`.
+template <class T> void softmax_grad(const T *y, const T *dy, Dims s, int axis, bool log, T *dx);
+
+/// Layer normalization over dimensions [axis, rank): mean and biased variance;
+/// y = (x - mean) / sqrt(var + eps) * scale + bias. scale/bias have the shape of
+/// the normalized dimensions, or are null.
+template <class T>
+void layer_norm(const T *x, Dims xs, int axis, const T *scale, const T *bias, T eps, T *y);
+/// Backward of layer_norm (statistics recomputed from x). dscale/dbias may be
+/// null (not needed) and are overwritten (not accumulated) otherwise.
+template <class T>
+void layer_norm_grad(const T *x, Dims xs, int axis, const T *scale, T eps, const T *dy, T *dx,
+                     T *dscale, T *dbias);
+
+/// RMS normalization over [axis, rank): y = x / sqrt(mean(x^2) + eps) * scale.
+template <class T> void rms_norm(const T *x, Dims xs, int axis, const T *scale, T eps, T *y);
+template <class T>
+void rms_norm_grad(const T *x, Dims xs, int axis, const T *scale, T eps, const T *dy, T *dx,
+                   T *dscale);
+
+/// Attention core: y = softmax(q k^T * scale + mask [+ causal]) v over the last
+/// two dims. q: [..., Tq, D], k: [..., Tk, D], v: [..., Tk, Dv], y: [..., Tq, Dv];
+/// the batch dims (all but the last two) of q, k, v are equal. `mask` is
+/// additive and broadcastable to [..., Tq, Tk], or null. `causal` gives -inf to
+/// key j > query i. Rows whose scores are all -inf produce 0.
+template <class T>
+void attention(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, const T *mask,
+               Dims ms, T scale, bool causal, T *y);
+/// Backward of attention (probabilities recomputed). Writes dq, dk, dv
+/// (overwritten). No gradient for the mask.
+template <class T>
+void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs,
+                    const T *mask, Dims ms, T scale, bool causal, const T *dy, T *dq, T *dk,
+                    T *dv);
+
+/// Cross-entropy of logits [N, C, d...] against int64 targets [N, d...]
+/// (class along dim 1), elements with target == ignore_index (when
+/// hasIgnore) skipped. reduction: 0 = mean over counted elements, 1 = sum,
+/// 2 = none (y has the targets' shape). Targets outside [0, C) (and not
+/// ignored) are a fatal error naming the value.
+template <class T>
+void cross_entropy(const T *logits, Dims ls, const int64_t *targets, int reduction,
+                   bool hasIgnore, int64_t ignoreIndex, T *y);
+/// dlogits for the same arguments given dy (a scalar for mean/sum, targets'
+/// shape for none).
+template <class T>
+void cross_entropy_grad(const T *logits, Dims ls, const int64_t *targets, int reduction,
+                        bool hasIgnore, int64_t ignoreIndex, const T *dy, T *dlogits);
+
+//===--- Data movement (float, double, int64_t, int32_t, uint8_t) ---------===//
+
+/// y = x permuted: y.shape[i] = x.shape[perm[i]].
+template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y);
+/// y = x[starts : : steps] with y's shape ys (steps > 0).
+template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys);
+/// dx = zeros(xs); dx[starts : : steps] = dy (the gradient of slice).
+template <class T>
+void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs);
+/// y = concatenation of n inputs along axis.
+template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y);
+/// y = take(table, idx, axis): y.shape = ts[:axis] + is + ts[axis+1:].
+/// Negative indices count from the end; out of range is a fatal error.
+template <class T>
+void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y);
+/// dtable = zeros(ts); scatter-add dy into it (the gradient of gather).
+template <class T>
+void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts);
+/// y = broadcast of x to ys.
+template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
+
+/// Aborts the process with "carve: error: MSG" (rank prefix when known).
+[[noreturn]] void fatal(const char *fmt, ...);
+/// Called by `fatal` with exit code 1 after the message is printed, when set:
+/// the MPI runtime points it at MPI_Abort so that one failing rank brings every
+/// rank down. Null by default; if it returns, `fatal` calls std::exit.
+extern void (*fatalHook)(int code);
+
+} // namespace carve::rt
+
+#endif // CARVE_RT_KERNELS_H

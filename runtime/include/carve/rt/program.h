@@ -1,0 +1,96 @@
+//===- program.h - the contract between generated code and the runtime ----===//
+//
+// `carve compile` writes one C++ source per distinct rank program. Each
+// defines a `Program` (tables of inputs and parameters with their arena
+// offsets, and the `step` function) and the generated `programs.cpp` defines
+// `carve_program_for_rank`. The runtime's `main` (train_main.cpp) owns
+// everything else: argument parsing, MPI start-up, the arena, initial
+// weights, data, checkpoints, metrics.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_RT_PROGRAM_H
+#define CARVE_RT_PROGRAM_H
+
+#include "carve/rt/comm.h"
+#include "carve/rt/kernels.h"
+
+#include <cstdint>
+
+namespace carve::rt {
+
+enum class DType : int { F32 = 0, F64 = 1, I64 = 2, I32 = 3, Bool = 4 };
+
+/// Size in bytes of one element.
+int dtypeSize(DType t);
+/// "F32", "F64", "I64", "I32", "BOOL" (the safetensors spelling).
+const char *dtypeName(DType t);
+
+/// One tensor that lives for the whole run (a graph input, a parameter, a
+/// buffer), with its place in the arena. Shapes are this rank's (local) shapes.
+struct TensorSpec {
+  const char *name;  // the model's name: graph input name or parameter name
+  DType dtype;
+  int rank;
+  int64_t dims[kMaxRank];
+  int64_t numel;
+  int64_t offset;       // byte offset in the arena
+  bool trainable;       // parameters only
+  int64_t gradOffset;   // byte offset of the gradient (float), -1 if not trainable
+  int64_t stateOffset[2]; // optimizer state (float): SGD momentum buffer in [0];
+                          // AdamW exp_avg in [0], exp_avg_sq in [1]; -1 if none
+};
+
+enum class DataKind : int {
+  /// Two int64 [B, T] inputs (token ids, targets) read from a flat token file.
+  Tokens = 0,
+  /// One tensor per graph input read from a safetensors file with a leading
+  /// step dimension.
+  Tensors = 1,
+};
+
+/// What one step hands to the generated code, and what it hands back.
+struct StepContext {
+  char *arena = nullptr;        // Program::arenaBytes bytes, 64-byte aligned
+  Communicator *dpComm = nullptr; // the data-parallel group (size 1 without dp)
+  int64_t step = 0;             // optimizer steps done before this one (0-based)
+  // Out:
+  float loss = 0;               // the global loss (reduced over the dp group)
+  float lr = 0;                 // learning rate applied in this step
+  float gradNorm = -1;          // global gradient norm before clipping (-1: not computed)
+};
+
+/// The optimizer a program was compiled with (for checkpoints and messages).
+enum class OptimizerKind : int { SGD = 0, AdamW = 1 };
+
+struct Program {
+  const char *name;          // e.g. "program0" (the source file's stem)
+  const char *model;         // the model file the program came from
+  int worldSize;             // ranks the plan needs
+  int dp;                    // data-parallel degree
+  int64_t globalBatch;       // the exported (or --set-dim) batch
+  int64_t localBatch;        // globalBatch / dp
+  int64_t seqLen;            // T for DataKind::Tokens, 0 otherwise
+  DataKind dataKind;
+  int numInputs;
+  const TensorSpec *inputs;  // graph inputs, local shapes (dim 0 = localBatch)
+  int numParams;
+  const TensorSpec *params;  // parameters and buffers, in the model's order
+  int64_t arenaBytes;
+  OptimizerKind optimizer;
+  int numStateSlots;         // 0 (SGD without momentum), 1 (SGD momentum), 2 (AdamW)
+  const char *description;   // optimizer, schedule, plan: one line for the log
+  /// Runs one training step on the inputs already placed in the arena:
+  /// forward, backward, gradient synchronization, optimizer update.
+  void (*step)(StepContext &ctx);
+};
+
+} // namespace carve::rt
+
+/// Defined by the generated programs.cpp: the program rank `rank` runs, or
+/// null if the compiled plan has no such rank.
+extern "C" const carve::rt::Program *carve_program_for_rank(int rank);
+/// Defined by the generated programs.cpp: the ranks the plan needs.
+extern "C" int carve_world_size();
+
+#endif // CARVE_RT_PROGRAM_H

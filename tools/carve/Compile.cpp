@@ -1,0 +1,463 @@
+//===- Compile.cpp - `carve compile` and `carve run` -----------------------===//
+//
+// compile: plan -> import (global batch, then one rank's share) -> autodiff ->
+// codegen -> OUT/src, OUT/init.safetensors, OUT/plan.json -> the system C++
+// compiler links OUT/bin/train against the runtime. Everything is written in a
+// temporary directory next to OUT and renamed into place at the end, so a
+// failure leaves a previous OUT untouched.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/carve/Compile.h"
+
+#include "compiler/autodiff/Autodiff.h"
+#include "compiler/plan/Plan.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+#ifndef CARVE_RUNTIME_CONFIG
+#error "CARVE_RUNTIME_CONFIG must name build/lib/carve-runtime.txt"
+#endif
+
+using namespace llvm;
+
+namespace carve {
+
+[[noreturn]] void die(const std::string &msg) {
+  errs() << "carve: error: " << msg << "\n";
+  errs().flush();
+  std::exit(1);
+}
+
+namespace {
+
+std::string readFileOrDie(const std::string &path, const std::string &what) {
+  if (sys::fs::is_directory(path))
+    die(path + ": is a directory, expected " + what);
+  auto buf = MemoryBuffer::getFile(path);
+  if (!buf)
+    die(path + ": cannot read " + what + ": " + buf.getError().message());
+  return (*buf)->getBuffer().str();
+}
+
+void writeFileOrDie(const std::string &path, const std::string &text) {
+  std::error_code ec;
+  raw_fd_ostream os(path, ec);
+  if (ec)
+    die(path + ": cannot write: " + ec.message());
+  os << text;
+  os.close();
+  if (os.has_error())
+    die(path + ": cannot write: " + os.error().message());
+}
+
+/// Removes a temporary output directory on every exit path.
+struct TempDir {
+  std::string path;
+  bool keep = false;
+  ~TempDir() {
+    if (!keep && !path.empty())
+      sys::fs::remove_directories(path);
+  }
+};
+TempDir *activeTemp = nullptr;
+
+[[noreturn]] void fail(const std::string &msg) {
+  if (activeTemp && !activeTemp->path.empty())
+    sys::fs::remove_directories(activeTemp->path);
+  die(msg);
+}
+
+/// The runtime's build settings (written by runtime/CMakeLists.txt).
+std::map<std::string, std::string> runtimeConfig() {
+  std::string path = CARVE_RUNTIME_CONFIG;
+  if (const char *env = getenv("CARVE_RUNTIME_CONFIG"))
+    path = env;
+  auto buf = MemoryBuffer::getFile(path);
+  if (!buf)
+    fail(path + ": cannot read the runtime's build settings (" + buf.getError().message() +
+         "); build the runtime (ninja carve_rt) or set CARVE_RUNTIME_CONFIG");
+  std::map<std::string, std::string> cfg;
+  std::istringstream in((*buf)->getBuffer().str());
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t eq = line.find('=');
+    if (eq != std::string::npos)
+      cfg[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  for (const char *k : {"cxx", "cxxflags", "include", "libs"})
+    if (!cfg.count(k))
+      fail(path + ": missing '" + k + "'");
+  return cfg;
+}
+
+std::vector<std::string> splitWords(const std::string &s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string w;
+  while (in >> w)
+    out.push_back(w);
+  return out;
+}
+
+/// Writes the parameters' initial values as safetensors (F32, or I64 for
+/// integer buffers), in argument order.
+std::string safetensorsBytes(const std::vector<ImportOptions::InitialValue> &values,
+                             const std::map<std::string, bool> &isInt,
+                             const std::string &model) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "carve-init"}, {"model", model}};
+  int64_t offset = 0;
+  std::string data;
+  for (const auto &v : values) {
+    bool asInt = isInt.count(v.name) && isInt.at(v.name);
+    int64_t size = (int64_t)v.data.size() * (asInt ? 8 : 4);
+    header[v.name] = {{"dtype", asInt ? "I64" : "F32"},
+                      {"shape", v.shape},
+                      {"data_offsets", {offset, offset + size}}};
+    if (asInt) {
+      for (float f : v.data) {
+        int64_t x = (int64_t)f;
+        data.append((const char *)&x, 8);
+      }
+    } else {
+      data.append((const char *)v.data.data(), size);
+    }
+    offset += size;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8)
+    h += ' ';
+  uint64_t n = h.size();
+  std::string out((const char *)&n, 8);
+  return out + h + data;
+}
+
+std::string formatShape(ArrayRef<int64_t> s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i)
+    r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+} // namespace
+
+int runCompile(CompileArgs &args) {
+  // The plan.
+  Plan plan;
+  std::string error;
+  if (!args.planPath.empty()) {
+    std::string text = readFileOrDie(args.planPath, "a plan (JSON)");
+    if (!parsePlan(text, args.planPath, plan, error))
+      die(error);
+  } else {
+    parsePlan("{\"dp\": 1}", "default plan", plan, error);
+  }
+  if (args.target != "cpu")
+    die("--target " + args.target +
+        ": this version of carve generates CPU programs only (--target cpu)");
+
+  // The optimizer: defaults, then the plan, then the command line.
+  OptimizerConfig opt;
+  if (!applyPlanOptimizer(plan, opt, error))
+    die((args.planPath.empty() ? "plan" : args.planPath) + ": " + error);
+  for (const std::string &k : args.setOnCommandLine) {
+    const OptimizerConfig &c = args.optimizer;
+    if (k == "optimizer") opt.kind = c.kind;
+    else if (k == "lr") opt.lr = c.lr;
+    else if (k == "momentum") opt.momentum = c.momentum;
+    else if (k == "dampening") opt.dampening = c.dampening;
+    else if (k == "nesterov") opt.nesterov = c.nesterov;
+    else if (k == "weight-decay") opt.weightDecay = c.weightDecay;
+    else if (k == "beta1") opt.beta1 = c.beta1;
+    else if (k == "beta2") opt.beta2 = c.beta2;
+    else if (k == "eps") opt.eps = c.eps;
+    else if (k == "clip-grad-norm") opt.clipGradNorm = c.clipGradNorm;
+    else if (k == "warmup-steps") opt.warmupSteps = c.warmupSteps;
+    else if (k == "decay-steps") opt.decaySteps = c.decaySteps;
+    else if (k == "min-lr-ratio") opt.minLrRatio = c.minLrRatio;
+  }
+  if (!validateOptimizer(opt, error))
+    die(error);
+
+  // The output directory must be ours to replace.
+  std::string out = args.output;
+  if (out.empty())
+    die("no output directory; give -o OUT");
+  while (out.size() > 1 && out.back() == '/')
+    out.pop_back();
+  if (sys::fs::exists(out)) {
+    if (!sys::fs::is_directory(out))
+      die(out + ": exists and is not a directory; refusing to overwrite it");
+    std::error_code ec;
+    bool empty = sys::fs::directory_iterator(out, ec) == sys::fs::directory_iterator();
+    if (!empty && !sys::fs::exists(out + "/plan.json"))
+      die(out + ": exists and is not a carve output directory (no plan.json); refusing to "
+                "overwrite it");
+  }
+
+  // Import with the global batch: the parameters' initial values, the batch.
+  mlir::MLIRContext context;
+  std::vector<ImportOptions::InitialValue> initial;
+  ImportOptions globalOpts = args.import;
+  globalOpts.initialValues = &initial;
+  auto global = importOnnxFile(context, args.model, globalOpts, error);
+  if (!global)
+    die(args.model + ": " + error);
+  auto fwd = global->lookupSymbol<mlir::func::FuncOp>("forward");
+  int64_t batch = -1;
+  std::string batchInput;
+  std::map<std::string, bool> isInt;
+  for (mlir::BlockArgument a : fwd.getArguments()) {
+    auto t = cast<mlir::RankedTensorType>(a.getType());
+    unsigned i = a.getArgNumber();
+    if (auto in = fwd.getArgAttrOfType<mlir::StringAttr>(i, kInputAttr)) {
+      if (t.getRank() == 0)
+        die(args.model + ": input '" + in.getValue().str() +
+            "' is a scalar; every graph input needs a leading batch dimension");
+      if (batch < 0)
+        batch = t.getDimSize(0), batchInput = in.getValue().str();
+      else if (t.getDimSize(0) != batch)
+        die(args.model + ": inputs '" + batchInput + "' and '" + in.getValue().str() +
+            "' disagree on the batch dimension (" + std::to_string(batch) + " vs " +
+            std::to_string(t.getDimSize(0)) + ")");
+    }
+    for (const char *k : {kParamAttr, kBufferAttr})
+      if (auto p = fwd.getArgAttrOfType<mlir::StringAttr>(i, k))
+        isInt[p.getValue().str()] = isa<mlir::IntegerType>(t.getElementType());
+  }
+  if (batch < 0)
+    die(args.model + ": the model has no graph inputs to split into batches");
+  if (batch % plan.dp != 0)
+    die((args.planPath.empty() ? std::string("plan") : args.planPath) + ": dp=" +
+        std::to_string(plan.dp) + " does not divide the global batch of " +
+        std::to_string(batch) + " (input '" + batchInput + "'); choose dp dividing " +
+        std::to_string(batch) + " or export (or --set-dim) another batch");
+
+  // One rank's program: the same model with batch / dp.
+  mlir::OwningOpRef<mlir::ModuleOp> local;
+  if (plan.dp == 1) {
+    local = std::move(global);
+  } else {
+    ImportOptions localOpts = args.import;
+    localOpts.batch = batch / plan.dp;
+    local = importOnnxFile(context, args.model, localOpts, error);
+    if (!local)
+      die(args.model + ": importing one rank's share of the batch (" +
+          std::to_string(batch / plan.dp) + " of " + std::to_string(batch) +
+          ") failed: " + error +
+          " (the model may hard-code its batch size in a reshape; export it with a "
+          "dynamic batch)");
+  }
+
+  AutodiffOptions ad;
+  ad.loss = args.loss;
+  if (!buildTrainingStep(*local, ad, error))
+    die(args.model + ": " + error);
+  if (!args.emitMlir.empty()) {
+    std::string text;
+    raw_string_ostream os(text);
+    local->print(os);
+    writeFileOrDie(args.emitMlir, text);
+  }
+
+  std::string modelName = sys::path::filename(args.model).str();
+  CodegenOptions cg;
+  cg.modelName = modelName;
+  cg.dp = plan.dp;
+  cg.globalBatch = batch;
+  cg.optimizer = opt;
+  cg.planJson = plan.json;
+  GeneratedProgram prog;
+  if (!generateCpuProgram(*local, cg, prog, error))
+    die(args.model + ": " + error);
+
+  // Write everything into a temporary directory beside OUT.
+  SmallString<256> parent(out);
+  sys::path::remove_filename(parent);
+  if (parent.empty())
+    parent = ".";
+  if (std::error_code ec = sys::fs::create_directories(parent))
+    die(out + ": cannot create the parent directory: " + ec.message());
+  TempDir tmp;
+  activeTemp = &tmp;
+  {
+    SmallString<256> t;
+    if (std::error_code ec = sys::fs::createUniqueDirectory(
+            parent + "/." + sys::path::filename(out) + ".tmp", t))
+      die(out + ": cannot create a temporary directory: " + ec.message());
+    tmp.path = t.str().str();
+  }
+  std::string dir = tmp.path;
+  for (const char *sub : {"/src", "/bin"})
+    if (std::error_code ec = sys::fs::create_directories(dir + sub))
+      fail(dir + sub + ": " + ec.message());
+  writeFileOrDie(dir + "/src/program0.cpp", prog.source);
+  std::vector<int> rankToProgram(plan.worldSize(), 0);
+  writeFileOrDie(dir + "/src/programs.cpp", generateProgramTable({"program0"}, rankToProgram));
+  {
+    std::string readme;
+    raw_string_ostream os(readme);
+    os << "# Generated sources for " << modelName << "\n\n"
+       << "Plan: `" << plan.json << "` (" << plan.worldSize() << " rank"
+       << (plan.worldSize() > 1 ? "s" : "") << ").\n\n"
+       << "| ranks | source | what it does |\n|---|---|---|\n"
+       << "| 0";
+    if (plan.worldSize() > 1)
+      os << "–" << plan.worldSize() - 1;
+    os << " | program0.cpp | the whole training step on " << batch / plan.dp << " of the "
+       << batch << " samples of each global batch";
+    if (plan.dp > 1)
+      os << "; gradients summed over the " << plan.dp << " data-parallel replicas";
+    os << " |\n\n"
+       << "`programs.cpp` maps each rank to its program. The runtime's `main` "
+          "(runtime/src/train_main.cpp) reads the data, runs the steps and writes "
+          "checkpoints.\n\n"
+       << "Optimizer: " << opt.describe() << ".\n\n"
+       << "Memory: arena of " << prog.arenaBytes << " bytes per rank; activations take "
+       << prog.activationBytes << " bytes with reuse by liveness (" << prog.unplannedBytes
+       << " without).\n";
+    writeFileOrDie(dir + "/src/README.md", readme);
+  }
+  {
+    nlohmann::ordered_json p = nlohmann::ordered_json::parse(plan.json);
+    nlohmann::ordered_json meta;
+    meta["plan"] = p;
+    meta["world_size"] = plan.worldSize();
+    meta["model"] = modelName;
+    meta["global_batch"] = batch;
+    meta["optimizer"] = opt.describe();
+    writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
+  }
+  writeFileOrDie(dir + "/init.safetensors", safetensorsBytes(initial, isInt, modelName));
+
+  // Compile and link.
+  auto cfg = runtimeConfig();
+  std::vector<std::string> argv = {cfg["cxx"]};
+  for (auto &w : splitWords(cfg["cxxflags"]))
+    argv.push_back(w);
+  argv.push_back("-I" + cfg["include"]);
+  argv.push_back(dir + "/src/program0.cpp");
+  argv.push_back(dir + "/src/programs.cpp");
+  for (auto &w : splitWords(cfg["libs"]))
+    argv.push_back(w);
+  argv.push_back("-o");
+  argv.push_back(dir + "/bin/train");
+  std::vector<StringRef> refs(argv.begin(), argv.end());
+  std::string log = dir + "/build.log";
+  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log), StringRef(log)};
+  std::string execError;
+  auto cxx = sys::findProgramByName(cfg["cxx"]);
+  if (!cxx)
+    fail("the C++ compiler '" + cfg["cxx"] + "' was not found");
+  int rc = sys::ExecuteAndWait(*cxx, refs, std::nullopt, redirects, 0, 0, &execError);
+  if (rc != 0) {
+    std::string text;
+    if (auto buf = MemoryBuffer::getFile(log))
+      text = (*buf)->getBuffer().str();
+    std::string first;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.find("error") != std::string::npos) {
+        first = line;
+        break;
+      }
+    // Keep the log where the user can read it.
+    std::string kept = out + ".build.log";
+    sys::fs::copy_file(log, kept);
+    fail("the C++ compiler failed on the generated program (" +
+         (execError.empty() ? first : execError) + "); full log: " + kept);
+  }
+
+  // Move into place.
+  if (sys::fs::exists(out))
+    if (std::error_code ec = sys::fs::remove_directories(out))
+      fail(out + ": cannot replace the previous output: " + ec.message());
+  if (std::error_code ec = sys::fs::rename(dir, out))
+    fail(out + ": cannot move the output into place: " + ec.message());
+  tmp.keep = true;
+  activeTemp = nullptr;
+  if (!args.quiet)
+    outs() << "carve: compiled " << modelName << " for " << plan.worldSize() << " rank"
+           << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out
+           << "/bin/train\n"
+           << "       " << prog.numKernelCalls << " kernel calls per step, "
+           << prog.numBuckets << " gradient bucket(s), arena "
+           << format("%.1f", prog.arenaBytes / 1048576.0) << " MiB per rank; sources in "
+           << out << "/src\n";
+  return 0;
+}
+
+int runRun(const std::string &outDir, int ranks, const std::vector<std::string> &trainArgs) {
+  std::string out = outDir;
+  std::string planPath = out + "/plan.json";
+  std::string train = out + "/bin/train";
+  if (!sys::fs::exists(planPath) || !sys::fs::exists(train))
+    die(out + ": not a carve output directory (expected plan.json and bin/train; create it "
+              "with `carve compile MODEL -o " +
+        out + "`)");
+  int world = 0;
+  std::string planText;
+  try {
+    auto j = nlohmann::json::parse(readFileOrDie(planPath, "plan.json"));
+    world = j.at("world_size").get<int>();
+    planText = j.at("plan").dump();
+  } catch (const std::exception &) {
+    die(planPath + ": unreadable (recompile with `carve compile`)");
+  }
+  if (ranks <= 0)
+    die("-n must be a positive number of ranks");
+  if (ranks != world)
+    die(out + " was compiled for " + std::to_string(world) + " rank" + (world > 1 ? "s" : "") +
+        " (plan " + planText + "), not " + std::to_string(ranks) + "; run it with -n " +
+        std::to_string(world) + " or recompile with another plan");
+
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::string threads = getenv("OMP_NUM_THREADS")
+                            ? std::string(getenv("OMP_NUM_THREADS"))
+                            : std::to_string(std::max(1u, cores / (unsigned)ranks));
+  setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+  setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
+
+  std::vector<std::string> argv;
+  if (ranks == 1) {
+    argv.push_back(train);
+  } else {
+    auto mpirun = sys::findProgramByName("mpirun");
+    if (!mpirun)
+      die("mpirun was not found on PATH (Debian package openmpi-bin)");
+    argv = {*mpirun, "-n", std::to_string(ranks)};
+    if (geteuid() == 0)
+      argv.push_back("--allow-run-as-root");
+    for (const char *a : {"--oversubscribe", "--bind-to", "none", "--mca",
+                          "btl_vader_single_copy_mechanism", "none", "-x", "OMP_NUM_THREADS",
+                          "-x", "OPENBLAS_NUM_THREADS"})
+      argv.push_back(a);
+    argv.push_back(train);
+  }
+  for (const std::string &a : trainArgs)
+    argv.push_back(a);
+  std::vector<char *> cargv;
+  for (std::string &a : argv)
+    cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  fflush(stdout);
+  execv(cargv[0], cargv.data());
+  die("cannot start " + argv[0] + ": " + std::string(strerror(errno)));
+}
+
+} // namespace carve

@@ -1,0 +1,38 @@
+//===- Compile.h - `carve compile` and `carve run` -------------------------===//
+
+#ifndef CARVE_TOOLS_CARVE_COMPILE_H
+#define CARVE_TOOLS_CARVE_COMPILE_H
+
+#include "compiler/codegen/CpuCodegen.h"
+#include "compiler/frontend/OnnxImporter.h"
+
+#include <string>
+#include <vector>
+
+namespace carve {
+
+struct CompileArgs {
+  std::string model;
+  std::string planPath;   // empty: {"dp": 1}
+  std::string target = "cpu";
+  std::string output;
+  std::string loss;
+  std::string emitMlir;   // write the training step's IR here
+  ImportOptions import;
+  OptimizerConfig optimizer;
+  /// Which optimizer fields the command line set (they win over the plan).
+  std::vector<std::string> setOnCommandLine;
+  bool quiet = false;
+};
+
+/// Runs `carve compile`; exits with a one-line error on failure.
+int runCompile(CompileArgs &args);
+
+/// Runs `carve run OUT -n N -- ARGS`: execs mpirun (never returns on success).
+int runRun(const std::string &out, int ranks, const std::vector<std::string> &trainArgs);
+
+[[noreturn]] void die(const std::string &msg);
+
+} // namespace carve
+
+#endif // CARVE_TOOLS_CARVE_COMPILE_H
