@@ -133,6 +133,9 @@ private:
   void parse(StringRef bytes);
   void checkInitializer(const onnx::TensorProto &t);
   HostTensor loadTensor(const onnx::TensorProto &t, const std::string &what);
+  /// With a batch override, adjusts a Reshape's constant target shape that
+  /// hard-codes the model's own batch (ImportOptions::globalBatch).
+  void rescaleBatch(std::vector<int64_t> &req, ArrayRef<int64_t> in) const;
   /// Appends the initializer to ImportOptions::initialValues when asked.
   void recordInitialValue(const onnx::TensorProto &t, const std::string &what);
   std::string readExternal(const onnx::TensorProto &t, int64_t bytes,
@@ -551,6 +554,31 @@ void Importer::makeArguments() {
     s.isParam = true;
     recordInitialValue(t, what);
   }
+}
+
+void Importer::rescaleBatch(std::vector<int64_t> &req, ArrayRef<int64_t> in) const {
+  if (opts.batch <= 0 || opts.globalBatch <= opts.batch || opts.globalBatch % opts.batch ||
+      req.empty() || in.empty())
+    return;
+  int64_t ratio = opts.globalBatch / opts.batch;
+  bool hasInfer = llvm::is_contained(req, -1);
+  if (hasInfer) {
+    // view(B, ...): the leading entry is the global batch and so is the input's.
+    if (req[0] == opts.globalBatch && in[0] == opts.batch)
+      req[0] = opts.batch;
+    return;
+  }
+  // A fully given shape that is exactly `ratio` times too large: the batch is
+  // folded into its leading entry (view(B, T, h, d), view(B * T, C)).
+  int64_t known = 1;
+  for (size_t k = 0; k < req.size(); ++k) {
+    int64_t d = req[k] == 0 && k < in.size() ? in[k] : req[k];
+    if (d <= 0)
+      return;
+    known *= d;
+  }
+  if (known == numElements(in) * ratio && req[0] % ratio == 0)
+    req[0] /= ratio;
 }
 
 void Importer::recordInitialValue(const onnx::TensorProto &t, const std::string &what) {
@@ -1255,6 +1283,7 @@ void Importer::build(const onnx::NodeProto &n) {
     if (op == "Reshape") {
       std::vector<int64_t> req = needConst(1, "shape").toInts();
       bool allowZero = attrInt("allowzero", 0) != 0;
+      rescaleBatch(req, in);
       int64_t infer = -1, known = 1;
       for (size_t k = 0; k < req.size(); ++k) {
         int64_t d = req[k];
@@ -1436,6 +1465,10 @@ void Importer::build(const onnx::NodeProto &n) {
   if (op == "Expand") {
     Value x = val(0);
     std::vector<int64_t> shape = needConst(1, "shape").toInts();
+    if (opts.batch > 0 && opts.globalBatch > opts.batch && !shape.empty() &&
+        shape[0] == opts.globalBatch && shp(x).size() == shape.size() &&
+        shp(x)[0] == opts.batch)
+      shape[0] = opts.batch;
     ShapeOrError s = broadcastShapes(shp(x), shape);
     expect(s);
     if (ArrayRef<int64_t>(s.shape) == shp(x))

@@ -31,6 +31,10 @@ struct ImportOptions {
   /// the model has it static or symbolic: how a data-parallel rank imports its
   /// share of the global batch.
   int64_t batch = 0;
+  /// The model's own batch (with `batch`): a model exported with a static
+  /// batch hard-codes it in the constant shapes of its Reshape and Expand
+  /// nodes, and the importer rescales their leading entry (see docs/plan.md).
+  int64_t globalBatch = 0;
   /// If set, receives the initial value of every parameter and buffer that
   /// became a function argument (in argument order).
   struct InitialValue {

@@ -66,15 +66,19 @@ HostValue HostValue::zeros(RankedTensorType type) {
 
 HostValue HostValue::fromDoubles(RankedTensorType type, ArrayRef<double> values) {
   HostValue v = zeros(type);
+  if (!hostElementBytes(type.getElementType()))
+    return v;
   dispatchAny(type.getElementType(), [&](auto tag) {
     using T = decltype(tag);
-    rt::cast<double, T>(values.data(), v.data<T>(), std::min<int64_t>(values.size(),
-                                                                        v.numElements()));
+    rt::cast<double, T>(values.data(), v.data<T>(),
+                        std::min<int64_t>(values.size(), v.numElements()));
   });
   return v;
 }
 
 std::vector<double> HostValue::toDoubles() const {
+  if (!hostElementBytes(type.getElementType()))
+    return {};
   std::vector<double> out(numElements());
   dispatchAny(type.getElementType(), [&](auto tag) {
     using T = decltype(tag);
@@ -87,9 +91,7 @@ namespace {
 
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 
-rt::Dims dimsOf(RankedTensorType t) {
-  return rt::Dims(t.getShape().data(), (int)t.getRank());
-}
+rt::Dims dimsOf(RankedTensorType t) { return rt::Dims(t.getShape().data(), (int)t.getRank()); }
 rt::Dims dimsOf(Value v) { return dimsOf(typeOf(v)); }
 rt::Dims dimsOf(ArrayRef<int64_t> shape) { return rt::Dims(shape.data(), (int)shape.size()); }
 
@@ -186,17 +188,16 @@ public:
     if (!checkTypes(fn))
       return false;
     if (args.size() != fn.getNumArguments())
-      return failWith("@" + fn.getName().str() + " takes " +
-                      std::to_string(fn.getNumArguments()) + " arguments, got " +
-                      std::to_string(args.size()));
+      return failWith("@" + fn.getName().str() + " takes " + std::to_string(fn.getNumArguments()) +
+                      " arguments, got " + std::to_string(args.size()));
     for (auto [i, a] : llvm::enumerate(fn.getArguments())) {
       if (args[i].type != a.getType() ||
           (int64_t)args[i].bytes.size() !=
               args[i].numElements() * hostElementBytes(args[i].type.getElementType()))
         return failWith("argument " + std::to_string(i) + " of @" + fn.getName().str() +
                         " should be " + typeString(a.getType()) + " but is " +
-                        typeString(args[i].type) + " with " +
-                        std::to_string(args[i].bytes.size()) + " bytes");
+                        typeString(args[i].type) + " with " + std::to_string(args[i].bytes.size()) +
+                        " bytes");
       env[a] = args[i];
     }
     for (Operation &op : body) {
@@ -282,9 +283,7 @@ private:
   /// Runs `f(T())` for a float element type T of `v`, or fails naming the op.
   template <class F> bool withFloat(Operation *op, Value v, F &&f);
   /// `v` as an int64 buffer (a converted copy for i32 indices).
-  HostValue indicesOf(Value v) {
-    return convert(get(v), IntegerType::get(v.getContext(), 64));
-  }
+  HostValue indicesOf(Value v) { return convert(get(v), IntegerType::get(v.getContext(), 64)); }
 };
 
 template <class F> bool Interpreter::withFloat(Operation *op, Value v, F &&f) {
@@ -355,8 +354,14 @@ bool Interpreter::evalBinary(Operation *op, rt::Binary f) {
   Type elt = typeOf(y).getElementType();
   if (elt.isInteger(1))
     return fail(op, "no reference kernel for i1 arithmetic");
+  if (f == rt::Binary::Div && !isFloat(y)) {
+    // Integer division truncates toward zero in the kernel, as ONNX Div
+    // does; a zero divisor would trap.
+    std::vector<double> divisor = get(b).toDoubles();
+    if (llvm::is_contained(divisor, 0.0))
+      return fail(op, "integer division by zero");
+  }
   make(y);
-  // Integer division truncates toward zero in the kernel, as ONNX Div does.
   dispatchAny(elt, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, uint8_t>)
@@ -428,10 +433,10 @@ bool Interpreter::evalReduce(Operation *op, rt::Reduce f, ArrayRef<int64_t> axes
   });
 }
 
-bool Interpreter::evalCrossEntropy(Operation *op, Value logits, Value targets,
-                                   StringRef reduction, IntegerAttr ignoreIndex, Value grad) {
-  int red = llvm::StringSwitch<int>(reduction).Case("mean", 0).Case("sum", 1).Case("none", 2)
-                .Default(-1);
+bool Interpreter::evalCrossEntropy(Operation *op, Value logits, Value targets, StringRef reduction,
+                                   IntegerAttr ignoreIndex, Value grad) {
+  int red =
+      llvm::StringSwitch<int>(reduction).Case("mean", 0).Case("sum", 1).Case("none", 2).Default(-1);
   if (red < 0)
     return fail(op, "unknown reduction '" + reduction.str() + "'");
   HostValue t = indicesOf(targets);
@@ -449,16 +454,15 @@ bool Interpreter::evalCrossEntropy(Operation *op, Value logits, Value targets,
   return withFloat(op, logits, [&](auto tag) {
     using T = decltype(tag);
     if (grad)
-      rt::cross_entropy_grad<T>(in<T>(logits), dimsOf(logits), t.data<int64_t>(), red,
-                                hasIgnore, ignore, in<T>(grad), out<T>(y));
+      rt::cross_entropy_grad<T>(in<T>(logits), dimsOf(logits), t.data<int64_t>(), red, hasIgnore,
+                                ignore, in<T>(grad), out<T>(y));
     else
-      rt::cross_entropy<T>(in<T>(logits), dimsOf(logits), t.data<int64_t>(), red, hasIgnore,
-                           ignore, out<T>(y));
+      rt::cross_entropy<T>(in<T>(logits), dimsOf(logits), t.data<int64_t>(), red, hasIgnore, ignore,
+                           out<T>(y));
   });
 }
 
-bool Interpreter::evalGather(Operation *op, Value data, Value indices, int64_t axis,
-                             Value grad) {
+bool Interpreter::evalGather(Operation *op, Value data, Value indices, int64_t axis, Value grad) {
   HostValue idx = indicesOf(indices);
   Value table = grad ? op->getResult(0) : data;
   int64_t size = typeOf(table).getDimSize(axis);
@@ -466,16 +470,16 @@ bool Interpreter::evalGather(Operation *op, Value data, Value indices, int64_t a
     int64_t k = idx.data<int64_t>()[i];
     if (k < -size || k >= size)
       return fail(op, "index " + std::to_string(k) + " at position " + std::to_string(i) +
-                          " is outside [-" + std::to_string(size) + ", " +
-                          std::to_string(size) + ") for dimension " + std::to_string(axis));
+                          " is outside [-" + std::to_string(size) + ", " + std::to_string(size) +
+                          ") for dimension " + std::to_string(axis));
   }
   Value y = op->getResult(0);
   make(y);
   if (grad)
     return withFloat(op, y, [&](auto tag) {
       using T = decltype(tag);
-      rt::gather_grad<T>(in<T>(grad), idx.data<int64_t>(), dimsOf(indices), (int)axis,
-                         out<T>(y), dimsOf(y));
+      rt::gather_grad<T>(in<T>(grad), idx.data<int64_t>(), dimsOf(indices), (int)axis, out<T>(y),
+                         dimsOf(y));
     });
   dispatchAny(typeOf(y).getElementType(), [&](auto tag) {
     using T = decltype(tag);
@@ -520,7 +524,7 @@ bool Interpreter::evaluate(Operation *op) {
       .Case<AndOp, OrOp, NotOp>([&](Operation *o) {
         Value a = o->getOperand(0), y = o->getResult(0);
         Value b = o->getNumOperands() > 1 ? o->getOperand(1) : a;
-        rt::Logic f = isa<AndOp>(o) ? rt::Logic::And
+        rt::Logic f = isa<AndOp>(o)  ? rt::Logic::And
                       : isa<OrOp>(o) ? rt::Logic::Or
                                      : rt::Logic::Not;
         make(y);
@@ -580,11 +584,10 @@ bool Interpreter::evaluate(Operation *op) {
         make(g.getBiasGrad());
         return withFloat(g, x, [&](auto tag) {
           using T = decltype(tag);
-          rt::layer_norm_grad<T>(in<T>(x), dimsOf(x), (int)g.getAxis(),
-                                 g.getScale() ? in<T>(g.getScale()) : nullptr,
-                                 (T)g.getEpsilonAttr().getValueAsDouble(), in<T>(g.getGrad()),
-                                 out<T>(g.getInputGrad()), out<T>(g.getScaleGrad()),
-                                 out<T>(g.getBiasGrad()));
+          rt::layer_norm_grad<T>(
+              in<T>(x), dimsOf(x), (int)g.getAxis(), g.getScale() ? in<T>(g.getScale()) : nullptr,
+              (T)g.getEpsilonAttr().getValueAsDouble(), in<T>(g.getGrad()),
+              out<T>(g.getInputGrad()), out<T>(g.getScaleGrad()), out<T>(g.getBiasGrad()));
         });
       })
       .Case([&](RmsNormOp rn) {
@@ -662,8 +665,8 @@ bool Interpreter::evaluate(Operation *op) {
         make(y);
         dispatchAny(typeOf(y).getElementType(), [&](auto tag) {
           using T = decltype(tag);
-          rt::slice<T>(in<T>(x), dimsOf(x), dimsOf(s.getStarts()), dimsOf(s.getSteps()),
-                       out<T>(y), dimsOf(y));
+          rt::slice<T>(in<T>(x), dimsOf(x), dimsOf(s.getStarts()), dimsOf(s.getSteps()), out<T>(y),
+                       dimsOf(y));
         });
         return true;
       })

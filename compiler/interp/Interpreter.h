@@ -26,12 +26,14 @@ struct HostValue {
   mlir::RankedTensorType type;
   std::vector<char> bytes;
 
-  /// A value of `type` with every element zero.
+  /// A value of `type` with every element zero (no bytes for an element type
+  /// the interpreter does not support).
   static HostValue zeros(mlir::RankedTensorType type);
   /// A value of `type` from doubles, converted with the semantics of
-  /// `carve.cast` (integers truncate toward zero, i1 is `x != 0`).
+  /// `carve.cast` (integers truncate toward zero, i1 is `x != 0`). Elements
+  /// past the end of `values` stay zero; extra values are ignored.
   static HostValue fromDoubles(mlir::RankedTensorType type, llvm::ArrayRef<double> values);
-  /// The elements converted to double.
+  /// The elements converted to double (empty for an unsupported type).
   std::vector<double> toDoubles() const;
 
   int64_t numElements() const { return type.getNumElements(); }

@@ -254,6 +254,7 @@ int runCompile(CompileArgs &args) {
   } else {
     ImportOptions localOpts = args.import;
     localOpts.batch = batch / plan.dp;
+    localOpts.globalBatch = batch;
     local = importOnnxFile(context, args.model, localOpts, error);
     if (!local)
       die(args.model + ": importing one rank's share of the batch (" +
