@@ -277,7 +277,7 @@ LogicalResult MatmulOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   if (ra < 2 || rw < 2)
     return emitOpError("gradient of a matmul with a vector operand is not supported yet; "
                        "reshape the vector to a matrix in the model");
-  ArrayRef<int64_t> as = typeOf(a).getShape(), ws = typeOf(w).getShape();
+  ArrayRef<int64_t> as = typeOf(a).getShape();
   ArrayRef<int64_t> gs = typeOf(g).getShape();
 
   // dA = g @ w^T (broadcast batch dims of A summed back).
