@@ -9,6 +9,7 @@ PACKAGES := cmake ninja-build g++ ccache python3 \
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools \
   libonnx-dev libprotobuf-dev protobuf-compiler \
   nlohmann-json3-dev libfmt-dev libgtest-dev \
+  libopenblas-dev libopenmpi-dev openmpi-bin \
   python3-torch python3-onnx python3-numpy
 
 .PHONY: all deps configure build demo test clean
@@ -38,15 +39,7 @@ build: configure
 	ninja -C $(BUILD) -j $(JOBS)
 
 demo: build
-	@mkdir -p $(BUILD)/demo
-	$(PYTHON) models/export.py gpt --out $(BUILD)/demo
-	@echo
-	@echo "== carve import $(BUILD)/demo/gpt.onnx --summary"
-	@$(BUILD)/bin/carve import $(BUILD)/demo/gpt.onnx --summary
-	@$(BUILD)/bin/carve import $(BUILD)/demo/gpt.onnx -o $(BUILD)/demo/gpt.mlir
-	@echo
-	@echo "== the first block of $(BUILD)/demo/gpt.mlir (the whole IR is in that file)"
-	@grep -m1 -A22 'carve.gather' $(BUILD)/demo/gpt.mlir | cut -c1-160
+	@$(PYTHON) models/demo.py --carve $(BUILD)/bin/carve --workdir $(BUILD)/demo
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -209,6 +209,8 @@ def main(argv=None):
     parser.add_argument("--external-data", action="store_true",
                         help="store initializers in MODEL.onnx.data")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", type=json.loads, default=None, metavar="JSON",
+                        help='override model config fields, e.g. \'{"n_layer": 4}\'')
     parser.add_argument("--verbose", action="store_true",
                         help="print the op types and export warnings")
     args = parser.parse_args(argv)
@@ -216,7 +218,7 @@ def main(argv=None):
     names = reference.DEFAULT_MODELS if args.model == "all" else [args.model]
     for name in names:
         model, inputs, input_names = reference.build(
-            name, batch=args.batch, seq=args.seq, seed=args.seed)
+            name, batch=args.batch, seq=args.seq, seed=args.seed, config=args.config)
         dynamic = {n: {0: "batch"} for n in input_names} if args.dynamic_batch else None
         path = os.path.join(args.out, f"{name}.onnx")
         info = export_for_carve(model, inputs, path, input_names=input_names,

@@ -1,7 +1,7 @@
 """Tiny PyTorch reference models whose forward returns a scalar training loss."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -439,28 +439,39 @@ def _tokens(*extra):
 
 
 def _gpt(seq, **kw):
-    return GPT(GPTConfig(block_size=max(16, seq), **kw))
+    kw.setdefault("block_size", max(16, seq))
+    return GPT(GPTConfig(**kw))
 
 
-# name -> (constructor taking seq, input specs)
+def _llama(seq, **kw):
+    kw.setdefault("block_size", max(16, seq))
+    return Llama(LlamaConfig(**kw))
+
+
+def _bert(seq, **kw):
+    kw.setdefault("max_position", max(16, seq))
+    return Bert(BertConfig(**kw))
+
+
+# name -> (constructor taking seq and config overrides, input specs)
 MODELS = {
     "mlp": (
-        lambda seq: MLP(),
+        lambda seq, **kw: MLP(**kw),
         [InputSpec("x", ("B", 32), "float"), InputSpec("targets", ("B",), high=10)],
     ),
     "gpt": (_gpt, _tokens()),
-    "gpt_untied": (lambda seq: _gpt(seq, tie_weights=False), _tokens()),
-    "gpt_tanh": (lambda seq: _gpt(seq, gelu_tanh=True), _tokens()),
-    "llama": (lambda seq: Llama(LlamaConfig(block_size=max(16, seq))), _tokens()),
+    "gpt_untied": (lambda seq, **kw: _gpt(seq, tie_weights=False, **kw), _tokens()),
+    "gpt_tanh": (lambda seq, **kw: _gpt(seq, gelu_tanh=True, **kw), _tokens()),
+    "llama": (_llama, _tokens()),
     "bert": (
-        lambda seq: Bert(BertConfig(max_position=max(16, seq))),
+        _bert,
         _tokens(
             InputSpec("token_type_ids", ("B", "T"), high=2),
             InputSpec("attention_mask", ("B", "T"), "mask"),
         ),
     ),
     "resnet18": (
-        lambda seq: ResNet18(),
+        lambda seq, **kw: ResNet18(**kw),
         [InputSpec("images", ("B", 3, 32, 32), "float"),
          InputSpec("targets", ("B",), high=10)],
     ),
@@ -482,17 +493,36 @@ def _example_input(spec, batch, seq, gen):
     return torch.randint(0, spec.high, shape, generator=gen, dtype=torch.int64)
 
 
-def build(name, batch=4, seq=16, seed=0):
+def _adapt_specs(specs, config):
+    """The input specs of a model built with `config` overrides: a vocabulary or
+    class count sets the range of the index inputs, in_features the width of x."""
+    out = []
+    for spec in specs:
+        if spec.name in ("input_ids", "targets") and "vocab_size" in config:
+            spec = replace(spec, high=config["vocab_size"])
+        elif spec.name == "targets" and "num_classes" in config:
+            spec = replace(spec, high=config["num_classes"])
+        elif spec.name == "x" and "in_features" in config:
+            spec = replace(spec, shape=("B", config["in_features"]))
+        out.append(spec)
+    return out
+
+
+def build(name, batch=4, seq=16, seed=0, config=None):
     """Returns (model, example_inputs, input_names) for a registered model.
 
     Parameters are initialized from `seed`; the example inputs come from an
-    independent generator seeded with `seed + 1`.
+    independent generator seeded with `seed + 1`. `config` overrides fields of
+    the model's config (e.g. {"n_layer": 4, "n_embd": 256} for gpt) or
+    constructor arguments (mlp, resnet18); without it the model is the default.
     """
     if name not in MODELS:
         raise KeyError(f"unknown model '{name}'; known: {', '.join(MODELS)}")
     ctor, specs = MODELS[name]
+    config = dict(config or {})
     torch.manual_seed(seed)
-    model = ctor(seq)
+    model = ctor(seq, **config)
+    specs = _adapt_specs(specs, config)
     gen = torch.Generator().manual_seed(seed + 1)
     inputs = tuple(_example_input(s, batch, seq, gen) for s in specs)
     return model, inputs, [s.name for s in specs]

@@ -498,6 +498,9 @@ void Importer::makeArguments() {
     for (int d = 0; d < tt.shape().dim_size(); ++d) {
       const auto &dim = tt.shape().dim(d);
       if (d == 0 && opts.batch > 0) {
+        // One rank's share of the batch; a symbolic batch counts as bound.
+        if (dim.has_dim_param())
+          symbols.insert(dim.dim_param());
         shape.push_back(opts.batch);
         continue;
       }

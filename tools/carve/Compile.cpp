@@ -26,6 +26,8 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <csignal>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef CARVE_RUNTIME_CONFIG
@@ -146,12 +148,6 @@ std::string safetensorsBytes(const std::vector<ImportOptions::InitialValue> &val
   return out + h + data;
 }
 
-std::string formatShape(ArrayRef<int64_t> s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i)
-    r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 } // namespace
 
@@ -457,8 +453,65 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
     cargv.push_back(a.data());
   cargv.push_back(nullptr);
   fflush(stdout);
-  execv(cargv[0], cargv.data());
-  die("cannot start " + argv[0] + ": " + std::string(strerror(errno)));
+  if (ranks == 1) {
+    execv(cargv[0], cargv.data());
+    die("cannot start " + argv[0] + ": " + std::string(strerror(errno)));
+  }
+
+  // Several ranks: run mpirun as a child, pass its stderr through, and when the
+  // job fails say which rank took it down (mpirun's notice names it).
+  int fds[2];
+  if (pipe(fds) != 0)
+    die("cannot create a pipe: " + std::string(strerror(errno)));
+  pid_t child = fork();
+  if (child < 0)
+    die("cannot fork: " + std::string(strerror(errno)));
+  if (child == 0) {
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    execv(cargv[0], cargv.data());
+    fprintf(stderr, "carve: error: cannot start %s: %s\n", cargv[0], strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  static pid_t runningChild;
+  runningChild = child;
+  auto forward = [](int sig) { kill(runningChild, sig); };
+  signal(SIGINT, forward);
+  signal(SIGTERM, forward);
+  std::string captured;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+    if (n <= 0)
+      continue;
+    fwrite(buf, 1, n, stderr);
+    fflush(stderr);
+    captured.append(buf, n);
+    if (captured.size() > (1 << 20))
+      captured.erase(0, captured.size() - (1 << 19));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (rc == 0)
+    return 0;
+  // "process rank 1 with PID 123 on node x exited on signal 9 (Killed)."
+  size_t at = captured.find("process rank ");
+  if (at != std::string::npos) {
+    size_t end = captured.find('\n', at);
+    std::string what = captured.substr(at + 8, end == std::string::npos ? std::string::npos
+                                                                        : end - at - 8);
+    while (!what.empty() && (what.back() == '.' || what.back() == ' '))
+      what.pop_back();
+    errs() << "carve: error: " << what << "; every rank of the job was stopped\n";
+  } else if (captured.find("carve: error") == std::string::npos) {
+    errs() << "carve: error: the job failed (mpirun exit status " << rc << ")\n";
+  }
+  return rc;
 }
 
 } // namespace carve

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""`make demo`: compiles the GPT for 1 rank and for dp=4, trains both, compares the losses."""
+
+# Usage: /usr/bin/python3 models/demo.py [--carve build/bin/carve] [--workdir build/demo]
+#
+# The token file is written in the format `train --data` reads, by the same
+# generator the tests use (tests/e2e/data_gen.py): a seeded Markov chain over
+# the model's 64-token vocabulary, so that the loss has something to learn.
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import data_gen  # noqa: E402
+
+BATCH = 8
+LR = "3e-3"
+TIMEOUT_S = 900
+
+
+def show(arg):
+    """A command-line argument as the user would type it from here."""
+    if arg == sys.executable:
+        return "python3"
+    return os.path.relpath(arg) if arg.startswith(os.getcwd() + os.sep) else arg
+
+
+def step(title, cmd):
+    """Runs one command, shown as the user would type it; exits on failure."""
+    print("$ " + " ".join(show(a) for a in cmd))
+    sys.stdout.flush()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"demo: error: {title} did not finish within {TIMEOUT_S} s")
+    except OSError as e:
+        sys.exit(f"demo: error: {title}: cannot start {cmd[0]}: {e}")
+    if p.returncode != 0:
+        sys.exit(f"demo: error: {title} failed (exit {p.returncode}):\n"
+                 + (p.stderr or p.stdout).strip())
+
+
+def losses(path):
+    with open(path) as f:
+        return [json.loads(line)["loss"] for line in f if line.strip()]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--carve", default=os.path.join(ROOT, "build", "bin", "carve"))
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "demo"))
+    ap.add_argument("--steps", type=int, default=50)
+    args = ap.parse_args()
+    carve, work = os.path.abspath(args.carve), os.path.abspath(args.workdir)
+    if not os.access(carve, os.X_OK):
+        sys.exit(f"demo: error: {carve} is missing or not executable (build it first)")
+    os.makedirs(work, exist_ok=True)
+    w = lambda *p: os.path.join(work, *p)
+
+    step("export", [sys.executable, os.path.join(ROOT, "models", "export.py"), "gpt",
+                    "--batch", str(BATCH), "--out", work])
+    model = w("gpt.onnx")
+    tokens = w("tokens.bin")
+    data_gen.write_tokens(tokens, data_gen.make_tokens(20000, data_gen.vocab_size(model)))
+    print(f"# wrote {show(tokens)}: 20000 tokens")
+    with open(w("dp4.json"), "w") as f:
+        json.dump({"dp": 4}, f)
+
+    step("compile (1 rank)", [carve, "compile", model, "--lr", LR, "-o", w("gpt-1")])
+    step("compile (dp=4)", [carve, "compile", model, "--plan", w("dp4.json"), "--lr", LR,
+                            "-o", w("gpt-dp4")])
+    train = ["--steps", str(args.steps), "--data", tokens, "--quiet"]
+    step("training (1 rank)", [w("gpt-1", "bin", "train"), *train, "--log", w("gpt-1.jsonl")])
+    step("training (dp=4)", [carve, "run", w("gpt-dp4"), "-n", "4", "--", *train,
+                             "--log", w("gpt-dp4.jsonl")])
+
+    one, four = losses(w("gpt-1.jsonl")), losses(w("gpt-dp4.jsonl"))
+    if len(one) != args.steps or len(four) != args.steps:
+        sys.exit(f"demo: error: expected {args.steps} log records, got {len(one)} (1 rank) "
+                 f"and {len(four)} (dp=4)")
+    print()
+    print(f"GPT, batch {BATCH} x 16 tokens, AdamW lr {LR}: loss per step")
+    print(f"{'step':>5}  {'1 rank':>10}  {'dp=4':>10}")
+    shown = sorted(set(range(0, args.steps, 5)) | {args.steps - 1})
+    for k in shown:
+        print(f"{k:>5}  {one[k]:>10.6f}  {four[k]:>10.6f}")
+    worst = max(abs(a - b) / abs(a) for a, b in zip(one, four))
+    print(f"max relative difference over {args.steps} steps: {worst:.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

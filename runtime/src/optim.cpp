@@ -1,0 +1,124 @@
+//===- optim.cpp - optimizer updates, clipping and learning-rate schedule -===//
+//
+// PyTorch 1.13's single-tensor (non-foreach) SGD and AdamW, one tensor op at a
+// time in the same order: every Python scalar is computed in double and
+// rounded to float where the tensor op consumes it, the tensor arithmetic is
+// float. Each function is one pass over the tensor; the intermediate tensors
+// of the Python code are per-element temporaries here.
+//
+// Rounding follows PyTorch's vectorized CPU kernels: `add(other, alpha)` is a
+// fused multiply-add (vec::fmadd), spelled std::fma here; mul, addcmul and
+// addcdiv round after every operation, so contraction of a*b+c into an FMA
+// is turned off for this file.
+//
+//===----------------------------------------------------------------------===//
+
+#include "carve/rt/optim.h"
+
+#include <algorithm>
+#include <cmath>
+
+#pragma GCC optimize("fp-contract=off")
+
+namespace carve::rt {
+
+namespace {
+
+/// Parallel above this many elements.
+constexpr int64_t kParallelMin = 32768;
+
+} // namespace
+
+void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
+               double dampening, double weightDecay, bool nesterov, bool firstStep) {
+  const bool decay = weightDecay != 0, useMomentum = momentum != 0;
+  const float wd = static_cast<float>(weightDecay);
+  const float mom = static_cast<float>(momentum);
+  const float keep = static_cast<float>(1.0 - dampening);
+  const float negLr = static_cast<float>(-lr);
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    // d_p = d_p.add(param, alpha=weight_decay)
+    float d = decay ? std::fma(p[i], wd, g[i]) : g[i];
+    if (useMomentum) {
+      // buf = clone(d_p) on the first step, else
+      // buf.mul_(momentum).add_(d_p, alpha=1 - dampening)
+      const float b = firstStep ? d : std::fma(d, keep, buf[i] * mom);
+      buf[i] = b;
+      // d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
+      d = nesterov ? std::fma(b, mom, d) : b;
+    }
+    // param.add_(d_p, alpha=-lr)
+    p[i] = std::fma(d, negLr, p[i]);
+  }
+}
+
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr,
+                 double beta1, double beta2, double eps, double weightDecay, int64_t step) {
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  const double stepSize = lr / bc1;
+  const float decay = static_cast<float>(1.0 - lr * weightDecay);
+  const float b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2);
+  const float c1 = static_cast<float>(1.0 - beta1), c2 = static_cast<float>(1.0 - beta2);
+  const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
+  const float epsF = static_cast<float>(eps);
+  const float negStep = static_cast<float>(-stepSize);
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    // param.mul_(1 - lr * weight_decay)
+    const float pi = p[i] * decay;
+    // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+    const float mi = std::fma(g[i], c1, m[i] * b1);
+    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    const float vi = v[i] * b2 + c2 * g[i] * g[i];
+    // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    const float denom = std::sqrt(vi) / bc2Sqrt + epsF;
+    // param.addcdiv_(exp_avg, denom, value=-step_size)
+    p[i] = pi + negStep * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+double sumSquares(const float *g, int64_t n) {
+  double s = 0;
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static) reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i)
+    s += static_cast<double>(g[i]) * g[i];
+  return s;
+}
+
+void scaleInPlace(float *g, int64_t n, float s) {
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    g[i] *= s;
+}
+
+float clipCoefficient(double totalNorm, double maxNorm) {
+  // clip_grad_norm_ computes on float tensors: clip_coef = max_norm /
+  // (total_norm + 1e-6), where Python's `float / Tensor` is
+  // Tensor.reciprocal() * float; then clamp(max=1.0).
+  const float denom = static_cast<float>(totalNorm) + 1e-6f;
+  const float coef = (1.0f / denom) * static_cast<float>(maxNorm);
+  return std::min(coef, 1.0f);
+}
+
+double scheduledLr(int64_t t, double lr, int64_t warmup, int64_t decaySteps, double minRatio) {
+  // LambdaLR: lr = base_lr * lambda(t).
+  double factor = 1.0;
+  if (t < warmup) {
+    factor = static_cast<double>(t + 1) / static_cast<double>(warmup);
+  } else if (decaySteps > 0) {
+    const int64_t d = t - warmup;
+    if (d >= decaySteps) {
+      factor = minRatio;
+    } else {
+      const double progress = static_cast<double>(d) / static_cast<double>(decaySteps);
+      factor = minRatio + (1.0 - minRatio) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    }
+  }
+  return lr * factor;
+}
+
+} // namespace carve::rt

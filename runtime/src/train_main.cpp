@@ -1,0 +1,610 @@
+//===- train_main.cpp - main() of every generated training executable -----===//
+//
+// OUT/bin/train runs the rank program that `carve_program_for_rank` gives
+// this rank:
+//
+// 1. Start MPI when launched by mpirun/srun, else run as one rank. Check the
+//    arguments and the rank count.
+// 2. Validate everything else before any work (the data, the initial
+//    weights or the checkpoint to load, the --save folder, the --log file).
+//    After 1 and after 2 all ranks agree on the outcome with an all-reduce
+//    over the world, so that they stop together (MPI_Finalize, exit 1) and
+//    only the lowest failing rank prints its error.
+// 3. Fill the arena: weights from --load DIR or OUT/init.safetensors,
+//    gradients and optimizer state zero unless loaded.
+// 4. Run the steps, printing progress and writing metrics on rank 0.
+// 5. Save a checkpoint on rank 0 while the others wait at a barrier.
+//
+// An error after step 2 (a kernel's `fatal`, an I/O failure) calls abortAll,
+// which brings every rank down.
+//
+//===----------------------------------------------------------------------===//
+
+#include "carve/rt/comm.h"
+#include "carve/rt/data.h"
+#include "carve/rt/metrics.h"
+#include "carve/rt/program.h"
+#include "carve/rt/safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <vector>
+
+using namespace carve::rt;
+
+namespace {
+
+const char *const kUsage =
+    R"(usage: train --steps S --data FILE [options]
+
+Trains the compiled model for S steps. Launch it with `carve run OUT -n N -- ARGS`,
+or with mpirun/srun and the number of ranks it was compiled for.
+
+  --steps S                   optimizer steps to run (required)
+  --data FILE                 training data (required): a flat little-endian token file for
+                              token models, else a safetensors file with one [S, B, ...]
+                              tensor per model input (see runtime/README.md)
+  --data-dtype int32|uint16   element type of a token file (default int32)
+  --log FILE.jsonl            write one JSON object per step (replaces FILE)
+  --save DIR                  after the last step write DIR/model.safetensors and
+                              DIR/optimizer.safetensors
+  --load DIR                  start from a checkpoint written by --save: weights,
+                              optimizer state and step count
+  --quiet                     print nothing but errors
+  --help                      print this text
+)";
+
+int worldRank = 0;
+int worldSize = 1;
+
+void printError(const std::string &message) {
+  std::fflush(stdout);
+  if (worldSize > 1)
+    std::fprintf(stderr, "[rank %d] carve: error: %s\n", worldRank, message.c_str());
+  else
+    std::fprintf(stderr, "carve: error: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+/// An error once work has started: no agreement is possible any more.
+[[noreturn]] void die(const std::string &message) {
+  printError(message);
+  abortAll(1);
+}
+
+struct Options {
+  int64_t steps = -1;
+  std::string data;
+  TokenFileType dataType = TokenFileType::Int32;
+  std::string log;
+  std::string save;
+  std::string load;
+  bool quiet = false;
+};
+
+bool parseInt(const std::string &text, int64_t &out) {
+  if (text.empty())
+    return false;
+  char *end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0')
+    return false;
+  out = v;
+  return true;
+}
+
+bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool inlineValue = false;
+    if (arg.rfind("--", 0) == 0) {
+      size_t eq = arg.find('=');
+      if (eq != std::string::npos) {
+        value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+        inlineValue = true;
+      }
+    }
+    auto takeValue = [&]() {
+      if (inlineValue)
+        return true;
+      if (i + 1 >= argc) {
+        error = arg + " needs a value";
+        return false;
+      }
+      value = argv[++i];
+      return true;
+    };
+    if (arg == "--quiet") {
+      opts.quiet = true;
+    } else if (arg == "--steps") {
+      if (!takeValue())
+        return false;
+      if (!parseInt(value, opts.steps) || opts.steps < 1) {
+        error = "--steps needs a positive integer, not '" + value + "'";
+        return false;
+      }
+    } else if (arg == "--data" || arg == "--log" || arg == "--save" || arg == "--load") {
+      if (!takeValue())
+        return false;
+      if (value.empty()) {
+        error = arg + " needs a non-empty path";
+        return false;
+      }
+      (arg == "--data"   ? opts.data
+       : arg == "--log"  ? opts.log
+       : arg == "--save" ? opts.save
+                         : opts.load) = value;
+    } else if (arg == "--data-dtype") {
+      if (!takeValue())
+        return false;
+      if (value == "int32") {
+        opts.dataType = TokenFileType::Int32;
+      } else if (value == "uint16") {
+        opts.dataType = TokenFileType::UInt16;
+      } else {
+        error = "--data-dtype is int32 or uint16, not '" + value + "'";
+        return false;
+      }
+    } else {
+      error = "unknown argument '" + std::string(argv[i]) + "' (see --help)";
+      return false;
+    }
+  }
+  if (opts.steps < 0) {
+    error = "--steps is required (see --help)";
+    return false;
+  }
+  if (opts.data.empty()) {
+    error = "--data is required (see --help)";
+    return false;
+  }
+  return true;
+}
+
+/// The executable's output folder: OUT for OUT/bin/train.
+std::string outputDir() {
+  std::vector<char> buf(4096);
+  ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0)
+    return ".";
+  std::string exe(buf.data(), static_cast<size_t>(n));
+  std::string bin = exe.substr(0, exe.rfind('/'));
+  size_t slash = bin.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : bin.substr(0, slash);
+}
+
+std::vector<int64_t> shapeOf(const TensorSpec &s) {
+  return std::vector<int64_t>(s.dims, s.dims + s.rank);
+}
+
+int64_t bytesOf(const TensorSpec &s) { return s.numel * dtypeSize(s.dtype); }
+
+/// Checkpoint name of optimizer state slot `slot` of a parameter.
+std::string stateName(const Program &p, const char *param, int slot) {
+  if (p.optimizer == OptimizerKind::AdamW)
+    return std::string(param) + (slot == 0 ? ".exp_avg" : ".exp_avg_sq");
+  return std::string(param) + ".momentum_buffer";
+}
+
+/// One tensor of the program that a checkpoint file holds.
+struct Slot {
+  std::string name;
+  const TensorSpec *spec;
+  int64_t offset; // in the arena
+};
+
+std::vector<Slot> modelSlots(const Program &p) {
+  std::vector<Slot> slots;
+  for (int i = 0; i < p.numParams; ++i)
+    slots.push_back({p.params[i].name, &p.params[i], p.params[i].offset});
+  return slots;
+}
+
+std::vector<Slot> optimizerSlots(const Program &p) {
+  std::vector<Slot> slots;
+  for (int i = 0; i < p.numParams; ++i)
+    for (int s = 0; s < 2; ++s)
+      if (p.params[i].trainable && p.params[i].stateOffset[s] >= 0)
+        slots.push_back(
+            {stateName(p, p.params[i].name, s), &p.params[i], p.params[i].stateOffset[s]});
+  return slots;
+}
+
+/// Checks that `file` holds every slot with its dtype (F32 for optimizer
+/// state) and shape; with `known`, also that it holds nothing else.
+bool checkTensors(const SafetensorsReader &file, const std::vector<Slot> &slots, bool stateF32,
+                  const std::set<std::string> *known, std::string &error) {
+  for (const Slot &s : slots) {
+    std::string dtype = stateF32 ? "F32" : dtypeName(s.spec->dtype);
+    std::vector<int64_t> shape = shapeOf(*s.spec);
+    std::string expected = dtype + " " + formatShape(shape);
+    const SafetensorsTensor *t = file.find(s.name);
+    if (!t) {
+      error = file.path() + ": no tensor '" + s.name + "' (expected " + expected + ")";
+      return false;
+    }
+    if (t->dtype != dtype || t->shape != shape) {
+      error = file.path() + ": tensor '" + s.name + "' is " + t->dtype + " " +
+              formatShape(t->shape) + ", expected " + expected;
+      return false;
+    }
+  }
+  if (known)
+    for (const SafetensorsTensor &t : file.tensors())
+      if (!known->count(t.name)) {
+        error = file.path() + ": tensor '" + t.name + "' is not in the compiled model";
+        return false;
+      }
+  return true;
+}
+
+bool readTensors(const SafetensorsReader &file, const std::vector<Slot> &slots, char *arena,
+                 bool stateF32, std::string &error) {
+  for (const Slot &s : slots) {
+    int64_t bytes = stateF32 ? s.spec->numel * 4 : bytesOf(*s.spec);
+    if (!file.read(*file.find(s.name), 0, bytes, arena + s.offset, error))
+      return false;
+  }
+  return true;
+}
+
+/// Where the initial weights come from, validated.
+struct WeightSource {
+  SafetensorsReader model;
+  SafetensorsReader optimizer;
+  bool hasOptimizer = false;
+  int64_t step = 0;
+};
+
+bool openWeightFiles(const Program &p, const Options &opts, WeightSource &src, std::string &error) {
+  std::vector<Slot> params = modelSlots(p);
+  if (opts.load.empty()) {
+    // carve compile writes every rank's parameters here; extra tensors belong
+    // to other ranks' programs.
+    std::string init = outputDir() + "/init.safetensors";
+    struct stat st;
+    bool exists = ::stat(init.c_str(), &st) == 0;
+    if (!src.model.open(init, error) || !checkTensors(src.model, params, false, nullptr, error)) {
+      error = "initial weights " + error +
+              (exists ? "" : " (`carve compile` writes them beside bin/; or pass --load DIR)");
+      return false;
+    }
+    return true;
+  }
+
+  // A checkpoint must match the compiled model exactly: the parameters and
+  // optimizer state of every rank's program, nothing else.
+  std::set<std::string> paramNames, stateNames;
+  for (int r = 0; r < carve_world_size(); ++r)
+    if (const Program *other = carve_program_for_rank(r)) {
+      for (const Slot &s : modelSlots(*other))
+        paramNames.insert(s.name);
+      for (const Slot &s : optimizerSlots(*other))
+        stateNames.insert(s.name);
+    }
+  std::string modelPath = opts.load + "/model.safetensors";
+  if (!src.model.open(modelPath, error) ||
+      !checkTensors(src.model, params, false, &paramNames, error))
+    return false;
+  auto stepIt = src.model.metadata().find("step");
+  if (stepIt == src.model.metadata().end() || !parseInt(stepIt->second, src.step) || src.step < 0) {
+    error = modelPath + ": no valid \"step\" in its __metadata__ (is it a checkpoint written "
+                        "by --save?)";
+    return false;
+  }
+  std::vector<Slot> state = optimizerSlots(p);
+  std::string optPath = opts.load + "/optimizer.safetensors";
+  struct stat st;
+  if (state.empty() && ::stat(optPath.c_str(), &st) != 0)
+    return true;
+  if (!src.optimizer.open(optPath, error) ||
+      !checkTensors(src.optimizer, state, true, &stateNames, error))
+    return false;
+  auto optStep = src.optimizer.metadata().find("step");
+  if (optStep != src.optimizer.metadata().end() && optStep->second != stepIt->second) {
+    error = optPath + ": step " + optStep->second + " does not match model.safetensors' step " +
+            stepIt->second;
+    return false;
+  }
+  src.hasOptimizer = true;
+  return true;
+}
+
+bool openWeights(const Program &p, const Options &opts, WeightSource &src, std::string &error) {
+  if (openWeightFiles(p, opts, src, error))
+    return true;
+  if (!opts.load.empty())
+    error = "checkpoint " + error;
+  return false;
+}
+
+/// Checks that `dir` exists as a writable folder or could be created, without
+/// changing anything on disk.
+bool checkSaveDir(const std::string &dir, std::string &error) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      error = dir + ": --save needs a folder, this is a file";
+      return false;
+    }
+    for (const char *f : {"/model.safetensors", "/optimizer.safetensors"})
+      if (::stat((dir + f).c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        error = dir + f + ": exists and is not a regular file";
+        return false;
+      }
+    std::string probe = dir + "/.carve-probe-XXXXXX";
+    int fd = ::mkstemp(probe.data());
+    if (fd < 0) {
+      error = dir + ": cannot write checkpoints here: " + std::strerror(errno);
+      return false;
+    }
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return true;
+  }
+  // Walk up to the nearest existing ancestor, which must be a writable folder.
+  std::string parent = dir;
+  do {
+    if (parent == "." || parent == "/") {
+      error = dir + ": cannot create the --save folder: " + parent + " is not accessible";
+      return false;
+    }
+    while (parent.size() > 1 && parent.back() == '/')
+      parent.pop_back();
+    size_t slash = parent.rfind('/');
+    parent = slash == std::string::npos ? "." : slash == 0 ? "/" : parent.substr(0, slash);
+  } while (::stat(parent.c_str(), &st) != 0);
+  if (!S_ISDIR(st.st_mode) || ::access(parent.c_str(), W_OK | X_OK) != 0) {
+    error = dir + ": cannot create the --save folder: " + parent + " is not a writable folder";
+    return false;
+  }
+  return true;
+}
+
+bool makeDirs(const std::string &dir, std::string &error) {
+  for (size_t at = 1; at <= dir.size(); ++at) {
+    if (at < dir.size() && dir[at] != '/')
+      continue;
+    std::string prefix = dir.substr(0, at);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      error = prefix + ": cannot create the folder: " + std::strerror(errno);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool parseFaultEnv(int64_t &rank, int64_t &step, std::string &error) {
+  const char *r = std::getenv("CARVE_FAULT_RANK");
+  const char *s = std::getenv("CARVE_FAULT_STEP");
+  if (!r && !s)
+    return true;
+  if (!r || !s || !parseInt(r, rank) || !parseInt(s, step) || rank < 0 || step < 0) {
+    error = "fault injection needs both CARVE_FAULT_RANK and CARVE_FAULT_STEP as non-negative "
+            "integers";
+    return false;
+  }
+  return true;
+}
+
+/// All ranks call this once with their own validation result; true when all
+/// passed. Only the lowest failing rank prints, so a problem every rank has
+/// is reported once.
+bool agree(Communicator &world, const std::string &error) {
+  int64_t flag = error.empty() ? 0 : world.size() - world.rank();
+  world.allReduce(&flag, 1, CommType::I64, ReduceOp::Max);
+  if (flag != 0 && world.size() - flag == world.rank())
+    printError(error);
+  return flag == 0;
+}
+
+bool launchedByMpi() {
+  for (const char *v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(v))
+      return true;
+  return false;
+}
+
+double secondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+/// Writes DIR/model.safetensors and DIR/optimizer.safetensors.
+bool saveCheckpoint(const Program &p, const std::string &dir, const char *arena, int64_t step,
+                    std::string &error) {
+  if (!makeDirs(dir, error))
+    return false;
+  std::vector<std::pair<std::string, std::string>> meta = {
+      {"step", std::to_string(step)}, {"format", "carve-1"}, {"program", p.name}};
+  std::vector<SafetensorsEntry> model, state;
+  for (const Slot &s : modelSlots(p))
+    model.push_back({s.name, dtypeName(s.spec->dtype), shapeOf(*s.spec), arena + s.offset});
+  for (const Slot &s : optimizerSlots(p))
+    state.push_back({s.name, "F32", shapeOf(*s.spec), arena + s.offset});
+  return writeSafetensors(dir + "/model.safetensors", model, meta, error) &&
+         writeSafetensors(dir + "/optimizer.safetensors", state, meta, error);
+}
+
+int finish(int code) {
+  finalizeComm();
+  return code;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::unique_ptr<Communicator> world =
+      launchedByMpi() ? makeMpiWorld(&argc, &argv) : makeSelfCommunicator();
+  worldRank = world->rank();
+  worldSize = world->size();
+
+  // Step 1: --help, the arguments and the rank count. Every launched process
+  // joins these all-reduces over the world, whatever the rank count, so they
+  // cannot hang; the lowest failing rank (rank 0 when all fail) reports.
+  int64_t help = 0;
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
+      help = 1;
+  world->allReduce(&help, 1, CommType::I64, ReduceOp::Max);
+  if (help) {
+    if (worldRank == 0)
+      std::fputs(kUsage, stdout);
+    return finish(0);
+  }
+  Options opts;
+  std::string error;
+  int64_t faultRank = -1, faultStep = -1;
+  bool argsOk = parseArgs(argc, argv, opts, error) && parseFaultEnv(faultRank, faultStep, error);
+  int planRanks = carve_world_size();
+  if (argsOk && planRanks != worldSize) {
+    const Program *p0 = carve_program_for_rank(0);
+    std::string plan = p0 ? "plan dp=" + std::to_string(p0->dp) : "plan unknown";
+    if (p0 && p0->dp != planRanks)
+      plan += " with " + std::to_string(planRanks / std::max(p0->dp, 1)) + " ranks per replica";
+    error = "this program was compiled for " + std::to_string(planRanks) +
+            (planRanks == 1 ? " rank (" : " ranks (") + plan + "), launched on " +
+            std::to_string(worldSize) + (launchedByMpi() ? "" : " (not under mpirun)") +
+            "; use `carve run " + outputDir() + " -n " + std::to_string(planRanks) + "`";
+    argsOk = false;
+  }
+  if (!agree(*world, argsOk ? std::string() : error))
+    return finish(1);
+
+  // Step 2: everything else, before any work.
+  const Program *program = carve_program_for_rank(worldRank);
+  std::unique_ptr<DataLoader> loader;
+  WeightSource weights;
+  char *arena = nullptr;
+  int dpRank = 0, replicas = 1;
+  if (!program) {
+    error = "the compiled plan has no program for rank " + std::to_string(worldRank);
+  } else if (!program->step || (program->numInputs > 0 && !program->inputs) ||
+             (program->numParams > 0 && !program->params)) {
+    error = std::string("program '") + program->name +
+            "' is incomplete (no step function or tensor tables)";
+  } else if (program->worldSize != planRanks || program->dp < 1 || planRanks % program->dp != 0) {
+    error = std::string("program '") + program->name + "' is for " +
+            std::to_string(program->worldSize) + " ranks with dp=" + std::to_string(program->dp) +
+            ", the plan has " + std::to_string(planRanks) + " ranks";
+  } else {
+    // dp is the outermost mesh axis: rank = dpRank * replicas + (place in the replica).
+    replicas = planRanks / program->dp;
+    dpRank = worldRank / replicas;
+    loader = openDataLoader(*program, dpRank, opts.data, opts.dataType, error);
+    if (loader)
+      openWeights(*program, opts, weights, error);
+    if (error.empty() && worldRank == 0 && !opts.save.empty())
+      checkSaveDir(opts.save, error);
+    if (error.empty() && worldRank == 0 && !opts.log.empty())
+      MetricsLog::checkWritable(opts.log, error);
+    if (error.empty()) {
+      size_t bytes =
+          (static_cast<size_t>(std::max<int64_t>(program->arenaBytes, 1)) + 63) / 64 * 64;
+      arena = static_cast<char *>(std::aligned_alloc(64, bytes));
+      if (!arena)
+        error = "cannot allocate the " + std::to_string(program->arenaBytes) +
+                "-byte arena of program '" + program->name + "'";
+      else
+        std::memset(arena, 0, bytes);
+    }
+  }
+  if (!agree(*world, error))
+    return finish(1);
+
+  // Step 3: the arena's initial contents and the communicators.
+  if (!readTensors(weights.model, modelSlots(*program), arena, false, error) ||
+      (weights.hasOptimizer &&
+       !readTensors(weights.optimizer, optimizerSlots(*program), arena, true, error)))
+    die(error);
+  MetricsLog log;
+  if (worldRank == 0 && !opts.log.empty() && !log.open(opts.log, error))
+    die(error);
+  std::unique_ptr<Communicator> dpGroup;
+  Communicator *dpComm = world.get();
+  if (replicas > 1) {
+    dpGroup = world->split(worldRank % replicas, dpRank);
+    dpComm = dpGroup.get();
+  }
+
+  int64_t start = weights.step;
+  int64_t end = start + opts.steps;
+  bool tokens = program->dataKind == DataKind::Tokens;
+  double itemsPerStep = static_cast<double>(program->globalBatch) *
+                        (tokens ? static_cast<double>(program->seqLen) : 1.0);
+  const char *unit = tokens ? "tokens" : "samples";
+  bool talk = worldRank == 0 && !opts.quiet;
+  if (talk) {
+    std::printf("carve: %s on %d rank%s: %s\n", program->model ? program->model : program->name,
+                worldSize, worldSize == 1 ? "" : "s",
+                program->description ? program->description : "");
+    std::printf("carve: data %s; weights from %s; steps %lld to %lld\n", loader->describe().c_str(),
+                opts.load.empty() ? weights.model.path().c_str() : opts.load.c_str(),
+                static_cast<long long>(start), static_cast<long long>(end - 1));
+    std::fflush(stdout);
+  }
+
+  // Step 4: training.
+  StepContext ctx;
+  ctx.arena = arena;
+  ctx.dpComm = dpComm;
+  auto begin = std::chrono::steady_clock::now();
+  for (int64_t k = start; k < end; ++k) {
+    if (worldRank == faultRank && k == faultStep) {
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+    auto stepBegin = std::chrono::steady_clock::now();
+    if (!loader->load(k, arena, error))
+      die(error);
+    ctx.step = k;
+    ctx.loss = 0;
+    ctx.lr = 0;
+    ctx.gradNorm = -1;
+    program->step(ctx);
+    double seconds = secondsSince(stepBegin);
+    double rate = seconds > 0 ? itemsPerStep / seconds : 0;
+    if (talk) {
+      std::printf("%s\n",
+                  formatProgress(k + 1, end, ctx.loss, rate, unit, secondsSince(begin)).c_str());
+      std::fflush(stdout);
+    }
+    if (log.isOpen()) {
+      JsonLine line;
+      line.add("step", k).add("loss", static_cast<double>(ctx.loss));
+      line.add("lr", static_cast<double>(ctx.lr));
+      if (ctx.gradNorm >= 0)
+        line.add("grad_norm", static_cast<double>(ctx.gradNorm));
+      line.add("time_s", seconds).add(tokens ? "tokens_per_s" : "samples_per_s", rate);
+      if (!log.write(line, error))
+        die(error);
+    }
+  }
+
+  // Step 5: the checkpoint. With data parallelism rank 0 holds every parameter.
+  if (!opts.save.empty()) {
+    if (worldRank == 0) {
+      if (!saveCheckpoint(*program, opts.save, arena, end, error))
+        die(error);
+      if (talk)
+        std::printf("carve: saved %s (step %lld)\n", opts.save.c_str(),
+                    static_cast<long long>(end));
+    }
+    world->barrier();
+  }
+  dpGroup.reset();
+  std::free(arena);
+  std::fflush(stdout);
+  return finish(0);
+}

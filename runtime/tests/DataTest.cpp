@@ -1,0 +1,271 @@
+//===- DataTest.cpp - token and tensor data loading -----------------------===//
+
+#include "carve/rt/data.h"
+#include "carve/rt/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <unistd.h>
+#include <vector>
+
+using namespace carve::rt;
+
+namespace {
+
+TensorSpec spec(const char *name, DType dtype, std::vector<int64_t> dims, int64_t offset) {
+  TensorSpec s{};
+  s.name = name;
+  s.dtype = dtype;
+  s.rank = static_cast<int>(dims.size());
+  s.numel = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    s.dims[i] = dims[i];
+    s.numel *= dims[i];
+  }
+  s.offset = offset;
+  s.gradOffset = -1;
+  s.stateOffset[0] = s.stateOffset[1] = -1;
+  return s;
+}
+
+/// A program with just the fields the loaders read.
+struct TestProgram {
+  Program p{};
+  std::vector<TensorSpec> inputs;
+  TestProgram(DataKind kind, int64_t globalBatch, int dp, int64_t seqLen,
+              std::vector<TensorSpec> ins)
+      : inputs(std::move(ins)) {
+    p.name = "program0";
+    p.dp = dp;
+    p.worldSize = dp;
+    p.globalBatch = globalBatch;
+    p.localBatch = globalBatch / dp;
+    p.seqLen = seqLen;
+    p.dataKind = kind;
+    p.numInputs = static_cast<int>(inputs.size());
+    p.inputs = inputs.data();
+  }
+};
+
+class DataTest : public ::testing::Test {
+protected:
+  void TearDown() override {
+    for (const std::string &f : created)
+      std::remove(f.c_str());
+  }
+  std::string file(const std::string &name, const void *bytes, size_t n) {
+    std::string p = "/tmp/carve-data-" + std::to_string(::getpid()) + "-" + name;
+    std::ofstream f(p, std::ios::binary);
+    f.write(static_cast<const char *>(bytes), static_cast<std::streamsize>(n));
+    created.push_back(p);
+    return p;
+  }
+  std::string int32Tokens(const std::string &name, int64_t n) {
+    std::vector<int32_t> t(n);
+    for (int64_t i = 0; i < n; ++i)
+      t[i] = static_cast<int32_t>(3 * i + 1);
+    return file(name, t.data(), t.size() * 4);
+  }
+  /// Loading through `program` fails with an error containing `cause`.
+  void expectError(const Program &program, int dpRank, const std::string &path, TokenFileType type,
+                   const std::string &cause) {
+    std::string error;
+    EXPECT_EQ(openDataLoader(program, dpRank, path, type, error), nullptr);
+    EXPECT_NE(error.find(cause), std::string::npos) << "error: " << error;
+  }
+  std::vector<std::string> created;
+};
+
+TEST_F(DataTest, TokenOffsetFormula) {
+  // o = ((k*B + j) * T) mod (N - T - 1), worked by hand for N = 100, T = 10
+  // (modulus 89), B = 4.
+  EXPECT_EQ(tokenOffset(0, 0, 4, 10, 100), 0);
+  EXPECT_EQ(tokenOffset(0, 3, 4, 10, 100), 30);
+  EXPECT_EQ(tokenOffset(2, 1, 4, 10, 100), 1);  // 90 mod 89
+  EXPECT_EQ(tokenOffset(5, 3, 4, 10, 100), 52); // 230 mod 89
+  // The smallest file: N = T + 2 leaves offsets 0 only.
+  EXPECT_EQ(tokenOffset(7, 3, 4, 10, 12), 0);
+  // No overflow: (2^40 * 2^10) * 2^12 = 2^62, and 2^62 mod 1000003 = 837674.
+  EXPECT_EQ(tokenOffset(int64_t(1) << 40, 0, 1024, 4096, 1000003 + 4096 + 1), 837674);
+}
+
+TEST_F(DataTest, TokensGoToInputsAndShiftedTargets) {
+  const int64_t batch = 4, seq = 5, numTokens = 60;
+  std::string path = int32Tokens("tok32", numTokens);
+  // dp = 2: rank 1 takes global sequences 2 and 3.
+  TestProgram tp(
+      DataKind::Tokens, batch, 2, seq,
+      {spec("idx", DType::I64, {2, seq}, 0), spec("targets", DType::I64, {2, seq}, 128)});
+  std::string error;
+  auto loader = openDataLoader(tp.p, 1, path, TokenFileType::Int32, error);
+  ASSERT_NE(loader, nullptr) << error;
+  EXPECT_NE(loader->describe().find("60 int32 tokens"), std::string::npos);
+
+  std::vector<char> arena(256, 0);
+  const auto *ids = reinterpret_cast<const int64_t *>(arena.data());
+  const auto *targets = reinterpret_cast<const int64_t *>(arena.data() + 128);
+  for (int64_t k : {0, 3, 11}) {
+    ASSERT_TRUE(loader->load(k, arena.data(), error)) << error;
+    for (int64_t i = 0; i < 2; ++i) {
+      int64_t j = 2 + i;
+      int64_t o = ((k * batch + j) * seq) % (numTokens - seq - 1); // modulus 54
+      for (int64_t t = 0; t < seq; ++t) {
+        EXPECT_EQ(ids[i * seq + t], 3 * (o + t) + 1) << "k=" << k << " j=" << j;
+        EXPECT_EQ(targets[i * seq + t], 3 * (o + t + 1) + 1) << "k=" << k << " j=" << j;
+      }
+    }
+  }
+  // By hand: step 3, j = 3: o = (15 * 5) mod 54 = 21, ids start at 3*21+1 = 64.
+  ASSERT_TRUE(loader->load(3, arena.data(), error));
+  EXPECT_EQ(ids[seq], 64);
+  EXPECT_EQ(targets[seq], 67);
+}
+
+TEST_F(DataTest, RanksTogetherSeeTheGlobalBatch) {
+  const int64_t batch = 4, seq = 3, numTokens = 40;
+  std::string path = int32Tokens("tokdp", numTokens);
+  TestProgram one(
+      DataKind::Tokens, batch, 1, seq,
+      {spec("idx", DType::I64, {batch, seq}, 0), spec("targets", DType::I64, {batch, seq}, 128)});
+  TestProgram four(
+      DataKind::Tokens, batch, 4, seq,
+      {spec("idx", DType::I64, {1, seq}, 0), spec("targets", DType::I64, {1, seq}, 64)});
+  std::string error;
+  auto whole = openDataLoader(one.p, 0, path, TokenFileType::Int32, error);
+  ASSERT_NE(whole, nullptr) << error;
+  std::vector<char> all(256);
+  ASSERT_TRUE(whole->load(6, all.data(), error));
+  for (int r = 0; r < 4; ++r) {
+    auto part = openDataLoader(four.p, r, path, TokenFileType::Int32, error);
+    ASSERT_NE(part, nullptr) << error;
+    std::vector<char> mine(128);
+    ASSERT_TRUE(part->load(6, mine.data(), error));
+    EXPECT_EQ(std::memcmp(mine.data(), all.data() + r * seq * 8, seq * 8), 0) << "rank " << r;
+    EXPECT_EQ(std::memcmp(mine.data() + 64, all.data() + 128 + r * seq * 8, seq * 8), 0);
+  }
+}
+
+TEST_F(DataTest, Uint16AndInt32Values) {
+  uint16_t u[6] = {0, 1, 32768, 65535, 7, 9};
+  int32_t s[6] = {-5, 1, 70000, 3, 4, 5};
+  std::string p16 = file("u16", u, sizeof u), p32 = file("i32", s, sizeof s);
+  TestProgram tp(DataKind::Tokens, 1, 1, 4,
+                 {spec("idx", DType::I64, {1, 4}, 0), spec("targets", DType::I64, {1, 4}, 64)});
+  std::string error;
+  std::vector<char> arena(128);
+  const auto *ids = reinterpret_cast<const int64_t *>(arena.data());
+  auto l16 = openDataLoader(tp.p, 0, p16, TokenFileType::UInt16, error);
+  ASSERT_NE(l16, nullptr) << error;
+  ASSERT_TRUE(l16->load(0, arena.data(), error));
+  EXPECT_EQ(ids[2], 32768);
+  EXPECT_EQ(ids[3], 65535);
+  auto l32 = openDataLoader(tp.p, 0, p32, TokenFileType::Int32, error);
+  ASSERT_NE(l32, nullptr) << error;
+  ASSERT_TRUE(l32->load(0, arena.data(), error));
+  EXPECT_EQ(ids[0], -5);
+  EXPECT_EQ(ids[2], 70000);
+}
+
+TEST_F(DataTest, TokenFileErrors) {
+  TestProgram tp(DataKind::Tokens, 2, 1, 8,
+                 {spec("idx", DType::I64, {2, 8}, 0), spec("targets", DType::I64, {2, 8}, 128)});
+  expectError(tp.p, 0, "/tmp/carve-no-such-file", TokenFileType::Int32,
+              "token file /tmp/carve-no-such-file: cannot open");
+  std::string empty = file("empty", "", 0);
+  expectError(tp.p, 0, empty, TokenFileType::Int32, empty + ": empty file");
+  std::string odd = file("odd", "abcdef", 6);
+  expectError(tp.p, 0, odd, TokenFileType::Int32,
+              "6 bytes is not a whole number of int32 tokens (4 bytes each)");
+  std::string odd16 = file("odd16", "abc", 3);
+  expectError(tp.p, 0, odd16, TokenFileType::UInt16, "not a whole number of uint16 tokens");
+  std::string shortFile = int32Tokens("short", 9);
+  expectError(tp.p, 0, shortFile, TokenFileType::Int32,
+              "9 int32 tokens is too short for sequence length 8 (needs at least 10 tokens)");
+  std::string error;
+  EXPECT_NE(openDataLoader(tp.p, 0, int32Tokens("ten", 10), TokenFileType::Int32, error), nullptr)
+      << error;
+}
+
+TEST_F(DataTest, ProgramsThatDoNotFitTheData) {
+  std::string path = int32Tokens("prog", 100);
+  TestProgram three(DataKind::Tokens, 2, 1, 4,
+                    {spec("idx", DType::I64, {2, 4}, 0), spec("targets", DType::I64, {2, 4}, 64),
+                     spec("extra", DType::I64, {2, 4}, 128)});
+  expectError(three.p, 0, path, TokenFileType::Int32, "needs exactly two inputs");
+  TestProgram f32(DataKind::Tokens, 2, 1, 4,
+                  {spec("idx", DType::F32, {2, 4}, 0), spec("targets", DType::I64, {2, 4}, 64)});
+  expectError(f32.p, 0, path, TokenFileType::Int32, "token input 'idx' must be I64 [2, 4]");
+  TestProgram batch(DataKind::Tokens, 4, 2, 4,
+                    {spec("idx", DType::I64, {4, 4}, 0), spec("targets", DType::I64, {4, 4}, 64)});
+  expectError(batch.p, 0, path, TokenFileType::Int32, "first dimension should be the local batch");
+  expectError(batch.p, 2, path, TokenFileType::Int32, "dp rank 2 outside a dp group of 2");
+}
+
+TEST_F(DataTest, TensorsSliceStepsAndRows) {
+  // x: F32 [S=3, B=4, 2], y: I64 [3, 4]; value encodes (step, row, col).
+  std::vector<float> x(3 * 4 * 2);
+  std::vector<int64_t> y(3 * 4);
+  for (int s = 0; s < 3; ++s)
+    for (int b = 0; b < 4; ++b) {
+      y[s * 4 + b] = 100 * s + 10 * b;
+      for (int c = 0; c < 2; ++c)
+        x[(s * 4 + b) * 2 + c] = 100.0f * s + 10.0f * b + c;
+    }
+  std::string path = "/tmp/carve-data-" + std::to_string(::getpid()) + "-t.safetensors";
+  created.push_back(path);
+  std::string error;
+  ASSERT_TRUE(writeSafetensors(
+      path, {{"x", "F32", {3, 4, 2}, x.data()}, {"y", "I64", {3, 4}, y.data()}}, {}, error))
+      << error;
+
+  TestProgram tp(DataKind::Tensors, 4, 2, 0,
+                 {spec("x", DType::F32, {2, 2}, 0), spec("y", DType::I64, {2}, 64)});
+  auto loader = openDataLoader(tp.p, 1, path, TokenFileType::Int32, error);
+  ASSERT_NE(loader, nullptr) << error;
+  std::vector<char> arena(128);
+  const auto *xs = reinterpret_cast<const float *>(arena.data());
+  const auto *ys = reinterpret_cast<const int64_t *>(arena.data() + 64);
+  // Step 4 uses index 4 mod 3 = 1; dp rank 1 of 2 takes rows 2 and 3.
+  ASSERT_TRUE(loader->load(4, arena.data(), error)) << error;
+  EXPECT_EQ(xs[0], 120.0f);
+  EXPECT_EQ(xs[1], 121.0f);
+  EXPECT_EQ(xs[2], 130.0f);
+  EXPECT_EQ(xs[3], 131.0f);
+  EXPECT_EQ(ys[0], 120);
+  EXPECT_EQ(ys[1], 130);
+  ASSERT_TRUE(loader->load(2, arena.data(), error)) << error;
+  EXPECT_EQ(xs[0], 220.0f);
+  EXPECT_EQ(ys[1], 230);
+}
+
+TEST_F(DataTest, TensorErrorsNameTheTensor) {
+  float v[24] = {};
+  int64_t w[24] = {};
+  std::string path = "/tmp/carve-data-" + std::to_string(::getpid()) + "-e.safetensors";
+  created.push_back(path);
+  TestProgram tp(DataKind::Tensors, 4, 1, 0,
+                 {spec("x", DType::F32, {4, 2}, 0), spec("y", DType::I64, {4}, 64)});
+  auto write = [&](std::vector<SafetensorsEntry> t) {
+    std::string error;
+    ASSERT_TRUE(writeSafetensors(path, t, {}, error)) << error;
+  };
+  write({{"x", "F32", {3, 4, 2}, v}});
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "no tensor 'y' for the model input of that name (the file has: x)");
+  write({{"x", "F32", {3, 4, 2}, v}, {"y", "F32", {3, 4}, v}});
+  expectError(tp.p, 0, path, TokenFileType::Int32, "tensor 'y' is F32, the model input needs I64");
+  write({{"x", "F32", {3, 2, 4}, v}, {"y", "I64", {3, 4}, w}});
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "tensor 'x' has shape [3, 2, 4], expected [S, 4, 2]");
+  write({{"x", "F32", {4, 2}, v}, {"y", "I64", {3, 4}, w}});
+  expectError(tp.p, 0, path, TokenFileType::Int32, "tensor 'x' has shape [4, 2]");
+  write({{"x", "F32", {3, 4, 2}, v}, {"y", "I64", {2, 4}, w}});
+  expectError(tp.p, 0, path, TokenFileType::Int32, "tensor 'y' holds 2 steps, tensor 'x' holds 3");
+  expectError(tp.p, 0, "/tmp/carve-no-such-file", TokenFileType::Int32,
+              "data file /tmp/carve-no-such-file: cannot open");
+}
+
+} // namespace

@@ -1,0 +1,169 @@
+//===- OptimTest.cpp - optimizer updates against PyTorch's formulas -------===//
+//
+// SGD cases use exactly representable numbers (powers of two), so every step
+// is exact in float and is checked for equality against values worked out by
+// hand in the comments. AdamW with a constant gradient has a closed form
+// (m / bc1 = g and sqrt(v / bc2) = |g| at every step); a varying gradient is
+// checked against the recurrence in double.
+//
+//===----------------------------------------------------------------------===//
+
+#include "carve/rt/optim.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+using namespace carve::rt;
+
+namespace {
+
+TEST(Sgd, PlainWithWeightDecay) {
+  // p -= lr * (g + wd * p): lr 0.5, wd 0.25, p 2, g 1.
+  // step 1: d = 1 + 0.5 = 1.5, p = 2 - 0.75 = 1.25
+  // step 2: d = 1 + 0.3125 = 1.3125, p = 1.25 - 0.65625 = 0.59375
+  float p = 2, g = 1;
+  sgdUpdate(&p, &g, nullptr, 1, 0.5, 0, 0, 0.25, false, true);
+  EXPECT_EQ(p, 1.25f);
+  sgdUpdate(&p, &g, nullptr, 1, 0.5, 0, 0, 0.25, false, false);
+  EXPECT_EQ(p, 0.59375f);
+}
+
+TEST(Sgd, MomentumDampeningWeightDecay) {
+  // lr 0.5, momentum 0.5, dampening 0.5, wd 0.25, p0 2, g 1 every step.
+  // step 1: d = 1 + 0.25*2 = 1.5; buf = d = 1.5 (no dampening on the first
+  //         step); p = 2 - 0.5*1.5 = 1.25
+  // step 2: d = 1 + 0.25*1.25 = 1.3125; buf = 0.5*1.5 + 0.5*1.3125 = 1.40625;
+  //         p = 1.25 - 0.5*1.40625 = 0.546875
+  // step 3: d = 1 + 0.25*0.546875 = 1.13671875;
+  //         buf = 0.5*1.40625 + 0.5*1.13671875 = 1.271484375;
+  //         p = 0.546875 - 0.6357421875 = -0.0888671875
+  float p = 2, g = 1, buf = 123;
+  const float wantP[] = {1.25f, 0.546875f, -0.0888671875f};
+  const float wantBuf[] = {1.5f, 1.40625f, 1.271484375f};
+  for (int step = 0; step < 3; ++step) {
+    sgdUpdate(&p, &g, &buf, 1, 0.5, 0.5, 0.5, 0.25, false, step == 0);
+    EXPECT_EQ(p, wantP[step]) << "step " << step + 1;
+    EXPECT_EQ(buf, wantBuf[step]) << "step " << step + 1;
+  }
+}
+
+TEST(Sgd, Nesterov) {
+  // lr 0.5, momentum 0.5, no dampening or decay, p0 2, g 1.
+  // step 1: buf = 1;   d = 1 + 0.5*1 = 1.5;    p = 2 - 0.75 = 1.25
+  // step 2: buf = 1.5; d = 1 + 0.75 = 1.75;    p = 1.25 - 0.875 = 0.375
+  // step 3: buf = 1.75; d = 1 + 0.875 = 1.875; p = 0.375 - 0.9375 = -0.5625
+  float p = 2, g = 1, buf = 0;
+  const float wantP[] = {1.25f, 0.375f, -0.5625f};
+  const float wantBuf[] = {1.0f, 1.5f, 1.75f};
+  for (int step = 0; step < 3; ++step) {
+    sgdUpdate(&p, &g, &buf, 1, 0.5, 0.5, 0, 0, true, step == 0);
+    EXPECT_EQ(p, wantP[step]) << "step " << step + 1;
+    EXPECT_EQ(buf, wantBuf[step]) << "step " << step + 1;
+  }
+}
+
+TEST(Sgd, ManyElementsMatchScalarUpdates) {
+  // The parallel path: every element behaves as its own scalar update.
+  const int64_t n = 100000;
+  std::vector<float> p(n), g(n), buf(n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = static_cast<float>(i % 17) * 0.25f;
+    g[i] = static_cast<float>(i % 5) - 2.0f;
+  }
+  std::vector<float> p1 = p, buf1 = buf;
+  sgdUpdate(p.data(), g.data(), buf.data(), n, 0.1, 0.9, 0.1, 0.01, false, true);
+  sgdUpdate(p.data(), g.data(), buf.data(), n, 0.1, 0.9, 0.1, 0.01, false, false);
+  for (int64_t i : {int64_t(0), int64_t(1), int64_t(777), n - 1}) {
+    float ps = p1[i], bs = buf1[i];
+    sgdUpdate(&ps, &g[i], &bs, 1, 0.1, 0.9, 0.1, 0.01, false, true);
+    sgdUpdate(&ps, &g[i], &bs, 1, 0.1, 0.9, 0.1, 0.01, false, false);
+    EXPECT_EQ(p[i], ps) << i;
+    EXPECT_EQ(buf[i], bs) << i;
+  }
+}
+
+TEST(AdamW, ConstantGradientClosedForm) {
+  // With a constant g, m_t = g (1 - b1^t) and v_t = g^2 (1 - b2^t), so
+  // m / bc1 = g and sqrt(v) / sqrt(bc2) = |g|: every step is
+  //   p <- p (1 - lr wd) - lr g / (|g| + eps).
+  // lr 0.1, wd 0.01, g 0.5, eps 1e-8:
+  //   p1 = 1 * 0.999 - 0.1 * 0.5 / 0.50000001        = 0.899000002
+  //   p2 = 0.899000002 * 0.999 - 0.099999998         = 0.798101004
+  //   p3 = 0.798101004 * 0.999 - 0.099999998         = 0.697302905
+  float p = 1, g = 0.5f, m = 0, v = 0;
+  const double wantP[] = {0.899000002, 0.798101004, 0.697302905};
+  for (int step = 1; step <= 3; ++step) {
+    adamwUpdate(&p, &g, &m, &v, 1, 0.1, 0.9, 0.999, 1e-8, 0.01, step);
+    EXPECT_NEAR(p, wantP[step - 1], 5e-7) << "step " << step;
+    EXPECT_NEAR(m, 0.5 * (1 - std::pow(0.9, step)), 1e-7) << "step " << step;
+    EXPECT_NEAR(v, 0.25 * (1 - std::pow(0.999, step)), 1e-9) << "step " << step;
+  }
+}
+
+TEST(AdamW, VaryingGradientMatchesRecurrence) {
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  const float grads[][2] = {{0.3f, -2.0f}, {-0.1f, 1.5f}, {0.7f, 0.0f}, {0.2f, -0.5f}};
+  float p[2] = {0.5f, -1.0f}, m[2] = {0, 0}, v[2] = {0, 0};
+  double pd[2] = {0.5, -1.0}, md[2] = {0, 0}, vd[2] = {0, 0};
+  for (int step = 1; step <= 4; ++step) {
+    adamwUpdate(p, grads[step - 1], m, v, 2, lr, b1, b2, eps, wd, step);
+    for (int i = 0; i < 2; ++i) {
+      const double g = grads[step - 1][i];
+      pd[i] *= 1 - lr * wd;
+      md[i] = md[i] * b1 + g * (1 - b1);
+      vd[i] = vd[i] * b2 + g * g * (1 - b2);
+      const double denom = std::sqrt(vd[i]) / std::sqrt(1 - std::pow(b2, step)) + eps;
+      pd[i] -= lr / (1 - std::pow(b1, step)) * md[i] / denom;
+      EXPECT_NEAR(p[i], pd[i], 1e-6) << "step " << step << " element " << i;
+      EXPECT_NEAR(m[i], md[i], 1e-6) << "step " << step << " element " << i;
+      EXPECT_NEAR(v[i], vd[i], 1e-6) << "step " << step << " element " << i;
+    }
+  }
+  // The first element moved against its gradients, by about lr per step.
+  EXPECT_LT(p[0], 0.5f);
+  EXPECT_GT(p[0], 0.5f - 4.5f * static_cast<float>(lr));
+}
+
+TEST(AdamW, ZeroGradientOnlyDecays) {
+  float p = 2, g = 0, m = 0, v = 0;
+  adamwUpdate(&p, &g, &m, &v, 1, 0.5, 0.9, 0.999, 1e-8, 0.5, 1);
+  EXPECT_EQ(p, 1.5f); // 2 * (1 - 0.25), then + 0 / eps
+  EXPECT_EQ(m, 0.f);
+  EXPECT_EQ(v, 0.f);
+}
+
+TEST(Clipping, NormAndCoefficient) {
+  const float g[] = {3, 4};
+  EXPECT_EQ(sumSquares(g, 2), 25.0);
+  std::vector<float> big(100000, 0.5f);
+  EXPECT_DOUBLE_EQ(sumSquares(big.data(), big.size()), 25000.0);
+  EXPECT_NEAR(clipCoefficient(5.0, 1.0), 0.2f, 1e-7);
+  EXPECT_EQ(clipCoefficient(0.5, 1.0), 1.0f);
+  EXPECT_EQ(clipCoefficient(0.0, 1.0), 1.0f);
+  EXPECT_NEAR(clipCoefficient(1.0, 1.0), 1.0f / (1.0f + 1e-6f), 1e-7); // just below 1
+  std::vector<float> s = {2, -4, 6};
+  scaleInPlace(s.data(), 3, 0.5f);
+  EXPECT_EQ(s, (std::vector<float>{1, -2, 3}));
+}
+
+TEST(Schedule, WarmupCosineFloor) {
+  const double lr = 0.1, minRatio = 0.1;
+  // Linear warm-up over 4 steps: lr * (t + 1) / 4.
+  EXPECT_DOUBLE_EQ(scheduledLr(0, lr, 4, 10, minRatio), 0.025);
+  EXPECT_DOUBLE_EQ(scheduledLr(3, lr, 4, 10, minRatio), 0.1);
+  // Cosine from lr at t = 4 to lr * minRatio at t = 14.
+  EXPECT_DOUBLE_EQ(scheduledLr(4, lr, 4, 10, minRatio), 0.1);
+  EXPECT_NEAR(scheduledLr(9, lr, 4, 10, minRatio), lr * (minRatio + (1 - minRatio) * 0.5), 1e-15);
+  EXPECT_NEAR(scheduledLr(6, lr, 4, 10, minRatio),
+              lr * (minRatio + (1 - minRatio) * 0.5 * (1 + std::cos(M_PI * 0.2))), 1e-15);
+  EXPECT_NEAR(scheduledLr(14, lr, 4, 10, minRatio), 0.01, 1e-15);
+  EXPECT_NEAR(scheduledLr(1000, lr, 4, 10, minRatio), 0.01, 1e-15);
+  // No decay: constant after warm-up; no warm-up: starts at lr.
+  EXPECT_DOUBLE_EQ(scheduledLr(50, lr, 4, 0, minRatio), 0.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(0, lr, 0, 0, minRatio), 0.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(0, lr, 0, 10, minRatio), 0.1);
+}
+
+} // namespace

@@ -1,0 +1,115 @@
+"""Reads and writes safetensors files with numpy (the test interpreter has no `safetensors`)."""
+
+# Layout: an 8-byte little-endian header length N, N bytes of JSON, then the
+# raw little-endian tensor data. The JSON maps each tensor name to
+# {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the
+# first data byte) and may hold "__metadata__", a map of strings.
+
+import json
+import struct
+
+import numpy as np
+
+DTYPES = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+_NAMES = {dt.newbyteorder("<"): name for name, dt in DTYPES.items()}
+
+# The reference implementation rejects headers above 100 MB.
+MAX_HEADER = 100 * 1000 * 1000
+
+
+class SafetensorsError(ValueError):
+    """The file is not a well-formed safetensors file; the message names it."""
+
+
+def dtype_name(array):
+    """The safetensors dtype string of a numpy array."""
+    dt = array.dtype.newbyteorder("<")
+    if dt not in _NAMES:
+        raise SafetensorsError(f"dtype {array.dtype} has no safetensors equivalent")
+    return _NAMES[dt]
+
+
+def save(path, tensors, metadata=None):
+    """Writes `tensors` (name -> numpy array, in the given order) to `path`."""
+    header, chunks, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, array in tensors.items():
+        if name == "__metadata__":
+            raise SafetensorsError(f"{path}: '__metadata__' is not a tensor name")
+        array = np.asarray(array)
+        data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": dtype_name(array), "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    # Pad with spaces so that the data starts 8-byte aligned, as the reference
+    # writer does; readers treat the padding as JSON whitespace.
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for data in chunks:
+            f.write(data)
+
+
+def read_header(path):
+    """Returns (header dict without __metadata__, metadata dict, data start offset)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise SafetensorsError(f"{path}: shorter than the 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER:
+            raise SafetensorsError(f"{path}: header length {n} is implausible")
+        text = f.read(n)
+    if len(text) != n:
+        raise SafetensorsError(f"{path}: header truncated ({len(text)} of {n} bytes)")
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SafetensorsError(f"{path}: header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    return header, metadata, 8 + n
+
+
+def load(path, with_metadata=False):
+    """Returns name -> numpy array (in file order), and the metadata if asked."""
+    header, metadata, start = read_header(path)
+    with open(path, "rb") as f:
+        f.seek(start)
+        blob = f.read()
+    tensors = {}
+    for name, info in header.items():
+        try:
+            dtype = DTYPES[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise SafetensorsError(f"{path}: tensor '{name}' has a malformed entry "
+                                   f"{info!r}") from None
+        want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not 0 <= begin <= end <= len(blob) or end - begin != want:
+            raise SafetensorsError(
+                f"{path}: tensor '{name}' {info['dtype']}{list(shape)} needs {want} "
+                f"bytes; its data_offsets [{begin}, {end}] do not fit the "
+                f"{len(blob)} data bytes")
+        tensors[name] = np.frombuffer(blob, dtype, count=want // dtype.itemsize,
+                                      offset=begin).reshape(shape).copy()
+    return (tensors, metadata) if with_metadata else tensors
