@@ -205,6 +205,9 @@ private:
   std::vector<Buffer> buffers;
   llvm::StringSet<> usedNames;
   std::set<Operation *> foldedTransposes;
+  // transpose(matmul(a, b)) computed as matmul(b^T, a^T): transpose -> matmul.
+  DenseMap<Operation *, Operation *> transposedMatmul;
+  std::set<Operation *> fusedMatmuls;
   std::map<std::pair<Operation *, unsigned>, Value> foldedOperand;
 
   std::string constants; // static arrays
@@ -309,6 +312,16 @@ void Generator::foldTransposes() {
     auto t = dyn_cast<TransposeOp>(op);
     if (!t || !swapsLastTwo(t))
       continue;
+    // (A B)^T = B^T A^T: write the product transposed instead of transposing it
+    // (the weight gradients of Linear layers: dW = (x^T dy)^T).
+    if (auto m = t.getInput().getDefiningOp<MatmulOp>()) {
+      if (m->hasOneUse() && typeOf(m.getLhs()).getRank() >= 2 &&
+          typeOf(m.getRhs()).getRank() >= 2 && !foldedTransposes.count(op)) {
+        transposedMatmul[op] = m;
+        fusedMatmuls.insert(m);
+        continue;
+      }
+    }
     bool allMatmul = !t->use_empty() &&
                      llvm::all_of(t->getUsers(), [](Operation *u) { return isa<MatmulOp>(u); });
     if (!allMatmul)
@@ -362,7 +375,7 @@ bool Generator::assignBuffers() {
         bufferOf[r] = bufferOf.lookup(op->getOperand(0));
         continue;
       }
-      if (foldedTransposes.count(op))
+      if (foldedTransposes.count(op) || fusedMatmuls.count(op))
         continue; // never materialized
       Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
       bufferOf[r] = newBuffer(reg, bytesOf(r), k, name);
@@ -370,8 +383,15 @@ bool Generator::assignBuffers() {
   }
   // Reads.
   for (Operation *op : ops) {
-    if (foldedTransposes.count(op) || isa<ReshapeOp>(op))
+    if (foldedTransposes.count(op) || fusedMatmuls.count(op) || isa<ReshapeOp>(op))
       continue;
+    if (Operation *m = transposedMatmul.lookup(op)) {
+      for (unsigned i = 0; i < 2; ++i) {
+        Buffer &b = buffers[bufferOf.lookup(operandOf(m, i))];
+        b.lastUse = std::max(b.lastUse, index[op]);
+      }
+      continue;
+    }
     for (unsigned i = 0; i < op->getNumOperands(); ++i) {
       Buffer &b = buffers[bufferOf.lookup(operandOf(op, i))];
       b.lastUse = std::max(b.lastUse, index[op]);
@@ -502,7 +522,7 @@ const char *unaryEnum(StringRef fn) {
 }
 
 bool Generator::emitOp(Operation *op) {
-  if (foldedTransposes.count(op))
+  if (foldedTransposes.count(op) || fusedMatmuls.count(op))
     return true;
   auto name = [&](Value v) { return var.lookup(v); };
   auto opnd = [&](unsigned k) { return name(operandOf(op, k)); };
@@ -675,6 +695,18 @@ bool Generator::emitOp(Operation *op) {
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(2) << ", ";
     os << name(res) << ");";
+  } else if (Operation *mm = transposedMatmul.lookup(op)) {
+    // y = (op(a) op(b))^T = op(b)^T op(a)^T
+    auto stored = [&](unsigned k, bool &trans) {
+      Value v = operandOf(mm, k);
+      trans = v != mm->getOperand(k);
+      return v;
+    };
+    bool ta, tb;
+    Value a = stored(0, ta), b = stored(1, tb);
+    os << "matmul(" << name(b) << ", " << shapeOf(b) << ", " << (tb ? "false" : "true") << ", "
+       << name(a) << ", " << shapeOf(a) << ", " << (ta ? "false" : "true") << ", "
+       << name(res) << ", " << shapeOf(res) << ");  // (a b)^T as b^T a^T";
   } else if (auto t = dyn_cast<TransposeOp>(op)) {
     os << "transpose(" << opnd(0) << ", " << oshape(0) << ", " << dims(t.getPerm()) << ", "
        << name(res) << ");";
