@@ -15,6 +15,16 @@
 //
 //===----------------------------------------------------------------------===//
 
+// Nothing here reads floating-point exception flags. Without this, GCC keeps
+// every select of the branch-free math below (clamps, NaN handling) as a
+// branch, because the arithmetic it would then run unconditionally "may
+// trap", and no loop that calls exp, tanh or erf vectorizes. Before the
+// includes, so that inline functions of the headers get the same options and
+// still inline.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include "carve/rt/kernels.h"
 
 #include <cblas.h>
@@ -176,8 +186,7 @@ template <int N> Nest<N> coalesce(const Dims &out, const int64_t (&st)[N][kMaxRa
 }
 
 /// Operand strides of NumPy broadcasting of `in` to `out`.
-template <int N>
-Nest<N> broadcastNest(const char *op, const Dims (&in)[N], const Dims &out) {
+template <int N> Nest<N> broadcastNest(const char *op, const Dims (&in)[N], const Dims &out) {
   int64_t st[N][kMaxRank] = {};
   for (int k = 0; k < N; ++k) {
     const Dims &s = in[k];
@@ -200,8 +209,7 @@ Nest<N> broadcastNest(const char *op, const Dims (&in)[N], const Dims &out) {
 /// Calls seg(off, e, len) for the output elements [e0, e1), in runs along the
 /// innermost dimension: len elements from output element e, operand k from
 /// offset off[k] with stride Nest::inner(k).
-template <int N, class Seg>
-void forRange(const Nest<N> &n, int64_t e0, int64_t e1, Seg &&seg) {
+template <int N, class Seg> void forRange(const Nest<N> &n, int64_t e0, int64_t e1, Seg &&seg) {
   int64_t off[N] = {};
   const int r = n.rank;
   if (r == 0) {
@@ -297,11 +305,13 @@ template <class T> void gatherView(const T *x, const Nest<1> &n, T *y, int64_t t
 /// about 1 ulp, subnormal results included); 0 and inf where the result
 /// underflows and overflows.
 /// Branch-free so that loops calling it vectorize.
-inline float vexp(float x) {
+[[gnu::always_inline]] inline float vexp(float x) {
   constexpr float kLo = -103.972076f, kHi = 88.72283905f;
   // NaN takes the path of 0 (float-to-int of NaN is undefined) and is put
   // back at the end.
-  const float xc = x != x ? 0.0f : std::min(std::max(x, kLo), kHi);
+  float xc = x < kLo ? kLo : x;
+  xc = xc > kHi ? kHi : xc;
+  xc = x != x ? 0.0f : xc;
   const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -328,7 +338,7 @@ inline float vexp(float x) {
 
 /// tanh(x) (Cephes tanhf: an odd polynomial below |x| = 0.625, 1 - 2/(e^2|x| + 1)
 /// above; a few ulp).
-inline float vtanh(float x) {
+[[gnu::always_inline]] inline float vtanh(float x) {
   const float ax = std::fabs(x);
   const float z = x * x;
   float p = -5.70498872745e-3f;
@@ -337,15 +347,17 @@ inline float vtanh(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   const float small = p * z * x + x;
-  float big = 1.0f - 2.0f / (vexp(2.0f * std::min(ax, 44.0f)) + 1.0f);
+  const float axc = ax > 44.0f ? 44.0f : ax;
+  float big = 1.0f - 2.0f / (vexp(2.0f * axc) + 1.0f);
   big = x < 0 ? -big : big;
   return ax < 0.625f ? small : big;
 }
 
 /// erf(x): x P(x^2) / Q(x^2) on [-4, 4] (odd degree 13 over even degree 8),
 /// +-1 beyond; a few ulp.
-inline float verf(float x) {
-  const float xc = std::min(std::max(x, -4.0f), 4.0f);
+[[gnu::always_inline]] inline float verf(float x) {
+  float xc = x < -4.0f ? -4.0f : x;
+  xc = xc > 4.0f ? 4.0f : xc;
   const float z = xc * xc;
   float p = -2.72614225801306e-10f;
   p = p * z + 2.77068142495902e-08f;
@@ -391,6 +403,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
 
 //===--- Row helpers ------------------------------------------------------===//
 
+/// Max of a row. A NaN entry may be skipped; its exp(x - max) is NaN anyway in
+/// every caller.
 template <class T> T rowMax(const T *x, int64_t n) {
   T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
@@ -442,27 +456,33 @@ template <class T> void softmaxRowInPlace(T *s, int64_t n) {
 
 namespace {
 
+// The loops call a local copy of the functor: state reached through a
+// reference could alias y, which would keep the loop from vectorizing.
 template <class T, class F> void map1(const T *x, T *y, int64_t n, int64_t minUnits, F f) {
   parallelRange(n, minUnits, [&](int64_t b, int64_t e) {
+    const F g = f;
     for (int64_t i = b; i < e; ++i)
-      y[i] = f(x[i]);
+      y[i] = g(x[i]);
   });
 }
 
 template <class T, class F>
 void map2(const T *x, const T *dy, T *dx, int64_t n, int64_t minUnits, F f) {
   parallelRange(n, minUnits, [&](int64_t b, int64_t e) {
+    const F g = f;
     for (int64_t i = b; i < e; ++i)
-      dx[i] = f(x[i], dy[i]);
+      dx[i] = g(x[i], dy[i]);
   });
 }
 
 } // namespace
 
+/// sqrt(2/pi) and 0.044715 of PyTorch's tanh approximation of GELU.
+template <class T> constexpr T kGeluBeta = static_cast<T>(0.79788456080286535588);
+template <class T> constexpr T kGeluKappa = static_cast<T>(0.044715);
+
 template <class T> void unary(Unary f, const T *x, T *y, int64_t n) {
   constexpr int64_t L = kParallelMin, H = kParallelMinHeavy;
-  // sqrt(2/pi) and 0.044715 of PyTorch's tanh approximation of GELU.
-  const T kBeta = static_cast<T>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = T(0.044715);
   switch (f) {
   case Unary::Neg:
     return map1(x, y, n, L, [](T v) { return -v; });
@@ -496,8 +516,8 @@ template <class T> void unary(Unary f, const T *x, T *y, int64_t n) {
     return map1(x, y, n, H,
                 [](T v) { return v * T(0.5) * (T(1) + ferf(v * static_cast<T>(M_SQRT1_2))); });
   case Unary::GeluTanh:
-    return map1(x, y, n, H, [=](T v) {
-      return T(0.5) * v * (T(1) + ftanh(kBeta * (v + kKappa * v * v * v)));
+    return map1(x, y, n, H, [](T v) {
+      return T(0.5) * v * (T(1) + ftanh(kGeluBeta<T> * (v + kGeluKappa<T> * v * v * v)));
     });
   }
   fatal("unary: unknown function %d", static_cast<int>(f));
@@ -505,13 +525,11 @@ template <class T> void unary(Unary f, const T *x, T *y, int64_t n) {
 
 template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int64_t n) {
   constexpr int64_t L = kParallelMin, H = kParallelMinHeavy;
-  const T kBeta = static_cast<T>(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = T(0.044715);
   switch (f) {
   case Unary::Neg:
     return map2(x, dy, dx, n, L, [](T, T g) { return -g; });
   case Unary::Abs:
-    return map2(x, dy, dx, n, L,
-                [](T v, T g) { return v > T(0) ? g : (v < T(0) ? -g : T(0)); });
+    return map2(x, dy, dx, n, L, [](T v, T g) { return v > T(0) ? g : (v < T(0) ? -g : T(0)); });
   case Unary::Exp:
     return map2(x, dy, dx, n, H, [](T v, T g) { return g * fexp(v); });
   case Unary::Log:
@@ -534,9 +552,8 @@ template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int6
       return g * (T(1) - t * t);
     });
   case Unary::Erf:
-    return map2(x, dy, dx, n, H, [](T v, T g) {
-      return g * static_cast<T>(M_2_SQRTPI) * fexp(-v * v);
-    });
+    return map2(x, dy, dx, n, H,
+                [](T v, T g) { return g * static_cast<T>(M_2_SQRTPI) * fexp(-v * v); });
   case Unary::Sigmoid:
     return map2(x, dy, dx, n, H, [](T v, T g) {
       const T s = T(1) / (T(1) + fexp(-v));
@@ -562,7 +579,8 @@ template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int6
       return g * (cdf + v * pdf);
     });
   case Unary::GeluTanh:
-    return map2(x, dy, dx, n, H, [=](T v, T g) {
+    return map2(x, dy, dx, n, H, [](T v, T g) {
+      constexpr T kBeta = kGeluBeta<T>, kKappa = kGeluKappa<T>;
       const T x2 = v * v;
       const T inner = kBeta * (v + kKappa * x2 * v);
       const T t = ftanh(inner);
@@ -575,8 +593,7 @@ template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int6
   fatal("unary_grad: unknown function %d", static_cast<int>(f));
 }
 
-template <class T>
-void binary(Binary f, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys) {
+template <class T> void binary(Binary f, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys) {
   constexpr int64_t L = kParallelMin;
   switch (f) {
   case Binary::Add:
@@ -691,8 +708,7 @@ template <class From, class To> void cast(const From *x, To *y, int64_t n) {
 }
 
 template <class T> void fill(T *y, int64_t n, T v) {
-  parallelRange(n, 8 * kParallelMin,
-                [&](int64_t b, int64_t e) { std::fill(y + b, y + e, v); });
+  parallelRange(n, 8 * kParallelMin, [&](int64_t b, int64_t e) { std::fill(y + b, y + e, v); });
 }
 
 template <class T> void copy(const T *x, T *y, int64_t n) {
@@ -914,8 +930,8 @@ template <class T> void reduce(Reduce f, const T *x, Dims xs, uint32_t axesMask,
         base += (rem % od[i]) * os[i];
         rem /= od[i];
       }
-      // The innermost reduced run is contiguous within its stride: reduce it
-      // as a strided span, and step the outer reduced dimensions.
+      // The innermost reduced run is one strided span; the outer reduced
+      // runs step through an odometer.
       int64_t idx[kMaxRank] = {};
       const int64_t inLen = rd[nr - 1], inStride = rs[nr - 1];
       double acc = identity(f);
@@ -1183,12 +1199,12 @@ namespace {
 /// keys, and where the additive mask of each lives.
 struct AttnGeom {
   int64_t items = 1, tq = 0, tk = 0, d = 0, dv = 0;
-  int nb = 0;                     // batch dims
-  int64_t bd[kMaxRank] = {};      // their sizes
-  int64_t mbs[kMaxRank] = {};     // the mask's stride along each (0: broadcast)
-  int64_t mRow = 0, mCol = 0;     // the mask's query and key strides
-  int64_t bq = 1;                 // query rows per block
-  int64_t kc = 1;                 // keys per GEMM chunk
+  int nb = 0;                 // batch dims
+  int64_t bd[kMaxRank] = {};  // their sizes
+  int64_t mbs[kMaxRank] = {}; // the mask's stride along each (0: broadcast)
+  int64_t mRow = 0, mCol = 0; // the mask's query and key strides
+  int64_t bq = 1;             // query rows per block
+  int64_t kc = 1;             // keys per GEMM chunk
 
   int64_t maskOffset(int64_t item) const {
     int64_t off = 0;
@@ -1204,8 +1220,7 @@ AttnGeom attnGeom(const char *op, const Dims &qs, const Dims &ks, const Dims &vs
                   const Dims &ms) {
   const int r = qs.rank;
   if (r < 2 || ks.rank != r || vs.rank != r)
-    fatal("%s: q, k and v must have one rank >= 2 (got %d, %d, %d)", op, qs.rank, ks.rank,
-          vs.rank);
+    fatal("%s: q, k and v must have one rank >= 2 (got %d, %d, %d)", op, qs.rank, ks.rank, vs.rank);
   AttnGeom g;
   g.nb = r - 2;
   for (int i = 0; i < g.nb; ++i) {
@@ -1233,8 +1248,8 @@ AttnGeom attnGeom(const char *op, const Dims &qs, const Dims &ks, const Dims &vs
     for (int i = r - 1; i >= 0; --i) {
       const int64_t dim = i >= off ? ms.d[i - off] : 1;
       if (dim != 1 && dim != target.d[i])
-        fatal("%s: mask dimension of size %lld does not broadcast to %lld", op,
-              (long long)dim, (long long)target.d[i]);
+        fatal("%s: mask dimension of size %lld does not broadcast to %lld", op, (long long)dim,
+              (long long)target.d[i]);
       st[i] = dim == 1 ? 0 : stride;
       stride *= dim;
     }
@@ -1260,8 +1275,8 @@ void attnProbs(const AttnGeom &g, int64_t item, int64_t i0, int64_t nq, int64_t 
   const T *qb = q + (item * g.tq + i0) * g.d;
   const T *kb = k + item * g.tk * g.d;
   for (int64_t c0 = 0; c0 < nk; c0 += g.kc)
-    gemm(false, true, nq, std::min(g.kc, nk - c0), g.d, scale, qb, g.d, kb + c0 * g.d, g.d,
-         T(0), p + c0, nk);
+    gemm(false, true, nq, std::min(g.kc, nk - c0), g.d, scale, qb, g.d, kb + c0 * g.d, g.d, T(0),
+         p + c0, nk);
   const T *mi = mask ? mask + g.maskOffset(item) : nullptr;
   for (int64_t r = 0; r < nq; ++r) {
     const int64_t i = i0 + r;
@@ -1292,31 +1307,29 @@ void attention(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, co
   if (g.items == 0 || g.tq == 0 || g.dv == 0)
     return;
   const int64_t nqb = (g.tq + g.bq - 1) / g.bq;
-  parallelRange(g.items * nqb, unitsFor(g.bq * g.tk * (g.d + g.dv)),
-                [&](int64_t b, int64_t e) {
-                  T *p = scratch<T>(0, g.bq * g.tk);
-                  for (int64_t t = b; t < e; ++t) {
-                    const int64_t item = t / nqb, i0 = (t % nqb) * g.bq;
-                    const int64_t nq = std::min(g.bq, g.tq - i0);
-                    const int64_t nk = causal ? std::min(g.tk, i0 + nq) : g.tk;
-                    T *yb = y + (item * g.tq + i0) * g.dv;
-                    if (nk == 0) {
-                      std::fill_n(yb, nq * g.dv, T(0));
-                      continue;
-                    }
-                    attnProbs(g, item, i0, nq, nk, q, k, mask, scale, causal, p);
-                    const T *vb = v + item * g.tk * g.dv;
-                    for (int64_t c0 = 0; c0 < nk; c0 += g.kc)
-                      gemm(false, false, nq, g.dv, std::min(g.kc, nk - c0), T(1), p + c0, nk,
-                           vb + c0 * g.dv, g.dv, c0 ? T(1) : T(0), yb, g.dv);
-                  }
-                });
+  parallelRange(g.items * nqb, unitsFor(g.bq * g.tk * (g.d + g.dv)), [&](int64_t b, int64_t e) {
+    T *p = scratch<T>(0, g.bq * g.tk);
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t item = t / nqb, i0 = (t % nqb) * g.bq;
+      const int64_t nq = std::min(g.bq, g.tq - i0);
+      const int64_t nk = causal ? std::min(g.tk, i0 + nq) : g.tk;
+      T *yb = y + (item * g.tq + i0) * g.dv;
+      if (nk == 0) {
+        std::fill_n(yb, nq * g.dv, T(0));
+        continue;
+      }
+      attnProbs(g, item, i0, nq, nk, q, k, mask, scale, causal, p);
+      const T *vb = v + item * g.tk * g.dv;
+      for (int64_t c0 = 0; c0 < nk; c0 += g.kc)
+        gemm(false, false, nq, g.dv, std::min(g.kc, nk - c0), T(1), p + c0, nk, vb + c0 * g.dv,
+             g.dv, c0 ? T(1) : T(0), yb, g.dv);
+    }
+  });
 }
 
 template <class T>
-void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs,
-                    const T *mask, Dims ms, T scale, bool causal, const T *dy, T *dq, T *dk,
-                    T *dv) {
+void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, const T *mask,
+                    Dims ms, T scale, bool causal, const T *dy, T *dq, T *dk, T *dv) {
   const AttnGeom g = attnGeom("attention_grad", qs, ks, vs, mask != nullptr, ms);
   if (g.items == 0)
     return;
@@ -1343,8 +1356,8 @@ void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims v
         attnProbs(g, item, i0, nq, nk, q, k, mask, scale, causal, p);
         // dP = dY V^T; dS = P * (dP - rowsum(dP * P)), times scale for q k^T.
         for (int64_t c0 = 0; c0 < nk; c0 += g.kc)
-          gemm(false, true, nq, std::min(g.kc, nk - c0), g.dv, T(1), dyb, g.dv,
-               vb + c0 * g.dv, g.dv, T(0), dp + c0, nk);
+          gemm(false, true, nq, std::min(g.kc, nk - c0), g.dv, T(1), dyb, g.dv, vb + c0 * g.dv,
+               g.dv, T(0), dp + c0, nk);
         for (int64_t r = 0; r < nq; ++r) {
           const T *pr = p + r * nk;
           T *dr = dp + r * nk;
@@ -1358,12 +1371,10 @@ void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims v
         }
         for (int64_t c0 = 0; c0 < nk; c0 += g.kc) {
           const int64_t cc = std::min(g.kc, nk - c0);
-          gemm(false, false, nq, g.d, cc, T(1), dp + c0, nk, kb + c0 * g.d, g.d,
-               c0 ? T(1) : T(0), dqb, g.d);
-          gemm(true, false, cc, g.d, nq, T(1), dp + c0, nk, qb, g.d, T(1), dkb + c0 * g.d,
-               g.d);
-          gemm(true, false, cc, g.dv, nq, T(1), p + c0, nk, dyb, g.dv, T(1), dvb + c0 * g.dv,
-               g.dv);
+          gemm(false, false, nq, g.d, cc, T(1), dp + c0, nk, kb + c0 * g.d, g.d, c0 ? T(1) : T(0),
+               dqb, g.d);
+          gemm(true, false, cc, g.d, nq, T(1), dp + c0, nk, qb, g.d, T(1), dkb + c0 * g.d, g.d);
+          gemm(true, false, cc, g.dv, nq, T(1), p + c0, nk, dyb, g.dv, T(1), dvb + c0 * g.dv, g.dv);
         }
       }
     }
@@ -1394,8 +1405,8 @@ CeGeom ceGeom(const char *op, const Dims &ls, const int64_t *targets, bool hasIg
     if (hasIgnore && t == ignoreIndex)
       continue;
     if (t < 0 || t >= g.c)
-      fatal("%s: target %lld at element %lld is outside [0, %lld)", op, (long long)t,
-            (long long)i, (long long)g.c);
+      fatal("%s: target %lld at element %lld is outside [0, %lld)", op, (long long)t, (long long)i,
+            (long long)g.c);
     ++g.count;
   }
   return g;
@@ -1446,8 +1457,8 @@ template <class F> void ceBlocks(const CeGeom &g, F &&body) {
 } // namespace
 
 template <class T>
-void cross_entropy(const T *logits, Dims ls, const int64_t *targets, int reduction,
-                   bool hasIgnore, int64_t ignoreIndex, T *y) {
+void cross_entropy(const T *logits, Dims ls, const int64_t *targets, int reduction, bool hasIgnore,
+                   int64_t ignoreIndex, T *y) {
   if (reduction < 0 || reduction > 2)
     fatal("cross_entropy: unknown reduction %d", reduction);
   const CeGeom g = ceGeom("cross_entropy", ls, targets, hasIgnore, ignoreIndex);
@@ -1493,30 +1504,43 @@ void cross_entropy_grad(const T *logits, Dims ls, const int64_t *targets, int re
     const int64_t off = n * g.c * g.s + s0;
     const T *base = logits + off;
     T *dbase = dlogits + off;
-    T mx[kCeLanes] = {}, wt[kCeLanes] = {}, ws[kCeLanes] = {};
-    double sum[kCeLanes] = {};
+    auto weight = [&](int64_t u) -> double {
+      const int64_t e = n * g.s + s0 + u, tg = targets[e];
+      if (hasIgnore && tg == ignoreIndex)
+        return 0.0;
+      return reduction == 2 ? static_cast<double>(dy[e]) : scalarW;
+    };
+    if (g.s == 1) {
+      // One exp per logit: store exp(x - max), then scale by w / sum.
+      const T m = rowMax(base, g.c);
+      double sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < g.c; ++j) {
+        const T e = fexp(base[j] - m);
+        dbase[j] = e;
+        sum += e;
+      }
+      const double wu = weight(0);
+      const T ws = static_cast<T>(wu / sum);
+      for (int64_t j = 0; j < g.c; ++j)
+        dbase[j] *= ws;
+      if (wu != 0.0)
+        dbase[targets[n]] -= static_cast<T>(wu);
+      return;
+    }
+    T mx[kCeLanes] = {}, ws[kCeLanes] = {};
+    double sum[kCeLanes] = {}, wt[kCeLanes] = {};
     classStats(base, g.c, g.s, w, mx, sum);
     for (int64_t u = 0; u < w; ++u) {
-      const int64_t e = n * g.s + s0 + u, tg = targets[e];
-      const bool ignored = hasIgnore && tg == ignoreIndex;
-      const double wu = ignored ? 0.0 : (reduction == 2 ? static_cast<double>(dy[e]) : scalarW);
-      wt[u] = static_cast<T>(wu);
-      ws[u] = static_cast<T>(wu / sum[u]);
+      wt[u] = weight(u);
+      ws[u] = static_cast<T>(wt[u] / sum[u]);
     }
-    if (g.s == 1) {
-      const T m = mx[0], ww = ws[0];
-      for (int64_t j = 0; j < g.c; ++j)
-        dbase[j] = ww * fexp(base[j] - m);
-    } else {
-      for (int64_t j = 0; j < g.c; ++j)
-        for (int64_t u = 0; u < w; ++u)
-          dbase[j * g.s + u] = ws[u] * fexp(base[j * g.s + u] - mx[u]);
-    }
-    for (int64_t u = 0; u < w; ++u) {
-      const int64_t tg = targets[n * g.s + s0 + u];
-      if (!(hasIgnore && tg == ignoreIndex))
-        dbase[tg * g.s + u] -= wt[u];
-    }
+    for (int64_t j = 0; j < g.c; ++j)
+      for (int64_t u = 0; u < w; ++u)
+        dbase[j * g.s + u] = ws[u] * fexp(base[j * g.s + u] - mx[u]);
+    for (int64_t u = 0; u < w; ++u)
+      if (wt[u] != 0.0)
+        dbase[targets[n * g.s + s0 + u] * g.s + u] -= static_cast<T>(wt[u]);
   });
 }
 
@@ -1621,8 +1645,8 @@ Nest<1> sliceNest(const char *op, const Dims &xs, const Dims &starts, const Dims
     if (step <= 0)
       fatal("%s: step %lld on axis %d (must be positive)", op, (long long)step, i);
     if (n > 0 && (s0 < 0 || s0 + (n - 1) * step >= xs.d[i]))
-      fatal("%s: %lld elements from %lld by %lld exceed axis %d of size %lld", op,
-            (long long)n, (long long)s0, (long long)step, i, (long long)xs.d[i]);
+      fatal("%s: %lld elements from %lld by %lld exceed axis %d of size %lld", op, (long long)n,
+            (long long)s0, (long long)step, i, (long long)xs.d[i]);
     base += s0 * xst[i];
     st[0][i] = step * xst[i];
   }
@@ -1639,8 +1663,7 @@ template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y
     gatherView(x + base, n, y, total);
 }
 
-template <class T>
-void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs) {
+template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs) {
   int64_t base;
   const Nest<1> n = sliceNest("slice_grad", xs, starts, steps, ys, base);
   fill(dx, xs.numel(), T(0));
@@ -1674,8 +1697,8 @@ template <class T> void concat(int n, const T *const *xs, const Dims *shapes, in
       fatal("concat: input %d has rank %d, input 0 rank %d", i, s.rank, s0.rank);
     for (int j = 0; j < s.rank; ++j)
       if (j != axis && s.d[j] != s0.d[j])
-        fatal("concat: input %d has size %lld on axis %d, input 0 %lld", i, (long long)s.d[j],
-              j, (long long)s0.d[j]);
+        fatal("concat: input %d has size %lld on axis %d, input 0 %lld", i, (long long)s.d[j], j,
+              (long long)s0.d[j]);
     row += prod(s, axis, s.rank);
   }
   if (outer == 0 || row == 0)
@@ -1698,8 +1721,8 @@ namespace {
 void checkIndices(const char *op, const int64_t *idx, int64_t n, int axis, int64_t size) {
   for (int64_t i = 0; i < n; ++i)
     if (idx[i] < -size || idx[i] >= size)
-      fatal("%s: index %lld is out of range for axis %d of size %lld", op, (long long)idx[i],
-            axis, (long long)size);
+      fatal("%s: index %lld is out of range for axis %d of size %lld", op, (long long)idx[i], axis,
+            (long long)size);
 }
 
 } // namespace
@@ -1763,24 +1786,23 @@ template <class T> void expand(const T *x, Dims xs, T *y, Dims ys) {
 
 //===--- Instantiations ---------------------------------------------------===//
 
-#define CARVE_FLOATING(T)                                                                      \
-  template void unary<T>(Unary, const T *, T *, int64_t);                                      \
-  template void unary_grad<T>(Unary, const T *, const T *, T *, int64_t);                      \
-  template void matmul<T>(const T *, Dims, bool, const T *, Dims, bool, T *, Dims, bool);      \
-  template void reduce<T>(Reduce, const T *, Dims, uint32_t, T *);                             \
-  template void softmax<T>(const T *, Dims, int, bool, T *);                                   \
-  template void softmax_grad<T>(const T *, const T *, Dims, int, bool, T *);                   \
-  template void layer_norm<T>(const T *, Dims, int, const T *, const T *, T, T *);             \
-  template void layer_norm_grad<T>(const T *, Dims, int, const T *, T, const T *, T *, T *,    \
-                                   T *);                                                       \
-  template void rms_norm<T>(const T *, Dims, int, const T *, T, T *);                          \
-  template void rms_norm_grad<T>(const T *, Dims, int, const T *, T, const T *, T *, T *);     \
-  template void attention<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *,     \
-                             Dims, T, bool, T *);                                              \
-  template void attention_grad<T>(const T *, Dims, const T *, Dims, const T *, Dims,           \
-                                  const T *, Dims, T, bool, const T *, T *, T *, T *);         \
-  template void cross_entropy<T>(const T *, Dims, const int64_t *, int, bool, int64_t, T *);   \
-  template void cross_entropy_grad<T>(const T *, Dims, const int64_t *, int, bool, int64_t,    \
+#define CARVE_FLOATING(T)                                                                          \
+  template void unary<T>(Unary, const T *, T *, int64_t);                                          \
+  template void unary_grad<T>(Unary, const T *, const T *, T *, int64_t);                          \
+  template void matmul<T>(const T *, Dims, bool, const T *, Dims, bool, T *, Dims, bool);          \
+  template void reduce<T>(Reduce, const T *, Dims, uint32_t, T *);                                 \
+  template void softmax<T>(const T *, Dims, int, bool, T *);                                       \
+  template void softmax_grad<T>(const T *, const T *, Dims, int, bool, T *);                       \
+  template void layer_norm<T>(const T *, Dims, int, const T *, const T *, T, T *);                 \
+  template void layer_norm_grad<T>(const T *, Dims, int, const T *, T, const T *, T *, T *, T *);  \
+  template void rms_norm<T>(const T *, Dims, int, const T *, T, T *);                              \
+  template void rms_norm_grad<T>(const T *, Dims, int, const T *, T, const T *, T *, T *);         \
+  template void attention<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *, Dims,   \
+                             T, bool, T *);                                                        \
+  template void attention_grad<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *,    \
+                                  Dims, T, bool, const T *, T *, T *, T *);                        \
+  template void cross_entropy<T>(const T *, Dims, const int64_t *, int, bool, int64_t, T *);       \
+  template void cross_entropy_grad<T>(const T *, Dims, const int64_t *, int, bool, int64_t,        \
                                       const T *, T *);
 CARVE_FLOATING(float)
 CARVE_FLOATING(double)
@@ -1788,15 +1810,14 @@ CARVE_FLOATING(double)
 
 // binary is also instantiated for the integer types (C++ semantics: integer
 // division truncates toward zero, as ONNX Div).
-#define CARVE_ARITH(T)                                                                         \
-  template void binary<T>(Binary, const T *, Dims, const T *, Dims, T *, Dims);
+#define CARVE_ARITH(T) template void binary<T>(Binary, const T *, Dims, const T *, Dims, T *, Dims);
 CARVE_ARITH(float)
 CARVE_ARITH(double)
 CARVE_ARITH(int64_t)
 CARVE_ARITH(int32_t)
 #undef CARVE_ARITH
 
-#define CARVE_COMPARE(T)                                                                       \
+#define CARVE_COMPARE(T)                                                                           \
   template void compare<T>(Compare, const T *, Dims, const T *, Dims, uint8_t *, Dims);
 CARVE_COMPARE(float)
 CARVE_COMPARE(double)
@@ -1805,16 +1826,16 @@ CARVE_COMPARE(int32_t)
 CARVE_COMPARE(uint8_t)
 #undef CARVE_COMPARE
 
-#define CARVE_MOVE(T)                                                                          \
-  template void where<T>(const uint8_t *, Dims, const T *, Dims, const T *, Dims, T *, Dims);  \
-  template void fill<T>(T *, int64_t, T);                                                      \
-  template void copy<T>(const T *, T *, int64_t);                                              \
-  template void transpose<T>(const T *, Dims, Dims, T *);                                      \
-  template void slice<T>(const T *, Dims, Dims, Dims, T *, Dims);                              \
-  template void slice_grad<T>(const T *, Dims, Dims, Dims, T *, Dims);                         \
-  template void concat<T>(int, const T *const *, const Dims *, int, T *);                      \
-  template void gather<T>(const T *, Dims, const int64_t *, Dims, int, T *);                   \
-  template void gather_grad<T>(const T *, const int64_t *, Dims, int, T *, Dims);              \
+#define CARVE_MOVE(T)                                                                              \
+  template void where<T>(const uint8_t *, Dims, const T *, Dims, const T *, Dims, T *, Dims);      \
+  template void fill<T>(T *, int64_t, T);                                                          \
+  template void copy<T>(const T *, T *, int64_t);                                                  \
+  template void transpose<T>(const T *, Dims, Dims, T *);                                          \
+  template void slice<T>(const T *, Dims, Dims, Dims, T *, Dims);                                  \
+  template void slice_grad<T>(const T *, Dims, Dims, Dims, T *, Dims);                             \
+  template void concat<T>(int, const T *const *, const Dims *, int, T *);                          \
+  template void gather<T>(const T *, Dims, const int64_t *, Dims, int, T *);                       \
+  template void gather_grad<T>(const T *, const int64_t *, Dims, int, T *, Dims);                  \
   template void expand<T>(const T *, Dims, T *, Dims);
 CARVE_MOVE(float)
 CARVE_MOVE(double)
@@ -1823,11 +1844,11 @@ CARVE_MOVE(int32_t)
 CARVE_MOVE(uint8_t)
 #undef CARVE_MOVE
 
-#define CARVE_CAST_FROM(F)                                                                     \
-  template void cast<F, float>(const F *, float *, int64_t);                                   \
-  template void cast<F, double>(const F *, double *, int64_t);                                 \
-  template void cast<F, int64_t>(const F *, int64_t *, int64_t);                               \
-  template void cast<F, int32_t>(const F *, int32_t *, int64_t);                               \
+#define CARVE_CAST_FROM(F)                                                                         \
+  template void cast<F, float>(const F *, float *, int64_t);                                       \
+  template void cast<F, double>(const F *, double *, int64_t);                                     \
+  template void cast<F, int64_t>(const F *, int64_t *, int64_t);                                   \
+  template void cast<F, int32_t>(const F *, int32_t *, int64_t);                                   \
   template void cast<F, uint8_t>(const F *, uint8_t *, int64_t);
 CARVE_CAST_FROM(float)
 CARVE_CAST_FROM(double)

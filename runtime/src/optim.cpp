@@ -53,8 +53,8 @@ void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, doubl
   }
 }
 
-void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr,
-                 double beta1, double beta2, double eps, double weightDecay, int64_t step) {
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step) {
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   const double stepSize = lr / bc1;

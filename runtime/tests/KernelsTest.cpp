@@ -222,8 +222,7 @@ TEST(UnaryGrad, MatchesFiniteDifferences) {
         return y * dy[i];
       };
       const double num = numericGrad(f, Vec{x[i]})[0];
-      EXPECT_NEAR(dx[i], num, kFdTol * std::max(1.0, std::fabs(num)))
-          << c.name << " at x=" << x[i];
+      EXPECT_NEAR(dx[i], num, kFdTol * std::max(1.0, std::fabs(num))) << c.name << " at x=" << x[i];
     }
     // And the float kernel agrees with the double one.
     std::vector<float> dxf(n);
@@ -457,10 +456,10 @@ const MatmulCase kMatmul[] = {
     {{4, 3}, true, {4, 5}, false, {3, 5}},
     {{3, 4}, false, {5, 4}, true, {3, 5}},
     {{4, 3}, true, {5, 4}, true, {3, 5}},
-    {{2, 3, 4, 5}, false, {5, 6}, false, {2, 3, 4, 6}},   // batch folds into M
-    {{2, 3, 4, 5}, false, {6, 5}, true, {2, 3, 4, 6}},    // folded, transB
-    {{2, 3, 5, 4}, true, {5, 6}, false, {2, 3, 4, 6}},    // transA: a loop
-    {{4, 5}, false, {2, 3, 5, 6}, false, {2, 3, 4, 6}},   // A broadcast
+    {{2, 3, 4, 5}, false, {5, 6}, false, {2, 3, 4, 6}},    // batch folds into M
+    {{2, 3, 4, 5}, false, {6, 5}, true, {2, 3, 4, 6}},     // folded, transB
+    {{2, 3, 5, 4}, true, {5, 6}, false, {2, 3, 4, 6}},     // transA: a loop
+    {{4, 5}, false, {2, 3, 5, 6}, false, {2, 3, 4, 6}},    // A broadcast
     {{2, 1, 4, 5}, false, {3, 5, 6}, false, {2, 3, 4, 6}}, // both broadcast
     {{2, 3, 4, 5}, false, {2, 3, 6, 5}, true, {2, 3, 4, 6}},
     {{1, 4, 5}, false, {1, 5, 6}, false, {1, 4, 6}},
@@ -525,10 +524,10 @@ struct ReduceCase {
 };
 
 const ReduceCase kReduce[] = {
-    {{4, 5, 6}, 0b001},    {{4, 5, 6}, 0b010},     {{4, 5, 6}, 0b100},
-    {{4, 5, 6}, 0b011},    {{4, 5, 6}, 0b110},     {{4, 5, 6}, 0b101}, // general
-    {{4, 5, 6}, 0b111},    {{4, 5, 6}, 0},         {{2, 3, 4, 5}, 0b1010}, // general
-    {{2, 3, 4, 5}, 0b0101}, {{3, 1, 4}, 0b010},    {{3, 1, 4}, 0b011},
+    {{4, 5, 6}, 0b001},     {{4, 5, 6}, 0b010}, {{4, 5, 6}, 0b100},
+    {{4, 5, 6}, 0b011},     {{4, 5, 6}, 0b110}, {{4, 5, 6}, 0b101},     // general
+    {{4, 5, 6}, 0b111},     {{4, 5, 6}, 0},     {{2, 3, 4, 5}, 0b1010}, // general
+    {{2, 3, 4, 5}, 0b0101}, {{3, 1, 4}, 0b010}, {{3, 1, 4}, 0b011},
     {{3000, 40}, 0b01},    // bias gradient: few columns, many rows (partials)
     {{40, 3000}, 0b10},    // row sums
     {{100000}, 0b1},       // full, parallel partials
@@ -709,8 +708,8 @@ TEST(LayerNorm, Forward) {
     Dims s;
     int axis;
   };
-  for (const Case &c : {Case{{3, 4, 5}, 2}, Case{{3, 4, 5}, 1}, Case{{3, 4, 5}, -1},
-                        Case{{600, 96}, 1}}) {
+  for (const Case &c :
+       {Case{{3, 4, 5}, 2}, Case{{3, 4, 5}, 1}, Case{{3, 4, 5}, -1}, Case{{600, 96}, 1}}) {
     const int axis = c.axis < 0 ? c.axis + c.s.rank : c.axis;
     int64_t n = 1;
     for (int i = axis; i < c.s.rank; ++i)
@@ -725,9 +724,9 @@ TEST(LayerNorm, Forward) {
       layer_norm<float>(xf.data(), c.s, c.axis, scale ? sf.data() : nullptr,
                         bias ? bf.data() : nullptr, 1e-5f, y.data());
       // x has float rounding of 100 * 6e-8 = 6e-6 against a spread of ~1.
-      expectClose(y, layerNormRef(toD(xf), c.s, axis, scale ? &sc : nullptr,
-                                  bias ? &bi : nullptr, 1e-5),
-                  1e-4, 1e-4, "layer_norm float " + str(c.s));
+      expectClose(
+          y, layerNormRef(toD(xf), c.s, axis, scale ? &sc : nullptr, bias ? &bi : nullptr, 1e-5),
+          1e-4, 1e-4, "layer_norm float " + str(c.s));
       std::vector<double> yd(x.size());
       layer_norm<double>(x.data(), c.s, c.axis, scale ? sc.data() : nullptr,
                          bias ? bi.data() : nullptr, 1e-5, yd.data());
@@ -754,13 +753,13 @@ TEST(LayerNormGrad, MatchesFiniteDifferences) {
       layer_norm_grad<double>(x.data(), s, axis, scp, 1e-5, dy.data(), dx.data(), dsc.data(),
                               dbi.data());
       const std::string what = "layer_norm_grad axis " + std::to_string(axis);
-      expectClose(dx, numericGrad([&](const Vec &v) { return run(v, sc, bi); }, x), kFdTol,
-                  kFdTol, what + " dx");
+      expectClose(dx, numericGrad([&](const Vec &v) { return run(v, sc, bi); }, x), kFdTol, kFdTol,
+                  what + " dx");
       if (withScale)
         expectClose(dsc, numericGrad([&](const Vec &v) { return run(x, v, bi); }, sc), kFdTol,
                     kFdTol, what + " dscale");
-      expectClose(dbi, numericGrad([&](const Vec &v) { return run(x, sc, v); }, bi), kFdTol,
-                  kFdTol, what + " dbias");
+      expectClose(dbi, numericGrad([&](const Vec &v) { return run(x, sc, v); }, bi), kFdTol, kFdTol,
+                  what + " dbias");
       // Null outputs are skipped.
       Vec dx2(x.size());
       layer_norm_grad<double>(x.data(), s, axis, scp, 1e-5, dy.data(), dx2.data(), nullptr,
@@ -903,9 +902,9 @@ TEST(Attention, ForwardMatchesReference) {
                       scale, c.causal, y.data());
     expectClose(y, want, 1e-12, 1e-12, std::string("attention double ") + c.name);
     std::vector<float> yf(ys.numel());
-    attention<float>(to<float>(q).data(), c.q, to<float>(k).data(), c.k, to<float>(v).data(),
-                     c.v, mp ? to<float>(m).data() : nullptr, c.m, static_cast<float>(scale),
-                     c.causal, yf.data());
+    attention<float>(to<float>(q).data(), c.q, to<float>(k).data(), c.k, to<float>(v).data(), c.v,
+                     mp ? to<float>(m).data() : nullptr, c.m, static_cast<float>(scale), c.causal,
+                     yf.data());
     expectClose(yf, want, 1e-5, 1e-5, std::string("attention float ") + c.name);
   }
 }
@@ -916,8 +915,7 @@ TEST(Attention, FullyMaskedRowIsZero) {
   Vec m(9, 0.0);
   m[3] = m[4] = m[5] = -kInf; // query row 1 sees nothing
   Vec y(6);
-  attention<double>(q.data(), qs, k.data(), qs, v.data(), qs, m.data(), ms, 0.5, false,
-                    y.data());
+  attention<double>(q.data(), qs, k.data(), qs, v.data(), qs, m.data(), ms, 0.5, false, y.data());
   EXPECT_EQ(y[2], 0.0);
   EXPECT_EQ(y[3], 0.0);
   EXPECT_NE(y[0], 0.0);
@@ -946,8 +944,8 @@ TEST(Attention, LongSequencesUseChunksAndBlocks) {
   const Vec q2 = uniform(c.q.numel(), 113);
   const Vec want2 = attentionRef(q2, k, v, nullptr, c, 0.125);
   std::vector<float> y2(2 * 300 * 48);
-  attention<float>(to<float>(q2).data(), c.q, to<float>(k).data(), c.k, to<float>(v).data(),
-                   c.v, nullptr, {}, 0.125f, true, y2.data());
+  attention<float>(to<float>(q2).data(), c.q, to<float>(k).data(), c.k, to<float>(v).data(), c.v,
+                   nullptr, {}, 0.125f, true, y2.data());
   expectClose(y2, want2, 1e-4, 1e-5, "long causal attention");
 }
 
@@ -963,13 +961,13 @@ TEST(AttentionGrad, MatchesFiniteDifferences) {
     const double scale = 0.7;
     auto run = [&](const Vec &qi, const Vec &ki, const Vec &vi) {
       Vec y(ys.numel());
-      attention<double>(qi.data(), c.q, ki.data(), c.k, vi.data(), c.v, mp, c.m, scale,
-                        c.causal, y.data());
+      attention<double>(qi.data(), c.q, ki.data(), c.k, vi.data(), c.v, mp, c.m, scale, c.causal,
+                        y.data());
       return dot(y, dy);
     };
     Vec dq(q.size()), dk(k.size()), dv(v.size());
-    attention_grad<double>(q.data(), c.q, k.data(), c.k, v.data(), c.v, mp, c.m, scale,
-                           c.causal, dy.data(), dq.data(), dk.data(), dv.data());
+    attention_grad<double>(q.data(), c.q, k.data(), c.k, v.data(), c.v, mp, c.m, scale, c.causal,
+                           dy.data(), dq.data(), dk.data(), dv.data());
     const std::string what = std::string("attention_grad ") + c.name;
     expectClose(dq, numericGrad([&](const Vec &x) { return run(x, k, v); }, q), kFdTol, kFdTol,
                 what + " dq");
@@ -982,15 +980,15 @@ TEST(AttentionGrad, MatchesFiniteDifferences) {
 
 TEST(AttentionGrad, FloatLongMatchesDouble) {
   const Dims qs{3, 80, 64}, vs{3, 80, 32};
-  const Vec q = uniform(qs.numel(), 126), k = uniform(qs.numel(), 127), v = uniform(vs.numel(), 128),
-            dy = uniform(vs.numel(), 129);
+  const Vec q = uniform(qs.numel(), 126), k = uniform(qs.numel(), 127),
+            v = uniform(vs.numel(), 128), dy = uniform(vs.numel(), 129);
   Vec dq(q.size()), dk(k.size()), dv(v.size());
   attention_grad<double>(q.data(), qs, k.data(), qs, v.data(), vs, nullptr, {}, 0.125, true,
                          dy.data(), dq.data(), dk.data(), dv.data());
   std::vector<float> dqf(q.size()), dkf(k.size()), dvf(v.size());
-  attention_grad<float>(to<float>(q).data(), qs, to<float>(k).data(), qs, to<float>(v).data(),
-                        vs, nullptr, {}, 0.125f, true, to<float>(dy).data(), dqf.data(),
-                        dkf.data(), dvf.data());
+  attention_grad<float>(to<float>(q).data(), qs, to<float>(k).data(), qs, to<float>(v).data(), vs,
+                        nullptr, {}, 0.125f, true, to<float>(dy).data(), dqf.data(), dkf.data(),
+                        dvf.data());
   expectClose(dqf, dq, 1e-4, 1e-4, "dq");
   expectClose(dkf, dk, 1e-4, 1e-4, "dk");
   expectClose(dvf, dv, 1e-4, 1e-4, "dv");
@@ -1026,8 +1024,8 @@ struct CeCase {
 };
 
 const CeCase kCe[] = {
-    {{6, 5}, false},        {{6, 5}, true},          {{2, 4, 3, 5}, true}, // S = 15 < 16
-    {{3, 4, 20}, true},     {{2000, 50}, true},      {{40, 7, 33}, false},
+    {{6, 5}, false},    {{6, 5}, true},     {{2, 4, 3, 5}, true}, // S = 15 < 16
+    {{3, 4, 20}, true}, {{2000, 50}, true}, {{40, 7, 33}, false},
 };
 
 std::vector<int64_t> targetsFor(const Dims &ls, bool hasIgnore, int64_t ignore, uint64_t seed) {
@@ -1085,8 +1083,7 @@ TEST(CrossEntropyGrad, MatchesFiniteDifferences) {
       const Vec dy = uniform(reduction == 2 ? e : 1, 143);
       auto loss = [&](const Vec &xi) {
         Vec y(reduction == 2 ? e : 1);
-        cross_entropy<double>(xi.data(), c.ls, t.data(), reduction, c.hasIgnore, ignore,
-                              y.data());
+        cross_entropy<double>(xi.data(), c.ls, t.data(), reduction, c.hasIgnore, ignore, y.data());
         return dot(y, dy);
       };
       Vec dx(x.size());
@@ -1246,8 +1243,8 @@ TEST(Gather, NegativeIndicesAndAxes) {
   const int64_t idx2[] = {3, -3, 3};
   std::vector<int64_t> y2(18);
   gather<int64_t>(t2.data(), ts2, idx2, is2, 1, y2.data());
-  EXPECT_EQ(y2, (std::vector<int64_t>{9, 10, 11, 3, 4, 5, 9, 10, 11, 21, 22, 23, 15, 16, 17, 21,
-                                      22, 23}));
+  EXPECT_EQ(y2, (std::vector<int64_t>{9, 10, 11, 3, 4, 5, 9, 10, 11, 21, 22, 23, 15, 16, 17, 21, 22,
+                                      23}));
   // Last axis with a scalar index.
   const int64_t one[] = {-1};
   std::vector<int64_t> y3(8);
