@@ -32,18 +32,8 @@ constexpr const char *kParam = "carve.param";
 constexpr const char *kTrainable = "carve.trainable";
 constexpr const char *kOutput = "carve.output";
 
-std::string nodeOf(Location loc) {
-  if (auto n = dyn_cast<NameLoc>(loc))
-    return n.getName().str();
-  if (auto f = dyn_cast<FusedLoc>(loc))
-    for (Location l : f.getLocations())
-      if (auto n = dyn_cast<NameLoc>(l))
-        return n.getName().str();
-  return "";
-}
-
 std::string describe(Operation *op) {
-  std::string node = nodeOf(op->getLoc());
+  std::string node = nodeName(op->getLoc());
   std::string s = "'" + op->getName().getStringRef().str() + "'";
   if (!node.empty())
     s += " (node '" + node + "')";
@@ -165,14 +155,12 @@ struct Differentiator {
         return fail("no gradient rule for " + describe(op) +
                     ", which lies between a trainable parameter and the loss; freeze the "
                     "parameters before it with --frozen");
-      std::string node = nodeOf(op->getLoc());
-      Location gradLoc =
-          NameLoc::get(StringAttr::get(fn.getContext(), "backward of " +
-                                                            (node.empty() ? op->getName()
-                                                                                .getStringRef()
-                                                                                .str()
-                                                                          : node)),
-                       op->getLoc());
+      std::string node = nodeName(op->getLoc());
+      Location gradLoc = NameLoc::get(
+          StringAttr::get(fn.getContext(),
+                          "backward of " +
+                              (node.empty() ? op->getName().getStringRef().str() : node)),
+          op->getLoc());
       b.setInsertionPoint(ret);
       Operation *mark = ret->getPrevNode();
       SmallVector<Value> og;
@@ -244,8 +232,8 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
         lossIndex = (int)i;
     }
     if (lossIndex < 0) {
-      error = "--loss " + opts.loss + ": the model has no output of that name (it has: " +
-              names + ")";
+      error =
+          "--loss " + opts.loss + ": the model has no output of that name (it has: " + names + ")";
       return false;
     }
   }
@@ -263,10 +251,10 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
   step.setName(opts.result);
   auto seedType = RankedTensorType::get({}, lossType.getElementType());
   unsigned seedIndex = step.getNumArguments();
-  if (failed(step.insertArgument(seedIndex, seedType,
-                                 mb.getDictionaryAttr({mb.getNamedAttr(
-                                     kLossSeedAttr, mb.getUnitAttr())}),
-                                 step.getLoc()))) {
+  if (failed(step.insertArgument(
+          seedIndex, seedType,
+          mb.getDictionaryAttr({mb.getNamedAttr(kLossSeedAttr, mb.getUnitAttr())}),
+          step.getLoc()))) {
     error = "internal error: cannot add the loss-seed argument";
     step.erase();
     return false;
@@ -282,8 +270,8 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
   Block &body = step.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   SmallVector<Value> results{ret.getOperand(lossIndex)};
-  SmallVector<Attribute> resultAttrs{mb.getDictionaryAttr(
-      {mb.getNamedAttr(kOutput, mb.getStringAttr(outputName(lossIndex)))})};
+  SmallVector<Attribute> resultAttrs{
+      mb.getDictionaryAttr({mb.getNamedAttr(kOutput, mb.getStringAttr(outputName(lossIndex)))})};
   SmallVector<Attribute> unused;
   for (BlockArgument a : step.getArguments()) {
     unsigned i = a.getArgNumber();
@@ -312,8 +300,7 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
     resultTypes.push_back(v.getType());
   step.setType(mb.getFunctionType(step.getArgumentTypes(), resultTypes));
   step.setAllResultAttrs(resultAttrs);
-  step->setAttr(kLossReductionAttr,
-                mb.getStringAttr(lossReduction(results.front())));
+  step->setAttr(kLossReductionAttr, mb.getStringAttr(lossReduction(results.front())));
   step->setAttr(kUnusedParamsAttr, mb.getArrayAttr(unused));
   eraseDeadOps(step);
   return true;

@@ -17,8 +17,8 @@
 #include "dialects/carve/CarveOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/IR/DialectResourceBlobManager.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/DialectResourceBlobManager.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
@@ -54,11 +54,12 @@ std::string OptimizerConfig::describe() const {
   llvm::raw_string_ostream os(s);
   double wd = effectiveWeightDecay();
   if (kind == "adamw")
-    os << "AdamW(lr=" << PyNum{lr} << ", betas=(" << PyNum{beta1} << ", " << PyNum{beta2} << "), eps=" << PyNum{eps}
-       << ", weight_decay=" << PyNum{wd} << ")";
+    os << "AdamW(lr=" << PyNum{lr} << ", betas=(" << PyNum{beta1} << ", " << PyNum{beta2}
+       << "), eps=" << PyNum{eps} << ", weight_decay=" << PyNum{wd} << ")";
   else
-    os << "SGD(lr=" << PyNum{lr} << ", momentum=" << PyNum{momentum} << ", dampening=" << PyNum{dampening}
-       << ", weight_decay=" << PyNum{wd} << ", nesterov=" << (nesterov ? "True" : "False") << ")";
+    os << "SGD(lr=" << PyNum{lr} << ", momentum=" << PyNum{momentum}
+       << ", dampening=" << PyNum{dampening} << ", weight_decay=" << PyNum{wd}
+       << ", nesterov=" << (nesterov ? "True" : "False") << ")";
   if (clipGradNorm > 0)
     os << ", clip_grad_norm=" << PyNum{clipGradNorm};
   if (warmupSteps > 0 || decaySteps > 0)
@@ -74,16 +75,6 @@ constexpr int64_t kAlign = 64;
 int64_t alignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
-
-std::string nodeOf(Location loc) {
-  if (auto n = dyn_cast<NameLoc>(loc))
-    return n.getName().str();
-  if (auto f = dyn_cast<FusedLoc>(loc))
-    for (Location l : f.getLocations())
-      if (auto n = dyn_cast<NameLoc>(l))
-        return n.getName().str();
-  return "";
-}
 
 /// A C identifier from a model name: "/h.0/attn/c_attn/MatMul" -> "h0_attn_c_attn_MatMul".
 std::string identifier(StringRef name) {
@@ -186,8 +177,7 @@ struct TensorRow {
 
 class Generator {
 public:
-  Generator(func::FuncOp fn, const CodegenOptions &opts, GeneratedProgram &out,
-            std::string &error)
+  Generator(func::FuncOp fn, const CodegenOptions &opts, GeneratedProgram &out, std::string &error)
       : fn(fn), opts(opts), out(out), error(error) {}
 
   bool run();
@@ -220,7 +210,7 @@ private:
     return false;
   }
   bool failOp(Operation *op, const std::string &msg) {
-    std::string node = nodeOf(op->getLoc());
+    std::string node = nodeName(op->getLoc());
     return fail("'" + op->getName().getStringRef().str() + "'" +
                 (node.empty() ? "" : " (node '" + node + "')") + ": " + msg);
   }
@@ -269,8 +259,9 @@ private:
   void planActivations();
   bool emitConstant(ConstantOp op);
   bool emitOp(Operation *op);
-  std::string emitProgram(const std::vector<std::pair<int, std::string>> &bucketStarts,
-                          const std::string &tail);
+  /// The whole source: `plan` (the memory-plan comment) opens the step
+  /// function, `tail` (sync, loss, optimizer) closes it.
+  std::string emitProgram(const std::string &plan, const std::string &tail);
 };
 
 bool Generator::checkTypes() {
@@ -356,7 +347,7 @@ bool Generator::assignBuffers() {
   // Op results.
   for (Operation *op : ops) {
     int k = index[op];
-    std::string node = nodeOf(op->getLoc());
+    std::string node = nodeName(op->getLoc());
     std::string base;
     if (StringRef(node).starts_with("backward of "))
       base = "d_" + identifier(StringRef(node).drop_front(12));
@@ -368,8 +359,8 @@ bool Generator::assignBuffers() {
       base = "const_" + base;
     for (Value r : op->getResults()) {
       unsigned resultNumber = cast<OpResult>(r).getResultNumber();
-      std::string name = uniqueName(
-          op->getNumResults() > 1 ? base + "_" + std::to_string(resultNumber) : base);
+      std::string name =
+          uniqueName(op->getNumResults() > 1 ? base + "_" + std::to_string(resultNumber) : base);
       var[r] = name;
       if (isa<ReshapeOp>(op)) {
         bufferOf[r] = bufferOf.lookup(op->getOperand(0));
@@ -496,7 +487,8 @@ bool Generator::emitConstant(ConstantOp op) {
   if ((int64_t)values.size() == 1 && n > 1)
     values.assign(n, values[0]); // a splat
   std::string &c = constants;
-  c += "// " + var[r] + ": " + typeString(type) + (nodeOf(op.getLoc()).empty() ? "" : " (node '" + nodeOf(op.getLoc()) + "')") + "\n";
+  c += "// " + var[r] + ": " + typeString(type) +
+       (nodeName(op.getLoc()).empty() ? "" : " (node '" + nodeName(op.getLoc()) + "')") + "\n";
   c += "alignas(64) " + ctype + " " + var[r] + "[" + std::to_string(std::max<int64_t>(n, 1)) +
        "] = {";
   for (int64_t k = 0; k < n; ++k) {
@@ -509,12 +501,22 @@ bool Generator::emitConstant(ConstantOp op) {
 }
 
 const char *unaryEnum(StringRef fn) {
-  static const std::pair<const char *, const char *> table[] = {
-      {"neg", "Neg"},   {"abs", "Abs"},         {"exp", "Exp"},       {"log", "Log"},
-      {"sqrt", "Sqrt"}, {"rsqrt", "Rsqrt"},     {"reciprocal", "Reciprocal"},
-      {"tanh", "Tanh"}, {"erf", "Erf"},         {"sigmoid", "Sigmoid"}, {"relu", "Relu"},
-      {"sin", "Sin"},   {"cos", "Cos"},         {"silu", "Silu"},     {"gelu", "Gelu"},
-      {"gelu_tanh", "GeluTanh"}};
+  static const std::pair<const char *, const char *> table[] = {{"neg", "Neg"},
+                                                                {"abs", "Abs"},
+                                                                {"exp", "Exp"},
+                                                                {"log", "Log"},
+                                                                {"sqrt", "Sqrt"},
+                                                                {"rsqrt", "Rsqrt"},
+                                                                {"reciprocal", "Reciprocal"},
+                                                                {"tanh", "Tanh"},
+                                                                {"erf", "Erf"},
+                                                                {"sigmoid", "Sigmoid"},
+                                                                {"relu", "Relu"},
+                                                                {"sin", "Sin"},
+                                                                {"cos", "Cos"},
+                                                                {"silu", "Silu"},
+                                                                {"gelu", "Gelu"},
+                                                                {"gelu_tanh", "GeluTanh"}};
   for (auto &[k, v] : table)
     if (fn == k)
       return v;
@@ -535,7 +537,7 @@ bool Generator::emitOp(Operation *op) {
   std::string &s = body;
 
   // The comment: the op, its shapes and its model node.
-  std::string node = nodeOf(op->getLoc());
+  std::string node = nodeName(op->getLoc());
   s += "  // " + op->getName().getStringRef().str() + " ";
   for (unsigned k = 0; k < op->getNumOperands(); ++k)
     s += (k ? ", " : "") + shapeText(typeOf(op->getOperand(k)).getShape());
@@ -570,16 +572,15 @@ bool Generator::emitOp(Operation *op) {
                     : isa<PowOp>(op)     ? "Pow"
                     : isa<MaximumOp>(op) ? "Max"
                                          : "Min";
-    os << "binary(Binary::" << k << ", " << opnd(0) << ", " << oshape(0) << ", " << opnd(1)
-       << ", " << oshape(1) << ", " << name(res) << ", " << shapeOf(res) << ");";
+    os << "binary(Binary::" << k << ", " << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", "
+       << oshape(1) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<EqualOp, LessOp, GreaterOp>(op)) {
     const char *k = isa<EqualOp>(op) ? "Eq" : isa<LessOp>(op) ? "Lt" : "Gt";
     os << "compare(Compare::" << k << ", " << opnd(0) << ", " << oshape(0) << ", " << opnd(1)
        << ", " << oshape(1) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<AndOp, OrOp>(op)) {
-    os << "logic(Logic::" << (isa<AndOp>(op) ? "And" : "Or") << ", " << opnd(0) << ", "
-       << oshape(0) << ", " << opnd(1) << ", " << oshape(1) << ", " << name(res) << ", "
-       << shapeOf(res) << ");";
+    os << "logic(Logic::" << (isa<AndOp>(op) ? "And" : "Or") << ", " << opnd(0) << ", " << oshape(0)
+       << ", " << opnd(1) << ", " << oshape(1) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<NotOp>(op)) {
     os << "logic(Logic::Not, " << opnd(0) << ", " << oshape(0) << ", " << opnd(0) << ", "
        << oshape(0) << ", " << name(res) << ", " << shapeOf(res) << ");";
@@ -597,12 +598,10 @@ bool Generator::emitOp(Operation *op) {
     os << "unary_grad(Unary::" << k << ", " << opnd(0) << ", " << opnd(1) << ", " << name(res)
        << ", " << typeOf(res).getNumElements() << ");";
   } else if (isa<WhereOp>(op)) {
-    os << "where(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1)
-       << ", " << opnd(2) << ", " << oshape(2) << ", " << name(res) << ", " << shapeOf(res)
-       << ");";
+    os << "where(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1) << ", "
+       << opnd(2) << ", " << oshape(2) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<CastOp>(op)) {
-    os << "cast(" << opnd(0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
-       << ");";
+    os << "cast(" << opnd(0) << ", " << name(res) << ", " << typeOf(res).getNumElements() << ");";
   } else if (auto m = dyn_cast<MatmulOp>(op)) {
     auto matDims = [&](unsigned k, bool &trans) {
       Value v = operandOf(op, k);
@@ -620,9 +619,9 @@ bool Generator::emitOp(Operation *op) {
       ys.insert(ys.end() - (rb == 1 ? 0 : 1), 1);
     if (rb == 1)
       ys.push_back(1);
-    os << "matmul(" << opnd(0) << ", " << da << ", " << (ta ? "true" : "false") << ", "
-       << opnd(1) << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", "
-       << dims(ys) << ");";
+    os << "matmul(" << opnd(0) << ", " << da << ", " << (ta ? "true" : "false") << ", " << opnd(1)
+       << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", " << dims(ys)
+       << ");";
   } else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(op)) {
     ArrayRef<int64_t> axes = op->getAttrOfType<DenseI64ArrayAttr>("axes").asArrayRef();
     uint32_t mask = 0;
@@ -639,8 +638,8 @@ bool Generator::emitOp(Operation *op) {
     os << "softmax(" << opnd(0) << ", " << oshape(0) << ", " << sm.getAxis() << ", true, "
        << name(res) << ");";
   } else if (auto g = dyn_cast<SoftmaxGradOp>(op)) {
-    os << "softmax_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(0) << ", "
-       << g.getAxis() << ", " << (g.getLog() ? "true" : "false") << ", " << name(res) << ");";
+    os << "softmax_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(0) << ", " << g.getAxis()
+       << ", " << (g.getLog() ? "true" : "false") << ", " << name(res) << ");";
   } else if (auto ln = dyn_cast<LayerNormOp>(op)) {
     Value x = ln.getInput();
     os << "layer_norm(" << name(x) << ", " << shapeOf(x) << ", " << ln.getAxis() << ", "
@@ -652,8 +651,8 @@ bool Generator::emitOp(Operation *op) {
     os << "layer_norm_grad(" << name(x) << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
        << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
        << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
-       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", "
-       << name(g.getBiasGrad()) << ");";
+       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", " << name(g.getBiasGrad())
+       << ");";
   } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
     Value x = rn.getInput();
     os << "rms_norm(" << name(x) << ", " << shapeOf(x) << ", " << rn.getAxis() << ", "
@@ -669,17 +668,16 @@ bool Generator::emitOp(Operation *op) {
     Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
     os << "attention(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", " << shapeOf(k)
        << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q)) << ", "
-       << (mk ? shapeOf(mk) : "{}") << ", " << scalar(at.getScale().convertToDouble(), q)
-       << ", " << (at.getCausal() ? "true" : "false") << ", " << name(res) << ");";
+       << (mk ? shapeOf(mk) : "{}") << ", " << scalar(at.getScale().convertToDouble(), q) << ", "
+       << (at.getCausal() ? "true" : "false") << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<AttentionGradOp>(op)) {
     Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
     os << "attention_grad(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", "
-       << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
-       << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
-       << scalar(g.getScale().convertToDouble(), q) << ", "
-       << (g.getCausal() ? "true" : "false") << ", " << name(g.getGrad()) << ", "
-       << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", "
-       << name(g.getValueGrad()) << ");";
+       << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q))
+       << ", " << (mk ? shapeOf(mk) : "{}") << ", " << scalar(g.getScale().convertToDouble(), q)
+       << ", " << (g.getCausal() ? "true" : "false") << ", " << name(g.getGrad()) << ", "
+       << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
+       << ");";
   } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
     StringRef red = op->getAttrOfType<StringAttr>("reduction")
                         ? op->getAttrOfType<StringAttr>("reduction").getValue()
@@ -690,8 +688,8 @@ bool Generator::emitOp(Operation *op) {
       return failOp(op, "targets must be int64 for the CPU target");
     int r = red == "mean" ? 0 : red == "sum" ? 1 : 2;
     os << (isa<CrossEntropyOp>(op) ? "cross_entropy(" : "cross_entropy_grad(") << name(logits)
-       << ", " << shapeOf(logits) << ", " << name(targets) << ", " << r << " /*" << red
-       << "*/, " << (ig ? "true" : "false") << ", " << (ig ? ig.getInt() : 0) << "LL, ";
+       << ", " << shapeOf(logits) << ", " << name(targets) << ", " << r << " /*" << red << "*/, "
+       << (ig ? "true" : "false") << ", " << (ig ? ig.getInt() : 0) << "LL, ";
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(2) << ", ";
     os << name(res) << ");";
@@ -705,8 +703,8 @@ bool Generator::emitOp(Operation *op) {
     bool ta, tb;
     Value a = stored(0, ta), b = stored(1, tb);
     os << "matmul(" << name(b) << ", " << shapeOf(b) << ", " << (tb ? "false" : "true") << ", "
-       << name(a) << ", " << shapeOf(a) << ", " << (ta ? "false" : "true") << ", "
-       << name(res) << ", " << shapeOf(res) << ");  // (a b)^T as b^T a^T";
+       << name(a) << ", " << shapeOf(a) << ", " << (ta ? "false" : "true") << ", " << name(res)
+       << ", " << shapeOf(res) << ");  // (a b)^T as b^T a^T";
   } else if (auto t = dyn_cast<TransposeOp>(op)) {
     os << "transpose(" << opnd(0) << ", " << oshape(0) << ", " << dims(t.getPerm()) << ", "
        << name(res) << ");";
@@ -724,21 +722,21 @@ bool Generator::emitOp(Operation *op) {
     os << "};\n    const Dims shapes[] = {";
     for (unsigned k = 0; k < op->getNumOperands(); ++k)
       os << (k ? ", " : "") << "Dims" << oshape(k);
-    os << "};\n    concat(" << op->getNumOperands() << ", parts, shapes, " << cc.getAxis()
-       << ", " << name(res) << ");\n  }";
+    os << "};\n    concat(" << op->getNumOperands() << ", parts, shapes, " << cc.getAxis() << ", "
+       << name(res) << ");\n  }";
   } else if (auto g = dyn_cast<GatherOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");
-    os << "gather(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1)
-       << ", " << g.getAxis() << ", " << name(res) << ");";
+    os << "gather(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1) << ", "
+       << g.getAxis() << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<GatherGradOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");
-    os << "gather_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1) << ", "
-       << g.getAxis() << ", " << name(res) << ", " << shapeOf(res) << ");";
+    os << "gather_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1) << ", " << g.getAxis()
+       << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<ExpandOp>(op)) {
-    os << "expand(" << opnd(0) << ", " << oshape(0) << ", " << name(res) << ", "
-       << shapeOf(res) << ");";
+    os << "expand(" << opnd(0) << ", " << oshape(0) << ", " << name(res) << ", " << shapeOf(res)
+       << ");";
   } else {
     return failOp(op, "the CPU target has no kernel for this op yet");
   }
@@ -766,11 +764,11 @@ bool Generator::run() {
   Value loss = ret.getOperand(0);
   buffers[bufferOf.lookup(loss)].lastUse = end;
   struct GradSlot {
-    unsigned param;  // argument number of the parameter
+    unsigned param; // argument number of the parameter
     Value value;
-    int buffer;      // its buffer in the gradient region
-    bool copy;       // the value lives elsewhere; copy it into the slot
-    int ready;       // index of the op after which it is final
+    int buffer; // its buffer in the gradient region
+    bool copy;  // the value lives elsewhere; copy it into the slot
+    int ready;  // index of the op after which it is final
   };
   std::vector<GradSlot> grads;
   std::set<int> pinned{bufferOf.lookup(loss)};
@@ -874,8 +872,6 @@ bool Generator::run() {
       const Bucket &bk = buckets[nextBucket];
       std::string names;
       for (size_t i = bk.first; i <= bk.last; ++i) {
-        auto of = fn.getResultAttrOfType<StringAttr>(0, "carve.output");
-        (void)of;
         names += (i > bk.first ? ", " : "") +
                  fn.getArgAttrOfType<StringAttr>(grads[i].param, "carve.param").getValue().str();
         if (i - bk.first >= 3 && i < bk.last) {
@@ -884,9 +880,8 @@ bool Generator::run() {
         }
       }
       s += "\n  // Gradient bucket " + std::to_string(nextBucket) + " is complete (" + names +
-           "; " + bytesText(bk.end - bk.begin) +
-           ").\n  // Data parallel: sum it over the " + std::to_string(opts.dp) +
-           " replicas so that every replica applies the same update.\n";
+           "; " + bytesText(bk.end - bk.begin) + ").\n  // Data parallel: sum it over the " +
+           std::to_string(opts.dp) + " replicas so that every replica applies the same update.\n";
       s += "  CommHandle bucket" + std::to_string(nextBucket) +
            " = ctx.dpComm->allReduceAsync(A + " + std::to_string(bk.begin) + ", " +
            std::to_string((bk.end - bk.begin) / 4) + ", CommType::F32, ReduceOp::Sum);\n\n";
@@ -917,7 +912,7 @@ bool Generator::run() {
        "\n  *" + seedName + " = " + seedValue + ";\n\n";
   bool backward = false;
   for (Operation *op : ops) {
-    if (!backward && StringRef(nodeOf(op->getLoc())).starts_with("backward of ")) {
+    if (!backward && StringRef(nodeName(op->getLoc())).starts_with("backward of ")) {
       backward = true;
       s += "\n  // ---- Backward ----\n\n";
     }
@@ -929,8 +924,7 @@ bool Generator::run() {
     if (g.copy)
       s += "  copy(" + var[g.value] + ", (float *)(A + " +
            std::to_string(buffers[g.buffer].offset) + "), " +
-           std::to_string(typeOf(g.value).getNumElements()) +
-           ");  // gradient of " +
+           std::to_string(typeOf(g.value).getNumElements()) + ");  // gradient of " +
            fn.getArgAttrOfType<StringAttr>(g.param, "carve.param").getValue().str() + "\n";
   startBuckets(end);
 
@@ -954,11 +948,10 @@ bool Generator::run() {
   }
   ts << "  ctx.loss = loss;\n";
   int64_t gradFloats = (gradEnd - gradBegin) / 4;
-  ts << "\n  float *grads = (float *)(A + " << gradBegin << ");  // all gradients, "
-     << gradFloats << " floats\n";
+  ts << "\n  float *grads = (float *)(A + " << gradBegin << ");  // all gradients, " << gradFloats
+     << " floats\n";
   if (o.clipGradNorm > 0) {
-    ts << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false)
-       << ")\n";
+    ts << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";
     ts << "  double norm = std::sqrt(sumSquares(grads, " << gradFloats << "));\n";
     ts << "  ctx.gradNorm = (float)norm;\n";
     ts << "  scaleInPlace(grads, " << gradFloats << ", clipCoefficient(norm, "
@@ -967,8 +960,8 @@ bool Generator::run() {
     ts << "  ctx.gradNorm = (float)std::sqrt(sumSquares(grads, " << gradFloats << "));\n";
   }
   ts << "\n  // " << o.describe() << "\n";
-  ts << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", "
-     << o.warmupSteps << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
+  ts << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", " << o.warmupSteps
+     << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
   ts << "  ctx.lr = (float)lr;\n";
   double wd = o.effectiveWeightDecay();
   for (GradSlot &g : grads) {
@@ -978,15 +971,14 @@ bool Generator::run() {
     auto st = stateOf[g.param];
     if (adam)
       ts << "  adamwUpdate(" << p << ", " << go << ", (float *)(A + " << st[0]
-         << "), (float *)(A + " << st[1] << "), " << n << ", lr, " << number(o.beta1, false)
-         << ", " << number(o.beta2, false) << ", " << number(o.eps, false) << ", "
-         << number(wd, false) << ", ctx.step + 1);\n";
+         << "), (float *)(A + " << st[1] << "), " << n << ", lr, " << number(o.beta1, false) << ", "
+         << number(o.beta2, false) << ", " << number(o.eps, false) << ", " << number(wd, false)
+         << ", ctx.step + 1);\n";
     else
       ts << "  sgdUpdate(" << p << ", " << go << ", "
-         << (momentum ? "(float *)(A + " + std::to_string(st[0]) + ")" : "nullptr") << ", "
-         << n << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false)
-         << ", " << number(wd, false) << ", " << (o.nesterov ? "true" : "false")
-         << ", ctx.step == 0);\n";
+         << (momentum ? "(float *)(A + " + std::to_string(st[0]) + ")" : "nullptr") << ", " << n
+         << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
+         << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);\n";
   }
 
   // Tables for the runtime.
@@ -1018,7 +1010,6 @@ bool Generator::run() {
     (b.region == Region::Param ? paramRows : inputRows).push_back(row);
   }
 
-  std::vector<std::pair<int, std::string>> unusedBuckets;
   out.numKernelCalls = kernelCalls;
   std::string header;
   llvm::raw_string_ostream hs(header);
@@ -1030,13 +1021,11 @@ bool Generator::run() {
      << "  //   activations              [" << activationBase << ", "
      << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
      << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
-  out.source = emitProgram(unusedBuckets, header + "\n  char *const A = ctx.arena;\n" + t);
-  (void)stateEnd;
+  out.source = emitProgram(header, t);
   return true;
 }
 
-std::string Generator::emitProgram(const std::vector<std::pair<int, std::string>> &,
-                                   const std::string &tail) {
+std::string Generator::emitProgram(const std::string &plan, const std::string &tail) {
   std::string src;
   llvm::raw_string_ostream os(src);
   const std::string &P = opts.programName;
@@ -1045,8 +1034,8 @@ std::string Generator::emitProgram(const std::vector<std::pair<int, std::string>
      << "// Regenerate it rather than editing it.\n//\n"
      << "// Plan: " << opts.planJson << "\n"
      << "// Data parallel over " << opts.dp << " rank(s): this program sees "
-     << opts.globalBatch / std::max(1, opts.dp) << " of the global batch of "
-     << opts.globalBatch << ".\n"
+     << opts.globalBatch / std::max(1, opts.dp) << " of the global batch of " << opts.globalBatch
+     << ".\n"
      << "// Optimizer: " << opts.optimizer.describe() << "\n"
      << "// " << kernelCalls << " kernel calls, " << out.numBuckets
      << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
@@ -1056,28 +1045,26 @@ std::string Generator::emitProgram(const std::vector<std::pair<int, std::string>
   if (!constants.empty())
     os << "// ---- Constants ----\n\n" << constants << "\n";
   os << "void step(StepContext &ctx) {\n";
-  // Split the tail: the header part (memory plan + arena pointer) goes first.
-  size_t cut = tail.find("\n  char *const A = ctx.arena;\n");
-  os << tail.substr(0, cut) << "\n  char *const A = ctx.arena;\n\n";
+  os << plan << "\n  char *const A = ctx.arena;\n\n";
   os << "  // ---- Inputs, parameters and buffers ----\n";
   for (BlockArgument a : fn.getArguments()) {
     const Buffer &b = buffers[bufferOf.lookup(a)];
     std::string what = b.region == Region::Input  ? "input"
                        : b.region == Region::Seed ? "loss seed"
                                                   : "parameter";
-    os << "  " << ctypeOf(a) << " *" << var[a] << " = (" << ctypeOf(a) << " *)(A + "
-       << b.offset << ");  // " << what << " " << shapeText(typeOf(a).getShape()) << "\n";
+    os << "  " << ctypeOf(a) << " *" << var[a] << " = (" << ctypeOf(a) << " *)(A + " << b.offset
+       << ");  // " << what << " " << shapeText(typeOf(a).getShape()) << "\n";
   }
   os << "\n  // ---- Forward ----\n\n" << body;
-  os << tail.substr(cut + strlen("\n  char *const A = ctx.arena;\n")) << "}\n\n";
+  os << tail << "}\n\n";
 
   auto rows = [&](const char *name, const std::vector<TensorRow> &rs) {
     os << "const TensorSpec " << name << "[] = {\n";
     for (const TensorRow &r : rs) {
       os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
          << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
-         << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0]
-         << ", " << r.state[1] << "}},\n";
+         << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
+         << r.state[1] << "}},\n";
     }
     if (rs.empty())
       os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";

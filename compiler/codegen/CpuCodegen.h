@@ -41,20 +41,20 @@ struct OptimizerConfig {
 };
 
 struct CodegenOptions {
-  std::string modelName;   // shown in comments and in Program::model
+  std::string modelName; // shown in comments and in Program::model
   std::string programName = "program0";
   int dp = 1;
   int64_t globalBatch = 0;
   int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size
   OptimizerConfig optimizer;
-  std::string planJson;    // shown in the header comment
+  std::string planJson; // shown in the header comment
 };
 
 struct GeneratedProgram {
-  std::string source;      // program0.cpp
+  std::string source; // program0.cpp
   int64_t arenaBytes = 0;
-  int64_t activationBytes = 0;   // the activation region after reuse
-  int64_t unplannedBytes = 0;    // all activations without reuse
+  int64_t activationBytes = 0; // the activation region after reuse
+  int64_t unplannedBytes = 0;  // all activations without reuse
   int numBuckets = 0;
   int numKernelCalls = 0;
 };
@@ -62,8 +62,8 @@ struct GeneratedProgram {
 /// Generates the program for `@train_step` in `module`. On failure returns
 /// false with one line in `error` naming the op (and node) that could not be
 /// compiled.
-bool generateCpuProgram(mlir::ModuleOp module, const CodegenOptions &opts,
-                        GeneratedProgram &out, std::string &error);
+bool generateCpuProgram(mlir::ModuleOp module, const CodegenOptions &opts, GeneratedProgram &out,
+                        std::string &error);
 
 /// programs.cpp: `carve_program_for_rank` and `carve_world_size` for the
 /// given programs (rank r runs programs[rankToProgram[r]]).

@@ -33,15 +33,13 @@ const std::vector<Reserved> &reserved() {
   return r;
 }
 
-const char *optimizerNumberFields[] = {"lr",           "momentum",     "dampening",
-                                       "weight_decay", "beta1",        "beta2",
-                                       "eps",          "clip_grad_norm", "warmup_steps",
-                                       "decay_steps",  "min_lr_ratio"};
+const char *optimizerNumberFields[] = {
+    "lr",  "momentum",       "dampening",    "weight_decay", "beta1",       "beta2",
+    "eps", "clip_grad_norm", "warmup_steps", "decay_steps",  "min_lr_ratio"};
 
 } // namespace
 
-bool parsePlan(const std::string &text, const std::string &what, Plan &plan,
-               std::string &error) {
+bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std::string &error) {
   json j;
   try {
     j = json::parse(text);
@@ -69,7 +67,8 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan,
     }
     if (key == "optimizer") {
       if (!v.is_object()) {
-        error = what + ": \"optimizer\" must be an object, e.g. {\"name\": \"adamw\", \"lr\": 3e-4}";
+        error =
+            what + ": \"optimizer\" must be an object, e.g. {\"name\": \"adamw\", \"lr\": 3e-4}";
         return false;
       }
       for (auto o = v.begin(); o != v.end(); ++o) {
@@ -132,17 +131,28 @@ bool applyPlanOptimizer(const Plan &plan, OptimizerConfig &opt, std::string &err
   if (it != plan.optimizerStrings.end())
     opt.kind = it->second;
   for (const auto &[k, v] : plan.optimizerNumbers) {
-    if (k == "lr") opt.lr = v;
-    else if (k == "momentum") opt.momentum = v;
-    else if (k == "dampening") opt.dampening = v;
-    else if (k == "weight_decay") opt.weightDecay = v;
-    else if (k == "beta1") opt.beta1 = v;
-    else if (k == "beta2") opt.beta2 = v;
-    else if (k == "eps") opt.eps = v;
-    else if (k == "clip_grad_norm") opt.clipGradNorm = v;
-    else if (k == "warmup_steps") opt.warmupSteps = (int64_t)v;
-    else if (k == "decay_steps") opt.decaySteps = (int64_t)v;
-    else if (k == "min_lr_ratio") opt.minLrRatio = v;
+    if (k == "lr")
+      opt.lr = v;
+    else if (k == "momentum")
+      opt.momentum = v;
+    else if (k == "dampening")
+      opt.dampening = v;
+    else if (k == "weight_decay")
+      opt.weightDecay = v;
+    else if (k == "beta1")
+      opt.beta1 = v;
+    else if (k == "beta2")
+      opt.beta2 = v;
+    else if (k == "eps")
+      opt.eps = v;
+    else if (k == "clip_grad_norm")
+      opt.clipGradNorm = v;
+    else if (k == "warmup_steps")
+      opt.warmupSteps = (int64_t)v;
+    else if (k == "decay_steps")
+      opt.decaySteps = (int64_t)v;
+    else if (k == "min_lr_ratio")
+      opt.minLrRatio = v;
   }
   auto n = plan.optimizerFlags.find("nesterov");
   if (n != plan.optimizerFlags.end())

@@ -33,8 +33,7 @@ struct Plan {
 
 /// Parses plan text; `what` names it in errors (the file name). On failure
 /// returns false with one line in `error`.
-bool parsePlan(const std::string &text, const std::string &what, Plan &plan,
-               std::string &error);
+bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std::string &error);
 
 /// Applies the plan's optimizer fields to `opt`. Returns false with `error`
 /// on an invalid value.

@@ -22,3 +22,13 @@ Operation *carve::CarveDialect::materializeConstant(OpBuilder &builder, Attribut
     return nullptr;
   return carve::ConstantOp::create(builder, loc, elements);
 }
+
+std::string carve::nodeName(Location loc) {
+  if (auto n = dyn_cast<NameLoc>(loc))
+    return n.getName().str();
+  if (auto f = dyn_cast<FusedLoc>(loc))
+    for (Location l : f.getLocations())
+      if (auto n = dyn_cast<NameLoc>(l))
+        return n.getName().str();
+  return "";
+}

@@ -7,4 +7,13 @@
 
 #include "dialects/carve/CarveDialect.h.inc"
 
+#include <string>
+
+namespace carve {
+/// The model node an op came from: the name of the innermost NameLoc in
+/// `loc` (the importer names every op after its ONNX node; autodiff names
+/// backward ops "backward of NODE"), or "" when there is none.
+std::string nodeName(mlir::Location loc);
+} // namespace carve
+
 #endif // CARVE_DIALECTS_CARVE_CARVEDIALECT_H

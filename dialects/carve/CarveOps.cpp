@@ -457,8 +457,9 @@ LogicalResult UnaryGradOp::verify() {
 LogicalResult SoftmaxGradOp::verify() {
   if (failed(verifyStatic(*this)))
     return failure();
-  if (getAxis() < 0 || getAxis() >= tensorType(getOutput()).getRank())
-    return emitOpError("axis ") << getAxis() << " out of range";
+  int64_t axis = (int64_t)getAxis();
+  if (axis < 0 || axis >= tensorType(getOutput()).getRank())
+    return emitOpError("axis ") << axis << " out of range";
   return success();
 }
 

@@ -190,10 +190,9 @@ LogicalResult reduceGrads(ReduceOpTy op, OpBuilder &b, ArrayRef<Value> rg,
 
 //===--- Elementwise --------------------------------------------------------===//
 
-#define CARVE_BINARY_GRAD(OP)                                                           \
-  LogicalResult OP::buildGradients(OpBuilder &b, ArrayRef<Value> rg,                   \
-                                   SmallVectorImpl<Value> &og) {                       \
-    return binaryGrads(getOperation(), b, rg, og);                                     \
+#define CARVE_BINARY_GRAD(OP)                                                                      \
+  LogicalResult OP::buildGradients(OpBuilder &b, ArrayRef<Value> rg, SmallVectorImpl<Value> &og) { \
+    return binaryGrads(getOperation(), b, rg, og);                                                 \
   }
 CARVE_BINARY_GRAD(AddOp)
 CARVE_BINARY_GRAD(SubOp)
@@ -204,18 +203,16 @@ CARVE_BINARY_GRAD(MaximumOp)
 CARVE_BINARY_GRAD(MinimumOp)
 #undef CARVE_BINARY_GRAD
 
-LogicalResult NegOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
-                                    SmallVectorImpl<Value> &og) {
+LogicalResult NegOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg, SmallVectorImpl<Value> &og) {
   og.assign(1, Value());
   if (rg[0])
     og[0] = NegOp::create(b, getLoc(), rg[0].getType(), rg[0]);
   return success();
 }
 
-#define CARVE_UNARY_GRAD(OP, FN)                                                        \
-  LogicalResult OP::buildGradients(OpBuilder &b, ArrayRef<Value> rg,                   \
-                                   SmallVectorImpl<Value> &og) {                       \
-    return unaryGrads(getOperation(), FN, b, rg, og);                                  \
+#define CARVE_UNARY_GRAD(OP, FN)                                                                   \
+  LogicalResult OP::buildGradients(OpBuilder &b, ArrayRef<Value> rg, SmallVectorImpl<Value> &og) { \
+    return unaryGrads(getOperation(), FN, b, rg, og);                                              \
   }
 CARVE_UNARY_GRAD(AbsOp, "abs")
 CARVE_UNARY_GRAD(ExpOp, "exp")
@@ -232,10 +229,8 @@ CARVE_UNARY_GRAD(CosOp, "cos")
 CARVE_UNARY_GRAD(SiluOp, "silu")
 #undef CARVE_UNARY_GRAD
 
-LogicalResult GeluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
-                                     SmallVectorImpl<Value> &og) {
-  return unaryGrads(getOperation(), getApproximate() == "tanh" ? "gelu_tanh" : "gelu", b, rg,
-                    og);
+LogicalResult GeluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg, SmallVectorImpl<Value> &og) {
+  return unaryGrads(getOperation(), getApproximate() == "tanh" ? "gelu_tanh" : "gelu", b, rg, og);
 }
 
 LogicalResult WhereOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
@@ -254,8 +249,7 @@ LogicalResult WhereOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
-LogicalResult CastOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
-                                     SmallVectorImpl<Value> &og) {
+LogicalResult CastOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg, SmallVectorImpl<Value> &og) {
   og.assign(1, Value());
   // Only float-to-float casts carry a gradient (back to the source type).
   if (rg[0] && isFloat(getInput()) && isFloat(getResult()))
@@ -376,8 +370,8 @@ LogicalResult AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   if (!rg[0])
     return success();
   auto grad = AttentionGradOp::create(b, getLoc(), getQuery().getType(), getKey().getType(),
-                                      getValue().getType(), getQuery(), getKey(), getValue(),
-                                      rg[0], getMask(), getScaleAttr(), getCausalAttr());
+                                      getValue().getType(), getQuery(), getKey(), getValue(), rg[0],
+                                      getMask(), getScaleAttr(), getCausalAttr());
   og[0] = grad.getQueryGrad();
   og[1] = grad.getKeyGrad();
   og[2] = grad.getValueGrad();
@@ -389,9 +383,8 @@ LogicalResult CrossEntropyOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   og.assign(2, Value());
   if (!rg[0])
     return success();
-  og[0] = CrossEntropyGradOp::create(b, getLoc(), getLogits().getType(), getLogits(),
-                                     getTargets(), rg[0], getReductionAttr(),
-                                     getIgnoreIndexAttr());
+  og[0] = CrossEntropyGradOp::create(b, getLoc(), getLogits().getType(), getLogits(), getTargets(),
+                                     rg[0], getReductionAttr(), getIgnoreIndexAttr());
   return success();
 }
 
@@ -437,14 +430,12 @@ LogicalResult ConcatOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   int64_t axis = getAxis(), offset = 0;
   for (unsigned k = 0; k < getNumOperands(); ++k) {
     ArrayRef<int64_t> s = typeOf(getOperand(k)).getShape();
-    SmallVector<int64_t> starts(gs.size(), 0), ends(gs.begin(), gs.end()),
-        steps(gs.size(), 1);
+    SmallVector<int64_t> starts(gs.size(), 0), ends(gs.begin(), gs.end()), steps(gs.size(), 1);
     starts[axis] = offset;
     ends[axis] = offset + s[axis];
     offset += s[axis];
-    og[k] = SliceOp::create(b, getLoc(), getOperand(k).getType(), g,
-                            b.getDenseI64ArrayAttr(starts), b.getDenseI64ArrayAttr(ends),
-                            b.getDenseI64ArrayAttr(steps));
+    og[k] = SliceOp::create(b, getLoc(), getOperand(k).getType(), g, b.getDenseI64ArrayAttr(starts),
+                            b.getDenseI64ArrayAttr(ends), b.getDenseI64ArrayAttr(steps));
   }
   return success();
 }
@@ -453,8 +444,8 @@ LogicalResult GatherOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                        SmallVectorImpl<Value> &og) {
   og.assign(2, Value());
   if (rg[0])
-    og[0] = GatherGradOp::create(b, getLoc(), getData().getType(), rg[0], getIndices(),
-                                 getAxisAttr());
+    og[0] =
+        GatherGradOp::create(b, getLoc(), getData().getType(), rg[0], getIndices(), getAxisAttr());
   return success();
 }
 

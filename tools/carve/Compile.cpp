@@ -23,11 +23,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <csignal>
 #include <fstream>
 #include <sstream>
-#include <thread>
-#include <csignal>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 #ifndef CARVE_RUNTIME_CONFIG
@@ -118,8 +118,7 @@ std::vector<std::string> splitWords(const std::string &s) {
 /// Writes the parameters' initial values as safetensors (F32, or I64 for
 /// integer buffers), in argument order.
 std::string safetensorsBytes(const std::vector<ImportOptions::InitialValue> &values,
-                             const std::map<std::string, bool> &isInt,
-                             const std::string &model) {
+                             const std::map<std::string, bool> &isInt, const std::string &model) {
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "carve-init"}, {"model", model}};
   int64_t offset = 0;
@@ -148,7 +147,6 @@ std::string safetensorsBytes(const std::vector<ImportOptions::InitialValue> &val
   return out + h + data;
 }
 
-
 } // namespace
 
 int runCompile(CompileArgs &args) {
@@ -172,19 +170,32 @@ int runCompile(CompileArgs &args) {
     die((args.planPath.empty() ? "plan" : args.planPath) + ": " + error);
   for (const std::string &k : args.setOnCommandLine) {
     const OptimizerConfig &c = args.optimizer;
-    if (k == "optimizer") opt.kind = c.kind;
-    else if (k == "lr") opt.lr = c.lr;
-    else if (k == "momentum") opt.momentum = c.momentum;
-    else if (k == "dampening") opt.dampening = c.dampening;
-    else if (k == "nesterov") opt.nesterov = c.nesterov;
-    else if (k == "weight-decay") opt.weightDecay = c.weightDecay;
-    else if (k == "beta1") opt.beta1 = c.beta1;
-    else if (k == "beta2") opt.beta2 = c.beta2;
-    else if (k == "eps") opt.eps = c.eps;
-    else if (k == "clip-grad-norm") opt.clipGradNorm = c.clipGradNorm;
-    else if (k == "warmup-steps") opt.warmupSteps = c.warmupSteps;
-    else if (k == "decay-steps") opt.decaySteps = c.decaySteps;
-    else if (k == "min-lr-ratio") opt.minLrRatio = c.minLrRatio;
+    if (k == "optimizer")
+      opt.kind = c.kind;
+    else if (k == "lr")
+      opt.lr = c.lr;
+    else if (k == "momentum")
+      opt.momentum = c.momentum;
+    else if (k == "dampening")
+      opt.dampening = c.dampening;
+    else if (k == "nesterov")
+      opt.nesterov = c.nesterov;
+    else if (k == "weight-decay")
+      opt.weightDecay = c.weightDecay;
+    else if (k == "beta1")
+      opt.beta1 = c.beta1;
+    else if (k == "beta2")
+      opt.beta2 = c.beta2;
+    else if (k == "eps")
+      opt.eps = c.eps;
+    else if (k == "clip-grad-norm")
+      opt.clipGradNorm = c.clipGradNorm;
+    else if (k == "warmup-steps")
+      opt.warmupSteps = c.warmupSteps;
+    else if (k == "decay-steps")
+      opt.decaySteps = c.decaySteps;
+    else if (k == "min-lr-ratio")
+      opt.minLrRatio = c.minLrRatio;
   }
   if (!validateOptimizer(opt, error))
     die(error);
@@ -238,8 +249,8 @@ int runCompile(CompileArgs &args) {
   if (batch < 0)
     die(args.model + ": the model has no graph inputs to split into batches");
   if (batch % plan.dp != 0)
-    die((args.planPath.empty() ? std::string("plan") : args.planPath) + ": dp=" +
-        std::to_string(plan.dp) + " does not divide the global batch of " +
+    die((args.planPath.empty() ? std::string("plan") : args.planPath) +
+        ": dp=" + std::to_string(plan.dp) + " does not divide the global batch of " +
         std::to_string(batch) + " (input '" + batchInput + "'); choose dp dividing " +
         std::to_string(batch) + " or export (or --set-dim) another batch");
 
@@ -254,8 +265,7 @@ int runCompile(CompileArgs &args) {
     local = importOnnxFile(context, args.model, localOpts, error);
     if (!local)
       die(args.model + ": importing one rank's share of the batch (" +
-          std::to_string(batch / plan.dp) + " of " + std::to_string(batch) +
-          ") failed: " + error +
+          std::to_string(batch / plan.dp) + " of " + std::to_string(batch) + ") failed: " + error +
           " (the model may hard-code its batch size in a reshape; export it with a "
           "dynamic batch)");
   }
@@ -293,8 +303,8 @@ int runCompile(CompileArgs &args) {
   activeTemp = &tmp;
   {
     SmallString<256> t;
-    if (std::error_code ec = sys::fs::createUniqueDirectory(
-            parent + "/." + sys::path::filename(out) + ".tmp", t))
+    if (std::error_code ec =
+            sys::fs::createUniqueDirectory(parent + "/." + sys::path::filename(out) + ".tmp", t))
       die(out + ": cannot create a temporary directory: " + ec.message());
     tmp.path = t.str().str();
   }
@@ -315,8 +325,8 @@ int runCompile(CompileArgs &args) {
        << "| 0";
     if (plan.worldSize() > 1)
       os << "–" << plan.worldSize() - 1;
-    os << " | program0.cpp | the whole training step on " << batch / plan.dp << " of the "
-       << batch << " samples of each global batch";
+    os << " | program0.cpp | the whole training step on " << batch / plan.dp << " of the " << batch
+       << " samples of each global batch";
     if (plan.dp > 1)
       os << "; gradients summed over the " << plan.dp << " data-parallel replicas";
     os << " |\n\n"
@@ -392,10 +402,9 @@ int runCompile(CompileArgs &args) {
     outs() << "carve: compiled " << modelName << " for " << plan.worldSize() << " rank"
            << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out
            << "/bin/train\n"
-           << "       " << prog.numKernelCalls << " kernel calls per step, "
-           << prog.numBuckets << " gradient bucket(s), arena "
-           << format("%.1f", prog.arenaBytes / 1048576.0) << " MiB per rank; sources in "
-           << out << "/src\n";
+           << "       " << prog.numKernelCalls << " kernel calls per step, " << prog.numBuckets
+           << " gradient bucket(s), arena " << format("%.1f", prog.arenaBytes / 1048576.0)
+           << " MiB per rank; sources in " << out << "/src\n";
   return 0;
 }
 
@@ -404,8 +413,9 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
   std::string planPath = out + "/plan.json";
   std::string train = out + "/bin/train";
   if (!sys::fs::exists(planPath) || !sys::fs::exists(train))
-    die(out + ": not a carve output directory (expected plan.json and bin/train; create it "
-              "with `carve compile MODEL -o " +
+    die(out +
+        ": not a carve output directory (expected plan.json and bin/train; create it "
+        "with `carve compile MODEL -o " +
         out + "`)");
   int world = 0;
   std::string planText;
@@ -440,9 +450,9 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
     argv = {*mpirun, "-n", std::to_string(ranks)};
     if (geteuid() == 0)
       argv.push_back("--allow-run-as-root");
-    for (const char *a : {"--oversubscribe", "--bind-to", "none", "--mca",
-                          "btl_vader_single_copy_mechanism", "none", "-x", "OMP_NUM_THREADS",
-                          "-x", "OPENBLAS_NUM_THREADS"})
+    for (const char *a :
+         {"--oversubscribe", "--bind-to", "none", "--mca", "btl_vader_single_copy_mechanism",
+          "none", "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS"})
       argv.push_back(a);
     argv.push_back(train);
   }
@@ -503,8 +513,8 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
   size_t at = captured.find("process rank ");
   if (at != std::string::npos) {
     size_t end = captured.find('\n', at);
-    std::string what = captured.substr(at + 8, end == std::string::npos ? std::string::npos
-                                                                        : end - at - 8);
+    std::string what =
+        captured.substr(at + 8, end == std::string::npos ? std::string::npos : end - at - 8);
     while (!what.empty() && (what.back() == '.' || what.back() == ' '))
       what.pop_back();
     errs() << "carve: error: " << what << "; every rank of the job was stopped\n";

@@ -13,11 +13,11 @@ namespace carve {
 
 struct CompileArgs {
   std::string model;
-  std::string planPath;   // empty: {"dp": 1}
+  std::string planPath; // empty: {"dp": 1}
   std::string target = "cpu";
   std::string output;
   std::string loss;
-  std::string emitMlir;   // write the training step's IR here
+  std::string emitMlir; // write the training step's IR here
   ImportOptions import;
   OptimizerConfig optimizer;
   /// Which optimizer fields the command line set (they win over the plan).
