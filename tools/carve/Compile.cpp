@@ -12,6 +12,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/plan/Plan.h"
+#include "carve/rt/safetensors.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
@@ -116,35 +117,30 @@ std::vector<std::string> splitWords(const std::string &s) {
 }
 
 /// Writes the parameters' initial values as safetensors (F32, or I64 for
-/// integer buffers), in argument order.
-std::string safetensorsBytes(const std::vector<ImportOptions::InitialValue> &values,
-                             const std::map<std::string, bool> &isInt, const std::string &model) {
-  nlohmann::ordered_json header;
-  header["__metadata__"] = {{"format", "carve-init"}, {"model", model}};
-  int64_t offset = 0;
-  std::string data;
+/// integer buffers), in argument order, with the runtime's writer.
+void writeInitialValues(const std::string &path,
+                        const std::vector<ImportOptions::InitialValue> &values,
+                        const std::map<std::string, bool> &isInt, const std::string &model) {
+  std::vector<std::vector<int64_t>> ints; // integer buffers, converted
+  std::vector<carve::rt::SafetensorsEntry> entries;
   for (const auto &v : values) {
-    bool asInt = isInt.count(v.name) && isInt.at(v.name);
-    int64_t size = (int64_t)v.data.size() * (asInt ? 8 : 4);
-    header[v.name] = {{"dtype", asInt ? "I64" : "F32"},
-                      {"shape", v.shape},
-                      {"data_offsets", {offset, offset + size}}};
-    if (asInt) {
-      for (float f : v.data) {
-        int64_t x = (int64_t)f;
-        data.append((const char *)&x, 8);
-      }
+    carve::rt::SafetensorsEntry e;
+    e.name = v.name;
+    e.shape = v.shape;
+    if (isInt.count(v.name) && isInt.at(v.name)) {
+      ints.emplace_back(v.data.begin(), v.data.end());
+      e.dtype = "I64";
+      e.data = ints.back().data();
     } else {
-      data.append((const char *)v.data.data(), size);
+      e.dtype = "F32";
+      e.data = v.data.data();
     }
-    offset += size;
+    entries.push_back(e);
   }
-  std::string h = header.dump();
-  while (h.size() % 8)
-    h += ' ';
-  uint64_t n = h.size();
-  std::string out((const char *)&n, 8);
-  return out + h + data;
+  std::string error;
+  if (!carve::rt::writeSafetensors(path, entries, {{"format", "carve-init"}, {"model", model}},
+                                   error))
+    fail(error);
 }
 
 } // namespace
@@ -349,7 +345,7 @@ int runCompile(CompileArgs &args) {
     meta["optimizer"] = opt.describe();
     writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
   }
-  writeFileOrDie(dir + "/init.safetensors", safetensorsBytes(initial, isInt, modelName));
+  writeInitialValues(dir + "/init.safetensors", initial, isInt, modelName);
 
   // Compile and link.
   auto cfg = runtimeConfig();
