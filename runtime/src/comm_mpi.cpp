@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <vector>
 
 namespace carve::rt {
@@ -30,8 +32,17 @@ extern void (*fatalHook)(int);
 
 namespace {
 
-/// MPI counts are int; larger operations go in pieces of this many elements.
-constexpr int64_t kMaxCount = int64_t(1) << 30;
+/// MPI counts are int; larger operations go in pieces of at most this many
+/// elements. CARVE_COMM_PIECE overrides it (tests cover the piece paths with
+/// small buffers that way).
+int64_t maxCount() {
+  static const int64_t n = [] {
+    const char *env = std::getenv("CARVE_COMM_PIECE");
+    long long v = env ? std::atoll(env) : 0;
+    return v > 0 && v <= (int64_t(1) << 30) ? static_cast<int64_t>(v) : int64_t(1) << 30;
+  }();
+  return n;
+}
 
 bool mpiUp() {
   int initialized = 0, finalized = 0;
@@ -50,11 +61,30 @@ MPI_Datatype mpiType(CommType t) {
     return MPI_DOUBLE;
   case CommType::I64:
     return MPI_INT64_T;
+  case CommType::I32:
+    return MPI_INT32_T;
+  case CommType::U8:
+    return MPI_UINT8_T;
   }
-  fatal("all-reduce: unknown element type %d", static_cast<int>(t));
+  fatal("collective: unknown element type %d", static_cast<int>(t));
 }
 
-int elemBytes(CommType t) { return t == CommType::F32 ? 4 : 8; }
+/// `count` elements of `base` whose extent is `stride` bytes: block r of a
+/// piece of a rank-blocked buffer is then element r of this type. Freed by the
+/// caller right after starting the operation (MPI keeps it alive until then).
+MPI_Datatype strided(MPI_Datatype base, int count, int64_t stride) {
+  MPI_Datatype contig, resized;
+  MPI_Type_contiguous(count, base, &contig);
+  MPI_Type_create_resized(contig, 0, static_cast<MPI_Aint>(stride), &resized);
+  MPI_Type_commit(&resized);
+  MPI_Type_free(&contig);
+  return resized;
+}
+
+void checkCount(const char *op, int64_t n) {
+  if (n < 0)
+    fatal("%s of %lld elements", op, static_cast<long long>(n));
+}
 
 class MpiCommunicator : public Communicator {
 public:
@@ -71,19 +101,150 @@ public:
   int size() const override { return mySize; }
 
   CommHandle allReduceAsync(void *buf, int64_t n, CommType t, ReduceOp op) override {
-    if (n < 0)
-      fatal("all-reduce of %lld elements", static_cast<long long>(n));
+    checkCount("all-reduce", n);
     if (n == 0)
       return {};
-    MPI_Op mop = op == ReduceOp::Max ? MPI_MAX : MPI_SUM;
     MPI_Datatype type = mpiType(t);
     int64_t id = allocSlot();
-    std::vector<MPI_Request> &reqs = slots[id];
+    std::vector<MPI_Request> &reqs = slots[id].reqs;
     char *p = static_cast<char *>(buf);
-    for (int64_t done = 0; done < n; done += kMaxCount) {
-      int count = static_cast<int>(std::min(n - done, kMaxCount));
+    const int64_t piece = maxCount();
+    for (int64_t done = 0; done < n; done += piece) {
+      int count = static_cast<int>(std::min(n - done, piece));
       reqs.emplace_back();
-      MPI_Iallreduce(MPI_IN_PLACE, p + done * elemBytes(t), count, type, mop, comm, &reqs.back());
+      MPI_Iallreduce(MPI_IN_PLACE, p + done * commTypeBytes(t), count, type, mpiOp(op), comm,
+                     &reqs.back());
+    }
+    return CommHandle{id};
+  }
+
+  CommHandle allGatherAsync(const void *send, void *recv, int64_t nPerRank,
+                            CommType t) override {
+    checkCount("all-gather", nPerRank);
+    if (nPerRank == 0)
+      return {};
+    const int es = commTypeBytes(t);
+    MPI_Datatype type = mpiType(t);
+    char *r = static_cast<char *>(recv);
+    const bool inPlace = send == r + myRank * nPerRank * es;
+    const char *s = static_cast<const char *>(send);
+    int64_t id = allocSlot();
+    std::vector<MPI_Request> &reqs = slots[id].reqs;
+    const int64_t piece = maxCount();
+    if (nPerRank <= piece) {
+      int count = static_cast<int>(nPerRank);
+      reqs.emplace_back();
+      MPI_Iallgather(inPlace ? MPI_IN_PLACE : send, count, type, r, count, type, comm,
+                     &reqs.back());
+      return CommHandle{id};
+    }
+    // Piece k of every rank's block: block r of the piece starts at
+    // r * nPerRank elements from the piece's start in recv.
+    for (int64_t done = 0; done < nPerRank; done += piece) {
+      int count = static_cast<int>(std::min(nPerRank - done, piece));
+      MPI_Datatype block = strided(type, count, nPerRank * es);
+      reqs.emplace_back();
+      MPI_Iallgather(inPlace ? MPI_IN_PLACE : s + done * es, count, type, r + done * es, 1, block,
+                     comm, &reqs.back());
+      MPI_Type_free(&block);
+    }
+    return CommHandle{id};
+  }
+
+  CommHandle reduceScatterAsync(const void *send, void *recv, const int64_t *counts, CommType t,
+                                ReduceOp op) override {
+    int64_t total = 0;
+    for (int r = 0; r < mySize; ++r) {
+      checkCount("reduce-scatter", counts[r]);
+      total += counts[r];
+    }
+    if (total == 0)
+      return {};
+    const int es = commTypeBytes(t);
+    MPI_Datatype type = mpiType(t);
+    int64_t id = allocSlot();
+    Slot &slot = slots[id];
+    const int64_t piece = maxCount();
+    if (total <= piece) {
+      // Non-blocking collectives read their count arrays until they complete.
+      slot.counts.assign(counts, counts + mySize);
+      slot.reqs.emplace_back();
+      MPI_Ireduce_scatter(send, recv, slot.counts.data(), type, mpiOp(op), comm,
+                          &slot.reqs.back());
+      return CommHandle{id};
+    }
+    // Too large for int counts: one reduction to each rank, in pieces.
+    const char *s = static_cast<const char *>(send);
+    char *out = static_cast<char *>(recv);
+    int64_t begin = 0;
+    for (int root = 0; root < mySize; ++root) {
+      for (int64_t done = 0; done < counts[root]; done += piece) {
+        int count = static_cast<int>(std::min(counts[root] - done, piece));
+        slot.reqs.emplace_back();
+        MPI_Ireduce(s + (begin + done) * es, root == myRank ? out + done * es : nullptr, count,
+                    type, mpiOp(op), root, comm, &slot.reqs.back());
+      }
+      begin += counts[root];
+    }
+    return CommHandle{id};
+  }
+
+  CommHandle allToAllAsync(const void *send, void *recv, int64_t nPerRank,
+                           CommType t) override {
+    checkCount("all-to-all", nPerRank);
+    if (nPerRank == 0)
+      return {};
+    const int es = commTypeBytes(t);
+    MPI_Datatype type = mpiType(t);
+    const char *s = static_cast<const char *>(send);
+    char *r = static_cast<char *>(recv);
+    int64_t id = allocSlot();
+    std::vector<MPI_Request> &reqs = slots[id].reqs;
+    const int64_t piece = maxCount();
+    if (nPerRank <= piece) {
+      int count = static_cast<int>(nPerRank);
+      reqs.emplace_back();
+      MPI_Ialltoall(send, count, type, recv, count, type, comm, &reqs.back());
+      return CommHandle{id};
+    }
+    for (int64_t done = 0; done < nPerRank; done += piece) {
+      int count = static_cast<int>(std::min(nPerRank - done, piece));
+      MPI_Datatype block = strided(type, count, nPerRank * es);
+      reqs.emplace_back();
+      MPI_Ialltoall(s + done * es, 1, block, r + done * es, 1, block, comm, &reqs.back());
+      MPI_Type_free(&block);
+    }
+    return CommHandle{id};
+  }
+
+  CommHandle sendAsync(const void *buf, int64_t bytes, int peer, int tag) override {
+    checkPeer("send", bytes, peer, tag);
+    if (bytes == 0)
+      return {};
+    const char *p = static_cast<const char *>(buf);
+    int64_t id = allocSlot();
+    std::vector<MPI_Request> &reqs = slots[id].reqs;
+    const int64_t piece = maxCount();
+    for (int64_t done = 0; done < bytes; done += piece) {
+      reqs.emplace_back();
+      MPI_Isend(p + done, static_cast<int>(std::min(bytes - done, piece)), MPI_BYTE, peer, tag,
+                comm, &reqs.back());
+    }
+    return CommHandle{id};
+  }
+
+  CommHandle recvAsync(void *buf, int64_t bytes, int peer, int tag) override {
+    checkPeer("receive", bytes, peer, tag);
+    if (bytes == 0)
+      return {};
+    char *p = static_cast<char *>(buf);
+    int64_t id = allocSlot();
+    std::vector<MPI_Request> &reqs = slots[id].reqs;
+    const int64_t piece = maxCount();
+    for (int64_t done = 0; done < bytes; done += piece) {
+      reqs.emplace_back();
+      MPI_Irecv(p + done, static_cast<int>(std::min(bytes - done, piece)), MPI_BYTE, peer, tag,
+                comm, &reqs.back());
     }
     return CommHandle{id};
   }
@@ -91,20 +252,21 @@ public:
   void wait(CommHandle h) override {
     if (h.id < 0)
       return;
-    if (h.id >= static_cast<int64_t>(slots.size()) || slots[h.id].empty())
+    if (h.id >= static_cast<int64_t>(slots.size()) || slots[h.id].reqs.empty())
       fatal("wait on unknown or already completed communication handle %lld",
             static_cast<long long>(h.id));
-    std::vector<MPI_Request> &reqs = slots[h.id];
-    MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-    reqs.clear();
+    Slot &slot = slots[h.id];
+    MPI_Waitall(static_cast<int>(slot.reqs.size()), slot.reqs.data(), MPI_STATUSES_IGNORE);
+    slot.reqs.clear();
+    slot.counts.clear();
     freeSlots.push_back(h.id);
   }
 
   void broadcast(void *buf, int64_t bytes, int root) override {
     char *p = static_cast<char *>(buf);
-    for (int64_t done = 0; done < bytes; done += kMaxCount)
-      MPI_Bcast(p + done, static_cast<int>(std::min(bytes - done, kMaxCount)), MPI_BYTE, root,
-                comm);
+    const int64_t piece = maxCount();
+    for (int64_t done = 0; done < bytes; done += piece)
+      MPI_Bcast(p + done, static_cast<int>(std::min(bytes - done, piece)), MPI_BYTE, root, comm);
   }
 
   void barrier() override { MPI_Barrier(comm); }
@@ -116,6 +278,21 @@ public:
   }
 
 private:
+  /// The requests of one operation (several when it goes in pieces) and the
+  /// count array MPI reads until they complete.
+  struct Slot {
+    std::vector<MPI_Request> reqs;
+    std::vector<int> counts;
+  };
+
+  static MPI_Op mpiOp(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
+
+  void checkPeer(const char *op, int64_t bytes, int peer, int tag) const {
+    if (bytes < 0 || peer < 0 || peer >= mySize || tag < 0 || tag > 32767)
+      fatal("%s of %lld bytes with peer %d, tag %d, in a group of %d ranks", op,
+            static_cast<long long>(bytes), peer, tag, mySize);
+  }
+
   int64_t allocSlot() {
     if (!freeSlots.empty()) {
       int64_t id = freeSlots.back();
@@ -129,17 +306,59 @@ private:
   MPI_Comm comm;
   bool owned;
   int myRank = 0, mySize = 1;
-  std::vector<std::vector<MPI_Request>> slots;
+  std::vector<Slot> slots;
   std::vector<int64_t> freeSlots;
 };
 
-/// One rank and no MPI: every collective is already complete.
+/// One rank and no MPI: every collective is complete when it returns (a copy,
+/// or nothing in place). A send to itself completes when the matching receive
+/// is posted, and the other way round.
 class SelfCommunicator : public Communicator {
 public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  CommHandle allReduceAsync(void *, int64_t, CommType, ReduceOp) override { return {}; }
-  void wait(CommHandle) override {}
+  CommHandle allReduceAsync(void *, int64_t n, CommType, ReduceOp) override {
+    checkCount("all-reduce", n);
+    return {};
+  }
+  CommHandle allGatherAsync(const void *send, void *recv, int64_t nPerRank,
+                            CommType t) override {
+    checkCount("all-gather", nPerRank);
+    move(send, recv, nPerRank * commTypeBytes(t));
+    return {};
+  }
+  CommHandle reduceScatterAsync(const void *send, void *recv, const int64_t *counts, CommType t,
+                                ReduceOp) override {
+    checkCount("reduce-scatter", counts[0]);
+    move(send, recv, counts[0] * commTypeBytes(t));
+    return {};
+  }
+  CommHandle allToAllAsync(const void *send, void *recv, int64_t nPerRank,
+                           CommType t) override {
+    checkCount("all-to-all", nPerRank);
+    move(send, recv, nPerRank * commTypeBytes(t));
+    return {};
+  }
+  CommHandle sendAsync(const void *buf, int64_t bytes, int peer, int tag) override {
+    return post(true, const_cast<void *>(buf), bytes, peer, tag);
+  }
+  CommHandle recvAsync(void *buf, int64_t bytes, int peer, int tag) override {
+    return post(false, buf, bytes, peer, tag);
+  }
+  void wait(CommHandle h) override {
+    if (h.id < 0)
+      return;
+    auto it = ops.find(h.id);
+    if (it == ops.end())
+      fatal("wait on unknown or already completed communication handle %lld",
+            static_cast<long long>(h.id));
+    if (!it->second.done)
+      fatal("wait on a %s with tag %d to this same rank that no %s matches: it would never "
+            "complete",
+            it->second.isSend ? "send" : "receive", it->second.tag,
+            it->second.isSend ? "receive" : "send");
+    ops.erase(it);
+  }
   void broadcast(void *, int64_t, int root) override {
     if (root != 0)
       fatal("broadcast from rank %d in a one-rank group", root);
@@ -148,6 +367,48 @@ public:
   std::unique_ptr<Communicator> split(int, int) override {
     return std::make_unique<SelfCommunicator>();
   }
+
+private:
+  /// A point-to-point operation with itself.
+  struct Op {
+    bool isSend;
+    void *buf;
+    int64_t bytes;
+    int tag;
+    bool done;
+  };
+
+  static void move(const void *from, void *to, int64_t bytes) {
+    if (from != to && bytes > 0)
+      std::memmove(to, from, static_cast<size_t>(bytes));
+  }
+
+  /// Matches the oldest pending operation of the other kind with the same
+  /// tag (MPI's order), or leaves this one pending.
+  CommHandle post(bool isSend, void *buf, int64_t bytes, int peer, int tag) {
+    if (bytes < 0 || peer != 0 || tag < 0 || tag > 32767)
+      fatal("%s of %lld bytes with peer %d, tag %d, in a one-rank group",
+            isSend ? "send" : "receive", static_cast<long long>(bytes), peer, tag);
+    const int64_t id = nextId++;
+    Op op{isSend, buf, bytes, tag, false};
+    for (auto &[otherId, other] : ops) {
+      if (other.done || other.isSend == isSend || other.tag != tag)
+        continue;
+      Op &send = isSend ? op : other;
+      Op &recv = isSend ? other : op;
+      if (send.bytes != recv.bytes)
+        fatal("a send of %lld bytes to this same rank meets a receive of %lld bytes (tag %d)",
+              static_cast<long long>(send.bytes), static_cast<long long>(recv.bytes), tag);
+      move(send.buf, recv.buf, send.bytes);
+      send.done = recv.done = true;
+      break;
+    }
+    ops.emplace(id, op);
+    return CommHandle{id};
+  }
+
+  std::map<int64_t, Op> ops; // by id, so the oldest pending operation comes first
+  int64_t nextId = 0;
 };
 
 void abortAllHook(int code) { abortAll(code); }

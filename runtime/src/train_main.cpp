@@ -11,9 +11,14 @@
 //    over the world, so that they stop together (MPI_Finalize, exit 1) and
 //    only the lowest failing rank prints its error.
 // 3. Fill the arena: weights from --load DIR or OUT/init.safetensors,
-//    gradients and optimizer state zero unless loaded.
+//    gradients and optimizer state zero unless loaded. Files hold the model's
+//    full tensors; each rank keeps its tensor-parallel piece and, for ZeRO,
+//    its dp chunk of that piece.
 // 4. Run the steps, printing progress and writing metrics on rank 0.
-// 5. Save a checkpoint on rank 0 while the others wait at a barrier.
+// 5. Save a checkpoint: the ranks reassemble full tensors (all-gathers over
+//    dp, then over tp), rank 0 writes them while the others wait at a barrier.
+//
+// The mesh is dp x tp with dp outermost: world rank = dpRank * tp + tpRank.
 //
 // An error after step 2 (a kernel's `fatal`, an I/O failure) calls abortAll,
 // which brings every rank down.
@@ -22,6 +27,7 @@
 
 #include "carve/rt/comm.h"
 #include "carve/rt/data.h"
+#include "carve/rt/dist.h"
 #include "carve/rt/metrics.h"
 #include "carve/rt/program.h"
 #include "carve/rt/safetensors.h"
@@ -189,7 +195,61 @@ std::vector<int64_t> shapeOf(const TensorSpec &s) {
   return std::vector<int64_t>(s.dims, s.dims + s.rank);
 }
 
-int64_t bytesOf(const TensorSpec &s) { return s.numel * dtypeSize(s.dtype); }
+/// The model's shape of a tensor: what files hold.
+std::vector<int64_t> globalShapeOf(const TensorSpec &s) {
+  for (int i = 0; i < s.rank; ++i)
+    if (s.globalDims[i] != 0)
+      return std::vector<int64_t>(s.globalDims, s.globalDims + s.rank);
+  return shapeOf(s);
+}
+
+int64_t numelOf(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+/// This rank's place on the dp x tp mesh.
+struct Mesh {
+  int dp = 1, tp = 1;
+  int dpRank = 0, tpRank = 0;
+};
+
+/// Checks the tensor-parallel and ZeRO fields of every parameter against the
+/// mesh, so that loading and saving can rely on them.
+bool checkShardedSpecs(const Program &p, const Mesh &m, std::string &error) {
+  for (int i = 0; i < p.numParams; ++i) {
+    const TensorSpec &s = p.params[i];
+    std::vector<int64_t> local = shapeOf(s), global = globalShapeOf(s);
+    std::string what = std::string("program '") + p.name + "': tensor '" + s.name + "' ";
+    std::vector<int64_t> expected = global;
+    if (s.tpDim >= 0) {
+      if (s.tpDim >= s.rank || s.tpGroups < 1 ||
+          global[s.tpDim] % (s.tpGroups * m.tp) != 0) {
+        error = what + "of global shape " + formatShape(global) + " cannot be split over tp=" +
+                std::to_string(m.tp) + " on dimension " + std::to_string(s.tpDim) + " in " +
+                std::to_string(s.tpGroups) + " group(s)";
+        return false;
+      }
+      expected[s.tpDim] /= m.tp;
+    }
+    if (local != expected) {
+      error = what + "has local shape " + formatShape(local) + ", expected " +
+              formatShape(expected) + " for global shape " + formatShape(global) +
+              (s.tpDim >= 0 ? " split over tp=" + std::to_string(m.tp) : "");
+      return false;
+    }
+    bool zero = s.paramZero || (s.stateZero && s.trainable);
+    if (s.zeroChunk < 0 || (zero && (s.zeroChunk == 0 || s.zeroChunk * m.dp < s.numel))) {
+      error = what + "has a ZeRO chunk of " + std::to_string(s.zeroChunk) +
+              " elements, which over dp=" + std::to_string(m.dp) + " does not cover its " +
+              std::to_string(s.numel) + " elements";
+      return false;
+    }
+  }
+  return true;
+}
 
 /// Checkpoint name of optimizer state slot `slot` of a parameter.
 std::string stateName(const Program &p, const char *param, int slot) {
@@ -228,7 +288,7 @@ bool checkTensors(const SafetensorsReader &file, const std::vector<Slot> &slots,
                   const std::set<std::string> *known, std::string &error) {
   for (const Slot &s : slots) {
     std::string dtype = stateF32 ? "F32" : dtypeName(s.spec->dtype);
-    std::vector<int64_t> shape = shapeOf(*s.spec);
+    std::vector<int64_t> shape = globalShapeOf(*s.spec);
     std::string expected = dtype + " " + formatShape(shape);
     const SafetensorsTensor *t = file.find(s.name);
     if (!t) {
@@ -250,12 +310,57 @@ bool checkTensors(const SafetensorsReader &file, const std::vector<Slot> &slots,
   return true;
 }
 
+/// How one slot of the arena relates to the full tensor in a file.
+struct SlotLayout {
+  int elemBytes;
+  bool split; // a tensor-parallel piece
+  bool zero;  // only this dp rank's ZeRO chunk of the piece
+};
+
+SlotLayout layoutOf(const TensorSpec &s, bool state, const Mesh &m) {
+  return {state ? 4 : dtypeSize(s.dtype), s.tpDim >= 0 && m.tp > 1,
+          (state ? s.stateZero : s.paramZero) && s.zeroChunk > 0};
+}
+
+/// An element type of the same size, for collectives that only move data.
+CommType moveType(int elemBytes) {
+  return elemBytes == 8 ? CommType::I64 : elemBytes == 4 ? CommType::I32 : CommType::U8;
+}
+
+/// Reads the full tensors of `slots` and keeps this rank's part of each.
 bool readTensors(const SafetensorsReader &file, const std::vector<Slot> &slots, char *arena,
-                 bool stateF32, std::string &error) {
+                 bool stateF32, const Mesh &m, std::string &error) {
+  std::vector<char> full, piece;
   for (const Slot &s : slots) {
-    int64_t bytes = stateF32 ? s.spec->numel * 4 : bytesOf(*s.spec);
-    if (!file.read(*file.find(s.name), 0, bytes, arena + s.offset, error))
+    const TensorSpec &spec = *s.spec;
+    const SlotLayout l = layoutOf(spec, stateF32, m);
+    const SafetensorsTensor &t = *file.find(s.name);
+    if (!l.split && !l.zero) {
+      if (!file.read(t, 0, spec.numel * l.elemBytes, arena + s.offset, error))
+        return false;
+      continue;
+    }
+    std::vector<int64_t> global = globalShapeOf(spec);
+    full.resize(static_cast<size_t>(numelOf(global) * l.elemBytes));
+    if (!file.read(t, 0, static_cast<int64_t>(full.size()), full.data(), error))
       return false;
+    const char *local = full.data();
+    if (l.split) {
+      piece.resize(static_cast<size_t>(spec.numel * l.elemBytes));
+      char *dst = l.zero ? piece.data() : arena + s.offset;
+      takeShard(full.data(), Dims(global.data(), spec.rank),
+                Split{spec.tpDim, spec.tpGroups, m.tp}, m.tpRank, dst, l.elemBytes);
+      local = dst;
+    }
+    if (l.zero) {
+      // Chunk dpRank of the flattened piece; past its end, zero padding.
+      const int64_t begin = std::min<int64_t>(m.dpRank * spec.zeroChunk, spec.numel);
+      const int64_t n = std::min(spec.zeroChunk, spec.numel - begin);
+      std::memcpy(arena + s.offset, local + begin * l.elemBytes,
+                  static_cast<size_t>(n * l.elemBytes));
+      std::memset(arena + s.offset + n * l.elemBytes, 0,
+                  static_cast<size_t>((spec.zeroChunk - n) * l.elemBytes));
+    }
   }
   return true;
 }
@@ -421,20 +526,59 @@ double secondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+/// The full tensors of a checkpoint, as world rank 0 writes them.
+struct FullTensors {
+  std::vector<SafetensorsEntry> model, state;
+  std::vector<std::vector<char>> storage; // the reassembled ones
+};
+
+/// Reassembles the full tensor of every slot: ZeRO chunks with an all-gather
+/// over dp, then tensor-parallel pieces with one over tp. Every rank joins
+/// (every rank's program lists the same parameters in the same order, with
+/// the same splits); only world rank 0 keeps the results.
+void gatherSlots(const std::vector<Slot> &slots, bool state, const char *arena, const Mesh &m,
+                 Communicator &dpComm, Communicator &tpComm, bool keep, FullTensors &out,
+                 std::vector<SafetensorsEntry> &entries) {
+  std::vector<char> gathered;
+  for (const Slot &s : slots) {
+    const TensorSpec &spec = *s.spec;
+    const SlotLayout l = layoutOf(spec, state, m);
+    std::vector<int64_t> global = globalShapeOf(spec);
+    const char *dtype = state ? "F32" : dtypeName(spec.dtype);
+    if (!l.split && !l.zero) {
+      if (keep)
+        entries.push_back({s.name, dtype, global, arena + s.offset});
+      continue;
+    }
+    const char *local = arena + s.offset;
+    if (l.zero) {
+      gathered.resize(static_cast<size_t>(m.dp * spec.zeroChunk * l.elemBytes));
+      dpComm.allGather(arena + s.offset, gathered.data(), spec.zeroChunk * l.elemBytes,
+                       CommType::U8);
+      local = gathered.data();
+    }
+    std::vector<char> full(static_cast<size_t>(numelOf(global) * l.elemBytes));
+    if (l.split)
+      allGatherSplit(tpComm, local, Dims(spec.dims, spec.rank),
+                     Split{spec.tpDim, spec.tpGroups, m.tp}, full.data(), moveType(l.elemBytes));
+    else
+      std::memcpy(full.data(), local, full.size());
+    if (!keep)
+      continue;
+    out.storage.push_back(std::move(full));
+    entries.push_back({s.name, dtype, global, out.storage.back().data()});
+  }
+}
+
 /// Writes DIR/model.safetensors and DIR/optimizer.safetensors.
-bool saveCheckpoint(const Program &p, const std::string &dir, const char *arena, int64_t step,
+bool saveCheckpoint(const Program &p, const std::string &dir, const FullTensors &t, int64_t step,
                     std::string &error) {
   if (!makeDirs(dir, error))
     return false;
   std::vector<std::pair<std::string, std::string>> meta = {
       {"step", std::to_string(step)}, {"format", "carve-1"}, {"program", p.name}};
-  std::vector<SafetensorsEntry> model, state;
-  for (const Slot &s : modelSlots(p))
-    model.push_back({s.name, dtypeName(s.spec->dtype), shapeOf(*s.spec), arena + s.offset});
-  for (const Slot &s : optimizerSlots(p))
-    state.push_back({s.name, "F32", shapeOf(*s.spec), arena + s.offset});
-  return writeSafetensors(dir + "/model.safetensors", model, meta, error) &&
-         writeSafetensors(dir + "/optimizer.safetensors", state, meta, error);
+  return writeSafetensors(dir + "/model.safetensors", t.model, meta, error) &&
+         writeSafetensors(dir + "/optimizer.safetensors", t.state, meta, error);
 }
 
 int finish(int code) {
@@ -471,7 +615,9 @@ int main(int argc, char **argv) {
   if (argsOk && planRanks != worldSize) {
     const Program *p0 = carve_program_for_rank(0);
     std::string plan = p0 ? "plan dp=" + std::to_string(p0->dp) : "plan unknown";
-    if (p0 && p0->dp != planRanks)
+    if (p0 && p0->tp > 1)
+      plan += ", tp=" + std::to_string(p0->tp);
+    else if (p0 && p0->dp != planRanks)
       plan += " with " + std::to_string(planRanks / std::max(p0->dp, 1)) + " ranks per replica";
     error = "this program was compiled for " + std::to_string(planRanks) +
             (planRanks == 1 ? " rank (" : " ranks (") + plan + "), launched on " +
@@ -487,7 +633,7 @@ int main(int argc, char **argv) {
   std::unique_ptr<DataLoader> loader;
   WeightSource weights;
   char *arena = nullptr;
-  int dpRank = 0, replicas = 1;
+  Mesh mesh;
   if (!program) {
     error = "the compiled plan has no program for rank " + std::to_string(worldRank);
   } else if (!program->step || (program->numInputs > 0 && !program->inputs) ||
@@ -498,11 +644,18 @@ int main(int argc, char **argv) {
     error = std::string("program '") + program->name + "' is for " +
             std::to_string(program->worldSize) + " ranks with dp=" + std::to_string(program->dp) +
             ", the plan has " + std::to_string(planRanks) + " ranks";
+  } else if (program->tp != planRanks / program->dp) {
+    error = std::string("program '") + program->name + "' has tp=" + std::to_string(program->tp) +
+            ", but its plan of " + std::to_string(planRanks) + " ranks with dp=" +
+            std::to_string(program->dp) + " has tp=" + std::to_string(planRanks / program->dp);
   } else {
-    // dp is the outermost mesh axis: rank = dpRank * replicas + (place in the replica).
-    replicas = planRanks / program->dp;
-    dpRank = worldRank / replicas;
-    loader = openDataLoader(*program, dpRank, opts.data, opts.dataType, error);
+    // dp is the outermost mesh axis: rank = dpRank * tp + tpRank.
+    mesh.dp = program->dp;
+    mesh.tp = program->tp;
+    mesh.dpRank = worldRank / mesh.tp;
+    mesh.tpRank = worldRank % mesh.tp;
+    if (checkShardedSpecs(*program, mesh, error))
+      loader = openDataLoader(*program, mesh.dpRank, opts.data, opts.dataType, error);
     if (loader)
       openWeights(*program, opts, weights, error);
     if (error.empty() && worldRank == 0 && !opts.save.empty())
@@ -524,19 +677,34 @@ int main(int argc, char **argv) {
     return finish(1);
 
   // Step 3: the arena's initial contents and the communicators.
-  if (!readTensors(weights.model, modelSlots(*program), arena, false, error) ||
+  if (!readTensors(weights.model, modelSlots(*program), arena, false, mesh, error) ||
       (weights.hasOptimizer &&
-       !readTensors(weights.optimizer, optimizerSlots(*program), arena, true, error)))
+       !readTensors(weights.optimizer, optimizerSlots(*program), arena, true, mesh, error)))
     die(error);
   MetricsLog log;
   if (worldRank == 0 && !opts.log.empty() && !log.open(opts.log, error))
     die(error);
-  std::unique_ptr<Communicator> dpGroup;
-  Communicator *dpComm = world.get();
-  if (replicas > 1) {
-    dpGroup = world->split(worldRank % replicas, dpRank);
-    dpComm = dpGroup.get();
+  // An axis of size 1 is a one-rank group; the other axis is then the world.
+  std::unique_ptr<Communicator> dpGroup, tpGroup;
+  Communicator *dpComm = world.get(), *tpComm = world.get();
+  if (mesh.tp > 1 && mesh.dp > 1) {
+    tpGroup = world->split(mesh.dpRank, mesh.tpRank);
+    dpGroup = world->split(mesh.tpRank, mesh.dpRank);
+  } else if (mesh.tp > 1) {
+    dpGroup = makeSelfCommunicator();
+  } else {
+    tpGroup = makeSelfCommunicator();
   }
+  if (dpGroup)
+    dpComm = dpGroup.get();
+  if (tpGroup)
+    tpComm = tpGroup.get();
+
+  // Every rank's persistent bytes, for rank 0's report (gathered even when
+  // quiet: ranks may disagree on --quiet, never on a collective).
+  const int64_t mine[3] = {program->paramBytes, program->gradBytes, program->stateBytes};
+  std::vector<int64_t> memory(3 * static_cast<size_t>(worldSize));
+  world->allGather(mine, memory.data(), 3, CommType::I64);
 
   int64_t start = weights.step;
   int64_t end = start + opts.steps;
@@ -552,6 +720,13 @@ int main(int argc, char **argv) {
     std::printf("carve: data %s; weights from %s; steps %lld to %lld\n", loader->describe().c_str(),
                 opts.load.empty() ? weights.model.path().c_str() : opts.load.c_str(),
                 static_cast<long long>(start), static_cast<long long>(end - 1));
+    if (std::any_of(memory.begin(), memory.end(), [](int64_t b) { return b != 0; }))
+      for (int r = 0; r < worldSize; ++r)
+        std::printf("carve: memory rank %d (dp %d, tp %d): parameters %lld bytes, gradients "
+                    "%lld bytes, optimizer state %lld bytes\n",
+                    r, r / mesh.tp, r % mesh.tp, static_cast<long long>(memory[3 * r]),
+                    static_cast<long long>(memory[3 * r + 1]),
+                    static_cast<long long>(memory[3 * r + 2]));
     std::fflush(stdout);
   }
 
@@ -559,6 +734,9 @@ int main(int argc, char **argv) {
   StepContext ctx;
   ctx.arena = arena;
   ctx.dpComm = dpComm;
+  ctx.tpComm = tpComm;
+  ctx.tpRank = mesh.tpRank;
+  ctx.dpRank = mesh.dpRank;
   auto begin = std::chrono::steady_clock::now();
   for (int64_t k = start; k < end; ++k) {
     if (worldRank == faultRank && k == faultStep) {
@@ -592,10 +770,16 @@ int main(int argc, char **argv) {
     }
   }
 
-  // Step 5: the checkpoint. With data parallelism rank 0 holds every parameter.
+  // Step 5: the checkpoint, reassembled from the ranks' pieces.
   if (!opts.save.empty()) {
-    if (worldRank == 0) {
-      if (!saveCheckpoint(*program, opts.save, arena, end, error))
+    FullTensors full;
+    const bool keep = worldRank == 0;
+    gatherSlots(modelSlots(*program), false, arena, mesh, *dpComm, *tpComm, keep, full,
+                full.model);
+    gatherSlots(optimizerSlots(*program), true, arena, mesh, *dpComm, *tpComm, keep, full,
+                full.state);
+    if (keep) {
+      if (!saveCheckpoint(*program, opts.save, full, end, error))
         die(error);
       if (talk)
         std::printf("carve: saved %s (step %lld)\n", opts.save.c_str(),
@@ -604,6 +788,7 @@ int main(int argc, char **argv) {
     world->barrier();
   }
   dpGroup.reset();
+  tpGroup.reset();
   std::free(arena);
   std::fflush(stdout);
   return finish(0);

@@ -18,7 +18,12 @@
 namespace carve::rt {
 
 enum class ReduceOp : int { Sum = 0, Max = 1 };
-enum class CommType : int { F32 = 0, F64 = 1, I64 = 2 };
+enum class CommType : int { F32 = 0, F64 = 1, I64 = 2, I32 = 3, U8 = 4 };
+
+/// Size in bytes of one element of `t`.
+inline int commTypeBytes(CommType t) {
+  return t == CommType::U8 ? 1 : t == CommType::F32 || t == CommType::I32 ? 4 : 8;
+}
 
 /// An operation in flight. Default-constructed handles are complete.
 struct CommHandle {
@@ -32,6 +37,26 @@ public:
   virtual int size() const = 0;
   /// Starts an in-place all-reduce of n elements.
   virtual CommHandle allReduceAsync(void *buf, int64_t n, CommType t, ReduceOp op) = 0;
+  /// Starts an all-gather: `recv` gets size() * nPerRank elements, rank r's
+  /// `send` at element r * nPerRank. In place when `send` is recv's own block
+  /// (recv + rank() * nPerRank elements).
+  virtual CommHandle allGatherAsync(const void *send, void *recv, int64_t nPerRank,
+                                    CommType t) = 0;
+  /// Starts a reduce-scatter: `send` holds sum(counts) elements, rank r's part
+  /// from the prefix sum of counts[0..r); `recv` gets the reduction of this
+  /// rank's part, counts[rank()] elements (zeros allowed). `counts` (size()
+  /// entries, equal on every rank) is copied; `send` and `recv` must not overlap.
+  virtual CommHandle reduceScatterAsync(const void *send, void *recv, const int64_t *counts,
+                                        CommType t, ReduceOp op) = 0;
+  /// Starts an all-to-all: block r of `send` (nPerRank elements at r * nPerRank)
+  /// goes to rank r, which receives it as block rank() of its `recv`.
+  virtual CommHandle allToAllAsync(const void *send, void *recv, int64_t nPerRank,
+                                   CommType t) = 0;
+  /// Starts a point-to-point send of `bytes` bytes to `peer`; messages with
+  /// the same peer and tag arrive in order. 0 <= tag < 32768.
+  virtual CommHandle sendAsync(const void *buf, int64_t bytes, int peer, int tag) = 0;
+  /// Starts the receive matching `sendAsync(.., bytes, rank(), tag)` on `peer`.
+  virtual CommHandle recvAsync(void *buf, int64_t bytes, int peer, int tag) = 0;
   /// Completes an operation; fatal error (all ranks brought down) on failure.
   virtual void wait(CommHandle h) = 0;
   /// Blocking broadcast of `bytes` bytes from `root`.
@@ -44,12 +69,29 @@ public:
   void allReduce(void *buf, int64_t n, CommType t, ReduceOp op) {
     wait(allReduceAsync(buf, n, t, op));
   }
+  void allGather(const void *send, void *recv, int64_t nPerRank, CommType t) {
+    wait(allGatherAsync(send, recv, nPerRank, t));
+  }
+  void reduceScatter(const void *send, void *recv, const int64_t *counts, CommType t,
+                     ReduceOp op) {
+    wait(reduceScatterAsync(send, recv, counts, t, op));
+  }
+  void allToAll(const void *send, void *recv, int64_t nPerRank, CommType t) {
+    wait(allToAllAsync(send, recv, nPerRank, t));
+  }
+  void send(const void *buf, int64_t bytes, int peer, int tag) {
+    wait(sendAsync(buf, bytes, peer, tag));
+  }
+  void recv(void *buf, int64_t bytes, int peer, int tag) {
+    wait(recvAsync(buf, bytes, peer, tag));
+  }
 };
 
 /// Initializes MPI (once per process) and returns the world communicator.
 /// A failing rank calls MPI_Abort, which brings every rank down.
 std::unique_ptr<Communicator> makeMpiWorld(int *argc, char ***argv);
-/// A one-rank communicator with no MPI (collectives are no-ops).
+/// A one-rank communicator with no MPI: collectives copy (or do nothing in
+/// place); a send to itself completes with the matching receive.
 std::unique_ptr<Communicator> makeSelfCommunicator();
 /// Finalizes MPI if it was initialized.
 void finalizeComm();

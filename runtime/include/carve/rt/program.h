@@ -28,6 +28,15 @@ const char *dtypeName(DType t);
 
 /// One tensor that lives for the whole run (a graph input, a parameter, a
 /// buffer), with its place in the arena. Shapes are this rank's (local) shapes.
+///
+/// Tensor parallelism: a tensor split over the tp mesh axis holds piece
+/// `tpRank` of Split{tpDim, tpGroups, tp} (dist.h) of the model's tensor of
+/// shape globalDims; dims is that piece's shape (the "tp-local" tensor).
+/// ZeRO: the tp-local tensor, flattened and zero-padded to dp * zeroChunk
+/// elements, is cut into dp chunks of zeroChunk; dp rank d owns chunk d.
+/// With paramZero the arena slot at `offset` holds only that chunk (ZeRO-3);
+/// with stateZero each optimizer state slot does (ZeRO-1 and up). The
+/// runtime loads and saves full tensors, and shards them on the way in.
 struct TensorSpec {
   const char *name;  // the model's name: graph input name or parameter name
   DType dtype;
@@ -39,6 +48,12 @@ struct TensorSpec {
   int64_t gradOffset;   // byte offset of the gradient (float), -1 if not trainable
   int64_t stateOffset[2]; // optimizer state (float): SGD momentum buffer in [0];
                           // AdamW exp_avg in [0], exp_avg_sq in [1]; -1 if none
+  int64_t globalDims[kMaxRank] = {}; // the model's full shape; all zero: same as dims
+  int tpDim = -1;          // dimension split over the tp axis, -1 if replicated
+  int64_t tpGroups = 1;    // Split::groups of that split
+  int64_t zeroChunk = 0;   // elements per dp rank of the ZeRO partition; 0: none
+  bool paramZero = false;  // the arena slot holds only this rank's chunk (ZeRO-3)
+  bool stateZero = false;  // each optimizer state slot holds only the chunk
 };
 
 enum class DataKind : int {
@@ -58,6 +73,9 @@ struct StepContext {
   float loss = 0;               // the global loss (reduced over the dp group)
   float lr = 0;                 // learning rate applied in this step
   float gradNorm = -1;          // global gradient norm before clipping (-1: not computed)
+  Communicator *tpComm = nullptr; // the tensor-parallel group (size 1 without tp)
+  int tpRank = 0;               // this rank's place on the tp axis (tpComm->rank())
+  int dpRank = 0;               // this rank's place on the dp axis (dpComm->rank())
 };
 
 /// The optimizer a program was compiled with (for checkpoints and messages).
@@ -83,6 +101,11 @@ struct Program {
   /// Runs one training step on the inputs already placed in the arena:
   /// forward, backward, gradient synchronization, optimizer update.
   void (*step)(StepContext &ctx);
+  int tp = 1;                // tensor-parallel degree: worldSize = dp * tp
+  int zeroStage = 0;         // ZeRO stage 0-3 (for messages; the specs say what is sharded)
+  // This rank's persistent bytes (parameters and buffers, gradients,
+  // optimizer state), for the start-up report; all 0: not reported.
+  int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
 };
 
 } // namespace carve::rt
