@@ -27,4 +27,29 @@ def Carve_DifferentiableOpInterface : OpInterface<"DifferentiableOpInterface"> {
   ];
 }
 
+def Carve_PartitionableOpInterface : OpInterface<"PartitionableOpInterface"> {
+  let cppNamespace = "::carve";
+  let description = [{
+    How an op may be split over a mesh axis, as one string in the spirit of
+    einsum: one space-separated list of dimension names per operand, `->`, one
+    list per result (`()` for a scalar). A plain name splits, and every operand
+    and result that has it splits alike; a result without a split name holds
+    partial sums when the name is marked `+` (partial maxima with `+max`); `^`
+    means the dimension is never split; `~` means the op's kernel handles the
+    split itself by communicating over the axis (vocab-parallel cross-entropy);
+    `(h d)` is one dimension made of sub-dimensions, so a split of `h` or `d`
+    passes through reshapes and transposes, and `(3 c)` one made of three
+    sections of `c` (a fused projection). A name that appears only in results
+    splits the results while the operands stay whole. Matmul is
+    `m k+, k+ n -> m n`. compiler/partition reads these strings; docs/partition.md
+    describes them in full. Backward ops use their forward op's names, so a
+    split chosen for a forward op carries over.
+  }];
+  let methods = [
+    InterfaceMethod<
+      "Returns the op's partition annotation for its operand and result shapes.",
+      "std::string", "getPartitionAnnotation", (ins)>,
+  ];
+}
+
 #endif // CARVE_INTERFACES_TD

@@ -42,7 +42,8 @@ def Carve_Dialect : Dialect {
 }
 
 class Carve_Op<string mnemonic, list<Trait> traits = []>
-    : Op<Carve_Dialect, mnemonic, !listconcat(traits, [Pure])> {
+    : Op<Carve_Dialect, mnemonic,
+         !listconcat(traits, [Pure, DeclareOpInterfaceMethods<Carve_PartitionableOpInterface>])> {
   let hasVerifier = 1;
 }
 

@@ -7,7 +7,9 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
+#include "compiler/partition/Partitioner.h"
 #include "dialects/carve/CarveDialect.h"
+#include "dialects/dist/DistDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -16,12 +18,13 @@
 
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
-  registry.insert<carve::CarveDialect, mlir::func::FuncDialect>();
+  registry.insert<carve::CarveDialect, dist::DistDialect, mlir::func::FuncDialect>();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::registerSymbolDCEPass();
   carve::registerFrontendPasses();
   carve::registerAutodiffPass();
+  carve::registerPartitionPass();
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "carve optimizer driver\n", registry));
 }

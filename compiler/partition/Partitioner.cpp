@@ -1,0 +1,1021 @@
+//===- Partitioner.cpp - choose splits, insert collectives, localize ------===//
+//
+// One pass over @train_step in program order (forward, then backward):
+//
+// 1. Parameters and the transposes / reshapes / casts of parameters are *free*:
+//    they take whatever layout their first consumer wants, at no cost (the
+//    runtime loads each rank's shard).
+// 2. Every other op gets a choice for the tp axis: one annotated dimension
+//    (with a group count when its layout is blocked, e.g. per QKV section) or
+//    "replicate". The choice comes from a plan override, else from the default
+//    Megatron rules (a matmul with a parameter splits the parameter's output
+//    dimension - column parallel - unless its activation already arrives split
+//    along the contraction - row parallel; an embedding splits its rows), else
+//    from the cheapest of: following a split its operands already have,
+//    replicating, or (sequence parallel) splitting the sequence of a norm or
+//    elementwise op. Costs are the bytes collectives move plus the op's FLOPs
+//    at a fixed exchange rate (CostModel).
+// 3. Where an operand's layout differs from the one the choice needs, the
+//    cheapest collective sequence comes from a shortest path over layout
+//    states (R, P, S(d x g)).
+// 4. Every value is retyped to its local shape; slices, embeddings and
+//    cross-entropy whose split dimension needs rank-dependent offsets are
+//    marked for codegen.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/partition/Partitioner.h"
+
+#include "compiler/autodiff/Autodiff.h"
+#include "compiler/partition/Annotation.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/dist/DistDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/Support/GlobPattern.h"
+
+#include <map>
+#include <queue>
+#include <set>
+
+using namespace mlir;
+using namespace carve;
+using dist::SbpKind;
+
+namespace {
+
+/// Exchange rate between computing and communicating: bytes a collective
+/// moves per FLOP an op does, from the CPU target's rough figures (about
+/// 10 GB/s between ranks, 50 GFLOP/s per rank). The planner (docs/planner.md)
+/// will calibrate it per cluster.
+struct CostModel {
+  double bytesPerFlop = 0.2;
+  /// A local copy (R -> S) costs this fraction of its bytes.
+  double copyFactor = 0.05;
+};
+
+struct Layout {
+  SbpKind kind = SbpKind::Replicated;
+  int64_t dim = -1;
+  int64_t groups = 1;
+  static Layout R() { return {}; }
+  static Layout S(int64_t d, int64_t g) { return {SbpKind::Split, d, g}; }
+  static Layout P(bool max = false) {
+    return {max ? SbpKind::PartialMax : SbpKind::PartialSum, -1, 1};
+  }
+  bool isSplit() const { return kind == SbpKind::Split; }
+  bool isPartial() const { return kind == SbpKind::PartialSum || kind == SbpKind::PartialMax; }
+  bool operator==(const Layout &o) const {
+    return kind == o.kind && dim == o.dim && groups == o.groups;
+  }
+  bool operator!=(const Layout &o) const { return !(*this == o); }
+  bool operator<(const Layout &o) const {
+    return std::tie(kind, dim, groups) < std::tie(o.kind, o.dim, o.groups);
+  }
+  std::string str() const {
+    switch (kind) {
+    case SbpKind::Replicated:
+      return "R";
+    case SbpKind::Split:
+      return "S(" + std::to_string(dim) + (groups != 1 ? " x " + std::to_string(groups) : "") + ")";
+    case SbpKind::PartialSum:
+      return "P(sum)";
+    case SbpKind::PartialMax:
+      return "P(max)";
+    }
+    return "?";
+  }
+  dist::SbpAttr attr(MLIRContext *ctx) const { return dist::SbpAttr::get(ctx, kind, dim, groups); }
+};
+
+struct Choice {
+  std::string name; // empty: replicate (or pass partial sums, below)
+  int64_t groups = 1;
+  /// A linear op (add, sub, neg, reshape, transpose) on partial sums gives
+  /// partial sums: the all-reduce waits until a consumer needs the value.
+  bool partial = false;
+  bool replicate() const { return name.empty() && !partial; }
+  bool operator==(const Choice &o) const {
+    return name == o.name && groups == o.groups && partial == o.partial;
+  }
+  std::string str() const {
+    if (partial)
+      return "partial";
+    if (replicate())
+      return "replicate";
+    return groups == 1 ? name : name + " x " + std::to_string(groups);
+  }
+};
+
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+std::vector<int64_t> shapeOf(Value v) {
+  auto s = typeOf(v).getShape();
+  return std::vector<int64_t>(s.begin(), s.end());
+}
+
+int64_t numel(ArrayRef<int64_t> s) {
+  int64_t n = 1;
+  for (int64_t d : s)
+    n *= d;
+  return n;
+}
+
+int64_t bytesOf(Value v) {
+  auto t = typeOf(v);
+  unsigned bits = t.getElementType().getIntOrFloatBitWidth();
+  return numel(t.getShape()) * std::max<unsigned>(1, bits / 8);
+}
+
+std::string opLabel(Operation *op) {
+  std::string node = nodeName(op->getLoc());
+  std::string name = op->getName().getStringRef().str();
+  return node.empty() ? name : name + " (node " + node + ")";
+}
+
+/// A pending conversion of an operand to the layout its consumer needs.
+struct Need {
+  Operation *op;
+  unsigned operand;
+  Layout target;
+};
+
+class Partitioner {
+public:
+  Partitioner(ModuleOp m, func::FuncOp f, const PartitionOptions &o, PartitionReport &r)
+      : module(m), fn(f), opts(o), report(r), t(o.tp), ctx(m.getContext()) {}
+
+  bool run(std::string &error);
+
+private:
+  ModuleOp module;
+  func::FuncOp fn;
+  const PartitionOptions &opts;
+  PartitionReport &report;
+  int64_t t;
+  MLIRContext *ctx;
+  CostModel cost;
+  std::string err;
+
+  llvm::DenseMap<Value, Layout> layout;
+  llvm::DenseSet<Value> freeValues;
+  llvm::DenseMap<Operation *, Choice> choices;
+  std::map<Operation *, Annotation> annotations;
+  std::vector<Need> needs;
+  std::vector<bool> overrideUsed;
+  std::vector<Layout> returnLayouts;
+
+  bool fail(Operation *op, const std::string &msg) {
+    if (err.empty())
+      err = opLabel(op) + ": " + msg;
+    return false;
+  }
+
+  const Annotation *annotationOf(Operation *op);
+  bool isParamDerived(Value v);
+  std::optional<Choice> followOf(const Annotation &a, const TensorFactors &dims, Layout l);
+  bool legal(Operation *op, const Annotation &a, const Choice &c, std::string *why = nullptr);
+  Layout operandLayout(const Annotation &a, unsigned i, const Choice &c);
+  Layout resultLayout(const Annotation &a, unsigned i, const Choice &c);
+  double redistributionCost(Value v, Layout from, Layout to);
+  std::vector<Layout> path(Value v, Layout from, Layout to, double *total);
+  double flops(Operation *op);
+  double choiceCost(Operation *op, const Annotation &a, const Choice &c);
+  bool resolve(Value v, Layout want, bool dry);
+  int64_t preferredGroups(Value v, int64_t dim, int depth);
+  bool canCarry(Value v, Layout l, int depth);
+  bool overrideChoice(Operation *op, const Annotation &a, std::optional<Choice> &c);
+  bool defaultRule(Operation *op, const Annotation &a, std::optional<Choice> &c);
+  bool decide(Operation *op);
+  void require(Operation *op, unsigned i, Layout want);
+  bool finishReturn();
+  bool materialize();
+  RankedTensorType localType(RankedTensorType global, Layout l);
+  Value convert(OpBuilder &b, Location loc, Value v, Layout from, Layout to);
+};
+
+//===----------------------------------------------------------------------===//
+// Annotations and layouts
+//===----------------------------------------------------------------------===//
+
+const Annotation *Partitioner::annotationOf(Operation *op) {
+  auto it = annotations.find(op);
+  if (it != annotations.end())
+    return &it->second;
+  auto p = dyn_cast<PartitionableOpInterface>(op);
+  if (!p) {
+    fail(op, "has no partition annotation (PartitionableOpInterface); a custom op needs a rule "
+             "in the --rules file");
+    return nullptr;
+  }
+  Annotation a;
+  std::string e;
+  if (!Annotation::parse(p.getPartitionAnnotation(), a, e)) {
+    fail(op, e);
+    return nullptr;
+  }
+  std::vector<std::vector<int64_t>> ins, outs;
+  for (Value v : op->getOperands())
+    ins.push_back(shapeOf(v));
+  for (Value v : op->getResults())
+    outs.push_back(shapeOf(v));
+  if (!a.bind(ins, outs, e)) {
+    fail(op, e);
+    return nullptr;
+  }
+  return &annotations.emplace(op, std::move(a)).first->second;
+}
+
+bool Partitioner::isParamDerived(Value v) {
+  if (auto arg = dyn_cast<BlockArgument>(v))
+    return fn.getArgAttr(arg.getArgNumber(), "carve.param") ||
+           fn.getArgAttr(arg.getArgNumber(), "carve.buffer");
+  Operation *op = v.getDefiningOp();
+  if (isa<TransposeOp, ReshapeOp, CastOp>(op))
+    return isParamDerived(op->getOperand(0));
+  return false;
+}
+
+/// The choice that keeps a tensor laid out as `l` (described by `dims`)
+/// without communication: the name whose split is S(d x g).
+std::optional<Choice> Partitioner::followOf(const Annotation &a, const TensorFactors &dims,
+                                            Layout l) {
+  if (!l.isSplit() || l.dim >= static_cast<int64_t>(dims.size()))
+    return std::nullopt;
+  int64_t before = 1;
+  for (const Factor &f : dims[l.dim]) {
+    if (!f.name.empty() && l.groups % before == 0) {
+      int64_t g = l.groups / before;
+      if (g < f.count && f.count % g == 0)
+        return Choice{f.name, g};
+    }
+    before *= f.count;
+  }
+  return std::nullopt;
+}
+
+Layout Partitioner::operandLayout(const Annotation &a, unsigned i, const Choice &c) {
+  int64_t dim, outer;
+  if (c.partial)
+    return Layout::P(false);
+  if (c.replicate() || !Annotation::find(a.operands[i], c.name, dim, outer))
+    return Layout::R();
+  return Layout::S(dim, outer * c.groups);
+}
+
+Layout Partitioner::resultLayout(const Annotation &a, unsigned i, const Choice &c) {
+  int64_t dim, outer;
+  if (c.partial)
+    return Layout::P(false);
+  if (c.replicate())
+    return Layout::R();
+  if (Annotation::find(a.results[i], c.name, dim, outer))
+    return Layout::S(dim, outer * c.groups);
+  switch (a.markOf(c.name)) {
+  case Mark::Sum:
+    return Layout::P(false);
+  case Mark::Max:
+    return Layout::P(true);
+  default:
+    return Layout::R();
+  }
+}
+
+bool Partitioner::legal(Operation *op, const Annotation &a, const Choice &c, std::string *why) {
+  if (c.replicate())
+    return true;
+  if (c.partial) {
+    // Linear in every operand, no broadcasting (a broadcast operand would be
+    // counted once per rank).
+    if (!isa<AddOp, SubOp, NegOp, ReshapeOp, TransposeOp>(op))
+      return false;
+    for (Value v : op->getOperands())
+      if (typeOf(v).getShape() != typeOf(op->getResult(0)).getShape() &&
+          !isa<ReshapeOp, TransposeOp>(op))
+        return false;
+    return true;
+  }
+  auto no = [&](const std::string &m) {
+    if (why)
+      *why = m;
+    return false;
+  };
+  auto size = a.sizes.find(c.name);
+  if (size == a.sizes.end())
+    return no("the annotation '" + a.text + "' has no dimension '" + c.name + "'");
+  Mark m = a.markOf(c.name);
+  if (m == Mark::Never)
+    return no("dimension '" + c.name + "' of '" + a.text + "' is never split");
+  if (c.groups < 1 || size->second % (c.groups * t) != 0)
+    return no("tp=" + std::to_string(t) + " does not divide dimension '" + c.name + "' (" +
+              std::to_string(size->second) +
+              (c.groups > 1 ? " in " + std::to_string(c.groups) + " groups" : "") + ")");
+  if (m == Mark::Internal && !isa<CrossEntropyOp, CrossEntropyGradOp>(op))
+    return no("'~' (split handled inside the kernel) is only implemented for cross_entropy");
+  bool inOperands = false;
+  int64_t d, o;
+  for (const TensorFactors &x : a.operands)
+    inOperands |= Annotation::find(x, c.name, d, o);
+  if (m == Mark::Plain && inOperands)
+    for (const TensorFactors &x : a.results)
+      if (!Annotation::find(x, c.name, d, o))
+        return no("a result of '" + a.text + "' lacks '" + c.name +
+                  "' and the name is not marked + (partial sums)");
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Costs and the search over layout states
+//===----------------------------------------------------------------------===//
+
+double Partitioner::flops(Operation *op) {
+  if (op->getNumResults() == 0)
+    return 0;
+  double out = static_cast<double>(numel(typeOf(op->getResult(0)).getShape()));
+  if (auto mm = dyn_cast<MatmulOp>(op)) {
+    auto a = typeOf(mm.getLhs());
+    return 2 * out * static_cast<double>(a.getDimSize(a.getRank() - 1));
+  }
+  if (isa<AttentionOp, AttentionGradOp>(op)) {
+    auto q = typeOf(op->getOperand(0)), k = typeOf(op->getOperand(1));
+    double f = 4.0 * static_cast<double>(numel(q.getShape())) *
+               static_cast<double>(k.getDimSize(k.getRank() - 2));
+    return isa<AttentionGradOp>(op) ? 2.5 * f : f;
+  }
+  double sum = 0;
+  for (Value r : op->getResults())
+    sum += static_cast<double>(numel(typeOf(r).getShape()));
+  return 4 * sum;
+}
+
+/// Shortest path from `from` to `to` over layout states; edge costs are the
+/// bytes each collective moves (ring algorithms), a local split costs a copy.
+std::vector<Layout> Partitioner::path(Value v, Layout from, Layout to, double *total) {
+  double n = static_cast<double>(bytesOf(v)), tt = static_cast<double>(t);
+  std::vector<int64_t> shape = shapeOf(v);
+  std::set<int64_t> groupSet = {1};
+  for (Layout l : {from, to})
+    if (l.isSplit())
+      groupSet.insert(l.groups);
+  std::vector<Layout> states = {Layout::R(), Layout::P(false), Layout::P(true)};
+  for (size_t d = 0; d < shape.size(); ++d)
+    for (int64_t g : groupSet)
+      if (shape[d] % (g * t) == 0)
+        states.push_back(Layout::S(static_cast<int64_t>(d), g));
+  for (Layout l : {from, to})
+    if (std::find(states.begin(), states.end(), l) == states.end())
+      states.push_back(l);
+  auto edge = [&](Layout a, Layout b) -> double {
+    if (a == b)
+      return -1;
+    if (a.isPartial()) {
+      if (b.kind == SbpKind::Replicated)
+        return 2 * n * (tt - 1) / tt;
+      if (b.isSplit())
+        return n * (tt - 1) / tt;
+      return -1;
+    }
+    if (a.isSplit() && b.kind == SbpKind::Replicated)
+      return n * (tt - 1) / tt;
+    if (a.isSplit() && b.isSplit() && a.dim != b.dim)
+      return n * (tt - 1) / (tt * tt);
+    if (a.kind == SbpKind::Replicated && b.isSplit())
+      return cost.copyFactor * n / tt;
+    return -1;
+  };
+  std::map<Layout, double> dist;
+  std::map<Layout, Layout> prev;
+  using Item = std::pair<double, Layout>;
+  auto cmp = [](const Item &x, const Item &y) { return x.first > y.first; };
+  std::priority_queue<Item, std::vector<Item>, decltype(cmp)> queue(cmp);
+  dist[from] = 0;
+  queue.push({0, from});
+  while (!queue.empty()) {
+    auto [d, l] = queue.top();
+    queue.pop();
+    if (d > dist[l])
+      continue;
+    for (Layout next : states) {
+      double w = edge(l, next);
+      if (w < 0)
+        continue;
+      if (!dist.count(next) || d + w < dist[next]) {
+        dist[next] = d + w;
+        prev[next] = l;
+        queue.push({d + w, next});
+      }
+    }
+  }
+  if (!dist.count(to)) {
+    if (total)
+      *total = -1;
+    return {};
+  }
+  if (total)
+    *total = dist[to];
+  std::vector<Layout> steps;
+  for (Layout l = to; l != from; l = prev[l])
+    steps.insert(steps.begin(), l);
+  return steps;
+}
+
+double Partitioner::redistributionCost(Value v, Layout from, Layout to) {
+  if (from == to)
+    return 0;
+  double c;
+  path(v, from, to, &c);
+  return c < 0 ? 1e30 : c;
+}
+
+double Partitioner::choiceCost(Operation *op, const Annotation &a, const Choice &c) {
+  double total = 0;
+  for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+    Value v = op->getOperand(i);
+    Layout want = operandLayout(a, i, c);
+    if (freeValues.count(v))
+      total += resolve(v, want, true) ? 0 : redistributionCost(v, Layout::R(), want);
+    else
+      total += redistributionCost(v, layout.lookup(v), want);
+  }
+  double f = flops(op) * cost.bytesPerFlop;
+  total += c.replicate() || c.partial ? f : f / static_cast<double>(t);
+  // A partial result will need an all-reduce (or a reduce-scatter) later.
+  for (unsigned i = 0; i < op->getNumResults(); ++i)
+    if (resultLayout(a, i, c).isPartial())
+      total += static_cast<double>(bytesOf(op->getResult(i))) * (t - 1) / t;
+  return total;
+}
+
+//===----------------------------------------------------------------------===//
+// Free values: parameters and their transposes, reshapes and casts
+//===----------------------------------------------------------------------===//
+
+bool Partitioner::resolve(Value v, Layout want, bool dry) {
+  if (!freeValues.count(v))
+    return layout.lookup(v) == want;
+  if (want.isPartial())
+    return false;
+  if (isa<BlockArgument>(v)) {
+    if (want.isSplit() && shapeOf(v)[want.dim] % (want.groups * t) != 0)
+      return false;
+    if (!dry) {
+      layout[v] = want;
+      freeValues.erase(v);
+    }
+    return true;
+  }
+  Operation *op = v.getDefiningOp();
+  const Annotation *a = annotationOf(op);
+  if (!a)
+    return false;
+  Choice c;
+  if (want.isSplit()) {
+    auto f = followOf(*a, a->results[0], want);
+    if (!f || !legal(op, *a, *f) || resultLayout(*a, 0, *f) != want)
+      return false;
+    c = *f;
+  }
+  Layout in = operandLayout(*a, 0, c);
+  if (!resolve(op->getOperand(0), in, dry))
+    return false;
+  if (!dry) {
+    choices[op] = c;
+    layout[v] = want;
+    freeValues.erase(v);
+  }
+  return true;
+}
+
+/// The group count a split of dimension `dim` of `v` should have so that its
+/// consumers can keep it: a consumer that sees the dimension as `(3 c)` (a
+/// fused projection cut into sections) wants 3.
+int64_t Partitioner::preferredGroups(Value v, int64_t dim, int depth) {
+  for (OpOperand &use : v.getUses()) {
+    Operation *user = use.getOwner();
+    const Annotation *a = isa<func::ReturnOp>(user) ? nullptr : annotationOf(user);
+    if (!a)
+      continue;
+    const DimFactors &d = a->operands[use.getOperandNumber()][dim];
+    if (d.size() > 1 && d[0].name.empty())
+      return d[0].count;
+    if (d.size() != 1 || depth == 0)
+      continue;
+    for (unsigned r = 0; r < user->getNumResults(); ++r) {
+      int64_t rd, outer;
+      if (Annotation::find(a->results[r], d[0].name, rd, outer) && outer == 1)
+        if (int64_t g = preferredGroups(user->getResult(r), rd, depth - 1); g > 1)
+          return g;
+    }
+  }
+  return 1;
+}
+
+/// Whether the consumers of `v` (to `depth` levels) can keep its split `l`
+/// without communication.
+bool Partitioner::canCarry(Value v, Layout l, int depth) {
+  for (OpOperand &use : v.getUses()) {
+    Operation *user = use.getOwner();
+    if (isa<func::ReturnOp>(user))
+      continue;
+    const Annotation *a = annotationOf(user);
+    if (!a)
+      return false;
+    auto c = followOf(*a, a->operands[use.getOperandNumber()], l);
+    if (!c || !legal(user, *a, *c))
+      return false;
+    if (depth == 0)
+      continue;
+    for (unsigned r = 0; r < user->getNumResults(); ++r) {
+      Layout rl = resultLayout(*a, r, *c);
+      if (rl.isSplit() && !canCarry(user->getResult(r), rl, depth - 1))
+        return false;
+    }
+  }
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Choices
+//===----------------------------------------------------------------------===//
+
+bool Partitioner::overrideChoice(Operation *op, const Annotation &a, std::optional<Choice> &c) {
+  std::string node = nodeName(op->getLoc());
+  if (node.empty())
+    return true;
+  for (size_t k = 0; k < opts.overrides.size(); ++k) {
+    const OpOverride &o = opts.overrides[k];
+    auto pattern = llvm::GlobPattern::create(o.glob);
+    if (!pattern || !pattern->match(node))
+      continue;
+    overrideUsed[k] = true;
+    if (o.dim.empty() || o.dim == "replicate") {
+      c = Choice{};
+      return true;
+    }
+    if (!a.sizes.count(o.dim))
+      return fail(op, "the plan's \"ops\" entry \"" + o.glob + "\" splits dimension '" + o.dim +
+                          "', which its annotation '" + a.text + "' does not have");
+    Choice want{o.dim, 1};
+    // Keep the group count an operand already has for this name.
+    for (unsigned i = 0; i < op->getNumOperands(); ++i)
+      if (!freeValues.count(op->getOperand(i)))
+        if (auto f = followOf(a, a.operands[i], layout.lookup(op->getOperand(i))))
+          if (f->name == o.dim)
+            want.groups = f->groups;
+    std::string why;
+    if (!legal(op, a, want, &why))
+      return fail(op, "the plan's \"ops\" entry \"" + o.glob + "\" cannot split '" + o.dim +
+                          "': " + why);
+    c = want;
+    return true;
+  }
+  return true;
+}
+
+/// Megatron's choices for the ops that decide a transformer's layout.
+bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<Choice> &c) {
+  if (auto mm = dyn_cast<MatmulOp>(op)) {
+    bool pa = isParamDerived(mm.getLhs()), pb = isParamDerived(mm.getRhs());
+    if (pa == pb)
+      return true;
+    unsigned act = pa ? 1 : 0, w = pa ? 0 : 1;
+    Value actV = op->getOperand(act);
+    // Row parallel: the activation arrives split along the contraction.
+    if (!freeValues.count(actV))
+      if (auto f = followOf(a, a.operands[act], layout.lookup(actV)))
+        if (a.markOf(f->name) == Mark::Sum && legal(op, a, *f)) {
+          c = f;
+          return true;
+        }
+    // Column parallel: split the weight's output dimension.
+    const TensorFactors &wd = a.operands[w];
+    if (wd.size() < 2)
+      return true;
+    const DimFactors &nd = wd[pa ? wd.size() - 2 : wd.size() - 1];
+    if (nd.size() != 1)
+      return true;
+    std::string n = nd[0].name;
+    int64_t rdim, outer;
+    if (!Annotation::find(a.results[0], n, rdim, outer))
+      return true;
+    Choice col{n, preferredGroups(op->getResult(0), rdim, 4)};
+    std::string why;
+    if (!legal(op, a, col, &why))
+      return fail(op, "tensor parallelism (tp=" + std::to_string(t) +
+                          ") cannot split this projection's output: " + why +
+                          "; choose a tp that divides it or replicate the op with an \"ops\" "
+                          "entry in the plan");
+    // A projection whose consumers cannot keep the split (grouped-query
+    // attention with fewer key/value heads than tp) stays replicated.
+    if (!canCarry(op->getResult(0), resultLayout(a, 0, col), 4)) {
+      c = Choice{};
+      return true;
+    }
+    c = col;
+    return true;
+  }
+  if (auto g = dyn_cast<GatherOp>(op)) {
+    // Token embeddings (indices from the data) are vocab-parallel; tables
+    // looked up with constant indices (positions) stay whole.
+    if (!isParamDerived(g.getData()) || g.getAxis() != 0 ||
+        isa_and_nonnull<ConstantOp>(g.getIndices().getDefiningOp()))
+      return true;
+    Choice rows{a.operands[0][0][0].name, 1};
+    std::string why;
+    if (!legal(op, a, rows, &why))
+      return fail(op, "tensor parallelism (tp=" + std::to_string(t) +
+                          ") cannot split the embedding's rows (vocab-parallel): " + why);
+    c = rows;
+    return true;
+  }
+  if (auto gg = dyn_cast<GatherGradOp>(op)) {
+    // The embedding's gradient follows its forward lookup: rows split alike.
+    for (Operation *user : gg.getIndices().getUsers())
+      if (auto g = dyn_cast<GatherOp>(user))
+        if (g.getAxis() == gg.getAxis() && layout.count(g.getData()) &&
+            layout.lookup(g.getData()) == Layout::S(g.getAxis(), 1)) {
+          Choice rows{a.results[0][gg.getAxis()][0].name, 1};
+          if (legal(op, a, rows))
+            c = rows;
+        }
+    return true;
+  }
+  if (isa<AttentionOp>(op)) {
+    // Heads are the dimension before the sequence.
+    const TensorFactors &q = a.operands[0];
+    if (q.size() < 3)
+      return true;
+    std::string heads = q[q.size() - 3][0].name;
+    if (!heads.empty() && a.sizes.at(heads) % t != 0)
+      for (Value v : op->getOperands())
+        if (!freeValues.count(v) && layout.lookup(v).isSplit())
+          return true; // follows whatever its operands carry
+    if (!heads.empty() && a.sizes.at(heads) % t != 0)
+      return fail(op, "tp=" + std::to_string(t) + " does not divide the " +
+                          std::to_string(a.sizes.at(heads)) + " attention heads");
+  }
+  return true;
+}
+
+bool Partitioner::decide(Operation *op) {
+  // Transposes, reshapes and casts of free values stay free.
+  if (isa<TransposeOp, ReshapeOp, CastOp>(op) && freeValues.count(op->getOperand(0))) {
+    freeValues.insert(op->getResult(0));
+    return true;
+  }
+  const Annotation *ap = annotationOf(op);
+  if (!ap)
+    return false;
+  const Annotation &a = *ap;
+  std::optional<Choice> chosen;
+  if (!overrideChoice(op, a, chosen))
+    return false;
+  if (!chosen && t > 1 && !defaultRule(op, a, chosen))
+    return false;
+  if (!chosen) {
+    std::vector<Choice> cands;
+    auto add = [&](Choice c) {
+      if (std::find(cands.begin(), cands.end(), c) == cands.end() && legal(op, a, c))
+        cands.push_back(c);
+    };
+    for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+      Value v = op->getOperand(i);
+      if (!freeValues.count(v))
+        if (auto f = followOf(a, a.operands[i], layout.lookup(v)))
+          add(*f);
+    }
+    add(Choice{});
+    for (Value v : op->getOperands())
+      if (!freeValues.count(v) && layout.lookup(v) == Layout::P(false)) {
+        Choice p;
+        p.partial = true;
+        add(p);
+      }
+    if (opts.sequenceParallel && op->getNumResults() >= 1 &&
+        isa<LayerNormOp, RmsNormOp, LayerNormGradOp, RmsNormGradOp, AddOp, SubOp, MulOp, DivOp>(
+            op) &&
+        typeOf(op->getResult(0)).getRank() == 3 && a.results[0][1].size() == 1)
+      add(Choice{a.results[0][1][0].name, 1});
+    double best = 0;
+    for (const Choice &c : cands) {
+      double k = choiceCost(op, a, c);
+      if (!chosen || k < best - 1e-9) {
+        chosen = c;
+        best = k;
+      }
+    }
+  }
+  choices[op] = *chosen;
+  for (unsigned i = 0; i < op->getNumOperands(); ++i)
+    require(op, i, operandLayout(a, i, *chosen));
+  for (unsigned i = 0; i < op->getNumResults(); ++i)
+    layout[op->getResult(i)] = resultLayout(a, i, *chosen);
+  if (!chosen->replicate())
+    report.choices.push_back((nodeName(op->getLoc()).empty() ? op->getName().getStringRef().str()
+                                                             : nodeName(op->getLoc())) +
+                             ": " + op->getName().getStringRef().str() + " '" + a.text + "' -> " +
+                             chosen->str());
+  return true;
+}
+
+void Partitioner::require(Operation *op, unsigned i, Layout want) {
+  Value v = op->getOperand(i);
+  if (freeValues.count(v)) {
+    if (resolve(v, want, false))
+      return;
+    resolve(v, Layout::R(), false);
+  }
+  if (layout.lookup(v) != want)
+    needs.push_back({op, i, want});
+}
+
+bool Partitioner::finishReturn() {
+  auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
+  std::map<std::string, Value> params;
+  for (BlockArgument arg : fn.getArguments())
+    if (auto name = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), "carve.param"))
+      params[name.str()] = arg;
+  for (unsigned k = 0; k < ret.getNumOperands(); ++k) {
+    Layout want = Layout::R();
+    if (auto of = fn.getResultAttrOfType<StringAttr>(k, kGradOfAttr)) {
+      Value p = params.at(of.str());
+      if (freeValues.count(p))
+        resolve(p, Layout::R(), false);
+      want = layout.lookup(p);
+    }
+    require(ret, k, want);
+    returnLayouts.push_back(want);
+  }
+  // Whatever is still free (parameters nothing consumes) stays whole.
+  std::vector<Value> rest(freeValues.begin(), freeValues.end());
+  for (Value v : rest)
+    if (freeValues.count(v))
+      resolve(v, Layout::R(), false);
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Rewriting: collectives, local types, attributes
+//===----------------------------------------------------------------------===//
+
+RankedTensorType Partitioner::localType(RankedTensorType global, Layout l) {
+  if (!l.isSplit())
+    return global;
+  SmallVector<int64_t> s(global.getShape());
+  s[l.dim] /= t;
+  return RankedTensorType::get(s, global.getElementType());
+}
+
+/// Builds the collectives that turn `v` (global type known from its layout
+/// `from`; `v` already has its local type) into layout `to`.
+Value Partitioner::convert(OpBuilder &b, Location loc, Value v, Layout from, Layout to) {
+  // `v` is local; recover the global type to type each step.
+  RankedTensorType local = typeOf(v);
+  SmallVector<int64_t> full(local.getShape());
+  if (from.isSplit())
+    full[from.dim] *= t;
+  auto global = RankedTensorType::get(full, local.getElementType());
+  auto mesh = FlatSymbolRefAttr::get(ctx, kMeshName);
+  auto axis = b.getStringAttr("tp");
+  Layout cur = from;
+  for (Layout next : path(v, from, to, nullptr)) {
+    RankedTensorType ty = localType(global, next);
+    auto red = b.getStringAttr(cur.kind == SbpKind::PartialMax ? "max" : "sum");
+    if (cur.isPartial() && next.kind == SbpKind::Replicated) {
+      v = dist::AllReduceOp::create(b, loc, ty, v, mesh, axis, red);
+      ++report.allReduce;
+      report.commBytes += bytesOf(v);
+    } else if (cur.isPartial()) {
+      v = dist::ReduceScatterOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(next.dim),
+                                        b.getI64IntegerAttr(next.groups), red);
+      ++report.reduceScatter;
+      report.commBytes += bytesOf(v) * t;
+    } else if (cur.isSplit() && next.kind == SbpKind::Replicated) {
+      v = dist::AllGatherOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(cur.dim),
+                                    b.getI64IntegerAttr(cur.groups));
+      ++report.allGather;
+      report.commBytes += bytesOf(v);
+    } else if (cur.isSplit()) {
+      v = dist::AllToAllOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(cur.dim),
+                                   b.getI64IntegerAttr(cur.groups), b.getI64IntegerAttr(next.dim),
+                                   b.getI64IntegerAttr(next.groups));
+      ++report.allToAll;
+      report.commBytes += bytesOf(v) * t;
+    } else {
+      v = dist::LocalSplitOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(next.dim),
+                                     b.getI64IntegerAttr(next.groups));
+      ++report.localSplit;
+    }
+    v.getDefiningOp()->setAttr(kLayoutAttr, b.getArrayAttr({next.attr(ctx)}));
+    cur = next;
+  }
+  return v;
+}
+
+bool Partitioner::materialize() {
+  Block &block = fn.getBody().front();
+  // 0. Every annotation is bound to the global shapes before anything is retyped.
+  for (Operation &op : block.without_terminator())
+    if (!annotationOf(&op))
+      return false;
+  // 1. Local types for arguments and op results (before any conversion, so
+  //    `convert` sees local inputs).
+  for (BlockArgument arg : block.getArguments())
+    arg.setType(localType(typeOf(arg), layout.lookup(arg)));
+  for (Operation &op : block.without_terminator()) {
+    Choice c = choices.lookup(&op);
+    if (const Annotation *a = annotationOf(&op)) {
+      op.setAttr(kAnnotationAttr, StringAttr::get(ctx, a->text));
+      op.setAttr(kChoiceAttr, StringAttr::get(ctx, "tp: " + c.str()));
+    }
+    SmallVector<Attribute> ls;
+    for (Value r : op.getResults()) {
+      auto global = typeOf(r);
+      Layout l = layout.lookup(r);
+      r.setType(localType(global, l));
+      ls.push_back(l.attr(ctx));
+    }
+    op.setAttr(kLayoutAttr, ArrayAttr::get(ctx, ls));
+    if (c.replicate() || c.partial)
+      continue;
+    const Annotation &a = annotations.at(&op);
+    // Rank-dependent pieces of work, marked for codegen.
+    if (auto g = dyn_cast<GatherOp>(op)) {
+      if (layout.lookup(g.getData()).isSplit() && layout.lookup(g.getData()).dim == g.getAxis())
+        op.setAttr(kShardedRowsAttr,
+                   IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
+    } else if (auto g = dyn_cast<GatherGradOp>(op)) {
+      Layout l = layout.lookup(g.getResult());
+      if (l.isSplit() && l.dim == static_cast<int64_t>(g.getAxis()))
+        op.setAttr(kShardedRowsAttr,
+                   IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
+    } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op) && a.markOf(c.name) == Mark::Internal) {
+      op.setAttr(kShardedRowsAttr,
+                 IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
+    }
+    // Slices of split dimensions take the same sections of each rank's piece.
+    auto localBounds = [&](ArrayRef<int64_t> bounds, Value whole) {
+      Layout l = layout.lookup(whole);
+      SmallVector<int64_t> out(bounds);
+      if (l.isSplit())
+        out[l.dim] /= t;
+      return out;
+    };
+    if (auto s = dyn_cast<SliceOp>(op)) {
+      s.setStarts(localBounds(s.getStarts(), s.getInput()));
+      s.setEnds(localBounds(s.getEnds(), s.getInput()));
+    } else if (auto s = dyn_cast<SliceGradOp>(op)) {
+      s.setStarts(localBounds(s.getStarts(), s.getResult()));
+      s.setEnds(localBounds(s.getEnds(), s.getResult()));
+    }
+  }
+  // 2. Collectives before each consumer, shared between consumers of the same
+  //    value and layout.
+  std::map<std::pair<void *, Layout>, Value> converted;
+  for (const Need &n : needs) {
+    Value v = n.op->getOperand(n.operand);
+    auto key = std::make_pair(v.getAsOpaquePointer(), n.target);
+    auto it = converted.find(key);
+    Value nv;
+    if (it != converted.end() && it->second.getParentBlock() == n.op->getBlock() &&
+        (isa<BlockArgument>(it->second) ||
+         it->second.getDefiningOp()->isBeforeInBlock(n.op))) {
+      nv = it->second;
+    } else {
+      OpBuilder b(n.op);
+      nv = convert(b, n.op->getLoc(), v, layout.lookup(v), n.target);
+      if (!nv)
+        return fail(n.op, "no collective sequence turns " + layout.lookup(v).str() + " into " +
+                              n.target.str());
+      converted[key] = nv;
+    }
+    n.op->setOperand(n.operand, nv);
+  }
+  // 3. The signature and its layouts.
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  fn.setType(FunctionType::get(ctx, block.getArgumentTypes(), ret.getOperandTypes()));
+  Layout dpBatch = Layout::S(0, 1);
+  for (BlockArgument arg : block.getArguments()) {
+    unsigned k = arg.getArgNumber();
+    bool input = static_cast<bool>(fn.getArgAttr(k, "carve.input"));
+    NamedAttrList d;
+    d.set("dp", (input && opts.dp > 1 ? dpBatch : Layout::R()).attr(ctx));
+    d.set("tp", layout.lookup(arg).attr(ctx));
+    fn.setArgAttr(k, kLayoutAttr, d.getDictionary(ctx));
+  }
+  for (unsigned k = 0; k < ret.getNumOperands(); ++k) {
+    // Gradients and the loss are partial over dp until codegen's bucketed
+    // all-reduce (or ZeRO reduce-scatter) and the loss reduction.
+    NamedAttrList d;
+    d.set("dp", (opts.dp > 1 ? Layout::P(false) : Layout::R()).attr(ctx));
+    d.set("tp", returnLayouts[k].attr(ctx));
+    fn.setResultAttr(k, kLayoutAttr, d.getDictionary(ctx));
+  }
+  return true;
+}
+
+bool Partitioner::run(std::string &error) {
+  Block &block = fn.getBody().front();
+  overrideUsed.assign(opts.overrides.size(), false);
+  for (BlockArgument arg : block.getArguments()) {
+    if (isParamDerived(arg))
+      freeValues.insert(arg);
+    else
+      layout[arg] = Layout::R();
+  }
+  for (Operation &op : block.without_terminator())
+    if (!decide(&op)) {
+      error = err;
+      return false;
+    }
+  finishReturn();
+  for (size_t k = 0; k < opts.overrides.size(); ++k)
+    if (!overrideUsed[k]) {
+      error = "plan: \"ops\" entry \"" + opts.overrides[k].glob +
+              "\" matches no op of the model (globs match ONNX node names, e.g. "
+              "\"/h.0/attn/c_attn/MatMul\"; `carve compile --emit-mlir` shows them)";
+      return false;
+    }
+  if (!materialize()) {
+    error = err;
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+bool carve::partitionTrainStep(ModuleOp module, const PartitionOptions &opts,
+                               PartitionReport &report, std::string &error) {
+  auto fn = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!fn) {
+    error = "partition: the module has no @train_step (run autodiff first)";
+    return false;
+  }
+  if (opts.tp < 1 || opts.dp < 1) {
+    error = "partition: dp and tp must be >= 1";
+    return false;
+  }
+  OpBuilder b(module.getBodyRegion());
+  b.setInsertionPointToStart(module.getBody());
+  if (!module.lookupSymbol(kMeshName))
+    dist::MeshOp::create(b, module.getLoc(), b.getStringAttr(kMeshName),
+                         b.getStrArrayAttr({"dp", "tp"}),
+                         b.getDenseI64ArrayAttr({opts.dp, opts.tp}));
+  Partitioner p(module, fn, opts, report);
+  if (!p.run(error))
+    return false;
+  if (failed(verify(module))) {
+    error = "partition: the partitioned program does not verify (an internal error; the "
+            "diagnostic above names the op)";
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+struct PartitionPass : PassWrapper<PartitionPass, OperationPass<ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(PartitionPass)
+  PartitionPass() = default;
+  PartitionPass(const PartitionPass &other) : PassWrapper(other) {}
+  StringRef getArgument() const override { return "carve-partition"; }
+  StringRef getDescription() const override {
+    return "Split @train_step over a dp x tp mesh (collectives, local shapes)";
+  }
+  void getDependentDialects(DialectRegistry &registry) const override {
+    registry.insert<dist::DistDialect>();
+  }
+  Option<int> dp{*this, "dp", llvm::cl::desc("data-parallel degree"), llvm::cl::init(1)};
+  Option<int> tp{*this, "tp", llvm::cl::desc("tensor-parallel degree"), llvm::cl::init(1)};
+  Option<bool> sp{*this, "sequence-parallel", llvm::cl::desc("sequence parallelism on tp"),
+                  llvm::cl::init(false)};
+  ListOption<std::string> ops{*this, "ops",
+                              llvm::cl::desc("per-op overrides GLOB=DIM (DIM 'replicate')")};
+  void runOnOperation() override {
+    PartitionOptions o;
+    o.dp = dp;
+    o.tp = tp;
+    o.sequenceParallel = sp;
+    for (const std::string &e : ops) {
+      size_t eq = e.rfind('=');
+      o.overrides.push_back({e.substr(0, eq), eq == std::string::npos ? "" : e.substr(eq + 1)});
+    }
+    PartitionReport report;
+    std::string error;
+    if (!partitionTrainStep(getOperation(), o, report, error)) {
+      getOperation().emitError(error);
+      signalPassFailure();
+    }
+  }
+};
+
+} // namespace
+
+void carve::registerPartitionPass() { PassRegistration<PartitionPass>(); }

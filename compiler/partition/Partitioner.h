@@ -1,0 +1,70 @@
+//===- Partitioner.h - the training step split over a device mesh ---------===//
+//
+// Reads the plan's mesh (dp x tp), sequence parallelism, ZeRO stage and per-op
+// overrides, chooses for every op of `@train_step` which annotated dimension
+// (PartitionableOpInterface) is split over the tp axis, inserts the cheapest
+// collectives where a producer's layout differs from what a consumer needs,
+// and rewrites the function to local (per-rank) shapes with `dist` ops. The
+// program is SPMD: every rank runs it on its own pieces. docs/partition.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_PARTITION_PARTITIONER_H
+#define CARVE_COMPILER_PARTITION_PARTITIONER_H
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+/// A plan's `ops` entry: ops whose model node name matches `glob` split
+/// annotated dimension `dim` over tp (`dim` empty: replicate them).
+struct OpOverride {
+  std::string glob;
+  std::string dim;
+};
+
+struct PartitionOptions {
+  int dp = 1;
+  int tp = 1;
+  int zero = 0;
+  bool sequenceParallel = false;
+  std::vector<OpOverride> overrides;
+};
+
+/// What the partitioner did, for the compile log and tests.
+struct PartitionReport {
+  int allReduce = 0, allGather = 0, reduceScatter = 0, allToAll = 0, localSplit = 0;
+  /// Bytes of the tensors each kind of collective moves, summed (full sizes).
+  int64_t commBytes = 0;
+  /// One line per op whose tp choice is not "replicate": "NODE: op annotation -> dim".
+  std::vector<std::string> choices;
+};
+
+/// The name `carve compile` and the lit tests give the mesh.
+constexpr const char *kMeshName = "mesh";
+/// Layout attributes: on function arguments and results a dictionary
+/// {dp = #dist.sbp, tp = #dist.sbp}; on ops an array with one #dist.sbp per
+/// result (the tp axis).
+constexpr const char *kLayoutAttr = "dist.layout";
+/// On ops: the annotation and the chosen dimension ("tp: n" or "tp: replicate").
+constexpr const char *kAnnotationAttr = "dist.annotation";
+constexpr const char *kChoiceAttr = "dist.choice";
+/// On gather / gather_grad whose table rows are split over tp: the full row
+/// count; on cross_entropy(_grad) whose classes are split: the full class count.
+constexpr const char *kShardedRowsAttr = "dist.sharded_rows";
+
+/// Partitions `@train_step` of `module` in place. On failure returns false with
+/// one line in `error` naming the op (its model node) or the plan field.
+bool partitionTrainStep(mlir::ModuleOp module, const PartitionOptions &opts,
+                        PartitionReport &report, std::string &error);
+
+/// `carve-partition` (options: dp, tp, sequence-parallel): for lit tests.
+void registerPartitionPass();
+
+} // namespace carve
+
+#endif // CARVE_COMPILER_PARTITION_PARTITIONER_H
