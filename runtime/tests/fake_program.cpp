@@ -17,13 +17,20 @@
 //                     A token outside [0, 64) is a kernel error (`fatal`).
 //   comm              linreg, with a check of every Communicator operation on the
 //                     dp group before each step.
+//   shard             A dp x tp plan (CARVE_FAKE_DP=D, tp = N / D) whose tensors
+//                     are split over tp and partitioned by ZeRO; linreg's inputs.
+//                     Its step changes nothing and checks that every rank holds
+//                     exactly its piece of each parameter and optimizer state
+//                     (see kShardTensors), so a run must save back what it loaded.
 //
-// CARVE_FAKE_WORLD=N makes it a plan of N data-parallel ranks (default 1).
-// Each rank computes its rows' share of the loss and gradients and sums them
-// over the dp group with one all-reduce, as generated code does.
+// CARVE_FAKE_WORLD=N makes it a plan of N ranks (default 1), all data-parallel
+// except for shard. Each rank computes its rows' share of the loss and
+// gradients and sums them over the dp group with one all-reduce, as generated
+// code does.
 //
 //===----------------------------------------------------------------------===//
 
+#include "carve/rt/comm.h"
 #include "carve/rt/program.h"
 
 #include <cmath>
@@ -31,6 +38,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 using namespace carve::rt;
 
@@ -71,7 +79,7 @@ TensorSpec makeSpec(const char *name, DType dtype, std::initializer_list<int64_t
 
 Program program;
 TensorSpec inputs[2];
-TensorSpec params[3];
+TensorSpec params[4];
 int64_t reduceOffset = 0; // scratch: [loss, gradients...] for the all-reduce
 
 template <class T> T *at(StepContext &ctx, int64_t offset) {
@@ -207,6 +215,142 @@ void tokensStep(StepContext &ctx) {
   }
 }
 
+//===--- shard: tensor parallelism and ZeRO --------------------------------===//
+
+/// One tensor of the shard model. The files hold element G (flat index in
+/// the global shape) of tensor `id` as 1000 * id + G, and of its optimizer
+/// state slot k as that plus 0.25 * (k + 1); run_fake.py writes the same.
+struct ShardTensor {
+  const char *name;
+  DType dtype;
+  std::vector<int64_t> global;
+  int tpDim;
+  int64_t tpGroups;
+  bool trainable, paramZero, stateZero;
+};
+
+const ShardTensor kShardTensors[] = {
+    // A fused projection split per section (groups 3) on dim 0, ZeRO-3.
+    {"attn.qkv.weight", DType::F32, {12, 5}, 0, 3, true, true, true},
+    // A column split (dim 1), ZeRO-1: the parameter whole, the state partitioned.
+    {"mlp.fc.weight", DType::F32, {3, 8}, 1, 1, true, false, true},
+    // Replicated, not partitioned.
+    {"ln.bias", DType::F32, {5}, -1, 1, true, false, false},
+    // An integer buffer split over tp and partitioned over dp.
+    {"pos.count", DType::I64, {8}, 0, 1, false, true, false},
+};
+constexpr int kNumShard = 4;
+
+int fakeDp() {
+  const char *env = std::getenv("CARVE_FAKE_DP");
+  int n = env ? std::atoi(env) : 1;
+  return n > 0 ? n : 1;
+}
+
+TensorSpec makeShardSpec(const ShardTensor &t, int dp, int tp, ArenaLayout &arena) {
+  TensorSpec s{};
+  s.name = t.name;
+  s.dtype = t.dtype;
+  s.rank = static_cast<int>(t.global.size());
+  s.numel = 1;
+  for (int i = 0; i < s.rank; ++i) {
+    s.globalDims[i] = t.global[i];
+    s.dims[i] = i == t.tpDim ? t.global[i] / tp : t.global[i];
+    s.numel *= s.dims[i];
+  }
+  s.tpDim = t.tpDim;
+  s.tpGroups = t.tpGroups;
+  s.paramZero = t.paramZero;
+  s.stateZero = t.stateZero;
+  // As a compiler might: chunks rounded up to 4 elements, so that some end
+  // in padding.
+  if (t.paramZero || t.stateZero)
+    s.zeroChunk = ((s.numel + dp - 1) / dp + 3) / 4 * 4;
+  const int es = dtypeSize(t.dtype);
+  s.offset = arena.take((t.paramZero ? s.zeroChunk : s.numel) * es);
+  s.trainable = t.trainable;
+  s.gradOffset = t.trainable ? arena.take(s.numel * 4) : -1;
+  for (int k = 0; k < 2; ++k)
+    s.stateOffset[k] = t.trainable ? arena.take((t.stateZero ? s.zeroChunk : s.numel) * 4) : -1;
+  return s;
+}
+
+/// The global flat index of element `f` of this rank's tp piece of `s`.
+int64_t globalIndex(const TensorSpec &s, int tp, int tpRank, int64_t f) {
+  int64_t coord[kMaxRank];
+  for (int i = s.rank - 1; i >= 0; --i) {
+    coord[i] = f % s.dims[i];
+    f /= s.dims[i];
+  }
+  if (s.tpDim >= 0) {
+    const int64_t chunk = s.globalDims[s.tpDim] / (s.tpGroups * tp), l = coord[s.tpDim];
+    coord[s.tpDim] = l / chunk * tp * chunk + tpRank * chunk + l % chunk;
+  }
+  int64_t g = 0;
+  for (int i = 0; i < s.rank; ++i)
+    g = g * s.globalDims[i] + coord[i];
+  return g;
+}
+
+/// Checks one arena slot of `count` elements: element j is element
+/// `first + j` of the tp piece (beyond its end: padding, 0), whose value is
+/// base + global index, or 0 everywhere when `zero`.
+int64_t checkSlot(StepContext &ctx, const TensorSpec &s, int64_t offset, bool isI64,
+                  int64_t count, int64_t first, double base, bool zero) {
+  int64_t wrong = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t f = first + j;
+    double want = 0;
+    if (f < s.numel && !zero)
+      want = base + static_cast<double>(globalIndex(s, program.tp, ctx.tpRank, f));
+    const double got = isI64 ? static_cast<double>(at<int64_t>(ctx, offset)[j])
+                             : static_cast<double>(at<float>(ctx, offset)[j]);
+    wrong += got != want;
+  }
+  return wrong;
+}
+
+void shardStep(StepContext &ctx) {
+  Communicator &tp = *ctx.tpComm, &dp = *ctx.dpComm;
+  int64_t wrong = 0;
+  wrong += tp.size() != program.tp || dp.size() != program.dp;
+  wrong += tp.rank() != ctx.tpRank || dp.rank() != ctx.dpRank;
+  // The mesh: world rank = dpRank * tp + tpRank; a tp group shares its dp
+  // rank, a dp group its tp rank.
+  const char *worldRank = std::getenv("OMPI_COMM_WORLD_RANK");
+  wrong += (worldRank ? std::atoi(worldRank) : 0) != ctx.dpRank * program.tp + ctx.tpRank;
+  int64_t ranks[2] = {ctx.dpRank, -ctx.dpRank};
+  tp.allReduce(ranks, 2, CommType::I64, ReduceOp::Max);
+  wrong += ranks[0] != ctx.dpRank || -ranks[1] != ctx.dpRank;
+  int64_t tpRanks[2] = {ctx.tpRank, -ctx.tpRank};
+  dp.allReduce(tpRanks, 2, CommType::I64, ReduceOp::Max);
+  wrong += tpRanks[0] != ctx.tpRank || -tpRanks[1] != ctx.tpRank;
+
+  const bool stateLoaded = std::getenv("CARVE_FAKE_EXPECT_STATE") != nullptr;
+  for (int i = 0; i < kNumShard; ++i) {
+    const TensorSpec &s = params[i];
+    const bool isI64 = s.dtype == DType::I64;
+    const int64_t chunkStart = ctx.dpRank * s.zeroChunk;
+    int64_t bad = s.paramZero
+                      ? checkSlot(ctx, s, s.offset, isI64, s.zeroChunk, chunkStart, 1000.0 * (i + 1),
+                                  false)
+                      : checkSlot(ctx, s, s.offset, isI64, s.numel, 0, 1000.0 * (i + 1), false);
+    for (int k = 0; k < 2 && s.trainable; ++k)
+      bad += s.stateZero ? checkSlot(ctx, s, s.stateOffset[k], false, s.zeroChunk, chunkStart,
+                                     1000.0 * (i + 1) + 0.25 * (k + 1), !stateLoaded)
+                         : checkSlot(ctx, s, s.stateOffset[k], false, s.numel, 0,
+                                     1000.0 * (i + 1) + 0.25 * (k + 1), !stateLoaded);
+    if (bad)
+      fatal("shard check: %lld wrong elements of '%s' on dp rank %d, tp rank %d",
+            static_cast<long long>(bad), s.name, ctx.dpRank, ctx.tpRank);
+  }
+  if (wrong)
+    fatal("shard check: %lld wrong mesh facts on dp rank %d, tp rank %d",
+          static_cast<long long>(wrong), ctx.dpRank, ctx.tpRank);
+  ctx.loss = 0;
+  ctx.lr = 0;
+}
+
 int fakeWorld() {
   const char *env = std::getenv("CARVE_FAKE_WORLD");
   int n = env ? std::atoi(env) : 1;
@@ -221,7 +365,27 @@ const Program *build() {
   program.name = "program0";
   program.worldSize = world;
   program.dp = world;
-  if (tokens) {
+  if (model == "shard") {
+    program.dp = fakeDp();
+    program.tp = world / program.dp;
+    if (const char *tp = std::getenv("CARVE_FAKE_TP"))
+      program.tp = std::atoi(tp);
+    program.zeroStage = 3;
+    program.model = "fake-shard.onnx";
+    program.globalBatch = 8;
+    program.seqLen = 0;
+    program.localBatch = program.globalBatch / program.dp;
+    program.dataKind = DataKind::Tensors;
+    inputs[0] = makeSpec("x", DType::F32, {program.localBatch, kFeatures}, arena);
+    inputs[1] = makeSpec("y", DType::F32, {program.localBatch}, arena);
+    for (int i = 0; i < kNumShard; ++i)
+      params[i] = makeShardSpec(kShardTensors[i], program.dp, std::max(program.tp, 1), arena);
+    program.numParams = kNumShard;
+    program.optimizer = OptimizerKind::AdamW;
+    program.numStateSlots = 2;
+    program.description = "AdamW, dp x tp, ZeRO";
+    program.step = shardStep;
+  } else if (tokens) {
     program.model = "fake-tokens.onnx";
     program.globalBatch = 4;
     program.seqLen = 8;
@@ -267,5 +431,15 @@ extern "C" int carve_world_size() { return fakeWorld(); }
 
 extern "C" const Program *carve_program_for_rank(int rank) {
   static const Program *p = build();
-  return rank >= 0 && rank < p->worldSize ? p : nullptr;
+  if (rank < 0 || rank >= p->worldSize)
+    return nullptr;
+  if (std::string(p->model) != "fake-shard.onnx")
+    return p;
+  // Distinct memory figures per rank, for the start-up report.
+  static std::vector<Program> perRank(static_cast<size_t>(p->worldSize), *p);
+  Program &r = perRank[static_cast<size_t>(rank)];
+  r.paramBytes = 1000 + rank;
+  r.gradBytes = 2000 + rank;
+  r.stateBytes = 3000 + rank;
+  return &r;
 }

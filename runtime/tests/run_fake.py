@@ -11,6 +11,10 @@ from the specification (not from the C++):
     losses (JSONL log) and final weights (model.safetensors, read with a plain
     safetensors parser), for tensor data and for int32 / uint16 token data;
   - a run resumed with --load continues exactly where the saved one stopped;
+  - a dp x tp plan with tensors split over tp and partitioned by ZeRO (the
+    shard model) loads full tensors, holds exactly its pieces (its step
+    checks them) and saves back full checkpoints equal to its input, on
+    1, 2 and 4 ranks; rank 0 reports every rank's memory;
   - every start-up error is one `carve: error:` line with exit status 1 and
     writes nothing: bad arguments, wrong rank count, bad data, bad
     checkpoints, unwritable --save / --log;
@@ -153,6 +157,31 @@ def tokens_reference(steps, toks):
             denom = math.sqrt(v[i]) / math.sqrt(1 - 0.999 ** t) + 1e-8
             w[i] -= lr / (1 - 0.9 ** t) * m[i] / denom
     return losses, w
+
+
+# The shard model (fake_program.cpp): name, dtype, global shape, id, trainable.
+SHARD = [("attn.qkv.weight", "F32", [12, 5], 1, True), ("mlp.fc.weight", "F32", [3, 8], 2, True),
+         ("ln.bias", "F32", [5], 3, True), ("pos.count", "I64", [8], 4, False)]
+
+
+def shard_model():
+    return [(name, dt, shape, [1000 * i + g for g in range(math.prod(shape))])
+            for name, dt, shape, i, _ in SHARD]
+
+
+def shard_state(zero):
+    out = []
+    for name, _, shape, i, trainable in SHARD:
+        for k, suffix in enumerate(["exp_avg", "exp_avg_sq"]):
+            if trainable:
+                out.append((f"{name}.{suffix}", "F32", shape,
+                            [0.0 if zero else 1000 * i + g + 0.25 * (k + 1)
+                             for g in range(math.prod(shape))]))
+    return out
+
+
+def as_dict(tensors):
+    return {name: (dt, shape, list(values)) for name, dt, shape, values in tensors}
 
 
 def close(a, b, rel=2e-4, abs_=1e-6):
@@ -300,6 +329,62 @@ def tests(exe, tmp):
               "4 ranks: every Communicator operation, and dp=4 losses", res.err[-800:])
     else:
         print("skip  mpirun not found: multi-rank checks not run")
+
+    # --- tensor parallelism and ZeRO: full tensors in, pieces held, full tensors out -------
+    shard_out, shard = layout(tmp, exe, "shard", shard_model())
+    load = P("shard-load")
+    os.makedirs(load)
+    st_write(os.path.join(load, "model.safetensors"), shard_model(), {"step": "5"})
+    st_write(os.path.join(load, "optimizer.safetensors"), shard_state(False), {"step": "5"})
+    meshes = [(1, 1)] + ([(2, 1), (2, 2), (4, 2)] if MPIRUN else [])
+    for world, dp in meshes:
+        what = f"shard dp={dp} tp={world // dp}"
+        ranks = world if world > 1 else None
+        ck = P(f"sck-{world}-{dp}")
+        res = run(shard, ["--steps", "1", "--data", data, "--save", ck], model="shard",
+                  world=world, ranks=ranks, env={"CARVE_FAKE_DP": str(dp)})
+        check(res.rc == 0, what + ": every rank holds its pieces of the initial weights",
+              res.err[-800:])
+        if res.rc == 0:
+            model, _ = st_read(os.path.join(ck, "model.safetensors"))
+            check(model == as_dict(shard_model()), what + ": saved model equals init.safetensors",
+                  str(model)[:600])
+            opt, _ = st_read(os.path.join(ck, "optimizer.safetensors"))
+            check(opt == as_dict(shard_state(True)), what + ": saved optimizer state is zero, "
+                  "full shapes", str(opt)[:600])
+            lines = [l for l in res.out.splitlines() if l.startswith("carve: memory")]
+            want = [f"carve: memory rank {r} (dp {r // (world // dp)}, tp {r % (world // dp)}): "
+                    f"parameters {1000 + r} bytes, gradients {2000 + r} bytes, optimizer state "
+                    f"{3000 + r} bytes" for r in range(world)]
+            check(lines == want, what + ": memory report of every rank, in rank order",
+                  "\n".join(lines))
+        ck = P(f"sck2-{world}-{dp}")
+        res = run(shard, ["--steps", "1", "--data", data, "--load", load, "--save", ck,
+                          "--quiet"], model="shard", world=world, ranks=ranks,
+                  env={"CARVE_FAKE_DP": str(dp), "CARVE_FAKE_EXPECT_STATE": "1"})
+        check(res.rc == 0 and res.out == "",
+              what + ": every rank holds its pieces of a checkpoint's weights and state",
+              res.err[-800:] + res.out)
+        if res.rc == 0:
+            model, meta = st_read(os.path.join(ck, "model.safetensors"))
+            opt, _ = st_read(os.path.join(ck, "optimizer.safetensors"))
+            check(model == as_dict(shard_model()) and opt == as_dict(shard_state(False)) and
+                  meta["step"] == "6", what + ": checkpoint round trip", str(meta))
+    if MPIRUN:
+        expect_error("shard: program tp does not match the plan",
+                     run(shard, ["--steps", "1", "--data", data], model="shard", world=4,
+                         ranks=4, env={"CARVE_FAKE_DP": "2", "CARVE_FAKE_TP": "4"}),
+                     "has tp=4, but its plan of 4 ranks with dp=2 has tp=2")
+    expect_error("shard: wrong rank count names tp",
+                 run(shard, ["--steps", "1", "--data", data], model="shard", world=4,
+                     env={"CARVE_FAKE_DP": "2"}),
+                 "compiled for 4 ranks (plan dp=2, tp=2), launched on 1")
+    _, shard_bad = layout(tmp, exe, "shard-bad", [
+        (n, dt, [6, 5] if n == "attn.qkv.weight" else shape, v[:30] if n == "attn.qkv.weight"
+         else v) for n, dt, shape, v in shard_model()])
+    expect_error("shard: init.safetensors must hold the global shape",
+                 run(shard_bad, ["--steps", "1", "--data", data], model="shard", world=1),
+                 "tensor 'attn.qkv.weight' is F32 [6, 5], expected F32 [12, 5]")
 
     # --- token data: int32 and uint16, 1 and 2 ranks -------------------------------------
     toks = token_stream()
