@@ -15,6 +15,7 @@
 #include "compiler/codegen/CpuCodegen.h"
 
 #include "dialects/carve/CarveOps.h"
+#include "dialects/dist/DistDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinAttributes.h"
@@ -169,7 +170,10 @@ struct Buffer {
 
 struct TensorRow {
   std::string name, dtype;
-  SmallVector<int64_t> shape;
+  SmallVector<int64_t> shape, global;
+  int tpDim = -1;
+  int64_t tpGroups = 1, zeroChunk = 0;
+  bool paramZero = false, stateZero = false;
   int64_t numel = 0, offset = 0;
   bool trainable = false;
   int64_t gradOffset = -1, state[2] = {-1, -1};
@@ -259,6 +263,7 @@ private:
   void planActivations();
   bool emitConstant(ConstantOp op);
   bool emitOp(Operation *op);
+  bool emitCollective(Operation *op, llvm::raw_ostream &os);
   /// The whole source: `plan` (the memory-plan comment) opens the step
   /// function, `tail` (sync, loss, optimizer) closes it.
   std::string emitProgram(const std::string &plan, const std::string &tail);
@@ -687,8 +692,20 @@ bool Generator::emitOp(Operation *op) {
     if (!typeOf(targets).getElementType().isInteger(64))
       return failOp(op, "targets must be int64 for the CPU target");
     int r = red == "mean" ? 0 : red == "sum" ? 1 : 2;
-    os << (isa<CrossEntropyOp>(op) ? "cross_entropy(" : "cross_entropy_grad(") << name(logits)
-       << ", " << shapeOf(logits) << ", " << name(targets) << ", " << r << " /*" << red << "*/, "
+    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+      // Vocab-parallel: this rank holds classes [tpRank * C, (tpRank + 1) * C).
+      int64_t c = typeOf(logits).getDimSize(1);
+      os << "// Vocab-parallel: the classes are split over tp; the kernel all-reduces row\n"
+         << "  // maxima, sums of exponentials and the target logits (no rank holds all "
+         << rows.getInt() << " logits).\n  "
+         << (isa<CrossEntropyOp>(op) ? "cross_entropy_vocab_parallel(" : "cross_entropy_vocab_parallel_grad(")
+         << "*ctx.tpComm, " << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * "
+         << c << ", ";
+    } else {
+      os << (isa<CrossEntropyOp>(op) ? "cross_entropy(" : "cross_entropy_grad(") << name(logits)
+         << ", " << shapeOf(logits) << ", ";
+    }
+    os << name(targets) << ", " << r << " /*" << red << "*/, "
        << (ig ? "true" : "false") << ", " << (ig ? ig.getInt() : 0) << "LL, ";
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(2) << ", ";
@@ -727,13 +744,33 @@ bool Generator::emitOp(Operation *op) {
   } else if (auto g = dyn_cast<GatherOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");
-    os << "gather(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1) << ", "
-       << g.getAxis() << ", " << name(res) << ");";
+    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+      int64_t local = typeOf(g.getData()).getDimSize(0);
+      os << "// Vocab-parallel embedding: this rank holds rows [tpRank * " << local
+         << ", +" << local << ") of " << rows.getInt() << "; others give zeros (partial sums).\n  "
+         << "gather_sharded(" << opnd(0) << ", " << oshape(0) << ", (int64_t)ctx.tpRank * "
+         << local << ", " << rows.getInt() << "LL, " << opnd(1) << ", " << oshape(1) << ", "
+         << name(res) << ");";
+    } else {
+      os << "gather(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1)
+         << ", " << g.getAxis() << ", " << name(res) << ");";
+    }
   } else if (auto g = dyn_cast<GatherGradOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");
-    os << "gather_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1) << ", " << g.getAxis()
-       << ", " << name(res) << ", " << shapeOf(res) << ");";
+    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+      int64_t local = typeOf(g.getResult()).getDimSize(0);
+      os << "gather_sharded_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1)
+         << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << name(res)
+         << ", " << shapeOf(res) << ");  // rows this rank holds";
+    } else {
+      os << "gather_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1) << ", "
+         << g.getAxis() << ", " << name(res) << ", " << shapeOf(res) << ");";
+    }
+  } else if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp, dist::AllToAllOp,
+                 dist::LocalSplitOp, dist::BroadcastOp>(op)) {
+    if (!emitCollective(op, os))
+      return false;
   } else if (isa<ExpandOp>(op)) {
     os << "expand(" << opnd(0) << ", " << oshape(0) << ", " << name(res) << ", " << shapeOf(res)
        << ");";
@@ -741,6 +778,66 @@ bool Generator::emitOp(Operation *op) {
     return failOp(op, "the CPU target has no kernel for this op yet");
   }
   s += call + "\n";
+  return true;
+}
+
+/// A collective of the dist dialect on the axis's communicator. Each comment
+/// says which layout change it makes (the partitioner's reason).
+bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
+  auto axis = op->getAttrOfType<StringAttr>("axis").getValue();
+  std::string comm = axis == "tp" ? "*ctx.tpComm" : axis == "dp" ? "*ctx.dpComm" : "";
+  int parts = axis == "tp" ? opts.tp : opts.dp;
+  if (comm.empty())
+    return failOp(op, "the CPU target has no communicator for mesh axis '" + axis.str() + "'");
+  Value in = op->getOperand(0), res = op->getResult(0);
+  Type et = typeOf(in).getElementType();
+  std::string ct = et.isF32() ? "CommType::F32" : et.isF64() ? "CommType::F64" :
+                   et.isInteger(64) ? "CommType::I64" : "";
+  if (ct.empty())
+    return failOp(op, "collectives on the CPU target take f32, f64 or i64 tensors");
+  auto i64 = [&](const char *n) { return op->getAttrOfType<IntegerAttr>(n).getInt(); };
+  auto split = [&](int64_t d, int64_t g) {
+    return "Split{" + std::to_string(d) + ", " + std::to_string(g) + ", " + std::to_string(parts) +
+           "}";
+  };
+  auto full = [&](Value v, int64_t d) {
+    SmallVector<int64_t> sh(typeOf(v).getShape());
+    sh[d] *= parts;
+    return dims(sh);
+  };
+  std::string n = std::to_string(typeOf(in).getNumElements());
+  std::string red = "ReduceOp::Sum";
+  if (auto r = op->getAttrOfType<StringAttr>("reduction"); r && r.getValue() == "max")
+    red = "ReduceOp::Max";
+  std::string x = var.lookup(operandOf(op, 0)), y = var.lookup(res);
+  if (isa<dist::AllReduceOp>(op)) {
+    os << "// partial sums -> replicated over " << axis << "\n  copy(" << x << ", " << y << ", " << n
+       << ");\n  " << comm.substr(1) << "->allReduce(" << y << ", " << n << ", " << ct << ", "
+       << red << ");";
+  } else if (auto g = dyn_cast<dist::AllGatherOp>(op)) {
+    os << "// split -> replicated over " << axis << "\n  allGatherSplit(" << comm << ", " << x
+       << ", " << dims(typeOf(in).getShape()) << ", " << split(g.getDim(), g.getGroups()) << ", "
+       << y << ", " << ct << ");";
+  } else if (auto rs = dyn_cast<dist::ReduceScatterOp>(op)) {
+    os << "// partial sums -> split over " << axis << "\n  reduceScatterSplit(" << comm << ", "
+       << x << ", " << dims(typeOf(in).getShape()) << ", " << split(rs.getDim(), rs.getGroups())
+       << ", " << y << ", " << ct << ", " << red << ");";
+  } else if (isa<dist::AllToAllOp>(op)) {
+    os << "// re-split along another dimension over " << axis << "\n  allToAllSplit(" << comm
+       << ", " << x << ", " << dims(typeOf(in).getShape()) << ", "
+       << split(i64("src_dim"), i64("src_groups")) << ", "
+       << split(i64("dst_dim"), i64("dst_groups")) << ", " << y << ", " << ct << ");";
+  } else if (auto ls = dyn_cast<dist::LocalSplitOp>(op)) {
+    os << "// replicated -> split over " << axis << ": keep this rank's piece (no communication)\n"
+       << "  takeShard(" << x << ", " << dims(typeOf(in).getShape()) << ", "
+       << split(ls.getDim(), ls.getGroups()) << ", " << (axis == "tp" ? "ctx.tpRank" : "ctx.dpRank")
+       << ", " << y << ", " << bytesOf(in) / std::max<int64_t>(1, typeOf(in).getNumElements())
+       << ");";
+  } else if (auto b = dyn_cast<dist::BroadcastOp>(op)) {
+    os << "copy(" << x << ", " << y << ", " << n << ");\n  " << comm.substr(1) << "->broadcast("
+       << y << ", " << bytesOf(in) << ", " << b.getRoot() << ");";
+  }
+  (void)full;
   return true;
 }
 
@@ -803,6 +900,116 @@ bool Generator::run() {
   std::stable_sort(grads.begin(), grads.end(),
                    [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
 
+  // ZeRO over dp (docs/zero.md): every trainable parameter's (tp-local)
+  // elements are cut into dp chunks of `chunk` (the last padded); dp rank d
+  // owns chunk d. Stage 1 keeps optimizer state for its chunk only, stage 2
+  // also only its chunk of the summed gradient (reduce-scattered per bucket;
+  // the full gradients become short-lived activations), stage 3 also only its
+  // chunk of the parameter (gathered just before use in forward and again in
+  // backward, into short-lived buffers).
+  const int zero = opts.dp > 1 ? opts.zero : 0;
+  const int64_t dp = opts.dp;
+  std::map<unsigned, int64_t> chunkOf; // param argument -> chunk elements
+  std::map<unsigned, int64_t> numelOf;
+  for (GradSlot &g : grads) {
+    int64_t n = typeOf(g.value).getNumElements();
+    numelOf[g.param] = n;
+    chunkOf[g.param] = zero ? (n + dp - 1) / dp : n;
+  }
+  auto isZero3 = [&](unsigned arg) { return zero == 3 && chunkOf.count(arg); };
+  // Stage 1 and 2 gather parameters in place: pad them to dp * chunk.
+  if (zero == 1 || zero == 2)
+    for (auto &[arg, c] : chunkOf)
+      buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = dp * c * 4;
+  // Stage 3: the arena keeps the chunk; forward and backward each gather the
+  // whole parameter into a buffer that lives from just before its first use
+  // to its last use in that pass.
+  struct Gathered {
+    int buffer = -1;
+    int first = -1, last = -1;
+    std::string var;
+  };
+  std::map<unsigned, std::array<Gathered, 2>> gathered; // [0] forward, [1] backward
+  int backwardBegin = end;
+  for (Operation *op : ops)
+    if (StringRef(nodeName(op->getLoc())).starts_with("backward of ")) {
+      backwardBegin = index[op];
+      break;
+    }
+  if (zero == 3) {
+    for (Operation *op : ops) {
+      if (foldedTransposes.count(op) || fusedMatmuls.count(op) || isa<ReshapeOp>(op))
+        continue;
+      Operation *reader = transposedMatmul.lookup(op) ? transposedMatmul.lookup(op) : op;
+      for (unsigned i = 0; i < reader->getNumOperands(); ++i) {
+        Value v = operandOf(reader, i);
+        // Reshapes alias their input: a reshape of a parameter reads it.
+        while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
+          v = v.getDefiningOp()->getOperand(0);
+        auto arg = dyn_cast<BlockArgument>(v);
+        if (!arg || !isZero3(arg.getArgNumber()))
+          continue;
+        Gathered &gg = gathered[arg.getArgNumber()][index[op] >= backwardBegin ? 1 : 0];
+        if (gg.first < 0)
+          gg.first = index[op];
+        gg.last = std::max(gg.last, index[op]);
+      }
+    }
+    for (auto &[arg, pair] : gathered) {
+      std::string base = var[fn.getArgument(arg)];
+      for (int pass = 0; pass < 2; ++pass) {
+        Gathered &gg = pair[pass];
+        if (gg.first < 0)
+          continue;
+        gg.var = uniqueName(base + (pass ? "_full_bwd" : "_full_fwd"));
+        gg.buffer = newBuffer(Region::Activation, dp * chunkOf[arg] * 4, gg.first - 1, gg.var);
+        buffers[gg.buffer].lastUse = gg.last;
+      }
+      buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = chunkOf[arg] * 4;
+    }
+  }
+  // Stage 2 and 3: gradients are activations until their bucket's
+  // reduce-scatter has finished; each rank keeps its chunk in the gradient region.
+  std::map<unsigned, int> shardOf; // param -> gradient-chunk buffer
+  if (zero >= 2) {
+    for (GradSlot &g : grads) {
+      if (g.copy)
+        buffers[g.buffer].region = Region::Activation;
+      else
+        buffers[g.buffer].region = Region::Activation, pinned.erase(g.buffer);
+      shardOf[g.param] =
+          newBuffer(Region::Grad, chunkOf[g.param] * 4, -1, "grad_chunk_" + var[fn.getArgument(g.param)]);
+    }
+  }
+
+  // Buckets: consecutive gradients (in the order backward finishes them) up
+  // to bucketBytes.
+  struct Bucket {
+    size_t first, last;
+    int64_t bytes;
+    int ready;
+    int waitAt = -1; // stage >= 2: index of the op after which it is waited for
+  };
+  std::vector<Bucket> buckets;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    int64_t b = alignUp(bytesOf(grads[i].value));
+    if (buckets.empty() || buckets.back().bytes + b > opts.bucketBytes)
+      buckets.push_back({i, i, b, grads[i].ready});
+    else
+      buckets.back().last = i, buckets.back().bytes += b, buckets.back().ready = grads[i].ready;
+  }
+  out.numBuckets = (int)buckets.size();
+  // Stage >= 2: one bucket in flight; bucket k is waited for when bucket k+1
+  // starts (the last at the end), so its full gradients can be freed there.
+  if (zero >= 2)
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      buckets[k].waitAt = k + 1 < buckets.size() ? std::max(buckets[k + 1].ready, buckets[k].ready)
+                                                 : end;
+      for (size_t i = buckets[k].first; i <= buckets[k].last; ++i)
+        buffers[grads[i].buffer].lastUse = std::max(buffers[grads[i].buffer].lastUse,
+                                                    buckets[k].waitAt);
+    }
+
   // Persistent layout: parameters and buffers, gradients (in the order
   // backward finishes them), optimizer state, inputs, the seed; then activations.
   int64_t at = 0;
@@ -816,10 +1023,8 @@ bool Generator::run() {
   int64_t paramEnd = at;
   int64_t gradBegin = at;
   for (GradSlot &g : grads)
-    place(g.buffer);
+    place(zero >= 2 ? shardOf[g.param] : g.buffer);
   int64_t gradEnd = at;
-  // The gradient region is one contiguous float array (padding included, zero):
-  // clipping and bucket all-reduces cover it in one go.
   const bool adam = opts.optimizer.kind == "adamw";
   const bool momentum = !adam && opts.optimizer.momentum != 0;
   int slots = adam ? 2 : momentum ? 1 : 0;
@@ -828,7 +1033,7 @@ bool Generator::run() {
     std::array<int64_t, 2> st = {-1, -1};
     for (int s = 0; s < slots; ++s) {
       st[s] = at;
-      at += alignUp(bytesOf(g.value));
+      at += alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4);
     }
     stateOf[g.param] = st;
   }
@@ -844,27 +1049,32 @@ bool Generator::run() {
     if (b.region == Region::Activation)
       b.offset += activationBase;
   out.arenaBytes = alignUp(activationBase + out.activationBytes);
+  out.paramBytes = paramEnd;
+  out.gradBytes = gradEnd - gradBegin;
+  out.stateBytes = stateEnd - gradEnd;
 
-  // Buckets: consecutive gradients up to bucketBytes.
-  struct Bucket {
-    size_t first, last;
-    int64_t begin, end;
-    int ready;
+  auto paramName = [&](unsigned arg) {
+    return fn.getArgAttrOfType<StringAttr>(arg, "carve.param").getValue().str();
   };
-  std::vector<Bucket> buckets;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const Buffer &b = buffers[grads[i].buffer];
-    int64_t stop = b.offset + alignUp(b.bytes);
-    if (buckets.empty() || stop - buckets.back().begin > opts.bucketBytes)
-      buckets.push_back({i, i, b.offset, stop, grads[i].ready});
-    else
-      buckets.back().last = i, buckets.back().end = stop, buckets.back().ready = grads[i].ready;
-  }
-  out.numBuckets = (int)buckets.size();
+  auto gradPtr = [&](const GradSlot &g) {
+    return "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
+  };
+  auto chunkPtr = [&](unsigned param) {
+    return "(float *)(A + " + std::to_string(buffers[shardOf[param]].offset) + ")";
+  };
 
-  // Emit the ops, starting each bucket's all-reduce after its last gradient.
+  // Emit the ops, starting each bucket's reduction after its last gradient.
   std::string &s = body;
-  size_t nextBucket = 0;
+  size_t nextBucket = 0, nextWait = 0;
+  auto waitBuckets = [&](int after) {
+    while (zero >= 2 && nextWait < nextBucket && buckets[nextWait].waitAt <= after) {
+      const Bucket &bk = buckets[nextWait];
+      s += "  for (CommHandle &h : bucket" + std::to_string(nextWait) +
+           ") ctx.dpComm->wait(h);  // its full gradients are dead from here\n";
+      (void)bk;
+      ++nextWait;
+    }
+  };
   auto startBuckets = [&](int after) {
     if (opts.dp <= 1)
       return;
@@ -872,19 +1082,40 @@ bool Generator::run() {
       const Bucket &bk = buckets[nextBucket];
       std::string names;
       for (size_t i = bk.first; i <= bk.last; ++i) {
-        names += (i > bk.first ? ", " : "") +
-                 fn.getArgAttrOfType<StringAttr>(grads[i].param, "carve.param").getValue().str();
+        names += (i > bk.first ? ", " : "") + paramName(grads[i].param);
         if (i - bk.first >= 3 && i < bk.last) {
           names += ", ... (" + std::to_string(bk.last - i) + " more)";
           break;
         }
       }
-      s += "\n  // Gradient bucket " + std::to_string(nextBucket) + " is complete (" + names +
-           "; " + bytesText(bk.end - bk.begin) + ").\n  // Data parallel: sum it over the " +
-           std::to_string(opts.dp) + " replicas so that every replica applies the same update.\n";
-      s += "  CommHandle bucket" + std::to_string(nextBucket) +
-           " = ctx.dpComm->allReduceAsync(A + " + std::to_string(bk.begin) + ", " +
-           std::to_string((bk.end - bk.begin) / 4) + ", CommType::F32, ReduceOp::Sum);\n\n";
+      std::string k = std::to_string(nextBucket);
+      s += "\n  // Gradient bucket " + k + " is complete (" + names + "; " + bytesText(bk.bytes) +
+           ").\n";
+      if (zero < 2) {
+        const Buffer &first = buffers[grads[bk.first].buffer];
+        const Buffer &last = buffers[grads[bk.last].buffer];
+        int64_t begin = first.offset, stop = last.offset + alignUp(last.bytes);
+        s += "  // Data parallel: sum it over the " + std::to_string(opts.dp) +
+             " replicas so that every replica applies the same update.\n";
+        s += "  CommHandle bucket" + k + " = ctx.dpComm->allReduceAsync(A + " +
+             std::to_string(begin) + ", " + std::to_string((stop - begin) / 4) +
+             ", CommType::F32, ReduceOp::Sum);\n\n";
+      } else {
+        s += "  // ZeRO-" + std::to_string(zero) + ": reduce-scatter it; each replica keeps the "
+             "sum of its chunk of each gradient.\n";
+        s += "  CommHandle bucket" + k + "[" + std::to_string(bk.last - bk.first + 1) + "];\n";
+        for (size_t i = bk.first; i <= bk.last; ++i) {
+          unsigned p = grads[i].param;
+          int64_t n = numelOf[p], c = chunkOf[p];
+          s += "  {\n    int64_t counts[" + std::to_string(dp) + "];\n    for (int r = 0; r < " +
+               std::to_string(dp) + "; ++r) counts[r] = std::max<int64_t>(0, std::min<int64_t>(" +
+               std::to_string(c) + ", " + std::to_string(n) + " - (int64_t)r * " +
+               std::to_string(c) + "));\n    bucket" + k + "[" + std::to_string(i - bk.first) +
+               "] = ctx.dpComm->reduceScatterAsync(" + gradPtr(grads[i]) + ", " + chunkPtr(p) +
+               ", counts, CommType::F32, ReduceOp::Sum);  // " + paramName(p) + "\n  }\n";
+        }
+        s += "\n";
+      }
       ++nextBucket;
     }
   };
@@ -911,28 +1142,47 @@ bool Generator::run() {
                        : "1.") +
        "\n  *" + seedName + " = " + seedValue + ";\n\n";
   bool backward = false;
+  std::map<unsigned, std::string> shardVar;
+  for (auto &[arg, pair] : gathered)
+    shardVar[arg] = var[fn.getArgument(arg)];
   for (Operation *op : ops) {
-    if (!backward && StringRef(nodeName(op->getLoc())).starts_with("backward of ")) {
+    if (!backward && index[op] >= backwardBegin) {
       backward = true;
       s += "\n  // ---- Backward ----\n\n";
+    }
+    for (auto &[arg, pair] : gathered) {
+      const Gathered &gg = pair[backward ? 1 : 0];
+      if (gg.first != index[op])
+        continue;
+      var[fn.getArgument(arg)] = gg.var;
+      s += "  // ZeRO-3: gather " + paramName(arg) + " for its " +
+           (backward ? std::string("backward") : std::string("forward")) +
+           " uses (ops " + std::to_string(gg.first) + "-" + std::to_string(gg.last) +
+           "); the buffer is free after the last.\n  float *" + gg.var + " = (float *)(A + " +
+           std::to_string(buffers[gg.buffer].offset) + ");\n  ctx.dpComm->allGather(" +
+           shardVar[arg] + ", " + gg.var + ", " + std::to_string(chunkOf[arg]) +
+           ", CommType::F32);\n";
     }
     if (!emitOp(op))
       return false;
     startBuckets(index[op]);
+    waitBuckets(index[op]);
   }
+  for (auto &[arg, v] : shardVar)
+    var[fn.getArgument(arg)] = v;
   for (GradSlot &g : grads)
     if (g.copy)
-      s += "  copy(" + var[g.value] + ", (float *)(A + " +
-           std::to_string(buffers[g.buffer].offset) + "), " +
+      s += "  copy(" + var[g.value] + ", " + gradPtr(g) + ", " +
            std::to_string(typeOf(g.value).getNumElements()) + ");  // gradient of " +
-           fn.getArgAttrOfType<StringAttr>(g.param, "carve.param").getValue().str() + "\n";
+           paramName(g.param) + "\n";
   startBuckets(end);
+  waitBuckets(end);
 
   // The step's tail: wait for the buckets, the loss, clipping, the optimizer.
   std::string t;
   llvm::raw_string_ostream ts(t);
   const OptimizerConfig &o = opts.optimizer;
-  if (opts.dp > 1) {
+  if (opts.dp > 1 && zero < 2) {
     ts << "\n  // Wait for the gradient all-reduces before the optimizer reads them.\n";
     for (size_t b = 0; b < buckets.size(); ++b)
       ts << "  ctx.dpComm->wait(bucket" << b << ");\n";
@@ -947,38 +1197,89 @@ bool Generator::run() {
          << " equal shares is the global mean\n";
   }
   ts << "  ctx.loss = loss;\n";
-  int64_t gradFloats = (gradEnd - gradBegin) / 4;
-  ts << "\n  float *grads = (float *)(A + " << gradBegin << ");  // all gradients, " << gradFloats
-     << " floats\n";
+
+  // The gradient norm over the whole model: tp-split gradients (and ZeRO
+  // chunks) are summed over their axis, replicated ones counted once.
+  auto tpSplit = [&](unsigned arg) {
+    auto d = fn.getArgAttrOfType<DictionaryAttr>(arg, "dist.layout");
+    auto l = d ? d.getAs<dist::SbpAttr>("tp") : dist::SbpAttr();
+    return l && l.isSplit();
+  };
+  ts << "\n  // Gradient norm: squares summed over this rank's gradient elements";
+  if (opts.tp > 1)
+    ts << "; tp-split ones\n  // summed over tp, replicated ones counted once";
+  if (zero >= 2)
+    ts << "; each ZeRO chunk summed over dp";
+  ts << ".\n  double sqSplit = 0, sqWhole = 0;\n";
+  for (GradSlot &g : grads) {
+    std::string ptr = zero >= 2 ? chunkPtr(g.param) : gradPtr(g);
+    std::string count;
+    if (zero >= 2)
+      count = "std::max<int64_t>(0, std::min<int64_t>(" + std::to_string(chunkOf[g.param]) + ", " +
+              std::to_string(numelOf[g.param]) + " - (int64_t)ctx.dpRank * " +
+              std::to_string(chunkOf[g.param]) + "))";
+    else
+      count = std::to_string(numelOf[g.param]);
+    ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", "
+       << count << ");\n";
+  }
+  if (zero >= 2) {
+    ts << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
+    ts << "  ctx.dpComm->allReduce(&sqWhole, 1, CommType::F64, ReduceOp::Sum);\n";
+  }
+  if (opts.tp > 1)
+    ts << "  ctx.tpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
+  ts << "  double norm = std::sqrt(sqSplit + sqWhole);\n  ctx.gradNorm = (float)norm;\n";
   if (o.clipGradNorm > 0) {
     ts << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";
-    ts << "  double norm = std::sqrt(sumSquares(grads, " << gradFloats << "));\n";
-    ts << "  ctx.gradNorm = (float)norm;\n";
-    ts << "  scaleInPlace(grads, " << gradFloats << ", clipCoefficient(norm, "
-       << number(o.clipGradNorm, false) << "));\n";
-  } else {
-    ts << "  ctx.gradNorm = (float)std::sqrt(sumSquares(grads, " << gradFloats << "));\n";
+    ts << "  const float clip = clipCoefficient(norm, " << number(o.clipGradNorm, false) << ");\n";
+    for (GradSlot &g : grads)
+      ts << "  scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
+         << chunkOf[g.param] << ", clip);\n";
   }
   ts << "\n  // " << o.describe() << "\n";
   ts << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", " << o.warmupSteps
      << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
   ts << "  ctx.lr = (float)lr;\n";
+  if (zero)
+    ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
   double wd = o.effectiveWeightDecay();
   for (GradSlot &g : grads) {
-    std::string p = var[fn.getArgument(g.param)];
-    int64_t n = typeOf(g.value).getNumElements();
-    std::string go = "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
-    auto st = stateOf[g.param];
+    unsigned a = g.param;
+    std::string pbase = "(float *)(A + " + std::to_string(buffers[bufferOf.lookup(fn.getArgument(a))].offset) + ")";
+    std::string p = pbase, go = gradPtr(g), n = std::to_string(numelOf[a]);
+    auto st = stateOf[a];
+    if (zero) {
+      std::string c = std::to_string(chunkOf[a]);
+      std::string off = "(int64_t)ctx.dpRank * " + c;
+      n = "std::max<int64_t>(0, std::min<int64_t>(" + c + ", " + std::to_string(numelOf[a]) +
+          " - " + off + "))";
+      p = zero == 3 ? pbase : pbase + " + " + off;
+      go = zero >= 2 ? chunkPtr(a) : gradPtr(g) + " + " + off;
+    }
     if (adam)
       ts << "  adamwUpdate(" << p << ", " << go << ", (float *)(A + " << st[0]
          << "), (float *)(A + " << st[1] << "), " << n << ", lr, " << number(o.beta1, false) << ", "
          << number(o.beta2, false) << ", " << number(o.eps, false) << ", " << number(wd, false)
-         << ", ctx.step + 1);\n";
+         << ", ctx.step + 1);  // " << paramName(a) << "\n";
     else
       ts << "  sgdUpdate(" << p << ", " << go << ", "
          << (momentum ? "(float *)(A + " + std::to_string(st[0]) + ")" : "nullptr") << ", " << n
          << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
-         << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);\n";
+         << number(wd, false) << ", " << (o.nesterov ? "true" : "false")
+         << ", ctx.step == 0);  // " << paramName(a) << "\n";
+  }
+  if (zero == 1 || zero == 2) {
+    ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
+       << "chunks in place.\n  {\n    CommHandle h[" << grads.size() << "];\n";
+    for (size_t i = 0; i < grads.size(); ++i) {
+      unsigned a = grads[i].param;
+      int64_t off = buffers[bufferOf.lookup(fn.getArgument(a))].offset;
+      ts << "    h[" << i << "] = ctx.dpComm->allGatherAsync((float *)(A + " << off
+         << ") + (int64_t)ctx.dpRank * " << chunkOf[a] << ", (float *)(A + " << off << "), "
+         << chunkOf[a] << ", CommType::F32);  // " << paramName(a) << "\n";
+    }
+    ts << "    for (CommHandle &x : h) ctx.dpComm->wait(x);\n  }\n";
   }
 
   // Tables for the runtime.
@@ -998,14 +1299,26 @@ bool Generator::run() {
     int sz;
     elementInfo(typeOf(a).getElementType(), c, row.dtype, sz);
     row.shape.assign(typeOf(a).getShape().begin(), typeOf(a).getShape().end());
+    row.global = row.shape;
+    if (auto d = fn.getArgAttrOfType<DictionaryAttr>(i, "dist.layout"))
+      if (auto l = d.getAs<dist::SbpAttr>("tp"); l && l.isSplit()) {
+        row.tpDim = (int)l.getDim();
+        row.tpGroups = l.getGroups();
+        row.global[l.getDim()] *= opts.tp;
+      }
     row.numel = typeOf(a).getNumElements();
     row.offset = b.offset;
     for (GradSlot &g : grads)
       if (g.param == i) {
         row.trainable = true;
-        row.gradOffset = buffers[g.buffer].offset;
+        row.gradOffset = zero >= 2 ? buffers[shardOf[i]].offset : buffers[g.buffer].offset;
         row.state[0] = stateOf[i][0];
         row.state[1] = stateOf[i][1];
+        if (zero) {
+          row.zeroChunk = chunkOf[i];
+          row.paramZero = zero == 3;
+          row.stateZero = true;
+        }
       }
     (b.region == Region::Param ? paramRows : inputRows).push_back(row);
   }
@@ -1039,7 +1352,8 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
      << "// Optimizer: " << opts.optimizer.describe() << "\n"
      << "// " << kernelCalls << " kernel calls, " << out.numBuckets
      << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
-     << "#include \"carve/rt/kernels.h\"\n#include \"carve/rt/optim.h\"\n"
+     << "#include \"carve/rt/dist.h\"\n#include \"carve/rt/kernels.h\"\n"
+     << "#include \"carve/rt/optim.h\"\n"
      << "#include \"carve/rt/program.h\"\n\n#include <cmath>\n#include <cstdint>\n\n"
      << "using namespace carve::rt;\n\nnamespace {\n\n";
   if (!constants.empty())
@@ -1064,7 +1378,9 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
       os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
          << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
          << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
-         << r.state[1] << "}},\n";
+         << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
+         << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
+         << (r.stateZero ? "true" : "false") << "},\n";
     }
     if (rs.empty())
       os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
@@ -1089,7 +1405,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
     model += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
   os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
      << "    \"" << P << "\", \"" << model << "\",\n"
-     << "    /*worldSize=*/" << opts.dp << ", /*dp=*/" << opts.dp << ",\n"
+     << "    /*worldSize=*/" << opts.dp * opts.tp << ", /*dp=*/" << opts.dp << ",\n"
      << "    /*globalBatch=*/" << opts.globalBatch << ", /*localBatch=*/"
      << opts.globalBatch / std::max(1, opts.dp) << ", /*seqLen=*/" << seq << ",\n"
      << "    DataKind::" << (tokens ? "Tokens" : "Tensors") << ",\n"
@@ -1098,7 +1414,10 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
      << "    OptimizerKind::" << (adam ? "AdamW" : "SGD") << ", /*numStateSlots=*/" << slots
      << ",\n"
      << "    \"" << escaped << "\",\n"
-     << "    step,\n};\n";
+     << "    step,\n"
+     << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
+     << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
+     << ", /*stateBytes=*/" << out.stateBytes << ",\n};\n";
   return src;
 }
 

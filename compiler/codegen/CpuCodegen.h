@@ -44,6 +44,8 @@ struct CodegenOptions {
   std::string modelName; // shown in comments and in Program::model
   std::string programName = "program0";
   int dp = 1;
+  int tp = 1;    // tensor-parallel degree (the partitioner has split @train_step)
+  int zero = 0;  // ZeRO stage over dp
   int64_t globalBatch = 0;
   int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size
   OptimizerConfig optimizer;
@@ -56,6 +58,7 @@ struct GeneratedProgram {
   int64_t activationBytes = 0; // the activation region after reuse
   int64_t unplannedBytes = 0;  // all activations without reuse
   int numBuckets = 0;
+  int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0; // persistent, this rank
   int numKernelCalls = 0;
 };
 

@@ -18,17 +18,13 @@ struct Reserved {
 
 const std::vector<Reserved> &reserved() {
   static const std::vector<Reserved> r = {
-      {"tp", 1, "tensor parallelism"},
       {"pp", 1, "pipeline parallelism"},
-      {"zero", 0, "ZeRO sharding"},
-      {"sequence_parallel", false, "sequence parallelism"},
       {"num_micro_batches", 1, "micro-batching"},
       {"micro_batch_size", nullptr, "micro-batching"},
       {"schedule", nullptr, "pipeline schedules"},
       {"virtual_stages", 1, "interleaved pipeline stages"},
       {"recompute", "none", "recomputation"},
       {"precision", "fp32", "mixed precision"},
-      {"ops", nullptr, "per-op partition overrides"},
   };
   return r;
 }
@@ -63,6 +59,58 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
         return false;
       }
       plan.dp = (int)v.get<int64_t>();
+      continue;
+    }
+    if (key == "tp") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 16) {
+        error = what + ": \"tp\" must be a positive integer, got " + v.dump();
+        return false;
+      }
+      plan.tp = (int)v.get<int64_t>();
+      continue;
+    }
+    if (key == "zero") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3) {
+        error = what + ": \"zero\" must be 0, 1, 2 or 3 (the ZeRO stage), got " + v.dump();
+        return false;
+      }
+      plan.zero = (int)v.get<int64_t>();
+      continue;
+    }
+    if (key == "sequence_parallel") {
+      if (!v.is_boolean()) {
+        error = what + ": \"sequence_parallel\" must be true or false, got " + v.dump();
+        return false;
+      }
+      plan.sequenceParallel = v.get<bool>();
+      continue;
+    }
+    if (key == "ops") {
+      // {"GLOB": {"tp": "DIM"}} or {"GLOB": {"tp": "replicate"}} or {"GLOB": "replicate"}
+      if (!v.is_object()) {
+        error = what + ": \"ops\" must be an object mapping op-name globs to splits, e.g. "
+                       "{\"/lm_head/MatMul\": {\"tp\": \"replicate\"}}";
+        return false;
+      }
+      for (auto o = v.begin(); o != v.end(); ++o) {
+        const json &e = o.value();
+        std::string dim;
+        if (e.is_string() && e.get<std::string>() == "replicate") {
+          dim = "replicate";
+        } else if (e.is_object() && e.size() == 1 && e.contains("tp") && e["tp"].is_string() &&
+                   !e["tp"].get<std::string>().empty()) {
+          dim = e["tp"].get<std::string>();
+        } else {
+          error = what + ": \"ops\" entry \"" + o.key() + "\" must be \"replicate\" or " +
+                  "{\"tp\": \"DIM\"} (a dimension name of the op's annotation), got " + e.dump();
+          return false;
+        }
+        if (o.key().empty()) {
+          error = what + ": \"ops\" has an empty op-name glob";
+          return false;
+        }
+        plan.ops.push_back({o.key(), dim});
+      }
       continue;
     }
     if (key == "optimizer") {
@@ -109,18 +157,26 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
       if (!r.neutral.is_null() && v == r.neutral)
         break; // the neutral value asks for nothing
       error = what + ": \"" + key + "\": " + r.meaning +
-              " is not implemented in this version of carve (only \"dp\" is); remove the "
+              " is not implemented in this version of carve; remove the "
               "field or set it to " +
               (r.neutral.is_null() ? std::string("nothing") : r.neutral.dump());
       return false;
     }
     if (!known) {
-      std::string names = "dp, optimizer";
+      std::string names = "dp, tp, zero, sequence_parallel, ops, optimizer";
       for (const Reserved &r : reserved())
         names += std::string(", ") + r.name;
       error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
       return false;
     }
+  }
+  if (plan.sequenceParallel && plan.tp == 1) {
+    error = what + ": \"sequence_parallel\" splits along the tp axis and needs \"tp\" > 1";
+    return false;
+  }
+  if (plan.zero > 0 && plan.dp == 1) {
+    error = what + ": \"zero\" shards over the data-parallel ranks and needs \"dp\" > 1";
+    return false;
   }
   plan.json = j.dump();
   return true;

@@ -1,10 +1,10 @@
 //===- Plan.h - the parallelization plan file -----------------------------===//
 //
-// A plan is a JSON object (docs/plan.md). This version carries out data
-// parallelism (`dp`) and the optimizer settings; the names of the later forms
-// of parallelism are reserved and refused with a clear message until they are
-// implemented, so a plan written for a later version never silently means
-// something else.
+// A plan is a JSON object (docs/plan.md). This version carries out data and
+// tensor parallelism (`dp`, `tp`, `sequence_parallel`, `ops`), ZeRO (`zero`)
+// and the optimizer settings; the names of the later forms of parallelism are
+// reserved and refused with a clear message until they are implemented, so a
+// plan written for a later version never silently means something else.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,11 +15,18 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace carve {
 
 struct Plan {
   int dp = 1;
+  int tp = 1;
+  int zero = 0;
+  bool sequenceParallel = false;
+  /// The "ops" overrides in file order: op-name glob, dimension ("replicate").
+  std::vector<std::pair<std::string, std::string>> ops;
   /// Optimizer fields the plan set (applied over the defaults, under the
   /// command line's).
   std::map<std::string, double> optimizerNumbers;
@@ -28,7 +35,7 @@ struct Plan {
   /// The plan as given (canonical JSON), for OUT/plan.json and comments.
   std::string json;
 
-  int worldSize() const { return dp; }
+  int worldSize() const { return dp * tp; }
 };
 
 /// Parses plan text; `what` names it in errors (the file name). On failure

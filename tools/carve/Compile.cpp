@@ -11,6 +11,8 @@
 #include "tools/carve/Compile.h"
 
 #include "compiler/autodiff/Autodiff.h"
+#include "compiler/partition/Partitioner.h"
+#include "dialects/dist/DistDialect.h"
 #include "compiler/plan/Plan.h"
 #include "carve/rt/safetensors.h"
 
@@ -214,6 +216,7 @@ int runCompile(CompileArgs &args) {
 
   // Import with the global batch: the parameters' initial values, the batch.
   mlir::MLIRContext context;
+  context.loadDialect<dist::DistDialect>();
   std::vector<ImportOptions::InitialValue> initial;
   ImportOptions globalOpts = args.import;
   globalOpts.initialValues = &initial;
@@ -270,6 +273,23 @@ int runCompile(CompileArgs &args) {
   ad.loss = args.loss;
   if (!buildTrainingStep(*local, ad, error))
     die(args.model + ": " + error);
+  PartitionReport partition;
+  if (plan.tp > 1 || plan.zero > 0) {
+    PartitionOptions po;
+    po.dp = plan.dp;
+    po.tp = plan.tp;
+    po.zero = plan.zero;
+    po.sequenceParallel = plan.sequenceParallel;
+    for (const auto &[glob, dim] : plan.ops)
+      po.overrides.push_back({glob, dim});
+    std::string where = args.planPath.empty() ? std::string("plan") : args.planPath;
+    if (!partitionTrainStep(*local, po, partition, error))
+      die(error.rfind("plan: ", 0) == 0 ? where + error.substr(4)
+                                        : args.model + ": " + error);
+  } else if (!plan.ops.empty()) {
+    die((args.planPath.empty() ? std::string("plan") : args.planPath) +
+        ": \"ops\" overrides choose splits over tp; the plan has no \"tp\" > 1");
+  }
   if (!args.emitMlir.empty()) {
     std::string text;
     raw_string_ostream os(text);
@@ -281,6 +301,8 @@ int runCompile(CompileArgs &args) {
   CodegenOptions cg;
   cg.modelName = modelName;
   cg.dp = plan.dp;
+  cg.tp = plan.tp;
+  cg.zero = plan.zero;
   cg.globalBatch = batch;
   cg.optimizer = opt;
   cg.planJson = plan.json;
@@ -401,6 +423,12 @@ int runCompile(CompileArgs &args) {
            << "       " << prog.numKernelCalls << " kernel calls per step, " << prog.numBuckets
            << " gradient bucket(s), arena " << format("%.1f", prog.arenaBytes / 1048576.0)
            << " MiB per rank; sources in " << out << "/src\n";
+  if (!args.quiet && plan.tp > 1)
+    outs() << "       tp=" << plan.tp << (plan.sequenceParallel ? " with sequence parallelism" : "")
+           << ": " << partition.choices.size() << " ops split; per step " << partition.allReduce
+           << " all-reduce, " << partition.allGather << " all-gather, "
+           << partition.reduceScatter << " reduce-scatter, " << partition.allToAll
+           << " all-to-all over tp\n";
   return 0;
 }
 
