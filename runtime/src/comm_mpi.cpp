@@ -1,8 +1,11 @@
 //===- comm_mpi.cpp - the MPI backend of Communicator ---------------------===//
 //
-// Collectives map one to one onto MPI's non-blocking ones. A handle is an
-// index into a table of in-flight requests owned by the communicator that
-// started them. Every MPI call runs on the main thread (MPI_THREAD_FUNNELED):
+// Collectives and point-to-point messages map one to one onto MPI's
+// non-blocking calls. A handle is an index into a table of in-flight requests
+// owned by the communicator that started them. MPI counts are int: larger
+// operations go in several calls, one per piece of at most 2^30 elements
+// (a rank-blocked buffer's pieces described by strided datatypes; a large
+// reduce-scatter as one reduction per rank). Every MPI call runs on the main thread (MPI_THREAD_FUNNELED):
 // generated code calls collectives between kernels, never from inside an
 // OpenMP region. Errors are fatal (MPI_ERRORS_ARE_FATAL): a failing rank
 // takes the whole job down instead of leaving the others blocked.
@@ -167,7 +170,9 @@ public:
     const int64_t piece = maxCount();
     if (total <= piece) {
       // Non-blocking collectives read their count arrays until they complete.
-      slot.counts.assign(counts, counts + mySize);
+      slot.counts.resize(static_cast<size_t>(mySize));
+      for (int r = 0; r < mySize; ++r)
+        slot.counts[r] = static_cast<int>(counts[r]);
       slot.reqs.emplace_back();
       MPI_Ireduce_scatter(send, recv, slot.counts.data(), type, mpiOp(op), comm,
                           &slot.reqs.back());

@@ -126,8 +126,7 @@ void takeShard(const void *full, Dims fullShape, Split s, int index, void *local
   copyPiece(g, index, static_cast<const char *>(full), static_cast<char *>(local), true);
 }
 
-void placeShard(const void *local, Dims localShape, Split s, int index, void *full,
-                int elemBytes) {
+void placeShard(const void *local, Dims localShape, Split s, int index, void *full, int elemBytes) {
   const Geom g = geometry("placeShard", fullShape(localShape, s), s, elemBytes);
   checkIndex("placeShard", s, index);
   copyPiece(g, index, static_cast<const char *>(local), static_cast<char *>(full), false);

@@ -1786,6 +1786,11 @@ template <class T> void expand(const T *x, Dims xs, T *y, Dims ys) {
 }
 
 //===--- Vocab-parallel kernels (dist.h) ----------------------------------===//
+//
+// Declared in dist.h, defined here to share the serial kernels' arithmetic
+// (rowMax, fexp, sums in double), so that a tensor-parallel run computes the
+// same values as a one-rank run. They reach other ranks only through the
+// Communicator interface.
 
 namespace {
 

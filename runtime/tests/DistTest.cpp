@@ -23,8 +23,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "carve/rt/comm.h"
 #include "carve/rt/dist.h"
+#include "carve/rt/comm.h"
 #include "carve/rt/kernels.h"
 
 #include <gtest/gtest.h>
@@ -71,8 +71,8 @@ int64_t mismatches(const std::vector<T> &got, const std::vector<T> &want, const 
   for (size_t i = 0; i < got.size(); ++i)
     if (!(got[i] == want[i])) {
       if (wrong == 0)
-        ADD_FAILURE() << what << ": element " << i << " is " << +got[i] << ", expected "
-                      << +want[i] << " (rank " << comm().rank() << ")";
+        ADD_FAILURE() << what << ": element " << i << " is " << +got[i] << ", expected " << +want[i]
+                      << " (rank " << comm().rank() << ")";
       ++wrong;
     }
   return wrong;
@@ -128,14 +128,14 @@ TYPED_TEST(CollectiveTest, ReduceScatterWithZeroCounts) {
     }
     // The counts only need to live during the call.
     std::vector<int64_t> *temporary = new std::vector<int64_t>(counts);
-    CommHandle h = c.reduceScatterAsync(send.data(), recv.data(), temporary->data(),
-                                        commType<T>(), op);
+    CommHandle h =
+        c.reduceScatterAsync(send.data(), recv.data(), temporary->data(), commType<T>(), op);
     std::fill(temporary->begin(), temporary->end(), int64_t(-7));
     delete temporary;
     c.wait(h);
-    EXPECT_EQ(mismatches(recv, want, op == ReduceOp::Sum ? "reduce-scatter sum"
-                                                         : "reduce-scatter max"),
-              0);
+    EXPECT_EQ(
+        mismatches(recv, want, op == ReduceOp::Sum ? "reduce-scatter sum" : "reduce-scatter max"),
+        0);
   }
 }
 
@@ -166,8 +166,8 @@ TEST(Collective, SeveralInFlightCompletedOutOfOrder) {
   std::vector<double> sumOut(10, -1), toAll(2 * n, me);
   CommHandle h1 = c.allGatherAsync(mine, a.data(), 3, CommType::F64);
   CommHandle h2 = c.allToAllAsync(toAll.data(), b.data(), 2, CommType::F64);
-  CommHandle h3 = c.reduceScatterAsync(sum.data(), sumOut.data(), counts, CommType::F64,
-                                       ReduceOp::Sum);
+  CommHandle h3 =
+      c.reduceScatterAsync(sum.data(), sumOut.data(), counts, CommType::F64, ReduceOp::Sum);
   c.wait(h3);
   c.wait(h1);
   c.wait(h2);
@@ -369,9 +369,9 @@ template <class T> void checkSplitCollectives() {
           std::vector<T> out(os.numel(), T(-1)), outWant(os.numel());
           takeShard(full.data(), fs, to, me, outWant.data(), sizeof(T));
           allToAllSplit(c, mine.data(), ls, s, to, out.data(), commType<T>());
-          EXPECT_EQ(mismatches(out, outWant,
-                               "allToAllSplit from " + describe(s) + " to " + describe(to)),
-                    0);
+          EXPECT_EQ(
+              mismatches(out, outWant, "allToAllSplit from " + describe(s) + " to " + describe(to)),
+              0);
         }
     }
 }
@@ -458,8 +458,7 @@ template <class T> void checkEmbedding() {
   // Gradient: this rank's rows of the serial gradient.
   const std::vector<double> dyd = uniform(14 * width, 12);
   const std::vector<T> dy(dyd.begin(), dyd.end());
-  std::vector<T> dfull(rows * width), dwant(rowsPerRank * width),
-      dgot(rowsPerRank * width, T(-1));
+  std::vector<T> dfull(rows * width), dwant(rowsPerRank * width), dgot(rowsPerRank * width, T(-1));
   gather_grad(dy.data(), idx.data(), is, 0, dfull.data(), full);
   takeShard(dfull.data(), full, Split{0, 1, n}, me, dwant.data(), sizeof(T));
   gather_sharded_grad(dy.data(), idx.data(), is, offset, rows, dgot.data(), local);
@@ -501,10 +500,9 @@ template <class T> void checkCrossEntropy(int64_t spatial) {
                                std::to_string(reduction) + (hasIgnore ? ", ignore_index" : "");
       const int64_t outN = reduction == 2 ? rows * s : 1;
       std::vector<T> want(outN), got(outN, T(-1));
-      cross_entropy(logits.data(), full, targets.data(), reduction, hasIgnore, -100,
-                    want.data());
-      cross_entropy_vocab_parallel(c, mine.data(), local, me * perRank, targets.data(),
-                                   reduction, hasIgnore, -100, got.data());
+      cross_entropy(logits.data(), full, targets.data(), reduction, hasIgnore, -100, want.data());
+      cross_entropy_vocab_parallel(c, mine.data(), local, me * perRank, targets.data(), reduction,
+                                   hasIgnore, -100, got.data());
       EXPECT_EQ(mismatchesNear(got, want, "cross_entropy_vocab_parallel, " + what), 0);
 
       const T *dy = reduction == 2 ? dyNone.data() : &dyScalar;

@@ -50,8 +50,7 @@ Dims fullShape(Dims local, Split s);
 void takeShard(const void *full, Dims fullShape, Split s, int index, void *local, int elemBytes);
 /// Copies `local` (shape localShape) into piece `index` of `full` (shape
 /// fullShape(localShape, s)); the other pieces of `full` are left as they are.
-void placeShard(const void *local, Dims localShape, Split s, int index, void *full,
-                int elemBytes);
+void placeShard(const void *local, Dims localShape, Split s, int index, void *full, int elemBytes);
 
 /// `full` = the tensor whose piece c.rank() is `local` on every rank of c.
 /// s.parts must be c.size().
