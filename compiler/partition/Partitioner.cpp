@@ -209,15 +209,28 @@ const Annotation *Partitioner::annotationOf(Operation *op) {
   if (it != annotations.end())
     return &it->second;
   auto p = dyn_cast<PartitionableOpInterface>(op);
-  if (!p) {
-    fail(op, "has no partition annotation (PartitionableOpInterface); a custom op needs a rule "
-             "in the --rules file");
-    return nullptr;
+  std::string text, origin;
+  std::string node = nodeName(op->getLoc());
+  for (const AnnotationOverride &o : opts.annotations) {
+    auto pattern = llvm::GlobPattern::create(o.glob);
+    if (o.glob == op->getName().getStringRef() || (pattern && !node.empty() && pattern->match(node))) {
+      text = o.annotation;
+      origin = o.origin;
+      break;
+    }
+  }
+  if (text.empty()) {
+    if (!p) {
+      fail(op, "has no partition annotation (PartitionableOpInterface); a custom op needs a "
+               "rule in the --rules file");
+      return nullptr;
+    }
+    text = p.getPartitionAnnotation();
   }
   Annotation a;
   std::string e;
-  if (!Annotation::parse(p.getPartitionAnnotation(), a, e)) {
-    fail(op, e);
+  if (!Annotation::parse(text, a, e)) {
+    fail(op, origin.empty() ? e : origin + ": " + e);
     return nullptr;
   }
   std::vector<std::vector<int64_t>> ins, outs;
@@ -226,7 +239,7 @@ const Annotation *Partitioner::annotationOf(Operation *op) {
   for (Value v : op->getResults())
     outs.push_back(shapeOf(v));
   if (!a.bind(ins, outs, e)) {
-    fail(op, e);
+    fail(op, origin.empty() ? e : origin + ": " + e);
     return nullptr;
   }
   return &annotations.emplace(op, std::move(a)).first->second;

@@ -27,12 +27,22 @@ struct OpOverride {
   std::string dim;
 };
 
+/// A rules file's replacement of a built-in op's annotation: ops whose model
+/// node name matches `glob`, or whose op name equals it ("carve.matmul"), use
+/// `annotation` (checked against each op's shapes) instead of their own.
+struct AnnotationOverride {
+  std::string glob;
+  std::string annotation;
+  std::string origin; // where it came from, for errors ("rules.json: ops[2]")
+};
+
 struct PartitionOptions {
   int dp = 1;
   int tp = 1;
   int zero = 0;
   bool sequenceParallel = false;
   std::vector<OpOverride> overrides;
+  std::vector<AnnotationOverride> annotations;
 };
 
 /// What the partitioner did, for the compile log and tests.
