@@ -702,9 +702,16 @@ int main(int argc, char **argv) {
 
   // Every rank's persistent bytes, for rank 0's report (gathered even when
   // quiet: ranks may disagree on --quiet, never on a collective).
-  const int64_t mine[3] = {program->paramBytes, program->gradBytes, program->stateBytes};
-  std::vector<int64_t> memory(3 * static_cast<size_t>(worldSize));
-  world->allGather(mine, memory.data(), 3, CommType::I64);
+  // Parameter elements this rank holds: its tp piece of each parameter and
+  // buffer, or its ZeRO-3 chunk.
+  int64_t elements = 0;
+  for (int i = 0; i < program->numParams; ++i)
+    elements += program->params[i].paramZero ? program->params[i].zeroChunk
+                                             : program->params[i].numel;
+  const int64_t mine[4] = {program->paramBytes, program->gradBytes, program->stateBytes,
+                           elements};
+  std::vector<int64_t> memory(4 * static_cast<size_t>(worldSize));
+  world->allGather(mine, memory.data(), 4, CommType::I64);
 
   int64_t start = weights.step;
   int64_t end = start + opts.steps;
@@ -720,13 +727,17 @@ int main(int argc, char **argv) {
     std::printf("carve: data %s; weights from %s; steps %lld to %lld\n", loader->describe().c_str(),
                 opts.load.empty() ? weights.model.path().c_str() : opts.load.c_str(),
                 static_cast<long long>(start), static_cast<long long>(end - 1));
-    if (std::any_of(memory.begin(), memory.end(), [](int64_t b) { return b != 0; }))
+    bool reported = false;
+    for (int r = 0; r < worldSize; ++r)
+      reported |= memory[4 * r] != 0 || memory[4 * r + 1] != 0 || memory[4 * r + 2] != 0;
+    if (reported)
       for (int r = 0; r < worldSize; ++r)
-        std::printf("carve: memory rank %d (dp %d, tp %d): parameters %lld bytes, gradients "
-                    "%lld bytes, optimizer state %lld bytes\n",
-                    r, r / mesh.tp, r % mesh.tp, static_cast<long long>(memory[3 * r]),
-                    static_cast<long long>(memory[3 * r + 1]),
-                    static_cast<long long>(memory[3 * r + 2]));
+        std::printf("carve: memory rank %d (dp %d, tp %d): parameters %lld bytes (%lld "
+                    "elements), gradients %lld bytes, optimizer state %lld bytes\n",
+                    r, r / mesh.tp, r % mesh.tp, static_cast<long long>(memory[4 * r]),
+                    static_cast<long long>(memory[4 * r + 3]),
+                    static_cast<long long>(memory[4 * r + 1]),
+                    static_cast<long long>(memory[4 * r + 2]));
     std::fflush(stdout);
   }
 

@@ -353,9 +353,19 @@ def tests(exe, tmp):
             check(opt == as_dict(shard_state(True)), what + ": saved optimizer state is zero, "
                   "full shapes", str(opt)[:600])
             lines = [l for l in res.out.splitlines() if l.startswith("carve: memory")]
-            want = [f"carve: memory rank {r} (dp {r // (world // dp)}, tp {r % (world // dp)}): "
-                    f"parameters {1000 + r} bytes, gradients {2000 + r} bytes, optimizer state "
-                    f"{3000 + r} bytes" for r in range(world)]
+            tp = world // dp
+
+            def held(numel, split, zero3):
+                # fake_program.cpp's shard tensors: this rank's tp piece, or its
+                # ZeRO-3 chunk (rounded up to 4 elements there).
+                local = numel // tp if split else numel
+                return ((local + dp - 1) // dp + 3) // 4 * 4 if zero3 else local
+
+            elements = held(60, True, True) + held(24, True, False) + held(5, False, False) + \
+                held(8, True, True)
+            want = [f"carve: memory rank {r} (dp {r // tp}, tp {r % tp}): "
+                    f"parameters {1000 + r} bytes ({elements} elements), gradients {2000 + r} "
+                    f"bytes, optimizer state {3000 + r} bytes" for r in range(world)]
             check(lines == want, what + ": memory report of every rank, in rank order",
                   "\n".join(lines))
         ck = P(f"sck2-{world}-{dp}")
