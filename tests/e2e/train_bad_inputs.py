@@ -219,21 +219,45 @@ def build_cases(carve, root, p, errors):
             f.write(text)
         return path
 
-    def compile_case(name, plan_text, expect):
+    def compile_case(name, plan_text, expect, model="mlp", names_plan=True):
         """-o names a program compiled before, which a failed compile must keep."""
         plan = plan_file(name, plan_text)
         out = d("out", name)
         if "mlp1" not in errors:
             shutil.copytree(p["mlp1"], out, symlinks=True)
-        cases.append(Case(name, [carve, "compile", p["mlp"], "--plan", plan, "-o", out],
-                          expect=[plan] + expect, guarded=[out, plan], needs=["mlp1"]))
+        cases.append(Case(name, [carve, "compile", p[model], "--plan", plan, "-o", out],
+                          expect=([plan] if names_plan else []) + expect, guarded=[out, plan],
+                          needs=["mlp1"]))
 
     # Plans. The MLP's batch is 4.
     compile_case("plan_dp_not_dividing", '{"dp": 3}\n', ["dp", "3", "4"])
     compile_case("plan_unknown_field", '{"dp": 1, "dpp": 2}\n',
                  ["dpp", ("unknown", "unrecognized", "unexpected", "not a plan field")])
-    compile_case("plan_tp_not_implemented", '{"dp": 1, "tp": 2}\n',
-                 ["tp", "tensor parallel", "not implemented"])
+    compile_case("plan_pp_not_implemented", '{"dp": 1, "pp": 2}\n',
+                 ["pp", "pipeline parallel", "not implemented"])
+    # Sharding. The GPT has 2 heads, width 32, hidden 128, vocabulary 64.
+    compile_case("plan_tp_not_dividing_heads", '{"tp": 4}\n',
+                 ["attention", "tp=4", "2 attention heads", "/h.0/attn/"], model="gpt",
+                 names_plan=False)
+    compile_case("plan_tp_not_dividing_vocab", '{"tp": 3}\n',
+                 ["tp=3", "does not divide", "/wte/Gather", "vocab", "64"], model="gpt",
+                 names_plan=False)
+    compile_case("plan_tp_not_dividing_hidden",
+                 '{"tp": 3, "ops": {"/wte/Gather": "replicate"}}\n',
+                 ["tp=3", "does not divide", "/h.0/attn/c_attn/MatMul", "96"], model="gpt",
+                 names_plan=False)
+    compile_case("plan_tp_zero", '{"tp": 0}\n', ["tp", "positive integer"])
+    compile_case("plan_zero_stage", '{"dp": 2, "zero": 4}\n', ["zero", "0, 1, 2 or 3"])
+    compile_case("plan_zero_without_dp", '{"zero": 1}\n', ["zero", "dp"])
+    compile_case("plan_sp_without_tp", '{"sequence_parallel": true}\n',
+                 ["sequence_parallel", "tp"])
+    compile_case("plan_ops_no_match", '{"tp": 2, "ops": {"/nowhere/*": "replicate"}}\n',
+                 ["ops", "/nowhere/*", "matches no op"], model="gpt")
+    compile_case("plan_ops_bad_dim", '{"tp": 2, "ops": {"/h.0/mlp/c_fc/MatMul": {"tp": "q"}}}\n',
+                 ["ops", "/h.0/mlp/c_fc/MatMul", "'q'", "does not have"], model="gpt",
+                 names_plan=False)
+    compile_case("plan_ops_malformed", '{"tp": 2, "ops": {"/h.0/*": {"tp": 3}}}\n',
+                 ["ops", "/h.0/*", "replicate"], model="gpt")
     compile_case("plan_malformed_json", '{"dp": 2,\n',
                  [("JSON", "json", "parse", "syntax")])
 
