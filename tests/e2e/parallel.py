@@ -314,7 +314,7 @@ def main():
                 checked += 1
                 print("ok   %-42s loss %.1e  weights %.1e  %s" % (label, worst, wworst,
                                                                    json.dumps(counts)))
-            except (Failure, subprocess.TimeoutExpired) as e:
+            except (Failure, subprocess.TimeoutExpired, OSError) as e:
                 failures.append(label)
                 print("FAIL %s: %s" % (label, e))
             sys.stdout.flush()
