@@ -205,6 +205,8 @@ private:
   std::map<std::pair<Operation *, unsigned>, Value> foldedOperand;
 
   std::string constants; // static arrays
+  /// The user's kernels (carve.custom, carve.custom_grad): name -> declaration.
+  std::map<std::string, std::string> customKernels;
   std::string body;      // the step function's statements
   std::vector<TensorRow> inputRows, paramRows;
   int kernelCalls = 0;
@@ -264,6 +266,7 @@ private:
   bool emitConstant(ConstantOp op);
   bool emitOp(Operation *op);
   bool emitCollective(Operation *op, llvm::raw_ostream &os);
+  bool emitCustom(Operation *op, llvm::raw_ostream &os);
   /// The whole source: `plan` (the memory-plan comment) opens the step
   /// function, `tail` (sync, loss, optimizer) closes it.
   std::string emitProgram(const std::string &plan, const std::string &tail);
@@ -774,10 +777,66 @@ bool Generator::emitOp(Operation *op) {
   } else if (isa<ExpandOp>(op)) {
     os << "expand(" << opnd(0) << ", " << oshape(0) << ", " << name(res) << ", " << shapeOf(res)
        << ");";
+  } else if (isa<CustomOp, CustomGradOp>(op)) {
+    if (!emitCustom(op, os))
+      return false;
   } else {
     return failOp(op, "the CPU target has no kernel for this op yet");
   }
   s += call + "\n";
+  return true;
+}
+
+/// A user-defined op: a call of the user's `extern "C"` kernel with the ABI of
+/// runtime/include/carve/rt/custom.h, on this rank's local shapes.
+bool Generator::emitCustom(Operation *op, llvm::raw_ostream &os) {
+  auto tensors = [&](ValueRange values, const char *array, bool isConst) -> std::string {
+    if (values.empty())
+      return "";
+    std::string t = std::string("    ") + (isConst ? "const " : "") + "CarveTensor " + array +
+                    "[] = {";
+    for (auto [k, v] : llvm::enumerate(values)) {
+      std::string c, d;
+      int size;
+      elementInfo(typeOf(v).getElementType(), c, d, size);
+      std::string code = d == "Bool" ? "CARVE_BOOL" : "CARVE_" + d;
+      t += std::string(k ? ",\n        " : "") + "{" + var.lookup(v) + ", " + code + ", " +
+           std::to_string(typeOf(v).getRank()) + ", " + dims(typeOf(v).getShape()) + "}";
+    }
+    return t + "};\n";
+  };
+  for (Value v : llvm::concat<Value>(op->getOperands(), op->getResults()))
+    if (typeOf(v).getRank() > 8)
+      return failOp(op, "a custom kernel's tensors have at most 8 dimensions (CarveTensor::dims)");
+  auto arg = [](ValueRange values, const char *array) {
+    return (values.empty() ? std::string("nullptr") : std::string(array)) + ", " +
+           std::to_string(values.size());
+  };
+  std::string what = op->getAttrOfType<StringAttr>("domain").str() +
+                     "::" + op->getAttrOfType<StringAttr>("op_type").str();
+  if (auto c = dyn_cast<CustomOp>(op)) {
+    std::string fn = c.getForward().str();
+    customKernels[fn] = "extern \"C\" void " + fn +
+                        "(const CarveTensor *in, int nin, CarveTensor *out, int nout);";
+    os << "{\n    // " << what << ": the user's forward kernel (rules file), on this rank's "
+       << "shapes.\n"
+       << tensors(c.getInputs(), "in", true) << tensors(c.getOutputs(), "out", false) << "    ::"
+       << fn << "(" << arg(c.getInputs(), "in") << ", " << arg(c.getOutputs(), "out") << ");\n  }";
+    return true;
+  }
+  auto g = cast<CustomGradOp>(op);
+  std::string fn = g.getBackward().str();
+  customKernels[fn] = "extern \"C\" void " + fn +
+                      "(const CarveTensor *in, int nin, const CarveTensor *outGrad, int nout, "
+                      "CarveTensor *inGrad);";
+  size_t nin = g.getInputGrads().size();
+  ValueRange inputs = g.getInputs().take_front(nin), outGrads = g.getInputs().drop_front(nin);
+  os << "{\n    // " << what << ": the user's backward kernel (rules file), on this rank's "
+     << "shapes.\n"
+     << tensors(inputs, "in", true) << tensors(outGrads, "outGrad", true)
+     << tensors(g.getInputGrads(), "inGrad", false) << "    ::" << fn << "("
+     << arg(inputs, "in") << ", " << (outGrads.empty() ? "nullptr" : "outGrad") << ", "
+     << outGrads.size() << ", " << (nin ? "inGrad" : "nullptr") << ");\n  }";
   return true;
 }
 
@@ -799,11 +858,6 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
   auto split = [&](int64_t d, int64_t g) {
     return "Split{" + std::to_string(d) + ", " + std::to_string(g) + ", " + std::to_string(parts) +
            "}";
-  };
-  auto full = [&](Value v, int64_t d) {
-    SmallVector<int64_t> sh(typeOf(v).getShape());
-    sh[d] *= parts;
-    return dims(sh);
   };
   std::string n = std::to_string(typeOf(in).getNumElements());
   std::string red = "ReduceOp::Sum";
@@ -837,7 +891,6 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
     os << "copy(" << x << ", " << y << ", " << n << ");\n  " << comm.substr(1) << "->broadcast("
        << y << ", " << bytesOf(in) << ", " << b.getRoot() << ");";
   }
-  (void)full;
   return true;
 }
 
@@ -1068,10 +1121,8 @@ bool Generator::run() {
   size_t nextBucket = 0, nextWait = 0;
   auto waitBuckets = [&](int after) {
     while (zero >= 2 && nextWait < nextBucket && buckets[nextWait].waitAt <= after) {
-      const Bucket &bk = buckets[nextWait];
       s += "  for (CommHandle &h : bucket" + std::to_string(nextWait) +
            ") ctx.dpComm->wait(h);  // its full gradients are dead from here\n";
-      (void)bk;
       ++nextWait;
     }
   };
@@ -1354,8 +1405,17 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
      << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
      << "#include \"carve/rt/dist.h\"\n#include \"carve/rt/kernels.h\"\n"
      << "#include \"carve/rt/optim.h\"\n"
-     << "#include \"carve/rt/program.h\"\n\n#include <cmath>\n#include <cstdint>\n\n"
-     << "using namespace carve::rt;\n\nnamespace {\n\n";
+     << "#include \"carve/rt/program.h\"\n"
+     << (customKernels.empty() ? "" : "#include \"carve/rt/custom.h\"\n")
+     << "\n#include <cmath>\n#include <cstdint>\n\n";
+  if (!customKernels.empty()) {
+    os << "// The user's kernels, from the rules file's sources (OUT/src/custom/); the ABI is in\n"
+       << "// carve/rt/custom.h.\n";
+    for (const auto &[fn, decl] : customKernels)
+      os << decl << "\n";
+    os << "\n";
+  }
+  os << "using namespace carve::rt;\n\nnamespace {\n\n";
   if (!constants.empty())
     os << "// ---- Constants ----\n\n" << constants << "\n";
   os << "void step(StepContext &ctx) {\n";
