@@ -1286,7 +1286,7 @@ bool Generator::run() {
     ts << "  const float clip = clipCoefficient(norm, " << number(o.clipGradNorm, false) << ");\n";
     for (GradSlot &g : grads)
       ts << "  scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
-         << chunkOf[g.param] << ", clip);\n";
+         << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
   }
   ts << "\n  // " << o.describe() << "\n";
   ts << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", " << o.warmupSteps

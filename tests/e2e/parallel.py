@@ -67,7 +67,9 @@ import st  # noqa: E402
 STEPS = 10
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
-OPTIMIZER = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
+# Clipping at 0.5 is active on every step (gradient norms here are 0.9-1.6), so
+# the global norm over tp pieces and ZeRO chunks is checked too.
+OPTIMIZER = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--clip-grad-norm", "0.5"]
 
 MODELS = {
     # name: (reference model, --config overrides, layers)
@@ -138,12 +140,12 @@ def expected_split(model, name, tp):
 
 
 def read_losses(path):
+    """(losses, gradient norms before clipping), one per step."""
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    losses = [r["loss"] for r in rows]
-    if len(losses) != STEPS:
-        raise Failure("%s: %d steps logged, expected %d" % (path, len(losses), STEPS))
-    return losses
+    if len(rows) != STEPS:
+        raise Failure("%s: %d steps logged, expected %d" % (path, len(rows), STEPS))
+    return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
 
 
 def param_types(mlir_path):
@@ -244,7 +246,11 @@ def main():
             return out, stdout
 
         base, _ = build("1rank", None, 1)
-        base_losses = read_losses(base + ".jsonl")
+        base_losses, base_norms = read_losses(base + ".jsonl")
+        if min(base_norms) <= 0.5:
+            failures.append(model + " 1rank")
+            print("FAIL %s: a gradient norm is below the clipping threshold: %s" %
+                  (model, base_norms))
         base_weights = st.load(base + ".ckpt/model.safetensors")
         full_shapes = {k: list(v.shape) for k, v in base_weights.items()}
         for name, plan in PLANS:
@@ -254,11 +260,15 @@ def main():
             ranks = plan.get("dp", 1) * plan.get("tp", 1)
             try:
                 out, stdout = build(name, plan, ranks)
-                losses = read_losses(out + ".jsonl")
+                losses, norms = read_losses(out + ".jsonl")
                 worst = max(abs(a - b) / abs(a) for a, b in zip(base_losses, losses))
                 if worst > LOSS_RTOL:
                     raise Failure("loss differs by %.3g relative (limit %g): %s vs %s" %
                                   (worst, LOSS_RTOL, losses, base_losses))
+                nworst = max(abs(a - b) / abs(a) for a, b in zip(base_norms, norms))
+                if nworst > LOSS_RTOL:
+                    raise Failure("gradient norm differs by %.3g relative (limit %g): %s vs %s" %
+                                  (nworst, LOSS_RTOL, norms, base_norms))
                 weights = st.load(out + ".ckpt/model.safetensors")
                 if sorted(weights) != sorted(base_weights):
                     raise Failure("checkpoint tensors differ from the 1-rank run's")
