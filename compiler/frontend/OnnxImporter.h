@@ -10,6 +10,8 @@
 #ifndef CARVE_COMPILER_FRONTEND_ONNXIMPORTER_H
 #define CARVE_COMPILER_FRONTEND_ONNXIMPORTER_H
 
+#include "compiler/rules/CustomOp.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringMap.h"
@@ -43,6 +45,9 @@ struct ImportOptions {
     std::vector<float> data;
   };
   std::vector<InitialValue> *initialValues = nullptr;
+  /// Ops of custom domains (`--rules`): a node whose domain and type match a
+  /// rule becomes `carve.custom`; a node of another domain without one is an error.
+  std::vector<CustomOpRule> customOps;
 };
 
 /// Parses one `NAME=VALUE` of `--set-dim` into `opts`; on a malformed entry

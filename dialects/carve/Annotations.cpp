@@ -12,6 +12,7 @@
 
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -513,3 +514,118 @@ CARVE_ANNOTATED(AttentionGradOp)
 CARVE_ANNOTATED(CrossEntropyGradOp)
 CARVE_ANNOTATED(GatherGradOp)
 CARVE_ANNOTATED(SliceGradOp)
+
+//===----------------------------------------------------------------------===//
+// Custom ops: the annotation is an attribute (from the rules file)
+//===----------------------------------------------------------------------===//
+
+std::string CustomOp::getPartitionAnnotation() { return getAnnotation().str(); }
+std::string CustomGradOp::getPartitionAnnotation() { return getAnnotation().str(); }
+
+namespace {
+
+/// The rank of each tensor on one side of an annotation: a group `(a b)`
+/// counts as one dimension, `()` is a scalar. The full grammar is checked by
+/// compiler/partition (which reads the rules file); this only matches the
+/// annotation to the op's arity and ranks.
+SmallVector<int64_t> ranksOf(StringRef side) {
+  SmallVector<int64_t> ranks;
+  side = side.trim();
+  if (side.empty())
+    return ranks;
+  SmallVector<StringRef> tensors;
+  side.split(tensors, ',');
+  for (StringRef t : tensors) {
+    t = t.trim();
+    if (t == "()") {
+      ranks.push_back(0);
+      continue;
+    }
+    int64_t rank = 0, depth = 0;
+    bool inWord = false;
+    for (char c : t) {
+      if (c == '(') {
+        if (depth++ == 0)
+          ++rank;
+        inWord = false;
+      } else if (c == ')') {
+        --depth;
+      } else if (c == ' ') {
+        inWord = false;
+      } else if (depth == 0 && !inWord) {
+        ++rank;
+        inWord = true;
+      }
+    }
+    ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+LogicalResult verifyCustomAnnotation(Operation *op, StringRef annotation, TypeRange operands,
+                                     TypeRange results) {
+  auto [lhs, rhs] = annotation.split("->");
+  if (annotation.count("->") != 1)
+    return op->emitOpError("annotation '") << annotation << "' must have exactly one '->'";
+  SmallVector<int64_t> in = ranksOf(lhs), out = ranksOf(rhs);
+  if (in.size() != operands.size() || out.size() != results.size())
+    return op->emitOpError("annotation '")
+           << annotation << "' describes " << in.size() << " operand(s) and " << out.size()
+           << " result(s), the op has " << operands.size() << " and " << results.size();
+  auto check = [&](ArrayRef<int64_t> ranks, TypeRange types, const char *what) -> LogicalResult {
+    for (auto [k, pair] : llvm::enumerate(llvm::zip(ranks, types))) {
+      auto [rank, type] = pair;
+      if (cast<RankedTensorType>(type).getRank() != rank)
+        return op->emitOpError("annotation '")
+               << annotation << "' gives " << what << " " << k << " " << rank
+               << " dimension(s), its type has " << cast<RankedTensorType>(type).getRank();
+    }
+    return success();
+  };
+  if (failed(check(in, operands, "operand")) || failed(check(out, results, "result")))
+    return failure();
+  return success();
+}
+
+LogicalResult verifySymbol(Operation *op, StringRef what, StringRef name, bool optional) {
+  if (name.empty() && optional)
+    return success();
+  bool ok = !name.empty() && (std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_');
+  for (char c : name)
+    ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  if (!ok)
+    return op->emitOpError(what) << " '" << name << "' is not a C identifier";
+  return success();
+}
+
+} // namespace
+
+LogicalResult CustomOp::verify() {
+  if (getDomain().empty() || getOpType().empty())
+    return emitOpError("needs a domain and an op_type");
+  if (failed(verifySymbol(*this, "forward kernel", getForward(), false)) ||
+      failed(verifySymbol(*this, "backward kernel", getBackward(), true)))
+    return failure();
+  if (failed(verifyCustomAnnotation(*this, getAnnotation(), getInputs().getTypes(),
+                                    getOutputs().getTypes())))
+    return failure();
+  // The gradient op's operands: the inputs, then one gradient per output.
+  SmallVector<Type> gradOperands(getInputs().getTypes());
+  llvm::append_range(gradOperands, getOutputs().getTypes());
+  return verifyCustomAnnotation(*this, getBackwardAnnotation(), gradOperands,
+                                getInputs().getTypes());
+}
+
+LogicalResult CustomGradOp::verify() {
+  if (failed(verifySymbol(*this, "backward kernel", getBackward(), false)))
+    return failure();
+  if (getInputs().size() < getInputGrads().size())
+    return emitOpError("has ") << getInputs().size() << " operands, fewer than its "
+                               << getInputGrads().size() << " results";
+  for (auto [k, t] : llvm::enumerate(getInputGrads().getTypes()))
+    if (t != getInputs()[k].getType())
+      return emitOpError("result ")
+             << k << " (the gradient of input " << k << ") must have that input's type";
+  return verifyCustomAnnotation(*this, getAnnotation(), getInputs().getTypes(),
+                                getInputGrads().getTypes());
+}

@@ -672,4 +672,61 @@ def Carve_SliceGradOp : Carve_Op<"slice_grad"> {
   let assemblyFormat = "$grad attr-dict `:` type($grad) `->` type($result)";
 }
 
+//===----------------------------------------------------------------------===//
+// User-defined ops
+//
+// Ops of a custom ONNX domain that a rules file (`carve compile --rules`,
+// docs/custom-ops.md) describes: the user's C++ kernels compute them, the
+// rules give their annotation and result shapes.
+//===----------------------------------------------------------------------===//
+
+def Carve_CustomOp : Carve_Op<"custom", [Carve_Differentiable]> {
+  let summary = "An op computed by the user's `extern \"C\"` kernel.";
+  let description = [{
+    A node `domain::op_type` of the ONNX model that the rules file describes.
+    `forward` names the kernel that computes the results from the inputs,
+    `backward` (empty: the op has no gradient) the one that computes the
+    inputs' gradients (`carve.custom_grad`). Both see the local (per-rank)
+    shapes, so a kernel written for any shape computes its piece of a split
+    that `annotation` allows. `backward_annotation` is the gradient op's,
+    derived from `annotation` when the rules file is read.
+
+    ```mlir
+    %y = carve.custom %a, %b {annotation = "a b c, a b c -> a b c",
+                              backward = "swiglu_backward",
+                              backward_annotation = "a b c, a b c, a b c -> a b c, a b c",
+                              domain = "carve.example", forward = "swiglu_forward",
+                              op_type = "SwiGLU"}
+           : (tensor<4x16x64xf32>, tensor<4x16x64xf32>) -> tensor<4x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Carve_Tensor>:$inputs, StrAttr:$domain, StrAttr:$op_type,
+                       StrAttr:$annotation, StrAttr:$backward_annotation, StrAttr:$forward,
+                       DefaultValuedStrAttr<StrAttr, "">:$backward);
+  let results = (outs Variadic<Carve_Tensor>:$outputs);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, $outputs)";
+}
+
+def Carve_CustomGradOp : Carve_Op<"custom_grad"> {
+  let summary = "Gradients of a custom op's inputs, from the user's backward kernel.";
+  let description = [{
+    Operands: the forward op's inputs, then the gradients of its results (a
+    zero constant where none flows). Results: one gradient per forward input,
+    each of that input's type. `annotation` is the forward op's
+    `backward_annotation`.
+
+    ```mlir
+    %da, %db = carve.custom_grad %a, %b, %dy {annotation = "a b c, a b c, a b c -> a b c, a b c",
+                                              backward = "swiglu_backward",
+                                              domain = "carve.example", op_type = "SwiGLU"}
+           : (tensor<4x16x64xf32>, tensor<4x16x64xf32>, tensor<4x16x64xf32>)
+             -> (tensor<4x16x64xf32>, tensor<4x16x64xf32>)
+    ```
+  }];
+  let arguments = (ins Variadic<Carve_Tensor>:$inputs, StrAttr:$domain, StrAttr:$op_type,
+                       StrAttr:$annotation, StrAttr:$backward);
+  let results = (outs Variadic<Carve_Tensor>:$input_grads);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, $input_grads)";
+}
+
 #endif // CARVE_OPS_TD

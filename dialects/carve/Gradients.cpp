@@ -37,6 +37,12 @@ Value splat(OpBuilder &b, Location loc, Value like, ArrayRef<int64_t> shape, dou
   return ConstantOp::create(b, loc, DenseElementsAttr::get(type, b.getFloatAttr(ft, x)));
 }
 
+/// A zero constant of any element type.
+Value zeros(OpBuilder &b, Location loc, RankedTensorType type) {
+  return ConstantOp::create(b, loc,
+                            DenseElementsAttr::get(type, b.getZeroAttr(type.getElementType())));
+}
+
 Value reshape(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> shape) {
   if (typeOf(v).getShape() == shape)
     return v;
@@ -454,5 +460,27 @@ LogicalResult ExpandOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   og.assign(1, Value());
   if (rg[0])
     og[0] = unbroadcast(b, getLoc(), rg[0], getInput());
+  return success();
+}
+
+//===--- User-defined ops ---------------------------------------------------===//
+
+LogicalResult CustomOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                       SmallVectorImpl<Value> &og) {
+  og.assign(getNumOperands(), Value());
+  if (getBackward().empty())
+    return emitOpError("(")
+           << getDomain() << "::" << getOpType()
+           << ") has no backward kernel, but a trainable parameter's gradient flows through it; "
+              "name one in the rules file (\"cpu\": {\"backward\": ...})";
+  // The kernel reads every result gradient: zeros where none flows.
+  SmallVector<Value> operands(getInputs());
+  for (auto [r, g] : llvm::zip(getOutputs(), rg))
+    operands.push_back(g ? g : zeros(b, getLoc(), typeOf(r)));
+  auto grad = CustomGradOp::create(b, getLoc(), getInputs().getTypes(), operands, getDomainAttr(),
+                                   getOpTypeAttr(), getBackwardAnnotationAttr(), getBackwardAttr());
+  for (auto [k, v] : llvm::enumerate(getInputs()))
+    if (isFloat(v))
+      og[k] = grad.getResult(k);
   return success();
 }

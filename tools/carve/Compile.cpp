@@ -10,13 +10,15 @@
 
 #include "tools/carve/Compile.h"
 
+#include "carve/rt/safetensors.h"
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/partition/Partitioner.h"
-#include "dialects/dist/DistDialect.h"
 #include "compiler/plan/Plan.h"
-#include "carve/rt/safetensors.h"
+#include "compiler/rules/Rules.h"
+#include "dialects/dist/DistDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -145,6 +147,44 @@ void writeInitialValues(const std::string &path,
     fail(error);
 }
 
+/// Runs the C++ compiler with `argv`; on failure keeps its log beside OUT
+/// and fails naming `what` and the first error.
+void runCompiler(const std::string &cxxName, const std::vector<std::string> &argv,
+                 const std::string &log, const std::string &out, const std::string &what,
+                 const std::string &linkHint) {
+  std::vector<StringRef> refs(argv.begin(), argv.end());
+  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log), StringRef(log)};
+  std::string execError;
+  auto cxx = sys::findProgramByName(cxxName);
+  if (!cxx)
+    fail("the C++ compiler '" + cxxName + "' was not found");
+  int rc = sys::ExecuteAndWait(*cxx, refs, std::nullopt, redirects, 0, 0, &execError);
+  if (rc == 0)
+    return;
+  std::string text;
+  if (auto buf = MemoryBuffer::getFile(log))
+    text = (*buf)->getBuffer().str();
+  // The compiler's "error:" line, or the linker's line naming a missing
+  // symbol ("collect2: error" does not).
+  std::string first, undefined;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (undefined.empty() && line.find("undefined reference") != std::string::npos)
+      undefined = line;
+    if (first.empty() && line.find("error:") != std::string::npos)
+      first = line;
+  }
+  // Keep the log where the user can read it.
+  std::string kept = out + ".build.log";
+  sys::fs::copy_file(log, kept);
+  fail("the C++ compiler failed on " + what + " (" +
+       (!execError.empty()   ? execError
+        : !undefined.empty() ? undefined
+                             : first) +
+       ")" + (undefined.empty() ? "" : linkHint) + "; full log: " + kept);
+}
+
 } // namespace
 
 int runCompile(CompileArgs &args) {
@@ -214,6 +254,14 @@ int runCompile(CompileArgs &args) {
                 "overwrite it");
   }
 
+  // The rules file: custom ops for the importer, overrides for the partitioner.
+  RuleSet rules;
+  if (!args.rulesPath.empty()) {
+    if (!loadRules(args.rulesPath, rules, error))
+      die(error);
+    args.import.customOps = rules.customOps;
+  }
+
   // Import with the global batch: the parameters' initial values, the batch.
   mlir::MLIRContext context;
   context.loadDialect<dist::DistDialect>();
@@ -269,10 +317,24 @@ int runCompile(CompileArgs &args) {
           "dynamic batch)");
   }
 
+  if (!prepareCustomOps(*local, rules, error))
+    die(args.model + ": " + error);
   AutodiffOptions ad;
   ad.loss = args.loss;
-  if (!buildTrainingStep(*local, ad, error))
-    die(args.model + ": " + error);
+  {
+    // A gradient rule says why it failed in a diagnostic (a custom op without
+    // a backward kernel): fold it into the one error line.
+    std::string why;
+    mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
+      if (why.empty())
+        why = d.str();
+      return mlir::success();
+    });
+    if (!buildTrainingStep(*local, ad, error))
+      die(args.model + ": " + error + (why.empty() ? "" : ": " + why));
+  }
+  if (!checkOverridesMatch(*local, rules, error))
+    die(error);
   PartitionReport partition;
   if (plan.tp > 1 || plan.zero > 0) {
     PartitionOptions po;
@@ -282,6 +344,7 @@ int runCompile(CompileArgs &args) {
     po.sequenceParallel = plan.sequenceParallel;
     for (const auto &[glob, dim] : plan.ops)
       po.overrides.push_back({glob, dim});
+    po.annotations = rules.overrides;
     std::string where = args.planPath.empty() ? std::string("plan") : args.planPath;
     if (!partitionTrainStep(*local, po, partition, error))
       die(error.rfind("plan: ", 0) == 0 ? where + error.substr(4)
@@ -317,6 +380,9 @@ int runCompile(CompileArgs &args) {
     parent = ".";
   if (std::error_code ec = sys::fs::create_directories(parent))
     die(out + ": cannot create the parent directory: " + ec.message());
+  // createUniqueDirectory puts a relative prefix under the system's temporary
+  // directory; the temporary output must be beside OUT.
+  sys::fs::make_absolute(parent);
   TempDir tmp;
   activeTemp = &tmp;
   {
@@ -351,8 +417,12 @@ int runCompile(CompileArgs &args) {
        << "`programs.cpp` maps each rank to its program. The runtime's `main` "
           "(runtime/src/train_main.cpp) reads the data, runs the steps and writes "
           "checkpoints.\n\n"
-       << "Optimizer: " << opt.describe() << ".\n\n"
-       << "Memory: arena of " << prog.arenaBytes << " bytes per rank; activations take "
+       << "Optimizer: " << opt.describe() << ".\n\n";
+    if (!rules.sources.empty()) {
+      os << "Custom ops: `custom/` holds copies of the kernel sources that " << args.rulesPath
+         << " names; they are compiled from their original paths and linked into bin/train.\n\n";
+    }
+    os << "Memory: arena of " << prog.arenaBytes << " bytes per rank; activations take "
        << prog.activationBytes << " bytes with reuse by liveness (" << prog.unplannedBytes
        << " without).\n";
     writeFileOrDie(dir + "/src/README.md", readme);
@@ -369,44 +439,47 @@ int runCompile(CompileArgs &args) {
   }
   writeInitialValues(dir + "/init.safetensors", initial, isInt, modelName);
 
-  // Compile and link.
+  // Compile the custom ops' kernels (from their own paths, so that their
+  // includes resolve and errors name the user's files; OUT/src/custom/ keeps
+  // copies), then compile the program and link.
   auto cfg = runtimeConfig();
-  std::vector<std::string> argv = {cfg["cxx"]};
+  std::vector<std::string> flags;
   for (auto &w : splitWords(cfg["cxxflags"]))
-    argv.push_back(w);
-  argv.push_back("-I" + cfg["include"]);
+    flags.push_back(w);
+  flags.push_back("-I" + cfg["include"]);
+  std::string log = dir + "/build.log";
+  std::vector<std::string> objects;
+  if (!rules.sources.empty())
+    for (const char *sub : {"/src/custom", "/obj"})
+      if (std::error_code ec = sys::fs::create_directories(dir + sub))
+        fail(dir + sub + ": " + ec.message());
+  for (const std::string &src : rules.sources) {
+    std::string name = sys::path::filename(src).str();
+    if (std::error_code ec = sys::fs::copy_file(src, dir + "/src/custom/" + name))
+      fail(src + ": cannot copy into " + out + "/src/custom: " + ec.message());
+    std::vector<std::string> argv = {cfg["cxx"]};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    objects.push_back(dir + "/obj/" + name + ".o");
+    for (const std::string &a : {std::string("-c"), src, std::string("-o"), objects.back()})
+      argv.push_back(a);
+    runCompiler(cfg["cxx"], argv, log, out,
+                src + ", a kernel source of the rules file " + args.rulesPath, "");
+  }
+  std::vector<std::string> argv = {cfg["cxx"]};
+  argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back(dir + "/src/program0.cpp");
   argv.push_back(dir + "/src/programs.cpp");
+  argv.insert(argv.end(), objects.begin(), objects.end());
   for (auto &w : splitWords(cfg["libs"]))
     argv.push_back(w);
   argv.push_back("-o");
   argv.push_back(dir + "/bin/train");
-  std::vector<StringRef> refs(argv.begin(), argv.end());
-  std::string log = dir + "/build.log";
-  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log), StringRef(log)};
-  std::string execError;
-  auto cxx = sys::findProgramByName(cfg["cxx"]);
-  if (!cxx)
-    fail("the C++ compiler '" + cfg["cxx"] + "' was not found");
-  int rc = sys::ExecuteAndWait(*cxx, refs, std::nullopt, redirects, 0, 0, &execError);
-  if (rc != 0) {
-    std::string text;
-    if (auto buf = MemoryBuffer::getFile(log))
-      text = (*buf)->getBuffer().str();
-    std::string first;
-    std::istringstream in(text);
-    std::string line;
-    while (std::getline(in, line))
-      if (line.find("error") != std::string::npos) {
-        first = line;
-        break;
-      }
-    // Keep the log where the user can read it.
-    std::string kept = out + ".build.log";
-    sys::fs::copy_file(log, kept);
-    fail("the C++ compiler failed on the generated program (" +
-         (execError.empty() ? first : execError) + "); full log: " + kept);
-  }
+  runCompiler(cfg["cxx"], argv, log, out, "the generated program",
+              rules.sources.empty() ? ""
+                                    : "; do the sources of " + args.rulesPath +
+                                          " define every kernel it names, as extern \"C\"?");
+  if (!objects.empty())
+    sys::fs::remove_directories(dir + "/obj");
 
   // Move into place.
   if (sys::fs::exists(out))

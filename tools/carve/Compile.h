@@ -18,6 +18,7 @@ struct CompileArgs {
   std::string output;
   std::string loss;
   std::string emitMlir; // write the training step's IR here
+  std::string rulesPath; // --rules: custom ops and annotation overrides
   ImportOptions import;
   OptimizerConfig optimizer;
   /// Which optimizer fields the command line set (they win over the plan).

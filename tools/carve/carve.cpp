@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/frontend/OnnxImporter.h"
+#include "compiler/rules/Rules.h"
 #include "tools/carve/Compile.h"
 #include "tools/carve/Summary.h"
 
@@ -40,6 +41,12 @@ cl::list<std::string> setDims(
     "set-dim",
     cl::desc("Bind a symbolic dimension (from dynamic_axes) to a size; repeatable"),
     cl::value_desc("NAME=VALUE"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string>
+    rulesFile("rules",
+              cl::desc("Rules file (JSON): custom ops (annotation, output shapes, C++ kernels) and "
+                       "annotation overrides; docs/custom-ops.md"),
+              cl::value_desc("RULES.json"), cl::sub(importCmd), cl::sub(compileCmd),
+              cl::cat(carveCat));
 cl::list<std::string> frozen(
     "frozen",
     cl::desc("Do not train parameters whose names match GLOB (e.g. 'wte.*'); repeatable"),
@@ -153,9 +160,17 @@ int runImport() {
       die(importInput + ": " + error);
   opts.frozen.assign(frozen.begin(), frozen.end());
   opts.raise = !noRaise;
+  carve::RuleSet rules;
+  if (!rulesFile.empty()) {
+    if (!carve::loadRules(rulesFile, rules, error))
+      die(error);
+    opts.customOps = rules.customOps;
+  }
   mlir::MLIRContext context;
   auto module = carve::importOnnxFile(context, importInput, opts, error);
   if (!module)
+    die(importInput + ": " + error);
+  if (!carve::prepareCustomOps(*module, rules, error))
     die(importInput + ": " + error);
   std::string text;
   raw_string_ostream os(text);
@@ -175,6 +190,7 @@ int runCompileCommand() {
   args.target = target;
   args.loss = lossName;
   args.emitMlir = emitMlir;
+  args.rulesPath = rulesFile;
   args.quiet = compileQuiet;
   std::string error;
   for (const std::string &d : setDims)
@@ -230,7 +246,8 @@ int main(int argc, char **argv) {
       "carve: an ahead-of-time parallelization compiler for models exported from "
       "PyTorch\n\n"
       "  carve import MODEL.onnx [--set-dim NAME=N] [--frozen GLOB] [--summary] [-o OUT]\n"
-      "  carve compile MODEL.onnx [--plan PLAN.json] [--optimizer adamw|sgd --lr X ...] -o OUT\n"
+      "  carve compile MODEL.onnx [--plan PLAN.json] [--rules RULES.json] [--optimizer adamw|sgd "
+      "--lr X ...] -o OUT\n"
       "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n\n"
       "Run `carve SUBCOMMAND --help` for the flags of one subcommand.\n");
   if (importCmd)
