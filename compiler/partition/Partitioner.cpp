@@ -952,7 +952,7 @@ bool Partitioner::run(std::string &error) {
     if (!overrideUsed[k]) {
       error = "plan: \"ops\" entry \"" + opts.overrides[k].glob +
               "\" matches no op of the model (globs match ONNX node names, e.g. "
-              "\"/h.0/attn/c_attn/MatMul\"; `carve compile --emit-mlir` shows them)";
+              "\"/h.0/attn/c_attn/MatMul\"; the comments of OUT/src/program0.cpp show them)";
       return false;
     }
   if (!materialize()) {
