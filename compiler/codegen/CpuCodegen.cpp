@@ -207,7 +207,7 @@ private:
   std::string constants; // static arrays
   /// The user's kernels (carve.custom, carve.custom_grad): name -> declaration.
   std::map<std::string, std::string> customKernels;
-  std::string body;      // the step function's statements
+  std::string body; // the step function's statements
   std::vector<TensorRow> inputRows, paramRows;
   int kernelCalls = 0;
 
@@ -701,15 +701,16 @@ bool Generator::emitOp(Operation *op) {
       os << "// Vocab-parallel: the classes are split over tp; the kernel all-reduces row\n"
          << "  // maxima, sums of exponentials and the target logits (no rank holds all "
          << rows.getInt() << " logits).\n  "
-         << (isa<CrossEntropyOp>(op) ? "cross_entropy_vocab_parallel(" : "cross_entropy_vocab_parallel_grad(")
+         << (isa<CrossEntropyOp>(op) ? "cross_entropy_vocab_parallel("
+                                     : "cross_entropy_vocab_parallel_grad(")
          << "*ctx.tpComm, " << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * "
          << c << ", ";
     } else {
       os << (isa<CrossEntropyOp>(op) ? "cross_entropy(" : "cross_entropy_grad(") << name(logits)
          << ", " << shapeOf(logits) << ", ";
     }
-    os << name(targets) << ", " << r << " /*" << red << "*/, "
-       << (ig ? "true" : "false") << ", " << (ig ? ig.getInt() : 0) << "LL, ";
+    os << name(targets) << ", " << r << " /*" << red << "*/, " << (ig ? "true" : "false") << ", "
+       << (ig ? ig.getInt() : 0) << "LL, ";
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(2) << ", ";
     os << name(res) << ");";
@@ -749,11 +750,11 @@ bool Generator::emitOp(Operation *op) {
       return failOp(op, "indices must be int64 for the CPU target");
     if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
       int64_t local = typeOf(g.getData()).getDimSize(0);
-      os << "// Vocab-parallel embedding: this rank holds rows [tpRank * " << local
-         << ", +" << local << ") of " << rows.getInt() << "; others give zeros (partial sums).\n  "
-         << "gather_sharded(" << opnd(0) << ", " << oshape(0) << ", (int64_t)ctx.tpRank * "
-         << local << ", " << rows.getInt() << "LL, " << opnd(1) << ", " << oshape(1) << ", "
-         << name(res) << ");";
+      os << "// Vocab-parallel embedding: this rank holds rows [tpRank * " << local << ", +"
+         << local << ") of " << rows.getInt() << "; others give zeros (partial sums).\n  "
+         << "gather_sharded(" << opnd(0) << ", " << oshape(0) << ", (int64_t)ctx.tpRank * " << local
+         << ", " << rows.getInt() << "LL, " << opnd(1) << ", " << oshape(1) << ", " << name(res)
+         << ");";
     } else {
       os << "gather(" << opnd(0) << ", " << oshape(0) << ", " << opnd(1) << ", " << oshape(1)
          << ", " << g.getAxis() << ", " << name(res) << ");";
@@ -767,8 +768,8 @@ bool Generator::emitOp(Operation *op) {
          << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << name(res)
          << ", " << shapeOf(res) << ");  // rows this rank holds";
     } else {
-      os << "gather_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1) << ", "
-         << g.getAxis() << ", " << name(res) << ", " << shapeOf(res) << ");";
+      os << "gather_grad(" << opnd(0) << ", " << opnd(1) << ", " << oshape(1) << ", " << g.getAxis()
+         << ", " << name(res) << ", " << shapeOf(res) << ");";
     }
   } else if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp, dist::AllToAllOp,
                  dist::LocalSplitOp, dist::BroadcastOp>(op)) {
@@ -793,8 +794,8 @@ bool Generator::emitCustom(Operation *op, llvm::raw_ostream &os) {
   auto tensors = [&](ValueRange values, const char *array, bool isConst) -> std::string {
     if (values.empty())
       return "";
-    std::string t = std::string("    ") + (isConst ? "const " : "") + "CarveTensor " + array +
-                    "[] = {";
+    std::string t =
+        std::string("    ") + (isConst ? "const " : "") + "CarveTensor " + array + "[] = {";
     for (auto [k, v] : llvm::enumerate(values)) {
       std::string c, d;
       int size;
@@ -816,12 +817,13 @@ bool Generator::emitCustom(Operation *op, llvm::raw_ostream &os) {
                      "::" + op->getAttrOfType<StringAttr>("op_type").str();
   if (auto c = dyn_cast<CustomOp>(op)) {
     std::string fn = c.getForward().str();
-    customKernels[fn] = "extern \"C\" void " + fn +
-                        "(const CarveTensor *in, int nin, CarveTensor *out, int nout);";
+    customKernels[fn] =
+        "extern \"C\" void " + fn + "(const CarveTensor *in, int nin, CarveTensor *out, int nout);";
     os << "{\n    // " << what << ": the user's forward kernel (rules file), on this rank's "
        << "shapes.\n"
-       << tensors(c.getInputs(), "in", true) << tensors(c.getOutputs(), "out", false) << "    ::"
-       << fn << "(" << arg(c.getInputs(), "in") << ", " << arg(c.getOutputs(), "out") << ");\n  }";
+       << tensors(c.getInputs(), "in", true) << tensors(c.getOutputs(), "out", false)
+       << "    ::" << fn << "(" << arg(c.getInputs(), "in") << ", " << arg(c.getOutputs(), "out")
+       << ");\n  }";
     return true;
   }
   auto g = cast<CustomGradOp>(op);
@@ -834,9 +836,9 @@ bool Generator::emitCustom(Operation *op, llvm::raw_ostream &os) {
   os << "{\n    // " << what << ": the user's backward kernel (rules file), on this rank's "
      << "shapes.\n"
      << tensors(inputs, "in", true) << tensors(outGrads, "outGrad", true)
-     << tensors(g.getInputGrads(), "inGrad", false) << "    ::" << fn << "("
-     << arg(inputs, "in") << ", " << (outGrads.empty() ? "nullptr" : "outGrad") << ", "
-     << outGrads.size() << ", " << (nin ? "inGrad" : "nullptr") << ");\n  }";
+     << tensors(g.getInputGrads(), "inGrad", false) << "    ::" << fn << "(" << arg(inputs, "in")
+     << ", " << (outGrads.empty() ? "nullptr" : "outGrad") << ", " << outGrads.size() << ", "
+     << (nin ? "inGrad" : "nullptr") << ");\n  }";
   return true;
 }
 
@@ -850,8 +852,10 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
     return failOp(op, "the CPU target has no communicator for mesh axis '" + axis.str() + "'");
   Value in = op->getOperand(0), res = op->getResult(0);
   Type et = typeOf(in).getElementType();
-  std::string ct = et.isF32() ? "CommType::F32" : et.isF64() ? "CommType::F64" :
-                   et.isInteger(64) ? "CommType::I64" : "";
+  std::string ct = et.isF32()         ? "CommType::F32"
+                   : et.isF64()       ? "CommType::F64"
+                   : et.isInteger(64) ? "CommType::I64"
+                                      : "";
   if (ct.empty())
     return failOp(op, "collectives on the CPU target take f32, f64 or i64 tensors");
   auto i64 = [&](const char *n) { return op->getAttrOfType<IntegerAttr>(n).getInt(); };
@@ -865,17 +869,17 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
     red = "ReduceOp::Max";
   std::string x = var.lookup(operandOf(op, 0)), y = var.lookup(res);
   if (isa<dist::AllReduceOp>(op)) {
-    os << "// partial sums -> replicated over " << axis << "\n  copy(" << x << ", " << y << ", " << n
-       << ");\n  " << comm.substr(1) << "->allReduce(" << y << ", " << n << ", " << ct << ", "
+    os << "// partial sums -> replicated over " << axis << "\n  copy(" << x << ", " << y << ", "
+       << n << ");\n  " << comm.substr(1) << "->allReduce(" << y << ", " << n << ", " << ct << ", "
        << red << ");";
   } else if (auto g = dyn_cast<dist::AllGatherOp>(op)) {
     os << "// split -> replicated over " << axis << "\n  allGatherSplit(" << comm << ", " << x
        << ", " << dims(typeOf(in).getShape()) << ", " << split(g.getDim(), g.getGroups()) << ", "
        << y << ", " << ct << ");";
   } else if (auto rs = dyn_cast<dist::ReduceScatterOp>(op)) {
-    os << "// partial sums -> split over " << axis << "\n  reduceScatterSplit(" << comm << ", "
-       << x << ", " << dims(typeOf(in).getShape()) << ", " << split(rs.getDim(), rs.getGroups())
-       << ", " << y << ", " << ct << ", " << red << ");";
+    os << "// partial sums -> split over " << axis << "\n  reduceScatterSplit(" << comm << ", " << x
+       << ", " << dims(typeOf(in).getShape()) << ", " << split(rs.getDim(), rs.getGroups()) << ", "
+       << y << ", " << ct << ", " << red << ");";
   } else if (isa<dist::AllToAllOp>(op)) {
     os << "// re-split along another dimension over " << axis << "\n  allToAllSplit(" << comm
        << ", " << x << ", " << dims(typeOf(in).getShape()) << ", "
@@ -970,6 +974,12 @@ bool Generator::run() {
     chunkOf[g.param] = zero ? (n + dp - 1) / dp : n;
   }
   auto isZero3 = [&](unsigned arg) { return zero == 3 && chunkOf.count(arg); };
+  // C++ for the elements of chunk `rank` of a parameter (the last is short).
+  auto chunkCount = [&](unsigned arg, const std::string &rank) {
+    return "std::max<int64_t>(0, std::min<int64_t>(" + std::to_string(chunkOf[arg]) + ", " +
+           std::to_string(numelOf[arg]) + " - (int64_t)" + rank + " * " +
+           std::to_string(chunkOf[arg]) + "))";
+  };
   // Stage 1 and 2 gather parameters in place: pad them to dp * chunk.
   if (zero == 1 || zero == 2)
     for (auto &[arg, c] : chunkOf)
@@ -1030,8 +1040,8 @@ bool Generator::run() {
         buffers[g.buffer].region = Region::Activation;
       else
         buffers[g.buffer].region = Region::Activation, pinned.erase(g.buffer);
-      shardOf[g.param] =
-          newBuffer(Region::Grad, chunkOf[g.param] * 4, -1, "grad_chunk_" + var[fn.getArgument(g.param)]);
+      shardOf[g.param] = newBuffer(Region::Grad, chunkOf[g.param] * 4, -1,
+                                   "grad_chunk_" + var[fn.getArgument(g.param)]);
     }
   }
 
@@ -1056,11 +1066,11 @@ bool Generator::run() {
   // starts (the last at the end), so its full gradients can be freed there.
   if (zero >= 2)
     for (size_t k = 0; k < buckets.size(); ++k) {
-      buckets[k].waitAt = k + 1 < buckets.size() ? std::max(buckets[k + 1].ready, buckets[k].ready)
-                                                 : end;
+      buckets[k].waitAt =
+          k + 1 < buckets.size() ? std::max(buckets[k + 1].ready, buckets[k].ready) : end;
       for (size_t i = buckets[k].first; i <= buckets[k].last; ++i)
-        buffers[grads[i].buffer].lastUse = std::max(buffers[grads[i].buffer].lastUse,
-                                                    buckets[k].waitAt);
+        buffers[grads[i].buffer].lastUse =
+            std::max(buffers[grads[i].buffer].lastUse, buckets[k].waitAt);
     }
 
   // Persistent layout: parameters and buffers, gradients (in the order
@@ -1152,17 +1162,16 @@ bool Generator::run() {
              std::to_string(begin) + ", " + std::to_string((stop - begin) / 4) +
              ", CommType::F32, ReduceOp::Sum);\n\n";
       } else {
-        s += "  // ZeRO-" + std::to_string(zero) + ": reduce-scatter it; each replica keeps the "
+        s += "  // ZeRO-" + std::to_string(zero) +
+             ": reduce-scatter it; each replica keeps the "
              "sum of its chunk of each gradient.\n";
         s += "  CommHandle bucket" + k + "[" + std::to_string(bk.last - bk.first + 1) + "];\n";
         for (size_t i = bk.first; i <= bk.last; ++i) {
           unsigned p = grads[i].param;
-          int64_t n = numelOf[p], c = chunkOf[p];
           s += "  {\n    int64_t counts[" + std::to_string(dp) + "];\n    for (int r = 0; r < " +
-               std::to_string(dp) + "; ++r) counts[r] = std::max<int64_t>(0, std::min<int64_t>(" +
-               std::to_string(c) + ", " + std::to_string(n) + " - (int64_t)r * " +
-               std::to_string(c) + "));\n    bucket" + k + "[" + std::to_string(i - bk.first) +
-               "] = ctx.dpComm->reduceScatterAsync(" + gradPtr(grads[i]) + ", " + chunkPtr(p) +
+               std::to_string(dp) + "; ++r) counts[r] = " + chunkCount(p, "r") + ";\n    bucket" +
+               k + "[" + std::to_string(i - bk.first) + "] = ctx.dpComm->reduceScatterAsync(" +
+               gradPtr(grads[i]) + ", " + chunkPtr(p) +
                ", counts, CommType::F32, ReduceOp::Sum);  // " + paramName(p) + "\n  }\n";
         }
         s += "\n";
@@ -1207,8 +1216,8 @@ bool Generator::run() {
         continue;
       var[fn.getArgument(arg)] = gg.var;
       s += "  // ZeRO-3: gather " + paramName(arg) + " for its " +
-           (backward ? std::string("backward") : std::string("forward")) +
-           " uses (ops " + std::to_string(gg.first) + "-" + std::to_string(gg.last) +
+           (backward ? std::string("backward") : std::string("forward")) + " uses (ops " +
+           std::to_string(gg.first) + "-" + std::to_string(gg.last) +
            "); the buffer is free after the last.\n  float *" + gg.var + " = (float *)(A + " +
            std::to_string(buffers[gg.buffer].offset) + ");\n  ctx.dpComm->allGather(" +
            shardVar[arg] + ", " + gg.var + ", " + std::to_string(chunkOf[arg]) +
@@ -1266,9 +1275,7 @@ bool Generator::run() {
     std::string ptr = zero >= 2 ? chunkPtr(g.param) : gradPtr(g);
     std::string count;
     if (zero >= 2)
-      count = "std::max<int64_t>(0, std::min<int64_t>(" + std::to_string(chunkOf[g.param]) + ", " +
-              std::to_string(numelOf[g.param]) + " - (int64_t)ctx.dpRank * " +
-              std::to_string(chunkOf[g.param]) + "))";
+      count = chunkCount(g.param, "ctx.dpRank");
     else
       count = std::to_string(numelOf[g.param]);
     ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", "
@@ -1297,14 +1304,14 @@ bool Generator::run() {
   double wd = o.effectiveWeightDecay();
   for (GradSlot &g : grads) {
     unsigned a = g.param;
-    std::string pbase = "(float *)(A + " + std::to_string(buffers[bufferOf.lookup(fn.getArgument(a))].offset) + ")";
+    std::string pbase =
+        "(float *)(A + " + std::to_string(buffers[bufferOf.lookup(fn.getArgument(a))].offset) + ")";
     std::string p = pbase, go = gradPtr(g), n = std::to_string(numelOf[a]);
     auto st = stateOf[a];
     if (zero) {
       std::string c = std::to_string(chunkOf[a]);
       std::string off = "(int64_t)ctx.dpRank * " + c;
-      n = "std::max<int64_t>(0, std::min<int64_t>(" + c + ", " + std::to_string(numelOf[a]) +
-          " - " + off + "))";
+      n = chunkCount(a, "ctx.dpRank");
       p = zero == 3 ? pbase : pbase + " + " + off;
       go = zero >= 2 ? chunkPtr(a) : gradPtr(g) + " + " + off;
     }
@@ -1317,8 +1324,8 @@ bool Generator::run() {
       ts << "  sgdUpdate(" << p << ", " << go << ", "
          << (momentum ? "(float *)(A + " + std::to_string(st[0]) + ")" : "nullptr") << ", " << n
          << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
-         << number(wd, false) << ", " << (o.nesterov ? "true" : "false")
-         << ", ctx.step == 0);  // " << paramName(a) << "\n";
+         << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
+         << paramName(a) << "\n";
   }
   if (zero == 1 || zero == 2) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "

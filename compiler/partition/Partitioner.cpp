@@ -149,7 +149,22 @@ struct Need {
 class Partitioner {
 public:
   Partitioner(ModuleOp m, func::FuncOp f, const PartitionOptions &o, PartitionReport &r)
-      : module(m), fn(f), opts(o), report(r), t(o.tp), ctx(m.getContext()) {}
+      : module(m), fn(f), opts(o), report(r), t(o.tp), ctx(m.getContext()) {
+    // Globs are compiled once; an invalid glob matches no node (and an
+    // override with one is reported as matching nothing).
+    auto compile = [](const std::string &glob) -> std::optional<llvm::GlobPattern> {
+      auto g = llvm::GlobPattern::create(glob);
+      if (!g) {
+        llvm::consumeError(g.takeError());
+        return std::nullopt;
+      }
+      return std::move(*g);
+    };
+    for (const OpOverride &x : o.overrides)
+      overrideGlobs.push_back(compile(x.glob));
+    for (const AnnotationOverride &x : o.annotations)
+      annotationGlobs.push_back(compile(x.glob));
+  }
 
   bool run(std::string &error);
 
@@ -170,6 +185,11 @@ private:
   std::vector<Need> needs;
   std::vector<bool> overrideUsed;
   std::vector<Layout> returnLayouts;
+  std::vector<std::optional<llvm::GlobPattern>> overrideGlobs, annotationGlobs;
+
+  static bool globMatches(const std::optional<llvm::GlobPattern> &g, StringRef node) {
+    return g && !node.empty() && g->match(node);
+  }
 
   bool fail(Operation *op, const std::string &msg) {
     if (err.empty())
@@ -211,9 +231,9 @@ const Annotation *Partitioner::annotationOf(Operation *op) {
   auto p = dyn_cast<PartitionableOpInterface>(op);
   std::string text, origin;
   std::string node = nodeName(op->getLoc());
-  for (const AnnotationOverride &o : opts.annotations) {
-    auto pattern = llvm::GlobPattern::create(o.glob);
-    if (o.glob == op->getName().getStringRef() || (pattern && !node.empty() && pattern->match(node))) {
+  for (size_t k = 0; k < opts.annotations.size(); ++k) {
+    const AnnotationOverride &o = opts.annotations[k];
+    if (o.glob == op->getName().getStringRef() || globMatches(annotationGlobs[k], node)) {
       text = o.annotation;
       origin = o.origin;
       break;
@@ -563,8 +583,7 @@ bool Partitioner::overrideChoice(Operation *op, const Annotation &a, std::option
     return true;
   for (size_t k = 0; k < opts.overrides.size(); ++k) {
     const OpOverride &o = opts.overrides[k];
-    auto pattern = llvm::GlobPattern::create(o.glob);
-    if (!pattern || !pattern->match(node))
+    if (!globMatches(overrideGlobs[k], node))
       continue;
     overrideUsed[k] = true;
     if (o.dim.empty() || o.dim == "replicate") {
@@ -665,13 +684,15 @@ bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<
     if (q.size() < 3)
       return true;
     std::string heads = q[q.size() - 3][0].name;
-    if (!heads.empty() && a.sizes.at(heads) % t != 0)
-      for (Value v : op->getOperands())
-        if (!freeValues.count(v) && layout.lookup(v).isSplit())
-          return true; // follows whatever its operands carry
-    if (!heads.empty() && a.sizes.at(heads) % t != 0)
-      return fail(op, "tp=" + std::to_string(t) + " does not divide the " +
-                          std::to_string(a.sizes.at(heads)) + " attention heads");
+    if (heads.empty() || a.sizes.at(heads) % t == 0)
+      return true;
+    // Heads tp does not divide: fine when the operands arrive split some
+    // other way (the op follows them), an error for Megatron's head split.
+    for (Value v : op->getOperands())
+      if (!freeValues.count(v) && layout.lookup(v).isSplit())
+        return true;
+    return fail(op, "tp=" + std::to_string(t) + " does not divide the " +
+                        std::to_string(a.sizes.at(heads)) + " attention heads");
   }
   return true;
 }
@@ -860,7 +881,8 @@ bool Partitioner::materialize() {
     const Annotation &a = annotations.at(&op);
     // Rank-dependent pieces of work, marked for codegen.
     if (auto g = dyn_cast<GatherOp>(op)) {
-      if (layout.lookup(g.getData()).isSplit() && layout.lookup(g.getData()).dim == g.getAxis())
+      if (layout.lookup(g.getData()).isSplit() &&
+          layout.lookup(g.getData()).dim == static_cast<int64_t>(g.getAxis()))
         op.setAttr(kShardedRowsAttr,
                    IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
     } else if (auto g = dyn_cast<GatherGradOp>(op)) {
@@ -869,8 +891,7 @@ bool Partitioner::materialize() {
         op.setAttr(kShardedRowsAttr,
                    IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
     } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op) && a.markOf(c.name) == Mark::Internal) {
-      op.setAttr(kShardedRowsAttr,
-                 IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
+      op.setAttr(kShardedRowsAttr, IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
     }
     // Slices of split dimensions take the same sections of each rank's piece.
     auto localBounds = [&](ArrayRef<int64_t> bounds, Value whole) {
@@ -897,8 +918,7 @@ bool Partitioner::materialize() {
     auto it = converted.find(key);
     Value nv;
     if (it != converted.end() && it->second.getParentBlock() == n.op->getBlock() &&
-        (isa<BlockArgument>(it->second) ||
-         it->second.getDefiningOp()->isBeforeInBlock(n.op))) {
+        (isa<BlockArgument>(it->second) || it->second.getDefiningOp()->isBeforeInBlock(n.op))) {
       nv = it->second;
     } else {
       OpBuilder b(n.op);

@@ -99,7 +99,10 @@ std::string SbpAttr::str() const {
     return "R";
   case SbpKind::Split:
     return "S(" + std::to_string(static_cast<int64_t>(getDim())) +
-           (static_cast<int64_t>(getGroups()) != 1 ? " x " + std::to_string(static_cast<int64_t>(getGroups())) : "") + ")";
+           (static_cast<int64_t>(getGroups()) != 1
+                ? " x " + std::to_string(static_cast<int64_t>(getGroups()))
+                : "") +
+           ")";
   case SbpKind::PartialSum:
     return "P(sum)";
   case SbpKind::PartialMax:
@@ -121,8 +124,7 @@ int64_t MeshOp::axisSize(StringRef axis) {
 
 LogicalResult MeshOp::verify() {
   if (getAxes().size() != getShape().size())
-    return emitOpError("has ") << getAxes().size() << " axes but " << getShape().size()
-                               << " sizes";
+    return emitOpError("has ") << getAxes().size() << " axes but " << getShape().size() << " sizes";
   llvm::StringSet<> seen;
   for (auto [name, size] : llvm::zip(getAxes(), getShape())) {
     StringRef n = cast<StringAttr>(name).getValue();
@@ -147,8 +149,8 @@ FailureOr<int64_t> axisSizeOf(Operation *op, FlatSymbolRefAttr meshRef, StringRe
     return op->emitOpError("refers to mesh ") << meshRef << ", which is not defined";
   int64_t n = mesh.axisSize(axis);
   if (n < 0)
-    return op->emitOpError("refers to axis '") << axis << "', which mesh " << meshRef
-                                               << " does not have";
+    return op->emitOpError("refers to axis '")
+           << axis << "', which mesh " << meshRef << " does not have";
   return n;
 }
 
@@ -164,8 +166,8 @@ LogicalResult checkReduction(Operation *op, StringRef r) {
 LogicalResult checkResize(Operation *op, RankedTensorType from, RankedTensorType to, int64_t dim,
                           int64_t groups, int64_t parts, bool grow) {
   if (from.getElementType() != to.getElementType() || from.getRank() != to.getRank())
-    return op->emitOpError("result ") << to << " must have the input's rank and element type ("
-                                      << from << ")";
+    return op->emitOpError("result ")
+           << to << " must have the input's rank and element type (" << from << ")";
   if (dim < 0 || dim >= from.getRank())
     return op->emitOpError("dimension ") << dim << " is out of range for " << from;
   if (groups < 1)
@@ -174,8 +176,8 @@ LogicalResult checkResize(Operation *op, RankedTensorType from, RankedTensorType
     int64_t expect = from.getDimSize(d);
     if (d == dim) {
       if (!grow && expect % parts != 0)
-        return op->emitOpError("dimension ") << dim << " of " << from
-                                             << " does not divide among " << parts << " ranks";
+        return op->emitOpError("dimension ")
+               << dim << " of " << from << " does not divide among " << parts << " ranks";
       expect = grow ? expect * parts : expect / parts;
       int64_t full = grow ? expect : from.getDimSize(d);
       if (full % (groups * parts) != 0)
@@ -183,9 +185,9 @@ LogicalResult checkResize(Operation *op, RankedTensorType from, RankedTensorType
                                              << groups << " groups x " << parts << " ranks";
     }
     if (to.getDimSize(d) != expect)
-      return op->emitOpError("result ") << to << " does not match " << from << " "
-                                        << (grow ? "gathered" : "split") << " along dimension "
-                                        << dim << " over " << parts << " ranks";
+      return op->emitOpError("result ")
+             << to << " does not match " << from << " " << (grow ? "gathered" : "split")
+             << " along dimension " << dim << " over " << parts << " ranks";
   }
   return success();
 }
@@ -207,21 +209,24 @@ LogicalResult AllGatherOp::verify() {
   auto n = axisSizeOf(*this, getMeshAttr(), getAxis());
   if (failed(n))
     return failure();
-  return checkResize(*this, rtt(getInput()), rtt(getResult()), static_cast<int64_t>(getDim()), static_cast<int64_t>(getGroups()), *n, true);
+  return checkResize(*this, rtt(getInput()), rtt(getResult()), static_cast<int64_t>(getDim()),
+                     static_cast<int64_t>(getGroups()), *n, true);
 }
 
 LogicalResult ReduceScatterOp::verify() {
   auto n = axisSizeOf(*this, getMeshAttr(), getAxis());
   if (failed(n) || failed(checkReduction(*this, getReduction())))
     return failure();
-  return checkResize(*this, rtt(getInput()), rtt(getResult()), static_cast<int64_t>(getDim()), static_cast<int64_t>(getGroups()), *n, false);
+  return checkResize(*this, rtt(getInput()), rtt(getResult()), static_cast<int64_t>(getDim()),
+                     static_cast<int64_t>(getGroups()), *n, false);
 }
 
 LogicalResult LocalSplitOp::verify() {
   auto n = axisSizeOf(*this, getMeshAttr(), getAxis());
   if (failed(n))
     return failure();
-  return checkResize(*this, rtt(getInput()), rtt(getResult()), static_cast<int64_t>(getDim()), static_cast<int64_t>(getGroups()), *n, false);
+  return checkResize(*this, rtt(getInput()), rtt(getResult()), static_cast<int64_t>(getDim()),
+                     static_cast<int64_t>(getGroups()), *n, false);
 }
 
 LogicalResult AllToAllOp::verify() {
@@ -231,15 +236,17 @@ LogicalResult AllToAllOp::verify() {
   if (static_cast<int64_t>(getSrcDim()) == static_cast<int64_t>(getDstDim()))
     return emitOpError("source and destination dimensions must differ");
   RankedTensorType in = rtt(getInput()), out = rtt(getResult());
-  if (static_cast<int64_t>(getSrcDim()) < 0 || static_cast<int64_t>(getSrcDim()) >= in.getRank() || static_cast<int64_t>(getDstDim()) < 0 ||
-      static_cast<int64_t>(getDstDim()) >= in.getRank())
+  if (static_cast<int64_t>(getSrcDim()) < 0 || static_cast<int64_t>(getSrcDim()) >= in.getRank() ||
+      static_cast<int64_t>(getDstDim()) < 0 || static_cast<int64_t>(getDstDim()) >= in.getRank())
     return emitOpError("dimensions out of range for ") << in;
   SmallVector<int64_t> full(in.getShape());
   full[static_cast<int64_t>(getSrcDim())] *= *n;
   auto fullType = RankedTensorType::get(full, in.getElementType());
-  if (failed(checkResize(*this, in, fullType, static_cast<int64_t>(getSrcDim()), static_cast<int64_t>(getSrcGroups()), *n, true)))
+  if (failed(checkResize(*this, in, fullType, static_cast<int64_t>(getSrcDim()),
+                         static_cast<int64_t>(getSrcGroups()), *n, true)))
     return failure();
-  return checkResize(*this, fullType, out, static_cast<int64_t>(getDstDim()), static_cast<int64_t>(getDstGroups()), *n, false);
+  return checkResize(*this, fullType, out, static_cast<int64_t>(getDstDim()),
+                     static_cast<int64_t>(getDstGroups()), *n, false);
 }
 
 LogicalResult BroadcastOp::verify() {
@@ -247,29 +254,33 @@ LogicalResult BroadcastOp::verify() {
   if (failed(n))
     return failure();
   if (static_cast<int64_t>(getRoot()) < 0 || static_cast<int64_t>(getRoot()) >= *n)
-    return emitOpError("root ") << static_cast<int64_t>(getRoot()) << " is not a rank of axis '" << getAxis()
-                                << "' (size " << *n << ")";
+    return emitOpError("root ") << static_cast<int64_t>(getRoot()) << " is not a rank of axis '"
+                                << getAxis() << "' (size " << *n << ")";
   if (getInput().getType() != getResult().getType())
     return emitOpError("result type must equal the input type");
   return success();
 }
 
-LogicalResult SendOp::verify() {
-  auto n = axisSizeOf(*this, getMeshAttr(), getAxis());
+namespace {
+
+/// Send and receive name a peer `offset` steps along the axis: not this rank,
+/// and inside the axis.
+LogicalResult verifyPeer(Operation *op, FlatSymbolRefAttr mesh, StringRef axis, int64_t offset) {
+  auto n = axisSizeOf(op, mesh, axis);
   if (failed(n))
     return failure();
-  if (static_cast<int64_t>(getOffset()) == 0 || std::abs(static_cast<int64_t>(getOffset())) >= *n)
-    return emitOpError("offset ") << static_cast<int64_t>(getOffset()) << " names no other rank on axis '"
-                                  << getAxis() << "' (size " << *n << ")";
+  if (offset == 0 || std::abs(offset) >= *n)
+    return op->emitOpError("offset ")
+           << offset << " names no other rank on axis '" << axis << "' (size " << *n << ")";
   return success();
 }
 
+} // namespace
+
+LogicalResult SendOp::verify() {
+  return verifyPeer(*this, getMeshAttr(), getAxis(), static_cast<int64_t>(getOffset()));
+}
+
 LogicalResult RecvOp::verify() {
-  auto n = axisSizeOf(*this, getMeshAttr(), getAxis());
-  if (failed(n))
-    return failure();
-  if (static_cast<int64_t>(getOffset()) == 0 || std::abs(static_cast<int64_t>(getOffset())) >= *n)
-    return emitOpError("offset ") << static_cast<int64_t>(getOffset()) << " names no other rank on axis '"
-                                  << getAxis() << "' (size " << *n << ")";
-  return success();
+  return verifyPeer(*this, getMeshAttr(), getAxis(), static_cast<int64_t>(getOffset()));
 }
