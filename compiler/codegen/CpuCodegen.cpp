@@ -26,6 +26,9 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <array>
+#include <memory>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -186,6 +189,27 @@ public:
 
   bool run();
 
+  /// A pipeline stage's pieces, for generatePipelineProgram to assemble.
+  struct StageOut {
+    std::string constants, forward, backward; // definitions in the chunk's namespace
+    std::string init;                         // statements at the start of the step
+    std::string bucketWaits, norm, clip, updates;
+    std::vector<std::pair<std::string, std::string>> sharedGrads; // name -> pointer
+    std::map<std::string, std::string> customKernels;
+    std::vector<TensorRow> params, inputs;
+    int64_t persistentEnd = 0, activationBytes = 0, unplannedBytes = 0;
+    int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
+    int numBuckets = 0, kernelCalls = 0;
+    bool hasLoss = false;
+    std::string lossReduction = "unknown";
+    std::string plan; // memory-plan comment lines
+  };
+  /// Generates chunk `chunk` (a @stageN function): persistent tensors from
+  /// byte `base`, graph inputs at `inputOffsets`, activations relative to the
+  /// micro-batch's slot.
+  bool runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t base,
+                const std::map<std::string, int64_t> &inputOffsets, StageOut &so);
+
 private:
   func::FuncOp fn;
   const CodegenOptions &opts;
@@ -208,6 +232,54 @@ private:
   /// The user's kernels (carve.custom, carve.custom_grad): name -> declaration.
   std::map<std::string, std::string> customKernels;
   std::string body; // the step function's statements
+
+  // The gradients @train_step returns, in the order backward finishes them.
+  struct GradSlot {
+    unsigned param; // argument number of the parameter
+    Value value;
+    int buffer; // its buffer in the gradient region
+    bool copy;  // the value lives elsewhere; copy it into the slot
+    int ready;  // index of the op after which it is final
+    bool shared = false; // pipeline: one stage's part of a gradient summed over pp
+  };
+  std::vector<GradSlot> grads;
+  // ZeRO over dp: per parameter argument, its elements and chunk size; the
+  // optimizer-state offsets; stage >= 2: the buffer of its gradient chunk.
+  int zero = 0;
+  std::map<unsigned, int64_t> chunkOf, numelOf;
+  std::map<unsigned, std::array<int64_t, 2>> stateOf;
+  std::map<unsigned, int> shardOf;
+  /// Base of the activation pointers: "A" (the arena) for the whole step,
+  /// "S" (the micro-batch's slot) in a pipeline stage.
+  std::string actBase = "A";
+
+  std::string paramName(unsigned arg) {
+    return fn.getArgAttrOfType<StringAttr>(arg, "carve.param").getValue().str();
+  }
+  std::string gradPtr(const GradSlot &g) {
+    return "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
+  }
+  std::string chunkPtr(unsigned param) {
+    return "(float *)(A + " + std::to_string(buffers[shardOf[param]].offset) + ")";
+  }
+  /// C++ for the elements of chunk `rank` of a parameter (the last is short).
+  std::string chunkCount(unsigned arg, const std::string &rank) {
+    return "std::max<int64_t>(0, std::min<int64_t>(" + std::to_string(chunkOf[arg]) + ", " +
+           std::to_string(numelOf[arg]) + " - (int64_t)" + rank + " * " +
+           std::to_string(chunkOf[arg]) + "))";
+  }
+  bool tpSplit(unsigned arg) {
+    auto d = fn.getArgAttrOfType<DictionaryAttr>(arg, "dist.layout");
+    auto l = d ? d.getAs<dist::SbpAttr>("tp") : dist::SbpAttr();
+    return l && l.isSplit();
+  }
+  /// `sqSplit += ...` / `sqWhole += ...` for each gradient `counted` accepts.
+  void emitNormTerms(llvm::raw_ostream &ts, const std::function<bool(const GradSlot &)> &counted);
+  /// Scales every gradient by `clip`.
+  void emitClip(llvm::raw_ostream &ts);
+  /// The optimizer update of every parameter (and ZeRO-1/2's gathers).
+  void emitUpdates(llvm::raw_ostream &ts);
+  void buildTables(int64_t microBatches);
   std::vector<TensorRow> inputRows, paramRows;
   int kernelCalls = 0;
 
@@ -565,7 +637,8 @@ bool Generator::emitOp(Operation *op) {
   ++kernelCalls;
   for (Value r : op->getResults()) {
     const Buffer &b = buffers[bufferOf.lookup(r)];
-    s += "  " + ctypeOf(r) + " *" + name(r) + " = (" + ctypeOf(r) + " *)(A + " +
+    s += "  " + ctypeOf(r) + " *" + name(r) + " = (" + ctypeOf(r) + " *)(" +
+         (b.region == Region::Activation ? actBase : std::string("A")) + " + " +
          std::to_string(b.offset) + ");\n";
   }
   std::string call;
@@ -917,14 +990,6 @@ bool Generator::run() {
   // Results: the loss lives to the end; gradients go to the gradient region.
   Value loss = ret.getOperand(0);
   buffers[bufferOf.lookup(loss)].lastUse = end;
-  struct GradSlot {
-    unsigned param; // argument number of the parameter
-    Value value;
-    int buffer; // its buffer in the gradient region
-    bool copy;  // the value lives elsewhere; copy it into the slot
-    int ready;  // index of the op after which it is final
-  };
-  std::vector<GradSlot> grads;
   std::set<int> pinned{bufferOf.lookup(loss)};
   for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
     auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
@@ -964,22 +1029,14 @@ bool Generator::run() {
   // the full gradients become short-lived activations), stage 3 also only its
   // chunk of the parameter (gathered just before use in forward and again in
   // backward, into short-lived buffers).
-  const int zero = opts.dp > 1 ? opts.zero : 0;
+  zero = opts.dp > 1 ? opts.zero : 0;
   const int64_t dp = opts.dp;
-  std::map<unsigned, int64_t> chunkOf; // param argument -> chunk elements
-  std::map<unsigned, int64_t> numelOf;
   for (GradSlot &g : grads) {
     int64_t n = typeOf(g.value).getNumElements();
     numelOf[g.param] = n;
     chunkOf[g.param] = zero ? (n + dp - 1) / dp : n;
   }
   auto isZero3 = [&](unsigned arg) { return zero == 3 && chunkOf.count(arg); };
-  // C++ for the elements of chunk `rank` of a parameter (the last is short).
-  auto chunkCount = [&](unsigned arg, const std::string &rank) {
-    return "std::max<int64_t>(0, std::min<int64_t>(" + std::to_string(chunkOf[arg]) + ", " +
-           std::to_string(numelOf[arg]) + " - (int64_t)" + rank + " * " +
-           std::to_string(chunkOf[arg]) + "))";
-  };
   // Stage 1 and 2 gather parameters in place: pad them to dp * chunk.
   if (zero == 1 || zero == 2)
     for (auto &[arg, c] : chunkOf)
@@ -1033,7 +1090,6 @@ bool Generator::run() {
   }
   // Stage 2 and 3: gradients are activations until their bucket's
   // reduce-scatter has finished; each rank keeps its chunk in the gradient region.
-  std::map<unsigned, int> shardOf; // param -> gradient-chunk buffer
   if (zero >= 2) {
     for (GradSlot &g : grads) {
       if (g.copy)
@@ -1091,7 +1147,6 @@ bool Generator::run() {
   const bool adam = opts.optimizer.kind == "adamw";
   const bool momentum = !adam && opts.optimizer.momentum != 0;
   int slots = adam ? 2 : momentum ? 1 : 0;
-  std::map<unsigned, std::array<int64_t, 2>> stateOf;
   for (GradSlot &g : grads) {
     std::array<int64_t, 2> st = {-1, -1};
     for (int s = 0; s < slots; ++s) {
@@ -1116,15 +1171,6 @@ bool Generator::run() {
   out.gradBytes = gradEnd - gradBegin;
   out.stateBytes = stateEnd - gradEnd;
 
-  auto paramName = [&](unsigned arg) {
-    return fn.getArgAttrOfType<StringAttr>(arg, "carve.param").getValue().str();
-  };
-  auto gradPtr = [&](const GradSlot &g) {
-    return "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
-  };
-  auto chunkPtr = [&](unsigned param) {
-    return "(float *)(A + " + std::to_string(buffers[shardOf[param]].offset) + ")";
-  };
 
   // Emit the ops, starting each bucket's reduction after its last gradient.
   std::string &s = body;
@@ -1260,27 +1306,13 @@ bool Generator::run() {
 
   // The gradient norm over the whole model: tp-split gradients (and ZeRO
   // chunks) are summed over their axis, replicated ones counted once.
-  auto tpSplit = [&](unsigned arg) {
-    auto d = fn.getArgAttrOfType<DictionaryAttr>(arg, "dist.layout");
-    auto l = d ? d.getAs<dist::SbpAttr>("tp") : dist::SbpAttr();
-    return l && l.isSplit();
-  };
   ts << "\n  // Gradient norm: squares summed over this rank's gradient elements";
   if (opts.tp > 1)
     ts << "; tp-split ones\n  // summed over tp, replicated ones counted once";
   if (zero >= 2)
     ts << "; each ZeRO chunk summed over dp";
   ts << ".\n  double sqSplit = 0, sqWhole = 0;\n";
-  for (GradSlot &g : grads) {
-    std::string ptr = zero >= 2 ? chunkPtr(g.param) : gradPtr(g);
-    std::string count;
-    if (zero >= 2)
-      count = chunkCount(g.param, "ctx.dpRank");
-    else
-      count = std::to_string(numelOf[g.param]);
-    ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", "
-       << count << ");\n";
-  }
+  emitNormTerms(ts, [](const GradSlot &) { return true; });
   if (zero >= 2) {
     ts << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
     ts << "  ctx.dpComm->allReduce(&sqWhole, 1, CommType::F64, ReduceOp::Sum);\n";
@@ -1291,14 +1323,57 @@ bool Generator::run() {
   if (o.clipGradNorm > 0) {
     ts << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";
     ts << "  const float clip = clipCoefficient(norm, " << number(o.clipGradNorm, false) << ");\n";
-    for (GradSlot &g : grads)
-      ts << "  scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
-         << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
+    emitClip(ts);
   }
   ts << "\n  // " << o.describe() << "\n";
   ts << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", " << o.warmupSteps
      << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
   ts << "  ctx.lr = (float)lr;\n";
+  emitUpdates(ts);
+
+  buildTables(1);
+
+  out.numKernelCalls = kernelCalls;
+  std::string header;
+  llvm::raw_string_ostream hs(header);
+  hs << "  // Memory plan (one arena, " << bytesText(out.arenaBytes) << "):\n"
+     << "  //   parameters and buffers   [0, " << paramEnd << ")\n"
+     << "  //   gradients                [" << gradBegin << ", " << gradEnd << ")\n"
+     << "  //   optimizer state          [" << gradEnd << ", " << stateEnd << ")\n"
+     << "  //   inputs and loss seed     [" << stateEnd << ", " << activationBase << ")\n"
+     << "  //   activations              [" << activationBase << ", "
+     << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
+     << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
+  out.source = emitProgram(header, t);
+  return true;
+}
+
+void Generator::emitNormTerms(llvm::raw_ostream &ts,
+                              const std::function<bool(const GradSlot &)> &counted) {
+  for (GradSlot &g : grads) {
+    if (!counted(g))
+      continue;
+    std::string ptr = zero >= 2 ? chunkPtr(g.param) : gradPtr(g);
+    std::string count;
+    if (zero >= 2)
+      count = chunkCount(g.param, "ctx.dpRank");
+    else
+      count = std::to_string(numelOf[g.param]);
+    ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", "
+       << count << ");  // " << paramName(g.param) << "\n";
+  }
+}
+
+void Generator::emitClip(llvm::raw_ostream &ts) {
+  for (GradSlot &g : grads)
+    ts << "  scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
+       << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
+}
+
+void Generator::emitUpdates(llvm::raw_ostream &ts) {
+  const OptimizerConfig &o = opts.optimizer;
+  const bool adam = o.kind == "adamw";
+  const bool momentum = !adam && o.momentum != 0;
   if (zero)
     ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
   double wd = o.effectiveWeightDecay();
@@ -1340,7 +1415,348 @@ bool Generator::run() {
     ts << "    for (CommHandle &x : h) ctx.dpComm->wait(x);\n  }\n";
   }
 
-  // Tables for the runtime.
+}
+
+bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t base,
+                         const std::map<std::string, int64_t> &inputOffsets, StageOut &so) {
+  Block &block = fn.getBody().front();
+  for (Operation &op : block.without_terminator()) {
+    index[&op] = (int)ops.size();
+    ops.push_back(&op);
+  }
+  auto ret = cast<func::ReturnOp>(block.getTerminator());
+  const int end = (int)ops.size();
+  const int m = opts.numMicroBatches;
+  const int stage = (int)fn->getAttrOfType<IntegerAttr>("carve.stage").getInt();
+  if (!checkTypes())
+    return false;
+  foldTransposes();
+  if (!assignBuffers())
+    return false;
+  actBase = "S";
+  int backwardBegin = end;
+  for (Operation *op : ops)
+    if (StringRef(nodeName(op->getLoc())).starts_with("backward of ") ||
+        op->getAttr("carve.phase")) {
+      backwardBegin = index[op];
+      break;
+    }
+  // A send reads its tensor until the slot is taken by another micro-batch.
+  int maxTag = -1;
+  for (Operation *op : ops) {
+    if (auto snd = dyn_cast<dist::SendOp>(op)) {
+      buffers[bufferOf.lookup(snd.getInput())].lastUse = end;
+      maxTag = std::max(maxTag, (int)snd.getTag());
+    }
+    if (auto r = dyn_cast<dist::RecvOp>(op))
+      maxTag = std::max(maxTag, (int)r.getTag());
+  }
+  if ((int64_t)(maxTag + 1) * m > 32767)
+    return fail("pipeline: " + std::to_string(maxTag + 1) + " transfers x " + std::to_string(m) +
+                " micro-batches exceed the 32767 message tags of the runtime");
+
+  so.hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, "carve.loss");
+  Value loss = so.hasLoss ? ret.getOperand(0) : Value();
+  if (so.hasLoss)
+    buffers[bufferOf.lookup(loss)].lastUse = end;
+  for (unsigned k = so.hasLoss ? 1 : 0; k < ret.getNumOperands(); ++k) {
+    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
+    if (!of)
+      return fail("@stage" + std::to_string(stage) + " result " + std::to_string(k) +
+                  " is not a gradient");
+    unsigned param = ~0u;
+    for (BlockArgument a : fn.getArguments())
+      if (fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.param") == of)
+        param = a.getArgNumber();
+    Value g = ret.getOperand(k);
+    if (param == ~0u || !g.getDefiningOp())
+      return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
+    if (!typeOf(g).getElementType().isF32())
+      return fail("parameter '" + of.getValue().str() +
+                  "' is not float32; the CPU target trains float32 parameters");
+    int vb = bufferOf.lookup(g);
+    int ready = std::max(buffers[vb].def, index[g.getDefiningOp()]);
+    buffers[vb].lastUse = std::max(buffers[vb].lastUse, ready);
+    GradSlot slot{param, g, newBuffer(Region::Grad, bytesOf(g), -1,
+                                      "grad_" + var[fn.getArgument(param)]),
+                  true, ready, (bool)fn.getResultAttr(k, "carve.shared_grad")};
+    grads.push_back(slot);
+  }
+  std::stable_sort(grads.begin(), grads.end(),
+                   [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
+  zero = opts.dp > 1 ? opts.zero : 0;
+  if (zero >= 2)
+    return fail("pipeline: ZeRO stage " + std::to_string(zero) + " is not supported with pipelines");
+  const int64_t dp = opts.dp;
+  for (GradSlot &g : grads) {
+    int64_t n = typeOf(g.value).getNumElements();
+    numelOf[g.param] = n;
+    chunkOf[g.param] = zero ? (n + dp - 1) / dp : n;
+  }
+  if (zero == 1)
+    for (auto &[arg, c] : chunkOf)
+      buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = dp * c * 4;
+
+  struct Bucket {
+    size_t first, last;
+    int64_t bytes;
+    int ready;
+  };
+  std::vector<Bucket> buckets;
+  if (opts.dp > 1)
+    for (size_t i = 0; i < grads.size(); ++i) {
+      int64_t b = alignUp(bytesOf(grads[i].value));
+      if (buckets.empty() || buckets.back().bytes + b > opts.bucketBytes)
+        buckets.push_back({i, i, b, grads[i].ready});
+      else
+        buckets.back().last = i, buckets.back().bytes += b, buckets.back().ready = grads[i].ready;
+    }
+  so.numBuckets = (int)buckets.size();
+
+  // Persistent layout from `base`: parameters, gradients, optimizer state,
+  // the loss seed; graph inputs where the program put them.
+  int64_t at = base;
+  auto place = [&](int b) {
+    buffers[b].offset = at;
+    at += alignUp(std::max<int64_t>(buffers[b].bytes, 1));
+  };
+  for (BlockArgument a : fn.getArguments())
+    if (buffers[bufferOf.lookup(a)].region == Region::Param)
+      place(bufferOf.lookup(a));
+  int64_t paramEnd = at;
+  for (GradSlot &g : grads)
+    place(g.buffer);
+  int64_t gradEnd = at;
+  const bool adam = opts.optimizer.kind == "adamw";
+  const bool momentum = !adam && opts.optimizer.momentum != 0;
+  int slots = adam ? 2 : momentum ? 1 : 0;
+  for (GradSlot &g : grads) {
+    std::array<int64_t, 2> st = {-1, -1};
+    for (int k = 0; k < slots; ++k) {
+      st[k] = at;
+      at += alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4);
+    }
+    stateOf[g.param] = st;
+  }
+  int64_t stateEnd = at;
+  for (BlockArgument a : fn.getArguments()) {
+    Buffer &b = buffers[bufferOf.lookup(a)];
+    if (b.region == Region::Seed)
+      place(bufferOf.lookup(a));
+    if (b.region == Region::Input) {
+      auto name = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.input").getValue();
+      auto it = inputOffsets.find(name.str());
+      if (it == inputOffsets.end())
+        return fail("pipeline: stage " + std::to_string(stage) + " has input '" + name.str() +
+                    "' that stage 0 does not have");
+      b.offset = it->second;
+    }
+  }
+  so.persistentEnd = alignUp(at);
+  planActivations(); // offsets relative to the slot
+  so.activationBytes = out.activationBytes;
+  so.unplannedBytes = out.unplannedBytes;
+  so.paramBytes = paramEnd - base;
+  so.gradBytes = gradEnd - paramEnd;
+  so.stateBytes = stateEnd - gradEnd;
+
+  std::string lossReduction = "unknown";
+  if (auto r = fn->getAttrOfType<StringAttr>("carve.loss_reduction"))
+    lossReduction = r.getValue().str();
+  so.lossReduction = lossReduction;
+  if ((opts.dp > 1 || m > 1) && lossReduction == "unknown")
+    return fail("cannot tell how the loss reduces over the batch (a mean or a sum of "
+                "cross_entropy, reduce_mean or reduce_sum); data parallelism and micro-batches "
+                "need to know");
+  for (BlockArgument a : fn.getArguments())
+    if (fn.getArgAttr(a.getArgNumber(), "carve.loss_seed")) {
+      int64_t replicas = (int64_t)opts.dp * m;
+      bool mean = lossReduction == "mean" && replicas > 1;
+      so.init += "  // d(loss)/d(loss) of one micro-batch: " +
+                 std::string(mean ? "the loss is a mean over the batch and each micro-batch is 1/" +
+                                        std::to_string(replicas) +
+                                        " of the global batch, so the summed gradients equal "
+                                        "the global mean's."
+                                  : "1.") +
+                 "\n  *(float *)(A + " + std::to_string(buffers[bufferOf.lookup(a)].offset) +
+                 ") = " + (mean ? "1.0f / " + std::to_string(replicas) : std::string("1.0f")) +
+                 ";\n";
+    }
+
+  // The two functions. Values the backward part reads from the forward part
+  // are declared again at its top, at the same slot offsets.
+  auto declare = [&](Value v) -> std::string {
+    Value root = v;
+    while (root.getDefiningOp() && isa<ReshapeOp>(root.getDefiningOp()))
+      root = root.getDefiningOp()->getOperand(0);
+    const Buffer &b = buffers[bufferOf.lookup(root)];
+    if (b.region == Region::Constant && root == v)
+      return "";
+    std::string target = b.region == Region::Activation
+                             ? "(" + ctypeOf(v) + " *)(S + " + std::to_string(b.offset) + ")"
+                             : "(" + ctypeOf(v) + " *)" + var[root];
+    return "  " + ctypeOf(v) + " *" + var[v] + " = " + target + ";\n";
+  };
+  std::string argPreamble = "  char *const A = ctx.arena;\n";
+  for (BlockArgument a : fn.getArguments()) {
+    const Buffer &b = buffers[bufferOf.lookup(a)];
+    std::string what = b.region == Region::Input  ? "input"
+                       : b.region == Region::Seed ? "loss seed"
+                                                  : "parameter";
+    argPreamble += "  " + ctypeOf(a) + " *" + var[a] + " = (" + ctypeOf(a) + " *)(A + " +
+                   std::to_string(b.offset) + ")";
+    if (b.region == Region::Input)
+      argPreamble += " + (int64_t)mb * " + std::to_string(typeOf(a).getNumElements());
+    argPreamble += ";  // " + what + " " + shapeText(typeOf(a).getShape()) +
+                   (b.region == Region::Input ? " (micro-batch mb)" : "") + "\n";
+  }
+  std::set<Value, std::function<bool(Value, Value)>> stash(
+      [&](Value x, Value y) { return var[x] < var[y]; });
+  for (int i = backwardBegin; i < end; ++i) {
+    Operation *op = ops[i];
+    std::vector<Operation *> readers{op};
+    if (Operation *fused = transposedMatmul.lookup(op))
+      readers.push_back(fused);
+    for (Operation *r : readers)
+      for (unsigned k = 0; k < r->getNumOperands(); ++k) {
+        Value v = operandOf(r, k);
+        Operation *d = v.getDefiningOp();
+        if (d && index.count(d) && index[d] < backwardBegin)
+          stash.insert(v);
+      }
+  }
+  std::string stashDecl;
+  for (Value v : stash)
+    stashDecl += declare(v);
+
+  std::string forwardBody, backwardBody;
+  std::vector<std::string> pendingRecv;
+  auto flushRecvs = [&]() {
+    for (const std::string &h : pendingRecv)
+      body += "  ctx.ppComm->wait(" + h + ");\n";
+    if (!pendingRecv.empty())
+      body += "\n";
+    pendingRecv.clear();
+  };
+  auto peer = [](int64_t offset) {
+    return offset >= 0 ? "ctx.ppRank + " + std::to_string(offset)
+                       : "ctx.ppRank - " + std::to_string(-offset);
+  };
+  size_t nextBucket = 0;
+  for (Operation *op : ops) {
+    if (index[op] == backwardBegin) {
+      flushRecvs();
+      forwardBody = body;
+      body.clear();
+    }
+    if (auto r = dyn_cast<dist::RecvOp>(op)) {
+      Value res = r.getResult();
+      const Buffer &b = buffers[bufferOf.lookup(res)];
+      int64_t from = r->getAttrOfType<IntegerAttr>("carve.from_stage").getInt();
+      std::string h = "recv_" + var[res];
+      std::string node = nodeName(op->getLoc());
+      body += "  // " + std::string(index[op] >= backwardBegin ? "gradient" : "activation") +
+              " " + shapeText(typeOf(res).getShape()) + " from stage " + std::to_string(from) +
+              (node.empty() ? "" : " [" + node + "]") + "\n";
+      body += "  " + ctypeOf(res) + " *" + var[res] + " = (" + ctypeOf(res) + " *)(S + " +
+              std::to_string(b.offset) + ");\n";
+      body += "  CommHandle " + h + " = ctx.ppComm->recvAsync(" + var[res] + ", " +
+              std::to_string(bytesOf(res)) + ", " + peer((int64_t)r.getOffset()) + ", " +
+              std::to_string((int64_t)r.getTag()) + " * " + std::to_string(m) + " + mb);\n";
+      pendingRecv.push_back(h);
+      continue;
+    }
+    flushRecvs();
+    if (auto snd = dyn_cast<dist::SendOp>(op)) {
+      Value v = snd.getInput();
+      int64_t to = snd->getAttrOfType<IntegerAttr>("carve.to_stage").getInt();
+      body += "  // send " + std::string(index[op] >= backwardBegin ? "the gradient " : "") +
+              var[v] + " to stage " + std::to_string(to) +
+              "; it stays in this slot until the send completes\n";
+      body += "  sends[slot].push_back(ctx.ppComm->sendAsync(" + var[v] + ", " +
+              std::to_string(bytesOf(v)) + ", " + peer((int64_t)snd.getOffset()) + ", " +
+              std::to_string((int64_t)snd.getTag()) + " * " + std::to_string(m) + " + mb));\n";
+      continue;
+    }
+    if (!emitOp(op))
+      return false;
+    int i = index[op];
+    if (so.hasLoss && loss.getDefiningOp() == op)
+      body += "  pipeLoss += (double)" + var[loss] + "[0];  // this micro-batch's loss\n";
+    for (GradSlot &g : grads)
+      if (g.ready == i) {
+        std::string n = std::to_string(typeOf(g.value).getNumElements());
+        body += "  // accumulate the gradient of " + paramName(g.param) +
+                (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" +
+                var[g.value] + ", " + gradPtr(g) + ", " + n + ");\n  else\n    addInPlace(" +
+                gradPtr(g) + ", " + var[g.value] + ", " + n + ");\n";
+      }
+    while (nextBucket < buckets.size() && buckets[nextBucket].ready <= i) {
+      const Bucket &bk = buckets[nextBucket];
+      const Buffer &first = buffers[grads[bk.first].buffer];
+      const Buffer &last = buffers[grads[bk.last].buffer];
+      int64_t begin = first.offset, stop = last.offset + alignUp(last.bytes);
+      body += "  // Gradient bucket " + std::to_string(nextBucket) + " is complete (" +
+              bytesText(bk.bytes) + "): after the last micro-batch, sum it over the " +
+              std::to_string(opts.dp) + " data-parallel replicas.\n  if (last)\n    buckets[" +
+              std::to_string(nextBucket) + "] = ctx.dpComm->allReduceAsync(A + " +
+              std::to_string(begin) + ", " + std::to_string((stop - begin) / 4) +
+              ", CommType::F32, ReduceOp::Sum);\n";
+      so.bucketWaits += "  ctx.dpComm->wait(c" + std::to_string(chunk) + "::buckets[" +
+                        std::to_string(nextBucket) + "]);\n";
+      ++nextBucket;
+    }
+  }
+  flushRecvs();
+  if (backwardBegin == end) {
+    forwardBody = body;
+    body.clear();
+  }
+  backwardBody = body;
+
+  std::string sig = "(StepContext &ctx, int mb, int slot, char *S";
+  so.forward = "/// Forward of micro-batch `mb`, its activations in slot `slot` (at S).\nvoid forward" +
+               sig + ") {\n" + argPreamble + "  (void)slot;\n\n" + forwardBody + "}\n";
+  so.backward =
+      "/// Backward of micro-batch `mb` (slot `slot`); `last`: the step's last micro-batch.\n"
+      "void backward" +
+      sig + ", bool last) {\n" + argPreamble + stashDecl + "  (void)slot;\n  (void)last;\n\n" +
+      backwardBody + "}\n";
+  so.constants = constants;
+  so.constants += "std::vector<CommHandle> sends[" + std::to_string(pipe.slots[chunk]) +
+                  "]; // sends in flight, per slot\n";
+  if (!buckets.empty())
+    so.constants += "CommHandle buckets[" + std::to_string(buckets.size()) + "];\n";
+  so.customKernels = customKernels;
+  so.kernelCalls = kernelCalls;
+
+  // The tail's pieces.
+  std::map<std::string, int> owner;
+  for (const auto &sh : pipe.shared)
+    owner[sh.name] = sh.owner;
+  llvm::raw_string_ostream ns(so.norm), cs(so.clip), us(so.updates);
+  emitNormTerms(ns, [&](const GradSlot &g) {
+    return !g.shared || owner[paramName(g.param)] == stage;
+  });
+  emitClip(cs);
+  emitUpdates(us);
+  for (GradSlot &g : grads)
+    if (g.shared)
+      so.sharedGrads.push_back({paramName(g.param), gradPtr(g)});
+  buildTables(m);
+  so.params = paramRows;
+  so.inputs = inputRows;
+  so.plan = "  //   stage " + std::to_string(stage) + ": parameters [" + std::to_string(base) +
+            ", " + std::to_string(paramEnd) + "), gradients [" + std::to_string(paramEnd) + ", " +
+            std::to_string(gradEnd) + "), optimizer state [" + std::to_string(gradEnd) + ", " +
+            std::to_string(stateEnd) + "); activations " + bytesText(so.activationBytes) +
+            " per micro-batch (" + bytesText(so.unplannedBytes) + " without reuse)\n";
+  return true;
+}
+
+/// The runtime's tables of inputs and parameters (tp pieces, ZeRO chunks,
+/// offsets). `microBatches` inputs lie one after another in the arena.
+void Generator::buildTables(int64_t microBatches) {
   for (BlockArgument a : fn.getArguments()) {
     unsigned i = a.getArgNumber();
     const Buffer &b = buffers[bufferOf.lookup(a)];
@@ -1365,6 +1781,12 @@ bool Generator::run() {
         row.global[l.getDim()] *= opts.tp;
       }
     row.numel = typeOf(a).getNumElements();
+    if (b.region == Region::Input && microBatches > 1) {
+      // The arena holds all micro-batches of this rank's share, one after another.
+      row.shape[0] *= microBatches;
+      row.global[0] *= microBatches;
+      row.numel *= microBatches;
+    }
     row.offset = b.offset;
     for (GradSlot &g : grads)
       if (g.param == i) {
@@ -1381,19 +1803,6 @@ bool Generator::run() {
     (b.region == Region::Param ? paramRows : inputRows).push_back(row);
   }
 
-  out.numKernelCalls = kernelCalls;
-  std::string header;
-  llvm::raw_string_ostream hs(header);
-  hs << "  // Memory plan (one arena, " << bytesText(out.arenaBytes) << "):\n"
-     << "  //   parameters and buffers   [0, " << paramEnd << ")\n"
-     << "  //   gradients                [" << gradBegin << ", " << gradEnd << ")\n"
-     << "  //   optimizer state          [" << gradEnd << ", " << stateEnd << ")\n"
-     << "  //   inputs and loss seed     [" << stateEnd << ", " << activationBase << ")\n"
-     << "  //   activations              [" << activationBase << ", "
-     << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
-     << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
-  out.source = emitProgram(header, t);
-  return true;
 }
 
 std::string Generator::emitProgram(const std::string &plan, const std::string &tail) {
@@ -1503,6 +1912,279 @@ bool generateCpuProgram(ModuleOp module, const CodegenOptions &opts, GeneratedPr
   }
   Generator g(fn, opts, out, error);
   return g.run();
+}
+
+bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
+                             const PipelineCodegenOptions &pipe, GeneratedProgram &out,
+                             std::string &error) {
+  const int p = pipe.pp, v = pipe.virtualStages, m = opts.numMicroBatches;
+  std::vector<func::FuncOp> fns;
+  for (int c = 0; c < v; ++c) {
+    std::string name = "stage" + std::to_string(c * p + pipe.rank);
+    auto fn = module.lookupSymbol<func::FuncOp>(name);
+    if (!fn) {
+      error = "the module has no @" + name + " (run the pipeline split first)";
+      return false;
+    }
+    fns.push_back(fn);
+  }
+  // Graph inputs first, all micro-batches of this replica's share, as stage 0
+  // of this rank lists them (every stage lists every input).
+  std::map<std::string, int64_t> inputOffsets;
+  int64_t at = 0;
+  for (BlockArgument a : fns[0].getArguments())
+    if (auto in = fns[0].getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.input")) {
+      auto t = typeOf(a);
+      std::string c, d;
+      int size = 0;
+      elementInfo(t.getElementType(), c, d, size);
+      inputOffsets[in.getValue().str()] = at;
+      at += alignUp(t.getNumElements() * size * m);
+    }
+  const int64_t inputsEnd = at;
+  std::vector<Generator::StageOut> chunks(v);
+  std::vector<std::unique_ptr<Generator>> gens;
+  std::vector<GeneratedProgram> scratch(v);
+  for (int c = 0; c < v; ++c) {
+    gens.push_back(std::make_unique<Generator>(fns[c], opts, scratch[c], error));
+    if (!gens.back()->runStage(pipe, c, at, inputOffsets, chunks[c]))
+      return false;
+    at = chunks[c].persistentEnd;
+  }
+  const int64_t persistentEnd = at;
+  std::vector<int64_t> slotBase(v), slotBytes(v);
+  for (int c = 0; c < v; ++c) {
+    slotBytes[c] = alignUp(std::max<int64_t>(chunks[c].activationBytes, 1));
+    slotBase[c] = at;
+    at += slotBytes[c] * pipe.slots[c];
+  }
+  out.arenaBytes = alignUp(at);
+  out.activationBytes = at - persistentEnd;
+  for (auto &ch : chunks) {
+    out.unplannedBytes += ch.unplannedBytes;
+    out.paramBytes += ch.paramBytes;
+    out.gradBytes += ch.gradBytes;
+    out.stateBytes += ch.stateBytes;
+    out.numBuckets += ch.numBuckets;
+    out.numKernelCalls += ch.kernelCalls;
+  }
+
+  // Parameter names must not repeat on one rank (two chunks would update two copies).
+  std::set<std::string> seen;
+  for (auto &ch : chunks)
+    for (const TensorRow &r : ch.params)
+      if (!seen.insert(r.name).second) {
+        error = "pipeline: parameter '" + r.name + "' is used by two stages of pipeline rank " +
+                std::to_string(pipe.rank) +
+                "; this version keeps one copy per rank (choose other cut points or fewer "
+                "virtual stages)";
+        return false;
+      }
+
+  std::string src;
+  llvm::raw_string_ostream os(src);
+  const std::string &P = opts.programName;
+  std::string stages;
+  for (int c = 0; c < v; ++c)
+    stages += (c ? ", " : "") + std::to_string(c * p + pipe.rank);
+  os << "// " << P << ".cpp: pipeline rank " << pipe.rank << "'s training step, generated by `carve "
+     << "compile` from " << opts.modelName << ".\n"
+     << "// Regenerate it rather than editing it.\n//\n"
+     << "// Plan: " << opts.planJson << "\n"
+     << "// Pipeline: " << p * v << " stages over pp=" << p << " rank(s)"
+     << (v > 1 ? " (" + std::to_string(v) + " per rank)" : std::string()) << "; this rank runs stage"
+     << (v > 1 ? "s " : " ") << stages << ". Schedule " << pipe.schedule << " over " << m
+     << " micro-batch(es) of " << opts.globalBatch / std::max(1, opts.dp) / std::max(1, m)
+     << " samples per step (data parallel over " << opts.dp << ", global batch "
+     << opts.globalBatch << ").\n"
+     << "// Optimizer: " << opts.optimizer.describe() << "\n"
+     << "// " << out.numKernelCalls << " kernel calls per micro-batch, " << out.numBuckets
+     << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
+     << "#include \"carve/rt/dist.h\"\n#include \"carve/rt/kernels.h\"\n"
+     << "#include \"carve/rt/optim.h\"\n#include \"carve/rt/pipeline.h\"\n"
+     << "#include \"carve/rt/program.h\"\n";
+  std::map<std::string, std::string> custom;
+  for (auto &ch : chunks)
+    custom.insert(ch.customKernels.begin(), ch.customKernels.end());
+  if (!custom.empty())
+    os << "#include \"carve/rt/custom.h\"\n";
+  os << "\n#include <cmath>\n#include <cstdint>\n#include <vector>\n\n";
+  if (!custom.empty()) {
+    os << "// The user's kernels, from the rules file's sources (OUT/src/custom/); the ABI is in\n"
+       << "// carve/rt/custom.h.\n";
+    for (const auto &[fn, decl] : custom)
+      os << decl << "\n";
+    os << "\n";
+  }
+  os << "using namespace carve::rt;\n\nnamespace {\n\n"
+     << "double pipeLoss = 0; // the last stage's losses of this step, summed over micro-batches\n\n";
+  for (int c = 0; c < v; ++c) {
+    os << "// ==== Stage " << c * p + pipe.rank << " (chunk " << c << " of this rank) ====\n"
+       << "namespace c" << c << " {\n\n"
+       << chunks[c].constants << "\n"
+       << chunks[c].forward << "\n"
+       << chunks[c].backward << "\n} // namespace c" << c << "\n\n";
+  }
+
+  // The step: the schedule, then the synchronization and the optimizer.
+  os << "void step(StepContext &ctx) {\n"
+     << "  // Memory plan (one arena, " << bytesText(out.arenaBytes) << "):\n"
+     << "  //   inputs (" << m << " micro-batch(es))    [0, " << inputsEnd << ")\n";
+  for (int c = 0; c < v; ++c)
+    os << chunks[c].plan;
+  for (int c = 0; c < v; ++c)
+    os << "  //   stage " << c * p + pipe.rank << " activations: " << pipe.slots[c]
+       << " slot(s) of " << bytesText(slotBytes[c]) << " at [" << slotBase[c] << ", "
+       << slotBase[c] + slotBytes[c] * pipe.slots[c] << ")\n";
+  os << "  char *const A = ctx.arena;\n  pipeLoss = 0;\n";
+  for (auto &ch : chunks)
+    os << ch.init;
+  os << "\n  // ---- Schedule (" << pipe.schedule << ", pp=" << p << ", " << m
+     << " micro-batches" << (v > 1 ? ", " + std::to_string(v) + " chunks per rank" : std::string())
+     << "): F = forward, B = backward of micro-batch k ----\n";
+  for (const auto &st : pipe.steps) {
+    int stage = st.chunk * p + pipe.rank;
+    std::string c = "c" + std::to_string(st.chunk);
+    std::string slot = "A + " + std::to_string(slotBase[st.chunk]) + " + " +
+                       std::to_string(st.slot) + " * " + std::to_string(slotBytes[st.chunk]);
+    if (st.forward) {
+      os << "  waitAll(*ctx.ppComm, " << c << "::sends[" << st.slot << "]);  // slot " << st.slot
+         << " is free once its sends are done\n";
+      os << "  { TraceSpan t(ctx, 'F', " << st.microBatch << ", " << stage << "); " << c
+         << "::forward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << "); }\n";
+    } else {
+      os << "  { TraceSpan t(ctx, 'B', " << st.microBatch << ", " << stage << "); " << c
+         << "::backward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << ", "
+         << (st.microBatch == m - 1 ? "true" : "false") << "); }\n";
+    }
+  }
+  os << "\n  // Every send has completed before the step ends.\n";
+  for (int c = 0; c < v; ++c)
+    os << "  for (auto &s : c" << c << "::sends) waitAll(*ctx.ppComm, s);\n";
+  bool anyBuckets = false;
+  for (auto &ch : chunks)
+    anyBuckets |= !ch.bucketWaits.empty();
+  if (anyBuckets) {
+    os << "\n  // Wait for the gradient all-reduces before the optimizer reads them.\n";
+    for (auto &ch : chunks)
+      os << ch.bucketWaits;
+  }
+  if (!pipe.shared.empty()) {
+    os << "\n  // Parameters used on several stages (a tied embedding): sum their gradient parts "
+          "over pp\n  // (every pp rank joins each all-reduce; ranks without the parameter add "
+          "zeros).\n";
+    for (const auto &sh : pipe.shared) {
+      std::string ptr;
+      for (auto &ch : chunks)
+        for (auto &[name, q] : ch.sharedGrads)
+          if (name == sh.name)
+            ptr = q;
+      if (!ptr.empty())
+        os << "  ctx.ppComm->allReduce(" << ptr << ", " << sh.numel
+           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << "\n";
+      else
+        os << "  {\n    std::vector<float> zeros(" << sh.numel
+           << ");\n    ctx.ppComm->allReduce(zeros.data(), " << sh.numel
+           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
+    }
+  }
+  const std::string &red = chunks.back().lossReduction;
+  os << "\n  // The loss of the whole global batch";
+  if (p > 1)
+    os << " (only the last stage computes it)";
+  os << ".\n  float loss = (float)pipeLoss;\n";
+  if (red == "mean" && m > 1)
+    os << "  loss /= " << m << ".0f;  // the mean of " << m << " equal micro-batches\n";
+  if (p > 1)
+    os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
+  if (opts.dp > 1) {
+    os << "  ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report "
+          "the global loss\n";
+    if (red == "mean")
+      os << "  loss /= " << opts.dp << ".0f;  // the mean of " << opts.dp
+         << " equal shares is the global mean\n";
+  }
+  os << "  ctx.loss = loss;\n";
+  os << "\n  // Gradient norm: squares summed over this rank's gradients";
+  if (opts.tp > 1)
+    os << " (tp-split ones summed over tp)";
+  if (p > 1)
+    os << ", then over the pipeline stages (a shared parameter counted on its first stage)";
+  os << ".\n  double sqSplit = 0, sqWhole = 0;\n";
+  for (auto &ch : chunks)
+    os << ch.norm;
+  if (opts.tp > 1)
+    os << "  ctx.tpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
+  os << "  double sq = sqSplit + sqWhole;\n";
+  if (p > 1)
+    os << "  ctx.ppComm->allReduce(&sq, 1, CommType::F64, ReduceOp::Sum);\n";
+  os << "  double norm = std::sqrt(sq);\n  ctx.gradNorm = (float)norm;\n";
+  const OptimizerConfig &o = opts.optimizer;
+  if (o.clipGradNorm > 0) {
+    os << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";
+    os << "  const float clip = clipCoefficient(norm, " << number(o.clipGradNorm, false) << ");\n";
+    for (auto &ch : chunks)
+      os << ch.clip;
+  }
+  os << "\n  // " << o.describe() << "\n";
+  os << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", " << o.warmupSteps
+     << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
+  os << "  ctx.lr = (float)lr;\n";
+  for (auto &ch : chunks)
+    os << ch.updates;
+  os << "}\n\n";
+
+  // Tables.
+  std::vector<TensorRow> params, inputs = chunks[0].inputs;
+  for (auto &ch : chunks)
+    params.insert(params.end(), ch.params.begin(), ch.params.end());
+  auto rows = [&](const char *name, const std::vector<TensorRow> &rs) {
+    os << "const TensorSpec " << name << "[] = {\n";
+    for (const TensorRow &r : rs)
+      os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
+         << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
+         << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
+         << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
+         << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
+         << (r.stateZero ? "true" : "false") << "},\n";
+    if (rs.empty())
+      os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
+    os << "};\n";
+  };
+  rows("kInputs", inputs);
+  rows("kParams", params);
+  int64_t seq = 0;
+  bool tokens = inputs.size() == 2 && inputs[0].dtype == "I64" && inputs[1].dtype == "I64" &&
+                inputs[0].shape.size() == 2 && inputs[0].shape == inputs[1].shape;
+  if (tokens)
+    seq = inputs[0].shape[1];
+  bool adam = o.kind == "adamw";
+  int slotsN = adam ? 2 : o.momentum != 0 ? 1 : 0;
+  auto escape = [](const std::string &x) {
+    std::string e;
+    for (char c : x)
+      e += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+    return e;
+  };
+  os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
+     << "    \"" << P << "\", \"" << escape(opts.modelName) << "\",\n"
+     << "    /*worldSize=*/" << opts.dp * opts.tp * p << ", /*dp=*/" << opts.dp << ",\n"
+     << "    /*globalBatch=*/" << opts.globalBatch << ", /*localBatch=*/"
+     << opts.globalBatch / std::max(1, opts.dp) << ", /*seqLen=*/" << seq << ",\n"
+     << "    DataKind::" << (tokens ? "Tokens" : "Tensors") << ",\n"
+     << "    " << inputs.size() << ", kInputs, " << params.size() << ", kParams,\n"
+     << "    /*arenaBytes=*/" << out.arenaBytes << ",\n"
+     << "    OptimizerKind::" << (adam ? "AdamW" : "SGD") << ", /*numStateSlots=*/" << slotsN
+     << ",\n"
+     << "    \"" << escape(o.describe()) << "\",\n"
+     << "    step,\n"
+     << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
+     << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
+     << ", /*stateBytes=*/" << out.stateBytes << ",\n"
+     << "    /*pp=*/" << p << ", /*ppRank=*/" << pipe.rank << ", /*numMicroBatches=*/" << m
+     << ", /*activationBytes=*/" << out.activationBytes << ",\n};\n";
+  out.source = src;
+  return true;
 }
 
 std::string generateProgramTable(const std::vector<std::string> &programNames,

@@ -46,6 +46,8 @@ struct CodegenOptions {
   int dp = 1;
   int tp = 1;    // tensor-parallel degree (the partitioner has split @train_step)
   int zero = 0;  // ZeRO stage over dp
+  int pp = 1;    // pipeline ranks (the plan's pp)
+  int numMicroBatches = 1; // micro-batches per step of each dp replica
   int64_t globalBatch = 0;
   int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size
   OptimizerConfig optimizer;
@@ -61,6 +63,37 @@ struct GeneratedProgram {
   int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0; // persistent, this rank
   int numKernelCalls = 0;
 };
+
+/// One pipeline rank's part of a pipelined plan (compiler/pipeline/Schedule.h
+/// builds the instruction list).
+struct PipelineCodegenOptions {
+  int pp = 1, virtualStages = 1;
+  std::string schedule; // "gpipe", "1f1b", "interleaved" (for comments)
+  int rank = 0;         // this program's place on the pp axis
+  struct Step {
+    bool forward;
+    int microBatch, chunk, slot;
+  };
+  std::vector<Step> steps; // this rank's instruction list, in order
+  std::vector<int> slots;  // per chunk: micro-batches of activations it keeps at once
+  /// Every gradient summed over pp, in one order for all ranks: parameter
+  /// name, its (tp-local) elements, and the lowest stage holding it (which
+  /// counts it in the gradient norm).
+  struct Shared {
+    std::string name;
+    int64_t numel;
+    int owner;
+  };
+  std::vector<Shared> shared;
+};
+
+/// Generates pipeline rank `pipe.rank`'s program from `@stage{c * pp + rank}`
+/// (c < virtualStages), built by splitPipelineStages. Micro-batches run in
+/// the order of `pipe.steps`; each chunk's activations have `pipe.slots`
+/// copies; gradients accumulate over the micro-batches.
+bool generatePipelineProgram(mlir::ModuleOp module, const CodegenOptions &opts,
+                             const PipelineCodegenOptions &pipe, GeneratedProgram &out,
+                             std::string &error);
 
 /// Generates the program for `@train_step` in `module`. On failure returns
 /// false with one line in `error` naming the op (and node) that could not be

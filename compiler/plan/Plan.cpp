@@ -18,11 +18,6 @@ struct Reserved {
 
 const std::vector<Reserved> &reserved() {
   static const std::vector<Reserved> r = {
-      {"pp", 1, "pipeline parallelism"},
-      {"num_micro_batches", 1, "micro-batching"},
-      {"micro_batch_size", nullptr, "micro-batching"},
-      {"schedule", nullptr, "pipeline schedules"},
-      {"virtual_stages", 1, "interleaved pipeline stages"},
       {"recompute", "none", "recomputation"},
       {"precision", "fp32", "mixed precision"},
   };
@@ -75,6 +70,50 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
         return false;
       }
       plan.zero = (int)v.get<int64_t>();
+      continue;
+    }
+    if (key == "pp" || key == "num_micro_batches" || key == "virtual_stages" ||
+        key == "micro_batch_size") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 20) {
+        error = what + ": \"" + key + "\" must be a positive integer, got " + v.dump();
+        return false;
+      }
+      int64_t n = v.get<int64_t>();
+      if (key == "pp")
+        plan.pp = (int)n;
+      else if (key == "num_micro_batches")
+        plan.numMicroBatches = (int)n;
+      else if (key == "virtual_stages")
+        plan.virtualStages = (int)n;
+      else
+        plan.microBatchSize = n;
+      continue;
+    }
+    if (key == "schedule") {
+      static const char *known[] = {"gpipe", "1f1b", "interleaved"};
+      if (!v.is_string() ||
+          std::find(std::begin(known), std::end(known), v.get<std::string>()) == std::end(known)) {
+        error = what + ": unknown pipeline schedule " + v.dump() +
+                " (known: \"gpipe\", \"1f1b\", \"interleaved\")";
+        return false;
+      }
+      plan.schedule = v.get<std::string>();
+      continue;
+    }
+    if (key == "cuts") {
+      if (!v.is_array() || v.empty()) {
+        error = what + ": \"cuts\" must be a non-empty list of op-name globs, one per stage "
+                       "boundary, e.g. [\"/h.2/*\"]";
+        return false;
+      }
+      for (const json &c : v) {
+        if (!c.is_string() || c.get<std::string>().empty()) {
+          error = what + ": \"cuts\" entries must be op-name globs (non-empty strings), got " +
+                  c.dump();
+          return false;
+        }
+        plan.cuts.push_back(c.get<std::string>());
+      }
       continue;
     }
     if (key == "sequence_parallel") {
@@ -163,7 +202,8 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
       return false;
     }
     if (!known) {
-      std::string names = "dp, tp, zero, sequence_parallel, ops, optimizer";
+      std::string names = "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
+                          "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer";
       for (const Reserved &r : reserved())
         names += std::string(", ") + r.name;
       error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
@@ -176,6 +216,31 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
   }
   if (plan.zero > 0 && plan.dp == 1) {
     error = what + ": \"zero\" shards over the data-parallel ranks and needs \"dp\" > 1";
+    return false;
+  }
+  const bool micro = plan.numMicroBatches > 1 || plan.microBatchSize > 0;
+  if (plan.zero >= 2 && (plan.pp > 1 || micro)) {
+    error = what + ": \"zero\": " + std::to_string(plan.zero) +
+            " with pipelines or micro-batches is not implemented in this version (gradients "
+            "accumulate over micro-batches in full); use zero 1";
+    return false;
+  }
+  if (plan.schedule == "interleaved" && plan.pp == 1) {
+    error = what + ": the interleaved schedule spreads virtual stages over pipeline ranks and "
+                   "needs \"pp\" > 1";
+    return false;
+  }
+  if (plan.virtualStages > 1 && !plan.schedule.empty() && plan.schedule != "interleaved") {
+    error = what + ": \"virtual_stages\" applies to the interleaved schedule only (the plan "
+                   "asks for \"" + plan.schedule + "\")";
+    return false;
+  }
+  if (plan.virtualStages > 1 && plan.pp == 1) {
+    error = what + ": \"virtual_stages\" needs \"pp\" > 1";
+    return false;
+  }
+  if (!plan.cuts.empty() && plan.pp == 1) {
+    error = what + ": \"cuts\" places pipeline stage boundaries and needs \"pp\" > 1";
     return false;
   }
   plan.json = j.dump();

@@ -1,10 +1,12 @@
 //===- Plan.h - the parallelization plan file -----------------------------===//
 //
-// A plan is a JSON object (docs/plan.md). This version carries out data and
-// tensor parallelism (`dp`, `tp`, `sequence_parallel`, `ops`), ZeRO (`zero`)
-// and the optimizer settings; the names of the later forms of parallelism are
-// reserved and refused with a clear message until they are implemented, so a
-// plan written for a later version never silently means something else.
+// A plan is a JSON object (docs/plan.md). This version carries out data,
+// tensor and pipeline parallelism (`dp`, `tp`, `sequence_parallel`, `ops`,
+// `pp`, `num_micro_batches`, `micro_batch_size`, `schedule`, `virtual_stages`,
+// `cuts`), ZeRO (`zero`) and the optimizer settings; `recompute` and
+// `precision` are reserved and refused with a clear message until they are
+// implemented, so a plan written for a later version never silently means
+// something else.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +27,13 @@ struct Plan {
   int tp = 1;
   int zero = 0;
   bool sequenceParallel = false;
+  int pp = 1;
+  int numMicroBatches = 0; // 0: not given (micro_batch_size decides, else 1)
+  int64_t microBatchSize = 0; // 0: not given
+  std::string schedule;    // "gpipe", "1f1b", "interleaved"; empty: 1f1b (interleaved when v > 1)
+  int virtualStages = 1;
+  /// Pipeline cut points: op-name globs, one per stage boundary, in model order.
+  std::vector<std::string> cuts;
   /// The "ops" overrides in file order: op-name glob, dimension ("replicate").
   std::vector<std::pair<std::string, std::string>> ops;
   /// Optimizer fields the plan set (applied over the defaults, under the
@@ -35,7 +44,11 @@ struct Plan {
   /// The plan as given (canonical JSON), for OUT/plan.json and comments.
   std::string json;
 
-  int worldSize() const { return dp * tp; }
+  int worldSize() const { return dp * tp * pp; }
+  /// The schedule that runs: the given one, else interleaved for v > 1, else 1f1b.
+  std::string scheduleName() const {
+    return !schedule.empty() ? schedule : virtualStages > 1 ? "interleaved" : "1f1b";
+  }
 };
 
 /// Parses plan text; `what` names it in errors (the file name). On failure

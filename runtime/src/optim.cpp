@@ -121,4 +121,10 @@ double scheduledLr(int64_t t, double lr, int64_t warmup, int64_t decaySteps, dou
   return lr * factor;
 }
 
+void addInPlace(float *dst, const float *src, int64_t n) {
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] += src[i];
+}
+
 } // namespace carve::rt

@@ -29,6 +29,7 @@
 #include "carve/rt/data.h"
 #include "carve/rt/dist.h"
 #include "carve/rt/metrics.h"
+#include "carve/rt/pipeline.h"
 #include "carve/rt/program.h"
 #include "carve/rt/safetensors.h"
 
@@ -65,6 +66,9 @@ or with mpirun/srun and the number of ranks it was compiled for.
                               DIR/optimizer.safetensors
   --load DIR                  start from a checkpoint written by --save: weights,
                               optimizer state and step count
+  --trace FILE.json           record when every rank ran each micro-batch's forward and
+                              backward (and the rest of the step) as a Chrome trace
+                              (opens in Perfetto); written by rank 0 at the end
   --quiet                     print nothing but errors
   --help                      print this text
 )";
@@ -94,6 +98,7 @@ struct Options {
   std::string log;
   std::string save;
   std::string load;
+  std::string trace;
   bool quiet = false;
 };
 
@@ -141,17 +146,19 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
         error = "--steps needs a positive integer, not '" + value + "'";
         return false;
       }
-    } else if (arg == "--data" || arg == "--log" || arg == "--save" || arg == "--load") {
+    } else if (arg == "--data" || arg == "--log" || arg == "--save" || arg == "--load" ||
+               arg == "--trace") {
       if (!takeValue())
         return false;
       if (value.empty()) {
         error = arg + " needs a non-empty path";
         return false;
       }
-      (arg == "--data"   ? opts.data
-       : arg == "--log"  ? opts.log
-       : arg == "--save" ? opts.save
-                         : opts.load) = value;
+      (arg == "--data"    ? opts.data
+       : arg == "--log"   ? opts.log
+       : arg == "--save"  ? opts.save
+       : arg == "--trace" ? opts.trace
+                          : opts.load) = value;
     } else if (arg == "--data-dtype") {
       if (!takeValue())
         return false;
@@ -210,10 +217,10 @@ int64_t numelOf(const std::vector<int64_t> &shape) {
   return n;
 }
 
-/// This rank's place on the dp x tp mesh.
+/// This rank's place on the pp x dp x tp mesh.
 struct Mesh {
-  int dp = 1, tp = 1;
-  int dpRank = 0, tpRank = 0;
+  int dp = 1, tp = 1, pp = 1;
+  int dpRank = 0, tpRank = 0, ppRank = 0;
 };
 
 /// Checks the tensor-parallel and ZeRO fields of every parameter against the
@@ -581,6 +588,116 @@ bool saveCheckpoint(const Program &p, const std::string &dir, const FullTensors 
          writeSafetensors(dir + "/optimizer.safetensors", t.state, meta, error);
 }
 
+/// Bytes of one element of a safetensors dtype.
+int64_t dtypeBytes(const std::string &d) {
+  return d == "F64" || d == "I64" ? 8 : d == "BOOL" || d == "U8" ? 1 : 4;
+}
+
+/// Moves the first ranks' full tensors of every pipeline stage to pipeline
+/// rank 0 (world rank 0), which appends those it does not have yet (a
+/// parameter two stages share is identical on both).
+void collectStages(Communicator &pp, std::vector<SafetensorsEntry> &entries, FullTensors &store,
+                   int tag) {
+  if (pp.rank() != 0) {
+    std::vector<char> blob;
+    auto put = [&](const void *p, size_t n) {
+      blob.insert(blob.end(), static_cast<const char *>(p), static_cast<const char *>(p) + n);
+    };
+    for (const SafetensorsEntry &e : entries) {
+      int64_t header[4] = {(int64_t)e.name.size(), (int64_t)e.dtype.size(),
+                           (int64_t)e.shape.size(), 0};
+      int64_t n = dtypeBytes(e.dtype);
+      for (int64_t d : e.shape)
+        n *= d;
+      header[3] = n;
+      put(header, sizeof header);
+      put(e.name.data(), e.name.size());
+      put(e.dtype.data(), e.dtype.size());
+      put(e.shape.data(), e.shape.size() * sizeof(int64_t));
+      put(e.data, static_cast<size_t>(n));
+    }
+    int64_t size = (int64_t)blob.size();
+    pp.send(&size, sizeof size, 0, tag);
+    pp.send(blob.data(), size, 0, tag + 1);
+    return;
+  }
+  std::set<std::string> have;
+  for (const SafetensorsEntry &e : entries)
+    have.insert(e.name);
+  for (int r = 1; r < pp.size(); ++r) {
+    int64_t size = 0;
+    pp.recv(&size, sizeof size, r, tag);
+    store.storage.emplace_back(static_cast<size_t>(size));
+    std::vector<char> &blob = store.storage.back();
+    pp.recv(blob.data(), size, r, tag + 1);
+    size_t at = 0;
+    while (at < blob.size()) {
+      int64_t header[4];
+      std::memcpy(header, blob.data() + at, sizeof header);
+      at += sizeof header;
+      SafetensorsEntry e;
+      e.name.assign(blob.data() + at, header[0]);
+      at += header[0];
+      e.dtype.assign(blob.data() + at, header[1]);
+      at += header[1];
+      e.shape.resize(header[2]);
+      std::memcpy(e.shape.data(), blob.data() + at, header[2] * sizeof(int64_t));
+      at += header[2] * sizeof(int64_t);
+      e.data = blob.data() + at;
+      at += header[3];
+      if (have.insert(e.name).second)
+        entries.push_back(e);
+    }
+  }
+}
+
+/// Every rank's trace events, on world rank 0 (`all[r]` from rank r).
+void gatherTraces(Communicator &world, const Tracer &tracer,
+                  std::vector<std::vector<Tracer::Event>> &all) {
+  const int fields = 6;
+  std::vector<double> mine;
+  for (const Tracer::Event &e : tracer.events())
+    mine.insert(mine.end(), {(double)e.kind, (double)e.microBatch, (double)e.stage,
+                             (double)e.step, e.begin, e.end});
+  if (world.rank() != 0) {
+    int64_t n = (int64_t)mine.size();
+    world.send(&n, sizeof n, 0, 5);
+    world.send(mine.data(), n * sizeof(double), 0, 6);
+    return;
+  }
+  all.assign(world.size(), {});
+  for (int r = 0; r < world.size(); ++r) {
+    std::vector<double> v = mine;
+    if (r > 0) {
+      int64_t n = 0;
+      world.recv(&n, sizeof n, r, 5);
+      v.resize(n);
+      world.recv(v.data(), n * sizeof(double), r, 6);
+    }
+    for (size_t i = 0; i + fields <= v.size(); i += fields)
+      all[r].push_back({(char)v[i], (int)v[i + 1], (int)v[i + 2], (int64_t)v[i + 3], v[i + 4],
+                        v[i + 5]});
+  }
+}
+
+/// Writes `text` to `path` through a temporary file and a rename.
+bool writeTextFile(const std::string &path, const std::string &text, std::string &error) {
+  std::string tmp = path + ".tmp";
+  FILE *f = std::fopen(tmp.c_str(), "wb");
+  if (!f) {
+    error = path + ": cannot write: " + std::strerror(errno);
+    return false;
+  }
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    error = path + ": cannot write: " + std::strerror(errno);
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
 int finish(int code) {
   finalizeComm();
   return code;
@@ -617,7 +734,9 @@ int main(int argc, char **argv) {
     std::string plan = p0 ? "plan dp=" + std::to_string(p0->dp) : "plan unknown";
     if (p0 && p0->tp > 1)
       plan += ", tp=" + std::to_string(p0->tp);
-    else if (p0 && p0->dp != planRanks)
+    if (p0 && p0->pp > 1)
+      plan += ", pp=" + std::to_string(p0->pp);
+    else if (p0 && p0->tp == 1 && p0->dp != planRanks)
       plan += " with " + std::to_string(planRanks / std::max(p0->dp, 1)) + " ranks per replica";
     error = "this program was compiled for " + std::to_string(planRanks) +
             (planRanks == 1 ? " rank (" : " ranks (") + plan + "), launched on " +
@@ -644,15 +763,22 @@ int main(int argc, char **argv) {
     error = std::string("program '") + program->name + "' is for " +
             std::to_string(program->worldSize) + " ranks with dp=" + std::to_string(program->dp) +
             ", the plan has " + std::to_string(planRanks) + " ranks";
-  } else if (program->tp != planRanks / program->dp) {
-    error = std::string("program '") + program->name + "' has tp=" + std::to_string(program->tp) +
-            ", but its plan of " + std::to_string(planRanks) + " ranks with dp=" +
-            std::to_string(program->dp) + " has tp=" + std::to_string(planRanks / program->dp);
+  } else if (program->pp < 1 || program->tp < 1 ||
+             (int64_t)program->tp * program->pp * program->dp != planRanks) {
+    error = std::string("program '") + program->name + "' has dp=" + std::to_string(program->dp) +
+            ", tp=" + std::to_string(program->tp) + ", pp=" + std::to_string(program->pp) +
+            ", which does not make its plan's " + std::to_string(planRanks) + " ranks";
+  } else if (program->ppRank != worldRank / (program->dp * program->tp)) {
+    error = std::string("program '") + program->name + "' is for pipeline rank " +
+            std::to_string(program->ppRank) + ", but rank " + std::to_string(worldRank) +
+            " is on pipeline rank " + std::to_string(worldRank / (program->dp * program->tp));
   } else {
-    // dp is the outermost mesh axis: rank = dpRank * tp + tpRank.
+    // pp is the outermost mesh axis, then dp: rank = (ppRank * dp + dpRank) * tp + tpRank.
     mesh.dp = program->dp;
     mesh.tp = program->tp;
-    mesh.dpRank = worldRank / mesh.tp;
+    mesh.pp = program->pp;
+    mesh.ppRank = worldRank / (mesh.dp * mesh.tp);
+    mesh.dpRank = worldRank / mesh.tp % mesh.dp;
     mesh.tpRank = worldRank % mesh.tp;
     if (checkShardedSpecs(*program, mesh, error))
       loader = openDataLoader(*program, mesh.dpRank, opts.data, opts.dataType, error);
@@ -662,6 +788,8 @@ int main(int argc, char **argv) {
       checkSaveDir(opts.save, error);
     if (error.empty() && worldRank == 0 && !opts.log.empty())
       MetricsLog::checkWritable(opts.log, error);
+    if (error.empty() && worldRank == 0 && !opts.trace.empty())
+      MetricsLog::checkWritable(opts.trace, error);
     if (error.empty()) {
       size_t bytes =
           (static_cast<size_t>(std::max<int64_t>(program->arenaBytes, 1)) + 63) / 64 * 64;
@@ -684,21 +812,22 @@ int main(int argc, char **argv) {
   MetricsLog log;
   if (worldRank == 0 && !opts.log.empty() && !log.open(opts.log, error))
     die(error);
-  // An axis of size 1 is a one-rank group; the other axis is then the world.
-  std::unique_ptr<Communicator> dpGroup, tpGroup;
-  Communicator *dpComm = world.get(), *tpComm = world.get();
-  if (mesh.tp > 1 && mesh.dp > 1) {
-    tpGroup = world->split(mesh.dpRank, mesh.tpRank);
-    dpGroup = world->split(mesh.tpRank, mesh.dpRank);
-  } else if (mesh.tp > 1) {
-    dpGroup = makeSelfCommunicator();
-  } else {
-    tpGroup = makeSelfCommunicator();
-  }
-  if (dpGroup)
-    dpComm = dpGroup.get();
-  if (tpGroup)
-    tpComm = tpGroup.get();
+  // One group per mesh axis: the ranks that differ only in that axis. An
+  // axis of size 1 is a one-rank group; an axis as large as the world is it.
+  std::unique_ptr<Communicator> dpGroup, tpGroup, ppGroup;
+  auto axisGroup = [&](int size, int color, int key) -> std::unique_ptr<Communicator> {
+    if (size == 1)
+      return makeSelfCommunicator();
+    if (size == worldSize)
+      return nullptr;
+    return world->split(color, key);
+  };
+  tpGroup = axisGroup(mesh.tp, mesh.ppRank * mesh.dp + mesh.dpRank, mesh.tpRank);
+  dpGroup = axisGroup(mesh.dp, mesh.ppRank * mesh.tp + mesh.tpRank, mesh.dpRank);
+  ppGroup = axisGroup(mesh.pp, mesh.dpRank * mesh.tp + mesh.tpRank, mesh.ppRank);
+  Communicator *dpComm = dpGroup ? dpGroup.get() : world.get();
+  Communicator *tpComm = tpGroup ? tpGroup.get() : world.get();
+  Communicator *ppComm = ppGroup ? ppGroup.get() : world.get();
 
   // Every rank's persistent bytes, for rank 0's report (gathered even when
   // quiet: ranks may disagree on --quiet, never on a collective).
@@ -708,10 +837,10 @@ int main(int argc, char **argv) {
   for (int i = 0; i < program->numParams; ++i)
     elements += program->params[i].paramZero ? program->params[i].zeroChunk
                                              : program->params[i].numel;
-  const int64_t mine[4] = {program->paramBytes, program->gradBytes, program->stateBytes,
-                           elements};
-  std::vector<int64_t> memory(4 * static_cast<size_t>(worldSize));
-  world->allGather(mine, memory.data(), 4, CommType::I64);
+  const int64_t mine[5] = {program->paramBytes, program->gradBytes, program->stateBytes,
+                           elements, program->activationBytes};
+  std::vector<int64_t> memory(5 * static_cast<size_t>(worldSize));
+  world->allGather(mine, memory.data(), 5, CommType::I64);
 
   int64_t start = weights.step;
   int64_t end = start + opts.steps;
@@ -729,15 +858,23 @@ int main(int argc, char **argv) {
                 static_cast<long long>(start), static_cast<long long>(end - 1));
     bool reported = false;
     for (int r = 0; r < worldSize; ++r)
-      reported |= memory[4 * r] != 0 || memory[4 * r + 1] != 0 || memory[4 * r + 2] != 0;
+      reported |= memory[5 * r] != 0 || memory[5 * r + 1] != 0 || memory[5 * r + 2] != 0;
     if (reported)
-      for (int r = 0; r < worldSize; ++r)
-        std::printf("carve: memory rank %d (dp %d, tp %d): parameters %lld bytes (%lld "
-                    "elements), gradients %lld bytes, optimizer state %lld bytes\n",
-                    r, r / mesh.tp, r % mesh.tp, static_cast<long long>(memory[4 * r]),
-                    static_cast<long long>(memory[4 * r + 3]),
-                    static_cast<long long>(memory[4 * r + 1]),
-                    static_cast<long long>(memory[4 * r + 2]));
+      for (int r = 0; r < worldSize; ++r) {
+        std::string where = "dp " + std::to_string(r / mesh.tp % mesh.dp) + ", tp " +
+                            std::to_string(r % mesh.tp);
+        if (mesh.pp > 1)
+          where += ", pp " + std::to_string(r / (mesh.dp * mesh.tp));
+        std::printf("carve: memory rank %d (%s): parameters %lld bytes (%lld "
+                    "elements), gradients %lld bytes, optimizer state %lld bytes",
+                    r, where.c_str(), static_cast<long long>(memory[5 * r]),
+                    static_cast<long long>(memory[5 * r + 3]),
+                    static_cast<long long>(memory[5 * r + 1]),
+                    static_cast<long long>(memory[5 * r + 2]));
+        if (memory[5 * r + 4] > 0)
+          std::printf(", activations %lld bytes", static_cast<long long>(memory[5 * r + 4]));
+        std::printf("\n");
+      }
     std::fflush(stdout);
   }
 
@@ -748,6 +885,14 @@ int main(int argc, char **argv) {
   ctx.tpComm = tpComm;
   ctx.tpRank = mesh.tpRank;
   ctx.dpRank = mesh.dpRank;
+  ctx.ppComm = ppComm;
+  ctx.ppRank = mesh.ppRank;
+  Tracer tracer;
+  if (!opts.trace.empty()) {
+    world->barrier(); // a common time origin, to a barrier's precision
+    tracer = Tracer();
+    ctx.tracer = &tracer;
+  }
   auto begin = std::chrono::steady_clock::now();
   for (int64_t k = start; k < end; ++k) {
     if (worldRank == faultRank && k == faultStep) {
@@ -761,7 +906,19 @@ int main(int argc, char **argv) {
     ctx.loss = 0;
     ctx.lr = 0;
     ctx.gradNorm = -1;
+    double traceBegin = tracer.now();
     program->step(ctx);
+    if (ctx.tracer) {
+      // The step's time outside the instruction list: synchronization, optimizer.
+      double inside = 0;
+      for (const Tracer::Event &e : tracer.events())
+        if (e.step == k && e.kind != 'O')
+          inside = std::max(inside, e.end);
+      if (program->pp == 1 && program->numMicroBatches == 1)
+        tracer.add({'S', -1, 0, k, traceBegin, tracer.now()}); // one whole step
+      else
+        tracer.add({'O', -1, program->ppRank, k, std::max(inside, traceBegin), tracer.now()});
+    }
     double seconds = secondsSince(stepBegin);
     double rate = seconds > 0 ? itemsPerStep / seconds : 0;
     if (talk) {
@@ -781,15 +938,33 @@ int main(int argc, char **argv) {
     }
   }
 
-  // Step 5: the checkpoint, reassembled from the ranks' pieces.
+  if (!opts.trace.empty()) {
+    std::vector<std::vector<Tracer::Event>> all;
+    gatherTraces(*world, tracer, all);
+    if (worldRank == 0) {
+      std::string title = std::string(program->model ? program->model : program->name) +
+                          " (measured, " + std::to_string(worldSize) + " ranks)";
+      if (!writeTextFile(opts.trace, chromeTrace(all, title), error))
+        die(error);
+      if (talk)
+        std::printf("carve: wrote the measured schedule to %s\n", opts.trace.c_str());
+    }
+  }
+
+  // Step 5: the checkpoint, reassembled from the ranks' pieces: each pipeline
+  // stage's first rank reassembles its parameters, world rank 0 collects them.
   if (!opts.save.empty()) {
     FullTensors full;
-    const bool keep = worldRank == 0;
+    const bool keep = mesh.dpRank == 0 && mesh.tpRank == 0;
     gatherSlots(modelSlots(*program), false, arena, mesh, *dpComm, *tpComm, keep, full,
                 full.model);
     gatherSlots(optimizerSlots(*program), true, arena, mesh, *dpComm, *tpComm, keep, full,
                 full.state);
-    if (keep) {
+    if (keep && mesh.pp > 1) {
+      collectStages(*ppComm, full.model, full, 1);
+      collectStages(*ppComm, full.state, full, 3);
+    }
+    if (worldRank == 0) {
       if (!saveCheckpoint(*program, opts.save, full, end, error))
         die(error);
       if (talk)
@@ -800,6 +975,7 @@ int main(int argc, char **argv) {
   }
   dpGroup.reset();
   tpGroup.reset();
+  ppGroup.reset();
   std::free(arena);
   std::fflush(stdout);
   return finish(0);

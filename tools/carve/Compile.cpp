@@ -13,6 +13,9 @@
 #include "carve/rt/safetensors.h"
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/partition/Partitioner.h"
+#include "compiler/partition/Pipeline.h"
+#include "compiler/pipeline/Schedule.h"
+#include "compiler/pipeline/Timeline.h"
 #include "compiler/plan/Plan.h"
 #include "compiler/rules/Rules.h"
 #include "dialects/dist/DistDialect.h"
@@ -76,14 +79,14 @@ struct TempDir {
   std::string path;
   bool keep = false;
   ~TempDir() {
-    if (!keep && !path.empty())
+    if (!keep && !path.empty() && !getenv("CARVE_KEEP_TEMP"))
       sys::fs::remove_directories(path);
   }
 };
 TempDir *activeTemp = nullptr;
 
 [[noreturn]] void fail(const std::string &msg) {
-  if (activeTemp && !activeTemp->path.empty())
+  if (activeTemp && !activeTemp->path.empty() && !getenv("CARVE_KEEP_TEMP"))
     sys::fs::remove_directories(activeTemp->path);
   die(msg);
 }
@@ -301,18 +304,57 @@ int runCompile(CompileArgs &args) {
         std::to_string(batch) + " (input '" + batchInput + "'); choose dp dividing " +
         std::to_string(batch) + " or export (or --set-dim) another batch");
 
-  // One rank's program: the same model with batch / dp.
+  // Micro-batches: each replica's share of the batch runs as m of them.
+  const std::string where = args.planPath.empty() ? std::string("plan") : args.planPath;
+  const int64_t share = batch / plan.dp;
+  int m = 1;
+  if (plan.microBatchSize > 0) {
+    if (share % plan.microBatchSize != 0)
+      die(where + ": micro_batch_size=" + std::to_string(plan.microBatchSize) +
+          " does not divide each data-parallel replica's " + std::to_string(share) +
+          " samples (global batch " + std::to_string(batch) + " / dp " + std::to_string(plan.dp) +
+          ")");
+    m = (int)(share / plan.microBatchSize);
+    if (plan.numMicroBatches > 0 && plan.numMicroBatches != m)
+      die(where + ": num_micro_batches=" + std::to_string(plan.numMicroBatches) +
+          " and micro_batch_size=" + std::to_string(plan.microBatchSize) + " disagree (" +
+          std::to_string(share) + " samples per replica make " + std::to_string(m) +
+          " micro-batches of that size); give one of them");
+  } else if (plan.numMicroBatches > 0) {
+    m = plan.numMicroBatches;
+  }
+  if (share % m != 0)
+    die(where + ": num_micro_batches=" + std::to_string(m) +
+        " does not divide each data-parallel replica's " + std::to_string(share) +
+        " samples (global batch " + std::to_string(batch) + " / dp " + std::to_string(plan.dp) +
+        ")");
+  const bool pipelined = plan.pp > 1 || m > 1;
+  pipeline::Schedule schedule;
+  if (pipelined) {
+    pipeline::ScheduleKind kind;
+    if (!pipeline::parseScheduleKind(plan.scheduleName(), kind, error) ||
+        !pipeline::buildSchedule(kind, plan.pp, m, plan.virtualStages, schedule, error))
+      die(where + ": " + error);
+  } else if (!args.timelineJson.empty() || !args.timelineSvg.empty()) {
+    die(std::string(args.timelineJson.empty() ? "--timeline-svg" : "--timeline") +
+        ": the plan has no pipeline schedule (pp=1 and one micro-batch); set \"pp\" or "
+        "\"num_micro_batches\"");
+  }
+
+  // One rank's program: the same model with batch / (dp * m).
   mlir::OwningOpRef<mlir::ModuleOp> local;
-  if (plan.dp == 1) {
+  const int64_t micro = share / m;
+  if (micro == batch) {
     local = std::move(global);
   } else {
     ImportOptions localOpts = args.import;
-    localOpts.batch = batch / plan.dp;
+    localOpts.batch = micro;
     localOpts.globalBatch = batch;
     local = importOnnxFile(context, args.model, localOpts, error);
     if (!local)
-      die(args.model + ": importing one rank's share of the batch (" +
-          std::to_string(batch / plan.dp) + " of " + std::to_string(batch) + ") failed: " + error +
+      die(args.model + ": importing one " + std::string(m > 1 ? "micro-batch" : "rank's share") +
+          " of the batch (" + std::to_string(micro) + " of " + std::to_string(batch) +
+          ") failed: " + error +
           " (the model may hard-code its batch size in a reshape; export it with a "
           "dynamic batch)");
   }
@@ -353,6 +395,32 @@ int runCompile(CompileArgs &args) {
     die((args.planPath.empty() ? std::string("plan") : args.planPath) +
         ": \"ops\" overrides choose splits over tp; the plan has no \"tp\" > 1");
   }
+  PipelineReport stages;
+  std::vector<PipelineCodegenOptions::Shared> shared;
+  if (pipelined) {
+    PipelineOptions po;
+    po.pp = plan.pp;
+    po.virtualStages = plan.virtualStages;
+    po.dp = plan.dp;
+    po.tp = plan.tp;
+    po.cuts = plan.cuts;
+    if (!splitPipelineStages(*local, po, stages, error))
+      die(error.rfind("plan: ", 0) == 0 ? where + error.substr(4) : args.model + ": " + error);
+    // Gradients summed over stages, in one order for every rank.
+    std::map<std::string, PipelineCodegenOptions::Shared> byName;
+    for (int s = 0; s < plan.pp * plan.virtualStages; ++s) {
+      auto fn = local->lookupSymbol<mlir::func::FuncOp>("stage" + std::to_string(s));
+      for (unsigned k = 0; k < fn.getNumResults(); ++k)
+        if (fn.getResultAttr(k, "carve.shared_grad")) {
+          std::string name = fn.getResultAttrOfType<mlir::StringAttr>(k, "carve.grad_of").str();
+          auto t = cast<mlir::RankedTensorType>(fn.getResultTypes()[k]);
+          if (!byName.count(name))
+            byName[name] = {name, t.getNumElements(), s};
+        }
+    }
+    for (auto &[n, sh] : byName)
+      shared.push_back(sh);
+  }
   if (!args.emitMlir.empty()) {
     std::string text;
     raw_string_ostream os(text);
@@ -369,9 +437,52 @@ int runCompile(CompileArgs &args) {
   cg.globalBatch = batch;
   cg.optimizer = opt;
   cg.planJson = plan.json;
-  GeneratedProgram prog;
-  if (!generateCpuProgram(*local, cg, prog, error))
-    die(args.model + ": " + error);
+  cg.pp = plan.pp;
+  cg.numMicroBatches = m;
+  std::vector<GeneratedProgram> progs(pipelined ? plan.pp : 1);
+  std::vector<std::string> programNames;
+  if (!pipelined) {
+    if (!generateCpuProgram(*local, cg, progs[0], error))
+      die(args.model + ": " + error);
+    programNames.push_back("program0");
+  } else {
+    for (int r = 0; r < plan.pp; ++r) {
+      PipelineCodegenOptions pc;
+      pc.pp = plan.pp;
+      pc.virtualStages = plan.virtualStages;
+      pc.schedule = plan.scheduleName();
+      pc.rank = r;
+      for (const pipeline::Instr &in : schedule.ranks[r])
+        pc.steps.push_back({in.kind == pipeline::Instr::Forward, in.microBatch, in.chunk, in.slot});
+      pc.slots = schedule.slots[r];
+      pc.shared = shared;
+      cg.programName = "program" + std::to_string(r);
+      if (!generatePipelineProgram(*local, cg, pc, progs[r], error))
+        die(args.model + ": " + error);
+      programNames.push_back(cg.programName);
+    }
+  }
+  const GeneratedProgram &prog = progs[0];
+  int64_t kernelCalls = 0, maxArena = 0;
+  for (const GeneratedProgram &g : progs)
+    kernelCalls += g.numKernelCalls, maxArena = std::max(maxArena, g.arenaBytes);
+
+  // The planned timeline: stage times from FLOPs at a nominal rate (only the
+  // ratios matter for the picture and the bubble).
+  pipeline::Timeline timeline;
+  if (pipelined) {
+    const double rate = 1e12;
+    std::vector<pipeline::StageCost> costs;
+    for (const StageSummary &st : stages.stages)
+      costs.push_back({std::max(st.forwardFlops, 1.0) / rate, std::max(st.backwardFlops, 1.0) / rate});
+    if (!pipeline::simulate(schedule, costs, 0, timeline, error))
+      die(args.model + ": " + error);
+    std::string title = modelName + " " + plan.json;
+    if (!args.timelineJson.empty())
+      writeFileOrDie(args.timelineJson, pipeline::chromeTraceJson(schedule, timeline, title));
+    if (!args.timelineSvg.empty())
+      writeFileOrDie(args.timelineSvg, pipeline::timelineSvg(schedule, timeline, title));
+  }
 
   // Write everything into a temporary directory beside OUT.
   SmallString<256> parent(out);
@@ -396,24 +507,44 @@ int runCompile(CompileArgs &args) {
   for (const char *sub : {"/src", "/bin"})
     if (std::error_code ec = sys::fs::create_directories(dir + sub))
       fail(dir + sub + ": " + ec.message());
-  writeFileOrDie(dir + "/src/program0.cpp", prog.source);
+  for (size_t r = 0; r < progs.size(); ++r)
+    writeFileOrDie(dir + "/src/" + programNames[r] + ".cpp", progs[r].source);
   std::vector<int> rankToProgram(plan.worldSize(), 0);
-  writeFileOrDie(dir + "/src/programs.cpp", generateProgramTable({"program0"}, rankToProgram));
+  for (int r = 0; r < plan.worldSize(); ++r)
+    rankToProgram[r] = pipelined ? r / (plan.dp * plan.tp) : 0;
+  writeFileOrDie(dir + "/src/programs.cpp", generateProgramTable(programNames, rankToProgram));
   {
     std::string readme;
     raw_string_ostream os(readme);
     os << "# Generated sources for " << modelName << "\n\n"
        << "Plan: `" << plan.json << "` (" << plan.worldSize() << " rank"
        << (plan.worldSize() > 1 ? "s" : "") << ").\n\n"
-       << "| ranks | source | what it does |\n|---|---|---|\n"
-       << "| 0";
-    if (plan.worldSize() > 1)
-      os << "–" << plan.worldSize() - 1;
-    os << " | program0.cpp | the whole training step on " << batch / plan.dp << " of the " << batch
-       << " samples of each global batch";
-    if (plan.dp > 1)
-      os << "; gradients summed over the " << plan.dp << " data-parallel replicas";
-    os << " |\n\n"
+       << "| ranks | source | what it does |\n|---|---|---|\n";
+    if (!pipelined) {
+      os << "| 0";
+      if (plan.worldSize() > 1)
+        os << "–" << plan.worldSize() - 1;
+      os << " | program0.cpp | the whole training step on " << batch / plan.dp << " of the "
+         << batch << " samples of each global batch";
+      if (plan.dp > 1)
+        os << "; gradients summed over the " << plan.dp << " data-parallel replicas";
+      os << " |\n";
+    } else {
+      int group = plan.dp * plan.tp;
+      for (int r = 0; r < plan.pp; ++r) {
+        os << "| " << r * group;
+        if (group > 1)
+          os << "–" << (r + 1) * group - 1;
+        os << " | " << programNames[r] << ".cpp | pipeline stage";
+        std::string list;
+        for (int c = 0; c < plan.virtualStages; ++c)
+          list += (c ? ", " : "") + std::to_string(c * plan.pp + r);
+        os << (plan.virtualStages > 1 ? "s " : " ") << list << " (" << plan.scheduleName()
+           << " schedule, " << m << " micro-batch" << (m > 1 ? "es" : "") << " of " << micro
+           << " samples per step) |\n";
+      }
+    }
+    os << "\n"
        << "`programs.cpp` maps each rank to its program. The runtime's `main` "
           "(runtime/src/train_main.cpp) reads the data, runs the steps and writes "
           "checkpoints.\n\n"
@@ -422,9 +553,14 @@ int runCompile(CompileArgs &args) {
       os << "Custom ops: `custom/` holds copies of the kernel sources that " << args.rulesPath
          << " names; they are compiled from their original paths and linked into bin/train.\n\n";
     }
-    os << "Memory: arena of " << prog.arenaBytes << " bytes per rank; activations take "
-       << prog.activationBytes << " bytes with reuse by liveness (" << prog.unplannedBytes
-       << " without).\n";
+    if (!pipelined)
+      os << "Memory: arena of " << prog.arenaBytes << " bytes per rank; activations take "
+         << prog.activationBytes << " bytes with reuse by liveness (" << prog.unplannedBytes
+         << " without).\n";
+    else
+      for (size_t r = 0; r < progs.size(); ++r)
+        os << "Memory of pipeline rank " << r << ": arena of " << progs[r].arenaBytes
+           << " bytes; activations " << progs[r].activationBytes << " bytes (all slots).\n";
     writeFileOrDie(dir + "/src/README.md", readme);
   }
   {
@@ -435,6 +571,35 @@ int runCompile(CompileArgs &args) {
     meta["model"] = modelName;
     meta["global_batch"] = batch;
     meta["optimizer"] = opt.describe();
+    if (pipelined) {
+      nlohmann::ordered_json pj;
+      pj["pp"] = plan.pp;
+      pj["num_micro_batches"] = m;
+      pj["micro_batch_size"] = micro;
+      pj["schedule"] = plan.scheduleName();
+      pj["virtual_stages"] = plan.virtualStages;
+      pj["planned_bubble"] = timeline.bubble;
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      for (size_t s = 0; s < stages.stages.size(); ++s) {
+        const StageSummary &st = stages.stages[s];
+        nlohmann::ordered_json e;
+        e["stage"] = s;
+        e["rank"] = (int)s % plan.pp;
+        e["first"] = st.first;
+        e["last"] = st.last;
+        e["layers"] = st.layers;
+        e["flops"] = st.flops;
+        e["param_bytes"] = st.paramBytes;
+        e["send_bytes"] = st.sendBytes;
+        list.push_back(e);
+      }
+      pj["stages"] = list;
+      nlohmann::ordered_json sh = nlohmann::ordered_json::array();
+      for (const auto &x : shared)
+        sh.push_back(x.name);
+      pj["shared_parameters"] = sh;
+      meta["pipeline"] = pj;
+    }
     writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
   }
   writeInitialValues(dir + "/init.safetensors", initial, isInt, modelName);
@@ -467,7 +632,8 @@ int runCompile(CompileArgs &args) {
   }
   std::vector<std::string> argv = {cfg["cxx"]};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  argv.push_back(dir + "/src/program0.cpp");
+  for (const std::string &n : programNames)
+    argv.push_back(dir + "/src/" + n + ".cpp");
   argv.push_back(dir + "/src/programs.cpp");
   argv.insert(argv.end(), objects.begin(), objects.end());
   for (auto &w : splitWords(cfg["libs"]))
@@ -493,9 +659,32 @@ int runCompile(CompileArgs &args) {
     outs() << "carve: compiled " << modelName << " for " << plan.worldSize() << " rank"
            << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out
            << "/bin/train\n"
-           << "       " << prog.numKernelCalls << " kernel calls per step, " << prog.numBuckets
-           << " gradient bucket(s), arena " << format("%.1f", prog.arenaBytes / 1048576.0)
-           << " MiB per rank; sources in " << out << "/src\n";
+           << "       " << kernelCalls << " kernel calls per " << (pipelined ? "micro-batch" : "step")
+           << ", " << prog.numBuckets << " gradient bucket(s), arena "
+           << format("%.1f", maxArena / 1048576.0) << " MiB per rank"
+           << (pipelined ? " (largest)" : "") << "; sources in " << out << "/src\n";
+  if (!args.quiet && pipelined) {
+    outs() << "       pipeline: " << stages.stages.size() << " stage(s) on pp=" << plan.pp << ", "
+           << plan.scheduleName() << " schedule, " << m << " micro-batch" << (m > 1 ? "es" : "")
+           << " of " << micro << "; planned bubble " << format("%.1f", timeline.bubble * 100)
+           << "% of compute\n";
+    for (size_t s = 0; s < stages.stages.size(); ++s) {
+      const StageSummary &st = stages.stages[s];
+      outs() << "         stage " << s << " (rank " << s % plan.pp << "): ";
+      if (st.layers > 0 && stages.numLayers > 0)
+        outs() << st.layers << " layer" << (st.layers > 1 ? "s" : "") << ", ";
+      outs() << format("%.3g", st.flops) << " FLOP per micro-batch, parameters "
+             << format("%.2f", st.paramBytes / 1048576.0) << " MiB, sends "
+             << format("%.2f", st.sendBytes / 1048576.0) << " MiB ['" << st.first << "' .. '"
+             << st.last << "']\n";
+    }
+    if (!shared.empty()) {
+      outs() << "         gradients summed over stages:";
+      for (const auto &x : shared)
+        outs() << " " << x.name;
+      outs() << "\n";
+    }
+  }
   if (!args.quiet && plan.tp > 1)
     outs() << "       tp=" << plan.tp << (plan.sequenceParallel ? " with sequence parallelism" : "")
            << ": " << partition.choices.size() << " ops split; per step " << partition.allReduce

@@ -18,6 +18,7 @@ struct CompileArgs {
   std::string output;
   std::string loss;
   std::string emitMlir; // write the training step's IR here
+  std::string timelineJson, timelineSvg; // the planned pipeline schedule
   std::string rulesPath; // --rules: custom ops and annotation overrides
   ImportOptions import;
   OptimizerConfig optimizer;

@@ -67,6 +67,14 @@ cl::opt<std::string> lossName("loss", cl::desc("The output that is the loss"),
                               cl::value_desc("NAME"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training step's IR"),
                               cl::value_desc("FILE"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> timelineJson(
+    "timeline",
+    cl::desc("Write the planned pipeline schedule as a Chrome trace (one track per rank)"),
+    cl::value_desc("FILE.json"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> timelineSvg("timeline-svg",
+                                 cl::desc("Write the planned pipeline schedule as a picture"),
+                                 cl::value_desc("FILE.svg"), cl::sub(compileCmd),
+                                 cl::cat(carveCat));
 cl::opt<bool> compileQuiet("quiet", cl::desc("Print nothing on success"), cl::sub(compileCmd),
                            cl::cat(carveCat));
 cl::opt<bool> compileNoRaise("no-raise", cl::desc("Do not raise fused ops (debugging)"),
@@ -190,6 +198,8 @@ int runCompileCommand() {
   args.target = target;
   args.loss = lossName;
   args.emitMlir = emitMlir;
+  args.timelineJson = timelineJson;
+  args.timelineSvg = timelineSvg;
   args.rulesPath = rulesFile;
   args.quiet = compileQuiet;
   std::string error;

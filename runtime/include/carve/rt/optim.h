@@ -26,6 +26,8 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double
 
 /// Sum of squares of g (accumulated in double).
 double sumSquares(const float *g, int64_t n);
+/// dst[i] += src[i] (gradient accumulation over micro-batches).
+void addInPlace(float *dst, const float *src, int64_t n);
 /// g *= s.
 void scaleInPlace(float *g, int64_t n, float s);
 /// clip_grad_norm_'s coefficient: min(1, maxNorm / (totalNorm + 1e-6)).

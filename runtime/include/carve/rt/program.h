@@ -76,6 +76,9 @@ struct StepContext {
   Communicator *tpComm = nullptr; // the tensor-parallel group (size 1 without tp)
   int tpRank = 0;               // this rank's place on the tp axis (tpComm->rank())
   int dpRank = 0;               // this rank's place on the dp axis (dpComm->rank())
+  Communicator *ppComm = nullptr; // the pipeline group (size 1 without pp)
+  int ppRank = 0;               // this rank's place on the pp axis (ppComm->rank())
+  class Tracer *tracer = nullptr; // records the schedule's steps (train --trace), or null
 };
 
 /// The optimizer a program was compiled with (for checkpoints and messages).
@@ -106,6 +109,14 @@ struct Program {
   // This rank's persistent bytes (parameters and buffers, gradients,
   // optimizer state), for the start-up report; all 0: not reported.
   int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
+  // Pipeline parallelism: worldSize = pp * dp * tp with pp outermost
+  // (rank = (ppRank * dp + dpRank) * tp + tpRank); this program is pipeline
+  // rank ppRank's. Each dp replica's share of the batch runs as
+  // numMicroBatches micro-batches (inputs hold all of them, one after another).
+  int pp = 1;
+  int ppRank = 0;
+  int numMicroBatches = 1;
+  int64_t activationBytes = 0; // this rank's activation memory (all slots), for the report
 };
 
 } // namespace carve::rt
