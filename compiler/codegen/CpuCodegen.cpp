@@ -27,9 +27,9 @@
 
 #include <algorithm>
 #include <array>
-#include <memory>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 
 using namespace mlir;
@@ -237,9 +237,9 @@ private:
   struct GradSlot {
     unsigned param; // argument number of the parameter
     Value value;
-    int buffer; // its buffer in the gradient region
-    bool copy;  // the value lives elsewhere; copy it into the slot
-    int ready;  // index of the op after which it is final
+    int buffer;          // its buffer in the gradient region
+    bool copy;           // the value lives elsewhere; copy it into the slot
+    int ready;           // index of the op after which it is final
     bool shared = false; // pipeline: one stage's part of a gradient summed over pp
   };
   std::vector<GradSlot> grads;
@@ -1171,7 +1171,6 @@ bool Generator::run() {
   out.gradBytes = gradEnd - gradBegin;
   out.stateBytes = stateEnd - gradEnd;
 
-
   // Emit the ops, starting each bucket's reduction after its last gradient.
   std::string &s = body;
   size_t nextBucket = 0, nextWait = 0;
@@ -1414,7 +1413,6 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
     }
     ts << "    for (CommHandle &x : h) ctx.dpComm->wait(x);\n  }\n";
   }
-
 }
 
 bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t base,
@@ -1477,16 +1475,17 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
     int vb = bufferOf.lookup(g);
     int ready = std::max(buffers[vb].def, index[g.getDefiningOp()]);
     buffers[vb].lastUse = std::max(buffers[vb].lastUse, ready);
-    GradSlot slot{param, g, newBuffer(Region::Grad, bytesOf(g), -1,
-                                      "grad_" + var[fn.getArgument(param)]),
-                  true, ready, (bool)fn.getResultAttr(k, "carve.shared_grad")};
+    GradSlot slot{
+        param, g,     newBuffer(Region::Grad, bytesOf(g), -1, "grad_" + var[fn.getArgument(param)]),
+        true,  ready, (bool)fn.getResultAttr(k, "carve.shared_grad")};
     grads.push_back(slot);
   }
   std::stable_sort(grads.begin(), grads.end(),
                    [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
   zero = opts.dp > 1 ? opts.zero : 0;
   if (zero >= 2)
-    return fail("pipeline: ZeRO stage " + std::to_string(zero) + " is not supported with pipelines");
+    return fail("pipeline: ZeRO stage " + std::to_string(zero) +
+                " is not supported with pipelines");
   const int64_t dp = opts.dp;
   for (GradSlot &g : grads) {
     int64_t n = typeOf(g.value).getNumElements();
@@ -1655,8 +1654,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
       int64_t from = r->getAttrOfType<IntegerAttr>("carve.from_stage").getInt();
       std::string h = "recv_" + var[res];
       std::string node = nodeName(op->getLoc());
-      body += "  // " + std::string(index[op] >= backwardBegin ? "gradient" : "activation") +
-              " " + shapeText(typeOf(res).getShape()) + " from stage " + std::to_string(from) +
+      body += "  // " + std::string(index[op] >= backwardBegin ? "gradient" : "activation") + " " +
+              shapeText(typeOf(res).getShape()) + " from stage " + std::to_string(from) +
               (node.empty() ? "" : " [" + node + "]") + "\n";
       body += "  " + ctypeOf(res) + " *" + var[res] + " = (" + ctypeOf(res) + " *)(S + " +
               std::to_string(b.offset) + ");\n";
@@ -1715,8 +1714,9 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   backwardBody = body;
 
   std::string sig = "(StepContext &ctx, int mb, int slot, char *S";
-  so.forward = "/// Forward of micro-batch `mb`, its activations in slot `slot` (at S).\nvoid forward" +
-               sig + ") {\n" + argPreamble + "  (void)slot;\n\n" + forwardBody + "}\n";
+  so.forward =
+      "/// Forward of micro-batch `mb`, its activations in slot `slot` (at S).\nvoid forward" +
+      sig + ") {\n" + argPreamble + "  (void)slot;\n\n" + forwardBody + "}\n";
   so.backward =
       "/// Backward of micro-batch `mb` (slot `slot`); `last`: the step's last micro-batch.\n"
       "void backward" +
@@ -1735,9 +1735,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   for (const auto &sh : pipe.shared)
     owner[sh.name] = sh.owner;
   llvm::raw_string_ostream ns(so.norm), cs(so.clip), us(so.updates);
-  emitNormTerms(ns, [&](const GradSlot &g) {
-    return !g.shared || owner[paramName(g.param)] == stage;
-  });
+  emitNormTerms(ns,
+                [&](const GradSlot &g) { return !g.shared || owner[paramName(g.param)] == stage; });
   emitClip(cs);
   emitUpdates(us);
   for (GradSlot &g : grads)
@@ -1802,7 +1801,6 @@ void Generator::buildTables(int64_t microBatches) {
       }
     (b.region == Region::Param ? paramRows : inputRows).push_back(row);
   }
-
 }
 
 std::string Generator::emitProgram(const std::string &plan, const std::string &tail) {
@@ -1987,16 +1985,18 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
   std::string stages;
   for (int c = 0; c < v; ++c)
     stages += (c ? ", " : "") + std::to_string(c * p + pipe.rank);
-  os << "// " << P << ".cpp: pipeline rank " << pipe.rank << "'s training step, generated by `carve "
+  os << "// " << P << ".cpp: pipeline rank " << pipe.rank
+     << "'s training step, generated by `carve "
      << "compile` from " << opts.modelName << ".\n"
      << "// Regenerate it rather than editing it.\n//\n"
      << "// Plan: " << opts.planJson << "\n"
      << "// Pipeline: " << p * v << " stages over pp=" << p << " rank(s)"
-     << (v > 1 ? " (" + std::to_string(v) + " per rank)" : std::string()) << "; this rank runs stage"
-     << (v > 1 ? "s " : " ") << stages << ". Schedule " << pipe.schedule << " over " << m
-     << " micro-batch(es) of " << opts.globalBatch / std::max(1, opts.dp) / std::max(1, m)
-     << " samples per step (data parallel over " << opts.dp << ", global batch "
-     << opts.globalBatch << ").\n"
+     << (v > 1 ? " (" + std::to_string(v) + " per rank)" : std::string())
+     << "; this rank runs stage" << (v > 1 ? "s " : " ") << stages << ". Schedule " << pipe.schedule
+     << " over " << m << " micro-batch(es) of "
+     << opts.globalBatch / std::max(1, opts.dp) / std::max(1, m)
+     << " samples per step (data parallel over " << opts.dp << ", global batch " << opts.globalBatch
+     << ").\n"
      << "// Optimizer: " << opts.optimizer.describe() << "\n"
      << "// " << out.numKernelCalls << " kernel calls per micro-batch, " << out.numBuckets
      << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
@@ -2017,7 +2017,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
     os << "\n";
   }
   os << "using namespace carve::rt;\n\nnamespace {\n\n"
-     << "double pipeLoss = 0; // the last stage's losses of this step, summed over micro-batches\n\n";
+     << "double pipeLoss = 0; // the last stage's losses of this step, summed over "
+        "micro-batches\n\n";
   for (int c = 0; c < v; ++c) {
     os << "// ==== Stage " << c * p + pipe.rank << " (chunk " << c << " of this rank) ====\n"
        << "namespace c" << c << " {\n\n"
@@ -2039,8 +2040,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
   os << "  char *const A = ctx.arena;\n  pipeLoss = 0;\n";
   for (auto &ch : chunks)
     os << ch.init;
-  os << "\n  // ---- Schedule (" << pipe.schedule << ", pp=" << p << ", " << m
-     << " micro-batches" << (v > 1 ? ", " + std::to_string(v) + " chunks per rank" : std::string())
+  os << "\n  // ---- Schedule (" << pipe.schedule << ", pp=" << p << ", " << m << " micro-batches"
+     << (v > 1 ? ", " + std::to_string(v) + " chunks per rank" : std::string())
      << "): F = forward, B = backward of micro-batch k ----\n";
   for (const auto &st : pipe.steps) {
     int stage = st.chunk * p + pipe.rank;

@@ -44,9 +44,9 @@ struct CodegenOptions {
   std::string modelName; // shown in comments and in Program::model
   std::string programName = "program0";
   int dp = 1;
-  int tp = 1;    // tensor-parallel degree (the partitioner has split @train_step)
-  int zero = 0;  // ZeRO stage over dp
-  int pp = 1;    // pipeline ranks (the plan's pp)
+  int tp = 1;              // tensor-parallel degree (the partitioner has split @train_step)
+  int zero = 0;            // ZeRO stage over dp
+  int pp = 1;              // pipeline ranks (the plan's pp)
   int numMicroBatches = 1; // micro-batches per step of each dp replica
   int64_t globalBatch = 0;
   int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size

@@ -283,8 +283,9 @@ bool Splitter::cutForward(std::string &error) {
                                "' matches the model's first op; stage 0 would be empty");
       if (!at.empty() && found <= at.back())
         return fail(error, "plan: cut point '" + opts.cuts[k] + "' (at '" +
-                               nodeName(fwd[found]->getLoc()) + "') does not come after cut point '" +
-                               opts.cuts[k - 1] + "'; list cut points in model order");
+                               nodeName(fwd[found]->getLoc()) +
+                               "') does not come after cut point '" + opts.cuts[k - 1] +
+                               "'; list cut points in model order");
       at.push_back(found);
     }
     for (size_t i = 0, k = 0; i < fwd.size(); ++i) {
@@ -295,8 +296,8 @@ bool Splitter::cutForward(std::string &error) {
   } else {
     if (S > units) {
       std::string what = report.numLayers
-                             ? std::to_string(units) + " layer" + (units == 1 ? "" : "s") +
-                                   " ('" + prefix + ".0' .. '" + unitName.back() + "')"
+                             ? std::to_string(units) + " layer" + (units == 1 ? "" : "s") + " ('" +
+                                   prefix + ".0' .. '" + unitName.back() + "')"
                              : std::to_string(units) + " piece" + (units == 1 ? "" : "s") +
                                    " (no numbered layers; cut where one tensor crosses)";
       return fail(error, "plan: pp=" + std::to_string(opts.pp) +
@@ -576,8 +577,8 @@ bool Splitter::collectTransfers(std::string &error) {
   for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
     auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
     if (!of)
-      return fail(error, "pipeline: @train_step result " + std::to_string(k) +
-                             " is not a gradient");
+      return fail(error,
+                  "pipeline: @train_step result " + std::to_string(k) + " is not a gradient");
     int param = -1;
     for (BlockArgument a : fn.getArguments())
       if (fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.param") == of)

@@ -36,9 +36,9 @@
 namespace carve {
 
 struct PipelineOptions {
-  int pp = 1;      // pipeline ranks
+  int pp = 1;            // pipeline ranks
   int virtualStages = 1; // chunks per rank (interleaved schedule)
-  int dp = 1, tp = 1; // the rest of the mesh (for @mesh)
+  int dp = 1, tp = 1;    // the rest of the mesh (for @mesh)
   /// Explicit cut points: stage k+1 starts at the first forward op whose ONNX
   /// node name matches cuts[k]. Empty: balanced automatically.
   std::vector<std::string> cuts;
@@ -49,24 +49,24 @@ struct StageSummary {
   int layers = 0;          // numbered layers in the stage
   double flops = 0;        // forward + backward, one micro-batch
   double forwardFlops = 0, backwardFlops = 0;
-  int64_t paramBytes = 0;  // parameters and buffers it holds (local shapes)
-  int64_t sendBytes = 0;   // bytes it sends per micro-batch (forward + backward)
+  int64_t paramBytes = 0; // parameters and buffers it holds (local shapes)
+  int64_t sendBytes = 0;  // bytes it sends per micro-batch (forward + backward)
   int ops = 0;
 };
 
 struct PipelineReport {
   std::vector<StageSummary> stages;
-  int numLayers = 0;                  // numbered layers found (0: none)
+  int numLayers = 0;                     // numbered layers found (0: none)
   std::vector<std::string> sharedParams; // parameters whose gradient is summed over stages
-  int transfers = 0;                  // send/recv pairs per micro-batch
+  int transfers = 0;                     // send/recv pairs per micro-batch
 };
 
 /// Cuts @train_step into @stage0..@stage{S-1} (S = pp * virtualStages) and
 /// erases it. Errors (one line, prefixed "plan: " when the plan is at fault):
 /// more stages than layers, a cut glob that names no forward op, cut points
 /// out of order or too many / too few.
-bool splitPipelineStages(mlir::ModuleOp module, const PipelineOptions &opts,
-                         PipelineReport &report, std::string &error);
+bool splitPipelineStages(mlir::ModuleOp module, const PipelineOptions &opts, PipelineReport &report,
+                         std::string &error);
 
 } // namespace carve
 

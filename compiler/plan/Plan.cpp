@@ -231,8 +231,10 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
     return false;
   }
   if (plan.virtualStages > 1 && !plan.schedule.empty() && plan.schedule != "interleaved") {
-    error = what + ": \"virtual_stages\" applies to the interleaved schedule only (the plan "
-                   "asks for \"" + plan.schedule + "\")";
+    error = what +
+            ": \"virtual_stages\" applies to the interleaved schedule only (the plan "
+            "asks for \"" +
+            plan.schedule + "\")";
     return false;
   }
   if (plan.virtualStages > 1 && plan.pp == 1) {

@@ -28,9 +28,9 @@ struct Plan {
   int zero = 0;
   bool sequenceParallel = false;
   int pp = 1;
-  int numMicroBatches = 0; // 0: not given (micro_batch_size decides, else 1)
+  int numMicroBatches = 0;    // 0: not given (micro_batch_size decides, else 1)
   int64_t microBatchSize = 0; // 0: not given
-  std::string schedule;    // "gpipe", "1f1b", "interleaved"; empty: 1f1b (interleaved when v > 1)
+  std::string schedule; // "gpipe", "1f1b", "interleaved"; empty: 1f1b (interleaved when v > 1)
   int virtualStages = 1;
   /// Pipeline cut points: op-name globs, one per stage boundary, in model order.
   std::vector<std::string> cuts;

@@ -46,7 +46,7 @@ std::string chromeTrace(const std::vector<std::vector<Tracer::Event>> &perRank,
     for (const Tracer::Event &e : perRank[r]) {
       std::string name = e.kind == 'O'   ? std::string("sync+optimizer")
                          : e.kind == 'S' ? "step " + std::to_string(e.step)
-                                       : std::string(1, e.kind) + std::to_string(e.microBatch);
+                                         : std::string(1, e.kind) + std::to_string(e.microBatch);
       const char *cat = e.kind == 'F'   ? "forward"
                         : e.kind == 'B' ? "backward"
                         : e.kind == 'S' ? "step"

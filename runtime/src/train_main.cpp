@@ -232,11 +232,10 @@ bool checkShardedSpecs(const Program &p, const Mesh &m, std::string &error) {
     std::string what = std::string("program '") + p.name + "': tensor '" + s.name + "' ";
     std::vector<int64_t> expected = global;
     if (s.tpDim >= 0) {
-      if (s.tpDim >= s.rank || s.tpGroups < 1 ||
-          global[s.tpDim] % (s.tpGroups * m.tp) != 0) {
-        error = what + "of global shape " + formatShape(global) + " cannot be split over tp=" +
-                std::to_string(m.tp) + " on dimension " + std::to_string(s.tpDim) + " in " +
-                std::to_string(s.tpGroups) + " group(s)";
+      if (s.tpDim >= s.rank || s.tpGroups < 1 || global[s.tpDim] % (s.tpGroups * m.tp) != 0) {
+        error = what + "of global shape " + formatShape(global) +
+                " cannot be split over tp=" + std::to_string(m.tp) + " on dimension " +
+                std::to_string(s.tpDim) + " in " + std::to_string(s.tpGroups) + " group(s)";
         return false;
       }
       expected[s.tpDim] /= m.tp;
@@ -355,8 +354,8 @@ bool readTensors(const SafetensorsReader &file, const std::vector<Slot> &slots, 
     if (l.split) {
       piece.resize(static_cast<size_t>(spec.numel * l.elemBytes));
       char *dst = l.zero ? piece.data() : arena + s.offset;
-      takeShard(full.data(), Dims(global.data(), spec.rank),
-                Split{spec.tpDim, spec.tpGroups, m.tp}, m.tpRank, dst, l.elemBytes);
+      takeShard(full.data(), Dims(global.data(), spec.rank), Split{spec.tpDim, spec.tpGroups, m.tp},
+                m.tpRank, dst, l.elemBytes);
       local = dst;
     }
     if (l.zero) {
@@ -604,8 +603,8 @@ void collectStages(Communicator &pp, std::vector<SafetensorsEntry> &entries, Ful
       blob.insert(blob.end(), static_cast<const char *>(p), static_cast<const char *>(p) + n);
     };
     for (const SafetensorsEntry &e : entries) {
-      int64_t header[4] = {(int64_t)e.name.size(), (int64_t)e.dtype.size(),
-                           (int64_t)e.shape.size(), 0};
+      int64_t header[4] = {(int64_t)e.name.size(), (int64_t)e.dtype.size(), (int64_t)e.shape.size(),
+                           0};
       int64_t n = dtypeBytes(e.dtype);
       for (int64_t d : e.shape)
         n *= d;
@@ -657,8 +656,8 @@ void gatherTraces(Communicator &world, const Tracer &tracer,
   const int fields = 6;
   std::vector<double> mine;
   for (const Tracer::Event &e : tracer.events())
-    mine.insert(mine.end(), {(double)e.kind, (double)e.microBatch, (double)e.stage,
-                             (double)e.step, e.begin, e.end});
+    mine.insert(mine.end(), {(double)e.kind, (double)e.microBatch, (double)e.stage, (double)e.step,
+                             e.begin, e.end});
   if (world.rank() != 0) {
     int64_t n = (int64_t)mine.size();
     world.send(&n, sizeof n, 0, 5);
@@ -675,8 +674,8 @@ void gatherTraces(Communicator &world, const Tracer &tracer,
       world.recv(v.data(), n * sizeof(double), r, 6);
     }
     for (size_t i = 0; i + fields <= v.size(); i += fields)
-      all[r].push_back({(char)v[i], (int)v[i + 1], (int)v[i + 2], (int64_t)v[i + 3], v[i + 4],
-                        v[i + 5]});
+      all[r].push_back(
+          {(char)v[i], (int)v[i + 1], (int)v[i + 2], (int64_t)v[i + 3], v[i + 4], v[i + 5]});
   }
 }
 
@@ -835,10 +834,10 @@ int main(int argc, char **argv) {
   // buffer, or its ZeRO-3 chunk.
   int64_t elements = 0;
   for (int i = 0; i < program->numParams; ++i)
-    elements += program->params[i].paramZero ? program->params[i].zeroChunk
-                                             : program->params[i].numel;
-  const int64_t mine[5] = {program->paramBytes, program->gradBytes, program->stateBytes,
-                           elements, program->activationBytes};
+    elements +=
+        program->params[i].paramZero ? program->params[i].zeroChunk : program->params[i].numel;
+  const int64_t mine[5] = {program->paramBytes, program->gradBytes, program->stateBytes, elements,
+                           program->activationBytes};
   std::vector<int64_t> memory(5 * static_cast<size_t>(worldSize));
   world->allGather(mine, memory.data(), 5, CommType::I64);
 
@@ -861,8 +860,8 @@ int main(int argc, char **argv) {
       reported |= memory[5 * r] != 0 || memory[5 * r + 1] != 0 || memory[5 * r + 2] != 0;
     if (reported)
       for (int r = 0; r < worldSize; ++r) {
-        std::string where = "dp " + std::to_string(r / mesh.tp % mesh.dp) + ", tp " +
-                            std::to_string(r % mesh.tp);
+        std::string where =
+            "dp " + std::to_string(r / mesh.tp % mesh.dp) + ", tp " + std::to_string(r % mesh.tp);
         if (mesh.pp > 1)
           where += ", pp " + std::to_string(r / (mesh.dp * mesh.tp));
         std::printf("carve: memory rank %d (%s): parameters %lld bytes (%lld "
@@ -956,8 +955,7 @@ int main(int argc, char **argv) {
   if (!opts.save.empty()) {
     FullTensors full;
     const bool keep = mesh.dpRank == 0 && mesh.tpRank == 0;
-    gatherSlots(modelSlots(*program), false, arena, mesh, *dpComm, *tpComm, keep, full,
-                full.model);
+    gatherSlots(modelSlots(*program), false, arena, mesh, *dpComm, *tpComm, keep, full, full.model);
     gatherSlots(optimizerSlots(*program), true, arena, mesh, *dpComm, *tpComm, keep, full,
                 full.state);
     if (keep && mesh.pp > 1) {

@@ -389,8 +389,7 @@ int runCompile(CompileArgs &args) {
     po.annotations = rules.overrides;
     std::string where = args.planPath.empty() ? std::string("plan") : args.planPath;
     if (!partitionTrainStep(*local, po, partition, error))
-      die(error.rfind("plan: ", 0) == 0 ? where + error.substr(4)
-                                        : args.model + ": " + error);
+      die(error.rfind("plan: ", 0) == 0 ? where + error.substr(4) : args.model + ": " + error);
   } else if (!plan.ops.empty()) {
     die((args.planPath.empty() ? std::string("plan") : args.planPath) +
         ": \"ops\" overrides choose splits over tp; the plan has no \"tp\" > 1");
@@ -474,7 +473,8 @@ int runCompile(CompileArgs &args) {
     const double rate = 1e12;
     std::vector<pipeline::StageCost> costs;
     for (const StageSummary &st : stages.stages)
-      costs.push_back({std::max(st.forwardFlops, 1.0) / rate, std::max(st.backwardFlops, 1.0) / rate});
+      costs.push_back(
+          {std::max(st.forwardFlops, 1.0) / rate, std::max(st.backwardFlops, 1.0) / rate});
     if (!pipeline::simulate(schedule, costs, 0, timeline, error))
       die(args.model + ": " + error);
     std::string title = modelName + " " + plan.json;
@@ -659,10 +659,11 @@ int runCompile(CompileArgs &args) {
     outs() << "carve: compiled " << modelName << " for " << plan.worldSize() << " rank"
            << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out
            << "/bin/train\n"
-           << "       " << kernelCalls << " kernel calls per " << (pipelined ? "micro-batch" : "step")
-           << ", " << prog.numBuckets << " gradient bucket(s), arena "
-           << format("%.1f", maxArena / 1048576.0) << " MiB per rank"
-           << (pipelined ? " (largest)" : "") << "; sources in " << out << "/src\n";
+           << "       " << kernelCalls << " kernel calls per "
+           << (pipelined ? "micro-batch" : "step") << ", " << prog.numBuckets
+           << " gradient bucket(s), arena " << format("%.1f", maxArena / 1048576.0)
+           << " MiB per rank" << (pipelined ? " (largest)" : "") << "; sources in " << out
+           << "/src\n";
   if (!args.quiet && pipelined) {
     outs() << "       pipeline: " << stages.stages.size() << " stage(s) on pp=" << plan.pp << ", "
            << plan.scheduleName() << " schedule, " << m << " micro-batch" << (m > 1 ? "es" : "")
@@ -688,9 +689,8 @@ int runCompile(CompileArgs &args) {
   if (!args.quiet && plan.tp > 1)
     outs() << "       tp=" << plan.tp << (plan.sequenceParallel ? " with sequence parallelism" : "")
            << ": " << partition.choices.size() << " ops split; per step " << partition.allReduce
-           << " all-reduce, " << partition.allGather << " all-gather, "
-           << partition.reduceScatter << " reduce-scatter, " << partition.allToAll
-           << " all-to-all over tp\n";
+           << " all-reduce, " << partition.allGather << " all-gather, " << partition.reduceScatter
+           << " reduce-scatter, " << partition.allToAll << " all-to-all over tp\n";
   return 0;
 }
 

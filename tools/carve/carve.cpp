@@ -25,21 +25,19 @@ namespace {
 
 cl::OptionCategory carveCat("carve options");
 
-cl::SubCommand importCmd("import",
-                         "Import an ONNX model into the carve dialect and print it");
+cl::SubCommand importCmd("import", "Import an ONNX model into the carve dialect and print it");
 
 cl::opt<std::string> importInput(cl::Positional, cl::Required, cl::desc("MODEL.onnx"),
                                  cl::sub(importCmd), cl::cat(carveCat));
 cl::opt<std::string> importOutput("o", cl::desc("Write the IR to FILE (default: stdout)"),
-                                  cl::value_desc("FILE"), cl::init("-"),
-                                  cl::sub(importCmd), cl::cat(carveCat));
+                                  cl::value_desc("FILE"), cl::init("-"), cl::sub(importCmd),
+                                  cl::cat(carveCat));
 cl::SubCommand compileCmd("compile",
                           "Compile an ONNX model into a training executable (OUT/bin/train)");
 cl::SubCommand runCmd("run", "Launch a compiled training program on N ranks (mpirun)");
 
 cl::list<std::string> setDims(
-    "set-dim",
-    cl::desc("Bind a symbolic dimension (from dynamic_axes) to a size; repeatable"),
+    "set-dim", cl::desc("Bind a symbolic dimension (from dynamic_axes) to a size; repeatable"),
     cl::value_desc("NAME=VALUE"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string>
     rulesFile("rules",
@@ -47,10 +45,10 @@ cl::opt<std::string>
                        "annotation overrides; docs/custom-ops.md"),
               cl::value_desc("RULES.json"), cl::sub(importCmd), cl::sub(compileCmd),
               cl::cat(carveCat));
-cl::list<std::string> frozen(
-    "frozen",
-    cl::desc("Do not train parameters whose names match GLOB (e.g. 'wte.*'); repeatable"),
-    cl::value_desc("GLOB"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
+cl::list<std::string>
+    frozen("frozen",
+           cl::desc("Do not train parameters whose names match GLOB (e.g. 'wte.*'); repeatable"),
+           cl::value_desc("GLOB"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
 
 // carve compile
 cl::opt<std::string> compileInput(cl::Positional, cl::Required, cl::desc("MODEL.onnx"),
@@ -59,10 +57,9 @@ cl::opt<std::string> compileOutput("o", cl::desc("Output directory (src/, bin/tr
                                    cl::value_desc("OUT"), cl::Required, cl::sub(compileCmd),
                                    cl::cat(carveCat));
 cl::opt<std::string> planFile("plan", cl::desc("Plan file (JSON), e.g. {\"dp\": 4}"),
-                              cl::value_desc("PLAN.json"), cl::sub(compileCmd),
-                              cl::cat(carveCat));
-cl::opt<std::string> target("target", cl::desc("Target: cpu"), cl::init("cpu"),
-                            cl::sub(compileCmd), cl::cat(carveCat));
+                              cl::value_desc("PLAN.json"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> target("target", cl::desc("Target: cpu"), cl::init("cpu"), cl::sub(compileCmd),
+                            cl::cat(carveCat));
 cl::opt<std::string> lossName("loss", cl::desc("The output that is the loss"),
                               cl::value_desc("NAME"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training step's IR"),
@@ -79,18 +76,17 @@ cl::opt<bool> compileQuiet("quiet", cl::desc("Print nothing on success"), cl::su
                            cl::cat(carveCat));
 cl::opt<bool> compileNoRaise("no-raise", cl::desc("Do not raise fused ops (debugging)"),
                              cl::sub(compileCmd), cl::cat(carveCat));
-cl::opt<std::string> optimizer("optimizer", cl::desc("adamw (default) or sgd"),
-                               cl::init("adamw"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> optimizer("optimizer", cl::desc("adamw (default) or sgd"), cl::init("adamw"),
+                               cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<double> lr("lr", cl::desc("Learning rate (default 1e-3)"), cl::init(1e-3),
                    cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<double> momentum("momentum", cl::desc("SGD momentum (default 0)"), cl::init(0),
                          cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<double> dampening("dampening", cl::desc("SGD dampening (default 0)"), cl::init(0),
                           cl::sub(compileCmd), cl::cat(carveCat));
-cl::opt<bool> nesterov("nesterov", cl::desc("SGD with Nesterov momentum"),
-                       cl::sub(compileCmd), cl::cat(carveCat));
-cl::opt<double> weightDecay("weight-decay",
-                            cl::desc("Weight decay (default: AdamW 0.01, SGD 0)"),
+cl::opt<bool> nesterov("nesterov", cl::desc("SGD with Nesterov momentum"), cl::sub(compileCmd),
+                       cl::cat(carveCat));
+cl::opt<double> weightDecay("weight-decay", cl::desc("Weight decay (default: AdamW 0.01, SGD 0)"),
                             cl::init(-1), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<double> beta1("beta1", cl::desc("AdamW beta1 (default 0.9)"), cl::init(0.9),
                       cl::sub(compileCmd), cl::cat(carveCat));
@@ -104,8 +100,8 @@ cl::opt<double> clipGradNorm("clip-grad-norm",
 cl::opt<int64_t> warmupSteps("warmup-steps", cl::desc("Linear learning-rate warm-up steps"),
                              cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<int64_t> decaySteps("decay-steps",
-                            cl::desc("Cosine decay steps after warm-up (0: constant)"),
-                            cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
+                            cl::desc("Cosine decay steps after warm-up (0: constant)"), cl::init(0),
+                            cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<double> minLrRatio("min-lr-ratio",
                            cl::desc("Final learning rate of the cosine decay, as a ratio"),
                            cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
@@ -113,8 +109,8 @@ cl::opt<double> minLrRatio("min-lr-ratio",
 // carve run
 cl::opt<std::string> runOut(cl::Positional, cl::Required, cl::desc("OUT"), cl::sub(runCmd),
                             cl::cat(carveCat));
-cl::list<std::string> runTrainArgs(cl::Positional, cl::desc("-- TRAIN ARGS..."),
-                                   cl::sub(runCmd), cl::cat(carveCat));
+cl::list<std::string> runTrainArgs(cl::Positional, cl::desc("-- TRAIN ARGS..."), cl::sub(runCmd),
+                                   cl::cat(carveCat));
 cl::opt<int> runRanks("n", cl::desc("Number of ranks"), cl::value_desc("N"), cl::Required,
                       cl::sub(runCmd), cl::cat(carveCat));
 cl::opt<bool> summary("summary",
@@ -142,8 +138,8 @@ void writeAtomically(StringRef path, StringRef text) {
     dir = ".";
   SmallString<256> tmp;
   int fd;
-  if (std::error_code ec = sys::fs::createUniqueFile(
-          dir + "/" + sys::path::filename(path) + ".tmp-%%%%%%", fd, tmp))
+  if (std::error_code ec =
+          sys::fs::createUniqueFile(dir + "/" + sys::path::filename(path) + ".tmp-%%%%%%", fd, tmp))
     die(path + ": cannot write: " + ec.message());
   {
     raw_fd_ostream os(fd, /*shouldClose=*/true);

@@ -31,7 +31,7 @@ inline void waitAll(Communicator &comm, std::vector<CommHandle> &handles) {
 class Tracer {
 public:
   struct Event {
-    char kind;     // 'F' forward, 'B' backward, 'O' the rest of the step (sync, optimizer)
+    char kind;      // 'F' forward, 'B' backward, 'O' the rest of the step (sync, optimizer)
     int microBatch; // -1 for 'O'
     int stage;
     int64_t step;

@@ -38,22 +38,22 @@ const char *dtypeName(DType t);
 /// with stateZero each optimizer state slot does (ZeRO-1 and up). The
 /// runtime loads and saves full tensors, and shards them on the way in.
 struct TensorSpec {
-  const char *name;  // the model's name: graph input name or parameter name
+  const char *name; // the model's name: graph input name or parameter name
   DType dtype;
   int rank;
   int64_t dims[kMaxRank];
   int64_t numel;
-  int64_t offset;       // byte offset in the arena
-  bool trainable;       // parameters only
-  int64_t gradOffset;   // byte offset of the gradient (float), -1 if not trainable
-  int64_t stateOffset[2]; // optimizer state (float): SGD momentum buffer in [0];
-                          // AdamW exp_avg in [0], exp_avg_sq in [1]; -1 if none
+  int64_t offset;                    // byte offset in the arena
+  bool trainable;                    // parameters only
+  int64_t gradOffset;                // byte offset of the gradient (float), -1 if not trainable
+  int64_t stateOffset[2];            // optimizer state (float): SGD momentum buffer in [0];
+                                     // AdamW exp_avg in [0], exp_avg_sq in [1]; -1 if none
   int64_t globalDims[kMaxRank] = {}; // the model's full shape; all zero: same as dims
-  int tpDim = -1;          // dimension split over the tp axis, -1 if replicated
-  int64_t tpGroups = 1;    // Split::groups of that split
-  int64_t zeroChunk = 0;   // elements per dp rank of the ZeRO partition; 0: none
-  bool paramZero = false;  // the arena slot holds only this rank's chunk (ZeRO-3)
-  bool stateZero = false;  // each optimizer state slot holds only the chunk
+  int tpDim = -1;                    // dimension split over the tp axis, -1 if replicated
+  int64_t tpGroups = 1;              // Split::groups of that split
+  int64_t zeroChunk = 0;             // elements per dp rank of the ZeRO partition; 0: none
+  bool paramZero = false;            // the arena slot holds only this rank's chunk (ZeRO-3)
+  bool stateZero = false;            // each optimizer state slot holds only the chunk
 };
 
 enum class DataKind : int {
@@ -66,18 +66,18 @@ enum class DataKind : int {
 
 /// What one step hands to the generated code, and what it hands back.
 struct StepContext {
-  char *arena = nullptr;        // Program::arenaBytes bytes, 64-byte aligned
+  char *arena = nullptr;          // Program::arenaBytes bytes, 64-byte aligned
   Communicator *dpComm = nullptr; // the data-parallel group (size 1 without dp)
-  int64_t step = 0;             // optimizer steps done before this one (0-based)
+  int64_t step = 0;               // optimizer steps done before this one (0-based)
   // Out:
-  float loss = 0;               // the global loss (reduced over the dp group)
-  float lr = 0;                 // learning rate applied in this step
-  float gradNorm = -1;          // global gradient norm before clipping (-1: not computed)
+  float loss = 0;                 // the global loss (reduced over the dp group)
+  float lr = 0;                   // learning rate applied in this step
+  float gradNorm = -1;            // global gradient norm before clipping (-1: not computed)
   Communicator *tpComm = nullptr; // the tensor-parallel group (size 1 without tp)
-  int tpRank = 0;               // this rank's place on the tp axis (tpComm->rank())
-  int dpRank = 0;               // this rank's place on the dp axis (dpComm->rank())
+  int tpRank = 0;                 // this rank's place on the tp axis (tpComm->rank())
+  int dpRank = 0;                 // this rank's place on the dp axis (dpComm->rank())
   Communicator *ppComm = nullptr; // the pipeline group (size 1 without pp)
-  int ppRank = 0;               // this rank's place on the pp axis (ppComm->rank())
+  int ppRank = 0;                 // this rank's place on the pp axis (ppComm->rank())
   class Tracer *tracer = nullptr; // records the schedule's steps (train --trace), or null
 };
 
@@ -85,27 +85,27 @@ struct StepContext {
 enum class OptimizerKind : int { SGD = 0, AdamW = 1 };
 
 struct Program {
-  const char *name;          // e.g. "program0" (the source file's stem)
-  const char *model;         // the model file the program came from
-  int worldSize;             // ranks the plan needs
-  int dp;                    // data-parallel degree
-  int64_t globalBatch;       // the exported (or --set-dim) batch
-  int64_t localBatch;        // globalBatch / dp
-  int64_t seqLen;            // T for DataKind::Tokens, 0 otherwise
+  const char *name;    // e.g. "program0" (the source file's stem)
+  const char *model;   // the model file the program came from
+  int worldSize;       // ranks the plan needs
+  int dp;              // data-parallel degree
+  int64_t globalBatch; // the exported (or --set-dim) batch
+  int64_t localBatch;  // globalBatch / dp
+  int64_t seqLen;      // T for DataKind::Tokens, 0 otherwise
   DataKind dataKind;
   int numInputs;
-  const TensorSpec *inputs;  // graph inputs, local shapes (dim 0 = localBatch)
+  const TensorSpec *inputs; // graph inputs, local shapes (dim 0 = localBatch)
   int numParams;
-  const TensorSpec *params;  // parameters and buffers, in the model's order
+  const TensorSpec *params; // parameters and buffers, in the model's order
   int64_t arenaBytes;
   OptimizerKind optimizer;
-  int numStateSlots;         // 0 (SGD without momentum), 1 (SGD momentum), 2 (AdamW)
-  const char *description;   // optimizer, schedule, plan: one line for the log
+  int numStateSlots;       // 0 (SGD without momentum), 1 (SGD momentum), 2 (AdamW)
+  const char *description; // optimizer, schedule, plan: one line for the log
   /// Runs one training step on the inputs already placed in the arena:
   /// forward, backward, gradient synchronization, optimizer update.
   void (*step)(StepContext &ctx);
-  int tp = 1;                // tensor-parallel degree: worldSize = dp * tp
-  int zeroStage = 0;         // ZeRO stage 0-3 (for messages; the specs say what is sharded)
+  int tp = 1;        // tensor-parallel degree: worldSize = dp * tp
+  int zeroStage = 0; // ZeRO stage 0-3 (for messages; the specs say what is sharded)
   // This rank's persistent bytes (parameters and buffers, gradients,
   // optimizer state), for the start-up report; all 0: not reported.
   int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
