@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""`make demo`: compiles the GPT for 1 rank, for dp=4 and for dp=2 x tp=2 with sequence
-parallelism and ZeRO-1, trains all three, compares the losses."""
+"""`make demo`: compiles the GPT for 1 rank, for dp=4, for dp=2 x tp=2 with sequence
+parallelism and ZeRO-1, and for dp=2 x pp=2 with a 1F1B pipeline over 4 micro-batches,
+trains all four, compares the losses."""
 
 # Usage: /usr/bin/python3 models/demo.py [--carve build/bin/carve] [--workdir build/demo]
 #
@@ -73,6 +74,8 @@ def main():
     mesh = {"dp": 2, "tp": 2, "sequence_parallel": True, "zero": 1}
     with open(w("dp2tp2.json"), "w") as f:
         json.dump(mesh, f)
+    with open(w("dp2pp2.json"), "w") as f:
+        json.dump({"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, f)
 
     step("compile (1 rank)", [carve, "compile", model, "--lr", LR, "-o", w("gpt-1")])
     step("compile (dp=4)", [carve, "compile", model, "--plan", w("dp4.json"), "--lr", LR,
@@ -80,6 +83,9 @@ def main():
     step("compile (dp=2 x tp=2, sequence parallel, ZeRO-1)",
          [carve, "compile", model, "--plan", w("dp2tp2.json"), "--lr", LR, "--emit-mlir",
           w("gpt-dp2tp2.mlir"), "-o", w("gpt-dp2tp2")])
+    step("compile (dp=2 x pp=2, 1F1B over 4 micro-batches)",
+         [carve, "compile", model, "--plan", w("dp2pp2.json"), "--lr", LR, "--timeline-svg",
+          w("gpt-dp2pp2.svg"), "-o", w("gpt-dp2pp2")])
     train = ["--steps", str(args.steps), "--data", tokens, "--quiet"]
     step("training (1 rank)", [w("gpt-1", "bin", "train"), *train, "--log", w("gpt-1.jsonl")])
     step("training (dp=4)", [carve, "run", w("gpt-dp4"), "-n", "4", "--", *train,
@@ -88,21 +94,29 @@ def main():
     step("training (dp=2 x tp=2)", [carve, "run", w("gpt-dp2tp2"), "-n", "4", "--", *train,
                                      "--log", w("gpt-dp2tp2.jsonl")])
 
+    step("training (dp=2 x pp=2)", [carve, "run", w("gpt-dp2pp2"), "-n", "4", "--", *train,
+                                     "--log", w("gpt-dp2pp2.jsonl")])
+
     one, four = losses(w("gpt-1.jsonl")), losses(w("gpt-dp4.jsonl"))
     mesh_losses = losses(w("gpt-dp2tp2.jsonl"))
-    if len(one) != args.steps or len(four) != args.steps or len(mesh_losses) != args.steps:
+    pipe = losses(w("gpt-dp2pp2.jsonl"))
+    if any(len(x) != args.steps for x in (one, four, mesh_losses, pipe)):
         sys.exit(f"demo: error: expected {args.steps} log records, got {len(one)} (1 rank), "
-                 f"{len(four)} (dp=4) and {len(mesh_losses)} (dp=2 x tp=2)")
+                 f"{len(four)} (dp=4), {len(mesh_losses)} (dp=2 x tp=2) and {len(pipe)} "
+                 f"(dp=2 x pp=2)")
     print()
     print(f"GPT, batch {BATCH} x 16 tokens, AdamW lr {LR}: loss per step")
-    print(f"{'step':>5}  {'1 rank':>10}  {'dp=4':>10}  {'dp2 x tp2':>10}")
+    print(f"{'step':>5}  {'1 rank':>10}  {'dp=4':>10}  {'dp2 x tp2':>10}  {'dp2 x pp2':>10}")
     shown = sorted(set(range(0, args.steps, 5)) | {args.steps - 1})
     for k in shown:
-        print(f"{k:>5}  {one[k]:>10.6f}  {four[k]:>10.6f}  {mesh_losses[k]:>10.6f}")
-    for name, other in (("dp=4", four), ("dp=2 x tp=2", mesh_losses)):
+        print(f"{k:>5}  {one[k]:>10.6f}  {four[k]:>10.6f}  {mesh_losses[k]:>10.6f}  "
+              f"{pipe[k]:>10.6f}")
+    for name, other in (("dp=4", four), ("dp=2 x tp=2", mesh_losses), ("dp=2 x pp=2", pipe)):
         worst = max(abs(a - b) / abs(a) for a, b in zip(one, other))
         print(f"{name}: max relative difference from 1 rank over {args.steps} steps: {worst:.1e}")
     print(f"the partitioned program (collectives, local shapes): {show(w('gpt-dp2tp2.mlir'))}")
+    print(f"the pipeline's schedule: {show(w('gpt-dp2pp2', 'src', 'program0.cpp'))} (stage 0), "
+          f"{show(w('gpt-dp2pp2.svg'))} (timeline)")
     return 0
 
 

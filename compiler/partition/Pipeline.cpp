@@ -276,8 +276,8 @@ bool Splitter::cutForward(std::string &error) {
       if (found == fwd.size())
         return fail(error, "plan: cut point '" + opts.cuts[k] +
                                "' names no forward op of the model (ONNX node names look "
-                               "like '/h.1/attn/c_attn/MatMul'; `carve compile --emit-mlir` "
-                               "lists them)");
+                               "like '/h.1/attn/c_attn/MatMul'; the comments of any compiled "
+                               "OUT/src/program0.cpp show them)");
       if (found == 0)
         return fail(error, "plan: cut point '" + opts.cuts[k] +
                                "' matches the model's first op; stage 0 would be empty");

@@ -384,7 +384,7 @@ def tests(exe, tmp):
         expect_error("shard: program tp does not match the plan",
                      run(shard, ["--steps", "1", "--data", data], model="shard", world=4,
                          ranks=4, env={"CARVE_FAKE_DP": "2", "CARVE_FAKE_TP": "4"}),
-                     "has tp=4, but its plan of 4 ranks with dp=2 has tp=2")
+                     "has dp=2, tp=4, pp=1, which does not make its plan's 4 ranks")
     expect_error("shard: wrong rank count names tp",
                  run(shard, ["--steps", "1", "--data", data], model="shard", world=4,
                      env={"CARVE_FAKE_DP": "2"}),
