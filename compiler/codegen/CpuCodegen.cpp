@@ -182,6 +182,21 @@ struct TensorRow {
   int64_t gradOffset = -1, state[2] = {-1, -1};
 };
 
+/// The runtime's table `name` (TensorSpec rows, program.h).
+void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<TensorRow> &rs) {
+  os << "const TensorSpec " << name << "[] = {\n";
+  for (const TensorRow &r : rs)
+    os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
+       << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
+       << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
+       << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
+       << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
+       << (r.stateZero ? "true" : "false") << "},\n";
+  if (rs.empty())
+    os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
+  os << "};\n";
+}
+
 class Generator {
 public:
   Generator(func::FuncOp fn, const CodegenOptions &opts, GeneratedProgram &out, std::string &error)
@@ -280,6 +295,41 @@ private:
   /// The optimizer update of every parameter (and ZeRO-1/2's gathers).
   void emitUpdates(llvm::raw_ostream &ts);
   void buildTables(int64_t microBatches);
+  /// Lays out each gradient's optimizer state (0, 1 or 2 slots; ZeRO chunks)
+  /// from byte `at`; returns the end.
+  int64_t placeOptimizerState(int64_t at) {
+    const bool adam = opts.optimizer.kind == "adamw";
+    const bool momentum = !adam && opts.optimizer.momentum != 0;
+    const int slots = adam ? 2 : momentum ? 1 : 0;
+    for (GradSlot &g : grads) {
+      std::array<int64_t, 2> st = {-1, -1};
+      for (int k = 0; k < slots; ++k) {
+        st[k] = at;
+        at += alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4);
+      }
+      stateOf[g.param] = st;
+    }
+    return at;
+  }
+  /// Consecutive gradients (in the order backward finishes them) up to
+  /// bucketBytes each.
+  struct Bucket {
+    size_t first, last;
+    int64_t bytes;
+    int ready;
+    int waitAt = -1; // ZeRO >= 2: index of the op after which it is waited for
+  };
+  std::vector<Bucket> formBuckets() {
+    std::vector<Bucket> buckets;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      int64_t b = alignUp(bytesOf(grads[i].value));
+      if (buckets.empty() || buckets.back().bytes + b > opts.bucketBytes)
+        buckets.push_back({i, i, b, grads[i].ready});
+      else
+        buckets.back().last = i, buckets.back().bytes += b, buckets.back().ready = grads[i].ready;
+    }
+    return buckets;
+  }
   std::vector<TensorRow> inputRows, paramRows;
   int kernelCalls = 0;
 
@@ -1103,20 +1153,7 @@ bool Generator::run() {
 
   // Buckets: consecutive gradients (in the order backward finishes them) up
   // to bucketBytes.
-  struct Bucket {
-    size_t first, last;
-    int64_t bytes;
-    int ready;
-    int waitAt = -1; // stage >= 2: index of the op after which it is waited for
-  };
-  std::vector<Bucket> buckets;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    int64_t b = alignUp(bytesOf(grads[i].value));
-    if (buckets.empty() || buckets.back().bytes + b > opts.bucketBytes)
-      buckets.push_back({i, i, b, grads[i].ready});
-    else
-      buckets.back().last = i, buckets.back().bytes += b, buckets.back().ready = grads[i].ready;
-  }
+  std::vector<Bucket> buckets = formBuckets();
   out.numBuckets = (int)buckets.size();
   // Stage >= 2: one bucket in flight; bucket k is waited for when bucket k+1
   // starts (the last at the end), so its full gradients can be freed there.
@@ -1144,17 +1181,7 @@ bool Generator::run() {
   for (GradSlot &g : grads)
     place(zero >= 2 ? shardOf[g.param] : g.buffer);
   int64_t gradEnd = at;
-  const bool adam = opts.optimizer.kind == "adamw";
-  const bool momentum = !adam && opts.optimizer.momentum != 0;
-  int slots = adam ? 2 : momentum ? 1 : 0;
-  for (GradSlot &g : grads) {
-    std::array<int64_t, 2> st = {-1, -1};
-    for (int s = 0; s < slots; ++s) {
-      st[s] = at;
-      at += alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4);
-    }
-    stateOf[g.param] = st;
-  }
+  at = placeOptimizerState(at);
   int64_t stateEnd = at;
   for (BlockArgument a : fn.getArguments()) {
     Region r = buffers[bufferOf.lookup(a)].region;
@@ -1496,20 +1523,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
     for (auto &[arg, c] : chunkOf)
       buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = dp * c * 4;
 
-  struct Bucket {
-    size_t first, last;
-    int64_t bytes;
-    int ready;
-  };
-  std::vector<Bucket> buckets;
-  if (opts.dp > 1)
-    for (size_t i = 0; i < grads.size(); ++i) {
-      int64_t b = alignUp(bytesOf(grads[i].value));
-      if (buckets.empty() || buckets.back().bytes + b > opts.bucketBytes)
-        buckets.push_back({i, i, b, grads[i].ready});
-      else
-        buckets.back().last = i, buckets.back().bytes += b, buckets.back().ready = grads[i].ready;
-    }
+  std::vector<Bucket> buckets = opts.dp > 1 ? formBuckets() : std::vector<Bucket>();
   so.numBuckets = (int)buckets.size();
 
   // Persistent layout from `base`: parameters, gradients, optimizer state,
@@ -1526,17 +1540,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   for (GradSlot &g : grads)
     place(g.buffer);
   int64_t gradEnd = at;
-  const bool adam = opts.optimizer.kind == "adamw";
-  const bool momentum = !adam && opts.optimizer.momentum != 0;
-  int slots = adam ? 2 : momentum ? 1 : 0;
-  for (GradSlot &g : grads) {
-    std::array<int64_t, 2> st = {-1, -1};
-    for (int k = 0; k < slots; ++k) {
-      st[k] = at;
-      at += alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4);
-    }
-    stateOf[g.param] = st;
-  }
+  at = placeOptimizerState(at);
   int64_t stateEnd = at;
   for (BlockArgument a : fn.getArguments()) {
     Buffer &b = buffers[bufferOf.lookup(a)];
@@ -1846,22 +1850,8 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   os << "\n  // ---- Forward ----\n\n" << body;
   os << tail << "}\n\n";
 
-  auto rows = [&](const char *name, const std::vector<TensorRow> &rs) {
-    os << "const TensorSpec " << name << "[] = {\n";
-    for (const TensorRow &r : rs) {
-      os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
-         << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
-         << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
-         << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
-         << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
-         << (r.stateZero ? "true" : "false") << "},\n";
-    }
-    if (rs.empty())
-      os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
-    os << "};\n";
-  };
-  rows("kInputs", inputRows);
-  rows("kParams", paramRows);
+  emitTensorRows(os, "kInputs", inputRows);
+  emitTensorRows(os, "kParams", paramRows);
   int64_t seq = 0;
   bool tokens = inputRows.size() == 2 && inputRows[0].dtype == "I64" &&
                 inputRows[1].dtype == "I64" && inputRows[0].shape.size() == 2 &&
@@ -2139,21 +2129,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
   std::vector<TensorRow> params, inputs = chunks[0].inputs;
   for (auto &ch : chunks)
     params.insert(params.end(), ch.params.begin(), ch.params.end());
-  auto rows = [&](const char *name, const std::vector<TensorRow> &rs) {
-    os << "const TensorSpec " << name << "[] = {\n";
-    for (const TensorRow &r : rs)
-      os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
-         << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
-         << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
-         << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
-         << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
-         << (r.stateZero ? "true" : "false") << "},\n";
-    if (rs.empty())
-      os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
-    os << "};\n";
-  };
-  rows("kInputs", inputs);
-  rows("kParams", params);
+  emitTensorRows(os, "kInputs", inputs);
+  emitTensorRows(os, "kParams", params);
   int64_t seq = 0;
   bool tokens = inputs.size() == 2 && inputs[0].dtype == "I64" && inputs[1].dtype == "I64" &&
                 inputs[0].shape.size() == 2 && inputs[0].shape == inputs[1].shape;
