@@ -197,6 +197,62 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
   os << "};\n";
 }
 
+/// The tensor tables and the `Program` of a rank's source (program.h); with
+/// `pipe`, the pipeline fields too. Closes the anonymous namespace.
+void emitProgramTables(llvm::raw_ostream &os, const CodegenOptions &opts,
+                       const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
+                       const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe) {
+  emitTensorRows(os, "kInputs", inputs);
+  emitTensorRows(os, "kParams", params);
+  int64_t seq = 0;
+  bool tokens = inputs.size() == 2 && inputs[0].dtype == "I64" && inputs[1].dtype == "I64" &&
+                inputs[0].shape.size() == 2 && inputs[0].shape == inputs[1].shape;
+  if (tokens)
+    seq = inputs[0].shape[1];
+  const OptimizerConfig &o = opts.optimizer;
+  bool adam = o.kind == "adamw";
+  int slots = adam ? 2 : o.momentum != 0 ? 1 : 0;
+  auto escape = [](const std::string &x) {
+    std::string e;
+    for (char c : x)
+      e += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+    return e;
+  };
+  const std::string &P = opts.programName;
+  const int p = pipe ? pipe->pp : 1;
+  os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
+     << "    \"" << P << "\", \"" << escape(opts.modelName) << "\",\n"
+     << "    /*worldSize=*/" << opts.dp * opts.tp * p << ", /*dp=*/" << opts.dp << ",\n"
+     << "    /*globalBatch=*/" << opts.globalBatch << ", /*localBatch=*/"
+     << opts.globalBatch / std::max(1, opts.dp) << ", /*seqLen=*/" << seq << ",\n"
+     << "    DataKind::" << (tokens ? "Tokens" : "Tensors") << ",\n"
+     << "    " << inputs.size() << ", kInputs, " << params.size() << ", kParams,\n"
+     << "    /*arenaBytes=*/" << out.arenaBytes << ",\n"
+     << "    OptimizerKind::" << (adam ? "AdamW" : "SGD") << ", /*numStateSlots=*/" << slots
+     << ",\n"
+     << "    \"" << escape(o.describe()) << "\",\n"
+     << "    step,\n"
+     << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
+     << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
+     << ", /*stateBytes=*/" << out.stateBytes << ",\n";
+  if (pipe)
+    os << "    /*pp=*/" << p << ", /*ppRank=*/" << pipe->rank << ", /*numMicroBatches=*/"
+       << opts.numMicroBatches << ", /*activationBytes=*/" << out.activationBytes << ",\n";
+  os << "};\n";
+}
+
+/// The global loss from this rank's share: summed over the dp replicas, and
+/// for a mean divided by their number.
+void emitDpLoss(llvm::raw_ostream &os, const CodegenOptions &opts, const std::string &reduction) {
+  if (opts.dp <= 1)
+    return;
+  os << "  ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report "
+        "the global loss\n";
+  if (reduction == "mean")
+    os << "  loss /= " << opts.dp << ".0f;  // the mean of " << opts.dp
+       << " equal shares is the global mean\n";
+}
+
 class Generator {
 public:
   Generator(func::FuncOp fn, const CodegenOptions &opts, GeneratedProgram &out, std::string &error)
@@ -1321,13 +1377,7 @@ bool Generator::run() {
   }
   ts << "\n  // The loss of the whole global batch.\n";
   ts << "  float loss = (float)" << var[loss] << "[0];\n";
-  if (opts.dp > 1) {
-    ts << "  ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report "
-          "the global loss\n";
-    if (lossReduction == "mean")
-      ts << "  loss /= " << opts.dp << ".0f;  // the mean of " << opts.dp
-         << " equal shares is the global mean\n";
-  }
+  emitDpLoss(ts, opts, lossReduction);
   ts << "  ctx.loss = loss;\n";
 
   // The gradient norm over the whole model: tp-split gradients (and ZeRO
@@ -1850,38 +1900,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   os << "\n  // ---- Forward ----\n\n" << body;
   os << tail << "}\n\n";
 
-  emitTensorRows(os, "kInputs", inputRows);
-  emitTensorRows(os, "kParams", paramRows);
-  int64_t seq = 0;
-  bool tokens = inputRows.size() == 2 && inputRows[0].dtype == "I64" &&
-                inputRows[1].dtype == "I64" && inputRows[0].shape.size() == 2 &&
-                inputRows[0].shape == inputRows[1].shape;
-  if (tokens)
-    seq = inputRows[0].shape[1];
-  bool adam = opts.optimizer.kind == "adamw";
-  int slots = adam ? 2 : opts.optimizer.momentum != 0 ? 1 : 0;
-  std::string desc = opts.optimizer.describe();
-  std::string escaped;
-  for (char c : desc)
-    escaped += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  std::string model;
-  for (char c : opts.modelName)
-    model += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
-     << "    \"" << P << "\", \"" << model << "\",\n"
-     << "    /*worldSize=*/" << opts.dp * opts.tp << ", /*dp=*/" << opts.dp << ",\n"
-     << "    /*globalBatch=*/" << opts.globalBatch << ", /*localBatch=*/"
-     << opts.globalBatch / std::max(1, opts.dp) << ", /*seqLen=*/" << seq << ",\n"
-     << "    DataKind::" << (tokens ? "Tokens" : "Tensors") << ",\n"
-     << "    " << inputRows.size() << ", kInputs, " << paramRows.size() << ", kParams,\n"
-     << "    /*arenaBytes=*/" << out.arenaBytes << ",\n"
-     << "    OptimizerKind::" << (adam ? "AdamW" : "SGD") << ", /*numStateSlots=*/" << slots
-     << ",\n"
-     << "    \"" << escaped << "\",\n"
-     << "    step,\n"
-     << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
-     << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
-     << ", /*stateBytes=*/" << out.stateBytes << ",\n};\n";
+  emitProgramTables(os, opts, out, inputRows, paramRows, nullptr);
   return src;
 }
 
@@ -2088,13 +2107,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
     os << "  loss /= " << m << ".0f;  // the mean of " << m << " equal micro-batches\n";
   if (p > 1)
     os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
-  if (opts.dp > 1) {
-    os << "  ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report "
-          "the global loss\n";
-    if (red == "mean")
-      os << "  loss /= " << opts.dp << ".0f;  // the mean of " << opts.dp
-         << " equal shares is the global mean\n";
-  }
+  emitDpLoss(os, opts, red);
   os << "  ctx.loss = loss;\n";
   os << "\n  // Gradient norm: squares summed over this rank's gradients";
   if (opts.tp > 1)
@@ -2129,38 +2142,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
   std::vector<TensorRow> params, inputs = chunks[0].inputs;
   for (auto &ch : chunks)
     params.insert(params.end(), ch.params.begin(), ch.params.end());
-  emitTensorRows(os, "kInputs", inputs);
-  emitTensorRows(os, "kParams", params);
-  int64_t seq = 0;
-  bool tokens = inputs.size() == 2 && inputs[0].dtype == "I64" && inputs[1].dtype == "I64" &&
-                inputs[0].shape.size() == 2 && inputs[0].shape == inputs[1].shape;
-  if (tokens)
-    seq = inputs[0].shape[1];
-  bool adam = o.kind == "adamw";
-  int slotsN = adam ? 2 : o.momentum != 0 ? 1 : 0;
-  auto escape = [](const std::string &x) {
-    std::string e;
-    for (char c : x)
-      e += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-    return e;
-  };
-  os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
-     << "    \"" << P << "\", \"" << escape(opts.modelName) << "\",\n"
-     << "    /*worldSize=*/" << opts.dp * opts.tp * p << ", /*dp=*/" << opts.dp << ",\n"
-     << "    /*globalBatch=*/" << opts.globalBatch << ", /*localBatch=*/"
-     << opts.globalBatch / std::max(1, opts.dp) << ", /*seqLen=*/" << seq << ",\n"
-     << "    DataKind::" << (tokens ? "Tokens" : "Tensors") << ",\n"
-     << "    " << inputs.size() << ", kInputs, " << params.size() << ", kParams,\n"
-     << "    /*arenaBytes=*/" << out.arenaBytes << ",\n"
-     << "    OptimizerKind::" << (adam ? "AdamW" : "SGD") << ", /*numStateSlots=*/" << slotsN
-     << ",\n"
-     << "    \"" << escape(o.describe()) << "\",\n"
-     << "    step,\n"
-     << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
-     << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
-     << ", /*stateBytes=*/" << out.stateBytes << ",\n"
-     << "    /*pp=*/" << p << ", /*ppRank=*/" << pipe.rank << ", /*numMicroBatches=*/" << m
-     << ", /*activationBytes=*/" << out.activationBytes << ",\n};\n";
+  emitProgramTables(os, opts, out, inputs, params, &pipe);
   out.source = src;
   return true;
 }

@@ -53,11 +53,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import data_gen  # noqa: E402
 import st  # noqa: E402
-
-STEPS = 10
-LOSS_RTOL = 1e-5
-WEIGHT_RTOL = 1e-4
-OPTIMIZER = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--clip-grad-norm", "0.5"]
+# The same steps, optimizer, tolerances and command runner as the sharding test.
+from parallel import LOSS_RTOL, OPTIMIZER, STEPS, WEIGHT_RTOL, Failure, read_losses, run_cmd  # noqa: E402,E501
 LAYERS = 8
 CONFIG = {"n_head": 4, "n_layer": LAYERS}
 BATCH = 16
@@ -82,27 +79,6 @@ def plans():
         ("pp2-cuts", {"pp": 2, "num_micro_batches": 4, "cuts": ["/h.3/*"]}),
     ]
     return out
-
-
-class Failure(Exception):
-    pass
-
-
-def run_cmd(cmd, timeout=600):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout)
-    if p.returncode != 0:
-        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:],
-                                                 p.stderr[-2000:]))
-    return p.stdout
-
-
-def read_log(path):
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    if len(rows) != STEPS:
-        raise Failure("%s: %d steps logged, expected %d" % (path, len(rows), STEPS))
-    return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
 
 
 def read_schedule(src_dir, pp):
@@ -242,7 +218,7 @@ def main():
         return out, stdout
 
     base, _ = build("1rank", None, 1)
-    base_losses, base_norms = read_log(base + ".jsonl")
+    base_losses, base_norms = read_losses(base + ".jsonl")
     base_weights = st.load(base + ".ckpt/model.safetensors")
 
     for name, plan in plans():
@@ -258,7 +234,7 @@ def main():
                            "--timeline-svg", os.path.join(mdir, "t.svg")]
                 extra_r = ["--trace", os.path.join(mdir, "trace.json")]
             out, stdout = build(name, plan, ranks, extra_c, extra_r)
-            losses, norms = read_log(out + ".jsonl")
+            losses, norms = read_losses(out + ".jsonl")
             worst = max(abs(a - b) / abs(a) for a, b in zip(base_losses, losses))
             if worst > LOSS_RTOL:
                 raise Failure("loss differs by %.3g relative (limit %g): %s vs %s" %
