@@ -32,8 +32,6 @@ using namespace mlir;
 namespace carve {
 namespace {
 
-constexpr const char *kBackwardPrefix = "backward of ";
-
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 
 int64_t bytesOf(Value v) {
@@ -42,8 +40,9 @@ int64_t bytesOf(Value v) {
   return t.getNumElements() * std::max<unsigned>(1, bits / 8);
 }
 
-/// Multiply-adds count 2; everything else one operation per result element.
-double flopsOf(Operation *op) {
+} // namespace
+
+double opFlops(Operation *op) {
   StringRef name = op->getName().getStringRef();
   double out = 0;
   for (Value r : op->getResults())
@@ -63,8 +62,7 @@ double flopsOf(Operation *op) {
   return out;
 }
 
-/// "h.3" in "/h.3/attn/c_attn/MatMul": the layer's prefix and number.
-bool layerOf(StringRef node, std::string &prefix, int &number) {
+bool layerOfNode(StringRef node, std::string &prefix, int &number) {
   SmallVector<StringRef> parts;
   node.split(parts, '/');
   for (StringRef p : parts) {
@@ -83,6 +81,8 @@ bool layerOf(StringRef node, std::string &prefix, int &number) {
   }
   return false;
 }
+
+namespace {
 
 struct Transfer {
   Value value;       // in @train_step
@@ -186,7 +186,7 @@ bool Splitter::cutForward(std::string &error) {
   for (Operation *op : fwd) {
     std::string p;
     int n;
-    if (layerOf(nodeName(op->getLoc()), p, n))
+    if (layerOfNode(nodeName(op->getLoc()), p, n))
       ++prefixCount[p];
   }
   std::string prefix;
@@ -200,7 +200,7 @@ bool Splitter::cutForward(std::string &error) {
     for (size_t i = 0; i < fwd.size(); ++i) {
       std::string p;
       int n;
-      if (layerOf(nodeName(fwd[i]->getLoc()), p, n) && p == prefix && n != lastNumber &&
+      if (layerOfNode(nodeName(fwd[i]->getLoc()), p, n) && p == prefix && n != lastNumber &&
           (unit < 0 || n > lastNumber)) {
         ++unit;
         lastNumber = n;
@@ -239,14 +239,14 @@ bool Splitter::cutForward(std::string &error) {
     StringRef n = nameText;
     if (n.starts_with(kBackwardPrefix))
       n = n.drop_front(strlen(kBackwardPrefix));
-    nodeFlops[n] += flopsOf(op);
+    nodeFlops[n] += opFlops(op);
   }
   std::vector<double> unitCost(units, 0);
   std::set<std::string> counted;
   for (size_t i = 0; i < fwd.size(); ++i) {
     std::string n = nodeName(fwd[i]->getLoc());
     if (n.empty())
-      unitCost[unitOf[i]] += flopsOf(fwd[i]);
+      unitCost[unitOf[i]] += opFlops(fwd[i]);
     else if (counted.insert(n).second)
       unitCost[unitOf[i]] += nodeFlops[n];
   }
@@ -688,8 +688,8 @@ bool Splitter::build(std::string &error) {
       }
       Operation *c = b.clone(*op, map);
       ++summary.ops;
-      summary.flops += flopsOf(op);
-      (isBackward(op) ? summary.backwardFlops : summary.forwardFlops) += flopsOf(op);
+      summary.flops += opFlops(op);
+      (isBackward(op) ? summary.backwardFlops : summary.forwardFlops) += opFlops(op);
       for (Value r : op->getResults())
         for (const Transfer &t : transfers) {
           if (t.value != r)

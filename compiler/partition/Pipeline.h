@@ -65,6 +65,17 @@ struct PipelineReport {
 /// erases it. Errors (one line, prefixed "plan: " when the plan is at fault):
 /// more stages than layers, a cut glob that names no forward op, cut points
 /// out of order or too many / too few.
+/// Autodiff names each backward op's location "backward of NODE".
+constexpr const char *kBackwardPrefix = "backward of ";
+
+/// An op's floating-point work: multiply-adds count 2 (matmul, attention and
+/// its gradient); everything else one operation per result element.
+double opFlops(mlir::Operation *op);
+
+/// "h.3" in "/h.3/attn/c_attn/MatMul": the numbered layer a node belongs to
+/// (prefix "h", number 3). False for nodes outside numbered layers.
+bool layerOfNode(llvm::StringRef node, std::string &prefix, int &number);
+
 bool splitPipelineStages(mlir::ModuleOp module, const PipelineOptions &opts, PipelineReport &report,
                          std::string &error);
 

@@ -188,6 +188,14 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
       }
       continue;
     }
+    if (key == "predicted" || key == "planner") {
+      // What `carve plan` predicted and how it chose: informational.
+      if (!v.is_object()) {
+        error = what + ": \"" + key + "\" must be an object (written by carve plan)";
+        return false;
+      }
+      continue;
+    }
     bool known = false;
     for (const Reserved &r : reserved()) {
       if (key != r.name)
@@ -203,7 +211,8 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
     }
     if (!known) {
       std::string names = "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
-                          "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer";
+                          "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, predicted, "
+                          "planner";
       for (const Reserved &r : reserved())
         names += std::string(", ") + r.name;
       error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";

@@ -1,0 +1,961 @@
+//===- Planner.cpp - cost and memory model, constraints, plan search ------===//
+
+#include "compiler/planner/Planner.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace carve::planner {
+
+using json = nlohmann::json;
+
+//===----------------------------------------------------------------------===//
+// Small pieces
+//===----------------------------------------------------------------------===//
+
+std::string Candidate::key() const {
+  std::ostringstream os;
+  os << "dp=" << dp << " tp=" << tp << " pp=" << pp;
+  if (pp > 1 || m > 1) {
+    os << " " << schedule;
+    if (v > 1)
+      os << " v=" << v;
+    os << " m=" << m;
+  }
+  os << " mbs=" << microBatch;
+  if (zero)
+    os << " zero=" << zero;
+  if (sp)
+    os << " sp";
+  if (recompute != "none")
+    os << " recompute=" << recompute;
+  os << " " << precision;
+  return os.str();
+}
+
+int activationBytes(const std::string &precision) { return precision == "fp32" ? 4 : 2; }
+
+int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r) {
+  if (schedule == "gpipe")
+    return m;
+  if (schedule == "interleaved" && v > 1) {
+    // Chunk-micro-batches begun and not finished: the warm-up forwards plus one.
+    int64_t warm = (int64_t)(p - r - 1) * 2 + (int64_t)(v - 1) * p;
+    return std::min<int64_t>(warm + 1, m * v);
+  }
+  return std::min<int64_t>(p - r, m);
+}
+
+double layerActivationBytes(const Segment &s, const Candidate &c) {
+  const double a = activationBytes(c.precision), b = (double)c.microBatch;
+  if (c.recompute == "full")
+    return s.input * b * a;
+  double bytes = (s.saved - s.savedFixed) * b * a + s.savedFixed * a + s.hiddenMasks * b;
+  if (c.recompute != "selective")
+    bytes += (s.core * a + s.coreMasks + s.coreDropped * a) * b;
+  return bytes;
+}
+
+namespace {
+
+struct Link {
+  double bw, lat;
+};
+
+/// Alpha-beta models; `bytes` is the full tensor.
+double allReduceTime(int n, double bytes, const Link &l) {
+  if (n <= 1 || bytes <= 0)
+    return 0;
+  double ring = 2.0 * (n - 1) / n * bytes / l.bw + 2.0 * (n - 1) * l.lat;
+  double tree = 2.0 * bytes / l.bw + 2.0 * std::ceil(std::log2((double)n)) * l.lat;
+  return std::min(ring, tree);
+}
+double gatherTime(int n, double bytes, const Link &l) {
+  if (n <= 1 || bytes <= 0)
+    return 0;
+  return (double)(n - 1) / n * bytes / l.bw + (double)(n - 1) * l.lat;
+}
+double commTime(int kind, int n, double bytes, int calls, const Link &l) {
+  if (n <= 1 || calls == 0)
+    return 0;
+  // Latency per call; bandwidth over the total.
+  double per = bytes / calls;
+  double t = kind == kAllReduce ? allReduceTime(n, per, l) : gatherTime(n, per, l);
+  return t * calls;
+}
+
+/// Per-sample and fixed seconds of a list of ops on the device.
+struct Secs {
+  double perSample = 0, fixed = 0, coreSample = 0;
+};
+Secs opSeconds(const std::vector<OpWork> &ops, const Cluster &cl, const Calibration &cal,
+               const std::string &precision) {
+  Secs s;
+  const double peak = cl.peak(precision == "fp32" ? "fp32" : precision) * cal.matmulEfficiency;
+  const double peakVec = cl.peak("fp32") * cal.matmulEfficiency;
+  const double bw = cl.device.memoryBandwidth * cal.memoryEfficiency;
+  const double bytes = activationBytes(precision);
+  for (const OpWork &w : ops) {
+    double t = w.matmul ? std::max(w.flops / peak, w.elems * bytes / bw)
+                        : std::max(w.flops / peakVec, w.elems * bytes / bw);
+    (w.perSample ? s.perSample : s.fixed) += t;
+    s.fixed += cal.kernelOverhead;
+    if (w.attentionCore)
+      s.coreSample += t;
+  }
+  return s;
+}
+
+/// A segment priced on the device for one (tp, sp) profile.
+struct Priced {
+  Secs fwd, bwd;
+  std::array<double, kNumCommKinds> fwdComm{}, bwdComm{}; // elements per sample
+  std::array<int, kNumCommKinds> fwdCalls{}, bwdCalls{};
+};
+Priced price(const Segment &s, const Cluster &cl, const Calibration &cal,
+             const std::string &precision) {
+  Priced p;
+  p.fwd = opSeconds(s.forward, cl, cal, precision);
+  p.bwd = opSeconds(s.backward, cl, cal, precision);
+  p.fwdComm = s.forwardComm.elems;
+  p.bwdComm = s.backwardComm.elems;
+  p.fwdCalls = s.forwardComm.calls;
+  p.bwdCalls = s.backwardComm.calls;
+  return p;
+}
+
+/// Chunk sizes: L layers into S chunks, the first also holding the
+/// embedding and the last the head, balanced by cost (what the pipeline
+/// splitter does with FLOPs).
+std::vector<int> balanceChunks(int L, int S, double layer, double first, double last) {
+  std::vector<int> n(S, L / S);
+  for (int i = 0; i < L % S; ++i)
+    n[S == 1 ? 0 : 1 + i % std::max(1, S - 2)] += 1;
+  if (S == 1)
+    return n;
+  auto cost = [&](int k) { return n[k] * layer + (k == 0 ? first : 0) + (k == S - 1 ? last : 0); };
+  for (int iter = 0; iter < 4 * S; ++iter) {
+    int hi = 0, lo = 0;
+    for (int k = 0; k < S; ++k) {
+      if (cost(k) > cost(hi))
+        hi = k;
+      if (cost(k) < cost(lo) || (cost(k) == cost(lo) && n[k] < n[lo]))
+        lo = k;
+    }
+    if (n[hi] <= 1 || hi == lo)
+      break;
+    double before = cost(hi);
+    n[hi] -= 1;
+    n[lo] += 1;
+    if (std::max(cost(hi), cost(lo)) >= before) {
+      n[hi] += 1;
+      n[lo] -= 1;
+      break;
+    }
+  }
+  return n;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// The estimate
+//===----------------------------------------------------------------------===//
+
+Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, const Candidate &c,
+                  const PlannerOptions &opts) {
+  const Calibration &cal = opts.calibration;
+  Estimate e;
+  e.c = c;
+  const int L = std::max<int>(1, (int)prof.layers.size());
+  const bool hasLayers = !prof.layers.empty();
+  const int S = c.pp * c.v;
+  const double b = (double)c.microBatch;
+  const double aBytes = activationBytes(c.precision);
+  const int dev = cl.devicesPerNode;
+
+  Link intra{cl.intraNode.bandwidth * cal.linkEfficiency, cl.intraNode.latency};
+  Link inter{cl.interNode.bandwidth * cal.linkEfficiency, cl.interNode.latency};
+  Link tpLink = c.tp <= dev ? intra : inter;
+  Link dpLink = c.tp * c.dp <= dev ? intra : inter;
+  Link ppLink = c.tp * c.dp >= dev || c.tp * c.dp * c.pp > dev ? inter : intra;
+
+  // Price every part once.
+  Priced emb = price(prof.embedding, cl, cal, c.precision);
+  Priced head = price(prof.head, cl, cal, c.precision);
+  std::vector<Priced> lay;
+  lay.reserve(prof.layers.size());
+  // Layers of a builtin model repeat: price distinct ones only.
+  for (size_t i = 0; i < prof.layers.size(); ++i) {
+    if (i > 1 && i + 1 < prof.layers.size() && prof.layers[i].ops == prof.layers[1].ops &&
+        prof.layers[i].forward.size() == prof.layers[1].forward.size())
+      lay.push_back(lay[1]);
+    else
+      lay.push_back(price(prof.layers[i], cl, cal, c.precision));
+  }
+
+  auto tpSecs = [&](const std::array<double, kNumCommKinds> &el,
+                    const std::array<int, kNumCommKinds> &calls) {
+    double t = 0;
+    for (int k = 0; k < kNumCommKinds; ++k)
+      t += commTime(k, c.tp, el[k] * b * aBytes, calls[k], tpLink);
+    return t;
+  };
+  // One micro-batch of a part: forward, backward (+ recompute) seconds.
+  struct PartTime {
+    double fwd = 0, bwd = 0, rec = 0, comm = 0;
+  };
+  auto partTime = [&](const Priced &p) {
+    PartTime t;
+    double fc = tpSecs(p.fwdComm, p.fwdCalls), bc = tpSecs(p.bwdComm, p.bwdCalls);
+    t.fwd = p.fwd.perSample * b + p.fwd.fixed + fc;
+    t.bwd = p.bwd.perSample * b + p.bwd.fixed + bc;
+    t.comm = fc + bc;
+    if (c.recompute == "full") {
+      t.rec = t.fwd;
+      t.comm += fc;
+    } else if (c.recompute == "selective") {
+      t.rec = p.fwd.coreSample * b;
+    }
+    return t;
+  };
+
+  double layerCost = 0;
+  if (hasLayers) {
+    PartTime t = partTime(lay[lay.size() / 2]);
+    layerCost = t.fwd + t.bwd + t.rec;
+  }
+  PartTime et = partTime(emb), ht = partTime(head);
+  std::vector<int> chunk;
+  if (hasLayers)
+    chunk = balanceChunks(L, S, layerCost, et.fwd + et.bwd + et.rec, ht.fwd + ht.bwd + ht.rec);
+  else
+    chunk.assign(S, 0);
+  e.layersPerStage = chunk;
+
+  // Per pipeline rank: time per micro-batch, parameters, activations.
+  std::vector<double> rankTime(c.pp, 0), rankBwdLast(c.pp, 0), rankRec(c.pp, 0), rankComm(c.pp, 0),
+      rankParams(c.pp, 0), rankAct(c.pp, 0), rankP2p(c.pp, 0);
+  std::vector<double> rankWork(c.pp, 0), rankBuffers(c.pp, 0);
+  int first = 0;
+  double sendBytes = 0;
+  for (int k = 0; k < S; ++k) {
+    int r = k % c.pp;
+    double t = 0, bw = 0, rec = 0, comm = 0, params = 0, act = 0, work = 0;
+    auto addPart = [&](const Segment &seg, const Priced &pr, bool isLayer) {
+      PartTime pt = partTime(pr);
+      t += pt.fwd + pt.bwd + pt.rec;
+      bw += pt.bwd + pt.rec;
+      rec += pt.rec;
+      comm += pt.comm;
+      params += seg.params;
+      act += isLayer ? layerActivationBytes(seg, c)
+                     : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * aBytes +
+                           seg.core * b * aBytes + seg.hiddenMasks * b;
+      double w = seg.largestOp * b * aBytes;
+      if (c.recompute == "full" && isLayer)
+        w += (seg.saved * b + seg.core * b) * aBytes;
+      else if (c.recompute == "selective" && isLayer)
+        w += seg.core * b * aBytes;
+      work = std::max(work, w);
+    };
+    if (k == 0)
+      addPart(prof.embedding, emb, false);
+    for (int i = 0; i < chunk[k]; ++i)
+      addPart(prof.layers[first + i], lay[first + i], true);
+    double boundary =
+        chunk[k] > 0 ? prof.layers[first + chunk[k] - 1].boundary : prof.embedding.boundary;
+    first += chunk[k];
+    if (k == S - 1)
+      addPart(prof.head, head, false);
+    if (k < S - 1 && S > 1) {
+      double bytes = boundary * b * aBytes;
+      double p2p = 2 * (bytes / ppLink.bw + ppLink.lat);
+      t += p2p;
+      rankP2p[r] += p2p;
+      sendBytes += 2 * bytes;
+      rankBuffers[r] = std::max(rankBuffers[r], 2 * bytes);
+    }
+    rankTime[r] += t;
+    rankBwdLast[r] += bw;
+    rankRec[r] += rec;
+    rankComm[r] += comm;
+    rankParams[r] += params;
+    rankWork[r] = std::max(rankWork[r], work);
+    // In flight: this chunk's activations times the micro-batches it holds.
+    int64_t held = inFlight(c.schedule, c.pp, c.v, c.m, r);
+    rankAct[r] += act * (c.v > 1 ? (double)held / c.v : (double)held);
+  }
+  if (c.pp == 1)
+    rankParams[0] -= prof.sharedParams;
+
+  int slow = (int)(std::max_element(rankTime.begin(), rankTime.end()) - rankTime.begin());
+  double tMb = rankTime[slow];
+  double pipeline = (double)c.m * tMb + (double)(c.pp - 1) / c.v * tMb;
+  e.time.bubble = (double)(c.pp - 1) / c.v * tMb;
+  e.time.compute = (double)c.m * (tMb - rankComm[slow] - rankP2p[slow]);
+  e.time.recompute = (double)c.m * rankRec[slow];
+  e.time.tpComm = (double)c.m * rankComm[slow];
+  e.time.p2p = (double)c.m * rankP2p[slow];
+  e.bubbleFraction = pipeline > 0 ? e.time.bubble / pipeline : 0;
+
+  // Data parallel: gradients (and ZeRO gathers) of the rank with most parameters.
+  const bool mixed = c.precision != "fp32";
+  const double pB = mixed ? 2 : 4, gB = mixed ? 2 : 4, oB = mixed ? 12 : 8;
+  double psi = *std::max_element(rankParams.begin(), rankParams.end());
+  double dpT = 0;
+  if (c.dp > 1) {
+    double g = psi * gB;
+    if (c.zero == 0)
+      dpT = allReduceTime(c.dp, g, dpLink);
+    else
+      dpT = gatherTime(c.dp, g, dpLink) + gatherTime(c.dp, psi * pB, dpLink);
+    e.volume.dp = 2.0 * (c.dp - 1) / c.dp * g;
+    if (c.zero == 3) {
+      double gathers = 2.0 * (double)c.m * gatherTime(c.dp, psi * pB, dpLink);
+      dpT += gathers;
+      e.volume.dp += 2.0 * c.m * (c.dp - 1) / c.dp * psi * pB;
+    }
+    double buckets = std::max(1.0, std::ceil(g / cal.bucketBytes));
+    double hidden = c.zero == 3 ? 0 : rankBwdLast[slow];
+    e.time.dpExposed = std::max(dpT / buckets, dpT - hidden);
+    if (c.zero == 3)
+      e.time.dpExposed = dpT;
+  }
+  e.time.dpComm = dpT;
+  double updated = c.zero >= 1 ? std::ceil(psi / c.dp) : psi;
+  e.time.optimizer =
+      updated * 32.0 / (cl.device.memoryBandwidth * cal.memoryEfficiency) + 20 * cal.kernelOverhead;
+  e.time.total = pipeline + e.time.dpExposed + e.time.optimizer;
+
+  // Memory per rank; report the largest.
+  double maxPartParams = std::max(prof.embedding.params, prof.head.params);
+  for (const Segment &s : prof.layers)
+    maxPartParams = std::max(maxPartParams, s.params);
+  double best = -1;
+  for (int r = 0; r < c.pp; ++r) {
+    double ps = rankParams[r];
+    Memory m;
+    double shard = std::ceil(ps / c.dp);
+    m.params = (c.zero >= 3 ? shard : ps) * pB;
+    m.grads = (c.zero >= 2 ? shard : ps) * gB;
+    m.optimizer = (c.zero >= 1 ? shard : ps) * oB;
+    m.activations = rankAct[r];
+    double bucket = c.dp > 1 ? std::min(ps * gB, cal.bucketBytes) : 0;
+    m.buffers = bucket + rankBuffers[r];
+    m.workspace = rankWork[r];
+    if (c.zero == 3) // one part's parameters gathered at a time, the next prefetched
+      m.workspace += 2 * maxPartParams * pB;
+    if (m.total() > best) {
+      best = m.total();
+      e.mem = m;
+      e.memRank = r;
+    }
+  }
+  // Volume per step (busiest rank).
+  for (int k = 0; k < kNumCommKinds; ++k) {
+    double el = 0;
+    auto add = [&](const Segment &s) {
+      el += s.forwardComm.elems[k] * (c.recompute == "full" ? 2 : 1) + s.backwardComm.elems[k];
+    };
+    add(prof.embedding);
+    for (const Segment &s : prof.layers)
+      add(s);
+    add(prof.head);
+    e.volume.tp[k] = c.tp > 1 ? el * b * aBytes * (double)c.m / c.pp : 0;
+  }
+  e.volume.pp = sendBytes * (double)c.m / std::max(1, c.pp);
+
+  e.capacity = cl.device.memoryBytes * (1 - opts.constraints.headroomFraction) -
+               opts.constraints.headroomBytes;
+  e.fits = e.mem.total() <= e.capacity;
+  const double samples = b * (double)c.m * c.dp;
+  const double tokens = samples * (double)std::max<int64_t>(1, base.seq);
+  e.tokensPerSecond = tokens / e.time.total;
+  const double flops = base.modelFlops * samples;
+  e.tflopsPerDevice = flops / e.time.total / cl.worldSize() / 1e12;
+  e.mfu = flops / e.time.total / cl.worldSize() / cl.peak(c.precision);
+  return e;
+}
+
+//===----------------------------------------------------------------------===//
+// Constraints
+//===----------------------------------------------------------------------===//
+
+const std::vector<std::string> &constraintFields() {
+  static const std::vector<std::string> f = {"dp",
+                                             "tp",
+                                             "pp",
+                                             "zero",
+                                             "sequence_parallel",
+                                             "num_micro_batches",
+                                             "micro_batch_size",
+                                             "schedule",
+                                             "virtual_stages",
+                                             "recompute",
+                                             "precision"};
+  return f;
+}
+
+namespace {
+
+bool isNumericField(const std::string &f) {
+  return f != "schedule" && f != "recompute" && f != "precision" && f != "sequence_parallel";
+}
+
+bool checkValue(const std::string &field, const std::string &value, std::string &error) {
+  auto in = [&](std::initializer_list<const char *> ok) {
+    for (const char *o : ok)
+      if (value == o)
+        return true;
+    return false;
+  };
+  if (field == "schedule") {
+    if (!in({"gpipe", "1f1b", "interleaved"})) {
+      error = "schedule must be gpipe, 1f1b or interleaved, got '" + value + "'";
+      return false;
+    }
+    return true;
+  }
+  if (field == "recompute") {
+    if (!in({"none", "selective", "full"})) {
+      error = "recompute must be none, selective or full, got '" + value + "'";
+      return false;
+    }
+    return true;
+  }
+  if (field == "precision") {
+    if (!in({"fp32", "bf16", "fp16"})) {
+      error = "precision must be fp32, bf16 or fp16, got '" + value + "'";
+      return false;
+    }
+    return true;
+  }
+  if (field == "sequence_parallel") {
+    if (!in({"true", "false", "1", "0"})) {
+      error = "sequence_parallel must be true or false, got '" + value + "'";
+      return false;
+    }
+    return true;
+  }
+  char *end = nullptr;
+  long long n = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end || n < (field == "zero" ? 0 : 1) || n > (1 << 24) ||
+      (field == "zero" && n > 3)) {
+    error = field + " must be " +
+            (field == "zero" ? std::string("0, 1, 2 or 3") : std::string("a positive integer")) +
+            ", got '" + value + "'";
+    return false;
+  }
+  return true;
+}
+
+bool addFixed(Constraints &c, const std::string &field, std::string value, const std::string &what,
+              std::string &error) {
+  const auto &fields = constraintFields();
+  if (std::find(fields.begin(), fields.end(), field) == fields.end()) {
+    std::string names;
+    for (const auto &f : fields)
+      names += (names.empty() ? "" : ", ") + f;
+    error = what + ": unknown plan field '" + field + "' (fields: " + names + ")";
+    return false;
+  }
+  if (value == "1" && field == "sequence_parallel")
+    value = "true";
+  if (value == "0" && field == "sequence_parallel")
+    value = "false";
+  if (!checkValue(field, value, error)) {
+    error = what + ": " + error;
+    return false;
+  }
+  auto it = c.fixed.find(field);
+  if (it != c.fixed.end() && it->second != value) {
+    error = what + ": " + field + " is fixed twice, to " + it->second + " and to " + value;
+    return false;
+  }
+  c.fixed[field] = value;
+  return true;
+}
+
+bool parseBytes(const json &v, double &out) {
+  if (v.is_number()) {
+    out = v.get<double>();
+    return out >= 0;
+  }
+  if (!v.is_string())
+    return false;
+  std::string s = v.get<std::string>();
+  char *end = nullptr;
+  double n = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  double mul = unit.empty() || unit == "B" ? 1
+               : unit == "KiB"             ? 1024.0
+               : unit == "MiB"             ? 1048576.0
+               : unit == "GiB"             ? 1073741824.0
+               : unit == "GB"              ? 1e9
+               : unit == "MB"              ? 1e6
+                                           : -1;
+  if (end == s.c_str() || mul < 0 || n < 0)
+    return false;
+  out = n * mul;
+  return true;
+}
+
+} // namespace
+
+bool parseFixed(const std::string &text, Constraints &c, std::string &error) {
+  std::stringstream ss(text);
+  std::string item;
+  bool any = false;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty())
+      continue;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+      error = "--fixed: '" + item + "' is not FIELD=VALUE (e.g. --fixed tp=8,pp=16)";
+      return false;
+    }
+    if (!addFixed(c, item.substr(0, eq), item.substr(eq + 1), "--fixed", error))
+      return false;
+    any = true;
+  }
+  if (!any) {
+    error = "--fixed: nothing given (e.g. --fixed tp=8,pp=16)";
+    return false;
+  }
+  return true;
+}
+
+bool parseConstraints(const std::string &text, const std::string &what, Constraints &c,
+                      std::string &error) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error &e) {
+    error = what + ": not valid JSON (" + std::string(e.what()) + ")";
+    return false;
+  }
+  if (!j.is_object()) {
+    error = what + ": constraints are a JSON object, e.g. {\"fixed\": {\"tp\": 8}}";
+    return false;
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string &key = it.key();
+    const json &v = it.value();
+    if (key == "fixed") {
+      if (!v.is_object()) {
+        error = what + ": \"fixed\" must be an object of plan fields";
+        return false;
+      }
+      for (auto f = v.begin(); f != v.end(); ++f) {
+        std::string val = f.value().is_string()    ? f.value().get<std::string>()
+                          : f.value().is_boolean() ? (f.value().get<bool>() ? "true" : "false")
+                                                   : f.value().dump();
+        if (!addFixed(c, f.key(), val, what + ": fixed", error))
+          return false;
+      }
+    } else if (key == "bounds") {
+      if (!v.is_object()) {
+        error = what + ": \"bounds\" must map fields to {\"min\": N, \"max\": N}";
+        return false;
+      }
+      for (auto f = v.begin(); f != v.end(); ++f) {
+        const auto &fields = constraintFields();
+        if (std::find(fields.begin(), fields.end(), f.key()) == fields.end() ||
+            !isNumericField(f.key())) {
+          error = what + ": bounds: '" + f.key() +
+                  "' is not a numeric plan field (dp, tp, pp, zero, num_micro_batches, "
+                  "micro_batch_size, virtual_stages)";
+          return false;
+        }
+        const json &b = f.value();
+        if (!b.is_object() || b.empty()) {
+          error = what + ": bounds: '" + f.key() + "' must be {\"min\": N, \"max\": N}";
+          return false;
+        }
+        double lo = 0, hi = 1e18;
+        for (auto x = b.begin(); x != b.end(); ++x) {
+          if ((x.key() != "min" && x.key() != "max") || !x.value().is_number_integer()) {
+            error = what + ": bounds: '" + f.key() + "': only integer \"min\" and \"max\", got \"" +
+                    x.key() + "\": " + x.value().dump();
+            return false;
+          }
+          (x.key() == "min" ? lo : hi) = x.value().get<double>();
+        }
+        if (lo > hi) {
+          error = what + ": bounds: '" + f.key() + "' has min " + std::to_string((long long)lo) +
+                  " above max " + std::to_string((long long)hi);
+          return false;
+        }
+        c.bounds[f.key()] = {lo, hi};
+      }
+    } else if (key == "pin") {
+      if (!v.is_object()) {
+        error = what + ": \"pin\" must map op-name globs to a dimension or \"replicate\"";
+        return false;
+      }
+      for (auto f = v.begin(); f != v.end(); ++f) {
+        if (!f.value().is_string() || f.value().get<std::string>().empty()) {
+          error = what + ": pin: '" + f.key() + "' must name a dimension or \"replicate\"";
+          return false;
+        }
+        c.pins.push_back({f.key(), f.value().get<std::string>()});
+      }
+    } else if (key == "no_split") {
+      if (!v.is_array()) {
+        error = what + ": \"no_split\" must be a list of dimensions (batch, sequence, layers, "
+                       "hidden)";
+        return false;
+      }
+      for (const json &d : v) {
+        std::string s = d.is_string() ? d.get<std::string>() : "";
+        if (s != "batch" && s != "sequence" && s != "layers" && s != "hidden") {
+          error = what + ": no_split: " + d.dump() +
+                  " is not a dimension the planner splits (batch, sequence, layers, hidden)";
+          return false;
+        }
+        c.noSplit.insert(s);
+      }
+    } else if (key == "memory_headroom") {
+      double x = 0;
+      if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 1) {
+        c.headroomFraction = v.get<double>();
+      } else if (v.is_string() && parseBytes(v, x)) {
+        c.headroomBytes = x;
+      } else {
+        error = what +
+                ": memory_headroom must be a fraction in [0, 1) or bytes like \"4GiB\", "
+                "got " +
+                v.dump();
+        return false;
+      }
+    } else {
+      error = what + ": unknown key \"" + key +
+              "\" (keys: fixed, bounds, pin, no_split, memory_headroom)";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool parseCalibration(const std::string &text, const std::string &what, Calibration &cal,
+                      std::string &error) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error &e) {
+    error = what + ": not valid JSON (" + std::string(e.what()) + ")";
+    return false;
+  }
+  if (!j.is_object()) {
+    error = what + ": a calibration table is a JSON object";
+    return false;
+  }
+  std::map<std::string, double *> fields = {{"matmul_efficiency", &cal.matmulEfficiency},
+                                            {"memory_efficiency", &cal.memoryEfficiency},
+                                            {"link_efficiency", &cal.linkEfficiency},
+                                            {"kernel_overhead_s", &cal.kernelOverhead},
+                                            {"bucket_bytes", &cal.bucketBytes}};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    auto f = fields.find(it.key());
+    if (f == fields.end()) {
+      error = what + ": unknown key \"" + it.key() +
+              "\" (keys: matmul_efficiency, memory_efficiency, link_efficiency, "
+              "kernel_overhead_s, bucket_bytes)";
+      return false;
+    }
+    if (!it.value().is_number() || it.value().get<double>() <= 0 ||
+        (it.key().find("efficiency") != std::string::npos && it.value().get<double>() > 1)) {
+      error = what + ": \"" + it.key() + "\" must be a positive number" +
+              (it.key().find("efficiency") != std::string::npos ? " at most 1" : "") + ", got " +
+              it.value().dump();
+      return false;
+    }
+    *f->second = it.value().get<double>();
+  }
+  return true;
+}
+
+//===----------------------------------------------------------------------===//
+// Search
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i)
+        d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+struct Space {
+  const Constraints &cons;
+  bool fixedHas(const std::string &f) const { return cons.fixed.count(f) > 0; }
+  bool allows(const std::string &f, double v) const {
+    auto it = cons.fixed.find(f);
+    if (it != cons.fixed.end() && std::to_string((long long)v) != it->second)
+      return false;
+    auto b = cons.bounds.find(f);
+    if (b != cons.bounds.end() && (v < b->second.first || v > b->second.second))
+      return false;
+    return true;
+  }
+  bool allowsText(const std::string &f, const std::string &v) const {
+    auto it = cons.fixed.find(f);
+    return it == cons.fixed.end() || it->second == v;
+  }
+};
+
+/// Why `e` lost to `best`, in one phrase: the largest difference.
+std::string whyLost(const Estimate &e, const Estimate &best) {
+  struct Part {
+    const char *name;
+    double a, b;
+  };
+  Part parts[] = {
+      {"compute", e.time.compute - e.time.recompute, best.time.compute - best.time.recompute},
+      {"recomputation", e.time.recompute, best.time.recompute},
+      {"tp communication", e.time.tpComm, best.time.tpComm},
+      {"pipeline bubble", e.time.bubble, best.time.bubble},
+      {"pipeline sends", e.time.p2p, best.time.p2p},
+      {"exposed gradient reduction", e.time.dpExposed, best.time.dpExposed},
+      {"optimizer step", e.time.optimizer, best.time.optimizer},
+  };
+  const Part *worst = &parts[0];
+  for (const Part &p : parts)
+    if (p.a - p.b > worst->a - worst->b)
+      worst = &p;
+  std::ostringstream os;
+  os.precision(3);
+  os << "+" << (e.time.total / best.time.total - 1) * 100 << "% step time: more " << worst->name
+     << " (" << worst->a << " s vs " << worst->b << " s)";
+  return os.str();
+}
+
+} // namespace
+
+SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, const Cluster &cl,
+                         const PlannerOptions &opts) {
+  SearchResult res;
+  const Constraints &cons = opts.constraints;
+  Space sp{cons};
+  const int N = cl.worldSize();
+  const int64_t B = opts.globalBatch;
+  const int L = (int)base.layers.size();
+  auto fixedStr = [&](const std::string &f, const std::string &dflt) {
+    auto it = cons.fixed.find(f);
+    return it == cons.fixed.end() ? dflt : it->second;
+  };
+
+  // Contradictions the constraints carry on their own.
+  for (const auto &[f, b] : cons.bounds) {
+    auto it = cons.fixed.find(f);
+    if (it != cons.fixed.end()) {
+      double v = std::atof(it->second.c_str());
+      if (v < b.first || v > b.second) {
+        res.contradiction =
+            f + " is fixed to " + it->second + " but bounded to [" +
+            std::to_string((long long)b.first) + ", " +
+            (b.second >= 1e17 ? std::string("inf") : std::to_string((long long)b.second)) + "]";
+        return res;
+      }
+    }
+  }
+  auto contra = [&](const std::string &f, const char *dim, const char *what) {
+    auto it = cons.fixed.find(f);
+    if (cons.noSplit.count(dim) && it != cons.fixed.end() && it->second != "1" &&
+        it->second != "false")
+      res.contradiction = f + " is fixed to " + it->second + " but no_split forbids splitting " +
+                          dim + " (" + what + ")";
+  };
+  contra("dp", "batch", "data parallelism splits the batch");
+  contra("tp", "hidden", "tensor parallelism splits the hidden dimension");
+  contra("pp", "layers", "pipeline parallelism splits the layers");
+  contra("sequence_parallel", "sequence", "sequence parallelism splits the sequence");
+  if (!res.contradiction.empty())
+    return res;
+  if (fixedStr("sequence_parallel", "false") == "true" && fixedStr("tp", "0") == "1") {
+    res.contradiction = "sequence_parallel is fixed on but tp is fixed to 1 (it splits along tp)";
+    return res;
+  }
+  if (cons.fixed.count("dp") && cons.fixed.count("tp") && cons.fixed.count("pp")) {
+    long long w = std::atoll(cons.fixed.at("dp").c_str()) *
+                  std::atoll(cons.fixed.at("tp").c_str()) * std::atoll(cons.fixed.at("pp").c_str());
+    if (w != N) {
+      res.contradiction = "dp x tp x pp is fixed to " + std::to_string(w) +
+                          " ranks but the cluster has " + std::to_string(N) + " devices";
+      return res;
+    }
+  }
+  if (opts.compilableOnly) {
+    if (fixedStr("precision", "fp32") != "fp32") {
+      res.contradiction = "precision " + fixedStr("precision", "") +
+                          " is fixed, but the cpu target runs fp32 only (mixed precision comes "
+                          "with the CUDA target)";
+      return res;
+    }
+    if (fixedStr("recompute", "none") != "none") {
+      res.contradiction = "recompute " + fixedStr("recompute", "") +
+                          " is fixed, but carve compile does not recompute yet";
+      return res;
+    }
+  }
+
+  const std::string precision = fixedStr(
+      "precision", opts.compilableOnly || cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
+  const int maxTp = std::min(N, cl.devicesPerNode);
+  std::vector<std::string> recomputes = {"none", "selective", "full"};
+  if (opts.compilableOnly)
+    recomputes = {"none"};
+  bool hasAttention = false;
+  for (const Segment &s : base.layers)
+    hasAttention |= s.core > 0;
+  for (const OpWork &w : base.embedding.forward)
+    hasAttention |= w.attentionCore;
+
+  bool haveBest = false;
+  std::vector<Estimate> all;
+  double closestShort = 1e300;
+  int fixedCount = 0;
+  for (const char *f : {"dp", "tp", "pp", "zero", "recompute"})
+    fixedCount += cons.fixed.count(f) ? 1 : 0;
+  res.fullyFixed = cons.fixed.count("dp") && cons.fixed.count("tp") && cons.fixed.count("pp");
+
+  for (int64_t tp : divisors(N)) {
+    if (tp > maxTp && !cons.fixed.count("tp"))
+      continue;
+    if (!sp.allows("tp", (double)tp) || (tp > 1 && cons.noSplit.count("hidden")))
+      continue;
+    for (int spi = 0; spi < 2; ++spi) {
+      bool seqPar = spi == 1;
+      if (seqPar && tp == 1)
+        continue;
+      if (!sp.allowsText("sequence_parallel", seqPar ? "true" : "false"))
+        continue;
+      if (seqPar && cons.noSplit.count("sequence"))
+        continue;
+      std::string why;
+      const Profile *prof = profiles((int)tp, seqPar, why);
+      if (!prof) {
+        res.skipped.push_back("tp=" + std::to_string(tp) + (seqPar ? " with sp" : "") + ": " + why);
+        continue;
+      }
+      for (int64_t pp : divisors(N / tp)) {
+        if (!sp.allows("pp", (double)pp) || (pp > 1 && cons.noSplit.count("layers")))
+          continue;
+        if (pp > std::max(1, L) && !(L == 0 && pp <= 2))
+          continue;
+        int64_t dp = N / tp / pp;
+        if (!sp.allows("dp", (double)dp) || (dp > 1 && cons.noSplit.count("batch")))
+          continue;
+        if (B % dp != 0) {
+          if (res.skipped.size() < 64 && cons.fixed.count("dp"))
+            res.skipped.push_back("dp=" + std::to_string(dp) +
+                                  " does not divide the global batch " + std::to_string(B));
+          continue;
+        }
+        const int64_t share = B / dp;
+        for (int64_t mbs : divisors(share)) {
+          int64_t m = share / mbs;
+          if (!sp.allows("micro_batch_size", (double)mbs) ||
+              !sp.allows("num_micro_batches", (double)m))
+            continue;
+          std::vector<std::pair<std::string, int>> scheds;
+          if (pp == 1) {
+            scheds.push_back({"1f1b", 1});
+          } else {
+            scheds.push_back({"1f1b", 1});
+            if (cons.fixed.count("schedule") && cons.fixed.at("schedule") == "gpipe")
+              scheds.push_back({"gpipe", 1});
+            if (m % pp == 0)
+              for (int v = 2; v <= 8 && pp * v <= std::max(1, L); ++v)
+                scheds.push_back({"interleaved", v});
+          }
+          for (auto &[sched, v] : scheds) {
+            if (pp > 1 && !sp.allowsText("schedule", sched))
+              continue;
+            if (!sp.allows("virtual_stages", (double)v))
+              continue;
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (!sp.allows("zero", (double)zero))
+                continue;
+              if (zero > 0 && dp == 1)
+                continue;
+              if (zero >= 2 && (pp > 1 || m > 1))
+                continue; // carve compile: ZeRO-2/3 without pipelines and micro-batches
+              for (const std::string &rc : recomputes) {
+                if (!sp.allowsText("recompute", rc))
+                  continue;
+                if (rc == "selective" && !hasAttention)
+                  continue;
+                Candidate c;
+                c.dp = (int)dp;
+                c.tp = (int)tp;
+                c.pp = (int)pp;
+                c.v = v;
+                c.microBatch = mbs;
+                c.m = m;
+                c.schedule = sched;
+                c.zero = zero;
+                c.recompute = rc;
+                c.sp = seqPar;
+                c.precision = precision;
+                Estimate e = estimate(*prof, base, cl, c, opts);
+                ++res.evaluated;
+                if (e.fits) {
+                  all.push_back(e);
+                  haveBest = true;
+                } else {
+                  double shortBy = e.mem.total() - e.capacity;
+                  if (shortBy < closestShort) {
+                    closestShort = shortBy;
+                    res.closest = e;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  (void)fixedCount;
+  res.anyFits = haveBest;
+  std::sort(all.begin(), all.end(), [](const Estimate &a, const Estimate &b) {
+    if (a.time.total != b.time.total)
+      return a.time.total < b.time.total;
+    return a.mem.total() < b.mem.total();
+  });
+  if (all.empty())
+    return res;
+  // The best, then alternatives: first one per distinct (dp, tp, pp), then the rest.
+  res.ranked.push_back(all[0]);
+  std::set<std::tuple<int, int, int>> shapes = {{all[0].c.dp, all[0].c.tp, all[0].c.pp}};
+  for (size_t i = 1; i < all.size() && (int)res.ranked.size() <= opts.alternatives; ++i)
+    if (shapes.insert({all[i].c.dp, all[i].c.tp, all[i].c.pp}).second)
+      res.ranked.push_back(all[i]);
+  for (size_t i = 1; i < all.size() && (int)res.ranked.size() <= opts.alternatives; ++i) {
+    bool dup = false;
+    for (const Estimate &r : res.ranked)
+      dup |= r.c.key() == all[i].c.key();
+    if (!dup)
+      res.ranked.push_back(all[i]);
+  }
+  std::stable_sort(
+      res.ranked.begin() + 1, res.ranked.end(),
+      [](const Estimate &a, const Estimate &b) { return a.time.total < b.time.total; });
+  for (size_t i = 1; i < res.ranked.size(); ++i)
+    res.lostWhy.push_back(whyLost(res.ranked[i], res.ranked[0]));
+  return res;
+}
+
+} // namespace carve::planner

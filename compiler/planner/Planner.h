@@ -1,0 +1,156 @@
+//===- Planner.h - cost and memory model, constraints, plan search --------===//
+//
+// `carve plan` in a library. A Candidate is one point of the plan space
+// (dp, tp, pp, virtual stages, schedule, micro-batch size and count, ZeRO
+// stage, recomputation, sequence parallelism, precision). `estimate` prices
+// it on a cluster from the model's Profile: per-rank memory (parameters,
+// gradients, optimizer state under ZeRO, activations kept for backward under
+// tp / sequence parallelism / recomputation and the schedule's in-flight
+// micro-batches, communication buffers, workspace) and step time (roofline
+// compute, alpha-beta collectives on the links they cross, the pipeline
+// bubble, gradient all-reduce overlapped with backward, recomputation).
+// `searchPlans` enumerates the space the constraints leave, keeps the plans
+// that fit, and ranks them. docs/planner.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_PLANNER_PLANNER_H
+#define CARVE_COMPILER_PLANNER_PLANNER_H
+
+#include "compiler/planner/Cluster.h"
+#include "compiler/planner/Profile.h"
+
+#include <array>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace carve::planner {
+
+struct Candidate {
+  int dp = 1, tp = 1, pp = 1, v = 1;
+  int64_t microBatch = 1;        // samples per micro-batch
+  int64_t m = 1;                 // micro-batches per step
+  std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved
+  int zero = 0;
+  std::string recompute = "none"; // none, selective, full
+  bool sp = false;
+  std::string precision = "bf16"; // fp32, bf16, fp16
+  std::string key() const;        // "dp=2 tp=4 pp=8 ..." for messages
+};
+
+struct Memory {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0, workspace = 0;
+  double total() const { return params + grads + optimizer + activations + buffers + workspace; }
+};
+
+struct StepTime {
+  double compute = 0;   // forward + backward of the busiest rank, all micro-batches
+  double recompute = 0; // of which recomputation
+  double tpComm = 0;    // tensor-parallel collectives (not overlapped)
+  double p2p = 0;       // pipeline sends and receives
+  double bubble = 0;    // pipeline fill and drain
+  double dpComm = 0;    // gradient reduction (and ZeRO gathers), in full
+  double dpExposed = 0; // of which not hidden behind backward
+  double optimizer = 0;
+  double total = 0;
+};
+
+/// Bytes moved per step per rank, by kind.
+struct Volume {
+  std::array<double, kNumCommKinds> tp{}; // tp collectives by kind
+  double dp = 0;                          // gradient reduction (+ ZeRO gathers)
+  double pp = 0;                          // pipeline sends
+};
+
+struct Estimate {
+  Candidate c;
+  Memory mem;      // the rank with the most memory
+  int memRank = 0; // which pipeline rank that is
+  StepTime time;
+  Volume volume;
+  double bubbleFraction = 0; // bubble / total pipeline time
+  double tokensPerSecond = 0, tflopsPerDevice = 0, mfu = 0;
+  double capacity = 0; // usable bytes per device (after headroom)
+  bool fits = false;
+  std::vector<int> layersPerStage; // per stage (pp * v)
+};
+
+/// Efficiency factors of the time model; a measured table (JSON,
+/// `--calibration`) can replace them.
+struct Calibration {
+  double matmulEfficiency = 0.75;      // fraction of peak FLOP/s a large GEMM reaches
+  double memoryEfficiency = 0.80;      // fraction of peak memory bandwidth
+  double linkEfficiency = 0.85;        // fraction of link bandwidth a collective reaches
+  double kernelOverhead = 4e-6;        // seconds per kernel launch
+  double bucketBytes = 25 * 1048576.0; // gradient bucket size
+};
+bool parseCalibration(const std::string &text, const std::string &what, Calibration &cal,
+                      std::string &error);
+
+/// What the user fixes, bounds, pins or forbids (docs/planner.md).
+struct Constraints {
+  std::map<std::string, std::string> fixed;                // field -> value
+  std::map<std::string, std::pair<double, double>> bounds; // field -> [min, max]
+  std::vector<OpOverride> pins;                            // op-name glob -> dim
+  std::set<std::string> noSplit;                           // batch, sequence, layers, hidden
+  double headroomFraction = 0;                             // of device memory kept free
+  double headroomBytes = 0;
+};
+/// The plan fields a constraint may name.
+const std::vector<std::string> &constraintFields();
+/// `--fixed tp=8,pp=16` (adds to `c`; a field fixed twice differently is an error).
+bool parseFixed(const std::string &text, Constraints &c, std::string &error);
+/// A constraints file: {"fixed": {...}, "bounds": {"tp": {"min": 2, "max": 8}},
+/// "pin": {"GLOB": "DIM" | "replicate"}, "no_split": ["sequence"],
+/// "memory_headroom": 0.1 | "4GiB"}.
+bool parseConstraints(const std::string &text, const std::string &what, Constraints &c,
+                      std::string &error);
+
+struct PlannerOptions {
+  int64_t globalBatch = 0; // samples per step
+  Calibration calibration;
+  Constraints constraints;
+  /// Only what `carve compile --target cpu` carries out today: fp32, no
+  /// recomputation (the planner marks other plans as needing the CUDA target).
+  bool compilableOnly = false;
+  int alternatives = 5;
+};
+
+/// The profiles the search needs, built on demand: (tp, sequence parallel) -> profile.
+using ProfileSource = std::function<const Profile *(int tp, bool sp, std::string &error)>;
+
+struct SearchResult {
+  std::vector<Estimate> ranked;     // feasible plans, fastest first (best + alternatives)
+  std::vector<std::string> lostWhy; // per alternative: why it lost to the best
+  Estimate closest;                 // when nothing fits: the plan that misses by the least
+  bool anyFits = false;
+  bool fullyFixed = false; // the user fixed every field that matters
+  long evaluated = 0;
+  std::vector<std::string> skipped; // "tp=8: heads 12 not divisible by 8" ...
+  std::string contradiction;        // constraints that cannot all hold
+};
+
+/// Prices one candidate.
+Estimate estimate(const Profile &profile, const Profile &base, const Cluster &cluster,
+                  const Candidate &c, const PlannerOptions &opts);
+
+/// Searches the plan space. `base` is the tp = 1 profile (model totals).
+SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, const Cluster &cluster,
+                         const PlannerOptions &opts);
+
+/// The activation bytes of one layer, one micro-batch, under `c` (what the
+/// memory model charges per layer; the tests check it against the published formulas).
+double layerActivationBytes(const Segment &layer, const Candidate &c);
+
+/// Bytes per element of activations / parameters under a precision.
+int activationBytes(const std::string &precision);
+
+/// In-flight micro-batches (chunk activations held) on pipeline rank r.
+int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r);
+
+} // namespace carve::planner
+
+#endif // CARVE_COMPILER_PLANNER_PLANNER_H

@@ -1,0 +1,433 @@
+//===- Profile.cpp - measuring a model's training step by layer -----------===//
+
+#include "compiler/planner/Profile.h"
+
+#include "compiler/autodiff/Autodiff.h"
+#include "compiler/frontend/Builtin.h"
+#include "compiler/partition/Pipeline.h"
+#include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/dist/DistDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <algorithm>
+#include <map>
+
+using namespace mlir;
+
+namespace carve::planner {
+
+const char *commKindName(int kind) {
+  static const char *names[] = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all"};
+  return kind >= 0 && kind < kNumCommKinds ? names[kind] : "?";
+}
+
+namespace {
+
+double elemsOf(Value v) {
+  if (auto t = dyn_cast<RankedTensorType>(v.getType()))
+    return (double)t.getNumElements();
+  return 0;
+}
+
+bool isView(Operation *op) { return isa<ReshapeOp, TransposeOp, SliceOp>(op); }
+
+/// Walks @train_step and fills the profile.
+class Profiler {
+public:
+  Profiler(func::FuncOp fn, Profile &p) : fn(fn), p(p) {}
+  bool run(std::string &error);
+
+private:
+  func::FuncOp fn;
+  Profile &p;
+  // Segment order: 0 embedding, 1..L layers, L+1 head.
+  std::vector<Segment *> segs;
+  llvm::DenseMap<Operation *, int> segOf;
+  std::map<std::string, int> nodeSeg; // forward node -> segment
+  llvm::DenseSet<Value> batch;        // values that depend on the batch
+  std::string prefix;                 // the numbered layers' prefix ("h")
+  int numLayers = 0;
+
+  bool isBackward(Operation *op) const {
+    return StringRef(nodeName(op->getLoc())).starts_with(kBackwardPrefix);
+  }
+  std::string forwardNode(Operation *op) const {
+    std::string n = nodeName(op->getLoc());
+    StringRef s(n);
+    if (s.starts_with(kBackwardPrefix))
+      return s.drop_front(StringRef(kBackwardPrefix).size()).str();
+    return n;
+  }
+};
+
+bool Profiler::run(std::string &error) {
+  Block &body = fn.getBody().front();
+  // The numbered layers: the most common prefix among forward node names.
+  std::map<std::string, std::set<int>> byPrefix;
+  for (Operation &op : body.without_terminator()) {
+    std::string pre;
+    int n;
+    if (layerOfNode(forwardNode(&op), pre, n))
+      byPrefix[pre].insert(n);
+  }
+  for (auto &[pre, nums] : byPrefix)
+    if ((int)nums.size() > numLayers) {
+      prefix = pre;
+      numLayers = (int)nums.size();
+    }
+  std::map<int, int> layerIndex; // layer number -> dense index
+  if (numLayers)
+    for (int n : byPrefix[prefix])
+      layerIndex.emplace(n, (int)layerIndex.size());
+  p.layers.assign(numLayers, Segment{});
+  for (auto &[n, i] : layerIndex)
+    p.layers[i].name = prefix + "." + std::to_string(n);
+  p.embedding.name = numLayers ? "embedding" : "model";
+  p.head.name = "head";
+  segs.push_back(&p.embedding);
+  for (Segment &s : p.layers)
+    segs.push_back(&s);
+  segs.push_back(&p.head);
+  const int headSeg = (int)segs.size() - 1;
+
+  // Batch dependence.
+  for (BlockArgument a : body.getArguments())
+    if (fn.getArgAttr(a.getArgNumber(), kInputAttr))
+      batch.insert(a);
+  for (Operation &op : body.without_terminator())
+    for (Value v : op.getOperands())
+      if (batch.count(v)) {
+        for (Value r : op.getResults())
+          batch.insert(r);
+        break;
+      }
+
+  // Segments: forward ops by layer, then by position; backward ops by the
+  // forward node they differentiate.
+  int current = 0;
+  bool seenLayer = false;
+  for (Operation &op : body.without_terminator()) {
+    Operation *o = &op;
+    std::string node = forwardNode(o);
+    int seg = -1;
+    std::string pre;
+    int n;
+    if (layerOfNode(node, pre, n) && pre == prefix) {
+      seg = 1 + layerIndex[n];
+    } else if (!isBackward(o)) {
+      if (!node.empty())
+        seg = seenLayer ? headSeg : 0;
+    } else {
+      auto it = nodeSeg.find(node);
+      if (it != nodeSeg.end())
+        seg = it->second;
+    }
+    if (seg < 0)
+      seg = current;
+    if (!isBackward(o)) {
+      if (seg >= 1 && seg < headSeg)
+        seenLayer = true;
+      if (!node.empty())
+        nodeSeg[node] = seg;
+    }
+    current = seg;
+    segOf[o] = seg;
+  }
+
+  // Work, collectives, largest op.
+  for (Operation &op : body.without_terminator()) {
+    Operation *o = &op;
+    Segment &s = *segs[segOf[o]];
+    bool bwd = isBackward(o);
+    bool perSample = false;
+    for (Value r : o->getResults())
+      perSample |= batch.count(r) > 0;
+    if (o->getDialect()->getNamespace() == "dist") {
+      double e = 0;
+      int kind = -1;
+      if (isa<dist::AllReduceOp>(o))
+        kind = kAllReduce, e = elemsOf(o->getResult(0));
+      else if (isa<dist::AllGatherOp>(o))
+        kind = kAllGather, e = elemsOf(o->getResult(0));
+      else if (isa<dist::ReduceScatterOp>(o))
+        kind = kReduceScatter, e = elemsOf(o->getOperand(0));
+      else if (isa<dist::AllToAllOp>(o))
+        kind = kAllToAll, e = elemsOf(o->getResult(0));
+      if (kind >= 0 && perSample)
+        (bwd ? s.backwardComm : s.forwardComm).add(kind, e);
+      continue;
+    }
+    if (isa<ReshapeOp>(o) || isa<ConstantOp>(o))
+      continue;
+    OpWork w;
+    w.flops = opFlops(o);
+    for (Value v : o->getOperands())
+      w.elems += elemsOf(v);
+    double out = 0;
+    for (Value r : o->getResults())
+      out += elemsOf(r);
+    w.elems += out;
+    w.matmul = isa<MatmulOp, AttentionOp, AttentionGradOp>(o);
+    w.perSample = perSample;
+    w.attentionCore = isa<AttentionOp>(o);
+    (bwd ? s.backward : s.forward).push_back(w);
+    ++s.ops;
+    if (perSample)
+      s.largestOp = std::max(s.largestOp, out);
+    if (!bwd && isa<AttentionOp>(o)) {
+      auto q = cast<RankedTensorType>(o->getOperand(0).getType());
+      auto k = cast<RankedTensorType>(o->getOperand(1).getType());
+      double scores = (double)q.getNumElements() / (double)q.getShape().back() *
+                      (double)k.getShape()[k.getRank() - 2];
+      s.core += scores;
+      s.coreFlops += w.flops;
+      if (o->hasAttr("carve.dropout")) {
+        s.coreMasks += scores;
+        s.coreDropped += scores;
+      }
+    } else if (!bwd && o->hasAttr("carve.dropout") && perSample) {
+      s.hiddenMasks += out;
+    }
+  }
+
+  // Activations kept for backward: forward values with a backward user,
+  // counted once per storage, in the first part whose backward reads them.
+  std::map<Value *, int> dummy;
+  llvm::DenseMap<Value, int> rootSeg;       // root -> segment charged
+  llvm::DenseMap<Value, bool> rootRegather; // kept sharded, gathered again in backward
+  std::vector<Value> roots;
+  for (Operation &op : body.without_terminator()) {
+    if (isBackward(&op))
+      continue;
+    for (Value v : op.getResults()) {
+      int first = -1;
+      for (Operation *u : v.getUsers())
+        if (isBackward(u) && segOf.count(u)) {
+          int sg = segOf[u];
+          first = first < 0 ? sg : std::min(first, sg);
+        }
+      if (first < 0)
+        continue;
+      Value root = v;
+      while (Operation *d = root.getDefiningOp()) {
+        if (isView(d) && d->getNumOperands() >= 1) {
+          root = d->getOperand(0);
+          continue;
+        }
+        break;
+      }
+      bool regather = false;
+      if (Operation *d = root.getDefiningOp())
+        if (isa<dist::AllGatherOp>(d)) {
+          root = d->getOperand(0);
+          regather = true;
+        }
+      auto it = rootSeg.find(root);
+      if (it == rootSeg.end()) {
+        rootSeg[root] = first;
+        rootRegather[root] = regather;
+        roots.push_back(root);
+      } else {
+        it->second = std::min(it->second, first);
+        rootRegather[root] = rootRegather[root] || regather;
+      }
+    }
+  }
+  for (Value r : roots) {
+    Segment &s = *segs[rootSeg[r]];
+    if (!batch.count(r))
+      continue; // weights seen through a transpose: parameters, not activations
+    s.saved += elemsOf(r);
+    if (rootRegather[r]) {
+      // Gathered again before its backward use (tp all-gather of the shard).
+      Operation *d = nullptr;
+      for (Operation *u : r.getUsers())
+        if (isa<dist::AllGatherOp>(u))
+          d = u;
+      if (d)
+        s.backwardComm.add(kAllGather, elemsOf(d->getResult(0)));
+    }
+  }
+
+  // Inputs from earlier parts and what crosses to later parts.
+  llvm::DenseSet<Value> countedIn, countedOut;
+  for (Operation &op : body.without_terminator()) {
+    if (isBackward(&op))
+      continue;
+    int sg = segOf[&op];
+    for (Value v : op.getOperands()) {
+      if (!batch.count(v))
+        continue;
+      Operation *d = v.getDefiningOp();
+      int from = d ? segOf.lookup(d) : -1;
+      if (d && isBackward(d))
+        continue;
+      if (from == sg)
+        continue;
+      if (countedIn.insert(v).second && !(d == nullptr && false))
+        segs[sg]->input += d ? elemsOf(v) : 0;
+      if (from >= 0 && countedOut.insert(v).second)
+        segs[from]->boundary += elemsOf(v);
+    }
+  }
+
+  // Parameters: local elements, in every part that uses them.
+  for (BlockArgument a : body.getArguments()) {
+    unsigned i = a.getArgNumber();
+    if (!fn.getArgAttr(i, kParamAttr))
+      continue;
+    bool trainable = fn.getArgAttr(i, kTrainableAttr) != nullptr;
+    std::set<int> users;
+    for (Operation *u : a.getUsers())
+      if (!isBackward(u) && segOf.count(u))
+        users.insert(segOf[u]);
+    double e = elemsOf(a);
+    for (int sg : users)
+      (trainable ? segs[sg]->params : segs[sg]->buffers) += e;
+    if (trainable && users.size() > 1)
+      p.sharedParams += e * (double)(users.size() - 1);
+  }
+  (void)error;
+  return true;
+}
+
+} // namespace
+
+bool loadProfileModel(MLIRContext &context, const ProfileRequest &req, ProfileModel &model,
+                      std::string &error) {
+  context.getOrLoadDialect<dist::DistDialect>();
+  context.getOrLoadDialect<func::FuncDialect>();
+  ImportOptions opts = req.import;
+  std::string modelName = req.model;
+  if (isBuiltinModel(req.model)) {
+    BuiltinSpec spec;
+    if (!parseBuiltinSpec(req.model, spec, error))
+      return false;
+    model.builtinLayers = (int)spec.get("layers");
+    model.modelBatch = spec.values.count("batch") ? spec.get("batch") : 1;
+    spec.values["layers"] = std::min<double>(spec.values["layers"], 3);
+    opts.batch = 1;
+    model.module = buildBuiltinModel(context, spec, opts, error);
+    if (!model.module)
+      return false;
+  } else {
+    // The model's own batch, then the model at one sample.
+    auto global = importOnnxFile(context, req.model, opts, error);
+    if (!global)
+      return false;
+    auto fwd = global->lookupSymbol<func::FuncOp>("forward");
+    model.modelBatch = -1;
+    for (unsigned i = 0; i < fwd.getNumArguments(); ++i)
+      if (fwd.getArgAttr(i, kInputAttr)) {
+        auto t = cast<RankedTensorType>(fwd.getArgument(i).getType());
+        if (t.getRank() >= 1) {
+          model.modelBatch = t.getDimSize(0);
+          break;
+        }
+      }
+    if (model.modelBatch < 1) {
+      error = req.model + ": no graph input has a leading batch dimension";
+      return false;
+    }
+    opts.batch = 1;
+    opts.globalBatch = model.modelBatch;
+    model.module = importOnnxFile(context, req.model, opts, error);
+    if (!model.module) {
+      error = req.model + ": importing one sample of the batch failed: " + error +
+              " (the model may hard-code its batch size in a reshape; export it with a dynamic "
+              "batch)";
+      return false;
+    }
+  }
+  auto fwd = model.module->lookupSymbol<func::FuncOp>("forward");
+  for (unsigned i = 0; i < fwd.getNumArguments(); ++i)
+    if (fwd.getArgAttr(i, kInputAttr)) {
+      auto t = cast<RankedTensorType>(fwd.getArgument(i).getType());
+      if (t.getRank() >= 2) {
+        model.seq = t.getDimSize(1);
+        break;
+      }
+    }
+  AutodiffOptions ad;
+  ad.loss = req.loss;
+  std::string why;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &d) {
+    if (why.empty())
+      why = d.str();
+    return success();
+  });
+  if (!buildTrainingStep(*model.module, ad, error)) {
+    error = modelName + ": " + error + (why.empty() ? "" : ": " + why);
+    return false;
+  }
+  return true;
+}
+
+bool buildProfile(const ProfileModel &model, const ProfileRequest &req, Profile &profile,
+                  std::string &error) {
+  ModuleOp src = const_cast<ProfileModel &>(model).module.get();
+  OwningOpRef<ModuleOp> local(cast<ModuleOp>(src->clone()));
+  profile = Profile{};
+  profile.tp = req.tp;
+  profile.sequenceParallel = req.sequenceParallel;
+  profile.modelBatch = model.modelBatch;
+  profile.seq = model.seq;
+  if (req.tp > 1) {
+    PartitionOptions po;
+    po.tp = req.tp;
+    po.sequenceParallel = req.sequenceParallel;
+    po.overrides = req.pins;
+    po.annotations = req.annotations;
+    PartitionReport report;
+    if (!partitionTrainStep(*local, po, report, error))
+      return false;
+  } else if (!req.pins.empty()) {
+    // Pins choose splits over tp; with tp = 1 they are checked for matches only.
+  }
+  auto fn = local->lookupSymbol<func::FuncOp>("train_step");
+  if (!fn) {
+    error = req.model + ": the training step was not built";
+    return false;
+  }
+  Profiler prof(fn, profile);
+  if (!prof.run(error))
+    return false;
+  // A builtin model was built with at most three layers: its first, a middle
+  // one standing for all the others, and its last.
+  if (model.builtinLayers > (int)profile.layers.size() && profile.layers.size() == 3) {
+    std::vector<Segment> all;
+    all.reserve(model.builtinLayers);
+    std::string pre = profile.layers[0].name.substr(0, profile.layers[0].name.rfind('.'));
+    for (int i = 0; i < model.builtinLayers; ++i) {
+      Segment s = i == 0                         ? profile.layers[0]
+                  : i == model.builtinLayers - 1 ? profile.layers[2]
+                                                 : profile.layers[1];
+      s.name = pre + "." + std::to_string(i);
+      all.push_back(std::move(s));
+    }
+    profile.layers = std::move(all);
+  }
+  // Whole-model totals (as if tp = 1): parameters and FLOPs.
+  auto sum = [&](const Segment &s) {
+    double f = 0;
+    for (const OpWork &w : s.forward)
+      f += w.perSample ? w.flops : 0;
+    for (const OpWork &w : s.backward)
+      f += w.perSample ? w.flops : 0;
+    profile.modelFlops += f * req.tp;
+    profile.totalParams += s.params;
+  };
+  sum(profile.embedding);
+  for (const Segment &s : profile.layers)
+    sum(s);
+  sum(profile.head);
+  profile.totalParams -= profile.sharedParams;
+  return true;
+}
+
+} // namespace carve::planner

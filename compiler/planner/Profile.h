@@ -1,0 +1,142 @@
+//===- Profile.h - what one micro-batch of a model costs, by layer --------===//
+//
+// The planner's view of a model. buildProfile imports the model (ONNX or
+// builtin) with a batch of one sample, builds the training step (autodiff),
+// partitions it over a tp axis of size t (with or without sequence
+// parallelism, with the user's pinned ops) exactly as `carve compile` would,
+// and reads off, per part of the model (the embedding, each numbered layer,
+// the head and loss):
+//
+//   - every op's FLOPs and the elements it reads and writes, forward and
+//     backward, per rank (local shapes);
+//   - the tensor-parallel collectives, by kind and size;
+//   - the activations kept for backward: forward values that a backward op
+//     reads, counted once per storage (a reshape, transpose or slice is a view
+//     of its input; a value all-gathered over tp is kept sharded and gathered
+//     again in backward, as Megatron-LM does), plus the attention core's
+//     probabilities that an unfused implementation keeps (and, when the graph
+//     carries `carve.dropout`, the dropout masks and dropped probabilities);
+//   - the layer's input (what full recomputation keeps) and the tensors that
+//     cross to the next part (what a pipeline stage boundary sends);
+//   - the parameters each part holds.
+//
+// Everything that depends on the batch is per sample; the planner scales it
+// by the micro-batch size. Sizes are element counts: the plan's precision
+// decides the bytes. docs/planner.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_PLANNER_PROFILE_H
+#define CARVE_COMPILER_PLANNER_PROFILE_H
+
+#include "compiler/frontend/OnnxImporter.h"
+#include "compiler/partition/Partitioner.h"
+
+#include "mlir/IR/MLIRContext.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace carve::planner {
+
+enum CommKind { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll, kNumCommKinds };
+const char *commKindName(int kind);
+
+/// One op's work, per rank.
+struct OpWork {
+  double flops = 0;           // opFlops
+  double elems = 0;           // elements read and written
+  bool matmul = false;        // matmul / attention (compute-bound); else memory-bound
+  bool perSample = false;     // depends on the batch (scales with the micro-batch)
+  bool attentionCore = false; // carve.attention: what selective recompute redoes
+};
+
+/// Collectives over tp, per sample: elements of the full tensor and calls.
+struct CommWork {
+  std::array<double, kNumCommKinds> elems{};
+  std::array<int, kNumCommKinds> calls{};
+  void add(int kind, double e) {
+    elems[kind] += e;
+    calls[kind] += 1;
+  }
+};
+
+struct Segment {
+  std::string name; // "embedding", "h.3", "head"
+  std::vector<OpWork> forward, backward;
+  CommWork forwardComm, backwardComm;
+  /// Activations kept for backward, per sample (elements of the activation dtype).
+  double saved = 0;
+  /// Of which batch-independent (not scaled by the micro-batch).
+  double savedFixed = 0;
+  /// Attention probabilities kept by an unfused attention core (per sample).
+  double core = 0;
+  /// With dropout: 1-byte masks of hidden dropout, of attention dropout, and
+  /// the dropped probabilities (activation dtype).
+  double hiddenMasks = 0, coreMasks = 0, coreDropped = 0;
+  /// The inputs its forward part reads from earlier parts (full recompute keeps these).
+  double input = 0;
+  /// What it sends to later parts per sample (a pipeline boundary after it).
+  double boundary = 0;
+  /// The largest single op's result (transient working memory), per sample.
+  double largestOp = 0;
+  /// Forward FLOPs of its attention cores (selective recompute redoes them), per sample.
+  double coreFlops = 0;
+  /// Trainable parameters it holds (local elements), and buffers.
+  double params = 0, buffers = 0;
+  int ops = 0;
+};
+
+struct Profile {
+  int tp = 1;
+  bool sequenceParallel = false;
+  Segment embedding, head;
+  std::vector<Segment> layers; // in model order, one per numbered layer
+  /// Trainable parameters used by more than one part (GPT's tied embedding):
+  /// local elements, counted in each part that uses it.
+  double sharedParams = 0;
+  /// Whole-model totals at tp = 1 and one sample: parameters and training FLOPs.
+  double totalParams = 0;
+  double modelFlops = 0;  // forward + backward, one sample, whole model
+  int64_t modelBatch = 1; // the batch the model was written with
+  int64_t seq = 0;        // the second dimension of the first input (tokens per sample)
+  std::string pinsUsed;   // for messages
+};
+
+struct ProfileRequest {
+  std::string model;    // ONNX path or builtin spec
+  ImportOptions import; // --set-dim, --frozen, rules' custom ops
+  std::string loss;
+  int tp = 1;
+  bool sequenceParallel = false;
+  std::vector<OpOverride> pins; // plan "ops" entries
+  std::vector<AnnotationOverride> annotations;
+};
+
+/// The model at one sample with its training step built, ready to be
+/// profiled under any tp (buildProfile works on a copy).
+struct ProfileModel {
+  mlir::OwningOpRef<mlir::ModuleOp> module;
+  int64_t modelBatch = 1;
+  int64_t seq = 0;
+  /// A builtin model is profiled with at most three layers (all its layers
+  /// are alike): its real layer count; 0 for an ONNX model.
+  int builtinLayers = 0;
+};
+
+/// Imports (or builds) the model with one sample and runs autodiff. On
+/// failure returns false with one line in `error` naming the model.
+bool loadProfileModel(mlir::MLIRContext &context, const ProfileRequest &req, ProfileModel &model,
+                      std::string &error);
+
+/// Partitions a copy of `model` over `req.tp` and measures it. On failure
+/// (tp does not divide what it must, a pin matches nothing) returns false
+/// with one line in `error`.
+bool buildProfile(const ProfileModel &model, const ProfileRequest &req, Profile &profile,
+                  std::string &error);
+
+} // namespace carve::planner
+
+#endif // CARVE_COMPILER_PLANNER_PROFILE_H
