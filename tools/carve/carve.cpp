@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/frontend/Builtin.h"
 #include "compiler/frontend/OnnxImporter.h"
 #include "compiler/rules/Rules.h"
 #include "tools/carve/Compile.h"
@@ -171,7 +172,7 @@ int runImport() {
     opts.customOps = rules.customOps;
   }
   mlir::MLIRContext context;
-  auto module = carve::importOnnxFile(context, importInput, opts, error);
+  auto module = carve::loadModel(context, importInput, opts, error);
   if (!module)
     die(importInput + ": " + error);
   if (!carve::prepareCustomOps(*module, rules, error))
