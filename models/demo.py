@@ -117,6 +117,21 @@ def main():
     print(f"the partitioned program (collectives, local shapes): {show(w('gpt-dp2tp2.mlir'))}")
     print(f"the pipeline's schedule: {show(w('gpt-dp2pp2', 'src', 'program0.cpp'))} (stage 0), "
           f"{show(w('gpt-dp2pp2.svg'))} (timeline)")
+
+    # The planner: a plan for a model far larger than this machine, in a fraction of a second.
+    print()
+    plan = [carve, "plan", "builtin:gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200",
+            "--cluster", "a100-80gb:128x8", "--global-batch", "1536", "-o", w("gpt3.plan.json")]
+    print("$ " + " ".join(show(a) for a in plan))
+    p = subprocess.run(plan, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if p.returncode != 0:
+        sys.exit("demo: error: carve plan failed:\n" + p.stderr.strip())
+    lines = p.stdout.splitlines()
+    keep = [ln for ln in lines if ln.startswith(("carve plan:", "  searched", "Plan:",
+                                                  "  step time", "  throughput", "  per device",
+                                                  "  total"))]
+    print("\n".join(keep))
+    print(f"the whole report: carve plan ... (docs/planner.md); the plan: {show(w('gpt3.plan.json'))}")
     return 0
 
 

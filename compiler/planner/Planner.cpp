@@ -734,11 +734,20 @@ std::string whyLost(const Estimate &e, const Estimate &best) {
   for (const Part &p : parts)
     if (p.a - p.b > worst->a - worst->b)
       worst = &p;
-  std::ostringstream os;
-  os.precision(3);
-  os << "+" << (e.time.total / best.time.total - 1) * 100 << "% step time: more " << worst->name
-     << " (" << worst->a << " s vs " << worst->b << " s)";
-  return os.str();
+  auto fmt = [](double t) {
+    char s[32];
+    if (t >= 1)
+      snprintf(s, sizeof s, "%.2f s", t);
+    else if (t >= 1e-3)
+      snprintf(s, sizeof s, "%.2f ms", t * 1e3);
+    else
+      snprintf(s, sizeof s, "%.1f us", t * 1e6);
+    return std::string(s);
+  };
+  char pct[32];
+  snprintf(pct, sizeof pct, "+%.1f%%", (e.time.total / best.time.total - 1) * 100);
+  return std::string(pct) + " step time: more " + worst->name + " (" + fmt(worst->a) + " vs " +
+         fmt(worst->b) + ")";
 }
 
 } // namespace

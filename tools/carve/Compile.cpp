@@ -12,6 +12,7 @@
 
 #include "carve/rt/safetensors.h"
 #include "compiler/autodiff/Autodiff.h"
+#include "compiler/frontend/Builtin.h"
 #include "compiler/partition/Partitioner.h"
 #include "compiler/partition/Pipeline.h"
 #include "compiler/pipeline/Schedule.h"
@@ -194,7 +195,11 @@ int runCompile(CompileArgs &args) {
   // The plan.
   Plan plan;
   std::string error;
-  if (!args.planPath.empty()) {
+  if (!args.planText.empty()) {
+    // --auto: the planner's choice.
+    if (!parsePlan(args.planText, args.planPath, plan, error))
+      die(error);
+  } else if (!args.planPath.empty()) {
     std::string text = readFileOrDie(args.planPath, "a plan (JSON)");
     if (!parsePlan(text, args.planPath, plan, error))
       die(error);
@@ -271,7 +276,7 @@ int runCompile(CompileArgs &args) {
   std::vector<ImportOptions::InitialValue> initial;
   ImportOptions globalOpts = args.import;
   globalOpts.initialValues = &initial;
-  auto global = importOnnxFile(context, args.model, globalOpts, error);
+  auto global = loadModel(context, args.model, globalOpts, error);
   if (!global)
     die(args.model + ": " + error);
   auto fwd = global->lookupSymbol<mlir::func::FuncOp>("forward");
@@ -350,7 +355,7 @@ int runCompile(CompileArgs &args) {
     ImportOptions localOpts = args.import;
     localOpts.batch = micro;
     localOpts.globalBatch = batch;
-    local = importOnnxFile(context, args.model, localOpts, error);
+    local = loadModel(context, args.model, localOpts, error);
     if (!local)
       die(args.model + ": importing one " + std::string(m > 1 ? "micro-batch" : "rank's share") +
           " of the batch (" + std::to_string(micro) + " of " + std::to_string(batch) +

@@ -14,12 +14,13 @@ namespace carve {
 struct CompileArgs {
   std::string model;
   std::string planPath; // empty: {"dp": 1}
+  std::string planText; // --auto: the planner's plan (planPath names it in errors)
   std::string target = "cpu";
   std::string output;
   std::string loss;
-  std::string emitMlir; // write the training step's IR here
+  std::string emitMlir;                  // write the training step's IR here
   std::string timelineJson, timelineSvg; // the planned pipeline schedule
-  std::string rulesPath; // --rules: custom ops and annotation overrides
+  std::string rulesPath;                 // --rules: custom ops and annotation overrides
   ImportOptions import;
   OptimizerConfig optimizer;
   /// Which optimizer fields the command line set (they win over the plan).

@@ -10,6 +10,7 @@
 #include "compiler/frontend/OnnxImporter.h"
 #include "compiler/rules/Rules.h"
 #include "tools/carve/Compile.h"
+#include "tools/carve/PlanCmd.h"
 #include "tools/carve/Summary.h"
 
 #include "mlir/IR/AsmState.h"
@@ -36,10 +37,14 @@ cl::opt<std::string> importOutput("o", cl::desc("Write the IR to FILE (default: 
 cl::SubCommand compileCmd("compile",
                           "Compile an ONNX model into a training executable (OUT/bin/train)");
 cl::SubCommand runCmd("run", "Launch a compiled training program on N ranks (mpirun)");
+cl::SubCommand planCmd("plan", "Search a parallelization plan for a model on a cluster and "
+                               "explain it (docs/planner.md)");
 
-cl::list<std::string> setDims(
-    "set-dim", cl::desc("Bind a symbolic dimension (from dynamic_axes) to a size; repeatable"),
-    cl::value_desc("NAME=VALUE"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
+cl::list<std::string>
+    setDims("set-dim",
+            cl::desc("Bind a symbolic dimension (from dynamic_axes) to a size; repeatable"),
+            cl::value_desc("NAME=VALUE"), cl::sub(importCmd), cl::sub(compileCmd), cl::sub(planCmd),
+            cl::cat(carveCat));
 cl::opt<std::string>
     rulesFile("rules",
               cl::desc("Rules file (JSON): custom ops (annotation, output shapes, C++ kernels) and "
@@ -49,7 +54,8 @@ cl::opt<std::string>
 cl::list<std::string>
     frozen("frozen",
            cl::desc("Do not train parameters whose names match GLOB (e.g. 'wte.*'); repeatable"),
-           cl::value_desc("GLOB"), cl::sub(importCmd), cl::sub(compileCmd), cl::cat(carveCat));
+           cl::value_desc("GLOB"), cl::sub(importCmd), cl::sub(compileCmd), cl::sub(planCmd),
+           cl::cat(carveCat));
 
 // carve compile
 cl::opt<std::string> compileInput(cl::Positional, cl::Required, cl::desc("MODEL.onnx"),
@@ -62,7 +68,8 @@ cl::opt<std::string> planFile("plan", cl::desc("Plan file (JSON), e.g. {\"dp\": 
 cl::opt<std::string> target("target", cl::desc("Target: cpu"), cl::init("cpu"), cl::sub(compileCmd),
                             cl::cat(carveCat));
 cl::opt<std::string> lossName("loss", cl::desc("The output that is the loss"),
-                              cl::value_desc("NAME"), cl::sub(compileCmd), cl::cat(carveCat));
+                              cl::value_desc("NAME"), cl::sub(compileCmd), cl::sub(planCmd),
+                              cl::cat(carveCat));
 cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training step's IR"),
                               cl::value_desc("FILE"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> timelineJson(
@@ -106,6 +113,37 @@ cl::opt<int64_t> decaySteps("decay-steps",
 cl::opt<double> minLrRatio("min-lr-ratio",
                            cl::desc("Final learning rate of the cosine decay, as a ratio"),
                            cl::init(0), cl::sub(compileCmd), cl::cat(carveCat));
+
+// carve plan (and compile --auto)
+cl::opt<std::string> planInput(cl::Positional, cl::Required,
+                               cl::desc("MODEL.onnx or builtin:gpt:layers=..,hidden=..,..."),
+                               cl::sub(planCmd), cl::cat(carveCat));
+cl::opt<std::string> clusterSpec(
+    "cluster",
+    cl::desc("The cluster: PRESET[:NODESxDEVICES] (a100-40gb, a100-80gb, h100-80gb, h200-141gb, "
+             "v100-32gb, cpu) or a JSON file; docs/cluster.md"),
+    cl::value_desc("C"), cl::sub(planCmd), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<int64_t> globalBatch("global-batch",
+                             cl::desc("Samples per step (default: the model's batch)"),
+                             cl::value_desc("B"), cl::init(0), cl::sub(planCmd), cl::cat(carveCat));
+cl::opt<std::string> constraintsFile("constraints",
+                                     cl::desc("Constraints (JSON): fixed fields, bounds, pinned "
+                                              "ops, dimensions not to split, memory headroom"),
+                                     cl::value_desc("FILE"), cl::sub(planCmd), cl::sub(compileCmd),
+                                     cl::cat(carveCat));
+cl::list<std::string> fixedFields("fixed",
+                                  cl::desc("Fix plan fields, e.g. --fixed tp=8,pp=16 (repeatable)"),
+                                  cl::value_desc("FIELD=VALUE,..."), cl::sub(planCmd),
+                                  cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> calibrationFile(
+    "calibration", cl::desc("Measured efficiency factors for the time model (JSON)"),
+    cl::value_desc("FILE"), cl::sub(planCmd), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> planOutput("o", cl::desc("Write the best plan (with its predictions) here"),
+                                cl::value_desc("PLAN.json"), cl::sub(planCmd), cl::cat(carveCat));
+cl::opt<bool> planJson("json", cl::desc("Print the report as JSON"), cl::sub(planCmd),
+                       cl::cat(carveCat));
+cl::opt<bool> autoPlanFlag("auto", cl::desc("Plan (for --cluster) and compile with the best plan"),
+                           cl::sub(compileCmd), cl::cat(carveCat));
 
 // carve run
 cl::opt<std::string> runOut(cl::Positional, cl::Required, cl::desc("OUT"), cl::sub(runCmd),
@@ -236,6 +274,29 @@ int runCompileCommand() {
   note(warmupSteps, "warmup-steps");
   note(decaySteps, "decay-steps");
   note(minLrRatio, "min-lr-ratio");
+  if (autoPlanFlag) {
+    if (!planFile.empty())
+      die("--auto chooses the plan; do not also give --plan");
+    if (clusterSpec.empty())
+      die("--auto needs --cluster (e.g. --cluster cpu:1x4 for four ranks on this machine)");
+    carve::PlanArgs pa;
+    pa.model = compileInput;
+    pa.cluster = clusterSpec;
+    pa.constraintsPath = constraintsFile;
+    pa.fixed.assign(fixedFields.begin(), fixedFields.end());
+    pa.calibrationPath = calibrationFile;
+    pa.loss = lossName;
+    pa.import = args.import;
+    pa.compilableOnly = true;
+    std::string summary;
+    args.planText = carve::autoPlan(pa, summary);
+    args.planPath = "--auto plan";
+    if (!compileQuiet)
+      outs() << "carve: --auto chose " << summary << "\n";
+  } else if (!clusterSpec.empty() || !constraintsFile.empty() || !fixedFields.empty() ||
+             !calibrationFile.empty()) {
+    die("--cluster, --constraints, --fixed and --calibration apply with --auto");
+  }
   return carve::runCompile(args);
 }
 
@@ -246,6 +307,7 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(carveCat, importCmd);
   cl::HideUnrelatedOptions(carveCat, compileCmd);
   cl::HideUnrelatedOptions(carveCat, runCmd);
+  cl::HideUnrelatedOptions(carveCat, planCmd);
   cl::HideUnrelatedOptions(carveCat);
   cl::SetVersionPrinter([](raw_ostream &os) { os << "carve 0.1 (MLIR 22)\n"; });
   cl::ParseCommandLineOptions(
@@ -255,12 +317,35 @@ int main(int argc, char **argv) {
       "  carve import MODEL.onnx [--set-dim NAME=N] [--frozen GLOB] [--summary] [-o OUT]\n"
       "  carve compile MODEL.onnx [--plan PLAN.json] [--rules RULES.json] [--optimizer adamw|sgd "
       "--lr X ...] -o OUT\n"
+      "  carve compile MODEL.onnx --auto --cluster cpu:1x4 -o OUT\n"
+      "  carve plan MODEL --cluster a100-80gb:16x8 [--global-batch B] [--fixed tp=8] "
+      "[--constraints FILE] [-o PLAN.json] [--json]\n"
       "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n\n"
       "Run `carve SUBCOMMAND --help` for the flags of one subcommand.\n");
   if (importCmd)
     return runImport();
   if (compileCmd)
     return runCompileCommand();
+  if (planCmd) {
+    carve::PlanArgs pa;
+    pa.model = planInput;
+    pa.cluster = clusterSpec;
+    pa.globalBatch = globalBatch;
+    pa.constraintsPath = constraintsFile;
+    pa.fixed.assign(fixedFields.begin(), fixedFields.end());
+    pa.calibrationPath = calibrationFile;
+    pa.output = planOutput;
+    pa.json = planJson;
+    pa.loss = lossName;
+    std::string error;
+    for (const std::string &d : setDims)
+      if (!carve::parseSetDim(d, pa.import, error))
+        die(planInput + ": " + error);
+    pa.import.frozen.assign(frozen.begin(), frozen.end());
+    if (globalBatch.getNumOccurrences() && globalBatch < 1)
+      die("--global-batch must be a positive number of samples");
+    return carve::runPlan(pa);
+  }
   if (runCmd)
     return carve::runRun(runOut, runRanks,
                          std::vector<std::string>(runTrainArgs.begin(), runTrainArgs.end()));

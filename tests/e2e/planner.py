@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""`carve plan` and `carve compile --auto` from the command line.
+
+What must hold (the planner issue's acceptance criteria, end to end):
+
+1. A builtin GPT on a GPU preset gets a report (plan, step time, tokens/s,
+   TFLOP/s and MFU, the memory bar chart, communication by kind, the bubble,
+   alternatives with why each lost), `-o PLAN.json` in the schema `carve
+   compile` reads with `predicted` (step_time_s, tflops_per_device,
+   memory_per_device with params, grads, optimizer, activations, total), and
+   `--json` the same as JSON. dp * tp * pp is the device count.
+2. Constraints: `--fixed` fields never change, bounds hold, a pinned op's
+   split lands in the plan's "ops", memory headroom lowers the usable memory.
+3. Infeasible requests explain themselves (exit 1): a model too large for the
+   cluster names its shortfall and a cluster it would fit; a fully fixed plan
+   still gets its predictions, marked as not fitting; contradicting
+   constraints; a device count no plan can use; unknown presets.
+4. `carve compile MODEL --auto --cluster cpu:1x4` plans and compiles; the
+   program trains and its losses equal the 1-rank program's within
+   parallel.py's LOSS_RTOL. A PLAN.json written by `carve plan` for the same
+   model compiles with `--plan`.
+
+A run that cannot happen (a crash, a missing file) is a failure, never a skip.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import data_gen  # noqa: E402
+from parallel import LOSS_RTOL, OPTIMIZER, STEPS, Failure, read_losses, run_cmd  # noqa: E402
+
+GPT = "builtin:gpt:layers=24,hidden=2048,heads=16,seq=2048,vocab=51200"
+ONE_T = "builtin:gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200"
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect_fail(carve, args, *needles):
+    rc, out, err = run([carve] + args)
+    if rc == 0:
+        raise Failure("`carve %s` succeeded; expected a failure" % " ".join(args))
+    if rc < 0 or "Stack dump" in err or "PLEASE submit" in err:
+        raise Failure("`carve %s` crashed (rc %d):\n%s" % (" ".join(args), rc, err[-2000:]))
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    for n in needles:
+        if n not in last:
+            raise Failure("`carve %s`: error line lacks %r:\n%s" % (" ".join(args), n, last))
+    return out, err
+
+
+def check_predicted(pred, where):
+    for k in ("step_time_s", "tflops_per_device", "tokens_per_s", "mfu"):
+        if not isinstance(pred.get(k), (int, float)) or pred[k] <= 0:
+            raise Failure("%s: predicted.%s missing or not positive: %r" % (where, k, pred.get(k)))
+    mem = pred["memory_per_device"]
+    parts = ("params", "grads", "optimizer", "activations", "buffers", "workspace")
+    for k in parts + ("total",):
+        if not isinstance(mem.get(k), (int, float)) or mem[k] < 0:
+            raise Failure("%s: memory_per_device.%s missing: %r" % (where, k, mem))
+    if abs(sum(mem[k] for k in parts) - mem["total"]) > 1e-6 * mem["total"]:
+        raise Failure("%s: memory parts do not add up to the total: %r" % (where, mem))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--carve", required=True)
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    carve = args.carve
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    os.makedirs(args.workdir)
+    w = lambda name: os.path.join(args.workdir, name)  # noqa: E731
+    checks = 0
+
+    # 1. The report, PLAN.json and --json.
+    plan_path = w("gpt.plan.json")
+    rc, out, err = run([carve, "plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch", "256",
+                        "-o", plan_path])
+    if rc != 0:
+        raise Failure("carve plan failed:\n" + err)
+    for needle in ("Plan: dp=", "step time", "tokens/s", "TFLOP/s, MFU", "Memory per device",
+                   "parameters", "gradients", "optimizer", "activations", "free",
+                   "Communication per device per step", "Alternatives", "step time: more"):
+        if needle not in out:
+            raise Failure("the report lacks %r:\n%s" % (needle, out))
+    with open(plan_path) as f:
+        plan = json.load(f)
+    if plan["dp"] * plan["tp"] * plan["pp"] != 32:
+        raise Failure("dp*tp*pp != 32 devices: %r" % plan)
+    check_predicted(plan["predicted"], plan_path)
+    rc, out, err = run([carve, "plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch", "256",
+                        "--json"])
+    rep = json.loads(out)
+    check_predicted(rep["predicted"], "--json")
+    if rep["plan"] != {k: v for k, v in plan.items() if k not in ("predicted", "planner")}:
+        raise Failure("--json plan %r differs from PLAN.json %r" % (rep["plan"], plan))
+    if not 1 <= len(rep["alternatives"]) <= 5:
+        raise Failure("expected 1..5 alternatives, got %d" % len(rep["alternatives"]))
+    for alt in rep["alternatives"]:
+        check_predicted(alt["predicted"], "alternative")
+        if alt["predicted"]["step_time_s"] < rep["predicted"]["step_time_s"]:
+            raise Failure("an alternative is faster than the chosen plan: %r" % alt["plan"])
+        if "step time: more" not in alt["why_not"]:
+            raise Failure("alternative without a reason: %r" % alt)
+    checks += 1
+    print("ok: report, PLAN.json, --json (%s)" % " ".join(
+        "%s=%s" % (k, v) for k, v in plan.items() if k not in ("predicted", "planner")))
+
+    # 2. Constraints.
+    for fixed in ("tp=8,pp=2", "tp=2,zero=1", "pp=4,schedule=1f1b", "recompute=full"):
+        rc, out, err = run([carve, "plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch",
+                            "256", "--fixed", fixed, "--json"])
+        if rc != 0:
+            raise Failure("--fixed %s failed:\n%s" % (fixed, err))
+        rep = json.loads(out)
+        for entry in [rep] + rep["alternatives"]:
+            p = entry["plan"]
+            for kv in fixed.split(","):
+                k, v = kv.split("=")
+                got = str(p.get(k, {"zero": 0, "recompute": "none", "schedule": "1f1b"}.get(k, 1)))
+                if got != v:
+                    raise Failure("--fixed %s: a plan has %s=%s: %r" % (fixed, k, got, p))
+        checks += 1
+    cons = w("constraints.json")
+    with open(cons, "w") as f:
+        json.dump({"bounds": {"tp": {"max": 4}, "pp": {"min": 2}},
+                   "pin": {"/h.*/mlp/c_fc/MatMul": "replicate"},
+                   "no_split": ["sequence"], "memory_headroom": 0.25}, f)
+    rc, out, err = run([carve, "plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch", "256",
+                        "--constraints", cons, "--json"])
+    if rc != 0:
+        raise Failure("--constraints failed:\n" + err)
+    rep = json.loads(out)
+    for entry in [rep] + rep["alternatives"]:
+        p = entry["plan"]
+        if p["tp"] > 4 or p["pp"] < 2 or p.get("sequence_parallel"):
+            raise Failure("constraints broken: %r" % p)
+        cap = entry["predicted"]["memory_per_device"]["capacity"]
+        if abs(cap - 0.75 * 80e9) > 1:
+            raise Failure("memory_headroom 0.25 should leave 60 GB usable, got %r" % cap)
+        if p["tp"] > 1 and p.get("ops") != {"/h.*/mlp/c_fc/MatMul": "replicate"}:
+            raise Failure("the pinned op is not in the plan's ops: %r" % p)
+    checks += 1
+    print("ok: --fixed, bounds, pins, no_split, memory_headroom")
+
+    # 3. Infeasible and bad input.
+    _, err = expect_fail(carve, ["plan", ONE_T, "--cluster", "a100-80gb:1x8", "--global-batch",
+                                 "64"], "no plan fits", "short by", "would fit on")
+    out, err = expect_fail(carve, ["plan", ONE_T, "--cluster", "a100-80gb:1x8", "--global-batch",
+                                   "64", "--fixed", "dp=1,tp=8,pp=1"], "fixed plan needs",
+                           "short by")
+    if "DOES NOT FIT" not in err or "Memory per device" not in err:
+        raise Failure("a fixed plan that does not fit still gets its memory report:\n" + err)
+    rc, out, err = run([carve, "plan", ONE_T, "--cluster", "a100-80gb:1x8", "--global-batch",
+                        "64", "--fixed", "dp=1,tp=8,pp=1", "--json"])
+    rep = json.loads(out)
+    if rc == 0 or rep["fits"] or rep["closest"]["predicted"]["fits"]:
+        raise Failure("--json of a fixed plan that does not fit: rc %d, %r" % (rc, rep.get("fits")))
+    check_predicted(rep["closest"]["predicted"], "fixed plan")
+    expect_fail(carve, ["plan", GPT, "--cluster", "b200:4x8"], "unknown", "a100-80gb")
+    expect_fail(carve, ["plan", GPT, "--cluster", "a100-80gb:0x8"], "a100-80gb:0x8")
+    expect_fail(carve, ["plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch", "256",
+                        "--fixed", "tp=8", "--fixed", "tp=4"], "fixed twice")
+    with open(w("contra.json"), "w") as f:
+        json.dump({"fixed": {"tp": 8}, "bounds": {"tp": {"max": 4}}}, f)
+    expect_fail(carve, ["plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch", "256",
+                        "--constraints", w("contra.json")], "contradict", "tp")
+    expect_fail(carve, ["plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch", "256",
+                        "--fixed", "dp=2,tp=2,pp=2"], "contradict", "32 devices")
+    expect_fail(carve, ["plan", "builtin:gpt:layers=4,hidden=64,heads=4,seq=16,vocab=64",
+                        "--cluster", "cpu:1x7", "--global-batch", "16"], "no plan uses the 7")
+    expect_fail(carve, ["plan", "builtin:gpt:layers=4,hidden=64,heads=5,seq=16,vocab=64",
+                        "--cluster", "cpu:1x2"], "heads")
+    expect_fail(carve, ["plan", w("missing.onnx"), "--cluster", "cpu:1x2"], "missing.onnx")
+    checks += 1
+    print("ok: infeasible and bad input explained")
+
+    # 4. --auto on the cpu target, against the 1-rank program.
+    mdir = w("gpt")
+    run_cmd([sys.executable, os.path.join(ROOT, "models", "export.py"), "gpt", "--out", mdir,
+             "--batch", "16", "--config", json.dumps({"n_head": 4, "n_layer": 4})])
+    onnx = os.path.join(mdir, "gpt.onnx")
+    data = os.path.join(mdir, "tokens.bin")
+    data_gen.write_tokens(data, data_gen.make_tokens(4000, data_gen.vocab_size(onnx), seed=1),
+                          "int32")
+
+    def train(out, ranks):
+        run_cmd([carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS), "--data", data,
+                 "--log", out + ".jsonl"])
+        return read_losses(out + ".jsonl")[0]
+
+    base = os.path.join(mdir, "1rank")
+    run_cmd([carve, "compile", onnx, "-o", base] + OPTIMIZER)
+    base_losses = train(base, 1)
+    auto = os.path.join(mdir, "auto")
+    stdout = run_cmd([carve, "compile", onnx, "--auto", "--cluster", "cpu:1x4", "-o", auto] +
+                     OPTIMIZER)
+    if "--auto chose dp=" not in stdout:
+        raise Failure("--auto did not say what it chose:\n" + stdout)
+    with open(os.path.join(auto, "plan.json")) as f:
+        chosen = json.load(f)["plan"]
+    ranks = chosen.get("dp", 1) * chosen.get("tp", 1) * chosen.get("pp", 1)
+    if ranks != 4 or "predicted" not in chosen:
+        raise Failure("--auto plan: %r" % chosen)
+    losses = train(auto, ranks)
+    worst = max(abs(a - b) / abs(a) for a, b in zip(base_losses, losses))
+    if worst > LOSS_RTOL:
+        raise Failure("--auto plan %r: loss differs by %.3g relative (limit %g)" %
+                      (chosen, worst, LOSS_RTOL))
+    print("ok: --auto chose %s; losses within %.2g of 1 rank" % (
+        {k: v for k, v in chosen.items() if k not in ("predicted", "planner")}, worst))
+    # carve plan's PLAN.json for the ONNX model compiles.
+    pj = os.path.join(mdir, "cpu.plan.json")
+    run_cmd([carve, "plan", onnx, "--cluster", "cpu:1x2", "--fixed",
+             "precision=fp32,recompute=none,tp=2", "-o", pj])
+    run_cmd([carve, "compile", onnx, "--plan", pj, "-o", os.path.join(mdir, "fromplan")] +
+            OPTIMIZER)
+    expect_fail(carve, ["compile", onnx, "--auto", "--cluster", "cpu:1x4", "--fixed",
+                        "precision=bf16", "-o", os.path.join(mdir, "never")], "fp32")
+    if os.path.exists(os.path.join(mdir, "never")):
+        raise Failure("a failed --auto left its output directory behind")
+    checks += 2
+    print("ok: PLAN.json compiles; --auto refuses what the cpu target cannot run")
+    print("planner: %d checks passed" % checks)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Failure as e:
+        print("FAILED: %s" % e)
+        sys.exit(1)

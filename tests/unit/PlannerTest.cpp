@@ -1,0 +1,324 @@
+//===- PlannerTest.cpp - the planner's memory and cost model --------------===//
+//
+// The memory model against the published formulas, to the byte: per-layer
+// activations of a GPT layer with 16-bit activations (Korthikanti et al.,
+// 2022) under no parallelism, tp, tp + sequence parallelism, selective and
+// full recomputation; parameters, gradients and optimizer state under every
+// ZeRO stage and precision. Then constraints, infeasible requests and the
+// cost model's basic laws.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/planner/Planner.h"
+#include "compiler/pipeline/Schedule.h"
+
+#include "mlir/IR/MLIRContext.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+
+using namespace carve;
+using namespace carve::planner;
+
+namespace {
+
+// s sequence, b micro-batch, h hidden, a heads.
+constexpr double s = 64, h = 64, a = 4;
+
+std::string gptSpec(bool dropout, int layers = 3) {
+  return "builtin:gpt:layers=" + std::to_string(layers) + ",hidden=64,heads=4,seq=64,vocab=256" +
+         (dropout ? ",dropout=0.1" : "");
+}
+
+/// Loads a model once and profiles it under any (tp, sp).
+struct Fixture {
+  mlir::MLIRContext ctx;
+  ProfileRequest req;
+  ProfileModel model;
+  std::map<std::pair<int, bool>, std::unique_ptr<Profile>> cache;
+
+  explicit Fixture(const std::string &spec, std::vector<OpOverride> pins = {}) {
+    req.model = spec;
+    req.pins = std::move(pins);
+    std::string error;
+    EXPECT_TRUE(loadProfileModel(ctx, req, model, error)) << error;
+  }
+  const Profile *get(int tp, bool sp, std::string &error) {
+    auto key = std::make_pair(tp, sp);
+    if (!cache.count(key)) {
+      ProfileRequest r = req;
+      r.tp = tp;
+      r.sequenceParallel = sp;
+      auto p = std::make_unique<Profile>();
+      if (!buildProfile(model, r, *p, error))
+        p.reset();
+      cache[key] = std::move(p);
+    }
+    if (!cache[key] && error.empty())
+      error = "profile failed";
+    return cache[key].get();
+  }
+  const Profile &at(int tp, bool sp = false) {
+    std::string error;
+    const Profile *p = get(tp, sp, error);
+    EXPECT_NE(p, nullptr) << error;
+    return *p;
+  }
+};
+
+Candidate cand(int tp, bool sp, const std::string &recompute, int64_t b,
+               const std::string &precision = "bf16") {
+  Candidate c;
+  c.tp = tp;
+  c.sp = sp;
+  c.recompute = recompute;
+  c.microBatch = b;
+  c.precision = precision;
+  return c;
+}
+
+TEST(PlannerMemory, KorthikantiActivationsWithDropout) {
+  Fixture f(gptSpec(true));
+  for (double b : {1.0, 2.0, 4.0}) {
+    const double sbh = s * b * h, core = a * s * s * b;
+    // sbh(34 + 5as/h): no parallelism.
+    EXPECT_EQ(layerActivationBytes(f.at(1).layers[1], cand(1, false, "none", b)),
+              sbh * 34 + 5 * core);
+    for (int t : {2, 4}) {
+      // sbh(10 + 24/t + 5as/(ht)): tensor parallel.
+      EXPECT_EQ(layerActivationBytes(f.at(t).layers[1], cand(t, false, "none", b)),
+                sbh * 10 + sbh * 24 / t + 5 * core / t)
+          << "t=" << t;
+      // sbh(34/t + 5as/(ht)): tensor and sequence parallel.
+      EXPECT_EQ(layerActivationBytes(f.at(t, true).layers[1], cand(t, true, "none", b)),
+                sbh * 34 / t + 5 * core / t)
+          << "t=" << t;
+      // sbh 34/t: adding selective recomputation.
+      EXPECT_EQ(layerActivationBytes(f.at(t, true).layers[1], cand(t, true, "selective", b)),
+                sbh * 34 / t)
+          << "t=" << t;
+      // Full recomputation keeps the layer input, sharded by sequence parallelism.
+      EXPECT_EQ(layerActivationBytes(f.at(t, true).layers[1], cand(t, true, "full", b)),
+                2 * sbh / t);
+    }
+    // 2sbh with full recomputation.
+    EXPECT_EQ(layerActivationBytes(f.at(1).layers[1], cand(1, false, "full", b)), 2 * sbh);
+    EXPECT_EQ(layerActivationBytes(f.at(1).layers[1], cand(1, false, "selective", b)), 34 * sbh);
+  }
+}
+
+TEST(PlannerMemory, ActivationsWithoutDropoutAndInFp32) {
+  Fixture f(gptSpec(false));
+  const double b = 2, sbh = s * b * h, core = a * s * s * b;
+  // No masks, no dropped probabilities: 32sbh + 2as^2b with 16-bit activations.
+  EXPECT_EQ(layerActivationBytes(f.at(1).layers[1], cand(1, false, "none", b)),
+            32 * sbh + 2 * core);
+  // fp32 doubles every 16-bit term.
+  EXPECT_EQ(layerActivationBytes(f.at(1).layers[1], cand(1, false, "none", b, "fp32")),
+            64 * sbh + 4 * core);
+  // Every layer of the model is alike, including the first and last.
+  for (const Segment &l : f.at(2, true).layers)
+    EXPECT_EQ(layerActivationBytes(l, cand(2, true, "none", b)), (32 * sbh + 2 * core) / 2);
+}
+
+TEST(PlannerMemory, ZeroStagesExactToTheByte) {
+  Fixture f(gptSpec(false));
+  // A cluster with room for everything.
+  Cluster cl;
+  std::string error;
+  ASSERT_TRUE(parseCluster("a100-80gb:1x8", cl, error)) << error;
+  PlannerOptions opts;
+  const Profile &p = f.at(1);
+  // Trainable parameters of the model (the tied embedding once).
+  // wte (tied with the head, counted once), wpe, 3 layers of 12h^2 + 13h, ln_f.
+  const double psi = 256 * h + s * h + 3 * (12 * h * h + 13 * h) + 2 * h;
+  ASSERT_EQ(p.totalParams, psi);
+  for (const char *prec : {"fp32", "bf16", "fp16"}) {
+    const bool mixed = std::string(prec) != "fp32";
+    const double pB = mixed ? 2 : 4, gB = mixed ? 2 : 4, oB = mixed ? 12 : 8;
+    for (int dp : {1, 2, 4, 8})
+      for (int zero = 0; zero <= 3; ++zero) {
+        if (zero && dp == 1)
+          continue;
+        Candidate c = cand(1, false, "none", 1, prec);
+        c.dp = dp;
+        c.zero = zero;
+        Estimate e = estimate(p, p, cl, c, opts);
+        const double shard = std::ceil(psi / dp);
+        EXPECT_EQ(e.mem.params, (zero >= 3 ? shard : psi) * pB) << prec << " zero " << zero;
+        EXPECT_EQ(e.mem.grads, (zero >= 2 ? shard : psi) * gB) << prec << " zero " << zero;
+        EXPECT_EQ(e.mem.optimizer, (zero >= 1 ? shard : psi) * oB) << prec << " zero " << zero;
+        // Mixed precision: (2 + 2 + 12) psi / dp under ZeRO-3.
+        if (zero == 3)
+          EXPECT_EQ(e.mem.params + e.mem.grads + e.mem.optimizer, (pB + gB + oB) * shard);
+      }
+  }
+}
+
+TEST(PlannerMemory, InFlightMatchesTheSchedules) {
+  using pipeline::ScheduleKind;
+  for (int p : {2, 4})
+    for (int m : {4, 8, 16})
+      for (auto [kind, name, v] : {std::tuple{ScheduleKind::GPipe, "gpipe", 1},
+                                   std::tuple{ScheduleKind::OneFOneB, "1f1b", 1},
+                                   std::tuple{ScheduleKind::Interleaved, "interleaved", 2}}) {
+        pipeline::Schedule sched;
+        std::string error;
+        ASSERT_TRUE(pipeline::buildSchedule(kind, p, m, v, sched, error)) << error;
+        for (int r = 0; r < p; ++r)
+          EXPECT_EQ(inFlight(name, p, v, m, r), sched.maxInFlight(r))
+              << name << " p=" << p << " m=" << m << " rank " << r;
+      }
+}
+
+Cluster cluster(const std::string &spec) {
+  Cluster cl;
+  std::string error;
+  EXPECT_TRUE(parseCluster(spec, cl, error)) << error;
+  return cl;
+}
+
+SearchResult search(Fixture &f, const Cluster &cl, PlannerOptions opts) {
+  return searchPlans(
+      f.at(1), [&](int tp, bool sp, std::string &e) { return f.get(tp, sp, e); }, cl, opts);
+}
+
+TEST(PlannerSearch, FixedFieldsNeverChange) {
+  Fixture f(gptSpec(false, 8));
+  Cluster cl = cluster("a100-80gb:2x8");
+  for (const char *fixed :
+       {"tp=2", "pp=4", "tp=4,pp=2", "dp=2,zero=1", "recompute=full", "schedule=gpipe,pp=2",
+        "num_micro_batches=8", "sequence_parallel=true"}) {
+    PlannerOptions opts;
+    opts.globalBatch = 64;
+    std::string error;
+    ASSERT_TRUE(parseFixed(fixed, opts.constraints, error)) << error;
+    SearchResult r = search(f, cl, opts);
+    ASSERT_TRUE(r.anyFits) << fixed;
+    for (const Estimate &e : r.ranked) {
+      for (auto &[field, value] : opts.constraints.fixed) {
+        std::string got = field == "dp"                  ? std::to_string(e.c.dp)
+                          : field == "tp"                ? std::to_string(e.c.tp)
+                          : field == "pp"                ? std::to_string(e.c.pp)
+                          : field == "zero"              ? std::to_string(e.c.zero)
+                          : field == "recompute"         ? e.c.recompute
+                          : field == "schedule"          ? e.c.schedule
+                          : field == "num_micro_batches" ? std::to_string(e.c.m)
+                          : field == "sequence_parallel" ? (e.c.sp ? "true" : "false")
+                                                         : "?";
+        EXPECT_EQ(got, value) << fixed << ": " << e.c.key();
+      }
+    }
+  }
+}
+
+TEST(PlannerSearch, BoundsAndNoSplit) {
+  Fixture f(gptSpec(false, 8));
+  Cluster cl = cluster("a100-80gb:2x8");
+  PlannerOptions opts;
+  opts.globalBatch = 64;
+  std::string error;
+  ASSERT_TRUE(parseConstraints(
+      R"({"bounds": {"tp": {"max": 2}, "pp": {"min": 2, "max": 4}}, "no_split": ["sequence"]})",
+      "c.json", opts.constraints, error))
+      << error;
+  SearchResult r = search(f, cl, opts);
+  ASSERT_TRUE(r.anyFits);
+  for (const Estimate &e : r.ranked) {
+    EXPECT_LE(e.c.tp, 2);
+    EXPECT_GE(e.c.pp, 2);
+    EXPECT_LE(e.c.pp, 4);
+    EXPECT_FALSE(e.c.sp);
+  }
+}
+
+TEST(PlannerSearch, PinnedOpKeepsItsPartition) {
+  // Replicating the MLP's first linear keeps its output whole on every tp rank:
+  // the gelu input and output are no longer split.
+  Fixture pinned(gptSpec(false), {{"/h.*/mlp/c_fc/MatMul", "replicate"}});
+  Fixture free(gptSpec(false));
+  const double b = 1, sbh = s * b * h;
+  double withPin = layerActivationBytes(pinned.at(2).layers[1], cand(2, false, "none", 1));
+  double without = layerActivationBytes(free.at(2).layers[1], cand(2, false, "none", 1));
+  EXPECT_GT(withPin, without);
+  // Both 4h-wide tensors of the MLP stay whole: 2 x 8sbh/2 more bytes.
+  EXPECT_EQ(withPin - without, 8 * sbh);
+  // A pin that matches nothing is an error naming it.
+  Fixture bad(gptSpec(false), {{"/nothing/*", "replicate"}});
+  std::string error;
+  EXPECT_EQ(bad.get(2, false, error), nullptr);
+  EXPECT_NE(error.find("/nothing/*"), std::string::npos) << error;
+}
+
+TEST(PlannerSearch, InfeasibleIsExplained) {
+  // 1T parameters cannot fit eight 80 GB devices.
+  Fixture f("builtin:gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200");
+  PlannerOptions opts;
+  opts.globalBatch = 64;
+  SearchResult r = search(f, cluster("a100-80gb:1x8"), opts);
+  EXPECT_FALSE(r.anyFits);
+  EXPECT_GT(r.evaluated, 0);
+  EXPECT_GT(r.closest.mem.total(), r.closest.capacity);
+  EXPECT_FALSE(r.closest.fits);
+  // Contradictions are caught before searching.
+  PlannerOptions bad;
+  bad.globalBatch = 64;
+  std::string error;
+  ASSERT_TRUE(parseConstraints(R"({"fixed": {"tp": 8}, "bounds": {"tp": {"max": 4}}})", "c",
+                               bad.constraints, error));
+  EXPECT_NE(search(f, cluster("a100-80gb:1x8"), bad).contradiction, "");
+  Constraints twice;
+  ASSERT_TRUE(parseFixed("tp=2", twice, error));
+  EXPECT_FALSE(parseFixed("tp=4", twice, error));
+  EXPECT_NE(error.find("fixed twice"), std::string::npos);
+  EXPECT_FALSE(parseFixed("tq=4", twice, error));
+  EXPECT_FALSE(parseConstraints(R"({"bounds": {"pp": {"min": 8, "max": 2}}})", "c", twice, error));
+}
+
+TEST(PlannerCost, MoreBandwidthIsNeverSlower) {
+  Fixture f(gptSpec(false, 8));
+  PlannerOptions opts;
+  Cluster slow = cluster("a100-80gb:2x8");
+  for (Candidate c : {Candidate{}, cand(2, true, "none", 2), cand(4, false, "selective", 1)}) {
+    c.dp = 16 / c.tp / 2;
+    c.pp = 2;
+    c.m = 4;
+    Cluster fast = slow;
+    double prev = estimate(f.at(c.tp, c.sp), f.at(1), slow, c, opts).time.total;
+    for (int k = 0; k < 3; ++k) {
+      fast.intraNode.bandwidth *= 2;
+      fast.interNode.bandwidth *= 2;
+      fast.device.memoryBandwidth *= 2;
+      double t = estimate(f.at(c.tp, c.sp), f.at(1), fast, c, opts).time.total;
+      EXPECT_LE(t, prev) << c.key();
+      prev = t;
+    }
+  }
+}
+
+TEST(PlannerCost, MoreMicroBatchesNeverRaiseTheBubble) {
+  Fixture f(gptSpec(false, 8));
+  PlannerOptions opts;
+  Cluster cl = cluster("a100-80gb:1x8");
+  for (const char *sched : {"gpipe", "1f1b", "interleaved"})
+    for (int pp : {2, 4}) {
+      double prev = 2;
+      for (int m : {4, 8, 16, 32}) {
+        Candidate c = cand(1, false, "none", 1);
+        c.pp = pp;
+        c.dp = 8 / pp;
+        c.m = m;
+        c.schedule = sched;
+        c.v = std::string(sched) == "interleaved" ? 2 : 1;
+        double frac = estimate(f.at(1), f.at(1), cl, c, opts).bubbleFraction;
+        EXPECT_LE(frac, prev) << sched << " pp=" << pp << " m=" << m;
+        EXPECT_GT(frac, 0);
+        prev = frac;
+      }
+    }
+}
+
+} // namespace

@@ -1,0 +1,494 @@
+//===- PlanCmd.cpp - `carve plan` and `carve compile --auto` --------------===//
+//
+// Loads the model once at one sample, profiles it under each tp (and
+// sequence parallelism) the search asks for, searches, and prints a report a
+// person reads in a minute. docs/planner.md.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/carve/PlanCmd.h"
+
+#include "compiler/frontend/Builtin.h"
+#include "compiler/planner/Planner.h"
+#include "tools/carve/Compile.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <sstream>
+
+namespace carve {
+
+using json = nlohmann::json;
+using namespace planner;
+
+namespace {
+
+std::string readFile(const std::string &path, const char *what) {
+  auto buf = llvm::MemoryBuffer::getFile(path);
+  if (!buf)
+    die(std::string(what) + " " + path + ": " + buf.getError().message());
+  return (*buf)->getBuffer().str();
+}
+
+std::string gb(double bytes) {
+  char s[32];
+  if (bytes >= 1e12)
+    snprintf(s, sizeof s, "%.2f TB", bytes / 1e12);
+  else if (bytes >= 1e9)
+    snprintf(s, sizeof s, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6)
+    snprintf(s, sizeof s, "%.1f MB", bytes / 1e6);
+  else
+    snprintf(s, sizeof s, "%.0f kB", bytes / 1e3);
+  return s;
+}
+
+std::string secs(double t) {
+  char s[32];
+  if (t >= 1)
+    snprintf(s, sizeof s, "%.3f s", t);
+  else if (t >= 1e-3)
+    snprintf(s, sizeof s, "%.2f ms", t * 1e3);
+  else
+    snprintf(s, sizeof s, "%.1f us", t * 1e6);
+  return s;
+}
+
+std::string count(double n) {
+  char s[32];
+  if (n >= 1e12)
+    snprintf(s, sizeof s, "%.2fT", n / 1e12);
+  else if (n >= 1e9)
+    snprintf(s, sizeof s, "%.1fB", n / 1e9);
+  else if (n >= 1e6)
+    snprintf(s, sizeof s, "%.1fM", n / 1e6);
+  else if (n >= 1e3)
+    snprintf(s, sizeof s, "%.1fk", n / 1e3);
+  else
+    snprintf(s, sizeof s, "%.0f", n);
+  return s;
+}
+
+/// The plan-file fields of a candidate (what `carve compile` reads).
+json planFields(const Candidate &c, const std::vector<OpOverride> &pins = {}) {
+  json p = json::object();
+  p["dp"] = c.dp;
+  p["tp"] = c.tp;
+  p["pp"] = c.pp;
+  if (c.zero)
+    p["zero"] = c.zero;
+  if (c.sp)
+    p["sequence_parallel"] = true;
+  if (c.m > 1)
+    p["num_micro_batches"] = c.m;
+  if (c.pp > 1) {
+    p["schedule"] = c.schedule;
+    if (c.v > 1)
+      p["virtual_stages"] = c.v;
+  }
+  if (c.recompute != "none")
+    p["recompute"] = c.recompute;
+  if (c.precision != "fp32")
+    p["precision"] = c.precision;
+  if (c.tp > 1 && !pins.empty()) {
+    json ops = json::object();
+    for (const OpOverride &o : pins)
+      ops[o.glob] = o.dim == "replicate" ? json("replicate") : json{{"tp", o.dim}};
+    p["ops"] = ops;
+  }
+  return p;
+}
+
+json predicted(const Estimate &e) {
+  json p;
+  p["step_time_s"] = e.time.total;
+  p["tokens_per_s"] = e.tokensPerSecond;
+  p["tflops_per_device"] = e.tflopsPerDevice;
+  p["mfu"] = e.mfu;
+  p["bubble_fraction"] = e.bubbleFraction;
+  p["micro_batch_size"] = e.c.microBatch;
+  p["fits"] = e.fits;
+  p["memory_per_device"] = {{"params", e.mem.params},       {"grads", e.mem.grads},
+                            {"optimizer", e.mem.optimizer}, {"activations", e.mem.activations},
+                            {"buffers", e.mem.buffers},     {"workspace", e.mem.workspace},
+                            {"total", e.mem.total()},       {"capacity", e.capacity},
+                            {"pipeline_rank", e.memRank}};
+  p["time_s"] = {{"compute", e.time.compute},      {"recompute", e.time.recompute},
+                 {"tp_comm", e.time.tpComm},       {"p2p", e.time.p2p},
+                 {"bubble", e.time.bubble},        {"dp_comm", e.time.dpComm},
+                 {"dp_exposed", e.time.dpExposed}, {"optimizer", e.time.optimizer}};
+  json vol;
+  for (int k = 0; k < kNumCommKinds; ++k)
+    vol[std::string("tp_") + commKindName(k)] = e.volume.tp[k];
+  vol["dp_gradients"] = e.volume.dp;
+  vol["pp_sends"] = e.volume.pp;
+  p["communication_bytes_per_device"] = vol;
+  p["layers_per_stage"] = e.layersPerStage;
+  return p;
+}
+
+/// Everything a search needs, loaded once.
+struct Session {
+  mlir::MLIRContext context;
+  ProfileRequest req;
+  ProfileModel model;
+  std::map<std::pair<int, bool>, std::unique_ptr<Profile>> cache;
+  std::map<std::pair<int, bool>, std::string> errors;
+  int built = 0;
+
+  const Profile *get(int tp, bool sp, std::string &error) {
+    auto key = std::make_pair(tp, sp);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      if (!it->second)
+        error = errors[key];
+      return it->second.get();
+    }
+    ProfileRequest r = req;
+    r.tp = tp;
+    r.sequenceParallel = sp;
+    auto p = std::make_unique<Profile>();
+    std::string why;
+    ++built;
+    if (!buildProfile(model, r, *p, why)) {
+      errors[key] = why;
+      error = why;
+      cache[key] = nullptr;
+      return nullptr;
+    }
+    return (cache[key] = std::move(p)).get();
+  }
+};
+
+struct Outcome {
+  Cluster cluster;
+  PlannerOptions opts;
+  SearchResult result;
+  const Profile *base = nullptr;
+  double seconds = 0;
+};
+
+void setup(const PlanArgs &args, Session &s, Outcome &o) {
+  std::string error;
+  if (args.cluster.empty())
+    die("carve plan: --cluster is required (a preset like a100-80gb:16x8, a JSON file, or "
+        "cpu)");
+  if (!parseCluster(args.cluster, o.cluster, error))
+    die(error);
+  for (const std::string &f : args.fixed)
+    if (!parseFixed(f, o.opts.constraints, error))
+      die(error);
+  if (!args.constraintsPath.empty() &&
+      !parseConstraints(readFile(args.constraintsPath, "constraints"), args.constraintsPath,
+                        o.opts.constraints, error))
+    die(error);
+  if (!args.calibrationPath.empty() &&
+      !parseCalibration(readFile(args.calibrationPath, "calibration"), args.calibrationPath,
+                        o.opts.calibration, error))
+    die(error);
+  o.opts.compilableOnly = args.compilableOnly;
+  s.req.model = args.model;
+  s.req.import = args.import;
+  s.req.loss = args.loss;
+  s.req.pins = o.opts.constraints.pins;
+  if (!loadProfileModel(s.context, s.req, s.model, error))
+    die(error.rfind(args.model, 0) == 0 ? error : args.model + ": " + error);
+  o.base = s.get(1, false, error);
+  if (!o.base)
+    die(args.model + ": " + error);
+  o.opts.globalBatch = args.globalBatch > 0 ? args.globalBatch : s.model.modelBatch;
+}
+
+void search(Session &s, Outcome &o) {
+  auto t0 = std::chrono::steady_clock::now();
+  o.result = searchPlans(
+      *o.base, [&](int tp, bool sp, std::string &e) { return s.get(tp, sp, e); }, o.cluster,
+      o.opts);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// When nothing fits: the smallest cluster (more nodes of the same kind) that would.
+std::string wouldFit(Session &s, const Outcome &o) {
+  for (int k = 2; k <= 1024; k *= 2) {
+    Outcome bigger;
+    bigger.cluster = o.cluster;
+    bigger.cluster.nodes = o.cluster.nodes * k;
+    bigger.opts = o.opts;
+    bigger.base = o.base;
+    search(s, bigger);
+    if (bigger.result.anyFits) {
+      const Estimate &e = bigger.result.ranked[0];
+      return "it would fit on " + std::to_string(bigger.cluster.nodes) + " nodes (" +
+             std::to_string(bigger.cluster.worldSize()) + " devices): " + e.c.key() + ", " +
+             gb(e.mem.total()) + " per device";
+    }
+  }
+  return "";
+}
+
+void bar(std::ostream &os, const char *name, double bytes, double capacity) {
+  const int width = 40;
+  int n = capacity > 0 ? (int)std::lround(std::min(1.0, bytes / capacity) * width) : 0;
+  if (bytes > 0 && n == 0)
+    n = 1;
+  char line[128];
+  snprintf(line, sizeof line, "  %-12s %-40s %10s", name, std::string(n, '#').c_str(),
+           gb(bytes).c_str());
+  os << line << "\n";
+}
+
+void printEstimate(std::ostream &os, const Estimate &e, const Cluster &cl) {
+  const StepTime &t = e.time;
+  char line[256];
+  os << "  step time       " << secs(t.total) << "\n";
+  os << "    compute " << secs(t.compute - t.recompute) << ", recompute " << secs(t.recompute)
+     << ", tp communication " << secs(t.tpComm) << ", pipeline sends " << secs(t.p2p) << ", bubble "
+     << secs(t.bubble) << ",\n    gradient reduction " << secs(t.dpExposed) << " exposed of "
+     << secs(t.dpComm) << ", optimizer " << secs(t.optimizer) << "\n";
+  snprintf(line, sizeof line, "  throughput      %s tokens/s\n", count(e.tokensPerSecond).c_str());
+  os << line;
+  const double peak = cl.peak(e.c.precision);
+  const bool tera = peak >= 1e12;
+  snprintf(line, sizeof line, "  per device      %.1f %s, MFU %.1f%% of %.1f %s %s\n",
+           tera ? e.tflopsPerDevice : e.tflopsPerDevice * 1e3, tera ? "TFLOP/s" : "GFLOP/s",
+           e.mfu * 100, tera ? peak / 1e12 : peak / 1e9, tera ? "TFLOP/s" : "GFLOP/s",
+           e.c.precision.c_str());
+  os << line;
+  if (e.c.pp > 1 || e.c.m > 1) {
+    snprintf(line, sizeof line, "  bubble          %.1f%% (pp=%d, v=%d, m=%lld)\n",
+             e.bubbleFraction * 100, e.c.pp, e.c.v, (long long)e.c.m);
+    os << line;
+    os << "  layers/stage    ";
+    for (size_t i = 0; i < e.layersPerStage.size() && i < 16; ++i)
+      os << (i ? " " : "") << e.layersPerStage[i];
+    if (e.layersPerStage.size() > 16)
+      os << " ...";
+    os << "\n";
+  }
+  os << "\nMemory per device (pipeline rank " << e.memRank << " of " << e.c.pp << ", "
+     << gb(e.capacity) << " usable)\n";
+  bar(os, "parameters", e.mem.params, e.capacity);
+  bar(os, "gradients", e.mem.grads, e.capacity);
+  bar(os, "optimizer", e.mem.optimizer, e.capacity);
+  bar(os, "activations", e.mem.activations, e.capacity);
+  bar(os, "buffers", e.mem.buffers, e.capacity);
+  bar(os, "workspace", e.mem.workspace, e.capacity);
+  if (e.fits)
+    bar(os, "free", e.capacity - e.mem.total(), e.capacity);
+  snprintf(line, sizeof line, "  %-53s %10s of %s%s\n", "total", gb(e.mem.total()).c_str(),
+           gb(e.capacity).c_str(), e.fits ? "" : "  DOES NOT FIT");
+  os << line;
+  os << "\nCommunication per device per step\n";
+  for (int k = 0; k < kNumCommKinds; ++k)
+    if (e.volume.tp[k] > 0)
+      os << "  tp " << commKindName(k) << ": " << gb(e.volume.tp[k]) << "\n";
+  if (e.volume.dp > 0)
+    os << "  dp gradient reduction" << (e.c.zero ? " (ZeRO: reduce-scatter + all-gather)" : "")
+       << ": " << gb(e.volume.dp) << "\n";
+  if (e.volume.pp > 0)
+    os << "  pipeline sends: " << gb(e.volume.pp) << "\n";
+  if (e.c.dp == 1 && e.c.tp == 1 && e.c.pp == 1)
+    os << "  none (one device)\n";
+}
+
+std::string modelLine(const PlanArgs &args, const Outcome &o, const Session &s) {
+  std::ostringstream os;
+  os << (isBuiltinModel(args.model) ? args.model : llvm::sys::path::filename(args.model).str())
+     << ": " << count(o.base->totalParams) << " parameters, "
+     << (s.model.builtinLayers ? s.model.builtinLayers : (int)o.base->layers.size()) << " layers, "
+     << o.base->seq << " tokens per sample";
+  return os.str();
+}
+
+json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
+  json j;
+  j["model"] = args.model;
+  j["parameters"] = o.base->totalParams;
+  j["cluster"] = {{"spec", args.cluster},
+                  {"devices", o.cluster.worldSize()},
+                  {"device", o.cluster.device.name}};
+  j["global_batch"] = o.opts.globalBatch;
+  j["searched"] = o.result.evaluated;
+  j["search_seconds"] = o.seconds;
+  j["profiles_built"] = s.built;
+  j["fits"] = o.result.anyFits;
+  if (o.result.anyFits) {
+    j["plan"] = planFields(o.result.ranked[0].c, o.opts.constraints.pins);
+    j["predicted"] = predicted(o.result.ranked[0]);
+    json alts = json::array();
+    for (size_t i = 1; i < o.result.ranked.size(); ++i)
+      alts.push_back({{"plan", planFields(o.result.ranked[i].c, o.opts.constraints.pins)},
+                      {"predicted", predicted(o.result.ranked[i])},
+                      {"why_not", o.result.lostWhy[i - 1]}});
+    j["alternatives"] = alts;
+  } else if (o.result.evaluated > 0) {
+    j["closest"] = {{"plan", planFields(o.result.closest.c, o.opts.constraints.pins)},
+                    {"predicted", predicted(o.result.closest)}};
+  }
+  if (!o.result.skipped.empty())
+    j["skipped"] = o.result.skipped;
+  return j;
+}
+
+json planFile(const Estimate &e, const PlanArgs &args, const Outcome &o) {
+  json p = planFields(e.c, o.opts.constraints.pins);
+  p["predicted"] = predicted(e);
+  p["planner"] = {{"model", args.model},
+                  {"cluster", args.cluster},
+                  {"global_batch", o.opts.globalBatch},
+                  {"micro_batch_size", e.c.microBatch}};
+  return p;
+}
+
+void writeFile(const std::string &path, const std::string &text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::error_code ec;
+    llvm::raw_fd_ostream os(tmp, ec);
+    if (ec)
+      die(path + ": cannot write: " + ec.message());
+    os << text;
+    os.close();
+    if (os.has_error()) {
+      llvm::sys::fs::remove(tmp);
+      die(path + ": cannot write: " + os.error().message());
+    }
+  }
+  if (std::error_code ec = llvm::sys::fs::rename(tmp, path)) {
+    llvm::sys::fs::remove(tmp);
+    die(path + ": cannot write: " + ec.message());
+  }
+}
+
+/// Why no plan was even tried: the device count cannot be used.
+std::string unusable(const Outcome &o) {
+  std::string s = "no plan uses the " + std::to_string(o.cluster.worldSize()) + " devices of " +
+                  o.cluster.name + " with a global batch of " + std::to_string(o.opts.globalBatch) +
+                  ": dp x tp x pp must equal the device count, dp must divide the batch, tp must "
+                  "stay inside a node (" +
+                  std::to_string(o.cluster.devicesPerNode) +
+                  " devices) and divide what it splits, and pp at most the layers";
+  if (!o.result.skipped.empty()) {
+    s += " (";
+    for (size_t i = 0; i < o.result.skipped.size() && i < 3; ++i)
+      s += (i ? "; " : "") + o.result.skipped[i];
+    s += ")";
+  }
+  return s;
+}
+
+} // namespace
+
+int runPlan(const PlanArgs &args) {
+  Session s;
+  Outcome o;
+  setup(args, s, o);
+  search(s, o);
+  const SearchResult &r = o.result;
+  if (!r.contradiction.empty())
+    die("carve plan: the constraints contradict each other: " + r.contradiction);
+  if (r.evaluated == 0)
+    die("carve plan: " + unusable(o));
+
+  if (args.json) {
+    json j = reportJson(args, o, s);
+    if (!r.anyFits)
+      j["explanation"] =
+          r.fullyFixed ? "the fixed plan does not fit" : "no plan fits; see \"closest\"";
+    llvm::outs() << j.dump(2) << "\n";
+    llvm::outs().flush();
+  }
+  std::ostringstream os;
+  os << "carve plan: " << modelLine(args, o, s) << "\n";
+  os << "  on " << o.cluster.name << " (" << o.cluster.worldSize() << " x " << o.cluster.device.name
+     << "), global batch " << o.opts.globalBatch << "\n";
+  os << "  searched " << r.evaluated << " plans over " << s.built << " tp layouts in "
+     << secs(o.seconds) << "\n\n";
+  if (!r.anyFits) {
+    const Estimate &e = r.closest;
+    if (r.fullyFixed) {
+      os << "The fixed plan does not fit: " << e.c.key() << "\n";
+      printEstimate(os, e, o.cluster);
+      if (!args.json)
+        llvm::errs() << os.str();
+      die("carve plan: the fixed plan needs " + gb(e.mem.total()) + " per device, " +
+          gb(e.capacity) + " usable: short by " + gb(e.mem.total() - e.capacity));
+    }
+    std::string more = wouldFit(s, o);
+    if (!args.json) {
+      os << "Closest plan (does not fit): " << e.c.key() << "\n";
+      printEstimate(os, e, o.cluster);
+      llvm::errs() << os.str();
+    }
+    die("carve plan: no plan fits: the closest (" + e.c.key() + ") needs " + gb(e.mem.total()) +
+        " per device, " + gb(e.capacity) + " usable: short by " + gb(e.mem.total() - e.capacity) +
+        (more.empty() ? std::string("; it does not fit on 1024 times the nodes either")
+                      : "; " + more));
+  }
+  const Estimate &best = r.ranked[0];
+  if (!args.json) {
+    os << "Plan: " << best.c.key() << "\n";
+    printEstimate(os, best, o.cluster);
+    if (r.ranked.size() > 1) {
+      os << "\nAlternatives\n";
+      for (size_t i = 1; i < r.ranked.size(); ++i) {
+        char line[512];
+        snprintf(line, sizeof line, "  %zu. %-58s %10s  %s\n", i + 1, r.ranked[i].c.key().c_str(),
+                 secs(r.ranked[i].time.total).c_str(), r.lostWhy[i - 1].c_str());
+        os << line;
+      }
+    }
+    if (best.c.precision != "fp32" || best.c.recompute != "none")
+      os << "\nnote: `carve compile --target cpu` runs fp32 without recomputation; this plan's "
+         << (best.c.precision != "fp32" ? "precision " + best.c.precision : std::string())
+         << (best.c.precision != "fp32" && best.c.recompute != "none" ? " and " : "")
+         << (best.c.recompute != "none" ? "recompute=" + best.c.recompute : std::string())
+         << " need the CUDA target (--fixed precision=fp32,recompute=none gives a plan it runs)\n";
+    if (isBuiltinModel(args.model) == false && o.opts.globalBatch != s.model.modelBatch)
+      os << "note: the model was exported with batch " << s.model.modelBatch
+         << "; compile it with that batch or re-export it with " << o.opts.globalBatch << "\n";
+  }
+  if (!args.output.empty()) {
+    writeFile(args.output, planFile(best, args, o).dump(2) + "\n");
+    if (!args.json)
+      os << "\nwrote " << args.output << "\n";
+  }
+  if (!args.json) {
+    llvm::outs() << os.str();
+    llvm::outs().flush();
+  }
+  return 0;
+}
+
+std::string autoPlan(const PlanArgs &args, std::string &summary) {
+  Session s;
+  Outcome o;
+  setup(args, s, o);
+  search(s, o);
+  const SearchResult &r = o.result;
+  if (!r.contradiction.empty())
+    die("--auto: the constraints contradict each other: " + r.contradiction);
+  if (r.evaluated == 0)
+    die("--auto: " + unusable(o));
+  if (!r.anyFits)
+    die("--auto: no plan fits " + o.cluster.name + ": the closest (" + r.closest.c.key() +
+        ") needs " + gb(r.closest.mem.total()) + " per device, " + gb(r.closest.capacity) +
+        " usable");
+  const Estimate &best = r.ranked[0];
+  summary = best.c.key() + ", predicted " + secs(best.time.total) + " per step, " +
+            gb(best.mem.total()) + " per device (searched " + std::to_string(r.evaluated) +
+            " plans in " + secs(o.seconds) + ")";
+  return planFile(best, args, o).dump(2);
+}
+
+} // namespace carve

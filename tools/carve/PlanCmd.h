@@ -1,0 +1,37 @@
+//===- PlanCmd.h - `carve plan` and `carve compile --auto` ----------------===//
+
+#ifndef CARVE_TOOLS_CARVE_PLANCMD_H
+#define CARVE_TOOLS_CARVE_PLANCMD_H
+
+#include "compiler/frontend/OnnxImporter.h"
+
+#include <string>
+#include <vector>
+
+namespace carve {
+
+struct PlanArgs {
+  std::string model;       // ONNX file or builtin spec
+  std::string cluster;     // --cluster
+  int64_t globalBatch = 0; // --global-batch (0: the model's batch)
+  std::string constraintsPath;
+  std::vector<std::string> fixed; // --fixed (repeatable, comma lists)
+  std::string calibrationPath;
+  std::string output; // -o PLAN.json
+  bool json = false;  // --json
+  std::string loss;
+  ImportOptions import;
+  /// `carve compile --auto`: only plans the cpu target carries out, quiet.
+  bool compilableOnly = false;
+};
+
+/// `carve plan`: prints the report (or JSON), writes PLAN.json; exit status.
+int runPlan(const PlanArgs &args);
+
+/// `carve compile --auto`: the best plan as plan-file JSON and a one-line
+/// summary. Exits with a one-line error when nothing fits.
+std::string autoPlan(const PlanArgs &args, std::string &summary);
+
+} // namespace carve
+
+#endif // CARVE_TOOLS_CARVE_PLANCMD_H
