@@ -504,7 +504,34 @@ bool parseBytes(const json &v, double &out) {
   return true;
 }
 
+/// Parses `text` as a JSON object; `what` names it in errors, `example` shows one.
+bool parseObject(const std::string &text, const std::string &what, const char *example, json &j,
+                 std::string &error) {
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error &e) {
+    error = what + ": not valid JSON (" + std::string(e.what()) + ")";
+    return false;
+  }
+  if (!j.is_object()) {
+    error = what + ": " + example;
+    return false;
+  }
+  return true;
+}
+
 } // namespace
+
+std::string formatSeconds(double t) {
+  char s[32];
+  if (t >= 1)
+    snprintf(s, sizeof s, "%.3f s", t);
+  else if (t >= 1e-3)
+    snprintf(s, sizeof s, "%.2f ms", t * 1e3);
+  else
+    snprintf(s, sizeof s, "%.1f us", t * 1e6);
+  return s;
+}
 
 bool parseFixed(const std::string &text, Constraints &c, std::string &error) {
   std::stringstream ss(text);
@@ -532,16 +559,9 @@ bool parseFixed(const std::string &text, Constraints &c, std::string &error) {
 bool parseConstraints(const std::string &text, const std::string &what, Constraints &c,
                       std::string &error) {
   json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error &e) {
-    error = what + ": not valid JSON (" + std::string(e.what()) + ")";
+  if (!parseObject(text, what, "constraints are a JSON object, e.g. {\"fixed\": {\"tp\": 8}}", j,
+                   error))
     return false;
-  }
-  if (!j.is_object()) {
-    error = what + ": constraints are a JSON object, e.g. {\"fixed\": {\"tp\": 8}}";
-    return false;
-  }
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string &key = it.key();
     const json &v = it.value();
@@ -644,16 +664,8 @@ bool parseConstraints(const std::string &text, const std::string &what, Constrai
 bool parseCalibration(const std::string &text, const std::string &what, Calibration &cal,
                       std::string &error) {
   json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error &e) {
-    error = what + ": not valid JSON (" + std::string(e.what()) + ")";
+  if (!parseObject(text, what, "a calibration table is a JSON object", j, error))
     return false;
-  }
-  if (!j.is_object()) {
-    error = what + ": a calibration table is a JSON object";
-    return false;
-  }
   std::map<std::string, double *> fields = {{"matmul_efficiency", &cal.matmulEfficiency},
                                             {"memory_efficiency", &cal.memoryEfficiency},
                                             {"link_efficiency", &cal.linkEfficiency},
@@ -734,20 +746,10 @@ std::string whyLost(const Estimate &e, const Estimate &best) {
   for (const Part &p : parts)
     if (p.a - p.b > worst->a - worst->b)
       worst = &p;
-  auto fmt = [](double t) {
-    char s[32];
-    if (t >= 1)
-      snprintf(s, sizeof s, "%.2f s", t);
-    else if (t >= 1e-3)
-      snprintf(s, sizeof s, "%.2f ms", t * 1e3);
-    else
-      snprintf(s, sizeof s, "%.1f us", t * 1e6);
-    return std::string(s);
-  };
   char pct[32];
   snprintf(pct, sizeof pct, "+%.1f%%", (e.time.total / best.time.total - 1) * 100);
-  return std::string(pct) + " step time: more " + worst->name + " (" + fmt(worst->a) + " vs " +
-         fmt(worst->b) + ")";
+  return std::string(pct) + " step time: more " + worst->name + " (" + formatSeconds(worst->a) +
+         " vs " + formatSeconds(worst->b) + ")";
 }
 
 } // namespace

@@ -145,6 +145,9 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
 /// memory model charges per layer; the tests check it against the published formulas).
 double layerActivationBytes(const Segment &layer, const Candidate &c);
 
+/// "1.234 s", "12.34 ms", "5.6 us": durations in reports.
+std::string formatSeconds(double t);
+
 /// Bytes per element of activations / parameters under a precision.
 int activationBytes(const std::string &precision);
 

@@ -40,44 +40,25 @@ std::string readFile(const std::string &path, const char *what) {
   return (*buf)->getBuffer().str();
 }
 
-std::string gb(double bytes) {
+/// `v` in the first unit it reaches: {threshold, printf format}, largest first.
+std::string scaled(double v, std::initializer_list<std::pair<double, const char *>> units) {
+  const auto *u = units.begin();
+  while (u + 1 != units.end() && v < u->first)
+    ++u;
   char s[32];
-  if (bytes >= 1e12)
-    snprintf(s, sizeof s, "%.2f TB", bytes / 1e12);
-  else if (bytes >= 1e9)
-    snprintf(s, sizeof s, "%.2f GB", bytes / 1e9);
-  else if (bytes >= 1e6)
-    snprintf(s, sizeof s, "%.1f MB", bytes / 1e6);
-  else
-    snprintf(s, sizeof s, "%.0f kB", bytes / 1e3);
+  snprintf(s, sizeof s, u->second, v / u->first);
   return s;
 }
 
-std::string secs(double t) {
-  char s[32];
-  if (t >= 1)
-    snprintf(s, sizeof s, "%.3f s", t);
-  else if (t >= 1e-3)
-    snprintf(s, sizeof s, "%.2f ms", t * 1e3);
-  else
-    snprintf(s, sizeof s, "%.1f us", t * 1e6);
-  return s;
+std::string gb(double bytes) {
+  return scaled(bytes, {{1e12, "%.2f TB"}, {1e9, "%.2f GB"}, {1e6, "%.1f MB"}, {1e3, "%.0f kB"}});
 }
 
 std::string count(double n) {
-  char s[32];
-  if (n >= 1e12)
-    snprintf(s, sizeof s, "%.2fT", n / 1e12);
-  else if (n >= 1e9)
-    snprintf(s, sizeof s, "%.1fB", n / 1e9);
-  else if (n >= 1e6)
-    snprintf(s, sizeof s, "%.1fM", n / 1e6);
-  else if (n >= 1e3)
-    snprintf(s, sizeof s, "%.1fk", n / 1e3);
-  else
-    snprintf(s, sizeof s, "%.0f", n);
-  return s;
+  return scaled(n, {{1e12, "%.2fT"}, {1e9, "%.1fB"}, {1e6, "%.1fM"}, {1e3, "%.1fk"}, {1, "%.0f"}});
 }
+
+std::string secs(double t) { return formatSeconds(t); }
 
 /// The plan-file fields of a candidate (what `carve compile` reads).
 json planFields(const Candidate &c, const std::vector<OpOverride> &pins = {}) {
