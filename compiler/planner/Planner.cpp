@@ -127,6 +127,23 @@ Priced price(const Segment &s, const Cluster &cl, const Calibration &cal,
   return p;
 }
 
+/// Every part of a profile priced once (the search reuses it for every candidate
+/// of the profile's tp layout).
+struct PricedModel {
+  Priced embedding, head;
+  std::vector<Priced> layers;
+};
+PricedModel priceModel(const Profile &prof, const Cluster &cl, const Calibration &cal,
+                       const std::string &precision) {
+  PricedModel m;
+  m.embedding = price(prof.embedding, cl, cal, precision);
+  m.head = price(prof.head, cl, cal, precision);
+  m.layers.reserve(prof.layers.size());
+  for (const Segment &s : prof.layers)
+    m.layers.push_back(price(s, cl, cal, precision));
+  return m;
+}
+
 /// Chunk sizes: L layers into S chunks, the first also holding the
 /// embedding and the last the head, balanced by cost (what the pipeline
 /// splitter does with FLOPs).
@@ -165,8 +182,10 @@ std::vector<int> balanceChunks(int L, int S, double layer, double first, double 
 // The estimate
 //===----------------------------------------------------------------------===//
 
-Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, const Candidate &c,
-                  const PlannerOptions &opts) {
+namespace {
+
+Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Profile &base,
+                        const Cluster &cl, const Candidate &c, const PlannerOptions &opts) {
   const Calibration &cal = opts.calibration;
   Estimate e;
   e.c = c;
@@ -183,19 +202,8 @@ Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, c
   Link dpLink = c.tp * c.dp <= dev ? intra : inter;
   Link ppLink = c.tp * c.dp >= dev || c.tp * c.dp * c.pp > dev ? inter : intra;
 
-  // Price every part once.
-  Priced emb = price(prof.embedding, cl, cal, c.precision);
-  Priced head = price(prof.head, cl, cal, c.precision);
-  std::vector<Priced> lay;
-  lay.reserve(prof.layers.size());
-  // Layers of a builtin model repeat: price distinct ones only.
-  for (size_t i = 0; i < prof.layers.size(); ++i) {
-    if (i > 1 && i + 1 < prof.layers.size() && prof.layers[i].ops == prof.layers[1].ops &&
-        prof.layers[i].forward.size() == prof.layers[1].forward.size())
-      lay.push_back(lay[1]);
-    else
-      lay.push_back(price(prof.layers[i], cl, cal, c.precision));
-  }
+  const Priced &emb = priced.embedding, &head = priced.head;
+  const std::vector<Priced> &lay = priced.layers;
 
   auto tpSecs = [&](const std::array<double, kNumCommKinds> &el,
                     const std::array<int, kNumCommKinds> &calls) {
@@ -379,6 +387,14 @@ Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, c
   e.tflopsPerDevice = flops / e.time.total / cl.worldSize() / 1e12;
   e.mfu = flops / e.time.total / cl.worldSize() / cl.peak(c.precision);
   return e;
+}
+
+} // namespace
+
+Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, const Candidate &c,
+                  const PlannerOptions &opts) {
+  return estimatePriced(prof, priceModel(prof, cl, opts.calibration, c.precision), base, cl, c,
+                        opts);
 }
 
 //===----------------------------------------------------------------------===//
@@ -836,9 +852,6 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
   bool haveBest = false;
   std::vector<Estimate> all;
   double closestShort = 1e300;
-  int fixedCount = 0;
-  for (const char *f : {"dp", "tp", "pp", "zero", "recompute"})
-    fixedCount += cons.fixed.count(f) ? 1 : 0;
   res.fullyFixed = cons.fixed.count("dp") && cons.fixed.count("tp") && cons.fixed.count("pp");
 
   for (int64_t tp : divisors(N)) {
@@ -860,6 +873,7 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
         res.skipped.push_back("tp=" + std::to_string(tp) + (seqPar ? " with sp" : "") + ": " + why);
         continue;
       }
+      const PricedModel priced = priceModel(*prof, cl, opts.calibration, precision);
       for (int64_t pp : divisors(N / tp)) {
         if (!sp.allows("pp", (double)pp) || (pp > 1 && cons.noSplit.count("layers")))
           continue;
@@ -920,7 +934,7 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                 c.recompute = rc;
                 c.sp = seqPar;
                 c.precision = precision;
-                Estimate e = estimate(*prof, base, cl, c, opts);
+                Estimate e = estimatePriced(*prof, priced, base, cl, c, opts);
                 ++res.evaluated;
                 if (e.fits) {
                   all.push_back(e);
@@ -939,7 +953,6 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
       }
     }
   }
-  (void)fixedCount;
   res.anyFits = haveBest;
   std::sort(all.begin(), all.end(), [](const Estimate &a, const Estimate &b) {
     if (a.time.total != b.time.total)

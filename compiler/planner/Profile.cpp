@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 using namespace mlir;
 
@@ -197,7 +198,6 @@ bool Profiler::run(std::string &error) {
 
   // Activations kept for backward: forward values with a backward user,
   // counted once per storage, in the first part whose backward reads them.
-  std::map<Value *, int> dummy;
   llvm::DenseMap<Value, int> rootSeg;       // root -> segment charged
   llvm::DenseMap<Value, bool> rootRegather; // kept sharded, gathered again in backward
   std::vector<Value> roots;
@@ -269,8 +269,8 @@ bool Profiler::run(std::string &error) {
         continue;
       if (from == sg)
         continue;
-      if (countedIn.insert(v).second && !(d == nullptr && false))
-        segs[sg]->input += d ? elemsOf(v) : 0;
+      if (d && countedIn.insert(v).second)
+        segs[sg]->input += elemsOf(v);
       if (from >= 0 && countedOut.insert(v).second)
         segs[from]->boundary += elemsOf(v);
     }

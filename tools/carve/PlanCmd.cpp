@@ -368,18 +368,24 @@ std::string unusable(const Outcome &o) {
   return s;
 }
 
+/// Loads, profiles and searches; dies (naming `who`) on contradicting
+/// constraints or a device count no plan can use.
+void planOrDie(const PlanArgs &args, Session &s, Outcome &o, const std::string &who) {
+  setup(args, s, o);
+  search(s, o);
+  if (!o.result.contradiction.empty())
+    die(who + ": the constraints contradict each other: " + o.result.contradiction);
+  if (o.result.evaluated == 0)
+    die(who + ": " + unusable(o));
+}
+
 } // namespace
 
 int runPlan(const PlanArgs &args) {
   Session s;
   Outcome o;
-  setup(args, s, o);
-  search(s, o);
+  planOrDie(args, s, o, "carve plan");
   const SearchResult &r = o.result;
-  if (!r.contradiction.empty())
-    die("carve plan: the constraints contradict each other: " + r.contradiction);
-  if (r.evaluated == 0)
-    die("carve plan: " + unusable(o));
 
   if (args.json) {
     json j = reportJson(args, o, s);
@@ -454,13 +460,8 @@ int runPlan(const PlanArgs &args) {
 std::string autoPlan(const PlanArgs &args, std::string &summary) {
   Session s;
   Outcome o;
-  setup(args, s, o);
-  search(s, o);
+  planOrDie(args, s, o, "--auto");
   const SearchResult &r = o.result;
-  if (!r.contradiction.empty())
-    die("--auto: the constraints contradict each other: " + r.contradiction);
-  if (r.evaluated == 0)
-    die("--auto: " + unusable(o));
   if (!r.anyFits)
     die("--auto: no plan fits " + o.cluster.name + ": the closest (" + r.closest.c.key() +
         ") needs " + gb(r.closest.mem.total()) + " per device, " + gb(r.closest.capacity) +
