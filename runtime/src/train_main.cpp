@@ -10,13 +10,15 @@
 //    After 1 and after 2 all ranks agree on the outcome with an all-reduce
 //    over the world, so that they stop together (MPI_Finalize, exit 1) and
 //    only the lowest failing rank prints its error.
-// 3. Fill the arena: weights from --load DIR or OUT/init.safetensors,
-//    gradients and optimizer state zero unless loaded. Files hold the model's
-//    full tensors; each rank keeps its tensor-parallel piece and, for ZeRO,
-//    its dp chunk of that piece.
+// 3. Fill the arena (still in step 2, so that a bad checkpoint stops every
+//    rank cleanly): weights from --load PATH or OUT/init.safetensors,
+//    gradients and optimizer state zero unless loaded. A sharded checkpoint
+//    (saved under any plan) is reassembled tensor by tensor from its shards;
+//    each rank keeps its tensor-parallel piece and, for ZeRO, its dp chunk.
 // 4. Run the steps, printing progress and writing metrics on rank 0.
-// 5. Save a checkpoint: the ranks reassemble full tensors (all-gathers over
-//    dp, then over tp), rank 0 writes them while the others wait at a barrier.
+// 5. Save the final checkpoint: every rank writes its own shards, world rank
+//    0 the manifest (checkpoint.h, docs/checkpoints.md). --save-every saves
+//    inside step 4 the same way.
 //
 // The mesh is dp x tp with dp outermost: world rank = dpRank * tp + tpRank.
 //
@@ -25,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "carve/rt/checkpoint.h"
 #include "carve/rt/comm.h"
 #include "carve/rt/data.h"
 #include "carve/rt/dist.h"
@@ -40,6 +43,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <map>
 #include <set>
 #include <string>
 #include <sys/stat.h>
@@ -62,10 +68,14 @@ or with mpirun/srun and the number of ranks it was compiled for.
                               tensor per model input (see runtime/README.md)
   --data-dtype int32|uint16   element type of a token file (default int32)
   --log FILE.jsonl            write one JSON object per step (replaces FILE)
-  --save DIR                  after the last step write DIR/model.safetensors and
-                              DIR/optimizer.safetensors
-  --load DIR                  start from a checkpoint written by --save: weights,
-                              optimizer state and step count
+  --save DIR                  after the last step write a sharded checkpoint (every rank
+                              its own shards) to DIR/step-NNNNNNNN and point DIR/latest at it
+  --save-every K              also save into the --save DIR after every step that is a
+                              multiple of K
+  --keep N                    keep only the newest N step folders in DIR (default 0: all)
+  --load PATH                 start from a checkpoint saved under any plan: a --save
+                              folder (its latest step), one step folder, or the older full
+                              format; weights, optimizer state, step, data position
   --trace FILE.json           record when every rank ran each micro-batch's forward and
                               backward (and the rest of the step) as a Chrome trace
                               (opens in Perfetto); written by rank 0 at the end
@@ -98,6 +108,8 @@ struct Options {
   std::string log;
   std::string save;
   std::string load;
+  int64_t saveEvery = 0;
+  int64_t keep = 0;
   std::string trace;
   bool quiet = false;
 };
@@ -159,6 +171,15 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
        : arg == "--save"  ? opts.save
        : arg == "--trace" ? opts.trace
                           : opts.load) = value;
+    } else if (arg == "--save-every" || arg == "--keep") {
+      if (!takeValue())
+        return false;
+      int64_t &field = arg == "--keep" ? opts.keep : opts.saveEvery;
+      if (!parseInt(value, field) || field < (arg == "--keep" ? 0 : 1)) {
+        error = arg + " needs a " + (arg == "--keep" ? "non-negative" : "positive") +
+                " integer, not '" + value + "'";
+        return false;
+      }
     } else if (arg == "--data-dtype") {
       if (!takeValue())
         return false;
@@ -181,6 +202,11 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
   }
   if (opts.data.empty()) {
     error = "--data is required (see --help)";
+    return false;
+  }
+  if ((opts.saveEvery > 0 || opts.keep > 0) && opts.save.empty()) {
+    error = std::string(opts.saveEvery > 0 ? "--save-every" : "--keep") +
+            " needs --save DIR (the folder to save into)";
     return false;
   }
   return true;
@@ -333,40 +359,63 @@ CommType moveType(int elemBytes) {
   return elemBytes == 8 ? CommType::I64 : elemBytes == 4 ? CommType::I32 : CommType::U8;
 }
 
-/// Reads the full tensors of `slots` and keeps this rank's part of each.
+/// Keeps this rank's part of the full tensor `full` (the model's shape) in
+/// `dst`: its tensor-parallel piece and, for ZeRO, its dp chunk of that piece.
+void keepPart(const char *full, const TensorSpec &spec, const SlotLayout &l, const Mesh &m,
+              char *dst, std::vector<char> &piece) {
+  if (!l.split && !l.zero) {
+    std::memcpy(dst, full, static_cast<size_t>(spec.numel * l.elemBytes));
+    return;
+  }
+  const char *local = full;
+  if (l.split) {
+    std::vector<int64_t> global = globalShapeOf(spec);
+    piece.resize(static_cast<size_t>(spec.numel * l.elemBytes));
+    char *to = l.zero ? piece.data() : dst;
+    takeShard(full, Dims(global.data(), spec.rank), Split{spec.tpDim, spec.tpGroups, m.tp},
+              m.tpRank, to, l.elemBytes);
+    local = to;
+  }
+  if (l.zero) {
+    // Chunk dpRank of the flattened piece; past its end, zero padding.
+    const int64_t begin = std::min<int64_t>(m.dpRank * spec.zeroChunk, spec.numel);
+    const int64_t n = std::min(spec.zeroChunk, spec.numel - begin);
+    std::memcpy(dst, local + begin * l.elemBytes, static_cast<size_t>(n * l.elemBytes));
+    std::memset(dst + n * l.elemBytes, 0, static_cast<size_t>((spec.zeroChunk - n) * l.elemBytes));
+  }
+}
+
+/// Reads the full tensors of `slots` from a full-format file and keeps this
+/// rank's part of each.
 bool readTensors(const SafetensorsReader &file, const std::vector<Slot> &slots, char *arena,
                  bool stateF32, const Mesh &m, std::string &error) {
   std::vector<char> full, piece;
   for (const Slot &s : slots) {
-    const TensorSpec &spec = *s.spec;
-    const SlotLayout l = layoutOf(spec, stateF32, m);
+    const SlotLayout l = layoutOf(*s.spec, stateF32, m);
     const SafetensorsTensor &t = *file.find(s.name);
-    if (!l.split && !l.zero) {
-      if (!file.read(t, 0, spec.numel * l.elemBytes, arena + s.offset, error))
-        return false;
-      continue;
-    }
-    std::vector<int64_t> global = globalShapeOf(spec);
-    full.resize(static_cast<size_t>(numelOf(global) * l.elemBytes));
-    if (!file.read(t, 0, static_cast<int64_t>(full.size()), full.data(), error))
+    full.resize(static_cast<size_t>(t.end - t.begin));
+    if (!file.read(t, 0, t.end - t.begin, full.data(), error))
       return false;
-    const char *local = full.data();
-    if (l.split) {
-      piece.resize(static_cast<size_t>(spec.numel * l.elemBytes));
-      char *dst = l.zero ? piece.data() : arena + s.offset;
-      takeShard(full.data(), Dims(global.data(), spec.rank), Split{spec.tpDim, spec.tpGroups, m.tp},
-                m.tpRank, dst, l.elemBytes);
-      local = dst;
-    }
-    if (l.zero) {
-      // Chunk dpRank of the flattened piece; past its end, zero padding.
-      const int64_t begin = std::min<int64_t>(m.dpRank * spec.zeroChunk, spec.numel);
-      const int64_t n = std::min(spec.zeroChunk, spec.numel - begin);
-      std::memcpy(arena + s.offset, local + begin * l.elemBytes,
-                  static_cast<size_t>(n * l.elemBytes));
-      std::memset(arena + s.offset + n * l.elemBytes, 0,
-                  static_cast<size_t>((spec.zeroChunk - n) * l.elemBytes));
-    }
+    keepPart(full.data(), *s.spec, l, m, arena + s.offset, piece);
+  }
+  return true;
+}
+
+/// Reassembles the full tensors of `slots` from a sharded checkpoint (saved
+/// under any plan) and keeps this rank's part of each.
+bool readShardedTensors(ShardFiles &files, const CheckpointManifest &manifest,
+                        const std::vector<Slot> &slots, char *arena, bool state, const Mesh &m,
+                        std::string &error) {
+  std::map<std::string, const CheckpointTensor *> byName;
+  for (const CheckpointTensor &t : manifest.tensors)
+    byName[t.name] = &t;
+  std::vector<char> full, piece;
+  for (const Slot &s : slots) {
+    const SlotLayout l = layoutOf(*s.spec, state, m);
+    full.assign(static_cast<size_t>(numelOf(globalShapeOf(*s.spec)) * l.elemBytes), 0);
+    if (!files.readTensor(*byName.at(s.name), full.data(), error))
+      return false;
+    keepPart(full.data(), *s.spec, l, m, arena + s.offset, piece);
   }
   return true;
 }
@@ -377,7 +426,57 @@ struct WeightSource {
   SafetensorsReader optimizer;
   bool hasOptimizer = false;
   int64_t step = 0;
+  bool sharded = false;
+  std::string folder; // the step folder or full-format folder --load led to
+  CheckpointManifest manifest;
 };
+
+const char *optimizerKindName(OptimizerKind k) {
+  return k == OptimizerKind::AdamW ? "adamw" : "sgd";
+}
+
+/// Checks a sharded checkpoint's manifest against the compiled model: every
+/// tensor of this rank's program (parameters, buffers, optimizer state) with
+/// its dtype and full shape, and nothing the compiled model lacks.
+bool checkManifest(const Program &p, const WeightSource &src, const std::set<std::string> &known,
+                   std::string &error) {
+  const CheckpointManifest &m = src.manifest;
+  const std::string where = src.folder + "/manifest.json: ";
+  std::map<std::string, const CheckpointTensor *> byName;
+  bool hasState = false;
+  for (const CheckpointTensor &t : m.tensors) {
+    byName[t.name] = &t;
+    hasState |= t.role == "optimizer_state";
+    if (!known.count(t.name)) {
+      error = where + "tensor '" + t.name + "' is not in the compiled model (a checkpoint of "
+                                            "another model?)";
+      return false;
+    }
+  }
+  std::vector<Slot> state = optimizerSlots(p);
+  if (!state.empty() && hasState && m.optimizer != optimizerKindName(p.optimizer)) {
+    error = where + "saved with optimizer " + m.optimizer + ", this program uses " +
+            optimizerKindName(p.optimizer);
+    return false;
+  }
+  for (bool isState : {false, true})
+    for (const Slot &s : isState ? state : modelSlots(p)) {
+      std::string dtype = isState ? "F32" : dtypeName(s.spec->dtype);
+      std::vector<int64_t> shape = globalShapeOf(*s.spec);
+      std::string expected = dtype + " " + formatShape(shape);
+      auto it = byName.find(s.name);
+      if (it == byName.end()) {
+        error = where + "no tensor '" + s.name + "' (expected " + expected + ")";
+        return false;
+      }
+      if (it->second->dtype != dtype || it->second->shape != shape) {
+        error = where + "tensor '" + s.name + "' is " + it->second->dtype + " " +
+                formatShape(it->second->shape) + ", expected " + expected;
+        return false;
+      }
+    }
+  return true;
+}
 
 bool openWeightFiles(const Program &p, const Options &opts, WeightSource &src, std::string &error) {
   std::vector<Slot> params = modelSlots(p);
@@ -405,7 +504,21 @@ bool openWeightFiles(const Program &p, const Options &opts, WeightSource &src, s
       for (const Slot &s : optimizerSlots(*other))
         stateNames.insert(s.name);
     }
-  std::string modelPath = opts.load + "/model.safetensors";
+  CheckpointLocation loc;
+  if (!locateCheckpoint(opts.load, loc, error))
+    return false;
+  src.folder = loc.folder;
+  if (loc.sharded) {
+    std::set<std::string> known = paramNames;
+    known.insert(stateNames.begin(), stateNames.end());
+    if (!readManifest(loc.folder, src.manifest, error) || !checkManifest(p, src, known, error))
+      return false;
+    src.sharded = true;
+    src.step = src.manifest.step;
+    src.hasOptimizer = !optimizerSlots(p).empty();
+    return true;
+  }
+  std::string modelPath = loc.folder + "/model.safetensors";
   if (!src.model.open(modelPath, error) ||
       !checkTensors(src.model, params, false, &paramNames, error))
     return false;
@@ -416,7 +529,7 @@ bool openWeightFiles(const Program &p, const Options &opts, WeightSource &src, s
     return false;
   }
   std::vector<Slot> state = optimizerSlots(p);
-  std::string optPath = opts.load + "/optimizer.safetensors";
+  std::string optPath = loc.folder + "/optimizer.safetensors";
   struct stat st;
   if (state.empty() && ::stat(optPath.c_str(), &st) != 0)
     return true;
@@ -441,6 +554,24 @@ bool openWeights(const Program &p, const Options &opts, WeightSource &src, std::
   return false;
 }
 
+/// Fills this rank's parameters (and loaded optimizer state) in the arena.
+bool fillArena(const Program &p, WeightSource &src, char *arena, const Mesh &m,
+               std::string &error) {
+  bool ok;
+  if (src.sharded) {
+    ShardFiles files(src.folder);
+    ok = readShardedTensors(files, src.manifest, modelSlots(p), arena, false, m, error) &&
+         (!src.hasOptimizer ||
+          readShardedTensors(files, src.manifest, optimizerSlots(p), arena, true, m, error));
+  } else {
+    ok = readTensors(src.model, modelSlots(p), arena, false, m, error) &&
+         (!src.hasOptimizer || readTensors(src.optimizer, optimizerSlots(p), arena, true, m, error));
+  }
+  if (!ok && !src.folder.empty())
+    error = "checkpoint " + error;
+  return ok;
+}
+
 /// Checks that `dir` exists as a writable folder or could be created, without
 /// changing anything on disk.
 bool checkSaveDir(const std::string &dir, std::string &error) {
@@ -450,7 +581,7 @@ bool checkSaveDir(const std::string &dir, std::string &error) {
       error = dir + ": --save needs a folder, this is a file";
       return false;
     }
-    for (const char *f : {"/model.safetensors", "/optimizer.safetensors"})
+    for (const char *f : {"/latest"})
       if (::stat((dir + f).c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
         error = dir + f + ": exists and is not a regular file";
         return false;
@@ -532,122 +663,341 @@ double secondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-/// The full tensors of a checkpoint, as world rank 0 writes them.
-struct FullTensors {
-  std::vector<SafetensorsEntry> model, state;
-  std::vector<std::vector<char>> storage; // the reassembled ones
+/// A block of a tensor: its corner and its extent.
+struct Block {
+  std::vector<int64_t> offsets, shape;
 };
 
-/// Reassembles the full tensor of every slot: ZeRO chunks with an all-gather
-/// over dp, then tensor-parallel pieces with one over tp. Every rank joins
-/// (every rank's program lists the same parameters in the same order, with
-/// the same splits); only world rank 0 keeps the results.
-void gatherSlots(const std::vector<Slot> &slots, bool state, const char *arena, const Mesh &m,
-                 Communicator &dpComm, Communicator &tpComm, bool keep, FullTensors &out,
-                 std::vector<SafetensorsEntry> &entries) {
-  std::vector<char> gathered;
-  for (const Slot &s : slots) {
-    const TensorSpec &spec = *s.spec;
-    const SlotLayout l = layoutOf(spec, state, m);
-    std::vector<int64_t> global = globalShapeOf(spec);
-    const char *dtype = state ? "F32" : dtypeName(spec.dtype);
-    if (!l.split && !l.zero) {
-      if (keep)
-        entries.push_back({s.name, dtype, global, arena + s.offset});
-      continue;
-    }
-    const char *local = arena + s.offset;
-    if (l.zero) {
-      gathered.resize(static_cast<size_t>(m.dp * spec.zeroChunk * l.elemBytes));
-      dpComm.allGather(arena + s.offset, gathered.data(), spec.zeroChunk * l.elemBytes,
-                       CommType::U8);
-      local = gathered.data();
-    }
-    std::vector<char> full(static_cast<size_t>(numelOf(global) * l.elemBytes));
-    if (l.split)
-      allGatherSplit(tpComm, local, Dims(spec.dims, spec.rank),
-                     Split{spec.tpDim, spec.tpGroups, m.tp}, full.data(), moveType(l.elemBytes));
-    else
-      std::memcpy(full.data(), local, full.size());
-    if (!keep)
-      continue;
-    out.storage.push_back(std::move(full));
-    entries.push_back({s.name, dtype, global, out.storage.back().data()});
+/// Cuts the flat range [begin, end) of a row-major tensor of shape `dims`
+/// into blocks, in flat order (at most 2 * rank - 1 of them).
+std::vector<Block> flatRangeBlocks(int64_t begin, int64_t end, const std::vector<int64_t> &dims) {
+  std::vector<Block> out;
+  const size_t rank = dims.size();
+  if (rank == 0) {
+    if (begin < end)
+      out.push_back({});
+    return out;
   }
-}
-
-/// Writes DIR/model.safetensors and DIR/optimizer.safetensors.
-bool saveCheckpoint(const Program &p, const std::string &dir, const FullTensors &t, int64_t step,
-                    std::string &error) {
-  if (!makeDirs(dir, error))
-    return false;
-  std::vector<std::pair<std::string, std::string>> meta = {
-      {"step", std::to_string(step)}, {"format", "carve-1"}, {"program", p.name}};
-  return writeSafetensors(dir + "/model.safetensors", t.model, meta, error) &&
-         writeSafetensors(dir + "/optimizer.safetensors", t.state, meta, error);
-}
-
-/// Bytes of one element of a safetensors dtype.
-int64_t dtypeBytes(const std::string &d) {
-  return d == "F64" || d == "I64" ? 8 : d == "BOOL" || d == "U8" ? 1 : 4;
-}
-
-/// Moves the first ranks' full tensors of every pipeline stage to pipeline
-/// rank 0 (world rank 0), which appends those it does not have yet (a
-/// parameter two stages share is identical on both).
-void collectStages(Communicator &pp, std::vector<SafetensorsEntry> &entries, FullTensors &store,
-                   int tag) {
-  if (pp.rank() != 0) {
-    std::vector<char> blob;
-    auto put = [&](const void *p, size_t n) {
-      blob.insert(blob.end(), static_cast<const char *>(p), static_cast<const char *>(p) + n);
-    };
-    for (const SafetensorsEntry &e : entries) {
-      int64_t header[4] = {(int64_t)e.name.size(), (int64_t)e.dtype.size(), (int64_t)e.shape.size(),
-                           0};
-      int64_t n = dtypeBytes(e.dtype);
-      for (int64_t d : e.shape)
-        n *= d;
-      header[3] = n;
-      put(header, sizeof header);
-      put(e.name.data(), e.name.size());
-      put(e.dtype.data(), e.dtype.size());
-      put(e.shape.data(), e.shape.size() * sizeof(int64_t));
-      put(e.data, static_cast<size_t>(n));
+  std::vector<int64_t> stride(rank, 1);
+  for (size_t d = rank - 1; d > 0; --d)
+    stride[d - 1] = stride[d] * dims[d];
+  while (begin < end) {
+    // The outermost dimension at whose boundary `begin` lies and of which at
+    // least one whole slice fits.
+    for (size_t d = 0; d < rank; ++d) {
+      if (begin % stride[d] != 0)
+        continue;
+      int64_t at = begin / stride[d] % dims[d];
+      int64_t count = std::min((end - begin) / stride[d], dims[d] - at);
+      if (count == 0)
+        continue;
+      Block b;
+      b.offsets.assign(rank, 0);
+      b.shape.assign(rank, 1);
+      for (size_t e = 0; e <= d; ++e)
+        b.offsets[e] = begin / stride[e] % dims[e];
+      b.shape[d] = count;
+      for (size_t e = d + 1; e < rank; ++e)
+        b.shape[e] = dims[e];
+      out.push_back(std::move(b));
+      begin += count * stride[d];
+      break;
     }
-    int64_t size = (int64_t)blob.size();
-    pp.send(&size, sizeof size, 0, tag);
-    pp.send(blob.data(), size, 0, tag + 1);
+  }
+  return out;
+}
+
+/// Copies block `b` of a row-major tensor of shape `dims`, whose flat
+/// elements from `base` on are at `src`, to `dst` (row-major).
+void copyBlockOut(const char *src, int64_t base, const std::vector<int64_t> &dims, const Block &b,
+                  int elemBytes, char *dst) {
+  const size_t rank = dims.size();
+  if (rank == 0) {
+    std::memcpy(dst, src, static_cast<size_t>(elemBytes));
     return;
   }
-  std::set<std::string> have;
-  for (const SafetensorsEntry &e : entries)
-    have.insert(e.name);
-  for (int r = 1; r < pp.size(); ++r) {
-    int64_t size = 0;
-    pp.recv(&size, sizeof size, r, tag);
-    store.storage.emplace_back(static_cast<size_t>(size));
-    std::vector<char> &blob = store.storage.back();
-    pp.recv(blob.data(), size, r, tag + 1);
-    size_t at = 0;
-    while (at < blob.size()) {
-      int64_t header[4];
-      std::memcpy(header, blob.data() + at, sizeof header);
-      at += sizeof header;
-      SafetensorsEntry e;
-      e.name.assign(blob.data() + at, header[0]);
-      at += header[0];
-      e.dtype.assign(blob.data() + at, header[1]);
-      at += header[1];
-      e.shape.resize(header[2]);
-      std::memcpy(e.shape.data(), blob.data() + at, header[2] * sizeof(int64_t));
-      at += header[2] * sizeof(int64_t);
-      e.data = blob.data() + at;
-      at += header[3];
-      if (have.insert(e.name).second)
-        entries.push_back(e);
+  std::vector<int64_t> stride(rank, 1);
+  for (size_t d = rank - 1; d > 0; --d)
+    stride[d - 1] = stride[d] * dims[d];
+  const int64_t inner = b.shape[rank - 1];
+  const int64_t rows = inner == 0 ? 0 : numelOf(b.shape) / inner;
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t at = 0;
+    for (size_t d = 0; d < rank; ++d)
+      at += (b.offsets[d] + idx[d]) * stride[d];
+    std::memcpy(dst + r * inner * elemBytes, src + (at - base) * elemBytes,
+                static_cast<size_t>(inner * elemBytes));
+    for (size_t d = rank - 1; d-- > 0;) {
+      if (++idx[d] < b.shape[d])
+        break;
+      idx[d] = 0;
     }
   }
+}
+
+/// One shard a rank writes: a block of the full tensor, and the same
+/// elements as a block of the rank's tensor-parallel piece.
+struct PlannedShard {
+  std::string tensor, role, dtype, key;
+  std::vector<int64_t> fullShape;
+  Block global, local;
+  std::vector<int64_t> localDims;
+  int64_t arenaOffset = 0;
+  int64_t base = 0; // the first element of the piece the arena slot holds
+  int elemBytes = 4;
+};
+
+/// World rank `rank`'s place on the mesh of program `p`.
+Mesh meshOf(const Program &p, int rank) {
+  Mesh m;
+  m.dp = p.dp, m.tp = p.tp, m.pp = p.pp;
+  m.ppRank = rank / (m.dp * m.tp);
+  m.dpRank = rank / m.tp % m.dp;
+  m.tpRank = rank % m.tp;
+  return m;
+}
+
+/// The shards world rank `rank` writes. Every element of every tensor is
+/// written once: a replicated tensor by dp rank 0 (tp rank 0 unless it is
+/// tp-split), a ZeRO-sharded one by every dp rank (its chunk), a parameter
+/// that several pipeline stages hold by the lowest of them. Any rank can
+/// compute any rank's shards: every program is linked into every executable.
+std::vector<PlannedShard> planShards(int rank) {
+  std::vector<PlannedShard> out;
+  const Program *p = carve_program_for_rank(rank);
+  if (!p)
+    return out;
+  const Mesh m = meshOf(*p, rank);
+  std::set<std::string> earlierStages;
+  for (int s = 0; s < m.ppRank; ++s)
+    if (const Program *q = carve_program_for_rank((s * m.dp + m.dpRank) * m.tp + m.tpRank))
+      for (int i = 0; i < q->numParams; ++i)
+        earlierStages.insert(q->params[i].name);
+  for (bool state : {false, true})
+    for (const Slot &s : state ? optimizerSlots(*p) : modelSlots(*p)) {
+      const TensorSpec &spec = *s.spec;
+      const SlotLayout l = layoutOf(spec, state, m);
+      if (earlierStages.count(spec.name) || (!l.zero && m.dpRank != 0) ||
+          (spec.tpDim < 0 && m.tpRank != 0))
+        continue;
+      PlannedShard base;
+      base.tensor = s.name;
+      base.role = state ? "optimizer_state" : spec.trainable ? "parameter" : "buffer";
+      base.dtype = state ? "F32" : dtypeName(spec.dtype);
+      base.fullShape = globalShapeOf(spec);
+      base.localDims = shapeOf(spec);
+      base.arenaOffset = s.offset;
+      base.elemBytes = l.elemBytes;
+      int64_t begin = 0, end = spec.numel;
+      if (l.zero) {
+        begin = std::min<int64_t>(m.dpRank * spec.zeroChunk, spec.numel);
+        end = std::min<int64_t>(begin + spec.zeroChunk, spec.numel);
+        base.base = begin;
+      }
+      for (Block &b : flatRangeBlocks(begin, end, base.localDims)) {
+        // A tp piece is one run of every group along tpDim: cut the block at
+        // group boundaries and move each part to its place in the full tensor.
+        std::vector<Block> parts;
+        if (spec.tpDim < 0 || m.tp == 1) {
+          parts.push_back(b);
+        } else {
+          const int d = spec.tpDim;
+          const int64_t run = base.localDims[d] / spec.tpGroups;
+          for (int64_t i = b.offsets[d]; i < b.offsets[d] + b.shape[d];) {
+            int64_t stop = std::min(b.offsets[d] + b.shape[d], (i / run + 1) * run);
+            Block part = b;
+            part.offsets[d] = i;
+            part.shape[d] = stop - i;
+            parts.push_back(part);
+            i = stop;
+          }
+        }
+        for (Block &local : parts) {
+          PlannedShard sh = base;
+          sh.local = local;
+          sh.global = local;
+          if (spec.tpDim >= 0 && m.tp > 1) {
+            const int d = spec.tpDim;
+            const int64_t run = base.localDims[d] / spec.tpGroups;
+            const int64_t group = local.offsets[d] / run;
+            sh.global.offsets[d] = group * (base.fullShape[d] / spec.tpGroups) + m.tpRank * run +
+                                   local.offsets[d] % run;
+          }
+          sh.key = s.name;
+          if (sh.global.shape != sh.fullShape) {
+            sh.key += "@";
+            for (size_t i = 0; i < sh.global.offsets.size(); ++i)
+              sh.key += (i ? "," : "") + std::to_string(sh.global.offsets[i]);
+          }
+          out.push_back(std::move(sh));
+        }
+      }
+    }
+  return out;
+}
+
+/// The manifest of a checkpoint of the whole world at `step`.
+CheckpointManifest buildManifest(const Program &p, int64_t step) {
+  CheckpointManifest m;
+  m.model = p.model ? p.model : p.name;
+  m.description = p.description ? p.description : "";
+  m.worldSize = carve_world_size();
+  m.dp = p.dp, m.tp = p.tp, m.pp = p.pp, m.zeroStage = p.zeroStage;
+  m.microBatches = p.numMicroBatches;
+  m.step = step;
+  m.optimizer = optimizerKindName(p.optimizer);
+  // The generated step derives all three from the step count: AdamW's
+  // state['step'] is step + 1 after update `step`, the schedule's t and the
+  // batch index are the 0-based step.
+  m.optimizerStep = step;
+  m.lrStep = step;
+  m.dataStep = step;
+  m.globalBatch = p.globalBatch;
+  m.seqLen = p.seqLen;
+  std::map<std::string, size_t> index;
+  for (int r = 0; r < m.worldSize; ++r)
+    for (PlannedShard &s : planShards(r)) {
+      auto it = index.find(s.tensor);
+      if (it == index.end()) {
+        it = index.emplace(s.tensor, m.tensors.size()).first;
+        m.tensors.push_back({s.tensor, s.role, s.dtype, s.fullShape, {}});
+      }
+      m.tensors[it->second].shards.push_back(
+          {checkpointRankFile(r), s.key, r, s.global.offsets, s.global.shape});
+    }
+  return m;
+}
+
+/// Removes `path` and everything below it; false (errno set) on a failure.
+bool removeTree(const std::string &path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0)
+    return errno == ENOENT;
+  if (S_ISDIR(st.st_mode)) {
+    DIR *d = ::opendir(path.c_str());
+    if (!d)
+      return false;
+    std::vector<std::string> names;
+    while (struct dirent *e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, ".."))
+        names.push_back(e->d_name);
+    ::closedir(d);
+    for (const std::string &n : names)
+      if (!removeTree(path + "/" + n))
+        return false;
+    return ::rmdir(path.c_str()) == 0;
+  }
+  return ::unlink(path.c_str()) == 0;
+}
+
+/// Removes a step folder so that no reader ever sees it half-deleted: it is
+/// renamed to a hidden name first (readers skip it), then deleted.
+bool removeStepFolder(const std::string &dir, const std::string &name, std::string &error) {
+  std::string hidden = dir + "/.del-" + name;
+  if (std::rename((dir + "/" + name).c_str(), hidden.c_str()) != 0 || !removeTree(hidden)) {
+    error = dir + "/" + name + ": cannot remove: " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+/// Milliseconds to sleep at each stage of a save (CARVE_TEST_SAVE_DELAY_MS):
+/// a test-only hook that widens the window in which a test kills a saving run.
+int64_t testSaveDelayMs() {
+  const char *v = std::getenv("CARVE_TEST_SAVE_DELAY_MS");
+  int64_t ms = 0;
+  return v && parseInt(v, ms) && ms > 0 ? ms : 0;
+}
+
+/// Writes checkpoint `step` of the whole world into `dir` (see checkpoint.h):
+/// every rank writes its shards into DIR/.tmp-step-N, world rank 0 writes the
+/// manifest, renames the folder to DIR/step-N, then rewrites DIR/latest and
+/// removes the oldest step folders beyond `keep` (0: none). Every rank joins.
+void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
+                    const std::string &dir, int64_t step, int64_t keep) {
+  std::string error;
+  const std::string name = checkpointFolderName(step);
+  const std::string tmp = dir + "/.tmp-" + name;
+  const int64_t delay = testSaveDelayMs();
+  auto pause = [&] {
+    if (delay)
+      ::usleep(static_cast<useconds_t>(delay * 1000));
+  };
+  if (worldRank == 0) {
+    if (!makeDirs(dir, error))
+      die(error);
+    // Left over by a run killed while saving: never complete, safe to drop.
+    if (DIR *d = ::opendir(dir.c_str())) {
+      std::vector<std::string> stale;
+      while (struct dirent *e = ::readdir(d))
+        if (!std::strncmp(e->d_name, ".tmp-step-", 10) || !std::strncmp(e->d_name, ".del-step-", 10))
+          stale.push_back(dir + "/" + e->d_name);
+      ::closedir(d);
+      for (const std::string &s : stale)
+        removeTree(s);
+    }
+    if (::mkdir(tmp.c_str(), 0755) != 0)
+      die(tmp + ": cannot create the folder: " + std::strerror(errno));
+  }
+  world.barrier();
+
+  std::vector<PlannedShard> shards = planShards(worldRank);
+  std::vector<std::vector<char>> storage;
+  std::vector<SafetensorsEntry> entries;
+  storage.reserve(shards.size());
+  for (const PlannedShard &s : shards) {
+    storage.emplace_back(static_cast<size_t>(numelOf(s.global.shape) * s.elemBytes));
+    copyBlockOut(arena + s.arenaOffset, s.base, s.localDims, s.local, s.elemBytes,
+                 storage.back().data());
+    entries.push_back({s.key, s.dtype, s.global.shape, storage.back().data()});
+  }
+  const std::vector<std::pair<std::string, std::string>> meta = {
+      {"format", "carve-checkpoint-2"},
+      {"step", std::to_string(step)},
+      {"rank", std::to_string(worldRank)},
+      {"program", p.name}};
+  pause();
+  if (!writeSafetensors(tmp + "/" + checkpointRankFile(worldRank), entries, meta, error))
+    die(error);
+  storage.clear();
+  world.barrier(); // every rank's file is written and fsynced
+
+  if (worldRank == 0) {
+    pause();
+    const std::string final = dir + "/" + name;
+    struct stat st;
+    bool ok = writeFileAtomic(tmp + "/manifest.json", manifestToJson(buildManifest(p, step)),
+                              error) &&
+              syncFolder(tmp, error);
+    if (ok && ::stat(final.c_str(), &st) == 0) {
+      // Replacing a step folder of an earlier run: swap it out in one rename
+      // so that a complete folder of that name exists at every moment.
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) != 0 ||
+          !removeTree(tmp)) {
+        error = final + ": cannot replace: " + std::strerror(errno);
+        ok = false;
+      }
+    } else if (ok && std::rename(tmp.c_str(), final.c_str()) != 0) {
+      error = final + ": cannot rename the finished checkpoint into place: " +
+              std::strerror(errno);
+      ok = false;
+    }
+    ok = ok && syncFolder(dir, error);
+    pause();
+    ok = ok && writeFileAtomic(dir + "/latest", name + "\n", error);
+    if (ok && keep > 0) {
+      auto all = listCheckpoints(dir);
+      for (size_t i = 0; ok && i + keep < all.size(); ++i) {
+        std::string old = all[i].second.substr(all[i].second.rfind('/') + 1);
+        if (old != name)
+          ok = removeStepFolder(dir, old, error);
+      }
+    }
+    if (!ok)
+      die(error);
+  }
+  world.barrier();
 }
 
 /// Every rank's trace events, on world rank 0 (`all[r]` from rank r).
@@ -799,15 +1149,15 @@ int main(int argc, char **argv) {
       else
         std::memset(arena, 0, bytes);
     }
+    // The arena's initial contents: read here, so that a truncated or
+    // corrupt checkpoint file stops every rank cleanly.
+    if (error.empty())
+      fillArena(*program, weights, arena, mesh, error);
   }
   if (!agree(*world, error))
     return finish(1);
 
-  // Step 3: the arena's initial contents and the communicators.
-  if (!readTensors(weights.model, modelSlots(*program), arena, false, mesh, error) ||
-      (weights.hasOptimizer &&
-       !readTensors(weights.optimizer, optimizerSlots(*program), arena, true, mesh, error)))
-    die(error);
+  // Step 3: the communicators.
   MetricsLog log;
   if (worldRank == 0 && !opts.log.empty() && !log.open(opts.log, error))
     die(error);
@@ -877,6 +1227,20 @@ int main(int argc, char **argv) {
     std::fflush(stdout);
   }
 
+  // Checkpoints at every multiple of --save-every and after the last step,
+  // never the same step twice.
+  int64_t lastSaved = -1;
+  auto saveAt = [&](int64_t step) {
+    if (opts.save.empty() || step == lastSaved)
+      return;
+    saveCheckpoint(*world, *program, arena, opts.save, step, opts.keep);
+    lastSaved = step;
+    if (talk) {
+      std::printf("carve: saved %s/%s\n", opts.save.c_str(), checkpointFolderName(step).c_str());
+      std::fflush(stdout);
+    }
+  };
+
   // Step 4: training.
   StepContext ctx;
   ctx.arena = arena;
@@ -935,6 +1299,8 @@ int main(int argc, char **argv) {
       if (!log.write(line, error))
         die(error);
     }
+    if (opts.saveEvery > 0 && (k + 1) % opts.saveEvery == 0)
+      saveAt(k + 1);
   }
 
   if (!opts.trace.empty()) {
@@ -950,27 +1316,8 @@ int main(int argc, char **argv) {
     }
   }
 
-  // Step 5: the checkpoint, reassembled from the ranks' pieces: each pipeline
-  // stage's first rank reassembles its parameters, world rank 0 collects them.
-  if (!opts.save.empty()) {
-    FullTensors full;
-    const bool keep = mesh.dpRank == 0 && mesh.tpRank == 0;
-    gatherSlots(modelSlots(*program), false, arena, mesh, *dpComm, *tpComm, keep, full, full.model);
-    gatherSlots(optimizerSlots(*program), true, arena, mesh, *dpComm, *tpComm, keep, full,
-                full.state);
-    if (keep && mesh.pp > 1) {
-      collectStages(*ppComm, full.model, full, 1);
-      collectStages(*ppComm, full.state, full, 3);
-    }
-    if (worldRank == 0) {
-      if (!saveCheckpoint(*program, opts.save, full, end, error))
-        die(error);
-      if (talk)
-        std::printf("carve: saved %s (step %lld)\n", opts.save.c_str(),
-                    static_cast<long long>(end));
-    }
-    world->barrier();
-  }
+  // Step 5: the final checkpoint: every rank writes its own shards.
+  saveAt(end);
   dpGroup.reset();
   tpGroup.reset();
   ppGroup.reset();
