@@ -12,6 +12,7 @@
 #include "tools/carve/Compile.h"
 #include "tools/carve/PlanCmd.h"
 #include "tools/carve/Summary.h"
+#include "tools/carve/VerifyCmd.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
@@ -39,23 +40,25 @@ cl::SubCommand compileCmd("compile",
 cl::SubCommand runCmd("run", "Launch a compiled training program on N ranks (mpirun)");
 cl::SubCommand planCmd("plan", "Search a parallelization plan for a model on a cluster and "
                                "explain it (docs/planner.md)");
+cl::SubCommand verifyCmd("verify", "Train a plan's program and the 1-rank program a few steps "
+                                   "and compare losses and weights (docs/verify.md)");
 
 cl::list<std::string>
     setDims("set-dim",
             cl::desc("Bind a symbolic dimension (from dynamic_axes) to a size; repeatable"),
             cl::value_desc("NAME=VALUE"), cl::sub(importCmd), cl::sub(compileCmd), cl::sub(planCmd),
-            cl::cat(carveCat));
+            cl::sub(verifyCmd), cl::cat(carveCat));
 cl::opt<std::string>
     rulesFile("rules",
               cl::desc("Rules file (JSON): custom ops (annotation, output shapes, C++ kernels) and "
                        "annotation overrides; docs/custom-ops.md"),
               cl::value_desc("RULES.json"), cl::sub(importCmd), cl::sub(compileCmd),
-              cl::cat(carveCat));
+              cl::sub(verifyCmd), cl::cat(carveCat));
 cl::list<std::string>
     frozen("frozen",
            cl::desc("Do not train parameters whose names match GLOB (e.g. 'wte.*'); repeatable"),
            cl::value_desc("GLOB"), cl::sub(importCmd), cl::sub(compileCmd), cl::sub(planCmd),
-           cl::cat(carveCat));
+           cl::sub(verifyCmd), cl::cat(carveCat));
 
 // carve compile
 cl::opt<std::string> compileInput(cl::Positional, cl::Required, cl::desc("MODEL.onnx"),
@@ -69,7 +72,7 @@ cl::opt<std::string> target("target", cl::desc("Target: cpu"), cl::init("cpu"), 
                             cl::cat(carveCat));
 cl::opt<std::string> lossName("loss", cl::desc("The output that is the loss"),
                               cl::value_desc("NAME"), cl::sub(compileCmd), cl::sub(planCmd),
-                              cl::cat(carveCat));
+                              cl::sub(verifyCmd), cl::cat(carveCat));
 cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training step's IR"),
                               cl::value_desc("FILE"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> timelineJson(
@@ -144,6 +147,34 @@ cl::opt<bool> planJson("json", cl::desc("Print the report as JSON"), cl::sub(pla
                        cl::cat(carveCat));
 cl::opt<bool> autoPlanFlag("auto", cl::desc("Plan (for --cluster) and compile with the best plan"),
                            cl::sub(compileCmd), cl::cat(carveCat));
+
+// carve verify
+cl::opt<std::string> verifyInput(cl::Positional, cl::Required,
+                                 cl::desc("MODEL.onnx or builtin:gpt:layers=..,hidden=..,..."),
+                                 cl::sub(verifyCmd), cl::cat(carveCat));
+cl::opt<std::string> verifyPlan("plan", cl::desc("The plan to verify against one rank"),
+                                cl::value_desc("PLAN.json"), cl::Required, cl::sub(verifyCmd),
+                                cl::cat(carveCat));
+cl::opt<int64_t> verifySteps("steps", cl::desc("Training steps to compare (default 5)"),
+                             cl::init(5), cl::sub(verifyCmd), cl::cat(carveCat));
+cl::opt<std::string> verifyData("data",
+                                cl::desc("Training data (default: generated tokens)"),
+                                cl::value_desc("FILE"), cl::sub(verifyCmd), cl::cat(carveCat));
+cl::opt<std::string> verifyWorkdir(
+    "workdir", cl::desc("Keep the programs, logs and checkpoints here (default: a temporary "
+                        "folder, removed)"),
+    cl::value_desc("DIR"), cl::sub(verifyCmd), cl::cat(carveCat));
+cl::opt<double> verifyLossTol("tolerance-loss",
+                              cl::desc("Largest relative loss difference (default 1e-5)"),
+                              cl::init(1e-5), cl::sub(verifyCmd), cl::cat(carveCat));
+cl::opt<double> verifyWeightTol(
+    "tolerance-weights",
+    cl::desc("Largest weight difference relative to each tensor's largest entry (default 1e-4)"),
+    cl::init(1e-4), cl::sub(verifyCmd), cl::cat(carveCat));
+cl::opt<bool> verifyPlannedOptimizer(
+    "planned-optimizer",
+    cl::desc("Compare under the plan's optimizer (default: SGD with momentum; docs/verify.md)"),
+    cl::sub(verifyCmd), cl::cat(carveCat));
 
 // carve run
 cl::opt<std::string> runOut(cl::Positional, cl::Required, cl::desc("OUT"), cl::sub(runCmd),
@@ -308,6 +339,7 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(carveCat, compileCmd);
   cl::HideUnrelatedOptions(carveCat, runCmd);
   cl::HideUnrelatedOptions(carveCat, planCmd);
+  cl::HideUnrelatedOptions(carveCat, verifyCmd);
   cl::HideUnrelatedOptions(carveCat);
   cl::SetVersionPrinter([](raw_ostream &os) { os << "carve 0.1 (MLIR 22)\n"; });
   cl::ParseCommandLineOptions(
@@ -320,7 +352,8 @@ int main(int argc, char **argv) {
       "  carve compile MODEL.onnx --auto --cluster cpu:1x4 -o OUT\n"
       "  carve plan MODEL --cluster a100-80gb:16x8 [--global-batch B] [--fixed tp=8] "
       "[--constraints FILE] [-o PLAN.json] [--json]\n"
-      "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n\n"
+      "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n"
+      "  carve verify MODEL --plan PLAN.json [--steps K] [--data FILE] [--workdir DIR]\n\n"
       "Run `carve SUBCOMMAND --help` for the flags of one subcommand.\n");
   if (importCmd)
     return runImport();
@@ -345,6 +378,26 @@ int main(int argc, char **argv) {
     if (globalBatch.getNumOccurrences() && globalBatch < 1)
       die("--global-batch must be a positive number of samples");
     return carve::runPlan(pa);
+  }
+  if (verifyCmd) {
+    carve::VerifyArgs va;
+    va.model = verifyInput;
+    va.planPath = verifyPlan;
+    va.steps = verifySteps;
+    va.data = verifyData;
+    va.workdir = verifyWorkdir;
+    va.lossTolerance = verifyLossTol;
+    va.weightTolerance = verifyWeightTol;
+    va.plannedOptimizer = verifyPlannedOptimizer;
+    for (const std::string &d : setDims)
+      va.compileFlags.insert(va.compileFlags.end(), {"--set-dim", d});
+    for (const std::string &g : frozen)
+      va.compileFlags.insert(va.compileFlags.end(), {"--frozen", g});
+    if (!rulesFile.empty())
+      va.compileFlags.insert(va.compileFlags.end(), {"--rules", rulesFile});
+    if (!lossName.empty())
+      va.compileFlags.insert(va.compileFlags.end(), {"--loss", lossName});
+    return carve::runVerify(va);
   }
   if (runCmd)
     return carve::runRun(runOut, runRanks,
