@@ -6,6 +6,7 @@
 # first data byte) and may hold "__metadata__", a map of strings.
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -113,3 +114,54 @@ def load(path, with_metadata=False):
         tensors[name] = np.frombuffer(blob, dtype, count=want // dtype.itemsize,
                                       offset=begin).reshape(shape).copy()
     return (tensors, metadata) if with_metadata else tensors
+
+
+def checkpoint_folder(path):
+    """The folder `train --load PATH` reads: PATH itself when it holds a
+    manifest.json (a step folder) or model.safetensors (the older full format),
+    else the step folder PATH/latest names."""
+    if os.path.isfile(os.path.join(path, "manifest.json")) or \
+            os.path.isfile(os.path.join(path, "model.safetensors")):
+        return path
+    with open(os.path.join(path, "latest")) as f:
+        return os.path.join(path, f.read().strip())
+
+
+def load_checkpoint(path, roles=("parameter", "buffer")):
+    """Full tensors (name -> numpy array) of a checkpoint written by `train
+    --save` (docs/checkpoints.md), reassembled from the manifest's shards;
+    `roles` picks parameters, buffers and/or optimizer_state. A folder in the
+    older full format gives model.safetensors (and optimizer.safetensors)."""
+    folder = checkpoint_folder(path)
+    manifest_path = os.path.join(folder, "manifest.json")
+    if not os.path.isfile(manifest_path):
+        out = {}
+        if "parameter" in roles or "buffer" in roles:
+            out.update(load(os.path.join(folder, "model.safetensors")))
+        opt = os.path.join(folder, "optimizer.safetensors")
+        if "optimizer_state" in roles and os.path.isfile(opt):
+            out.update(load(opt))
+        return out
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    files, out = {}, {}
+    for t in manifest["tensors"]:
+        if t["role"] not in roles:
+            continue
+        full = np.zeros(t["shape"], DTYPES[t["dtype"]])
+        covered = np.zeros(t["shape"], np.int32)
+        for s in t["shards"]:
+            if s["file"] not in files:
+                files[s["file"]] = load(os.path.join(folder, s["file"]))
+            data = files[s["file"]][s["key"]]
+            if list(data.shape) != list(s["shape"]):
+                raise SafetensorsError(f"{folder}/{s['file']}: '{s['key']}' is "
+                                       f"{list(data.shape)}, the manifest says {s['shape']}")
+            where = tuple(slice(o, o + n) for o, n in zip(s["offsets"], s["shape"]))
+            full[where] = data
+            covered[where] += 1
+        if covered.size and (covered.min() != 1 or covered.max() != 1):
+            raise SafetensorsError(f"{manifest_path}: the shards of '{t['name']}' do not "
+                                   f"cover it exactly once")
+        out[t["name"]] = full
+    return out

@@ -185,21 +185,24 @@ def setup(carve, models, root):
         cmd = [os.path.join(paths["mlp1"], "bin", "train"), "--steps", "2",
                "--data", paths["mlp_data"], "--save", good, "--quiet"]
         code, out_text, err, _ = run_cmd(cmd, TIMEOUT_S)
-        model_st = os.path.join(good, "model.safetensors")
-        if code != 0 or not os.path.isfile(model_st):
+        if code != 0 or not os.path.isfile(os.path.join(good, "latest")):
             errors["ckpt"] = "setup checkpoint failed (exit %s): %s: %s" % (
                 describe_exit(code), " ".join(cmd), (err or out_text).strip()[-300:])
         else:
-            weights = st.load(model_st)
+            # Broken copies in the older full format, which --load still reads.
+            weights = st.load_checkpoint(good)
+            state = st.load_checkpoint(good, roles=("optimizer_state",))
             for key, edit in (("ckpt_wrong_name", "name"), ("ckpt_wrong_shape", "shape")):
                 bad = d("ckpt", key)
-                shutil.copytree(good, bad)
+                os.makedirs(bad)
+                if state:
+                    st.save(os.path.join(bad, "optimizer.safetensors"), state, {"step": "2"})
                 w = dict(weights)
                 if edit == "name":
                     w["fc1.wieght"] = w.pop("fc1.weight")
                 else:
                     w["fc1.weight"] = np.zeros((64, 31), np.float32)
-                st.save(os.path.join(bad, "model.safetensors"), w)
+                st.save(os.path.join(bad, "model.safetensors"), w, {"step": "2"})
                 paths[key] = bad
     else:
         errors["ckpt"] = "no single-rank MLP program to write a checkpoint with"
@@ -265,7 +268,7 @@ def build_cases(carve, root, p, errors):
         """--data/--log/--save pointing at guarded pre-existing outputs."""
         log = guard(d("out", name, "log.jsonl"))
         save = d("out", name, "save")
-        saved = guard(os.path.join(save, "model.safetensors"))
+        saved = guard(os.path.join(save, "latest"))
         return (["--steps", "3", "--data", data, "--log", log, "--save", save, "--quiet",
                  *extra], [log, saved])
 

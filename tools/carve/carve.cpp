@@ -9,6 +9,7 @@
 #include "compiler/frontend/Builtin.h"
 #include "compiler/frontend/OnnxImporter.h"
 #include "compiler/rules/Rules.h"
+#include "tools/carve/CkptCmd.h"
 #include "tools/carve/Compile.h"
 #include "tools/carve/PlanCmd.h"
 #include "tools/carve/Summary.h"
@@ -38,6 +39,16 @@ cl::opt<std::string> importOutput("o", cl::desc("Write the IR to FILE (default: 
 cl::SubCommand compileCmd("compile",
                           "Compile an ONNX model into a training executable (OUT/bin/train)");
 cl::SubCommand runCmd("run", "Launch a compiled training program on N ranks (mpirun)");
+cl::SubCommand ckptCmd("ckpt", "Inspect a checkpoint or merge it into one full safetensors file "
+                               "(docs/checkpoints.md)");
+cl::list<std::string> ckptArgs(cl::Positional, cl::OneOrMore, cl::desc("inspect|merge PATH"),
+                               cl::sub(ckptCmd), cl::cat(carveCat));
+cl::opt<std::string> ckptOutput("o", cl::desc("merge: the full model's safetensors file"),
+                                cl::value_desc("FILE.safetensors"), cl::sub(ckptCmd),
+                                cl::cat(carveCat));
+cl::opt<bool> ckptWithOptimizer("with-optimizer",
+                                cl::desc("merge: also write the optimizer state tensors"),
+                                cl::sub(ckptCmd), cl::cat(carveCat));
 cl::SubCommand planCmd("plan", "Search a parallelization plan for a model on a cluster and "
                                "explain it (docs/planner.md)");
 cl::SubCommand verifyCmd("verify", "Train a plan's program and the 1-rank program a few steps "
@@ -339,6 +350,7 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(carveCat, compileCmd);
   cl::HideUnrelatedOptions(carveCat, runCmd);
   cl::HideUnrelatedOptions(carveCat, planCmd);
+  cl::HideUnrelatedOptions(carveCat, ckptCmd);
   cl::HideUnrelatedOptions(carveCat, verifyCmd);
   cl::HideUnrelatedOptions(carveCat);
   cl::SetVersionPrinter([](raw_ostream &os) { os << "carve 0.1 (MLIR 22)\n"; });
@@ -352,6 +364,7 @@ int main(int argc, char **argv) {
       "  carve compile MODEL.onnx --auto --cluster cpu:1x4 -o OUT\n"
       "  carve plan MODEL --cluster a100-80gb:16x8 [--global-batch B] [--fixed tp=8] "
       "[--constraints FILE] [-o PLAN.json] [--json]\n"
+      "  carve ckpt inspect PATH | carve ckpt merge PATH -o FULL.safetensors\n"
       "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n"
       "  carve verify MODEL --plan PLAN.json [--steps K] [--data FILE] [--workdir DIR]\n\n"
       "Run `carve SUBCOMMAND --help` for the flags of one subcommand.\n");
@@ -399,6 +412,9 @@ int main(int argc, char **argv) {
       va.compileFlags.insert(va.compileFlags.end(), {"--loss", lossName});
     return carve::runVerify(va);
   }
+  if (ckptCmd)
+    return carve::runCkpt({std::vector<std::string>(ckptArgs.begin(), ckptArgs.end()), ckptOutput,
+                           ckptWithOptimizer});
   if (runCmd)
     return carve::runRun(runOut, runRanks,
                          std::vector<std::string>(runTrainArgs.begin(), runTrainArgs.end()));
