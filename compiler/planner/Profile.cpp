@@ -4,6 +4,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Builtin.h"
+#include "compiler/partition/Annotation.h"
 #include "compiler/partition/Pipeline.h"
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
@@ -44,6 +45,7 @@ public:
   bool run(std::string &error);
 
 private:
+  void collectSites();
   func::FuncOp fn;
   Profile &p;
   // Segment order: 0 embedding, 1..L layers, L+1 head.
@@ -292,8 +294,59 @@ bool Profiler::run(std::string &error) {
     if (trainable && users.size() > 1)
       p.sharedParams += e * (double)(users.size() - 1);
   }
+  collectSites();
   (void)error;
   return true;
+}
+
+void Profiler::collectSites() {
+  // Forward ops that act on the batch and carry the partitioner's choice;
+  // ops on parameters alone take their consumers' layout and are not choices.
+  llvm::DenseMap<Operation *, int> siteOf;
+  for (Operation &op : fn.getBody().front().without_terminator()) {
+    Operation *o = &op;
+    auto ann = o->getAttrOfType<StringAttr>(kAnnotationAttr);
+    auto choice = o->getAttrOfType<StringAttr>(kChoiceAttr);
+    std::string node = nodeName(o->getLoc());
+    if (!ann || !choice || node.empty() || isBackward(o))
+      continue;
+    bool onBatch = false;
+    for (Value r : o->getResults())
+      onBatch |= batch.count(r) > 0;
+    if (!onBatch)
+      continue;
+    ChoiceSite s;
+    s.node = node;
+    s.annotation = ann.str();
+    StringRef c = choice.getValue();
+    c.consume_front("tp: ");
+    s.chosen = c.str();
+    Annotation a;
+    std::string why;
+    if (Annotation::parse(s.annotation, a, why))
+      s.dims = a.names();
+    // Producers: walk operands back through ops that are not choices
+    // (views, casts, the collectives the partitioner inserted).
+    std::set<int> producers;
+    llvm::SmallVector<Value> work(o->getOperands().begin(), o->getOperands().end());
+    llvm::DenseSet<Operation *> seen;
+    while (!work.empty()) {
+      Operation *d = work.pop_back_val().getDefiningOp();
+      if (!d || !seen.insert(d).second)
+        continue;
+      auto it = siteOf.find(d);
+      if (it != siteOf.end()) {
+        producers.insert(it->second);
+        continue;
+      }
+      if (!d->hasAttr(kAnnotationAttr) || d->getDialect()->getNamespace() == "dist")
+        for (Value v : d->getOperands())
+          work.push_back(v);
+    }
+    s.producers.assign(producers.begin(), producers.end());
+    siteOf[o] = (int)p.sites.size();
+    p.sites.push_back(std::move(s));
+  }
 }
 
 } // namespace

@@ -89,6 +89,16 @@ struct Segment {
   int ops = 0;
 };
 
+/// A forward op whose split over tp the partitioner chose: what the
+/// planner's per-op search (OpSearch.h) varies. Only under tp > 1.
+struct ChoiceSite {
+  std::string node;              // model node name
+  std::string annotation;        // its partition annotation
+  std::string chosen;            // "replicate", "n", "n x 3", "partial"
+  std::vector<std::string> dims; // the annotated names it could split instead
+  std::vector<int> producers;    // sites whose results reach it (through views, collectives)
+};
+
 struct Profile {
   int tp = 1;
   bool sequenceParallel = false;
@@ -103,6 +113,7 @@ struct Profile {
   int64_t modelBatch = 1; // the batch the model was written with
   int64_t seq = 0;        // the second dimension of the first input (tokens per sample)
   std::string pinsUsed;   // for messages
+  std::vector<ChoiceSite> sites; // forward ops with a tp choice, in program order
 };
 
 struct ProfileRequest {

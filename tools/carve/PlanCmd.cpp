@@ -9,9 +9,11 @@
 #include "tools/carve/PlanCmd.h"
 
 #include "compiler/frontend/Builtin.h"
+#include "compiler/planner/OpSearch.h"
 #include "compiler/planner/Planner.h"
 #include "tools/carve/Compile.h"
 
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -157,6 +159,14 @@ struct Outcome {
   SearchResult result;
   const Profile *base = nullptr;
   double seconds = 0;
+  OpSearchResult ops; // per-op choices for the best plan
+  double opSeconds = 0;
+  /// The best plan's pins: the user's, then those the per-op search chose.
+  std::vector<OpOverride> bestPins() const {
+    std::vector<OpOverride> p = opts.constraints.pins;
+    p.insert(p.end(), ops.pins.begin(), ops.pins.end());
+    return p;
+  }
 };
 
 void setup(const PlanArgs &args, Session &s, Outcome &o) {
@@ -196,6 +206,39 @@ void search(Session &s, Outcome &o) {
       *o.base, [&](int tp, bool sp, std::string &e) { return s.get(tp, sp, e); }, o.cluster,
       o.opts);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Revisits the best plan's per-op choices (OpSearch.h); a faster result
+/// replaces the best plan's estimate and adds its pins to the plan.
+void searchOps(Session &s, Outcome &o) {
+  auto t0 = std::chrono::steady_clock::now();
+  Estimate &best = o.result.ranked[0];
+  std::string error;
+  const Profile *prof = s.get(best.c.tp, best.c.sp, error);
+  if (!prof)
+    return;
+  PinnedProfile build = [&](const std::vector<OpOverride> &extra, Profile &out,
+                            std::string &why) {
+    ProfileRequest r = s.req;
+    r.tp = best.c.tp;
+    r.sequenceParallel = best.c.sp;
+    r.pins.insert(r.pins.end(), extra.begin(), extra.end());
+    // A choice the partitioner cannot carry out is priced out, not printed.
+    std::string diag;
+    mlir::ScopedDiagnosticHandler quiet(&s.context, [&](mlir::Diagnostic &d) {
+      if (diag.empty())
+        diag = d.str();
+      return mlir::success();
+    });
+    bool ok = buildProfile(s.model, r, out, why);
+    if (!ok && why.empty())
+      why = diag;
+    return ok;
+  };
+  o.ops = searchOpChoices(*prof, *o.base, o.cluster, best.c, o.opts, build);
+  if (!o.ops.pins.empty())
+    best = o.ops.after;
+  o.opSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 /// When nothing fits: the smallest cluster (more nodes of the same kind) that would.
@@ -291,6 +334,49 @@ std::string modelLine(const PlanArgs &args, const Outcome &o, const Session &s) 
   return os.str();
 }
 
+json opChoicesJson(const Outcome &o) {
+  const OpSearchResult &r = o.ops;
+  json j = {{"searched", r.ran}, {"seconds", o.opSeconds}};
+  if (!r.ran) {
+    j["why_not"] = r.skippedWhy;
+    return j;
+  }
+  j["groups"] = r.groups;
+  j["partitions_priced"] = r.priced;
+  j["budget_hit"] = r.budgetHit;
+  j["method"] = r.method.empty() ? "none" : r.method;
+  j["changes"] = r.changes;
+  j["step_time_before_s"] = r.before.time.total;
+  j["step_time_after_s"] = r.after.time.total;
+  return j;
+}
+
+/// The per-op search's lines of the report.
+void printOpChoices(std::ostream &os, const Outcome &o) {
+  const OpSearchResult &r = o.ops;
+  if (!r.ran) {
+    if (!r.skippedWhy.empty())
+      os << "\nPer-op choices: not searched (" << r.skippedWhy << ")\n";
+    return;
+  }
+  os << "\nPer-op choices: " << r.groups << " op groups, " << r.priced << " partitions priced"
+     << (r.method == "dp"    ? ", chains solved by dynamic programming"
+         : r.method == "ilp" ? ", solved as an integer program (CBC)"
+                             : "")
+     << (r.budgetHit ? ", budget reached" : "") << " (" << secs(o.opSeconds) << ")\n";
+  if (r.changes.empty()) {
+    os << "  the partitioner's choices are the fastest found\n";
+    return;
+  }
+  for (const std::string &c : r.changes)
+    os << "  pinned " << c << "\n";
+  char line[160];
+  snprintf(line, sizeof line, "  step time %s -> %s (%.1f%% faster)\n",
+           secs(r.before.time.total).c_str(), secs(r.after.time.total).c_str(),
+           100.0 * (1 - r.after.time.total / r.before.time.total));
+  os << line;
+}
+
 json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   json j;
   j["model"] = args.model;
@@ -304,8 +390,9 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   j["profiles_built"] = s.built;
   j["fits"] = o.result.anyFits;
   if (o.result.anyFits) {
-    j["plan"] = planFields(o.result.ranked[0].c, o.opts.constraints.pins);
+    j["plan"] = planFields(o.result.ranked[0].c, o.bestPins());
     j["predicted"] = predicted(o.result.ranked[0]);
+    j["op_choices"] = opChoicesJson(o);
     json alts = json::array();
     for (size_t i = 1; i < o.result.ranked.size(); ++i)
       alts.push_back({{"plan", planFields(o.result.ranked[i].c, o.opts.constraints.pins)},
@@ -322,7 +409,7 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
 }
 
 json planFile(const Estimate &e, const PlanArgs &args, const Outcome &o) {
-  json p = planFields(e.c, o.opts.constraints.pins);
+  json p = planFields(e.c, o.bestPins());
   p["predicted"] = predicted(e);
   p["planner"] = {{"model", args.model},
                   {"cluster", args.cluster},
@@ -377,6 +464,8 @@ void planOrDie(const PlanArgs &args, Session &s, Outcome &o, const std::string &
     die(who + ": the constraints contradict each other: " + o.result.contradiction);
   if (o.result.evaluated == 0)
     die(who + ": " + unusable(o));
+  if (o.result.anyFits && args.opSearch)
+    searchOps(s, o);
 }
 
 } // namespace
@@ -426,6 +515,7 @@ int runPlan(const PlanArgs &args) {
   if (!args.json) {
     os << "Plan: " << best.c.key() << "\n";
     printEstimate(os, best, o.cluster);
+    printOpChoices(os, o);
     if (r.ranked.size() > 1) {
       os << "\nAlternatives\n";
       for (size_t i = 1; i < r.ranked.size(); ++i) {

@@ -23,6 +23,8 @@ struct PlanArgs {
   ImportOptions import;
   /// `carve compile --auto`: only plans the cpu target carries out, quiet.
   bool compilableOnly = false;
+  /// Revisit the best plan's per-op choices (--no-op-search turns it off).
+  bool opSearch = true;
 };
 
 /// `carve plan`: prints the report (or JSON), writes PLAN.json; exit status.

@@ -156,6 +156,9 @@ cl::opt<std::string> planOutput("o", cl::desc("Write the best plan (with its pre
                                 cl::value_desc("PLAN.json"), cl::sub(planCmd), cl::cat(carveCat));
 cl::opt<bool> planJson("json", cl::desc("Print the report as JSON"), cl::sub(planCmd),
                        cl::cat(carveCat));
+cl::opt<bool> noOpSearch("no-op-search",
+                         cl::desc("Keep the partitioner's per-op choices (skip the per-op search)"),
+                         cl::sub(planCmd), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<bool> autoPlanFlag("auto", cl::desc("Plan (for --cluster) and compile with the best plan"),
                            cl::sub(compileCmd), cl::cat(carveCat));
 
@@ -330,6 +333,7 @@ int runCompileCommand() {
     pa.loss = lossName;
     pa.import = args.import;
     pa.compilableOnly = true;
+    pa.opSearch = !noOpSearch;
     std::string summary;
     args.planText = carve::autoPlan(pa, summary);
     args.planPath = "--auto plan";
@@ -382,6 +386,7 @@ int main(int argc, char **argv) {
     pa.calibrationPath = calibrationFile;
     pa.output = planOutput;
     pa.json = planJson;
+    pa.opSearch = !noOpSearch;
     pa.loss = lossName;
     std::string error;
     for (const std::string &d : setDims)
