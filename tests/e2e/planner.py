@@ -271,6 +271,24 @@ def main():
         raise Failure("PLAN.json with ops %r: loss differs by %.3g relative (limit %g)" %
                       (pinned, worst, LOSS_RTOL))
     print("ok: tp=2 PLAN.json with per-op pins %r trains within %.2g of 1 rank" % (pinned, worst))
+    # The pins the search chose for the 1.3B GPT (3b; same node names) on this
+    # small GPT at tp=4, with sequence parallelism as that plan had it.
+    big_plan = {"dp": 1, "tp": 4, "pp": 1, "ops": rep["plan"].get("ops", {})}
+    if rep["plan"].get("sequence_parallel"):
+        big_plan["sequence_parallel"] = True
+    bp = os.path.join(mdir, "bigpins.plan.json")
+    with open(bp, "w") as f:
+        json.dump(big_plan, f)
+    run_cmd([carve, "compile", onnx, "--plan", bp, "-o", os.path.join(mdir, "bigpins")] +
+            OPTIMIZER)
+    losses = train(os.path.join(mdir, "bigpins"), 4)
+    worst = max(abs(a - b) / abs(a) for a, b in zip(base_losses, losses))
+    if worst > LOSS_RTOL:
+        raise Failure("tp=4 plan with the 1.3B GPT's per-op pins %r: loss differs by %.3g "
+                      "relative (limit %g)" % (big_plan, worst, LOSS_RTOL))
+    checks += 1
+    print("ok: the 1.3B GPT's per-op pins (%d) at tp=4 train within %.2g of 1 rank" % (
+        len(big_plan["ops"]), worst))
     expect_fail(carve, ["compile", onnx, "--auto", "--cluster", "cpu:1x4", "--fixed",
                         "precision=bf16", "-o", os.path.join(mdir, "never")], "fp32")
     if os.path.exists(os.path.join(mdir, "never")):
