@@ -113,7 +113,7 @@ def read_log(path):
 
 def read_weights(path):
     try:
-        return st.load(path)
+        return st.load_checkpoint(path)
     except (OSError, ValueError) as e:
         raise Failure(f"{path}: cannot read the saved weights: {e}") from None
 
@@ -128,8 +128,7 @@ def compile_and_train(carve, onnx_path, rules_path, data, out, plan=None):
     must(cmd)
     must([carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS), "--data", data,
           "--log", out + ".jsonl", "--save", out + ".ckpt", "--quiet"])
-    return read_log(out + ".jsonl"), read_weights(os.path.join(out + ".ckpt",
-                                                              "model.safetensors"))
+    return read_log(out + ".jsonl"), read_weights(out + ".ckpt")
 
 
 def torch_train(onnx_path, data):

@@ -251,7 +251,7 @@ def main():
             failures.append(model + " 1rank")
             print("FAIL %s: a gradient norm is below the clipping threshold: %s" %
                   (model, base_norms))
-        base_weights = st.load(base + ".ckpt/model.safetensors")
+        base_weights = st.load_checkpoint(base + ".ckpt")
         full_shapes = {k: list(v.shape) for k, v in base_weights.items()}
         for name, plan in PLANS:
             if args.only and args.only not in name:
@@ -269,7 +269,7 @@ def main():
                 if nworst > LOSS_RTOL:
                     raise Failure("gradient norm differs by %.3g relative (limit %g): %s vs %s" %
                                   (nworst, LOSS_RTOL, norms, base_norms))
-                weights = st.load(out + ".ckpt/model.safetensors")
+                weights = st.load_checkpoint(out + ".ckpt")
                 if sorted(weights) != sorted(base_weights):
                     raise Failure("checkpoint tensors differ from the 1-rank run's")
                 wworst, wname = 0.0, ""

@@ -219,7 +219,7 @@ def main():
 
     base, _ = build("1rank", None, 1)
     base_losses, base_norms = read_losses(base + ".jsonl")
-    base_weights = st.load(base + ".ckpt/model.safetensors")
+    base_weights = st.load_checkpoint(base + ".ckpt")
 
     for name, plan in plans():
         if args.only and args.only not in name:
@@ -243,7 +243,7 @@ def main():
             if nworst > LOSS_RTOL:
                 raise Failure("gradient norm differs by %.3g relative (limit %g)" %
                               (nworst, LOSS_RTOL))
-            weights = st.load(out + ".ckpt/model.safetensors")
+            weights = st.load_checkpoint(out + ".ckpt")
             if sorted(weights) != sorted(base_weights):
                 raise Failure("checkpoint tensors %s differ from the 1-rank run's" %
                               sorted(set(weights) ^ set(base_weights)))
