@@ -25,6 +25,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
@@ -32,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <csignal>
 #include <fstream>
 #include <sstream>
@@ -47,7 +49,17 @@ using namespace llvm;
 
 namespace carve {
 
+namespace {
+/// A progress line is open on stdout (its stage has started, not finished).
+bool progressLineOpen = false;
+} // namespace
+
 [[noreturn]] void die(const std::string &msg) {
+  if (progressLineOpen) {
+    outs() << "\n";
+    outs().flush();
+    progressLineOpen = false;
+  }
   errs() << "carve: error: " << msg << "\n";
   errs().flush();
   std::exit(1);
@@ -74,6 +86,33 @@ void writeFileOrDie(const std::string &path, const std::string &text) {
   if (os.has_error())
     die(path + ": cannot write: " + os.error().message());
 }
+
+/// One line per compile stage on stdout: its name when it starts, its time
+/// (and a note) when it ends, so a slow stage shows which one it is.
+class Progress {
+public:
+  explicit Progress(bool quiet) : quiet(quiet) {}
+  void start(const std::string &stage) {
+    t0 = std::chrono::steady_clock::now();
+    if (quiet)
+      return;
+    outs() << "carve: " << left_justify(stage, 26);
+    outs().flush();
+    progressLineOpen = true;
+  }
+  void done(const std::string &note = "") {
+    if (quiet)
+      return;
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    outs() << format("%6.2f s", s) << (note.empty() ? "" : "  " + note) << "\n";
+    outs().flush();
+    progressLineOpen = false;
+  }
+
+private:
+  bool quiet;
+  std::chrono::steady_clock::time_point t0;
+};
 
 /// Removes a temporary output directory on every exit path.
 struct TempDir {
@@ -271,6 +310,8 @@ int runCompile(CompileArgs &args) {
   }
 
   // Import with the global batch: the parameters' initial values, the batch.
+  Progress progress(args.quiet);
+  progress.start("import");
   mlir::MLIRContext context;
   context.loadDialect<dist::DistDialect>();
   std::vector<ImportOptions::InitialValue> initial;
@@ -364,6 +405,13 @@ int runCompile(CompileArgs &args) {
           "dynamic batch)");
   }
 
+  progress.done(std::to_string(initial.size()) + " parameters, global batch " +
+                std::to_string(batch) +
+                (micro == batch ? std::string()
+                                : ", " + std::to_string(micro) + " per " +
+                                      (m > 1 ? "micro-batch" : "rank")));
+
+  progress.start("training step");
   if (!prepareCustomOps(*local, rules, error))
     die(args.model + ": " + error);
   AutodiffOptions ad;
@@ -382,8 +430,13 @@ int runCompile(CompileArgs &args) {
   }
   if (!checkOverridesMatch(*local, rules, error))
     die(error);
+  progress.done("forward, backward and " + opt.kind + " update");
   PartitionReport partition;
   if (plan.tp > 1 || plan.zero > 0) {
+    progress.start("partition (" +
+                   std::string(plan.tp > 1 ? "tp=" + std::to_string(plan.tp) : "") +
+                   (plan.tp > 1 && plan.zero > 0 ? ", " : "") +
+                   (plan.zero > 0 ? "zero=" + std::to_string(plan.zero) : "") + ")");
     PartitionOptions po;
     po.dp = plan.dp;
     po.tp = plan.tp;
@@ -395,6 +448,8 @@ int runCompile(CompileArgs &args) {
     std::string where = args.planPath.empty() ? std::string("plan") : args.planPath;
     if (!partitionTrainStep(*local, po, partition, error))
       die(error.rfind("plan: ", 0) == 0 ? where + error.substr(4) : args.model + ": " + error);
+    progress.done(plan.tp > 1 ? std::to_string(partition.choices.size()) + " ops split"
+                              : std::string());
   } else if (!plan.ops.empty()) {
     die((args.planPath.empty() ? std::string("plan") : args.planPath) +
         ": \"ops\" overrides choose splits over tp; the plan has no \"tp\" > 1");
@@ -402,6 +457,8 @@ int runCompile(CompileArgs &args) {
   PipelineReport stages;
   std::vector<PipelineCodegenOptions::Shared> shared;
   if (pipelined) {
+    progress.start("pipeline split (pp=" + std::to_string(plan.pp) + ", m=" + std::to_string(m) +
+                   ")");
     PipelineOptions po;
     po.pp = plan.pp;
     po.virtualStages = plan.virtualStages;
@@ -424,7 +481,10 @@ int runCompile(CompileArgs &args) {
     }
     for (auto &[n, sh] : byName)
       shared.push_back(sh);
+    progress.done(std::to_string(stages.stages.size()) + " stages, " + plan.scheduleName() +
+                  " schedule");
   }
+  progress.start("codegen");
   if (!args.emitMlir.empty()) {
     std::string text;
     raw_string_ostream os(text);
@@ -608,6 +668,8 @@ int runCompile(CompileArgs &args) {
     writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
   }
   writeInitialValues(dir + "/init.safetensors", initial, isInt, modelName);
+  progress.done(std::to_string(progs.size()) + " program" + (progs.size() > 1 ? "s" : "") +
+                ", " + std::to_string(kernelCalls) + " kernel calls");
 
   // Compile the custom ops' kernels (from their own paths, so that their
   // includes resolve and errors name the user's files; OUT/src/custom/ keeps
@@ -619,12 +681,14 @@ int runCompile(CompileArgs &args) {
   flags.push_back("-I" + cfg["include"]);
   std::string log = dir + "/build.log";
   std::vector<std::string> objects;
+  if (std::error_code ec = sys::fs::create_directories(dir + "/obj"))
+    fail(dir + "/obj: " + ec.message());
   if (!rules.sources.empty())
-    for (const char *sub : {"/src/custom", "/obj"})
-      if (std::error_code ec = sys::fs::create_directories(dir + sub))
-        fail(dir + sub + ": " + ec.message());
+    if (std::error_code ec = sys::fs::create_directories(dir + "/src/custom"))
+      fail(dir + "/src/custom: " + ec.message());
   for (const std::string &src : rules.sources) {
     std::string name = sys::path::filename(src).str();
+    progress.start("C++ build " + name);
     if (std::error_code ec = sys::fs::copy_file(src, dir + "/src/custom/" + name))
       fail(src + ": cannot copy into " + out + "/src/custom: " + ec.message());
     std::vector<std::string> argv = {cfg["cxx"]};
@@ -634,11 +698,29 @@ int runCompile(CompileArgs &args) {
       argv.push_back(a);
     runCompiler(cfg["cxx"], argv, log, out,
                 src + ", a kernel source of the rules file " + args.rulesPath, "");
+    progress.done("custom op kernels");
   }
+  // One object per program, so that the progress names the rank being built.
+  for (size_t r = 0; r < programNames.size(); ++r) {
+    const std::string &n = programNames[r];
+    progress.start("C++ build " + n);
+    std::vector<std::string> argv = {cfg["cxx"]};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    objects.push_back(dir + "/obj/" + n + ".o");
+    for (const std::string &a : {std::string("-c"), dir + "/src/" + n + ".cpp", std::string("-o"),
+                                 objects.back()})
+      argv.push_back(a);
+    runCompiler(cfg["cxx"], argv, log, out, "the generated program (src/" + n + ".cpp)", "");
+    int group = plan.dp * plan.tp;
+    progress.done(!pipelined ? std::string(plan.worldSize() > 1 ? "every rank" : "rank 0")
+                  : group > 1 ? "ranks " + std::to_string(r * group) + "-" +
+                                    std::to_string((r + 1) * group - 1) + " (pipeline rank " +
+                                    std::to_string(r) + ")"
+                              : "rank " + std::to_string(r) + " (pipeline rank)");
+  }
+  progress.start("C++ link");
   std::vector<std::string> argv = {cfg["cxx"]};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  for (const std::string &n : programNames)
-    argv.push_back(dir + "/src/" + n + ".cpp");
   argv.push_back(dir + "/src/programs.cpp");
   argv.insert(argv.end(), objects.begin(), objects.end());
   for (auto &w : splitWords(cfg["libs"]))
@@ -649,8 +731,8 @@ int runCompile(CompileArgs &args) {
               rules.sources.empty() ? ""
                                     : "; do the sources of " + args.rulesPath +
                                           " define every kernel it names, as extern \"C\"?");
-  if (!objects.empty())
-    sys::fs::remove_directories(dir + "/obj");
+  sys::fs::remove_directories(dir + "/obj");
+  progress.done("bin/train");
 
   // Move into place.
   if (sys::fs::exists(out))
@@ -800,9 +882,31 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (rc == 0)
     return 0;
-  // "process rank 1 with PID 123 on node x exited on signal 9 (Killed)."
+  // A rank that gave up waiting (--collective-timeout) printed what it waited
+  // for: "carve: rank 0: all-reduce over dp (...) did not complete in 30 s; ...".
+  size_t timedOut = captured.find(" did not complete in ");
   size_t at = captured.find("process rank ");
-  if (at != std::string::npos) {
+  int deadRank = -1, pid = 0, sig = 0;
+  char node[256] = "";
+  if (at != std::string::npos)
+    std::sscanf(captured.c_str() + at, "process rank %d with PID %d on node %255s exited on signal %d",
+                &deadRank, &pid, node, &sig);
+  if (timedOut != std::string::npos) {
+    size_t begin = captured.rfind("carve: rank ", timedOut);
+    std::string what = begin == std::string::npos
+                           ? std::string("a collective")
+                           : captured.substr(begin + 7, timedOut - begin - 7);
+    errs() << "carve: error: " << what
+           << " timed out (--collective-timeout); the job was aborted and every rank stopped\n";
+  } else if (sig > 0) {
+    const char *abbrev = sigabbrev_np(sig);
+    errs() << "carve: error: rank " << deadRank;
+    if (pid > 0)
+      errs() << " (pid " << pid << " on " << node << ")";
+    errs() << " was killed by signal " << sig << " (SIG" << (abbrev ? abbrev : "?") << ": "
+           << strsignal(sig) << "); mpirun stopped every other rank\n";
+  } else if (at != std::string::npos) {
+    // "process rank 1 with PID 123 on node x exiting improperly" and the like.
     size_t end = captured.find('\n', at);
     std::string what =
         captured.substr(at + 8, end == std::string::npos ? std::string::npos : end - at - 8);
