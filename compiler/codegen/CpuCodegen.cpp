@@ -1382,6 +1382,7 @@ bool Generator::run() {
 
   // The gradient norm over the whole model: tp-split gradients (and ZeRO
   // chunks) are summed over their axis, replicated ones counted once.
+  ts << "\n  if (ctx.hooks)\n    ctx.hooks->gradientsReady(ctx);  // train --on-nan\n";
   ts << "\n  // Gradient norm: squares summed over this rank's gradient elements";
   if (opts.tp > 1)
     ts << "; tp-split ones\n  // summed over tp, replicated ones counted once";
@@ -1396,6 +1397,8 @@ bool Generator::run() {
   if (opts.tp > 1)
     ts << "  ctx.tpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
   ts << "  double norm = std::sqrt(sqSplit + sqWhole);\n  ctx.gradNorm = (float)norm;\n";
+  ts << "  if (ctx.hooks && !ctx.hooks->updateAllowed(ctx, norm))\n"
+        "    return;  // a non-finite loss or gradient: no update (train --on-nan)\n";
   if (o.clipGradNorm > 0) {
     ts << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";
     ts << "  const float clip = clipCoefficient(norm, " << number(o.clipGradNorm, false) << ");\n";
@@ -2109,6 +2112,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
     os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
   emitDpLoss(os, opts, red);
   os << "  ctx.loss = loss;\n";
+  os << "\n  if (ctx.hooks)\n    ctx.hooks->gradientsReady(ctx);  // train --on-nan\n";
   os << "\n  // Gradient norm: squares summed over this rank's gradients";
   if (opts.tp > 1)
     os << " (tp-split ones summed over tp)";
@@ -2123,6 +2127,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
   if (p > 1)
     os << "  ctx.ppComm->allReduce(&sq, 1, CommType::F64, ReduceOp::Sum);\n";
   os << "  double norm = std::sqrt(sq);\n  ctx.gradNorm = (float)norm;\n";
+  os << "  if (ctx.hooks && !ctx.hooks->updateAllowed(ctx, norm))\n"
+        "    return;  // a non-finite loss or gradient: no update (train --on-nan)\n";
   const OptimizerConfig &o = opts.optimizer;
   if (o.clipGradNorm > 0) {
     os << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";

@@ -10,10 +10,18 @@
 // OpenMP region. Errors are fatal (MPI_ERRORS_ARE_FATAL): a failing rank
 // takes the whole job down instead of leaving the others blocked.
 //
+// Waits poll (MPI_Testall, yielding the core in between) against a deadline,
+// the collective timeout: a peer that was killed or stopped leaves its group
+// waiting forever otherwise. The rank that times out prints one line naming
+// the operation, its size, the group, the step and the group's other members,
+// and calls MPI_Abort, which ends every rank (a stopped one included: the
+// launcher kills it).
+//
 //===----------------------------------------------------------------------===//
 
 #include "carve/rt/comm.h"
 #include "carve/rt/kernels.h"
+#include "carve/rt/metrics.h"
 
 // The C API only: the deprecated C++ bindings would need libmpi_cxx.
 #define OMPI_SKIP_MPICXX 1
@@ -21,10 +29,13 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <sched.h>
+#include <string>
 #include <vector>
 
 namespace carve::rt {
@@ -34,6 +45,17 @@ namespace carve::rt {
 extern void (*fatalHook)(int);
 
 namespace {
+
+double timeoutSeconds = kDefaultCollectiveTimeout;
+int64_t currentStep = -1;
+
+std::string stepText() {
+  if (currentStep == -1)
+    return "at start-up";
+  if (currentStep == -2)
+    return "after the last step";
+  return "step " + std::to_string(currentStep);
+}
 
 /// MPI counts are int; larger operations go in pieces of at most this many
 /// elements. CARVE_COMM_PIECE overrides it (tests cover the piece paths with
@@ -108,7 +130,7 @@ public:
     if (n == 0)
       return {};
     MPI_Datatype type = mpiType(t);
-    int64_t id = allocSlot();
+    int64_t id = allocSlot("all-reduce", n * commTypeBytes(t));
     std::vector<MPI_Request> &reqs = slots[id].reqs;
     char *p = static_cast<char *>(buf);
     const int64_t piece = maxCount();
@@ -131,7 +153,7 @@ public:
     char *r = static_cast<char *>(recv);
     const bool inPlace = send == r + myRank * nPerRank * es;
     const char *s = static_cast<const char *>(send);
-    int64_t id = allocSlot();
+    int64_t id = allocSlot("all-gather", nPerRank * mySize * es);
     std::vector<MPI_Request> &reqs = slots[id].reqs;
     const int64_t piece = maxCount();
     if (nPerRank <= piece) {
@@ -165,7 +187,7 @@ public:
       return {};
     const int es = commTypeBytes(t);
     MPI_Datatype type = mpiType(t);
-    int64_t id = allocSlot();
+    int64_t id = allocSlot("reduce-scatter", total * es);
     Slot &slot = slots[id];
     const int64_t piece = maxCount();
     if (total <= piece) {
@@ -203,7 +225,7 @@ public:
     MPI_Datatype type = mpiType(t);
     const char *s = static_cast<const char *>(send);
     char *r = static_cast<char *>(recv);
-    int64_t id = allocSlot();
+    int64_t id = allocSlot("all-to-all", nPerRank * mySize * es);
     std::vector<MPI_Request> &reqs = slots[id].reqs;
     const int64_t piece = maxCount();
     if (nPerRank <= piece) {
@@ -227,7 +249,7 @@ public:
     if (bytes == 0)
       return {};
     const char *p = static_cast<const char *>(buf);
-    int64_t id = allocSlot();
+    int64_t id = allocSlot("send", bytes, peer);
     std::vector<MPI_Request> &reqs = slots[id].reqs;
     const int64_t piece = maxCount();
     for (int64_t done = 0; done < bytes; done += piece) {
@@ -243,7 +265,7 @@ public:
     if (bytes == 0)
       return {};
     char *p = static_cast<char *>(buf);
-    int64_t id = allocSlot();
+    int64_t id = allocSlot("receive", bytes, peer);
     std::vector<MPI_Request> &reqs = slots[id].reqs;
     const int64_t piece = maxCount();
     for (int64_t done = 0; done < bytes; done += piece) {
@@ -261,7 +283,8 @@ public:
       fatal("wait on unknown or already completed communication handle %lld",
             static_cast<long long>(h.id));
     Slot &slot = slots[h.id];
-    MPI_Waitall(static_cast<int>(slot.reqs.size()), slot.reqs.data(), MPI_STATUSES_IGNORE);
+    waitBounded(static_cast<int>(slot.reqs.size()), slot.reqs.data(), slot.op, slot.bytes,
+                slot.peer);
     slot.reqs.clear();
     slot.counts.clear();
     freeSlots.push_back(h.id);
@@ -270,16 +293,40 @@ public:
   void broadcast(void *buf, int64_t bytes, int root) override {
     char *p = static_cast<char *>(buf);
     const int64_t piece = maxCount();
-    for (int64_t done = 0; done < bytes; done += piece)
-      MPI_Bcast(p + done, static_cast<int>(std::min(bytes - done, piece)), MPI_BYTE, root, comm);
+    for (int64_t done = 0; done < bytes; done += piece) {
+      MPI_Request req;
+      MPI_Ibcast(p + done, static_cast<int>(std::min(bytes - done, piece)), MPI_BYTE, root, comm,
+                 &req);
+      waitBounded(1, &req, "broadcast", bytes, -1);
+    }
   }
 
-  void barrier() override { MPI_Barrier(comm); }
+  void barrier() override {
+    MPI_Request req;
+    MPI_Ibarrier(comm, &req);
+    waitBounded(1, &req, "barrier", 0, -1);
+  }
 
+  /// MPI_Comm_split has no non-blocking form: a barrier first, which is
+  /// bounded, makes a dead or stopped member show up there instead.
   std::unique_ptr<Communicator> split(int color, int key) override {
+    barrier();
     MPI_Comm sub;
     MPI_Comm_split(comm, color, key, &sub);
     return std::make_unique<MpiCommunicator>(sub, true);
+  }
+
+  std::vector<int> worldRanks() const override {
+    std::vector<int> mine(static_cast<size_t>(mySize)), world(static_cast<size_t>(mySize));
+    for (int r = 0; r < mySize; ++r)
+      mine[r] = r;
+    MPI_Group g, w;
+    MPI_Comm_group(comm, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &w);
+    MPI_Group_translate_ranks(g, mySize, mine.data(), w, world.data());
+    MPI_Group_free(&g);
+    MPI_Group_free(&w);
+    return world;
   }
 
 private:
@@ -288,6 +335,9 @@ private:
   struct Slot {
     std::vector<MPI_Request> reqs;
     std::vector<int> counts;
+    const char *op = "";
+    int64_t bytes = 0;
+    int peer = -1; // point-to-point only
   };
 
   static MPI_Op mpiOp(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
@@ -298,14 +348,67 @@ private:
             static_cast<long long>(bytes), peer, tag, mySize);
   }
 
-  int64_t allocSlot() {
+  int64_t allocSlot(const char *op, int64_t bytes, int peer = -1) {
+    int64_t id;
     if (!freeSlots.empty()) {
-      int64_t id = freeSlots.back();
+      id = freeSlots.back();
       freeSlots.pop_back();
-      return id;
+    } else {
+      slots.emplace_back();
+      id = static_cast<int64_t>(slots.size()) - 1;
     }
-    slots.emplace_back();
-    return static_cast<int64_t>(slots.size()) - 1;
+    slots[id].op = op;
+    slots[id].bytes = bytes;
+    slots[id].peer = peer;
+    return id;
+  }
+
+  /// Completes `reqs` or, past the collective timeout, reports the operation
+  /// and aborts the job.
+  void waitBounded(int n, MPI_Request *reqs, const char *op, int64_t bytes, int peer) {
+    using Clock = std::chrono::steady_clock;
+    int done = 0;
+    MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+    if (done)
+      return;
+    const double limit = timeoutSeconds;
+    const Clock::time_point start = Clock::now();
+    for (unsigned spin = 1;; ++spin) {
+      MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+      if (done)
+        return;
+      // Yield so that a peer sharing this core (oversubscribed runs) gets to run.
+      sched_yield();
+      if (limit > 0 && spin % 256 == 0 &&
+          std::chrono::duration<double>(Clock::now() - start).count() > limit)
+        timedOut(op, bytes, peer, limit);
+    }
+  }
+
+  [[noreturn]] void timedOut(const char *op, int64_t bytes, int peer, double limit) {
+    std::vector<int> members = worldRanks();
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    std::string suspects;
+    if (peer >= 0) {
+      suspects = "rank " + std::to_string(members[peer]) + " may be dead or stuck";
+    } else {
+      for (int r : members)
+        if (r != me)
+          suspects += (suspects.empty() ? "" : ", ") + std::to_string(r);
+      suspects = "rank(s) " + suspects + " of that group may be dead or stuck";
+    }
+    std::string what = op;
+    if (peer >= 0)
+      what += std::string(std::strcmp(op, "send") == 0 ? " to" : " from") + " rank " +
+              std::to_string(members[peer]);
+    std::fflush(stdout);
+    std::fprintf(stderr, "carve: rank %d: %s over %s (%s, %s) did not complete in %g s; %s\n", me,
+                 what.c_str(), name().c_str(), formatBytes(bytes).c_str(), stepText().c_str(),
+                 limit, suspects.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::exit(1);
   }
 
   MPI_Comm comm;
@@ -371,6 +474,12 @@ public:
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override {
     return std::make_unique<SelfCommunicator>();
+  }
+  std::vector<int> worldRanks() const override {
+    int me = 0;
+    if (mpiUp())
+      MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    return {me};
   }
 
 private:
@@ -445,6 +554,10 @@ void finalizeComm() {
   if (mpiUp())
     MPI_Finalize();
 }
+
+void setCollectiveTimeout(double seconds) { timeoutSeconds = seconds; }
+double collectiveTimeout() { return timeoutSeconds; }
+void setCommStep(int64_t step) { currentStep = step; }
 
 void abortAll(int code) {
   std::fflush(stdout);

@@ -23,7 +23,8 @@
 // The mesh is dp x tp with dp outermost: world rank = dpRank * tp + tpRank.
 //
 // An error after step 2 (a kernel's `fatal`, an I/O failure) calls abortAll,
-// which brings every rank down.
+// which brings every rank down; so does a collective that does not complete
+// within --collective-timeout (a dead or stopped rank). docs/failures.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -46,6 +47,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <map>
+#include <cmath>
 #include <set>
 #include <string>
 #include <sys/stat.h>
@@ -79,7 +81,18 @@ or with mpirun/srun and the number of ranks it was compiled for.
   --trace FILE.json           record when every rank ran each micro-batch's forward and
                               backward (and the rest of the step) as a Chrome trace
                               (opens in Perfetto); written by rank 0 at the end
-  --quiet                     print nothing but errors
+  --on-nan stop|skip          when the loss or a gradient is NaN or infinite: stop with
+                              an error naming the step and the first such tensor (default),
+                              or skip that step's update on every rank and go on
+  --collective-timeout SECS   a collective or message that does not complete within SECS
+                              seconds (a rank died or stopped) ends the job with an error
+                              naming the operation (default 300; 0 waits forever)
+  --progress auto|bar|lines|none
+                              progress display: a line rewritten in place (bar), plain lines
+                              (the first 10 steps, then every 10 s or --progress-every
+                              steps), or none; auto (default) is bar on a terminal
+  --progress-every N          with lines: a line every N steps after the first 10
+  --quiet                     print nothing but errors (--progress none)
   --help                      print this text
 )";
 
@@ -112,6 +125,10 @@ struct Options {
   int64_t keep = 0;
   std::string trace;
   bool quiet = false;
+  bool skipNonFinite = false; // --on-nan skip
+  double collectiveTimeout = kDefaultCollectiveTimeout;
+  std::string progress = "auto";
+  int64_t progressEvery = 0;
 };
 
 bool parseInt(const std::string &text, int64_t &out) {
@@ -178,6 +195,39 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       if (!parseInt(value, field) || field < (arg == "--keep" ? 0 : 1)) {
         error = arg + " needs a " + (arg == "--keep" ? "non-negative" : "positive") +
                 " integer, not '" + value + "'";
+        return false;
+      }
+    } else if (arg == "--on-nan") {
+      if (!takeValue())
+        return false;
+      if (value != "stop" && value != "skip") {
+        error = "--on-nan is stop or skip, not '" + value + "'";
+        return false;
+      }
+      opts.skipNonFinite = value == "skip";
+    } else if (arg == "--collective-timeout") {
+      if (!takeValue())
+        return false;
+      char *end = nullptr;
+      double v = value.empty() ? -1 : std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(v >= 0) || !std::isfinite(v)) {
+        error = "--collective-timeout needs a number of seconds >= 0, not '" + value + "'";
+        return false;
+      }
+      opts.collectiveTimeout = v;
+    } else if (arg == "--progress") {
+      if (!takeValue())
+        return false;
+      if (value != "auto" && value != "bar" && value != "lines" && value != "none") {
+        error = "--progress is auto, bar, lines or none, not '" + value + "'";
+        return false;
+      }
+      opts.progress = value;
+    } else if (arg == "--progress-every") {
+      if (!takeValue())
+        return false;
+      if (!parseInt(value, opts.progressEvery) || opts.progressEvery < 1) {
+        error = "--progress-every needs a positive integer, not '" + value + "'";
         return false;
       }
     } else if (arg == "--data-dtype") {
@@ -628,6 +678,61 @@ bool makeDirs(const std::string &dir, std::string &error) {
   return true;
 }
 
+/// Test-only fault injection (runtime/README.md, docs/failures.md).
+struct Faults {
+  int64_t rank = -1, step = -1; // CARVE_FAULT_RANK / _STEP: this rank raises...
+  int signal = SIGKILL;         // ...CARVE_FAULT_SIGNAL (KILL, STOP, SEGV) at step's start
+  int64_t nanStep = -1;         // CARVE_FAULT_NAN_STEP: poison...
+  std::string nanTensor;        // ...CARVE_FAULT_NAN_TENSOR ("loss" or a parameter's gradient)
+  int64_t nanRank = -1;         // ...on CARVE_FAULT_NAN_RANK only (default: every holder)
+};
+
+bool parseNanFaultEnv(Faults &f, std::string &error) {
+  const char *s = std::getenv("CARVE_FAULT_NAN_STEP");
+  const char *t = std::getenv("CARVE_FAULT_NAN_TENSOR");
+  const char *r = std::getenv("CARVE_FAULT_NAN_RANK");
+  if (!s && !t && !r)
+    return true;
+  if (!s || !t || !*t || !parseInt(s, f.nanStep) || f.nanStep < 0 ||
+      (r && (!parseInt(r, f.nanRank) || f.nanRank < 0))) {
+    error = "NaN injection needs CARVE_FAULT_NAN_STEP (a step >= 0) and CARVE_FAULT_NAN_TENSOR "
+            "(loss or a parameter name); CARVE_FAULT_NAN_RANK is optional";
+    return false;
+  }
+  f.nanTensor = t;
+  return true;
+}
+
+/// CARVE_FAULT_NAN_TENSOR must be "loss" or a trainable parameter of some
+/// rank's program, CARVE_FAULT_NAN_RANK a rank of the plan.
+bool checkNanFault(const Faults &f, std::string &error) {
+  if (f.nanTensor.empty() || f.nanTensor == "loss")
+    return f.nanRank < carve_world_size() || (error = "CARVE_FAULT_NAN_RANK is not a rank of "
+                                                      "the plan", false);
+  for (int r = 0; r < carve_world_size(); ++r)
+    if (const Program *q = carve_program_for_rank(r))
+      for (int i = 0; i < q->numParams; ++i)
+        if (q->params[i].trainable && f.nanTensor == q->params[i].name)
+          return f.nanRank < carve_world_size() ||
+                 (error = "CARVE_FAULT_NAN_RANK is not a rank of the plan", false);
+  error = "CARVE_FAULT_NAN_TENSOR: '" + f.nanTensor +
+          "' is neither loss nor a trainable parameter of the compiled model";
+  return false;
+}
+
+bool parseFaultSignal(Faults &f, std::string &error) {
+  const char *s = std::getenv("CARVE_FAULT_SIGNAL");
+  if (!s)
+    return true;
+  std::string v = s;
+  f.signal = v == "KILL" ? SIGKILL : v == "STOP" ? SIGSTOP : v == "SEGV" ? SIGSEGV : 0;
+  if (f.signal == 0) {
+    error = "CARVE_FAULT_SIGNAL is KILL, STOP or SEGV, not '" + v + "'";
+    return false;
+  }
+  return true;
+}
+
 bool parseFaultEnv(int64_t &rank, int64_t &step, std::string &error) {
   const char *r = std::getenv("CARVE_FAULT_RANK");
   const char *s = std::getenv("CARVE_FAULT_STEP");
@@ -1047,6 +1152,137 @@ bool writeTextFile(const std::string &path, const std::string &text, std::string
   return true;
 }
 
+/// --on-nan: the check between the gradients and the optimizer. Every rank
+/// flags a non-finite loss or gradient norm (the norm sums every gradient
+/// element's square, so it is non-finite exactly when some gradient element
+/// is, or overflows); an all-reduce over the world makes every rank take the
+/// same decision, and on a non-finite step a second one finds the first
+/// tensor at fault: the loss, else the first gradient in model order.
+class NanGuard : public StepHooks {
+public:
+  NanGuard(Communicator &world, const Program &p, const Mesh &m, const Faults &f)
+      : world(world), program(p), mesh(m), faults(f) {
+    // Model order: every program's trainable parameters, lowest rank first
+    // (pipeline stages in order), each name once.
+    std::set<std::string> seen;
+    for (int r = 0; r < carve_world_size(); ++r)
+      if (const Program *q = carve_program_for_rank(r))
+        for (int i = 0; i < q->numParams; ++i)
+          if (q->params[i].trainable && seen.insert(q->params[i].name).second)
+            order.push_back(q->params[i].name);
+  }
+
+  /// Whether `name` is something CARVE_FAULT_NAN_TENSOR may poison.
+  bool knows(const std::string &name) const {
+    return name == "loss" || std::find(order.begin(), order.end(), name) != order.end();
+  }
+
+  void beginStep() {
+    asked = false;
+    nonFinite = false;
+    culprit.clear();
+  }
+
+  void gradientsReady(StepContext &ctx) override {
+    if (ctx.step != faults.nanStep || (faults.nanRank >= 0 && faults.nanRank != world.rank()))
+      return;
+    if (faults.nanTensor == "loss") {
+      ctx.loss = std::nanf("");
+      return;
+    }
+    for (int i = 0; i < program.numParams; ++i)
+      if (program.params[i].trainable && faults.nanTensor == program.params[i].name &&
+          gradCount(program.params[i]) > 0)
+        reinterpret_cast<float *>(ctx.arena + program.params[i].gradOffset)[0] = std::nanf("");
+  }
+
+  bool updateAllowed(StepContext &ctx, double gradNorm) override {
+    asked = true;
+    return check(ctx, std::isfinite(gradNorm));
+  }
+
+  /// For a program whose step does not call the hooks: the loss after the
+  /// update (which cannot be skipped any more).
+  void checkAfterStep(StepContext &ctx) { check(ctx, true); }
+
+  bool asked = false;     // the step called updateAllowed
+  bool nonFinite = false; // this step had a non-finite loss or gradient
+  std::string culprit;    // "loss" or the first gradient's parameter name
+  std::string weightHint; // the first non-finite parameter (weights), if any
+
+private:
+  bool check(StepContext &ctx, bool normFinite) {
+    int64_t flag = std::isfinite(ctx.loss) && normFinite ? 0 : 1;
+    world.allReduce(&flag, 1, CommType::I64, ReduceOp::Max);
+    if (flag == 0)
+      return true;
+    nonFinite = true;
+    // The first tensor at fault, as (count - position): the largest wins.
+    const int64_t count = static_cast<int64_t>(order.size()) + 1;
+    int64_t first[2] = {0, 0}; // gradients (loss = position 0), then weights
+    if (!std::isfinite(ctx.loss))
+      first[0] = count;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int i = 0; i < program.numParams && first[pass] == 0; ++i) {
+        const TensorSpec &s = program.params[i];
+        if (!s.trainable)
+          continue;
+        const float *v = reinterpret_cast<const float *>(
+            ctx.arena + (pass == 0 ? s.gradOffset : s.offset));
+        const int64_t n = pass == 0 ? gradCount(s) : s.paramZero ? s.zeroChunk : s.numel;
+        if (pass == 1 && s.dtype != DType::F32)
+          continue;
+        for (int64_t j = 0; j < n; ++j)
+          if (!std::isfinite(v[j])) {
+            first[pass] = count - 1 - positionOf(s.name);
+            break;
+          }
+      }
+    world.allReduce(first, 2, CommType::I64, ReduceOp::Max);
+    culprit = first[0] == count ? "loss" : first[0] > 0 ? order[count - 1 - first[0]] : "";
+    weightHint = first[1] > 0 ? order[count - 1 - first[1]] : "";
+    if (culprit.empty()) // the norm overflowed with finite elements
+      culprit = "the gradient norm";
+    return false;
+  }
+
+  int64_t positionOf(const char *name) const {
+    return std::find(order.begin(), order.end(), name) - order.begin();
+  }
+
+  /// The synchronized gradient elements this rank holds: its ZeRO-2/3 chunk
+  /// (the last ones may be short or empty), else the whole (tp-local) tensor.
+  int64_t gradCount(const TensorSpec &s) const {
+    if (program.zeroStage < 2 || s.zeroChunk <= 0)
+      return s.numel;
+    return std::max<int64_t>(0, std::min<int64_t>(s.zeroChunk, s.numel - mesh.dpRank * s.zeroChunk));
+  }
+
+  Communicator &world;
+  const Program &program;
+  const Mesh &mesh;
+  const Faults &faults;
+  std::vector<std::string> order;
+};
+
+/// "non-finite gradient of 'fc1.weight' (the first in model order; loss 2.3)"
+/// or "the loss is nan (first non-finite parameter: 'fc1.weight')".
+std::string describeNonFinite(const NanGuard &g, const StepContext &ctx) {
+  char loss[32];
+  std::snprintf(loss, sizeof loss, "%.9g", static_cast<double>(ctx.loss));
+  std::string text;
+  if (g.culprit == "loss")
+    text = std::isfinite(ctx.loss) ? std::string("the loss is not finite on another rank")
+                                   : std::string("the loss is ") + loss;
+  else if (g.culprit == "the gradient norm")
+    text = "the gradient norm overflowed (loss " + std::string(loss) + ")";
+  else
+    text = "non-finite gradient of '" + g.culprit + "' (the first in model order; loss " + loss + ")";
+  if (!g.weightHint.empty())
+    text += "; the first non-finite parameter is '" + g.weightHint + "'";
+  return text;
+}
+
 int finish(int code) {
   finalizeComm();
   return code;
@@ -1075,8 +1311,14 @@ int main(int argc, char **argv) {
   }
   Options opts;
   std::string error;
-  int64_t faultRank = -1, faultStep = -1;
-  bool argsOk = parseArgs(argc, argv, opts, error) && parseFaultEnv(faultRank, faultStep, error);
+  Faults faults;
+  int64_t &faultRank = faults.rank, &faultStep = faults.step;
+  bool argsOk = parseArgs(argc, argv, opts, error) &&
+                parseFaultEnv(faultRank, faultStep, error) &&
+                parseFaultSignal(faults, error) && parseNanFaultEnv(faults, error) &&
+                checkNanFault(faults, error);
+  if (argsOk)
+    setCollectiveTimeout(opts.collectiveTimeout);
   int planRanks = carve_world_size();
   if (argsOk && planRanks != worldSize) {
     const Program *p0 = carve_program_for_rank(0);
@@ -1164,16 +1406,18 @@ int main(int argc, char **argv) {
   // One group per mesh axis: the ranks that differ only in that axis. An
   // axis of size 1 is a one-rank group; an axis as large as the world is it.
   std::unique_ptr<Communicator> dpGroup, tpGroup, ppGroup;
-  auto axisGroup = [&](int size, int color, int key) -> std::unique_ptr<Communicator> {
-    if (size == 1)
-      return makeSelfCommunicator();
-    if (size == worldSize)
-      return nullptr;
-    return world->split(color, key);
+  // An axis as large as the world is split off too, so that timeout messages
+  // name the axis.
+  auto axisGroup = [&](int size, int color, int key,
+                       const char *name) -> std::unique_ptr<Communicator> {
+    std::unique_ptr<Communicator> c =
+        size == 1 ? makeSelfCommunicator() : world->split(color, key);
+    c->setName(name);
+    return c;
   };
-  tpGroup = axisGroup(mesh.tp, mesh.ppRank * mesh.dp + mesh.dpRank, mesh.tpRank);
-  dpGroup = axisGroup(mesh.dp, mesh.ppRank * mesh.tp + mesh.tpRank, mesh.dpRank);
-  ppGroup = axisGroup(mesh.pp, mesh.dpRank * mesh.tp + mesh.tpRank, mesh.ppRank);
+  tpGroup = axisGroup(mesh.tp, mesh.ppRank * mesh.dp + mesh.dpRank, mesh.tpRank, "tp");
+  dpGroup = axisGroup(mesh.dp, mesh.ppRank * mesh.tp + mesh.tpRank, mesh.dpRank, "dp");
+  ppGroup = axisGroup(mesh.pp, mesh.dpRank * mesh.tp + mesh.tpRank, mesh.ppRank, "pp");
   Communicator *dpComm = dpGroup ? dpGroup.get() : world.get();
   Communicator *tpComm = tpGroup ? tpGroup.get() : world.get();
   Communicator *ppComm = ppGroup ? ppGroup.get() : world.get();
@@ -1256,11 +1500,22 @@ int main(int argc, char **argv) {
     tracer = Tracer();
     ctx.tracer = &tracer;
   }
+  NanGuard guard(*world, *program, mesh, faults);
+  ctx.hooks = &guard;
+  ProgressMode mode = opts.quiet || worldRank != 0 ? ProgressMode::None
+                      : opts.progress == "bar"     ? ProgressMode::Bar
+                      : opts.progress == "lines"   ? ProgressMode::Lines
+                      : opts.progress == "none"    ? ProgressMode::None
+                      : ::isatty(STDOUT_FILENO)    ? ProgressMode::Bar
+                                                   : ProgressMode::Lines;
+  ProgressDisplay progress(mode, start, end, unit, itemsPerStep, opts.progressEvery);
+  int64_t skippedSteps = 0;
   auto begin = std::chrono::steady_clock::now();
   for (int64_t k = start; k < end; ++k) {
+    setCommStep(k);
     if (worldRank == faultRank && k == faultStep) {
       std::fflush(stdout);
-      std::raise(SIGKILL);
+      std::raise(faults.signal);
     }
     auto stepBegin = std::chrono::steady_clock::now();
     if (!loader->load(k, arena, error))
@@ -1270,7 +1525,13 @@ int main(int argc, char **argv) {
     ctx.lr = 0;
     ctx.gradNorm = -1;
     double traceBegin = tracer.now();
+    guard.beginStep();
     program->step(ctx);
+    if (!guard.asked)
+      guard.checkAfterStep(ctx);
+    const bool stop = guard.nonFinite && (!opts.skipNonFinite || !guard.asked);
+    if (guard.nonFinite && !stop)
+      ++skippedSteps;
     if (ctx.tracer) {
       // The step's time outside the instruction list: synchronization, optimizer.
       double inside = 0;
@@ -1284,23 +1545,55 @@ int main(int argc, char **argv) {
     }
     double seconds = secondsSince(stepBegin);
     double rate = seconds > 0 ? itemsPerStep / seconds : 0;
-    if (talk) {
-      std::printf("%s\n",
-                  formatProgress(k + 1, end, ctx.loss, rate, unit, secondsSince(begin)).c_str());
-      std::fflush(stdout);
+    if (guard.nonFinite && !stop && talk) {
+      progress.interrupt();
+      std::printf("carve: step %lld: %s; update skipped on every rank (--on-nan skip)\n",
+                  static_cast<long long>(k), describeNonFinite(guard, ctx).c_str());
     }
+    progress.step(k, ctx.loss, seconds,
+                  !guard.nonFinite ? "" : stop ? "non-finite: stopping" : "update skipped");
     if (log.isOpen()) {
       JsonLine line;
       line.add("step", k).add("loss", static_cast<double>(ctx.loss));
       line.add("lr", static_cast<double>(ctx.lr));
-      if (ctx.gradNorm >= 0)
+      if (ctx.gradNorm >= 0 || !std::isfinite(ctx.gradNorm))
         line.add("grad_norm", static_cast<double>(ctx.gradNorm));
       line.add("time_s", seconds).add(tokens ? "tokens_per_s" : "samples_per_s", rate);
+      if (guard.nonFinite)
+        line.add("skipped", !stop).add("nonfinite", guard.culprit);
+      if (opts.skipNonFinite)
+        line.add("skipped_steps", skippedSteps);
       if (!log.write(line, error))
         die(error);
     }
+    if (stop) {
+      // Every rank knows (the guard's all-reduce): all stop together.
+      progress.interrupt();
+      if (worldRank == 0)
+        printError("step " + std::to_string(k) + ": " + describeNonFinite(guard, ctx) +
+                   (guard.asked ? "; stopped before the update (--on-nan stop; --on-nan skip "
+                                  "skips such steps)"
+                                : "; stopped (this program applies its update before the "
+                                  "check: recompile it for --on-nan skip)"));
+      std::free(arena);
+      return finish(1);
+    }
     if (opts.saveEvery > 0 && (k + 1) % opts.saveEvery == 0)
       saveAt(k + 1);
+  }
+
+  setCommStep(-2);
+  if (talk) {
+    double total = secondsSince(begin);
+    std::printf("carve: trained steps %lld to %lld in %s (%.0f %s/s on average)",
+                static_cast<long long>(start), static_cast<long long>(end - 1),
+                formatDuration(total).c_str(),
+                total > 0 ? itemsPerStep * static_cast<double>(end - start) / total : 0.0, unit);
+    if (opts.skipNonFinite)
+      std::printf("; %lld update%s skipped for non-finite values", static_cast<long long>(skippedSteps),
+                  skippedSteps == 1 ? "" : "s");
+    std::printf("; peak rss %s (rank 0)\n", formatBytes(peakRssBytes()).c_str());
+    std::fflush(stdout);
   }
 
   if (!opts.trace.empty()) {

@@ -7,6 +7,11 @@
 // is the CPU one; an NCCL backend (streams, ncclCommSplit per mesh axis) will
 // implement the same interface.
 //
+// Every wait is bounded by the collective timeout (setCollectiveTimeout): an
+// operation that does not complete in time means a rank of the group died or
+// stopped answering, and the waiting rank names the operation, the group and
+// its other members, then brings the whole job down (docs/failures.md).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef CARVE_RT_COMM_H
@@ -14,6 +19,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace carve::rt {
 
@@ -65,6 +72,12 @@ public:
   /// A sub-communicator of the ranks that pass the same color, ordered by key
   /// (for mesh axes: dp, tp, pp groups).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  /// The world ranks of this group's members, in group rank order.
+  virtual std::vector<int> worldRanks() const = 0;
+
+  /// The group's name in messages: "world", "dp", "tp", "pp".
+  const std::string &name() const { return groupName; }
+  void setName(std::string n) { groupName = std::move(n); }
 
   void allReduce(void *buf, int64_t n, CommType t, ReduceOp op) {
     wait(allReduceAsync(buf, n, t, op));
@@ -85,6 +98,9 @@ public:
   void recv(void *buf, int64_t bytes, int peer, int tag) {
     wait(recvAsync(buf, bytes, peer, tag));
   }
+
+private:
+  std::string groupName = "world";
 };
 
 /// Initializes MPI (once per process) and returns the world communicator.
@@ -97,6 +113,16 @@ std::unique_ptr<Communicator> makeSelfCommunicator();
 void finalizeComm();
 /// Brings every rank down (MPI_Abort when MPI is up, exit otherwise).
 [[noreturn]] void abortAll(int code);
+
+/// Seconds any wait (collective, send, receive, broadcast, barrier) may take
+/// before the rank reports the operation and aborts the job; 0 waits forever.
+/// Default kDefaultCollectiveTimeout.
+void setCollectiveTimeout(double seconds);
+double collectiveTimeout();
+constexpr double kDefaultCollectiveTimeout = 300;
+/// The training step that timeout messages name; -1 before the first step
+/// (start-up), -2 after the last (saving, tracing).
+void setCommStep(int64_t step);
 
 } // namespace carve::rt
 

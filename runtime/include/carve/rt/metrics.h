@@ -2,8 +2,9 @@
 //
 // Rank 0 writes one JSON object per step to the --log file (JSON Lines, each
 // line flushed as it is written, so a crashed run keeps every finished step)
-// and prints one progress line per step. Floating-point values keep 9
-// significant digits: enough to tell float losses apart.
+// and shows the progress (a line rewritten in place on a terminal, plain
+// lines otherwise). Floating-point values keep 9 significant digits: enough to
+// tell float losses apart.
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,6 +23,7 @@ public:
   /// Written with %.9g; NaN and infinities (not JSON) are written as null.
   JsonLine &add(const char *key, double value);
   JsonLine &add(const char *key, const std::string &value);
+  JsonLine &add(const char *key, bool value);
   /// The object, without a newline.
   std::string str() const { return body + "}"; }
 
@@ -53,10 +55,43 @@ private:
   int fd = -1;
 };
 
-/// "step 3/20  loss 4.12345648  12345 tokens/s  elapsed 1.23s": `done` steps
-/// of `total`, `rate` items per second of `unit` ("tokens", "samples").
+/// "step 3/20  loss 4.12345648  12345 tokens/s  elapsed 1.23s  eta 8.1s  peak rss 51.2 MB":
+/// `done` steps of `total`, `rate` items per second of `unit` ("tokens",
+/// "samples"); the ETA is left out when negative, the memory when 0.
 std::string formatProgress(int64_t done, int64_t total, double loss, double rate, const char *unit,
-                           double elapsedSeconds);
+                           double elapsedSeconds, double etaSeconds = -1, int64_t memoryBytes = 0);
+
+/// "51.2 MB", "3.0 kB", "12 bytes" (decimal units).
+std::string formatBytes(int64_t bytes);
+/// "8.1s", "4m05s", "2h03m".
+std::string formatDuration(double seconds);
+/// This process's peak resident set size in bytes (0 if unknown).
+int64_t peakRssBytes();
+
+/// How rank 0 shows progress (train --progress): a line rewritten in place
+/// (`Bar`, for a terminal), plain lines (`Lines`: each of the first 10 steps,
+/// then every `every` steps or, with every == 0, one at least every 10 s, and
+/// always the last step and one with a note), or nothing.
+enum class ProgressMode { Bar, Lines, None };
+
+class ProgressDisplay {
+public:
+  ProgressDisplay(ProgressMode mode, int64_t firstStep, int64_t endStep, const char *unit,
+                  double itemsPerStep, int64_t every);
+  /// After 0-based step k, which took `stepSeconds`; a non-empty `note`
+  /// ("update skipped") is appended and always shown.
+  void step(int64_t k, double loss, double stepSeconds, const std::string &note = "");
+  /// Ends a bar's line so that other output starts on a fresh one.
+  void interrupt();
+
+private:
+  ProgressMode mode;
+  int64_t first, end, every;
+  const char *unit;
+  double itemsPerStep;
+  double startTime, lastShown = -1;
+  bool barOpen = false;
+};
 
 } // namespace carve::rt
 

@@ -64,6 +64,20 @@ enum class DataKind : int {
   Tensors = 1,
 };
 
+struct StepContext;
+
+/// Runtime callbacks inside a step (train --on-nan). The step calls
+/// `gradientsReady` once its gradients are synchronized, before it computes
+/// the gradient norm, and `updateAllowed` with that (global) norm before the
+/// optimizer: when it returns false the step returns without clipping or
+/// updating anything. Every rank gets the same answer.
+class StepHooks {
+public:
+  virtual ~StepHooks() = default;
+  virtual void gradientsReady(StepContext &ctx) = 0;
+  virtual bool updateAllowed(StepContext &ctx, double gradNorm) = 0;
+};
+
 /// What one step hands to the generated code, and what it hands back.
 struct StepContext {
   char *arena = nullptr;          // Program::arenaBytes bytes, 64-byte aligned
@@ -79,6 +93,7 @@ struct StepContext {
   Communicator *ppComm = nullptr; // the pipeline group (size 1 without pp)
   int ppRank = 0;                 // this rank's place on the pp axis (ppComm->rank())
   class Tracer *tracer = nullptr; // records the schedule's steps (train --trace), or null
+  StepHooks *hooks = nullptr;     // --on-nan's check before the optimizer, or null
 };
 
 /// The optimizer a program was compiled with (for checkpoints and messages).
