@@ -921,7 +921,8 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
     if (!a)
       fail("a Constant node needs exactly one attribute");
     if (a->name() == "value")
-      defineConst(0, loadTensor(a->t(), "constant '" + n.output(0) + "'"));
+      defineConst(0, loadTensor(a->t(), "constant '" +
+                                            (n.output_size() ? n.output(0) : nodeLabel) + "'"));
     else if (a->name() == "value_float")
       defineConst(0, HostTensor::floats(ElemKind::F32, {}, {a->f()}));
     else if (a->name() == "value_floats")

@@ -34,9 +34,12 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) {
+    // parse_error, or out_of_range for a number beyond a double (1e999).
     std::string msg = e.what();
     size_t colon = msg.find(": ");
+    if (colon == std::string::npos)
+      colon = msg.find("] ");
     error = what + ": not valid JSON (" +
             (colon == std::string::npos ? msg : msg.substr(colon + 2)) + ")";
     return false;

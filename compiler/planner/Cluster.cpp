@@ -481,9 +481,12 @@ bool parseClusterFile(const std::string &file, Cluster &cluster, std::string &er
   json root;
   try {
     root = json::parse(text.str());
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) {
+    // parse_error, or out_of_range for a number beyond a double (1e999).
     std::string msg = e.what();
     size_t colon = msg.find(": ");
+    if (colon == std::string::npos)
+      colon = msg.find("] ");
     return r.fail("not valid JSON (" + (colon == std::string::npos ? msg : msg.substr(colon + 2)) +
                   ")");
   }

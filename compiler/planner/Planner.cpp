@@ -525,7 +525,8 @@ bool parseObject(const std::string &text, const std::string &what, const char *e
                  std::string &error) {
   try {
     j = json::parse(text);
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) {
+    // parse_error, or out_of_range for a number beyond a double (1e999).
     error = what + ": not valid JSON (" + std::string(e.what()) + ")";
     return false;
   }

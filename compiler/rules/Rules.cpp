@@ -384,9 +384,12 @@ bool carve::loadRules(const std::string &path, RuleSet &rules, std::string &erro
   json root;
   try {
     root = json::parse((*buf)->getBuffer().str());
-  } catch (const json::parse_error &e) {
+  } catch (const json::exception &e) {
+    // parse_error, or out_of_range for a number beyond a double (1e999).
     std::string msg = e.what();
     size_t colon = msg.find(": ");
+    if (colon == std::string::npos)
+      colon = msg.find("] ");
     error = path + ": not valid JSON (" +
             (colon == std::string::npos ? msg : msg.substr(colon + 2)) + ")";
     return false;
