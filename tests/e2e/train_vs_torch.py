@@ -227,7 +227,7 @@ def train_program(carve, run, out, data, data_dtype, work):
     else:
         cmd = [carve, "run", out, "-n", str(run.dp), "--", *args]
     secs = must_succeed("training", cmd, TRAIN_TIMEOUT_S)
-    return read_log(log), read_weights(os.path.join(save, "model.safetensors")), secs
+    return read_log(log), read_weights(save), secs
 
 
 def read_log(path):
@@ -259,7 +259,7 @@ def read_log(path):
 
 def read_weights(path):
     try:
-        tensors, _ = st.load(path, with_metadata=True)
+        tensors = st.load_checkpoint(path)
     except (OSError, ValueError) as e:
         raise Failure(f"{path}: cannot read the saved weights: {e}") from None
     for name, t in tensors.items():
