@@ -1152,6 +1152,18 @@ bool writeTextFile(const std::string &path, const std::string &text, std::string
   return true;
 }
 
+/// Whether a person watches stdout (--progress auto). Under mpirun a rank's
+/// stdout is a pseudo-terminal of the launcher whatever mpirun's own output
+/// is, so there only `carve run`'s answer (CARVE_STDOUT_TTY=1) counts.
+bool stdoutIsTerminal() {
+  if (!::isatty(STDOUT_FILENO))
+    return false;
+  if (!launchedByMpi())
+    return true;
+  const char *v = std::getenv("CARVE_STDOUT_TTY");
+  return v && std::strcmp(v, "1") == 0;
+}
+
 /// --on-nan: the check between the gradients and the optimizer. Every rank
 /// flags a non-finite loss or gradient norm (the norm sums every gradient
 /// element's square, so it is non-finite exactly when some gradient element
@@ -1506,7 +1518,7 @@ int main(int argc, char **argv) {
                       : opts.progress == "bar"     ? ProgressMode::Bar
                       : opts.progress == "lines"   ? ProgressMode::Lines
                       : opts.progress == "none"    ? ProgressMode::None
-                      : ::isatty(STDOUT_FILENO)    ? ProgressMode::Bar
+                      : stdoutIsTerminal()         ? ProgressMode::Bar
                                                    : ProgressMode::Lines;
   ProgressDisplay progress(mode, start, end, unit, itemsPerStep, opts.progressEvery);
   int64_t skippedSteps = 0;

@@ -22,7 +22,8 @@
 #    without poison must differ (the comparison can fail).
 # 5. The progress display in lines mode has every field, shows the first 10
 #    steps and the last, honours --progress-every; bar mode rewrites one line;
-#    none prints no progress; bad values of the new flags are one-line errors.
+#    auto gives lines when stdout is a pipe, also under mpirun; none prints no
+#    progress; bad values of the new flags are one-line errors.
 #
 # Every command runs in its own process group with a time limit and the group
 # is killed when it overruns, so a broken build cannot hang the test.
@@ -351,6 +352,11 @@ class Suite:
         self.check(res.rc == 0 and len(bar) == 1 and bar[0].count("\rstep ") >= 2 and
                    bar[0].endswith("\033[K") and "\rstep 15/15  loss " in bar[0],
                    "bar: one line rewritten in place, ending with step 15/15", repr(res.out[-600:]))
+        # Under mpirun a rank's stdout is a pseudo-terminal even when ours is a
+        # pipe: auto must still choose lines.
+        res = self.train("dp2", ["--steps", "3"])
+        self.check(res.rc == 0 and "\r" not in res.out and "\nstep 3/3  loss " in res.out,
+                   "auto under mpirun with stdout a pipe: plain lines", repr(res.out[-600:]))
         res = self.train("1rank", ["--steps", "3", "--progress", "none"])
         self.check(res.rc == 0 and "step " not in res.out and "trained steps 0 to 2" in res.out,
                    "none: no progress lines, the summary stays", res.show())

@@ -405,11 +405,10 @@ int runCompile(CompileArgs &args) {
           "dynamic batch)");
   }
 
-  progress.done(std::to_string(initial.size()) + " parameters, global batch " +
-                std::to_string(batch) +
-                (micro == batch ? std::string()
-                                : ", " + std::to_string(micro) + " per " +
-                                      (m > 1 ? "micro-batch" : "rank")));
+  progress.done(
+      std::to_string(initial.size()) + " parameters, global batch " + std::to_string(batch) +
+      (micro == batch ? std::string()
+                      : ", " + std::to_string(micro) + " per " + (m > 1 ? "micro-batch" : "rank")));
 
   progress.start("training step");
   if (!prepareCustomOps(*local, rules, error))
@@ -433,8 +432,7 @@ int runCompile(CompileArgs &args) {
   progress.done("forward, backward and " + opt.kind + " update");
   PartitionReport partition;
   if (plan.tp > 1 || plan.zero > 0) {
-    progress.start("partition (" +
-                   std::string(plan.tp > 1 ? "tp=" + std::to_string(plan.tp) : "") +
+    progress.start("partition (" + std::string(plan.tp > 1 ? "tp=" + std::to_string(plan.tp) : "") +
                    (plan.tp > 1 && plan.zero > 0 ? ", " : "") +
                    (plan.zero > 0 ? "zero=" + std::to_string(plan.zero) : "") + ")");
     PartitionOptions po;
@@ -668,8 +666,8 @@ int runCompile(CompileArgs &args) {
     writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
   }
   writeInitialValues(dir + "/init.safetensors", initial, isInt, modelName);
-  progress.done(std::to_string(progs.size()) + " program" + (progs.size() > 1 ? "s" : "") +
-                ", " + std::to_string(kernelCalls) + " kernel calls");
+  progress.done(std::to_string(progs.size()) + " program" + (progs.size() > 1 ? "s" : "") + ", " +
+                std::to_string(kernelCalls) + " kernel calls");
 
   // Compile the custom ops' kernels (from their own paths, so that their
   // includes resolve and errors name the user's files; OUT/src/custom/ keeps
@@ -707,12 +705,12 @@ int runCompile(CompileArgs &args) {
     std::vector<std::string> argv = {cfg["cxx"]};
     argv.insert(argv.end(), flags.begin(), flags.end());
     objects.push_back(dir + "/obj/" + n + ".o");
-    for (const std::string &a : {std::string("-c"), dir + "/src/" + n + ".cpp", std::string("-o"),
-                                 objects.back()})
+    for (const std::string &a :
+         {std::string("-c"), dir + "/src/" + n + ".cpp", std::string("-o"), objects.back()})
       argv.push_back(a);
     runCompiler(cfg["cxx"], argv, log, out, "the generated program (src/" + n + ".cpp)", "");
     int group = plan.dp * plan.tp;
-    progress.done(!pipelined ? std::string(plan.worldSize() > 1 ? "every rank" : "rank 0")
+    progress.done(!pipelined  ? std::string(plan.worldSize() > 1 ? "every rank" : "rank 0")
                   : group > 1 ? "ranks " + std::to_string(r * group) + "-" +
                                     std::to_string((r + 1) * group - 1) + " (pipeline rank " +
                                     std::to_string(r) + ")"
@@ -812,6 +810,9 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
                             : std::to_string(std::max(1u, cores / (unsigned)ranks));
   setenv("OMP_NUM_THREADS", threads.c_str(), 1);
   setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
+  // Under mpirun a rank's stdout is a pseudo-terminal whatever ours is; tell
+  // the ranks whether a person watches (train --progress auto).
+  setenv("CARVE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
 
   std::vector<std::string> argv;
   if (ranks == 1) {
@@ -825,7 +826,7 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
       argv.push_back("--allow-run-as-root");
     for (const char *a :
          {"--oversubscribe", "--bind-to", "none", "--mca", "btl_vader_single_copy_mechanism",
-          "none", "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS"})
+          "none", "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS", "-x", "CARVE_STDOUT_TTY"})
       argv.push_back(a);
     argv.push_back(train);
   }
