@@ -1314,7 +1314,8 @@ void Importer::build(const onnx::NodeProto &n) {
         }
         if (d < 0)
           fail("shape " + formatShape(req) + " has a negative entry");
-        known *= d;
+        if (__builtin_mul_overflow(known, d, &known))
+          fail("shape " + formatShape(req) + " has more elements than fit in 64 bits");
         out.push_back(d);
       }
       if (infer >= 0) {

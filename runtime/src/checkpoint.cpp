@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -48,10 +49,21 @@ int64_t stepOfFolderName(const std::string &name) {
   return step;
 }
 
+/// More elements than any checkpoint tensor holds; keeps `numel * 8` and sums
+/// of shard sizes far from int64 overflow.
+constexpr int64_t kMaxElements = int64_t(1) << 56;
+
+/// numel of `shape`, or -1 above kMaxElements.
 int64_t numelOf(const std::vector<int64_t> &shape) {
-  int64_t n = 1;
   for (int64_t d : shape)
+    if (d == 0)
+      return 0;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (n > kMaxElements / d)
+      return -1;
     n *= d;
+  }
   return n;
 }
 
@@ -181,16 +193,25 @@ std::string manifestToJson(const CheckpointManifest &m) {
   j["format"] = m.format;
   j["model"] = m.model;
   j["description"] = m.description;
-  j["plan"] = {{"world_size", m.worldSize}, {"dp", m.dp},
-               {"tp", m.tp},                {"pp", m.pp},
-               {"zero", m.zeroStage},       {"micro_batches", m.microBatches}};
+  j["plan"] = {{"world_size", m.worldSize},
+               {"dp", m.dp},
+               {"tp", m.tp},
+               {"pp", m.pp},
+               {"zero", m.zeroStage},
+               {"micro_batches", m.microBatches}};
   j["step"] = m.step;
   j["optimizer"] = {{"kind", m.optimizer}, {"step", m.optimizerStep}};
   j["lr_schedule"] = {{"step", m.lrStep}};
   j["data"] = {{"step", m.dataStep}, {"global_batch", m.globalBatch}, {"seq_len", m.seqLen}};
   j["rng"] = m.rng;
-  Json tensors = Json::array();
-  for (const CheckpointTensor &t : m.tensors) {
+  // One line per tensor: readable, and a fraction of the size fully indented.
+  std::string text = j.dump(1);
+  text.erase(text.rfind('}'));
+  while (!text.empty() && text.back() == '\n')
+    text.pop_back();
+  text += ",\n \"tensors\": [";
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const CheckpointTensor &t = m.tensors[i];
     Json shards = Json::array();
     for (const CheckpointShard &s : t.shards)
       shards.push_back({{"file", s.file},
@@ -198,14 +219,14 @@ std::string manifestToJson(const CheckpointManifest &m) {
                         {"rank", s.rank},
                         {"offsets", s.offsets},
                         {"shape", s.shape}});
-    tensors.push_back({{"name", t.name},
-                       {"role", t.role},
-                       {"dtype", t.dtype},
-                       {"shape", t.shape},
-                       {"shards", shards}});
+    Json one = {{"name", t.name},
+                {"role", t.role},
+                {"dtype", t.dtype},
+                {"shape", t.shape},
+                {"shards", shards}};
+    text += (i ? ",\n  " : "\n  ") + one.dump();
   }
-  j["tensors"] = tensors;
-  return j.dump(1) + "\n";
+  return text + "\n ]\n}\n";
 }
 
 bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string &error) {
@@ -274,7 +295,7 @@ bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string
       ct.role = t["role"].get<std::string>();
     if (ct.role != "parameter" && ct.role != "buffer" && ct.role != "optimizer_state")
       return fail(what + "\"role\" is not parameter, buffer or optimizer_state");
-    if (!t.contains("shape") || !getShape(t["shape"], ct.shape))
+    if (!t.contains("shape") || !getShape(t["shape"], ct.shape) || numelOf(ct.shape) < 0)
       return fail(what + "no valid \"shape\"");
     if (!t.contains("shards") || !t["shards"].is_array())
       return fail(what + "no \"shards\" list");
@@ -283,8 +304,8 @@ bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string
       CheckpointShard cs;
       int64_t rank = -1;
       if (!s.is_object() || !s.contains("file") || !s["file"].is_string() || !s.contains("key") ||
-          !s["key"].is_string() || !getInt(s, "rank", rank) || rank < 0 ||
-          !s.contains("offsets") || !getShape(s["offsets"], cs.offsets) || !s.contains("shape") ||
+          !s["key"].is_string() || !getInt(s, "rank", rank) || rank < 0 || !s.contains("offsets") ||
+          !getShape(s["offsets"], cs.offsets) || !s.contains("shape") ||
           !getShape(s["shape"], cs.shape))
         return fail(what + "a shard lacks file, key, rank, offsets or shape");
       cs.file = s["file"].get<std::string>();
@@ -295,7 +316,7 @@ bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string
       if (cs.offsets.size() != ct.shape.size() || cs.shape.size() != ct.shape.size())
         return fail(what + "a shard's offsets/shape do not have the tensor's rank");
       for (size_t d = 0; d < ct.shape.size(); ++d)
-        if (cs.offsets[d] + cs.shape[d] > ct.shape[d])
+        if (cs.offsets[d] > ct.shape[d] || cs.shape[d] > ct.shape[d] - cs.offsets[d])
           return fail(what + "shard '" + cs.key + "' at " + formatShape(cs.offsets) + " of shape " +
                       formatShape(cs.shape) + " lies outside " + formatShape(ct.shape));
       covered += numelOf(cs.shape);
@@ -380,8 +401,8 @@ bool ShardFiles::readTensor(const CheckpointTensor &t, void *dst, std::string &e
     }
     const SafetensorsTensor *st = file->find(s.key);
     if (!st) {
-      error = file->path() + ": no tensor '" + s.key + "' (shard of '" + t.name +
-              "' in the manifest)";
+      error =
+          file->path() + ": no tensor '" + s.key + "' (shard of '" + t.name + "' in the manifest)";
       return false;
     }
     if (st->dtype != t.dtype || st->shape != s.shape) {
@@ -417,6 +438,20 @@ bool readFullCheckpoint(const std::string &path, std::vector<FullTensor> &out, s
       if (t.role == "optimizer_state" && !withOptimizer)
         continue;
       const int64_t n = numelOf(t.shape);
+      // The shards must hold the tensor's data: a manifest cannot make us
+      // allocate more than the files it names hold.
+      int64_t held = 0;
+      std::set<std::string> named;
+      struct stat st;
+      for (const CheckpointShard &s : t.shards)
+        if (named.insert(s.file).second && ::stat((loc.folder + "/" + s.file).c_str(), &st) == 0)
+          held += static_cast<int64_t>(st.st_size);
+      if (n * safetensorsDtypeSize(t.dtype) > held) {
+        error = loc.folder + "/manifest.json: tensor '" + t.name + "' of shape " +
+                formatShape(t.shape) + " is larger than its shard files (" + std::to_string(held) +
+                " bytes)";
+        return false;
+      }
       bytes.assign(static_cast<size_t>(n * safetensorsDtypeSize(t.dtype)), 0);
       if (!files.readTensor(t, bytes.data(), error))
         return false;
@@ -490,7 +525,9 @@ bool writeFileAtomic(const std::string &path, const std::string &text, std::stri
     return false;
   }
   size_t slash = path.rfind('/');
-  return syncFolder(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash),
+  return syncFolder(slash == std::string::npos ? "."
+                    : slash == 0               ? "/"
+                                               : path.substr(0, slash),
                     error);
 }
 
