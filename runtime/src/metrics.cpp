@@ -208,8 +208,8 @@ void ProgressDisplay::step(int64_t k, double loss, double stepSeconds, const std
     return;
   lastShown = now;
   const int64_t done = k + 1 - first;
-  const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(end - k - 1)
-                              : -1;
+  const double eta =
+      done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(end - k - 1) : -1;
   const double rate = stepSeconds > 0 ? itemsPerStep / stepSeconds : 0;
   std::string line = formatProgress(k + 1, end, loss, rate, unit, elapsed, eta, peakRssBytes());
   if (skipped)

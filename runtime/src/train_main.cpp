@@ -706,15 +706,17 @@ bool parseNanFaultEnv(Faults &f, std::string &error) {
 /// CARVE_FAULT_NAN_TENSOR must be "loss" or a trainable parameter of some
 /// rank's program, CARVE_FAULT_NAN_RANK a rank of the plan.
 bool checkNanFault(const Faults &f, std::string &error) {
+  if (f.nanRank >= carve_world_size()) {
+    error = "CARVE_FAULT_NAN_RANK=" + std::to_string(f.nanRank) + " is not a rank of the plan";
+    return false;
+  }
   if (f.nanTensor.empty() || f.nanTensor == "loss")
-    return f.nanRank < carve_world_size() || (error = "CARVE_FAULT_NAN_RANK is not a rank of "
-                                                      "the plan", false);
+    return true;
   for (int r = 0; r < carve_world_size(); ++r)
     if (const Program *q = carve_program_for_rank(r))
       for (int i = 0; i < q->numParams; ++i)
         if (q->params[i].trainable && f.nanTensor == q->params[i].name)
-          return f.nanRank < carve_world_size() ||
-                 (error = "CARVE_FAULT_NAN_RANK is not a rank of the plan", false);
+          return true;
   error = "CARVE_FAULT_NAN_TENSOR: '" + f.nanTensor +
           "' is neither loss nor a trainable parameter of the compiled model";
   return false;
@@ -1239,8 +1241,8 @@ private:
         const TensorSpec &s = program.params[i];
         if (!s.trainable)
           continue;
-        const float *v = reinterpret_cast<const float *>(
-            ctx.arena + (pass == 0 ? s.gradOffset : s.offset));
+        const float *v =
+            reinterpret_cast<const float *>(ctx.arena + (pass == 0 ? s.gradOffset : s.offset));
         const int64_t n = pass == 0 ? gradCount(s) : s.paramZero ? s.zeroChunk : s.numel;
         if (pass == 1 && s.dtype != DType::F32)
           continue;
@@ -1267,7 +1269,8 @@ private:
   int64_t gradCount(const TensorSpec &s) const {
     if (program.zeroStage < 2 || s.zeroChunk <= 0)
       return s.numel;
-    return std::max<int64_t>(0, std::min<int64_t>(s.zeroChunk, s.numel - mesh.dpRank * s.zeroChunk));
+    return std::max<int64_t>(0,
+                             std::min<int64_t>(s.zeroChunk, s.numel - mesh.dpRank * s.zeroChunk));
   }
 
   Communicator &world;
@@ -1289,7 +1292,8 @@ std::string describeNonFinite(const NanGuard &g, const StepContext &ctx) {
   else if (g.culprit == "the gradient norm")
     text = "the gradient norm overflowed (loss " + std::string(loss) + ")";
   else
-    text = "non-finite gradient of '" + g.culprit + "' (the first in model order; loss " + loss + ")";
+    text =
+        "non-finite gradient of '" + g.culprit + "' (the first in model order; loss " + loss + ")";
   if (!g.weightHint.empty())
     text += "; the first non-finite parameter is '" + g.weightHint + "'";
   return text;
@@ -1422,8 +1426,7 @@ int main(int argc, char **argv) {
   // name the axis.
   auto axisGroup = [&](int size, int color, int key,
                        const char *name) -> std::unique_ptr<Communicator> {
-    std::unique_ptr<Communicator> c =
-        size == 1 ? makeSelfCommunicator() : world->split(color, key);
+    std::unique_ptr<Communicator> c = size == 1 ? makeSelfCommunicator() : world->split(color, key);
     c->setName(name);
     return c;
   };
@@ -1602,8 +1605,8 @@ int main(int argc, char **argv) {
                 formatDuration(total).c_str(),
                 total > 0 ? itemsPerStep * static_cast<double>(end - start) / total : 0.0, unit);
     if (opts.skipNonFinite)
-      std::printf("; %lld update%s skipped for non-finite values", static_cast<long long>(skippedSteps),
-                  skippedSteps == 1 ? "" : "s");
+      std::printf("; %lld update%s skipped for non-finite values",
+                  static_cast<long long>(skippedSteps), skippedSteps == 1 ? "" : "s");
     std::printf("; peak rss %s (rank 0)\n", formatBytes(peakRssBytes()).c_str());
     std::fflush(stdout);
   }
