@@ -47,7 +47,6 @@ using namespace llvm;
 namespace carve {
 namespace {
 
-
 /// Exit statuses: the plan disagrees with one rank / the request cannot be
 /// carried out.
 constexpr int kFail = 1;
@@ -110,23 +109,18 @@ std::string errorLine(const std::string &logPath) {
   return last.empty() ? "no output; see " + logPath : last;
 }
 
-/// Runs `program` with `args`, stdout and stderr into `logPath`.
-int runProgram(const std::string &program, const std::vector<std::string> &args,
-               const std::string &logPath) {
-  std::vector<StringRef> argv = {program};
+/// Runs this executable (`carve compile`, `carve run`) with `args`, stdout
+/// and stderr into `logPath`.
+int runSelf(const std::vector<std::string> &args, const std::string &logPath) {
+  static std::string self = sys::fs::getMainExecutable(nullptr, nullptr);
+  std::vector<StringRef> argv = {self};
   argv.insert(argv.end(), args.begin(), args.end());
   std::optional<StringRef> redirects[] = {std::nullopt, StringRef(logPath), StringRef(logPath)};
   std::string execError;
-  int rc = sys::ExecuteAndWait(program, argv, std::nullopt, redirects, 0, 0, &execError);
+  int rc = sys::ExecuteAndWait(self, argv, std::nullopt, redirects, 0, 0, &execError);
   if (rc < 0)
-    bad("cannot start " + program + ": " + execError);
+    bad("cannot start " + self + ": " + execError);
   return rc;
-}
-
-/// Runs this executable (`carve compile`, `carve run`) with `args`.
-int runSelf(const std::vector<std::string> &args, const std::string &logPath) {
-  static std::string self = sys::fs::getMainExecutable(nullptr, nullptr);
-  return runProgram(self, args, logPath);
 }
 
 /// What the generated data needs to know: token model or not, its batch,
@@ -396,8 +390,7 @@ int verify(const VerifyArgs &args) {
   outs().flush();
 
   // 2. Compile both.
-  auto compile = [&](const std::string &what, const std::string &planFile,
-                     const std::string &out) {
+  auto compile = [&](const std::string &what, const std::string &planFile, const std::string &out) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> a = {"compile", args.model, "--plan", planFile, "-o", out, "--quiet"};
     a.insert(a.end(), args.compileFlags.begin(), args.compileFlags.end());
@@ -415,8 +408,8 @@ int verify(const VerifyArgs &args) {
   if (const char *name = getenv("CARVE_VERIFY_PERTURB")) {
     perturbInitialWeights(at("planned"), name);
     outs() << "  fault injection (CARVE_VERIFY_PERTURB): '" << name
-           << "' of the planned program's initial weights scaled by " << format("%g", 1 + kPerturbation)
-           << "\n";
+           << "' of the planned program's initial weights scaled by "
+           << format("%g", 1 + kPerturbation) << "\n";
   }
 
   // 3. The data.
@@ -432,39 +425,36 @@ int verify(const VerifyArgs &args) {
     outs() << "  data: " << n << " generated tokens (vocabulary " << shape.vocab << ")\n";
   }
 
-  // 4. Train both, a checkpoint after every step: with --save-every 1 where
-  // the runtime has it, else one run of k steps for each k.
-  runProgram(at("reference") + "/bin/train", {"--help"}, at("train-help.log"));
-  const bool everyStep =
-      readFile(at("train-help.log")).find("--save-every") != std::string::npos;
+  // 4. Train both, a checkpoint after every step.
   auto train = [&](const std::string &out, int n, const std::string &tag) {
     std::string save = at(tag + "-ckpt");
     sys::fs::remove_directories(save);
-    std::vector<std::string> a = {"run",    out,       "-n",  std::to_string(n), "--",
-                                  "--steps", std::to_string(args.steps), "--data", data,
-                                  "--log",  at(tag + ".jsonl"), "--quiet"};
-    if (everyStep) {
-    for (const char *x : {"--save", save.c_str(), "--save-every", "1", "--keep", "0"})
-      a.push_back(x);
+    std::vector<std::string> a = {"run",
+                                  out,
+                                  "-n",
+                                  std::to_string(n),
+                                  "--",
+                                  "--steps",
+                                  std::to_string(args.steps),
+                                  "--data",
+                                  data,
+                                  "--log",
+                                  at(tag + ".jsonl"),
+                                  "--save",
+                                  save,
+                                  "--save-every",
+                                  "1",
+                                  "--keep",
+                                  "0",
+                                  "--quiet"};
     return runSelf(a, at(tag + ".log"));
-    }
-    sys::fs::create_directories(save);
-    for (int64_t k = 1; k <= args.steps; ++k) {
-      a[6] = std::to_string(k);
-      std::vector<std::string> ak = a;
-      ak.push_back("--save");
-      ak.push_back(save + "/" + rt::checkpointFolderName(k));
-      if (int rc = runSelf(ak, at(tag + ".log")))
-        return rc;
-    }
-    return 0;
   };
   auto t0 = std::chrono::steady_clock::now();
   if (train(at("reference"), 1, "reference") != 0)
     bad("training the reference (1 rank) failed: " + errorLine(at("reference.log")));
   if (train(at("planned"), ranks, "planned") != 0) {
-    errs() << "carve verify: FAIL: the planned program failed: "
-           << errorLine(at("planned.log")) << "\n";
+    errs() << "carve verify: FAIL: the planned program failed: " << errorLine(at("planned.log"))
+           << "\n";
     return kFail;
   }
   outs() << "  trained both in " << format("%.1f", secondsSince(t0)) << " s\n";
@@ -485,16 +475,8 @@ int verify(const VerifyArgs &args) {
   if ((int64_t)lossRef.size() != args.steps)
     bad("the reference run logged " + std::to_string(lossRef.size()) + " steps, expected " +
         std::to_string(args.steps));
-  std::vector<std::pair<int64_t, std::string>> refSteps, planSteps;
-  if (everyStep) {
-    refSteps = rt::listCheckpoints(at("reference-ckpt"));
-    planSteps = rt::listCheckpoints(at("planned-ckpt"));
-  } else {
-    for (int64_t k = 1; k <= args.steps; ++k) {
-      refSteps.push_back({k, at("reference-ckpt/" + rt::checkpointFolderName(k))});
-      planSteps.push_back({k, at("planned-ckpt/" + rt::checkpointFolderName(k))});
-    }
-  }
+  auto refSteps = rt::listCheckpoints(at("reference-ckpt"));
+  auto planSteps = rt::listCheckpoints(at("planned-ckpt"));
 
   outs() << "  step  loss (1 rank)   loss (plan)  rel. diff  weights rel. diff  in tensor\n";
   std::string firstFailure;
@@ -524,8 +506,8 @@ int verify(const VerifyArgs &args) {
       r.problem = error;
     else
       compareWeights(a, b, r);
-    bool ok = r.problem.empty() && r.lossRel <= args.lossTolerance &&
-              r.weightRel <= args.weightTolerance;
+    bool ok =
+        r.problem.empty() && r.lossRel <= args.lossTolerance && r.weightRel <= args.weightTolerance;
     outs() << format("  %4lld  %13.8f  %12.8f  %9s  %17s  ", (long long)k, r.lossA, r.lossB,
                      sci(r.lossRel).c_str(), sci(r.weightRel).c_str())
            << (r.problem.empty() ? r.worstTensor : r.problem) << (ok ? "" : "  <- over") << "\n";
@@ -533,17 +515,16 @@ int verify(const VerifyArgs &args) {
       if (!r.problem.empty())
         firstFailure = "step " + std::to_string(k) + ": " + r.problem;
       else if (!(r.lossRel <= args.lossTolerance))
-        firstFailure = "step " + std::to_string(k) + ": the losses differ by " +
-                       sci(r.lossRel) + " (relative; tolerance " + sci(args.lossTolerance) +
-                       ")" +
+        firstFailure = "step " + std::to_string(k) + ": the losses differ by " + sci(r.lossRel) +
+                       " (relative; tolerance " + sci(args.lossTolerance) + ")" +
                        (r.weightRel > args.weightTolerance
                             ? "; weights of '" + r.worstTensor + "' by " + sci(r.weightRel)
                             : "");
       else
         firstFailure = "step " + std::to_string(k) + ": the weights of '" + r.worstTensor +
                        "' differ by " + sci(r.weightRel) +
-                       " of the tensor's largest entry (tolerance " +
-                       sci(args.weightTolerance) + ")";
+                       " of the tensor's largest entry (tolerance " + sci(args.weightTolerance) +
+                       ")";
     }
     worstLoss = std::max(worstLoss, r.lossRel);
     if (r.weightRel >= worstWeight)
@@ -556,8 +537,8 @@ int verify(const VerifyArgs &args) {
   }
   outs() << "PASS: losses within " << sci(args.lossTolerance) << " (worst " << sci(worstLoss)
          << "), weights within " << sci(args.weightTolerance) << " (worst " << sci(worstWeight)
-         << ", " << worstTensor << ") over " << args.steps << " step"
-         << (args.steps > 1 ? "s" : "") << "\n";
+         << ", " << worstTensor << ") over " << args.steps << " step" << (args.steps > 1 ? "s" : "")
+         << "\n";
   return 0;
 }
 

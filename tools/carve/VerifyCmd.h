@@ -15,8 +15,8 @@ struct VerifyArgs {
   std::string data;     // --data; empty: generated tokens
   std::string workdir;  // --workdir; empty: a temporary folder, removed at the end
   int64_t steps = 5;
-  double lossTolerance = 1e-5;    // relative to the 1-rank loss
-  double weightTolerance = 1e-4;  // |a - b| relative to max |a| over each tensor
+  double lossTolerance = 1e-5;           // relative to the 1-rank loss
+  double weightTolerance = 1e-4;         // |a - b| relative to max |a| over each tensor
   std::vector<std::string> compileFlags; // --set-dim, --frozen, --rules, --loss for both compiles
   /// Compare under the plan's own optimizer instead of SGD with momentum
   /// (AdamW turns rounding noise into +-lr steps; docs/verify.md).

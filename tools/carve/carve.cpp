@@ -171,13 +171,13 @@ cl::opt<std::string> verifyPlan("plan", cl::desc("The plan to verify against one
                                 cl::cat(carveCat));
 cl::opt<int64_t> verifySteps("steps", cl::desc("Training steps to compare (default 5)"),
                              cl::init(5), cl::sub(verifyCmd), cl::cat(carveCat));
-cl::opt<std::string> verifyData("data",
-                                cl::desc("Training data (default: generated tokens)"),
+cl::opt<std::string> verifyData("data", cl::desc("Training data (default: generated tokens)"),
                                 cl::value_desc("FILE"), cl::sub(verifyCmd), cl::cat(carveCat));
-cl::opt<std::string> verifyWorkdir(
-    "workdir", cl::desc("Keep the programs, logs and checkpoints here (default: a temporary "
-                        "folder, removed)"),
-    cl::value_desc("DIR"), cl::sub(verifyCmd), cl::cat(carveCat));
+cl::opt<std::string>
+    verifyWorkdir("workdir",
+                  cl::desc("Keep the programs, logs and checkpoints here (default: a temporary "
+                           "folder, removed)"),
+                  cl::value_desc("DIR"), cl::sub(verifyCmd), cl::cat(carveCat));
 cl::opt<double> verifyLossTol("tolerance-loss",
                               cl::desc("Largest relative loss difference (default 1e-5)"),
                               cl::init(1e-5), cl::sub(verifyCmd), cl::cat(carveCat));
