@@ -15,7 +15,8 @@
 //    gradients and optimizer state zero unless loaded. A sharded checkpoint
 //    (saved under any plan) is reassembled tensor by tensor from its shards;
 //    each rank keeps its tensor-parallel piece and, for ZeRO, its dp chunk.
-// 4. Run the steps, printing progress and writing metrics on rank 0.
+// 4. Run the steps, printing progress and writing metrics on rank 0, and
+//    save every --save-every steps.
 // 5. Save the final checkpoint: every rank writes its own shards, world rank
 //    0 the manifest (checkpoint.h, docs/checkpoints.md). --save-every saves
 //    inside step 4 the same way.
@@ -498,8 +499,8 @@ bool checkManifest(const Program &p, const WeightSource &src, const std::set<std
     byName[t.name] = &t;
     hasState |= t.role == "optimizer_state";
     if (!known.count(t.name)) {
-      error = where + "tensor '" + t.name + "' is not in the compiled model (a checkpoint of "
-                                            "another model?)";
+      error = where + "tensor '" + t.name +
+              "' is not in the compiled model (a checkpoint of another model?)";
       return false;
     }
   }
@@ -614,8 +615,9 @@ bool fillArena(const Program &p, WeightSource &src, char *arena, const Mesh &m,
          (!src.hasOptimizer ||
           readShardedTensors(files, src.manifest, optimizerSlots(p), arena, true, m, error));
   } else {
-    ok = readTensors(src.model, modelSlots(p), arena, false, m, error) &&
-         (!src.hasOptimizer || readTensors(src.optimizer, optimizerSlots(p), arena, true, m, error));
+    ok =
+        readTensors(src.model, modelSlots(p), arena, false, m, error) &&
+        (!src.hasOptimizer || readTensors(src.optimizer, optimizerSlots(p), arena, true, m, error));
   }
   if (!ok && !src.folder.empty())
     error = "checkpoint " + error;
@@ -1038,7 +1040,8 @@ void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
     if (DIR *d = ::opendir(dir.c_str())) {
       std::vector<std::string> stale;
       while (struct dirent *e = ::readdir(d))
-        if (!std::strncmp(e->d_name, ".tmp-step-", 10) || !std::strncmp(e->d_name, ".del-step-", 10))
+        if (!std::strncmp(e->d_name, ".tmp-step-", 10) ||
+            !std::strncmp(e->d_name, ".del-step-", 10))
           stale.push_back(dir + "/" + e->d_name);
       ::closedir(d);
       for (const std::string &s : stale)
@@ -1074,9 +1077,9 @@ void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
     pause();
     const std::string final = dir + "/" + name;
     struct stat st;
-    bool ok = writeFileAtomic(tmp + "/manifest.json", manifestToJson(buildManifest(p, step)),
-                              error) &&
-              syncFolder(tmp, error);
+    bool ok =
+        writeFileAtomic(tmp + "/manifest.json", manifestToJson(buildManifest(p, step)), error) &&
+        syncFolder(tmp, error);
     if (ok && ::stat(final.c_str(), &st) == 0) {
       // Replacing a step folder of an earlier run: swap it out in one rename
       // so that a complete folder of that name exists at every moment.
@@ -1086,8 +1089,7 @@ void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
         ok = false;
       }
     } else if (ok && std::rename(tmp.c_str(), final.c_str()) != 0) {
-      error = final + ": cannot rename the finished checkpoint into place: " +
-              std::strerror(errno);
+      error = final + ": cannot rename the finished checkpoint into place: " + std::strerror(errno);
       ok = false;
     }
     ok = ok && syncFolder(dir, error);

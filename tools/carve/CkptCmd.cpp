@@ -32,8 +32,7 @@ int64_t numelOf(const std::vector<int64_t> &shape) {
 std::string formatBlock(const std::vector<int64_t> &offsets, const std::vector<int64_t> &shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(offsets[i]) + ":" +
-         std::to_string(offsets[i] + shape[i]);
+    s += (i ? ", " : "") + std::to_string(offsets[i]) + ":" + std::to_string(offsets[i] + shape[i]);
   return s + "]";
 }
 
@@ -102,8 +101,7 @@ int inspect(const std::string &path) {
     outs() << "  " << rt::checkpointRankFile(rank) << ": " << count.first << " shards, "
            << count.second << " elements\n";
   for (const rt::CheckpointTensor &t : m.tensors) {
-    outs() << t.name << " " << t.role << " " << t.dtype << " " << rt::formatShape(t.shape)
-           << "\n";
+    outs() << t.name << " " << t.role << " " << t.dtype << " " << rt::formatShape(t.shape) << "\n";
     for (const rt::CheckpointShard &s : t.shards)
       outs() << "  rank " << s.rank << " " << formatBlock(s.offsets, s.shape) << " " << s.file
              << ":" << s.key << "\n";
@@ -150,8 +148,9 @@ int runCkpt(const CkptArgs &args) {
   if (p.empty() || (p[0] != "inspect" && p[0] != "merge"))
     return fail("usage: carve ckpt inspect PATH | carve ckpt merge PATH -o FILE.safetensors");
   if (p.size() != 2)
-    return fail("carve ckpt " + p[0] + " takes one checkpoint PATH (a --save folder, a step "
-                                       "folder or a full-format folder), got " +
+    return fail("carve ckpt " + p[0] +
+                " takes one checkpoint PATH (a --save folder, a step "
+                "folder or a full-format folder), got " +
                 std::to_string(p.size() - 1));
   if (p[0] == "inspect") {
     if (!args.output.empty() || args.withOptimizer)
