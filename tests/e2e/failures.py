@@ -2,10 +2,11 @@
 """Failure handling of training programs: dying and stopped ranks, NaN/Inf, progress display."""
 
 # A tiny builtin GPT is compiled for 1 rank, dp=2, tp=2, pp=2 (2 micro-batches)
-# and dp=2 with ZeRO-2, then:
+# and dp=2 with ZeRO-2 and ZeRO-3, then:
 #
 # 1. A rank killed with SIGKILL (by the fault injection at a step's start, and
-#    from outside while it trains) must take every rank down within
+#    from outside while it trains) or crashing with SIGSEGV must take every
+#    rank down within
 #    FAULT_LIMIT_S, exit non-zero, and `carve run` must name the rank and the
 #    signal. No process of the job may be left.
 # 2. A rank stopped with SIGSTOP must make the others give up after
@@ -52,6 +53,7 @@ PLANS = {
     "tp2": ({"tp": 2}, 2),
     "pp2": ({"pp": 2, "num_micro_batches": 2}, 2),
     "zero2": ({"dp": 2, "zero": 2}, 2),
+    "zero3": ({"dp": 2, "zero": 3}, 2),
 }
 RUN_LIMIT_S = 60
 COMPILE_LIMIT_S = 300
@@ -100,7 +102,11 @@ def finish(p, began, limit):
 
 def run(cmd, env=None, limit=RUN_LIMIT_S):
     began = time.time()
-    return finish(start(cmd, env), began, limit)
+    try:
+        p = start(cmd, env)
+    except OSError as e:
+        return Result(127, "", "cannot start %s: %s" % (cmd[0], e), 0.0)
+    return finish(p, began, limit)
 
 
 def job_processes(out_dir):
@@ -210,12 +216,27 @@ class Suite:
                    "dp2: rank 1 SIGKILLed at step 3: job gone in %.1fs, rank and signal named"
                    % res.seconds, res.show() + "\nleft: %d" % left)
 
+    def crashed(self):
+        res = self.train("pp2", ["--steps", "100000", "--progress", "none"],
+                         env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "2",
+                              "CARVE_FAULT_SIGNAL": "SEGV"}, limit=FAULT_LIMIT_S)
+        left = reap(self.path("pp2"))
+        summary = [ln for ln in res.err.splitlines() if ln.startswith("carve: error:")]
+        self.check(res.rc not in (0, None) and left == 0 and
+                   any("rank 1" in ln and "SIGSEGV" in ln for ln in summary),
+                   "pp2: rank 1 crashes (SIGSEGV) at step 2: job gone in %.1fs, rank and signal "
+                   "named" % res.seconds, res.show() + "\nleft: %d" % left)
+
     def killed_from_outside(self):
         out = self.path("tp2")
         log = self.path("outside.jsonl")
         began = time.time()
-        p = start([self.carve, "run", out, "-n", "2", "--", "--data", self.data, "--steps",
-                   "100000", "--log", log, "--progress", "none"])
+        try:
+            p = start([self.carve, "run", out, "-n", "2", "--", "--data", self.data, "--steps",
+                       "100000", "--log", log, "--progress", "none"])
+        except OSError as e:
+            self.check(False, "tp2: rank 1 killed from outside mid-run", str(e))
+            return
         victim = None
         while time.time() - began < RUN_LIMIT_S and p.poll() is None:
             if os.path.exists(log) and len(open(log).readlines()) >= 3:
@@ -398,6 +419,7 @@ def main():
         return 1
     suite.killed_by_fault()
     suite.killed_from_outside()
+    suite.crashed()
     suite.stopped("dp2", ["all-reduce over dp"])
     # Rank 0 waits either for its activations' send or for the gradients' receive.
     suite.stopped("pp2", ["receive from rank 1 over pp", "send to rank 1 over pp"])
