@@ -15,7 +15,8 @@
 // waiting forever otherwise. The rank that times out prints one line naming
 // the operation, its size, the group, the step and the group's other members,
 // and calls MPI_Abort, which ends every rank (a stopped one included: the
-// launcher kills it).
+// launcher kills it). The polling runs on the main thread like every other
+// MPI call, so no watchdog thread is needed and MPI_THREAD_FUNNELED suffices.
 //
 //===----------------------------------------------------------------------===//
 
