@@ -344,10 +344,6 @@ bool locateCheckpoint(const std::string &path, CheckpointLocation &loc, std::str
     loc = {path, true};
     return true;
   }
-  if (isFile(path + "/model.safetensors")) {
-    loc = {path, false};
-    return true;
-  }
   const std::string latest = path + "/latest";
   if (isFile(latest)) {
     std::ifstream in(latest);
@@ -367,7 +363,13 @@ bool locateCheckpoint(const std::string &path, CheckpointLocation &loc, std::str
     loc = {path + "/" + name, true};
     return true;
   }
+  // A --save folder may also hold an older full-format checkpoint: its step
+  // folders come first.
   auto steps = listCheckpoints(path);
+  if (steps.empty() && isFile(path + "/model.safetensors")) {
+    loc = {path, false};
+    return true;
+  }
   if (steps.empty()) {
     error = path + ": not a checkpoint (no manifest.json, no latest, no complete step-* "
                    "folder, no model.safetensors)";

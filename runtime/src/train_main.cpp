@@ -504,6 +504,13 @@ bool checkManifest(const Program &p, const WeightSource &src, const std::set<std
       return false;
     }
   }
+  if (m.optimizerStep != m.step || m.lrStep != m.step || m.dataStep != m.step) {
+    error = where + "the optimizer, lr-schedule and data positions (" +
+            std::to_string(m.optimizerStep) + ", " + std::to_string(m.lrStep) + ", " +
+            std::to_string(m.dataStep) + ") differ from the step " + std::to_string(m.step) +
+            "; this program continues all of them from the step count";
+    return false;
+  }
   std::vector<Slot> state = optimizerSlots(p);
   if (!state.empty() && hasState && m.optimizer != optimizerKindName(p.optimizer)) {
     error = where + "saved with optimizer " + m.optimizer + ", this program uses " +

@@ -27,7 +27,8 @@ What must hold (docs/checkpoints.md):
    shards per rank, matching the manifest.
 6. Bad checkpoints (truncated rank file, missing rank file, missing or corrupt
    manifest, a tensor missing from the manifest, a model that does not match,
-   `latest` naming a missing folder) stop the run with exit status 1 and one
+   `latest` naming a missing folder, a data position that is not the step)
+   stop the run with exit status 1 and one
    error line naming the file and the cause, and nothing is written.
 7. --save-every/--keep and SIGKILL at random moments during saves (the
    test-only CARVE_TEST_SAVE_DELAY_MS widens every stage of a save): after each
@@ -341,6 +342,10 @@ def check_bad(e):
                                                  if t["name"] != "h.1.mlp.c_fc.weight"]))
     cases.append(("tensor missing", "dp2", d, [os.path.join(d, "manifest.json"),
                                                 "h.1.mlp.c_fc.weight"]))
+    d = copy("positions")
+    edit_manifest(d, lambda m: m["data"].update(step=3))
+    cases.append(("data position is not the step", "one", d,
+                  [os.path.join(d, "manifest.json"), "positions", "(8, 8, 3)"]))
     cases.append(("wrong model", "other", good, [good, "wte.weight", "[128, 64]", "[128, 32]"]))
     d = os.path.join(bad_root, "latest_dangling")
     os.makedirs(d)
@@ -411,8 +416,9 @@ def check_kill(e, name, kills, seed):
     """SIGKILL at random moments of --save-every 1 runs; the folder always loads."""
     out, ranks = e.programs[name]
     total = 30
-    ref_log = e.train(name, name + "-kill-ref", total)
-    ref = read_log(ref_log, 0, total)
+    # One step more: a kill that lands after the last save resumes from step `total`.
+    ref_log = e.train(name, name + "-kill-ref", total + 1)
+    ref = read_log(ref_log, 0, total + 1)
     d = os.path.join(e.work, name + "-kill")
     rnd = random.Random(seed)
     env = dict(os.environ, CARVE_TEST_SAVE_DELAY_MS="15")
@@ -466,6 +472,9 @@ def main():
     args = ap.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir)
+    # One OpenMP thread per rank: up to 4 ranks share the test machine's cores,
+    # and spinning thread pools would slow every run several times over.
+    os.environ["OMP_NUM_THREADS"] = "1"
     e = Env(os.path.abspath(args.carve), args.workdir)
     failures = []
     start = time.monotonic()

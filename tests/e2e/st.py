@@ -117,11 +117,10 @@ def load(path, with_metadata=False):
 
 
 def checkpoint_folder(path):
-    """The folder `train --load PATH` reads: PATH itself when it holds a
-    manifest.json (a step folder) or model.safetensors (the older full format),
-    else the step folder PATH/latest names."""
+    """The folder `train --load PATH` reads: the step folder PATH/latest names,
+    else PATH itself (a step folder, or the older full format)."""
     if os.path.isfile(os.path.join(path, "manifest.json")) or \
-            os.path.isfile(os.path.join(path, "model.safetensors")):
+            not os.path.isfile(os.path.join(path, "latest")):
         return path
     with open(os.path.join(path, "latest")) as f:
         return os.path.join(path, f.read().strip())

@@ -111,7 +111,8 @@ struct CheckpointLocation {
 
 /// Resolves `path` (a --save folder, a step folder, a full-format folder).
 /// A --save folder leads to the folder its `latest` names, or without
-/// `latest` to its newest complete step folder.
+/// `latest` to its newest complete step folder; only a folder with neither
+/// (nor a manifest.json) is read as the older full format.
 bool locateCheckpoint(const std::string &path, CheckpointLocation &loc, std::string &error);
 
 /// The rank files of one step folder, opened on first use and validated
