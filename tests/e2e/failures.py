@@ -216,6 +216,18 @@ class Suite:
                    "dp2: rank 1 SIGKILLed at step 3: job gone in %.1fs, rank and signal named"
                    % res.seconds, res.show() + "\nleft: %d" % left)
 
+    def killed_alone(self):
+        # One rank runs without mpirun; carve run still says how it ended.
+        res = self.train("1rank", ["--steps", "100000", "--progress", "none"],
+                         env={"CARVE_FAULT_RANK": "0", "CARVE_FAULT_STEP": "2"},
+                         limit=FAULT_LIMIT_S)
+        left = reap(self.path("1rank"))
+        lines = res.err.strip().splitlines()
+        self.check(res.rc == 128 + 9 and left == 0 and len(lines) == 1 and
+                   lines[0].startswith("carve: error: rank 0 ") and "SIGKILL" in lines[0],
+                   "1rank: the only rank SIGKILLed: %s" % (lines[0] if lines else "no message"),
+                   res.show())
+
     def crashed(self):
         res = self.train("pp2", ["--steps", "100000", "--progress", "none"],
                          env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "2",
@@ -420,6 +432,7 @@ def main():
     suite.killed_by_fault()
     suite.killed_from_outside()
     suite.crashed()
+    suite.killed_alone()
     suite.stopped("dp2", ["all-reduce over dp"])
     # Rank 0 waits either for its activations' send or for the gradients' receive.
     suite.stopped("pp2", ["receive from rank 1 over pp", "send to rank 1 over pp"])

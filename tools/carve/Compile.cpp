@@ -837,13 +837,10 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
     cargv.push_back(a.data());
   cargv.push_back(nullptr);
   fflush(stdout);
-  if (ranks == 1) {
-    execv(cargv[0], cargv.data());
-    die("cannot start " + argv[0] + ": " + std::string(strerror(errno)));
-  }
 
-  // Several ranks: run mpirun as a child, pass its stderr through, and when the
-  // job fails say which rank took it down (mpirun's notice names it).
+  // Run mpirun (or, for one rank, the program itself) as a child, pass its
+  // stderr through, and when the job fails say which rank took it down and how
+  // (mpirun's notice names it).
   int fds[2];
   if (pipe(fds) != 0)
     die("cannot create a pipe: " + std::string(strerror(errno)));
@@ -883,6 +880,15 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (rc == 0)
     return 0;
+  if (ranks == 1) {
+    if (WIFSIGNALED(status)) {
+      const int sig = WTERMSIG(status);
+      const char *abbrev = sigabbrev_np(sig);
+      errs() << "carve: error: rank 0 (the only one, pid " << child << ") was killed by signal "
+             << sig << " (SIG" << (abbrev ? abbrev : "?") << ": " << strsignal(sig) << ")\n";
+    }
+    return rc;
+  }
   // A rank that gave up waiting (--collective-timeout) printed what it waited
   // for: "carve: rank 0: all-reduce over dp (...) did not complete in 30 s; ...".
   size_t timedOut = captured.find(" did not complete in ");
