@@ -225,6 +225,29 @@ void Importer::fail(const std::string &msg) const {
 // Reading and validation
 //===----------------------------------------------------------------------===//
 
+/// Whether the JSON `text` nests arrays and objects at most `limit` deep.
+static bool nestsAtMost(StringRef text, int limit) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit)
+        return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 void Importer::parse(StringRef bytes) {
   if (bytes.empty())
     fail("the file is empty");
@@ -430,6 +453,9 @@ void Importer::classifyInitializers() {
     bool params = prop.key() == "carve.parameters", buffers = prop.key() == "carve.buffers";
     if (!params && !buffers)
       continue;
+    // llvm::json's parser recurses once per level: a flat list needs two.
+    if (!nestsAtMost(prop.value(), 2))
+      fail("metadata '" + prop.key() + "' is not a JSON list of names");
     auto parsed = llvm::json::parse(prop.value());
     const llvm::json::Array *list = parsed ? parsed->getAsArray() : nullptr;
     if (!parsed)

@@ -32,8 +32,13 @@ const char *optimizerNumberFields[] = {
 
 bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std::string &error) {
   json j;
+  bool deep = false;
   try {
-    j = json::parse(text);
+    j = json::parse(text, [&](int depth, json::parse_event_t, json &) {
+      // dump() and copies recurse once per level: refuse absurd nesting here.
+      deep = deep || depth > 64;
+      return !deep;
+    });
   } catch (const json::exception &e) {
     // parse_error, or out_of_range for a number beyond a double (1e999).
     std::string msg = e.what();
@@ -42,6 +47,10 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
       colon = msg.find("] ");
     error = what + ": not valid JSON (" +
             (colon == std::string::npos ? msg : msg.substr(colon + 2)) + ")";
+    return false;
+  }
+  if (deep) {
+    error = what + ": nested deeper than 64 levels";
     return false;
   }
   if (!j.is_object()) {

@@ -523,11 +523,20 @@ bool parseBytes(const json &v, double &out) {
 /// Parses `text` as a JSON object; `what` names it in errors, `example` shows one.
 bool parseObject(const std::string &text, const std::string &what, const char *example, json &j,
                  std::string &error) {
+  bool deep = false;
   try {
-    j = json::parse(text);
+    j = json::parse(text, [&](int depth, json::parse_event_t, json &) {
+      // dump() and copies recurse once per level: refuse absurd nesting here.
+      deep = deep || depth > 64;
+      return !deep;
+    });
   } catch (const json::exception &e) {
     // parse_error, or out_of_range for a number beyond a double (1e999).
     error = what + ": not valid JSON (" + std::string(e.what()) + ")";
+    return false;
+  }
+  if (deep) {
+    error = what + ": nested deeper than 64 levels";
     return false;
   }
   if (!j.is_object()) {

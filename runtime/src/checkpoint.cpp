@@ -241,7 +241,17 @@ bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string
                                : "cannot read: " + std::string(std::strerror(errno)));
   std::stringstream text;
   text << in.rdbuf();
-  Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  bool deep = false;
+  Json j = Json::parse(
+      text.str(),
+      [&](int depth, Json::parse_event_t, Json &) {
+        // dump() and copies recurse once per level: refuse absurd nesting here.
+        deep = deep || depth > 64;
+        return !deep;
+      },
+      /*allow_exceptions=*/false);
+  if (deep)
+    return fail("nested deeper than 64 levels");
   if (j.is_discarded() || !j.is_object())
     return fail("not valid JSON (truncated or corrupt)");
   m = CheckpointManifest();

@@ -235,9 +235,15 @@ bool SafetensorsReader::open(const std::string &path, std::string &error) {
   // the last one, so the parser callback refuses them.
   std::set<std::string> seen;
   std::string duplicate;
+  bool deep = false;
   Json root;
   try {
     root = Json::parse(header, [&](int depth, Json::parse_event_t event, Json &parsed) {
+      // dump() and copies recurse once per level: refuse absurd nesting here.
+      if (depth > 64)
+        deep = true;
+      if (deep)
+        return false;
       if (depth == 1 && event == Json::parse_event_t::key &&
           !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
         duplicate = parsed.get<std::string>();
@@ -249,6 +255,8 @@ bool SafetensorsReader::open(const std::string &path, std::string &error) {
     return fail("header is not valid JSON: " +
                 (close == std::string::npos ? what : what.substr(close + 2)));
   }
+  if (deep)
+    return fail("header nests deeper than 64 levels");
   if (!duplicate.empty())
     return fail("header names '" + duplicate + "' twice");
   if (!root.is_object())

@@ -3,7 +3,8 @@
 
 1. replays every committed reproducer in tests/fuzz/regressions/TARGET/ (each
    must now be handled without a crash; where FILE.expected exists, each of its
-   lines must appear in the printed error);
+   lines must appear in the printed error), and the deeply nested inputs
+   written at test time (too large to commit);
 2. builds the seed corpus (committed seeds, plus ONNX models exported by the
    `models` fixture and small generated ones for the importer, and generated
    files for the safetensors reader);
@@ -23,13 +24,69 @@ import json
 ONNX_SEED_LIMIT = 256 * 1024  # bytes; larger models slow every mutation down
 
 
+DEEP = 200000  # nesting levels: enough to overflow the stack of a recursive reader
+
+
+def deep_inputs(target, folder, source):
+    """Reproducers too large to commit, written at test time: JSON nested
+    DEEP levels, which overflowed the stack of nlohmann::json's dump() and
+    copies and of llvm::json's parser before the readers refused nesting
+    beyond 64 levels. Returns {path: expected error text}."""
+    nest = "[" * DEEP + "]" * DEEP
+    made = {}
+
+    def put(name, data, expected):
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        made[path] = expected
+
+    if target == "plan":
+        put("deep-nesting.json", '{"dp": %s}' % nest, "plan.json: nested deeper than 64 levels")
+    elif target == "rules":
+        put("deep-nesting.json", '{"ops": %s}' % nest, "rules.json: nested deeper than 64 levels")
+    elif target == "planner":
+        put("deep-nesting.json", '{"memory_headroom": %s}' % nest,
+            "constraints.json: nested deeper than 64 levels")
+    elif target == "safetensors":
+        header = ('{"w": {"dtype": "F32", "shape": [%s], "data_offsets": [0, 0]}}' % nest).encode()
+        header += b" " * (-len(header) % 8)
+        put("deep-nesting.safetensors", struct.pack("<Q", len(header)) + header,
+            "header nests deeper than 64 levels")
+    elif target == "checkpoint":
+        seed = os.path.join(source, "seeds", "checkpoint", "manifest.json")
+        manifest = json.load(open(seed, encoding="utf-8"))
+        manifest["model"] = "NEST"
+        put("deep-nesting.json", json.dumps(manifest).replace('"NEST"', nest),
+            "manifest.json: nested deeper than 64 levels")
+    elif target == "importer":
+        import onnx
+        from onnx import TensorProto, helper
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        m = helper.make_model(g, opset_imports=[helper.make_operatorsetid("", 17)])
+        m.ir_version = 8
+        prop = m.metadata_props.add()
+        prop.key, prop.value = "carve.parameters", nest
+        put("deep-nesting.onnx", m.SerializeToString(),
+            "metadata 'carve.parameters' is not a JSON list of names")
+    return made
+
+
 def replay(args, env):
     folder = os.path.join(args.source, "regressions", args.target)
-    files = sorted(f for f in os.listdir(folder) if not f.endswith((".expected", ".md"))) \
-        if os.path.isdir(folder) else []
+    files = sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                   if not f.endswith((".expected", ".md"))) if os.path.isdir(folder) else []
+    generated = os.path.join(args.workdir, "generated")
+    shutil.rmtree(generated, ignore_errors=True)
+    os.makedirs(generated)
+    made = deep_inputs(args.target, generated, args.source)
+    files += sorted(made)
     failures = 0
-    for name in files:
-        path = os.path.join(folder, name)
+    for path in files:
+        name = os.path.relpath(path, folder) if path.startswith(folder) else \
+            "generated/" + os.path.basename(path)
         r = subprocess.run([args.fuzzer, path], env=env, capture_output=True, text=True,
                            errors="replace", timeout=120)
         out = r.stdout + r.stderr
@@ -38,11 +95,12 @@ def replay(args, env):
             problem = f"exit status {r.returncode}"
         else:
             exp = path + ".expected"
-            if os.path.exists(exp):
-                for line in open(exp, encoding="utf-8").read().splitlines():
-                    if line.strip() and line not in out:
-                        problem = f"expected error text not printed: {line!r}"
-                        break
+            lines = [made[path]] if path in made else \
+                open(exp, encoding="utf-8").read().splitlines() if os.path.exists(exp) else []
+            for line in lines:
+                if line.strip() and line not in out:
+                    problem = f"expected error text not printed: {line!r}"
+                    break
         if problem:
             failures += 1
             print(f"FAIL regression {args.target}/{name}: {problem}\n{out[-4000:]}")
