@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -49,7 +50,7 @@ public:
     return p;
   }
   /// Records a file written by other means, for removal at exit.
-  void track(const std::string &path) { files += path + '\n'; }
+  void track(const std::string &path) { files.insert(path); }
   /// Writes `size` bytes to `name` inside the folder; returns its path.
   std::string write(const std::string &name, const void *data, size_t size) {
     std::string p = root + "/" + name;
@@ -58,7 +59,7 @@ public:
       std::fprintf(stderr, "carve-fuzz: cannot write %s\n", p.c_str());
       std::abort();
     }
-    files += p + '\n';
+    files.insert(p);
     return p;
   }
 
@@ -73,15 +74,14 @@ private:
     root = pattern;
   }
   ~ScratchDir() {
-    size_t begin = 0;
-    for (size_t end; (end = files.find('\n', begin)) != std::string::npos; begin = end + 1)
-      ::unlink(files.substr(begin, end - begin).c_str());
+    for (const std::string &f : files)
+      ::unlink(f.c_str());
     for (const std::string &d : dirs)
       ::rmdir(d.c_str());
     ::rmdir(root.c_str());
   }
   std::string root;
-  std::string files; // every path written, one per line (duplicates are harmless)
+  std::set<std::string> files;   // every file written
   std::vector<std::string> dirs; // subfolders, newest first
 };
 
