@@ -28,7 +28,8 @@ DEEP = 200000  # nesting levels: enough to overflow the stack of a recursive rea
 
 
 def deep_inputs(target, folder, source):
-    """Reproducers too large to commit, written at test time: JSON nested
+    """Reproducers written at test time (binary inputs are never committed):
+    the importer's ONNX reproducers, and JSON nested
     DEEP levels, which overflowed the stack of nlohmann::json's dump() and
     copies and of llvm::json's parser before the readers refused nesting
     beyond 64 levels. Returns {path: expected error text}."""
@@ -49,10 +50,14 @@ def deep_inputs(target, folder, source):
         put("deep-nesting.json", '{"memory_headroom": %s}' % nest,
             "constraints.json: nested deeper than 64 levels")
     elif target == "safetensors":
-        header = ('{"w": {"dtype": "F32", "shape": [%s], "data_offsets": [0, 0]}}' % nest).encode()
-        header += b" " * (-len(header) % 8)
-        put("deep-nesting.safetensors", struct.pack("<Q", len(header)) + header,
-            "header nests deeper than 64 levels")
+        def nested(levels):
+            header = ('{"w": {"dtype": "F32", "shape": [%s], "data_offsets": [0, 0]}}' %
+                      ("[" * levels + "]" * levels)).encode()
+            header += b" " * (-len(header) % 8)
+            return struct.pack("<Q", len(header)) + header
+        put("deep-nesting.safetensors", nested(DEEP), "header nests deeper than 64 levels")
+        # Just past the limit (the smallest input the nesting check refuses).
+        put("nested-70.safetensors", nested(70), "header nests deeper than 64 levels")
     elif target == "checkpoint":
         seed = os.path.join(source, "seeds", "checkpoint", "manifest.json")
         manifest = json.load(open(seed, encoding="utf-8"))
@@ -71,6 +76,34 @@ def deep_inputs(target, folder, source):
         prop.key, prop.value = "carve.parameters", nest
         put("deep-nesting.onnx", m.SerializeToString(),
             "metadata 'carve.parameters' is not a JSON list of names")
+        # The same model with metadata nested three levels deep.
+        prop.value = "[[[]]]"
+        put("metadata-nested.onnx", m.SerializeToString(),
+            "metadata 'carve.parameters' is not a JSON list of names")
+        # A Constant node without outputs: its error label read output(0)
+        # past the end of the node's output list.
+        one = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+        g = helper.make_graph([helper.make_node("Constant", [], [], name="c", value=one),
+                               helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        m = helper.make_model(g, opset_imports=[helper.make_operatorsetid("", 17)])
+        m.ir_version = 8
+        put("constant-without-output.onnx", m.SerializeToString(), "")
+        # Reshape to [2^41 + 4, 5 * 2^40]: the product of the known target
+        # dimensions overflowed int64.
+        shape = helper.make_tensor("shape", TensorProto.INT64, [2],
+                                   [2199023255556, 5497558138880])
+        g = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["r"]),
+                               helper.make_node("Softmax", ["r"], ["y"], axis=-1)], "reshape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                              [shape])
+        m = helper.make_model(g, opset_imports=[helper.make_operatorsetid("", 17)])
+        m.ir_version = 8
+        put("reshape-overflow.onnx", m.SerializeToString(),
+            "node 'Reshape_0' (Reshape): shape [2199023255556, 5497558138880] has more elements "
+            "than fit in 64 bits")
     return made
 
 
