@@ -1,6 +1,7 @@
 //===- Plan.cpp - parsing and checking plan files -------------------------===//
 
 #include "compiler/plan/Plan.h"
+#include "compiler/plan/JsonRead.h"
 
 #include <nlohmann/json.hpp>
 
@@ -32,25 +33,9 @@ const char *optimizerNumberFields[] = {
 
 bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std::string &error) {
   json j;
-  bool deep = false;
-  try {
-    j = json::parse(text, [&](int depth, json::parse_event_t, json &) {
-      // dump() and copies recurse once per level: refuse absurd nesting here.
-      deep = deep || depth > 64;
-      return !deep;
-    });
-  } catch (const json::exception &e) {
-    // parse_error, or out_of_range for a number beyond a double (1e999).
-    std::string msg = e.what();
-    size_t colon = msg.find(": ");
-    if (colon == std::string::npos)
-      colon = msg.find("] ");
-    error = what + ": not valid JSON (" +
-            (colon == std::string::npos ? msg : msg.substr(colon + 2)) + ")";
-    return false;
-  }
-  if (deep) {
-    error = what + ": nested deeper than 64 levels";
+  std::string cause;
+  if (!parseBoundedJson(text, j, cause)) {
+    error = what + ": " + cause;
     return false;
   }
   if (!j.is_object()) {

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/planner/Cluster.h"
+#include "compiler/plan/JsonRead.h"
 
 #include <nlohmann/json.hpp>
 
@@ -479,24 +480,9 @@ bool parseClusterFile(const std::string &file, Cluster &cluster, std::string &er
   text << in.rdbuf();
   FileReader r(file, error);
   json root;
-  bool deep = false;
-  try {
-    root = json::parse(text.str(), [&](int depth, json::parse_event_t, json &) {
-      // dump() and copies recurse once per level: refuse absurd nesting here.
-      deep = deep || depth > 64;
-      return !deep;
-    });
-  } catch (const json::exception &e) {
-    // parse_error, or out_of_range for a number beyond a double (1e999).
-    std::string msg = e.what();
-    size_t colon = msg.find(": ");
-    if (colon == std::string::npos)
-      colon = msg.find("] ");
-    return r.fail("not valid JSON (" + (colon == std::string::npos ? msg : msg.substr(colon + 2)) +
-                  ")");
-  }
-  if (deep)
-    return r.fail("nested deeper than 64 levels");
+  std::string cause;
+  if (!parseBoundedJson(text.str(), root, cause))
+    return r.fail(cause);
   if (!root.is_object())
     return r.fail("a cluster file is a JSON object (docs/cluster.md), got " + root.dump());
   if (!r.checkKeys(

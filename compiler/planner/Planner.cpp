@@ -1,6 +1,7 @@
 //===- Planner.cpp - cost and memory model, constraints, plan search ------===//
 
 #include "compiler/planner/Planner.h"
+#include "compiler/plan/JsonRead.h"
 
 #include <nlohmann/json.hpp>
 
@@ -523,20 +524,9 @@ bool parseBytes(const json &v, double &out) {
 /// Parses `text` as a JSON object; `what` names it in errors, `example` shows one.
 bool parseObject(const std::string &text, const std::string &what, const char *example, json &j,
                  std::string &error) {
-  bool deep = false;
-  try {
-    j = json::parse(text, [&](int depth, json::parse_event_t, json &) {
-      // dump() and copies recurse once per level: refuse absurd nesting here.
-      deep = deep || depth > 64;
-      return !deep;
-    });
-  } catch (const json::exception &e) {
-    // parse_error, or out_of_range for a number beyond a double (1e999).
-    error = what + ": not valid JSON (" + std::string(e.what()) + ")";
-    return false;
-  }
-  if (deep) {
-    error = what + ": nested deeper than 64 levels";
+  std::string cause;
+  if (!parseBoundedJson(text, j, cause, /*rawMessage=*/true)) {
+    error = what + ": " + cause;
     return false;
   }
   if (!j.is_object()) {

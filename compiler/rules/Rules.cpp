@@ -1,6 +1,7 @@
 //===- Rules.cpp - reading and checking rules files -----------------------===//
 
 #include "compiler/rules/Rules.h"
+#include "compiler/plan/JsonRead.h"
 
 #include "dialects/carve/CarveOps.h"
 
@@ -382,25 +383,9 @@ bool carve::loadRules(const std::string &path, RuleSet &rules, std::string &erro
     return false;
   }
   json root;
-  bool deep = false;
-  try {
-    root = json::parse((*buf)->getBuffer().str(), [&](int depth, json::parse_event_t, json &) {
-      // dump() and copies recurse once per level: refuse absurd nesting here.
-      deep = deep || depth > 64;
-      return !deep;
-    });
-  } catch (const json::exception &e) {
-    // parse_error, or out_of_range for a number beyond a double (1e999).
-    std::string msg = e.what();
-    size_t colon = msg.find(": ");
-    if (colon == std::string::npos)
-      colon = msg.find("] ");
-    error = path + ": not valid JSON (" +
-            (colon == std::string::npos ? msg : msg.substr(colon + 2)) + ")";
-    return false;
-  }
-  if (deep) {
-    error = path + ": nested deeper than 64 levels";
+  std::string cause;
+  if (!parseBoundedJson((*buf)->getBuffer().str(), root, cause)) {
+    error = path + ": " + cause;
     return false;
   }
   llvm::SmallString<256> dir(path);
