@@ -721,9 +721,63 @@ template <class T> void copy(const T *x, T *y, int64_t n) {
 
 //===--- Linear algebra ---------------------------------------------------===//
 
+namespace {
+
+Precision gPrecision = Precision::F32;
+
+/// Copies of a matmul's or attention's inputs rounded to the precision, one
+/// buffer per operand slot, reused from call to call (the generated step is
+/// single-threaded at this level).
+const float *roundedInput(const float *x, int64_t n, int slot) {
+  static thread_local std::vector<float> buffers[4];
+  std::vector<float> &b = buffers[slot];
+  if ((int64_t)b.size() < n)
+    b.resize(n);
+  if (gPrecision == Precision::BF16) {
+#pragma omp parallel for if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i)
+      b[i] = roundToBf16(x[i]);
+  } else {
+#pragma omp parallel for if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i)
+      b[i] = roundToF16(x[i]);
+  }
+  return b.data();
+}
+
+/// Rounds `x` in place of its pointer when the precision asks for it (float
+/// only: the float64 reference interpreter computes exactly).
+template <class T> void roundInput(const T *&x, int64_t n, int slot) {
+  if constexpr (std::is_same_v<T, float>)
+    if (gPrecision != Precision::F32 && x)
+      x = roundedInput(x, n, slot);
+}
+
+} // namespace
+
+void setPrecision(Precision p) { gPrecision = p; }
+Precision precision() { return gPrecision; }
+
+float roundToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) // NaN: keep it quiet
+    u |= 0x00400000u;
+  else
+    u += 0x7FFFu + ((u >> 16) & 1u); // round to nearest even; carries into the exponent
+  u &= 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+float roundToF16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+
 template <class T>
 void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
             bool accumulate) {
+  roundInput(a, as.numel(), 0);
+  roundInput(b, bs.numel(), 1);
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
   if (ar < 2 || br < 2 || yr != std::max(ar, br))
     fatal("matmul: operands of rank %d and %d with a result of rank %d (both ranks must be "
@@ -1305,6 +1359,9 @@ template <class T>
 void attention(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, const T *mask,
                Dims ms, T scale, bool causal, T *y) {
   const AttnGeom g = attnGeom("attention", qs, ks, vs, mask != nullptr, ms);
+  roundInput(q, qs.numel(), 0);
+  roundInput(k, ks.numel(), 1);
+  roundInput(v, vs.numel(), 2);
   if (g.items == 0 || g.tq == 0 || g.dv == 0)
     return;
   const int64_t nqb = (g.tq + g.bq - 1) / g.bq;
@@ -1332,6 +1389,10 @@ template <class T>
 void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, const T *mask,
                     Dims ms, T scale, bool causal, const T *dy, T *dq, T *dk, T *dv) {
   const AttnGeom g = attnGeom("attention_grad", qs, ks, vs, mask != nullptr, ms);
+  roundInput(q, qs.numel(), 0);
+  roundInput(k, ks.numel(), 1);
+  roundInput(v, vs.numel(), 2);
+  roundInput(dy, Dims(qs.d, qs.rank - 1).numel() * vs.d[vs.rank - 1], 3);
   if (g.items == 0)
     return;
   const int64_t nqb = (g.tq + g.bq - 1) / g.bq;

@@ -86,6 +86,18 @@ template <class T> void copy(const T *x, T *y, int64_t n);
 
 //===--- Linear algebra ---------------------------------------------------===//
 
+/// The precision of matmul and attention inputs (the plan's `precision`):
+/// F32 leaves them alone; BF16 and F16 round each input element to that
+/// format (round to nearest even; F16 overflows to infinity past 65504) and
+/// the products accumulate in fp32, as tensor cores do. Per process; the
+/// generated step sets it. The float64 instantiations ignore it.
+enum class Precision : int { F32 = 0, BF16 = 1, F16 = 2 };
+void setPrecision(Precision p);
+Precision precision();
+/// x rounded to bf16 / fp16 and back (round to nearest even).
+float roundToBf16(float x);
+float roundToF16(float x);
+
 /// y = op(a) @ op(b), NumPy matmul semantics on the last two dimensions with
 /// broadcasting of the leading (batch) dimensions; both ranks >= 2.
 /// `as`/`bs` are the shapes as stored; transA/transB swap the last two

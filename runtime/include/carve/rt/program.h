@@ -16,6 +16,8 @@
 #include "carve/rt/kernels.h"
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 namespace carve::rt {
 
@@ -94,6 +96,34 @@ struct StepContext {
   int ppRank = 0;                 // this rank's place on the pp axis (ppComm->rank())
   class Tracer *tracer = nullptr; // records the schedule's steps (train --trace), or null
   StepHooks *hooks = nullptr;     // --on-nan's check before the optimizer, or null
+  /// The loss seed's factor (dynamic loss scaling of fp16 plans): gradients
+  /// come out scaled by it and the step divides them by it before the norm.
+  float lossScale = 1;
+};
+
+/// A device the step runs on (the CUDA target), driven by the runtime's main
+/// through these functions so that the main needs no device headers. The
+/// step's arena (`StepContext::arena`) is then device memory; the main keeps
+/// a host copy of it for weights, data and checkpoints and moves the parts it
+/// needs. Every function that can fail returns false (or null) with one line
+/// in `error` naming the device and the cause.
+struct DeviceTarget {
+  const char *name; // "cuda"
+  /// Picks this rank's device (`localRank` among the `localRanks` ranks on
+  /// this host) and checks that it exists and has room for `arenaBytes`.
+  bool (*open)(int worldRank, int localRank, int localRanks, int64_t arenaBytes,
+               std::string &error);
+  char *(*allocArena)(int64_t bytes, std::string &error);
+  void (*freeArena)(char *p);
+  bool (*toDevice)(char *dev, const char *host, int64_t bytes, std::string &error);
+  bool (*toHost)(char *host, const char *dev, int64_t bytes, std::string &error);
+  /// Waits for the device's work; false if it failed (a kernel fault, an
+  /// NCCL error), with the cause.
+  bool (*synchronize)(std::string &error);
+  /// The device communicator of the ranks of `bootstrap` (NCCL over the
+  /// host group), or null with `error` set.
+  std::unique_ptr<Communicator> (*makeComm)(Communicator &bootstrap, std::string &error);
+  void (*close)();
 };
 
 /// The optimizer a program was compiled with (for checkpoints and messages).
@@ -132,6 +162,11 @@ struct Program {
   int ppRank = 0;
   int numMicroBatches = 1;
   int64_t activationBytes = 0; // this rank's activation memory (all slots), for the report
+  /// The device the step runs on; null: the CPU (the arena is host memory).
+  const DeviceTarget *device = nullptr;
+  /// The plan's precision: "fp32", "bf16" or "fp16" (matmul and attention
+  /// inputs rounded to it; fp32 storage, accumulation and master weights).
+  const char *precision = "fp32";
 };
 
 } // namespace carve::rt

@@ -1,0 +1,1 @@
+// runtime/cuda/device.cu: being written (issue 7).

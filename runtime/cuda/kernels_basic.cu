@@ -1,0 +1,1 @@
+// runtime/cuda/kernels_basic.cu: being written (issue 7).

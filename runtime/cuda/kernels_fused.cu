@@ -1,0 +1,1 @@
+// runtime/cuda/kernels_fused.cu: being written (issue 7).

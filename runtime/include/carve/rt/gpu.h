@@ -1,0 +1,202 @@
+//===- gpu.h - the CUDA target's kernels, device and communicator ---------===//
+//
+// What programs compiled with `carve compile --target cuda` call. The
+// functions mirror the CPU ones (kernels.h, dist.h, optim.h) name for name and
+// argument for argument, so that the generated step reads the same on both
+// targets; here every pointer is a device pointer (into the device arena, or
+// a `__managed__` constant) and every call is enqueued on the compute stream
+// (`computeStream()`) without waiting for it, unless it says otherwise.
+//
+// Generated CUDA sources say `using namespace carve::gpu;` (not
+// carve::rt): the types they need are re-exported below, so an unqualified
+// `matmul(...)` finds exactly one function.
+//
+// This header needs no CUDA header: the runtime's main (train_main.cpp,
+// compiled by the C++ compiler) reaches the device only through
+// `DeviceTarget` (program.h), which the CUDA library fills in.
+//
+// Precision (plan field `precision`): the arena holds fp32 (master weights,
+// gradients, optimizer state and activations alike); `setPrecision` makes
+// matmul and attention round their inputs to bf16 or fp16 and accumulate in
+// fp32, on tensor cores. The CPU target does the same rounding in software
+// (kernels.h `setPrecision`), so both targets compute the same thing.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_RT_GPU_H
+#define CARVE_RT_GPU_H
+
+#include "carve/rt/comm.h"
+#include "carve/rt/dist.h"
+#include "carve/rt/kernels.h"
+#include "carve/rt/optim.h"
+#include "carve/rt/program.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace carve::gpu {
+
+// The types a generated program names.
+using carve::rt::Binary;
+using carve::rt::CommHandle;
+using carve::rt::Communicator;
+using carve::rt::CommType;
+using carve::rt::Compare;
+using carve::rt::DataKind;
+using carve::rt::Dims;
+using carve::rt::DType;
+using carve::rt::Logic;
+using carve::rt::OptimizerKind;
+using carve::rt::Precision;
+using carve::rt::Program;
+using carve::rt::Reduce;
+using carve::rt::ReduceOp;
+using carve::rt::Split;
+using carve::rt::StepContext;
+using carve::rt::TensorSpec;
+using carve::rt::Unary;
+// Host-side helpers that touch no tensor memory.
+using carve::rt::clipCoefficient;
+using carve::rt::fatal;
+using carve::rt::scheduledLr;
+using carve::rt::shardShape;
+using carve::rt::fullShape;
+
+//===--- Device, streams, memory -------------------------------------------===//
+
+/// The stream every kernel below runs on (the current device's; created by
+/// `openDevice`). An opaque cudaStream_t.
+void *computeStream();
+/// The stream collectives run on (comm_nccl.cpp orders it against the compute
+/// stream with events).
+void *commStream();
+/// Waits for everything enqueued on this device.
+void synchronize();
+/// After a launch: a fatal error naming `what` and CUDA's message if the
+/// launch failed (asynchronous faults surface at the next synchronize).
+void checkLaunch(const char *what);
+
+/// fp32 (default), bf16 or fp16 for matmul and attention inputs.
+void setPrecision(Precision p);
+Precision precision();
+
+/// Reads one float (or double) from device memory, waiting for the compute stream.
+float readScalar(const float *p);
+double readScalar(const double *p);
+
+//===--- Elementwise (float unless a type is given) ------------------------===//
+
+void unary(Unary f, const float *x, float *y, int64_t n);
+void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n);
+void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y, Dims ys);
+void compare(Compare f, const float *a, Dims as, const float *b, Dims bs, uint8_t *y, Dims ys);
+void compare(Compare f, const int64_t *a, Dims as, const int64_t *b, Dims bs, uint8_t *y, Dims ys);
+void logic(Logic f, const uint8_t *a, Dims as, const uint8_t *b, Dims bs, uint8_t *y, Dims ys);
+void where(const uint8_t *c, Dims cs, const float *a, Dims as, const float *b, Dims bs, float *y,
+           Dims ys);
+void where(const uint8_t *c, Dims cs, const int64_t *a, Dims as, const int64_t *b, Dims bs,
+           int64_t *y, Dims ys);
+/// Instantiated for every pair of {float, double, int64_t, int32_t, uint8_t}.
+template <class From, class To> void cast(const From *x, To *y, int64_t n);
+/// (float, double, int64_t, int32_t, uint8_t)
+template <class T> void fill(T *y, int64_t n, T v);
+template <class T> void copy(const T *x, T *y, int64_t n);
+
+//===--- Linear algebra ----------------------------------------------------===//
+
+/// As carve::rt::matmul (NumPy semantics, broadcast batch dims, transA/transB,
+/// accumulate), through cuBLAS (strided-batched when the batch folds; fp32
+/// with TF32 off, or bf16/fp16 inputs with fp32 accumulation per `precision()`).
+void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB, float *y,
+            Dims ys, bool accumulate = false);
+
+//===--- Reductions, normalization, attention, loss (float) ----------------===//
+
+void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y);
+void softmax(const float *x, Dims xs, int axis, bool log, float *y);
+void softmax_grad(const float *y, const float *dy, Dims s, int axis, bool log, float *dx);
+void layer_norm(const float *x, Dims xs, int axis, const float *scale, const float *bias,
+                float eps, float *y);
+void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
+                     const float *dy, float *dx, float *dscale, float *dbias);
+void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y);
+void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
+                   const float *dy, float *dx, float *dscale);
+/// Fused, tiled attention (online softmax): never writes the [Tq, Tk] score
+/// matrix. Same semantics as carve::rt::attention.
+void attention(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
+               const float *mask, Dims ms, float scale, bool causal, float *y);
+void attention_grad(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
+                    const float *mask, Dims ms, float scale, bool causal, const float *dy,
+                    float *dq, float *dk, float *dv);
+/// Targets outside [0, C) (and not ignored) are a fatal error naming the value
+/// (checked on the device, reported at the next synchronize).
+void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int reduction,
+                   bool hasIgnore, int64_t ignoreIndex, float *y);
+void cross_entropy_grad(const float *logits, Dims ls, const int64_t *targets, int reduction,
+                        bool hasIgnore, int64_t ignoreIndex, const float *dy, float *dlogits);
+
+//===--- Data movement (float, int64_t, int32_t, uint8_t) ------------------===//
+
+template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y);
+template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys);
+template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs);
+template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y);
+template <class T>
+void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y);
+template <class T>
+void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts);
+template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
+
+//===--- Tensor parallelism (dist.h on device pointers) --------------------===//
+
+void takeShard(const void *full, Dims fullShape, Split s, int index, void *local, int elemBytes);
+void placeShard(const void *local, Dims localShape, Split s, int index, void *full,
+                int elemBytes);
+void allGatherSplit(Communicator &c, const void *local, Dims localShape, Split s, void *full,
+                    CommType t);
+void reduceScatterSplit(Communicator &c, const void *full, Dims fullShape, Split s, void *local,
+                        CommType t, ReduceOp op);
+void allToAllSplit(Communicator &c, const void *in, Dims inLocalShape, Split from, Split to,
+                   void *out, CommType t);
+void gather_sharded(const float *table, Dims ts, int64_t rowOffset, int64_t globalRows,
+                    const int64_t *idx, Dims is, float *y);
+void gather_sharded_grad(const float *dy, const int64_t *idx, Dims is, int64_t rowOffset,
+                         int64_t globalRows, float *dtable, Dims ts);
+void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
+                                  int64_t vocabOffset, const int64_t *targets, int reduction,
+                                  bool hasIgnore, int64_t ignoreIndex, float *y);
+void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dims ls,
+                                       int64_t vocabOffset, const int64_t *targets,
+                                       int reduction, bool hasIgnore, int64_t ignoreIndex,
+                                       const float *dy, float *dlogits);
+
+//===--- Optimizer (optim.h on device pointers) ----------------------------===//
+
+void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
+               double dampening, double weightDecay, bool nesterov, bool firstStep);
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr,
+                 double beta1, double beta2, double eps, double weightDecay, int64_t step);
+/// Sum of squares in double; waits for the result (the gradient norm is needed
+/// on the host to clip).
+double sumSquares(const float *g, int64_t n);
+void addInPlace(float *dst, const float *src, int64_t n);
+void scaleInPlace(float *g, int64_t n, float s);
+
+//===--- The target the runtime's main drives -------------------------------===//
+
+/// Filled in by the CUDA library (device.cu); generated CUDA programs point
+/// Program::device at it.
+extern const DeviceTarget kCudaTarget;
+
+/// The NCCL communicator over the ranks of `bootstrap` (an MPI group, or the
+/// world made from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT): rank 0 makes the
+/// unique id and broadcasts it through `bootstrap`. Null with `error` set on
+/// failure. Sub-communicators come from `split` (ncclCommSplit).
+std::unique_ptr<Communicator> makeNcclCommunicator(Communicator &bootstrap, std::string &error);
+
+} // namespace carve::gpu
+
+#endif // CARVE_RT_GPU_H
