@@ -45,6 +45,7 @@ using carve::rt::Communicator;
 using carve::rt::CommType;
 using carve::rt::Compare;
 using carve::rt::DataKind;
+using carve::rt::DeviceTarget;
 using carve::rt::Dims;
 using carve::rt::DType;
 using carve::rt::Logic;

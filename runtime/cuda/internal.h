@@ -1,0 +1,128 @@
+//===- internal.h - what the CUDA runtime's sources share -----------------===//
+//
+// Private to runtime/cuda/: error checking, the compute and collective
+// streams as CUDA types, the cuBLAS handle, launch sizes, the device error
+// record kernels report bad data through, and grow-only device scratch.
+// device.cu defines the functions declared here.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_RT_CUDA_INTERNAL_H
+#define CARVE_RT_CUDA_INTERNAL_H
+
+#include "carve/rt/gpu.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+/// Fatal error naming the call and CUDA's message when `call` fails.
+#define CARVE_CUDA_CHECK(call)                                                                     \
+  do {                                                                                             \
+    cudaError_t carveErr_ = (call);                                                                \
+    if (carveErr_ != cudaSuccess)                                                                  \
+      carve::rt::fatal("CUDA: %s failed: %s (%s:%d)", #call, cudaGetErrorString(carveErr_),        \
+                       __FILE__, __LINE__);                                                        \
+  } while (0)
+
+/// Fatal error naming the call and cuBLAS's message when `call` fails.
+#define CARVE_CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                             \
+    cublasStatus_t carveStatus_ = (call);                                                          \
+    if (carveStatus_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      carve::rt::fatal("CUDA: %s failed: %s (%s:%d)", #call, cublasGetStatusString(carveStatus_),  \
+                       __FILE__, __LINE__);                                                        \
+  } while (0)
+
+namespace carve::gpu {
+
+/// The compute stream (every kernel and GEMM runs on it).
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(computeStream()); }
+/// The stream NCCL collectives run on.
+inline cudaStream_t commStreamHandle() { return static_cast<cudaStream_t>(commStream()); }
+
+/// The process's cuBLAS handle for the current device, bound to the compute
+/// stream with a fixed workspace (so GEMMs never allocate, which keeps them
+/// capturable in CUDA graphs). Created by the first call.
+cublasHandle_t cublas();
+
+/// Threads per block of the elementwise kernels.
+constexpr int kThreads = 256;
+/// Blocks for a grid-stride loop over n elements: enough to fill the GPU,
+/// never more than the loop needs, at least 1 (callers return early on n == 0:
+/// a launch of 0 blocks is an error).
+inline int blocksFor(int64_t n, int threads = kThreads) {
+  constexpr int64_t kMaxBlocks = 65535 * 8;
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : b > kMaxBlocks ? kMaxBlocks : b);
+}
+
+//===--- Bad data found on the device --------------------------------------===//
+//
+// A kernel that meets a value the CPU kernel would stop on (a target outside
+// [0, C), an index out of range) records it here and carries on; the next
+// synchronize turns the record into the CPU kernel's message. Only the first
+// error is kept (atomicCAS on `code`).
+
+enum DeviceErrorCode : int {
+  kNoDeviceError = 0,
+  /// "cross_entropy: target <a> at element <b> is outside [0, <c>)"
+  kBadTarget = 1,
+  /// "gather: index <a> at element <b> is outside [-<c>, <c>)"
+  kBadIndex = 2,
+};
+
+struct DeviceError {
+  int code;
+  long long a, b, c;
+};
+
+/// The record in device memory (zeroed by open).
+DeviceError *deviceError();
+/// Its `code` field.
+int *deviceErrorFlag();
+/// Reads the record (waiting for the device); if a kernel wrote one, clears
+/// it, sets `message` to one line and returns true.
+bool takeDeviceError(std::string &message);
+
+#ifdef __CUDACC__
+/// Records the first bad value found on the device.
+__device__ inline void raiseDeviceError(DeviceError *e, int code, long long a, long long b,
+                                        long long c) {
+  if (atomicCAS(&e->code, 0, code) == 0) {
+    e->a = a;
+    e->b = b;
+    e->c = c;
+  }
+}
+#endif
+
+//===--- Scratch -----------------------------------------------------------===//
+
+/// Slots of `workspace`: one per user, so that temporaries of one call never
+/// alias those of another still in flight.
+enum WorkspaceSlot : int {
+  kWsBasic0 = 0, // kernels_basic.cu
+  kWsBasic1 = 1,
+  kWsBasic2 = 2,
+  kWsFused0 = 3, // kernels_fused.cu
+  kWsFused1 = 4,
+  kWsFused2 = 5,
+  kWsComm0 = 6, // comm_nccl.cpp
+  kWsComm1 = 7,
+  kNumWorkspaceSlots = 8,
+};
+
+/// At least `bytes` of device memory (256-byte aligned) for slot `slot`,
+/// valid until the next call with the same slot asks for more. Grows by
+/// waiting for the device first, so work already enqueued that reads the old
+/// buffer finishes before it is freed; never shrinks. Not to be called
+/// while a CUDA graph is being captured with a size it has not reached yet.
+void *workspace(size_t bytes, int slot);
+
+} // namespace carve::gpu
+
+#endif // CARVE_RT_CUDA_INTERNAL_H
