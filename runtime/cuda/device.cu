@@ -1,1 +1,328 @@
-// runtime/cuda/device.cu: being written (issue 7).
+//===- device.cu - the CUDA device: streams, memory, errors, kCudaTarget ---===//
+//
+// One device per process (rank): `open` picks it, checks that the arena fits
+// and creates the compute and collective streams, the cuBLAS handle and the
+// device error record. Everything else in runtime/cuda/ reaches them through
+// internal.h. Failures the runtime's main can report (no device, not enough
+// memory, a faulting kernel) come back as one line naming the rank and the
+// GPU; failures inside a step are fatal (carve::rt::fatal).
+//
+//===----------------------------------------------------------------------===//
+
+#include "internal.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+
+namespace carve::gpu {
+
+namespace {
+
+/// cuBLAS's workspace: NVIDIA's recommendation for Hopper (32 MiB) covers
+/// every architecture we build for.
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+/// Device memory beyond the arena that cuBLAS, NCCL and the scratch buffers need.
+constexpr int64_t kReserveBytes = int64_t(256) << 20;
+
+struct DeviceState {
+  bool open = false;
+  int worldRank = 0;
+  int device = -1;
+  cudaStream_t compute = nullptr;
+  cudaStream_t comm = nullptr;
+  cublasHandle_t blas = nullptr;
+  void *blasWorkspace = nullptr;
+  DeviceError *error = nullptr;
+  void *scratch[kNumWorkspaceSlots] = {};
+  size_t scratchBytes[kNumWorkspaceSlots] = {};
+};
+
+DeviceState &state() {
+  static DeviceState s;
+  return s;
+}
+
+Precision gPrecision = Precision::F32;
+
+std::string format(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / double(int64_t(1) << 30); }
+
+/// "rank R: GPU D: " for messages about this rank's device.
+std::string where() {
+  const DeviceState &s = state();
+  return format("rank %d: GPU %d: ", s.worldRank, s.device);
+}
+
+/// Sets `error` when `e` is a failure of `what`; true when it is.
+bool failed(cudaError_t e, const char *what, std::string &error) {
+  if (e == cudaSuccess)
+    return false;
+  error = where() + what + " failed: " + cudaGetErrorString(e);
+  return true;
+}
+
+void requireOpen(const char *what) {
+  if (!state().open)
+    fatal("CUDA: %s before the device was opened (DeviceTarget::open)", what);
+}
+
+void closeDevice() {
+  DeviceState &s = state();
+  if (!s.open)
+    return;
+  // Teardown: a device that already failed may refuse; nothing to do about it.
+  cudaDeviceSynchronize();
+  if (s.blas)
+    cublasDestroy(s.blas);
+  cudaFree(s.blasWorkspace);
+  cudaFree(s.error);
+  for (int i = 0; i < kNumWorkspaceSlots; ++i)
+    cudaFree(s.scratch[i]);
+  if (s.compute)
+    cudaStreamDestroy(s.compute);
+  if (s.comm)
+    cudaStreamDestroy(s.comm);
+  const int rank = s.worldRank;
+  s = DeviceState();
+  s.worldRank = rank;
+}
+
+bool openDevice(int worldRank, int localRank, int localRanks, int64_t arenaBytes,
+                std::string &error) {
+  DeviceState &s = state();
+  if (s.open)
+    closeDevice();
+  s.worldRank = worldRank;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    const char *visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    error = format("rank %d: no CUDA device is visible (CUDA_VISIBLE_DEVICES=%s): %s", worldRank,
+                   visible ? visible : "unset",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
+    return false;
+  }
+  if (localRanks > count) {
+    error = format("rank %d: %d ranks run on this host but only %d GPU(s) are visible; start at "
+                   "most %d ranks per host or make more GPUs visible",
+                   worldRank, localRanks, count, count);
+    return false;
+  }
+  if (localRank < 0 || localRank >= count) {
+    error = format("rank %d: local rank %d has no GPU (%d visible)", worldRank, localRank, count);
+    return false;
+  }
+  s.device = localRank;
+  if (failed(cudaSetDevice(localRank), "cudaSetDevice", error))
+    return false;
+  cudaDeviceProp prop{};
+  if (failed(cudaGetDeviceProperties(&prop, localRank), "cudaGetDeviceProperties", error))
+    return false;
+  size_t freeBytes = 0, totalBytes = 0;
+  if (failed(cudaMemGetInfo(&freeBytes, &totalBytes), "cudaMemGetInfo", error))
+    return false;
+  if (static_cast<int64_t>(freeBytes) < arenaBytes + kReserveBytes) {
+    error = format("rank %d: GPU %d (%s) has %.2f GiB free, the plan needs %.2f GiB (arena) + "
+                   "%.2f GiB; use more ranks (tp, pp, ZeRO) or a smaller batch",
+                   worldRank, localRank, prop.name, gib(static_cast<int64_t>(freeBytes)),
+                   gib(arenaBytes), gib(kReserveBytes));
+    return false;
+  }
+  if (failed(cudaStreamCreateWithFlags(&s.compute, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags (compute)", error) ||
+      failed(cudaStreamCreateWithFlags(&s.comm, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags (collectives)", error) ||
+      failed(cudaMalloc(reinterpret_cast<void **>(&s.error), sizeof(DeviceError)),
+             "cudaMalloc (error record)", error) ||
+      failed(cudaMemset(s.error, 0, sizeof(DeviceError)), "cudaMemset (error record)", error) ||
+      failed(cudaMalloc(&s.blasWorkspace, kCublasWorkspaceBytes), "cudaMalloc (cuBLAS workspace)",
+             error)) {
+    s.open = true;
+    closeDevice();
+    return false;
+  }
+  cublasStatus_t b = cublasCreate(&s.blas);
+  if (b == CUBLAS_STATUS_SUCCESS)
+    b = cublasSetStream(s.blas, s.compute);
+  if (b == CUBLAS_STATUS_SUCCESS)
+    b = cublasSetWorkspace(s.blas, s.blasWorkspace, kCublasWorkspaceBytes);
+  if (b == CUBLAS_STATUS_SUCCESS)
+    b = cublasSetMathMode(s.blas, CUBLAS_DEFAULT_MATH);
+  if (b != CUBLAS_STATUS_SUCCESS) {
+    error = where() + "cuBLAS set-up failed: " + cublasGetStatusString(b);
+    s.open = true;
+    closeDevice();
+    return false;
+  }
+  s.open = true;
+  return true;
+}
+
+char *allocArena(int64_t bytes, std::string &error) {
+  void *p = nullptr;
+  const size_t n = static_cast<size_t>(bytes > 0 ? bytes : 1);
+  cudaError_t e = cudaMalloc(&p, n);
+  if (e != cudaSuccess) {
+    error = where() + format("cudaMalloc of %.2f GiB for the arena failed: %s", gib(bytes),
+                             cudaGetErrorString(e));
+    return nullptr;
+  }
+  e = cudaMemset(p, 0, n);
+  if (e == cudaSuccess)
+    e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    error = where() + "clearing the arena failed: " + cudaGetErrorString(e);
+    cudaFree(p);
+    return nullptr;
+  }
+  return static_cast<char *>(p);
+}
+
+void freeArena(char *p) {
+  // The arena goes away at exit or after a failure: nothing to report.
+  cudaFree(p);
+}
+
+bool copyBytes(void *dst, const void *src, int64_t bytes, cudaMemcpyKind kind, const char *what,
+               std::string &error) {
+  if (bytes <= 0)
+    return true;
+  if (failed(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream()), what, error))
+    return false;
+  return !failed(cudaStreamSynchronize(stream()), what, error);
+}
+
+bool toDevice(char *dev, const char *host, int64_t bytes, std::string &error) {
+  return copyBytes(dev, host, bytes, cudaMemcpyHostToDevice, "copy to the device", error);
+}
+
+bool toHost(char *host, const char *dev, int64_t bytes, std::string &error) {
+  return copyBytes(host, dev, bytes, cudaMemcpyDeviceToHost, "copy from the device", error);
+}
+
+bool synchronizeDevice(std::string &error) {
+  if (failed(cudaDeviceSynchronize(), "a kernel or collective", error))
+    return false;
+  if (failed(cudaGetLastError(), "a kernel launch", error))
+    return false;
+  std::string message;
+  if (state().error && takeDeviceError(message)) {
+    error = where() + message;
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Communicator> makeComm(Communicator &bootstrap, std::string &error) {
+  return makeNcclCommunicator(bootstrap, error);
+}
+
+} // namespace
+
+//===--- internal.h ---------------------------------------------------------===//
+
+cublasHandle_t cublas() {
+  requireOpen("cublas");
+  return state().blas;
+}
+
+DeviceError *deviceError() {
+  requireOpen("a kernel that checks its data");
+  return state().error;
+}
+
+int *deviceErrorFlag() { return &deviceError()->code; }
+
+bool takeDeviceError(std::string &message) {
+  DeviceError e{};
+  CARVE_CUDA_CHECK(cudaMemcpy(&e, deviceError(), sizeof e, cudaMemcpyDeviceToHost));
+  if (e.code == kNoDeviceError)
+    return false;
+  CARVE_CUDA_CHECK(cudaMemset(deviceError(), 0, sizeof e));
+  switch (e.code) {
+  case kBadTarget:
+    message =
+        format("cross_entropy: target %lld at element %lld is outside [0, %lld)", e.a, e.b, e.c);
+    break;
+  case kBadIndex:
+    message =
+        format("gather: index %lld at element %lld is outside [-%lld, %lld)", e.a, e.b, e.c, e.c);
+    break;
+  default:
+    message = format("a kernel reported error %d (%lld, %lld, %lld)", e.code, e.a, e.b, e.c);
+  }
+  return true;
+}
+
+void *workspace(size_t bytes, int slot) {
+  requireOpen("workspace");
+  if (slot < 0 || slot >= kNumWorkspaceSlots)
+    fatal("CUDA: workspace slot %d (there are %d)", slot, static_cast<int>(kNumWorkspaceSlots));
+  DeviceState &s = state();
+  if (bytes <= s.scratchBytes[slot])
+    return s.scratch[slot];
+  // Work already enqueued may still read the old buffer.
+  CARVE_CUDA_CHECK(cudaDeviceSynchronize());
+  CARVE_CUDA_CHECK(cudaFree(s.scratch[slot]));
+  s.scratch[slot] = nullptr;
+  s.scratchBytes[slot] = 0;
+  // Grow by a quarter at least, so that slowly growing requests reallocate rarely.
+  size_t n = bytes + bytes / 4;
+  n = (n + (size_t(1) << 20) - 1) & ~((size_t(1) << 20) - 1);
+  cudaError_t e = cudaMalloc(&s.scratch[slot], n);
+  if (e != cudaSuccess)
+    fatal("CUDA: scratch buffer of %.3f GiB (slot %d) could not be allocated: %s",
+          gib(static_cast<int64_t>(n)), slot, cudaGetErrorString(e));
+  s.scratchBytes[slot] = n;
+  return s.scratch[slot];
+}
+
+//===--- gpu.h: device, streams, memory -------------------------------------===//
+
+void *computeStream() { return state().compute; }
+void *commStream() { return state().comm; }
+
+void synchronize() {
+  std::string error;
+  if (!synchronizeDevice(error))
+    fatal("%s", error.c_str());
+}
+
+void checkLaunch(const char *what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    fatal("CUDA: launch of %s failed: %s", what, cudaGetErrorString(e));
+}
+
+void setPrecision(Precision p) { gPrecision = p; }
+Precision precision() { return gPrecision; }
+
+float readScalar(const float *p) {
+  float v = 0;
+  CARVE_CUDA_CHECK(cudaMemcpyAsync(&v, p, sizeof v, cudaMemcpyDeviceToHost, stream()));
+  CARVE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return v;
+}
+
+double readScalar(const double *p) {
+  double v = 0;
+  CARVE_CUDA_CHECK(cudaMemcpyAsync(&v, p, sizeof v, cudaMemcpyDeviceToHost, stream()));
+  CARVE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return v;
+}
+
+const DeviceTarget kCudaTarget = {
+    "cuda",  &openDevice,        &allocArena, &freeArena,   &toDevice,
+    &toHost, &synchronizeDevice, &makeComm,   &closeDevice,
+};
+
+} // namespace carve::gpu
