@@ -1,0 +1,664 @@
+#!/usr/bin/env python3
+"""GPT-2 small (124M) training step on one GPU in bf16: carve's CUDA target against PyTorch."""
+
+# Run by hand on a machine with a GPU, not a test:
+#
+#     /usr/bin/python3 bench/gpt2_cuda.py [--carve build/bin/carve] [--batch 8]
+#         [--steps 20] [--warmup 5] [--peak-tflops 989] [--json FILE]
+#
+# 1. Exports GPT-2 small (12 layers, width 768, 12 heads, vocab 50304, block
+#    and T = 1024) with models/export.py's export_for_carve, batch B (8), and
+#    writes a token file with tests/e2e/data_gen.py.
+# 2. Runs bench/roofline.cu (carve-bench-roofline) when it is built: the
+#    bf16 GEMM rate and memory bandwidth measured on this GPU.
+# 3. carve: `carve compile --target cuda` with the plan {"precision": "bf16"}
+#    (fp32 master weights, bf16 matmul and attention inputs, fp32 accumulation),
+#    then `carve run OUT -n 1 -- --steps WARMUP+STEPS --log L.jsonl`; the
+#    throughput is the timed steps' tokens over the sum of their `time_s`.
+# 4. PyTorch on the same GPU, from the exported weights on the same batches,
+#    bf16 autocast, AdamW (PyTorch's defaults, which are carve's): the reference
+#    module as it is (eager), with its attention replaced by
+#    F.scaled_dot_product_attention (eager, SDPA), and that compiled with
+#    torch.compile, each when this PyTorch has it. Without PyTorch built with
+#    CUDA there is no baseline, and the script says so instead of a number.
+# 5. Prints a markdown section for docs/performance.md and writes --json.
+#
+# MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token
+#   6 N + 12 L H Q T
+# with N the parameters that take part in matrix products (all but the
+# position table; the tied token table counts once, as the lm head), L layers,
+# H heads of width Q (H Q = the model width) and T the sequence length; the
+# second term is attention's QK^T and AV, forward and backward, causal mask
+# not exploited. MFU = FLOPs per token x tokens/s / peak (--peak-tflops,
+# default 989: H100 and H200 SXM, dense bf16).
+#
+# Correctness is part of the benchmark: carve's first loss must be near
+# ln(vocab) (a freshly initialized model), its losses finite and falling, and,
+# when PyTorch runs, within a bf16 tolerance of PyTorch eager's on the same
+# steps; the script exits non-zero otherwise.
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.join(ROOT, "models"))
+
+GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304,
+              "block_size": 1024}
+DEFAULT_PEAK_TFLOPS = 989.0
+NO_TORCH_CUDA = "PyTorch with CUDA is not available on this machine: no PyTorch baseline"
+# bf16 matmul inputs: two correct implementations differ by rounding, more
+# so as training steps accumulate the difference.
+FIRST_LOSS_RTOL = 1e-2
+LOSS_RTOL = 5e-2
+# A freshly initialized GPT (weights of std 0.02) predicts nearly uniformly.
+FIRST_LOSS_ATOL_VS_UNIFORM = 1.0
+
+
+class BenchError(RuntimeError):
+    """A step of the benchmark could not run; the message is one line."""
+
+
+def die(msg):
+    print(f"gpt2_cuda: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def last_line(text):
+    lines = [l for l in (text or "").strip().splitlines() if l.strip()]
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def run_checked(cmd, what, timeout):
+    """Runs cmd; returns (wall seconds, stdout). Raises BenchError on failure."""
+    start = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except OSError as e:
+        raise BenchError(f"{what}: {cmd[0]}: {e}")
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{what}: no answer after {timeout} s: {shlex.join(cmd)}")
+    secs = time.perf_counter() - start
+    if p.returncode != 0:
+        raise BenchError(f"{what} failed (exit {p.returncode}): "
+                         f"{last_line(p.stderr or p.stdout)} [{shlex.join(cmd)}]")
+    return secs, p.stdout
+
+
+# --- The model -----------------------------------------------------------------
+
+def param_counts(cfg):
+    """(all parameters, parameters in matrix products) of the reference GPT with
+    tied token table and lm head, from its config alone."""
+    d, L, V = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+    # ln_1, c_attn, c_proj, ln_2, c_fc, c_proj.
+    per_layer = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (4 * d * d + 4 * d) \
+        + (4 * d * d + d)
+    total = V * d + cfg["block_size"] * d + L * per_layer + 2 * d
+    return total, total - cfg["block_size"] * d
+
+
+def flops_per_token(cfg, seq):
+    _, n = param_counts(cfg)
+    return 6 * n + 12 * cfg["n_layer"] * cfg["n_embd"] * seq
+
+
+def export(cfg, batch, seq, path):
+    """Exports the reference GPT; returns its parameter count."""
+    try:
+        import reference
+        from export import export_for_carve
+    except ImportError as e:
+        raise BenchError(f"exporting needs PyTorch and onnx ({e}); or pass --onnx FILE "
+                         "exported elsewhere with the same --config, --batch and --seq")
+    model, inputs, names = reference.build("gpt", batch=batch, seq=seq, config=cfg)
+    params = sum(p.numel() for p in model.parameters())
+    expect, _ = param_counts(cfg)
+    if params != expect:
+        raise BenchError(f"the reference GPT has {params} parameters, the FLOP count "
+                         f"assumes {expect}: update param_counts")
+    export_for_carve(model, inputs, path, input_names=names)
+    return params
+
+
+def onnx_inputs(path):
+    """The exported graph's (batch, seq), read without loading the weights."""
+    import data_gen
+
+    inputs = data_gen.graph_inputs(path)
+    if not data_gen.is_token_model(inputs):
+        raise BenchError(f"{path}: inputs {[n for n, _, _ in inputs]} are not GPT tokens "
+                         "(input_ids, targets int64 [B, T])")
+    return tuple(inputs[0][2])
+
+
+# --- GPU and tools -------------------------------------------------------------
+
+def gpu_name():
+    """(the first GPU's name, memory and driver, None), or (None, why there is none)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            p = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version",
+                                "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"{smi}: {e}"
+        rows = [l.strip() for l in p.stdout.splitlines() if l.strip()]
+        if p.returncode == 0 and rows:
+            name, mem, driver = (rows[0].split(", ") + ["?", "?"])[:3]
+            return f"{name} ({mem}, driver {driver})", None
+        return None, f"nvidia-smi found none: {last_line(p.stderr or p.stdout)}"
+    gpus = "/proc/driver/nvidia/gpus"
+    if os.path.isdir(gpus) and os.listdir(gpus):
+        return "NVIDIA GPU (no nvidia-smi on PATH)", None
+    return None, "no nvidia-smi on PATH and no /proc/driver/nvidia/gpus"
+
+
+def roofline(binary, work, timeout):
+    """carve-bench-roofline's JSON, or (None, why) when it did not run."""
+    out = os.path.join(work, "roofline.json")
+    if os.path.exists(out):
+        os.remove(out)
+    try:
+        p = subprocess.run([binary, "--json", out], capture_output=True, text=True,
+                           timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BenchError(f"{binary}: {e}")
+    print(p.stdout, end="")
+    if p.returncode == 77:
+        return None, last_line(p.stdout)
+    if not os.path.exists(out):
+        raise BenchError(f"{binary} failed (exit {p.returncode}): {last_line(p.stderr)}")
+    with open(out) as f:
+        result = json.load(f)
+    result["exit"] = p.returncode
+    return result, None
+
+
+def roofline_summary(r):
+    """The figures the table quotes: bf16 GEMM rates and the best bandwidth."""
+    def gemm(m, n, k):
+        for row in r["gemm"]:
+            if row["type"] == "bf16" and (row["m"], row["n"], row["k"]) == (m, n, k) \
+                    and not row["skipped"]:
+                return row["tflops"]
+        return None
+
+    bf16 = [row["tflops"] for row in r["gemm"] if row["type"] == "bf16" and not row["skipped"]]
+    bw = [row["gb_per_s"] for row in r["bandwidth"] if not row["skipped"]]
+    return {
+        "bf16_8192_tflops": gemm(8192, 8192, 8192),
+        "bf16_gpt2_mlp_tflops": gemm(8192, 3072, 768),
+        "bf16_best_tflops": max(bf16) if bf16 else None,
+        "memory_best_gb_per_s": max(bw) if bw else None,
+        "wrong": sum(row["wrong"] for row in r["gemm"] + r["bandwidth"])
+        + r.get("fp32_probe_wrong", 0),
+    }
+
+
+# --- carve ----------------------------------------------------------------------
+
+def carve_commands(carve, onnx_path, plan, out, data, log, steps):
+    return ([carve, "compile", onnx_path, "--target", "cuda", "--plan", plan, "-o", out],
+            [carve, "run", out, "-n", "1", "--", "--steps", str(steps), "--data", data,
+             "--log", log, "--progress", "none"])
+
+
+def read_log(path, want):
+    records = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                records.append(json.loads(line))
+    if len(records) != want:
+        raise BenchError(f"{path}: {len(records)} steps logged, expected {want}")
+    return records
+
+
+# --- PyTorch ----------------------------------------------------------------------
+
+def torch_cuda():
+    """(torch module, None) when PyTorch can use a GPU, else (None, why)."""
+    try:
+        import torch
+    except ImportError:
+        return None, NO_TORCH_CUDA + " (no torch module)"
+    if not torch.cuda.is_available():
+        return None, NO_TORCH_CUDA + f" (torch {torch.__version__}, built without CUDA " \
+            "or no device visible)"
+    return torch, None
+
+
+def sdpa_attention_class():
+    """The reference attention with F.scaled_dot_product_attention (PyTorch >= 2.0)."""
+    import torch.nn.functional as F
+    import reference
+
+    if not hasattr(F, "scaled_dot_product_attention"):
+        return None
+
+    class SdpaAttention(reference.CausalSelfAttention):
+        def forward(self, x):
+            B, T, C = x.size()
+            hd = C // self.n_head
+            q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+            q = q.view(B, T, self.n_head, hd).transpose(1, 2)
+            k = k.view(B, T, self.n_head, hd).transpose(1, 2)
+            v = v.view(B, T, self.n_head, hd).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    return SdpaAttention
+
+
+def torch_run(torch, onnx_path, cfg, data, steps, sdpa, compile_it, fused_adamw,
+              device="cuda"):
+    """(per-step seconds, losses) of PyTorch with bf16 autocast (device "cpu" only
+    to test this function on a machine without a GPU)."""
+    import torch_ref
+
+    torch.manual_seed(0)
+    model, inputs = torch_ref.build_model(onnx_path, "gpt", cfg)
+    if sdpa:
+        cls = sdpa_attention_class()
+        for block in model.h:
+            block.attn.__class__ = cls
+    model = model.to(device).train()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    batches = torch_ref.Batches(data, inputs)
+    kw = {"fused": True} if fused_adamw else {}
+    opt = torch.optim.AdamW(model.parameters(), **kw)
+    step_fn = torch.compile(model) if compile_it else model
+    times, losses = [], []
+    for k in range(steps):
+        x, y = (torch.from_numpy(a).to(device, non_blocking=True) for a in batches(k))
+        sync()
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = step_fn(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))  # synchronizes, as carve's step does
+        times.append(time.perf_counter() - t)
+    del model, opt, step_fn
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return times, losses
+
+
+# --- Checks ----------------------------------------------------------------------
+
+def check_carve_losses(losses, vocab):
+    """Why carve's losses look wrong on their own, or None."""
+    if any(l is None or not math.isfinite(l) for l in losses):
+        return "carve: a loss is not finite"
+    uniform = math.log(vocab)
+    if abs(losses[0] - uniform) > FIRST_LOSS_ATOL_VS_UNIFORM:
+        return (f"carve: first loss {losses[0]:.4f}, a fresh model's should be near "
+                f"ln({vocab}) = {uniform:.4f}")
+    tail = losses[max(1, len(losses) // 2):]
+    if len(losses) >= 4 and statistics.mean(tail) >= losses[0]:
+        return (f"carve: losses do not fall (first {losses[0]:.4f}, mean of the last "
+                f"{len(tail)} {statistics.mean(tail):.4f})")
+    return None
+
+
+def compare_losses(name, mine, ref):
+    """(why they disagree or None, worst relative difference)."""
+    if len(mine) != len(ref):
+        return f"{name}: {len(mine)} losses, PyTorch eager has {len(ref)}", float("inf")
+    rel = [abs(a - b) / abs(b) for a, b in zip(mine, ref)]
+    worst = max(rel)
+    if rel[0] > FIRST_LOSS_RTOL:
+        return (f"{name}: first loss {mine[0]:.5f}, PyTorch eager's {ref[0]:.5f} "
+                f"(relative {rel[0]:.1e} > {FIRST_LOSS_RTOL:.0e})"), worst
+    if worst > LOSS_RTOL:
+        return (f"{name}: losses differ from PyTorch eager's by {worst:.1e} relative "
+                f"(limit {LOSS_RTOL:.0e})"), worst
+    return None, worst
+
+
+# --- Main ----------------------------------------------------------------------
+
+def positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def non_negative(text):
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {n}")
+    return n
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--carve", default=os.path.join(ROOT, "build", "bin", "carve"))
+    ap.add_argument("--roofline", default=os.path.join(ROOT, "build", "bin",
+                                                       "carve-bench-roofline"),
+                    help="carve-bench-roofline binary ('' to skip)")
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "bench-gpt2"))
+    ap.add_argument("--config", type=json.loads, default=GPT2_SMALL, metavar="JSON",
+                    help=f"GPT config (default GPT-2 small: {json.dumps(GPT2_SMALL)})")
+    ap.add_argument("--onnx", help="use this export instead of exporting (it must match "
+                                   "--config, --batch and --seq)")
+    ap.add_argument("--batch", type=positive, default=8)
+    ap.add_argument("--seq", type=positive, default=1024)
+    ap.add_argument("--steps", type=positive, default=20, help="timed steps (20)")
+    ap.add_argument("--warmup", type=non_negative, default=5,
+                    help="untimed steps first (5; torch.compile compiles in them)")
+    ap.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
+                    help="dense bf16 peak of the GPU for MFU (989: H100/H200 SXM)")
+    ap.add_argument("--json", help="results file (default WORKDIR/gpt2_cuda.json)")
+    ap.add_argument("--torch-only", action="store_true", help="skip carve")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--fused-adamw", action="store_true",
+                    help="PyTorch's fused AdamW instead of its default (foreach)")
+    ap.add_argument("--timeout", type=positive, default=3600,
+                    help="seconds each carve command and the roofline may take (3600)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true",
+                      help="print the plan and commands, run nothing (no GPU needed)")
+    mode.add_argument("--export-only", action="store_true",
+                      help="export, write the plan and the tokens, print the commands "
+                           "that would follow (no GPU needed)")
+    args = ap.parse_args(argv)
+
+    cfg = dict(GPT2_SMALL)
+    if not isinstance(args.config, dict):
+        ap.error("--config must be a JSON object")
+    cfg.update(args.config)
+    unknown = set(cfg) - set(GPT2_SMALL)
+    if unknown:
+        ap.error(f"--config: unknown fields {sorted(unknown)} (known: {sorted(GPT2_SMALL)})")
+    if any(not isinstance(v, int) or v < 1 for v in cfg.values()):
+        ap.error(f"--config: every field must be a positive integer: {json.dumps(cfg)}")
+    if cfg["n_embd"] % cfg["n_head"]:
+        ap.error(f"--config: n_embd {cfg['n_embd']} is not a multiple of n_head "
+                 f"{cfg['n_head']}")
+    if args.seq > cfg["block_size"]:
+        ap.error(f"--seq {args.seq} exceeds block_size {cfg['block_size']}")
+    if args.peak_tflops <= 0:
+        ap.error("--peak-tflops must be positive")
+    if args.torch_only and args.no_torch:
+        ap.error("--torch-only and --no-torch leave nothing to measure")
+    args.cfg = cfg
+    args.carve = os.path.abspath(args.carve)
+    args.workdir = os.path.abspath(args.workdir)
+    args.json = os.path.abspath(args.json or os.path.join(args.workdir, "gpt2_cuda.json"))
+    return args
+
+
+def prepare_files(args, cfg, onnx_path, plan, data_cmd):
+    """The export (unless --onnx), the plan and the token file."""
+    os.makedirs(args.workdir, exist_ok=True)
+    if not args.onnx:
+        print(f"exporting {onnx_path}", flush=True)
+        export(cfg, args.batch, args.seq, onnx_path)
+    shape = onnx_inputs(onnx_path)
+    if shape != (args.batch, args.seq):
+        raise BenchError(f"{onnx_path}: inputs are [batch {shape[0]}, seq {shape[1]}], not "
+                         f"[batch {args.batch}, seq {args.seq}]")
+    with open(plan, "w") as f:
+        json.dump({"precision": "bf16"}, f)
+    run_checked(data_cmd, "data_gen", args.timeout)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg, B, T = args.cfg, args.batch, args.seq
+    work = args.workdir
+    onnx_path = os.path.abspath(args.onnx) if args.onnx else os.path.join(work, "gpt.onnx")
+    plan = os.path.join(work, "plan.json")
+    data = os.path.join(work, "tokens.i32")
+    out = os.path.join(work, "carve-cuda")
+    log = os.path.join(work, "carve-cuda.jsonl")
+    total_steps = args.warmup + args.steps
+    tokens_per_step = B * T
+    n_tokens = total_steps * tokens_per_step + T + 2
+    params, matmul_params = param_counts(cfg)
+    fpt = flops_per_token(cfg, T)
+    compile_cmd, run_cmd = carve_commands(args.carve, onnx_path, plan, out, data, log,
+                                          total_steps)
+    data_cmd = [sys.executable, os.path.join(ROOT, "tests", "e2e", "data_gen.py"), "tokens",
+                data, "--vocab", str(cfg["vocab_size"]), "--tokens", str(n_tokens)]
+    roof_cmd = [args.roofline, "--json", os.path.join(work, "roofline.json")]
+
+    print(f"GPT {cfg['n_layer']} layers, width {cfg['n_embd']}, {cfg['n_head']} heads, vocab "
+          f"{cfg['vocab_size']}, block {cfg['block_size']}; batch {B}, T {T}: {params:,} "
+          f"parameters, {matmul_params:,} in matrix products")
+    print(f"model FLOPs per token = 6 N + 12 L H Q T = 6 x {matmul_params:,} + 12 x "
+          f"{cfg['n_layer']} x {cfg['n_embd']} x {T} = {fpt / 1e9:.4g} GFLOP "
+          f"(PaLM appendix B; {fpt * tokens_per_step / 1e12:.4g} TFLOP per step)")
+    print(f"MFU against {args.peak_tflops:g} TFLOP/s dense bf16")
+
+    prepare = []
+    if not args.onnx:
+        prepare.append(f"export_for_carve(reference.build('gpt', batch={B}, seq={T}, "
+                       f"config={json.dumps(cfg)})) -> {onnx_path}")
+    prepare += [f"write {plan}: {json.dumps({'precision': 'bf16'})}", shlex.join(data_cmd)]
+    measure = []
+    if args.roofline:
+        measure.append(shlex.join(roof_cmd))
+    if not args.torch_only:
+        measure += [shlex.join(compile_cmd), shlex.join(run_cmd)]
+    if not args.no_torch:
+        measure.append(f"PyTorch on the GPU, bf16 autocast, AdamW, {total_steps} steps: "
+                       "eager; eager with SDPA attention; torch.compile of that"
+                       + (" (skipped: --no-compile)" if args.no_compile else ""))
+    if args.dry_run:
+        print("would run:")
+        for line in prepare + measure:
+            print("  " + line)
+        return 0
+    if args.export_only:
+        try:
+            prepare_files(args, cfg, onnx_path, plan, data_cmd)
+        except BenchError as e:
+            die(e)
+        print("done:")
+        for line in prepare:
+            print("  " + line)
+        print("then, on a machine with a GPU:")
+        for line in measure:
+            print("  " + line)
+        return 0
+
+    # Fail early, before the long export, on what is missing.
+    gpu, why = gpu_name()
+    if not gpu:
+        die(f"no NVIDIA GPU on this machine ({why})")
+    if not args.torch_only and not os.access(args.carve, os.X_OK):
+        die(f"{args.carve} is missing or not executable (build it: ninja -C build carve; "
+            "or pass --carve PATH, or --torch-only)")
+    torch = None
+    torch_why = "--no-torch"
+    if not args.no_torch:
+        torch, torch_why = torch_cuda()
+        if torch is None:
+            print(torch_why)
+
+    os.makedirs(work, exist_ok=True)
+    failures, notes, rows = [], [], []
+    results = {
+        "date": datetime.date.today().isoformat(), "gpu": gpu, "config": cfg,
+        "batch": B, "seq": T, "warmup": args.warmup, "steps": args.steps,
+        "params": params, "matmul_params": matmul_params,
+        "flops_per_token": fpt,
+        "flops_formula": "6 N + 12 L H Q T per token (PaLM appendix B), N = parameters in "
+                         "matrix products",
+        "peak_tflops": args.peak_tflops, "roofline": None, "runs": [],
+        "torch": None, "failures": failures, "notes": notes,
+    }
+
+    def write_json():
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+            f.write("\n")
+
+    try:
+        prepare_files(args, cfg, onnx_path, plan, data_cmd)
+    except BenchError as e:
+        die(e)
+
+    roof = None
+    if args.roofline:
+        if os.access(args.roofline, os.X_OK):
+            print(f"$ {shlex.join(roof_cmd)}", flush=True)
+            try:
+                roof, why = roofline(args.roofline, work, args.timeout)
+            except BenchError as e:
+                roof, why = None, None
+                failures.append(str(e))
+            if roof is None and why:
+                notes.append(f"roofline not measured: {why}")
+            else:
+                results["roofline"] = roof
+                if roof["exit"] != 0 or roofline_summary(roof)["wrong"]:
+                    failures.append(f"carve-bench-roofline: wrong data (exit {roof['exit']})")
+        else:
+            notes.append(f"roofline not measured: {args.roofline} is not built "
+                         "(ninja -C build carve-bench-roofline)")
+
+    def add_row(name, times, losses):
+        timed = times[args.warmup:]
+        if sum(timed) <= 0:
+            write_json()
+            die(f"{name}: the timed steps took no time (time_s all 0)")
+        tps = tokens_per_step * len(timed) / sum(timed)
+        run = {"name": name, "ms_per_step_mean": 1e3 * sum(timed) / len(timed),
+               "ms_per_step_median": 1e3 * statistics.median(timed), "tokens_per_s": tps,
+               "tflops": fpt * tps / 1e12, "mfu": fpt * tps / (args.peak_tflops * 1e12),
+               "losses": losses, "loss_rel_diff_vs_eager": None}
+        results["runs"].append(run)
+        rows.append(run)
+        print(f"{name}: {run['ms_per_step_mean']:.1f} ms/step, {tps:,.0f} tokens/s, "
+              f"MFU {100 * run['mfu']:.1f}%", flush=True)
+        return run
+
+    carve_run = None
+    if not args.torch_only:
+        try:
+            print(f"$ {shlex.join(compile_cmd)}", flush=True)
+            secs, _ = run_checked(compile_cmd, "carve compile", args.timeout)
+            print(f"compiled in {secs:.0f} s")
+            print(f"$ {shlex.join(run_cmd)}", flush=True)
+            run_checked(run_cmd, "carve run", args.timeout)
+            records = read_log(log, total_steps)
+        except BenchError as e:
+            write_json()
+            die(e)
+        if any("time_s" not in r or "loss" not in r for r in records):
+            write_json()
+            die(f"{log}: a record has no time_s or loss")
+        losses = [r["loss"] for r in records]
+        carve_run = add_row("carve, CUDA, bf16", [r["time_s"] for r in records], losses)
+        why = check_carve_losses(losses, cfg["vocab_size"])
+        if why:
+            failures.append(why)
+
+    if torch is not None:
+        results["torch"] = torch.__version__
+        variants = [("PyTorch eager", False, False)]
+        if sdpa_attention_class() is None:
+            notes.append(f"PyTorch {torch.__version__} has no scaled_dot_product_attention: "
+                         "no SDPA or torch.compile rows")
+        else:
+            variants.append(("PyTorch eager, SDPA attention", True, False))
+            if args.no_compile:
+                notes.append("torch.compile skipped (--no-compile)")
+            elif not hasattr(torch, "compile"):
+                notes.append(f"PyTorch {torch.__version__} has no torch.compile")
+            else:
+                variants.append(("torch.compile, SDPA attention", True, True))
+        eager = None
+        for name, sdpa, compiled in variants:
+            print(f"running {name} ({total_steps} steps)", flush=True)
+            try:
+                times, losses = torch_run(torch, onnx_path, cfg, data, total_steps, sdpa,
+                                          compiled, args.fused_adamw)
+            except Exception as e:  # a baseline that cannot run is reported, not fatal
+                notes.append(f"{name} did not run: {type(e).__name__}: "
+                             f"{last_line(str(e))}")
+                print(notes[-1], flush=True)
+                torch.cuda.empty_cache()
+                continue
+            run = add_row(name, times, losses)
+            if eager is None and not sdpa:
+                eager = run
+        if eager and carve_run:
+            why, worst = compare_losses("carve", carve_run["losses"], eager["losses"])
+            carve_run["loss_rel_diff_vs_eager"] = worst
+            if why:
+                failures.append(why)
+        for run in rows:
+            if eager and run is not eager and run is not carve_run:
+                _, run["loss_rel_diff_vs_eager"] = compare_losses(run["name"], run["losses"],
+                                                                  eager["losses"])
+    else:
+        notes.append(torch_why)
+
+    # The section for docs/performance.md.
+    print()
+    title = "GPT-2 small" if cfg == GPT2_SMALL else "GPT"
+    print(f"### {title}: {cfg['n_layer']} layers, width {cfg['n_embd']}, {cfg['n_head']} heads, "
+          f"vocab {cfg['vocab_size']}, T = {T}, batch {B} ({params / 1e6:.1f} M parameters), "
+          "bf16")
+    print()
+    print(f"{results['date']}, {gpu}"
+          + (f", PyTorch {results['torch']}" if results["torch"] else "")
+          + f"; {args.steps} timed steps after {args.warmup} warm-up.")
+    if roof:
+        s = roofline_summary(roof)
+        fmt = lambda v, f: f.format(v) if v is not None else "-"  # noqa: E731
+        print()
+        print(f"Roofline (carve-bench-roofline): bf16 GEMM 8192^3 "
+              f"{fmt(s['bf16_8192_tflops'], '{:.0f}')} TFLOP/s, GPT-2 MLP shape 8192x3072x768 "
+              f"{fmt(s['bf16_gpt2_mlp_tflops'], '{:.0f}')} TFLOP/s, best "
+              f"{fmt(s['bf16_best_tflops'], '{:.0f}')} TFLOP/s; memory "
+              f"{fmt(s['memory_best_gb_per_s'], '{:.0f}')} GB/s (read + write); "
+              f"{s['wrong']} wrong elements.")
+    print()
+    print("| Run | ms/step | tokens/s | TFLOP/s | MFU | Speed vs PyTorch eager "
+          "| Max loss rel diff vs eager |")
+    print("|-----|---------|----------|---------|-----|------------------------"
+          "|----------------------------|")
+    eager_run = next((r for r in rows if r["name"] == "PyTorch eager"), None)
+    for r in rows:
+        speed = f"{r['tokens_per_s'] / eager_run['tokens_per_s']:.2f}x" if eager_run else "-"
+        diff = r["loss_rel_diff_vs_eager"]
+        print(f"| {r['name']} | {r['ms_per_step_mean']:.1f} | {r['tokens_per_s']:,.0f} | "
+              f"{r['tflops']:.1f} | {100 * r['mfu']:.1f}% | {speed} | "
+              f"{'-' if diff is None else f'{diff:.1e}'} |")
+    print()
+    print(f"MFU = (6 N + 12 L H Q T) x tokens/s / {args.peak_tflops:g} TFLOP/s (PaLM appendix "
+          f"B): N = {matmul_params:,} parameters in matrix products, "
+          f"{fpt / 1e9:.4g} GFLOP per token. ms/step: mean of the timed steps; tokens/s: "
+          "their tokens over their total time.")
+    for n in notes:
+        print(f"Note: {n}")
+    write_json()
+    print(f"\nresults: {args.json}")
+    for f in failures:
+        print(f"FAIL: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
