@@ -197,6 +197,32 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
   os << "};\n";
 }
 
+/// The runtime headers a generated source includes.
+std::string runtimeIncludes(const CodegenOptions &opts, bool pipelined) {
+  if (opts.cuda())
+    return "#include \"carve/rt/gpu.h\"\n";
+  return std::string("#include \"carve/rt/dist.h\"\n#include \"carve/rt/kernels.h\"\n"
+                     "#include \"carve/rt/optim.h\"\n") +
+         (pipelined ? "#include \"carve/rt/pipeline.h\"\n" : "") +
+         "#include \"carve/rt/program.h\"\n";
+}
+
+/// The step's first statement under a bf16/fp16 plan (nothing under fp32).
+std::string precisionLine(const CodegenOptions &opts) {
+  if (opts.precision == "fp32")
+    return "";
+  return std::string("  // Plan precision ") + opts.precision +
+         ": matmul and attention round their inputs to it and accumulate in fp32.\n" +
+         "  setPrecision(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
+}
+
+/// The namespace whose kernels the step calls (the same names on both targets).
+std::string usingLine(const CodegenOptions &opts) {
+  return opts.cuda() ? "// The CUDA target: every call below runs on the device's compute stream "
+                       "(carve/rt/gpu.h).\nusing namespace carve::gpu;\n"
+                     : "using namespace carve::rt;\n";
+}
+
 /// The tensor tables and the `Program` of a rank's source (program.h); with
 /// `pipe`, the pipeline fields too. Closes the anonymous namespace.
 void emitProgramTables(llvm::raw_ostream &os, const CodegenOptions &opts,
@@ -235,9 +261,14 @@ void emitProgramTables(llvm::raw_ostream &os, const CodegenOptions &opts,
      << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
      << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
      << ", /*stateBytes=*/" << out.stateBytes << ",\n";
-  if (pipe)
-    os << "    /*pp=*/" << p << ", /*ppRank=*/" << pipe->rank << ", /*numMicroBatches=*/"
-       << opts.numMicroBatches << ", /*activationBytes=*/" << out.activationBytes << ",\n";
+  const bool more = opts.cuda() || opts.precision != "fp32";
+  if (pipe || more)
+    os << "    /*pp=*/" << p << ", /*ppRank=*/" << (pipe ? pipe->rank : 0)
+       << ", /*numMicroBatches=*/" << (pipe ? opts.numMicroBatches : 1)
+       << ", /*activationBytes=*/" << out.activationBytes << ",\n";
+  if (more)
+    os << "    /*device=*/" << (opts.cuda() ? "&kCudaTarget" : "nullptr") << ", /*precision=*/\""
+       << opts.precision << "\",\n";
   os << "};\n";
 }
 
@@ -264,7 +295,7 @@ public:
   struct StageOut {
     std::string constants, forward, backward; // definitions in the chunk's namespace
     std::string init;                         // statements at the start of the step
-    std::string bucketWaits, norm, clip, updates;
+    std::string bucketWaits, norm, clip, updates, unscale;
     std::vector<std::pair<std::string, std::string>> sharedGrads; // name -> pointer
     std::map<std::string, std::string> customKernels;
     std::vector<TensorRow> params, inputs;
@@ -348,6 +379,19 @@ private:
   void emitNormTerms(llvm::raw_ostream &ts, const std::function<bool(const GradSlot &)> &counted);
   /// Scales every gradient by `clip`.
   void emitClip(llvm::raw_ostream &ts);
+  /// fp16: divides every gradient by the loss scale (nothing for other precisions).
+  void emitUnscale(llvm::raw_ostream &ts);
+  /// `*ptr = value;` as a statement line; a one-element fill on the device.
+  std::string seedStore(const std::string &ptr, const std::string &value) const {
+    std::string v = opts.precision == "fp16" ? "(" + value + ") * ctx.lossScale" : value;
+    if (opts.cuda())
+      return "  fill(" + ptr + ", (int64_t)1, " + v + ");\n";
+    return "  *" + ptr + " = " + v + ";\n";
+  }
+  /// The first element of a tensor, read on the host.
+  std::string scalarRead(const std::string &ptr) const {
+    return opts.cuda() ? "readScalar(" + ptr + ")" : ptr + "[0]";
+  }
   /// The optimizer update of every parameter (and ZeRO-1/2's gathers).
   void emitUpdates(llvm::raw_ostream &ts);
   void buildTables(int64_t microBatches);
@@ -468,6 +512,11 @@ bool Generator::checkTypes() {
       if (!t || !elementInfo(t.getElementType(), c, d, s))
         return failOp(op, "result type " + typeString(v.getType()) +
                               " is not supported by the CPU target (f32, f64, i64, i32, i1)");
+      // The CUDA kernels compute in f32 (f64 only moves data); constants may be anything.
+      if (opts.cuda() && t.getElementType().isF64() && !isa<ConstantOp>(op) &&
+          !isa<CastOp, ReshapeOp>(op))
+        return failOp(op, "result type " + typeString(v.getType()) +
+                              ": the CUDA target computes in f32 (export the model in float32)");
     }
   return true;
 }
@@ -675,7 +724,9 @@ bool Generator::emitConstant(ConstantOp op) {
   std::string &c = constants;
   c += "// " + var[r] + ": " + typeString(type) +
        (nodeName(op.getLoc()).empty() ? "" : " (node '" + nodeName(op.getLoc()) + "')") + "\n";
-  c += "alignas(64) " + ctype + " " + var[r] + "[" + std::to_string(std::max<int64_t>(n, 1)) +
+  // The CUDA target's kernels read constants from managed memory (the same
+  // address on the host and the device).
+  c += std::string(opts.cuda() ? "__managed__ " : "") + "alignas(64) " + ctype + " " + var[r] + "[" + std::to_string(std::max<int64_t>(n, 1)) +
        "] = {";
   for (int64_t k = 0; k < n; ++k) {
     if (k % 12 == 0)
@@ -958,10 +1009,14 @@ bool Generator::emitOp(Operation *op) {
     os << "expand(" << opnd(0) << ", " << oshape(0) << ", " << name(res) << ", " << shapeOf(res)
        << ");";
   } else if (isa<CustomOp, CustomGradOp>(op)) {
+    if (opts.cuda())
+      return failOp(op, "a custom op's kernels are C++ for the CPU; the CUDA target does not run "
+                        "them (compile this model with --target cpu)");
     if (!emitCustom(op, os))
       return false;
   } else {
-    return failOp(op, "the CPU target has no kernel for this op yet");
+    return failOp(op, std::string("the ") + (opts.cuda() ? "CUDA" : "CPU") +
+                          " target has no kernel for this op yet");
   }
   s += call + "\n";
   return true;
@@ -1328,7 +1383,7 @@ bool Generator::run() {
                              std::to_string(opts.dp) +
                              " of it, so the summed gradients equal the global mean's."
                        : "1.") +
-       "\n  *" + seedName + " = " + seedValue + ";\n\n";
+       "\n" + seedStore(seedName, seedValue) + "\n";
   bool backward = false;
   std::map<unsigned, std::string> shardVar;
   for (auto &[arg, pair] : gathered)
@@ -1376,9 +1431,10 @@ bool Generator::run() {
       ts << "  ctx.dpComm->wait(bucket" << b << ");\n";
   }
   ts << "\n  // The loss of the whole global batch.\n";
-  ts << "  float loss = (float)" << var[loss] << "[0];\n";
+  ts << "  float loss = (float)" << scalarRead(var[loss]) << ";\n";
   emitDpLoss(ts, opts, lossReduction);
   ts << "  ctx.loss = loss;\n";
+  emitUnscale(ts);
 
   // The gradient norm over the whole model: tp-split gradients (and ZeRO
   // chunks) are summed over their axis, replicated ones counted once.
@@ -1447,6 +1503,18 @@ void Generator::emitClip(llvm::raw_ostream &ts) {
   for (GradSlot &g : grads)
     ts << "  scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
+}
+
+void Generator::emitUnscale(llvm::raw_ostream &ts) {
+  if (opts.precision != "fp16")
+    return;
+  ts << "\n  // fp16: the gradients carry the dynamic loss scale (train_main adjusts it); divide it\n"
+     << "  // out before the norm, the check for overflow and the update.\n"
+     << "  if (ctx.lossScale != 1.0f) {\n    const float unscale = 1.0f / ctx.lossScale;\n";
+  for (GradSlot &g : grads)
+    ts << "    scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
+       << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", unscale);\n";
+  ts << "  }\n";
 }
 
 void Generator::emitUpdates(llvm::raw_ostream &ts) {
@@ -1634,9 +1702,10 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
                                         " of the global batch, so the summed gradients equal "
                                         "the global mean's."
                                   : "1.") +
-                 "\n  *(float *)(A + " + std::to_string(buffers[bufferOf.lookup(a)].offset) +
-                 ") = " + (mean ? "1.0f / " + std::to_string(replicas) : std::string("1.0f")) +
-                 ";\n";
+                 "\n" +
+                 seedStore("(float *)(A + " +
+                               std::to_string(buffers[bufferOf.lookup(a)].offset) + ")",
+                           mean ? "1.0f / " + std::to_string(replicas) : std::string("1.0f"));
     }
 
   // The two functions. Values the backward part reads from the forward part
@@ -1738,7 +1807,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
       return false;
     int i = index[op];
     if (so.hasLoss && loss.getDefiningOp() == op)
-      body += "  pipeLoss += (double)" + var[loss] + "[0];  // this micro-batch's loss\n";
+      body += "  pipeLoss += (double)" + scalarRead(var[loss]) + ";  // this micro-batch's loss\n";
     for (GradSlot &g : grads)
       if (g.ready == i) {
         std::string n = std::to_string(typeOf(g.value).getNumElements());
@@ -1791,7 +1860,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   std::map<std::string, int> owner;
   for (const auto &sh : pipe.shared)
     owner[sh.name] = sh.owner;
-  llvm::raw_string_ostream ns(so.norm), cs(so.clip), us(so.updates);
+  llvm::raw_string_ostream ns(so.norm), cs(so.clip), us(so.updates), ss(so.unscale);
+  emitUnscale(ss);
   emitNormTerms(ns,
                 [&](const GradSlot &g) { return !g.shared || owner[paramName(g.param)] == stage; });
   emitClip(cs);
@@ -1864,7 +1934,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   std::string src;
   llvm::raw_string_ostream os(src);
   const std::string &P = opts.programName;
-  os << "// " << P << ".cpp: one rank's training step, generated by `carve compile` from "
+  os << "// " << P << (opts.cuda() ? ".cu" : ".cpp") << ": one rank's training step, generated by `carve compile` from "
      << opts.modelName << ".\n"
      << "// Regenerate it rather than editing it.\n//\n"
      << "// Plan: " << opts.planJson << "\n"
@@ -1874,9 +1944,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
      << "// Optimizer: " << opts.optimizer.describe() << "\n"
      << "// " << kernelCalls << " kernel calls, " << out.numBuckets
      << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
-     << "#include \"carve/rt/dist.h\"\n#include \"carve/rt/kernels.h\"\n"
-     << "#include \"carve/rt/optim.h\"\n"
-     << "#include \"carve/rt/program.h\"\n"
+     << runtimeIncludes(opts, false)
      << (customKernels.empty() ? "" : "#include \"carve/rt/custom.h\"\n")
      << "\n#include <cmath>\n#include <cstdint>\n\n";
   if (!customKernels.empty()) {
@@ -1886,11 +1954,11 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
       os << decl << "\n";
     os << "\n";
   }
-  os << "using namespace carve::rt;\n\nnamespace {\n\n";
+  os << usingLine(opts) << "\nnamespace {\n\n";
   if (!constants.empty())
     os << "// ---- Constants ----\n\n" << constants << "\n";
   os << "void step(StepContext &ctx) {\n";
-  os << plan << "\n  char *const A = ctx.arena;\n\n";
+  os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
   os << "  // ---- Inputs, parameters and buffers ----\n";
   for (BlockArgument a : fn.getArguments()) {
     const Buffer &b = buffers[bufferOf.lookup(a)];
@@ -1997,7 +2065,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
   std::string stages;
   for (int c = 0; c < v; ++c)
     stages += (c ? ", " : "") + std::to_string(c * p + pipe.rank);
-  os << "// " << P << ".cpp: pipeline rank " << pipe.rank
+  os << "// " << P << (opts.cuda() ? ".cu" : ".cpp") << ": pipeline rank " << pipe.rank
      << "'s training step, generated by `carve "
      << "compile` from " << opts.modelName << ".\n"
      << "// Regenerate it rather than editing it.\n//\n"
@@ -2012,9 +2080,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
      << "// Optimizer: " << opts.optimizer.describe() << "\n"
      << "// " << out.numKernelCalls << " kernel calls per micro-batch, " << out.numBuckets
      << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
-     << "#include \"carve/rt/dist.h\"\n#include \"carve/rt/kernels.h\"\n"
-     << "#include \"carve/rt/optim.h\"\n#include \"carve/rt/pipeline.h\"\n"
-     << "#include \"carve/rt/program.h\"\n";
+     << runtimeIncludes(opts, true);
   std::map<std::string, std::string> custom;
   for (auto &ch : chunks)
     custom.insert(ch.customKernels.begin(), ch.customKernels.end());
@@ -2028,7 +2094,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
       os << decl << "\n";
     os << "\n";
   }
-  os << "using namespace carve::rt;\n\nnamespace {\n\n"
+  os << usingLine(opts) << "\nnamespace {\n\n"
      << "double pipeLoss = 0; // the last stage's losses of this step, summed over "
         "micro-batches\n\n";
   for (int c = 0; c < v; ++c) {
@@ -2041,7 +2107,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
 
   // The step: the schedule, then the synchronization and the optimizer.
   os << "void step(StepContext &ctx) {\n"
-     << "  // Memory plan (one arena, " << bytesText(out.arenaBytes) << "):\n"
+     << precisionLine(opts) << "  // Memory plan (one arena, " << bytesText(out.arenaBytes) << "):\n"
      << "  //   inputs (" << m << " micro-batch(es))    [0, " << inputsEnd << ")\n";
   for (int c = 0; c < v; ++c)
     os << chunks[c].plan;
@@ -2112,6 +2178,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
     os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
   emitDpLoss(os, opts, red);
   os << "  ctx.loss = loss;\n";
+  for (auto &ch : chunks)
+    os << ch.unscale;
   os << "\n  if (ctx.hooks)\n    ctx.hooks->gradientsReady(ctx);  // train --on-nan\n";
   os << "\n  // Gradient norm: squares summed over this rank's gradients";
   if (opts.tp > 1)

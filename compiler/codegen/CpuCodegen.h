@@ -52,10 +52,19 @@ struct CodegenOptions {
   int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size
   OptimizerConfig optimizer;
   std::string planJson; // shown in the header comment
+  /// "cpu" (C++ against kernels.h) or "cuda" (a .cu source against gpu.h:
+  /// the same calls on device pointers, constants in managed memory, scalars
+  /// read back explicitly).
+  std::string target = "cpu";
+  /// The plan's precision ("fp32", "bf16", "fp16"): the step sets it for
+  /// matmul and attention; fp16 also scales the loss seed by
+  /// StepContext::lossScale and divides the gradients by it.
+  std::string precision = "fp32";
+  bool cuda() const { return target == "cuda"; }
 };
 
 struct GeneratedProgram {
-  std::string source; // program0.cpp
+  std::string source; // program0.cpp (program0.cu for the CUDA target)
   int64_t arenaBytes = 0;
   int64_t activationBytes = 0; // the activation region after reuse
   int64_t unplannedBytes = 0;  // all activations without reuse

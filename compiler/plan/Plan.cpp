@@ -20,7 +20,6 @@ struct Reserved {
 const std::vector<Reserved> &reserved() {
   static const std::vector<Reserved> r = {
       {"recompute", "none", "recomputation"},
-      {"precision", "fp32", "mixed precision"},
   };
   return r;
 }
@@ -193,6 +192,14 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
       }
       continue;
     }
+    if (key == "precision") {
+      if (!v.is_string() || (v != "fp32" && v != "bf16" && v != "fp16")) {
+        error = what + ": \"precision\" must be \"fp32\", \"bf16\" or \"fp16\", got " + v.dump();
+        return false;
+      }
+      plan.precision = v.get<std::string>();
+      continue;
+    }
     bool known = false;
     for (const Reserved &r : reserved()) {
       if (key != r.name)
@@ -208,8 +215,8 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
     }
     if (!known) {
       std::string names = "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
-                          "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, predicted, "
-                          "planner";
+                          "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
+                          "predicted, planner";
       for (const Reserved &r : reserved())
         names += std::string(", ") + r.name;
       error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";

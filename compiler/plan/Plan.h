@@ -3,10 +3,9 @@
 // A plan is a JSON object (docs/plan.md). This version carries out data,
 // tensor and pipeline parallelism (`dp`, `tp`, `sequence_parallel`, `ops`,
 // `pp`, `num_micro_batches`, `micro_batch_size`, `schedule`, `virtual_stages`,
-// `cuts`), ZeRO (`zero`) and the optimizer settings; `recompute` and
-// `precision` are reserved and refused with a clear message until they are
-// implemented, so a plan written for a later version never silently means
-// something else.
+// `cuts`), ZeRO (`zero`), `precision` and the optimizer settings; `recompute`
+// is reserved and refused with a clear message until it is implemented, so a
+// plan written for a later version never silently means something else.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,6 +31,10 @@ struct Plan {
   int64_t microBatchSize = 0; // 0: not given
   std::string schedule; // "gpipe", "1f1b", "interleaved"; empty: 1f1b (interleaved when v > 1)
   int virtualStages = 1;
+  /// "fp32", "bf16" or "fp16": the precision of matmul and attention inputs
+  /// (fp32 master weights, optimizer state and accumulation either way; fp16
+  /// adds dynamic loss scaling). The CPU target emulates the rounding.
+  std::string precision = "fp32";
   /// Pipeline cut points: op-name globs, one per stage boundary, in model order.
   std::vector<std::string> cuts;
   /// The "ops" overrides in file order: op-name glob, dimension ("replicate").

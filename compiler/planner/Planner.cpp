@@ -824,12 +824,6 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
     }
   }
   if (opts.compilableOnly) {
-    if (fixedStr("precision", "fp32") != "fp32") {
-      res.contradiction = "precision " + fixedStr("precision", "") +
-                          " is fixed, but the cpu target runs fp32 only (mixed precision comes "
-                          "with the CUDA target)";
-      return res;
-    }
     if (fixedStr("recompute", "none") != "none") {
       res.contradiction = "recompute " + fixedStr("recompute", "") +
                           " is fixed, but carve compile does not recompute yet";
@@ -838,7 +832,7 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
   }
 
   const std::string precision = fixedStr(
-      "precision", opts.compilableOnly || cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
+      "precision", cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
   const int maxTp = std::min(N, cl.devicesPerNode);
   std::vector<std::string> recomputes = {"none", "selective", "full"};
   if (opts.compilableOnly)

@@ -93,6 +93,9 @@ or with mpirun/srun and the number of ranks it was compiled for.
                               (the first 10 steps, then every 10 s or --progress-every
                               steps), or none; auto (default) is bar on a terminal
   --progress-every N          with lines: a line every N steps after the first 10
+  --loss-scale S              fp16 plans: the initial dynamic loss scale (default 65536);
+                              a step whose gradients overflow is skipped and the scale
+                              halved; 2000 good steps in a row double it
   --quiet                     print nothing but errors (--progress none)
   --help                      print this text
 )";
@@ -130,6 +133,7 @@ struct Options {
   double collectiveTimeout = kDefaultCollectiveTimeout;
   std::string progress = "auto";
   int64_t progressEvery = 0;
+  double lossScale = 65536; // fp16 plans: the initial dynamic loss scale
 };
 
 bool parseInt(const std::string &text, int64_t &out) {
@@ -206,6 +210,16 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
         return false;
       }
       opts.skipNonFinite = value == "skip";
+    } else if (arg == "--loss-scale") {
+      if (!takeValue())
+        return false;
+      char *end = nullptr;
+      double v = value.empty() ? -1 : std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(v >= 1) || !(v <= 1e30)) {
+        error = "--loss-scale needs a number in [1, 1e30], not '" + value + "'";
+        return false;
+      }
+      opts.lossScale = v;
     } else if (arg == "--collective-timeout") {
       if (!takeValue())
         return false;
@@ -1183,8 +1197,8 @@ bool stdoutIsTerminal() {
 /// tensor at fault: the loss, else the first gradient in model order.
 class NanGuard : public StepHooks {
 public:
-  NanGuard(Communicator &world, const Program &p, const Mesh &m, const Faults &f)
-      : world(world), program(p), mesh(m), faults(f) {
+  NanGuard(Communicator &world, const Program &p, const Mesh &m, const Faults &f, char *hostArena)
+      : world(world), program(p), mesh(m), faults(f), host(hostArena) {
     // Model order: every program's trainable parameters, lowest rank first
     // (pipeline stages in order), each name once.
     std::set<std::string> seen;
@@ -1215,8 +1229,16 @@ public:
     }
     for (int i = 0; i < program.numParams; ++i)
       if (program.params[i].trainable && faults.nanTensor == program.params[i].name &&
-          gradCount(program.params[i]) > 0)
-        reinterpret_cast<float *>(ctx.arena + program.params[i].gradOffset)[0] = std::nanf("");
+          gradCount(program.params[i]) > 0) {
+        float nan = std::nanf("");
+        std::string error;
+        char *at = ctx.arena + program.params[i].gradOffset;
+        if (!program.device)
+          std::memcpy(at, &nan, sizeof nan);
+        else if (!program.device->toDevice(at, reinterpret_cast<const char *>(&nan), sizeof nan,
+                                           error))
+          die(error);
+      }
   }
 
   bool updateAllowed(StepContext &ctx, double gradNorm) override {
@@ -1245,13 +1267,22 @@ private:
     int64_t first[2] = {0, 0}; // gradients (loss = position 0), then weights
     if (!std::isfinite(ctx.loss))
       first[0] = count;
+    // On a device the tensors are looked at in the host copy of the arena
+    // (only now, when something is known to be wrong).
+    const char *arena = ctx.arena;
+    if (program.device) {
+      std::string error;
+      if (!program.device->toHost(host, ctx.arena, program.arenaBytes, error))
+        die(error);
+      arena = host;
+    }
     for (int pass = 0; pass < 2; ++pass)
       for (int i = 0; i < program.numParams && first[pass] == 0; ++i) {
         const TensorSpec &s = program.params[i];
         if (!s.trainable)
           continue;
         const float *v =
-            reinterpret_cast<const float *>(ctx.arena + (pass == 0 ? s.gradOffset : s.offset));
+            reinterpret_cast<const float *>(arena + (pass == 0 ? s.gradOffset : s.offset));
         const int64_t n = pass == 0 ? gradCount(s) : s.paramZero ? s.zeroChunk : s.numel;
         if (pass == 1 && s.dtype != DType::F32)
           continue;
@@ -1286,6 +1317,7 @@ private:
   const Program &program;
   const Mesh &mesh;
   const Faults &faults;
+  char *host; // the host copy of a device arena (unused on the CPU)
   std::vector<std::string> order;
 };
 
@@ -1363,8 +1395,25 @@ int main(int argc, char **argv) {
   if (!agree(*world, argsOk ? std::string() : error))
     return finish(1);
 
+  // Which ranks share this host (a device per rank on it): from the host
+  // names, so that mpirun, srun and plain launchers need no variables of their own.
+  int localRank = 0, localRanks = 0;
+  {
+    char name[64] = {};
+    ::gethostname(name, sizeof name - 1);
+    std::vector<char> all(64 * static_cast<size_t>(worldSize));
+    world->allGather(name, all.data(), 64, CommType::U8);
+    for (int r = 0; r < worldSize; ++r)
+      if (!std::strncmp(all.data() + 64 * static_cast<size_t>(r), name, 64)) {
+        localRank += r < worldRank;
+        ++localRanks;
+      }
+  }
+
   // Step 2: everything else, before any work.
   const Program *program = carve_program_for_rank(worldRank);
+  const DeviceTarget *device = program ? program->device : nullptr;
+  char *deviceArena = nullptr; // the step's arena on the device; `arena` is then its host copy
   std::unique_ptr<DataLoader> loader;
   WeightSource weights;
   char *arena = nullptr;
@@ -1420,6 +1469,13 @@ int main(int argc, char **argv) {
     // corrupt checkpoint file stops every rank cleanly.
     if (error.empty())
       fillArena(*program, weights, arena, mesh, error);
+    // The CUDA target: this rank's device, its arena, and the initial contents.
+    if (error.empty() && device &&
+        device->open(worldRank, localRank, localRanks, program->arenaBytes, error)) {
+      deviceArena = device->allocArena(std::max<int64_t>(program->arenaBytes, 1), error);
+      if (deviceArena)
+        device->toDevice(deviceArena, arena, program->arenaBytes, error);
+    }
   }
   if (!agree(*world, error))
     return finish(1);
@@ -1445,6 +1501,22 @@ int main(int argc, char **argv) {
   Communicator *dpComm = dpGroup ? dpGroup.get() : world.get();
   Communicator *tpComm = tpGroup ? tpGroup.get() : world.get();
   Communicator *ppComm = ppGroup ? ppGroup.get() : world.get();
+  // On a device the step's collectives run on device communicators (NCCL),
+  // one per mesh axis, bootstrapped over the host groups.
+  std::unique_ptr<Communicator> dpDevice, tpDevice, ppDevice;
+  if (device) {
+    auto deviceGroup = [&](Communicator &host) {
+      std::string why;
+      std::unique_ptr<Communicator> c = device->makeComm(host, why);
+      if (!c)
+        die("cannot create the " + host.name() + " device communicator: " + why);
+      c->setName(host.name());
+      return c;
+    };
+    tpDevice = deviceGroup(*tpComm);
+    dpDevice = deviceGroup(*dpComm);
+    ppDevice = deviceGroup(*ppComm);
+  }
 
   // Every rank's persistent bytes, for rank 0's report (gathered even when
   // quiet: ranks may disagree on --quiet, never on a collective).
@@ -1501,6 +1573,9 @@ int main(int argc, char **argv) {
   auto saveAt = [&](int64_t step) {
     if (opts.save.empty() || step == lastSaved)
       return;
+    std::string why;
+    if (device && !device->toHost(arena, deviceArena, program->arenaBytes, why))
+      die(why);
     saveCheckpoint(*world, *program, arena, opts.save, step, opts.keep);
     lastSaved = step;
     if (talk) {
@@ -1511,20 +1586,25 @@ int main(int argc, char **argv) {
 
   // Step 4: training.
   StepContext ctx;
-  ctx.arena = arena;
-  ctx.dpComm = dpComm;
-  ctx.tpComm = tpComm;
+  ctx.arena = device ? deviceArena : arena;
+  ctx.dpComm = device ? dpDevice.get() : dpComm;
+  ctx.tpComm = device ? tpDevice.get() : tpComm;
   ctx.tpRank = mesh.tpRank;
   ctx.dpRank = mesh.dpRank;
-  ctx.ppComm = ppComm;
+  ctx.ppComm = device ? ppDevice.get() : ppComm;
   ctx.ppRank = mesh.ppRank;
+  // fp16: dynamic loss scaling (GradScaler's defaults: halve on overflow,
+  // double after 2000 good steps in a row).
+  const bool fp16 = program->precision && !std::strcmp(program->precision, "fp16");
+  ctx.lossScale = fp16 ? static_cast<float>(opts.lossScale) : 1.0f;
+  int64_t goodSteps = 0, overflowSteps = 0;
   Tracer tracer;
   if (!opts.trace.empty()) {
     world->barrier(); // a common time origin, to a barrier's precision
     tracer = Tracer();
     ctx.tracer = &tracer;
   }
-  NanGuard guard(*world, *program, mesh, faults);
+  NanGuard guard(*world, *program, mesh, faults, arena);
   ctx.hooks = &guard;
   ProgressMode mode = opts.quiet || worldRank != 0 ? ProgressMode::None
                       : opts.progress == "bar"     ? ProgressMode::Bar
@@ -1544,6 +1624,13 @@ int main(int argc, char **argv) {
     auto stepBegin = std::chrono::steady_clock::now();
     if (!loader->load(k, arena, error))
       die(error);
+    if (device)
+      for (int i = 0; i < program->numInputs; ++i) {
+        const TensorSpec &in = program->inputs[i];
+        if (!device->toDevice(deviceArena + in.offset, arena + in.offset,
+                              in.numel * dtypeSize(in.dtype), error))
+          die(error);
+      }
     ctx.step = k;
     ctx.loss = 0;
     ctx.lr = 0;
@@ -1551,11 +1638,24 @@ int main(int argc, char **argv) {
     double traceBegin = tracer.now();
     guard.beginStep();
     program->step(ctx);
+    if (device && !device->synchronize(error))
+      die("step " + std::to_string(k) + ": " + error);
     if (!guard.asked)
       guard.checkAfterStep(ctx);
-    const bool stop = guard.nonFinite && (!opts.skipNonFinite || !guard.asked);
-    if (guard.nonFinite && !stop)
+    // fp16: gradients that overflowed at this scale are expected now and then.
+    const bool overflow = fp16 && guard.nonFinite && guard.asked && guard.culprit != "loss";
+    const bool stop = guard.nonFinite && !overflow && (!opts.skipNonFinite || !guard.asked);
+    if (guard.nonFinite && !stop && !overflow)
       ++skippedSteps;
+    const float usedScale = ctx.lossScale;
+    if (overflow) {
+      ++overflowSteps;
+      goodSteps = 0;
+      ctx.lossScale = std::max(1.0f, ctx.lossScale * 0.5f);
+    } else if (fp16 && !guard.nonFinite && ++goodSteps == 2000) {
+      goodSteps = 0;
+      ctx.lossScale = std::min(1e30f, ctx.lossScale * 2.0f);
+    }
     if (ctx.tracer) {
       // The step's time outside the instruction list: synchronization, optimizer.
       double inside = 0;
@@ -1569,7 +1669,13 @@ int main(int argc, char **argv) {
     }
     double seconds = secondsSince(stepBegin);
     double rate = seconds > 0 ? itemsPerStep / seconds : 0;
-    if (guard.nonFinite && !stop && talk) {
+    if (overflow && talk) {
+      progress.interrupt();
+      std::printf("carve: step %lld: fp16 gradients overflowed at loss scale %g (%s); update "
+                  "skipped on every rank, loss scale now %g\n",
+                  static_cast<long long>(k), usedScale, describeNonFinite(guard, ctx).c_str(),
+                  ctx.lossScale);
+    } else if (guard.nonFinite && !stop && talk) {
       progress.interrupt();
       std::printf("carve: step %lld: %s; update skipped on every rank (--on-nan skip)\n",
                   static_cast<long long>(k), describeNonFinite(guard, ctx).c_str());
@@ -1587,6 +1693,9 @@ int main(int argc, char **argv) {
         line.add("skipped", !stop).add("nonfinite", guard.culprit);
       if (opts.skipNonFinite)
         line.add("skipped_steps", skippedSteps);
+      if (fp16)
+        line.add("loss_scale", static_cast<double>(usedScale))
+            .add("overflow_steps", overflowSteps);
       if (!log.write(line, error))
         die(error);
     }
@@ -1616,6 +1725,10 @@ int main(int argc, char **argv) {
     if (opts.skipNonFinite)
       std::printf("; %lld update%s skipped for non-finite values",
                   static_cast<long long>(skippedSteps), skippedSteps == 1 ? "" : "s");
+    if (fp16)
+      std::printf("; %lld update%s skipped for fp16 overflow (loss scale now %g)",
+                  static_cast<long long>(overflowSteps), overflowSteps == 1 ? "" : "s",
+                  ctx.lossScale);
     std::printf("; peak rss %s (rank 0)\n", formatBytes(peakRssBytes()).c_str());
     std::fflush(stdout);
   }
@@ -1635,9 +1748,16 @@ int main(int argc, char **argv) {
 
   // Step 5: the final checkpoint: every rank writes its own shards.
   saveAt(end);
+  dpDevice.reset();
+  tpDevice.reset();
+  ppDevice.reset();
   dpGroup.reset();
   tpGroup.reset();
   ppGroup.reset();
+  if (device) {
+    device->freeArena(deviceArena);
+    device->close();
+  }
   std::free(arena);
   std::fflush(stdout);
   return finish(0);

@@ -245,9 +245,31 @@ int runCompile(CompileArgs &args) {
   } else {
     parsePlan("{\"dp\": 1}", "default plan", plan, error);
   }
-  if (args.target != "cpu")
-    die("--target " + args.target +
-        ": this version of carve generates CPU programs only (--target cpu)");
+  if (args.target != "cpu" && args.target != "cuda")
+    die("--target " + args.target + ": unknown target (cpu or cuda)");
+  const bool cuda = args.target == "cuda";
+  // The CUDA toolchain, checked before any work.
+  std::vector<std::string> archs;
+  if (cuda) {
+    auto cfg = runtimeConfig();
+    if (cfg.count("cuda_missing"))
+      die("--target cuda: this carve was built without the CUDA target (" + cfg["cuda_missing"] +
+          "); install a CUDA toolkit with cuBLAS and NCCL and rebuild carve");
+    std::string list = args.cudaArchs.empty() ? cfg["cuda_archs"] : args.cudaArchs;
+    std::istringstream in(list);
+    std::string a;
+    while (std::getline(in, a, ',')) {
+      if (a.empty() || a.size() > 3 || a.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoi(a) < 50)
+        die("--cuda-arch " + list + ": '" + a +
+            "' is not a GPU architecture number (e.g. 80 for sm_80, 90 for sm_90)");
+      archs.push_back(a);
+    }
+    if (archs.empty())
+      die("--cuda-arch: no architecture given (e.g. --cuda-arch 80,90)");
+  } else if (!args.cudaArchs.empty()) {
+    die("--cuda-arch applies to --target cuda only");
+  }
 
   // The optimizer: defaults, then the plan, then the command line.
   OptimizerConfig opt;
@@ -501,6 +523,8 @@ int runCompile(CompileArgs &args) {
   cg.planJson = plan.json;
   cg.pp = plan.pp;
   cg.numMicroBatches = m;
+  cg.target = args.target;
+  cg.precision = plan.precision;
   std::vector<GeneratedProgram> progs(pipelined ? plan.pp : 1);
   std::vector<std::string> programNames;
   if (!pipelined) {
@@ -567,11 +591,12 @@ int runCompile(CompileArgs &args) {
     tmp.path = t.str().str();
   }
   std::string dir = tmp.path;
+  const std::string ext = cuda ? ".cu" : ".cpp";
   for (const char *sub : {"/src", "/bin"})
     if (std::error_code ec = sys::fs::create_directories(dir + sub))
       fail(dir + sub + ": " + ec.message());
   for (size_t r = 0; r < progs.size(); ++r)
-    writeFileOrDie(dir + "/src/" + programNames[r] + ".cpp", progs[r].source);
+    writeFileOrDie(dir + "/src/" + programNames[r] + ext, progs[r].source);
   std::vector<int> rankToProgram(plan.worldSize(), 0);
   for (int r = 0; r < plan.worldSize(); ++r)
     rankToProgram[r] = pipelined ? r / (plan.dp * plan.tp) : 0;
@@ -587,7 +612,7 @@ int runCompile(CompileArgs &args) {
       os << "| 0";
       if (plan.worldSize() > 1)
         os << "–" << plan.worldSize() - 1;
-      os << " | program0.cpp | the whole training step on " << batch / plan.dp << " of the "
+      os << " | program0" << ext << " | the whole training step on " << batch / plan.dp << " of the "
          << batch << " samples of each global batch";
       if (plan.dp > 1)
         os << "; gradients summed over the " << plan.dp << " data-parallel replicas";
@@ -598,7 +623,7 @@ int runCompile(CompileArgs &args) {
         os << "| " << r * group;
         if (group > 1)
           os << "–" << (r + 1) * group - 1;
-        os << " | " << programNames[r] << ".cpp | pipeline stage";
+        os << " | " << programNames[r] << ext << " | pipeline stage";
         std::string list;
         for (int c = 0; c < plan.virtualStages; ++c)
           list += (c ? ", " : "") + std::to_string(c * plan.pp + r);
@@ -634,6 +659,8 @@ int runCompile(CompileArgs &args) {
     meta["model"] = modelName;
     meta["global_batch"] = batch;
     meta["optimizer"] = opt.describe();
+    meta["target"] = args.target;
+    meta["precision"] = plan.precision;
     if (pipelined) {
       nlohmann::ordered_json pj;
       pj["pp"] = plan.pp;
@@ -701,14 +728,25 @@ int runCompile(CompileArgs &args) {
   // One object per program, so that the progress names the rank being built.
   for (size_t r = 0; r < programNames.size(); ++r) {
     const std::string &n = programNames[r];
-    progress.start("C++ build " + n);
-    std::vector<std::string> argv = {cfg["cxx"]};
-    argv.insert(argv.end(), flags.begin(), flags.end());
+    progress.start((cuda ? "CUDA build " : "C++ build ") + n);
+    std::vector<std::string> argv;
+    if (cuda) {
+      // nvcc, with device code for every architecture asked for.
+      argv = {cfg["nvcc"], "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler=-fPIC",
+              "-I" + cfg["include"]};
+      for (auto &w : splitWords(cfg["cuda_include"]))
+        argv.push_back("-I" + w);
+      for (const std::string &a : archs)
+        argv.push_back("-gencode=arch=compute_" + a + ",code=sm_" + a);
+    } else {
+      argv = {cfg["cxx"]};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+    }
     objects.push_back(dir + "/obj/" + n + ".o");
     for (const std::string &a :
-         {std::string("-c"), dir + "/src/" + n + ".cpp", std::string("-o"), objects.back()})
+         {std::string("-c"), dir + "/src/" + n + ext, std::string("-o"), objects.back()})
       argv.push_back(a);
-    runCompiler(cfg["cxx"], argv, log, out, "the generated program (src/" + n + ".cpp)", "");
+    runCompiler(argv[0], argv, log, out, "the generated program (src/" + n + ext + ")", "");
     int group = plan.dp * plan.tp;
     progress.done(!pipelined  ? std::string(plan.worldSize() > 1 ? "every rank" : "rank 0")
                   : group > 1 ? "ranks " + std::to_string(r * group) + "-" +
@@ -721,6 +759,9 @@ int runCompile(CompileArgs &args) {
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.push_back(dir + "/src/programs.cpp");
   argv.insert(argv.end(), objects.begin(), objects.end());
+  if (cuda)
+    for (auto &w : splitWords(cfg["cuda_libs"]))
+      argv.push_back(w);
   for (auto &w : splitWords(cfg["libs"]))
     argv.push_back(w);
   argv.push_back("-o");

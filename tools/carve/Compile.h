@@ -16,6 +16,8 @@ struct CompileArgs {
   std::string planPath; // empty: {"dp": 1}
   std::string planText; // --auto: the planner's plan (planPath names it in errors)
   std::string target = "cpu";
+  /// --cuda-arch: GPU architectures (sm numbers, "80,90"); empty: the runtime's.
+  std::string cudaArchs;
   std::string output;
   std::string loss;
   std::string emitMlir;                  // write the training step's IR here

@@ -79,8 +79,14 @@ cl::opt<std::string> compileOutput("o", cl::desc("Output directory (src/, bin/tr
                                    cl::cat(carveCat));
 cl::opt<std::string> planFile("plan", cl::desc("Plan file (JSON), e.g. {\"dp\": 4}"),
                               cl::value_desc("PLAN.json"), cl::sub(compileCmd), cl::cat(carveCat));
-cl::opt<std::string> target("target", cl::desc("Target: cpu"), cl::init("cpu"), cl::sub(compileCmd),
-                            cl::cat(carveCat));
+cl::opt<std::string> target("target",
+                            cl::desc("Target: cpu (C++ over MPI) or cuda (C++/CUDA over NCCL; "
+                                     "docs/cuda.md)"),
+                            cl::init("cpu"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> cudaArch("cuda-arch",
+                              cl::desc("GPU architectures for --target cuda, e.g. 80,90 (sm_80 "
+                                       "and sm_90; default: those the runtime was built for)"),
+                              cl::value_desc("LIST"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> lossName("loss", cl::desc("The output that is the loss"),
                               cl::value_desc("NAME"), cl::sub(compileCmd), cl::sub(planCmd),
                               cl::sub(verifyCmd), cl::cat(carveCat));
@@ -276,6 +282,7 @@ int runCompileCommand() {
   args.output = compileOutput;
   args.planPath = planFile;
   args.target = target;
+  args.cudaArchs = cudaArch;
   args.loss = lossName;
   args.emitMlir = emitMlir;
   args.timelineJson = timelineJson;

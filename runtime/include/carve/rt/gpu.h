@@ -30,6 +30,7 @@
 #include "carve/rt/dist.h"
 #include "carve/rt/kernels.h"
 #include "carve/rt/optim.h"
+#include "carve/rt/pipeline.h"
 #include "carve/rt/program.h"
 
 #include <cstdint>
@@ -57,7 +58,9 @@ using carve::rt::ReduceOp;
 using carve::rt::Split;
 using carve::rt::StepContext;
 using carve::rt::TensorSpec;
+using carve::rt::TraceSpan;
 using carve::rt::Unary;
+using carve::rt::waitAll;
 // Host-side helpers that touch no tensor memory.
 using carve::rt::clipCoefficient;
 using carve::rt::fatal;

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""`carve compile --target cuda`: the generated CUDA programs compile and link.
+
+What must hold wherever the CUDA target is built (nvcc, cuBLAS and NCCL found
+at configure time; no GPU needed):
+
+1. The GPT- and Llama-style reference models compile with --target cuda under
+   dp=2, tp=2 (with sequence parallelism for the GPT) and pp=2 (two
+   micro-batches) plans, in fp32, bf16 and fp16: nvcc builds each
+   OUT/src/programN.cu and the link gives OUT/bin/train.
+2. The sources are the CUDA target's: they use carve::gpu, point the Program
+   at kCudaTarget, keep constants in managed memory, and set the plan's
+   precision; OUT/plan.json records target and precision.
+3. bin/train holds device code for exactly the architectures asked for
+   (cuobjdump lists sm_80 and sm_90 by default, only sm_90 with
+   --cuda-arch 90) and needs cuBLAS, NCCL and the CUDA runtime.
+4. On a machine without a GPU the program stops at start-up with one line
+   naming the rank and the cause (no CUDA device visible), exit 1, no hang —
+   for 1 rank and for 2 (every rank agrees before any work).
+5. Bad input: an unknown target, a malformed --cuda-arch, --cuda-arch
+   without --target cuda each exit 1 with one 'carve: error:' line and leave
+   no output behind.
+
+Where the CUDA target is not built, the test says so and exits 77 (ctest
+reports it as skipped, never as passed).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+PLANS = {
+    "dp2": {"dp": 2},
+    "tp2": {"tp": 2},
+    "pp2": {"pp": 2, "num_micro_batches": 2},
+}
+# (model, plan, precision): every plan on both models, each precision somewhere.
+CASES = [
+    ("gpt", "dp2", "bf16"),
+    ("gpt", "tp2", "fp32"),
+    ("gpt", "pp2", "fp16"),
+    ("llama", "dp2", "fp32"),
+    ("llama", "tp2", "bf16"),
+    ("llama", "pp2", "bf16"),
+]
+TIMEOUT_S = 600
+
+
+class Failure(Exception):
+    pass
+
+
+def runtime_config(path):
+    cfg = {}
+    with open(path) as f:
+        for line in f:
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                cfg[k] = v
+    return cfg
+
+
+def run(cmd, timeout=TIMEOUT_S):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def expect_error(cmd, needle, out):
+    rc, so, se = run(cmd)
+    lines = [l for l in se.splitlines() if l.strip()]
+    if rc == 0 or not lines or not lines[-1].startswith("carve: error:") or needle not in se:
+        raise Failure("%s: expected exit 1 with an error about %r, got %d:\n%s%s" %
+                      (" ".join(cmd), needle, rc, so, se))
+    if os.path.exists(out):
+        raise Failure("%s failed but left %s behind" % (" ".join(cmd), out))
+
+
+def architectures(cuobjdump, binary):
+    rc, so, se = run([cuobjdump, "--list-elf", binary])
+    if rc != 0:
+        raise Failure("cuobjdump --list-elf %s failed: %s" % (binary, se))
+    return sorted(set(w.split(".")[-2] for w in so.split() if w.endswith(".cubin")))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--carve", required=True)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--runtime-config", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+
+    cfg = runtime_config(a.runtime_config)
+    if "cuda_missing" in cfg:
+        print("cuda-compile: SKIPPED: the CUDA target is not built (%s); the generated CUDA "
+              "code was not compiled" % cfg["cuda_missing"])
+        return 77
+    nvcc_dir = os.path.dirname(cfg["nvcc"])
+    cuobjdump = os.path.join(nvcc_dir, "cuobjdump")
+
+    shutil.rmtree(a.workdir, ignore_errors=True)
+    os.makedirs(a.workdir)
+    checks = 0
+    tokens = os.path.join(a.workdir, "tokens.bin")
+    data_gen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data_gen.py")
+    subprocess.run([sys.executable, data_gen, "tokens", "--model",
+                    os.path.join(a.models, "opset17", "gpt.onnx"), "--tokens", "4096", tokens],
+                   check=True, stdout=subprocess.DEVNULL)
+
+    built = {}
+    for model, plan_name, precision in CASES:
+        plan = dict(PLANS[plan_name], precision=precision)
+        if model == "gpt" and plan_name == "tp2":
+            plan["sequence_parallel"] = True
+        pj = os.path.join(a.workdir, "%s-%s-%s.json" % (model, plan_name, precision))
+        with open(pj, "w") as f:
+            json.dump(plan, f)
+        out = os.path.join(a.workdir, "%s-%s-%s" % (model, plan_name, precision))
+        rc, so, se = run([a.carve, "compile", os.path.join(a.models, "opset17", model + ".onnx"),
+                          "--target", "cuda", "--plan", pj, "-o", out, "--quiet"])
+        if rc != 0:
+            raise Failure("%s under %s: carve compile --target cuda failed (%d):\n%s%s" %
+                          (model, json.dumps(plan), rc, so, se))
+        sources = sorted(f for f in os.listdir(os.path.join(out, "src")) if f.endswith(".cu"))
+        want = 2 if plan_name == "pp2" else 1
+        if len(sources) != want:
+            raise Failure("%s: expected %d CUDA source(s), found %s" % (out, want, sources))
+        for src in sources:
+            text = open(os.path.join(out, "src", src)).read()
+            for needle in ["using namespace carve::gpu;", "/*device=*/&kCudaTarget",
+                           '/*precision=*/"%s"' % precision]:
+                if needle not in text:
+                    raise Failure("%s/src/%s lacks %r" % (out, src, needle))
+            if precision != "fp32" and "setPrecision(Precision::" not in text:
+                raise Failure("%s/src/%s does not set its precision" % (out, src))
+            if "alignas(64)" in text and "__managed__ alignas(64)" not in text:
+                raise Failure("%s/src/%s has a constant outside managed memory" % (out, src))
+        meta = json.load(open(os.path.join(out, "plan.json")))
+        if meta.get("target") != "cuda" or meta.get("precision") != precision:
+            raise Failure("%s/plan.json: target %r, precision %r" %
+                          (out, meta.get("target"), meta.get("precision")))
+        binary = os.path.join(out, "bin", "train")
+        if not os.access(binary, os.X_OK):
+            raise Failure("%s is missing" % binary)
+        built[(model, plan_name)] = out
+        checks += 1
+        print("ok: %s %s %s: %d CUDA source(s) compiled and linked" %
+              (model, plan_name, precision, len(sources)))
+
+    # 3. Device code for the architectures asked for; the libraries.
+    gpt_dp2 = built[("gpt", "dp2")]
+    archs = architectures(cuobjdump, os.path.join(gpt_dp2, "bin", "train"))
+    if archs != ["sm_80", "sm_90"]:
+        raise Failure("bin/train holds device code for %s, expected sm_80 and sm_90" % archs)
+    rc, so, se = run(["readelf", "-d", os.path.join(gpt_dp2, "bin", "train")])
+    for lib in ["libcudart", "libcublas", "libnccl"]:
+        if lib not in so:
+            raise Failure("bin/train does not need %s:\n%s" % (lib, so))
+    out90 = os.path.join(a.workdir, "gpt-sm90")
+    rc, so, se = run([a.carve, "compile", os.path.join(a.models, "opset17", "gpt.onnx"), "--target", "cuda",
+                      "--cuda-arch", "90", "-o", out90, "--quiet"])
+    if rc != 0:
+        raise Failure("--cuda-arch 90 failed:\n%s" % se)
+    archs = architectures(cuobjdump, os.path.join(out90, "bin", "train"))
+    if archs != ["sm_90"]:
+        raise Failure("--cuda-arch 90 gave device code for %s" % archs)
+    checks += 2
+    print("ok: sm_80 + sm_90 by default, sm_90 alone with --cuda-arch 90; cuBLAS, NCCL and "
+          "the CUDA runtime linked")
+
+    # 4. No GPU here (or a GPU: then this part is the GPU tests' business).
+    visible = run(["sh", "-c", "ls /dev/nvidia0 2>/dev/null"])[1].strip()
+    if visible:
+        print("note: a GPU device node exists; the no-GPU start-up check was not run")
+    else:
+        for ranks, out in [(1, out90), (2, gpt_dp2)]:
+            rc, so, se = run([a.carve, "run", out, "-n", str(ranks), "--", "--steps", "1",
+                              "--data", tokens], timeout=120)
+            errors = [l for l in se.splitlines() if "carve: error:" in l]
+            if rc == 0 or len(errors) != 1 or "no CUDA device is visible" not in errors[0]:
+                raise Failure("%d rank(s) without a GPU: expected exit 1 and one line about no "
+                              "CUDA device, got %d:\n%s%s" % (ranks, rc, so, se))
+            if ranks > 1 and "rank 0" not in errors[0]:
+                raise Failure("the no-GPU error does not name the rank: %s" % errors[0])
+            checks += 1
+            print("ok: %d rank(s) without a GPU: %s" % (ranks, errors[0].strip()))
+
+    # 5. Bad input.
+    bad = os.path.join(a.workdir, "never")
+    onnx = os.path.join(a.models, "opset17", "gpt.onnx")
+    expect_error([a.carve, "compile", onnx, "--target", "tpu", "-o", bad], "unknown target", bad)
+    expect_error([a.carve, "compile", onnx, "--target", "cuda", "--cuda-arch", "8x", "-o", bad],
+                 "not a GPU architecture", bad)
+    expect_error([a.carve, "compile", onnx, "--cuda-arch", "90", "-o", bad],
+                 "--target cuda only", bad)
+    checks += 3
+    print("ok: bad --target and --cuda-arch values are refused")
+    print("cuda-compile: %d checks passed" % checks)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Failure as e:
+        print("FAIL: %s" % e)
+        sys.exit(1)
