@@ -127,15 +127,23 @@ def export(cfg, batch, seq, path):
     if params != expect:
         raise BenchError(f"the reference GPT has {params} parameters, the FLOP count "
                          f"assumes {expect}: update param_counts")
-    export_for_carve(model, inputs, path, input_names=names)
+    try:
+        export_for_carve(model, inputs, path, input_names=names)
+    except (RuntimeError, OSError) as e:  # ExportError and the exporter's own
+        raise BenchError(f"exporting {path}: {last_line(str(e))}")
     return params
 
 
 def onnx_inputs(path):
     """The exported graph's (batch, seq), read without loading the weights."""
-    import data_gen
+    try:
+        import data_gen
 
-    inputs = data_gen.graph_inputs(path)
+        inputs = data_gen.graph_inputs(path)
+    except ImportError as e:
+        raise BenchError(f"reading {path} needs numpy and onnx ({e})")
+    except (OSError, ValueError) as e:
+        raise BenchError(f"{path}: {e}")
     if not data_gen.is_token_model(inputs):
         raise BenchError(f"{path}: inputs {[n for n, _, _ in inputs]} are not GPT tokens "
                          "(input_ids, targets int64 [B, T])")
