@@ -559,6 +559,7 @@ void finalizeComm() {
 void setCollectiveTimeout(double seconds) { timeoutSeconds = seconds; }
 double collectiveTimeout() { return timeoutSeconds; }
 void setCommStep(int64_t step) { currentStep = step; }
+int64_t commStep() { return currentStep; }
 
 void abortAll(int code) {
   std::fflush(stdout);

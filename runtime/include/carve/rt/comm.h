@@ -123,6 +123,17 @@ constexpr double kDefaultCollectiveTimeout = 300;
 /// The training step that timeout messages name; -1 before the first step
 /// (start-up), -2 after the last (saving, tracing).
 void setCommStep(int64_t step);
+/// The step setCommStep last set (for the backends' messages).
+int64_t commStep();
+
+/// The world of a plain launcher (torchrun's convention, or srun with the
+/// variables exported): RANK and WORLD_SIZE, with MASTER_ADDR and MASTER_PORT
+/// where rank 0 listens, give a host Communicator over TCP sockets
+/// (comm_tcp.cpp). It bootstraps NCCL without MPI and runs CPU programs.
+/// Null with `error` empty when RANK and WORLD_SIZE are both unset; null with
+/// `error` set (one line) when they are malformed or the ranks cannot connect
+/// within the collective timeout.
+std::unique_ptr<Communicator> makeEnvWorld(std::string &error);
 
 } // namespace carve::rt
 
