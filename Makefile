@@ -13,7 +13,7 @@ PACKAGES := cmake ninja-build g++ ccache python3 \
   python3-torch python3-onnx python3-numpy \
   clang libclang-rt-14-dev
 
-.PHONY: all deps configure build demo test clean
+.PHONY: all deps configure build demo test test-gpu clean
 
 all: build
 
@@ -42,8 +42,13 @@ build: configure
 demo: build
 	@$(PYTHON) models/demo.py --carve $(BUILD)/bin/carve --workdir $(BUILD)/demo
 
+# The GPU tests (label gpu) need a GPU: `make test-gpu` runs them and fails
+# when none is visible; `make test` runs everything else.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE gpu
+
+test-gpu: build
+	@tests/gpu/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The CUDA target's training step against the CPU target's (needs a GPU).
+
+What must hold on any machine with a CUDA GPU (`make test-gpu`):
+
+1. The GPT- and Llama-style reference models, compiled for 1 rank with the
+   same weights and data, train 10 steps (AdamW, the default schedule) on
+   the GPU and on the CPU with per-step losses within 1e-4 relative in fp32
+   (the issue's bound: cuBLAS and the fused kernels sum in other orders than
+   OpenBLAS and the CPU loops, a few fp32 ulps per op) and within 2e-2 in
+   bf16 (the issue's bound; both targets round the same matmul and attention
+   inputs to bf16, so the gap is normally far smaller). The final weights
+   agree within 1e-3 of each tensor's largest entry in fp32.
+2. The 1-rank run goes through the NCCL communicator (1-rank communicators
+   for dp, tp and pp): the start-up succeeded and the loss was all-reduced.
+3. With 2 or more GPUs visible, dp=2, tp=2 and pp=2 plans of the GPT on 2
+   GPUs match the 1-rank GPU program within the parallel tests' 1e-5 (fp32).
+   With fewer GPUs this part prints that it was not run.
+4. Start-up failures: a plan that needs more memory than the GPU has
+   (--set-dim to a huge batch) stops with one line naming the rank, the GPU
+   and the memory needed; more ranks on this host than visible GPUs stops
+   with one line saying so. Both exit 1 without hanging.
+
+Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+import st  # noqa: E402
+
+STEPS = 10
+FP32_RTOL = 1e-4
+BF16_RTOL = 2e-2
+WEIGHT_RTOL = 1e-3
+PARALLEL_RTOL = 1e-5
+TIMEOUT_S = 900
+
+
+class Failure(Exception):
+    pass
+
+
+def run(cmd, timeout=TIMEOUT_S):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def gpus():
+    try:
+        rc, so, _ = run(["nvidia-smi", "-L"], timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return len([l for l in so.splitlines() if l.startswith("GPU ")]) if rc == 0 else 0
+
+
+def compile_(carve, onnx, plan, target, out, extra=()):
+    pj = out + ".plan.json"
+    with open(pj, "w") as f:
+        json.dump(plan, f)
+    rc, so, se = run([carve, "compile", onnx, "--plan", pj, "--target", target, "-o", out,
+                      "--quiet"] + list(extra))
+    if rc != 0:
+        raise Failure("compile %s %s --target %s failed:\n%s%s" % (onnx, plan, target, so, se))
+
+
+def train(carve, out, ranks, data, save):
+    log = out + ".jsonl"
+    rc, so, se = run([carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS), "--data",
+                      data, "--log", log, "--save", save, "--progress", "none"])
+    if rc != 0:
+        raise Failure("run %s on %d rank(s) failed:\n%s%s" % (out, ranks, so, se))
+    return [json.loads(l)["loss"] for l in open(log)]
+
+
+def worst_rel(a, b):
+    return max(abs(x - y) / abs(x) for x, y in zip(a, b))
+
+
+def weight_gap(a, b):
+    worst, name = 0.0, ""
+    for k, t in a.items():
+        if k not in b:
+            raise Failure("tensor %s is missing from one checkpoint" % k)
+        scale = float(abs(t).max()) or 1.0
+        d = float(abs(t - b[k]).max()) / scale
+        if d > worst:
+            worst, name = d, k
+    return worst, name
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--carve", required=True)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    n = gpus()
+    if n == 0:
+        print("train-vs-cpu: SKIPPED: no GPU visible (nvidia-smi -L); the CUDA training step was "
+              "not checked")
+        return 77
+    shutil.rmtree(a.workdir, ignore_errors=True)
+    os.makedirs(a.workdir)
+    w = a.workdir
+    data_gen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e",
+                            "data_gen.py")
+    checks = 0
+    for model in ["gpt", "llama"]:
+        onnx = os.path.join(a.models, "opset17", model + ".onnx")
+        data = os.path.join(w, model + ".tokens")
+        subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens", "16384",
+                        data], check=True, stdout=subprocess.DEVNULL)
+        for precision, rtol in [("fp32", FP32_RTOL), ("bf16", BF16_RTOL)]:
+            runs = {}
+            for target in ["cpu", "cuda"]:
+                out = os.path.join(w, "%s-%s-%s" % (model, precision, target))
+                compile_(a.carve, onnx, {"precision": precision}, target, out)
+                losses = train(a.carve, out, 1, data, out + ".ckpt")
+                runs[target] = (losses, st.load_checkpoint(out + ".ckpt"))
+            d = worst_rel(runs["cpu"][0], runs["cuda"][0])
+            if d > rtol:
+                raise Failure("%s %s: GPU losses differ from the CPU's by %.3g relative (limit "
+                              "%g)\n  cpu %s\n  gpu %s" % (model, precision, d, rtol,
+                                                          runs["cpu"][0], runs["cuda"][0]))
+            gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
+            if precision == "fp32" and gap > WEIGHT_RTOL:
+                raise Failure("%s fp32: weights of %s differ by %.3g of their largest entry "
+                              "(limit %g)" % (model, name, gap, WEIGHT_RTOL))
+            print("ok: %s %s: GPU within %.2g of the CPU over %d steps; weights within %.2g (%s)"
+                  % (model, precision, d, STEPS, gap, name))
+            checks += 2
+
+    onnx = os.path.join(a.models, "opset17", "gpt.onnx")
+    data = os.path.join(w, "gpt.tokens")
+    one = train(a.carve, os.path.join(w, "gpt-fp32-cuda"), 1, data, os.path.join(w, "again"))
+    if n >= 2:
+        for name, plan in [("dp2", {"dp": 2}), ("tp2", {"tp": 2}),
+                           ("pp2", {"pp": 2, "num_micro_batches": 2})]:
+            out = os.path.join(w, "gpt-" + name + "-cuda")
+            compile_(a.carve, onnx, plan, "cuda", out)
+            losses = train(a.carve, out, 2, data, out + ".ckpt")
+            d = worst_rel(one, losses)
+            if d > PARALLEL_RTOL:
+                raise Failure("gpt %s on 2 GPUs: losses differ from 1 GPU by %.3g (limit %g)" %
+                              (name, d, PARALLEL_RTOL))
+            print("ok: gpt %s on 2 GPUs within %.2g of 1 GPU" % (name, d))
+            checks += 1
+    else:
+        print("not run: dp=2, tp=2 and pp=2 on 2 GPUs (this machine has %d GPU)" % n)
+
+    # Start-up failures.
+    dynamic = os.path.join(a.models, "dynamic", "gpt.onnx")
+    big = os.path.join(w, "gpt-huge")
+    # 2^20 sequences: an arena of several hundred GiB.
+    compile_(a.carve, dynamic, {"dp": 1}, "cuda", big, ["--set-dim", "batch=1048576"])
+    rc, so, se = run([a.carve, "run", big, "-n", "1", "--", "--steps", "1", "--data", data],
+                     timeout=300)
+    if rc == 0 or "free" not in se or "needs" not in se:
+        raise Failure("a plan too large for the GPU: expected one line about memory, got %d:\n"
+                      "%s%s" % (rc, so, se))
+    print("ok: too little GPU memory: %s" % se.strip().splitlines()[-1])
+    checks += 1
+    many = os.path.join(w, "gpt-many")
+    compile_(a.carve, dynamic, {"dp": n + 1}, "cuda", many, ["--set-dim",
+                                                             "batch=%d" % (4 * (n + 1))])
+    rc, so, se = run([a.carve, "run", many, "-n", str(n + 1), "--", "--steps", "1", "--data",
+                      data], timeout=300)
+    if rc == 0 or "GPU" not in se or "visible" not in se:
+        raise Failure("%d ranks on %d GPU(s): expected one line about it, got %d:\n%s%s" %
+                      (n + 1, n, rc, so, se))
+    print("ok: more ranks than GPUs: %s" % se.strip().splitlines()[-1])
+    checks += 1
+    print("train-vs-cpu: %d checks passed" % checks)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Failure as e:
+        print("FAIL: %s" % e)
+        sys.exit(1)
