@@ -1,0 +1,899 @@
+//===- kernels_basic_test.cu - kernels_basic.cu against the CPU kernels ---===//
+//
+// Every function of runtime/cuda/kernels_basic.cu on random inputs (odd
+// sizes, broadcast shapes, ranks 0 to 4, transposes, batched and broadcast
+// GEMMs, empty tensors) against the CPU kernels: the float64 instantiations
+// where the GPU rounds differently, the float ones where it must match bit
+// for bit (data movement, casts, optimizer updates, bf16/fp16 GEMM inputs).
+// Tolerances are stated at each check with the reason. The last checks make
+// the device error record fire and read it back through kCudaTarget.
+//
+//===----------------------------------------------------------------------===//
+
+#include "harness.h"
+
+#include "carve/rt/dist.h"
+#include "carve/rt/gpu.h"
+#include "carve/rt/kernels.h"
+#include "carve/rt/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace gputest;
+namespace g = carve::gpu;
+namespace rt = carve::rt;
+using rt::Dims;
+
+namespace {
+
+const char *kBinary = "carve-gpu-kernels_basic_test";
+
+void sync() { GT_CUDA(cudaDeviceSynchronize()); }
+
+// The harness's uploads and poisoning run on the legacy default stream, which
+// the non-blocking compute stream does not wait for: every buffer is made
+// through these, which wait for the device before a kernel may read it.
+template <class T> std::unique_ptr<DevBuf<T>> up(const std::vector<T> &h) {
+  auto b = std::make_unique<DevBuf<T>>(h);
+  sync();
+  return b;
+}
+template <class T> std::unique_ptr<DevBuf<T>> poisoned(int64_t n) {
+  auto b = std::make_unique<DevBuf<T>>(n);
+  b->poison();
+  sync();
+  return b;
+}
+
+std::string str(const Dims &d) {
+  std::string s = "[";
+  for (int i = 0; i < d.rank; ++i)
+    s += (i ? "," : "") + std::to_string(d.d[i]);
+  return s + "]";
+}
+
+/// Broadcast result shape of two shapes (NumPy rules).
+Dims broadcastShape(const Dims &a, const Dims &b) {
+  Dims y;
+  y.rank = std::max(a.rank, b.rank);
+  for (int i = 0; i < y.rank; ++i) {
+    const int ia = i - (y.rank - a.rank), ib = i - (y.rank - b.rank);
+    const int64_t da = ia >= 0 ? a.d[ia] : 1, db = ib >= 0 ? b.d[ib] : 1;
+    y.d[i] = da == 1 ? db : da;
+  }
+  return y;
+}
+
+/// expectClose where NaN in both is a match (NaN-propagating kernels).
+bool expectCloseNan(const std::string &what, std::vector<float> got, std::vector<double> ref,
+                    double rtol, double atol) {
+  for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
+    if (std::isnan(got[i]) && std::isnan(ref[i]))
+      got[i] = 0, ref[i] = 0;
+  return expectClose(what, got, ref, rtol, atol);
+}
+
+//===--- Elementwise -------------------------------------------------------===//
+
+const char *unaryName(rt::Unary f) {
+  static const char *names[] = {"neg",        "abs",  "exp",  "log",      "sqrt", "rsqrt",
+                                "reciprocal", "tanh", "erf",  "sigmoid",  "relu", "sin",
+                                "cos",        "silu", "gelu", "gelu_tanh"};
+  return names[static_cast<int>(f)];
+}
+
+std::vector<float> unaryInputs(rt::Unary f, int64_t n) {
+  using U = rt::Unary;
+  std::vector<float> x;
+  if (f == U::Log || f == U::Sqrt || f == U::Rsqrt)
+    x = uniform(n, 0.05f, 4.0f);
+  else if (f == U::Reciprocal) {
+    x = uniform(n, 0.2f, 3.0f);
+    for (int64_t i = 0; i < n; i += 2)
+      x[i] = -x[i];
+  } else {
+    x = randn(n, 2.0f);
+    // The gradients of Relu and Abs at exactly 0 are PyTorch's choice (0).
+    for (int64_t i = 0; i < n; i += 97)
+      x[i] = 0.0f;
+  }
+  return x;
+}
+
+void testUnary() {
+  for (int fi = 0; fi <= static_cast<int>(rt::Unary::GeluTanh); ++fi) {
+    const auto f = static_cast<rt::Unary>(fi);
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000003)}) {
+      const std::vector<float> x = unaryInputs(f, n), dy = randn(n);
+      auto dx = up(x), ddy = up(dy);
+      auto y = poisoned<float>(n), dgrad = poisoned<float>(n);
+      g::unary(f, dx->p, y->p, n);
+      g::unary_grad(f, dx->p, ddy->p, dgrad->p, n);
+      std::vector<double> xd = toDouble(x), dyd = toDouble(dy), ry(n), rg(n);
+      rt::unary<double>(f, xd.data(), ry.data(), n);
+      rt::unary_grad<double>(f, xd.data(), dyd.data(), rg.data(), n);
+      // CUDA's single-precision functions are within 2 ulp (expf, logf,
+      // tanhf, erff, sinf/cosf on |x| < 10), and each formula adds at most ~10
+      // float roundings: 1e-5 relative; 1e-6 absolute for the cancellations
+      // near zeros of the result (1 - tanh^2, the GELU gradient's dip).
+      const std::string what = std::string(unaryName(f)) + " n=" + std::to_string(n);
+      expectClose(what, y->download(), ry, 1e-5, 1e-6);
+      expectClose(what + " grad", dgrad->download(), rg, 1e-5, 1e-6);
+    }
+  }
+  g::unary(rt::Unary::Exp, nullptr, nullptr, 0); // empty: no launch
+}
+
+void testBinary() {
+  struct Case {
+    Dims a, b;
+  };
+  const Case cases[] = {
+      {{7, 13}, {7, 13}},           // equal shapes
+      {{4, 1, 5}, {3, 1}},          // both broadcast
+      {{}, {1000003}},              // a rank-0 scalar
+      {{2, 3, 4, 5}, {3, 1, 5}},    // rank 4 against rank 3
+      {{1000003}, {1}},             // a one-element exponent (pow's special cases)
+      {{6, 1, 1, 7}, {1, 5, 3, 1}}, // interleaved broadcast dims
+  };
+  const rt::Binary ops[] = {rt::Binary::Add, rt::Binary::Sub, rt::Binary::Mul, rt::Binary::Div,
+                            rt::Binary::Pow, rt::Binary::Max, rt::Binary::Min};
+  const char *names[] = {"add", "sub", "mul", "div", "pow", "max", "min"};
+  for (const Case &c : cases) {
+    const Dims ys = broadcastShape(c.a, c.b);
+    const int64_t na = c.a.numel(), nb = c.b.numel(), ny = ys.numel();
+    for (int oi = 0; oi < 7; ++oi) {
+      const rt::Binary f = ops[oi];
+      std::vector<float> a, b;
+      if (f == rt::Binary::Pow) {
+        a = uniform(na, 0.5f, 2.0f);
+        b = uniform(nb, -2.0f, 2.0f);
+      } else {
+        a = randn(na);
+        b = f == rt::Binary::Div ? uniform(nb, 0.5f, 2.0f) : randn(nb);
+      }
+      if (f == rt::Binary::Max || f == rt::Binary::Min) {
+        // NaN in either operand propagates, like torch.maximum.
+        a[0] = std::numeric_limits<float>::quiet_NaN();
+        if (nb > 2)
+          b[nb - 1] = std::numeric_limits<float>::quiet_NaN();
+      }
+      auto da = up(a), db = up(b);
+      auto y = poisoned<float>(ny);
+      g::binary(f, da->p, c.a, db->p, c.b, y->p, ys);
+      std::vector<double> ad = toDouble(a), bd = toDouble(b), ref(ny);
+      rt::binary<double>(f, ad.data(), c.a, bd.data(), c.b, ref.data(), ys);
+      // One correctly rounded float operation: 2^-24 relative; powf is
+      // within a few ulp.
+      const double rtol = f == rt::Binary::Pow ? 2e-6 : 1.2e-7;
+      expectCloseNan(std::string(names[oi]) + " " + str(c.a) + " " + str(c.b), y->download(), ref,
+                     rtol, 0);
+    }
+  }
+  // Pow's scalar special cases (2, 3, 0.5, -0.5, -1, -2) and a general one.
+  for (float e : {2.0f, 3.0f, 0.5f, -0.5f, -1.0f, -2.0f, 1.7f}) {
+    const int64_t n = 4099;
+    const std::vector<float> a = uniform(n, 0.25f, 3.0f);
+    auto da = up(a), de = up(std::vector<float>{e});
+    auto y = poisoned<float>(n);
+    g::binary(rt::Binary::Pow, da->p, Dims{n}, de->p, Dims{1}, y->p, Dims{n});
+    std::vector<float> ref(n);
+    rt::binary<float>(rt::Binary::Pow, a.data(), Dims{n}, &e, Dims{1}, ref.data(), Dims{n});
+    // The special cases are the same float operations as the CPU's: exact;
+    // powf against the host's powf: a few ulp.
+    expectClose("pow by scalar " + std::to_string(e), y->download(), toDouble(ref),
+                e == 1.7f ? 2e-6 : 0, 0);
+  }
+  auto empty = poisoned<float>(1);
+  g::binary(rt::Binary::Add, empty->p, Dims{0, 3}, empty->p, Dims{3}, empty->p, Dims{0, 3});
+}
+
+void testCompareLogicWhere() {
+  const Dims as{5, 1, 9}, bs{4, 1}, ys{5, 4, 9};
+  const int64_t na = as.numel(), nb = bs.numel(), ny = ys.numel(), nc = Dims{4, 9}.numel();
+  std::vector<float> a = randn(na), b = randn(nb);
+  for (int64_t i = 0; i < nb; ++i) // some ties for Eq
+    a[i] = b[i];
+  std::vector<int64_t> ai = randint(na, -3, 4), bi = randint(nb, -3, 4);
+  std::vector<uint8_t> ca(na), cb(nb), cond(nc);
+  for (auto *v : {&ca, &cb, &cond})
+    for (auto &x : *v)
+      x = static_cast<uint8_t>(rng()() % 2);
+  auto da = up(a), db = up(b);
+  auto dai = up(ai), dbi = up(bi);
+  auto dca = up(ca), dcb = up(cb), dcond = up(cond);
+  const char *cnames[] = {"equal", "less", "greater"};
+  for (int ci = 0; ci < 3; ++ci) {
+    const auto f = static_cast<rt::Compare>(ci);
+    auto y = poisoned<uint8_t>(ny), yi = poisoned<uint8_t>(ny);
+    g::compare(f, da->p, as, db->p, bs, y->p, ys);
+    g::compare(f, dai->p, as, dbi->p, bs, yi->p, ys);
+    std::vector<uint8_t> ref(ny), refi(ny);
+    rt::compare<float>(f, a.data(), as, b.data(), bs, ref.data(), ys);
+    rt::compare<int64_t>(f, ai.data(), as, bi.data(), bs, refi.data(), ys);
+    expectEqual(std::string(cnames[ci]) + " float", y->download(), ref);
+    expectEqual(std::string(cnames[ci]) + " int64", yi->download(), refi);
+  }
+  const char *lnames[] = {"and", "or", "not"};
+  for (int li = 0; li < 3; ++li) {
+    const auto f = static_cast<rt::Logic>(li);
+    const Dims outShape = f == rt::Logic::Not ? as : ys;
+    auto y = poisoned<uint8_t>(outShape.numel());
+    g::logic(f, dca->p, as, dcb->p, bs, y->p, outShape);
+    std::vector<uint8_t> ref(outShape.numel());
+    rt::logic(f, ca.data(), as, cb.data(), bs, ref.data(), outShape);
+    expectEqual(lnames[li], y->download(), ref);
+  }
+  // where(c [4, 9], a [5, 1, 9], b [4, 1]) -> [5, 4, 9]
+  const Dims cs{4, 9};
+  auto y = poisoned<float>(ny);
+  auto yi = poisoned<int64_t>(ny);
+  g::where(dcond->p, cs, da->p, as, db->p, bs, y->p, ys);
+  g::where(dcond->p, cs, dai->p, as, dbi->p, bs, yi->p, ys);
+  std::vector<float> ref(ny);
+  std::vector<int64_t> refi(ny);
+  rt::where<float>(cond.data(), cs, a.data(), as, b.data(), bs, ref.data(), ys);
+  rt::where<int64_t>(cond.data(), cs, ai.data(), as, bi.data(), bs, refi.data(), ys);
+  expectEqual("where float", y->download(), ref);
+  expectEqual("where int64", yi->download(), refi);
+}
+
+template <class T> const char *typeName() {
+  if constexpr (std::is_same_v<T, float>)
+    return "float";
+  else if constexpr (std::is_same_v<T, double>)
+    return "double";
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return "int64";
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return "int32";
+  else
+    return "uint8";
+}
+
+/// Values every type holds (uint8: 0..255; others: -100..100 with halves for
+/// the floating types, so that float -> int truncates), zeros included.
+template <class T> std::vector<T> castSource(int64_t n) {
+  std::vector<T> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, uint8_t>)
+      v[i] = static_cast<T>(rng()() % 256);
+    else if constexpr (std::is_floating_point_v<T>)
+      v[i] = static_cast<T>(static_cast<int>(rng()() % 401) - 200) / T(2);
+    else
+      v[i] = static_cast<T>(static_cast<int>(rng()() % 201) - 100);
+    if (i % 5 == 0)
+      v[i] = T(0);
+  }
+  return v;
+}
+
+template <class From, class To> void testCastPair() {
+  const int64_t n = 1001;
+  const std::vector<From> x = castSource<From>(n);
+  auto dx = up(x);
+  auto y = poisoned<To>(n);
+  g::cast<From, To>(dx->p, y->p, n);
+  std::vector<To> ref(n);
+  rt::cast<From, To>(x.data(), ref.data(), n);
+  expectEqual(std::string("cast ") + typeName<From>() + " -> " + typeName<To>(), y->download(),
+              ref);
+}
+
+template <class From> void testCastFrom() {
+  testCastPair<From, float>();
+  testCastPair<From, double>();
+  testCastPair<From, int64_t>();
+  testCastPair<From, int32_t>();
+  testCastPair<From, uint8_t>();
+}
+
+template <class T> void testFillCopy() {
+  const int64_t n = 1000003;
+  auto y = poisoned<T>(n);
+  g::fill<T>(y->p, n, T(3));
+  expectEqual(std::string("fill ") + typeName<T>(), y->download(), std::vector<T>(n, T(3)));
+  const std::vector<T> x = castSource<T>(n);
+  auto dx = up(x);
+  auto z = poisoned<T>(n);
+  g::copy<T>(dx->p, z->p, n);
+  expectEqual(std::string("copy ") + typeName<T>(), z->download(), x);
+  g::fill<T>(y->p, 0, T(1));
+  g::copy<T>(dx->p, z->p, 0);
+}
+
+//===--- Matmul ------------------------------------------------------------===//
+
+/// Shape of op(x) (the last two dims swapped when t).
+Dims opShape(Dims s, bool t) {
+  if (t)
+    std::swap(s.d[s.rank - 1], s.d[s.rank - 2]);
+  return s;
+}
+
+Dims matmulShape(const Dims &as, bool ta, const Dims &bs, bool tb) {
+  const Dims oa = opShape(as, ta), ob = opShape(bs, tb);
+  const Dims batch = broadcastShape(Dims(oa.d, oa.rank - 2), Dims(ob.d, ob.rank - 2));
+  Dims y = batch;
+  y.d[y.rank++] = oa.d[oa.rank - 2];
+  y.d[y.rank++] = ob.d[ob.rank - 1];
+  return y;
+}
+
+void testMatmulCase(const std::string &name, Dims as, bool ta, Dims bs, bool tb, bool acc) {
+  const Dims ys = matmulShape(as, ta, bs, tb);
+  const int64_t k = opShape(as, ta).d[as.rank - 1];
+  const std::vector<float> a = randn(as.numel()), b = randn(bs.numel());
+  const std::vector<float> y0 = randn(ys.numel());
+  auto da = up(a), db = up(b);
+  auto y = acc ? up(y0) : poisoned<float>(ys.numel());
+  g::matmul(da->p, as, ta, db->p, bs, tb, y->p, ys, acc);
+  std::vector<double> ad = toDouble(a), bd = toDouble(b), ref = toDouble(y0);
+  if (!acc)
+    std::fill(ref.begin(), ref.end(), 0.0);
+  rt::matmul<double>(ad.data(), as, ta, bd.data(), bs, tb, ref.data(), ys, acc);
+  // fp32 accumulation of k unit-normal products (TF32 off): each addition
+  // rounds a partial sum of size ~sqrt(k) by 2^-24; 1e-6 * (k + 1) bounds the
+  // sum of k of them with room, whatever order cuBLAS adds in.
+  expectClose("matmul " + name + " " + str(as) + (ta ? "^T" : "") + " @ " + str(bs) +
+                  (tb ? "^T" : "") + (acc ? " +=" : ""),
+              y->download(), ref, 1e-5, 1e-6 * double(k + 1));
+}
+
+void testMatmul() {
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    testMatmulCase("2-D", opShape({7, 13}, ta), ta, opShape({13, 5}, tb), tb, false);
+    testMatmulCase("vector-like", opShape({1, 31}, ta), ta, opShape({31, 1}, tb), tb, false);
+    testMatmulCase("batched", opShape({3, 17, 33}, ta), ta, opShape({3, 33, 9}, tb), tb, false);
+    // B shared: folds into M without transA, a stride-0 batch with it.
+    testMatmulCase("shared B", opShape({2, 3, 17, 33}, ta), ta, opShape({33, 9}, tb), tb, false);
+    testMatmulCase("shared A", opShape({17, 33}, ta), ta, opShape({4, 33, 9}, tb), tb, false);
+    // Batch dims that do not merge: one strided batch per outer index.
+    testMatmulCase("crossed batch", opShape({2, 1, 5, 6}, ta), ta, opShape({1, 3, 6, 4}, tb), tb,
+                   false);
+    testMatmulCase("accumulate", opShape({2, 3, 17, 33}, ta), ta, opShape({2, 1, 33, 9}, tb), tb,
+                   true);
+  }
+  testMatmulCase("large", {512, 1024}, false, {1024, 768}, false, false);
+  testMatmulCase("large", {4, 256, 384}, false, {384, 512}, true, true);
+
+  // k == 0: zeros, or y unchanged when accumulating.
+  auto dummy = up(std::vector<float>{0.0f});
+  auto y = poisoned<float>(20);
+  g::matmul(dummy->p, Dims{5, 0}, false, dummy->p, Dims{0, 4}, false, y->p, Dims{5, 4});
+  expectEqual("matmul k=0", y->download(), std::vector<float>(20, 0.0f));
+  const std::vector<float> y0 = randn(20);
+  auto ya = up(y0);
+  g::matmul(dummy->p, Dims{5, 0}, false, dummy->p, Dims{0, 4}, false, ya->p, Dims{5, 4}, true);
+  expectEqual("matmul k=0 accumulate", ya->download(), y0);
+  g::matmul(dummy->p, Dims{0, 3}, false, dummy->p, Dims{3, 4}, false, y->p, Dims{0, 4});
+}
+
+/// bf16 / fp16 inputs: both sides round every input to nearest even and
+/// multiply exactly (8- and 11-bit significands: products fit in fp32), so
+/// only the order of the fp32 additions differs.
+void testMatmulPrecision(rt::Precision p, const char *name) {
+  struct Case {
+    Dims a;
+    bool ta;
+    Dims b;
+    bool tb;
+  };
+  const Case cases[] = {{{64, 256}, false, {256, 96}, false},
+                        {{3, 256, 40}, true, {3, 33, 256}, true},
+                        {{2, 3, 16, 256}, false, {256, 24}, false}};
+  for (const Case &c : cases) {
+    const Dims ys = matmulShape(c.a, c.ta, c.b, c.tb);
+    const int64_t k = 256;
+    const std::vector<float> a = randn(c.a.numel()), b = randn(c.b.numel());
+    auto da = up(a), db = up(b);
+    auto y = poisoned<float>(ys.numel());
+    g::setPrecision(p);
+    g::matmul(da->p, c.a, c.ta, db->p, c.b, c.tb, y->p, ys);
+    g::setPrecision(rt::Precision::F32);
+    std::vector<float> ref(ys.numel());
+    rt::setPrecision(p);
+    rt::matmul<float>(a.data(), c.a, c.ta, b.data(), c.b, c.tb, ref.data(), ys);
+    rt::setPrecision(rt::Precision::F32);
+    // Two fp32 summations of the same 256 exact products: 1e-6 * (k + 1) as
+    // for fp32. Unrounded inputs would be off by ~2^-9 per product (~0.05
+    // here), far outside it.
+    expectClose(std::string("matmul ") + name + " " + str(c.a) + " @ " + str(c.b), y->download(),
+                toDouble(ref), 1e-5, 1e-6 * double(k + 1));
+  }
+}
+
+//===--- Reduce ------------------------------------------------------------===//
+
+void testReduceCase(const Dims &xs, uint32_t mask, bool withNan = false) {
+  std::vector<float> x = randn(xs.numel());
+  if (withNan && !x.empty())
+    x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+  Dims ysd = xs;
+  for (int i = 0; i < xs.rank; ++i)
+    if ((mask >> i) & 1u)
+      ysd.d[i] = 1;
+  const int64_t ny = ysd.numel();
+  auto dx = up(x);
+  const char *names[] = {"sum", "mean", "max"};
+  for (int fi = 0; fi < 3; ++fi) {
+    const auto f = static_cast<rt::Reduce>(fi);
+    if (f == rt::Reduce::Max && xs.numel() == 0)
+      continue;
+    auto y = poisoned<float>(ny);
+    g::reduce(f, dx->p, xs, mask, y->p);
+    std::vector<double> xd = toDouble(x), ref(ny);
+    rt::reduce<double>(f, xd.data(), xs, mask, ref.data());
+    // Both sides add in double, then round once to float (2^-24 relative);
+    // max is exact.
+    const double rtol = f == rt::Reduce::Max ? 0 : 1.2e-7;
+    char m[16];
+    std::snprintf(m, sizeof m, "0x%x", mask);
+    expectCloseNan(std::string("reduce ") + names[fi] + " " + str(xs) + " axes " + m +
+                       (withNan ? " with NaN" : ""),
+                   y->download(), ref, rtol, 1e-12);
+  }
+}
+
+void testReduce() {
+  testReduceCase({1000003}, 0x1);       // one row: split over many warps
+  testReduceCase({1000003}, 0x1, true); // NaN propagates through max and sums
+  testReduceCase({64, 1000}, 0x2);      // rows
+  testReduceCase({64, 1000}, 0x1);      // columns
+  testReduceCase({1, 100000, 3}, 0x2);  // few columns, many rows: split rows
+  testReduceCase({3, 4, 5, 6}, 0xA);    // kept, reduced, kept, reduced: general
+  testReduceCase({3, 4, 5, 6}, 0x5);    // reduced, kept, reduced, kept: general
+  testReduceCase({3, 4, 5, 6}, 0x6);    // [O, R, I]
+  testReduceCase({3, 4, 5, 6}, 0xF);    // everything
+  testReduceCase({3, 4, 5, 6}, 0x0);    // nothing: a copy
+  testReduceCase({7, 1, 3}, 0x2);       // only a size-1 axis
+  testReduceCase({5, 0}, 0x2);          // empty reduction: 0 and NaN
+  testReduceCase({0, 5}, 0x2);          // empty output
+}
+
+//===--- Data movement -----------------------------------------------------===//
+
+template <class T> std::vector<T> values(int64_t n) { return castSource<T>(n); }
+template <> std::vector<float> values<float>(int64_t n) { return randn(n); }
+
+template <class T> void testTranspose(const Dims &xs, const Dims &perm) {
+  const std::vector<T> x = values<T>(xs.numel());
+  auto dx = up(x);
+  auto y = poisoned<T>(xs.numel());
+  g::transpose<T>(dx->p, xs, perm, y->p);
+  std::vector<T> ref(xs.numel());
+  rt::transpose<T>(x.data(), xs, perm, ref.data());
+  expectEqual(std::string("transpose ") + typeName<T>() + " " + str(xs) + " perm " + str(perm),
+              y->download(), ref);
+}
+
+template <class T> void testSlice() {
+  const Dims xs{10, 20, 30}, starts{1, 2, 3}, steps{2, 3, 1}, ys{5, 6, 27};
+  const std::vector<T> x = values<T>(xs.numel()), dy = values<T>(ys.numel());
+  auto dx = up(x), ddy = up(dy);
+  auto y = poisoned<T>(ys.numel());
+  auto dgrad = poisoned<T>(xs.numel());
+  g::slice<T>(dx->p, xs, starts, steps, y->p, ys);
+  g::slice_grad<T>(ddy->p, ys, starts, steps, dgrad->p, xs);
+  std::vector<T> ref(ys.numel()), refg(xs.numel());
+  rt::slice<T>(x.data(), xs, starts, steps, ref.data(), ys);
+  rt::slice_grad<T>(dy.data(), ys, starts, steps, refg.data(), xs);
+  expectEqual(std::string("slice ") + typeName<T>(), y->download(), ref);
+  expectEqual(std::string("slice_grad ") + typeName<T>(), dgrad->download(), refg);
+}
+
+template <class T> void testConcat(int axis) {
+  const Dims shapes[3] = {{4, 2, 5}, {4, 3, 5}, {4, 0, 5}};
+  Dims shapesAxis[3];
+  std::vector<std::vector<T>> xs;
+  std::vector<std::unique_ptr<DevBuf<T>>> dxs;
+  const T *hostPtrs[3], *devPtrs[3];
+  int64_t total = 0;
+  for (int i = 0; i < 3; ++i) {
+    // axis 0: the same shapes with the varying dimension moved first.
+    shapesAxis[i] = shapes[i];
+    if (axis == 0)
+      std::swap(shapesAxis[i].d[0], shapesAxis[i].d[1]);
+    xs.push_back(values<T>(shapesAxis[i].numel()));
+    dxs.push_back(up(xs.back()));
+    hostPtrs[i] = xs.back().data();
+    devPtrs[i] = dxs.back()->p;
+    total += shapesAxis[i].numel();
+  }
+  auto y = poisoned<T>(total);
+  g::concat<T>(3, devPtrs, shapesAxis, axis, y->p);
+  std::vector<T> ref(total);
+  rt::concat<T>(3, hostPtrs, shapesAxis, axis, ref.data());
+  expectEqual(std::string("concat ") + typeName<T>() + " axis " + std::to_string(axis),
+              y->download(), ref);
+}
+
+template <class T> void testGather(const Dims &ts, int axis, const Dims &is) {
+  const int64_t size = ts.d[axis < 0 ? axis + ts.rank : axis];
+  const std::vector<T> table = values<T>(ts.numel());
+  const std::vector<int64_t> idx = randint(is.numel(), -size, size);
+  Dims ys;
+  const int ax = axis < 0 ? axis + ts.rank : axis;
+  for (int i = 0; i < ax; ++i)
+    ys.d[ys.rank++] = ts.d[i];
+  for (int i = 0; i < is.rank; ++i)
+    ys.d[ys.rank++] = is.d[i];
+  for (int i = ax + 1; i < ts.rank; ++i)
+    ys.d[ys.rank++] = ts.d[i];
+  auto dt = up(table);
+  auto di = up(idx);
+  auto y = poisoned<T>(ys.numel());
+  g::gather<T>(dt->p, ts, di->p, is, axis, y->p);
+  std::vector<T> ref(ys.numel());
+  rt::gather<T>(table.data(), ts, idx.data(), is, axis, ref.data());
+  const std::string what =
+      std::string(typeName<T>()) + " " + str(ts) + " axis " + std::to_string(axis) + " " + str(is);
+  expectEqual("gather " + what, y->download(), ref);
+
+  // Indices repeat (is.numel() > size), so rows get several additions.
+  const std::vector<T> dy = values<T>(ys.numel());
+  auto ddy = up(dy);
+  auto dtab = poisoned<T>(ts.numel());
+  g::gather_grad<T>(ddy->p, di->p, is, axis, dtab->p, ts);
+  if constexpr (std::is_same_v<T, float>) {
+    std::vector<double> dyd = toDouble(dy), refg(ts.numel());
+    rt::gather_grad<double>(dyd.data(), idx.data(), is, axis, refg.data(), ts);
+    // Atomic float additions in any order: a few roundings of sums of a
+    // handful of unit normals.
+    expectClose("gather_grad " + what, dtab->download(), refg, 1e-6, 1e-6);
+  } else {
+    std::vector<T> refg(ts.numel());
+    rt::gather_grad<T>(dy.data(), idx.data(), is, axis, refg.data(), ts);
+    expectEqual("gather_grad " + what, dtab->download(), refg);
+  }
+}
+
+template <class T> void testExpand(const Dims &xs, const Dims &ys) {
+  const std::vector<T> x = values<T>(xs.numel());
+  auto dx = up(x);
+  auto y = poisoned<T>(ys.numel());
+  g::expand<T>(dx->p, xs, y->p, ys);
+  std::vector<T> ref(ys.numel());
+  rt::expand<T>(x.data(), xs, ref.data(), ys);
+  expectEqual(std::string("expand ") + typeName<T>() + " " + str(xs) + " -> " + str(ys),
+              y->download(), ref);
+}
+
+template <class T> void testDataMovement() {
+  testTranspose<T>({2, 3, 4, 5}, {0, 2, 1, 3}); // innermost stays: a strided gather
+  testTranspose<T>({2, 3, 4, 5}, {3, 1, 2, 0}); // tiles
+  testTranspose<T>({1000, 777}, {1, 0});        // tiles, partial at both edges
+  testTranspose<T>({33, 1, 65}, {2, 1, 0});
+  testTranspose<T>({7}, {0});
+  testSlice<T>();
+  testConcat<T>(1);
+  testConcat<T>(0);
+  testGather<T>({50, 16}, 0, {7, 13});
+  testGather<T>({4, 50, 3}, 1, {9});
+  testGather<T>({4, 5, 6}, -1, {2, 3});
+  testExpand<T>({3, 1, 5}, {2, 3, 4, 5});
+  testExpand<T>({}, {1000003});
+}
+
+void testGatherSharded() {
+  const Dims ts{10, 8}, is{6, 7};
+  const int64_t rowOffset = 20, globalRows = 50;
+  const std::vector<float> table = randn(ts.numel());
+  std::vector<int64_t> idx = randint(is.numel(), -globalRows, globalRows);
+  for (int64_t i = 0; i < 10; ++i) // make sure some land in the local rows, twice
+    idx[i] = rowOffset + (i % 5);
+  idx[10] = rowOffset - globalRows + 3; // negative, local
+  auto dt = up(table);
+  auto di = up(idx);
+  const Dims ys{6, 7, 8};
+  auto y = poisoned<float>(ys.numel());
+  g::gather_sharded(dt->p, ts, rowOffset, globalRows, di->p, is, y->p);
+  std::vector<double> td = toDouble(table), ref(ys.numel());
+  rt::gather_sharded<double>(td.data(), ts, rowOffset, globalRows, idx.data(), is, ref.data());
+  expectClose("gather_sharded", y->download(), ref, 0, 0);
+  const std::vector<float> dy = randn(ys.numel());
+  auto ddy = up(dy);
+  auto dtab = poisoned<float>(ts.numel());
+  g::gather_sharded_grad(ddy->p, di->p, is, rowOffset, globalRows, dtab->p, ts);
+  std::vector<double> dyd = toDouble(dy), refg(ts.numel());
+  rt::gather_sharded_grad<double>(dyd.data(), idx.data(), is, rowOffset, globalRows, refg.data(),
+                                  ts);
+  // As gather_grad: float atomics over a few repeated rows.
+  expectClose("gather_sharded_grad", dtab->download(), refg, 1e-6, 1e-6);
+}
+
+//===--- Tensor parallelism ------------------------------------------------===//
+
+/// A stand-in for rank `me` of a group of `n`, usable with host pointers (for
+/// the CPU reference) and device pointers alike (cudaMemcpyDefault). Peers'
+/// all-gather contributions are given; for reduce-scatter and all-to-all
+/// every peer is taken to hold the same tensor as this rank, so the result
+/// still depends on which block of the packed buffer goes where.
+class FakeComm : public rt::Communicator {
+public:
+  FakeComm(int n, int me, std::vector<const void *> peers) : n(n), me(me), peers(peers) {}
+  int rank() const override { return me; }
+  int size() const override { return n; }
+  rt::CommHandle allReduceAsync(void *, int64_t, rt::CommType, rt::ReduceOp) override {
+    return unsupported("allReduce");
+  }
+  rt::CommHandle allGatherAsync(const void *send, void *recv, int64_t nPerRank,
+                                rt::CommType t) override {
+    const int64_t bytes = nPerRank * rt::commTypeBytes(t);
+    sync();
+    for (int r = 0; r < n; ++r)
+      GT_CUDA(cudaMemcpy(static_cast<char *>(recv) + r * bytes, r == me ? send : peers[r], bytes,
+                         cudaMemcpyDefault));
+    sync();
+    return {};
+  }
+  rt::CommHandle reduceScatterAsync(const void *send, void *recv, const int64_t *counts,
+                                    rt::CommType t, rt::ReduceOp op) override {
+    if (t != rt::CommType::F32)
+      return unsupported("reduceScatter of a type other than F32");
+    int64_t off = 0;
+    for (int r = 0; r < me; ++r)
+      off += counts[r];
+    std::vector<float> block(counts[me]);
+    sync();
+    GT_CUDA(cudaMemcpy(block.data(), static_cast<const float *>(send) + off,
+                       block.size() * sizeof(float), cudaMemcpyDefault));
+    if (op == rt::ReduceOp::Sum)
+      for (float &v : block)
+        v *= static_cast<float>(n);
+    GT_CUDA(cudaMemcpy(recv, block.data(), block.size() * sizeof(float), cudaMemcpyDefault));
+    sync();
+    return {};
+  }
+  rt::CommHandle allToAllAsync(const void *send, void *recv, int64_t nPerRank,
+                               rt::CommType t) override {
+    const int64_t bytes = nPerRank * rt::commTypeBytes(t);
+    sync();
+    for (int r = 0; r < n; ++r)
+      GT_CUDA(cudaMemcpy(static_cast<char *>(recv) + r * bytes,
+                         static_cast<const char *>(send) + me * bytes, bytes, cudaMemcpyDefault));
+    sync();
+    return {};
+  }
+  rt::CommHandle sendAsync(const void *, int64_t, int, int) override { return unsupported("send"); }
+  rt::CommHandle recvAsync(void *, int64_t, int, int) override { return unsupported("recv"); }
+  void wait(rt::CommHandle) override {}
+  void broadcast(void *, int64_t, int) override { unsupported("broadcast"); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override {
+    unsupported("split");
+    return nullptr;
+  }
+  std::vector<int> worldRanks() const override {
+    std::vector<int> r(n);
+    for (int i = 0; i < n; ++i)
+      r[i] = i;
+    return r;
+  }
+
+private:
+  rt::CommHandle unsupported(const char *what) {
+    std::printf("FAIL FakeComm: %s is not used by these tests\n", what);
+    std::exit(1);
+  }
+  int n, me;
+  std::vector<const void *> peers;
+};
+
+void testShards() {
+  const Dims full{6, 12, 5};
+  const int parts = 2;
+  const std::vector<float> x = randn(full.numel());
+  auto dx = up(x);
+  for (int dim = 0; dim < 3; ++dim) {
+    for (int64_t groups : {int64_t(1), int64_t(3)}) {
+      if (full.d[dim] % (groups * parts) != 0)
+        continue;
+      const rt::Split s{dim, groups, parts};
+      const Dims local = rt::shardShape(full, s);
+      const std::string what = "dim " + std::to_string(dim) + " groups " + std::to_string(groups);
+      for (int index = 0; index < parts; ++index) {
+        auto y = poisoned<float>(local.numel());
+        g::takeShard(dx->p, full, s, index, y->p, 4);
+        std::vector<float> ref(local.numel());
+        rt::takeShard(x.data(), full, s, index, ref.data(), 4);
+        expectEqual("takeShard " + what + " piece " + std::to_string(index), y->download(), ref);
+
+        const std::vector<float> piece = randn(local.numel());
+        auto dp = up(piece);
+        auto dfull = up(x);
+        g::placeShard(dp->p, local, s, index, dfull->p, 4);
+        std::vector<float> reff = x;
+        rt::placeShard(piece.data(), local, s, index, reff.data(), 4);
+        expectEqual("placeShard " + what + " piece " + std::to_string(index), dfull->download(),
+                    reff);
+      }
+      // Rank 1 of 2: rank 0's piece comes from the fake peer.
+      const int me = 1;
+      std::vector<float> pieceHost[2];
+      std::unique_ptr<DevBuf<float>> pieceDev[2];
+      for (int r = 0; r < parts; ++r) {
+        pieceHost[r].resize(local.numel());
+        rt::takeShard(x.data(), full, s, r, pieceHost[r].data(), 4);
+        pieceDev[r] = up(pieceHost[r]);
+      }
+      FakeComm devComm(parts, me, {pieceDev[0]->p, pieceDev[1]->p});
+      FakeComm hostComm(parts, me, {pieceHost[0].data(), pieceHost[1].data()});
+      auto gathered = poisoned<float>(full.numel());
+      g::allGatherSplit(devComm, pieceDev[me]->p, local, s, gathered->p, rt::CommType::F32);
+      std::vector<float> refg(full.numel());
+      rt::allGatherSplit(hostComm, pieceHost[me].data(), local, s, refg.data(), rt::CommType::F32);
+      expectEqual("allGatherSplit " + what, gathered->download(), refg);
+
+      auto scattered = poisoned<float>(local.numel());
+      g::reduceScatterSplit(devComm, dx->p, full, s, scattered->p, rt::CommType::F32,
+                            rt::ReduceOp::Sum);
+      std::vector<float> refs(local.numel());
+      rt::reduceScatterSplit(hostComm, x.data(), full, s, refs.data(), rt::CommType::F32,
+                             rt::ReduceOp::Sum);
+      expectEqual("reduceScatterSplit " + what, scattered->download(), refs);
+
+      for (int toDim = 0; toDim < 3; ++toDim) {
+        if (toDim == dim || local.d[toDim] % parts != 0)
+          continue;
+        const rt::Split to{toDim, 1, parts};
+        const Dims outShape = rt::shardShape(rt::fullShape(local, s), to);
+        auto out = poisoned<float>(outShape.numel());
+        g::allToAllSplit(devComm, pieceDev[me]->p, local, s, to, out->p, rt::CommType::F32);
+        std::vector<float> refa(outShape.numel());
+        rt::allToAllSplit(hostComm, pieceHost[me].data(), local, s, to, refa.data(),
+                          rt::CommType::F32);
+        expectEqual("allToAllSplit " + what + " to dim " + std::to_string(toDim), out->download(),
+                    refa);
+      }
+    }
+  }
+}
+
+//===--- Optimizer ---------------------------------------------------------===//
+
+void testOptimizer() {
+  const int64_t n = 1000003;
+  const std::vector<float> p0 = randn(n), gr = randn(n), m0 = randn(n, 0.1f);
+  std::vector<float> v0 = uniform(n, 0.0f, 0.01f);
+  auto dg = up(gr);
+  // Bit-identical: the same float operations in the same order as optim.cpp.
+  for (int variant = 0; variant < 6; ++variant) {
+    const double momentum = variant == 0 ? 0.0 : 0.9;
+    const double dampening = variant == 2 ? 0.1 : 0.0;
+    const double wd = variant == 3 || variant == 5 ? 0.01 : 0.0;
+    const bool nesterov = variant >= 4, first = variant == 1 || variant == 4;
+    auto dp = up(p0), db = up(m0);
+    g::sgdUpdate(dp->p, dg->p, db->p, n, 0.05, momentum, dampening, wd, nesterov, first);
+    std::vector<float> p = p0, b = m0;
+    rt::sgdUpdate(p.data(), gr.data(), b.data(), n, 0.05, momentum, dampening, wd, nesterov, first);
+    const std::string what = "sgd variant " + std::to_string(variant);
+    expectEqual(what + " param", dp->download(), p);
+    expectEqual(what + " momentum", db->download(), b);
+  }
+  for (int64_t step : {int64_t(1), int64_t(7)}) {
+    auto dp = up(p0), dm = up(m0), dv = up(v0);
+    g::adamwUpdate(dp->p, dg->p, dm->p, dv->p, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, step);
+    std::vector<float> p = p0, m = m0, v = v0;
+    rt::adamwUpdate(p.data(), gr.data(), m.data(), v.data(), n, 3e-4, 0.9, 0.95, 1e-8, 0.1, step);
+    const std::string what = "adamw step " + std::to_string(step);
+    expectEqual(what + " param", dp->download(), p);
+    expectEqual(what + " exp_avg", dm->download(), m);
+    expectEqual(what + " exp_avg_sq", dv->download(), v);
+  }
+  {
+    auto dp = up(p0);
+    g::addInPlace(dp->p, dg->p, n);
+    std::vector<float> p = p0;
+    rt::addInPlace(p.data(), gr.data(), n);
+    expectEqual("addInPlace", dp->download(), p);
+    g::scaleInPlace(dp->p, n, 0.37f);
+    rt::scaleInPlace(p.data(), n, 0.37f);
+    expectEqual("scaleInPlace", dp->download(), p);
+  }
+  for (int64_t len : {int64_t(0), int64_t(1), int64_t(1000), n}) {
+    const double got = g::sumSquares(dg->p, len), ref = rt::sumSquares(gr.data(), len);
+    // Double sums of float squares (exact in double) in two orders.
+    expectClose("sumSquares n=" + std::to_string(len), {static_cast<float>(got)}, {ref}, 1e-7, 0);
+    ++checks();
+    if (std::fabs(got - ref) > 1e-12 * std::fabs(ref)) {
+      std::printf("FAIL sumSquares n=%lld in double: %.17g, reference %.17g\n", (long long)len, got,
+                  ref);
+      ++failures();
+    }
+  }
+}
+
+//===--- Device errors -----------------------------------------------------===//
+
+void testDeviceErrors() {
+  std::string err;
+  if (!g::kCudaTarget.synchronize(err)) {
+    std::printf("FAIL synchronize before the error test: %s\n", err.c_str());
+    ++failures();
+    return;
+  }
+  const std::vector<float> table = randn(10 * 4);
+  auto dt = up(table);
+  auto di = up(std::vector<int64_t>{1, 2, 57, 3});
+  auto y = poisoned<float>(16);
+  g::gather<float>(dt->p, Dims{10, 4}, di->p, Dims{4}, 0, y->p);
+  ++checks();
+  const bool ok = g::kCudaTarget.synchronize(err);
+  if (ok || err.find("index 57") == std::string::npos ||
+      err.find("element 2") == std::string::npos || err.find("[-10, 10)") == std::string::npos) {
+    std::printf("FAIL gather out of range: synchronize returned %s with \"%s\"\n",
+                ok ? "true" : "false", err.c_str());
+    ++failures();
+  } else {
+    std::printf("ok   gather out of range: \"%s\"\n", err.c_str());
+  }
+  // The record is cleared once reported.
+  ++checks();
+  if (!g::kCudaTarget.synchronize(err)) {
+    std::printf("FAIL the error record was not cleared: %s\n", err.c_str());
+    ++failures();
+  } else {
+    std::printf("ok   the error record is cleared once reported\n");
+  }
+  // gather_grad reports through the same record.
+  auto dy = up(randn(16));
+  auto dtab = poisoned<float>(40);
+  auto dneg = up(std::vector<int64_t>{-11, 0, 1, 2});
+  g::gather_grad<float>(dy->p, dneg->p, Dims{4}, 0, dtab->p, Dims{10, 4});
+  ++checks();
+  if (g::kCudaTarget.synchronize(err) || err.find("index -11") == std::string::npos) {
+    std::printf("FAIL gather_grad out of range: \"%s\"\n", err.c_str());
+    ++failures();
+  } else {
+    std::printf("ok   gather_grad out of range: \"%s\"\n", err.c_str());
+  }
+}
+
+} // namespace
+
+int main() {
+  requireDevice(kBinary);
+  std::string err;
+  if (!g::kCudaTarget.open(0, 0, 1, int64_t(1) << 20, err)) {
+    std::printf("FAIL kCudaTarget.open: %s\n", err.c_str());
+    return 1;
+  }
+  testUnary();
+  testBinary();
+  testCompareLogicWhere();
+  testCastFrom<float>();
+  testCastFrom<double>();
+  testCastFrom<int64_t>();
+  testCastFrom<int32_t>();
+  testCastFrom<uint8_t>();
+  testFillCopy<float>();
+  testFillCopy<double>();
+  testFillCopy<int64_t>();
+  testFillCopy<int32_t>();
+  testFillCopy<uint8_t>();
+  testMatmul();
+  testMatmulPrecision(rt::Precision::BF16, "bf16");
+  testMatmulPrecision(rt::Precision::F16, "fp16");
+  testReduce();
+  testDataMovement<float>();
+  testDataMovement<int64_t>();
+  testDataMovement<uint8_t>();
+  testGatherSharded();
+  testShards();
+  testOptimizer();
+  testDeviceErrors();
+  ++checks();
+  if (!g::kCudaTarget.synchronize(err)) {
+    std::printf("FAIL final synchronize: %s\n", err.c_str());
+    ++failures();
+  }
+  g::kCudaTarget.close();
+  return finish(kBinary);
+}
