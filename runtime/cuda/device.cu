@@ -163,6 +163,13 @@ bool openDevice(int worldRank, int localRank, int localRanks, int64_t arenaBytes
     closeDevice();
     return false;
   }
+  // The record's clearing ran on the legacy stream, which the compute stream
+  // does not wait for.
+  if (failed(cudaDeviceSynchronize(), "device set-up", error)) {
+    s.open = true;
+    closeDevice();
+    return false;
+  }
   s.open = true;
   return true;
 }
@@ -247,7 +254,10 @@ bool takeDeviceError(std::string &message) {
   CARVE_CUDA_CHECK(cudaMemcpy(&e, deviceError(), sizeof e, cudaMemcpyDeviceToHost));
   if (e.code == kNoDeviceError)
     return false;
-  CARVE_CUDA_CHECK(cudaMemset(deviceError(), 0, sizeof e));
+  // On the compute stream, and waited for: a kernel enqueued next may record
+  // a new error, which a reset still in flight on another stream would erase.
+  CARVE_CUDA_CHECK(cudaMemsetAsync(deviceError(), 0, sizeof e, stream()));
+  CARVE_CUDA_CHECK(cudaStreamSynchronize(stream()));
   switch (e.code) {
   case kBadTarget:
     message =
