@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <cctype>
 #include <set>
 
 using namespace mlir;
@@ -207,6 +208,51 @@ std::string runtimeIncludes(const CodegenOptions &opts, bool pipelined) {
          "#include \"carve/rt/program.h\"\n";
 }
 
+/// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source.
+/// The carve::rt types in their arguments (Dims, Split, Precision, ...) would
+/// otherwise let argument-dependent lookup find the CPU kernel of the same
+/// name too, and the call would be ambiguous (or worse, resolve to the CPU).
+void qualifyGpuCalls(std::string &src) {
+  static const std::set<std::string> names = {
+      "unary", "unary_grad", "binary", "compare", "logic", "where", "cast", "fill", "copy",
+      "matmul", "reduce", "softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "rms_norm",
+      "rms_norm_grad", "attention", "attention_grad", "cross_entropy", "cross_entropy_grad",
+      "transpose", "slice", "slice_grad", "concat", "gather", "gather_grad", "expand",
+      "takeShard", "placeShard", "allGatherSplit", "reduceScatterSplit", "allToAllSplit",
+      "gather_sharded", "gather_sharded_grad", "cross_entropy_vocab_parallel",
+      "cross_entropy_vocab_parallel_grad", "sgdUpdate", "adamwUpdate", "sumSquares",
+      "addInPlace", "scaleInPlace", "setPrecision", "readScalar"};
+  std::string out;
+  out.reserve(src.size() + src.size() / 16);
+  size_t i = 0, lineStart = 0;
+  bool comment = false; // inside a // comment: leave the prose alone
+  while (i < src.size()) {
+    char c = src[i];
+    if (c == '\n') {
+      comment = false;
+      lineStart = i + 1;
+    } else if (c == '/' && i + 1 < src.size() && src[i + 1] == '/') {
+      comment = true;
+    }
+    if (!comment && (std::isalpha((unsigned char)c) || c == '_') &&
+        (i == lineStart || !(std::isalnum((unsigned char)src[i - 1]) || src[i - 1] == '_' ||
+                             src[i - 1] == ':' || src[i - 1] == '.' || src[i - 1] == '>'))) {
+      size_t j = i;
+      while (j < src.size() && (std::isalnum((unsigned char)src[j]) || src[j] == '_'))
+        ++j;
+      std::string word = src.substr(i, j - i);
+      if (j < src.size() && src[j] == '(' && names.count(word))
+        out += "gpu::";
+      out += word;
+      i = j;
+      continue;
+    }
+    out += c;
+    ++i;
+  }
+  src = std::move(out);
+}
+
 /// The step's first statement under a bf16/fp16 plan (nothing under fp32).
 std::string precisionLine(const CodegenOptions &opts) {
   if (opts.precision == "fp32")
@@ -219,7 +265,7 @@ std::string precisionLine(const CodegenOptions &opts) {
 /// The namespace whose kernels the step calls (the same names on both targets).
 std::string usingLine(const CodegenOptions &opts) {
   return opts.cuda() ? "// The CUDA target: every call below runs on the device's compute stream "
-                       "(carve/rt/gpu.h).\nusing namespace carve::gpu;\n"
+                       "(carve/rt/gpu.h),\n// named gpu:: where a CPU kernel of the same name exists.\nnamespace gpu = carve::gpu;\nusing namespace carve::gpu;\n"
                      : "using namespace carve::rt;\n";
 }
 
@@ -1480,6 +1526,8 @@ bool Generator::run() {
      << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
      << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
   out.source = emitProgram(header, t);
+  if (opts.cuda())
+    qualifyGpuCalls(out.source);
   return true;
 }
 
@@ -2218,6 +2266,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
     params.insert(params.end(), ch.params.begin(), ch.params.end());
   emitProgramTables(os, opts, out, inputs, params, &pipe);
   out.source = src;
+  if (opts.cuda())
+    qualifyGpuCalls(out.source);
   return true;
 }
 
