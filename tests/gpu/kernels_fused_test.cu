@@ -1,0 +1,711 @@
+//===- kernels_fused_test.cu - kernels_fused.cu against the CPU kernels ---===//
+//
+// Every function of runtime/cuda/kernels_fused.cu on random inputs against
+// the CPU kernels' float64 instantiations: softmax along every axis kind,
+// layer and RMS norm with and without scale and bias, attention with and
+// without causality and masks (Tq != Tk both ways, D = 64 and odd D, D past
+// 256, fully masked rows), cross-entropy over contiguous and strided classes
+// with every reduction and an ignore index, and the vocabulary-parallel
+// cross-entropy on a one-rank NCCL communicator. bf16 and fp16 attention are
+// checked against the CPU target's float emulation of the same rounding.
+// Tolerances are stated at each check with the reason. The last checks make
+// a bad target fire through the device error record and kCudaTarget.
+//
+//===----------------------------------------------------------------------===//
+
+#include "harness.h"
+
+#include "carve/rt/comm.h"
+#include "carve/rt/dist.h"
+#include "carve/rt/gpu.h"
+#include "carve/rt/kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace gputest;
+namespace g = carve::gpu;
+namespace rt = carve::rt;
+using rt::Dims;
+
+namespace {
+
+const char *kBinary = "carve-gpu-kernels_fused_test";
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+void sync() { GT_CUDA(cudaDeviceSynchronize()); }
+
+// The harness's uploads and poisoning run on the legacy default stream, which
+// the non-blocking compute stream does not wait for: every buffer is made
+// through these, which wait for the device before a kernel may read it.
+template <class T> std::unique_ptr<DevBuf<T>> up(const std::vector<T> &h) {
+  auto b = std::make_unique<DevBuf<T>>(h);
+  sync();
+  return b;
+}
+template <class T> std::unique_ptr<DevBuf<T>> poisoned(int64_t n) {
+  auto b = std::make_unique<DevBuf<T>>(n);
+  b->poison();
+  sync();
+  return b;
+}
+
+std::string str(const Dims &d) {
+  std::string s = "[";
+  for (int i = 0; i < d.rank; ++i)
+    s += (i ? "," : "") + std::to_string(d.d[i]);
+  return s + "]";
+}
+
+/// A failed check unless the device finished the work without an error.
+bool deviceOk(const std::string &what) {
+  std::string err;
+  if (g::kCudaTarget.synchronize(err))
+    return true;
+  ++checks();
+  ++failures();
+  std::printf("FAIL %s: the device reported: %s\n", what.c_str(), err.c_str());
+  return false;
+}
+
+std::vector<double> toD(const std::vector<float> &v) { return toDouble(v); }
+
+/// expectClose where a NaN reference (a mean over no element) wants NaN.
+bool expectCloseNan(const std::string &what, std::vector<float> got, std::vector<double> ref,
+                    double rtol, double atol) {
+  for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
+    if (std::isnan(ref[i]) && std::isnan(got[i]))
+      got[i] = 0, ref[i] = 0;
+  return expectClose(what, got, ref, rtol, atol);
+}
+
+//===--- Softmax ----------------------------------------------------------===//
+
+// Tolerances: each output is exp(x - max) / sum in fp32; the sum of A <= 3000
+// terms carries about log2(A) + A / 512 roundings of 6e-8 (per-thread serial
+// sums, then a tree), so 2e-5 relative. Log-softmax values are x - max -
+// log(sum) with |x| up to about 10: 2e-5 absolute. Gradients subtract a sum
+// of A products from dy: 2e-5 absolute, 1e-4 relative.
+void testSoftmax(Dims s, int axis) {
+  const int64_t n = s.numel();
+  const std::vector<float> x = randn(n, 2.5f), gy = randn(n);
+  for (bool log : {false, true}) {
+    const std::string what =
+        std::string(log ? "log_softmax " : "softmax ") + str(s) + " axis " + std::to_string(axis);
+    auto dx = up(x);
+    auto dy = poisoned<float>(n);
+    g::softmax(dx->p, s, axis, log, dy->p);
+    std::vector<double> ref(n);
+    rt::softmax<double>(toD(x).data(), s, axis, log, ref.data());
+    if (deviceOk(what))
+      expectClose(what, dy->download(), ref, 2e-5, log ? 2e-5 : 1e-8);
+
+    // The gradient at the reference output (as float, the GPU's input too).
+    std::vector<float> yf(ref.begin(), ref.end());
+    auto y = up(yf);
+    auto g_ = up(gy);
+    auto ddx = poisoned<float>(n);
+    g::softmax_grad(y->p, g_->p, s, axis, log, ddx->p);
+    std::vector<double> dref(n);
+    rt::softmax_grad<double>(toD(yf).data(), toD(gy).data(), s, axis, log, dref.data());
+    if (deviceOk(what + " grad"))
+      expectClose(what + " grad", ddx->download(), dref, 1e-4, 2e-5);
+  }
+}
+
+/// Rows past 2^31 elements: a zero input gives 1/A everywhere; only the last
+/// rows are read back. Checks the 64-bit row offsets.
+void testSoftmaxHuge() {
+  size_t freeB = 0, totalB = 0;
+  GT_CUDA(cudaMemGetInfo(&freeB, &totalB));
+  const int64_t A = 520, rows = (int64_t(1) << 31) / A + 4096, n = rows * A;
+  if (freeB < static_cast<size_t>(2 * n * sizeof(float)) + (size_t(1) << 30)) {
+    std::printf("note softmax past 2^31 elements not run: %.1f GiB free\n", freeB / 1073741824.0);
+    return;
+  }
+  float *x = nullptr, *y = nullptr;
+  GT_CUDA(cudaMalloc(&x, n * sizeof(float)));
+  GT_CUDA(cudaMalloc(&y, n * sizeof(float)));
+  GT_CUDA(cudaMemset(x, 0, n * sizeof(float)));
+  GT_CUDA(cudaMemset(y, 0xFF, n * sizeof(float)));
+  sync();
+  g::softmax(x, Dims{rows, A}, 1, false, y);
+  const int64_t tail = 4096 * A;
+  std::vector<float> got(tail);
+  if (deviceOk("softmax past 2^31 elements")) {
+    GT_CUDA(cudaMemcpy(got.data(), y + (n - tail), tail * sizeof(float), cudaMemcpyDeviceToHost));
+    // 1/520 from a sum of 520 ones: exact sum, one rounding of the division.
+    expectClose("softmax [" + std::to_string(rows) + ",520] last 4096 rows (past 2^31)", got,
+                std::vector<double>(tail, 1.0 / A), 1e-6, 0);
+  }
+  GT_CUDA(cudaFree(x));
+  GT_CUDA(cudaFree(y));
+}
+
+//===--- Layer and RMS norm -----------------------------------------------===//
+
+// Tolerances: outputs are (x - mean) * rstd of unit-variance rows, with fp32
+// sums over N <= 4096: 2e-5 absolute; rows offset by 1000 hold the mean in
+// fp32 (ulp 6e-5, as the CPU float kernel does), so 2e-4 there. dx: 5e-5
+// absolute. dscale/dbias sum R <= 3000 rows of O(1) terms in fp32 per block
+// and in double across blocks: 1e-4 relative plus 1e-4 absolute.
+void testLayerNorm(Dims s, int axis, bool withScale, bool withBias, float offset) {
+  int a = axis < 0 ? axis + s.rank : axis;
+  int64_t N = 1;
+  for (int i = a; i < s.rank; ++i)
+    N *= s.d[i];
+  const int64_t n = s.numel();
+  std::vector<float> x = randn(n);
+  for (float &v : x)
+    v += offset;
+  const std::vector<float> sc = uniform(N, 0.5f, 1.5f), bi = randn(N), gy = randn(n);
+  const float eps = 1e-5f;
+  const std::string what = "layer_norm " + str(s) + " axis " + std::to_string(axis) +
+                           (withScale ? " scale" : "") + (withBias ? " bias" : "") +
+                           (offset != 0 ? " offset " + std::to_string((int)offset) : "");
+  const double atol = offset != 0 ? 2e-4 : 2e-5;
+  auto dx = up(x);
+  auto dsc = up(sc);
+  auto dbi = up(bi);
+  auto dy = poisoned<float>(n);
+  g::layer_norm(dx->p, s, axis, withScale ? dsc->p : nullptr, withBias ? dbi->p : nullptr, eps,
+                dy->p);
+  const std::vector<double> xd = toD(x), scd = toD(sc), bid = toD(bi), gyd = toD(gy);
+  std::vector<double> ref(n);
+  rt::layer_norm<double>(xd.data(), s, axis, withScale ? scd.data() : nullptr,
+                         withBias ? bid.data() : nullptr, eps, ref.data());
+  if (deviceOk(what))
+    expectClose(what, dy->download(), ref, 1e-5, atol);
+
+  auto dgy = up(gy);
+  auto ddx = poisoned<float>(n);
+  auto ddsc = poisoned<float>(N);
+  auto ddbi = poisoned<float>(N);
+  // Scale and bias gradients both wanted, or neither (dx alone).
+  for (bool params : {true, false}) {
+    g::layer_norm_grad(dx->p, s, axis, withScale ? dsc->p : nullptr, eps, dgy->p, ddx->p,
+                       params ? ddsc->p : nullptr, params ? ddbi->p : nullptr);
+    std::vector<double> rdx(n), rds(N), rdb(N);
+    rt::layer_norm_grad<double>(xd.data(), s, axis, withScale ? scd.data() : nullptr, eps,
+                                gyd.data(), rdx.data(), rds.data(), rdb.data());
+    const std::string w = what + (params ? " grad" : " grad (dx only)");
+    if (!deviceOk(w))
+      continue;
+    expectClose(w + " dx", ddx->download(), rdx, 1e-4, offset != 0 ? 5e-4 : 5e-5);
+    if (params) {
+      expectClose(w + " dscale", ddsc->download(), rds, 1e-4, 1e-4 + (offset != 0 ? 1e-3 : 0));
+      expectClose(w + " dbias", ddbi->download(), rdb, 1e-4, 1e-4);
+    }
+  }
+}
+
+void testRmsNorm(Dims s, int axis, bool withScale) {
+  int a = axis < 0 ? axis + s.rank : axis;
+  int64_t N = 1;
+  for (int i = a; i < s.rank; ++i)
+    N *= s.d[i];
+  const int64_t n = s.numel();
+  const std::vector<float> x = randn(n), sc = uniform(N, 0.5f, 1.5f), gy = randn(n);
+  const float eps = 1e-6f;
+  const std::string what =
+      "rms_norm " + str(s) + " axis " + std::to_string(axis) + (withScale ? " scale" : "");
+  auto dx = up(x);
+  auto dsc = up(sc);
+  auto dy = poisoned<float>(n);
+  g::rms_norm(dx->p, s, axis, withScale ? dsc->p : nullptr, eps, dy->p);
+  const std::vector<double> xd = toD(x), scd = toD(sc), gyd = toD(gy);
+  std::vector<double> ref(n);
+  rt::rms_norm<double>(xd.data(), s, axis, withScale ? scd.data() : nullptr, eps, ref.data());
+  if (deviceOk(what))
+    expectClose(what, dy->download(), ref, 1e-5, 2e-5);
+  auto dgy = up(gy);
+  for (bool params : {true, false}) {
+    auto ddx = poisoned<float>(n);
+    auto ddsc = poisoned<float>(N);
+    g::rms_norm_grad(dx->p, s, axis, withScale ? dsc->p : nullptr, eps, dgy->p, ddx->p,
+                     params ? ddsc->p : nullptr);
+    std::vector<double> rdx(n), rds(N);
+    rt::rms_norm_grad<double>(xd.data(), s, axis, withScale ? scd.data() : nullptr, eps, gyd.data(),
+                              rdx.data(), rds.data());
+    const std::string w = what + (params ? " grad" : " grad (dx only)");
+    if (!deviceOk(w))
+      continue;
+    expectClose(w + " dx", ddx->download(), rdx, 1e-4, 5e-5);
+    if (params)
+      expectClose(w + " dscale", ddsc->download(), rds, 1e-4, 1e-4);
+  }
+}
+
+/// No rows: dscale and dbias are sums over nothing, zeros.
+void testNormNoRows() {
+  const Dims s{0, 16};
+  auto x = poisoned<float>(0);
+  auto dsc = poisoned<float>(16);
+  auto dbi = poisoned<float>(16);
+  g::layer_norm_grad(x->p, s, 1, nullptr, 1e-5f, x->p, x->p, dsc->p, dbi->p);
+  if (deviceOk("layer_norm_grad [0,16]")) {
+    expectClose("layer_norm_grad [0,16] dscale", dsc->download(), std::vector<double>(16, 0), 0, 0);
+    expectClose("layer_norm_grad [0,16] dbias", dbi->download(), std::vector<double>(16, 0), 0, 0);
+  }
+  auto drs = poisoned<float>(16);
+  g::rms_norm_grad(x->p, s, 1, nullptr, 1e-5f, x->p, x->p, drs->p);
+  if (deviceOk("rms_norm_grad [0,16]"))
+    expectClose("rms_norm_grad [0,16] dscale", drs->download(), std::vector<double>(16, 0), 0, 0);
+  // Empty tensors launch nothing and fail nothing.
+  g::softmax(x->p, Dims{0, 7}, -1, false, x->p);
+  g::layer_norm(x->p, s, 1, nullptr, nullptr, 1e-5f, x->p);
+  g::rms_norm(x->p, s, 1, nullptr, 1e-5f, x->p);
+  deviceOk("empty softmax and norms");
+}
+
+//===--- Attention --------------------------------------------------------===//
+
+enum class Mask {
+  None,
+  Full,       // [Tq, Tk] random, broadcast over the batch
+  KeyPadding, // [B0, 1, 1, Tk]: some keys -inf; every key of batch 0 -inf
+  PerRow,     // [Tq, 1]: one value per query, one query row -inf
+  Scalar,     // [1]
+};
+
+struct AttnCase {
+  std::vector<int64_t> batch;
+  int64_t tq, tk, d, dv;
+  bool causal;
+  Mask mask;
+};
+
+std::string caseName(const AttnCase &c) {
+  std::string s = "attention b[";
+  for (size_t i = 0; i < c.batch.size(); ++i)
+    s += (i ? "," : "") + std::to_string(c.batch[i]);
+  s += "] Tq " + std::to_string(c.tq) + " Tk " + std::to_string(c.tk) + " D " +
+       std::to_string(c.d) + " Dv " + std::to_string(c.dv) + (c.causal ? " causal" : "");
+  const char *m[] = {"", " mask[Tq,Tk]", " mask[B,1,1,Tk]", " mask[Tq,1]", " mask[1]"};
+  return s + m[static_cast<int>(c.mask)];
+}
+
+Dims withLast2(const std::vector<int64_t> &batch, int64_t a, int64_t b) {
+  Dims s;
+  for (int64_t v : batch)
+    s.d[s.rank++] = v;
+  s.d[s.rank++] = a;
+  s.d[s.rank++] = b;
+  return s;
+}
+
+std::vector<float> makeMask(const AttnCase &c, Dims &ms) {
+  std::vector<float> m;
+  switch (c.mask) {
+  case Mask::None:
+    return m;
+  case Mask::Full:
+    ms = Dims{c.tq, c.tk};
+    m = randn(c.tq * c.tk);
+    for (size_t i = 0; i < m.size(); i += 7)
+      m[i] = -kInf;
+    return m;
+  case Mask::KeyPadding: {
+    ms = Dims{};
+    const int64_t b0 = c.batch.empty() ? 1 : c.batch[0];
+    if (!c.batch.empty())
+      ms.d[ms.rank++] = b0;
+    for (size_t i = 1; i < c.batch.size(); ++i)
+      ms.d[ms.rank++] = 1;
+    ms.d[ms.rank++] = 1;
+    ms.d[ms.rank++] = c.tk;
+    m.assign(b0 * c.tk, 0.0f);
+    for (int64_t b = 0; b < b0; ++b)
+      for (int64_t j = 0; j < c.tk; ++j)
+        if (b == 0 || j % 5 == 3)
+          m[b * c.tk + j] = -kInf;
+    return m;
+  }
+  case Mask::PerRow:
+    ms = Dims{c.tq, 1};
+    m = randn(c.tq);
+    m[c.tq / 2] = -kInf;
+    return m;
+  case Mask::Scalar:
+    ms = Dims{1};
+    m = {0.75f};
+    return m;
+  }
+  return m;
+}
+
+// Tolerances: scores are dot products of D <= 300 unit-scale terms times
+// 1/sqrt(D), O(1); the outputs are convex combinations of v rows, the
+// gradients sums over up to ~100 keys or queries of O(1) products, all in
+// fp32 (about 1e-6 relative per operation, a few dozen in a chain): 5e-5
+// absolute and 5e-4 relative for y, 2e-4 and 1e-3 for the gradients.
+void testAttention(const AttnCase &c) {
+  const Dims qs = withLast2(c.batch, c.tq, c.d), ks = withLast2(c.batch, c.tk, c.d),
+             vs = withLast2(c.batch, c.tk, c.dv), ys = withLast2(c.batch, c.tq, c.dv);
+  Dims ms;
+  const std::vector<float> mask = makeMask(c, ms);
+  const std::vector<float> q = randn(qs.numel()), k = randn(ks.numel()), v = randn(vs.numel()),
+                           gy = randn(ys.numel());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  const std::string what = caseName(c);
+
+  auto dq_ = up(q);
+  auto dk_ = up(k);
+  auto dv_ = up(v);
+  auto dm = up(mask);
+  const float *mp = mask.empty() ? nullptr : dm->p;
+  auto y = poisoned<float>(ys.numel());
+  g::attention(dq_->p, qs, dk_->p, ks, dv_->p, vs, mp, ms, scale, c.causal, y->p);
+  const std::vector<double> qd = toD(q), kd = toD(k), vd = toD(v), md = toD(mask), gyd = toD(gy);
+  const double *mdp = mask.empty() ? nullptr : md.data();
+  std::vector<double> ref(ys.numel());
+  rt::attention<double>(qd.data(), qs, kd.data(), ks, vd.data(), vs, mdp, ms, scale, c.causal,
+                        ref.data());
+  if (deviceOk(what))
+    expectClose(what, y->download(), ref, 5e-4, 5e-5);
+
+  auto dgy = up(gy);
+  auto gq = poisoned<float>(qs.numel());
+  auto gk = poisoned<float>(ks.numel());
+  auto gv = poisoned<float>(vs.numel());
+  g::attention_grad(dq_->p, qs, dk_->p, ks, dv_->p, vs, mp, ms, scale, c.causal, dgy->p, gq->p,
+                    gk->p, gv->p);
+  std::vector<double> rq(qs.numel()), rk(ks.numel()), rv(vs.numel());
+  rt::attention_grad<double>(qd.data(), qs, kd.data(), ks, vd.data(), vs, mdp, ms, scale, c.causal,
+                             gyd.data(), rq.data(), rk.data(), rv.data());
+  if (!deviceOk(what + " grad"))
+    return;
+  expectClose(what + " dq", gq->download(), rq, 1e-3, 2e-4);
+  expectClose(what + " dk", gk->download(), rk, 1e-3, 2e-4);
+  expectClose(what + " dv", gv->download(), rv, 1e-3, 2e-4);
+}
+
+/// bf16 / fp16 attention against the CPU target's float emulation: both
+/// round q, k, v (and dy) to the format and compute in fp32, so they differ
+/// only by fp32 summation order and exp: 2e-4 relative, 2e-5 absolute
+/// (2e-4 for gradients). Also checks that the rounding happened (the result
+/// differs from fp32 attention).
+void testAttentionPrecision(rt::Precision p, const char *name, bool causal) {
+  const std::vector<int64_t> batch{2, 3};
+  const int64_t tq = 45, d = 64;
+  const Dims qs = withLast2(batch, tq, d), ys = qs;
+  const std::vector<float> q = randn(qs.numel()), k = randn(qs.numel()), v = randn(qs.numel()),
+                           gy = randn(qs.numel());
+  const float scale = 0.125f;
+  const std::string what = std::string(name) + " attention" + (causal ? " causal" : "");
+  auto dq_ = up(q);
+  auto dk_ = up(k);
+  auto dv_ = up(v);
+  auto dgy = up(gy);
+  auto y32 = poisoned<float>(ys.numel());
+  g::setPrecision(rt::Precision::F32);
+  g::attention(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y32->p);
+  auto y = poisoned<float>(ys.numel());
+  auto gq = poisoned<float>(qs.numel());
+  auto gk = poisoned<float>(qs.numel());
+  auto gv = poisoned<float>(qs.numel());
+  g::setPrecision(p);
+  g::attention(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y->p);
+  g::attention_grad(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, dgy->p,
+                    gq->p, gk->p, gv->p);
+  g::setPrecision(rt::Precision::F32);
+
+  rt::setPrecision(p);
+  std::vector<float> ref(ys.numel()), rq(qs.numel()), rk(qs.numel()), rv(qs.numel());
+  rt::attention<float>(q.data(), qs, k.data(), qs, v.data(), qs, nullptr, Dims{}, scale, causal,
+                       ref.data());
+  rt::attention_grad<float>(q.data(), qs, k.data(), qs, v.data(), qs, nullptr, Dims{}, scale,
+                            causal, gy.data(), rq.data(), rk.data(), rv.data());
+  rt::setPrecision(rt::Precision::F32);
+  if (!deviceOk(what))
+    return;
+  const std::vector<float> got = y->download(), got32 = y32->download();
+  expectClose(what, got, toD(ref), 2e-4, 2e-5);
+  expectClose(what + " dq", gq->download(), toD(rq), 2e-4, 2e-4);
+  expectClose(what + " dk", gk->download(), toD(rk), 2e-4, 2e-4);
+  expectClose(what + " dv", gv->download(), toD(rv), 2e-4, 2e-4);
+  ++checks();
+  int64_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    differ += std::fabs(got[i] - got32[i]) > 1e-4f;
+  if (differ == 0) {
+    ++failures();
+    std::printf("FAIL %s: equals fp32 attention everywhere (inputs not rounded?)\n", what.c_str());
+  } else {
+    std::printf("ok   %s differs from fp32 in %lld of %zu elements (rounded inputs)\n",
+                what.c_str(), (long long)differ, got.size());
+  }
+}
+
+//===--- Cross entropy ----------------------------------------------------===//
+
+constexpr int64_t kIgnore = -100;
+
+std::vector<int64_t> makeTargets(int64_t e, int64_t C, bool hasIgnore) {
+  std::vector<int64_t> t = randint(e, 0, C);
+  if (hasIgnore)
+    for (int64_t i = 0; i < e; i += 3)
+      t[i] = kIgnore;
+  return t;
+}
+
+// Tolerances: a loss is -(x_t - max - log(sum of C exps)) with the sum in
+// fp32 (C <= 50257: about 1e-5 relative in the sum, so 1e-5 absolute in the
+// log), and mean/sum add E <= 4000 losses in double: 2e-5 relative, 2e-5
+// absolute. dlogits are w * softmax - w at the target: 2e-5 relative of |w|
+// scale plus 1e-7 absolute for the tiny probabilities.
+void testCrossEntropy(Dims ls, bool hasIgnore) {
+  const int64_t C = ls.d[1], n = ls.numel(), e = C ? n / C : 0;
+  Dims ts;
+  ts.d[ts.rank++] = ls.d[0];
+  for (int i = 2; i < ls.rank; ++i)
+    ts.d[ts.rank++] = ls.d[i];
+  const std::vector<float> x = randn(n, 3.0f);
+  const std::vector<int64_t> t = makeTargets(e, C, hasIgnore);
+  auto dx = up(x);
+  auto dt = up(t);
+  const std::vector<double> xd = toD(x);
+  for (int reduction : {0, 1, 2}) {
+    const std::string what = "cross_entropy " + str(ls) + " reduction " +
+                             std::to_string(reduction) + (hasIgnore ? " ignore" : "");
+    const int64_t ny = reduction == 2 ? e : 1;
+    auto y = poisoned<float>(ny);
+    g::cross_entropy(dx->p, ls, dt->p, reduction, hasIgnore, kIgnore, y->p);
+    std::vector<double> ref(ny);
+    rt::cross_entropy<double>(xd.data(), ls, t.data(), reduction, hasIgnore, kIgnore, ref.data());
+    if (deviceOk(what))
+      expectCloseNan(what, y->download(), ref, 2e-5, 2e-5);
+
+    const std::vector<float> gy = reduction == 2 ? randn(e) : std::vector<float>{0.7f};
+    auto dgy = up(gy);
+    auto dl = poisoned<float>(n);
+    g::cross_entropy_grad(dx->p, ls, dt->p, reduction, hasIgnore, kIgnore, dgy->p, dl->p);
+    std::vector<double> dref(n);
+    rt::cross_entropy_grad<double>(xd.data(), ls, t.data(), reduction, hasIgnore, kIgnore,
+                                   toD(gy).data(), dref.data());
+    if (deviceOk(what + " grad"))
+      expectClose(what + " grad", dl->download(), dref, 2e-5, reduction == 0 ? 1e-8 : 1e-7);
+  }
+}
+
+/// Every element ignored: the mean is 0/0 (NaN, as PyTorch and the CPU), the
+/// sum 0, the gradient 0.
+void testCrossEntropyAllIgnored() {
+  const Dims ls{4, 6};
+  const std::vector<float> x = randn(24);
+  auto dx = up(x);
+  auto dt = up(std::vector<int64_t>(4, kIgnore));
+  auto y = poisoned<float>(1);
+  // NaN poison would pass a NaN check: start from a number.
+  GT_CUDA(cudaMemset(y->p, 0, sizeof(float)));
+  sync();
+  g::cross_entropy(dx->p, ls, dt->p, 0, true, kIgnore, y->p);
+  if (deviceOk("cross_entropy all ignored")) {
+    ++checks();
+    const float v = y->download()[0];
+    if (!std::isnan(v)) {
+      ++failures();
+      std::printf("FAIL cross_entropy all ignored, mean: %g, expected NaN\n", v);
+    } else {
+      std::printf("ok   cross_entropy all ignored, mean is NaN\n");
+    }
+  }
+  auto dy = up(std::vector<float>{1.0f});
+  auto dl = poisoned<float>(24);
+  g::cross_entropy_grad(dx->p, ls, dt->p, 0, true, kIgnore, dy->p, dl->p);
+  if (deviceOk("cross_entropy_grad all ignored"))
+    expectClose("cross_entropy_grad all ignored", dl->download(), std::vector<double>(24, 0), 0, 0);
+}
+
+/// A target outside [0, C): synchronize fails naming it, then the record is
+/// cleared (the next synchronize succeeds).
+void testBadTarget(bool grad) {
+  const std::string what = grad ? "cross_entropy_grad bad target" : "cross_entropy bad target";
+  if (!deviceOk(what + " (before)"))
+    return;
+  const Dims ls{3, 5};
+  auto dx = up(randn(15));
+  auto dt = up(std::vector<int64_t>{1, grad ? -7 : 8, 2});
+  auto dy = up(std::vector<float>{1.0f});
+  auto out = poisoned<float>(15);
+  if (grad)
+    g::cross_entropy_grad(dx->p, ls, dt->p, 0, false, 0, dy->p, out->p);
+  else
+    g::cross_entropy(dx->p, ls, dt->p, 0, false, 0, out->p);
+  std::string err;
+  const bool ok = g::kCudaTarget.synchronize(err);
+  const std::string want = std::string("target ") + (grad ? "-7" : "8");
+  ++checks();
+  if (ok || err.find(want) == std::string::npos || err.find("element 1") == std::string::npos) {
+    ++failures();
+    std::printf("FAIL %s: synchronize returned %s with \"%s\" (expected false naming \"%s\" at "
+                "element 1)\n",
+                what.c_str(), ok ? "true" : "false", err.c_str(), want.c_str());
+  } else {
+    std::printf("ok   %s: \"%s\"\n", what.c_str(), err.c_str());
+  }
+  std::string again;
+  ++checks();
+  if (!g::kCudaTarget.synchronize(again)) {
+    ++failures();
+    std::printf("FAIL %s: the record was not cleared: \"%s\"\n", what.c_str(), again.c_str());
+  } else {
+    std::printf("ok   %s: the next synchronize succeeds\n", what.c_str());
+  }
+}
+
+//===--- Vocabulary-parallel cross entropy --------------------------------===//
+
+/// On one rank the local classes are the vocabulary (offset 0): the result
+/// must be cross_entropy's. Same tolerances as testCrossEntropy.
+void testVocabParallel(rt::Communicator &c, Dims ls, bool hasIgnore) {
+  const int64_t C = ls.d[1], n = ls.numel(), e = C ? n / C : 0;
+  const std::vector<float> x = randn(n, 3.0f);
+  const std::vector<int64_t> t = makeTargets(e, C, hasIgnore);
+  auto dx = up(x);
+  auto dt = up(t);
+  const std::vector<double> xd = toD(x);
+  for (int reduction : {0, 1, 2}) {
+    const std::string what = "cross_entropy_vocab_parallel " + str(ls) + " reduction " +
+                             std::to_string(reduction) + (hasIgnore ? " ignore" : "");
+    const int64_t ny = reduction == 2 ? e : 1;
+    auto y = poisoned<float>(ny);
+    g::cross_entropy_vocab_parallel(c, dx->p, ls, 0, dt->p, reduction, hasIgnore, kIgnore, y->p);
+    std::vector<double> ref(ny);
+    rt::cross_entropy<double>(xd.data(), ls, t.data(), reduction, hasIgnore, kIgnore, ref.data());
+    if (deviceOk(what))
+      expectCloseNan(what, y->download(), ref, 2e-5, 2e-5);
+    const std::vector<float> gy = reduction == 2 ? randn(e) : std::vector<float>{0.7f};
+    auto dgy = up(gy);
+    auto dl = poisoned<float>(n);
+    g::cross_entropy_vocab_parallel_grad(c, dx->p, ls, 0, dt->p, reduction, hasIgnore, kIgnore,
+                                         dgy->p, dl->p);
+    std::vector<double> dref(n);
+    rt::cross_entropy_grad<double>(xd.data(), ls, t.data(), reduction, hasIgnore, kIgnore,
+                                   toD(gy).data(), dref.data());
+    if (deviceOk(what + " grad"))
+      expectClose(what + " grad", dl->download(), dref, 2e-5, reduction == 0 ? 1e-8 : 1e-7);
+  }
+}
+
+/// A target past the vocabulary fails at synchronize, as cross_entropy's.
+void testVocabParallelBadTarget(rt::Communicator &c) {
+  const std::string what = "cross_entropy_vocab_parallel bad target";
+  if (!deviceOk(what + " (before)"))
+    return;
+  const Dims ls{2, 4};
+  auto dx = up(randn(8));
+  auto dt = up(std::vector<int64_t>{9, 0});
+  auto y = poisoned<float>(1);
+  g::cross_entropy_vocab_parallel(c, dx->p, ls, 0, dt->p, 1, false, 0, y->p);
+  std::string err;
+  const bool ok = g::kCudaTarget.synchronize(err);
+  ++checks();
+  if (ok || err.find("target 9") == std::string::npos) {
+    ++failures();
+    std::printf("FAIL %s: synchronize returned %s with \"%s\"\n", what.c_str(),
+                ok ? "true" : "false", err.c_str());
+  } else {
+    std::printf("ok   %s: \"%s\"\n", what.c_str(), err.c_str());
+  }
+}
+
+void testVocabParallelAll() {
+  std::string err;
+  std::unique_ptr<rt::Communicator> self = rt::makeSelfCommunicator();
+  std::unique_ptr<rt::Communicator> c =
+      g::kCudaTarget.makeComm ? g::kCudaTarget.makeComm(*self, err) : nullptr;
+  if (!c) {
+    ++checks();
+    ++failures();
+    std::printf("FAIL cross_entropy_vocab_parallel: NOT RUN: no one-rank NCCL communicator (%s)\n",
+                g::kCudaTarget.makeComm ? err.c_str() : "kCudaTarget.makeComm is not set");
+    return;
+  }
+  testVocabParallel(*c, Dims{37, 101}, false);
+  testVocabParallel(*c, Dims{37, 101}, true);
+  testVocabParallel(*c, Dims{4, 3000}, true);
+  testVocabParallel(*c, Dims{3, 11, 2, 5}, true);
+  testVocabParallelBadTarget(*c);
+}
+
+} // namespace
+
+int main() {
+  requireDevice(kBinary);
+  std::string err;
+  if (!g::kCudaTarget.open(0, 0, 1, int64_t(1) << 20, err)) {
+    std::printf("FAIL kCudaTarget.open: %s\n", err.c_str());
+    return 1;
+  }
+
+  // Softmax: warp rows (A <= 1024), block rows, inner axes, axis 0.
+  testSoftmax(Dims{7, 37}, -1);
+  testSoftmax(Dims{3, 3000}, 1);
+  testSoftmax(Dims{5, 9, 6}, 1);
+  testSoftmax(Dims{11, 4, 3}, 0);
+  testSoftmax(Dims{2, 1, 1}, 2);
+  testSoftmaxHuge();
+
+  // Norms: GPT-2 width, odd widths, normalized trailing dims, many rows
+  // (several per block of the parameter-gradient partials), large means.
+  testLayerNorm(Dims{6, 768}, 1, true, true, 0);
+  testLayerNorm(Dims{2, 3, 40}, 1, false, false, 0);
+  testLayerNorm(Dims{2, 3, 40}, -1, true, false, 0);
+  testLayerNorm(Dims{3000, 64}, 1, false, true, 0);
+  testLayerNorm(Dims{5, 4096}, 1, true, true, 0);
+  testLayerNorm(Dims{9, 1000}, 1, true, true, 1000.0f);
+  testRmsNorm(Dims{6, 768}, 1, true);
+  testRmsNorm(Dims{2, 3, 40}, 1, false);
+  testRmsNorm(Dims{2500, 33}, -1, true);
+  testNormNoRows();
+
+  // Attention.
+  const std::vector<AttnCase> cases = {
+      {{2, 3}, 50, 50, 64, 64, false, Mask::None},
+      {{2, 3}, 50, 50, 64, 64, true, Mask::None},
+      {{2, 2}, 37, 70, 40, 40, true, Mask::None},
+      {{2, 2}, 70, 37, 40, 40, true, Mask::None},
+      {{2, 2}, 37, 70, 40, 24, false, Mask::Full},
+      {{3, 2}, 33, 65, 64, 64, true, Mask::KeyPadding},
+      {{2}, 40, 40, 40, 72, true, Mask::PerRow},
+      {{}, 31, 17, 16, 8, false, Mask::Scalar},
+      {{2, 1}, 20, 33, 128, 256, true, Mask::None},
+      {{1, 2}, 19, 21, 300, 260, false, Mask::Full},
+      {{1, 2, 2}, 64, 64, 1, 3, true, Mask::None},
+      {{2, 2}, 0, 9, 8, 8, false, Mask::None}, // no query: dk, dv zero
+      {{2, 2}, 9, 0, 8, 8, false, Mask::None}, // no key: y, dq zero
+      {{0, 2}, 9, 9, 8, 8, true, Mask::None},  // no item
+      {{2}, 5, 7, 8, 0, false, Mask::None},    // Dv 0
+  };
+  for (const AttnCase &c : cases)
+    testAttention(c);
+  testAttentionPrecision(rt::Precision::BF16, "bf16", false);
+  testAttentionPrecision(rt::Precision::BF16, "bf16", true);
+  testAttentionPrecision(rt::Precision::F16, "fp16", true);
+
+  // Cross entropy: contiguous classes on warps (C <= 1024) and blocks,
+  // strided classes.
+  testCrossEntropy(Dims{64, 10}, false);
+  testCrossEntropy(Dims{64, 10}, true);
+  testCrossEntropy(Dims{8, 50257}, true);
+  testCrossEntropy(Dims{4, 7, 3, 5}, true);
+  testCrossEntropy(Dims{2, 1500, 9}, false);
+  testCrossEntropy(Dims{0, 5}, false);
+  testCrossEntropyAllIgnored();
+  testBadTarget(false);
+  testBadTarget(true);
+
+  testVocabParallelAll();
+
+  if (!g::kCudaTarget.synchronize(err)) {
+    std::printf("FAIL final synchronize: %s\n", err.c_str());
+    ++failures();
+  }
+  g::kCudaTarget.close();
+  return finish(kBinary);
+}
