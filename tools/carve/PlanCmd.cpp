@@ -525,12 +525,10 @@ int runPlan(const PlanArgs &args) {
         os << line;
       }
     }
-    if (best.c.precision != "fp32" || best.c.recompute != "none")
-      os << "\nnote: `carve compile --target cpu` runs fp32 without recomputation; this plan's "
-         << (best.c.precision != "fp32" ? "precision " + best.c.precision : std::string())
-         << (best.c.precision != "fp32" && best.c.recompute != "none" ? " and " : "")
-         << (best.c.recompute != "none" ? "recompute=" + best.c.recompute : std::string())
-         << " need the CUDA target (--fixed precision=fp32,recompute=none gives a plan it runs)\n";
+    if (best.c.recompute != "none")
+      os << "\nnote: `carve compile` does not recompute yet; this plan's recompute="
+         << best.c.recompute << " cannot be compiled (--fixed recompute=none gives a plan it "
+         << "runs)\n";
     if (isBuiltinModel(args.model) == false && o.opts.globalBatch != s.model.modelBatch)
       os << "note: the model was exported with batch " << s.model.modelBatch
          << "; compile it with that batch or re-export it with " << o.opts.globalBatch << "\n";
