@@ -63,7 +63,8 @@ const char *const kUsage =
     R"(usage: train --steps S --data FILE [options]
 
 Trains the compiled model for S steps. Launch it with `carve run OUT -n N -- ARGS`,
-or with mpirun/srun and the number of ranks it was compiled for.
+or with mpirun/srun and the number of ranks it was compiled for, or from any launcher
+that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.md).
 
   --steps S                   optimizer steps to run (required)
   --data FILE                 training data (required): a flat little-endian token file for
@@ -1348,8 +1349,21 @@ int finish(int code) {
 } // namespace
 
 int main(int argc, char **argv) {
-  std::unique_ptr<Communicator> world =
-      launchedByMpi() ? makeMpiWorld(&argc, &argv) : makeSelfCommunicator();
+  // mpirun/srun with MPI, or a plain launcher's RANK/WORLD_SIZE/MASTER_ADDR/
+  // MASTER_PORT (a TCP world), or one rank alone.
+  std::unique_ptr<Communicator> world;
+  if (launchedByMpi()) {
+    world = makeMpiWorld(&argc, &argv);
+  } else {
+    std::string error;
+    world = makeEnvWorld(error);
+    if (!world && !error.empty()) {
+      std::fprintf(stderr, "carve: error: %s\n", error.c_str());
+      return 1;
+    }
+    if (!world)
+      world = makeSelfCommunicator();
+  }
   worldRank = world->rank();
   worldSize = world->size();
 

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Training started by a plain launcher (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT).
+
+What must hold:
+
+1. A dp=2 program started as two plain processes with the launcher variables
+   (the TCP world, comm_tcp.cpp; the way srun or a torchrun-style launcher
+   starts ranks without MPI) trains 6 steps with the same losses as under
+   `carve run -n 2` (mpirun): within 1e-6 relative (two-rank sums are the
+   same either way; only the order of the final division could differ).
+2. A tp=2 program does the same (its collectives go through the same world).
+3. Malformed variables (a WORLD_SIZE that is not the plan's, a RANK outside
+   it, a missing MASTER_PORT) stop every started rank with one line and a
+   non-zero exit, within the timeout, never a hang.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+STEPS = 6
+RTOL = 1e-6
+TIMEOUT_S = 120
+
+
+class Failure(Exception):
+    pass
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def plain(binary, ranks, args, env_extra=None, world=None):
+    port = free_port()
+    procs = []
+    for r in range(ranks):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world or ranks),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(r))
+        for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"):
+            env.pop(k, None)
+        env.update(env_extra or {})
+        env = {k: v for k, v in env.items() if v is not None}
+        procs.append(subprocess.Popen([binary] + args, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env))
+    outs = []
+    for p in procs:
+        try:
+            so, se = p.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise Failure("a plainly launched rank hung (%s)" % " ".join(args))
+        outs.append((p.returncode, so, se))
+    return outs
+
+
+def losses(log):
+    return [json.loads(l)["loss"] for l in open(log)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--carve", required=True)
+    ap.add_argument("--models", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    shutil.rmtree(a.workdir, ignore_errors=True)
+    os.makedirs(a.workdir)
+    w = a.workdir
+    onnx = os.path.join(a.models, "opset17", "gpt.onnx")
+    data = os.path.join(w, "tokens.bin")
+    data_gen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data_gen.py")
+    subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens", "8192",
+                    data], check=True, stdout=subprocess.DEVNULL)
+    checks = 0
+    for name, plan in [("dp2", {"dp": 2}), ("tp2", {"tp": 2})]:
+        out = os.path.join(w, name)
+        with open(out + ".json", "w") as f:
+            json.dump(plan, f)
+        subprocess.run([a.carve, "compile", onnx, "--plan", out + ".json", "-o", out, "--quiet"],
+                       check=True)
+        p = subprocess.run([a.carve, "run", out, "-n", "2", "--", "--steps", str(STEPS),
+                            "--data", data, "--log", out + "-mpi.jsonl", "--quiet"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=TIMEOUT_S)
+        if p.returncode != 0:
+            raise Failure("%s under mpirun failed:\n%s" % (name, p.stderr))
+        res = plain(os.path.join(out, "bin", "train"), 2,
+                    ["--steps", str(STEPS), "--data", data, "--log", out + "-plain.jsonl",
+                     "--quiet"])
+        for r, (rc, so, se) in enumerate(res):
+            if rc != 0:
+                raise Failure("%s: plainly launched rank %d failed (%d):\n%s%s" %
+                              (name, r, rc, so, se))
+        m, q = losses(out + "-mpi.jsonl"), losses(out + "-plain.jsonl")
+        worst = max(abs(x - y) / abs(x) for x, y in zip(m, q))
+        if len(m) != STEPS or len(q) != STEPS or worst > RTOL:
+            raise Failure("%s: plain launcher losses %s, mpirun %s" % (name, q, m))
+        print("ok: %s from a plain launcher (TCP world) within %.2g of mpirun over %d steps" %
+              (name, worst, STEPS))
+        checks += 1
+
+    binary = os.path.join(w, "dp2", "bin", "train")
+    args = ["--steps", "1", "--data", data, "--collective-timeout", "5"]
+    for what, ranks, world, extra, needle in [
+            ("WORLD_SIZE 3 for a 2-rank plan", 3, 3, None, "rank"),
+            ("RANK outside WORLD_SIZE", 1, 1, {"RANK": "5"}, "RANK"),
+            ("no MASTER_PORT", 2, 2, {"MASTER_PORT": None}, "MASTER_PORT")]:
+        res = plain(binary, ranks, args, extra, world)
+        bad = [r for r in res if r[0] != 0]
+        lines = [l for r in res for l in r[2].splitlines() if "error" in l]
+        if len(bad) != len(res) or not lines or not any(needle in l for l in lines):
+            raise Failure("%s: expected every rank to fail with a line about %r, got %s" %
+                          (what, needle, [(r[0], r[2]) for r in res]))
+        print("ok: %s: %s" % (what, lines[0].strip()))
+        checks += 1
+    print("launcher: %d checks passed" % checks)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Failure as e:
+        print("FAIL: %s" % e)
+        sys.exit(1)
