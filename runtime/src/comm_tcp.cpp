@@ -332,9 +332,9 @@ enum class Outcome { Ok, TimedOut, PeerGone };
 class TcpWorld {
 public:
   /// `fds[r]`: the connection to world rank r (-1 for this rank).
-  TcpWorld(int rank, int size, std::vector<int> fds)
-      : myRank(rank), mySize(size), fds(std::move(fds)), incoming(static_cast<size_t>(size)),
-        gone(static_cast<size_t>(size)) {
+  TcpWorld(int rank, int size, std::vector<int> connections)
+      : myRank(rank), mySize(size), fds(std::move(connections)),
+        incoming(static_cast<size_t>(size)), gone(static_cast<size_t>(size)) {
     if (::pipe2(wake, O_NONBLOCK | O_CLOEXEC) != 0)
       fatal("rank %d: cannot create a pipe: %s", myRank, errnoText(errno).c_str());
     reader = std::thread([this] { receiveLoop(); });
