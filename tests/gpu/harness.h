@@ -74,11 +74,17 @@ template <class T> struct DevBuf {
   ~DevBuf() { cudaFree(p); }
   DevBuf(const DevBuf &) = delete;
   DevBuf &operator=(const DevBuf &) = delete;
+  // Uploads and poisoning run on the legacy stream, which the runtime's
+  // non-blocking compute stream does not wait for: both wait for the device.
   void upload(const std::vector<T> &h) {
     GT_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    GT_CUDA(cudaDeviceSynchronize());
   }
   /// Fills every byte with 0xFF: NaN for floats, -1 for integers.
-  void poison() { GT_CUDA(cudaMemset(p, 0xFF, std::max<int64_t>(n, 1) * sizeof(T))); }
+  void poison() {
+    GT_CUDA(cudaMemset(p, 0xFF, std::max<int64_t>(n, 1) * sizeof(T)));
+    GT_CUDA(cudaDeviceSynchronize());
+  }
   std::vector<T> download() const {
     GT_CUDA(cudaDeviceSynchronize());
     std::vector<T> h(n);
