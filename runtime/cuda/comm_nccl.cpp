@@ -206,6 +206,8 @@ public:
     cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
     if (e == cudaSuccess)
       e = cudaMalloc(&barrierBuf, 256);
+    if (e == cudaSuccess)
+      e = cudaMemsetAsync(barrierBuf, 0, 256, groupStream);
     // Two staging buffers up front: scalars never allocate (which could
     // synchronize the device) in the middle of a step.
     for (int i = 0; i < 2 && e == cudaSuccess; ++i)

@@ -1045,7 +1045,11 @@ bool hubRendezvous(int size, uint16_t port, const Deadline &d, double limit, std
   std::string why;
   int listener = listenOn(port, why);
   if (listener < 0) {
-    error = "rank 0 cannot listen on MASTER_PORT=" + std::to_string(port) + ": " + why;
+    error = "rank 0 cannot listen on port " + std::to_string(port) + ": " + why +
+            (why.find("in use") != std::string::npos
+                 ? " (under torchrun its agent holds MASTER_PORT: set CARVE_MASTER_PORT to "
+                   "another free port)"
+                 : "");
     return false;
   }
   std::vector<Address> table(static_cast<size_t>(size), Address{0, 0, 0});
@@ -1058,9 +1062,9 @@ bool hubRendezvous(int size, uint16_t port, const Deadline &d, double limit, std
       for (int r = 1; r < size; ++r)
         if (fds[r] < 0)
           missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      error = "rank 0: rank(s) " + missing +
-              " did not connect to MASTER_PORT=" + std::to_string(port) + " within " +
-              seconds(limit) + " (not started, or a different MASTER_ADDR/MASTER_PORT)";
+      error = "rank 0: rank(s) " + missing + " did not connect to port " + std::to_string(port) +
+              " within " + seconds(limit) +
+              " (not started, or a different MASTER_ADDR/MASTER_PORT)";
       closeFd(listener);
       return false;
     }
@@ -1199,7 +1203,9 @@ std::unique_ptr<Communicator> makeEnvWorld(std::string &error) {
   std::vector<int> fds(static_cast<size_t>(size), -1);
   if (size > 1) {
     const char *addr = std::getenv("MASTER_ADDR");
-    const char *portText = std::getenv("MASTER_PORT");
+    // Under torchrun, its agent's store already listens on MASTER_PORT.
+    const char *portVar = std::getenv("CARVE_MASTER_PORT") ? "CARVE_MASTER_PORT" : "MASTER_PORT";
+    const char *portText = std::getenv(portVar);
     long long port = 0;
     if (!addr || !*addr) {
       error = "rank " + std::to_string(rank) + ": WORLD_SIZE=" + std::to_string(size) +
@@ -1207,9 +1213,8 @@ std::unique_ptr<Communicator> makeEnvWorld(std::string &error) {
       return nullptr;
     }
     if (!parseInt(portText, 1, 65535, port)) {
-      error = "rank " + std::to_string(rank) +
-              ": MASTER_PORT=" + (portText ? portText : "(unset)") +
-              " is not a port number (1..65535)";
+      error = "rank " + std::to_string(rank) + ": " + portVar + "=" +
+              (portText ? portText : "(unset)") + " is not a port number (1..65535)";
       return nullptr;
     }
     const double limit = collectiveTimeout();

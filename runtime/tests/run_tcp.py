@@ -155,7 +155,7 @@ def test_init(binary):
     port = free_port()
     rc, out = run_init(binary, {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
                                 "MASTER_PORT": str(port)})
-    check(rc == 2 and "rank(s) 1, 2 did not connect to MASTER_PORT" in out,
+    check(rc == 2 and "rank(s) 1, 2 did not connect to port" in out,
           "a hub nobody joins names the missing ranks after the timeout", out)
 
     rc, out = run_init(binary, {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
@@ -169,8 +169,17 @@ def test_init(binary):
         taken = busy.getsockname()[1]
         rc, out = run_init(binary, {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                     "MASTER_PORT": str(taken)})
-    check(rc == 2 and f"rank 0 cannot listen on MASTER_PORT={taken}" in out,
-          "a port in use is rank 0's error", out)
+    check(rc == 2 and f"rank 0 cannot listen on port {taken}" in out
+          and "CARVE_MASTER_PORT" in out, "a port in use is rank 0's error", out)
+
+    # CARVE_MASTER_PORT wins over MASTER_PORT (torchrun's agent holds the latter).
+    port = free_port()
+    both = {"MASTER_PORT": "1", "CARVE_MASTER_PORT": str(port)}
+    hub = start(binary, "init", 0, 2, port, 5, extra=both)
+    worker = start(binary, "init", 1, 2, port, 5, extra=both)
+    results, _ = finish([hub, worker], 15)
+    check(all(rc == 0 for rc, _, _ in results), "CARVE_MASTER_PORT overrides MASTER_PORT",
+          str(results))
 
     begin = time.monotonic()
     rc, out = run_init(binary, {"RANK": "1", "WORLD_SIZE": "2",
