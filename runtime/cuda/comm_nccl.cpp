@@ -208,16 +208,24 @@ public:
       e = cudaMalloc(&barrierBuf, 256);
     if (e == cudaSuccess)
       e = cudaMemsetAsync(barrierBuf, 0, 256, groupStream);
-    // Two staging buffers up front: scalars never allocate (which could
+    // Four staging buffers up front: scalars never allocate (which could
     // synchronize the device) in the middle of a step.
-    for (int i = 0; i < 2 && e == cudaSuccess; ++i)
+    for (int i = 0; i < 4 && e == cudaSuccess; ++i)
       e = addStaging(64 << 10);
     if (e != cudaSuccess) {
       error = "allocating the collectives' buffers: " + std::string(cudaGetErrorString(e));
       return false;
     }
+    // The watchdog thread must use this device: a new thread's current
+    // device is 0, and touching it would create a context on another GPU.
+    int device = 0;
+    e = cudaGetDevice(&device);
+    if (e != cudaSuccess) {
+      error = "cudaGetDevice: " + std::string(cudaGetErrorString(e));
+      return false;
+    }
     if (envFlag("CARVE_NCCL_WATCHDOG", true))
-      watchdog = std::thread([this] { watch(); });
+      watchdog = std::thread([this, device] { watch(device); });
     return true;
   }
 
@@ -832,10 +840,9 @@ private:
 
   /// The watchdog: operations of one stream complete in order, so only the
   /// oldest one can be late.
-  void watch() {
-    int device = 0;
-    if (cudaGetDevice(&device) == cudaSuccess)
-      cudaSetDevice(device);
+  void watch(int device) {
+    if (cudaSetDevice(device) != cudaSuccess)
+      return; // the host's own waits still bound every operation it waits for
     std::unique_lock<std::mutex> lock(watchMutex);
     while (!stopping) {
       watchCv.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopping; });
