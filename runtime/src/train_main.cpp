@@ -1355,6 +1355,15 @@ int main(int argc, char **argv) {
   if (launchedByMpi()) {
     world = makeMpiWorld(&argc, &argv);
   } else {
+    // Joining a TCP world waits for the other ranks: bound it by
+    // --collective-timeout already (the arguments are checked properly below).
+    for (int i = 1; i + 1 < argc; ++i)
+      if (!std::strcmp(argv[i], "--collective-timeout")) {
+        char *end = nullptr;
+        double v = std::strtod(argv[i + 1], &end);
+        if (end && *end == '\0' && v >= 0 && std::isfinite(v))
+          setCollectiveTimeout(v);
+      }
     std::string error;
     world = makeEnvWorld(error);
     if (!world && !error.empty()) {

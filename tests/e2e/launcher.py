@@ -10,8 +10,9 @@ What must hold:
    same either way; only the order of the final division could differ).
 2. A tp=2 program does the same (its collectives go through the same world).
 3. Malformed variables (a WORLD_SIZE that is not the plan's, a RANK outside
-   it, a missing MASTER_PORT) stop every started rank with one line and a
-   non-zero exit, within the timeout, never a hang.
+   it, a missing MASTER_PORT) and a rank that never starts stop every started
+   rank with one line and a non-zero exit, within --collective-timeout (5 s;
+   the check allows 60 s on a loaded machine), never a hang.
 """
 
 import argparse
@@ -21,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 STEPS = 6
 RTOL = 1e-6
@@ -114,8 +116,14 @@ def main():
     for what, ranks, world, extra, needle in [
             ("WORLD_SIZE 3 for a 2-rank plan", 3, 3, None, "rank"),
             ("RANK outside WORLD_SIZE", 1, 1, {"RANK": "5"}, "RANK"),
-            ("no MASTER_PORT", 2, 2, {"MASTER_PORT": None}, "MASTER_PORT")]:
+            ("no MASTER_PORT", 2, 2, {"MASTER_PORT": None}, "MASTER_PORT"),
+            ("rank 1 never starts (--collective-timeout 5)", 1, 2, None, "rank")]:
+        began = time.time()
         res = plain(binary, ranks, args, extra, world)
+        took = time.time() - began
+        if took > 60:
+            raise Failure("%s: the ranks took %.0f s to give up (--collective-timeout 5)" %
+                          (what, took))
         bad = [r for r in res if r[0] != 0]
         lines = [l for r in res for l in r[2].splitlines() if "error" in l]
         if len(bad) != len(res) or not lines or not any(needle in l for l in lines):
