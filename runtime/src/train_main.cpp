@@ -1478,6 +1478,10 @@ int main(int argc, char **argv) {
       MetricsLog::checkWritable(opts.log, error);
     if (error.empty() && worldRank == 0 && !opts.trace.empty())
       MetricsLog::checkWritable(opts.trace, error);
+    // The CUDA target: this rank's device first, so that a plan too large for
+    // it is reported as such (not as a failed host allocation).
+    if (error.empty() && device)
+      device->open(worldRank, localRank, localRanks, program->arenaBytes, error);
     if (error.empty()) {
       size_t bytes =
           (static_cast<size_t>(std::max<int64_t>(program->arenaBytes, 1)) + 63) / 64 * 64;
@@ -1492,9 +1496,8 @@ int main(int argc, char **argv) {
     // corrupt checkpoint file stops every rank cleanly.
     if (error.empty())
       fillArena(*program, weights, arena, mesh, error);
-    // The CUDA target: this rank's device, its arena, and the initial contents.
-    if (error.empty() && device &&
-        device->open(worldRank, localRank, localRanks, program->arenaBytes, error)) {
+    // The device arena and its initial contents.
+    if (error.empty() && device) {
       deviceArena = device->allocArena(std::max<int64_t>(program->arenaBytes, 1), error);
       if (deviceArena)
         device->toDevice(deviceArena, arena, program->arenaBytes, error);
