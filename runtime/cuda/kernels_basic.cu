@@ -792,44 +792,13 @@ void checkShardRows(const char *op, const Dims &ts, int64_t rowOffset, int64_t g
           (long long)(rowOffset + ts.d[0]), (long long)globalRows);
 }
 
-//===--- Shard layouts (dist.cpp's geometry) -------------------------------===//
+//===--- Shard layouts (dist.h SplitRows) ----------------------------------===//
 
-struct Geom {
-  int64_t outer = 1;
-  int64_t groups = 1;
-  int64_t parts = 1;
-  int64_t rowBytes = 0;
-};
-
-void checkSplit(const char *op, const Dims &shape, Split s) {
-  if (s.dim < 0 || s.dim >= shape.rank || s.groups < 1 || s.parts < 1)
-    fatal("%s: split of dimension %d in %lld group(s) over %d part(s) of a rank-%d tensor", op,
-          s.dim, static_cast<long long>(s.groups), s.parts, shape.rank);
-}
-
-Geom geometry(const char *op, const Dims &full, Split s, int elemBytes) {
-  checkSplit(op, full, s);
-  const int64_t f = full.d[s.dim];
-  if (f % (s.groups * s.parts) != 0)
-    fatal("%s: dimension %d of size %lld does not split into %lld group(s) of %d part(s)", op,
-          s.dim, static_cast<long long>(f), static_cast<long long>(s.groups), s.parts);
-  Geom g;
-  g.outer = prod(full, 0, s.dim);
-  g.groups = s.groups;
-  g.parts = s.parts;
-  g.rowBytes = f / (s.groups * s.parts) * prod(full, s.dim + 1, full.rank) * elemBytes;
-  return g;
-}
-
-void checkIndex(const char *op, Split s, int index) {
-  if (index < 0 || index >= s.parts)
-    fatal("%s: piece %d of a split over %d part(s)", op, index, s.parts);
-}
-
-void checkParts(const char *op, const Communicator &c, Split s) {
-  if (s.parts != c.size())
-    fatal("%s: a split over %d part(s) on a group of %d rank(s)", op, s.parts, c.size());
-}
+using carve::rt::checkSplit;
+using carve::rt::checkSplitIndex;
+using carve::rt::checkSplitParts;
+using carve::rt::SplitRows;
+using carve::rt::splitRows;
 
 template <class U>
 __global__ void copyRowsKernel(const U *from, U *to, int64_t rows, int64_t rowUnits, int64_t parts,
@@ -845,7 +814,7 @@ __global__ void copyRowsKernel(const U *from, U *to, int64_t rows, int64_t rowUn
 }
 
 template <class U>
-void copyRows(const Geom &g, int index, const char *from, char *to, bool toLocal) {
+void copyRows(const SplitRows &g, int index, const char *from, char *to, bool toLocal) {
   const int64_t rows = g.outer * g.groups, units = g.rowBytes / static_cast<int64_t>(sizeof(U));
   copyRowsKernel<<<blocksFor(rows * units), kThreads, 0, stream()>>>(
       reinterpret_cast<const U *>(from), reinterpret_cast<U *>(to), rows, units, g.parts, index,
@@ -856,7 +825,7 @@ void copyRows(const Geom &g, int index, const char *from, char *to, bool toLocal
 /// Copies piece `index` between the full layout (row (o * groups + g) *
 /// parts + index) and the local one (row o * groups + g), in the widest
 /// units that the addresses and the row length allow.
-void copyPiece(const Geom &g, int index, const char *from, char *to, bool toLocal) {
+void copyPiece(const SplitRows &g, int index, const char *from, char *to, bool toLocal) {
   const int64_t rows = g.outer * g.groups;
   if (rows == 0 || g.rowBytes == 0)
     return;
@@ -1382,23 +1351,23 @@ CARVE_DATA_MOVEMENT(uint8_t)
 //===--- Tensor parallelism ------------------------------------------------===//
 
 void takeShard(const void *full, Dims fullShape, Split s, int index, void *local, int elemBytes) {
-  const Geom g = geometry("takeShard", fullShape, s, elemBytes);
-  checkIndex("takeShard", s, index);
+  const SplitRows g = splitRows("takeShard", fullShape, s, elemBytes);
+  checkSplitIndex("takeShard", s, index);
   copyPiece(g, index, static_cast<const char *>(full), static_cast<char *>(local), true);
 }
 
 void placeShard(const void *local, Dims localShape, Split s, int index, void *full, int elemBytes) {
-  const Geom g = geometry("placeShard", carve::rt::fullShape(localShape, s), s, elemBytes);
-  checkIndex("placeShard", s, index);
+  const SplitRows g = splitRows("placeShard", carve::rt::fullShape(localShape, s), s, elemBytes);
+  checkSplitIndex("placeShard", s, index);
   copyPiece(g, index, static_cast<const char *>(local), static_cast<char *>(full), false);
 }
 
 void allGatherSplit(Communicator &c, const void *local, Dims localShape, Split s, void *full,
                     CommType t) {
-  checkParts("allGatherSplit", c, s);
+  checkSplitParts("allGatherSplit", c, s);
   const int es = commTypeBytes(t);
   const Dims fs = carve::rt::fullShape(localShape, s);
-  const Geom g = geometry("allGatherSplit", fs, s, es);
+  const SplitRows g = splitRows("allGatherSplit", fs, s, es);
   const int64_t n = localShape.numel();
   if (g.outer * g.groups == 1) {
     c.wait(c.allGatherAsync(local, full, n, t));
@@ -1412,9 +1381,9 @@ void allGatherSplit(Communicator &c, const void *local, Dims localShape, Split s
 
 void reduceScatterSplit(Communicator &c, const void *full, Dims fullShape, Split s, void *local,
                         CommType t, ReduceOp op) {
-  checkParts("reduceScatterSplit", c, s);
+  checkSplitParts("reduceScatterSplit", c, s);
   const int es = commTypeBytes(t);
-  const Geom g = geometry("reduceScatterSplit", fullShape, s, es);
+  const SplitRows g = splitRows("reduceScatterSplit", fullShape, s, es);
   const int64_t n = fullShape.numel() / s.parts;
   const std::vector<int64_t> counts(static_cast<size_t>(c.size()), n);
   if (g.outer * g.groups == 1) {
@@ -1429,8 +1398,8 @@ void reduceScatterSplit(Communicator &c, const void *full, Dims fullShape, Split
 
 void allToAllSplit(Communicator &c, const void *in, Dims inLocalShape, Split from, Split to,
                    void *out, CommType t) {
-  checkParts("allToAllSplit", c, from);
-  checkParts("allToAllSplit", c, to);
+  checkSplitParts("allToAllSplit", c, from);
+  checkSplitParts("allToAllSplit", c, to);
   checkSplit("allToAllSplit", inLocalShape, to);
   if (from.dim == to.dim)
     fatal("allToAllSplit: from and to split the same dimension %d", from.dim);
@@ -1439,8 +1408,8 @@ void allToAllSplit(Communicator &c, const void *in, Dims inLocalShape, Split fro
   // from rank i is piece i (split `from`) of its output.
   const int es = commTypeBytes(t);
   const Dims outShape = carve::rt::shardShape(carve::rt::fullShape(inLocalShape, from), to);
-  const Geom send = geometry("allToAllSplit", inLocalShape, to, es);
-  const Geom recv = geometry("allToAllSplit", outShape, from, es);
+  const SplitRows send = splitRows("allToAllSplit", inLocalShape, to, es);
+  const SplitRows recv = splitRows("allToAllSplit", outShape, from, es);
   const int64_t n = inLocalShape.numel() / c.size();
   char *packed = static_cast<char *>(workspace(n * es * c.size(), kWsBasic0));
   char *received = static_cast<char *>(workspace(n * es * c.size(), kWsBasic1));

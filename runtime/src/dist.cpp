@@ -29,14 +29,6 @@ namespace {
 /// Bytes copied before a shard copy is worth an OpenMP team.
 constexpr int64_t kParallelBytes = int64_t(1) << 20;
 
-/// The geometry of a split of a given full shape.
-struct Geom {
-  int64_t outer = 1;    // product of the dimensions before dim
-  int64_t groups = 1;   // s.groups
-  int64_t parts = 1;    // s.parts
-  int64_t rowBytes = 0; // chunk * inner * elemBytes: one contiguous copy
-};
-
 int64_t product(const Dims &d, int lo, int hi) {
   int64_t n = 1;
   for (int i = lo; i < hi; ++i)
@@ -44,34 +36,9 @@ int64_t product(const Dims &d, int lo, int hi) {
   return n;
 }
 
-void checkSplit(const char *op, const Dims &shape, Split s) {
-  if (s.dim < 0 || s.dim >= shape.rank || s.groups < 1 || s.parts < 1)
-    fatal("%s: split of dimension %d in %lld group(s) over %d part(s) of a rank-%d tensor", op,
-          s.dim, static_cast<long long>(s.groups), s.parts, shape.rank);
-}
-
-Geom geometry(const char *op, const Dims &full, Split s, int elemBytes) {
-  checkSplit(op, full, s);
-  const int64_t f = full.d[s.dim];
-  if (f % (s.groups * s.parts) != 0)
-    fatal("%s: dimension %d of size %lld does not split into %lld group(s) of %d part(s)", op,
-          s.dim, static_cast<long long>(f), static_cast<long long>(s.groups), s.parts);
-  Geom g;
-  g.outer = product(full, 0, s.dim);
-  g.groups = s.groups;
-  g.parts = s.parts;
-  g.rowBytes = f / (s.groups * s.parts) * product(full, s.dim + 1, full.rank) * elemBytes;
-  return g;
-}
-
-void checkIndex(const char *op, Split s, int index) {
-  if (index < 0 || index >= s.parts)
-    fatal("%s: piece %d of a split over %d part(s)", op, index, s.parts);
-}
-
 /// Copies piece `index`: rows of rowBytes between the full layout (row
 /// (o * groups + g) * parts + index) and the local one (row o * groups + g).
-void copyPiece(const Geom &g, int index, const char *from, char *to, bool toLocal) {
+void copyPiece(const SplitRows &g, int index, const char *from, char *to, bool toLocal) {
   const int64_t rows = g.outer * g.groups;
   if (rows == 0 || g.rowBytes == 0)
     return;
@@ -96,15 +63,40 @@ char *scratchBytes(int slot, int64_t n) {
   return bufs[slot].data();
 }
 
-void checkParts(const char *op, const Communicator &c, Split s) {
+} // namespace
+
+void checkSplit(const char *op, const Dims &shape, Split s) {
+  if (s.dim < 0 || s.dim >= shape.rank || s.groups < 1 || s.parts < 1)
+    fatal("%s: split of dimension %d in %lld group(s) over %d part(s) of a rank-%d tensor", op,
+          s.dim, static_cast<long long>(s.groups), s.parts, shape.rank);
+}
+
+SplitRows splitRows(const char *op, const Dims &full, Split s, int elemBytes) {
+  checkSplit(op, full, s);
+  const int64_t f = full.d[s.dim];
+  if (f % (s.groups * s.parts) != 0)
+    fatal("%s: dimension %d of size %lld does not split into %lld group(s) of %d part(s)", op,
+          s.dim, static_cast<long long>(f), static_cast<long long>(s.groups), s.parts);
+  SplitRows g;
+  g.outer = product(full, 0, s.dim);
+  g.groups = s.groups;
+  g.parts = s.parts;
+  g.rowBytes = f / (s.groups * s.parts) * product(full, s.dim + 1, full.rank) * elemBytes;
+  return g;
+}
+
+void checkSplitIndex(const char *op, Split s, int index) {
+  if (index < 0 || index >= s.parts)
+    fatal("%s: piece %d of a split over %d part(s)", op, index, s.parts);
+}
+
+void checkSplitParts(const char *op, const Communicator &c, Split s) {
   if (s.parts != c.size())
     fatal("%s: a split over %d part(s) on a group of %d rank(s)", op, s.parts, c.size());
 }
 
-} // namespace
-
 Dims shardShape(Dims full, Split s) {
-  geometry("shardShape", full, s, 1);
+  splitRows("shardShape", full, s, 1);
   Dims local = full;
   local.d[s.dim] /= s.parts;
   return local;
@@ -121,23 +113,23 @@ Dims fullShape(Dims local, Split s) {
 }
 
 void takeShard(const void *full, Dims fullShape, Split s, int index, void *local, int elemBytes) {
-  const Geom g = geometry("takeShard", fullShape, s, elemBytes);
-  checkIndex("takeShard", s, index);
+  const SplitRows g = splitRows("takeShard", fullShape, s, elemBytes);
+  checkSplitIndex("takeShard", s, index);
   copyPiece(g, index, static_cast<const char *>(full), static_cast<char *>(local), true);
 }
 
 void placeShard(const void *local, Dims localShape, Split s, int index, void *full, int elemBytes) {
-  const Geom g = geometry("placeShard", fullShape(localShape, s), s, elemBytes);
-  checkIndex("placeShard", s, index);
+  const SplitRows g = splitRows("placeShard", fullShape(localShape, s), s, elemBytes);
+  checkSplitIndex("placeShard", s, index);
   copyPiece(g, index, static_cast<const char *>(local), static_cast<char *>(full), false);
 }
 
 void allGatherSplit(Communicator &c, const void *local, Dims localShape, Split s, void *full,
                     CommType t) {
-  checkParts("allGatherSplit", c, s);
+  checkSplitParts("allGatherSplit", c, s);
   const int es = commTypeBytes(t);
   const Dims fs = fullShape(localShape, s);
-  const Geom g = geometry("allGatherSplit", fs, s, es);
+  const SplitRows g = splitRows("allGatherSplit", fs, s, es);
   const int64_t n = localShape.numel();
   if (g.outer * g.groups == 1) {
     c.allGather(local, full, n, t);
@@ -151,9 +143,9 @@ void allGatherSplit(Communicator &c, const void *local, Dims localShape, Split s
 
 void reduceScatterSplit(Communicator &c, const void *full, Dims fullShape, Split s, void *local,
                         CommType t, ReduceOp op) {
-  checkParts("reduceScatterSplit", c, s);
+  checkSplitParts("reduceScatterSplit", c, s);
   const int es = commTypeBytes(t);
-  const Geom g = geometry("reduceScatterSplit", fullShape, s, es);
+  const SplitRows g = splitRows("reduceScatterSplit", fullShape, s, es);
   const int64_t n = fullShape.numel() / s.parts;
   thread_local std::vector<int64_t> counts;
   counts.assign(static_cast<size_t>(c.size()), n);
@@ -169,8 +161,8 @@ void reduceScatterSplit(Communicator &c, const void *full, Dims fullShape, Split
 
 void allToAllSplit(Communicator &c, const void *in, Dims inLocalShape, Split from, Split to,
                    void *out, CommType t) {
-  checkParts("allToAllSplit", c, from);
-  checkParts("allToAllSplit", c, to);
+  checkSplitParts("allToAllSplit", c, from);
+  checkSplitParts("allToAllSplit", c, to);
   checkSplit("allToAllSplit", inLocalShape, to);
   if (from.dim == to.dim)
     fatal("allToAllSplit: from and to split the same dimension %d", from.dim);
@@ -179,8 +171,8 @@ void allToAllSplit(Communicator &c, const void *in, Dims inLocalShape, Split fro
   // from rank i is piece i (split `from`) of its output.
   const int es = commTypeBytes(t);
   const Dims outShape = shardShape(fullShape(inLocalShape, from), to);
-  const Geom send = geometry("allToAllSplit", inLocalShape, to, es);
-  const Geom recv = geometry("allToAllSplit", outShape, from, es);
+  const SplitRows send = splitRows("allToAllSplit", inLocalShape, to, es);
+  const SplitRows recv = splitRows("allToAllSplit", outShape, from, es);
   const int64_t n = inLocalShape.numel() / c.size();
   char *packed = scratchBytes(0, n * es * c.size());
   char *received = scratchBytes(1, n * es * c.size());

@@ -38,6 +38,25 @@ struct Split {
   int parts;
 };
 
+/// How a split lays out rows: the full tensor is outer * groups * parts rows
+/// of rowBytes bytes, row (o * groups + g) * parts + p belonging to piece p;
+/// a piece is its outer * groups rows, one after another. Fatal, naming `op`,
+/// when `s` does not split `full` evenly. (Shared by the CPU and CUDA shard
+/// copies.)
+struct SplitRows {
+  int64_t outer = 1;    // product of the dimensions before s.dim
+  int64_t groups = 1;   // s.groups
+  int64_t parts = 1;    // s.parts
+  int64_t rowBytes = 0; // one contiguous copy
+};
+SplitRows splitRows(const char *op, const Dims &full, Split s, int elemBytes);
+/// Fatal, naming `op`, unless `s` is a split of some dimension of `shape`.
+void checkSplit(const char *op, const Dims &shape, Split s);
+/// Fatal unless 0 <= index < s.parts.
+void checkSplitIndex(const char *op, Split s, int index);
+/// Fatal unless the split has one part per rank of `c`.
+void checkSplitParts(const char *op, const Communicator &c, Split s);
+
 /// The local shape of piece `s` of a tensor of shape `full`: full[dim] / parts.
 /// Fatal error unless full[dim] is a multiple of groups * parts.
 Dims shardShape(Dims full, Split s);
