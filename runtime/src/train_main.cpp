@@ -420,11 +420,6 @@ SlotLayout layoutOf(const TensorSpec &s, bool state, const Mesh &m) {
           (state ? s.stateZero : s.paramZero) && s.zeroChunk > 0};
 }
 
-/// An element type of the same size, for collectives that only move data.
-CommType moveType(int elemBytes) {
-  return elemBytes == 8 ? CommType::I64 : elemBytes == 4 ? CommType::I32 : CommType::U8;
-}
-
 /// Keeps this rank's part of the full tensor `full` (the model's shape) in
 /// `dst`: its tensor-parallel piece and, for ZeRO, its dp chunk of that piece.
 void keepPart(const char *full, const TensorSpec &spec, const SlotLayout &l, const Mesh &m,
