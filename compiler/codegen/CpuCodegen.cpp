@@ -21,6 +21,7 @@
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/DialectResourceBlobManager.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
@@ -31,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <cctype>
+#include <queue>
 #include <set>
 
 using namespace mlir;
@@ -201,9 +203,9 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
 /// The runtime headers a generated source includes.
 std::string runtimeIncludes(const CodegenOptions &opts, bool pipelined) {
   if (opts.cuda())
-    return "#include \"carve/rt/gpu.h\"\n";
-  return std::string("#include \"carve/rt/dist.h\"\n#include \"carve/rt/kernels.h\"\n"
-                     "#include \"carve/rt/optim.h\"\n") +
+    return "#include \"carve/rt/gpu.h\"\n#include \"carve/rt/gpu_fused.cuh\"\n";
+  return std::string("#include \"carve/rt/dist.h\"\n#include \"carve/rt/fused.h\"\n"
+                     "#include \"carve/rt/kernels.h\"\n#include \"carve/rt/optim.h\"\n") +
          (pipelined ? "#include \"carve/rt/pipeline.h\"\n" : "") +
          "#include \"carve/rt/program.h\"\n";
 }
@@ -221,7 +223,7 @@ void qualifyGpuCalls(std::string &src) {
       "takeShard", "placeShard", "allGatherSplit", "reduceScatterSplit", "allToAllSplit",
       "gather_sharded", "gather_sharded_grad", "cross_entropy_vocab_parallel",
       "cross_entropy_vocab_parallel_grad", "sgdUpdate", "adamwUpdate", "sumSquares",
-      "addInPlace", "scaleInPlace", "setPrecision", "readScalar"};
+      "addInPlace", "scaleInPlace", "setPrecision", "readScalar", "fused"};
   std::string out;
   out.reserve(src.size() + src.size() / 16);
   size_t i = 0, lineStart = 0;
@@ -265,7 +267,7 @@ std::string precisionLine(const CodegenOptions &opts) {
 /// The namespace whose kernels the step calls (the same names on both targets).
 std::string usingLine(const CodegenOptions &opts) {
   return opts.cuda() ? "// The CUDA target: every call below runs on the device's compute stream "
-                       "(carve/rt/gpu.h),\n// named gpu:: where a CPU kernel of the same name exists.\nnamespace gpu = carve::gpu;\nusing namespace carve::gpu;\n"
+                       "(carve/rt/gpu.h),\n// named gpu:: where a CPU kernel of the same name exists.\nnamespace gpu = carve::gpu;\nnamespace ew = carve::rt::ew;\nusing namespace carve::gpu;\n"
                      : "using namespace carve::rt;\n";
 }
 
@@ -375,6 +377,24 @@ private:
   DenseMap<Operation *, Operation *> transposedMatmul;
   std::set<Operation *> fusedMatmuls;
   std::map<std::pair<Operation *, unsigned>, Value> foldedOperand;
+
+  // Fused elementwise chains (fuseElementwise): each group runs as one kernel
+  // at its root, the member with the highest index.
+  struct FusionGroup {
+    Operation *root = nullptr;
+    std::vector<Operation *> ops; // members in program order, the root last
+    std::vector<Value> inputs;    // read from memory, in first-use order
+    std::vector<Value> outputs;   // written: the root's result, then intermediates read later
+  };
+  std::vector<FusionGroup> groups;
+  DenseMap<Operation *, int> groupOf; // every member -> its group
+  llvm::DenseSet<Value> interior;     // member results nothing outside reads: no buffer
+  std::string fusedDefs;              // the groups' functors
+  /// Where an op's reads happen: its group's root for a fused member.
+  int readAt(Operation *op) {
+    auto it = groupOf.find(op);
+    return it == groupOf.end() ? index[op] : index[groups[it->second].root];
+  }
 
   std::string constants; // static arrays
   /// The user's kernels (carve.custom, carve.custom_grad): name -> declaration.
@@ -529,6 +549,8 @@ private:
 
   bool checkTypes();
   void foldTransposes();
+  void fuseElementwise();
+  bool emitFused(const FusionGroup &g);
   bool assignBuffers();
   void planActivations();
   bool emitConstant(ConstantOp op);
@@ -604,6 +626,179 @@ void Generator::foldTransposes() {
   }
 }
 
+const char *unaryEnum(StringRef fn);
+
+/// The op name a Unary enum is looked up by (gelu with the tanh
+/// approximation is "gelu_tanh").
+std::string unaryName(Operation *op) {
+  if (auto g = dyn_cast<GeluOp>(op); g && g.getApproximate() == "tanh")
+    return "gelu_tanh";
+  return op->getName().stripDialect().str();
+}
+
+/// The scalar C++ of an elementwise op on `a` (its operands' expressions),
+/// calling elementwise.h; "" for an op that does not fuse (Pow takes special
+/// cases on its exponent, comparisons and casts change the type).
+std::string fusedExpr(Operation *op, ArrayRef<std::string> a) {
+  if (isa<AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp>(op)) {
+    const char *k = isa<AddOp>(op)       ? "Add"
+                    : isa<SubOp>(op)     ? "Sub"
+                    : isa<MulOp>(op)     ? "Mul"
+                    : isa<DivOp>(op)     ? "Div"
+                    : isa<MaximumOp>(op) ? "Max"
+                                         : "Min";
+    return std::string("ew::binary<Binary::") + k + ">(" + a[0] + ", " + a[1] + ")";
+  }
+  if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp, SigmoidOp,
+          ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
+    const char *k = unaryEnum(unaryName(op));
+    return k ? std::string("ew::unary<Unary::") + k + ">(" + a[0] + ")" : "";
+  }
+  if (auto g = dyn_cast<UnaryGradOp>(op)) {
+    const char *k = unaryEnum(g.getFn());
+    return k ? std::string("ew::unaryGrad<Unary::") + k + ">(" + a[0] + ", " + a[1] + ")" : "";
+  }
+  return "";
+}
+
+/// An f32 elementwise op that fusedExpr can write.
+bool fusible(Operation *op) {
+  if (op->getNumResults() != 1 || !typeOf(op->getResult(0)).getElementType().isF32())
+    return false;
+  for (Value v : op->getOperands()) {
+    auto t = dyn_cast<RankedTensorType>(v.getType());
+    if (!t || !t.getElementType().isF32())
+      return false;
+  }
+  std::vector<std::string> args(op->getNumOperands(), "x");
+  return !fusedExpr(op, args).empty();
+}
+
+/// Groups chains of elementwise ops into fused kernels. Walking back from
+/// each not-yet-grouped elementwise op (the root), an op P producing one of
+/// the group's operands joins when
+///  - P is elementwise over the root's shape (its result is read element for
+///    element, never broadcast) and on the same side of forward/backward;
+///  - every reader of P's result outside the group runs after the root: the
+///    kernel writes it there (an extra output, e.g. the pre-activation that
+///    backward reads), or nothing else reads it and it is never stored;
+///  - neither P's result nor its operands are results of the step (the
+///    gradients, which bucket reductions update in place once final): the
+///    kernel reads P's operands at the root, later than P would have;
+///  - the kernel stays small: at most 16 ops, 8 inputs and 4 outputs.
+/// Candidates are taken from the highest index down, so an op's readers inside
+/// the group have all been decided when it is considered.
+void Generator::fuseElementwise() {
+  if (!opts.fuse)
+    return;
+  constexpr size_t kMaxOps = 16, kMaxInputs = 8, kMaxOutputs = 4;
+  llvm::DenseSet<Value> returned;
+  for (Value v : fn.getBody().front().getTerminator()->getOperands())
+    returned.insert(v);
+  int phaseBegin = (int)ops.size();
+  for (Operation *op : ops)
+    if (StringRef(nodeName(op->getLoc())).starts_with("backward of ") ||
+        op->getAttr("carve.phase")) {
+      phaseBegin = index[op];
+      break;
+    }
+  auto definer = [&](Value v) {
+    Operation *d = v.getDefiningOp();
+    auto it = d ? index.find(d) : index.end();
+    return it == index.end() ? -1 : it->second;
+  };
+  auto countInputs = [&](const std::set<int> &m) {
+    llvm::DenseSet<Value> in;
+    for (int i : m)
+      for (Value v : ops[i]->getOperands())
+        if (!m.count(definer(v)))
+          in.insert(v);
+    return in.size();
+  };
+  auto readOutside = [&](Value v, const std::set<int> &m) {
+    return llvm::any_of(v.getUsers(), [&](Operation *u) {
+      auto it = index.find(u);
+      return it == index.end() || !m.count(it->second);
+    });
+  };
+  auto countOutputs = [&](const std::set<int> &m) {
+    size_t n = 1; // the root's result
+    for (int i : m)
+      if (i != *m.rbegin() && readOutside(ops[i]->getResult(0), m))
+        ++n;
+    return n;
+  };
+  std::vector<FusionGroup> found;
+  std::set<Operation *> taken;
+  for (int r = (int)ops.size() - 1; r >= 0; --r) {
+    Operation *root = ops[r];
+    if (taken.count(root) || !fusible(root))
+      continue;
+    ArrayRef<int64_t> shape = typeOf(root->getResult(0)).getShape();
+    std::set<int> members{r};
+    std::priority_queue<int> todo;
+    auto pushOperands = [&](Operation *op) {
+      for (Value v : op->getOperands())
+        if (int d = definer(v); d >= 0)
+          todo.push(d);
+    };
+    pushOperands(root);
+    while (!todo.empty()) {
+      int p = todo.top();
+      todo.pop();
+      Operation *P = ops[p];
+      if (members.count(p) || taken.count(P) || !fusible(P) || members.size() >= kMaxOps ||
+          (p >= phaseBegin) != (r >= phaseBegin))
+        continue;
+      Value v = P->getResult(0);
+      if (typeOf(v).getShape() != shape || returned.count(v) ||
+          llvm::any_of(P->getOperands(), [&](Value o) { return returned.count(o); }))
+        continue;
+      bool laterOnly = llvm::all_of(v.getUsers(), [&](Operation *u) {
+        auto it = index.find(u);
+        return it != index.end() && (members.count(it->second) || it->second > r);
+      });
+      if (!laterOnly)
+        continue;
+      std::set<int> next = members;
+      next.insert(p);
+      if (countInputs(next) > kMaxInputs || countOutputs(next) > kMaxOutputs)
+        continue;
+      members = std::move(next);
+      pushOperands(P);
+    }
+    if (members.size() < 2)
+      continue;
+    FusionGroup g;
+    g.root = root;
+    llvm::DenseSet<Value> seen;
+    for (int i : members) {
+      g.ops.push_back(ops[i]);
+      taken.insert(ops[i]);
+      for (Value v : ops[i]->getOperands())
+        if (!members.count(definer(v)) && seen.insert(v).second)
+          g.inputs.push_back(v);
+    }
+    g.outputs.push_back(root->getResult(0));
+    for (int i : members) {
+      Value v = ops[i]->getResult(0);
+      if (i == r)
+        continue;
+      if (readOutside(v, members))
+        g.outputs.push_back(v);
+      else
+        interior.insert(v);
+    }
+    found.push_back(std::move(g));
+  }
+  // In program order, so the functors are numbered as they run.
+  std::reverse(found.begin(), found.end());
+  groups = std::move(found);
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (Operation *op : groups[k].ops)
+      groupOf[op] = (int)k;
+}
+
 bool Generator::assignBuffers() {
   // Arguments: parameters, buffers, inputs and the loss seed live all step.
   for (BlockArgument a : fn.getArguments()) {
@@ -647,7 +842,7 @@ bool Generator::assignBuffers() {
         bufferOf[r] = bufferOf.lookup(op->getOperand(0));
         continue;
       }
-      if (foldedTransposes.count(op) || fusedMatmuls.count(op))
+      if (foldedTransposes.count(op) || fusedMatmuls.count(op) || interior.count(r))
         continue; // never materialized
       Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
       bufferOf[r] = newBuffer(reg, bytesOf(r), k, name);
@@ -665,8 +860,10 @@ bool Generator::assignBuffers() {
       continue;
     }
     for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+      if (interior.count(operandOf(op, i)))
+        continue; // computed in registers by the group's kernel
       Buffer &b = buffers[bufferOf.lookup(operandOf(op, i))];
-      b.lastUse = std::max(b.lastUse, index[op]);
+      b.lastUse = std::max(b.lastUse, readAt(op));
     }
   }
   return true;
@@ -809,6 +1006,8 @@ const char *unaryEnum(StringRef fn) {
 bool Generator::emitOp(Operation *op) {
   if (foldedTransposes.count(op) || fusedMatmuls.count(op))
     return true;
+  if (auto it = groupOf.find(op); it != groupOf.end())
+    return groups[it->second].root == op ? emitFused(groups[it->second]) : true;
   auto name = [&](Value v) { return var.lookup(v); };
   auto opnd = [&](unsigned k) { return name(operandOf(op, k)); };
   auto shapeOf = [&](Value v) { return dims(typeOf(v).getShape()); };
@@ -870,10 +1069,7 @@ bool Generator::emitOp(Operation *op) {
        << oshape(0) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp,
                  SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
-    std::string fnName = op->getName().stripDialect().str();
-    if (auto g = dyn_cast<GeluOp>(op); g && g.getApproximate() == "tanh")
-      fnName = "gelu_tanh";
-    os << "unary(Unary::" << unaryEnum(fnName) << ", " << opnd(0) << ", " << name(res) << ", "
+    os << "unary(Unary::" << unaryEnum(unaryName(op)) << ", " << opnd(0) << ", " << name(res) << ", "
        << typeOf(res).getNumElements() << ");";
   } else if (auto g = dyn_cast<UnaryGradOp>(op)) {
     const char *k = unaryEnum(g.getFn());
@@ -1070,6 +1266,77 @@ bool Generator::emitOp(Operation *op) {
 
 /// A user-defined op: a call of the user's `extern "C"` kernel with the ABI of
 /// runtime/include/carve/rt/custom.h, on this rank's local shapes.
+/// One fused group: the members' comments, the functor (into fusedDefs) and
+/// one `fused(...)` call at the root.
+bool Generator::emitFused(const FusionGroup &g) {
+  std::string &s = body;
+  const int id = groupOf.lookup(g.root);
+  const std::string fname = "Fused" + std::to_string(id);
+  std::string chain;
+  for (Operation *op : g.ops) {
+    std::string node = nodeName(op->getLoc());
+    s += "  // " + op->getName().getStringRef().str() + " ";
+    for (unsigned k = 0; k < op->getNumOperands(); ++k)
+      s += (k ? ", " : "") + shapeText(typeOf(op->getOperand(k)).getShape());
+    s += " -> " + shapeText(typeOf(op->getResult(0)).getShape());
+    if (!node.empty())
+      s += "   [" + node + "]";
+    s += "\n";
+    std::string n = isa<UnaryGradOp>(op) ? unaryName(op) + "(" +
+                                               cast<UnaryGradOp>(op).getFn().str() + ")"
+                                         : op->getName().stripDialect().str();
+    chain += (chain.empty() ? "" : ", ") + n;
+  }
+  ++kernelCalls;
+  for (Value r : g.outputs) {
+    const Buffer &b = buffers[bufferOf.lookup(r)];
+    s += "  float *" + var[r] + " = (float *)(" +
+         (b.region == Region::Activation ? actBase : std::string("A")) + " + " +
+         std::to_string(b.offset) + ");\n";
+  }
+  const size_t ni = g.inputs.size(), no = g.outputs.size();
+  std::string rootNode = nodeName(g.root->getLoc());
+  std::string f;
+  llvm::raw_string_ostream fs(f);
+  fs << "// " << fname << ": " << chain << (rootNode.empty() ? "" : " [" + rootNode + "]")
+     << "\nstruct " << fname << " {\n  CARVE_HD void operator()(const float (&x)[" << ni
+     << "], float (&y)[" << no << "]) const {\n";
+  DenseMap<Value, std::string> expr;
+  for (size_t k = 0; k < ni; ++k)
+    expr[g.inputs[k]] = "x[" + std::to_string(k) + "]";
+  for (size_t j = 0; j < g.ops.size(); ++j) {
+    Operation *op = g.ops[j];
+    std::vector<std::string> args;
+    for (Value v : op->getOperands())
+      args.push_back(expr.lookup(v));
+    std::string t = "t" + std::to_string(j);
+    fs << "    const float " << t << " = " << fusedExpr(op, args) << ";  // " << var[op->getResult(0)]
+       << "\n";
+    expr[op->getResult(0)] = t;
+  }
+  for (size_t j = 0; j < no; ++j)
+    fs << "    y[" << j << "] = " << expr.lookup(g.outputs[j]) << ";\n";
+  fs << "  }\n};\n\n";
+  fusedDefs += f;
+
+  std::string in, shapes, outs;
+  for (size_t k = 0; k < ni; ++k) {
+    in += (k ? ", " : "") + var.lookup(g.inputs[k]);
+    shapes += (k ? ", " : "") + dims(typeOf(g.inputs[k]).getShape());
+  }
+  for (size_t j = 0; j < no; ++j)
+    outs += (j ? ", " : "") + var.lookup(g.outputs[j]);
+  s += "  {  // one pass: " + std::to_string(g.ops.size()) + " ops, " + std::to_string(ni) +
+       " input(s), " + std::to_string(no) + " output(s)" +
+       (no > 1 ? " (the intermediates are read later)" : "") + "\n";
+  s += "    const float *in[" + std::to_string(ni) + "] = {" + in + "};\n";
+  s += "    const Dims shapes[" + std::to_string(ni) + "] = {" + shapes + "};\n";
+  s += "    float *out[" + std::to_string(no) + "] = {" + outs + "};\n";
+  s += "    fused(\"" + fname + " (" + chain + ")\", " + fname + "{}, in, shapes, out, " +
+       dims(typeOf(g.root->getResult(0)).getShape()) + ");\n  }\n";
+  return true;
+}
+
 bool Generator::emitCustom(Operation *op, llvm::raw_ostream &os) {
   auto tensors = [&](ValueRange values, const char *array, bool isConst) -> std::string {
     if (values.empty())
@@ -1189,6 +1456,7 @@ bool Generator::run() {
   if (!checkTypes())
     return false;
   foldTransposes();
+  fuseElementwise();
   if (!assignBuffers())
     return false;
   if (ret.getNumOperands() < 1)
@@ -1277,9 +1545,9 @@ bool Generator::run() {
         if (!arg || !isZero3(arg.getArgNumber()))
           continue;
         Gathered &gg = gathered[arg.getArgNumber()][index[op] >= backwardBegin ? 1 : 0];
-        if (gg.first < 0)
-          gg.first = index[op];
-        gg.last = std::max(gg.last, index[op]);
+        if (gg.first < 0 || readAt(op) < gg.first)
+          gg.first = readAt(op);
+        gg.last = std::max(gg.last, readAt(op));
       }
     }
     for (auto &[arg, pair] : gathered) {
@@ -1625,6 +1893,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   if (!checkTypes())
     return false;
   foldTransposes();
+  fuseElementwise();
   if (!assignBuffers())
     return false;
   actBase = "S";
@@ -1896,7 +2165,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
       "void backward" +
       sig + ", bool last) {\n" + argPreamble + stashDecl + "  (void)slot;\n  (void)last;\n\n" +
       backwardBody + "}\n";
-  so.constants = constants;
+  so.constants = constants + fusedDefs;
   so.constants += "std::vector<CommHandle> sends[" + std::to_string(pipe.slots[chunk]) +
                   "]; // sends in flight, per slot\n";
   if (!buckets.empty())
@@ -2005,6 +2274,8 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   os << usingLine(opts) << "\nnamespace {\n\n";
   if (!constants.empty())
     os << "// ---- Constants ----\n\n" << constants << "\n";
+  if (!fusedDefs.empty())
+    os << "// ---- Fused elementwise chains (carve/rt/fused.h) ----\n\n" << fusedDefs;
   os << "void step(StepContext &ctx) {\n";
   os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
   os << "  // ---- Inputs, parameters and buffers ----\n";

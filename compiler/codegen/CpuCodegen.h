@@ -60,6 +60,9 @@ struct CodegenOptions {
   /// matmul and attention; fp16 also scales the loss seed by
   /// StepContext::lossScale and divides the gradients by it.
   std::string precision = "fp32";
+  /// Fuse chains of elementwise ops into one kernel each (fused.h); off
+  /// only to compare against (`carve compile --no-fuse`).
+  bool fuse = true;
   bool cuda() const { return target == "cuda"; }
 };
 

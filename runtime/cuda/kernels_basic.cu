@@ -18,6 +18,8 @@
 
 #include "internal.h"
 
+#include "carve/rt/elementwise.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -64,77 +66,12 @@ void stridesOf(const Dims &s, int64_t *st) {
   }
 }
 
-//===--- Broadcast loop nests (kernels.cpp's, passed to kernels by value) --===//
+//===--- Broadcast loop nests (elementwise.h, passed to kernels by value) --===//
 
-template <int N> struct Nest {
-  int rank = 0;
-  int64_t d[kMaxRank] = {};
-  int64_t st[N][kMaxRank] = {};
-  int64_t inner(int k) const { return rank ? st[k][rank - 1] : 0; }
-};
-
-template <int N> Nest<N> coalesce(const Dims &out, const int64_t (&st)[N][kMaxRank]) {
-  Nest<N> n;
-  for (int i = 0; i < out.rank; ++i) {
-    if (out.d[i] == 1)
-      continue;
-    bool merge = n.rank > 0;
-    for (int k = 0; merge && k < N; ++k)
-      merge = n.st[k][n.rank - 1] == st[k][i] * out.d[i];
-    if (merge) {
-      n.d[n.rank - 1] *= out.d[i];
-      for (int k = 0; k < N; ++k)
-        n.st[k][n.rank - 1] = st[k][i];
-    } else {
-      n.d[n.rank] = out.d[i];
-      for (int k = 0; k < N; ++k)
-        n.st[k][n.rank] = st[k][i];
-      ++n.rank;
-    }
-  }
-  return n;
-}
-
-template <int N> Nest<N> broadcastNest(const char *op, const Dims (&in)[N], const Dims &out) {
-  int64_t st[N][kMaxRank] = {};
-  for (int k = 0; k < N; ++k) {
-    const Dims &s = in[k];
-    if (s.rank > out.rank)
-      fatal("%s: an operand of rank %d does not broadcast to rank %d", op, s.rank, out.rank);
-    const int off = out.rank - s.rank;
-    int64_t stride = 1;
-    for (int i = out.rank - 1; i >= 0; --i) {
-      const int64_t dim = i >= off ? s.d[i - off] : 1;
-      if (dim != 1 && dim != out.d[i])
-        fatal("%s: dimension %d of size %lld does not broadcast to size %lld", op, i,
-              (long long)dim, (long long)out.d[i]);
-      st[k][i] = dim == 1 ? 0 : stride;
-      stride *= dim;
-    }
-  }
-  return coalesce<N>(out, st);
-}
-
-/// The operand offsets of output element e.
-template <int N>
-__device__ __forceinline__ void offsetsOf(const Nest<N> &n, int64_t e, int64_t (&off)[N]) {
-#pragma unroll
-  for (int k = 0; k < N; ++k)
-    off[k] = 0;
-  if (n.rank == 1) {
-#pragma unroll
-    for (int k = 0; k < N; ++k)
-      off[k] = e * n.st[k][0];
-    return;
-  }
-  for (int i = n.rank - 1; i >= 0; --i) {
-    const int64_t q = e / n.d[i], r = e - q * n.d[i];
-    e = q;
-#pragma unroll
-    for (int k = 0; k < N; ++k)
-      off[k] += r * n.st[k][i];
-  }
-}
+using carve::rt::ew::broadcastNest;
+using carve::rt::ew::coalesce;
+using carve::rt::ew::Nest;
+using carve::rt::ew::offsetsOf;
 
 template <class Op, class Y, class A, class B>
 __global__ void broadcast2Kernel(Op op, const A *a, const B *b, Y *y, Nest<2> n, int64_t total) {
@@ -157,107 +94,17 @@ void broadcast2(const char *op, Op f, const A *a, const Dims &as, const B *b, co
   checkLaunch(op);
 }
 
-/// max/min that propagate NaN like torch.maximum / torch.minimum.
-template <class T> __device__ __forceinline__ T maxNan(T a, T b) {
-  return (a != a || a > b) ? a : b;
-}
-template <class T> __device__ __forceinline__ T minNan(T a, T b) {
-  return (a != a || a < b) ? a : b;
-}
+//===--- Elementwise functions (elementwise.h) -----------------------------===//
 
-//===--- Elementwise functions ---------------------------------------------===//
-
-constexpr float kSqrt1_2 = 0.70710678118654752440f;
-constexpr float kTwoOverSqrtPi = 1.12837916709551257390f;
-/// 1/sqrt(2 pi), computed in double as the CPU does.
-constexpr float kNormalPdf =
-    static_cast<float>(1.12837916709551257390 * 0.70710678118654752440 * 0.5);
-/// sqrt(2/pi) and 0.044715 of PyTorch's tanh approximation of GELU.
-constexpr float kGeluBeta = 0.79788456080286535588f;
-constexpr float kGeluKappa = 0.044715f;
+using carve::rt::ew::maxNan;
+using carve::rt::ew::minNan;
 
 template <Unary F> __device__ __forceinline__ float unaryOp(float v) {
-  if constexpr (F == Unary::Neg)
-    return -v;
-  else if constexpr (F == Unary::Abs)
-    return fabsf(v);
-  else if constexpr (F == Unary::Exp)
-    return expf(v);
-  else if constexpr (F == Unary::Log)
-    return logf(v);
-  else if constexpr (F == Unary::Sqrt)
-    return sqrtf(v);
-  else if constexpr (F == Unary::Rsqrt)
-    return 1.0f / sqrtf(v);
-  else if constexpr (F == Unary::Reciprocal)
-    return 1.0f / v;
-  else if constexpr (F == Unary::Tanh)
-    return tanhf(v);
-  else if constexpr (F == Unary::Erf)
-    return erff(v);
-  else if constexpr (F == Unary::Sigmoid)
-    return 1.0f / (1.0f + expf(-v));
-  else if constexpr (F == Unary::Relu)
-    return v < 0.0f ? 0.0f : v;
-  else if constexpr (F == Unary::Sin)
-    return sinf(v);
-  else if constexpr (F == Unary::Cos)
-    return cosf(v);
-  else if constexpr (F == Unary::Silu)
-    return v / (1.0f + expf(-v));
-  else if constexpr (F == Unary::Gelu)
-    return v * 0.5f * (1.0f + erff(v * kSqrt1_2));
-  else
-    return 0.5f * v * (1.0f + tanhf(kGeluBeta * (v + kGeluKappa * v * v * v)));
+  return carve::rt::ew::unary<F>(v);
 }
 
 template <Unary F> __device__ __forceinline__ float unaryGradOp(float v, float g) {
-  if constexpr (F == Unary::Neg) {
-    return -g;
-  } else if constexpr (F == Unary::Abs) {
-    return v > 0.0f ? g : (v < 0.0f ? -g : 0.0f);
-  } else if constexpr (F == Unary::Exp) {
-    return g * expf(v);
-  } else if constexpr (F == Unary::Log) {
-    return g / v;
-  } else if constexpr (F == Unary::Sqrt) {
-    return g / (2.0f * sqrtf(v));
-  } else if constexpr (F == Unary::Rsqrt) {
-    const float r = 1.0f / sqrtf(v);
-    return -0.5f * g * r * r * r;
-  } else if constexpr (F == Unary::Reciprocal) {
-    const float r = 1.0f / v;
-    return -g * (r * r);
-  } else if constexpr (F == Unary::Tanh) {
-    const float t = tanhf(v);
-    return g * (1.0f - t * t);
-  } else if constexpr (F == Unary::Erf) {
-    return g * kTwoOverSqrtPi * expf(-v * v);
-  } else if constexpr (F == Unary::Sigmoid) {
-    const float s = 1.0f / (1.0f + expf(-v));
-    return g * (1.0f - s) * s;
-  } else if constexpr (F == Unary::Relu) {
-    return v > 0.0f ? g : 0.0f;
-  } else if constexpr (F == Unary::Sin) {
-    return g * cosf(v);
-  } else if constexpr (F == Unary::Cos) {
-    return g * -sinf(v);
-  } else if constexpr (F == Unary::Silu) {
-    const float s = 1.0f / (1.0f + expf(-v));
-    return g * s * (1.0f + v * (1.0f - s));
-  } else if constexpr (F == Unary::Gelu) {
-    const float cdf = 0.5f * (1.0f + erff(v * kSqrt1_2));
-    const float pdf = kNormalPdf * expf(v * v * -0.5f);
-    return g * (cdf + v * pdf);
-  } else {
-    const float x2 = v * v;
-    const float inner = kGeluBeta * (v + kGeluKappa * x2 * v);
-    const float t = tanhf(inner);
-    const float left = 0.5f * v, right = 1.0f + t;
-    const float dLeft = 0.5f * right;
-    const float dRight = left * (1.0f - t * t) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * x2);
-    return g * (dLeft + dRight);
-  }
+  return carve::rt::ew::unaryGrad<F>(v, g);
 }
 
 template <Unary F> __global__ void unaryKernel(const float *x, float *y, int64_t n) {
@@ -288,19 +135,9 @@ template <Binary F> struct BinaryOp {
   /// The exponent of Pow is one scalar: PyTorch's exact special cases apply.
   bool scalarExponent = false;
   __device__ __forceinline__ float operator()(float u, float v) const {
-    if constexpr (F == Binary::Add)
-      return u + v;
-    else if constexpr (F == Binary::Sub)
-      return u - v;
-    else if constexpr (F == Binary::Mul)
-      return u * v;
-    else if constexpr (F == Binary::Div)
-      return u / v;
-    else if constexpr (F == Binary::Max)
-      return maxNan(u, v);
-    else if constexpr (F == Binary::Min)
-      return minNan(u, v);
-    else {
+    if constexpr (F != Binary::Pow) {
+      return carve::rt::ew::binary<F>(u, v);
+    } else {
       if (scalarExponent) {
         if (v == 2.0f)
           return u * u;

@@ -27,6 +27,7 @@
 
 #include "carve/rt/kernels.h"
 #include "carve/rt/dist.h"
+#include "carve/rt/elementwise.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -150,105 +151,12 @@ void stridesOf(const Dims &s, int64_t *st) {
   }
 }
 
-//===--- Broadcast loop nests ---------------------------------------------===//
+//===--- Broadcast loop nests (elementwise.h) -----------------------------===//
 
-/// A loop nest over a contiguous output whose N operands are read through
-/// strides (0 on broadcast dimensions), with size-1 dimensions dropped and
-/// neighbours that are contiguous for every operand merged.
-template <int N> struct Nest {
-  int rank = 0;
-  int64_t d[kMaxRank] = {};
-  int64_t st[N][kMaxRank] = {};
-  /// The stride of operand k along the innermost dimension (0 or the
-  /// operand's own inner stride).
-  int64_t inner(int k) const { return rank ? st[k][rank - 1] : 0; }
-};
-
-template <int N> Nest<N> coalesce(const Dims &out, const int64_t (&st)[N][kMaxRank]) {
-  Nest<N> n;
-  for (int i = 0; i < out.rank; ++i) {
-    if (out.d[i] == 1)
-      continue;
-    bool merge = n.rank > 0;
-    for (int k = 0; merge && k < N; ++k)
-      merge = n.st[k][n.rank - 1] == st[k][i] * out.d[i];
-    if (merge) {
-      n.d[n.rank - 1] *= out.d[i];
-      for (int k = 0; k < N; ++k)
-        n.st[k][n.rank - 1] = st[k][i];
-    } else {
-      n.d[n.rank] = out.d[i];
-      for (int k = 0; k < N; ++k)
-        n.st[k][n.rank] = st[k][i];
-      ++n.rank;
-    }
-  }
-  return n;
-}
-
-/// Operand strides of NumPy broadcasting of `in` to `out`.
-template <int N> Nest<N> broadcastNest(const char *op, const Dims (&in)[N], const Dims &out) {
-  int64_t st[N][kMaxRank] = {};
-  for (int k = 0; k < N; ++k) {
-    const Dims &s = in[k];
-    if (s.rank > out.rank)
-      fatal("%s: an operand of rank %d does not broadcast to rank %d", op, s.rank, out.rank);
-    const int off = out.rank - s.rank;
-    int64_t stride = 1;
-    for (int i = out.rank - 1; i >= 0; --i) {
-      const int64_t dim = i >= off ? s.d[i - off] : 1;
-      if (dim != 1 && dim != out.d[i])
-        fatal("%s: dimension %d of size %lld does not broadcast to size %lld", op, i,
-              (long long)dim, (long long)out.d[i]);
-      st[k][i] = dim == 1 ? 0 : stride;
-      stride *= dim;
-    }
-  }
-  return coalesce<N>(out, st);
-}
-
-/// Calls seg(off, e, len) for the output elements [e0, e1), in runs along the
-/// innermost dimension: len elements from output element e, operand k from
-/// offset off[k] with stride Nest::inner(k).
-template <int N, class Seg> void forRange(const Nest<N> &n, int64_t e0, int64_t e1, Seg &&seg) {
-  int64_t off[N] = {};
-  const int r = n.rank;
-  if (r == 0) {
-    seg(static_cast<const int64_t *>(off), e0, e1 - e0);
-    return;
-  }
-  int64_t idx[kMaxRank];
-  int64_t rem = e0;
-  for (int i = r - 1; i >= 0; --i) {
-    idx[i] = rem % n.d[i];
-    rem /= n.d[i];
-    for (int k = 0; k < N; ++k)
-      off[k] += idx[i] * n.st[k][i];
-  }
-  const int64_t len0 = n.d[r - 1];
-  for (int64_t e = e0; e < e1;) {
-    const int64_t len = std::min(len0 - idx[r - 1], e1 - e);
-    seg(static_cast<const int64_t *>(off), e, len);
-    e += len;
-    idx[r - 1] += len;
-    for (int k = 0; k < N; ++k)
-      off[k] += len * n.st[k][r - 1];
-    if (idx[r - 1] < len0)
-      continue;
-    idx[r - 1] = 0;
-    for (int k = 0; k < N; ++k)
-      off[k] -= len0 * n.st[k][r - 1];
-    for (int i = r - 2; i >= 0; --i) {
-      for (int k = 0; k < N; ++k)
-        off[k] += n.st[k][i];
-      if (++idx[i] < n.d[i])
-        break;
-      idx[i] = 0;
-      for (int k = 0; k < N; ++k)
-        off[k] -= n.d[i] * n.st[k][i];
-    }
-  }
-}
+using ew::broadcastNest;
+using ew::coalesce;
+using ew::forRange;
+using ew::Nest;
 
 /// y = f(a, b) over the broadcast of as and bs to ys.
 template <class Y, class A, class B, class F>
@@ -300,91 +208,11 @@ template <class T> void gatherView(const T *x, const Nest<1> &n, T *y, int64_t t
   });
 }
 
-//===--- Vectorizable float math ------------------------------------------===//
+//===--- Float math (elementwise.h) --------------------------------------===//
 
-/// e^x (Cephes expf: 2^n e^r with |r| <= ln2/2 and a degree-6 polynomial,
-/// about 1 ulp, subnormal results included); 0 and inf where the result
-/// underflows and overflows.
-/// Branch-free so that loops calling it vectorize.
-[[gnu::always_inline]] inline float vexp(float x) {
-  constexpr float kLo = -103.972076f, kHi = 88.72283905f;
-  // NaN takes the path of 0 (float-to-int of NaN is undefined) and is put
-  // back at the end.
-  float xc = x < kLo ? kLo : x;
-  xc = xc > kHi ? kHi : xc;
-  xc = x != x ? 0.0f : xc;
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  // Scale by 2^n in two halves: n spans [-150, 128], past the exponent
-  // range of one float at either end.
-  const int32_t ni = static_cast<int32_t>(n), n1 = ni >> 1, n2 = ni - n1;
-  const uint32_t b1 = static_cast<uint32_t>(n1 + 127) << 23;
-  const uint32_t b2 = static_cast<uint32_t>(n2 + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, sizeof s1);
-  std::memcpy(&s2, &b2, sizeof s2);
-  float res = p * s1 * s2;
-  res = x < kLo ? 0.0f : res;
-  res = x > kHi ? std::numeric_limits<float>::infinity() : res;
-  return x != x ? x : res;
-}
-
-/// tanh(x) (Cephes tanhf: an odd polynomial below |x| = 0.625, 1 - 2/(e^2|x| + 1)
-/// above; a few ulp).
-[[gnu::always_inline]] inline float vtanh(float x) {
-  const float ax = std::fabs(x);
-  const float z = x * x;
-  float p = -5.70498872745e-3f;
-  p = p * z + 2.06390887954e-2f;
-  p = p * z - 5.37397155531e-2f;
-  p = p * z + 1.33314422036e-1f;
-  p = p * z - 3.33332819422e-1f;
-  const float small = p * z * x + x;
-  const float axc = ax > 44.0f ? 44.0f : ax;
-  float big = 1.0f - 2.0f / (vexp(2.0f * axc) + 1.0f);
-  big = x < 0 ? -big : big;
-  return ax < 0.625f ? small : big;
-}
-
-/// erf(x): x P(x^2) / Q(x^2) on [-4, 4] (odd degree 13 over even degree 8),
-/// +-1 beyond; a few ulp.
-[[gnu::always_inline]] inline float verf(float x) {
-  float xc = x < -4.0f ? -4.0f : x;
-  xc = xc > 4.0f ? 4.0f : xc;
-  const float z = xc * xc;
-  float p = -2.72614225801306e-10f;
-  p = p * z + 2.77068142495902e-08f;
-  p = p * z - 2.10102402082508e-06f;
-  p = p * z - 5.69250639462346e-05f;
-  p = p * z - 7.34990630326855e-04f;
-  p = p * z - 2.95459980854025e-03f;
-  p = p * z - 1.60960333262415e-02f;
-  float q = -1.45660718464996e-05f;
-  q = q * z - 2.13374055278905e-04f;
-  q = q * z - 1.68282697438203e-03f;
-  q = q * z - 7.37332916720468e-03f;
-  q = q * z - 1.42647390514189e-02f;
-  return xc * p / q;
-}
-
-template <class T> inline T fexp(T x) { return std::exp(x); }
-template <> inline float fexp<float>(float x) { return vexp(x); }
-template <class T> inline T ftanh(T x) { return std::tanh(x); }
-template <> inline float ftanh<float>(float x) { return vtanh(x); }
-template <class T> inline T ferf(T x) { return std::erf(x); }
-template <> inline float ferf<float>(float x) { return verf(x); }
-
-/// max/min that propagate NaN like torch.maximum / torch.minimum.
-template <class T> inline T maxNan(T a, T b) { return (a != a || a > b) ? a : b; }
-template <class T> inline T minNan(T a, T b) { return (a != a || a < b) ? a : b; }
+using ew::fexp;
+using ew::maxNan;
+using ew::minNan;
 
 //===--- GEMM -------------------------------------------------------------===//
 
@@ -478,48 +306,29 @@ void map2(const T *x, const T *dy, T *dx, int64_t n, int64_t minUnits, F f) {
 
 } // namespace
 
-/// sqrt(2/pi) and 0.044715 of PyTorch's tanh approximation of GELU.
-template <class T> constexpr T kGeluBeta = static_cast<T>(0.79788456080286535588);
-template <class T> constexpr T kGeluKappa = static_cast<T>(0.044715);
-
 template <class T> void unary(Unary f, const T *x, T *y, int64_t n) {
   constexpr int64_t L = kParallelMin, H = kParallelMinHeavy;
   switch (f) {
-  case Unary::Neg:
-    return map1(x, y, n, L, [](T v) { return -v; });
-  case Unary::Abs:
-    return map1(x, y, n, L, [](T v) { return std::fabs(v); });
-  case Unary::Exp:
-    return map1(x, y, n, H, [](T v) { return fexp(v); });
-  case Unary::Log:
-    return map1(x, y, n, H, [](T v) { return std::log(v); });
-  case Unary::Sqrt:
-    return map1(x, y, n, L, [](T v) { return std::sqrt(v); });
-  case Unary::Rsqrt:
-    return map1(x, y, n, L, [](T v) { return T(1) / std::sqrt(v); });
-  case Unary::Reciprocal:
-    return map1(x, y, n, L, [](T v) { return T(1) / v; });
-  case Unary::Tanh:
-    return map1(x, y, n, H, [](T v) { return ftanh(v); });
-  case Unary::Erf:
-    return map1(x, y, n, H, [](T v) { return ferf(v); });
-  case Unary::Sigmoid:
-    return map1(x, y, n, H, [](T v) { return T(1) / (T(1) + fexp(-v)); });
-  case Unary::Relu:
-    return map1(x, y, n, L, [](T v) { return v < T(0) ? T(0) : v; });
-  case Unary::Sin:
-    return map1(x, y, n, H, [](T v) { return std::sin(v); });
-  case Unary::Cos:
-    return map1(x, y, n, H, [](T v) { return std::cos(v); });
-  case Unary::Silu:
-    return map1(x, y, n, H, [](T v) { return v / (T(1) + fexp(-v)); });
-  case Unary::Gelu:
-    return map1(x, y, n, H,
-                [](T v) { return v * T(0.5) * (T(1) + ferf(v * static_cast<T>(M_SQRT1_2))); });
-  case Unary::GeluTanh:
-    return map1(x, y, n, H, [](T v) {
-      return T(0.5) * v * (T(1) + ftanh(kGeluBeta<T> * (v + kGeluKappa<T> * v * v * v)));
-    });
+#define CARVE_UNARY(F, MIN)                                                                        \
+  case Unary::F:                                                                                   \
+    return map1(x, y, n, MIN, [](T v) { return ew::unary<Unary::F>(v); });
+    CARVE_UNARY(Neg, L)
+    CARVE_UNARY(Abs, L)
+    CARVE_UNARY(Exp, H)
+    CARVE_UNARY(Log, H)
+    CARVE_UNARY(Sqrt, L)
+    CARVE_UNARY(Rsqrt, L)
+    CARVE_UNARY(Reciprocal, L)
+    CARVE_UNARY(Tanh, H)
+    CARVE_UNARY(Erf, H)
+    CARVE_UNARY(Sigmoid, H)
+    CARVE_UNARY(Relu, L)
+    CARVE_UNARY(Sin, H)
+    CARVE_UNARY(Cos, H)
+    CARVE_UNARY(Silu, H)
+    CARVE_UNARY(Gelu, H)
+    CARVE_UNARY(GeluTanh, H)
+#undef CARVE_UNARY
   }
   fatal("unary: unknown function %d", static_cast<int>(f));
 }
@@ -527,69 +336,26 @@ template <class T> void unary(Unary f, const T *x, T *y, int64_t n) {
 template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int64_t n) {
   constexpr int64_t L = kParallelMin, H = kParallelMinHeavy;
   switch (f) {
-  case Unary::Neg:
-    return map2(x, dy, dx, n, L, [](T, T g) { return -g; });
-  case Unary::Abs:
-    return map2(x, dy, dx, n, L, [](T v, T g) { return v > T(0) ? g : (v < T(0) ? -g : T(0)); });
-  case Unary::Exp:
-    return map2(x, dy, dx, n, H, [](T v, T g) { return g * fexp(v); });
-  case Unary::Log:
-    return map2(x, dy, dx, n, L, [](T v, T g) { return g / v; });
-  case Unary::Sqrt:
-    return map2(x, dy, dx, n, L, [](T v, T g) { return g / (T(2) * std::sqrt(v)); });
-  case Unary::Rsqrt:
-    return map2(x, dy, dx, n, L, [](T v, T g) {
-      const T r = T(1) / std::sqrt(v);
-      return T(-0.5) * g * r * r * r;
-    });
-  case Unary::Reciprocal:
-    return map2(x, dy, dx, n, L, [](T v, T g) {
-      const T r = T(1) / v;
-      return -g * (r * r);
-    });
-  case Unary::Tanh:
-    return map2(x, dy, dx, n, H, [](T v, T g) {
-      const T t = ftanh(v);
-      return g * (T(1) - t * t);
-    });
-  case Unary::Erf:
-    return map2(x, dy, dx, n, H,
-                [](T v, T g) { return g * static_cast<T>(M_2_SQRTPI) * fexp(-v * v); });
-  case Unary::Sigmoid:
-    return map2(x, dy, dx, n, H, [](T v, T g) {
-      const T s = T(1) / (T(1) + fexp(-v));
-      return g * (T(1) - s) * s;
-    });
-  case Unary::Relu:
-    return map2(x, dy, dx, n, L, [](T v, T g) { return v > T(0) ? g : T(0); });
-  case Unary::Sin:
-    return map2(x, dy, dx, n, H, [](T v, T g) { return g * std::cos(v); });
-  case Unary::Cos:
-    return map2(x, dy, dx, n, H, [](T v, T g) { return g * -std::sin(v); });
-  case Unary::Silu:
-    return map2(x, dy, dx, n, H, [](T v, T g) {
-      const T s = T(1) / (T(1) + fexp(-v));
-      return g * s * (T(1) + v * (T(1) - s));
-    });
-  case Unary::Gelu:
-    return map2(x, dy, dx, n, H, [](T v, T g) {
-      // 1/sqrt(2 pi), the normal density's constant.
-      const T kPdf = static_cast<T>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
-      const T cdf = T(0.5) * (T(1) + ferf(v * static_cast<T>(M_SQRT1_2)));
-      const T pdf = kPdf * fexp(v * v * T(-0.5));
-      return g * (cdf + v * pdf);
-    });
-  case Unary::GeluTanh:
-    return map2(x, dy, dx, n, H, [](T v, T g) {
-      constexpr T kBeta = kGeluBeta<T>, kKappa = kGeluKappa<T>;
-      const T x2 = v * v;
-      const T inner = kBeta * (v + kKappa * x2 * v);
-      const T t = ftanh(inner);
-      const T left = T(0.5) * v, right = T(1) + t;
-      const T dLeft = T(0.5) * right;
-      const T dRight = left * (T(1) - t * t) * kBeta * (T(1) + T(3) * kKappa * x2);
-      return g * (dLeft + dRight);
-    });
+#define CARVE_UNARY_GRAD(F, MIN)                                                                   \
+  case Unary::F:                                                                                   \
+    return map2(x, dy, dx, n, MIN, [](T v, T g) { return ew::unaryGrad<Unary::F>(v, g); });
+    CARVE_UNARY_GRAD(Neg, L)
+    CARVE_UNARY_GRAD(Abs, L)
+    CARVE_UNARY_GRAD(Exp, H)
+    CARVE_UNARY_GRAD(Log, L)
+    CARVE_UNARY_GRAD(Sqrt, L)
+    CARVE_UNARY_GRAD(Rsqrt, L)
+    CARVE_UNARY_GRAD(Reciprocal, L)
+    CARVE_UNARY_GRAD(Tanh, H)
+    CARVE_UNARY_GRAD(Erf, H)
+    CARVE_UNARY_GRAD(Sigmoid, H)
+    CARVE_UNARY_GRAD(Relu, L)
+    CARVE_UNARY_GRAD(Sin, H)
+    CARVE_UNARY_GRAD(Cos, H)
+    CARVE_UNARY_GRAD(Silu, H)
+    CARVE_UNARY_GRAD(Gelu, H)
+    CARVE_UNARY_GRAD(GeluTanh, H)
+#undef CARVE_UNARY_GRAD
   }
   fatal("unary_grad: unknown function %d", static_cast<int>(f));
 }
@@ -597,18 +363,17 @@ template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int6
 template <class T> void binary(Binary f, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys) {
   constexpr int64_t L = kParallelMin;
   switch (f) {
-  case Binary::Add:
-    return broadcast2("add", a, as, b, bs, y, ys, L, [](T u, T v) { return u + v; });
-  case Binary::Sub:
-    return broadcast2("sub", a, as, b, bs, y, ys, L, [](T u, T v) { return u - v; });
-  case Binary::Mul:
-    return broadcast2("mul", a, as, b, bs, y, ys, L, [](T u, T v) { return u * v; });
-  case Binary::Div:
-    return broadcast2("div", a, as, b, bs, y, ys, L, [](T u, T v) { return u / v; });
-  case Binary::Max:
-    return broadcast2("max", a, as, b, bs, y, ys, L, [](T u, T v) { return maxNan(u, v); });
-  case Binary::Min:
-    return broadcast2("min", a, as, b, bs, y, ys, L, [](T u, T v) { return minNan(u, v); });
+#define CARVE_BINARY(F, NAME)                                                                      \
+  case Binary::F:                                                                                  \
+    return broadcast2(NAME, a, as, b, bs, y, ys, L,                                                \
+                      [](T u, T v) { return ew::binary<Binary::F>(u, v); });
+    CARVE_BINARY(Add, "add")
+    CARVE_BINARY(Sub, "sub")
+    CARVE_BINARY(Mul, "mul")
+    CARVE_BINARY(Div, "div")
+    CARVE_BINARY(Max, "max")
+    CARVE_BINARY(Min, "min")
+#undef CARVE_BINARY
   case Binary::Pow:
     break;
   }

@@ -10,7 +10,8 @@ at configure time; no GPU needed):
    OUT/src/programN.cu and the link gives OUT/bin/train.
 2. The sources are the CUDA target's: they use carve::gpu, point the Program
    at kCudaTarget, keep constants in managed memory, and set the plan's
-   precision; OUT/plan.json records target and precision.
+   precision; their elementwise chains are fused into kernels the program
+   defines (gpu_fused.cuh); OUT/plan.json records target and precision.
 3. bin/train holds device code for exactly the architectures asked for
    (its fat binaries, read with objcopy: sm_80 and sm_90 by default; the
    program's alone sm_90 with --cuda-arch 90) and needs cuBLAS, NCCL and the
@@ -159,6 +160,11 @@ def main():
                     raise Failure("%s/src/%s lacks %r" % (out, src, needle))
             if precision != "fp32" and "setPrecision(Precision::" not in text:
                 raise Failure("%s/src/%s does not set its precision" % (out, src))
+            # Elementwise chains are fused into kernels of the program's own
+            # (gpu_fused.cuh), which nvcc has just compiled for every architecture.
+            if "struct Fused" not in text or "gpu::fused(" not in text or \
+                    "CARVE_HD void operator()" not in text:
+                raise Failure("%s/src/%s has no fused elementwise kernel" % (out, src))
             if "alignas(64)" in text and "__managed__ alignas(64)" not in text:
                 raise Failure("%s/src/%s has a constant outside managed memory" % (out, src))
         meta = json.load(open(os.path.join(out, "plan.json")))

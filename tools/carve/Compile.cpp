@@ -525,6 +525,7 @@ int runCompile(CompileArgs &args) {
   cg.numMicroBatches = m;
   cg.target = args.target;
   cg.precision = plan.precision;
+  cg.fuse = args.fuse;
   std::vector<GeneratedProgram> progs(pipelined ? plan.pp : 1);
   std::vector<std::string> programNames;
   if (!pipelined) {

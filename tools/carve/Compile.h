@@ -18,6 +18,7 @@ struct CompileArgs {
   std::string target = "cpu";
   /// --cuda-arch: GPU architectures (sm numbers, "80,90"); empty: the runtime's.
   std::string cudaArchs;
+  bool fuse = true; // --no-fuse turns elementwise fusion off
   std::string output;
   std::string loss;
   std::string emitMlir;                  // write the training step's IR here

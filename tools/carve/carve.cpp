@@ -83,6 +83,10 @@ cl::opt<std::string> target("target",
                             cl::desc("Target: cpu (C++ over MPI) or cuda (C++/CUDA over NCCL; "
                                      "docs/cuda.md)"),
                             cl::init("cpu"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<bool> noFuse("no-fuse",
+                     cl::desc("Run every elementwise op as its own kernel instead of fusing "
+                              "chains (for comparing; docs/fusion.md)"),
+                     cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> cudaArch("cuda-arch",
                               cl::desc("GPU architectures for --target cuda, e.g. 80,90 (sm_80 "
                                        "and sm_90; default: those the runtime was built for)"),
@@ -283,6 +287,7 @@ int runCompileCommand() {
   args.planPath = planFile;
   args.target = target;
   args.cudaArchs = cudaArch;
+  args.fuse = !noFuse;
   args.loss = lossName;
   args.emitMlir = emitMlir;
   args.timelineJson = timelineJson;
