@@ -223,7 +223,8 @@ void qualifyGpuCalls(std::string &src) {
       "takeShard", "placeShard", "allGatherSplit", "reduceScatterSplit", "allToAllSplit",
       "gather_sharded", "gather_sharded_grad", "cross_entropy_vocab_parallel",
       "cross_entropy_vocab_parallel_grad", "sgdUpdate", "adamwUpdate", "sumSquares",
-      "addInPlace", "scaleInPlace", "setPrecision", "readScalar", "fused"};
+      "addInPlace", "scaleInPlace", "setPrecision", "readScalar", "fused", "normAccumulators",
+      "sumSquaresAdd", "readScalars"};
   std::string out;
   out.reserve(src.size() + src.size() / 16);
   size_t i = 0, lineStart = 0;
@@ -253,6 +254,25 @@ void qualifyGpuCalls(std::string &src) {
     ++i;
   }
   src = std::move(out);
+}
+
+/// Declares the gradient norm's two sums of squares (tp-split gradients, and
+/// the rest). On CUDA they accumulate on the device, so the norm costs one
+/// read instead of one per gradient.
+std::string normDeclarations(const CodegenOptions &opts) {
+  std::string s = "  double sqSplit = 0, sqWhole = 0;\n";
+  if (opts.cuda())
+    s += "  // On the device: [0] the tp-split gradients, [1] the rest; added in this order,\n"
+         "  // read once below.\n  double *sqDevice = normAccumulators();\n";
+  return s;
+}
+
+/// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).
+std::string normRead(const CodegenOptions &opts) {
+  if (!opts.cuda())
+    return "";
+  return "  double sqHost[2];\n  readScalars(sqDevice, sqHost, 2);  // waits for the step's "
+         "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n";
 }
 
 /// The step's first statement under a bf16/fp16 plan (nothing under fp32).
@@ -1758,8 +1778,9 @@ bool Generator::run() {
     ts << "; tp-split ones\n  // summed over tp, replicated ones counted once";
   if (zero >= 2)
     ts << "; each ZeRO chunk summed over dp";
-  ts << ".\n  double sqSplit = 0, sqWhole = 0;\n";
+  ts << ".\n" << normDeclarations(opts);
   emitNormTerms(ts, [](const GradSlot &) { return true; });
+  ts << normRead(opts);
   if (zero >= 2) {
     ts << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
     ts << "  ctx.dpComm->allReduce(&sqWhole, 1, CommType::F64, ReduceOp::Sum);\n";
@@ -1810,8 +1831,12 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts,
       count = chunkCount(g.param, "ctx.dpRank");
     else
       count = std::to_string(numelOf[g.param]);
-    ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", "
-       << count << ");  // " << paramName(g.param) << "\n";
+    if (opts.cuda())
+      ts << "  sumSquaresAdd(" << ptr << ", " << count << ", sqDevice + "
+         << (tpSplit(g.param) ? 0 : 1) << ");  // " << paramName(g.param) << "\n";
+    else
+      ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr
+         << ", " << count << ");  // " << paramName(g.param) << "\n";
   }
 }
 
@@ -2505,9 +2530,10 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
     os << " (tp-split ones summed over tp)";
   if (p > 1)
     os << ", then over the pipeline stages (a shared parameter counted on its first stage)";
-  os << ".\n  double sqSplit = 0, sqWhole = 0;\n";
+  os << ".\n" << normDeclarations(opts);
   for (auto &ch : chunks)
     os << ch.norm;
+  os << normRead(opts);
   if (opts.tp > 1)
     os << "  ctx.tpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
   os << "  double sq = sqSplit + sqWhole;\n";

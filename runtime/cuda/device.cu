@@ -330,6 +330,14 @@ double readScalar(const double *p) {
   return v;
 }
 
+void readScalars(const double *p, double *host, int n) {
+  if (n <= 0)
+    return;
+  CARVE_CUDA_CHECK(
+      cudaMemcpyAsync(host, p, sizeof(double) * n, cudaMemcpyDeviceToHost, stream()));
+  CARVE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
 const DeviceTarget kCudaTarget = {
     "cuda",  &openDevice,        &allocArena, &freeArena,   &toDevice,
     &toHost, &synchronizeDevice, &makeComm,   &closeDevice,

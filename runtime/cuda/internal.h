@@ -113,7 +113,8 @@ enum WorkspaceSlot : int {
   kWsFused2 = 5,
   kWsComm0 = 6, // comm_nccl.cpp
   kWsComm1 = 7,
-  kNumWorkspaceSlots = 8,
+  kWsNorm = 8, // the gradient norm's accumulators (normAccumulators)
+  kNumWorkspaceSlots = 9,
 };
 
 /// At least `bytes` of device memory (256-byte aligned) for slot `slot`,

@@ -768,6 +768,24 @@ __global__ void sumPartialsKernel(const double *partial, int n, double *out) {
   }
 }
 
+/// *acc += the sum of the n partials (one block, as sumPartialsKernel).
+__global__ void addPartialsKernel(const double *partial, int n, double *acc) {
+  __shared__ double warpSums[kThreads / 32];
+  double sum = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    sum += partial[i];
+  sum = warpCombine(false, sum);
+  if ((threadIdx.x & 31) == 0)
+    warpSums[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < kThreads / 32; ++w)
+      s += warpSums[w];
+    *acc += s;
+  }
+}
+
 } // namespace
 
 //===--- Elementwise -------------------------------------------------------===//
@@ -1324,6 +1342,26 @@ double sumSquares(const float *g, int64_t n) {
   sumPartialsKernel<<<1, kThreads, 0, stream()>>>(partial, blocks, partial + kMaxPartials);
   checkLaunch("sumSquares");
   return readScalar(partial + kMaxPartials);
+}
+
+double *normAccumulators() {
+  double *acc = static_cast<double *>(workspace(2 * sizeof(double), kWsNorm));
+  CARVE_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(double), stream()));
+  return acc;
+}
+
+void sumSquaresAdd(const float *g, int64_t n, double *acc) {
+  if (n <= 0)
+    return;
+  // The partials' slot is reused by the next call only after this call's
+  // kernels have run: one stream orders them.
+  constexpr int kMaxPartials = 1024;
+  const int blocks = std::min(blocksFor(n), kMaxPartials);
+  double *partial = static_cast<double *>(workspace(sizeof(double) * kMaxPartials, kWsBasic2));
+  sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
+  checkLaunch("sumSquaresAdd");
+  addPartialsKernel<<<1, kThreads, 0, stream()>>>(partial, blocks, acc);
+  checkLaunch("sumSquaresAdd");
 }
 
 void addInPlace(float *dst, const float *src, int64_t n) {

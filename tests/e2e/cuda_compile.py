@@ -11,7 +11,8 @@ at configure time; no GPU needed):
 2. The sources are the CUDA target's: they use carve::gpu, point the Program
    at kCudaTarget, keep constants in managed memory, and set the plan's
    precision; their elementwise chains are fused into kernels the program
-   defines (gpu_fused.cuh); OUT/plan.json records target and precision.
+   defines (gpu_fused.cuh); the gradient norm is summed on the device and
+   read once; OUT/plan.json records target and precision.
 3. bin/train holds device code for exactly the architectures asked for
    (its fat binaries, read with objcopy: sm_80 and sm_90 by default; the
    program's alone sm_90 with --cuda-arch 90) and needs cuBLAS, NCCL and the
@@ -165,6 +166,12 @@ def main():
             if "struct Fused" not in text or "gpu::fused(" not in text or \
                     "CARVE_HD void operator()" not in text:
                 raise Failure("%s/src/%s has no fused elementwise kernel" % (out, src))
+            # The gradient norm is summed on the device and read once, not
+            # one host synchronization per gradient.
+            if "gpu::sumSquares(" in text or "gpu::sumSquaresAdd(" not in text or \
+                    text.count("gpu::readScalars(") != 1:
+                raise Failure("%s/src/%s does not sum the gradient norm on the device and "
+                              "read it once" % (out, src))
             if "alignas(64)" in text and "__managed__ alignas(64)" not in text:
                 raise Failure("%s/src/%s has a constant outside managed memory" % (out, src))
         meta = json.load(open(os.path.join(out, "plan.json")))

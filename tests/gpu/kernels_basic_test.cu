@@ -838,6 +838,33 @@ void testOptimizer() {
       ++failures();
     }
   }
+  // The step's gradient norm: sums added on the device, in order, equal the
+  // host's `sq += sumSquares(g)` bit for bit (the same double additions).
+  {
+    double *acc = g::normAccumulators();
+    double host = 0, other = 0;
+    for (int64_t len : {int64_t(1000), n, int64_t(0), int64_t(7)}) {
+      g::sumSquaresAdd(dg->p, len, acc + 1);
+      host += g::sumSquares(dg->p, len);
+    }
+    g::sumSquaresAdd(dg->p, 3, acc);
+    other += g::sumSquares(dg->p, 3);
+    double got[2] = {-1, -1};
+    g::readScalars(acc, got, 2);
+    ++checks();
+    if (got[0] != other || got[1] != host) {
+      std::printf("FAIL sumSquaresAdd: device sums %.17g, %.17g; host sums %.17g, %.17g\n",
+                  got[0], got[1], other, host);
+      ++failures();
+    }
+    acc = g::normAccumulators();
+    g::readScalars(acc, got, 2);
+    ++checks();
+    if (got[0] != 0 || got[1] != 0) {
+      std::printf("FAIL normAccumulators: not zeroed (%.17g, %.17g)\n", got[0], got[1]);
+      ++failures();
+    }
+  }
 }
 
 //===--- Device errors -----------------------------------------------------===//

@@ -183,9 +183,18 @@ void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, doubl
                double dampening, double weightDecay, bool nesterov, bool firstStep);
 void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr,
                  double beta1, double beta2, double eps, double weightDecay, int64_t step);
-/// Sum of squares in double; waits for the result (the gradient norm is needed
-/// on the host to clip).
+/// Sum of squares in double; waits for the result.
 double sumSquares(const float *g, int64_t n);
+/// The gradient norm's accumulators: two device doubles, zeroed on the
+/// compute stream (valid until the next call).
+double *normAccumulators();
+/// *acc += the sum of squares of g (in double, as sumSquares computes it),
+/// enqueued without waiting: the generated step adds every gradient this way
+/// and reads the two sums once (readScalars), so they equal the host's
+/// `sq += sumSquares(g)` in the same order, bit for bit.
+void sumSquaresAdd(const float *g, int64_t n, double *acc);
+/// Copies n doubles from the device to `host`, waiting for the compute stream.
+void readScalars(const double *p, double *host, int n);
 void addInPlace(float *dst, const float *src, int64_t n);
 void scaleInPlace(float *g, int64_t n, float s);
 
