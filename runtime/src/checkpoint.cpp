@@ -204,6 +204,8 @@ std::string manifestToJson(const CheckpointManifest &m) {
   j["lr_schedule"] = {{"step", m.lrStep}};
   j["data"] = {{"step", m.dataStep}, {"global_batch", m.globalBatch}, {"seq_len", m.seqLen}};
   j["rng"] = m.rng;
+  if (m.lossScale > 0)
+    j["loss_scale"] = {{"scale", m.lossScale}, {"good_steps", m.lossScaleGoodSteps}};
   // One line per tensor: readable, and a fraction of the size fully indented.
   std::string text = j.dump(1);
   text.erase(text.rfind('}'));
@@ -289,6 +291,16 @@ bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string
     return fail("\"data\" needs \"step\"");
   getInt(data, "global_batch", m.globalBatch);
   getInt(data, "seq_len", m.seqLen);
+  if (j.contains("loss_scale")) {
+    const Json &ls = j["loss_scale"];
+    if (!ls.is_object() || !ls.contains("scale") || !ls["scale"].is_number() ||
+        !getInt(ls, "good_steps", m.lossScaleGoodSteps) || m.lossScaleGoodSteps < 0)
+      return fail("\"loss_scale\" needs a number \"scale\" and \"good_steps\" >= 0");
+    m.lossScale = ls["scale"].get<double>();
+    if (!(m.lossScale >= 1 && m.lossScale <= 1e30))
+      return fail("\"loss_scale\": the scale " + std::to_string(m.lossScale) +
+                  " is outside [1, 1e30]");
+  }
   if (!j.contains("tensors") || !j["tensors"].is_array())
     return fail("no \"tensors\" list");
   for (const Json &t : j["tensors"]) {

@@ -94,9 +94,10 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
                               (the first 10 steps, then every 10 s or --progress-every
                               steps), or none; auto (default) is bar on a terminal
   --progress-every N          with lines: a line every N steps after the first 10
-  --loss-scale S              fp16 plans: the initial dynamic loss scale (default 65536);
-                              a step whose gradients overflow is skipped and the scale
-                              halved; 2000 good steps in a row double it
+  --loss-scale S              fp16 plans: the initial dynamic loss scale (default: the
+                              one --load's checkpoint saved, else 65536); a step whose
+                              gradients overflow is skipped and the scale halved; 2000
+                              good steps in a row double it
   --quiet                     print nothing but errors (--progress none)
   --help                      print this text
 )";
@@ -135,6 +136,7 @@ struct Options {
   std::string progress = "auto";
   int64_t progressEvery = 0;
   double lossScale = 65536; // fp16 plans: the initial dynamic loss scale
+  bool lossScaleSet = false; // --loss-scale given: it wins over a checkpoint's
 };
 
 bool parseInt(const std::string &text, int64_t &out) {
@@ -221,6 +223,7 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
         return false;
       }
       opts.lossScale = v;
+      opts.lossScaleSet = true;
     } else if (arg == "--collective-timeout") {
       if (!takeValue())
         return false;
@@ -963,8 +966,10 @@ std::vector<PlannedShard> planShards(int rank) {
   return out;
 }
 
-/// The manifest of a checkpoint of the whole world at `step`.
-CheckpointManifest buildManifest(const Program &p, int64_t step) {
+/// The manifest of a checkpoint of the whole world at `step` (`lossScale` 0:
+/// not an fp16 program, nothing recorded).
+CheckpointManifest buildManifest(const Program &p, int64_t step, double lossScale,
+                                 int64_t lossScaleGoodSteps) {
   CheckpointManifest m;
   m.model = p.model ? p.model : p.name;
   m.description = p.description ? p.description : "";
@@ -981,6 +986,8 @@ CheckpointManifest buildManifest(const Program &p, int64_t step) {
   m.dataStep = step;
   m.globalBatch = p.globalBatch;
   m.seqLen = p.seqLen;
+  m.lossScale = lossScale;
+  m.lossScaleGoodSteps = lossScaleGoodSteps;
   std::map<std::string, size_t> index;
   for (int r = 0; r < m.worldSize; ++r)
     for (PlannedShard &s : planShards(r)) {
@@ -1041,7 +1048,8 @@ int64_t testSaveDelayMs() {
 /// manifest, renames the folder to DIR/step-N, then rewrites DIR/latest and
 /// removes the oldest step folders beyond `keep` (0: none). Every rank joins.
 void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
-                    const std::string &dir, int64_t step, int64_t keep) {
+                    const std::string &dir, int64_t step, int64_t keep, double lossScale,
+                    int64_t lossScaleGoodSteps) {
   std::string error;
   const std::string name = checkpointFolderName(step);
   const std::string tmp = dir + "/.tmp-" + name;
@@ -1095,7 +1103,9 @@ void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
     const std::string final = dir + "/" + name;
     struct stat st;
     bool ok =
-        writeFileAtomic(tmp + "/manifest.json", manifestToJson(buildManifest(p, step)), error) &&
+        writeFileAtomic(tmp + "/manifest.json",
+                        manifestToJson(buildManifest(p, step, lossScale, lossScaleGoodSteps)),
+                        error) &&
         syncFolder(tmp, error);
     if (ok && ::stat(final.c_str(), &st) == 0) {
       // Replacing a step folder of an earlier run: swap it out in one rename
@@ -1588,6 +1598,23 @@ int main(int argc, char **argv) {
     std::fflush(stdout);
   }
 
+  // fp16: dynamic loss scaling (GradScaler's defaults: halve on overflow,
+  // double after 2000 good steps in a row), from --loss-scale, else from the
+  // checkpoint resumed, else 65536.
+  StepContext ctx;
+  const bool fp16 = program->precision && !std::strcmp(program->precision, "fp16");
+  ctx.lossScale = fp16 ? static_cast<float>(opts.lossScale) : 1.0f;
+  int64_t goodSteps = 0, overflowSteps = 0;
+  if (fp16 && !opts.lossScaleSet && weights.sharded && weights.manifest.lossScale > 0) {
+    ctx.lossScale = static_cast<float>(weights.manifest.lossScale);
+    goodSteps = weights.manifest.lossScaleGoodSteps;
+    if (talk) {
+      std::printf("carve: fp16 loss scale %g (%lld good steps) from the checkpoint\n",
+                  static_cast<double>(ctx.lossScale), static_cast<long long>(goodSteps));
+      std::fflush(stdout);
+    }
+  }
+
   // Checkpoints at every multiple of --save-every and after the last step,
   // never the same step twice.
   int64_t lastSaved = -1;
@@ -1597,7 +1624,8 @@ int main(int argc, char **argv) {
     std::string why;
     if (device && !device->toHost(arena, deviceArena, program->arenaBytes, why))
       die(why);
-    saveCheckpoint(*world, *program, arena, opts.save, step, opts.keep);
+    saveCheckpoint(*world, *program, arena, opts.save, step, opts.keep,
+                   fp16 ? ctx.lossScale : 0.0, goodSteps);
     lastSaved = step;
     if (talk) {
       std::printf("carve: saved %s/%s\n", opts.save.c_str(), checkpointFolderName(step).c_str());
@@ -1606,7 +1634,6 @@ int main(int argc, char **argv) {
   };
 
   // Step 4: training.
-  StepContext ctx;
   ctx.arena = device ? deviceArena : arena;
   ctx.dpComm = device ? dpDevice.get() : dpComm;
   ctx.tpComm = device ? tpDevice.get() : tpComm;
@@ -1614,11 +1641,6 @@ int main(int argc, char **argv) {
   ctx.dpRank = mesh.dpRank;
   ctx.ppComm = device ? ppDevice.get() : ppComm;
   ctx.ppRank = mesh.ppRank;
-  // fp16: dynamic loss scaling (GradScaler's defaults: halve on overflow,
-  // double after 2000 good steps in a row).
-  const bool fp16 = program->precision && !std::strcmp(program->precision, "fp16");
-  ctx.lossScale = fp16 ? static_cast<float>(opts.lossScale) : 1.0f;
-  int64_t goodSteps = 0, overflowSteps = 0;
   Tracer tracer;
   if (!opts.trace.empty()) {
     world->barrier(); // a common time origin, to a barrier's precision

@@ -22,7 +22,9 @@ What must hold:
    stdout and in the JSONL (skipped, loss_scale halving each time), the
    weights stay exactly the initial ones while every step overflows, and
    training then proceeds at a scale where nothing overflows, with finite,
-   falling losses. Under dp=2 the same steps are skipped.
+   falling losses. Under dp=2 the same steps are skipped. The scale is saved
+   in the checkpoint (manifest.json "loss_scale"): a run resumed from it
+   equals the unbroken run step for step, and --loss-scale overrides it.
 5. A precision other than fp32, bf16 or fp16 is refused naming the field.
 """
 
@@ -162,6 +164,30 @@ def main():
             raise Failure("%s changed during steps that were all skipped" % name)
     print("ok: weights unchanged over %d skipped steps (%d tensors compared)" % (k, len(init)))
     checks += 1
+    # The scale is saved with the checkpoint and resumed (unless --loss-scale
+    # is given): a run saved after step k and resumed equals the unbroken run.
+    ck2 = os.path.join(w, "ckpt-resume")
+    rc, so2, se = run([a.carve, "run", out, "-n", "1", "--", "--steps", str(k + 1), "--data",
+                       data, "--loss-scale", str(int(big)), "--save", ck2, "--progress", "none"])
+    if rc != 0:
+        raise Failure("fp16 run with --save failed:\n%s%s" % (so2, se))
+    manifest = json.load(open(os.path.join(st.checkpoint_folder(ck2), "manifest.json")))
+    if manifest.get("loss_scale", {}).get("scale") != scales[k + 1]:
+        raise Failure("manifest.json records loss_scale %s, the run was at %g" %
+                      (manifest.get("loss_scale"), scales[k + 1]))
+    resumed, so3 = train(a.carve, out, 1, data, out + "-resumed.jsonl", ["--load", ck2])
+    tail_rows = [(r["step"], r["loss"], r["loss_scale"]) for r in log[k + 1:]]
+    got_rows = [(r["step"], r["loss"], r["loss_scale"]) for r in resumed]
+    if got_rows[:len(tail_rows)] != tail_rows or "loss scale %g" % scales[k + 1] not in so3:
+        raise Failure("resumed fp16 run %s differs from the unbroken run %s (stdout:\n%s)" %
+                      (got_rows, tail_rows, so3))
+    forced, _ = train(a.carve, out, 1, data, out + "-forced.jsonl",
+                      ["--load", ck2, "--loss-scale", "1024"])
+    if forced[0]["loss_scale"] != 1024:
+        raise Failure("--loss-scale 1024 with --load: the run used %g" % forced[0]["loss_scale"])
+    print("ok: the loss scale (2^%d) is saved in the checkpoint; the resumed run equals the "
+          "unbroken one; --loss-scale overrides it" % (24 - k))
+    checks += 2
     out2 = os.path.join(w, "gpt-fp16-dp2")
     compile_(a.carve, onnx, {"precision": "fp16", "dp": 2}, out2)
     log2, _ = train(a.carve, out2, 2, data, out2 + ".jsonl", ["--loss-scale", str(int(big))])

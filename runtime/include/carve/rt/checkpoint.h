@@ -89,6 +89,10 @@ struct CheckpointManifest {
   int64_t dataStep = 0;      // the data stream's position: the next batch is batch dataStep
   int64_t globalBatch = 0, seqLen = 0;
   std::string rng = "none"; // the training step draws no random numbers
+  /// fp16 plans: the dynamic loss scale and the overflow-free steps since it
+  /// last changed, so that a resumed run continues with them (0: not recorded).
+  double lossScale = 0;
+  int64_t lossScaleGoodSteps = 0;
   std::vector<CheckpointTensor> tensors;
 };
 
