@@ -750,8 +750,9 @@ __global__ void sumSquaresKernel(const float *g, int64_t n, double *partial) {
   }
 }
 
-/// out = the sum of the n partials (one block).
-__global__ void sumPartialsKernel(const double *partial, int n, double *out) {
+/// out = the sum of the n partials (one block); with Add, *out += it (the
+/// gradient norm's accumulators, in stream order).
+template <bool Add> __global__ void sumPartialsKernel(const double *partial, int n, double *out) {
   __shared__ double warpSums[kThreads / 32];
   double acc = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -764,25 +765,7 @@ __global__ void sumPartialsKernel(const double *partial, int n, double *out) {
     double s = 0;
     for (int w = 0; w < kThreads / 32; ++w)
       s += warpSums[w];
-    *out = s;
-  }
-}
-
-/// *acc += the sum of the n partials (one block, as sumPartialsKernel).
-__global__ void addPartialsKernel(const double *partial, int n, double *acc) {
-  __shared__ double warpSums[kThreads / 32];
-  double sum = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    sum += partial[i];
-  sum = warpCombine(false, sum);
-  if ((threadIdx.x & 31) == 0)
-    warpSums[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0;
-    for (int w = 0; w < kThreads / 32; ++w)
-      s += warpSums[w];
-    *acc += s;
+    *out = Add ? *out + s : s;
   }
 }
 
@@ -1339,7 +1322,7 @@ double sumSquares(const float *g, int64_t n) {
       static_cast<double *>(workspace(sizeof(double) * (kMaxPartials + 1), kWsBasic2));
   sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
   checkLaunch("sumSquares");
-  sumPartialsKernel<<<1, kThreads, 0, stream()>>>(partial, blocks, partial + kMaxPartials);
+  sumPartialsKernel<false><<<1, kThreads, 0, stream()>>>(partial, blocks, partial + kMaxPartials);
   checkLaunch("sumSquares");
   return readScalar(partial + kMaxPartials);
 }
@@ -1360,7 +1343,7 @@ void sumSquaresAdd(const float *g, int64_t n, double *acc) {
   double *partial = static_cast<double *>(workspace(sizeof(double) * kMaxPartials, kWsBasic2));
   sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
   checkLaunch("sumSquaresAdd");
-  addPartialsKernel<<<1, kThreads, 0, stream()>>>(partial, blocks, acc);
+  sumPartialsKernel<true><<<1, kThreads, 0, stream()>>>(partial, blocks, acc);
   checkLaunch("sumSquaresAdd");
 }
 
