@@ -14,7 +14,8 @@
 #    median of the timed steps after warm-up.
 # 4. PyTorch DDP, gloo, 2 processes (torch.multiprocessing), each with half of
 #    the global batch, the same threads per process.
-# 5. carve: `carve compile` for 1 rank and for {"dp": 2}; each program runs
+# 5. carve: `carve compile` for 1 rank (also with --no-fuse, whose losses must
+#    equal the fused program's bit for bit) and for {"dp": 2}; each program runs
 #    WARMUP and WARMUP + STEPS steps, and the step time is the difference of
 #    the wall times over STEPS, which removes start-up and loading.
 #
@@ -160,10 +161,11 @@ def ddp(onnx_path, config, data, threads, warmup, steps, world=2):
     return result.get()
 
 
-def carve_runs(carve, onnx_path, data, work, dp, threads, warmup, steps):
-    """(step seconds, losses of every step) of a compiled program."""
-    out = os.path.join(work, f"carve-dp{dp}")
-    cmd = [carve, "compile", onnx_path, "-o", out]
+def carve_runs(carve, onnx_path, data, work, dp, threads, warmup, steps, fuse=True):
+    """(step seconds, losses of every step) of a compiled program (`fuse`
+    False: compiled with --no-fuse, every elementwise op its own kernel)."""
+    out = os.path.join(work, f"carve-dp{dp}" + ("" if fuse else "-nofuse"))
+    cmd = [carve, "compile", onnx_path, "-o", out] + ([] if fuse else ["--no-fuse"])
     if dp > 1:
         plan = out + ".plan.json"
         with open(plan, "w") as f:
@@ -172,7 +174,7 @@ def carve_runs(carve, onnx_path, data, work, dp, threads, warmup, steps):
     run_checked(cmd)
     walls = []
     for n in (warmup, warmup + steps):
-        log = os.path.join(work, f"carve-dp{dp}-{n}steps.jsonl")
+        log = out + f"-{n}steps.jsonl"
         args = ["--steps", str(n), "--data", data, "--log", log, "--quiet"]
         launch = ([os.path.join(out, "bin", "train")] if dp == 1
                   else [carve, "run", out, "-n", str(dp), "--"])
@@ -255,6 +257,12 @@ def main():
         carve1 = carve_runs(carve, onnx_path, data, work, 1, args.threads, args.warmup,
                             args.steps)
         print(f"carve 1 rank: {carve1[0] * 1e3:.1f} ms/step")
+        carve1n = carve_runs(carve, onnx_path, data, work, 1, args.threads, args.warmup,
+                             args.steps, fuse=False)
+        print(f"carve 1 rank, --no-fuse: {carve1n[0] * 1e3:.1f} ms/step")
+        if carve1n[1] != carve1[1]:
+            failures.append("carve --no-fuse: losses differ from the fused program's "
+                            "(they must be bitwise equal)")
         carve2 = carve_runs(carve, onnx_path, data, work, 2, args.threads, args.warmup,
                             args.steps)
         print(f"carve dp=2: {carve2[0] * 1e3:.1f} ms/step")
@@ -272,6 +280,8 @@ def main():
 
     if carve1:
         row("carve, 1 rank", str(args.threads), carve1[0], 1, t_eager, carve1[1], l_eager)
+        row("carve, 1 rank, `--no-fuse`", str(args.threads), carve1n[0], 1, t_eager,
+            carve1n[1], l_eager)
     row("PyTorch eager", str(args.threads), t_eager, 1, None, None, None)
     if carve2:
         row("carve, dp=2 (`carve run -n 2`)", f"2x{args.threads}", carve2[0], 2, t_ddp,
