@@ -58,20 +58,15 @@ int normAxis(int axis, int rank, const char *op) {
   return axis;
 }
 
-void stridesOf(const Dims &s, int64_t *st) {
-  int64_t acc = 1;
-  for (int i = s.rank - 1; i >= 0; --i) {
-    st[i] = acc;
-    acc *= s.d[i];
-  }
-}
-
 //===--- Broadcast loop nests (elementwise.h, passed to kernels by value) --===//
 
 using carve::rt::ew::broadcastNest;
 using carve::rt::ew::coalesce;
 using carve::rt::ew::Nest;
 using carve::rt::ew::offsetsOf;
+using carve::rt::ew::sliceNest;
+using carve::rt::ew::stridesOf;
+using carve::rt::ew::transposeNest;
 
 template <class Op, class Y, class A, class B>
 __global__ void broadcast2Kernel(Op op, const A *a, const B *b, Y *y, Nest<2> n, int64_t total) {
@@ -511,28 +506,6 @@ __global__ void transposeTilesKernel(const T *x, T *y, TileOuter g, int64_t dk, 
     }
     __syncthreads();
   }
-}
-
-Nest<1> sliceNest(const char *op, const Dims &xs, const Dims &starts, const Dims &steps,
-                  const Dims &ys, int64_t &base) {
-  const int r = xs.rank;
-  if (starts.rank != r || steps.rank != r || ys.rank != r)
-    fatal("%s: starts, steps and the result must have the input's rank %d", op, r);
-  int64_t xst[kMaxRank];
-  stridesOf(xs, xst);
-  int64_t st[1][kMaxRank] = {};
-  base = 0;
-  for (int i = 0; i < r; ++i) {
-    const int64_t s0 = starts.d[i], step = steps.d[i], n = ys.d[i];
-    if (step <= 0)
-      fatal("%s: step %lld on axis %d (must be positive)", op, (long long)step, i);
-    if (n > 0 && (s0 < 0 || s0 + (n - 1) * step >= xs.d[i]))
-      fatal("%s: %lld elements from %lld by %lld exceed axis %d of size %lld", op, (long long)n,
-            (long long)s0, (long long)step, i, (long long)xs.d[i]);
-    base += s0 * xst[i];
-    st[0][i] = step * xst[i];
-  }
-  return coalesce<1>(ys, st);
 }
 
 template <class T>
@@ -1020,36 +993,10 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
 //===--- Data movement -----------------------------------------------------===//
 
 template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
-  const int r = xs.rank;
-  if (perm.rank != r)
-    fatal("transpose: a permutation of rank %d for a tensor of rank %d", perm.rank, r);
-  uint32_t seen = 0;
-  for (int i = 0; i < r; ++i) {
-    const int64_t p = perm.d[i];
-    if (p < 0 || p >= r || (seen >> p) & 1u)
-      fatal("transpose: the axes are not a permutation of 0..%d", r - 1);
-    seen |= 1u << p;
-  }
+  const Nest<1> n = transposeNest(xs, perm);
   const int64_t total = xs.numel();
   if (total == 0)
     return;
-  int64_t xst[kMaxRank];
-  stridesOf(xs, xst);
-  Nest<1> n;
-  for (int i = 0; i < r; ++i) {
-    const int p = static_cast<int>(perm.d[i]);
-    const int64_t dim = xs.d[p];
-    if (dim == 1)
-      continue;
-    if (n.rank && n.st[0][n.rank - 1] == xst[p] * dim) {
-      n.d[n.rank - 1] *= dim;
-      n.st[0][n.rank - 1] = xst[p];
-    } else {
-      n.d[n.rank] = dim;
-      n.st[0][n.rank] = xst[p];
-      ++n.rank;
-    }
-  }
   if (n.rank == 0 || n.inner(0) == 1)
     return gatherView("transpose", x, n, y, total);
 

@@ -142,21 +142,15 @@ int normAxis(int axis, int rank, const char *op) {
   return axis;
 }
 
-/// Contiguous strides of s.
-void stridesOf(const Dims &s, int64_t *st) {
-  int64_t acc = 1;
-  for (int i = s.rank - 1; i >= 0; --i) {
-    st[i] = acc;
-    acc *= s.d[i];
-  }
-}
-
 //===--- Broadcast loop nests (elementwise.h) -----------------------------===//
 
 using ew::broadcastNest;
 using ew::coalesce;
 using ew::forRange;
 using ew::Nest;
+using ew::sliceNest;
+using ew::stridesOf;
+using ew::transposeNest;
 
 /// y = f(a, b) over the broadcast of as and bs to ys.
 template <class Y, class A, class B, class F>
@@ -1374,38 +1368,10 @@ void cross_entropy_grad(const T *logits, Dims ls, const int64_t *targets, int re
 //===--- Data movement ----------------------------------------------------===//
 
 template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
-  const int r = xs.rank;
-  if (perm.rank != r)
-    fatal("transpose: a permutation of rank %d for a tensor of rank %d", perm.rank, r);
-  uint32_t seen = 0;
-  for (int i = 0; i < r; ++i) {
-    const int64_t p = perm.d[i];
-    if (p < 0 || p >= r || (seen >> p) & 1u)
-      fatal("transpose: the axes are not a permutation of 0..%d", r - 1);
-    seen |= 1u << p;
-  }
+  const Nest<1> n = transposeNest(xs, perm);
   const int64_t total = xs.numel();
   if (total == 0)
     return;
-  int64_t xst[kMaxRank];
-  stridesOf(xs, xst);
-  // y's dimensions with the x stride of each, size-1 ones dropped and
-  // neighbours that stay neighbours in x merged.
-  Nest<1> n;
-  for (int i = 0; i < r; ++i) {
-    const int p = static_cast<int>(perm.d[i]);
-    const int64_t dim = xs.d[p];
-    if (dim == 1)
-      continue;
-    if (n.rank && n.st[0][n.rank - 1] == xst[p] * dim) {
-      n.d[n.rank - 1] *= dim;
-      n.st[0][n.rank - 1] = xst[p];
-    } else {
-      n.d[n.rank] = dim;
-      n.st[0][n.rank] = xst[p];
-      ++n.rank;
-    }
-  }
   if (n.rank == 0 || n.inner(0) == 1)
     return gatherView(x, n, y, total);
 
@@ -1458,27 +1424,6 @@ template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
 namespace {
 
 /// The strided view x[starts :: steps] of shape ys as a nest, and its base offset.
-Nest<1> sliceNest(const char *op, const Dims &xs, const Dims &starts, const Dims &steps,
-                  const Dims &ys, int64_t &base) {
-  const int r = xs.rank;
-  if (starts.rank != r || steps.rank != r || ys.rank != r)
-    fatal("%s: starts, steps and the result must have the input's rank %d", op, r);
-  int64_t xst[kMaxRank];
-  stridesOf(xs, xst);
-  int64_t st[1][kMaxRank] = {};
-  base = 0;
-  for (int i = 0; i < r; ++i) {
-    const int64_t s0 = starts.d[i], step = steps.d[i], n = ys.d[i];
-    if (step <= 0)
-      fatal("%s: step %lld on axis %d (must be positive)", op, (long long)step, i);
-    if (n > 0 && (s0 < 0 || s0 + (n - 1) * step >= xs.d[i]))
-      fatal("%s: %lld elements from %lld by %lld exceed axis %d of size %lld", op, (long long)n,
-            (long long)s0, (long long)step, i, (long long)xs.d[i]);
-    base += s0 * xst[i];
-    st[0][i] = step * xst[i];
-  }
-  return coalesce<1>(ys, st);
-}
 
 } // namespace
 

@@ -336,6 +336,75 @@ template <int N> Nest<N> broadcastNest(const char *op, const Dims (&in)[N], cons
   return coalesce<N>(out, st);
 }
 
+/// Contiguous (row-major) strides of s.
+inline void stridesOf(const Dims &s, int64_t *st) {
+  int64_t acc = 1;
+  for (int i = s.rank - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= s.d[i];
+  }
+}
+
+/// The nest that reads x (shape xs) in the order of its transpose by `perm`:
+/// y's dimensions with the x stride of each, size-1 ones dropped and
+/// neighbours that stay neighbours in x merged. A fatal error unless perm is a
+/// permutation of xs's axes.
+inline Nest<1> transposeNest(const Dims &xs, const Dims &perm) {
+  const int r = xs.rank;
+  if (perm.rank != r)
+    fatal("transpose: a permutation of rank %d for a tensor of rank %d", perm.rank, r);
+  uint32_t seen = 0;
+  for (int i = 0; i < r; ++i) {
+    const int64_t p = perm.d[i];
+    if (p < 0 || p >= r || (seen >> p) & 1u)
+      fatal("transpose: the axes are not a permutation of 0..%d", r - 1);
+    seen |= 1u << p;
+  }
+  int64_t xst[kMaxRank];
+  stridesOf(xs, xst);
+  Nest<1> n;
+  for (int i = 0; i < r; ++i) {
+    const int p = static_cast<int>(perm.d[i]);
+    const int64_t dim = xs.d[p];
+    if (dim == 1)
+      continue;
+    if (n.rank && n.st[0][n.rank - 1] == xst[p] * dim) {
+      n.d[n.rank - 1] *= dim;
+      n.st[0][n.rank - 1] = xst[p];
+    } else {
+      n.d[n.rank] = dim;
+      n.st[0][n.rank] = xst[p];
+      ++n.rank;
+    }
+  }
+  return n;
+}
+
+/// The nest that reads the strided slice of x (shape xs) from `starts` by
+/// `steps` into the contiguous ys; `base` gets the offset of its first
+/// element. A fatal error naming `op` where the slice leaves x.
+inline Nest<1> sliceNest(const char *op, const Dims &xs, const Dims &starts, const Dims &steps,
+                         const Dims &ys, int64_t &base) {
+  const int r = xs.rank;
+  if (starts.rank != r || steps.rank != r || ys.rank != r)
+    fatal("%s: starts, steps and the result must have the input's rank %d", op, r);
+  int64_t xst[kMaxRank];
+  stridesOf(xs, xst);
+  int64_t st[1][kMaxRank] = {};
+  base = 0;
+  for (int i = 0; i < r; ++i) {
+    const int64_t s0 = starts.d[i], step = steps.d[i], n = ys.d[i];
+    if (step <= 0)
+      fatal("%s: step %lld on axis %d (must be positive)", op, (long long)step, i);
+    if (n > 0 && (s0 < 0 || s0 + (n - 1) * step >= xs.d[i]))
+      fatal("%s: %lld elements from %lld by %lld exceed axis %d of size %lld", op, (long long)n,
+            (long long)s0, (long long)step, i, (long long)xs.d[i]);
+    base += s0 * xst[i];
+    st[0][i] = step * xst[i];
+  }
+  return coalesce<1>(ys, st);
+}
+
 /// The operand offsets of output element e (one division per dimension; none
 /// when the nest is one dimension).
 template <int N> CARVE_HD void offsetsOf(const Nest<N> &n, int64_t e, int64_t (&off)[N]) {
