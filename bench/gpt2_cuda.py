@@ -23,7 +23,7 @@
 #    CUDA there is no baseline, and the script says so instead of a number.
 # 5. Prints a markdown section for docs/performance.md and writes --json.
 #
-# MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token
+# MFU (the PaLM paper, 2022, appendix B): model FLOPs per token
 #   6 N + 12 L H Q T
 # with N the parameters that take part in matrix products (all but the
 # position table; the tied token table counts once, as the lm head), L layers,
@@ -221,6 +221,12 @@ def carve_commands(carve, onnx_path, plan, out, data, log, steps):
     return ([carve, "compile", onnx_path, "--target", "cuda", "--plan", plan, "-o", out],
             [carve, "run", out, "-n", "1", "--", "--steps", str(steps), "--data", data,
              "--log", log, "--progress", "none"])
+
+
+def graph_command(run_cmd, log):
+    """The run with --cuda-graph, logging beside the eager run's log."""
+    graph_log = log[:-len(".jsonl")] + ".graph.jsonl"
+    return [x if x != log else graph_log for x in run_cmd] + ["--cuda-graph"]
 
 
 def read_log(path, want):
@@ -465,7 +471,8 @@ def main(argv=None):
     if args.roofline:
         measure.append(shlex.join(roof_cmd))
     if not args.torch_only:
-        measure += [shlex.join(compile_cmd), shlex.join(run_cmd)]
+        measure += [shlex.join(compile_cmd), shlex.join(run_cmd),
+                    shlex.join(graph_command(run_cmd, log))]
     if not args.no_torch:
         measure.append(f"PyTorch on the GPU, bf16 autocast, AdamW, {total_steps} steps: "
                        "eager; eager with SDPA attention; torch.compile of that"
@@ -580,6 +587,23 @@ def main(argv=None):
         why = check_carve_losses(losses, cfg["vocab_size"])
         if why:
             failures.append(why)
+        # The same program with its forward and backward replayed from a CUDA
+        # graph (train --cuda-graph): same kernels, so bitwise the same losses.
+        graph_cmd = graph_command(run_cmd, log)
+        graph_log = graph_cmd[graph_cmd.index("--log") + 1]
+        try:
+            print(f"$ {shlex.join(graph_cmd)}", flush=True)
+            run_checked(graph_cmd, "carve run --cuda-graph", args.timeout)
+            graph_records = read_log(graph_log, total_steps)
+        except BenchError as e:
+            write_json()
+            die(e)
+        graph_losses = [r["loss"] for r in graph_records]
+        add_row("carve, CUDA, bf16, --cuda-graph", [r["time_s"] for r in graph_records],
+                graph_losses)
+        if graph_losses != losses:
+            failures.append("carve --cuda-graph: losses differ from the eager run's "
+                            "(they must be bitwise equal)")
 
     if torch is not None:
         results["torch"] = torch.__version__

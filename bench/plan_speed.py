@@ -15,8 +15,9 @@ Each configuration runs `--repeat` times as a whole process (model build,
 profiles, search, report); the median wall time is reported with the
 planner's own search time and the chosen plan, and the predicted TFLOP/s per
 GPU is set beside the figure published for a hand-tuned Megatron-LM run of
-the same model on the same number of A100s (Narayanan et al., SC'21,
-Table 1: 163 TFLOP/s for 1T on 3072 GPUs, 153 for 175B on 1024 GPUs).
+the same model on the same number of A100s (*Efficient Large-Scale Language
+Model Training on GPU Clusters*, SC'21, Table 1: 163 TFLOP/s for 1T on 3072
+GPUs, 153 for 175B on 1024 GPUs).
 
 Exits non-zero if a run fails or a target is missed, so the recorded numbers
 are the ones that were checked.

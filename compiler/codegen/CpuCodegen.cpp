@@ -224,7 +224,7 @@ void qualifyGpuCalls(std::string &src) {
       "gather_sharded", "gather_sharded_grad", "cross_entropy_vocab_parallel",
       "cross_entropy_vocab_parallel_grad", "sgdUpdate", "adamwUpdate", "sumSquares",
       "addInPlace", "scaleInPlace", "setPrecision", "readScalar", "fused", "normAccumulators",
-      "sumSquaresAdd", "readScalars"};
+      "sumSquaresAdd", "readScalars", "graphStep"};
   std::string out;
   out.reserve(src.size() + src.size() / 16);
   size_t i = 0, lineStart = 0;
@@ -420,6 +420,10 @@ private:
   /// The user's kernels (carve.custom, carve.custom_grad): name -> declaration.
   std::map<std::string, std::string> customKernels;
   std::string body; // the step function's statements
+  /// CUDA: the statements `step` runs before `graphStep(ctx, forwardBackward)`
+  /// (the loss seed, whose fp16 value changes between steps) and after it,
+  /// before the tail (the loss pointer the tail reads); docs/cuda.md.
+  std::string graphBefore, graphAfter;
 
   // The gradients @train_step returns, in the order backward finishes them.
   struct GradSlot {
@@ -1711,13 +1715,27 @@ bool Generator::run() {
   std::string seedValue = lossReduction == "mean" && opts.dp > 1
                               ? "1.0f / " + std::to_string(opts.dp)
                               : std::string("1.0f");
-  s += "  // d(loss)/d(loss): " +
-       std::string(lossReduction == "mean" && opts.dp > 1
-                       ? "the loss is a mean over the batch and each replica sees 1/" +
-                             std::to_string(opts.dp) +
-                             " of it, so the summed gradients equal the global mean's."
-                       : "1.") +
-       "\n" + seedStore(seedName, seedValue) + "\n";
+  std::string seedLines =
+      "  // d(loss)/d(loss): " +
+      std::string(lossReduction == "mean" && opts.dp > 1
+                      ? "the loss is a mean over the batch and each replica sees 1/" +
+                            std::to_string(opts.dp) +
+                            " of it, so the summed gradients equal the global mean's."
+                      : "1.");
+  if (opts.cuda()) {
+    // Outside the captured forward and backward: under fp16 the seed is the
+    // loss scale, which changes between steps.
+    Value seedArg;
+    for (BlockArgument a : fn.getArguments())
+      if (fn.getArgAttr(a.getArgNumber(), "carve.loss_seed"))
+        seedArg = a;
+    graphBefore = seedLines + "\n" +
+                  seedStore("(float *)(A + " +
+                                std::to_string(buffers[bufferOf.lookup(seedArg)].offset) + ")",
+                            seedValue);
+  } else {
+    s += seedLines + "\n" + seedStore(seedName, seedValue) + "\n";
+  }
   bool backward = false;
   std::map<unsigned, std::string> shardVar;
   for (auto &[arg, pair] : gathered)
@@ -1760,9 +1778,22 @@ bool Generator::run() {
   llvm::raw_string_ostream ts(t);
   const OptimizerConfig &o = opts.optimizer;
   if (opts.dp > 1 && zero < 2) {
-    ts << "\n  // Wait for the gradient all-reduces before the optimizer reads them.\n";
+    // CUDA: inside forwardBackward, so that a captured graph joins the
+    // collectives' stream back into the compute stream.
+    std::string waits = "\n  // Wait for the gradient all-reduces before the optimizer reads them.\n";
     for (size_t b = 0; b < buckets.size(); ++b)
-      ts << "  ctx.dpComm->wait(bucket" << b << ");\n";
+      waits += "  ctx.dpComm->wait(bucket" + std::to_string(b) + ");\n";
+    if (opts.cuda())
+      s += waits;
+    else
+      ts << waits;
+  }
+  if (opts.cuda()) {
+    if (!bufferOf.count(loss))
+      return fail("the loss has no buffer the step's tail can read");
+    graphAfter = "  " + ctypeOf(loss) + " *" + var[loss] + " = (" + ctypeOf(loss) + " *)(A + " +
+                 std::to_string(buffers[bufferOf.lookup(loss)].offset) +
+                 ");  // the loss, written by forwardBackward\n";
   }
   ts << "\n  // The loss of the whole global batch.\n";
   ts << "  float loss = (float)" << scalarRead(var[loss]) << ";\n";
@@ -2301,8 +2332,14 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
     os << "// ---- Constants ----\n\n" << constants << "\n";
   if (!fusedDefs.empty())
     os << "// ---- Fused elementwise chains (carve/rt/fused.h) ----\n\n" << fusedDefs;
-  os << "void step(StepContext &ctx) {\n";
-  os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
+  if (opts.cuda()) {
+    os << "// The step's forward and backward, with their collectives: what `train --cuda-graph`\n"
+       << "// captures in a CUDA graph and replays (graphStep in step below; docs/cuda.md).\n"
+       << "void forwardBackward(StepContext &ctx) {\n  char *const A = ctx.arena;\n";
+  } else {
+    os << "void step(StepContext &ctx) {\n";
+    os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
+  }
   os << "  // ---- Inputs, parameters and buffers ----\n";
   for (BlockArgument a : fn.getArguments()) {
     const Buffer &b = buffers[bufferOf.lookup(a)];
@@ -2313,6 +2350,15 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
        << ");  // " << what << " " << shapeText(typeOf(a).getShape()) << "\n";
   }
   os << "\n  // ---- Forward ----\n\n" << body;
+  if (opts.cuda()) {
+    os << "}\n\nvoid step(StepContext &ctx) {\n"
+       << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n"
+       << graphBefore
+       << "\n  // Forward and backward: run as they are, or (train --cuda-graph) run once, then\n"
+       << "  // captured in a CUDA graph and replayed.\n"
+       << "  graphStep(ctx, forwardBackward);\n"
+       << graphAfter;
+  }
   os << tail << "}\n\n";
 
   emitProgramTables(os, opts, out, inputRows, paramRows, nullptr);

@@ -39,9 +39,9 @@ std::vector<Instr> oneFOneBRank(int p, int m, int rank) {
   return list;
 }
 
-/// Interleaved 1F1B (Narayanan et al. 2021, as in Megatron-LM): each rank
-/// holds v chunks, stage chunk*p + rank, and the m*v forwards of a rank are
-/// numbered k = 0 .. m*v-1:
+/// Interleaved 1F1B (*Efficient Large-Scale Language Model Training on GPU
+/// Clusters*, 2021, as in Megatron-LM): each rank holds v chunks, stage
+/// chunk*p + rank, and the m*v forwards of a rank are numbered k = 0 .. m*v-1:
 ///   1. Forward k runs chunk (k / p) % v on micro-batch (k / (p*v)) * p + k % p:
 ///      groups of p micro-batches pass through chunk 0, then chunk 1, ...
 ///   2. Backward k runs chunk v-1 - (k / p) % v on the same micro-batch: the

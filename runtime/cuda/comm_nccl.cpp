@@ -614,6 +614,9 @@ private:
   void stageIn(Op &o) {
     if (o.stage.empty())
       return;
+    if (carve::gpu::capturing())
+      fail(o.info, "host memory cannot take part in a collective captured in a CUDA graph (the "
+                   "copy to the device would not be repeated); run without --cuda-graph");
     o.staging = takeStaging(static_cast<size_t>(o.stage.total), o.info);
     Staging &st = staging[o.staging];
     o.stage.base = static_cast<char *>(st.dev);
@@ -790,6 +793,9 @@ private:
   /// Blocks the host until `ev` completes, watching for NCCL errors and the
   /// collective timeout.
   void hostWait(cudaEvent_t ev, const OpInfo &info) {
+    if (carve::gpu::capturing())
+      fail(info, "the host cannot wait for a collective while the step is captured in a CUDA "
+                 "graph; run without --cuda-graph");
     const double limit = collectiveTimeout();
     const Clock::time_point start = Clock::now();
     for (unsigned spin = 1;; ++spin) {
@@ -821,7 +827,9 @@ private:
 
   /// Hands the operation just enqueued to the watchdog.
   void watchOp(const OpInfo &info) {
-    if (!watchdog.joinable())
+    // Events recorded while capturing cannot be queried; the captured graph's
+    // launch is waited for with the same timeout instead (graphStep).
+    if (!watchdog.joinable() || carve::gpu::capturing())
       return;
     cudaEvent_t ev = nullptr;
     {

@@ -11,9 +11,12 @@
 
 #include "internal.h"
 
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <sched.h>
+#include <thread>
 
 namespace carve::gpu {
 
@@ -36,6 +39,14 @@ struct DeviceState {
   DeviceError *error = nullptr;
   void *scratch[kNumWorkspaceSlots] = {};
   size_t scratchBytes[kNumWorkspaceSlots] = {};
+  // graphStep: the body and arena it captured, how often it ran, the graph.
+  void (*graphBody)(StepContext &) = nullptr;
+  char *graphArena = nullptr;
+  int64_t graphCalls = 0;
+  cudaGraphExec_t graph = nullptr;
+  int64_t graphNodes = 0;
+  cudaEvent_t graphDone = nullptr;
+  bool capturing = false;
 };
 
 DeviceState &state() {
@@ -81,6 +92,10 @@ void closeDevice() {
     return;
   // Teardown: a device that already failed may refuse; nothing to do about it.
   cudaDeviceSynchronize();
+  if (s.graph)
+    cudaGraphExecDestroy(s.graph);
+  if (s.graphDone)
+    cudaEventDestroy(s.graphDone);
   if (s.blas)
     cublasDestroy(s.blas);
   cudaFree(s.blasWorkspace);
@@ -280,6 +295,10 @@ void *workspace(size_t bytes, int slot) {
   DeviceState &s = state();
   if (bytes <= s.scratchBytes[slot])
     return s.scratch[slot];
+  if (s.capturing)
+    fatal("CUDA graph capture: scratch slot %d must grow from %zu to %zu bytes while the step "
+          "is captured (the step's warm-up run asked for less); run without --cuda-graph",
+          slot, s.scratchBytes[slot], bytes);
   // Work already enqueued may still read the old buffer.
   CARVE_CUDA_CHECK(cudaDeviceSynchronize());
   CARVE_CUDA_CHECK(cudaFree(s.scratch[slot]));
@@ -294,6 +313,96 @@ void *workspace(size_t bytes, int slot) {
           gib(static_cast<int64_t>(n)), slot, cudaGetErrorString(e));
   s.scratchBytes[slot] = n;
   return s.scratch[slot];
+}
+
+bool capturing() { return state().capturing; }
+
+//===--- gpu.h: CUDA graphs --------------------------------------------------===//
+
+namespace {
+
+/// Captures `body` into `s.graph` (nothing runs).
+void captureGraph(DeviceState &s, StepContext &ctx, void (*body)(StepContext &)) {
+  cudaError_t e = cudaStreamBeginCapture(s.compute, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess)
+    fatal("%sstep %lld: starting to capture the forward and backward in a CUDA graph failed: %s",
+          where().c_str(), static_cast<long long>(ctx.step), cudaGetErrorString(e));
+  s.capturing = true;
+  body(ctx);
+  s.capturing = false;
+  cudaGraph_t g = nullptr;
+  e = cudaStreamEndCapture(s.compute, &g);
+  if (e != cudaSuccess || !g)
+    fatal("%sstep %lld: capturing the forward and backward in a CUDA graph failed: %s (an "
+          "operation in them cannot be captured); run without --cuda-graph",
+          where().c_str(), static_cast<long long>(ctx.step),
+          e != cudaSuccess ? cudaGetErrorString(e) : "no graph");
+  size_t nodes = 0;
+  e = cudaGraphGetNodes(g, nullptr, &nodes);
+  if (e == cudaSuccess)
+    e = cudaGraphInstantiate(&s.graph, g, 0);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess)
+    fatal("%sstep %lld: instantiating the captured CUDA graph (%zu nodes) failed: %s",
+          where().c_str(), static_cast<long long>(ctx.step), nodes, cudaGetErrorString(e));
+  s.graphNodes = static_cast<int64_t>(nodes);
+}
+
+/// Waits for the graph just launched, polling so that a collective inside it
+/// that never completes (a peer died or stopped) ends the job after
+/// --collective-timeout seconds; NCCL's own errors are reported by the
+/// communicators' watchdogs meanwhile.
+void waitForGraph(DeviceState &s, int64_t step) {
+  CARVE_CUDA_CHECK(cudaEventRecord(s.graphDone, s.compute));
+  const double limit = carve::rt::collectiveTimeout();
+  const auto start = std::chrono::steady_clock::now();
+  for (unsigned spin = 1;; ++spin) {
+    cudaError_t e = cudaEventQuery(s.graphDone);
+    if (e == cudaSuccess)
+      return;
+    if (e != cudaErrorNotReady)
+      fatal("%sstep %lld: the CUDA graph of the forward and backward failed: %s",
+            where().c_str(), static_cast<long long>(step), cudaGetErrorString(e));
+    if (spin % 64 == 0 && limit > 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit)
+      fatal("%sstep %lld: the CUDA graph of the forward and backward did not complete in %g s; "
+            "a rank it exchanges data with may be dead or stuck (--collective-timeout)",
+            where().c_str(), static_cast<long long>(step), limit);
+    if (spin < 2000)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+} // namespace
+
+void graphStep(StepContext &ctx, void (*body)(StepContext &)) {
+  requireOpen("graphStep");
+  if (!ctx.cudaGraph) {
+    body(ctx);
+    return;
+  }
+  DeviceState &s = state();
+  if (s.capturing)
+    fatal("CUDA graph: graphStep called while a step is being captured");
+  if (s.graphBody && (s.graphBody != body || s.graphArena != ctx.arena))
+    fatal("CUDA graph: the step's %s changed after the first step (one program and one arena "
+          "per process)",
+          s.graphBody != body ? "forward and backward" : "arena");
+  s.graphBody = body;
+  s.graphArena = ctx.arena;
+  if (s.graphCalls++ == 0) {
+    body(ctx); // the warm-up
+    return;
+  }
+  if (!s.graphDone)
+    CARVE_CUDA_CHECK(cudaEventCreateWithFlags(&s.graphDone, cudaEventDisableTiming));
+  if (!s.graph)
+    captureGraph(s, ctx, body);
+  CARVE_CUDA_CHECK(cudaGraphLaunch(s.graph, s.compute));
+  waitForGraph(s, ctx.step);
+  ctx.graphNodes = s.graphNodes;
 }
 
 //===--- gpu.h: device, streams, memory -------------------------------------===//

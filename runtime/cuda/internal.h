@@ -60,6 +60,11 @@ inline int blocksFor(int64_t n, int threads = kThreads) {
   return static_cast<int>(b < 1 ? 1 : b > kMaxBlocks ? kMaxBlocks : b);
 }
 
+/// True while graphStep captures the step's forward and backward: whatever
+/// would wait on the host or copy host memory then is an error (it would not
+/// be repeated by the graph's replays).
+bool capturing();
+
 //===--- Bad data found on the device --------------------------------------===//
 //
 // A kernel that meets a value the CPU kernel would stop on (a target outside

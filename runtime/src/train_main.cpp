@@ -98,6 +98,10 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
                               one --load's checkpoint saved, else 65536); a step whose
                               gradients overflow is skipped and the scale halved; 2000
                               good steps in a row double it
+  --cuda-graph                CUDA programs: run the first step as it is, capture the
+                              forward and backward (kernels and collectives) in a CUDA graph
+                              on the second and replay it from then on (one launch instead of
+                              one per kernel); pipeline-parallel programs run as they are
   --quiet                     print nothing but errors (--progress none)
   --help                      print this text
 )";
@@ -137,6 +141,7 @@ struct Options {
   int64_t progressEvery = 0;
   double lossScale = 65536; // fp16 plans: the initial dynamic loss scale
   bool lossScaleSet = false; // --loss-scale given: it wins over a checkpoint's
+  bool cudaGraph = false;    // --cuda-graph
 };
 
 bool parseInt(const std::string &text, int64_t &out) {
@@ -174,7 +179,12 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       value = argv[++i];
       return true;
     };
-    if (arg == "--quiet") {
+    if ((arg == "--cuda-graph" || arg == "--quiet") && inlineValue) {
+      error = arg + " takes no value";
+      return false;
+    } else if (arg == "--cuda-graph") {
+      opts.cudaGraph = true;
+    } else if (arg == "--quiet") {
       opts.quiet = true;
     } else if (arg == "--steps") {
       if (!takeValue())
@@ -1473,7 +1483,10 @@ int main(int argc, char **argv) {
     mesh.ppRank = worldRank / (mesh.dp * mesh.tp);
     mesh.dpRank = worldRank / mesh.tp % mesh.dp;
     mesh.tpRank = worldRank % mesh.tp;
-    if (checkShardedSpecs(*program, mesh, error))
+    if (opts.cudaGraph && !device)
+      error = std::string("--cuda-graph needs a program compiled with --target cuda; '") +
+              program->name + "' is for the CPU";
+    else if (checkShardedSpecs(*program, mesh, error))
       loader = openDataLoader(*program, mesh.dpRank, opts.data, opts.dataType, error);
     if (loader)
       openWeights(*program, opts, weights, error);
@@ -1649,6 +1662,13 @@ int main(int argc, char **argv) {
   }
   NanGuard guard(*world, *program, mesh, faults, arena);
   ctx.hooks = &guard;
+  ctx.cudaGraph = opts.cudaGraph && program->pp == 1;
+  if (opts.cudaGraph && program->pp > 1 && talk) {
+    std::printf("carve: --cuda-graph: pipeline-parallel programs are not captured (their "
+                "schedule runs the micro-batches from the host); running as they are\n");
+    std::fflush(stdout);
+  }
+  bool graphReported = false;
   ProgressMode mode = opts.quiet || worldRank != 0 ? ProgressMode::None
                       : opts.progress == "bar"     ? ProgressMode::Bar
                       : opts.progress == "lines"   ? ProgressMode::Lines
@@ -1685,6 +1705,16 @@ int main(int argc, char **argv) {
       die("step " + std::to_string(k) + ": " + error);
     if (!guard.asked)
       guard.checkAfterStep(ctx);
+    if (ctx.graphNodes > 0 && !graphReported) {
+      graphReported = true;
+      if (talk) {
+        progress.interrupt();
+        std::printf("carve: step %lld: forward and backward captured in a CUDA graph of %lld "
+                    "nodes, replayed from now on\n",
+                    static_cast<long long>(k), static_cast<long long>(ctx.graphNodes));
+        std::fflush(stdout);
+      }
+    }
     // fp16: gradients that overflowed at this scale are expected now and then.
     const bool overflow = fp16 && guard.nonFinite && guard.asked && guard.culprit != "loss";
     const bool stop = guard.nonFinite && !overflow && (!opts.skipNonFinite || !guard.asked);

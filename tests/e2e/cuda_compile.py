@@ -12,7 +12,11 @@ at configure time; no GPU needed):
    at kCudaTarget, keep constants in managed memory, and set the plan's
    precision; their elementwise chains are fused into kernels the program
    defines (gpu_fused.cuh); the gradient norm is summed on the device and
-   read once; OUT/plan.json records target and precision.
+   read once; OUT/plan.json records target and precision. The forward and
+   backward (what train --cuda-graph captures) are a function of their own,
+   called once through gpu::graphStep, that reads no per-step host value
+   (loss scale, step, learning rate), never waits on the host and waits for
+   every collective it starts; pipeline stages are not captured.
 3. bin/train holds device code for exactly the architectures asked for
    (its fat binaries, read with objcopy: sm_80 and sm_90 by default; the
    program's alone sm_90 with --cuda-arch 90) and needs cuBLAS, NCCL and the
@@ -31,6 +35,7 @@ reports it as skipped, never as passed).
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -112,6 +117,34 @@ def fatbins(binary, workdir):
     return sets
 
 
+def check_graph_split(text, where, pipelined):
+    """The forward and backward that train --cuda-graph captures: their own
+    function, called once through gpu::graphStep, reading no value of the
+    host's that changes between steps (a captured graph would replay the
+    first one), never waiting on the host, and waiting for every collective
+    it starts (a graph must join the collectives' stream back)."""
+    if pipelined:
+        if "graphStep" in text:
+            raise Failure("%s: a pipeline stage's program calls graphStep" % where)
+        return
+    begin = text.find("void forwardBackward(StepContext &ctx) {")
+    end = text.find("\n}\n", begin)
+    if begin < 0 or end < 0 or text.count("gpu::graphStep(ctx, forwardBackward);") != 1:
+        raise Failure("%s: no forwardBackward function run once through gpu::graphStep" % where)
+    body = text[begin:end]
+    for bad in ["ctx.lossScale", "ctx.step", "ctx.hooks", "ctx.loss", "readScalar",
+                "gpu::sumSquares", "allReduce(&", "scheduledLr"]:
+        if bad in body:
+            raise Failure("%s: forwardBackward, which a CUDA graph replays, uses %r" %
+                          (where, bad))
+    for handle in re.findall(r"CommHandle (bucket\d+)", body):
+        if ("wait(%s)" % handle) not in body and ("&h : %s)" % handle) not in body:
+            raise Failure("%s: forwardBackward starts %s and does not wait for it" %
+                          (where, handle))
+    if "lossScale" in text and "loss_seed" not in body:
+        raise Failure("%s: forwardBackward does not declare the loss seed it reads" % where)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -172,6 +205,7 @@ def main():
                     text.count("gpu::readScalars(") != 1:
                 raise Failure("%s/src/%s does not sum the gradient norm on the device and "
                               "read it once" % (out, src))
+            check_graph_split(text, "%s/src/%s" % (out, src), plan_name == "pp2")
             if "alignas(64)" in text and "__managed__ alignas(64)" not in text:
                 raise Failure("%s/src/%s has a constant outside managed memory" % (out, src))
         meta = json.load(open(os.path.join(out, "plan.json")))

@@ -301,6 +301,14 @@ def build_cases(carve, root, p, errors):
                       expect=["3", "2", ("rank", "dp", "process")], guarded=guarded,
                       env=MPI_ENV, needs=["mlp2"], one_line=False))
 
+    # --cuda-graph is for CUDA programs; it takes no value.
+    args, guarded = train_args("cuda_graph_cpu", p["mlp_data"], ["--cuda-graph"])
+    cases.append(Case("cuda_graph_cpu", [mlp1_train, *args],
+                      expect=["--cuda-graph", "cuda", "CPU"], guarded=guarded, needs=["mlp1"]))
+    args, guarded = train_args("cuda_graph_value", p["mlp_data"], ["--cuda-graph=yes"])
+    cases.append(Case("cuda_graph_value", [mlp1_train, *args],
+                      expect=["--cuda-graph", "no value"], guarded=guarded, needs=["mlp1"]))
+
     # Data files.
     missing = d("data", "does_not_exist.bin")
     args, guarded = train_args("missing_data", missing)

@@ -8,7 +8,9 @@
 // (inputs written and results read by the compute stream, never synchronized
 // by hand in between), host pointers staged through the device, in-place
 // all-gather, unequal reduce-scatter counts, sends to itself matched by tag,
-// splits, empty operations and one large all-reduce (over 2^31 bytes).
+// splits, empty operations and one large all-reduce (over 2^31 bytes); and
+// gpu::graphStep, the CUDA graph capture of a step's kernels and collectives
+// (train --cuda-graph), against the same body run as it is.
 //
 //===----------------------------------------------------------------------===//
 
@@ -186,6 +188,62 @@ std::unique_ptr<Communicator> makeNccl(Communicator &bootstrap, const std::strin
   return c;
 }
 
+/// graphStep's body: what a generated forwardBackward does in small (kernels
+/// on the compute stream, a collective on its own stream, waited for by the
+/// compute stream), on the arena [x (n floats), y (n floats)].
+Communicator *graphComm = nullptr;
+constexpr int64_t kGraphN = 1000;
+void graphBody(carve::rt::StepContext &ctx) {
+  float *x = reinterpret_cast<float *>(ctx.arena), *y = x + kGraphN;
+  g::scaleInPlace(x, kGraphN, 2.0f);
+  graphComm->wait(graphComm->allReduceAsync(x, kGraphN, CommType::F32, ReduceOp::Sum));
+  g::addInPlace(x, y, kGraphN);
+}
+
+/// Runs graphBody through graphStep for 4 steps, the host writing new x
+/// before each (as train_main copies each step's inputs): with the graph on,
+/// step 0 runs as is, step 1 is captured and launched, steps 2-3 replay; the
+/// results must be 2x + y (one rank: the all-reduce is the identity) every
+/// time, whichever way they ran.
+void checkGraphStep(Communicator &c, bool graph) {
+  const std::string label = graph ? "graphStep with --cuda-graph" : "graphStep without it";
+  graphComm = &c;
+  float *arena = nullptr;
+  GT_CUDA(cudaMalloc(&arena, 2 * kGraphN * sizeof(float)));
+  std::vector<float> y = iota<float>(kGraphN, 0.5f);
+  GT_CUDA(cudaMemcpyAsync(arena + kGraphN, y.data(), kGraphN * sizeof(float),
+                          cudaMemcpyHostToDevice, compute()));
+  carve::rt::StepContext ctx;
+  ctx.arena = reinterpret_cast<char *>(arena);
+  ctx.cudaGraph = graph;
+  int64_t nodes = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> x = iota<float>(kGraphN, static_cast<float>(10 * step));
+    GT_CUDA(cudaMemcpyAsync(arena, x.data(), kGraphN * sizeof(float), cudaMemcpyHostToDevice,
+                            compute()));
+    GT_CUDA(cudaStreamSynchronize(compute())); // x lives on the host stack
+    ctx.step = step;
+    g::graphStep(ctx, graphBody);
+    std::vector<float> got = readBack(arena, kGraphN);
+    int bad = 0;
+    for (int64_t i = 0; i < kGraphN; ++i)
+      bad += got[i] != 2.0f * x[i] + y[i];
+    expect(bad == 0, label + ": step " + std::to_string(step) + ": " + std::to_string(bad) +
+                         " wrong elements of 2x + y");
+    if (!graph || step == 0)
+      expect(ctx.graphNodes == 0, label + ": step " + std::to_string(step) +
+                                      ": no graph expected, got " +
+                                      std::to_string(ctx.graphNodes) + " nodes");
+    else if (step == 1)
+      expect((nodes = ctx.graphNodes) >= 3, label + ": a graph of at least 3 nodes (2 kernels "
+                                                    "and the all-reduce), got " +
+                                                    std::to_string(ctx.graphNodes));
+    else
+      expect(ctx.graphNodes == nodes, label + ": the same graph replayed");
+  }
+  cudaFree(arena);
+}
+
 } // namespace
 
 int main() {
@@ -202,6 +260,9 @@ int main() {
     std::unique_ptr<Communicator> c = makeNccl(*self, "self bootstrap");
     if (c) {
       checkOperations(*c, "world");
+      checkGraphStep(*c, false);
+      // graphStep keeps one graph per process: the captured run last.
+      checkGraphStep(*c, true);
       std::unique_ptr<Communicator> sub = c->split(0, 5);
       sub->setName("dp");
       checkOperations(*sub, "split");

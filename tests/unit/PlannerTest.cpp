@@ -1,8 +1,8 @@
 //===- PlannerTest.cpp - the planner's memory and cost model --------------===//
 //
 // The memory model against the published formulas, to the byte: per-layer
-// activations of a GPT layer with 16-bit activations (Korthikanti et al.,
-// 2022) under no parallelism, tp, tp + sequence parallelism, selective and
+// activations of a GPT layer with 16-bit activations (*Reducing Activation
+// Recomputation in Large Transformer Models*, 2022) under no parallelism, tp, tp + sequence parallelism, selective and
 // full recomputation; parameters, gradients and optimizer state under every
 // ZeRO stage and precision. Then constraints, infeasible requests and the
 // cost model's basic laws.
@@ -80,7 +80,7 @@ Candidate cand(int tp, bool sp, const std::string &recompute, int64_t b,
   return c;
 }
 
-TEST(PlannerMemory, KorthikantiActivationsWithDropout) {
+TEST(PlannerMemory, PublishedActivationsWithDropout) {
   Fixture f(gptSpec(true));
   for (double b : {1.0, 2.0, 4.0}) {
     const double sbh = s * b * h, core = a * s * s * b;
@@ -152,8 +152,9 @@ TEST(PlannerMemory, ZeroStagesExactToTheByte) {
         EXPECT_EQ(e.mem.grads, (zero >= 2 ? shard : psi) * gB) << prec << " zero " << zero;
         EXPECT_EQ(e.mem.optimizer, (zero >= 1 ? shard : psi) * oB) << prec << " zero " << zero;
         // Mixed precision: (2 + 2 + 12) psi / dp under ZeRO-3.
-        if (zero == 3)
+        if (zero == 3) {
           EXPECT_EQ(e.mem.params + e.mem.grads + e.mem.optimizer, (pB + gB + oB) * shard);
+        }
       }
   }
 }

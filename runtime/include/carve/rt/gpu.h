@@ -198,6 +198,22 @@ void readScalars(const double *p, double *host, int n);
 void addInPlace(float *dst, const float *src, int64_t n);
 void scaleInPlace(float *g, int64_t n, float s);
 
+//===--- CUDA graphs (train --cuda-graph) -----------------------------------===//
+
+/// Runs `body`, the generated step's forward and backward with their
+/// collectives. Without `ctx.cudaGraph`, simply calls it. With it: calls it
+/// on the first step (the warm-up: scratch buffers reach their sizes, NCCL
+/// connects to its peers), captures it into a CUDA graph on the second
+/// (nothing runs while capturing) and from then on launches the graph, one
+/// launch for every kernel and collective of the forward and backward; then
+/// waits for the graph, bounded by --collective-timeout (a rank that died or
+/// stopped inside a captured collective ends the job with one line instead
+/// of a hang). Sets `ctx.graphNodes` once captured. Every rank must capture
+/// at the same step (NCCL's rule for captured collectives), which the same
+/// flag on every rank gives. Fatal, naming the cause, when the capture fails
+/// or the body or arena changes after it.
+void graphStep(StepContext &ctx, void (*body)(StepContext &));
+
 //===--- The target the runtime's main drives -------------------------------===//
 
 /// Filled in by the CUDA library (device.cu); generated CUDA programs point

@@ -99,6 +99,11 @@ struct StepContext {
   /// The loss seed's factor (dynamic loss scaling of fp16 plans): gradients
   /// come out scaled by it and the step divides them by it before the norm.
   float lossScale = 1;
+  /// CUDA programs (train --cuda-graph): run the forward and backward once,
+  /// then capture them in a CUDA graph and replay it (gpu::graphStep).
+  bool cudaGraph = false;
+  /// Out: the nodes of the captured graph (0 until it is captured).
+  int64_t graphNodes = 0;
 };
 
 /// A device the step runs on (the CUDA target), driven by the runtime's main
