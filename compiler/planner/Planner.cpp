@@ -37,7 +37,12 @@ std::string Candidate::key() const {
   return os.str();
 }
 
-int activationBytes(const std::string &precision) { return precision == "fp32" ? 4 : 2; }
+Storage storageFor(const std::string &precision, bool published) {
+  Storage st; // fp32 throughout
+  if (published && precision != "fp32")
+    st = Storage{2, 2, 12, 2};
+  return st;
+}
 
 int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r) {
   if (schedule == "gpipe")
@@ -50,8 +55,8 @@ int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r) {
   return std::min<int64_t>(p - r, m);
 }
 
-double layerActivationBytes(const Segment &s, const Candidate &c) {
-  const double a = activationBytes(c.precision), b = (double)c.microBatch;
+double layerActivationBytes(const Segment &s, const Candidate &c, double bytesPerElement) {
+  const double a = bytesPerElement, b = (double)c.microBatch;
   if (c.recompute == "full")
     return s.input * b * a;
   double bytes = (s.saved - s.savedFixed) * b * a + s.savedFixed * a + s.hiddenMasks * b;
@@ -93,12 +98,11 @@ struct Secs {
   double perSample = 0, fixed = 0, coreSample = 0;
 };
 Secs opSeconds(const std::vector<OpWork> &ops, const Cluster &cl, const Calibration &cal,
-               const std::string &precision) {
+               const std::string &precision, double bytes) {
   Secs s;
   const double peak = cl.peak(precision == "fp32" ? "fp32" : precision) * cal.matmulEfficiency;
   const double peakVec = cl.peak("fp32") * cal.matmulEfficiency;
   const double bw = cl.device.memoryBandwidth * cal.memoryEfficiency;
-  const double bytes = activationBytes(precision);
   for (const OpWork &w : ops) {
     double t = w.matmul ? std::max(w.flops / peak, w.elems * bytes / bw)
                         : std::max(w.flops / peakVec, w.elems * bytes / bw);
@@ -117,10 +121,10 @@ struct Priced {
   std::array<int, kNumCommKinds> fwdCalls{}, bwdCalls{};
 };
 Priced price(const Segment &s, const Cluster &cl, const Calibration &cal,
-             const std::string &precision) {
+             const std::string &precision, double bytes) {
   Priced p;
-  p.fwd = opSeconds(s.forward, cl, cal, precision);
-  p.bwd = opSeconds(s.backward, cl, cal, precision);
+  p.fwd = opSeconds(s.forward, cl, cal, precision, bytes);
+  p.bwd = opSeconds(s.backward, cl, cal, precision, bytes);
   p.fwdComm = s.forwardComm.elems;
   p.bwdComm = s.backwardComm.elems;
   p.fwdCalls = s.forwardComm.calls;
@@ -134,14 +138,15 @@ struct PricedModel {
   Priced embedding, head;
   std::vector<Priced> layers;
 };
+/// `bytes`: per stored element (Storage::activation), for memory-bound ops.
 PricedModel priceModel(const Profile &prof, const Cluster &cl, const Calibration &cal,
-                       const std::string &precision) {
+                       const std::string &precision, double bytes) {
   PricedModel m;
-  m.embedding = price(prof.embedding, cl, cal, precision);
-  m.head = price(prof.head, cl, cal, precision);
+  m.embedding = price(prof.embedding, cl, cal, precision, bytes);
+  m.head = price(prof.head, cl, cal, precision, bytes);
   m.layers.reserve(prof.layers.size());
   for (const Segment &s : prof.layers)
-    m.layers.push_back(price(s, cl, cal, precision));
+    m.layers.push_back(price(s, cl, cal, precision, bytes));
   return m;
 }
 
@@ -194,7 +199,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   const bool hasLayers = !prof.layers.empty();
   const int S = c.pp * c.v;
   const double b = (double)c.microBatch;
-  const double aBytes = activationBytes(c.precision);
+  const Storage st = storageFor(c.precision, opts.publishedStorage);
+  const double aBytes = st.activation;
   const int dev = cl.devicesPerNode;
 
   Link intra{cl.intraNode.bandwidth * cal.linkEfficiency, cl.intraNode.latency};
@@ -261,7 +267,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       rec += pt.rec;
       comm += pt.comm;
       params += seg.params;
-      act += isLayer ? layerActivationBytes(seg, c)
+      act += isLayer ? layerActivationBytes(seg, c, aBytes)
                      : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * aBytes +
                            seg.core * b * aBytes + seg.hiddenMasks * b;
       double w = seg.largestOp * b * aBytes;
@@ -312,8 +318,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   e.bubbleFraction = pipeline > 0 ? e.time.bubble / pipeline : 0;
 
   // Data parallel: gradients (and ZeRO gathers) of the rank with most parameters.
-  const bool mixed = c.precision != "fp32";
-  const double pB = mixed ? 2 : 4, gB = mixed ? 2 : 4, oB = mixed ? 12 : 8;
+  const double pB = st.param, gB = st.grad, oB = st.optimizer;
   double psi = *std::max_element(rankParams.begin(), rankParams.end());
   double dpT = 0;
   if (c.dp > 1) {
@@ -394,8 +399,10 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
 
 Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, const Candidate &c,
                   const PlannerOptions &opts) {
-  return estimatePriced(prof, priceModel(prof, cl, opts.calibration, c.precision), base, cl, c,
-                        opts);
+  return estimatePriced(prof,
+                        priceModel(prof, cl, opts.calibration, c.precision,
+                                   storageFor(c.precision, opts.publishedStorage).activation),
+                        base, cl, c, opts);
 }
 
 //===----------------------------------------------------------------------===//
@@ -831,8 +838,8 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
     }
   }
 
-  const std::string precision = fixedStr(
-      "precision", cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
+  const std::string precision =
+      fixedStr("precision", cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
   const int maxTp = std::min(N, cl.devicesPerNode);
   std::vector<std::string> recomputes = {"none", "selective", "full"};
   if (opts.compilableOnly)
@@ -867,7 +874,9 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
         res.skipped.push_back("tp=" + std::to_string(tp) + (seqPar ? " with sp" : "") + ": " + why);
         continue;
       }
-      const PricedModel priced = priceModel(*prof, cl, opts.calibration, precision);
+      const PricedModel priced =
+          priceModel(*prof, cl, opts.calibration, precision,
+                     storageFor(precision, opts.publishedStorage).activation);
       for (int64_t pp : divisors(N / tp)) {
         if (!sp.allows("pp", (double)pp) || (pp > 1 && cons.noSplit.count("layers")))
           continue;

@@ -117,6 +117,9 @@ struct PlannerOptions {
   /// recomputation (the planner marks other plans as needing the CUDA target).
   bool compilableOnly = false;
   int alternatives = 5;
+  /// Price bf16/fp16 plans with the published mixed-precision layout instead
+  /// of what carve's programs store (storageFor); for tests of the counting.
+  bool publishedStorage = false;
 };
 
 /// The profiles the search needs, built on demand: (tp, sequence parallel) -> profile.
@@ -141,15 +144,29 @@ Estimate estimate(const Profile &profile, const Profile &base, const Cluster &cl
 SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, const Cluster &cluster,
                          const PlannerOptions &opts);
 
-/// The activation bytes of one layer, one micro-batch, under `c` (what the
-/// memory model charges per layer; the tests check it against the published formulas).
-double layerActivationBytes(const Segment &layer, const Candidate &c);
+/// Bytes per element of what a plan keeps in memory and sends.
+struct Storage {
+  double param = 4, grad = 4, optimizer = 8, activation = 4;
+};
+
+/// What carve's compiled programs store under `precision`: fp32 throughout
+/// (weights, gradients, AdamW's m and v, activations, and every collective),
+/// whatever the precision: bf16 and fp16 plans round matmul and attention
+/// inputs and accumulate in fp32 (docs/cuda.md), which changes the compute
+/// rate, not the bytes. Unless `published`: the mixed-precision layout the
+/// published memory formulas assume (16-bit weights, gradients and
+/// activations, an fp32 master copy with m and v: 2 + 2 + 12 bytes per
+/// parameter), which the unit tests use to check the planner's counting
+/// against those formulas to the byte.
+Storage storageFor(const std::string &precision, bool published = false);
+
+/// The activation bytes of one layer, one micro-batch, under `c`, with
+/// `bytesPerElement` per stored element (Storage::activation): what the
+/// memory model charges per layer.
+double layerActivationBytes(const Segment &layer, const Candidate &c, double bytesPerElement);
 
 /// "1.234 s", "12.34 ms", "5.6 us": durations in reports.
 std::string formatSeconds(double t);
-
-/// Bytes per element of activations / parameters under a precision.
-int activationBytes(const std::string &precision);
 
 /// In-flight micro-batches (chunk activations held) on pipeline rank r.
 int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r);
