@@ -567,40 +567,40 @@ def main(argv=None):
               f"MFU {100 * run['mfu']:.1f}%", flush=True)
         return run
 
+    def carve_train(cmd, log_path, what):
+        """Runs a compiled program and returns its (step times, losses)."""
+        try:
+            print(f"$ {shlex.join(cmd)}", flush=True)
+            run_checked(cmd, what, args.timeout)
+            records = read_log(log_path, total_steps)
+        except BenchError as e:
+            write_json()
+            die(e)
+        if any("time_s" not in r or "loss" not in r for r in records):
+            write_json()
+            die(f"{log_path}: a record has no time_s or loss")
+        return [r["time_s"] for r in records], [r["loss"] for r in records]
+
     carve_run = None
     if not args.torch_only:
         try:
             print(f"$ {shlex.join(compile_cmd)}", flush=True)
             secs, _ = run_checked(compile_cmd, "carve compile", args.timeout)
             print(f"compiled in {secs:.0f} s")
-            print(f"$ {shlex.join(run_cmd)}", flush=True)
-            run_checked(run_cmd, "carve run", args.timeout)
-            records = read_log(log, total_steps)
         except BenchError as e:
             write_json()
             die(e)
-        if any("time_s" not in r or "loss" not in r for r in records):
-            write_json()
-            die(f"{log}: a record has no time_s or loss")
-        losses = [r["loss"] for r in records]
-        carve_run = add_row("carve, CUDA, bf16", [r["time_s"] for r in records], losses)
+        times, losses = carve_train(run_cmd, log, "carve run")
+        carve_run = add_row("carve, CUDA, bf16", times, losses)
         why = check_carve_losses(losses, cfg["vocab_size"])
         if why:
             failures.append(why)
         # The same program with its forward and backward replayed from a CUDA
         # graph (train --cuda-graph): same kernels, so bitwise the same losses.
         graph_cmd = graph_command(run_cmd, log)
-        graph_log = graph_cmd[graph_cmd.index("--log") + 1]
-        try:
-            print(f"$ {shlex.join(graph_cmd)}", flush=True)
-            run_checked(graph_cmd, "carve run --cuda-graph", args.timeout)
-            graph_records = read_log(graph_log, total_steps)
-        except BenchError as e:
-            write_json()
-            die(e)
-        graph_losses = [r["loss"] for r in graph_records]
-        add_row("carve, CUDA, bf16, --cuda-graph", [r["time_s"] for r in graph_records],
-                graph_losses)
+        times, graph_losses = carve_train(graph_cmd, graph_cmd[graph_cmd.index("--log") + 1],
+                                          "carve run --cuda-graph")
+        add_row("carve, CUDA, bf16, --cuda-graph", times, graph_losses)
         if graph_losses != losses:
             failures.append("carve --cuda-graph: losses differ from the eager run's "
                             "(they must be bitwise equal)")
