@@ -295,10 +295,12 @@ void *workspace(size_t bytes, int slot) {
   DeviceState &s = state();
   if (bytes <= s.scratchBytes[slot])
     return s.scratch[slot];
-  if (s.capturing)
-    fatal("CUDA graph capture: scratch slot %d must grow from %zu to %zu bytes while the step "
-          "is captured (the step's warm-up run asked for less); run without --cuda-graph",
-          slot, s.scratchBytes[slot], bytes);
+  // Growing moves the buffer: a captured graph would go on using the old one.
+  if (s.capturing || s.graph)
+    fatal("CUDA graph: scratch slot %d must grow from %zu to %zu bytes %s (the warm-up step "
+          "asked for less); run without --cuda-graph",
+          slot, s.scratchBytes[slot], bytes,
+          s.capturing ? "while the step is captured" : "after the step was captured");
   // Work already enqueued may still read the old buffer.
   CARVE_CUDA_CHECK(cudaDeviceSynchronize());
   CARVE_CUDA_CHECK(cudaFree(s.scratch[slot]));

@@ -125,8 +125,9 @@ enum WorkspaceSlot : int {
 /// At least `bytes` of device memory (256-byte aligned) for slot `slot`,
 /// valid until the next call with the same slot asks for more. Grows by
 /// waiting for the device first, so work already enqueued that reads the old
-/// buffer finishes before it is freed; never shrinks. Not to be called
-/// while a CUDA graph is being captured with a size it has not reached yet.
+/// buffer finishes before it is freed; never shrinks. Fatal when it would
+/// grow while a CUDA graph is captured or after one was (the graph keeps the
+/// old address; graphStep's warm-up step sizes every slot first).
 void *workspace(size_t bytes, int slot);
 
 } // namespace carve::gpu
