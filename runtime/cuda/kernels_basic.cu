@@ -64,6 +64,8 @@ using carve::rt::ew::broadcastNest;
 using carve::rt::ew::coalesce;
 using carve::rt::ew::Nest;
 using carve::rt::ew::offsetsOf;
+using carve::rt::ew::ReduceGeom;
+using carve::rt::ew::reduceGeom;
 using carve::rt::ew::sliceNest;
 using carve::rt::ew::stridesOf;
 using carve::rt::ew::transposeNest;
@@ -296,11 +298,6 @@ __global__ void reducePartialsKernel(const double *partial, int64_t O, int64_t S
 }
 
 /// Kept and reduced dimension runs of a reduction that is not [O, R, I].
-struct ReduceGeom {
-  int no = 0, nr = 0;
-  int64_t od[kMaxRank] = {}, os[kMaxRank] = {}, rd[kMaxRank] = {}, rs[kMaxRank] = {};
-};
-
 /// One thread per output element, walking the reduced runs with an odometer.
 __global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t outCount, bool isMax,
                                     double div, float *y) {
@@ -930,24 +927,8 @@ void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool 
 //===--- Reductions --------------------------------------------------------===//
 
 void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
-  // Group the dimensions into alternating runs of kept and reduced ones.
-  int ng = 0;
-  int64_t gs[kMaxRank];
-  bool gr[kMaxRank];
-  int64_t outCount = 1, redCount = 1;
-  for (int i = 0; i < xs.rank; ++i) {
-    const bool red = (axesMask >> i) & 1u;
-    (red ? redCount : outCount) *= xs.d[i];
-    if (xs.d[i] == 1)
-      continue;
-    if (ng && gr[ng - 1] == red) {
-      gs[ng - 1] *= xs.d[i];
-    } else {
-      gs[ng] = xs.d[i];
-      gr[ng] = red;
-      ++ng;
-    }
-  }
+  const ReduceGeom geom = reduceGeom(xs, axesMask);
+  const int64_t outCount = geom.outCount, redCount = geom.redCount;
   if (outCount == 0)
     return;
   if (redCount == 0) {
@@ -958,33 +939,8 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
   }
   const bool isMax = f == Reduce::Max;
   const double div = f == Reduce::Mean ? static_cast<double>(redCount) : 1.0;
-  int g = 0;
-  int64_t O = 1, R = 1, I = 1;
-  if (g < ng && !gr[g])
-    O = gs[g++];
-  if (g < ng && gr[g])
-    R = gs[g++];
-  if (g < ng && !gr[g])
-    I = gs[g++];
-  if (g == ng)
-    return reduceORI(isMax, div, x, O, R, I, y);
-
-  ReduceGeom geom;
-  int64_t gst[kMaxRank];
-  int64_t acc = 1;
-  for (int i = ng - 1; i >= 0; --i) {
-    gst[i] = acc;
-    acc *= gs[i];
-  }
-  for (int i = 0; i < ng; ++i) {
-    if (gr[i]) {
-      geom.rd[geom.nr] = gs[i];
-      geom.rs[geom.nr++] = gst[i];
-    } else {
-      geom.od[geom.no] = gs[i];
-      geom.os[geom.no++] = gst[i];
-    }
-  }
+  if (geom.ori)
+    return reduceORI(isMax, div, x, geom.O, geom.R, geom.I, y);
   reduceGeneralKernel<<<blocksFor(outCount), kThreads, 0, stream()>>>(x, geom, outCount, isMax, div,
                                                                       y);
   checkLaunch("reduce");

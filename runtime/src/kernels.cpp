@@ -677,24 +677,8 @@ template <class T> void reduceORI(Reduce f, const T *x, int64_t O, int64_t R, in
 } // namespace
 
 template <class T> void reduce(Reduce f, const T *x, Dims xs, uint32_t axesMask, T *y) {
-  // Group the dimensions into alternating runs of kept and reduced ones.
-  int ng = 0;
-  int64_t gs[kMaxRank];
-  bool gr[kMaxRank];
-  int64_t outCount = 1, redCount = 1;
-  for (int i = 0; i < xs.rank; ++i) {
-    const bool red = (axesMask >> i) & 1u;
-    (red ? redCount : outCount) *= xs.d[i];
-    if (xs.d[i] == 1)
-      continue;
-    if (ng && gr[ng - 1] == red) {
-      gs[ng - 1] *= xs.d[i];
-    } else {
-      gs[ng] = xs.d[i];
-      gr[ng] = red;
-      ++ng;
-    }
-  }
+  const ew::ReduceGeom g = ew::reduceGeom(xs, axesMask);
+  const int64_t outCount = g.outCount, redCount = g.redCount;
   if (outCount == 0)
     return;
   if (redCount == 0) {
@@ -704,38 +688,13 @@ template <class T> void reduce(Reduce f, const T *x, Dims xs, uint32_t axesMask,
     return;
   }
   // [kept] [reduced] [kept], each part possibly absent: the fast paths.
-  int g = 0;
-  int64_t O = 1, R = 1, I = 1;
-  if (g < ng && !gr[g])
-    O = gs[g++];
-  if (g < ng && gr[g])
-    R = gs[g++];
-  if (g < ng && !gr[g])
-    I = gs[g++];
-  if (g == ng)
-    return reduceORI(f, x, O, R, I, y);
+  if (g.ori)
+    return reduceORI(f, x, g.O, g.R, g.I, y);
 
   // General strided fallback: per output element, walk the reduced
   // dimensions with an odometer.
-  int64_t gst[kMaxRank];
-  {
-    int64_t acc = 1;
-    for (int i = ng - 1; i >= 0; --i) {
-      gst[i] = acc;
-      acc *= gs[i];
-    }
-  }
-  int no = 0, nr = 0;
-  int64_t od[kMaxRank], os[kMaxRank], rd[kMaxRank], rs[kMaxRank];
-  for (int i = 0; i < ng; ++i) {
-    if (gr[i]) {
-      rd[nr] = gs[i];
-      rs[nr++] = gst[i];
-    } else {
-      od[no] = gs[i];
-      os[no++] = gst[i];
-    }
-  }
+  const int no = g.no, nr = g.nr;
+  const int64_t *od = g.od, *os = g.os, *rd = g.rd, *rs = g.rs;
   const double div = f == Reduce::Mean ? static_cast<double>(redCount) : 1.0;
   parallelRange(outCount, unitsFor(redCount), [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {

@@ -405,6 +405,65 @@ inline Nest<1> sliceNest(const char *op, const Dims &xs, const Dims &starts, con
   return coalesce<1>(ys, st);
 }
 
+/// A reduction's geometry, the same on both targets: x's dimensions (size-1
+/// ones dropped) grouped into alternating runs of kept and reduced ones.
+/// `ori` when the runs are [kept][reduced][kept], each possibly absent: x is
+/// then O x R x I with R reduced (the fast paths). Always: the kept runs (od,
+/// os: sizes and strides in x) and the reduced ones (rd, rs), for a strided
+/// walk per output element.
+struct ReduceGeom {
+  int64_t outCount = 1, redCount = 1;
+  bool ori = false;
+  int64_t O = 1, R = 1, I = 1;
+  int no = 0, nr = 0;
+  int64_t od[kMaxRank] = {}, os[kMaxRank] = {}, rd[kMaxRank] = {}, rs[kMaxRank] = {};
+};
+
+/// The geometry of reducing x (shape xs) over the axes set in `axesMask`.
+inline ReduceGeom reduceGeom(const Dims &xs, uint32_t axesMask) {
+  ReduceGeom g;
+  int ng = 0;
+  int64_t gs[kMaxRank];
+  bool gr[kMaxRank];
+  for (int i = 0; i < xs.rank; ++i) {
+    const bool red = (axesMask >> i) & 1u;
+    (red ? g.redCount : g.outCount) *= xs.d[i];
+    if (xs.d[i] == 1)
+      continue;
+    if (ng && gr[ng - 1] == red) {
+      gs[ng - 1] *= xs.d[i];
+    } else {
+      gs[ng] = xs.d[i];
+      gr[ng] = red;
+      ++ng;
+    }
+  }
+  int k = 0;
+  if (k < ng && !gr[k])
+    g.O = gs[k++];
+  if (k < ng && gr[k])
+    g.R = gs[k++];
+  if (k < ng && !gr[k])
+    g.I = gs[k++];
+  g.ori = k == ng;
+  int64_t gst[kMaxRank];
+  int64_t acc = 1;
+  for (int i = ng - 1; i >= 0; --i) {
+    gst[i] = acc;
+    acc *= gs[i];
+  }
+  for (int i = 0; i < ng; ++i) {
+    if (gr[i]) {
+      g.rd[g.nr] = gs[i];
+      g.rs[g.nr++] = gst[i];
+    } else {
+      g.od[g.no] = gs[i];
+      g.os[g.no++] = gst[i];
+    }
+  }
+  return g;
+}
+
 /// The operand offsets of output element e (one division per dimension; none
 /// when the nest is one dimension).
 template <int N> CARVE_HD void offsetsOf(const Nest<N> &n, int64_t e, int64_t (&off)[N]) {
