@@ -1201,18 +1201,11 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double
                  double beta2, double eps, double weightDecay, int64_t step) {
   if (n <= 0)
     return;
-  // The scalar coefficients exactly as optim.cpp computes them.
-  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const double stepSize = lr / bc1;
-  const float decay = static_cast<float>(1.0 - lr * weightDecay);
-  const float b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2);
-  const float c1 = static_cast<float>(1.0 - beta1), c2 = static_cast<float>(1.0 - beta2);
-  const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
-  const float epsF = static_cast<float>(eps);
-  const float negStep = static_cast<float>(-stepSize);
-  adamwKernel<<<blocksFor(n), kThreads, 0, stream()>>>(p, g, m, v, n, decay, b1, b2, c1, c2,
-                                                       bc2Sqrt, epsF, negStep);
+  // The scalar coefficients of the CPU update (optim.h).
+  const carve::rt::AdamwCoefficients k =
+      carve::rt::adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
+  adamwKernel<<<blocksFor(n), kThreads, 0, stream()>>>(p, g, m, v, n, k.decay, k.b1, k.b2, k.c1,
+                                                       k.c2, k.bc2Sqrt, k.eps, k.negStep);
   checkLaunch("adamwUpdate");
 }
 

@@ -53,17 +53,27 @@ void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, doubl
   }
 }
 
-void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
-                 double beta2, double eps, double weightDecay, int64_t step) {
+AdamwCoefficients adamwCoefficients(double lr, double beta1, double beta2, double eps,
+                                    double weightDecay, int64_t step) {
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const double stepSize = lr / bc1;
-  const float decay = static_cast<float>(1.0 - lr * weightDecay);
-  const float b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2);
-  const float c1 = static_cast<float>(1.0 - beta1), c2 = static_cast<float>(1.0 - beta2);
-  const float bc2Sqrt = static_cast<float>(std::sqrt(bc2));
-  const float epsF = static_cast<float>(eps);
-  const float negStep = static_cast<float>(-stepSize);
+  AdamwCoefficients k;
+  k.decay = static_cast<float>(1.0 - lr * weightDecay);
+  k.b1 = static_cast<float>(beta1);
+  k.b2 = static_cast<float>(beta2);
+  k.c1 = static_cast<float>(1.0 - beta1);
+  k.c2 = static_cast<float>(1.0 - beta2);
+  k.bc2Sqrt = static_cast<float>(std::sqrt(bc2));
+  k.eps = static_cast<float>(eps);
+  k.negStep = static_cast<float>(-(lr / bc1));
+  return k;
+}
+
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step) {
+  const AdamwCoefficients k = adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
+  const float decay = k.decay, b1 = k.b1, b2 = k.b2, c1 = k.c1, c2 = k.c2, bc2Sqrt = k.bc2Sqrt,
+              epsF = k.eps, negStep = k.negStep;
 #pragma omp parallel for simd if (n > kParallelMin) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     // param.mul_(1 - lr * weight_decay)

@@ -19,10 +19,24 @@ namespace carve::rt {
 void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
                double dampening, double weightDecay, bool nesterov, bool firstStep);
 
+/// AdamW's per-step scalars in float, computed in double as PyTorch does: the
+/// CPU loop and the CUDA kernel both take them from here, so the two targets
+/// update with the same numbers.
+struct AdamwCoefficients {
+  float decay;   // 1 - lr * weight_decay
+  float b1, b2;  // beta1, beta2
+  float c1, c2;  // 1 - beta1, 1 - beta2
+  float bc2Sqrt; // sqrt(1 - beta2^step)
+  float eps;
+  float negStep; // -lr / (1 - beta1^step)
+};
+AdamwCoefficients adamwCoefficients(double lr, double beta1, double beta2, double eps,
+                                    double weightDecay, int64_t step);
+
 /// torch.optim.AdamW for one tensor; `step` is the 1-based step count after
 /// increment (PyTorch's state['step']).
-void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr,
-                 double beta1, double beta2, double eps, double weightDecay, int64_t step);
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step);
 
 /// Sum of squares of g (accumulated in double).
 double sumSquares(const float *g, int64_t n);
