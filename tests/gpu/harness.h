@@ -17,6 +17,8 @@
 #ifndef CARVE_TESTS_GPU_HARNESS_H
 #define CARVE_TESTS_GPU_HARNESS_H
 
+#include "carve/rt/kernels.h"
+
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -92,6 +95,32 @@ template <class T> struct DevBuf {
     return h;
   }
 };
+
+inline void sync() { GT_CUDA(cudaDeviceSynchronize()); }
+
+// The uploads and poisoning above run on the legacy default stream, which the
+// runtime's non-blocking compute stream does not wait for: kernel tests make
+// every buffer through these, which wait for the device before a kernel may
+// read it.
+template <class T> std::unique_ptr<DevBuf<T>> up(const std::vector<T> &h) {
+  auto b = std::make_unique<DevBuf<T>>(h);
+  sync();
+  return b;
+}
+template <class T> std::unique_ptr<DevBuf<T>> poisoned(int64_t n) {
+  auto b = std::make_unique<DevBuf<T>>(n);
+  b->poison();
+  sync();
+  return b;
+}
+
+/// "[2,3,4]" for messages.
+inline std::string str(const carve::rt::Dims &d) {
+  std::string s = "[";
+  for (int i = 0; i < d.rank; ++i)
+    s += (i ? "," : "") + std::to_string(d.d[i]);
+  return s + "]";
+}
 
 inline std::mt19937_64 &rng() {
   static std::mt19937_64 g(12345);

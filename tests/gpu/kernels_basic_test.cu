@@ -33,30 +33,6 @@ namespace {
 
 const char *kBinary = "carve-gpu-kernels_basic_test";
 
-void sync() { GT_CUDA(cudaDeviceSynchronize()); }
-
-// The harness's uploads and poisoning run on the legacy default stream, which
-// the non-blocking compute stream does not wait for: every buffer is made
-// through these, which wait for the device before a kernel may read it.
-template <class T> std::unique_ptr<DevBuf<T>> up(const std::vector<T> &h) {
-  auto b = std::make_unique<DevBuf<T>>(h);
-  sync();
-  return b;
-}
-template <class T> std::unique_ptr<DevBuf<T>> poisoned(int64_t n) {
-  auto b = std::make_unique<DevBuf<T>>(n);
-  b->poison();
-  sync();
-  return b;
-}
-
-std::string str(const Dims &d) {
-  std::string s = "[";
-  for (int i = 0; i < d.rank; ++i)
-    s += (i ? "," : "") + std::to_string(d.d[i]);
-  return s + "]";
-}
-
 /// Broadcast result shape of two shapes (NumPy rules).
 Dims broadcastShape(const Dims &a, const Dims &b) {
   Dims y;
