@@ -1275,9 +1275,6 @@ bool Generator::emitOp(Operation *op) {
     os << "expand(" << opnd(0) << ", " << oshape(0) << ", " << name(res) << ", " << shapeOf(res)
        << ");";
   } else if (isa<CustomOp, CustomGradOp>(op)) {
-    if (opts.cuda())
-      return failOp(op, "a custom op's kernels are C++ for the CPU; the CUDA target does not run "
-                        "them (compile this model with --target cpu)");
     if (!emitCustom(op, os))
       return false;
   } else {
@@ -1386,30 +1383,50 @@ bool Generator::emitCustom(Operation *op, llvm::raw_ostream &os) {
   };
   std::string what = op->getAttrOfType<StringAttr>("domain").str() +
                      "::" + op->getAttrOfType<StringAttr>("op_type").str();
+  // The CUDA target calls the rules file's "cuda" kernels, with the rank's
+  // compute stream, and checks for a launch error naming the op.
+  const bool cuda = opts.cuda();
+  const std::string target = cuda ? "CUDA" : "CPU";
+  const std::string streamParam = cuda ? ", CarveStream stream" : "";
+  const std::string streamArg = cuda ? ", (CarveStream)gpu::computeStream()" : "";
+  auto check = [&](const char *role) {
+    return cuda ? "    gpu::checkLaunch(\"" + what + " (the user's " + role + " kernel)\");\n"
+                : std::string();
+  };
   if (auto c = dyn_cast<CustomOp>(op)) {
-    std::string fn = c.getForward().str();
-    customKernels[fn] =
-        "extern \"C\" void " + fn + "(const CarveTensor *in, int nin, CarveTensor *out, int nout);";
-    os << "{\n    // " << what << ": the user's forward kernel (rules file), on this rank's "
-       << "shapes.\n"
+    std::string fn = (cuda ? c.getCudaForward() : c.getForward()).str();
+    if (fn.empty())
+      return failOp(op, what + " has no CUDA kernels: its rules file gives only \"cpu\" kernels; "
+                               "add a \"cuda\" section (docs/custom-ops.md) or compile with "
+                               "--target cpu");
+    customKernels[fn] = "extern \"C\" void " + fn +
+                        "(const CarveTensor *in, int nin, CarveTensor *out, int nout" +
+                        streamParam + ");";
+    os << "{\n    // " << what << ": the user's " << target
+       << " forward kernel (rules file), on this rank's shapes.\n"
        << tensors(c.getInputs(), "in", true) << tensors(c.getOutputs(), "out", false)
        << "    ::" << fn << "(" << arg(c.getInputs(), "in") << ", " << arg(c.getOutputs(), "out")
-       << ");\n  }";
+       << streamArg << ");\n"
+       << check("forward") << "  }";
     return true;
   }
   auto g = cast<CustomGradOp>(op);
-  std::string fn = g.getBackward().str();
+  std::string fn = (cuda ? g.getCudaBackward() : g.getBackward()).str();
+  if (fn.empty())
+    return failOp(op, what + " has no CUDA backward kernel (the rules file's \"cuda\" section)");
   customKernels[fn] = "extern \"C\" void " + fn +
                       "(const CarveTensor *in, int nin, const CarveTensor *outGrad, int nout, "
-                      "CarveTensor *inGrad);";
+                      "CarveTensor *inGrad" +
+                      streamParam + ");";
   size_t nin = g.getInputGrads().size();
   ValueRange inputs = g.getInputs().take_front(nin), outGrads = g.getInputs().drop_front(nin);
-  os << "{\n    // " << what << ": the user's backward kernel (rules file), on this rank's "
-     << "shapes.\n"
+  os << "{\n    // " << what << ": the user's " << target
+     << " backward kernel (rules file), on this rank's shapes.\n"
      << tensors(inputs, "in", true) << tensors(outGrads, "outGrad", true)
      << tensors(g.getInputGrads(), "inGrad", false) << "    ::" << fn << "(" << arg(inputs, "in")
      << ", " << (outGrads.empty() ? "nullptr" : "outGrad") << ", " << outGrads.size() << ", "
-     << (nin ? "inGrad" : "nullptr") << ");\n  }";
+     << (nin ? "inGrad" : "nullptr") << streamArg << ");\n"
+     << check("backward") << "  }";
   return true;
 }
 

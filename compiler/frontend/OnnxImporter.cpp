@@ -1688,7 +1688,9 @@ void Importer::buildCustom(const onnx::NodeProto &n, const CustomOpRule &rule) {
   auto op = CustomOp::create(b, loc, types, inputs, b.getStringAttr(rule.domain),
                              b.getStringAttr(rule.type), b.getStringAttr(rule.annotation),
                              b.getStringAttr(rule.backwardAnnotation),
-                             b.getStringAttr(rule.forward), b.getStringAttr(rule.backward));
+                             b.getStringAttr(rule.cpu.forward), b.getStringAttr(rule.cpu.backward),
+                             b.getStringAttr(rule.cuda.forward),
+                             b.getStringAttr(rule.cuda.backward));
   for (unsigned k = 0; k < op->getNumResults(); ++k)
     define((int)k, op->getResult(k));
 }

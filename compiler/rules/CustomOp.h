@@ -4,7 +4,7 @@
 // `carve.custom`: its partition annotation (and the one derived for its
 // gradient), the ranks that annotation gives its operands and results, the
 // output shapes as expressions of the input dimensions, and the names of the
-// user's CPU kernels. Rules.h loads these from a rules file (--rules);
+// user's CPU kernels (and CUDA kernels, when it has them). Rules.h loads these from a rules file (--rules);
 // docs/custom-ops.md describes the format.
 //
 //===----------------------------------------------------------------------===//
@@ -29,6 +29,16 @@ struct CustomOutput {
   std::string dtype = "in0";
 };
 
+/// One target's kernels of a custom op (`"cpu": {...}` or `"cuda": {...}`).
+struct CustomKernels {
+  /// `extern "C"` kernel names; `backward` is empty for an op without a gradient.
+  std::string forward, backward;
+  /// The kernels' sources (C++ for the CPU, CUDA for the GPU), absolute paths.
+  std::vector<std::string> sources;
+
+  bool empty() const { return forward.empty(); }
+};
+
 struct CustomOpRule {
   std::string domain, type;
   /// The forward annotation and the one its gradient op uses (derived by
@@ -37,10 +47,9 @@ struct CustomOpRule {
   /// The rank of every operand and result, as the annotation gives them.
   std::vector<int> operandRanks, resultRanks;
   std::vector<CustomOutput> outputs;
-  /// `extern "C"` kernel names; `backward` is empty for an op without a gradient.
-  std::string forward, backward;
-  /// The kernels' C++ sources, absolute paths.
-  std::vector<std::string> sources;
+  /// The CPU kernels (required) and the CUDA kernels (empty when the rules
+  /// file gives none: the op then runs on the CPU target only).
+  CustomKernels cpu, cuda;
   /// Where the rule came from, for errors: `rules.json: ops[0]`.
   std::string origin;
 };

@@ -124,20 +124,25 @@ std::string tensorText(const TensorFactors &t, const std::map<std::string, Mark>
 struct Loader {
   std::string path, dir;
   RuleSet &rules;
-  std::map<std::string, std::string> symbolRole;   // kernel name -> "forward"/"backward"
+  /// Per target ("cpu", "cuda"): kernel name -> "forward"/"backward".
+  std::map<std::string, std::map<std::string, std::string>> symbolRole;
   std::map<std::string, std::string> sourceByName; // file name -> absolute path
   std::map<std::string, std::string> seenOps;      // "domain::type" -> where
   std::map<std::string, std::string> seenMatches;  // glob -> where
 
   void customOp(const json &e, const std::string &at);
+  void kernels(const json &e, const std::string &where, const char *target, CustomKernels &k,
+               std::vector<std::string> &allSources);
   void override(const json &e, const std::string &at);
-  std::string source(const json &v, const std::string &where);
+  std::string source(const json &v, const std::string &where, const std::string &field,
+                     std::vector<std::string> &allSources);
   void load(const json &root);
 };
 
-std::string Loader::source(const json &v, const std::string &where) {
+std::string Loader::source(const json &v, const std::string &where, const std::string &field,
+                           std::vector<std::string> &allSources) {
   if (!v.is_string() || v.get<std::string>().empty())
-    fail(where, "cpu.sources", "every entry must be a file name, got " + dumpShort(v));
+    fail(where, field, "every entry must be a file name, got " + dumpShort(v));
   llvm::SmallString<256> p(v.get<std::string>());
   if (!llvm::sys::path::is_absolute(p)) {
     llvm::SmallString<256> full(dir);
@@ -148,20 +153,54 @@ std::string Loader::source(const json &v, const std::string &where) {
   llvm::sys::path::remove_dots(p, /*remove_dot_dot=*/true);
   std::string abs = p.str().str();
   if (!llvm::sys::fs::exists(abs))
-    fail(where, "cpu.sources",
+    fail(where, field,
          "'" + v.get<std::string>() + "' does not exist (looked for " + abs +
              "; paths are relative to the rules file)");
   if (llvm::sys::fs::is_directory(abs))
-    fail(where, "cpu.sources", "'" + v.get<std::string>() + "' is a directory, not a C++ file");
+    fail(where, field, "'" + v.get<std::string>() + "' is a directory, not a source file");
   std::string name = llvm::sys::path::filename(abs).str();
   auto [it, fresh] = sourceByName.emplace(name, abs);
   if (!fresh && it->second != abs)
-    fail(where, "cpu.sources",
+    fail(where, field,
          "two different files are named '" + name + "' (" + it->second + " and " + abs +
              "); they are copied side by side into OUT/src/custom/, so rename one");
   if (fresh)
-    rules.sources.push_back(abs);
+    allSources.push_back(abs);
   return abs;
+}
+
+/// A target's kernels, `"cpu": {...}` or `"cuda": {...}`: their sources and
+/// names.
+void Loader::kernels(const json &e, const std::string &where, const char *target,
+                     CustomKernels &k, std::vector<std::string> &allSources) {
+  const std::string t = target, at = where + ": \"" + t + "\"";
+  const char *lang = t == "cuda" ? "CUDA" : "C++";
+  const json &sec = need(e, where, target);
+  if (!sec.is_object())
+    fail(where, t,
+         "must be an object {\"sources\": [...], \"forward\": ..., \"backward\": ...}, got " +
+             dumpShort(sec));
+  onlyKeys(sec, at, {"sources", "forward", "backward"});
+  const json &sources = need(sec, at, "sources");
+  if (!sources.is_array() || sources.empty())
+    fail(where, t + ".sources",
+         std::string("must be a non-empty list of ") + lang + " files, got " + dumpShort(sources));
+  for (const json &s : sources)
+    k.sources.push_back(source(s, where, t + ".sources", allSources));
+  for (const char *role : {"forward", "backward"}) {
+    if (!sec.contains(role) && std::string(role) == "backward")
+      continue;
+    std::string name = needString(sec, at, role);
+    if (!isIdentifier(name))
+      fail(where, t + "." + role,
+           "'" + name + "' is not a C identifier (the kernel is declared extern \"C\")");
+    auto [it, fresh] = symbolRole[t].emplace(name, role);
+    if (!fresh && it->second != role)
+      fail(where, t + "." + role,
+           "'" + name + "' is also a " + it->second +
+               " kernel; forward and backward kernels have different signatures");
+    (std::string(role) == "forward" ? k.forward : k.backward) = name;
+  }
 }
 
 void Loader::customOp(const json &e, const std::string &at) {
@@ -170,7 +209,7 @@ void Loader::customOp(const json &e, const std::string &at) {
   r.type = needString(e, at, "type");
   std::string where = at + " (" + r.domain + "::" + r.type + ")";
   r.origin = at;
-  onlyKeys(e, where, {"domain", "type", "annotation", "outputs", "cpu", "comment"});
+  onlyKeys(e, where, {"domain", "type", "annotation", "outputs", "cpu", "cuda", "comment"});
   if (r.domain == "ai.onnx")
     fail(where, "domain",
          "\"ai.onnx\" is the default ONNX domain; a rule adds an op of another domain (to "
@@ -259,30 +298,17 @@ void Loader::customOp(const json &e, const std::string &at) {
     r.outputs.push_back(out);
   }
 
-  const json &cpu = need(e, where, "cpu");
-  if (!cpu.is_object())
-    fail(where, "cpu",
-         "must be an object {\"sources\": [...], \"forward\": ..., \"backward\": ...}, got " +
-             dumpShort(cpu));
-  onlyKeys(cpu, where + ": \"cpu\"", {"sources", "forward", "backward"});
-  const json &sources = need(cpu, where + ": \"cpu\"", "sources");
-  if (!sources.is_array() || sources.empty())
-    fail(where, "cpu.sources", "must be a non-empty list of C++ files, got " + dumpShort(sources));
-  for (const json &s : sources)
-    r.sources.push_back(source(s, where));
-  for (const char *role : {"forward", "backward"}) {
-    if (!cpu.contains(role) && std::string(role) == "backward")
-      continue;
-    std::string name = needString(cpu, where + ": \"cpu\"", role);
-    if (!isIdentifier(name))
-      fail(where, std::string("cpu.") + role,
-           "'" + name + "' is not a C identifier (the kernel is declared extern \"C\")");
-    auto [it, fresh] = symbolRole.emplace(name, role);
-    if (!fresh && it->second != role)
-      fail(where, std::string("cpu.") + role,
-           "'" + name + "' is also a " + it->second +
-               " kernel; forward and backward kernels have different signatures");
-    (std::string(role) == "forward" ? r.forward : r.backward) = name;
+  kernels(e, where, "cpu", r.cpu, rules.sources);
+  if (e.contains("cuda")) {
+    kernels(e, where, "cuda", r.cuda, rules.cudaSources);
+    // One gradient for both targets: a model that trains on the CPU trains on
+    // the GPU, and the CPU target stays the reference the GPU is tested against.
+    if (r.cpu.backward.empty() != r.cuda.backward.empty())
+      fail(where, r.cpu.backward.empty() ? "cuda.backward" : "cuda",
+           r.cpu.backward.empty()
+               ? "names a backward kernel, but \"cpu\" has none; give both targets one, or neither"
+               : "has no \"backward\" kernel, but \"cpu\" has one; give both targets one, or "
+                 "neither");
   }
   rules.customOps.push_back(std::move(r));
 }

@@ -8,7 +8,9 @@
 //      "annotation": "a b c, a b c -> a b c",
 //      "outputs": [{"shape": ["in0[0]", "in0[1]", "in0[2]"], "dtype": "in0"}],
 //      "cpu": {"sources": ["swiglu.cpp"], "forward": "swiglu_forward",
-//              "backward": "swiglu_backward"}},
+//              "backward": "swiglu_backward"},
+//      "cuda": {"sources": ["swiglu.cu"], "forward": "swiglu_forward_cuda",
+//               "backward": "swiglu_backward_cuda"}},
 //     {"match": "carve.matmul", "annotation": "m k^, k^ n -> m n"}
 //   ]}
 //
@@ -39,8 +41,10 @@ struct RuleSet {
   /// Replaced annotations of built-in ops, for the partitioner
   /// (PartitionOptions::annotations).
   std::vector<AnnotationOverride> overrides;
-  /// Every kernel source once, absolute paths, in file order.
+  /// Every CPU kernel source once, absolute paths, in file order.
   std::vector<std::string> sources;
+  /// Every CUDA kernel source once (the `"cuda"` sections).
+  std::vector<std::string> cudaSources;
 
   const CustomOpRule *find(const std::string &domain, const std::string &type) const;
 };

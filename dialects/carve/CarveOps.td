@@ -689,7 +689,9 @@ def Carve_CustomOp : Carve_Op<"custom", [Carve_Differentiable]> {
     inputs' gradients (`carve.custom_grad`). Both see the local (per-rank)
     shapes, so a kernel written for any shape computes its piece of a split
     that `annotation` allows. `backward_annotation` is the gradient op's,
-    derived from `annotation` when the rules file is read.
+    derived from `annotation` when the rules file is read. `cuda_forward` and
+    `cuda_backward` name the CUDA target's kernels (empty: the rules file gives
+    none, and `--target cuda` refuses the op).
 
     ```mlir
     %y = carve.custom %a, %b {annotation = "a b c, a b c -> a b c",
@@ -702,7 +704,9 @@ def Carve_CustomOp : Carve_Op<"custom", [Carve_Differentiable]> {
   }];
   let arguments = (ins Variadic<Carve_Tensor>:$inputs, StrAttr:$domain, StrAttr:$op_type,
                        StrAttr:$annotation, StrAttr:$backward_annotation, StrAttr:$forward,
-                       DefaultValuedStrAttr<StrAttr, "">:$backward);
+                       DefaultValuedStrAttr<StrAttr, "">:$backward,
+                       DefaultValuedStrAttr<StrAttr, "">:$cuda_forward,
+                       DefaultValuedStrAttr<StrAttr, "">:$cuda_backward);
   let results = (outs Variadic<Carve_Tensor>:$outputs);
   let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, $outputs)";
 }
@@ -713,7 +717,8 @@ def Carve_CustomGradOp : Carve_Op<"custom_grad"> {
     Operands: the forward op's inputs, then the gradients of its results (a
     zero constant where none flows). Results: one gradient per forward input,
     each of that input's type. `annotation` is the forward op's
-    `backward_annotation`.
+    `backward_annotation`; `cuda_backward` the forward op's CUDA backward
+    kernel (empty when it has none).
 
     ```mlir
     %da, %db = carve.custom_grad %a, %b, %dy {annotation = "a b c, a b c, a b c -> a b c, a b c",
@@ -724,7 +729,8 @@ def Carve_CustomGradOp : Carve_Op<"custom_grad"> {
     ```
   }];
   let arguments = (ins Variadic<Carve_Tensor>:$inputs, StrAttr:$domain, StrAttr:$op_type,
-                       StrAttr:$annotation, StrAttr:$backward);
+                       StrAttr:$annotation, StrAttr:$backward,
+                       DefaultValuedStrAttr<StrAttr, "">:$cuda_backward);
   let results = (outs Variadic<Carve_Tensor>:$input_grads);
   let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, $input_grads)";
 }

@@ -478,7 +478,8 @@ LogicalResult CustomOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   for (auto [r, g] : llvm::zip(getOutputs(), rg))
     operands.push_back(g ? g : zeros(b, getLoc(), typeOf(r)));
   auto grad = CustomGradOp::create(b, getLoc(), getInputs().getTypes(), operands, getDomainAttr(),
-                                   getOpTypeAttr(), getBackwardAnnotationAttr(), getBackwardAttr());
+                                   getOpTypeAttr(), getBackwardAnnotationAttr(), getBackwardAttr(),
+                                   getCudaBackwardAttr());
   for (auto [k, v] : llvm::enumerate(getInputs()))
     if (isFloat(v))
       og[k] = grad.getResult(k);

@@ -27,12 +27,21 @@ at configure time; no GPU needed):
 5. Bad input: an unknown target, a malformed --cuda-arch, --cuda-arch
    without --target cuda each exit 1 with one 'carve: error:' line and leave
    no output behind.
+6. Custom ops: the Llama with the fused SwiGLU of models/custom/ compiles
+   under tp=2 with the rules file's CUDA kernels (swiglu.cu, built by nvcc for
+   the same architectures): the program calls them on this rank's shapes
+   (the hidden dimension halved) with the compute stream, checks each launch
+   naming the op, and does so inside the captured forwardBackward. A rules
+   file without a "cuda" section, a CUDA kernel that does not compile and a
+   kernel name the sources do not define are each one error line naming the
+   op or file, with no output left behind.
 
 Where the CUDA target is not built, the test says so and exits 77 (ctest
 reports it as skipped, never as passed).
 """
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -143,6 +152,88 @@ def check_graph_split(text, where, pipelined):
                           (where, handle))
     if "lossScale" in text and "loss_seed" not in body:
         raise Failure("%s: forwardBackward does not declare the loss seed it reads" % where)
+
+
+def check_custom_ops(carve, workdir):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    custom = os.path.join(root, "models", "custom")
+    sys.path.insert(0, custom)
+    import swiglu  # needs torch, as the models fixture does
+    w = os.path.join(workdir, "custom")
+    os.makedirs(w)
+    onnx = swiglu.export(w)
+    rules_json = json.load(open(os.path.join(custom, "swiglu.json")))
+    op = rules_json["ops"][0]
+    op["cpu"]["sources"] = [os.path.join(custom, s) for s in op["cpu"]["sources"]]
+    op["cuda"]["sources"] = [os.path.join(custom, s) for s in op["cuda"]["sources"]]
+
+    def write(name, value):
+        path = os.path.join(w, name)
+        with open(path, "w") as f:
+            f.write(value if isinstance(value, str) else json.dumps(value))
+        return path
+
+    rules = write("swiglu.json", rules_json)
+    plan = write("tp2.json", {"tp": 2})
+    out = os.path.join(w, "tp2")
+    rc, so, se = run([carve, "compile", onnx, "--rules", rules, "--plan", plan, "--target",
+                      "cuda", "-o", out, "--quiet"])
+    if rc != 0:
+        raise Failure("the custom-op model under tp=2 with --target cuda failed (%d):\n%s%s" %
+                      (rc, so, se))
+    text = open(os.path.join(out, "src", "program0.cu")).read()
+    if not os.path.exists(os.path.join(out, "src", "custom", "swiglu.cu")) or \
+            os.path.exists(os.path.join(out, "src", "custom", "swiglu.cpp")):
+        raise Failure("%s/src/custom/ should hold swiglu.cu (the CUDA kernels) and not "
+                      "swiglu.cpp" % out)
+    begin = text.find("void forwardBackward(StepContext &ctx) {")
+    body = text[begin:text.find("\n}\n", begin)]
+    for fn, role in [("swiglu_forward_cuda", "forward"), ("swiglu_backward_cuda", "backward")]:
+        calls = re.findall(r"::%s\((.*)\);\n\s*gpu::checkLaunch\(\"carve\.example::SwiGLU "
+                           r"\(the user's %s kernel\)\"\);" % (fn, role), body)
+        # 2 layers; each call ends with the compute stream.
+        if len(calls) != 2 or any(not c.endswith("(CarveStream)gpu::computeStream()")
+                                  for c in calls):
+            raise Failure("%s/src/program0.cu: expected 2 calls of %s with the compute stream, "
+                          "each followed by a launch check naming the op, in forwardBackward; "
+                          "found %s" % (out, fn, calls))
+        if ('extern "C" void %s(' % fn) not in text:
+            raise Failure("%s/src/program0.cu does not declare %s" % (out, fn))
+    if "swiglu_forward(" in text.replace("swiglu_forward_cuda(", ""):
+        raise Failure("%s/src/program0.cu calls the CPU kernel" % out)
+    # The gate is [4, 16, 64] (batch, sequence, the Llama's hidden_dim); tp=2 halves the last.
+    if "{4, 16, 32}" not in body or "{4, 16, 64}" in body:
+        raise Failure("%s/src/program0.cu: the kernels do not get the tp-split shape {4, 16, 32}"
+                      % out)
+    if not os.access(os.path.join(out, "bin", "train"), os.X_OK):
+        raise Failure("%s/bin/train is missing" % out)
+    print("ok: custom op under tp=2 with its CUDA kernels: compiled, linked, called with the "
+          "compute stream on local shapes inside the captured forward and backward")
+
+    # Bad input.
+    cpu_only = copy.deepcopy(rules_json)
+    del cpu_only["ops"][0]["cuda"]
+    broken = copy.deepcopy(rules_json)
+    broken["ops"][0]["cuda"]["sources"] = [write("broken.cu", "__global__ void k() { return 1 +; }\n")]
+    undefined = copy.deepcopy(rules_json)
+    undefined["ops"][0]["cuda"]["forward"] = "swiglu_fwd_cuda"
+    for name, r, needles in [
+            ("cpu-only", cpu_only, ["carve.example::SwiGLU", "no CUDA kernels", '"cuda"',
+                                    "--target cpu"]),
+            ("broken", broken, ["broken.cu", "compiler failed"]),
+            ("undefined", undefined, ["undefined reference", "swiglu_fwd_cuda", '"cuda"'])]:
+        bad = os.path.join(w, "bad-" + name)
+        rc, so, se = run([carve, "compile", onnx, "--rules", write(name + ".json", r),
+                          "--target", "cuda", "-o", bad, "--quiet"])
+        lines = [l for l in se.splitlines() if l.strip()]
+        missing = [n for n in needles if n not in se]
+        if rc != 1 or len(lines) != 1 or not lines[0].startswith("carve: error:") or missing:
+            raise Failure("custom op, %s: expected exit 1 and one error line mentioning %s, got "
+                          "%d:\n%s%s" % (name, missing or needles, rc, so, se))
+        if os.path.exists(bad):
+            raise Failure("custom op, %s: the failed compile left %s behind" % (name, bad))
+        print("ok: custom op, %s: %s" % (name, lines[0]))
+    return 4
 
 
 def main():
@@ -271,6 +362,9 @@ def main():
                  "--target cuda only", bad)
     checks += 3
     print("ok: bad --target and --cuda-arch values are refused")
+
+    # 6. Custom ops with CUDA kernels.
+    checks += check_custom_ops(a.carve, a.workdir)
     print("cuda-compile: %d checks passed" % checks)
     return 0
 

@@ -95,6 +95,7 @@ def base_rules():
         rules = json.load(f)
     # Copies of the rules live in the work folder: name the kernel by its full path.
     rules["ops"][0]["cpu"]["sources"] = [os.path.join(CUSTOM, "swiglu.cpp")]
+    rules["ops"][0]["cuda"]["sources"] = [os.path.join(CUSTOM, "swiglu.cu")]
     return rules
 
 
@@ -336,6 +337,16 @@ BAD_CASES = [
         _set(["outputs", 0, "shape", 1], "in0[1] / 3")),
     Bad("missing-source", ["ops[0]", "cpu.sources", "nope.cpp", "does not exist"],
         _set(["cpu", "sources"], ["nope.cpp"])),
+    Bad("missing-cuda-source", ["ops[0]", "cuda.sources", "nope.cu", "does not exist"],
+        _set(["cuda", "sources"], ["nope.cu"])),
+    Bad("cuda-not-an-object", ["ops[0]", '"cuda"', "must be an object"],
+        _set(["cuda"], "swiglu.cu")),
+    Bad("cuda-without-backward", ["ops[0]", '"cuda"', 'no "backward" kernel', "both targets"],
+        lambda rules, work: op0(rules)["cuda"].pop("backward")),
+    Bad("cuda-only-backward", ["ops[0]", '"cuda.backward"', '"cpu" has none'],
+        lambda rules, work: op0(rules)["cpu"].pop("backward")),
+    Bad("cuda-kernel-not-identifier", ["ops[0]", "cuda.forward", "not a C identifier"],
+        _set(["cuda", "forward"], "swiglu forward")),
     Bad("unknown-field", ["ops[0]", "carve.example::SwiGLU", 'unknown field "outputz"'],
         lambda rules, work: op0(rules).update(outputz=[])),
     Bad("duplicate-rule", ["ops[1]", "carve.example::SwiGLU", "second rule", "ops[0]"],
@@ -344,7 +355,8 @@ BAD_CASES = [
         _set(["cpu", "forward"], "swiglu-forward")),
     Bad("no-backward-kernel",
         ["/feed_forward/SwiGLU", "carve.example::SwiGLU", "no backward kernel", '"backward"'],
-        lambda rules, work: op0(rules)["cpu"].pop("backward")),
+        lambda rules, work: (op0(rules)["cpu"].pop("backward"),
+                             op0(rules)["cuda"].pop("backward"))),
     Bad("kernel-compile-error", ["broken.cpp", "C++ compiler failed", "full log"],
         _set(["cpu", "sources"], ["broken.cpp"]),
         files={"broken.cpp": '#include "carve/rt/custom.h"\n'

@@ -21,7 +21,11 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    checkpoint: GPT and Llama in fp32, bf16 and fp16 (from loss scale 2^24,
    so that skipped steps and a changing scale go through the graph), and
    dp=2 and tp=2 on 2 GPUs where there are 2.
-5. Start-up failures: a plan that needs more memory than the GPU has
+5. A custom op: the Llama with the fused SwiGLU of models/custom/, its
+   CUDA kernels (swiglu.cu) against its CPU kernels (swiglu.cpp), fp32, within
+   the fp32 bounds of 1; and --cuda-graph (which captures the user's kernels)
+   bitwise equal to the eager run.
+6. Start-up failures: a plan that needs more memory than the GPU has
    (--set-dim to a huge batch) stops with one line naming the rank, the GPU
    and the memory needed; more ranks on this host than visible GPUs stops
    with one line saying so. Both exit 1 without hanging.
@@ -118,6 +122,35 @@ def weight_gap(a, b):
     return worst, name
 
 
+def check_custom_op(carve, w, data_gen):
+    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models",
+                          "custom")
+    sys.path.insert(0, custom)
+    import swiglu
+    onnx = swiglu.export(w)
+    data = os.path.join(w, "swiglu.tokens")
+    subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens", "16384",
+                    data], check=True, stdout=subprocess.DEVNULL)
+    rules = ["--rules", os.path.join(custom, "swiglu.json")]
+    runs = {}
+    for target in ["cpu", "cuda"]:
+        out = os.path.join(w, "swiglu-" + target)
+        compile_(carve, onnx, {}, target, out, rules)
+        runs[target] = (train(carve, out, 1, data, out + ".ckpt"),
+                        st.load_checkpoint(out + ".ckpt"))
+    d = worst_rel(runs["cpu"][0], runs["cuda"][0])
+    gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
+    if d > FP32_RTOL or gap > WEIGHT_RTOL:
+        raise Failure("custom op (SwiGLU kernels): GPU losses differ from the CPU's by %.3g "
+                      "(limit %g), weights of %s by %.3g (limit %g)\n  cpu %s\n  gpu %s" %
+                      (d, FP32_RTOL, name, gap, WEIGHT_RTOL, runs["cpu"][0], runs["cuda"][0]))
+    print("ok: custom op with CUDA kernels: GPU within %.2g of the CPU over %d steps; weights "
+          "within %.2g (%s)" % (d, STEPS, gap, name))
+    check_graph(carve, os.path.join(w, "swiglu-cuda"), 1, data, runs["cuda"][0], runs["cuda"][1],
+                "custom op (SwiGLU kernels)")
+    return 2
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -171,6 +204,8 @@ def main():
         check_graph(a.carve, out, 1, data, eager, st.load_checkpoint(out + ".ckpt"),
                     "%s fp16 from loss scale 2^24" % model)
         checks += 1
+
+    checks += check_custom_op(a.carve, w, data_gen)
 
     onnx = os.path.join(a.models, "opset17", "gpt.onnx")
     data = os.path.join(w, "gpt.tokens")

@@ -221,7 +221,9 @@ void runCompiler(const std::string &cxxName, const std::vector<std::string> &arg
   // Keep the log where the user can read it.
   std::string kept = out + ".build.log";
   sys::fs::copy_file(log, kept);
-  fail("the C++ compiler failed on " + what + " (" +
+  fail(std::string(StringRef(cxxName).contains("nvcc") ? "the CUDA compiler (nvcc)"
+                                                       : "the C++ compiler") +
+       " failed on " + what + " (" +
        (!execError.empty()   ? execError
         : !undefined.empty() ? undefined
                              : first) +
@@ -638,8 +640,9 @@ int runCompile(CompileArgs &args) {
           "(runtime/src/train_main.cpp) reads the data, runs the steps and writes "
           "checkpoints.\n\n"
        << "Optimizer: " << opt.describe() << ".\n\n";
-    if (!rules.sources.empty()) {
-      os << "Custom ops: `custom/` holds copies of the kernel sources that " << args.rulesPath
+    if (!(cuda ? rules.cudaSources : rules.sources).empty()) {
+      os << "Custom ops: `custom/` holds copies of the " << (cuda ? "CUDA" : "C++")
+         << " kernel sources that " << args.rulesPath
          << " names; they are compiled from their original paths and linked into bin/train.\n\n";
     }
     if (!pipelined)
@@ -697,33 +700,57 @@ int runCompile(CompileArgs &args) {
   progress.done(std::to_string(progs.size()) + " program" + (progs.size() > 1 ? "s" : "") + ", " +
                 std::to_string(kernelCalls) + " kernel calls");
 
-  // Compile the custom ops' kernels (from their own paths, so that their
-  // includes resolve and errors name the user's files; OUT/src/custom/ keeps
-  // copies), then compile the program and link.
+  // Compile the custom ops' kernels of the target (from their own paths, so
+  // that their includes resolve and errors name the user's files; OUT/src/custom/
+  // keeps copies), then compile the program and link.
   auto cfg = runtimeConfig();
   std::vector<std::string> flags;
   for (auto &w : splitWords(cfg["cxxflags"]))
     flags.push_back(w);
   flags.push_back("-I" + cfg["include"]);
+  // nvcc's command for a CUDA source, device code for every architecture asked for.
+  auto nvccArgs = [&]() {
+    std::vector<std::string> argv = {cfg["nvcc"],
+                                     "-std=c++17",
+                                     "-O3",
+                                     "--expt-relaxed-constexpr",
+                                     "-Xcompiler=-fPIC",
+                                     "-I" + cfg["include"]};
+    for (auto &w : splitWords(cfg["cuda_include"]))
+      argv.push_back("-I" + w);
+    for (const std::string &a : archs)
+      argv.push_back("-gencode=arch=compute_" + a + ",code=sm_" + a);
+    return argv;
+  };
   std::string log = dir + "/build.log";
   std::vector<std::string> objects;
   if (std::error_code ec = sys::fs::create_directories(dir + "/obj"))
     fail(dir + "/obj: " + ec.message());
-  if (!rules.sources.empty())
+  const std::vector<std::string> &kernelSources = cuda ? rules.cudaSources : rules.sources;
+  if (!kernelSources.empty())
     if (std::error_code ec = sys::fs::create_directories(dir + "/src/custom"))
       fail(dir + "/src/custom: " + ec.message());
-  for (const std::string &src : rules.sources) {
+  for (const std::string &src : kernelSources) {
     std::string name = sys::path::filename(src).str();
-    progress.start("C++ build " + name);
+    progress.start((cuda ? "CUDA build " : "C++ build ") + name);
     if (std::error_code ec = sys::fs::copy_file(src, dir + "/src/custom/" + name))
       fail(src + ": cannot copy into " + out + "/src/custom: " + ec.message());
-    std::vector<std::string> argv = {cfg["cxx"]};
-    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::vector<std::string> argv;
+    if (cuda) {
+      argv = nvccArgs();
+      argv.push_back("-x");
+      argv.push_back("cu"); // whatever the file's extension
+    } else {
+      argv = {cfg["cxx"]};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+    }
     objects.push_back(dir + "/obj/" + name + ".o");
     for (const std::string &a : {std::string("-c"), src, std::string("-o"), objects.back()})
       argv.push_back(a);
-    runCompiler(cfg["cxx"], argv, log, out,
-                src + ", a kernel source of the rules file " + args.rulesPath, "");
+    runCompiler(argv[0], argv, log, out,
+                src + std::string(cuda ? ", a CUDA" : ", a") + " kernel source of the rules file " +
+                    args.rulesPath,
+                "");
     progress.done("custom op kernels");
   }
   // One object per program, so that the progress names the rank being built.
@@ -732,13 +759,7 @@ int runCompile(CompileArgs &args) {
     progress.start((cuda ? "CUDA build " : "C++ build ") + n);
     std::vector<std::string> argv;
     if (cuda) {
-      // nvcc, with device code for every architecture asked for.
-      argv = {cfg["nvcc"], "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler=-fPIC",
-              "-I" + cfg["include"]};
-      for (auto &w : splitWords(cfg["cuda_include"]))
-        argv.push_back("-I" + w);
-      for (const std::string &a : archs)
-        argv.push_back("-gencode=arch=compute_" + a + ",code=sm_" + a);
+      argv = nvccArgs();
     } else {
       argv = {cfg["cxx"]};
       argv.insert(argv.end(), flags.begin(), flags.end());
@@ -768,9 +789,11 @@ int runCompile(CompileArgs &args) {
   argv.push_back("-o");
   argv.push_back(dir + "/bin/train");
   runCompiler(cfg["cxx"], argv, log, out, "the generated program",
-              rules.sources.empty() ? ""
-                                    : "; do the sources of " + args.rulesPath +
-                                          " define every kernel it names, as extern \"C\"?");
+              kernelSources.empty()
+                  ? ""
+                  : "; do the " + std::string(cuda ? "\"cuda\"" : "\"cpu\"") +
+                        " sources of " + args.rulesPath +
+                        " define every kernel it names, as extern \"C\"?");
   sys::fs::remove_directories(dir + "/obj");
   progress.done("bin/train");
 

@@ -25,6 +25,24 @@
  * - Kernels run on the rank's thread; they may use OpenMP (the program is
  *   compiled and linked with the runtime's flags, -fopenmp included).
  *
+ * The CUDA target (`--target cuda`, the rules file's "cuda" section) calls
+ * kernels of the same shape with one more argument, the rank's compute
+ * stream:
+ *
+ *   extern "C" void FORWARD(const CarveTensor *in, int nin,
+ *                           CarveTensor *out, int nout, CarveStream stream);
+ *   extern "C" void BACKWARD(const CarveTensor *in, int nin,
+ *                            const CarveTensor *outGrad, int nout,
+ *                            CarveTensor *inGrad, CarveStream stream);
+ *
+ * - `data` points into device memory (the CarveTensor array itself is on the
+ *   host and lives only for the call).
+ * - Enqueue all work on `stream` (a cudaStream_t) and return: do not
+ *   synchronize, allocate or free device memory, or use the legacy default
+ *   stream. The program checks for a launch error after the call and names
+ *   the op; `train --cuda-graph` captures the call into a CUDA graph, which
+ *   these rules keep legal.
+ *
  * This header is C and C++.
  *===----------------------------------------------------------------------===*/
 
@@ -64,9 +82,18 @@ static inline int64_t carve_numel(const CarveTensor *t) {
   return n;
 }
 
+/** The stream a CUDA kernel enqueues its work on: the same type as
+ *  cudaStream_t, declared here without the CUDA headers. */
+typedef struct CUstream_st *CarveStream;
+
 typedef void (*CarveForwardKernel)(const CarveTensor *in, int nin, CarveTensor *out, int nout);
 typedef void (*CarveBackwardKernel)(const CarveTensor *in, int nin, const CarveTensor *outGrad,
                                     int nout, CarveTensor *inGrad);
+typedef void (*CarveCudaForwardKernel)(const CarveTensor *in, int nin, CarveTensor *out,
+                                       int nout, CarveStream stream);
+typedef void (*CarveCudaBackwardKernel)(const CarveTensor *in, int nin,
+                                        const CarveTensor *outGrad, int nout,
+                                        CarveTensor *inGrad, CarveStream stream);
 
 #ifdef __cplusplus
 }
