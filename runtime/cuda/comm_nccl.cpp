@@ -165,6 +165,12 @@ void abortLive() {
   liveComms().clear();
 }
 
+} // namespace
+
+void abortCommunicators() { abortLive(); }
+
+namespace {
+
 /// The first thread to fail reports; any other waits for the process to end.
 std::atomic<bool> &reporting() {
   static std::atomic<bool> r{false};

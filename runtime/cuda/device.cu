@@ -362,14 +362,21 @@ void waitForGraph(DeviceState &s, int64_t step) {
     cudaError_t e = cudaEventQuery(s.graphDone);
     if (e == cudaSuccess)
       return;
-    if (e != cudaErrorNotReady)
+    if (e != cudaErrorNotReady) {
+      abortCommunicators();
       fatal("%sstep %lld: the CUDA graph of the forward and backward failed: %s",
             where().c_str(), static_cast<long long>(step), cudaGetErrorString(e));
+    }
     if (spin % 64 == 0 && limit > 0 &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit)
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit) {
+      // Abort the communicators first, as comm_nccl.cpp does on its own
+      // failures: the graph's NCCL kernels stop spinning and the peers' NCCL
+      // calls fail promptly instead of waiting out their own timeouts.
+      abortCommunicators();
       fatal("%sstep %lld: the CUDA graph of the forward and backward did not complete in %g s; "
             "a rank it exchanges data with may be dead or stuck (--collective-timeout)",
             where().c_str(), static_cast<long long>(step), limit);
+    }
     if (spin < 2000)
       sched_yield();
     else

@@ -65,6 +65,11 @@ inline int blocksFor(int64_t n, int threads = kThreads) {
 /// be repeated by the graph's replays).
 bool capturing();
 
+/// Aborts every NCCL communicator of this process (comm_nccl.cpp), so that no
+/// NCCL kernel is left spinning on the device when a rank gives up on work it
+/// enqueued (a CUDA graph that never completes); then the caller exits.
+void abortCommunicators();
+
 //===--- Bad data found on the device --------------------------------------===//
 //
 // A kernel that meets a value the CPU kernel would stop on (a target outside
