@@ -12,7 +12,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   auto &dir = carve::fuzz::ScratchDir::get();
-  static const bool kernel = (dir.write("swiglu.cpp", "", 0), true);
+  static const bool kernel =
+      (dir.write("swiglu.cpp", "", 0), dir.write("swiglu.cu", "", 0), true);
   (void)kernel;
   std::string path = dir.write("rules.json", data, size);
   carve::RuleSet rules;
