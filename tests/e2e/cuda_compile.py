@@ -220,7 +220,7 @@ def check_custom_ops(carve, workdir):
     for name, r, needles in [
             ("cpu-only", cpu_only, ["carve.example::SwiGLU", "no CUDA kernels", '"cuda"',
                                     "--target cpu"]),
-            ("broken", broken, ["broken.cu", "compiler failed"]),
+            ("broken", broken, ["broken.cu", "the CUDA compiler (nvcc) failed"]),
             ("undefined", undefined, ["undefined reference", "swiglu_fwd_cuda", '"cuda"'])]:
         bad = os.path.join(w, "bad-" + name)
         rc, so, se = run([carve, "compile", onnx, "--rules", write(name + ".json", r),
