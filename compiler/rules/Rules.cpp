@@ -164,7 +164,8 @@ std::string Loader::source(const json &v, const std::string &where, const std::s
     fail(where, field,
          "two different files are named '" + name + "' (" + it->second + " and " + abs +
              "); they are copied side by side into OUT/src/custom/, so rename one");
-  if (fresh)
+  // Once per target: a file both sections name is compiled for each.
+  if (std::find(allSources.begin(), allSources.end(), abs) == allSources.end())
     allSources.push_back(abs);
   return abs;
 }
