@@ -179,6 +179,16 @@ inline bool expectClose(const std::string &what, const std::vector<float> &got,
   return true;
 }
 
+/// expectClose where NaN in both the result and the reference is a match
+/// (NaN-propagating kernels; a mean over no element).
+inline bool expectCloseNan(const std::string &what, std::vector<float> got,
+                           std::vector<double> ref, double rtol, double atol) {
+  for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
+    if (std::isnan(got[i]) && std::isnan(ref[i]))
+      got[i] = 0, ref[i] = 0;
+  return expectClose(what, got, ref, rtol, atol);
+}
+
 /// Exact comparison (data movement, integer kernels).
 template <class T>
 bool expectEqual(const std::string &what, const std::vector<T> &got, const std::vector<T> &ref) {

@@ -45,15 +45,6 @@ Dims broadcastShape(const Dims &a, const Dims &b) {
   return y;
 }
 
-/// expectClose where NaN in both is a match (NaN-propagating kernels).
-bool expectCloseNan(const std::string &what, std::vector<float> got, std::vector<double> ref,
-                    double rtol, double atol) {
-  for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
-    if (std::isnan(got[i]) && std::isnan(ref[i]))
-      got[i] = 0, ref[i] = 0;
-  return expectClose(what, got, ref, rtol, atol);
-}
-
 //===--- Elementwise -------------------------------------------------------===//
 
 const char *unaryName(rt::Unary f) {

@@ -50,15 +50,6 @@ bool deviceOk(const std::string &what) {
 
 std::vector<double> toD(const std::vector<float> &v) { return toDouble(v); }
 
-/// expectClose where a NaN reference (a mean over no element) wants NaN.
-bool expectCloseNan(const std::string &what, std::vector<float> got, std::vector<double> ref,
-                    double rtol, double atol) {
-  for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
-    if (std::isnan(ref[i]) && std::isnan(got[i]))
-      got[i] = 0, ref[i] = 0;
-  return expectClose(what, got, ref, rtol, atol);
-}
-
 //===--- Softmax ----------------------------------------------------------===//
 
 // Tolerances: each output is exp(x - max) / sum in fp32; the sum of A <= 3000
