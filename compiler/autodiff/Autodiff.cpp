@@ -25,12 +25,12 @@
 using namespace mlir;
 
 namespace carve {
-namespace {
+#define GEN_PASS_DEF_CARVEAUTODIFF
+#include "compiler/autodiff/Passes.h.inc"
+} // namespace carve
 
-constexpr const char *kInput = "carve.input";
-constexpr const char *kParam = "carve.param";
-constexpr const char *kTrainable = "carve.trainable";
-constexpr const char *kOutput = "carve.output";
+namespace carve {
+namespace {
 
 std::string describe(Operation *op) {
   std::string node = nodeName(op->getLoc());
@@ -115,7 +115,7 @@ struct Differentiator {
     // Active values: forward-reachable from trainable parameters ...
     DenseSet<Value> fromParams;
     for (BlockArgument a : fn.getArguments())
-      if (fn.getArgAttr(a.getArgNumber(), kTrainable) && isFloatTensor(a))
+      if (fn.getArgAttr(a.getArgNumber(), kTrainableAttr) && isFloatTensor(a))
         fromParams.insert(a);
     SmallVector<Operation *> ops;
     for (Operation &op : body.without_terminator()) {
@@ -210,7 +210,7 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
   // The loss output.
   unsigned numResults = fwd.getNumResults();
   auto outputName = [&](unsigned i) {
-    auto a = fwd.getResultAttrOfType<StringAttr>(i, kOutput);
+    auto a = fwd.getResultAttrOfType<StringAttr>(i, kOutputAttr);
     return a ? a.getValue().str() : "#" + std::to_string(i);
   };
   int lossIndex = -1;
@@ -271,13 +271,13 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   SmallVector<Value> results{ret.getOperand(lossIndex)};
   SmallVector<Attribute> resultAttrs{
-      mb.getDictionaryAttr({mb.getNamedAttr(kOutput, mb.getStringAttr(outputName(lossIndex)))})};
+      mb.getDictionaryAttr({mb.getNamedAttr(kOutputAttr, mb.getStringAttr(outputName(lossIndex)))})};
   SmallVector<Attribute> unused;
   for (BlockArgument a : step.getArguments()) {
     unsigned i = a.getArgNumber();
-    if (!step.getArgAttr(i, kTrainable))
+    if (!step.getArgAttr(i, kTrainableAttr))
       continue;
-    auto name = step.getArgAttrOfType<StringAttr>(i, kParam);
+    auto name = step.getArgAttrOfType<StringAttr>(i, kParamAttr);
     if (!isFloatTensor(a)) {
       error = "trainable parameter '" + (name ? name.getValue().str() : "?") +
               "' is not a float tensor";
@@ -308,26 +308,8 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
 
 namespace {
 
-struct AutodiffPass : PassWrapper<AutodiffPass, OperationPass<ModuleOp>> {
-  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(AutodiffPass)
-  AutodiffPass() = default;
-  AutodiffPass(const AutodiffPass &other) : PassWrapper(other) {}
-
-  StringRef getArgument() const override { return "carve-autodiff"; }
-  StringRef getDescription() const override {
-    return "Build @train_step (loss and parameter gradients) from @forward";
-  }
-  void getDependentDialects(DialectRegistry &registry) const override {
-    registry.insert<CarveDialect>();
-  }
-
-  Option<std::string> function{*this, "function", llvm::cl::desc("Function to differentiate"),
-                               llvm::cl::init("forward")};
-  Option<std::string> loss{*this, "loss",
-                           llvm::cl::desc("Output that is the loss (default: the only one)"),
-                           llvm::cl::init("")};
-  Option<std::string> result{*this, "result", llvm::cl::desc("Name of the function to build"),
-                             llvm::cl::init("train_step")};
+struct AutodiffPass : carve::impl::CarveAutodiffBase<AutodiffPass> {
+  using CarveAutodiffBase::CarveAutodiffBase;
 
   void runOnOperation() override {
     AutodiffOptions opts;
@@ -343,8 +325,5 @@ struct AutodiffPass : PassWrapper<AutodiffPass, OperationPass<ModuleOp>> {
 };
 
 } // namespace
-
-std::unique_ptr<Pass> createAutodiffPass() { return std::make_unique<AutodiffPass>(); }
-void registerAutodiffPass() { PassRegistration<AutodiffPass>(); }
 
 } // namespace carve

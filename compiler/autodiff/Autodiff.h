@@ -10,6 +10,8 @@
 #ifndef CARVE_COMPILER_AUTODIFF_AUTODIFF_H
 #define CARVE_COMPILER_AUTODIFF_AUTODIFF_H
 
+#include "dialects/carve/Contract.h"
+#include "dialects/carve/CarveDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 
@@ -44,14 +46,11 @@ struct AutodiffOptions {
 /// node where there is one).
 bool buildTrainingStep(mlir::ModuleOp module, const AutodiffOptions &opts, std::string &error);
 
-/// `carve-autodiff` (options: function, loss, result).
-std::unique_ptr<mlir::Pass> createAutodiffPass();
-void registerAutodiffPass();
+#define GEN_PASS_DECL
+#include "compiler/autodiff/Passes.h.inc"
 
-constexpr const char *kLossSeedAttr = "carve.loss_seed";
-constexpr const char *kGradOfAttr = "carve.grad_of";
-constexpr const char *kLossReductionAttr = "carve.loss_reduction";
-constexpr const char *kUnusedParamsAttr = "carve.unused_params";
+#define GEN_PASS_REGISTRATION
+#include "compiler/autodiff/Passes.h.inc"
 
 } // namespace carve
 

@@ -316,7 +316,7 @@ private:
   /// Marks an op whose result PyTorch would pass through dropout.
   void markDropout(Value v) {
     if (dropout > 0)
-      v.getDefiningOp()->setAttr("carve.dropout", b.getF64FloatAttr(dropout));
+      v.getDefiningOp()->setAttr(kDropoutAttr, b.getF64FloatAttr(dropout));
   }
 
   // The two families.
@@ -668,7 +668,7 @@ OwningOpRef<ModuleOp> ModelBuilder::build(std::string &error) {
   OwningOpRef<ModuleOp> module(ModuleOp::create(loc));
   module->setSymName("torch_jit");
   if (dropout > 0)
-    (*module)->setAttr("carve.dropout", b.getF64FloatAttr(dropout));
+    (*module)->setAttr(kDropoutAttr, b.getF64FloatAttr(dropout));
   b.setInsertionPointToEnd(module->getBody());
   auto func = func::FuncOp::create(b, loc, "forward", b.getFunctionType({}, {}));
   entry = func.addEntryBlock();

@@ -12,6 +12,7 @@
 
 #include "compiler/rules/CustomOp.h"
 
+#include "dialects/carve/Contract.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 #include "llvm/ADT/StringMap.h"
@@ -72,12 +73,6 @@ mlir::OwningOpRef<mlir::ModuleOp> importOnnxBytes(mlir::MLIRContext &context,
 /// The ONNX op types the importer accepts (default domain), sorted.
 std::vector<std::string> supportedOnnxOps();
 
-/// The argument attribute names that tag function arguments.
-constexpr const char *kParamAttr = "carve.param";
-constexpr const char *kTrainableAttr = "carve.trainable";
-constexpr const char *kBufferAttr = "carve.buffer";
-constexpr const char *kInputAttr = "carve.input";
-constexpr const char *kOutputAttr = "carve.output";
 
 } // namespace carve
 

@@ -46,6 +46,11 @@
 
 using namespace mlir;
 using namespace carve;
+
+namespace carve {
+#define GEN_PASS_DEF_CARVEPARTITION
+#include "compiler/partition/Passes.h.inc"
+} // namespace carve
 using dist::SbpKind;
 
 namespace {
@@ -267,8 +272,8 @@ const Annotation *Partitioner::annotationOf(Operation *op) {
 
 bool Partitioner::isParamDerived(Value v) {
   if (auto arg = dyn_cast<BlockArgument>(v))
-    return fn.getArgAttr(arg.getArgNumber(), "carve.param") ||
-           fn.getArgAttr(arg.getArgNumber(), "carve.buffer");
+    return fn.getArgAttr(arg.getArgNumber(), kParamAttr) ||
+           fn.getArgAttr(arg.getArgNumber(), kBufferAttr);
   Operation *op = v.getDefiningOp();
   if (isa<TransposeOp, ReshapeOp, CastOp>(op))
     return isParamDerived(op->getOperand(0));
@@ -773,7 +778,7 @@ bool Partitioner::finishReturn() {
   auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
   std::map<std::string, Value> params;
   for (BlockArgument arg : fn.getArguments())
-    if (auto name = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), "carve.param"))
+    if (auto name = fn.getArgAttrOfType<StringAttr>(arg.getArgNumber(), kParamAttr))
       params[name.str()] = arg;
   for (unsigned k = 0; k < ret.getNumOperands(); ++k) {
     Layout want = Layout::R();
@@ -936,7 +941,7 @@ bool Partitioner::materialize() {
   Layout dpBatch = Layout::S(0, 1);
   for (BlockArgument arg : block.getArguments()) {
     unsigned k = arg.getArgNumber();
-    bool input = static_cast<bool>(fn.getArgAttr(k, "carve.input"));
+    bool input = static_cast<bool>(fn.getArgAttr(k, kInputAttr));
     NamedAttrList d;
     d.set("dp", (input && opts.dp > 1 ? dpBatch : Layout::R()).attr(ctx));
     d.set("tp", layout.lookup(arg).attr(ctx));
@@ -1014,41 +1019,50 @@ bool carve::partitionTrainStep(ModuleOp module, const PartitionOptions &opts,
 
 namespace {
 
-struct PartitionPass : PassWrapper<PartitionPass, OperationPass<ModuleOp>> {
-  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(PartitionPass)
+struct PartitionPass : carve::impl::CarvePartitionBase<PartitionPass> {
   PartitionPass() = default;
-  PartitionPass(const PartitionPass &other) : PassWrapper(other) {}
-  StringRef getArgument() const override { return "carve-partition"; }
-  StringRef getDescription() const override {
-    return "Split @train_step over a dp x tp mesh (collectives, local shapes)";
-  }
-  void getDependentDialects(DialectRegistry &registry) const override {
-    registry.insert<dist::DistDialect>();
-  }
-  Option<int> dp{*this, "dp", llvm::cl::desc("data-parallel degree"), llvm::cl::init(1)};
-  Option<int> tp{*this, "tp", llvm::cl::desc("tensor-parallel degree"), llvm::cl::init(1)};
-  Option<bool> sp{*this, "sequence-parallel", llvm::cl::desc("sequence parallelism on tp"),
-                  llvm::cl::init(false)};
-  ListOption<std::string> ops{*this, "ops",
-                              llvm::cl::desc("per-op overrides GLOB=DIM (DIM 'replicate')")};
+  explicit PartitionPass(std::vector<AnnotationOverride> annotations)
+      : annotations(std::move(annotations)) {}
+
   void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<PlanAttrs> plan = readPlan(module);
+    if (failed(plan))
+      return signalPassFailure();
     PartitionOptions o;
-    o.dp = dp;
-    o.tp = tp;
-    o.sequenceParallel = sp;
-    for (const std::string &e : ops) {
-      size_t eq = e.rfind('=');
-      o.overrides.push_back({e.substr(0, eq), eq == std::string::npos ? "" : e.substr(eq + 1)});
-    }
+    o.dp = (int)plan->dp;
+    o.tp = (int)plan->tp;
+    o.sequenceParallel = plan->sequenceParallel;
+    for (const auto &[glob, dim] : plan->ops)
+      o.overrides.push_back({glob, dim});
+    o.annotations = annotations;
     PartitionReport report;
     std::string error;
-    if (!partitionTrainStep(getOperation(), o, report, error)) {
-      getOperation().emitError(error);
-      signalPassFailure();
+    if (!partitionTrainStep(module, o, report, error)) {
+      module.emitError(error);
+      return signalPassFailure();
     }
+    Builder b(module.getContext());
+    auto i64 = [&](int64_t v) { return b.getI64IntegerAttr(v); };
+    module->setAttr(kPartitionSummaryAttr,
+                    b.getDictionaryAttr({
+                        b.getNamedAttr("ops_split", i64(report.choices.size())),
+                        b.getNamedAttr("all_reduce", i64(report.allReduce)),
+                        b.getNamedAttr("all_gather", i64(report.allGather)),
+                        b.getNamedAttr("reduce_scatter", i64(report.reduceScatter)),
+                        b.getNamedAttr("all_to_all", i64(report.allToAll)),
+                    }));
+    numSplit = report.choices.size();
+    numCollectives = report.allReduce + report.allGather + report.reduceScatter +
+                     report.allToAll + report.localSplit;
   }
+
+  /// A rules file's annotation overrides (compiler/rules): C++ only.
+  std::vector<AnnotationOverride> annotations;
 };
 
 } // namespace
 
-void carve::registerPartitionPass() { PassRegistration<PartitionPass>(); }
+std::unique_ptr<Pass> carve::createPartitionPass(std::vector<AnnotationOverride> annotations) {
+  return std::make_unique<PartitionPass>(std::move(annotations));
+}

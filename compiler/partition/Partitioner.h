@@ -12,7 +12,10 @@
 #ifndef CARVE_COMPILER_PARTITION_PARTITIONER_H
 #define CARVE_COMPILER_PARTITION_PARTITIONER_H
 
+#include "dialects/carve/Contract.h"
+#include "dialects/dist/DistDialect.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
 
 #include <cstdint>
 #include <string>
@@ -39,7 +42,6 @@ struct AnnotationOverride {
 struct PartitionOptions {
   int dp = 1;
   int tp = 1;
-  int zero = 0;
   bool sequenceParallel = false;
   std::vector<OpOverride> overrides;
   std::vector<AnnotationOverride> annotations;
@@ -56,24 +58,14 @@ struct PartitionReport {
 
 /// The name `carve compile` and the lit tests give the mesh.
 constexpr const char *kMeshName = "mesh";
-/// Layout attributes: on function arguments and results a dictionary
-/// {dp = #dist.sbp, tp = #dist.sbp}; on ops an array with one #dist.sbp per
-/// result (the tp axis).
-constexpr const char *kLayoutAttr = "dist.layout";
-/// On ops: the annotation and the chosen dimension ("tp: n" or "tp: replicate").
-constexpr const char *kAnnotationAttr = "dist.annotation";
-constexpr const char *kChoiceAttr = "dist.choice";
-/// On gather / gather_grad whose table rows are split over tp: the full row
-/// count; on cross_entropy(_grad) whose classes are split: the full class count.
-constexpr const char *kShardedRowsAttr = "dist.sharded_rows";
-
 /// Partitions `@train_step` of `module` in place. On failure returns false with
 /// one line in `error` naming the op (its model node) or the plan field.
 bool partitionTrainStep(mlir::ModuleOp module, const PartitionOptions &opts,
                         PartitionReport &report, std::string &error);
 
-/// `carve-partition` (options: dp, tp, sequence-parallel): for lit tests.
-void registerPartitionPass();
+/// `carve-partition` with a rules file's annotation overrides (the
+/// registered pass has none).
+std::unique_ptr<mlir::Pass> createPartitionPass(std::vector<AnnotationOverride> annotations);
 
 } // namespace carve
 

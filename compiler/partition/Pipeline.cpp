@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/partition/Pipeline.h"
+#include "compiler/partition/Passes.h"
 
 #include "compiler/partition/Partitioner.h"
 #include "dialects/carve/CarveOps.h"
@@ -30,6 +31,8 @@
 using namespace mlir;
 
 namespace carve {
+#define GEN_PASS_DEF_CARVESPLITSTAGES
+#include "compiler/partition/Passes.h.inc"
 namespace {
 
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
@@ -150,10 +153,10 @@ bool Splitter::run(std::string &error) {
     }
   // Which values depend on the batch, and which on trainable parameters.
   for (BlockArgument a : fn.getArguments()) {
-    if (fn.getArgAttr(a.getArgNumber(), "carve.input") ||
-        fn.getArgAttr(a.getArgNumber(), "carve.loss_seed"))
+    if (fn.getArgAttr(a.getArgNumber(), kInputAttr) ||
+        fn.getArgAttr(a.getArgNumber(), kLossSeedAttr))
       batchDependent.insert(a);
-    if (fn.getArgAttr(a.getArgNumber(), "carve.trainable"))
+    if (fn.getArgAttr(a.getArgNumber(), kTrainableAttr))
       trained.insert(a);
   }
   for (Operation *op : ops) {
@@ -436,7 +439,7 @@ bool Splitter::assignRest(std::string &error) {
 bool Splitter::splitSharedGradients(std::string &error) {
   auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
   for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
-    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
+    auto of = fn.getResultAttrOfType<StringAttr>(k, kGradOfAttr);
     if (!of)
       continue;
     Value g = ret.getOperand(k);
@@ -575,13 +578,13 @@ bool Splitter::collectTransfers(std::string &error) {
   if (!use(ret.getOperand(0), S - 1, false))
     return false;
   for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
-    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
+    auto of = fn.getResultAttrOfType<StringAttr>(k, kGradOfAttr);
     if (!of)
       return fail(error,
                   "pipeline: @train_step result " + std::to_string(k) + " is not a gradient");
     int param = -1;
     for (BlockArgument a : fn.getArguments())
-      if (fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.param") == of)
+      if (fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), kParamAttr) == of)
         param = (int)a.getArgNumber();
     if (param < 0)
       return fail(error, "pipeline: gradient of unknown parameter '" + of.getValue().str() + "'");
@@ -638,7 +641,7 @@ bool Splitter::build(std::string &error) {
     std::vector<unsigned> args;
     for (BlockArgument a : fn.getArguments()) {
       unsigned i = a.getArgNumber();
-      if (argsOf[s].count(i) || fn.getArgAttr(i, "carve.input"))
+      if (argsOf[s].count(i) || fn.getArgAttr(i, kInputAttr))
         args.push_back(i);
     }
     SmallVector<Type> argTypes;
@@ -646,15 +649,15 @@ bool Splitter::build(std::string &error) {
     for (unsigned i : args) {
       argTypes.push_back(fn.getArgument(i).getType());
       argAttrs.push_back(fn.getArgAttrDict(i) ? fn.getArgAttrDict(i) : mb.getDictionaryAttr({}));
-      if (fn.getArgAttr(i, "carve.param"))
+      if (fn.getArgAttr(i, kParamAttr))
         summary.paramBytes += bytesOf(fn.getArgument(i));
     }
     auto stage = func::FuncOp::create(mb, fn.getLoc(), "stage" + std::to_string(s),
                                       mb.getFunctionType(argTypes, {}));
     for (NamedAttribute a : fn->getDiscardableAttrs())
       stage->setAttr(a.getName(), a.getValue());
-    stage->setAttr("carve.stage", mb.getI64IntegerAttr(s));
-    stage->setAttr("carve.num_stages", mb.getI64IntegerAttr(S));
+    stage->setAttr(kStageAttr, mb.getI64IntegerAttr(s));
+    stage->setAttr(kNumStagesAttr, mb.getI64IntegerAttr(S));
     Block *body = stage.addEntryBlock();
     for (size_t k = 0; k < args.size(); ++k)
       stage.setArgAttrs(k, argAttrs[k]);
@@ -670,9 +673,9 @@ bool Splitter::build(std::string &error) {
         Location loc = t.value.getDefiningOp() ? t.value.getDefiningOp()->getLoc() : fn.getLoc();
         auto r = dist::RecvOp::create(b, loc, t.value.getType(), meshRef, ppAxis,
                                       b.getI64IntegerAttr(offset), b.getI64IntegerAttr(t.tag));
-        r->setAttr("carve.from_stage", b.getI64IntegerAttr(t.from));
+        r->setAttr(kFromStageAttr, b.getI64IntegerAttr(t.from));
         if (backward)
-          r->setAttr("carve.phase", b.getStringAttr("backward"));
+          r->setAttr(kPhaseAttr, b.getStringAttr("backward"));
         map.map(t.value, r.getResult());
       }
     };
@@ -697,7 +700,7 @@ bool Splitter::build(std::string &error) {
           int64_t offset = (int64_t)(t.to % opts.pp) - (int64_t)(s % opts.pp);
           auto snd = dist::SendOp::create(b, c->getLoc(), map.lookup(r), meshRef, ppAxis,
                                           b.getI64IntegerAttr(offset), b.getI64IntegerAttr(t.tag));
-          snd->setAttr("carve.to_stage", b.getI64IntegerAttr(t.to));
+          snd->setAttr(kToStageAttr, b.getI64IntegerAttr(t.to));
           summary.sendBytes += bytesOf(r);
         }
     }
@@ -708,7 +711,7 @@ bool Splitter::build(std::string &error) {
     SmallVector<DictionaryAttr> resultAttrs;
     if (s == S - 1) {
       results.push_back(map.lookup(ret.getOperand(0)));
-      resultAttrs.push_back(b.getDictionaryAttr(b.getNamedAttr("carve.loss", b.getUnitAttr())));
+      resultAttrs.push_back(b.getDictionaryAttr(b.getNamedAttr(kLossAttr, b.getUnitAttr())));
     }
     for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
       DictionaryAttr attrs = fn.getResultAttrDict(k);
@@ -717,7 +720,7 @@ bool Splitter::build(std::string &error) {
           if (ps == s) {
             results.push_back(map.lookup(v));
             NamedAttrList l(attrs);
-            l.set("carve.shared_grad", b.getUnitAttr());
+            l.set(kSharedGradAttr, b.getUnitAttr());
             resultAttrs.push_back(l.getDictionary(ctx));
           }
         continue;
@@ -762,5 +765,110 @@ bool splitPipelineStages(ModuleOp module, const PipelineOptions &opts, PipelineR
   Splitter s(module, fn, opts, report);
   return s.run(error);
 }
+
+void writeStageSummary(func::FuncOp stage, const StageSummary &st) {
+  Builder b(stage.getContext());
+  auto f64 = [&](double x) { return b.getF64FloatAttr(x); };
+  stage->setAttr(kStageSummaryAttr,
+                 b.getDictionaryAttr({
+                     b.getNamedAttr("first", b.getStringAttr(st.first)),
+                     b.getNamedAttr("last", b.getStringAttr(st.last)),
+                     b.getNamedAttr("layers", b.getI64IntegerAttr(st.layers)),
+                     b.getNamedAttr("forward_flops", f64(st.forwardFlops)),
+                     b.getNamedAttr("backward_flops", f64(st.backwardFlops)),
+                     b.getNamedAttr("flops", f64(st.flops)),
+                     b.getNamedAttr("param_bytes", b.getI64IntegerAttr(st.paramBytes)),
+                     b.getNamedAttr("send_bytes", b.getI64IntegerAttr(st.sendBytes)),
+                     b.getNamedAttr("ops", b.getI64IntegerAttr(st.ops)),
+                 }));
+}
+
+std::optional<StageSummary> readStageSummary(func::FuncOp stage) {
+  auto d = stage->getAttrOfType<DictionaryAttr>(kStageSummaryAttr);
+  if (!d)
+    return std::nullopt;
+  StageSummary st;
+  auto str = [&](const char *k) {
+    auto a = d.getAs<StringAttr>(k);
+    return a ? a.getValue().str() : std::string();
+  };
+  auto i64 = [&](const char *k) -> int64_t {
+    auto a = d.getAs<IntegerAttr>(k);
+    return a ? a.getInt() : 0;
+  };
+  auto f64 = [&](const char *k) {
+    auto a = d.getAs<FloatAttr>(k);
+    return a ? a.getValueAsDouble() : 0.0;
+  };
+  st.first = str("first");
+  st.last = str("last");
+  st.layers = (int)i64("layers");
+  st.forwardFlops = f64("forward_flops");
+  st.backwardFlops = f64("backward_flops");
+  st.flops = f64("flops");
+  st.paramBytes = i64("param_bytes");
+  st.sendBytes = i64("send_bytes");
+  st.ops = (int)i64("ops");
+  return st;
+}
+
+std::vector<func::FuncOp> stageFunctions(ModuleOp module) {
+  std::vector<func::FuncOp> stages;
+  for (int s = 0;; ++s) {
+    auto fn = module.lookupSymbol<func::FuncOp>("stage" + std::to_string(s));
+    if (!fn)
+      return stages;
+    stages.push_back(fn);
+  }
+}
+
+std::vector<SharedGradient> sharedGradients(ModuleOp module) {
+  // Summed over stages in one order for every rank: by name.
+  std::map<std::string, SharedGradient> byName;
+  std::vector<func::FuncOp> stages = stageFunctions(module);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    func::FuncOp fn = stages[s];
+    for (unsigned k = 0; k < fn.getNumResults(); ++k)
+      if (fn.getResultAttr(k, kSharedGradAttr)) {
+        std::string name = gradOf(fn, k).str();
+        auto t = cast<RankedTensorType>(fn.getResultTypes()[k]);
+        if (!byName.count(name))
+          byName[name] = {name, t.getNumElements(), (int)s};
+      }
+  }
+  std::vector<SharedGradient> out;
+  for (auto &[n, sh] : byName)
+    out.push_back(sh);
+  return out;
+}
+
+namespace {
+
+struct SplitStagesPass : carve::impl::CarveSplitStagesBase<SplitStagesPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<PlanAttrs> plan = readPlan(module);
+    if (failed(plan))
+      return signalPassFailure();
+    PipelineOptions o;
+    o.pp = (int)plan->pp;
+    o.virtualStages = (int)plan->virtualStages;
+    o.dp = (int)plan->dp;
+    o.tp = (int)plan->tp;
+    o.cuts = plan->cuts;
+    PipelineReport report;
+    std::string error;
+    if (!splitPipelineStages(module, o, report, error)) {
+      module.emitError(error);
+      return signalPassFailure();
+    }
+    std::vector<func::FuncOp> stages = stageFunctions(module);
+    for (size_t s = 0; s < stages.size() && s < report.stages.size(); ++s)
+      writeStageSummary(stages[s], report.stages[s]);
+    numTransfers = report.transfers;
+  }
+};
+
+} // namespace
 
 } // namespace carve

@@ -27,9 +27,12 @@
 #ifndef CARVE_COMPILER_PARTITION_PIPELINE_H
 #define CARVE_COMPILER_PARTITION_PIPELINE_H
 
+#include "dialects/carve/Contract.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +81,24 @@ bool layerOfNode(llvm::StringRef node, std::string &prefix, int &number);
 
 bool splitPipelineStages(mlir::ModuleOp module, const PipelineOptions &opts, PipelineReport &report,
                          std::string &error);
+
+/// Records `st` on stage function `stage` (kStageSummaryAttr).
+void writeStageSummary(mlir::func::FuncOp stage, const StageSummary &st);
+/// The summary carve-split-stages recorded on `stage`, if any.
+std::optional<StageSummary> readStageSummary(mlir::func::FuncOp stage);
+/// @stage0, @stage1, ... in order.
+std::vector<mlir::func::FuncOp> stageFunctions(mlir::ModuleOp module);
+
+/// A gradient summed over pp: the parameter, its (tp-local) elements and the
+/// lowest stage holding it (which counts it in the gradient norm).
+struct SharedGradient {
+  std::string name;
+  int64_t numel;
+  int owner;
+};
+/// Every gradient some stage marks `carve.shared_grad`, by parameter name
+/// (one order for every rank).
+std::vector<SharedGradient> sharedGradients(mlir::ModuleOp module);
 
 } // namespace carve
 

@@ -189,11 +189,11 @@ bool Profiler::run(std::string &error) {
                       (double)k.getShape()[k.getRank() - 2];
       s.core += scores;
       s.coreFlops += w.flops;
-      if (o->hasAttr("carve.dropout")) {
+      if (o->hasAttr(kDropoutAttr)) {
         s.coreMasks += scores;
         s.coreDropped += scores;
       }
-    } else if (!bwd && o->hasAttr("carve.dropout") && perSample) {
+    } else if (!bwd && o->hasAttr(kDropoutAttr) && perSample) {
       s.hiddenMasks += out;
     }
   }

@@ -28,6 +28,7 @@
 #include "compiler/rules/CustomOp.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
 
 #include <string>
 #include <vector>
@@ -73,6 +74,15 @@ bool prepareCustomOps(mlir::ModuleOp module, const RuleSet &rules, std::string &
 /// Every override must match some op of `@train_step` (by op name or by
 /// model node name); otherwise returns false naming the entry.
 bool checkOverridesMatch(mlir::ModuleOp module, const RuleSet &rules, std::string &error);
+
+/// `carve-check-overrides` for a rules file already read.
+std::unique_ptr<mlir::Pass> createCheckOverridesPass(const RuleSet &rules);
+
+#define GEN_PASS_DECL
+#include "compiler/rules/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "compiler/rules/Passes.h.inc"
 
 } // namespace carve
 

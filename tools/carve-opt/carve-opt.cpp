@@ -7,7 +7,9 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
-#include "compiler/partition/Partitioner.h"
+#include "compiler/partition/Passes.h"
+#include "compiler/plan/Passes.h"
+#include "compiler/rules/Rules.h"
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/dist/DistDialect.h"
 
@@ -23,8 +25,10 @@ int main(int argc, char **argv) {
   mlir::registerCSEPass();
   mlir::registerSymbolDCEPass();
   carve::registerFrontendPasses();
-  carve::registerAutodiffPass();
-  carve::registerPartitionPass();
+  carve::registerAutodiffPasses();
+  carve::registerPartitionPasses();
+  carve::registerPlanPasses();
+  carve::registerRulesPasses();
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "carve optimizer driver\n", registry));
 }

@@ -5,6 +5,7 @@
 
 #include "compiler/codegen/CpuCodegen.h"
 #include "compiler/frontend/OnnxImporter.h"
+#include "tools/carve/Driver.h"
 
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ struct CompileArgs {
   std::string output;
   std::string loss;
   std::string emitMlir;                  // write the training step's IR here
+  std::string emitMlirAfter;             // ...as it is after this pass instead
   std::string timelineJson, timelineSvg; // the planned pipeline schedule
   std::string rulesPath;                 // --rules: custom ops and annotation overrides
   ImportOptions import;
@@ -36,8 +38,6 @@ int runCompile(CompileArgs &args);
 
 /// Runs `carve run OUT -n N -- ARGS`: execs mpirun (never returns on success).
 int runRun(const std::string &out, int ranks, const std::vector<std::string> &trainArgs);
-
-[[noreturn]] void die(const std::string &msg);
 
 } // namespace carve
 

@@ -96,6 +96,12 @@ cl::opt<std::string> lossName("loss", cl::desc("The output that is the loss"),
                               cl::sub(verifyCmd), cl::cat(carveCat));
 cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training step's IR"),
                               cl::value_desc("FILE"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> emitMlirAfter(
+    "emit-mlir-after",
+    cl::desc("Write the IR as it is after this pass of the pipeline (carve-autodiff, "
+             "carve-check-overrides, carve-partition, carve-split-stages) to the --emit-mlir "
+             "FILE, or to stdout"),
+    cl::value_desc("PASS"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> timelineJson(
     "timeline",
     cl::desc("Write the planned pipeline schedule as a Chrome trace (one track per rank)"),
@@ -290,6 +296,7 @@ int runCompileCommand() {
   args.fuse = !noFuse;
   args.loss = lossName;
   args.emitMlir = emitMlir;
+  args.emitMlirAfter = emitMlirAfter;
   args.timelineJson = timelineJson;
   args.timelineSvg = timelineSvg;
   args.rulesPath = rulesFile;

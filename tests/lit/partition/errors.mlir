@@ -1,8 +1,8 @@
 // Plans the partitioner refuses, each with one message naming the op or field.
-// RUN: not carve-opt %s --carve-partition="tp=2 ops=nothing*=a" 2>&1 | FileCheck %s --check-prefix=NOOP
-// RUN: not carve-opt %s --carve-partition="tp=3" 2>&1 | FileCheck %s --check-prefix=DIVIDE
-// RUN: not carve-opt %s --carve-partition="tp=2 ops=mm=z" 2>&1 | FileCheck %s --check-prefix=NONAME
-// RUN: not carve-opt %s --carve-partition="tp=2 ops=act=b" 2>&1 | FileCheck %s --check-prefix=NEVER
+// RUN: not carve-opt %s --carve-set-plan="tp=2 ops=nothing*=a" --carve-partition 2>&1 | FileCheck %s --check-prefix=NOOP
+// RUN: not carve-opt %s --carve-set-plan="tp=3" --carve-partition 2>&1 | FileCheck %s --check-prefix=DIVIDE
+// RUN: not carve-opt %s --carve-set-plan="tp=2 ops=mm=z" --carve-partition 2>&1 | FileCheck %s --check-prefix=NONAME
+// RUN: not carve-opt %s --carve-set-plan="tp=2 ops=act=b" --carve-partition 2>&1 | FileCheck %s --check-prefix=NEVER
 
 // NOOP: error: plan: "ops" entry "nothing*" matches no op of the model
 // DIVIDE: error: carve.matmul (node mm): tensor parallelism (tp=3) cannot split this projection's output: tp=3 does not divide dimension 'c' (8)

@@ -3,7 +3,7 @@
 // (S(1 x 3): each rank holds its piece of every section) so that each slice
 // keeps its split with no communication; the slices take the same sections of
 // each rank's piece.
-// RUN: carve-opt %s --carve-partition="tp=2" | FileCheck %s
+// RUN: carve-opt %s --carve-set-plan="tp=2" --carve-partition | FileCheck %s
 
 // CHECK-LABEL: func.func @train_step
 // CHECK-SAME: %arg1: tensor<6x12xf32> {carve.param = "w", carve.trainable, dist.layout = {dp = #dist.sbp<R>, tp = #dist.sbp<S 1 x 3>}}

@@ -1,12 +1,12 @@
 // One small @train_step per layout transition: the partitioner inserts the
 // collective that the producer's and the consumer's layouts call for.
-// Per-op splits are forced with the pass's ops=NODE=DIM overrides (a plan's
+// Per-op splits are forced with carve-set-plan's ops=NODE=DIM overrides (a plan's
 // "ops" field). Matmul's annotation is "a b+, b+ c -> a c".
 
-// RUN: carve-opt %s --carve-partition="tp=2 ops=mm=b" | FileCheck %s --check-prefix=ALLREDUCE
-// RUN: carve-opt %s --carve-partition="tp=2 ops=mm=b,act=a" | FileCheck %s --check-prefix=SCATTER
-// RUN: carve-opt %s --carve-partition="tp=2 ops=mm=a,act=b" | FileCheck %s --check-prefix=ALLTOALL
-// RUN: carve-opt %s --carve-partition="tp=2" | FileCheck %s --check-prefix=DEFAULT
+// RUN: carve-opt %s --carve-set-plan="tp=2 ops=mm=b" --carve-partition | FileCheck %s --check-prefix=ALLREDUCE
+// RUN: carve-opt %s --carve-set-plan="tp=2 ops=mm=b,act=a" --carve-partition | FileCheck %s --check-prefix=SCATTER
+// RUN: carve-opt %s --carve-set-plan="tp=2 ops=mm=a,act=b" --carve-partition | FileCheck %s --check-prefix=ALLTOALL
+// RUN: carve-opt %s --carve-set-plan="tp=2" --carve-partition | FileCheck %s --check-prefix=DEFAULT
 
 // Contraction split: the weight is stored split by rows, the replicated input
 // is cut locally (no communication) and the partial sums are all-reduced for

@@ -1,0 +1,35 @@
+//===- CompilePipeline.cpp - the passes `carve compile` runs --------------===//
+
+#include "compiler/driver/CompilePipeline.h"
+
+#include "compiler/autodiff/Autodiff.h"
+#include "compiler/partition/Passes.h"
+
+namespace carve {
+
+namespace {
+bool partitions(const PlanAttrs &plan) { return plan.tp > 1 || plan.zero > 0; }
+} // namespace
+
+void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
+                          const std::string &loss) {
+  CarveAutodiffOptions ad;
+  ad.loss = loss;
+  pm.addPass(createCarveAutodiff(ad));
+  pm.addPass(createCheckOverridesPass(rules));
+  if (partitions(plan))
+    pm.addPass(createPartitionPass(rules.overrides));
+  if (plan.pipelined())
+    pm.addPass(createCarveSplitStages());
+}
+
+std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan) {
+  std::vector<std::string> passes = {"carve-autodiff", "carve-check-overrides"};
+  if (partitions(plan))
+    passes.push_back("carve-partition");
+  if (plan.pipelined())
+    passes.push_back("carve-split-stages");
+  return passes;
+}
+
+} // namespace carve

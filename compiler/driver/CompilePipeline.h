@@ -1,0 +1,39 @@
+//===- CompilePipeline.h - the passes `carve compile` runs ----------------===//
+//
+// One PassManager carries the imported model to the per-rank programs'
+// IR; which passes it holds follows from the plan on the module:
+//
+//   carve-autodiff          @forward -> @train_step (loss, gradients)
+//   carve-check-overrides   a rules file's overrides each match some op
+//   carve-partition         tp and sequence parallelism (tp > 1 or ZeRO)
+//   carve-split-stages      pipeline stages (pp > 1 or micro-batches)
+//
+// The emitter (compiler/codegen) then prints what the IR says.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_DRIVER_COMPILEPIPELINE_H
+#define CARVE_COMPILER_DRIVER_COMPILEPIPELINE_H
+
+#include "compiler/rules/Rules.h"
+#include "dialects/carve/Contract.h"
+
+#include "mlir/Pass/PassManager.h"
+
+#include <string>
+#include <vector>
+
+namespace carve {
+
+/// Adds the passes for `plan` to `pm` (a module pass manager). `loss` names
+/// the output that is the loss (empty: the only one); `rules` is the rules
+/// file's content (empty when none was given).
+void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
+                          const std::string &loss);
+
+/// The flags of the passes buildCompilePipeline adds for `plan`, in order.
+std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan);
+
+} // namespace carve
+
+#endif // CARVE_COMPILER_DRIVER_COMPILEPIPELINE_H

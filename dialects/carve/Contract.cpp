@@ -1,0 +1,141 @@
+//===- Contract.cpp - accessors of the attributes stages hand each other --===//
+
+#include "dialects/carve/Contract.h"
+
+using namespace mlir;
+
+namespace carve {
+
+StringAttr paramNameOf(func::FuncOp fn, unsigned arg) {
+  return fn.getArgAttrOfType<StringAttr>(arg, kParamAttr);
+}
+
+StringAttr inputNameOf(func::FuncOp fn, unsigned arg) {
+  return fn.getArgAttrOfType<StringAttr>(arg, kInputAttr);
+}
+
+StringAttr gradOf(func::FuncOp fn, unsigned result) {
+  return fn.getResultAttrOfType<StringAttr>(result, kGradOfAttr);
+}
+
+std::optional<unsigned> paramArgOfGrad(func::FuncOp fn, unsigned result) {
+  StringAttr of = gradOf(fn, result);
+  if (!of)
+    return std::nullopt;
+  for (unsigned a = 0; a < fn.getNumArguments(); ++a)
+    if (paramNameOf(fn, a) == of)
+      return a;
+  return std::nullopt;
+}
+
+bool isTrainable(func::FuncOp fn, unsigned arg) {
+  return static_cast<bool>(fn.getArgAttr(arg, kTrainableAttr));
+}
+
+} // namespace carve
+
+namespace carve {
+
+void writePlan(ModuleOp module, const PlanAttrs &plan) {
+  Builder b(module.getContext());
+  SmallVector<NamedAttribute> fields;
+  auto i64 = [&](const char *name, int64_t v) {
+    fields.push_back(b.getNamedAttr(name, b.getI64IntegerAttr(v)));
+  };
+  i64("dp", plan.dp);
+  i64("tp", plan.tp);
+  i64("pp", plan.pp);
+  i64("zero", plan.zero);
+  if (plan.sequenceParallel)
+    fields.push_back(b.getNamedAttr("sequence_parallel", b.getUnitAttr()));
+  i64("micro_batches", plan.microBatches);
+  i64("virtual_stages", plan.virtualStages);
+  fields.push_back(b.getNamedAttr("schedule", b.getStringAttr(plan.schedule)));
+  fields.push_back(b.getNamedAttr("precision", b.getStringAttr(plan.precision)));
+  if (plan.globalBatch > 0)
+    i64("global_batch", plan.globalBatch);
+  if (!plan.cuts.empty()) {
+    SmallVector<StringRef> cuts(plan.cuts.begin(), plan.cuts.end());
+    fields.push_back(b.getNamedAttr("cuts", b.getStrArrayAttr(cuts)));
+  }
+  if (!plan.ops.empty()) {
+    SmallVector<Attribute> ops;
+    for (const auto &[glob, dim] : plan.ops)
+      ops.push_back(b.getStrArrayAttr({glob, dim}));
+    fields.push_back(b.getNamedAttr("ops", b.getArrayAttr(ops)));
+  }
+  module->setAttr(kPlanAttr, b.getDictionaryAttr(fields));
+}
+
+FailureOr<PlanAttrs> readPlan(ModuleOp module) {
+  PlanAttrs plan;
+  auto dict = module->getAttrOfType<DictionaryAttr>(kPlanAttr);
+  if (!dict) {
+    if (module->hasAttr(kPlanAttr))
+      return module.emitError() << "'" << kPlanAttr << "' must be a dictionary";
+    return plan;
+  }
+  auto bad = [&](StringRef field, StringRef want) {
+    return module.emitError() << "'" << kPlanAttr << "' field '" << field << "' must be " << want;
+  };
+  for (NamedAttribute f : dict) {
+    StringRef name = f.getName().getValue();
+    Attribute v = f.getValue();
+    std::pair<const char *, int64_t *> ints[] = {
+        {"dp", &plan.dp},
+        {"tp", &plan.tp},
+        {"pp", &plan.pp},
+        {"zero", &plan.zero},
+        {"micro_batches", &plan.microBatches},
+        {"virtual_stages", &plan.virtualStages},
+        {"global_batch", &plan.globalBatch}};
+    bool known = false;
+    for (auto &[key, dst] : ints) {
+      if (name != key)
+        continue;
+      known = true;
+      auto i = dyn_cast<IntegerAttr>(v);
+      if (!i || i.getInt() < (name == "zero" || name == "global_batch" ? 0 : 1))
+        return bad(name, name == "zero" || name == "global_batch" ? "an integer >= 0"
+                                                                 : "an integer >= 1");
+      *dst = i.getInt();
+    }
+    if (known)
+      continue;
+    if (name == "sequence_parallel") {
+      if (isa<UnitAttr>(v))
+        plan.sequenceParallel = true;
+      else if (auto bv = dyn_cast<BoolAttr>(v))
+        plan.sequenceParallel = bv.getValue();
+      else
+        return bad(name, "a unit or bool attribute");
+    } else if (name == "schedule" || name == "precision") {
+      auto s = dyn_cast<StringAttr>(v);
+      if (!s)
+        return bad(name, "a string");
+      (name == "schedule" ? plan.schedule : plan.precision) = s.getValue().str();
+    } else if (name == "cuts") {
+      auto a = dyn_cast<ArrayAttr>(v);
+      if (!a || !llvm::all_of(a, [](Attribute e) { return isa<StringAttr>(e); }))
+        return bad(name, "an array of strings");
+      for (Attribute e : a)
+        plan.cuts.push_back(cast<StringAttr>(e).getValue().str());
+    } else if (name == "ops") {
+      auto a = dyn_cast<ArrayAttr>(v);
+      if (!a)
+        return bad(name, "an array of [glob, dim] string pairs");
+      for (Attribute e : a) {
+        auto pair = dyn_cast<ArrayAttr>(e);
+        if (!pair || pair.size() != 2 || !isa<StringAttr>(pair[0]) || !isa<StringAttr>(pair[1]))
+          return bad(name, "an array of [glob, dim] string pairs");
+        plan.ops.push_back({cast<StringAttr>(pair[0]).getValue().str(),
+                            cast<StringAttr>(pair[1]).getValue().str()});
+      }
+    } else {
+      return module.emitError() << "'" << kPlanAttr << "' has an unknown field '" << name << "'";
+    }
+  }
+  return plan;
+}
+
+} // namespace carve

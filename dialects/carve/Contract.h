@@ -1,0 +1,145 @@
+//===- Contract.h - the attributes the compiler's stages hand each other --===//
+//
+// Every discardable attribute that one stage of the compiler writes and a
+// later one reads is named here, once, with an accessor for each question a
+// stage asks of it ("which parameter is argument 3?", "which argument is the
+// parameter of result 5's gradient?"). Call sites use these; no attribute
+// name is spelled as a string literal anywhere else.
+//
+// Who writes what:
+//   importer (compiler/frontend)   carve.param, carve.trainable, carve.buffer,
+//                                  carve.input, carve.output
+//   plan (compiler/plan)           carve.plan on the module (PlanAttr.h)
+//   autodiff (carve-autodiff)      carve.loss_seed, carve.grad_of,
+//                                  carve.loss_reduction, carve.unused_params
+//   stage split (carve-split-stages)
+//                                  carve.stage, carve.num_stages, carve.loss,
+//                                  carve.shared_grad, carve.phase,
+//                                  carve.from_stage, carve.to_stage,
+//                                  carve.stage_summary
+//   partition (carve-partition)    dist.layout, dist.annotation, dist.choice,
+//                                  dist.sharded_rows
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_DIALECTS_CARVE_CONTRACT_H
+#define CARVE_DIALECTS_CARVE_CONTRACT_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+// Function arguments and results (the importer).
+/// On an argument: the model's parameter or buffer name (PyTorch's
+/// state_dict key).
+constexpr const char *kParamAttr = "carve.param";
+/// On a parameter argument: present when the optimizer updates it.
+constexpr const char *kTrainableAttr = "carve.trainable";
+/// On an argument: a buffer (a non-trainable state tensor) and its name.
+constexpr const char *kBufferAttr = "carve.buffer";
+/// On an argument: the graph input's name.
+constexpr const char *kInputAttr = "carve.input";
+/// On a result: the graph output's name.
+constexpr const char *kOutputAttr = "carve.output";
+
+/// On an op of a builtin model that dropout follows, and on the module: the
+/// dropout probability (the planner's activation accounting).
+constexpr const char *kDropoutAttr = "carve.dropout";
+
+// The training step (autodiff).
+/// On the last argument of @train_step: the gradient fed into the loss.
+constexpr const char *kLossSeedAttr = "carve.loss_seed";
+/// On a result: the name of the parameter whose gradient it is.
+constexpr const char *kGradOfAttr = "carve.grad_of";
+/// On @train_step: "mean", "sum" or "unknown" (how the loss reduces the batch).
+constexpr const char *kLossReductionAttr = "carve.loss_reduction";
+/// On @train_step: trainable parameters that do not reach the loss.
+constexpr const char *kUnusedParamsAttr = "carve.unused_params";
+
+// Pipeline stages (the stage split).
+/// On a stage function: its index and the number of stages.
+constexpr const char *kStageAttr = "carve.stage";
+constexpr const char *kNumStagesAttr = "carve.num_stages";
+/// On result 0 of the last stage: the loss.
+constexpr const char *kLossAttr = "carve.loss";
+/// On a gradient result: this stage's part of a gradient summed over pp.
+constexpr const char *kSharedGradAttr = "carve.shared_grad";
+/// On the receives that open a stage's backward part: "backward".
+constexpr const char *kPhaseAttr = "carve.phase";
+/// On dist.recv / dist.send: the stage at the other end.
+constexpr const char *kFromStageAttr = "carve.from_stage";
+constexpr const char *kToStageAttr = "carve.to_stage";
+/// On a stage function: what the stage holds and costs (StageSummary).
+constexpr const char *kStageSummaryAttr = "carve.stage_summary";
+
+// Layouts (the partitioner).
+/// On function arguments and results a dictionary {dp = #dist.sbp, tp =
+/// #dist.sbp}; on ops an array with one #dist.sbp per result (the tp axis).
+constexpr const char *kLayoutAttr = "dist.layout";
+/// On ops: the annotation and the chosen dimension ("tp: n" or "tp: replicate").
+constexpr const char *kAnnotationAttr = "dist.annotation";
+constexpr const char *kChoiceAttr = "dist.choice";
+/// On gather / gather_grad whose table rows are split over tp: the full row
+/// count; on cross_entropy(_grad) whose classes are split: the full class count.
+constexpr const char *kShardedRowsAttr = "dist.sharded_rows";
+/// On the module: what the partitioner did ({ops_split, all_reduce,
+/// all_gather, reduce_scatter, all_to_all}: ops split over tp and the
+/// collectives it inserted, per step).
+constexpr const char *kPartitionSummaryAttr = "dist.partition_summary";
+
+// The plan (compiler/plan writes it; every pass and the emitter read it).
+/// On the module: a dictionary with the fields of PlanAttrs (absent fields
+/// take their defaults), e.g.
+///   module attributes {carve.plan = {dp = 2 : i64, tp = 2 : i64, zero = 1 : i64}}
+constexpr const char *kPlanAttr = "carve.plan";
+
+/// The plan as the module holds it: what the passes after import need of
+/// the plan file (docs/plan.md), resolved (micro-batches counted, schedule
+/// named). Read with readPlan, written with writePlan; passes keep no copy.
+struct PlanAttrs {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int64_t zero = 0;
+  bool sequenceParallel = false;
+  int64_t microBatches = 1;  // per step of each data-parallel replica
+  int64_t virtualStages = 1; // stages per pipeline rank
+  std::string schedule = "1f1b";
+  std::string precision = "fp32";
+  int64_t globalBatch = 0; // 0: not known (a lit test's module)
+  /// Pipeline cut points: op-name globs, one per stage boundary.
+  std::vector<std::string> cuts;
+  /// The "ops" overrides in file order: op-name glob, dimension ("replicate").
+  std::vector<std::pair<std::string, std::string>> ops;
+
+  int64_t worldSize() const { return dp * tp * pp; }
+  /// Whether the step runs as pipeline stages (several stages or micro-batches).
+  bool pipelined() const { return pp > 1 || microBatches > 1; }
+};
+
+/// Writes `plan` as the module's `carve.plan`.
+void writePlan(mlir::ModuleOp module, const PlanAttrs &plan);
+/// Reads the module's `carve.plan`; a module without one has the default
+/// plan (one rank). A malformed field is an error on the module.
+mlir::FailureOr<PlanAttrs> readPlan(mlir::ModuleOp module);
+
+/// The parameter (or buffer) name of argument `arg`, null when it is neither.
+mlir::StringAttr paramNameOf(mlir::func::FuncOp fn, unsigned arg);
+/// The graph input name of argument `arg`, null when it is no input.
+mlir::StringAttr inputNameOf(mlir::func::FuncOp fn, unsigned arg);
+/// The parameter whose gradient result `result` is, null when it is none.
+mlir::StringAttr gradOf(mlir::func::FuncOp fn, unsigned result);
+/// The argument that holds the parameter of gradient result `result`, or
+/// nullopt when the result is no gradient or no argument holds its parameter.
+std::optional<unsigned> paramArgOfGrad(mlir::func::FuncOp fn, unsigned result);
+/// True when argument `arg` is a parameter the optimizer updates.
+bool isTrainable(mlir::func::FuncOp fn, unsigned arg);
+
+} // namespace carve
+
+#endif // CARVE_DIALECTS_CARVE_CONTRACT_H

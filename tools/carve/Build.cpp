@@ -1,0 +1,206 @@
+//===- Build.cpp - compiling and linking the generated programs -----------===//
+
+#include "tools/carve/Build.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+
+#include <optional>
+#include <sstream>
+
+#ifndef CARVE_RUNTIME_CONFIG
+#error "CARVE_RUNTIME_CONFIG must name build/lib/carve-runtime.txt"
+#endif
+
+using namespace llvm;
+
+namespace carve {
+
+std::map<std::string, std::string> runtimeConfig() {
+  std::string path = CARVE_RUNTIME_CONFIG;
+  if (const char *env = getenv("CARVE_RUNTIME_CONFIG"))
+    path = env;
+  auto buf = MemoryBuffer::getFile(path);
+  if (!buf)
+    fail(path + ": cannot read the runtime's build settings (" + buf.getError().message() +
+         "); build the runtime (ninja carve_rt) or set CARVE_RUNTIME_CONFIG");
+  std::map<std::string, std::string> cfg;
+  std::istringstream in((*buf)->getBuffer().str());
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t eq = line.find('=');
+    if (eq != std::string::npos)
+      cfg[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  for (const char *k : {"cxx", "cxxflags", "include", "libs"})
+    if (!cfg.count(k))
+      fail(path + ": missing '" + k + "'");
+  return cfg;
+}
+
+std::vector<std::string> cudaArchitectures(const std::string &given) {
+  auto cfg = runtimeConfig();
+  if (cfg.count("cuda_missing"))
+    die("--target cuda: this carve was built without the CUDA target (" + cfg["cuda_missing"] +
+        "); install a CUDA toolkit with cuBLAS and NCCL and rebuild carve");
+  std::string list = given.empty() ? cfg["cuda_archs"] : given;
+  std::vector<std::string> archs;
+  std::istringstream in(list);
+  std::string a;
+  while (std::getline(in, a, ',')) {
+    if (a.empty() || a.size() > 3 || a.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(a) < 50)
+      die("--cuda-arch " + list + ": '" + a +
+          "' is not a GPU architecture number (e.g. 80 for sm_80, 90 for sm_90)");
+    archs.push_back(a);
+  }
+  if (archs.empty())
+    die("--cuda-arch: no architecture given (e.g. --cuda-arch 80,90)");
+  return archs;
+}
+
+namespace {
+
+std::vector<std::string> splitWords(const std::string &s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string w;
+  while (in >> w)
+    out.push_back(w);
+  return out;
+}
+
+/// Runs the C++ compiler with `argv`; on failure keeps its log beside OUT
+/// and fails naming `what` and the first error.
+void runCompiler(const std::string &cxxName, const std::vector<std::string> &argv,
+                 const std::string &log, const std::string &out, const std::string &what,
+                 const std::string &linkHint) {
+  std::vector<StringRef> refs(argv.begin(), argv.end());
+  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log), StringRef(log)};
+  std::string execError;
+  auto cxx = sys::findProgramByName(cxxName);
+  if (!cxx)
+    fail("the C++ compiler '" + cxxName + "' was not found");
+  int rc = sys::ExecuteAndWait(*cxx, refs, std::nullopt, redirects, 0, 0, &execError);
+  if (rc == 0)
+    return;
+  std::string text;
+  if (auto buf = MemoryBuffer::getFile(log))
+    text = (*buf)->getBuffer().str();
+  // The compiler's "error:" line, or the linker's line naming a missing
+  // symbol ("collect2: error" does not).
+  std::string first, undefined;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (undefined.empty() && line.find("undefined reference") != std::string::npos)
+      undefined = line;
+    if (first.empty() && line.find("error:") != std::string::npos)
+      first = line;
+  }
+  // Keep the log where the user can read it.
+  std::string kept = out + ".build.log";
+  sys::fs::copy_file(log, kept);
+  fail(std::string(StringRef(cxxName).contains("nvcc") ? "the CUDA compiler (nvcc)"
+                                                       : "the C++ compiler") +
+       " failed on " + what + " (" +
+       (!execError.empty()   ? execError
+        : !undefined.empty() ? undefined
+                             : first) +
+       ")" + (undefined.empty() ? "" : linkHint) + "; full log: " + kept);
+}
+
+} // namespace
+
+void buildExecutable(const BuildInputs &in, Progress &progress) {
+  auto cfg = runtimeConfig();
+  std::vector<std::string> flags = splitWords(cfg["cxxflags"]);
+  flags.push_back("-I" + cfg["include"]);
+  // The command for one source: nvcc with device code for every architecture
+  // asked for, or the C++ compiler.
+  auto compilerArgs = [&]() {
+    if (!in.cuda) {
+      std::vector<std::string> argv = {cfg["cxx"]};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      return argv;
+    }
+    std::vector<std::string> argv = {cfg["nvcc"],
+                                     "-std=c++17",
+                                     "-O3",
+                                     "--expt-relaxed-constexpr",
+                                     "-Xcompiler=-fPIC",
+                                     "-I" + cfg["include"]};
+    for (auto &w : splitWords(cfg["cuda_include"]))
+      argv.push_back("-I" + w);
+    for (const std::string &a : in.archs)
+      argv.push_back("-gencode=arch=compute_" + a + ",code=sm_" + a);
+    return argv;
+  };
+  const std::string &dir = in.dir;
+  const std::string ext = in.cuda ? ".cu" : ".cpp";
+  const std::string kind = in.cuda ? "CUDA build " : "C++ build ";
+  std::string log = dir + "/build.log";
+  std::vector<std::string> objects;
+  if (std::error_code ec = sys::fs::create_directories(dir + "/obj"))
+    fail(dir + "/obj: " + ec.message());
+  if (!in.kernelSources.empty())
+    if (std::error_code ec = sys::fs::create_directories(dir + "/src/custom"))
+      fail(dir + "/src/custom: " + ec.message());
+  // The custom ops' kernels, from their own paths (so that their includes
+  // resolve and errors name the user's files); OUT/src/custom keeps copies.
+  for (const std::string &src : in.kernelSources) {
+    std::string name = sys::path::filename(src).str();
+    progress.start(kind + name);
+    if (std::error_code ec = sys::fs::copy_file(src, dir + "/src/custom/" + name))
+      fail(src + ": cannot copy into " + in.out + "/src/custom: " + ec.message());
+    std::vector<std::string> argv = compilerArgs();
+    if (in.cuda) {
+      argv.push_back("-x");
+      argv.push_back("cu"); // whatever the file's extension
+    }
+    objects.push_back(dir + "/obj/" + name + ".o");
+    for (const std::string &a : {std::string("-c"), src, std::string("-o"), objects.back()})
+      argv.push_back(a);
+    runCompiler(argv[0], argv, log, in.out,
+                src + std::string(in.cuda ? ", a CUDA" : ", a") +
+                    " kernel source of the rules file " + in.rulesPath,
+                "");
+    progress.done("custom op kernels");
+  }
+  // One object per program, so that the progress names the rank being built.
+  for (size_t r = 0; r < in.programs.size(); ++r) {
+    const std::string &n = in.programs[r];
+    progress.start(kind + n);
+    std::vector<std::string> argv = compilerArgs();
+    objects.push_back(dir + "/obj/" + n + ".o");
+    for (const std::string &a :
+         {std::string("-c"), dir + "/src/" + n + ext, std::string("-o"), objects.back()})
+      argv.push_back(a);
+    runCompiler(argv[0], argv, log, in.out, "the generated program (src/" + n + ext + ")", "");
+    progress.done(in.programNote(r));
+  }
+  progress.start("C++ link");
+  std::vector<std::string> argv = {cfg["cxx"]};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(dir + "/src/programs.cpp");
+  argv.insert(argv.end(), objects.begin(), objects.end());
+  if (in.cuda)
+    for (auto &w : splitWords(cfg["cuda_libs"]))
+      argv.push_back(w);
+  for (auto &w : splitWords(cfg["libs"]))
+    argv.push_back(w);
+  argv.push_back("-o");
+  argv.push_back(dir + "/bin/train");
+  runCompiler(cfg["cxx"], argv, log, in.out, "the generated program",
+              in.kernelSources.empty()
+                  ? ""
+                  : "; do the " + std::string(in.cuda ? "\"cuda\"" : "\"cpu\"") + " sources of " +
+                        in.rulesPath + " define every kernel it names, as extern \"C\"?");
+  sys::fs::remove_directories(dir + "/obj");
+  progress.done("bin/train");
+}
+
+} // namespace carve

@@ -1,0 +1,56 @@
+//===- Outputs.h - what `carve compile` writes into OUT -------------------===//
+//
+// OUT/src (the programs, programs.cpp, README.md), OUT/plan.json and
+// OUT/init.safetensors, from the compiled programs and the plan.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_TOOLS_CARVE_OUTPUTS_H
+#define CARVE_TOOLS_CARVE_OUTPUTS_H
+
+#include "compiler/codegen/CpuCodegen.h"
+#include "compiler/frontend/OnnxImporter.h"
+#include "compiler/partition/Pipeline.h"
+#include "compiler/plan/Plan.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+/// The compiled model: what OUT describes.
+struct CompiledModel {
+  std::string modelName;
+  const Plan *plan = nullptr;
+  const OptimizerConfig *optimizer = nullptr;
+  std::string target = "cpu";
+  int64_t globalBatch = 0, microBatch = 0;
+  int microBatches = 1;
+  bool pipelined = false;
+  std::vector<std::string> programNames;
+  std::vector<GeneratedProgram> programs;
+  std::vector<StageSummary> stages; // pipelined: one per stage
+  std::vector<SharedGradient> shared;
+  double plannedBubble = 0;
+  std::string rulesPath;       // --rules, for the README
+  bool hasCustomKernels = false; // the rules file has kernel sources for this target
+
+  bool cuda() const { return target == "cuda"; }
+  std::string sourceExtension() const { return cuda() ? ".cu" : ".cpp"; }
+};
+
+/// Writes OUT/src: each program, programs.cpp and README.md.
+void writeSources(const std::string &dir, const CompiledModel &m);
+/// Writes OUT/plan.json: the plan as given, the world size, the model, the
+/// optimizer, target and precision, and the pipeline's stages.
+void writePlanJson(const std::string &dir, const CompiledModel &m);
+/// Writes the parameters' initial values as safetensors (F32, or I64 for
+/// integer buffers), in argument order.
+void writeInitialValues(const std::string &path,
+                        const std::vector<ImportOptions::InitialValue> &values,
+                        const std::map<std::string, bool> &isInt, const std::string &model);
+
+} // namespace carve
+
+#endif // CARVE_TOOLS_CARVE_OUTPUTS_H
