@@ -76,7 +76,7 @@ struct GeneratedProgram {
   int numKernelCalls = 0;
 };
 
-/// One pipeline rank's part of a pipelined plan (compiler/pipeline/Schedule.h
+/// One pipeline rank's part of a pipelined plan (compiler/schedule/Schedule.h
 /// builds the instruction list).
 struct PipelineCodegenOptions {
   int pp = 1, virtualStages = 1;

@@ -4,6 +4,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/partition/Passes.h"
+#include "compiler/stages/Passes.h"
 
 namespace carve {
 

@@ -1,7 +1,6 @@
 //===- Passes.h - passes of the partition stage ---------------------------===//
 //
-// carve-partition (Partitioner.cpp) and carve-split-stages (Pipeline.cpp);
-// their descriptions are in Passes.td.
+// carve-partition (Partitioner.cpp); its description is in Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
@@ -9,7 +8,6 @@
 #define CARVE_COMPILER_PARTITION_PASSES_H
 
 #include "compiler/partition/Partitioner.h"
-#include "compiler/partition/Pipeline.h"
 #include "dialects/dist/DistDialect.h"
 #include "mlir/Pass/Pass.h"
 

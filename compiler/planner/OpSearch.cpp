@@ -2,7 +2,7 @@
 
 #include "compiler/planner/OpSearch.h"
 
-#include "compiler/partition/Pipeline.h"
+#include "compiler/stages/StageSplit.h"
 
 #include "llvm/Support/GlobPattern.h"
 

@@ -5,7 +5,7 @@
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Builtin.h"
 #include "compiler/partition/Annotation.h"
-#include "compiler/partition/Pipeline.h"
+#include "compiler/stages/StageSplit.h"
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
 #include "dialects/dist/DistDialect.h"

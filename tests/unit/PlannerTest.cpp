@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/planner/Planner.h"
-#include "compiler/pipeline/Schedule.h"
+#include "compiler/schedule/Schedule.h"
 
 #include "mlir/IR/MLIRContext.h"
 

@@ -1,7 +1,7 @@
 //===- ScheduleTest.cpp - pipeline schedules, their simulation and pictures ===//
 
-#include "compiler/pipeline/Schedule.h"
-#include "compiler/pipeline/Timeline.h"
+#include "compiler/schedule/Schedule.h"
+#include "compiler/schedule/Timeline.h"
 
 #include <gtest/gtest.h>
 

@@ -8,6 +8,7 @@
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
 #include "compiler/partition/Passes.h"
+#include "compiler/stages/Passes.h"
 #include "compiler/plan/Passes.h"
 #include "compiler/rules/Rules.h"
 #include "dialects/carve/CarveDialect.h"
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
   carve::registerFrontendPasses();
   carve::registerAutodiffPasses();
   carve::registerPartitionPasses();
+  carve::registerStagesPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();
   return mlir::asMainReturnCode(

@@ -14,9 +14,9 @@
 
 #include "compiler/driver/CompilePipeline.h"
 #include "compiler/frontend/Builtin.h"
-#include "compiler/partition/Pipeline.h"
-#include "compiler/pipeline/Schedule.h"
-#include "compiler/pipeline/Timeline.h"
+#include "compiler/stages/StageSplit.h"
+#include "compiler/schedule/Schedule.h"
+#include "compiler/schedule/Timeline.h"
 #include "compiler/plan/Plan.h"
 #include "compiler/rules/Rules.h"
 #include "dialects/dist/DistDialect.h"

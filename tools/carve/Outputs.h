@@ -10,7 +10,7 @@
 
 #include "compiler/codegen/CpuCodegen.h"
 #include "compiler/frontend/OnnxImporter.h"
-#include "compiler/partition/Pipeline.h"
+#include "compiler/stages/StageSplit.h"
 #include "compiler/plan/Plan.h"
 
 #include <map>

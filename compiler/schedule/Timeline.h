@@ -9,7 +9,7 @@
 #ifndef CARVE_COMPILER_PIPELINE_TIMELINE_H
 #define CARVE_COMPILER_PIPELINE_TIMELINE_H
 
-#include "compiler/pipeline/Schedule.h"
+#include "compiler/schedule/Schedule.h"
 
 #include <string>
 #include <vector>

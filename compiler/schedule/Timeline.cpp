@@ -1,6 +1,6 @@
 //===- Timeline.cpp - simulating pipeline schedules, trace and SVG output -===//
 
-#include "compiler/pipeline/Timeline.h"
+#include "compiler/schedule/Timeline.h"
 
 #include <algorithm>
 #include <cmath>

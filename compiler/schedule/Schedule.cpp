@@ -1,6 +1,6 @@
 //===- Schedule.cpp - GPipe, 1F1B and interleaved 1F1B instruction lists --===//
 
-#include "compiler/pipeline/Schedule.h"
+#include "compiler/schedule/Schedule.h"
 
 #include <algorithm>
 #include <set>

@@ -1,4 +1,4 @@
-//===- Pipeline.h - cutting the training step into pipeline stages --------===//
+//===- StageSplit.h - cutting the training step into pipeline stages ------===//
 //
 // After autodiff (and the tensor-parallel partitioner), @train_step holds the
 // whole forward and backward pass of one micro-batch. splitPipelineStages
@@ -24,8 +24,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef CARVE_COMPILER_PARTITION_PIPELINE_H
-#define CARVE_COMPILER_PARTITION_PIPELINE_H
+#ifndef CARVE_COMPILER_STAGES_STAGESPLIT_H
+#define CARVE_COMPILER_STAGES_STAGESPLIT_H
 
 #include "dialects/carve/Contract.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -102,4 +102,4 @@ std::vector<SharedGradient> sharedGradients(mlir::ModuleOp module);
 
 } // namespace carve
 
-#endif // CARVE_COMPILER_PARTITION_PIPELINE_H
+#endif // CARVE_COMPILER_STAGES_STAGESPLIT_H

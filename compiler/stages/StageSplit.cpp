@@ -1,14 +1,14 @@
-//===- Pipeline.cpp - cutting the training step into pipeline stages ------===//
+//===- StageSplit.cpp - cutting the training step into pipeline stages ----===//
 //
-// See Pipeline.h. The cut works on the order of @train_step: every forward op
+// See StageSplit.h. The cut works on the order of @train_step: every forward op
 // comes before every backward op, and the forward ops are in a topological
 // order, so contiguous pieces of the forward ops only ever pass values to
 // later pieces.
 //
 //===----------------------------------------------------------------------===//
 
-#include "compiler/partition/Pipeline.h"
-#include "compiler/partition/Passes.h"
+#include "compiler/stages/StageSplit.h"
+#include "compiler/stages/Passes.h"
 
 #include "compiler/partition/Partitioner.h"
 #include "dialects/carve/CarveOps.h"
@@ -32,7 +32,7 @@ using namespace mlir;
 
 namespace carve {
 #define GEN_PASS_DEF_CARVESPLITSTAGES
-#include "compiler/partition/Passes.h.inc"
+#include "compiler/stages/Passes.h.inc"
 namespace {
 
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
