@@ -82,9 +82,16 @@ struct Differentiator {
   std::string &error;
   DenseMap<Value, Value> grads;
 
+  /// The op at fault, where there is one (its location names the node).
+  std::optional<Location> where;
+
   bool fail(const std::string &msg) {
     error = msg;
     return false;
+  }
+  bool fail(Operation *op, const std::string &msg) {
+    where = op->getLoc();
+    return fail(msg);
   }
 
   bool accumulate(OpBuilder &b, Location loc, Value v, Value g) {
@@ -152,7 +159,7 @@ struct Differentiator {
         continue;
       auto rule = dyn_cast<DifferentiableOpInterface>(op);
       if (!rule)
-        return fail("no gradient rule for " + describe(op) +
+        return fail(op, "no gradient rule for " + describe(op) +
                     ", which lies between a trainable parameter and the loss; freeze the "
                     "parameters before it with --frozen");
       std::string node = nodeName(op->getLoc());
@@ -165,7 +172,7 @@ struct Differentiator {
       Operation *mark = ret->getPrevNode();
       SmallVector<Value> og;
       if (failed(rule.buildGradients(b, rg, og)))
-        return fail("the gradient rule of " + describe(op) + " failed");
+        return fail(op, "the gradient rule of " + describe(op) + " failed");
       for (Operation *o = mark->getNextNode(); o && o != ret.getOperation(); o = o->getNextNode())
         o->setLoc(gradLoc);
       for (unsigned i = 0; i < op->getNumOperands(); ++i) {
@@ -173,7 +180,7 @@ struct Differentiator {
         if (!active(x))
           continue;
         if (i >= og.size() || !og[i])
-          return fail(describe(op) + " gives no gradient to operand " + std::to_string(i) +
+          return fail(op, describe(op) + " gives no gradient to operand " + std::to_string(i) +
                       ", which depends on a trainable parameter");
         if (!accumulate(b, gradLoc, x, og[i]))
           return false;
@@ -196,7 +203,8 @@ void eraseDeadOps(func::FuncOp fn) {
 
 } // namespace
 
-bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string &error) {
+bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string &error,
+                       std::optional<Location> *errorLoc) {
   auto fwd = module.lookupSymbol<func::FuncOp>(opts.function);
   if (!fwd) {
     error = "the module has no function @" + opts.function;
@@ -262,6 +270,8 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
 
   Differentiator d{step, error, DenseMap<Value, Value>()};
   if (!d.run((unsigned)lossIndex, step.getArgument(seedIndex))) {
+    if (errorLoc)
+      *errorLoc = d.where;
     step.erase();
     return false;
   }
@@ -317,8 +327,10 @@ struct AutodiffPass : carve::impl::CarveAutodiffBase<AutodiffPass> {
     opts.loss = loss;
     opts.result = result;
     std::string error;
-    if (!buildTrainingStep(getOperation(), opts, error)) {
-      getOperation().emitError(error);
+    std::optional<Location> at;
+    if (!buildTrainingStep(getOperation(), opts, error, &at)) {
+      // On the op at fault (its location names the model node), else the module.
+      emitError(at ? *at : getOperation().getLoc()) << error;
       signalPassFailure();
     }
   }

@@ -16,6 +16,7 @@
 #include "mlir/Pass/Pass.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace carve {
@@ -44,7 +45,9 @@ struct AutodiffOptions {
 ///
 /// On failure returns false with one line in `error` (naming the op and its
 /// node where there is one).
-bool buildTrainingStep(mlir::ModuleOp module, const AutodiffOptions &opts, std::string &error);
+/// `errorLoc`, when given, receives the location of the op at fault.
+bool buildTrainingStep(mlir::ModuleOp module, const AutodiffOptions &opts, std::string &error,
+                       std::optional<mlir::Location> *errorLoc = nullptr);
 
 #define GEN_PASS_DECL
 #include "compiler/autodiff/Passes.h.inc"

@@ -197,8 +197,10 @@ private:
   }
 
   bool fail(Operation *op, const std::string &msg) {
-    if (err.empty())
+    if (err.empty()) {
       err = opLabel(op) + ": " + msg;
+      report.errorLoc = op->getLoc();
+    }
     return false;
   }
 
@@ -1039,7 +1041,8 @@ struct PartitionPass : carve::impl::CarvePartitionBase<PartitionPass> {
     PartitionReport report;
     std::string error;
     if (!partitionTrainStep(module, o, report, error)) {
-      module.emitError(error);
+      // On the op at fault (its location names the model node), else the module.
+      emitError(report.errorLoc ? *report.errorLoc : module.getLoc()) << error;
       return signalPassFailure();
     }
     Builder b(module.getContext());

@@ -18,6 +18,7 @@
 #include "mlir/Pass/Pass.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,8 @@ struct PartitionReport {
   int64_t commBytes = 0;
   /// One line per op whose tp choice is not "replicate": "NODE: op annotation -> dim".
   std::vector<std::string> choices;
+  /// On failure: the op at fault, where there is one (its location names the node).
+  std::optional<mlir::Location> errorLoc;
 };
 
 /// The name `carve compile` and the lit tests give the mesh.
