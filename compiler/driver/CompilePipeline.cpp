@@ -14,6 +14,7 @@ bool partitions(const PlanAttrs &plan) { return plan.tp > 1 || plan.zero > 0; }
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
                           const std::string &loss) {
+  pm.addPass(createBindCustomOpsPass(rules));
   CarveAutodiffOptions ad;
   ad.loss = loss;
   pm.addPass(createCarveAutodiff(ad));
@@ -25,7 +26,8 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
 }
 
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan) {
-  std::vector<std::string> passes = {"carve-autodiff", "carve-check-overrides"};
+  std::vector<std::string> passes = {"carve-bind-custom-ops", "carve-autodiff",
+                                     "carve-check-overrides"};
   if (partitions(plan))
     passes.push_back("carve-partition");
   if (plan.pipelined())

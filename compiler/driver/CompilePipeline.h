@@ -3,6 +3,7 @@
 // One PassManager carries the imported model to the per-rank programs'
 // IR; which passes it holds follows from the plan on the module:
 //
+//   carve-bind-custom-ops   a rules file's annotations on its custom ops
 //   carve-autodiff          @forward -> @train_step (loss, gradients)
 //   carve-check-overrides   a rules file's overrides each match some op
 //   carve-partition         tp and sequence parallelism (tp > 1 or ZeRO)

@@ -5,6 +5,28 @@
 
 include "mlir/Pass/PassBase.td"
 
+def CarveBindCustomOps : Pass<"carve-bind-custom-ops", "mlir::ModuleOp"> {
+  let summary = "Give each custom op the partition annotation its rules file gives it";
+  let description = [{
+    A rules file describes each custom op (`carve.custom`) with a partition
+    annotation, and may replace it for some ops by node-name glob (an
+    `"ops"` entry with `"match"`). The partitioner and the gradient rule read
+    the annotation from the op, so it must be on the op before carve-autodiff
+    builds the gradient (whose `carve.custom_grad` follows the same split).
+
+    Before: `@forward` as imported with the rules file's custom ops.
+    After: every `carve.custom` carries the annotation of the first override
+    that matches it (else its rule's), with the gradient annotation derived
+    from it, bound to the op's shapes. Error, on the module: an annotation
+    that does not fit the op's shapes, naming the node and the rules entry.
+    Without a rules file (`rules` empty) nothing changes.
+  }];
+  let options = [
+    Option<"rulesPath", "rules", "std::string", /*default=*/"\"\"",
+           "The rules file (JSON, docs/custom-ops.md)">,
+  ];
+}
+
 def CarveCheckOverrides : Pass<"carve-check-overrides", "mlir::ModuleOp"> {
   let summary = "Every annotation override of a rules file must match an op of @train_step";
   let description = [{

@@ -75,6 +75,8 @@ bool prepareCustomOps(mlir::ModuleOp module, const RuleSet &rules, std::string &
 /// model node name); otherwise returns false naming the entry.
 bool checkOverridesMatch(mlir::ModuleOp module, const RuleSet &rules, std::string &error);
 
+/// `carve-bind-custom-ops` for a rules file already read.
+std::unique_ptr<mlir::Pass> createBindCustomOpsPass(const RuleSet &rules);
 /// `carve-check-overrides` for a rules file already read.
 std::unique_ptr<mlir::Pass> createCheckOverridesPass(const RuleSet &rules);
 

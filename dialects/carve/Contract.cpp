@@ -81,14 +81,13 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
   for (NamedAttribute f : dict) {
     StringRef name = f.getName().getValue();
     Attribute v = f.getValue();
-    std::pair<const char *, int64_t *> ints[] = {
-        {"dp", &plan.dp},
-        {"tp", &plan.tp},
-        {"pp", &plan.pp},
-        {"zero", &plan.zero},
-        {"micro_batches", &plan.microBatches},
-        {"virtual_stages", &plan.virtualStages},
-        {"global_batch", &plan.globalBatch}};
+    std::pair<const char *, int64_t *> ints[] = {{"dp", &plan.dp},
+                                                 {"tp", &plan.tp},
+                                                 {"pp", &plan.pp},
+                                                 {"zero", &plan.zero},
+                                                 {"micro_batches", &plan.microBatches},
+                                                 {"virtual_stages", &plan.virtualStages},
+                                                 {"global_batch", &plan.globalBatch}};
     bool known = false;
     for (auto &[key, dst] : ints) {
       if (name != key)
@@ -97,7 +96,7 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       auto i = dyn_cast<IntegerAttr>(v);
       if (!i || i.getInt() < (name == "zero" || name == "global_batch" ? 0 : 1))
         return bad(name, name == "zero" || name == "global_batch" ? "an integer >= 0"
-                                                                 : "an integer >= 1");
+                                                                  : "an integer >= 1");
       *dst = i.getInt();
     }
     if (known)

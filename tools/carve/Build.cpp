@@ -127,12 +127,9 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
       argv.insert(argv.end(), flags.begin(), flags.end());
       return argv;
     }
-    std::vector<std::string> argv = {cfg["nvcc"],
-                                     "-std=c++17",
-                                     "-O3",
-                                     "--expt-relaxed-constexpr",
-                                     "-Xcompiler=-fPIC",
-                                     "-I" + cfg["include"]};
+    std::vector<std::string> argv = {
+        cfg["nvcc"],        "-std=c++17",         "-O3", "--expt-relaxed-constexpr",
+        "-Xcompiler=-fPIC", "-I" + cfg["include"]};
     for (auto &w : splitWords(cfg["cuda_include"]))
       argv.push_back("-I" + w);
     for (const std::string &a : in.archs)

@@ -14,11 +14,11 @@
 
 #include "compiler/driver/CompilePipeline.h"
 #include "compiler/frontend/Builtin.h"
-#include "compiler/stages/StageSplit.h"
-#include "compiler/schedule/Schedule.h"
-#include "compiler/schedule/Timeline.h"
 #include "compiler/plan/Plan.h"
 #include "compiler/rules/Rules.h"
+#include "compiler/schedule/Schedule.h"
+#include "compiler/schedule/Timeline.h"
+#include "compiler/stages/StageSplit.h"
 #include "dialects/dist/DistDialect.h"
 #include "tools/carve/Build.h"
 #include "tools/carve/Driver.h"
@@ -185,8 +185,8 @@ int countMicroBatches(const Setup &s, int64_t batch) {
   const Plan &plan = s.plan;
   const int64_t share = batch / plan.dp;
   auto ofShare = [&]() {
-    return " samples (global batch " + std::to_string(batch) + " / dp " +
-           std::to_string(plan.dp) + ")";
+    return " samples (global batch " + std::to_string(batch) + " / dp " + std::to_string(plan.dp) +
+           ")";
   };
   int m = 1;
   if (plan.microBatchSize > 0) {
@@ -248,10 +248,9 @@ Imported importModel(mlir::MLIRContext &context, const CompileArgs &args, const 
           " (the model may hard-code its batch size in a reshape; export it with a "
           "dynamic batch)");
   }
-  progress.done(std::to_string(im.initial.size()) + " parameters, global batch " +
-                std::to_string(im.batch) +
-                (im.micro == im.batch ? std::string()
-                                      : ", " + std::to_string(im.micro) + " per " + per));
+  progress.done(
+      std::to_string(im.initial.size()) + " parameters, global batch " + std::to_string(im.batch) +
+      (im.micro == im.batch ? std::string() : ", " + std::to_string(im.micro) + " per " + per));
   return im;
 }
 
@@ -299,7 +298,8 @@ struct PassProgress : mlir::PassInstrumentation {
     current = pass->getArgument().str();
     const Plan &plan = s.plan;
     if (current == "carve-partition")
-      progress.start("partition (" + std::string(plan.tp > 1 ? "tp=" + std::to_string(plan.tp) : "") +
+      progress.start("partition (" +
+                     std::string(plan.tp > 1 ? "tp=" + std::to_string(plan.tp) : "") +
                      (plan.tp > 1 && plan.zero > 0 ? ", " : "") +
                      (plan.zero > 0 ? "zero=" + std::to_string(plan.zero) : "") + ")");
     else if (current == "carve-split-stages")
@@ -338,10 +338,6 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   PlanAttrs plan = planAttrs(s.plan, im);
   writePlan(module, plan);
   progress.start("training step");
-  std::string error;
-  if (!prepareCustomOps(module, s.rules, error))
-    die(args.model + ": " + error);
-
   mlir::PassManager pm(context);
   buildCompilePipeline(pm, plan, s.rules, args.loss);
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
@@ -380,7 +376,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
     return counts->summary;
   const std::string &pass = counts->current;
   std::string last = messages.empty() ? "the pass " + pass + " failed" : messages.back();
-  if (pass == "carve-autodiff")
+  if (pass == "carve-bind-custom-ops" || pass == "carve-autodiff")
     die(args.model + ": " + last + (messages.size() > 1 ? ": " + messages.front() : ""));
   if (pass == "carve-check-overrides")
     die(last);
@@ -474,8 +470,7 @@ void printSummary(const CompiledModel &cm, const std::string &out, const Partiti
   for (const GeneratedProgram &g : cm.programs)
     kernelCalls += g.numKernelCalls, maxArena = std::max(maxArena, g.arenaBytes);
   outs() << "carve: compiled " << cm.modelName << " for " << plan.worldSize() << " rank"
-         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out
-         << "/bin/train\n"
+         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out << "/bin/train\n"
          << "       " << kernelCalls << " kernel calls per "
          << (cm.pipelined ? "micro-batch" : "step") << ", " << cm.programs[0].numBuckets
          << " gradient bucket(s), arena " << format("%.1f", maxArena / 1048576.0) << " MiB per rank"

@@ -10,8 +10,8 @@
 
 #include "compiler/codegen/CpuCodegen.h"
 #include "compiler/frontend/OnnxImporter.h"
-#include "compiler/stages/StageSplit.h"
 #include "compiler/plan/Plan.h"
+#include "compiler/stages/StageSplit.h"
 
 #include <map>
 #include <string>
@@ -33,7 +33,7 @@ struct CompiledModel {
   std::vector<StageSummary> stages; // pipelined: one per stage
   std::vector<SharedGradient> shared;
   double plannedBubble = 0;
-  std::string rulesPath;       // --rules, for the README
+  std::string rulesPath;         // --rules, for the README
   bool hasCustomKernels = false; // the rules file has kernel sources for this target
 
   bool cuda() const { return target == "cuda"; }

@@ -16,10 +16,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
-#include <thread>
 #include <csignal>
+#include <cstdio>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 using namespace llvm;
@@ -143,8 +143,9 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
   int deadRank = -1, pid = 0, sig = 0;
   char node[256] = "";
   if (at != std::string::npos)
-    std::sscanf(captured.c_str() + at, "process rank %d with PID %d on node %255s exited on signal %d",
-                &deadRank, &pid, node, &sig);
+    std::sscanf(captured.c_str() + at,
+                "process rank %d with PID %d on node %255s exited on signal %d", &deadRank, &pid,
+                node, &sig);
   if (timedOut != std::string::npos) {
     size_t begin = captured.rfind("carve: rank ", timedOut);
     std::string what = begin == std::string::npos
