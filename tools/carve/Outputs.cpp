@@ -7,6 +7,7 @@
 #include "carve/rt/safetensors.h"
 
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <nlohmann/json.hpp>
@@ -132,6 +133,57 @@ void writePlanJson(const std::string &dir, const CompiledModel &m) {
     meta["pipeline"] = pj;
   }
   writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
+}
+
+void printSummary(const CompiledModel &cm, const std::string &out, const PartitionSummary &counts) {
+  const Plan &plan = *cm.plan;
+  int64_t kernelCalls = 0, maxArena = 0;
+  for (const GeneratedProgram &g : cm.programs)
+    kernelCalls += g.numKernelCalls, maxArena = std::max(maxArena, g.arenaBytes);
+  outs() << "carve: compiled " << cm.modelName << " for " << plan.worldSize() << " rank"
+         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out << "/bin/train\n"
+         << "       " << kernelCalls << " kernel calls per "
+         << (cm.pipelined ? "micro-batch" : "step") << ", " << cm.programs[0].numBuckets
+         << " gradient bucket(s), arena " << format("%.1f", maxArena / 1048576.0) << " MiB per rank"
+         << (cm.pipelined ? " (largest)" : "") << "; sources in " << out << "/src\n";
+  if (cm.pipelined) {
+    outs() << "       pipeline: " << cm.stages.size() << " stage(s) on pp=" << plan.pp << ", "
+           << plan.scheduleName() << " schedule, " << cm.microBatches << " micro-batch"
+           << (cm.microBatches > 1 ? "es" : "") << " of " << cm.microBatch << "; planned bubble "
+           << format("%.1f", cm.plannedBubble * 100) << "% of compute\n";
+    for (size_t s = 0; s < cm.stages.size(); ++s) {
+      const StageSummary &st = cm.stages[s];
+      outs() << "         stage " << s << " (rank " << s % plan.pp << "): ";
+      if (st.layers > 0)
+        outs() << st.layers << " layer" << (st.layers > 1 ? "s" : "") << ", ";
+      outs() << format("%.3g", st.flops) << " FLOP per micro-batch, parameters "
+             << format("%.2f", st.paramBytes / 1048576.0) << " MiB, sends "
+             << format("%.2f", st.sendBytes / 1048576.0) << " MiB ['" << st.first << "' .. '"
+             << st.last << "']\n";
+    }
+    if (!cm.shared.empty()) {
+      outs() << "         gradients summed over stages:";
+      for (const auto &x : cm.shared)
+        outs() << " " << x.name;
+      outs() << "\n";
+    }
+  }
+  if (plan.tp > 1)
+    outs() << "       tp=" << plan.tp << (plan.sequenceParallel ? " with sequence parallelism" : "")
+           << ": " << counts.opsSplit << " ops split; per step " << counts.allReduce
+           << " all-reduce, " << counts.allGather << " all-gather, " << counts.reduceScatter
+           << " reduce-scatter, " << counts.allToAll << " all-to-all over tp\n";
+}
+
+std::string ranksOf(const CompiledModel &cm, size_t r) {
+  const Plan &plan = *cm.plan;
+  int group = plan.dp * plan.tp;
+  if (!cm.pipelined)
+    return plan.worldSize() > 1 ? "every rank" : "rank 0";
+  if (group > 1)
+    return "ranks " + std::to_string(r * group) + "-" + std::to_string((r + 1) * group - 1) +
+           " (pipeline rank " + std::to_string(r) + ")";
+  return "rank " + std::to_string(r) + " (pipeline rank)";
 }
 
 void writeInitialValues(const std::string &path,

@@ -40,6 +40,17 @@ struct CompiledModel {
   std::string sourceExtension() const { return cuda() ? ".cu" : ".cpp"; }
 };
 
+/// What the partitioner did (its dist.partition_summary on the module).
+struct PartitionSummary {
+  int64_t opsSplit = 0, allReduce = 0, allGather = 0, reduceScatter = 0, allToAll = 0;
+};
+
+/// The closing lines of `carve compile`: what was built, and the pipeline
+/// and tensor-parallel summaries.
+void printSummary(const CompiledModel &m, const std::string &out, const PartitionSummary &counts);
+/// The progress note of program r's build: the ranks that run it.
+std::string ranksOf(const CompiledModel &m, size_t r);
+
 /// Writes OUT/src: each program, programs.cpp and README.md.
 void writeSources(const std::string &dir, const CompiledModel &m);
 /// Writes OUT/plan.json: the plan as given, the world size, the model, the
