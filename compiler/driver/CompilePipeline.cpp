@@ -3,6 +3,7 @@
 #include "compiler/driver/CompilePipeline.h"
 
 #include "compiler/autodiff/Autodiff.h"
+#include "compiler/fusion/Fusion.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
 
@@ -13,7 +14,7 @@ bool partitions(const PlanAttrs &plan) { return plan.tp > 1 || plan.zero > 0; }
 } // namespace
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss) {
+                          const std::string &loss, bool fuse) {
   pm.addPass(createBindCustomOpsPass(rules));
   CarveAutodiffOptions ad;
   ad.loss = loss;
@@ -23,15 +24,19 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
     pm.addPass(createPartitionPass(rules.overrides));
   if (plan.pipelined())
     pm.addPass(createCarveSplitStages());
+  if (fuse)
+    pm.addPass(createCarveFuseElementwise());
 }
 
-std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan) {
+std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
   std::vector<std::string> passes = {"carve-bind-custom-ops", "carve-autodiff",
                                      "carve-check-overrides"};
   if (partitions(plan))
     passes.push_back("carve-partition");
   if (plan.pipelined())
     passes.push_back("carve-split-stages");
+  if (fuse)
+    passes.push_back("carve-fuse-elementwise");
   return passes;
 }
 

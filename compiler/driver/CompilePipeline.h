@@ -8,6 +8,8 @@
 //   carve-check-overrides   a rules file's overrides each match some op
 //   carve-partition         tp and sequence parallelism (tp > 1 or ZeRO)
 //   carve-split-stages      pipeline stages (pp > 1 or micro-batches)
+//   carve-fuse-elementwise  elementwise chains grouped into fused kernels
+//                           (unless --no-fuse)
 //
 // The emitter (compiler/codegen) then prints what the IR says.
 //
@@ -28,12 +30,12 @@ namespace carve {
 
 /// Adds the passes for `plan` to `pm` (a module pass manager). `loss` names
 /// the output that is the loss (empty: the only one); `rules` is the rules
-/// file's content (empty when none was given).
+/// file's content (empty when none was given); `fuse` adds elementwise fusion.
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss);
+                          const std::string &loss, bool fuse);
 
 /// The flags of the passes buildCompilePipeline adds for `plan`, in order.
-std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan);
+std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse);
 
 } // namespace carve
 

@@ -18,7 +18,9 @@
 //                                  carve.from_stage, carve.to_stage,
 //                                  carve.stage_summary
 //   partition (carve-partition)    dist.layout, dist.annotation, dist.choice,
-//                                  dist.sharded_rows
+//                                  dist.sharded_rows, dist.partition_summary
+//   fusion (carve-fuse-elementwise)
+//                                  carve.fusion_group
 //
 //===----------------------------------------------------------------------===//
 
@@ -78,6 +80,11 @@ constexpr const char *kFromStageAttr = "carve.from_stage";
 constexpr const char *kToStageAttr = "carve.to_stage";
 /// On a stage function: what the stage holds and costs (StageSummary).
 constexpr const char *kStageSummaryAttr = "carve.stage_summary";
+
+// Fusion (carve-fuse-elementwise).
+/// On an op: the fused kernel it runs in (numbered in program order within
+/// its function; the group's last op is its root).
+constexpr const char *kFusionGroupAttr = "carve.fusion_group";
 
 // Layouts (the partitioner).
 /// On function arguments and results a dictionary {dp = #dist.sbp, tp =

@@ -7,6 +7,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
+#include "compiler/fusion/Fusion.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
 #include "compiler/plan/Passes.h"
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
   carve::registerAutodiffPasses();
   carve::registerPartitionPasses();
   carve::registerStagesPasses();
+  carve::registerFusionPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();
   return mlir::asMainReturnCode(

@@ -124,11 +124,11 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
-  buildCompilePipeline(pm, plan, s.rules, args.loss);
+  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse);
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
   PassProgress *counts = instrumentation.get();
   pm.addInstrumentation(std::move(instrumentation));
-  std::vector<std::string> passes = compilePipelinePasses(plan);
+  std::vector<std::string> passes = compilePipelinePasses(plan, args.fuse);
   std::unique_ptr<raw_fd_ostream> irOut;
   if (!args.emitMlirAfter.empty()) {
     if (std::find(passes.begin(), passes.end(), args.emitMlirAfter) == passes.end()) {

@@ -1,0 +1,48 @@
+//===- Passes.td - elementwise fusion ----------------------*- tablegen -*-===//
+
+#ifndef CARVE_FUSION_PASSES_TD
+#define CARVE_FUSION_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def CarveFuseElementwise : Pass<"carve-fuse-elementwise", "mlir::ModuleOp"> {
+  let summary = "Group chains of elementwise ops into one fused kernel each";
+  let description = [{
+    A training step is full of short elementwise chains (bias add and GELU,
+    residual adds, the GELU's gradient times the incoming gradient); run as
+    one kernel each op reads and writes its whole tensor. This pass groups
+    such chains so that the emitter writes one kernel per group that reads
+    each input once and writes only what is read later (docs/fusion.md).
+
+    Walking back from each not-yet-grouped elementwise op (the root), an op
+    P producing one of the group's operands joins when
+
+      1. P is an f32 elementwise op with a fused form (add, sub, mul, div,
+         max, min, the unary ops of the runtime's Unary enum and their
+         gradients) over the root's shape (read element for element, never
+         broadcast), on the same side of forward / backward as the root;
+      2. every reader of P's result outside the group runs after the root
+         (the kernel writes that result as an extra output), or nothing
+         else reads it (it is never stored);
+      3. neither P's result nor its operands are results of the function
+         (the gradients, which bucket reductions update in place once final);
+      4. the group stays small: at most 16 ops, 8 inputs and 4 outputs.
+
+    Candidates are taken from the latest op back, so an op's readers inside
+    the group have all been decided when it is considered.
+
+    Before: the functions the emitter prints, `@train_step` or the stage
+    functions `@stage0 ..` (after carve-partition and carve-split-stages);
+    other functions are left alone. After: the ops are unchanged; each member
+    of a group of two or more carries `carve.fusion_group = K` (K numbered
+    from 0 in program order within its function; the last member is the
+    root, where the kernel runs). Without this pass (`carve compile
+    --no-fuse`) every op is its own kernel.
+  }];
+  let statistics = [
+    Statistic<"numGroups", "num-groups", "Fused kernels formed">,
+    Statistic<"numFused", "num-fused", "Ops that run inside a fused kernel">
+  ];
+}
+
+#endif // CARVE_FUSION_PASSES_TD
