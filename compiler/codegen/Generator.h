@@ -255,13 +255,20 @@ private:
   using GatherPlan = std::map<unsigned, std::array<Gathered, 2>>; // [0] forward, [1] backward
 
   // Generator.cpp: names, errors, the op list and what every plan starts with.
+  /// The name of parameter argument `arg` (carve.param).
   std::string paramName(unsigned arg);
+  /// Whether parameter argument `arg` is split over tp (its norm term is summed over tp).
   bool tpSplit(unsigned arg);
+  /// Sets `error` to `msg`; returns false.
   bool fail(const std::string &msg);
+  /// fail() with the op's name and model node in front.
   bool failOp(Operation *op, const std::string &msg);
+  /// `base`, or `base_2`, `base_3`, ... if taken (long names keep their end).
   std::string uniqueName(std::string base);
+  /// The C element type and the bytes of a tensor value.
   std::string ctypeOf(Value v);
   int64_t bytesOf(Value v);
+  /// Operand `k` as the op reads it: a folded transpose's input.
   Value operandOf(Operation *op, unsigned k);
   /// Lists the ops, checks their types, folds transposes, fuses elementwise
   /// chains and gives every value a buffer.
@@ -277,20 +284,30 @@ private:
   /// `"  T *x = (T *)(A + offset);  // parameter [shape]"` for an argument;
   /// `perMicroBatch`: inputs hold every micro-batch, `mb` picks one.
   std::string argumentPointer(mlir::BlockArgument a, bool perMicroBatch);
+  /// Every argument and result has a type the targets support.
   bool checkTypes();
+  /// Transposes into the matmuls that read them (foldedTransposes,
+  /// transposedMatmul).
   void foldTransposes();
 
   // Fusion.cpp.
+  /// Groups elementwise chains (groups, groupOf, interior).
   void fuseElementwise();
+  /// A group's functor (into fusedDefs) and its one `fused(...)` call.
   bool emitFused(const FusionGroup &g);
 
   // MemoryPlan.cpp.
+  /// A new buffer; returns its number.
   int newBuffer(Region r, int64_t bytes, int def, std::string name);
+  /// A buffer (and a C name) for every argument and result; live ranges.
   bool assignBuffers();
+  /// Offsets of the activations from 0, sharing memory by liveness; sets
+  /// out.activationBytes and out.unplannedBytes.
   void planActivations();
   /// Lays out each gradient's optimizer state (0, 1 or 2 slots; ZeRO chunks)
   /// from byte `at`; returns the end.
   int64_t placeOptimizerState(int64_t at);
+  /// The gradients cut into buckets of up to bucketBytes.
   std::vector<Bucket> formBuckets();
   /// ZeRO over dp: every gradient's elements and chunk; stage 1 and 2 pad
   /// their parameters to dp chunks (gathered in place).
@@ -310,12 +327,16 @@ private:
   std::string oshape(Operation *op, unsigned k);
   /// A null pointer of `like`'s element type (an absent optional operand).
   std::string nullOf(Value like);
+  /// A constant's static array (into constants).
   bool emitConstant(ConstantOp op);
+  /// The op's comment and call (nothing for a folded or fused op but a
+  /// group's root); false with `error` set for an op no target supports.
   bool emitOp(Operation *op);
   /// `// op [shapes] -> [shapes]   [node]`, the line above every call.
   std::string opComment(Operation *op);
   /// The declaration of a result's pointer into the arena (or the slot).
   std::string resultPointer(Value r);
+  /// One family of ops each: the call into `os`.
   bool emitElementwise(Operation *op, llvm::raw_ostream &os);
   bool emitMatmul(Operation *op, llvm::raw_ostream &os);
   bool emitReduction(Operation *op, llvm::raw_ostream &os);
@@ -334,6 +355,7 @@ private:
   std::string scalarRead(const std::string &ptr) const;
 
   // Optimizer.cpp.
+  /// Pointers to a gradient's slot and (ZeRO >= 2) to its chunk.
   std::string gradPtr(const GradSlot &g);
   std::string chunkPtr(unsigned param);
   /// C++ for the elements of chunk `rank` of a parameter (the last is short).
@@ -348,9 +370,10 @@ private:
   void emitUpdates(llvm::raw_ostream &ts);
 
   // Tables.cpp.
+  /// inputRows and paramRows; `microBatches` inputs lie one after another.
   void buildTables(int64_t microBatches);
 
-  // Step.cpp.
+  // Step.cpp: the pieces of run, in the order it calls them (documented there).
   bool collectStepGradients(mlir::func::ReturnOp ret, std::set<int> &pinned);
   GatherPlan planZero3Gathers(int backwardBegin);
   void keepGradientChunks();
@@ -363,7 +386,7 @@ private:
   /// function, `tail` (sync, loss, optimizer) closes it.
   std::string emitProgram(const std::string &plan, const std::string &tail);
 
-  // PipelineStage.cpp.
+  // PipelineStage.cpp: the pieces of runStage (documented there).
   bool collectStageGradients(mlir::func::ReturnOp ret, int stage);
   bool checkMessageTags(int end);
   bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage, int64_t &at);
