@@ -307,6 +307,14 @@ private:
   /// Lays out each gradient's optimizer state (0, 1 or 2 slots; ZeRO chunks)
   /// from byte `at`; returns the end.
   int64_t placeOptimizerState(int64_t at);
+  /// Checks each gradient the function returns (results from `first` on;
+  /// `what` names the function in errors) names a float32 parameter and,
+  /// with `computedHere`, is computed by an op of the function; `addSlot`
+  /// adds its GradSlot. Then orders the slots by when backward finishes them.
+  bool
+  collectGradients(mlir::func::ReturnOp ret, unsigned first, const std::string &what,
+                   bool computedHere,
+                   const std::function<void(unsigned result, unsigned param, Value grad)> &addSlot);
   /// The gradients cut into buckets of up to bucketBytes.
   std::vector<Bucket> formBuckets();
   /// ZeRO over dp: every gradient's elements and chunk; stage 1 and 2 pad

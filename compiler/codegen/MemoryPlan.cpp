@@ -163,6 +163,27 @@ std::vector<Generator::Bucket> Generator::formBuckets() {
   return buckets;
 }
 
+bool Generator::collectGradients(
+    func::ReturnOp ret, unsigned first, const std::string &what, bool computedHere,
+    const std::function<void(unsigned result, unsigned param, Value grad)> &addSlot) {
+  for (unsigned k = first; k < ret.getNumOperands(); ++k) {
+    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
+    if (!of)
+      return fail(what + " result " + std::to_string(k) + " is not a gradient");
+    unsigned param = paramArgument(of);
+    Value g = ret.getOperand(k);
+    if (param == ~0u || (computedHere && !g.getDefiningOp()))
+      return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
+    if (!typeOf(g).getElementType().isF32())
+      return fail("parameter '" + of.getValue().str() +
+                  "' is not float32; the CPU target trains float32 parameters");
+    addSlot(k, param, g);
+  }
+  std::stable_sort(grads.begin(), grads.end(),
+                   [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
+  return true;
+}
+
 /// ZeRO over dp (docs/zero.md): every trainable parameter's (tp-local)
 /// elements are cut into dp chunks of `chunk` (the last padded); dp rank d
 /// owns chunk d.

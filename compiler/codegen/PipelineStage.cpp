@@ -133,29 +133,20 @@ bool Generator::checkMessageTags(int end) {
 /// slot in the gradient region, final after its last writer.
 bool Generator::collectStageGradients(func::ReturnOp ret, int stage) {
   const bool hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, "carve.loss");
-  for (unsigned k = hasLoss ? 1 : 0; k < ret.getNumOperands(); ++k) {
-    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
-    if (!of)
-      return fail("@stage" + std::to_string(stage) + " result " + std::to_string(k) +
-                  " is not a gradient");
-    unsigned param = paramArgument(of);
-    Value g = ret.getOperand(k);
-    if (param == ~0u || !g.getDefiningOp())
-      return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
-    if (!typeOf(g).getElementType().isF32())
-      return fail("parameter '" + of.getValue().str() +
-                  "' is not float32; the CPU target trains float32 parameters");
-    int vb = bufferOf.lookup(g);
-    int ready = std::max(buffers[vb].def, index[g.getDefiningOp()]);
-    buffers[vb].lastUse = std::max(buffers[vb].lastUse, ready);
-    GradSlot slot{
-        param, g,     newBuffer(Region::Grad, bytesOf(g), -1, "grad_" + var[fn.getArgument(param)]),
-        true,  ready, (bool)fn.getResultAttr(k, "carve.shared_grad")};
-    grads.push_back(slot);
-  }
-  std::stable_sort(grads.begin(), grads.end(),
-                   [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
-  return true;
+  const std::string what = "@stage" + std::to_string(stage);
+  return collectGradients(
+      ret, hasLoss ? 1 : 0, what, true, [&](unsigned k, unsigned param, Value g) {
+        int vb = bufferOf.lookup(g);
+        int ready = std::max(buffers[vb].def, index[g.getDefiningOp()]);
+        buffers[vb].lastUse = std::max(buffers[vb].lastUse, ready);
+        GradSlot slot{param,
+                      g,
+                      newBuffer(Region::Grad, bytesOf(g), -1, "grad_" + var[fn.getArgument(param)]),
+                      true,
+                      ready,
+                      (bool)fn.getResultAttr(k, "carve.shared_grad")};
+        grads.push_back(slot);
+      });
 }
 
 /// The loss seed after the persistent regions; graph inputs at the offsets

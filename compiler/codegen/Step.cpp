@@ -112,17 +112,7 @@ bool Generator::run() {
 /// where it is an activation nothing else pins, else a copy made at the end.
 bool Generator::collectStepGradients(func::ReturnOp ret, std::set<int> &pinned) {
   const int end = (int)ops.size();
-  for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
-    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
-    if (!of)
-      return fail("@train_step result " + std::to_string(k) + " is not a gradient");
-    unsigned param = paramArgument(of);
-    if (param == ~0u)
-      return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
-    Value g = ret.getOperand(k);
-    if (!typeOf(g).getElementType().isF32())
-      return fail("parameter '" + of.getValue().str() +
-                  "' is not float32; the CPU target trains float32 parameters");
+  return collectGradients(ret, 1, "@train_step", false, [&](unsigned, unsigned param, Value g) {
     int b = bufferOf.lookup(g);
     GradSlot slot{param, g, b, false, buffers[b].def};
     if (buffers[b].region != Region::Activation || pinned.count(b)) {
@@ -135,10 +125,7 @@ bool Generator::collectStepGradients(func::ReturnOp ret, std::set<int> &pinned) 
       pinned.insert(b);
     }
     grads.push_back(slot);
-  }
-  std::stable_sort(grads.begin(), grads.end(),
-                   [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
-  return true;
+  });
 }
 
 /// ZeRO-3: the arena keeps the chunk; forward and backward each gather the
