@@ -1,4 +1,8 @@
-//===- CpuCodegen.h - per-rank C++ programs for the CPU target ------------===//
+//===- CpuCodegen.h - per-rank C++ and CUDA programs ----------------------===//
+//
+// The code generator's public entry points, for both targets ("cpu": C++
+// against kernels.h, "cuda": a .cu source against gpu.h); Generator.h, private
+// to this folder, says which source does what.
 //
 // Turns `@train_step` (built by autodiff, shaped for one rank's share of the
 // batch) into a readable C++ source that implements the runtime's `Program`

@@ -1,0 +1,585 @@
+//===- EmitOps.cpp - one runtime call per op ------------------------------===//
+//
+// Each op of the function becomes one call of the runtime's kernels
+// (carve/rt/kernels.h, or carve/rt/gpu.h on the CUDA target: the same names
+// and arguments), with a comment naming the op, its shapes and its model
+// node. Families of ops share an emitter; collectives and user-defined ops
+// have their own.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/DialectResourceBlobManager.h"
+
+#include <cstring>
+
+using namespace mlir;
+
+namespace carve::codegen {
+
+namespace {
+std::string shapeOf(Value v) { return dims(typeOf(v).getShape()); }
+/// A literal of `like`'s element type (f32 gets the `f` suffix).
+std::string scalar(double x, Value like) {
+  return number(x, typeOf(like).getElementType().isF32());
+}
+} // namespace
+
+std::string Generator::name(Value v) { return var.lookup(v); }
+
+std::string Generator::opnd(Operation *op, unsigned k) { return name(operandOf(op, k)); }
+
+std::string Generator::oshape(Operation *op, unsigned k) { return shapeOf(operandOf(op, k)); }
+
+std::string Generator::nullOf(Value like) { return "(const " + ctypeOf(like) + " *)nullptr"; }
+
+std::string Generator::opComment(Operation *op) {
+  std::string node = nodeName(op->getLoc());
+  std::string s = "  // " + op->getName().getStringRef().str() + " ";
+  for (unsigned k = 0; k < op->getNumOperands(); ++k)
+    s += (k ? ", " : "") + shapeText(typeOf(op->getOperand(k)).getShape());
+  s += " -> ";
+  for (unsigned k = 0; k < op->getNumResults(); ++k)
+    s += (k ? ", " : "") + shapeText(typeOf(op->getResult(k)).getShape());
+  if (!node.empty())
+    s += "   [" + node + "]";
+  return s + "\n";
+}
+
+std::string Generator::resultPointer(Value r) {
+  const Buffer &b = buffers[bufferOf.lookup(r)];
+  return "  " + ctypeOf(r) + " *" + var[r] + " = (" + ctypeOf(r) + " *)(" +
+         (b.region == Region::Activation ? actBase : std::string("A")) + " + " +
+         std::to_string(b.offset) + ");\n";
+}
+
+bool Generator::emitConstant(ConstantOp op) {
+  Value r = op.getResult();
+  auto type = typeOf(r);
+  std::string ctype = ctypeOf(r);
+  int64_t n = type.getNumElements();
+  Type elt = type.getElementType();
+  std::vector<std::string> values;
+  values.reserve(n);
+  ElementsAttr attr = op.getValue();
+  if (auto dense = dyn_cast<DenseElementsAttr>(attr)) {
+    if (isa<FloatType>(elt)) {
+      for (APFloat f : dense.getValues<APFloat>())
+        values.push_back(number(f.convertToDouble(), elt.isF32()));
+    } else if (elt.isInteger(1)) {
+      for (bool x : dense.getValues<bool>())
+        values.push_back(x ? "1" : "0");
+    } else {
+      for (APInt x : dense.getValues<APInt>())
+        values.push_back(std::to_string(x.getSExtValue()) + (elt.isInteger(64) ? "LL" : ""));
+    }
+  } else if (auto res = dyn_cast<DenseResourceElementsAttr>(attr)) {
+    AsmResourceBlob *blob = res.getRawHandle().getBlob();
+    if (!blob)
+      return failOp(op, "its dense_resource data is missing");
+    ArrayRef<char> data = blob->getData();
+    int64_t size = bytesOf(r);
+    if ((int64_t)data.size() != size)
+      return failOp(op, "its dense_resource data has " + std::to_string(data.size()) +
+                            " bytes, expected " + std::to_string(size));
+    for (int64_t k = 0; k < n; ++k) {
+      if (elt.isF32()) {
+        float f;
+        memcpy(&f, data.data() + 4 * k, 4);
+        values.push_back(number(f, true));
+      } else if (elt.isF64()) {
+        double f;
+        memcpy(&f, data.data() + 8 * k, 8);
+        values.push_back(number(f, false));
+      } else if (elt.isInteger(64)) {
+        int64_t x;
+        memcpy(&x, data.data() + 8 * k, 8);
+        values.push_back(std::to_string(x) + "LL");
+      } else if (elt.isInteger(32)) {
+        int32_t x;
+        memcpy(&x, data.data() + 4 * k, 4);
+        values.push_back(std::to_string(x));
+      } else {
+        values.push_back(data[k] ? "1" : "0");
+      }
+    }
+  } else {
+    return failOp(op, "unsupported constant attribute");
+  }
+  if ((int64_t)values.size() == 1 && n > 1)
+    values.assign(n, values[0]); // a splat
+  std::string &c = constants;
+  c += "// " + var[r] + ": " + typeString(type) +
+       (nodeName(op.getLoc()).empty() ? "" : " (node '" + nodeName(op.getLoc()) + "')") + "\n";
+  // The CUDA target's kernels read constants from managed memory (the same
+  // address on the host and the device).
+  c += std::string(opts.cuda() ? "__managed__ " : "") + "alignas(64) " + ctype + " " + var[r] +
+       "[" + std::to_string(std::max<int64_t>(n, 1)) + "] = {";
+  for (int64_t k = 0; k < n; ++k) {
+    if (k % 12 == 0)
+      c += "\n    ";
+    c += values[k] + (k + 1 < n ? ", " : "");
+  }
+  c += "};\n";
+  return true;
+}
+
+bool Generator::emitOp(Operation *op) {
+  if (foldedTransposes.count(op) || fusedMatmuls.count(op))
+    return true;
+  if (auto it = groupOf.find(op); it != groupOf.end())
+    return groups[it->second].root == op ? emitFused(groups[it->second]) : true;
+  std::string &s = body;
+  s += opComment(op);
+  if (auto c = dyn_cast<ConstantOp>(op))
+    return emitConstant(c);
+  if (isa<ReshapeOp>(op)) {
+    Value res = op->getResult(0);
+    s += "  " + ctypeOf(res) + " *" + name(res) + " = " + opnd(op, 0) + ";  // same memory\n";
+    return true;
+  }
+  ++kernelCalls;
+  for (Value r : op->getResults())
+    s += resultPointer(r);
+  std::string call;
+  llvm::raw_string_ostream os(call);
+  os << "  ";
+  bool ok;
+  if (isa<AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, EqualOp, LessOp, GreaterOp,
+          AndOp, OrOp, NotOp, NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp,
+          ErfOp, SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp, UnaryGradOp, WhereOp, CastOp>(op))
+    ok = emitElementwise(op, os);
+  else if (isa<MatmulOp>(op) || transposedMatmul.lookup(op))
+    ok = emitMatmul(op, os);
+  else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
+    ok = emitReduction(op, os);
+  else if (isa<LayerNormOp, LayerNormGradOp, RmsNormOp, RmsNormGradOp>(op))
+    ok = emitNormalization(op, os);
+  else if (isa<AttentionOp, AttentionGradOp>(op))
+    ok = emitAttention(op, os);
+  else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
+    ok = emitCrossEntropy(op, os);
+  else if (isa<TransposeOp, SliceOp, SliceGradOp, ConcatOp, ExpandOp>(op))
+    ok = emitDataMovement(op, os);
+  else if (isa<GatherOp, GatherGradOp>(op))
+    ok = emitGather(op, os);
+  else if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp, dist::AllToAllOp,
+               dist::LocalSplitOp, dist::BroadcastOp>(op))
+    ok = emitCollective(op, os);
+  else if (isa<CustomOp, CustomGradOp>(op))
+    ok = emitCustom(op, os);
+  else
+    return failOp(op, std::string("the ") + (opts.cuda() ? "CUDA" : "CPU") +
+                          " target has no kernel for this op yet");
+  if (!ok)
+    return false;
+  s += call + "\n";
+  return true;
+}
+
+/// Binary, comparison, logic, unary, where and cast: elementwise kernels
+/// that broadcast their operands to the result's shape.
+bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (isa<AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp>(op)) {
+    const char *k = isa<AddOp>(op)       ? "Add"
+                    : isa<SubOp>(op)     ? "Sub"
+                    : isa<MulOp>(op)     ? "Mul"
+                    : isa<DivOp>(op)     ? "Div"
+                    : isa<PowOp>(op)     ? "Pow"
+                    : isa<MaximumOp>(op) ? "Max"
+                                         : "Min";
+    os << "binary(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (isa<EqualOp, LessOp, GreaterOp>(op)) {
+    const char *k = isa<EqualOp>(op) ? "Eq" : isa<LessOp>(op) ? "Lt" : "Gt";
+    os << "compare(Compare::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (isa<AndOp, OrOp>(op)) {
+    os << "logic(Logic::" << (isa<AndOp>(op) ? "And" : "Or") << ", " << opnd(op, 0) << ", "
+       << oshape(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", "
+       << shapeOf(res) << ");";
+  } else if (isa<NotOp>(op)) {
+    os << "logic(Logic::Not, " << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 0)
+       << ", " << oshape(op, 0) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp,
+                 SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
+    os << "unary(Unary::" << unaryEnum(unaryName(op)) << ", " << opnd(op, 0) << ", " << name(res)
+       << ", " << typeOf(res).getNumElements() << ");";
+  } else if (auto g = dyn_cast<UnaryGradOp>(op)) {
+    const char *k = unaryEnum(g.getFn());
+    if (!k)
+      return failOp(op, "unknown function " + g.getFn().str());
+    os << "unary_grad(Unary::" << k << ", " << opnd(op, 0) << ", " << opnd(op, 1) << ", "
+       << name(res) << ", " << typeOf(res).getNumElements() << ");";
+  } else if (isa<WhereOp>(op)) {
+    os << "where(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 1) << ", "
+       << oshape(op, 1) << ", " << opnd(op, 2) << ", " << oshape(op, 2) << ", " << name(res) << ", "
+       << shapeOf(res) << ");";
+  } else if (isa<CastOp>(op)) {
+    os << "cast(" << opnd(op, 0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
+       << ");";
+  }
+  return true;
+}
+
+/// A matmul, with folded transposes as its flags; or a transpose of a matmul
+/// computed as the product of the transposed operands.
+bool Generator::emitMatmul(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (auto m = dyn_cast<MatmulOp>(op)) {
+    auto matDims = [&](unsigned k, bool &trans) {
+      Value v = operandOf(op, k);
+      trans = v != op->getOperand(k);
+      SmallVector<int64_t> d(typeOf(v).getShape());
+      if (d.size() == 1) // a vector: a 1-row (lhs) or 1-column (rhs) matrix
+        d.insert(k == 0 ? d.begin() : d.end(), 1);
+      return dims(d);
+    };
+    bool ta, tb;
+    std::string da = matDims(0, ta), db = matDims(1, tb);
+    SmallVector<int64_t> ys(typeOf(res).getShape());
+    int64_t ra = typeOf(m.getLhs()).getRank(), rb = typeOf(m.getRhs()).getRank();
+    if (ra == 1)
+      ys.insert(ys.end() - (rb == 1 ? 0 : 1), 1);
+    if (rb == 1)
+      ys.push_back(1);
+    os << "matmul(" << opnd(op, 0) << ", " << da << ", " << (ta ? "true" : "false") << ", "
+       << opnd(op, 1) << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", "
+       << dims(ys) << ");";
+  } else if (Operation *mm = transposedMatmul.lookup(op)) {
+    // y = (op(a) op(b))^T = op(b)^T op(a)^T
+    auto stored = [&](unsigned k, bool &trans) {
+      Value v = operandOf(mm, k);
+      trans = v != mm->getOperand(k);
+      return v;
+    };
+    bool ta, tb;
+    Value a = stored(0, ta), b = stored(1, tb);
+    os << "matmul(" << name(b) << ", " << shapeOf(b) << ", " << (tb ? "false" : "true") << ", "
+       << name(a) << ", " << shapeOf(a) << ", " << (ta ? "false" : "true") << ", " << name(res)
+       << ", " << shapeOf(res) << ");  // (a b)^T as b^T a^T";
+  }
+  return true;
+}
+
+/// Reductions over an axis mask, softmax and its gradient.
+bool Generator::emitReduction(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(op)) {
+    ArrayRef<int64_t> axes = op->getAttrOfType<DenseI64ArrayAttr>("axes").asArrayRef();
+    uint32_t mask = 0;
+    for (int64_t a : axes)
+      mask |= 1u << a;
+    const char *k = isa<ReduceSumOp>(op) ? "Sum" : isa<ReduceMeanOp>(op) ? "Mean" : "Max";
+    os << "reduce(Reduce::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", 0x";
+    os.write_hex(mask);
+    os << "u, " << name(res) << ");";
+  } else if (auto sm = dyn_cast<SoftmaxOp>(op)) {
+    os << "softmax(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", false, "
+       << name(res) << ");";
+  } else if (auto sm = dyn_cast<LogSoftmaxOp>(op)) {
+    os << "softmax(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", true, "
+       << name(res) << ");";
+  } else if (auto g = dyn_cast<SoftmaxGradOp>(op)) {
+    os << "softmax_grad(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 0) << ", "
+       << g.getAxis() << ", " << (g.getLog() ? "true" : "false") << ", " << name(res) << ");";
+  }
+  return true;
+}
+
+/// Layer and RMS normalization and their gradients.
+bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (auto ln = dyn_cast<LayerNormOp>(op)) {
+    Value x = ln.getInput();
+    os << "layer_norm(" << name(x) << ", " << shapeOf(x) << ", " << ln.getAxis() << ", "
+       << (ln.getScale() ? name(ln.getScale()) : nullOf(x)) << ", "
+       << (ln.getBias() ? name(ln.getBias()) : nullOf(x)) << ", "
+       << scalar(ln.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
+  } else if (auto g = dyn_cast<LayerNormGradOp>(op)) {
+    Value x = g.getInput();
+    os << "layer_norm_grad(" << name(x) << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
+       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+       << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
+       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", " << name(g.getBiasGrad())
+       << ");";
+  } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
+    Value x = rn.getInput();
+    os << "rms_norm(" << name(x) << ", " << shapeOf(x) << ", " << rn.getAxis() << ", "
+       << (rn.getScale() ? name(rn.getScale()) : nullOf(x)) << ", "
+       << scalar(rn.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
+  } else if (auto g = dyn_cast<RmsNormGradOp>(op)) {
+    Value x = g.getInput();
+    os << "rms_norm_grad(" << name(x) << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
+       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+       << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
+       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ");";
+  }
+  return true;
+}
+
+/// Fused scaled dot-product attention and its gradient.
+bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (auto at = dyn_cast<AttentionOp>(op)) {
+    Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
+    os << "attention(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", " << shapeOf(k)
+       << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q)) << ", "
+       << (mk ? shapeOf(mk) : "{}") << ", " << scalar(at.getScale().convertToDouble(), q) << ", "
+       << (at.getCausal() ? "true" : "false") << ", " << name(res) << ");";
+  } else if (auto g = dyn_cast<AttentionGradOp>(op)) {
+    Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
+    os << "attention_grad(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", "
+       << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q))
+       << ", " << (mk ? shapeOf(mk) : "{}") << ", " << scalar(g.getScale().convertToDouble(), q)
+       << ", " << (g.getCausal() ? "true" : "false") << ", " << name(g.getGrad()) << ", "
+       << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
+       << ");";
+  }
+  return true;
+}
+
+/// Cross entropy and its gradient; vocab-parallel where the classes are
+/// split over tp.
+bool Generator::emitCrossEntropy(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
+    StringRef red = op->getAttrOfType<StringAttr>("reduction")
+                        ? op->getAttrOfType<StringAttr>("reduction").getValue()
+                        : StringRef("mean");
+    auto ig = op->getAttrOfType<IntegerAttr>("ignore_index");
+    Value logits = op->getOperand(0), targets = op->getOperand(1);
+    if (!typeOf(targets).getElementType().isInteger(64))
+      return failOp(op, "targets must be int64 for the CPU target");
+    int r = red == "mean" ? 0 : red == "sum" ? 1 : 2;
+    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+      // Vocab-parallel: this rank holds classes [tpRank * C, (tpRank + 1) * C).
+      int64_t c = typeOf(logits).getDimSize(1);
+      os << "// Vocab-parallel: the classes are split over tp; the kernel all-reduces row\n"
+         << "  // maxima, sums of exponentials and the target logits (no rank holds all "
+         << rows.getInt() << " logits).\n  "
+         << (isa<CrossEntropyOp>(op) ? "cross_entropy_vocab_parallel("
+                                     : "cross_entropy_vocab_parallel_grad(")
+         << "*ctx.tpComm, " << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * "
+         << c << ", ";
+    } else {
+      os << (isa<CrossEntropyOp>(op) ? "cross_entropy(" : "cross_entropy_grad(") << name(logits)
+         << ", " << shapeOf(logits) << ", ";
+    }
+    os << name(targets) << ", " << r << " /*" << red << "*/, " << (ig ? "true" : "false") << ", "
+       << (ig ? ig.getInt() : 0) << "LL, ";
+    if (isa<CrossEntropyGradOp>(op))
+      os << opnd(op, 2) << ", ";
+    os << name(res) << ");";
+  }
+  return true;
+}
+
+/// Transpose, slice, concat and expand: copies that move elements.
+bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (auto t = dyn_cast<TransposeOp>(op)) {
+    os << "transpose(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << dims(t.getPerm()) << ", "
+       << name(res) << ");";
+  } else if (auto sl = dyn_cast<SliceOp>(op)) {
+    os << "slice(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << dims(sl.getStarts()) << ", "
+       << dims(sl.getSteps()) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (auto sg = dyn_cast<SliceGradOp>(op)) {
+    os << "slice_grad(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << dims(sg.getStarts())
+       << ", " << dims(sg.getSteps()) << ", " << name(res) << ", " << shapeOf(res) << ");";
+  } else if (auto cc = dyn_cast<ConcatOp>(op)) {
+    std::string ct = ctypeOf(res);
+    os << "{\n    const " << ct << " *parts[] = {";
+    for (unsigned k = 0; k < op->getNumOperands(); ++k)
+      os << (k ? ", " : "") << opnd(op, k);
+    os << "};\n    const Dims shapes[] = {";
+    for (unsigned k = 0; k < op->getNumOperands(); ++k)
+      os << (k ? ", " : "") << "Dims" << oshape(op, k);
+    os << "};\n    concat(" << op->getNumOperands() << ", parts, shapes, " << cc.getAxis() << ", "
+       << name(res) << ");\n  }";
+  } else if (isa<ExpandOp>(op)) {
+    os << "expand(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res) << ", "
+       << shapeOf(res) << ");";
+  }
+  return true;
+}
+
+/// Embedding lookups and their gradients; vocab-parallel where the rows are
+/// split over tp.
+bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
+  Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (auto g = dyn_cast<GatherOp>(op)) {
+    if (!typeOf(g.getIndices()).getElementType().isInteger(64))
+      return failOp(op, "indices must be int64 for the CPU target");
+    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+      int64_t local = typeOf(g.getData()).getDimSize(0);
+      os << "// Vocab-parallel embedding: this rank holds rows [tpRank * " << local << ", +"
+         << local << ") of " << rows.getInt() << "; others give zeros (partial sums).\n  "
+         << "gather_sharded(" << opnd(op, 0) << ", " << oshape(op, 0) << ", (int64_t)ctx.tpRank * "
+         << local << ", " << rows.getInt() << "LL, " << opnd(op, 1) << ", " << oshape(op, 1) << ", "
+         << name(res) << ");";
+    } else {
+      os << "gather(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 1) << ", "
+         << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res) << ");";
+    }
+  } else if (auto g = dyn_cast<GatherGradOp>(op)) {
+    if (!typeOf(g.getIndices()).getElementType().isInteger(64))
+      return failOp(op, "indices must be int64 for the CPU target");
+    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+      int64_t local = typeOf(g.getResult()).getDimSize(0);
+      os << "gather_sharded_grad(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1)
+         << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << name(res)
+         << ", " << shapeOf(res) << ");  // rows this rank holds";
+    } else {
+      os << "gather_grad(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", "
+         << g.getAxis() << ", " << name(res) << ", " << shapeOf(res) << ");";
+    }
+  }
+  return true;
+}
+
+void emitCustomKernelDecls(llvm::raw_ostream &os,
+                           const std::map<std::string, std::string> &customKernels) {
+  if (customKernels.empty())
+    return;
+  os << "// The user's kernels, from the rules file's sources (OUT/src/custom/); the ABI is in\n"
+     << "// carve/rt/custom.h.\n";
+  for (const auto &[fn, decl] : customKernels)
+    os << decl << "\n";
+  os << "\n";
+}
+
+/// A user-defined op: a call of the user's `extern "C"` kernel with the ABI of
+/// runtime/include/carve/rt/custom.h, on this rank's local shapes.
+bool Generator::emitCustom(Operation *op, llvm::raw_ostream &os) {
+  auto tensors = [&](ValueRange values, const char *array, bool isConst) -> std::string {
+    if (values.empty())
+      return "";
+    std::string t =
+        std::string("    ") + (isConst ? "const " : "") + "CarveTensor " + array + "[] = {";
+    for (auto [k, v] : llvm::enumerate(values)) {
+      std::string c, d;
+      int size;
+      elementInfo(typeOf(v).getElementType(), c, d, size);
+      std::string code = d == "Bool" ? "CARVE_BOOL" : "CARVE_" + d;
+      t += std::string(k ? ",\n        " : "") + "{" + var.lookup(v) + ", " + code + ", " +
+           std::to_string(typeOf(v).getRank()) + ", " + dims(typeOf(v).getShape()) + "}";
+    }
+    return t + "};\n";
+  };
+  for (Value v : llvm::concat<Value>(op->getOperands(), op->getResults()))
+    if (typeOf(v).getRank() > 8)
+      return failOp(op, "a custom kernel's tensors have at most 8 dimensions (CarveTensor::dims)");
+  auto arg = [](ValueRange values, const char *array) {
+    return (values.empty() ? std::string("nullptr") : std::string(array)) + ", " +
+           std::to_string(values.size());
+  };
+  std::string what = op->getAttrOfType<StringAttr>("domain").str() +
+                     "::" + op->getAttrOfType<StringAttr>("op_type").str();
+  // The CUDA target calls the rules file's "cuda" kernels, with the rank's
+  // compute stream, and checks for a launch error naming the op.
+  const bool cuda = opts.cuda();
+  const std::string target = cuda ? "CUDA" : "CPU";
+  const std::string streamParam = cuda ? ", CarveStream stream" : "";
+  const std::string streamArg = cuda ? ", (CarveStream)gpu::computeStream()" : "";
+  auto check = [&](const char *role) {
+    return cuda ? "    gpu::checkLaunch(\"" + what + " (the user's " + role + " kernel)\");\n"
+                : std::string();
+  };
+  if (auto c = dyn_cast<CustomOp>(op)) {
+    std::string fn = (cuda ? c.getCudaForward() : c.getForward()).str();
+    if (fn.empty())
+      return failOp(op, what + " has no CUDA kernels: its rules file gives only \"cpu\" kernels; "
+                               "add a \"cuda\" section (docs/custom-ops.md) or compile with "
+                               "--target cpu");
+    customKernels[fn] = "extern \"C\" void " + fn +
+                        "(const CarveTensor *in, int nin, CarveTensor *out, int nout" +
+                        streamParam + ");";
+    os << "{\n    // " << what << ": the user's " << target
+       << " forward kernel (rules file), on this rank's shapes.\n"
+       << tensors(c.getInputs(), "in", true) << tensors(c.getOutputs(), "out", false)
+       << "    ::" << fn << "(" << arg(c.getInputs(), "in") << ", " << arg(c.getOutputs(), "out")
+       << streamArg << ");\n"
+       << check("forward") << "  }";
+    return true;
+  }
+  auto g = cast<CustomGradOp>(op);
+  std::string fn = (cuda ? g.getCudaBackward() : g.getBackward()).str();
+  if (fn.empty())
+    return failOp(op, what + " has no CUDA backward kernel (the rules file's \"cuda\" section)");
+  customKernels[fn] = "extern \"C\" void " + fn +
+                      "(const CarveTensor *in, int nin, const CarveTensor *outGrad, int nout, "
+                      "CarveTensor *inGrad" +
+                      streamParam + ");";
+  size_t nin = g.getInputGrads().size();
+  ValueRange inputs = g.getInputs().take_front(nin), outGrads = g.getInputs().drop_front(nin);
+  os << "{\n    // " << what << ": the user's " << target
+     << " backward kernel (rules file), on this rank's shapes.\n"
+     << tensors(inputs, "in", true) << tensors(outGrads, "outGrad", true)
+     << tensors(g.getInputGrads(), "inGrad", false) << "    ::" << fn << "(" << arg(inputs, "in")
+     << ", " << (outGrads.empty() ? "nullptr" : "outGrad") << ", " << outGrads.size() << ", "
+     << (nin ? "inGrad" : "nullptr") << streamArg << ");\n"
+     << check("backward") << "  }";
+  return true;
+}
+
+/// A collective of the dist dialect on the axis's communicator. Each comment
+/// says which layout change it makes (the partitioner's reason).
+bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
+  auto axis = op->getAttrOfType<StringAttr>("axis").getValue();
+  std::string comm = axis == "tp" ? "*ctx.tpComm" : axis == "dp" ? "*ctx.dpComm" : "";
+  int parts = axis == "tp" ? opts.tp : opts.dp;
+  if (comm.empty())
+    return failOp(op, "the CPU target has no communicator for mesh axis '" + axis.str() + "'");
+  Value in = op->getOperand(0), res = op->getResult(0);
+  Type et = typeOf(in).getElementType();
+  std::string ct = et.isF32()         ? "CommType::F32"
+                   : et.isF64()       ? "CommType::F64"
+                   : et.isInteger(64) ? "CommType::I64"
+                                      : "";
+  if (ct.empty())
+    return failOp(op, "collectives on the CPU target take f32, f64 or i64 tensors");
+  auto i64 = [&](const char *n) { return op->getAttrOfType<IntegerAttr>(n).getInt(); };
+  auto split = [&](int64_t d, int64_t g) {
+    return "Split{" + std::to_string(d) + ", " + std::to_string(g) + ", " + std::to_string(parts) +
+           "}";
+  };
+  std::string n = std::to_string(typeOf(in).getNumElements());
+  std::string red = "ReduceOp::Sum";
+  if (auto r = op->getAttrOfType<StringAttr>("reduction"); r && r.getValue() == "max")
+    red = "ReduceOp::Max";
+  std::string x = var.lookup(operandOf(op, 0)), y = var.lookup(res);
+  if (isa<dist::AllReduceOp>(op)) {
+    os << "// partial sums -> replicated over " << axis << "\n  copy(" << x << ", " << y << ", "
+       << n << ");\n  " << comm.substr(1) << "->allReduce(" << y << ", " << n << ", " << ct << ", "
+       << red << ");";
+  } else if (auto g = dyn_cast<dist::AllGatherOp>(op)) {
+    os << "// split -> replicated over " << axis << "\n  allGatherSplit(" << comm << ", " << x
+       << ", " << dims(typeOf(in).getShape()) << ", " << split(g.getDim(), g.getGroups()) << ", "
+       << y << ", " << ct << ");";
+  } else if (auto rs = dyn_cast<dist::ReduceScatterOp>(op)) {
+    os << "// partial sums -> split over " << axis << "\n  reduceScatterSplit(" << comm << ", " << x
+       << ", " << dims(typeOf(in).getShape()) << ", " << split(rs.getDim(), rs.getGroups()) << ", "
+       << y << ", " << ct << ", " << red << ");";
+  } else if (isa<dist::AllToAllOp>(op)) {
+    os << "// re-split along another dimension over " << axis << "\n  allToAllSplit(" << comm
+       << ", " << x << ", " << dims(typeOf(in).getShape()) << ", "
+       << split(i64("src_dim"), i64("src_groups")) << ", "
+       << split(i64("dst_dim"), i64("dst_groups")) << ", " << y << ", " << ct << ");";
+  } else if (auto ls = dyn_cast<dist::LocalSplitOp>(op)) {
+    os << "// replicated -> split over " << axis << ": keep this rank's piece (no communication)\n"
+       << "  takeShard(" << x << ", " << dims(typeOf(in).getShape()) << ", "
+       << split(ls.getDim(), ls.getGroups()) << ", " << (axis == "tp" ? "ctx.tpRank" : "ctx.dpRank")
+       << ", " << y << ", " << bytesOf(in) / std::max<int64_t>(1, typeOf(in).getNumElements())
+       << ");";
+  } else if (auto b = dyn_cast<dist::BroadcastOp>(op)) {
+    os << "copy(" << x << ", " << y << ", " << n << ");\n  " << comm.substr(1) << "->broadcast("
+       << y << ", " << bytesOf(in) << ", " << b.getRoot() << ");";
+  }
+  return true;
+}
+
+} // namespace carve::codegen

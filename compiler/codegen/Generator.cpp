@@ -1,0 +1,262 @@
+//===- Generator.cpp - names, literals and the op list --------------------===//
+//
+// What every plan starts with: the ops in program order, their types checked,
+// transposes folded into matmuls, elementwise chains fused and every value
+// given a buffer; and the C names and literals every emitter writes.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include "llvm/Support/Format.h"
+
+#include <cctype>
+
+using namespace mlir;
+
+namespace carve::codegen {
+
+/// A C identifier from a model name: "/h.0/attn/c_attn/MatMul" -> "h0_attn_c_attn_MatMul".
+std::string identifier(StringRef name) {
+  std::string s;
+  for (char c : name) {
+    if (isalnum((unsigned char)c)) {
+      s += c;
+    } else if (c == '.' && !s.empty() && isdigit((unsigned char)s.back())) {
+      s += '_';
+    } else if (!s.empty() && s.back() != '_') {
+      s += '_';
+    }
+  }
+  while (!s.empty() && s.back() == '_')
+    s.pop_back();
+  if (s.empty() || isdigit((unsigned char)s[0]))
+    s = "v" + s;
+  return s;
+}
+
+/// The C element type, the runtime's DType, and the size of an element type.
+bool elementInfo(Type t, std::string &ctype, std::string &dtype, int &size) {
+  if (t.isF32())
+    return ctype = "float", dtype = "F32", size = 4, true;
+  if (t.isF64())
+    return ctype = "double", dtype = "F64", size = 8, true;
+  if (t.isInteger(64))
+    return ctype = "int64_t", dtype = "I64", size = 8, true;
+  if (t.isInteger(32))
+    return ctype = "int32_t", dtype = "I32", size = 4, true;
+  if (t.isInteger(1))
+    return ctype = "uint8_t", dtype = "Bool", size = 1, true;
+  return false;
+}
+
+std::string typeString(Type t) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  t.print(os);
+  return s;
+}
+
+std::string dims(ArrayRef<int64_t> d) {
+  std::string s = "{";
+  for (size_t i = 0; i < d.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "}";
+}
+
+std::string shapeText(ArrayRef<int64_t> d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+std::string number(double x, bool isFloat) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::format("%.9g", x);
+  if (isFloat) {
+    if (s.find_first_of(".eEn") == std::string::npos)
+      s += ".0";
+    if (s == "inf" || s == "-inf" || s == "nan")
+      return s == "nan" ? "NAN" : (s[0] == '-' ? "-INFINITY" : "INFINITY");
+    s += "f";
+  }
+  return s;
+}
+
+std::string bytesText(int64_t b) {
+  char buf[64];
+  if (b >= (1 << 20))
+    snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else if (b >= 1024)
+    snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else
+    snprintf(buf, sizeof buf, "%lld B", (long long)b);
+  return buf;
+}
+
+std::string Generator::paramName(unsigned arg) {
+  return fn.getArgAttrOfType<StringAttr>(arg, "carve.param").getValue().str();
+}
+
+bool Generator::tpSplit(unsigned arg) {
+  auto d = fn.getArgAttrOfType<DictionaryAttr>(arg, "dist.layout");
+  auto l = d ? d.getAs<dist::SbpAttr>("tp") : dist::SbpAttr();
+  return l && l.isSplit();
+}
+
+bool Generator::fail(const std::string &msg) {
+  error = msg;
+  return false;
+}
+
+bool Generator::failOp(Operation *op, const std::string &msg) {
+  std::string node = nodeName(op->getLoc());
+  return fail("'" + op->getName().getStringRef().str() + "'" +
+              (node.empty() ? "" : " (node '" + node + "')") + ": " + msg);
+}
+
+std::string Generator::uniqueName(std::string base) {
+  if (base.size() > 60)
+    base = base.substr(base.size() - 60), base = identifier(base);
+  std::string n = base;
+  for (int k = 2; usedNames.count(n); ++k)
+    n = base + "_" + std::to_string(k);
+  usedNames.insert(n);
+  return n;
+}
+
+std::string Generator::ctypeOf(Value v) {
+  std::string c, d;
+  int s;
+  elementInfo(typeOf(v).getElementType(), c, d, s);
+  return c;
+}
+
+int64_t Generator::bytesOf(Value v) {
+  std::string c, d;
+  int s = 0;
+  elementInfo(typeOf(v).getElementType(), c, d, s);
+  return typeOf(v).getNumElements() * s;
+}
+
+Value Generator::operandOf(Operation *op, unsigned k) {
+  auto it = foldedOperand.find({op, k});
+  return it == foldedOperand.end() ? op->getOperand(k) : it->second;
+}
+
+bool Generator::prepare() {
+  Block &block = fn.getBody().front();
+  for (Operation &op : block.without_terminator()) {
+    index[&op] = (int)ops.size();
+    ops.push_back(&op);
+  }
+  if (!checkTypes())
+    return false;
+  foldTransposes();
+  fuseElementwise();
+  return assignBuffers();
+}
+
+int Generator::firstBackwardOp(bool phaseMarks) {
+  for (Operation *op : ops)
+    if (StringRef(nodeName(op->getLoc())).starts_with("backward of ") ||
+        (phaseMarks && op->getAttr("carve.phase")))
+      return index[op];
+  return (int)ops.size();
+}
+
+std::string Generator::lossReduction() {
+  if (auto r = fn->getAttrOfType<StringAttr>("carve.loss_reduction"))
+    return r.getValue().str();
+  return "unknown";
+}
+
+unsigned Generator::paramArgument(StringAttr of) {
+  unsigned param = ~0u;
+  for (BlockArgument a : fn.getArguments())
+    if (fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.param") == of)
+      param = a.getArgNumber();
+  return param;
+}
+
+std::string Generator::argumentPointer(BlockArgument a, bool perMicroBatch) {
+  const Buffer &b = buffers[bufferOf.lookup(a)];
+  std::string what = b.region == Region::Input  ? "input"
+                     : b.region == Region::Seed ? "loss seed"
+                                                : "parameter";
+  const bool micro = perMicroBatch && b.region == Region::Input;
+  std::string s = "  " + ctypeOf(a) + " *" + var[a] + " = (" + ctypeOf(a) + " *)(A + " +
+                  std::to_string(b.offset) + ")";
+  if (micro)
+    s += " + (int64_t)mb * " + std::to_string(typeOf(a).getNumElements());
+  return s + ";  // " + what + " " + shapeText(typeOf(a).getShape()) +
+         (micro ? " (micro-batch mb)" : "") + "\n";
+}
+
+bool Generator::checkTypes() {
+  for (BlockArgument a : fn.getArguments()) {
+    std::string c, d;
+    int s;
+    auto t = dyn_cast<RankedTensorType>(a.getType());
+    if (!t || !t.hasStaticShape() || !elementInfo(t.getElementType(), c, d, s))
+      return fail("argument " + std::to_string(a.getArgNumber()) + " has type " +
+                  typeString(a.getType()) +
+                  ", which the CPU target does not support (f32, f64, i64, i32, i1)");
+  }
+  for (Operation *op : ops)
+    for (Value v : op->getResults()) {
+      std::string c, d;
+      int s;
+      auto t = dyn_cast<RankedTensorType>(v.getType());
+      if (!t || !elementInfo(t.getElementType(), c, d, s))
+        return failOp(op, "result type " + typeString(v.getType()) +
+                              " is not supported by the CPU target (f32, f64, i64, i32, i1)");
+      // The CUDA kernels compute in f32 (f64 only moves data); constants may be anything.
+      if (opts.cuda() && t.getElementType().isF64() && !isa<ConstantOp>(op) &&
+          !isa<CastOp, ReshapeOp>(op))
+        return failOp(op, "result type " + typeString(v.getType()) +
+                              ": the CUDA target computes in f32 (export the model in float32)");
+    }
+  return true;
+}
+
+/// A transpose that swaps only the last two dimensions and feeds only matmuls
+/// becomes the matmul's transpose flag.
+void Generator::foldTransposes() {
+  auto swapsLastTwo = [](TransposeOp t) {
+    ArrayRef<int64_t> p = t.getPerm();
+    int64_t r = (int64_t)p.size();
+    if (r < 2)
+      return false;
+    for (int64_t i = 0; i < r - 2; ++i)
+      if (p[i] != i)
+        return false;
+    return p[r - 2] == r - 1 && p[r - 1] == r - 2;
+  };
+  for (Operation *op : ops) {
+    auto t = dyn_cast<TransposeOp>(op);
+    if (!t || !swapsLastTwo(t))
+      continue;
+    // (A B)^T = B^T A^T: write the product transposed instead of transposing it
+    // (the weight gradients of Linear layers: dW = (x^T dy)^T).
+    if (auto m = t.getInput().getDefiningOp<MatmulOp>()) {
+      if (m->hasOneUse() && typeOf(m.getLhs()).getRank() >= 2 &&
+          typeOf(m.getRhs()).getRank() >= 2 && !foldedTransposes.count(op)) {
+        transposedMatmul[op] = m;
+        fusedMatmuls.insert(m);
+        continue;
+      }
+    }
+    bool allMatmul = !t->use_empty() &&
+                     llvm::all_of(t->getUsers(), [](Operation *u) { return isa<MatmulOp>(u); });
+    if (!allMatmul)
+      continue;
+    foldedTransposes.insert(op);
+    for (OpOperand &use : t->getUses())
+      foldedOperand[{use.getOwner(), use.getOperandNumber()}] = t.getInput();
+  }
+}
+
+} // namespace carve::codegen

@@ -1,0 +1,412 @@
+//===- Generator.h - the code generator's shared state (private) ----------===//
+//
+// Private to compiler/codegen: the Generator that turns one function
+// (@train_step, or one pipeline stage @stageN) into C++ statements, and the
+// helpers its files share. The public entry points are in CpuCodegen.h.
+//
+// Who does what:
+//   Generator.cpp       C names and literals; the op list, its checks, folds
+//   Fusion.cpp          elementwise chains fused into one kernel each
+//   MemoryPlan.cpp      buffers, live ranges, the arena's persistent regions
+//   EmitOps.cpp         one runtime call per op (kernels, collectives, custom)
+//   Target.cpp          what differs between the cpu and cuda targets
+//   Optimizer.cpp       the step's tail: norm, clipping, unscaling, updates
+//   Tables.cpp          the runtime's tensor tables and the Program record
+//   Step.cpp            the whole-step program (generateCpuProgram)
+//   PipelineStage.cpp   one pipeline chunk's forward and backward
+//   PipelineProgram.cpp a pipeline rank's program (generatePipelineProgram)
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_CODEGEN_GENERATOR_H
+#define CARVE_COMPILER_CODEGEN_GENERATOR_H
+
+#include "compiler/codegen/CpuCodegen.h"
+
+#include "dialects/carve/CarveOps.h"
+#include "dialects/dist/DistDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <array>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace carve::codegen {
+
+using mlir::ArrayRef;
+using mlir::Operation;
+using mlir::StringRef;
+using mlir::Value;
+
+/// Every tensor in the arena starts at a multiple of this.
+constexpr int64_t kAlign = 64;
+
+inline int64_t alignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+inline mlir::RankedTensorType typeOf(Value v) {
+  return mlir::cast<mlir::RankedTensorType>(v.getType());
+}
+
+/// A C identifier from a model name: "/h.0/attn/c_attn/MatMul" -> "h0_attn_c_attn_MatMul".
+std::string identifier(StringRef name);
+/// The C element type, the runtime's DType, and the size of an element type.
+bool elementInfo(mlir::Type t, std::string &ctype, std::string &dtype, int &size);
+/// The type as MLIR prints it.
+std::string typeString(mlir::Type t);
+/// A shape as a C++ initializer: "{2, 3}".
+std::string dims(ArrayRef<int64_t> d);
+/// A shape as the comments show it: "[2, 3]".
+std::string shapeText(ArrayRef<int64_t> d);
+/// A C++ literal for `x` ("1.5f", "INFINITY"; no suffix unless `isFloat`).
+std::string number(double x, bool isFloat);
+/// A size for a reader: "512 B", "1.5 KiB", "2.0 MiB".
+std::string bytesText(int64_t b);
+
+/// The Unary enum of an elementwise function name ("gelu_tanh" -> "GeluTanh").
+const char *unaryEnum(StringRef fn);
+/// The op name a Unary enum is looked up by (gelu with the tanh
+/// approximation is "gelu_tanh").
+std::string unaryName(Operation *op);
+
+/// Where a buffer lives in the arena.
+enum class Region { Activation, Param, Grad, State, Input, Seed, Constant };
+
+struct Buffer {
+  Region region = Region::Activation;
+  int64_t bytes = 0;
+  int def = -1;     // index of the defining op (-1: lives for the whole step)
+  int lastUse = -1; // index of the last op that reads it
+  int64_t offset = -1;
+  std::string name; // C variable of the root value
+};
+
+/// One row of the runtime's TensorSpec tables (program.h).
+struct TensorRow {
+  std::string name, dtype;
+  mlir::SmallVector<int64_t> shape, global;
+  int tpDim = -1;
+  int64_t tpGroups = 1, zeroChunk = 0;
+  bool paramZero = false, stateZero = false;
+  int64_t numel = 0, offset = 0;
+  bool trainable = false;
+  int64_t gradOffset = -1, state[2] = {-1, -1};
+};
+
+/// The headers a generated source includes (Target.cpp).
+std::string runtimeIncludes(const CodegenOptions &opts, bool pipelined);
+/// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source.
+void qualifyGpuCalls(std::string &src);
+/// Declares the gradient norm's two sums of squares.
+std::string normDeclarations(const CodegenOptions &opts);
+/// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).
+std::string normRead(const CodegenOptions &opts);
+/// The step's first statement under a bf16/fp16 plan (nothing under fp32).
+std::string precisionLine(const CodegenOptions &opts);
+/// The namespace whose kernels the step calls (the same names on both targets).
+std::string usingLine(const CodegenOptions &opts);
+
+/// The `extern "C"` declarations of the user's kernels (none: nothing).
+void emitCustomKernelDecls(llvm::raw_ostream &os,
+                           const std::map<std::string, std::string> &customKernels);
+
+/// The tensor tables and the `Program` of a rank's source (Tables.cpp).
+void emitProgramTables(llvm::raw_ostream &os, const CodegenOptions &opts,
+                       const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
+                       const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe);
+
+/// The global loss from this rank's share (Optimizer.cpp).
+void emitDpLoss(llvm::raw_ostream &os, const CodegenOptions &opts, const std::string &reduction);
+/// The hook after the gradients are final and before the norm.
+void emitGradientsReadyHook(llvm::raw_ostream &os);
+/// `norm` from the expression `sumOfSquares`, `ctx.gradNorm`, and the hook
+/// that may skip the update.
+void emitUpdateGuard(llvm::raw_ostream &os, const char *sumOfSquares);
+/// `clip`, the coefficient every gradient is scaled by (clipping on only).
+void emitClipCoefficient(llvm::raw_ostream &os, const OptimizerConfig &o);
+/// The optimizer's comment and the scheduled learning rate `lr`.
+void emitLearningRate(llvm::raw_ostream &os, const OptimizerConfig &o);
+
+/// Turns one function into the statements of a generated program: the whole
+/// step (run) or one pipeline chunk (runStage). One Generator per function.
+class Generator {
+public:
+  Generator(mlir::func::FuncOp fn, const CodegenOptions &opts, GeneratedProgram &out,
+            std::string &error)
+      : fn(fn), opts(opts), out(out), error(error) {}
+
+  /// The whole step of @train_step into `out` (Step.cpp).
+  bool run();
+
+  /// A pipeline stage's pieces, for generatePipelineProgram to assemble.
+  struct StageOut {
+    std::string constants, forward, backward; // definitions in the chunk's namespace
+    std::string init;                         // statements at the start of the step
+    std::string bucketWaits, norm, clip, updates, unscale;
+    std::vector<std::pair<std::string, std::string>> sharedGrads; // name -> pointer
+    std::map<std::string, std::string> customKernels;
+    std::vector<TensorRow> params, inputs;
+    int64_t persistentEnd = 0, activationBytes = 0, unplannedBytes = 0;
+    int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
+    int numBuckets = 0, kernelCalls = 0;
+    bool hasLoss = false;
+    std::string lossReduction = "unknown";
+    std::string plan; // memory-plan comment lines
+  };
+  /// Generates chunk `chunk` (a @stageN function): persistent tensors from
+  /// byte `base`, graph inputs at `inputOffsets`, activations relative to the
+  /// micro-batch's slot (PipelineStage.cpp).
+  bool runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t base,
+                const std::map<std::string, int64_t> &inputOffsets, StageOut &so);
+
+private:
+  mlir::func::FuncOp fn;
+  const CodegenOptions &opts;
+  GeneratedProgram &out;
+  std::string &error;
+
+  std::vector<Operation *> ops;
+  llvm::DenseMap<Operation *, int> index;
+  llvm::DenseMap<Value, int> bufferOf;    // value -> buffer
+  llvm::DenseMap<Value, std::string> var; // value -> C variable
+  std::vector<Buffer> buffers;
+  llvm::StringSet<> usedNames;
+  std::set<Operation *> foldedTransposes;
+  // transpose(matmul(a, b)) computed as matmul(b^T, a^T): transpose -> matmul.
+  llvm::DenseMap<Operation *, Operation *> transposedMatmul;
+  std::set<Operation *> fusedMatmuls;
+  std::map<std::pair<Operation *, unsigned>, Value> foldedOperand;
+
+  // Fused elementwise chains (fuseElementwise): each group runs as one kernel
+  // at its root, the member with the highest index.
+  struct FusionGroup {
+    Operation *root = nullptr;
+    std::vector<Operation *> ops; // members in program order, the root last
+    std::vector<Value> inputs;    // read from memory, in first-use order
+    std::vector<Value> outputs;   // written: the root's result, then intermediates read later
+  };
+  std::vector<FusionGroup> groups;
+  llvm::DenseMap<Operation *, int> groupOf; // every member -> its group
+  llvm::DenseSet<Value> interior;           // member results nothing outside reads: no buffer
+  std::string fusedDefs;                    // the groups' functors
+  /// Where an op's reads happen: its group's root for a fused member.
+  int readAt(Operation *op) {
+    auto it = groupOf.find(op);
+    return it == groupOf.end() ? index[op] : index[groups[it->second].root];
+  }
+
+  std::string constants; // static arrays
+  /// The user's kernels (carve.custom, carve.custom_grad): name -> declaration.
+  std::map<std::string, std::string> customKernels;
+  std::string body; // the step function's statements
+  /// CUDA: the statements `step` runs before `graphStep(ctx, forwardBackward)`
+  /// (the loss seed, whose fp16 value changes between steps) and after it,
+  /// before the tail (the loss pointer the tail reads); docs/cuda.md.
+  std::string graphBefore, graphAfter;
+
+  // The gradients the function returns, in the order backward finishes them.
+  struct GradSlot {
+    unsigned param; // argument number of the parameter
+    Value value;
+    int buffer;          // its buffer in the gradient region
+    bool copy;           // the value lives elsewhere; copy it into the slot
+    int ready;           // index of the op after which it is final
+    bool shared = false; // pipeline: one stage's part of a gradient summed over pp
+  };
+  std::vector<GradSlot> grads;
+  // ZeRO over dp: per parameter argument, its elements and chunk size; the
+  // optimizer-state offsets; stage >= 2: the buffer of its gradient chunk.
+  int zero = 0;
+  std::map<unsigned, int64_t> chunkOf, numelOf;
+  std::map<unsigned, std::array<int64_t, 2>> stateOf;
+  std::map<unsigned, int> shardOf;
+  /// Base of the activation pointers: "A" (the arena) for the whole step,
+  /// "S" (the micro-batch's slot) in a pipeline stage.
+  std::string actBase = "A";
+  std::vector<TensorRow> inputRows, paramRows;
+  int kernelCalls = 0;
+
+  /// Consecutive gradients (in the order backward finishes them) up to
+  /// bucketBytes each.
+  struct Bucket {
+    size_t first, last;
+    int64_t bytes;
+    int ready;
+    int waitAt = -1; // ZeRO >= 2: index of the op after which it is waited for
+  };
+  /// The persistent regions a layout placed: [begin, paramEnd) parameters,
+  /// [paramEnd, gradEnd) gradients, [gradEnd, stateEnd) optimizer state.
+  struct PersistentLayout {
+    int64_t begin = 0, paramEnd = 0, gradEnd = 0, stateEnd = 0;
+  };
+  /// ZeRO-3: a parameter gathered whole for its uses in one pass.
+  struct Gathered {
+    int buffer = -1;
+    int first = -1, last = -1;
+    std::string var;
+  };
+  using GatherPlan = std::map<unsigned, std::array<Gathered, 2>>; // [0] forward, [1] backward
+
+  // Generator.cpp: names, errors, the op list and what every plan starts with.
+  /// The name of parameter argument `arg` (carve.param).
+  std::string paramName(unsigned arg);
+  /// Whether parameter argument `arg` is split over tp (its norm term is summed over tp).
+  bool tpSplit(unsigned arg);
+  /// Sets `error` to `msg`; returns false.
+  bool fail(const std::string &msg);
+  /// fail() with the op's name and model node in front.
+  bool failOp(Operation *op, const std::string &msg);
+  /// `base`, or `base_2`, `base_3`, ... if taken (long names keep their end).
+  std::string uniqueName(std::string base);
+  /// The C element type and the bytes of a tensor value.
+  std::string ctypeOf(Value v);
+  int64_t bytesOf(Value v);
+  /// Operand `k` as the op reads it: a folded transpose's input.
+  Value operandOf(Operation *op, unsigned k);
+  /// Lists the ops, checks their types, folds transposes, fuses elementwise
+  /// chains and gives every value a buffer.
+  bool prepare();
+  /// The first backward op (the number of ops if none): the first whose node
+  /// is "backward of ...", or with `phaseMarks` also the first the pipeline
+  /// split marked with carve.phase.
+  int firstBackwardOp(bool phaseMarks);
+  /// The loss's reduction over the batch ("mean", "sum" or "unknown").
+  std::string lossReduction();
+  /// The parameter argument `of` names (~0u: none).
+  unsigned paramArgument(mlir::StringAttr of);
+  /// `"  T *x = (T *)(A + offset);  // parameter [shape]"` for an argument;
+  /// `perMicroBatch`: inputs hold every micro-batch, `mb` picks one.
+  std::string argumentPointer(mlir::BlockArgument a, bool perMicroBatch);
+  /// Every argument and result has a type the targets support.
+  bool checkTypes();
+  /// Transposes into the matmuls that read them (foldedTransposes,
+  /// transposedMatmul).
+  void foldTransposes();
+
+  // Fusion.cpp.
+  /// Groups elementwise chains (groups, groupOf, interior).
+  void fuseElementwise();
+  /// A group's functor (into fusedDefs) and its one `fused(...)` call.
+  bool emitFused(const FusionGroup &g);
+
+  // MemoryPlan.cpp.
+  /// A new buffer; returns its number.
+  int newBuffer(Region r, int64_t bytes, int def, std::string name);
+  /// A buffer (and a C name) for every argument and result; live ranges.
+  bool assignBuffers();
+  /// Offsets of the activations from 0, sharing memory by liveness; sets
+  /// out.activationBytes and out.unplannedBytes.
+  void planActivations();
+  /// Lays out each gradient's optimizer state (0, 1 or 2 slots; ZeRO chunks)
+  /// from byte `at`; returns the end.
+  int64_t placeOptimizerState(int64_t at);
+  /// Checks each gradient the function returns (results from `first` on;
+  /// `what` names the function in errors) names a float32 parameter and,
+  /// with `computedHere`, is computed by an op of the function; `addSlot`
+  /// adds its GradSlot. Then orders the slots by when backward finishes them.
+  bool
+  collectGradients(mlir::func::ReturnOp ret, unsigned first, const std::string &what,
+                   bool computedHere,
+                   const std::function<void(unsigned result, unsigned param, Value grad)> &addSlot);
+  /// The gradients cut into buckets of up to bucketBytes.
+  std::vector<Bucket> formBuckets();
+  /// ZeRO over dp: every gradient's elements and chunk; stage 1 and 2 pad
+  /// their parameters to dp chunks (gathered in place).
+  void shardOverDp();
+  /// Places `b` at `at` and moves `at` past it.
+  void place(int b, int64_t &at);
+  /// Parameters and buffers, gradients and optimizer state from `base`.
+  PersistentLayout placePersistent(int64_t base);
+  /// The byte range [begin, end) of a bucket's gradients.
+  std::pair<int64_t, int64_t> bucketRange(const Bucket &bk);
+
+  // EmitOps.cpp.
+  /// The C variable of `v`.
+  std::string name(Value v);
+  /// The C variable and the shape of operand `k` as the call reads it.
+  std::string opnd(Operation *op, unsigned k);
+  std::string oshape(Operation *op, unsigned k);
+  /// A null pointer of `like`'s element type (an absent optional operand).
+  std::string nullOf(Value like);
+  /// A constant's static array (into constants).
+  bool emitConstant(ConstantOp op);
+  /// The op's comment and call (nothing for a folded or fused op but a
+  /// group's root); false with `error` set for an op no target supports.
+  bool emitOp(Operation *op);
+  /// `// op [shapes] -> [shapes]   [node]`, the line above every call.
+  std::string opComment(Operation *op);
+  /// The declaration of a result's pointer into the arena (or the slot).
+  std::string resultPointer(Value r);
+  /// One family of ops each: the call into `os`.
+  bool emitElementwise(Operation *op, llvm::raw_ostream &os);
+  bool emitMatmul(Operation *op, llvm::raw_ostream &os);
+  bool emitReduction(Operation *op, llvm::raw_ostream &os);
+  bool emitNormalization(Operation *op, llvm::raw_ostream &os);
+  bool emitAttention(Operation *op, llvm::raw_ostream &os);
+  bool emitCrossEntropy(Operation *op, llvm::raw_ostream &os);
+  bool emitDataMovement(Operation *op, llvm::raw_ostream &os);
+  bool emitGather(Operation *op, llvm::raw_ostream &os);
+  bool emitCollective(Operation *op, llvm::raw_ostream &os);
+  bool emitCustom(Operation *op, llvm::raw_ostream &os);
+
+  // Target.cpp.
+  /// `*ptr = value;` as a statement line; a one-element fill on the device.
+  std::string seedStore(const std::string &ptr, const std::string &value) const;
+  /// The first element of a tensor, read on the host.
+  std::string scalarRead(const std::string &ptr) const;
+
+  // Optimizer.cpp.
+  /// Pointers to a gradient's slot and (ZeRO >= 2) to its chunk.
+  std::string gradPtr(const GradSlot &g);
+  std::string chunkPtr(unsigned param);
+  /// C++ for the elements of chunk `rank` of a parameter (the last is short).
+  std::string chunkCount(unsigned arg, const std::string &rank);
+  /// `sqSplit += ...` / `sqWhole += ...` for each gradient `counted` accepts.
+  void emitNormTerms(llvm::raw_ostream &ts, const std::function<bool(const GradSlot &)> &counted);
+  /// Scales every gradient by `clip`.
+  void emitClip(llvm::raw_ostream &ts);
+  /// fp16: divides every gradient by the loss scale (nothing for other precisions).
+  void emitUnscale(llvm::raw_ostream &ts);
+  /// The optimizer update of every parameter (and ZeRO-1/2's gathers).
+  void emitUpdates(llvm::raw_ostream &ts);
+
+  // Tables.cpp.
+  /// inputRows and paramRows; `microBatches` inputs lie one after another.
+  void buildTables(int64_t microBatches);
+
+  // Step.cpp: the pieces of run, in the order it calls them (documented there).
+  bool collectStepGradients(mlir::func::ReturnOp ret, std::set<int> &pinned);
+  GatherPlan planZero3Gathers(int backwardBegin);
+  void keepGradientChunks();
+  bool emitStepSeed(const std::string &reduction);
+  void startBuckets(const std::vector<Bucket> &buckets, size_t &next, int after);
+  bool emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gathered, int backwardBegin);
+  bool emitStepTail(Value loss, const std::vector<Bucket> &buckets, const std::string &reduction,
+                    llvm::raw_ostream &ts);
+  /// The whole source: `plan` (the memory-plan comment) opens the step
+  /// function, `tail` (sync, loss, optimizer) closes it.
+  std::string emitProgram(const std::string &plan, const std::string &tail);
+
+  // PipelineStage.cpp: the pieces of runStage (documented there).
+  bool collectStageGradients(mlir::func::ReturnOp ret, int stage);
+  bool checkMessageTags(int end);
+  bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage, int64_t &at);
+  std::string stageSeed(const std::string &lossReduction);
+  std::string stashDeclarations(int backwardBegin);
+  bool emitStageBodies(int chunk, int backwardBegin, Value loss, const std::vector<Bucket> &buckets,
+                       StageOut &so, std::string &forwardBody, std::string &backwardBody);
+  std::string recvStatements(mlir::Operation *op, bool backward);
+  std::string sendStatements(mlir::Operation *op, bool backward);
+  void stageTail(const PipelineCodegenOptions &pipe, int stage, StageOut &so);
+};
+
+} // namespace carve::codegen
+
+#endif // CARVE_COMPILER_CODEGEN_GENERATOR_H

@@ -1,0 +1,230 @@
+//===- MemoryPlan.cpp - buffers, live ranges and the arena's regions ------===//
+//
+// Every value gets a buffer (a reshape shares its input's, a folded transpose
+// and a fused chain's interior get none); activations share memory by a
+// first fit over their live ranges; the persistent regions (parameters,
+// gradients in the order backward finishes them, optimizer state) are laid
+// out one after another, ZeRO chunks where the plan shards over dp.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include <algorithm>
+
+using namespace mlir;
+
+namespace carve::codegen {
+
+int Generator::newBuffer(Region r, int64_t bytes, int def, std::string name) {
+  Buffer b;
+  b.region = r;
+  b.bytes = bytes;
+  b.def = def;
+  b.name = std::move(name);
+  buffers.push_back(b);
+  return (int)buffers.size() - 1;
+}
+
+bool Generator::assignBuffers() {
+  // Arguments: parameters, buffers, inputs and the loss seed live all step.
+  for (BlockArgument a : fn.getArguments()) {
+    unsigned i = a.getArgNumber();
+    Region r = Region::Param;
+    std::string name;
+    if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.param"))
+      name = p.getValue().str();
+    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.buffer"))
+      name = p.getValue().str();
+    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.input"))
+      name = p.getValue().str(), r = Region::Input;
+    else if (fn.getArgAttr(i, "carve.loss_seed"))
+      name = "loss_seed", r = Region::Seed;
+    else
+      return fail("argument " + std::to_string(i) +
+                  " is neither an input, a parameter, a buffer nor the loss seed");
+    std::string v = uniqueName(identifier(name));
+    var[a] = v;
+    bufferOf[a] = newBuffer(r, bytesOf(a), -1, v);
+  }
+  // Op results.
+  for (Operation *op : ops) {
+    int k = index[op];
+    std::string node = nodeName(op->getLoc());
+    std::string base;
+    if (StringRef(node).starts_with("backward of "))
+      base = "d_" + identifier(StringRef(node).drop_front(12));
+    else if (!node.empty())
+      base = identifier(node);
+    else
+      base = identifier(op->getName().stripDialect());
+    if (isa<ConstantOp>(op))
+      base = "const_" + base;
+    for (Value r : op->getResults()) {
+      unsigned resultNumber = cast<OpResult>(r).getResultNumber();
+      std::string name =
+          uniqueName(op->getNumResults() > 1 ? base + "_" + std::to_string(resultNumber) : base);
+      var[r] = name;
+      if (isa<ReshapeOp>(op)) {
+        bufferOf[r] = bufferOf.lookup(op->getOperand(0));
+        continue;
+      }
+      if (foldedTransposes.count(op) || fusedMatmuls.count(op) || interior.count(r))
+        continue; // never materialized
+      Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
+      bufferOf[r] = newBuffer(reg, bytesOf(r), k, name);
+    }
+  }
+  // Reads.
+  for (Operation *op : ops) {
+    if (foldedTransposes.count(op) || fusedMatmuls.count(op) || isa<ReshapeOp>(op))
+      continue;
+    if (Operation *m = transposedMatmul.lookup(op)) {
+      for (unsigned i = 0; i < 2; ++i) {
+        Buffer &b = buffers[bufferOf.lookup(operandOf(m, i))];
+        b.lastUse = std::max(b.lastUse, index[op]);
+      }
+      continue;
+    }
+    for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+      if (interior.count(operandOf(op, i)))
+        continue; // computed in registers by the group's kernel
+      Buffer &b = buffers[bufferOf.lookup(operandOf(op, i))];
+      b.lastUse = std::max(b.lastUse, readAt(op));
+    }
+  }
+  return true;
+}
+
+/// First fit over live ranges, in definition order: a buffer may take the
+/// memory of any buffer whose last reader ran before it is written.
+void Generator::planActivations() {
+  std::vector<int> order;
+  for (int i = 0; i < (int)buffers.size(); ++i)
+    if (buffers[i].region == Region::Activation)
+      order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return buffers[a].def < buffers[b].def; });
+  std::vector<int> live; // placed buffers
+  int64_t peak = 0, total = 0;
+  for (int i : order) {
+    Buffer &b = buffers[i];
+    int64_t size = alignUp(std::max<int64_t>(b.bytes, 1));
+    total += size;
+    std::vector<std::pair<int64_t, int64_t>> taken;
+    std::vector<int> still;
+    for (int j : live) {
+      const Buffer &o = buffers[j];
+      if (o.lastUse >= b.def) {
+        still.push_back(j);
+        taken.push_back({o.offset, o.offset + alignUp(std::max<int64_t>(o.bytes, 1))});
+      }
+    }
+    std::sort(taken.begin(), taken.end());
+    int64_t at = 0;
+    for (auto &[lo, hi] : taken) {
+      if (at + size <= lo)
+        break;
+      at = std::max(at, hi);
+    }
+    b.offset = at;
+    peak = std::max(peak, at + size);
+    still.push_back(i);
+    live = std::move(still);
+  }
+  out.activationBytes = peak;
+  out.unplannedBytes = total;
+}
+
+int64_t Generator::placeOptimizerState(int64_t at) {
+  const bool adam = opts.optimizer.kind == "adamw";
+  const bool momentum = !adam && opts.optimizer.momentum != 0;
+  const int slots = adam ? 2 : momentum ? 1 : 0;
+  for (GradSlot &g : grads) {
+    std::array<int64_t, 2> st = {-1, -1};
+    for (int k = 0; k < slots; ++k) {
+      st[k] = at;
+      at += alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4);
+    }
+    stateOf[g.param] = st;
+  }
+  return at;
+}
+
+std::vector<Generator::Bucket> Generator::formBuckets() {
+  std::vector<Bucket> buckets;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    int64_t b = alignUp(bytesOf(grads[i].value));
+    if (buckets.empty() || buckets.back().bytes + b > opts.bucketBytes)
+      buckets.push_back({i, i, b, grads[i].ready});
+    else
+      buckets.back().last = i, buckets.back().bytes += b, buckets.back().ready = grads[i].ready;
+  }
+  return buckets;
+}
+
+bool Generator::collectGradients(
+    func::ReturnOp ret, unsigned first, const std::string &what, bool computedHere,
+    const std::function<void(unsigned result, unsigned param, Value grad)> &addSlot) {
+  for (unsigned k = first; k < ret.getNumOperands(); ++k) {
+    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
+    if (!of)
+      return fail(what + " result " + std::to_string(k) + " is not a gradient");
+    unsigned param = paramArgument(of);
+    Value g = ret.getOperand(k);
+    if (param == ~0u || (computedHere && !g.getDefiningOp()))
+      return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
+    if (!typeOf(g).getElementType().isF32())
+      return fail("parameter '" + of.getValue().str() +
+                  "' is not float32; the CPU target trains float32 parameters");
+    addSlot(k, param, g);
+  }
+  std::stable_sort(grads.begin(), grads.end(),
+                   [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
+  return true;
+}
+
+/// ZeRO over dp (docs/zero.md): every trainable parameter's (tp-local)
+/// elements are cut into dp chunks of `chunk` (the last padded); dp rank d
+/// owns chunk d.
+void Generator::shardOverDp() {
+  zero = opts.dp > 1 ? opts.zero : 0;
+  const int64_t dp = opts.dp;
+  for (GradSlot &g : grads) {
+    int64_t n = typeOf(g.value).getNumElements();
+    numelOf[g.param] = n;
+    chunkOf[g.param] = zero ? (n + dp - 1) / dp : n;
+  }
+  // Stage 1 and 2 gather parameters in place: pad them to dp * chunk.
+  if (zero == 1 || zero == 2)
+    for (auto &[arg, c] : chunkOf)
+      buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = dp * c * 4;
+}
+
+void Generator::place(int b, int64_t &at) {
+  buffers[b].offset = at;
+  at += alignUp(std::max<int64_t>(buffers[b].bytes, 1));
+}
+
+Generator::PersistentLayout Generator::placePersistent(int64_t base) {
+  PersistentLayout l;
+  int64_t at = l.begin = base;
+  for (BlockArgument a : fn.getArguments())
+    if (buffers[bufferOf.lookup(a)].region == Region::Param)
+      place(bufferOf.lookup(a), at);
+  l.paramEnd = at;
+  // ZeRO-2 and 3 keep only this rank's chunk of each gradient.
+  for (GradSlot &g : grads)
+    place(zero >= 2 ? shardOf[g.param] : g.buffer, at);
+  l.gradEnd = at;
+  l.stateEnd = placeOptimizerState(at);
+  return l;
+}
+
+std::pair<int64_t, int64_t> Generator::bucketRange(const Bucket &bk) {
+  const Buffer &first = buffers[grads[bk.first].buffer];
+  const Buffer &last = buffers[grads[bk.last].buffer];
+  return {first.offset, last.offset + alignUp(last.bytes)};
+}
+
+} // namespace carve::codegen

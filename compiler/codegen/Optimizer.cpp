@@ -1,0 +1,193 @@
+//===- Optimizer.cpp - the step's tail: norm, clipping, updates -----------===//
+//
+// After backward: the gradients' norm (tp-split and ZeRO-chunked terms summed
+// over their axes), clipping, fp16's loss-scale removal, the scheduled
+// learning rate and every parameter's AdamW or SGD update (ZeRO: this rank's
+// chunk, then the gathers of ZeRO-1 and 2). Both the whole step and the
+// pipeline program end with these.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+using namespace mlir;
+
+namespace carve {
+
+namespace {
+/// A number as Python prints it in a repr (shortest form that reads back).
+std::string py(double x) {
+  char buf[64];
+  for (int p = 1; p <= 17; ++p) {
+    snprintf(buf, sizeof buf, "%.*g", p, x);
+    if (strtod(buf, nullptr) == x)
+      break;
+  }
+  return buf;
+}
+struct PyNum {
+  double x;
+};
+llvm::raw_ostream &operator<<(llvm::raw_ostream &os, PyNum n) { return os << py(n.x); }
+} // namespace
+
+std::string OptimizerConfig::describe() const {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  double wd = effectiveWeightDecay();
+  if (kind == "adamw")
+    os << "AdamW(lr=" << PyNum{lr} << ", betas=(" << PyNum{beta1} << ", " << PyNum{beta2}
+       << "), eps=" << PyNum{eps} << ", weight_decay=" << PyNum{wd} << ")";
+  else
+    os << "SGD(lr=" << PyNum{lr} << ", momentum=" << PyNum{momentum}
+       << ", dampening=" << PyNum{dampening} << ", weight_decay=" << PyNum{wd}
+       << ", nesterov=" << (nesterov ? "True" : "False") << ")";
+  if (clipGradNorm > 0)
+    os << ", clip_grad_norm=" << PyNum{clipGradNorm};
+  if (warmupSteps > 0 || decaySteps > 0)
+    os << ", schedule: warmup " << warmupSteps << " steps, cosine decay over " << decaySteps
+       << " steps to " << PyNum{minLrRatio} << " x lr";
+  return s;
+}
+
+namespace codegen {
+
+/// The global loss from this rank's share: summed over the dp replicas, and
+/// for a mean divided by their number.
+void emitDpLoss(llvm::raw_ostream &os, const CodegenOptions &opts, const std::string &reduction) {
+  if (opts.dp <= 1)
+    return;
+  os << "  ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report "
+        "the global loss\n";
+  if (reduction == "mean")
+    os << "  loss /= " << opts.dp << ".0f;  // the mean of " << opts.dp
+       << " equal shares is the global mean\n";
+}
+
+void emitGradientsReadyHook(llvm::raw_ostream &os) {
+  os << "\n  if (ctx.hooks)\n    ctx.hooks->gradientsReady(ctx);  // train --on-nan\n";
+}
+
+void emitUpdateGuard(llvm::raw_ostream &os, const char *sumOfSquares) {
+  os << "  double norm = std::sqrt(" << sumOfSquares << ");\n  ctx.gradNorm = (float)norm;\n";
+  os << "  if (ctx.hooks && !ctx.hooks->updateAllowed(ctx, norm))\n"
+        "    return;  // a non-finite loss or gradient: no update (train --on-nan)\n";
+}
+
+void emitClipCoefficient(llvm::raw_ostream &os, const OptimizerConfig &o) {
+  os << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";
+  os << "  const float clip = clipCoefficient(norm, " << number(o.clipGradNorm, false) << ");\n";
+}
+
+void emitLearningRate(llvm::raw_ostream &os, const OptimizerConfig &o) {
+  os << "\n  // " << o.describe() << "\n";
+  os << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", " << o.warmupSteps
+     << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
+  os << "  ctx.lr = (float)lr;\n";
+}
+
+std::string Generator::gradPtr(const GradSlot &g) {
+  return "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
+}
+
+std::string Generator::chunkPtr(unsigned param) {
+  return "(float *)(A + " + std::to_string(buffers[shardOf[param]].offset) + ")";
+}
+
+std::string Generator::chunkCount(unsigned arg, const std::string &rank) {
+  return "std::max<int64_t>(0, std::min<int64_t>(" + std::to_string(chunkOf[arg]) + ", " +
+         std::to_string(numelOf[arg]) + " - (int64_t)" + rank + " * " +
+         std::to_string(chunkOf[arg]) + "))";
+}
+
+void Generator::emitNormTerms(llvm::raw_ostream &ts,
+                              const std::function<bool(const GradSlot &)> &counted) {
+  for (GradSlot &g : grads) {
+    if (!counted(g))
+      continue;
+    std::string ptr = zero >= 2 ? chunkPtr(g.param) : gradPtr(g);
+    std::string count;
+    if (zero >= 2)
+      count = chunkCount(g.param, "ctx.dpRank");
+    else
+      count = std::to_string(numelOf[g.param]);
+    if (opts.cuda())
+      ts << "  sumSquaresAdd(" << ptr << ", " << count << ", sqDevice + "
+         << (tpSplit(g.param) ? 0 : 1) << ");  // " << paramName(g.param) << "\n";
+    else
+      ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", "
+         << count << ");  // " << paramName(g.param) << "\n";
+  }
+}
+
+void Generator::emitClip(llvm::raw_ostream &ts) {
+  for (GradSlot &g : grads)
+    ts << "  scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
+       << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
+}
+
+void Generator::emitUnscale(llvm::raw_ostream &ts) {
+  if (opts.precision != "fp16")
+    return;
+  ts << "\n  // fp16: the gradients carry the dynamic loss scale (train_main adjusts it); divide "
+        "it\n"
+     << "  // out before the norm, the check for overflow and the update.\n"
+     << "  if (ctx.lossScale != 1.0f) {\n    const float unscale = 1.0f / ctx.lossScale;\n";
+  for (GradSlot &g : grads)
+    ts << "    scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
+       << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", unscale);\n";
+  ts << "  }\n";
+}
+
+void Generator::emitUpdates(llvm::raw_ostream &ts) {
+  const OptimizerConfig &o = opts.optimizer;
+  const bool adam = o.kind == "adamw";
+  const bool momentum = !adam && o.momentum != 0;
+  if (zero)
+    ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
+  double wd = o.effectiveWeightDecay();
+  for (GradSlot &g : grads) {
+    unsigned a = g.param;
+    std::string pbase =
+        "(float *)(A + " + std::to_string(buffers[bufferOf.lookup(fn.getArgument(a))].offset) + ")";
+    std::string p = pbase, go = gradPtr(g), n = std::to_string(numelOf[a]);
+    auto st = stateOf[a];
+    if (zero) {
+      std::string c = std::to_string(chunkOf[a]);
+      std::string off = "(int64_t)ctx.dpRank * " + c;
+      n = chunkCount(a, "ctx.dpRank");
+      p = zero == 3 ? pbase : pbase + " + " + off;
+      go = zero >= 2 ? chunkPtr(a) : gradPtr(g) + " + " + off;
+    }
+    if (adam)
+      ts << "  adamwUpdate(" << p << ", " << go << ", (float *)(A + " << st[0]
+         << "), (float *)(A + " << st[1] << "), " << n << ", lr, " << number(o.beta1, false) << ", "
+         << number(o.beta2, false) << ", " << number(o.eps, false) << ", " << number(wd, false)
+         << ", ctx.step + 1);  // " << paramName(a) << "\n";
+    else
+      ts << "  sgdUpdate(" << p << ", " << go << ", "
+         << (momentum ? "(float *)(A + " + std::to_string(st[0]) + ")" : "nullptr") << ", " << n
+         << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
+         << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
+         << paramName(a) << "\n";
+  }
+  if (zero == 1 || zero == 2) {
+    ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
+       << "chunks in place.\n  {\n    CommHandle h[" << grads.size() << "];\n";
+    for (size_t i = 0; i < grads.size(); ++i) {
+      unsigned a = grads[i].param;
+      int64_t off = buffers[bufferOf.lookup(fn.getArgument(a))].offset;
+      ts << "    h[" << i << "] = ctx.dpComm->allGatherAsync((float *)(A + " << off
+         << ") + (int64_t)ctx.dpRank * " << chunkOf[a] << ", (float *)(A + " << off << "), "
+         << chunkOf[a] << ", CommType::F32);  // " << paramName(a) << "\n";
+    }
+    ts << "    for (CommHandle &x : h) ctx.dpComm->wait(x);\n  }\n";
+  }
+}
+
+} // namespace codegen
+
+} // namespace carve

@@ -1,0 +1,344 @@
+//===- PipelineStage.cpp - one pipeline chunk's forward and backward ------===//
+//
+// A pipeline rank runs one or more chunks (@stageN functions). Each becomes
+// a `forward` and a `backward` function over one micro-batch, whose
+// activations live in a slot (S) the schedule picks; transfers to and from
+// the neighbouring stages are asynchronous sends and receives, gradients
+// accumulate over the micro-batches, and the optimizer's pieces are handed
+// to generatePipelineProgram (PipelineProgram.cpp) to assemble the step.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include <algorithm>
+
+using namespace mlir;
+
+namespace carve::codegen {
+
+namespace {
+/// The pp rank `offset` stages away, as C++.
+std::string peer(int64_t offset) {
+  return offset >= 0 ? "ctx.ppRank + " + std::to_string(offset)
+                     : "ctx.ppRank - " + std::to_string(-offset);
+}
+} // namespace
+
+bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t base,
+                         const std::map<std::string, int64_t> &inputOffsets, StageOut &so) {
+  auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
+  const int m = opts.numMicroBatches;
+  const int stage = (int)fn->getAttrOfType<IntegerAttr>("carve.stage").getInt();
+  if (!prepare())
+    return false;
+  const int end = (int)ops.size();
+  actBase = "S";
+  const int backwardBegin = firstBackwardOp(true);
+  if (!checkMessageTags(end))
+    return false;
+
+  so.hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, "carve.loss");
+  Value loss = so.hasLoss ? ret.getOperand(0) : Value();
+  if (so.hasLoss)
+    buffers[bufferOf.lookup(loss)].lastUse = end;
+  if (!collectStageGradients(ret, stage))
+    return false;
+  if (opts.dp > 1 && opts.zero >= 2)
+    return fail("pipeline: ZeRO stage " + std::to_string(opts.zero) +
+                " is not supported with pipelines");
+  shardOverDp();
+  std::vector<Bucket> buckets = opts.dp > 1 ? formBuckets() : std::vector<Bucket>();
+  so.numBuckets = (int)buckets.size();
+
+  // Persistent layout from `base`: parameters, gradients, optimizer state,
+  // the loss seed; graph inputs where the program put them.
+  const PersistentLayout layout = placePersistent(base);
+  int64_t at = layout.stateEnd;
+  if (!placeStageInputs(inputOffsets, stage, at))
+    return false;
+  so.persistentEnd = alignUp(at);
+  planActivations(); // offsets relative to the slot
+  so.activationBytes = out.activationBytes;
+  so.unplannedBytes = out.unplannedBytes;
+  so.paramBytes = layout.paramEnd - base;
+  so.gradBytes = layout.gradEnd - layout.paramEnd;
+  so.stateBytes = layout.stateEnd - layout.gradEnd;
+
+  so.lossReduction = lossReduction();
+  if ((opts.dp > 1 || m > 1) && so.lossReduction == "unknown")
+    return fail("cannot tell how the loss reduces over the batch (a mean or a sum of "
+                "cross_entropy, reduce_mean or reduce_sum); data parallelism and micro-batches "
+                "need to know");
+  so.init += stageSeed(so.lossReduction);
+
+  std::string forwardBody, backwardBody;
+  if (!emitStageBodies(chunk, backwardBegin, loss, buckets, so, forwardBody, backwardBody))
+    return false;
+  // Both functions start from the arguments' pointers; the backward part
+  // also declares again the forward values it reads, at the same slot offsets.
+  std::string argPreamble = "  char *const A = ctx.arena;\n";
+  for (BlockArgument a : fn.getArguments())
+    argPreamble += argumentPointer(a, true);
+  std::string sig = "(StepContext &ctx, int mb, int slot, char *S";
+  so.forward =
+      "/// Forward of micro-batch `mb`, its activations in slot `slot` (at S).\nvoid forward" +
+      sig + ") {\n" + argPreamble + "  (void)slot;\n\n" + forwardBody + "}\n";
+  so.backward =
+      "/// Backward of micro-batch `mb` (slot `slot`); `last`: the step's last micro-batch.\n"
+      "void backward" +
+      sig + ", bool last) {\n" + argPreamble + stashDeclarations(backwardBegin) +
+      "  (void)slot;\n  (void)last;\n\n" + backwardBody + "}\n";
+  so.constants = constants + fusedDefs;
+  so.constants += "std::vector<CommHandle> sends[" + std::to_string(pipe.slots[chunk]) +
+                  "]; // sends in flight, per slot\n";
+  if (!buckets.empty())
+    so.constants += "CommHandle buckets[" + std::to_string(buckets.size()) + "];\n";
+  so.customKernels = customKernels;
+  so.kernelCalls = kernelCalls;
+
+  stageTail(pipe, stage, so);
+  buildTables(m);
+  so.params = paramRows;
+  so.inputs = inputRows;
+  so.plan = "  //   stage " + std::to_string(stage) + ": parameters [" + std::to_string(base) +
+            ", " + std::to_string(layout.paramEnd) + "), gradients [" +
+            std::to_string(layout.paramEnd) + ", " + std::to_string(layout.gradEnd) +
+            "), optimizer state [" + std::to_string(layout.gradEnd) + ", " +
+            std::to_string(layout.stateEnd) + "); activations " + bytesText(so.activationBytes) +
+            " per micro-batch (" + bytesText(so.unplannedBytes) + " without reuse)\n";
+  return true;
+}
+
+/// A send reads its tensor until the slot is taken by another micro-batch;
+/// every transfer's tag, times the micro-batches, must fit the runtime's tags.
+bool Generator::checkMessageTags(int end) {
+  const int m = opts.numMicroBatches;
+  int maxTag = -1;
+  for (Operation *op : ops) {
+    if (auto snd = dyn_cast<dist::SendOp>(op)) {
+      buffers[bufferOf.lookup(snd.getInput())].lastUse = end;
+      maxTag = std::max(maxTag, (int)snd.getTag());
+    }
+    if (auto r = dyn_cast<dist::RecvOp>(op))
+      maxTag = std::max(maxTag, (int)r.getTag());
+  }
+  if ((int64_t)(maxTag + 1) * m > 32767)
+    return fail("pipeline: " + std::to_string(maxTag + 1) + " transfers x " + std::to_string(m) +
+                " micro-batches exceed the 32767 message tags of the runtime");
+  return true;
+}
+
+/// Every returned gradient accumulates over the micro-batches into its own
+/// slot in the gradient region, final after its last writer.
+bool Generator::collectStageGradients(func::ReturnOp ret, int stage) {
+  const bool hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, "carve.loss");
+  const std::string what = "@stage" + std::to_string(stage);
+  return collectGradients(
+      ret, hasLoss ? 1 : 0, what, true, [&](unsigned k, unsigned param, Value g) {
+        int vb = bufferOf.lookup(g);
+        int ready = std::max(buffers[vb].def, index[g.getDefiningOp()]);
+        buffers[vb].lastUse = std::max(buffers[vb].lastUse, ready);
+        GradSlot slot{param,
+                      g,
+                      newBuffer(Region::Grad, bytesOf(g), -1, "grad_" + var[fn.getArgument(param)]),
+                      true,
+                      ready,
+                      (bool)fn.getResultAttr(k, "carve.shared_grad")};
+        grads.push_back(slot);
+      });
+}
+
+/// The loss seed after the persistent regions; graph inputs at the offsets
+/// the program gave them (all micro-batches, one after another).
+bool Generator::placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage,
+                                 int64_t &at) {
+  for (BlockArgument a : fn.getArguments()) {
+    Buffer &b = buffers[bufferOf.lookup(a)];
+    if (b.region == Region::Seed)
+      place(bufferOf.lookup(a), at);
+    if (b.region == Region::Input) {
+      auto name = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.input").getValue();
+      auto it = inputOffsets.find(name.str());
+      if (it == inputOffsets.end())
+        return fail("pipeline: stage " + std::to_string(stage) + " has input '" + name.str() +
+                    "' that stage 0 does not have");
+      b.offset = it->second;
+    }
+  }
+  return true;
+}
+
+/// d(loss)/d(loss) of one micro-batch, stored at the start of the step.
+std::string Generator::stageSeed(const std::string &reduction) {
+  std::string init;
+  for (BlockArgument a : fn.getArguments())
+    if (fn.getArgAttr(a.getArgNumber(), "carve.loss_seed")) {
+      int64_t replicas = (int64_t)opts.dp * opts.numMicroBatches;
+      bool mean = reduction == "mean" && replicas > 1;
+      init += "  // d(loss)/d(loss) of one micro-batch: " +
+              std::string(mean ? "the loss is a mean over the batch and each micro-batch is 1/" +
+                                     std::to_string(replicas) +
+                                     " of the global batch, so the summed gradients equal "
+                                     "the global mean's."
+                               : "1.") +
+              "\n" +
+              seedStore("(float *)(A + " + std::to_string(buffers[bufferOf.lookup(a)].offset) + ")",
+                        mean ? "1.0f / " + std::to_string(replicas) : std::string("1.0f"));
+    }
+  return init;
+}
+
+/// The pointers backward declares again for the forward values it reads
+/// (sorted by name, so the order does not depend on pointers).
+std::string Generator::stashDeclarations(int backwardBegin) {
+  const int end = (int)ops.size();
+  auto declare = [&](Value v) -> std::string {
+    Value root = v;
+    while (root.getDefiningOp() && isa<ReshapeOp>(root.getDefiningOp()))
+      root = root.getDefiningOp()->getOperand(0);
+    const Buffer &b = buffers[bufferOf.lookup(root)];
+    if (b.region == Region::Constant && root == v)
+      return "";
+    std::string target = b.region == Region::Activation
+                             ? "(" + ctypeOf(v) + " *)(S + " + std::to_string(b.offset) + ")"
+                             : "(" + ctypeOf(v) + " *)" + var[root];
+    return "  " + ctypeOf(v) + " *" + var[v] + " = " + target + ";\n";
+  };
+  std::set<Value, std::function<bool(Value, Value)>> stash(
+      [&](Value x, Value y) { return var[x] < var[y]; });
+  for (int i = backwardBegin; i < end; ++i) {
+    Operation *op = ops[i];
+    std::vector<Operation *> readers{op};
+    if (Operation *fused = transposedMatmul.lookup(op))
+      readers.push_back(fused);
+    for (Operation *r : readers)
+      for (unsigned k = 0; k < r->getNumOperands(); ++k) {
+        Value v = operandOf(r, k);
+        Operation *d = v.getDefiningOp();
+        if (d && index.count(d) && index[d] < backwardBegin)
+          stash.insert(v);
+      }
+  }
+  std::string decl;
+  for (Value v : stash)
+    decl += declare(v);
+  return decl;
+}
+
+/// A receive: its buffer in the slot and the asynchronous receive, waited
+/// for just before the next op that is not a receive.
+std::string Generator::recvStatements(Operation *op, bool backward) {
+  auto r = cast<dist::RecvOp>(op);
+  Value res = r.getResult();
+  const Buffer &b = buffers[bufferOf.lookup(res)];
+  int64_t from = r->getAttrOfType<IntegerAttr>("carve.from_stage").getInt();
+  std::string h = "recv_" + var[res];
+  std::string node = nodeName(op->getLoc());
+  return "  // " + std::string(backward ? "gradient" : "activation") + " " +
+         shapeText(typeOf(res).getShape()) + " from stage " + std::to_string(from) +
+         (node.empty() ? "" : " [" + node + "]") + "\n" + "  " + ctypeOf(res) + " *" + var[res] +
+         " = (" + ctypeOf(res) + " *)(S + " + std::to_string(b.offset) + ");\n" + "  CommHandle " +
+         h + " = ctx.ppComm->recvAsync(" + var[res] + ", " + std::to_string(bytesOf(res)) + ", " +
+         peer((int64_t)r.getOffset()) + ", " + std::to_string((int64_t)r.getTag()) + " * " +
+         std::to_string(opts.numMicroBatches) + " + mb);\n";
+}
+
+/// A send, left in flight on the slot's list until the slot is reused.
+std::string Generator::sendStatements(Operation *op, bool backward) {
+  auto snd = cast<dist::SendOp>(op);
+  Value v = snd.getInput();
+  int64_t to = snd->getAttrOfType<IntegerAttr>("carve.to_stage").getInt();
+  return "  // send " + std::string(backward ? "the gradient " : "") + var[v] + " to stage " +
+         std::to_string(to) + "; it stays in this slot until the send completes\n" +
+         "  sends[slot].push_back(ctx.ppComm->sendAsync(" + var[v] + ", " +
+         std::to_string(bytesOf(v)) + ", " + peer((int64_t)snd.getOffset()) + ", " +
+         std::to_string((int64_t)snd.getTag()) + " * " + std::to_string(opts.numMicroBatches) +
+         " + mb));\n";
+}
+
+/// The ops split at the first backward op into the two functions' bodies:
+/// transfers, kernel calls, the loss summed over micro-batches, gradients
+/// accumulated, and each bucket's all-reduce after the last micro-batch.
+bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
+                                const std::vector<Bucket> &buckets, StageOut &so,
+                                std::string &forwardBody, std::string &backwardBody) {
+  const int end = (int)ops.size();
+  std::vector<std::string> pendingRecv;
+  auto flushRecvs = [&]() {
+    for (const std::string &h : pendingRecv)
+      body += "  ctx.ppComm->wait(" + h + ");\n";
+    if (!pendingRecv.empty())
+      body += "\n";
+    pendingRecv.clear();
+  };
+  size_t nextBucket = 0;
+  for (Operation *op : ops) {
+    const int i = index[op];
+    if (i == backwardBegin) {
+      flushRecvs();
+      forwardBody = body;
+      body.clear();
+    }
+    if (auto r = dyn_cast<dist::RecvOp>(op)) {
+      body += recvStatements(op, i >= backwardBegin);
+      pendingRecv.push_back("recv_" + var[r.getResult()]);
+      continue;
+    }
+    flushRecvs();
+    if (isa<dist::SendOp>(op)) {
+      body += sendStatements(op, i >= backwardBegin);
+      continue;
+    }
+    if (!emitOp(op))
+      return false;
+    if (so.hasLoss && loss.getDefiningOp() == op)
+      body += "  pipeLoss += (double)" + scalarRead(var[loss]) + ";  // this micro-batch's loss\n";
+    for (GradSlot &g : grads)
+      if (g.ready == i) {
+        std::string n = std::to_string(typeOf(g.value).getNumElements());
+        body += "  // accumulate the gradient of " + paramName(g.param) +
+                (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" +
+                var[g.value] + ", " + gradPtr(g) + ", " + n + ");\n  else\n    addInPlace(" +
+                gradPtr(g) + ", " + var[g.value] + ", " + n + ");\n";
+      }
+    while (nextBucket < buckets.size() && buckets[nextBucket].ready <= i) {
+      auto [begin, stop] = bucketRange(buckets[nextBucket]);
+      body += "  // Gradient bucket " + std::to_string(nextBucket) + " is complete (" +
+              bytesText(buckets[nextBucket].bytes) +
+              "): after the last micro-batch, sum it over the " + std::to_string(opts.dp) +
+              " data-parallel replicas.\n  if (last)\n    buckets[" + std::to_string(nextBucket) +
+              "] = ctx.dpComm->allReduceAsync(A + " + std::to_string(begin) + ", " +
+              std::to_string((stop - begin) / 4) + ", CommType::F32, ReduceOp::Sum);\n";
+      so.bucketWaits += "  ctx.dpComm->wait(c" + std::to_string(chunk) + "::buckets[" +
+                        std::to_string(nextBucket) + "]);\n";
+      ++nextBucket;
+    }
+  }
+  flushRecvs();
+  if (backwardBegin == end) {
+    forwardBody = body;
+    body.clear();
+  }
+  backwardBody = body;
+  return true;
+}
+
+/// The chunk's pieces of the step's tail; a gradient shared over pp counts
+/// in the norm on its owner stage only.
+void Generator::stageTail(const PipelineCodegenOptions &pipe, int stage, StageOut &so) {
+  std::map<std::string, int> owner;
+  for (const auto &sh : pipe.shared)
+    owner[sh.name] = sh.owner;
+  llvm::raw_string_ostream ns(so.norm), cs(so.clip), us(so.updates), ss(so.unscale);
+  emitUnscale(ss);
+  emitNormTerms(ns,
+                [&](const GradSlot &g) { return !g.shared || owner[paramName(g.param)] == stage; });
+  emitClip(cs);
+  emitUpdates(us);
+  for (GradSlot &g : grads)
+    if (g.shared)
+      so.sharedGrads.push_back({paramName(g.param), gradPtr(g)});
+}
+
+} // namespace carve::codegen

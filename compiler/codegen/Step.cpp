@@ -1,0 +1,434 @@
+//===- Step.cpp - the whole-step program (generateCpuProgram) -------------===//
+//
+// The generated step function is straight-line code: one runtime kernel call
+// per op of @train_step, in program order. Three rewrites keep it lean:
+//   - a reshape is a new name for its input's memory (no copy);
+//   - a transpose that swaps the last two dimensions and feeds only matmuls
+//     becomes the GEMM's transpose flag;
+//   - activations share memory: a first-fit plan over their live ranges.
+// Gradients are placed contiguously in the order backward produces them, so
+// each all-reduce bucket is one contiguous range started as soon as its last
+// gradient is written.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include <algorithm>
+
+using namespace mlir;
+
+namespace carve {
+namespace codegen {
+
+bool Generator::run() {
+  auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
+  if (!prepare())
+    return false;
+  const int end = (int)ops.size();
+  if (ret.getNumOperands() < 1)
+    return fail("@train_step returns nothing");
+
+  // Results: the loss lives to the end; gradients go to the gradient region.
+  Value loss = ret.getOperand(0);
+  buffers[bufferOf.lookup(loss)].lastUse = end;
+  std::set<int> pinned{bufferOf.lookup(loss)};
+  if (!collectStepGradients(ret, pinned))
+    return false;
+
+  // ZeRO over dp (docs/zero.md): stage 1 keeps optimizer state for this
+  // rank's chunk only, stage 2 also only its chunk of the summed gradient
+  // (reduce-scattered per bucket; the full gradients become short-lived
+  // activations), stage 3 also only its chunk of the parameter (gathered just
+  // before use in forward and again in backward, into short-lived buffers).
+  shardOverDp();
+  const int backwardBegin = firstBackwardOp(false);
+  GatherPlan gathered = planZero3Gathers(backwardBegin);
+  if (zero >= 2)
+    keepGradientChunks();
+
+  std::vector<Bucket> buckets = formBuckets();
+  out.numBuckets = (int)buckets.size();
+  // Stage >= 2: one bucket in flight; bucket k is waited for when bucket k+1
+  // starts (the last at the end), so its full gradients can be freed there.
+  if (zero >= 2)
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      buckets[k].waitAt =
+          k + 1 < buckets.size() ? std::max(buckets[k + 1].ready, buckets[k].ready) : end;
+      for (size_t i = buckets[k].first; i <= buckets[k].last; ++i)
+        buffers[grads[i].buffer].lastUse =
+            std::max(buffers[grads[i].buffer].lastUse, buckets[k].waitAt);
+    }
+
+  // Persistent layout: parameters and buffers, gradients, optimizer state,
+  // inputs, the seed; then activations.
+  const PersistentLayout layout = placePersistent(0);
+  int64_t at = layout.stateEnd;
+  for (BlockArgument a : fn.getArguments()) {
+    Region r = buffers[bufferOf.lookup(a)].region;
+    if (r == Region::Input || r == Region::Seed)
+      place(bufferOf.lookup(a), at);
+  }
+  const int64_t activationBase = at;
+  planActivations();
+  for (Buffer &b : buffers)
+    if (b.region == Region::Activation)
+      b.offset += activationBase;
+  out.arenaBytes = alignUp(activationBase + out.activationBytes);
+  out.paramBytes = layout.paramEnd;
+  out.gradBytes = layout.gradEnd - layout.paramEnd;
+  out.stateBytes = layout.stateEnd - layout.gradEnd;
+
+  const std::string reduction = lossReduction();
+  if (opts.dp > 1 && reduction == "unknown")
+    return fail("cannot tell how the loss reduces over the batch (a mean or a sum of "
+                "cross_entropy, reduce_mean or reduce_sum); data parallelism needs to know");
+  if (!emitStepSeed(reduction) || !emitStepBody(buckets, gathered, backwardBegin))
+    return false;
+  std::string t;
+  llvm::raw_string_ostream ts(t);
+  if (!emitStepTail(loss, buckets, reduction, ts))
+    return false;
+
+  buildTables(1);
+  out.numKernelCalls = kernelCalls;
+  std::string header;
+  llvm::raw_string_ostream hs(header);
+  hs << "  // Memory plan (one arena, " << bytesText(out.arenaBytes) << "):\n"
+     << "  //   parameters and buffers   [0, " << layout.paramEnd << ")\n"
+     << "  //   gradients                [" << layout.paramEnd << ", " << layout.gradEnd << ")\n"
+     << "  //   optimizer state          [" << layout.gradEnd << ", " << layout.stateEnd << ")\n"
+     << "  //   inputs and loss seed     [" << layout.stateEnd << ", " << activationBase << ")\n"
+     << "  //   activations              [" << activationBase << ", "
+     << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
+     << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
+  out.source = emitProgram(header, t);
+  if (opts.cuda())
+    qualifyGpuCalls(out.source);
+  return true;
+}
+
+/// Each returned gradient gets a slot in the gradient region: its own buffer
+/// where it is an activation nothing else pins, else a copy made at the end.
+bool Generator::collectStepGradients(func::ReturnOp ret, std::set<int> &pinned) {
+  const int end = (int)ops.size();
+  return collectGradients(ret, 1, "@train_step", false, [&](unsigned, unsigned param, Value g) {
+    int b = bufferOf.lookup(g);
+    GradSlot slot{param, g, b, false, buffers[b].def};
+    if (buffers[b].region != Region::Activation || pinned.count(b)) {
+      slot.copy = true;
+      slot.buffer = newBuffer(Region::Grad, bytesOf(g), end, "grad_" + var[fn.getArgument(param)]);
+      slot.ready = end; // copied after the last op
+      buffers[b].lastUse = end;
+    } else {
+      buffers[b].region = Region::Grad;
+      pinned.insert(b);
+    }
+    grads.push_back(slot);
+  });
+}
+
+/// ZeRO-3: the arena keeps the chunk; forward and backward each gather the
+/// whole parameter into a buffer that lives from just before its first use
+/// to its last use in that pass. Other stages: nothing to gather.
+Generator::GatherPlan Generator::planZero3Gathers(int backwardBegin) {
+  GatherPlan gathered;
+  if (zero != 3)
+    return gathered;
+  const int64_t dp = opts.dp;
+  for (Operation *op : ops) {
+    if (foldedTransposes.count(op) || fusedMatmuls.count(op) || isa<ReshapeOp>(op))
+      continue;
+    Operation *reader = transposedMatmul.lookup(op) ? transposedMatmul.lookup(op) : op;
+    for (unsigned i = 0; i < reader->getNumOperands(); ++i) {
+      Value v = operandOf(reader, i);
+      // Reshapes alias their input: a reshape of a parameter reads it.
+      while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
+        v = v.getDefiningOp()->getOperand(0);
+      auto arg = dyn_cast<BlockArgument>(v);
+      if (!arg || !chunkOf.count(arg.getArgNumber()))
+        continue;
+      Gathered &gg = gathered[arg.getArgNumber()][index[op] >= backwardBegin ? 1 : 0];
+      if (gg.first < 0 || readAt(op) < gg.first)
+        gg.first = readAt(op);
+      gg.last = std::max(gg.last, readAt(op));
+    }
+  }
+  for (auto &[arg, pair] : gathered) {
+    std::string base = var[fn.getArgument(arg)];
+    for (int pass = 0; pass < 2; ++pass) {
+      Gathered &gg = pair[pass];
+      if (gg.first < 0)
+        continue;
+      gg.var = uniqueName(base + (pass ? "_full_bwd" : "_full_fwd"));
+      gg.buffer = newBuffer(Region::Activation, dp * chunkOf[arg] * 4, gg.first - 1, gg.var);
+      buffers[gg.buffer].lastUse = gg.last;
+    }
+    buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = chunkOf[arg] * 4;
+  }
+  return gathered;
+}
+
+/// ZeRO-2 and 3: gradients are activations until their bucket's
+/// reduce-scatter has finished; each rank keeps its chunk in the gradient region.
+void Generator::keepGradientChunks() {
+  for (GradSlot &g : grads) {
+    buffers[g.buffer].region = Region::Activation;
+    shardOf[g.param] = newBuffer(Region::Grad, chunkOf[g.param] * 4, -1,
+                                 "grad_chunk_" + var[fn.getArgument(g.param)]);
+  }
+}
+
+/// d(loss)/d(loss): on the CPU the body's first statement; on CUDA outside
+/// the captured forward and backward, since under fp16 the seed is the loss
+/// scale, which changes between steps.
+bool Generator::emitStepSeed(const std::string &reduction) {
+  BlockArgument seedArg;
+  for (BlockArgument a : fn.getArguments())
+    if (fn.getArgAttr(a.getArgNumber(), "carve.loss_seed"))
+      seedArg = a;
+  if (!seedArg)
+    return fail("@train_step has no loss-seed argument");
+  const bool mean = reduction == "mean" && opts.dp > 1;
+  std::string seedValue = mean ? "1.0f / " + std::to_string(opts.dp) : std::string("1.0f");
+  std::string seedLines =
+      "  // d(loss)/d(loss): " +
+      std::string(mean ? "the loss is a mean over the batch and each replica sees 1/" +
+                             std::to_string(opts.dp) +
+                             " of it, so the summed gradients equal the global mean's."
+                       : "1.");
+  if (opts.cuda())
+    graphBefore =
+        seedLines + "\n" +
+        seedStore("(float *)(A + " + std::to_string(buffers[bufferOf.lookup(seedArg)].offset) + ")",
+                  seedValue);
+  else
+    body += seedLines + "\n" + seedStore(var[seedArg], seedValue) + "\n";
+  return true;
+}
+
+/// Starts the reduction of every bucket complete after op `after` (dp > 1):
+/// an all-reduce of its range, or under ZeRO >= 2 a reduce-scatter per
+/// gradient into this rank's chunk.
+void Generator::startBuckets(const std::vector<Bucket> &buckets, size_t &next, int after) {
+  if (opts.dp <= 1)
+    return;
+  std::string &s = body;
+  const std::string dp = std::to_string(opts.dp);
+  while (next < buckets.size() && buckets[next].ready <= after) {
+    const Bucket &bk = buckets[next];
+    std::string names;
+    for (size_t i = bk.first; i <= bk.last; ++i) {
+      names += (i > bk.first ? ", " : "") + paramName(grads[i].param);
+      if (i - bk.first >= 3 && i < bk.last) {
+        names += ", ... (" + std::to_string(bk.last - i) + " more)";
+        break;
+      }
+    }
+    std::string k = std::to_string(next);
+    s += "\n  // Gradient bucket " + k + " is complete (" + names + "; " + bytesText(bk.bytes) +
+         ").\n";
+    if (zero < 2) {
+      auto [begin, stop] = bucketRange(bk);
+      s += "  // Data parallel: sum it over the " + dp +
+           " replicas so that every replica applies the same update.\n";
+      s += "  CommHandle bucket" + k + " = ctx.dpComm->allReduceAsync(A + " +
+           std::to_string(begin) + ", " + std::to_string((stop - begin) / 4) +
+           ", CommType::F32, ReduceOp::Sum);\n\n";
+    } else {
+      s += "  // ZeRO-" + std::to_string(zero) +
+           ": reduce-scatter it; each replica keeps the "
+           "sum of its chunk of each gradient.\n";
+      s += "  CommHandle bucket" + k + "[" + std::to_string(bk.last - bk.first + 1) + "];\n";
+      for (size_t i = bk.first; i <= bk.last; ++i) {
+        unsigned p = grads[i].param;
+        s += "  {\n    int64_t counts[" + dp + "];\n    for (int r = 0; r < " + dp +
+             "; ++r) counts[r] = " + chunkCount(p, "r") + ";\n    bucket" + k + "[" +
+             std::to_string(i - bk.first) + "] = ctx.dpComm->reduceScatterAsync(" +
+             gradPtr(grads[i]) + ", " + chunkPtr(p) +
+             ", counts, CommType::F32, ReduceOp::Sum);  // " + paramName(p) + "\n  }\n";
+      }
+      s += "\n";
+    }
+    ++next;
+  }
+}
+
+/// The ops in program order, each bucket's reduction started after its last
+/// gradient; ZeRO-3 gathers a parameter before its first use in each pass.
+bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gathered,
+                             int backwardBegin) {
+  const int end = (int)ops.size();
+  std::string &s = body;
+  size_t nextBucket = 0, nextWait = 0;
+  auto waitBuckets = [&](int after) {
+    while (zero >= 2 && nextWait < nextBucket && buckets[nextWait].waitAt <= after) {
+      s += "  for (CommHandle &h : bucket" + std::to_string(nextWait) +
+           ") ctx.dpComm->wait(h);  // its full gradients are dead from here\n";
+      ++nextWait;
+    }
+  };
+  bool backward = false;
+  std::map<unsigned, std::string> shardVar;
+  for (auto &[arg, pair] : gathered)
+    shardVar[arg] = var[fn.getArgument(arg)];
+  for (Operation *op : ops) {
+    if (!backward && index[op] >= backwardBegin) {
+      backward = true;
+      s += "\n  // ---- Backward ----\n\n";
+    }
+    for (auto &[arg, pair] : gathered) {
+      const Gathered &gg = pair[backward ? 1 : 0];
+      if (gg.first != index[op])
+        continue;
+      var[fn.getArgument(arg)] = gg.var;
+      s += "  // ZeRO-3: gather " + paramName(arg) + " for its " +
+           (backward ? std::string("backward") : std::string("forward")) + " uses (ops " +
+           std::to_string(gg.first) + "-" + std::to_string(gg.last) +
+           "); the buffer is free after the last.\n  float *" + gg.var + " = (float *)(A + " +
+           std::to_string(buffers[gg.buffer].offset) + ");\n  ctx.dpComm->allGather(" +
+           shardVar[arg] + ", " + gg.var + ", " + std::to_string(chunkOf[arg]) +
+           ", CommType::F32);\n";
+    }
+    if (!emitOp(op))
+      return false;
+    startBuckets(buckets, nextBucket, index[op]);
+    waitBuckets(index[op]);
+  }
+  for (auto &[arg, v] : shardVar)
+    var[fn.getArgument(arg)] = v;
+  for (GradSlot &g : grads)
+    if (g.copy)
+      s += "  copy(" + var[g.value] + ", " + gradPtr(g) + ", " +
+           std::to_string(typeOf(g.value).getNumElements()) + ");  // gradient of " +
+           paramName(g.param) + "\n";
+  startBuckets(buckets, nextBucket, end);
+  waitBuckets(end);
+  return true;
+}
+
+/// The step's tail: wait for the buckets, the loss, the gradient norm over
+/// the whole model (tp-split gradients and ZeRO chunks summed over their
+/// axis, replicated ones counted once), clipping, the optimizer.
+bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
+                             const std::string &reduction, llvm::raw_ostream &ts) {
+  if (opts.dp > 1 && zero < 2) {
+    // CUDA: inside forwardBackward, so that a captured graph joins the
+    // collectives' stream back into the compute stream.
+    std::string waits =
+        "\n  // Wait for the gradient all-reduces before the optimizer reads them.\n";
+    for (size_t b = 0; b < buckets.size(); ++b)
+      waits += "  ctx.dpComm->wait(bucket" + std::to_string(b) + ");\n";
+    if (opts.cuda())
+      body += waits;
+    else
+      ts << waits;
+  }
+  if (opts.cuda()) {
+    if (!bufferOf.count(loss))
+      return fail("the loss has no buffer the step's tail can read");
+    graphAfter = "  " + ctypeOf(loss) + " *" + var[loss] + " = (" + ctypeOf(loss) + " *)(A + " +
+                 std::to_string(buffers[bufferOf.lookup(loss)].offset) +
+                 ");  // the loss, written by forwardBackward\n";
+  }
+  ts << "\n  // The loss of the whole global batch.\n";
+  ts << "  float loss = (float)" << scalarRead(var[loss]) << ";\n";
+  emitDpLoss(ts, opts, reduction);
+  ts << "  ctx.loss = loss;\n";
+  emitUnscale(ts);
+
+  emitGradientsReadyHook(ts);
+  ts << "\n  // Gradient norm: squares summed over this rank's gradient elements";
+  if (opts.tp > 1)
+    ts << "; tp-split ones\n  // summed over tp, replicated ones counted once";
+  if (zero >= 2)
+    ts << "; each ZeRO chunk summed over dp";
+  ts << ".\n" << normDeclarations(opts);
+  emitNormTerms(ts, [](const GradSlot &) { return true; });
+  ts << normRead(opts);
+  if (zero >= 2) {
+    ts << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
+    ts << "  ctx.dpComm->allReduce(&sqWhole, 1, CommType::F64, ReduceOp::Sum);\n";
+  }
+  if (opts.tp > 1)
+    ts << "  ctx.tpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
+  emitUpdateGuard(ts, "sqSplit + sqWhole");
+  const OptimizerConfig &o = opts.optimizer;
+  if (o.clipGradNorm > 0) {
+    emitClipCoefficient(ts, o);
+    emitClip(ts);
+  }
+  emitLearningRate(ts, o);
+  emitUpdates(ts);
+  return true;
+}
+
+std::string Generator::emitProgram(const std::string &plan, const std::string &tail) {
+  std::string src;
+  llvm::raw_string_ostream os(src);
+  const std::string &P = opts.programName;
+  os << "// " << P << (opts.cuda() ? ".cu" : ".cpp")
+     << ": one rank's training step, generated by `carve compile` from " << opts.modelName << ".\n"
+     << "// Regenerate it rather than editing it.\n//\n"
+     << "// Plan: " << opts.planJson << "\n"
+     << "// Data parallel over " << opts.dp << " rank(s): this program sees "
+     << opts.globalBatch / std::max(1, opts.dp) << " of the global batch of " << opts.globalBatch
+     << ".\n"
+     << "// Optimizer: " << opts.optimizer.describe() << "\n"
+     << "// " << kernelCalls << " kernel calls, " << out.numBuckets
+     << " gradient bucket(s); every call is annotated with the model node it comes from.\n\n"
+     << runtimeIncludes(opts, false)
+     << (customKernels.empty() ? "" : "#include \"carve/rt/custom.h\"\n")
+     << "\n#include <cmath>\n#include <cstdint>\n\n";
+  emitCustomKernelDecls(os, customKernels);
+  os << usingLine(opts) << "\nnamespace {\n\n";
+  if (!constants.empty())
+    os << "// ---- Constants ----\n\n" << constants << "\n";
+  if (!fusedDefs.empty())
+    os << "// ---- Fused elementwise chains (carve/rt/fused.h) ----\n\n" << fusedDefs;
+  if (opts.cuda()) {
+    os << "// The step's forward and backward, with their collectives: what `train --cuda-graph`\n"
+       << "// captures in a CUDA graph and replays (graphStep in step below; docs/cuda.md).\n"
+       << "void forwardBackward(StepContext &ctx) {\n  char *const A = ctx.arena;\n";
+  } else {
+    os << "void step(StepContext &ctx) {\n";
+    os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
+  }
+  os << "  // ---- Inputs, parameters and buffers ----\n";
+  for (BlockArgument a : fn.getArguments())
+    os << argumentPointer(a, false);
+  os << "\n  // ---- Forward ----\n\n" << body;
+  if (opts.cuda()) {
+    os << "}\n\nvoid step(StepContext &ctx) {\n"
+       << plan << "\n  char *const A = ctx.arena;\n"
+       << precisionLine(opts) << "\n"
+       << graphBefore
+       << "\n  // Forward and backward: run as they are, or (train --cuda-graph) run once, then\n"
+       << "  // captured in a CUDA graph and replayed.\n"
+       << "  graphStep(ctx, forwardBackward);\n"
+       << graphAfter;
+  }
+  os << tail << "}\n\n";
+
+  emitProgramTables(os, opts, out, inputRows, paramRows, nullptr);
+  return src;
+}
+
+} // namespace codegen
+
+bool generateCpuProgram(ModuleOp module, const CodegenOptions &opts, GeneratedProgram &out,
+                        std::string &error) {
+  auto fn = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!fn) {
+    error = "the module has no @train_step (run autodiff first)";
+    return false;
+  }
+  if (fn.getBody().getBlocks().size() != 1) {
+    error = "@train_step must be a single block";
+    return false;
+  }
+  codegen::Generator g(fn, opts, out, error);
+  return g.run();
+}
+
+} // namespace carve

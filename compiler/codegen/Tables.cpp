@@ -1,0 +1,155 @@
+//===- Tables.cpp - the runtime's tensor tables and Program records -------===//
+//
+// The end of every generated source: the TensorSpec tables of inputs and
+// parameters (tp pieces, ZeRO chunks, arena offsets) and the `Program` that
+// the runtime looks up (runtime/include/carve/rt/program.h); and programs.cpp,
+// which maps ranks to programs.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include <algorithm>
+
+using namespace mlir;
+
+namespace carve {
+namespace codegen {
+
+namespace {
+/// The runtime's table `name` (TensorSpec rows, program.h).
+void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<TensorRow> &rs) {
+  os << "const TensorSpec " << name << "[] = {\n";
+  for (const TensorRow &r : rs)
+    os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
+       << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
+       << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
+       << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
+       << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
+       << (r.stateZero ? "true" : "false") << "},\n";
+  if (rs.empty())
+    os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
+  os << "};\n";
+}
+} // namespace
+
+/// The tensor tables and the `Program` of a rank's source (program.h); with
+/// `pipe`, the pipeline fields too. Closes the anonymous namespace.
+void emitProgramTables(llvm::raw_ostream &os, const CodegenOptions &opts,
+                       const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
+                       const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe) {
+  emitTensorRows(os, "kInputs", inputs);
+  emitTensorRows(os, "kParams", params);
+  int64_t seq = 0;
+  bool tokens = inputs.size() == 2 && inputs[0].dtype == "I64" && inputs[1].dtype == "I64" &&
+                inputs[0].shape.size() == 2 && inputs[0].shape == inputs[1].shape;
+  if (tokens)
+    seq = inputs[0].shape[1];
+  const OptimizerConfig &o = opts.optimizer;
+  bool adam = o.kind == "adamw";
+  int slots = adam ? 2 : o.momentum != 0 ? 1 : 0;
+  auto escape = [](const std::string &x) {
+    std::string e;
+    for (char c : x)
+      e += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+    return e;
+  };
+  const std::string &P = opts.programName;
+  const int p = pipe ? pipe->pp : 1;
+  os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
+     << "    \"" << P << "\", \"" << escape(opts.modelName) << "\",\n"
+     << "    /*worldSize=*/" << opts.dp * opts.tp * p << ", /*dp=*/" << opts.dp << ",\n"
+     << "    /*globalBatch=*/" << opts.globalBatch << ", /*localBatch=*/"
+     << opts.globalBatch / std::max(1, opts.dp) << ", /*seqLen=*/" << seq << ",\n"
+     << "    DataKind::" << (tokens ? "Tokens" : "Tensors") << ",\n"
+     << "    " << inputs.size() << ", kInputs, " << params.size() << ", kParams,\n"
+     << "    /*arenaBytes=*/" << out.arenaBytes << ",\n"
+     << "    OptimizerKind::" << (adam ? "AdamW" : "SGD") << ", /*numStateSlots=*/" << slots
+     << ",\n"
+     << "    \"" << escape(o.describe()) << "\",\n"
+     << "    step,\n"
+     << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
+     << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
+     << ", /*stateBytes=*/" << out.stateBytes << ",\n";
+  const bool more = opts.cuda() || opts.precision != "fp32";
+  if (pipe || more)
+    os << "    /*pp=*/" << p << ", /*ppRank=*/" << (pipe ? pipe->rank : 0)
+       << ", /*numMicroBatches=*/" << (pipe ? opts.numMicroBatches : 1) << ", /*activationBytes=*/"
+       << out.activationBytes << ",\n";
+  if (more)
+    os << "    /*device=*/" << (opts.cuda() ? "&kCudaTarget" : "nullptr") << ", /*precision=*/\""
+       << opts.precision << "\",\n";
+  os << "};\n";
+}
+
+/// The runtime's tables of inputs and parameters (tp pieces, ZeRO chunks,
+/// offsets). `microBatches` inputs lie one after another in the arena.
+void Generator::buildTables(int64_t microBatches) {
+  for (BlockArgument a : fn.getArguments()) {
+    unsigned i = a.getArgNumber();
+    const Buffer &b = buffers[bufferOf.lookup(a)];
+    if (b.region != Region::Param && b.region != Region::Input)
+      continue;
+    TensorRow row;
+    auto nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.param");
+    if (!nameAttr)
+      nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.buffer");
+    if (!nameAttr)
+      nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.input");
+    row.name = nameAttr.getValue().str();
+    std::string c;
+    int sz;
+    elementInfo(typeOf(a).getElementType(), c, row.dtype, sz);
+    row.shape.assign(typeOf(a).getShape().begin(), typeOf(a).getShape().end());
+    row.global = row.shape;
+    if (auto d = fn.getArgAttrOfType<DictionaryAttr>(i, "dist.layout"))
+      if (auto l = d.getAs<dist::SbpAttr>("tp"); l && l.isSplit()) {
+        row.tpDim = (int)l.getDim();
+        row.tpGroups = l.getGroups();
+        row.global[l.getDim()] *= opts.tp;
+      }
+    row.numel = typeOf(a).getNumElements();
+    if (b.region == Region::Input && microBatches > 1) {
+      // The arena holds all micro-batches of this rank's share, one after another.
+      row.shape[0] *= microBatches;
+      row.global[0] *= microBatches;
+      row.numel *= microBatches;
+    }
+    row.offset = b.offset;
+    for (GradSlot &g : grads)
+      if (g.param == i) {
+        row.trainable = true;
+        row.gradOffset = zero >= 2 ? buffers[shardOf[i]].offset : buffers[g.buffer].offset;
+        row.state[0] = stateOf[i][0];
+        row.state[1] = stateOf[i][1];
+        if (zero) {
+          row.zeroChunk = chunkOf[i];
+          row.paramZero = zero == 3;
+          row.stateZero = true;
+        }
+      }
+    (b.region == Region::Param ? paramRows : inputRows).push_back(row);
+  }
+}
+
+} // namespace codegen
+
+std::string generateProgramTable(const std::vector<std::string> &programNames,
+                                 const std::vector<int> &rankToProgram) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << "// programs.cpp: which program each rank runs (generated by `carve compile`).\n\n"
+     << "#include \"carve/rt/program.h\"\n\nusing carve::rt::Program;\n\n";
+  for (const std::string &p : programNames)
+    os << "extern const Program " << p << ";\n";
+  os << "\nextern \"C\" int carve_world_size() { return " << rankToProgram.size() << "; }\n\n"
+     << "extern \"C\" const Program *carve_program_for_rank(int rank) {\n"
+     << "  static const Program *const table[] = {";
+  for (size_t r = 0; r < rankToProgram.size(); ++r)
+    os << (r ? ", " : "") << "&" << programNames[rankToProgram[r]];
+  os << "};\n  if (rank < 0 || rank >= " << rankToProgram.size()
+     << ")\n    return nullptr;\n  return table[rank];\n}\n";
+  return s;
+}
+
+} // namespace carve

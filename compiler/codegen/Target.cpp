@@ -1,0 +1,160 @@
+//===- Target.cpp - what differs between the cpu and cuda targets ---------===//
+//
+// The two targets run the same statements: the CUDA source calls carve::gpu
+// kernels of the same names on device pointers. What differs is small and
+// lives here: the headers and namespace, the `gpu::` qualification of calls,
+// how a scalar is stored to or read from device memory, the device-side
+// gradient-norm accumulators, and the precision line.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/codegen/Generator.h"
+
+#include <cctype>
+
+namespace carve::codegen {
+
+/// The runtime headers a generated source includes.
+std::string runtimeIncludes(const CodegenOptions &opts, bool pipelined) {
+  if (opts.cuda())
+    return "#include \"carve/rt/gpu.h\"\n#include \"carve/rt/gpu_fused.cuh\"\n";
+  return std::string("#include \"carve/rt/dist.h\"\n#include \"carve/rt/fused.h\"\n"
+                     "#include \"carve/rt/kernels.h\"\n#include \"carve/rt/optim.h\"\n") +
+         (pipelined ? "#include \"carve/rt/pipeline.h\"\n" : "") +
+         "#include \"carve/rt/program.h\"\n";
+}
+
+/// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source.
+/// The carve::rt types in their arguments (Dims, Split, Precision, ...) would
+/// otherwise let argument-dependent lookup find the CPU kernel of the same
+/// name too, and the call would be ambiguous (or worse, resolve to the CPU).
+void qualifyGpuCalls(std::string &src) {
+  static const std::set<std::string> names = {"unary",
+                                              "unary_grad",
+                                              "binary",
+                                              "compare",
+                                              "logic",
+                                              "where",
+                                              "cast",
+                                              "fill",
+                                              "copy",
+                                              "matmul",
+                                              "reduce",
+                                              "softmax",
+                                              "softmax_grad",
+                                              "layer_norm",
+                                              "layer_norm_grad",
+                                              "rms_norm",
+                                              "rms_norm_grad",
+                                              "attention",
+                                              "attention_grad",
+                                              "cross_entropy",
+                                              "cross_entropy_grad",
+                                              "transpose",
+                                              "slice",
+                                              "slice_grad",
+                                              "concat",
+                                              "gather",
+                                              "gather_grad",
+                                              "expand",
+                                              "takeShard",
+                                              "placeShard",
+                                              "allGatherSplit",
+                                              "reduceScatterSplit",
+                                              "allToAllSplit",
+                                              "gather_sharded",
+                                              "gather_sharded_grad",
+                                              "cross_entropy_vocab_parallel",
+                                              "cross_entropy_vocab_parallel_grad",
+                                              "sgdUpdate",
+                                              "adamwUpdate",
+                                              "sumSquares",
+                                              "addInPlace",
+                                              "scaleInPlace",
+                                              "setPrecision",
+                                              "readScalar",
+                                              "fused",
+                                              "normAccumulators",
+                                              "sumSquaresAdd",
+                                              "readScalars",
+                                              "graphStep"};
+  std::string out;
+  out.reserve(src.size() + src.size() / 16);
+  size_t i = 0, lineStart = 0;
+  bool comment = false; // inside a // comment: leave the prose alone
+  while (i < src.size()) {
+    char c = src[i];
+    if (c == '\n') {
+      comment = false;
+      lineStart = i + 1;
+    } else if (c == '/' && i + 1 < src.size() && src[i + 1] == '/') {
+      comment = true;
+    }
+    if (!comment && (std::isalpha((unsigned char)c) || c == '_') &&
+        (i == lineStart || !(std::isalnum((unsigned char)src[i - 1]) || src[i - 1] == '_' ||
+                             src[i - 1] == ':' || src[i - 1] == '.' || src[i - 1] == '>'))) {
+      size_t j = i;
+      while (j < src.size() && (std::isalnum((unsigned char)src[j]) || src[j] == '_'))
+        ++j;
+      std::string word = src.substr(i, j - i);
+      if (j < src.size() && src[j] == '(' && names.count(word))
+        out += "gpu::";
+      out += word;
+      i = j;
+      continue;
+    }
+    out += c;
+    ++i;
+  }
+  src = std::move(out);
+}
+
+/// Declares the gradient norm's two sums of squares (tp-split gradients, and
+/// the rest). On CUDA they accumulate on the device, so the norm costs one
+/// read instead of one per gradient.
+std::string normDeclarations(const CodegenOptions &opts) {
+  std::string s = "  double sqSplit = 0, sqWhole = 0;\n";
+  if (opts.cuda())
+    s += "  // On the device: [0] the tp-split gradients, [1] the rest; added in this order,\n"
+         "  // read once below.\n  double *sqDevice = normAccumulators();\n";
+  return s;
+}
+
+/// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).
+std::string normRead(const CodegenOptions &opts) {
+  if (!opts.cuda())
+    return "";
+  return "  double sqHost[2];\n  readScalars(sqDevice, sqHost, 2);  // waits for the step's "
+         "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n";
+}
+
+/// The step's first statement under a bf16/fp16 plan (nothing under fp32).
+std::string precisionLine(const CodegenOptions &opts) {
+  if (opts.precision == "fp32")
+    return "";
+  return std::string("  // Plan precision ") + opts.precision +
+         ": matmul and attention round their inputs to it and accumulate in fp32.\n" +
+         "  setPrecision(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
+}
+
+/// The namespace whose kernels the step calls (the same names on both targets).
+std::string usingLine(const CodegenOptions &opts) {
+  return opts.cuda() ? "// The CUDA target: every call below runs on the device's compute stream "
+                       "(carve/rt/gpu.h),\n// named gpu:: where a CPU kernel of the same name "
+                       "exists.\nnamespace gpu = carve::gpu;\nnamespace ew = carve::rt::ew;\nusing "
+                       "namespace carve::gpu;\n"
+                     : "using namespace carve::rt;\n";
+}
+
+std::string Generator::seedStore(const std::string &ptr, const std::string &value) const {
+  std::string v = opts.precision == "fp16" ? "(" + value + ") * ctx.lossScale" : value;
+  if (opts.cuda())
+    return "  fill(" + ptr + ", (int64_t)1, " + v + ");\n";
+  return "  *" + ptr + " = " + v + ";\n";
+}
+
+std::string Generator::scalarRead(const std::string &ptr) const {
+  return opts.cuda() ? "readScalar(" + ptr + ")" : ptr + "[0]";
+}
+
+} // namespace carve::codegen
