@@ -66,7 +66,7 @@ struct CodegenOptions {
   std::string precision = "fp32";
   /// Fuse chains of elementwise ops into one kernel each (fused.h); off
   /// only to compare against (`carve compile --no-fuse`).
-  bool fuse = true;
+
   bool cuda() const { return target == "cuda"; }
 };
 

@@ -206,10 +206,10 @@ bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
        << ", " << oshape(op, 0) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp,
                  SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
-    os << "unary(Unary::" << unaryEnum(unaryName(op)) << ", " << opnd(op, 0) << ", " << name(res)
+    os << "unary(Unary::" << unaryKernel(unaryName(op)) << ", " << opnd(op, 0) << ", " << name(res)
        << ", " << typeOf(res).getNumElements() << ");";
   } else if (auto g = dyn_cast<UnaryGradOp>(op)) {
-    const char *k = unaryEnum(g.getFn());
+    const char *k = unaryKernel(g.getFn());
     if (!k)
       return failOp(op, "unknown function " + g.getFn().str());
     os << "unary_grad(Unary::" << k << ", " << opnd(op, 0) << ", " << opnd(op, 1) << ", "
@@ -355,7 +355,7 @@ bool Generator::emitCrossEntropy(Operation *op, llvm::raw_ostream &os) {
     if (!typeOf(targets).getElementType().isInteger(64))
       return failOp(op, "targets must be int64 for the CPU target");
     int r = red == "mean" ? 0 : red == "sum" ? 1 : 2;
-    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+    if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
       // Vocab-parallel: this rank holds classes [tpRank * C, (tpRank + 1) * C).
       int64_t c = typeOf(logits).getDimSize(1);
       os << "// Vocab-parallel: the classes are split over tp; the kernel all-reduces row\n"
@@ -414,7 +414,7 @@ bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
   if (auto g = dyn_cast<GatherOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");
-    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+    if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
       int64_t local = typeOf(g.getData()).getDimSize(0);
       os << "// Vocab-parallel embedding: this rank holds rows [tpRank * " << local << ", +"
          << local << ") of " << rows.getInt() << "; others give zeros (partial sums).\n  "
@@ -428,7 +428,7 @@ bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
   } else if (auto g = dyn_cast<GatherGradOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");
-    if (auto rows = op->getAttrOfType<IntegerAttr>("dist.sharded_rows")) {
+    if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
       int64_t local = typeOf(g.getResult()).getDimSize(0);
       os << "gather_sharded_grad(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1)
          << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << name(res)

@@ -3,49 +3,16 @@
 // Chains of f32 elementwise ops (a bias add, an activation, a residual add)
 // run as one `fused(...)` call each: a functor computes the chain per element
 // in registers, so the intermediates are never stored unless read later
-// (carve/rt/fused.h, docs/fusion.md).
+// (carve/rt/fused.h, docs/fusion.md). carve-fuse-elementwise
+// (compiler/fusion) chose the groups; this file writes their kernels.
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/codegen/Generator.h"
 
-#include <algorithm>
-#include <queue>
-
 using namespace mlir;
 
 namespace carve::codegen {
-
-const char *unaryEnum(StringRef fn) {
-  static const std::pair<const char *, const char *> table[] = {{"neg", "Neg"},
-                                                                {"abs", "Abs"},
-                                                                {"exp", "Exp"},
-                                                                {"log", "Log"},
-                                                                {"sqrt", "Sqrt"},
-                                                                {"rsqrt", "Rsqrt"},
-                                                                {"reciprocal", "Reciprocal"},
-                                                                {"tanh", "Tanh"},
-                                                                {"erf", "Erf"},
-                                                                {"sigmoid", "Sigmoid"},
-                                                                {"relu", "Relu"},
-                                                                {"sin", "Sin"},
-                                                                {"cos", "Cos"},
-                                                                {"silu", "Silu"},
-                                                                {"gelu", "Gelu"},
-                                                                {"gelu_tanh", "GeluTanh"}};
-  for (auto &[k, v] : table)
-    if (fn == k)
-      return v;
-  return nullptr;
-}
-
-/// The op name a Unary enum is looked up by (gelu with the tanh
-/// approximation is "gelu_tanh").
-std::string unaryName(Operation *op) {
-  if (auto g = dyn_cast<GeluOp>(op); g && g.getApproximate() == "tanh")
-    return "gelu_tanh";
-  return op->getName().stripDialect().str();
-}
 
 namespace {
 
@@ -64,145 +31,20 @@ std::string fusedExpr(Operation *op, ArrayRef<std::string> a) {
   }
   if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp, SigmoidOp,
           ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
-    const char *k = unaryEnum(unaryName(op));
+    const char *k = unaryKernel(unaryName(op));
     return k ? std::string("ew::unary<Unary::") + k + ">(" + a[0] + ")" : "";
   }
   if (auto g = dyn_cast<UnaryGradOp>(op)) {
-    const char *k = unaryEnum(g.getFn());
+    const char *k = unaryKernel(g.getFn());
     return k ? std::string("ew::unaryGrad<Unary::") + k + ">(" + a[0] + ", " + a[1] + ")" : "";
   }
   return "";
 }
 
-/// An f32 elementwise op that fusedExpr can write.
-bool fusible(Operation *op) {
-  if (op->getNumResults() != 1 || !typeOf(op->getResult(0)).getElementType().isF32())
-    return false;
-  for (Value v : op->getOperands()) {
-    auto t = dyn_cast<RankedTensorType>(v.getType());
-    if (!t || !t.getElementType().isF32())
-      return false;
-  }
-  std::vector<std::string> args(op->getNumOperands(), "x");
-  return !fusedExpr(op, args).empty();
-}
-
 } // namespace
 
-/// Groups chains of elementwise ops into fused kernels. Walking back from
-/// each not-yet-grouped elementwise op (the root), an op P producing one of
-/// the group's operands joins when
-///  - P is elementwise over the root's shape (its result is read element for
-///    element, never broadcast) and on the same side of forward/backward;
-///  - every reader of P's result outside the group runs after the root: the
-///    kernel writes it there (an extra output, e.g. the pre-activation that
-///    backward reads), or nothing else reads it and it is never stored;
-///  - neither P's result nor its operands are results of the step (the
-///    gradients, which bucket reductions update in place once final): the
-///    kernel reads P's operands at the root, later than P would have;
-///  - the kernel stays small: at most 16 ops, 8 inputs and 4 outputs.
-/// Candidates are taken from the highest index down, so an op's readers inside
-/// the group have all been decided when it is considered.
 void Generator::fuseElementwise() {
-  if (!opts.fuse)
-    return;
-  constexpr size_t kMaxOps = 16, kMaxInputs = 8, kMaxOutputs = 4;
-  llvm::DenseSet<Value> returned;
-  for (Value v : fn.getBody().front().getTerminator()->getOperands())
-    returned.insert(v);
-  const int phaseBegin = firstBackwardOp(true);
-  auto definer = [&](Value v) {
-    Operation *d = v.getDefiningOp();
-    auto it = d ? index.find(d) : index.end();
-    return it == index.end() ? -1 : it->second;
-  };
-  auto countInputs = [&](const std::set<int> &m) {
-    llvm::DenseSet<Value> in;
-    for (int i : m)
-      for (Value v : ops[i]->getOperands())
-        if (!m.count(definer(v)))
-          in.insert(v);
-    return in.size();
-  };
-  auto readOutside = [&](Value v, const std::set<int> &m) {
-    return llvm::any_of(v.getUsers(), [&](Operation *u) {
-      auto it = index.find(u);
-      return it == index.end() || !m.count(it->second);
-    });
-  };
-  auto countOutputs = [&](const std::set<int> &m) {
-    size_t n = 1; // the root's result
-    for (int i : m)
-      if (i != *m.rbegin() && readOutside(ops[i]->getResult(0), m))
-        ++n;
-    return n;
-  };
-  std::vector<FusionGroup> found;
-  std::set<Operation *> taken;
-  for (int r = (int)ops.size() - 1; r >= 0; --r) {
-    Operation *root = ops[r];
-    if (taken.count(root) || !fusible(root))
-      continue;
-    ArrayRef<int64_t> shape = typeOf(root->getResult(0)).getShape();
-    std::set<int> members{r};
-    std::priority_queue<int> todo;
-    auto pushOperands = [&](Operation *op) {
-      for (Value v : op->getOperands())
-        if (int d = definer(v); d >= 0)
-          todo.push(d);
-    };
-    pushOperands(root);
-    while (!todo.empty()) {
-      int p = todo.top();
-      todo.pop();
-      Operation *P = ops[p];
-      if (members.count(p) || taken.count(P) || !fusible(P) || members.size() >= kMaxOps ||
-          (p >= phaseBegin) != (r >= phaseBegin))
-        continue;
-      Value v = P->getResult(0);
-      if (typeOf(v).getShape() != shape || returned.count(v) ||
-          llvm::any_of(P->getOperands(), [&](Value o) { return returned.count(o); }))
-        continue;
-      bool laterOnly = llvm::all_of(v.getUsers(), [&](Operation *u) {
-        auto it = index.find(u);
-        return it != index.end() && (members.count(it->second) || it->second > r);
-      });
-      if (!laterOnly)
-        continue;
-      std::set<int> next = members;
-      next.insert(p);
-      if (countInputs(next) > kMaxInputs || countOutputs(next) > kMaxOutputs)
-        continue;
-      members = std::move(next);
-      pushOperands(P);
-    }
-    if (members.size() < 2)
-      continue;
-    FusionGroup g;
-    g.root = root;
-    llvm::DenseSet<Value> seen;
-    for (int i : members) {
-      g.ops.push_back(ops[i]);
-      taken.insert(ops[i]);
-      for (Value v : ops[i]->getOperands())
-        if (!members.count(definer(v)) && seen.insert(v).second)
-          g.inputs.push_back(v);
-    }
-    g.outputs.push_back(root->getResult(0));
-    for (int i : members) {
-      Value v = ops[i]->getResult(0);
-      if (i == r)
-        continue;
-      if (readOutside(v, members))
-        g.outputs.push_back(v);
-      else
-        interior.insert(v);
-    }
-    found.push_back(std::move(g));
-  }
-  // In program order, so the functors are numbered as they run.
-  std::reverse(found.begin(), found.end());
-  groups = std::move(found);
+  groups = fusionGroups(fn, interior);
   for (size_t k = 0; k < groups.size(); ++k)
     for (Operation *op : groups[k].ops)
       groupOf[op] = (int)k;

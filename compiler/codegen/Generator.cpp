@@ -97,11 +97,11 @@ std::string bytesText(int64_t b) {
 }
 
 std::string Generator::paramName(unsigned arg) {
-  return fn.getArgAttrOfType<StringAttr>(arg, "carve.param").getValue().str();
+  return paramNameOf(fn, arg).getValue().str();
 }
 
 bool Generator::tpSplit(unsigned arg) {
-  auto d = fn.getArgAttrOfType<DictionaryAttr>(arg, "dist.layout");
+  auto d = fn.getArgAttrOfType<DictionaryAttr>(arg, kLayoutAttr);
   auto l = d ? d.getAs<dist::SbpAttr>("tp") : dist::SbpAttr();
   return l && l.isSplit();
 }
@@ -162,23 +162,15 @@ bool Generator::prepare() {
 int Generator::firstBackwardOp(bool phaseMarks) {
   for (Operation *op : ops)
     if (StringRef(nodeName(op->getLoc())).starts_with("backward of ") ||
-        (phaseMarks && op->getAttr("carve.phase")))
+        (phaseMarks && op->getAttr(kPhaseAttr)))
       return index[op];
   return (int)ops.size();
 }
 
 std::string Generator::lossReduction() {
-  if (auto r = fn->getAttrOfType<StringAttr>("carve.loss_reduction"))
+  if (auto r = fn->getAttrOfType<StringAttr>(kLossReductionAttr))
     return r.getValue().str();
   return "unknown";
-}
-
-unsigned Generator::paramArgument(StringAttr of) {
-  unsigned param = ~0u;
-  for (BlockArgument a : fn.getArguments())
-    if (fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.param") == of)
-      param = a.getArgNumber();
-  return param;
 }
 
 std::string Generator::argumentPointer(BlockArgument a, bool perMicroBatch) {

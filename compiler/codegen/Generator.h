@@ -22,8 +22,10 @@
 #define CARVE_COMPILER_CODEGEN_GENERATOR_H
 
 #include "compiler/codegen/CpuCodegen.h"
+#include "compiler/fusion/Fusion.h"
 
 #include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
 #include "dialects/dist/DistDialect.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -69,12 +71,6 @@ std::string shapeText(ArrayRef<int64_t> d);
 std::string number(double x, bool isFloat);
 /// A size for a reader: "512 B", "1.5 KiB", "2.0 MiB".
 std::string bytesText(int64_t b);
-
-/// The Unary enum of an elementwise function name ("gelu_tanh" -> "GeluTanh").
-const char *unaryEnum(StringRef fn);
-/// The op name a Unary enum is looked up by (gelu with the tanh
-/// approximation is "gelu_tanh").
-std::string unaryName(Operation *op);
 
 /// Where a buffer lives in the arena.
 enum class Region { Activation, Param, Grad, State, Input, Seed, Constant };
@@ -184,14 +180,9 @@ private:
   std::set<Operation *> fusedMatmuls;
   std::map<std::pair<Operation *, unsigned>, Value> foldedOperand;
 
-  // Fused elementwise chains (fuseElementwise): each group runs as one kernel
-  // at its root, the member with the highest index.
-  struct FusionGroup {
-    Operation *root = nullptr;
-    std::vector<Operation *> ops; // members in program order, the root last
-    std::vector<Value> inputs;    // read from memory, in first-use order
-    std::vector<Value> outputs;   // written: the root's result, then intermediates read later
-  };
+  // Fused elementwise chains (carve-fuse-elementwise marked them; read back
+  // by fuseElementwise): each group runs as one kernel at its root, the
+  // member with the highest index.
   std::vector<FusionGroup> groups;
   llvm::DenseMap<Operation *, int> groupOf; // every member -> its group
   llvm::DenseSet<Value> interior;           // member results nothing outside reads: no buffer
@@ -279,8 +270,7 @@ private:
   int firstBackwardOp(bool phaseMarks);
   /// The loss's reduction over the batch ("mean", "sum" or "unknown").
   std::string lossReduction();
-  /// The parameter argument `of` names (~0u: none).
-  unsigned paramArgument(mlir::StringAttr of);
+
   /// `"  T *x = (T *)(A + offset);  // parameter [shape]"` for an argument;
   /// `perMicroBatch`: inputs hold every micro-batch, `mb` picks one.
   std::string argumentPointer(mlir::BlockArgument a, bool perMicroBatch);
@@ -291,7 +281,7 @@ private:
   void foldTransposes();
 
   // Fusion.cpp.
-  /// Groups elementwise chains (groups, groupOf, interior).
+  /// Reads the fusion groups off the IR (groups, groupOf, interior).
   void fuseElementwise();
   /// A group's functor (into fusedDefs) and its one `fused(...)` call.
   bool emitFused(const FusionGroup &g);

@@ -32,13 +32,13 @@ bool Generator::assignBuffers() {
     unsigned i = a.getArgNumber();
     Region r = Region::Param;
     std::string name;
-    if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.param"))
+    if (auto p = fn.getArgAttrOfType<StringAttr>(i, kParamAttr))
       name = p.getValue().str();
-    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.buffer"))
+    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, kBufferAttr))
       name = p.getValue().str();
-    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, "carve.input"))
+    else if (auto p = fn.getArgAttrOfType<StringAttr>(i, kInputAttr))
       name = p.getValue().str(), r = Region::Input;
-    else if (fn.getArgAttr(i, "carve.loss_seed"))
+    else if (fn.getArgAttr(i, kLossSeedAttr))
       name = "loss_seed", r = Region::Seed;
     else
       return fail("argument " + std::to_string(i) +
@@ -167,17 +167,17 @@ bool Generator::collectGradients(
     func::ReturnOp ret, unsigned first, const std::string &what, bool computedHere,
     const std::function<void(unsigned result, unsigned param, Value grad)> &addSlot) {
   for (unsigned k = first; k < ret.getNumOperands(); ++k) {
-    auto of = fn.getResultAttrOfType<StringAttr>(k, "carve.grad_of");
+    StringAttr of = gradOf(fn, k);
     if (!of)
       return fail(what + " result " + std::to_string(k) + " is not a gradient");
-    unsigned param = paramArgument(of);
+    std::optional<unsigned> param = paramArgOfGrad(fn, k);
     Value g = ret.getOperand(k);
-    if (param == ~0u || (computedHere && !g.getDefiningOp()))
+    if (!param || (computedHere && !g.getDefiningOp()))
       return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
     if (!typeOf(g).getElementType().isF32())
       return fail("parameter '" + of.getValue().str() +
                   "' is not float32; the CPU target trains float32 parameters");
-    addSlot(k, param, g);
+    addSlot(k, *param, g);
   }
   std::stable_sort(grads.begin(), grads.end(),
                    [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });

@@ -220,7 +220,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
   std::map<std::string, int64_t> inputOffsets;
   int64_t at = 0;
   for (BlockArgument a : fns[0].getArguments())
-    if (auto in = fns[0].getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.input")) {
+    if (auto in = fns[0].getArgAttrOfType<StringAttr>(a.getArgNumber(), kInputAttr)) {
       auto t = typeOf(a);
       std::string c, d;
       int size = 0;

@@ -29,7 +29,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
                          const std::map<std::string, int64_t> &inputOffsets, StageOut &so) {
   auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
   const int m = opts.numMicroBatches;
-  const int stage = (int)fn->getAttrOfType<IntegerAttr>("carve.stage").getInt();
+  const int stage = (int)fn->getAttrOfType<IntegerAttr>(kStageAttr).getInt();
   if (!prepare())
     return false;
   const int end = (int)ops.size();
@@ -38,7 +38,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   if (!checkMessageTags(end))
     return false;
 
-  so.hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, "carve.loss");
+  so.hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr);
   Value loss = so.hasLoss ? ret.getOperand(0) : Value();
   if (so.hasLoss)
     buffers[bufferOf.lookup(loss)].lastUse = end;
@@ -132,7 +132,7 @@ bool Generator::checkMessageTags(int end) {
 /// Every returned gradient accumulates over the micro-batches into its own
 /// slot in the gradient region, final after its last writer.
 bool Generator::collectStageGradients(func::ReturnOp ret, int stage) {
-  const bool hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, "carve.loss");
+  const bool hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr);
   const std::string what = "@stage" + std::to_string(stage);
   return collectGradients(
       ret, hasLoss ? 1 : 0, what, true, [&](unsigned k, unsigned param, Value g) {
@@ -144,7 +144,7 @@ bool Generator::collectStageGradients(func::ReturnOp ret, int stage) {
                       newBuffer(Region::Grad, bytesOf(g), -1, "grad_" + var[fn.getArgument(param)]),
                       true,
                       ready,
-                      (bool)fn.getResultAttr(k, "carve.shared_grad")};
+                      (bool)fn.getResultAttr(k, kSharedGradAttr)};
         grads.push_back(slot);
       });
 }
@@ -158,7 +158,7 @@ bool Generator::placeStageInputs(const std::map<std::string, int64_t> &inputOffs
     if (b.region == Region::Seed)
       place(bufferOf.lookup(a), at);
     if (b.region == Region::Input) {
-      auto name = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), "carve.input").getValue();
+      auto name = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), kInputAttr).getValue();
       auto it = inputOffsets.find(name.str());
       if (it == inputOffsets.end())
         return fail("pipeline: stage " + std::to_string(stage) + " has input '" + name.str() +
@@ -173,7 +173,7 @@ bool Generator::placeStageInputs(const std::map<std::string, int64_t> &inputOffs
 std::string Generator::stageSeed(const std::string &reduction) {
   std::string init;
   for (BlockArgument a : fn.getArguments())
-    if (fn.getArgAttr(a.getArgNumber(), "carve.loss_seed")) {
+    if (fn.getArgAttr(a.getArgNumber(), kLossSeedAttr)) {
       int64_t replicas = (int64_t)opts.dp * opts.numMicroBatches;
       bool mean = reduction == "mean" && replicas > 1;
       init += "  // d(loss)/d(loss) of one micro-batch: " +
@@ -232,7 +232,7 @@ std::string Generator::recvStatements(Operation *op, bool backward) {
   auto r = cast<dist::RecvOp>(op);
   Value res = r.getResult();
   const Buffer &b = buffers[bufferOf.lookup(res)];
-  int64_t from = r->getAttrOfType<IntegerAttr>("carve.from_stage").getInt();
+  int64_t from = r->getAttrOfType<IntegerAttr>(kFromStageAttr).getInt();
   std::string h = "recv_" + var[res];
   std::string node = nodeName(op->getLoc());
   return "  // " + std::string(backward ? "gradient" : "activation") + " " +
@@ -248,7 +248,7 @@ std::string Generator::recvStatements(Operation *op, bool backward) {
 std::string Generator::sendStatements(Operation *op, bool backward) {
   auto snd = cast<dist::SendOp>(op);
   Value v = snd.getInput();
-  int64_t to = snd->getAttrOfType<IntegerAttr>("carve.to_stage").getInt();
+  int64_t to = snd->getAttrOfType<IntegerAttr>(kToStageAttr).getInt();
   return "  // send " + std::string(backward ? "the gradient " : "") + var[v] + " to stage " +
          std::to_string(to) + "; it stays in this slot until the send completes\n" +
          "  sends[slot].push_back(ctx.ppComm->sendAsync(" + var[v] + ", " +

@@ -185,7 +185,7 @@ void Generator::keepGradientChunks() {
 bool Generator::emitStepSeed(const std::string &reduction) {
   BlockArgument seedArg;
   for (BlockArgument a : fn.getArguments())
-    if (fn.getArgAttr(a.getArgNumber(), "carve.loss_seed"))
+    if (fn.getArgAttr(a.getArgNumber(), kLossSeedAttr))
       seedArg = a;
   if (!seedArg)
     return fail("@train_step has no loss-seed argument");

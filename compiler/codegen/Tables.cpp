@@ -91,18 +91,18 @@ void Generator::buildTables(int64_t microBatches) {
     if (b.region != Region::Param && b.region != Region::Input)
       continue;
     TensorRow row;
-    auto nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.param");
+    auto nameAttr = fn.getArgAttrOfType<StringAttr>(i, kParamAttr);
     if (!nameAttr)
-      nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.buffer");
+      nameAttr = fn.getArgAttrOfType<StringAttr>(i, kBufferAttr);
     if (!nameAttr)
-      nameAttr = fn.getArgAttrOfType<StringAttr>(i, "carve.input");
+      nameAttr = fn.getArgAttrOfType<StringAttr>(i, kInputAttr);
     row.name = nameAttr.getValue().str();
     std::string c;
     int sz;
     elementInfo(typeOf(a).getElementType(), c, row.dtype, sz);
     row.shape.assign(typeOf(a).getShape().begin(), typeOf(a).getShape().end());
     row.global = row.shape;
-    if (auto d = fn.getArgAttrOfType<DictionaryAttr>(i, "dist.layout"))
+    if (auto d = fn.getArgAttrOfType<DictionaryAttr>(i, kLayoutAttr))
       if (auto l = d.getAs<dist::SbpAttr>("tp"); l && l.isSplit()) {
         row.tpDim = (int)l.getDim();
         row.tpGroups = l.getGroups();

@@ -578,14 +578,12 @@ bool Splitter::collectTransfers(std::string &error) {
   if (!use(ret.getOperand(0), S - 1, false))
     return false;
   for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
-    auto of = fn.getResultAttrOfType<StringAttr>(k, kGradOfAttr);
+    StringAttr of = gradOf(fn, k);
     if (!of)
       return fail(error,
                   "pipeline: @train_step result " + std::to_string(k) + " is not a gradient");
-    int param = -1;
-    for (BlockArgument a : fn.getArguments())
-      if (fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), kParamAttr) == of)
-        param = (int)a.getArgNumber();
+    std::optional<unsigned> arg = paramArgOfGrad(fn, k);
+    int param = arg ? (int)*arg : -1;
     if (param < 0)
       return fail(error, "pipeline: gradient of unknown parameter '" + of.getValue().str() + "'");
     std::set<int> holders;

@@ -110,7 +110,7 @@ MEGATRON = {
 }
 KV_HEADS = 2
 
-ALIGN = 64  # the arena aligns every tensor to 64 bytes (CpuCodegen.cpp kAlign)
+ALIGN = 64  # the arena aligns every tensor to 64 bytes (compiler/codegen/Generator.h kAlign)
 
 
 class Failure(Exception):

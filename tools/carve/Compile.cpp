@@ -195,7 +195,6 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
   cg.numMicroBatches = im.m;
   cg.target = args.target;
   cg.precision = plan.precision;
-  cg.fuse = args.fuse;
   std::string error;
   if (!cm.pipelined) {
     cm.programs.resize(1);

@@ -150,7 +150,7 @@ ModelShape inspectModel(const std::string &model, const std::vector<std::string>
   for (mlir::BlockArgument a : fwd.getArguments())
     if (fwd.getArgAttrOfType<mlir::StringAttr>(a.getArgNumber(), kInputAttr))
       inputs.push_back(a);
-  // The codegen's rule for token data (CpuCodegen.cpp, emitProgramTables).
+  // The codegen's rule for token data (compiler/codegen/Tables.cpp).
   auto isIds = [](mlir::BlockArgument a) {
     auto t = cast<mlir::RankedTensorType>(a.getType());
     return t.getRank() == 2 && t.getElementType().isInteger(64);
