@@ -1,0 +1,222 @@
+//===- train_args.cpp - the command line of OUT/bin/train -----------------===//
+
+#include "train_args.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace carve::rt {
+
+const char *const kTrainUsage =
+    R"(usage: train --steps S --data FILE [options]
+
+Trains the compiled model for S steps. Launch it with `carve run OUT -n N -- ARGS`,
+or with mpirun/srun and the number of ranks it was compiled for, or from any launcher
+that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.md).
+
+  --steps S                   optimizer steps to run (required)
+  --data FILE                 training data (required): a flat little-endian token file for
+                              token models, else a safetensors file with one [S, B, ...]
+                              tensor per model input (see runtime/README.md)
+  --data-dtype int32|uint16   element type of a token file (default int32)
+  --log FILE.jsonl            write one JSON object per step (replaces FILE)
+  --save DIR                  after the last step write a sharded checkpoint (every rank
+                              its own shards) to DIR/step-NNNNNNNN and point DIR/latest at it
+  --save-every K              also save into the --save DIR after every step that is a
+                              multiple of K
+  --keep N                    keep only the newest N step folders in DIR (default 0: all)
+  --load PATH                 start from a checkpoint saved under any plan: a --save
+                              folder (its latest step), one step folder, or the older full
+                              format; weights, optimizer state, step, data position
+  --trace FILE.json           record when every rank ran each micro-batch's forward and
+                              backward (and the rest of the step) as a Chrome trace
+                              (opens in Perfetto); written by rank 0 at the end
+  --on-nan stop|skip          when the loss or a gradient is NaN or infinite: stop with
+                              an error naming the step and the first such tensor (default),
+                              or skip that step's update on every rank and go on
+  --collective-timeout SECS   a collective or message that does not complete within SECS
+                              seconds (a rank died or stopped) ends the job with an error
+                              naming the operation (default 300; 0 waits forever)
+  --progress auto|bar|lines|none
+                              progress display: a line rewritten in place (bar), plain lines
+                              (the first 10 steps, then every 10 s or --progress-every
+                              steps), or none; auto (default) is bar on a terminal
+  --progress-every N          with lines: a line every N steps after the first 10
+  --loss-scale S              fp16 plans: the initial dynamic loss scale (default: the
+                              one --load's checkpoint saved, else 65536); a step whose
+                              gradients overflow is skipped and the scale halved; 2000
+                              good steps in a row double it
+  --cuda-graph                CUDA programs: run the first step as it is, capture the
+                              forward and backward (kernels and collectives) in a CUDA graph
+                              on the second and replay it from then on (one launch instead of
+                              one per kernel); pipeline-parallel programs run as they are
+  --quiet                     print nothing but errors (--progress none)
+  --help                      print this text
+)";
+bool parseInt(const std::string &text, int64_t &out) {
+  if (text.empty())
+    return false;
+  char *end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0')
+    return false;
+  out = v;
+  return true;
+}
+
+bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool inlineValue = false;
+    if (arg.rfind("--", 0) == 0) {
+      size_t eq = arg.find('=');
+      if (eq != std::string::npos) {
+        value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+        inlineValue = true;
+      }
+    }
+    auto takeValue = [&]() {
+      if (inlineValue)
+        return true;
+      if (i + 1 >= argc) {
+        error = arg + " needs a value";
+        return false;
+      }
+      value = argv[++i];
+      return true;
+    };
+    if ((arg == "--cuda-graph" || arg == "--quiet") && inlineValue) {
+      error = arg + " takes no value";
+      return false;
+    } else if (arg == "--cuda-graph") {
+      opts.cudaGraph = true;
+    } else if (arg == "--quiet") {
+      opts.quiet = true;
+    } else if (arg == "--steps") {
+      if (!takeValue())
+        return false;
+      if (!parseInt(value, opts.steps) || opts.steps < 1) {
+        error = "--steps needs a positive integer, not '" + value + "'";
+        return false;
+      }
+    } else if (arg == "--data" || arg == "--log" || arg == "--save" || arg == "--load" ||
+               arg == "--trace") {
+      if (!takeValue())
+        return false;
+      if (value.empty()) {
+        error = arg + " needs a non-empty path";
+        return false;
+      }
+      (arg == "--data"    ? opts.data
+       : arg == "--log"   ? opts.log
+       : arg == "--save"  ? opts.save
+       : arg == "--trace" ? opts.trace
+                          : opts.load) = value;
+    } else if (arg == "--save-every" || arg == "--keep") {
+      if (!takeValue())
+        return false;
+      int64_t &field = arg == "--keep" ? opts.keep : opts.saveEvery;
+      if (!parseInt(value, field) || field < (arg == "--keep" ? 0 : 1)) {
+        error = arg + " needs a " + (arg == "--keep" ? "non-negative" : "positive") +
+                " integer, not '" + value + "'";
+        return false;
+      }
+    } else if (arg == "--on-nan") {
+      if (!takeValue())
+        return false;
+      if (value != "stop" && value != "skip") {
+        error = "--on-nan is stop or skip, not '" + value + "'";
+        return false;
+      }
+      opts.skipNonFinite = value == "skip";
+    } else if (arg == "--loss-scale") {
+      if (!takeValue())
+        return false;
+      char *end = nullptr;
+      double v = value.empty() ? -1 : std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(v >= 1) || !(v <= 1e30)) {
+        error = "--loss-scale needs a number in [1, 1e30], not '" + value + "'";
+        return false;
+      }
+      opts.lossScale = v;
+      opts.lossScaleSet = true;
+    } else if (arg == "--collective-timeout") {
+      if (!takeValue())
+        return false;
+      char *end = nullptr;
+      double v = value.empty() ? -1 : std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(v >= 0) || !std::isfinite(v)) {
+        error = "--collective-timeout needs a number of seconds >= 0, not '" + value + "'";
+        return false;
+      }
+      opts.collectiveTimeout = v;
+    } else if (arg == "--progress") {
+      if (!takeValue())
+        return false;
+      if (value != "auto" && value != "bar" && value != "lines" && value != "none") {
+        error = "--progress is auto, bar, lines or none, not '" + value + "'";
+        return false;
+      }
+      opts.progress = value;
+    } else if (arg == "--progress-every") {
+      if (!takeValue())
+        return false;
+      if (!parseInt(value, opts.progressEvery) || opts.progressEvery < 1) {
+        error = "--progress-every needs a positive integer, not '" + value + "'";
+        return false;
+      }
+    } else if (arg == "--data-dtype") {
+      if (!takeValue())
+        return false;
+      if (value == "int32") {
+        opts.dataType = TokenFileType::Int32;
+      } else if (value == "uint16") {
+        opts.dataType = TokenFileType::UInt16;
+      } else {
+        error = "--data-dtype is int32 or uint16, not '" + value + "'";
+        return false;
+      }
+    } else {
+      error = "unknown argument '" + std::string(argv[i]) + "' (see --help)";
+      return false;
+    }
+  }
+  if (opts.steps < 0) {
+    error = "--steps is required (see --help)";
+    return false;
+  }
+  if (opts.data.empty()) {
+    error = "--data is required (see --help)";
+    return false;
+  }
+  if ((opts.saveEvery > 0 || opts.keep > 0) && opts.save.empty()) {
+    error = std::string(opts.saveEvery > 0 ? "--save-every" : "--keep") +
+            " needs --save DIR (the folder to save into)";
+    return false;
+  }
+  return true;
+}
+
+bool wantsHelp(int argc, char **argv) {
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h"))
+      return true;
+  return false;
+}
+
+void applyEarlyCollectiveTimeout(int argc, char **argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--collective-timeout")) {
+      char *end = nullptr;
+      double v = std::strtod(argv[i + 1], &end);
+      if (end && *end == '\0' && v >= 0 && std::isfinite(v))
+        setCollectiveTimeout(v);
+    }
+}
+
+} // namespace carve::rt
