@@ -44,15 +44,12 @@ struct OptimizerConfig {
   std::string describe() const;
 };
 
+/// What the driver chooses for the emitted programs. The plan (dp, tp, pp,
+/// ZeRO, micro-batches, precision, the global batch) is not here: the emitter
+/// reads it from the module's `carve.plan` (dialects/carve/Contract.h).
 struct CodegenOptions {
   std::string modelName; // shown in comments and in Program::model
   std::string programName = "program0";
-  int dp = 1;
-  int tp = 1;              // tensor-parallel degree (the partitioner has split @train_step)
-  int zero = 0;            // ZeRO stage over dp
-  int pp = 1;              // pipeline ranks (the plan's pp)
-  int numMicroBatches = 1; // micro-batches per step of each dp replica
-  int64_t globalBatch = 0;
   int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size
   OptimizerConfig optimizer;
   std::string planJson; // shown in the header comment
@@ -60,12 +57,6 @@ struct CodegenOptions {
   /// the same calls on device pointers, constants in managed memory, scalars
   /// read back explicitly).
   std::string target = "cpu";
-  /// The plan's precision ("fp32", "bf16", "fp16"): the step sets it for
-  /// matmul and attention; fp16 also scales the loss seed by
-  /// StepContext::lossScale and divides the gradients by it.
-  std::string precision = "fp32";
-  /// Fuse chains of elementwise ops into one kernel each (fused.h); off
-  /// only to compare against (`carve compile --no-fuse`).
 
   bool cuda() const { return target == "cuda"; }
 };

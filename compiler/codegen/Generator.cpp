@@ -8,6 +8,8 @@
 
 #include "compiler/codegen/Generator.h"
 
+#include "mlir/IR/Diagnostics.h"
+
 #include "llvm/Support/Format.h"
 
 #include <cctype>
@@ -15,6 +17,29 @@
 using namespace mlir;
 
 namespace carve::codegen {
+
+bool withPlan(ModuleOp module, const CodegenOptions &given, EmitOptions &opts,
+              std::string &error) {
+  std::string why;
+  ScopedDiagnosticHandler handler(module.getContext(), [&](Diagnostic &d) {
+    why = d.str();
+    return success();
+  });
+  FailureOr<PlanAttrs> plan = readPlan(module);
+  if (failed(plan)) {
+    error = why;
+    return false;
+  }
+  static_cast<CodegenOptions &>(opts) = given;
+  opts.dp = (int)plan->dp;
+  opts.tp = (int)plan->tp;
+  opts.zero = (int)plan->zero;
+  opts.pp = (int)plan->pp;
+  opts.numMicroBatches = (int)plan->microBatches;
+  opts.globalBatch = plan->globalBatch;
+  opts.precision = plan->precision;
+  return true;
+}
 
 /// A C identifier from a model name: "/h.0/attn/c_attn/MatMul" -> "h0_attn_c_attn_MatMul".
 std::string identifier(StringRef name) {

@@ -43,6 +43,26 @@
 
 namespace carve::codegen {
 
+/// The driver's choices with the plan the module holds (carve.plan): what
+/// every part of the emitter reads.
+struct EmitOptions : CodegenOptions {
+  int dp = 1;
+  int tp = 1;              // tensor-parallel degree (the partitioner has split the step)
+  int zero = 0;            // ZeRO stage over dp
+  int pp = 1;              // pipeline ranks
+  int numMicroBatches = 1; // micro-batches per step of each dp replica
+  int64_t globalBatch = 0;
+  /// "fp32", "bf16" or "fp16": the step sets it for matmul and attention;
+  /// fp16 also scales the loss seed by StepContext::lossScale and divides
+  /// the gradients by it.
+  std::string precision = "fp32";
+};
+
+/// `given` with the module's plan; false (with `error`) when the module's
+/// carve.plan is malformed.
+bool withPlan(mlir::ModuleOp module, const CodegenOptions &given, EmitOptions &opts,
+              std::string &error);
+
 using mlir::ArrayRef;
 using mlir::Operation;
 using mlir::StringRef;
@@ -97,29 +117,29 @@ struct TensorRow {
 };
 
 /// The headers a generated source includes (Target.cpp).
-std::string runtimeIncludes(const CodegenOptions &opts, bool pipelined);
+std::string runtimeIncludes(const EmitOptions &opts, bool pipelined);
 /// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source.
 void qualifyGpuCalls(std::string &src);
 /// Declares the gradient norm's two sums of squares.
-std::string normDeclarations(const CodegenOptions &opts);
+std::string normDeclarations(const EmitOptions &opts);
 /// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).
-std::string normRead(const CodegenOptions &opts);
+std::string normRead(const EmitOptions &opts);
 /// The step's first statement under a bf16/fp16 plan (nothing under fp32).
-std::string precisionLine(const CodegenOptions &opts);
+std::string precisionLine(const EmitOptions &opts);
 /// The namespace whose kernels the step calls (the same names on both targets).
-std::string usingLine(const CodegenOptions &opts);
+std::string usingLine(const EmitOptions &opts);
 
 /// The `extern "C"` declarations of the user's kernels (none: nothing).
 void emitCustomKernelDecls(llvm::raw_ostream &os,
                            const std::map<std::string, std::string> &customKernels);
 
 /// The tensor tables and the `Program` of a rank's source (Tables.cpp).
-void emitProgramTables(llvm::raw_ostream &os, const CodegenOptions &opts,
+void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts,
                        const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
                        const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe);
 
 /// The global loss from this rank's share (Optimizer.cpp).
-void emitDpLoss(llvm::raw_ostream &os, const CodegenOptions &opts, const std::string &reduction);
+void emitDpLoss(llvm::raw_ostream &os, const EmitOptions &opts, const std::string &reduction);
 /// The hook after the gradients are final and before the norm.
 void emitGradientsReadyHook(llvm::raw_ostream &os);
 /// `norm` from the expression `sumOfSquares`, `ctx.gradNorm`, and the hook
@@ -134,7 +154,7 @@ void emitLearningRate(llvm::raw_ostream &os, const OptimizerConfig &o);
 /// step (run) or one pipeline chunk (runStage). One Generator per function.
 class Generator {
 public:
-  Generator(mlir::func::FuncOp fn, const CodegenOptions &opts, GeneratedProgram &out,
+  Generator(mlir::func::FuncOp fn, const EmitOptions &opts, GeneratedProgram &out,
             std::string &error)
       : fn(fn), opts(opts), out(out), error(error) {}
 
@@ -164,7 +184,7 @@ public:
 
 private:
   mlir::func::FuncOp fn;
-  const CodegenOptions &opts;
+  const EmitOptions &opts;
   GeneratedProgram &out;
   std::string &error;
 

@@ -57,7 +57,7 @@ namespace codegen {
 
 /// The global loss from this rank's share: summed over the dp replicas, and
 /// for a mean divided by their number.
-void emitDpLoss(llvm::raw_ostream &os, const CodegenOptions &opts, const std::string &reduction) {
+void emitDpLoss(llvm::raw_ostream &os, const EmitOptions &opts, const std::string &reduction) {
   if (opts.dp <= 1)
     return;
   os << "  ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report "

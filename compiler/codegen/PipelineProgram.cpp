@@ -22,7 +22,7 @@ namespace {
 
 /// What a pipeline rank's program is assembled from.
 struct RankProgram {
-  const CodegenOptions &opts;
+  const EmitOptions &opts;
   const PipelineCodegenOptions &pipe;
   const GeneratedProgram &out;
   std::vector<Generator::StageOut> chunks;
@@ -33,7 +33,7 @@ struct RankProgram {
 /// The header comment, the includes, the user's kernels and each chunk's
 /// namespace (its constants, forward and backward).
 void emitRankPreamble(llvm::raw_ostream &os, const RankProgram &rp) {
-  const CodegenOptions &opts = rp.opts;
+  const EmitOptions &opts = rp.opts;
   const PipelineCodegenOptions &pipe = rp.pipe;
   const GeneratedProgram &out = rp.out;
   const std::vector<Generator::StageOut> &chunks = rp.chunks;
@@ -80,7 +80,7 @@ void emitRankPreamble(llvm::raw_ostream &os, const RankProgram &rp) {
 /// The step's memory plan and the schedule: each forward and backward of a
 /// micro-batch in its slot, in this rank's order.
 void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
-  const CodegenOptions &opts = rp.opts;
+  const EmitOptions &opts = rp.opts;
   const PipelineCodegenOptions &pipe = rp.pipe;
   const std::vector<Generator::StageOut> &chunks = rp.chunks;
   const std::vector<int64_t> &slotBase = rp.slotBase, &slotBytes = rp.slotBytes;
@@ -126,7 +126,7 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
 /// summed over pp, the loss over micro-batches, stages and replicas, the
 /// gradient norm, clipping and the optimizer.
 void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
-  const CodegenOptions &opts = rp.opts;
+  const EmitOptions &opts = rp.opts;
   const PipelineCodegenOptions &pipe = rp.pipe;
   const std::vector<Generator::StageOut> &chunks = rp.chunks;
   const int p = pipe.pp, m = opts.numMicroBatches;
@@ -201,9 +201,12 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
 } // namespace
 } // namespace codegen
 
-bool generatePipelineProgram(ModuleOp module, const CodegenOptions &opts,
+bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
                              const PipelineCodegenOptions &pipe, GeneratedProgram &out,
                              std::string &error) {
+  codegen::EmitOptions opts;
+  if (!codegen::withPlan(module, given, opts, error))
+    return false;
   const int p = pipe.pp, v = pipe.virtualStages, m = opts.numMicroBatches;
   std::vector<func::FuncOp> fns;
   for (int c = 0; c < v; ++c) {

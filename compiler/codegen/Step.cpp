@@ -416,8 +416,11 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
 
 } // namespace codegen
 
-bool generateCpuProgram(ModuleOp module, const CodegenOptions &opts, GeneratedProgram &out,
+bool generateCpuProgram(ModuleOp module, const CodegenOptions &given, GeneratedProgram &out,
                         std::string &error) {
+  codegen::EmitOptions opts;
+  if (!codegen::withPlan(module, given, opts, error))
+    return false;
   auto fn = module.lookupSymbol<func::FuncOp>("train_step");
   if (!fn) {
     error = "the module has no @train_step (run autodiff first)";

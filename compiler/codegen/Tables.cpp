@@ -35,7 +35,7 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
 
 /// The tensor tables and the `Program` of a rank's source (program.h); with
 /// `pipe`, the pipeline fields too. Closes the anonymous namespace.
-void emitProgramTables(llvm::raw_ostream &os, const CodegenOptions &opts,
+void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts,
                        const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
                        const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe) {
   emitTensorRows(os, "kInputs", inputs);

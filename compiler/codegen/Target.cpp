@@ -15,7 +15,7 @@
 namespace carve::codegen {
 
 /// The runtime headers a generated source includes.
-std::string runtimeIncludes(const CodegenOptions &opts, bool pipelined) {
+std::string runtimeIncludes(const EmitOptions &opts, bool pipelined) {
   if (opts.cuda())
     return "#include \"carve/rt/gpu.h\"\n#include \"carve/rt/gpu_fused.cuh\"\n";
   return std::string("#include \"carve/rt/dist.h\"\n#include \"carve/rt/fused.h\"\n"
@@ -112,7 +112,7 @@ void qualifyGpuCalls(std::string &src) {
 /// Declares the gradient norm's two sums of squares (tp-split gradients, and
 /// the rest). On CUDA they accumulate on the device, so the norm costs one
 /// read instead of one per gradient.
-std::string normDeclarations(const CodegenOptions &opts) {
+std::string normDeclarations(const EmitOptions &opts) {
   std::string s = "  double sqSplit = 0, sqWhole = 0;\n";
   if (opts.cuda())
     s += "  // On the device: [0] the tp-split gradients, [1] the rest; added in this order,\n"
@@ -121,7 +121,7 @@ std::string normDeclarations(const CodegenOptions &opts) {
 }
 
 /// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).
-std::string normRead(const CodegenOptions &opts) {
+std::string normRead(const EmitOptions &opts) {
   if (!opts.cuda())
     return "";
   return "  double sqHost[2];\n  readScalars(sqDevice, sqHost, 2);  // waits for the step's "
@@ -129,7 +129,7 @@ std::string normRead(const CodegenOptions &opts) {
 }
 
 /// The step's first statement under a bf16/fp16 plan (nothing under fp32).
-std::string precisionLine(const CodegenOptions &opts) {
+std::string precisionLine(const EmitOptions &opts) {
   if (opts.precision == "fp32")
     return "";
   return std::string("  // Plan precision ") + opts.precision +
@@ -138,7 +138,7 @@ std::string precisionLine(const CodegenOptions &opts) {
 }
 
 /// The namespace whose kernels the step calls (the same names on both targets).
-std::string usingLine(const CodegenOptions &opts) {
+std::string usingLine(const EmitOptions &opts) {
   return opts.cuda() ? "// The CUDA target: every call below runs on the device's compute stream "
                        "(carve/rt/gpu.h),\n// named gpu:: where a CPU kernel of the same name "
                        "exists.\nnamespace gpu = carve::gpu;\nnamespace ew = carve::rt::ew;\nusing "

@@ -185,16 +185,9 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
   cm.hasCustomKernels = !(cm.cuda() ? s.rules.cudaSources : s.rules.sources).empty();
   CodegenOptions cg;
   cg.modelName = cm.modelName;
-  cg.dp = plan.dp;
-  cg.tp = plan.tp;
-  cg.zero = plan.zero;
-  cg.globalBatch = im.batch;
   cg.optimizer = s.opt;
   cg.planJson = plan.json;
-  cg.pp = plan.pp;
-  cg.numMicroBatches = im.m;
   cg.target = args.target;
-  cg.precision = plan.precision;
   std::string error;
   if (!cm.pipelined) {
     cm.programs.resize(1);
