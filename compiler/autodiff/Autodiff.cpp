@@ -160,8 +160,8 @@ struct Differentiator {
       auto rule = dyn_cast<DifferentiableOpInterface>(op);
       if (!rule)
         return fail(op, "no gradient rule for " + describe(op) +
-                    ", which lies between a trainable parameter and the loss; freeze the "
-                    "parameters before it with --frozen");
+                            ", which lies between a trainable parameter and the loss; freeze the "
+                            "parameters before it with --frozen");
       std::string node = nodeName(op->getLoc());
       Location gradLoc = NameLoc::get(
           StringAttr::get(fn.getContext(),
@@ -181,7 +181,7 @@ struct Differentiator {
           continue;
         if (i >= og.size() || !og[i])
           return fail(op, describe(op) + " gives no gradient to operand " + std::to_string(i) +
-                      ", which depends on a trainable parameter");
+                              ", which depends on a trainable parameter");
         if (!accumulate(b, gradLoc, x, og[i]))
           return false;
       }
@@ -280,8 +280,8 @@ bool buildTrainingStep(ModuleOp module, const AutodiffOptions &opts, std::string
   Block &body = step.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   SmallVector<Value> results{ret.getOperand(lossIndex)};
-  SmallVector<Attribute> resultAttrs{
-      mb.getDictionaryAttr({mb.getNamedAttr(kOutputAttr, mb.getStringAttr(outputName(lossIndex)))})};
+  SmallVector<Attribute> resultAttrs{mb.getDictionaryAttr(
+      {mb.getNamedAttr(kOutputAttr, mb.getStringAttr(outputName(lossIndex)))})};
   SmallVector<Attribute> unused;
   for (BlockArgument a : step.getArguments()) {
     unsigned i = a.getArgNumber();

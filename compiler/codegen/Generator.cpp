@@ -18,8 +18,7 @@ using namespace mlir;
 
 namespace carve::codegen {
 
-bool withPlan(ModuleOp module, const CodegenOptions &given, EmitOptions &opts,
-              std::string &error) {
+bool withPlan(ModuleOp module, const CodegenOptions &given, EmitOptions &opts, std::string &error) {
   std::string why;
   ScopedDiagnosticHandler handler(module.getContext(), [&](Diagnostic &d) {
     why = d.str();
@@ -121,9 +120,7 @@ std::string bytesText(int64_t b) {
   return buf;
 }
 
-std::string Generator::paramName(unsigned arg) {
-  return paramNameOf(fn, arg).getValue().str();
-}
+std::string Generator::paramName(unsigned arg) { return paramNameOf(fn, arg).getValue().str(); }
 
 bool Generator::tpSplit(unsigned arg) {
   auto d = fn.getArgAttrOfType<DictionaryAttr>(arg, kLayoutAttr);

@@ -134,9 +134,9 @@ void emitCustomKernelDecls(llvm::raw_ostream &os,
                            const std::map<std::string, std::string> &customKernels);
 
 /// The tensor tables and the `Program` of a rank's source (Tables.cpp).
-void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts,
-                       const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
-                       const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe);
+void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const GeneratedProgram &out,
+                       const std::vector<TensorRow> &inputs, const std::vector<TensorRow> &params,
+                       const PipelineCodegenOptions *pipe);
 
 /// The global loss from this rank's share (Optimizer.cpp).
 void emitDpLoss(llvm::raw_ostream &os, const EmitOptions &opts, const std::string &reduction);

@@ -28,13 +28,22 @@ namespace carve {
 namespace carve {
 
 const char *unaryKernel(StringRef fn) {
-  static const std::pair<const char *, const char *> table[] = {
-      {"neg", "Neg"},     {"abs", "Abs"},         {"exp", "Exp"},
-      {"log", "Log"},     {"sqrt", "Sqrt"},       {"rsqrt", "Rsqrt"},
-      {"reciprocal", "Reciprocal"},               {"tanh", "Tanh"},
-      {"erf", "Erf"},     {"sigmoid", "Sigmoid"}, {"relu", "Relu"},
-      {"sin", "Sin"},     {"cos", "Cos"},         {"silu", "Silu"},
-      {"gelu", "Gelu"},   {"gelu_tanh", "GeluTanh"}};
+  static const std::pair<const char *, const char *> table[] = {{"neg", "Neg"},
+                                                                {"abs", "Abs"},
+                                                                {"exp", "Exp"},
+                                                                {"log", "Log"},
+                                                                {"sqrt", "Sqrt"},
+                                                                {"rsqrt", "Rsqrt"},
+                                                                {"reciprocal", "Reciprocal"},
+                                                                {"tanh", "Tanh"},
+                                                                {"erf", "Erf"},
+                                                                {"sigmoid", "Sigmoid"},
+                                                                {"relu", "Relu"},
+                                                                {"sin", "Sin"},
+                                                                {"cos", "Cos"},
+                                                                {"silu", "Silu"},
+                                                                {"gelu", "Gelu"},
+                                                                {"gelu_tanh", "GeluTanh"}};
   for (auto &[k, v] : table)
     if (fn == k)
       return v;
@@ -48,9 +57,8 @@ std::string unaryName(Operation *op) {
 }
 
 bool isFusible(Operation *op) {
-  if (op->getNumResults() != 1 || !cast<RankedTensorType>(op->getResult(0).getType())
-                                       .getElementType()
-                                       .isF32())
+  if (op->getNumResults() != 1 ||
+      !cast<RankedTensorType>(op->getResult(0).getType()).getElementType().isF32())
     return false;
   for (Value v : op->getOperands()) {
     auto t = dyn_cast<RankedTensorType>(v.getType());

@@ -1056,8 +1056,8 @@ struct PartitionPass : carve::impl::CarvePartitionBase<PartitionPass> {
                         b.getNamedAttr("all_to_all", i64(report.allToAll)),
                     }));
     numSplit = report.choices.size();
-    numCollectives = report.allReduce + report.allGather + report.reduceScatter +
-                     report.allToAll + report.localSplit;
+    numCollectives = report.allReduce + report.allGather + report.reduceScatter + report.allToAll +
+                     report.localSplit;
   }
 
   /// A rules file's annotation overrides (compiler/rules): C++ only.
