@@ -25,6 +25,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/partition/Partitioner.h"
+#include "compiler/partition/PartitionerImpl.h"
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/partition/Annotation.h"
@@ -51,181 +52,8 @@ namespace carve {
 #define GEN_PASS_DEF_CARVEPARTITION
 #include "compiler/partition/Passes.h.inc"
 } // namespace carve
-using dist::SbpKind;
 
-namespace {
-
-/// Exchange rate between computing and communicating: bytes a collective
-/// moves per FLOP an op does, from the CPU target's rough figures (about
-/// 10 GB/s between ranks, 50 GFLOP/s per rank). The planner (docs/planner.md)
-/// will calibrate it per cluster.
-struct CostModel {
-  double bytesPerFlop = 0.2;
-  /// A local copy (R -> S) costs this fraction of its bytes.
-  double copyFactor = 0.05;
-};
-
-struct Layout {
-  SbpKind kind = SbpKind::Replicated;
-  int64_t dim = -1;
-  int64_t groups = 1;
-  static Layout R() { return {}; }
-  static Layout S(int64_t d, int64_t g) { return {SbpKind::Split, d, g}; }
-  static Layout P(bool max = false) {
-    return {max ? SbpKind::PartialMax : SbpKind::PartialSum, -1, 1};
-  }
-  bool isSplit() const { return kind == SbpKind::Split; }
-  bool isPartial() const { return kind == SbpKind::PartialSum || kind == SbpKind::PartialMax; }
-  bool operator==(const Layout &o) const {
-    return kind == o.kind && dim == o.dim && groups == o.groups;
-  }
-  bool operator!=(const Layout &o) const { return !(*this == o); }
-  bool operator<(const Layout &o) const {
-    return std::tie(kind, dim, groups) < std::tie(o.kind, o.dim, o.groups);
-  }
-  std::string str() const {
-    switch (kind) {
-    case SbpKind::Replicated:
-      return "R";
-    case SbpKind::Split:
-      return "S(" + std::to_string(dim) + (groups != 1 ? " x " + std::to_string(groups) : "") + ")";
-    case SbpKind::PartialSum:
-      return "P(sum)";
-    case SbpKind::PartialMax:
-      return "P(max)";
-    }
-    return "?";
-  }
-  dist::SbpAttr attr(MLIRContext *ctx) const { return dist::SbpAttr::get(ctx, kind, dim, groups); }
-};
-
-struct Choice {
-  std::string name; // empty: replicate (or pass partial sums, below)
-  int64_t groups = 1;
-  /// A linear op (add, sub, neg, reshape, transpose) on partial sums gives
-  /// partial sums: the all-reduce waits until a consumer needs the value.
-  bool partial = false;
-  bool replicate() const { return name.empty() && !partial; }
-  bool operator==(const Choice &o) const {
-    return name == o.name && groups == o.groups && partial == o.partial;
-  }
-  std::string str() const {
-    if (partial)
-      return "partial";
-    if (replicate())
-      return "replicate";
-    return groups == 1 ? name : name + " x " + std::to_string(groups);
-  }
-};
-
-RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
-
-std::vector<int64_t> shapeOf(Value v) {
-  auto s = typeOf(v).getShape();
-  return std::vector<int64_t>(s.begin(), s.end());
-}
-
-int64_t numel(ArrayRef<int64_t> s) {
-  int64_t n = 1;
-  for (int64_t d : s)
-    n *= d;
-  return n;
-}
-
-int64_t bytesOf(Value v) {
-  auto t = typeOf(v);
-  unsigned bits = t.getElementType().getIntOrFloatBitWidth();
-  return numel(t.getShape()) * std::max<unsigned>(1, bits / 8);
-}
-
-std::string opLabel(Operation *op) {
-  std::string node = nodeName(op->getLoc());
-  std::string name = op->getName().getStringRef().str();
-  return node.empty() ? name : name + " (node " + node + ")";
-}
-
-/// A pending conversion of an operand to the layout its consumer needs.
-struct Need {
-  Operation *op;
-  unsigned operand;
-  Layout target;
-};
-
-class Partitioner {
-public:
-  Partitioner(ModuleOp m, func::FuncOp f, const PartitionOptions &o, PartitionReport &r)
-      : module(m), fn(f), opts(o), report(r), t(o.tp), ctx(m.getContext()) {
-    // Globs are compiled once; an invalid glob matches no node (and an
-    // override with one is reported as matching nothing).
-    auto compile = [](const std::string &glob) -> std::optional<llvm::GlobPattern> {
-      auto g = llvm::GlobPattern::create(glob);
-      if (!g) {
-        llvm::consumeError(g.takeError());
-        return std::nullopt;
-      }
-      return std::move(*g);
-    };
-    for (const OpOverride &x : o.overrides)
-      overrideGlobs.push_back(compile(x.glob));
-    for (const AnnotationOverride &x : o.annotations)
-      annotationGlobs.push_back(compile(x.glob));
-  }
-
-  bool run(std::string &error);
-
-private:
-  ModuleOp module;
-  func::FuncOp fn;
-  const PartitionOptions &opts;
-  PartitionReport &report;
-  int64_t t;
-  MLIRContext *ctx;
-  CostModel cost;
-  std::string err;
-
-  llvm::DenseMap<Value, Layout> layout;
-  llvm::DenseSet<Value> freeValues;
-  llvm::DenseMap<Operation *, Choice> choices;
-  std::map<Operation *, Annotation> annotations;
-  std::vector<Need> needs;
-  std::vector<bool> overrideUsed;
-  std::vector<Layout> returnLayouts;
-  std::vector<std::optional<llvm::GlobPattern>> overrideGlobs, annotationGlobs;
-
-  static bool globMatches(const std::optional<llvm::GlobPattern> &g, StringRef node) {
-    return g && !node.empty() && g->match(node);
-  }
-
-  bool fail(Operation *op, const std::string &msg) {
-    if (err.empty()) {
-      err = opLabel(op) + ": " + msg;
-      report.errorLoc = op->getLoc();
-    }
-    return false;
-  }
-
-  const Annotation *annotationOf(Operation *op);
-  bool isParamDerived(Value v);
-  std::optional<Choice> followOf(const Annotation &a, const TensorFactors &dims, Layout l);
-  bool legal(Operation *op, const Annotation &a, const Choice &c, std::string *why = nullptr);
-  Layout operandLayout(const Annotation &a, unsigned i, const Choice &c);
-  Layout resultLayout(const Annotation &a, unsigned i, const Choice &c);
-  double redistributionCost(Value v, Layout from, Layout to);
-  std::vector<Layout> path(Value v, Layout from, Layout to, double *total);
-  double flops(Operation *op);
-  double choiceCost(Operation *op, const Annotation &a, const Choice &c);
-  bool resolve(Value v, Layout want, bool dry);
-  int64_t preferredGroups(Value v, int64_t dim, int depth);
-  bool canCarry(Value v, Layout l, int depth);
-  bool overrideChoice(Operation *op, const Annotation &a, std::optional<Choice> &c);
-  bool defaultRule(Operation *op, const Annotation &a, std::optional<Choice> &c);
-  bool decide(Operation *op);
-  void require(Operation *op, unsigned i, Layout want);
-  bool finishReturn();
-  bool materialize();
-  RankedTensorType localType(RankedTensorType global, Layout l);
-  Value convert(OpBuilder &b, Location loc, Value v, Layout from, Layout to);
-};
+namespace carve::partition {
 
 //===----------------------------------------------------------------------===//
 // Annotations and layouts
@@ -801,165 +629,6 @@ bool Partitioner::finishReturn() {
   return true;
 }
 
-//===----------------------------------------------------------------------===//
-// Rewriting: collectives, local types, attributes
-//===----------------------------------------------------------------------===//
-
-RankedTensorType Partitioner::localType(RankedTensorType global, Layout l) {
-  if (!l.isSplit())
-    return global;
-  SmallVector<int64_t> s(global.getShape());
-  s[l.dim] /= t;
-  return RankedTensorType::get(s, global.getElementType());
-}
-
-/// Builds the collectives that turn `v` (global type known from its layout
-/// `from`; `v` already has its local type) into layout `to`.
-Value Partitioner::convert(OpBuilder &b, Location loc, Value v, Layout from, Layout to) {
-  // `v` is local; recover the global type to type each step.
-  RankedTensorType local = typeOf(v);
-  SmallVector<int64_t> full(local.getShape());
-  if (from.isSplit())
-    full[from.dim] *= t;
-  auto global = RankedTensorType::get(full, local.getElementType());
-  auto mesh = FlatSymbolRefAttr::get(ctx, kMeshName);
-  auto axis = b.getStringAttr("tp");
-  Layout cur = from;
-  for (Layout next : path(v, from, to, nullptr)) {
-    RankedTensorType ty = localType(global, next);
-    auto red = b.getStringAttr(cur.kind == SbpKind::PartialMax ? "max" : "sum");
-    if (cur.isPartial() && next.kind == SbpKind::Replicated) {
-      v = dist::AllReduceOp::create(b, loc, ty, v, mesh, axis, red);
-      ++report.allReduce;
-      report.commBytes += bytesOf(v);
-    } else if (cur.isPartial()) {
-      v = dist::ReduceScatterOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(next.dim),
-                                        b.getI64IntegerAttr(next.groups), red);
-      ++report.reduceScatter;
-      report.commBytes += bytesOf(v) * t;
-    } else if (cur.isSplit() && next.kind == SbpKind::Replicated) {
-      v = dist::AllGatherOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(cur.dim),
-                                    b.getI64IntegerAttr(cur.groups));
-      ++report.allGather;
-      report.commBytes += bytesOf(v);
-    } else if (cur.isSplit()) {
-      v = dist::AllToAllOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(cur.dim),
-                                   b.getI64IntegerAttr(cur.groups), b.getI64IntegerAttr(next.dim),
-                                   b.getI64IntegerAttr(next.groups));
-      ++report.allToAll;
-      report.commBytes += bytesOf(v) * t;
-    } else {
-      v = dist::LocalSplitOp::create(b, loc, ty, v, mesh, axis, b.getI64IntegerAttr(next.dim),
-                                     b.getI64IntegerAttr(next.groups));
-      ++report.localSplit;
-    }
-    v.getDefiningOp()->setAttr(kLayoutAttr, b.getArrayAttr({next.attr(ctx)}));
-    cur = next;
-  }
-  return v;
-}
-
-bool Partitioner::materialize() {
-  Block &block = fn.getBody().front();
-  // 0. Every annotation is bound to the global shapes before anything is retyped.
-  for (Operation &op : block.without_terminator())
-    if (!annotationOf(&op))
-      return false;
-  // 1. Local types for arguments and op results (before any conversion, so
-  //    `convert` sees local inputs).
-  for (BlockArgument arg : block.getArguments())
-    arg.setType(localType(typeOf(arg), layout.lookup(arg)));
-  for (Operation &op : block.without_terminator()) {
-    Choice c = choices.lookup(&op);
-    if (const Annotation *a = annotationOf(&op)) {
-      op.setAttr(kAnnotationAttr, StringAttr::get(ctx, a->text));
-      op.setAttr(kChoiceAttr, StringAttr::get(ctx, "tp: " + c.str()));
-    }
-    SmallVector<Attribute> ls;
-    for (Value r : op.getResults()) {
-      auto global = typeOf(r);
-      Layout l = layout.lookup(r);
-      r.setType(localType(global, l));
-      ls.push_back(l.attr(ctx));
-    }
-    op.setAttr(kLayoutAttr, ArrayAttr::get(ctx, ls));
-    if (c.replicate() || c.partial)
-      continue;
-    const Annotation &a = annotations.at(&op);
-    // Rank-dependent pieces of work, marked for codegen.
-    if (auto g = dyn_cast<GatherOp>(op)) {
-      if (layout.lookup(g.getData()).isSplit() &&
-          layout.lookup(g.getData()).dim == static_cast<int64_t>(g.getAxis()))
-        op.setAttr(kShardedRowsAttr,
-                   IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
-    } else if (auto g = dyn_cast<GatherGradOp>(op)) {
-      Layout l = layout.lookup(g.getResult());
-      if (l.isSplit() && l.dim == static_cast<int64_t>(g.getAxis()))
-        op.setAttr(kShardedRowsAttr,
-                   IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
-    } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op) && a.markOf(c.name) == Mark::Internal) {
-      op.setAttr(kShardedRowsAttr, IntegerAttr::get(IntegerType::get(ctx, 64), a.sizes.at(c.name)));
-    }
-    // Slices of split dimensions take the same sections of each rank's piece.
-    auto localBounds = [&](ArrayRef<int64_t> bounds, Value whole) {
-      Layout l = layout.lookup(whole);
-      SmallVector<int64_t> out(bounds);
-      if (l.isSplit())
-        out[l.dim] /= t;
-      return out;
-    };
-    if (auto s = dyn_cast<SliceOp>(op)) {
-      s.setStarts(localBounds(s.getStarts(), s.getInput()));
-      s.setEnds(localBounds(s.getEnds(), s.getInput()));
-    } else if (auto s = dyn_cast<SliceGradOp>(op)) {
-      s.setStarts(localBounds(s.getStarts(), s.getResult()));
-      s.setEnds(localBounds(s.getEnds(), s.getResult()));
-    }
-  }
-  // 2. Collectives before each consumer, shared between consumers of the same
-  //    value and layout.
-  std::map<std::pair<void *, Layout>, Value> converted;
-  for (const Need &n : needs) {
-    Value v = n.op->getOperand(n.operand);
-    auto key = std::make_pair(v.getAsOpaquePointer(), n.target);
-    auto it = converted.find(key);
-    Value nv;
-    if (it != converted.end() && it->second.getParentBlock() == n.op->getBlock() &&
-        (isa<BlockArgument>(it->second) || it->second.getDefiningOp()->isBeforeInBlock(n.op))) {
-      nv = it->second;
-    } else {
-      OpBuilder b(n.op);
-      nv = convert(b, n.op->getLoc(), v, layout.lookup(v), n.target);
-      if (!nv)
-        return fail(n.op, "no collective sequence turns " + layout.lookup(v).str() + " into " +
-                              n.target.str());
-      converted[key] = nv;
-    }
-    n.op->setOperand(n.operand, nv);
-  }
-  // 3. The signature and its layouts.
-  auto ret = cast<func::ReturnOp>(block.getTerminator());
-  fn.setType(FunctionType::get(ctx, block.getArgumentTypes(), ret.getOperandTypes()));
-  Layout dpBatch = Layout::S(0, 1);
-  for (BlockArgument arg : block.getArguments()) {
-    unsigned k = arg.getArgNumber();
-    bool input = static_cast<bool>(fn.getArgAttr(k, kInputAttr));
-    NamedAttrList d;
-    d.set("dp", (input && opts.dp > 1 ? dpBatch : Layout::R()).attr(ctx));
-    d.set("tp", layout.lookup(arg).attr(ctx));
-    fn.setArgAttr(k, kLayoutAttr, d.getDictionary(ctx));
-  }
-  for (unsigned k = 0; k < ret.getNumOperands(); ++k) {
-    // Gradients and the loss are partial over dp until codegen's bucketed
-    // all-reduce (or ZeRO reduce-scatter) and the loss reduction.
-    NamedAttrList d;
-    d.set("dp", (opts.dp > 1 ? Layout::P(false) : Layout::R()).attr(ctx));
-    d.set("tp", returnLayouts[k].attr(ctx));
-    fn.setResultAttr(k, kLayoutAttr, d.getDictionary(ctx));
-  }
-  return true;
-}
-
 bool Partitioner::run(std::string &error) {
   Block &block = fn.getBody().front();
   overrideUsed.assign(opts.overrides.size(), false);
@@ -989,7 +658,7 @@ bool Partitioner::run(std::string &error) {
   return true;
 }
 
-} // namespace
+} // namespace carve::partition
 
 bool carve::partitionTrainStep(ModuleOp module, const PartitionOptions &opts,
                                PartitionReport &report, std::string &error) {
@@ -1008,7 +677,7 @@ bool carve::partitionTrainStep(ModuleOp module, const PartitionOptions &opts,
     dist::MeshOp::create(b, module.getLoc(), b.getStringAttr(kMeshName),
                          b.getStrArrayAttr({"dp", "tp"}),
                          b.getDenseI64ArrayAttr({opts.dp, opts.tp}));
-  Partitioner p(module, fn, opts, report);
+  partition::Partitioner p(module, fn, opts, report);
   if (!p.run(error))
     return false;
   if (failed(verify(module))) {
