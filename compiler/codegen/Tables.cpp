@@ -38,6 +38,11 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
 void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts,
                        const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
                        const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe) {
+  os << "// One row per tensor (TensorSpec, carve/rt/program.h): name, dtype, rank, dims,\n"
+        "// elements, arena byte offset, trainable, gradient offset, optimizer state offsets\n"
+        "// {exp_avg or momentum, exp_avg_sq}, the model's full dims, the dimension split over\n"
+        "// tp (-1: none), its groups, ZeRO chunk (elements per dp rank; 0: none), the arena\n"
+        "// holds only this rank's chunk of the parameter (ZeRO-3), of the optimizer state.\n";
   emitTensorRows(os, "kInputs", inputs);
   emitTensorRows(os, "kParams", params);
   int64_t seq = 0;
