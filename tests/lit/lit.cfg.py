@@ -12,3 +12,4 @@ config.excludes = ["lit.cfg.py", "lit.site.cfg.py.in"]
 config.environment["PATH"] = os.pathsep.join(
     [config.carve_tools_dir, os.path.dirname(config.filecheck), config.environment.get("PATH", "")])
 config.substitutions.append(("%models", config.carve_test_models))
+config.substitutions.append(("%carve_src", config.carve_src_root))
