@@ -1,0 +1,249 @@
+//===- KernelsLayoutTest.cpp - data movement kernels and kernel errors ----===//
+//
+// Transpose, slice, concat, gather, expand against float64 loops; the
+// kernels' fatal errors; dtype sizes (KernelsTest.cpp says how).
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelsTesting.h"
+
+using namespace carve::rt;
+using namespace kernels_test;
+
+namespace {
+
+//===--- Data movement ----------------------------------------------------===//
+
+template <class T> void checkTranspose(const Dims &xs, const Dims &perm) {
+  std::vector<T> x(xs.numel());
+  for (int64_t i = 0; i < xs.numel(); ++i)
+    x[i] = static_cast<T>(i % 251);
+  Dims ys;
+  ys.rank = xs.rank;
+  for (int i = 0; i < xs.rank; ++i)
+    ys.d[i] = xs.d[perm.d[i]];
+  std::vector<T> y(xs.numel());
+  transpose<T>(x.data(), xs, perm, y.data());
+  int64_t xst[kMaxRank], acc = 1;
+  for (int i = xs.rank - 1; i >= 0; --i) {
+    xst[i] = acc;
+    acc *= xs.d[i];
+  }
+  Vec want(xs.numel());
+  for (int64_t i = 0; i < ys.numel(); ++i) {
+    int64_t rem = i, src = 0;
+    for (int d = ys.rank - 1; d >= 0; --d) {
+      src += (rem % ys.d[d]) * xst[perm.d[d]];
+      rem /= ys.d[d];
+    }
+    want[i] = static_cast<double>(x[src]);
+  }
+  expectClose(y, want, 0, 0, "transpose " + str(xs) + " perm " + str(perm));
+}
+
+TEST(Transpose, AllPermutationsOfRank4) {
+  int64_t p[] = {0, 1, 2, 3};
+  do {
+    checkTranspose<float>({2, 3, 4, 5}, Dims(p, 4));
+    checkTranspose<uint8_t>({2, 3, 1, 5}, Dims(p, 4));
+  } while (std::next_permutation(p, p + 4));
+}
+
+TEST(Transpose, TiledAndTypes) {
+  checkTranspose<float>({300, 500}, {1, 0});
+  checkTranspose<double>({7, 45, 33}, {0, 2, 1});
+  checkTranspose<int64_t>({4, 64, 6, 32}, {0, 2, 1, 3}); // heads split
+  checkTranspose<int32_t>({37, 1, 41}, {2, 1, 0});
+  checkTranspose<float>({3}, {0});
+}
+
+template <class T> void checkSlice(const Dims &xs, const Dims &starts, const Dims &steps) {
+  Dims ys = xs;
+  for (int i = 0; i < xs.rank; ++i)
+    ys.d[i] = (xs.d[i] - starts.d[i] + steps.d[i] - 1) / steps.d[i];
+  std::vector<T> x(xs.numel());
+  for (int64_t i = 0; i < xs.numel(); ++i)
+    x[i] = static_cast<T>(i % 113 + 1);
+  std::vector<T> y(ys.numel());
+  slice<T>(x.data(), xs, starts, steps, y.data(), ys);
+  Vec want(ys.numel());
+  Vec wantGrad(xs.numel(), 0.0);
+  for (int64_t i = 0; i < ys.numel(); ++i) {
+    int64_t rem = i, src = 0, mul = 1;
+    for (int d = ys.rank - 1; d >= 0; --d) {
+      src += (starts.d[d] + (rem % ys.d[d]) * steps.d[d]) * mul;
+      rem /= ys.d[d];
+      mul *= xs.d[d];
+    }
+    want[i] = static_cast<double>(x[src]);
+    wantGrad[src] = static_cast<double>(y[i]);
+  }
+  const std::string what = "slice " + str(xs) + " from " + str(starts) + " by " + str(steps);
+  expectClose(y, want, 0, 0, what);
+  std::vector<T> dx(xs.numel(), T(9));
+  slice_grad<T>(y.data(), ys, starts, steps, dx.data(), xs);
+  expectClose(dx, wantGrad, 0, 0, what + " grad");
+}
+
+TEST(Slice, ForwardAndGrad) {
+  checkSlice<float>({5, 6, 7}, {1, 0, 2}, {1, 1, 1});
+  checkSlice<float>({5, 6, 7}, {0, 1, 0}, {2, 3, 2});
+  checkSlice<double>({4, 9}, {0, 3}, {1, 1});
+  checkSlice<int64_t>({8, 3, 256}, {0, 1, 0}, {1, 1, 1}); // GPT's qkv split
+  checkSlice<uint8_t>({10, 10}, {9, 0}, {1, 4});
+  checkSlice<float>({400, 300}, {3, 5}, {1, 2}); // parallel
+}
+
+TEST(Concat, AlongEachAxis) {
+  for (int axis : {0, 1, 2, -1}) {
+    const int a = axis < 0 ? axis + 3 : axis;
+    Dims s0{2, 3, 4}, s1{2, 3, 4}, s2{2, 3, 4};
+    s1.d[a] = 1;
+    s2.d[a] = 5;
+    const Dims shapes[] = {s0, s1, s2};
+    std::vector<int32_t> x0(s0.numel()), x1(s1.numel()), x2(s2.numel());
+    for (size_t i = 0; i < x0.size(); ++i)
+      x0[i] = static_cast<int32_t>(i);
+    for (size_t i = 0; i < x1.size(); ++i)
+      x1[i] = static_cast<int32_t>(1000 + i);
+    for (size_t i = 0; i < x2.size(); ++i)
+      x2[i] = static_cast<int32_t>(2000 + i);
+    const int32_t *xs[] = {x0.data(), x1.data(), x2.data()};
+    Dims ys = s0;
+    ys.d[a] = s0.d[a] + s1.d[a] + s2.d[a];
+    std::vector<int32_t> y(ys.numel());
+    concat<int32_t>(3, xs, shapes, axis, y.data());
+    Vec want(ys.numel());
+    for (int64_t i = 0; i < ys.numel(); ++i) {
+      int64_t c[3], rem = i;
+      for (int d = 2; d >= 0; --d) {
+        c[d] = rem % ys.d[d];
+        rem /= ys.d[d];
+      }
+      int which = 0;
+      while (c[a] >= shapes[which].d[a])
+        c[a] -= shapes[which++].d[a];
+      const Dims &s = shapes[which];
+      want[i] = xs[which][(c[0] * s.d[1] + c[1]) * s.d[2] + c[2]];
+    }
+    expectClose(y, want, 0, 0, "concat axis " + std::to_string(axis));
+  }
+}
+
+TEST(Gather, NegativeIndicesAndAxes) {
+  // Embedding lookup: axis 0 of [5, 3] by [2, 2] indices, some negative.
+  const Dims ts{5, 3}, is{2, 2};
+  std::vector<float> table(15);
+  for (int i = 0; i < 15; ++i)
+    table[i] = static_cast<float>(i);
+  const int64_t idx[] = {4, -1, 0, -5};
+  std::vector<float> y(12);
+  gather<float>(table.data(), ts, idx, is, 0, y.data());
+  EXPECT_EQ(y, (std::vector<float>{12, 13, 14, 12, 13, 14, 0, 1, 2, 0, 1, 2}));
+  // Axis 1 of [2, 4, 3] by [3]: y [2, 3, 3].
+  const Dims ts2{2, 4, 3}, is2{3};
+  std::vector<int64_t> t2(24);
+  for (int i = 0; i < 24; ++i)
+    t2[i] = i;
+  const int64_t idx2[] = {3, -3, 3};
+  std::vector<int64_t> y2(18);
+  gather<int64_t>(t2.data(), ts2, idx2, is2, 1, y2.data());
+  EXPECT_EQ(y2, (std::vector<int64_t>{9, 10, 11, 3, 4, 5, 9, 10, 11, 21, 22, 23, 15, 16, 17, 21, 22,
+                                      23}));
+  // Last axis with a scalar index.
+  const int64_t one[] = {-1};
+  std::vector<int64_t> y3(8);
+  gather<int64_t>(t2.data(), ts2, one, {}, -1, y3.data());
+  EXPECT_EQ(y3, (std::vector<int64_t>{2, 5, 8, 11, 14, 17, 20, 23}));
+}
+
+TEST(GatherGrad, ScatterAddsRepeatedIndices) {
+  for (int64_t width : {int64_t(3), int64_t(600)}) { // one and several column blocks
+    const Dims ts{4, width}, is{5};
+    const int64_t idx[] = {1, 3, -3, 0, 1};
+    const Vec dy = uniform(5 * width, 151);
+    Vec dt(ts.numel(), 7.0);
+    gather_grad<double>(dy.data(), idx, is, 0, dt.data(), ts);
+    Vec want(ts.numel(), 0.0);
+    for (int k = 0; k < 5; ++k) {
+      const int64_t row = idx[k] < 0 ? idx[k] + 4 : idx[k];
+      for (int64_t c = 0; c < width; ++c)
+        want[row * width + c] += dy[k * width + c];
+    }
+    expectClose(dt, want, 1e-15, 1e-15, "gather_grad width " + std::to_string(width));
+  }
+  // Axis 1 of [2, 3, 2].
+  const Dims ts{2, 3, 2}, is{2};
+  const int64_t idx[] = {2, 2};
+  const float dy[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> dt(12);
+  gather_grad<float>(dy, idx, is, 1, dt.data(), ts);
+  EXPECT_EQ(dt, (std::vector<float>{0, 0, 0, 0, 4, 6, 0, 0, 0, 0, 12, 14}));
+}
+
+TEST(Expand, Broadcasts) {
+  const Dims xs{3, 1}, ys{2, 3, 4};
+  const double x[] = {1, 2, 3};
+  Vec y(24);
+  expand<double>(x, xs, y.data(), ys);
+  Vec want(24);
+  for (int i = 0; i < 24; ++i)
+    want[i] = x[source(i, ys, xs)];
+  expectClose(y, want, 0, 0, "expand [3,1] -> [2,3,4]");
+  const uint8_t one = 1;
+  std::vector<uint8_t> yb(5);
+  expand<uint8_t>(&one, {}, yb.data(), {5});
+  EXPECT_EQ(yb, (std::vector<uint8_t>(5, 1)));
+  std::vector<float> big(400 * 300), row(300);
+  for (int i = 0; i < 300; ++i)
+    row[i] = static_cast<float>(i);
+  expand<float>(row.data(), {300}, big.data(), {400, 300});
+  EXPECT_EQ(big[399 * 300 + 123], 123.f);
+}
+
+//===--- Errors and the program contract -----------------------------------===//
+
+// The kernels' OpenMP team is alive by now: the death tests re-run the binary
+// rather than fork a threaded process.
+TEST(KernelErrors, GatherOutOfRangeIsFatal) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const float table[] = {1, 2};
+  const int64_t idx[] = {2};
+  float y;
+  EXPECT_EXIT(gather<float>(table, {2}, idx, {1}, 0, &y), testing::ExitedWithCode(1),
+              "carve: error: .*gather: index 2 is out of range for axis 0 of size 2");
+}
+
+TEST(KernelErrors, CrossEntropyBadTargetIsFatal) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const float x[] = {1, 2};
+  const int64_t t[] = {5};
+  float y;
+  EXPECT_EXIT(cross_entropy<float>(x, {1, 2}, t, 0, false, -100, &y), testing::ExitedWithCode(1),
+              "carve: error: .*target 5 .*outside \\[0, 2\\)");
+}
+
+TEST(KernelErrors, FatalCallsTheHook) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        fatalHook = [](int code) { std::_Exit(40 + code); };
+        fatal("boom %d", 7);
+      },
+      testing::ExitedWithCode(41), "carve: error: .*boom 7");
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(dtypeSize(DType::F32), 4);
+  EXPECT_EQ(dtypeSize(DType::F64), 8);
+  EXPECT_EQ(dtypeSize(DType::I64), 8);
+  EXPECT_EQ(dtypeSize(DType::I32), 4);
+  EXPECT_EQ(dtypeSize(DType::Bool), 1);
+  EXPECT_STREQ(dtypeName(DType::F32), "F32");
+  EXPECT_STREQ(dtypeName(DType::F64), "F64");
+  EXPECT_STREQ(dtypeName(DType::I64), "I64");
+  EXPECT_STREQ(dtypeName(DType::I32), "I32");
+  EXPECT_STREQ(dtypeName(DType::Bool), "BOOL");
+}
+
+} // namespace
