@@ -28,201 +28,123 @@ const char *optimizerNumberFields[] = {
     "lr",  "momentum",       "dampening",    "weight_decay", "beta1",       "beta2",
     "eps", "clip_grad_norm", "warmup_steps", "decay_steps",  "min_lr_ratio"};
 
-} // namespace
+/// "cuts": op-name globs, one per pipeline stage boundary.
+bool parseCuts(const json &v, const std::string &what, Plan &plan, std::string &error) {
+  if (!v.is_array() || v.empty()) {
+    error = what + ": \"cuts\" must be a non-empty list of op-name globs, one per stage "
+                   "boundary, e.g. [\"/h.2/*\"]";
+    return false;
+  }
+  for (const json &c : v) {
+    if (!c.is_string() || c.get<std::string>().empty()) {
+      error =
+          what + ": \"cuts\" entries must be op-name globs (non-empty strings), got " + c.dump();
+      return false;
+    }
+    plan.cuts.push_back(c.get<std::string>());
+  }
+  return true;
+}
 
-bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std::string &error) {
-  json j;
-  std::string cause;
-  if (!parseBoundedJson(text, j, cause)) {
-    error = what + ": " + cause;
+/// "ops": per-op tp splits by op-name glob.
+bool parseOps(const json &v, const std::string &what, Plan &plan, std::string &error) {
+  // {"GLOB": {"tp": "DIM"}} or {"GLOB": {"tp": "replicate"}} or {"GLOB": "replicate"}
+  if (!v.is_object()) {
+    error = what + ": \"ops\" must be an object mapping op-name globs to splits, e.g. "
+                   "{\"/lm_head/MatMul\": {\"tp\": \"replicate\"}}";
     return false;
   }
-  if (!j.is_object()) {
-    error = what + ": a plan is a JSON object, e.g. {\"dp\": 4}";
-    return false;
-  }
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string &key = it.key();
-    const json &v = it.value();
-    if (key == "dp") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 20) {
-        error = what + ": \"dp\" must be a positive integer, got " + v.dump();
-        return false;
-      }
-      plan.dp = (int)v.get<int64_t>();
-      continue;
-    }
-    if (key == "tp") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 16) {
-        error = what + ": \"tp\" must be a positive integer, got " + v.dump();
-        return false;
-      }
-      plan.tp = (int)v.get<int64_t>();
-      continue;
-    }
-    if (key == "zero") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3) {
-        error = what + ": \"zero\" must be 0, 1, 2 or 3 (the ZeRO stage), got " + v.dump();
-        return false;
-      }
-      plan.zero = (int)v.get<int64_t>();
-      continue;
-    }
-    if (key == "pp" || key == "num_micro_batches" || key == "virtual_stages" ||
-        key == "micro_batch_size") {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 20) {
-        error = what + ": \"" + key + "\" must be a positive integer, got " + v.dump();
-        return false;
-      }
-      int64_t n = v.get<int64_t>();
-      if (key == "pp")
-        plan.pp = (int)n;
-      else if (key == "num_micro_batches")
-        plan.numMicroBatches = (int)n;
-      else if (key == "virtual_stages")
-        plan.virtualStages = (int)n;
-      else
-        plan.microBatchSize = n;
-      continue;
-    }
-    if (key == "schedule") {
-      static const char *known[] = {"gpipe", "1f1b", "interleaved"};
-      if (!v.is_string() ||
-          std::find(std::begin(known), std::end(known), v.get<std::string>()) == std::end(known)) {
-        error = what + ": unknown pipeline schedule " + v.dump() +
-                " (known: \"gpipe\", \"1f1b\", \"interleaved\")";
-        return false;
-      }
-      plan.schedule = v.get<std::string>();
-      continue;
-    }
-    if (key == "cuts") {
-      if (!v.is_array() || v.empty()) {
-        error = what + ": \"cuts\" must be a non-empty list of op-name globs, one per stage "
-                       "boundary, e.g. [\"/h.2/*\"]";
-        return false;
-      }
-      for (const json &c : v) {
-        if (!c.is_string() || c.get<std::string>().empty()) {
-          error = what + ": \"cuts\" entries must be op-name globs (non-empty strings), got " +
-                  c.dump();
-          return false;
-        }
-        plan.cuts.push_back(c.get<std::string>());
-      }
-      continue;
-    }
-    if (key == "sequence_parallel") {
-      if (!v.is_boolean()) {
-        error = what + ": \"sequence_parallel\" must be true or false, got " + v.dump();
-        return false;
-      }
-      plan.sequenceParallel = v.get<bool>();
-      continue;
-    }
-    if (key == "ops") {
-      // {"GLOB": {"tp": "DIM"}} or {"GLOB": {"tp": "replicate"}} or {"GLOB": "replicate"}
-      if (!v.is_object()) {
-        error = what + ": \"ops\" must be an object mapping op-name globs to splits, e.g. "
-                       "{\"/lm_head/MatMul\": {\"tp\": \"replicate\"}}";
-        return false;
-      }
-      for (auto o = v.begin(); o != v.end(); ++o) {
-        const json &e = o.value();
-        std::string dim;
-        if (e.is_string() && e.get<std::string>() == "replicate") {
-          dim = "replicate";
-        } else if (e.is_object() && e.size() == 1 && e.contains("tp") && e["tp"].is_string() &&
-                   !e["tp"].get<std::string>().empty()) {
-          dim = e["tp"].get<std::string>();
-        } else {
-          error = what + ": \"ops\" entry \"" + o.key() + "\" must be \"replicate\" or " +
-                  "{\"tp\": \"DIM\"} (a dimension name of the op's annotation), got " + e.dump();
-          return false;
-        }
-        if (o.key().empty()) {
-          error = what + ": \"ops\" has an empty op-name glob";
-          return false;
-        }
-        plan.ops.push_back({o.key(), dim});
-      }
-      continue;
-    }
-    if (key == "optimizer") {
-      if (!v.is_object()) {
-        error =
-            what + ": \"optimizer\" must be an object, e.g. {\"name\": \"adamw\", \"lr\": 3e-4}";
-        return false;
-      }
-      for (auto o = v.begin(); o != v.end(); ++o) {
-        const std::string &k = o.key();
-        if (k == "name") {
-          if (!o.value().is_string()) {
-            error = what + ": optimizer \"name\" must be a string";
-            return false;
-          }
-          plan.optimizerStrings["name"] = o.value().get<std::string>();
-        } else if (k == "nesterov") {
-          if (!o.value().is_boolean()) {
-            error = what + ": optimizer \"nesterov\" must be true or false";
-            return false;
-          }
-          plan.optimizerFlags["nesterov"] = o.value().get<bool>();
-        } else if (std::find(std::begin(optimizerNumberFields), std::end(optimizerNumberFields),
-                             k) != std::end(optimizerNumberFields)) {
-          if (!o.value().is_number()) {
-            error = what + ": optimizer \"" + k + "\" must be a number, got " + o.value().dump();
-            return false;
-          }
-          plan.optimizerNumbers[k] = o.value().get<double>();
-        } else {
-          error = what + ": unknown optimizer field \"" + k +
-                  "\" (known: name, lr, momentum, dampening, nesterov, weight_decay, beta1, "
-                  "beta2, eps, clip_grad_norm, warmup_steps, decay_steps, min_lr_ratio)";
-          return false;
-        }
-      }
-      continue;
-    }
-    if (key == "predicted" || key == "planner") {
-      // What `carve plan` predicted and how it chose: informational.
-      if (!v.is_object()) {
-        error = what + ": \"" + key + "\" must be an object (written by carve plan)";
-        return false;
-      }
-      continue;
-    }
-    if (key == "precision") {
-      if (!v.is_string() || (v != "fp32" && v != "bf16" && v != "fp16")) {
-        error = what + ": \"precision\" must be \"fp32\", \"bf16\" or \"fp16\", got " + v.dump();
-        return false;
-      }
-      plan.precision = v.get<std::string>();
-      continue;
-    }
-    bool known = false;
-    for (const Reserved &r : reserved()) {
-      if (key != r.name)
-        continue;
-      known = true;
-      if (!r.neutral.is_null() && v == r.neutral)
-        break; // the neutral value asks for nothing
-      error = what + ": \"" + key + "\": " + r.meaning +
-              " is not implemented in this version of carve; remove the "
-              "field or set it to " +
-              (r.neutral.is_null() ? std::string("nothing") : r.neutral.dump());
+  for (auto o = v.begin(); o != v.end(); ++o) {
+    const json &e = o.value();
+    std::string dim;
+    if (e.is_string() && e.get<std::string>() == "replicate") {
+      dim = "replicate";
+    } else if (e.is_object() && e.size() == 1 && e.contains("tp") && e["tp"].is_string() &&
+               !e["tp"].get<std::string>().empty()) {
+      dim = e["tp"].get<std::string>();
+    } else {
+      error = what + ": \"ops\" entry \"" + o.key() + "\" must be \"replicate\" or " +
+              "{\"tp\": \"DIM\"} (a dimension name of the op's annotation), got " + e.dump();
       return false;
     }
-    if (!known) {
-      std::string names = "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
-                          "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
-                          "predicted, planner";
-      for (const Reserved &r : reserved())
-        names += std::string(", ") + r.name;
-      error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
+    if (o.key().empty()) {
+      error = what + ": \"ops\" has an empty op-name glob";
+      return false;
+    }
+    plan.ops.push_back({o.key(), dim});
+  }
+  return true;
+}
+
+/// "optimizer": the fields over the defaults (applyPlanOptimizer applies them).
+bool parseOptimizer(const json &v, const std::string &what, Plan &plan, std::string &error) {
+  if (!v.is_object()) {
+    error = what + ": \"optimizer\" must be an object, e.g. {\"name\": \"adamw\", \"lr\": 3e-4}";
+    return false;
+  }
+  for (auto o = v.begin(); o != v.end(); ++o) {
+    const std::string &k = o.key();
+    if (k == "name") {
+      if (!o.value().is_string()) {
+        error = what + ": optimizer \"name\" must be a string";
+        return false;
+      }
+      plan.optimizerStrings["name"] = o.value().get<std::string>();
+    } else if (k == "nesterov") {
+      if (!o.value().is_boolean()) {
+        error = what + ": optimizer \"nesterov\" must be true or false";
+        return false;
+      }
+      plan.optimizerFlags["nesterov"] = o.value().get<bool>();
+    } else if (std::find(std::begin(optimizerNumberFields), std::end(optimizerNumberFields), k) !=
+               std::end(optimizerNumberFields)) {
+      if (!o.value().is_number()) {
+        error = what + ": optimizer \"" + k + "\" must be a number, got " + o.value().dump();
+        return false;
+      }
+      plan.optimizerNumbers[k] = o.value().get<double>();
+    } else {
+      error = what + ": unknown optimizer field \"" + k +
+              "\" (known: name, lr, momentum, dampening, nesterov, weight_decay, beta1, "
+              "beta2, eps, clip_grad_norm, warmup_steps, decay_steps, min_lr_ratio)";
       return false;
     }
   }
+  return true;
+}
+
+/// A field this version does not carry out: reserved (refused unless it has
+/// its neutral value) or unknown.
+bool parseReservedField(const std::string &key, const json &v, const std::string &what,
+                        std::string &error) {
+  bool known = false;
+  for (const Reserved &r : reserved()) {
+    if (key != r.name)
+      continue;
+    known = true;
+    if (!r.neutral.is_null() && v == r.neutral)
+      break; // the neutral value asks for nothing
+    error = what + ": \"" + key + "\": " + r.meaning +
+            " is not implemented in this version of carve; remove the "
+            "field or set it to " +
+            (r.neutral.is_null() ? std::string("nothing") : r.neutral.dump());
+    return false;
+  }
+  if (!known) {
+    std::string names =
+        "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
+        "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
+        "predicted, planner";
+    for (const Reserved &r : reserved())
+      names += std::string(", ") + r.name;
+    error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
+    return false;
+  }
+  return true;
+}
+
+/// What the fields mean together: each needs the axis it works on.
+bool checkCombination(const Plan &plan, const std::string &what, std::string &error) {
   if (plan.sequenceParallel && plan.tp == 1) {
     error = what + ": \"sequence_parallel\" splits along the tp axis and needs \"tp\" > 1";
     return false;
@@ -258,6 +180,118 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
     error = what + ": \"cuts\" places pipeline stage boundaries and needs \"pp\" > 1";
     return false;
   }
+  return true;
+}
+
+/// One field of the plan object.
+bool parseField(const std::string &key, const json &v, const std::string &what, Plan &plan,
+                std::string &error) {
+  if (key == "dp") {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 20) {
+      error = what + ": \"dp\" must be a positive integer, got " + v.dump();
+      return false;
+    }
+    plan.dp = (int)v.get<int64_t>();
+    return true;
+  }
+  if (key == "tp") {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 16) {
+      error = what + ": \"tp\" must be a positive integer, got " + v.dump();
+      return false;
+    }
+    plan.tp = (int)v.get<int64_t>();
+    return true;
+  }
+  if (key == "zero") {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 3) {
+      error = what + ": \"zero\" must be 0, 1, 2 or 3 (the ZeRO stage), got " + v.dump();
+      return false;
+    }
+    plan.zero = (int)v.get<int64_t>();
+    return true;
+  }
+  if (key == "pp" || key == "num_micro_batches" || key == "virtual_stages" ||
+      key == "micro_batch_size") {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 20) {
+      error = what + ": \"" + key + "\" must be a positive integer, got " + v.dump();
+      return false;
+    }
+    int64_t n = v.get<int64_t>();
+    if (key == "pp")
+      plan.pp = (int)n;
+    else if (key == "num_micro_batches")
+      plan.numMicroBatches = (int)n;
+    else if (key == "virtual_stages")
+      plan.virtualStages = (int)n;
+    else
+      plan.microBatchSize = n;
+    return true;
+  }
+  if (key == "schedule") {
+    static const char *known[] = {"gpipe", "1f1b", "interleaved"};
+    if (!v.is_string() ||
+        std::find(std::begin(known), std::end(known), v.get<std::string>()) == std::end(known)) {
+      error = what + ": unknown pipeline schedule " + v.dump() +
+              " (known: \"gpipe\", \"1f1b\", \"interleaved\")";
+      return false;
+    }
+    plan.schedule = v.get<std::string>();
+    return true;
+  }
+  if (key == "cuts") {
+    return parseCuts(v, what, plan, error);
+  }
+  if (key == "sequence_parallel") {
+    if (!v.is_boolean()) {
+      error = what + ": \"sequence_parallel\" must be true or false, got " + v.dump();
+      return false;
+    }
+    plan.sequenceParallel = v.get<bool>();
+    return true;
+  }
+  if (key == "ops") {
+    return parseOps(v, what, plan, error);
+  }
+  if (key == "optimizer") {
+    return parseOptimizer(v, what, plan, error);
+  }
+  if (key == "predicted" || key == "planner") {
+    // What `carve plan` predicted and how it chose: informational.
+    if (!v.is_object()) {
+      error = what + ": \"" + key + "\" must be an object (written by carve plan)";
+      return false;
+    }
+    return true;
+  }
+  if (key == "precision") {
+    if (!v.is_string() || (v != "fp32" && v != "bf16" && v != "fp16")) {
+      error = what + ": \"precision\" must be \"fp32\", \"bf16\" or \"fp16\", got " + v.dump();
+      return false;
+    }
+    plan.precision = v.get<std::string>();
+    return true;
+  }
+  return parseReservedField(key, v, what, error);
+}
+
+} // namespace
+
+bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std::string &error) {
+  json j;
+  std::string cause;
+  if (!parseBoundedJson(text, j, cause)) {
+    error = what + ": " + cause;
+    return false;
+  }
+  if (!j.is_object()) {
+    error = what + ": a plan is a JSON object, e.g. {\"dp\": 4}";
+    return false;
+  }
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!parseField(it.key(), it.value(), what, plan, error))
+      return false;
+  if (!checkCombination(plan, what, error))
+    return false;
   plan.json = j.dump();
   return true;
 }
