@@ -130,6 +130,19 @@ private:
     return false;
   }
   bool isBackward(Operation *op) const { return index.lookup(op) >= firstBackward; }
+  /// The units stages are cut between (findUnits).
+  struct Units {
+    std::vector<int> unitOf;        // per forward op on the batch
+    std::vector<std::string> names; // per unit: "h.3", or its first node
+    std::string prefix;             // the numbered layers' prefix ("" when none)
+    int count = 0;
+  };
+  Units findUnits(const std::vector<Operation *> &fwd);
+  std::vector<double> unitCosts(const std::vector<Operation *> &fwd, const Units &u);
+  bool stagesAtCuts(const std::vector<Operation *> &fwd, std::vector<int> &stageOfFwd,
+                    std::string &error);
+  bool balancedStages(const std::vector<Operation *> &fwd, const Units &u,
+                      std::vector<int> &stageOfFwd, std::string &error);
   bool cutForward(std::string &error);
   bool assignRest(std::string &error);
   bool splitSharedGradients(std::string &error);
@@ -174,17 +187,15 @@ bool Splitter::run(std::string &error) {
          collectTransfers(error) && build(error);
 }
 
-/// Stages of the forward ops that depend on the batch.
-bool Splitter::cutForward(std::string &error) {
-  std::vector<Operation *> fwd; // forward ops on the batch, in order
-  for (int i = 0; i < firstBackward; ++i)
-    if (llvm::any_of(ops[i]->getResults(), [&](Value r) { return batchDependent.count(r); }))
-      fwd.push_back(ops[i]);
-  if (fwd.empty())
-    return fail(error, "pipeline: the training step has no forward ops on the batch");
-
-  // Units: numbered layers (the most common prefix), the ops before the first
-  // joining it and those after the last joining the last one.
+/// Units that stages are cut between: numbered layers (the most common
+/// prefix; the ops before the first join it, those after the last join the
+/// last), else pieces where exactly one value on the batch crosses.
+Splitter::Units Splitter::findUnits(const std::vector<Operation *> &fwd) {
+  Units u;
+  std::vector<int> &unitOf = u.unitOf;
+  std::vector<std::string> &unitName = u.names;
+  std::string &prefix = u.prefix;
+  unitOf.assign(fwd.size(), 0);
   std::map<std::string, int> prefixCount;
   for (Operation *op : fwd) {
     std::string p;
@@ -192,12 +203,9 @@ bool Splitter::cutForward(std::string &error) {
     if (layerOfNode(nodeName(op->getLoc()), p, n))
       ++prefixCount[p];
   }
-  std::string prefix;
   for (auto &[p, c] : prefixCount)
     if (prefix.empty() || c > prefixCount[prefix])
       prefix = p;
-  std::vector<int> unitOf(fwd.size(), 0);
-  std::vector<std::string> unitName;
   if (!prefix.empty()) {
     int unit = -1, lastNumber = -1;
     for (size_t i = 0; i < fwd.size(); ++i) {
@@ -233,9 +241,12 @@ bool Splitter::cutForward(std::string &error) {
       unitOf[i] = unit;
     }
   }
-  int units = unitOf.back() + 1;
+  u.count = unitOf.back() + 1;
+  return u;
+}
 
-  // Cost of a forward op: its FLOPs and those of its backward ops.
+/// Cost of each unit: the FLOPs of its forward ops and their backward ops.
+std::vector<double> Splitter::unitCosts(const std::vector<Operation *> &fwd, const Units &u) {
   llvm::StringMap<double> nodeFlops;
   for (Operation *op : ops) {
     std::string nameText = nodeName(op->getLoc());
@@ -244,101 +255,132 @@ bool Splitter::cutForward(std::string &error) {
       n = n.drop_front(strlen(kBackwardPrefix));
     nodeFlops[n] += opFlops(op);
   }
-  std::vector<double> unitCost(units, 0);
+  std::vector<double> unitCost(u.count, 0);
   std::set<std::string> counted;
   for (size_t i = 0; i < fwd.size(); ++i) {
     std::string n = nodeName(fwd[i]->getLoc());
     if (n.empty())
-      unitCost[unitOf[i]] += opFlops(fwd[i]);
+      unitCost[u.unitOf[i]] += opFlops(fwd[i]);
     else if (counted.insert(n).second)
-      unitCost[unitOf[i]] += nodeFlops[n];
+      unitCost[u.unitOf[i]] += nodeFlops[n];
   }
 
-  std::vector<int> stageOfFwd(fwd.size(), 0);
-  if (!opts.cuts.empty()) {
-    if ((int)opts.cuts.size() != S - 1)
-      return fail(error, "plan: \"cuts\" has " + std::to_string(opts.cuts.size()) +
-                             " cut point(s); pp=" + std::to_string(opts.pp) +
-                             (opts.virtualStages > 1
-                                  ? " x virtual_stages=" + std::to_string(opts.virtualStages)
-                                  : std::string()) +
-                             " makes " + std::to_string(S) + " stages, which need " +
-                             std::to_string(S - 1));
-    std::vector<size_t> at;
-    for (size_t k = 0; k < opts.cuts.size(); ++k) {
-      auto glob = llvm::GlobPattern::create(opts.cuts[k]);
-      if (!glob)
-        return fail(error, "plan: cut point '" + opts.cuts[k] +
-                               "' is not a valid glob: " + llvm::toString(glob.takeError()));
-      size_t found = fwd.size();
-      for (size_t i = 0; i < fwd.size(); ++i)
-        if (glob->match(nodeName(fwd[i]->getLoc()))) {
-          found = i;
-          break;
-        }
-      if (found == fwd.size())
-        return fail(error, "plan: cut point '" + opts.cuts[k] +
-                               "' names no forward op of the model (ONNX node names look "
-                               "like '/h.1/attn/c_attn/MatMul'; the comments of any compiled "
-                               "OUT/src/program0.cpp show them)");
-      if (found == 0)
-        return fail(error, "plan: cut point '" + opts.cuts[k] +
-                               "' matches the model's first op; stage 0 would be empty");
-      if (!at.empty() && found <= at.back())
-        return fail(error, "plan: cut point '" + opts.cuts[k] + "' (at '" +
-                               nodeName(fwd[found]->getLoc()) +
-                               "') does not come after cut point '" + opts.cuts[k - 1] +
-                               "'; list cut points in model order");
-      at.push_back(found);
-    }
-    for (size_t i = 0, k = 0; i < fwd.size(); ++i) {
-      while (k < at.size() && at[k] <= i)
-        ++k;
-      stageOfFwd[i] = (int)k;
-    }
-  } else {
-    if (S > units) {
-      std::string what = report.numLayers
-                             ? std::to_string(units) + " layer" + (units == 1 ? "" : "s") + " ('" +
-                                   prefix + ".0' .. '" + unitName.back() + "')"
-                             : std::to_string(units) + " piece" + (units == 1 ? "" : "s") +
-                                   " (no numbered layers; cut where one tensor crosses)";
-      return fail(error, "plan: pp=" + std::to_string(opts.pp) +
-                             (opts.virtualStages > 1
-                                  ? " x virtual_stages=" + std::to_string(opts.virtualStages)
-                                  : std::string()) +
-                             " needs " + std::to_string(S) +
-                             " pipeline stages but the model has only " + what +
-                             "; a stage holds at least one");
-    }
-    // Contiguous partition of the units into S stages minimizing the largest
-    // stage cost (dynamic programming; the model has few layers).
-    std::vector<double> prefixSum(units + 1, 0);
-    for (int u = 0; u < units; ++u)
-      prefixSum[u + 1] = prefixSum[u] + unitCost[u];
-    const double inf = 1e300;
-    std::vector<std::vector<double>> best(S + 1, std::vector<double>(units + 1, inf));
-    std::vector<std::vector<int>> from(S + 1, std::vector<int>(units + 1, -1));
-    best[0][0] = 0;
-    for (int s = 1; s <= S; ++s)
-      for (int u = s; u <= units; ++u)
-        for (int w = s - 1; w < u; ++w) {
-          double c = std::max(best[s - 1][w], prefixSum[u] - prefixSum[w]);
-          if (c < best[s][u] - 1e-9 * std::max(1.0, c)) {
-            best[s][u] = c;
-            from[s][u] = w;
-          }
-        }
-    std::vector<int> stageOfUnit(units, 0);
-    for (int s = S, u = units; s > 0; --s) {
-      int w = from[s][u];
-      for (int k = w; k < u; ++k)
-        stageOfUnit[k] = s - 1;
-      u = w;
-    }
+  return unitCost;
+}
+
+/// Stages at the plan's cut points (stage k + 1 starts at the first forward
+/// op matching cuts[k]).
+bool Splitter::stagesAtCuts(const std::vector<Operation *> &fwd, std::vector<int> &stageOfFwd,
+                            std::string &error) {
+  if ((int)opts.cuts.size() != S - 1)
+    return fail(error, "plan: \"cuts\" has " + std::to_string(opts.cuts.size()) +
+                           " cut point(s); pp=" + std::to_string(opts.pp) +
+                           (opts.virtualStages > 1
+                                ? " x virtual_stages=" + std::to_string(opts.virtualStages)
+                                : std::string()) +
+                           " makes " + std::to_string(S) + " stages, which need " +
+                           std::to_string(S - 1));
+  std::vector<size_t> at;
+  for (size_t k = 0; k < opts.cuts.size(); ++k) {
+    auto glob = llvm::GlobPattern::create(opts.cuts[k]);
+    if (!glob)
+      return fail(error, "plan: cut point '" + opts.cuts[k] +
+                             "' is not a valid glob: " + llvm::toString(glob.takeError()));
+    size_t found = fwd.size();
     for (size_t i = 0; i < fwd.size(); ++i)
-      stageOfFwd[i] = stageOfUnit[unitOf[i]];
+      if (glob->match(nodeName(fwd[i]->getLoc()))) {
+        found = i;
+        break;
+      }
+    if (found == fwd.size())
+      return fail(error, "plan: cut point '" + opts.cuts[k] +
+                             "' names no forward op of the model (ONNX node names look "
+                             "like '/h.1/attn/c_attn/MatMul'; the comments of any compiled "
+                             "OUT/src/program0.cpp show them)");
+    if (found == 0)
+      return fail(error, "plan: cut point '" + opts.cuts[k] +
+                             "' matches the model's first op; stage 0 would be empty");
+    if (!at.empty() && found <= at.back())
+      return fail(error, "plan: cut point '" + opts.cuts[k] + "' (at '" +
+                             nodeName(fwd[found]->getLoc()) + "') does not come after cut point '" +
+                             opts.cuts[k - 1] + "'; list cut points in model order");
+    at.push_back(found);
   }
+  for (size_t i = 0, k = 0; i < fwd.size(); ++i) {
+    while (k < at.size() && at[k] <= i)
+      ++k;
+    stageOfFwd[i] = (int)k;
+  }
+  return true;
+}
+
+/// Stages balanced by cost: the contiguous partition of the units into S
+/// stages that minimizes the largest stage cost.
+bool Splitter::balancedStages(const std::vector<Operation *> &fwd, const Units &u,
+                              std::vector<int> &stageOfFwd, std::string &error) {
+  const int units = u.count;
+  const std::vector<int> &unitOf = u.unitOf;
+  const std::vector<std::string> &unitName = u.names;
+  const std::string &prefix = u.prefix;
+  const std::vector<double> unitCost = unitCosts(fwd, u);
+  if (S > units) {
+    std::string what = report.numLayers
+                           ? std::to_string(units) + " layer" + (units == 1 ? "" : "s") + " ('" +
+                                 prefix + ".0' .. '" + unitName.back() + "')"
+                           : std::to_string(units) + " piece" + (units == 1 ? "" : "s") +
+                                 " (no numbered layers; cut where one tensor crosses)";
+    return fail(error, "plan: pp=" + std::to_string(opts.pp) +
+                           (opts.virtualStages > 1
+                                ? " x virtual_stages=" + std::to_string(opts.virtualStages)
+                                : std::string()) +
+                           " needs " + std::to_string(S) +
+                           " pipeline stages but the model has only " + what +
+                           "; a stage holds at least one");
+  }
+  // Contiguous partition of the units into S stages minimizing the largest
+  // stage cost (dynamic programming; the model has few layers).
+  std::vector<double> prefixSum(units + 1, 0);
+  for (int u = 0; u < units; ++u)
+    prefixSum[u + 1] = prefixSum[u] + unitCost[u];
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(units + 1, inf));
+  std::vector<std::vector<int>> from(S + 1, std::vector<int>(units + 1, -1));
+  best[0][0] = 0;
+  for (int s = 1; s <= S; ++s)
+    for (int u = s; u <= units; ++u)
+      for (int w = s - 1; w < u; ++w) {
+        double c = std::max(best[s - 1][w], prefixSum[u] - prefixSum[w]);
+        if (c < best[s][u] - 1e-9 * std::max(1.0, c)) {
+          best[s][u] = c;
+          from[s][u] = w;
+        }
+      }
+  std::vector<int> stageOfUnit(units, 0);
+  for (int s = S, u = units; s > 0; --s) {
+    int w = from[s][u];
+    for (int k = w; k < u; ++k)
+      stageOfUnit[k] = s - 1;
+    u = w;
+  }
+  for (size_t i = 0; i < fwd.size(); ++i)
+    stageOfFwd[i] = stageOfUnit[unitOf[i]];
+  return true;
+}
+
+/// Stages of the forward ops that depend on the batch.
+bool Splitter::cutForward(std::string &error) {
+  std::vector<Operation *> fwd; // forward ops on the batch, in order
+  for (int i = 0; i < firstBackward; ++i)
+    if (llvm::any_of(ops[i]->getResults(), [&](Value r) { return batchDependent.count(r); }))
+      fwd.push_back(ops[i]);
+  if (fwd.empty())
+    return fail(error, "pipeline: the training step has no forward ops on the batch");
+  const Units u = findUnits(fwd);
+  const std::vector<int> &unitOf = u.unitOf;
+  std::vector<int> stageOfFwd(fwd.size(), 0);
+  if (!opts.cuts.empty() ? !stagesAtCuts(fwd, stageOfFwd, error)
+                         : !balancedStages(fwd, u, stageOfFwd, error))
+    return false;
   for (size_t i = 0; i < fwd.size(); ++i) {
     stageOf[fwd[i]] = stageOfFwd[i];
     std::string n = nodeName(fwd[i]->getLoc());
@@ -354,7 +396,7 @@ bool Splitter::cutForward(std::string &error) {
     if (!n.empty())
       st.last = n;
   }
-  if (!prefix.empty() || opts.cuts.empty())
+  if (!u.prefix.empty() || opts.cuts.empty())
     for (size_t i = 0; i < fwd.size(); ++i)
       if (i == 0 || unitOf[i] != unitOf[i - 1])
         ++report.stages[stageOfFwd[i]].layers;
