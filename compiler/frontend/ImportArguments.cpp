@@ -1,0 +1,206 @@
+//===- ImportArguments.cpp - @forward's arguments -------------------------===//
+//
+// Initializers become parameters, buffers or constants (the carve.parameters
+// and carve.buffers metadata, --frozen); graph inputs (dims bound by
+// --set-dim) and parameters become the arguments of @forward.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/frontend/Importer.h"
+
+#include "llvm/Support/GlobPattern.h"
+#include "llvm/Support/JSON.h"
+
+#include <set>
+
+using namespace mlir;
+using llvm::SmallVector;
+using llvm::StringRef;
+
+namespace carve::frontend {
+
+/// Whether the JSON `text` nests arrays and objects at most `limit` deep.
+static bool nestsAtMost(StringRef text, int limit) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit)
+        return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+void Importer::classifyInitializers() {
+  const onnx::GraphProto &g = model.graph();
+  llvm::StringSet<> initNames;
+  for (const auto &t : g.initializer()) {
+    checkInitializer(t);
+    if (!initNames.insert(t.name()).second)
+      fail("initializer '" + t.name() + "' is defined twice");
+  }
+  // The export helper in models/ records named_parameters() / named_buffers().
+  for (const auto &prop : model.metadata_props()) {
+    bool params = prop.key() == "carve.parameters", buffers = prop.key() == "carve.buffers";
+    if (!params && !buffers)
+      continue;
+    // llvm::json's parser recurses once per level: a flat list needs two.
+    if (!nestsAtMost(prop.value(), 2))
+      fail("metadata '" + prop.key() + "' is not a JSON list of names");
+    auto parsed = llvm::json::parse(prop.value());
+    const llvm::json::Array *list = parsed ? parsed->getAsArray() : nullptr;
+    if (!parsed)
+      llvm::consumeError(parsed.takeError());
+    if (!list)
+      fail("metadata '" + prop.key() + "' is not a JSON list of names");
+    for (const llvm::json::Value &v : *list) {
+      auto name = v.getAsString();
+      if (!name)
+        fail("metadata '" + prop.key() + "' holds a non-string entry");
+      if (params) {
+        if (!initNames.count(*name))
+          fail("metadata names parameter '" + name->str() +
+               "' but the graph has no initializer of that name (was the model exported "
+               "with do_constant_folding=True? see models/README.md)");
+        paramNames.insert(*name);
+      } else {
+        bufferNames.insert(*name);
+      }
+    }
+    haveParamMetadata |= params;
+  }
+  if (!haveParamMetadata)
+    for (const auto &t : g.initializer())
+      if (isFloatKind((ElemKind)t.data_type()))
+        paramNames.insert(t.name());
+
+  for (const std::string &glob : opts.frozen) {
+    auto pattern = llvm::GlobPattern::create(glob);
+    if (!pattern) {
+      std::string why = llvm::toString(pattern.takeError());
+      fail("--frozen '" + glob + "' is not a valid glob: " + why);
+    }
+    bool matched = false;
+    for (const auto &name : paramNames)
+      if (pattern->match(name.getKey())) {
+        frozenNames.insert(name.getKey());
+        matched = true;
+      }
+    if (!matched)
+      fail("--frozen '" + glob + "' matches no parameter of the model");
+  }
+
+  for (const auto &t : g.initializer()) {
+    Slot s;
+    s.init = &t;
+    s.isParam = paramNames.count(t.name());
+    env[t.name()] = s;
+  }
+}
+
+void Importer::makeArguments() {
+  const onnx::GraphProto &g = model.graph();
+  std::set<std::string> symbols;
+  loc = FileLineColLoc::get(&ctx, file, 0, 0);
+  func = func::FuncOp::create(b, loc, "forward", b.getFunctionType({}, {}));
+  entry = func.addEntryBlock();
+
+  for (const auto &in : g.input()) {
+    if (env.count(in.name()))
+      continue; // an initializer listed as an input (IR version < 4)
+    std::string what = "input '" + in.name() + "'";
+    if (!in.type().has_tensor_type())
+      fail(what + " is not a tensor");
+    const auto &tt = in.type().tensor_type();
+    Type elt = mlirType(tt.elem_type(), what);
+    if (!tt.has_shape())
+      fail(what + " has no shape; export with fixed or named (dynamic_axes) dimensions");
+    SmallVector<int64_t> shape;
+    for (int d = 0; d < tt.shape().dim_size(); ++d) {
+      const auto &dim = tt.shape().dim(d);
+      if (d == 0 && opts.batch > 0) {
+        // One rank's share of the batch; a symbolic batch counts as bound.
+        if (dim.has_dim_param())
+          symbols.insert(dim.dim_param());
+        shape.push_back(opts.batch);
+        continue;
+      }
+      if (dim.has_dim_value()) {
+        if (dim.dim_value() <= 0)
+          fail(what + " dimension " + std::to_string(d) + " has size " +
+               std::to_string(dim.dim_value()));
+        shape.push_back(dim.dim_value());
+        continue;
+      }
+      std::string sym = dim.has_dim_param() ? dim.dim_param() : "";
+      if (sym.empty())
+        fail(what + " dimension " + std::to_string(d) +
+             " has no size and no name; export it with dynamic_axes and bind it with "
+             "--set-dim");
+      symbols.insert(sym);
+      auto it = opts.dims.find(sym);
+      if (it == opts.dims.end())
+        fail(what + " dimension " + std::to_string(d) + " is symbolic ('" + sym +
+             "'); bind it with --set-dim " + sym + "=N");
+      shape.push_back(it->second);
+    }
+    Value arg = entry->addArgument(tensorType(shape, elt), loc);
+    argAttrs.push_back(
+        b.getDictionaryAttr({b.getNamedAttr(kInputAttr, b.getStringAttr(in.name()))}));
+    Slot s;
+    s.value = arg;
+    env[in.name()] = s;
+  }
+  for (const auto &entryDim : opts.dims)
+    if (!symbols.count(entryDim.getKey().str())) {
+      std::string known;
+      for (const auto &s : symbols)
+        known += (known.empty() ? "" : ", ") + s;
+      fail("--set-dim " + entryDim.getKey().str() +
+           ": the model has no symbolic dimension of that name (" +
+           (known.empty() ? std::string("it has none") : "it has: " + known) + ")");
+    }
+
+  for (const auto &t : g.initializer()) {
+    if (!paramNames.count(t.name()))
+      continue;
+    std::string what = "parameter '" + t.name() + "'";
+    SmallVector<int64_t> shape(t.dims().begin(), t.dims().end());
+    Value arg = entry->addArgument(tensorType(shape, mlirType(t.data_type(), what)), loc);
+    SmallVector<NamedAttribute> attrs = {b.getNamedAttr(kParamAttr, b.getStringAttr(t.name()))};
+    if (!frozenNames.count(t.name()))
+      attrs.push_back(b.getNamedAttr(kTrainableAttr, b.getUnitAttr()));
+    argAttrs.push_back(b.getDictionaryAttr(attrs));
+    Slot &s = env[t.name()];
+    s.value = arg;
+    s.init = nullptr;
+    s.isParam = true;
+    recordInitialValue(t, what);
+  }
+}
+
+void Importer::recordInitialValue(const onnx::TensorProto &t, const std::string &what) {
+  if (!opts.initialValues)
+    return;
+  HostTensor h = loadTensor(t, what);
+  ImportOptions::InitialValue v;
+  v.name = t.name();
+  v.shape.assign(t.dims().begin(), t.dims().end());
+  v.data.resize(h.size());
+  for (int64_t k = 0; k < h.size(); ++k)
+    v.data[k] = (float)h.asDouble(k);
+  opts.initialValues->push_back(std::move(v));
+}
+
+} // namespace carve::frontend

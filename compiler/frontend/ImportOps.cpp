@@ -1,0 +1,426 @@
+//===- ImportOps.cpp - the per-op import table ----------------------------===//
+//
+// A node that is not folded becomes carve ops typed by the shape rules in
+// dialects/carve/Shapes.h. The table sends each op type to the function of
+// its family; data movement is in ImportDataMovement.cpp.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/frontend/Importer.h"
+
+#include "dialects/carve/CarveOps.h"
+
+#include "llvm/Support/raw_ostream.h"
+
+#include <set>
+
+using namespace mlir;
+using llvm::ArrayRef;
+using llvm::SmallVector;
+using llvm::StringRef;
+
+namespace carve::frontend {
+
+template <typename OpTy> Value Importer::binary(Value l, Value r, bool boolResult) {
+  if (eltOf(l) != eltOf(r)) {
+    std::string a, c;
+    llvm::raw_string_ostream(a) << eltOf(l);
+    llvm::raw_string_ostream(c) << eltOf(r);
+    fail("operand element types differ (" + a + " vs " + c + ")");
+  }
+  ShapeOrError s = broadcastShapes(shp(l), shp(r));
+  expect(s);
+  bool logical = std::is_same_v<OpTy, AndOp> || std::is_same_v<OpTy, OrOp>;
+  if (logical != eltOf(l).isInteger(1))
+    fail(logical ? "the inputs must be BOOL" : "arithmetic on BOOL is not supported");
+  Type elt = boolResult ? b.getI1Type() : eltOf(l);
+  return OpTy::create(b, loc, tensorType(s.shape, elt), l, r);
+}
+
+void Importer::build(const onnx::NodeProto &n) {
+  using Family = void (Importer::*)(const onnx::NodeProto &);
+  static const llvm::StringMap<Family> table = [] {
+    llvm::StringMap<Family> t;
+    auto add = [&](Family f, std::initializer_list<StringRef> ops) {
+      for (StringRef op : ops)
+        t[op] = f;
+    };
+    add(&Importer::buildElementwise,
+        {"Add",  "Sub",        "Mul",      "Div",     "Max",     "Min",  "Pow", "Equal",
+         "Less", "Greater",    "And",      "Or",      "Neg",     "Abs",  "Exp", "Log",
+         "Sqrt", "Reciprocal", "Tanh",     "Erf",     "Sigmoid", "Relu", "Sin", "Cos",
+         "Not",  "Gelu",       "Identity", "Dropout", "Cast",    "Where"});
+    add(&Importer::buildContraction, {"MatMul", "Gemm"});
+    add(&Importer::buildNormalization, {"ReduceSum", "ReduceMean", "ReduceMax", "Softmax",
+                                        "LogSoftmax", "LayerNormalization", "BatchNormalization"});
+    add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
+    add(&Importer::buildDataMovement,
+        {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand"});
+    add(&Importer::buildConvolution, {"Conv", "MaxPool", "GlobalAveragePool"});
+    add(&Importer::buildLoss, {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"});
+    return t;
+  }();
+  auto it = table.find(n.op_type());
+  if (it == table.end())
+    failUnsupported();
+  (this->*it->second)(n);
+}
+
+void Importer::buildElementwise(const onnx::NodeProto &n) {
+  const std::string &op = n.op_type();
+
+  // Elementwise binary ops.
+  if (op == "Add")
+    return define(0, binary<AddOp>(val(0), val(1)));
+  if (op == "Sub")
+    return define(0, binary<SubOp>(val(0), val(1)));
+  if (op == "Mul")
+    return define(0, binary<MulOp>(val(0), val(1)));
+  if (op == "Div")
+    return define(0, binary<DivOp>(val(0), val(1)));
+  if (op == "Max" || op == "Min") {
+    if (n.input_size() != 2)
+      fail(op + " with " + std::to_string(n.input_size()) + " inputs is not supported (two are)");
+    return define(0, op == "Max" ? binary<MaximumOp>(val(0), val(1))
+                                 : binary<MinimumOp>(val(0), val(1)));
+  }
+  if (op == "Pow") {
+    Value base = val(0), exponent = val(1);
+    if (eltOf(exponent) != eltOf(base))
+      exponent = CastOp::create(b, loc, tensorType(shp(exponent), eltOf(base)), exponent);
+    return define(0, binary<PowOp>(base, exponent));
+  }
+  if (op == "Equal")
+    return define(0, binary<EqualOp>(val(0), val(1), true));
+  if (op == "Less")
+    return define(0, binary<LessOp>(val(0), val(1), true));
+  if (op == "Greater")
+    return define(0, binary<GreaterOp>(val(0), val(1), true));
+  if (op == "And")
+    return define(0, binary<AndOp>(val(0), val(1), true));
+  if (op == "Or")
+    return define(0, binary<OrOp>(val(0), val(1), true));
+
+  // Elementwise unary ops.
+  static const std::set<std::string> anyNumeric = {"Neg", "Abs", "Relu"};
+  auto unary = [&](auto tag) {
+    using OpTy = decltype(tag);
+    Value x = val(0);
+    Type elt = eltOf(x);
+    if (op == "Not"            ? !elt.isInteger(1)
+        : anyNumeric.count(op) ? elt.isInteger(1)
+                               : !isa<FloatType>(elt))
+      fail(op == "Not"            ? std::string("the input must be BOOL")
+           : anyNumeric.count(op) ? std::string("the input must be numeric")
+                                  : std::string("the input must be floating-point"));
+    return define(0, OpTy::create(b, loc, x.getType(), x));
+  };
+  if (op == "Neg")
+    return unary(NegOp());
+  if (op == "Abs")
+    return unary(AbsOp());
+  if (op == "Exp")
+    return unary(ExpOp());
+  if (op == "Log")
+    return unary(LogOp());
+  if (op == "Sqrt")
+    return unary(SqrtOp());
+  if (op == "Reciprocal")
+    return unary(ReciprocalOp());
+  if (op == "Tanh")
+    return unary(TanhOp());
+  if (op == "Erf")
+    return unary(ErfOp());
+  if (op == "Sigmoid")
+    return unary(SigmoidOp());
+  if (op == "Relu")
+    return unary(ReluOp());
+  if (op == "Sin")
+    return unary(SinOp());
+  if (op == "Cos")
+    return unary(CosOp());
+  if (op == "Not")
+    return unary(NotOp());
+  if (op == "Gelu") {
+    std::string approx = attrString("approximate", "none");
+    if (approx != "none" && approx != "tanh")
+      fail("approximate must be 'none' or 'tanh', got '" + approx + "'");
+    Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("the input must be floating-point");
+    return define(0, GeluOp::create(b, loc, x.getType(), x, b.getStringAttr(approx)));
+  }
+  if (op == "Identity")
+    return define(0, val(0));
+  if (op == "Dropout") {
+    if (outputUsed(1))
+      fail("the Dropout mask output is not supported");
+    bool training = hasInput(2) && needConst(2, "training_mode").asInt(0) != 0;
+    double ratio = hasInput(1) ? needConst(1, "ratio").asDouble(0) : 0.5;
+    if (training && ratio > 0)
+      fail("dropout in training mode is not supported yet; export with p=0 or in eval "
+           "mode");
+    return define(0, val(0));
+  }
+  if (op == "Cast") {
+    int to = attrInt("to", 0);
+    Value x = val(0);
+    Type elt = mlirType(to, "Cast target");
+    if (elt == eltOf(x))
+      return define(0, x);
+    return define(0, CastOp::create(b, loc, tensorType(shp(x), elt), x));
+  }
+  if (op == "Where") {
+    Value c = val(0), x = val(1), y = val(2);
+    if (!eltOf(c).isInteger(1))
+      fail("the condition must be BOOL");
+    if (eltOf(x) != eltOf(y))
+      fail("the two branches have different element types");
+    ShapeOrError s = broadcastShapes(shp(x), shp(y));
+    expect(s);
+    s = broadcastShapes(shp(c), s.shape);
+    expect(s);
+    return define(0, WhereOp::create(b, loc, tensorType(s.shape, eltOf(x)), c, x, y));
+  }
+  failUnsupported();
+}
+
+void Importer::buildContraction(const onnx::NodeProto &n) {
+  const std::string &op = n.op_type();
+
+  if (op == "MatMul") {
+    Value l = val(0), r = val(1);
+    if (eltOf(l) != eltOf(r))
+      fail("operand element types differ");
+    ShapeOrError s = matmulShape(shp(l), shp(r));
+    expect(s);
+    return define(0, MatmulOp::create(b, loc, tensorType(s.shape, eltOf(l)), l, r));
+  }
+  if (op == "Gemm") {
+    Value a = val(0), w = val(1);
+    if (shp(a).size() != 2 || shp(w).size() != 2)
+      fail("Gemm needs 2-D A and B");
+    auto transpose2d = [&](Value v) {
+      SmallVector<int64_t> s = {shp(v)[1], shp(v)[0]};
+      return TransposeOp::create(b, loc, tensorType(s, eltOf(v)), v, b.getDenseI64ArrayAttr({1, 0}))
+          .getResult();
+    };
+    if (attrInt("transA", 0))
+      a = transpose2d(a);
+    if (attrInt("transB", 0))
+      w = transpose2d(w);
+    ShapeOrError s = matmulShape(shp(a), shp(w));
+    expect(s);
+    Value y = MatmulOp::create(b, loc, tensorType(s.shape, eltOf(a)), a, w);
+    auto scalar = [&](float v) {
+      return materialize(HostTensor::floats((ElemKind)kindOf(0), {}, {v}), "");
+    };
+    float alpha = attrFloat("alpha", 1.0f), beta = attrFloat("beta", 1.0f);
+    if (alpha != 1.0f)
+      y = binary<MulOp>(y, scalar(alpha));
+    if (hasInput(2) && beta != 0.0f) {
+      Value c = val(2);
+      if (beta != 1.0f)
+        c = binary<MulOp>(c, scalar(beta));
+      y = binary<AddOp>(y, c);
+    }
+    return define(0, y);
+  }
+  failUnsupported();
+}
+
+void Importer::buildNormalization(const onnx::NodeProto &n) {
+  const std::string &op = n.op_type();
+
+  if (op == "ReduceSum" || op == "ReduceMean" || op == "ReduceMax") {
+    Value x = val(0);
+    SmallVector<int64_t> axes = reduceAxes(n, shp(x).size());
+    if (axes.empty())
+      return define(0, x);
+    bool keep = attrInt("keepdims", 1) != 0;
+    ShapeOrError s = reduceShape(shp(x), axes, keep);
+    expect(s);
+    auto type = tensorType(s.shape, eltOf(x));
+    auto axesAttr = b.getDenseI64ArrayAttr(axes);
+    auto keepAttr = b.getBoolAttr(keep);
+    if (op == "ReduceSum")
+      return define(0, ReduceSumOp::create(b, loc, type, x, axesAttr, keepAttr));
+    if (op == "ReduceMean") {
+      if (!isa<FloatType>(eltOf(x)))
+        fail("ReduceMean of integers is not supported");
+      return define(0, ReduceMeanOp::create(b, loc, type, x, axesAttr, keepAttr));
+    }
+    return define(0, ReduceMaxOp::create(b, loc, type, x, axesAttr, keepAttr));
+  }
+  if (op == "Softmax" || op == "LogSoftmax") {
+    Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("the input must be floating-point");
+    int64_t axis = normAxis(attrInt("axis", -1), shp(x).size());
+    if (op == "Softmax")
+      return define(0, SoftmaxOp::create(b, loc, x.getType(), x, b.getI64IntegerAttr(axis)));
+    return define(0, LogSoftmaxOp::create(b, loc, x.getType(), x, b.getI64IntegerAttr(axis)));
+  }
+  if (op == "LayerNormalization") {
+    if (outputUsed(1) || outputUsed(2))
+      fail("the Mean and InvStdDev outputs are not supported");
+    Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("the input must be floating-point");
+    int64_t axis = normAxis(attrInt("axis", -1), shp(x).size());
+    Value scale = hasInput(1) ? val(1) : Value();
+    Value bias = hasInput(2) ? val(2) : Value();
+    ArrayRef<int64_t> norm = shp(x).drop_front(axis);
+    for (Value p : {scale, bias})
+      if (p && !broadcastsTo(shp(p), norm))
+        fail("scale/bias shape " + formatShape(shp(p)) +
+             " does not match the normalized dimensions " + formatShape(norm));
+    if (scale && shp(scale) != norm)
+      scale = ExpandOp::create(b, loc, tensorType(norm, eltOf(scale)), scale);
+    if (bias && shp(bias) != norm)
+      bias = ExpandOp::create(b, loc, tensorType(norm, eltOf(bias)), bias);
+    return define(0, LayerNormOp::create(b, loc, x.getType(), x, scale, bias,
+                                         b.getI64IntegerAttr(axis),
+                                         b.getF32FloatAttr(attrFloat("epsilon", 1e-5f))));
+  }
+  if (op == "BatchNormalization") {
+    Value x = val(0);
+    if (shp(x).size() < 2)
+      fail("the input needs rank >= 2");
+    // Opset 13 has no training_mode: the optional statistics outputs mark it.
+    int present = 0;
+    for (const auto &o : n.output())
+      present += !o.empty();
+    bool training = opset >= 14 ? attrInt("training_mode", 0) != 0 : present > 1;
+    if (outputUsed(3) || outputUsed(4))
+      fail("the saved_mean / saved_var outputs are not supported");
+    if (!training && (outputUsed(1) || outputUsed(2)))
+      fail("running statistics outputs need training_mode=1");
+    SmallVector<Value> ops = {x, val(1), val(2), val(3), val(4)};
+    for (int k = 1; k < 5; ++k)
+      if (shp(ops[k]) != ArrayRef<int64_t>{shp(x)[1]})
+        fail("input " + std::to_string(k) + " must have shape [" + std::to_string(shp(x)[1]) + "]");
+    auto chan = ops[3].getType();
+    auto bn = BatchNormOp::create(
+        b, loc, TypeRange{x.getType(), chan, chan}, ops[0], ops[1], ops[2], ops[3], ops[4],
+        b.getF32FloatAttr(attrFloat("epsilon", 1e-5f)),
+        b.getF32FloatAttr(attrFloat("momentum", 0.9f)), b.getBoolAttr(training));
+    define(0, bn.getResult());
+    define(1, bn.getNewRunningMean());
+    define(2, bn.getNewRunningVar());
+    return;
+  }
+  failUnsupported();
+}
+
+void Importer::buildConvolution(const onnx::NodeProto &n) {
+  const std::string &op = n.op_type();
+
+  if (op == "Conv" || op == "MaxPool") {
+    Value x = val(0);
+    if (shp(x).size() != 4)
+      fail("only 2-D " + op + " on 4-D NCHW tensors is supported, got rank " +
+           std::to_string(shp(x).size()));
+    SmallVector<int64_t> kernel;
+    if (auto k = attrInts("kernel_shape"))
+      kernel.assign(k->begin(), k->end());
+    else if (op == "Conv")
+      kernel = {shapeOf(1)[2], shapeOf(1)[3]};
+    else
+      fail("kernel_shape is required");
+    auto ints = [&](StringRef name, SmallVector<int64_t> dflt) {
+      auto v = attrInts(name);
+      return v ? SmallVector<int64_t>(v->begin(), v->end()) : dflt;
+    };
+    SmallVector<int64_t> strides = ints("strides", {1, 1});
+    SmallVector<int64_t> dil = ints("dilations", {1, 1});
+    SmallVector<int64_t> pads = ints("pads", {0, 0, 0, 0});
+    std::string autoPad = attrString("auto_pad", "NOTSET");
+    if (autoPad == "VALID") {
+      pads = {0, 0, 0, 0};
+    } else if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
+      for (int i = 0; i < 2; ++i) {
+        int64_t in = shp(x)[2 + i], out = (in + strides[i] - 1) / strides[i];
+        int64_t total =
+            std::max<int64_t>(0, (out - 1) * strides[i] + dil[i] * (kernel[i] - 1) + 1 - in);
+        pads[i] = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
+        pads[i + 2] = total - pads[i];
+      }
+    } else if (autoPad != "NOTSET") {
+      fail("auto_pad '" + autoPad + "' is not supported");
+    }
+    if (op == "MaxPool") {
+      if (attrInt("ceil_mode", 0))
+        fail("ceil_mode=1 is not supported");
+      if (dil != SmallVector<int64_t>{1, 1})
+        fail("dilated pooling is not supported");
+      if (outputUsed(1))
+        fail("the Indices output is not supported");
+      ShapeOrError s = pool2dShape(shp(x), kernel, strides, pads);
+      expect(s);
+      return define(0, MaxPool2dOp::create(
+                           b, loc, tensorType(s.shape, eltOf(x)), x, b.getDenseI64ArrayAttr(kernel),
+                           b.getDenseI64ArrayAttr(strides), b.getDenseI64ArrayAttr(pads)));
+    }
+    Value w = val(1);
+    Value bias = hasInput(2) ? val(2) : Value();
+    int64_t group = attrInt("group", 1);
+    ShapeOrError s = conv2dShape(shp(x), shp(w), strides, pads, dil, group);
+    expect(s);
+    if (ArrayRef<int64_t>(kernel) != shp(w).drop_front(2))
+      fail("kernel_shape does not match the weight");
+    return define(0, Conv2dOp::create(b, loc, tensorType(s.shape, eltOf(x)), x, w, bias,
+                                      b.getDenseI64ArrayAttr(strides), b.getDenseI64ArrayAttr(pads),
+                                      b.getDenseI64ArrayAttr(dil), b.getI64IntegerAttr(group)));
+  }
+  if (op == "GlobalAveragePool") {
+    Value x = val(0);
+    int64_t rank = shp(x).size();
+    if (rank < 3)
+      fail("the input needs rank >= 3");
+    SmallVector<int64_t> axes;
+    for (int64_t d = 2; d < rank; ++d)
+      axes.push_back(d);
+    ShapeOrError s = reduceShape(shp(x), axes, true);
+    return define(0, ReduceMeanOp::create(b, loc, tensorType(s.shape, eltOf(x)), x,
+                                          b.getDenseI64ArrayAttr(axes), b.getBoolAttr(true)));
+  }
+  failUnsupported();
+}
+
+void Importer::buildLoss(const onnx::NodeProto &n) {
+  const std::string &op = n.op_type();
+
+  if (op == "SoftmaxCrossEntropyLoss" || op == "NegativeLogLikelihoodLoss") {
+    if (hasInput(2))
+      fail("class weights are not supported");
+    if (outputUsed(1))
+      fail("the log_prob output is not supported");
+    Value logits = val(0), targets = val(1);
+    if (op == "NegativeLogLikelihoodLoss") {
+      // NLL(log_softmax(x)) is cross-entropy of x; carve keeps it whole.
+      auto ls = logits.getDefiningOp<LogSoftmaxOp>();
+      if (!ls || ls.getAxis() != 1)
+        fail("NegativeLogLikelihoodLoss is supported on the output of LogSoftmax over "
+             "axis 1 only");
+      logits = ls.getInput();
+    }
+    if (!isa<FloatType>(eltOf(logits)))
+      fail("the scores must be floating-point");
+    if (!eltOf(targets).isInteger(64) && !eltOf(targets).isInteger(32))
+      fail("the labels must be INT32 or INT64");
+    std::string red = attrString("reduction", "mean");
+    if (red != "mean" && red != "sum" && red != "none")
+      fail("reduction '" + red + "' is not one of mean, sum, none");
+    ShapeOrError s = crossEntropyShape(shp(logits), shp(targets), red != "none");
+    expect(s);
+    IntegerAttr ignore;
+    if (attr("ignore_index"))
+      ignore = b.getI64IntegerAttr(attrInt("ignore_index", -100));
+    return define(0, CrossEntropyOp::create(b, loc, tensorType(s.shape, eltOf(logits)), logits,
+                                            targets, b.getStringAttr(red), ignore));
+  }
+  failUnsupported();
+}
+
+} // namespace carve::frontend

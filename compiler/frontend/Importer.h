@@ -1,0 +1,169 @@
+//===- Importer.h - the ONNX importer's shared state (private) ------------===//
+//
+// Private to compiler/frontend: the Importer that turns one ONNX model into
+// `func.func @forward`, and what its files share. The public entry points are
+// in OnnxImporter.h.
+//
+// Who does what:
+//   OnnxImporter.cpp         the public entry points; the walk over the graph
+//                            (run, importNode), outputs, verify and raise
+//   ReadModel.cpp            protobuf and opset checks, initializer checks,
+//                            external data, tensors read into HostTensor
+//   ImportArguments.cpp      parameters, buffers and constants (--frozen);
+//                            graph inputs and parameters as arguments
+//   NodeValues.cpp           a node's inputs, outputs and attributes; constants
+//                            materialized as carve.constant
+//   HostFold.cpp             nodes whose inputs are all known, evaluated on
+//                            the host
+//   ImportOps.cpp            the per-op import table: elementwise,
+//                            contractions, normalizations, convolutions, losses
+//   ImportDataMovement.cpp   reshapes, transposes, slices, splits, concats,
+//                            gathers and expands
+//   ImportCustomOp.cpp       custom-domain nodes described by --rules
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_FRONTEND_IMPORTER_H
+#define CARVE_COMPILER_FRONTEND_IMPORTER_H
+
+#include "compiler/frontend/HostTensor.h"
+#include "compiler/frontend/OnnxImporter.h"
+#include "dialects/carve/Shapes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/StringSet.h"
+
+#include "onnx/onnx_pb.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace carve::frontend {
+
+/// One value of the graph as the importer knows it: an SSA value, a constant,
+/// or both (a constant that has been materialized).
+struct Slot {
+  mlir::Value value;
+  std::optional<HostTensor> constant;
+  const onnx::TensorProto *init = nullptr; ///< a not-yet-used initializer
+  bool isParam = false;
+};
+
+/// Imports one model; every failure throws from `fail` with a one-line cause.
+class Importer {
+public:
+  Importer(mlir::MLIRContext &ctx, const ImportOptions &opts, std::string displayName,
+           std::string baseDir)
+      : ctx(ctx), b(&ctx), opts(opts), file(std::move(displayName)), baseDir(std::move(baseDir)) {}
+
+  mlir::OwningOpRef<mlir::ModuleOp> run(llvm::StringRef bytes);
+
+private:
+  // Reading and validation.
+  void parse(llvm::StringRef bytes);
+  void checkInitializer(const onnx::TensorProto &t);
+  HostTensor loadTensor(const onnx::TensorProto &t, const std::string &what);
+  /// Appends the initializer to ImportOptions::initialValues when asked.
+  void recordInitialValue(const onnx::TensorProto &t, const std::string &what);
+  std::string readExternal(const onnx::TensorProto &t, int64_t bytes, const std::string &what);
+  /// Validates an initializer's external data entry; returns the file path.
+  std::string externalPath(const onnx::TensorProto &t, int64_t bytes, const std::string &what,
+                           int64_t &offset);
+  mlir::Type mlirType(int onnxType, const std::string &what);
+  void classifyInitializers();
+  void makeArguments();
+
+  // Nodes.
+  void importNode(const onnx::NodeProto &n, int index);
+  /// Evaluates the ops that never need their inputs' data (Shape, Size,
+  /// Constant, ConstantOfShape); returns true if `n` is one of them.
+  bool foldWithoutData(const onnx::NodeProto &n);
+  bool tryFold(const onnx::NodeProto &n);
+  /// Builds the carve op(s) of `n` through the per-op import table.
+  void build(const onnx::NodeProto &n);
+  /// One family of the import table each (ImportOps.cpp, ImportDataMovement.cpp).
+  void buildElementwise(const onnx::NodeProto &n);
+  void buildContraction(const onnx::NodeProto &n);
+  void buildNormalization(const onnx::NodeProto &n);
+  void buildReshape(const onnx::NodeProto &n);
+  void buildDataMovement(const onnx::NodeProto &n);
+  void buildConvolution(const onnx::NodeProto &n);
+  void buildLoss(const onnx::NodeProto &n);
+  void buildCustom(const onnx::NodeProto &n, const CustomOpRule &rule);
+  /// With a batch override, adjusts a Reshape's constant target shape that
+  /// hard-codes the model's own batch (ImportOptions::globalBatch).
+  void rescaleBatch(std::vector<int64_t> &req, llvm::ArrayRef<int64_t> in) const;
+
+  // Input access.
+  bool hasInput(int k) const;
+  Slot &slot(int k);
+  mlir::Value val(int k);
+  const HostTensor *cst(int k);
+  const HostTensor &needConst(int k, llvm::StringRef what);
+  llvm::SmallVector<int64_t> shapeOf(int k);
+  ElemKind kindOf(int k);
+  mlir::Value materialize(const HostTensor &t, llvm::StringRef name);
+  void define(int outIdx, mlir::Value v);
+  void defineConst(int outIdx, HostTensor t);
+
+  // Attributes.
+  const onnx::AttributeProto *attr(llvm::StringRef name) const;
+  int64_t attrInt(llvm::StringRef name, int64_t dflt) const;
+  float attrFloat(llvm::StringRef name, float dflt) const;
+  std::string attrString(llvm::StringRef name, llvm::StringRef dflt) const;
+  std::optional<std::vector<int64_t>> attrInts(llvm::StringRef name) const;
+
+  // Helpers.
+  [[noreturn]] void fail(const std::string &msg) const;
+  /// Fails for an op outside the import table.
+  [[noreturn]] void failUnsupported() const;
+  int64_t normAxis(int64_t axis, int64_t rank) const;
+  mlir::RankedTensorType tensorType(llvm::ArrayRef<int64_t> shape, mlir::Type elt) {
+    for (int64_t d : shape)
+      if (d < 0)
+        fail("shape " + formatShape(shape) + " has a negative dimension");
+    return mlir::RankedTensorType::get(shape, elt);
+  }
+  mlir::Type eltOf(mlir::Value v) {
+    return mlir::cast<mlir::RankedTensorType>(v.getType()).getElementType();
+  }
+  llvm::ArrayRef<int64_t> shp(mlir::Value v) {
+    return mlir::cast<mlir::RankedTensorType>(v.getType()).getShape();
+  }
+  void expect(const ShapeOrError &s) const {
+    if (!s.ok())
+      fail(s.error);
+  }
+  /// Defined in ImportOps.cpp, its only user.
+  template <typename OpTy>
+  mlir::Value binary(mlir::Value l, mlir::Value r, bool boolResult = false);
+  mlir::Value reshape(mlir::Value v, llvm::ArrayRef<int64_t> shape);
+  llvm::SmallVector<int64_t> reduceAxes(const onnx::NodeProto &n, int64_t rank);
+  void normalizeSlice(llvm::ArrayRef<int64_t> shape, llvm::SmallVectorImpl<int64_t> &starts,
+                      llvm::SmallVectorImpl<int64_t> &ends, llvm::SmallVectorImpl<int64_t> &steps);
+  bool outputUsed(int k) const;
+
+  mlir::MLIRContext &ctx;
+  mlir::OpBuilder b;
+  const ImportOptions &opts;
+  std::string file, baseDir;
+  onnx::ModelProto model;
+  int64_t opset = 0;
+  llvm::StringMap<Slot> env;
+  llvm::StringSet<> paramNames, bufferNames, frozenNames;
+  bool haveParamMetadata = false;
+  llvm::StringMap<unsigned> useCount;
+  mlir::func::FuncOp func;
+  mlir::Block *entry = nullptr;
+  llvm::SmallVector<mlir::DictionaryAttr> argAttrs;
+  const onnx::NodeProto *node = nullptr;
+  std::string nodeLabel; ///< the node's name, or OpType_index when it has none
+  mlir::Location loc = mlir::UnknownLoc::get(&ctx);
+};
+
+} // namespace carve::frontend
+
+#endif // CARVE_COMPILER_FRONTEND_IMPORTER_H
