@@ -45,6 +45,13 @@ public:
   bool run(std::string &error);
 
 private:
+  void findLayers();
+  void markBatch();
+  void assignSegments();
+  void countWork();
+  void countActivations();
+  void countBoundaries();
+  void countParameters();
   void collectSites();
   func::FuncOp fn;
   Profile &p;
@@ -55,6 +62,8 @@ private:
   llvm::DenseSet<Value> batch;        // values that depend on the batch
   std::string prefix;                 // the numbered layers' prefix ("h")
   int numLayers = 0;
+  std::map<int, int> layerIndex; // layer number -> dense index
+  int headSeg = 0;               // the head's segment
 
   bool isBackward(Operation *op) const {
     return StringRef(nodeName(op->getLoc())).starts_with(kBackwardPrefix);
@@ -68,9 +77,10 @@ private:
   }
 };
 
-bool Profiler::run(std::string &error) {
+/// The numbered layers: the most common prefix among forward node names;
+/// one segment per layer between the embedding and the head.
+void Profiler::findLayers() {
   Block &body = fn.getBody().front();
-  // The numbered layers: the most common prefix among forward node names.
   std::map<std::string, std::set<int>> byPrefix;
   for (Operation &op : body.without_terminator()) {
     std::string pre;
@@ -83,7 +93,6 @@ bool Profiler::run(std::string &error) {
       prefix = pre;
       numLayers = (int)nums.size();
     }
-  std::map<int, int> layerIndex; // layer number -> dense index
   if (numLayers)
     for (int n : byPrefix[prefix])
       layerIndex.emplace(n, (int)layerIndex.size());
@@ -96,9 +105,12 @@ bool Profiler::run(std::string &error) {
   for (Segment &s : p.layers)
     segs.push_back(&s);
   segs.push_back(&p.head);
-  const int headSeg = (int)segs.size() - 1;
+  headSeg = (int)segs.size() - 1;
+}
 
-  // Batch dependence.
+/// The values that depend on the batch.
+void Profiler::markBatch() {
+  Block &body = fn.getBody().front();
   for (BlockArgument a : body.getArguments())
     if (fn.getArgAttr(a.getArgNumber(), kInputAttr))
       batch.insert(a);
@@ -109,9 +121,12 @@ bool Profiler::run(std::string &error) {
           batch.insert(r);
         break;
       }
+}
 
-  // Segments: forward ops by layer, then by position; backward ops by the
-  // forward node they differentiate.
+/// Segments: forward ops by layer, then by position; backward ops by the
+/// forward node they differentiate.
+void Profiler::assignSegments() {
+  Block &body = fn.getBody().front();
   int current = 0;
   bool seenLayer = false;
   for (Operation &op : body.without_terminator()) {
@@ -141,8 +156,11 @@ bool Profiler::run(std::string &error) {
     current = seg;
     segOf[o] = seg;
   }
+}
 
-  // Work, collectives, largest op.
+/// Work, collectives and the largest op of each segment.
+void Profiler::countWork() {
+  Block &body = fn.getBody().front();
   for (Operation &op : body.without_terminator()) {
     Operation *o = &op;
     Segment &s = *segs[segOf[o]];
@@ -197,9 +215,12 @@ bool Profiler::run(std::string &error) {
       s.hiddenMasks += out;
     }
   }
+}
 
-  // Activations kept for backward: forward values with a backward user,
-  // counted once per storage, in the first part whose backward reads them.
+/// Activations kept for backward: forward values with a backward user,
+/// counted once per storage, in the first part whose backward reads them.
+void Profiler::countActivations() {
+  Block &body = fn.getBody().front();
   llvm::DenseMap<Value, int> rootSeg;       // root -> segment charged
   llvm::DenseMap<Value, bool> rootRegather; // kept sharded, gathered again in backward
   std::vector<Value> roots;
@@ -255,8 +276,11 @@ bool Profiler::run(std::string &error) {
         s.backwardComm.add(kAllGather, elemsOf(d->getResult(0)));
     }
   }
+}
 
-  // Inputs from earlier parts and what crosses to later parts.
+/// Inputs from earlier parts and what crosses to later parts.
+void Profiler::countBoundaries() {
+  Block &body = fn.getBody().front();
   llvm::DenseSet<Value> countedIn, countedOut;
   for (Operation &op : body.without_terminator()) {
     if (isBackward(&op))
@@ -277,8 +301,11 @@ bool Profiler::run(std::string &error) {
         segs[from]->boundary += elemsOf(v);
     }
   }
+}
 
-  // Parameters: local elements, in every part that uses them.
+/// Parameters: local elements, in every part that uses them.
+void Profiler::countParameters() {
+  Block &body = fn.getBody().front();
   for (BlockArgument a : body.getArguments()) {
     unsigned i = a.getArgNumber();
     if (!fn.getArgAttr(i, kParamAttr))
@@ -294,6 +321,16 @@ bool Profiler::run(std::string &error) {
     if (trainable && users.size() > 1)
       p.sharedParams += e * (double)(users.size() - 1);
   }
+}
+
+bool Profiler::run(std::string &error) {
+  findLayers();
+  markBatch();
+  assignSegments();
+  countWork();
+  countActivations();
+  countBoundaries();
+  countParameters();
   collectSites();
   (void)error;
   return true;
