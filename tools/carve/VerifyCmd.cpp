@@ -316,231 +316,272 @@ std::string sci(double x) {
   return buf;
 }
 
-int verify(const VerifyArgs &args) {
-  // 1. The inputs.
-  if (args.model.rfind("builtin:", 0) != 0) {
-    if (!sys::fs::exists(args.model))
-      bad(args.model + ": no such model file");
-    if (sys::fs::is_directory(args.model))
-      bad(args.model + ": is a directory, expected a model (.onnx)");
+/// One `carve verify` run: the steps of verify(), in order.
+class Verifier {
+public:
+  explicit Verifier(const VerifyArgs &args) : args(args) {}
+
+  int run() {
+    checkInputs();
+    prepareWorkFolder();
+    compileBoth();
+    makeData();
+    if (!trainBoth())
+      return kFail;
+    return compare();
   }
-  if (args.planPath.empty())
-    bad("--plan PLAN.json is required: the plan to verify against one rank");
-  if (!sys::fs::exists(args.planPath))
-    bad(args.planPath + ": no such plan file");
-  std::string planText = readFile(args.planPath);
+
+private:
+  const VerifyArgs &args;
+  std::string planText;
   Plan plan;
-  std::string error;
-  if (!parsePlan(planText, args.planPath, plan, error))
-    bad(error);
-  if (args.steps < 1)
-    bad("--steps must be at least 1");
-  if (!(args.lossTolerance >= 0) || !(args.weightTolerance >= 0))
-    bad("--tolerance-loss and --tolerance-weights must be non-negative numbers");
-  if (!args.data.empty() && !sys::fs::is_regular_file(args.data))
-    bad(args.data + ": no such data file");
-  nlohmann::ordered_json refPlan = nlohmann::ordered_json::object();
-  {
-    auto given = nlohmann::ordered_json::parse(planText);
-    if (given.contains("optimizer"))
-      refPlan["optimizer"] = given["optimizer"];
-  }
-
-  // The work folder: ours to fill, never someone else's.
+  nlohmann::ordered_json refPlan;
   WorkDir work;
-  if (args.workdir.empty()) {
-    SmallString<256> tmp;
-    if (std::error_code ec = sys::fs::createUniqueDirectory("carve-verify", tmp))
-      bad("cannot create a temporary folder: " + ec.message());
-    work.path = tmp.str().str();
-    work.temporary = true;
-  } else {
-    work.path = args.workdir;
-    if (sys::fs::exists(work.path)) {
-      if (!sys::fs::is_directory(work.path))
-        bad(work.path + ": exists and is not a folder");
-      std::error_code ec;
-      bool empty = sys::fs::directory_iterator(work.path, ec) == sys::fs::directory_iterator();
-      if (!empty && !sys::fs::exists(work.path + "/verify.json"))
-        bad(work.path + ": exists and is not a carve verify folder (no verify.json); refusing "
-                        "to write into it");
-    } else if (std::error_code ec = sys::fs::create_directories(work.path)) {
-      bad(work.path + ": cannot create: " + ec.message());
+  int ranks = 1;
+  std::string data;
+
+  std::string at(const std::string &name) const { return work.path + "/" + name; }
+
+  /// 1. The inputs: the model, the plan, the options, the data file.
+  void checkInputs() {
+    if (args.model.rfind("builtin:", 0) != 0) {
+      if (!sys::fs::exists(args.model))
+        bad(args.model + ": no such model file");
+      if (sys::fs::is_directory(args.model))
+        bad(args.model + ": is a directory, expected a model (.onnx)");
     }
-  }
-  auto at = [&](const std::string &name) { return work.path + "/" + name; };
-  {
-    nlohmann::ordered_json v;
-    v["model"] = args.model;
-    v["plan"] = nlohmann::ordered_json::parse(planText);
-    v["steps"] = args.steps;
-    std::ofstream(at("verify.json")) << v.dump(2) << "\n";
-    std::ofstream(at("reference-plan.json")) << refPlan.dump() << "\n";
-  }
-  const int ranks = plan.worldSize();
-  outs() << "carve verify: " << args.model << "\n"
-         << "  plan " << args.planPath << " " << plan.json << " on " << ranks << " rank"
-         << (ranks > 1 ? "s" : "") << ", against 1 rank; " << args.steps << " step"
-         << (args.steps > 1 ? "s" : "") << " from the same initial weights\n"
-         << "  optimizer: "
-         << (args.plannedOptimizer ? "the plan's"
-                                   : "SGD lr 0.05, momentum 0.9, gradient norm clipped at 0.5 "
-                                     "(--planned-optimizer: the plan's)")
-         << "\n";
-  outs().flush();
-
-  // 2. Compile both.
-  auto compile = [&](const std::string &what, const std::string &planFile, const std::string &out) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::string> a = {"compile", args.model, "--plan", planFile, "-o", out, "--quiet"};
-    a.insert(a.end(), args.compileFlags.begin(), args.compileFlags.end());
-    if (!args.plannedOptimizer)
-      a.insert(a.end(), kComparisonOptimizer.begin(), kComparisonOptimizer.end());
-    std::string log = out + ".compile.log";
-    if (runSelf(a, log) != 0)
-      bad("compiling the " + what + " failed: " + errorLine(log));
-    return secondsSince(t0);
-  };
-  double tRef = compile("reference (1 rank)", at("reference-plan.json"), at("reference"));
-  double tPlan = compile("planned program", args.planPath, at("planned"));
-  outs() << "  compiled: 1 rank in " << format("%.1f", tRef) << " s, the plan in "
-         << format("%.1f", tPlan) << " s (" << work.path << ")\n";
-  if (const char *name = getenv("CARVE_VERIFY_PERTURB")) {
-    perturbInitialWeights(at("planned"), name);
-    outs() << "  fault injection (CARVE_VERIFY_PERTURB): '" << name
-           << "' of the planned program's initial weights scaled by "
-           << format("%g", 1 + kPerturbation) << "\n";
-  }
-
-  // 3. The data.
-  std::string data = args.data;
-  if (data.empty()) {
-    ModelShape shape = inspectModel(args.model, args.compileFlags);
-    if (!shape.tokens)
-      bad(args.model + ": cannot generate training data: " + shape.why +
-          "; give --data FILE (a tensor file, runtime/README.md)");
-    data = at("tokens.bin");
-    int64_t n = std::max<int64_t>(4096, args.steps * shape.batch * shape.seq + shape.seq + 2);
-    writeTokens(data, n, shape.vocab);
-    outs() << "  data: " << n << " generated tokens (vocabulary " << shape.vocab << ")\n";
-  }
-
-  // 4. Train both, a checkpoint after every step.
-  auto train = [&](const std::string &out, int n, const std::string &tag) {
-    std::string save = at(tag + "-ckpt");
-    sys::fs::remove_directories(save);
-    std::vector<std::string> a = {"run",
-                                  out,
-                                  "-n",
-                                  std::to_string(n),
-                                  "--",
-                                  "--steps",
-                                  std::to_string(args.steps),
-                                  "--data",
-                                  data,
-                                  "--log",
-                                  at(tag + ".jsonl"),
-                                  "--save",
-                                  save,
-                                  "--save-every",
-                                  "1",
-                                  "--keep",
-                                  "0",
-                                  "--quiet"};
-    return runSelf(a, at(tag + ".log"));
-  };
-  auto t0 = std::chrono::steady_clock::now();
-  if (train(at("reference"), 1, "reference") != 0)
-    bad("training the reference (1 rank) failed: " + errorLine(at("reference.log")));
-  if (train(at("planned"), ranks, "planned") != 0) {
-    errs() << "carve verify: FAIL: the planned program failed: " << errorLine(at("planned.log"))
-           << "\n";
-    return kFail;
-  }
-  outs() << "  trained both in " << format("%.1f", secondsSince(t0)) << " s\n";
-
-  // 5. Compare.
-  std::vector<double> lossRef = readLosses(at("reference.jsonl"), error);
-  if (!error.empty())
-    bad("the reference run's log: " + error);
-  std::vector<double> lossPlan = readLosses(at("planned.jsonl"), error);
-  if (!error.empty() || (int64_t)lossPlan.size() != args.steps) {
-    errs() << "carve verify: FAIL: the planned run's log: "
-           << (error.empty() ? std::to_string(lossPlan.size()) + " steps logged, expected " +
-                                   std::to_string(args.steps)
-                             : error)
-           << "\n";
-    return kFail;
-  }
-  if ((int64_t)lossRef.size() != args.steps)
-    bad("the reference run logged " + std::to_string(lossRef.size()) + " steps, expected " +
-        std::to_string(args.steps));
-  auto refSteps = rt::listCheckpoints(at("reference-ckpt"));
-  auto planSteps = rt::listCheckpoints(at("planned-ckpt"));
-
-  outs() << "  step  loss (1 rank)   loss (plan)  rel. diff  weights rel. diff  in tensor\n";
-  std::string firstFailure;
-  double worstLoss = 0, worstWeight = 0;
-  std::string worstTensor;
-  for (int64_t k = 1; k <= args.steps; ++k) {
-    StepResult r;
-    r.lossA = lossRef[k - 1];
-    r.lossB = lossPlan[k - 1];
-    double d = std::fabs(r.lossA - r.lossB);
-    r.lossRel = std::isnan(d) ? INFINITY : r.lossA != 0 ? d / std::fabs(r.lossA) : d;
-    auto find = [&](const std::vector<std::pair<int64_t, std::string>> &list) {
-      for (const auto &[s, path] : list)
-        if (s == k)
-          return path;
-      return std::string();
-    };
-    std::string refDir = find(refSteps), planDir = find(planSteps);
-    if (refDir.empty())
-      bad(at("reference-ckpt") + ": no checkpoint of step " + std::to_string(k));
-    std::vector<rt::FullTensor> a, b;
-    if (!rt::readFullCheckpoint(refDir, a, error))
+    if (args.planPath.empty())
+      bad("--plan PLAN.json is required: the plan to verify against one rank");
+    if (!sys::fs::exists(args.planPath))
+      bad(args.planPath + ": no such plan file");
+    planText = readFile(args.planPath);
+    std::string error;
+    if (!parsePlan(planText, args.planPath, plan, error))
       bad(error);
-    if (planDir.empty())
-      r.problem = "no checkpoint of step " + std::to_string(k) + " in " + at("planned-ckpt");
-    else if (!rt::readFullCheckpoint(planDir, b, error))
-      r.problem = error;
-    else
-      compareWeights(a, b, r);
-    bool ok =
-        r.problem.empty() && r.lossRel <= args.lossTolerance && r.weightRel <= args.weightTolerance;
-    outs() << format("  %4lld  %13.8f  %12.8f  %9s  %17s  ", (long long)k, r.lossA, r.lossB,
-                     sci(r.lossRel).c_str(), sci(r.weightRel).c_str())
-           << (r.problem.empty() ? r.worstTensor : r.problem) << (ok ? "" : "  <- over") << "\n";
-    if (!ok && firstFailure.empty()) {
-      if (!r.problem.empty())
-        firstFailure = "step " + std::to_string(k) + ": " + r.problem;
-      else if (!(r.lossRel <= args.lossTolerance))
-        firstFailure = "step " + std::to_string(k) + ": the losses differ by " + sci(r.lossRel) +
-                       " (relative; tolerance " + sci(args.lossTolerance) + ")" +
-                       (r.weightRel > args.weightTolerance
-                            ? "; weights of '" + r.worstTensor + "' by " + sci(r.weightRel)
-                            : "");
-      else
-        firstFailure = "step " + std::to_string(k) + ": the weights of '" + r.worstTensor +
-                       "' differ by " + sci(r.weightRel) +
-                       " of the tensor's largest entry (tolerance " + sci(args.weightTolerance) +
-                       ")";
+    if (args.steps < 1)
+      bad("--steps must be at least 1");
+    if (!(args.lossTolerance >= 0) || !(args.weightTolerance >= 0))
+      bad("--tolerance-loss and --tolerance-weights must be non-negative numbers");
+    if (!args.data.empty() && !sys::fs::is_regular_file(args.data))
+      bad(args.data + ": no such data file");
+    refPlan = nlohmann::ordered_json::object();
+    {
+      auto given = nlohmann::ordered_json::parse(planText);
+      if (given.contains("optimizer"))
+        refPlan["optimizer"] = given["optimizer"];
     }
-    worstLoss = std::max(worstLoss, r.lossRel);
-    if (r.weightRel >= worstWeight)
-      worstWeight = r.weightRel, worstTensor = r.worstTensor;
+    ranks = plan.worldSize();
   }
-  outs().flush();
-  if (!firstFailure.empty()) {
-    outs() << "FAIL: " << firstFailure << "\n";
-    return kFail;
+
+  /// The work folder: ours to fill, never someone else's; what is verified.
+  void prepareWorkFolder() {
+    if (args.workdir.empty()) {
+      SmallString<256> tmp;
+      if (std::error_code ec = sys::fs::createUniqueDirectory("carve-verify", tmp))
+        bad("cannot create a temporary folder: " + ec.message());
+      work.path = tmp.str().str();
+      work.temporary = true;
+    } else {
+      work.path = args.workdir;
+      if (sys::fs::exists(work.path)) {
+        if (!sys::fs::is_directory(work.path))
+          bad(work.path + ": exists and is not a folder");
+        std::error_code ec;
+        bool empty = sys::fs::directory_iterator(work.path, ec) == sys::fs::directory_iterator();
+        if (!empty && !sys::fs::exists(work.path + "/verify.json"))
+          bad(work.path + ": exists and is not a carve verify folder (no verify.json); refusing "
+                          "to write into it");
+      } else if (std::error_code ec = sys::fs::create_directories(work.path)) {
+        bad(work.path + ": cannot create: " + ec.message());
+      }
+    }
+    {
+      nlohmann::ordered_json v;
+      v["model"] = args.model;
+      v["plan"] = nlohmann::ordered_json::parse(planText);
+      v["steps"] = args.steps;
+      std::ofstream(at("verify.json")) << v.dump(2) << "\n";
+      std::ofstream(at("reference-plan.json")) << refPlan.dump() << "\n";
+    }
+    outs() << "carve verify: " << args.model << "\n"
+           << "  plan " << args.planPath << " " << plan.json << " on " << ranks << " rank"
+           << (ranks > 1 ? "s" : "") << ", against 1 rank; " << args.steps << " step"
+           << (args.steps > 1 ? "s" : "") << " from the same initial weights\n"
+           << "  optimizer: "
+           << (args.plannedOptimizer ? "the plan's"
+                                     : "SGD lr 0.05, momentum 0.9, gradient norm clipped at 0.5 "
+                                       "(--planned-optimizer: the plan's)")
+           << "\n";
+    outs().flush();
   }
-  outs() << "PASS: losses within " << sci(args.lossTolerance) << " (worst " << sci(worstLoss)
-         << "), weights within " << sci(args.weightTolerance) << " (worst " << sci(worstWeight)
-         << ", " << worstTensor << ") over " << args.steps << " step" << (args.steps > 1 ? "s" : "")
-         << "\n";
-  return 0;
-}
+
+  /// 2. Compile both: the plan and its one-rank reference.
+  void compileBoth() {
+    auto compile = [&](const std::string &what, const std::string &planFile,
+                       const std::string &out) {
+      auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::string> a = {"compile", args.model, "--plan", planFile,
+                                    "-o",      out,        "--quiet"};
+      a.insert(a.end(), args.compileFlags.begin(), args.compileFlags.end());
+      if (!args.plannedOptimizer)
+        a.insert(a.end(), kComparisonOptimizer.begin(), kComparisonOptimizer.end());
+      std::string log = out + ".compile.log";
+      if (runSelf(a, log) != 0)
+        bad("compiling the " + what + " failed: " + errorLine(log));
+      return secondsSince(t0);
+    };
+    double tRef = compile("reference (1 rank)", at("reference-plan.json"), at("reference"));
+    double tPlan = compile("planned program", args.planPath, at("planned"));
+    outs() << "  compiled: 1 rank in " << format("%.1f", tRef) << " s, the plan in "
+           << format("%.1f", tPlan) << " s (" << work.path << ")\n";
+    if (const char *name = getenv("CARVE_VERIFY_PERTURB")) {
+      perturbInitialWeights(at("planned"), name);
+      outs() << "  fault injection (CARVE_VERIFY_PERTURB): '" << name
+             << "' of the planned program's initial weights scaled by "
+             << format("%g", 1 + kPerturbation) << "\n";
+    }
+  }
+
+  /// 3. The data: the user's, or tokens generated for the model.
+  void makeData() {
+    data = args.data;
+    if (data.empty()) {
+      ModelShape shape = inspectModel(args.model, args.compileFlags);
+      if (!shape.tokens)
+        bad(args.model + ": cannot generate training data: " + shape.why +
+            "; give --data FILE (a tensor file, runtime/README.md)");
+      data = at("tokens.bin");
+      int64_t n = std::max<int64_t>(4096, args.steps * shape.batch * shape.seq + shape.seq + 2);
+      writeTokens(data, n, shape.vocab);
+      outs() << "  data: " << n << " generated tokens (vocabulary " << shape.vocab << ")\n";
+    }
+  }
+
+  /// 4. Train both, a checkpoint after every step; false when the planned
+  /// program failed (the reference failing is an error).
+  bool trainBoth() {
+    auto train = [&](const std::string &out, int n, const std::string &tag) {
+      std::string save = at(tag + "-ckpt");
+      sys::fs::remove_directories(save);
+      std::vector<std::string> a = {"run",
+                                    out,
+                                    "-n",
+                                    std::to_string(n),
+                                    "--",
+                                    "--steps",
+                                    std::to_string(args.steps),
+                                    "--data",
+                                    data,
+                                    "--log",
+                                    at(tag + ".jsonl"),
+                                    "--save",
+                                    save,
+                                    "--save-every",
+                                    "1",
+                                    "--keep",
+                                    "0",
+                                    "--quiet"};
+      return runSelf(a, at(tag + ".log"));
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    if (train(at("reference"), 1, "reference") != 0)
+      bad("training the reference (1 rank) failed: " + errorLine(at("reference.log")));
+    if (train(at("planned"), ranks, "planned") != 0) {
+      errs() << "carve verify: FAIL: the planned program failed: " << errorLine(at("planned.log"))
+             << "\n";
+      return false;
+    }
+    outs() << "  trained both in " << format("%.1f", secondsSince(t0)) << " s\n";
+    return true;
+  }
+
+  /// 5. Compare the losses and every weight, step by step.
+  int compare() {
+    std::string error;
+    std::vector<double> lossRef = readLosses(at("reference.jsonl"), error);
+    if (!error.empty())
+      bad("the reference run's log: " + error);
+    std::vector<double> lossPlan = readLosses(at("planned.jsonl"), error);
+    if (!error.empty() || (int64_t)lossPlan.size() != args.steps) {
+      errs() << "carve verify: FAIL: the planned run's log: "
+             << (error.empty() ? std::to_string(lossPlan.size()) + " steps logged, expected " +
+                                     std::to_string(args.steps)
+                               : error)
+             << "\n";
+      return kFail;
+    }
+    if ((int64_t)lossRef.size() != args.steps)
+      bad("the reference run logged " + std::to_string(lossRef.size()) + " steps, expected " +
+          std::to_string(args.steps));
+    auto refSteps = rt::listCheckpoints(at("reference-ckpt"));
+    auto planSteps = rt::listCheckpoints(at("planned-ckpt"));
+
+    outs() << "  step  loss (1 rank)   loss (plan)  rel. diff  weights rel. diff  in tensor\n";
+    std::string firstFailure;
+    double worstLoss = 0, worstWeight = 0;
+    std::string worstTensor;
+    for (int64_t k = 1; k <= args.steps; ++k) {
+      StepResult r;
+      r.lossA = lossRef[k - 1];
+      r.lossB = lossPlan[k - 1];
+      double d = std::fabs(r.lossA - r.lossB);
+      r.lossRel = std::isnan(d) ? INFINITY : r.lossA != 0 ? d / std::fabs(r.lossA) : d;
+      auto find = [&](const std::vector<std::pair<int64_t, std::string>> &list) {
+        for (const auto &[s, path] : list)
+          if (s == k)
+            return path;
+        return std::string();
+      };
+      std::string refDir = find(refSteps), planDir = find(planSteps);
+      if (refDir.empty())
+        bad(at("reference-ckpt") + ": no checkpoint of step " + std::to_string(k));
+      std::vector<rt::FullTensor> a, b;
+      if (!rt::readFullCheckpoint(refDir, a, error))
+        bad(error);
+      if (planDir.empty())
+        r.problem = "no checkpoint of step " + std::to_string(k) + " in " + at("planned-ckpt");
+      else if (!rt::readFullCheckpoint(planDir, b, error))
+        r.problem = error;
+      else
+        compareWeights(a, b, r);
+      bool ok = r.problem.empty() && r.lossRel <= args.lossTolerance &&
+                r.weightRel <= args.weightTolerance;
+      outs() << format("  %4lld  %13.8f  %12.8f  %9s  %17s  ", (long long)k, r.lossA, r.lossB,
+                       sci(r.lossRel).c_str(), sci(r.weightRel).c_str())
+             << (r.problem.empty() ? r.worstTensor : r.problem) << (ok ? "" : "  <- over") << "\n";
+      if (!ok && firstFailure.empty()) {
+        if (!r.problem.empty())
+          firstFailure = "step " + std::to_string(k) + ": " + r.problem;
+        else if (!(r.lossRel <= args.lossTolerance))
+          firstFailure = "step " + std::to_string(k) + ": the losses differ by " + sci(r.lossRel) +
+                         " (relative; tolerance " + sci(args.lossTolerance) + ")" +
+                         (r.weightRel > args.weightTolerance
+                              ? "; weights of '" + r.worstTensor + "' by " + sci(r.weightRel)
+                              : "");
+        else
+          firstFailure = "step " + std::to_string(k) + ": the weights of '" + r.worstTensor +
+                         "' differ by " + sci(r.weightRel) +
+                         " of the tensor's largest entry (tolerance " + sci(args.weightTolerance) +
+                         ")";
+      }
+      worstLoss = std::max(worstLoss, r.lossRel);
+      if (r.weightRel >= worstWeight)
+        worstWeight = r.weightRel, worstTensor = r.worstTensor;
+    }
+    outs().flush();
+    if (!firstFailure.empty()) {
+      outs() << "FAIL: " << firstFailure << "\n";
+      return kFail;
+    }
+    outs() << "PASS: losses within " << sci(args.lossTolerance) << " (worst " << sci(worstLoss)
+           << "), weights within " << sci(args.weightTolerance) << " (worst " << sci(worstWeight)
+           << ", " << worstTensor << ") over " << args.steps << " step"
+           << (args.steps > 1 ? "s" : "") << "\n";
+    return 0;
+  }
+};
+
+int verify(const VerifyArgs &args) { return Verifier(args).run(); }
 
 } // namespace
 
