@@ -10,8 +10,8 @@
 // contiguous block of the full tensor (outer * groups = 1) they run on the
 // caller's buffers directly.
 //
-// The vocab-parallel kernels declared in dist.h live in kernels.cpp, beside
-// the serial kernels whose arithmetic they share.
+// The vocab-parallel kernels declared in dist.h live in kernels_gather_loss.cpp,
+// beside the serial kernels whose arithmetic they share.
 //
 //===----------------------------------------------------------------------===//
 

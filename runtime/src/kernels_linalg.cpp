@@ -1,0 +1,401 @@
+//===- kernels_linalg.cpp - matmul and attention over OpenBLAS GEMMs ------===//
+//
+// matmul, attention and attention_grad of kernels.h, and the bf16 / fp16
+// rounding of their float inputs that setPrecision selects. The habits every
+// kernel file keeps: kernels_loops.h.
+//
+//===----------------------------------------------------------------------===//
+
+// Nothing here reads floating-point exception flags. Without this, GCC keeps
+// every select of branch-free math (clamps, NaN handling) as a branch, because
+// the arithmetic it would then run unconditionally "may trap", and no loop that
+// calls exp, tanh or erf vectorizes. Before the includes, so that inline
+// functions of the headers (kernels_loops.h among them) get the same options in
+// every kernels_*.cpp and still inline.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#include "carve/rt/elementwise.h"
+#include "kernels_loops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace carve::rt {
+
+namespace {
+
+/// OpenBLAS runs a GEMM on the calling thread when m*n*k is at most this
+/// (SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD); GEMMs issued from inside
+/// an OpenMP region stay below it.
+constexpr int64_t kGemmSerialMnk = 65536 * 4;
+
+using ew::broadcastNest;
+using ew::fexp;
+using ew::forRange;
+using ew::Nest;
+
+//===--- GEMM -------------------------------------------------------------===//
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+          int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+          int64_t lda, const double *b, int64_t ldb, double beta, double *c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+//===--- Row helpers ------------------------------------------------------===//
+
+/// Softmax of a contiguous row in place; a row whose entries are all -inf
+/// becomes 0 (attention's convention).
+template <class T> void softmaxRowInPlace(T *s, int64_t n) {
+  const T m = rowMax(s, n);
+  if (m == -std::numeric_limits<T>::infinity()) {
+    std::fill_n(s, n, T(0));
+    return;
+  }
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    const T e = fexp(s[j] - m);
+    s[j] = e;
+    sum += e;
+  }
+  const T inv = static_cast<T>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j)
+    s[j] *= inv;
+}
+
+} // namespace
+
+//===--- Linear algebra ---------------------------------------------------===//
+
+namespace {
+
+Precision gPrecision = Precision::F32;
+
+/// Copies of a matmul's or attention's inputs rounded to the precision, one
+/// buffer per operand slot, reused from call to call (the generated step is
+/// single-threaded at this level).
+const float *roundedInput(const float *x, int64_t n, int slot) {
+  static thread_local std::vector<float> buffers[4];
+  std::vector<float> &b = buffers[slot];
+  if ((int64_t)b.size() < n)
+    b.resize(n);
+  if (gPrecision == Precision::BF16) {
+#pragma omp parallel for if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i)
+      b[i] = roundToBf16(x[i]);
+  } else {
+#pragma omp parallel for if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i)
+      b[i] = roundToF16(x[i]);
+  }
+  return b.data();
+}
+
+/// Rounds `x` in place of its pointer when the precision asks for it (float
+/// only: the float64 reference interpreter computes exactly).
+template <class T> void roundInput(const T *&x, int64_t n, int slot) {
+  if constexpr (std::is_same_v<T, float>)
+    if (gPrecision != Precision::F32 && x)
+      x = roundedInput(x, n, slot);
+}
+
+} // namespace
+
+void setPrecision(Precision p) { gPrecision = p; }
+Precision precision() { return gPrecision; }
+
+float roundToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) // NaN: keep it quiet
+    u |= 0x00400000u;
+  else
+    u += 0x7FFFu + ((u >> 16) & 1u); // round to nearest even; carries into the exponent
+  u &= 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+float roundToF16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+
+template <class T>
+void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
+            bool accumulate) {
+  roundInput(a, as.numel(), 0);
+  roundInput(b, bs.numel(), 1);
+  const int ar = as.rank, br = bs.rank, yr = ys.rank;
+  if (ar < 2 || br < 2 || yr != std::max(ar, br))
+    fatal("matmul: operands of rank %d and %d with a result of rank %d (both ranks must be "
+          ">= 2 and the result's their maximum)",
+          ar, br, yr);
+  const int64_t m = transA ? as.d[ar - 1] : as.d[ar - 2];
+  const int64_t k = transA ? as.d[ar - 2] : as.d[ar - 1];
+  const int64_t kb = transB ? bs.d[br - 1] : bs.d[br - 2];
+  const int64_t n = transB ? bs.d[br - 2] : bs.d[br - 1];
+  if (k != kb || ys.d[yr - 2] != m || ys.d[yr - 1] != n)
+    fatal("matmul: [%lld x %lld] @ [%lld x %lld] does not give [%lld x %lld]", (long long)m,
+          (long long)k, (long long)kb, (long long)n, (long long)ys.d[yr - 2],
+          (long long)ys.d[yr - 1]);
+  const Dims batch(ys.d, yr - 2), aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
+  const int64_t nb = batch.numel();
+  if (m == 0 || n == 0 || nb == 0)
+    return;
+  if (k == 0) {
+    if (!accumulate)
+      fill(y, nb * m * n, T(0));
+    return;
+  }
+  const T beta = accumulate ? T(1) : T(0);
+  const int64_t lda = as.d[ar - 1], ldb = bs.d[br - 1];
+  const Dims in[2] = {aBatch, bBatch};
+  const Nest<2> nest = broadcastNest<2>("matmul", in, batch);
+  // One GEMM when B is shared by every batch matrix and A's batch rows are
+  // contiguous: the batch folds into M.
+  if (bBatch.numel() == 1 && !transA && aBatch.numel() == nb) {
+    gemm(false, transB, nb * m, n, k, T(1), a, lda, b, ldb, beta, y, n);
+    return;
+  }
+  const int64_t sa = nest.inner(0), sb = nest.inner(1);
+  const int64_t aMat = m * k, bMat = k * n, yMat = m * n;
+  auto run = [&](int64_t e0, int64_t e1) {
+    forRange(nest, e0, e1, [&](const int64_t *off, int64_t e, int64_t len) {
+      for (int64_t i = 0; i < len; ++i)
+        gemm(transA, transB, m, n, k, T(1), a + (off[0] + i * sa) * aMat, lda,
+             b + (off[1] + i * sb) * bMat, ldb, beta, y + (e + i) * yMat, n);
+    });
+  };
+  // Small matrices: one thread per batch matrix (each GEMM then runs on its
+  // calling thread). Large ones: one at a time, threaded by OpenBLAS.
+  if (m * n * k <= kGemmSerialMnk)
+    parallelRange(nb, unitsFor(m * n * k), run);
+  else
+    run(0, nb);
+}
+
+//===--- Attention --------------------------------------------------------===//
+
+namespace {
+
+/// Shapes of one attention call: `items` batch matrices of Tq queries and Tk
+/// keys, and where the additive mask of each lives.
+struct AttnGeom {
+  int64_t items = 1, tq = 0, tk = 0, d = 0, dv = 0;
+  int nb = 0;                 // batch dims
+  int64_t bd[kMaxRank] = {};  // their sizes
+  int64_t mbs[kMaxRank] = {}; // the mask's stride along each (0: broadcast)
+  int64_t mRow = 0, mCol = 0; // the mask's query and key strides
+  int64_t bq = 1;             // query rows per block
+  int64_t kc = 1;             // keys per GEMM chunk
+
+  int64_t maskOffset(int64_t item) const {
+    int64_t off = 0;
+    for (int i = nb - 1; i >= 0; --i) {
+      off += (item % bd[i]) * mbs[i];
+      item /= bd[i];
+    }
+    return off;
+  }
+};
+
+AttnGeom attnGeom(const char *op, const Dims &qs, const Dims &ks, const Dims &vs, bool hasMask,
+                  const Dims &ms) {
+  const int r = qs.rank;
+  if (r < 2 || ks.rank != r || vs.rank != r)
+    fatal("%s: q, k and v must have one rank >= 2 (got %d, %d, %d)", op, qs.rank, ks.rank, vs.rank);
+  AttnGeom g;
+  g.nb = r - 2;
+  for (int i = 0; i < g.nb; ++i) {
+    if (ks.d[i] != qs.d[i] || vs.d[i] != qs.d[i])
+      fatal("%s: the batch dimensions of q, k and v differ at dimension %d", op, i);
+    g.bd[i] = qs.d[i];
+    g.items *= qs.d[i];
+  }
+  g.tq = qs.d[r - 2];
+  g.d = qs.d[r - 1];
+  g.tk = ks.d[r - 2];
+  g.dv = vs.d[r - 1];
+  if (ks.d[r - 1] != g.d || vs.d[r - 2] != g.tk)
+    fatal("%s: k [.., %lld, %lld] and v [.., %lld, %lld] do not match q [.., %lld, %lld]", op,
+          (long long)ks.d[r - 2], (long long)ks.d[r - 1], (long long)vs.d[r - 2],
+          (long long)vs.d[r - 1], (long long)g.tq, (long long)g.d);
+  if (hasMask) {
+    Dims target(qs.d, r);
+    target.d[r - 1] = g.tk;
+    if (ms.rank > r)
+      fatal("%s: the mask's rank %d exceeds the scores' rank %d", op, ms.rank, r);
+    const int off = r - ms.rank;
+    int64_t stride = 1;
+    int64_t st[kMaxRank];
+    for (int i = r - 1; i >= 0; --i) {
+      const int64_t dim = i >= off ? ms.d[i - off] : 1;
+      if (dim != 1 && dim != target.d[i])
+        fatal("%s: mask dimension of size %lld does not broadcast to %lld", op, (long long)dim,
+              (long long)target.d[i]);
+      st[i] = dim == 1 ? 0 : stride;
+      stride *= dim;
+    }
+    for (int i = 0; i < g.nb; ++i)
+      g.mbs[i] = st[i];
+    g.mRow = st[r - 2];
+    g.mCol = st[r - 1];
+  }
+  if (g.d == 0)
+    fatal("%s: head dimension 0", op);
+  g.bq = std::max<int64_t>(1, std::min<int64_t>(g.tq, 32));
+  const int64_t width = std::max<int64_t>(1, std::max(g.d, g.dv));
+  g.kc = std::max<int64_t>(16, kGemmSerialMnk / (g.bq * width));
+  return g;
+}
+
+/// Probabilities of query rows [i0, i0 + nq) of batch item `item` against keys
+/// [0, nk) into p (leading dimension nk): softmax(scale q k^T + mask) with
+/// causally hidden keys at 0; rows whose scores are all -inf are 0.
+template <class T>
+void attnProbs(const AttnGeom &g, int64_t item, int64_t i0, int64_t nq, int64_t nk, const T *q,
+               const T *k, const T *mask, T scale, bool causal, T *p) {
+  const T *qb = q + (item * g.tq + i0) * g.d;
+  const T *kb = k + item * g.tk * g.d;
+  for (int64_t c0 = 0; c0 < nk; c0 += g.kc)
+    gemm(false, true, nq, std::min(g.kc, nk - c0), g.d, scale, qb, g.d, kb + c0 * g.d, g.d, T(0),
+         p + c0, nk);
+  const T *mi = mask ? mask + g.maskOffset(item) : nullptr;
+  for (int64_t r = 0; r < nq; ++r) {
+    const int64_t i = i0 + r;
+    T *s = p + r * nk;
+    if (mi) {
+      const T *m = mi + i * g.mRow;
+      if (g.mCol) {
+        for (int64_t j = 0; j < nk; ++j)
+          s[j] += m[j];
+      } else {
+        const T mv = *m;
+        for (int64_t j = 0; j < nk; ++j)
+          s[j] += mv;
+      }
+    }
+    const int64_t valid = causal ? std::min(nk, i + 1) : nk;
+    softmaxRowInPlace(s, valid);
+    std::fill(s + valid, s + nk, T(0));
+  }
+}
+
+} // namespace
+
+template <class T>
+void attention(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, const T *mask,
+               Dims ms, T scale, bool causal, T *y) {
+  const AttnGeom g = attnGeom("attention", qs, ks, vs, mask != nullptr, ms);
+  roundInput(q, qs.numel(), 0);
+  roundInput(k, ks.numel(), 1);
+  roundInput(v, vs.numel(), 2);
+  if (g.items == 0 || g.tq == 0 || g.dv == 0)
+    return;
+  const int64_t nqb = (g.tq + g.bq - 1) / g.bq;
+  parallelRange(g.items * nqb, unitsFor(g.bq * g.tk * (g.d + g.dv)), [&](int64_t b, int64_t e) {
+    T *p = scratch<T>(0, g.bq * g.tk);
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t item = t / nqb, i0 = (t % nqb) * g.bq;
+      const int64_t nq = std::min(g.bq, g.tq - i0);
+      const int64_t nk = causal ? std::min(g.tk, i0 + nq) : g.tk;
+      T *yb = y + (item * g.tq + i0) * g.dv;
+      if (nk == 0) {
+        std::fill_n(yb, nq * g.dv, T(0));
+        continue;
+      }
+      attnProbs(g, item, i0, nq, nk, q, k, mask, scale, causal, p);
+      const T *vb = v + item * g.tk * g.dv;
+      for (int64_t c0 = 0; c0 < nk; c0 += g.kc)
+        gemm(false, false, nq, g.dv, std::min(g.kc, nk - c0), T(1), p + c0, nk, vb + c0 * g.dv,
+             g.dv, c0 ? T(1) : T(0), yb, g.dv);
+    }
+  });
+}
+
+template <class T>
+void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, const T *mask,
+                    Dims ms, T scale, bool causal, const T *dy, T *dq, T *dk, T *dv) {
+  const AttnGeom g = attnGeom("attention_grad", qs, ks, vs, mask != nullptr, ms);
+  roundInput(q, qs.numel(), 0);
+  roundInput(k, ks.numel(), 1);
+  roundInput(v, vs.numel(), 2);
+  roundInput(dy, Dims(qs.d, qs.rank - 1).numel() * vs.d[vs.rank - 1], 3);
+  if (g.items == 0)
+    return;
+  const int64_t nqb = (g.tq + g.bq - 1) / g.bq;
+  // dK and dV of a batch item sum over all its query rows: one thread owns an item.
+  parallelRange(g.items, unitsFor(g.tq * g.tk * (g.d + g.dv)), [&](int64_t b, int64_t e) {
+    T *p = scratch<T>(0, g.bq * g.tk);
+    T *dp = scratch<T>(1, g.bq * g.tk);
+    for (int64_t item = b; item < e; ++item) {
+      const T *kb = k + item * g.tk * g.d, *vb = v + item * g.tk * g.dv;
+      T *dkb = dk + item * g.tk * g.d, *dvb = dv + item * g.tk * g.dv;
+      std::fill_n(dkb, g.tk * g.d, T(0));
+      std::fill_n(dvb, g.tk * g.dv, T(0));
+      for (int64_t qi = 0; qi < nqb; ++qi) {
+        const int64_t i0 = qi * g.bq, nq = std::min(g.bq, g.tq - i0);
+        const int64_t nk = causal ? std::min(g.tk, i0 + nq) : g.tk;
+        const T *qb = q + (item * g.tq + i0) * g.d;
+        const T *dyb = dy + (item * g.tq + i0) * g.dv;
+        T *dqb = dq + (item * g.tq + i0) * g.d;
+        if (nk == 0) {
+          std::fill_n(dqb, nq * g.d, T(0));
+          continue;
+        }
+        attnProbs(g, item, i0, nq, nk, q, k, mask, scale, causal, p);
+        // dP = dY V^T; dS = P * (dP - rowsum(dP * P)), times scale for q k^T.
+        for (int64_t c0 = 0; c0 < nk; c0 += g.kc)
+          gemm(false, true, nq, std::min(g.kc, nk - c0), g.dv, T(1), dyb, g.dv, vb + c0 * g.dv,
+               g.dv, T(0), dp + c0, nk);
+        for (int64_t r = 0; r < nq; ++r) {
+          const T *pr = p + r * nk;
+          T *dr = dp + r * nk;
+          double dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t j = 0; j < nk; ++j)
+            dot += static_cast<double>(dr[j]) * pr[j];
+          const T dt = static_cast<T>(dot);
+          for (int64_t j = 0; j < nk; ++j)
+            dr[j] = pr[j] * (dr[j] - dt) * scale;
+        }
+        for (int64_t c0 = 0; c0 < nk; c0 += g.kc) {
+          const int64_t cc = std::min(g.kc, nk - c0);
+          gemm(false, false, nq, g.d, cc, T(1), dp + c0, nk, kb + c0 * g.d, g.d, c0 ? T(1) : T(0),
+               dqb, g.d);
+          gemm(true, false, cc, g.d, nq, T(1), dp + c0, nk, qb, g.d, T(1), dkb + c0 * g.d, g.d);
+          gemm(true, false, cc, g.dv, nq, T(1), p + c0, nk, dyb, g.dv, T(1), dvb + c0 * g.dv, g.dv);
+        }
+      }
+    }
+  });
+}
+
+//===--- Instantiations ---------------------------------------------------===//
+
+#define CARVE_FLOATING(T)                                                                          \
+  template void matmul<T>(const T *, Dims, bool, const T *, Dims, bool, T *, Dims, bool);          \
+  template void attention<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *, Dims,   \
+                             T, bool, T *);                                                        \
+  template void attention_grad<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *,    \
+                                  Dims, T, bool, const T *, T *, T *, T *);
+CARVE_FLOATING(float)
+CARVE_FLOATING(double)
+#undef CARVE_FLOATING
+
+} // namespace carve::rt
