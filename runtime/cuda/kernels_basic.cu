@@ -3,7 +3,7 @@
 // The gpu.h functions that are one pass over memory (elementwise maps with
 // NumPy broadcasting, casts, copies, data movement, shard layouts, optimizer
 // updates), reductions, and matmul through cuBLAS. Each mirrors the CPU kernel
-// of the same name in kernels.cpp, dist.cpp or optim.cpp: same shape checks
+// of the same name in runtime/src/kernels_*.cpp, dist.cpp or optim.cpp: same shape checks
 // and messages, same formulas, and the same order of float operations where
 // the CPU fixes one (the optimizer updates are bit-identical).
 //

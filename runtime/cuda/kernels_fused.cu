@@ -2,7 +2,7 @@
 //
 // The row-wise kernels of gpu.h (everything in "Reductions, normalization,
 // attention, loss" but `reduce`, and the vocabulary-parallel cross-entropy),
-// with the semantics of their CPU counterparts in kernels.cpp and dist.cpp.
+// with the semantics of their CPU counterparts in runtime/src/kernels_*.cpp and dist.cpp.
 //
 // Layout of the work:
 // - A row is handled by one warp when it is short and by one block when it
@@ -426,7 +426,7 @@ struct AttnArgs {
   }
 };
 
-/// The checks and mask strides of kernels.cpp's attnGeom.
+/// The checks and mask strides of attnGeom (runtime/src/kernels_linalg.cpp).
 AttnArgs attnArgs(const char *op, const Dims &qs, const Dims &ks, const Dims &vs, const float *mask,
                   const Dims &ms, float scale, bool causal) {
   const int r = qs.rank;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of the TCP world (comm_tcp.cpp) with processes started as a plain
+"""Tests of the TCP world (runtime/src/comm_tcp_*.cpp) with processes started as a plain
 launcher starts them: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 
 usage: run_tcp.py PATH/TO/carve-runtime-tcp-test

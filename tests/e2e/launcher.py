@@ -4,7 +4,7 @@
 What must hold:
 
 1. A dp=2 program started as two plain processes with the launcher variables
-   (the TCP world, comm_tcp.cpp; the way srun or a torchrun-style launcher
+   (the TCP world, runtime/src/comm_tcp_*.cpp; the way srun or a torchrun-style launcher
    starts ranks without MPI) trains 6 steps with the same losses as under
    `carve run -n 2` (mpirun): within 1e-6 relative (two-rank sums are the
    same either way; only the order of the final division could differ).

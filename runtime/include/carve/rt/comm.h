@@ -129,7 +129,7 @@ int64_t commStep();
 /// The world of a plain launcher (torchrun's convention, or srun with the
 /// variables exported): RANK and WORLD_SIZE, with MASTER_ADDR and MASTER_PORT
 /// where rank 0 listens, give a host Communicator over TCP sockets
-/// (comm_tcp.cpp). It bootstraps NCCL without MPI and runs CPU programs.
+/// (runtime/src/comm_tcp_*.cpp). It bootstraps NCCL without MPI and runs CPU programs.
 /// Null with `error` empty when RANK and WORLD_SIZE are both unset; null with
 /// `error` set (one line) when they are malformed or the ranks cannot connect
 /// within the collective timeout.

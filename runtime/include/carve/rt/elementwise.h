@@ -2,7 +2,7 @@
 //
 // The one definition of every elementwise function (unary, its gradient,
 // binary) and of the broadcast loop nests, shared by
-//  - the CPU kernels (kernels.cpp),
+//  - the CPU kernels (runtime/src/kernels_*.cpp),
 //  - the CUDA kernels (runtime/cuda/kernels_basic.cu),
 //  - the fused elementwise kernels that generated programs define (fused.h
 //    and gpu_fused.cuh): a chain such as bias-add + GELU runs as one pass over
@@ -260,7 +260,7 @@ template <Unary F, class T> CARVE_HD T unaryGrad(T v, T g) {
 }
 
 /// f(u, v) for every Binary but Pow (whose scalar exponents take special
-/// cases; kernels.cpp and kernels_basic.cu handle it).
+/// cases; the CPU kernels and kernels_basic.cu handle it).
 template <Binary F, class T> CARVE_HD T binary(T u, T v) {
   static_assert(F != Binary::Pow, "pow is not a plain elementwise function here");
   if constexpr (F == Binary::Add)
