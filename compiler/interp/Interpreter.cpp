@@ -269,6 +269,8 @@ private:
   template <class T> T *out(Value v) { return env.find(v)->second.data<T>(); }
 
   bool evaluate(Operation *op);
+  bool evalNormalization(Operation *op);
+  bool evalDataMovement(Operation *op);
   bool evalConstant(ConstantOp op);
   bool evalUnary(Operation *op, rt::Unary f);
   bool evalBinary(Operation *op, rt::Binary f);
@@ -505,49 +507,9 @@ bool Interpreter::evalConcat(ConcatOp op) {
   return true;
 }
 
-bool Interpreter::evaluate(Operation *op) {
-  if (isa<Conv2dOp, MaxPool2dOp, BatchNormOp>(op))
-    return failWith("no reference kernel for " + op->getName().getStringRef().str());
-  if (auto f = unaryOf(op))
-    return evalUnary(op, *f);
-  if (auto f = binaryOf(op))
-    return evalBinary(op, *f);
-  if (auto f = compareOf(op))
-    return evalCompare(op, *f);
-
+/// Softmax, layer and RMS norm, attention, and their gradients.
+bool Interpreter::evalNormalization(Operation *op) {
   return llvm::TypeSwitch<Operation *, bool>(op)
-      .Case([&](ConstantOp c) { return evalConstant(c); })
-      .Case([&](CastOp c) {
-        env[c.getResult()] = convert(get(c.getInput()), typeOf(c.getResult()).getElementType());
-        return true;
-      })
-      .Case<AndOp, OrOp, NotOp>([&](Operation *o) {
-        Value a = o->getOperand(0), y = o->getResult(0);
-        Value b = o->getNumOperands() > 1 ? o->getOperand(1) : a;
-        rt::Logic f = isa<AndOp>(o)  ? rt::Logic::And
-                      : isa<OrOp>(o) ? rt::Logic::Or
-                                     : rt::Logic::Not;
-        make(y);
-        rt::logic(f, in<uint8_t>(a), dimsOf(a), in<uint8_t>(b), dimsOf(b), out<uint8_t>(y),
-                  dimsOf(y));
-        return true;
-      })
-      .Case([&](WhereOp w) { return evalWhere(w); })
-      .Case([&](UnaryGradOp g) {
-        std::optional<rt::Unary> f = unaryFn(g.getFn());
-        if (!f)
-          return fail(g, "unknown function '" + g.getFn().str() + "'");
-        make(g.getResult());
-        return withFloat(g, g.getInput(), [&](auto tag) {
-          using T = decltype(tag);
-          rt::unary_grad<T>(*f, in<T>(g.getInput()), in<T>(g.getGrad()), out<T>(g.getResult()),
-                            typeOf(g.getInput()).getNumElements());
-        });
-      })
-      .Case([&](MatmulOp m) { return evalMatmul(m); })
-      .Case([&](ReduceSumOp r) { return evalReduce(r, rt::Reduce::Sum, r.getAxes()); })
-      .Case([&](ReduceMeanOp r) { return evalReduce(r, rt::Reduce::Mean, r.getAxes()); })
-      .Case([&](ReduceMaxOp r) { return evalReduce(r, rt::Reduce::Max, r.getAxes()); })
       .Case<SoftmaxOp, LogSoftmaxOp>([&](Operation *o) {
         Value x = o->getOperand(0), y = o->getResult(0);
         int axis = (int)cast<IntegerAttr>(o->getAttr("axis")).getInt();
@@ -637,14 +599,14 @@ bool Interpreter::evaluate(Operation *op) {
                                 out<T>(g.getKeyGrad()), out<T>(g.getValueGrad()));
         });
       })
-      .Case([&](CrossEntropyOp ce) {
-        return evalCrossEntropy(ce, ce.getLogits(), ce.getTargets(), ce.getReduction(),
-                                ce.getIgnoreIndexAttr(), Value());
-      })
-      .Case([&](CrossEntropyGradOp g) {
-        return evalCrossEntropy(g, g.getLogits(), g.getTargets(), g.getReduction(),
-                                g.getIgnoreIndexAttr(), g.getGrad());
-      })
+      .Default([&](Operation *o) {
+        return failWith("no reference kernel for " + o->getName().getStringRef().str());
+      });
+}
+
+/// Reshape, transpose, slice, concat, gather, expand, and their gradients.
+bool Interpreter::evalDataMovement(Operation *op) {
+  return llvm::TypeSwitch<Operation *, bool>(op)
       .Case([&](ReshapeOp r) {
         HostValue v = get(r.getInput());
         v.type = typeOf(r.getResult());
@@ -696,6 +658,67 @@ bool Interpreter::evaluate(Operation *op) {
         });
         return true;
       })
+      .Default([&](Operation *o) {
+        return failWith("no reference kernel for " + o->getName().getStringRef().str());
+      });
+}
+
+bool Interpreter::evaluate(Operation *op) {
+  if (isa<Conv2dOp, MaxPool2dOp, BatchNormOp>(op))
+    return failWith("no reference kernel for " + op->getName().getStringRef().str());
+  if (auto f = unaryOf(op))
+    return evalUnary(op, *f);
+  if (auto f = binaryOf(op))
+    return evalBinary(op, *f);
+  if (auto f = compareOf(op))
+    return evalCompare(op, *f);
+
+  return llvm::TypeSwitch<Operation *, bool>(op)
+      .Case([&](ConstantOp c) { return evalConstant(c); })
+      .Case([&](CastOp c) {
+        env[c.getResult()] = convert(get(c.getInput()), typeOf(c.getResult()).getElementType());
+        return true;
+      })
+      .Case<AndOp, OrOp, NotOp>([&](Operation *o) {
+        Value a = o->getOperand(0), y = o->getResult(0);
+        Value b = o->getNumOperands() > 1 ? o->getOperand(1) : a;
+        rt::Logic f = isa<AndOp>(o)  ? rt::Logic::And
+                      : isa<OrOp>(o) ? rt::Logic::Or
+                                     : rt::Logic::Not;
+        make(y);
+        rt::logic(f, in<uint8_t>(a), dimsOf(a), in<uint8_t>(b), dimsOf(b), out<uint8_t>(y),
+                  dimsOf(y));
+        return true;
+      })
+      .Case([&](WhereOp w) { return evalWhere(w); })
+      .Case([&](UnaryGradOp g) {
+        std::optional<rt::Unary> f = unaryFn(g.getFn());
+        if (!f)
+          return fail(g, "unknown function '" + g.getFn().str() + "'");
+        make(g.getResult());
+        return withFloat(g, g.getInput(), [&](auto tag) {
+          using T = decltype(tag);
+          rt::unary_grad<T>(*f, in<T>(g.getInput()), in<T>(g.getGrad()), out<T>(g.getResult()),
+                            typeOf(g.getInput()).getNumElements());
+        });
+      })
+      .Case([&](MatmulOp m) { return evalMatmul(m); })
+      .Case([&](ReduceSumOp r) { return evalReduce(r, rt::Reduce::Sum, r.getAxes()); })
+      .Case([&](ReduceMeanOp r) { return evalReduce(r, rt::Reduce::Mean, r.getAxes()); })
+      .Case([&](ReduceMaxOp r) { return evalReduce(r, rt::Reduce::Max, r.getAxes()); })
+      .Case<SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp, LayerNormOp, LayerNormGradOp, RmsNormOp,
+            RmsNormGradOp, AttentionOp, AttentionGradOp>(
+          [&](Operation *o) { return evalNormalization(o); })
+      .Case([&](CrossEntropyOp ce) {
+        return evalCrossEntropy(ce, ce.getLogits(), ce.getTargets(), ce.getReduction(),
+                                ce.getIgnoreIndexAttr(), Value());
+      })
+      .Case([&](CrossEntropyGradOp g) {
+        return evalCrossEntropy(g, g.getLogits(), g.getTargets(), g.getReduction(),
+                                g.getIgnoreIndexAttr(), g.getGrad());
+      })
+      .Case<ReshapeOp, TransposeOp, SliceOp, SliceGradOp, ConcatOp, GatherOp, GatherGradOp,
+            ExpandOp>([&](Operation *o) { return evalDataMovement(o); })
       .Default([&](Operation *o) {
         return failWith("no reference kernel for " + o->getName().getStringRef().str());
       });
