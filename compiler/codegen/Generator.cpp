@@ -176,7 +176,8 @@ bool Generator::prepare() {
   }
   if (!checkTypes())
     return false;
-  foldTransposes();
+  if (!foldTransposes())
+    return false;
   fuseElementwise();
   return assignBuffers();
 }
@@ -236,41 +237,33 @@ bool Generator::checkTypes() {
   return true;
 }
 
-/// A transpose that swaps only the last two dimensions and feeds only matmuls
-/// becomes the matmul's transpose flag.
-void Generator::foldTransposes() {
-  auto swapsLastTwo = [](TransposeOp t) {
-    ArrayRef<int64_t> p = t.getPerm();
-    int64_t r = (int64_t)p.size();
-    if (r < 2)
-      return false;
-    for (int64_t i = 0; i < r - 2; ++i)
-      if (p[i] != i)
-        return false;
-    return p[r - 2] == r - 1 && p[r - 1] == r - 2;
-  };
+/// The transposes carve-fold-transposes marked (carve.fold): "product" is
+/// computed by the matmul below it, "operand" becomes its readers' flag.
+bool Generator::foldTransposes() {
   for (Operation *op : ops) {
-    auto t = dyn_cast<TransposeOp>(op);
-    if (!t || !swapsLastTwo(t))
-      continue;
-    // (A B)^T = B^T A^T: write the product transposed instead of transposing it
-    // (the weight gradients of Linear layers: dW = (x^T dy)^T).
-    if (auto m = t.getInput().getDefiningOp<MatmulOp>()) {
-      if (m->hasOneUse() && typeOf(m.getLhs()).getRank() >= 2 &&
-          typeOf(m.getRhs()).getRank() >= 2 && !foldedTransposes.count(op)) {
-        transposedMatmul[op] = m;
-        fusedMatmuls.insert(m);
-        continue;
-      }
+    StringRef fold = foldOf(op);
+    if (!fold.empty() && !(isa<TransposeOp>(op) && swapsLastTwo(cast<TransposeOp>(op))))
+      return failOp(op, "carve.fold marks an op that is no transpose of the last two dimensions");
+    if (fold == kFoldProduct) {
+      Operation *m = op->getOperand(0).getDefiningOp();
+      if (!m || !isa<MatmulOp>(m) || !m->hasOneUse())
+        return failOp(op, "carve.fold = \"product\" on a transpose whose input is not a matmul "
+                          "read only by it");
+      transposedMatmul[op] = m;
+      fusedMatmuls.insert(m);
+    } else if (fold == kFoldOperand) {
+      if (op->use_empty() ||
+          !llvm::all_of(op->getUsers(), [](Operation *u) { return isa<MatmulOp>(u); }))
+        return failOp(op, "carve.fold = \"operand\" on a transpose that is read by an op other "
+                          "than a matmul");
+      foldedTransposes.insert(op);
+      for (OpOperand &use : op->getUses())
+        foldedOperand[{use.getOwner(), use.getOperandNumber()}] = op->getOperand(0);
+    } else if (!fold.empty()) {
+      return failOp(op, "unknown carve.fold '" + fold.str() + "'");
     }
-    bool allMatmul = !t->use_empty() &&
-                     llvm::all_of(t->getUsers(), [](Operation *u) { return isa<MatmulOp>(u); });
-    if (!allMatmul)
-      continue;
-    foldedTransposes.insert(op);
-    for (OpOperand &use : t->getUses())
-      foldedOperand[{use.getOwner(), use.getOperandNumber()}] = t.getInput();
   }
+  return true;
 }
 
 } // namespace carve::codegen

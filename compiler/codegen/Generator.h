@@ -296,9 +296,8 @@ private:
   std::string argumentPointer(mlir::BlockArgument a, bool perMicroBatch);
   /// Every argument and result has a type the targets support.
   bool checkTypes();
-  /// Transposes into the matmuls that read them (foldedTransposes,
-  /// transposedMatmul).
-  void foldTransposes();
+  /// Reads carve-fold-transposes' marks (foldedTransposes, transposedMatmul).
+  bool foldTransposes();
 
   // Fusion.cpp.
   /// Reads the fusion groups off the IR (groups, groupOf, interior).

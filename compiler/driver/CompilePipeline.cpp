@@ -26,6 +26,7 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
     pm.addPass(createCarveSplitStages());
   if (fuse)
     pm.addPass(createCarveFuseElementwise());
+  pm.addPass(createCarveFoldTransposes());
 }
 
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
@@ -37,6 +38,7 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
     passes.push_back("carve-split-stages");
   if (fuse)
     passes.push_back("carve-fuse-elementwise");
+  passes.push_back("carve-fold-transposes");
   return passes;
 }
 

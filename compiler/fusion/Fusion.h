@@ -2,7 +2,8 @@
 //
 // carve-fuse-elementwise (FuseElementwise.cpp) marks the members of each
 // fused kernel with `carve.fusion_group`; the emitter reads the groups back
-// with fusionGroups.
+// with fusionGroups. carve-fold-transposes (FoldTransposes.cpp) marks the
+// transposes a matmul's flags absorb with `carve.fold`.
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,6 +14,8 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 #include "llvm/ADT/DenseSet.h"
+
+#include "dialects/carve/CarveOps.h"
 
 #include <vector>
 
@@ -27,6 +30,13 @@ std::string unaryName(mlir::Operation *op);
 /// True for an f32 elementwise op that a fused kernel can compute: add, sub,
 /// mul, div, maximum, minimum, a unary op of the Unary enum, or its gradient.
 bool isFusible(mlir::Operation *op);
+
+/// True for a transpose that swaps exactly the last two dimensions (the
+/// ones a GEMM's transpose flag covers).
+bool swapsLastTwo(TransposeOp t);
+/// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
+/// kFoldProduct, or "" when it is not folded.
+llvm::StringRef foldOf(mlir::Operation *op);
 
 /// One fused kernel: its ops, its inputs and outputs.
 struct FusionGroup {

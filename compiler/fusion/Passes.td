@@ -45,4 +45,32 @@ def CarveFuseElementwise : Pass<"carve-fuse-elementwise", "mlir::ModuleOp"> {
   ];
 }
 
+def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
+  let summary = "Fold transposes of the last two dimensions into the matmuls around them";
+  let description = [{
+    The GEMM kernels take each operand with a transpose flag, so a transpose
+    that swaps the last two dimensions need not be computed when a matmul is
+    next to it. For each such transpose, in program order:
+
+      1. when its input is the result of a matmul whose operands both have
+         rank >= 2 and whose only reader is this transpose, (A B)^T = B^T A^T:
+         the matmul writes its product transposed in the transpose's place
+         (the weight gradients of Linear layers, dW = (x^T dy)^T) and the
+         transpose is marked `carve.fold = "product"`;
+      2. otherwise, when every reader of its result is a matmul, each of them
+         reads the transpose's input with its transpose flag set and the
+         transpose is marked `carve.fold = "operand"` (it has no buffer).
+
+    Before: the functions the emitter prints, `@train_step` or `@stage0 ..`
+    (other functions are left alone). After: the ops are unchanged; the
+    folded transposes carry `carve.fold`. The emitter and the memory plan
+    read the mark: a "product" transpose is computed by its matmul, an
+    "operand" one never.
+  }];
+  let statistics = [
+    Statistic<"numIntoOperand", "num-into-operand", "Transposes read through a matmul's flag">,
+    Statistic<"numIntoProduct", "num-into-product", "Matmuls that write their product transposed">
+  ];
+}
+
 #endif // CARVE_FUSION_PASSES_TD

@@ -19,8 +19,11 @@
 //                                  carve.stage_summary
 //   partition (carve-partition)    dist.layout, dist.annotation, dist.choice,
 //                                  dist.sharded_rows, dist.partition_summary
-//   fusion (carve-fuse-elementwise)
-//                                  carve.fusion_group
+//   fusion (carve-fuse-elementwise, carve-fold-transposes)
+//                                  carve.fusion_group, carve.fold
+//   data parallelism (carve-data-parallel)
+//                                  carve.gradients, carve.buckets,
+//                                  carve.zero_chunk, carve.zero3_gather
 //
 //===----------------------------------------------------------------------===//
 
@@ -85,6 +88,31 @@ constexpr const char *kStageSummaryAttr = "carve.stage_summary";
 /// On an op: the fused kernel it runs in (numbered in program order within
 /// its function; the group's last op is its root).
 constexpr const char *kFusionGroupAttr = "carve.fusion_group";
+/// On a transpose (carve-fold-transposes): "operand" when each matmul that
+/// reads it takes its input with a transpose flag instead (the transpose is
+/// never computed); "product" when the matmul that produces its input writes
+/// its product transposed instead (neither is computed on its own).
+constexpr const char *kFoldAttr = "carve.fold";
+constexpr const char *kFoldOperand = "operand";
+constexpr const char *kFoldProduct = "product";
+
+// Data parallelism (carve-data-parallel).
+/// On an emitted function: the gradients it returns in the order backward
+/// finishes them, each {result, param (argument), ready (index of the op
+/// after which it is final), copy (copied into its slot after the last op)}.
+constexpr const char *kGradientsAttr = "carve.gradients";
+/// On an emitted function: the gradient buckets, each {first, last
+/// (positions in carve.gradients), bytes, ready, wait_at (ZeRO >= 2: the op
+/// after which its reduce-scatter is waited for), reduce ("all_reduce",
+/// "reduce_scatter" or "none" at dp = 1)}.
+constexpr const char *kBucketsAttr = "carve.buckets";
+/// On a trainable parameter's argument under ZeRO over dp: the elements of
+/// each dp rank's chunk (the last chunk padded).
+constexpr const char *kZeroChunkAttr = "carve.zero_chunk";
+/// On a trainable parameter's argument under ZeRO-3: the ops (indices in the
+/// function) between which it is gathered whole, [forward first, forward
+/// last, backward first, backward last] (-1: no use in that pass).
+constexpr const char *kZero3GatherAttr = "carve.zero3_gather";
 
 // Layouts (the partitioner).
 /// On function arguments and results a dictionary {dp = #dist.sbp, tp =

@@ -1,0 +1,74 @@
+//===- FoldTransposes.cpp - carve-fold-transposes -------------------------===//
+//
+// The rules are in Passes.td; the emitter (compiler/codegen) reads
+// carve.fold back with foldedTransposes.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/fusion/Fusion.h"
+
+#include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
+
+using namespace mlir;
+
+namespace carve {
+#define GEN_PASS_DEF_CARVEFOLDTRANSPOSES
+#include "compiler/fusion/Passes.h.inc"
+} // namespace carve
+
+namespace carve {
+
+bool swapsLastTwo(TransposeOp t) {
+  ArrayRef<int64_t> p = t.getPerm();
+  int64_t r = (int64_t)p.size();
+  if (r < 2)
+    return false;
+  for (int64_t i = 0; i < r - 2; ++i)
+    if (p[i] != i)
+      return false;
+  return p[r - 2] == r - 1 && p[r - 1] == r - 2;
+}
+
+StringRef foldOf(Operation *op) {
+  auto a = op->getAttrOfType<StringAttr>(kFoldAttr);
+  return a ? a.getValue() : StringRef();
+}
+
+} // namespace carve
+
+namespace {
+
+using namespace carve;
+
+bool hasRankTwo(Value v) { return cast<RankedTensorType>(v.getType()).getRank() >= 2; }
+
+struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesPass> {
+  void runOnOperation() override {
+    for (auto fn : getOperation().getOps<func::FuncOp>()) {
+      StringRef name = fn.getSymName();
+      if (name != "train_step" && !name.starts_with("stage"))
+        continue;
+      Builder b(fn.getContext());
+      fn.walk([&](TransposeOp t) {
+        if (!swapsLastTwo(t))
+          return;
+        if (auto m = t.getInput().getDefiningOp<MatmulOp>()) {
+          if (m->hasOneUse() && hasRankTwo(m.getLhs()) && hasRankTwo(m.getRhs())) {
+            t->setAttr(kFoldAttr, b.getStringAttr(kFoldProduct));
+            ++numIntoProduct;
+            return;
+          }
+        }
+        if (!t->use_empty() &&
+            llvm::all_of(t->getUsers(), [](Operation *u) { return isa<MatmulOp>(u); })) {
+          t->setAttr(kFoldAttr, b.getStringAttr(kFoldOperand));
+          ++numIntoOperand;
+        }
+      });
+    }
+  }
+};
+
+} // namespace
