@@ -22,6 +22,7 @@
 #define CARVE_COMPILER_CODEGEN_GENERATOR_H
 
 #include "compiler/codegen/CpuCodegen.h"
+#include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
 
 #include "dialects/carve/CarveOps.h"
@@ -69,7 +70,7 @@ using mlir::StringRef;
 using mlir::Value;
 
 /// Every tensor in the arena starts at a multiple of this.
-constexpr int64_t kAlign = 64;
+constexpr int64_t kAlign = kArenaAlign;
 
 inline int64_t alignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -230,7 +231,12 @@ private:
     bool copy;           // the value lives elsewhere; copy it into the slot
     int ready;           // index of the op after which it is final
     bool shared = false; // pipeline: one stage's part of a gradient summed over pp
+    unsigned result = 0; // the function's result it is
   };
+  /// carve-data-parallel's record of each gradient result (carve.gradients).
+  std::map<unsigned, GradientSlot> irGrad;
+  /// Set by an addSlot callback whose record contradicts the function.
+  std::string contractError;
   std::vector<GradSlot> grads;
   // ZeRO over dp: per parameter argument, its elements and chunk size; the
   // optimizer-state offsets; stage >= 2: the buffer of its gradient chunk.
@@ -244,8 +250,8 @@ private:
   std::vector<TensorRow> inputRows, paramRows;
   int kernelCalls = 0;
 
-  /// Consecutive gradients (in the order backward finishes them) up to
-  /// bucketBytes each.
+  /// Consecutive gradients (in the order backward finishes them) reduced
+  /// together (carve.buckets).
   struct Bucket {
     size_t first, last;
     int64_t bytes;
@@ -319,16 +325,17 @@ private:
   /// Checks each gradient the function returns (results from `first` on;
   /// `what` names the function in errors) names a float32 parameter and,
   /// with `computedHere`, is computed by an op of the function; `addSlot`
-  /// adds its GradSlot. Then orders the slots by when backward finishes them.
+  /// adds its GradSlot (irGrad holds its record). Then orders the slots as
+  /// carve.gradients does.
   bool
   collectGradients(mlir::func::ReturnOp ret, unsigned first, const std::string &what,
                    bool computedHere,
                    const std::function<void(unsigned result, unsigned param, Value grad)> &addSlot);
-  /// The gradients cut into buckets of up to bucketBytes.
-  std::vector<Bucket> formBuckets();
-  /// ZeRO over dp: every gradient's elements and chunk; stage 1 and 2 pad
-  /// their parameters to dp chunks (gathered in place).
-  void shardOverDp();
+  /// The gradient buckets carve-data-parallel formed (carve.buckets).
+  bool readBucketsOffIr(std::vector<Bucket> &buckets);
+  /// ZeRO over dp: every gradient's elements and chunk (carve.zero_chunk);
+  /// stage 1 and 2 pad their parameters to dp chunks (gathered in place).
+  bool shardOverDp();
   /// Places `b` at `at` and moves `at` past it.
   void place(int b, int64_t &at);
   /// Parameters and buffers, gradients and optimizer state from `base`.
@@ -392,7 +399,7 @@ private:
 
   // Step.cpp: the pieces of run, in the order it calls them (documented there).
   bool collectStepGradients(mlir::func::ReturnOp ret, std::set<int> &pinned);
-  GatherPlan planZero3Gathers(int backwardBegin);
+  GatherPlan planZero3Gathers();
   void keepGradientChunks();
   bool emitStepSeed(const std::string &reduction);
   void startBuckets(const std::vector<Bucket> &buckets, size_t &next, int after);

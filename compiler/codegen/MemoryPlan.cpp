@@ -151,21 +151,26 @@ int64_t Generator::placeOptimizerState(int64_t at) {
   return at;
 }
 
-std::vector<Generator::Bucket> Generator::formBuckets() {
-  std::vector<Bucket> buckets;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    int64_t b = alignUp(bytesOf(grads[i].value));
-    if (buckets.empty() || buckets.back().bytes + b > opts.bucketBytes)
-      buckets.push_back({i, i, b, grads[i].ready});
-    else
-      buckets.back().last = i, buckets.back().bytes += b, buckets.back().ready = grads[i].ready;
-  }
-  return buckets;
+bool Generator::readBucketsOffIr(std::vector<Bucket> &buckets) {
+  std::vector<GradientBucket> ir;
+  if (!readBuckets(fn, ir, error))
+    return false;
+  for (const GradientBucket &b : ir)
+    buckets.push_back({(size_t)b.first, (size_t)b.last, b.bytes, (int)b.ready, (int)b.waitAt});
+  return true;
 }
 
 bool Generator::collectGradients(
     func::ReturnOp ret, unsigned first, const std::string &what, bool computedHere,
     const std::function<void(unsigned result, unsigned param, Value grad)> &addSlot) {
+  std::vector<GradientSlot> order;
+  if (!readGradients(fn, order, error))
+    return false;
+  std::map<unsigned, size_t> position;
+  for (size_t i = 0; i < order.size(); ++i) {
+    position[order[i].result] = i;
+    irGrad[order[i].result] = order[i];
+  }
   for (unsigned k = first; k < ret.getNumOperands(); ++k) {
     StringAttr of = gradOf(fn, k);
     if (!of)
@@ -177,28 +182,44 @@ bool Generator::collectGradients(
     if (!typeOf(g).getElementType().isF32())
       return fail("parameter '" + of.getValue().str() +
                   "' is not float32; the CPU target trains float32 parameters");
+    if (!position.count(k) || irGrad[k].param != *param)
+      return fail(what + " " + kGradientsAttr + " does not list result " + std::to_string(k) +
+                  " as the gradient of '" + of.getValue().str() + "'");
     addSlot(k, *param, g);
+    if (!contractError.empty())
+      return fail(contractError);
+    grads.back().result = k;
   }
-  std::stable_sort(grads.begin(), grads.end(),
-                   [](const GradSlot &a, const GradSlot &b) { return a.ready < b.ready; });
+  if (grads.size() != order.size())
+    return fail(what + " " + kGradientsAttr + " lists " + std::to_string(order.size()) +
+                " gradients; the function returns " + std::to_string(grads.size()));
+  // In the order carve-data-parallel gave them (backward finishes them so).
+  std::stable_sort(grads.begin(), grads.end(), [&](const GradSlot &a, const GradSlot &b) {
+    return position[a.result] < position[b.result];
+  });
   return true;
 }
 
-/// ZeRO over dp (docs/zero.md): every trainable parameter's (tp-local)
-/// elements are cut into dp chunks of `chunk` (the last padded); dp rank d
-/// owns chunk d.
-void Generator::shardOverDp() {
+/// ZeRO over dp (docs/partition.md, "ZeRO"): every trainable parameter's (tp-local)
+/// elements are cut into dp chunks (carve.zero_chunk, the last padded); dp
+/// rank d owns chunk d.
+bool Generator::shardOverDp() {
   zero = opts.dp > 1 ? opts.zero : 0;
   const int64_t dp = opts.dp;
   for (GradSlot &g : grads) {
     int64_t n = typeOf(g.value).getNumElements();
     numelOf[g.param] = n;
-    chunkOf[g.param] = zero ? (n + dp - 1) / dp : n;
+    chunkOf[g.param] = zero ? zeroChunkOf(fn, g.param) : n;
+    if (zero && chunkOf[g.param] * dp < n)
+      return fail("parameter '" + paramName(g.param) + "' has no ZeRO chunk of its " +
+                  std::to_string(n) + " elements over dp=" + std::to_string(dp) + " (" +
+                  kZeroChunkAttr + "; run carve-data-parallel first)");
   }
   // Stage 1 and 2 gather parameters in place: pad them to dp * chunk.
   if (zero == 1 || zero == 2)
     for (auto &[arg, c] : chunkOf)
       buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = dp * c * 4;
+  return true;
 }
 
 void Generator::place(int b, int64_t &at) {

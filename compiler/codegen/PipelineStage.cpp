@@ -47,8 +47,11 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   if (opts.dp > 1 && opts.zero >= 2)
     return fail("pipeline: ZeRO stage " + std::to_string(opts.zero) +
                 " is not supported with pipelines");
-  shardOverDp();
-  std::vector<Bucket> buckets = opts.dp > 1 ? formBuckets() : std::vector<Bucket>();
+  if (!shardOverDp())
+    return false;
+  std::vector<Bucket> buckets;
+  if (opts.dp > 1 && !readBucketsOffIr(buckets))
+    return false;
   so.numBuckets = (int)buckets.size();
 
   // Persistent layout from `base`: parameters, gradients, optimizer state,
@@ -130,14 +133,20 @@ bool Generator::checkMessageTags(int end) {
 }
 
 /// Every returned gradient accumulates over the micro-batches into its own
-/// slot in the gradient region, final after its last writer.
+/// slot in the gradient region, final after its last writer (carve.gradients).
 bool Generator::collectStageGradients(func::ReturnOp ret, int stage) {
   const bool hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr);
   const std::string what = "@stage" + std::to_string(stage);
   return collectGradients(
       ret, hasLoss ? 1 : 0, what, true, [&](unsigned k, unsigned param, Value g) {
+        const GradientSlot &ir = irGrad[k];
         int vb = bufferOf.lookup(g);
-        int ready = std::max(buffers[vb].def, index[g.getDefiningOp()]);
+        int ready = (int)ir.ready;
+        if (!ir.copy || ready < index[g.getDefiningOp()]) {
+          contractError = what + " carve.gradients: result " + std::to_string(k) +
+                          " must accumulate into its slot (copy) after its defining op";
+          return;
+        }
         buffers[vb].lastUse = std::max(buffers[vb].lastUse, ready);
         GradSlot slot{param,
                       g,

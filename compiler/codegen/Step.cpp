@@ -36,25 +36,30 @@ bool Generator::run() {
   if (!collectStepGradients(ret, pinned))
     return false;
 
-  // ZeRO over dp (docs/zero.md): stage 1 keeps optimizer state for this
+  // ZeRO over dp (docs/partition.md, "ZeRO"): stage 1 keeps optimizer state for this
   // rank's chunk only, stage 2 also only its chunk of the summed gradient
   // (reduce-scattered per bucket; the full gradients become short-lived
   // activations), stage 3 also only its chunk of the parameter (gathered just
   // before use in forward and again in backward, into short-lived buffers).
-  shardOverDp();
+  if (!shardOverDp())
+    return false;
   const int backwardBegin = firstBackwardOp(false);
-  GatherPlan gathered = planZero3Gathers(backwardBegin);
+  GatherPlan gathered = planZero3Gathers();
   if (zero >= 2)
     keepGradientChunks();
 
-  std::vector<Bucket> buckets = formBuckets();
+  std::vector<Bucket> buckets;
+  if (!readBucketsOffIr(buckets))
+    return false;
   out.numBuckets = (int)buckets.size();
   // Stage >= 2: one bucket in flight; bucket k is waited for when bucket k+1
-  // starts (the last at the end), so its full gradients can be freed there.
+  // starts (the last at the end; carve.buckets' wait_at), so its full
+  // gradients can be freed there.
   if (zero >= 2)
     for (size_t k = 0; k < buckets.size(); ++k) {
-      buckets[k].waitAt =
-          k + 1 < buckets.size() ? std::max(buckets[k + 1].ready, buckets[k].ready) : end;
+      if (buckets[k].waitAt < 0)
+        return fail("@train_step carve.buckets: bucket " + std::to_string(k) +
+                    " has no wait_at under ZeRO-" + std::to_string(zero));
       for (size_t i = buckets[k].first; i <= buckets[k].last; ++i)
         buffers[grads[i].buffer].lastUse =
             std::max(buffers[grads[i].buffer].lastUse, buckets[k].waitAt);
@@ -109,16 +114,27 @@ bool Generator::run() {
 }
 
 /// Each returned gradient gets a slot in the gradient region: its own buffer
-/// where it is an activation nothing else pins, else a copy made at the end.
+/// where carve-data-parallel found it an activation nothing else pins, else
+/// a copy made at the end (carve.gradients' copy).
 bool Generator::collectStepGradients(func::ReturnOp ret, std::set<int> &pinned) {
   const int end = (int)ops.size();
-  return collectGradients(ret, 1, "@train_step", false, [&](unsigned, unsigned param, Value g) {
+  return collectGradients(ret, 1, "@train_step", false, [&](unsigned k, unsigned param, Value g) {
+    const GradientSlot &ir = irGrad[k];
     int b = bufferOf.lookup(g);
-    GradSlot slot{param, g, b, false, buffers[b].def};
-    if (buffers[b].region != Region::Activation || pinned.count(b)) {
+    GradSlot slot{param, g, b, false, (int)ir.ready};
+    if (ir.copy ? ir.ready != end
+                : buffers[b].region != Region::Activation || pinned.count(b) ||
+                      ir.ready < buffers[b].def) {
+      contractError =
+          "@train_step carve.gradients: result " + std::to_string(k) +
+          (ir.copy ? " is copied after the last op but ready at " + std::to_string(ir.ready)
+                   : " is computed in place but its memory is not its own from op " +
+                         std::to_string(ir.ready));
+      return;
+    }
+    if (ir.copy) {
       slot.copy = true;
       slot.buffer = newBuffer(Region::Grad, bytesOf(g), end, "grad_" + var[fn.getArgument(param)]);
-      slot.ready = end; // copied after the last op
       buffers[b].lastUse = end;
     } else {
       buffers[b].region = Region::Grad;
@@ -130,41 +146,29 @@ bool Generator::collectStepGradients(func::ReturnOp ret, std::set<int> &pinned) 
 
 /// ZeRO-3: the arena keeps the chunk; forward and backward each gather the
 /// whole parameter into a buffer that lives from just before its first use
-/// to its last use in that pass. Other stages: nothing to gather.
-Generator::GatherPlan Generator::planZero3Gathers(int backwardBegin) {
+/// to its last use in that pass (carve.zero3_gather). Other stages: nothing
+/// to gather.
+Generator::GatherPlan Generator::planZero3Gathers() {
   GatherPlan gathered;
   if (zero != 3)
     return gathered;
   const int64_t dp = opts.dp;
-  for (Operation *op : ops) {
-    if (foldedTransposes.count(op) || fusedMatmuls.count(op) || isa<ReshapeOp>(op))
-      continue;
-    Operation *reader = transposedMatmul.lookup(op) ? transposedMatmul.lookup(op) : op;
-    for (unsigned i = 0; i < reader->getNumOperands(); ++i) {
-      Value v = operandOf(reader, i);
-      // Reshapes alias their input: a reshape of a parameter reads it.
-      while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
-        v = v.getDefiningOp()->getOperand(0);
-      auto arg = dyn_cast<BlockArgument>(v);
-      if (!arg || !chunkOf.count(arg.getArgNumber()))
-        continue;
-      Gathered &gg = gathered[arg.getArgNumber()][index[op] >= backwardBegin ? 1 : 0];
-      if (gg.first < 0 || readAt(op) < gg.first)
-        gg.first = readAt(op);
-      gg.last = std::max(gg.last, readAt(op));
-    }
-  }
-  for (auto &[arg, pair] : gathered) {
+  for (auto &[arg, chunk] : chunkOf) {
+    std::array<int64_t, 4> range;
+    if (!zero3GatherOf(fn, arg, range))
+      continue; // never read
     std::string base = var[fn.getArgument(arg)];
     for (int pass = 0; pass < 2; ++pass) {
-      Gathered &gg = pair[pass];
+      Gathered &gg = gathered[arg][pass];
+      gg.first = (int)range[2 * pass];
+      gg.last = (int)range[2 * pass + 1];
       if (gg.first < 0)
         continue;
       gg.var = uniqueName(base + (pass ? "_full_bwd" : "_full_fwd"));
-      gg.buffer = newBuffer(Region::Activation, dp * chunkOf[arg] * 4, gg.first - 1, gg.var);
+      gg.buffer = newBuffer(Region::Activation, dp * chunk * 4, gg.first - 1, gg.var);
       buffers[gg.buffer].lastUse = gg.last;
     }
-    buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = chunkOf[arg] * 4;
+    buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = chunk * 4;
   }
   return gathered;
 }

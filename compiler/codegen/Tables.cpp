@@ -35,9 +35,9 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
 
 /// The tensor tables and the `Program` of a rank's source (program.h); with
 /// `pipe`, the pipeline fields too. Closes the anonymous namespace.
-void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts,
-                       const GeneratedProgram &out, const std::vector<TensorRow> &inputs,
-                       const std::vector<TensorRow> &params, const PipelineCodegenOptions *pipe) {
+void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const GeneratedProgram &out,
+                       const std::vector<TensorRow> &inputs, const std::vector<TensorRow> &params,
+                       const PipelineCodegenOptions *pipe) {
   os << "// One row per tensor (TensorSpec, carve/rt/program.h): name, dtype, rank, dims,\n"
         "// elements, arena byte offset, trainable, gradient offset, optimizer state offsets\n"
         "// {exp_avg or momentum, exp_avg_sq}, the model's full dims, the dimension split over\n"

@@ -3,6 +3,7 @@
 #include "compiler/driver/CompilePipeline.h"
 
 #include "compiler/autodiff/Autodiff.h"
+#include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
@@ -27,6 +28,7 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   if (fuse)
     pm.addPass(createCarveFuseElementwise());
   pm.addPass(createCarveFoldTransposes());
+  pm.addPass(createCarveDataParallel());
 }
 
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
@@ -39,6 +41,7 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
   if (fuse)
     passes.push_back("carve-fuse-elementwise");
   passes.push_back("carve-fold-transposes");
+  passes.push_back("carve-data-parallel");
   return passes;
 }
 

@@ -96,6 +96,10 @@ constexpr const char *kFoldAttr = "carve.fold";
 constexpr const char *kFoldOperand = "operand";
 constexpr const char *kFoldProduct = "product";
 
+/// Every tensor in the arena starts at a multiple of this many bytes (the
+/// emitter's memory plan; gradient buckets count their bytes so).
+constexpr int64_t kArenaAlign = 64;
+
 // Data parallelism (carve-data-parallel).
 /// On an emitted function: the gradients it returns in the order backward
 /// finishes them, each {result, param (argument), ready (index of the op

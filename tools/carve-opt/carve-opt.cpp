@@ -7,6 +7,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
+#include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
   carve::registerPartitionPasses();
   carve::registerStagesPasses();
   carve::registerFusionPasses();
+  carve::registerDataParallelPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();
   return mlir::asMainReturnCode(

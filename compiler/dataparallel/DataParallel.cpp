@@ -1,0 +1,376 @@
+//===- DataParallel.cpp - carve-data-parallel -----------------------------===//
+//
+// The rules are in Passes.td; the records' format in dialects/carve/
+// Contract.h. The emitter (compiler/codegen) prints the collectives and
+// gathers from the readers at the end of this file.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/dataparallel/DataParallel.h"
+
+#include "compiler/fusion/Fusion.h"
+
+#include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+using namespace mlir;
+
+namespace carve {
+#define GEN_PASS_DEF_CARVEDATAPARALLEL
+#include "compiler/dataparallel/Passes.h.inc"
+} // namespace carve
+
+namespace carve {
+
+std::vector<GradientBucket> formBuckets(ArrayRef<int64_t> bytes, ArrayRef<int64_t> ready,
+                                        int64_t cap) {
+  std::vector<GradientBucket> buckets;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (buckets.empty() || buckets.back().bytes + bytes[i] > cap) {
+      GradientBucket b;
+      b.first = b.last = (int64_t)i;
+      b.bytes = bytes[i];
+      b.ready = ready[i];
+      buckets.push_back(b);
+    } else {
+      buckets.back().last = (int64_t)i;
+      buckets.back().bytes += bytes[i];
+      buckets.back().ready = ready[i];
+    }
+  }
+  return buckets;
+}
+
+void setBucketWaits(std::vector<GradientBucket> &buckets, int64_t end) {
+  for (size_t k = 0; k < buckets.size(); ++k)
+    buckets[k].waitAt =
+        k + 1 < buckets.size() ? std::max(buckets[k + 1].ready, buckets[k].ready) : end;
+}
+
+bool isEmittedFunction(func::FuncOp fn) {
+  return fn.getSymName() == "train_step" || fn->hasAttr(kStageAttr);
+}
+
+} // namespace carve
+
+namespace {
+
+using namespace carve;
+
+int64_t numelOf(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
+
+/// What the pass decides for one function.
+class FunctionPlan {
+public:
+  FunctionPlan(func::FuncOp fn, int64_t dp, int64_t zero) : fn(fn), dp(dp), zero(zero) {
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      index[&op] = (int64_t)ops.size();
+      ops.push_back(&op);
+    }
+    stage = fn->hasAttr(kStageAttr);
+  }
+
+  /// The slots in the order backward finishes them.
+  LogicalResult orderGradients() {
+    auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
+    const int64_t end = (int64_t)ops.size();
+    unsigned first = 1;
+    if (stage)
+      first = ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr) ? 1 : 0;
+    else if (ret.getNumOperands() < 1)
+      return fn.emitError("@train_step returns nothing (the loss comes first)");
+    // @train_step: the loss and each gradient computed in place keep their
+    // memory (a reshape's is its input's); a gradient whose memory is taken
+    // is copied after the last op.
+    llvm::DenseSet<Value> pinned;
+    if (!stage)
+      pinned.insert(root(ret.getOperand(0)));
+    for (unsigned k = first; k < ret.getNumOperands(); ++k) {
+      StringAttr of = gradOf(fn, k);
+      Value g = ret.getOperand(k);
+      Location loc = g.getDefiningOp() ? g.getDefiningOp()->getLoc() : fn.getLoc();
+      if (!of)
+        return emitError(loc) << "result " << k << " of @" << fn.getSymName()
+                              << " is not a gradient (carve.grad_of)";
+      std::optional<unsigned> param = paramArgOfGrad(fn, k);
+      if (!param || (stage && !g.getDefiningOp()))
+        return emitError(loc) << "gradient of unknown parameter '" << of.getValue() << "'";
+      if (!cast<RankedTensorType>(g.getType()).getElementType().isF32())
+        return emitError(loc) << "parameter '" << of.getValue()
+                              << "' is not float32; the targets train float32 parameters";
+      GradientSlot s;
+      s.result = k;
+      s.param = *param;
+      if (stage) {
+        s.copy = true;
+        s.ready = index.lookup(g.getDefiningOp());
+      } else {
+        Value r = root(g);
+        Operation *def = r.getDefiningOp();
+        if (!def || isa<ConstantOp>(def) || !pinned.insert(r).second) {
+          s.copy = true;
+          s.ready = end;
+        } else {
+          s.ready = index.lookup(def);
+        }
+      }
+      slots.push_back(s);
+    }
+    std::stable_sort(slots.begin(), slots.end(), [](const GradientSlot &a, const GradientSlot &b) {
+      return a.ready < b.ready;
+    });
+    return success();
+  }
+
+  /// Buckets over the slots (a stage's only when dp > 1).
+  void cutBuckets(int64_t cap) {
+    if (stage && dp <= 1)
+      return;
+    std::vector<int64_t> bytes, ready;
+    auto ret = fn.getBody().front().getTerminator();
+    for (const GradientSlot &s : slots) {
+      bytes.push_back(alignArena(numelOf(ret->getOperand(s.result)) * 4));
+      ready.push_back(s.ready);
+    }
+    buckets = formBuckets(bytes, ready, cap);
+    const char *reduce = dp <= 1 ? "none" : zero >= 2 ? "reduce_scatter" : "all_reduce";
+    for (GradientBucket &b : buckets)
+      b.reduce = reduce;
+    if (!stage && zero >= 2)
+      setBucketWaits(buckets, (int64_t)ops.size());
+  }
+
+  /// ZeRO-3: each sharded parameter's first and last read in forward and in
+  /// backward, where the reads run.
+  std::map<unsigned, std::array<int64_t, 4>> gatherRanges() {
+    std::map<unsigned, std::array<int64_t, 4>> ranges;
+    llvm::DenseSet<Value> interior;
+    std::vector<FusionGroup> groups = fusionGroups(fn, interior);
+    llvm::DenseMap<Operation *, Operation *> rootOf;
+    for (const FusionGroup &g : groups)
+      for (Operation *op : g.ops)
+        rootOf[op] = g.root;
+    auto readAt = [&](Operation *op) {
+      Operation *r = rootOf.lookup(op);
+      return index.lookup(r ? r : op);
+    };
+    std::set<unsigned> sharded;
+    for (const GradientSlot &s : slots)
+      sharded.insert(s.param);
+    int64_t backwardBegin = (int64_t)ops.size();
+    for (Operation *op : ops)
+      if (StringRef(nodeName(op->getLoc())).starts_with("backward of ")) {
+        backwardBegin = index.lookup(op);
+        break;
+      }
+    for (Operation *op : ops) {
+      StringRef fold = foldOf(op);
+      if (fold == kFoldOperand || isa<ReshapeOp>(op) || isProductMatmul(op))
+        continue;
+      // A "product" transpose runs as its matmul: the matmul's reads.
+      Operation *reader = fold == kFoldProduct ? op->getOperand(0).getDefiningOp() : op;
+      for (Value v : reader->getOperands()) {
+        // Through a folded transpose (the matmul's flag) and reshapes (aliases).
+        if (v.getDefiningOp() && foldOf(v.getDefiningOp()) == kFoldOperand)
+          v = v.getDefiningOp()->getOperand(0);
+        v = root(v);
+        auto arg = dyn_cast<BlockArgument>(v);
+        if (!arg || !sharded.count(arg.getArgNumber()))
+          continue;
+        auto it = ranges.try_emplace(arg.getArgNumber(), std::array<int64_t, 4>{-1, -1, -1, -1});
+        std::array<int64_t, 4> &r = it.first->second;
+        const int p = index.lookup(op) >= backwardBegin ? 2 : 0;
+        const int64_t at = readAt(op);
+        if (r[p] < 0 || at < r[p])
+          r[p] = at;
+        r[p + 1] = std::max(r[p + 1], at);
+      }
+    }
+    return ranges;
+  }
+
+  /// Writes the records (Contract.h).
+  void record(bool gather) {
+    Builder b(fn.getContext());
+    auto i64 = [&](int64_t x) { return b.getI64IntegerAttr(x); };
+    auto ret = fn.getBody().front().getTerminator();
+    SmallVector<Attribute> gs;
+    for (const GradientSlot &s : slots)
+      gs.push_back(b.getDictionaryAttr(
+          {b.getNamedAttr("copy", b.getBoolAttr(s.copy)), b.getNamedAttr("param", i64(s.param)),
+           b.getNamedAttr("ready", i64(s.ready)), b.getNamedAttr("result", i64(s.result))}));
+    fn->setAttr(kGradientsAttr, b.getArrayAttr(gs));
+    if (!stage || dp > 1) {
+      SmallVector<Attribute> bs;
+      for (const GradientBucket &k : buckets) {
+        SmallVector<NamedAttribute> f = {
+            b.getNamedAttr("bytes", i64(k.bytes)), b.getNamedAttr("first", i64(k.first)),
+            b.getNamedAttr("last", i64(k.last)), b.getNamedAttr("ready", i64(k.ready)),
+            b.getNamedAttr("reduce", b.getStringAttr(k.reduce))};
+        if (k.waitAt >= 0)
+          f.push_back(b.getNamedAttr("wait_at", i64(k.waitAt)));
+        bs.push_back(b.getDictionaryAttr(f));
+      }
+      fn->setAttr(kBucketsAttr, b.getArrayAttr(bs));
+    }
+    if (zero >= 1)
+      for (const GradientSlot &s : slots)
+        fn.setArgAttr(s.param, kZeroChunkAttr,
+                      i64(zeroChunk(numelOf(ret->getOperand(s.result)), dp)));
+    if (gather)
+      for (auto &[arg, r] : gatherRanges())
+        fn.setArgAttr(arg, kZero3GatherAttr, b.getDenseI64ArrayAttr(r));
+  }
+
+  func::FuncOp fn;
+  int64_t dp, zero;
+  bool stage = false;
+  std::vector<Operation *> ops;
+  llvm::DenseMap<Operation *, int64_t> index;
+  std::vector<GradientSlot> slots;
+  std::vector<GradientBucket> buckets;
+
+private:
+  static Value root(Value v) {
+    while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
+      v = v.getDefiningOp()->getOperand(0);
+    return v;
+  }
+  static bool isProductMatmul(Operation *op) {
+    return isa<MatmulOp>(op) && op->hasOneUse() && foldOf(*op->getUsers().begin()) == kFoldProduct;
+  }
+  static int64_t alignArena(int64_t x) { return (x + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
+};
+
+struct DataParallelPass : carve::impl::CarveDataParallelBase<DataParallelPass> {
+  using CarveDataParallelBase::CarveDataParallelBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<PlanAttrs> plan = readPlan(module);
+    if (failed(plan))
+      return signalPassFailure();
+    if (bucketBytes < 1) {
+      module.emitError() << "carve-data-parallel: bucket-bytes must be positive, not "
+                         << std::to_string((int64_t)bucketBytes);
+      return signalPassFailure();
+    }
+    const int64_t zero = plan->dp > 1 ? plan->zero : 0;
+    for (auto fn : module.getOps<func::FuncOp>()) {
+      if (!isEmittedFunction(fn))
+        continue;
+      if (fn->hasAttr(kStageAttr) && zero >= 2) {
+        fn.emitError() << "plan: ZeRO stage " << zero << " is not supported with pipelines (@"
+                       << fn.getSymName() << ")";
+        return signalPassFailure();
+      }
+      FunctionPlan p(fn, plan->dp, zero);
+      if (failed(p.orderGradients()))
+        return signalPassFailure();
+      p.cutBuckets(bucketBytes);
+      p.record(zero == 3);
+      numGradients += p.slots.size();
+      numBuckets += p.buckets.size();
+      if (zero == 3)
+        for (const GradientSlot &s : p.slots)
+          numGathered += fn.getArgAttr(s.param, kZero3GatherAttr) ? 1 : 0;
+    }
+  }
+};
+
+} // namespace
+
+namespace carve {
+
+namespace {
+/// Field `key` of `d` as an integer; false when absent or not one.
+bool intField(DictionaryAttr d, StringRef key, int64_t &x) {
+  auto a = d.getAs<IntegerAttr>(key);
+  if (!a)
+    return false;
+  x = a.getInt();
+  return true;
+}
+} // namespace
+
+bool readGradients(func::FuncOp fn, std::vector<GradientSlot> &slots, std::string &error) {
+  auto list = fn->getAttrOfType<ArrayAttr>(kGradientsAttr);
+  const std::string where = "@" + fn.getSymName().str() + " ";
+  if (!list) {
+    error = where + "has no " + std::string(kGradientsAttr) + " (run carve-data-parallel first)";
+    return false;
+  }
+  const unsigned results = fn.getNumResults(), args = fn.getNumArguments();
+  slots.clear();
+  for (Attribute a : list) {
+    auto d = dyn_cast<DictionaryAttr>(a);
+    int64_t result, param, ready;
+    auto copy = d ? d.getAs<BoolAttr>("copy") : BoolAttr();
+    if (!d || !copy || !intField(d, "result", result) || !intField(d, "param", param) ||
+        !intField(d, "ready", ready) || result < 0 || result >= results || param < 0 ||
+        param >= args) {
+      error = where + std::string(kGradientsAttr) + ": malformed entry (" +
+              std::to_string(slots.size()) + ")";
+      return false;
+    }
+    slots.push_back({(unsigned)result, (unsigned)param, ready, copy.getValue()});
+  }
+  return true;
+}
+
+bool readBuckets(func::FuncOp fn, std::vector<GradientBucket> &buckets, std::string &error) {
+  buckets.clear();
+  auto list = fn->getAttrOfType<ArrayAttr>(kBucketsAttr);
+  if (!list)
+    return true; // none formed
+  auto grads = fn->getAttrOfType<ArrayAttr>(kGradientsAttr);
+  const int64_t n = grads ? (int64_t)grads.size() : 0;
+  int64_t next = 0;
+  for (Attribute a : list) {
+    auto d = dyn_cast<DictionaryAttr>(a);
+    GradientBucket b;
+    auto reduce = d ? d.getAs<StringAttr>("reduce") : StringAttr();
+    if (!d || !reduce || !intField(d, "first", b.first) || !intField(d, "last", b.last) ||
+        !intField(d, "bytes", b.bytes) || !intField(d, "ready", b.ready) || b.first != next ||
+        b.last < b.first || b.last >= n) {
+      error = "@" + fn.getSymName().str() + " " + std::string(kBucketsAttr) +
+              ": malformed bucket " + std::to_string(buckets.size()) +
+              " (buckets must cover carve.gradients in order)";
+      return false;
+    }
+    intField(d, "wait_at", b.waitAt);
+    b.reduce = reduce.getValue().str();
+    next = b.last + 1;
+    buckets.push_back(b);
+  }
+  if (next != n) {
+    error = "@" + fn.getSymName().str() + " " + std::string(kBucketsAttr) +
+            ": the buckets do not cover every gradient";
+    return false;
+  }
+  return true;
+}
+
+int64_t zeroChunkOf(func::FuncOp fn, unsigned arg) {
+  auto a = fn.getArgAttrOfType<IntegerAttr>(arg, kZeroChunkAttr);
+  return a ? a.getInt() : 0;
+}
+
+bool zero3GatherOf(func::FuncOp fn, unsigned arg, std::array<int64_t, 4> &range) {
+  auto a = fn.getArgAttrOfType<DenseI64ArrayAttr>(arg, kZero3GatherAttr);
+  if (!a || a.size() != 4)
+    return false;
+  for (int i = 0; i < 4; ++i)
+    range[i] = a[i];
+  return true;
+}
+
+} // namespace carve
