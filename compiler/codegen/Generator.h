@@ -166,7 +166,7 @@ public:
   struct StageOut {
     std::string constants, forward, backward; // definitions in the chunk's namespace
     std::string init;                         // statements at the start of the step
-    std::string bucketWaits, norm, clip, updates, unscale;
+    std::string bucketWaits, pointers, norm, clip, updates, unscale;
     std::vector<std::pair<std::string, std::string>> sharedGrads; // name -> pointer
     std::map<std::string, std::string> customKernels;
     std::vector<TensorRow> params, inputs;
@@ -379,7 +379,16 @@ private:
   std::string scalarRead(const std::string &ptr) const;
 
   // Optimizer.cpp.
-  /// Pointers to a gradient's slot and (ZeRO >= 2) to its chunk.
+  /// The names the step's tail gives each parameter's tensors (tailPointers).
+  struct TailNames {
+    std::string param, grad, state[2];
+  };
+  std::map<unsigned, TailNames> tailNames;
+  /// Declares the tail's pointers (tailNames): every parameter, its gradient
+  /// slot or (ZeRO >= 2) chunk, its optimizer state; `prefix` starts each
+  /// name (a pipeline rank's chunks share the tail's scope).
+  std::string tailPointers(const std::string &prefix);
+  /// Raw pointers to a gradient's slot and (ZeRO >= 2) its chunk, for the body.
   std::string gradPtr(const GradSlot &g);
   std::string chunkPtr(unsigned param);
   /// C++ for the elements of chunk `rank` of a parameter (the last is short).
@@ -420,7 +429,7 @@ private:
                        StageOut &so, std::string &forwardBody, std::string &backwardBody);
   std::string recvStatements(mlir::Operation *op, bool backward);
   std::string sendStatements(mlir::Operation *op, bool backward);
-  void stageTail(const PipelineCodegenOptions &pipe, int stage, StageOut &so);
+  void stageTail(const PipelineCodegenOptions &pipe, int chunk, int stage, StageOut &so);
 };
 
 } // namespace carve::codegen

@@ -97,6 +97,39 @@ std::string Generator::chunkPtr(unsigned param) {
   return "(float *)(A + " + std::to_string(buffers[shardOf[param]].offset) + ")";
 }
 
+std::string Generator::tailPointers(const std::string &prefix) {
+  const OptimizerConfig &o = opts.optimizer;
+  const bool adam = o.kind == "adamw";
+  const bool momentum = !adam && o.momentum != 0;
+  const char *stateName[2] = {adam ? "exp_avg" : "momentum", "exp_avg_sq"};
+  const std::string chunk = zero ? " (this rank's ZeRO chunk)" : "";
+  std::string s = "\n  // The optimizer's tensors: each parameter, its gradient";
+  s += zero >= 2 ? " chunk" : "";
+  s += adam ? ", exp_avg and exp_avg_sq" : momentum ? " and momentum buffer" : "";
+  s += " (memory plan above).\n";
+  auto declare = [&](const std::string &name, int64_t offset, const std::string &what) {
+    s +=
+        "  float *" + name + " = (float *)(A + " + std::to_string(offset) + ");  // " + what + "\n";
+  };
+  for (GradSlot &g : grads) {
+    const unsigned a = g.param;
+    const std::string base = prefix + var[fn.getArgument(a)];
+    TailNames &t = tailNames[a];
+    t.param = uniqueName("param_" + base);
+    declare(t.param, buffers[bufferOf.lookup(fn.getArgument(a))].offset,
+            paramName(a) + (zero == 3 ? chunk : ""));
+    t.grad = uniqueName((zero >= 2 ? "grad_chunk_" : "grad_") + base);
+    declare(t.grad, buffers[zero >= 2 ? shardOf[a] : g.buffer].offset,
+            "gradient of " + paramName(a) + (zero >= 2 ? chunk : ""));
+    const int slots = adam ? 2 : momentum ? 1 : 0;
+    for (int k = 0; k < slots; ++k) {
+      t.state[k] = uniqueName(std::string(stateName[k]) + "_" + base);
+      declare(t.state[k], stateOf[a][k], std::string(stateName[k]) + " of " + paramName(a) + chunk);
+    }
+  }
+  return s;
+}
+
 std::string Generator::chunkCount(unsigned arg, const std::string &rank) {
   return "std::max<int64_t>(0, std::min<int64_t>(" + std::to_string(chunkOf[arg]) + ", " +
          std::to_string(numelOf[arg]) + " - (int64_t)" + rank + " * " +
@@ -108,7 +141,7 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts,
   for (GradSlot &g : grads) {
     if (!counted(g))
       continue;
-    std::string ptr = zero >= 2 ? chunkPtr(g.param) : gradPtr(g);
+    const std::string &ptr = tailNames[g.param].grad;
     std::string count;
     if (zero >= 2)
       count = chunkCount(g.param, "ctx.dpRank");
@@ -125,7 +158,7 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts,
 
 void Generator::emitClip(llvm::raw_ostream &ts) {
   for (GradSlot &g : grads)
-    ts << "  scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
+    ts << "  scaleInPlace(" << tailNames[g.param].grad << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
 }
 
@@ -137,7 +170,7 @@ void Generator::emitUnscale(llvm::raw_ostream &ts) {
      << "  // out before the norm, the check for overflow and the update.\n"
      << "  if (ctx.lossScale != 1.0f) {\n    const float unscale = 1.0f / ctx.lossScale;\n";
   for (GradSlot &g : grads)
-    ts << "    scaleInPlace(" << (zero >= 2 ? chunkPtr(g.param) : gradPtr(g)) << ", "
+    ts << "    scaleInPlace(" << tailNames[g.param].grad << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", unscale);\n";
   ts << "  }\n";
 }
@@ -151,26 +184,24 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
   double wd = o.effectiveWeightDecay();
   for (GradSlot &g : grads) {
     unsigned a = g.param;
-    std::string pbase =
-        "(float *)(A + " + std::to_string(buffers[bufferOf.lookup(fn.getArgument(a))].offset) + ")";
-    std::string p = pbase, go = gradPtr(g), n = std::to_string(numelOf[a]);
-    auto st = stateOf[a];
+    const TailNames &t = tailNames[a];
+    std::string p = t.param, go = t.grad, n = std::to_string(numelOf[a]);
     if (zero) {
       std::string c = std::to_string(chunkOf[a]);
       std::string off = "(int64_t)ctx.dpRank * " + c;
       n = chunkCount(a, "ctx.dpRank");
-      p = zero == 3 ? pbase : pbase + " + " + off;
-      go = zero >= 2 ? chunkPtr(a) : gradPtr(g) + " + " + off;
+      p = zero == 3 ? t.param : t.param + " + " + off;
+      go = zero >= 2 ? t.grad : t.grad + " + " + off;
     }
     if (adam)
-      ts << "  adamwUpdate(" << p << ", " << go << ", (float *)(A + " << st[0]
-         << "), (float *)(A + " << st[1] << "), " << n << ", lr, " << number(o.beta1, false) << ", "
-         << number(o.beta2, false) << ", " << number(o.eps, false) << ", " << number(wd, false)
-         << ", ctx.step + 1);  // " << paramName(a) << "\n";
+      ts << "  adamwUpdate(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1] << ", "
+         << n << ", lr, " << number(o.beta1, false) << ", " << number(o.beta2, false) << ", "
+         << number(o.eps, false) << ", " << number(wd, false) << ", ctx.step + 1);  // "
+         << paramName(a) << "\n";
     else
       ts << "  sgdUpdate(" << p << ", " << go << ", "
-         << (momentum ? "(float *)(A + " + std::to_string(st[0]) + ")" : "nullptr") << ", " << n
-         << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
+         << (momentum ? t.state[0] : std::string("nullptr")) << ", " << n << ", lr, "
+         << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
          << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
          << paramName(a) << "\n";
   }
@@ -179,10 +210,10 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
        << "chunks in place.\n  {\n    CommHandle h[" << grads.size() << "];\n";
     for (size_t i = 0; i < grads.size(); ++i) {
       unsigned a = grads[i].param;
-      int64_t off = buffers[bufferOf.lookup(fn.getArgument(a))].offset;
-      ts << "    h[" << i << "] = ctx.dpComm->allGatherAsync((float *)(A + " << off
-         << ") + (int64_t)ctx.dpRank * " << chunkOf[a] << ", (float *)(A + " << off << "), "
-         << chunkOf[a] << ", CommType::F32);  // " << paramName(a) << "\n";
+      const std::string &p = tailNames[a].param;
+      ts << "    h[" << i << "] = ctx.dpComm->allGatherAsync(" << p << " + (int64_t)ctx.dpRank * "
+         << chunkOf[a] << ", " << p << ", " << chunkOf[a] << ", CommType::F32);  // "
+         << paramName(a) << "\n";
     }
     ts << "    for (CommHandle &x : h) ctx.dpComm->wait(x);\n  }\n";
   }

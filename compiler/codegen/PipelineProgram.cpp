@@ -138,6 +138,8 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
     for (auto &ch : chunks)
       os << ch.bucketWaits;
   }
+  for (auto &ch : chunks)
+    os << ch.pointers;
   if (!pipe.shared.empty()) {
     os << "\n  // Parameters used on several stages (a tied embedding): sum their gradient parts "
           "over pp\n  // (every pp rank joins each all-reduce; ranks without the parameter add "

@@ -100,7 +100,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   so.customKernels = customKernels;
   so.kernelCalls = kernelCalls;
 
-  stageTail(pipe, stage, so);
+  stageTail(pipe, chunk, stage, so);
   buildTables(m);
   so.params = paramRows;
   so.inputs = inputRows;
@@ -335,10 +335,11 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
 
 /// The chunk's pieces of the step's tail; a gradient shared over pp counts
 /// in the norm on its owner stage only.
-void Generator::stageTail(const PipelineCodegenOptions &pipe, int stage, StageOut &so) {
+void Generator::stageTail(const PipelineCodegenOptions &pipe, int chunk, int stage, StageOut &so) {
   std::map<std::string, int> owner;
   for (const auto &sh : pipe.shared)
     owner[sh.name] = sh.owner;
+  so.pointers = tailPointers(pipe.virtualStages > 1 ? "c" + std::to_string(chunk) + "_" : "");
   llvm::raw_string_ostream ns(so.norm), cs(so.clip), us(so.updates), ss(so.unscale);
   emitUnscale(ss);
   emitNormTerms(ns,
@@ -347,7 +348,7 @@ void Generator::stageTail(const PipelineCodegenOptions &pipe, int stage, StageOu
   emitUpdates(us);
   for (GradSlot &g : grads)
     if (g.shared)
-      so.sharedGrads.push_back({paramName(g.param), gradPtr(g)});
+      so.sharedGrads.push_back({paramName(g.param), tailNames[g.param].grad});
 }
 
 } // namespace carve::codegen

@@ -316,6 +316,7 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
 /// axis, replicated ones counted once), clipping, the optimizer.
 bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
                              const std::string &reduction, llvm::raw_ostream &ts) {
+  ts << tailPointers("");
   if (opts.dp > 1 && zero < 2) {
     // CUDA: inside forwardBackward, so that a captured graph joins the
     // collectives' stream back into the compute stream.
