@@ -24,6 +24,7 @@
 #include "compiler/codegen/CpuCodegen.h"
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
+#include "compiler/memory/MemoryPlan.h"
 
 #include "dialects/carve/CarveOps.h"
 #include "dialects/carve/Contract.h"
@@ -103,6 +104,11 @@ struct Buffer {
   int lastUse = -1; // index of the last op that reads it
   int64_t offset = -1;
   std::string name; // C variable of the root value
+  // Where carve-plan-memory recorded an activation's offset: the op result
+  // that owns it, or a ZeRO-3 gather (argument, pass); copied gradients
+  // under ZeRO >= 2 are found through the gradient slots.
+  mlir::Value owner;
+  int gatherArg = -1, gatherPass = -1;
 };
 
 /// One row of the runtime's TensorSpec tables (program.h).
@@ -316,9 +322,10 @@ private:
   int newBuffer(Region r, int64_t bytes, int def, std::string name);
   /// A buffer (and a C name) for every argument and result; live ranges.
   bool assignBuffers();
-  /// Offsets of the activations from 0, sharing memory by liveness; sets
-  /// out.activationBytes and out.unplannedBytes.
-  void planActivations();
+  /// The activations' offsets from 0 as carve-plan-memory recorded them,
+  /// checked against the live ranges above (no two buffers live at once
+  /// share a byte); sets out.activationBytes and out.unplannedBytes.
+  bool readActivations();
   /// Lays out each gradient's optimizer state (0, 1 or 2 slots; ZeRO chunks)
   /// from byte `at`; returns the end.
   int64_t placeOptimizerState(int64_t at);

@@ -1,10 +1,11 @@
 //===- MemoryPlan.cpp - buffers, live ranges and the arena's regions ------===//
 //
 // Every value gets a buffer (a reshape shares its input's, a folded transpose
-// and a fused chain's interior get none); activations share memory by a
-// first fit over their live ranges; the persistent regions (parameters,
-// gradients in the order backward finishes them, optimizer state) are laid
-// out one after another, ZeRO chunks where the plan shards over dp.
+// and a fused chain's interior get none) and a live range; the activations
+// take the offsets carve-plan-memory (compiler/memory) recorded, checked
+// against those live ranges; the persistent regions (parameters, gradients
+// in the order backward finishes them, optimizer state) are laid out one
+// after another, ZeRO chunks where the plan shards over dp.
 //
 //===----------------------------------------------------------------------===//
 
@@ -73,6 +74,7 @@ bool Generator::assignBuffers() {
         continue; // never materialized
       Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
       bufferOf[r] = newBuffer(reg, bytesOf(r), k, name);
+      buffers.back().owner = r;
     }
   }
   // Reads.
@@ -96,44 +98,61 @@ bool Generator::assignBuffers() {
   return true;
 }
 
-/// First fit over live ranges, in definition order: a buffer may take the
-/// memory of any buffer whose last reader ran before it is written.
-void Generator::planActivations() {
-  std::vector<int> order;
-  for (int i = 0; i < (int)buffers.size(); ++i)
-    if (buffers[i].region == Region::Activation)
-      order.push_back(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return buffers[a].def < buffers[b].def; });
-  std::vector<int> live; // placed buffers
-  int64_t peak = 0, total = 0;
-  for (int i : order) {
+bool Generator::readActivations() {
+  ActivationPlan plan;
+  if (!readActivationPlan(fn, plan, error))
+    return false;
+  const std::string where = "@" + fn.getSymName().str() + " ";
+  if (plan.copies.size() != grads.size())
+    return fail(where + kActivationPlanAttr + " lists " + std::to_string(plan.copies.size()) +
+                " gradient copies for " + std::to_string(grads.size()) + " gradients");
+  std::map<int, int64_t> copyOffset;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].copy)
+      copyOffset[grads[i].buffer] = plan.copies[i];
+  std::vector<int> act;
+  for (int i = 0; i < (int)buffers.size(); ++i) {
     Buffer &b = buffers[i];
-    int64_t size = alignUp(std::max<int64_t>(b.bytes, 1));
-    total += size;
-    std::vector<std::pair<int64_t, int64_t>> taken;
+    if (b.region != Region::Activation)
+      continue;
+    int64_t off = -1;
+    if (b.owner)
+      off = activationOffsetOf(b.owner.getDefiningOp(), cast<OpResult>(b.owner).getResultNumber());
+    else if (b.gatherArg >= 0)
+      off = gatherOffsetsOf(fn, b.gatherArg)[b.gatherPass];
+    else if (copyOffset.count(i))
+      off = copyOffset[i];
+    if (off < 0 || off + alignUp(std::max<int64_t>(b.bytes, 1)) > plan.bytes)
+      return fail(where + "activation '" + b.name +
+                  "' has no place in the activation region carve-plan-memory recorded (" +
+                  kArenaOffsetAttr + " " + std::to_string(off) + ", region " +
+                  std::to_string(plan.bytes) + " bytes)");
+    b.offset = off;
+    act.push_back(i);
+  }
+  // No two buffers that are live at once may share a byte.
+  std::stable_sort(act.begin(), act.end(),
+                   [&](int x, int y) { return buffers[x].def < buffers[y].def; });
+  std::vector<int> live;
+  for (int i : act) {
+    const Buffer &b = buffers[i];
     std::vector<int> still;
     for (int j : live) {
       const Buffer &o = buffers[j];
-      if (o.lastUse >= b.def) {
-        still.push_back(j);
-        taken.push_back({o.offset, o.offset + alignUp(std::max<int64_t>(o.bytes, 1))});
-      }
+      if (o.lastUse < b.def)
+        continue;
+      still.push_back(j);
+      if (b.offset < o.offset + alignUp(std::max<int64_t>(o.bytes, 1)) &&
+          o.offset < b.offset + alignUp(std::max<int64_t>(b.bytes, 1)))
+        return fail(where + "the memory plan puts '" + b.name + "' over '" + o.name +
+                    "', which is still read (op " + std::to_string(o.lastUse) + ")");
     }
-    std::sort(taken.begin(), taken.end());
-    int64_t at = 0;
-    for (auto &[lo, hi] : taken) {
-      if (at + size <= lo)
-        break;
-      at = std::max(at, hi);
-    }
-    b.offset = at;
-    peak = std::max(peak, at + size);
     still.push_back(i);
     live = std::move(still);
   }
-  out.activationBytes = peak;
-  out.unplannedBytes = total;
+  out.activationBytes = plan.bytes;
+  out.unplannedBytes = plan.unplanned;
+  return true;
 }
 
 int64_t Generator::placeOptimizerState(int64_t at) {

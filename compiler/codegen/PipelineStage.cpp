@@ -61,7 +61,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   if (!placeStageInputs(inputOffsets, stage, at))
     return false;
   so.persistentEnd = alignUp(at);
-  planActivations(); // offsets relative to the slot
+  if (!readActivations()) // offsets relative to the slot
+    return false;
   so.activationBytes = out.activationBytes;
   so.unplannedBytes = out.unplannedBytes;
   so.paramBytes = layout.paramEnd - base;

@@ -75,7 +75,8 @@ bool Generator::run() {
       place(bufferOf.lookup(a), at);
   }
   const int64_t activationBase = at;
-  planActivations();
+  if (!readActivations())
+    return false;
   for (Buffer &b : buffers)
     if (b.region == Region::Activation)
       b.offset += activationBase;
@@ -166,6 +167,8 @@ Generator::GatherPlan Generator::planZero3Gathers() {
         continue;
       gg.var = uniqueName(base + (pass ? "_full_bwd" : "_full_fwd"));
       gg.buffer = newBuffer(Region::Activation, dp * chunk * 4, gg.first - 1, gg.var);
+      buffers[gg.buffer].gatherArg = (int)arg;
+      buffers[gg.buffer].gatherPass = pass;
       buffers[gg.buffer].lastUse = gg.last;
     }
     buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = chunk * 4;

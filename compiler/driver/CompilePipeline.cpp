@@ -5,6 +5,7 @@
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
+#include "compiler/memory/MemoryPlan.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
 
@@ -29,6 +30,7 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
     pm.addPass(createCarveFuseElementwise());
   pm.addPass(createCarveFoldTransposes());
   pm.addPass(createCarveDataParallel());
+  pm.addPass(createCarvePlanMemory());
 }
 
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
@@ -42,6 +44,7 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
     passes.push_back("carve-fuse-elementwise");
   passes.push_back("carve-fold-transposes");
   passes.push_back("carve-data-parallel");
+  passes.push_back("carve-plan-memory");
   return passes;
 }
 

@@ -24,6 +24,9 @@
 //   data parallelism (carve-data-parallel)
 //                                  carve.gradients, carve.buckets,
 //                                  carve.zero_chunk, carve.zero3_gather
+//   memory plan (carve-plan-memory)
+//                                  carve.arena_offset, carve.activation_plan,
+//                                  carve.zero3_gather_offsets
 //
 //===----------------------------------------------------------------------===//
 
@@ -117,6 +120,19 @@ constexpr const char *kZeroChunkAttr = "carve.zero_chunk";
 /// function) between which it is gathered whole, [forward first, forward
 /// last, backward first, backward last] (-1: no use in that pass).
 constexpr const char *kZero3GatherAttr = "carve.zero3_gather";
+
+// The memory plan (carve-plan-memory).
+/// On an op: the byte offset of each result's buffer from the start of the
+/// activation region (a pipeline stage: of the micro-batch's slot); -1 for a
+/// result without an activation buffer of its own.
+constexpr const char *kArenaOffsetAttr = "carve.arena_offset";
+/// On a ZeRO-3 argument: the offsets of its gathered buffers [forward,
+/// backward] (-1: not gathered in that pass).
+constexpr const char *kZero3GatherOffsetsAttr = "carve.zero3_gather_offsets";
+/// On an emitted function: {bytes (the region's size), unplanned (without
+/// reuse), copies (per carve.gradients entry, the offset of its copy under
+/// ZeRO >= 2, else -1)}.
+constexpr const char *kActivationPlanAttr = "carve.activation_plan";
 
 // Layouts (the partitioner).
 /// On function arguments and results a dictionary {dp = #dist.sbp, tp =

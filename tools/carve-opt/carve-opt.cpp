@@ -9,6 +9,7 @@
 #include "compiler/frontend/Passes.h"
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
+#include "compiler/memory/MemoryPlan.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
 #include "compiler/plan/Passes.h"
@@ -33,6 +34,7 @@ int main(int argc, char **argv) {
   carve::registerStagesPasses();
   carve::registerFusionPasses();
   carve::registerDataParallelPasses();
+  carve::registerMemoryPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();
   return mlir::asMainReturnCode(

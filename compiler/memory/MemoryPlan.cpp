@@ -1,0 +1,363 @@
+//===- MemoryPlan.cpp - carve-plan-memory ---------------------------------===//
+//
+// The rules are in Passes.td; the records' format in dialects/carve/
+// Contract.h. The emitter (compiler/codegen) reads the offsets back with the
+// readers at the end of this file and checks them against its own live
+// ranges before it prints a pointer.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/memory/MemoryPlan.h"
+
+#include "compiler/dataparallel/DataParallel.h"
+#include "compiler/fusion/Fusion.h"
+
+#include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
+#include "dialects/dist/DistDialect.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <algorithm>
+#include <map>
+
+using namespace mlir;
+
+namespace carve {
+#define GEN_PASS_DEF_CARVEPLANMEMORY
+#include "compiler/memory/Passes.h.inc"
+} // namespace carve
+
+namespace carve {
+
+int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned) {
+  auto rounded = [&](int64_t bytes) {
+    return (std::max<int64_t>(bytes, 1) + align - 1) / align * align;
+  };
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return blocks[a].def < blocks[b].def; });
+  std::vector<size_t> live; // placed blocks that may still be read
+  int64_t peak = 0;
+  unplanned = 0;
+  for (size_t i : order) {
+    ArenaBlock &b = blocks[i];
+    const int64_t size = rounded(b.bytes);
+    unplanned += size;
+    // Definitions only grow, so a block dead now stays dead.
+    std::vector<std::pair<int64_t, int64_t>> taken;
+    std::vector<size_t> still;
+    for (size_t j : live)
+      if (blocks[j].lastUse >= b.def) {
+        still.push_back(j);
+        taken.push_back({blocks[j].offset, blocks[j].offset + rounded(blocks[j].bytes)});
+      }
+    std::sort(taken.begin(), taken.end());
+    int64_t at = 0;
+    for (auto &[lo, hi] : taken) {
+      if (at + size <= lo)
+        break;
+      at = std::max(at, hi);
+    }
+    b.offset = at;
+    peak = std::max(peak, at + size);
+    still.push_back(i);
+    live = std::move(still);
+  }
+  return peak;
+}
+
+} // namespace carve
+
+namespace {
+
+using namespace carve;
+
+int64_t bytesOf(Value v) {
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  if (!t || !t.hasStaticShape() || !t.getElementType().isIntOrFloat())
+    return 0; // the emitter refuses such a type
+  unsigned bits = t.getElementType().getIntOrFloatBitWidth();
+  return t.getNumElements() * (bits == 1 ? 1 : (int64_t)(bits + 7) / 8);
+}
+
+/// The buffers of one function and their live ranges, as the emitter
+/// declares them (the same rules, in the same order).
+class Model {
+public:
+  Model(func::FuncOp fn, int64_t dp, int64_t zero) : fn(fn), dp(dp), zero(zero) {
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      index[&op] = (int64_t)ops.size();
+      ops.push_back(&op);
+    }
+    stage = fn->hasAttr(kStageAttr);
+    for (const FusionGroup &g : fusionGroups(fn, interior))
+      for (Operation *op : g.ops)
+        rootOf[op] = g.root;
+  }
+
+  LogicalResult build() {
+    const int64_t end = (int64_t)ops.size();
+    declareResults();
+    countReads();
+    auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
+    std::string error;
+    std::vector<GradientSlot> order;
+    std::vector<GradientBucket> buckets;
+    if (!readGradients(fn, order, error) || !readBuckets(fn, buckets, error))
+      return fn.emitError() << error;
+    if (stage) {
+      for (Operation *op : ops)
+        if (auto snd = dyn_cast<dist::SendOp>(op))
+          extend(snd.getInput(), end); // read until the slot is reused
+      if (ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr))
+        extend(ret.getOperand(0), end);
+      for (const GradientSlot &s : order)
+        extend(ret.getOperand(s.result), s.ready); // accumulated when final
+      return success();
+    }
+    if (ret.getNumOperands() > 0)
+      extend(ret.getOperand(0), end); // the loss, read by the tail
+    // Gradient slots, in result order (as the emitter creates them).
+    std::vector<GradientSlot> byResult = order;
+    std::stable_sort(
+        byResult.begin(), byResult.end(),
+        [](const GradientSlot &a, const GradientSlot &b) { return a.result < b.result; });
+    std::map<unsigned, int> gradBlock; // result -> its block
+    for (const GradientSlot &s : byResult) {
+      Value g = ret.getOperand(s.result);
+      int b = bufferOf(g);
+      if (s.copy) {
+        extend(g, end);
+        gradBlock[s.result] = add(false, bytesOf(g), end);
+        copyBlock[s.result] = gradBlock[s.result];
+      } else if (b >= 0) {
+        activation[b] = false; // the gradient region
+        gradBlock[s.result] = b;
+      }
+    }
+    // ZeRO-3: a gathered buffer per parameter and pass, in argument order.
+    if (zero == 3)
+      for (const GradientSlot &s : sortedByParam(order)) {
+        std::array<int64_t, 4> r;
+        if (!zero3GatherOf(fn, s.param, r))
+          continue;
+        const int64_t chunk = zeroChunkOf(fn, s.param);
+        for (int pass = 0; pass < 2; ++pass)
+          if (r[2 * pass] >= 0) {
+            int b = add(true, dp * chunk * 4, r[2 * pass] - 1);
+            blocks[b].lastUse = r[2 * pass + 1];
+            gathered[{s.param, pass}] = b;
+          }
+      }
+    // ZeRO-2 and 3: the whole gradients are activations until their bucket
+    // is waited for.
+    if (zero >= 2) {
+      for (auto &[result, b] : gradBlock)
+        activation[b] = true;
+      for (const GradientBucket &k : buckets)
+        for (int64_t i = k.first; i <= k.last; ++i) {
+          ArenaBlock &b = blocks[gradBlock[order[i].result]];
+          b.lastUse = std::max(b.lastUse, k.waitAt);
+        }
+    }
+    return success();
+  }
+
+  /// Places the activations and writes the records.
+  int64_t placeAndRecord() {
+    std::vector<ArenaBlock> act;
+    std::vector<int> which;
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (activation[b]) {
+        act.push_back(blocks[b]);
+        which.push_back((int)b);
+      }
+    int64_t unplanned = 0;
+    const int64_t peak = placeFirstFit(act, kArenaAlign, unplanned);
+    for (size_t i = 0; i < act.size(); ++i)
+      blocks[which[i]].offset = act[i].offset;
+
+    Builder b(fn.getContext());
+    for (Operation *op : ops) {
+      SmallVector<int64_t> offsets;
+      bool any = false;
+      for (Value r : op->getResults()) {
+        auto it = owned.find(r);
+        int64_t off = it != owned.end() && activation[it->second] ? blocks[it->second].offset : -1;
+        any |= off >= 0;
+        offsets.push_back(off);
+      }
+      if (any)
+        op->setAttr(kArenaOffsetAttr, b.getDenseI64ArrayAttr(offsets));
+    }
+    std::map<unsigned, std::array<int64_t, 2>> gathers;
+    for (auto &[key, blk] : gathered) {
+      auto it = gathers.try_emplace(key.first, std::array<int64_t, 2>{-1, -1}).first;
+      it->second[key.second] = blocks[blk].offset;
+    }
+    for (auto &[arg, offs] : gathers)
+      fn.setArgAttr(arg, kZero3GatherOffsetsAttr, b.getDenseI64ArrayAttr(offs));
+    std::vector<GradientSlot> order;
+    std::string error;
+    readGradients(fn, order, error);
+    SmallVector<int64_t> copies;
+    for (const GradientSlot &s : order) {
+      auto it = copyBlock.find(s.result);
+      copies.push_back(it != copyBlock.end() && activation[it->second] ? blocks[it->second].offset
+                                                                       : -1);
+    }
+    fn->setAttr(kActivationPlanAttr,
+                b.getDictionaryAttr({b.getNamedAttr("bytes", b.getI64IntegerAttr(peak)),
+                                     b.getNamedAttr("copies", b.getDenseI64ArrayAttr(copies)),
+                                     b.getNamedAttr("unplanned", b.getI64IntegerAttr(unplanned))}));
+    return (int64_t)act.size();
+  }
+
+private:
+  int add(bool isActivation, int64_t bytes, int64_t def) {
+    ArenaBlock blk;
+    blk.bytes = bytes;
+    blk.def = def;
+    blocks.push_back(blk);
+    activation.push_back(isActivation);
+    return (int)blocks.size() - 1;
+  }
+  int bufferOf(Value v) {
+    auto it = buffer.find(v);
+    return it == buffer.end() ? -1 : it->second;
+  }
+  void extend(Value v, int64_t at) {
+    int b = bufferOf(v);
+    if (b >= 0)
+      blocks[b].lastUse = std::max(blocks[b].lastUse, at);
+  }
+  int64_t readAt(Operation *op) {
+    Operation *r = rootOf.lookup(op);
+    return index.lookup(r ? r : op);
+  }
+  static bool isProductMatmul(Operation *op) {
+    return isa<MatmulOp>(op) && op->hasOneUse() && foldOf(*op->getUsers().begin()) == kFoldProduct;
+  }
+  /// Operand `k` as the op reads it: a folded transpose's input.
+  static Value operandOf(Operation *op, unsigned k) {
+    Value v = op->getOperand(k);
+    Operation *d = v.getDefiningOp();
+    return d && isa<MatmulOp>(op) && foldOf(d) == kFoldOperand ? d->getOperand(0) : v;
+  }
+  static std::vector<GradientSlot> sortedByParam(std::vector<GradientSlot> v) {
+    std::stable_sort(v.begin(), v.end(), [](const GradientSlot &a, const GradientSlot &b) {
+      return a.param < b.param;
+    });
+    return v;
+  }
+
+  void declareResults() {
+    for (BlockArgument a : fn.getArguments())
+      buffer[a] = add(false, bytesOf(a), -1);
+    for (Operation *op : ops) {
+      const int64_t k = index.lookup(op);
+      for (Value r : op->getResults()) {
+        if (isa<ReshapeOp>(op)) {
+          int b = bufferOf(op->getOperand(0));
+          if (b >= 0)
+            buffer[r] = b;
+          continue;
+        }
+        if (foldOf(op) == kFoldOperand || isProductMatmul(op) || interior.count(r))
+          continue; // never materialized
+        buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), k);
+        owned[r] = buffer[r];
+      }
+    }
+  }
+
+  void countReads() {
+    for (Operation *op : ops) {
+      if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isa<ReshapeOp>(op))
+        continue;
+      if (foldOf(op) == kFoldProduct) { // runs as its matmul, reading the matmul's operands
+        Operation *m = op->getOperand(0).getDefiningOp();
+        for (unsigned i = 0; i < 2; ++i)
+          extend(operandOf(m, i), index.lookup(op));
+        continue;
+      }
+      for (unsigned i = 0; i < op->getNumOperands(); ++i) {
+        Value v = operandOf(op, i);
+        if (!interior.count(v))
+          extend(v, readAt(op));
+      }
+    }
+  }
+
+  func::FuncOp fn;
+  int64_t dp, zero;
+  bool stage = false;
+  std::vector<Operation *> ops;
+  llvm::DenseMap<Operation *, int64_t> index;
+  llvm::DenseSet<Value> interior;
+  llvm::DenseMap<Operation *, Operation *> rootOf;
+  std::vector<ArenaBlock> blocks;
+  std::vector<bool> activation;
+  llvm::DenseMap<Value, int> buffer, owned;
+  std::map<unsigned, int> copyBlock;                // gradient result -> its copy's block
+  std::map<std::pair<unsigned, int>, int> gathered; // (argument, pass) -> block
+};
+
+struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<PlanAttrs> plan = readPlan(module);
+    if (failed(plan))
+      return signalPassFailure();
+    const int64_t zero = plan->dp > 1 ? plan->zero : 0;
+    for (auto fn : module.getOps<func::FuncOp>()) {
+      if (!isEmittedFunction(fn))
+        continue;
+      Model m(fn, plan->dp, zero);
+      if (failed(m.build()))
+        return signalPassFailure();
+      numBuffers += m.placeAndRecord();
+    }
+  }
+};
+
+} // namespace
+
+namespace carve {
+
+bool readActivationPlan(func::FuncOp fn, ActivationPlan &plan, std::string &error) {
+  auto d = fn->getAttrOfType<DictionaryAttr>(kActivationPlanAttr);
+  auto bytes = d ? d.getAs<IntegerAttr>("bytes") : IntegerAttr();
+  auto unplanned = d ? d.getAs<IntegerAttr>("unplanned") : IntegerAttr();
+  auto copies = d ? d.getAs<DenseI64ArrayAttr>("copies") : DenseI64ArrayAttr();
+  if (!bytes || !unplanned || !copies) {
+    error = "@" + fn.getSymName().str() + " has no valid " + std::string(kActivationPlanAttr) +
+            " (run carve-plan-memory first)";
+    return false;
+  }
+  plan.bytes = bytes.getInt();
+  plan.unplanned = unplanned.getInt();
+  plan.copies.assign(copies.asArrayRef().begin(), copies.asArrayRef().end());
+  return true;
+}
+
+int64_t activationOffsetOf(Operation *op, unsigned result) {
+  auto a = op->getAttrOfType<DenseI64ArrayAttr>(kArenaOffsetAttr);
+  if (!a || (unsigned)a.size() != op->getNumResults())
+    return -2;
+  return a[result];
+}
+
+std::array<int64_t, 2> gatherOffsetsOf(func::FuncOp fn, unsigned arg) {
+  auto a = fn.getArgAttrOfType<DenseI64ArrayAttr>(arg, kZero3GatherOffsetsAttr);
+  if (!a || a.size() != 2)
+    return {-1, -1};
+  return {a[0], a[1]};
+}
+
+} // namespace carve

@@ -1,0 +1,61 @@
+//===- MemoryPlan.h - activations placed in the arena, on the IR ----------===//
+//
+// carve-plan-memory (MemoryPlan.cpp; its rules are in Passes.td) places the
+// activations of each emitted function and records the offsets on the IR;
+// the emitter reads them back with the readers below. The placement
+// algorithm is exposed for unit tests.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_MEMORY_MEMORYPLAN_H
+#define CARVE_COMPILER_MEMORY_MEMORYPLAN_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+/// A buffer to place: `bytes`, written by op `def`, last read by op
+/// `lastUse`; placement sets `offset`.
+struct ArenaBlock {
+  int64_t bytes = 0;
+  int64_t def = -1, lastUse = -1;
+  int64_t offset = -1;
+};
+
+/// First fit in order of definition (stable): each block, its bytes rounded
+/// up to `align` (at least one byte), takes the lowest offset that overlaps
+/// no placed block still live when it is written (lastUse >= its def).
+/// Returns the peak (the region's size); `unplanned` receives the sum of
+/// the rounded sizes (the region without reuse).
+int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned);
+
+/// carve.activation_plan of an emitted function.
+struct ActivationPlan {
+  int64_t bytes = 0, unplanned = 0;
+  std::vector<int64_t> copies; // per carve.gradients entry; -1: none
+};
+
+// Readers for the emitter; false with `error` when the record is missing
+// or malformed (carve-plan-memory has not run).
+bool readActivationPlan(mlir::func::FuncOp fn, ActivationPlan &plan, std::string &error);
+/// The offset of result `result` of `op` (-1: none; -2: no record).
+int64_t activationOffsetOf(mlir::Operation *op, unsigned result);
+/// The ZeRO-3 gather buffers' offsets of argument `arg` ({-1, -1}: none).
+std::array<int64_t, 2> gatherOffsetsOf(mlir::func::FuncOp fn, unsigned arg);
+
+#define GEN_PASS_DECL
+#include "compiler/memory/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "compiler/memory/Passes.h.inc"
+
+} // namespace carve
+
+#endif // CARVE_COMPILER_MEMORY_MEMORYPLAN_H

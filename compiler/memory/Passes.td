@@ -1,0 +1,51 @@
+//===- Passes.td - the memory plan -------------------------*- tablegen -*-===//
+
+#ifndef CARVE_MEMORY_PASSES_TD
+#define CARVE_MEMORY_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
+  let summary = "Place the activations in the arena, sharing memory by liveness";
+  let description = [{
+    Every tensor a step computes lives in one arena; the tensors that live
+    only part of the step (the activations) share memory. For each function
+    the emitter prints (`@train_step`, or `@stage0 ..`, whose activations
+    live in one micro-batch's slot):
+
+      1. **Buffers.** Each op result has its own buffer, except a reshape's
+         (its input's memory under a new name), a transpose folded into a
+         matmul's flag, a matmul whose product a transpose writes, a fused
+         group's interior result (carve.fold, carve.fusion_group) and a
+         constant (static data). ZeRO-3 adds a buffer per gathered parameter
+         and pass (carve.zero3_gather); under ZeRO-2 and 3 the whole
+         gradients are activations until their bucket is waited for, a
+         copied one in a buffer of its own (carve.gradients, carve.buckets).
+         Gradients computed in place otherwise live in the gradient region,
+         which the emitter lays out with the other persistent tensors.
+      2. **Live ranges.** A buffer lives from the op that writes it to the
+         last op that reads it, a read counted where it runs (a fused group
+         at its root, a folded transpose at its matmul); the loss, a stage's
+         sends (until the slot is reused) and copied gradients live to the
+         end; a gradient lives to when backward has finished it (a stage)
+         or its bucket is waited for (ZeRO >= 2).
+      3. **Placement.** First fit in order of definition: each buffer (its
+         bytes rounded up to 64) takes the lowest offset that overlaps no
+         placed buffer still live when it is written.
+
+    Before: after carve-data-parallel (and carve-fuse-elementwise,
+    carve-fold-transposes where they run). After: the ops are unchanged;
+    each op with a buffer of its own carries `carve.arena_offset` (one
+    offset per result from the start of the activation region, -1 for a
+    result without its own activation buffer); a ZeRO-3 argument carries
+    `carve.zero3_gather_offsets` [forward, backward]; the function carries
+    `carve.activation_plan = {bytes, unplanned, copies}` (the region's size,
+    the sum of the buffers without reuse, and the offset of each copied
+    gradient under ZeRO >= 2 in carve.gradients' order, -1 for none).
+  }];
+  let statistics = [
+    Statistic<"numBuffers", "num-buffers", "Activation buffers placed">
+  ];
+}
+
+#endif // CARVE_MEMORY_PASSES_TD

@@ -1,0 +1,79 @@
+// Tests carve-plan-memory on a two-layer net with a fused pair of adds and
+// two parameters whose gradients are one value: activations share memory
+// when the earlier one is dead, a reshape and a fused group's interior get
+// no buffer, and under ZeRO the gradients and gathered parameters are
+// activations too.
+//
+// 1 rank: the gradients live in the gradient region (no offset here).
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=R1
+// ZeRO-2: the whole gradients are activations until their bucket is waited
+// for, the copied one (shift.b's) in a buffer of its own.
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z2
+// ZeRO-3: each gathered parameter has a buffer per pass.
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=4 zero=3" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z3
+// A stage: offsets in the micro-batch's slot; a gradient is read until it
+// is accumulated, right after the op that finishes it.
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STAGE
+// Without carve-data-parallel's records the pass refuses the function.
+// RUN: not carve-opt %s --carve-autodiff --carve-plan-memory 2>&1 | FileCheck %s --check-prefix=NODP
+
+// R1-LABEL: func.func @train_step(
+// R1-SAME: carve.activation_plan = {bytes = 512 : i64, copies = array<i64: -1, -1, -1, -1>, unplanned = 832 : i64}
+// R1: %[[H:.+]] = carve.matmul %arg0, %arg1 {carve.arena_offset = array<i64: 0>}
+// R1: %[[A:.+]] = carve.exp %[[H]] {carve.arena_offset = array<i64: 128>}
+// R1: %[[Y:.+]] = carve.matmul %[[A]], %arg2 {carve.arena_offset = array<i64: 256>}
+// The fused adds: the interior result has no buffer, the root's is new.
+// R1: carve.add %[[Y]], %arg3 {carve.fusion_group = 0 : i64}
+// R1: %[[YD:.+]] = carve.add {{.*}}{carve.arena_offset = array<i64: 384>, carve.fusion_group = 0 : i64}
+// R1: %[[R:.+]] = carve.reshape %[[YD]]
+// The loss takes fc2's output's bytes: fc2's output is dead after the adds.
+// R1: carve.reduce_sum %[[R]] {axes = array<i64: 0>, carve.arena_offset = array<i64: 256>
+// R1: carve.expand
+// R1-NOT: carve.arena_offset
+// R1-SAME: -> tensor<32xf32>
+// R1: carve.matmul {{.*}}{carve.arena_offset = array<i64: 320>}
+// The exp's gradient takes the exp's bytes (its last reader, the weight
+// gradient's matmul through a folded transpose, ran before).
+// R1: carve.unary_grad %[[H]], {{.*}}{carve.arena_offset = array<i64: 128>, fn = "exp"}
+// R1: %[[DW1:.+]] = carve.matmul
+// R1-NOT: carve.arena_offset
+// R1-SAME: -> tensor<8x8xf32>
+// R1: return {{.*}}%[[DW1]]
+
+// Z2-LABEL: func.func @train_step(
+// Z2-SAME: carve.activation_plan = {bytes = 1088 : i64, copies = array<i64: -1, -1, -1, 0>, unplanned = 1600 : i64}
+// Z2: carve.expand {{.*}}{carve.arena_offset = array<i64: 320>}
+// Z2: carve.matmul {{.*}}{carve.arena_offset = array<i64: 576>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+// Z2: carve.matmul {{.*}}{carve.arena_offset = array<i64: 832>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+
+// Z3-LABEL: func.func @train_step(
+// Z3-SAME: {carve.param = "fc1.weight", carve.trainable, carve.zero3_gather = array<i64: 0, 0, -1, -1>, carve.zero3_gather_offsets = array<i64: 0, -1>, carve.zero_chunk = 16 : i64}
+// Z3-SAME: {carve.param = "fc2.weight", carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 384, 512>, carve.zero_chunk = 16 : i64}
+// Z3-SAME: carve.activation_plan = {bytes = 1024 : i64, copies = array<i64: -1, -1, -1, 0>, unplanned = 2624 : i64}
+// fc1.weight's gathered buffer is dead after op 0: the exp takes its bytes.
+// Z3: carve.matmul %arg0, %arg1 {carve.arena_offset = array<i64: 256>}
+// Z3-NEXT: carve.exp {{.*}}{carve.arena_offset = array<i64: 0>}
+
+// STAGE-LABEL: func.func @stage0(
+// STAGE-SAME: carve.activation_plan = {bytes = 832 : i64, copies = array<i64: -1, -1, -1, -1>, unplanned = 1472 : i64}
+// STAGE: carve.expand {{.*}}{carve.arena_offset = array<i64: 320>}
+// STAGE: carve.matmul {{.*}}{carve.arena_offset = array<i64: 320>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+// STAGE-NEXT: return
+
+// NODP: error: @train_step has no carve.gradients (run carve-data-parallel first)
+
+func.func @forward(%x: tensor<4x8xf32> {carve.input = "x"},
+                   %w1: tensor<8x8xf32> {carve.param = "fc1.weight", carve.trainable},
+                   %w2: tensor<8x8xf32> {carve.param = "fc2.weight", carve.trainable},
+                   %c: tensor<4x8xf32> {carve.param = "shift.a", carve.trainable},
+                   %d: tensor<4x8xf32> {carve.param = "shift.b", carve.trainable})
+    -> (tensor<f32> {carve.output = "loss"}) {
+  %h = carve.matmul %x, %w1 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32> loc("/fc1/MatMul")
+  %a = carve.exp %h : tensor<4x8xf32> loc("/act/Exp")
+  %y = carve.matmul %a, %w2 : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32> loc("/fc2/MatMul")
+  %yc = carve.add %y, %c : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32> loc("/shift/Add")
+  %yd = carve.add %yc, %d : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32> loc("/shift/Add_1")
+  %r = carve.reshape %yd : tensor<4x8xf32> -> tensor<32xf32> loc("/out/Reshape")
+  %l = carve.reduce_sum %r {axes = array<i64: 0>, keep_dims = false} : tensor<32xf32> -> tensor<f32> loc("/loss")
+  return %l : tensor<f32>
+}
