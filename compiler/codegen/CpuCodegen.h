@@ -40,6 +40,9 @@ struct OptimizerConfig {
   double effectiveWeightDecay() const {
     return weightDecay >= 0 ? weightDecay : (kind == "adamw" ? 0.01 : 0.0);
   }
+  /// Tensors of state per parameter: AdamW 2, SGD with momentum 1, SGD 0
+  /// (carve.plan's optimizer_state).
+  int stateTensors() const { return kind == "adamw" ? 2 : momentum != 0 ? 1 : 0; }
   /// One line, e.g. "AdamW(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)".
   std::string describe() const;
 };

@@ -265,9 +265,10 @@ private:
     int waitAt = -1; // ZeRO >= 2: index of the op after which it is waited for
   };
   /// The persistent regions a layout placed: [begin, paramEnd) parameters,
-  /// [paramEnd, gradEnd) gradients, [gradEnd, stateEnd) optimizer state.
+  /// [paramEnd, gradEnd) gradients, [gradEnd, stateEnd) optimizer state,
+  /// then up to `end` the step's inputs and loss seed (a stage: its seed).
   struct PersistentLayout {
-    int64_t begin = 0, paramEnd = 0, gradEnd = 0, stateEnd = 0;
+    int64_t begin = 0, paramEnd = 0, gradEnd = 0, stateEnd = 0, end = 0;
   };
   /// ZeRO-3: a parameter gathered whole for its uses in one pass.
   struct Gathered {
@@ -326,9 +327,6 @@ private:
   /// checked against the live ranges above (no two buffers live at once
   /// share a byte); sets out.activationBytes and out.unplannedBytes.
   bool readActivations();
-  /// Lays out each gradient's optimizer state (0, 1 or 2 slots; ZeRO chunks)
-  /// from byte `at`; returns the end.
-  int64_t placeOptimizerState(int64_t at);
   /// Checks each gradient the function returns (results from `first` on;
   /// `what` names the function in errors) names a float32 parameter and,
   /// with `computedHere`, is computed by an op of the function; `addSlot`
@@ -343,10 +341,11 @@ private:
   /// ZeRO over dp: every gradient's elements and chunk (carve.zero_chunk);
   /// stage 1 and 2 pad their parameters to dp chunks (gathered in place).
   bool shardOverDp();
-  /// Places `b` at `at` and moves `at` past it.
-  void place(int b, int64_t &at);
-  /// Parameters and buffers, gradients and optimizer state from `base`.
-  PersistentLayout placePersistent(int64_t base);
+  /// Parameters and buffers, gradients, optimizer state and (the whole
+  /// step) inputs and the loss seed, or (a stage) its seed, where
+  /// carve-plan-memory placed them from byte `base` (carve.persistent_plan),
+  /// each checked to lie in its region and over no other.
+  bool readPersistent(int64_t base, PersistentLayout &layout);
   /// The byte range [begin, end) of a bucket's gradients.
   std::pair<int64_t, int64_t> bucketRange(const Bucket &bk);
 
@@ -429,7 +428,7 @@ private:
   // PipelineStage.cpp: the pieces of runStage (documented there).
   bool collectStageGradients(mlir::func::ReturnOp ret, int stage);
   bool checkMessageTags(int end);
-  bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage, int64_t &at);
+  bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage);
   std::string stageSeed(const std::string &lossReduction);
   std::string stashDeclarations(int backwardBegin);
   bool emitStageBodies(int chunk, int backwardBegin, Value loss, const std::vector<Bucket> &buckets,

@@ -155,21 +155,6 @@ bool Generator::readActivations() {
   return true;
 }
 
-int64_t Generator::placeOptimizerState(int64_t at) {
-  const bool adam = opts.optimizer.kind == "adamw";
-  const bool momentum = !adam && opts.optimizer.momentum != 0;
-  const int slots = adam ? 2 : momentum ? 1 : 0;
-  for (GradSlot &g : grads) {
-    std::array<int64_t, 2> st = {-1, -1};
-    for (int k = 0; k < slots; ++k) {
-      st[k] = at;
-      at += alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4);
-    }
-    stateOf[g.param] = st;
-  }
-  return at;
-}
-
 bool Generator::readBucketsOffIr(std::vector<Bucket> &buckets) {
   std::vector<GradientBucket> ir;
   if (!readBuckets(fn, ir, error))
@@ -241,24 +226,77 @@ bool Generator::shardOverDp() {
   return true;
 }
 
-void Generator::place(int b, int64_t &at) {
-  buffers[b].offset = at;
-  at += alignUp(std::max<int64_t>(buffers[b].bytes, 1));
-}
-
-Generator::PersistentLayout Generator::placePersistent(int64_t base) {
-  PersistentLayout l;
-  int64_t at = l.begin = base;
-  for (BlockArgument a : fn.getArguments())
-    if (buffers[bufferOf.lookup(a)].region == Region::Param)
-      place(bufferOf.lookup(a), at);
-  l.paramEnd = at;
-  // ZeRO-2 and 3 keep only this rank's chunk of each gradient.
-  for (GradSlot &g : grads)
-    place(zero >= 2 ? shardOf[g.param] : g.buffer, at);
-  l.gradEnd = at;
-  l.stateEnd = placeOptimizerState(at);
-  return l;
+bool Generator::readPersistent(int64_t base, PersistentLayout &l) {
+  PersistentPlan plan;
+  if (!readPersistentPlan(fn, plan, error))
+    return false;
+  const std::string where = "@" + fn.getSymName().str() + " " + kPersistentPlanAttr;
+  if (plan.begin != base)
+    return fail(where + " begins at byte " + std::to_string(plan.begin) +
+                "; the program places it at " + std::to_string(base));
+  if (plan.grads.size() != grads.size())
+    return fail(where + " places " + std::to_string(plan.grads.size()) + " gradients of " +
+                std::to_string(grads.size()));
+  const int slots = opts.optimizer.stateTensors();
+  // Every tensor placed, with the region it must lie in: [lo, hi).
+  struct Placed {
+    int64_t offset, size, lo, hi; // size: its bytes rounded up (an empty state takes none)
+    std::string what;
+  };
+  auto rounded = [](int64_t bytes) { return alignUp(std::max<int64_t>(bytes, 1)); };
+  std::vector<Placed> placed;
+  for (BlockArgument a : fn.getArguments()) {
+    Buffer &b = buffers[bufferOf.lookup(a)];
+    if (b.region != Region::Param && (b.region != Region::Input || actBase == "S") &&
+        b.region != Region::Seed)
+      continue;
+    b.offset = persistentOffsetOf(fn, a.getArgNumber());
+    if (b.region == Region::Param)
+      placed.push_back({b.offset, rounded(b.bytes), plan.begin, plan.paramsEnd, b.name});
+    else
+      placed.push_back({b.offset, rounded(b.bytes), plan.stateEnd, plan.end, b.name});
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    GradSlot &g = grads[i];
+    Buffer &b = buffers[zero >= 2 ? shardOf[g.param] : g.buffer];
+    b.offset = plan.grads[i];
+    placed.push_back({b.offset, rounded(b.bytes), plan.paramsEnd, plan.gradsEnd,
+                      "the gradient of " + paramName(g.param)});
+    std::array<int64_t, 2> st = {plan.states[2 * i], plan.states[2 * i + 1]};
+    for (int k = 0; k < 2; ++k) {
+      if ((st[k] >= 0) != (k < slots))
+        return fail(where + " keeps " + std::to_string(st[0] >= 0) + "+" +
+                    std::to_string(st[1] >= 0) + " optimizer state tensors for " +
+                    paramName(g.param) + "; " + opts.optimizer.describe() + " keeps " +
+                    std::to_string(slots) + " (carve.plan's optimizer_state)");
+      if (st[k] >= 0)
+        placed.push_back({st[k], alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4),
+                          plan.gradsEnd, plan.stateEnd,
+                          "optimizer state " + std::to_string(k) + " of " + paramName(g.param)});
+    }
+    stateOf[g.param] = st;
+  }
+  // Each in its region, none over another.
+  std::sort(placed.begin(), placed.end(),
+            [](const Placed &x, const Placed &y) { return x.offset < y.offset; });
+  int64_t prevEnd = plan.begin;
+  std::string prev = "the region's start";
+  for (const Placed &p : placed) {
+    const int64_t end = p.offset + p.size;
+    if (p.offset < p.lo || end > p.hi || p.offset < prevEnd)
+      return fail(where + " places " + p.what + " at byte " + std::to_string(p.offset) +
+                  (p.offset < prevEnd ? ", over " + prev
+                                      : ", outside its region [" + std::to_string(p.lo) + ", " +
+                                            std::to_string(p.hi) + ")"));
+    prevEnd = end;
+    prev = p.what;
+  }
+  l.begin = plan.begin;
+  l.paramEnd = plan.paramsEnd;
+  l.gradEnd = plan.gradsEnd;
+  l.stateEnd = plan.stateEnd;
+  l.end = plan.end;
+  return true;
 }
 
 std::pair<int64_t, int64_t> Generator::bucketRange(const Bucket &bk) {

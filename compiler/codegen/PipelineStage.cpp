@@ -56,11 +56,10 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
 
   // Persistent layout from `base`: parameters, gradients, optimizer state,
   // the loss seed; graph inputs where the program put them.
-  const PersistentLayout layout = placePersistent(base);
-  int64_t at = layout.stateEnd;
-  if (!placeStageInputs(inputOffsets, stage, at))
+  PersistentLayout layout;
+  if (!readPersistent(base, layout) || !placeStageInputs(inputOffsets, stage))
     return false;
-  so.persistentEnd = alignUp(at);
+  so.persistentEnd = layout.end;
   if (!readActivations()) // offsets relative to the slot
     return false;
   so.activationBytes = out.activationBytes;
@@ -159,22 +158,24 @@ bool Generator::collectStageGradients(func::ReturnOp ret, int stage) {
       });
 }
 
-/// The loss seed after the persistent regions; graph inputs at the offsets
-/// the program gave them (all micro-batches, one after another).
-bool Generator::placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage,
-                                 int64_t &at) {
+/// Graph inputs where the program put them (all micro-batches, one after
+/// another), which is where carve-plan-memory recorded them.
+bool Generator::placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage) {
   for (BlockArgument a : fn.getArguments()) {
     Buffer &b = buffers[bufferOf.lookup(a)];
-    if (b.region == Region::Seed)
-      place(bufferOf.lookup(a), at);
-    if (b.region == Region::Input) {
-      auto name = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), kInputAttr).getValue();
-      auto it = inputOffsets.find(name.str());
-      if (it == inputOffsets.end())
-        return fail("pipeline: stage " + std::to_string(stage) + " has input '" + name.str() +
-                    "' that stage 0 does not have");
-      b.offset = it->second;
-    }
+    if (b.region != Region::Input)
+      continue;
+    auto name = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), kInputAttr).getValue();
+    auto it = inputOffsets.find(name.str());
+    if (it == inputOffsets.end())
+      return fail("pipeline: stage " + std::to_string(stage) + " has input '" + name.str() +
+                  "' that stage 0 does not have");
+    if (persistentOffsetOf(fn, a.getArgNumber()) != it->second)
+      return fail("pipeline: stage " + std::to_string(stage) + " input '" + name.str() +
+                  "': " + kPersistentOffsetAttr + " " +
+                  std::to_string(persistentOffsetOf(fn, a.getArgNumber())) +
+                  " is not where the program puts it (" + std::to_string(it->second) + ")");
+    b.offset = it->second;
   }
   return true;
 }

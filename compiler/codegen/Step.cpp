@@ -67,14 +67,10 @@ bool Generator::run() {
 
   // Persistent layout: parameters and buffers, gradients, optimizer state,
   // inputs, the seed; then activations.
-  const PersistentLayout layout = placePersistent(0);
-  int64_t at = layout.stateEnd;
-  for (BlockArgument a : fn.getArguments()) {
-    Region r = buffers[bufferOf.lookup(a)].region;
-    if (r == Region::Input || r == Region::Seed)
-      place(bufferOf.lookup(a), at);
-  }
-  const int64_t activationBase = at;
+  PersistentLayout layout;
+  if (!readPersistent(0, layout))
+    return false;
+  const int64_t activationBase = layout.end;
   if (!readActivations())
     return false;
   for (Buffer &b : buffers)

@@ -218,7 +218,80 @@ public:
     return (int64_t)act.size();
   }
 
+  /// The persistent tensors from byte `base`: parameters and buffers,
+  /// gradient slots (ZeRO >= 2: chunks) in carve.gradients' order,
+  /// `stateTensors` optimizer tensors per gradient; then @train_step's
+  /// inputs and loss seed, or a stage's loss seed (its inputs are where
+  /// `inputs` says: the rank's program puts them first). Records them;
+  /// returns the end (a stage: rounded up to the alignment).
+  int64_t layoutPersistent(int64_t base, int64_t stateTensors,
+                           const std::map<std::string, int64_t> &inputs) {
+    auto align = [](int64_t x) { return (x + kArenaAlign - 1) / kArenaAlign * kArenaAlign; };
+    std::vector<GradientSlot> order;
+    std::string error;
+    readGradients(fn, order, error);
+    auto ret = fn.getBody().front().getTerminator();
+    std::map<unsigned, int64_t> chunk; // parameter argument -> ZeRO chunk
+    if (zero)
+      for (const GradientSlot &s : order)
+        chunk[s.param] = zeroChunkOf(fn, s.param);
+    Builder b(fn.getContext());
+    auto placeArg = [&](unsigned a, int64_t bytes, int64_t &at) {
+      fn.setArgAttr(a, kPersistentOffsetAttr, b.getI64IntegerAttr(at));
+      at += align(std::max<int64_t>(bytes, 1));
+    };
+    int64_t at = base;
+    for (BlockArgument a : fn.getArguments()) {
+      unsigned i = a.getArgNumber();
+      if (!fn.getArgAttr(i, kParamAttr) && !fn.getArgAttr(i, kBufferAttr))
+        continue;
+      int64_t bytes = bytesOf(a);
+      if (chunk.count(i) && (zero == 1 || zero == 2))
+        bytes = dp * chunk[i] * 4; // gathered in place: dp whole chunks
+      else if (chunk.count(i) && zero == 3 && fn.getArgAttr(i, kZero3GatherAttr))
+        bytes = chunk[i] * 4; // this rank's chunk only
+      placeArg(i, bytes, at);
+    }
+    const int64_t paramsEnd = at;
+    SmallVector<int64_t> grads, states;
+    for (const GradientSlot &s : order) {
+      grads.push_back(at);
+      at += align(std::max<int64_t>(
+          zero >= 2 ? chunk[s.param] * 4 : bytesOf(ret->getOperand(s.result)), 1));
+    }
+    const int64_t gradsEnd = at;
+    for (const GradientSlot &s : order)
+      for (int k = 0; k < 2; ++k) {
+        states.push_back(k < stateTensors ? at : -1);
+        if (k < stateTensors)
+          at += align((zero ? chunk[s.param] : numelOf(ret->getOperand(s.result))) * 4);
+      }
+    const int64_t stateEnd = at;
+    for (BlockArgument a : fn.getArguments()) {
+      unsigned i = a.getArgNumber();
+      if (fn.getArgAttr(i, kLossSeedAttr) || (!stage && fn.getArgAttr(i, kInputAttr)))
+        placeArg(i, bytesOf(a), at);
+      else if (auto in = fn.getArgAttrOfType<StringAttr>(i, kInputAttr)) {
+        auto it = inputs.find(in.getValue().str());
+        fn.setArgAttr(i, kPersistentOffsetAttr,
+                      b.getI64IntegerAttr(it == inputs.end() ? -1 : it->second));
+      }
+    }
+    const int64_t end = stage ? align(at) : at;
+    auto i64 = [&](int64_t x) { return b.getI64IntegerAttr(x); };
+    fn->setAttr(
+        kPersistentPlanAttr,
+        b.getDictionaryAttr({b.getNamedAttr("begin", i64(base)), b.getNamedAttr("end", i64(end)),
+                             b.getNamedAttr("grads", b.getDenseI64ArrayAttr(grads)),
+                             b.getNamedAttr("grads_end", i64(gradsEnd)),
+                             b.getNamedAttr("params_end", i64(paramsEnd)),
+                             b.getNamedAttr("state_end", i64(stateEnd)),
+                             b.getNamedAttr("states", b.getDenseI64ArrayAttr(states))}));
+    return end;
+  }
+
 private:
+  static int64_t numelOf(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
   int add(bool isActivation, int64_t bytes, int64_t def) {
     ArenaBlock blk;
     blk.bytes = bytes;
@@ -315,6 +388,7 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
     if (failed(plan))
       return signalPassFailure();
     const int64_t zero = plan->dp > 1 ? plan->zero : 0;
+    std::map<int64_t, func::FuncOp> stages;
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (!isEmittedFunction(fn))
         continue;
@@ -322,6 +396,37 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
       if (failed(m.build()))
         return signalPassFailure();
       numBuffers += m.placeAndRecord();
+      if (auto s = fn->getAttrOfType<IntegerAttr>(kStageAttr))
+        stages[s.getInt()] = fn;
+      else
+        m.layoutPersistent(0, plan->optimizerState, {});
+    }
+    if (stages.empty())
+      return;
+    // Pipeline rank r runs stages r, r + pp, ...: its graph inputs first (every
+    // micro-batch, as its first stage lists them), then each chunk's
+    // persistent tensors one after another.
+    const int64_t pp = plan->pp, v = (int64_t)stages.size() / std::max<int64_t>(pp, 1);
+    for (int64_t r = 0; r < pp; ++r) {
+      if (!stages.count(r)) {
+        module.emitError() << "carve-plan-memory: pipeline rank " << r << " has no @stage" << r;
+        return signalPassFailure();
+      }
+      func::FuncOp first = stages[r];
+      std::map<std::string, int64_t> inputs;
+      int64_t at = 0;
+      for (BlockArgument a : first.getArguments())
+        if (auto in = first.getArgAttrOfType<StringAttr>(a.getArgNumber(), kInputAttr)) {
+          inputs[in.getValue().str()] = at;
+          at += (bytesOf(a) * plan->microBatches + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+        }
+      for (int64_t c = 0; c < v; ++c) {
+        auto it = stages.find(c * pp + r);
+        if (it == stages.end())
+          continue;
+        Model m(it->second, plan->dp, zero);
+        at = m.layoutPersistent(at, plan->optimizerState, inputs);
+      }
     }
   }
 };
@@ -344,6 +449,35 @@ bool readActivationPlan(func::FuncOp fn, ActivationPlan &plan, std::string &erro
   plan.unplanned = unplanned.getInt();
   plan.copies.assign(copies.asArrayRef().begin(), copies.asArrayRef().end());
   return true;
+}
+
+bool readPersistentPlan(func::FuncOp fn, PersistentPlan &plan, std::string &error) {
+  auto d = fn->getAttrOfType<DictionaryAttr>(kPersistentPlanAttr);
+  auto get = [&](StringRef k, int64_t &x) {
+    auto a = d ? d.getAs<IntegerAttr>(k) : IntegerAttr();
+    if (a)
+      x = a.getInt();
+    return (bool)a;
+  };
+  auto grads = d ? d.getAs<DenseI64ArrayAttr>("grads") : DenseI64ArrayAttr();
+  auto states = d ? d.getAs<DenseI64ArrayAttr>("states") : DenseI64ArrayAttr();
+  if (!get("begin", plan.begin) || !get("params_end", plan.paramsEnd) ||
+      !get("grads_end", plan.gradsEnd) || !get("state_end", plan.stateEnd) ||
+      !get("end", plan.end) || !grads || !states || states.size() != 2 * grads.size() ||
+      !(plan.begin <= plan.paramsEnd && plan.paramsEnd <= plan.gradsEnd &&
+        plan.gradsEnd <= plan.stateEnd && plan.stateEnd <= plan.end)) {
+    error = "@" + fn.getSymName().str() + " has no valid " + std::string(kPersistentPlanAttr) +
+            " (run carve-plan-memory first)";
+    return false;
+  }
+  plan.grads.assign(grads.asArrayRef().begin(), grads.asArrayRef().end());
+  plan.states.assign(states.asArrayRef().begin(), states.asArrayRef().end());
+  return true;
+}
+
+int64_t persistentOffsetOf(func::FuncOp fn, unsigned arg) {
+  auto a = fn.getArgAttrOfType<IntegerAttr>(arg, kPersistentOffsetAttr);
+  return a ? a.getInt() : -1;
 }
 
 int64_t activationOffsetOf(Operation *op, unsigned result) {

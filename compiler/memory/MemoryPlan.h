@@ -1,7 +1,8 @@
-//===- MemoryPlan.h - activations placed in the arena, on the IR ----------===//
+//===- MemoryPlan.h - the arena's layout, on the IR -----------------------===//
 //
-// carve-plan-memory (MemoryPlan.cpp; its rules are in Passes.td) places the
-// activations of each emitted function and records the offsets on the IR;
+// carve-plan-memory (MemoryPlan.cpp; its rules are in Passes.td) lays out
+// the persistent tensors and places the activations of each emitted
+// function, and records the offsets on the IR;
 // the emitter reads them back with the readers below. The placement
 // algorithm is exposed for unit tests.
 //
@@ -42,9 +43,19 @@ struct ActivationPlan {
   std::vector<int64_t> copies; // per carve.gradients entry; -1: none
 };
 
+/// carve.persistent_plan of an emitted function.
+struct PersistentPlan {
+  int64_t begin = 0, paramsEnd = 0, gradsEnd = 0, stateEnd = 0, end = 0;
+  std::vector<int64_t> grads;  // per carve.gradients entry
+  std::vector<int64_t> states; // two per entry; -1: none
+};
+
 // Readers for the emitter; false with `error` when the record is missing
 // or malformed (carve-plan-memory has not run).
 bool readActivationPlan(mlir::func::FuncOp fn, ActivationPlan &plan, std::string &error);
+bool readPersistentPlan(mlir::func::FuncOp fn, PersistentPlan &plan, std::string &error);
+/// The arena offset of argument `arg` (-1: none recorded).
+int64_t persistentOffsetOf(mlir::func::FuncOp fn, unsigned arg);
 /// The offset of result `result` of `op` (-1: none; -2: no record).
 int64_t activationOffsetOf(mlir::Operation *op, unsigned result);
 /// The ZeRO-3 gather buffers' offsets of argument `arg` ({-1, -1}: none).

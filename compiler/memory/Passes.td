@@ -6,7 +6,7 @@
 include "mlir/Pass/PassBase.td"
 
 def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
-  let summary = "Place the activations in the arena, sharing memory by liveness";
+  let summary = "Lay out the arena: the persistent tensors, and the activations sharing memory by liveness";
   let description = [{
     Every tensor a step computes lives in one arena; the tensors that live
     only part of the step (the activations) share memory. For each function
@@ -32,6 +32,16 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
       3. **Placement.** First fit in order of definition: each buffer (its
          bytes rounded up to 64) takes the lowest offset that overlaps no
          placed buffer still live when it is written.
+      4. **Persistent tensors**, one after another, each rounded up to 64:
+         the parameters and buffers in argument order (ZeRO-1 and 2: padded
+         to dp chunks, gathered in place; ZeRO-3: this rank's chunk), the
+         gradient slots in carve.gradients' order (ZeRO >= 2: this rank's
+         chunk of each), the optimizer state (carve.plan's optimizer_state
+         tensors per gradient, each its size or chunk), then `@train_step`'s
+         inputs and loss seed (its activations follow) or a stage's seed. A
+         pipeline rank's arena starts with the graph inputs of all its
+         micro-batches, as its first stage lists them, then the persistent
+         tensors of its stages r, r + pp, ... in turn.
 
     Before: after carve-data-parallel (and carve-fuse-elementwise,
     carve-fold-transposes where they run). After: the ops are unchanged;
@@ -41,7 +51,10 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
     `carve.zero3_gather_offsets` [forward, backward]; the function carries
     `carve.activation_plan = {bytes, unplanned, copies}` (the region's size,
     the sum of the buffers without reuse, and the offset of each copied
-    gradient under ZeRO >= 2 in carve.gradients' order, -1 for none).
+    gradient under ZeRO >= 2 in carve.gradients' order, -1 for none); each
+    argument carries `carve.persistent_offset` (its byte in the rank's
+    arena) and the function `carve.persistent_plan = {begin, params_end,
+    grads_end, state_end, end, grads, states}` (dialects/carve/Contract.h).
   }];
   let statistics = [
     Statistic<"numBuffers", "num-buffers", "Activation buffers placed">

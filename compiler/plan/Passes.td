@@ -34,6 +34,8 @@ def CarveSetPlan : Pass<"carve-set-plan", "mlir::ModuleOp"> {
            "Pipeline schedule: gpipe, 1f1b or interleaved">,
     Option<"precision", "precision", "std::string", /*default=*/"\"fp32\"",
            "fp32, bf16 or fp16">,
+    Option<"optimizerState", "optimizer-state", "int64_t", /*default=*/"2",
+           "Optimizer state tensors per parameter (AdamW 2, SGD with momentum 1, SGD 0)">,
     ListOption<"cuts", "cuts", "std::string", "Pipeline cut points (op-name globs)">,
     ListOption<"ops", "ops", "std::string",
                "Per-op tp overrides GLOB=DIM (DIM 'replicate' keeps the op whole)">,

@@ -27,6 +27,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.virtualStages = virtualStages;
     plan.schedule = schedule;
     plan.precision = precision;
+    plan.optimizerState = optimizerState;
     plan.cuts.assign(cuts.begin(), cuts.end());
     for (const std::string &e : ops) {
       size_t eq = e.rfind('=');

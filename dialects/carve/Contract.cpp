@@ -54,6 +54,7 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   fields.push_back(b.getNamedAttr("precision", b.getStringAttr(plan.precision)));
   if (plan.globalBatch > 0)
     i64("global_batch", plan.globalBatch);
+  i64("optimizer_state", plan.optimizerState);
   if (!plan.cuts.empty()) {
     SmallVector<StringRef> cuts(plan.cuts.begin(), plan.cuts.end());
     fields.push_back(b.getNamedAttr("cuts", b.getStrArrayAttr(cuts)));
@@ -87,16 +88,19 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
                                                  {"zero", &plan.zero},
                                                  {"micro_batches", &plan.microBatches},
                                                  {"virtual_stages", &plan.virtualStages},
-                                                 {"global_batch", &plan.globalBatch}};
+                                                 {"global_batch", &plan.globalBatch},
+                                                 {"optimizer_state", &plan.optimizerState}};
     bool known = false;
     for (auto &[key, dst] : ints) {
       if (name != key)
         continue;
       known = true;
       auto i = dyn_cast<IntegerAttr>(v);
-      if (!i || i.getInt() < (name == "zero" || name == "global_batch" ? 0 : 1))
-        return bad(name, name == "zero" || name == "global_batch" ? "an integer >= 0"
-                                                                  : "an integer >= 1");
+      const bool fromZero = name == "zero" || name == "global_batch" || name == "optimizer_state";
+      if (!i || i.getInt() < (fromZero ? 0 : 1))
+        return bad(name, fromZero ? "an integer >= 0" : "an integer >= 1");
+      if (name == "optimizer_state" && i.getInt() > 2)
+        return bad(name, "0, 1 or 2");
       *dst = i.getInt();
     }
     if (known)

@@ -26,7 +26,8 @@
 //                                  carve.zero_chunk, carve.zero3_gather
 //   memory plan (carve-plan-memory)
 //                                  carve.arena_offset, carve.activation_plan,
-//                                  carve.zero3_gather_offsets
+//                                  carve.zero3_gather_offsets,
+//                                  carve.persistent_offset, carve.persistent_plan
 //
 //===----------------------------------------------------------------------===//
 
@@ -133,6 +134,16 @@ constexpr const char *kZero3GatherOffsetsAttr = "carve.zero3_gather_offsets";
 /// reuse), copies (per carve.gradients entry, the offset of its copy under
 /// ZeRO >= 2, else -1)}.
 constexpr const char *kActivationPlanAttr = "carve.activation_plan";
+/// On an argument of an emitted function: its byte offset in the rank's
+/// arena (parameters and buffers, graph inputs, the loss seed).
+constexpr const char *kPersistentOffsetAttr = "carve.persistent_offset";
+/// On an emitted function: its persistent regions in the arena, {begin,
+/// params_end, grads_end, state_end, end} ([begin, params_end) parameters and
+/// buffers, then the gradient slots or ZeRO chunks, then the optimizer
+/// state; @train_step's inputs and loss seed, or a stage's seed, up to end),
+/// grads (the offset of each carve.gradients entry's slot) and states (two
+/// per entry: its optimizer state tensors, -1 for none).
+constexpr const char *kPersistentPlanAttr = "carve.persistent_plan";
 
 // Layouts (the partitioner).
 /// On function arguments and results a dictionary {dp = #dist.sbp, tp =
@@ -167,6 +178,10 @@ struct PlanAttrs {
   std::string schedule = "1f1b";
   std::string precision = "fp32";
   int64_t globalBatch = 0; // 0: not known (a lit test's module)
+  /// Tensors of optimizer state per parameter, each the parameter's size
+  /// (or its ZeRO chunk): AdamW 2 (exp_avg, exp_avg_sq), SGD with momentum
+  /// 1, plain SGD 0.
+  int64_t optimizerState = 2;
   /// Pipeline cut points: op-name globs, one per stage boundary.
   std::vector<std::string> cuts;
   /// The "ops" overrides in file order: op-name glob, dimension ("replicate").

@@ -1,7 +1,7 @@
 //===- ContractTest.cpp - the plan and the stage summaries on the IR ------===//
 
-#include "compiler/stages/StageSplit.h"
 #include "dialects/carve/Contract.h"
+#include "compiler/stages/StageSplit.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -37,6 +37,7 @@ TEST_F(ContractTest, PlanRoundTripsEveryField) {
   p.schedule = "interleaved";
   p.precision = "bf16";
   p.globalBatch = 96;
+  p.optimizerState = 1;
   p.cuts = {"/h.3/*", "/h.7/*"};
   p.ops = {{"/h.*/mlp/*", "replicate"}, {"/wte/*", "b"}};
   writePlan(module, p);
@@ -52,6 +53,7 @@ TEST_F(ContractTest, PlanRoundTripsEveryField) {
   EXPECT_EQ(q->schedule, "interleaved");
   EXPECT_EQ(q->precision, "bf16");
   EXPECT_EQ(q->globalBatch, 96);
+  EXPECT_EQ(q->optimizerState, 1);
   EXPECT_EQ(q->cuts, p.cuts);
   EXPECT_EQ(q->ops, p.ops);
   EXPECT_EQ(q->worldSize(), 24);
@@ -65,6 +67,7 @@ TEST_F(ContractTest, AbsentPlanIsOneRank) {
   EXPECT_EQ(q->zero, 0);
   EXPECT_FALSE(q->pipelined());
   EXPECT_EQ(q->precision, "fp32");
+  EXPECT_EQ(q->optimizerState, 2); // AdamW
 }
 
 TEST_F(ContractTest, MalformedPlanIsAnErrorNamingTheField) {
@@ -77,6 +80,10 @@ TEST_F(ContractTest, MalformedPlanIsAnErrorNamingTheField) {
   module->setAttr(kPlanAttr, b.getDictionaryAttr({b.getNamedAttr("pp", b.getStringAttr("2"))}));
   EXPECT_TRUE(failed(readPlan(module)));
   EXPECT_EQ(message, "'carve.plan' field 'pp' must be an integer >= 1");
+  module->setAttr(kPlanAttr,
+                  b.getDictionaryAttr({b.getNamedAttr("optimizer_state", b.getI64IntegerAttr(3))}));
+  EXPECT_TRUE(failed(readPlan(module)));
+  EXPECT_EQ(message, "'carve.plan' field 'optimizer_state' must be 0, 1 or 2");
   module->setAttr(kPlanAttr, b.getI64IntegerAttr(3));
   EXPECT_TRUE(failed(readPlan(module)));
   EXPECT_EQ(message, "'carve.plan' must be a dictionary");

@@ -121,6 +121,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   mlir::ModuleOp module = *im.module;
   mlir::MLIRContext *context = module.getContext();
   PlanAttrs plan = planAttrs(s.plan, im);
+  plan.optimizerState = s.opt.stateTensors();
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);

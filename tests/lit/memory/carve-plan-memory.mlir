@@ -7,18 +7,31 @@
 // 1 rank: the gradients live in the gradient region (no offset here).
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=R1
 // ZeRO-2: the whole gradients are activations until their bucket is waited
-// for, the copied one (shift.b's) in a buffer of its own.
-// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z2
+// for, the copied one (shift.b's) in a buffer of its own. The persistent
+// tensors are the parameters padded to dp chunks, each rank's gradient
+// chunks and one momentum tensor per chunk (SGD with momentum).
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2 optimizer-state=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z2
 // ZeRO-3: each gathered parameter has a buffer per pass.
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=4 zero=3" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z3
 // A stage: offsets in the micro-batch's slot; a gradient is read until it
-// is accumulated, right after the op that finishes it.
+// is accumulated, right after the op that finishes it. The rank's arena
+// starts with the inputs of both micro-batches.
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STAGE
 // Without carve-data-parallel's records the pass refuses the function.
 // RUN: not carve-opt %s --carve-autodiff --carve-plan-memory 2>&1 | FileCheck %s --check-prefix=NODP
 
+// Persistent: parameters from 0 in argument order, the gradient slots in
+// the order backward finishes them, AdamW's two tensors per gradient, then
+// the input and the loss seed; activations from 3264.
 // R1-LABEL: func.func @train_step(
+// R1-SAME: {carve.input = "x", carve.persistent_offset = 3072 : i64}
+// R1-SAME: {carve.param = "fc1.weight", carve.persistent_offset = 0 : i64, carve.trainable}
+// R1-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 256 : i64, carve.trainable}
+// R1-SAME: {carve.param = "shift.a", carve.persistent_offset = 512 : i64, carve.trainable}
+// R1-SAME: {carve.param = "shift.b", carve.persistent_offset = 640 : i64, carve.trainable}
+// R1-SAME: {carve.loss_seed, carve.persistent_offset = 3200 : i64}
 // R1-SAME: carve.activation_plan = {bytes = 512 : i64, copies = array<i64: -1, -1, -1, -1>, unplanned = 832 : i64}
+// R1-SAME: carve.persistent_plan = {begin = 0 : i64, end = 3264 : i64, grads = array<i64: 768, 896, 1152, 1408>, grads_end = 1536 : i64, params_end = 768 : i64, state_end = 3072 : i64, states = array<i64: 1536, 1664, 1792, 2048, 2304, 2560, 2816, 2944>}
 // R1: %[[H:.+]] = carve.matmul %arg0, %arg1 {carve.arena_offset = array<i64: 0>}
 // R1: %[[A:.+]] = carve.exp %[[H]] {carve.arena_offset = array<i64: 128>}
 // R1: %[[Y:.+]] = carve.matmul %[[A]], %arg2 {carve.arena_offset = array<i64: 256>}
@@ -41,21 +54,29 @@
 // R1: return {{.*}}%[[DW1]]
 
 // Z2-LABEL: func.func @train_step(
+// Z2-SAME: {carve.param = "fc1.weight", carve.persistent_offset = 0 : i64, carve.trainable, carve.zero_chunk = 32 : i64}
+// Z2-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 256 : i64, carve.trainable, carve.zero_chunk = 32 : i64}
 // Z2-SAME: carve.activation_plan = {bytes = 1088 : i64, copies = array<i64: -1, -1, -1, 0>, unplanned = 1600 : i64}
+// Z2-SAME: carve.persistent_plan = {begin = 0 : i64, end = 1728 : i64, grads = array<i64: 768, 832, 960, 1088>, grads_end = 1152 : i64, params_end = 768 : i64, state_end = 1536 : i64, states = array<i64: 1152, -1, 1216, -1, 1344, -1, 1472, -1>}
 // Z2: carve.expand {{.*}}{carve.arena_offset = array<i64: 320>}
 // Z2: carve.matmul {{.*}}{carve.arena_offset = array<i64: 576>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
 // Z2: carve.matmul {{.*}}{carve.arena_offset = array<i64: 832>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
 
+// Each rank keeps its chunk of each parameter only: 16 elements, 64 bytes.
 // Z3-LABEL: func.func @train_step(
-// Z3-SAME: {carve.param = "fc1.weight", carve.trainable, carve.zero3_gather = array<i64: 0, 0, -1, -1>, carve.zero3_gather_offsets = array<i64: 0, -1>, carve.zero_chunk = 16 : i64}
-// Z3-SAME: {carve.param = "fc2.weight", carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 384, 512>, carve.zero_chunk = 16 : i64}
+// Z3-SAME: {carve.param = "fc1.weight", carve.persistent_offset = 0 : i64, carve.trainable, carve.zero3_gather = array<i64: 0, 0, -1, -1>, carve.zero3_gather_offsets = array<i64: 0, -1>, carve.zero_chunk = 16 : i64}
+// Z3-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 64 : i64, carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 384, 512>, carve.zero_chunk = 16 : i64}
 // Z3-SAME: carve.activation_plan = {bytes = 1024 : i64, copies = array<i64: -1, -1, -1, 0>, unplanned = 2624 : i64}
 // fc1.weight's gathered buffer is dead after op 0: the exp takes its bytes.
 // Z3: carve.matmul %arg0, %arg1 {carve.arena_offset = array<i64: 256>}
 // Z3-NEXT: carve.exp {{.*}}{carve.arena_offset = array<i64: 0>}
 
 // STAGE-LABEL: func.func @stage0(
+// STAGE-SAME: {carve.input = "x", carve.persistent_offset = 0 : i64}
+// STAGE-SAME: {carve.param = "fc1.weight", carve.persistent_offset = 256 : i64, carve.trainable}
+// STAGE-SAME: {carve.loss_seed, carve.persistent_offset = 3328 : i64}
 // STAGE-SAME: carve.activation_plan = {bytes = 832 : i64, copies = array<i64: -1, -1, -1, -1>, unplanned = 1472 : i64}
+// STAGE-SAME: carve.persistent_plan = {begin = 256 : i64, end = 3392 : i64
 // STAGE: carve.expand {{.*}}{carve.arena_offset = array<i64: 320>}
 // STAGE: carve.matmul {{.*}}{carve.arena_offset = array<i64: 320>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
 // STAGE-NEXT: return
