@@ -70,11 +70,8 @@ int64_t numelOf(Value v) { return cast<RankedTensorType>(v.getType()).getNumElem
 /// What the pass decides for one function.
 class FunctionPlan {
 public:
-  FunctionPlan(func::FuncOp fn, int64_t dp, int64_t zero) : fn(fn), dp(dp), zero(zero) {
-    for (Operation &op : fn.getBody().front().without_terminator()) {
-      index[&op] = (int64_t)ops.size();
-      ops.push_back(&op);
-    }
+  FunctionPlan(func::FuncOp fn, int64_t dp, int64_t zero)
+      : fn(fn), dp(dp), zero(zero), order(fn), ops(order.ops), index(order.index) {
     stage = fn->hasAttr(kStageAttr);
   }
 
@@ -92,7 +89,7 @@ public:
     // is copied after the last op.
     llvm::DenseSet<Value> pinned;
     if (!stage)
-      pinned.insert(root(ret.getOperand(0)));
+      pinned.insert(aliasRoot(ret.getOperand(0)));
     for (unsigned k = first; k < ret.getNumOperands(); ++k) {
       StringAttr of = gradOf(fn, k);
       Value g = ret.getOperand(k);
@@ -113,7 +110,7 @@ public:
         s.copy = true;
         s.ready = index.lookup(g.getDefiningOp());
       } else {
-        Value r = root(g);
+        Value r = aliasRoot(g);
         Operation *def = r.getDefiningOp();
         if (!def || isa<ConstantOp>(def) || !pinned.insert(r).second) {
           s.copy = true;
@@ -152,43 +149,25 @@ public:
   /// backward, where the reads run.
   std::map<unsigned, std::array<int64_t, 4>> gatherRanges() {
     std::map<unsigned, std::array<int64_t, 4>> ranges;
-    llvm::DenseSet<Value> interior;
-    std::vector<FusionGroup> groups = fusionGroups(fn, interior);
-    llvm::DenseMap<Operation *, Operation *> rootOf;
-    for (const FusionGroup &g : groups)
-      for (Operation *op : g.ops)
-        rootOf[op] = g.root;
-    auto readAt = [&](Operation *op) {
-      Operation *r = rootOf.lookup(op);
-      return index.lookup(r ? r : op);
-    };
     std::set<unsigned> sharded;
     for (const GradientSlot &s : slots)
       sharded.insert(s.param);
-    int64_t backwardBegin = (int64_t)ops.size();
-    for (Operation *op : ops)
-      if (StringRef(nodeName(op->getLoc())).starts_with("backward of ")) {
-        backwardBegin = index.lookup(op);
-        break;
-      }
+    const int64_t backwardBegin = order.backwardBegin();
     for (Operation *op : ops) {
       StringRef fold = foldOf(op);
       if (fold == kFoldOperand || isa<ReshapeOp>(op) || isProductMatmul(op))
         continue;
       // A "product" transpose runs as its matmul: the matmul's reads.
       Operation *reader = fold == kFoldProduct ? op->getOperand(0).getDefiningOp() : op;
-      for (Value v : reader->getOperands()) {
+      for (unsigned k = 0; k < reader->getNumOperands(); ++k) {
         // Through a folded transpose (the matmul's flag) and reshapes (aliases).
-        if (v.getDefiningOp() && foldOf(v.getDefiningOp()) == kFoldOperand)
-          v = v.getDefiningOp()->getOperand(0);
-        v = root(v);
-        auto arg = dyn_cast<BlockArgument>(v);
+        auto arg = dyn_cast<BlockArgument>(aliasRoot(readOperand(reader, k)));
         if (!arg || !sharded.count(arg.getArgNumber()))
           continue;
         auto it = ranges.try_emplace(arg.getArgNumber(), std::array<int64_t, 4>{-1, -1, -1, -1});
         std::array<int64_t, 4> &r = it.first->second;
         const int p = index.lookup(op) >= backwardBegin ? 2 : 0;
-        const int64_t at = readAt(op);
+        const int64_t at = order.readAt(op);
         if (r[p] < 0 || at < r[p])
           r[p] = at;
         r[p + 1] = std::max(r[p + 1], at);
@@ -233,20 +212,13 @@ public:
   func::FuncOp fn;
   int64_t dp, zero;
   bool stage = false;
-  std::vector<Operation *> ops;
-  llvm::DenseMap<Operation *, int64_t> index;
+  ProgramOrder order;
+  const std::vector<Operation *> &ops;
+  const llvm::DenseMap<Operation *, int64_t> &index;
   std::vector<GradientSlot> slots;
   std::vector<GradientBucket> buckets;
 
 private:
-  static Value root(Value v) {
-    while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
-      v = v.getDefiningOp()->getOperand(0);
-    return v;
-  }
-  static bool isProductMatmul(Operation *op) {
-    return isa<MatmulOp>(op) && op->hasOneUse() && foldOf(*op->getUsers().begin()) == kFoldProduct;
-  }
   static int64_t alignArena(int64_t x) { return (x + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
 };
 

@@ -36,6 +36,22 @@ StringRef foldOf(Operation *op) {
   return a ? a.getValue() : StringRef();
 }
 
+Value readOperand(Operation *op, unsigned k) {
+  Value v = op->getOperand(k);
+  Operation *d = v.getDefiningOp();
+  return d && isa<MatmulOp>(op) && foldOf(d) == kFoldOperand ? d->getOperand(0) : v;
+}
+
+bool isProductMatmul(Operation *op) {
+  return isa<MatmulOp>(op) && op->hasOneUse() && foldOf(*op->getUsers().begin()) == kFoldProduct;
+}
+
+Value aliasRoot(Value v) {
+  while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
+    v = v.getDefiningOp()->getOperand(0);
+  return v;
+}
+
 } // namespace carve
 
 namespace {

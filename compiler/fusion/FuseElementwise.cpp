@@ -110,6 +110,23 @@ std::vector<FusionGroup> fusionGroups(func::FuncOp fn, llvm::DenseSet<Value> &in
   return groups;
 }
 
+ProgramOrder::ProgramOrder(func::FuncOp fn) {
+  for (Operation &op : fn.getBody().front().without_terminator()) {
+    index[&op] = (int64_t)ops.size();
+    ops.push_back(&op);
+  }
+  for (const FusionGroup &g : fusionGroups(fn, interior))
+    for (Operation *op : g.ops)
+      rootOf[op] = g.root;
+}
+
+int64_t ProgramOrder::backwardBegin() const {
+  for (Operation *op : ops)
+    if (StringRef(nodeName(op->getLoc())).starts_with("backward of "))
+      return index.lookup(op);
+  return (int64_t)ops.size();
+}
+
 } // namespace carve
 
 namespace {

@@ -51,6 +51,34 @@ struct FusionGroup {
 /// (they are never stored).
 std::vector<FusionGroup> fusionGroups(mlir::func::FuncOp fn, llvm::DenseSet<mlir::Value> &interior);
 
+/// The ops of an emitted function in program order and where each one's
+/// reads run once the fusion groups are taken into account: what the passes
+/// after carve-fuse-elementwise and carve-fold-transposes share.
+struct ProgramOrder {
+  explicit ProgramOrder(mlir::func::FuncOp fn);
+  std::vector<mlir::Operation *> ops;
+  llvm::DenseMap<mlir::Operation *, int64_t> index;
+  llvm::DenseMap<mlir::Operation *, mlir::Operation *> rootOf; // fused member -> its root
+  llvm::DenseSet<mlir::Value> interior;                        // member results never stored
+  /// Where `op`'s reads happen: its group's root for a fused member.
+  int64_t readAt(mlir::Operation *op) const {
+    mlir::Operation *r = rootOf.lookup(op);
+    return index.lookup(r ? r : op);
+  }
+  /// The index of the first op whose node is "backward of ..." (the number
+  /// of ops when there is none).
+  int64_t backwardBegin() const;
+};
+
+/// Operand `k` of `op` as it is read: through a transpose folded into a
+/// matmul's flag (carve.fold = "operand"), its input.
+mlir::Value readOperand(mlir::Operation *op, unsigned k);
+/// A matmul whose product the transpose reading it writes (carve.fold =
+/// "product"): it runs as that transpose.
+bool isProductMatmul(mlir::Operation *op);
+/// `v` through reshapes: the value whose memory it names.
+mlir::Value aliasRoot(mlir::Value v);
+
 #define GEN_PASS_DECL
 #include "compiler/fusion/Passes.h.inc"
 

@@ -89,15 +89,10 @@ int64_t bytesOf(Value v) {
 /// declares them (the same rules, in the same order).
 class Model {
 public:
-  Model(func::FuncOp fn, int64_t dp, int64_t zero) : fn(fn), dp(dp), zero(zero) {
-    for (Operation &op : fn.getBody().front().without_terminator()) {
-      index[&op] = (int64_t)ops.size();
-      ops.push_back(&op);
-    }
+  Model(func::FuncOp fn, int64_t dp, int64_t zero)
+      : fn(fn), dp(dp), zero(zero), order(fn), ops(order.ops), index(order.index),
+        interior(order.interior) {
     stage = fn->hasAttr(kStageAttr);
-    for (const FusionGroup &g : fusionGroups(fn, interior))
-      for (Operation *op : g.ops)
-        rootOf[op] = g.root;
   }
 
   LogicalResult build() {
@@ -309,19 +304,6 @@ private:
     if (b >= 0)
       blocks[b].lastUse = std::max(blocks[b].lastUse, at);
   }
-  int64_t readAt(Operation *op) {
-    Operation *r = rootOf.lookup(op);
-    return index.lookup(r ? r : op);
-  }
-  static bool isProductMatmul(Operation *op) {
-    return isa<MatmulOp>(op) && op->hasOneUse() && foldOf(*op->getUsers().begin()) == kFoldProduct;
-  }
-  /// Operand `k` as the op reads it: a folded transpose's input.
-  static Value operandOf(Operation *op, unsigned k) {
-    Value v = op->getOperand(k);
-    Operation *d = v.getDefiningOp();
-    return d && isa<MatmulOp>(op) && foldOf(d) == kFoldOperand ? d->getOperand(0) : v;
-  }
   static std::vector<GradientSlot> sortedByParam(std::vector<GradientSlot> v) {
     std::stable_sort(v.begin(), v.end(), [](const GradientSlot &a, const GradientSlot &b) {
       return a.param < b.param;
@@ -356,13 +338,13 @@ private:
       if (foldOf(op) == kFoldProduct) { // runs as its matmul, reading the matmul's operands
         Operation *m = op->getOperand(0).getDefiningOp();
         for (unsigned i = 0; i < 2; ++i)
-          extend(operandOf(m, i), index.lookup(op));
+          extend(readOperand(m, i), index.lookup(op));
         continue;
       }
       for (unsigned i = 0; i < op->getNumOperands(); ++i) {
-        Value v = operandOf(op, i);
+        Value v = readOperand(op, i);
         if (!interior.count(v))
-          extend(v, readAt(op));
+          extend(v, order.readAt(op));
       }
     }
   }
@@ -370,10 +352,10 @@ private:
   func::FuncOp fn;
   int64_t dp, zero;
   bool stage = false;
-  std::vector<Operation *> ops;
-  llvm::DenseMap<Operation *, int64_t> index;
-  llvm::DenseSet<Value> interior;
-  llvm::DenseMap<Operation *, Operation *> rootOf;
+  ProgramOrder order;
+  const std::vector<Operation *> &ops;
+  const llvm::DenseMap<Operation *, int64_t> &index;
+  const llvm::DenseSet<Value> &interior;
   std::vector<ArenaBlock> blocks;
   std::vector<bool> activation;
   llvm::DenseMap<Value, int> buffer, owned;
