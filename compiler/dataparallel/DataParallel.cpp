@@ -55,10 +55,6 @@ void setBucketWaits(std::vector<GradientBucket> &buckets, int64_t end) {
         k + 1 < buckets.size() ? std::max(buckets[k + 1].ready, buckets[k].ready) : end;
 }
 
-bool isEmittedFunction(func::FuncOp fn) {
-  return fn.getSymName() == "train_step" || fn->hasAttr(kStageAttr);
-}
-
 } // namespace carve
 
 namespace {

@@ -50,9 +50,6 @@ void setBucketWaits(std::vector<GradientBucket> &buckets, int64_t end);
 /// The elements of each of `dp` chunks of `numel` (the last padded).
 inline int64_t zeroChunk(int64_t numel, int64_t dp) { return (numel + dp - 1) / dp; }
 
-/// The functions the emitter prints: @train_step and the stages @stageN.
-bool isEmittedFunction(mlir::func::FuncOp fn);
-
 // Readers for the emitter; each returns false with `error` set when the
 // record is missing or malformed (carve-data-parallel has not run).
 bool readGradients(mlir::func::FuncOp fn, std::vector<GradientSlot> &slots, std::string &error);

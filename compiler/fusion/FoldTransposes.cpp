@@ -63,8 +63,7 @@ bool hasRankTwo(Value v) { return cast<RankedTensorType>(v.getType()).getRank() 
 struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesPass> {
   void runOnOperation() override {
     for (auto fn : getOperation().getOps<func::FuncOp>()) {
-      StringRef name = fn.getSymName();
-      if (name != "train_step" && !name.starts_with("stage"))
+      if (!isEmittedFunction(fn))
         continue;
       Builder b(fn.getContext());
       fn.walk([&](TransposeOp t) {

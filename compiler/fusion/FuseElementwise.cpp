@@ -248,8 +248,7 @@ private:
 struct FuseElementwisePass : carve::impl::CarveFuseElementwiseBase<FuseElementwisePass> {
   void runOnOperation() override {
     for (auto fn : getOperation().getOps<func::FuncOp>()) {
-      StringRef name = fn.getSymName();
-      if (name != "train_step" && !name.starts_with("stage"))
+      if (!isEmittedFunction(fn))
         continue;
       Grouper g(fn);
       std::vector<std::set<int>> groups = g.run();

@@ -32,6 +32,10 @@ bool isTrainable(func::FuncOp fn, unsigned arg) {
   return static_cast<bool>(fn.getArgAttr(arg, kTrainableAttr));
 }
 
+bool isEmittedFunction(func::FuncOp fn) {
+  return fn.getSymName() == "train_step" || fn->hasAttr(kStageAttr);
+}
+
 } // namespace carve
 
 namespace carve {

@@ -209,6 +209,9 @@ mlir::StringAttr gradOf(mlir::func::FuncOp fn, unsigned result);
 std::optional<unsigned> paramArgOfGrad(mlir::func::FuncOp fn, unsigned result);
 /// True when argument `arg` is a parameter the optimizer updates.
 bool isTrainable(mlir::func::FuncOp fn, unsigned arg);
+/// The functions the emitter prints, which the passes after the stage split
+/// work on: @train_step, or the stages (carve.stage).
+bool isEmittedFunction(mlir::func::FuncOp fn);
 
 } // namespace carve
 
