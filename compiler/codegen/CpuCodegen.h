@@ -17,6 +17,7 @@
 #ifndef CARVE_COMPILER_CODEGEN_CPUCODEGEN_H
 #define CARVE_COMPILER_CODEGEN_CPUCODEGEN_H
 
+#include "compiler/optimizer/Optimizer.h"
 #include "mlir/IR/BuiltinOps.h"
 
 #include <cstdint>
@@ -25,36 +26,13 @@
 
 namespace carve {
 
-/// The optimizer and its schedule: PyTorch's defaults unless set.
-struct OptimizerConfig {
-  std::string kind = "adamw"; // "adamw" or "sgd"
-  double lr = 1e-3;
-  double momentum = 0, dampening = 0;
-  bool nesterov = false;
-  double weightDecay = -1; // -1: the optimizer's default (AdamW 0.01, SGD 0)
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double clipGradNorm = 0; // 0: no clipping
-  int64_t warmupSteps = 0, decaySteps = 0;
-  double minLrRatio = 0;
-
-  double effectiveWeightDecay() const {
-    return weightDecay >= 0 ? weightDecay : (kind == "adamw" ? 0.01 : 0.0);
-  }
-  /// Tensors of state per parameter: AdamW 2, SGD with momentum 1, SGD 0
-  /// (carve.plan's optimizer_state).
-  int stateTensors() const { return kind == "adamw" ? 2 : momentum != 0 ? 1 : 0; }
-  /// One line, e.g. "AdamW(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)".
-  std::string describe() const;
-};
-
 /// What the driver chooses for the emitted programs. The plan (dp, tp, pp,
-/// ZeRO, micro-batches, precision, the global batch) is not here: the emitter
-/// reads it from the module's `carve.plan` (dialects/carve/Contract.h).
+/// ZeRO, micro-batches, precision, the global batch) and the optimizer are
+/// not here: the emitter reads them from the module's `carve.plan`
+/// (dialects/carve/Contract.h) and its tail ops (carve-optimizer).
 struct CodegenOptions {
   std::string modelName; // shown in comments and in Program::model
   std::string programName = "program0";
-  int64_t bucketBytes = 4 << 20; // gradient all-reduce bucket size
-  OptimizerConfig optimizer;
   std::string planJson; // shown in the header comment
   /// "cpu" (C++ against kernels.h) or "cuda" (a .cu source against gpu.h:
   /// the same calls on device pointers, constants in managed memory, scalars

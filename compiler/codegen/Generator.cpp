@@ -37,7 +37,7 @@ bool withPlan(ModuleOp module, const CodegenOptions &given, EmitOptions &opts, s
   opts.numMicroBatches = (int)plan->microBatches;
   opts.globalBatch = plan->globalBatch;
   opts.precision = plan->precision;
-  return true;
+  return readOptimizer(module, opts.optimizer, error);
 }
 
 /// A C identifier from a model name: "/h.0/attn/c_attn/MatMul" -> "h0_attn_c_attn_MatMul".
@@ -171,6 +171,8 @@ Value Generator::operandOf(Operation *op, unsigned k) {
 bool Generator::prepare() {
   Block &block = fn.getBody().front();
   for (Operation &op : block.without_terminator()) {
+    if (isOptimizerOp(&op))
+      continue; // the step's tail (readTail)
     index[&op] = (int)ops.size();
     ops.push_back(&op);
   }

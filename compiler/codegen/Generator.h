@@ -58,6 +58,8 @@ struct EmitOptions : CodegenOptions {
   /// fp16 also scales the loss seed by StepContext::lossScale and divides
   /// the gradients by it.
   std::string precision = "fp32";
+  /// The optimizer the tail ops say (readOptimizer).
+  OptimizerConfig optimizer;
 };
 
 /// `given` with the module's plan; false (with `error`) when the module's
@@ -390,6 +392,8 @@ private:
     std::string param, grad, state[2];
   };
   std::map<unsigned, TailNames> tailNames;
+  /// The tail ops carve-optimizer appended (gradients by slot: grads[i]).
+  OptimizerTail tail;
   /// Declares the tail's pointers (tailNames): every parameter, its gradient
   /// slot or (ZeRO >= 2) chunk, its optimizer state; `prefix` starts each
   /// name (a pipeline rank's chunks share the tail's scope).
@@ -399,13 +403,17 @@ private:
   std::string chunkPtr(unsigned param);
   /// C++ for the elements of chunk `rank` of a parameter (the last is short).
   std::string chunkCount(unsigned arg, const std::string &rank);
-  /// `sqSplit += ...` / `sqWhole += ...` for each gradient `counted` accepts.
-  void emitNormTerms(llvm::raw_ostream &ts, const std::function<bool(const GradSlot &)> &counted);
-  /// Scales every gradient by `clip`.
+  /// Reads the tail ops (tail) and checks that they do what the plan needs:
+  /// fp16 unscales and clipping scales every gradient, ZeRO-1 and 2 gather
+  /// every updated parameter. After shardOverDp.
+  bool readStepTail();
+  /// `sqSplit += ...` / `sqWhole += ...` for each gradient carve.grad_norm lists.
+  void emitNormTerms(llvm::raw_ostream &ts);
+  /// Scales the gradients carve.scale_gradients lists by `clip`.
   void emitClip(llvm::raw_ostream &ts);
-  /// fp16: divides every gradient by the loss scale (nothing for other precisions).
+  /// carve.unscale_gradients (fp16): divides them by the loss scale.
   void emitUnscale(llvm::raw_ostream &ts);
-  /// The optimizer update of every parameter (and ZeRO-1/2's gathers).
+  /// Each carve.adamw / carve.sgd, then carve.zero_gather (ZeRO-1/2).
   void emitUpdates(llvm::raw_ostream &ts);
 
   // Tables.cpp.
@@ -435,7 +443,7 @@ private:
                        StageOut &so, std::string &forwardBody, std::string &backwardBody);
   std::string recvStatements(mlir::Operation *op, bool backward);
   std::string sendStatements(mlir::Operation *op, bool backward);
-  void stageTail(const PipelineCodegenOptions &pipe, int chunk, int stage, StageOut &so);
+  void stageTail(const PipelineCodegenOptions &pipe, int chunk, StageOut &so);
 };
 
 } // namespace carve::codegen

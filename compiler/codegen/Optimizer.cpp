@@ -10,48 +10,10 @@
 
 #include "compiler/codegen/Generator.h"
 
-#include <cstdio>
-#include <cstdlib>
 
 using namespace mlir;
 
 namespace carve {
-
-namespace {
-/// A number as Python prints it in a repr (shortest form that reads back).
-std::string py(double x) {
-  char buf[64];
-  for (int p = 1; p <= 17; ++p) {
-    snprintf(buf, sizeof buf, "%.*g", p, x);
-    if (strtod(buf, nullptr) == x)
-      break;
-  }
-  return buf;
-}
-struct PyNum {
-  double x;
-};
-llvm::raw_ostream &operator<<(llvm::raw_ostream &os, PyNum n) { return os << py(n.x); }
-} // namespace
-
-std::string OptimizerConfig::describe() const {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  double wd = effectiveWeightDecay();
-  if (kind == "adamw")
-    os << "AdamW(lr=" << PyNum{lr} << ", betas=(" << PyNum{beta1} << ", " << PyNum{beta2}
-       << "), eps=" << PyNum{eps} << ", weight_decay=" << PyNum{wd} << ")";
-  else
-    os << "SGD(lr=" << PyNum{lr} << ", momentum=" << PyNum{momentum}
-       << ", dampening=" << PyNum{dampening} << ", weight_decay=" << PyNum{wd}
-       << ", nesterov=" << (nesterov ? "True" : "False") << ")";
-  if (clipGradNorm > 0)
-    os << ", clip_grad_norm=" << PyNum{clipGradNorm};
-  if (warmupSteps > 0 || decaySteps > 0)
-    os << ", schedule: warmup " << warmupSteps << " steps, cosine decay over " << decaySteps
-       << " steps to " << PyNum{minLrRatio} << " x lr";
-  return s;
-}
 
 namespace codegen {
 
@@ -136,11 +98,37 @@ std::string Generator::chunkCount(unsigned arg, const std::string &rank) {
          std::to_string(chunkOf[arg]) + "))";
 }
 
-void Generator::emitNormTerms(llvm::raw_ostream &ts,
-                              const std::function<bool(const GradSlot &)> &counted) {
-  for (GradSlot &g : grads) {
-    if (!counted(g))
-      continue;
+bool Generator::readStepTail() {
+  if (!readTail(fn, tail, error))
+    return false;
+  const std::string where = "@" + fn.getSymName().str() + ": ";
+  auto everyGradient = [&](const std::vector<int64_t> &slots) {
+    return slots.size() == grads.size();
+  };
+  if (tail.unscale != (opts.precision == "fp16" && !grads.empty()) ||
+      (tail.unscale && !everyGradient(tail.unscaled)))
+    return fail(where + "carve.unscale_gradients must divide every gradient by the loss scale "
+                        "under fp16 and is not used otherwise (precision " +
+                opts.precision + ")");
+  if ((tail.maxNorm > 0) != (opts.optimizer.clipGradNorm > 0) ||
+      (tail.maxNorm > 0 && !everyGradient(tail.clipped)))
+    return fail(where + "carve.scale_gradients must clip every gradient when the optimizer clips");
+  std::set<unsigned> want, got(tail.gathered.begin(), tail.gathered.end());
+  if (zero == 1 || zero == 2)
+    for (const GradSlot &g : grads)
+      want.insert(g.param);
+  if (want != got)
+    return fail(where + "carve.zero_gather gathers " + std::to_string(got.size()) +
+                " parameter(s); ZeRO-" + std::to_string(zero) + " over dp = " +
+                std::to_string(opts.dp) + " needs " + std::to_string(want.size()) +
+                " (every updated parameter's chunks)");
+  return true;
+}
+
+void Generator::emitNormTerms(llvm::raw_ostream &ts) {
+  for (size_t k = 0; k < tail.normSlots.size(); ++k) {
+    const GradSlot &g = grads[tail.normSlots[k]];
+    const bool split = tail.normSplit[k];
     const std::string &ptr = tailNames[g.param].grad;
     std::string count;
     if (zero >= 2)
@@ -148,30 +136,34 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts,
     else
       count = std::to_string(numelOf[g.param]);
     if (opts.cuda())
-      ts << "  sumSquaresAdd(" << ptr << ", " << count << ", sqDevice + "
-         << (tpSplit(g.param) ? 0 : 1) << ");  // " << paramName(g.param) << "\n";
+      ts << "  sumSquaresAdd(" << ptr << ", " << count << ", sqDevice + " << (split ? 0 : 1)
+         << ");  // " << paramName(g.param) << "\n";
     else
-      ts << "  " << (tpSplit(g.param) ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", "
-         << count << ");  // " << paramName(g.param) << "\n";
+      ts << "  " << (split ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", " << count
+         << ");  // " << paramName(g.param) << "\n";
   }
 }
 
 void Generator::emitClip(llvm::raw_ostream &ts) {
-  for (GradSlot &g : grads)
+  for (int64_t slot : tail.clipped) {
+    const GradSlot &g = grads[slot];
     ts << "  scaleInPlace(" << tailNames[g.param].grad << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
+  }
 }
 
 void Generator::emitUnscale(llvm::raw_ostream &ts) {
-  if (opts.precision != "fp16")
+  if (!tail.unscale)
     return;
   ts << "\n  // fp16: the gradients carry the dynamic loss scale (train_main adjusts it); divide "
         "it\n"
      << "  // out before the norm, the check for overflow and the update.\n"
      << "  if (ctx.lossScale != 1.0f) {\n    const float unscale = 1.0f / ctx.lossScale;\n";
-  for (GradSlot &g : grads)
+  for (int64_t slot : tail.unscaled) {
+    const GradSlot &g = grads[slot];
     ts << "    scaleInPlace(" << tailNames[g.param].grad << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", unscale);\n";
+  }
   ts << "  }\n";
 }
 
@@ -182,8 +174,8 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
   if (zero)
     ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
   double wd = o.effectiveWeightDecay();
-  for (GradSlot &g : grads) {
-    unsigned a = g.param;
+  for (int64_t slot : tail.updated) {
+    unsigned a = grads[slot].param;
     const TailNames &t = tailNames[a];
     std::string p = t.param, go = t.grad, n = std::to_string(numelOf[a]);
     if (zero) {
@@ -205,11 +197,11 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
          << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
          << paramName(a) << "\n";
   }
-  if (zero == 1 || zero == 2) {
+  if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
-       << "chunks in place.\n  {\n    CommHandle h[" << grads.size() << "];\n";
-    for (size_t i = 0; i < grads.size(); ++i) {
-      unsigned a = grads[i].param;
+       << "chunks in place.\n  {\n    CommHandle h[" << tail.gathered.size() << "];\n";
+    for (size_t i = 0; i < tail.gathered.size(); ++i) {
+      unsigned a = tail.gathered[i];
       const std::string &p = tailNames[a].param;
       ts << "    h[" << i << "] = ctx.dpComm->allGatherAsync(" << p << " + (int64_t)ctx.dpRank * "
          << chunkOf[a] << ", " << p << ", " << chunkOf[a] << ", CommType::F32);  // "

@@ -50,6 +50,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   if (!shardOverDp())
     return false;
   std::vector<Bucket> buckets;
+  if (!readStepTail())
+    return false;
   if (opts.dp > 1 && !readBucketsOffIr(buckets))
     return false;
   so.numBuckets = (int)buckets.size();
@@ -100,7 +102,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   so.customKernels = customKernels;
   so.kernelCalls = kernelCalls;
 
-  stageTail(pipe, chunk, stage, so);
+  stageTail(pipe, chunk, so);
   buildTables(m);
   so.params = paramRows;
   so.inputs = inputRows;
@@ -335,17 +337,13 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
   return true;
 }
 
-/// The chunk's pieces of the step's tail; a gradient shared over pp counts
-/// in the norm on its owner stage only.
-void Generator::stageTail(const PipelineCodegenOptions &pipe, int chunk, int stage, StageOut &so) {
-  std::map<std::string, int> owner;
-  for (const auto &sh : pipe.shared)
-    owner[sh.name] = sh.owner;
+/// The chunk's pieces of the step's tail (a gradient shared over pp is in
+/// the norm of its owner stage only: carve.grad_norm lists it there).
+void Generator::stageTail(const PipelineCodegenOptions &pipe, int chunk, StageOut &so) {
   so.pointers = tailPointers(pipe.virtualStages > 1 ? "c" + std::to_string(chunk) + "_" : "");
   llvm::raw_string_ostream ns(so.norm), cs(so.clip), us(so.updates), ss(so.unscale);
   emitUnscale(ss);
-  emitNormTerms(ns,
-                [&](const GradSlot &g) { return !g.shared || owner[paramName(g.param)] == stage; });
+  emitNormTerms(ns);
   emitClip(cs);
   emitUpdates(us);
   for (GradSlot &g : grads)

@@ -49,6 +49,8 @@ bool Generator::run() {
     keepGradientChunks();
 
   std::vector<Bucket> buckets;
+  if (!readStepTail())
+    return false;
   if (!readBucketsOffIr(buckets))
     return false;
   out.numBuckets = (int)buckets.size();
@@ -348,7 +350,7 @@ bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
   if (zero >= 2)
     ts << "; each ZeRO chunk summed over dp";
   ts << ".\n" << normDeclarations(opts);
-  emitNormTerms(ts, [](const GradSlot &) { return true; });
+  emitNormTerms(ts);
   ts << normRead(opts);
   if (zero >= 2) {
     ts << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";

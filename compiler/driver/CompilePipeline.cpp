@@ -6,6 +6,7 @@
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/memory/MemoryPlan.h"
+#include "compiler/optimizer/Optimizer.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
 
@@ -16,7 +17,7 @@ bool partitions(const PlanAttrs &plan) { return plan.tp > 1 || plan.zero > 0; }
 } // namespace
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss, bool fuse) {
+                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer) {
   pm.addPass(createBindCustomOpsPass(rules));
   CarveAutodiffOptions ad;
   ad.loss = loss;
@@ -31,6 +32,7 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   pm.addPass(createCarveFoldTransposes());
   pm.addPass(createCarveDataParallel());
   pm.addPass(createCarvePlanMemory());
+  pm.addPass(createCarveOptimizer(optimizer));
 }
 
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
@@ -45,6 +47,7 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
   passes.push_back("carve-fold-transposes");
   passes.push_back("carve-data-parallel");
   passes.push_back("carve-plan-memory");
+  passes.push_back("carve-optimizer");
   return passes;
 }
 

@@ -10,6 +10,11 @@
 //   carve-split-stages      pipeline stages (pp > 1 or micro-batches)
 //   carve-fuse-elementwise  elementwise chains grouped into fused kernels
 //                           (unless --no-fuse)
+//   carve-fold-transposes   transposes folded into their matmuls' flags
+//   carve-data-parallel     gradient order, buckets, ZeRO chunks and gathers
+//   carve-plan-memory       the arena: persistent tensors, activation offsets
+//   carve-optimizer         the step's tail as ops: unscaling, the norm,
+//                           clipping, AdamW or SGD, ZeRO-1/2's gathers
 //
 // The emitter (compiler/codegen) then prints what the IR says.
 //
@@ -18,6 +23,7 @@
 #ifndef CARVE_COMPILER_DRIVER_COMPILEPIPELINE_H
 #define CARVE_COMPILER_DRIVER_COMPILEPIPELINE_H
 
+#include "compiler/optimizer/Optimizer.h"
 #include "compiler/rules/Rules.h"
 #include "dialects/carve/Contract.h"
 
@@ -30,9 +36,10 @@ namespace carve {
 
 /// Adds the passes for `plan` to `pm` (a module pass manager). `loss` names
 /// the output that is the loss (empty: the only one); `rules` is the rules
-/// file's content (empty when none was given); `fuse` adds elementwise fusion.
+/// file's content (empty when none was given); `fuse` adds elementwise fusion;
+/// `optimizer` is the update the tail performs.
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss, bool fuse);
+                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer);
 
 /// The flags of the passes buildCompilePipeline adds for `plan`, in order.
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse);

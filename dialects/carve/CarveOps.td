@@ -25,7 +25,10 @@ def Carve_Dialect : Dialect {
   let description = [{
     The `carve` dialect holds a model as a function of builtin ranked tensors with
     static shapes. Every op is free of side effects and works on whole tensors;
-    there are no in-place updates and no dynamic shapes. Parameters, buffers and
+    there are no in-place updates and no dynamic shapes, with one exception:
+    the optimizer's ops that carve-optimizer appends after backward
+    (`carve.grad_norm`, `carve.adamw`, ...: CarveOptimizerOps.td) update the
+    rank's persistent tensors in place and stay in program order. Parameters, buffers and
     graph inputs are function arguments tagged with `carve.param`,
     `carve.buffer` or `carve.input` (the names they had in the exported model),
     so the names survive into checkpoints.
@@ -734,5 +737,7 @@ def Carve_CustomGradOp : Carve_Op<"custom_grad"> {
   let results = (outs Variadic<Carve_Tensor>:$input_grads);
   let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, $input_grads)";
 }
+
+include "dialects/carve/CarveOptimizerOps.td"
 
 #endif // CARVE_OPS_TD

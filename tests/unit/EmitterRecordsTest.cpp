@@ -2,7 +2,7 @@
 //
 // The emitter prints what the passes recorded on the IR (carve.fold,
 // carve.gradients, carve.buckets, carve.arena_offset, carve.persistent_plan,
-// ...). A record that does not describe the function, such as an IR file
+// the optimizer's tail ops ...). A record that does not describe the function, such as an IR file
 // edited by hand and run through carve-opt, must be an error naming it,
 // never a program that writes one tensor over another. Each test runs the
 // passes on a small training step, checks the emitter accepts the result,
@@ -15,7 +15,9 @@
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/memory/MemoryPlan.h"
+#include "compiler/optimizer/Optimizer.h"
 #include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
 #include "dialects/carve/Contract.h"
 #include "dialects/dist/DistDialect.h"
 
@@ -61,6 +63,7 @@ struct EmitterRecords : ::testing::Test {
     pm.addPass(createCarveFoldTransposes());
     pm.addPass(createCarveDataParallel());
     pm.addPass(createCarvePlanMemory());
+    pm.addPass(createCarveOptimizer(OptimizerConfig()));
     ASSERT_TRUE(succeeded(pm.run(*module)));
     fn = module->lookupSymbol<func::FuncOp>("train_step");
     ASSERT_TRUE(fn);
@@ -127,15 +130,67 @@ TEST_F(EmitterRecords, APersistentTensorOverAnotherIsRefused) {
       << e;
 }
 
-TEST_F(EmitterRecords, OptimizerStateForAnotherOptimizerIsRefused) {
-  // The plan's records keep AdamW's two tensors; the emitter is asked for SGD.
-  CodegenOptions opts;
-  opts.modelName = "test";
-  opts.optimizer.kind = "sgd";
-  GeneratedProgram out;
-  std::string error;
-  EXPECT_FALSE(generateCpuProgram(*module, opts, out, error));
-  EXPECT_NE(error.find("optimizer state tensors"), std::string::npos) << error;
+TEST_F(EmitterRecords, AnUpdateWithoutItsStateIsRefused) {
+  // The tail updates with AdamW (two state tensors); the layout keeps one.
+  auto d = fn->getAttrOfType<DictionaryAttr>(kPersistentPlanAttr);
+  ASSERT_TRUE(d);
+  Builder b(&context);
+  SmallVector<NamedAttribute> f(d.begin(), d.end());
+  for (NamedAttribute &x : f)
+    if (x.getName() == "states") {
+      SmallVector<int64_t> st(cast<DenseI64ArrayAttr>(x.getValue()).asArrayRef());
+      st[1] = -1;
+      x.setValue(b.getDenseI64ArrayAttr(st));
+    }
+  fn->setAttr(kPersistentPlanAttr, b.getDictionaryAttr(f));
+  std::string e = emit();
+  EXPECT_NE(e.find("optimizer state tensors"), std::string::npos) << e;
+}
+
+TEST_F(EmitterRecords, AParameterWithoutAnUpdateIsRefused) {
+  Operation *update = nullptr;
+  fn.walk([&](AdamWOp op) { update = update ? update : op.getOperation(); });
+  ASSERT_TRUE(update);
+  update->erase();
+  std::string e = emit();
+  EXPECT_NE(e.find("the parameter of gradient slot"), std::string::npos) << e;
+  EXPECT_NE(e.find("has 0 updates; it needs one"), std::string::npos) << e;
+}
+
+TEST_F(EmitterRecords, AnUpdateFromAnotherGradientIsRefused) {
+  SmallVector<AdamWOp> updates;
+  fn.walk([&](AdamWOp op) { updates.push_back(op); });
+  ASSERT_EQ(updates.size(), 2u);
+  updates[0]->setOperand(1, updates[1].getGrad());
+  std::string e = emit();
+  EXPECT_NE(e.find("with a value that is not its gradient in carve.gradients"), std::string::npos)
+      << e;
+}
+
+TEST_F(EmitterRecords, ZeroWithoutItsGatherIsRefused) {
+  // ZeRO-2 over dp = 2: without the gather each rank keeps a stale copy of
+  // the chunks other ranks updated.
+  Operation *gather = nullptr;
+  fn.walk([&](ZeroGatherOp op) { gather = op; });
+  ASSERT_TRUE(gather);
+  gather->erase();
+  std::string e = emit();
+  EXPECT_NE(e.find("carve.zero_gather gathers 0 parameter(s); ZeRO-2 over dp = 2 needs 2"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(EmitterRecords, AModuleWithoutTheTailIsRefused) {
+  SmallVector<Operation *> tail;
+  fn.walk([&](Operation *op) {
+    if (isOptimizerOp(op))
+      tail.push_back(op);
+  });
+  ASSERT_FALSE(tail.empty());
+  for (auto it = tail.rbegin(); it != tail.rend(); ++it)
+    (*it)->erase();
+  std::string e = emit();
+  EXPECT_NE(e.find("no optimizer update"), std::string::npos) << e;
 }
 
 TEST_F(EmitterRecords, BucketsThatSkipAGradientAreRefused) {

@@ -8,6 +8,7 @@
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
 #include "compiler/dataparallel/DataParallel.h"
+#include "compiler/optimizer/Optimizer.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/memory/MemoryPlan.h"
 #include "compiler/partition/Passes.h"
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
   carve::registerStagesPasses();
   carve::registerFusionPasses();
   carve::registerDataParallelPasses();
+  carve::registerOptimizerPasses();
   carve::registerMemoryPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();

@@ -125,7 +125,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
-  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse);
+  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt);
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
   PassProgress *counts = instrumentation.get();
   pm.addInstrumentation(std::move(instrumentation));
@@ -186,7 +186,6 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
   cm.hasCustomKernels = !(cm.cuda() ? s.rules.cudaSources : s.rules.sources).empty();
   CodegenOptions cg;
   cg.modelName = cm.modelName;
-  cg.optimizer = s.opt;
   cg.planJson = plan.json;
   cg.target = args.target;
   std::string error;
