@@ -12,7 +12,9 @@ and after it and comparing the generated sources byte for byte:
 The matrix: the GPT- and Llama-style reference models (4 layers, batch 8,
 sequence 16) under 1 rank; dp=4 ZeRO-2; dp=2 x tp=2 with sequence parallelism
 and ZeRO-1; dp=2 x pp=2 1F1B; pp=2 interleaved with v=2; dp=4 ZeRO-3;
---target cuda tp=2 bf16 (where this carve has the CUDA target); and the Llama
+--target cuda tp=2 bf16 (where this carve has the CUDA target); dp=2 ZeRO-2
+fp16 with clipped, scheduled SGD (Nesterov); pp=2 fp16 with clipping and
+weight decay 0.1; and the Llama
 with the custom SwiGLU op of models/custom/ under tp=2. Each case keeps OUT/src
 (the programs, programs.cpp, README.md), OUT/plan.json and the training step's
 IR (--emit-mlir). --compare prints every difference of a generated file in
@@ -43,6 +45,14 @@ PLANS = {
     "pp2_interleaved": {"pp": 2, "num_micro_batches": 4, "virtual_stages": 2},
     "dp4_z3": {"dp": 4, "zero": 3},
     "tp2_bf16_cuda": {"tp": 2, "precision": "bf16"},
+    # The optimizer's tail: fp16 unscaling, clipping, SGD with Nesterov
+    # momentum, a schedule, ZeRO-2's chunks; and the same in a pipeline.
+    "dp2_z2_fp16_sgd": {"dp": 2, "zero": 2, "precision": "fp16",
+                        "optimizer": {"name": "sgd", "momentum": 0.9, "nesterov": True,
+                                      "clip_grad_norm": 1.0, "warmup_steps": 10,
+                                      "decay_steps": 100, "min_lr_ratio": 0.1}},
+    "pp2_fp16_clip": {"pp": 2, "num_micro_batches": 2, "precision": "fp16",
+                      "optimizer": {"clip_grad_norm": 0.5, "weight_decay": 0.1}},
 }
 CONFIG = {"n_layer": 4}
 
