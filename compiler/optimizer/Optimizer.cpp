@@ -137,8 +137,9 @@ struct OptimizerPass : carve::impl::CarveOptimizerBase<OptimizerPass> {
     Block &block = fn.getBody().front();
     for (Operation &op : block)
       if (isOptimizerOp(&op))
-        return op.emitOpError("carve-optimizer: @")
-               << fn.getSymName() << " already ends with an optimizer update";
+        return op.emitError("carve-optimizer: @")
+               << fn.getSymName() << " already ends with an optimizer update ('"
+               << op.getName() << "')";
     std::vector<GradientSlot> slots;
     std::string error;
     if (!readGradients(fn, slots, error))
