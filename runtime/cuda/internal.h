@@ -115,10 +115,10 @@ __device__ inline void raiseDeviceError(DeviceError *e, int code, long long a, l
 /// Slots of `workspace`: one per user, so that temporaries of one call never
 /// alias those of another still in flight.
 enum WorkspaceSlot : int {
-  kWsBasic0 = 0, // kernels_basic.cu
+  kWsBasic0 = 0, // kernels_basic.cu, kernels_data.cu, kernels_optim.cu
   kWsBasic1 = 1,
   kWsBasic2 = 2,
-  kWsFused0 = 3, // kernels_fused.cu
+  kWsFused0 = 3, // kernels_fused.cu, kernels_loss.cu, kernels_attention.cu
   kWsFused1 = 4,
   kWsFused2 = 5,
   kWsComm0 = 6, // comm_nccl.cpp

@@ -1,11 +1,12 @@
-//===- kernels_basic.cu - elementwise, GEMM, reduce, data movement, TP, optim -===//
+//===- kernels_basic.cu - elementwise maps, reductions and matmul ---------===//
 //
 // The gpu.h functions that are one pass over memory (elementwise maps with
-// NumPy broadcasting, casts, copies, data movement, shard layouts, optimizer
-// updates), reductions, and matmul through cuBLAS. Each mirrors the CPU kernel
-// of the same name in runtime/src/kernels_*.cpp, dist.cpp or optim.cpp: same shape checks
-// and messages, same formulas, and the same order of float operations where
-// the CPU fixes one (the optimizer updates are bit-identical).
+// NumPy broadcasting, casts, fills and copies), reductions, and matmul
+// through cuBLAS. Each mirrors the CPU kernel of the same name in
+// runtime/src/kernels_*.cpp: same shape checks and messages, same formulas,
+// and the same order of float operations where the CPU fixes one. Data
+// movement and the shard layouts are in kernels_data.cu, the optimizer
+// updates in kernels_optim.cu; the helpers they share in kernel_util.cuh.
 //
 // Kernels use grid-stride loops over int64 indices with 1-D grids, so any
 // tensor size launches with a bounded grid. Broadcasting operands are read
@@ -16,9 +17,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "internal.h"
-
-#include "carve/rt/elementwise.h"
+#include "kernel_util.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,7 +28,6 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 namespace carve::gpu {
 
@@ -37,38 +35,9 @@ using carve::rt::kMaxRank;
 
 namespace {
 
-#define CARVE_GRID_LOOP(i, n)                                                                      \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);           \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
 __host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
-int64_t prod(const Dims &s, int lo, int hi) {
-  int64_t n = 1;
-  for (int i = lo; i < hi; ++i)
-    n *= s.d[i];
-  return n;
-}
-
-int normAxis(int axis, int rank, const char *op) {
-  if (axis < 0)
-    axis += rank;
-  if (axis < 0 || axis >= rank)
-    fatal("%s: axis %d is out of range for rank %d", op, axis, rank);
-  return axis;
-}
-
-//===--- Broadcast loop nests (elementwise.h, passed to kernels by value) --===//
-
-using carve::rt::ew::broadcastNest;
-using carve::rt::ew::coalesce;
-using carve::rt::ew::Nest;
-using carve::rt::ew::offsetsOf;
-using carve::rt::ew::ReduceGeom;
-using carve::rt::ew::reduceGeom;
-using carve::rt::ew::sliceNest;
-using carve::rt::ew::stridesOf;
-using carve::rt::ew::transposeNest;
+//===--- Broadcast maps ----------------------------------------------------===//
 
 template <class Op, class Y, class A, class B>
 __global__ void broadcast2Kernel(Op op, const A *a, const B *b, Y *y, Nest<2> n, int64_t total) {
@@ -92,9 +61,6 @@ void broadcast2(const char *op, Op f, const A *a, const Dims &as, const B *b, co
 }
 
 //===--- Elementwise functions (elementwise.h) -----------------------------===//
-
-using carve::rt::ew::maxNan;
-using carve::rt::ew::minNan;
 
 template <Unary F> __device__ __forceinline__ float unaryOp(float v) {
   return carve::rt::ew::unary<F>(v);
@@ -225,17 +191,6 @@ template <class T> __global__ void fillKernel(T *y, int64_t n, T v) {
 }
 
 //===--- Reductions --------------------------------------------------------===//
-
-__device__ __forceinline__ double combine(bool isMax, double acc, double x) {
-  return isMax ? maxNan(x, acc) : acc + x;
-}
-
-__device__ __forceinline__ double warpCombine(bool isMax, double acc) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    acc = combine(isMax, acc, __shfl_xor_sync(0xffffffffu, acc, o));
-  return acc;
-}
 
 /// x seen as [O, R] (the reduced run innermost): warp w reduces segment
 /// w % S (of `seg` rows) of row w / S, into y when S == 1, else into
@@ -435,310 +390,6 @@ void gemmBatch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, Operand a, int
   }
 }
 
-//===--- Data movement -----------------------------------------------------===//
-
-/// y[e] = x[offset of e in the view].
-template <class T> __global__ void viewKernel(const T *x, Nest<1> n, T *y, int64_t total) {
-  CARVE_GRID_LOOP(e, total) {
-    int64_t off[1];
-    offsetsOf(n, e, off);
-    y[e] = x[off[0]];
-  }
-}
-
-/// x[offset of e in the view] = y[e].
-template <class T> __global__ void scatterViewKernel(const T *y, Nest<1> n, T *x, int64_t total) {
-  CARVE_GRID_LOOP(e, total) {
-    int64_t off[1];
-    offsetsOf(n, e, off);
-    x[off[0]] = y[e];
-  }
-}
-
-template <class T>
-void gatherView(const char *op, const T *x, const Nest<1> &n, T *y, int64_t total) {
-  viewKernel<<<blocksFor(total), kThreads, 0, stream()>>>(x, n, y, total);
-  checkLaunch(op);
-}
-
-/// The outer dimensions of a tiled transpose and their strides in x and y.
-struct TileOuter {
-  int no = 0;
-  int64_t od[kMaxRank] = {}, xs[kMaxRank] = {}, ys[kMaxRank] = {};
-};
-
-constexpr int kTile = 32;
-constexpr int kTileRows = 8;
-
-/// Transposes 32 x 32 tiles between dimension k (contiguous in x, stride yk
-/// in y) and dimension l (stride xl in x, contiguous in y) through shared
-/// memory, so that both the reads and the writes are coalesced.
-template <class T>
-__global__ void transposeTilesKernel(const T *x, T *y, TileOuter g, int64_t dk, int64_t dl,
-                                     int64_t xl, int64_t yk, int64_t tk, int64_t tl,
-                                     int64_t tiles) {
-  __shared__ T tile[kTile][kTile + 1];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int64_t o = t / (tk * tl);
-    const int64_t rem = t - o * (tk * tl);
-    const int64_t k0 = (rem / tl) * kTile, l0 = (rem % tl) * kTile;
-    int64_t xo = 0, yo = 0;
-    for (int i = g.no - 1; i >= 0; --i) {
-      const int64_t ii = o % g.od[i];
-      o /= g.od[i];
-      xo += ii * g.xs[i];
-      yo += ii * g.ys[i];
-    }
-    for (int j = ty; j < kTile; j += kTileRows) {
-      const int64_t k = k0 + tx, l = l0 + j;
-      if (k < dk && l < dl)
-        tile[j][tx] = x[xo + k + l * xl];
-    }
-    __syncthreads();
-    for (int j = ty; j < kTile; j += kTileRows) {
-      const int64_t k = k0 + j, l = l0 + tx;
-      if (k < dk && l < dl)
-        y[yo + k * yk + l] = tile[tx][j];
-    }
-    __syncthreads();
-  }
-}
-
-template <class T>
-__global__ void concatKernel(const T *x, T *y, int64_t outer, int64_t len, int64_t row,
-                             int64_t col0) {
-  CARVE_GRID_LOOP(e, outer * len) {
-    const int64_t o = e / len, j = e - o * len;
-    y[o * row + col0 + j] = x[e];
-  }
-}
-
-/// The row of index k of a gather along an axis of `size` rows, or -1 (after
-/// recording the error) when it is out of range.
-__device__ __forceinline__ int64_t checkedIndex(const int64_t *idx, int64_t k, int64_t size,
-                                                DeviceError *err) {
-  const int64_t v = idx[k];
-  if (v < -size || v >= size) {
-    raiseDeviceError(err, kBadIndex, v, k, size);
-    return -1;
-  }
-  return v < 0 ? v + size : v;
-}
-
-template <class T>
-__global__ void gatherKernel(const T *table, const int64_t *idx, T *y, int64_t ni, int64_t size,
-                             int64_t inner, int64_t total, DeviceError *err) {
-  CARVE_GRID_LOOP(e, total) {
-    const int64_t t = e / inner, c = e - t * inner;
-    const int64_t o = t / ni, k = t - o * ni;
-    const int64_t v = checkedIndex(idx, k, size, err);
-    y[e] = v < 0 ? T(0) : table[(o * size + v) * inner + c];
-  }
-}
-
-template <class T> __device__ __forceinline__ void atomicAddT(T *p, T v) { atomicAdd(p, v); }
-
-/// Scatter-add of dy into the zeroed dtable; float and double only (atomics).
-template <class T>
-__global__ void gatherGradAtomicKernel(const T *dy, const int64_t *idx, T *dtable, int64_t ni,
-                                       int64_t size, int64_t inner, int64_t total,
-                                       DeviceError *err) {
-  CARVE_GRID_LOOP(e, total) {
-    const int64_t t = e / inner, c = e - t * inner;
-    const int64_t o = t / ni, k = t - o * ni;
-    const int64_t v = checkedIndex(idx, k, size, err);
-    if (v >= 0)
-      atomicAddT(dtable + (o * size + v) * inner + c, dy[e]);
-  }
-}
-
-/// The same for integer types: a thread owns a column of one outer index and
-/// walks every index (no atomics for every width, and a fixed order).
-template <class T>
-__global__ void gatherGradOwnedKernel(const T *dy, const int64_t *idx, T *dtable, int64_t ni,
-                                      int64_t size, int64_t inner, int64_t outer,
-                                      DeviceError *err) {
-  CARVE_GRID_LOOP(e, outer * inner) {
-    const int64_t o = e / inner, c = e - o * inner;
-    for (int64_t k = 0; k < ni; ++k) {
-      const int64_t v = checkedIndex(idx, k, size, err);
-      if (v >= 0)
-        dtable[(o * size + v) * inner + c] += dy[(o * ni + k) * inner + c];
-    }
-  }
-}
-
-__global__ void gatherShardedKernel(const float *table, const int64_t *idx, float *y, int64_t rows,
-                                    int64_t rowOffset, int64_t globalRows, int64_t inner,
-                                    int64_t total, DeviceError *err) {
-  CARVE_GRID_LOOP(e, total) {
-    const int64_t k = e / inner, c = e - k * inner;
-    const int64_t v = checkedIndex(idx, k, globalRows, err) - rowOffset;
-    y[e] = v >= 0 && v < rows ? table[v * inner + c] : 0.0f;
-  }
-}
-
-__global__ void gatherShardedGradKernel(const float *dy, const int64_t *idx, float *dtable,
-                                        int64_t rows, int64_t rowOffset, int64_t globalRows,
-                                        int64_t inner, int64_t total, DeviceError *err) {
-  CARVE_GRID_LOOP(e, total) {
-    const int64_t k = e / inner, c = e - k * inner;
-    const int64_t g = checkedIndex(idx, k, globalRows, err);
-    const int64_t v = g - rowOffset;
-    if (g >= 0 && v >= 0 && v < rows)
-      atomicAdd(dtable + v * inner + c, dy[e]);
-  }
-}
-
-void checkShardRows(const char *op, const Dims &ts, int64_t rowOffset, int64_t globalRows) {
-  if (ts.rank < 1)
-    fatal("%s: a table of rank 0", op);
-  if (rowOffset < 0 || rowOffset + ts.d[0] > globalRows)
-    fatal("%s: local rows [%lld, %lld) are outside the table's %lld rows", op, (long long)rowOffset,
-          (long long)(rowOffset + ts.d[0]), (long long)globalRows);
-}
-
-//===--- Shard layouts (dist.h SplitRows) ----------------------------------===//
-
-using carve::rt::checkSplit;
-using carve::rt::checkSplitIndex;
-using carve::rt::checkSplitParts;
-using carve::rt::SplitRows;
-using carve::rt::splitRows;
-
-template <class U>
-__global__ void copyRowsKernel(const U *from, U *to, int64_t rows, int64_t rowUnits, int64_t parts,
-                               int64_t index, bool toLocal) {
-  CARVE_GRID_LOOP(e, rows * rowUnits) {
-    const int64_t r = e / rowUnits, c = e - r * rowUnits;
-    const int64_t fullRow = r * parts + index;
-    if (toLocal)
-      to[r * rowUnits + c] = from[fullRow * rowUnits + c];
-    else
-      to[fullRow * rowUnits + c] = from[r * rowUnits + c];
-  }
-}
-
-template <class U>
-void copyRows(const SplitRows &g, int index, const char *from, char *to, bool toLocal) {
-  const int64_t rows = g.outer * g.groups, units = g.rowBytes / static_cast<int64_t>(sizeof(U));
-  copyRowsKernel<<<blocksFor(rows * units), kThreads, 0, stream()>>>(
-      reinterpret_cast<const U *>(from), reinterpret_cast<U *>(to), rows, units, g.parts, index,
-      toLocal);
-  checkLaunch("shard copy");
-}
-
-/// Copies piece `index` between the full layout (row (o * groups + g) *
-/// parts + index) and the local one (row o * groups + g), in the widest
-/// units that the addresses and the row length allow.
-void copyPiece(const SplitRows &g, int index, const char *from, char *to, bool toLocal) {
-  const int64_t rows = g.outer * g.groups;
-  if (rows == 0 || g.rowBytes == 0)
-    return;
-  if (rows == 1) {
-    const int64_t off = static_cast<int64_t>(index) * g.rowBytes;
-    CARVE_CUDA_CHECK(cudaMemcpyAsync(toLocal ? to : to + off, toLocal ? from + off : from,
-                                     static_cast<size_t>(g.rowBytes), cudaMemcpyDeviceToDevice,
-                                     stream()));
-    return;
-  }
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
-                         static_cast<uintptr_t>(g.rowBytes);
-  if (bits % 16 == 0)
-    copyRows<uint4>(g, index, from, to, toLocal);
-  else if (bits % 8 == 0)
-    copyRows<uint2>(g, index, from, to, toLocal);
-  else if (bits % 4 == 0)
-    copyRows<uint32_t>(g, index, from, to, toLocal);
-  else if (bits % 2 == 0)
-    copyRows<uint16_t>(g, index, from, to, toLocal);
-  else
-    copyRows<uint8_t>(g, index, from, to, toLocal);
-}
-
-//===--- Optimizer (optim.cpp, with its rounding spelled out) ---------------===//
-//
-// optim.cpp compiles with contraction off and explicit std::fma where
-// PyTorch's kernels fuse; the _rn intrinsics keep nvcc from contracting
-// anything else, so the updates are bit-identical to the CPU's.
-
-__global__ void sgdKernel(float *p, const float *g, float *buf, int64_t n, float wd, float mom,
-                          float keep, float negLr, bool decay, bool useMomentum, bool nesterov,
-                          bool firstStep) {
-  CARVE_GRID_LOOP(i, n) {
-    float d = decay ? __fmaf_rn(p[i], wd, g[i]) : g[i];
-    if (useMomentum) {
-      const float b = firstStep ? d : __fmaf_rn(d, keep, __fmul_rn(buf[i], mom));
-      buf[i] = b;
-      d = nesterov ? __fmaf_rn(b, mom, d) : b;
-    }
-    p[i] = __fmaf_rn(d, negLr, p[i]);
-  }
-}
-
-__global__ void adamwKernel(float *p, const float *g, float *m, float *v, int64_t n, float decay,
-                            float b1, float b2, float c1, float c2, float bc2Sqrt, float eps,
-                            float negStep) {
-  CARVE_GRID_LOOP(i, n) {
-    const float gi = g[i];
-    const float pi = __fmul_rn(p[i], decay);
-    const float mi = __fmaf_rn(gi, c1, __fmul_rn(m[i], b1));
-    const float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(c2, gi), gi));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2Sqrt), eps);
-    p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(negStep, mi), denom));
-    m[i] = mi;
-    v[i] = vi;
-  }
-}
-
-__global__ void addKernel(float *dst, const float *src, int64_t n) {
-  CARVE_GRID_LOOP(i, n) dst[i] = __fadd_rn(dst[i], src[i]);
-}
-
-__global__ void scaleKernel(float *g, int64_t n, float s) {
-  CARVE_GRID_LOOP(i, n) g[i] = __fmul_rn(g[i], s);
-}
-
-/// partial[block] = the block's sum of g^2 in double.
-__global__ void sumSquaresKernel(const float *g, int64_t n, double *partial) {
-  __shared__ double warpSums[kThreads / 32];
-  double acc = 0;
-  CARVE_GRID_LOOP(i, n) {
-    const double x = g[i];
-    acc += x * x;
-  }
-  acc = warpCombine(false, acc);
-  if ((threadIdx.x & 31) == 0)
-    warpSums[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0;
-    for (int w = 0; w < kThreads / 32; ++w)
-      s += warpSums[w];
-    partial[blockIdx.x] = s;
-  }
-}
-
-/// out = the sum of the n partials (one block); with Add, *out += it (the
-/// gradient norm's accumulators, in stream order).
-template <bool Add> __global__ void sumPartialsKernel(const double *partial, int n, double *out) {
-  __shared__ double warpSums[kThreads / 32];
-  double acc = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    acc += partial[i];
-  acc = warpCombine(false, acc);
-  if ((threadIdx.x & 31) == 0)
-    warpSums[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0;
-    for (int w = 0; w < kThreads / 32; ++w)
-      s += warpSums[w];
-    *out = Add ? *out + s : s;
-  }
-}
-
 } // namespace
 
 //===--- Elementwise -------------------------------------------------------===//
@@ -859,6 +510,16 @@ CARVE_CAST_TO(int32_t)
 CARVE_CAST_TO(uint8_t)
 #undef CARVE_CAST_TO
 
+#define CARVE_FILL_COPY(T)                                                                         \
+  template void fill<T>(T *, int64_t, T);                                                          \
+  template void copy<T>(const T *, T *, int64_t);
+CARVE_FILL_COPY(float)
+CARVE_FILL_COPY(double)
+CARVE_FILL_COPY(int64_t)
+CARVE_FILL_COPY(int32_t)
+CARVE_FILL_COPY(uint8_t)
+#undef CARVE_FILL_COPY
+
 //===--- Linear algebra ----------------------------------------------------===//
 
 void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB, float *y,
@@ -944,317 +605,6 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
   reduceGeneralKernel<<<blocksFor(outCount), kThreads, 0, stream()>>>(x, geom, outCount, isMax, div,
                                                                       y);
   checkLaunch("reduce");
-}
-
-//===--- Data movement -----------------------------------------------------===//
-
-template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
-  const Nest<1> n = transposeNest(xs, perm);
-  const int64_t total = xs.numel();
-  if (total == 0)
-    return;
-  if (n.rank == 0 || n.inner(0) == 1)
-    return gatherView("transpose", x, n, y, total);
-
-  // The last y dimension is strided in x: tiles between it and the y
-  // dimension that is contiguous in x.
-  const int last = n.rank - 1;
-  int kx = 0;
-  while (n.st[0][kx] != 1)
-    ++kx;
-  int64_t yst[kMaxRank];
-  yst[last] = 1;
-  for (int i = last - 1; i >= 0; --i)
-    yst[i] = yst[i + 1] * n.d[i + 1];
-  TileOuter g;
-  for (int i = 0; i < n.rank; ++i) {
-    if (i == kx || i == last)
-      continue;
-    g.od[g.no] = n.d[i];
-    g.xs[g.no] = n.st[0][i];
-    g.ys[g.no++] = yst[i];
-  }
-  const int64_t dk = n.d[kx], dl = n.d[last], xl = n.st[0][last], yk = yst[kx];
-  const int64_t tk = (dk + kTile - 1) / kTile, tl = (dl + kTile - 1) / kTile;
-  const int64_t tiles = total / (dk * dl) * tk * tl;
-  const int blocks = static_cast<int>(std::min<int64_t>(tiles, 65535 * 8));
-  transposeTilesKernel<<<blocks, dim3(kTile, kTileRows), 0, stream()>>>(x, y, g, dk, dl, xl, yk, tk,
-                                                                        tl, tiles);
-  checkLaunch("transpose");
-}
-
-template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys) {
-  int64_t base;
-  const Nest<1> n = sliceNest("slice", xs, starts, steps, ys, base);
-  const int64_t total = ys.numel();
-  if (total)
-    gatherView("slice", x + base, n, y, total);
-}
-
-template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs) {
-  int64_t base;
-  const Nest<1> n = sliceNest("slice_grad", xs, starts, steps, ys, base);
-  fill(dx, xs.numel(), T(0));
-  const int64_t total = ys.numel();
-  if (total == 0)
-    return;
-  scatterViewKernel<<<blocksFor(total), kThreads, 0, stream()>>>(dy, n, dx + base, total);
-  checkLaunch("slice_grad");
-}
-
-template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y) {
-  if (n < 1)
-    fatal("concat: no inputs");
-  const Dims &s0 = shapes[0];
-  axis = normAxis(axis, s0.rank, "concat");
-  const int64_t outer = prod(s0, 0, axis);
-  int64_t row = 0;
-  for (int i = 0; i < n; ++i) {
-    const Dims &s = shapes[i];
-    if (s.rank != s0.rank)
-      fatal("concat: input %d has rank %d, input 0 rank %d", i, s.rank, s0.rank);
-    for (int j = 0; j < s.rank; ++j)
-      if (j != axis && s.d[j] != s0.d[j])
-        fatal("concat: input %d has size %lld on axis %d, input 0 %lld", i, (long long)s.d[j], j,
-              (long long)s0.d[j]);
-    row += prod(s, axis, s.rank);
-  }
-  if (outer == 0 || row == 0)
-    return;
-  int64_t col = 0;
-  for (int i = 0; i < n; ++i) {
-    const int64_t len = prod(shapes[i], axis, shapes[i].rank);
-    if (len > 0) {
-      concatKernel<<<blocksFor(outer * len), kThreads, 0, stream()>>>(xs[i], y, outer, len, row,
-                                                                      col);
-      checkLaunch("concat");
-    }
-    col += len;
-  }
-}
-
-template <class T>
-void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y) {
-  axis = normAxis(axis, ts.rank, "gather");
-  const int64_t outer = prod(ts, 0, axis), size = ts.d[axis], inner = prod(ts, axis + 1, ts.rank);
-  const int64_t total = outer * is.numel() * inner;
-  if (total == 0)
-    return;
-  gatherKernel<<<blocksFor(total), kThreads, 0, stream()>>>(table, idx, y, is.numel(), size, inner,
-                                                            total, deviceError());
-  checkLaunch("gather");
-}
-
-template <class T>
-void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts) {
-  axis = normAxis(axis, ts.rank, "gather_grad");
-  const int64_t outer = prod(ts, 0, axis), size = ts.d[axis], inner = prod(ts, axis + 1, ts.rank);
-  const int64_t ni = is.numel();
-  fill(dtable, ts.numel(), T(0));
-  const int64_t total = outer * ni * inner;
-  if (total == 0)
-    return;
-  if constexpr (std::is_floating_point_v<T>) {
-    gatherGradAtomicKernel<<<blocksFor(total), kThreads, 0, stream()>>>(
-        dy, idx, dtable, ni, size, inner, total, deviceError());
-  } else {
-    gatherGradOwnedKernel<<<blocksFor(outer * inner), kThreads, 0, stream()>>>(
-        dy, idx, dtable, ni, size, inner, outer, deviceError());
-  }
-  checkLaunch("gather_grad");
-}
-
-template <class T> void expand(const T *x, Dims xs, T *y, Dims ys) {
-  const int64_t total = ys.numel();
-  if (total == 0)
-    return;
-  const Dims in[1] = {xs};
-  gatherView("expand", x, broadcastNest<1>("expand", in, ys), y, total);
-}
-
-#define CARVE_DATA_MOVEMENT(T)                                                                     \
-  template void fill<T>(T *, int64_t, T);                                                          \
-  template void copy<T>(const T *, T *, int64_t);                                                  \
-  template void transpose<T>(const T *, Dims, Dims, T *);                                          \
-  template void slice<T>(const T *, Dims, Dims, Dims, T *, Dims);                                  \
-  template void slice_grad<T>(const T *, Dims, Dims, Dims, T *, Dims);                             \
-  template void concat<T>(int, const T *const *, const Dims *, int, T *);                          \
-  template void gather<T>(const T *, Dims, const int64_t *, Dims, int, T *);                       \
-  template void gather_grad<T>(const T *, const int64_t *, Dims, int, T *, Dims);                  \
-  template void expand<T>(const T *, Dims, T *, Dims);
-CARVE_DATA_MOVEMENT(float)
-CARVE_DATA_MOVEMENT(double)
-CARVE_DATA_MOVEMENT(int64_t)
-CARVE_DATA_MOVEMENT(int32_t)
-CARVE_DATA_MOVEMENT(uint8_t)
-#undef CARVE_DATA_MOVEMENT
-
-//===--- Tensor parallelism ------------------------------------------------===//
-
-void takeShard(const void *full, Dims fullShape, Split s, int index, void *local, int elemBytes) {
-  const SplitRows g = splitRows("takeShard", fullShape, s, elemBytes);
-  checkSplitIndex("takeShard", s, index);
-  copyPiece(g, index, static_cast<const char *>(full), static_cast<char *>(local), true);
-}
-
-void placeShard(const void *local, Dims localShape, Split s, int index, void *full, int elemBytes) {
-  const SplitRows g = splitRows("placeShard", carve::rt::fullShape(localShape, s), s, elemBytes);
-  checkSplitIndex("placeShard", s, index);
-  copyPiece(g, index, static_cast<const char *>(local), static_cast<char *>(full), false);
-}
-
-void allGatherSplit(Communicator &c, const void *local, Dims localShape, Split s, void *full,
-                    CommType t) {
-  checkSplitParts("allGatherSplit", c, s);
-  const int es = commTypeBytes(t);
-  const Dims fs = carve::rt::fullShape(localShape, s);
-  const SplitRows g = splitRows("allGatherSplit", fs, s, es);
-  const int64_t n = localShape.numel();
-  if (g.outer * g.groups == 1) {
-    c.wait(c.allGatherAsync(local, full, n, t));
-    return;
-  }
-  char *gathered = static_cast<char *>(workspace(n * es * c.size(), kWsBasic0));
-  c.wait(c.allGatherAsync(local, gathered, n, t));
-  for (int r = 0; r < c.size(); ++r)
-    copyPiece(g, r, gathered + r * n * es, static_cast<char *>(full), false);
-}
-
-void reduceScatterSplit(Communicator &c, const void *full, Dims fullShape, Split s, void *local,
-                        CommType t, ReduceOp op) {
-  checkSplitParts("reduceScatterSplit", c, s);
-  const int es = commTypeBytes(t);
-  const SplitRows g = splitRows("reduceScatterSplit", fullShape, s, es);
-  const int64_t n = fullShape.numel() / s.parts;
-  const std::vector<int64_t> counts(static_cast<size_t>(c.size()), n);
-  if (g.outer * g.groups == 1) {
-    c.wait(c.reduceScatterAsync(full, local, counts.data(), t, op));
-    return;
-  }
-  char *packed = static_cast<char *>(workspace(n * es * c.size(), kWsBasic0));
-  for (int r = 0; r < c.size(); ++r)
-    copyPiece(g, r, static_cast<const char *>(full), packed + r * n * es, true);
-  c.wait(c.reduceScatterAsync(packed, local, counts.data(), t, op));
-}
-
-void allToAllSplit(Communicator &c, const void *in, Dims inLocalShape, Split from, Split to,
-                   void *out, CommType t) {
-  checkSplitParts("allToAllSplit", c, from);
-  checkSplitParts("allToAllSplit", c, to);
-  checkSplit("allToAllSplit", inLocalShape, to);
-  if (from.dim == to.dim)
-    fatal("allToAllSplit: from and to split the same dimension %d", from.dim);
-  // Splits of different dimensions commute: the block this rank sends to
-  // rank r is piece r (split `to`) of its input, and the block it receives
-  // from rank i is piece i (split `from`) of its output.
-  const int es = commTypeBytes(t);
-  const Dims outShape = carve::rt::shardShape(carve::rt::fullShape(inLocalShape, from), to);
-  const SplitRows send = splitRows("allToAllSplit", inLocalShape, to, es);
-  const SplitRows recv = splitRows("allToAllSplit", outShape, from, es);
-  const int64_t n = inLocalShape.numel() / c.size();
-  char *packed = static_cast<char *>(workspace(n * es * c.size(), kWsBasic0));
-  char *received = static_cast<char *>(workspace(n * es * c.size(), kWsBasic1));
-  for (int r = 0; r < c.size(); ++r)
-    copyPiece(send, r, static_cast<const char *>(in), packed + r * n * es, true);
-  c.wait(c.allToAllAsync(packed, received, n, t));
-  for (int r = 0; r < c.size(); ++r)
-    copyPiece(recv, r, received + r * n * es, static_cast<char *>(out), false);
-}
-
-void gather_sharded(const float *table, Dims ts, int64_t rowOffset, int64_t globalRows,
-                    const int64_t *idx, Dims is, float *y) {
-  checkShardRows("gather_sharded", ts, rowOffset, globalRows);
-  const int64_t rows = ts.d[0], inner = prod(ts, 1, ts.rank), total = is.numel() * inner;
-  if (total == 0)
-    return;
-  gatherShardedKernel<<<blocksFor(total), kThreads, 0, stream()>>>(
-      table, idx, y, rows, rowOffset, globalRows, inner, total, deviceError());
-  checkLaunch("gather_sharded");
-}
-
-void gather_sharded_grad(const float *dy, const int64_t *idx, Dims is, int64_t rowOffset,
-                         int64_t globalRows, float *dtable, Dims ts) {
-  checkShardRows("gather_sharded_grad", ts, rowOffset, globalRows);
-  const int64_t rows = ts.d[0], inner = prod(ts, 1, ts.rank), total = is.numel() * inner;
-  fill(dtable, ts.numel(), 0.0f);
-  if (total == 0)
-    return;
-  gatherShardedGradKernel<<<blocksFor(total), kThreads, 0, stream()>>>(
-      dy, idx, dtable, rows, rowOffset, globalRows, inner, total, deviceError());
-  checkLaunch("gather_sharded_grad");
-}
-
-//===--- Optimizer ---------------------------------------------------------===//
-
-void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
-               double dampening, double weightDecay, bool nesterov, bool firstStep) {
-  if (n <= 0)
-    return;
-  sgdKernel<<<blocksFor(n), kThreads, 0, stream()>>>(
-      p, g, buf, n, static_cast<float>(weightDecay), static_cast<float>(momentum),
-      static_cast<float>(1.0 - dampening), static_cast<float>(-lr), weightDecay != 0, momentum != 0,
-      nesterov, firstStep);
-  checkLaunch("sgdUpdate");
-}
-
-void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
-                 double beta2, double eps, double weightDecay, int64_t step) {
-  if (n <= 0)
-    return;
-  // The scalar coefficients of the CPU update (optim.h).
-  const carve::rt::AdamwCoefficients k =
-      carve::rt::adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
-  adamwKernel<<<blocksFor(n), kThreads, 0, stream()>>>(p, g, m, v, n, k.decay, k.b1, k.b2, k.c1,
-                                                       k.c2, k.bc2Sqrt, k.eps, k.negStep);
-  checkLaunch("adamwUpdate");
-}
-
-double sumSquares(const float *g, int64_t n) {
-  if (n <= 0)
-    return 0;
-  constexpr int kMaxPartials = 1024;
-  const int blocks = std::min(blocksFor(n), kMaxPartials);
-  double *partial =
-      static_cast<double *>(workspace(sizeof(double) * (kMaxPartials + 1), kWsBasic2));
-  sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
-  checkLaunch("sumSquares");
-  sumPartialsKernel<false><<<1, kThreads, 0, stream()>>>(partial, blocks, partial + kMaxPartials);
-  checkLaunch("sumSquares");
-  return readScalar(partial + kMaxPartials);
-}
-
-double *normAccumulators() {
-  double *acc = static_cast<double *>(workspace(2 * sizeof(double), kWsNorm));
-  CARVE_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(double), stream()));
-  return acc;
-}
-
-void sumSquaresAdd(const float *g, int64_t n, double *acc) {
-  if (n <= 0)
-    return;
-  // The partials' slot is reused by the next call only after this call's
-  // kernels have run: one stream orders them.
-  constexpr int kMaxPartials = 1024;
-  const int blocks = std::min(blocksFor(n), kMaxPartials);
-  double *partial = static_cast<double *>(workspace(sizeof(double) * kMaxPartials, kWsBasic2));
-  sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
-  checkLaunch("sumSquaresAdd");
-  sumPartialsKernel<true><<<1, kThreads, 0, stream()>>>(partial, blocks, acc);
-  checkLaunch("sumSquaresAdd");
-}
-
-void addInPlace(float *dst, const float *src, int64_t n) {
-  if (n <= 0)
-    return;
-  addKernel<<<blocksFor(n), kThreads, 0, stream()>>>(dst, src, n);
-  checkLaunch("addInPlace");
-}
-
-void scaleInPlace(float *g, int64_t n, float s) {
-  if (n <= 0)
-    return;
-  scaleKernel<<<blocksFor(n), kThreads, 0, stream()>>>(g, n, s);
-  checkLaunch("scaleInPlace");
 }
 
 } // namespace carve::gpu

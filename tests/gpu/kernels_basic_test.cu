@@ -1,8 +1,8 @@
-//===- kernels_basic_test.cu - kernels_basic.cu against the CPU kernels ---===//
+//===- kernels_basic_test.cu - kernels_basic/data/optim.cu vs the CPU -----===//
 //
-// Every function of runtime/cuda/kernels_basic.cu on random inputs (odd
-// sizes, broadcast shapes, ranks 0 to 4, transposes, batched and broadcast
-// GEMMs, empty tensors) against the CPU kernels: the float64 instantiations
+// Every function of runtime/cuda/kernels_basic.cu, kernels_data.cu and
+// kernels_optim.cu on random inputs (odd sizes, broadcast shapes, ranks 0
+// to 4, transposes, batched and broadcast GEMMs, empty tensors) against the CPU kernels: the float64 instantiations
 // where the GPU rounds differently, the float ones where it must match bit
 // for bit (data movement, casts, optimizer updates, bf16/fp16 GEMM inputs).
 // Tolerances are stated at each check with the reason. The last checks make

@@ -1,6 +1,7 @@
-//===- kernels_fused_test.cu - kernels_fused.cu against the CPU kernels ---===//
+//===- kernels_fused_test.cu - fused, loss and attention kernels vs the CPU ===//
 //
-// Every function of runtime/cuda/kernels_fused.cu on random inputs against
+// Every function of runtime/cuda/kernels_fused.cu, kernels_loss.cu and
+// kernels_attention.cu on random inputs against
 // the CPU kernels' float64 instantiations: softmax along every axis kind,
 // layer and RMS norm with and without scale and bias, attention with and
 // without causality and masks (Tq != Tk both ways, D = 64 and odd D, D past

@@ -3,7 +3,7 @@
 // The one definition of every elementwise function (unary, its gradient,
 // binary) and of the broadcast loop nests, shared by
 //  - the CPU kernels (runtime/src/kernels_*.cpp),
-//  - the CUDA kernels (runtime/cuda/kernels_basic.cu),
+//  - the CUDA kernels (runtime/cuda/kernels_basic.cu, kernels_data.cu),
 //  - the fused elementwise kernels that generated programs define (fused.h
 //    and gpu_fused.cuh): a chain such as bias-add + GELU runs as one pass over
 //    memory, calling these same functions, so a fused CPU program computes

@@ -73,8 +73,8 @@ using carve::rt::fullShape;
 /// The stream every kernel below runs on (the current device's; created by
 /// `openDevice`). An opaque cudaStream_t.
 void *computeStream();
-/// The stream collectives run on (comm_nccl.cpp orders it against the compute
-/// stream with events).
+/// The stream collectives run on (comm_nccl_collectives.cpp orders it against
+/// the compute stream with events).
 void *commStream();
 /// Waits for everything enqueued on this device.
 void synchronize();

@@ -1,0 +1,175 @@
+//===- kernels_optim.cu - optimizer updates and the gradient norm ---------===//
+//
+// The gpu.h functions of the optimizer step: the SGD and AdamW updates, the
+// sum of squares behind the gradient norm (to the host, or accumulated on the
+// device in stream order), and the in-place add and scale of gradient
+// buffers. They mirror runtime/src/optim.cpp; the updates are bit-identical
+// to the CPU's.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kernel_util.cuh"
+
+#include <algorithm>
+
+namespace carve::gpu {
+namespace {
+
+//===--- Optimizer (optim.cpp, with its rounding spelled out) ---------------===//
+//
+// optim.cpp compiles with contraction off and explicit std::fma where
+// PyTorch's kernels fuse; the _rn intrinsics keep nvcc from contracting
+// anything else, so the updates are bit-identical to the CPU's.
+
+__global__ void sgdKernel(float *p, const float *g, float *buf, int64_t n, float wd, float mom,
+                          float keep, float negLr, bool decay, bool useMomentum, bool nesterov,
+                          bool firstStep) {
+  CARVE_GRID_LOOP(i, n) {
+    float d = decay ? __fmaf_rn(p[i], wd, g[i]) : g[i];
+    if (useMomentum) {
+      const float b = firstStep ? d : __fmaf_rn(d, keep, __fmul_rn(buf[i], mom));
+      buf[i] = b;
+      d = nesterov ? __fmaf_rn(b, mom, d) : b;
+    }
+    p[i] = __fmaf_rn(d, negLr, p[i]);
+  }
+}
+
+__global__ void adamwKernel(float *p, const float *g, float *m, float *v, int64_t n, float decay,
+                            float b1, float b2, float c1, float c2, float bc2Sqrt, float eps,
+                            float negStep) {
+  CARVE_GRID_LOOP(i, n) {
+    const float gi = g[i];
+    const float pi = __fmul_rn(p[i], decay);
+    const float mi = __fmaf_rn(gi, c1, __fmul_rn(m[i], b1));
+    const float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(c2, gi), gi));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2Sqrt), eps);
+    p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(negStep, mi), denom));
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+__global__ void addKernel(float *dst, const float *src, int64_t n) {
+  CARVE_GRID_LOOP(i, n) dst[i] = __fadd_rn(dst[i], src[i]);
+}
+
+__global__ void scaleKernel(float *g, int64_t n, float s) {
+  CARVE_GRID_LOOP(i, n) g[i] = __fmul_rn(g[i], s);
+}
+
+/// partial[block] = the block's sum of g^2 in double.
+__global__ void sumSquaresKernel(const float *g, int64_t n, double *partial) {
+  __shared__ double warpSums[kThreads / 32];
+  double acc = 0;
+  CARVE_GRID_LOOP(i, n) {
+    const double x = g[i];
+    acc += x * x;
+  }
+  acc = warpCombine(false, acc);
+  if ((threadIdx.x & 31) == 0)
+    warpSums[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < kThreads / 32; ++w)
+      s += warpSums[w];
+    partial[blockIdx.x] = s;
+  }
+}
+
+/// out = the sum of the n partials (one block); with Add, *out += it (the
+/// gradient norm's accumulators, in stream order).
+template <bool Add> __global__ void sumPartialsKernel(const double *partial, int n, double *out) {
+  __shared__ double warpSums[kThreads / 32];
+  double acc = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    acc += partial[i];
+  acc = warpCombine(false, acc);
+  if ((threadIdx.x & 31) == 0)
+    warpSums[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < kThreads / 32; ++w)
+      s += warpSums[w];
+    *out = Add ? *out + s : s;
+  }
+}
+
+} // namespace
+
+//===--- Optimizer ---------------------------------------------------------===//
+
+void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
+               double dampening, double weightDecay, bool nesterov, bool firstStep) {
+  if (n <= 0)
+    return;
+  sgdKernel<<<blocksFor(n), kThreads, 0, stream()>>>(
+      p, g, buf, n, static_cast<float>(weightDecay), static_cast<float>(momentum),
+      static_cast<float>(1.0 - dampening), static_cast<float>(-lr), weightDecay != 0, momentum != 0,
+      nesterov, firstStep);
+  checkLaunch("sgdUpdate");
+}
+
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step) {
+  if (n <= 0)
+    return;
+  // The scalar coefficients of the CPU update (optim.h).
+  const carve::rt::AdamwCoefficients k =
+      carve::rt::adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
+  adamwKernel<<<blocksFor(n), kThreads, 0, stream()>>>(p, g, m, v, n, k.decay, k.b1, k.b2, k.c1,
+                                                       k.c2, k.bc2Sqrt, k.eps, k.negStep);
+  checkLaunch("adamwUpdate");
+}
+
+double sumSquares(const float *g, int64_t n) {
+  if (n <= 0)
+    return 0;
+  constexpr int kMaxPartials = 1024;
+  const int blocks = std::min(blocksFor(n), kMaxPartials);
+  double *partial =
+      static_cast<double *>(workspace(sizeof(double) * (kMaxPartials + 1), kWsBasic2));
+  sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
+  checkLaunch("sumSquares");
+  sumPartialsKernel<false><<<1, kThreads, 0, stream()>>>(partial, blocks, partial + kMaxPartials);
+  checkLaunch("sumSquares");
+  return readScalar(partial + kMaxPartials);
+}
+
+double *normAccumulators() {
+  double *acc = static_cast<double *>(workspace(2 * sizeof(double), kWsNorm));
+  CARVE_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(double), stream()));
+  return acc;
+}
+
+void sumSquaresAdd(const float *g, int64_t n, double *acc) {
+  if (n <= 0)
+    return;
+  // The partials' slot is reused by the next call only after this call's
+  // kernels have run: one stream orders them.
+  constexpr int kMaxPartials = 1024;
+  const int blocks = std::min(blocksFor(n), kMaxPartials);
+  double *partial = static_cast<double *>(workspace(sizeof(double) * kMaxPartials, kWsBasic2));
+  sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
+  checkLaunch("sumSquaresAdd");
+  sumPartialsKernel<true><<<1, kThreads, 0, stream()>>>(partial, blocks, acc);
+  checkLaunch("sumSquaresAdd");
+}
+
+void addInPlace(float *dst, const float *src, int64_t n) {
+  if (n <= 0)
+    return;
+  addKernel<<<blocksFor(n), kThreads, 0, stream()>>>(dst, src, n);
+  checkLaunch("addInPlace");
+}
+
+void scaleInPlace(float *g, int64_t n, float s) {
+  if (n <= 0)
+    return;
+  scaleKernel<<<blocksFor(n), kThreads, 0, stream()>>>(g, n, s);
+  checkLaunch("scaleInPlace");
+}
+
+} // namespace carve::gpu
