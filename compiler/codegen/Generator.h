@@ -10,7 +10,7 @@
 //   MemoryPlan.cpp      buffers, live ranges, the arena's persistent regions
 //   EmitOps.cpp         one runtime call per op (kernels, collectives, custom)
 //   Target.cpp          what differs between the cpu and cuda targets
-//   Optimizer.cpp       the step's tail: norm, clipping, unscaling, updates
+//   Optimizer.cpp       the step's tail as carve-optimizer's ops say it
 //   Tables.cpp          the runtime's tensor tables and the Program record
 //   Step.cpp            the whole-step program (generateCpuProgram)
 //   PipelineStage.cpp   one pipeline chunk's forward and backward

@@ -1,10 +1,11 @@
 //===- Optimizer.cpp - the step's tail: norm, clipping, updates -----------===//
 //
-// After backward: the gradients' norm (tp-split and ZeRO-chunked terms summed
-// over their axes), clipping, fp16's loss-scale removal, the scheduled
-// learning rate and every parameter's AdamW or SGD update (ZeRO: this rank's
-// chunk, then the gathers of ZeRO-1 and 2). Both the whole step and the
-// pipeline program end with these.
+// Prints the ops carve-optimizer appended after backward (readStepTail reads
+// and checks them): fp16's loss-scale removal, the gradients' norm
+// (tp-split and ZeRO-chunked terms summed over their axes), clipping, the
+// scheduled learning rate and every parameter's AdamW or SGD update (ZeRO:
+// this rank's chunk, then the gathers of ZeRO-1 and 2). Both the whole step
+// and the pipeline program end with these.
 //
 //===----------------------------------------------------------------------===//
 

@@ -165,18 +165,28 @@ def collective_counts(mlir_path):
             for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_split")}
 
 
+# The optimizer's tail ops (carve-optimizer) that read a returned gradient.
+TAIL_OPS = re.compile(r"^\s*(%[\w]+ = )?carve\.(unscale_gradients|grad_norm|scale_gradients|adamw|"
+                      r"sgd) ")
+
+
 def activation_all_reduces(mlir_path):
-    """All-reduce results used by anything but the return (parameter gradients)."""
+    """All-reduce results used by anything but the return and the optimizer's
+    tail (parameter gradients)."""
     text = open(mlir_path).read()
     body = text[text.index("func.func @train_step"):]
     ret = re.search(r"\n\s*return ([^:]*):", body).group(1)
     returned = set(re.findall(r"%[\w]+", ret))
+    lines = body.split("\n")
     bad = []
     for m in re.finditer(r"(%[\w]+) = dist\.all_reduce ", body):
         name = m.group(1)
-        uses = re.findall(re.escape(name) + r"(?![\w])", body)
-        # one definition; every other mention must be the return's
-        if name not in returned or len(uses) != 2:
+        mention = re.compile(re.escape(name) + r"(?![\w])")
+        users = [l for l in lines if mention.search(l)]
+        # one definition and the return; every other mention is the tail's
+        others = [l for l in users if not l.lstrip().startswith(name + " = dist.all_reduce")
+                  and not l.lstrip().startswith("return ") and not TAIL_OPS.match(l)]
+        if name not in returned or others:
             bad.append(name)
     return bad
 
