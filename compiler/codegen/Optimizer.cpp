@@ -11,7 +11,6 @@
 
 #include "compiler/codegen/Generator.h"
 
-
 using namespace mlir;
 
 namespace carve {
@@ -108,8 +107,9 @@ bool Generator::readStepTail() {
   };
   if (tail.unscale != (opts.precision == "fp16" && !grads.empty()) ||
       (tail.unscale && !everyGradient(tail.unscaled)))
-    return fail(where + "carve.unscale_gradients must divide every gradient by the loss scale "
-                        "under fp16 and is not used otherwise (precision " +
+    return fail(where +
+                "carve.unscale_gradients must divide every gradient by the loss scale "
+                "under fp16 and is not used otherwise (precision " +
                 opts.precision + ")");
   if ((tail.maxNorm > 0) != (opts.optimizer.clipGradNorm > 0) ||
       (tail.maxNorm > 0 && !everyGradient(tail.clipped)))
@@ -120,8 +120,8 @@ bool Generator::readStepTail() {
       want.insert(g.param);
   if (want != got)
     return fail(where + "carve.zero_gather gathers " + std::to_string(got.size()) +
-                " parameter(s); ZeRO-" + std::to_string(zero) + " over dp = " +
-                std::to_string(opts.dp) + " needs " + std::to_string(want.size()) +
+                " parameter(s); ZeRO-" + std::to_string(zero) +
+                " over dp = " + std::to_string(opts.dp) + " needs " + std::to_string(want.size()) +
                 " (every updated parameter's chunks)");
   return true;
 }

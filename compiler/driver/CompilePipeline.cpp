@@ -8,6 +8,7 @@
 #include "compiler/memory/MemoryPlan.h"
 #include "compiler/optimizer/Optimizer.h"
 #include "compiler/partition/Passes.h"
+#include "compiler/recompute/Recompute.h"
 #include "compiler/stages/Passes.h"
 
 namespace carve {
@@ -30,6 +31,8 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   if (fuse)
     pm.addPass(createCarveFuseElementwise());
   pm.addPass(createCarveFoldTransposes());
+  if (plan.recompute != "none")
+    pm.addPass(createCarveRecompute());
   pm.addPass(createCarveDataParallel());
   pm.addPass(createCarvePlanMemory());
   pm.addPass(createCarveOptimizer(optimizer));
@@ -45,6 +48,8 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
   if (fuse)
     passes.push_back("carve-fuse-elementwise");
   passes.push_back("carve-fold-transposes");
+  if (plan.recompute != "none")
+    passes.push_back("carve-recompute");
   passes.push_back("carve-data-parallel");
   passes.push_back("carve-plan-memory");
   passes.push_back("carve-optimizer");

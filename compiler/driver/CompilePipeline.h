@@ -11,6 +11,7 @@
 //   carve-fuse-elementwise  elementwise chains grouped into fused kernels
 //                           (unless --no-fuse)
 //   carve-fold-transposes   transposes folded into their matmuls' flags
+//   carve-recompute         forward ops run again in backward (recompute)
 //   carve-data-parallel     gradient order, buckets, ZeRO chunks and gathers
 //   carve-plan-memory       the arena: persistent tensors, activation offsets
 //   carve-optimizer         the step's tail as ops: unscaling, the norm,

@@ -138,8 +138,8 @@ struct OptimizerPass : carve::impl::CarveOptimizerBase<OptimizerPass> {
     for (Operation &op : block)
       if (isOptimizerOp(&op))
         return op.emitError("carve-optimizer: @")
-               << fn.getSymName() << " already ends with an optimizer update ('"
-               << op.getName() << "')";
+               << fn.getSymName() << " already ends with an optimizer update ('" << op.getName()
+               << "')";
     std::vector<GradientSlot> slots;
     std::string error;
     if (!readGradients(fn, slots, error))
@@ -166,33 +166,32 @@ struct OptimizerPass : carve::impl::CarveOptimizerBase<OptimizerPass> {
       split.push_back(tpSplitArg(fn, slots[i].param));
     }
     if (plan.precision == "fp16" && !grads.empty())
-      b.create<UnscaleGradientsOp>(loc, grads, b.getDenseI64ArrayAttr(all));
-    Value norm = b.create<GradNormOp>(loc, b.getF64Type(), countedGrads,
-                                      b.getDenseI64ArrayAttr(counted),
-                                      b.getDenseBoolArrayAttr(split));
+      UnscaleGradientsOp::create(b, loc, grads, b.getDenseI64ArrayAttr(all));
+    Value norm =
+        GradNormOp::create(b, loc, b.getF64Type(), countedGrads, b.getDenseI64ArrayAttr(counted),
+                           b.getDenseBoolArrayAttr(split));
     if (c.clipGradNorm > 0) {
-      Value clip = b.create<ClipCoefficientOp>(loc, b.getF32Type(), norm,
-                                               b.getF64FloatAttr(c.clipGradNorm));
+      Value clip = ClipCoefficientOp::create(b, loc, b.getF32Type(), norm,
+                                             b.getF64FloatAttr(c.clipGradNorm));
       if (!grads.empty())
-        b.create<ScaleGradientsOp>(loc, clip, grads, b.getDenseI64ArrayAttr(all));
+        ScaleGradientsOp::create(b, loc, clip, grads, b.getDenseI64ArrayAttr(all));
     }
-    Value lr = b.create<LearningRateOp>(loc, b.getF64Type(), b.getF64FloatAttr(c.lr),
-                                        b.getI64IntegerAttr(c.warmupSteps),
-                                        b.getI64IntegerAttr(c.decaySteps),
-                                        b.getF64FloatAttr(c.minLrRatio));
+    Value lr = LearningRateOp::create(
+        b, loc, b.getF64Type(), b.getF64FloatAttr(c.lr), b.getI64IntegerAttr(c.warmupSteps),
+        b.getI64IntegerAttr(c.decaySteps), b.getF64FloatAttr(c.minLrRatio));
     const double wd = c.effectiveWeightDecay();
     SmallVector<Value> chunked;
     for (size_t i = 0; i < slots.size(); ++i) {
       Value p = fn.getArgument(slots[i].param);
       Operation *u;
       if (c.kind == "adamw")
-        u = b.create<AdamWOp>(loc, p, grads[i], lr, b.getF64FloatAttr(c.beta1),
-                              b.getF64FloatAttr(c.beta2), b.getF64FloatAttr(c.eps),
-                              b.getF64FloatAttr(wd));
+        u = AdamWOp::create(b, loc, p, grads[i], lr, b.getF64FloatAttr(c.beta1),
+                            b.getF64FloatAttr(c.beta2), b.getF64FloatAttr(c.eps),
+                            b.getF64FloatAttr(wd));
       else
-        u = b.create<SGDOp>(loc, p, grads[i], lr, b.getF64FloatAttr(c.momentum),
-                            b.getF64FloatAttr(c.dampening), b.getF64FloatAttr(wd),
-                            b.getBoolAttr(c.nesterov));
+        u = SGDOp::create(b, loc, p, grads[i], lr, b.getF64FloatAttr(c.momentum),
+                          b.getF64FloatAttr(c.dampening), b.getF64FloatAttr(wd),
+                          b.getBoolAttr(c.nesterov));
       if (failed(mlir::verify(u)))
         return failure();
       ++numUpdates;
@@ -200,7 +199,7 @@ struct OptimizerPass : carve::impl::CarveOptimizerBase<OptimizerPass> {
         chunked.push_back(p);
     }
     if (!chunked.empty())
-      b.create<ZeroGatherOp>(loc, chunked);
+      ZeroGatherOp::create(b, loc, chunked);
     return success();
   }
 };
@@ -233,9 +232,8 @@ bool checkSlots(Operation *op, ArrayRef<int64_t> slots, unsigned first,
   for (size_t k = 0; k < slots.size(); ++k) {
     if (slots[k] >= (int64_t)order.size() ||
         op->getOperand(first + k) != ret->getOperand(order[slots[k]].result)) {
-      error = "'" + op->getName().getStringRef().str() + "' operand " +
-              std::to_string(first + k) + " is not the gradient of slot " +
-              std::to_string(slots[k]) + " of carve.gradients";
+      error = "'" + op->getName().getStringRef().str() + "' operand " + std::to_string(first + k) +
+              " is not the gradient of slot " + std::to_string(slots[k]) + " of carve.gradients";
       return false;
     }
   }
@@ -332,9 +330,9 @@ bool readOptimizer(ModuleOp module, OptimizerConfig &config, std::string &error)
       c.beta2 = a.getBeta2().convertToDouble();
       c.eps = a.getEps().convertToDouble();
       c.weightDecay = a.getWeightDecay().convertToDouble();
-      if (haveUpdate && (c.kind != config.kind || c.beta1 != config.beta1 ||
-                         c.beta2 != config.beta2 || c.eps != config.eps ||
-                         c.weightDecay != config.weightDecay))
+      if (haveUpdate &&
+          (c.kind != config.kind || c.beta1 != config.beta1 || c.beta2 != config.beta2 ||
+           c.eps != config.eps || c.weightDecay != config.weightDecay))
         ok = false;
       haveUpdate = true;
     } else if (auto s = dyn_cast<SGDOp>(op)) {

@@ -52,14 +52,14 @@ bool isOptimizerOp(mlir::Operation *op);
 /// One function's tail as the emitter needs it. Gradients are named by
 /// their index in the function's carve.gradients, parameters by argument.
 struct OptimizerTail {
-  bool unscale = false;                     // carve.unscale_gradients present
-  std::vector<int64_t> unscaled;            // its slots
-  std::vector<int64_t> normSlots;           // carve.grad_norm's gradients
-  std::vector<bool> normSplit;              // ... and whether each is split over tp
-  double maxNorm = 0;                       // carve.clip_coefficient (0: none)
-  std::vector<int64_t> clipped;             // carve.scale_gradients' slots
-  std::vector<int64_t> updated;             // the slot of each update, in order
-  std::vector<unsigned> gathered;           // carve.zero_gather's parameters
+  bool unscale = false;           // carve.unscale_gradients present
+  std::vector<int64_t> unscaled;  // its slots
+  std::vector<int64_t> normSlots; // carve.grad_norm's gradients
+  std::vector<bool> normSplit;    // ... and whether each is split over tp
+  double maxNorm = 0;             // carve.clip_coefficient (0: none)
+  std::vector<int64_t> clipped;   // carve.scale_gradients' slots
+  std::vector<int64_t> updated;   // the slot of each update, in order
+  std::vector<unsigned> gathered; // carve.zero_gather's parameters
 };
 
 /// Reads `fn`'s tail and checks it against carve.gradients: each operand is

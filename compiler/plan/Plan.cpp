@@ -18,9 +18,7 @@ struct Reserved {
 };
 
 const std::vector<Reserved> &reserved() {
-  static const std::vector<Reserved> r = {
-      {"recompute", "none", "recomputation"},
-  };
+  static const std::vector<Reserved> r = {};
   return r;
 }
 
@@ -134,7 +132,7 @@ bool parseReservedField(const std::string &key, const json &v, const std::string
     std::string names =
         "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
         "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
-        "predicted, planner";
+        "recompute, predicted, planner";
     for (const Reserved &r : reserved())
       names += std::string(", ") + r.name;
     error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
@@ -240,6 +238,26 @@ bool parseField(const std::string &key, const json &v, const std::string &what, 
   }
   if (key == "cuts") {
     return parseCuts(v, what, plan, error);
+  }
+  if (key == "recompute") {
+    // "none", "selective", "full", or layer globs for full on those layers.
+    if (v.is_string() && (v == "none" || v == "selective" || v == "full")) {
+      plan.recompute = v.get<std::string>();
+      return true;
+    }
+    if (v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), [](const json &e) {
+          return e.is_string() && !e.get<std::string>().empty();
+        })) {
+      plan.recompute = "full";
+      for (const json &e : v)
+        plan.recomputeLayers.push_back(e.get<std::string>());
+      return true;
+    }
+    error = what +
+            ": \"recompute\" must be \"none\", \"selective\", \"full\" or a list of "
+            "layer globs (full recomputation of those layers, e.g. [\"h.*\"]), got " +
+            v.dump();
+    return false;
   }
   if (key == "sequence_parallel") {
     if (!v.is_boolean()) {

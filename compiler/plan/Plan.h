@@ -3,9 +3,10 @@
 // A plan is a JSON object (docs/plan.md). This version carries out data,
 // tensor and pipeline parallelism (`dp`, `tp`, `sequence_parallel`, `ops`,
 // `pp`, `num_micro_batches`, `micro_batch_size`, `schedule`, `virtual_stages`,
-// `cuts`), ZeRO (`zero`), `precision` and the optimizer settings; `recompute`
-// is reserved and refused with a clear message until it is implemented, so a
-// plan written for a later version never silently means something else.
+// `cuts`), ZeRO (`zero`), `precision`, activation recomputation (`recompute`)
+// and the optimizer settings. An unknown field is refused with a clear
+// message, so a plan written for a later version never silently means
+// something else.
 //
 //===----------------------------------------------------------------------===//
 
@@ -35,6 +36,10 @@ struct Plan {
   /// (fp32 master weights, optimizer state and accumulation either way; fp16
   /// adds dynamic loss scaling). The CPU target emulates the rounding.
   std::string precision = "fp32";
+  /// "none", "selective" or "full"; recomputeLayers (the plan's list form):
+  /// full recomputation of the layers those globs name only.
+  std::string recompute = "none";
+  std::vector<std::string> recomputeLayers;
   /// Pipeline cut points: op-name globs, one per stage boundary, in model order.
   std::vector<std::string> cuts;
   /// The "ops" overrides in file order: op-name glob, dimension ("replicate").

@@ -28,6 +28,8 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.schedule = schedule;
     plan.precision = precision;
     plan.optimizerState = optimizerState;
+    plan.recompute = recompute;
+    plan.recomputeLayers.assign(recomputeLayers.begin(), recomputeLayers.end());
     plan.cuts.assign(cuts.begin(), cuts.end());
     for (const std::string &e : ops) {
       size_t eq = e.rfind('=');

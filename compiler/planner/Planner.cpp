@@ -830,20 +830,11 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
       return res;
     }
   }
-  if (opts.compilableOnly) {
-    if (fixedStr("recompute", "none") != "none") {
-      res.contradiction = "recompute " + fixedStr("recompute", "") +
-                          " is fixed, but carve compile does not recompute yet";
-      return res;
-    }
-  }
 
   const std::string precision =
       fixedStr("precision", cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
   const int maxTp = std::min(N, cl.devicesPerNode);
   std::vector<std::string> recomputes = {"none", "selective", "full"};
-  if (opts.compilableOnly)
-    recomputes = {"none"};
   bool hasAttention = false;
   for (const Segment &s : base.layers)
     hasAttention |= s.core > 0;

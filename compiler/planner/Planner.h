@@ -113,9 +113,6 @@ struct PlannerOptions {
   int64_t globalBatch = 0; // samples per step
   Calibration calibration;
   Constraints constraints;
-  /// Only what `carve compile --target cpu` carries out today: fp32, no
-  /// recomputation (the planner marks other plans as needing the CUDA target).
-  bool compilableOnly = false;
   int alternatives = 5;
   /// Price bf16/fp16 plans with the published mixed-precision layout instead
   /// of what carve's programs store (storageFor); for tests of the counting.

@@ -59,6 +59,12 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   if (plan.globalBatch > 0)
     i64("global_batch", plan.globalBatch);
   i64("optimizer_state", plan.optimizerState);
+  if (plan.recompute != "none")
+    fields.push_back(b.getNamedAttr("recompute", b.getStringAttr(plan.recompute)));
+  if (!plan.recomputeLayers.empty()) {
+    SmallVector<StringRef> layers(plan.recomputeLayers.begin(), plan.recomputeLayers.end());
+    fields.push_back(b.getNamedAttr("recompute_layers", b.getStrArrayAttr(layers)));
+  }
   if (!plan.cuts.empty()) {
     SmallVector<StringRef> cuts(plan.cuts.begin(), plan.cuts.end());
     fields.push_back(b.getNamedAttr("cuts", b.getStrArrayAttr(cuts)));
@@ -121,12 +127,18 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       if (!s)
         return bad(name, "a string");
       (name == "schedule" ? plan.schedule : plan.precision) = s.getValue().str();
-    } else if (name == "cuts") {
+    } else if (name == "recompute") {
+      auto s = dyn_cast<StringAttr>(v);
+      if (!s || !llvm::is_contained({"none", "selective", "full"}, s.getValue()))
+        return bad(name, "\"none\", \"selective\" or \"full\"");
+      plan.recompute = s.getValue().str();
+    } else if (name == "cuts" || name == "recompute_layers") {
       auto a = dyn_cast<ArrayAttr>(v);
       if (!a || !llvm::all_of(a, [](Attribute e) { return isa<StringAttr>(e); }))
         return bad(name, "an array of strings");
       for (Attribute e : a)
-        plan.cuts.push_back(cast<StringAttr>(e).getValue().str());
+        (name == "cuts" ? plan.cuts : plan.recomputeLayers)
+            .push_back(cast<StringAttr>(e).getValue().str());
     } else if (name == "ops") {
       auto a = dyn_cast<ArrayAttr>(v);
       if (!a)
@@ -142,6 +154,9 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       return module.emitError() << "'" << kPlanAttr << "' has an unknown field '" << name << "'";
     }
   }
+  if (!plan.recomputeLayers.empty() && plan.recompute != "full")
+    return module.emitError() << "'" << kPlanAttr
+                              << "' field 'recompute_layers' needs recompute = \"full\"";
   return plan;
 }
 

@@ -82,6 +82,8 @@ constexpr const char *kLossAttr = "carve.loss";
 constexpr const char *kSharedGradAttr = "carve.shared_grad";
 /// On the receives that open a stage's backward part: "backward".
 constexpr const char *kPhaseAttr = "carve.phase";
+/// On an op carve-recompute cloned into backward (unit).
+constexpr const char *kRecomputedAttr = "carve.recomputed";
 /// On dist.recv / dist.send: the stage at the other end.
 constexpr const char *kFromStageAttr = "carve.from_stage";
 constexpr const char *kToStageAttr = "carve.to_stage";
@@ -182,6 +184,10 @@ struct PlanAttrs {
   /// (or its ZeRO chunk): AdamW 2 (exp_avg, exp_avg_sq), SGD with momentum
   /// 1, plain SGD 0.
   int64_t optimizerState = 2;
+  /// Activation recomputation: "none", "selective" or "full"; with
+  /// recomputeLayers, full on the layers those globs name only.
+  std::string recompute = "none";
+  std::vector<std::string> recomputeLayers;
   /// Pipeline cut points: op-name globs, one per stage boundary.
   std::vector<std::string> cuts;
   /// The "ops" overrides in file order: op-name glob, dimension ("replicate").

@@ -23,9 +23,9 @@ namespace {
 
 LogicalResult verifySlots(Operation *op, ArrayRef<int64_t> slots) {
   if (slots.size() != op->getNumOperands() - (isa<ScaleGradientsOp>(op) ? 1 : 0))
-    return op->emitOpError("lists ") << slots.size() << " slots for "
-                                     << op->getNumOperands() - (isa<ScaleGradientsOp>(op) ? 1 : 0)
-                                     << " gradients";
+    return op->emitOpError("lists ")
+           << slots.size() << " slots for "
+           << op->getNumOperands() - (isa<ScaleGradientsOp>(op) ? 1 : 0) << " gradients";
   llvm::DenseSet<int64_t> seen;
   for (int64_t s : slots) {
     if (s < 0)
@@ -57,11 +57,10 @@ std::string num(double x) {
   return buf;
 }
 
-LogicalResult inRange(Operation *op, StringRef what, double x, double lo, double hi,
-                      bool hiOpen) {
+LogicalResult inRange(Operation *op, StringRef what, double x, double lo, double hi, bool hiOpen) {
   if (!std::isfinite(x) || x < lo || x > hi || (hiOpen && x == hi))
-    return op->emitOpError(what) << " = " << num(x) << " must be in [" << num(lo) << ", "
-                                 << num(hi) << (hiOpen ? ")" : "]");
+    return op->emitOpError(what) << " = " << num(x) << " must be in [" << num(lo) << ", " << num(hi)
+                                 << (hiOpen ? ")" : "]");
   return success();
 }
 
@@ -73,8 +72,8 @@ LogicalResult GradNormOp::verify() {
   if (failed(verifySlots(*this, getSlots())))
     return failure();
   if (getTpSplit().size() != getGradients().size())
-    return emitOpError("tp_split has ") << getTpSplit().size() << " entries for "
-                                        << getGradients().size() << " gradients";
+    return emitOpError("tp_split has ")
+           << getTpSplit().size() << " entries for " << getGradients().size() << " gradients";
   return success();
 }
 
@@ -100,8 +99,8 @@ LogicalResult AdamWOp::verify() {
   if (failed(verifyParameter(*this, getParam(), getGrad())) ||
       failed(inRange(*this, "beta1", getBeta1().convertToDouble(), 0, 1, true)) ||
       failed(inRange(*this, "beta2", getBeta2().convertToDouble(), 0, 1, true)) ||
-      failed(inRange(*this, "weight_decay", getWeightDecay().convertToDouble(), 0, INFINITY,
-                     false)))
+      failed(
+          inRange(*this, "weight_decay", getWeightDecay().convertToDouble(), 0, INFINITY, false)))
     return failure();
   double eps = getEps().convertToDouble();
   if (!std::isfinite(eps) || !(eps > 0))
@@ -113,8 +112,8 @@ LogicalResult SGDOp::verify() {
   if (failed(verifyParameter(*this, getParam(), getGrad())) ||
       failed(inRange(*this, "momentum", getMomentum().convertToDouble(), 0, INFINITY, false)) ||
       failed(inRange(*this, "dampening", getDampening().convertToDouble(), 0, INFINITY, false)) ||
-      failed(inRange(*this, "weight_decay", getWeightDecay().convertToDouble(), 0, INFINITY,
-                     false)))
+      failed(
+          inRange(*this, "weight_decay", getWeightDecay().convertToDouble(), 0, INFINITY, false)))
     return failure();
   if (getNesterov() &&
       (getMomentum().convertToDouble() <= 0 || getDampening().convertToDouble() != 0))
@@ -128,8 +127,7 @@ LogicalResult ZeroGatherOp::verify() {
     if (failed(verifyParameter(*this, p, Value())))
       return failure();
     if (!seen.insert(p).second)
-      return emitOpError("gathers argument ")
-             << cast<BlockArgument>(p).getArgNumber() << " twice";
+      return emitOpError("gathers argument ") << cast<BlockArgument>(p).getArgNumber() << " twice";
   }
   return success();
 }

@@ -6,8 +6,10 @@ at configure time; no GPU needed):
 
 1. The GPT- and Llama-style reference models compile with --target cuda under
    dp=2, tp=2 (with sequence parallelism for the GPT) and pp=2 (two
-   micro-batches) plans, in fp32, bf16 and fp16: nvcc builds each
-   OUT/src/programN.cu and the link gives OUT/bin/train.
+   micro-batches) plans, in fp32, bf16 and fp16, two of them with full
+   activation recomputation (the recomputed ops are ordinary ops and fused
+   groups): nvcc builds each OUT/src/programN.cu and the link gives
+   OUT/bin/train.
 2. The sources are the CUDA target's: they use carve::gpu, point the Program
    at kCudaTarget, keep constants in managed memory, and set the plan's
    precision; their elementwise chains are fused into kernels the program
@@ -64,6 +66,8 @@ CASES = [
     ("llama", "tp2", "bf16"),
     ("llama", "pp2", "bf16"),
 ]
+# Cases compiled with "recompute": "full": the whole step and pipeline stages.
+RECOMPUTE = {("gpt", "dp2"), ("llama", "pp2")}
 TIMEOUT_S = 600
 
 
@@ -264,6 +268,8 @@ def main():
         plan = dict(PLANS[plan_name], precision=precision)
         if model == "gpt" and plan_name == "tp2":
             plan["sequence_parallel"] = True
+        if (model, plan_name) in RECOMPUTE:
+            plan["recompute"] = "full"
         pj = os.path.join(a.workdir, "%s-%s-%s.json" % (model, plan_name, precision))
         with open(pj, "w") as f:
             json.dump(plan, f)

@@ -236,8 +236,10 @@ def build_cases(carve, root, p, errors):
     compile_case("plan_dp_not_dividing", '{"dp": 3}\n', ["dp", "3", "4"])
     compile_case("plan_unknown_field", '{"dp": 1, "dpp": 2}\n',
                  ["dpp", ("unknown", "unrecognized", "unexpected", "not a plan field")])
-    compile_case("plan_recompute_not_implemented", '{"dp": 1, "recompute": "full"}\n',
-                 ["recompute", "recomputation", "not implemented"])
+    compile_case("plan_recompute_unknown", '{"dp": 1, "recompute": "partial"}\n',
+                 ["recompute", "partial", "selective"])
+    compile_case("plan_recompute_no_layer", '{"recompute": ["h.*"]}\n',
+                 ["recompute_layers", "h.*", "names no layer"], names_plan=False)
     # Sharding. The GPT has 2 heads, width 32, hidden 128, vocabulary 64.
     compile_case("plan_tp_not_dividing_heads", '{"tp": 4}\n',
                  ["attention", "tp=4", "2 attention heads", "/h.0/attn/"], model="gpt",

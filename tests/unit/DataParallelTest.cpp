@@ -77,8 +77,8 @@ struct Records : ::testing::Test {
     OpBuilder b(&context);
     b.setInsertionPointToEnd(module.getBody());
     auto t = RankedTensorType::get({4}, b.getF32Type());
-    fn = b.create<func::FuncOp>(UnknownLoc::get(&context), "train_step",
-                                b.getFunctionType({t, t}, {t, t, t}));
+    fn = func::FuncOp::create(b, UnknownLoc::get(&context), "train_step",
+                              b.getFunctionType({t, t}, {t, t, t}));
   }
   ~Records() override { module->erase(); }
   DictionaryAttr grad(int64_t result, int64_t param, int64_t ready, bool copy) {

@@ -9,6 +9,7 @@
 #include "compiler/frontend/Passes.h"
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/optimizer/Optimizer.h"
+#include "compiler/recompute/Recompute.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/memory/MemoryPlan.h"
 #include "compiler/partition/Passes.h"
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
   carve::registerFusionPasses();
   carve::registerDataParallelPasses();
   carve::registerOptimizerPasses();
+  carve::registerRecomputePasses();
   carve::registerMemoryPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();

@@ -56,6 +56,8 @@ PlanAttrs planAttrs(const Plan &plan, const Imported &im) {
   p.schedule = plan.scheduleName();
   p.precision = plan.precision;
   p.globalBatch = im.batch;
+  p.recompute = plan.recompute;
+  p.recomputeLayers = plan.recomputeLayers;
   p.cuts = plan.cuts;
   p.ops = plan.ops;
   return p;
@@ -90,6 +92,8 @@ struct PassProgress : mlir::PassInstrumentation {
     else if (current == "carve-split-stages")
       progress.start("pipeline split (pp=" + std::to_string(plan.pp) +
                      ", m=" + std::to_string(im.m) + ")");
+    else if (current == "carve-recompute")
+      progress.start("recompute (" + plan.recompute + ")");
   }
 
   void runAfterPass(mlir::Pass *pass, mlir::Operation *op) override {
@@ -104,6 +108,10 @@ struct PassProgress : mlir::PassInstrumentation {
     } else if (arg == "carve-split-stages") {
       progress.done(std::to_string(stageFunctions(module).size()) + " stages, " +
                     s.plan.scheduleName() + " schedule");
+    } else if (arg == "carve-recompute") {
+      int64_t n = 0;
+      module.walk([&](mlir::Operation *o) { n += o->hasAttr(kRecomputedAttr) ? 1 : 0; });
+      progress.done(std::to_string(n) + " forward ops run again in backward");
     }
   }
 

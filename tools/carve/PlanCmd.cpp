@@ -187,7 +187,6 @@ void setup(const PlanArgs &args, Session &s, Outcome &o) {
       !parseCalibration(readFile(args.calibrationPath, "calibration"), args.calibrationPath,
                         o.opts.calibration, error))
     die(error);
-  o.opts.compilableOnly = args.compilableOnly;
   s.req.model = args.model;
   s.req.import = args.import;
   s.req.loss = args.loss;
@@ -525,10 +524,6 @@ int runPlan(const PlanArgs &args) {
         os << line;
       }
     }
-    if (best.c.recompute != "none")
-      os << "\nnote: `carve compile` does not recompute yet; this plan's recompute="
-         << best.c.recompute << " cannot be compiled (--fixed recompute=none gives a plan it "
-         << "runs)\n";
     if (isBuiltinModel(args.model) == false && o.opts.globalBatch != s.model.modelBatch)
       os << "note: the model was exported with batch " << s.model.modelBatch
          << "; compile it with that batch or re-export it with " << o.opts.globalBatch << "\n";

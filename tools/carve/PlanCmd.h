@@ -21,8 +21,6 @@ struct PlanArgs {
   bool json = false;  // --json
   std::string loss;
   ImportOptions import;
-  /// `carve compile --auto`: only plans the cpu target carries out, quiet.
-  bool compilableOnly = false;
   /// Revisit the best plan's per-op choices (--no-op-search turns it off).
   bool opSearch = true;
 };

@@ -100,7 +100,8 @@ cl::opt<std::string> emitMlirAfter(
     "emit-mlir-after",
     cl::desc("Write the IR as it is after this pass of the pipeline (carve-bind-custom-ops, "
              "carve-autodiff, carve-check-overrides, carve-partition, carve-split-stages, "
-             "carve-fuse-elementwise, carve-fold-transposes, carve-data-parallel, "
+             "carve-fuse-elementwise, carve-fold-transposes, carve-recompute, "
+             "carve-data-parallel, "
              "carve-plan-memory, carve-optimizer) to the --emit-mlir FILE, or to stdout"),
     cl::value_desc("PASS"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> timelineJson(
@@ -352,7 +353,6 @@ int runCompileCommand() {
     pa.calibrationPath = calibrationFile;
     pa.loss = lossName;
     pa.import = args.import;
-    pa.compilableOnly = true;
     pa.opSearch = !noOpSearch;
     std::string summary;
     args.planText = carve::autoPlan(pa, summary);
