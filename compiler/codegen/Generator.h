@@ -276,6 +276,7 @@ private:
   struct Gathered {
     int buffer = -1;
     int first = -1, last = -1;
+    int issue = -1; // where the gather starts (< first: prefetched, asynchronous)
     std::string var;
   };
   using GatherPlan = std::map<unsigned, std::array<Gathered, 2>>; // [0] forward, [1] backward

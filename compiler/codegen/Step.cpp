@@ -157,14 +157,16 @@ Generator::GatherPlan Generator::planZero3Gathers() {
     if (!zero3GatherOf(fn, arg, range))
       continue; // never read
     std::string base = var[fn.getArgument(arg)];
+    const std::array<int64_t, 2> issue = zero3IssueOf(fn, arg);
     for (int pass = 0; pass < 2; ++pass) {
       Gathered &gg = gathered[arg][pass];
       gg.first = (int)range[2 * pass];
       gg.last = (int)range[2 * pass + 1];
+      gg.issue = (int)issue[pass];
       if (gg.first < 0)
         continue;
       gg.var = uniqueName(base + (pass ? "_full_bwd" : "_full_fwd"));
-      gg.buffer = newBuffer(Region::Activation, dp * chunk * 4, gg.first - 1, gg.var);
+      gg.buffer = newBuffer(Region::Activation, dp * chunk * 4, gg.issue - 1, gg.var);
       buffers[gg.buffer].gatherArg = (int)arg;
       buffers[gg.buffer].gatherPass = pass;
       buffers[gg.buffer].lastUse = gg.last;
@@ -284,16 +286,25 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
     }
     for (auto &[arg, pair] : gathered) {
       const Gathered &gg = pair[backward ? 1 : 0];
+      const std::string pass = backward ? "backward" : "forward";
+      const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
+                               std::to_string(gg.last) + "); the buffer is free after the last";
+      const std::string pointer = "  float *" + gg.var + " = (float *)(A + " +
+                                  std::to_string(buffers[gg.buffer].offset) + ");\n";
+      const std::string operands = shardVar[arg] + ", " + gg.var + ", " +
+                                   std::to_string(chunkOf[arg]) + ", CommType::F32);\n";
+      if (gg.issue == index[op] && gg.issue < gg.first)
+        s += "  // ZeRO-3: prefetch " + paramName(arg) + " for its " + pass + uses +
+             " (zero3_prefetch_layers).\n" + pointer + "  CommHandle " + gg.var +
+             "_gather = ctx.dpComm->allGatherAsync(" + operands;
       if (gg.first != index[op])
         continue;
       var[fn.getArgument(arg)] = gg.var;
-      s += "  // ZeRO-3: gather " + paramName(arg) + " for its " +
-           (backward ? std::string("backward") : std::string("forward")) + " uses (ops " +
-           std::to_string(gg.first) + "-" + std::to_string(gg.last) +
-           "); the buffer is free after the last.\n  float *" + gg.var + " = (float *)(A + " +
-           std::to_string(buffers[gg.buffer].offset) + ");\n  ctx.dpComm->allGather(" +
-           shardVar[arg] + ", " + gg.var + ", " + std::to_string(chunkOf[arg]) +
-           ", CommType::F32);\n";
+      if (gg.issue < gg.first)
+        s += "  ctx.dpComm->wait(" + gg.var + "_gather);  // " + paramName(arg) + ", prefetched\n";
+      else
+        s += "  // ZeRO-3: gather " + paramName(arg) + " for its " + pass + uses + ".\n" + pointer +
+             "  ctx.dpComm->allGather(" + operands;
     }
     if (!emitOp(op))
       return false;

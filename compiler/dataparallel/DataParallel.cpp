@@ -9,6 +9,7 @@
 #include "compiler/dataparallel/DataParallel.h"
 
 #include "compiler/fusion/Fusion.h"
+#include "compiler/stages/StageSplit.h"
 
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
@@ -200,13 +201,68 @@ public:
       for (const GradientSlot &s : slots)
         fn.setArgAttr(s.param, kZeroChunkAttr,
                       i64(zeroChunk(numelOf(ret->getOperand(s.result)), dp)));
-    if (gather)
-      for (auto &[arg, r] : gatherRanges())
-        fn.setArgAttr(arg, kZero3GatherAttr, b.getDenseI64ArrayAttr(r));
+    if (gather) {
+      auto ranges = gatherRanges();
+      std::map<unsigned, std::array<int64_t, 2>> issue = prefetchIssues(ranges);
+      for (auto &[arg, r] : ranges) {
+        SmallVector<int64_t> rec(r.begin(), r.end());
+        if (prefetch > 0)
+          rec.append({issue[arg][0], issue[arg][1]});
+        fn.setArgAttr(arg, kZero3GatherAttr, b.getDenseI64ArrayAttr(rec));
+      }
+    }
+  }
+
+  /// The layer an op at program index `at` belongs to ("h.3"; for an op
+  /// outside numbered layers, a key of its own).
+  std::string layerAt(int64_t at) {
+    std::string node = nodeName(ops[at]->getLoc());
+    StringRef n(node);
+    n.consume_front(kBackwardPrefix);
+    std::string prefix;
+    int number = 0;
+    if (layerOfNode(n, prefix, number))
+      return prefix + "." + std::to_string(number);
+    return "#" + std::to_string(at);
+  }
+
+  /// ZeRO-3 prefetch: in each pass, the gathers' layers in the order of
+  /// their first reads; a gather of the i-th layer starts where the
+  /// (i - prefetch)-th layer's first read runs (the first layer's for the
+  /// first `prefetch` ones). Without prefetch each starts at its first read.
+  std::map<unsigned, std::array<int64_t, 2>>
+  prefetchIssues(const std::map<unsigned, std::array<int64_t, 4>> &ranges) {
+    std::map<unsigned, std::array<int64_t, 2>> issue;
+    for (auto &[arg, r] : ranges)
+      issue[arg] = {r[0], r[2]};
+    if (prefetch <= 0)
+      return issue;
+    for (int pass = 0; pass < 2; ++pass) {
+      std::map<std::string, int64_t> start; // layer -> its first read
+      for (auto &[arg, r] : ranges)
+        if (r[2 * pass] >= 0) {
+          std::string l = layerAt(r[2 * pass]);
+          auto it = start.find(l);
+          if (it == start.end() || r[2 * pass] < it->second)
+            start[l] = r[2 * pass];
+        }
+      std::vector<int64_t> starts;
+      for (auto &[l, at] : start)
+        starts.push_back(at);
+      llvm::sort(starts);
+      for (auto &[arg, r] : ranges)
+        if (r[2 * pass] >= 0) {
+          const int64_t mine = start[layerAt(r[2 * pass])];
+          const int64_t i = std::lower_bound(starts.begin(), starts.end(), mine) - starts.begin();
+          issue[arg][pass] = starts[std::max<int64_t>(0, i - prefetch)];
+        }
+    }
+    return issue;
   }
 
   func::FuncOp fn;
   int64_t dp, zero;
+  int64_t prefetch = 0; // carve.plan's zero3_prefetch_layers
   bool stage = false;
   ProgramOrder order;
   const std::vector<Operation *> &ops;
@@ -241,6 +297,7 @@ struct DataParallelPass : carve::impl::CarveDataParallelBase<DataParallelPass> {
         return signalPassFailure();
       }
       FunctionPlan p(fn, plan->dp, zero);
+      p.prefetch = plan->zero3PrefetchLayers;
       if (failed(p.orderGradients()))
         return signalPassFailure();
       p.cutBuckets(bucketBytes);
@@ -334,11 +391,20 @@ int64_t zeroChunkOf(func::FuncOp fn, unsigned arg) {
 
 bool zero3GatherOf(func::FuncOp fn, unsigned arg, std::array<int64_t, 4> &range) {
   auto a = fn.getArgAttrOfType<DenseI64ArrayAttr>(arg, kZero3GatherAttr);
-  if (!a || a.size() != 4)
+  if (!a || (a.size() != 4 && a.size() != 6))
     return false;
   for (int i = 0; i < 4; ++i)
     range[i] = a[i];
   return true;
+}
+
+std::array<int64_t, 2> zero3IssueOf(func::FuncOp fn, unsigned arg) {
+  auto a = fn.getArgAttrOfType<DenseI64ArrayAttr>(arg, kZero3GatherAttr);
+  if (a && a.size() == 6)
+    return {a[4], a[5]};
+  if (a && a.size() == 4)
+    return {a[0], a[2]};
+  return {-1, -1};
 }
 
 } // namespace carve

@@ -59,6 +59,9 @@ int64_t zeroChunkOf(mlir::func::FuncOp fn, unsigned arg);
 /// ZeRO-3's gather ranges of argument `arg` ([forward first, forward last,
 /// backward first, backward last], -1: none); false when it has none.
 bool zero3GatherOf(mlir::func::FuncOp fn, unsigned arg, std::array<int64_t, 4> &range);
+/// Where ZeRO-3's gathers of argument `arg` start: [forward, backward], each
+/// at or before its first read (the plan's zero3_prefetch_layers), -1: none.
+std::array<int64_t, 2> zero3IssueOf(mlir::func::FuncOp fn, unsigned arg);
 
 #define GEN_PASS_DECL
 #include "compiler/dataparallel/Passes.h.inc"

@@ -40,13 +40,21 @@ def CarveDataParallel : Pass<"carve-data-parallel", "mlir::ModuleOp"> {
          backward, into a buffer free after its last read in that pass; reads
          are where they run (a fused group's at its root, a folded
          transpose's at its matmul), so this pass runs after
-         carve-fuse-elementwise and carve-fold-transposes.
+         carve-fuse-elementwise and carve-fold-transposes. With the plan's
+         `zero3_prefetch_layers` = k > 0 a gather starts early, while
+         earlier ops compute: in each pass the gathered parameters' layers
+         (the `/<name>.<j>/` of their first reader's node) are taken in the
+         order of their first reads, and a gather of the i-th layer starts
+         at the first read of the (i - k)-th (of the first for i < k); at
+         most k + 1 layers' gathered parameters are alive at a time.
 
     Before: the emitted functions, each returning the loss (`@train_step`;
     a stage where `carve.loss` marks it) and the gradients (`carve.grad_of`).
     After: the ops are unchanged; each function carries `carve.gradients`
     and (where formed) `carve.buckets`, trainable arguments `carve.zero_chunk`
-    and `carve.zero3_gather` where they apply (dialects/carve/Contract.h).
+    and `carve.zero3_gather` where they apply (dialects/carve/Contract.h:
+    [forward first, forward last, backward first, backward last] read, and
+    with prefetch the [forward, backward] op where each gather starts).
     The emitter prints the collectives and gathers these describe.
 
     Errors, on the function's result or op: a result after the loss that is

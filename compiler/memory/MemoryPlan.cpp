@@ -142,9 +142,11 @@ public:
         if (!zero3GatherOf(fn, s.param, r))
           continue;
         const int64_t chunk = zeroChunkOf(fn, s.param);
+        const std::array<int64_t, 2> issue = zero3IssueOf(fn, s.param);
         for (int pass = 0; pass < 2; ++pass)
           if (r[2 * pass] >= 0) {
-            int b = add(true, dp * chunk * 4, r[2 * pass] - 1);
+            // Written from where its gather starts (a prefetch: earlier).
+            int b = add(true, dp * chunk * 4, issue[pass] - 1);
             blocks[b].lastUse = r[2 * pass + 1];
             gathered[{s.param, pass}] = b;
           }

@@ -24,6 +24,8 @@ def CarveSetPlan : Pass<"carve-set-plan", "mlir::ModuleOp"> {
     Option<"tp", "tp", "int64_t", /*default=*/"1", "Tensor-parallel degree">,
     Option<"pp", "pp", "int64_t", /*default=*/"1", "Pipeline-parallel degree">,
     Option<"zero", "zero", "int64_t", /*default=*/"0", "ZeRO stage over dp (0-3)">,
+    Option<"zero3PrefetchLayers", "zero3-prefetch-layers", "int64_t", /*default=*/"0",
+           "ZeRO-3: layers ahead whose gathers start early">,
     Option<"sequenceParallel", "sequence-parallel", "bool", /*default=*/"false",
            "Sequence parallelism on the tp axis">,
     Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",

@@ -100,7 +100,17 @@ bool parseOptimizer(const json &v, const std::string &what, Plan &plan, std::str
         error = what + ": optimizer \"" + k + "\" must be a number, got " + o.value().dump();
         return false;
       }
-      plan.optimizerNumbers[k] = o.value().get<double>();
+      const double x = o.value().get<double>();
+      // Step counts become integers: whole numbers a step counter can reach.
+      if ((k == "warmup_steps" || k == "decay_steps") &&
+          !(x >= 0 && x <= 1e15 && x == (double)(int64_t)x)) {
+        error = what + ": optimizer \"" + k +
+                "\" must be a whole number of steps from 0 to "
+                "1e15, got " +
+                o.value().dump();
+        return false;
+      }
+      plan.optimizerNumbers[k] = x;
     } else {
       error = what + ": unknown optimizer field \"" + k +
               "\" (known: name, lr, momentum, dampening, nesterov, weight_decay, beta1, "
@@ -132,7 +142,7 @@ bool parseReservedField(const std::string &key, const json &v, const std::string
     std::string names =
         "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
         "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
-        "recompute, predicted, planner";
+        "recompute, zero3_prefetch_layers, predicted, planner";
     for (const Reserved &r : reserved())
       names += std::string(", ") + r.name;
     error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
@@ -145,6 +155,11 @@ bool parseReservedField(const std::string &key, const json &v, const std::string
 bool checkCombination(const Plan &plan, const std::string &what, std::string &error) {
   if (plan.sequenceParallel && plan.tp == 1) {
     error = what + ": \"sequence_parallel\" splits along the tp axis and needs \"tp\" > 1";
+    return false;
+  }
+  if (plan.zero3PrefetchLayers > 0 && plan.zero != 3) {
+    error = what + ": \"zero3_prefetch_layers\" starts ZeRO-3's parameter gathers early and "
+                   "needs \"zero\": 3";
     return false;
   }
   if (plan.zero > 0 && plan.dp == 1) {
@@ -198,6 +213,17 @@ bool parseField(const std::string &key, const json &v, const std::string &what, 
       return false;
     }
     plan.tp = (int)v.get<int64_t>();
+    return true;
+  }
+  if (key == "zero3_prefetch_layers") {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1 << 16) {
+      error = what +
+              ": \"zero3_prefetch_layers\" must be an integer >= 0 (the layers whose "
+              "ZeRO-3 gathers start ahead of their use), got " +
+              v.dump();
+      return false;
+    }
+    plan.zero3PrefetchLayers = (int)v.get<int64_t>();
     return true;
   }
   if (key == "zero") {

@@ -26,6 +26,9 @@ struct Plan {
   int dp = 1;
   int tp = 1;
   int zero = 0;
+  /// ZeRO-3: the layers ahead whose parameter gathers start while the
+  /// current one computes (0: each gather waits where it is first needed).
+  int zero3PrefetchLayers = 0;
   bool sequenceParallel = false;
   int pp = 1;
   int numMicroBatches = 0;    // 0: not given (micro_batch_size decides, else 1)

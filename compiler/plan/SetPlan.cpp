@@ -22,6 +22,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.tp = tp;
     plan.pp = pp;
     plan.zero = zero;
+    plan.zero3PrefetchLayers = zero3PrefetchLayers;
     plan.sequenceParallel = sequenceParallel;
     plan.microBatches = microBatches;
     plan.virtualStages = virtualStages;

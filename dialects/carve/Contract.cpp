@@ -50,6 +50,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   i64("tp", plan.tp);
   i64("pp", plan.pp);
   i64("zero", plan.zero);
+  if (plan.zero3PrefetchLayers != 0)
+    i64("zero3_prefetch_layers", plan.zero3PrefetchLayers);
   if (plan.sequenceParallel)
     fields.push_back(b.getNamedAttr("sequence_parallel", b.getUnitAttr()));
   i64("micro_batches", plan.microBatches);
@@ -92,21 +94,24 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
   for (NamedAttribute f : dict) {
     StringRef name = f.getName().getValue();
     Attribute v = f.getValue();
-    std::pair<const char *, int64_t *> ints[] = {{"dp", &plan.dp},
-                                                 {"tp", &plan.tp},
-                                                 {"pp", &plan.pp},
-                                                 {"zero", &plan.zero},
-                                                 {"micro_batches", &plan.microBatches},
-                                                 {"virtual_stages", &plan.virtualStages},
-                                                 {"global_batch", &plan.globalBatch},
-                                                 {"optimizer_state", &plan.optimizerState}};
+    std::pair<const char *, int64_t *> ints[] = {
+        {"dp", &plan.dp},
+        {"tp", &plan.tp},
+        {"pp", &plan.pp},
+        {"zero", &plan.zero},
+        {"zero3_prefetch_layers", &plan.zero3PrefetchLayers},
+        {"micro_batches", &plan.microBatches},
+        {"virtual_stages", &plan.virtualStages},
+        {"global_batch", &plan.globalBatch},
+        {"optimizer_state", &plan.optimizerState}};
     bool known = false;
     for (auto &[key, dst] : ints) {
       if (name != key)
         continue;
       known = true;
       auto i = dyn_cast<IntegerAttr>(v);
-      const bool fromZero = name == "zero" || name == "global_batch" || name == "optimizer_state";
+      const bool fromZero = name == "zero" || name == "global_batch" || name == "optimizer_state" ||
+                            name == "zero3_prefetch_layers";
       if (!i || i.getInt() < (fromZero ? 0 : 1))
         return bad(name, fromZero ? "an integer >= 0" : "an integer >= 1");
       if (name == "optimizer_state" && i.getInt() > 2)
@@ -154,6 +159,9 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       return module.emitError() << "'" << kPlanAttr << "' has an unknown field '" << name << "'";
     }
   }
+  if (plan.zero3PrefetchLayers > 0 && plan.zero != 3)
+    return module.emitError() << "'" << kPlanAttr
+                              << "' field 'zero3_prefetch_layers' needs zero = 3";
   if (!plan.recomputeLayers.empty() && plan.recompute != "full")
     return module.emitError() << "'" << kPlanAttr
                               << "' field 'recompute_layers' needs recompute = \"full\"";

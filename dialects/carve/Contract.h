@@ -174,6 +174,8 @@ constexpr const char *kPlanAttr = "carve.plan";
 struct PlanAttrs {
   int64_t dp = 1, tp = 1, pp = 1;
   int64_t zero = 0;
+  /// ZeRO-3: gathers start this many layers ahead of their use (0: at it).
+  int64_t zero3PrefetchLayers = 0;
   bool sequenceParallel = false;
   int64_t microBatches = 1;  // per step of each data-parallel replica
   int64_t virtualStages = 1; // stages per pipeline rank

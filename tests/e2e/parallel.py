@@ -86,6 +86,8 @@ PLANS = [
     ("dp4-zero1", {"dp": 4, "zero": 1}),
     ("dp4-zero2", {"dp": 4, "zero": 2}),
     ("dp4-zero3", {"dp": 4, "zero": 3}),
+    # Bitwise dp4-zero3's (checked below).
+    ("dp4-zero3-prefetch", {"dp": 4, "zero": 3, "zero3_prefetch_layers": 1}),
     ("dp2-tp2-zero1", {"dp": 2, "tp": 2, "zero": 1}),
 ]
 
@@ -293,6 +295,20 @@ def main():
                 if wworst > WEIGHT_RTOL:
                     raise Failure("final weight %s differs by %.3g of its largest entry "
                                   "(limit %g)" % (wname, wworst, WEIGHT_RTOL))
+                # A prefetched gather moves the same bytes earlier: bitwise
+                # the plan without prefetch (run just before), and the
+                # program starts gathers asynchronously.
+                if name.endswith("-prefetch"):
+                    plain = os.path.join(mdir, name[:-len("-prefetch")])
+                    if read_losses(plain + ".jsonl") != (losses, norms):
+                        raise Failure("losses or gradient norms differ from %s's" % plain)
+                    pw = st.load_checkpoint(plain + ".ckpt")
+                    for k, w in pw.items():
+                        if not np.array_equal(w.view(np.uint8), weights[k].view(np.uint8)):
+                            raise Failure("final weight %s differs from %s's" % (k, plain))
+                    src = open(os.path.join(out, "src", "program0.cpp")).read()
+                    if "allGatherAsync" not in src or "prefetched" not in src:
+                        raise Failure("the program does not prefetch its ZeRO-3 gathers")
                 # The Megatron layout, from the compiled program's parameter types.
                 tp = plan.get("tp", 1)
                 local = param_types(out + ".mlir")

@@ -50,6 +50,7 @@ PlanAttrs planAttrs(const Plan &plan, const Imported &im) {
   p.tp = plan.tp;
   p.pp = plan.pp;
   p.zero = plan.zero;
+  p.zero3PrefetchLayers = plan.zero3PrefetchLayers;
   p.sequenceParallel = plan.sequenceParallel;
   p.microBatches = im.m;
   p.virtualStages = plan.virtualStages;
