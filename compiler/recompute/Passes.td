@@ -44,6 +44,11 @@ def CarveRecompute : Pass<"carve-recompute", "mlir::ModuleOp"> {
     (carve.fold) comes with that transpose and keeps the fold. The originals
     keep theirs (they lose readers, never gain one).
 
+    Every forward op carve has today computes its result from its operands
+    alone, which is what makes a clone exact. An op that draws random
+    numbers (dropout) must, when it comes, be cloned with the same seed and
+    offset, or kept.
+
     Before: after carve-fuse-elementwise (where it runs) and
     carve-fold-transposes, before carve-data-parallel. After: clones added;
     nothing else changes.

@@ -21,6 +21,8 @@
 //                                  dist.sharded_rows, dist.partition_summary
 //   fusion (carve-fuse-elementwise, carve-fold-transposes)
 //                                  carve.fusion_group, carve.fold
+//   recomputation (carve-recompute)
+//                                  carve.recomputed
 //   data parallelism (carve-data-parallel)
 //                                  carve.gradients, carve.buckets,
 //                                  carve.zero_chunk, carve.zero3_gather
@@ -28,6 +30,8 @@
 //                                  carve.arena_offset, carve.activation_plan,
 //                                  carve.zero3_gather_offsets,
 //                                  carve.persistent_offset, carve.persistent_plan
+//   optimizer (carve-optimizer)    no attributes: the step's tail as ops
+//                                  (CarveOptimizerOps.td)
 //
 //===----------------------------------------------------------------------===//
 
