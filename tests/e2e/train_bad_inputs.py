@@ -240,6 +240,10 @@ def build_cases(carve, root, p, errors):
                  ["recompute", "partial", "selective"])
     compile_case("plan_recompute_no_layer", '{"recompute": ["h.*"]}\n',
                  ["recompute_layers", "h.*", "names no layer"], names_plan=False)
+    compile_case("plan_prefetch_negative", '{"dp": 2, "zero": 3, "zero3_prefetch_layers": -1}\n',
+                 ["zero3_prefetch_layers", "-1", ">= 0"])
+    compile_case("plan_prefetch_without_zero3", '{"dp": 2, "zero": 1, "zero3_prefetch_layers": 1}\n',
+                 ["zero3_prefetch_layers", "\"zero\": 3"])
     # Sharding. The GPT has 2 heads, width 32, hidden 128, vocabulary 64.
     compile_case("plan_tp_not_dividing_heads", '{"tp": 4}\n',
                  ["attention", "tp=4", "2 attention heads", "/h.0/attn/"], model="gpt",
