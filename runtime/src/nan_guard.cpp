@@ -30,10 +30,6 @@ NanGuard::NanGuard(Communicator &world, const Program &p, const Mesh &m, const F
           order.push_back(q->params[i].name);
 }
 
-bool NanGuard::knows(const std::string &name) const {
-  return name == "loss" || std::find(order.begin(), order.end(), name) != order.end();
-}
-
 void NanGuard::beginStep() {
   asked = false;
   nonFinite = false;

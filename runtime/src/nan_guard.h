@@ -37,9 +37,6 @@ public:
   NanGuard(Communicator &world, const Program &p, const Mesh &m, const FaultInjection &f,
            char *hostArena);
 
-  /// Whether `name` is something CARVE_FAULT_NAN_TENSOR may poison.
-  bool knows(const std::string &name) const;
-
   /// Forgets the previous step's outcome.
   void beginStep();
 
