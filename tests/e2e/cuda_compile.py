@@ -8,8 +8,9 @@ at configure time; no GPU needed):
    dp=2, tp=2 (with sequence parallelism for the GPT) and pp=2 (two
    micro-batches) plans, in fp32, bf16 and fp16, two of them with full
    activation recomputation (the recomputed ops are ordinary ops and fused
-   groups): nvcc builds each OUT/src/programN.cu and the link gives
-   OUT/bin/train.
+   groups) and one with ZeRO-3 and prefetched gathers (asynchronous
+   all-gathers inside the captured forward and backward): nvcc builds each
+   OUT/src/programN.cu and the link gives OUT/bin/train.
 2. The sources are the CUDA target's: they use carve::gpu, point the Program
    at kCudaTarget, keep constants in managed memory, and set the plan's
    precision; their elementwise chains are fused into kernels the program
@@ -68,6 +69,8 @@ CASES = [
 ]
 # Cases compiled with "recompute": "full": the whole step and pipeline stages.
 RECOMPUTE = {("gpt", "dp2"), ("llama", "pp2")}
+# Cases compiled with ZeRO-3 and zero3_prefetch_layers = 1.
+PREFETCH = {("llama", "dp2")}
 TIMEOUT_S = 600
 
 
@@ -270,6 +273,8 @@ def main():
             plan["sequence_parallel"] = True
         if (model, plan_name) in RECOMPUTE:
             plan["recompute"] = "full"
+        if (model, plan_name) in PREFETCH:
+            plan.update(zero=3, zero3_prefetch_layers=1)
         pj = os.path.join(a.workdir, "%s-%s-%s.json" % (model, plan_name, precision))
         with open(pj, "w") as f:
             json.dump(plan, f)
