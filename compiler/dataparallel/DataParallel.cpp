@@ -219,11 +219,8 @@ public:
     std::string node = nodeName(ops[at]->getLoc());
     StringRef n(node);
     n.consume_front(kBackwardPrefix);
-    std::string prefix;
-    int number = 0;
-    if (layerOfNode(n, prefix, number))
-      return prefix + "." + std::to_string(number);
-    return "#" + std::to_string(at);
+    std::string l = layerName(n);
+    return l.empty() ? "#" + std::to_string(at) : l;
   }
 
   /// ZeRO-3 prefetch: in each pass, the gathers' layers in the order of

@@ -19,8 +19,6 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Verifier.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 
 using namespace mlir;
@@ -33,20 +31,11 @@ namespace carve {
 namespace carve {
 
 namespace {
-/// A number as Python prints it in a repr (shortest form that reads back).
-std::string py(double x) {
-  char buf[64];
-  for (int p = 1; p <= 17; ++p) {
-    snprintf(buf, sizeof buf, "%.*g", p, x);
-    if (strtod(buf, nullptr) == x)
-      break;
-  }
-  return buf;
-}
+/// A number as Python prints it in a repr.
 struct PyNum {
   double x;
 };
-llvm::raw_ostream &operator<<(llvm::raw_ostream &os, PyNum n) { return os << py(n.x); }
+llvm::raw_ostream &operator<<(llvm::raw_ostream &os, PyNum n) { return os << shortestNumber(n.x); }
 } // namespace
 
 std::string OptimizerConfig::describe() const {

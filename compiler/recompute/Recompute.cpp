@@ -35,14 +35,11 @@ namespace carve {
 namespace carve {
 
 namespace {
-/// "h.3" for an op of layer 3 of "h"; empty outside numbered layers.
-std::string layerName(Operation *op) {
-  std::string prefix;
-  int number = 0;
+/// "h.3" for a forward op of layer 3 of "h"; empty outside numbered layers
+/// and for backward ops.
+std::string forwardLayer(Operation *op) {
   std::string node = nodeName(op->getLoc());
-  if (StringRef(node).starts_with(kBackwardPrefix) || !layerOfNode(node, prefix, number))
-    return "";
-  return prefix + "." + std::to_string(number);
+  return StringRef(node).starts_with(kBackwardPrefix) ? "" : layerName(node);
 }
 } // namespace
 
@@ -56,7 +53,7 @@ bool layersMatching(ModuleOp module, const std::string &glob, std::vector<std::s
   }
   std::set<std::string> found;
   module.walk([&](Operation *op) {
-    std::string l = layerName(op);
+    std::string l = forwardLayer(op);
     if (!l.empty() && pattern->match(l))
       found.insert(l);
   });
@@ -115,7 +112,7 @@ public:
     for (Operation *op : ops) {
       if (!clonable(op))
         continue;
-      std::string l = layerName(op);
+      std::string l = forwardLayer(op);
       if (l.empty())
         continue;
       if (!only.empty() &&

@@ -65,6 +65,12 @@ double opFlops(Operation *op) {
   return out;
 }
 
+std::string layerName(StringRef node) {
+  std::string prefix;
+  int number = 0;
+  return layerOfNode(node, prefix, number) ? prefix + "." + std::to_string(number) : "";
+}
+
 bool layerOfNode(StringRef node, std::string &prefix, int &number) {
   SmallVector<StringRef> parts;
   node.split(parts, '/');

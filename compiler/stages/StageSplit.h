@@ -78,6 +78,8 @@ double opFlops(mlir::Operation *op);
 /// "h.3" in "/h.3/attn/c_attn/MatMul": the numbered layer a node belongs to
 /// (prefix "h", number 3). False for nodes outside numbered layers.
 bool layerOfNode(llvm::StringRef node, std::string &prefix, int &number);
+/// The same as one name: "h.3", or "" outside numbered layers.
+std::string layerName(llvm::StringRef node);
 
 bool splitPipelineStages(mlir::ModuleOp module, const PipelineOptions &opts, PipelineReport &report,
                          std::string &error);

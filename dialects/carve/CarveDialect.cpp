@@ -1,7 +1,10 @@
 //===- CarveDialect.cpp - registration of the carve dialect ---------------===//
 
 #include "dialects/carve/CarveDialect.h"
+
 #include "dialects/carve/CarveOps.h"
+#include <cstdio>
+#include <cstdlib>
 
 using namespace mlir;
 
@@ -15,12 +18,22 @@ void carve::CarveDialect::initialize() {
       >();
 }
 
-Operation *carve::CarveDialect::materializeConstant(OpBuilder &builder, Attribute value,
-                                                    Type type, Location loc) {
+Operation *carve::CarveDialect::materializeConstant(OpBuilder &builder, Attribute value, Type type,
+                                                    Location loc) {
   auto elements = dyn_cast<ElementsAttr>(value);
   if (!elements || elements.getType() != type)
     return nullptr;
   return carve::ConstantOp::create(builder, loc, elements);
+}
+
+std::string carve::shortestNumber(double x) {
+  char buf[64];
+  for (int p = 1; p <= 17; ++p) {
+    snprintf(buf, sizeof buf, "%.*g", p, x);
+    if (strtod(buf, nullptr) == x)
+      break;
+  }
+  return buf;
 }
 
 std::string carve::nodeName(Location loc) {

@@ -14,6 +14,9 @@ namespace carve {
 /// `loc` (the importer names every op after its ONNX node; autodiff names
 /// backward ops "backward of NODE"), or "" when there is none.
 std::string nodeName(mlir::Location loc);
+/// `x` in its shortest form that reads back, as Python prints a float's
+/// repr ("0.9", "1e-08", "inf"): for messages and comments.
+std::string shortestNumber(double x);
 } // namespace carve
 
 #endif // CARVE_DIALECTS_CARVE_CARVEDIALECT_H

@@ -11,8 +11,6 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 using namespace mlir;
@@ -46,20 +44,10 @@ LogicalResult verifyParameter(Operation *op, Value param, Value grad) {
   return success();
 }
 
-/// `x` in its shortest form that reads back ("0.9", "1e-08", "inf").
-std::string num(double x) {
-  char buf[64];
-  for (int p = 1; p <= 17; ++p) {
-    snprintf(buf, sizeof buf, "%.*g", p, x);
-    if (strtod(buf, nullptr) == x)
-      break;
-  }
-  return buf;
-}
-
 LogicalResult inRange(Operation *op, StringRef what, double x, double lo, double hi, bool hiOpen) {
   if (!std::isfinite(x) || x < lo || x > hi || (hiOpen && x == hi))
-    return op->emitOpError(what) << " = " << num(x) << " must be in [" << num(lo) << ", " << num(hi)
+    return op->emitOpError(what) << " = " << shortestNumber(x) << " must be in ["
+                                 << shortestNumber(lo) << ", " << shortestNumber(hi)
                                  << (hiOpen ? ")" : "]");
   return success();
 }
@@ -80,7 +68,7 @@ LogicalResult GradNormOp::verify() {
 LogicalResult ClipCoefficientOp::verify() {
   double m = getMaxNorm().convertToDouble();
   if (!std::isfinite(m) || !(m > 0))
-    return emitOpError("max_norm must be positive, got ") << num(m);
+    return emitOpError("max_norm must be positive, got ") << shortestNumber(m);
   return success();
 }
 
@@ -89,7 +77,7 @@ LogicalResult ScaleGradientsOp::verify() { return verifySlots(*this, getSlots())
 LogicalResult LearningRateOp::verify() {
   double lr = getLr().convertToDouble();
   if (!std::isfinite(lr) || !(lr > 0))
-    return emitOpError("lr must be positive, got ") << num(lr);
+    return emitOpError("lr must be positive, got ") << shortestNumber(lr);
   if (getWarmupSteps() < 0 || getDecaySteps() < 0)
     return emitOpError("warmup_steps and decay_steps must not be negative");
   return inRange(*this, "min_lr_ratio", getMinLrRatio().convertToDouble(), 0, 1, false);
@@ -104,7 +92,7 @@ LogicalResult AdamWOp::verify() {
     return failure();
   double eps = getEps().convertToDouble();
   if (!std::isfinite(eps) || !(eps > 0))
-    return emitOpError("eps must be positive, got ") << num(eps);
+    return emitOpError("eps must be positive, got ") << shortestNumber(eps);
   return success();
 }
 

@@ -29,7 +29,10 @@ PLANS = {
 TIMEOUT_S = 300
 
 
-def export(path):
+def export(path, layers=None):
+    """The encoder exported with a dynamic batch; `layers`: an
+    nn.TransformerEncoder of that many layers (node names `layers.0`, ...)
+    instead of the one nn.TransformerEncoderLayer."""
     import torch
     import torch.nn as nn
 
@@ -39,7 +42,9 @@ def export(path):
         def __init__(self, vocab=64, d=32):
             super().__init__()
             self.emb = nn.Embedding(vocab, d)
-            self.enc = nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True)
+            layer = nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True)
+            self.enc = layer if layers is None else nn.TransformerEncoder(
+                layer, layers, enable_nested_tensor=False)
             self.head = nn.Linear(d, vocab)
 
         def forward(self, input_ids, labels):

@@ -43,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import data_gen  # noqa: E402
+import plain_export_zero  # noqa: E402
 import st  # noqa: E402
 
 STEPS = 6
@@ -59,33 +60,6 @@ MODELS = {
 # selective has nothing to do there either; tp is left to issue 22's split of
 # nn.MultiheadAttention.
 ENCODER_CASES = ("full", "first-layer", "dp2-zero3-full", "selective")
-
-
-def export_encoder(path):
-    """nn.TransformerEncoder as people write it, exported with a dynamic batch."""
-    import torch
-    import torch.nn as nn
-
-    torch.manual_seed(0)
-
-    class Encoder(nn.Module):
-        def __init__(self, vocab=64, d=32):
-            super().__init__()
-            self.emb = nn.Embedding(vocab, d)
-            layer = nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True)
-            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-            self.head = nn.Linear(d, vocab)
-
-        def forward(self, input_ids, labels):
-            logits = self.head(self.enc(self.emb(input_ids)))
-            return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                               labels.reshape(-1))
-
-    ids = torch.randint(0, 64, (8, 16))
-    torch.onnx.export(Encoder().train(), (ids, ids.clone()), path,
-                      input_names=["input_ids", "labels"], output_names=["loss"],
-                      dynamic_axes={"input_ids": {0: "batch"}, "labels": {0: "batch"}},
-                      opset_version=17)
 
 # name: (plan without recomputation, recompute value, ranks, fewer activation bytes)
 CASES = [
@@ -146,7 +120,7 @@ def main():
         else:
             os.makedirs(mdir)
             onnx_path = os.path.join(mdir, model + ".onnx")
-            export_encoder(onnx_path)
+            plain_export_zero.export(onnx_path, layers=2)
             extra = ["--set-dim", "batch=8"]
         cases = [c for c in CASES if ref or c[0] in ENCODER_CASES]
         data = os.path.join(mdir, "tokens.bin")
