@@ -300,6 +300,10 @@ def main():
                 # program starts gathers asynchronously.
                 if name.endswith("-prefetch"):
                     plain = os.path.join(mdir, name[:-len("-prefetch")])
+                    if not os.path.exists(plain + ".jsonl"):  # --only skipped it
+                        build(name[:-len("-prefetch")],
+                              {k: v for k, v in plan.items() if k != "zero3_prefetch_layers"},
+                              ranks)
                     if read_losses(plain + ".jsonl") != (losses, norms):
                         raise Failure("losses or gradient norms differ from %s's" % plain)
                     pw = st.load_checkpoint(plain + ".ckpt")
