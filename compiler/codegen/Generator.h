@@ -428,6 +428,8 @@ private:
   bool emitStepSeed(const std::string &reduction);
   void startBuckets(const std::vector<Bucket> &buckets, size_t &next, int after);
   bool emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gathered, int backwardBegin);
+  std::string gatherStatements(mlir::Operation *op, bool backward, const GatherPlan &gathered,
+                               const std::map<unsigned, std::string> &shardVar);
   bool emitStepTail(Value loss, const std::vector<Bucket> &buckets, const std::string &reduction,
                     llvm::raw_ostream &ts);
   /// The whole source: `plan` (the memory-plan comment) opens the step
@@ -440,8 +442,12 @@ private:
   bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage);
   std::string stageSeed(const std::string &lossReduction);
   std::string stashDeclarations(int backwardBegin);
+  bool stageGradientChunks(const std::vector<Bucket> &buckets, int stage);
   bool emitStageBodies(int chunk, int backwardBegin, Value loss, const std::vector<Bucket> &buckets,
-                       StageOut &so, std::string &forwardBody, std::string &backwardBody);
+                       const GatherPlan &gathered, StageOut &so, std::string &forwardBody,
+                       std::string &backwardBody);
+  std::string stageBucketStart(const Bucket &bk, size_t k, int chunk, StageOut &so);
+  std::string stageBucketWait(const Bucket &bk, size_t k);
   std::string recvStatements(mlir::Operation *op, bool backward);
   std::string sendStatements(mlir::Operation *op, bool backward);
   void stageTail(const PipelineCodegenOptions &pipe, int chunk, StageOut &so);

@@ -130,6 +130,7 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
   const PipelineCodegenOptions &pipe = rp.pipe;
   const std::vector<Generator::StageOut> &chunks = rp.chunks;
   const int p = pipe.pp, m = opts.numMicroBatches;
+  const int zero = opts.dp > 1 ? opts.zero : 0;
   bool anyBuckets = false;
   for (auto &ch : chunks)
     anyBuckets |= !ch.bucketWaits.empty();
@@ -145,18 +146,24 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
           "over pp\n  // (every pp rank joins each all-reduce; ranks without the parameter add "
           "zeros).\n";
     for (const auto &sh : pipe.shared) {
+      // ZeRO-2/3: the gradient region holds this replica's chunk of it.
+      const std::string n =
+          zero >= 2 ? "std::max<int64_t>(0, std::min<int64_t>(" +
+                          std::to_string(zeroChunk(sh.numel, opts.dp)) + ", " +
+                          std::to_string(sh.numel) + " - (int64_t)ctx.dpRank * " +
+                          std::to_string(zeroChunk(sh.numel, opts.dp)) + "))"
+                    : std::to_string(sh.numel);
       std::string ptr;
       for (auto &ch : chunks)
         for (auto &[name, q] : ch.sharedGrads)
           if (name == sh.name)
             ptr = q;
       if (!ptr.empty())
-        os << "  ctx.ppComm->allReduce(" << ptr << ", " << sh.numel
-           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << "\n";
+        os << "  ctx.ppComm->allReduce(" << ptr << ", " << n << ", CommType::F32, ReduceOp::Sum);  // "
+           << sh.name << "\n";
       else
-        os << "  {\n    std::vector<float> zeros(" << sh.numel
-           << ");\n    ctx.ppComm->allReduce(zeros.data(), " << sh.numel
-           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
+        os << "  {\n    std::vector<float> zeros(" << n << ");\n    ctx.ppComm->allReduce(zeros.data(), "
+           << n << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
     }
   }
   const std::string &red = chunks.back().lossReduction;
@@ -182,6 +189,11 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
   for (auto &ch : chunks)
     os << ch.norm;
   os << normRead(opts);
+  if (zero >= 2) {
+    os << "  // ZeRO-" << zero << ": each replica holds its chunk of every gradient.\n";
+    os << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
+    os << "  ctx.dpComm->allReduce(&sqWhole, 1, CommType::F64, ReduceOp::Sum);\n";
+  }
   if (opts.tp > 1)
     os << "  ctx.tpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
   os << "  double sq = sqSplit + sqWhole;\n";

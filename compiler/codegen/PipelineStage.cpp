@@ -44,15 +44,15 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
     buffers[bufferOf.lookup(loss)].lastUse = end;
   if (!collectStageGradients(ret, stage))
     return false;
-  if (opts.dp > 1 && opts.zero >= 2)
-    return fail("pipeline: ZeRO stage " + std::to_string(opts.zero) +
-                " is not supported with pipelines");
   if (!shardOverDp())
     return false;
+  GatherPlan gathered = planZero3Gathers();
   std::vector<Bucket> buckets;
   if (!readStepTail())
     return false;
   if (opts.dp > 1 && !readBucketsOffIr(buckets))
+    return false;
+  if (zero >= 2 && !stageGradientChunks(buckets, stage))
     return false;
   so.numBuckets = (int)buckets.size();
 
@@ -78,7 +78,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   so.init += stageSeed(so.lossReduction);
 
   std::string forwardBody, backwardBody;
-  if (!emitStageBodies(chunk, backwardBegin, loss, buckets, so, forwardBody, backwardBody))
+  if (!emitStageBodies(chunk, backwardBegin, loss, buckets, gathered, so, forwardBody,
+                       backwardBody))
     return false;
   // Both functions start from the arguments' pointers; the backward part
   // also declares again the forward values it reads, at the same slot offsets.
@@ -97,7 +98,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   so.constants = constants + fusedDefs;
   so.constants += "std::vector<CommHandle> sends[" + std::to_string(pipe.slots[chunk]) +
                   "]; // sends in flight, per slot\n";
-  if (!buckets.empty())
+  if (!buckets.empty() && zero < 2)
     so.constants += "CommHandle buckets[" + std::to_string(buckets.size()) + "];\n";
   so.customKernels = customKernels;
   so.kernelCalls = kernelCalls;
@@ -158,6 +159,38 @@ bool Generator::collectStageGradients(func::ReturnOp ret, int stage) {
                       (bool)fn.getResultAttr(k, kSharedGradAttr)};
         grads.push_back(slot);
       });
+}
+
+/// ZeRO-2 and 3 (docs/partition.md, "ZeRO with micro-batches and
+/// pipelines"): each micro-batch's gradients are reduce-scattered per bucket
+/// into staging buffers of this rank's chunk (activations in the slot, from
+/// the bucket's ready to its wait, where carve-plan-memory put them: its
+/// copies), then added to the fp32 chunk accumulator in the gradient region;
+/// the full gradients live until the wait.
+bool Generator::stageGradientChunks(const std::vector<Bucket> &buckets, int stage) {
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const Bucket &bk = buckets[k];
+    if (bk.waitAt < 0)
+      return fail("@stage" + std::to_string(stage) + " carve.buckets: bucket " +
+                  std::to_string(k) + " has no wait_at under ZeRO-" + std::to_string(zero));
+    for (size_t i = bk.first; i <= bk.last; ++i) {
+      const GradSlot &g = grads[i];
+      const int full = bufferOf.lookup(g.value);
+      buffers[full].lastUse = std::max(buffers[full].lastUse, bk.waitAt);
+      Buffer &st = buffers[g.buffer];
+      st.region = Region::Activation;
+      st.bytes = chunkOf[g.param] * 4;
+      st.def = bk.ready;
+      st.lastUse = bk.waitAt;
+      st.name = "staging_" + var[fn.getArgument(g.param)];
+      shardOf[g.param] = newBuffer(Region::Grad, chunkOf[g.param] * 4, -1,
+                                   "grad_chunk_" + var[fn.getArgument(g.param)]);
+    }
+  }
+  if (buckets.empty() && !grads.empty())
+    return fail("@stage" + std::to_string(stage) + " has no carve.buckets under ZeRO-" +
+                std::to_string(zero) + " (run carve-data-parallel first)");
+  return true;
 }
 
 /// Graph inputs where the program put them (all micro-batches, one after
@@ -274,9 +307,25 @@ std::string Generator::sendStatements(Operation *op, bool backward) {
 /// transfers, kernel calls, the loss summed over micro-batches, gradients
 /// accumulated, and each bucket's all-reduce after the last micro-batch.
 bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
-                                const std::vector<Bucket> &buckets, StageOut &so,
-                                std::string &forwardBody, std::string &backwardBody) {
+                                const std::vector<Bucket> &buckets, const GatherPlan &gathered,
+                                StageOut &so, std::string &forwardBody,
+                                std::string &backwardBody) {
   const int end = (int)ops.size();
+  size_t nextBucket = 0;
+  std::map<unsigned, std::string> shardVar;
+  for (auto &[arg, pair] : gathered)
+    shardVar[arg] = var[fn.getArgument(arg)];
+  size_t nextWait = 0;
+  auto bucketsAfter = [&](int i) {
+    while (nextBucket < buckets.size() && buckets[nextBucket].ready <= i) {
+      body += stageBucketStart(buckets[nextBucket], nextBucket, chunk, so);
+      ++nextBucket;
+    }
+    while (zero >= 2 && nextWait < nextBucket && buckets[nextWait].waitAt <= i) {
+      body += stageBucketWait(buckets[nextWait], nextWait);
+      ++nextWait;
+    }
+  };
   std::vector<std::string> pendingRecv;
   auto flushRecvs = [&]() {
     for (const std::string &h : pendingRecv)
@@ -285,7 +334,6 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
       body += "\n";
     pendingRecv.clear();
   };
-  size_t nextBucket = 0;
   for (Operation *op : ops) {
     const int i = index[op];
     if (i == backwardBegin) {
@@ -303,38 +351,80 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
       body += sendStatements(op, i >= backwardBegin);
       continue;
     }
+    body += gatherStatements(op, i >= backwardBegin, gathered, shardVar);
     if (!emitOp(op))
       return false;
     if (so.hasLoss && loss.getDefiningOp() == op)
       body += "  pipeLoss += (double)" + scalarRead(var[loss]) + ";  // this micro-batch's loss\n";
     for (GradSlot &g : grads)
-      if (g.ready == i) {
+      if (g.ready == i && zero < 2) {
         std::string n = std::to_string(typeOf(g.value).getNumElements());
         body += "  // accumulate the gradient of " + paramName(g.param) +
                 (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" +
                 var[g.value] + ", " + gradPtr(g) + ", " + n + ");\n  else\n    addInPlace(" +
                 gradPtr(g) + ", " + var[g.value] + ", " + n + ");\n";
       }
-    while (nextBucket < buckets.size() && buckets[nextBucket].ready <= i) {
-      auto [begin, stop] = bucketRange(buckets[nextBucket]);
-      body += "  // Gradient bucket " + std::to_string(nextBucket) + " is complete (" +
-              bytesText(buckets[nextBucket].bytes) +
-              "): after the last micro-batch, sum it over the " + std::to_string(opts.dp) +
-              " data-parallel replicas.\n  if (last)\n    buckets[" + std::to_string(nextBucket) +
-              "] = ctx.dpComm->allReduceAsync(A + " + std::to_string(begin) + ", " +
-              std::to_string((stop - begin) / 4) + ", CommType::F32, ReduceOp::Sum);\n";
-      so.bucketWaits += "  ctx.dpComm->wait(c" + std::to_string(chunk) + "::buckets[" +
-                        std::to_string(nextBucket) + "]);\n";
-      ++nextBucket;
-    }
+    bucketsAfter(i);
   }
   flushRecvs();
+  bucketsAfter(end);
+  for (auto &[arg, v] : shardVar)
+    var[fn.getArgument(arg)] = v;
   if (backwardBegin == end) {
     forwardBody = body;
     body.clear();
   }
   backwardBody = body;
   return true;
+}
+
+/// Bucket `k` complete in this micro-batch. ZeRO-0/1: after the last
+/// micro-batch, the all-reduce of its accumulated range (waited for in the
+/// step's tail). ZeRO-2/3: every micro-batch, a reduce-scatter of each of
+/// its gradients into the chunk's staging buffer.
+std::string Generator::stageBucketStart(const Bucket &bk, size_t k, int chunk, StageOut &so) {
+  const std::string key = std::to_string(k), dp = std::to_string(opts.dp);
+  if (zero < 2) {
+    auto [begin, stop] = bucketRange(bk);
+    so.bucketWaits += "  ctx.dpComm->wait(c" + std::to_string(chunk) + "::buckets[" + key + "]);\n";
+    return "  // Gradient bucket " + key + " is complete (" + bytesText(bk.bytes) +
+           "): after the last micro-batch, sum it over the " + dp +
+           " data-parallel replicas.\n  if (last)\n    buckets[" + key +
+           "] = ctx.dpComm->allReduceAsync(A + " + std::to_string(begin) + ", " +
+           std::to_string((stop - begin) / 4) + ", CommType::F32, ReduceOp::Sum);\n";
+  }
+  std::string s = "  // Gradient bucket " + key + " is complete (" + bytesText(bk.bytes) +
+                  "): ZeRO-" + std::to_string(zero) +
+                  " reduce-scatters this micro-batch's part; each replica receives the sum of\n"
+                  "  // its chunk in a staging buffer, added to its fp32 chunk when the bucket "
+                  "is waited for.\n  CommHandle bucket" +
+                  key + "[" + std::to_string(bk.last - bk.first + 1) + "];\n";
+  for (size_t i = bk.first; i <= bk.last; ++i) {
+    const GradSlot &g = grads[i];
+    s += "  {\n    int64_t counts[" + dp + "];\n    for (int r = 0; r < " + dp +
+         "; ++r) counts[r] = " + chunkCount(g.param, "r") + ";\n    bucket" + key + "[" +
+         std::to_string(i - bk.first) + "] = ctx.dpComm->reduceScatterAsync(" + var[g.value] +
+         ", (float *)(S + " + std::to_string(buffers[g.buffer].offset) +
+         "), counts, CommType::F32, ReduceOp::Sum);  // " + paramName(g.param) + "\n  }\n";
+  }
+  return s;
+}
+
+/// ZeRO-2/3: bucket `k`'s reduce-scatters finished; its gradients' chunks
+/// accumulate over the micro-batches in fp32 (the first one copied).
+std::string Generator::stageBucketWait(const Bucket &bk, size_t k) {
+  std::string s = "  for (CommHandle &h : bucket" + std::to_string(k) +
+                  ") ctx.dpComm->wait(h);  // its full gradients are dead from here\n";
+  for (size_t i = bk.first; i <= bk.last; ++i) {
+    const GradSlot &g = grads[i];
+    const std::string staging = "(float *)(S + " + std::to_string(buffers[g.buffer].offset) + ")";
+    const std::string n = chunkCount(g.param, "ctx.dpRank");
+    s += "  // accumulate this replica's chunk of the gradient of " + paramName(g.param) +
+         (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" + staging +
+         ", " + chunkPtr(g.param) + ", " + n + ");\n  else\n    addInPlace(" + chunkPtr(g.param) +
+         ", " + staging + ", " + n + ");\n";
+  }
+  return s;
 }
 
 /// The chunk's pieces of the step's tail (a gradient shared over pp is in

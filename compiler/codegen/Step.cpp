@@ -284,28 +284,7 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
       backward = true;
       s += "\n  // ---- Backward ----\n\n";
     }
-    for (auto &[arg, pair] : gathered) {
-      const Gathered &gg = pair[backward ? 1 : 0];
-      const std::string pass = backward ? "backward" : "forward";
-      const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
-                               std::to_string(gg.last) + "); the buffer is free after the last";
-      const std::string pointer = "  float *" + gg.var + " = (float *)(A + " +
-                                  std::to_string(buffers[gg.buffer].offset) + ");\n";
-      const std::string operands = shardVar[arg] + ", " + gg.var + ", " +
-                                   std::to_string(chunkOf[arg]) + ", CommType::F32);\n";
-      if (gg.issue == index[op] && gg.issue < gg.first)
-        s += "  // ZeRO-3: prefetch " + paramName(arg) + " for its " + pass + uses +
-             " (zero3_prefetch_layers).\n" + pointer + "  CommHandle " + gg.var +
-             "_gather = ctx.dpComm->allGatherAsync(" + operands;
-      if (gg.first != index[op])
-        continue;
-      var[fn.getArgument(arg)] = gg.var;
-      if (gg.issue < gg.first)
-        s += "  ctx.dpComm->wait(" + gg.var + "_gather);  // " + paramName(arg) + ", prefetched\n";
-      else
-        s += "  // ZeRO-3: gather " + paramName(arg) + " for its " + pass + uses + ".\n" + pointer +
-             "  ctx.dpComm->allGather(" + operands;
-    }
+    s += gatherStatements(op, backward, gathered, shardVar);
     if (!emitOp(op))
       return false;
     startBuckets(buckets, nextBucket, index[op]);
@@ -321,6 +300,38 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
   startBuckets(buckets, nextBucket, end);
   waitBuckets(end);
   return true;
+}
+
+/// ZeRO-3, before op `op` of the given pass: the gathers that start there
+/// (ahead of their first read: prefetched, asynchronous) and the gathers or
+/// waits of the parameters first read there, whose name is from then on
+/// their gathered buffer's (`shardVar`: each one's chunk).
+std::string Generator::gatherStatements(Operation *op, bool backward, const GatherPlan &gathered,
+                                        const std::map<unsigned, std::string> &shardVar) {
+  std::string s;
+  for (auto &[arg, pair] : gathered) {
+    const Gathered &gg = pair[backward ? 1 : 0];
+    const std::string pass = backward ? "backward" : "forward";
+    const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
+                             std::to_string(gg.last) + "); the buffer is free after the last";
+    const std::string pointer = "  float *" + gg.var + " = (float *)(" + actBase + " + " +
+                                std::to_string(buffers[gg.buffer].offset) + ");\n";
+    const std::string operands = shardVar.at(arg) + ", " + gg.var + ", " +
+                                 std::to_string(chunkOf[arg]) + ", CommType::F32);\n";
+    if (gg.issue == index[op] && gg.issue < gg.first)
+      s += "  // ZeRO-3: prefetch " + paramName(arg) + " for its " + pass + uses +
+           " (zero3_prefetch_layers).\n" + pointer + "  CommHandle " + gg.var +
+           "_gather = ctx.dpComm->allGatherAsync(" + operands;
+    if (gg.first != index[op])
+      continue;
+    var[fn.getArgument(arg)] = gg.var;
+    if (gg.issue < gg.first)
+      s += "  ctx.dpComm->wait(" + gg.var + "_gather);  // " + paramName(arg) + ", prefetched\n";
+    else
+      s += "  // ZeRO-3: gather " + paramName(arg) + " for its " + pass + uses + ".\n" + pointer +
+           "  ctx.dpComm->allGather(" + operands;
+  }
+  return s;
 }
 
 /// The step's tail: wait for the buckets, the loss, the gradient norm over

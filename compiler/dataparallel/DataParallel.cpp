@@ -138,7 +138,7 @@ public:
     const char *reduce = dp <= 1 ? "none" : zero >= 2 ? "reduce_scatter" : "all_reduce";
     for (GradientBucket &b : buckets)
       b.reduce = reduce;
-    if (!stage && zero >= 2)
+    if (zero >= 2)
       setBucketWaits(buckets, (int64_t)ops.size());
   }
 
@@ -288,11 +288,6 @@ struct DataParallelPass : carve::impl::CarveDataParallelBase<DataParallelPass> {
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (!isEmittedFunction(fn))
         continue;
-      if (fn->hasAttr(kStageAttr) && zero >= 2) {
-        fn.emitError() << "plan: ZeRO stage " << zero << " is not supported with pipelines (@"
-                       << fn.getSymName() << ")";
-        return signalPassFailure();
-      }
       FunctionPlan p(fn, plan->dp, zero);
       p.prefetch = plan->zero3PrefetchLayers;
       if (failed(p.orderGradients()))

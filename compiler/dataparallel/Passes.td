@@ -27,7 +27,10 @@ def CarveDataParallel : Pass<"carve-data-parallel", "mlir::ModuleOp"> {
          all-reduce of its range, or under ZeRO-2 and 3 a reduce-scatter of
          each gradient into the chunk its rank keeps. Under ZeRO >= 2 one
          bucket is in flight: bucket k is waited for (`wait_at`) when bucket
-         k+1 is ready, the last after the last op. `@train_step` records its
+         k+1 is ready, the last after the last op; in a stage this holds
+         per micro-batch (each micro-batch's bucket is reduce-scattered and
+         its chunk added to the rank's fp32 chunk accumulator at the wait).
+         `@train_step` records its
          buckets at dp = 1 too (`reduce = "none"`: the compile summary counts
          them); a stage records them only when dp > 1.
       3. **ZeRO chunks.** Under ZeRO stage z >= 1 and dp > 1 each trainable
@@ -58,8 +61,7 @@ def CarveDataParallel : Pass<"carve-data-parallel", "mlir::ModuleOp"> {
     The emitter prints the collectives and gathers these describe.
 
     Errors, on the function's result or op: a result after the loss that is
-    not a gradient, a gradient of no argument, a gradient that is not f32,
-    and ZeRO-2 or 3 with pipeline stages.
+    not a gradient, a gradient of no argument, a gradient that is not f32.
   }];
   let options = [
     Option<"bucketBytes", "bucket-bytes", "int64_t", /*default=*/"4194304",

@@ -18,7 +18,8 @@ bool partitions(const PlanAttrs &plan) { return plan.tp > 1 || plan.zero > 0; }
 } // namespace
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer) {
+                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
+                          int64_t bucketBytes) {
   pm.addPass(createBindCustomOpsPass(rules));
   CarveAutodiffOptions ad;
   ad.loss = loss;
@@ -33,7 +34,9 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   pm.addPass(createCarveFoldTransposes());
   if (plan.recompute != "none")
     pm.addPass(createCarveRecompute());
-  pm.addPass(createCarveDataParallel());
+  CarveDataParallelOptions dp;
+  dp.bucketBytes = bucketBytes;
+  pm.addPass(createCarveDataParallel(dp));
   pm.addPass(createCarvePlanMemory());
   pm.addPass(createCarveOptimizer(optimizer));
 }

@@ -38,9 +38,11 @@ namespace carve {
 /// Adds the passes for `plan` to `pm` (a module pass manager). `loss` names
 /// the output that is the loss (empty: the only one); `rules` is the rules
 /// file's content (empty when none was given); `fuse` adds elementwise fusion;
-/// `optimizer` is the update the tail performs.
+/// `optimizer` is the update the tail performs; `bucketBytes` the largest
+/// gradient bucket.
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer);
+                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
+                          int64_t bucketBytes);
 
 /// The flags of the passes buildCompilePipeline adds for `plan`, in order.
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse);

@@ -111,8 +111,24 @@ public:
           extend(snd.getInput(), end); // read until the slot is reused
       if (ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr))
         extend(ret.getOperand(0), end);
-      for (const GradientSlot &s : order)
-        extend(ret.getOperand(s.result), s.ready); // accumulated when final
+      if (zero < 2) {
+        for (const GradientSlot &s : order)
+          extend(ret.getOperand(s.result), s.ready); // accumulated when final
+      } else {
+        // ZeRO-2 and 3: each micro-batch's gradient is read by its bucket's
+        // reduce-scatter until the bucket is waited for; the reduced chunk
+        // lands in a staging buffer (carve.activation_plan's copies), added
+        // to the fp32 chunk accumulator at that wait.
+        for (const GradientBucket &k : buckets)
+          for (int64_t i = k.first; i <= k.last; ++i) {
+            const GradientSlot &s = order[i];
+            extend(ret.getOperand(s.result), k.waitAt);
+            int b = add(true, zeroChunkOf(fn, s.param) * 4, k.ready);
+            blocks[b].lastUse = k.waitAt;
+            copyBlock[s.result] = b;
+          }
+      }
+      addGathers(order);
       return success();
     }
     if (ret.getNumOperands() > 0)
@@ -135,22 +151,7 @@ public:
         gradBlock[s.result] = b;
       }
     }
-    // ZeRO-3: a gathered buffer per parameter and pass, in argument order.
-    if (zero == 3)
-      for (const GradientSlot &s : sortedByParam(order)) {
-        std::array<int64_t, 4> r;
-        if (!zero3GatherOf(fn, s.param, r))
-          continue;
-        const int64_t chunk = zeroChunkOf(fn, s.param);
-        const std::array<int64_t, 2> issue = zero3IssueOf(fn, s.param);
-        for (int pass = 0; pass < 2; ++pass)
-          if (r[2 * pass] >= 0) {
-            // Written from where its gather starts (a prefetch: earlier).
-            int b = add(true, dp * chunk * 4, issue[pass] - 1);
-            blocks[b].lastUse = r[2 * pass + 1];
-            gathered[{s.param, pass}] = b;
-          }
-      }
+    addGathers(order);
     // ZeRO-2 and 3: the whole gradients are activations until their bucket
     // is waited for.
     if (zero >= 2) {
@@ -288,6 +289,26 @@ public:
   }
 
 private:
+  /// ZeRO-3: a gathered buffer per parameter and pass, in argument order.
+  void addGathers(const std::vector<GradientSlot> &order) {
+    if (zero != 3)
+      return;
+    for (const GradientSlot &s : sortedByParam(order)) {
+      std::array<int64_t, 4> r;
+      if (!zero3GatherOf(fn, s.param, r))
+        continue;
+      const int64_t chunk = zeroChunkOf(fn, s.param);
+      const std::array<int64_t, 2> issue = zero3IssueOf(fn, s.param);
+      for (int pass = 0; pass < 2; ++pass)
+        if (r[2 * pass] >= 0) {
+          // Written from where its gather starts (a prefetch: earlier).
+          int b = add(true, dp * chunk * 4, issue[pass] - 1);
+          blocks[b].lastUse = r[2 * pass + 1];
+          gathered[{s.param, pass}] = b;
+        }
+    }
+  }
+
   static int64_t numelOf(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
   int add(bool isActivation, int64_t bytes, int64_t def) {
     ArenaBlock blk;

@@ -20,7 +20,10 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
          constant (static data). ZeRO-3 adds a buffer per gathered parameter
          and pass (carve.zero3_gather); under ZeRO-2 and 3 the whole
          gradients are activations until their bucket is waited for, a
-         copied one in a buffer of its own (carve.gradients, carve.buckets).
+         copied one in a buffer of its own (carve.gradients, carve.buckets);
+         in a stage each gradient also gets a staging buffer of its chunk,
+         which its bucket's reduce-scatter writes (from the bucket's ready
+         to its wait, where the chunk is added to the fp32 accumulator).
          Gradients computed in place otherwise live in the gradient region,
          which the emitter lays out with the other persistent tensors.
       2. **Live ranges.** A buffer lives from the op that writes it to the
@@ -51,7 +54,8 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
     `carve.zero3_gather_offsets` [forward, backward]; the function carries
     `carve.activation_plan = {bytes, unplanned, copies}` (the region's size,
     the sum of the buffers without reuse, and the offset of each copied
-    gradient under ZeRO >= 2 in carve.gradients' order, -1 for none); each
+    gradient, or a stage's staging buffer, under ZeRO >= 2 in
+    carve.gradients' order, -1 for none); each
     argument carries `carve.persistent_offset` (its byte in the rank's
     arena) and the function `carve.persistent_plan = {begin, params_end,
     grads_end, state_end, end, grads, states}` (dialects/carve/Contract.h).

@@ -166,13 +166,6 @@ bool checkCombination(const Plan &plan, const std::string &what, std::string &er
     error = what + ": \"zero\" shards over the data-parallel ranks and needs \"dp\" > 1";
     return false;
   }
-  const bool micro = plan.numMicroBatches > 1 || plan.microBatchSize > 0;
-  if (plan.zero >= 2 && (plan.pp > 1 || micro)) {
-    error = what + ": \"zero\": " + std::to_string(plan.zero) +
-            " with pipelines or micro-batches is not implemented in this version (gradients "
-            "accumulate over micro-batches in full); use zero 1";
-    return false;
-  }
   if (plan.schedule == "interleaved" && plan.pp == 1) {
     error = what + ": the interleaved schedule spreads virtual stages over pipeline ranks and "
                    "needs \"pp\" > 1";

@@ -909,8 +909,6 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                 continue;
               if (zero > 0 && dp == 1)
                 continue;
-              if (zero >= 2 && (pp > 1 || m > 1))
-                continue; // carve compile: ZeRO-2/3 without pipelines and micro-batches
               for (const std::string &rc : recomputes) {
                 if (!sp.allowsText("recompute", rc))
                   continue;

@@ -138,7 +138,8 @@ constexpr const char *kArenaOffsetAttr = "carve.arena_offset";
 constexpr const char *kZero3GatherOffsetsAttr = "carve.zero3_gather_offsets";
 /// On an emitted function: {bytes (the region's size), unplanned (without
 /// reuse), copies (per carve.gradients entry, the offset of its copy under
-/// ZeRO >= 2, else -1)}.
+/// ZeRO >= 2 in @train_step, of its reduce-scattered chunk's staging buffer
+/// under ZeRO >= 2 in a stage, else -1)}.
 constexpr const char *kActivationPlanAttr = "carve.activation_plan";
 /// On an argument of an emitted function: its byte offset in the rank's
 /// arena (parameters and buffers, graph inputs, the loss seed).

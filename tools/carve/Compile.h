@@ -20,6 +20,8 @@ struct CompileArgs {
   /// --cuda-arch: GPU architectures (sm numbers, "80,90"); empty: the runtime's.
   std::string cudaArchs;
   bool fuse = true; // --no-fuse turns elementwise fusion off
+  /// --bucket-bytes: the largest gradient bucket (carve-data-parallel's bucket-bytes).
+  int64_t bucketBytes = 4194304;
   std::string output;
   std::string loss;
   std::string emitMlir;                  // write the training step's IR here

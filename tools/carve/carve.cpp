@@ -87,6 +87,11 @@ cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Run every elementwise op as its own kernel instead of fusing "
                               "chains (for comparing; docs/fusion.md)"),
                      cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<int64_t> bucketBytes(
+    "bucket-bytes",
+    cl::desc("Largest gradient bucket in bytes, reduced as one piece over dp (default 4194304; "
+             "a larger gradient is a bucket of its own)"),
+    cl::init(4194304), cl::value_desc("N"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> cudaArch("cuda-arch",
                               cl::desc("GPU architectures for --target cuda, e.g. 80,90 (sm_80 "
                                        "and sm_90; default: those the runtime was built for)"),
@@ -296,6 +301,7 @@ int runCompileCommand() {
   args.target = target;
   args.cudaArchs = cudaArch;
   args.fuse = !noFuse;
+  args.bucketBytes = bucketBytes;
   args.loss = lossName;
   args.emitMlir = emitMlir;
   args.emitMlirAfter = emitMlirAfter;

@@ -16,8 +16,11 @@
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=4 zero=3" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel | FileCheck %s --check-prefix=Z3
 // Micro-batches: a stage accumulates every gradient, so each is copied.
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel | FileCheck %s --check-prefix=STAGE
+// ZeRO-3 in a stage: per micro-batch, reduce-scatter buckets waited for as
+// in @train_step (bucket k when k+1 is ready, the last after the last op),
+// and gathers per pass.
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=3 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel=bucket-bytes=256 | FileCheck %s --check-prefix=STZ3
 // Errors.
-// RUN: not carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2 micro-batches=2" --carve-split-stages --carve-data-parallel 2>&1 | FileCheck %s --check-prefix=PIPEZERO
 // RUN: not carve-opt %s --carve-autodiff --carve-data-parallel=bucket-bytes=0 2>&1 | FileCheck %s --check-prefix=BUCKET
 
 // The order: fc2.weight's gradient (op 13) before fc1.bias's (op 15, a
@@ -60,7 +63,10 @@
 // STAGE-SAME: carve.buckets = [{bytes = 512 : i64, first = 0 : i64, last = 4 : i64, ready = 21 : i64, reduce = "all_reduce"}]
 // STAGE-SAME: carve.gradients = [{copy = true, param = 5 : i64, ready = 10 : i64, result = 4 : i64}, {copy = true, param = 6 : i64, ready = 10 : i64, result = 5 : i64}, {copy = true, param = 3 : i64, ready = 15 : i64, result = 3 : i64}, {copy = true, param = 2 : i64, ready = 18 : i64, result = 2 : i64}, {copy = true, param = 1 : i64, ready = 21 : i64, result = 1 : i64}]
 
-// PIPEZERO: error: plan: ZeRO stage 2 is not supported with pipelines (@stage0)
+// STZ3-LABEL: func.func @stage0(
+// STZ3-SAME: {carve.param = "fc2.weight", carve.trainable, carve.zero3_gather = array<i64: 4, 4, 13, 13>, carve.zero_chunk = 9 : i64}
+// STZ3-SAME: carve.buckets = [{bytes = 256 : i64, first = 0 : i64, last = 2 : i64, ready = 15 : i64, reduce = "reduce_scatter", wait_at = 21 : i64}, {bytes = 256 : i64, first = 3 : i64, last = 4 : i64, ready = 21 : i64, reduce = "reduce_scatter", wait_at = 22 : i64}]
+
 // BUCKET: error: carve-data-parallel: bucket-bytes must be positive, not 0
 
 func.func @forward(%x: tensor<4x8xf32> {carve.input = "x"},

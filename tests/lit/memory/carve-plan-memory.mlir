@@ -17,6 +17,11 @@
 // is accumulated, right after the op that finishes it. The rank's arena
 // starts with the inputs of both micro-batches.
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STAGE
+// A ZeRO-3 stage: each micro-batch's gradients are read by their bucket's
+// reduce-scatter until its wait (after the last op, 17), which writes each
+// one's chunk into a staging buffer (copies) added to the chunk in the
+// gradient region; parameters are chunks gathered per pass.
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=3 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STZ3
 // Without carve-data-parallel's records the pass refuses the function.
 // RUN: not carve-opt %s --carve-autodiff --carve-plan-memory 2>&1 | FileCheck %s --check-prefix=NODP
 
@@ -80,6 +85,12 @@
 // STAGE: carve.expand {{.*}}{carve.arena_offset = array<i64: 320>}
 // STAGE: carve.matmul {{.*}}{carve.arena_offset = array<i64: 320>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
 // STAGE-NEXT: return
+
+// STZ3-LABEL: func.func @stage0(
+// STZ3-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 384 : i64, carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 384, 512>, carve.zero_chunk = 32 : i64}
+// STZ3-SAME: carve.activation_plan = {bytes = 1280 : i64, copies = array<i64: 192, 256, 1024, 1152>, unplanned = 2880 : i64}
+// STZ3-SAME: carve.buckets = [{bytes = 768 : i64, first = 0 : i64, last = 3 : i64, ready = 16 : i64, reduce = "reduce_scatter", wait_at = 17 : i64}]
+// STZ3-SAME: carve.persistent_plan = {begin = 256 : i64, end = 1856 : i64, grads = array<i64: 640, 704, 768, 896>, grads_end = 1024 : i64, params_end = 640 : i64
 
 // NODP: error: @train_step has no carve.gradients (run carve-data-parallel first)
 
