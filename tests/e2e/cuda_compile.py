@@ -71,6 +71,9 @@ CASES = [
 RECOMPUTE = {("gpt", "dp2"), ("llama", "pp2")}
 # Cases compiled with ZeRO-3 and zero3_prefetch_layers = 1.
 PREFETCH = {("llama", "dp2")}
+# Pipeline cases on dp2 x pp2 with ZeRO-2 or 3 (per micro-batch reduce-scatters
+# into chunk accumulators; ZeRO-3 also gathers inside each stage's passes).
+PIPE_ZERO = {("gpt", "pp2"): 2, ("llama", "pp2"): 3}
 TIMEOUT_S = 600
 
 
@@ -275,6 +278,8 @@ def main():
             plan["recompute"] = "full"
         if (model, plan_name) in PREFETCH:
             plan.update(zero=3, zero3_prefetch_layers=1)
+        if (model, plan_name) in PIPE_ZERO:
+            plan.update(dp=2, zero=PIPE_ZERO[(model, plan_name)])
         pj = os.path.join(a.workdir, "%s-%s-%s.json" % (model, plan_name, precision))
         with open(pj, "w") as f:
             json.dump(plan, f)
