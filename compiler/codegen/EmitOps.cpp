@@ -51,8 +51,15 @@ std::string Generator::opComment(Operation *op) {
 std::string Generator::resultPointer(Value r) {
   const Buffer &b = buffers[bufferOf.lookup(r)];
   return "  " + ctypeOf(r) + " *" + var[r] + " = (" + ctypeOf(r) + " *)(" +
-         (b.region == Region::Activation ? actBase : std::string("A")) + " + " +
-         std::to_string(b.offset) + ");\n";
+         (b.region == Region::Activation ? activationAt(b.offset)
+                                         : "A + " + std::to_string(b.offset)) +
+         ");\n";
+}
+
+std::string Generator::activationAt(int64_t offset) {
+  if (slotLimit >= 0 && offset >= slotLimit)
+    return "W + " + std::to_string(offset - slotLimit);
+  return actBase + " + " + std::to_string(offset);
 }
 
 bool Generator::emitConstant(ConstantOp op) {

@@ -179,6 +179,7 @@ public:
     std::map<std::string, std::string> customKernels;
     std::vector<TensorRow> params, inputs;
     int64_t persistentEnd = 0, activationBytes = 0, unplannedBytes = 0;
+    int64_t scratchBytes = 0; // activations shared by the rank's calls (at W)
     int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
     int numBuckets = 0, kernelCalls = 0;
     bool hasLoss = false;
@@ -255,6 +256,11 @@ private:
   /// Base of the activation pointers: "A" (the arena) for the whole step,
   /// "S" (the micro-batch's slot) in a pipeline stage.
   std::string actBase = "A";
+  /// A stage: activation offsets from here on are scratch (at W), shared by
+  /// the rank's calls (carve.activation_plan's slot); -1: none.
+  int64_t slotLimit = -1;
+  /// The pointer expression of activation byte `offset` (S/A + offset, or W + ...).
+  std::string activationAt(int64_t offset);
   std::vector<TensorRow> inputRows, paramRows;
   int kernelCalls = 0;
 

@@ -103,6 +103,12 @@ bool Generator::readActivations() {
   if (!readActivationPlan(fn, plan, error))
     return false;
   const std::string where = "@" + fn.getSymName().str() + " ";
+  if (actBase == "S") {
+    if (plan.slot < 0)
+      return fail(where + kActivationPlanAttr +
+                  " has no slot (a stage's per-micro-batch part; run carve-plan-memory)");
+    slotLimit = plan.slot;
+  }
   if (plan.copies.size() != grads.size())
     return fail(where + kActivationPlanAttr + " lists " + std::to_string(plan.copies.size()) +
                 " gradient copies for " + std::to_string(grads.size()) + " gradients");
@@ -129,6 +135,27 @@ bool Generator::readActivations() {
                   std::to_string(plan.bytes) + " bytes)");
     b.offset = off;
     act.push_back(i);
+  }
+  // A stage: what one micro-batch keeps from its forward to its backward,
+  // and what its sends read, must lie in its slot (scratch is reused by
+  // the rank's next call).
+  if (slotLimit >= 0) {
+    const int bb = firstBackwardOp(true);
+    std::set<int> sent;
+    for (Operation *op : ops)
+      if (auto snd = dyn_cast<dist::SendOp>(op))
+        sent.insert(bufferOf.lookup(snd.getInput()));
+    for (int i : act) {
+      const Buffer &b = buffers[i];
+      if (((b.def < bb && b.lastUse >= bb) || sent.count(i)) &&
+          b.offset + std::max<int64_t>(b.bytes, 1) > slotLimit)
+        return fail(where + "activation '" + b.name +
+                    (sent.count(i) ? "' is sent to another stage"
+                                   : "' is kept from forward to backward") +
+                    " but carve-plan-memory put it in the scratch part (" +
+                    std::to_string(b.offset) + "; the slot ends at " +
+                    std::to_string(slotLimit) + ")");
+    }
   }
   // No two buffers that are live at once may share a byte.
   std::stable_sort(act.begin(), act.end(),

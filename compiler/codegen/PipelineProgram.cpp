@@ -28,6 +28,7 @@ struct RankProgram {
   std::vector<Generator::StageOut> chunks;
   std::vector<int64_t> slotBase, slotBytes; // per chunk: its slots in the arena
   int64_t inputsEnd = 0;                    // the inputs of every micro-batch: [0, inputsEnd)
+  int64_t scratchBase = 0, scratchBytes = 0; // the rank's scratch, shared by its calls
 };
 
 /// The header comment, the includes, the user's kernels and each chunk's
@@ -95,7 +96,10 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
     os << "  //   stage " << c * p + pipe.rank << " activations: " << pipe.slots[c]
        << " slot(s) of " << bytesText(slotBytes[c]) << " at [" << slotBase[c] << ", "
        << slotBase[c] + slotBytes[c] * pipe.slots[c] << ")\n";
-  os << "  char *const A = ctx.arena;\n  pipeLoss = 0;\n";
+  os << "  //   scratch (every call's transients) " << bytesText(rp.scratchBytes) << " at ["
+     << rp.scratchBase << ", " << rp.scratchBase + rp.scratchBytes << ")\n";
+  os << "  char *const A = ctx.arena;\n  char *const W = A + " << rp.scratchBase
+     << ";\n  pipeLoss = 0;\n";
   for (auto &ch : chunks)
     os << ch.init;
   os << "\n  // ---- Schedule (" << pipe.schedule << ", pp=" << p << ", " << m << " micro-batches"
@@ -110,10 +114,10 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
       os << "  waitAll(*ctx.ppComm, " << c << "::sends[" << st.slot << "]);  // slot " << st.slot
          << " is free once its sends are done\n";
       os << "  { TraceSpan t(ctx, 'F', " << st.microBatch << ", " << stage << "); " << c
-         << "::forward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << "); }\n";
+         << "::forward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << ", W); }\n";
     } else {
       os << "  { TraceSpan t(ctx, 'B', " << st.microBatch << ", " << stage << "); " << c
-         << "::backward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << ", "
+         << "::backward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << ", W, "
          << (st.microBatch == m - 1 ? "true" : "false") << "); }\n";
     }
   }
@@ -265,6 +269,11 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
     slotBase[c] = at;
     at += slotBytes[c] * pipe.slots[c];
   }
+  // One scratch region: a rank runs one forward or backward at a time.
+  rp.scratchBase = at;
+  for (auto &ch : chunks)
+    rp.scratchBytes = std::max(rp.scratchBytes, alignUp(ch.scratchBytes));
+  at += rp.scratchBytes;
   out.arenaBytes = alignUp(at);
   out.activationBytes = at - persistentEnd;
   for (auto &ch : chunks) {

@@ -64,7 +64,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   so.persistentEnd = layout.end;
   if (!readActivations()) // offsets relative to the slot
     return false;
-  so.activationBytes = out.activationBytes;
+  so.activationBytes = slotLimit;
+  so.scratchBytes = out.activationBytes - slotLimit;
   so.unplannedBytes = out.unplannedBytes;
   so.paramBytes = layout.paramEnd - base;
   so.gradBytes = layout.gradEnd - layout.paramEnd;
@@ -86,15 +87,16 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   std::string argPreamble = "  char *const A = ctx.arena;\n";
   for (BlockArgument a : fn.getArguments())
     argPreamble += argumentPointer(a, true);
-  std::string sig = "(StepContext &ctx, int mb, int slot, char *S";
-  so.forward =
-      "/// Forward of micro-batch `mb`, its activations in slot `slot` (at S).\nvoid forward" +
-      sig + ") {\n" + argPreamble + "  (void)slot;\n\n" + forwardBody + "}\n";
+  std::string sig = "(StepContext &ctx, int mb, int slot, char *S, char *W";
+  so.forward = "/// Forward of micro-batch `mb`, what it keeps for backward in slot `slot` (at "
+               "S), its\n/// transients in the rank's scratch (at W).\nvoid forward" +
+               sig + ") {\n" + argPreamble + "  (void)slot;\n  (void)W;\n\n" + forwardBody +
+               "}\n";
   so.backward =
       "/// Backward of micro-batch `mb` (slot `slot`); `last`: the step's last micro-batch.\n"
       "void backward" +
       sig + ", bool last) {\n" + argPreamble + stashDeclarations(backwardBegin) +
-      "  (void)slot;\n  (void)last;\n\n" + backwardBody + "}\n";
+      "  (void)slot;\n  (void)W;\n  (void)last;\n\n" + backwardBody + "}\n";
   so.constants = constants + fusedDefs;
   so.constants += "std::vector<CommHandle> sends[" + std::to_string(pipe.slots[chunk]) +
                   "]; // sends in flight, per slot\n";
@@ -112,7 +114,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
             std::to_string(layout.paramEnd) + ", " + std::to_string(layout.gradEnd) +
             "), optimizer state [" + std::to_string(layout.gradEnd) + ", " +
             std::to_string(layout.stateEnd) + "); activations " + bytesText(so.activationBytes) +
-            " per micro-batch (" + bytesText(so.unplannedBytes) + " without reuse)\n";
+            " kept per micro-batch, " + bytesText(so.scratchBytes) + " scratch (" +
+            bytesText(so.unplannedBytes) + " without reuse)\n";
   return true;
 }
 
@@ -247,7 +250,7 @@ std::string Generator::stashDeclarations(int backwardBegin) {
     if (b.region == Region::Constant && root == v)
       return "";
     std::string target = b.region == Region::Activation
-                             ? "(" + ctypeOf(v) + " *)(S + " + std::to_string(b.offset) + ")"
+                             ? "(" + ctypeOf(v) + " *)(" + activationAt(b.offset) + ")"
                              : "(" + ctypeOf(v) + " *)" + var[root];
     return "  " + ctypeOf(v) + " *" + var[v] + " = " + target + ";\n";
   };
@@ -284,7 +287,7 @@ std::string Generator::recvStatements(Operation *op, bool backward) {
   return "  // " + std::string(backward ? "gradient" : "activation") + " " +
          shapeText(typeOf(res).getShape()) + " from stage " + std::to_string(from) +
          (node.empty() ? "" : " [" + node + "]") + "\n" + "  " + ctypeOf(res) + " *" + var[res] +
-         " = (" + ctypeOf(res) + " *)(S + " + std::to_string(b.offset) + ");\n" + "  CommHandle " +
+         " = (" + ctypeOf(res) + " *)(" + activationAt(b.offset) + ");\n" + "  CommHandle " +
          h + " = ctx.ppComm->recvAsync(" + var[res] + ", " + std::to_string(bytesOf(res)) + ", " +
          peer((int64_t)r.getOffset()) + ", " + std::to_string((int64_t)r.getTag()) + " * " +
          std::to_string(opts.numMicroBatches) + " + mb);\n";
@@ -404,8 +407,7 @@ std::string Generator::stageBucketStart(const Bucket &bk, size_t k, int chunk, S
     s += "  {\n    int64_t counts[" + dp + "];\n    for (int r = 0; r < " + dp +
          "; ++r) counts[r] = " + chunkCount(g.param, "r") + ";\n    bucket" + key + "[" +
          std::to_string(i - bk.first) + "] = ctx.dpComm->reduceScatterAsync(" + var[g.value] +
-         ", (float *)(S + " + std::to_string(buffers[g.buffer].offset) +
-         "), counts, CommType::F32, ReduceOp::Sum);  // " + paramName(g.param) + "\n  }\n";
+         ", (float *)(" + activationAt(buffers[g.buffer].offset) + "), counts, CommType::F32, ReduceOp::Sum);  // " + paramName(g.param) + "\n  }\n";
   }
   return s;
 }
@@ -417,7 +419,7 @@ std::string Generator::stageBucketWait(const Bucket &bk, size_t k) {
                   ") ctx.dpComm->wait(h);  // its full gradients are dead from here\n";
   for (size_t i = bk.first; i <= bk.last; ++i) {
     const GradSlot &g = grads[i];
-    const std::string staging = "(float *)(S + " + std::to_string(buffers[g.buffer].offset) + ")";
+    const std::string staging = "(float *)(" + activationAt(buffers[g.buffer].offset) + ")";
     const std::string n = chunkCount(g.param, "ctx.dpRank");
     s += "  // accumulate this replica's chunk of the gradient of " + paramName(g.param) +
          (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" + staging +

@@ -314,8 +314,8 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
     const std::string pass = backward ? "backward" : "forward";
     const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
                              std::to_string(gg.last) + "); the buffer is free after the last";
-    const std::string pointer = "  float *" + gg.var + " = (float *)(" + actBase + " + " +
-                                std::to_string(buffers[gg.buffer].offset) + ");\n";
+    const std::string pointer =
+        "  float *" + gg.var + " = (float *)(" + activationAt(buffers[gg.buffer].offset) + ");\n";
     const std::string operands = shardVar.at(arg) + ", " + gg.var + ", " +
                                  std::to_string(chunkOf[arg]) + ", CommType::F32);\n";
     if (gg.issue == index[op] && gg.issue < gg.first)

@@ -11,6 +11,7 @@
 
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
+#include "compiler/stages/StageSplit.h"
 
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
@@ -107,8 +108,11 @@ public:
       return fn.emitError() << error;
     if (stage) {
       for (Operation *op : ops)
-        if (auto snd = dyn_cast<dist::SendOp>(op))
+        if (auto snd = dyn_cast<dist::SendOp>(op)) {
           extend(snd.getInput(), end); // read until the slot is reused
+          if (bufferOf(snd.getInput()) >= 0)
+            sendBlocks.insert(bufferOf(snd.getInput()));
+        }
       if (ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr))
         extend(ret.getOperand(0), end);
       if (zero < 2) {
@@ -175,10 +179,32 @@ public:
         act.push_back(blocks[b]);
         which.push_back((int)b);
       }
-    int64_t unplanned = 0;
-    const int64_t peak = placeFirstFit(act, kArenaAlign, unplanned);
+    int64_t unplanned = 0, slot = -1;
+    int64_t peak = placeFirstFit(act, kArenaAlign, unplanned);
     for (size_t i = 0; i < act.size(); ++i)
       blocks[which[i]].offset = act[i].offset;
+    if (stage) {
+      // A stage's slot holds what one micro-batch keeps between its forward
+      // and its backward (and its sends, read until the slot is reused); the
+      // rest is scratch, which every call on the rank reuses.
+      const int64_t bb = backwardBegin();
+      std::vector<ArenaBlock> part[2];
+      std::vector<int> of[2];
+      for (size_t i = 0; i < act.size(); ++i) {
+        const ArenaBlock &blk = blocks[which[i]];
+        const int k = (blk.def < bb && blk.lastUse >= bb) || sendBlocks.count(which[i]) ? 0 : 1;
+        part[k].push_back(blk);
+        of[k].push_back(which[i]);
+      }
+      int64_t unused = 0;
+      slot = placeFirstFit(part[0], kArenaAlign, unused);
+      slot = (slot + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+      const int64_t scratch = placeFirstFit(part[1], kArenaAlign, unused);
+      for (int k = 0; k < 2; ++k)
+        for (size_t i = 0; i < part[k].size(); ++i)
+          blocks[of[k][i]].offset = part[k][i].offset + (k ? slot : 0);
+      peak = slot + scratch;
+    }
 
     Builder b(fn.getContext());
     for (Operation *op : ops) {
@@ -209,10 +235,13 @@ public:
       copies.push_back(it != copyBlock.end() && activation[it->second] ? blocks[it->second].offset
                                                                        : -1);
     }
-    fn->setAttr(kActivationPlanAttr,
-                b.getDictionaryAttr({b.getNamedAttr("bytes", b.getI64IntegerAttr(peak)),
-                                     b.getNamedAttr("copies", b.getDenseI64ArrayAttr(copies)),
-                                     b.getNamedAttr("unplanned", b.getI64IntegerAttr(unplanned))}));
+    SmallVector<NamedAttribute> fields = {
+        b.getNamedAttr("bytes", b.getI64IntegerAttr(peak)),
+        b.getNamedAttr("copies", b.getDenseI64ArrayAttr(copies)),
+        b.getNamedAttr("unplanned", b.getI64IntegerAttr(unplanned))};
+    if (stage)
+      fields.push_back(b.getNamedAttr("slot", b.getI64IntegerAttr(slot)));
+    fn->setAttr(kActivationPlanAttr, b.getDictionaryAttr(fields));
     return (int64_t)act.size();
   }
 
@@ -289,6 +318,16 @@ public:
   }
 
 private:
+  /// The first op of backward: named "backward of ..." or, in a stage, a
+  /// receive carve.phase marks as backward's (as the emitter splits).
+  int64_t backwardBegin() const {
+    for (Operation *op : ops)
+      if (StringRef(nodeName(op->getLoc())).starts_with(kBackwardPrefix) ||
+          op->getAttr(kPhaseAttr))
+        return index.lookup(op);
+    return (int64_t)ops.size();
+  }
+
   /// ZeRO-3: a gathered buffer per parameter and pass, in argument order.
   void addGathers(const std::vector<GradientSlot> &order) {
     if (zero != 3)
@@ -383,6 +422,7 @@ private:
   std::vector<bool> activation;
   llvm::DenseMap<Value, int> buffer, owned;
   std::map<unsigned, int> copyBlock;                // gradient result -> its copy's block
+  std::set<int> sendBlocks;                         // a stage's blocks that sends read
   std::map<std::pair<unsigned, int>, int> gathered; // (argument, pass) -> block
 };
 
@@ -452,6 +492,14 @@ bool readActivationPlan(func::FuncOp fn, ActivationPlan &plan, std::string &erro
   }
   plan.bytes = bytes.getInt();
   plan.unplanned = unplanned.getInt();
+  auto slot = d.getAs<IntegerAttr>("slot");
+  plan.slot = slot ? slot.getInt() : -1;
+  if (plan.slot > plan.bytes) {
+    error = "@" + fn.getSymName().str() + " " + std::string(kActivationPlanAttr) + ": slot " +
+            std::to_string(plan.slot) + " is larger than the region (" +
+            std::to_string(plan.bytes) + " bytes)";
+    return false;
+  }
   plan.copies.assign(copies.asArrayRef().begin(), copies.asArrayRef().end());
   return true;
 }

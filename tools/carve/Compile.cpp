@@ -277,7 +277,8 @@ int runCompile(CompileArgs &args) {
       fail(dir + sub + ": " + ec.message());
   writeSources(dir, cm);
   writePlanJson(dir, cm);
-  writeInitialValues(dir + "/init.safetensors", im.initial, im.isInt, cm.modelName);
+  if (!args.noWeights)
+    writeInitialValues(dir + "/init.safetensors", im.initial, im.isInt, cm.modelName);
   int64_t kernelCalls = 0;
   for (const GeneratedProgram &g : cm.programs)
     kernelCalls += g.numKernelCalls;

@@ -22,6 +22,8 @@ struct CompileArgs {
   bool fuse = true; // --no-fuse turns elementwise fusion off
   /// --bucket-bytes: the largest gradient bucket (carve-data-parallel's bucket-bytes).
   int64_t bucketBytes = 4194304;
+  /// --no-weights: no initial values are generated or written.
+  bool noWeights = false;
   std::string output;
   std::string loss;
   std::string emitMlir;                  // write the training step's IR here

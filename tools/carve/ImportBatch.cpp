@@ -77,7 +77,7 @@ Imported importModel(mlir::MLIRContext &context, const CompileArgs &args, const 
   Imported im;
   std::string error;
   ImportOptions globalOpts = args.import;
-  globalOpts.initialValues = &im.initial;
+  globalOpts.initialValues = args.noWeights ? nullptr : &im.initial;
   auto global = loadModel(context, args.model, globalOpts, error);
   if (!global)
     die(args.model + ": " + error);
@@ -111,8 +111,12 @@ Imported importModel(mlir::MLIRContext &context, const CompileArgs &args, const 
           " (the model may hard-code its batch size in a reshape; export it with a "
           "dynamic batch)");
   }
+  size_t params = im.initial.size();
+  if (args.noWeights)
+    params = im.isInt.size();
   progress.done(
-      std::to_string(im.initial.size()) + " parameters, global batch " + std::to_string(im.batch) +
+      std::to_string(params) + " parameters" + (args.noWeights ? " (no weights)" : "") +
+      ", global batch " + std::to_string(im.batch) +
       (im.micro == im.batch ? std::string() : ", " + std::to_string(im.micro) + " per " + per));
   return im;
 }

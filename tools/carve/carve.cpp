@@ -87,6 +87,11 @@ cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Run every elementwise op as its own kernel instead of fusing "
                               "chains (for comparing; docs/fusion.md)"),
                      cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<bool> noWeights(
+    "no-weights",
+    cl::desc("Compile the programs without their initial weights (no OUT/init.safetensors; "
+             "train then needs --load): for builtin models too large to materialize here"),
+    cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<int64_t> bucketBytes(
     "bucket-bytes",
     cl::desc("Largest gradient bucket in bytes, reduced as one piece over dp (default 4194304; "
@@ -302,6 +307,7 @@ int runCompileCommand() {
   args.cudaArchs = cudaArch;
   args.fuse = !noFuse;
   args.bucketBytes = bucketBytes;
+  args.noWeights = noWeights;
   args.loss = lossName;
   args.emitMlir = emitMlir;
   args.emitMlirAfter = emitMlirAfter;

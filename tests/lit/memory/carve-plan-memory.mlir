@@ -13,9 +13,11 @@
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2 optimizer-state=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z2
 // ZeRO-3: each gathered parameter has a buffer per pass.
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=4 zero=3" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z3
-// A stage: offsets in the micro-batch's slot; a gradient is read until it
-// is accumulated, right after the op that finishes it. The rank's arena
-// starts with the inputs of both micro-batches.
+// A stage: a gradient is read until it is accumulated, right after the op
+// that finishes it. What forward keeps for backward (fc1's product and its
+// exp, read by backward, and the loss) lies in the micro-batch's slot [0,
+// 320); the rest is scratch, after it, which the rank's calls share. The
+// rank's arena starts with the inputs of both micro-batches.
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STAGE
 // A ZeRO-3 stage: each micro-batch's gradients are read by their bucket's
 // reduce-scatter until its wait (after the last op, 17), which writes each
@@ -80,15 +82,19 @@
 // STAGE-SAME: {carve.input = "x", carve.persistent_offset = 0 : i64}
 // STAGE-SAME: {carve.param = "fc1.weight", carve.persistent_offset = 256 : i64, carve.trainable}
 // STAGE-SAME: {carve.loss_seed, carve.persistent_offset = 3328 : i64}
-// STAGE-SAME: carve.activation_plan = {bytes = 832 : i64, copies = array<i64: -1, -1, -1, -1>, unplanned = 1472 : i64}
+// STAGE-SAME: carve.activation_plan = {bytes = 832 : i64, copies = array<i64: -1, -1, -1, -1>, slot = 320 : i64, unplanned = 1472 : i64}
 // STAGE-SAME: carve.persistent_plan = {begin = 256 : i64, end = 3392 : i64
+// STAGE: carve.matmul %arg0, %arg1 {carve.arena_offset = array<i64: 0>}
+// STAGE-NEXT: carve.exp {{.*}}{carve.arena_offset = array<i64: 128>}
+// STAGE-NEXT: carve.matmul {{.*}}{carve.arena_offset = array<i64: 320>}
+// STAGE: carve.reduce_sum {{.*}}carve.arena_offset = array<i64: 256>
 // STAGE: carve.expand {{.*}}{carve.arena_offset = array<i64: 320>}
-// STAGE: carve.matmul {{.*}}{carve.arena_offset = array<i64: 320>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+// STAGE: carve.matmul {{.*}}{carve.arena_offset = array<i64: 448>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
 // STAGE-NEXT: return
 
 // STZ3-LABEL: func.func @stage0(
-// STZ3-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 384 : i64, carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 384, 512>, carve.zero_chunk = 32 : i64}
-// STZ3-SAME: carve.activation_plan = {bytes = 1280 : i64, copies = array<i64: 192, 256, 1024, 1152>, unplanned = 2880 : i64}
+// STZ3-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 384 : i64, carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 320, 448>, carve.zero_chunk = 32 : i64}
+// STZ3-SAME: carve.activation_plan = {bytes = 1472 : i64, copies = array<i64: 704, 768, 1216, 1344>, slot = 320 : i64, unplanned = 2880 : i64}
 // STZ3-SAME: carve.buckets = [{bytes = 768 : i64, first = 0 : i64, last = 3 : i64, ready = 16 : i64, reduce = "reduce_scatter", wait_at = 17 : i64}]
 // STZ3-SAME: carve.persistent_plan = {begin = 256 : i64, end = 1856 : i64, grads = array<i64: 640, 704, 768, 896>, grads_end = 1024 : i64, params_end = 640 : i64
 
