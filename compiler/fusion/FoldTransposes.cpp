@@ -66,6 +66,26 @@ struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesP
       if (!isEmittedFunction(fn))
         continue;
       Builder b(fn.getContext());
+      // A transpose undoing another reads the other's input: backward's
+      // transpose of forward's transposed weight reads the weight, so the
+      // forward transpose folds into its matmul and nothing weight-sized is
+      // kept from forward to backward.
+      SmallVector<TransposeOp> undoing;
+      fn.walk([&](TransposeOp t) {
+        auto inner = t.getInput().getDefiningOp<TransposeOp>();
+        if (!inner || inner.getPerm().size() != t.getPerm().size())
+          return;
+        ArrayRef<int64_t> p = inner.getPerm(), q = t.getPerm();
+        for (size_t i = 0; i < q.size(); ++i)
+          if (p[q[i]] != (int64_t)i)
+            return;
+        undoing.push_back(t);
+      });
+      for (TransposeOp t : undoing) {
+        t.getResult().replaceAllUsesWith(t.getInput().getDefiningOp<TransposeOp>().getInput());
+        t->erase();
+        ++numUndone;
+      }
       fn.walk([&](TransposeOp t) {
         if (!swapsLastTwo(t))
           return;

@@ -50,7 +50,13 @@ def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
   let description = [{
     The GEMM kernels take each operand with a transpose flag, so a transpose
     that swaps the last two dimensions need not be computed when a matmul is
-    next to it. For each such transpose, in program order:
+    next to it. First, a transpose whose input is a transpose it undoes (the
+    two permutations compose to the identity) is erased, its readers reading
+    the inner transpose's input: backward's transpose of forward's transposed
+    Linear weight then reads the weight itself, and the forward transpose
+    folds into its matmul instead of keeping a transposed copy of the weight
+    alive until backward (one copy per micro-batch in flight in a pipeline).
+    Then, for each transpose of the last two dimensions, in program order:
 
       1. when its input is the result of a matmul whose operands both have
          rank >= 2 and whose only reader is this transpose, (A B)^T = B^T A^T:
@@ -62,12 +68,13 @@ def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
          transpose is marked `carve.fold = "operand"` (it has no buffer).
 
     Before: the functions the emitter prints, `@train_step` or `@stage0 ..`
-    (other functions are left alone). After: the ops are unchanged; the
-    folded transposes carry `carve.fold`. The emitter and the memory plan
+    (other functions are left alone). After: the undoing transposes are gone
+    and the other ops unchanged; the folded transposes carry `carve.fold`. The emitter and the memory plan
     read the mark: a "product" transpose is computed by its matmul, an
     "operand" one never.
   }];
   let statistics = [
+    Statistic<"numUndone", "num-undone", "Transposes of a transpose they undo, removed">,
     Statistic<"numIntoOperand", "num-into-operand", "Transposes read through a matmul's flag">,
     Statistic<"numIntoProduct", "num-into-product", "Matmuls that write their product transposed">
   ];

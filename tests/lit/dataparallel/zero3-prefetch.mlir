@@ -1,7 +1,8 @@
 // Tests ZeRO-3 prefetch (carve.plan's zero3_prefetch_layers) in
 // carve-data-parallel and carve-plan-memory on two numbered layers: h.0
 // (matmul, then a fused bias add, exp and residual add whose reads run at
-// the group's root, op 3) and h.1 (a transposed weight, op 4). With k = 1
+// the group's root, op 3) and h.1 (a transposed weight read by its matmul's
+// flag, op 5, and by the input gradient's matmul in backward, op 12). With k = 1
 // the layer after h.0 starts its gather where h.0's first read runs; the
 // record gains [forward, backward] start ops, and the memory plan keeps each
 // gathered buffer from where its gather starts, so h.1.w's buffer no longer
@@ -17,12 +18,12 @@
 // K1-LABEL: func.func @train_step(
 // K1-SAME: {carve.param = "h.0.w", {{.*}}carve.zero3_gather = array<i64: 0, 0, -1, -1, 0, -1>, carve.zero3_gather_offsets = array<i64: 0, -1>
 // K1-SAME: {carve.param = "h.0.b", {{.*}}carve.zero3_gather = array<i64: 3, 3, -1, -1, 0, -1>, carve.zero3_gather_offsets = array<i64: 256, -1>
-// K1-SAME: {carve.param = "h.1.w", {{.*}}carve.zero3_gather = array<i64: 4, 4, -1, -1, 0, -1>, carve.zero3_gather_offsets = array<i64: 320, -1>
+// K1-SAME: {carve.param = "h.1.w", {{.*}}carve.zero3_gather = array<i64: 5, 5, 12, 12, 0, 12>, carve.zero3_gather_offsets = array<i64: 320, 704>
 
 // K0-LABEL: func.func @train_step(
 // K0-SAME: {carve.param = "h.0.w", {{.*}}carve.zero3_gather = array<i64: 0, 0, -1, -1>, carve.zero3_gather_offsets = array<i64: 0, -1>
 // K0-SAME: {carve.param = "h.0.b", {{.*}}carve.zero3_gather = array<i64: 3, 3, -1, -1>, carve.zero3_gather_offsets = array<i64: 128, -1>
-// K0-SAME: {carve.param = "h.1.w", {{.*}}carve.zero3_gather = array<i64: 4, 4, -1, -1>, carve.zero3_gather_offsets = array<i64: 512, -1>
+// K0-SAME: {carve.param = "h.1.w", {{.*}}carve.zero3_gather = array<i64: 5, 5, 12, 12>, carve.zero3_gather_offsets = array<i64: 128, 768>
 
 // NEG: 'carve.plan' field 'zero3_prefetch_layers' must be an integer >= 0
 // NOTZ3: 'carve.plan' field 'zero3_prefetch_layers' needs zero = 3

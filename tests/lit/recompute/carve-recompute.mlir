@@ -24,10 +24,13 @@
 // FULL: %[[T1:.+]] = carve.transpose %arg3
 // FULL: carve.matmul %[[R0]], %[[T1]] :
 // FULL: %[[SEED:.+]] = carve.expand
-// h.1 again: the transpose and the matmul whose product exp's gradient reads.
-// FULL-NEXT: %[[T1R:.+]] = carve.transpose %arg3 {carve.recomputed
+// h.1 again: the transpose (folded into the matmul's flag) and the matmul
+// whose product exp's gradient reads; the input gradient reads the weight
+// itself (carve-fold-transposes removed the transpose of the transpose).
+// FULL-NEXT: %[[T1R:.+]] = carve.transpose %arg3 {carve.fold = "operand", carve.recomputed
 // FULL-NEXT: %[[M1R:.+]] = carve.matmul %[[R0]], %[[T1R]] {carve.recomputed}
-// FULL-NEXT: carve.unary_grad %[[M1R]], %[[SEED]] {fn = "exp"}
+// FULL-NEXT: %[[D1:.+]] = carve.unary_grad %[[M1R]], %[[SEED]] {fn = "exp"}
+// FULL-NEXT: carve.matmul %[[D1]], %arg3 :
 // h.0 again, before its exp's gradient: the matmul and the fused group whole,
 // as group 3 (the backward part has groups 1 and 2).
 // FULL: %[[M0R:.+]] = carve.matmul %arg0, %arg1 {carve.recomputed}
@@ -49,7 +52,7 @@
 // STAGES: %[[C0R:.+]] = carve.add %[[M0R]], %arg2 {{{.*}}carve.recomputed}
 // STAGES: carve.unary_grad %[[C0R]]
 // STAGES-LABEL: func.func @stage1(
-// STAGES: %[[T1R:.+]] = carve.transpose %arg1 {carve.recomputed
+// STAGES: %[[T1R:.+]] = carve.transpose %arg1 {carve.fold = "operand", carve.recomputed
 // STAGES-NEXT: %[[M1R:.+]] = carve.matmul %{{.+}}, %[[T1R]] {carve.recomputed}
 // STAGES-NEXT: carve.unary_grad %[[M1R]]
 
