@@ -323,11 +323,22 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   double dpT = 0;
   if (c.dp > 1) {
     double g = psi * gB;
+    // ZeRO-2/3 with micro-batches reduce-scatter every micro-batch's
+    // gradients into fp32 chunk accumulators (docs/partition.md, "ZeRO with
+    // micro-batches and pipelines"): m reduce-scatters, each overlapping the
+    // rest of the step's compute; ZeRO-2 then all-gathers the updated
+    // parameters once.
+    const bool perMicroBatch = c.zero >= 2 && c.m > 1;
     if (c.zero == 0)
       dpT = allReduceTime(c.dp, g, dpLink);
+    else if (perMicroBatch)
+      dpT = (double)c.m * gatherTime(c.dp, g, dpLink) +
+            (c.zero == 2 ? gatherTime(c.dp, psi * pB, dpLink) : 0);
     else
       dpT = gatherTime(c.dp, g, dpLink) + gatherTime(c.dp, psi * pB, dpLink);
-    e.volume.dp = 2.0 * (c.dp - 1) / c.dp * g;
+    e.volume.dp = perMicroBatch ? (double)(c.dp - 1) / c.dp *
+                                      ((double)c.m * g + (c.zero == 2 ? psi * pB : 0))
+                                : 2.0 * (c.dp - 1) / c.dp * g;
     if (c.zero == 3) {
       double gathers = 2.0 * (double)c.m * gatherTime(c.dp, psi * pB, dpLink);
       dpT += gathers;
@@ -336,6 +347,13 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     double buckets = std::max(1.0, std::ceil(g / cal.bucketBytes));
     double hidden = c.zero == 3 ? 0 : rankBwdLast[slow];
     e.time.dpExposed = std::max(dpT / buckets, dpT - hidden);
+    if (c.zero == 2 && perMicroBatch) {
+      // Hidden behind the step's compute, except the last micro-batch's last
+      // bucket and the parameters' all-gather after the update.
+      const double ag = gatherTime(c.dp, psi * pB, dpLink);
+      const double last = (dpT - ag) / c.m / buckets + ag;
+      e.time.dpExposed = std::max(last, dpT - e.time.compute);
+    }
     if (c.zero == 3)
       e.time.dpExposed = dpT;
   }
