@@ -14,12 +14,11 @@
 #    programs, without weights (a 175B model's would not fit this machine).
 # 3. Reads every pipeline rank's memory plan from the head of its generated
 #    step (OUT/src/program{r}.cpp): parameters, gradients and optimizer state
-#    of each of its stages, the activation slots (what each micro-batch keeps
-#    from forward to backward, one slot per micro-batch the schedule holds
-#    per chunk), the scratch every call shares, the inputs; the arena is
-#    their sum, the bytes the program allocates.
-# 4. Also prints what the slots would take if the rank's chunks shared one
-#    pool (the most bytes the schedule keeps at once), the next step.
+#    of each of its stages, the pool of activations (what the micro-batches
+#    in flight keep from forward to backward, placed over the schedule), the
+#    buffers backward sends, the scratch every call shares, the inputs; the arena is
+#    their sum (checked against the arena size the program states), the
+#    bytes the program allocates.
 #
 # Everything is a byte count read from the programs; nothing is timed.
 
@@ -46,34 +45,31 @@ def run(cmd):
 def read_rank(path):
     step = open(path).read()
     step = step[step.index("void step(StepContext &ctx)"):]
-    r = {"params": 0, "grads": 0, "optimizer": 0, "slots": 0, "scratch": 0, "inputs": 0}
+    r = {"params": 0, "grads": 0, "optimizer": 0, "pool": 0, "sends": 0, "scratch": 0, "inputs": 0}
     for m in re.finditer(r"//   stage \d+: parameters \[(\d+), (\d+)\), gradients \[(\d+), (\d+)\), "
                          r"optimizer state \[(\d+), (\d+)\)", step):
         a = [int(x) for x in m.groups()]
         r["params"] += a[1] - a[0]
         r["grads"] += a[3] - a[2]
         r["optimizer"] += a[5] - a[4]
-    sizes = {}
-    for m in re.finditer(r"//   stage (\d+) activations: (\d+) slot\(s\) of [^ ]+ [KMG]?i?B at "
-                         r"\[(\d+), (\d+)\)", step):
-        stage, n, a, b = (int(x) for x in m.groups())
-        r["slots"] += b - a
-        sizes[stage] = (b - a) // n
+    for m in re.finditer(r"backward's sends \d+ x [^ ]+ [KMG]?i?B at \[(\d+), (\d+)\)", step):
+        r["sends"] += int(m.group(2)) - int(m.group(1))
+    m = re.search(r"//   pool \(what the micro-batches in flight keep\) [^ ]+ [KMG]?i?B at "
+                  r"\[(\d+), (\d+)\)", step)
+    r["pool"] = int(m.group(2)) - int(m.group(1))
     m = re.search(r"//   scratch \(every call's transients\) [^ ]+ [KMG]?i?B at \[(\d+), (\d+)\)", step)
     if m:
         r["scratch"] = int(m.group(2)) - int(m.group(1))
     m = re.search(r"//   inputs \(\d+ micro-batch\(es\)\)\s+\[0, (\d+)\)", step)
     if m:
         r["inputs"] = int(m.group(1))
-    r["arena"] = sum(r[k] for k in ("params", "grads", "optimizer", "slots", "scratch", "inputs"))
-    # The most the schedule keeps at once, if the chunks' slots shared one pool.
-    pp_stage = sorted(sizes)
-    live = peak = 0
-    for m in re.finditer(r"c(\d+)::(forward|backward)\(ctx, \d+,", step):
-        size = sizes[pp_stage[int(m.group(1))]] if pp_stage else 0
-        live += size if m.group(2) == "forward" else -size
-        peak = max(peak, live)
-    r["pooled"] = peak
+    r["arena"] = sum(r[k] for k in ("params", "grads", "optimizer", "pool", "sends", "scratch",
+                                    "inputs"))
+    arena = re.search(r"Memory plan \(one arena, ([\d.]+) ([KMG]?i?B)\)", step)
+    scale = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[arena.group(2)]
+    if abs(float(arena.group(1)) * scale - r["arena"]) > 0.001 * r["arena"] + 64 * 1024:
+        sys.exit("%s: the regions add up to %d bytes, the arena is %s %s" %
+                 (path, r["arena"], arena.group(1), arena.group(2)))
     return r
 
 
@@ -109,14 +105,13 @@ def main():
     print("# %s, %s, %s, %s" % (datetime.date.today(), platform.node(), a.model, a.cluster))
     print("# plan: %s" % json.dumps(fields))
     print("# carve compile --no-weights: %.0f s" % compile_s)
-    print("| pipeline rank | parameters | gradients | optimizer | activation slots | scratch | "
-          "inputs | arena (GB) | slots pooled | arena with pooled slots |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| pipeline rank | parameters | gradients | optimizer | kept activations (pool) | "
+          "backward's sends | scratch | inputs | arena (GB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r, x in enumerate(ranks):
-        print("| %d | %s | %s | %s | %s | %s | %s | **%s** | %s | %s |" % (
-            r, gb(x["params"]), gb(x["grads"]), gb(x["optimizer"]), gb(x["slots"]),
-            gb(x["scratch"]), gb(x["inputs"]), gb(x["arena"]), gb(x["pooled"]),
-            gb(x["arena"] - x["slots"] + x["pooled"])))
+        print("| %d | %s | %s | %s | %s | %s | %s | %s | **%s** |" % (
+            r, gb(x["params"]), gb(x["grads"]), gb(x["optimizer"]), gb(x["pool"]),
+            gb(x["sends"]), gb(x["scratch"]), gb(x["inputs"]), gb(x["arena"])))
     r = int(pred["pipeline_rank"])
     print("\nplanner, pipeline rank %d: parameters %s, gradients %s, optimizer %s, activations %s, "
           "buffers %s, workspace %s, total %s GB of %s" % (
@@ -125,10 +120,12 @@ def main():
               gb(pred["total"]), gb(pred["capacity"])))
     x = ranks[r]
     print("compiled, pipeline rank %d: parameters %s, gradients %s, optimizer %s, "
-          "activations %s (slots %s + scratch %s + inputs %s), arena %s GB (%.2fx the prediction)"
+          "activations %s (pool %s + sends %s + scratch %s + inputs %s), arena %s GB "
+          "(%.3fx the prediction)"
           % (r, gb(x["params"]), gb(x["grads"]), gb(x["optimizer"]),
-             gb(x["slots"] + x["scratch"] + x["inputs"]), gb(x["slots"]), gb(x["scratch"]),
-             gb(x["inputs"]), gb(x["arena"]), x["arena"] / pred["total"]))
+             gb(x["pool"] + x["sends"] + x["scratch"] + x["inputs"]), gb(x["pool"]),
+             gb(x["sends"]), gb(x["scratch"]), gb(x["inputs"]), gb(x["arena"]),
+             x["arena"] / pred["total"]))
     worst = max(x["arena"] for x in ranks)
     print("largest arena %s GB: %s the %s GB of the device" % (
         gb(worst), "fits" if worst <= pred["capacity"] else "exceeds", gb(pred["capacity"])))

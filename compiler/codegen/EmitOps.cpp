@@ -57,8 +57,10 @@ std::string Generator::resultPointer(Value r) {
 }
 
 std::string Generator::activationAt(int64_t offset) {
+  if (slotLimit >= 0 && offset >= slotLimit + sendLimit)
+    return "W + " + std::to_string(offset - slotLimit - sendLimit);
   if (slotLimit >= 0 && offset >= slotLimit)
-    return "W + " + std::to_string(offset - slotLimit);
+    return "Q + " + std::to_string(offset - slotLimit);
   return actBase + " + " + std::to_string(offset);
 }
 

@@ -180,6 +180,7 @@ public:
     std::vector<TensorRow> params, inputs;
     int64_t persistentEnd = 0, activationBytes = 0, unplannedBytes = 0;
     int64_t scratchBytes = 0; // activations shared by the rank's calls (at W)
+    int64_t sendBytes = 0;    // what one micro-batch's backward sends (at Q)
     int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0;
     int numBuckets = 0, kernelCalls = 0;
     bool hasLoss = false;
@@ -256,10 +257,12 @@ private:
   /// Base of the activation pointers: "A" (the arena) for the whole step,
   /// "S" (the micro-batch's slot) in a pipeline stage.
   std::string actBase = "A";
-  /// A stage: activation offsets from here on are scratch (at W), shared by
-  /// the rank's calls (carve.activation_plan's slot); -1: none.
-  int64_t slotLimit = -1;
-  /// The pointer expression of activation byte `offset` (S/A + offset, or W + ...).
+  /// A stage (carve.activation_plan's slot and sends): activation offsets
+  /// below slotLimit are the micro-batch's slot (at S), the next sendLimit
+  /// bytes what its backward sends (at Q), the rest scratch (at W), shared by
+  /// the rank's calls; slotLimit -1: none.
+  int64_t slotLimit = -1, sendLimit = 0;
+  /// The pointer expression of activation byte `offset` (S/A + offset, Q + ..., W + ...).
   std::string activationAt(int64_t offset);
   std::vector<TensorRow> inputRows, paramRows;
   int kernelCalls = 0;

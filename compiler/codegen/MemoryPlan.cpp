@@ -108,6 +108,7 @@ bool Generator::readActivations() {
       return fail(where + kActivationPlanAttr +
                   " has no slot (a stage's per-micro-batch part; run carve-plan-memory)");
     slotLimit = plan.slot;
+    sendLimit = plan.sends;
   }
   if (plan.copies.size() != grads.size())
     return fail(where + kActivationPlanAttr + " lists " + std::to_string(plan.copies.size()) +
@@ -137,24 +138,32 @@ bool Generator::readActivations() {
     act.push_back(i);
   }
   // A stage: what one micro-batch keeps from its forward to its backward,
-  // and what its sends read, must lie in its slot (scratch is reused by
-  // the rank's next call).
+  // and what its forward sends read, must lie in its slot; what its
+  // backward sends, in its send part (scratch is reused by the rank's next
+  // call, before a send may have completed).
   if (slotLimit >= 0) {
     const int bb = firstBackwardOp(true);
-    std::set<int> sent;
+    std::set<int> sentForward, sentBackward;
     for (Operation *op : ops)
       if (auto snd = dyn_cast<dist::SendOp>(op))
-        sent.insert(bufferOf.lookup(snd.getInput()));
+        (index[op] < bb ? sentForward : sentBackward).insert(bufferOf.lookup(snd.getInput()));
     for (int i : act) {
       const Buffer &b = buffers[i];
-      if (((b.def < bb && b.lastUse >= bb) || sent.count(i)) &&
-          b.offset + std::max<int64_t>(b.bytes, 1) > slotLimit)
+      const int64_t end = b.offset + std::max<int64_t>(b.bytes, 1);
+      const bool kept = (b.def < bb && b.lastUse >= bb) || sentForward.count(i);
+      if (kept && end > slotLimit)
         return fail(where + "activation '" + b.name +
-                    (sent.count(i) ? "' is sent to another stage"
-                                   : "' is kept from forward to backward") +
-                    " but carve-plan-memory put it in the scratch part (" +
+                    (sentForward.count(i) ? "' is sent to another stage"
+                                          : "' is kept from forward to backward") +
+                    " but carve-plan-memory put it outside the slot (" +
                     std::to_string(b.offset) + "; the slot ends at " +
                     std::to_string(slotLimit) + ")");
+      if (sentBackward.count(i) && !kept && (b.offset < slotLimit || end > slotLimit + sendLimit))
+        return fail(where + "activation '" + b.name +
+                    "' is sent to another stage by backward but carve-plan-memory put it "
+                    "outside the send part [" +
+                    std::to_string(slotLimit) + ", " + std::to_string(slotLimit + sendLimit) +
+                    ") (" + std::to_string(b.offset) + ")");
     }
   }
   // No two buffers that are live at once may share a byte.

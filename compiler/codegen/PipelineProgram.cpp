@@ -11,6 +11,7 @@
 #include "compiler/codegen/Generator.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 using namespace mlir;
@@ -26,7 +27,13 @@ struct RankProgram {
   const PipelineCodegenOptions &pipe;
   const GeneratedProgram &out;
   std::vector<Generator::StageOut> chunks;
-  std::vector<int64_t> slotBase, slotBytes; // per chunk: its slots in the arena
+  // Per chunk: the bytes one micro-batch keeps (in the pool), and its
+  // backward's send buffers, one per slot, from sendBase.
+  std::vector<int64_t> keptBytes, sendBase, sendBytes;
+  // The pool: each (chunk, micro-batch)'s kept bytes at poolBase + offset,
+  // from its forward to the end of its backward.
+  int64_t poolBase = 0, poolBytes = 0;
+  std::map<std::pair<int, int>, int64_t> poolOffset;
   int64_t inputsEnd = 0;                    // the inputs of every micro-batch: [0, inputsEnd)
   int64_t scratchBase = 0, scratchBytes = 0; // the rank's scratch, shared by its calls
 };
@@ -84,7 +91,6 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
   const EmitOptions &opts = rp.opts;
   const PipelineCodegenOptions &pipe = rp.pipe;
   const std::vector<Generator::StageOut> &chunks = rp.chunks;
-  const std::vector<int64_t> &slotBase = rp.slotBase, &slotBytes = rp.slotBytes;
   const int p = pipe.pp, v = pipe.virtualStages, m = opts.numMicroBatches;
   os << "void step(StepContext &ctx) {\n"
      << precisionLine(opts) << "  // Memory plan (one arena, " << bytesText(rp.out.arenaBytes)
@@ -94,8 +100,12 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
     os << chunks[c].plan;
   for (int c = 0; c < v; ++c)
     os << "  //   stage " << c * p + pipe.rank << " activations: " << pipe.slots[c]
-       << " slot(s) of " << bytesText(slotBytes[c]) << " at [" << slotBase[c] << ", "
-       << slotBase[c] + slotBytes[c] * pipe.slots[c] << ")\n";
+       << " slot(s); each micro-batch keeps " << bytesText(rp.keptBytes[c])
+       << " in the pool; backward's sends " << pipe.slots[c] << " x " << bytesText(rp.sendBytes[c])
+       << " at [" << rp.sendBase[c] << ", " << rp.sendBase[c] + rp.sendBytes[c] * pipe.slots[c]
+       << ")\n";
+  os << "  //   pool (what the micro-batches in flight keep) " << bytesText(rp.poolBytes) << " at ["
+     << rp.poolBase << ", " << rp.poolBase + rp.poolBytes << ")\n";
   os << "  //   scratch (every call's transients) " << bytesText(rp.scratchBytes) << " at ["
      << rp.scratchBase << ", " << rp.scratchBase + rp.scratchBytes << ")\n";
   os << "  char *const A = ctx.arena;\n  char *const W = A + " << rp.scratchBase
@@ -108,22 +118,28 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
   for (const auto &st : pipe.steps) {
     int stage = st.chunk * p + pipe.rank;
     std::string c = "c" + std::to_string(st.chunk);
-    std::string slot = "A + " + std::to_string(slotBase[st.chunk]) + " + " +
-                       std::to_string(st.slot) + " * " + std::to_string(slotBytes[st.chunk]);
+    std::string kept =
+        "A + " + std::to_string(rp.poolBase + rp.poolOffset.at({st.chunk, st.microBatch}));
+    std::string sent = "A + " + std::to_string(rp.sendBase[st.chunk]) + " + " +
+                       std::to_string(st.slot) + " * " + std::to_string(rp.sendBytes[st.chunk]);
     if (st.forward) {
-      os << "  waitAll(*ctx.ppComm, " << c << "::sends[" << st.slot << "]);  // slot " << st.slot
-         << " is free once its sends are done\n";
+      os << "  waitAll(*ctx.ppComm, " << c << "::bsends[" << st.slot << "]);  // slot " << st.slot
+         << "'s send buffers are free once its backward's sends are done\n";
       os << "  { TraceSpan t(ctx, 'F', " << st.microBatch << ", " << stage << "); " << c
-         << "::forward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << ", W); }\n";
+         << "::forward(ctx, " << st.microBatch << ", " << st.slot << ", " << kept << ", " << sent
+         << ", W); }\n";
     } else {
       os << "  { TraceSpan t(ctx, 'B', " << st.microBatch << ", " << stage << "); " << c
-         << "::backward(ctx, " << st.microBatch << ", " << st.slot << ", " << slot << ", W, "
-         << (st.microBatch == m - 1 ? "true" : "false") << "); }\n";
+         << "::backward(ctx, " << st.microBatch << ", " << st.slot << ", " << kept << ", " << sent
+         << ", W, " << (st.microBatch == m - 1 ? "true" : "false") << "); }\n";
+      // Every later stage has run this micro-batch's forward (its gradient
+      // came back), so the forward sends were received: its pool bytes are free.
+      os << "  waitAll(*ctx.ppComm, " << c << "::fsends[" << st.slot << "]);  // received\n";
     }
   }
   os << "\n  // Every send has completed before the step ends.\n";
   for (int c = 0; c < v; ++c)
-    os << "  for (auto &s : c" << c << "::sends) waitAll(*ctx.ppComm, s);\n";
+    os << "  for (auto &s : c" << c << "::bsends) waitAll(*ctx.ppComm, s);\n";
 }
 
 /// After the schedule: the sends and buckets waited for, shared gradients
@@ -249,8 +265,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       inputOffsets[in.getValue().str()] = at;
       at += alignUp(t.getNumElements() * size * m);
     }
-  codegen::RankProgram rp{opts, pipe, out, std::vector<codegen::Generator::StageOut>(v),
-                          {},   {},   at};
+  codegen::RankProgram rp{opts, pipe, out, std::vector<codegen::Generator::StageOut>(v)};
+  rp.inputsEnd = at;
   std::vector<codegen::Generator::StageOut> &chunks = rp.chunks;
   std::vector<std::unique_ptr<codegen::Generator>> gens;
   std::vector<GeneratedProgram> scratch(v);
@@ -261,14 +277,55 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
     at = chunks[c].persistentEnd;
   }
   const int64_t persistentEnd = at;
-  std::vector<int64_t> &slotBase = rp.slotBase, &slotBytes = rp.slotBytes;
-  slotBase.resize(v);
-  slotBytes.resize(v);
+  rp.keptBytes.resize(v);
+  rp.sendBase.resize(v);
+  rp.sendBytes.resize(v);
   for (int c = 0; c < v; ++c) {
-    slotBytes[c] = alignUp(std::max<int64_t>(chunks[c].activationBytes, 1));
-    slotBase[c] = at;
-    at += slotBytes[c] * pipe.slots[c];
+    rp.keptBytes[c] = alignUp(std::max<int64_t>(chunks[c].activationBytes, 1));
+    rp.sendBytes[c] = alignUp(chunks[c].sendBytes);
+    rp.sendBase[c] = at;
+    at += rp.sendBytes[c] * pipe.slots[c];
   }
+  // The pool: each micro-batch of each chunk holds its kept bytes from its
+  // forward to the end of its backward, at the lowest offset that no
+  // micro-batch still held overlaps (first fit in schedule order).
+  rp.poolBase = at;
+  {
+    std::map<std::pair<int, int>, size_t> backwardAt;
+    for (size_t i = 0; i < pipe.steps.size(); ++i)
+      if (!pipe.steps[i].forward)
+        backwardAt[{pipe.steps[i].chunk, pipe.steps[i].microBatch}] = i;
+    struct Held {
+      int64_t offset, bytes;
+      size_t until;
+    };
+    std::vector<Held> held;
+    for (size_t i = 0; i < pipe.steps.size(); ++i) {
+      const auto &st = pipe.steps[i];
+      if (!st.forward)
+        continue;
+      auto b = backwardAt.find({st.chunk, st.microBatch});
+      if (b == backwardAt.end()) {
+        error = "pipeline: the schedule of rank " + std::to_string(pipe.rank) +
+                " runs no backward of micro-batch " + std::to_string(st.microBatch) +
+                " of chunk " + std::to_string(st.chunk);
+        return false;
+      }
+      llvm::erase_if(held, [&](const Held &h) { return h.until < i; });
+      llvm::sort(held, [](const Held &x, const Held &y) { return x.offset < y.offset; });
+      const int64_t bytes = rp.keptBytes[st.chunk];
+      int64_t off = 0;
+      for (const Held &h : held) {
+        if (off + bytes <= h.offset)
+          break;
+        off = std::max(off, h.offset + h.bytes);
+      }
+      rp.poolOffset[{st.chunk, st.microBatch}] = off;
+      held.push_back({off, bytes, b->second});
+      rp.poolBytes = std::max(rp.poolBytes, off + bytes);
+    }
+  }
+  at += rp.poolBytes;
   // One scratch region: a rank runs one forward or backward at a time.
   rp.scratchBase = at;
   for (auto &ch : chunks)

@@ -65,7 +65,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   if (!readActivations()) // offsets relative to the slot
     return false;
   so.activationBytes = slotLimit;
-  so.scratchBytes = out.activationBytes - slotLimit;
+  so.sendBytes = sendLimit;
+  so.scratchBytes = out.activationBytes - slotLimit - sendLimit;
   so.unplannedBytes = out.unplannedBytes;
   so.paramBytes = layout.paramEnd - base;
   so.gradBytes = layout.gradEnd - layout.paramEnd;
@@ -87,19 +88,21 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   std::string argPreamble = "  char *const A = ctx.arena;\n";
   for (BlockArgument a : fn.getArguments())
     argPreamble += argumentPointer(a, true);
-  std::string sig = "(StepContext &ctx, int mb, int slot, char *S, char *W";
-  so.forward = "/// Forward of micro-batch `mb`, what it keeps for backward in slot `slot` (at "
-               "S), its\n/// transients in the rank's scratch (at W).\nvoid forward" +
-               sig + ") {\n" + argPreamble + "  (void)slot;\n  (void)W;\n\n" + forwardBody +
-               "}\n";
+  std::string sig = "(StepContext &ctx, int mb, int slot, char *S, char *Q, char *W";
+  so.forward = "/// Forward of micro-batch `mb` (slot `slot`): what it keeps for backward and "
+               "sends at S,\n/// its transients in the rank's scratch (at W).\nvoid forward" +
+               sig + ") {\n" + argPreamble + "  (void)slot;\n  (void)Q;\n  (void)W;\n\n" +
+               forwardBody + "}\n";
   so.backward =
-      "/// Backward of micro-batch `mb` (slot `slot`); `last`: the step's last micro-batch.\n"
+      "/// Backward of micro-batch `mb` (slot `slot`): what it sends at Q, its transients at W;\n"
+      "/// `last`: the step's last micro-batch.\n"
       "void backward" +
       sig + ", bool last) {\n" + argPreamble + stashDeclarations(backwardBegin) +
-      "  (void)slot;\n  (void)W;\n  (void)last;\n\n" + backwardBody + "}\n";
+      "  (void)slot;\n  (void)Q;\n  (void)W;\n  (void)last;\n\n" + backwardBody + "}\n";
   so.constants = constants + fusedDefs;
-  so.constants += "std::vector<CommHandle> sends[" + std::to_string(pipe.slots[chunk]) +
-                  "]; // sends in flight, per slot\n";
+  so.constants += "std::vector<CommHandle> fsends[" + std::to_string(pipe.slots[chunk]) +
+                  "], bsends[" + std::to_string(pipe.slots[chunk]) +
+                  "]; // forward and backward sends in flight, per slot\n";
   if (!buckets.empty() && zero < 2)
     so.constants += "CommHandle buckets[" + std::to_string(buckets.size()) + "];\n";
   so.customKernels = customKernels;
@@ -114,7 +117,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
             std::to_string(layout.paramEnd) + ", " + std::to_string(layout.gradEnd) +
             "), optimizer state [" + std::to_string(layout.gradEnd) + ", " +
             std::to_string(layout.stateEnd) + "); activations " + bytesText(so.activationBytes) +
-            " kept per micro-batch, " + bytesText(so.scratchBytes) + " scratch (" +
+            " kept per micro-batch, " + bytesText(so.sendBytes) + " sent by its backward, " +
+            bytesText(so.scratchBytes) + " scratch (" +
             bytesText(so.unplannedBytes) + " without reuse)\n";
   return true;
 }
@@ -299,8 +303,9 @@ std::string Generator::sendStatements(Operation *op, bool backward) {
   Value v = snd.getInput();
   int64_t to = snd->getAttrOfType<IntegerAttr>(kToStageAttr).getInt();
   return "  // send " + std::string(backward ? "the gradient " : "") + var[v] + " to stage " +
-         std::to_string(to) + "; it stays in this slot until the send completes\n" +
-         "  sends[slot].push_back(ctx.ppComm->sendAsync(" + var[v] + ", " +
+         std::to_string(to) + "; its memory is kept until the send completes\n" +
+         "  " + (backward ? "bsends" : "fsends") + "[slot].push_back(ctx.ppComm->sendAsync(" +
+         var[v] + ", " +
          std::to_string(bytesOf(v)) + ", " + peer((int64_t)snd.getOffset()) + ", " +
          std::to_string((int64_t)snd.getTag()) + " * " + std::to_string(opts.numMicroBatches) +
          " + mb));\n";

@@ -107,11 +107,13 @@ public:
     if (!readGradients(fn, order, error) || !readBuckets(fn, buckets, error))
       return fn.emitError() << error;
     if (stage) {
+      const int64_t bb = backwardBegin();
       for (Operation *op : ops)
         if (auto snd = dyn_cast<dist::SendOp>(op)) {
-          extend(snd.getInput(), end); // read until the slot is reused
+          extend(snd.getInput(), end); // read until the send has completed
           if (bufferOf(snd.getInput()) >= 0)
-            sendBlocks.insert(bufferOf(snd.getInput()));
+            (index.lookup(op) < bb ? sendBlocks : backwardSendBlocks)
+                .insert(bufferOf(snd.getInput()));
         }
       if (ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr))
         extend(ret.getOperand(0), end);
@@ -179,31 +181,37 @@ public:
         act.push_back(blocks[b]);
         which.push_back((int)b);
       }
-    int64_t unplanned = 0, slot = -1;
+    int64_t unplanned = 0, slot = -1, sends = 0;
     int64_t peak = placeFirstFit(act, kArenaAlign, unplanned);
     for (size_t i = 0; i < act.size(); ++i)
       blocks[which[i]].offset = act[i].offset;
     if (stage) {
       // A stage's slot holds what one micro-batch keeps between its forward
-      // and its backward (and its sends, read until the slot is reused); the
-      // rest is scratch, which every call on the rank reuses.
+      // and its backward, and what its forward sends; then what its backward
+      // sends (read until the send has completed, which may be after the
+      // backward); the rest is scratch, which every call on the rank reuses.
       const int64_t bb = backwardBegin();
-      std::vector<ArenaBlock> part[2];
-      std::vector<int> of[2];
+      std::vector<ArenaBlock> part[3];
+      std::vector<int> of[3];
       for (size_t i = 0; i < act.size(); ++i) {
         const ArenaBlock &blk = blocks[which[i]];
-        const int k = (blk.def < bb && blk.lastUse >= bb) || sendBlocks.count(which[i]) ? 0 : 1;
+        const int k = (blk.def < bb && blk.lastUse >= bb) || sendBlocks.count(which[i]) ? 0
+                      : backwardSendBlocks.count(which[i])                              ? 1
+                                                                                        : 2;
         part[k].push_back(blk);
         of[k].push_back(which[i]);
       }
-      int64_t unused = 0;
-      slot = placeFirstFit(part[0], kArenaAlign, unused);
-      slot = (slot + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
-      const int64_t scratch = placeFirstFit(part[1], kArenaAlign, unused);
-      for (int k = 0; k < 2; ++k)
+      int64_t unused = 0, bytes[3];
+      for (int k = 0; k < 3; ++k)
+        bytes[k] = (placeFirstFit(part[k], kArenaAlign, unused) + kArenaAlign - 1) / kArenaAlign *
+                   kArenaAlign;
+      const int64_t base[3] = {0, bytes[0], bytes[0] + bytes[1]};
+      for (int k = 0; k < 3; ++k)
         for (size_t i = 0; i < part[k].size(); ++i)
-          blocks[of[k][i]].offset = part[k][i].offset + (k ? slot : 0);
-      peak = slot + scratch;
+          blocks[of[k][i]].offset = part[k][i].offset + base[k];
+      slot = bytes[0];
+      sends = bytes[1];
+      peak = bytes[0] + bytes[1] + bytes[2];
     }
 
     Builder b(fn.getContext());
@@ -239,8 +247,10 @@ public:
         b.getNamedAttr("bytes", b.getI64IntegerAttr(peak)),
         b.getNamedAttr("copies", b.getDenseI64ArrayAttr(copies)),
         b.getNamedAttr("unplanned", b.getI64IntegerAttr(unplanned))};
-    if (stage)
+    if (stage) {
+      fields.push_back(b.getNamedAttr("sends", b.getI64IntegerAttr(sends)));
       fields.push_back(b.getNamedAttr("slot", b.getI64IntegerAttr(slot)));
+    }
     fn->setAttr(kActivationPlanAttr, b.getDictionaryAttr(fields));
     return (int64_t)act.size();
   }
@@ -422,7 +432,7 @@ private:
   std::vector<bool> activation;
   llvm::DenseMap<Value, int> buffer, owned;
   std::map<unsigned, int> copyBlock;                // gradient result -> its copy's block
-  std::set<int> sendBlocks;                         // a stage's blocks that sends read
+  std::set<int> sendBlocks, backwardSendBlocks;    // a stage's blocks that sends read
   std::map<std::pair<unsigned, int>, int> gathered; // (argument, pass) -> block
 };
 
@@ -493,10 +503,13 @@ bool readActivationPlan(func::FuncOp fn, ActivationPlan &plan, std::string &erro
   plan.bytes = bytes.getInt();
   plan.unplanned = unplanned.getInt();
   auto slot = d.getAs<IntegerAttr>("slot");
+  auto sends = d.getAs<IntegerAttr>("sends");
   plan.slot = slot ? slot.getInt() : -1;
-  if (plan.slot > plan.bytes) {
+  plan.sends = sends ? sends.getInt() : 0;
+  if (plan.slot + plan.sends > plan.bytes || plan.sends < 0) {
     error = "@" + fn.getSymName().str() + " " + std::string(kActivationPlanAttr) + ": slot " +
-            std::to_string(plan.slot) + " is larger than the region (" +
+            std::to_string(plan.slot) + " and sends " + std::to_string(plan.sends) +
+            " are larger than the region (" +
             std::to_string(plan.bytes) + " bytes)";
     return false;
   }

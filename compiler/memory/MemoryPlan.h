@@ -40,9 +40,11 @@ int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &u
 /// carve.activation_plan of an emitted function.
 struct ActivationPlan {
   int64_t bytes = 0, unplanned = 0;
-  /// A stage: [0, slot) is one micro-batch's slot, [slot, bytes) scratch
-  /// that the rank's calls share; -1 (@train_step): no split.
-  int64_t slot = -1;
+  /// A stage: [0, slot) is what one micro-batch keeps from its forward to
+  /// its backward (and its forward sends), [slot, slot + sends) what its
+  /// backward sends, [slot + sends, bytes) scratch that the rank's calls
+  /// share; slot = -1 (@train_step): no split.
+  int64_t slot = -1, sends = 0;
   std::vector<int64_t> copies; // per carve.gradients entry; -1: none
 };
 

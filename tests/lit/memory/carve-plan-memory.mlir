@@ -24,6 +24,11 @@
 // one's chunk into a staging buffer (copies) added to the chunk in the
 // gradient region; parameters are chunks gathered per pass.
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=3 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STZ3
+// Two stages: stage 0's sent activation is kept in its slot (the send may
+// still read it after forward); stage 1's received activation (read by its
+// backward) is kept, and the gradient its backward sends back goes to the
+// send part [192, 320), after the slot, before the scratch.
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="pp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=PP2
 // Without carve-data-parallel's records the pass refuses the function.
 // RUN: not carve-opt %s --carve-autodiff --carve-plan-memory 2>&1 | FileCheck %s --check-prefix=NODP
 
@@ -82,7 +87,7 @@
 // STAGE-SAME: {carve.input = "x", carve.persistent_offset = 0 : i64}
 // STAGE-SAME: {carve.param = "fc1.weight", carve.persistent_offset = 256 : i64, carve.trainable}
 // STAGE-SAME: {carve.loss_seed, carve.persistent_offset = 3328 : i64}
-// STAGE-SAME: carve.activation_plan = {bytes = 832 : i64, copies = array<i64: -1, -1, -1, -1>, slot = 320 : i64, unplanned = 1472 : i64}
+// STAGE-SAME: carve.activation_plan = {bytes = 832 : i64, copies = array<i64: -1, -1, -1, -1>, sends = 0 : i64, slot = 320 : i64, unplanned = 1472 : i64}
 // STAGE-SAME: carve.persistent_plan = {begin = 256 : i64, end = 3392 : i64
 // STAGE: carve.matmul %arg0, %arg1 {carve.arena_offset = array<i64: 0>}
 // STAGE-NEXT: carve.exp {{.*}}{carve.arena_offset = array<i64: 128>}
@@ -94,9 +99,17 @@
 
 // STZ3-LABEL: func.func @stage0(
 // STZ3-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 384 : i64, carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 320, 448>, carve.zero_chunk = 32 : i64}
-// STZ3-SAME: carve.activation_plan = {bytes = 1472 : i64, copies = array<i64: 704, 768, 1216, 1344>, slot = 320 : i64, unplanned = 2880 : i64}
+// STZ3-SAME: carve.activation_plan = {bytes = 1472 : i64, copies = array<i64: 704, 768, 1216, 1344>, sends = 0 : i64, slot = 320 : i64, unplanned = 2880 : i64}
 // STZ3-SAME: carve.buckets = [{bytes = 768 : i64, first = 0 : i64, last = 3 : i64, ready = 16 : i64, reduce = "reduce_scatter", wait_at = 17 : i64}]
 // STZ3-SAME: carve.persistent_plan = {begin = 256 : i64, end = 1856 : i64, grads = array<i64: 640, 704, 768, 896>, grads_end = 1024 : i64, params_end = 640 : i64
+
+// PP2-LABEL: func.func @stage0(
+// PP2-SAME: carve.activation_plan = {bytes = 768 : i64, copies = array<i64: -1>, sends = 0 : i64, slot = 256 : i64, unplanned = 768 : i64}
+// PP2-LABEL: func.func @stage1(
+// PP2-SAME: carve.activation_plan = {bytes = 704 : i64, copies = array<i64: -1, -1, -1>, sends = 128 : i64, slot = 192 : i64, unplanned = 960 : i64}
+// PP2: dist.recv {{.*}}carve.arena_offset = array<i64: 0>
+// PP2: %[[G:.+]] = carve.matmul {{.*}}{carve.arena_offset = array<i64: 192>}
+// PP2-NEXT: dist.send %[[G]]
 
 // NODP: error: @train_step has no carve.gradients (run carve-data-parallel first)
 
