@@ -287,19 +287,22 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
     at += rp.sendBytes[c] * pipe.slots[c];
   }
   // The pool: each micro-batch of each chunk holds its kept bytes from its
-  // forward to the end of its backward, at the lowest offset that no
-  // micro-batch still held overlaps (first fit in schedule order).
+  // forward to the end of its backward (steps [from, until] of the
+  // schedule). Placed largest first, each at the lowest offset that no
+  // placed one held at an overlapping time covers (greedy by size: the
+  // chunks' sizes differ, and placing in schedule order fragments more).
   rp.poolBase = at;
   {
+    struct Held {
+      int chunk, microBatch;
+      size_t from, until;
+      int64_t bytes, offset = -1;
+    };
+    std::vector<Held> all;
     std::map<std::pair<int, int>, size_t> backwardAt;
     for (size_t i = 0; i < pipe.steps.size(); ++i)
       if (!pipe.steps[i].forward)
         backwardAt[{pipe.steps[i].chunk, pipe.steps[i].microBatch}] = i;
-    struct Held {
-      int64_t offset, bytes;
-      size_t until;
-    };
-    std::vector<Held> held;
     for (size_t i = 0; i < pipe.steps.size(); ++i) {
       const auto &st = pipe.steps[i];
       if (!st.forward)
@@ -311,18 +314,31 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
                 " of chunk " + std::to_string(st.chunk);
         return false;
       }
-      llvm::erase_if(held, [&](const Held &h) { return h.until < i; });
-      llvm::sort(held, [](const Held &x, const Held &y) { return x.offset < y.offset; });
-      const int64_t bytes = rp.keptBytes[st.chunk];
+      all.push_back({st.chunk, st.microBatch, i, b->second, rp.keptBytes[st.chunk]});
+    }
+    std::vector<size_t> order(all.size());
+    for (size_t k = 0; k < order.size(); ++k)
+      order[k] = k;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return all[x].bytes > all[y].bytes; });
+    std::vector<size_t> placed;
+    for (size_t k : order) {
+      Held &h = all[k];
+      std::vector<std::pair<int64_t, int64_t>> busy; // [offset, end) held at an overlapping time
+      for (size_t j : placed)
+        if (all[j].from <= h.until && h.from <= all[j].until)
+          busy.push_back({all[j].offset, all[j].offset + all[j].bytes});
+      llvm::sort(busy);
       int64_t off = 0;
-      for (const Held &h : held) {
-        if (off + bytes <= h.offset)
+      for (auto &[lo, hi] : busy) {
+        if (off + h.bytes <= lo)
           break;
-        off = std::max(off, h.offset + h.bytes);
+        off = std::max(off, hi);
       }
-      rp.poolOffset[{st.chunk, st.microBatch}] = off;
-      held.push_back({off, bytes, b->second});
-      rp.poolBytes = std::max(rp.poolBytes, off + bytes);
+      h.offset = off;
+      placed.push_back(k);
+      rp.poolOffset[{h.chunk, h.microBatch}] = off;
+      rp.poolBytes = std::max(rp.poolBytes, off + h.bytes);
     }
   }
   at += rp.poolBytes;
