@@ -288,9 +288,11 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   }
   // The pool: each micro-batch of each chunk holds its kept bytes from its
   // forward to the end of its backward (steps [from, until] of the
-  // schedule). Placed largest first, each at the lowest offset that no
-  // placed one held at an overlapping time covers (greedy by size: the
-  // chunks' sizes differ, and placing in schedule order fragments more).
+  // schedule). Each is placed where no placed one held at an overlapping
+  // time lies; the chunks' sizes differ, so no one order is best: the pool
+  // is the smallest of three placements (in schedule order at the lowest
+  // offset, in schedule order in the tightest gap, largest first at the
+  // lowest offset).
   rp.poolBase = at;
   {
     struct Held {
@@ -316,30 +318,50 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       }
       all.push_back({st.chunk, st.microBatch, i, b->second, rp.keptBytes[st.chunk]});
     }
-    std::vector<size_t> order(all.size());
-    for (size_t k = 0; k < order.size(); ++k)
-      order[k] = k;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t x, size_t y) { return all[x].bytes > all[y].bytes; });
-    std::vector<size_t> placed;
-    for (size_t k : order) {
-      Held &h = all[k];
-      std::vector<std::pair<int64_t, int64_t>> busy; // [offset, end) held at an overlapping time
-      for (size_t j : placed)
-        if (all[j].from <= h.until && h.from <= all[j].until)
-          busy.push_back({all[j].offset, all[j].offset + all[j].bytes});
-      llvm::sort(busy);
-      int64_t off = 0;
-      for (auto &[lo, hi] : busy) {
-        if (off + h.bytes <= lo)
-          break;
-        off = std::max(off, hi);
+    auto place = [&](bool largestFirst, bool tightest) {
+      std::vector<size_t> order(all.size());
+      for (size_t k = 0; k < order.size(); ++k)
+        order[k] = k;
+      if (largestFirst)
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t x, size_t y) { return all[x].bytes > all[y].bytes; });
+      std::vector<size_t> placed;
+      int64_t top = 0;
+      for (size_t k : order) {
+        Held &h = all[k];
+        std::vector<std::pair<int64_t, int64_t>> busy; // held at an overlapping time
+        for (size_t j : placed)
+          if (all[j].from <= h.until && h.from <= all[j].until)
+            busy.push_back({all[j].offset, all[j].offset + all[j].bytes});
+        llvm::sort(busy);
+        int64_t off = -1, gap = -1, at = 0;
+        for (auto &[lo, hi] : busy) {
+          if (at + h.bytes <= lo && (off < 0 || (tightest && lo - at < gap))) {
+            off = at;
+            gap = lo - at;
+            if (!tightest)
+              break;
+          }
+          at = std::max(at, hi);
+        }
+        h.offset = off >= 0 ? off : at;
+        placed.push_back(k);
+        top = std::max(top, h.offset + h.bytes);
       }
-      h.offset = off;
-      placed.push_back(k);
-      rp.poolOffset[{h.chunk, h.microBatch}] = off;
-      rp.poolBytes = std::max(rp.poolBytes, off + h.bytes);
+      return top;
+    };
+    std::array<std::pair<bool, bool>, 3> ways = {
+        std::make_pair(false, false), std::make_pair(false, true), std::make_pair(true, false)};
+    int best = 0;
+    int64_t bestBytes = -1;
+    for (int w = 0; w < 3; ++w) {
+      int64_t bytes = place(ways[w].first, ways[w].second);
+      if (bestBytes < 0 || bytes < bestBytes)
+        bestBytes = bytes, best = w;
     }
+    rp.poolBytes = place(ways[best].first, ways[best].second);
+    for (const Held &h : all)
+      rp.poolOffset[{h.chunk, h.microBatch}] = h.offset;
   }
   at += rp.poolBytes;
   // One scratch region: a rank runs one forward or backward at a time.
