@@ -161,10 +161,11 @@ def setup(carve, models, root):
     data_gen.write_tokens(paths["short_tokens"], data_gen.make_tokens(seq + 1, vocab))
     paths["short_count"] = seq + 1
 
-    for key, model, plan in (("mlp1", mlp, None), ("mlp2", mlp, {"dp": 2}),
-                             ("gpt1", gpt, None)):
+    for key, model, plan, extra in (("mlp1", mlp, None, []), ("mlp2", mlp, {"dp": 2}, []),
+                                    ("gpt1", gpt, None, []),
+                                    ("mlp1nw", mlp, None, ["--no-weights"])):
         out = d("programs", key)
-        cmd = [carve, "compile", model, "-o", out]
+        cmd = [carve, "compile", model, "-o", out] + extra
         if plan:
             plan_path = d("programs", key + ".plan.json")
             os.makedirs(os.path.dirname(plan_path), exist_ok=True)
@@ -176,6 +177,8 @@ def setup(carve, models, root):
         if code != 0 or not os.access(train, os.X_OK):
             errors[key] = "setup compile failed (exit %s): %s: %s" % (
                 describe_exit(code), " ".join(cmd), (err or out_text).strip()[-300:])
+        if key == "mlp1nw" and os.path.exists(os.path.join(out, "init.safetensors")):
+            errors[key] = "carve compile --no-weights wrote %s/init.safetensors" % out
         paths[key] = out
 
     # A good checkpoint from a positive run of the single-rank MLP, then two
@@ -296,6 +299,17 @@ def build_cases(carve, root, p, errors):
     args, _ = train_args("control_load", p["mlp_data"], ["--load", d("ckpt", "good")])
     cases.append(Case("control_load", [mlp1_train, *args], exit_zero=True,
                       needs=["mlp1", "ckpt"]))
+
+    # A program compiled with --no-weights trains from --load, and without it
+    # says where the weights come from.
+    nw_train = os.path.join(p["mlp1nw"], "bin", "train")
+    args, _ = train_args("control_no_weights_load", p["mlp_data"], ["--load", d("ckpt", "good")])
+    cases.append(Case("control_no_weights_load", [nw_train, *args], exit_zero=True,
+                      needs=["mlp1nw", "ckpt"]))
+    args, guarded = train_args("no_weights", p["mlp_data"])
+    cases.append(Case("no_weights", [nw_train, *args],
+                      expect=["init.safetensors", "--no-weights", "--load"], guarded=guarded,
+                      needs=["mlp1nw"]))
 
     # Launches with the wrong number of ranks for a dp=2 program.
     args, guarded = train_args("run_rank_mismatch", p["mlp_data"])
