@@ -155,9 +155,8 @@ bool Generator::readActivations() {
         return fail(where + "activation '" + b.name +
                     (sentForward.count(i) ? "' is sent to another stage"
                                           : "' is kept from forward to backward") +
-                    " but carve-plan-memory put it outside the slot (" +
-                    std::to_string(b.offset) + "; the slot ends at " +
-                    std::to_string(slotLimit) + ")");
+                    " but carve-plan-memory put it outside the slot (" + std::to_string(b.offset) +
+                    "; the slot ends at " + std::to_string(slotLimit) + ")");
       if (sentBackward.count(i) && !kept && (b.offset < slotLimit || end > slotLimit + sendLimit))
         return fail(where + "activation '" + b.name +
                     "' is sent to another stage by backward but carve-plan-memory put it "

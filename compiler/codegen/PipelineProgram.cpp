@@ -34,7 +34,7 @@ struct RankProgram {
   // from its forward to the end of its backward.
   int64_t poolBase = 0, poolBytes = 0;
   std::map<std::pair<int, int>, int64_t> poolOffset;
-  int64_t inputsEnd = 0;                    // the inputs of every micro-batch: [0, inputsEnd)
+  int64_t inputsEnd = 0;                     // the inputs of every micro-batch: [0, inputsEnd)
   int64_t scratchBase = 0, scratchBytes = 0; // the rank's scratch, shared by its calls
 };
 
@@ -167,23 +167,23 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
           "zeros).\n";
     for (const auto &sh : pipe.shared) {
       // ZeRO-2/3: the gradient region holds this replica's chunk of it.
-      const std::string n =
-          zero >= 2 ? "std::max<int64_t>(0, std::min<int64_t>(" +
-                          std::to_string(zeroChunk(sh.numel, opts.dp)) + ", " +
-                          std::to_string(sh.numel) + " - (int64_t)ctx.dpRank * " +
-                          std::to_string(zeroChunk(sh.numel, opts.dp)) + "))"
-                    : std::to_string(sh.numel);
+      const std::string n = zero >= 2 ? "std::max<int64_t>(0, std::min<int64_t>(" +
+                                            std::to_string(zeroChunk(sh.numel, opts.dp)) + ", " +
+                                            std::to_string(sh.numel) + " - (int64_t)ctx.dpRank * " +
+                                            std::to_string(zeroChunk(sh.numel, opts.dp)) + "))"
+                                      : std::to_string(sh.numel);
       std::string ptr;
       for (auto &ch : chunks)
         for (auto &[name, q] : ch.sharedGrads)
           if (name == sh.name)
             ptr = q;
       if (!ptr.empty())
-        os << "  ctx.ppComm->allReduce(" << ptr << ", " << n << ", CommType::F32, ReduceOp::Sum);  // "
-           << sh.name << "\n";
+        os << "  ctx.ppComm->allReduce(" << ptr << ", " << n
+           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << "\n";
       else
-        os << "  {\n    std::vector<float> zeros(" << n << ");\n    ctx.ppComm->allReduce(zeros.data(), "
-           << n << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
+        os << "  {\n    std::vector<float> zeros(" << n
+           << ");\n    ctx.ppComm->allReduce(zeros.data(), " << n
+           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
     }
   }
   const std::string &red = chunks.back().lossReduction;
@@ -312,8 +312,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       auto b = backwardAt.find({st.chunk, st.microBatch});
       if (b == backwardAt.end()) {
         error = "pipeline: the schedule of rank " + std::to_string(pipe.rank) +
-                " runs no backward of micro-batch " + std::to_string(st.microBatch) +
-                " of chunk " + std::to_string(st.chunk);
+                " runs no backward of micro-batch " + std::to_string(st.microBatch) + " of chunk " +
+                std::to_string(st.chunk);
         return false;
       }
       all.push_back({st.chunk, st.microBatch, i, b->second, rp.keptBytes[st.chunk]});

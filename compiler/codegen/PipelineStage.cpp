@@ -118,8 +118,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
             "), optimizer state [" + std::to_string(layout.gradEnd) + ", " +
             std::to_string(layout.stateEnd) + "); activations " + bytesText(so.activationBytes) +
             " kept per micro-batch, " + bytesText(so.sendBytes) + " sent by its backward, " +
-            bytesText(so.scratchBytes) + " scratch (" +
-            bytesText(so.unplannedBytes) + " without reuse)\n";
+            bytesText(so.scratchBytes) + " scratch (" + bytesText(so.unplannedBytes) +
+            " without reuse)\n";
   return true;
 }
 
@@ -178,8 +178,8 @@ bool Generator::stageGradientChunks(const std::vector<Bucket> &buckets, int stag
   for (size_t k = 0; k < buckets.size(); ++k) {
     const Bucket &bk = buckets[k];
     if (bk.waitAt < 0)
-      return fail("@stage" + std::to_string(stage) + " carve.buckets: bucket " +
-                  std::to_string(k) + " has no wait_at under ZeRO-" + std::to_string(zero));
+      return fail("@stage" + std::to_string(stage) + " carve.buckets: bucket " + std::to_string(k) +
+                  " has no wait_at under ZeRO-" + std::to_string(zero));
     for (size_t i = bk.first; i <= bk.last; ++i) {
       const GradSlot &g = grads[i];
       const int full = bufferOf.lookup(g.value);
@@ -291,8 +291,8 @@ std::string Generator::recvStatements(Operation *op, bool backward) {
   return "  // " + std::string(backward ? "gradient" : "activation") + " " +
          shapeText(typeOf(res).getShape()) + " from stage " + std::to_string(from) +
          (node.empty() ? "" : " [" + node + "]") + "\n" + "  " + ctypeOf(res) + " *" + var[res] +
-         " = (" + ctypeOf(res) + " *)(" + activationAt(b.offset) + ");\n" + "  CommHandle " +
-         h + " = ctx.ppComm->recvAsync(" + var[res] + ", " + std::to_string(bytesOf(res)) + ", " +
+         " = (" + ctypeOf(res) + " *)(" + activationAt(b.offset) + ");\n" + "  CommHandle " + h +
+         " = ctx.ppComm->recvAsync(" + var[res] + ", " + std::to_string(bytesOf(res)) + ", " +
          peer((int64_t)r.getOffset()) + ", " + std::to_string((int64_t)r.getTag()) + " * " +
          std::to_string(opts.numMicroBatches) + " + mb);\n";
 }
@@ -303,10 +303,9 @@ std::string Generator::sendStatements(Operation *op, bool backward) {
   Value v = snd.getInput();
   int64_t to = snd->getAttrOfType<IntegerAttr>(kToStageAttr).getInt();
   return "  // send " + std::string(backward ? "the gradient " : "") + var[v] + " to stage " +
-         std::to_string(to) + "; its memory is kept until the send completes\n" +
-         "  " + (backward ? "bsends" : "fsends") + "[slot].push_back(ctx.ppComm->sendAsync(" +
-         var[v] + ", " +
-         std::to_string(bytesOf(v)) + ", " + peer((int64_t)snd.getOffset()) + ", " +
+         std::to_string(to) + "; its memory is kept until the send completes\n" + "  " +
+         (backward ? "bsends" : "fsends") + "[slot].push_back(ctx.ppComm->sendAsync(" + var[v] +
+         ", " + std::to_string(bytesOf(v)) + ", " + peer((int64_t)snd.getOffset()) + ", " +
          std::to_string((int64_t)snd.getTag()) + " * " + std::to_string(opts.numMicroBatches) +
          " + mb));\n";
 }
@@ -316,8 +315,7 @@ std::string Generator::sendStatements(Operation *op, bool backward) {
 /// accumulated, and each bucket's all-reduce after the last micro-batch.
 bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
                                 const std::vector<Bucket> &buckets, const GatherPlan &gathered,
-                                StageOut &so, std::string &forwardBody,
-                                std::string &backwardBody) {
+                                StageOut &so, std::string &forwardBody, std::string &backwardBody) {
   const int end = (int)ops.size();
   size_t nextBucket = 0;
   std::map<unsigned, std::string> shardVar;
@@ -412,7 +410,8 @@ std::string Generator::stageBucketStart(const Bucket &bk, size_t k, int chunk, S
     s += "  {\n    int64_t counts[" + dp + "];\n    for (int r = 0; r < " + dp +
          "; ++r) counts[r] = " + chunkCount(g.param, "r") + ";\n    bucket" + key + "[" +
          std::to_string(i - bk.first) + "] = ctx.dpComm->reduceScatterAsync(" + var[g.value] +
-         ", (float *)(" + activationAt(buffers[g.buffer].offset) + "), counts, CommType::F32, ReduceOp::Sum);  // " + paramName(g.param) + "\n  }\n";
+         ", (float *)(" + activationAt(buffers[g.buffer].offset) +
+         "), counts, CommType::F32, ReduceOp::Sum);  // " + paramName(g.param) + "\n  }\n";
   }
   return s;
 }
@@ -427,9 +426,9 @@ std::string Generator::stageBucketWait(const Bucket &bk, size_t k) {
     const std::string staging = "(float *)(" + activationAt(buffers[g.buffer].offset) + ")";
     const std::string n = chunkCount(g.param, "ctx.dpRank");
     s += "  // accumulate this replica's chunk of the gradient of " + paramName(g.param) +
-         (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" + staging +
-         ", " + chunkPtr(g.param) + ", " + n + ");\n  else\n    addInPlace(" + chunkPtr(g.param) +
-         ", " + staging + ", " + n + ");\n";
+         (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" + staging + ", " +
+         chunkPtr(g.param) + ", " + n + ");\n  else\n    addInPlace(" + chunkPtr(g.param) + ", " +
+         staging + ", " + n + ");\n";
   }
   return s;
 }

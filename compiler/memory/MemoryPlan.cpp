@@ -332,8 +332,7 @@ private:
   /// receive carve.phase marks as backward's (as the emitter splits).
   int64_t backwardBegin() const {
     for (Operation *op : ops)
-      if (StringRef(nodeName(op->getLoc())).starts_with(kBackwardPrefix) ||
-          op->getAttr(kPhaseAttr))
+      if (StringRef(nodeName(op->getLoc())).starts_with(kBackwardPrefix) || op->getAttr(kPhaseAttr))
         return index.lookup(op);
     return (int64_t)ops.size();
   }
@@ -432,7 +431,7 @@ private:
   std::vector<bool> activation;
   llvm::DenseMap<Value, int> buffer, owned;
   std::map<unsigned, int> copyBlock;                // gradient result -> its copy's block
-  std::set<int> sendBlocks, backwardSendBlocks;    // a stage's blocks that sends read
+  std::set<int> sendBlocks, backwardSendBlocks;     // a stage's blocks that sends read
   std::map<std::pair<unsigned, int>, int> gathered; // (argument, pass) -> block
 };
 
@@ -509,8 +508,7 @@ bool readActivationPlan(func::FuncOp fn, ActivationPlan &plan, std::string &erro
   if (plan.slot + plan.sends > plan.bytes || plan.sends < 0) {
     error = "@" + fn.getSymName().str() + " " + std::string(kActivationPlanAttr) + ": slot " +
             std::to_string(plan.slot) + " and sends " + std::to_string(plan.sends) +
-            " are larger than the region (" +
-            std::to_string(plan.bytes) + " bytes)";
+            " are larger than the region (" + std::to_string(plan.bytes) + " bytes)";
     return false;
   }
   plan.copies.assign(copies.asArrayRef().begin(), copies.asArrayRef().end());

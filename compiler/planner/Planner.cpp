@@ -336,9 +336,9 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
             (c.zero == 2 ? gatherTime(c.dp, psi * pB, dpLink) : 0);
     else
       dpT = gatherTime(c.dp, g, dpLink) + gatherTime(c.dp, psi * pB, dpLink);
-    e.volume.dp = perMicroBatch ? (double)(c.dp - 1) / c.dp *
-                                      ((double)c.m * g + (c.zero == 2 ? psi * pB : 0))
-                                : 2.0 * (c.dp - 1) / c.dp * g;
+    e.volume.dp = perMicroBatch
+                      ? (double)(c.dp - 1) / c.dp * ((double)c.m * g + (c.zero == 2 ? psi * pB : 0))
+                      : 2.0 * (c.dp - 1) / c.dp * g;
     if (c.zero == 3) {
       double gathers = 2.0 * (double)c.m * gatherTime(c.dp, psi * pB, dpLink);
       dpT += gathers;

@@ -174,7 +174,8 @@ bool openWeightFiles(const Program &p, const std::string &load, WeightSource &sr
     bool exists = ::stat(init.c_str(), &st) == 0;
     if (!src.model.open(init, error) || !checkTensors(src.model, params, false, nullptr, error)) {
       error = "initial weights " + error +
-              (exists ? "" : " (`carve compile` writes them beside bin/ unless given --no-weights; "
+              (exists ? ""
+                      : " (`carve compile` writes them beside bin/ unless given --no-weights; "
                         "or pass --load DIR)");
       return false;
     }
