@@ -290,9 +290,9 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   // forward to the end of its backward (steps [from, until] of the
   // schedule). Each is placed where no placed one held at an overlapping
   // time lies; the chunks' sizes differ, so no one order is best: the pool
-  // is the smallest of three placements (in schedule order at the lowest
-  // offset, in schedule order in the tightest gap, largest first at the
-  // lowest offset).
+  // is the smallest of five placements (at the lowest offset: in schedule
+  // order, largest first, longest-held first, largest bytes x steps first;
+  // in the tightest gap in schedule order).
   rp.poolBase = at;
   {
     struct Held {
@@ -318,13 +318,18 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       }
       all.push_back({st.chunk, st.microBatch, i, b->second, rp.keptBytes[st.chunk]});
     }
-    auto place = [&](bool largestFirst, bool tightest) {
+    // Orders: 0 schedule, 1 bytes, 2 steps held, 3 bytes x steps (larger first).
+    auto key = [&](const Held &h, int order) {
+      const double steps = (double)(h.until - h.from + 1);
+      return order == 1 ? (double)h.bytes : order == 2 ? steps : steps * (double)h.bytes;
+    };
+    auto place = [&](int by, bool tightest) {
       std::vector<size_t> order(all.size());
       for (size_t k = 0; k < order.size(); ++k)
         order[k] = k;
-      if (largestFirst)
+      if (by > 0)
         std::stable_sort(order.begin(), order.end(),
-                         [&](size_t x, size_t y) { return all[x].bytes > all[y].bytes; });
+                         [&](size_t x, size_t y) { return key(all[x], by) > key(all[y], by); });
       std::vector<size_t> placed;
       int64_t top = 0;
       for (size_t k : order) {
@@ -350,11 +355,12 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       }
       return top;
     };
-    std::array<std::pair<bool, bool>, 3> ways = {
-        std::make_pair(false, false), std::make_pair(false, true), std::make_pair(true, false)};
+    const std::array<std::pair<int, bool>, 5> ways = {
+        std::make_pair(0, false), std::make_pair(0, true), std::make_pair(1, false),
+        std::make_pair(2, false), std::make_pair(3, false)};
     int best = 0;
     int64_t bestBytes = -1;
-    for (int w = 0; w < 3; ++w) {
+    for (int w = 0; w < (int)ways.size(); ++w) {
       int64_t bytes = place(ways[w].first, ways[w].second);
       if (bestBytes < 0 || bytes < bestBytes)
         bestBytes = bytes, best = w;
