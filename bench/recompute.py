@@ -33,34 +33,16 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "models"))
 
-DEFAULT_CONFIG = {"n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 8192}
+from train_step import DEFAULT_CONFIG, thread_env  # noqa: E402
+from train_step import run_output as run_checked  # noqa: E402
+
 MODES = ("none", "full", "selective")
-
-
-def run_checked(cmd, env=None, timeout=1800):
-    start = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env=dict(os.environ, **(env or {})))
-    except (OSError, subprocess.TimeoutExpired) as e:
-        sys.exit(f"recompute: error: {' '.join(cmd)}: {e}")
-    if p.returncode != 0:
-        sys.exit(f"recompute: error: {' '.join(cmd)} failed (exit {p.returncode}):\n"
-                 f"{(p.stderr or p.stdout).strip()[-2000:]}")
-    return time.perf_counter() - start, p.stdout + p.stderr
-
-
-def thread_env(threads):
-    n = str(threads)
-    return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
 
 
 def main():

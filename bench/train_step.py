@@ -54,18 +54,25 @@ def thread_env(threads):
     return {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
 
 
-def run_checked(cmd, env=None, timeout=1800):
+def run_output(cmd, env=None, timeout=1800):
+    """Runs `cmd`; exits naming the benchmark script when it fails. Returns
+    (wall seconds, stdout + stderr)."""
+    who = os.path.splitext(os.path.basename(sys.argv[0]))[0]
     start = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                            env=dict(os.environ, **(env or {})))
     except (OSError, subprocess.TimeoutExpired) as e:
-        sys.exit(f"train_step: error: {' '.join(cmd)}: {e}")
+        sys.exit(f"{who}: error: {' '.join(cmd)}: {e}")
     secs = time.perf_counter() - start
     if p.returncode != 0:
-        sys.exit(f"train_step: error: {' '.join(cmd)} failed (exit {p.returncode}):\n"
+        sys.exit(f"{who}: error: {' '.join(cmd)} failed (exit {p.returncode}):\n"
                  f"{(p.stderr or p.stdout).strip()[-2000:]}")
-    return secs
+    return secs, p.stdout + p.stderr
+
+
+def run_checked(cmd, env=None, timeout=1800):
+    return run_output(cmd, env, timeout)[0]
 
 
 # --- Measurements --------------------------------------------------------------

@@ -119,13 +119,15 @@ class Failure(Exception):
     pass
 
 
-def run_cmd(cmd, timeout=600):
+def run_cmd(cmd, timeout=600, with_stderr=False):
+    """Runs `cmd`, raising Failure when it fails; returns its stdout (and its
+    stderr after it with `with_stderr`: carve compile's progress lines)."""
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=timeout)
     if p.returncode != 0:
         raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:],
                                                  p.stderr[-2000:]))
-    return p.stdout
+    return p.stdout + p.stderr if with_stderr else p.stdout
 
 
 def align(n):

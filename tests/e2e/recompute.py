@@ -45,6 +45,7 @@ sys.path.insert(0, HERE)
 import data_gen  # noqa: E402
 import plain_export_zero  # noqa: E402
 import st  # noqa: E402
+from parallel import Failure, run_cmd  # noqa: E402
 
 STEPS = 6
 OPTIMIZER = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--clip-grad-norm", "0.5"]
@@ -71,18 +72,6 @@ CASES = [
     ("selective", {}, "selective", 1, False),
 ]
 
-
-class Failure(Exception):
-    pass
-
-
-def run_cmd(cmd, timeout=600):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout)
-    if p.returncode != 0:
-        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:],
-                                                 p.stderr[-2000:]))
-    return p.stdout + p.stderr
 
 
 def activation_bytes(out):
@@ -135,7 +124,7 @@ def main():
             with open(out + ".plan.json", "w") as f:
                 json.dump(plan, f)
             summary = run_cmd([args.carve, "compile", onnx_path, "-o", out, "--plan",
-                               out + ".plan.json"] + OPTIMIZER + extra)
+                               out + ".plan.json"] + OPTIMIZER + extra, with_stderr=True)
             run_cmd([args.carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS),
                      "--data", data, "--log", out + ".jsonl", "--save", out + ".ckpt"])
             built[name] = (out, summary)
