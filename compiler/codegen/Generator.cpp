@@ -186,8 +186,7 @@ bool Generator::prepare() {
 
 int Generator::firstBackwardOp(bool phaseMarks) {
   for (Operation *op : ops)
-    if (StringRef(nodeName(op->getLoc())).starts_with("backward of ") ||
-        (phaseMarks && op->getAttr(kPhaseAttr)))
+    if (opensBackward(op, phaseMarks))
       return index[op];
   return (int)ops.size();
 }

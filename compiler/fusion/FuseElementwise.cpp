@@ -120,9 +120,14 @@ ProgramOrder::ProgramOrder(func::FuncOp fn) {
       rootOf[op] = g.root;
 }
 
-int64_t ProgramOrder::backwardBegin() const {
+bool opensBackward(Operation *op, bool phaseMarks) {
+  return StringRef(nodeName(op->getLoc())).starts_with("backward of ") ||
+         (phaseMarks && op->getAttr(kPhaseAttr));
+}
+
+int64_t ProgramOrder::backwardBegin(bool phaseMarks) const {
   for (Operation *op : ops)
-    if (StringRef(nodeName(op->getLoc())).starts_with("backward of "))
+    if (opensBackward(op, phaseMarks))
       return index.lookup(op);
   return (int64_t)ops.size();
 }
@@ -148,8 +153,7 @@ public:
       returned.insert(v);
     phaseBegin = (int)ops.size();
     for (Operation *op : ops)
-      if (StringRef(nodeName(op->getLoc())).starts_with("backward of ") ||
-          op->getAttr(kPhaseAttr)) {
+      if (opensBackward(op, true)) {
         phaseBegin = index[op];
         break;
       }

@@ -65,10 +65,15 @@ struct ProgramOrder {
     mlir::Operation *r = rootOf.lookup(op);
     return index.lookup(r ? r : op);
   }
-  /// The index of the first op whose node is "backward of ..." (the number
-  /// of ops when there is none).
-  int64_t backwardBegin() const;
+  /// The index of the first op that opensBackward (the number of ops when
+  /// there is none).
+  int64_t backwardBegin(bool phaseMarks = false) const;
 };
+
+/// Whether `op` opens a function's backward part: its node is "backward of
+/// ...", or (with `phaseMarks`) carve.phase marks it as backward's, as on a
+/// stage's first backward receive.
+bool opensBackward(mlir::Operation *op, bool phaseMarks);
 
 /// Operand `k` of `op` as it is read: through a transpose folded into a
 /// matmul's flag (carve.fold = "operand"), its input.

@@ -11,7 +11,6 @@
 
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
-#include "compiler/stages/StageSplit.h"
 
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
@@ -107,7 +106,7 @@ public:
     if (!readGradients(fn, order, error) || !readBuckets(fn, buckets, error))
       return fn.emitError() << error;
     if (stage) {
-      const int64_t bb = backwardBegin();
+      const int64_t bb = this->order.backwardBegin(true);
       for (Operation *op : ops)
         if (auto snd = dyn_cast<dist::SendOp>(op)) {
           extend(snd.getInput(), end); // read until the send has completed
@@ -190,7 +189,7 @@ public:
       // and its backward, and what its forward sends; then what its backward
       // sends (read until the send has completed, which may be after the
       // backward); the rest is scratch, which every call on the rank reuses.
-      const int64_t bb = backwardBegin();
+      const int64_t bb = order.backwardBegin(true);
       std::vector<ArenaBlock> part[3];
       std::vector<int> of[3];
       for (size_t i = 0; i < act.size(); ++i) {
@@ -328,15 +327,6 @@ public:
   }
 
 private:
-  /// The first op of backward: named "backward of ..." or, in a stage, a
-  /// receive carve.phase marks as backward's (as the emitter splits).
-  int64_t backwardBegin() const {
-    for (Operation *op : ops)
-      if (StringRef(nodeName(op->getLoc())).starts_with(kBackwardPrefix) || op->getAttr(kPhaseAttr))
-        return index.lookup(op);
-    return (int64_t)ops.size();
-  }
-
   /// ZeRO-3: a gathered buffer per parameter and pass, in argument order.
   void addGathers(const std::vector<GradientSlot> &order) {
     if (zero != 3)

@@ -9,6 +9,8 @@
 
 #include "compiler/recompute/Recompute.h"
 
+#include "compiler/fusion/Fusion.h"
+
 #include "compiler/stages/StageSplit.h"
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
@@ -74,8 +76,7 @@ public:
     }
     backwardBegin = (int)ops.size();
     for (Operation *op : ops)
-      if (StringRef(nodeName(op->getLoc())).starts_with(kBackwardPrefix) ||
-          op->getAttr(kPhaseAttr)) {
+      if (opensBackward(op, true)) {
         backwardBegin = index[op];
         break;
       }
