@@ -29,12 +29,17 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
       2. **Live ranges.** A buffer lives from the op that writes it to the
          last op that reads it, a read counted where it runs (a fused group
          at its root, a folded transpose at its matmul); the loss, a stage's
-         sends (until the slot is reused) and copied gradients live to the
+         sends (until the send has completed) and copied gradients live to the
          end; a gradient lives to when backward has finished it (a stage)
          or its bucket is waited for (ZeRO >= 2).
       3. **Placement.** First fit in order of definition: each buffer (its
          bytes rounded up to 64) takes the lowest offset that overlaps no
-         placed buffer still live when it is written.
+         placed buffer still live when it is written. A stage's buffers are
+         placed in three parts, one after another: what a micro-batch keeps
+         from its forward to its backward and what its forward sends (the
+         slot, kept per micro-batch in flight), what its backward sends
+         (kept until that send completes), and the rest (scratch, which the
+         rank's next forward or backward reuses).
       4. **Persistent tensors**, one after another, each rounded up to 64:
          the parameters and buffers in argument order (ZeRO-1 and 2: padded
          to dp chunks, gathered in place; ZeRO-3: this rank's chunk), the
@@ -55,7 +60,8 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
     `carve.activation_plan = {bytes, unplanned, copies}` (the region's size,
     the sum of the buffers without reuse, and the offset of each copied
     gradient, or a stage's staging buffer, under ZeRO >= 2 in
-    carve.gradients' order, -1 for none); each
+    carve.gradients' order, -1 for none; a stage adds `slot` and `sends`,
+    the sizes of its first two parts); each
     argument carries `carve.persistent_offset` (its byte in the rank's
     arena) and the function `carve.persistent_plan = {begin, params_end,
     grads_end, state_end, end, grads, states}` (dialects/carve/Contract.h).

@@ -130,7 +130,8 @@ constexpr const char *kZero3GatherAttr = "carve.zero3_gather";
 
 // The memory plan (carve-plan-memory).
 /// On an op: the byte offset of each result's buffer from the start of the
-/// activation region (a pipeline stage: of the micro-batch's slot); -1 for a
+/// activation region (a pipeline stage: of its slot, send and scratch parts,
+/// one after another; see carve.activation_plan); -1 for a
 /// result without an activation buffer of its own.
 constexpr const char *kArenaOffsetAttr = "carve.arena_offset";
 /// On a ZeRO-3 argument: the offsets of its gathered buffers [forward,
@@ -139,7 +140,10 @@ constexpr const char *kZero3GatherOffsetsAttr = "carve.zero3_gather_offsets";
 /// On an emitted function: {bytes (the region's size), unplanned (without
 /// reuse), copies (per carve.gradients entry, the offset of its copy under
 /// ZeRO >= 2 in @train_step, of its reduce-scattered chunk's staging buffer
-/// under ZeRO >= 2 in a stage, else -1)}.
+/// under ZeRO >= 2 in a stage, else -1); a stage also slot and sends: its
+/// region is [0, slot) what a micro-batch keeps from forward to backward and
+/// its forward sends, [slot, slot + sends) what its backward sends, the rest
+/// scratch}.
 constexpr const char *kActivationPlanAttr = "carve.activation_plan";
 /// On an argument of an emitted function: its byte offset in the rank's
 /// arena (parameters and buffers, graph inputs, the loss seed).

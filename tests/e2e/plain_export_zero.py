@@ -11,8 +11,9 @@ F.cross_entropy, exported by a plain torch.onnx.export with a dynamic batch.
 
 What must hold: `carve verify` passes (exit 0, PASS, its default 1e-5 loss and
 1e-4 weight tolerances over 3 steps from the same weights) for dp=2 with
-ZeRO-2, dp=2 with ZeRO-3, and dp=2 with two micro-batches and ZeRO-1 (the
-stage-function path), each against one rank.
+ZeRO-2, dp=2 with ZeRO-3, and dp=2 with two micro-batches and ZeRO-1, 2 and 3
+(the stage-function path: ZeRO-2/3 reduce-scatter each micro-batch into fp32
+chunk accumulators, ZeRO-3 gathers per micro-batch), each against one rank.
 """
 
 import argparse
@@ -25,6 +26,8 @@ PLANS = {
     "zero2": {"dp": 2, "zero": 2},
     "zero3": {"dp": 2, "zero": 3},
     "microbatches_zero1": {"dp": 2, "num_micro_batches": 2, "zero": 1},
+    "microbatches_zero2": {"dp": 2, "num_micro_batches": 2, "zero": 2},
+    "microbatches_zero3": {"dp": 2, "num_micro_batches": 2, "zero": 3},
 }
 TIMEOUT_S = 300
 

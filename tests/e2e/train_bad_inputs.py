@@ -225,13 +225,13 @@ def build_cases(carve, root, p, errors):
             f.write(text)
         return path
 
-    def compile_case(name, plan_text, expect, model="mlp", names_plan=True):
+    def compile_case(name, plan_text, expect, model="mlp", names_plan=True, flags=()):
         """-o names a program compiled before, which a failed compile must keep."""
         plan = plan_file(name, plan_text)
         out = d("out", name)
         if "mlp1" not in errors:
             shutil.copytree(p["mlp1"], out, symlinks=True)
-        cases.append(Case(name, [carve, "compile", p[model], "--plan", plan, "-o", out],
+        cases.append(Case(name, [carve, "compile", p[model], "--plan", plan, "-o", out, *flags],
                           expect=([plan] if names_plan else []) + expect, guarded=[out, plan],
                           needs=["mlp1"]))
 
@@ -247,6 +247,8 @@ def build_cases(carve, root, p, errors):
                  ["zero3_prefetch_layers", "-1", ">= 0"])
     compile_case("plan_prefetch_without_zero3", '{"dp": 2, "zero": 1, "zero3_prefetch_layers": 1}\n',
                  ["zero3_prefetch_layers", "\"zero\": 3"])
+    compile_case("bucket_bytes_zero", '{"dp": 2, "zero": 2}\n',
+                 ["bucket-bytes", "positive", "0"], names_plan=False, flags=["--bucket-bytes", "0"])
     # Sharding. The GPT has 2 heads, width 32, hidden 128, vocabulary 64.
     compile_case("plan_tp_not_dividing_heads", '{"tp": 4}\n',
                  ["attention", "tp=4", "2 attention heads", "/h.0/attn/"], model="gpt",
