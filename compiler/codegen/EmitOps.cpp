@@ -185,7 +185,17 @@ bool Generator::emitOp(Operation *op) {
   if (!ok)
     return false;
   s += call + "\n";
+  if (op->hasAttr(kRound16Attr))
+    s += round16(op->getResult(0));
   return true;
+}
+
+/// carve.round16: the result rounded in place to the plan's 16-bit format
+/// (carve-round-activations), after the kernel that wrote it.
+std::string Generator::round16(Value r) {
+  return std::string("  ") + (opts.precision == "fp16" ? "roundF16" : "roundBf16") + "(" +
+         var.lookup(r) + ", " + std::to_string(typeOf(r).getNumElements()) + ");  // rounded to " +
+         opts.precision + " as written (kept for backward)\n";
 }
 
 /// Binary, comparison, logic, unary, where and cast: elementwise kernels
@@ -228,7 +238,17 @@ bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
        << oshape(op, 1) << ", " << opnd(op, 2) << ", " << oshape(op, 2) << ", " << name(res) << ", "
        << shapeOf(res) << ");";
   } else if (isa<CastOp>(op)) {
-    os << "cast(" << opnd(op, 0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
+    // A 16-bit copy of a rounded activation and back (carve-pack-activations).
+    Type from = typeOf(op->getOperand(0)).getElementType(), to = typeOf(res).getElementType();
+    const char *fn = to.isBF16() && from.isF32()                                  ? "toBf16"
+                     : to.isF16() && from.isF32()                                 ? "toF16"
+                     : from.isBF16() && to.isF32()                                ? "fromBf16"
+                     : from.isF16() && to.isF32()                                 ? "fromF16"
+                     : from.isBF16() || from.isF16() || to.isBF16() || to.isF16() ? nullptr
+                                                                                  : "cast";
+    if (!fn)
+      return failOp(op, "16-bit casts are between f32 and bf16 or f16 only");
+    os << fn << "(" << opnd(op, 0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
        << ");";
   }
   return true;

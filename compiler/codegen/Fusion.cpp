@@ -83,8 +83,10 @@ bool Generator::emitFused(const FusionGroup &g) {
     for (Value v : op->getOperands())
       args.push_back(expr.lookup(v));
     std::string t = "t" + std::to_string(j);
-    fs << "    const float " << t << " = " << fusedExpr(op, args) << ";  // "
-       << var[op->getResult(0)] << "\n";
+    std::string e = fusedExpr(op, args);
+    if (op->hasAttr(kRound16Attr)) // rounded as written, for every reader (carve.round16)
+      e = std::string(opts.precision == "fp16" ? "ew::roundF16(" : "ew::roundBf16(") + e + ")";
+    fs << "    const float " << t << " = " << e << ";  // " << var[op->getResult(0)] << "\n";
     expr[op->getResult(0)] = t;
   }
   for (size_t j = 0; j < no; ++j)

@@ -71,6 +71,11 @@ bool elementInfo(Type t, std::string &ctype, std::string &dtype, int &size) {
     return ctype = "int32_t", dtype = "I32", size = 4, true;
   if (t.isInteger(1))
     return ctype = "uint8_t", dtype = "Bool", size = 1, true;
+  // 16-bit copies of activations (carve-pack-activations): the bits.
+  if (t.isBF16())
+    return ctype = "uint16_t", dtype = "BF16", size = 2, true;
+  if (t.isF16())
+    return ctype = "uint16_t", dtype = "F16", size = 2, true;
   return false;
 }
 

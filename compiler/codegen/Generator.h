@@ -389,6 +389,7 @@ private:
   bool emitGather(Operation *op, llvm::raw_ostream &os);
   bool emitCollective(Operation *op, llvm::raw_ostream &os);
   bool emitCustom(Operation *op, llvm::raw_ostream &os);
+  std::string round16(Value r);
 
   // Target.cpp.
   /// `*ptr = value;` as a statement line; a one-element fill on the device.

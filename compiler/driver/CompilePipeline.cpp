@@ -8,6 +8,7 @@
 #include "compiler/memory/MemoryPlan.h"
 #include "compiler/optimizer/Optimizer.h"
 #include "compiler/partition/Passes.h"
+#include "compiler/precision/Precision.h"
 #include "compiler/recompute/Recompute.h"
 #include "compiler/stages/Passes.h"
 
@@ -15,6 +16,7 @@ namespace carve {
 
 namespace {
 bool partitions(const PlanAttrs &plan) { return plan.tp > 1 || plan.zero > 0; }
+bool sixteenBit(const PlanAttrs &plan) { return plan.precision != "fp32"; }
 } // namespace
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
@@ -27,6 +29,8 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   pm.addPass(createCheckOverridesPass(rules));
   if (partitions(plan))
     pm.addPass(createPartitionPass(rules.overrides));
+  if (sixteenBit(plan))
+    pm.addPass(createCarveRoundActivations());
   if (plan.pipelined())
     pm.addPass(createCarveSplitStages());
   if (fuse)
@@ -34,6 +38,8 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   pm.addPass(createCarveFoldTransposes());
   if (plan.recompute != "none")
     pm.addPass(createCarveRecompute());
+  if (sixteenBit(plan))
+    pm.addPass(createCarvePackActivations());
   CarveDataParallelOptions dp;
   dp.bucketBytes = bucketBytes;
   pm.addPass(createCarveDataParallel(dp));
@@ -46,6 +52,8 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
                                      "carve-check-overrides"};
   if (partitions(plan))
     passes.push_back("carve-partition");
+  if (sixteenBit(plan))
+    passes.push_back("carve-round-activations");
   if (plan.pipelined())
     passes.push_back("carve-split-stages");
   if (fuse)
@@ -53,6 +61,8 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
   passes.push_back("carve-fold-transposes");
   if (plan.recompute != "none")
     passes.push_back("carve-recompute");
+  if (sixteenBit(plan))
+    passes.push_back("carve-pack-activations");
   passes.push_back("carve-data-parallel");
   passes.push_back("carve-plan-memory");
   passes.push_back("carve-optimizer");

@@ -722,6 +722,8 @@ bool Splitter::build(std::string &error) {
         r->setAttr(kFromStageAttr, b.getI64IntegerAttr(t.from));
         if (backward)
           r->setAttr(kPhaseAttr, b.getStringAttr("backward"));
+        else if (isRounded16(t.value)) // the sender rounded it (carve-round-activations)
+          r->setAttr(kRound16Attr, b.getUnitAttr());
         map.map(t.value, r.getResult());
       }
     };

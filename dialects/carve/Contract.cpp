@@ -1,6 +1,7 @@
 //===- Contract.cpp - accessors of the attributes stages hand each other --===//
 
 #include "dialects/carve/Contract.h"
+#include "dialects/carve/CarveOps.h"
 
 using namespace mlir;
 
@@ -34,6 +35,13 @@ bool isTrainable(func::FuncOp fn, unsigned arg) {
 
 bool isEmittedFunction(func::FuncOp fn) {
   return fn.getSymName() == "train_step" || fn->hasAttr(kStageAttr);
+}
+
+bool isRounded16(Value v) {
+  Operation *def = v.getDefiningOp();
+  while (def && isa<ReshapeOp>(def))
+    def = def->getOperand(0).getDefiningOp();
+  return def && def->hasAttr(kRound16Attr);
 }
 
 } // namespace carve

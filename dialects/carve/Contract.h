@@ -106,6 +106,12 @@ constexpr const char *kFoldAttr = "carve.fold";
 constexpr const char *kFoldOperand = "operand";
 constexpr const char *kFoldProduct = "product";
 
+// 16-bit activations (carve-round-activations, carve-pack-activations).
+/// On a forward op under a bf16/fp16 plan: its result is rounded to the
+/// plan's 16-bit format as it is written, for every reader (backward reads
+/// it, so it may be kept in 16 bits).
+constexpr const char *kRound16Attr = "carve.round16";
+
 /// Every tensor in the arena starts at a multiple of this many bytes (the
 /// emitter's memory plan; gradient buckets count their bytes so).
 constexpr int64_t kArenaAlign = 64;
@@ -229,6 +235,10 @@ bool isTrainable(mlir::func::FuncOp fn, unsigned arg);
 /// The functions the emitter prints, which the passes after the stage split
 /// work on: @train_step, or the stages (carve.stage).
 bool isEmittedFunction(mlir::func::FuncOp fn);
+
+/// Whether `v` holds values the plan's 16-bit format represents exactly: its
+/// storage (through reshapes) is written by an op marked carve.round16.
+bool isRounded16(mlir::Value v);
 
 } // namespace carve
 

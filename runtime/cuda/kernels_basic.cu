@@ -186,6 +186,16 @@ template <class From, class To> __global__ void castKernel(const From *x, To *y,
   }
 }
 
+template <int F> __global__ void round16Kernel(float *x, int64_t n) {
+  CARVE_GRID_LOOP(i, n) x[i] = F == 0 ? carve::rt::ew::roundBf16(x[i]) : carve::rt::ew::roundF16(x[i]);
+}
+template <int F> __global__ void to16Kernel(const float *x, uint16_t *y, int64_t n) {
+  CARVE_GRID_LOOP(i, n) y[i] = F == 0 ? carve::rt::ew::bf16Bits(x[i]) : carve::rt::ew::f16Bits(x[i]);
+}
+template <int F> __global__ void from16Kernel(const uint16_t *x, float *y, int64_t n) {
+  CARVE_GRID_LOOP(i, n) y[i] = F == 0 ? carve::rt::ew::bf16Float(x[i]) : carve::rt::ew::f16Float(x[i]);
+}
+
 template <class T> __global__ void fillKernel(T *y, int64_t n, T v) {
   CARVE_GRID_LOOP(i, n) y[i] = v;
 }
@@ -475,6 +485,31 @@ void where(const uint8_t *c, Dims cs, const float *a, Dims as, const float *b, D
 void where(const uint8_t *c, Dims cs, const int64_t *a, Dims as, const int64_t *b, Dims bs,
            int64_t *y, Dims ys) {
   whereT(c, cs, a, as, b, bs, y, ys);
+}
+
+#define CARVE_16BIT(NAME, KERNEL, F, IN, OUT)                                                     \
+  void NAME(IN x, OUT y, int64_t n) {                                                              \
+    if (n <= 0)                                                                                    \
+      return;                                                                                      \
+    KERNEL<F><<<blocksFor(n), kThreads, 0, stream()>>>(x, y, n);                                   \
+    checkLaunch(#NAME);                                                                            \
+  }
+CARVE_16BIT(toBf16, to16Kernel, 0, const float *, uint16_t *)
+CARVE_16BIT(toF16, to16Kernel, 1, const float *, uint16_t *)
+CARVE_16BIT(fromBf16, from16Kernel, 0, const uint16_t *, float *)
+CARVE_16BIT(fromF16, from16Kernel, 1, const uint16_t *, float *)
+#undef CARVE_16BIT
+void roundBf16(float *x, int64_t n) {
+  if (n <= 0)
+    return;
+  round16Kernel<0><<<blocksFor(n), kThreads, 0, stream()>>>(x, n);
+  checkLaunch("roundBf16");
+}
+void roundF16(float *x, int64_t n) {
+  if (n <= 0)
+    return;
+  round16Kernel<1><<<blocksFor(n), kThreads, 0, stream()>>>(x, n);
+  checkLaunch("roundF16");
 }
 
 template <class From, class To> void cast(const From *x, To *y, int64_t n) {

@@ -252,6 +252,43 @@ void where(const uint8_t *c, Dims cs, const T *a, Dims as, const T *b, Dims bs, 
   });
 }
 
+void roundBf16(float *x, int64_t n) {
+  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      x[i] = ew::roundBf16(x[i]);
+  });
+}
+void roundF16(float *x, int64_t n) {
+  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      x[i] = ew::roundF16(x[i]);
+  });
+}
+void toBf16(const float *x, uint16_t *y, int64_t n) {
+  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      y[i] = ew::bf16Bits(x[i]);
+  });
+}
+void fromBf16(const uint16_t *x, float *y, int64_t n) {
+  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      y[i] = ew::bf16Float(x[i]);
+  });
+}
+void toF16(const float *x, uint16_t *y, int64_t n) {
+  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      y[i] = ew::f16Bits(x[i]);
+  });
+}
+void fromF16(const uint16_t *x, float *y, int64_t n) {
+  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      y[i] = ew::f16Float(x[i]);
+  });
+}
+
 template <class From, class To> void cast(const From *x, To *y, int64_t n) {
   parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {

@@ -120,20 +120,9 @@ template <class T> void roundInput(const T *&x, int64_t n, int slot) {
 void setPrecision(Precision p) { gPrecision = p; }
 Precision precision() { return gPrecision; }
 
-float roundToBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) // NaN: keep it quiet
-    u |= 0x00400000u;
-  else
-    u += 0x7FFFu + ((u >> 16) & 1u); // round to nearest even; carries into the exponent
-  u &= 0xFFFF0000u;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
-}
+float roundToBf16(float x) { return ew::roundBf16(x); }
 
-float roundToF16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+float roundToF16(float x) { return ew::roundF16(x); }
 
 template <class T>
 void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,

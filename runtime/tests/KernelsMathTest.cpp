@@ -8,6 +8,10 @@
 
 #include "KernelsTesting.h"
 
+#include "carve/rt/elementwise.h"
+
+#include <cstring>
+
 using namespace carve::rt;
 using namespace kernels_test;
 
@@ -677,6 +681,99 @@ TEST(CrossEntropyGrad, FloatLargeMatchesDouble) {
   std::vector<float> dxf(x.size());
   cross_entropy_grad<float>(to<float>(x).data(), ls, t.data(), 0, true, -1, &dyf, dxf.data());
   expectClose(dxf, dx, 1e-4, 1e-9, "cross_entropy_grad float");
+}
+
+//===--- 16-bit formats ---------------------------------------------------===//
+
+/// bf16 of x by the definition: the nearest of the two bf16 neighbours, ties
+/// to the even one (float64 arithmetic on the neighbours).
+uint16_t bf16Reference(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (std::isnan(x))
+    return (uint16_t)((u >> 16) | 0x40u);
+  const uint32_t lo = u & 0xFFFF0000u, hi = lo + 0x10000u; // towards and away from zero
+  float fl, fh;
+  std::memcpy(&fl, &lo, 4);
+  std::memcpy(&fh, &hi, 4);
+  // Past the largest finite value the neighbour is 2^128 with an unbounded
+  // exponent (IEEE: what rounds to it overflows to infinity).
+  const double dh = std::isinf(fh) ? std::ldexp(1.0, 128) - std::fabs((double)x)
+                                   : std::fabs((double)fh - x),
+               dl = std::fabs((double)x - fl);
+  if (dl < dh || (dl == dh && !((lo >> 16) & 1u)))
+    return (uint16_t)(lo >> 16);
+  return (uint16_t)(hi >> 16);
+}
+
+uint16_t bitsOf(_Float16 h) {
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+
+// The integer conversions the CPU and the CUDA kernels share (elementwise.h)
+// against the compiler's IEEE binary16 and the bf16 definition, on every
+// 127th float bit pattern (34 million, every exponent and both signs) and on
+// the edges: 65504, 65520 (to infinity), the subnormals' ties, 2^-25.
+TEST(Formats16, EveryExponentAgainstReferences) {
+  auto check = [](uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, 4);
+    const uint16_t h = ew::f16Bits(x), want = bitsOf((_Float16)x);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(ew::f16Float(h))) << std::hex << u;
+      ASSERT_TRUE(std::isnan(ew::bf16Float(ew::bf16Bits(x)))) << std::hex << u;
+      return;
+    }
+    ASSERT_EQ(h, want) << "fp16 of bits 0x" << std::hex << u;
+    ASSERT_EQ(ew::f16Float(h), (float)(_Float16)x) << std::hex << u;
+    ASSERT_EQ(ew::bf16Bits(x), bf16Reference(x)) << "bf16 of bits 0x" << std::hex << u;
+    uint32_t back = (uint32_t)ew::bf16Bits(x) << 16;
+    float b;
+    std::memcpy(&b, &back, 4);
+    ASSERT_EQ(ew::bf16Float(ew::bf16Bits(x)), b);
+  };
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 127)
+    check((uint32_t)u);
+  const float edges[] = {65504.0f,        65519.99f,      65520.0f,      1e9f,
+                         0x1p-25f,        0x1.0p-24f,     0x1.8p-24f,    0x1.8p-25f,
+                         0x1p-14f,        0x1.ffcp-15f,   3.4028235e38f, 1.0f + 0x1p-8f,
+                         1.0f + 0x1p-11f, 1.0f + 0x3p-11f};
+  for (float e : edges)
+    for (float x : {e, -e}) {
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      check(u);
+    }
+  // Every fp16 value round-trips exactly.
+  for (uint32_t h = 0; h < 0x10000u; ++h)
+    if (((h >> 10) & 0x1Fu) != 0x1Fu)
+      ASSERT_EQ(ew::f16Bits(ew::f16Float((uint16_t)h)), h) << std::hex << h;
+}
+
+// The kernels the generated programs call: in place, and copies both ways.
+TEST(Formats16, Kernels) {
+  std::vector<float> x = {1.0f + 0x1p-9f, -3.14159f, 70000.0f, 1e-8f, 0.0f};
+  std::vector<float> r = x, back(x.size());
+  std::vector<uint16_t> bits(x.size());
+  roundBf16(r.data(), (int64_t)r.size());
+  toBf16(x.data(), bits.data(), (int64_t)x.size());
+  fromBf16(bits.data(), back.data(), (int64_t)x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(r[i], roundToBf16(x[i]));
+    EXPECT_EQ(back[i], r[i]);
+  }
+  EXPECT_EQ(r[0], 1.0f); // the tie to even
+  r = x;
+  roundF16(r.data(), (int64_t)r.size());
+  toF16(x.data(), bits.data(), (int64_t)x.size());
+  fromF16(bits.data(), back.data(), (int64_t)x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(r[i], roundToF16(x[i]));
+    EXPECT_EQ(back[i], r[i]);
+  }
+  EXPECT_TRUE(std::isinf(r[2]));
 }
 
 } // namespace

@@ -18,14 +18,20 @@ node names). What is compared:
   - every tensor of the final checkpoint equal bit for bit;
   - `full` (and a layer glob) keeps less: the activation bytes the compiled
     program reports (OUT/src/README.md) are smaller than without, and the
-    compile summary counts the forward ops run again (> 0); `selective` on
+    compile summary counts the forward ops run again (> 0); a 16-bit plan's
+    activations (without recomputation) are smaller than the same plan's in
+    fp32; `selective` on
     these models, whose attention is one `carve.attention` op that keeps no
     scores, recomputes nothing and keeps the same bytes.
 
 Cases: 1 rank full; 1 rank on the first layer only (a glob); tp=2 with
 sequence parallelism (the recomputed layers repeat their collectives);
 pp=2 with 2 micro-batches (per stage and micro-batch); dp=2 with ZeRO-3
-(recomputed ops read gathered parameters in backward); 1 rank selective.
+(recomputed ops read gathered parameters in backward); 1 rank selective;
+and under 16-bit activations (precision bf16 on 1 rank and pp=2, fp16 under
+tp=2 with sp): the kept values are rounded where they are written and
+stored in 16 bits, and the recomputed ones are rounded the same way, so
+these too are bitwise.
 Bad input: a glob that names no layer is refused with one line naming it.
 """
 
@@ -60,7 +66,7 @@ MODELS = {
 # The plain export's cases: its attention is raised to carve.attention, so
 # selective has nothing to do there either; tp is left to issue 22's split of
 # nn.MultiheadAttention.
-ENCODER_CASES = ("full", "first-layer", "dp2-zero3-full", "selective")
+ENCODER_CASES = ("full", "first-layer", "dp2-zero3-full", "selective", "bf16-full")
 
 # name: (plan without recomputation, recompute value, ranks, fewer activation bytes)
 CASES = [
@@ -70,6 +76,15 @@ CASES = [
     ("pp2-full", {"pp": 2, "num_micro_batches": 2}, "full", 2, True),
     ("dp2-zero3-full", {"dp": 2, "zero": 3}, "full", 2, True),
     ("selective", {}, "selective", 1, False),
+    # 16-bit activations (carve-round-activations marks the values rounded
+    # before recomputation clones them, so the clones compute the same bits).
+    ("bf16-full", {"precision": "bf16"}, "full", 1, True),
+    ("bf16-pp2-full", {"precision": "bf16", "pp": 2, "num_micro_batches": 2}, "full", 2, True),
+    # None: not compared. With two layers, the layer recomputed in backward
+    # holds its values in f32 while they are read, about what two layers'
+    # 16-bit copies take, so full recomputation need not lower the peak here.
+    ("fp16-tp2-sp-full", {"precision": "fp16", "tp": 2, "sequence_parallel": True}, "full", 2,
+     None),
 ]
 
 
@@ -143,14 +158,22 @@ def main():
                     raise Failure("the compile summary does not report the recomputation:\n" +
                                   summary)
                 cloned = int(m.group(1))
-                if (cloned > 0) != smaller:
+                if (cloned > 0) != (smaller is not False):
                     raise Failure("%d forward ops run again in backward, expected %s" %
-                                  (cloned, "some" if smaller else "none"))
+                                  (cloned, "none" if smaller is False else "some"))
                 a0, a1 = activation_bytes(base), activation_bytes(out)
+                if "precision" in base_plan:
+                    # The same plan in fp32 keeps its activations in 4 bytes.
+                    fp32_plan = {k: v for k, v in base_plan.items() if k != "precision"}
+                    fp32_name = "base-" + "-".join("%s%s" % kv for kv in sorted(fp32_plan.items()))
+                    a32 = activation_bytes(build(fp32_name, fp32_plan, ranks)[0])
+                    if not a0 < a32:
+                        raise Failure("16-bit activations take %d bytes, %d in fp32" % (a0, a32))
+                    label += " (fp32: %d bytes)" % a32
                 if smaller and not a1 < a0:
                     raise Failure("activations take %d bytes, %d without recomputation" %
                                   (a1, a0))
-                if not smaller and a1 != a0:
+                if smaller is False and a1 != a0:
                     raise Failure("activations take %d bytes, %d without recomputation "
                                   "(nothing was recomputed)" % (a1, a0))
                 log0, log1 = read_log(base + ".jsonl"), read_log(out + ".jsonl")

@@ -9,6 +9,7 @@
 #include "compiler/frontend/Passes.h"
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/optimizer/Optimizer.h"
+#include "compiler/precision/Precision.h"
 #include "compiler/recompute/Recompute.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/memory/MemoryPlan.h"
@@ -38,6 +39,7 @@ int main(int argc, char **argv) {
   carve::registerDataParallelPasses();
   carve::registerOptimizerPasses();
   carve::registerRecomputePasses();
+  carve::registerPrecisionPasses();
   carve::registerMemoryPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();

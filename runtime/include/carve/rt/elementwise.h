@@ -112,6 +112,71 @@ namespace carve::rt::ew {
 }
 #endif
 
+//===--- 16-bit formats, host or device -----------------------------------===//
+//
+// The bits of bf16 and fp16 (IEEE binary16) values and the rounding of a
+// float to them: round to nearest even, NaN stays NaN, fp16 overflows to
+// infinity from 65520 on and has subnormals down to 2^-24. Integer code, so
+// the CPU and the GPU compute the same bits. Used by matmul's input rounding
+// (kernels.h roundToBf16/roundToF16), by the values a bf16/fp16 plan rounds
+// as it writes them (carve.round16) and by their 16-bit copies.
+
+CARVE_HD uint32_t floatBits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+CARVE_HD float bitsFloat(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+CARVE_HD uint16_t bf16Bits(float x) {
+  uint32_t u = floatBits(x);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) // NaN: keep it quiet
+    return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u); // round to nearest even; carries into the exponent
+  return (uint16_t)(u >> 16);
+}
+CARVE_HD float bf16Float(uint16_t h) { return bitsFloat((uint32_t)h << 16); }
+CARVE_HD uint16_t f16Bits(float x) {
+  const uint32_t u = floatBits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+  if (a >= 0x7F800000u) // infinity, or NaN kept quiet
+    return (uint16_t)(sign | 0x7C00u | (a > 0x7F800000u ? 0x0200u | ((a >> 13) & 0x3FFu) : 0u));
+  if (a >= 0x477FF000u) // 65520 and up round to infinity
+    return (uint16_t)(sign | 0x7C00u);
+  if (a >= 0x38800000u) { // a normal fp16 (2^-14 and up): rebias the exponent 127 -> 15
+    uint32_t r = a - 0x38000000u;
+    r += 0xFFFu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+  }
+  if (a <= 0x33000000u) // 2^-25 and below: zero (2^-25 is the tie, to the even zero)
+    return (uint16_t)sign;
+  // Subnormal: the value is m * 2^(e - 150) = h * 2^-24, so h = m >> (126 - e).
+  const uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, s = 126u - e;
+  uint32_t h = m >> s;
+  const uint32_t rest = m & ((1u << s) - 1u), half = 1u << (s - 1u);
+  if (rest > half || (rest == half && (h & 1u)))
+    ++h; // 1024 is the smallest normal's bits: correct
+  return (uint16_t)(sign | h);
+}
+CARVE_HD float f16Float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu;
+  uint32_t m = h & 0x3FFu;
+  if (e == 0x1Fu)
+    return bitsFloat(sign | 0x7F800000u | (m << 13));
+  if (e)
+    return bitsFloat(sign | ((e + 112u) << 23) | (m << 13));
+  if (!m)
+    return bitsFloat(sign);
+  uint32_t k = 0; // subnormal: normalize
+  while (!(m & 0x400u))
+    m <<= 1, ++k;
+  return bitsFloat(sign | ((113u - k) << 23) | ((m & 0x3FFu) << 13));
+}
+CARVE_HD float roundBf16(float x) { return bf16Float(bf16Bits(x)); }
+CARVE_HD float roundF16(float x) { return f16Float(f16Bits(x)); }
+
 //===--- Math, host or device ---------------------------------------------===//
 
 #if defined(__CUDA_ARCH__)

@@ -42,8 +42,8 @@ namespace carve::gpu {
 // The types a generated program names.
 using carve::rt::Binary;
 using carve::rt::CommHandle;
-using carve::rt::Communicator;
 using carve::rt::CommType;
+using carve::rt::Communicator;
 using carve::rt::Compare;
 using carve::rt::DataKind;
 using carve::rt::DeviceTarget;
@@ -64,9 +64,9 @@ using carve::rt::waitAll;
 // Host-side helpers that touch no tensor memory.
 using carve::rt::clipCoefficient;
 using carve::rt::fatal;
+using carve::rt::fullShape;
 using carve::rt::scheduledLr;
 using carve::rt::shardShape;
-using carve::rt::fullShape;
 
 //===--- Device, streams, memory -------------------------------------------===//
 
@@ -107,6 +107,13 @@ template <class From, class To> void cast(const From *x, To *y, int64_t n);
 /// (float, double, int64_t, int32_t, uint8_t)
 template <class T> void fill(T *y, int64_t n, T v);
 template <class T> void copy(const T *x, T *y, int64_t n);
+/// As kernels.h: carve.round16 in place, and 16-bit copies (same bits as the CPU).
+void roundBf16(float *x, int64_t n);
+void roundF16(float *x, int64_t n);
+void toBf16(const float *x, uint16_t *y, int64_t n);
+void fromBf16(const uint16_t *x, float *y, int64_t n);
+void toF16(const float *x, uint16_t *y, int64_t n);
+void fromF16(const uint16_t *x, float *y, int64_t n);
 
 //===--- Linear algebra ----------------------------------------------------===//
 
@@ -121,8 +128,8 @@ void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool 
 void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y);
 void softmax(const float *x, Dims xs, int axis, bool log, float *y);
 void softmax_grad(const float *y, const float *dy, Dims s, int axis, bool log, float *dx);
-void layer_norm(const float *x, Dims xs, int axis, const float *scale, const float *bias,
-                float eps, float *y);
+void layer_norm(const float *x, Dims xs, int axis, const float *scale, const float *bias, float eps,
+                float *y);
 void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
                      const float *dy, float *dx, float *dscale, float *dbias);
 void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y);
@@ -157,8 +164,7 @@ template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
 //===--- Tensor parallelism (dist.h on device pointers) --------------------===//
 
 void takeShard(const void *full, Dims fullShape, Split s, int index, void *local, int elemBytes);
-void placeShard(const void *local, Dims localShape, Split s, int index, void *full,
-                int elemBytes);
+void placeShard(const void *local, Dims localShape, Split s, int index, void *full, int elemBytes);
 void allGatherSplit(Communicator &c, const void *local, Dims localShape, Split s, void *full,
                     CommType t);
 void reduceScatterSplit(Communicator &c, const void *full, Dims fullShape, Split s, void *local,
@@ -173,16 +179,16 @@ void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
                                   int64_t vocabOffset, const int64_t *targets, int reduction,
                                   bool hasIgnore, int64_t ignoreIndex, float *y);
 void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dims ls,
-                                       int64_t vocabOffset, const int64_t *targets,
-                                       int reduction, bool hasIgnore, int64_t ignoreIndex,
-                                       const float *dy, float *dlogits);
+                                       int64_t vocabOffset, const int64_t *targets, int reduction,
+                                       bool hasIgnore, int64_t ignoreIndex, const float *dy,
+                                       float *dlogits);
 
 //===--- Optimizer (optim.h on device pointers) ----------------------------===//
 
 void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
                double dampening, double weightDecay, bool nesterov, bool firstStep);
-void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr,
-                 double beta1, double beta2, double eps, double weightDecay, int64_t step);
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step);
 /// Sum of squares in double; waits for the result.
 double sumSquares(const float *g, int64_t n);
 /// The gradient norm's accumulators: two device doubles, zeroed on the

@@ -48,7 +48,19 @@ struct Dims {
 //===--- Elementwise ------------------------------------------------------===//
 
 enum class Unary {
-  Neg, Abs, Exp, Log, Sqrt, Rsqrt, Reciprocal, Tanh, Erf, Sigmoid, Relu, Sin, Cos,
+  Neg,
+  Abs,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Reciprocal,
+  Tanh,
+  Erf,
+  Sigmoid,
+  Relu,
+  Sin,
+  Cos,
   Silu,
   Gelu,     // x * 0.5 * (1 + erf(x / sqrt(2)))
   GeluTanh, // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
@@ -61,8 +73,7 @@ template <class T> void unary_grad(Unary f, const T *x, const T *dy, T *dx, int6
 
 enum class Binary { Add, Sub, Mul, Div, Pow, Max, Min };
 /// y = f(a, b) with broadcasting of a and b to ys.
-template <class T>
-void binary(Binary f, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys);
+template <class T> void binary(Binary f, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys);
 
 enum class Compare { Eq, Lt, Gt };
 /// y = (a OP b) as 0/1 bytes, with broadcasting.
@@ -97,6 +108,16 @@ Precision precision();
 /// x rounded to bf16 / fp16 and back (round to nearest even).
 float roundToBf16(float x);
 float roundToF16(float x);
+/// The values a bf16/fp16 plan stores in 16 bits (carve.round16, docs/memory.md
+/// "16-bit activations"): x rounded in place to the format, and 16-bit
+/// copies of float values and back (to16 rounds to nearest even; from16 is
+/// exact). uint16_t holds the bits.
+void roundBf16(float *x, int64_t n);
+void roundF16(float *x, int64_t n);
+void toBf16(const float *x, uint16_t *y, int64_t n);
+void fromBf16(const uint16_t *x, float *y, int64_t n);
+void toF16(const float *x, uint16_t *y, int64_t n);
+void fromF16(const uint16_t *x, float *y, int64_t n);
 
 /// y = op(a) @ op(b), NumPy matmul semantics on the last two dimensions with
 /// broadcasting of the leading (batch) dimensions; both ranks >= 2.
@@ -150,9 +171,8 @@ void attention(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, co
 /// Backward of attention (probabilities recomputed). Writes dq, dk, dv
 /// (overwritten). No gradient for the mask.
 template <class T>
-void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs,
-                    const T *mask, Dims ms, T scale, bool causal, const T *dy, T *dq, T *dk,
-                    T *dv);
+void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims vs, const T *mask,
+                    Dims ms, T scale, bool causal, const T *dy, T *dq, T *dk, T *dv);
 
 /// Cross-entropy of logits [N, C, d...] against int64 targets [N, d...]
 /// (class along dim 1), elements with target == ignore_index (when
@@ -160,8 +180,8 @@ void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims v
 /// 2 = none (y has the targets' shape). Targets outside [0, C) (and not
 /// ignored) are a fatal error naming the value.
 template <class T>
-void cross_entropy(const T *logits, Dims ls, const int64_t *targets, int reduction,
-                   bool hasIgnore, int64_t ignoreIndex, T *y);
+void cross_entropy(const T *logits, Dims ls, const int64_t *targets, int reduction, bool hasIgnore,
+                   int64_t ignoreIndex, T *y);
 /// dlogits for the same arguments given dy (a scalar for mean/sum, targets'
 /// shape for none).
 template <class T>
@@ -175,8 +195,7 @@ template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y);
 /// y = x[starts : : steps] with y's shape ys (steps > 0).
 template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys);
 /// dx = zeros(xs); dx[starts : : steps] = dy (the gradient of slice).
-template <class T>
-void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs);
+template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs);
 /// y = concatenation of n inputs along axis.
 template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y);
 /// y = take(table, idx, axis): y.shape = ts[:axis] + is + ts[axis+1:].

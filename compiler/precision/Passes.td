@@ -1,0 +1,73 @@
+//===- Passes.td - 16-bit activations ----------------------*- tablegen -*-===//
+
+#ifndef CARVE_PRECISION_PASSES_TD
+#define CARVE_PRECISION_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def CarveRoundActivations : Pass<"carve-round-activations", "mlir::ModuleOp"> {
+  let summary = "Round the activations backward reads to the plan's 16-bit format (bf16/fp16 plans)";
+  let description = [{
+    Under `carve.plan`'s `precision` `bf16` or `fp16` (nothing under `fp32`),
+    marks `carve.round16` on each forward op of `@train_step` whose result
+    backward reads: the value is rounded to the format (round to nearest even)
+    as it is written, and every reader, forward and backward, sees the
+    rounded value. These are the activations mixed-precision training keeps in
+    16 bits (Megatron-LM's and PyTorch autocast's bf16/fp16 tensors);
+    carve-pack-activations stores them so.
+
+    A value is marked when it is an f32 result of a forward op, depends on the
+    batch (a value computed from parameters alone, such as a transposed
+    weight, stays fp32: weights are the optimizer's), and some backward op
+    reads it, directly or through reshapes (a reshape shares its input's
+    memory, so the reshape's source is marked). Not marked: additive
+    attention masks (operand 3 of `carve.attention` and its gradient: a mask
+    of -3.4e38 would round to -inf), integer and boolean values.
+
+    Rounding is a property of the value, fixed before the program is cut into
+    stages or recomputed: carve-recompute's clones carry the mark and compute
+    the same bits, so recomputation stays bitwise; the pipeline's receives of
+    a marked value are marked too (the sender rounded it). The matmul and
+    attention kernels already round their inputs to the precision, so a value
+    only they read computes the same with or without the mark.
+
+    Before: after carve-partition (where it runs), before carve-split-stages.
+    After: the marks; nothing else changes.
+  }];
+  let statistics = [
+    Statistic<"numMarked", "num-marked", "Forward values rounded to 16 bits as they are written">
+  ];
+}
+
+def CarvePackActivations : Pass<"carve-pack-activations", "mlir::ModuleOp"> {
+  let summary = "Keep 16-bit copies of the rounded activations from forward to backward";
+  let description = [{
+    Under a bf16 or fp16 plan, in each function the emitter prints
+    (`@train_step`, or `@stage0 ..`): for each forward value marked
+    `carve.round16` (or a pipeline receive of one) that backward reads,
+    directly or through reshapes,
+
+      - after its last forward reader (a fused group's root for a member),
+        `carve.cast` writes a 16-bit copy (bf16 or f16, two bytes per
+        element: exact, the value is rounded already);
+      - before its first backward reader, `carve.cast` back to f32 (exact),
+        named `backward of NODE (16-bit copy)`; backward's readers (and
+        reshapes of it, cloned there) read that.
+
+    So what lives from forward to backward is the 16-bit copy, and the f32
+    value dies after its last forward reader: the memory plan (which runs
+    later) sees half the bytes, and nothing computes differently (both casts
+    are exact). Values that a pipeline send reads, that a function returns,
+    or that a transpose folded into a matmul reads stay f32 (the send holds
+    the f32 buffer anyway).
+
+    Before: after carve-recompute (where it runs), before carve-data-parallel
+    and carve-plan-memory. After: the casts.
+  }];
+  let statistics = [
+    Statistic<"numPacked", "num-packed", "Activations kept in 16 bits">,
+    Statistic<"numBytesSaved", "bytes-saved", "Bytes no longer kept in f32 (per function call)">
+  ];
+}
+
+#endif // CARVE_PRECISION_PASSES_TD
