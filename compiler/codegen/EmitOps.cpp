@@ -185,7 +185,7 @@ bool Generator::emitOp(Operation *op) {
   if (!ok)
     return false;
   s += call + "\n";
-  if (op->hasAttr(kRound16Attr))
+  if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op)) // a cast from 16 bits is exact
     s += round16(op->getResult(0));
   return true;
 }

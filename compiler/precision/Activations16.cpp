@@ -124,6 +124,51 @@ struct RoundActivationsPass : carve::impl::CarveRoundActivationsBase<RoundActiva
   }
 };
 
+/// A pipeline stage's forward transfers of rounded activations in 16 bits:
+/// a send of a rounded value sends a 16-bit copy of it; a receive marked
+/// carve.round16 (its sender rounded the value) receives 16 bits, cast to
+/// f32 after the receives that run with it, and that cast is marked in its
+/// place (Packer keeps the receive's buffer as its copy). Returns the bytes
+/// each micro-batch no longer sends.
+int64_t sendsAndReceives(func::FuncOp fn, Type f16) {
+  ProgramOrder order(fn);
+  const int64_t backwardBegin = order.backwardBegin(true);
+  int64_t saved = 0;
+  for (int64_t i = 0; i < backwardBegin; ++i) {
+    Operation *op = order.ops[i];
+    OpBuilder b(op);
+    if (auto send = dyn_cast<dist::SendOp>(op)) {
+      Value v = send.getInput();
+      if (!isF32Tensor(v) || !isRounded16(v))
+        continue;
+      auto t = cast<RankedTensorType>(v.getType());
+      Location loc = NameLoc::get(
+          b.getStringAttr(nodeName(op->getLoc()) + " (16-bit copy to send)"), op->getLoc());
+      Value copy = CastOp::create(b, loc, RankedTensorType::get(t.getShape(), f16), v);
+      send->setOperand(0, copy);
+      saved += t.getNumElements() * 2;
+    } else if (auto recv = dyn_cast<dist::RecvOp>(op)) {
+      Value r = recv.getResult();
+      if (!op->hasAttr(kRound16Attr) || !isF32Tensor(r))
+        continue;
+      auto t = cast<RankedTensorType>(r.getType());
+      r.setType(RankedTensorType::get(t.getShape(), f16));
+      op->removeAttr(kRound16Attr);
+      // After the receives posted with this one (they are waited for
+      // together, before the first op that is not a receive).
+      int64_t k = i + 1;
+      while (k < (int64_t)order.ops.size() && isa<dist::RecvOp>(order.ops[k]))
+        ++k;
+      b.setInsertionPoint(k < (int64_t)order.ops.size() ? order.ops[k]
+                                                        : fn.getBody().front().getTerminator());
+      auto back = CastOp::create(b, op->getLoc(), t, r);
+      back->setAttr(kRound16Attr, b.getUnitAttr());
+      r.replaceAllUsesExcept(back.getResult(), back);
+    }
+  }
+  return saved;
+}
+
 /// One function's rounded forward values and their 16-bit copies.
 class Packer {
 public:
@@ -143,6 +188,11 @@ public:
       Value root = op->getResult(0);
       if (!isF32Tensor(root) || foldOf(op) == kFoldOperand || !op->hasAttr(kRound16Attr))
         continue;
+      // A received 16-bit activation (sendsAndReceives): the receive's
+      // buffer is the copy backward reads.
+      Value received;
+      if (isa<CastOp>(op) && !isF32Tensor(op->getOperand(0)))
+        received = op->getOperand(0);
       // The root and the forward reshapes sharing its memory.
       llvm::SetVector<Value> alias;
       alias.insert(root);
@@ -173,8 +223,10 @@ public:
       OpBuilder b(op->getContext());
       b.setInsertionPointAfter(order.ops[last]);
       Location fwdLoc = NameLoc::get(b.getStringAttr(node + " (16-bit copy)"), op->getLoc());
-      Value copy =
-          CastOp::create(b, fwdLoc, RankedTensorType::get(t.getShape(), f16), root).getResult();
+      Value copy = received
+                       ? received
+                       : CastOp::create(b, fwdLoc, RankedTensorType::get(t.getShape(), f16), root)
+                             .getResult();
       b.setInsertionPoint(order.ops[first]);
       Location bwdLoc = NameLoc::get(
           b.getStringAttr(std::string(kBackwardPrefix) + node + " (16-bit copy)"), op->getLoc());
@@ -189,7 +241,8 @@ public:
                  u != copy.getDefiningOp() && !isForward(u) && order.index.count(u);
         });
       }
-      saved += t.getNumElements() * 4;
+      if (!received)
+        saved += t.getNumElements() * 4;
       ++packed;
     }
     return packed;
@@ -216,11 +269,14 @@ struct PackActivationsPass : carve::impl::CarvePackActivationsBase<PackActivatio
     Type f16 = format16(module.getContext(), plan->precision);
     if (!f16)
       return;
-    int64_t saved = 0;
+    int64_t saved = 0, sent = 0;
     for (auto fn : module.getOps<func::FuncOp>())
-      if (isEmittedFunction(fn))
+      if (isEmittedFunction(fn)) {
+        sent += sendsAndReceives(fn, f16);
         numPacked += Packer(fn, f16).run(saved);
+      }
     numBytesSaved += saved;
+    numSendBytesSaved += sent;
   }
 };
 

@@ -57,16 +57,26 @@ def CarvePackActivations : Pass<"carve-pack-activations", "mlir::ModuleOp"> {
     So what lives from forward to backward is the 16-bit copy, and the f32
     value dies after its last forward reader: the memory plan (which runs
     later) sees half the bytes, and nothing computes differently (both casts
-    are exact). Values that a pipeline send reads, that a function returns,
-    or that a transpose folded into a matmul reads stay f32 (the send holds
-    the f32 buffer anyway).
+    are exact).
+
+    Pipeline stages send rounded activations in 16 bits: a forward send of a
+    rounded value sends a 16-bit copy of it (the buffer a send holds until
+    it completes is half the size, and so are the bytes on the link); the
+    receive of it (marked `carve.round16` by carve-split-stages) receives
+    16 bits, cast to f32 after the receives waited for with it, and when
+    backward reads the value, the receive's own buffer is the 16-bit copy
+    it keeps.
+
+    Values that a function returns, or that a transpose folded into a
+    matmul reads, stay f32.
 
     Before: after carve-recompute (where it runs), before carve-data-parallel
     and carve-plan-memory. After: the casts.
   }];
   let statistics = [
     Statistic<"numPacked", "num-packed", "Activations kept in 16 bits">,
-    Statistic<"numBytesSaved", "bytes-saved", "Bytes no longer kept in f32 (per function call)">
+    Statistic<"numBytesSaved", "bytes-saved", "Bytes no longer kept in f32 (per function call)">,
+    Statistic<"numSendBytesSaved", "send-bytes-saved", "Bytes pipeline sends no longer send (per micro-batch)">
   ];
 }
 

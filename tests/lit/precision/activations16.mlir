@@ -60,14 +60,21 @@
 // RECOMP: %[[INB:.+]] = carve.cast %{{.+}} : tensor<4x8xbf16> -> tensor<4x8xf32>
 // RECOMP-NEXT: carve.matmul %[[INB]], %{{.+}} {carve.recomputed, carve.round16}
 
-// Stage 1 receives the residual stream stage 0 rounded: marked, and kept in
-// 16 bits; stage 0 sends it in f32 (a sent value is not packed).
+// Stage 0 sends the residual stream it rounded as a bf16 copy; stage 1
+// receives 16 bits, casts them to f32 for forward (marked: rounded), and
+// backward casts the received buffer itself again (no second copy).
 // STAGES-LABEL: func.func @stage0(
 // STAGES: %[[S:.+]] = carve.add %arg0, %{{.+}} {carve.round16}
-// STAGES-NOT: carve.cast %[[S]]
+// STAGES-NEXT: %[[SH:.+]] = carve.cast %[[S]] : tensor<4x8xf32> -> tensor<4x8xbf16>
+// STAGES-NEXT: dist.send %[[SH]] {{.*}} : tensor<4x8xbf16>
 // STAGES-LABEL: func.func @stage1(
-// STAGES: %[[R:.+]] = dist.recv {{.*}}carve.round16
-// STAGES: carve.cast %[[R]] : tensor<4x8xf32> -> tensor<4x8xbf16>
+// STAGES: %[[R:.+]] = dist.recv {{.*}} : tensor<4x8xbf16>
+// STAGES-NEXT: %[[RF:.+]] = carve.cast %[[R]] {carve.round16} : tensor<4x8xbf16> -> tensor<4x8xf32>
+// STAGES-NEXT: carve.transpose
+// STAGES-NEXT: carve.matmul %[[RF]]
+// STAGES-NOT: carve.cast %[[RF]] :
+// STAGES: carve.cast %[[R]] : tensor<4x8xbf16> -> tensor<4x8xf32>
+// STAGES: dist.send %{{.+}} : tensor<4x8xf32>
 
 // FP32-NOT: carve.round16
 // FP32-NOT: bf16
