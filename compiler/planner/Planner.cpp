@@ -39,8 +39,10 @@ std::string Candidate::key() const {
 
 Storage storageFor(const std::string &precision, bool published) {
   Storage st; // fp32 throughout
+  if (precision != "fp32")
+    st.kept = 2; // carve-pack-activations
   if (published && precision != "fp32")
-    st = Storage{2, 2, 12, 2};
+    st = Storage{2, 2, 12, 2, 2};
   return st;
 }
 
@@ -200,7 +202,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   const int S = c.pp * c.v;
   const double b = (double)c.microBatch;
   const Storage st = storageFor(c.precision, opts.publishedStorage);
-  const double aBytes = st.activation;
+  const double aBytes = st.activation, keptBytes = st.kept;
   const int dev = cl.devicesPerNode;
 
   Link intra{cl.intraNode.bandwidth * cal.linkEfficiency, cl.intraNode.latency};
@@ -267,9 +269,9 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       rec += pt.rec;
       comm += pt.comm;
       params += seg.params;
-      act += isLayer ? layerActivationBytes(seg, c, aBytes)
-                     : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * aBytes +
-                           seg.core * b * aBytes + seg.hiddenMasks * b;
+      act += isLayer ? layerActivationBytes(seg, c, keptBytes)
+                     : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * keptBytes +
+                           seg.core * b * keptBytes + seg.hiddenMasks * b;
       double w = seg.largestOp * b * aBytes;
       if (c.recompute == "full" && isLayer)
         w += (seg.saved * b + seg.core * b) * aBytes;
@@ -287,7 +289,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     if (k == S - 1)
       addPart(prof.head, head, false);
     if (k < S - 1 && S > 1) {
-      double bytes = boundary * b * aBytes;
+      double bytes = boundary * b * keptBytes;
       double p2p = 2 * (bytes / ppLink.bw + ppLink.lat);
       t += p2p;
       rankP2p[r] += p2p;

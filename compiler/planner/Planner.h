@@ -141,24 +141,27 @@ Estimate estimate(const Profile &profile, const Profile &base, const Cluster &cl
 SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, const Cluster &cluster,
                          const PlannerOptions &opts);
 
-/// Bytes per element of what a plan keeps in memory and sends.
+/// Bytes per element of what a plan keeps in memory and sends: `activation`
+/// for the values kernels read and write (scratch, tp collectives, the
+/// memory traffic the time model prices), `kept` for the activations kept
+/// from forward to backward and sent between pipeline stages.
 struct Storage {
-  double param = 4, grad = 4, optimizer = 8, activation = 4;
+  double param = 4, grad = 4, optimizer = 8, activation = 4, kept = 4;
 };
 
-/// What carve's compiled programs store under `precision`: fp32 throughout
-/// (weights, gradients, AdamW's m and v, activations, and every collective),
-/// whatever the precision: bf16 and fp16 plans round matmul and attention
-/// inputs and accumulate in fp32 (docs/cuda.md), which changes the compute
-/// rate, not the bytes. Unless `published`: the mixed-precision layout the
-/// published memory formulas assume (16-bit weights, gradients and
-/// activations, an fp32 master copy with m and v: 2 + 2 + 12 bytes per
-/// parameter), which the unit tests use to check the planner's counting
-/// against those formulas to the byte.
+/// What carve's compiled programs store under `precision`: fp32 weights,
+/// gradients, AdamW's m and v, fp32 collectives and kernels; under bf16 and
+/// fp16 the kept activations and the pipeline's sends are 16-bit
+/// (carve-pack-activations), and matmul and attention round their inputs
+/// (docs/training.md, "16-bit activations"). Unless `published`: the
+/// mixed-precision layout the published memory formulas assume (16-bit
+/// weights, gradients and activations, an fp32 master copy with m and v:
+/// 2 + 2 + 12 bytes per parameter), which the unit tests use to check the
+/// planner's counting against those formulas to the byte.
 Storage storageFor(const std::string &precision, bool published = false);
 
 /// The activation bytes of one layer, one micro-batch, under `c`, with
-/// `bytesPerElement` per stored element (Storage::activation): what the
+/// `bytesPerElement` per stored element (Storage::kept): what the
 /// memory model charges per layer.
 double layerActivationBytes(const Segment &layer, const Candidate &c, double bytesPerElement);
 

@@ -122,12 +122,15 @@ TEST(PlannerMemory, ActivationsWithoutDropoutAndInFp32) {
   // Every layer of the model is alike, including the first and last.
   for (const Segment &l : f.at(2, true).layers)
     EXPECT_EQ(layerActivationBytes(l, cand(2, true, "none", b), 2), (32 * sbh + 2 * core) / 2);
-  // carve's programs store fp32 activations under every precision (bf16 and
-  // fp16 plans round only matmul and attention inputs): the memory model
-  // charges them so, unless asked for the published 16-bit layout.
+  // carve's programs keep 16-bit activations from forward to backward under
+  // bf16 and fp16 (carve-pack-activations) and compute in fp32 (scratch and
+  // tp collectives 4 bytes); the published layout is 16-bit throughout.
   for (const char *prec : {"fp32", "bf16", "fp16"}) {
+    const bool p16 = std::string(prec) != "fp32";
     EXPECT_EQ(storageFor(prec).activation, 4) << prec;
-    EXPECT_EQ(storageFor(prec, true).activation, std::string(prec) == "fp32" ? 4 : 2) << prec;
+    EXPECT_EQ(storageFor(prec).kept, p16 ? 2 : 4) << prec;
+    EXPECT_EQ(storageFor(prec, true).activation, p16 ? 2 : 4) << prec;
+    EXPECT_EQ(storageFor(prec, true).kept, p16 ? 2 : 4) << prec;
   }
 }
 

@@ -108,7 +108,7 @@ Precision precision();
 /// x rounded to bf16 / fp16 and back (round to nearest even).
 float roundToBf16(float x);
 float roundToF16(float x);
-/// The values a bf16/fp16 plan stores in 16 bits (carve.round16, docs/memory.md
+/// The values a bf16/fp16 plan stores in 16 bits (carve.round16, docs/training.md
 /// "16-bit activations"): x rounded in place to the format, and 16-bit
 /// copies of float values and back (to16 rounds to nearest even; from16 is
 /// exact). uint16_t holds the bits.

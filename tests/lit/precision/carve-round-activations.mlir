@@ -1,4 +1,4 @@
-// Tests carve-round-activations and carve-pack-activations on two layers
+// Tests carve-round-activations, and carve-pack-activations after it, on two layers
 // (h.0: matmul, bias add, exp, residual add; h.1: transposed weight, matmul,
 // exp, residual add) and an attention with an additive mask.
 //
