@@ -210,8 +210,9 @@ class Batches:
 
 def train(model_path, name, data_path, steps, hyper, data_dtype="int32", config=None,
           set_dims=None, frozen=(), threads=1, float64=False, log_path=None,
-          save_path=None):
-    """Trains and returns (records, final parameters name -> float32 numpy)."""
+          save_path=None, autocast=None):
+    """Trains and returns (records, final parameters name -> float32 numpy).
+    autocast "bf16": the forward runs under torch.autocast("cpu", bfloat16)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -249,8 +250,12 @@ def train(model_path, name, data_path, steps, hyper, data_dtype="int32", config=
             feeds.append(t.double() if float64 and t.is_floating_point() else t)
         lr = opt.param_groups[0]["lr"]
         opt.zero_grad(set_to_none=True)
-        loss = model(*feeds)
-        loss.backward()
+        if autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(*feeds)
+        else:
+            loss = model(*feeds)
+        loss.float().backward()
         rec = {"step": k, "loss": float(loss.item()), "lr": float(lr)}
         if hyper.clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, hyper.clip_grad_norm)
