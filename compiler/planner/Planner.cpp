@@ -2,12 +2,16 @@
 
 #include "compiler/planner/Planner.h"
 #include "compiler/plan/JsonRead.h"
+#include "compiler/schedule/Schedule.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
 namespace carve::planner {
 
@@ -44,6 +48,23 @@ Storage storageFor(const std::string &precision, bool published) {
   if (published && precision != "fp32")
     st = Storage{2, 2, 12, 2, 2};
   return st;
+}
+
+std::vector<std::vector<int>> pipelineSlots(const std::string &schedule, int p, int v, int64_t m) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, int, int, int64_t>, std::vector<std::vector<int>>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(schedule, p, v, m);
+  if (auto it = cache.find(key); it != cache.end())
+    return it->second;
+  pipeline::ScheduleKind kind;
+  pipeline::Schedule sched;
+  std::string error;
+  std::vector<std::vector<int>> slots(p, std::vector<int>(v, 1));
+  if (pipeline::parseScheduleKind(schedule, kind, error) &&
+      pipeline::buildSchedule(kind, p, (int)m, v, sched, error))
+    slots = sched.slots;
+  return cache[key] = slots;
 }
 
 int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r) {
@@ -258,7 +279,11 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       rankParams(c.pp, 0), rankAct(c.pp, 0), rankP2p(c.pp, 0);
   std::vector<double> rankWork(c.pp, 0), rankBuffers(c.pp, 0);
   int first = 0;
-  double sendBytes = 0;
+  double sendBytes = 0, inputBoundary = 0;
+  // Backward sends: each chunk's gradient of its input, fp32, in a buffer
+  // per activation slot, kept until the slot is reused (as compiled).
+  const std::vector<std::vector<int>> slots =
+      S > 1 ? pipelineSlots(c.schedule, c.pp, c.v, c.m) : std::vector<std::vector<int>>();
   for (int k = 0; k < S; ++k) {
     int r = k % c.pp;
     double t = 0, bw = 0, rec = 0, comm = 0, params = 0, act = 0, work = 0;
@@ -288,14 +313,20 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     first += chunk[k];
     if (k == S - 1)
       addPart(prof.head, head, false);
+    if (k > 0 && S > 1)
+      rankBuffers[r] += slots[r][k / c.pp] * inputBoundary * b * aBytes;
     if (k < S - 1 && S > 1) {
-      double bytes = boundary * b * keptBytes;
-      double p2p = 2 * (bytes / ppLink.bw + ppLink.lat);
+      // Activations forward in 16 bits under bf16/fp16, gradients back in fp32.
+      double bytes = boundary * b * keptBytes, grad = boundary * b * aBytes;
+      // The sent copy is kept until this micro-batch's backward (its buffer
+      // is the sender's; the receiver keeps its own as the next layer's input).
+      act += bytes;
+      double p2p = (bytes + grad) / ppLink.bw + 2 * ppLink.lat;
       t += p2p;
       rankP2p[r] += p2p;
-      sendBytes += 2 * bytes;
-      rankBuffers[r] = std::max(rankBuffers[r], 2 * bytes);
+      sendBytes += bytes + grad;
     }
+    inputBoundary = boundary;
     rankTime[r] += t;
     rankBwdLast[r] += bw;
     rankRec[r] += rec;

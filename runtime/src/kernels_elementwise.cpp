@@ -252,41 +252,33 @@ void where(const uint8_t *c, Dims cs, const T *a, Dims as, const T *b, Dims bs, 
   });
 }
 
-void roundBf16(float *x, int64_t n) {
+namespace {
+/// y[i] = f(x[i]) over the threads (y may be x).
+template <class In, class Out, class F> void mapElements(const In *x, Out *y, int64_t n, F f) {
   parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
-      x[i] = ew::roundBf16(x[i]);
+      y[i] = f(x[i]);
   });
+}
+} // namespace
+
+void roundBf16(float *x, int64_t n) {
+  mapElements(x, x, n, [](float v) { return ew::roundBf16(v); });
 }
 void roundF16(float *x, int64_t n) {
-  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      x[i] = ew::roundF16(x[i]);
-  });
+  mapElements(x, x, n, [](float v) { return ew::roundF16(v); });
 }
 void toBf16(const float *x, uint16_t *y, int64_t n) {
-  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      y[i] = ew::bf16Bits(x[i]);
-  });
+  mapElements(x, y, n, [](float v) { return ew::bf16Bits(v); });
 }
 void fromBf16(const uint16_t *x, float *y, int64_t n) {
-  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      y[i] = ew::bf16Float(x[i]);
-  });
+  mapElements(x, y, n, [](uint16_t v) { return ew::bf16Float(v); });
 }
 void toF16(const float *x, uint16_t *y, int64_t n) {
-  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      y[i] = ew::f16Bits(x[i]);
-  });
+  mapElements(x, y, n, [](float v) { return ew::f16Bits(v); });
 }
 void fromF16(const uint16_t *x, float *y, int64_t n) {
-  parallelRange(n, kParallelMin, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      y[i] = ew::f16Float(x[i]);
-  });
+  mapElements(x, y, n, [](uint16_t v) { return ew::f16Float(v); });
 }
 
 template <class From, class To> void cast(const From *x, To *y, int64_t n) {
