@@ -263,7 +263,7 @@ OpSearchResult searchOpChoices(const Profile &profile, const Profile &base, cons
       userPins.push_back(std::move(*g));
   struct Group {
     std::string glob;
-    std::string chosen; // the partitioner's choice ("mixed" when layers differ)
+    std::string chosen;               // the partitioner's choice ("mixed" when layers differ)
     std::vector<std::string> options; // other than the default
     std::vector<double> delta;        // unary price change per option
     std::vector<int> kept;            // indices into options worth pairing
@@ -277,6 +277,14 @@ OpSearchResult searchOpChoices(const Profile &profile, const Profile &base, cons
     for (const auto &g : userPins)
       pinned |= g.match(s.node);
     if (pinned || s.chosen == "partial")
+      continue;
+    // Under pp, a parameter used on two stages (GPT's tied embedding, read by
+    // the gather on the first stage and the head on the last) keeps the
+    // layouts the partitioner gives the ops outside the numbered layers: the
+    // pipeline split cannot yet join that parameter's two gradients when the
+    // gather is split another way (a 175B plan on 64 A100s pinned
+    // /wte/Gather to its hidden dimension and carve compile refused it).
+    if (c.pp > 1 && profile.sharedParams > 0 && layerName(s.node).empty())
       continue;
     std::string glob = layerGlob(s.node);
     auto [it, fresh] = groupOf.emplace(glob, (int)groups.size());
@@ -367,7 +375,8 @@ OpSearchResult searchOpChoices(const Profile &profile, const Profile &base, cons
           continue;
         }
         Estimate e;
-        double f = price({{ga.glob, ga.options[ga.kept[i]]}, {gb.glob, gb.options[gb.kept[j]]}}, &e);
+        double f =
+            price({{ga.glob, ga.options[ga.kept[i]]}, {gb.glob, gb.options[gb.kept[j]]}}, &e);
         double d = std::isfinite(f) ? f - f0 - ga.delta[ga.kept[i]] - gb.delta[gb.kept[j]] : kInf;
         if (std::fabs(d) > 1e-12 * f0) {
           q.cost[i + 1][j + 1] = d;
