@@ -6,6 +6,14 @@
 // is one we know. Run by hand or by bench/gpt2_cuda.py, not a test:
 //
 //     build/bin/carve-bench-roofline [-w WARMUP] [-n ITERS] [--json FILE]
+//         [--calibration FILE]
+//
+// --calibration also sweeps bf16 GEMMs of 8192 x 8192 x k for k = 64 ... 8192
+// (the smallest side, what the planner's GEMM efficiency table is indexed by)
+// and writes the planner's calibration table (docs/planner.md, "Step time"):
+// {"gemm_efficiency": [[k, TFLOP/s / bf16 peak], ...], "memory_efficiency":
+// the best copy's GB/s / peak}, for `carve plan --calibration FILE`. It needs
+// the device's datasheet peaks (a GPU the table below knows).
 //
 // Laid out like nccl-tests: warm-up calls are separate from the timed ones,
 // one row per size, and every row counts the wrong elements of what it timed
@@ -226,6 +234,7 @@ struct Options {
   int warmup = 10;
   int iters = 50;
   std::string json;
+  std::string calibration;
 };
 
 /// Datasheet peaks (dense, no sparsity), in TFLOP/s and TB/s; 0 = unknown.
@@ -607,10 +616,50 @@ void writeJson(const std::string &path, const Device &dev, const Options &opts,
     die("--json " + path + ": write failed");
 }
 
+/// The planner's calibration table from a bf16 sweep over the smallest
+/// GEMM side and the copies measured above; false when a row was wrong.
+bool writeCalibration(const std::string &path, Bench &bench, const Device &dev,
+                      const std::vector<CopyRow> &copies) {
+  if (dev.peaks.bf16 <= 0 || dev.peaks.tbps <= 0)
+    die("--calibration " + path + ": no datasheet peaks for '" + dev.name +
+        "': the table is a fraction of peak");
+  std::printf("#\n# calibration sweep: bf16 8192 x 8192 x k\n");
+  std::string table;
+  bool ok = true;
+  for (int64_t k = 64; k <= 8192; k *= 2) {
+    GemmRow r = bench.gemm(kKinds[0], Shape{8192, 8192, k, "calibration"});
+    if (!r.skipped.empty())
+      die("--calibration: the k = " + std::to_string(k) + " row was skipped: " + r.skipped);
+    std::printf("  bf16 %7d %7d %7lld  %-16s %12.1f %10.1f %8s %8llu\n", 8192, 8192,
+                static_cast<long long>(k), "calibration", r.us, r.tflops,
+                percent(r.tflops, dev.peaks.bf16).c_str(), r.wrong);
+    ok &= r.wrong == 0;
+    char point[64];
+    std::snprintf(point, sizeof point, "%s[%lld, %.3f]", table.empty() ? "" : ", ",
+                  static_cast<long long>(k), std::min(1.0, r.tflops / dev.peaks.bf16));
+    table += point;
+  }
+  double best = 0;
+  for (const CopyRow &c : copies)
+    if (c.skipped.empty() && c.wrong == 0)
+      best = std::max(best, c.gbps);
+  if (best <= 0)
+    die("--calibration: no copy row measured the memory bandwidth");
+  FILE *f = std::fopen(path.c_str(), "w");
+  if (!f)
+    die("--calibration " + path + ": " + std::strerror(errno));
+  std::fprintf(f, "{\"gemm_efficiency\": [%s],\n \"memory_efficiency\": %.3f}\n", table.c_str(),
+               std::min(1.0, best / (dev.peaks.tbps * 1e3)));
+  if (std::fclose(f) != 0)
+    die("--calibration " + path + ": write failed");
+  std::printf("# calibration table for carve plan written to %s\n", path.c_str());
+  return ok;
+}
+
 [[noreturn]] void usage(const std::string &why) {
   std::fprintf(stderr,
                "roofline: %s\nusage: carve-bench-roofline [-w|--warmup N] [-n|--iters N] "
-               "[--json FILE]\n",
+               "[--json FILE] [--calibration FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -638,6 +687,8 @@ Options parseArgs(int argc, char **argv) {
       opts.iters = count(1);
     else if (arg == "--json")
       opts.json = value();
+    else if (arg == "--calibration")
+      opts.calibration = value();
     else if (arg == "-h" || arg == "--help")
       usage("the GPU's GEMM rate and memory bandwidth");
     else
@@ -745,6 +796,8 @@ int main(int argc, char **argv) {
 
   if (!opts.json.empty())
     writeJson(opts.json, dev, opts, gemms, probeWrong, copies);
+  if (!opts.calibration.empty())
+    failed |= !writeCalibration(opts.calibration, bench, dev, copies);
   if (failed) {
     std::printf("# FAILED: some rows computed wrong data (see #wrong)\n");
     return 1;

@@ -120,15 +120,22 @@ double commTime(int kind, int n, double bytes, int calls, const Link &l) {
 struct Secs {
   double perSample = 0, fixed = 0, coreSample = 0;
 };
+/// A GEMM runs at the fraction of peak the calibration table gives for its
+/// smallest dimension at micro-batch `mb`, and an op reads its weights once
+/// per micro-batch (a per-sample op's seconds are its seconds at `mb`
+/// divided by `mb`, so the caller still scales them by `mb`).
 Secs opSeconds(const std::vector<OpWork> &ops, const Cluster &cl, const Calibration &cal,
-               const std::string &precision, double bytes) {
+               const std::string &precision, double bytes, double mb) {
   Secs s;
-  const double peak = cl.peak(precision == "fp32" ? "fp32" : precision) * cal.matmulEfficiency;
-  const double peakVec = cl.peak("fp32") * cal.matmulEfficiency;
+  const double peak = cl.peak(precision == "fp32" ? "fp32" : precision);
+  const double peakVec = cl.peak("fp32") * cal.largeGemmEfficiency();
   const double bw = cl.device.memoryBandwidth * cal.memoryEfficiency;
   for (const OpWork &w : ops) {
-    double t = w.matmul ? std::max(w.flops / peak, w.elems * bytes / bw)
-                        : std::max(w.flops / peakVec, w.elems * bytes / bw);
+    const double elems = w.perSample ? w.elems - w.fixedElems + w.fixedElems / mb : w.elems;
+    double t = w.matmul ? std::max(w.flops / (peak * cal.gemmEfficiencyAt(
+                                                        w.gemmSmallest(w.perSample ? mb : 1))),
+                                   elems * bytes / bw)
+                        : std::max(w.flops / peakVec, elems * bytes / bw);
     (w.perSample ? s.perSample : s.fixed) += t;
     s.fixed += cal.kernelOverhead;
     if (w.attentionCore)
@@ -144,10 +151,10 @@ struct Priced {
   std::array<int, kNumCommKinds> fwdCalls{}, bwdCalls{};
 };
 Priced price(const Segment &s, const Cluster &cl, const Calibration &cal,
-             const std::string &precision, double bytes) {
+             const std::string &precision, double bytes, double mb) {
   Priced p;
-  p.fwd = opSeconds(s.forward, cl, cal, precision, bytes);
-  p.bwd = opSeconds(s.backward, cl, cal, precision, bytes);
+  p.fwd = opSeconds(s.forward, cl, cal, precision, bytes, mb);
+  p.bwd = opSeconds(s.backward, cl, cal, precision, bytes, mb);
   p.fwdComm = s.forwardComm.elems;
   p.bwdComm = s.backwardComm.elems;
   p.fwdCalls = s.forwardComm.calls;
@@ -155,21 +162,21 @@ Priced price(const Segment &s, const Cluster &cl, const Calibration &cal,
   return p;
 }
 
-/// Every part of a profile priced once (the search reuses it for every candidate
-/// of the profile's tp layout).
+/// Every part of a profile priced once per micro-batch size (the search
+/// reuses it for every candidate of the profile's tp layout and that size).
 struct PricedModel {
   Priced embedding, head;
   std::vector<Priced> layers;
 };
 /// `bytes`: per stored element (Storage::activation), for memory-bound ops.
 PricedModel priceModel(const Profile &prof, const Cluster &cl, const Calibration &cal,
-                       const std::string &precision, double bytes) {
+                       const std::string &precision, double bytes, double mb) {
   PricedModel m;
-  m.embedding = price(prof.embedding, cl, cal, precision, bytes);
-  m.head = price(prof.head, cl, cal, precision, bytes);
+  m.embedding = price(prof.embedding, cl, cal, precision, bytes, mb);
+  m.head = price(prof.head, cl, cal, precision, bytes, mb);
   m.layers.reserve(prof.layers.size());
   for (const Segment &s : prof.layers)
-    m.layers.push_back(price(s, cl, cal, precision, bytes));
+    m.layers.push_back(price(s, cl, cal, precision, bytes, mb));
   return m;
 }
 
@@ -277,7 +284,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   // Per pipeline rank: time per micro-batch, parameters, activations.
   std::vector<double> rankTime(c.pp, 0), rankBwdLast(c.pp, 0), rankRec(c.pp, 0), rankComm(c.pp, 0),
       rankParams(c.pp, 0), rankAct(c.pp, 0), rankP2p(c.pp, 0);
-  std::vector<double> rankWork(c.pp, 0), rankBuffers(c.pp, 0);
+  std::vector<double> rankWork(c.pp, 0), rankBuffers(c.pp, 0), rankParts(c.pp, 0);
   int first = 0;
   double sendBytes = 0, inputBoundary = 0;
   // Backward sends: each chunk's gradient of its input, fp32, in a buffer
@@ -304,6 +311,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
         w += seg.core * b * aBytes;
       work = std::max(work, w);
     };
+    rankParts[r] += chunk[k] + (k == 0) + (k == S - 1);
     if (k == 0)
       addPart(prof.embedding, emb, false);
     for (int i = 0; i < chunk[k]; ++i)
@@ -364,6 +372,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     const bool perMicroBatch = c.zero >= 2 && c.m > 1;
     if (c.zero == 0)
       dpT = allReduceTime(c.dp, g, dpLink);
+    else if (c.zero == 3)
+      dpT = (double)c.m * gatherTime(c.dp, g, dpLink);
     else if (perMicroBatch)
       dpT = (double)c.m * gatherTime(c.dp, g, dpLink) +
             (c.zero == 2 ? gatherTime(c.dp, psi * pB, dpLink) : 0);
@@ -387,8 +397,19 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       const double last = (dpT - ag) / c.m / buckets + ag;
       e.time.dpExposed = std::max(last, dpT - e.time.compute);
     }
-    if (c.zero == 3)
-      e.time.dpExposed = dpT;
+    if (c.zero == 3) {
+      // Plans carve plan writes prefetch one layer (zero3_prefetch_layers =
+      // 1): a part's gathers run while the part before it computes, and its
+      // gradients' reduce-scatter while the parts after it in backward do.
+      // Per micro-batch, forward exposes the first part's gather or what
+      // the gathers take beyond forward's compute; backward likewise with
+      // its gathers and reduce-scatters.
+      const double parts = std::max(1.0, rankParts[slow]);
+      const double G = gatherTime(c.dp, psi * pB, dpLink), R = gatherTime(c.dp, g, dpLink);
+      const double fwd = tMb - rankBwdLast[slow] - rankP2p[slow], bwd = rankBwdLast[slow];
+      e.time.dpExposed = (double)c.m * (std::max(G / parts, G - fwd) +
+                                        std::max((G + R) / parts, G + R - bwd));
+    }
   }
   e.time.dpComm = dpT;
   double updated = c.zero >= 1 ? std::ceil(psi / c.dp) : psi;
@@ -452,7 +473,8 @@ Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, c
                   const PlannerOptions &opts) {
   return estimatePriced(prof,
                         priceModel(prof, cl, opts.calibration, c.precision,
-                                   storageFor(c.precision, opts.publishedStorage).activation),
+                                   storageFor(c.precision, opts.publishedStorage).activation,
+                                   (double)c.microBatch),
                         base, cl, c, opts);
 }
 
@@ -735,29 +757,98 @@ bool parseConstraints(const std::string &text, const std::string &what, Constrai
   return true;
 }
 
+std::vector<std::pair<double, double>> Calibration::defaultGemmEfficiency() {
+  // An A100's bf16 GEMMs (docs/planner.md, "GEMM efficiency by shape"): the
+  // best measured shapes reach 0.87 of peak; a GEMM with a small dimension
+  // runs short K loops and partial tiles and waves, and falls further.
+  return {{64, 0.30},   {128, 0.45},  {256, 0.60},  {512, 0.70},
+          {1024, 0.77}, {2048, 0.81}, {4096, 0.84}, {8192, 0.86}};
+}
+
+double Calibration::gemmEfficiencyAt(double dim) const {
+  const auto &t = gemmEfficiency;
+  if (dim <= t.front().first)
+    return t.front().second;
+  for (size_t i = 1; i < t.size(); ++i)
+    if (dim <= t[i].first) {
+      double f = std::log2(dim / t[i - 1].first) / std::log2(t[i].first / t[i - 1].first);
+      return t[i - 1].second + f * (t[i].second - t[i - 1].second);
+    }
+  return t.back().second;
+}
+
+namespace {
+
+bool fraction(const json &v, const std::string &what, const std::string &key, std::string &error) {
+  if (v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1)
+    return true;
+  error = what + ": \"" + key + "\" must be a positive number at most 1, got " + v.dump();
+  return false;
+}
+
+/// `"gemm_efficiency": [[dimension, fraction], ...]`, dimensions increasing.
+bool parseGemmTable(const json &v, const std::string &what,
+                    std::vector<std::pair<double, double>> &table, std::string &error) {
+  const std::string shape = what + ": \"gemm_efficiency\" must be a list of [dimension, "
+                                   "fraction of peak] pairs with increasing dimensions, got ";
+  if (!v.is_array() || v.empty()) {
+    error = shape + v.dump();
+    return false;
+  }
+  table.clear();
+  for (const json &p : v) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number() || p[0].get<double>() < 1 ||
+        (!table.empty() && p[0].get<double>() <= table.back().first)) {
+      error = shape + p.dump();
+      return false;
+    }
+    if (!fraction(p[1], what, "gemm_efficiency", error))
+      return false;
+    table.push_back({p[0].get<double>(), p[1].get<double>()});
+  }
+  return true;
+}
+
+} // namespace
+
 bool parseCalibration(const std::string &text, const std::string &what, Calibration &cal,
                       std::string &error) {
   json j;
   if (!parseObject(text, what, "a calibration table is a JSON object", j, error))
     return false;
-  std::map<std::string, double *> fields = {{"matmul_efficiency", &cal.matmulEfficiency},
-                                            {"memory_efficiency", &cal.memoryEfficiency},
+  if (j.contains("matmul_efficiency") && j.contains("gemm_efficiency")) {
+    error = what + ": give \"gemm_efficiency\" (a table by GEMM shape) or "
+                   "\"matmul_efficiency\" (one fraction for every GEMM), not both";
+    return false;
+  }
+  std::map<std::string, double *> fields = {{"memory_efficiency", &cal.memoryEfficiency},
                                             {"link_efficiency", &cal.linkEfficiency},
                                             {"kernel_overhead_s", &cal.kernelOverhead},
                                             {"bucket_bytes", &cal.bucketBytes}};
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "gemm_efficiency") {
+      if (!parseGemmTable(it.value(), what, cal.gemmEfficiency, error))
+        return false;
+      continue;
+    }
+    if (it.key() == "matmul_efficiency") {
+      if (!fraction(it.value(), what, it.key(), error))
+        return false;
+      cal.gemmEfficiency = {{1, it.value().get<double>()}};
+      continue;
+    }
     auto f = fields.find(it.key());
     if (f == fields.end()) {
       error = what + ": unknown key \"" + it.key() +
-              "\" (keys: matmul_efficiency, memory_efficiency, link_efficiency, "
-              "kernel_overhead_s, bucket_bytes)";
+              "\" (keys: gemm_efficiency, matmul_efficiency, memory_efficiency, "
+              "link_efficiency, kernel_overhead_s, bucket_bytes)";
       return false;
     }
-    if (!it.value().is_number() || it.value().get<double>() <= 0 ||
-        (it.key().find("efficiency") != std::string::npos && it.value().get<double>() > 1)) {
-      error = what + ": \"" + it.key() + "\" must be a positive number" +
-              (it.key().find("efficiency") != std::string::npos ? " at most 1" : "") + ", got " +
-              it.value().dump();
+    if (it.key().find("efficiency") != std::string::npos) {
+      if (!fraction(it.value(), what, it.key(), error))
+        return false;
+    } else if (!it.value().is_number() || it.value().get<double>() <= 0) {
+      error = what + ": \"" + it.key() + "\" must be a positive number, got " + it.value().dump();
       return false;
     }
     *f->second = it.value().get<double>();
@@ -916,9 +1007,17 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
         res.skipped.push_back("tp=" + std::to_string(tp) + (seqPar ? " with sp" : "") + ": " + why);
         continue;
       }
-      const PricedModel priced =
-          priceModel(*prof, cl, opts.calibration, precision,
-                     storageFor(precision, opts.publishedStorage).activation);
+      std::map<int64_t, PricedModel> pricedBySize;
+      auto pricedAt = [&](int64_t mbs) -> const PricedModel & {
+        auto it = pricedBySize.find(mbs);
+        if (it == pricedBySize.end())
+          it = pricedBySize
+                   .emplace(mbs, priceModel(*prof, cl, opts.calibration, precision,
+                                            storageFor(precision, opts.publishedStorage).activation,
+                                            (double)mbs))
+                   .first;
+        return it->second;
+      };
       for (int64_t pp : divisors(N / tp)) {
         if (!sp.allows("pp", (double)pp) || (pp > 1 && cons.noSplit.count("layers")))
           continue;
@@ -977,7 +1076,7 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                 c.recompute = rc;
                 c.sp = seqPar;
                 c.precision = precision;
-                Estimate e = estimatePriced(*prof, priced, base, cl, c, opts);
+                Estimate e = estimatePriced(*prof, pricedAt(mbs), base, cl, c, opts);
                 ++res.evaluated;
                 if (e.fits) {
                   all.push_back(e);

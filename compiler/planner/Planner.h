@@ -81,11 +81,23 @@ struct Estimate {
 /// Efficiency factors of the time model; a measured table (JSON,
 /// `--calibration`) can replace them.
 struct Calibration {
-  double matmulEfficiency = 0.75;      // fraction of peak FLOP/s a large GEMM reaches
+  /// Fraction of the peak FLOP/s a GEMM (matmul, attention) reaches, by its
+  /// smallest dimension (M, N or K; OpWork::gemmSmallest): points
+  /// (dimension, fraction) with increasing dimensions, interpolated linearly
+  /// in log2 of the dimension and flat beyond the first and last point.
+  /// The default is an A100's (docs/planner.md, "Step time").
+  std::vector<std::pair<double, double>> gemmEfficiency = defaultGemmEfficiency();
   double memoryEfficiency = 0.80;      // fraction of peak memory bandwidth
   double linkEfficiency = 0.85;        // fraction of link bandwidth a collective reaches
   double kernelOverhead = 4e-6;        // seconds per kernel launch
   double bucketBytes = 25 * 1048576.0; // gradient bucket size
+
+  static std::vector<std::pair<double, double>> defaultGemmEfficiency();
+  /// The table at a GEMM whose smallest dimension is `dim`.
+  double gemmEfficiencyAt(double dim) const;
+  /// The table's last point: what a large GEMM reaches (and the compute
+  /// bound of the non-GEMM ops, against the fp32 peak).
+  double largeGemmEfficiency() const { return gemmEfficiency.back().second; }
 };
 bool parseCalibration(const std::string &text, const std::string &what, Calibration &cal,
                       std::string &error);

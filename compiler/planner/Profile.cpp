@@ -49,6 +49,7 @@ private:
   void markBatch();
   void assignSegments();
   void countWork();
+  void gemmDims(Operation *o, OpWork &w);
   void countActivations();
   void countBoundaries();
   void countParameters();
@@ -158,6 +159,55 @@ void Profiler::assignSegments() {
   }
 }
 
+/// The GEMM dimensions of a matmul or attention op (OpWork::gemmFixed,
+/// gemmPerSample). A matmul `[..., M, K] x [..., K, N]` of a per-sample
+/// operand and a weight folds the per-sample side's batch dimensions into
+/// its rows (M, or N when the weight is on the left), which grow with the
+/// micro-batch; a product of two per-sample matrices (a weight's gradient,
+/// `A^T @ dY`) contracts over the rows (K grows); a batched product of
+/// per-sample operands (attention written out) and carve.attention (M = Tq,
+/// N = Tk, K = d) repeat a fixed-size GEMM.
+void Profiler::gemmDims(Operation *o, OpWork &w) {
+  auto dims = [](Value v) {
+    std::vector<double> d;
+    if (auto t = dyn_cast<RankedTensorType>(v.getType()))
+      for (int64_t x : t.getShape())
+        d.push_back((double)std::max<int64_t>(x, 1));
+    return d;
+  };
+  std::vector<double> a = dims(o->getOperand(0)), b = dims(o->getOperand(1));
+  if (a.size() < 2 || b.size() < 2) {
+    w.gemmFixed = 1; // a vector product: no GEMM to speak of
+    return;
+  }
+  auto lead = [](const std::vector<double> &d, size_t keep) {
+    double p = 1;
+    for (size_t i = 0; i + keep < d.size(); ++i)
+      p *= d[i];
+    return p;
+  };
+  if (!isa<MatmulOp>(o)) {
+    // q [..., Tq, d], k [..., Tk, d].
+    w.gemmFixed = std::min({a[a.size() - 2], b[b.size() - 2], a.back()});
+    return;
+  }
+  double M = a[a.size() - 2], K = a.back(), N = b.back();
+  bool aB = batch.count(o->getOperand(0)) > 0, bB = batch.count(o->getOperand(1)) > 0;
+  if (aB && !bB) {
+    w.gemmFixed = std::min(K, N);
+    w.gemmPerSample = M * lead(a, 2);
+  } else if (!aB && bB) {
+    w.gemmFixed = std::min(M, K);
+    w.gemmPerSample = N * lead(b, 2);
+  } else if (aB && bB && a.size() == 2 && b.size() == 2) {
+    w.gemmFixed = std::min(M, N);
+    w.gemmPerSample = K;
+    w.fixedElems += elemsOf(o->getResult(0)); // [M, N]: one per micro-batch
+  } else {
+    w.gemmFixed = std::min({M, N, K});
+  }
+}
+
 /// Work, collectives and the largest op of each segment.
 void Profiler::countWork() {
   Block &body = fn.getBody().front();
@@ -187,13 +237,18 @@ void Profiler::countWork() {
       continue;
     OpWork w;
     w.flops = opFlops(o);
-    for (Value v : o->getOperands())
+    for (Value v : o->getOperands()) {
       w.elems += elemsOf(v);
+      if (!batch.count(v))
+        w.fixedElems += elemsOf(v);
+    }
     double out = 0;
     for (Value r : o->getResults())
       out += elemsOf(r);
     w.elems += out;
     w.matmul = isa<MatmulOp, AttentionOp, AttentionGradOp>(o);
+    if (w.matmul)
+      gemmDims(o, w);
     w.perSample = perSample;
     w.attentionCore = isa<AttentionOp>(o);
     (bwd ? s.backward : s.forward).push_back(w);

@@ -37,6 +37,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <algorithm>
 #include <vector>
 
 namespace carve::planner {
@@ -48,9 +49,21 @@ const char *commKindName(int kind);
 struct OpWork {
   double flops = 0;           // opFlops
   double elems = 0;           // elements read and written
+  /// Of which read or written once per micro-batch whatever its size (a
+  /// weight, a weight's gradient): a per-sample op's memory traffic is
+  /// (elems - fixedElems) * b + fixedElems at micro-batch b.
+  double fixedElems = 0;
   bool matmul = false;        // matmul / attention (compute-bound); else memory-bound
   bool perSample = false;     // depends on the batch (scales with the micro-batch)
   bool attentionCore = false; // carve.attention: what selective recompute redoes
+  /// A matmul's (or attention's) dimensions for the GEMM efficiency table:
+  /// the smallest of M, N, K that do not grow with the micro-batch, and the
+  /// one that does, per sample (0: none; a batched product of per-sample
+  /// operands grows in count, not in size). gemmSmallest() combines them.
+  double gemmFixed = 0, gemmPerSample = 0;
+  double gemmSmallest(double microBatch) const {
+    return gemmPerSample > 0 ? std::min(gemmFixed, gemmPerSample * microBatch) : gemmFixed;
+  }
 };
 
 /// Collectives over tp, per sample: elements of the full tensor and calls.

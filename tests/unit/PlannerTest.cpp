@@ -301,7 +301,9 @@ TEST(PlannerCost, MoreBandwidthIsNeverSlower) {
   Fixture f(gptSpec(false, 8));
   PlannerOptions opts;
   Cluster slow = cluster("a100-80gb:2x8");
-  for (Candidate c : {Candidate{}, cand(2, true, "none", 2), cand(4, false, "selective", 1)}) {
+  Candidate zero3 = cand(1, false, "none", 2);
+  zero3.zero = 3;
+  for (Candidate c : {Candidate{}, cand(2, true, "none", 2), cand(4, false, "selective", 1), zero3}) {
     c.dp = 16 / c.tp / 2;
     c.pp = 2;
     c.m = 4;
@@ -338,6 +340,145 @@ TEST(PlannerCost, MoreMicroBatchesNeverRaiseTheBubble) {
         prev = frac;
       }
     }
+}
+
+TEST(PlannerCalibration, GemmTableInterpolatesInLog2) {
+  Calibration cal;
+  cal.gemmEfficiency = {{64, 0.3}, {256, 0.5}};
+  EXPECT_DOUBLE_EQ(cal.gemmEfficiencyAt(8), 0.3); // flat below the first point
+  EXPECT_DOUBLE_EQ(cal.gemmEfficiencyAt(64), 0.3);
+  EXPECT_DOUBLE_EQ(cal.gemmEfficiencyAt(128), 0.4); // halfway in log2
+  EXPECT_DOUBLE_EQ(cal.gemmEfficiencyAt(256), 0.5);
+  EXPECT_DOUBLE_EQ(cal.gemmEfficiencyAt(1 << 20), 0.5); // and above the last
+
+  // The default rises with the dimension and stays below peak.
+  Calibration def;
+  double prev = 0;
+  for (double d = 16; d <= 65536; d *= 2) {
+    EXPECT_GE(def.gemmEfficiencyAt(d), prev) << d;
+    EXPECT_LE(def.gemmEfficiencyAt(d), 0.9) << d;
+    prev = def.gemmEfficiencyAt(d);
+  }
+
+  std::string error;
+  Calibration parsed;
+  ASSERT_TRUE(parseCalibration(R"({"gemm_efficiency": [[128, 0.5], [512, 0.7]]})", "c.json",
+                               parsed, error))
+      << error;
+  EXPECT_DOUBLE_EQ(parsed.gemmEfficiencyAt(256), 0.6);
+  ASSERT_TRUE(parseCalibration(R"({"matmul_efficiency": 0.62})", "c.json", parsed, error));
+  EXPECT_DOUBLE_EQ(parsed.gemmEfficiencyAt(16), 0.62); // one fraction for every shape
+  EXPECT_DOUBLE_EQ(parsed.gemmEfficiencyAt(16384), 0.62);
+
+  for (const char *bad : {R"({"gemm_efficiency": [[512, 0.7], [128, 0.5]]})",
+                          R"({"gemm_efficiency": [[128, 1.5]]})", R"({"gemm_efficiency": []})",
+                          R"({"gemm_efficiency": [[0, 0.5]]})", R"({"gemm_efficiency": 0.7})",
+                          R"({"gemm_efficiency": [[128, 0.5]], "matmul_efficiency": 0.7})"}) {
+    Calibration c;
+    error.clear();
+    EXPECT_FALSE(parseCalibration(bad, "c.json", c, error)) << bad;
+    EXPECT_NE(error.find("c.json"), std::string::npos) << error;
+    EXPECT_NE(error.find("efficiency"), std::string::npos) << error;
+  }
+}
+
+TEST(PlannerProfile, GemmDimensionsOfATransformerLayer) {
+  // hidden 64, 4 heads (head dim 16), seq 64: every Linear of a layer has
+  // its weight's smaller side (64) fixed and the tokens (64 per sample) as
+  // the rows that grow with the micro-batch; a weight's gradient contracts
+  // over the tokens; the attention core's smallest dimension is the head's.
+  Fixture f(gptSpec(false));
+  const Segment &layer = f.at(1).layers[1];
+  int linears = 0, weightGrads = 0, cores = 0;
+  for (const OpWork &w : layer.forward) {
+    if (w.attentionCore) {
+      ++cores;
+      EXPECT_EQ(w.gemmFixed, h / a);
+      EXPECT_EQ(w.gemmPerSample, 0);
+    } else if (w.matmul && w.gemmPerSample > 0) {
+      ++linears;
+      EXPECT_EQ(w.gemmFixed, h);
+      EXPECT_EQ(w.gemmPerSample, s);
+      EXPECT_EQ(w.gemmSmallest(4), h); // 256 rows at micro-batch 4
+    }
+  }
+  for (const OpWork &w : layer.backward)
+    if (w.matmul && w.gemmPerSample == s && w.gemmFixed == h)
+      ++weightGrads;
+  EXPECT_EQ(cores, 1);
+  EXPECT_GE(linears, 3); // attention in and out, MLP up and down
+  EXPECT_GE(weightGrads, 3);
+
+  // At 16 tokens the rows are the smallest side until the micro-batch grows.
+  Fixture short_("builtin:gpt:layers=3,hidden=64,heads=4,seq=16,vocab=256");
+  for (const OpWork &w : short_.at(1).layers[1].forward)
+    if (w.matmul && w.gemmPerSample > 0) {
+      EXPECT_EQ(w.gemmSmallest(1), 16);
+      EXPECT_EQ(w.gemmSmallest(8), 64);
+    }
+}
+
+TEST(PlannerCost, GemmEfficiencyFollowsTheShape) {
+  // A larger micro-batch amortizes the weights' reads under any table;
+  // under the default table its per-sample work also gets cheaper because
+  // the GEMMs' rows grow (128 tokens a sample: the smallest side at b = 1,
+  // where the 16-bit GEMMs of a 4096-wide layer are already compute-bound).
+  Fixture f("builtin:gpt:layers=3,hidden=4096,heads=32,seq=128,vocab=256");
+  Cluster cl = cluster("a100-80gb:1x1");
+  auto perSample = [&](const Calibration &cal, int64_t b) {
+    PlannerOptions opts;
+    opts.publishedStorage = true;
+    opts.calibration = cal;
+    opts.calibration.kernelOverhead = 1e-15;
+    Candidate c = cand(1, false, "none", b);
+    return estimate(f.at(1), f.at(1), cl, c, opts).time.compute / (double)b;
+  };
+  Calibration flat;
+  flat.gemmEfficiency = {{1, 0.75}};
+  Calibration def;
+  EXPECT_LT(perSample(def, 16) / perSample(def, 1),
+            0.9 * perSample(flat, 16) / perSample(flat, 1));
+
+  // A small model's GEMMs run further from peak than a large one's: the
+  // default table costs the small model more relative to a flat 0.86.
+  // (Sizes where the GEMMs are compute-bound: below them the roofline's
+  // memory term prices small GEMMs already.)
+  Calibration peakish;
+  peakish.gemmEfficiency = {{1, 0.86}};
+  auto ratio = [&](const std::string &spec) {
+    Fixture g(spec);
+    PlannerOptions a, b;
+    b.calibration = peakish;
+    Candidate c = cand(1, false, "none", 1);
+    return estimate(g.at(1), g.at(1), cl, c, a).time.compute /
+           estimate(g.at(1), g.at(1), cl, c, b).time.compute;
+  };
+  double small = ratio("builtin:gpt:layers=3,hidden=1024,heads=16,seq=4096,vocab=256");
+  double large = ratio("builtin:gpt:layers=3,hidden=8192,heads=64,seq=4096,vocab=256");
+  EXPECT_GT(small, 1.05);
+  EXPECT_LT(large, small);
+  EXPECT_GE(large, 1.0);
+}
+
+TEST(PlannerCost, Zero3PrefetchHidesGathersBehindCompute) {
+  // ZeRO-3 plans prefetch one layer: with compute to hide behind, less than
+  // the gathers' whole time is exposed; with a link so slow that gathers
+  // dwarf compute, nearly all of it is.
+  Fixture f(gptSpec(false, 8));
+  PlannerOptions opts;
+  Candidate c = cand(1, false, "none", 8);
+  c.dp = 8;
+  c.zero = 3;
+  c.m = 2;
+  Cluster cl = cluster("a100-80gb:1x8");
+  Estimate e = estimate(f.at(1), f.at(1), cl, c, opts);
+  EXPECT_GT(e.time.dpComm, 0);
+  EXPECT_LT(e.time.dpExposed, e.time.dpComm);
+  Cluster slow = cl;
+  slow.intraNode.bandwidth /= 1e4;
+  Estimate es = estimate(f.at(1), f.at(1), slow, c, opts);
+  EXPECT_GT(es.time.dpExposed, 0.9 * es.time.dpComm);
+  EXPECT_LE(es.time.dpExposed, es.time.dpComm * (1 + 1e-12));
 }
 
 } // namespace

@@ -70,6 +70,8 @@ json planFields(const Candidate &c, const std::vector<OpOverride> &pins = {}) {
   p["pp"] = c.pp;
   if (c.zero)
     p["zero"] = c.zero;
+  if (c.zero == 3) // the planner prices ZeRO-3 with one layer's gathers prefetched
+    p["zero3_prefetch_layers"] = 1;
   if (c.sp)
     p["sequence_parallel"] = true;
   if (c.m > 1)
@@ -187,6 +189,7 @@ void setup(const PlanArgs &args, Session &s, Outcome &o) {
       !parseCalibration(readFile(args.calibrationPath, "calibration"), args.calibrationPath,
                         o.opts.calibration, error))
     die(error);
+  o.opts.publishedStorage = args.publishedStorage;
   s.req.model = args.model;
   s.req.import = args.import;
   s.req.loss = args.loss;
@@ -384,6 +387,7 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
                   {"devices", o.cluster.worldSize()},
                   {"device", o.cluster.device.name}};
   j["global_batch"] = o.opts.globalBatch;
+  j["storage"] = args.publishedStorage ? "published" : "carve";
   j["searched"] = o.result.evaluated;
   j["search_seconds"] = o.seconds;
   j["profiles_built"] = s.built;
@@ -414,6 +418,8 @@ json planFile(const Estimate &e, const PlanArgs &args, const Outcome &o) {
                   {"cluster", args.cluster},
                   {"global_batch", o.opts.globalBatch},
                   {"micro_batch_size", e.c.microBatch}};
+  if (args.publishedStorage)
+    p["planner"]["storage"] = "published";
   return p;
 }
 
@@ -487,6 +493,9 @@ int runPlan(const PlanArgs &args) {
   os << "carve plan: " << modelLine(args, o, s) << "\n";
   os << "  on " << o.cluster.name << " (" << o.cluster.worldSize() << " x " << o.cluster.device.name
      << "), global batch " << o.opts.globalBatch << "\n";
+  if (args.publishedStorage)
+    os << "  priced with the published mixed-precision storage (--storage published: 16-bit "
+          "weights, gradients and collectives), not what carve compiles\n";
   os << "  searched " << r.evaluated << " plans over " << s.built << " tp layouts in "
      << secs(o.seconds) << "\n\n";
   if (!r.anyFits) {

@@ -23,6 +23,9 @@ struct PlanArgs {
   ImportOptions import;
   /// Revisit the best plan's per-op choices (--no-op-search turns it off).
   bool opSearch = true;
+  /// --storage published: price bf16/fp16 plans with the published layout
+  /// (PlannerOptions::publishedStorage), not what carve compiles.
+  bool publishedStorage = false;
 };
 
 /// `carve plan`: prints the report (or JSON), writes PLAN.json; exit status.

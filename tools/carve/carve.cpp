@@ -184,6 +184,12 @@ cl::opt<std::string> planOutput("o", cl::desc("Write the best plan (with its pre
                                 cl::value_desc("PLAN.json"), cl::sub(planCmd), cl::cat(carveCat));
 cl::opt<bool> planJson("json", cl::desc("Print the report as JSON"), cl::sub(planCmd),
                        cl::cat(carveCat));
+cl::opt<std::string> planStorage(
+    "storage",
+    cl::desc("Price bf16/fp16 plans with what carve's programs store (carve, the default) or "
+             "with the published mixed-precision layout: 16-bit weights, gradients and "
+             "collectives, fp32 masters (published; to compare with published runs)"),
+    cl::value_desc("carve|published"), cl::init("carve"), cl::sub(planCmd), cl::cat(carveCat));
 cl::opt<bool> noOpSearch("no-op-search",
                          cl::desc("Keep the partitioner's per-op choices (skip the per-op search)"),
                          cl::sub(planCmd), cl::sub(compileCmd), cl::cat(carveCat));
@@ -420,6 +426,9 @@ int main(int argc, char **argv) {
     pa.json = planJson;
     pa.opSearch = !noOpSearch;
     pa.loss = lossName;
+    if (planStorage != "carve" && planStorage != "published")
+      die("carve plan: --storage must be carve or published, got '" + planStorage + "'");
+    pa.publishedStorage = planStorage == "published";
     std::string error;
     for (const std::string &d : setDims)
       if (!carve::parseSetDim(d, pa.import, error))
