@@ -95,7 +95,7 @@ def main():
     out = os.path.join(a.workdir, "out")
     t0 = time.time()
     run([a.carve, "compile", a.model + ",batch=%d" % a.global_batch, "--plan", plan_path,
-         "--no-weights", "-o", out, "--quiet"])
+         "--no-weights", "--no-build", "-o", out, "--quiet"])
     compile_s = time.time() - t0
     pp = plan.get("pp", 1)
     ranks = [read_rank(os.path.join(out, "src", "program%d.cpp" % r)) for r in range(pp)]

@@ -311,6 +311,8 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
   std::string s;
   for (auto &[arg, pair] : gathered) {
     const Gathered &gg = pair[backward ? 1 : 0];
+    if (gg.buffer < 0) // not read in this pass (a bias's backward reads only its gradient)
+      continue;
     const std::string pass = backward ? "backward" : "forward";
     const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
                              std::to_string(gg.last) + "); the buffer is free after the last";

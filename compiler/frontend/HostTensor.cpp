@@ -236,6 +236,10 @@ HostTensor hostCast(const HostTensor &a, ElemKind to) {
 }
 
 HostTensor hostWhere(const HostTensor &c, const HostTensor &a, const HostTensor &b) {
+  if (a.isFloat() != b.isFloat())
+    throw HostError("Where's X and Y have different element types (" +
+                    elemKindName((int)a.kind) + " and " + elemKindName((int)b.kind) +
+                    "); ONNX requires one type");
   ShapeOrError s = broadcastShapes(a.shape, b.shape);
   if (s.ok())
     s = broadcastShapes(c.shape, s.shape);

@@ -43,6 +43,7 @@ std::string Candidate::key() const {
 
 Storage storageFor(const std::string &precision, bool published) {
   Storage st; // fp32 throughout
+  st.scores = false; // carve.attention
   if (precision != "fp32")
     st.kept = 2; // carve-pack-activations
   if (published && precision != "fp32")
@@ -78,12 +79,13 @@ int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r) {
   return std::min<int64_t>(p - r, m);
 }
 
-double layerActivationBytes(const Segment &s, const Candidate &c, double bytesPerElement) {
+double layerActivationBytes(const Segment &s, const Candidate &c, double bytesPerElement,
+                            bool scores) {
   const double a = bytesPerElement, b = (double)c.microBatch;
   if (c.recompute == "full")
     return s.input * b * a;
   double bytes = (s.saved - s.savedFixed) * b * a + s.savedFixed * a + s.hiddenMasks * b;
-  if (c.recompute != "selective")
+  if (c.recompute != "selective" && scores)
     bytes += (s.core * a + s.coreMasks + s.coreDropped * a) * b;
   return bytes;
 }
@@ -301,14 +303,15 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       rec += pt.rec;
       comm += pt.comm;
       params += seg.params;
-      act += isLayer ? layerActivationBytes(seg, c, keptBytes)
+      const double core = st.scores ? seg.core : 0;
+      act += isLayer ? layerActivationBytes(seg, c, keptBytes, st.scores)
                      : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * keptBytes +
-                           seg.core * b * keptBytes + seg.hiddenMasks * b;
-      double w = seg.largestOp * b * aBytes;
+                           core * b * keptBytes + seg.hiddenMasks * b;
+      double w = seg.transientPeak * b * aBytes;
       if (c.recompute == "full" && isLayer)
-        w += (seg.saved * b + seg.core * b) * aBytes;
+        w += (seg.saved * b + core * b) * aBytes;
       else if (c.recompute == "selective" && isLayer)
-        w += seg.core * b * aBytes;
+        w += core * b * aBytes;
       work = std::max(work, w);
     };
     rankParts[r] += chunk[k] + (k == 0) + (k == S - 1);
@@ -430,11 +433,20 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     m.grads = (c.zero >= 2 ? shard : ps) * gB;
     m.optimizer = (c.zero >= 1 ? shard : ps) * oB;
     m.activations = rankAct[r];
-    double bucket = c.dp > 1 ? std::min(ps * gB, cal.bucketBytes) : 0;
+    // carve's programs reduce gradients in place (the gradient region is
+    // laid out in bucket order); ZeRO-2/3 with micro-batches reduce-scatter
+    // a bucket into a staging copy of this rank's chunk. The published
+    // layout keeps a separate bucket.
+    double bucket = 0;
+    if (c.dp > 1 && opts.publishedStorage)
+      bucket = std::min(ps * gB, cal.bucketBytes);
+    else if (c.dp > 1 && c.zero == 2) // the bucket's whole gradients, before their reduce-scatter
+      bucket = std::min(ps * gB, cal.bucketBytes) * (c.m > 1 ? 1 + 1.0 / c.dp : 1);
     m.buffers = bucket + rankBuffers[r];
     m.workspace = rankWork[r];
     if (c.zero == 3) // one part's parameters gathered at a time, the next prefetched
       m.workspace += 2 * maxPartParams * pB;
+    e.memPerRank.push_back(m);
     if (m.total() > best) {
       best = m.total();
       e.mem = m;
@@ -1096,11 +1108,18 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
     }
   }
   res.anyFits = haveBest;
-  std::sort(all.begin(), all.end(), [](const Estimate &a, const Estimate &b) {
-    if (a.time.total != b.time.total)
-      return a.time.total < b.time.total;
-    return a.mem.total() < b.mem.total();
-  });
+  // Fastest first (to the nanosecond); at the same time the smaller (to the
+  // byte), then the one that recomputes less (recomputation that only hides communication
+  // behind a longer backward buys nothing).
+  auto recomputeRank = [](const Candidate &c) {
+    return c.recompute == "none" ? 0 : c.recompute == "selective" ? 1 : 2;
+  };
+  auto key = [&](const Estimate &e) {
+    return std::make_tuple(std::llround(e.time.total * 1e9), std::llround(e.mem.total()),
+                           recomputeRank(e.c));
+  };
+  std::stable_sort(all.begin(), all.end(),
+                   [&](const Estimate &a, const Estimate &b) { return key(a) < key(b); });
   if (all.empty())
     return res;
   // The best, then alternatives: first one per distinct (dp, tp, pp), then the rest.

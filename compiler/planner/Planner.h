@@ -69,6 +69,7 @@ struct Estimate {
   Candidate c;
   Memory mem;      // the rank with the most memory
   int memRank = 0; // which pipeline rank that is
+  std::vector<Memory> memPerRank; // every pipeline rank's
   StepTime time;
   Volume volume;
   double bubbleFraction = 0; // bubble / total pipeline time
@@ -159,6 +160,11 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
 /// from forward to backward and sent between pipeline stages.
 struct Storage {
   double param = 4, grad = 4, optimizer = 8, activation = 4, kept = 4;
+  /// Whether attention keeps its probabilities (b·a·s² per layer, and with
+  /// dropout its mask) for backward, as an unfused attention does (the
+  /// published accounting). carve.attention keeps none: its gradient
+  /// recomputes them.
+  bool scores = true;
 };
 
 /// What carve's compiled programs store under `precision`: fp32 weights,
@@ -175,7 +181,8 @@ Storage storageFor(const std::string &precision, bool published = false);
 /// The activation bytes of one layer, one micro-batch, under `c`, with
 /// `bytesPerElement` per stored element (Storage::kept): what the
 /// memory model charges per layer.
-double layerActivationBytes(const Segment &layer, const Candidate &c, double bytesPerElement);
+double layerActivationBytes(const Segment &layer, const Candidate &c, double bytesPerElement,
+                            bool scores = true);
 
 /// "1.234 s", "12.34 ms", "5.6 us": durations in reports.
 std::string formatSeconds(double t);

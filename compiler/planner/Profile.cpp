@@ -4,6 +4,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Builtin.h"
+#include "compiler/fusion/Fusion.h"
 #include "compiler/partition/Annotation.h"
 #include "compiler/stages/StageSplit.h"
 #include "dialects/carve/CarveDialect.h"
@@ -16,6 +17,7 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -51,6 +53,7 @@ private:
   void countWork();
   void gemmDims(Operation *o, OpWork &w);
   void countActivations();
+  void countTransients();
   void countBoundaries();
   void countParameters();
   void collectSites();
@@ -124,23 +127,38 @@ void Profiler::markBatch() {
       }
 }
 
-/// Segments: forward ops by layer, then by position; backward ops by the
-/// forward node they differentiate.
+/// Segments: forward ops by layer; a forward op outside the layers belongs
+/// to the head when it reads (through any chain of ops) a layer's result,
+/// to the part of its first reader when it depends on neither the batch nor
+/// a layer (a tied embedding's transpose for the head), else to the
+/// embedding, whatever its position (a Llama's rotary tables may be built
+/// after its first layer's ops and still belong to the first stage, as the
+/// pipeline splitter places them); backward ops by the forward node they
+/// differentiate.
 void Profiler::assignSegments() {
   Block &body = fn.getBody().front();
   int current = 0;
-  bool seenLayer = false;
+  llvm::DenseSet<Value> fromLayers;
+  std::vector<Operation *> weightOnly; // placed by their readers, below
   for (Operation &op : body.without_terminator()) {
     Operation *o = &op;
     std::string node = forwardNode(o);
     int seg = -1;
     std::string pre;
     int n;
+    bool readsLayers = false;
+    for (Value v : o->getOperands())
+      readsLayers |= fromLayers.contains(v);
     if (layerOfNode(node, pre, n) && pre == prefix) {
       seg = 1 + layerIndex[n];
     } else if (!isBackward(o)) {
       if (!node.empty())
-        seg = seenLayer ? headSeg : 0;
+        seg = readsLayers ? headSeg : 0;
+      bool perSample = false;
+      for (Value r : o->getResults())
+        perSample |= batch.count(r) > 0;
+      if (!node.empty() && !readsLayers && !perSample)
+        weightOnly.push_back(o);
     } else {
       auto it = nodeSeg.find(node);
       if (it != nodeSeg.end())
@@ -149,14 +167,35 @@ void Profiler::assignSegments() {
     if (seg < 0)
       seg = current;
     if (!isBackward(o)) {
-      if (seg >= 1 && seg < headSeg)
-        seenLayer = true;
+      if (readsLayers || (seg >= 1 && seg < headSeg))
+        for (Value r : o->getResults())
+          fromLayers.insert(r);
       if (!node.empty())
         nodeSeg[node] = seg;
     }
     current = seg;
     segOf[o] = seg;
   }
+  // Readers come later in the block: walk back so that a chain of
+  // weight-only ops takes its last reader's part.
+  std::map<std::string, int> moved;
+  for (auto it = weightOnly.rbegin(); it != weightOnly.rend(); ++it) {
+    Operation *o = *it;
+    int seg = -1;
+    for (Operation *u : o->getUsers())
+      if (!isBackward(u) && segOf.count(u))
+        seg = seg < 0 ? segOf[u] : std::min(seg, segOf[u]);
+    if (seg < 0 || seg == segOf[o])
+      continue;
+    segOf[o] = seg;
+    moved[forwardNode(o)] = seg;
+  }
+  if (moved.empty())
+    return;
+  for (Operation &op : body.without_terminator())
+    if (isBackward(&op))
+      if (auto it = moved.find(forwardNode(&op)); it != moved.end())
+        segOf[&op] = it->second;
 }
 
 /// The GEMM dimensions of a matmul or attention op (OpWork::gemmFixed,
@@ -272,6 +311,86 @@ void Profiler::countWork() {
   }
 }
 
+/// Transient working memory per part and pass: walking the ops in order,
+/// each batch-dependent result is alive from its op to its last reader
+/// (through views), and the part's peak is the most alive at once.
+/// Forward values backward reads are kept activations (countActivations),
+/// and the returned gradients live in the gradient region: neither counts;
+/// nor does an elementwise result only elementwise ops of the same pass read
+/// (inside a fused kernel it never reaches memory: carve-fuse-elementwise).
+void Profiler::countTransients() {
+  Block &body = fn.getBody().front();
+  llvm::DenseMap<Operation *, int> pos;
+  int n = 0;
+  for (Operation &op : body.without_terminator())
+    pos[&op] = n++;
+  llvm::DenseSet<Value> returned;
+  for (Value v : body.getTerminator()->getOperands())
+    returned.insert(v);
+  // Last reader (through views) and whether backward reads it.
+  llvm::DenseMap<Value, std::pair<int, bool>> memo;
+  std::function<std::pair<int, bool>(Value)> reach = [&](Value v) -> std::pair<int, bool> {
+    if (auto it = memo.find(v); it != memo.end())
+      return it->second;
+    std::pair<int, bool> r{-1, false};
+    for (Operation *u : v.getUsers()) {
+      auto p = pos.find(u);
+      if (p == pos.end()) {
+        r.first = n; // the terminator
+        continue;
+      }
+      r.first = std::max(r.first, p->second);
+      r.second |= isBackward(u);
+      if (isView(u))
+        for (Value res : u->getResults()) {
+          auto [last, bwd] = reach(res);
+          r.first = std::max(r.first, last);
+          r.second |= bwd;
+        }
+    }
+    return memo[v] = r;
+  };
+  std::vector<std::pair<int, double>> live; // (last reader, elements)
+  double total = 0;
+  int group = -1;
+  for (Operation &op : body.without_terminator()) {
+    Operation *o = &op;
+    const bool bwd = isBackward(o);
+    const int key = segOf[o] * 2 + (bwd ? 1 : 0);
+    if (key != group) {
+      live.clear();
+      total = 0;
+      group = key;
+    }
+    if (!isView(o) && !isa<ConstantOp>(o))
+      for (Value r : o->getResults()) {
+        if (!batch.count(r) || returned.contains(r))
+          continue;
+        auto [last, readByBackward] = reach(r);
+        if (!bwd && readByBackward)
+          continue;
+        bool fused = isFusible(o) && !r.use_empty();
+        for (Operation *u : r.getUsers())
+          fused &= isFusible(u) && isBackward(u) == bwd;
+        if (fused)
+          continue;
+        live.push_back({last, elemsOf(r)});
+        total += elemsOf(r);
+      }
+    Segment &s = *segs[segOf[o]];
+    s.transientPeak = std::max(s.transientPeak, total);
+    const int here = pos[o];
+    for (size_t i = 0; i < live.size();)
+      if (live[i].first <= here) {
+        total -= live[i].second;
+        live[i] = live.back();
+        live.pop_back();
+      } else {
+        ++i;
+      }
+  }
+}
+
 /// Activations kept for backward: forward values with a backward user,
 /// counted once per storage, in the first part whose backward reads them.
 void Profiler::countActivations() {
@@ -384,6 +503,7 @@ bool Profiler::run(std::string &error) {
   assignSegments();
   countWork();
   countActivations();
+  countTransients();
   countBoundaries();
   countParameters();
   collectSites();

@@ -93,8 +93,13 @@ struct Segment {
   double input = 0;
   /// What it sends to later parts per sample (a pipeline boundary after it).
   double boundary = 0;
-  /// The largest single op's result (transient working memory), per sample.
+  /// The largest single op's result, per sample.
   double largestOp = 0;
+  /// Transient working memory, per sample: the most elements of batch-
+  /// dependent values that are alive at once while its forward or its
+  /// backward runs, not counting what forward keeps for backward (`saved`),
+  /// the gradients the step returns, and views.
+  double transientPeak = 0;
   /// Forward FLOPs of its attention cores (selective recompute redoes them), per sample.
   double coreFlops = 0;
   /// Trainable parameters it holds (local elements), and buffers.

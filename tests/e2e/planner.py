@@ -296,9 +296,12 @@ def main():
     # bf16 plan keeps fp32 weights, gradients and AdamW state (bf16 rounds
     # only matmul and attention inputs), so its parameters, gradients and
     # optimizer state are predicted to the byte of what the program reports
-    # at start-up, and its activations (with the workspace for transients)
-    # within 25% of the program's liveness-planned activation memory
-    # (measured: 0.2%; 16-bit storage would predict half).
+    # at start-up, and its activations (with the buffers and the workspace
+    # for transients) are an upper bound on the program's liveness-planned
+    # activation memory, within memory_matrix.py's bounds (0.98x-2x; measured
+    # here 1.44x: a small model, where fixed-size transients weigh most).
+    # memory_matrix.py checks the same for 198 plans against the programs'
+    # tables; this checks the tables against what a running program reports.
     pj = os.path.join(mdir, "bf16.plan.json")
     run_cmd([carve, "plan", onnx, "--cluster", "cpu:1x2", "--fixed",
              "precision=bf16,recompute=none,dp=2,tp=1,pp=1,zero=0", "-o", pj])
@@ -320,10 +323,10 @@ def main():
         if program != predicted:
             raise Failure("bf16 plan: %s predicted %d bytes, the program holds %d (%d elements)"
                           % (what, predicted, program, elements))
-    act_pred = mem["activations"] + mem["workspace"]
-    if abs(acts - act_pred) > 0.25 * acts:
-        raise Failure("bf16 plan: activations and workspace predicted %d bytes, the program "
-                      "plans %d" % (act_pred, acts))
+    act_pred = mem["activations"] + mem["buffers"] + mem["workspace"]
+    if not 0.98 * acts <= act_pred <= 2.0 * acts:
+        raise Failure("bf16 plan: activations, buffers and workspace predicted %d bytes, the "
+                      "program plans %d (bounds 0.98x-2x)" % (act_pred, acts))
     checks += 1
     print("ok: bf16 plan's memory as the program holds it: parameters, gradients, optimizer "
           "state to the byte (%d, %d, %d); activations %d predicted, %d planned" %

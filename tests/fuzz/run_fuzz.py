@@ -104,6 +104,22 @@ def deep_inputs(target, folder, source):
         put("reshape-overflow.onnx", m.SerializeToString(),
             "node 'Reshape_0' (Reshape): shape [2199023255556, 5497558138880] has more elements "
             "than fit in 64 bits")
+        # Where with a float X and an int64 Y, both constant: folding it read
+        # Y's (empty) float storage (UBSan: reference binding to null).
+        cond = helper.make_tensor("cond", TensorProto.BOOL, [2], [1, 0])
+        xa = helper.make_tensor("xa", TensorProto.FLOAT, [2], [1.0, 2.0])
+        yb = helper.make_tensor("yb", TensorProto.INT64, [2], [3, 4])
+        g = helper.make_graph([helper.make_node("Constant", [], ["c"], value=cond),
+                               helper.make_node("Constant", [], ["a"], value=xa),
+                               helper.make_node("Constant", [], ["b"], value=yb),
+                               helper.make_node("Where", ["c", "a", "b"], ["w"]),
+                               helper.make_node("Add", ["x", "w"], ["y"])], "where",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        m = helper.make_model(g, opset_imports=[helper.make_operatorsetid("", 17)])
+        m.ir_version = 8
+        put("where-mixed-types.onnx", m.SerializeToString(),
+            "Where's X and Y have different element types")
     return made
 
 

@@ -295,10 +295,11 @@ int runCompile(CompileArgs &args) {
   build.kernelSources = cm.cuda() ? s.rules.cudaSources : s.rules.sources;
   build.rulesPath = args.rulesPath;
   build.programNote = [&](size_t r) { return ranksOf(cm, r); };
-  buildExecutable(build, progress);
+  if (!args.noBuild)
+    buildExecutable(build, progress);
   tmp.moveInto(s.out);
   if (!args.quiet)
-    printSummary(cm, s.out, partition);
+    printSummary(cm, s.out, partition, !args.noBuild);
   return 0;
 }
 

@@ -24,6 +24,8 @@ struct CompileArgs {
   int64_t bucketBytes = 4194304;
   /// --no-weights: no initial values are generated or written.
   bool noWeights = false;
+  /// --no-build: the sources are written, bin/train is not built.
+  bool noBuild = false;
   std::string output;
   std::string loss;
   std::string emitMlir;                  // write the training step's IR here

@@ -135,13 +135,15 @@ void writePlanJson(const std::string &dir, const CompiledModel &m) {
   writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
 }
 
-void printSummary(const CompiledModel &cm, const std::string &out, const PartitionSummary &counts) {
+void printSummary(const CompiledModel &cm, const std::string &out, const PartitionSummary &counts,
+                  bool built) {
   const Plan &plan = *cm.plan;
   int64_t kernelCalls = 0, maxArena = 0;
   for (const GeneratedProgram &g : cm.programs)
     kernelCalls += g.numKernelCalls, maxArena = std::max(maxArena, g.arenaBytes);
   outs() << "carve: compiled " << cm.modelName << " for " << plan.worldSize() << " rank"
-         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): " << out << "/bin/train\n"
+         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): "
+         << (built ? out + "/bin/train" : out + "/src (--no-build: bin/train not built)") << "\n"
          << "       " << kernelCalls << " kernel calls per "
          << (cm.pipelined ? "micro-batch" : "step") << ", " << cm.programs[0].numBuckets
          << " gradient bucket(s), arena " << format("%.1f", maxArena / 1048576.0) << " MiB per rank"

@@ -47,7 +47,9 @@ struct PartitionSummary {
 
 /// The closing lines of `carve compile`: what was built, and the pipeline
 /// and tensor-parallel summaries.
-void printSummary(const CompiledModel &m, const std::string &out, const PartitionSummary &counts);
+/// `built`: OUT/bin/train exists (false under --no-build).
+void printSummary(const CompiledModel &m, const std::string &out, const PartitionSummary &counts,
+                  bool built);
 /// The progress note of program r's build: the ranks that run it.
 std::string ranksOf(const CompiledModel &m, size_t r);
 

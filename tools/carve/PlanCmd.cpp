@@ -108,6 +108,13 @@ json predicted(const Estimate &e) {
                             {"buffers", e.mem.buffers},     {"workspace", e.mem.workspace},
                             {"total", e.mem.total()},       {"capacity", e.capacity},
                             {"pipeline_rank", e.memRank}};
+  json ranks = json::array();
+  for (const Memory &m : e.memPerRank)
+    ranks.push_back({{"params", m.params},           {"grads", m.grads},
+                     {"optimizer", m.optimizer},     {"activations", m.activations},
+                     {"buffers", m.buffers},         {"workspace", m.workspace},
+                     {"total", m.total()}});
+  p["memory_per_pipeline_rank"] = ranks;
   p["time_s"] = {{"compute", e.time.compute},      {"recompute", e.time.recompute},
                  {"tp_comm", e.time.tpComm},       {"p2p", e.time.p2p},
                  {"bubble", e.time.bubble},        {"dp_comm", e.time.dpComm},

@@ -30,6 +30,9 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
   std::string out = outDir;
   std::string planPath = out + "/plan.json";
   std::string train = out + "/bin/train";
+  if (sys::fs::exists(planPath) && sys::fs::exists(out + "/src") && !sys::fs::exists(train))
+    die(out + ": bin/train was not built (compiled with --no-build); compile without it to "
+              "train");
   if (!sys::fs::exists(planPath) || !sys::fs::exists(train))
     die(out +
         ": not a carve output directory (expected plan.json and bin/train; create it "

@@ -92,6 +92,11 @@ cl::opt<bool> noWeights(
     cl::desc("Compile the programs without their initial weights (no OUT/init.safetensors; "
              "train then needs --load): for builtin models too large to materialize here"),
     cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<bool> noBuild(
+    "no-build",
+    cl::desc("Write the per-rank sources, plan.json and weights but do not compile and link "
+             "OUT/bin/train (to read the generated programs; carve run needs a full compile)"),
+    cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<int64_t> bucketBytes(
     "bucket-bytes",
     cl::desc("Largest gradient bucket in bytes, reduced as one piece over dp (default 4194304; "
@@ -314,6 +319,7 @@ int runCompileCommand() {
   args.fuse = !noFuse;
   args.bucketBytes = bucketBytes;
   args.noWeights = noWeights;
+  args.noBuild = noBuild;
   args.loss = lossName;
   args.emitMlir = emitMlir;
   args.emitMlirAfter = emitMlirAfter;
