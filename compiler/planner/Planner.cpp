@@ -42,7 +42,7 @@ std::string Candidate::key() const {
 }
 
 Storage storageFor(const std::string &precision, bool published) {
-  Storage st; // fp32 throughout
+  Storage st;        // fp32 throughout
   st.scores = false; // carve.attention
   if (precision != "fp32")
     st.kept = 2; // carve-pack-activations
@@ -134,10 +134,11 @@ Secs opSeconds(const std::vector<OpWork> &ops, const Cluster &cl, const Calibrat
   const double bw = cl.device.memoryBandwidth * cal.memoryEfficiency;
   for (const OpWork &w : ops) {
     const double elems = w.perSample ? w.elems - w.fixedElems + w.fixedElems / mb : w.elems;
-    double t = w.matmul ? std::max(w.flops / (peak * cal.gemmEfficiencyAt(
-                                                        w.gemmSmallest(w.perSample ? mb : 1))),
-                                   elems * bytes / bw)
-                        : std::max(w.flops / peakVec, elems * bytes / bw);
+    double t =
+        w.matmul ? std::max(w.flops /
+                                (peak * cal.gemmEfficiencyAt(w.gemmSmallest(w.perSample ? mb : 1))),
+                            elems * bytes / bw)
+                 : std::max(w.flops / peakVec, elems * bytes / bw);
     (w.perSample ? s.perSample : s.fixed) += t;
     s.fixed += cal.kernelOverhead;
     if (w.attentionCore)
@@ -367,39 +368,40 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   double dpT = 0;
   if (c.dp > 1) {
     double g = psi * gB;
-    // ZeRO-2/3 with micro-batches reduce-scatter every micro-batch's
-    // gradients into fp32 chunk accumulators (docs/partition.md, "ZeRO with
-    // micro-batches and pipelines"): m reduce-scatters, each overlapping the
-    // rest of the step's compute; ZeRO-2 then all-gathers the updated
-    // parameters once.
-    const bool perMicroBatch = c.zero >= 2 && c.m > 1;
-    if (c.zero == 0)
-      dpT = allReduceTime(c.dp, g, dpLink);
-    else if (c.zero == 3)
-      dpT = (double)c.m * gatherTime(c.dp, g, dpLink);
-    else if (perMicroBatch)
-      dpT = (double)c.m * gatherTime(c.dp, g, dpLink) +
-            (c.zero == 2 ? gatherTime(c.dp, psi * pB, dpLink) : 0);
-    else
-      dpT = gatherTime(c.dp, g, dpLink) + gatherTime(c.dp, psi * pB, dpLink);
-    e.volume.dp = perMicroBatch
-                      ? (double)(c.dp - 1) / c.dp * ((double)c.m * g + (c.zero == 2 ? psi * pB : 0))
-                      : 2.0 * (c.dp - 1) / c.dp * g;
+    const double f = (double)(c.dp - 1) / c.dp;
+    const double ag = gatherTime(c.dp, psi * pB, dpLink); // updated parameters, after the step
+    // As compiled (compiler/codegen/Step.cpp): without ZeRO and under ZeRO-1
+    // the gradients are all-reduced per bucket during backward, ZeRO-1 then
+    // all-gathers the updated parameters; ZeRO-2/3 reduce-scatter per bucket,
+    // every micro-batch, into fp32 chunk accumulators (docs/partition.md,
+    // "ZeRO with micro-batches and pipelines"), ZeRO-2 then all-gathers the
+    // updated parameters once and ZeRO-3 gathers each layer's for every
+    // micro-batch's forward and backward.
+    double reduce = 0, after = 0;
+    if (c.zero <= 1) {
+      reduce = allReduceTime(c.dp, g, dpLink);
+      e.volume.dp = 2 * f * g;
+    } else {
+      reduce = (double)c.m * gatherTime(c.dp, g, dpLink);
+      e.volume.dp = f * (double)c.m * g;
+    }
+    if (c.zero == 1 || c.zero == 2) {
+      after = ag;
+      e.volume.dp += f * psi * pB;
+    }
+    dpT = reduce + after;
     if (c.zero == 3) {
-      double gathers = 2.0 * (double)c.m * gatherTime(c.dp, psi * pB, dpLink);
-      dpT += gathers;
-      e.volume.dp += 2.0 * c.m * (c.dp - 1) / c.dp * psi * pB;
+      dpT += 2.0 * (double)c.m * ag;
+      e.volume.dp += 2.0 * c.m * f * psi * pB;
     }
-    double buckets = std::max(1.0, std::ceil(g / cal.bucketBytes));
-    double hidden = c.zero == 3 ? 0 : rankBwdLast[slow];
-    e.time.dpExposed = std::max(dpT / buckets, dpT - hidden);
-    if (c.zero == 2 && perMicroBatch) {
-      // Hidden behind the step's compute, except the last micro-batch's last
-      // bucket and the parameters' all-gather after the update.
-      const double ag = gatherTime(c.dp, psi * pB, dpLink);
-      const double last = (dpT - ag) / c.m / buckets + ag;
-      e.time.dpExposed = std::max(last, dpT - e.time.compute);
-    }
+    const double buckets = std::max(1.0, std::ceil(g / cal.bucketBytes));
+    // The reduction hides behind backward (the last micro-batch's, or with
+    // per-micro-batch reduce-scatters the whole step's compute) except its
+    // last bucket; the all-gather after the update does not hide.
+    if (c.zero <= 1 || c.m == 1)
+      e.time.dpExposed = std::max(reduce / buckets, reduce - rankBwdLast[slow]) + after;
+    else
+      e.time.dpExposed = std::max(reduce / c.m / buckets, reduce - e.time.compute) + after;
     if (c.zero == 3) {
       // Plans carve plan writes prefetch one layer (zero3_prefetch_layers =
       // 1): a part's gathers run while the part before it computes, and its
@@ -410,8 +412,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       const double parts = std::max(1.0, rankParts[slow]);
       const double G = gatherTime(c.dp, psi * pB, dpLink), R = gatherTime(c.dp, g, dpLink);
       const double fwd = tMb - rankBwdLast[slow] - rankP2p[slow], bwd = rankBwdLast[slow];
-      e.time.dpExposed = (double)c.m * (std::max(G / parts, G - fwd) +
-                                        std::max((G + R) / parts, G + R - bwd));
+      e.time.dpExposed =
+          (double)c.m * (std::max(G / parts, G - fwd) + std::max((G + R) / parts, G + R - bwd));
     }
   }
   e.time.dpComm = dpT;

@@ -67,8 +67,8 @@ struct Volume {
 
 struct Estimate {
   Candidate c;
-  Memory mem;      // the rank with the most memory
-  int memRank = 0; // which pipeline rank that is
+  Memory mem;                     // the rank with the most memory
+  int memRank = 0;                // which pipeline rank that is
   std::vector<Memory> memPerRank; // every pipeline rank's
   StepTime time;
   Volume volume;

@@ -34,10 +34,10 @@
 
 #include "mlir/IR/MLIRContext.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
-#include <algorithm>
 #include <vector>
 
 namespace carve::planner {
@@ -47,8 +47,8 @@ const char *commKindName(int kind);
 
 /// One op's work, per rank.
 struct OpWork {
-  double flops = 0;           // opFlops
-  double elems = 0;           // elements read and written
+  double flops = 0; // opFlops
+  double elems = 0; // elements read and written
   /// Of which read or written once per micro-batch whatever its size (a
   /// weight, a weight's gradient): a per-sample op's memory traffic is
   /// (elems - fixedElems) * b + fixedElems at micro-batch b.
@@ -127,10 +127,10 @@ struct Profile {
   double sharedParams = 0;
   /// Whole-model totals at tp = 1 and one sample: parameters and training FLOPs.
   double totalParams = 0;
-  double modelFlops = 0;  // forward + backward, one sample, whole model
-  int64_t modelBatch = 1; // the batch the model was written with
-  int64_t seq = 0;        // the second dimension of the first input (tokens per sample)
-  std::string pinsUsed;   // for messages
+  double modelFlops = 0;         // forward + backward, one sample, whole model
+  int64_t modelBatch = 1;        // the batch the model was written with
+  int64_t seq = 0;               // the second dimension of the first input (tokens per sample)
+  std::string pinsUsed;          // for messages
   std::vector<ChoiceSite> sites; // forward ops with a tp choice, in program order
 };
 

@@ -303,7 +303,8 @@ TEST(PlannerCost, MoreBandwidthIsNeverSlower) {
   Cluster slow = cluster("a100-80gb:2x8");
   Candidate zero3 = cand(1, false, "none", 2);
   zero3.zero = 3;
-  for (Candidate c : {Candidate{}, cand(2, true, "none", 2), cand(4, false, "selective", 1), zero3}) {
+  for (Candidate c :
+       {Candidate{}, cand(2, true, "none", 2), cand(4, false, "selective", 1), zero3}) {
     c.dp = 16 / c.tp / 2;
     c.pp = 2;
     c.m = 4;
@@ -362,8 +363,8 @@ TEST(PlannerCalibration, GemmTableInterpolatesInLog2) {
 
   std::string error;
   Calibration parsed;
-  ASSERT_TRUE(parseCalibration(R"({"gemm_efficiency": [[128, 0.5], [512, 0.7]]})", "c.json",
-                               parsed, error))
+  ASSERT_TRUE(
+      parseCalibration(R"({"gemm_efficiency": [[128, 0.5], [512, 0.7]]})", "c.json", parsed, error))
       << error;
   EXPECT_DOUBLE_EQ(parsed.gemmEfficiencyAt(256), 0.6);
   ASSERT_TRUE(parseCalibration(R"({"matmul_efficiency": 0.62})", "c.json", parsed, error));
@@ -436,8 +437,7 @@ TEST(PlannerCost, GemmEfficiencyFollowsTheShape) {
   Calibration flat;
   flat.gemmEfficiency = {{1, 0.75}};
   Calibration def;
-  EXPECT_LT(perSample(def, 16) / perSample(def, 1),
-            0.9 * perSample(flat, 16) / perSample(flat, 1));
+  EXPECT_LT(perSample(def, 16) / perSample(def, 1), 0.9 * perSample(flat, 16) / perSample(flat, 1));
 
   // A small model's GEMMs run further from peak than a large one's: the
   // default table costs the small model more relative to a flat 0.86.

@@ -142,8 +142,9 @@ void printSummary(const CompiledModel &cm, const std::string &out, const Partiti
   for (const GeneratedProgram &g : cm.programs)
     kernelCalls += g.numKernelCalls, maxArena = std::max(maxArena, g.arenaBytes);
   outs() << "carve: compiled " << cm.modelName << " for " << plan.worldSize() << " rank"
-         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json << "): "
-         << (built ? out + "/bin/train" : out + "/src (--no-build: bin/train not built)") << "\n"
+         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json
+         << "): " << (built ? out + "/bin/train" : out + "/src (--no-build: bin/train not built)")
+         << "\n"
          << "       " << kernelCalls << " kernel calls per "
          << (cm.pipelined ? "micro-batch" : "step") << ", " << cm.programs[0].numBuckets
          << " gradient bucket(s), arena " << format("%.1f", maxArena / 1048576.0) << " MiB per rank"

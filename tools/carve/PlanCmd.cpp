@@ -110,9 +110,12 @@ json predicted(const Estimate &e) {
                             {"pipeline_rank", e.memRank}};
   json ranks = json::array();
   for (const Memory &m : e.memPerRank)
-    ranks.push_back({{"params", m.params},           {"grads", m.grads},
-                     {"optimizer", m.optimizer},     {"activations", m.activations},
-                     {"buffers", m.buffers},         {"workspace", m.workspace},
+    ranks.push_back({{"params", m.params},
+                     {"grads", m.grads},
+                     {"optimizer", m.optimizer},
+                     {"activations", m.activations},
+                     {"buffers", m.buffers},
+                     {"workspace", m.workspace},
                      {"total", m.total()}});
   p["memory_per_pipeline_rank"] = ranks;
   p["time_s"] = {{"compute", e.time.compute},      {"recompute", e.time.recompute},
@@ -226,8 +229,7 @@ void searchOps(Session &s, Outcome &o) {
   const Profile *prof = s.get(best.c.tp, best.c.sp, error);
   if (!prof)
     return;
-  PinnedProfile build = [&](const std::vector<OpOverride> &extra, Profile &out,
-                            std::string &why) {
+  PinnedProfile build = [&](const std::vector<OpOverride> &extra, Profile &out, std::string &why) {
     ProfileRequest r = s.req;
     r.tp = best.c.tp;
     r.sequenceParallel = best.c.sp;

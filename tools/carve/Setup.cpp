@@ -6,6 +6,8 @@
 
 #include "llvm/Support/FileSystem.h"
 
+#include <nlohmann/json.hpp>
+
 using namespace llvm;
 
 namespace carve {
@@ -62,6 +64,34 @@ std::string checkOutput(std::string out) {
   return out;
 }
 
+/// The global batch `carve plan` planned for (the plan's "planner" record),
+/// or 0.
+int64_t plannedGlobalBatch(const std::string &planText) {
+  try {
+    auto j = nlohmann::json::parse(planText);
+    auto p = j.find("planner");
+    if (p == j.end() || !p->is_object())
+      return 0;
+    auto b = p->find("global_batch");
+    return b != p->end() && b->is_number_integer() ? b->get<int64_t>() : 0;
+  } catch (const nlohmann::json::exception &) {
+    return 0; // parsePlan reports what is wrong with the file
+  }
+}
+
+/// A builtin model spec without `batch=` compiles at the global batch the
+/// plan was planned for (`carve plan builtin:... -o PLAN.json` then
+/// `carve compile builtin:... --plan PLAN.json`), as the report said.
+void takePlannedBatch(CompileArgs &args, const std::string &planText) {
+  if (args.model.rfind("builtin:", 0) != 0)
+    return;
+  if (args.model.find(",batch=") != std::string::npos ||
+      args.model.find(":batch=") != std::string::npos)
+    return;
+  if (int64_t b = plannedGlobalBatch(planText); b > 0)
+    args.model += ",batch=" + std::to_string(b);
+}
+
 } // namespace
 
 Setup resolve(CompileArgs &args) {
@@ -70,10 +100,12 @@ Setup resolve(CompileArgs &args) {
   if (!args.planText.empty()) { // --auto: the planner's choice
     if (!parsePlan(args.planText, args.planPath, s.plan, error))
       die(error);
+    takePlannedBatch(args, args.planText);
   } else if (!args.planPath.empty()) {
     std::string text = readFileOrDie(args.planPath, "a plan (JSON)");
     if (!parsePlan(text, args.planPath, s.plan, error))
       die(error);
+    takePlannedBatch(args, text);
   } else {
     parsePlan("{\"dp\": 1}", "default plan", s.plan, error);
   }
