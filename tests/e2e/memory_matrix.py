@@ -10,11 +10,15 @@ width 64) and every plan of the matrix
 
 (ZeRO only where dp > 1: 99 plans per model):
 
-1. `carve plan --fixed` (every field fixed) predicts each pipeline rank's
-   parameters, gradients and optimizer state, and the program `carve compile
-   --no-build` generates for that plan holds exactly those bytes (its tables,
-   which the program's start-up report prints; tests/e2e/planner.py checks
-   that report against a run).
+1. `carve plan --fixed` (every field fixed) reports each pipeline rank's
+   parameters, gradients, optimizer state, activations and arena as
+   compiled (`memory_compiled_per_pipeline_rank`: it runs carve compile's
+   passes and emitter on the plan, without the C++ build), and the program
+   `carve compile --no-build` generates for that plan holds exactly those
+   bytes (its tables, which the program's start-up report prints;
+   tests/e2e/planner.py checks that report against a run). Its model, which
+   the search prices every candidate with, predicts the parameters,
+   gradients and optimizer state to the byte as well.
 2. The activations: the planner's kept activations, buffers and workspace
    against the compiled program's activation region (the liveness-planned
    arena of a program without stages; a pipeline rank's pool, backward-send
@@ -194,7 +198,9 @@ def main():
                                                                            precision),
                                  "-o", pj])
                         with open(pj) as f:
-                            pred = json.load(f)["predicted"]["memory_per_pipeline_rank"]
+                            predicted = json.load(f)["predicted"]
+                        pred = predicted["memory_per_pipeline_rank"]
+                        as_compiled = predicted.get("memory_compiled_per_pipeline_rank")
                         out = os.path.join(args.workdir, tag)
                         run_cmd([args.carve, "compile", "%s,batch=%d" % (spec, BATCH), "--plan",
                                  pj, "--no-build", "--no-weights", "-o", out])
@@ -202,8 +208,17 @@ def main():
                         if sorted(got) != list(range(len(pred))):
                             raise Failure("%s: %d pipeline ranks predicted, programs for %r" % (
                                 key, len(pred), sorted(got)))
+                        if as_compiled is None or len(as_compiled) != len(got):
+                            raise Failure("%s: carve plan reported no memory as compiled for "
+                                          "every pipeline rank: %r" % (key, as_compiled))
                         for r, p in enumerate(pred):
                             g = got[r]
+                            for field in ("params", "grads", "optimizer", "activations", "arena"):
+                                if as_compiled[r][field] != g[field]:
+                                    raise Failure(
+                                        "%s, pipeline rank %d: carve plan says %s is %d bytes as "
+                                        "compiled, the program holds %d" % (
+                                            key, r, field, as_compiled[r][field], g[field]))
                             for field in ("params", "grads", "optimizer"):
                                 if int(p[field]) != g[field]:
                                     raise Failure(
@@ -224,9 +239,10 @@ def main():
         for ratio, key, r, act, got in lo_hi:
             print("  activations %-55s rank %d: predicted %8d, compiled %8d (%.2fx)" % (
                 key, r, act, got, ratio))
-    print("ok: %d plans compile; parameters, gradients and optimizer state of every pipeline "
-          "rank predicted to the byte; activations %.2fx-%.2fx of the compiled" % (
-              plans, ratios[0][0], ratios[-1][0]))
+    print("ok: %d plans compile; every pipeline rank's parameters, gradients, optimizer state, "
+          "activations and arena as carve plan reports them compiled equal the program's to the "
+          "byte; the model predicts parameters, gradients and optimizer state to the byte and "
+          "activations at %.2fx-%.2fx of the compiled" % (plans, ratios[0][0], ratios[-1][0]))
     print("ok: the plans carve plan chooses for GPT 124M-175B on 8-1024 A100-80GB compile "
           "and fit 80 GB as compiled (planner / compiled arena %.3fx-%.3fx)" % (
               min(chosen), max(chosen)))

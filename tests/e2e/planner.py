@@ -306,7 +306,9 @@ def main():
     run_cmd([carve, "plan", onnx, "--cluster", "cpu:1x2", "--fixed",
              "precision=bf16,recompute=none,dp=2,tp=1,pp=1,zero=0", "-o", pj])
     with open(pj) as f:
-        mem = json.load(f)["predicted"]["memory_per_device"]
+        pred = json.load(f)["predicted"]
+    mem = pred["memory_per_device"]
+    as_compiled = pred["memory_compiled_per_pipeline_rank"][0]
     out = os.path.join(mdir, "bf16")
     run_cmd([carve, "compile", onnx, "--plan", pj, "-o", out])
     so = run_cmd([carve, "run", out, "-n", "2", "--", "--steps", "1", "--data", data,
@@ -323,14 +325,21 @@ def main():
         if program != predicted:
             raise Failure("bf16 plan: %s predicted %d bytes, the program holds %d (%d elements)"
                           % (what, predicted, program, elements))
+    for what, program, reported in (("parameters", params, as_compiled["params"]),
+                                    ("gradients", grads, as_compiled["grads"]),
+                                    ("optimizer state", optim, as_compiled["optimizer"]),
+                                    ("activations", acts, as_compiled["activations"])):
+        if program != reported:
+            raise Failure("bf16 plan: carve plan reports %s of %d bytes as compiled, the "
+                          "running program %d" % (what, reported, program))
     act_pred = mem["activations"] + mem["buffers"] + mem["workspace"]
     if not 0.98 * acts <= act_pred <= 2.0 * acts:
         raise Failure("bf16 plan: activations, buffers and workspace predicted %d bytes, the "
                       "program plans %d (bounds 0.98x-2x)" % (act_pred, acts))
     checks += 1
     print("ok: bf16 plan's memory as the program holds it: parameters, gradients, optimizer "
-          "state to the byte (%d, %d, %d); activations %d predicted, %d planned" %
-          (params, grads, optim, act_pred, acts))
+          "state to the byte (%d, %d, %d); activations %d predicted, %d planned and reported "
+          "as compiled by carve plan" % (params, grads, optim, act_pred, acts))
     # Recomputation is a plan --auto may take: fixed to full, it compiles.
     out = os.path.join(mdir, "autorecompute")
     run_cmd([carve, "compile", onnx, "--auto", "--cluster", "cpu:1x4", "--fixed",

@@ -250,6 +250,24 @@ void planTimeline(CompiledModel &cm, const CompileArgs &args, const pipeline::Sc
 
 } // namespace
 
+std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args) {
+  args.memoryOnly = true;
+  args.quiet = true;
+  args.noWeights = true;
+  Setup s = resolve(args);
+  Progress progress(true);
+  mlir::MLIRContext context;
+  context.loadDialect<dist::DistDialect>();
+  pipeline::Schedule schedule;
+  Imported im = importModel(context, args, s, schedule, progress);
+  runPipeline(im, s, args, progress);
+  CompiledModel cm = generate(*im.module, args, s, im, schedule);
+  std::vector<CompiledRankMemory> ranks;
+  for (const GeneratedProgram &g : cm.programs)
+    ranks.push_back({g.paramBytes, g.gradBytes, g.stateBytes, g.activationBytes, g.arenaBytes});
+  return ranks;
+}
+
 int runCompile(CompileArgs &args) {
   Setup s = resolve(args);
   Progress progress(args.quiet);

@@ -37,10 +37,22 @@ struct CompileArgs {
   /// Which optimizer fields the command line set (they win over the plan).
   std::vector<std::string> setOnCommandLine;
   bool quiet = false;
+  /// compiledMemory: no output directory is checked or written.
+  bool memoryOnly = false;
 };
 
 /// Runs `carve compile`; exits with a one-line error on failure.
 int runCompile(CompileArgs &args);
+
+/// One pipeline rank's bytes as compiled (every dp and tp rank of it alike).
+struct CompiledRankMemory {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, arena = 0;
+};
+/// What `carve compile` would build for the plan, without building it: the
+/// import, the pass pipeline and the emitter, whose memory plan gives each
+/// pipeline rank's regions (the start-up report's numbers). Exits with
+/// `carve compile`'s one-line error when the plan does not compile.
+std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args);
 
 /// Runs `carve run OUT -n N -- ARGS`: execs mpirun (never returns on success).
 int runRun(const std::string &out, int ranks, const std::vector<std::string> &trainArgs);

@@ -173,6 +173,11 @@ struct Outcome {
   double seconds = 0;
   OpSearchResult ops; // per-op choices for the best plan
   double opSeconds = 0;
+  /// The chosen plan as compiled, per pipeline rank (empty: not checked,
+  /// and why in `compiledWhy`), and a note when the model's first choice
+  /// did not fit as compiled.
+  std::vector<CompiledRankMemory> compiled;
+  std::string compiledWhy, compiledNote;
   /// The best plan's pins: the user's, then those the per-op search chose.
   std::vector<OpOverride> bestPins() const {
     std::vector<OpOverride> p = opts.constraints.pins;
@@ -388,6 +393,8 @@ void printOpChoices(std::ostream &os, const Outcome &o) {
   os << line;
 }
 
+json compiledJson(const Outcome &o);
+
 json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   json j;
   j["model"] = args.model;
@@ -404,6 +411,12 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   if (o.result.anyFits) {
     j["plan"] = planFields(o.result.ranked[0].c, o.bestPins());
     j["predicted"] = predicted(o.result.ranked[0]);
+    if (!o.compiled.empty())
+      j["predicted"]["memory_compiled_per_pipeline_rank"] = compiledJson(o);
+    else
+      j["compiled_not_checked"] = o.compiledWhy;
+    if (!o.compiledNote.empty())
+      j["compiled_note"] = o.compiledNote;
     j["op_choices"] = opChoicesJson(o);
     json alts = json::array();
     for (size_t i = 1; i < o.result.ranked.size(); ++i)
@@ -420,9 +433,12 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   return j;
 }
 
-json planFile(const Estimate &e, const PlanArgs &args, const Outcome &o) {
-  json p = planFields(e.c, o.bestPins());
+json planFile(const Estimate &e, const PlanArgs &args, const Outcome &o,
+              const std::vector<OpOverride> &pins) {
+  json p = planFields(e.c, pins);
   p["predicted"] = predicted(e);
+  if (!o.compiled.empty())
+    p["predicted"]["memory_compiled_per_pipeline_rank"] = compiledJson(o);
   p["planner"] = {{"model", args.model},
                   {"cluster", args.cluster},
                   {"global_batch", o.opts.globalBatch},
@@ -471,6 +487,71 @@ std::string unusable(const Outcome &o) {
 
 /// Loads, profiles and searches; dies (naming `who`) on contradicting
 /// constraints or a device count no plan can use.
+double largestArena(const std::vector<CompiledRankMemory> &ranks) {
+  int64_t a = 0;
+  for (const CompiledRankMemory &r : ranks)
+    a = std::max(a, r.arena);
+  return (double)a;
+}
+
+/// The plan compiled to its memory plan (carve compile without the build).
+std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, const Outcome &o,
+                                            const Estimate &e,
+                                            const std::vector<OpOverride> &pins) {
+  CompileArgs ca;
+  ca.model = args.model;
+  ca.planText = planFile(e, args, o, pins).dump();
+  ca.planPath = "the plan carve plan chose (" + e.c.key() + ")";
+  ca.loss = args.loss;
+  ca.import = args.import;
+  return compiledMemory(ca);
+}
+
+/// The chosen plan as compiled: each pipeline rank's bytes from the
+/// compiler's own memory plan. When the model's choice does not fit as
+/// compiled (the model is an upper bound, so rarely), the next alternative
+/// that does is chosen and the report says so.
+void checkCompiled(const PlanArgs &args, const Session &s, Outcome &o) {
+  if (!args.compileCheck) {
+    o.compiledWhy = "--no-compile-check";
+    return;
+  }
+  if (args.publishedStorage) {
+    o.compiledWhy = "priced with --storage published, which carve does not compile";
+    return;
+  }
+  if (!isBuiltinModel(args.model) && o.opts.globalBatch != s.model.modelBatch) {
+    o.compiledWhy = "the global batch differs from the model's, which carve compile uses";
+    return;
+  }
+  SearchResult &r = o.result;
+  o.compiled = compilePlan(args, o, r.ranked[0], o.bestPins());
+  if (largestArena(o.compiled) <= r.ranked[0].capacity)
+    return;
+  const Estimate first = r.ranked[0];
+  const double firstArena = largestArena(o.compiled);
+  o.compiledNote = "as compiled, " + first.c.key() + " needs " + gb(firstArena) + " per device, " +
+                   gb(first.capacity) + " usable";
+  if (r.fullyFixed)
+    return;
+  for (size_t i = 1; i < r.ranked.size(); ++i) {
+    std::vector<CompiledRankMemory> c = compilePlan(args, o, r.ranked[i], o.opts.constraints.pins);
+    if (largestArena(c) > r.ranked[i].capacity)
+      continue;
+    o.compiledNote = "the model's first choice, " + first.c.key() + ", needs " + gb(firstArena) +
+                     " per device as compiled (" + gb(first.capacity) +
+                     " usable): this is the fastest alternative that fits as compiled";
+    Estimate chosen = r.ranked[i];
+    r.ranked = {chosen};
+    r.lostWhy.clear();
+    o.ops = OpSearchResult();
+    o.ops.skippedWhy = "the first choice did not fit as compiled";
+    o.compiled = std::move(c);
+    return;
+  }
+  o.compiledNote += ", and no alternative fits as compiled either";
+}
+
 void planOrDie(const PlanArgs &args, Session &s, Outcome &o, const std::string &who) {
   setup(args, s, o);
   search(s, o);
@@ -480,6 +561,41 @@ void planOrDie(const PlanArgs &args, Session &s, Outcome &o, const std::string &
     die(who + ": " + unusable(o));
   if (o.result.anyFits && args.opSearch)
     searchOps(s, o);
+  if (o.result.anyFits)
+    checkCompiled(args, s, o);
+}
+
+json compiledJson(const Outcome &o) {
+  json ranks = json::array();
+  for (const CompiledRankMemory &m : o.compiled)
+    ranks.push_back({{"params", m.params},
+                     {"grads", m.grads},
+                     {"optimizer", m.optimizer},
+                     {"activations", m.activations},
+                     {"arena", m.arena}});
+  return ranks;
+}
+
+/// The chosen plan's memory as compiled: the largest pipeline rank.
+void printCompiled(std::ostream &os, const Outcome &o) {
+  if (o.compiled.empty()) {
+    os << "\nAs compiled: not checked (" << o.compiledWhy << ")\n";
+    return;
+  }
+  size_t big = 0;
+  for (size_t i = 0; i < o.compiled.size(); ++i)
+    if (o.compiled[i].arena > o.compiled[big].arena)
+      big = i;
+  const CompiledRankMemory &m = o.compiled[big];
+  const Estimate &e = o.result.ranked[0];
+  os << "\nAs compiled (carve compile's memory plan, pipeline rank " << big << " of "
+     << o.compiled.size() << ")\n  parameters " << gb((double)m.params) << ", gradients "
+     << gb((double)m.grads) << ", optimizer " << gb((double)m.optimizer) << ", activations "
+     << gb((double)m.activations) << ": " << gb((double)m.arena) << " of " << gb(e.capacity)
+     << (m.arena <= e.capacity ? "" : ", DOES NOT FIT") << " ("
+     << scaled((double)m.arena / e.mem.total(), {{1, "%.3fx"}}) << " the prediction)\n";
+  if (!o.compiledNote.empty())
+    os << "  note: " << o.compiledNote << "\n";
 }
 
 } // namespace
@@ -533,6 +649,7 @@ int runPlan(const PlanArgs &args) {
     os << "Plan: " << best.c.key() << "\n";
     printEstimate(os, best, o.cluster);
     printOpChoices(os, o);
+    printCompiled(os, o);
     if (r.ranked.size() > 1) {
       os << "\nAlternatives\n";
       for (size_t i = 1; i < r.ranked.size(); ++i) {
@@ -547,7 +664,7 @@ int runPlan(const PlanArgs &args) {
          << "; compile it with that batch or re-export it with " << o.opts.globalBatch << "\n";
   }
   if (!args.output.empty()) {
-    writeFile(args.output, planFile(best, args, o).dump(2) + "\n");
+    writeFile(args.output, planFile(best, args, o, o.bestPins()).dump(2) + "\n");
     if (!args.json)
       os << "\nwrote " << args.output << "\n";
   }
@@ -555,6 +672,8 @@ int runPlan(const PlanArgs &args) {
     llvm::outs() << os.str();
     llvm::outs().flush();
   }
+  if (!o.compiled.empty() && largestArena(o.compiled) > best.capacity)
+    die("carve plan: " + o.compiledNote);
   return 0;
 }
 
@@ -568,10 +687,14 @@ std::string autoPlan(const PlanArgs &args, std::string &summary) {
         ") needs " + gb(r.closest.mem.total()) + " per device, " + gb(r.closest.capacity) +
         " usable");
   const Estimate &best = r.ranked[0];
-  summary = best.c.key() + ", predicted " + secs(best.time.total) + " per step, " +
-            gb(best.mem.total()) + " per device (searched " + std::to_string(r.evaluated) +
-            " plans in " + secs(o.seconds) + ")";
-  return planFile(best, args, o).dump(2);
+  summary =
+      best.c.key() + ", predicted " + secs(best.time.total) + " per step, " + gb(best.mem.total()) +
+      " per device" +
+      (o.compiled.empty() ? std::string() : ", " + gb(largestArena(o.compiled)) + " as compiled") +
+      " (searched " + std::to_string(r.evaluated) + " plans in " + secs(o.seconds) + ")";
+  if (!o.compiled.empty() && largestArena(o.compiled) > best.capacity)
+    die("--auto: " + o.compiledNote);
+  return planFile(best, args, o, o.bestPins()).dump(2);
 }
 
 } // namespace carve

@@ -23,6 +23,10 @@ struct PlanArgs {
   ImportOptions import;
   /// Revisit the best plan's per-op choices (--no-op-search turns it off).
   bool opSearch = true;
+  /// Compile the chosen plan's memory plan (no build) and report each
+  /// pipeline rank's bytes as compiled; fall back to the next plan that fits
+  /// as compiled (--no-compile-check turns it off).
+  bool compileCheck = true;
   /// --storage published: price bf16/fp16 plans with the published layout
   /// (PlannerOptions::publishedStorage), not what carve compiles.
   bool publishedStorage = false;

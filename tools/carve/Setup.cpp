@@ -122,7 +122,8 @@ Setup resolve(CompileArgs &args) {
   applyCommandLineOptimizer(args, s.opt);
   if (!validateOptimizer(s.opt, error))
     die(error);
-  s.out = checkOutput(args.output);
+  if (!args.memoryOnly)
+    s.out = checkOutput(args.output);
   // The rules file: custom ops for the importer, overrides for the partitioner.
   if (!args.rulesPath.empty()) {
     if (!loadRules(args.rulesPath, s.rules, error))

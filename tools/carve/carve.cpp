@@ -189,6 +189,11 @@ cl::opt<std::string> planOutput("o", cl::desc("Write the best plan (with its pre
                                 cl::value_desc("PLAN.json"), cl::sub(planCmd), cl::cat(carveCat));
 cl::opt<bool> planJson("json", cl::desc("Print the report as JSON"), cl::sub(planCmd),
                        cl::cat(carveCat));
+cl::opt<bool> noCompileCheck(
+    "no-compile-check",
+    cl::desc("Do not compile the chosen plan's memory plan to report its bytes as compiled "
+             "(and to fall back to the next plan when it does not fit)"),
+    cl::sub(planCmd), cl::cat(carveCat));
 cl::opt<std::string> planStorage(
     "storage",
     cl::desc("Price bf16/fp16 plans with what carve's programs store (carve, the default) or "
@@ -435,6 +440,7 @@ int main(int argc, char **argv) {
     if (planStorage != "carve" && planStorage != "published")
       die("carve plan: --storage must be carve or published, got '" + planStorage + "'");
     pa.publishedStorage = planStorage == "published";
+    pa.compileCheck = !noCompileCheck;
     std::string error;
     for (const std::string &d : setDims)
       if (!carve::parseSetDim(d, pa.import, error))
