@@ -9,7 +9,12 @@ What must hold:
    `carve run -n 2` (mpirun): within 1e-6 relative (two-rank sums are the
    same either way; only the order of the final division could differ).
 2. A tp=2 program does the same (its collectives go through the same world).
-3. Malformed variables (a WORLD_SIZE that is not the plan's, a RANK outside
+3. docs/nccl.md's torchrun line, run as written with Debian's torchrun
+   (its flags' spellings; 2 processes instead of 8, a free port for the
+   agent's store and CARVE_MASTER_PORT for the TCP world), trains the dp=2
+   program with the same losses. Skipped, saying so, where torchrun is not
+   installed.
+4. Malformed variables (a WORLD_SIZE that is not the plan's, a RANK outside
    it, a missing MASTER_PORT) and a rank that never starts stop every started
    rank with one line and a non-zero exit, within --collective-timeout (5 s;
    the check allows 60 s on a loaded machine), never a hang.
@@ -69,6 +74,60 @@ def losses(log):
     return [json.loads(l)["loss"] for l in open(log)]
 
 
+def torchrun_as_documented(out, data):
+    """Part 3: the torchrun command docs/nccl.md gives, with Debian's torchrun."""
+    torchrun = shutil.which("torchrun")
+    if not torchrun:
+        print("skipped: torchrun is not installed (python3-torch): docs/nccl.md's line unchecked")
+        return 0
+    doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "nccl.md")
+    text = open(doc).read().replace("\\\n", " ")
+    line = next((l for l in text.splitlines() if " torchrun " in l and "OUT/bin/train" in l),
+                None)
+    if line is None:
+        raise Failure("docs/nccl.md has no torchrun line starting OUT/bin/train")
+    words = line.split()
+    flags = words[words.index("torchrun") + 1:words.index("OUT/bin/train")]
+    # 2 processes on this machine instead of the line's 8.
+    flags = ["2" if i > 0 and flags[i - 1].startswith("--nproc") else f
+             for i, f in enumerate(flags)]
+    env = dict(os.environ, CARVE_MASTER_PORT=str(free_port()))
+    # Debian 12's torchrun (1.13 on Python 3.11) parses these flags and then
+    # fails before starting any process (its Std.from_str returns None under
+    # 3.11's enums: AttributeError in to_map). Probe with /bin/true: the
+    # flags must parse either way; training is checked where it can start.
+    probe = subprocess.run([torchrun, *flags, "--master_port", str(free_port()), "/bin/true"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                           timeout=TIMEOUT_S)
+    if "unrecognized arguments" in probe.stderr or "usage:" in probe.stderr:
+        raise Failure("torchrun rejects docs/nccl.md's flags (%s):\n%s" % (
+            " ".join(flags), probe.stderr[-2000:]))
+    if probe.returncode != 0:
+        if "'NoneType' object has no attribute 'get'" in probe.stderr:
+            print("skipped: docs/nccl.md's torchrun flags (%s) parse, but this torchrun cannot "
+                  "start any program (Debian 12's 1.13 on Python 3.11: AttributeError in "
+                  "to_map); training under torchrun is unchecked here" % " ".join(flags))
+            return 0
+        raise Failure("torchrun %s /bin/true failed (%d):\n%s" % (
+            " ".join(flags), probe.returncode, probe.stderr[-2000:]))
+    log = out + "-torchrun.jsonl"
+    p = subprocess.run([torchrun, *flags, "--master_port", str(free_port()),
+                        os.path.join(out, "bin", "train"), "--steps", str(STEPS), "--data", data,
+                        "--log", log, "--quiet"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       timeout=TIMEOUT_S)
+    if p.returncode != 0:
+        raise Failure("docs/nccl.md's torchrun line (%s) failed (%d):\n%s%s" % (
+            " ".join(flags), p.returncode, p.stdout[-2000:], p.stderr[-2000:]))
+    m, q = losses(out + "-mpi.jsonl"), losses(log)
+    worst = max(abs(x - y) / abs(x) for x, y in zip(m, q))
+    if len(q) != STEPS or worst > RTOL:
+        raise Failure("torchrun losses %s, mpirun %s" % (q, m))
+    print("ok: docs/nccl.md's torchrun line (torchrun %s) trains dp2 within %.2g of mpirun" % (
+        " ".join(flags), worst))
+    return 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -110,6 +169,8 @@ def main():
         print("ok: %s from a plain launcher (TCP world) within %.2g of mpirun over %d steps" %
               (name, worst, STEPS))
         checks += 1
+
+    checks += torchrun_as_documented(os.path.join(w, "dp2"), data)
 
     binary = os.path.join(w, "dp2", "bin", "train")
     args = ["--steps", "1", "--data", data, "--collective-timeout", "5"]

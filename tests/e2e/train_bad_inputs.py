@@ -318,6 +318,16 @@ def build_cases(carve, root, p, errors):
     cases.append(Case("run_rank_mismatch", [carve, "run", p["mlp2"], "-n", "3", "--", *args],
                       expect=["3", "2", ("rank", "dp", "process")], guarded=guarded,
                       needs=["mlp2"]))
+    # A start-up error under mpirun is one line: mpirun's notices that only
+    # repeat that a rank failed are dropped once the rank said why.
+    cases.append(Case("run_missing_data_dp2", [carve, "run", p["mlp2"], "-n", "2", "--",
+                                               "--steps", "1"],
+                      expect=["--data"], needs=["mlp2"]))
+    # A training flag given to carve run without the -- before it.
+    args, guarded = train_args("run_without_separator", p["mlp_data"])
+    cases.append(Case("run_without_separator", [carve, "run", p["mlp2"], "-n", "2", *args],
+                      expect=["'--steps'", "put it after --"], guarded=guarded,
+                      needs=["mlp2"]))
     args, guarded = train_args("mpirun_rank_mismatch", p["mlp_data"])
     cases.append(Case("mpirun_rank_mismatch", ["mpirun", "-n", "3", mlp2_train, *args],
                       expect=["3", "2", ("rank", "dp", "process")], guarded=guarded,

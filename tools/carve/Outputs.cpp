@@ -135,6 +135,19 @@ void writePlanJson(const std::string &dir, const CompiledModel &m) {
   writeFileOrDie(dir + "/plan.json", meta.dump(2) + "\n");
 }
 
+/// The plan's own fields in one line: without what `carve plan` predicted
+/// and how it was asked (`predicted`, `planner`), which PLAN.json keeps.
+std::string planFieldsLine(const std::string &planJson) {
+  try {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(planJson);
+    j.erase("predicted");
+    j.erase("planner");
+    return j.dump();
+  } catch (const nlohmann::json::exception &) {
+    return planJson;
+  }
+}
+
 void printSummary(const CompiledModel &cm, const std::string &out, const PartitionSummary &counts,
                   bool built) {
   const Plan &plan = *cm.plan;
@@ -142,7 +155,7 @@ void printSummary(const CompiledModel &cm, const std::string &out, const Partiti
   for (const GeneratedProgram &g : cm.programs)
     kernelCalls += g.numKernelCalls, maxArena = std::max(maxArena, g.arenaBytes);
   outs() << "carve: compiled " << cm.modelName << " for " << plan.worldSize() << " rank"
-         << (plan.worldSize() > 1 ? "s" : "") << " (" << plan.json
+         << (plan.worldSize() > 1 ? "s" : "") << " (" << planFieldsLine(plan.json)
          << "): " << (built ? out + "/bin/train" : out + "/src (--no-build: bin/train not built)")
          << "\n"
          << "       " << kernelCalls << " kernel calls per "

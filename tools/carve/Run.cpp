@@ -112,17 +112,55 @@ int runRun(const std::string &outDir, int ranks, const std::vector<std::string> 
   signal(SIGINT, forward);
   signal(SIGTERM, forward);
   std::string captured;
+  // mpirun frames its notices between lines of dashes. The two it prints
+  // after a rank exits non-zero only repeat that a rank failed: once a rank
+  // has said why ("carve: error: ..."), they are dropped, so that a start-up
+  // error is one line. Every other notice (no slots, a rank killed by a
+  // signal, a launch failure) is passed through.
+  std::string line, notice;
+  bool inNotice = false;
+  auto emit = [](const std::string &text) {
+    fwrite(text.data(), 1, text.size(), stderr);
+    fflush(stderr);
+  };
+  auto onLine = [&](const std::string &l) {
+    const bool rule = l.size() > 40 && l.find_first_not_of("-\n") == std::string::npos;
+    if (!inNotice && !rule) {
+      emit(l);
+      return;
+    }
+    notice += l;
+    if (!rule || !inNotice) {
+      inNotice = true;
+      return;
+    }
+    inNotice = false;
+    const bool repeat = notice.find("Primary job  terminated normally") != std::string::npos ||
+                        notice.find("exited with non-zero status") != std::string::npos;
+    if (!(repeat && captured.find("carve: error") != std::string::npos))
+      emit(notice);
+    notice.clear();
+  };
   char buf[4096];
   ssize_t n;
   while ((n = read(fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
     if (n <= 0)
       continue;
-    fwrite(buf, 1, n, stderr);
-    fflush(stderr);
     captured.append(buf, n);
     if (captured.size() > (1 << 20))
       captured.erase(0, captured.size() - (1 << 19));
+    for (ssize_t i = 0; i < n; ++i) {
+      line += buf[i];
+      if (buf[i] == '\n') {
+        onLine(line);
+        line.clear();
+      }
+    }
   }
+  if (!line.empty())
+    onLine(line);
+  if (!notice.empty())
+    emit(notice);
   close(fds[0]);
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {

@@ -397,8 +397,34 @@ int runCompileCommand() {
 
 } // namespace
 
+/// `carve run OUT -n 4 --steps 100` without the `--`: the training flag
+/// reaches carve run's parser, which would only say "Unknown command line
+/// argument". Name the flag and where it goes instead.
+void checkRunArgs(int argc, char **argv) {
+  if (argc < 2 || StringRef(argv[1]) != "run")
+    return;
+  for (int i = 2; i < argc; ++i) {
+    StringRef a(argv[i]);
+    if (a == "--")
+      return;
+    if (a == "-n" || a == "--n") {
+      ++i; // its value
+      continue;
+    }
+    if (!a.starts_with("-") || a.starts_with("-n=") || a.starts_with("--n=") || a == "-h" ||
+        a == "-help" || a == "--help" || a == "--help-hidden" || a == "--version")
+      continue;
+    std::string flag = a.split('=').first.str();
+    die("carve run: '" + flag +
+        "' is a flag of the training program, not of carve run; put it after --: carve run "
+        "OUT -n N -- " +
+        flag + " ... (carve run OUT -n 1 -- --help lists them)");
+  }
+}
+
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
+  checkRunArgs(argc, argv);
   cl::HideUnrelatedOptions(carveCat, importCmd);
   cl::HideUnrelatedOptions(carveCat, compileCmd);
   cl::HideUnrelatedOptions(carveCat, runCmd);
