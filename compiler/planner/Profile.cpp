@@ -292,8 +292,6 @@ void Profiler::countWork() {
     w.attentionCore = isa<AttentionOp>(o);
     (bwd ? s.backward : s.forward).push_back(w);
     ++s.ops;
-    if (perSample)
-      s.largestOp = std::max(s.largestOp, out);
     if (!bwd && isa<AttentionOp>(o)) {
       auto q = cast<RankedTensorType>(o->getOperand(0).getType());
       auto k = cast<RankedTensorType>(o->getOperand(1).getType());

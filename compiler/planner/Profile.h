@@ -93,8 +93,6 @@ struct Segment {
   double input = 0;
   /// What it sends to later parts per sample (a pipeline boundary after it).
   double boundary = 0;
-  /// The largest single op's result, per sample.
-  double largestOp = 0;
   /// Transient working memory, per sample: the most elements of batch-
   /// dependent values that are alive at once while its forward or its
   /// backward runs, not counting what forward keeps for backward (`saved`),
