@@ -123,6 +123,8 @@ struct TensorRow {
   int64_t numel = 0, offset = 0;
   bool trainable = false;
   int64_t gradOffset = -1, state[2] = {-1, -1};
+  int64_t masterOffset = -1; // a 16-bit copy's fp32 master (the row's dtype is the master's)
+  std::string copyDtype = "F32"; // the copy's dtype ("BF16", "F16") where there is a master
 };
 
 /// The headers a generated source includes (Target.cpp).
@@ -253,6 +255,8 @@ private:
   int zero = 0;
   std::map<unsigned, int64_t> chunkOf, numelOf;
   std::map<unsigned, std::array<int64_t, 2>> stateOf;
+  /// A 16-bit parameter copy's fp32 master (carve.master): its offset.
+  std::map<unsigned, int64_t> masterOf;
   std::map<unsigned, int> shardOf;
   /// Base of the activation pointers: "A" (the arena) for the whole step,
   /// "S" (the micro-batch's slot) in a pipeline stage.
@@ -401,6 +405,7 @@ private:
   /// The names the step's tail gives each parameter's tensors (tailPointers).
   struct TailNames {
     std::string param, grad, state[2];
+    std::string master; // a 16-bit copy's fp32 master; empty: none
   };
   std::map<unsigned, TailNames> tailNames;
   /// The tail ops carve-optimizer appended (gradients by slot: grads[i]).
@@ -412,6 +417,10 @@ private:
   /// Raw pointers to a gradient's slot and (ZeRO >= 2) its chunk, for the body.
   std::string gradPtr(const GradSlot &g);
   std::string chunkPtr(unsigned param);
+  /// The CommType of parameter argument `arg`'s elements (a 16-bit copy: BF16, F16).
+  std::string commTypeOf(unsigned arg);
+  /// The bytes of one element of parameter argument `arg` (a 16-bit copy: 2).
+  int64_t elementBytes(unsigned arg);
   /// C++ for the elements of chunk `rank` of a parameter (the last is short).
   std::string chunkCount(unsigned arg, const std::string &rank);
   /// Reads the tail ops (tail) and checks that they do what the plan needs:

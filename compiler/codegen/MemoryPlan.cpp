@@ -257,7 +257,7 @@ bool Generator::shardOverDp() {
   // Stage 1 and 2 gather parameters in place: pad them to dp * chunk.
   if (zero == 1 || zero == 2)
     for (auto &[arg, c] : chunkOf)
-      buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = dp * c * 4;
+      buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = dp * c * elementBytes(arg);
   return true;
 }
 
@@ -310,6 +310,16 @@ bool Generator::readPersistent(int64_t base, PersistentLayout &l) {
                           "optimizer state " + std::to_string(k) + " of " + paramName(g.param)});
     }
     stateOf[g.param] = st;
+    const int64_t master = i < plan.masters.size() ? plan.masters[i] : -1;
+    if ((master >= 0) != (bool)fn.getArgAttr(g.param, kMasterAttr))
+      return fail(where + (master >= 0 ? " gives an fp32 master to " : " gives no fp32 master to ") +
+                  paramName(g.param) +
+                  (master >= 0 ? ", which is no 16-bit copy" : ", a 16-bit copy (carve.master)"));
+    if (master >= 0) {
+      placed.push_back({master, alignUp((zero ? chunkOf[g.param] : numelOf[g.param]) * 4),
+                        plan.gradsEnd, plan.stateEnd, "the fp32 master of " + paramName(g.param)});
+      masterOf[g.param] = master;
+    }
   }
   // Each in its region, none over another.
   std::sort(placed.begin(), placed.end(),

@@ -55,6 +55,16 @@ std::string Generator::gradPtr(const GradSlot &g) {
   return "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
 }
 
+std::string Generator::commTypeOf(unsigned arg) {
+  Type e = typeOf(fn.getArgument(arg)).getElementType();
+  return e.isBF16() ? "CommType::BF16" : e.isF16() ? "CommType::F16" : "CommType::F32";
+}
+
+int64_t Generator::elementBytes(unsigned arg) {
+  Type e = typeOf(fn.getArgument(arg)).getElementType();
+  return e.isBF16() || e.isF16() ? 2 : 4;
+}
+
 std::string Generator::chunkPtr(unsigned param) {
   return "(float *)(A + " + std::to_string(buffers[shardOf[param]].offset) + ")";
 }
@@ -78,8 +88,18 @@ std::string Generator::tailPointers(const std::string &prefix) {
     const std::string base = prefix + var[fn.getArgument(a)];
     TailNames &t = tailNames[a];
     t.param = uniqueName("param_" + base);
-    declare(t.param, buffers[bufferOf.lookup(fn.getArgument(a))].offset,
-            paramName(a) + (zero == 3 ? chunk : ""));
+    const int64_t at = buffers[bufferOf.lookup(fn.getArgument(a))].offset;
+    if (auto m = masterOf.find(a); m != masterOf.end()) {
+      // Mixed-precision storage: the step reads the 16-bit copy; the update
+      // writes the fp32 master and rounds it into the copy.
+      s += "  uint16_t *" + t.param + " = (uint16_t *)(A + " + std::to_string(at) + ");  // " +
+           paramName(a) + ", the 16-bit copy" + (zero == 3 ? chunk : "") + "\n";
+      t.master = uniqueName("master_" + base);
+      declare(t.master, m->second,
+              "the fp32 master of " + paramName(a) + (zero ? chunk : ""));
+    } else {
+      declare(t.param, at, paramName(a) + (zero == 3 ? chunk : ""));
+    }
     t.grad = uniqueName((zero >= 2 ? "grad_chunk_" : "grad_") + base);
     declare(t.grad, buffers[zero >= 2 ? shardOf[a] : g.buffer].offset,
             "gradient of " + paramName(a) + (zero >= 2 ? chunk : ""));
@@ -179,13 +199,17 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
     unsigned a = grads[slot].param;
     const TailNames &t = tailNames[a];
     std::string p = t.param, go = t.grad, n = std::to_string(numelOf[a]);
+    std::string copy = t.param; // where a master's update is rounded to
     if (zero) {
       std::string c = std::to_string(chunkOf[a]);
       std::string off = "(int64_t)ctx.dpRank * " + c;
       n = chunkCount(a, "ctx.dpRank");
       p = zero == 3 ? t.param : t.param + " + " + off;
+      copy = p;
       go = zero >= 2 ? t.grad : t.grad + " + " + off;
     }
+    if (!t.master.empty())
+      p = t.master; // the whole master, or (ZeRO) this rank's chunk of it
     if (adam)
       ts << "  adamwUpdate(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1] << ", "
          << n << ", lr, " << number(o.beta1, false) << ", " << number(o.beta2, false) << ", "
@@ -197,6 +221,10 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
          << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
          << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
          << paramName(a) << "\n";
+    if (!t.master.empty())
+      ts << "  " << (opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master << ", "
+         << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")
+         << " copy of " << paramName(a) << ", rounded to nearest even\n";
   }
   if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
@@ -205,7 +233,7 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
       unsigned a = tail.gathered[i];
       const std::string &p = tailNames[a].param;
       ts << "    h[" << i << "] = ctx.dpComm->allGatherAsync(" << p << " + (int64_t)ctx.dpRank * "
-         << chunkOf[a] << ", " << p << ", " << chunkOf[a] << ", CommType::F32);  // "
+         << chunkOf[a] << ", " << p << ", " << chunkOf[a] << ", " << commTypeOf(a) << ");  // "
          << paramName(a) << "\n";
     }
     ts << "    for (CommHandle &x : h) ctx.dpComm->wait(x);\n  }\n";

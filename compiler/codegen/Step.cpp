@@ -166,12 +166,12 @@ Generator::GatherPlan Generator::planZero3Gathers() {
       if (gg.first < 0)
         continue;
       gg.var = uniqueName(base + (pass ? "_full_bwd" : "_full_fwd"));
-      gg.buffer = newBuffer(Region::Activation, dp * chunk * 4, gg.issue - 1, gg.var);
+      gg.buffer = newBuffer(Region::Activation, dp * chunk * elementBytes(arg), gg.issue - 1, gg.var);
       buffers[gg.buffer].gatherArg = (int)arg;
       buffers[gg.buffer].gatherPass = pass;
       buffers[gg.buffer].lastUse = gg.last;
     }
-    buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = chunk * 4;
+    buffers[bufferOf.lookup(fn.getArgument(arg))].bytes = chunk * elementBytes(arg);
   }
   return gathered;
 }
@@ -316,10 +316,12 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
     const std::string pass = backward ? "backward" : "forward";
     const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
                              std::to_string(gg.last) + "); the buffer is free after the last";
-    const std::string pointer =
-        "  float *" + gg.var + " = (float *)(" + activationAt(buffers[gg.buffer].offset) + ");\n";
+    // A 16-bit copy (carve.master) is gathered in 16 bits.
+    const std::string ctype = commTypeOf(arg) == "CommType::F32" ? "float" : "uint16_t";
+    const std::string pointer = "  " + ctype + " *" + gg.var + " = (" + ctype + " *)(" +
+                                activationAt(buffers[gg.buffer].offset) + ");\n";
     const std::string operands = shardVar.at(arg) + ", " + gg.var + ", " +
-                                 std::to_string(chunkOf[arg]) + ", CommType::F32);\n";
+                                 std::to_string(chunkOf[arg]) + ", " + commTypeOf(arg) + ");\n";
     if (gg.issue == index[op] && gg.issue < gg.first)
       s += "  // ZeRO-3: prefetch " + paramName(arg) + " for its " + pass + uses +
            " (zero3_prefetch_layers).\n" + pointer + "  CommHandle " + gg.var +

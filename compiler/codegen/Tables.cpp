@@ -20,13 +20,17 @@ namespace {
 /// The runtime's table `name` (TensorSpec rows, program.h).
 void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<TensorRow> &rs) {
   os << "const TensorSpec " << name << "[] = {\n";
-  for (const TensorRow &r : rs)
+  for (const TensorRow &r : rs) {
     os << "    {\"" << r.name << "\", DType::" << r.dtype << ", " << r.shape.size() << ", "
        << dims(r.shape) << ", " << r.numel << ", " << r.offset << ", "
        << (r.trainable ? "true" : "false") << ", " << r.gradOffset << ", {" << r.state[0] << ", "
        << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
        << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
-       << (r.stateZero ? "true" : "false") << "},\n";
+       << (r.stateZero ? "true" : "false");
+    if (r.masterOffset >= 0)
+      os << ", " << r.masterOffset << ", DType::" << r.copyDtype;
+    os << "},\n";
+  }
   if (rs.empty())
     os << "    {\"\", DType::F32, 0, {}, 0, 0, false, -1, {-1, -1}},\n";
   os << "};\n";
@@ -42,7 +46,9 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
         "// elements, arena byte offset, trainable, gradient offset, optimizer state offsets\n"
         "// {exp_avg or momentum, exp_avg_sq}, the model's full dims, the dimension split over\n"
         "// tp (-1: none), its groups, ZeRO chunk (elements per dp rank; 0: none), the arena\n"
-        "// holds only this rank's chunk of the parameter (ZeRO-3), of the optimizer state.\n";
+        "// holds only this rank's chunk of the parameter (ZeRO-3), of the optimizer state;\n"
+        "// under bf16/fp16 a trainable parameter's row ends with its fp32 master's offset and\n"
+        "// the dtype of the 16-bit copy at the arena offset.\n";
   emitTensorRows(os, "kInputs", inputs);
   emitTensorRows(os, "kParams", params);
   int64_t seq = 0;
@@ -127,6 +133,11 @@ void Generator::buildTables(int64_t microBatches) {
         row.gradOffset = zero >= 2 ? buffers[shardOf[i]].offset : buffers[g.buffer].offset;
         row.state[0] = stateOf[i][0];
         row.state[1] = stateOf[i][1];
+        if (auto m = masterOf.find(i); m != masterOf.end()) {
+          row.masterOffset = m->second;
+          row.copyDtype = row.dtype;
+          row.dtype = "F32";
+        }
         if (zero) {
           row.zeroChunk = chunkOf[i];
           row.paramZero = zero == 3;

@@ -38,8 +38,10 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   pm.addPass(createCarveFoldTransposes());
   if (plan.recompute != "none")
     pm.addPass(createCarveRecompute());
-  if (sixteenBit(plan))
+  if (sixteenBit(plan)) {
     pm.addPass(createCarvePackActivations());
+    pm.addPass(createCarveStoreParams16());
+  }
   CarveDataParallelOptions dp;
   dp.bucketBytes = bucketBytes;
   pm.addPass(createCarveDataParallel(dp));
@@ -61,8 +63,10 @@ std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse)
   passes.push_back("carve-fold-transposes");
   if (plan.recompute != "none")
     passes.push_back("carve-recompute");
-  if (sixteenBit(plan))
+  if (sixteenBit(plan)) {
     passes.push_back("carve-pack-activations");
+    passes.push_back("carve-store-params16");
+  }
   passes.push_back("carve-data-parallel");
   passes.push_back("carve-plan-memory");
   passes.push_back("carve-optimizer");

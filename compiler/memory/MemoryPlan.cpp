@@ -85,6 +85,12 @@ int64_t bytesOf(Value v) {
   return t.getNumElements() * (bits == 1 ? 1 : (int64_t)(bits + 7) / 8);
 }
 
+/// The bytes of one element of `v` (a 16-bit parameter copy: 2).
+int64_t elementBytes(Value v) {
+  auto t = cast<RankedTensorType>(v.getType());
+  return std::max<int64_t>(1, t.getElementType().getIntOrFloatBitWidth() / 8);
+}
+
 /// The buffers of one function and their live ranges, as the emitter
 /// declares them (the same rules, in the same order).
 class Model {
@@ -283,13 +289,13 @@ public:
         continue;
       int64_t bytes = bytesOf(a);
       if (chunk.count(i) && (zero == 1 || zero == 2))
-        bytes = dp * chunk[i] * 4; // gathered in place: dp whole chunks
+        bytes = dp * chunk[i] * elementBytes(a); // gathered in place: dp whole chunks
       else if (chunk.count(i) && zero == 3 && fn.getArgAttr(i, kZero3GatherAttr))
-        bytes = chunk[i] * 4; // this rank's chunk only
+        bytes = chunk[i] * elementBytes(a); // this rank's chunk only
       placeArg(i, bytes, at);
     }
     const int64_t paramsEnd = at;
-    SmallVector<int64_t> grads, states;
+    SmallVector<int64_t> grads, states, masters;
     for (const GradientSlot &s : order) {
       grads.push_back(at);
       at += align(std::max<int64_t>(
@@ -302,6 +308,13 @@ public:
         if (k < stateTensors)
           at += align((zero ? chunk[s.param] : numelOf(ret->getOperand(s.result))) * 4);
       }
+    // The fp32 masters of 16-bit parameter copies (carve-store-params16),
+    // chunked as the optimizer state is.
+    for (const GradientSlot &s : order) {
+      masters.push_back(fn.getArgAttr(s.param, kMasterAttr) ? at : -1);
+      if (fn.getArgAttr(s.param, kMasterAttr))
+        at += align((zero ? chunk[s.param] : numelOf(ret->getOperand(s.result))) * 4);
+    }
     const int64_t stateEnd = at;
     for (BlockArgument a : fn.getArguments()) {
       unsigned i = a.getArgNumber();
@@ -320,6 +333,7 @@ public:
         b.getDictionaryAttr({b.getNamedAttr("begin", i64(base)), b.getNamedAttr("end", i64(end)),
                              b.getNamedAttr("grads", b.getDenseI64ArrayAttr(grads)),
                              b.getNamedAttr("grads_end", i64(gradsEnd)),
+                             b.getNamedAttr("masters", b.getDenseI64ArrayAttr(masters)),
                              b.getNamedAttr("params_end", i64(paramsEnd)),
                              b.getNamedAttr("state_end", i64(stateEnd)),
                              b.getNamedAttr("states", b.getDenseI64ArrayAttr(states))}));
@@ -340,7 +354,7 @@ private:
       for (int pass = 0; pass < 2; ++pass)
         if (r[2 * pass] >= 0) {
           // Written from where its gather starts (a prefetch: earlier).
-          int b = add(true, dp * chunk * 4, issue[pass] - 1);
+          int b = add(true, dp * chunk * elementBytes(fn.getArgument(s.param)), issue[pass] - 1);
           blocks[b].lastUse = r[2 * pass + 1];
           gathered[{s.param, pass}] = b;
         }
@@ -515,9 +529,11 @@ bool readPersistentPlan(func::FuncOp fn, PersistentPlan &plan, std::string &erro
   };
   auto grads = d ? d.getAs<DenseI64ArrayAttr>("grads") : DenseI64ArrayAttr();
   auto states = d ? d.getAs<DenseI64ArrayAttr>("states") : DenseI64ArrayAttr();
+  auto masters = d ? d.getAs<DenseI64ArrayAttr>("masters") : DenseI64ArrayAttr();
   if (!get("begin", plan.begin) || !get("params_end", plan.paramsEnd) ||
       !get("grads_end", plan.gradsEnd) || !get("state_end", plan.stateEnd) ||
       !get("end", plan.end) || !grads || !states || states.size() != 2 * grads.size() ||
+      !masters || masters.size() != grads.size() ||
       !(plan.begin <= plan.paramsEnd && plan.paramsEnd <= plan.gradsEnd &&
         plan.gradsEnd <= plan.stateEnd && plan.stateEnd <= plan.end)) {
     error = "@" + fn.getSymName().str() + " has no valid " + std::string(kPersistentPlanAttr) +
@@ -526,6 +542,7 @@ bool readPersistentPlan(func::FuncOp fn, PersistentPlan &plan, std::string &erro
   }
   plan.grads.assign(grads.asArrayRef().begin(), grads.asArrayRef().end());
   plan.states.assign(states.asArrayRef().begin(), states.asArrayRef().end());
+  plan.masters.assign(masters.asArrayRef().begin(), masters.asArrayRef().end());
   return true;
 }
 

@@ -41,11 +41,14 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
          (kept until that send completes), and the rest (scratch, which the
          rank's next forward or backward reuses).
       4. **Persistent tensors**, one after another, each rounded up to 64:
-         the parameters and buffers in argument order (ZeRO-1 and 2: padded
+         the parameters and buffers in argument order, each in its own
+         element type (a 16-bit copy: 2 bytes per element; ZeRO-1 and 2: padded
          to dp chunks, gathered in place; ZeRO-3: this rank's chunk), the
          gradient slots in carve.gradients' order (ZeRO >= 2: this rank's
          chunk of each), the optimizer state (carve.plan's optimizer_state
-         tensors per gradient, each its size or chunk), then `@train_step`'s
+         tensors per gradient, each its size or chunk; then the fp32 master
+         of each 16-bit parameter copy, carve.master, its size or chunk
+         likewise), then `@train_step`'s
          inputs and loss seed (its activations follow) or a stage's seed. A
          pipeline rank's arena starts with the graph inputs of all its
          micro-batches, as its first stage lists them, then the persistent
@@ -64,7 +67,7 @@ def CarvePlanMemory : Pass<"carve-plan-memory", "mlir::ModuleOp"> {
     the sizes of its first two parts); each
     argument carries `carve.persistent_offset` (its byte in the rank's
     arena) and the function `carve.persistent_plan = {begin, params_end,
-    grads_end, state_end, end, grads, states}` (dialects/carve/Contract.h).
+    grads_end, state_end, end, grads, states, masters}` (dialects/carve/Contract.h).
   }];
   let statistics = [
     Statistic<"numBuffers", "num-buffers", "Activation buffers placed">

@@ -44,8 +44,11 @@ std::string Candidate::key() const {
 Storage storageFor(const std::string &precision, bool published) {
   Storage st;        // fp32 throughout
   st.scores = false; // carve.attention
-  if (precision != "fp32")
-    st.kept = 2; // carve-pack-activations
+  if (precision != "fp32") {
+    st.kept = 2;       // carve-pack-activations
+    st.param = 2;      // carve-store-params16: the 16-bit copy the step reads
+    st.optimizer = 12; // ... its fp32 master with m and v; gradients stay fp32
+  }
   if (published && precision != "fp32")
     st = Storage{2, 2, 12, 2, 2};
   return st;
@@ -308,7 +311,11 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       act += isLayer ? layerActivationBytes(seg, c, keptBytes, st.scores)
                      : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * keptBytes +
                            core * b * keptBytes + seg.hiddenMasks * b;
-      double w = seg.transientPeak * b * aBytes;
+      // Under 16-bit storage each op reads its parameters through fp32 views
+      // of their 16-bit copies, alive while it runs (carve-store-params16);
+      // placed among the part's other transients they fragment its scratch,
+      // so the part's views are charged as if all were alive at once.
+      double w = seg.transientPeak * b * aBytes + (st.param < 4 ? seg.params * 4 : 0);
       if (c.recompute == "full" && isLayer)
         w += (seg.saved * b + core * b) * aBytes;
       else if (c.recompute == "selective" && isLayer)

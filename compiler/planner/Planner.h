@@ -170,8 +170,11 @@ struct Storage {
 /// What carve's compiled programs store under `precision`: fp32 weights,
 /// gradients, AdamW's m and v, fp32 collectives and kernels; under bf16 and
 /// fp16 the kept activations and the pipeline's sends are 16-bit
-/// (carve-pack-activations), and matmul and attention round their inputs
-/// (docs/training.md, "16-bit activations"). Unless `published`: the
+/// (carve-pack-activations), the weights the step reads are 16-bit copies
+/// of fp32 masters kept with m and v (carve-store-params16; gathered in 16
+/// bits), gradients and their reductions stay fp32 (2 + 4 + 12 bytes per
+/// parameter), and matmul and attention round their inputs
+/// (docs/training.md, "16-bit activations"). With `published`: the
 /// mixed-precision layout the published memory formulas assume (16-bit
 /// weights, gradients and activations, an fp32 master copy with m and v:
 /// 2 + 2 + 12 bytes per parameter), which the unit tests use to check the

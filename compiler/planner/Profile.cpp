@@ -475,9 +475,11 @@ void Profiler::countBoundaries() {
   }
 }
 
-/// Parameters: local elements, in every part that uses them.
+/// Parameters: local elements, in every part that uses them; and the most
+/// any one op of a part reads.
 void Profiler::countParameters() {
   Block &body = fn.getBody().front();
+  llvm::DenseMap<Operation *, double> read;
   for (BlockArgument a : body.getArguments()) {
     unsigned i = a.getArgNumber();
     if (!fn.getArgAttr(i, kParamAttr))
@@ -488,10 +490,18 @@ void Profiler::countParameters() {
       if (!isBackward(u) && segOf.count(u))
         users.insert(segOf[u]);
     double e = elemsOf(a);
+    if (trainable)
+      for (Operation *u : a.getUsers())
+        if (segOf.count(u))
+          read[u] += e;
     for (int sg : users)
       (trainable ? segs[sg]->params : segs[sg]->buffers) += e;
     if (trainable && users.size() > 1)
       p.sharedParams += e * (double)(users.size() - 1);
+  }
+  for (auto &[u, e] : read) {
+    Segment &s = *segs[segOf[u]];
+    s.paramRead = std::max(s.paramRead, e);
   }
 }
 

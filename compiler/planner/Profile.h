@@ -102,6 +102,9 @@ struct Segment {
   double coreFlops = 0;
   /// Trainable parameters it holds (local elements), and buffers.
   double params = 0, buffers = 0;
+  /// The most trainable-parameter elements one of its ops reads (forward or
+  /// backward): under 16-bit storage their fp32 views live while it runs.
+  double paramRead = 0;
   int ops = 0;
 };
 

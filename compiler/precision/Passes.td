@@ -80,4 +80,52 @@ def CarvePackActivations : Pass<"carve-pack-activations", "mlir::ModuleOp"> {
   ];
 }
 
+def CarveStoreParams16 : Pass<"carve-store-params16", "mlir::ModuleOp"> {
+  let summary = "Store each trainable parameter as the 16-bit copy the step reads; its fp32 master goes with the optimizer state";
+  let description = [{
+    Under `carve.plan`'s `precision` `bf16` or `fp16` (nothing under `fp32`),
+    in each function the emitter prints, each trainable f32 parameter
+    argument becomes the 16-bit copy (bf16 or f16, two bytes per element)
+    that forward and backward read, marked `carve.master`:
+
+      - carve-plan-memory lays out the copy where the parameter was (ZeRO-1
+        and 2: the whole copy, gathered in place; ZeRO-3: this rank's chunk,
+        and 16-bit gather buffers) and an fp32 master of it with the
+        optimizer state (ZeRO >= 1: this rank's chunk), so the model states
+        are ZeRO's mixed-precision accounting: 2 bytes of weights, 4 of
+        gradients (see below), 12 of master, exp_avg and exp_avg_sq per
+        parameter, divided as the stage says;
+      - the optimizer's update reads and writes the master and then rounds
+        it (round to nearest even) into the copy; ZeRO-1 and 2 all-gather
+        the copies' chunks and ZeRO-3 gathers them in 16 bits, half the
+        bytes of fp32;
+      - checkpoints save and load the masters, so they are fp32 and load
+        into any plan and precision.
+
+    Each op that reads the parameter reads it through a `carve.cast` to f32
+    placed just before it (`PARAM (16-bit copy as fp32)`, exact), so no
+    kernel changes and the f32 value lives only while its reader runs. The
+    matmul and attention kernels round their inputs to the format anyway,
+    so for them the copy changes nothing; norms' weights, biases and
+    embedding rows are read rounded, as in Megatron-LM's and DeepSpeed's
+    bf16/fp16 models.
+
+    Gradients stay f32: computed, accumulated over micro-batches and
+    reduced over dp in fp32 (Megatron-LM's
+    `accumulate_allreduce_grads_in_fp32`), 4 bytes per parameter.
+
+    Frozen parameters and buffers stay f32 (no optimizer, no master).
+
+    Before: after carve-pack-activations (and carve-recompute, whose clones
+    get their own casts), before carve-data-parallel (ZeRO-3's gather
+    ranges are the casts') and carve-plan-memory. After: the arguments'
+    types and marks, and the casts.
+  }];
+  let statistics = [
+    Statistic<"numParams", "num-params", "Parameters stored as 16-bit copies">,
+    Statistic<"numCasts", "num-casts", "Reads of a copy as fp32">,
+    Statistic<"numBytesSaved", "bytes-saved", "Bytes the copies take less than fp32 parameters">
+  ];
+}
+
 #endif // CARVE_PRECISION_PASSES_TD

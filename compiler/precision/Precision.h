@@ -1,8 +1,10 @@
-//===- Precision.h - 16-bit activations -----------------------------------===//
+//===- Precision.h - 16-bit activations and parameters --------------------===//
 //
-// carve-round-activations and carve-pack-activations (Activations16.cpp;
-// their rules are in Passes.td): under a bf16 or fp16 plan, the activations
-// kept from forward to backward are stored in 16 bits.
+// carve-round-activations and carve-pack-activations (Activations16.cpp):
+// under a bf16 or fp16 plan, the activations kept from forward to backward
+// are stored in 16 bits; carve-store-params16 (Params16.cpp): so are the
+// parameters the step reads, with fp32 masters. Their rules are in
+// Passes.td.
 //
 //===----------------------------------------------------------------------===//
 

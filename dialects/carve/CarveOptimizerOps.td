@@ -16,6 +16,9 @@ class Carve_TailOp<string mnemonic, list<Trait> traits = []>
 }
 
 def Carve_F32Tensor : RankedTensorOf<[F32]>;
+// A parameter the optimizer updates: f32, or under a bf16/fp16 plan the
+// 16-bit copy of an fp32 master (carve.master, carve-store-params16).
+def Carve_ParamTensor : RankedTensorOf<[F32, BF16, F16]>;
 
 def Carve_UnscaleGradientsOp
     : Carve_TailOp<"unscale_gradients", [MemoryEffects<[MemRead, MemWrite]>]> {
@@ -112,7 +115,9 @@ def Carve_AdamWOp : Carve_TailOp<"adamw", [MemoryEffects<[MemRead, MemWrite]>]> 
     rate `lr`, with bias correction at the runtime's step + 1. Under ZeRO
     (carve.zero_chunk on the parameter) only this rank's chunk. `param` is
     an argument of the function; `grad` is its gradient as the function
-    returns it.
+    returns it. A 16-bit `param` (carve.master) is the copy of an fp32
+    master: the update reads and writes the master (carve.persistent_plan's
+    `masters`), then rounds it into the copy.
 
     ```mlir
     carve.adamw %arg2, %g0, %lr {beta1 = 9.000000e-01 : f64, beta2 = 9.990000e-01 : f64,
@@ -120,7 +125,7 @@ def Carve_AdamWOp : Carve_TailOp<"adamw", [MemoryEffects<[MemRead, MemWrite]>]> 
       : tensor<64x32xf32>, tensor<64x32xf32>
     ```
   }];
-  let arguments = (ins Carve_F32Tensor:$param, Carve_F32Tensor:$grad, F64:$lr, F64Attr:$beta1,
+  let arguments = (ins Carve_ParamTensor:$param, Carve_F32Tensor:$grad, F64:$lr, F64Attr:$beta1,
                        F64Attr:$beta2, F64Attr:$eps, F64Attr:$weight_decay);
   let assemblyFormat = "$param `,` $grad `,` $lr attr-dict `:` type($param) `,` type($grad)";
 }
@@ -131,14 +136,15 @@ def Carve_SGDOp : Carve_TailOp<"sgd", [MemoryEffects<[MemRead, MemWrite]>]> {
     As torch.optim.SGD: weight decay, then (momentum != 0) the momentum
     buffer (carve.persistent_plan's first state tensor; the first step
     copies the gradient into it), dampening and Nesterov. Under ZeRO only
-    this rank's chunk.
+    this rank's chunk. A 16-bit `param` is updated through its master, as
+    carve.adamw's.
 
     ```mlir
     carve.sgd %arg2, %g0, %lr {dampening = 0.0 : f64, momentum = 0.9 : f64, nesterov = false,
                                weight_decay = 0.0 : f64} : tensor<64x32xf32>, tensor<64x32xf32>
     ```
   }];
-  let arguments = (ins Carve_F32Tensor:$param, Carve_F32Tensor:$grad, F64:$lr, F64Attr:$momentum,
+  let arguments = (ins Carve_ParamTensor:$param, Carve_F32Tensor:$grad, F64:$lr, F64Attr:$momentum,
                        F64Attr:$dampening, F64Attr:$weight_decay, BoolAttr:$nesterov);
   let assemblyFormat = "$param `,` $grad `,` $lr attr-dict `:` type($param) `,` type($grad)";
 }
@@ -148,13 +154,14 @@ def Carve_ZeroGatherOp : Carve_TailOp<"zero_gather", [MemoryEffects<[MemRead, Me
   let description = [{
     Every dp rank updated its chunk (carve.zero_chunk elements) of each
     listed parameter; afterwards every rank holds the whole updated
-    parameter. The parameters are arguments of the function.
+    parameter. The parameters are arguments of the function; 16-bit copies
+    (carve.master) are gathered in 16 bits.
 
     ```mlir
     carve.zero_gather %arg2, %arg3 : tensor<64x32xf32>, tensor<16x32xf32>
     ```
   }];
-  let arguments = (ins Variadic<Carve_F32Tensor>:$params);
+  let arguments = (ins Variadic<Carve_ParamTensor>:$params);
   let assemblyFormat = "$params attr-dict `:` type($params)";
 }
 

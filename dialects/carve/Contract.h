@@ -23,6 +23,8 @@
 //                                  carve.fusion_group, carve.fold
 //   recomputation (carve-recompute)
 //                                  carve.recomputed
+//   16-bit storage (carve-round-activations, carve-store-params16)
+//                                  carve.round16, carve.master
 //   data parallelism (carve-data-parallel)
 //                                  carve.gradients, carve.buckets,
 //                                  carve.zero_chunk, carve.zero3_gather
@@ -106,11 +108,17 @@ constexpr const char *kFoldAttr = "carve.fold";
 constexpr const char *kFoldOperand = "operand";
 constexpr const char *kFoldProduct = "product";
 
-// 16-bit activations (carve-round-activations, carve-pack-activations).
+// 16-bit activations and parameters (carve-round-activations,
+// carve-pack-activations, carve-store-params16).
 /// On a forward op under a bf16/fp16 plan: its result is rounded to the
 /// plan's 16-bit format as it is written, for every reader (backward reads
 /// it, so it may be kept in 16 bits).
 constexpr const char *kRound16Attr = "carve.round16";
+/// On a trainable parameter argument under a bf16/fp16 plan
+/// (carve-store-params16): the argument is the 16-bit copy the step reads;
+/// its fp32 master lives with the optimizer state (carve.persistent_plan's
+/// `masters`), which updates it and rounds it into the copy.
+constexpr const char *kMasterAttr = "carve.master";
 
 /// Every tensor in the arena starts at a multiple of this many bytes (the
 /// emitter's memory plan; gradient buckets count their bytes so).
@@ -158,8 +166,10 @@ constexpr const char *kPersistentOffsetAttr = "carve.persistent_offset";
 /// params_end, grads_end, state_end, end} ([begin, params_end) parameters and
 /// buffers, then the gradient slots or ZeRO chunks, then the optimizer
 /// state; @train_step's inputs and loss seed, or a stage's seed, up to end),
-/// grads (the offset of each carve.gradients entry's slot) and states (two
-/// per entry: its optimizer state tensors, -1 for none).
+/// grads (the offset of each carve.gradients entry's slot), states (two
+/// per entry: its optimizer state tensors, -1 for none) and masters (per
+/// entry: the fp32 master of a 16-bit parameter copy, carve.master, in the
+/// optimizer state region; -1 for none).
 constexpr const char *kPersistentPlanAttr = "carve.persistent_plan";
 
 // Layouts (the partitioner).

@@ -34,11 +34,14 @@ LogicalResult verifySlots(Operation *op, ArrayRef<int64_t> slots) {
   return success();
 }
 
-/// A parameter the update writes must be the function's own argument.
+/// A parameter the update writes must be the function's own argument; its
+/// gradient has its shape, in f32 (a 16-bit parameter is the copy of an fp32
+/// master, carve-store-params16).
 LogicalResult verifyParameter(Operation *op, Value param, Value grad) {
   if (!isa<BlockArgument>(param))
     return op->emitOpError("updates a value that is not an argument of the function");
-  if (grad && param.getType() != grad.getType())
+  auto p = cast<RankedTensorType>(param.getType());
+  if (grad && grad.getType() != p.clone(Float32Type::get(op->getContext())))
     return op->emitOpError("gradient type ")
            << grad.getType() << " differs from the parameter's " << param.getType();
   return success();

@@ -40,6 +40,10 @@ ncclDataType_t ncclType(CommType t) {
     return ncclInt32;
   case CommType::U8:
     return ncclUint8;
+  case CommType::BF16:
+    return ncclBfloat16;
+  case CommType::F16:
+    return ncclFloat16;
   }
   fatal("collective: unknown element type %d", static_cast<int>(t));
 }

@@ -91,9 +91,22 @@ MPI_Datatype mpiType(CommType t) {
     return MPI_INT32_T;
   case CommType::U8:
     return MPI_UINT8_T;
+  case CommType::BF16: // moved as bits; reductions refuse them (reducible)
+  case CommType::F16:
+    return MPI_UINT16_T;
   }
   fatal("collective: unknown element type %d", static_cast<int>(t));
 }
+
+/// The type of a reduction: MPI has no 16-bit floats (their bits would be
+/// summed as integers), so those are refused.
+MPI_Datatype reducible(CommType t, const char *what) {
+  if (t == CommType::BF16 || t == CommType::F16)
+    fatal("collective: the MPI communicator does not %s 16-bit floats (%s); it moves them only",
+          what, t == CommType::BF16 ? "BF16" : "F16");
+  return mpiType(t);
+}
+
 
 /// `count` elements of `base` whose extent is `stride` bytes: block r of a
 /// piece of a rank-blocked buffer is then element r of this type. Freed by the
@@ -130,7 +143,7 @@ public:
     checkCount("all-reduce", n);
     if (n == 0)
       return {};
-    MPI_Datatype type = mpiType(t);
+    MPI_Datatype type = reducible(t, "sum");
     int64_t id = allocSlot("all-reduce", n * commTypeBytes(t));
     std::vector<MPI_Request> &reqs = slots[id].reqs;
     char *p = static_cast<char *>(buf);
@@ -187,7 +200,7 @@ public:
     if (total == 0)
       return {};
     const int es = commTypeBytes(t);
-    MPI_Datatype type = mpiType(t);
+    MPI_Datatype type = reducible(t, "reduce-scatter");
     int64_t id = allocSlot("reduce-scatter", total * es);
     Slot &slot = slots[id];
     const int64_t piece = maxCount();

@@ -57,6 +57,10 @@ void reduceBytes(void *acc, const char *x, int64_t n, CommType t, ReduceOp op) {
     return reduceInto(static_cast<int32_t *>(acc), static_cast<const int32_t *>(src), n, op);
   case CommType::U8:
     return reduceInto(static_cast<uint8_t *>(acc), static_cast<const uint8_t *>(src), n, op);
+  case CommType::BF16:
+  case CommType::F16:
+    fatal("collective: the TCP communicator does not reduce 16-bit floats (%s); it moves them only",
+          t == CommType::BF16 ? "BF16" : "F16");
   }
   fatal("collective: unknown element type %d", static_cast<int>(t));
 }
@@ -67,7 +71,7 @@ void checkCount(const char *op, int64_t n) {
 }
 
 void checkType(CommType t) {
-  if (static_cast<int>(t) < 0 || static_cast<int>(t) > static_cast<int>(CommType::U8))
+  if (static_cast<int>(t) < 0 || static_cast<int>(t) > static_cast<int>(CommType::F16))
     fatal("collective: unknown element type %d", static_cast<int>(t));
 }
 

@@ -15,6 +15,9 @@ int dtypeSize(DType t) {
     return 8;
   case DType::Bool:
     return 1;
+  case DType::BF16:
+  case DType::F16:
+    return 2;
   }
   fatal("unknown element type %d", static_cast<int>(t));
 }
@@ -31,6 +34,10 @@ const char *dtypeName(DType t) {
     return "I32";
   case DType::Bool:
     return "BOOL";
+  case DType::BF16:
+    return "BF16";
+  case DType::F16:
+    return "F16";
   }
   fatal("unknown element type %d", static_cast<int>(t));
 }

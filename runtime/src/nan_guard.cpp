@@ -70,11 +70,13 @@ bool NanGuard::check(StepContext &ctx, bool normFinite) {
       const TensorSpec &s = program.params[i];
       if (!s.trainable)
         continue;
-      const float *v =
-          reinterpret_cast<const float *>(arena + (pass == 0 ? s.gradOffset : s.offset));
-      const int64_t n = pass == 0     ? heldGradientCount(program, s, mesh.dpRank)
-                        : s.paramZero ? s.zeroChunk
-                                      : s.numel;
+      // A 16-bit copy's weights are looked at in its fp32 master.
+      const bool master = s.masterOffset >= 0;
+      const float *v = reinterpret_cast<const float *>(
+          arena + (pass == 0 ? s.gradOffset : master ? s.masterOffset : s.offset));
+      const int64_t n = pass == 0                                ? heldGradientCount(program, s, mesh.dpRank)
+                        : (master ? s.stateZero : s.paramZero) ? s.zeroChunk
+                                                                 : s.numel;
       if (pass == 1 && s.dtype != DType::F32)
         continue;
       for (int64_t j = 0; j < n; ++j)

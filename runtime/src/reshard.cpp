@@ -5,6 +5,7 @@
 #include "train_args.h"
 
 #include "carve/rt/dist.h"
+#include "carve/rt/kernels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -78,6 +79,27 @@ void keepPart(const char *full, const TensorSpec &spec, const SlotLayout &l, con
   }
 }
 
+/// A 16-bit parameter copy (TensorSpec::masterOffset): after its master was
+/// loaded from the full tensor `full`, writes the copy's part of it (the
+/// parameter's tp piece, ZeRO-3: its chunk), rounded to nearest even, so the
+/// copy is exactly what an update would have rounded the master to.
+void keepCopy(const char *full, const TensorSpec &spec, const Mesh &m, char *arena,
+              std::vector<char> &piece) {
+  if (spec.masterOffset < 0)
+    return;
+  const SlotLayout l{4, spec.tpDim >= 0 && m.tp > 1, spec.paramZero && spec.zeroChunk > 0};
+  std::vector<float> part(static_cast<size_t>(l.zero ? spec.zeroChunk : spec.numel));
+  keepPart(full, spec, l, m, reinterpret_cast<char *>(part.data()), piece);
+  uint16_t *copy = reinterpret_cast<uint16_t *>(arena + spec.offset);
+  if (spec.copyType == DType::BF16)
+    toBf16(part.data(), copy, static_cast<int64_t>(part.size()));
+  else if (spec.copyType == DType::F16)
+    toF16(part.data(), copy, static_cast<int64_t>(part.size()));
+  else
+    fatal("tensor '%s': a master weight's copy must be BF16 or F16, not %s", spec.name,
+          dtypeName(spec.copyType));
+}
+
 /// Reads the full tensors of `slots` from a full-format file and keeps this
 /// rank's part of each.
 bool readTensors(const SafetensorsReader &file, const std::vector<Slot> &slots, char *arena,
@@ -90,6 +112,8 @@ bool readTensors(const SafetensorsReader &file, const std::vector<Slot> &slots, 
     if (!file.read(t, 0, t.end - t.begin, full.data(), error))
       return false;
     keepPart(full.data(), *s.spec, l, m, arena + s.offset, piece);
+    if (!stateF32)
+      keepCopy(full.data(), *s.spec, m, arena, piece);
   }
   return true;
 }
@@ -109,6 +133,8 @@ bool readShardedTensors(ShardFiles &files, const CheckpointManifest &manifest,
     if (!files.readTensor(*byName.at(s.name), full.data(), error))
       return false;
     keepPart(full.data(), *s.spec, l, m, arena + s.offset, piece);
+    if (!state)
+      keepCopy(full.data(), *s.spec, m, arena, piece);
   }
   return true;
 }
@@ -300,7 +326,9 @@ bool checkShardedSpecs(const Program &p, const Mesh &m, std::string &error) {
 std::vector<Slot> modelSlots(const Program &p) {
   std::vector<Slot> slots;
   for (int i = 0; i < p.numParams; ++i)
-    slots.push_back({p.params[i].name, &p.params[i], p.params[i].offset});
+    slots.push_back({p.params[i].name, &p.params[i],
+                     p.params[i].masterOffset >= 0 ? p.params[i].masterOffset
+                                                   : p.params[i].offset});
   return slots;
 }
 
@@ -315,8 +343,10 @@ std::vector<Slot> optimizerSlots(const Program &p) {
 }
 
 SlotLayout layoutOf(const TensorSpec &s, bool state, const Mesh &m) {
+  // A master weight is chunked as the optimizer state is.
+  const bool asState = state || s.masterOffset >= 0;
   return {state ? 4 : dtypeSize(s.dtype), s.tpDim >= 0 && m.tp > 1,
-          (state ? s.stateZero : s.paramZero) && s.zeroChunk > 0};
+          (asState ? s.stateZero : s.paramZero) && s.zeroChunk > 0};
 }
 
 const char *optimizerKindName(OptimizerKind k) {

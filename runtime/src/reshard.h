@@ -44,7 +44,9 @@ struct Slot {
   int64_t offset; // in the arena
 };
 
-/// The parameters and buffers of `p`, by model name.
+/// The parameters and buffers of `p`, by model name; a parameter with a
+/// 16-bit copy is its fp32 master (TensorSpec::masterOffset), which loading
+/// also rounds into the copy.
 std::vector<Slot> modelSlots(const Program &p);
 /// The optimizer state of the trainable parameters of `p`, by checkpoint name
 /// ("PARAM.exp_avg", "PARAM.exp_avg_sq" or "PARAM.momentum_buffer").
@@ -57,8 +59,8 @@ struct SlotLayout {
   bool zero;  // only this dp rank's ZeRO chunk of the piece
 };
 
-/// How the arena slot of `s` (its optimizer state with `state`) relates to
-/// the full tensor on mesh `m`.
+/// How the arena slot of `s` (its optimizer state with `state`; its master
+/// weight, when it has one) relates to the full tensor on mesh `m`.
 SlotLayout layoutOf(const TensorSpec &s, bool state, const Mesh &m);
 
 /// The optimizer as a manifest names it: "adamw" or "sgd".

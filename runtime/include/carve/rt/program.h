@@ -21,11 +21,12 @@
 
 namespace carve::rt {
 
-enum class DType : int { F32 = 0, F64 = 1, I64 = 2, I32 = 3, Bool = 4 };
+/// BF16 and F16: 16-bit copies of fp32 master weights (TensorSpec::copyType).
+enum class DType : int { F32 = 0, F64 = 1, I64 = 2, I32 = 3, Bool = 4, BF16 = 5, F16 = 6 };
 
 /// Size in bytes of one element.
 int dtypeSize(DType t);
-/// "F32", "F64", "I64", "I32", "BOOL" (the safetensors spelling).
+/// "F32", "F64", "I64", "I32", "BOOL", "BF16", "F16" (the safetensors spelling).
 const char *dtypeName(DType t);
 
 /// One tensor that lives for the whole run (a graph input, a parameter, a
@@ -56,6 +57,13 @@ struct TensorSpec {
   int64_t zeroChunk = 0;             // elements per dp rank of the ZeRO partition; 0: none
   bool paramZero = false;            // the arena slot holds only this rank's chunk (ZeRO-3)
   bool stateZero = false;            // each optimizer state slot holds only the chunk
+  // Mixed-precision storage (a bf16/fp16 plan, carve-store-params16): `offset`
+  // holds the 16-bit copy (copyType) that the step reads, masterOffset the
+  // fp32 master that the optimizer updates and checkpoints hold; the master
+  // is chunked as the optimizer state is (stateZero), the copy as the
+  // parameter is (paramZero). `dtype` is the master's (the model's).
+  int64_t masterOffset = -1; // -1: none (`offset` holds the parameter itself)
+  DType copyType = DType::F32;
 };
 
 enum class DataKind : int {

@@ -1,0 +1,81 @@
+//===- Params16.cpp - 16-bit parameter copies with fp32 masters -----------===//
+//
+// carve-store-params16: under a bf16/fp16 plan each trainable parameter
+// argument becomes the 16-bit copy the step reads (Passes.td states the
+// rules); carve-plan-memory gives it an fp32 master with the optimizer state.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/precision/Precision.h"
+
+#include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/SetVector.h"
+
+using namespace mlir;
+
+namespace carve {
+#define GEN_PASS_DEF_CARVESTOREPARAMS16
+#include "compiler/precision/Passes.h.inc"
+} // namespace carve
+
+namespace carve {
+
+namespace {
+
+struct StoreParams16Pass : carve::impl::CarveStoreParams16Base<StoreParams16Pass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<PlanAttrs> plan = readPlan(module);
+    if (failed(plan))
+      return signalPassFailure();
+    MLIRContext *ctx = module.getContext();
+    Type f16;
+    if (plan->precision == "bf16")
+      f16 = BFloat16Type::get(ctx);
+    else if (plan->precision == "fp16")
+      f16 = Float16Type::get(ctx);
+    else
+      return;
+    for (auto fn : module.getOps<func::FuncOp>()) {
+      if (!isEmittedFunction(fn))
+        continue;
+      bool changed = false;
+      for (BlockArgument a : fn.getArguments()) {
+        unsigned i = a.getArgNumber();
+        auto name = fn.getArgAttrOfType<StringAttr>(i, kParamAttr);
+        auto t = dyn_cast<RankedTensorType>(a.getType());
+        if (!name || !fn.getArgAttr(i, kTrainableAttr) || !t || !t.getElementType().isF32() ||
+            !t.hasStaticShape())
+          continue;
+        llvm::SetVector<Operation *> readers;
+        for (Operation *u : a.getUsers())
+          readers.insert(u);
+        a.setType(RankedTensorType::get(t.getShape(), f16));
+        OpBuilder b(ctx);
+        Location loc = NameLoc::get(b.getStringAttr(name.getValue() + " (16-bit copy as fp32)"));
+        for (Operation *u : readers) {
+          b.setInsertionPoint(u);
+          Value view = CastOp::create(b, loc, t, a).getResult();
+          u->replaceUsesOfWith(a, view);
+          ++numCasts;
+        }
+        fn.setArgAttr(i, kMasterAttr, b.getUnitAttr());
+        numBytesSaved += t.getNumElements() * 2;
+        ++numParams;
+        changed = true;
+      }
+      if (changed)
+        fn.setType(FunctionType::get(ctx, fn.getBody().front().getArgumentTypes(),
+                                     fn.getFunctionType().getResults()));
+    }
+  }
+};
+
+} // namespace
+
+} // namespace carve
