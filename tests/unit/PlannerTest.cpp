@@ -147,11 +147,12 @@ TEST(PlannerMemory, ZeroStagesExactToTheByte) {
   ASSERT_EQ(p.totalParams, psi);
   for (const char *prec : {"fp32", "bf16", "fp16"})
     for (bool published : {false, true}) {
-      // carve's programs: fp32 weights, gradients and AdamW state under every
-      // precision. The published mixed-precision layout: 16-bit weights and
-      // gradients, an fp32 master copy with m and v.
-      const bool mixed = published && std::string(prec) != "fp32";
-      const double pB = mixed ? 2 : 4, gB = mixed ? 2 : 4, oB = mixed ? 12 : 8;
+      // carve's programs: fp32 weights, gradients and AdamW state under fp32;
+      // under bf16/fp16 16-bit weight copies, fp32 gradients, an fp32 master
+      // with m and v. The published mixed-precision layout: 16-bit weights
+      // and gradients, an fp32 master copy with m and v.
+      const bool mixed = std::string(prec) != "fp32";
+      const double pB = mixed ? 2 : 4, gB = mixed && published ? 2 : 4, oB = mixed ? 12 : 8;
       PlannerOptions opts;
       opts.publishedStorage = published;
       for (int dp : {1, 2, 4, 8})

@@ -43,7 +43,7 @@
 // R1-SAME: {carve.param = "shift.b", carve.persistent_offset = 640 : i64, carve.trainable}
 // R1-SAME: {carve.loss_seed, carve.persistent_offset = 3200 : i64}
 // R1-SAME: carve.activation_plan = {bytes = 512 : i64, copies = array<i64: -1, -1, -1, -1>, unplanned = 832 : i64}
-// R1-SAME: carve.persistent_plan = {begin = 0 : i64, end = 3264 : i64, grads = array<i64: 768, 896, 1152, 1408>, grads_end = 1536 : i64, params_end = 768 : i64, state_end = 3072 : i64, states = array<i64: 1536, 1664, 1792, 2048, 2304, 2560, 2816, 2944>}
+// R1-SAME: carve.persistent_plan = {begin = 0 : i64, end = 3264 : i64, grads = array<i64: 768, 896, 1152, 1408>, grads_end = 1536 : i64, masters = array<i64: -1, -1, -1, -1>, params_end = 768 : i64, state_end = 3072 : i64, states = array<i64: 1536, 1664, 1792, 2048, 2304, 2560, 2816, 2944>}
 // R1: %[[H:.+]] = carve.matmul %arg0, %arg1 {carve.arena_offset = array<i64: 0>}
 // R1: %[[A:.+]] = carve.exp %[[H]] {carve.arena_offset = array<i64: 128>}
 // R1: %[[Y:.+]] = carve.matmul %[[A]], %arg2 {carve.arena_offset = array<i64: 256>}
@@ -69,7 +69,7 @@
 // Z2-SAME: {carve.param = "fc1.weight", carve.persistent_offset = 0 : i64, carve.trainable, carve.zero_chunk = 32 : i64}
 // Z2-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 256 : i64, carve.trainable, carve.zero_chunk = 32 : i64}
 // Z2-SAME: carve.activation_plan = {bytes = 1088 : i64, copies = array<i64: -1, -1, -1, 0>, unplanned = 1600 : i64}
-// Z2-SAME: carve.persistent_plan = {begin = 0 : i64, end = 1728 : i64, grads = array<i64: 768, 832, 960, 1088>, grads_end = 1152 : i64, params_end = 768 : i64, state_end = 1536 : i64, states = array<i64: 1152, -1, 1216, -1, 1344, -1, 1472, -1>}
+// Z2-SAME: carve.persistent_plan = {begin = 0 : i64, end = 1728 : i64, grads = array<i64: 768, 832, 960, 1088>, grads_end = 1152 : i64, masters = array<i64: -1, -1, -1, -1>, params_end = 768 : i64, state_end = 1536 : i64, states = array<i64: 1152, -1, 1216, -1, 1344, -1, 1472, -1>}
 // Z2: carve.expand {{.*}}{carve.arena_offset = array<i64: 320>}
 // Z2: carve.matmul {{.*}}{carve.arena_offset = array<i64: 576>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
 // Z2: carve.matmul {{.*}}{carve.arena_offset = array<i64: 832>} : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
@@ -101,7 +101,7 @@
 // STZ3-SAME: {carve.param = "fc2.weight", carve.persistent_offset = 384 : i64, carve.trainable, carve.zero3_gather = array<i64: 2, 2, 11, 11>, carve.zero3_gather_offsets = array<i64: 320, 448>, carve.zero_chunk = 32 : i64}
 // STZ3-SAME: carve.activation_plan = {bytes = 1472 : i64, copies = array<i64: 704, 768, 1216, 1344>, sends = 0 : i64, slot = 320 : i64, unplanned = 2880 : i64}
 // STZ3-SAME: carve.buckets = [{bytes = 768 : i64, first = 0 : i64, last = 3 : i64, ready = 16 : i64, reduce = "reduce_scatter", wait_at = 17 : i64}]
-// STZ3-SAME: carve.persistent_plan = {begin = 256 : i64, end = 1856 : i64, grads = array<i64: 640, 704, 768, 896>, grads_end = 1024 : i64, params_end = 640 : i64
+// STZ3-SAME: carve.persistent_plan = {begin = 256 : i64, end = 1856 : i64, grads = array<i64: 640, 704, 768, 896>, grads_end = 1024 : i64, masters = array<i64: -1, -1, -1, -1>, params_end = 640 : i64
 
 // PP2-LABEL: func.func @stage0(
 // PP2-SAME: carve.activation_plan = {bytes = 768 : i64, copies = array<i64: -1>, sends = 0 : i64, slot = 256 : i64, unplanned = 768 : i64}

@@ -178,7 +178,8 @@ struct Program {
   /// The device the step runs on; null: the CPU (the arena is host memory).
   const DeviceTarget *device = nullptr;
   /// The plan's precision: "fp32", "bf16" or "fp16" (matmul and attention
-  /// inputs rounded to it; fp32 storage, accumulation and master weights).
+  /// inputs rounded to it; 16-bit weight copies of fp32 master weights,
+  /// TensorSpec::masterOffset; fp32 gradients and accumulation).
   const char *precision = "fp32";
 };
 
