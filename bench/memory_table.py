@@ -148,7 +148,10 @@ def one(carve, name, spec, batch, devices, workdir):
     r0 = ranks[0]
     largest = max(x["arena"] for x in ranks)
     dp, zero = plan.get("dp", 1), plan.get("zero", 0)
-    psi = r0["params"] / 4 * (dp if zero == 3 else 1)
+    # Parameters per rank from the compiled parameter region: 16-bit copies
+    # under bf16/fp16 (their fp32 masters are with the optimizer state).
+    per = 2 if plan.get("precision", "fp32") != "fp32" else 4
+    psi = r0["params"] / per * (dp if zero == 3 else 1)
     states = r0["params"] + r0["grads"] + r0["optimizer"]
     kept = r0["pool"] + r0["sends"]
     return "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
