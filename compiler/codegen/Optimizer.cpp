@@ -40,14 +40,17 @@ void emitUpdateGuard(llvm::raw_ostream &os, const char *sumOfSquares) {
 }
 
 void emitClipCoefficient(llvm::raw_ostream &os, const OptimizerConfig &o) {
-  os << "  // torch.nn.utils.clip_grad_norm_(max_norm=" << number(o.clipGradNorm, false) << ")\n";
-  os << "  const float clip = clipCoefficient(norm, " << number(o.clipGradNorm, false) << ");\n";
+  os << "  // torch.nn.utils.clip_grad_norm_(max_norm=ctx.hyper->clip): compiled "
+     << (o.clipGradNorm > 0 ? number(o.clipGradNorm, false) : std::string("0, no clipping"))
+     << "; train --clip\n";
+  os << "  const float clip = clipCoefficient(norm, ctx.hyper->clip);\n";
 }
 
 void emitLearningRate(llvm::raw_ostream &os, const OptimizerConfig &o) {
-  os << "\n  // " << o.describe() << "\n";
-  os << "  const double lr = scheduledLr(ctx.step, " << number(o.lr, false) << ", " << o.warmupSteps
-     << ", " << o.decaySteps << ", " << number(o.minLrRatio, false) << ");\n";
+  os << "\n  // " << o.describe() << " (compiled: the defaults in kHyper;\n"
+     << "  // train --lr, --schedule, --weight-decay, ... override them for a run)\n";
+  os << "  const Hyperparameters &h = *ctx.hyper;\n";
+  os << "  const double lr = scheduledLr(ctx.step, h);\n";
   os << "  ctx.lr = (float)lr;\n";
 }
 
@@ -131,9 +134,10 @@ bool Generator::readStepTail() {
                 "carve.unscale_gradients must divide every gradient by the loss scale "
                 "under fp16 and is not used otherwise (precision " +
                 opts.precision + ")");
-  if ((tail.maxNorm > 0) != (opts.optimizer.clipGradNorm > 0) ||
-      (tail.maxNorm > 0 && !everyGradient(tail.clipped)))
-    return fail(where + "carve.scale_gradients must clip every gradient when the optimizer clips");
+  if (!tail.clip || !everyGradient(tail.clipped))
+    return fail(where +
+                "the tail needs carve.clip_coefficient and carve.scale_gradients of every "
+                "gradient (a run may clip: train --clip)");
   std::set<unsigned> want, got(tail.gathered.begin(), tail.gathered.end());
   if (zero == 1 || zero == 2)
     for (const GradSlot &g : grads)
@@ -168,7 +172,7 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
 void Generator::emitClip(llvm::raw_ostream &ts) {
   for (int64_t slot : tail.clipped) {
     const GradSlot &g = grads[slot];
-    ts << "  scaleInPlace(" << tailNames[g.param].grad << ", "
+    ts << "    scaleInPlace(" << tailNames[g.param].grad << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
   }
 }
@@ -194,7 +198,6 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
   const bool momentum = !adam && o.momentum != 0;
   if (zero)
     ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
-  double wd = o.effectiveWeightDecay();
   for (int64_t slot : tail.updated) {
     unsigned a = grads[slot].param;
     const TailNames &t = tailNames[a];
@@ -212,14 +215,13 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
       p = t.master; // the whole master, or (ZeRO) this rank's chunk of it
     if (adam)
       ts << "  adamwUpdate(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1] << ", "
-         << n << ", lr, " << number(o.beta1, false) << ", " << number(o.beta2, false) << ", "
-         << number(o.eps, false) << ", " << number(wd, false) << ", ctx.step + 1);  // "
+         << n << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);  // "
          << paramName(a) << "\n";
     else
       ts << "  sgdUpdate(" << p << ", " << go << ", "
          << (momentum ? t.state[0] : std::string("nullptr")) << ", " << n << ", lr, "
-         << number(o.momentum, false) << ", " << number(o.dampening, false) << ", "
-         << number(wd, false) << ", " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
+         << number(o.momentum, false) << ", " << number(o.dampening, false)
+         << ", h.weightDecay, " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
          << paramName(a) << "\n";
     if (!t.master.empty())
       ts << "  " << (opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master << ", "

@@ -221,11 +221,11 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
     os << "  ctx.ppComm->allReduce(&sq, 1, CommType::F64, ReduceOp::Sum);\n";
   emitUpdateGuard(os, "sq");
   const OptimizerConfig &o = opts.optimizer;
-  if (o.clipGradNorm > 0) {
-    emitClipCoefficient(os, o);
-    for (auto &ch : chunks)
-      os << ch.clip;
-  }
+  emitClipCoefficient(os, o);
+  os << "  if (clip < 1.0f) {\n";
+  for (auto &ch : chunks)
+    os << ch.clip;
+  os << "  }\n";
   emitLearningRate(os, o);
   for (auto &ch : chunks)
     os << ch.updates;

@@ -386,10 +386,10 @@ bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
     ts << "  ctx.tpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
   emitUpdateGuard(ts, "sqSplit + sqWhole");
   const OptimizerConfig &o = opts.optimizer;
-  if (o.clipGradNorm > 0) {
-    emitClipCoefficient(ts, o);
-    emitClip(ts);
-  }
+  emitClipCoefficient(ts, o);
+  ts << "  if (clip < 1.0f) {\n";
+  emitClip(ts);
+  ts << "  }\n";
   emitLearningRate(ts, o);
   emitUpdates(ts);
   return true;

@@ -67,6 +67,14 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
   };
   const std::string &P = opts.programName;
   const int p = pipe ? pipe->pp : 1;
+  // The compiled hyperparameters: a run's train --lr ... override them.
+  os << "\n// The compiled hyperparameters (optim.h): lr, min lr ratio, warm-up and decay steps,\n"
+        "// schedule, weight decay, beta1, beta2, eps, clip (0: none); train --lr ... override.\n"
+     << "const Hyperparameters kHyper = {" << number(o.lr, false) << ", "
+     << number(o.minLrRatio, false) << ", " << o.warmupSteps << ", " << o.decaySteps
+     << ", Schedule::Cosine, " << number(o.effectiveWeightDecay(), false) << ", "
+     << number(o.beta1, false) << ", " << number(o.beta2, false) << ", " << number(o.eps, false)
+     << ", " << number(std::max(0.0, o.clipGradNorm), false) << ", 0};\n";
   os << "\n} // namespace\n\nextern const Program " << P << " = {\n"
      << "    \"" << P << "\", \"" << escape(opts.modelName) << "\",\n"
      << "    /*worldSize=*/" << opts.dp * opts.tp * p << ", /*dp=*/" << opts.dp << ",\n"
@@ -82,14 +90,12 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
      << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
      << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
      << ", /*stateBytes=*/" << out.stateBytes << ",\n";
-  const bool more = opts.cuda() || opts.precision != "fp32";
-  if (pipe || more)
-    os << "    /*pp=*/" << p << ", /*ppRank=*/" << (pipe ? pipe->rank : 0)
-       << ", /*numMicroBatches=*/" << (pipe ? opts.numMicroBatches : 1) << ", /*activationBytes=*/"
-       << out.activationBytes << ",\n";
-  if (more)
-    os << "    /*device=*/" << (opts.cuda() ? "&kCudaTarget" : "nullptr") << ", /*precision=*/\""
-       << opts.precision << "\",\n";
+  os << "    /*pp=*/" << p << ", /*ppRank=*/" << (pipe ? pipe->rank : 0)
+     << ", /*numMicroBatches=*/" << (pipe ? opts.numMicroBatches : 1) << ", /*activationBytes=*/"
+     << out.activationBytes << ",\n";
+  os << "    /*device=*/" << (opts.cuda() ? "&kCudaTarget" : "nullptr") << ", /*precision=*/\""
+     << opts.precision << "\",\n";
+  os << "    /*hyper=*/&kHyper,\n";
   os << "};\n";
 }
 

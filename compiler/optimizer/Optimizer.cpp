@@ -159,12 +159,11 @@ struct OptimizerPass : carve::impl::CarveOptimizerBase<OptimizerPass> {
     Value norm =
         GradNormOp::create(b, loc, b.getF64Type(), countedGrads, b.getDenseI64ArrayAttr(counted),
                            b.getDenseBoolArrayAttr(split));
-    if (c.clipGradNorm > 0) {
-      Value clip = ClipCoefficientOp::create(b, loc, b.getF32Type(), norm,
-                                             b.getF64FloatAttr(c.clipGradNorm));
-      if (!grads.empty())
-        ScaleGradientsOp::create(b, loc, clip, grads, b.getDenseI64ArrayAttr(all));
-    }
+    // Always: max_norm 0 clips nothing unless the run asks (train --clip).
+    Value clip = ClipCoefficientOp::create(b, loc, b.getF32Type(), norm,
+                                           b.getF64FloatAttr(std::max(0.0, c.clipGradNorm)));
+    if (!grads.empty())
+      ScaleGradientsOp::create(b, loc, clip, grads, b.getDenseI64ArrayAttr(all));
     Value lr = LearningRateOp::create(
         b, loc, b.getF64Type(), b.getF64FloatAttr(c.lr), b.getI64IntegerAttr(c.warmupSteps),
         b.getI64IntegerAttr(c.decaySteps), b.getF64FloatAttr(c.minLrRatio));
@@ -253,6 +252,7 @@ bool readTail(func::FuncOp fn, OptimizerTail &tail, std::string &error) {
       if (!checkSlots(n, n.getSlots(), 0, order, ret, error))
         return error = where + error, false;
     } else if (auto c = dyn_cast<ClipCoefficientOp>(op)) {
+      tail.clip = true;
       tail.maxNorm = c.getMaxNorm().convertToDouble();
     } else if (auto s = dyn_cast<ScaleGradientsOp>(op)) {
       tail.clipped.assign(s.getSlots().begin(), s.getSlots().end());

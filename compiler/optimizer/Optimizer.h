@@ -53,10 +53,11 @@ bool isOptimizerOp(mlir::Operation *op);
 /// their index in the function's carve.gradients, parameters by argument.
 struct OptimizerTail {
   bool unscale = false;           // carve.unscale_gradients present
+  bool clip = false;              // carve.clip_coefficient present (every tail has one)
   std::vector<int64_t> unscaled;  // its slots
   std::vector<int64_t> normSlots; // carve.grad_norm's gradients
   std::vector<bool> normSplit;    // ... and whether each is split over tp
-  double maxNorm = 0;             // carve.clip_coefficient (0: none)
+  double maxNorm = 0;             // carve.clip_coefficient's default (0: no clipping)
   std::vector<int64_t> clipped;   // carve.scale_gradients' slots
   std::vector<int64_t> updated;   // the slot of each update, in order
   std::vector<unsigned> gathered; // carve.zero_gather's parameters

@@ -64,6 +64,10 @@ def Carve_GradNormOp : Carve_TailOp<"grad_norm", [MemoryEffects<[MemRead, MemWri
 def Carve_ClipCoefficientOp : Carve_TailOp<"clip_coefficient", [Pure]> {
   let summary = "min(1, max_norm / (norm + 1e-6)): clip_grad_norm_'s scale.";
   let description = [{
+    Every step's tail has one: `max_norm` is the compiled default, 0 for no
+    clipping (coefficient 1); a run's `train --clip` replaces it
+    (docs/training.md#hyperparameters).
+
     ```mlir
     %clip = carve.clip_coefficient %norm {max_norm = 1.000000e+00 : f64}
     ```

@@ -70,8 +70,8 @@ LogicalResult GradNormOp::verify() {
 
 LogicalResult ClipCoefficientOp::verify() {
   double m = getMaxNorm().convertToDouble();
-  if (!std::isfinite(m) || !(m > 0))
-    return emitOpError("max_norm must be positive, got ") << shortestNumber(m);
+  if (!std::isfinite(m) || !(m >= 0))
+    return emitOpError("max_norm must be 0 (no clipping) or positive, got ") << shortestNumber(m);
   return success();
 }
 

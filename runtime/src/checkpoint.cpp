@@ -206,6 +206,13 @@ std::string manifestToJson(const CheckpointManifest &m) {
   j["rng"] = m.rng;
   if (m.lossScale > 0)
     j["loss_scale"] = {{"scale", m.lossScale}, {"good_steps", m.lossScaleGoodSteps}};
+  if (!m.hyperparameters.empty()) {
+    Json h = Json::object();
+    for (const auto &[k, v] : m.hyperparameters)
+      h[k] = v;
+    h["schedule"] = m.schedule;
+    j["hyperparameters"] = h;
+  }
   // One line per tensor: readable, and a fraction of the size fully indented.
   std::string text = j.dump(1);
   text.erase(text.rfind('}'));
@@ -300,6 +307,18 @@ bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string
     if (!(m.lossScale >= 1 && m.lossScale <= 1e30))
       return fail("\"loss_scale\": the scale " + std::to_string(m.lossScale) +
                   " is outside [1, 1e30]");
+  }
+  if (j.contains("hyperparameters")) {
+    const Json &h = j["hyperparameters"];
+    if (!h.is_object() || !h.contains("schedule") || !h["schedule"].is_string())
+      return fail("\"hyperparameters\" needs an object with a \"schedule\" name");
+    for (const char *k : {"lr", "min_lr", "warmup_steps", "decay_steps", "weight_decay", "beta1",
+                          "beta2", "eps", "clip"}) {
+      if (!h.contains(k) || !h[k].is_number())
+        return fail(std::string("\"hyperparameters\" needs a number \"") + k + "\"");
+      m.hyperparameters.push_back({k, h[k].get<double>()});
+    }
+    m.schedule = h["schedule"].get<std::string>();
   }
   if (!j.contains("tensors") || !j["tensors"].is_array())
     return fail("no \"tensors\" list");

@@ -206,7 +206,7 @@ std::vector<PlannedShard> planShards(int rank) {
 /// The manifest of a checkpoint of the whole world at `step` (`lossScale` 0:
 /// not an fp16 program, nothing recorded).
 CheckpointManifest buildManifest(const Program &p, int64_t step, double lossScale,
-                                 int64_t lossScaleGoodSteps) {
+                                 int64_t lossScaleGoodSteps, const Hyperparameters *hyper) {
   CheckpointManifest m;
   m.model = p.model ? p.model : p.name;
   m.description = p.description ? p.description : "";
@@ -225,6 +225,19 @@ CheckpointManifest buildManifest(const Program &p, int64_t step, double lossScal
   m.seqLen = p.seqLen;
   m.lossScale = lossScale;
   m.lossScaleGoodSteps = lossScaleGoodSteps;
+  if (hyper) {
+    const Hyperparameters &h = *hyper;
+    m.hyperparameters = {{"lr", h.lr},
+                         {"min_lr", h.lr * h.minLrRatio},
+                         {"warmup_steps", static_cast<double>(h.warmupSteps)},
+                         {"decay_steps", static_cast<double>(h.decaySteps)},
+                         {"weight_decay", h.weightDecay},
+                         {"beta1", h.beta1},
+                         {"beta2", h.beta2},
+                         {"eps", h.eps},
+                         {"clip", h.clip}};
+    m.schedule = scheduleName(h.schedule);
+  }
   std::map<std::string, size_t> index;
   for (int r = 0; r < m.worldSize; ++r)
     for (PlannedShard &s : planShards(r)) {
@@ -317,7 +330,7 @@ bool checkSaveDir(const std::string &dir, std::string &error) {
 
 void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
                     const std::string &dir, int64_t step, int64_t keep, double lossScale,
-                    int64_t lossScaleGoodSteps) {
+                    int64_t lossScaleGoodSteps, const Hyperparameters *hyper) {
   std::string error;
   const std::string name = checkpointFolderName(step);
   const std::string tmp = dir + "/.tmp-" + name;
@@ -371,7 +384,7 @@ void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
     const std::string final = dir + "/" + name;
     struct stat st;
     bool ok = writeFileAtomic(tmp + "/manifest.json",
-                              manifestToJson(buildManifest(p, step, lossScale, lossScaleGoodSteps)),
+                              manifestToJson(buildManifest(p, step, lossScale, lossScaleGoodSteps, hyper)),
                               error) &&
               syncFolder(tmp, error);
     if (ok && ::stat(final.c_str(), &st) == 0) {

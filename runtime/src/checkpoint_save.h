@@ -27,10 +27,11 @@ bool checkSaveDir(const std::string &dir, std::string &error);
 /// manifest, renames the folder to DIR/step-N, then rewrites DIR/latest and
 /// removes the oldest step folders beyond `keep` (0: none). Every rank joins.
 /// `lossScale` and `lossScaleGoodSteps` go into the manifest for fp16
-/// programs (`lossScale` 0: not one, nothing recorded).
+/// programs (`lossScale` 0: not one, nothing recorded), and the run's
+/// hyperparameters `hyper` (null: not recorded).
 void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
                     const std::string &dir, int64_t step, int64_t keep, double lossScale,
-                    int64_t lossScaleGoodSteps);
+                    int64_t lossScaleGoodSteps, const Hyperparameters *hyper);
 
 } // namespace carve::rt
 

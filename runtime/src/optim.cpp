@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #pragma GCC optimize("fp-contract=off")
 
@@ -109,6 +110,8 @@ float clipCoefficient(double totalNorm, double maxNorm) {
   // clip_grad_norm_ computes on float tensors: clip_coef = max_norm /
   // (total_norm + 1e-6), where Python's `float / Tensor` is
   // Tensor.reciprocal() * float; then clamp(max=1.0).
+  if (!(maxNorm > 0))
+    return 1.0f;
   const float denom = static_cast<float>(totalNorm) + 1e-6f;
   const float coef = (1.0f / denom) * static_cast<float>(maxNorm);
   return std::min(coef, 1.0f);
@@ -129,6 +132,47 @@ double scheduledLr(int64_t t, double lr, int64_t warmup, int64_t decaySteps, dou
     }
   }
   return lr * factor;
+}
+
+const char *scheduleName(Schedule s) {
+  switch (s) {
+  case Schedule::Cosine:
+    return "cosine";
+  case Schedule::Linear:
+    return "linear";
+  case Schedule::Constant:
+    return "constant";
+  case Schedule::Wsd:
+    return "wsd";
+  }
+  return "?";
+}
+
+bool parseSchedule(const char *name, Schedule &out) {
+  for (Schedule s : {Schedule::Cosine, Schedule::Linear, Schedule::Constant, Schedule::Wsd})
+    if (!std::strcmp(name, scheduleName(s))) {
+      out = s;
+      return true;
+    }
+  return false;
+}
+
+double scheduledLr(int64_t t, const Hyperparameters &h) {
+  if (h.schedule == Schedule::Cosine || t < h.warmupSteps)
+    return scheduledLr(t, h.lr, h.warmupSteps, h.decaySteps, h.minLrRatio);
+  if (h.schedule == Schedule::Constant || h.decaySteps <= 0)
+    return h.lr;
+  // Linear: the decay starts after warm-up; wsd: decaySteps before the end.
+  const int64_t begin = h.schedule == Schedule::Wsd
+                            ? std::max<int64_t>(h.warmupSteps, h.endStep - h.decaySteps)
+                            : h.warmupSteps;
+  if (t < begin)
+    return h.lr;
+  const int64_t d = t - begin;
+  if (d >= h.decaySteps)
+    return h.lr * h.minLrRatio;
+  const double progress = static_cast<double>(d) / static_cast<double>(h.decaySteps);
+  return h.lr * (h.minLrRatio + (1.0 - h.minLrRatio) * (1.0 - progress));
 }
 
 void addInPlace(float *dst, const float *src, int64_t n) {

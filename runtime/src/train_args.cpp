@@ -3,11 +3,26 @@
 #include "train_args.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 namespace carve::rt {
+
+namespace {
+/// A number in the fewest digits (up to 15) that read back the same: values
+/// one rounding apart (a ratio times the lr it was divided by) print alike.
+std::string formatNumber(double x) {
+  char buf[32];
+  for (int p = 1; p <= 15; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, x);
+    if (std::strtod(buf, nullptr) == x)
+      break;
+  }
+  return buf;
+}
+} // namespace
 
 const char *const kTrainUsage =
     R"(usage: train --steps S --data FILE [options]
@@ -48,6 +63,21 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
                               one --load's checkpoint saved, else 65536); a step whose
                               gradients overflow is skipped and the scale halved; 2000
                               good steps in a row double it
+  --lr X                      peak learning rate (after warm-up)
+  --min-lr X                  the lowest learning rate the schedule decays to
+  --warmup-steps N            linear warm-up from lr/N to lr over the first N steps
+  --decay-steps N             steps of the decay (after warm-up; wsd: the last N of the run)
+  --schedule cosine|linear|constant|wsd
+                              the learning rate after warm-up: cosine or linear decay to
+                              --min-lr over --decay-steps; constant; wsd (warm-up, stable,
+                              then a linear decay over the run's last --decay-steps steps)
+  --weight-decay X            decoupled weight decay (AdamW) or L2 (SGD)
+  --beta1 X, --beta2 X, --eps X
+                              AdamW's coefficients
+  --clip X                    clip the global gradient norm to X (0: no clipping)
+                              Each of these overrides the value compiled into the program
+                              (listed below) for this run, without recompiling; checkpoints
+                              record the values used
   --cuda-graph                CUDA programs: run the first step as it is, capture the
                               forward and backward (kernels and collectives) in a CUDA graph
                               on the second and replay it from then on (one launch instead of
@@ -145,6 +175,52 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       }
       opts.lossScale = v;
       opts.lossScaleSet = true;
+    } else if (arg == "--lr" || arg == "--min-lr" || arg == "--weight-decay" ||
+               arg == "--beta1" || arg == "--beta2" || arg == "--eps" || arg == "--clip") {
+      if (!takeValue())
+        return false;
+      char *end = nullptr;
+      double v = value.empty() ? NAN : std::strtod(value.c_str(), &end);
+      const bool positive = arg == "--lr" || arg == "--eps";
+      const bool below1 = arg == "--beta1" || arg == "--beta2";
+      if (value.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || (positive && v == 0) ||
+          (below1 && v >= 1)) {
+        error = arg + " needs a number " +
+                (positive ? "> 0" : below1 ? "in [0, 1)" : ">= 0") + ", not '" + value + "'";
+        return false;
+      }
+      auto &set = opts.hyperSet;
+      if (arg == "--lr")
+        opts.lr = v, set.lr = true;
+      else if (arg == "--min-lr")
+        opts.minLr = v, set.minLr = true;
+      else if (arg == "--weight-decay")
+        opts.weightDecay = v, set.weightDecay = true;
+      else if (arg == "--beta1")
+        opts.beta1 = v, set.beta1 = true;
+      else if (arg == "--beta2")
+        opts.beta2 = v, set.beta2 = true;
+      else if (arg == "--eps")
+        opts.eps = v, set.eps = true;
+      else
+        opts.clip = v, set.clip = true;
+    } else if (arg == "--warmup-steps" || arg == "--decay-steps") {
+      if (!takeValue())
+        return false;
+      int64_t &field = arg == "--warmup-steps" ? opts.warmupSteps : opts.decaySteps;
+      if (!parseInt(value, field) || field < 0) {
+        error = arg + " needs an integer >= 0, not '" + value + "'";
+        return false;
+      }
+      (arg == "--warmup-steps" ? opts.hyperSet.warmupSteps : opts.hyperSet.decaySteps) = true;
+    } else if (arg == "--schedule") {
+      if (!takeValue())
+        return false;
+      if (!parseSchedule(value.c_str(), opts.schedule)) {
+        error = "--schedule is cosine, linear, constant or wsd, not '" + value + "'";
+        return false;
+      }
+      opts.hyperSet.schedule = true;
     } else if (arg == "--collective-timeout") {
       if (!takeValue())
         return false;
@@ -200,6 +276,78 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
     return false;
   }
   return true;
+}
+
+bool applyHyperparameters(const Options &opts, const Hyperparameters &defaults, bool adamw,
+                          int64_t endStep, Hyperparameters &h, std::string &error) {
+  const auto &set = opts.hyperSet;
+  if (!adamw && (set.beta1 || set.beta2 || set.eps)) {
+    error = std::string(set.beta1 ? "--beta1" : set.beta2 ? "--beta2" : "--eps") +
+            ": this program's optimizer is SGD, which has no betas or eps (they are AdamW's)";
+    return false;
+  }
+  h = defaults;
+  if (set.lr)
+    h.lr = opts.lr;
+  if (set.minLr) {
+    if (opts.minLr > h.lr) {
+      error = "--min-lr " + formatNumber(opts.minLr) + " is above the learning rate " +
+              formatNumber(h.lr);
+      return false;
+    }
+    h.minLrRatio = opts.minLr / h.lr;
+  }
+  if (set.warmupSteps)
+    h.warmupSteps = opts.warmupSteps;
+  if (set.decaySteps)
+    h.decaySteps = opts.decaySteps;
+  if (set.schedule)
+    h.schedule = opts.schedule;
+  if (set.weightDecay)
+    h.weightDecay = opts.weightDecay;
+  if (set.beta1)
+    h.beta1 = opts.beta1;
+  if (set.beta2)
+    h.beta2 = opts.beta2;
+  if (set.eps)
+    h.eps = opts.eps;
+  if (set.clip)
+    h.clip = opts.clip;
+  h.endStep = endStep;
+  return true;
+}
+
+std::string hyperparameterChanges(const Hyperparameters &a, const Hyperparameters &b,
+                                  const char *what) {
+  std::string s;
+  auto add = [&](const char *name, const std::string &x, const std::string &y) {
+    if (x != y)
+      s += (s.empty() ? "" : ", ") + std::string(name) + " " + x + " (" + what + " " + y + ")";
+  };
+  add("lr", formatNumber(a.lr), formatNumber(b.lr));
+  add("min-lr", formatNumber(a.lr * a.minLrRatio), formatNumber(b.lr * b.minLrRatio));
+  add("warmup-steps", std::to_string(a.warmupSteps), std::to_string(b.warmupSteps));
+  add("decay-steps", std::to_string(a.decaySteps), std::to_string(b.decaySteps));
+  add("schedule", scheduleName(a.schedule), scheduleName(b.schedule));
+  add("weight-decay", formatNumber(a.weightDecay), formatNumber(b.weightDecay));
+  add("beta1", formatNumber(a.beta1), formatNumber(b.beta1));
+  add("beta2", formatNumber(a.beta2), formatNumber(b.beta2));
+  add("eps", formatNumber(a.eps), formatNumber(b.eps));
+  add("clip", formatNumber(a.clip), formatNumber(b.clip));
+  return s;
+}
+
+std::string hyperparameterHelp(const Hyperparameters &d, bool adamw) {
+  std::string s = "\nThis program's compiled hyperparameters (the defaults of the flags above):\n";
+  s += "  --lr " + formatNumber(d.lr) + "  --min-lr " + formatNumber(d.lr * d.minLrRatio) +
+       "  --warmup-steps " + std::to_string(d.warmupSteps) + "  --decay-steps " +
+       std::to_string(d.decaySteps) + "  --schedule " + scheduleName(d.schedule) + "\n";
+  s += "  --weight-decay " + formatNumber(d.weightDecay);
+  if (adamw)
+    s += "  --beta1 " + formatNumber(d.beta1) + "  --beta2 " + formatNumber(d.beta2) +
+         "  --eps " + formatNumber(d.eps);
+  s += "  --clip " + formatNumber(d.clip) + (d.clip > 0 ? "" : " (no clipping)") + "\n";
+  return s;
 }
 
 bool wantsHelp(int argc, char **argv) {

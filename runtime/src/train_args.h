@@ -10,6 +10,7 @@
 
 #include "carve/rt/comm.h"
 #include "carve/rt/data.h"
+#include "carve/rt/optim.h"
 
 #include <cstdint>
 #include <string>
@@ -38,7 +39,30 @@ struct Options {
   double lossScale = 65536;  // fp16 plans: the initial dynamic loss scale
   bool lossScaleSet = false; // --loss-scale given: it wins over a checkpoint's
   bool cudaGraph = false;    // --cuda-graph
+  // Hyperparameters given on the command line (each set flag overrides the
+  // program's compiled value; applyHyperparameters).
+  struct {
+    bool lr = false, minLr = false, warmupSteps = false, decaySteps = false, schedule = false,
+         weightDecay = false, beta1 = false, beta2 = false, eps = false, clip = false;
+  } hyperSet;
+  double lr = 0, minLr = 0, weightDecay = 0, beta1 = 0, beta2 = 0, eps = 0, clip = 0;
+  int64_t warmupSteps = 0, decaySteps = 0;
+  Schedule schedule = Schedule::Cosine;
 };
+
+/// The run's hyperparameters: the program's compiled `defaults` with the
+/// command line's overrides (an absolute --min-lr becomes the ratio to the
+/// run's lr), checked against the program's optimizer (`adamw`: AdamW, else
+/// SGD, which has no betas or eps) and each other; false with `error` naming
+/// the flag. `endStep` is the run's end (wsd decays up to it).
+bool applyHyperparameters(const Options &opts, const Hyperparameters &defaults, bool adamw,
+                          int64_t endStep, Hyperparameters &out, std::string &error);
+/// One line of what differs between `a` (this run) and `b` (`what`), e.g.
+/// "lr 0.0003 (compiled 0.001), clip 1 (compiled 0)"; empty when equal.
+std::string hyperparameterChanges(const Hyperparameters &a, const Hyperparameters &b,
+                                  const char *what);
+/// The --help section listing a program's compiled hyperparameters.
+std::string hyperparameterHelp(const Hyperparameters &defaults, bool adamw);
 
 /// Parses a whole decimal integer; false for empty text, trailing characters
 /// or overflow.

@@ -213,6 +213,7 @@ struct RankSetup {
   WeightSource weights;
   char *arena = nullptr;       // the arena; on a device, the host copy of the step's arena
   char *deviceArena = nullptr; // the step's arena on the device
+  Hyperparameters hyper;       // this run's (the program's, overridden by train --lr ...)
 };
 
 /// Checks that the program of world rank `worldRank` exists, is complete and
@@ -263,6 +264,10 @@ void prepareRank(const Options &opts, int worldRank, int localRank, int localRan
     s.loader = openDataLoader(program, s.mesh.dpRank, opts.data, opts.dataType, error);
   if (s.loader)
     openWeights(program, opts.load, s.weights, error);
+  if (error.empty() && s.loader)
+    applyHyperparameters(opts, program.hyper ? *program.hyper : Hyperparameters{},
+                         program.optimizer == OptimizerKind::AdamW, s.weights.step + opts.steps,
+                         s.hyper, error);
   if (error.empty() && worldRank == 0 && !opts.save.empty())
     checkSaveDir(opts.save, error);
   if (error.empty() && worldRank == 0 && !opts.log.empty())
@@ -355,6 +360,48 @@ void reportStart(Communicator &world, const Options &opts, const RankSetup &s, i
   std::printf("carve: data %s; weights from %s; steps %lld to %lld\n", s.loader->describe().c_str(),
               opts.load.empty() ? s.weights.model.path().c_str() : opts.load.c_str(),
               static_cast<long long>(start), static_cast<long long>(end - 1));
+  if (program.hyper) {
+    Hyperparameters compiled = *program.hyper;
+    compiled.endStep = s.hyper.endStep;
+    const std::string changed = hyperparameterChanges(s.hyper, compiled, "compiled");
+    if (!changed.empty())
+      std::printf("carve: hyperparameters of this run: %s\n", changed.c_str());
+  }
+  // A checkpoint records the values its run used; resuming with others says so.
+  const CheckpointManifest &m = s.weights.manifest;
+  if (s.weights.sharded && !m.hyperparameters.empty()) {
+    Hyperparameters saved = s.hyper;
+    double minLr = 0;
+    for (const auto &[k, v] : m.hyperparameters) {
+      if (k == "lr")
+        saved.lr = v;
+      else if (k == "min_lr")
+        minLr = v;
+      else if (k == "warmup_steps")
+        saved.warmupSteps = static_cast<int64_t>(v);
+      else if (k == "decay_steps")
+        saved.decaySteps = static_cast<int64_t>(v);
+      else if (k == "weight_decay")
+        saved.weightDecay = v;
+      else if (k == "beta1")
+        saved.beta1 = v;
+      else if (k == "beta2")
+        saved.beta2 = v;
+      else if (k == "eps")
+        saved.eps = v;
+      else if (k == "clip")
+        saved.clip = v;
+    }
+    saved.minLrRatio = saved.lr > 0 ? minLr / saved.lr : 0;
+    Schedule sched;
+    if (parseSchedule(m.schedule.c_str(), sched))
+      saved.schedule = sched;
+    const std::string changed = hyperparameterChanges(s.hyper, saved, "the checkpoint's run used");
+    if (!changed.empty())
+      std::printf("carve: resuming step %lld with other hyperparameters than the checkpoint's: "
+                  "%s\n",
+                  static_cast<long long>(start), changed.c_str());
+  }
   bool reported = false;
   for (int r = 0; r < worldSize; ++r)
     reported |= memory[5 * r] != 0 || memory[5 * r + 1] != 0 || memory[5 * r + 2] != 0;
@@ -455,6 +502,7 @@ Trainer::Trainer(Communicator &world, const Options &opts, const FaultInjection 
   Communicator *dpComm = groups.dp ? groups.dp.get() : &world;
   Communicator *tpComm = groups.tp ? groups.tp.get() : &world;
   Communicator *ppComm = groups.pp ? groups.pp.get() : &world;
+  ctx.hyper = &s.hyper;
   ctx.arena = device ? s.deviceArena : s.arena;
   ctx.dpComm = device ? groups.dpDevice.get() : dpComm;
   ctx.tpComm = device ? groups.tpDevice.get() : tpComm;
@@ -618,7 +666,7 @@ void Trainer::saveAt(int64_t step) {
   if (device && !device->toHost(s.arena, s.deviceArena, program.arenaBytes, why))
     die(why);
   saveCheckpoint(world, program, s.arena, opts.save, step, opts.keep, fp16 ? ctx.lossScale : 0.0,
-                 goodSteps);
+                 goodSteps, &s.hyper);
   lastSaved = step;
   if (talk) {
     std::printf("carve: saved %s/%s\n", opts.save.c_str(), checkpointFolderName(step).c_str());
@@ -678,8 +726,13 @@ int main(int argc, char **argv) {
   int64_t help = wantsHelp(argc, argv) ? 1 : 0;
   world->allReduce(&help, 1, CommType::I64, ReduceOp::Max);
   if (help) {
-    if (worldRank == 0)
+    if (worldRank == 0) {
       std::fputs(kTrainUsage, stdout);
+      const Program *p0 = carve_program_for_rank(0);
+      if (p0 && p0->hyper)
+        std::fputs(hyperparameterHelp(*p0->hyper, p0->optimizer == OptimizerKind::AdamW).c_str(),
+                   stdout);
+    }
     return finish(0);
   }
   Options opts;

@@ -166,4 +166,58 @@ TEST(Schedule, WarmupCosineFloor) {
   EXPECT_DOUBLE_EQ(scheduledLr(0, lr, 0, 10, minRatio), 0.1);
 }
 
+TEST(Schedule, RunTimeSchedules) {
+  Hyperparameters h;
+  h.lr = 0.1, h.minLrRatio = 0.1, h.warmupSteps = 4, h.decaySteps = 10, h.endStep = 40;
+  // Cosine: the function above.
+  h.schedule = Schedule::Cosine;
+  for (int64_t t : {0, 3, 4, 6, 9, 14, 100})
+    EXPECT_DOUBLE_EQ(scheduledLr(t, h), scheduledLr(t, 0.1, 4, 10, 0.1)) << t;
+  // Every schedule warms up the same way.
+  for (Schedule s : {Schedule::Linear, Schedule::Constant, Schedule::Wsd}) {
+    h.schedule = s;
+    EXPECT_DOUBLE_EQ(scheduledLr(0, h), 0.025) << scheduleName(s);
+    EXPECT_DOUBLE_EQ(scheduledLr(3, h), 0.1) << scheduleName(s);
+  }
+  // Linear: a straight line from lr at t = 4 to lr * 0.1 at t = 14.
+  h.schedule = Schedule::Linear;
+  EXPECT_DOUBLE_EQ(scheduledLr(4, h), 0.1);
+  EXPECT_NEAR(scheduledLr(9, h), 0.1 * (0.1 + 0.9 * 0.5), 1e-15);
+  EXPECT_NEAR(scheduledLr(13, h), 0.1 * (0.1 + 0.9 * 0.1), 1e-15);
+  EXPECT_NEAR(scheduledLr(14, h), 0.01, 1e-15);
+  EXPECT_NEAR(scheduledLr(99, h), 0.01, 1e-15);
+  // Constant: lr after warm-up.
+  h.schedule = Schedule::Constant;
+  EXPECT_DOUBLE_EQ(scheduledLr(4, h), 0.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(99, h), 0.1);
+  // WSD: stable at lr until decaySteps before the end (t = 30), then a
+  // straight line to lr * 0.1 at t = 40.
+  h.schedule = Schedule::Wsd;
+  EXPECT_DOUBLE_EQ(scheduledLr(4, h), 0.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(29, h), 0.1);
+  EXPECT_DOUBLE_EQ(scheduledLr(30, h), 0.1);
+  EXPECT_NEAR(scheduledLr(35, h), 0.1 * (0.1 + 0.9 * 0.5), 1e-15);
+  EXPECT_NEAR(scheduledLr(39, h), 0.1 * (0.1 + 0.9 * 0.1), 1e-15);
+  EXPECT_NEAR(scheduledLr(40, h), 0.01, 1e-15);
+  // A run shorter than warm-up plus decay decays right after warm-up.
+  h.endStep = 8;
+  EXPECT_DOUBLE_EQ(scheduledLr(4, h), 0.1);
+  EXPECT_NEAR(scheduledLr(5, h), 0.1 * (0.1 + 0.9 * 0.9), 1e-15);
+  // No decay steps: lr after warm-up, under every schedule.
+  h.decaySteps = 0;
+  for (Schedule s : {Schedule::Cosine, Schedule::Linear, Schedule::Constant, Schedule::Wsd}) {
+    h.schedule = s;
+    EXPECT_DOUBLE_EQ(scheduledLr(50, h), 0.1) << scheduleName(s);
+  }
+  // Names.
+  Schedule parsed;
+  for (Schedule s : {Schedule::Cosine, Schedule::Linear, Schedule::Constant, Schedule::Wsd}) {
+    ASSERT_TRUE(parseSchedule(scheduleName(s), parsed));
+    EXPECT_EQ(parsed, s);
+  }
+  EXPECT_FALSE(parseSchedule("exponential", parsed));
+  // No clipping at max_norm 0.
+  EXPECT_EQ(clipCoefficient(1e9, 0), 1.0f);
+}
+
 } // namespace

@@ -114,10 +114,11 @@ cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training ste
 cl::opt<std::string> emitMlirAfter(
     "emit-mlir-after",
     cl::desc("Write the IR as it is after this pass of the pipeline (carve-bind-custom-ops, "
-             "carve-autodiff, carve-check-overrides, carve-partition, carve-split-stages, "
-             "carve-fuse-elementwise, carve-fold-transposes, carve-recompute, "
-             "carve-data-parallel, "
-             "carve-plan-memory, carve-optimizer) to the --emit-mlir FILE, or to stdout"),
+             "carve-autodiff, carve-check-overrides, carve-partition, carve-round-activations, "
+             "carve-split-stages, carve-fuse-elementwise, carve-fold-transposes, "
+             "carve-recompute, carve-pack-activations, carve-store-params16, "
+             "carve-data-parallel, carve-plan-memory, carve-optimizer; the plan's passes only) "
+             "to the --emit-mlir FILE, or to stdout"),
     cl::value_desc("PASS"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> timelineJson(
     "timeline",

@@ -53,8 +53,8 @@ func.func @tp_split_count(%dw: tensor<4x8xf32>) {
 // -----
 
 func.func @max_norm(%n: f64) {
-  // expected-error @+1 {{max_norm must be positive, got 0}}
-  %c = carve.clip_coefficient %n {max_norm = 0.0 : f64}
+  // expected-error @+1 {{max_norm must be 0 (no clipping) or positive, got -1}}
+  %c = carve.clip_coefficient %n {max_norm = -1.0 : f64}
   return
 }
 

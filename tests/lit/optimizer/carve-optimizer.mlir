@@ -32,8 +32,10 @@ func.func @forward(%x: tensor<4x8xf32> {carve.input = "x"},
 // R1-SAME: carve.gradients = [{copy = false, param = 3 : i64, ready = 7 : i64, result = 3 : i64}, {copy = false, param = 2 : i64, ready = 12 : i64, result = 2 : i64}, {copy = false, param = 1 : i64, ready = 15 : i64, result = 1 : i64}]
 // R1-NOT: carve.unscale_gradients
 // R1: %[[NORM:.+]] = carve.grad_norm %[[DB:.+]], %[[DW2:.+]], %[[DW1:.+]] {slots = array<i64: 0, 1, 2>, tp_split = array<i1: false, false, false>} : (tensor<8xf32>, tensor<8x8xf32>, tensor<8x8xf32>) -> f64
-// R1-NOT: carve.clip_coefficient
-// R1-NOT: carve.scale_gradients
+// Every tail clips: max_norm 0 (none) unless compiled with clipping; a run's
+// train --clip replaces it.
+// R1-NEXT: %[[CLIP0:.+]] = carve.clip_coefficient %[[NORM]] {max_norm = 0.000000e+00 : f64}
+// R1-NEXT: carve.scale_gradients %[[CLIP0]], %[[DB]], %[[DW2]], %[[DW1]] {slots = array<i64: 0, 1, 2>}
 // R1-NEXT: %[[LR:.+]] = carve.learning_rate {decay_steps = 0 : i64, lr = 1.000000e-03 : f64, min_lr_ratio = 0.000000e+00 : f64, warmup_steps = 0 : i64}
 // R1-NEXT: carve.adamw %arg3, %[[DB]], %[[LR]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 1.000000e-02 : f64} : tensor<8xf32>, tensor<8xf32>
 // R1-NEXT: carve.adamw %arg2, %[[DW2]], %[[LR]]

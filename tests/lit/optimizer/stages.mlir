@@ -8,6 +8,8 @@
 // CHECK-SAME: %arg2: tensor<16x8xf32> {carve.param = "wte.weight"
 // CHECK-SAME: %arg3: tensor<8x8xf32> {carve.param = "h.0.w"
 // CHECK: %[[NORM:.+]] = carve.grad_norm %[[DW0:.+]], %[[DWTE:.+]] {slots = array<i64: 0, 1>, tp_split = array<i1: false, false>} : (tensor<8x8xf32>, tensor<16x8xf32>) -> f64
+// CHECK-NEXT: carve.clip_coefficient %[[NORM]] {max_norm = 0.000000e+00 : f64}
+// CHECK-NEXT: carve.scale_gradients
 // CHECK-NEXT: %[[LR:.+]] = carve.learning_rate
 // CHECK-NEXT: carve.adamw %arg3, %[[DW0]], %[[LR]]
 // CHECK-NEXT: carve.adamw %arg2, %[[DWTE]], %[[LR]]
@@ -18,6 +20,8 @@
 // CHECK-SAME: %arg2: tensor<16x8xf32> {carve.param = "wte.weight"
 // CHECK-SAME: %arg3: tensor<8x8xf32> {carve.param = "h.1.w"
 // CHECK: %[[NORM1:.+]] = carve.grad_norm %[[DW1:.+]] {slots = array<i64: 1>, tp_split = array<i1: false>} : (tensor<8x8xf32>) -> f64
+// CHECK-NEXT: carve.clip_coefficient %[[NORM1]]
+// CHECK-NEXT: carve.scale_gradients
 // CHECK-NEXT: %[[LR1:.+]] = carve.learning_rate
 // CHECK-NEXT: carve.adamw %arg2, %{{.+}}, %[[LR1]] {{.*}} : tensor<16x8xf32>, tensor<16x8xf32>
 // CHECK-NEXT: carve.adamw %arg3, %[[DW1]], %[[LR1]]

@@ -93,6 +93,12 @@ struct CheckpointManifest {
   /// last changed, so that a resumed run continues with them (0: not recorded).
   double lossScale = 0;
   int64_t lossScaleGoodSteps = 0;
+  /// The hyperparameters the run that saved it used ("hyperparameters":
+  /// lr, min_lr, warmup_steps, decay_steps, weight_decay, beta1, beta2, eps,
+  /// clip as numbers, in this order, and the schedule's name; empty: not
+  /// recorded, an older checkpoint).
+  std::vector<std::pair<std::string, double>> hyperparameters;
+  std::string schedule;
   std::vector<CheckpointTensor> tensors;
 };
 

@@ -44,8 +44,31 @@ double sumSquares(const float *g, int64_t n);
 void addInPlace(float *dst, const float *src, int64_t n);
 /// g *= s.
 void scaleInPlace(float *g, int64_t n, float s);
-/// clip_grad_norm_'s coefficient: min(1, maxNorm / (totalNorm + 1e-6)).
+/// clip_grad_norm_'s coefficient: min(1, maxNorm / (totalNorm + 1e-6));
+/// maxNorm <= 0: 1 (no clipping).
 float clipCoefficient(double totalNorm, double maxNorm);
+
+/// The learning-rate schedules after warm-up (train --schedule).
+enum class Schedule : int { Cosine = 0, Linear = 1, Constant = 2, Wsd = 3 };
+/// "cosine", "linear", "constant", "wsd".
+const char *scheduleName(Schedule s);
+/// The schedule named `name`; false for a name carve lacks.
+bool parseSchedule(const char *name, Schedule &out);
+
+/// The optimizer's and the schedule's hyperparameters: a program's compiled
+/// defaults (Program::hyper) or one run's values (StepContext::hyper), which
+/// `train --lr ...` set without recompiling (docs/training.md#hyperparameters).
+struct Hyperparameters {
+  double lr = 1e-3;
+  double minLrRatio = 0; // the schedule decays to lr * minLrRatio
+  int64_t warmupSteps = 0;
+  int64_t decaySteps = 0;
+  Schedule schedule = Schedule::Cosine;
+  double weightDecay = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8; // AdamW
+  double clip = 0;     // clip_grad_norm_'s max_norm; 0: no clipping
+  int64_t endStep = 0; // wsd: the run's end (0-based step after its last); set by the run
+};
 
 /// Learning rate for 0-based step t: linear warm-up over `warmup` steps
 /// (lr * (t + 1) / warmup), then cosine decay over `decaySteps` steps (counted
@@ -53,6 +76,16 @@ float clipCoefficient(double totalNorm, double maxNorm);
 /// constant after warm-up. Equals torch.optim.lr_scheduler.LambdaLR with the same
 /// function of t.
 double scheduledLr(int64_t t, double lr, int64_t warmup, int64_t decaySteps, double minRatio);
+
+/// Learning rate for 0-based step t under `h`: linear warm-up over
+/// warmupSteps (lr * (t + 1) / warmupSteps), then
+///   cosine   - the decay above over decaySteps to lr * minLrRatio, then that;
+///   linear   - a straight line over decaySteps to lr * minLrRatio, then that;
+///   constant - lr;
+///   wsd      - warmup, stable, decay: lr until decaySteps before endStep, then
+///              a straight line to lr * minLrRatio at endStep.
+/// decaySteps == 0: constant after warm-up, under every schedule.
+double scheduledLr(int64_t t, const Hyperparameters &h);
 
 } // namespace carve::rt
 

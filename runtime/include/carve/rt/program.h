@@ -14,6 +14,7 @@
 
 #include "carve/rt/comm.h"
 #include "carve/rt/kernels.h"
+#include "carve/rt/optim.h"
 
 #include <cstdint>
 #include <memory>
@@ -112,6 +113,10 @@ struct StepContext {
   bool cudaGraph = false;
   /// Out: the nodes of the captured graph (0 until it is captured).
   int64_t graphNodes = 0;
+  /// The run's learning rate, schedule, weight decay, AdamW's betas and eps
+  /// and clipping (Program::hyper, overridden by train --lr ...); the step
+  /// reads them.
+  const Hyperparameters *hyper = nullptr;
 };
 
 /// A device the step runs on (the CUDA target), driven by the runtime's main
@@ -181,6 +186,9 @@ struct Program {
   /// inputs rounded to it; 16-bit weight copies of fp32 master weights,
   /// TensorSpec::masterOffset; fp32 gradients and accumulation).
   const char *precision = "fp32";
+  /// The compiled hyperparameters: the defaults a run's train --lr ...
+  /// override (null: a program that reads none).
+  const Hyperparameters *hyper = nullptr;
 };
 
 } // namespace carve::rt
