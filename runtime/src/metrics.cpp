@@ -101,6 +101,161 @@ bool MetricsLog::checkWritable(const std::string &path, std::string &error) {
   return true;
 }
 
+uint32_t crc32c(const void *data, size_t n) {
+  static uint32_t table[256];
+  static bool built = false;
+  if (!built) {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k)
+        c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      table[i] = c;
+    }
+    built = true;
+  }
+  const unsigned char *p = static_cast<const unsigned char *>(data);
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i)
+    c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+uint32_t maskedCrc32c(const void *data, size_t n) {
+  const uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+namespace {
+
+// Protocol-buffer encoding of the few fields an Event needs.
+void varint(std::string &out, uint64_t v) {
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7F) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+}
+template <typename T> void fixed(std::string &out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T)); // little-endian hosts only (x86-64, aarch64)
+  out.append(b, sizeof(T));
+}
+void lengthDelimited(std::string &out, int field, const std::string &bytes) {
+  varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  varint(out, bytes.size());
+  out += bytes;
+}
+
+double wallTime() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+/// tensorflow.Event { double wall_time = 1; int64 step = 2; string
+/// file_version = 3; Summary summary = 5; }
+std::string eventBytes(double wall, int64_t step, const std::string &fileVersion,
+                       const std::vector<std::pair<std::string, float>> &scalars) {
+  std::string e;
+  varint(e, 1 << 3 | 1);
+  fixed(e, wall);
+  varint(e, 2 << 3 | 0);
+  varint(e, static_cast<uint64_t>(step));
+  if (!fileVersion.empty())
+    lengthDelimited(e, 3, fileVersion);
+  if (!scalars.empty()) {
+    // Summary { repeated Value value = 1; } Value { string tag = 1; float simple_value = 2; }
+    std::string summary;
+    for (const auto &[tag, v] : scalars) {
+      std::string value;
+      lengthDelimited(value, 1, tag);
+      varint(value, 2 << 3 | 5);
+      fixed(value, v);
+      lengthDelimited(summary, 1, value);
+    }
+    lengthDelimited(e, 5, summary);
+  }
+  return e;
+}
+
+} // namespace
+
+TensorBoardLog::~TensorBoardLog() {
+  if (fd >= 0)
+    ::close(fd);
+}
+
+bool TensorBoardLog::checkWritable(const std::string &dir, std::string &error) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      error = dir + ": the --tensorboard path exists and is not a folder";
+      return false;
+    }
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+      error = dir + ": cannot write into the --tensorboard folder: " + std::strerror(errno);
+      return false;
+    }
+    return true;
+  }
+  std::string parent = dir.find('/') == std::string::npos ? "." : dir.substr(0, dir.rfind('/'));
+  if (parent.empty())
+    parent = "/";
+  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+      ::access(parent.c_str(), W_OK | X_OK) != 0) {
+    error = dir + ": cannot create the --tensorboard folder: " + parent +
+            " is not a writable folder";
+    return false;
+  }
+  return true;
+}
+
+bool TensorBoardLog::open(const std::string &dir, std::string &error) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    error = dir + ": cannot create the --tensorboard folder: " + std::strerror(errno);
+    return false;
+  }
+  char host[64] = "host";
+  ::gethostname(host, sizeof host - 1);
+  filePath = dir + "/events.out.tfevents." +
+             std::to_string(static_cast<long long>(wallTime())) + "." + host + "." +
+             std::to_string(static_cast<long long>(::getpid()));
+  fd = ::open(filePath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    error = filePath + ": cannot create the event file: " + std::strerror(errno);
+    return false;
+  }
+  return writeRecord(eventBytes(wallTime(), 0, "brain.Event:2", {}), error);
+}
+
+bool TensorBoardLog::write(int64_t step, const std::vector<std::pair<std::string, float>> &scalars,
+                           std::string &error) {
+  return writeRecord(eventBytes(wallTime(), step, "", scalars), error);
+}
+
+bool TensorBoardLog::writeRecord(const std::string &data, std::string &error) {
+  std::string rec;
+  const uint64_t n = data.size();
+  fixed(rec, n);
+  fixed(rec, maskedCrc32c(rec.data(), 8));
+  rec += data;
+  fixed(rec, maskedCrc32c(data.data(), data.size()));
+  const char *p = rec.data();
+  size_t left = rec.size();
+  while (left > 0) {
+    ssize_t put = ::write(fd, p, left);
+    if (put < 0 && errno == EINTR)
+      continue;
+    if (put < 0) {
+      error = filePath + ": cannot write the event file: " + std::strerror(errno);
+      return false;
+    }
+    p += put;
+    left -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
 bool MetricsLog::open(const std::string &path, std::string &error) {
   filePath = path;
   fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);

@@ -37,6 +37,9 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
                               tensor per model input (see runtime/README.md)
   --data-dtype int32|uint16   element type of a token file (default int32)
   --log FILE.jsonl            write one JSON object per step (replaces FILE)
+  --tensorboard DIR           also write the step's loss, learning rate, gradient norm and
+                              throughput as TensorBoard scalars (an event file in DIR;
+                              tensorboard --logdir DIR shows them)
   --save DIR                  after the last step write a sharded checkpoint (every rank
                               its own shards) to DIR/step-NNNNNNNN and point DIR/latest at it
   --save-every K              also save into the --save DIR after every step that is a
@@ -135,18 +138,19 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
         return false;
       }
     } else if (arg == "--data" || arg == "--log" || arg == "--save" || arg == "--load" ||
-               arg == "--trace") {
+               arg == "--trace" || arg == "--tensorboard") {
       if (!takeValue())
         return false;
       if (value.empty()) {
         error = arg + " needs a non-empty path";
         return false;
       }
-      (arg == "--data"    ? opts.data
-       : arg == "--log"   ? opts.log
-       : arg == "--save"  ? opts.save
-       : arg == "--trace" ? opts.trace
-                          : opts.load) = value;
+      (arg == "--data"          ? opts.data
+       : arg == "--log"         ? opts.log
+       : arg == "--save"        ? opts.save
+       : arg == "--trace"       ? opts.trace
+       : arg == "--tensorboard" ? opts.tensorboard
+                                : opts.load) = value;
     } else if (arg == "--save-every" || arg == "--keep") {
       if (!takeValue())
         return false;

@@ -26,6 +26,7 @@ struct Options {
   std::string data;
   TokenFileType dataType = TokenFileType::Int32;
   std::string log;
+  std::string tensorboard; // --tensorboard DIR: TensorBoard event files
   std::string save;
   std::string load;
   int64_t saveEvery = 0;

@@ -274,6 +274,8 @@ void prepareRank(const Options &opts, int worldRank, int localRank, int localRan
     MetricsLog::checkWritable(opts.log, error);
   if (error.empty() && worldRank == 0 && !opts.trace.empty())
     MetricsLog::checkWritable(opts.trace, error);
+  if (error.empty() && worldRank == 0 && !opts.tensorboard.empty())
+    TensorBoardLog::checkWritable(opts.tensorboard, error);
   // The CUDA target: this rank's device first, so that a plan too large for
   // it is reported as such (not as a failed host allocation).
   if (error.empty() && device)
@@ -429,7 +431,7 @@ void reportStart(Communicator &world, const Options &opts, const RankSetup &s, i
 class Trainer {
 public:
   Trainer(Communicator &world, const Options &opts, const FaultInjection &faults, RankSetup &s,
-          const AxisGroups &groups, MetricsLog &log);
+          const AxisGroups &groups, MetricsLog &log, TensorBoardLog &board);
 
   /// Runs the steps; false when a non-finite loss or gradient stopped the run
   /// (rank 0 has reported it).
@@ -459,6 +461,7 @@ private:
   const Program &program;
   const DeviceTarget *device;
   MetricsLog &log;
+  TensorBoardLog &board;
   const int worldRank;
   const int64_t start, end;
   const bool tokens;
@@ -478,9 +481,10 @@ private:
 };
 
 Trainer::Trainer(Communicator &world, const Options &opts, const FaultInjection &faults,
-                 RankSetup &s, const AxisGroups &groups, MetricsLog &log)
+                 RankSetup &s, const AxisGroups &groups, MetricsLog &log,
+                 TensorBoardLog &board)
     : world(world), opts(opts), faults(faults), s(s), program(*s.program), device(s.device),
-      log(log), worldRank(world.rank()), start(s.weights.step), end(start + opts.steps),
+      log(log), board(board), worldRank(world.rank()), start(s.weights.step), end(start + opts.steps),
       tokens(program.dataKind == DataKind::Tokens),
       itemsPerStep(static_cast<double>(program.globalBatch) *
                    (tokens ? static_cast<double>(program.seqLen) : 1.0)),
@@ -640,6 +644,17 @@ void Trainer::reportStep(int64_t k, double seconds, bool overflow, bool stop, fl
                  !guard.nonFinite ? ""
                  : stop           ? "non-finite: stopping"
                                   : "update skipped");
+  if (board.isOpen()) {
+    std::vector<std::pair<std::string, float>> scalars = {{"loss", ctx.loss}, {"lr", ctx.lr}};
+    if (ctx.gradNorm >= 0 || !std::isfinite(ctx.gradNorm))
+      scalars.push_back({"grad_norm", ctx.gradNorm});
+    scalars.push_back({tokens ? "tokens_per_s" : "samples_per_s", static_cast<float>(rate)});
+    if (fp16)
+      scalars.push_back({"loss_scale", usedScale});
+    std::string error;
+    if (!board.write(k, scalars, error))
+      die(error);
+  }
   if (!log.isOpen())
     return;
   JsonLine line;
@@ -753,6 +768,9 @@ int main(int argc, char **argv) {
   MetricsLog log;
   if (worldRank == 0 && !opts.log.empty() && !log.open(opts.log, error))
     die(error);
+  TensorBoardLog board;
+  if (worldRank == 0 && !opts.tensorboard.empty() && !board.open(opts.tensorboard, error))
+    die(error);
   AxisGroups groups;
   makeAxisGroups(*world, setup.mesh, setup.device, groups);
 
@@ -760,7 +778,7 @@ int main(int argc, char **argv) {
               worldRank == 0 && !opts.quiet);
 
   // Step 4: training; step 5: the final checkpoint.
-  Trainer trainer(*world, opts, faults, setup, groups, log);
+  Trainer trainer(*world, opts, faults, setup, groups, log, board);
   if (!trainer.run()) {
     std::free(setup.arena);
     return finish(1);

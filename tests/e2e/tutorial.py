@@ -8,7 +8,16 @@ The tutorial's fenced blocks follow one convention:
                    carve, /usr/bin/python3) first on PATH;
 - ```LANG file=NAME a file the reader saves as NAME: written before the next
                    commands run;
-- anything else (```text: what the commands print) is not run.
+- ```text           what the commands of the last ```sh block before it print:
+                   checked against their output. Each line of the block must
+                   match a line of the output, in order (other output lines
+                   may come between), with runs of spaces counted as one;
+                   a number matches within NUMBER_RTOL relative (the same
+                   model trains the same up to summation order on another
+                   machine); "~" before a number (a time, a throughput, a
+                   rounding difference) matches any number, and "…" any text
+                   (a temporary folder, this machine's cores).
+- anything else is not run.
 
 A block that exits non-zero fails the test, naming the block's first line
 and showing the end of its output. So does a tutorial with fewer than
@@ -27,6 +36,8 @@ import sys
 import time
 
 MIN_COMMAND_BLOCKS = 6
+NUMBER_RTOL = 1e-4
+NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 PROMISED = ["carve compile", "carve run", "--load", "carve verify", "carve plan"]
 TIMEOUT_S = 300
 
@@ -50,6 +61,53 @@ def blocks(text):
         out.append((info, "\n".join(lines[start:j]) + "\n", i + 1))
         i = j + 1
     return out
+
+
+def normalize(line):
+    return re.sub(r"\s+", " ", line.strip())
+
+
+def line_matcher(doc_line):
+    """(regex, expected numbers: a float, or None for ~) of one printed line."""
+    parts = re.split("(…|~" + NUMBER + "|" + NUMBER + ")", normalize(doc_line))
+    regex, expected = "", []
+    for i, p in enumerate(parts):
+        if i % 2 == 0:
+            regex += re.escape(p)
+        elif p == "…":
+            regex += ".*?"
+        else:
+            regex += "(" + NUMBER + ")"
+            expected.append(None if p.startswith("~") else float(p))
+    return re.compile(regex), expected
+
+
+def matches(doc_line, out_line):
+    regex, expected = line_matcher(doc_line)
+    m = regex.fullmatch(normalize(out_line))
+    if not m:
+        return False
+    for want, got in zip(expected, m.groups()):
+        if want is not None and abs(float(got) - want) > NUMBER_RTOL * max(abs(want),
+                                                                           abs(float(got))):
+            return False
+    return True
+
+
+def check_printed(doc, output):
+    """None when every line of `doc` matches a line of `output` in order;
+    else the first line that does not, and the output."""
+    lines = output.splitlines()
+    at = 0
+    for d in doc.splitlines():
+        if not d.strip():
+            continue
+        while at < len(lines) and not matches(d, lines[at]):
+            at += 1
+        if at == len(lines):
+            return d
+        at += 1
+    return None
 
 
 def main():
@@ -80,7 +138,22 @@ def main():
         return 1
 
     n = 0
+    last_log, checked = None, 0
     for info, body, line in found:
+        if info == "text":
+            if last_log is None:
+                print("FAIL line %d: a ```text block before any command block" % line)
+                return 1
+            with open(last_log) as f:
+                printed = f.read()
+            bad = check_printed(body, printed)
+            if bad is not None:
+                print("FAIL line %d: the tutorial shows\n  %s\nwhich the commands' output "
+                      "(%s) does not print (numbers within %g; ~ any number, … any text):\n%s"
+                      % (line, bad, os.path.basename(last_log), NUMBER_RTOL, printed[-3000:]))
+                return 1
+            checked += 1
+            continue
         m = re.match(r"^\w+\s+file=(\S+)$", info)
         if m:
             name = m.group(1)
@@ -110,9 +183,11 @@ def main():
                 tail = f.read()[-3000:]
             print("FAIL line %d: `%s` exited %s:\n%s" % (line, first, rc, tail))
             return 1
+        last_log = log
         print("ok   %-60s %5.1f s" % (first[:60], took))
         sys.stdout.flush()
-    print("%d command blocks of %s ran" % (n, os.path.basename(args.tutorial)))
+    print("%d command blocks of %s ran; %d printed outputs match" % (
+        n, os.path.basename(args.tutorial), checked))
     return 0
 
 

@@ -12,6 +12,7 @@
 #include "tools/carve/CkptCmd.h"
 #include "tools/carve/Compile.h"
 #include "tools/carve/PlanCmd.h"
+#include "tools/carve/PlotCmd.h"
 #include "tools/carve/Summary.h"
 #include "tools/carve/VerifyCmd.h"
 
@@ -49,6 +50,12 @@ cl::opt<std::string> ckptOutput("o", cl::desc("merge: the full model's safetenso
 cl::opt<bool> ckptWithOptimizer("with-optimizer",
                                 cl::desc("merge: also write the optimizer state tensors"),
                                 cl::sub(ckptCmd), cl::cat(carveCat));
+cl::SubCommand plotCmd("plot", "Draw training logs (train --log) as an SVG picture: loss, "
+                               "learning rate, gradient norm, throughput against the step");
+cl::list<std::string> plotLogs(cl::Positional, cl::OneOrMore, cl::desc("LOG.jsonl..."),
+                               cl::sub(plotCmd), cl::cat(carveCat));
+cl::opt<std::string> plotOutput("o", cl::desc("The SVG file to write"),
+                                cl::value_desc("FILE.svg"), cl::sub(plotCmd), cl::cat(carveCat));
 cl::SubCommand planCmd("plan", "Search a parallelization plan for a model on a cluster and "
                                "explain it (docs/planner.md)");
 cl::SubCommand verifyCmd("verify", "Train a plan's program and the 1-rank program a few steps "
@@ -431,6 +438,7 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(carveCat, runCmd);
   cl::HideUnrelatedOptions(carveCat, planCmd);
   cl::HideUnrelatedOptions(carveCat, ckptCmd);
+  cl::HideUnrelatedOptions(carveCat, plotCmd);
   cl::HideUnrelatedOptions(carveCat, verifyCmd);
   cl::HideUnrelatedOptions(carveCat);
   cl::SetVersionPrinter([](raw_ostream &os) { os << "carve 0.1 (MLIR 22)\n"; });
@@ -446,6 +454,7 @@ int main(int argc, char **argv) {
       "[--constraints FILE] [-o PLAN.json] [--json]\n"
       "  carve ckpt inspect PATH | carve ckpt merge PATH -o FULL.safetensors\n"
       "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n"
+      "  carve plot LOG.jsonl [LOG2.jsonl ...] -o curves.svg\n"
       "  carve verify MODEL --plan PLAN.json [--steps K] [--data FILE] [--workdir DIR]\n\n"
       "Run `carve SUBCOMMAND --help` for the flags of one subcommand.\n");
   if (importCmd)
@@ -497,6 +506,8 @@ int main(int argc, char **argv) {
       va.compileFlags.insert(va.compileFlags.end(), {"--loss", lossName});
     return carve::runVerify(va);
   }
+  if (plotCmd)
+    return carve::runPlot(std::vector<std::string>(plotLogs.begin(), plotLogs.end()), plotOutput);
   if (ckptCmd)
     return carve::runCkpt({std::vector<std::string>(ckptArgs.begin(), ckptArgs.end()), ckptOutput,
                            ckptWithOptimizer});

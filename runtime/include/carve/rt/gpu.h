@@ -57,6 +57,8 @@ using carve::rt::Reduce;
 using carve::rt::ReduceOp;
 using carve::rt::Split;
 using carve::rt::StepContext;
+using carve::rt::Hyperparameters;
+using carve::rt::Schedule;
 using carve::rt::TensorSpec;
 using carve::rt::TraceSpan;
 using carve::rt::Unary;

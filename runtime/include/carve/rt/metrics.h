@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace carve::rt {
 
@@ -54,6 +56,41 @@ private:
   std::string filePath;
   int fd = -1;
 };
+
+/// TensorBoard's event files (train --tensorboard DIR): TFRecord framing
+/// (length, masked CRC-32C of the length, the record, masked CRC-32C of the
+/// record) around tensorflow.Event protocol buffers, encoded by hand: the
+/// first event carries file_version "brain.Event:2", each later one a step,
+/// its wall time and a Summary of simple scalar values. Stock TensorBoard
+/// reads the folder (tensorboard --logdir DIR).
+class TensorBoardLog {
+public:
+  TensorBoardLog() = default;
+  TensorBoardLog(const TensorBoardLog &) = delete;
+  TensorBoardLog &operator=(const TensorBoardLog &) = delete;
+  ~TensorBoardLog();
+
+  /// Checks that `dir` is a writable folder or can be created, changing
+  /// nothing. On failure sets `error` to "DIR: cause".
+  static bool checkWritable(const std::string &dir, std::string &error);
+  /// Creates `dir` if needed and a new events.out.tfevents.SECONDS.HOST.PID
+  /// file in it, with the file-version event.
+  bool open(const std::string &dir, std::string &error);
+  bool isOpen() const { return fd >= 0; }
+  /// One event: `step`, the wall time now, and the scalars (tag, value).
+  bool write(int64_t step, const std::vector<std::pair<std::string, float>> &scalars,
+             std::string &error);
+  const std::string &path() const { return filePath; }
+
+private:
+  bool writeRecord(const std::string &data, std::string &error);
+  std::string filePath;
+  int fd = -1;
+};
+
+/// CRC-32C (Castagnoli) of `n` bytes, and TFRecord's mask of it.
+uint32_t crc32c(const void *data, size_t n);
+uint32_t maskedCrc32c(const void *data, size_t n);
 
 /// "step 3/20  loss 4.12345648  12345 tokens/s  elapsed 1.23s  eta 8.1s  peak rss 51.2 MB":
 /// `done` steps of `total`, `rate` items per second of `unit` ("tokens",
