@@ -123,7 +123,7 @@ struct TensorRow {
   int64_t numel = 0, offset = 0;
   bool trainable = false;
   int64_t gradOffset = -1, state[2] = {-1, -1};
-  int64_t masterOffset = -1; // a 16-bit copy's fp32 master (the row's dtype is the master's)
+  int64_t masterOffset = -1;     // a 16-bit copy's fp32 master (the row's dtype is the master's)
   std::string copyDtype = "F32"; // the copy's dtype ("BF16", "F16") where there is a master
 };
 

@@ -312,7 +312,8 @@ bool Generator::readPersistent(int64_t base, PersistentLayout &l) {
     stateOf[g.param] = st;
     const int64_t master = i < plan.masters.size() ? plan.masters[i] : -1;
     if ((master >= 0) != (bool)fn.getArgAttr(g.param, kMasterAttr))
-      return fail(where + (master >= 0 ? " gives an fp32 master to " : " gives no fp32 master to ") +
+      return fail(where +
+                  (master >= 0 ? " gives an fp32 master to " : " gives no fp32 master to ") +
                   paramName(g.param) +
                   (master >= 0 ? ", which is no 16-bit copy" : ", a 16-bit copy (carve.master)"));
     if (master >= 0) {

@@ -98,8 +98,7 @@ std::string Generator::tailPointers(const std::string &prefix) {
       s += "  uint16_t *" + t.param + " = (uint16_t *)(A + " + std::to_string(at) + ");  // " +
            paramName(a) + ", the 16-bit copy" + (zero == 3 ? chunk : "") + "\n";
       t.master = uniqueName("master_" + base);
-      declare(t.master, m->second,
-              "the fp32 master of " + paramName(a) + (zero ? chunk : ""));
+      declare(t.master, m->second, "the fp32 master of " + paramName(a) + (zero ? chunk : ""));
     } else {
       declare(t.param, at, paramName(a) + (zero == 3 ? chunk : ""));
     }
@@ -135,9 +134,8 @@ bool Generator::readStepTail() {
                 "under fp16 and is not used otherwise (precision " +
                 opts.precision + ")");
   if (!tail.clip || !everyGradient(tail.clipped))
-    return fail(where +
-                "the tail needs carve.clip_coefficient and carve.scale_gradients of every "
-                "gradient (a run may clip: train --clip)");
+    return fail(where + "the tail needs carve.clip_coefficient and carve.scale_gradients of every "
+                        "gradient (a run may clip: train --clip)");
   std::set<unsigned> want, got(tail.gathered.begin(), tail.gathered.end());
   if (zero == 1 || zero == 2)
     for (const GradSlot &g : grads)
@@ -215,14 +213,13 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
       p = t.master; // the whole master, or (ZeRO) this rank's chunk of it
     if (adam)
       ts << "  adamwUpdate(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1] << ", "
-         << n << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);  // "
-         << paramName(a) << "\n";
+         << n << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);  // " << paramName(a)
+         << "\n";
     else
       ts << "  sgdUpdate(" << p << ", " << go << ", "
          << (momentum ? t.state[0] : std::string("nullptr")) << ", " << n << ", lr, "
-         << number(o.momentum, false) << ", " << number(o.dampening, false)
-         << ", h.weightDecay, " << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // "
-         << paramName(a) << "\n";
+         << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
+         << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // " << paramName(a) << "\n";
     if (!t.master.empty())
       ts << "  " << (opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master << ", "
          << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")

@@ -166,7 +166,8 @@ Generator::GatherPlan Generator::planZero3Gathers() {
       if (gg.first < 0)
         continue;
       gg.var = uniqueName(base + (pass ? "_full_bwd" : "_full_fwd"));
-      gg.buffer = newBuffer(Region::Activation, dp * chunk * elementBytes(arg), gg.issue - 1, gg.var);
+      gg.buffer =
+          newBuffer(Region::Activation, dp * chunk * elementBytes(arg), gg.issue - 1, gg.var);
       buffers[gg.buffer].gatherArg = (int)arg;
       buffers[gg.buffer].gatherPass = pass;
       buffers[gg.buffer].lastUse = gg.last;

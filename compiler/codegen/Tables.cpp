@@ -90,9 +90,9 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
      << "    /*tp=*/" << opts.tp << ", /*zeroStage=*/" << (opts.dp > 1 ? opts.zero : 0) << ",\n"
      << "    /*paramBytes=*/" << out.paramBytes << ", /*gradBytes=*/" << out.gradBytes
      << ", /*stateBytes=*/" << out.stateBytes << ",\n";
-  os << "    /*pp=*/" << p << ", /*ppRank=*/" << (pipe ? pipe->rank : 0)
-     << ", /*numMicroBatches=*/" << (pipe ? opts.numMicroBatches : 1) << ", /*activationBytes=*/"
-     << out.activationBytes << ",\n";
+  os << "    /*pp=*/" << p << ", /*ppRank=*/" << (pipe ? pipe->rank : 0) << ", /*numMicroBatches=*/"
+     << (pipe ? opts.numMicroBatches : 1) << ", /*activationBytes=*/" << out.activationBytes
+     << ",\n";
   os << "    /*device=*/" << (opts.cuda() ? "&kCudaTarget" : "nullptr") << ", /*precision=*/\""
      << opts.precision << "\",\n";
   os << "    /*hyper=*/&kHyper,\n";

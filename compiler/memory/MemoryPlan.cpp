@@ -532,8 +532,8 @@ bool readPersistentPlan(func::FuncOp fn, PersistentPlan &plan, std::string &erro
   auto masters = d ? d.getAs<DenseI64ArrayAttr>("masters") : DenseI64ArrayAttr();
   if (!get("begin", plan.begin) || !get("params_end", plan.paramsEnd) ||
       !get("grads_end", plan.gradsEnd) || !get("state_end", plan.stateEnd) ||
-      !get("end", plan.end) || !grads || !states || states.size() != 2 * grads.size() ||
-      !masters || masters.size() != grads.size() ||
+      !get("end", plan.end) || !grads || !states || states.size() != 2 * grads.size() || !masters ||
+      masters.size() != grads.size() ||
       !(plan.begin <= plan.paramsEnd && plan.paramsEnd <= plan.gradsEnd &&
         plan.gradsEnd <= plan.stateEnd && plan.stateEnd <= plan.end)) {
     error = "@" + fn.getSymName().str() + " has no valid " + std::string(kPersistentPlanAttr) +

@@ -52,7 +52,7 @@ struct ActivationPlan {
 struct PersistentPlan {
   int64_t begin = 0, paramsEnd = 0, gradsEnd = 0, stateEnd = 0, end = 0;
   std::vector<int64_t> grads;  // per carve.gradients entry
-  std::vector<int64_t> states;  // two per entry; -1: none
+  std::vector<int64_t> states; // two per entry; -1: none
   std::vector<int64_t> masters; // per entry: the fp32 master of a 16-bit copy; -1: none
 };
 

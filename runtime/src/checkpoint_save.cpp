@@ -383,10 +383,11 @@ void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
     pause();
     const std::string final = dir + "/" + name;
     struct stat st;
-    bool ok = writeFileAtomic(tmp + "/manifest.json",
-                              manifestToJson(buildManifest(p, step, lossScale, lossScaleGoodSteps, hyper)),
-                              error) &&
-              syncFolder(tmp, error);
+    bool ok =
+        writeFileAtomic(
+            tmp + "/manifest.json",
+            manifestToJson(buildManifest(p, step, lossScale, lossScaleGoodSteps, hyper)), error) &&
+        syncFolder(tmp, error);
     if (ok && ::stat(final.c_str(), &st) == 0) {
       // Replacing a step folder of an earlier run: swap it out in one rename
       // so that a complete folder of that name exists at every moment.

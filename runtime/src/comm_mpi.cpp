@@ -107,7 +107,6 @@ MPI_Datatype reducible(CommType t, const char *what) {
   return mpiType(t);
 }
 
-
 /// `count` elements of `base` whose extent is `stride` bytes: block r of a
 /// piece of a rank-blocked buffer is then element r of this type. Freed by the
 /// caller right after starting the operation (MPI keeps it alive until then).

@@ -203,8 +203,8 @@ bool TensorBoardLog::checkWritable(const std::string &dir, std::string &error) {
     parent = "/";
   if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
       ::access(parent.c_str(), W_OK | X_OK) != 0) {
-    error = dir + ": cannot create the --tensorboard folder: " + parent +
-            " is not a writable folder";
+    error =
+        dir + ": cannot create the --tensorboard folder: " + parent + " is not a writable folder";
     return false;
   }
   return true;
@@ -217,9 +217,8 @@ bool TensorBoardLog::open(const std::string &dir, std::string &error) {
   }
   char host[64] = "host";
   ::gethostname(host, sizeof host - 1);
-  filePath = dir + "/events.out.tfevents." +
-             std::to_string(static_cast<long long>(wallTime())) + "." + host + "." +
-             std::to_string(static_cast<long long>(::getpid()));
+  filePath = dir + "/events.out.tfevents." + std::to_string(static_cast<long long>(wallTime())) +
+             "." + host + "." + std::to_string(static_cast<long long>(::getpid()));
   fd = ::open(filePath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
     error = filePath + ": cannot create the event file: " + std::strerror(errno);

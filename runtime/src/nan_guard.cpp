@@ -72,11 +72,12 @@ bool NanGuard::check(StepContext &ctx, bool normFinite) {
         continue;
       // A 16-bit copy's weights are looked at in its fp32 master.
       const bool master = s.masterOffset >= 0;
-      const float *v = reinterpret_cast<const float *>(
-          arena + (pass == 0 ? s.gradOffset : master ? s.masterOffset : s.offset));
-      const int64_t n = pass == 0                                ? heldGradientCount(program, s, mesh.dpRank)
+      const float *v = reinterpret_cast<const float *>(arena + (pass == 0 ? s.gradOffset
+                                                                : master  ? s.masterOffset
+                                                                          : s.offset));
+      const int64_t n = pass == 0 ? heldGradientCount(program, s, mesh.dpRank)
                         : (master ? s.stateZero : s.paramZero) ? s.zeroChunk
-                                                                 : s.numel;
+                                                               : s.numel;
       if (pass == 1 && s.dtype != DType::F32)
         continue;
       for (int64_t j = 0; j < n; ++j)

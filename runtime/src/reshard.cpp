@@ -326,9 +326,9 @@ bool checkShardedSpecs(const Program &p, const Mesh &m, std::string &error) {
 std::vector<Slot> modelSlots(const Program &p) {
   std::vector<Slot> slots;
   for (int i = 0; i < p.numParams; ++i)
-    slots.push_back({p.params[i].name, &p.params[i],
-                     p.params[i].masterOffset >= 0 ? p.params[i].masterOffset
-                                                   : p.params[i].offset});
+    slots.push_back(
+        {p.params[i].name, &p.params[i],
+         p.params[i].masterOffset >= 0 ? p.params[i].masterOffset : p.params[i].offset});
   return slots;
 }
 

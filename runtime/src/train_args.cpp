@@ -3,8 +3,8 @@
 #include "train_args.h"
 
 #include <cerrno>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -179,8 +179,8 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       }
       opts.lossScale = v;
       opts.lossScaleSet = true;
-    } else if (arg == "--lr" || arg == "--min-lr" || arg == "--weight-decay" ||
-               arg == "--beta1" || arg == "--beta2" || arg == "--eps" || arg == "--clip") {
+    } else if (arg == "--lr" || arg == "--min-lr" || arg == "--weight-decay" || arg == "--beta1" ||
+               arg == "--beta2" || arg == "--eps" || arg == "--clip") {
       if (!takeValue())
         return false;
       char *end = nullptr;
@@ -190,7 +190,10 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       if (value.empty() || *end != '\0' || !std::isfinite(v) || v < 0 || (positive && v == 0) ||
           (below1 && v >= 1)) {
         error = arg + " needs a number " +
-                (positive ? "> 0" : below1 ? "in [0, 1)" : ">= 0") + ", not '" + value + "'";
+                (positive ? "> 0"
+                 : below1 ? "in [0, 1)"
+                          : ">= 0") +
+                ", not '" + value + "'";
         return false;
       }
       auto &set = opts.hyperSet;
@@ -286,7 +289,9 @@ bool applyHyperparameters(const Options &opts, const Hyperparameters &defaults, 
                           int64_t endStep, Hyperparameters &h, std::string &error) {
   const auto &set = opts.hyperSet;
   if (!adamw && (set.beta1 || set.beta2 || set.eps)) {
-    error = std::string(set.beta1 ? "--beta1" : set.beta2 ? "--beta2" : "--eps") +
+    error = std::string(set.beta1   ? "--beta1"
+                        : set.beta2 ? "--beta2"
+                                    : "--eps") +
             ": this program's optimizer is SGD, which has no betas or eps (they are AdamW's)";
     return false;
   }
@@ -348,8 +353,8 @@ std::string hyperparameterHelp(const Hyperparameters &d, bool adamw) {
        std::to_string(d.decaySteps) + "  --schedule " + scheduleName(d.schedule) + "\n";
   s += "  --weight-decay " + formatNumber(d.weightDecay);
   if (adamw)
-    s += "  --beta1 " + formatNumber(d.beta1) + "  --beta2 " + formatNumber(d.beta2) +
-         "  --eps " + formatNumber(d.eps);
+    s += "  --beta1 " + formatNumber(d.beta1) + "  --beta2 " + formatNumber(d.beta2) + "  --eps " +
+         formatNumber(d.eps);
   s += "  --clip " + formatNumber(d.clip) + (d.clip > 0 ? "" : " (no clipping)") + "\n";
   return s;
 }

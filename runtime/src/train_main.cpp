@@ -481,11 +481,10 @@ private:
 };
 
 Trainer::Trainer(Communicator &world, const Options &opts, const FaultInjection &faults,
-                 RankSetup &s, const AxisGroups &groups, MetricsLog &log,
-                 TensorBoardLog &board)
+                 RankSetup &s, const AxisGroups &groups, MetricsLog &log, TensorBoardLog &board)
     : world(world), opts(opts), faults(faults), s(s), program(*s.program), device(s.device),
-      log(log), board(board), worldRank(world.rank()), start(s.weights.step), end(start + opts.steps),
-      tokens(program.dataKind == DataKind::Tokens),
+      log(log), board(board), worldRank(world.rank()), start(s.weights.step),
+      end(start + opts.steps), tokens(program.dataKind == DataKind::Tokens),
       itemsPerStep(static_cast<double>(program.globalBatch) *
                    (tokens ? static_cast<double>(program.seqLen) : 1.0)),
       unit(tokens ? "tokens" : "samples"), talk(worldRank == 0 && !opts.quiet),

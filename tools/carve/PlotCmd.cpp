@@ -32,7 +32,8 @@ const std::vector<SeriesKind> &seriesKinds() {
       {"eval_loss", "evaluation loss", {"eval_loss"}},
       {"lr", "learning rate", {"lr"}},
       {"grad_norm", "gradient norm (before clipping)", {"grad_norm"}},
-      {"throughput", "throughput (tokens or samples per second)",
+      {"throughput",
+       "throughput (tokens or samples per second)",
        {"tokens_per_s", "samples_per_s"}},
   };
   return kinds;
@@ -123,8 +124,11 @@ std::string px(double x) {
 std::string escape(const std::string &s) {
   std::string out;
   for (char c : s)
-    out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;"
-                                                                                  : std::string(1, c);
+    out += c == '<'   ? "&lt;"
+           : c == '>' ? "&gt;"
+           : c == '&' ? "&amp;"
+           : c == '"' ? "&quot;"
+                      : std::string(1, c);
   return out;
 }
 
@@ -158,10 +162,11 @@ int runPlot(const std::vector<std::string> &logs, const std::string &output) {
   raw_string_ostream os(svg);
   os << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << px(W) << "\" height=\"" << px(H)
-     << "\" viewBox=\"0 0 " << px(W) << " " << px(H) << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+     << "\" viewBox=\"0 0 " << px(W) << " " << px(H)
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << px(left) << "\" y=\"24\" font-size=\"16\">Training curves ("
-     << runs.size() << (runs.size() == 1 ? " run" : " runs") << ")</text>\n";
+     << "<text x=\"" << px(left) << "\" y=\"24\" font-size=\"16\">Training curves (" << runs.size()
+     << (runs.size() == 1 ? " run" : " runs") << ")</text>\n";
   // Legend: one colour per run.
   for (size_t i = 0; i < runs.size(); ++i) {
     const double y = top + 12 + 24 * i;
@@ -193,8 +198,8 @@ int runPlot(const std::vector<std::string> &logs, const std::string &output) {
     os << "<g class=\"panel\" data-series=\"" << k.name << "\">\n"
        << "<text x=\"" << px(left) << "\" y=\"" << px(y0 - 10) << "\" font-size=\"14\">" << k.title
        << "</text>\n"
-       << "<rect x=\"" << px(left) << "\" y=\"" << px(y0) << "\" width=\"" << px(plotW) << "\" height=\""
-       << px(plotH) << "\" fill=\"none\" stroke=\"#444\"/>\n";
+       << "<rect x=\"" << px(left) << "\" y=\"" << px(y0) << "\" width=\"" << px(plotW)
+       << "\" height=\"" << px(plotH) << "\" fill=\"none\" stroke=\"#444\"/>\n";
     for (double t : yt)
       os << "<line x1=\"" << px(left) << "\" y1=\"" << px(Y(t)) << "\" x2=\"" << px(left + plotW)
          << "\" y2=\"" << px(Y(t)) << "\" stroke=\"#ddd\"/><text x=\"" << px(left - 6) << "\" y=\""
@@ -213,8 +218,7 @@ int runPlot(const std::vector<std::string> &logs, const std::string &output) {
          << escape(runs[i].label) << "\" fill=\"none\" stroke=\"" << kColours[i % 8]
          << "\" stroke-width=\"1.5\" points=\"";
       for (size_t j = 0; j < it->second.size(); ++j)
-        os << (j ? " " : "") << px(X(it->second[j].first)) << ","
-           << px(Y(it->second[j].second));
+        os << (j ? " " : "") << px(X(it->second[j].first)) << "," << px(Y(it->second[j].second));
       os << "\"/>\n";
     }
     os << "</g>\n";

@@ -54,8 +54,8 @@ cl::SubCommand plotCmd("plot", "Draw training logs (train --log) as an SVG pictu
                                "learning rate, gradient norm, throughput against the step");
 cl::list<std::string> plotLogs(cl::Positional, cl::OneOrMore, cl::desc("LOG.jsonl..."),
                                cl::sub(plotCmd), cl::cat(carveCat));
-cl::opt<std::string> plotOutput("o", cl::desc("The SVG file to write"),
-                                cl::value_desc("FILE.svg"), cl::sub(plotCmd), cl::cat(carveCat));
+cl::opt<std::string> plotOutput("o", cl::desc("The SVG file to write"), cl::value_desc("FILE.svg"),
+                                cl::sub(plotCmd), cl::cat(carveCat));
 cl::SubCommand planCmd("plan", "Search a parallelization plan for a model on a cluster and "
                                "explain it (docs/planner.md)");
 cl::SubCommand verifyCmd("verify", "Train a plan's program and the 1-rank program a few steps "

@@ -32,10 +32,10 @@ enum class CommType : int { F32 = 0, F64 = 1, I64 = 2, I32 = 3, U8 = 4, BF16 = 5
 
 /// Size in bytes of one element of `t`.
 inline int commTypeBytes(CommType t) {
-  return t == CommType::U8                             ? 1
-         : t == CommType::BF16 || t == CommType::F16   ? 2
-         : t == CommType::F32 || t == CommType::I32    ? 4
-                                                       : 8;
+  return t == CommType::U8                           ? 1
+         : t == CommType::BF16 || t == CommType::F16 ? 2
+         : t == CommType::F32 || t == CommType::I32  ? 4
+                                                     : 8;
 }
 
 /// An operation in flight. Default-constructed handles are complete.

@@ -66,7 +66,7 @@ struct Hyperparameters {
   Schedule schedule = Schedule::Cosine;
   double weightDecay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8; // AdamW
-  double clip = 0;     // clip_grad_norm_'s max_norm; 0: no clipping
+  double clip = 0;                               // clip_grad_norm_'s max_norm; 0: no clipping
   int64_t endStep = 0; // wsd: the run's end (0-based step after its last); set by the run
 };
 
