@@ -13,7 +13,8 @@ What must hold:
 2. The rounding really happens: bf16 and fp16 losses are not all bitwise
    equal to fp32's, and bf16 differs from fp16.
 3. A bf16 plan under dp=2, tp=2, pp=2 with micro-batches (GPT; dp=2 x pp=2
-   with ZeRO-2 too; Llama pp=2 with 4 micro-batches) matches the 1-rank bf16 program
+   with ZeRO-2 too, dp=2 with ZeRO-1 and ZeRO-3; Llama pp=2 with 4 micro-batches)
+   matches the 1-rank bf16 program
    within 1e-4 relative per step. Not the fp32 plans' 1e-5: the ranks sum in
    another order, and an element whose fp32 value moves by one ulp can round
    to a neighbouring bf16 value (a 2^-8 relative step) -- in a matmul's
@@ -24,7 +25,8 @@ What must hold:
    10 steps (1.), so two bf16 runs with different flips may differ by up to
    about that much; the limit leaves a margin of about 1.5 over it.
    Measured: 4.8e-5 (dp2, pp2), 5.0e-5 (tp2), 1.2e-7 (dp2 x pp2 ZeRO-2),
-   3.4e-5 (Llama pp2 with 4 micro-batches).
+   4.8e-5 (dp2 ZeRO-1, ZeRO-3: the 16-bit copies gathered), 3.4e-5 (Llama pp2
+   with 4 micro-batches).
 4. fp16 dynamic loss scaling: with --loss-scale 2^24 the scaled gradients
    overflow fp16 (65504): those steps are skipped on every rank, reported on
    stdout and in the JSONL (skipped, loss_scale halving each time), the
@@ -76,7 +78,11 @@ MODEL_ONNX = {}
 PARALLEL_PLANS = {
     "gpt": [("dp2", {"dp": 2}, 2), ("tp2", {"tp": 2}, 2),
             ("pp2-m2", {"pp": 2, "num_micro_batches": 2}, 2),
-            ("dp2-pp2-m2-zero2", {"dp": 2, "pp": 2, "num_micro_batches": 2, "zero": 2}, 4)],
+            ("dp2-pp2-m2-zero2", {"dp": 2, "pp": 2, "num_micro_batches": 2, "zero": 2}, 4),
+            # The 16-bit weight copies' gathers: ZeRO-1's all-gather after the
+            # update, ZeRO-3's before each use (prefetched).
+            ("dp2-zero1", {"dp": 2, "zero": 1}, 2),
+            ("dp2-zero3", {"dp": 2, "zero": 3, "zero3_prefetch_layers": 1}, 2)],
     "llama": [("pp2-m4", {"pp": 2, "num_micro_batches": 4}, 2)],
 }
 
