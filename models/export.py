@@ -13,6 +13,7 @@ import torch
 
 PARAMETERS_KEY = "carve.parameters"
 BUFFERS_KEY = "carve.buffers"
+STATE_DICT_KEY = "carve.state_dict"
 
 
 class ExportError(RuntimeError):
@@ -26,6 +27,17 @@ def _unique_names(named_tensors):
             seen.add(name)
             names.append(name)
     return names
+
+
+def _state_dict_sources(model):
+    """[[key, tensor]] for every key of model.state_dict(), in its order: the
+    parameter or buffer name (as in carve.parameters / carve.buffers) that holds
+    the key's tensor. A tied weight (lm_head.weight is wte.weight) is one tensor
+    under two keys; `carve ckpt merge --model` writes it under both."""
+    owner = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        owner.setdefault(id(t), name)
+    return [[key, owner.get(id(t), key)] for key, t in model.state_dict(keep_vars=True).items()]
 
 
 def _restore_initializers(proto, buffers):
@@ -58,7 +70,10 @@ def export_for_carve(
 
     Parameters keep their `named_parameters()` names as initializer names, and the
     file records which initializers are trainable parameters (metadata key
-    "carve.parameters") and which are buffers ("carve.buffers"), each as a JSON list.
+    "carve.parameters") and which are buffers ("carve.buffers"), each as a JSON list,
+    and every key of `model.state_dict()` with the parameter or buffer that holds it
+    ("carve.state_dict": [[key, name]], tied weights included), which
+    `carve ckpt merge --model` writes back under every key.
 
     model          torch.nn.Module whose forward returns a scalar loss.
     example_inputs tuple of tensors passed to forward; their shapes become the
@@ -136,7 +151,8 @@ def export_for_carve(
         )
 
     del proto.metadata_props[:]
-    for key, value in ((PARAMETERS_KEY, params), (BUFFERS_KEY, buffers)):
+    for key, value in ((PARAMETERS_KEY, params), (BUFFERS_KEY, buffers),
+                       (STATE_DICT_KEY, _state_dict_sources(model))):
         entry = proto.metadata_props.add()
         entry.key = key
         entry.value = json.dumps(value)

@@ -60,6 +60,9 @@ public:
       : ctx(ctx), b(&ctx), opts(opts), file(std::move(displayName)), baseDir(std::move(baseDir)) {}
 
   mlir::OwningOpRef<mlir::ModuleOp> run(llvm::StringRef bytes);
+  /// Parses `bytes` and reads the facts readOnnxStateFacts returns.
+  void readStateFacts(llvm::StringRef bytes, const std::vector<std::string> &wanted,
+                      OnnxStateFacts &out);
 
 private:
   // Reading and validation.

@@ -239,6 +239,28 @@ std::vector<std::string> supportedOnnxOps() {
   return std::vector<std::string>(opTable().begin(), opTable().end());
 }
 
+bool readOnnxStateFacts(MLIRContext &context, StringRef path,
+                        const std::vector<std::string> &wanted, OnnxStateFacts &out,
+                        std::string &error) {
+  auto buf = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buf) {
+    error = path.str() + ": cannot read the model: " + buf.getError().message();
+    return false;
+  }
+  SmallVector<char> dir(path.begin(), path.end());
+  llvm::sys::path::remove_filename(dir);
+  std::string base = dir.empty() ? "." : std::string(dir.begin(), dir.end());
+  ImportOptions opts;
+  try {
+    frontend::Importer importer(context, opts, path.str(), base);
+    importer.readStateFacts((*buf)->getBuffer(), wanted, out);
+  } catch (const ImportFailure &f) {
+    error = path.str() + ": " + f.message;
+    return false;
+  }
+  return true;
+}
+
 OwningOpRef<ModuleOp> importOnnxBytes(MLIRContext &context, StringRef bytes, StringRef displayName,
                                       StringRef baseDir, const ImportOptions &opts,
                                       std::string &error) {

@@ -70,6 +70,20 @@ mlir::OwningOpRef<mlir::ModuleOp> importOnnxBytes(mlir::MLIRContext &context,
                                                   const ImportOptions &opts,
                                                   std::string &error);
 
+/// What `carve ckpt merge --model` reads of a model: its metadata entries and
+/// the initializers it asks for (converted to float, external data read),
+/// checked as the import checks them. False with `error` (one line naming the
+/// file) when the file is not a readable ONNX model or an initializer is
+/// missing or malformed.
+struct OnnxStateFacts {
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::vector<std::string> initializerNames; // every initializer, in file order
+  std::vector<ImportOptions::InitialValue> values; // those asked for, in that order
+};
+bool readOnnxStateFacts(mlir::MLIRContext &context, llvm::StringRef path,
+                        const std::vector<std::string> &wanted, OnnxStateFacts &out,
+                        std::string &error);
+
 /// The ONNX op types the importer accepts (default domain), sorted.
 std::vector<std::string> supportedOnnxOps();
 

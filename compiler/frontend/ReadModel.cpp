@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 using namespace mlir;
 using llvm::SmallVector;
@@ -57,6 +58,32 @@ float bf16ToFloat(uint16_t h) {
 }
 
 } // namespace
+
+void Importer::readStateFacts(StringRef bytes, const std::vector<std::string> &wanted,
+                              OnnxStateFacts &out) {
+  parse(bytes);
+  for (const auto &p : model.metadata_props())
+    out.metadata.push_back({p.key(), p.value()});
+  std::map<std::string, const onnx::TensorProto *> byName;
+  for (const onnx::TensorProto &t : model.graph().initializer()) {
+    out.initializerNames.push_back(t.name());
+    byName[t.name()] = &t;
+  }
+  for (const std::string &name : wanted) {
+    auto it = byName.find(name);
+    if (it == byName.end())
+      fail("no initializer '" + name + "'");
+    checkInitializer(*it->second);
+    HostTensor h = loadTensor(*it->second, "initializer '" + name + "'");
+    ImportOptions::InitialValue v;
+    v.name = name;
+    v.shape.assign(it->second->dims().begin(), it->second->dims().end());
+    v.data.resize(h.size());
+    for (int64_t k = 0; k < h.size(); ++k)
+      v.data[k] = (float)h.asDouble(k);
+    out.values.push_back(std::move(v));
+  }
+}
 
 void Importer::parse(StringRef bytes) {
   if (bytes.empty())

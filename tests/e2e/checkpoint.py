@@ -23,6 +23,10 @@ What must hold (docs/checkpoints.md):
    merged file loads into reference.MLP with load_state_dict(strict=True),
    and PyTorch's loss on the next batch equals the loss the carve program logs
    for that step after --load (within TORCH_RTOL).
+   With --model, the exported GPT's and Llama's merged files hold every key
+   of the module's state_dict (tied weights, buffers the programs fold) and
+   load with strict=True, PyTorch's next loss equal to carve's; --dtype bf16
+   writes each tensor rounded to bf16.
 5. `carve ckpt inspect` prints the plan, the step and every tensor with its
    shards per rank, matching the manifest.
 6. Bad checkpoints (truncated rank file, missing rank file, missing or corrupt
@@ -301,6 +305,76 @@ def check_merge_torch(e, models):
     return "strict load, loss %.8g vs %.8g" % (loss, next_loss)
 
 
+def check_merge_strict(e, models):
+    """`carve ckpt merge --model`: every key of the module's state_dict (the
+    GPT's tied lm_head.weight and its causal-mask buffers, the Llama's rope
+    and mask buffers, which the programs fold away): the exported reference
+    models trained under dp2 x tp2 load the merged file with strict=True and
+    PyTorch's loss on the next batch equals carve's (TORCH_RTOL); --dtype bf16
+    writes BF16 tensors, each the fp32 merge rounded to nearest even."""
+    import torch
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_ref
+    out_lines = []
+    for name in ("gpt", "llama"):
+        onnx = os.path.join(models, "opset17", name + ".onnx")
+        prog = e.compile(name + "-merge", {"dp": 2, "tp": 2}, model=onnx, optimizer=SGD)
+        data = os.path.join(e.work, name + "-merge.tokens")
+        data_gen.write_tokens(data, data_gen.make_tokens(4000, data_gen.vocab_size(onnx), seed=3))
+        ck = os.path.join(e.work, name + "-merge-ck")
+        log = os.path.join(e.work, name + "-merge-b.jsonl")
+        for extra in (["--steps", "3", "--save", ck],
+                      ["--steps", "1", "--load", ck, "--log", log]):
+            run([e.carve, "run", prog, "-n", "4", "--", "--data", data, "--quiet"] + extra)
+        next_loss = read_log(log, 3, 1)[0]
+        merged = os.path.join(e.work, name + "-strict.safetensors")
+        so = run([e.carve, "ckpt", "merge", ck, "-o", merged, "--model", onnx])
+        module, inputs = torch_ref.build_model(onnx, name)
+        weights = st.load(merged)
+        missing = sorted(set(module.state_dict()) - set(weights))
+        extra = sorted(set(weights) - set(module.state_dict()))
+        if missing or extra:
+            raise Failure("%s: merged keys differ from state_dict(): missing %s, extra %s (%s)"
+                          % (name, missing, extra, so))
+        module.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
+        batch = torch_ref.Batches(data, inputs)(3)
+        with torch.no_grad():
+            loss = float(module(*[torch.from_numpy(np.asarray(x)) for x in batch]))
+        if abs(loss - next_loss) > TORCH_RTOL * abs(next_loss):
+            raise Failure("%s: PyTorch's loss on step 3 with the strict-loaded merge is %r, "
+                          "carve's %r" % (name, loss, next_loss))
+        half = os.path.join(e.work, name + "-strict-bf16.safetensors")
+        run([e.carve, "ckpt", "merge", ck, "-o", half, "--model", onnx, "--dtype", "bf16"])
+        header, _, start = st.read_header(half)
+        dtypes = {v["dtype"] for v in header.values()}
+        if dtypes != {"BF16"} or sorted(header) != sorted(weights):
+            raise Failure("%s: --dtype bf16 wrote dtypes %s, tensors %s" % (name, dtypes,
+                                                                          sorted(header)))
+        raw = open(half, "rb").read()
+        for k, v in header.items():
+            b, f = v["data_offsets"]
+            bits = np.frombuffer(raw[start + b:start + f], "<u2").astype("<u4") << 16
+            got = bits.view("<f4").reshape(v["shape"])
+            want = torch.from_numpy(weights[k]).to(torch.bfloat16).float().numpy()
+            if not np.array_equal(got, want):
+                raise Failure("%s: --dtype bf16 tensor %s is not the fp32 merge rounded" % (
+                    name, k))
+        out_lines.append("%s %d keys, loss %.8g vs %.8g" % (name, len(weights), loss, next_loss))
+    # Bad input: one line naming the cause, exit 1, nothing written.
+    never = os.path.join(e.work, "never.safetensors")
+    for extra, message in [(["--dtype", "fp8"], "--dtype is fp32, bf16 or fp16, not 'fp8'"),
+                           (["--model", os.path.join(e.work, "missing.onnx")],
+                            "missing.onnx: cannot read the model")]:
+        p = subprocess.run([e.carve, "ckpt", "merge", ck, "-o", never] + extra,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        if p.returncode != 1 or len(lines) != 1 or message not in lines[0] or \
+                os.path.exists(never):
+            raise Failure("merge %s: expected exit 1 with one line '%s', got %d:\n%s%s" % (
+                extra, message, p.returncode, p.stdout, p.stderr))
+    return "; ".join(out_lines)
+
+
 def check_bad(e):
     """Each broken checkpoint: exit 1, one error line naming the file and cause, nothing written."""
     good = st.checkpoint_folder(os.path.join(e.work, "dp2tp2z1-full"))
@@ -513,6 +587,8 @@ def main():
     check("own shards per rank", check_shards, e)
     check("inspect", check_inspect, e)
     check("merge into PyTorch", check_merge_torch, e, os.path.abspath(args.models))
+    check("merge --model: strict state_dict", check_merge_strict, e,
+          os.path.abspath(args.models))
     bad = check("bad checkpoints", check_bad, e)
     for line in bad or []:
         print("       " + line)

@@ -2,15 +2,23 @@
 
 #include "tools/carve/CkptCmd.h"
 
+#include "compiler/frontend/OnnxImporter.h"
+
 #include "carve/rt/checkpoint.h"
 #include "carve/rt/safetensors.h"
 
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/APFloat.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cstring>
 #include <map>
+#include <set>
 #include <sys/stat.h>
 
 using namespace llvm;
+using mlir::MLIRContext;
 
 namespace carve {
 
@@ -109,19 +117,156 @@ int inspect(const std::string &path) {
   return 0;
 }
 
-int merge(const std::string &path, const std::string &output, bool withOptimizer) {
+/// A float rounded to bf16 or fp16 (round to nearest even), as bits.
+uint16_t toBits16(float x, bool bf16) {
+  if (bf16) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) // NaN: keep it a quiet NaN
+      return static_cast<uint16_t>((u >> 16) | 0x40);
+    u += 0x7FFFu + ((u >> 16) & 1);
+    return static_cast<uint16_t>(u >> 16);
+  }
+  APFloat f(x);
+  bool lost;
+  f.convert(APFloat::IEEEhalf(), APFloat::rmNearestTiesToEven, &lost);
+  return static_cast<uint16_t>(f.bitcastToAPInt().getZExtValue());
+}
+
+/// One tensor of the merged file: a name and float data (converted to the
+/// output dtype when written).
+struct Out {
+  std::string name;
+  std::vector<int64_t> shape;
+  const std::vector<float> *data;
+  bool state; // optimizer state: always F32
+};
+
+int merge(const CkptArgs &args) {
+  const std::string &path = args.positional[1], &output = args.output;
   if (output.empty())
     return fail("ckpt merge needs -o FILE.safetensors (where to write the full model)");
+  if (args.dtype != "fp32" && args.dtype != "bf16" && args.dtype != "fp16")
+    return fail("--dtype is fp32, bf16 or fp16, not '" + args.dtype + "'");
   struct stat st;
   if (::stat(output.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     return fail(output + ": -o names a folder, merge writes one .safetensors file");
   std::vector<rt::FullTensor> tensors;
   std::string error;
-  if (!rt::readFullCheckpoint(path, tensors, error, withOptimizer))
+  if (!rt::readFullCheckpoint(path, tensors, error, args.withOptimizer))
     return fail(error);
-  std::vector<rt::SafetensorsEntry> entries;
+  std::map<std::string, const rt::FullTensor *> byName;
   for (const rt::FullTensor &t : tensors)
-    entries.push_back({t.name, "F32", t.shape, t.data.data()});
+    byName[t.name] = &t;
+
+  // The names and order of the file: the module's state_dict() when the
+  // model says it (--model: the export's carve.state_dict metadata), with the
+  // tensors the checkpoint lacks (buffers the program folded) from the
+  // model's initializers; else the checkpoint's own.
+  std::vector<Out> outs;
+  std::vector<std::string> notes;
+  OnnxStateFacts facts;
+  std::set<std::string> written;
+  if (!args.model.empty()) {
+    MLIRContext ctx;
+    if (!readOnnxStateFacts(ctx, args.model, {}, facts, error))
+      return fail(error);
+    std::string stateDict, buffers;
+    for (auto &[k, v] : facts.metadata)
+      (k == "carve.state_dict" ? stateDict : k == "carve.buffers" ? buffers : error) = v;
+    error.clear();
+    std::set<std::string> inits(facts.initializerNames.begin(), facts.initializerNames.end());
+    std::vector<std::pair<std::string, std::string>> order; // key, source
+    auto listOf = [&](const std::string &text, const char *key,
+                      std::vector<json::Value> &items) -> bool {
+      Expected<json::Value> v = json::parse(text);
+      if (!v || !v->getAsArray()) {
+        if (!v)
+          consumeError(v.takeError());
+        error = args.model + ": metadata \"" + key + "\" is not a JSON list";
+        return false;
+      }
+      items.assign(v->getAsArray()->begin(), v->getAsArray()->end());
+      return true;
+    };
+    if (!stateDict.empty()) {
+      std::vector<json::Value> items;
+      if (!listOf(stateDict, "carve.state_dict", items))
+        return fail(error);
+      for (const json::Value &it : items) {
+        const json::Array *pair = it.getAsArray();
+        if (!pair || pair->size() != 2 || !(*pair)[0].getAsString() || !(*pair)[1].getAsString())
+          return fail(args.model +
+                      ": metadata \"carve.state_dict\" entries must be [key, tensor] pairs");
+        order.push_back({(*pair)[0].getAsString()->str(), (*pair)[1].getAsString()->str()});
+      }
+    } else {
+      for (const rt::FullTensor &t : tensors)
+        order.push_back({t.name, t.name});
+      if (!buffers.empty()) {
+        std::vector<json::Value> items;
+        if (!listOf(buffers, "carve.buffers", items))
+          return fail(error);
+        for (const json::Value &it : items)
+          if (auto n = it.getAsString(); n && !byName.count(n->str()) && inits.count(n->str()))
+            order.push_back({n->str(), n->str()});
+      }
+      notes.push_back(args.model +
+                      " has no carve.state_dict metadata (models/export.py's export_for_carve "
+                      "records it): tied aliases are not written");
+    }
+    std::vector<std::string> wanted;
+    for (auto &[key, src] : order)
+      if (!byName.count(src)) {
+        if (!inits.count(src))
+          return fail("the model's state_dict key '" + key + "' (tensor '" + src +
+                      "') is neither in the checkpoint nor an initializer of " + args.model);
+        wanted.push_back(src);
+      }
+    if (!wanted.empty()) {
+      MLIRContext ctx;
+      OnnxStateFacts values;
+      if (!readOnnxStateFacts(ctx, args.model, wanted, values, error))
+        return fail(error);
+      facts.values = std::move(values.values);
+    }
+    std::map<std::string, const ImportOptions::InitialValue *> fromModel;
+    for (const ImportOptions::InitialValue &v : facts.values)
+      fromModel[v.name] = &v;
+    for (auto &[key, src] : order) {
+      if (!written.insert(key).second)
+        return fail(args.model + ": the state_dict key '" + key + "' is listed twice");
+      if (auto it = byName.find(src); it != byName.end())
+        outs.push_back({key, it->second->shape, &it->second->data, false});
+      else
+        outs.push_back({key, fromModel[src]->shape, &fromModel[src]->data, false});
+    }
+  } else {
+    notes.push_back("without --model MODEL.onnx the file holds the checkpoint's tensors only: "
+                    "no tied aliases, no buffers the program folded");
+  }
+  for (const rt::FullTensor &t : tensors) {
+    const bool state = t.name.find(".exp_avg") != std::string::npos ||
+                       t.name.find(".momentum_buffer") != std::string::npos;
+    if (args.model.empty() || (state && !written.count(t.name)))
+      outs.push_back({t.name, t.shape, &t.data, state});
+  }
+
+  const bool half = args.dtype != "fp32", bf16 = args.dtype == "bf16";
+  const std::string dtype = !half ? "F32" : bf16 ? "BF16" : "F16";
+  std::vector<std::vector<uint16_t>> converted;
+  converted.reserve(outs.size());
+  std::vector<rt::SafetensorsEntry> entries;
+  for (const Out &o : outs) {
+    if (!half || o.state) {
+      entries.push_back({o.name, "F32", o.shape, o.data->data()});
+      continue;
+    }
+    converted.emplace_back(o.data->size());
+    for (size_t i = 0; i < o.data->size(); ++i)
+      converted.back()[i] = toBits16((*o.data)[i], bf16);
+    entries.push_back({o.name, dtype, o.shape, converted.back().data()});
+  }
   rt::CheckpointLocation loc;
   rt::locateCheckpoint(path, loc, error);
   std::vector<std::pair<std::string, std::string>> meta = {{"source", loc.folder},
@@ -134,10 +279,12 @@ int merge(const std::string &path, const std::string &output, bool withOptimizer
   if (!rt::writeSafetensors(output, entries, meta, error))
     return fail(error);
   int64_t elements = 0;
-  for (const rt::FullTensor &t : tensors)
-    elements += static_cast<int64_t>(t.data.size());
-  outs() << "carve: wrote " << output << ": " << tensors.size() << " tensors, " << elements
-         << " elements (F32) from " << loc.folder << "\n";
+  for (const Out &o : outs)
+    elements += static_cast<int64_t>(o.data->size());
+  llvm::outs() << "carve: wrote " << output << ": " << outs.size() << " tensors, " << elements
+          << " elements (" << dtype << ") from " << loc.folder << "\n";
+  for (const std::string &n : notes)
+    llvm::outs() << "carve: note: " << n << "\n";
   return 0;
 }
 
@@ -153,11 +300,11 @@ int runCkpt(const CkptArgs &args) {
                 "folder or a full-format folder), got " +
                 std::to_string(p.size() - 1));
   if (p[0] == "inspect") {
-    if (!args.output.empty() || args.withOptimizer)
-      return fail("-o and --with-optimizer apply to `carve ckpt merge`");
+    if (!args.output.empty() || args.withOptimizer || !args.model.empty() || args.dtype != "fp32")
+      return fail("-o, --with-optimizer, --model and --dtype apply to `carve ckpt merge`");
     return inspect(p[1]);
   }
-  return merge(p[1], args.output, args.withOptimizer);
+  return merge(args);
 }
 
 } // namespace carve

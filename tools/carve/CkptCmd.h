@@ -5,7 +5,10 @@
 //
 //   carve ckpt inspect PATH                  the plan, step, positions and every
 //                                            tensor with its shards per rank
-//   carve ckpt merge PATH -o FULL.safetensors  the full model by original name
+//   carve ckpt merge PATH -o FULL.safetensors [--model MODEL.onnx] [--dtype bf16]
+//                                            the full model by original name; with
+//                                            --model every state_dict() key (tied
+//                                            aliases, buffers the program folded)
 //
 //===----------------------------------------------------------------------===//
 
@@ -21,6 +24,8 @@ struct CkptArgs {
   std::vector<std::string> positional; // "inspect" or "merge", then PATH
   std::string output;                  // merge: -o FILE
   bool withOptimizer = false;          // merge: also the optimizer state
+  std::string model;                   // merge: --model MODEL.onnx (state_dict names, buffers)
+  std::string dtype = "fp32";          // merge: --dtype fp32|bf16|fp16
 };
 
 /// Runs `carve ckpt ...`; returns the exit status (errors: one line, 1).

@@ -50,6 +50,17 @@ cl::opt<std::string> ckptOutput("o", cl::desc("merge: the full model's safetenso
 cl::opt<bool> ckptWithOptimizer("with-optimizer",
                                 cl::desc("merge: also write the optimizer state tensors"),
                                 cl::sub(ckptCmd), cl::cat(carveCat));
+cl::opt<std::string> ckptModel(
+    "model",
+    cl::desc("merge: the ONNX model the checkpoint was trained from: write every key of the "
+             "module's state_dict() (tied aliases, buffers the program folded), so that "
+             "load_state_dict(strict=True) takes the file"),
+    cl::value_desc("MODEL.onnx"), cl::sub(ckptCmd), cl::cat(carveCat));
+cl::opt<std::string> ckptDtype("dtype",
+                               cl::desc("merge: the weights' dtype in the file: fp32 (default), "
+                                        "bf16 or fp16 (rounded to nearest even)"),
+                               cl::value_desc("fp32|bf16|fp16"), cl::init("fp32"),
+                               cl::sub(ckptCmd), cl::cat(carveCat));
 cl::SubCommand plotCmd("plot", "Draw training logs (train --log) as an SVG picture: loss, "
                                "learning rate, gradient norm, throughput against the step");
 cl::list<std::string> plotLogs(cl::Positional, cl::OneOrMore, cl::desc("LOG.jsonl..."),
@@ -510,7 +521,7 @@ int main(int argc, char **argv) {
     return carve::runPlot(std::vector<std::string>(plotLogs.begin(), plotLogs.end()), plotOutput);
   if (ckptCmd)
     return carve::runCkpt({std::vector<std::string>(ckptArgs.begin(), ckptArgs.end()), ckptOutput,
-                           ckptWithOptimizer});
+                           ckptWithOptimizer, ckptModel, ckptDtype});
   if (runCmd)
     return carve::runRun(runOut, runRanks,
                          std::vector<std::string>(runTrainArgs.begin(), runTrainArgs.end()));
