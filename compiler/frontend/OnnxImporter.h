@@ -77,7 +77,7 @@ mlir::OwningOpRef<mlir::ModuleOp> importOnnxBytes(mlir::MLIRContext &context,
 /// missing or malformed.
 struct OnnxStateFacts {
   std::vector<std::pair<std::string, std::string>> metadata;
-  std::vector<std::string> initializerNames; // every initializer, in file order
+  std::vector<std::string> initializerNames;       // every initializer, in file order
   std::vector<ImportOptions::InitialValue> values; // those asked for, in that order
 };
 bool readOnnxStateFacts(mlir::MLIRContext &context, llvm::StringRef path,

@@ -282,7 +282,7 @@ int merge(const CkptArgs &args) {
   for (const Out &o : outs)
     elements += static_cast<int64_t>(o.data->size());
   llvm::outs() << "carve: wrote " << output << ": " << outs.size() << " tensors, " << elements
-          << " elements (" << dtype << ") from " << loc.folder << "\n";
+               << " elements (" << dtype << ") from " << loc.folder << "\n";
   for (const std::string &n : notes)
     llvm::outs() << "carve: note: " << n << "\n";
   return 0;

@@ -59,8 +59,8 @@ cl::opt<std::string> ckptModel(
 cl::opt<std::string> ckptDtype("dtype",
                                cl::desc("merge: the weights' dtype in the file: fp32 (default), "
                                         "bf16 or fp16 (rounded to nearest even)"),
-                               cl::value_desc("fp32|bf16|fp16"), cl::init("fp32"),
-                               cl::sub(ckptCmd), cl::cat(carveCat));
+                               cl::value_desc("fp32|bf16|fp16"), cl::init("fp32"), cl::sub(ckptCmd),
+                               cl::cat(carveCat));
 cl::SubCommand plotCmd("plot", "Draw training logs (train --log) as an SVG picture: loss, "
                                "learning rate, gradient norm, throughput against the step");
 cl::list<std::string> plotLogs(cl::Positional, cl::OneOrMore, cl::desc("LOG.jsonl..."),
