@@ -50,6 +50,9 @@ struct GeneratedProgram {
   int numBuckets = 0;
   int64_t paramBytes = 0, gradBytes = 0, stateBytes = 0; // persistent, this rank
   int numKernelCalls = 0;
+  /// Token models: the rows of the embedding the token ids index (the
+  /// data loader checks every id against it); 0: not known on this rank.
+  int64_t vocab = 0;
 };
 
 /// One pipeline rank's part of a pipelined plan (compiler/schedule/Schedule.h

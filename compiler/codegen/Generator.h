@@ -127,6 +127,10 @@ struct TensorRow {
   std::string copyDtype = "F32"; // the copy's dtype ("BF16", "F16") where there is a master
 };
 
+/// The rows of the (whole, not tp-split) table a gather of `fn` indexes with
+/// graph input `input`: a token model's vocabulary; 0 when no gather does.
+int64_t tokenVocab(mlir::func::FuncOp fn, const std::string &input, int tp);
+
 /// The headers a generated source includes (Target.cpp).
 std::string runtimeIncludes(const EmitOptions &opts, bool pipelined);
 /// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source.

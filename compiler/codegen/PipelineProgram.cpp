@@ -408,6 +408,9 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   std::vector<TensorRow> params, inputs = chunks[0].inputs;
   for (auto &ch : chunks)
     params.insert(params.end(), ch.params.begin(), ch.params.end());
+  if (!inputs.empty())
+    for (func::FuncOp fn : fns)
+      out.vocab = std::max(out.vocab, codegen::tokenVocab(fn, inputs[0].name, opts.tp));
   emitProgramTables(os, opts, out, inputs, params, &pipe);
   out.source = src;
   if (opts.cuda())

@@ -443,6 +443,8 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   }
   os << tail << "}\n\n";
 
+  if (!inputRows.empty())
+    out.vocab = tokenVocab(fn, inputRows[0].name, opts.tp);
   emitProgramTables(os, opts, out, inputRows, paramRows, nullptr);
   return src;
 }

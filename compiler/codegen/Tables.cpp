@@ -37,6 +37,25 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
 }
 } // namespace
 
+int64_t tokenVocab(func::FuncOp fn, const std::string &input, int tp) {
+  int64_t vocab = 0;
+  fn.walk([&](GatherOp g) {
+    auto idx = dyn_cast<BlockArgument>(g->getOperand(1));
+    auto table = dyn_cast<BlockArgument>(g->getOperand(0));
+    if (!idx || !table || idx.getOwner() != &fn.getBody().front())
+      return;
+    auto name = fn.getArgAttrOfType<StringAttr>(idx.getArgNumber(), kInputAttr);
+    if (!name || name.getValue() != input)
+      return;
+    int64_t rows = cast<RankedTensorType>(table.getType()).getDimSize(0);
+    if (auto d = fn.getArgAttrOfType<DictionaryAttr>(table.getArgNumber(), kLayoutAttr))
+      if (auto l = d.getAs<dist::SbpAttr>("tp"); l && l.isSplit() && l.getDim() == 0)
+        rows *= tp;
+    vocab = std::max(vocab, rows);
+  });
+  return vocab;
+}
+
 /// The tensor tables and the `Program` of a rank's source (program.h); with
 /// `pipe`, the pipeline fields too. Closes the anonymous namespace.
 void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const GeneratedProgram &out,
@@ -95,7 +114,7 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
      << ",\n";
   os << "    /*device=*/" << (opts.cuda() ? "&kCudaTarget" : "nullptr") << ", /*precision=*/\""
      << opts.precision << "\",\n";
-  os << "    /*hyper=*/&kHyper,\n";
+  os << "    /*hyper=*/&kHyper, /*vocab=*/" << (tokens ? out.vocab : 0) << ",\n";
   os << "};\n";
 }
 

@@ -131,7 +131,45 @@ public:
       return false;
     }
     scratch.resize(static_cast<size_t>((seqLen + 1) * elemSize));
+    vocab = p.vocab;
+    // Every id must index the embedding: a file up to 1 GiB is checked
+    // whole now, before anything is written; every batch is checked as it
+    // is read (a larger file fails at the step that reads the bad id).
+    if (vocab > 0 && bytes <= (int64_t(1) << 30)) {
+      std::vector<unsigned char> chunk(static_cast<size_t>(1) << 22);
+      for (int64_t at = 0; at < numTokens;) {
+        const int64_t n = std::min<int64_t>(numTokens - at, (int64_t)chunk.size() / elemSize);
+        std::string cause;
+        if (!preadAll(fd, chunk.data(), n * elemSize, at * elemSize, cause)) {
+          error = "token file " + path + ": " + cause;
+          return false;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t tok = decode(chunk.data(), k);
+          if (tok < 0 || tok >= vocab) {
+            error = "token file " + path + ": token " + std::to_string(at + k) +
+                    " (0-based, in file order) is " + std::to_string(tok) +
+                    ", outside the model's vocabulary of " + std::to_string(vocab) +
+                    " (ids 0 to " + std::to_string(vocab - 1) + ")" +
+                    (tokenType == TokenFileType::Int32 && tok > 65535
+                         ? "; a file of uint16 tokens needs --data-dtype uint16"
+                         : "");
+            return false;
+          }
+        }
+        at += n;
+      }
+    }
     return true;
+  }
+
+  /// Token k of `b` in the file's type.
+  int64_t decode(const unsigned char *b, int64_t k) const {
+    if (tokenType == TokenFileType::UInt16)
+      return static_cast<uint16_t>(b[2 * k] | b[2 * k + 1] << 8);
+    uint32_t u = uint32_t(b[4 * k]) | uint32_t(b[4 * k + 1]) << 8 | uint32_t(b[4 * k + 2]) << 16 |
+                 uint32_t(b[4 * k + 3]) << 24;
+    return static_cast<int32_t>(u);
   }
 
   bool load(int64_t step, char *arena, std::string &error) override {
@@ -148,13 +186,13 @@ public:
       int64_t *next = targets + i * seqLen;
       const unsigned char *b = scratch.data();
       for (int64_t t = 0; t <= seqLen; ++t) {
-        int64_t tok;
-        if (tokenType == TokenFileType::UInt16) {
-          tok = static_cast<uint16_t>(b[2 * t] | b[2 * t + 1] << 8);
-        } else {
-          uint32_t u = uint32_t(b[4 * t]) | uint32_t(b[4 * t + 1]) << 8 |
-                       uint32_t(b[4 * t + 2]) << 16 | uint32_t(b[4 * t + 3]) << 24;
-          tok = static_cast<int32_t>(u);
+        const int64_t tok = decode(b, t);
+        if (vocab > 0 && (tok < 0 || tok >= vocab)) {
+          error = "token file " + path + ": step " + std::to_string(step) + ", sequence " +
+                  std::to_string(firstRow + i) + " reads token " + std::to_string(o + t) +
+                  " (0-based, in file order): " + std::to_string(tok) +
+                  ", outside the model's vocabulary of " + std::to_string(vocab);
+          return false;
         }
         if (t < seqLen)
           row[t] = tok;
@@ -175,7 +213,7 @@ private:
   int fd = -1;
   TokenFileType tokenType = TokenFileType::Int32;
   int elemSize = 4;
-  int64_t numTokens = 0;
+  int64_t numTokens = 0, vocab = 0;
   int64_t globalBatch = 0, localBatch = 0, seqLen = 0, firstRow = 0;
   int64_t idsOffset = 0, targetsOffset = 0;
   std::vector<unsigned char> scratch;

@@ -160,6 +160,12 @@ def setup(carve, models, root):
     paths["short_tokens"] = d("data", "short.i32")
     data_gen.write_tokens(paths["short_tokens"], data_gen.make_tokens(seq + 1, vocab))
     paths["short_count"] = seq + 1
+    # One id outside the vocabulary, at token 37 of the file.
+    bad = data_gen.make_tokens(2000, vocab)
+    bad[37] = vocab
+    paths["bad_id_tokens"] = d("data", "bad_id.i32")
+    data_gen.write_tokens(paths["bad_id_tokens"], bad)
+    paths["vocab"] = vocab
 
     for key, model, plan, extra in (("mlp1", mlp, None, []), ("mlp2", mlp, {"dp": 2}, []),
                                     ("gpt1", gpt, None, []),
@@ -351,6 +357,10 @@ def build_cases(carve, root, p, errors):
     args, guarded = train_args("short_token_file", p["short_tokens"])
     cases.append(Case("short_token_file", [gpt1_train, *args],
                       expect=[p["short_tokens"], str(p["short_count"]), "token"],
+                      guarded=guarded, needs=["gpt1"]))
+    args, guarded = train_args("token_outside_vocab", p["bad_id_tokens"])
+    cases.append(Case("token_outside_vocab", [gpt1_train, *args],
+                      expect=[p["bad_id_tokens"], "token 37", str(p["vocab"]), "vocabulary"],
                       guarded=guarded, needs=["gpt1"]))
     args, guarded = train_args("tensors_missing_input", p["mlp_missing_input"])
     cases.append(Case("tensors_missing_input", [mlp1_train, *args],

@@ -189,6 +189,10 @@ struct Program {
   /// The compiled hyperparameters: the defaults a run's train --lr ...
   /// override (null: a program that reads none).
   const Hyperparameters *hyper = nullptr;
+  /// Token models: the rows of the embedding the token ids index; the data
+  /// loader refuses an id outside [0, vocab). 0: not checked (this rank's
+  /// stages hold no embedding, or not a token model).
+  int64_t vocab = 0;
 };
 
 } // namespace carve::rt
