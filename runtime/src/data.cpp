@@ -149,8 +149,8 @@ public:
           if (tok < 0 || tok >= vocab) {
             error = "token file " + path + ": token " + std::to_string(at + k) +
                     " (0-based, in file order) is " + std::to_string(tok) +
-                    ", outside the model's vocabulary of " + std::to_string(vocab) +
-                    " (ids 0 to " + std::to_string(vocab - 1) + ")" +
+                    ", outside the model's vocabulary of " + std::to_string(vocab) + " (ids 0 to " +
+                    std::to_string(vocab - 1) + ")" +
                     (tokenType == TokenFileType::Int32 && tok > 65535
                          ? "; a file of uint16 tokens needs --data-dtype uint16"
                          : "");
