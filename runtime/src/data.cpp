@@ -73,7 +73,7 @@ public:
   }
 
   bool open(const Program &p, int dpRank, const std::string &file, TokenFileType type,
-            std::string &error) {
+            bool checkWhole, std::string &error) {
     path = file;
     tokenType = type;
     elemSize = type == TokenFileType::UInt16 ? 2 : 4;
@@ -135,7 +135,7 @@ public:
     // Every id must index the embedding: a file up to 1 GiB is checked
     // whole now, before anything is written; every batch is checked as it
     // is read (a larger file fails at the step that reads the bad id).
-    if (vocab > 0 && bytes <= (int64_t(1) << 30)) {
+    if (vocab > 0 && (checkWhole || bytes <= (int64_t(1) << 30))) {
       std::vector<unsigned char> chunk(static_cast<size_t>(1) << 22);
       for (int64_t at = 0; at < numTokens;) {
         const int64_t n = std::min<int64_t>(numTokens - at, (int64_t)chunk.size() / elemSize);
@@ -313,12 +313,12 @@ int64_t tokenOffset(int64_t step, int64_t j, int64_t globalBatch, int64_t seqLen
 
 std::unique_ptr<DataLoader> openDataLoader(const Program &program, int dpRank,
                                            const std::string &path, TokenFileType tokenType,
-                                           std::string &error) {
+                                           std::string &error, bool checkWhole) {
   if (!checkBatch(program, dpRank, error))
     return nullptr;
   if (program.dataKind == DataKind::Tokens) {
     auto loader = std::make_unique<TokenLoader>();
-    if (!loader->open(program, dpRank, path, tokenType, error))
+    if (!loader->open(program, dpRank, path, tokenType, checkWhole, error))
       return nullptr;
     return loader;
   }

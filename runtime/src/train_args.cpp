@@ -36,6 +36,10 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
                               token models, else a safetensors file with one [S, B, ...]
                               tensor per model input (see runtime/README.md)
   --data-dtype int32|uint16   element type of a token file (default int32)
+  --check-data                check --data against this program and train nothing: the
+                              file's layout, every input's dtype and shape, its length,
+                              and every token id inside the model's vocabulary (the whole
+                              file; a training run checks files over 1 GiB batch by batch)
   --log FILE.jsonl            write one JSON object per step (replaces FILE)
   --tensorboard DIR           also write the step's loss, learning rate, gradient norm and
                               throughput as TensorBoard scalars (an event file in DIR;
@@ -123,11 +127,13 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       value = argv[++i];
       return true;
     };
-    if ((arg == "--cuda-graph" || arg == "--quiet") && inlineValue) {
+    if ((arg == "--cuda-graph" || arg == "--quiet" || arg == "--check-data") && inlineValue) {
       error = arg + " takes no value";
       return false;
     } else if (arg == "--cuda-graph") {
       opts.cudaGraph = true;
+    } else if (arg == "--check-data") {
+      opts.checkData = true;
     } else if (arg == "--quiet") {
       opts.quiet = true;
     } else if (arg == "--steps") {
@@ -269,10 +275,12 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       return false;
     }
   }
-  if (opts.steps < 0) {
+  if (opts.steps < 0 && !opts.checkData) {
     error = "--steps is required (see --help)";
     return false;
   }
+  if (opts.checkData && opts.steps < 0)
+    opts.steps = 1;
   if (opts.data.empty()) {
     error = "--data is required (see --help)";
     return false;

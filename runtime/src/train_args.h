@@ -40,6 +40,7 @@ struct Options {
   double lossScale = 65536;  // fp16 plans: the initial dynamic loss scale
   bool lossScaleSet = false; // --loss-scale given: it wins over a checkpoint's
   bool cudaGraph = false;    // --cuda-graph
+  bool checkData = false;    // --check-data: validate --data against the program, train nothing
   // Hyperparameters given on the command line (each set flag overrides the
   // program's compiled value; applyHyperparameters).
   struct {

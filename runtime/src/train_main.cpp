@@ -261,7 +261,8 @@ void prepareRank(const Options &opts, int worldRank, int localRank, int localRan
     error = std::string("--cuda-graph needs a program compiled with --target cuda; '") +
             program.name + "' is for the CPU";
   else if (checkShardedSpecs(program, s.mesh, error))
-    s.loader = openDataLoader(program, s.mesh.dpRank, opts.data, opts.dataType, error);
+    s.loader =
+        openDataLoader(program, s.mesh.dpRank, opts.data, opts.dataType, error, opts.checkData);
   if (s.loader)
     openWeights(program, opts.load, s.weights, error);
   if (error.empty() && s.loader)
@@ -762,6 +763,25 @@ int main(int argc, char **argv) {
   prepareRank(opts, worldRank, localRank, localRanks, setup, error);
   if (!agree(*world, error))
     return finish(1);
+  if (opts.checkData) {
+    // Every rank opened (and checked) its share; nothing is trained or written.
+    if (worldRank == 0) {
+      const Program &p = *setup.program;
+      std::printf("carve: --check-data: %s fits program '%s'%s\n", setup.loader->describe().c_str(),
+                  p.name,
+                  p.vocab > 0 ? (": every token id is below the vocabulary of " +
+                                 std::to_string(p.vocab))
+                                    .c_str()
+                              : "");
+      std::fflush(stdout);
+    }
+    if (setup.device) {
+      setup.device->freeArena(setup.deviceArena);
+      setup.device->close();
+    }
+    std::free(setup.arena);
+    return finish(0);
+  }
 
   // Step 3: the metrics log and the communicators.
   MetricsLog log;

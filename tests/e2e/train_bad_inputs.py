@@ -362,6 +362,17 @@ def build_cases(carve, root, p, errors):
     cases.append(Case("token_outside_vocab", [gpt1_train, *args],
                       expect=[p["bad_id_tokens"], "token 37", str(p["vocab"]), "vocabulary"],
                       guarded=guarded, needs=["gpt1"]))
+    # train --check-data: the same check over the whole file, nothing trained or written.
+    args, guarded = train_args("check_data_bad_id", p["bad_id_tokens"], ["--check-data"])
+    cases.append(Case("check_data_bad_id", [gpt1_train, *args],
+                      expect=[p["bad_id_tokens"], "token 37", str(p["vocab"])],
+                      guarded=guarded, needs=["gpt1"]))
+    args, guarded = train_args("check_data_good", p["tokens"], ["--check-data"])
+    good = Case("check_data_good", [gpt1_train, *args], exit_zero=True, guarded=guarded,
+                needs=["gpt1"])
+    want = "every token id is below the vocabulary of %d" % p["vocab"]
+    good.after = lambda: None if want in good.output else "stdout does not say '%s'" % want
+    cases.append(good)
     args, guarded = train_args("tensors_missing_input", p["mlp_missing_input"])
     cases.append(Case("tensors_missing_input", [mlp1_train, *args],
                       expect=[p["mlp_missing_input"], "targets"], guarded=guarded,

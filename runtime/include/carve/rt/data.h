@@ -55,10 +55,12 @@ public:
 /// program.dp): the file exists and has the layout above, every input is
 /// there with the right dtype and shape, the file is long enough. On failure
 /// returns null with `error` naming the file (and tensor) and the cause.
-/// `tokenType` applies to DataKind::Tokens only.
+/// `tokenType` applies to DataKind::Tokens only. Token ids are checked
+/// against Program::vocab: the whole file when it is at most 1 GiB or
+/// `checkWhole` (train --check-data), else each batch as it is read.
 std::unique_ptr<DataLoader> openDataLoader(const Program &program, int dpRank,
                                            const std::string &path, TokenFileType tokenType,
-                                           std::string &error);
+                                           std::string &error, bool checkWhole = false);
 
 } // namespace carve::rt
 
