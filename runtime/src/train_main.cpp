@@ -767,12 +767,11 @@ int main(int argc, char **argv) {
     // Every rank opened (and checked) its share; nothing is trained or written.
     if (worldRank == 0) {
       const Program &p = *setup.program;
-      std::printf("carve: --check-data: %s fits program '%s'%s\n", setup.loader->describe().c_str(),
-                  p.name,
-                  p.vocab > 0 ? (": every token id is below the vocabulary of " +
-                                 std::to_string(p.vocab))
-                                    .c_str()
-                              : "");
+      std::printf(
+          "carve: --check-data: %s fits program '%s'%s\n", setup.loader->describe().c_str(), p.name,
+          p.vocab > 0
+              ? (": every token id is below the vocabulary of " + std::to_string(p.vocab)).c_str()
+              : "");
       std::fflush(stdout);
     }
     if (setup.device) {
