@@ -64,8 +64,10 @@ std::string Generator::commTypeOf(unsigned arg) {
 }
 
 int64_t Generator::elementBytes(unsigned arg) {
-  Type e = typeOf(fn.getArgument(arg)).getElementType();
-  return e.isBF16() || e.isF16() ? 2 : 4;
+  std::string ctype, dtype;
+  int size = 4;
+  elementInfo(typeOf(fn.getArgument(arg)).getElementType(), ctype, dtype, size);
+  return size;
 }
 
 std::string Generator::chunkPtr(unsigned param) {

@@ -318,7 +318,9 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
     const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
                              std::to_string(gg.last) + "); the buffer is free after the last";
     // A 16-bit copy (carve.master) is gathered in 16 bits.
-    const std::string ctype = commTypeOf(arg) == "CommType::F32" ? "float" : "uint16_t";
+    std::string ctype, dtype;
+    int size;
+    elementInfo(typeOf(fn.getArgument(arg)).getElementType(), ctype, dtype, size);
     const std::string pointer = "  " + ctype + " *" + gg.var + " = (" + ctype + " *)(" +
                                 activationAt(buffers[gg.buffer].offset) + ");\n";
     const std::string operands = shardVar.at(arg) + ", " + gg.var + ", " +

@@ -58,6 +58,36 @@ void writeFileOrDie(const std::string &path, const std::string &text) {
     die(path + ": cannot write: " + os.error().message());
 }
 
+void writeAtomically(const std::string &path, const std::string &text) {
+  if (path == "-") {
+    outs() << text;
+    outs().flush();
+    return;
+  }
+  SmallString<256> dir(path);
+  sys::path::remove_filename(dir);
+  if (dir.empty())
+    dir = ".";
+  SmallString<256> tmp;
+  int fd;
+  if (std::error_code ec =
+          sys::fs::createUniqueFile(dir + "/" + sys::path::filename(path) + ".tmp-%%%%%%", fd, tmp))
+    die(path + ": cannot write: " + ec.message());
+  {
+    raw_fd_ostream os(fd, /*shouldClose=*/true);
+    os << text;
+    os.close();
+    if (os.has_error()) {
+      sys::fs::remove(tmp);
+      die(path + ": cannot write: " + os.error().message());
+    }
+  }
+  if (std::error_code ec = sys::fs::rename(tmp, path)) {
+    sys::fs::remove(tmp);
+    die(path + ": cannot write: " + ec.message());
+  }
+}
+
 void Progress::start(const std::string &stage) {
   t0 = std::chrono::steady_clock::now();
   if (quiet)

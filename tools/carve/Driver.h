@@ -22,6 +22,10 @@ namespace carve {
 std::string readFileOrDie(const std::string &path, const std::string &what);
 /// Writes `text` to `path`; dies on any error.
 void writeFileOrDie(const std::string &path, const std::string &text);
+/// Writes `text` to `path` through a temporary file and a rename, so a
+/// failure never leaves a half-written output behind ("-": stdout); dies on
+/// any error.
+void writeAtomically(const std::string &path, const std::string &text);
 
 /// One line per compile stage on stdout: its name when it starts, its time
 /// (and a note) when it ends, so a slow stage shows which one it is.

@@ -4,7 +4,6 @@
 
 #include "tools/carve/Driver.h"
 
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
@@ -226,24 +225,7 @@ int runPlot(const std::vector<std::string> &logs, const std::string &output) {
   os << "</svg>\n";
   os.flush();
 
-  // Through a temporary file and a rename: never a half-written picture.
-  const std::string tmp = output + ".tmp";
-  {
-    std::error_code ec;
-    raw_fd_ostream out(tmp, ec);
-    if (ec)
-      die(output + ": cannot write the picture: " + ec.message());
-    out << svg;
-    out.close();
-    if (out.has_error()) {
-      sys::fs::remove(tmp);
-      die(output + ": cannot write the picture: " + out.error().message());
-    }
-  }
-  if (std::error_code ec = sys::fs::rename(tmp, output)) {
-    sys::fs::remove(tmp);
-    die(output + ": cannot write the picture: " + ec.message());
-  }
+  writeAtomically(output, svg); // never a half-written picture
   outs() << "carve: wrote " << output << " (" << panels.size() << " panels, " << runs.size()
          << (runs.size() == 1 ? " run" : " runs") << ")\n";
   return 0;

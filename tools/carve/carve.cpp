@@ -271,38 +271,6 @@ cl::opt<bool> noRaise("no-raise",
 
 [[noreturn]] void die(const Twine &msg) { carve::die(msg.str()); }
 
-/// Writes `text` to `path` through a temporary file and a rename, so a
-/// failure never leaves a half-written output behind.
-void writeAtomically(StringRef path, StringRef text) {
-  if (path == "-") {
-    outs() << text;
-    outs().flush();
-    return;
-  }
-  SmallString<256> dir(path);
-  sys::path::remove_filename(dir);
-  if (dir.empty())
-    dir = ".";
-  SmallString<256> tmp;
-  int fd;
-  if (std::error_code ec =
-          sys::fs::createUniqueFile(dir + "/" + sys::path::filename(path) + ".tmp-%%%%%%", fd, tmp))
-    die(path + ": cannot write: " + ec.message());
-  {
-    raw_fd_ostream os(fd, /*shouldClose=*/true);
-    os << text;
-    os.close();
-    if (os.has_error()) {
-      sys::fs::remove(tmp);
-      die(path + ": cannot write: " + os.error().message());
-    }
-  }
-  if (std::error_code ec = sys::fs::rename(tmp, path)) {
-    sys::fs::remove(tmp);
-    die(path + ": cannot write: " + ec.message());
-  }
-}
-
 int runImport() {
   carve::ImportOptions opts;
   std::string error;
@@ -329,7 +297,7 @@ int runImport() {
     carve::printSummary(*module, os);
   else
     module->print(os), os << "\n";
-  writeAtomically(importOutput, text);
+  carve::writeAtomically(importOutput, text);
   return 0;
 }
 
