@@ -238,6 +238,11 @@ private:
   /// (the loss seed, whose fp16 value changes between steps) and after it,
   /// before the tail (the loss pointer the tail reads); docs/cuda.md.
   std::string graphBefore, graphAfter;
+  /// The forward part of `body`: train --eval-data runs it alone (the
+  /// `evaluate` function). Each pass gathers its own ZeRO-3 parameters, so
+  /// it leaves no collective open.
+  size_t forwardEnd = std::string::npos;
+  std::string evalTail; // evaluate's statements after the forward: the global loss
 
   // The gradients the function returns, in the order backward finishes them.
   struct GradSlot {

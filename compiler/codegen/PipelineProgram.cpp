@@ -232,6 +232,51 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
   os << "}\n\n";
 }
 
+/// evaluate (train --eval-data): each micro-batch's forward through this
+/// rank's chunks in stage order, no backward; each forward's sends are waited
+/// for before the next runs, so one slot suffices and the transfers form one
+/// chain from the first stage to the last (no cycle, no deadlock). The loss
+/// is reduced as the step's tail reduces it.
+void emitEvaluate(llvm::raw_ostream &os, const RankProgram &rp) {
+  const EmitOptions &opts = rp.opts;
+  const PipelineCodegenOptions &pipe = rp.pipe;
+  const int p = pipe.pp, v = pipe.virtualStages, m = opts.numMicroBatches;
+  os << "/// Forward only (train --eval-data): every micro-batch through this rank's stage"
+     << (v > 1 ? "s" : "") << ", no\n/// backward; the global loss into ctx.loss. Nothing "
+     << "persistent changes.\n"
+     << "void evaluate(StepContext &ctx) {\n"
+     << precisionLine(opts) << "  char *const A = ctx.arena;\n  char *const W = A + "
+     << rp.scratchBase << ";\n  pipeLoss = 0;\n"
+     << "  for (int mb = 0; mb < " << m << "; ++mb) {\n";
+  for (int c = 0; c < v; ++c) {
+    const std::string cn = "c" + std::to_string(c);
+    os << "    " << cn << "::forward(ctx, mb, 0, A + " << rp.poolBase << " + " << cn
+       << "PoolOffset[mb], A + " << rp.sendBase[c] << ", W);  // stage " << c * p + pipe.rank
+       << "\n    waitAll(*ctx.ppComm, " << cn << "::fsends[0]);\n";
+  }
+  os << "  }\n";
+  const std::string &red = rp.chunks.back().lossReduction;
+  os << "  float loss = (float)pipeLoss;\n";
+  if (red == "mean" && m > 1)
+    os << "  loss /= " << m << ".0f;  // the mean of " << m << " equal micro-batches\n";
+  if (p > 1)
+    os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
+  emitDpLoss(os, opts, red);
+  os << "  ctx.loss = loss;\n}\n\n";
+}
+
+/// Each chunk's pool offsets by micro-batch (evaluate reuses the step's).
+void emitPoolOffsets(llvm::raw_ostream &os, const RankProgram &rp) {
+  const int v = rp.pipe.virtualStages, m = rp.opts.numMicroBatches;
+  for (int c = 0; c < v; ++c) {
+    os << "const int64_t c" << c << "PoolOffset[" << m << "] = {";
+    for (int k = 0; k < m; ++k)
+      os << (k ? ", " : "") << rp.poolOffset.at({c, k});
+    os << "};\n";
+  }
+  os << "\n";
+}
+
 } // namespace
 } // namespace codegen
 
@@ -401,8 +446,10 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   std::string src;
   llvm::raw_string_ostream os(src);
   codegen::emitRankPreamble(os, rp);
+  codegen::emitPoolOffsets(os, rp);
   codegen::emitSchedule(os, rp);
   codegen::emitRankTail(os, rp);
+  codegen::emitEvaluate(os, rp);
 
   // Tables.
   std::vector<TensorRow> params, inputs = chunks[0].inputs;

@@ -93,6 +93,14 @@ bool Generator::run() {
   llvm::raw_string_ostream ts(t);
   if (!emitStepTail(loss, buckets, reduction, ts))
     return false;
+  {
+    // evaluate: the forward's statements, then the loss as the tail reads it.
+    llvm::raw_string_ostream es(evalTail);
+    es << "\n  // The loss of the whole global batch.\n";
+    es << "  float loss = (float)" << scalarRead(var[loss]) << ";\n";
+    emitDpLoss(es, opts, reduction);
+    es << "  ctx.loss = loss;\n";
+  }
 
   buildTables(1);
   out.numKernelCalls = kernelCalls;
@@ -283,6 +291,7 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
   for (Operation *op : ops) {
     if (!backward && index[op] >= backwardBegin) {
       backward = true;
+      forwardEnd = s.size();
       s += "\n  // ---- Backward ----\n\n";
     }
     s += gatherStatements(op, backward, gathered, shardVar);
@@ -291,6 +300,8 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
     startBuckets(buckets, nextBucket, index[op]);
     waitBuckets(index[op]);
   }
+  if (forwardEnd == std::string::npos)
+    forwardEnd = s.size();
   for (auto &[arg, v] : shardVar)
     var[fn.getArgument(arg)] = v;
   for (GradSlot &g : grads)
@@ -444,6 +455,14 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
        << graphAfter;
   }
   os << tail << "}\n\n";
+
+  os << "/// Forward only (train --eval-data): the global loss of the inputs in the arena; no\n"
+     << "/// gradient, no update. The same statements as the step's forward.\n"
+     << "void evaluate(StepContext &ctx) {\n  char *const A = ctx.arena;\n"
+     << precisionLine(opts) << "  // ---- Inputs, parameters and buffers ----\n";
+  for (BlockArgument a : fn.getArguments())
+    os << argumentPointer(a, false);
+  os << "\n  // ---- Forward ----\n\n" << body.substr(0, forwardEnd) << evalTail << "}\n\n";
 
   if (!inputRows.empty())
     out.vocab = tokenVocab(fn, inputRows[0].name, opts.tp);

@@ -115,6 +115,7 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
   os << "    /*device=*/" << (opts.cuda() ? "&kCudaTarget" : "nullptr") << ", /*precision=*/\""
      << opts.precision << "\",\n";
   os << "    /*hyper=*/&kHyper, /*vocab=*/" << (tokens ? out.vocab : 0) << ",\n";
+  os << "    /*evaluate=*/evaluate,\n";
   os << "};\n";
 }
 

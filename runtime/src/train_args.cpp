@@ -32,14 +32,32 @@ or with mpirun/srun and the number of ranks it was compiled for, or from any lau
 that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.md).
 
   --steps S                   optimizer steps to run (required)
-  --data FILE                 training data (required): a flat little-endian token file for
-                              token models, else a safetensors file with one [S, B, ...]
-                              tensor per model input (see runtime/README.md)
-  --data-dtype int32|uint16   element type of a token file (default int32)
-  --check-data                check --data against this program and train nothing: the
-                              file's layout, every input's dtype and shape, its length,
-                              and every token id inside the model's vocabulary (the whole
-                              file; a training run checks files over 1 GiB batch by batch)
+  --data FILES                training data (required): files or globs, comma-separated,
+                              read as one set: flat little-endian token files for token
+                              models, else safetensors files with one tensor per model
+                              input, [N, ...] (N samples) or [S, B, ...] (S batches)
+                              (docs/data.md)
+  --data-dtype int32|uint16   element type of token files (default int32)
+  --shuffle SEED              read the data in epochs, shuffled anew each epoch from SEED:
+                              token files as windows of T+1 tokens, tensors by sample; the
+                              same batches under every plan and world size, and on resume
+  --doc-eot ID                token files: a document ends after each token ID; no window
+                              crosses a document's end
+  --doc-offsets FILE          token files: the documents' starts, int64 little-endian token
+                              offsets into the files read as one stream
+  --check-data                check --data (and --eval-data) against this program and
+                              train nothing: the files' layout, every input's dtype and
+                              shape, their length, and every token id inside the model's
+                              vocabulary (all of it; a training run checks files over
+                              1 GiB batch by batch)
+  --show-batches N            with --check-data: print where each row of the first N
+                              steps is read from
+  --eval-data FILES           held-out data in --data's format: evaluated in order (never
+                              shuffled), forward only, without updating anything; the mean
+                              loss (and perplexity for token models) goes to the progress
+                              line, --log and --tensorboard
+  --eval-every N              evaluate after every N-th step (default: after the last only)
+  --eval-batches K            global batches per evaluation (default: the whole set)
   --log FILE.jsonl            write one JSON object per step (replaces FILE)
   --tensorboard DIR           also write the step's loss, learning rate, gradient norm and
                               throughput as TensorBoard scalars (an event file in DIR;
@@ -92,6 +110,20 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
   --quiet                     print nothing but errors (--progress none)
   --help                      print this text
 )";
+DataOptions dataOptions(const Options &opts, bool eval) {
+  DataOptions d;
+  d.paths = eval ? opts.evalData : opts.data;
+  d.tokenType = opts.dataType;
+  d.eotId = opts.docEot;
+  d.docOffsets = eval ? std::string() : opts.docOffsets;
+  d.shuffle = !eval && opts.shuffle;
+  d.seed = opts.shuffleSeed;
+  d.checkWhole = opts.checkData;
+  d.windows = eval;
+  d.flag = eval ? "--eval-data" : "--data";
+  return d;
+}
+
 bool parseInt(const std::string &text, int64_t &out) {
   if (text.empty())
     return false;
@@ -130,6 +162,31 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
     if ((arg == "--cuda-graph" || arg == "--quiet" || arg == "--check-data") && inlineValue) {
       error = arg + " takes no value";
       return false;
+    } else if (arg == "--shuffle" || arg == "--doc-eot" || arg == "--eval-every" ||
+               arg == "--eval-batches" || arg == "--show-batches") {
+      if (!takeValue())
+        return false;
+      int64_t v = 0;
+      const bool positive = arg == "--eval-every" || arg == "--eval-batches";
+      if (!parseInt(value, v) || v < (positive ? 1 : 0)) {
+        error = arg + " needs " +
+                (arg == "--shuffle"  ? "a seed, an integer >= 0"
+                 : arg == "--doc-eot" ? "a token id, an integer >= 0"
+                 : positive           ? "a positive integer"
+                                      : "an integer >= 0") +
+                ", not '" + value + "'";
+        return false;
+      }
+      if (arg == "--shuffle")
+        opts.shuffle = true, opts.shuffleSeed = static_cast<uint64_t>(v);
+      else if (arg == "--doc-eot")
+        opts.docEot = v;
+      else if (arg == "--eval-every")
+        opts.evalEvery = v;
+      else if (arg == "--eval-batches")
+        opts.evalBatches = v;
+      else
+        opts.showBatches = v;
     } else if (arg == "--cuda-graph") {
       opts.cudaGraph = true;
     } else if (arg == "--check-data") {
@@ -144,7 +201,8 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
         return false;
       }
     } else if (arg == "--data" || arg == "--log" || arg == "--save" || arg == "--load" ||
-               arg == "--trace" || arg == "--tensorboard") {
+               arg == "--trace" || arg == "--tensorboard" || arg == "--eval-data" ||
+               arg == "--doc-offsets") {
       if (!takeValue())
         return false;
       if (value.empty()) {
@@ -156,6 +214,8 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
        : arg == "--save"        ? opts.save
        : arg == "--trace"       ? opts.trace
        : arg == "--tensorboard" ? opts.tensorboard
+       : arg == "--eval-data"   ? opts.evalData
+       : arg == "--doc-offsets" ? opts.docOffsets
                                 : opts.load) = value;
     } else if (arg == "--save-every" || arg == "--keep") {
       if (!takeValue())
@@ -283,6 +343,19 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
     opts.steps = 1;
   if (opts.data.empty()) {
     error = "--data is required (see --help)";
+    return false;
+  }
+  if ((opts.evalEvery > 0 || opts.evalBatches > 0) && opts.evalData.empty()) {
+    error = std::string(opts.evalEvery > 0 ? "--eval-every" : "--eval-batches") +
+            " needs --eval-data FILES (the held-out set)";
+    return false;
+  }
+  if (opts.showBatches > 0 && !opts.checkData) {
+    error = "--show-batches needs --check-data";
+    return false;
+  }
+  if (opts.docEot >= 0 && !opts.docOffsets.empty()) {
+    error = "--doc-eot and --doc-offsets both mark documents: give one of them";
     return false;
   }
   if ((opts.saveEvery > 0 || opts.keep > 0) && opts.save.empty()) {

@@ -41,6 +41,16 @@ struct Options {
   bool lossScaleSet = false; // --loss-scale given: it wins over a checkpoint's
   bool cudaGraph = false;    // --cuda-graph
   bool checkData = false;    // --check-data: validate --data against the program, train nothing
+  int64_t showBatches = 0;   // --show-batches N (with --check-data): print where rows come from
+  // Data sets (carve/rt/data.h): --shuffle SEED, --doc-eot ID, --doc-offsets FILE.
+  bool shuffle = false;
+  uint64_t shuffleSeed = 0;
+  int64_t docEot = -1;
+  std::string docOffsets;
+  // Evaluation: --eval-data FILES, --eval-every N (0: after the last step
+  // only), --eval-batches K (0: the whole set).
+  std::string evalData;
+  int64_t evalEvery = 0, evalBatches = 0;
   // Hyperparameters given on the command line (each set flag overrides the
   // program's compiled value; applyHyperparameters).
   struct {
@@ -65,6 +75,10 @@ std::string hyperparameterChanges(const Hyperparameters &a, const Hyperparameter
                                   const char *what);
 /// The --help section listing a program's compiled hyperparameters.
 std::string hyperparameterHelp(const Hyperparameters &defaults, bool adamw);
+
+/// The options of the training data (`eval`: false) or of the evaluation
+/// set (true: in order, from the first window or sample).
+DataOptions dataOptions(const Options &opts, bool eval);
 
 /// Parses a whole decimal integer; false for empty text, trailing characters
 /// or overflow.

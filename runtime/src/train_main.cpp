@@ -210,6 +210,8 @@ struct RankSetup {
   const DeviceTarget *device = nullptr;
   Mesh mesh;
   std::unique_ptr<DataLoader> loader;
+  std::unique_ptr<DataLoader> evalLoader; // --eval-data, or null
+  int64_t evalBatches = 0;                // global batches per evaluation
   WeightSource weights;
   char *arena = nullptr;       // the arena; on a device, the host copy of the step's arena
   char *deviceArena = nullptr; // the step's arena on the device
@@ -245,6 +247,27 @@ bool checkProgram(const Program *program, int worldRank, int planRanks, std::str
   return false;
 }
 
+/// --eval-data: the held-out set, in order, and the batches per evaluation.
+void openEvalData(const Options &opts, const Program &program, RankSetup &s, std::string &error) {
+  if (!program.evaluate) {
+    error = std::string("program '") + program.name +
+            "' has no forward-only function for --eval-data (it was compiled by an older "
+            "carve): compile it again";
+    return;
+  }
+  s.evalLoader = openDataLoader(program, s.mesh.dpRank, dataOptions(opts, true), error);
+  if (!s.evalLoader)
+    return;
+  const int64_t whole = s.evalLoader->stepsPerEpoch();
+  if (opts.evalBatches > whole) {
+    error = "--eval-batches " + std::to_string(opts.evalBatches) + ": the evaluation set (" +
+            s.evalLoader->describe() + ") holds " + std::to_string(whole) + " global batch" +
+            (whole == 1 ? "" : "es") + " of " + std::to_string(program.globalBatch);
+    return;
+  }
+  s.evalBatches = opts.evalBatches > 0 ? opts.evalBatches : whole;
+}
+
 /// Step 2 on this rank: the program, the data, the weights or the checkpoint,
 /// the --save folder, the --log and --trace files, the device and the
 /// arena's initial contents. Sets `error` on the first failure.
@@ -261,9 +284,10 @@ void prepareRank(const Options &opts, int worldRank, int localRank, int localRan
     error = std::string("--cuda-graph needs a program compiled with --target cuda; '") +
             program.name + "' is for the CPU";
   else if (checkShardedSpecs(program, s.mesh, error))
-    s.loader =
-        openDataLoader(program, s.mesh.dpRank, opts.data, opts.dataType, error, opts.checkData);
-  if (s.loader)
+    s.loader = openDataLoader(program, s.mesh.dpRank, dataOptions(opts, false), error);
+  if (s.loader && !opts.evalData.empty())
+    openEvalData(opts, program, s, error);
+  if (error.empty() && s.loader)
     openWeights(program, opts.load, s.weights, error);
   if (error.empty() && s.loader)
     applyHyperparameters(opts, program.hyper ? *program.hyper : Hyperparameters{},
@@ -363,6 +387,14 @@ void reportStart(Communicator &world, const Options &opts, const RankSetup &s, i
   std::printf("carve: data %s; weights from %s; steps %lld to %lld\n", s.loader->describe().c_str(),
               opts.load.empty() ? s.weights.model.path().c_str() : opts.load.c_str(),
               static_cast<long long>(start), static_cast<long long>(end - 1));
+  if (s.evalLoader)
+    std::printf("carve: evaluation data %s; %lld global batch%s %s\n",
+                s.evalLoader->describe().c_str(), static_cast<long long>(s.evalBatches),
+                s.evalBatches == 1 ? "" : "es",
+                opts.evalEvery > 0
+                    ? ("after every " + std::to_string(opts.evalEvery) + " steps and the last")
+                          .c_str()
+                    : "after the last step");
   if (program.hyper) {
     Hyperparameters compiled = *program.hyper;
     compiled.endStep = s.hyper.endStep;
@@ -454,6 +486,9 @@ private:
   void reportStep(int64_t k, double seconds, bool overflow, bool stop, float usedScale);
   /// Saves a checkpoint of step `step` with --save, never the same step twice.
   void saveAt(int64_t step);
+  /// --eval-data: the mean loss over the evaluation batches of the weights
+  /// after step `k`, reported and logged.
+  void evaluate(int64_t k);
 
   Communicator &world;
   const Options &opts;
@@ -543,6 +578,8 @@ bool Trainer::run() {
     // Checkpoints at every multiple of --save-every and after the last step.
     if (opts.saveEvery > 0 && (k + 1) % opts.saveEvery == 0)
       saveAt(k + 1);
+    if (s.evalLoader && ((opts.evalEvery > 0 && (k + 1) % opts.evalEvery == 0) || k == end - 1))
+      evaluate(k);
   }
   return true;
 }
@@ -663,6 +700,8 @@ void Trainer::reportStep(int64_t k, double seconds, bool overflow, bool stop, fl
   if (ctx.gradNorm >= 0 || !std::isfinite(ctx.gradNorm))
     line.add("grad_norm", static_cast<double>(ctx.gradNorm));
   line.add("time_s", seconds).add(tokens ? "tokens_per_s" : "samples_per_s", rate);
+  if (s.loader->stepsPerEpoch() > 0)
+    line.add("epoch", k / s.loader->stepsPerEpoch());
   if (guard.nonFinite)
     line.add("skipped", !stop).add("nonfinite", guard.culprit);
   if (opts.skipNonFinite)
@@ -670,6 +709,63 @@ void Trainer::reportStep(int64_t k, double seconds, bool overflow, bool stop, fl
   if (fp16)
     line.add("loss_scale", static_cast<double>(usedScale)).add("overflow_steps", overflowSteps);
   std::string error;
+  if (!log.write(line, error))
+    die(error);
+}
+
+void Trainer::evaluate(int64_t k) {
+  const auto evalBegin = std::chrono::steady_clock::now();
+  const StepContext saved = ctx;
+  ctx.tracer = nullptr;
+  ctx.hooks = nullptr;
+  std::string error;
+  double sum = 0;
+  for (int64_t b = 0; b < s.evalBatches; ++b) {
+    if (!s.evalLoader->load(b, s.arena, error))
+      die(error);
+    if (device)
+      for (int i = 0; i < program.numInputs; ++i) {
+        const TensorSpec &in = program.inputs[i];
+        if (!device->toDevice(s.deviceArena + in.offset, s.arena + in.offset,
+                              in.numel * dtypeSize(in.dtype), error))
+          die(error);
+      }
+    ctx.loss = 0;
+    program.evaluate(ctx);
+    if (device && !device->synchronize(error))
+      die("evaluation after step " + std::to_string(k) + ": " + error);
+    sum += static_cast<double>(ctx.loss);
+  }
+  ctx = saved;
+  const double loss = sum / static_cast<double>(s.evalBatches);
+  const double seconds = secondsSince(evalBegin);
+  if (talk) {
+    progress->interrupt();
+    std::printf("carve: step %lld: eval loss %.4f", static_cast<long long>(k), loss);
+    if (tokens)
+      std::printf(" (perplexity %.4g)", std::exp(loss));
+    std::printf(" over %lld batch%s of held-out data, %s\n",
+                static_cast<long long>(s.evalBatches), s.evalBatches == 1 ? "" : "es",
+                formatDuration(seconds).c_str());
+    std::fflush(stdout);
+  }
+  if (board.isOpen()) {
+    std::vector<std::pair<std::string, float>> scalars = {{"eval_loss", static_cast<float>(loss)}};
+    if (tokens)
+      scalars.push_back({"eval_ppl", static_cast<float>(std::exp(loss))});
+    if (!board.write(k, scalars, error))
+      die(error);
+  }
+  if (!log.isOpen())
+    return;
+  JsonLine line;
+  line.add("step", k).add("eval_loss", loss);
+  if (tokens)
+    line.add("eval_ppl", std::exp(loss));
+  line.add("eval_batches", s.evalBatches)
+      .add(tokens ? "eval_tokens" : "eval_samples",
+           s.evalBatches * program.globalBatch * (tokens ? program.seqLen : 1))
+      .add("eval_time_s", seconds);
   if (!log.write(line, error))
     die(error);
 }
@@ -772,6 +868,15 @@ int main(int argc, char **argv) {
           p.vocab > 0
               ? (": every token id is below the vocabulary of " + std::to_string(p.vocab)).c_str()
               : "");
+      if (setup.evalLoader)
+        std::printf("carve: --check-data: evaluation data %s fits too (%lld global batch%s per "
+                    "evaluation)\n",
+                    setup.evalLoader->describe().c_str(),
+                    static_cast<long long>(setup.evalBatches), setup.evalBatches == 1 ? "" : "es");
+      for (int64_t k = 0; k < opts.showBatches; ++k)
+        for (int64_t j = 0; j < p.globalBatch; ++j)
+          std::printf("carve: step %lld row %lld: %s\n", static_cast<long long>(k),
+                      static_cast<long long>(j), setup.loader->source(k, j).c_str());
       std::fflush(stdout);
     }
     if (setup.device) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -260,12 +261,177 @@ TEST_F(DataTest, TensorErrorsNameTheTensor) {
   write({{"x", "F32", {3, 2, 4}, v}, {"y", "I64", {3, 4}, w}});
   expectError(tp.p, 0, path, TokenFileType::Int32,
               "tensor 'x' has shape [3, 2, 4], expected [S, 4, 2]");
+  // x sample-major ([N, 2]) makes the file sample-major: y must be [N] too.
   write({{"x", "F32", {4, 2}, v}, {"y", "I64", {3, 4}, w}});
-  expectError(tp.p, 0, path, TokenFileType::Int32, "tensor 'x' has shape [4, 2]");
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "tensor 'y' has shape [3, 4], expected [N] (sample-major: N samples of shape [])");
   write({{"x", "F32", {3, 4, 2}, v}, {"y", "I64", {2, 4}, w}});
-  expectError(tp.p, 0, path, TokenFileType::Int32, "tensor 'y' holds 2 steps, tensor 'x' holds 3");
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "tensor 'y' holds 2 batches, tensor 'x' holds 3");
+  write({{"x", "F32", {3, 2}, v}, {"y", "I64", {3}, w}});
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "3 samples is fewer than one global batch of 4");
   expectError(tp.p, 0, "/tmp/carve-no-such-file", TokenFileType::Int32,
               "data file /tmp/carve-no-such-file: cannot open");
+}
+
+TEST(ShuffleTest, EveryEpochIsAPermutation) {
+  for (uint64_t n : {1ull, 2ull, 3ull, 5ull, 16ull, 17ull, 100ull, 1000ull, 4097ull}) {
+    std::vector<uint64_t> e0(n), e1(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      e0[i] = shuffleIndex(i, n, 7, 0);
+      e1[i] = shuffleIndex(i, n, 7, 1);
+    }
+    std::vector<uint64_t> s0 = e0, s1 = e1;
+    std::sort(s0.begin(), s0.end());
+    std::sort(s1.begin(), s1.end());
+    for (uint64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(s0[i], i) << "n=" << n;
+      ASSERT_EQ(s1[i], i) << "n=" << n;
+    }
+    if (n >= 16) {
+      EXPECT_NE(e0, e1) << "epochs 0 and 1 of " << n << " items in the same order";
+      std::vector<uint64_t> other(n);
+      for (uint64_t i = 0; i < n; ++i)
+        other[i] = shuffleIndex(i, n, 8, 0);
+      EXPECT_NE(e0, other) << "seeds 7 and 8 give the same order of " << n << " items";
+    }
+  }
+  // The values docs/data.md's Python function gives.
+  const uint64_t epoch0[10] = {1, 0, 2, 6, 7, 4, 9, 8, 3, 5};
+  const uint64_t epoch5[10] = {7, 4, 3, 8, 6, 1, 9, 2, 0, 5};
+  for (uint64_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(shuffleIndex(i, 10, 1234, 0), epoch0[i]);
+    EXPECT_EQ(shuffleIndex(i, 10, 1234, 5), epoch5[i]);
+  }
+  EXPECT_EQ(shuffleIndex(123456, 1000003, 42, 7), 269695u);
+}
+
+TEST_F(DataTest, TokenWindowsFollowDocumentsAndFiles) {
+  // Two files: a = 0..20 with an end-of-text id 99 after token 9 (documents
+  // [0, 10] and [11, 20]), b = 200..208 (9 tokens). T = 4: windows of 5.
+  std::vector<int32_t> a, b;
+  for (int i = 0; i < 21; ++i)
+    a.push_back(i == 10 ? 99 : i);
+  for (int i = 0; i < 9; ++i)
+    b.push_back(200 + i);
+  std::string pa = file("wa.bin", a.data(), a.size() * 4);
+  std::string pb = file("wb.bin", b.data(), b.size() * 4);
+  TestProgram tp(DataKind::Tokens, 2, 1, 4,
+                 {spec("idx", DType::I64, {2, 4}, 0), spec("targets", DType::I64, {2, 4}, 64)});
+  DataOptions o;
+  o.paths = pa + "," + pb;
+  o.eotId = 99;
+  std::string error;
+  auto loader = openDataLoader(tp.p, 0, o, error);
+  ASSERT_NE(loader, nullptr) << error;
+  // Documents: [0,11) 11 tokens -> 2 windows (0, 4); [11,21) 10 tokens -> 2
+  // windows (11, 15); file b: 9 tokens -> 2 windows (0, 4). W = 6, 3 steps.
+  EXPECT_EQ(loader->stepsPerEpoch(), 3);
+  EXPECT_EQ(loader->source(0, 0), pa + " token 0");
+  EXPECT_EQ(loader->source(0, 1), pa + " token 4");
+  EXPECT_EQ(loader->source(1, 0), pa + " token 11");
+  EXPECT_EQ(loader->source(1, 1), pa + " token 15");
+  EXPECT_EQ(loader->source(2, 0), pb + " token 0");
+  EXPECT_EQ(loader->source(2, 1), pb + " token 4");
+  EXPECT_EQ(loader->source(3, 0), pa + " token 0"); // epoch 1, in order
+  std::vector<char> arena(128);
+  const auto *ids = reinterpret_cast<const int64_t *>(arena.data());
+  const auto *next = reinterpret_cast<const int64_t *>(arena.data() + 64);
+  ASSERT_TRUE(loader->load(1, arena.data(), error)) << error;
+  EXPECT_EQ(ids[0], 11);
+  EXPECT_EQ(next[3], 15);
+  EXPECT_EQ(ids[4], 15);
+  EXPECT_EQ(next[7], 19);
+  // Shuffled: each epoch reads every window once.
+  o.shuffle = true;
+  o.seed = 3;
+  loader = openDataLoader(tp.p, 0, o, error);
+  ASSERT_NE(loader, nullptr) << error;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::string> seen;
+    for (int k = 0; k < 3; ++k)
+      for (int j = 0; j < 2; ++j)
+        seen.push_back(loader->source(epoch * 3 + k, j));
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(std::unique(seen.begin(), seen.end()), seen.end()) << "a window read twice";
+  }
+  // Globs, sorted; a glob that matches nothing.
+  o = DataOptions();
+  o.paths = "/tmp/carve-data-" + std::to_string(::getpid()) + "-w?.bin";
+  loader = openDataLoader(tp.p, 0, o, error);
+  ASSERT_NE(loader, nullptr) << error;
+  EXPECT_NE(loader->describe().find(pa + ", " + pb + ": 30 int32 tokens"), std::string::npos)
+      << loader->describe();
+  o.paths = "/tmp/carve-data-none-*.bin";
+  EXPECT_EQ(openDataLoader(tp.p, 0, o, error), nullptr);
+  EXPECT_NE(error.find("--data: no file matches '/tmp/carve-data-none-*.bin'"),
+            std::string::npos)
+      << error;
+  // The wrapped cut reads across the files' boundary.
+  o.paths = pa + "," + pb;
+  loader = openDataLoader(tp.p, 0, o, error);
+  ASSERT_NE(loader, nullptr) << error;
+  ASSERT_TRUE(loader->load(2, arena.data(), error)) << error; // o = 16 and 20 mod 25
+  EXPECT_EQ(ids[4], 20);
+  EXPECT_EQ(ids[5], 200);
+  EXPECT_EQ(next[7], 203);
+  // Too few windows for one batch.
+  o.paths = pb;
+  o.eotId = 203; // documents of 4 and 5 tokens: one window
+  EXPECT_EQ(openDataLoader(tp.p, 0, o, error), nullptr);
+  EXPECT_NE(error.find("1 window of 5 tokens (9 tokens in 2 documents) is fewer than one "
+                       "global batch of 2 sequences"),
+            std::string::npos)
+      << error;
+}
+
+TEST_F(DataTest, SamplesAreShuffledPerEpoch) {
+  // x: F32 [N=6, 2], y: I64 [6]; sample i holds 10*i.
+  std::vector<float> x(12);
+  std::vector<int64_t> y(6);
+  for (int i = 0; i < 6; ++i) {
+    y[i] = 10 * i;
+    x[2 * i] = 10.0f * i;
+    x[2 * i + 1] = 10.0f * i + 1;
+  }
+  std::string path = "/tmp/carve-data-" + std::to_string(::getpid()) + "-s.safetensors";
+  created.push_back(path);
+  std::string error;
+  ASSERT_TRUE(
+      writeSafetensors(path, {{"x", "F32", {6, 2}, x.data()}, {"y", "I64", {6}, y.data()}}, {},
+                       error))
+      << error;
+  TestProgram tp(DataKind::Tensors, 4, 2, 0,
+                 {spec("x", DType::F32, {2, 2}, 0), spec("y", DType::I64, {2}, 64)});
+  DataOptions o;
+  o.paths = path;
+  o.shuffle = true;
+  o.seed = 11;
+  auto loader = openDataLoader(tp.p, 1, o, error);
+  ASSERT_NE(loader, nullptr) << error;
+  EXPECT_EQ(loader->stepsPerEpoch(), 1); // 6 samples, batches of 4
+  std::vector<char> arena(128);
+  const auto *xs = reinterpret_cast<const float *>(arena.data());
+  const auto *ys = reinterpret_cast<const int64_t *>(arena.data() + 64);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(loader->load(step, arena.data(), error)) << error;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t want = static_cast<int64_t>(shuffleIndex(2 + r, 6, 11, step));
+      EXPECT_EQ(ys[r], 10 * want);
+      EXPECT_EQ(xs[2 * r + 1], 10.0f * want + 1);
+      EXPECT_EQ(loader->source(step, 2 + r), path + " sample " + std::to_string(want));
+    }
+  }
+  // Batch-major files are never shuffled.
+  std::vector<float> bx(16);
+  std::vector<int64_t> by(8);
+  ASSERT_TRUE(writeSafetensors(
+      path, {{"x", "F32", {2, 4, 2}, bx.data()}, {"y", "I64", {2, 4}, by.data()}}, {}, error))
+      << error;
+  EXPECT_EQ(openDataLoader(tp.p, 0, o, error), nullptr);
+  EXPECT_NE(error.find("batch-major tensors [S, B, ...] are never shuffled"), std::string::npos)
+      << error;
 }
 
 } // namespace

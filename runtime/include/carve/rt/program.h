@@ -193,6 +193,13 @@ struct Program {
   /// loader refuses an id outside [0, vocab). 0: not checked (this rank's
   /// stages hold no embedding, or not a token model).
   int64_t vocab = 0;
+  /// Forward only (train --eval-data): the global loss of the inputs already
+  /// placed in the arena, into ctx.loss, reduced as the step reduces it. No
+  /// gradient is computed and nothing persistent changes (parameters,
+  /// gradients, optimizer state); activations and inputs are overwritten.
+  /// Every rank of the plan calls it together. Null: a program compiled
+  /// before carve had it (recompile).
+  void (*evaluate)(StepContext &ctx) = nullptr;
 };
 
 } // namespace carve::rt
