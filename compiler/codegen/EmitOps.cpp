@@ -403,6 +403,17 @@ bool Generator::emitCrossEntropy(Operation *op, llvm::raw_ostream &os) {
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(op, 2) << ", ";
     os << name(res) << ");";
+    if (isa<CrossEntropyOp>(op)) {
+      const bool vp = (bool)op->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+      os << "\n  if (ctx.evaluating)  // train --eval-data: accuracy (the target's logit is the "
+            "largest)\n    count_correct("
+         << (vp ? "ctx.tpComm" : "nullptr") << ", " << name(logits) << ", " << shapeOf(logits)
+         << ", "
+         << (vp ? "(int64_t)ctx.tpRank * " + std::to_string(typeOf(logits).getDimSize(1))
+                : std::string("0"))
+         << ", " << name(targets) << ", " << (ig ? "true" : "false") << ", "
+         << (ig ? ig.getInt() : 0) << "LL, ctx.counts);";
+    }
   }
   return true;
 }

@@ -262,7 +262,14 @@ void emitEvaluate(llvm::raw_ostream &os, const RankProgram &rp) {
   if (p > 1)
     os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
   emitDpLoss(os, opts, red);
-  os << "  ctx.loss = loss;\n}\n\n";
+  os << "  ctx.loss = loss;\n";
+  if (p > 1 || opts.dp > 1)
+    os << "  // The accuracy counts (the last stage's), of every replica's rows.\n";
+  if (p > 1)
+    os << "  ctx.ppComm->allReduce(ctx.counts, 2, CommType::F64, ReduceOp::Sum);\n";
+  if (opts.dp > 1)
+    os << "  ctx.dpComm->allReduce(ctx.counts, 2, CommType::F64, ReduceOp::Sum);\n";
+  os << "}\n\n";
 }
 
 /// Each chunk's pool offsets by micro-batch (evaluate reuses the step's).

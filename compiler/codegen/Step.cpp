@@ -100,6 +100,9 @@ bool Generator::run() {
     es << "  float loss = (float)" << scalarRead(var[loss]) << ";\n";
     emitDpLoss(es, opts, reduction);
     es << "  ctx.loss = loss;\n";
+    if (opts.dp > 1)
+      es << "  // The accuracy counts of every replica's rows.\n"
+            "  ctx.dpComm->allReduce(ctx.counts, 2, CommType::F64, ReduceOp::Sum);\n";
   }
 
   buildTables(1);

@@ -56,6 +56,7 @@ void qualifyGpuCalls(std::string &src) {
                                               "attention_grad",
                                               "cross_entropy",
                                               "cross_entropy_grad",
+                                              "count_correct",
                                               "transpose",
                                               "slice",
                                               "slice_grad",

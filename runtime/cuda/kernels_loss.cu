@@ -554,6 +554,65 @@ void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
   }
 }
 
+/// count_correct's row statistics: stats[r] = the row's largest logit here,
+/// stats[e + r] = the target's logit (-inf where this rank lacks the target).
+__global__ void ccRowStats(const float *logits, const int64_t *targets, int64_t e, int64_t c,
+                           int64_t s, int64_t vocabOffset, float *stats) {
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < e;
+       r += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = r / s, u = r % s;
+    const float *base = logits + i * c * s + u;
+    float mx = -INFINITY;
+    for (int64_t k = 0; k < c; ++k)
+      mx = fmaxf(mx, base[k * s]);
+    const int64_t t = targets[r] - vocabOffset;
+    stats[r] = mx;
+    stats[e + r] = t >= 0 && t < c ? base[t * s] : -INFINITY;
+  }
+}
+
+/// counts[0] += rows whose target logit is the largest, counts[1] += rows counted.
+__global__ void ccCount(const float *stats, const int64_t *targets, int64_t e, bool hasIgnore,
+                        int64_t ignoreIndex, double *counts) {
+  double right = 0, counted = 0;
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < e;
+       r += (int64_t)gridDim.x * blockDim.x) {
+    if (ignored(targets[r], hasIgnore, ignoreIndex))
+      continue;
+    counted += 1;
+    right += stats[e + r] >= stats[r] ? 1 : 0;
+  }
+  if (counted > 0) {
+    atomicAdd(counts, right);
+    atomicAdd(counts + 1, counted);
+  }
+}
+
+void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabOffset,
+                   const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts) {
+  const char *op = "count_correct";
+  const CeGeom g = ceGeom(op, ls, 0);
+  if (g.e == 0)
+    return;
+  const size_t statBytes = (static_cast<size_t>(2 * g.e) * sizeof(float) + 255) / 256 * 256;
+  char *w = static_cast<char *>(workspace(statBytes + 2 * sizeof(double), kWsFused0));
+  float *stats = reinterpret_cast<float *>(w);
+  double *dev = reinterpret_cast<double *>(w + statBytes);
+  ccRowStats<<<blocksFor(g.e), kThreads, 0, stream()>>>(logits, targets, g.e, g.c, g.s,
+                                                        vocabOffset, stats);
+  checkLaunch(op);
+  if (c)
+    allReduceDevice(*c, stats, 2 * g.e, CommType::F32, ReduceOp::Max);
+  cudaMemsetAsync(dev, 0, 2 * sizeof(double), stream());
+  ccCount<<<blocksFor(g.e), kThreads, 0, stream()>>>(stats, targets, g.e, hasIgnore, ignoreIndex,
+                                                     dev);
+  checkLaunch(op);
+  double host[2];
+  readScalars(dev, host, 2);
+  counts[0] += host[0];
+  counts[1] += host[1];
+}
+
 void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dims ls,
                                        int64_t vocabOffset, const int64_t *targets, int reduction,
                                        bool hasIgnore, int64_t ignoreIndex, const float *dy,

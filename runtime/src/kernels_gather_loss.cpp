@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace carve::rt {
 
@@ -506,6 +507,37 @@ void cross_entropy_vocab_parallel_grad(Communicator &c, const T *logits, Dims ls
   });
 }
 
+template <class T>
+void count_correct(Communicator *c, const T *logits, Dims ls, int64_t vocabOffset,
+                   const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts) {
+  if (ls.rank < 2)
+    fatal("count_correct: logits of rank %d (need [N, C, ...])", ls.rank);
+  const int64_t n = ls[0], cl = ls[1], s = ls.numel() / std::max<int64_t>(n * cl, 1);
+  const int64_t e = n * s;
+  // [row maxima | target logits (-inf where this rank does not hold the target)].
+  std::vector<float> stats(static_cast<size_t>(2 * e));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < e; ++r) {
+    const int64_t i = r / s, u = r % s;
+    const T *base = logits + i * cl * s + u;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t k = 0; k < cl; ++k)
+      mx = std::max(mx, base[k * s]);
+    const int64_t t = targets[r] - vocabOffset;
+    stats[r] = static_cast<float>(mx);
+    stats[e + r] = t >= 0 && t < cl ? static_cast<float>(base[t * s])
+                                    : -std::numeric_limits<float>::infinity();
+  }
+  if (c && e > 0)
+    c->allReduce(stats.data(), 2 * e, CommType::F32, ReduceOp::Max);
+  for (int64_t r = 0; r < e; ++r) {
+    if (hasIgnore && targets[r] == ignoreIndex)
+      continue;
+    counts[1] += 1;
+    counts[0] += stats[e + r] >= stats[r] ? 1 : 0;
+  }
+}
+
 //===--- Instantiations ---------------------------------------------------===//
 
 #define CARVE_FLOATING(T)                                                                          \
@@ -519,7 +551,9 @@ void cross_entropy_vocab_parallel_grad(Communicator &c, const T *logits, Dims ls
                                                 const int64_t *, int, bool, int64_t, T *);         \
   template void cross_entropy_vocab_parallel_grad<T>(Communicator &, const T *, Dims, int64_t,     \
                                                      const int64_t *, int, bool, int64_t,          \
-                                                     const T *, T *);
+                                                     const T *, T *);                             \
+  template void count_correct<T>(Communicator *, const T *, Dims, int64_t, const int64_t *, bool,  \
+                                 int64_t, double *);
 CARVE_FLOATING(float)
 CARVE_FLOATING(double)
 #undef CARVE_FLOATING

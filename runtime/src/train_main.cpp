@@ -718,8 +718,9 @@ void Trainer::evaluate(int64_t k) {
   const StepContext saved = ctx;
   ctx.tracer = nullptr;
   ctx.hooks = nullptr;
+  ctx.evaluating = true;
   std::string error;
-  double sum = 0;
+  double sum = 0, correct = 0, counted = 0;
   for (int64_t b = 0; b < s.evalBatches; ++b) {
     if (!s.evalLoader->load(b, s.arena, error))
       die(error);
@@ -731,11 +732,16 @@ void Trainer::evaluate(int64_t k) {
           die(error);
       }
     ctx.loss = 0;
+    ctx.counts[0] = ctx.counts[1] = 0;
     program.evaluate(ctx);
     if (device && !device->synchronize(error))
       die("evaluation after step " + std::to_string(k) + ": " + error);
     sum += static_cast<double>(ctx.loss);
+    correct += ctx.counts[0];
+    counted += ctx.counts[1];
   }
+  // The share of predictions right, where the loss is a cross-entropy.
+  const double accuracy = counted > 0 ? correct / counted : -1;
   ctx = saved;
   const double loss = sum / static_cast<double>(s.evalBatches);
   const double seconds = secondsSince(evalBegin);
@@ -744,6 +750,8 @@ void Trainer::evaluate(int64_t k) {
     std::printf("carve: step %lld: eval loss %.4f", static_cast<long long>(k), loss);
     if (tokens)
       std::printf(" (perplexity %.4g)", std::exp(loss));
+    if (accuracy >= 0)
+      std::printf(", accuracy %.2f%%", 100 * accuracy);
     std::printf(" over %lld batch%s of held-out data, %s\n",
                 static_cast<long long>(s.evalBatches), s.evalBatches == 1 ? "" : "es",
                 formatDuration(seconds).c_str());
@@ -753,6 +761,8 @@ void Trainer::evaluate(int64_t k) {
     std::vector<std::pair<std::string, float>> scalars = {{"eval_loss", static_cast<float>(loss)}};
     if (tokens)
       scalars.push_back({"eval_ppl", static_cast<float>(std::exp(loss))});
+    if (accuracy >= 0)
+      scalars.push_back({"eval_accuracy", static_cast<float>(accuracy)});
     if (!board.write(k, scalars, error))
       die(error);
   }
@@ -762,6 +772,8 @@ void Trainer::evaluate(int64_t k) {
   line.add("step", k).add("eval_loss", loss);
   if (tokens)
     line.add("eval_ppl", std::exp(loss));
+  if (accuracy >= 0)
+    line.add("eval_accuracy", accuracy);
   line.add("eval_batches", s.evalBatches)
       .add(tokens ? "eval_tokens" : "eval_samples",
            s.evalBatches * program.globalBatch * (tokens ? program.seqLen : 1))

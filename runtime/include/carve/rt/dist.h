@@ -127,6 +127,18 @@ void cross_entropy_vocab_parallel_grad(Communicator &c, const T *logits, Dims ls
                                        bool hasIgnore, int64_t ignoreIndex, const T *dy,
                                        T *dlogits);
 
+/// Evaluation's accuracy (train --eval-data) after a cross_entropy of logits
+/// [N, C, d...] against targets [N, d...]: adds to counts[0] the elements
+/// whose target's logit is the largest of its row (a tie counts as correct;
+/// PyTorch's argmax takes the first of equal values) and to counts[1] the
+/// elements counted (not ignore_index). With `c`, the classes are split over
+/// its ranks as in cross_entropy_vocab_parallel (this rank holds [vocabOffset,
+/// vocabOffset + C)) and one all-reduce(max) of the row maxima and target
+/// logits makes the counts equal on every rank; null: all classes are here.
+template <class T>
+void count_correct(Communicator *c, const T *logits, Dims ls, int64_t vocabOffset,
+                   const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts);
+
 } // namespace carve::rt
 
 #endif // CARVE_RT_DIST_H

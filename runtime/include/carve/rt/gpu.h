@@ -180,6 +180,10 @@ void gather_sharded_grad(const float *dy, const int64_t *idx, Dims is, int64_t r
 void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
                                   int64_t vocabOffset, const int64_t *targets, int reduction,
                                   bool hasIgnore, int64_t ignoreIndex, float *y);
+/// carve::rt::count_correct on device logits and targets; `counts` is host
+/// memory (it waits for the device).
+void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabOffset,
+                   const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts);
 void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dims ls,
                                        int64_t vocabOffset, const int64_t *targets, int reduction,
                                        bool hasIgnore, int64_t ignoreIndex, const float *dy,

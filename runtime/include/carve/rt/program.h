@@ -117,6 +117,13 @@ struct StepContext {
   /// and clipping (Program::hyper, overridden by train --lr ...); the step
   /// reads them.
   const Hyperparameters *hyper = nullptr;
+  /// Set by the runtime around `Program::evaluate`: the forward also counts,
+  /// after each cross-entropy, into `counts` {elements whose target's logit
+  /// is the largest of their row, elements counted (not ignore_index)};
+  /// evaluate sums them over the pipeline stages and dp replicas (tp ranks
+  /// count the same rows and agree).
+  bool evaluating = false;
+  double counts[2] = {0, 0};
 };
 
 /// A device the step runs on (the CUDA target), driven by the runtime's main
