@@ -152,17 +152,16 @@ public:
   }
 
   std::string describe() const override {
-    std::string s = listFiles(paths) + ": " + std::to_string(numTokens) + " " + typeName() +
-                    " tokens";
+    std::string s =
+        listFiles(paths) + ": " + std::to_string(numTokens) + " " + typeName() + " tokens";
     if (!windowed)
       return s;
     s += "; " + std::to_string(documents) + " document" + (documents == 1 ? "" : "s") + " (" +
          boundaries + "), " +
          order.describe(("windows of " + std::to_string(seqLen + 1) + " tokens").c_str());
     if (shortDocuments > 0)
-      s += "; " + std::to_string(shortDocuments) + " document" +
-           (shortDocuments == 1 ? "" : "s") + " shorter than " + std::to_string(seqLen + 1) +
-           " tokens left out";
+      s += "; " + std::to_string(shortDocuments) + " document" + (shortDocuments == 1 ? "" : "s") +
+           " shorter than " + std::to_string(seqLen + 1) + " tokens left out";
     return s;
   }
 
@@ -277,9 +276,9 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
     const TensorSpec &in = p.inputs[i];
     if (in.dtype != DType::I64 || in.rank != 2 || in.dims[0] != p.localBatch ||
         in.dims[1] != p.seqLen || p.seqLen < 1) {
-      error = where + "token input '" + in.name + "' must be I64 [" +
-              std::to_string(p.localBatch) + ", " + std::to_string(p.seqLen) + "], it is " +
-              dtypeName(in.dtype) + " " + formatShape(specShape(in));
+      error = where + "token input '" + in.name + "' must be I64 [" + std::to_string(p.localBatch) +
+              ", " + std::to_string(p.seqLen) + "], it is " + dtypeName(in.dtype) + " " +
+              formatShape(specShape(in));
       return false;
     }
   }
@@ -309,11 +308,10 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
       return false;
     }
     if (bytes % elemSize != 0) {
-      error = "token file " + path + ": " + std::to_string(bytes) +
-              " bytes is not a whole number of " + typeName() + " tokens (" +
-              std::to_string(elemSize) + " bytes each)" +
-              (tokenType == TokenFileType::Int32 ? "; for uint16 tokens pass --data-dtype uint16"
-                                                 : "");
+      error =
+          "token file " + path + ": " + std::to_string(bytes) + " bytes is not a whole number of " +
+          typeName() + " tokens (" + std::to_string(elemSize) + " bytes each)" +
+          (tokenType == TokenFileType::Int32 ? "; for uint16 tokens pass --data-dtype uint16" : "");
       return false;
     }
     files.back().begin = numTokens;
@@ -357,8 +355,8 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
     int fd = ::open(o.docOffsets.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      error = "document offsets file " + o.docOffsets + ": cannot open: " +
-              (fd < 0 ? std::strerror(errno) : "not a regular file");
+      error = "document offsets file " + o.docOffsets +
+              ": cannot open: " + (fd < 0 ? std::strerror(errno) : "not a regular file");
       if (fd >= 0)
         ::close(fd);
       return false;
@@ -381,8 +379,8 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
       if (offs[i] < 0 || offs[i] >= numTokens || (i > 0 && offs[i] <= offs[i - 1])) {
         error = "document offsets file " + o.docOffsets + ": offset " + std::to_string(i) +
                 " (0-based) is " + std::to_string(offs[i]) +
-                "; offsets must increase strictly and lie inside the " +
-                std::to_string(numTokens) + " tokens of " + listFiles(paths);
+                "; offsets must increase strictly and lie inside the " + std::to_string(numTokens) +
+                " tokens of " + listFiles(paths);
         return false;
       }
     starts.insert(starts.end(), offs.begin(), offs.end());
@@ -393,11 +391,10 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
   order.seed = o.seed;
   order.steps = order.items / globalBatch;
   if (order.steps < 1) {
-    error = named + ": " + std::to_string(order.items) + " window" +
-            (order.items == 1 ? "" : "s") + " of " + std::to_string(seqLen + 1) + " tokens (" +
-            std::to_string(numTokens) + " tokens in " + std::to_string(documents) +
-            " document" + (documents == 1 ? "" : "s") + ") is fewer than one global batch of " +
-            std::to_string(globalBatch) + " sequences";
+    error = named + ": " + std::to_string(order.items) + " window" + (order.items == 1 ? "" : "s") +
+            " of " + std::to_string(seqLen + 1) + " tokens (" + std::to_string(numTokens) +
+            " tokens in " + std::to_string(documents) + " document" + (documents == 1 ? "" : "s") +
+            ") is fewer than one global batch of " + std::to_string(globalBatch) + " sequences";
     return false;
   }
   return true;
@@ -586,11 +583,11 @@ bool TensorLoader::open(const Program &p, int dpRank, const DataOptions &o, std:
       // input's is batch-major [S, B, ...], equal is sample-major [N, ...].
       if (sources.empty() && i == 0)
         batchMajor = t->shape.size() == global.size() + 1;
-      const bool shapeOk =
-          batchMajor ? t->shape.size() == global.size() + 1 && t->shape[0] >= 1 &&
-                           std::equal(global.begin(), global.end(), t->shape.begin() + 1)
-                     : t->shape.size() == global.size() && t->shape[0] >= 1 &&
-                           std::equal(sample.begin(), sample.end(), t->shape.begin() + 1);
+      const bool shapeOk = batchMajor
+                               ? t->shape.size() == global.size() + 1 && t->shape[0] >= 1 &&
+                                     std::equal(global.begin(), global.end(), t->shape.begin() + 1)
+                               : t->shape.size() == global.size() && t->shape[0] >= 1 &&
+                                     std::equal(sample.begin(), sample.end(), t->shape.begin() + 1);
       if (!shapeOk) {
         const std::string rest = formatShape(sample).substr(1);
         const std::string want = batchMajor ? "[S, " + formatShape(global).substr(1) +

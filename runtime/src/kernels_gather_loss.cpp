@@ -551,7 +551,7 @@ void count_correct(Communicator *c, const T *logits, Dims ls, int64_t vocabOffse
                                                 const int64_t *, int, bool, int64_t, T *);         \
   template void cross_entropy_vocab_parallel_grad<T>(Communicator &, const T *, Dims, int64_t,     \
                                                      const int64_t *, int, bool, int64_t,          \
-                                                     const T *, T *);                             \
+                                                     const T *, T *);                              \
   template void count_correct<T>(Communicator *, const T *, Dims, int64_t, const int64_t *, bool,  \
                                  int64_t, double *);
 CARVE_FLOATING(float)

@@ -170,7 +170,7 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       const bool positive = arg == "--eval-every" || arg == "--eval-batches";
       if (!parseInt(value, v) || v < (positive ? 1 : 0)) {
         error = arg + " needs " +
-                (arg == "--shuffle"  ? "a seed, an integer >= 0"
+                (arg == "--shuffle"   ? "a seed, an integer >= 0"
                  : arg == "--doc-eot" ? "a token id, an integer >= 0"
                  : positive           ? "a positive integer"
                                       : "an integer >= 0") +

@@ -388,13 +388,12 @@ void reportStart(Communicator &world, const Options &opts, const RankSetup &s, i
               opts.load.empty() ? s.weights.model.path().c_str() : opts.load.c_str(),
               static_cast<long long>(start), static_cast<long long>(end - 1));
   if (s.evalLoader)
-    std::printf("carve: evaluation data %s; %lld global batch%s %s\n",
-                s.evalLoader->describe().c_str(), static_cast<long long>(s.evalBatches),
-                s.evalBatches == 1 ? "" : "es",
-                opts.evalEvery > 0
-                    ? ("after every " + std::to_string(opts.evalEvery) + " steps and the last")
-                          .c_str()
-                    : "after the last step");
+    std::printf(
+        "carve: evaluation data %s; %lld global batch%s %s\n", s.evalLoader->describe().c_str(),
+        static_cast<long long>(s.evalBatches), s.evalBatches == 1 ? "" : "es",
+        opts.evalEvery > 0
+            ? ("after every " + std::to_string(opts.evalEvery) + " steps and the last").c_str()
+            : "after the last step");
   if (program.hyper) {
     Hyperparameters compiled = *program.hyper;
     compiled.endStep = s.hyper.endStep;
@@ -752,9 +751,8 @@ void Trainer::evaluate(int64_t k) {
       std::printf(" (perplexity %.4g)", std::exp(loss));
     if (accuracy >= 0)
       std::printf(", accuracy %.2f%%", 100 * accuracy);
-    std::printf(" over %lld batch%s of held-out data, %s\n",
-                static_cast<long long>(s.evalBatches), s.evalBatches == 1 ? "" : "es",
-                formatDuration(seconds).c_str());
+    std::printf(" over %lld batch%s of held-out data, %s\n", static_cast<long long>(s.evalBatches),
+                s.evalBatches == 1 ? "" : "es", formatDuration(seconds).c_str());
     std::fflush(stdout);
   }
   if (board.isOpen()) {
@@ -883,8 +881,8 @@ int main(int argc, char **argv) {
       if (setup.evalLoader)
         std::printf("carve: --check-data: evaluation data %s fits too (%lld global batch%s per "
                     "evaluation)\n",
-                    setup.evalLoader->describe().c_str(),
-                    static_cast<long long>(setup.evalBatches), setup.evalBatches == 1 ? "" : "es");
+                    setup.evalLoader->describe().c_str(), static_cast<long long>(setup.evalBatches),
+                    setup.evalBatches == 1 ? "" : "es");
       for (int64_t k = 0; k < opts.showBatches; ++k)
         for (int64_t j = 0; j < p.globalBatch; ++j)
           std::printf("carve: step %lld row %lld: %s\n", static_cast<long long>(k),

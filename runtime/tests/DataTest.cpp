@@ -269,8 +269,7 @@ TEST_F(DataTest, TensorErrorsNameTheTensor) {
   expectError(tp.p, 0, path, TokenFileType::Int32,
               "tensor 'y' holds 2 batches, tensor 'x' holds 3");
   write({{"x", "F32", {3, 2}, v}, {"y", "I64", {3}, w}});
-  expectError(tp.p, 0, path, TokenFileType::Int32,
-              "3 samples is fewer than one global batch of 4");
+  expectError(tp.p, 0, path, TokenFileType::Int32, "3 samples is fewer than one global batch of 4");
   expectError(tp.p, 0, "/tmp/carve-no-such-file", TokenFileType::Int32,
               "data file /tmp/carve-no-such-file: cannot open");
 }
@@ -365,8 +364,7 @@ TEST_F(DataTest, TokenWindowsFollowDocumentsAndFiles) {
       << loader->describe();
   o.paths = "/tmp/carve-data-none-*.bin";
   EXPECT_EQ(openDataLoader(tp.p, 0, o, error), nullptr);
-  EXPECT_NE(error.find("--data: no file matches '/tmp/carve-data-none-*.bin'"),
-            std::string::npos)
+  EXPECT_NE(error.find("--data: no file matches '/tmp/carve-data-none-*.bin'"), std::string::npos)
       << error;
   // The wrapped cut reads across the files' boundary.
   o.paths = pa + "," + pb;
@@ -398,9 +396,8 @@ TEST_F(DataTest, SamplesAreShuffledPerEpoch) {
   std::string path = "/tmp/carve-data-" + std::to_string(::getpid()) + "-s.safetensors";
   created.push_back(path);
   std::string error;
-  ASSERT_TRUE(
-      writeSafetensors(path, {{"x", "F32", {6, 2}, x.data()}, {"y", "I64", {6}, y.data()}}, {},
-                       error))
+  ASSERT_TRUE(writeSafetensors(path, {{"x", "F32", {6, 2}, x.data()}, {"y", "I64", {6}, y.data()}},
+                               {}, error))
       << error;
   TestProgram tp(DataKind::Tensors, 4, 2, 0,
                  {spec("x", DType::F32, {2, 2}, 0), spec("y", DType::I64, {2}, 64)});

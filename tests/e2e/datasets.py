@@ -20,7 +20,7 @@ What must hold:
    targets PyTorch's argmax of the logits gives, exactly, under every plan
    (tp2 computes it from vocab-parallel logits no rank holds whole).
 5. A run resumed mid-epoch from a checkpoint equals the unbroken run
-   bitwise (1 rank and dp2), and the log's "epoch" field counts epochs.
+   bitwise under every plan above, and the log's "epoch" field counts epochs.
 6. A sample-major tensor data set written by docs/data.md's own numpy
    writer trains the MLP with --shuffle: the rows are shuffle_index's, the
    losses of dp2 equal 1 rank's, and its evaluation equals PyTorch's.
@@ -263,7 +263,7 @@ def check_tokens(carve, models, w):
           "accuracy %.4f equals PyTorch's argmax" % (got, ref, abs(got - ref) / abs(ref), acc))
 
     # 5. Resume mid-epoch, bitwise.
-    for name, ranks in (("1rank", 1), ("dp2", 2)):
+    for name, _, ranks in PLANS:
         mid = 1 + steps_per_epoch  # step 1 of epoch 1
         ckm = os.path.join(w, "gpt-mid-" + name)
         full, _, _ = train(carve, outs[name], ranks, ["--steps", str(STEPS)] + data,

@@ -65,8 +65,8 @@ struct DataOptions {
   std::string docOffsets;                         // --doc-offsets: int64 document starts
   bool shuffle = false;                           // --shuffle SEED
   uint64_t seed = 0;
-  bool checkWhole = false; // check every token id now, whatever the files' size
-  bool windows = false;    // cut tokens into windows even without the flags (evaluation)
+  bool checkWhole = false;     // check every token id now, whatever the files' size
+  bool windows = false;        // cut tokens into windows even without the flags (evaluation)
   std::string flag = "--data"; // the flag that named the files, for messages
 };
 
@@ -117,8 +117,8 @@ std::unique_ptr<DataLoader> openDataLoader(const Program &program, int dpRank,
 
 /// The same for one file (or spec) with default options.
 inline std::unique_ptr<DataLoader> openDataLoader(const Program &program, int dpRank,
-                                                  const std::string &paths,
-                                                  TokenFileType tokenType, std::string &error) {
+                                                  const std::string &paths, TokenFileType tokenType,
+                                                  std::string &error) {
   DataOptions o;
   o.paths = paths;
   o.tokenType = tokenType;
