@@ -142,6 +142,23 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
     os << "  for (auto &s : c" << c << "::bsends) waitAll(*ctx.ppComm, s);\n";
 }
 
+/// The global loss into ctx.loss: the last stage's sum over micro-batches
+/// (a mean divided by their number), summed over pp, reduced over dp.
+void emitPipelineLoss(llvm::raw_ostream &os, const RankProgram &rp) {
+  const int p = rp.pipe.pp, m = rp.opts.numMicroBatches;
+  const std::string &red = rp.chunks.back().lossReduction;
+  os << "\n  // The loss of the whole global batch";
+  if (p > 1)
+    os << " (only the last stage computes it)";
+  os << ".\n  float loss = (float)pipeLoss;\n";
+  if (red == "mean" && m > 1)
+    os << "  loss /= " << m << ".0f;  // the mean of " << m << " equal micro-batches\n";
+  if (p > 1)
+    os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
+  emitDpLoss(os, rp.opts, red);
+  os << "  ctx.loss = loss;\n";
+}
+
 /// After the schedule: the sends and buckets waited for, shared gradients
 /// summed over pp, the loss over micro-batches, stages and replicas, the
 /// gradient norm, clipping and the optimizer.
@@ -149,7 +166,7 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
   const EmitOptions &opts = rp.opts;
   const PipelineCodegenOptions &pipe = rp.pipe;
   const std::vector<Generator::StageOut> &chunks = rp.chunks;
-  const int p = pipe.pp, m = opts.numMicroBatches;
+  const int p = pipe.pp;
   const int zero = opts.dp > 1 ? opts.zero : 0;
   bool anyBuckets = false;
   for (auto &ch : chunks)
@@ -186,17 +203,7 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
            << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
     }
   }
-  const std::string &red = chunks.back().lossReduction;
-  os << "\n  // The loss of the whole global batch";
-  if (p > 1)
-    os << " (only the last stage computes it)";
-  os << ".\n  float loss = (float)pipeLoss;\n";
-  if (red == "mean" && m > 1)
-    os << "  loss /= " << m << ".0f;  // the mean of " << m << " equal micro-batches\n";
-  if (p > 1)
-    os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
-  emitDpLoss(os, opts, red);
-  os << "  ctx.loss = loss;\n";
+  emitPipelineLoss(os, rp);
   for (auto &ch : chunks)
     os << ch.unscale;
   emitGradientsReadyHook(os);
@@ -255,14 +262,7 @@ void emitEvaluate(llvm::raw_ostream &os, const RankProgram &rp) {
        << "\n    waitAll(*ctx.ppComm, " << cn << "::fsends[0]);\n";
   }
   os << "  }\n";
-  const std::string &red = rp.chunks.back().lossReduction;
-  os << "  float loss = (float)pipeLoss;\n";
-  if (red == "mean" && m > 1)
-    os << "  loss /= " << m << ".0f;  // the mean of " << m << " equal micro-batches\n";
-  if (p > 1)
-    os << "  ctx.ppComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);\n";
-  emitDpLoss(os, opts, red);
-  os << "  ctx.loss = loss;\n";
+  emitPipelineLoss(os, rp);
   if (p > 1 || opts.dp > 1)
     os << "  // The accuracy counts (the last stage's), of every replica's rows.\n";
   if (p > 1)

@@ -475,6 +475,8 @@ public:
 private:
   /// Runs step `k`; false when it must stop the run.
   bool runStep(int64_t k);
+  /// Step `k`'s inputs from `loader` into the arena (and the device's).
+  void loadInputs(DataLoader &loader, int64_t k);
   /// fp16: halves the loss scale after an overflow, doubles it after 2000
   /// good steps in a row.
   void updateLossScale(bool overflow);
@@ -583,12 +585,9 @@ bool Trainer::run() {
   return true;
 }
 
-bool Trainer::runStep(int64_t k) {
+void Trainer::loadInputs(DataLoader &loader, int64_t k) {
   std::string error;
-  setCommStep(k);
-  faults.atStepStart(worldRank, k);
-  auto stepBegin = std::chrono::steady_clock::now();
-  if (!s.loader->load(k, s.arena, error))
+  if (!loader.load(k, s.arena, error))
     die(error);
   if (device)
     for (int i = 0; i < program.numInputs; ++i) {
@@ -597,6 +596,14 @@ bool Trainer::runStep(int64_t k) {
                             in.numel * dtypeSize(in.dtype), error))
         die(error);
     }
+}
+
+bool Trainer::runStep(int64_t k) {
+  std::string error;
+  setCommStep(k);
+  faults.atStepStart(worldRank, k);
+  auto stepBegin = std::chrono::steady_clock::now();
+  loadInputs(*s.loader, k);
   ctx.step = k;
   ctx.loss = 0;
   ctx.lr = 0;
@@ -721,15 +728,7 @@ void Trainer::evaluate(int64_t k) {
   std::string error;
   double sum = 0, correct = 0, counted = 0;
   for (int64_t b = 0; b < s.evalBatches; ++b) {
-    if (!s.evalLoader->load(b, s.arena, error))
-      die(error);
-    if (device)
-      for (int i = 0; i < program.numInputs; ++i) {
-        const TensorSpec &in = program.inputs[i];
-        if (!device->toDevice(s.deviceArena + in.offset, s.arena + in.offset,
-                              in.numel * dtypeSize(in.dtype), error))
-          die(error);
-      }
+    loadInputs(*s.evalLoader, b);
     ctx.loss = 0;
     ctx.counts[0] = ctx.counts[1] = 0;
     program.evaluate(ctx);
