@@ -45,7 +45,7 @@ demo: build
 # The GPU tests (label gpu) need a GPU: `make test-gpu` runs them and fails
 # when none is visible; `make test` runs everything else.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE gpu
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE '^gpu$$'
 
 test-gpu: build
 	@tests/gpu/run.sh $(BUILD)

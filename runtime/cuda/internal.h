@@ -19,6 +19,19 @@
 #include <cstdint>
 #include <string>
 
+/// A kernel launch: CARVE_KERNEL(grid, block, sharedBytes, stream, kernel)(args...)
+/// is `kernel<<<grid, block, sharedBytes, stream>>>(args...)` under nvcc. Built
+/// for the CPU emulation of tests/gpu-emu (CARVE_CUDA_EMULATION, tests only),
+/// the same launch runs every thread of the grid there, checked as a device
+/// checks it (tests/gpu-emu/cuda_emu.h).
+#ifdef CARVE_CUDA_EMULATION
+#define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
+  ::carve_emu::Launcher(#__VA_ARGS__, grid, block, shared, strm,                                   \
+                        [](auto &&...carveArgs) { __VA_ARGS__(carveArgs...); })
+#else
+#define CARVE_KERNEL(grid, block, shared, strm, ...) __VA_ARGS__<<<grid, block, shared, strm>>>
+#endif
+
 /// Fatal error naming the call and CUDA's message when `call` fails.
 #define CARVE_CUDA_CHECK(call)                                                                     \
   do {                                                                                             \
@@ -98,7 +111,7 @@ int *deviceErrorFlag();
 /// it, sets `message` to one line and returns true.
 bool takeDeviceError(std::string &message);
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(CARVE_CUDA_EMULATION)
 /// Records the first bad value found on the device.
 __device__ inline void raiseDeviceError(DeviceError *e, int code, long long a, long long b,
                                         long long c) {

@@ -56,7 +56,7 @@ void broadcast2(const char *op, Op f, const A *a, const Dims &as, const B *b, co
     return;
   const Dims in[2] = {as, bs};
   const Nest<2> n = broadcastNest<2>(op, in, ys);
-  broadcast2Kernel<<<blocksFor(total), kThreads, 0, stream()>>>(f, a, b, y, n, total);
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), broadcast2Kernel)(f, a, b, y, n, total);
   checkLaunch(op);
 }
 
@@ -80,12 +80,12 @@ __global__ void unaryGradKernel(const float *x, const float *dy, float *dx, int6
 }
 
 template <Unary F> void launchUnary(const float *x, float *y, int64_t n) {
-  unaryKernel<F><<<blocksFor(n), kThreads, 0, stream()>>>(x, y, n);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), unaryKernel<F>)(x, y, n);
   checkLaunch("unary");
 }
 
 template <Unary F> void launchUnaryGrad(const float *x, const float *dy, float *dx, int64_t n) {
-  unaryGradKernel<F><<<blocksFor(n), kThreads, 0, stream()>>>(x, dy, dx, n);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), unaryGradKernel<F>)(x, dy, dx, n);
   checkLaunch("unary_grad");
 }
 
@@ -172,7 +172,7 @@ void whereT(const uint8_t *c, Dims cs, const T *a, Dims as, const T *b, Dims bs,
     return;
   const Dims in[3] = {cs, as, bs};
   const Nest<3> n = broadcastNest<3>("where", in, ys);
-  whereKernel<<<blocksFor(total), kThreads, 0, stream()>>>(c, a, b, y, n, total);
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), whereKernel)(c, a, b, y, n, total);
   checkLaunch("where");
 }
 
@@ -314,15 +314,15 @@ void reduceORI(bool isMax, double div, const float *x, int64_t O, int64_t R, int
     partial = static_cast<double *>(workspace(sizeof(double) * O * S * I, kWsBasic2));
   if (I == 1) {
     const int64_t warps = O * S;
-    reduceRowsKernel<<<blocksFor(warps * 32), kThreads, 0, stream()>>>(x, O, R, seg, S, isMax, div,
+    CARVE_KERNEL(blocksFor(warps * 32), kThreads, 0, stream(), reduceRowsKernel)(x, O, R, seg, S, isMax, div,
                                                                        partial, y);
   } else {
-    reduceColumnsKernel<<<blocksFor(O * S * I), kThreads, 0, stream()>>>(x, O, R, I, seg, S, isMax,
+    CARVE_KERNEL(blocksFor(O * S * I), kThreads, 0, stream(), reduceColumnsKernel)(x, O, R, I, seg, S, isMax,
                                                                          div, partial, y);
   }
   checkLaunch("reduce");
   if (S > 1) {
-    reducePartialsKernel<<<blocksFor(O * I), kThreads, 0, stream()>>>(partial, O, S, I, isMax, div,
+    CARVE_KERNEL(blocksFor(O * I), kThreads, 0, stream(), reducePartialsKernel)(partial, O, S, I, isMax, div,
                                                                       y);
     checkLaunch("reduce");
   }
@@ -352,9 +352,9 @@ Operand roundedOperand(const float *x, int64_t n, int slot, Precision p) {
     return {reinterpret_cast<const char *>(x), 4};
   void *buf = workspace(sizeof(uint16_t) * static_cast<size_t>(n), slot);
   if (p == Precision::BF16)
-    roundKernel<<<blocksFor(n), kThreads, 0, stream()>>>(x, static_cast<__nv_bfloat16 *>(buf), n);
+    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundKernel)(x, static_cast<__nv_bfloat16 *>(buf), n);
   else
-    roundKernel<<<blocksFor(n), kThreads, 0, stream()>>>(x, static_cast<__half *>(buf), n);
+    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundKernel)(x, static_cast<__half *>(buf), n);
   checkLaunch("matmul (input rounding)");
   return {static_cast<const char *>(buf), 2};
 }
@@ -491,7 +491,7 @@ void where(const uint8_t *c, Dims cs, const int64_t *a, Dims as, const int64_t *
   void NAME(IN x, OUT y, int64_t n) {                                                              \
     if (n <= 0)                                                                                    \
       return;                                                                                      \
-    KERNEL<F><<<blocksFor(n), kThreads, 0, stream()>>>(x, y, n);                                   \
+    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), KERNEL<F>)(x, y, n);                                   \
     checkLaunch(#NAME);                                                                            \
   }
 CARVE_16BIT(toBf16, to16Kernel, 0, const float *, uint16_t *)
@@ -502,27 +502,27 @@ CARVE_16BIT(fromF16, from16Kernel, 1, const uint16_t *, float *)
 void roundBf16(float *x, int64_t n) {
   if (n <= 0)
     return;
-  round16Kernel<0><<<blocksFor(n), kThreads, 0, stream()>>>(x, n);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), round16Kernel<0>)(x, n);
   checkLaunch("roundBf16");
 }
 void roundF16(float *x, int64_t n) {
   if (n <= 0)
     return;
-  round16Kernel<1><<<blocksFor(n), kThreads, 0, stream()>>>(x, n);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), round16Kernel<1>)(x, n);
   checkLaunch("roundF16");
 }
 
 template <class From, class To> void cast(const From *x, To *y, int64_t n) {
   if (n <= 0)
     return;
-  castKernel<<<blocksFor(n), kThreads, 0, stream()>>>(x, y, n);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), castKernel)(x, y, n);
   checkLaunch("cast");
 }
 
 template <class T> void fill(T *y, int64_t n, T v) {
   if (n <= 0)
     return;
-  fillKernel<<<blocksFor(n), kThreads, 0, stream()>>>(y, n, v);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), fillKernel)(y, n, v);
   checkLaunch("fill");
 }
 
@@ -637,7 +637,7 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
   const double div = f == Reduce::Mean ? static_cast<double>(redCount) : 1.0;
   if (geom.ori)
     return reduceORI(isMax, div, x, geom.O, geom.R, geom.I, y);
-  reduceGeneralKernel<<<blocksFor(outCount), kThreads, 0, stream()>>>(x, geom, outCount, isMax, div,
+  CARVE_KERNEL(blocksFor(outCount), kThreads, 0, stream(), reduceGeneralKernel)(x, geom, outCount, isMax, div,
                                                                       y);
   checkLaunch("reduce");
 }

@@ -49,7 +49,7 @@ template <class T> __global__ void scatterViewKernel(const T *y, Nest<1> n, T *x
 
 template <class T>
 void gatherView(const char *op, const T *x, const Nest<1> &n, T *y, int64_t total) {
-  viewKernel<<<blocksFor(total), kThreads, 0, stream()>>>(x, n, y, total);
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), viewKernel)(x, n, y, total);
   checkLaunch(op);
 }
 
@@ -215,7 +215,7 @@ __global__ void copyRowsKernel(const U *from, U *to, int64_t rows, int64_t rowUn
 template <class U>
 void copyRows(const SplitRows &g, int index, const char *from, char *to, bool toLocal) {
   const int64_t rows = g.outer * g.groups, units = g.rowBytes / static_cast<int64_t>(sizeof(U));
-  copyRowsKernel<<<blocksFor(rows * units), kThreads, 0, stream()>>>(
+  CARVE_KERNEL(blocksFor(rows * units), kThreads, 0, stream(), copyRowsKernel)(
       reinterpret_cast<const U *>(from), reinterpret_cast<U *>(to), rows, units, g.parts, index,
       toLocal);
   checkLaunch("shard copy");
@@ -283,7 +283,7 @@ template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
   const int64_t tk = (dk + kTile - 1) / kTile, tl = (dl + kTile - 1) / kTile;
   const int64_t tiles = total / (dk * dl) * tk * tl;
   const int blocks = static_cast<int>(std::min<int64_t>(tiles, 65535 * 8));
-  transposeTilesKernel<<<blocks, dim3(kTile, kTileRows), 0, stream()>>>(x, y, g, dk, dl, xl, yk, tk,
+  CARVE_KERNEL(blocks, dim3(kTile, kTileRows), 0, stream(), transposeTilesKernel)(x, y, g, dk, dl, xl, yk, tk,
                                                                         tl, tiles);
   checkLaunch("transpose");
 }
@@ -303,7 +303,7 @@ template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps
   const int64_t total = ys.numel();
   if (total == 0)
     return;
-  scatterViewKernel<<<blocksFor(total), kThreads, 0, stream()>>>(dy, n, dx + base, total);
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), scatterViewKernel)(dy, n, dx + base, total);
   checkLaunch("slice_grad");
 }
 
@@ -330,7 +330,7 @@ template <class T> void concat(int n, const T *const *xs, const Dims *shapes, in
   for (int i = 0; i < n; ++i) {
     const int64_t len = prod(shapes[i], axis, shapes[i].rank);
     if (len > 0) {
-      concatKernel<<<blocksFor(outer * len), kThreads, 0, stream()>>>(xs[i], y, outer, len, row,
+      CARVE_KERNEL(blocksFor(outer * len), kThreads, 0, stream(), concatKernel)(xs[i], y, outer, len, row,
                                                                       col);
       checkLaunch("concat");
     }
@@ -345,7 +345,7 @@ void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y
   const int64_t total = outer * is.numel() * inner;
   if (total == 0)
     return;
-  gatherKernel<<<blocksFor(total), kThreads, 0, stream()>>>(table, idx, y, is.numel(), size, inner,
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherKernel)(table, idx, y, is.numel(), size, inner,
                                                             total, deviceError());
   checkLaunch("gather");
 }
@@ -360,10 +360,10 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   if (total == 0)
     return;
   if constexpr (std::is_floating_point_v<T>) {
-    gatherGradAtomicKernel<<<blocksFor(total), kThreads, 0, stream()>>>(
+    CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherGradAtomicKernel)(
         dy, idx, dtable, ni, size, inner, total, deviceError());
   } else {
-    gatherGradOwnedKernel<<<blocksFor(outer * inner), kThreads, 0, stream()>>>(
+    CARVE_KERNEL(blocksFor(outer * inner), kThreads, 0, stream(), gatherGradOwnedKernel)(
         dy, idx, dtable, ni, size, inner, outer, deviceError());
   }
   checkLaunch("gather_grad");
@@ -470,7 +470,7 @@ void gather_sharded(const float *table, Dims ts, int64_t rowOffset, int64_t glob
   const int64_t rows = ts.d[0], inner = prod(ts, 1, ts.rank), total = is.numel() * inner;
   if (total == 0)
     return;
-  gatherShardedKernel<<<blocksFor(total), kThreads, 0, stream()>>>(
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherShardedKernel)(
       table, idx, y, rows, rowOffset, globalRows, inner, total, deviceError());
   checkLaunch("gather_sharded");
 }
@@ -482,7 +482,7 @@ void gather_sharded_grad(const float *dy, const int64_t *idx, Dims is, int64_t r
   fill(dtable, ts.numel(), 0.0f);
   if (total == 0)
     return;
-  gatherShardedGradKernel<<<blocksFor(total), kThreads, 0, stream()>>>(
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherShardedGradKernel)(
       dy, idx, dtable, rows, rowOffset, globalRows, inner, total, deviceError());
   checkLaunch("gather_sharded_grad");
 }

@@ -247,7 +247,7 @@ void ceCountLaunch(const int64_t *targets, int64_t e, bool hasIgnore, int64_t ig
                    int64_t classes, const CeScratch &s, const char *op) {
   if (e == 0)
     return;
-  ceCount<<<blocksFor(e), kThreads, 0, stream()>>>(targets, e, hasIgnore, ignoreIndex, classes,
+  CARVE_KERNEL(blocksFor(e), kThreads, 0, stream(), ceCount)(targets, e, hasIgnore, ignoreIndex, classes,
                                                    deviceError(), s.count);
   checkLaunch(op);
 }
@@ -446,12 +446,12 @@ void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int red
       CARVE_LAUNCH_ROWS(ceLossRows, g.e, g.c, logits, targets, g.e, g.c, hasIgnore, ignoreIndex,
                         reduction, y, s.part);
     else
-      ceLossStrided<<<np, kThreads, 0, stream()>>>(logits, targets, g.e, g.c, g.s, hasIgnore,
+      CARVE_KERNEL(np, kThreads, 0, stream(), ceLossStrided)(logits, targets, g.e, g.c, g.s, hasIgnore,
                                                    ignoreIndex, reduction, y, s.part);
     checkLaunch(op);
   }
   if (reduction != 2) {
-    ceFinish<<<1, kThreads, 0, stream()>>>(s.part, np, s.count, reduction, y);
+    CARVE_KERNEL(1, kThreads, 0, stream(), ceFinish)(s.part, np, s.count, reduction, y);
     checkLaunch(op);
   }
 }
@@ -470,7 +470,7 @@ void cross_entropy_grad(const float *logits, Dims ls, const int64_t *targets, in
     CARVE_LAUNCH_ROWS(ceGradRows, g.e, g.c, logits, targets, g.e, g.c, hasIgnore, ignoreIndex,
                       reduction, dy, s.count, dlogits);
   else
-    ceGradStrided<<<blocksFor(g.e), kThreads, 0, stream()>>>(
+    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ceGradStrided)(
         logits, targets, g.e, g.c, g.s, hasIgnore, ignoreIndex, reduction, dy, s.count, dlogits);
   checkLaunch(op);
 }
@@ -504,7 +504,7 @@ void vpGlobalMax(Communicator &c, const CeGeom &g, const float *logits, float *m
   if (g.s == 1)
     CARVE_LAUNCH_ROWS(vpMaxRows, g.e, g.c, logits, g.e, g.c, mx);
   else
-    vpMaxStrided<<<blocksFor(g.e), kThreads, 0, stream()>>>(logits, g.e, g.c, g.s, mx);
+    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), vpMaxStrided)(logits, g.e, g.c, g.s, mx);
   checkLaunch(op);
   allReduceDevice(c, mx, g.e, CommType::F32, ReduceOp::Max);
 }
@@ -520,11 +520,11 @@ void vpGlobalSums(Communicator &c, const CeGeom &g, const float *logits, const i
       CARVE_LAUNCH_ROWS(vpSumRows, g.e, g.c, logits, targets, g.e, g.c, vocabOffset, hasIgnore,
                         ignoreIndex, mx, acc, tlogit);
     else
-      vpSumStrided<<<blocksFor(g.e), kThreads, 0, stream()>>>(
+      CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), vpSumStrided)(
           logits, targets, g.e, g.c, g.s, vocabOffset, hasIgnore, ignoreIndex, mx, acc, tlogit);
     checkLaunch(op);
   }
-  setDouble<<<1, 1, 0, stream()>>>(acc + tail, static_cast<double>(g.c));
+  CARVE_KERNEL(1, 1, 0, stream(), setDouble)(acc + tail, static_cast<double>(g.c));
   checkLaunch(op);
   allReduceDevice(c, acc, tail + 1, CommType::F64, ReduceOp::Sum);
 }
@@ -544,12 +544,12 @@ void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
   vpGlobalSums(c, g, logits, targets, vocabOffset, hasIgnore, ignoreIndex, s.mx, s.acc, s.acc + g.e,
                2 * g.e, op);
   if (g.e > 0) {
-    vpLoss<<<np, kThreads, 0, stream()>>>(targets, g.e, g.c, vocabOffset, hasIgnore, ignoreIndex,
+    CARVE_KERNEL(np, kThreads, 0, stream(), vpLoss)(targets, g.e, g.c, vocabOffset, hasIgnore, ignoreIndex,
                                           reduction, s.mx, s.acc, deviceError(), y, s.ce.part);
     checkLaunch(op);
   }
   if (reduction != 2) {
-    ceFinish<<<1, kThreads, 0, stream()>>>(s.ce.part, np, s.ce.count, reduction, y);
+    CARVE_KERNEL(1, kThreads, 0, stream(), ceFinish)(s.ce.part, np, s.ce.count, reduction, y);
     checkLaunch(op);
   }
 }
@@ -598,13 +598,13 @@ void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabO
   char *w = static_cast<char *>(workspace(statBytes + 2 * sizeof(double), kWsFused0));
   float *stats = reinterpret_cast<float *>(w);
   double *dev = reinterpret_cast<double *>(w + statBytes);
-  ccRowStats<<<blocksFor(g.e), kThreads, 0, stream()>>>(logits, targets, g.e, g.c, g.s,
+  CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccRowStats)(logits, targets, g.e, g.c, g.s,
                                                         vocabOffset, stats);
   checkLaunch(op);
   if (c)
     allReduceDevice(*c, stats, 2 * g.e, CommType::F32, ReduceOp::Max);
   cudaMemsetAsync(dev, 0, 2 * sizeof(double), stream());
-  ccCount<<<blocksFor(g.e), kThreads, 0, stream()>>>(stats, targets, g.e, hasIgnore, ignoreIndex,
+  CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccCount)(stats, targets, g.e, hasIgnore, ignoreIndex,
                                                      dev);
   checkLaunch(op);
   double host[2];
@@ -632,7 +632,7 @@ void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dim
                       vocabOffset, hasIgnore, ignoreIndex, reduction, dy, s.ce.count, s.mx, s.acc,
                       deviceError(), dlogits);
   else
-    vpGradStrided<<<blocksFor(g.e), kThreads, 0, stream()>>>(
+    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), vpGradStrided)(
         logits, targets, g.e, g.c, g.s, vocabOffset, hasIgnore, ignoreIndex, reduction, dy,
         s.ce.count, s.mx, s.acc, deviceError(), dlogits);
   checkLaunch(op);

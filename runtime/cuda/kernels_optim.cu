@@ -105,7 +105,7 @@ void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, doubl
                double dampening, double weightDecay, bool nesterov, bool firstStep) {
   if (n <= 0)
     return;
-  sgdKernel<<<blocksFor(n), kThreads, 0, stream()>>>(
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), sgdKernel)(
       p, g, buf, n, static_cast<float>(weightDecay), static_cast<float>(momentum),
       static_cast<float>(1.0 - dampening), static_cast<float>(-lr), weightDecay != 0, momentum != 0,
       nesterov, firstStep);
@@ -119,7 +119,7 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double
   // The scalar coefficients of the CPU update (optim.h).
   const carve::rt::AdamwCoefficients k =
       carve::rt::adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
-  adamwKernel<<<blocksFor(n), kThreads, 0, stream()>>>(p, g, m, v, n, k.decay, k.b1, k.b2, k.c1,
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), adamwKernel)(p, g, m, v, n, k.decay, k.b1, k.b2, k.c1,
                                                        k.c2, k.bc2Sqrt, k.eps, k.negStep);
   checkLaunch("adamwUpdate");
 }
@@ -131,9 +131,9 @@ double sumSquares(const float *g, int64_t n) {
   const int blocks = std::min(blocksFor(n), kMaxPartials);
   double *partial =
       static_cast<double *>(workspace(sizeof(double) * (kMaxPartials + 1), kWsBasic2));
-  sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
+  CARVE_KERNEL(blocks, kThreads, 0, stream(), sumSquaresKernel)(g, n, partial);
   checkLaunch("sumSquares");
-  sumPartialsKernel<false><<<1, kThreads, 0, stream()>>>(partial, blocks, partial + kMaxPartials);
+  CARVE_KERNEL(1, kThreads, 0, stream(), sumPartialsKernel<false>)(partial, blocks, partial + kMaxPartials);
   checkLaunch("sumSquares");
   return readScalar(partial + kMaxPartials);
 }
@@ -152,23 +152,23 @@ void sumSquaresAdd(const float *g, int64_t n, double *acc) {
   constexpr int kMaxPartials = 1024;
   const int blocks = std::min(blocksFor(n), kMaxPartials);
   double *partial = static_cast<double *>(workspace(sizeof(double) * kMaxPartials, kWsBasic2));
-  sumSquaresKernel<<<blocks, kThreads, 0, stream()>>>(g, n, partial);
+  CARVE_KERNEL(blocks, kThreads, 0, stream(), sumSquaresKernel)(g, n, partial);
   checkLaunch("sumSquaresAdd");
-  sumPartialsKernel<true><<<1, kThreads, 0, stream()>>>(partial, blocks, acc);
+  CARVE_KERNEL(1, kThreads, 0, stream(), sumPartialsKernel<true>)(partial, blocks, acc);
   checkLaunch("sumSquaresAdd");
 }
 
 void addInPlace(float *dst, const float *src, int64_t n) {
   if (n <= 0)
     return;
-  addKernel<<<blocksFor(n), kThreads, 0, stream()>>>(dst, src, n);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), addKernel)(dst, src, n);
   checkLaunch("addInPlace");
 }
 
 void scaleInPlace(float *g, int64_t n, float s) {
   if (n <= 0)
     return;
-  scaleKernel<<<blocksFor(n), kThreads, 0, stream()>>>(g, n, s);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), scaleKernel)(g, n, s);
   checkLaunch("scaleInPlace");
 }
 

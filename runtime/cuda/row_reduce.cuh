@@ -115,10 +115,10 @@ constexpr int kBlockRowThreads = 512;
 #define CARVE_LAUNCH_ROWS(kernel, rows, len, ...)                                                  \
   do {                                                                                             \
     if ((len) <= kWarpRow)                                                                         \
-      kernel<false><<<gridFor(((rows) + kWarpRowThreads / 32 - 1) / (kWarpRowThreads / 32)),       \
-                      kWarpRowThreads, 0, stream()>>>(__VA_ARGS__);                                \
+      CARVE_KERNEL(gridFor(((rows) + kWarpRowThreads / 32 - 1) / (kWarpRowThreads / 32)),       \
+                      kWarpRowThreads, 0, stream(), kernel<false>)(__VA_ARGS__);                                \
     else                                                                                           \
-      kernel<true><<<gridFor(rows), kBlockRowThreads, 0, stream()>>>(__VA_ARGS__);                 \
+      CARVE_KERNEL(gridFor(rows), kBlockRowThreads, 0, stream(), kernel<true>)(__VA_ARGS__);                 \
   } while (0)
 
 } // namespace

@@ -91,8 +91,10 @@ void testUnary() {
       const std::string what = std::string(unaryName(f)) + " n=" + std::to_string(n);
       expectClose(what, y->download(), ry, 1e-5, 1e-6);
       // Gradients: |dy| up to ~5 times one rounding of a value near 1 where
-      // they cancel (1 - tanh^2): 2e-6 absolute.
-      expectClose(what + " grad", dgrad->download(), rg, 1e-5, 2e-6);
+      // they cancel (1 - tanh^2), and GELU-tanh's tail: tanhf(u) is exactly
+      // -1 for u <= -9.01 (x <= -5.16), where the true gradient, up to 5.7e-7
+      // there, becomes 0; times |dy| <= 5.5 (a million normal draws): 4e-6.
+      expectClose(what + " grad", dgrad->download(), rg, 1e-5, 4e-6);
     }
   }
   g::unary(rt::Unary::Exp, nullptr, nullptr, 0); // empty: no launch
@@ -330,7 +332,7 @@ void testMatmul() {
                    true);
   }
   testMatmulCase("large", {512, 1024}, false, {1024, 768}, false, false);
-  testMatmulCase("large", {4, 256, 384}, false, {384, 512}, true, true);
+  testMatmulCase("large", {4, 256, 384}, false, {512, 384}, true, true);
 
   // k == 0: zeros, or y unchanged when accumulating.
   auto dummy = up(std::vector<float>{0.0f});
@@ -374,7 +376,7 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
   const Case cases[] = {{{64, 256}, false, {256, 96}, false, false},
                         {{3, 256, 40}, true, {3, 33, 256}, true, false},
                         {{2, 3, 16, 256}, false, {256, 24}, false, false},
-                        {{64, 256}, false, {256, 96}, true, true}};
+                        {{64, 256}, false, {96, 256}, true, true}};
   const int bits = p == rt::Precision::BF16 ? 8 : 11;
   for (const Case &c : cases) {
     const Dims ys = matmulShape(c.a, c.ta, c.b, c.tb);

@@ -1,0 +1,954 @@
+//===- emu.cpp - the CUDA runtime and cuBLAS subset carve uses, on the CPU -===//
+//
+// Tests only (tests/gpu-emu/README.md): the emulated build of runtime/cuda
+// and tests/gpu links this instead of libcudart and libcublas.
+//
+// - Kernels: every block of the grid in turn, every thread of a block a fiber
+//   (ucontext), scheduled until each returns, parked at __syncthreads or at a
+//   warp exchange (cuda_emu.h). Launch configurations are checked against an
+//   sm_90 device's limits.
+// - Memory: cudaMalloc is one heap block per allocation (AddressSanitizer
+//   puts redzones around each and quarantines freed ones, so an access out
+//   of bounds or after free is reported); a kernel argument or a copy
+//   endpoint that should be device memory and is not fails naming it.
+// - Streams and events: work runs when it is issued, in issue order, which
+//   is one order the device could have run it in; events are complete as
+//   soon as they are recorded.
+// - Graphs: while a stream captures, launches, copies and fills issued to it
+//   (or to a stream that joined the capture through an event) are recorded,
+//   and cudaGraphLaunch replays them in order. Calls capture forbids (a
+//   synchronous copy, a device or stream synchronize, a query of the
+//   capturing stream's event) fail the capture as CUDA does.
+// - cuBLAS GEMMs: inputs converted to float from their type (fp32, bf16,
+//   fp16: exact), OpenBLAS sgemm (fp32 accumulation).
+//
+//===----------------------------------------------------------------------===//
+
+#include "cuda_emu.h"
+
+// The builtins' macros name ThreadCoords' fields here.
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
+#undef warpSize
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define CARVE_EMU_ASAN 1
+#endif
+
+// The opaque handle types of the runtime API, completed here.
+struct CUstream_st {
+  unsigned flags = 0;
+  struct CUgraph_st *capture = nullptr; // the graph this stream records into
+};
+struct CUevent_st {
+  struct CUgraph_st *capture = nullptr; // recorded on a capturing stream
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+  bool invalid = false;
+  std::string why;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+
+namespace carve_emu {
+
+namespace {
+
+// ---- Device limits (an sm_90 device) ------------------------------------------
+
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxBlockDim[3] = {1024, 1024, 64};
+constexpr unsigned kMaxGridDim[3] = {2147483647u, 65535, 65535};
+constexpr size_t kMaxSharedPerBlock = 48 * 1024; // without an opt-in attribute
+// The emulated device's memory: host memory, so modest (a test that needs more says so
+// and skips that check; softmax past 2^31 elements is one).
+constexpr size_t kDeviceMemory = size_t(4) << 30;
+
+// ---- State ----------------------------------------------------------------------
+
+/// Live device allocations: start -> bytes.
+std::map<uintptr_t, size_t> &allocations() {
+  static std::map<uintptr_t, size_t> m;
+  return m;
+}
+std::set<uintptr_t> &pinned() {
+  static std::set<uintptr_t> s;
+  return s;
+}
+size_t gAllocated = 0;
+cudaError_t gLastError = cudaSuccess;
+int gDevice = 0;
+/// The graph the legacy stream (stream 0) captures into, when it does.
+CUgraph_st *gLegacyCapture = nullptr;
+
+cudaError_t fail(cudaError_t e) {
+  gLastError = e;
+  return e;
+}
+
+[[noreturn]] void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::fprintf(stderr, "carve-emu: ");
+  std::vfprintf(stderr, fmt, ap);
+  std::fprintf(stderr, "\n");
+  va_end(ap);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+/// The live allocation holding [p, p + bytes), or allocations().end().
+std::map<uintptr_t, size_t>::iterator findAllocation(const void *p, size_t bytes) {
+  auto &m = allocations();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = m.upper_bound(a);
+  if (it == m.begin())
+    return m.end();
+  --it;
+  if (a >= it->first && a + bytes <= it->first + it->second)
+    return it;
+  return m.end();
+}
+
+bool isDevice(const void *p, size_t bytes) { return findAllocation(p, bytes) != allocations().end(); }
+
+CUgraph_st *captureOf(cudaStream_t s) { return s ? s->capture : gLegacyCapture; }
+
+/// Runs `op` now, or records it when `s` captures.
+void issue(cudaStream_t s, std::function<void()> op) {
+  if (CUgraph_st *g = captureOf(s)) {
+    g->ops.push_back(std::move(op));
+    return;
+  }
+  op();
+}
+
+/// Whether any stream captures (synchronous work is then illegal in CUDA's
+/// default (global) capture mode).
+std::set<CUgraph_st *> &capturing() {
+  static std::set<CUgraph_st *> g;
+  return g;
+}
+cudaError_t forbiddenInCapture(const char *what) {
+  for (CUgraph_st *g : capturing()) {
+    g->invalid = true;
+    g->why = std::string(what) + " while a stream was being captured";
+  }
+  return fail(capturing().empty() ? cudaSuccess : cudaErrorStreamCaptureUnsupported);
+}
+
+// ---- Fibers ----------------------------------------------------------------------
+
+constexpr size_t kStackBytes = size_t(256) << 10;
+
+enum class State { Ready, AtBarrier, AtWarp, Done };
+
+struct Fiber {
+  ucontext_t ctx;
+  char *stack = nullptr;
+  State state = State::Ready;
+  const char *site = nullptr; // where it is parked
+  ThreadCoords coords;
+  unsigned warpMask = 0;
+  uint64_t warpValue = 0;
+  int warpFrom = 0;
+  uint64_t warpResult = 0;
+};
+
+struct Block {
+  const LaunchInfo *info = nullptr;
+  void (*body)(void *) = nullptr;
+  void *ctx = nullptr;
+  std::vector<Fiber> *fibers = nullptr;
+  int current = -1;
+  ucontext_t scheduler;
+#ifdef CARVE_EMU_ASAN
+  const void *schedulerStack = nullptr;
+  size_t schedulerStackSize = 0;
+#endif
+};
+
+Block *gBlock = nullptr;
+
+[[noreturn]] void kernelFaultAt(Block &b, int t, const char *fmt, ...);
+ThreadCoords gHostCoords{};
+
+std::vector<Fiber> &fiberPool(size_t n) {
+  static std::vector<Fiber> pool;
+  if (pool.size() < n) {
+    const size_t old = pool.size();
+    pool.resize(n);
+    for (size_t i = old; i < n; ++i) {
+      void *m = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED)
+        die("cannot map a fiber stack");
+      pool[i].stack = static_cast<char *>(m);
+    }
+  }
+  return pool;
+}
+
+void switchToScheduler(Fiber &f) {
+#ifdef CARVE_EMU_ASAN
+  void *fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, gBlock->schedulerStack, gBlock->schedulerStackSize);
+#endif
+  swapcontext(&f.ctx, &gBlock->scheduler);
+#ifdef CARVE_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+void fiberMain() {
+#ifdef CARVE_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &gBlock->schedulerStack, &gBlock->schedulerStackSize);
+#endif
+  Block &b = *gBlock;
+  b.body(b.ctx);
+  Fiber &f = (*b.fibers)[b.current];
+  f.state = State::Done;
+#ifdef CARVE_EMU_ASAN
+  __sanitizer_start_switch_fiber(nullptr, b.schedulerStack, b.schedulerStackSize);
+#endif
+  setcontext(&b.scheduler);
+}
+
+void resume(Block &b, int t) {
+  Fiber &f = (*b.fibers)[t];
+  b.current = t;
+  f.state = State::Ready;
+#ifdef CARVE_EMU_ASAN
+  void *fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
+#endif
+  swapcontext(&b.scheduler, &f.ctx);
+#ifdef CARVE_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, &b.schedulerStack, &b.schedulerStackSize);
+#endif
+  b.current = -1;
+}
+
+std::string dimText(const dim3 &d) {
+  return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
+}
+std::string coordText(const uint3 &d) {
+  return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
+}
+
+/// Runs the block at `blockIdx` to completion.
+void runBlock(Block &b, const uint3 &blockIdx) {
+  const LaunchInfo &info = *b.info;
+  const unsigned n = info.block.x * info.block.y * info.block.z;
+  std::vector<Fiber> &fs = *b.fibers;
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber &f = fs[t];
+    f.state = State::Ready;
+    f.site = nullptr;
+    f.coords.threadIdx = {t % info.block.x, (t / info.block.x) % info.block.y,
+                          t / (info.block.x * info.block.y)};
+    f.coords.blockIdx = blockIdx;
+    f.coords.blockDim = info.block;
+    f.coords.gridDim = info.grid;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiberMain, 0);
+  }
+  std::vector<bool> started(n, false);
+  for (;;) {
+    for (unsigned t = 0; t < n; ++t)
+      if (fs[t].state == State::Ready)
+        resume(b, static_cast<int>(t));
+    // Every thread is done or parked: release what can be released.
+    unsigned done = 0, barrier = 0, warp = 0;
+    for (unsigned t = 0; t < n; ++t)
+      done += fs[t].state == State::Done, barrier += fs[t].state == State::AtBarrier,
+          warp += fs[t].state == State::AtWarp;
+    if (done == n)
+      return;
+    bool released = false;
+    // Warps whose lanes in the mask all wait at the same exchange.
+    for (unsigned w = 0; w * 32 < n; ++w) {
+      const unsigned first = w * 32, last = std::min(n, first + 32);
+      int leader = -1;
+      for (unsigned t = first; t < last; ++t)
+        if (fs[t].state == State::AtWarp) {
+          leader = static_cast<int>(t);
+          break;
+        }
+      if (leader < 0)
+        continue;
+      const Fiber &lf = fs[leader];
+      bool ready = true;
+      for (unsigned l = 0; l < 32; ++l) {
+        if (!(lf.warpMask >> l & 1u))
+          continue;
+        const unsigned t = first + l;
+        if (t >= n)
+          kernelFaultAt(b, leader, "%s: the mask 0x%08x names lane %u, which does not exist in a "
+                                   "block of %u threads", lf.site, lf.warpMask, l, n);
+        if (fs[t].state == State::Done || fs[t].state == State::AtBarrier)
+          kernelFaultAt(b, leader, "%s: lane %u of the mask 0x%08x %s instead of joining the "
+                                   "exchange", lf.site, l, lf.warpMask,
+                        fs[t].state == State::Done ? "returned" : "waits at a __syncthreads");
+        if (fs[t].state != State::AtWarp) {
+          ready = false;
+          continue;
+        }
+        if (fs[t].site != lf.site || fs[t].warpMask != lf.warpMask)
+          kernelFaultAt(b, static_cast<int>(t), "lane %u waits at %s (mask 0x%08x), lane %d at "
+                                                "%s (mask 0x%08x): a warp exchange the lanes do "
+                                                "not share", l, fs[t].site, fs[t].warpMask,
+                        leader - static_cast<int>(first), lf.site, lf.warpMask);
+      }
+      if (!ready)
+        continue;
+      for (unsigned l = 0; l < 32; ++l)
+        if (lf.warpMask >> l & 1u) {
+          Fiber &f = fs[first + l];
+          const int from = f.warpFrom;
+          if (from < 0 || from >= 32 || !(lf.warpMask >> from & 1u))
+            kernelFaultAt(b, static_cast<int>(first + l),
+                          "%s: lane %u reads lane %d, which is not in the mask 0x%08x", f.site, l,
+                          from, lf.warpMask);
+          f.warpResult = fs[first + from].warpValue;
+        }
+      for (unsigned l = 0; l < 32; ++l)
+        if (lf.warpMask >> l & 1u)
+          fs[first + l].state = State::Ready;
+      released = true;
+    }
+    if (released)
+      continue;
+    if (barrier > 0 && warp == 0) {
+      int firstAt = -1;
+      for (unsigned t = 0; t < n; ++t)
+        if (fs[t].state == State::AtBarrier) {
+          firstAt = static_cast<int>(t);
+          break;
+        }
+      for (unsigned t = 0; t < n; ++t) {
+        if (fs[t].state == State::Done)
+          kernelFaultAt(b, firstAt, "__syncthreads at %s is not reached by every thread of the "
+                                    "block: thread %s returned without it",
+                        fs[firstAt].site, coordText(fs[t].coords.threadIdx).c_str());
+        if (fs[t].site != fs[firstAt].site)
+          kernelFaultAt(b, static_cast<int>(t), "threads of one block wait at different "
+                                                "__syncthreads: this one at %s, thread %s at %s",
+                        fs[t].site, coordText(fs[firstAt].coords.threadIdx).c_str(),
+                        fs[firstAt].site);
+      }
+      for (unsigned t = 0; t < n; ++t)
+        fs[t].state = State::Ready;
+      continue;
+    }
+    // Parked at a warp exchange and a barrier at once, nothing releasable.
+    for (unsigned t = 0; t < n; ++t)
+      if (fs[t].state == State::AtWarp)
+        kernelFaultAt(b, static_cast<int>(t), "%s: the warp exchange never completes (other "
+                                              "threads wait at __syncthreads)", fs[t].site);
+    die("kernel %s: the block's threads can make no progress", info.kernel);
+  }
+}
+
+} // namespace
+
+// ---- What cuda_emu.h calls ---------------------------------------------------
+
+ThreadCoords &coords() {
+  if (gBlock && gBlock->current >= 0)
+    return (*gBlock->fibers)[gBlock->current].coords;
+  return gHostCoords;
+}
+
+void syncThreads(const char *site) {
+  if (!gBlock || gBlock->current < 0)
+    die("__syncthreads at %s called outside a kernel", site);
+  Fiber &f = (*gBlock->fibers)[gBlock->current];
+  f.state = State::AtBarrier;
+  f.site = site;
+  switchToScheduler(f);
+}
+
+uint64_t warpExchange(unsigned mask, uint64_t value, int from, const char *site) {
+  if (!gBlock || gBlock->current < 0)
+    die("a warp exchange at %s called outside a kernel", site);
+  Fiber &f = (*gBlock->fibers)[gBlock->current];
+  const unsigned lane = static_cast<unsigned>(gBlock->current) % 32;
+  if (!(mask >> lane & 1u))
+    kernelFault("%s: lane %u calls a warp exchange whose mask 0x%08x leaves it out", site, lane,
+                mask);
+  f.state = State::AtWarp;
+  f.site = site;
+  f.warpMask = mask;
+  f.warpValue = value;
+  f.warpFrom = from;
+  switchToScheduler(f);
+  return f.warpResult;
+}
+
+void kernelFault(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (gBlock && gBlock->current >= 0) {
+    const Fiber &f = (*gBlock->fibers)[gBlock->current];
+    die("kernel %s, block %s, thread %s: %s", gBlock->info->kernel,
+        coordText(f.coords.blockIdx).c_str(), coordText(f.coords.threadIdx).c_str(), buf);
+  }
+  die("%s", buf);
+}
+
+namespace {
+void kernelFaultAt(Block &b, int t, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  const Fiber &f = (*b.fibers)[t];
+  die("kernel %s, block %s, thread %s: %s", b.info->kernel, coordText(f.coords.blockIdx).c_str(),
+      coordText(f.coords.threadIdx).c_str(), buf);
+}
+} // namespace
+
+void checkDevicePointer(const char *kernel, int argument, const void *p) {
+  if (!p || findAllocation(p, 0) != allocations().end())
+    return;
+  die("kernel %s: argument %d (%p) is not device memory (%s)", kernel, argument, p,
+      pinned().count(reinterpret_cast<uintptr_t>(p)) ? "pinned host memory" : "a host address");
+}
+
+void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx,
+             void (*copy)(void *, void **), void (*destroy)(void *)) {
+  const unsigned bd[3] = {info.block.x, info.block.y, info.block.z};
+  const unsigned gd[3] = {info.grid.x, info.grid.y, info.grid.z};
+  const unsigned long long threads = 1ull * bd[0] * bd[1] * bd[2];
+  for (int i = 0; i < 3; ++i) {
+    if (bd[i] == 0 || bd[i] > kMaxBlockDim[i] || gd[i] == 0 || gd[i] > kMaxGridDim[i])
+      die("kernel %s: launch with grid %s and block %s is outside the device's limits (block "
+          "at most (1024, 1024, 64), grid at most (2^31-1, 65535, 65535), none 0)",
+          info.kernel, dimText(info.grid).c_str(), dimText(info.block).c_str());
+  }
+  if (threads > kMaxThreadsPerBlock)
+    die("kernel %s: a block of %s = %llu threads, over the device's %u", info.kernel,
+        dimText(info.block).c_str(), threads, kMaxThreadsPerBlock);
+  if (info.sharedBytes > kMaxSharedPerBlock)
+    die("kernel %s: %zu bytes of dynamic shared memory, over the %zu a block may have",
+        info.kernel, info.sharedBytes, kMaxSharedPerBlock);
+  if (CUgraph_st *g = captureOf(info.stream)) {
+    void *mine = nullptr;
+    copy(ctx, &mine);
+    destroy(ctx);
+    auto held = std::shared_ptr<void>(mine, destroy);
+    LaunchInfo kept = info;
+    g->ops.push_back([kept, body, held]() {
+      runGrid(kept, body, held.get(), [](void *c, void **out) { *out = c; }, [](void *) {});
+    });
+    return;
+  }
+  if (gBlock)
+    die("kernel %s launched from inside kernel %s", info.kernel, gBlock->info->kernel);
+  Block b;
+  b.info = &info;
+  b.body = body;
+  b.ctx = ctx;
+  b.fibers = &fiberPool(threads);
+  gBlock = &b;
+  for (unsigned z = 0; z < gd[2]; ++z)
+    for (unsigned y = 0; y < gd[1]; ++y)
+      for (unsigned x = 0; x < gd[0]; ++x)
+        runBlock(b, uint3{x, y, z});
+  gBlock = nullptr;
+  destroy(ctx);
+}
+
+void enqueue(cudaStream_t s, std::function<void()> op) { issue(s, std::move(op)); }
+
+bool isDeviceMemory(const void *p, size_t bytes) { return isDevice(p, bytes); }
+
+[[noreturn]] void fatalCall(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  die("%s", buf);
+}
+
+} // namespace carve_emu
+
+using namespace carve_emu;
+
+// ---- The CUDA runtime API ------------------------------------------------------
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0)
+    return fail(cudaErrorInvalidDevice);
+  gDevice = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+  *device = gDevice;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
+  if (device != 0)
+    return fail(cudaErrorInvalidDevice);
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "carve CPU emulation of an sm_90 device");
+  p->major = 9;
+  p->minor = 0;
+  p->totalGlobalMem = kDeviceMemory;
+  p->sharedMemPerBlock = kMaxSharedPerBlock;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = static_cast<int>(kMaxThreadsPerBlock);
+  for (int i = 0; i < 3; ++i) {
+    p->maxThreadsDim[i] = static_cast<int>(kMaxBlockDim[i]);
+    p->maxGridSize[i] = static_cast<int>(kMaxGridDim[i]);
+  }
+  p->multiProcessorCount = 132;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+  *total = kDeviceMemory;
+  *free = kDeviceMemory - std::min(kDeviceMemory, gAllocated);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+  if (gAllocated + bytes > kDeviceMemory)
+    return fail(cudaErrorMemoryAllocation);
+  *p = std::malloc(std::max<size_t>(bytes, 1));
+  if (!*p)
+    return fail(cudaErrorMemoryAllocation);
+  allocations()[reinterpret_cast<uintptr_t>(*p)] = bytes;
+  gAllocated += bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+  if (!p)
+    return cudaSuccess;
+  auto it = allocations().find(reinterpret_cast<uintptr_t>(p));
+  if (it == allocations().end())
+    die("cudaFree(%p): not the start of a live device allocation (a double free, or host "
+        "memory)", p);
+  gAllocated -= it->second;
+  allocations().erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+  *p = std::malloc(std::max<size_t>(bytes, 1));
+  if (!*p)
+    return fail(cudaErrorMemoryAllocation);
+  pinned().insert(reinterpret_cast<uintptr_t>(*p));
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+  if (!p)
+    return cudaSuccess;
+  if (!pinned().erase(reinterpret_cast<uintptr_t>(p)))
+    die("cudaFreeHost(%p): not pinned host memory from cudaMallocHost", p);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
+  *a = cudaPointerAttributes{};
+  if (isDevice(p, 0)) {
+    a->type = cudaMemoryTypeDevice;
+    a->device = 0;
+    a->devicePointer = const_cast<void *>(p);
+  } else if (pinned().count(reinterpret_cast<uintptr_t>(p))) {
+    a->type = cudaMemoryTypeHost;
+    a->hostPointer = const_cast<void *>(p);
+  } else {
+    a->type = cudaMemoryTypeUnregistered;
+  }
+  return cudaSuccess;
+}
+
+} // extern "C"
+
+namespace {
+
+/// Checks a copy's endpoints against its kind (cudaMemcpyDefault: either).
+void checkCopy(const char *call, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+  const bool dDev = isDevice(dst, bytes), sDev = isDevice(src, bytes);
+  const bool wantDDev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool wantSDev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (bytes == 0)
+    return;
+  if (kind == cudaMemcpyDefault)
+    return;
+  if (wantDDev && !dDev)
+    die("%s: the destination %p (%zu bytes) is not inside one device allocation", call, dst,
+        bytes);
+  if (wantSDev && !sDev)
+    die("%s: the source %p (%zu bytes) is not inside one device allocation", call, src, bytes);
+  if (!wantDDev && dDev)
+    die("%s: the destination %p is device memory, the copy's kind says host", call, dst);
+  if (!wantSDev && sDev)
+    die("%s: the source %p is device memory, the copy's kind says host", call, src);
+}
+
+} // namespace
+
+extern "C" {
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+  if (!capturing().empty())
+    return forbiddenInCapture("cudaMemcpy");
+  checkCopy("cudaMemcpy", dst, src, bytes, kind);
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s) {
+  checkCopy("cudaMemcpyAsync", dst, src, bytes, kind);
+  issue(s, [=]() { std::memmove(dst, src, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t bytes) {
+  if (!capturing().empty())
+    return forbiddenInCapture("cudaMemset");
+  if (bytes && !isDevice(p, bytes))
+    die("cudaMemset: %p (%zu bytes) is not inside one device allocation", p, bytes);
+  std::memset(p, v, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
+  if (bytes && !isDevice(p, bytes))
+    die("cudaMemsetAsync: %p (%zu bytes) is not inside one device allocation", p, bytes);
+  issue(s, [=]() { std::memset(p, v, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  if (!capturing().empty())
+    return forbiddenInCapture("cudaDeviceSynchronize");
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = gLastError;
+  gLastError = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return gLastError; }
+
+const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess:
+    return "no error";
+  case cudaErrorMemoryAllocation:
+    return "out of memory";
+  case cudaErrorInvalidDevice:
+    return "invalid device ordinal";
+  case cudaErrorStreamCaptureUnsupported:
+    return "operation not permitted when stream is capturing";
+  case cudaErrorStreamCaptureInvalidated:
+    return "operation failed due to a previous error during capture";
+  case cudaErrorNotReady:
+    return "device not ready";
+  default:
+    return "an error of the CPU emulation";
+  }
+}
+
+const char *cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+  *s = new CUstream_st;
+  (*s)->flags = flags;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (captureOf(s))
+    return forbiddenInCapture("cudaStreamSynchronize");
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (captureOf(s))
+    return forbiddenInCapture("cudaStreamQuery");
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  e->capture = captureOf(s);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e->capture)
+    return forbiddenInCapture("cudaEventQuery of an event recorded during capture");
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e->capture)
+    return forbiddenInCapture("cudaEventSynchronize of an event recorded during capture");
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  // A stream that waits for an event of a capture joins that capture.
+  if (e->capture && s && !s->capture)
+    s->capture = e->capture;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (!s)
+    return fail(cudaErrorStreamCaptureUnsupported);
+  if (s->capture)
+    return fail(cudaErrorIllegalState);
+  s->capture = new CUgraph_st;
+  capturing().insert(s->capture);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+  if (!s || !s->capture)
+    return fail(cudaErrorIllegalState);
+  CUgraph_st *g = s->capture;
+  capturing().erase(g);
+  // Streams that joined through events leave it too (they rejoin the origin
+  // stream on a real device before the capture may end).
+  s->capture = nullptr;
+  if (g->invalid) {
+    std::fprintf(stderr, "carve-emu: capture invalidated: %s\n", g->why.c_str());
+    delete g;
+    *graph = nullptr;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+  *status = captureOf(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long) {
+  *exec = new CUgraphExec_st{g->ops};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *count) {
+  if (!nodes) {
+    *count = g->ops.size();
+    return cudaSuccess;
+  }
+  return fail(cudaErrorNotSupported);
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (captureOf(s))
+    return fail(cudaErrorStreamCaptureUnsupported);
+  for (auto &op : exec->ops)
+    op();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  delete e;
+  return cudaSuccess;
+}
+
+} // extern "C"
+
+// ---- cuBLAS ----------------------------------------------------------------------
+
+namespace {
+
+/// Element (r, c) of a column-major matrix of `type` with leading dimension ld.
+float elementOf(const void *p, cudaDataType t, int64_t r, int64_t c, int64_t ld) {
+  const int64_t i = r + c * ld;
+  switch (t) {
+  case CUDA_R_32F:
+    return static_cast<const float *>(p)[i];
+  case CUDA_R_16BF:
+    return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+  case CUDA_R_16F:
+    return __half2float(static_cast<const __half *>(p)[i]);
+  default:
+    die("cublasGemmEx: input type %d is not one carve uses", static_cast<int>(t));
+  }
+}
+
+/// op(X) of an m x n result's operand, as a dense column-major float matrix.
+std::vector<float> operand(const void *p, cudaDataType t, cublasOperation_t op, int rows, int cols,
+                           int ld) {
+  std::vector<float> out(static_cast<size_t>(rows) * cols);
+  for (int c = 0; c < cols; ++c)
+    for (int r = 0; r < rows; ++r)
+      out[r + static_cast<size_t>(c) * rows] =
+          op == CUBLAS_OP_N ? elementOf(p, t, r, c, ld) : elementOf(p, t, c, r, ld);
+  return out;
+}
+
+cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                    const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                    cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType ct,
+                    int ldc) {
+  if (ct != CUDA_R_32F)
+    die("cublasGemmEx: output type %d is not one carve uses", static_cast<int>(ct));
+  const int64_t aCols = ta == CUBLAS_OP_N ? k : m, bCols = tb == CUBLAS_OP_N ? n : k;
+  const size_t aSize = at == CUDA_R_32F ? 4 : 2, bSize = bt == CUDA_R_32F ? 4 : 2;
+  if (m > 0 && n > 0 && k > 0) {
+    if (!isDevice(A, static_cast<size_t>((aCols - 1) * lda + (ta == CUBLAS_OP_N ? m : k)) * aSize))
+      die("cublasGemmEx: A (%p) is not inside one device allocation", A);
+    if (!isDevice(B, static_cast<size_t>((bCols - 1) * ldb + (tb == CUBLAS_OP_N ? k : n)) * bSize))
+      die("cublasGemmEx: B (%p) is not inside one device allocation", B);
+  }
+  if (!isDevice(C, static_cast<size_t>(std::max(0, (n - 1) * ldc + m)) * 4))
+    die("cublasGemmEx: C (%p) is not inside one device allocation", C);
+  std::vector<float> a = operand(A, at, ta, m, k, lda), b = operand(B, bt, tb, k, n, ldb);
+  float *c = static_cast<float *>(C);
+  if (k == 0 || m == 0 || n == 0) {
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i)
+        c[i + static_cast<size_t>(j) * ldc] =
+            *beta == 0 ? 0.0f : *beta * c[i + static_cast<size_t>(j) * ldc];
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (*beta == 0) // beta 0: C is not read (it may hold NaN)
+    for (int j = 0; j < n; ++j)
+      std::fill_n(c + static_cast<size_t>(j) * ldc, m, 0.0f);
+  cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, m, n, k, *alpha, a.data(), m, b.data(), k,
+              *beta, c, ldc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+} // namespace
+
+extern "C" {
+
+cublasStatus_t cublasCreate(cublasHandle_t *h) {
+  *h = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+  h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+
+const char *cublasGetStatusString(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "a cuBLAS error (CPU emulation)";
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void *alpha, const void *A, cudaDataType at,
+                            int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                            void *C, cudaDataType ct, int ldc, cublasComputeType_t,
+                            cublasGemmAlgo_t) {
+  const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
+  issue(h->stream, [=]() { gemm(ta, tb, m, n, k, &al, A, at, lda, B, bt, ldb, &be, C, ct, ldc); });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta,
+                                          cublasOperation_t tb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType at,
+                                          int lda, long long sa, const void *B, cudaDataType bt,
+                                          int ldb, long long sb, const void *beta, void *C,
+                                          cudaDataType ct, int ldc, long long sc, int count,
+                                          cublasComputeType_t, cublasGemmAlgo_t) {
+  const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
+  issue(h->stream, [=]() {
+    const size_t aSize = at == CUDA_R_32F ? 4 : 2, bSize = bt == CUDA_R_32F ? 4 : 2;
+    for (int i = 0; i < count; ++i)
+      gemm(ta, tb, m, n, k, &al, static_cast<const char *>(A) + i * sa * aSize, at, lda,
+           static_cast<const char *>(B) + i * sb * bSize, bt, ldb, &be,
+           static_cast<float *>(C) + i * sc, ct, ldc);
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"
