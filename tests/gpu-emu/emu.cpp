@@ -68,6 +68,10 @@ struct CUgraph_st {
   std::vector<std::function<void()>> ops;
   bool invalid = false;
   std::string why;
+  // Streams that joined the capture through an event, events recorded in it:
+  // both leave it when it ends.
+  std::set<cudaStream_t> joined;
+  std::set<cudaEvent_t> events;
 };
 struct CUgraphExec_st {
   std::vector<std::function<void()>> ops;
@@ -715,6 +719,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (s && s->capture)
+    s->capture->joined.erase(s);
   delete s;
   return cudaSuccess;
 }
@@ -739,12 +745,18 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e->capture)
+    e->capture->events.erase(e);
   delete e;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e->capture)
+    e->capture->events.erase(e);
   e->capture = captureOf(s);
+  if (e->capture)
+    e->capture->events.insert(e);
   return cudaSuccess;
 }
 
@@ -762,8 +774,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   // A stream that waits for an event of a capture joins that capture.
-  if (e->capture && s && !s->capture)
+  if (e->capture && s && !s->capture) {
     s->capture = e->capture;
+    e->capture->joined.insert(s);
+  }
   return cudaSuccess;
 }
 
@@ -783,8 +797,16 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
   CUgraph_st *g = s->capture;
   capturing().erase(g);
   // Streams that joined through events leave it too (they rejoin the origin
-  // stream on a real device before the capture may end).
+  // stream on a real device before the capture may end), and the events
+  // recorded in it are complete from now on.
   s->capture = nullptr;
+  for (cudaStream_t j : g->joined)
+    if (j->capture == g)
+      j->capture = nullptr;
+  for (cudaEvent_t e : g->events)
+    e->capture = nullptr;
+  g->joined.clear();
+  g->events.clear();
   if (g->invalid) {
     std::fprintf(stderr, "carve-emu: capture invalidated: %s\n", g->why.c_str());
     delete g;

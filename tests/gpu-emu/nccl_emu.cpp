@@ -62,8 +62,11 @@ ncclResult_t copyOp(const char *call, const void *send, void *recv, size_t bytes
     return ncclInvalidArgument;
   needDevice(call, send, bytes);
   needDevice(call, recv, bytes);
-  if (send != recv)
-    carve_emu::enqueue(s, [=]() { std::memmove(recv, send, bytes); });
+  // One operation (one node of a captured graph) per call, in place or not.
+  carve_emu::enqueue(s, [=]() {
+    if (send != recv)
+      std::memmove(recv, send, bytes);
+  });
   return ncclSuccess;
 }
 
