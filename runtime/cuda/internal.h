@@ -24,12 +24,14 @@
 /// for the CPU emulation of tests/gpu-emu (CARVE_CUDA_EMULATION, tests only),
 /// the same launch runs every thread of the grid there, checked as a device
 /// checks it (tests/gpu-emu/cuda_emu.h).
+#ifndef CARVE_KERNEL
 #ifdef CARVE_CUDA_EMULATION
 #define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
   ::carve_emu::Launcher(#__VA_ARGS__, grid, block, shared, strm,                                   \
                         [](auto &&...carveArgs) { __VA_ARGS__(carveArgs...); })
 #else
 #define CARVE_KERNEL(grid, block, shared, strm, ...) __VA_ARGS__<<<grid, block, shared, strm>>>
+#endif
 #endif
 
 /// Fatal error naming the call and CUDA's message when `call` fails.

@@ -148,6 +148,12 @@ template <class T> T fromBits(uint64_t b) {
 #undef __shared__
 #endif
 #define __shared__ static thread_local
+// Managed globals (the generated programs' constant tables) live in one
+// section, which emu.cpp counts as device memory (the device reads them).
+#ifdef __managed__
+#undef __managed__
+#endif
+#define __managed__ __attribute__((section("carve_emu_managed"), used))
 #ifdef __launch_bounds__
 #undef __launch_bounds__
 #endif

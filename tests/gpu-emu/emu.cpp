@@ -127,6 +127,22 @@ cudaError_t fail(cudaError_t e) {
   std::_Exit(1);
 }
 
+} // namespace
+} // namespace carve_emu
+
+// The __managed__ variables' section (cuda_emu.h), from the linker.
+extern "C" char __start_carve_emu_managed[] __attribute__((weak));
+extern "C" char __stop_carve_emu_managed[] __attribute__((weak));
+
+namespace carve_emu {
+namespace {
+
+bool isManaged(const void *p, size_t bytes) {
+  const char *c = static_cast<const char *>(p);
+  return __start_carve_emu_managed && c >= __start_carve_emu_managed &&
+         c + bytes <= __stop_carve_emu_managed;
+}
+
 /// The live allocation holding [p, p + bytes), or allocations().end().
 std::map<uintptr_t, size_t>::iterator findAllocation(const void *p, size_t bytes) {
   auto &m = allocations();
@@ -140,7 +156,9 @@ std::map<uintptr_t, size_t>::iterator findAllocation(const void *p, size_t bytes
   return m.end();
 }
 
-bool isDevice(const void *p, size_t bytes) { return findAllocation(p, bytes) != allocations().end(); }
+bool isDevice(const void *p, size_t bytes) {
+  return findAllocation(p, bytes) != allocations().end() || isManaged(p, bytes);
+}
 
 CUgraph_st *captureOf(cudaStream_t s) { return s ? s->capture : gLegacyCapture; }
 
@@ -447,7 +465,7 @@ void kernelFaultAt(Block &b, int t, const char *fmt, ...) {
 } // namespace
 
 void checkDevicePointer(const char *kernel, int argument, const void *p) {
-  if (!p || findAllocation(p, 0) != allocations().end())
+  if (!p || isDevice(p, 0))
     return;
   die("kernel %s: argument %d (%p) is not device memory (%s)", kernel, argument, p,
       pinned().count(reinterpret_cast<uintptr_t>(p)) ? "pinned host memory" : "a host address");

@@ -38,6 +38,24 @@ std::map<std::string, std::string> runtimeConfig() {
   for (const char *k : {"cxx", "cxxflags", "include", "libs"})
     if (!cfg.count(k))
       fail(path + ": missing '" + k + "'");
+  // carve's own tests: CARVE_CUDA_EMULATION names build/lib/carve-runtime-emu.txt,
+  // whose keys (cuda_emulation, cuda_emu_flags, cuda_libs) build --target cuda
+  // programs as host C++ against the CPU emulation of tests/gpu-emu.
+  if (const char *emu = getenv("CARVE_CUDA_EMULATION")) {
+    auto ebuf = MemoryBuffer::getFile(emu);
+    if (!ebuf)
+      fail(std::string(emu) + " (CARVE_CUDA_EMULATION): cannot read (" +
+           ebuf.getError().message() + ")");
+    std::istringstream ein((*ebuf)->getBuffer().str());
+    while (std::getline(ein, line)) {
+      size_t eq = line.find('=');
+      if (eq != std::string::npos)
+        cfg[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    for (const char *k : {"cuda_emulation", "cuda_emu_flags", "cuda_libs"})
+      if (!cfg.count(k))
+        fail(std::string(emu) + " (CARVE_CUDA_EMULATION): missing '" + k + "'");
+  }
   return cfg;
 }
 
@@ -127,6 +145,13 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
       argv.insert(argv.end(), flags.begin(), flags.end());
       return argv;
     }
+    if (cfg.count("cuda_emulation")) {
+      std::vector<std::string> argv = {cfg["cxx"]};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      for (auto &w : splitWords(cfg["cuda_emu_flags"]))
+        argv.push_back(w);
+      return argv;
+    }
     std::vector<std::string> argv = {
         cfg["nvcc"],        "-std=c++17",         "-O3", "--expt-relaxed-constexpr",
         "-Xcompiler=-fPIC", "-I" + cfg["include"]};
@@ -148,6 +173,9 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
       fail(dir + "/src/custom: " + ec.message());
   // The custom ops' kernels, from their own paths (so that their includes
   // resolve and errors name the user's files); OUT/src/custom keeps copies.
+  if (in.cuda && cfg.count("cuda_emulation") && !in.kernelSources.empty())
+    fail("the CPU emulation of the CUDA target (CARVE_CUDA_EMULATION) cannot build custom "
+         "CUDA kernels (" + in.kernelSources.front() + "): their launches are nvcc's");
   for (const std::string &src : in.kernelSources) {
     std::string name = sys::path::filename(src).str();
     progress.start(kind + name);

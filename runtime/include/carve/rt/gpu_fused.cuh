@@ -18,6 +18,19 @@
 
 #include <cstdint>
 
+/// A kernel launch, as runtime/cuda/internal.h defines it for the runtime's own
+/// kernels: `kernel<<<grid, block, shared, stream>>>(args...)` under nvcc, a run
+/// on the CPU emulation of tests/gpu-emu in carve's tests.
+#ifndef CARVE_KERNEL
+#ifdef CARVE_CUDA_EMULATION
+#define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
+  ::carve_emu::Launcher(#__VA_ARGS__, grid, block, shared, strm,                                   \
+                        [](auto &&...carveArgs) { __VA_ARGS__(carveArgs...); })
+#else
+#define CARVE_KERNEL(grid, block, shared, strm, ...) __VA_ARGS__<<<grid, block, shared, strm>>>
+#endif
+#endif
+
 namespace carve::gpu {
 
 /// The pointers of one fused call, passed to the kernel by value.
@@ -61,8 +74,8 @@ void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&sha
   constexpr int64_t kMaxBlocks = 65535 * 8;
   int64_t blocks = (total + kThreads - 1) / kThreads;
   blocks = blocks > kMaxBlocks ? kMaxBlocks : blocks;
-  fusedKernel<NI, NO, F><<<static_cast<unsigned>(blocks), kThreads, 0,
-                           static_cast<cudaStream_t>(computeStream())>>>(f, a, n, total);
+  CARVE_KERNEL(static_cast<unsigned>(blocks), kThreads, 0,
+               static_cast<cudaStream_t>(computeStream()), fusedKernel<NI, NO, F>)(f, a, n, total);
   checkLaunch(what);
 }
 
