@@ -416,19 +416,19 @@ unsigned chunksFor(int64_t width, int nv, const char *op) {
   do {                                                                                             \
     switch (nv) {                                                                                  \
     case 2:                                                                                        \
-      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<2>)(__VA_ARGS__);                                 \
+      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<2>)(__VA_ARGS__);                       \
       break;                                                                                       \
     case 4:                                                                                        \
-      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<4>)(__VA_ARGS__);                                 \
+      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<4>)(__VA_ARGS__);                       \
       break;                                                                                       \
     case 8:                                                                                        \
-      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<8>)(__VA_ARGS__);                                 \
+      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<8>)(__VA_ARGS__);                       \
       break;                                                                                       \
     case 16:                                                                                       \
-      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<16>)(__VA_ARGS__);                                \
+      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<16>)(__VA_ARGS__);                      \
       break;                                                                                       \
     default:                                                                                       \
-      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<32>)(__VA_ARGS__);                                \
+      CARVE_KERNEL(grid, kAttnThreads, 0, stream(), kernel<32>)(__VA_ARGS__);                      \
       break;                                                                                       \
     }                                                                                              \
   } while (0)
@@ -471,7 +471,8 @@ void attention_grad(const float *q, Dims qs, const float *k, Dims ks, const floa
     float *lse = reinterpret_cast<float *>(w + oBytes);
     float *di = reinterpret_cast<float *>(w + oBytes + rBytes);
     attnForwardLaunch(g, q, k, v, o, lse, op);
-    CARVE_KERNEL(gridFor((rows + 7) / 8), 256, 0, stream(), attnRowDot)(dy, o, di, rows, g.dv, g.prec);
+    CARVE_KERNEL(gridFor((rows + 7) / 8), 256, 0, stream(), attnRowDot)
+    (dy, o, di, rows, g.dv, g.prec);
     checkLaunch(op);
     const int nvq = accumulatorsFor(g.d);
     const dim3 gridQ(gridFor(g.items * ((g.tq + kTile - 1) / kTile)), chunksFor(g.d, nvq, op));

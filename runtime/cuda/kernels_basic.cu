@@ -314,16 +314,16 @@ void reduceORI(bool isMax, double div, const float *x, int64_t O, int64_t R, int
     partial = static_cast<double *>(workspace(sizeof(double) * O * S * I, kWsBasic2));
   if (I == 1) {
     const int64_t warps = O * S;
-    CARVE_KERNEL(blocksFor(warps * 32), kThreads, 0, stream(), reduceRowsKernel)(x, O, R, seg, S, isMax, div,
-                                                                       partial, y);
+    CARVE_KERNEL(blocksFor(warps * 32), kThreads, 0, stream(), reduceRowsKernel)
+    (x, O, R, seg, S, isMax, div, partial, y);
   } else {
-    CARVE_KERNEL(blocksFor(O * S * I), kThreads, 0, stream(), reduceColumnsKernel)(x, O, R, I, seg, S, isMax,
-                                                                         div, partial, y);
+    CARVE_KERNEL(blocksFor(O * S * I), kThreads, 0, stream(), reduceColumnsKernel)
+    (x, O, R, I, seg, S, isMax, div, partial, y);
   }
   checkLaunch("reduce");
   if (S > 1) {
-    CARVE_KERNEL(blocksFor(O * I), kThreads, 0, stream(), reducePartialsKernel)(partial, O, S, I, isMax, div,
-                                                                      y);
+    CARVE_KERNEL(blocksFor(O * I), kThreads, 0, stream(), reducePartialsKernel)
+    (partial, O, S, I, isMax, div, y);
     checkLaunch("reduce");
   }
 }
@@ -352,9 +352,11 @@ Operand roundedOperand(const float *x, int64_t n, int slot, Precision p) {
     return {reinterpret_cast<const char *>(x), 4};
   void *buf = workspace(sizeof(uint16_t) * static_cast<size_t>(n), slot);
   if (p == Precision::BF16)
-    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundKernel)(x, static_cast<__nv_bfloat16 *>(buf), n);
+    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundKernel)
+    (x, static_cast<__nv_bfloat16 *>(buf), n);
   else
-    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundKernel)(x, static_cast<__half *>(buf), n);
+    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundKernel)
+    (x, static_cast<__half *>(buf), n);
   checkLaunch("matmul (input rounding)");
   return {static_cast<const char *>(buf), 2};
 }
@@ -487,11 +489,11 @@ void where(const uint8_t *c, Dims cs, const int64_t *a, Dims as, const int64_t *
   whereT(c, cs, a, as, b, bs, y, ys);
 }
 
-#define CARVE_16BIT(NAME, KERNEL, F, IN, OUT)                                                     \
+#define CARVE_16BIT(NAME, KERNEL, F, IN, OUT)                                                      \
   void NAME(IN x, OUT y, int64_t n) {                                                              \
     if (n <= 0)                                                                                    \
       return;                                                                                      \
-    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), KERNEL<F>)(x, y, n);                                   \
+    CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), KERNEL<F>)(x, y, n);                         \
     checkLaunch(#NAME);                                                                            \
   }
 CARVE_16BIT(toBf16, to16Kernel, 0, const float *, uint16_t *)
@@ -637,8 +639,8 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
   const double div = f == Reduce::Mean ? static_cast<double>(redCount) : 1.0;
   if (geom.ori)
     return reduceORI(isMax, div, x, geom.O, geom.R, geom.I, y);
-  CARVE_KERNEL(blocksFor(outCount), kThreads, 0, stream(), reduceGeneralKernel)(x, geom, outCount, isMax, div,
-                                                                      y);
+  CARVE_KERNEL(blocksFor(outCount), kThreads, 0, stream(), reduceGeneralKernel)
+  (x, geom, outCount, isMax, div, y);
   checkLaunch("reduce");
 }
 

@@ -215,9 +215,9 @@ __global__ void copyRowsKernel(const U *from, U *to, int64_t rows, int64_t rowUn
 template <class U>
 void copyRows(const SplitRows &g, int index, const char *from, char *to, bool toLocal) {
   const int64_t rows = g.outer * g.groups, units = g.rowBytes / static_cast<int64_t>(sizeof(U));
-  CARVE_KERNEL(blocksFor(rows * units), kThreads, 0, stream(), copyRowsKernel)(
-      reinterpret_cast<const U *>(from), reinterpret_cast<U *>(to), rows, units, g.parts, index,
-      toLocal);
+  CARVE_KERNEL(blocksFor(rows * units), kThreads, 0, stream(), copyRowsKernel)
+  (reinterpret_cast<const U *>(from), reinterpret_cast<U *>(to), rows, units, g.parts, index,
+   toLocal);
   checkLaunch("shard copy");
 }
 
@@ -283,8 +283,8 @@ template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
   const int64_t tk = (dk + kTile - 1) / kTile, tl = (dl + kTile - 1) / kTile;
   const int64_t tiles = total / (dk * dl) * tk * tl;
   const int blocks = static_cast<int>(std::min<int64_t>(tiles, 65535 * 8));
-  CARVE_KERNEL(blocks, dim3(kTile, kTileRows), 0, stream(), transposeTilesKernel)(x, y, g, dk, dl, xl, yk, tk,
-                                                                        tl, tiles);
+  CARVE_KERNEL(blocks, dim3(kTile, kTileRows), 0, stream(), transposeTilesKernel)
+  (x, y, g, dk, dl, xl, yk, tk, tl, tiles);
   checkLaunch("transpose");
 }
 
@@ -330,8 +330,8 @@ template <class T> void concat(int n, const T *const *xs, const Dims *shapes, in
   for (int i = 0; i < n; ++i) {
     const int64_t len = prod(shapes[i], axis, shapes[i].rank);
     if (len > 0) {
-      CARVE_KERNEL(blocksFor(outer * len), kThreads, 0, stream(), concatKernel)(xs[i], y, outer, len, row,
-                                                                      col);
+      CARVE_KERNEL(blocksFor(outer * len), kThreads, 0, stream(), concatKernel)
+      (xs[i], y, outer, len, row, col);
       checkLaunch("concat");
     }
     col += len;
@@ -345,8 +345,8 @@ void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y
   const int64_t total = outer * is.numel() * inner;
   if (total == 0)
     return;
-  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherKernel)(table, idx, y, is.numel(), size, inner,
-                                                            total, deviceError());
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherKernel)
+  (table, idx, y, is.numel(), size, inner, total, deviceError());
   checkLaunch("gather");
 }
 
@@ -360,11 +360,11 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   if (total == 0)
     return;
   if constexpr (std::is_floating_point_v<T>) {
-    CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherGradAtomicKernel)(
-        dy, idx, dtable, ni, size, inner, total, deviceError());
+    CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherGradAtomicKernel)
+    (dy, idx, dtable, ni, size, inner, total, deviceError());
   } else {
-    CARVE_KERNEL(blocksFor(outer * inner), kThreads, 0, stream(), gatherGradOwnedKernel)(
-        dy, idx, dtable, ni, size, inner, outer, deviceError());
+    CARVE_KERNEL(blocksFor(outer * inner), kThreads, 0, stream(), gatherGradOwnedKernel)
+    (dy, idx, dtable, ni, size, inner, outer, deviceError());
   }
   checkLaunch("gather_grad");
 }
@@ -470,8 +470,8 @@ void gather_sharded(const float *table, Dims ts, int64_t rowOffset, int64_t glob
   const int64_t rows = ts.d[0], inner = prod(ts, 1, ts.rank), total = is.numel() * inner;
   if (total == 0)
     return;
-  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherShardedKernel)(
-      table, idx, y, rows, rowOffset, globalRows, inner, total, deviceError());
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherShardedKernel)
+  (table, idx, y, rows, rowOffset, globalRows, inner, total, deviceError());
   checkLaunch("gather_sharded");
 }
 
@@ -482,8 +482,8 @@ void gather_sharded_grad(const float *dy, const int64_t *idx, Dims is, int64_t r
   fill(dtable, ts.numel(), 0.0f);
   if (total == 0)
     return;
-  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherShardedGradKernel)(
-      dy, idx, dtable, rows, rowOffset, globalRows, inner, total, deviceError());
+  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherShardedGradKernel)
+  (dy, idx, dtable, rows, rowOffset, globalRows, inner, total, deviceError());
   checkLaunch("gather_sharded_grad");
 }
 

@@ -295,7 +295,8 @@ void softmax_grad(const float *y, const float *dy, Dims s, int axis, bool log, f
   if (I == 1)
     CARVE_LAUNCH_ROWS(softmaxGradRows, O, A, y, dy, dx, O, A, log);
   else
-    CARVE_KERNEL(blocksFor(O * I), kThreads, 0, stream(), softmaxGradColumns)(y, dy, dx, O, A, I, log);
+    CARVE_KERNEL(blocksFor(O * I), kThreads, 0, stream(), softmaxGradColumns)
+    (y, dy, dx, O, A, I, log);
   checkLaunch("softmax_grad");
 }
 
@@ -307,7 +308,8 @@ void layer_norm(const float *x, Dims xs, int axis, const float *scale, const flo
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (R * N == 0)
     return;
-  CARVE_KERNEL(gridFor(R), rowThreads(N), 0, stream(), layerNormKernel)(x, scale, bias, eps, y, R, N);
+  CARVE_KERNEL(gridFor(R), rowThreads(N), 0, stream(), layerNormKernel)
+  (x, scale, bias, eps, y, R, N);
   checkLaunch("layer_norm");
 }
 
@@ -329,8 +331,8 @@ void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, floa
   const int64_t blocks = params ? normGradBlocks(R, N, 2) : gridFor(R);
   float *part =
       params ? static_cast<float *>(workspace(blocks * 2 * N * sizeof(float), kWsFused1)) : nullptr;
-  CARVE_KERNEL(static_cast<int>(blocks), rowThreads(N), 0, stream(), layerNormGradKernel)(x, scale, eps, dy,
-                                                                                dx, part, R, N);
+  CARVE_KERNEL(static_cast<int>(blocks), rowThreads(N), 0, stream(), layerNormGradKernel)
+  (x, scale, eps, dy, dx, part, R, N);
   checkLaunch("layer_norm_grad");
   if (!params)
     return;
@@ -361,12 +363,13 @@ void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float 
   const int64_t blocks = dscale ? normGradBlocks(R, N, 1) : gridFor(R);
   float *part =
       dscale ? static_cast<float *>(workspace(blocks * N * sizeof(float), kWsFused1)) : nullptr;
-  CARVE_KERNEL(static_cast<int>(blocks), rowThreads(N), 0, stream(), rmsNormGradKernel)(x, scale, eps, dy, dx,
-                                                                              part, R, N);
+  CARVE_KERNEL(static_cast<int>(blocks), rowThreads(N), 0, stream(), rmsNormGradKernel)
+  (x, scale, eps, dy, dx, part, R, N);
   checkLaunch("rms_norm_grad");
   if (!dscale)
     return;
-  CARVE_KERNEL(blocksFor(N), kThreads, 0, stream(), sumPartials)(part, blocks, N, 1, dscale, nullptr);
+  CARVE_KERNEL(blocksFor(N), kThreads, 0, stream(), sumPartials)
+  (part, blocks, N, 1, dscale, nullptr);
   checkLaunch("rms_norm_grad");
 }
 

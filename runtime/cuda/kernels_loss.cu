@@ -247,8 +247,8 @@ void ceCountLaunch(const int64_t *targets, int64_t e, bool hasIgnore, int64_t ig
                    int64_t classes, const CeScratch &s, const char *op) {
   if (e == 0)
     return;
-  CARVE_KERNEL(blocksFor(e), kThreads, 0, stream(), ceCount)(targets, e, hasIgnore, ignoreIndex, classes,
-                                                   deviceError(), s.count);
+  CARVE_KERNEL(blocksFor(e), kThreads, 0, stream(), ceCount)
+  (targets, e, hasIgnore, ignoreIndex, classes, deviceError(), s.count);
   checkLaunch(op);
 }
 
@@ -446,8 +446,8 @@ void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int red
       CARVE_LAUNCH_ROWS(ceLossRows, g.e, g.c, logits, targets, g.e, g.c, hasIgnore, ignoreIndex,
                         reduction, y, s.part);
     else
-      CARVE_KERNEL(np, kThreads, 0, stream(), ceLossStrided)(logits, targets, g.e, g.c, g.s, hasIgnore,
-                                                   ignoreIndex, reduction, y, s.part);
+      CARVE_KERNEL(np, kThreads, 0, stream(), ceLossStrided)
+      (logits, targets, g.e, g.c, g.s, hasIgnore, ignoreIndex, reduction, y, s.part);
     checkLaunch(op);
   }
   if (reduction != 2) {
@@ -470,8 +470,8 @@ void cross_entropy_grad(const float *logits, Dims ls, const int64_t *targets, in
     CARVE_LAUNCH_ROWS(ceGradRows, g.e, g.c, logits, targets, g.e, g.c, hasIgnore, ignoreIndex,
                       reduction, dy, s.count, dlogits);
   else
-    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ceGradStrided)(
-        logits, targets, g.e, g.c, g.s, hasIgnore, ignoreIndex, reduction, dy, s.count, dlogits);
+    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ceGradStrided)
+    (logits, targets, g.e, g.c, g.s, hasIgnore, ignoreIndex, reduction, dy, s.count, dlogits);
   checkLaunch(op);
 }
 
@@ -520,8 +520,8 @@ void vpGlobalSums(Communicator &c, const CeGeom &g, const float *logits, const i
       CARVE_LAUNCH_ROWS(vpSumRows, g.e, g.c, logits, targets, g.e, g.c, vocabOffset, hasIgnore,
                         ignoreIndex, mx, acc, tlogit);
     else
-      CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), vpSumStrided)(
-          logits, targets, g.e, g.c, g.s, vocabOffset, hasIgnore, ignoreIndex, mx, acc, tlogit);
+      CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), vpSumStrided)
+      (logits, targets, g.e, g.c, g.s, vocabOffset, hasIgnore, ignoreIndex, mx, acc, tlogit);
     checkLaunch(op);
   }
   CARVE_KERNEL(1, 1, 0, stream(), setDouble)(acc + tail, static_cast<double>(g.c));
@@ -544,8 +544,9 @@ void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
   vpGlobalSums(c, g, logits, targets, vocabOffset, hasIgnore, ignoreIndex, s.mx, s.acc, s.acc + g.e,
                2 * g.e, op);
   if (g.e > 0) {
-    CARVE_KERNEL(np, kThreads, 0, stream(), vpLoss)(targets, g.e, g.c, vocabOffset, hasIgnore, ignoreIndex,
-                                          reduction, s.mx, s.acc, deviceError(), y, s.ce.part);
+    CARVE_KERNEL(np, kThreads, 0, stream(), vpLoss)
+    (targets, g.e, g.c, vocabOffset, hasIgnore, ignoreIndex, reduction, s.mx, s.acc, deviceError(),
+     y, s.ce.part);
     checkLaunch(op);
   }
   if (reduction != 2) {
@@ -598,14 +599,14 @@ void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabO
   char *w = static_cast<char *>(workspace(statBytes + 2 * sizeof(double), kWsFused0));
   float *stats = reinterpret_cast<float *>(w);
   double *dev = reinterpret_cast<double *>(w + statBytes);
-  CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccRowStats)(logits, targets, g.e, g.c, g.s,
-                                                        vocabOffset, stats);
+  CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccRowStats)
+  (logits, targets, g.e, g.c, g.s, vocabOffset, stats);
   checkLaunch(op);
   if (c)
     allReduceDevice(*c, stats, 2 * g.e, CommType::F32, ReduceOp::Max);
   cudaMemsetAsync(dev, 0, 2 * sizeof(double), stream());
-  CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccCount)(stats, targets, g.e, hasIgnore, ignoreIndex,
-                                                     dev);
+  CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccCount)
+  (stats, targets, g.e, hasIgnore, ignoreIndex, dev);
   checkLaunch(op);
   double host[2];
   readScalars(dev, host, 2);
@@ -632,9 +633,9 @@ void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dim
                       vocabOffset, hasIgnore, ignoreIndex, reduction, dy, s.ce.count, s.mx, s.acc,
                       deviceError(), dlogits);
   else
-    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), vpGradStrided)(
-        logits, targets, g.e, g.c, g.s, vocabOffset, hasIgnore, ignoreIndex, reduction, dy,
-        s.ce.count, s.mx, s.acc, deviceError(), dlogits);
+    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), vpGradStrided)
+    (logits, targets, g.e, g.c, g.s, vocabOffset, hasIgnore, ignoreIndex, reduction, dy, s.ce.count,
+     s.mx, s.acc, deviceError(), dlogits);
   checkLaunch(op);
 }
 

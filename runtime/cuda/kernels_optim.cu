@@ -105,10 +105,10 @@ void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, doubl
                double dampening, double weightDecay, bool nesterov, bool firstStep) {
   if (n <= 0)
     return;
-  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), sgdKernel)(
-      p, g, buf, n, static_cast<float>(weightDecay), static_cast<float>(momentum),
-      static_cast<float>(1.0 - dampening), static_cast<float>(-lr), weightDecay != 0, momentum != 0,
-      nesterov, firstStep);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), sgdKernel)
+  (p, g, buf, n, static_cast<float>(weightDecay), static_cast<float>(momentum),
+   static_cast<float>(1.0 - dampening), static_cast<float>(-lr), weightDecay != 0, momentum != 0,
+   nesterov, firstStep);
   checkLaunch("sgdUpdate");
 }
 
@@ -119,8 +119,8 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double
   // The scalar coefficients of the CPU update (optim.h).
   const carve::rt::AdamwCoefficients k =
       carve::rt::adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
-  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), adamwKernel)(p, g, m, v, n, k.decay, k.b1, k.b2, k.c1,
-                                                       k.c2, k.bc2Sqrt, k.eps, k.negStep);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), adamwKernel)
+  (p, g, m, v, n, k.decay, k.b1, k.b2, k.c1, k.c2, k.bc2Sqrt, k.eps, k.negStep);
   checkLaunch("adamwUpdate");
 }
 
@@ -133,7 +133,8 @@ double sumSquares(const float *g, int64_t n) {
       static_cast<double *>(workspace(sizeof(double) * (kMaxPartials + 1), kWsBasic2));
   CARVE_KERNEL(blocks, kThreads, 0, stream(), sumSquaresKernel)(g, n, partial);
   checkLaunch("sumSquares");
-  CARVE_KERNEL(1, kThreads, 0, stream(), sumPartialsKernel<false>)(partial, blocks, partial + kMaxPartials);
+  CARVE_KERNEL(1, kThreads, 0, stream(), sumPartialsKernel<false>)
+  (partial, blocks, partial + kMaxPartials);
   checkLaunch("sumSquares");
   return readScalar(partial + kMaxPartials);
 }

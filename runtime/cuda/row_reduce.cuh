@@ -115,10 +115,11 @@ constexpr int kBlockRowThreads = 512;
 #define CARVE_LAUNCH_ROWS(kernel, rows, len, ...)                                                  \
   do {                                                                                             \
     if ((len) <= kWarpRow)                                                                         \
-      CARVE_KERNEL(gridFor(((rows) + kWarpRowThreads / 32 - 1) / (kWarpRowThreads / 32)),       \
-                      kWarpRowThreads, 0, stream(), kernel<false>)(__VA_ARGS__);                                \
+      CARVE_KERNEL(gridFor(((rows) + kWarpRowThreads / 32 - 1) / (kWarpRowThreads / 32)),          \
+                   kWarpRowThreads, 0, stream(), kernel<false>)                                    \
+      (__VA_ARGS__);                                                                               \
     else                                                                                           \
-      CARVE_KERNEL(gridFor(rows), kBlockRowThreads, 0, stream(), kernel<true>)(__VA_ARGS__);                 \
+      CARVE_KERNEL(gridFor(rows), kBlockRowThreads, 0, stream(), kernel<true>)(__VA_ARGS__);       \
   } while (0)
 
 } // namespace

@@ -75,8 +75,8 @@ struct LaunchInfo {
 };
 /// Checks `info` as a device would, then runs body(ctx) for every thread of
 /// the grid (or records the launch into the graph its stream is capturing).
-void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx,
-             void (*copy)(void *, void **), void (*destroy)(void *));
+void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*copy)(void *, void **),
+             void (*destroy)(void *));
 /// Fails, naming the kernel and the argument, when `p` is not null and not
 /// inside a live device allocation.
 void checkDevicePointer(const char *kernel, int argument, const void *p);
@@ -100,13 +100,14 @@ template <class F> struct Launcher {
     C *call = new C{fn, std::tuple<std::decay_t<A>...>(std::forward<A>(a)...)};
     checkArguments(call->args, std::index_sequence_for<A...>{});
     runGrid(
-        info, [](void *c) { std::apply(static_cast<C *>(c)->fn, static_cast<C *>(c)->args); },
-        call, [](void *c, void **out) { *out = new C(*static_cast<C *>(c)); },
+        info, [](void *c) { std::apply(static_cast<C *>(c)->fn, static_cast<C *>(c)->args); }, call,
+        [](void *c, void **out) { *out = new C(*static_cast<C *>(c)); },
         [](void *c) { delete static_cast<C *>(c); });
   }
 
 private:
-  template <class Tuple, size_t... I> void checkArguments(const Tuple &t, std::index_sequence<I...>) {
+  template <class Tuple, size_t... I>
+  void checkArguments(const Tuple &t, std::index_sequence<I...>) {
     (checkOne(static_cast<int>(I), std::get<I>(t)), ...);
   }
   template <class T> void checkOne(int i, const T &v) {

@@ -335,21 +335,27 @@ void runBlock(Block &b, const uint3 &blockIdx) {
           continue;
         const unsigned t = first + l;
         if (t >= n)
-          kernelFaultAt(b, leader, "%s: the mask 0x%08x names lane %u, which does not exist in a "
-                                   "block of %u threads", lf.site, lf.warpMask, l, n);
+          kernelFaultAt(b, leader,
+                        "%s: the mask 0x%08x names lane %u, which does not exist in a "
+                        "block of %u threads",
+                        lf.site, lf.warpMask, l, n);
         if (fs[t].state == State::Done || fs[t].state == State::AtBarrier)
-          kernelFaultAt(b, leader, "%s: lane %u of the mask 0x%08x %s instead of joining the "
-                                   "exchange", lf.site, l, lf.warpMask,
+          kernelFaultAt(b, leader,
+                        "%s: lane %u of the mask 0x%08x %s instead of joining the "
+                        "exchange",
+                        lf.site, l, lf.warpMask,
                         fs[t].state == State::Done ? "returned" : "waits at a __syncthreads");
         if (fs[t].state != State::AtWarp) {
           ready = false;
           continue;
         }
         if (fs[t].site != lf.site || fs[t].warpMask != lf.warpMask)
-          kernelFaultAt(b, static_cast<int>(t), "lane %u waits at %s (mask 0x%08x), lane %d at "
-                                                "%s (mask 0x%08x): a warp exchange the lanes do "
-                                                "not share", l, fs[t].site, fs[t].warpMask,
-                        leader - static_cast<int>(first), lf.site, lf.warpMask);
+          kernelFaultAt(b, static_cast<int>(t),
+                        "lane %u waits at %s (mask 0x%08x), lane %d at "
+                        "%s (mask 0x%08x): a warp exchange the lanes do "
+                        "not share",
+                        l, fs[t].site, fs[t].warpMask, leader - static_cast<int>(first), lf.site,
+                        lf.warpMask);
       }
       if (!ready)
         continue;
@@ -379,12 +385,14 @@ void runBlock(Block &b, const uint3 &blockIdx) {
         }
       for (unsigned t = 0; t < n; ++t) {
         if (fs[t].state == State::Done)
-          kernelFaultAt(b, firstAt, "__syncthreads at %s is not reached by every thread of the "
-                                    "block: thread %s returned without it",
+          kernelFaultAt(b, firstAt,
+                        "__syncthreads at %s is not reached by every thread of the "
+                        "block: thread %s returned without it",
                         fs[firstAt].site, coordText(fs[t].coords.threadIdx).c_str());
         if (fs[t].site != fs[firstAt].site)
-          kernelFaultAt(b, static_cast<int>(t), "threads of one block wait at different "
-                                                "__syncthreads: this one at %s, thread %s at %s",
+          kernelFaultAt(b, static_cast<int>(t),
+                        "threads of one block wait at different "
+                        "__syncthreads: this one at %s, thread %s at %s",
                         fs[t].site, coordText(fs[firstAt].coords.threadIdx).c_str(),
                         fs[firstAt].site);
       }
@@ -395,8 +403,10 @@ void runBlock(Block &b, const uint3 &blockIdx) {
     // Parked at a warp exchange and a barrier at once, nothing releasable.
     for (unsigned t = 0; t < n; ++t)
       if (fs[t].state == State::AtWarp)
-        kernelFaultAt(b, static_cast<int>(t), "%s: the warp exchange never completes (other "
-                                              "threads wait at __syncthreads)", fs[t].site);
+        kernelFaultAt(b, static_cast<int>(t),
+                      "%s: the warp exchange never completes (other "
+                      "threads wait at __syncthreads)",
+                      fs[t].site);
     die("kernel %s: the block's threads can make no progress", info.kernel);
   }
 }
@@ -471,8 +481,8 @@ void checkDevicePointer(const char *kernel, int argument, const void *p) {
       pinned().count(reinterpret_cast<uintptr_t>(p)) ? "pinned host memory" : "a host address");
 }
 
-void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx,
-             void (*copy)(void *, void **), void (*destroy)(void *)) {
+void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*copy)(void *, void **),
+             void (*destroy)(void *)) {
   const unsigned bd[3] = {info.block.x, info.block.y, info.block.z};
   const unsigned gd[3] = {info.grid.x, info.grid.y, info.grid.z};
   const unsigned long long threads = 1ull * bd[0] * bd[1] * bd[2];
@@ -486,8 +496,8 @@ void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx,
     die("kernel %s: a block of %s = %llu threads, over the device's %u", info.kernel,
         dimText(info.block).c_str(), threads, kMaxThreadsPerBlock);
   if (info.sharedBytes > kMaxSharedPerBlock)
-    die("kernel %s: %zu bytes of dynamic shared memory, over the %zu a block may have",
-        info.kernel, info.sharedBytes, kMaxSharedPerBlock);
+    die("kernel %s: %zu bytes of dynamic shared memory, over the %zu a block may have", info.kernel,
+        info.sharedBytes, kMaxSharedPerBlock);
   if (CUgraph_st *g = captureOf(info.stream)) {
     void *mine = nullptr;
     copy(ctx, &mine);
@@ -495,7 +505,8 @@ void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx,
     auto held = std::shared_ptr<void>(mine, destroy);
     LaunchInfo kept = info;
     g->ops.push_back([kept, body, held]() {
-      runGrid(kept, body, held.get(), [](void *c, void **out) { *out = c; }, [](void *) {});
+      runGrid(
+          kept, body, held.get(), [](void *c, void **out) { *out = c; }, [](void *) {});
     });
     return;
   }
@@ -595,7 +606,8 @@ cudaError_t cudaFree(void *p) {
   auto it = allocations().find(reinterpret_cast<uintptr_t>(p));
   if (it == allocations().end())
     die("cudaFree(%p): not the start of a live device allocation (a double free, or host "
-        "memory)", p);
+        "memory)",
+        p);
   gAllocated -= it->second;
   allocations().erase(it);
   std::free(p);
@@ -648,8 +660,7 @@ void checkCopy(const char *call, void *dst, const void *src, size_t bytes, cudaM
   if (kind == cudaMemcpyDefault)
     return;
   if (wantDDev && !dDev)
-    die("%s: the destination %p (%zu bytes) is not inside one device allocation", call, dst,
-        bytes);
+    die("%s: the destination %p (%zu bytes) is not inside one device allocation", call, dst, bytes);
   if (wantSDev && !sDev)
     die("%s: the source %p (%zu bytes) is not inside one device allocation", call, src, bytes);
   if (!wantDDev && dDev)

@@ -122,7 +122,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (comm && !comm->selfMessages.empty())
     carve_emu::fatalCall("ncclCommFinalize: %zu message(s) this rank sent itself were never "
-                         "received", comm->selfMessages.size());
+                         "received",
+                         comm->selfMessages.size());
   return ncclSuccess;
 }
 

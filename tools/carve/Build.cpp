@@ -44,8 +44,8 @@ std::map<std::string, std::string> runtimeConfig() {
   if (const char *emu = getenv("CARVE_CUDA_EMULATION")) {
     auto ebuf = MemoryBuffer::getFile(emu);
     if (!ebuf)
-      fail(std::string(emu) + " (CARVE_CUDA_EMULATION): cannot read (" +
-           ebuf.getError().message() + ")");
+      fail(std::string(emu) + " (CARVE_CUDA_EMULATION): cannot read (" + ebuf.getError().message() +
+           ")");
     std::istringstream ein((*ebuf)->getBuffer().str());
     while (std::getline(ein, line)) {
       size_t eq = line.find('=');
@@ -175,7 +175,8 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
   // resolve and errors name the user's files); OUT/src/custom keeps copies.
   if (in.cuda && cfg.count("cuda_emulation") && !in.kernelSources.empty())
     fail("the CPU emulation of the CUDA target (CARVE_CUDA_EMULATION) cannot build custom "
-         "CUDA kernels (" + in.kernelSources.front() + "): their launches are nvcc's");
+         "CUDA kernels (" +
+         in.kernelSources.front() + "): their launches are nvcc's");
   for (const std::string &src : in.kernelSources) {
     std::string name = sys::path::filename(src).str();
     progress.start(kind + name);

@@ -75,7 +75,8 @@ void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&sha
   int64_t blocks = (total + kThreads - 1) / kThreads;
   blocks = blocks > kMaxBlocks ? kMaxBlocks : blocks;
   CARVE_KERNEL(static_cast<unsigned>(blocks), kThreads, 0,
-               static_cast<cudaStream_t>(computeStream()), fusedKernel<NI, NO, F>)(f, a, n, total);
+               static_cast<cudaStream_t>(computeStream()), fusedKernel<NI, NO, F>)
+  (f, a, n, total);
   checkLaunch(what);
 }
 
