@@ -130,6 +130,15 @@ template <class T> T fromBits(uint64_t b) {
 
 } // namespace carve_emu
 
+/// The launch macro of runtime/cuda/internal.h and gpu_fused.cuh, for sources
+/// that include neither (custom ops' kernels, whose `<<<>>>` launches carve
+/// compile rewrites into it under CARVE_CUDA_EMULATION).
+#ifndef CARVE_KERNEL
+#define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
+  ::carve_emu::Launcher(#__VA_ARGS__, grid, block, shared, strm,                                   \
+                        [](auto &&...carveArgs) { __VA_ARGS__(carveArgs...); })
+#endif
+
 // ---- Builtins ----------------------------------------------------------------
 
 #define threadIdx (::carve_emu::coords().threadIdx)

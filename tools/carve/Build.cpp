@@ -7,7 +7,9 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
+#include "llvm/Support/raw_ostream.h"
 
+#include <cctype>
 #include <optional>
 #include <sstream>
 
@@ -131,6 +133,38 @@ void runCompiler(const std::string &cxxName, const std::vector<std::string> &arg
        ")" + (undefined.empty() ? "" : linkHint) + "; full log: " + kept);
 }
 
+/// Under CARVE_CUDA_EMULATION: `kernel<<<config>>>(` becomes
+/// `CARVE_KERNEL(config, kernel)(`, the launch the CPU emulation runs
+/// (tests/gpu-emu/cuda_emu.h); the rest of the source is left as it is.
+std::string emulatedLaunches(const std::string &src) {
+  std::string out;
+  size_t at = 0;
+  for (;;) {
+    const size_t open = src.find("<<<", at);
+    const size_t close = open == std::string::npos ? open : src.find(">>>", open + 3);
+    if (close == std::string::npos) {
+      out += src.substr(at);
+      return out;
+    }
+    // The kernel: an identifier (qualified), then template arguments if any.
+    size_t b = open;
+    if (b > at && src[b - 1] == '>') {
+      int depth = 0;
+      do {
+        const char c = src[--b];
+        depth += c == '>' ? 1 : c == '<' ? -1 : 0;
+      } while (b > at && depth > 0);
+    }
+    while (b > at && (std::isalnum(static_cast<unsigned char>(src[b - 1])) || src[b - 1] == '_' ||
+                      src[b - 1] == ':'))
+      --b;
+    out += src.substr(at, b - at);
+    out += "CARVE_KERNEL(" + src.substr(open + 3, close - open - 3) + ", " +
+           src.substr(b, open - b) + ")";
+    at = close + 3;
+  }
+}
+
 } // namespace
 
 void buildExecutable(const BuildInputs &in, Progress &progress) {
@@ -173,22 +207,34 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
       fail(dir + "/src/custom: " + ec.message());
   // The custom ops' kernels, from their own paths (so that their includes
   // resolve and errors name the user's files); OUT/src/custom keeps copies.
-  if (in.cuda && cfg.count("cuda_emulation") && !in.kernelSources.empty())
-    fail("the CPU emulation of the CUDA target (CARVE_CUDA_EMULATION) cannot build custom "
-         "CUDA kernels (" +
-         in.kernelSources.front() + "): their launches are nvcc's");
+  const bool emulated = in.cuda && cfg.count("cuda_emulation");
   for (const std::string &src : in.kernelSources) {
     std::string name = sys::path::filename(src).str();
     progress.start(kind + name);
     if (std::error_code ec = sys::fs::copy_file(src, dir + "/src/custom/" + name))
       fail(src + ": cannot copy into " + in.out + "/src/custom: " + ec.message());
     std::vector<std::string> argv = compilerArgs();
-    if (in.cuda) {
+    std::string compiled = src;
+    if (emulated) {
+      // The CPU emulation (carve's tests): the launches rewritten into
+      // OUT/src/custom/NAME.emu.cpp, compiled with the source's folder on the
+      // include path so that its includes still resolve.
+      auto text = MemoryBuffer::getFile(src);
+      if (!text)
+        fail(src + ": cannot read: " + text.getError().message());
+      compiled = dir + "/src/custom/" + name + ".emu.cpp";
+      std::error_code ec;
+      raw_fd_ostream os(compiled, ec);
+      if (ec)
+        fail(compiled + ": cannot write: " + ec.message());
+      os << emulatedLaunches((*text)->getBuffer().str());
+      argv.push_back("-I" + sys::path::parent_path(src).str());
+    } else if (in.cuda) {
       argv.push_back("-x");
       argv.push_back("cu"); // whatever the file's extension
     }
     objects.push_back(dir + "/obj/" + name + ".o");
-    for (const std::string &a : {std::string("-c"), src, std::string("-o"), objects.back()})
+    for (const std::string &a : {std::string("-c"), compiled, std::string("-o"), objects.back()})
       argv.push_back(a);
     runCompiler(argv[0], argv, log, in.out,
                 src + std::string(in.cuda ? ", a CUDA" : ", a") +
