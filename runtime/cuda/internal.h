@@ -19,21 +19,6 @@
 #include <cstdint>
 #include <string>
 
-/// A kernel launch: CARVE_KERNEL(grid, block, sharedBytes, stream, kernel)(args...)
-/// is `kernel<<<grid, block, sharedBytes, stream>>>(args...)` under nvcc. Built
-/// for the CPU emulation of tests/gpu-emu (CARVE_CUDA_EMULATION, tests only),
-/// the same launch runs every thread of the grid there, checked as a device
-/// checks it (tests/gpu-emu/cuda_emu.h).
-#ifndef CARVE_KERNEL
-#ifdef CARVE_CUDA_EMULATION
-#define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
-  ::carve_emu::Launcher(#__VA_ARGS__, grid, block, shared, strm,                                   \
-                        [](auto &&...carveArgs) { __VA_ARGS__(carveArgs...); })
-#else
-#define CARVE_KERNEL(grid, block, shared, strm, ...) __VA_ARGS__<<<grid, block, shared, strm>>>
-#endif
-#endif
-
 /// Fatal error naming the call and CUDA's message when `call` fails.
 #define CARVE_CUDA_CHECK(call)                                                                     \
   do {                                                                                             \

@@ -3,7 +3,7 @@
 // Force-included (-include) into every source of the emulated build of
 // runtime/cuda and tests/gpu (CARVE_CUDA_EMULATION; tests only, never in a
 // user's program). With it the kernels compile as ordinary C++ and a launch,
-// CARVE_KERNEL(grid, block, shared, stream, kernel)(args...) (internal.h),
+// CARVE_KERNEL(grid, block, shared, stream, kernel)(args...) (carve/rt/gpu.h),
 // runs every thread of every block on the CPU (emu.cpp):
 //
 // - The threads of a block are fibers (ucontext) on one OS thread, run one
@@ -130,14 +130,13 @@ template <class T> T fromBits(uint64_t b) {
 
 } // namespace carve_emu
 
-/// The launch macro of runtime/cuda/internal.h and gpu_fused.cuh, for sources
-/// that include neither (custom ops' kernels, whose `<<<>>>` launches carve
-/// compile rewrites into it under CARVE_CUDA_EMULATION).
-#ifndef CARVE_KERNEL
+/// The launch of carve/rt/gpu.h (`kernel<<<...>>>(...)` under nvcc), defined
+/// here first: the launch runs the grid on the emulation. Custom ops' kernels,
+/// which include only custom.h, get it too (carve compile rewrites their
+/// `<<<>>>` launches into it under CARVE_CUDA_EMULATION).
 #define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
   ::carve_emu::Launcher(#__VA_ARGS__, grid, block, shared, strm,                                   \
                         [](auto &&...carveArgs) { __VA_ARGS__(carveArgs...); })
-#endif
 
 // ---- Builtins ----------------------------------------------------------------
 

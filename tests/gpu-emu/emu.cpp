@@ -304,7 +304,6 @@ void runBlock(Block &b, const uint3 &blockIdx) {
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiberMain, 0);
   }
-  std::vector<bool> started(n, false);
   for (;;) {
     for (unsigned t = 0; t < n; ++t)
       if (fs[t].state == State::Ready)

@@ -37,6 +37,15 @@
 #include <memory>
 #include <string>
 
+/// A kernel launch: CARVE_KERNEL(grid, block, sharedBytes, stream, kernel)(args...)
+/// is `kernel<<<grid, block, sharedBytes, stream>>>(args...)`. carve's tests
+/// run runtime/cuda on a CPU emulation (tests/gpu-emu), whose force-included
+/// cuda_emu.h defines it first as a launch that runs every thread of the grid
+/// there, checked as a device checks it.
+#ifndef CARVE_KERNEL
+#define CARVE_KERNEL(grid, block, shared, strm, ...) __VA_ARGS__<<<grid, block, shared, strm>>>
+#endif
+
 namespace carve::gpu {
 
 // The types a generated program names.

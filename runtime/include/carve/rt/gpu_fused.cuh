@@ -18,19 +18,6 @@
 
 #include <cstdint>
 
-/// A kernel launch, as runtime/cuda/internal.h defines it for the runtime's own
-/// kernels: `kernel<<<grid, block, shared, stream>>>(args...)` under nvcc, a run
-/// on the CPU emulation of tests/gpu-emu in carve's tests.
-#ifndef CARVE_KERNEL
-#ifdef CARVE_CUDA_EMULATION
-#define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
-  ::carve_emu::Launcher(#__VA_ARGS__, grid, block, shared, strm,                                   \
-                        [](auto &&...carveArgs) { __VA_ARGS__(carveArgs...); })
-#else
-#define CARVE_KERNEL(grid, block, shared, strm, ...) __VA_ARGS__<<<grid, block, shared, strm>>>
-#endif
-#endif
-
 namespace carve::gpu {
 
 /// The pointers of one fused call, passed to the kernel by value.
