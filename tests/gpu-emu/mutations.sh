@@ -1,0 +1,38 @@
+#!/bin/bash
+# tests/gpu-emu/mutations.sh: the three deliberate kernel mistakes of README.md
+# ("It can fail"), each applied alone to runtime/cuda, built, run on the
+# emulation (the fused and basic kernel tests) and reverted. Needs a configured
+# build/ (ninja); takes about 10 minutes on 2 cores. Not part of make test.
+cd "$(dirname "$0")/../.." || exit 1
+TMP=$(mktemp -d)
+run() {
+  name=$1; file=$2; py=$3
+  cp $file "$TMP/mut.bak"
+  python3 -c "$py"
+  (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > "$TMP/build.log" 2>&1)
+  echo "== $name"
+  ASAN_OPTIONS=detect_leaks=0 timeout 600 build/bin/carve-gpu-emu-kernels_fused_test > "$TMP/fused.log" 2>&1; echo "fused rc=$?"
+  grep -E "^FAIL|carve-emu|ERROR: AddressSanitizer|check\(s\)" "$TMP/fused.log" | head -4
+  ASAN_OPTIONS=detect_leaks=0 timeout 600 build/bin/carve-gpu-emu-kernels_basic_test > "$TMP/basic.log" 2>&1; echo "basic rc=$?"
+  grep -E "^FAIL|carve-emu|ERROR: AddressSanitizer|check\(s\)" "$TMP/basic.log" | head -4
+  cp "$TMP/mut.bak" $file
+}
+run "missing __syncthreads (blockSum, after the warp sums are stored)" runtime/cuda/row_reduce.cuh "
+p='runtime/cuda/row_reduce.cuh'; s=open(p).read()
+old='''  if (lane == 0)
+    sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < nw ? sh[lane] : T(0);'''
+assert old in s; s=s.replace(old, old.replace('  __syncthreads();\n',''),1); open(p,'w').write(s)"
+run "wrong shuffle width (warpSum starts at offset 8, not 16)" runtime/cuda/row_reduce.cuh "
+p='runtime/cuda/row_reduce.cuh'; s=open(p).read()
+old='''__device__ __forceinline__ float warpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1)'''
+assert old in s; s=s.replace(old, old.replace('o = 16','o = 8'),1); open(p,'w').write(s)"
+run "off-by-one index (the grid-stride loop runs to i <= n)" runtime/cuda/kernel_util.cuh "
+p='runtime/cuda/kernel_util.cuh'; s=open(p).read()
+old='i < (n);'
+assert old in s; s=s.replace(old, 'i <= (n);',1); open(p,'w').write(s)"
+(cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)
+git status --short | head
