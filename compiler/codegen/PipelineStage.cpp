@@ -332,13 +332,31 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
       ++nextWait;
     }
   };
+  // A value's gradient is accumulated (or reduce-scattered) once it is
+  // final: after its op, or, for a gradient received from another stage,
+  // after the receive is waited for.
+  auto gradientsAfter = [&](int i) {
+    for (GradSlot &g : grads)
+      if (g.ready == i && zero < 2) {
+        std::string n = std::to_string(typeOf(g.value).getNumElements());
+        body += "  // accumulate the gradient of " + paramName(g.param) +
+                (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" +
+                var[g.value] + ", " + gradPtr(g) + ", " + n + ");\n  else\n    addInPlace(" +
+                gradPtr(g) + ", " + var[g.value] + ", " + n + ");\n";
+      }
+    bucketsAfter(i);
+  };
   std::vector<std::string> pendingRecv;
+  std::vector<int> pendingRecvAt;
   auto flushRecvs = [&]() {
     for (const std::string &h : pendingRecv)
       body += "  ctx.ppComm->wait(" + h + ");\n";
     if (!pendingRecv.empty())
       body += "\n";
     pendingRecv.clear();
+    for (int at : pendingRecvAt)
+      gradientsAfter(at);
+    pendingRecvAt.clear();
   };
   for (Operation *op : ops) {
     const int i = index[op];
@@ -350,6 +368,7 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
     if (auto r = dyn_cast<dist::RecvOp>(op)) {
       body += recvStatements(op, i >= backwardBegin);
       pendingRecv.push_back("recv_" + var[r.getResult()]);
+      pendingRecvAt.push_back(i);
       continue;
     }
     flushRecvs();
@@ -362,15 +381,7 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
       return false;
     if (so.hasLoss && loss.getDefiningOp() == op)
       body += "  pipeLoss += (double)" + scalarRead(var[loss]) + ";  // this micro-batch's loss\n";
-    for (GradSlot &g : grads)
-      if (g.ready == i && zero < 2) {
-        std::string n = std::to_string(typeOf(g.value).getNumElements());
-        body += "  // accumulate the gradient of " + paramName(g.param) +
-                (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" +
-                var[g.value] + ", " + gradPtr(g) + ", " + n + ");\n  else\n    addInPlace(" +
-                gradPtr(g) + ", " + var[g.value] + ", " + n + ");\n";
-      }
-    bucketsAfter(i);
+    gradientsAfter(i);
   }
   flushRecvs();
   bucketsAfter(end);

@@ -25,6 +25,12 @@ What must hold (the pipeline issue's acceptance criteria):
 4. Bad plans fail at compile time with one clear line and nothing written: pp
    larger than the layers, m not a multiple of pp for interleaved, a cut point
    that names no op, an unknown schedule.
+5. A gradient one stage receives whole from another: the reference MLP
+   (fc1, fc2, head) under pp=3 and pp=4 puts fc2's weight on one stage and
+   the backward of its matmul, which computes that weight's gradient, on the
+   next; the receiving stage must accumulate it (it once dropped it, and
+   trained fc2 without a gradient). `carve verify` against 1 rank, and the
+   generated stage accumulates what it received.
 
 Optimizer and tolerances as in parallel.py (SGD with momentum, clipping at 0.5
 active on every step): micro-batching and pipelining change only the order of
@@ -202,6 +208,38 @@ def check_schedule(out, plan):
     return bubble
 
 
+def check_received_gradient(carve, workdir, pp):
+    """Item 5: the MLP under pp stages, verified against 1 rank."""
+    mdir = os.path.join(workdir, "mlp")
+    onnx_path = os.path.join(mdir, "mlp.onnx")
+    data = os.path.join(mdir, "data.safetensors")
+    if not os.path.exists(data):
+        run_cmd([sys.executable, os.path.join(ROOT, "models", "export.py"), "mlp", "--out", mdir])
+        run_cmd([sys.executable, os.path.join(HERE, "data_gen.py"), "tensors", "--model",
+                 onnx_path, "--name", "mlp", "--steps", "8", data])
+    plan = os.path.join(mdir, "pp%d.json" % pp)
+    with open(plan, "w") as f:
+        json.dump({"pp": pp, "num_micro_batches": 4}, f)
+    work = os.path.join(mdir, "verify-pp%d" % pp)
+    out = run_cmd([carve, "verify", onnx_path, "--plan", plan, "--steps", "3", "--data", data,
+                   "--workdir", work])
+    if "PASS" not in out:
+        raise Failure("carve verify did not pass:\n%s" % out)
+    # Some stage accumulates a gradient that it received whole.
+    received = []
+    for r in range(pp):
+        src = open(os.path.join(work, "planned", "src", "program%d.cpp" % r)).read()
+        got = set(re.findall(r"recvAsync\((\w+),", src))
+        for param, value in re.findall(
+                r"// accumulate the gradient of (\S+)\n  if \(mb == 0\)\n    copy\((\w+),", src):
+            if value in got:
+                received.append("%s on stage %d" % (param, r))
+    if not received:
+        raise Failure("no stage accumulates a gradient it received (the case this checks)")
+    return "received and accumulated: %s; %s" % (", ".join(received),
+                                                 out.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--carve", required=True)
@@ -301,6 +339,17 @@ def main():
             failures.append(label)
             print("FAIL %s: %s" % (label, e))
         sys.stdout.flush()
+
+    if not args.only or "mlp" in args.only:
+        for pp in (3, 4):
+            label = "mlp pp%d: a gradient received from another stage" % pp
+            try:
+                note = check_received_gradient(args.carve, args.workdir, pp)
+                checked += 1
+                print("ok   %s (%s)" % (label, note))
+            except (Failure, subprocess.TimeoutExpired, OSError) as e:
+                failures.append(label)
+                print("FAIL %s: %s" % (label, e))
 
     if not args.only:
         for label, plan, expect in BAD_PLANS:
