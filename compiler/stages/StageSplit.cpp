@@ -679,6 +679,17 @@ bool Splitter::build(std::string &error) {
   auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
   auto meshRef = FlatSymbolRefAttr::get(ctx, kMeshName);
   auto ppAxis = mb.getStringAttr("pp");
+  // The order in which a stage sends its messages to one other stage: the
+  // forward values first, then the backward values, each in program order
+  // (an op's results in order, then the transfers of one value in order).
+  DenseMap<Operation *, int> position;
+  for (size_t i = 0; i < ops.size(); ++i)
+    position[ops[i]] = (int)i;
+  auto sendOrder = [&](const Transfer &t) {
+    auto r = cast<OpResult>(t.value);
+    return std::make_tuple(t.fromBackward, position.lookup(r.getOwner()), r.getResultNumber(),
+                           t.tag);
+  };
   mb.setInsertionPoint(fn);
   for (int s = 0; s < S; ++s) {
     StageSummary &summary = report.stages[s];
@@ -711,10 +722,26 @@ bool Splitter::build(std::string &error) {
     for (size_t k = 0; k < args.size(); ++k)
       map.map(fn.getArgument(args[k]), body->getArgument(k));
     OpBuilder b = OpBuilder::atBlockEnd(body);
+    // NCCL matches the messages between two ranks by order alone (no tags),
+    // so both sides post them in one order. A message goes in the forward
+    // part when it goes down the pipeline (t.from < t.to) and in the
+    // backward part when it goes up; so each direction between two stages
+    // carries one part's messages, which both stages run micro-batch by
+    // micro-batch in the same order whatever their schedules interleave.
+    // Within a part the receiver posts them in the order the sender sends:
+    // up, the forward values the receiver's backward reads (sent at the
+    // start of the sender's backward, kept until then), then the backward
+    // values, each in program order.
     auto recvs = [&](bool backward) {
-      for (const Transfer &t : transfers) {
-        if (t.to != s || t.toBackward != backward)
-          continue;
+      std::vector<const Transfer *> in;
+      for (const Transfer &t : transfers)
+        if (t.to == s && (t.from > t.to) == backward)
+          in.push_back(&t);
+      std::stable_sort(in.begin(), in.end(), [&](const Transfer *x, const Transfer *y) {
+        return sendOrder(*x) < sendOrder(*y);
+      });
+      for (const Transfer *tp : in) {
+        const Transfer &t = *tp;
         int64_t offset = (int64_t)(t.from % opts.pp) - (int64_t)(s % opts.pp);
         Location loc = t.value.getDefiningOp() ? t.value.getDefiningOp()->getLoc() : fn.getLoc();
         auto r = dist::RecvOp::create(b, loc, t.value.getType(), meshRef, ppAxis,
@@ -722,10 +749,29 @@ bool Splitter::build(std::string &error) {
         r->setAttr(kFromStageAttr, b.getI64IntegerAttr(t.from));
         if (backward)
           r->setAttr(kPhaseAttr, b.getStringAttr("backward"));
-        else if (isRounded16(t.value)) // the sender rounded it (carve-round-activations)
+        if (!t.fromBackward && isRounded16(t.value)) // the sender rounded it (carve-round-activations)
           r->setAttr(kRound16Attr, b.getUnitAttr());
         map.map(t.value, r.getResult());
       }
+    };
+    auto send = [&](const Transfer &t, Location loc) {
+      int64_t offset = (int64_t)(t.to % opts.pp) - (int64_t)(s % opts.pp);
+      auto snd = dist::SendOp::create(b, loc, map.lookup(t.value), meshRef, ppAxis,
+                                      b.getI64IntegerAttr(offset), b.getI64IntegerAttr(t.tag));
+      snd->setAttr(kToStageAttr, b.getI64IntegerAttr(t.to));
+      summary.sendBytes += bytesOf(t.value);
+    };
+    // Forward values that go up: sent when the backward part starts.
+    auto sendsUp = [&]() {
+      std::vector<const Transfer *> up;
+      for (const Transfer &t : transfers)
+        if (t.from == s && t.to < s && !t.fromBackward)
+          up.push_back(&t);
+      std::stable_sort(up.begin(), up.end(), [&](const Transfer *x, const Transfer *y) {
+        return sendOrder(*x) < sendOrder(*y);
+      });
+      for (const Transfer *t : up)
+        send(*t, t->value.getDefiningOp()->getLoc());
     };
     recvs(false);
     bool inBackward = false;
@@ -735,6 +781,7 @@ bool Splitter::build(std::string &error) {
         continue;
       if (!inBackward && isBackward(op)) {
         inBackward = true;
+        sendsUp();
         recvs(true);
       }
       Operation *c = b.clone(*op, map);
@@ -742,18 +789,14 @@ bool Splitter::build(std::string &error) {
       summary.flops += opFlops(op);
       (isBackward(op) ? summary.backwardFlops : summary.forwardFlops) += opFlops(op);
       for (Value r : op->getResults())
-        for (const Transfer &t : transfers) {
-          if (t.value != r)
-            continue;
-          int64_t offset = (int64_t)(t.to % opts.pp) - (int64_t)(s % opts.pp);
-          auto snd = dist::SendOp::create(b, c->getLoc(), map.lookup(r), meshRef, ppAxis,
-                                          b.getI64IntegerAttr(offset), b.getI64IntegerAttr(t.tag));
-          snd->setAttr(kToStageAttr, b.getI64IntegerAttr(t.to));
-          summary.sendBytes += bytesOf(r);
-        }
+        for (const Transfer &t : transfers)
+          if (t.value == r && (t.to > s || t.fromBackward))
+            send(t, c->getLoc());
     }
-    if (!inBackward)
+    if (!inBackward) {
+      sendsUp();
       recvs(true);
+    }
     // Results.
     SmallVector<Value> results;
     SmallVector<DictionaryAttr> resultAttrs;

@@ -88,14 +88,17 @@ double secondsSince(Clock::time_point t) {
 
 //===--- Live communicators: all aborted when one fails -------------------===//
 
+// Never destroyed: a failing rank exits while other threads may use them.
 std::mutex &liveMutex() {
-  static std::mutex m;
-  return m;
+  static auto *m = new std::mutex;
+  return *m;
 }
 std::set<ncclComm_t> &liveComms() {
-  static std::set<ncclComm_t> s;
-  return s;
+  static auto *s = new std::set<ncclComm_t>;
+  return *s;
 }
+/// Set (under liveMutex) once abortLive has aborted every communicator.
+bool gAborted = false;
 void addLive(ncclComm_t c) {
   std::lock_guard<std::mutex> lock(liveMutex());
   liveComms().insert(c);
@@ -109,9 +112,24 @@ bool removeLive(ncclComm_t c) {
 /// left spinning while the process goes down.
 void abortLive() {
   std::lock_guard<std::mutex> lock(liveMutex());
+  gAborted = true;
   for (ncclComm_t c : liveComms())
     ncclCommAbort(c);
   liveComms().clear();
+}
+
+/// ncclCommGetAsyncError, safe against abortLive on another thread (which
+/// frees the communicators): once they are aborted the process is going
+/// down, and the thread that aborted them reports why, so the caller waits
+/// for the end instead of touching a freed communicator.
+ncclResult_t asyncError(ncclComm_t c, ncclResult_t *state) {
+  {
+    std::lock_guard<std::mutex> lock(liveMutex());
+    if (!gAborted)
+      return ncclCommGetAsyncError(c, state);
+  }
+  for (;;)
+    std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 } // namespace
@@ -262,7 +280,7 @@ void NcclCommunicator::poll(ncclComm_t c, const OpInfo &info) {
   const Clock::time_point start = Clock::now();
   for (unsigned spin = 1;; ++spin) {
     ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(c, &state);
+    ncclResult_t r = asyncError(c, &state);
     if (r != ncclSuccess)
       fail(info, ncclCause(r, c));
     if (state == ncclSuccess)
@@ -289,7 +307,7 @@ void NcclCommunicator::hostWait(cudaEvent_t ev, const OpInfo &info) {
       fail(info, std::string("CUDA: ") + cudaGetErrorString(e));
     if (spin % 64 == 0) {
       ncclResult_t state = ncclSuccess;
-      ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+      ncclResult_t r = asyncError(comm, &state);
       if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
         fail(info, ncclCause(r != ncclSuccess ? r : state, comm));
       if (limit > 0 && secondsSince(start) > limit)
@@ -352,7 +370,7 @@ void NcclCommunicator::watch(int device) {
         break;
     }
     ncclResult_t state = ncclSuccess;
-    if (ncclCommGetAsyncError(comm, &state) == ncclSuccess && state != ncclSuccess &&
+    if (asyncError(comm, &state) == ncclSuccess && state != ncclSuccess &&
         state != ncclInProgress) {
       OpInfo info = watches.empty() ? OpInfo{"collective", 0} : watches.front().info;
       lock.unlock();
@@ -401,7 +419,7 @@ void NcclCommunicator::release() {
   bool clean = r == ncclSuccess || r == ncclInProgress;
   for (unsigned spin = 1; clean; ++spin) {
     ncclResult_t state = ncclSuccess;
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess ||
+    if (asyncError(comm, &state) != ncclSuccess ||
         (state != ncclSuccess && state != ncclInProgress)) {
       clean = false;
       break;
@@ -469,7 +487,7 @@ std::unique_ptr<Communicator> makeNcclCommunicator(Communicator &bootstrap, std:
     const Clock::time_point start = Clock::now();
     for (unsigned spin = 1;; ++spin) {
       ncclResult_t state = ncclSuccess;
-      r = ncclCommGetAsyncError(comm, &state);
+      r = asyncError(comm, &state);
       if (r != ncclSuccess)
         break;
       if (state != ncclInProgress) {

@@ -11,20 +11,31 @@
 //   puts redzones around each and quarantines freed ones, so an access out
 //   of bounds or after free is reported); a kernel argument or a copy
 //   endpoint that should be device memory and is not fails naming it.
-// - Streams and events: work runs when it is issued, in issue order, which
-//   is one order the device could have run it in; events are complete as
-//   soon as they are recorded.
+// - Streams and events: each stream is a queue. Work runs as soon as it
+//   heads its queue and can run: everything but a receive (NCCL, whose
+//   message from another rank may not have arrived) and a wait for an event
+//   can at once, so on one rank work runs when it is issued, in issue order.
+//   An event is complete once its stream has run what was issued before it
+//   was recorded; cudaStreamWaitEvent holds a stream until then. The legacy
+//   stream (0) and blocking streams wait for each other as CUDA's do. The
+//   host blocks only where CUDA's does (synchronize, a synchronous copy,
+//   cudaFree), running queued work until what it waits for is done, and ends
+//   the run with a report of every stuck queue after CARVE_EMU_HANG_S
+//   seconds (300). Only the thread that started the program runs work:
+//   other threads (NCCL watchdogs) may query events.
 // - Graphs: while a stream captures, launches, copies and fills issued to it
 //   (or to a stream that joined the capture through an event) are recorded,
-//   and cudaGraphLaunch replays them in order. Calls capture forbids (a
-//   synchronous copy, a device or stream synchronize, a query of the
-//   capturing stream's event) fail the capture as CUDA does.
+//   and cudaGraphLaunch queues them on its stream in order. Calls capture
+//   forbids (a synchronous copy, a device or stream synchronize, a query of
+//   the capturing stream's event) fail the capture as CUDA does.
 // - cuBLAS GEMMs: inputs converted to float from their type (fp32, bf16,
 //   fp16: exact), OpenBLAS sgemm (fp32 accumulation).
 //
 //===----------------------------------------------------------------------===//
 
 #include "cuda_emu.h"
+
+#include "emu_internal.h"
 
 // The builtins' macros name ThreadCoords' fields here.
 #undef threadIdx
@@ -39,15 +50,18 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <sys/mman.h>
+#include <thread>
 #include <ucontext.h>
 #include <vector>
 
@@ -60,12 +74,21 @@
 struct CUstream_st {
   unsigned flags = 0;
   struct CUgraph_st *capture = nullptr; // the graph this stream records into
+  int id = 0;                           // in creation order; 0 is the legacy stream
+  std::deque<carve_emu::Work> queue;    // issued, not yet run
+  uint64_t issued = 0;
+  std::atomic<uint64_t> done{0}; // run; read by other threads' event queries
+  bool destroyed = false;
 };
 struct CUevent_st {
   struct CUgraph_st *capture = nullptr; // recorded on a capturing stream
+  // Complete once `stream` has run `seq` operations (no stream: never
+  // recorded, complete).
+  CUstream_st *stream = nullptr;
+  uint64_t seq = 0;
 };
 struct CUgraph_st {
-  std::vector<std::function<void()>> ops;
+  std::vector<carve_emu::Work> ops;
   bool invalid = false;
   std::string why;
   // Streams that joined the capture through an event, events recorded in it:
@@ -74,7 +97,7 @@ struct CUgraph_st {
   std::set<cudaEvent_t> events;
 };
 struct CUgraphExec_st {
-  std::vector<std::function<void()>> ops;
+  std::vector<carve_emu::Work> ops;
 };
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -98,16 +121,18 @@ constexpr size_t kDeviceMemory = size_t(4) << 30;
 
 /// Live device allocations: start -> bytes.
 std::map<uintptr_t, size_t> &allocations() {
-  static std::map<uintptr_t, size_t> m;
-  return m;
+  static auto *m = new std::map<uintptr_t, size_t>;
+  return *m;
 }
 std::set<uintptr_t> &pinned() {
-  static std::set<uintptr_t> s;
-  return s;
+  static auto *s = new std::set<uintptr_t>;
+  return *s;
 }
 size_t gAllocated = 0;
 cudaError_t gLastError = cudaSuccess;
 int gDevice = 0;
+/// The thread that runs queued work: the one that started the program.
+const std::thread::id gMainThread = std::this_thread::get_id();
 /// The graph the legacy stream (stream 0) captures into, when it does.
 CUgraph_st *gLegacyCapture = nullptr;
 
@@ -137,6 +162,22 @@ extern "C" char __stop_carve_emu_managed[] __attribute__((weak));
 namespace carve_emu {
 namespace {
 
+/// How many devices the emulation shows: CARVE_EMU_GPUS (1 to 64), or 1.
+/// Each process is one of them (ranks on one host use distinct ones).
+int deviceCount() {
+  static const int n = [] {
+    const char *v = std::getenv("CARVE_EMU_GPUS");
+    if (!v || !*v)
+      return 1;
+    char *end = nullptr;
+    const long k = std::strtol(v, &end, 10);
+    if (*end || k < 1 || k > 64)
+      die("CARVE_EMU_GPUS=%s: expected a device count from 1 to 64", v);
+    return static_cast<int>(k);
+  }();
+  return n;
+}
+
 bool isManaged(const void *p, size_t bytes) {
   const char *c = static_cast<const char *>(p);
   return __start_carve_emu_managed && c >= __start_carve_emu_managed &&
@@ -162,20 +203,153 @@ bool isDevice(const void *p, size_t bytes) {
 
 CUgraph_st *captureOf(cudaStream_t s) { return s ? s->capture : gLegacyCapture; }
 
-/// Runs `op` now, or records it when `s` captures.
-void issue(cudaStream_t s, std::function<void()> op) {
+// ---- Stream queues ---------------------------------------------------------------
+
+/// Every stream not yet destroyed or not yet drained, the legacy one first.
+std::vector<CUstream_st *> &streams() {
+  // Never destroyed: a rank that fails may exit from another thread while
+  // this one still runs work (as every container here).
+  static auto *v = new std::vector<CUstream_st *>;
+  return *v;
+}
+CUstream_st *legacyStream() {
+  static CUstream_st *legacy = [] {
+    auto *s = new CUstream_st;
+    streams().push_back(s);
+    return s;
+  }();
+  return legacy;
+}
+CUstream_st *streamOf(cudaStream_t s) { return s ? s : legacyStream(); }
+
+bool isBlocking(const CUstream_st *s) {
+  return s != legacyStream() && !(s->flags & cudaStreamNonBlocking);
+}
+bool idle(const CUstream_st *s) { return s->done.load() == s->issued; }
+bool eventDone(const CUevent_st *e) { return !e->stream || e->stream->done.load() >= e->seq; }
+
+bool gRunning = false; // progress() is running work (it does not nest)
+
+/// Runs queued work, stream by stream, until nothing more can run now. Only
+/// on the thread that started the program.
+void progress() {
+  if (gRunning || std::this_thread::get_id() != gMainThread)
+    return;
+  gRunning = true;
+  for (bool moved = true; moved;) {
+    moved = false;
+    std::vector<CUstream_st *> &all = streams();
+    for (size_t i = 0; i < all.size(); ++i) {
+      CUstream_st *s = all[i];
+      while (!s->queue.empty()) {
+        if (s->queue.front().ready && !s->queue.front().ready())
+          break;
+        Work w = std::move(s->queue.front());
+        s->queue.pop_front();
+        w.run();
+        s->done.fetch_add(1);
+        moved = true;
+      }
+    }
+    // Destroyed streams leave once drained (events keep their object).
+    all.erase(std::remove_if(all.begin(), all.end(),
+                             [](CUstream_st *s) { return s->destroyed && s->queue.empty(); }),
+              all.end());
+  }
+  gRunning = false;
+}
+
+/// Queues `w` on `s` behind what CUDA orders it after (the legacy stream
+/// and blocking streams wait for each other), then runs what can run.
+void push(CUstream_st *s, Work w) {
+  std::vector<std::pair<CUstream_st *, uint64_t>> after;
+  if (s == legacyStream()) {
+    for (CUstream_st *o : streams())
+      if (isBlocking(o) && !idle(o))
+        after.emplace_back(o, o->issued);
+  } else if (isBlocking(s) && !idle(legacyStream())) {
+    after.emplace_back(legacyStream(), legacyStream()->issued);
+  }
+  if (!after.empty()) {
+    auto inner = std::move(w.ready);
+    w.ready = [after, inner]() {
+      for (const auto &a : after)
+        if (a.first->done.load() < a.second)
+          return false;
+      return !inner || inner();
+    };
+  }
+  s->queue.push_back(std::move(w));
+  ++s->issued;
+  progress();
+}
+
+/// Queues `w`, or records it when `s` captures.
+void issueWork(cudaStream_t s, Work w) {
   if (CUgraph_st *g = captureOf(s)) {
-    g->ops.push_back(std::move(op));
+    g->ops.push_back(std::move(w));
     return;
   }
-  op();
+  push(streamOf(s), std::move(w));
+}
+
+void issue(cudaStream_t s, std::function<void()> op) { issueWork(s, Work{std::move(op), {}, {}}); }
+
+double hangLimit() {
+  const char *v = std::getenv("CARVE_EMU_HANG_S");
+  return v && *v ? std::atof(v) : 300.0;
+}
+
+/// Blocks until `done()`, running work; the report names every stuck queue.
+void waitUntil(const std::function<bool()> &done, const char *what) {
+  const auto start = std::chrono::steady_clock::now();
+  const double limit = hangLimit();
+  double faultSeen = -1; // when a communication fault was first seen
+  for (;;) {
+    progress();
+    if (done())
+      return;
+    if (std::this_thread::get_id() != gMainThread) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    const std::string fault = communicationFault();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!fault.empty() && faultSeen < 0)
+      faultSeen = waited;
+    // A fault ends the wait after 2 s: the runtime's own watchdog (which
+    // reports it in the runtime's words) goes first when it can.
+    if ((faultSeen >= 0 && waited > faultSeen + 2) || waited > limit) {
+      std::string stuck;
+      for (CUstream_st *s : streams())
+        if (!s->queue.empty()) {
+          const Work &w = s->queue.front();
+          stuck += "\n  stream " + std::to_string(s->id) + " (" +
+                   std::to_string(s->queue.size()) + " queued) waits for " +
+                   (w.waitingFor ? w.waitingFor() : std::string("an event of another stream"));
+        }
+      if (!fault.empty())
+        die("%s cannot complete: %s%s", what, fault.c_str(), stuck.c_str());
+      die("%s waited %.0f s (CARVE_EMU_HANG_S) and the work it needs never became ready%s", what,
+          waited, stuck.c_str());
+    }
+    awaitMessages(std::chrono::milliseconds(20));
+  }
+}
+
+bool allIdle() {
+  for (CUstream_st *s : streams())
+    if (!s->queue.empty())
+      return false;
+  return true;
 }
 
 /// Whether any stream captures (synchronous work is then illegal in CUDA's
 /// default (global) capture mode).
 std::set<CUgraph_st *> &capturing() {
-  static std::set<CUgraph_st *> g;
-  return g;
+  static auto *g = new std::set<CUgraph_st *>;
+  return *g;
 }
 cudaError_t forbiddenInCapture(const char *what) {
   for (CUgraph_st *g : capturing()) {
@@ -222,7 +396,7 @@ Block *gBlock = nullptr;
 ThreadCoords gHostCoords{};
 
 std::vector<Fiber> &fiberPool(size_t n) {
-  static std::vector<Fiber> pool;
+  static std::vector<Fiber> &pool = *new std::vector<Fiber>;
   if (pool.size() < n) {
     const size_t old = pool.size();
     pool.resize(n);
@@ -480,6 +654,22 @@ void checkDevicePointer(const char *kernel, int argument, const void *p) {
       pinned().count(reinterpret_cast<uintptr_t>(p)) ? "pinned host memory" : "a host address");
 }
 
+void runGridNow(const LaunchInfo &info, void (*body)(void *), void *ctx);
+
+/// Whether work issued to `s` now would run at once (nothing queued before
+/// it that it must wait for).
+bool runsNow(CUstream_st *s) {
+  if (gRunning || std::this_thread::get_id() != gMainThread || !s->queue.empty())
+    return false;
+  if (s == legacyStream()) {
+    for (CUstream_st *o : streams())
+      if (isBlocking(o) && !idle(o))
+        return false;
+    return true;
+  }
+  return !isBlocking(s) || idle(legacyStream());
+}
+
 void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*copy)(void *, void **),
              void (*destroy)(void *)) {
   const unsigned bd[3] = {info.block.x, info.block.y, info.block.z};
@@ -503,14 +693,32 @@ void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*cop
     destroy(ctx);
     auto held = std::shared_ptr<void>(mine, destroy);
     LaunchInfo kept = info;
-    g->ops.push_back([kept, body, held]() {
-      runGrid(
-          kept, body, held.get(), [](void *c, void **out) { *out = c; }, [](void *) {});
-    });
+    g->ops.push_back(Work{[kept, body, held]() { runGridNow(kept, body, held.get()); }, {}, {}});
     return;
   }
   if (gBlock)
     die("kernel %s launched from inside kernel %s", info.kernel, gBlock->info->kernel);
+  CUstream_st *s = streamOf(info.stream);
+  if (runsNow(s)) {
+    // Nothing it must wait for: run it now, on the caller's copy.
+    ++s->issued;
+    runGridNow(info, body, ctx);
+    destroy(ctx);
+    s->done.fetch_add(1);
+    progress();
+    return;
+  }
+  void *mine = nullptr;
+  copy(ctx, &mine);
+  destroy(ctx);
+  auto held = std::shared_ptr<void>(mine, destroy);
+  LaunchInfo kept = info;
+  push(s, Work{[kept, body, held]() { runGridNow(kept, body, held.get()); }, {}, {}});
+}
+
+void runGridNow(const LaunchInfo &info, void (*body)(void *), void *ctx) {
+  const unsigned gd[3] = {info.grid.x, info.grid.y, info.grid.z};
+  const unsigned long long threads = 1ull * info.block.x * info.block.y * info.block.z;
   Block b;
   b.info = &info;
   b.body = body;
@@ -522,10 +730,12 @@ void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*cop
       for (unsigned x = 0; x < gd[0]; ++x)
         runBlock(b, uint3{x, y, z});
   gBlock = nullptr;
-  destroy(ctx);
 }
 
 void enqueue(cudaStream_t s, std::function<void()> op) { issue(s, std::move(op)); }
+void enqueueWork(cudaStream_t s, Work w) { issueWork(s, std::move(w)); }
+void hostWaitUntil(const std::function<bool()> &done, const char *what) { waitUntil(done, what); }
+int currentDevice() { return gDevice; }
 
 bool isDeviceMemory(const void *p, size_t bytes) { return isDevice(p, bytes); }
 
@@ -547,12 +757,12 @@ using namespace carve_emu;
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int *count) {
-  *count = 1;
+  *count = deviceCount();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0)
+  if (device < 0 || device >= deviceCount())
     return fail(cudaErrorInvalidDevice);
   gDevice = device;
   return cudaSuccess;
@@ -564,7 +774,7 @@ cudaError_t cudaGetDevice(int *device) {
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
-  if (device != 0)
+  if (device < 0 || device >= deviceCount())
     return fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "carve CPU emulation of an sm_90 device");
@@ -602,6 +812,9 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 cudaError_t cudaFree(void *p) {
   if (!p)
     return cudaSuccess;
+  // cudaFree waits for the device, as CUDA's does.
+  if (capturing().empty())
+    waitUntil(allIdle, "cudaFree");
   auto it = allocations().find(reinterpret_cast<uintptr_t>(p));
   if (it == allocations().end())
     die("cudaFree(%p): not the start of a live device allocation (a double free, or host "
@@ -634,7 +847,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
   *a = cudaPointerAttributes{};
   if (isDevice(p, 0)) {
     a->type = cudaMemoryTypeDevice;
-    a->device = 0;
+    a->device = gDevice;
     a->devicePointer = const_cast<void *>(p);
   } else if (pinned().count(reinterpret_cast<uintptr_t>(p))) {
     a->type = cudaMemoryTypeHost;
@@ -676,7 +889,9 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
   if (!capturing().empty())
     return forbiddenInCapture("cudaMemcpy");
   checkCopy("cudaMemcpy", dst, src, bytes, kind);
-  std::memmove(dst, src, bytes);
+  // On the legacy stream, after what it holds; the host waits for it.
+  issue(nullptr, [=]() { std::memmove(dst, src, bytes); });
+  waitUntil([] { return idle(legacyStream()); }, "cudaMemcpy");
   return cudaSuccess;
 }
 
@@ -692,7 +907,8 @@ cudaError_t cudaMemset(void *p, int v, size_t bytes) {
     return forbiddenInCapture("cudaMemset");
   if (bytes && !isDevice(p, bytes))
     die("cudaMemset: %p (%zu bytes) is not inside one device allocation", p, bytes);
-  std::memset(p, v, bytes);
+  issue(nullptr, [=]() { std::memset(p, v, bytes); });
+  waitUntil([] { return idle(legacyStream()); }, "cudaMemset");
   return cudaSuccess;
 }
 
@@ -706,6 +922,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
 cudaError_t cudaDeviceSynchronize(void) {
   if (!capturing().empty())
     return forbiddenInCapture("cudaDeviceSynchronize");
+  waitUntil(allIdle, "cudaDeviceSynchronize");
   return cudaSuccess;
 }
 
@@ -739,30 +956,42 @@ const char *cudaGetErrorString(cudaError_t e) {
 const char *cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+  static int next = 1;
+  legacyStream();
   *s = new CUstream_st;
   (*s)->flags = flags;
+  (*s)->id = next++;
+  streams().push_back(*s);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  if (s && s->capture)
+  if (!s)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture)
     s->capture->joined.erase(s);
-  delete s;
+  // Its queued work still runs (CUDA's does); the object stays for the
+  // events recorded on it.
+  s->destroyed = true;
+  progress();
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (captureOf(s))
     return forbiddenInCapture("cudaStreamSynchronize");
+  CUstream_st *q = streamOf(s);
+  waitUntil([q] { return idle(q); }, "cudaStreamSynchronize");
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (captureOf(s))
     return forbiddenInCapture("cudaStreamQuery");
-  return cudaSuccess;
+  progress();
+  return idle(streamOf(s)) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
@@ -783,29 +1012,48 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e->capture)
     e->capture->events.erase(e);
   e->capture = captureOf(s);
-  if (e->capture)
+  if (e->capture) {
     e->capture->events.insert(e);
+    return cudaSuccess;
+  }
+  e->stream = streamOf(s);
+  e->seq = e->stream->issued;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e->capture)
     return forbiddenInCapture("cudaEventQuery of an event recorded during capture");
-  return cudaSuccess;
+  progress();
+  return eventDone(e) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e->capture)
     return forbiddenInCapture("cudaEventSynchronize of an event recorded during capture");
+  const CUstream_st *q = e->stream;
+  const uint64_t seq = e->seq;
+  waitUntil([q, seq] { return !q || q->done.load() >= seq; }, "cudaEventSynchronize");
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   // A stream that waits for an event of a capture joins that capture.
-  if (e->capture && s && !s->capture) {
-    s->capture = e->capture;
-    e->capture->joined.insert(s);
+  if (e->capture) {
+    if (s && !s->capture) {
+      s->capture = e->capture;
+      e->capture->joined.insert(s);
+    }
+    return cudaSuccess;
   }
+  if (eventDone(e))
+    return cudaSuccess;
+  // The most recent record at the time of the call, as CUDA's.
+  const CUstream_st *q = e->stream;
+  const uint64_t seq = e->seq;
+  const int id = q->id;
+  issueWork(s, Work{[] {}, [q, seq] { return q->done.load() >= seq; },
+                    [id] { return "an event of stream " + std::to_string(id); }});
   return cudaSuccess;
 }
 
@@ -866,8 +1114,8 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *cou
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (captureOf(s))
     return fail(cudaErrorStreamCaptureUnsupported);
-  for (auto &op : exec->ops)
-    op();
+  for (const Work &w : exec->ops)
+    push(streamOf(s), w);
   return cudaSuccess;
 }
 
