@@ -361,6 +361,10 @@ CommHandle NcclCommunicator::postSelf(bool isSend, void *buf, int64_t bytes, int
       slots[s].selfPending = false;
       cudaCheck(cudaEventRecord(slots[s].done, groupStream), info);
     }
+    // Host memory is not staged here, and wait() orders only the compute
+    // stream: the host waits for the copy now (bounded like every host wait).
+    if (isHost(send.buf) || isHost(recv.buf))
+      hostWait(slots[id].done, info);
     return CommHandle{id};
   }
   slots[id].selfPending = true;

@@ -17,8 +17,11 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    of the GPT in fp32 and of the Llama in bf16 on 2 GPUs match the 1-rank GPU
    program of the same model and precision within the parallel tests' 1e-5
    (fp32) and precision.py's 1e-4 (bf16: the ranks sum 16-bit-rounded
-   partial results in another order). With fewer GPUs this part prints that
-   it was not run.
+   partial results in another order). With 4 GPUs, the reference MLP under
+   pp=4 (4 micro-batches) against 1 GPU within 1e-5: its stages exchange
+   messages in both parts of the step, skip a stage, and receive a weight's
+   gradient whole, all through NCCL, which matches messages by order alone.
+   With fewer GPUs these parts print that they were not run.
 4. train --cuda-graph (the forward and backward captured in a CUDA graph
    from the second step on) gives bitwise the eager run's losses and final
    checkpoint: GPT and Llama in fp32, bf16 and fp16 (from loss scale 2^24,
@@ -57,7 +60,7 @@ import st  # noqa: E402
 
 STEPS = 10
 EMU_STEPS = 4  # the emulation runs a step of these models in about 2 s
-EMU_GPUS = 2
+EMU_GPUS = 4
 FP32_RTOL = 1e-4
 BF16_RTOL = 2e-2
 WEIGHT_RTOL = 1e-3
@@ -282,6 +285,24 @@ def main():
                     checks += 1
     else:
         print("not run: dp=2, tp=2 and pp=2 on 2 GPUs (this machine has %d GPU)" % n)
+    if n >= 4:
+        onnx = os.path.join(a.models, "opset17", "mlp.onnx")
+        data = os.path.join(w, "mlp.safetensors")
+        subprocess.run([sys.executable, data_gen, "tensors", "--model", onnx, "--name", "mlp",
+                        "--steps", "8", data], check=True, stdout=subprocess.DEVNULL)
+        runs = {}
+        for name, plan, ranks in [("1", {"dp": 1}, 1), ("pp4", {"pp": 4, "num_micro_batches": 4}, 4)]:
+            out = os.path.join(w, "mlp-%s-cuda" % name)
+            compile_(a.carve, onnx, plan, "cuda", out)
+            runs[name] = train(a.carve, out, ranks, data, out + ".ckpt")
+        d = worst_rel(runs["1"], runs["pp4"])
+        if d > PARALLEL_RTOL:
+            raise Failure("mlp pp4 on 4 GPUs: losses differ from 1 GPU by %.3g (limit %g)\n"
+                          "  1 GPU  %s\n  4 GPUs %s" % (d, PARALLEL_RTOL, runs["1"], runs["pp4"]))
+        print("ok: mlp fp32 pp4 on 4 GPUs within %.2g of 1 GPU" % d)
+        checks += 1
+    else:
+        print("not run: mlp pp=4 on 4 GPUs (this machine has %d GPU(s))" % n)
 
     # Start-up failures.
     data = os.path.join(w, "gpt.tokens")
