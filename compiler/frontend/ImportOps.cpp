@@ -49,9 +49,10 @@ void Importer::build(const onnx::NodeProto &n) {
         {"Add",  "Sub",        "Mul",      "Div",     "Max",     "Min",  "Pow", "Equal",
          "Less", "Greater",    "And",      "Or",      "Neg",     "Abs",  "Exp", "Log",
          "Sqrt", "Reciprocal", "Tanh",     "Erf",     "Sigmoid", "Relu", "Sin", "Cos",
-         "Not",  "Gelu",       "Identity", "Dropout", "Cast",    "Where"});
+         "Not",  "Gelu",       "Identity", "Dropout", "Cast",    "Where", "LeakyRelu",
+         "Clip", "Softplus"});
     add(&Importer::buildContraction, {"MatMul", "Gemm"});
-    add(&Importer::buildNormalization, {"ReduceSum", "ReduceMean", "ReduceMax", "Softmax",
+    add(&Importer::buildNormalization, {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax",
                                         "LogSoftmax", "LayerNormalization", "BatchNormalization"});
     add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
     add(&Importer::buildDataMovement,
@@ -149,6 +150,56 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
     if (!isa<FloatType>(eltOf(x)))
       fail("the input must be floating-point");
     return define(0, GeluOp::create(b, loc, x.getType(), x, b.getStringAttr(approx)));
+  }
+  // Composites, built from ops that have kernels on both targets, gradients
+  // and partition rules (docs/onnx-ops.md gives each one's gradient).
+  auto scalar = [&](float v) {
+    return materialize(HostTensor::floats((ElemKind)kindOf(0), {}, {v}), "");
+  };
+  auto floatInput = [&]() {
+    Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("the input must be floating-point");
+    return x;
+  };
+  if (op == "LeakyRelu") {
+    // x where x > 0, alpha x elsewhere: PyTorch's gradient at 0 is alpha too.
+    Value x = floatInput();
+    Value alpha = scalar(attrFloat("alpha", 0.01f));
+    Value positive = binary<GreaterOp>(x, scalar(0.0f), true);
+    return define(0, WhereOp::create(b, loc, x.getType(), positive, x, binary<MulOp>(x, alpha)));
+  }
+  if (op == "Clip") {
+    // Where(x < lo, lo, x), then Where(y > hi, hi, y): the gradient passes
+    // where lo <= x <= hi, as torch.clamp's does. Bounds are inputs from
+    // opset 11 (either may be absent), attributes before.
+    Value y = floatInput();
+    auto bound = [&](int k, StringRef name) -> std::optional<Value> {
+      if (attr(name))
+        return scalar(attrFloat(name, 0.0f));
+      if (!hasInput(k))
+        return std::nullopt;
+      Value v = val(k);
+      if (eltOf(v) != eltOf(y))
+        fail("the " + name.str() + " bound's element type differs from the input's");
+      if (!shp(v).empty())
+        fail("the " + name.str() + " bound must be a scalar");
+      return v;
+    };
+    if (std::optional<Value> lo = bound(1, "min"))
+      y = WhereOp::create(b, loc, y.getType(), binary<LessOp>(y, *lo, true), *lo, y);
+    if (std::optional<Value> hi = bound(2, "max"))
+      y = WhereOp::create(b, loc, y.getType(), binary<GreaterOp>(y, *hi, true), *hi, y);
+    return define(0, y);
+  }
+  if (op == "Softplus") {
+    // log(1 + e^x) = relu(x) + log(1 + e^-|x|): no overflow for large |x|,
+    // and the gradient is sigmoid(x) (0 instead of 1/2 at exactly 0).
+    Value x = floatInput();
+    Value t = NegOp::create(b, loc, x.getType(), AbsOp::create(b, loc, x.getType(), x));
+    t = binary<AddOp>(ExpOp::create(b, loc, x.getType(), t), scalar(1.0f));
+    t = LogOp::create(b, loc, x.getType(), t);
+    return define(0, binary<AddOp>(ReluOp::create(b, loc, x.getType(), x), t));
   }
   if (op == "Identity")
     return define(0, val(0));
@@ -251,6 +302,23 @@ void Importer::buildNormalization(const onnx::NodeProto &n) {
       return define(0, ReduceMeanOp::create(b, loc, type, x, axesAttr, keepAttr));
     }
     return define(0, ReduceMaxOp::create(b, loc, type, x, axesAttr, keepAttr));
+  }
+  if (op == "ReduceL2") {
+    // sqrt(sum(x^2)) (F.normalize, torch.norm): the gradient x / norm, NaN
+    // for an all-zero slice (PyTorch's is 0 there).
+    Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("the input must be floating-point");
+    SmallVector<int64_t> axes = reduceAxes(n, shp(x).size());
+    bool keep = attrInt("keepdims", 1) != 0;
+    if (axes.empty())
+      return define(0, AbsOp::create(b, loc, x.getType(), x));
+    ShapeOrError s = reduceShape(shp(x), axes, keep);
+    expect(s);
+    auto type = tensorType(s.shape, eltOf(x));
+    Value sum = ReduceSumOp::create(b, loc, type, binary<MulOp>(x, x),
+                                    b.getDenseI64ArrayAttr(axes), b.getBoolAttr(keep));
+    return define(0, SqrtOp::create(b, loc, type, sum));
   }
   if (op == "Softmax" || op == "LogSoftmax") {
     Value x = val(0);

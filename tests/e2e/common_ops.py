@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Common ONNX ops that carve builds from others: LeakyRelu, Softplus, Clip
+and ReduceL2, in a model written with PyTorch's own modules and functions
+(nn.LeakyReLU, F.softplus, torch.clamp, F.normalize, F.hardtanh), exported
+by a plain torch.onnx.export.
+
+What must hold:
+1. The import holds each op (carve import --summary lists no unsupported op),
+   and the exported graph really has them (checked with onnx).
+2. 1 rank against PyTorch: the same weights (the export's initializers) and
+   samples, plain SGD (lr 0.1, no momentum, no clipping), STEPS steps: every
+   step's loss within LOSS_RTOL of PyTorch's and every final weight within
+   WEIGHT_RTOL of its tensor's largest entry. The composites compute in
+   float32 like PyTorch but not op for op (Softplus as relu(x) +
+   log(1 + e^-|x|), ReduceL2 as sqrt(sum(x^2))), a few ulp per op; measured
+   below 1e-6.
+3. dp=2 and tp=2 (the hidden layers split, so the norm is a sum over split
+   columns) pass `carve verify` against 1 rank (its 1e-5 and 1e-4).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import st  # noqa: E402
+
+STEPS = 8
+BATCH = 8
+LR = 0.1
+LOSS_RTOL = 1e-5
+WEIGHT_RTOL = 1e-4
+OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2"]
+TIMEOUT_S = 300
+
+
+class Failure(Exception):
+    pass
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=TIMEOUT_S)
+    if p.returncode != 0:
+        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:],
+                                                 p.stderr[-3000:]))
+    return p.stdout + p.stderr
+
+
+def model():
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(16, 32)
+            self.act = nn.LeakyReLU(0.1)
+            self.fc2 = nn.Linear(32, 32)
+            self.head = nn.Linear(32, 10)
+
+        def forward(self, x, y):
+            h = self.act(self.fc1(x))
+            h = F.softplus(self.fc2(h))
+            h = torch.clamp(h, 0.1, 2.5)
+            h = F.normalize(h, dim=-1) * 4.0
+            h = F.hardtanh(h, -0.9, 0.9)
+            return F.cross_entropy(self.head(h), y)
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--carve", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    import onnx
+    import torch
+
+    shutil.rmtree(a.workdir, ignore_errors=True)
+    os.makedirs(a.workdir)
+    w = a.workdir
+    net = model()
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((STEPS * BATCH, 16)).astype(np.float32)
+    ys = rng.integers(0, 10, STEPS * BATCH).astype(np.int64)
+    onnx_path = os.path.join(w, "net.onnx")
+    torch.onnx.export(net, (torch.from_numpy(xs[:BATCH]), torch.from_numpy(ys[:BATCH])),
+                      onnx_path, input_names=["x", "y"], output_names=["loss"],
+                      opset_version=17)
+    found = {n.op_type for n in onnx.load(onnx_path).graph.node}
+    missing = [op for op in OPS if op not in found]
+    if missing:
+        raise Failure("the export has no %s node(s); ops: %s" % (missing, sorted(found)))
+    data = os.path.join(w, "data.safetensors")
+    st.save(data, {"x": xs, "y": ys})  # sample-major: [N, ...]
+    summary = run([a.carve, "import", onnx_path, "--summary"])
+    lines = [l.strip() for l in summary.splitlines()]
+    params = [l for l in lines if l.startswith("parameters:")]
+    if params != ["parameters: 6 trainable, 1930 elements"]:
+        raise Failure("the import should find the 6 Linear tensors as parameters:\n%s" % summary)
+    print("ok: import (%s; %s)" % (params[0], [l for l in lines if l.startswith("ops:")][0]))
+
+    # 2. Against PyTorch.
+    out = os.path.join(w, "one")
+    run([a.carve, "compile", onnx_path, "-o", out, "--quiet", "--optimizer", "sgd", "--lr",
+         str(LR), "--clip-grad-norm", "0"])
+    log, ckpt = out + ".jsonl", out + ".ckpt"
+    run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data, "--log",
+         log, "--save", ckpt, "--progress", "none"])
+    losses = [json.loads(l)["loss"] for l in open(log)]
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    ref = []
+    for k in range(STEPS):
+        x = torch.from_numpy(xs[k * BATCH:(k + 1) * BATCH])
+        y = torch.from_numpy(ys[k * BATCH:(k + 1) * BATCH])
+        opt.zero_grad()
+        loss = net(x, y)
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    worst = max(abs(m - r) / abs(r) for m, r in zip(losses, ref))
+    if len(losses) != STEPS or worst > LOSS_RTOL:
+        raise Failure("losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n  PyTorch %s"
+                      % (worst, LOSS_RTOL, losses, ref))
+    mine = st.load_checkpoint(ckpt)
+    gap, where = 0.0, ""
+    for name, p in net.state_dict().items():
+        if name not in mine:
+            raise Failure("the checkpoint has no %s (it has %s)" % (name, sorted(mine)))
+        t = p.detach().numpy()
+        g = float(np.max(np.abs(mine[name] - t)) / max(np.max(np.abs(t)), 1e-30))
+        if g > gap:
+            gap, where = g, name
+    if gap > WEIGHT_RTOL:
+        raise Failure("final weights of %s differ from PyTorch's by %.3g of the largest entry "
+                      "(limit %g)" % (where, gap, WEIGHT_RTOL))
+    print("ok: 1 rank against PyTorch, %d SGD steps: losses within %.2g, weights within %.2g (%s)"
+          % (STEPS, worst, gap, where))
+
+    # 3. Plans against 1 rank.
+    for name, plan in [("dp2", {"dp": 2}), ("tp2", {"tp": 2})]:
+        pj = os.path.join(w, name + ".json")
+        with open(pj, "w") as f:
+            json.dump(plan, f)
+        text = run([a.carve, "verify", onnx_path, "--plan", pj, "--steps", "3", "--data", data,
+                    "--workdir", os.path.join(w, "verify-" + name)])
+        if "PASS" not in text:
+            raise Failure("carve verify %s did not pass:\n%s" % (name, text))
+        print("ok: %s: %s" % (name, text.strip().splitlines()[-1]))
+    print("common-ops: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (Failure, subprocess.TimeoutExpired) as e:
+        print("FAIL: %s" % e)
+        sys.exit(1)
