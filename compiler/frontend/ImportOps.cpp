@@ -46,14 +46,14 @@ void Importer::build(const onnx::NodeProto &n) {
         t[op] = f;
     };
     add(&Importer::buildElementwise,
-        {"Add",  "Sub",        "Mul",      "Div",     "Max",     "Min",  "Pow", "Equal",
-         "Less", "Greater",    "And",      "Or",      "Neg",     "Abs",  "Exp", "Log",
-         "Sqrt", "Reciprocal", "Tanh",     "Erf",     "Sigmoid", "Relu", "Sin", "Cos",
-         "Not",  "Gelu",       "Identity", "Dropout", "Cast",    "Where", "LeakyRelu",
-         "Clip", "Softplus"});
+        {"Add",     "Sub",  "Mul",     "Div",       "Max",  "Min",     "Pow", "Equal", "Less",
+         "Greater", "And",  "Or",      "Neg",       "Abs",  "Exp",     "Log", "Sqrt",  "Reciprocal",
+         "Tanh",    "Erf",  "Sigmoid", "Relu",      "Sin",  "Cos",     "Not", "Gelu",  "Identity",
+         "Dropout", "Cast", "Where",   "LeakyRelu", "Clip", "Softplus"});
     add(&Importer::buildContraction, {"MatMul", "Gemm"});
-    add(&Importer::buildNormalization, {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax",
-                                        "LogSoftmax", "LayerNormalization", "BatchNormalization"});
+    add(&Importer::buildNormalization,
+        {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
+         "LayerNormalization", "BatchNormalization"});
     add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
     add(&Importer::buildDataMovement,
         {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand"});
@@ -316,8 +316,8 @@ void Importer::buildNormalization(const onnx::NodeProto &n) {
     ShapeOrError s = reduceShape(shp(x), axes, keep);
     expect(s);
     auto type = tensorType(s.shape, eltOf(x));
-    Value sum = ReduceSumOp::create(b, loc, type, binary<MulOp>(x, x),
-                                    b.getDenseI64ArrayAttr(axes), b.getBoolAttr(keep));
+    Value sum = ReduceSumOp::create(b, loc, type, binary<MulOp>(x, x), b.getDenseI64ArrayAttr(axes),
+                                    b.getBoolAttr(keep));
     return define(0, SqrtOp::create(b, loc, type, sum));
   }
   if (op == "Softmax" || op == "LogSoftmax") {
