@@ -575,6 +575,20 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
   if (comm.empty())
     return failOp(op, "the CPU target has no communicator for mesh axis '" + axis.str() + "'");
   Value in = op->getOperand(0), res = op->getResult(0);
+  auto split = [&](int64_t d, int64_t g) {
+    return "Split{" + std::to_string(d) + ", " + std::to_string(g) + ", " + std::to_string(parts) +
+           "}";
+  };
+  std::string x = var.lookup(operandOf(op, 0)), y = var.lookup(res);
+  if (auto ls = dyn_cast<dist::LocalSplitOp>(op)) {
+    // Bytes, whatever the element type (a bool mask too).
+    os << "// replicated -> split over " << axis << ": keep this rank's piece (no communication)\n"
+       << "  takeShard(" << x << ", " << dims(typeOf(in).getShape()) << ", "
+       << split(ls.getDim(), ls.getGroups()) << ", " << (axis == "tp" ? "ctx.tpRank" : "ctx.dpRank")
+       << ", " << y << ", " << bytesOf(in) / std::max<int64_t>(1, typeOf(in).getNumElements())
+       << ");";
+    return true;
+  }
   Type et = typeOf(in).getElementType();
   std::string ct = et.isF32()         ? "CommType::F32"
                    : et.isF64()       ? "CommType::F64"
@@ -583,15 +597,10 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
   if (ct.empty())
     return failOp(op, "collectives on the CPU target take f32, f64 or i64 tensors");
   auto i64 = [&](const char *n) { return op->getAttrOfType<IntegerAttr>(n).getInt(); };
-  auto split = [&](int64_t d, int64_t g) {
-    return "Split{" + std::to_string(d) + ", " + std::to_string(g) + ", " + std::to_string(parts) +
-           "}";
-  };
   std::string n = std::to_string(typeOf(in).getNumElements());
   std::string red = "ReduceOp::Sum";
   if (auto r = op->getAttrOfType<StringAttr>("reduction"); r && r.getValue() == "max")
     red = "ReduceOp::Max";
-  std::string x = var.lookup(operandOf(op, 0)), y = var.lookup(res);
   if (isa<dist::AllReduceOp>(op)) {
     os << "// partial sums -> replicated over " << axis << "\n  copy(" << x << ", " << y << ", "
        << n << ");\n  " << comm.substr(1) << "->allReduce(" << y << ", " << n << ", " << ct << ", "
@@ -609,12 +618,6 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
        << ", " << x << ", " << dims(typeOf(in).getShape()) << ", "
        << split(i64("src_dim"), i64("src_groups")) << ", "
        << split(i64("dst_dim"), i64("dst_groups")) << ", " << y << ", " << ct << ");";
-  } else if (auto ls = dyn_cast<dist::LocalSplitOp>(op)) {
-    os << "// replicated -> split over " << axis << ": keep this rank's piece (no communication)\n"
-       << "  takeShard(" << x << ", " << dims(typeOf(in).getShape()) << ", "
-       << split(ls.getDim(), ls.getGroups()) << ", " << (axis == "tp" ? "ctx.tpRank" : "ctx.dpRank")
-       << ", " << y << ", " << bytesOf(in) / std::max<int64_t>(1, typeOf(in).getNumElements())
-       << ");";
   } else if (auto b = dyn_cast<dist::BroadcastOp>(op)) {
     os << "copy(" << x << ", " << y << ", " << n << ");\n  " << comm.substr(1) << "->broadcast("
        << y << ", " << bytesOf(in) << ", " << b.getRoot() << ");";

@@ -12,6 +12,8 @@
 
 #include "llvm/Support/raw_ostream.h"
 
+#include <cctype>
+#include <map>
 #include <set>
 
 using namespace mlir;
@@ -50,7 +52,7 @@ void Importer::build(const onnx::NodeProto &n) {
          "Greater", "And",  "Or",      "Neg",       "Abs",  "Exp",     "Log", "Sqrt",  "Reciprocal",
          "Tanh",    "Erf",  "Sigmoid", "Relu",      "Sin",  "Cos",     "Not", "Gelu",  "Identity",
          "Dropout", "Cast", "Where",   "LeakyRelu", "Clip", "Softplus"});
-    add(&Importer::buildContraction, {"MatMul", "Gemm"});
+    add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum"});
     add(&Importer::buildNormalization,
         {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
          "LayerNormalization", "BatchNormalization"});
@@ -239,6 +241,9 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
 void Importer::buildContraction(const onnx::NodeProto &n) {
   const std::string &op = n.op_type();
 
+  if (op == "Einsum")
+    return define(0, einsum(attrString("equation", "")));
+
   if (op == "MatMul") {
     Value l = val(0), r = val(1);
     if (eltOf(l) != eltOf(r))
@@ -278,6 +283,180 @@ void Importer::buildContraction(const onnx::NodeProto &n) {
     return define(0, y);
   }
   failUnsupported();
+}
+
+/// Einsum as transposes, reshapes, sums and batched matrix products: each
+/// operand's labels that appear nowhere else are summed out, then operands
+/// are contracted left to right (labels both share and still need are batch
+/// dimensions, labels both share and no longer need are contracted), and
+/// the result is transposed to the output's order. `...` stands for the
+/// same dimensions in every operand (right-aligned, equal sizes).
+Value Importer::einsum(const std::string &equation) {
+  std::string eq;
+  for (char c : equation)
+    if (c != ' ')
+      eq += c;
+  const size_t arrow = eq.find("->");
+  std::string lhs = eq.substr(0, arrow), rhs;
+  std::vector<std::string> terms;
+  for (size_t start = 0;;) {
+    size_t comma = lhs.find(',', start);
+    terms.push_back(lhs.substr(start, comma == std::string::npos ? comma : comma - start));
+    if (comma == std::string::npos)
+      break;
+    start = comma + 1;
+  }
+  if ((int)terms.size() != node->input_size())
+    fail("the equation '" + equation + "' has " + std::to_string(terms.size()) +
+         " operand(s), the node " + std::to_string(node->input_size()));
+  std::vector<Value> vals;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    vals.push_back(val((int)k));
+    if (!isa<FloatType>(eltOf(vals.back())) || eltOf(vals.back()) != eltOf(vals[0]))
+      fail("the operands must be floating-point, of one element type");
+  }
+  // `...`: digits stand for its dimensions, right-aligned over the operands.
+  int64_t ellipsis = 0;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    size_t dots = terms[k].find("...");
+    int64_t letters = (int64_t)terms[k].size() - (dots == std::string::npos ? 0 : 3);
+    int64_t rank = (int64_t)shp(vals[k]).size();
+    if (dots == std::string::npos ? letters != rank : letters > rank)
+      fail("operand " + std::to_string(k) + " '" + terms[k] + "' does not match its rank " +
+           std::to_string(rank));
+    if (dots != std::string::npos)
+      ellipsis = std::max(ellipsis, rank - letters);
+  }
+  if (ellipsis > 10)
+    fail("'...' stands for more than 10 dimensions");
+  auto expand = [&](std::string t, int64_t rank) {
+    size_t dots = t.find("...");
+    if (dots == std::string::npos)
+      return t;
+    int64_t r = rank - ((int64_t)t.size() - 3);
+    std::string digits;
+    for (int64_t d = ellipsis - r; d < ellipsis; ++d)
+      digits += (char)('0' + d);
+    return t.substr(0, dots) + digits + t.substr(dots + 3);
+  };
+  for (size_t k = 0; k < terms.size(); ++k)
+    terms[k] = expand(terms[k], (int64_t)shp(vals[k]).size());
+  std::map<char, int64_t> size;
+  std::map<char, int> uses;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    for (size_t i = 0; i < terms[k].size(); ++i) {
+      char c = terms[k][i];
+      if (!std::isalpha((unsigned char)c) && !std::isdigit((unsigned char)c))
+        fail("the equation '" + equation + "' has an unexpected character '" + std::string(1, c) +
+             "'");
+      if (terms[k].find(c) != i)
+        fail("operand " + std::to_string(k) + " repeats the index '" + std::string(1, c) +
+             "' (a diagonal); carve does not support that");
+      int64_t d = shp(vals[k])[i];
+      auto [it, fresh] = size.emplace(c, d);
+      if (!fresh && it->second != d)
+        fail("index '" + std::string(1, c) + "' is " + std::to_string(it->second) +
+             " in one operand and " + std::to_string(d) +
+             " in another (broadcasting is not supported)");
+      ++uses[c];
+    }
+  }
+  if (arrow == std::string::npos) {
+    // Implicit output: the ellipsis, then the labels used once, sorted.
+    for (int64_t d = 0; d < ellipsis; ++d)
+      rhs += (char)('0' + d);
+    for (auto &[c, u] : uses)
+      if (u == 1 && std::isalpha((unsigned char)c))
+        rhs += c;
+  } else {
+    rhs = eq.substr(arrow + 2);
+    size_t dots = rhs.find("...");
+    if (dots != std::string::npos) {
+      std::string digits;
+      for (int64_t d = 0; d < ellipsis; ++d)
+        digits += (char)('0' + d);
+      rhs = rhs.substr(0, dots) + digits + rhs.substr(dots + 3);
+    }
+    for (size_t i = 0; i < rhs.size(); ++i)
+      if (!size.count(rhs[i]) || rhs.find(rhs[i]) != i)
+        fail("output index '" + std::string(1, rhs[i]) + "' is not an operand's, or repeats");
+  }
+
+  auto has = [](const std::string &s, char c) { return s.find(c) != std::string::npos; };
+  auto shapeOf = [&](const std::string &labels) {
+    SmallVector<int64_t> out;
+    for (char c : labels)
+      out.push_back(size[c]);
+    return out;
+  };
+  auto product = [&](const std::string &labels) {
+    int64_t p = 1;
+    for (char c : labels)
+      p *= size[c];
+    return p;
+  };
+  // Sums `x` (labels `l`) over the labels not in `keep`.
+  auto sumOut = [&](Value x, std::string &l, const std::string &keep) {
+    SmallVector<int64_t> axes;
+    std::string left;
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (has(keep, l[i]))
+        left += l[i];
+      else
+        axes.push_back((int64_t)i);
+    }
+    if (axes.empty())
+      return x;
+    l = left;
+    return (Value)ReduceSumOp::create(b, loc, tensorType(shapeOf(left), eltOf(x)), x,
+                                      b.getDenseI64ArrayAttr(axes), b.getBoolAttr(false));
+  };
+  // `x` (labels `l`) with its dimensions in the order of `to`.
+  auto permute = [&](Value x, const std::string &l, const std::string &to) {
+    if (l == to)
+      return x;
+    SmallVector<int64_t> perm;
+    for (char c : to)
+      perm.push_back((int64_t)l.find(c));
+    return (Value)TransposeOp::create(b, loc, tensorType(shapeOf(to), eltOf(x)), x,
+                                      b.getDenseI64ArrayAttr(perm));
+  };
+  auto needed = [&](size_t from) {
+    std::string keep = rhs;
+    for (size_t k = from; k < terms.size(); ++k)
+      keep += terms[k];
+    return keep;
+  };
+  std::string l = terms[0];
+  Value cur = sumOut(vals[0], l, needed(1));
+  for (size_t k = 1; k < terms.size(); ++k) {
+    const std::string keep = needed(k + 1);
+    std::string r = terms[k];
+    std::string others = keep + l;
+    Value rv = sumOut(vals[k], r, others);
+    cur = sumOut(cur, l, keep + r);
+    std::string batch, contracted, aOnly, bOnly;
+    for (char c : l)
+      (has(r, c) ? (has(keep, c) ? batch : contracted) : aOnly) += c;
+    for (char c : r)
+      if (!has(l, c))
+        bOnly += c;
+    const int64_t bt = product(batch), m = product(aOnly), kk = product(contracted),
+                  nn = product(bOnly);
+    SmallVector<int64_t> ashape, bshape, cshape;
+    if (!batch.empty())
+      ashape.push_back(bt), bshape.push_back(bt), cshape.push_back(bt);
+    ashape.append({m, kk});
+    bshape.append({kk, nn});
+    cshape.append({m, nn});
+    Value a = reshape(permute(cur, l, batch + aOnly + contracted), ashape);
+    Value bb = reshape(permute(rv, r, batch + contracted + bOnly), bshape);
+    Value c = MatmulOp::create(b, loc, tensorType(cshape, eltOf(a)), a, bb);
+    l = batch + aOnly + bOnly;
+    cur = reshape(c, shapeOf(l));
+  }
+  cur = sumOut(cur, l, rhs);
+  return permute(cur, l, rhs);
 }
 
 void Importer::buildNormalization(const onnx::NodeProto &n) {

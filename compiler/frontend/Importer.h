@@ -90,6 +90,7 @@ private:
   /// One family of the import table each (ImportOps.cpp, ImportDataMovement.cpp).
   void buildElementwise(const onnx::NodeProto &n);
   void buildContraction(const onnx::NodeProto &n);
+  mlir::Value einsum(const std::string &equation);
   void buildNormalization(const onnx::NodeProto &n);
   void buildReshape(const onnx::NodeProto &n);
   void buildDataMovement(const onnx::NodeProto &n);

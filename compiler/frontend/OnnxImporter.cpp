@@ -60,6 +60,7 @@ const std::set<std::string> &opTable() {
                                             "Cos",
                                             "Div",
                                             "Dropout",
+                                            "Einsum",
                                             "Equal",
                                             "Erf",
                                             "Exp",

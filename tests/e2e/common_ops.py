@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Common ONNX ops that carve builds from others: LeakyRelu, Softplus, Clip
-and ReduceL2, in a model written with PyTorch's own modules and functions
-(nn.LeakyReLU, F.softplus, torch.clamp, F.normalize, F.hardtanh), exported
-by a plain torch.onnx.export.
+"""Common ONNX ops that carve builds from others: LeakyRelu, Softplus, Clip,
+ReduceL2 and Einsum, in a model written with PyTorch's own modules and
+functions (nn.LeakyReLU, F.softplus, torch.clamp, F.normalize, F.hardtanh,
+torch.einsum with a parameter, batch indices, contractions, outer products
+and `...`), exported by a plain torch.onnx.export.
 
 What must hold:
 1. The import holds each op (carve import --summary lists no unsupported op),
@@ -16,6 +17,8 @@ What must hold:
    below 1e-6.
 3. dp=2 and tp=2 (the hidden layers split, so the norm is a sum over split
    columns) pass `carve verify` against 1 rank (its 1e-5 and 1e-4).
+4. An einsum carve cannot build (a diagonal, `ii->i`) fails the import with
+   one line naming the node and the index, exit 1.
 """
 
 import argparse
@@ -36,7 +39,7 @@ BATCH = 8
 LR = 0.1
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
-OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2"]
+OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum"]
 TIMEOUT_S = 300
 
 
@@ -65,6 +68,8 @@ def model():
             self.act = nn.LeakyReLU(0.1)
             self.fc2 = nn.Linear(32, 32)
             self.head = nn.Linear(32, 10)
+            self.proj = nn.Parameter(torch.randn(32, 32) * 0.2)
+            self.gate = nn.Parameter(torch.randn(4) * 0.5)
 
         def forward(self, x, y):
             h = self.act(self.fc1(x))
@@ -72,6 +77,13 @@ def model():
             h = torch.clamp(h, 0.1, 2.5)
             h = F.normalize(h, dim=-1) * 4.0
             h = F.hardtanh(h, -0.9, 0.9)
+            h = torch.einsum("bi,ij->bj", h, self.proj)
+            q = h.reshape(-1, 4, 8)
+            att = torch.softmax(torch.einsum("bqd,bkd->bqk", q, q), -1)
+            q = torch.einsum("bqk,bkd->bqd", att, q)
+            q = q * torch.einsum("q,d->qd", self.gate, torch.ones(8)).sigmoid()
+            scale = torch.einsum("...d,...d->...", q, q).sum(-1, keepdim=True)
+            h = q.reshape(-1, 32) / (1.0 + scale)
             return F.cross_entropy(self.head(h), y)
 
     torch.manual_seed(0)
@@ -106,8 +118,9 @@ def main():
     summary = run([a.carve, "import", onnx_path, "--summary"])
     lines = [l.strip() for l in summary.splitlines()]
     params = [l for l in lines if l.startswith("parameters:")]
-    if params != ["parameters: 6 trainable, 1930 elements"]:
-        raise Failure("the import should find the 6 Linear tensors as parameters:\n%s" % summary)
+    if params != ["parameters: 8 trainable, 2958 elements"]:
+        raise Failure("the import should find the 8 tensors of the module as parameters:\n%s"
+                      % summary)
     print("ok: import (%s; %s)" % (params[0], [l for l in lines if l.startswith("ops:")][0]))
 
     # 2. Against PyTorch.
@@ -157,6 +170,22 @@ def main():
         if "PASS" not in text:
             raise Failure("carve verify %s did not pass:\n%s" % (name, text))
         print("ok: %s: %s" % (name, text.strip().splitlines()[-1]))
+    # 4. A diagonal.
+    class Diagonal(torch.nn.Module):
+        def forward(self, m):
+            return torch.einsum("ii->i", m).sum()
+
+    bad = os.path.join(w, "diagonal.onnx")
+    torch.onnx.export(Diagonal(), (torch.ones(3, 3),), bad, input_names=["m"],
+                      output_names=["s"], opset_version=17)
+    p = subprocess.run([a.carve, "import", bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=TIMEOUT_S)
+    lines = p.stderr.strip().splitlines()
+    if p.returncode != 1 or len(lines) != 1 or "(Einsum)" not in lines[0] or \
+            "repeats the index 'i'" not in lines[0]:
+        raise Failure("an einsum with a diagonal: expected exit 1 and one line naming the node "
+                      "and the index, got %d:\n%s" % (p.returncode, p.stderr))
+    print("ok: a diagonal einsum: %s" % lines[0])
     print("common-ops: all checks passed")
     return 0
 
