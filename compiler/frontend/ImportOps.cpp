@@ -48,10 +48,11 @@ void Importer::build(const onnx::NodeProto &n) {
         t[op] = f;
     };
     add(&Importer::buildElementwise,
-        {"Add",     "Sub",  "Mul",     "Div",       "Max",  "Min",     "Pow", "Equal", "Less",
-         "Greater", "And",  "Or",      "Neg",       "Abs",  "Exp",     "Log", "Sqrt",  "Reciprocal",
-         "Tanh",    "Erf",  "Sigmoid", "Relu",      "Sin",  "Cos",     "Not", "Gelu",  "Identity",
-         "Dropout", "Cast", "Where",   "LeakyRelu", "Clip", "Softplus"});
+        {"Add",   "Sub",   "Mul",       "Div",        "Max",      "Min",      "Pow",
+         "Equal", "Less",  "Greater",   "And",        "Or",       "Neg",      "Abs",
+         "Exp",   "Log",   "Sqrt",      "Reciprocal", "Tanh",     "Erf",      "Sigmoid",
+         "Relu",  "Sin",   "Cos",       "Not",        "Gelu",     "Identity", "Dropout",
+         "Cast",  "Where", "LeakyRelu", "Clip",       "Softplus", "OneHot"});
     add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum"});
     add(&Importer::buildNormalization,
         {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
@@ -202,6 +203,57 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
     t = binary<AddOp>(ExpOp::create(b, loc, x.getType(), t), scalar(1.0f));
     t = LogOp::create(b, loc, x.getType(), t);
     return define(0, binary<AddOp>(ReluOp::create(b, loc, x.getType(), x), t));
+  }
+  if (op == "OneHot") {
+    // Where(indices[..., None] == range(depth), on, off), the range along
+    // `axis`; a negative index counts from depth, as ONNX says.
+    Value idx = val(0);
+    Type it = eltOf(idx);
+    if (!it.isInteger(64) && !it.isInteger(32))
+      fail("the indices must be int64 or int32");
+    const HostTensor &depthT = needConst(1, "depth");
+    if (depthT.size() != 1)
+      fail("depth must be a scalar");
+    const int64_t depth = (int64_t)depthT.asDouble(0);
+    if (depth < 1)
+      fail("depth must be positive, got " + std::to_string(depth));
+    const HostTensor &values = needConst(2, "values");
+    if (values.size() != 2)
+      fail("values must hold two elements (off, on)");
+    const int64_t rank = (int64_t)shp(idx).size();
+    int64_t axis = attrInt("axis", -1);
+    if (axis < -rank - 1 || axis > rank)
+      fail("axis " + std::to_string(axis) + " is out of range for indices of rank " +
+           std::to_string(rank));
+    if (axis < 0)
+      axis += rank + 1;
+    const ElemKind ik = kindOf(0);
+    SmallVector<int64_t> rangeShape(rank + 1, 1), idxShape(shp(idx));
+    rangeShape[axis] = depth;
+    idxShape.insert(idxShape.begin() + axis, 1);
+    std::vector<int64_t> iota(depth);
+    for (int64_t k = 0; k < depth; ++k)
+      iota[k] = k;
+    // A negative index k hits depth + k: a second comparison, with the range
+    // shifted by -depth (no integer arithmetic, which the CUDA target lacks).
+    std::vector<int64_t> shifted(iota);
+    for (int64_t &k : shifted)
+      k -= depth;
+    Value idxU = reshape(idx, idxShape);
+    Value hit =
+        binary<EqualOp>(idxU, materialize(HostTensor::ints(ik, rangeShape, iota), ""), true);
+    Value hitNegative =
+        binary<EqualOp>(idxU, materialize(HostTensor::ints(ik, rangeShape, shifted), ""), true);
+    auto pick = [&](int64_t k) {
+      return values.isFloat() ? materialize(HostTensor::floats(values.kind, {}, {values.f[k]}), "")
+                              : materialize(HostTensor::ints(values.kind, {}, {values.i[k]}), "");
+    };
+    Value on = pick(1), off = pick(0);
+    SmallVector<int64_t> outShape(shp(idx));
+    outShape.insert(outShape.begin() + axis, depth);
+    auto outType = tensorType(outShape, eltOf(on));
+    off = WhereOp::create(b, loc, outType, hitNegative, on, off);
+    return define(0, WhereOp::create(b, loc, outType, hit, on, off));
   }
   if (op == "Identity")
     return define(0, val(0));

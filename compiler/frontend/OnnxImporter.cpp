@@ -87,6 +87,7 @@ const std::set<std::string> &opTable() {
                                             "Neg",
                                             "NegativeLogLikelihoodLoss",
                                             "Not",
+                                            "OneHot",
                                             "Or",
                                             "Pow",
                                             "Range",

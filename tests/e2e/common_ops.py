@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Common ONNX ops that carve builds from others: LeakyRelu, Softplus, Clip,
-ReduceL2 and Einsum, in a model written with PyTorch's own modules and
-functions (nn.LeakyReLU, F.softplus, torch.clamp, F.normalize, F.hardtanh,
-torch.einsum with a parameter, batch indices, contractions, outer products
-and `...`), exported by a plain torch.onnx.export.
+ReduceL2, Einsum and OneHot, in a model written with PyTorch's own modules
+and functions (nn.LeakyReLU, F.softplus, torch.clamp, F.normalize,
+F.hardtanh, torch.einsum with a parameter, batch indices, contractions,
+outer products and `...`, F.one_hot), exported by a plain torch.onnx.export.
 
 What must hold:
 1. The import holds each op (carve import --summary lists no unsupported op),
@@ -19,6 +19,10 @@ What must hold:
    columns) pass `carve verify` against 1 rank (its 1e-5 and 1e-4).
 4. An einsum carve cannot build (a diagonal, `ii->i`) fails the import with
    one line naming the node and the index, exit 1.
+5. With --emulated CONFIG (the CUDA target's CPU emulation, tests/gpu-emu):
+   the CUDA programs for 1 GPU and tp=2 on 2 emulated GPUs train the same
+   steps within FP32_CUDA_RTOL of the CPU target's 1-rank losses
+   (train_vs_cpu.py's fp32 bound: cuBLAS and the CPU sum in other orders).
 """
 
 import argparse
@@ -39,8 +43,9 @@ BATCH = 8
 LR = 0.1
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
-OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum"]
+OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot"]
 TIMEOUT_S = 300
+FP32_CUDA_RTOL = 1e-4
 
 
 class Failure(Exception):
@@ -84,7 +89,10 @@ def model():
             q = q * torch.einsum("q,d->qd", self.gate, torch.ones(8)).sigmoid()
             scale = torch.einsum("...d,...d->...", q, q).sum(-1, keepdim=True)
             h = q.reshape(-1, 32) / (1.0 + scale)
-            return F.cross_entropy(self.head(h), y)
+            logits = self.head(h)
+            # An additive margin on the target's logit (AM-softmax), over
+            # F.one_hot's mask.
+            return F.cross_entropy(logits - 0.3 * F.one_hot(y, 10).float(), y)
 
     torch.manual_seed(0)
     return Net()
@@ -94,6 +102,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--emulated", help="build/lib/carve-runtime-emu.txt: also the CUDA target, "
+                    "on the CPU emulation")
     a = ap.parse_args()
     import onnx
     import torch
@@ -186,6 +196,34 @@ def main():
         raise Failure("an einsum with a diagonal: expected exit 1 and one line naming the node "
                       "and the index, got %d:\n%s" % (p.returncode, p.stderr))
     print("ok: a diagonal einsum: %s" % lines[0])
+    # 5. The CUDA target on the emulation.
+    if a.emulated:
+        env = dict(os.environ, CARVE_CUDA_EMULATION=os.path.abspath(a.emulated),
+                   CARVE_EMU_GPUS="2", ASAN_OPTIONS="detect_leaks=0")
+        for name, plan, ranks in [("cuda-1", None, 1), ("cuda-tp2", {"tp": 2}, 2)]:
+            out = os.path.join(w, name)
+            cmd = [a.carve, "compile", onnx_path, "-o", out, "--quiet", "--target", "cuda",
+                   "--optimizer", "sgd", "--lr", str(LR), "--clip-grad-norm", "0"]
+            if plan:
+                with open(out + ".json", "w") as f:
+                    json.dump(plan, f)
+                cmd += ["--plan", out + ".json"]
+            for c in [cmd, [a.carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS),
+                            "--data", data, "--log", out + ".jsonl", "--progress", "none"]]:
+                p = subprocess.run(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   timeout=TIMEOUT_S, env=env)
+                if p.returncode != 0:
+                    raise Failure("`%s` exited %d:\n%s%s" % (" ".join(c), p.returncode,
+                                                             p.stdout[-2000:], p.stderr[-2000:]))
+            got = [json.loads(l)["loss"] for l in open(out + ".jsonl")]
+            d = max(abs(m - r) / abs(r) for m, r in zip(got, losses))
+            if len(got) != STEPS or d > FP32_CUDA_RTOL:
+                raise Failure("%s: losses differ from the CPU target's by %.3g (limit %g)\n"
+                              "  cuda %s\n  cpu  %s" % (name, d, FP32_CUDA_RTOL, got, losses))
+            print("ok: %s (CUDA target, emulated): losses within %.2g of the CPU target's"
+                  % (name, d))
+    else:
+        print("not run: the CUDA target (no --emulated: the build has no CUDA toolkit)")
     print("common-ops: all checks passed")
     return 0
 
