@@ -53,7 +53,7 @@ void Importer::build(const onnx::NodeProto &n) {
          "Exp",   "Log",   "Sqrt",      "Reciprocal", "Tanh",     "Erf",      "Sigmoid",
          "Relu",  "Sin",   "Cos",       "Not",        "Gelu",     "Identity", "Dropout",
          "Cast",  "Where", "LeakyRelu", "Clip",       "Softplus", "OneHot"});
-    add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum"});
+    add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum", "CumSum"});
     add(&Importer::buildNormalization,
         {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
          "LayerNormalization", "BatchNormalization"});
@@ -295,6 +295,60 @@ void Importer::buildContraction(const onnx::NodeProto &n) {
 
   if (op == "Einsum")
     return define(0, einsum(attrString("equation", "")));
+  if (op == "CumSum") {
+    // A product with a constant triangle of ones along `axis` (moved last):
+    // y[.., j] = sum over i <= j (exclusive: i < j; reverse: i >= j) of
+    // x[.., i]. Integers go through float32: exact while every partial sum
+    // stays below 2^24 in magnitude.
+    Value x = val(0);
+    Type elt = eltOf(x);
+    const bool isFloat = isa<FloatType>(elt);
+    if (!isFloat && !elt.isInteger(64) && !elt.isInteger(32))
+      fail("the input must be floating-point, int64 or int32");
+    const HostTensor &axisT = needConst(1, "axis");
+    if (axisT.size() != 1)
+      fail("axis must be a scalar");
+    const int64_t rank = (int64_t)shp(x).size();
+    if (rank == 0)
+      fail("the input must have at least one dimension");
+    const int64_t axis = normAxis(axisT.asInt(0), rank);
+    const bool exclusive = attrInt("exclusive", 0) != 0, reverse = attrInt("reverse", 0) != 0;
+    const int64_t len = shp(x)[axis];
+    if (len > 2048)
+      fail("a cumulative sum over " + std::to_string(len) +
+           " elements: carve builds it as a product with a " + std::to_string(len) + "x" +
+           std::to_string(len) + " constant, and allows at most 2048");
+    Type f = isFloat ? elt : b.getF32Type();
+    Value y = isFloat ? x : CastOp::create(b, loc, tensorType(shp(x), f), x).getResult();
+    SmallVector<int64_t> perm, moved;
+    for (int64_t d = 0; d < rank; ++d)
+      if (d != axis)
+        perm.push_back(d);
+    perm.push_back(axis);
+    for (int64_t d : perm)
+      moved.push_back(shp(x)[d]);
+    const bool identity = axis == rank - 1;
+    if (!identity)
+      y = TransposeOp::create(b, loc, tensorType(moved, f), y, b.getDenseI64ArrayAttr(perm));
+    std::vector<double> tri(len * len, 0.0);
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t j = 0; j < len; ++j) {
+        bool in = reverse ? (exclusive ? i > j : i >= j) : (exclusive ? i < j : i <= j);
+        tri[i * len + j] = in ? 1.0 : 0.0;
+      }
+    const ElemKind fk = isFloat ? kindOf(0) : ElemKind::F32;
+    Value t = materialize(HostTensor::floats(fk, {len, len}, tri), "");
+    y = MatmulOp::create(b, loc, tensorType(moved, f), y, t);
+    if (!identity) {
+      SmallVector<int64_t> back(rank);
+      for (int64_t d = 0; d < rank; ++d)
+        back[perm[d]] = d;
+      y = TransposeOp::create(b, loc, tensorType(shp(x), f), y, b.getDenseI64ArrayAttr(back));
+    }
+    if (!isFloat)
+      y = CastOp::create(b, loc, tensorType(shp(x), elt), y);
+    return define(0, y);
+  }
 
   if (op == "MatMul") {
     Value l = val(0), r = val(1);

@@ -58,6 +58,7 @@ const std::set<std::string> &opTable() {
                                             "ConstantOfShape",
                                             "Conv",
                                             "Cos",
+                                            "CumSum",
                                             "Div",
                                             "Dropout",
                                             "Einsum",

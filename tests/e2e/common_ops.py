@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Common ONNX ops that carve builds from others: LeakyRelu, Softplus, Clip,
-ReduceL2, Einsum and OneHot, in a model written with PyTorch's own modules
-and functions (nn.LeakyReLU, F.softplus, torch.clamp, F.normalize,
+ReduceL2, Einsum, OneHot and CumSum, in a model written with PyTorch's own
+modules and functions (nn.LeakyReLU, F.softplus, torch.clamp, F.normalize,
 F.hardtanh, torch.einsum with a parameter, batch indices, contractions,
-outer products and `...`, F.one_hot), exported by a plain torch.onnx.export.
+outer products and `...`, F.one_hot, torch.cumsum of floats and of int64),
+exported by a plain torch.onnx.export.
 
 What must hold:
 1. The import holds each op (carve import --summary lists no unsupported op),
@@ -43,7 +44,7 @@ BATCH = 8
 LR = 0.1
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
-OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot"]
+OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot", "CumSum"]
 TIMEOUT_S = 300
 FP32_CUDA_RTOL = 1e-4
 
@@ -89,10 +90,16 @@ def model():
             q = q * torch.einsum("q,d->qd", self.gate, torch.ones(8)).sigmoid()
             scale = torch.einsum("...d,...d->...", q, q).sum(-1, keepdim=True)
             h = q.reshape(-1, 32) / (1.0 + scale)
+            h = h + 0.1 * torch.cumsum(h, dim=-1)
             logits = self.head(h)
             # An additive margin on the target's logit (AM-softmax), over
             # F.one_hot's mask.
-            return F.cross_entropy(logits - 0.3 * F.one_hot(y, 10).float(), y)
+            # and a mask of the classes from the target's on (an integer
+            # cumulative sum). Along the batch it would couple samples, which
+            # data parallelism runs per replica, as PyTorch DDP does.
+            onehot = F.one_hot(y, 10)
+            seen = torch.cumsum(onehot, dim=-1).float()
+            return F.cross_entropy(logits - 0.3 * onehot.float() - 0.01 * seen, y)
 
     torch.manual_seed(0)
     return Net()
