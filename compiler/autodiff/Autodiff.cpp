@@ -179,14 +179,53 @@ struct Differentiator {
         Value x = op->getOperand(i);
         if (!active(x))
           continue;
-        if (i >= og.size() || !og[i])
-          return fail(op, describe(op) + " gives no gradient to operand " + std::to_string(i) +
-                              ", which depends on a trainable parameter");
+        if (i >= og.size() || !og[i]) {
+          // Fine when the parameters behind it get no gradient at all (a
+          // mask kept as a float buffer, exported as a parameter): they are
+          // not trained. Checked once every gradient is known.
+          gradientless.push_back({op, i});
+          continue;
+        }
         if (!accumulate(b, gradLoc, x, og[i]))
           return false;
       }
     }
+    for (auto [op, i] : gradientless)
+      for (BlockArgument a : trainableBehind(op->getOperand(i)))
+        if (grads.lookup(a))
+          return fail(op, describe(op) + " gives no gradient to operand " + std::to_string(i) +
+                              ", which depends on trainable parameter '" + paramName(a) +
+                              "', whose other uses need one");
     return true;
+  }
+
+  /// Operands a gradient rule gave no gradient to, though they depend on a
+  /// trainable parameter.
+  SmallVector<std::pair<Operation *, unsigned>> gradientless;
+
+  /// The trainable parameters `v` is computed from.
+  SmallVector<BlockArgument> trainableBehind(Value v) {
+    SmallVector<BlockArgument> out;
+    DenseSet<Value> seen;
+    SmallVector<Value> work{v};
+    while (!work.empty()) {
+      Value x = work.pop_back_val();
+      if (!seen.insert(x).second)
+        continue;
+      if (auto a = dyn_cast<BlockArgument>(x)) {
+        if (fn.getArgAttr(a.getArgNumber(), kTrainableAttr))
+          out.push_back(a);
+        continue;
+      }
+      for (Value o : x.getDefiningOp()->getOperands())
+        work.push_back(o);
+    }
+    return out;
+  }
+
+  std::string paramName(BlockArgument a) {
+    auto n = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), kParamAttr);
+    return n ? n.getValue().str() : "#" + std::to_string(a.getArgNumber());
   }
 };
 

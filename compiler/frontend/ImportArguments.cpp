@@ -80,10 +80,35 @@ void Importer::classifyInitializers() {
     }
     haveParamMetadata |= params;
   }
-  if (!haveParamMetadata)
+  if (!haveParamMetadata) {
     for (const auto &t : g.initializer())
       if (isFloatKind((ElemKind)t.data_type()))
         paramNames.insert(t.name());
+    // In eval mode PyTorch's exporter keeps one of several initializers of
+    // equal value (all zero biases, all unit norm weights at initialization)
+    // and reaches the others through Identity nodes named after them. They
+    // are separate parameters of the module: keep them apart.
+    std::string list;
+    for (const auto &n : g.node()) {
+      if (n.op_type() != "Identity" || n.input_size() != 1 || n.output_size() != 1 ||
+          !paramNames.count(n.input(0)) || initNames.count(n.output(0)) ||
+          unmergedNames.count(n.output(0)))
+        continue;
+      for (const auto &t : g.initializer())
+        if (t.name() == n.input(0))
+          unmerged.push_back({n.output(0), &t});
+      unmergedNames.insert(n.output(0));
+      list += (list.empty() ? "" : ", ") + n.output(0) + " (= " + n.input(0) + ")";
+    }
+    for (auto &[name, t] : unmerged)
+      paramNames.insert(name);
+    if (!unmerged.empty() && opts.notes)
+      opts.notes->push_back(
+          std::to_string(unmerged.size()) +
+          " parameter(s) the exporter merged into another of equal value (an eval-mode "
+          "export) are kept apart, as in the module: " +
+          list);
+  }
 
   for (const std::string &glob : opts.frozen) {
     auto pattern = llvm::GlobPattern::create(glob);
@@ -188,14 +213,28 @@ void Importer::makeArguments() {
     s.isParam = true;
     recordInitialValue(t, what);
   }
+  for (auto &[name, t] : unmerged) {
+    std::string what = "parameter '" + name + "'";
+    SmallVector<int64_t> shape(t->dims().begin(), t->dims().end());
+    Value arg = entry->addArgument(tensorType(shape, mlirType(t->data_type(), what)), loc);
+    SmallVector<NamedAttribute> attrs = {b.getNamedAttr(kParamAttr, b.getStringAttr(name))};
+    if (!frozenNames.count(name))
+      attrs.push_back(b.getNamedAttr(kTrainableAttr, b.getUnitAttr()));
+    argAttrs.push_back(b.getDictionaryAttr(attrs));
+    Slot &s = env[name];
+    s.value = arg;
+    s.isParam = true;
+    recordInitialValue(*t, what, name);
+  }
 }
 
-void Importer::recordInitialValue(const onnx::TensorProto &t, const std::string &what) {
+void Importer::recordInitialValue(const onnx::TensorProto &t, const std::string &what,
+                                  const std::string &name) {
   if (!opts.initialValues)
     return;
   HostTensor h = loadTensor(t, what);
   ImportOptions::InitialValue v;
-  v.name = t.name();
+  v.name = name.empty() ? t.name() : name;
   v.shape.assign(t.dims().begin(), t.dims().end());
   v.data.resize(h.size());
   for (int64_t k = 0; k < h.size(); ++k)

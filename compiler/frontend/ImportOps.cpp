@@ -255,8 +255,11 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
     off = WhereOp::create(b, loc, outType, hitNegative, on, off);
     return define(0, WhereOp::create(b, loc, outType, hit, on, off));
   }
-  if (op == "Identity")
+  if (op == "Identity") {
+    if (unmergedNames.count(n.output(0)))
+      return; // a parameter of its own (classifyInitializers)
     return define(0, val(0));
+  }
   if (op == "Dropout") {
     if (outputUsed(1))
       fail("the Dropout mask output is not supported");

@@ -70,7 +70,8 @@ private:
   void checkInitializer(const onnx::TensorProto &t);
   HostTensor loadTensor(const onnx::TensorProto &t, const std::string &what);
   /// Appends the initializer to ImportOptions::initialValues when asked.
-  void recordInitialValue(const onnx::TensorProto &t, const std::string &what);
+  void recordInitialValue(const onnx::TensorProto &t, const std::string &what,
+                          const std::string &name = "");
   std::string readExternal(const onnx::TensorProto &t, int64_t bytes, const std::string &what);
   /// Validates an initializer's external data entry; returns the file path.
   std::string externalPath(const onnx::TensorProto &t, int64_t bytes, const std::string &what,
@@ -158,6 +159,10 @@ private:
   int64_t opset = 0;
   llvm::StringMap<Slot> env;
   llvm::StringSet<> paramNames, bufferNames, frozenNames;
+  /// Parameters the exporter merged into another of equal value (eval-mode
+  /// exports), reached through an Identity node: name -> the kept one.
+  std::vector<std::pair<std::string, const onnx::TensorProto *>> unmerged;
+  llvm::StringSet<> unmergedNames;
   bool haveParamMetadata = false;
   llvm::StringMap<unsigned> useCount;
   mlir::func::FuncOp func;

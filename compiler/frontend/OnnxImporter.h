@@ -49,6 +49,9 @@ struct ImportOptions {
   /// Ops of custom domains (`--rules`): a node whose domain and type match a
   /// rule becomes `carve.custom`; a node of another domain without one is an error.
   std::vector<CustomOpRule> customOps;
+  /// If set, receives one line per thing the user should know about the
+  /// import that is not an error (printed as `carve: note: ...`).
+  std::vector<std::string> *notes = nullptr;
 };
 
 /// Parses one `NAME=VALUE` of `--set-dim` into `opts`; on a malformed entry

@@ -20,6 +20,7 @@
 #include "compiler/schedule/Schedule.h"
 #include "compiler/schedule/Timeline.h"
 #include "compiler/stages/StageSplit.h"
+#include "dialects/carve/Contract.h"
 #include "dialects/dist/DistDialect.h"
 #include "tools/carve/Build.h"
 #include "tools/carve/Driver.h"
@@ -268,6 +269,29 @@ std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args) {
   return ranks;
 }
 
+/// Parameters no gradient reaches are not trained (as PyTorch's optimizers
+/// skip a parameter whose .grad stays None); say which, since a plain export
+/// makes a float buffer (a causal mask) a parameter.
+void noteUntrained(mlir::ModuleOp module) {
+  std::string names;
+  int n = 0;
+  module.walk([&](mlir::func::FuncOp fn) {
+    auto unused = fn->getAttrOfType<mlir::ArrayAttr>(kUnusedParamsAttr);
+    if (!unused || n)
+      return;
+    for (mlir::Attribute a : unused)
+      if (auto name = dyn_cast<mlir::StringAttr>(a)) {
+        names += std::string(n ? ", " : "") + name.getValue().str();
+        ++n;
+      }
+  });
+  if (n)
+    llvm::errs() << "carve: note: " << n << " parameter" << (n > 1 ? "s get" : " gets")
+                 << " no gradient, so " << (n > 1 ? "they are" : "it is")
+                 << " not trained (a buffer, such as a mask, exported as a parameter): " << names
+                 << "\n";
+}
+
 int runCompile(CompileArgs &args) {
   Setup s = resolve(args);
   Progress progress(args.quiet);
@@ -276,6 +300,7 @@ int runCompile(CompileArgs &args) {
   pipeline::Schedule schedule;
   Imported im = importModel(context, args, s, schedule, progress);
   PartitionSummary partition = runPipeline(im, s, args, progress);
+  noteUntrained(*im.module);
 
   progress.start("codegen");
   if (!args.emitMlir.empty() && args.emitMlirAfter.empty()) {

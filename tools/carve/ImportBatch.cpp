@@ -78,9 +78,13 @@ Imported importModel(mlir::MLIRContext &context, const CompileArgs &args, const 
   std::string error;
   ImportOptions globalOpts = args.import;
   globalOpts.initialValues = args.noWeights ? nullptr : &im.initial;
+  std::vector<std::string> notes;
+  globalOpts.notes = &notes;
   auto global = loadModel(context, args.model, globalOpts, error);
   if (!global)
     die(args.model + ": " + error);
+  for (const std::string &n : notes)
+    llvm::errs() << "carve: note: " << args.model << ": " << n << "\n";
   readInputs(*global, args.model, s, im);
   im.m = countMicroBatches(s, im.batch);
   const Plan &plan = s.plan;

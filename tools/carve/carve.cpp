@@ -286,9 +286,13 @@ int runImport() {
     opts.customOps = rules.customOps;
   }
   mlir::MLIRContext context;
+  std::vector<std::string> notes;
+  opts.notes = &notes;
   auto module = carve::loadModel(context, importInput, opts, error);
   if (!module)
     die(importInput + ": " + error);
+  for (const std::string &n : notes)
+    llvm::errs() << "carve: note: " << importInput << ": " << n << "\n";
   if (!carve::prepareCustomOps(*module, rules, error))
     die(importInput + ": " + error);
   std::string text;

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Plain exports: masks an export makes parameters, initializers it merges.
+
+A plain torch.onnx.export in training mode (no constant folding: the way
+to keep parameter names) writes a module's float buffers, such as GPT-2's
+causal mask `attn.bias` or an additive `-inf` mask, as initializers, which
+carve reads as trainable parameters. No gradient reaches them: carve trains
+them as PyTorch does (not at all; an optimizer skips a parameter whose
+.grad stays None) and says so in one note. An additive mask becomes the
+mask operand of carve.attention, which gives it no gradient; that used to
+stop the compile.
+
+What must hold, for two models (masked_fill with a `tril` buffer, two
+layers; an additive mask raised to carve.attention):
+1. `carve compile` exits 0 and prints one note naming exactly the buffers.
+2. 1 rank against PyTorch: STEPS plain SGD steps from the export's weights
+   on the same samples; losses within LOSS_RTOL, weights within
+   WEIGHT_RTOL of each tensor's largest entry, the buffers bitwise
+   unchanged in the checkpoint.
+3. A tensor used both as a mask and elsewhere (so its gradient would be
+   incomplete) still fails, naming the op and the parameter.
+4. An eval-mode export (PyTorch's default for a module in eval mode) merges
+   initializers of equal value, here two LayerNorms' weights and biases,
+   into one reached through Identity nodes. carve keeps them apart (10
+   parameters, as the module has), says so in one note, and trains the
+   module's model: against PyTorch as in 2, ln2's tensors ending different
+   from ln1's.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import st  # noqa: E402 (checkpoints)
+
+STEPS = 5
+BATCH, T, VOCAB, D = 4, 16, 64, 32
+LR = 0.1
+LOSS_RTOL = 1e-5
+WEIGHT_RTOL = 1e-4
+TIMEOUT_S = 300
+
+
+class Failure(Exception):
+    pass
+
+
+def run(cmd):
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=TIMEOUT_S)
+
+
+def models():
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Attn(nn.Module):
+        def __init__(self, additive, shared=False):
+            super().__init__()
+            self.additive, self.shared = additive, shared
+            self.qkv = nn.Linear(D, 3 * D)
+            self.proj = nn.Linear(D, D)
+            if shared:
+                self.mask = nn.Parameter(torch.full((T, T), -1e4).triu(1))
+            elif additive:
+                self.register_buffer("mask", torch.full((T, T), float("-inf")).triu(1))
+            else:
+                self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+        def forward(self, x):
+            B, _, C = x.shape
+            q, k, v = self.qkv(x).split(C, 2)
+            q, k, v = (t.view(B, T, 4, C // 4).transpose(1, 2) for t in (q, k, v))
+            a = q @ k.transpose(-2, -1) * (1.0 / (C // 4) ** 0.5)
+            if self.additive or self.shared:
+                a = a + self.mask
+            else:
+                a = a.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            y = self.proj((F.softmax(a, -1) @ v).transpose(1, 2).reshape(B, T, C))
+            return y + self.mask.mean() if self.shared else y
+
+    class Net(nn.Module):
+        def __init__(self, additive, layers, shared=False):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, D)
+            self.blocks = nn.ModuleList(Attn(additive, shared) for _ in range(layers))
+            self.head = nn.Linear(D, VOCAB)
+
+        def forward(self, ids, labels):
+            x = self.emb(ids)
+            for b in self.blocks:
+                x = x + b(x)
+            return F.cross_entropy(self.head(x).view(-1, VOCAB), labels.view(-1))
+
+    torch.manual_seed(0)
+    return {"masked_fill": (Net(False, 2), ["blocks.0.bias", "blocks.1.bias"]),
+            "additive": (Net(True, 1), ["blocks.0.mask"]),
+            "shared": (Net(False, 1, shared=True), None)}
+
+
+def export(net, path):
+    import torch
+    ids = torch.zeros(BATCH, T, dtype=torch.int64)
+    torch.onnx.export(net.train(), (ids, ids.clone()), path, input_names=["ids", "labels"],
+                      output_names=["loss"], opset_version=17,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+
+
+def check_merged(a):
+    """Item 4."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.ln1 = nn.Linear(16, 32), nn.LayerNorm(32)
+            self.fc2, self.ln2 = nn.Linear(32, 32), nn.LayerNorm(32)
+            self.head = nn.Linear(32, 10)
+
+        def forward(self, x, y):
+            h = self.ln1(F.relu(self.fc1(x)))
+            h = self.ln2(F.relu(self.fc2(h)))
+            return F.cross_entropy(self.head(h), y)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    rng = np.random.default_rng(4)
+    xs = rng.standard_normal((STEPS * BATCH, 16)).astype(np.float32)
+    ys = rng.integers(0, 10, STEPS * BATCH).astype(np.int64)
+    onnx_path = os.path.join(a.workdir, "merged.onnx")
+    torch.onnx.export(net, (torch.from_numpy(xs[:BATCH]), torch.from_numpy(ys[:BATCH])),
+                      onnx_path, input_names=["x", "y"], output_names=["loss"],
+                      opset_version=17, do_constant_folding=False)
+    data = os.path.join(a.workdir, "merged.safetensors")
+    st.save(data, {"x": xs, "y": ys})
+    out = os.path.join(a.workdir, "merged")
+    p = run([a.carve, "compile", onnx_path, "-o", out, "--quiet", "--optimizer", "sgd", "--lr",
+             str(LR), "--clip-grad-norm", "0"])
+    if p.returncode != 0:
+        raise Failure("merged: compile failed:\n%s%s" % (p.stdout, p.stderr))
+    notes = [l for l in p.stderr.splitlines() if l.startswith("carve: note:")]
+    if len(notes) != 1 or "ln2.bias (= ln1.bias), ln2.weight (= ln1.weight)" not in notes[0]:
+        raise Failure("merged: expected one note naming ln2's tensors, got:\n%s" % p.stderr)
+    print("ok: merged: %s" % notes[0])
+    p = run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data,
+             "--log", out + ".jsonl", "--save", out + ".ckpt", "--progress", "none"])
+    if p.returncode != 0:
+        raise Failure("merged: training failed:\n%s%s" % (p.stdout, p.stderr))
+    losses = [json.loads(l)["loss"] for l in open(out + ".jsonl")]
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    ref = []
+    for k in range(STEPS):
+        opt.zero_grad()
+        loss = net(torch.from_numpy(xs[k * BATCH:(k + 1) * BATCH]),
+                   torch.from_numpy(ys[k * BATCH:(k + 1) * BATCH]))
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    worst = max(abs(m - r) / abs(r) for m, r in zip(losses, ref))
+    if len(losses) != STEPS or worst > LOSS_RTOL:
+        raise Failure("merged: losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n"
+                      "  PyTorch %s" % (worst, LOSS_RTOL, losses, ref))
+    mine = st.load_checkpoint(out + ".ckpt")
+    if sorted(mine) != sorted(net.state_dict()):
+        raise Failure("merged: checkpoint tensors %s, the module's %s"
+                      % (sorted(mine), sorted(net.state_dict())))
+    gap = max(float(np.max(np.abs(mine[k] - t.numpy())) / max(np.max(np.abs(t.numpy())), 1e-30))
+              for k, t in net.state_dict().items())
+    if gap > WEIGHT_RTOL:
+        raise Failure("merged: weights differ from PyTorch's by %.3g (limit %g)"
+                      % (gap, WEIGHT_RTOL))
+    if np.array_equal(mine["ln1.weight"], mine["ln2.weight"]):
+        raise Failure("merged: ln1.weight and ln2.weight trained as one tensor")
+    print("ok: merged: %d SGD steps against PyTorch: losses within %.2g, weights within %.2g, "
+          "ln1 and ln2 apart" % (STEPS, worst, gap))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--carve", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    import torch
+
+    shutil.rmtree(a.workdir, ignore_errors=True)
+    os.makedirs(a.workdir)
+    # A token file, read the default (wrapped) way (docs/data.md): global
+    # sequence j of step k starts at ((k*B + j) * T) mod (N - T - 1).
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, VOCAB, 4000).astype(np.int32)
+    data = os.path.join(a.workdir, "tokens.bin")
+    tokens.tofile(data)
+    starts = [((k * BATCH + j) * T) % (len(tokens) - T - 1) for k in range(STEPS)
+              for j in range(BATCH)]
+    windows = np.stack([tokens[o:o + T + 1] for o in starts]).astype(np.int64)
+    ids, labels = windows[:, :T].copy(), windows[:, 1:].copy()
+    for name, (net, buffers) in models().items():
+        onnx_path = os.path.join(a.workdir, name + ".onnx")
+        export(net, onnx_path)
+        out = os.path.join(a.workdir, name)
+        p = run([a.carve, "compile", onnx_path, "-o", out, "--quiet", "--optimizer", "sgd", "--lr",
+                 str(LR), "--clip-grad-norm", "0"])
+        if buffers is None:
+            # 3. The mask is also used elsewhere: its gradient would be incomplete.
+            if p.returncode == 0 or "gives no gradient to operand" not in p.stderr or \
+                    "'blocks.0.mask', whose other uses need one" not in p.stderr:
+                raise Failure("%s: expected a failure naming the op and blocks.0.mask, got %d:\n"
+                              "%s%s" % (name, p.returncode, p.stdout, p.stderr))
+            print("ok: %s: %s" % (name, p.stderr.strip().splitlines()[-1]))
+            continue
+        if p.returncode != 0:
+            raise Failure("%s: compile failed:\n%s%s" % (name, p.stdout, p.stderr))
+        notes = [l for l in p.stderr.splitlines() if l.startswith("carve: note:")]
+        if len(notes) != 1 or not notes[0].endswith(": " + ", ".join(buffers)):
+            raise Failure("%s: expected one note naming %s, got:\n%s" % (name, buffers, p.stderr))
+        print("ok: %s: %s" % (name, notes[0]))
+        log, ckpt = out + ".jsonl", out + ".ckpt"
+        p = run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data,
+                 "--log", log, "--save", ckpt, "--progress", "none"])
+        if p.returncode != 0:
+            raise Failure("%s: training failed:\n%s%s" % (name, p.stdout, p.stderr))
+        losses = [json.loads(l)["loss"] for l in open(log)]
+        initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
+        opt = torch.optim.SGD(net.parameters(), lr=LR)
+        ref = []
+        for k in range(STEPS):
+            opt.zero_grad()
+            loss = net(torch.from_numpy(ids[k * BATCH:(k + 1) * BATCH]),
+                       torch.from_numpy(labels[k * BATCH:(k + 1) * BATCH]))
+            loss.backward()
+            opt.step()
+            ref.append(loss.item())
+        worst = max(abs(m - r) / abs(r) for m, r in zip(losses, ref))
+        if len(losses) != STEPS or worst > LOSS_RTOL:
+            raise Failure("%s: losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n"
+                          "  PyTorch %s" % (name, worst, LOSS_RTOL, losses, ref))
+        mine = st.load_checkpoint(ckpt)
+        gap, where = 0.0, ""
+        for k, t in net.state_dict().items():
+            t = t.numpy()
+            if k in buffers:
+                if not np.array_equal(mine[k], initial[k].numpy()):
+                    raise Failure("%s: buffer %s changed in training" % (name, k))
+                continue
+            g = float(np.max(np.abs(mine[k] - t)) / max(np.max(np.abs(t)), 1e-30))
+            if g > gap:
+                gap, where = g, k
+        if gap > WEIGHT_RTOL:
+            raise Failure("%s: weights of %s differ from PyTorch's by %.3g (limit %g)"
+                          % (name, where, gap, WEIGHT_RTOL))
+        print("ok: %s: %d SGD steps against PyTorch: losses within %.2g, weights within %.2g "
+              "(%s), buffers unchanged" % (name, STEPS, worst, gap, where))
+    check_merged(a)
+    print("plain-buffers: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (Failure, subprocess.TimeoutExpired) as e:
+        print("FAIL: %s" % e)
+        sys.exit(1)
