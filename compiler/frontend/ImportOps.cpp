@@ -62,6 +62,7 @@ void Importer::build(const onnx::NodeProto &n) {
         {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand"});
     add(&Importer::buildConvolution, {"Conv", "MaxPool", "GlobalAveragePool"});
     add(&Importer::buildLoss, {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"});
+    add(&Importer::buildRecurrent, {"LSTM", "GRU"});
     return t;
   }();
   auto it = table.find(n.op_type());

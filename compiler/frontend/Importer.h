@@ -97,6 +97,7 @@ private:
   void buildDataMovement(const onnx::NodeProto &n);
   void buildConvolution(const onnx::NodeProto &n);
   void buildLoss(const onnx::NodeProto &n);
+  void buildRecurrent(const onnx::NodeProto &n);
   void buildCustom(const onnx::NodeProto &n, const CustomOpRule &rule);
   /// With a batch override, adjusts a Reshape's constant target shape that
   /// hard-codes the model's own batch (ImportOptions::globalBatch).
