@@ -13,6 +13,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -55,7 +56,7 @@ void Importer::build(const onnx::NodeProto &n) {
          "Cast",  "Where", "LeakyRelu", "Clip",       "Softplus", "OneHot"});
     add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum", "CumSum"});
     add(&Importer::buildNormalization,
-        {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
+        {"TopK", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
          "LayerNormalization", "BatchNormalization"});
     add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
     add(&Importer::buildDataMovement,
@@ -591,6 +592,71 @@ void Importer::buildNormalization(const onnx::NodeProto &n) {
       return define(0, ReduceMeanOp::create(b, loc, type, x, axesAttr, keepAttr));
     }
     return define(0, ReduceMaxOp::create(b, loc, type, x, axesAttr, keepAttr));
+  }
+  if (op == "TopK") {
+    // k rounds of: the maximum along `axis` (carve.reduce_max, whose
+    // gradient goes to the maximum), its first position (the smallest index
+    // holding it: ONNX's and PyTorch's order for ties), then that position
+    // masked with -inf for the next round. Values come out sorted; indices
+    // are computed in float (exact below 2^24) and cast to int64.
+    Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("the input must be floating-point");
+    const HostTensor &kT = needConst(1, "K");
+    if (kT.size() != 1)
+      fail("K must hold one value");
+    const int64_t rank = (int64_t)shp(x).size();
+    if (rank == 0)
+      fail("the input must have at least one dimension");
+    const int64_t axis = normAxis(attrInt("axis", -1), rank), len = shp(x)[axis];
+    const int64_t k = kT.asInt(0);
+    if (k < 1 || k > len)
+      fail("K is " + std::to_string(k) + ", the axis has " + std::to_string(len) + " elements");
+    if (k > 16)
+      fail("K is " + std::to_string(k) + "; carve builds TopK from K maxima and allows at most 16");
+    const bool largest = attrInt("largest", 1) != 0;
+    const ElemKind fk = kindOf(0);
+    auto scalarF = [&](double v) { return materialize(HostTensor::floats(fk, {}, {v}), ""); };
+    SmallVector<int64_t> iotaShape(rank, 1), keepShape(shp(x));
+    iotaShape[axis] = len;
+    keepShape[axis] = 1;
+    std::vector<double> iota(len);
+    for (int64_t i = 0; i < len; ++i)
+      iota[i] = (double)i;
+    Value positions = materialize(HostTensor::floats(fk, iotaShape, iota), "");
+    Value beyond = scalarF((double)len), hidden = scalarF(-INFINITY);
+    auto axesAttr = b.getDenseI64ArrayAttr({axis});
+    auto keepType = tensorType(keepShape, eltOf(x));
+    auto max = [&](Value v) {
+      return (Value)ReduceMaxOp::create(b, loc, keepType, v, axesAttr, b.getBoolAttr(true));
+    };
+    auto neg = [&](Value v) { return (Value)NegOp::create(b, loc, v.getType(), v); };
+    Value cur = largest ? x : neg(x);
+    SmallVector<Value> values, indices;
+    for (int64_t j = 0; j < k; ++j) {
+      Value m = max(cur);
+      Value where =
+          WhereOp::create(b, loc, x.getType(), binary<EqualOp>(cur, m, true), positions, beyond);
+      Value first = neg(max(neg(where)));
+      values.push_back(m);
+      indices.push_back(first);
+      if (j + 1 < k)
+        cur = WhereOp::create(b, loc, x.getType(), binary<EqualOp>(positions, first, true), hidden,
+                              cur);
+    }
+    SmallVector<int64_t> outShape(shp(x));
+    outShape[axis] = k;
+    auto join = [&](SmallVector<Value> &parts) {
+      if (parts.size() == 1)
+        return parts.front();
+      return (Value)ConcatOp::create(b, loc, tensorType(outShape, eltOf(x)), parts,
+                                     b.getI64IntegerAttr(axis));
+    };
+    Value v = join(values);
+    define(0, largest ? v : neg(v));
+    if (node->output_size() > 1)
+      define(1, CastOp::create(b, loc, tensorType(outShape, b.getI64Type()), join(indices)));
+    return;
   }
   if (op == "ReduceL2") {
     // sqrt(sum(x^2)) (F.normalize, torch.norm): the gradient x / norm, NaN

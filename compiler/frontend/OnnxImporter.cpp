@@ -116,6 +116,7 @@ const std::set<std::string> &opTable() {
                                             "Squeeze",
                                             "Sub",
                                             "Tanh",
+                                            "TopK",
                                             "Transpose",
                                             "Trilu",
                                             "Unsqueeze",

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Common ONNX ops that carve builds from others: LeakyRelu, Softplus, Clip,
-ReduceL2, Einsum, OneHot and CumSum, in a model written with PyTorch's own
+ReduceL2, Einsum, OneHot, CumSum and TopK, in a model written with PyTorch's own
 modules and functions (nn.LeakyReLU, F.softplus, torch.clamp, F.normalize,
 F.hardtanh, torch.einsum with a parameter, batch indices, contractions,
-outer products and `...`, F.one_hot, torch.cumsum of floats and of int64),
-exported by a plain torch.onnx.export.
+outer products and `...`, F.one_hot, torch.cumsum of floats and of int64,
+torch.topk in a top-2 mixture of experts), exported by a plain
+torch.onnx.export.
 
 What must hold:
 1. The import holds each op (carve import --summary lists no unsupported op),
@@ -44,7 +45,7 @@ BATCH = 8
 LR = 0.1
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
-OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot", "CumSum"]
+OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot", "CumSum", "TopK"]
 TIMEOUT_S = 300
 FP32_CUDA_RTOL = 1e-4
 
@@ -76,6 +77,8 @@ def model():
             self.head = nn.Linear(32, 10)
             self.proj = nn.Parameter(torch.randn(32, 32) * 0.2)
             self.gate = nn.Parameter(torch.randn(4) * 0.5)
+            self.router = nn.Linear(32, 4)
+            self.experts = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))
 
         def forward(self, x, y):
             h = self.act(self.fc1(x))
@@ -91,6 +94,13 @@ def model():
             scale = torch.einsum("...d,...d->...", q, q).sum(-1, keepdim=True)
             h = q.reshape(-1, 32) / (1.0 + scale)
             h = h + 0.1 * torch.cumsum(h, dim=-1)
+            # A mixture of 4 experts with top-2 routing (computed densely):
+            # torch.topk, F.one_hot and einsum, as MoE layers write them.
+            top, idx = torch.topk(F.softmax(self.router(h), -1), 2)
+            top = top / top.sum(-1, keepdim=True)
+            weights = (F.one_hot(idx, 4).float() * top.unsqueeze(-1)).sum(1)
+            outs = torch.stack([e(h) for e in self.experts], 1)
+            h = h + torch.einsum("be,bed->bd", weights, outs)
             logits = self.head(h)
             # An additive margin on the target's logit (AM-softmax), over
             # F.one_hot's mask.
@@ -135,7 +145,7 @@ def main():
     summary = run([a.carve, "import", onnx_path, "--summary"])
     lines = [l.strip() for l in summary.splitlines()]
     params = [l for l in lines if l.startswith("parameters:")]
-    if params != ["parameters: 8 trainable, 2958 elements"]:
+    if params != ["parameters: 18 trainable, 7314 elements"]:
         raise Failure("the import should find the 8 tensors of the module as parameters:\n%s"
                       % summary)
     print("ok: import (%s; %s)" % (params[0], [l for l in lines if l.startswith("ops:")][0]))
