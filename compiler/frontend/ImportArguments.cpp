@@ -102,6 +102,34 @@ void Importer::classifyInitializers() {
     }
     for (auto &[name, t] : unmerged)
       paramNames.insert(name);
+    // Say once what was guessed, and what an exporter renamed.
+    int64_t floats = 0, others = 0;
+    std::string renamed;
+    int64_t renamedCount = 0;
+    for (const auto &t : g.initializer()) {
+      if (!isFloatKind((ElemKind)t.data_type())) {
+        ++others;
+        continue;
+      }
+      ++floats;
+      if (StringRef(t.name()).starts_with("onnx::")) {
+        if (renamedCount < 3)
+          renamed += (renamed.empty() ? "" : ", ") + t.name();
+        ++renamedCount;
+      }
+    }
+    if (opts.notes && floats + others > 0)
+      opts.notes->push_back(
+          "no carve.parameters metadata: " + std::to_string(floats) +
+          " float initializer(s) taken as parameters, " + std::to_string(others) +
+          " other(s) as constants; export with models/export.py's export_for_carve to say "
+          "which are buffers (models/README.md)");
+    if (opts.notes && renamedCount > 0)
+      opts.notes->push_back(
+          std::to_string(renamedCount) + " parameter(s) have names the exporter made (" + renamed +
+          (renamedCount > 3 ? ", ..." : "") +
+          "): constant folding replaced weights by transposed copies, so checkpoints use "
+          "these names; export with do_constant_folding=False to keep the module's");
     if (!unmerged.empty() && opts.notes)
       opts.notes->push_back(
           std::to_string(unmerged.size()) +
