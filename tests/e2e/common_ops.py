@@ -39,6 +39,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402
+from torch_compare import (Failure, read_losses, run, sgd_losses, worst_loss_gap,  # noqa: E402
+                           worst_weight_gap)
 
 STEPS = 8
 BATCH = 8
@@ -48,19 +50,6 @@ WEIGHT_RTOL = 1e-4
 OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot", "CumSum", "TopK"]
 TIMEOUT_S = 300
 FP32_CUDA_RTOL = 1e-4
-
-
-class Failure(Exception):
-    pass
-
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S)
-    if p.returncode != 0:
-        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:],
-                                                 p.stderr[-3000:]))
-    return p.stdout + p.stderr
 
 
 def model():
@@ -157,33 +146,11 @@ def main():
     log, ckpt = out + ".jsonl", out + ".ckpt"
     run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data, "--log",
          log, "--save", ckpt, "--progress", "none"])
-    losses = [json.loads(l)["loss"] for l in open(log)]
-    opt = torch.optim.SGD(net.parameters(), lr=LR)
-    ref = []
-    for k in range(STEPS):
-        x = torch.from_numpy(xs[k * BATCH:(k + 1) * BATCH])
-        y = torch.from_numpy(ys[k * BATCH:(k + 1) * BATCH])
-        opt.zero_grad()
-        loss = net(x, y)
-        loss.backward()
-        opt.step()
-        ref.append(loss.item())
-    worst = max(abs(m - r) / abs(r) for m, r in zip(losses, ref))
-    if len(losses) != STEPS or worst > LOSS_RTOL:
-        raise Failure("losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n  PyTorch %s"
-                      % (worst, LOSS_RTOL, losses, ref))
-    mine = st.load_checkpoint(ckpt)
-    gap, where = 0.0, ""
-    for name, p in net.state_dict().items():
-        if name not in mine:
-            raise Failure("the checkpoint has no %s (it has %s)" % (name, sorted(mine)))
-        t = p.detach().numpy()
-        g = float(np.max(np.abs(mine[name] - t)) / max(np.max(np.abs(t)), 1e-30))
-        if g > gap:
-            gap, where = g, name
-    if gap > WEIGHT_RTOL:
-        raise Failure("final weights of %s differ from PyTorch's by %.3g of the largest entry "
-                      "(limit %g)" % (where, gap, WEIGHT_RTOL))
+    losses = read_losses(log)
+    batches = [(xs[k * BATCH:(k + 1) * BATCH], ys[k * BATCH:(k + 1) * BATCH])
+               for k in range(STEPS)]
+    worst = worst_loss_gap("1 rank", losses, sgd_losses(net, batches, LR), LOSS_RTOL)
+    gap, where, _ = worst_weight_gap("1 rank", ckpt, net, WEIGHT_RTOL)
     print("ok: 1 rank against PyTorch, %d SGD steps: losses within %.2g, weights within %.2g (%s)"
           % (STEPS, worst, gap, where))
 

@@ -29,7 +29,6 @@ layers; an additive mask raised to carve.attention):
 """
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -40,6 +39,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402 (checkpoints)
+from torch_compare import (Failure, read_losses, sgd_losses, worst_loss_gap,  # noqa: E402
+                           worst_weight_gap)
 
 STEPS = 5
 BATCH, T, VOCAB, D = 4, 16, 64, 32
@@ -47,10 +48,6 @@ LR = 0.1
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
 TIMEOUT_S = 300
-
-
-class Failure(Exception):
-    pass
 
 
 def run(cmd):
@@ -158,29 +155,15 @@ def check_merged(a):
              "--log", out + ".jsonl", "--save", out + ".ckpt", "--progress", "none"])
     if p.returncode != 0:
         raise Failure("merged: training failed:\n%s%s" % (p.stdout, p.stderr))
-    losses = [json.loads(l)["loss"] for l in open(out + ".jsonl")]
-    opt = torch.optim.SGD(net.parameters(), lr=LR)
-    ref = []
-    for k in range(STEPS):
-        opt.zero_grad()
-        loss = net(torch.from_numpy(xs[k * BATCH:(k + 1) * BATCH]),
-                   torch.from_numpy(ys[k * BATCH:(k + 1) * BATCH]))
-        loss.backward()
-        opt.step()
-        ref.append(loss.item())
-    worst = max(abs(m - r) / abs(r) for m, r in zip(losses, ref))
-    if len(losses) != STEPS or worst > LOSS_RTOL:
-        raise Failure("merged: losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n"
-                      "  PyTorch %s" % (worst, LOSS_RTOL, losses, ref))
+    losses = read_losses(out + ".jsonl")
+    batches = [(xs[k * BATCH:(k + 1) * BATCH], ys[k * BATCH:(k + 1) * BATCH])
+               for k in range(STEPS)]
+    worst = worst_loss_gap("merged", losses, sgd_losses(net, batches, LR), LOSS_RTOL)
     mine = st.load_checkpoint(out + ".ckpt")
     if sorted(mine) != sorted(net.state_dict()):
         raise Failure("merged: checkpoint tensors %s, the module's %s"
                       % (sorted(mine), sorted(net.state_dict())))
-    gap = max(float(np.max(np.abs(mine[k] - t.numpy())) / max(np.max(np.abs(t.numpy())), 1e-30))
-              for k, t in net.state_dict().items())
-    if gap > WEIGHT_RTOL:
-        raise Failure("merged: weights differ from PyTorch's by %.3g (limit %g)"
-                      % (gap, WEIGHT_RTOL))
+    gap, _, _ = worst_weight_gap("merged", out + ".ckpt", net, WEIGHT_RTOL)
     if np.array_equal(mine["ln1.weight"], mine["ln2.weight"]):
         raise Failure("merged: ln1.weight and ln2.weight trained as one tensor")
     print("ok: merged: %d SGD steps against PyTorch: losses within %.2g, weights within %.2g, "
@@ -192,7 +175,6 @@ def main():
     ap.add_argument("--carve", required=True)
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
-    import torch
 
     shutil.rmtree(a.workdir, ignore_errors=True)
     os.makedirs(a.workdir)
@@ -235,35 +217,16 @@ def main():
                  "--log", log, "--save", ckpt, "--progress", "none"])
         if p.returncode != 0:
             raise Failure("%s: training failed:\n%s%s" % (name, p.stdout, p.stderr))
-        losses = [json.loads(l)["loss"] for l in open(log)]
+        losses = read_losses(log)
         initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
-        opt = torch.optim.SGD(net.parameters(), lr=LR)
-        ref = []
-        for k in range(STEPS):
-            opt.zero_grad()
-            loss = net(torch.from_numpy(ids[k * BATCH:(k + 1) * BATCH]),
-                       torch.from_numpy(labels[k * BATCH:(k + 1) * BATCH]))
-            loss.backward()
-            opt.step()
-            ref.append(loss.item())
-        worst = max(abs(m - r) / abs(r) for m, r in zip(losses, ref))
-        if len(losses) != STEPS or worst > LOSS_RTOL:
-            raise Failure("%s: losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n"
-                          "  PyTorch %s" % (name, worst, LOSS_RTOL, losses, ref))
+        batches = [(ids[k * BATCH:(k + 1) * BATCH], labels[k * BATCH:(k + 1) * BATCH])
+                   for k in range(STEPS)]
+        worst = worst_loss_gap(name, losses, sgd_losses(net, batches, LR), LOSS_RTOL)
         mine = st.load_checkpoint(ckpt)
-        gap, where = 0.0, ""
-        for k, t in net.state_dict().items():
-            t = t.numpy()
-            if k in buffers:
-                if not np.array_equal(mine[k], initial[k].numpy()):
-                    raise Failure("%s: buffer %s changed in training" % (name, k))
-                continue
-            g = float(np.max(np.abs(mine[k] - t)) / max(np.max(np.abs(t)), 1e-30))
-            if g > gap:
-                gap, where = g, k
-        if gap > WEIGHT_RTOL:
-            raise Failure("%s: weights of %s differ from PyTorch's by %.3g (limit %g)"
-                          % (name, where, gap, WEIGHT_RTOL))
+        for k in buffers:
+            if not np.array_equal(mine[k], initial[k].numpy()):
+                raise Failure("%s: buffer %s changed in training" % (name, k))
+        gap, where, _ = worst_weight_gap(name, ckpt, net, WEIGHT_RTOL, skip=buffers)
         print("ok: %s: %d SGD steps against PyTorch: losses within %.2g, weights within %.2g "
               "(%s), buffers unchanged" % (name, STEPS, worst, gap, where))
     check_merged(a)

@@ -37,6 +37,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402
+from torch_compare import (Failure, read_losses, run, sgd_losses, worst_loss_gap,  # noqa: E402
+                           worst_weight_gap)
 
 STEPS = 6
 BATCH, T, VOCAB = 4, 5, 20
@@ -44,19 +46,6 @@ LR = 0.1
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
 TIMEOUT_S = 300
-
-
-class Failure(Exception):
-    pass
-
-
-def run(cmd, env=None):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S, env=env)
-    if p.returncode != 0:
-        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:],
-                                                 p.stderr[-3000:]))
-    return p.stdout + p.stderr
 
 
 def model():
@@ -119,33 +108,14 @@ def main():
          str(LR), "--clip-grad-norm", "0"])
     run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data, "--log",
          out + ".jsonl", "--save", out + ".ckpt", "--progress", "none"])
-    losses = [json.loads(l)["loss"] for l in open(out + ".jsonl")]
-    opt = torch.optim.SGD(net.parameters(), lr=LR)
-    ref = []
-    for k in range(STEPS):
-        opt.zero_grad()
-        loss = net(torch.from_numpy(xs[k * BATCH:(k + 1) * BATCH]),
-                   torch.from_numpy(ys[k * BATCH:(k + 1) * BATCH]))
-        loss.backward()
-        opt.step()
-        ref.append(loss.item())
-    worst = max(abs(m - r) / abs(r) for m, r in zip(losses, ref))
-    if len(losses) != STEPS or worst > LOSS_RTOL:
-        raise Failure("losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n  PyTorch %s"
-                      % (worst, LOSS_RTOL, losses, ref))
-    # The exporter keeps the module's names for the tensors it does not
-    # reorder (embedding, head, h0); compare those.
-    mine = st.load_checkpoint(out + ".ckpt")
-    compared, gap, where = 0, 0.0, ""
-    for name, p in net.state_dict().items():
-        if name not in mine:
-            continue
-        t = p.numpy()
-        g = float(np.max(np.abs(mine[name] - t)) / max(np.max(np.abs(t)), 1e-30))
-        compared += 1
-        if g > gap:
-            gap, where = g, name
-    if compared < 4 or gap > WEIGHT_RTOL:
+    losses = read_losses(out + ".jsonl")
+    batches = [(xs[k * BATCH:(k + 1) * BATCH], ys[k * BATCH:(k + 1) * BATCH])
+               for k in range(STEPS)]
+    worst = worst_loss_gap("1 rank", losses, sgd_losses(net, batches, LR), LOSS_RTOL)
+    # Compare the tensors the checkpoint names as the module does.
+    gap, where, compared = worst_weight_gap("1 rank", out + ".ckpt", net, WEIGHT_RTOL,
+                                            require_all=False)
+    if compared < 4:
         raise Failure("weights: %d compared, worst %.3g (%s, limit %g)" % (compared, gap, where,
                                                                          WEIGHT_RTOL))
     print("ok: 1 rank against PyTorch, %d SGD steps: losses within %.2g, %d named weights within "

@@ -1,0 +1,85 @@
+"""Training a plain PyTorch module next to its carve program: the pieces the
+tests of plain exports share (common_ops.py, plain_buffers.py, recurrent.py).
+
+A module is exported, compiled with plain SGD (no momentum, no clipping),
+trained STEPS steps on the same samples in the same order, and compared:
+every step's loss, then the final weights of the checkpoint against the
+module's state_dict."""
+
+import json
+import subprocess
+
+import numpy as np
+
+import st
+
+TIMEOUT_S = 300
+
+
+class Failure(Exception):
+    pass
+
+
+def run(cmd, env=None):
+    """Runs `cmd`; its stdout and stderr, or Failure naming it."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=TIMEOUT_S, env=env)
+    if p.returncode != 0:
+        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:],
+                                                 p.stderr[-3000:]))
+    return p.stdout + p.stderr
+
+
+def sgd_losses(net, batches, lr):
+    """PyTorch's losses of plain SGD over `batches` (tuples of numpy arrays,
+    the module's inputs in order); `net` is trained in place."""
+    import torch
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    losses = []
+    for batch in batches:
+        opt.zero_grad()
+        loss = net(*(torch.from_numpy(a) for a in batch))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def read_losses(log):
+    return [json.loads(line)["loss"] for line in open(log)]
+
+
+def worst_loss_gap(label, mine, ref, rtol):
+    """The largest relative loss difference; Failure above `rtol` or when a
+    step is missing."""
+    worst = max(abs(m - r) / abs(r) for m, r in zip(mine, ref))
+    if len(mine) != len(ref) or worst > rtol:
+        raise Failure("%s: losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n"
+                      "  PyTorch %s" % (label, worst, rtol, mine, ref))
+    return worst
+
+
+def worst_weight_gap(label, ckpt, net, rtol, skip=(), require_all=True):
+    """The largest difference of a checkpoint tensor from the module's, as a
+    fraction of the module tensor's largest entry, and its name; Failure above
+    `rtol`. Tensors in `skip` are not compared; with `require_all` every
+    other one of the module must be in the checkpoint."""
+    mine = st.load_checkpoint(ckpt)
+    gap, where, compared = 0.0, "", 0
+    for name, p in net.state_dict().items():
+        if name in skip:
+            continue
+        if name not in mine:
+            if require_all:
+                raise Failure("%s: the checkpoint has no %s (it has %s)"
+                              % (label, name, sorted(mine)))
+            continue
+        t = p.detach().numpy()
+        g = float(np.max(np.abs(mine[name] - t)) / max(np.max(np.abs(t)), 1e-30))
+        compared += 1
+        if g > gap:
+            gap, where = g, name
+    if gap > rtol:
+        raise Failure("%s: final weights of %s differ from PyTorch's by %.3g of the largest "
+                      "entry (limit %g)" % (label, where, gap, rtol))
+    return gap, where, compared
