@@ -210,6 +210,12 @@ bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
                     : isa<PowOp>(op)     ? "Pow"
                     : isa<MaximumOp>(op) ? "Max"
                                          : "Min";
+    // The CUDA target's arithmetic kernels take f32 (16-bit plans compute in
+    // f32 too); say so here rather than in the C++ compiler's words.
+    if (opts.cuda() && !typeOf(res).getElementType().isF32())
+      return failOp(op, std::string("the CUDA target has no ") + k +
+                            " kernel for this element type (f32 only); compute it in float "
+                            "before exporting, or use the CPU target");
     os << "binary(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
        << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<EqualOp, LessOp, GreaterOp>(op)) {
