@@ -466,8 +466,9 @@ Value Importer::einsum(const std::string &equation) {
       int64_t d = shp(vals[k])[i];
       auto [it, fresh] = size.emplace(c, d);
       if (!fresh && it->second != d)
-        fail("index '" + std::string(1, c) + "' is " + std::to_string(it->second) +
-             " in one operand and " + std::to_string(d) +
+        fail((std::isdigit((unsigned char)c) ? std::string("a dimension of '...'")
+                                             : "index '" + std::string(1, c) + "'") +
+             " is " + std::to_string(it->second) + " in one operand and " + std::to_string(d) +
              " in another (broadcasting is not supported)");
       ++uses[c];
     }
