@@ -81,20 +81,12 @@ void expect(bool ok, const std::string &what) {
   }
 }
 
-/// A device buffer written from `h` on the compute stream (no host wait).
+/// Device buffers written and read on the compute stream (harness.h).
 template <class T> T *deviceCopy(const std::vector<T> &h) {
-  T *p = nullptr;
-  GT_CUDA(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)));
-  GT_CUDA(cudaMemcpyAsync(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, compute()));
-  return p;
+  return gputest::deviceCopy(h, compute());
 }
-
-/// Reads `n` elements back on the compute stream, then waits for it.
 template <class T> std::vector<T> readBack(const T *p, size_t n) {
-  std::vector<T> h(n);
-  GT_CUDA(cudaMemcpyAsync(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, compute()));
-  GT_CUDA(cudaStreamSynchronize(compute()));
-  return h;
+  return gputest::readBack(p, n, compute());
 }
 
 template <class T> double num(T v) { return static_cast<double>(v); }

@@ -21,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -97,6 +98,23 @@ template <class T> struct DevBuf {
 };
 
 inline void sync() { GT_CUDA(cudaDeviceSynchronize()); }
+
+/// A device buffer written from `h` on stream `s`, not waited for (the
+/// communicator tests order it against their collectives by the stream).
+template <class T> T *deviceCopy(const std::vector<T> &h, cudaStream_t s) {
+  T *p = nullptr;
+  GT_CUDA(cudaMalloc(&p, std::max<size_t>(h.size(), 1) * sizeof(T)));
+  GT_CUDA(cudaMemcpyAsync(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+  return p;
+}
+
+/// `n` elements of `p` read back on stream `s`, then waited for.
+template <class T> std::vector<T> readBack(const T *p, size_t n, cudaStream_t s) {
+  std::vector<T> h(n);
+  GT_CUDA(cudaMemcpyAsync(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  GT_CUDA(cudaStreamSynchronize(s));
+  return h;
+}
 
 // The uploads and poisoning above run on the legacy default stream, which the
 // runtime's non-blocking compute stream does not wait for: kernel tests make
