@@ -794,12 +794,12 @@ void enqueueOps(const std::vector<Op> &ops) {
   carve_emu::enqueue(s, [ops]() {
     for (const Op &o : ops) {
       post(o);
-      if (!(sources(o).empty() && o.kind == kSend))
+      if (o.kind != kSend) // a send has nothing to complete
         ++o.comm->pending;
     }
   });
   for (const Op &o : ops) {
-    if (sources(o).empty() && o.kind == kSend)
+    if (o.kind == kSend)
       continue;
     carve_emu::enqueueWork(
         s, carve_emu::Work{[o]() {
