@@ -58,6 +58,18 @@ struct EmitOptions : CodegenOptions {
   /// fp16 also scales the loss seed by StepContext::lossScale and divides
   /// the gradients by it.
   std::string precision = "fp32";
+  /// ZeRO-2/3 accumulate 16-bit gradients' chunks over micro-batches in fp32
+  /// (PlanAttrs::fp32ChunkAccumulators).
+  bool fp32Accumulators = false;
+  /// Gradients are 16-bit (PlanAttrs::gradients16, carve-store-grads16).
+  bool gradients16 = false;
+  /// Whether the optimizer's tail reads 16-bit gradients: the gradients', or
+  /// under ZeRO-2/3 their chunks'.
+  bool tail16() const { return gradients16 && !(zero >= 2 && fp32Accumulators); }
+  /// The CommType of the tail's gradients.
+  std::string tailCommType() const {
+    return !tail16() ? "CommType::F32" : precision == "fp16" ? "CommType::F16" : "CommType::BF16";
+  }
   /// The optimizer the tail ops say (readOptimizer).
   OptimizerConfig optimizer;
 };
@@ -125,6 +137,7 @@ struct TensorRow {
   int64_t gradOffset = -1, state[2] = {-1, -1};
   int64_t masterOffset = -1;     // a 16-bit copy's fp32 master (the row's dtype is the master's)
   std::string copyDtype = "F32"; // the copy's dtype ("BF16", "F16") where there is a master
+  std::string gradDtype = "F32"; // the gradient's (or its ZeRO-2/3 chunk's) dtype
 };
 
 /// The rows of the (whole, not tp-split) table a gather of `fn` indexes with
@@ -423,9 +436,21 @@ private:
   /// slot or (ZeRO >= 2) chunk, its optimizer state; `prefix` starts each
   /// name (a pipeline rank's chunks share the tail's scope).
   std::string tailPointers(const std::string &prefix);
-  /// Raw pointers to a gradient's slot and (ZeRO >= 2) its chunk, for the body.
+  /// Raw pointers to a gradient's slot and (ZeRO >= 2) its chunk, for the
+  /// body: float *, or uint16_t * where it is 16-bit (carve-store-grads16).
   std::string gradPtr(const GradSlot &g);
-  std::string chunkPtr(unsigned param);
+  std::string chunkPtr(const GradSlot &g);
+  /// Whether the gradient is 16-bit, and whether its ZeRO-2/3 chunk is
+  /// (not when fp32 accumulators take 16-bit gradients).
+  bool grad16(const GradSlot &g);
+  bool chunk16(const GradSlot &g);
+  /// The gradient's (or its chunk's) bytes per element.
+  int64_t gradElementBytes(const GradSlot &g) { return grad16(g) ? 2 : 4; }
+  int64_t chunkElementBytes(const GradSlot &g) { return chunk16(g) ? 2 : 4; }
+  /// `ptr` as the runtime's 16-bit gradient (optim.h Grad16) of the plan's format.
+  std::string asGrad16(const std::string &ptr);
+  /// The CommType of a gradient's elements (F32, BF16 or F16).
+  std::string gradCommType(const GradSlot &g);
   /// The CommType of parameter argument `arg`'s elements (a 16-bit copy: BF16, F16).
   std::string commTypeOf(unsigned arg);
   /// The bytes of one element of parameter argument `arg` (a 16-bit copy: 2).

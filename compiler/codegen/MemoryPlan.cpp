@@ -218,9 +218,10 @@ bool Generator::collectGradients(
     Value g = ret.getOperand(k);
     if (!param || (computedHere && !g.getDefiningOp()))
       return fail("gradient of unknown parameter '" + of.getValue().str() + "'");
-    if (!typeOf(g).getElementType().isF32())
-      return fail("parameter '" + of.getValue().str() +
-                  "' is not float32; the CPU target trains float32 parameters");
+    Type e = typeOf(g).getElementType();
+    if (!e.isF32() && !((e.isBF16() || e.isF16()) && fn.getArgAttr(*param, kMasterAttr)))
+      return fail("the gradient of parameter '" + of.getValue().str() +
+                  "' is neither float32 nor the 16-bit format of its copy (carve-store-grads16)");
     if (!position.count(k) || irGrad[k].param != *param)
       return fail(what + " " + kGradientsAttr + " does not list result " + std::to_string(k) +
                   " as the gradient of '" + of.getValue().str() + "'");

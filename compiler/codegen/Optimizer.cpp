@@ -54,8 +54,26 @@ void emitLearningRate(llvm::raw_ostream &os, const OptimizerConfig &o) {
   os << "  ctx.lr = (float)lr;\n";
 }
 
+bool Generator::grad16(const GradSlot &g) {
+  Type e = typeOf(g.value).getElementType();
+  return e.isBF16() || e.isF16();
+}
+
+bool Generator::chunk16(const GradSlot &g) { return grad16(g) && !opts.fp32Accumulators; }
+
 std::string Generator::gradPtr(const GradSlot &g) {
-  return "(float *)(A + " + std::to_string(buffers[g.buffer].offset) + ")";
+  return std::string(grad16(g) ? "(uint16_t *)" : "(float *)") + "(A + " +
+         std::to_string(buffers[g.buffer].offset) + ")";
+}
+
+std::string Generator::asGrad16(const std::string &ptr) {
+  return "Grad16{" + ptr + (opts.precision == "fp16" ? ", true}" : ", false}");
+}
+
+std::string Generator::gradCommType(const GradSlot &g) {
+  if (!grad16(g))
+    return "CommType::F32";
+  return opts.precision == "fp16" ? "CommType::F16" : "CommType::BF16";
 }
 
 std::string Generator::commTypeOf(unsigned arg) {
@@ -70,8 +88,9 @@ int64_t Generator::elementBytes(unsigned arg) {
   return size;
 }
 
-std::string Generator::chunkPtr(unsigned param) {
-  return "(float *)(A + " + std::to_string(buffers[shardOf[param]].offset) + ")";
+std::string Generator::chunkPtr(const GradSlot &g) {
+  return std::string(chunk16(g) ? "(uint16_t *)" : "(float *)") + "(A + " +
+         std::to_string(buffers[shardOf[g.param]].offset) + ")";
 }
 
 std::string Generator::tailPointers(const std::string &prefix) {
@@ -105,8 +124,14 @@ std::string Generator::tailPointers(const std::string &prefix) {
       declare(t.param, at, paramName(a) + (zero == 3 ? chunk : ""));
     }
     t.grad = uniqueName((zero >= 2 ? "grad_chunk_" : "grad_") + base);
-    declare(t.grad, buffers[zero >= 2 ? shardOf[a] : g.buffer].offset,
-            "gradient of " + paramName(a) + (zero >= 2 ? chunk : ""));
+    const int64_t gradAt = buffers[zero >= 2 ? shardOf[a] : g.buffer].offset;
+    const std::string gradWhat = "gradient of " + paramName(a) + (zero >= 2 ? chunk : "");
+    if (zero >= 2 ? chunk16(g) : grad16(g))
+      s += "  const Grad16 " + t.grad + " = " +
+           asGrad16("(uint16_t *)(A + " + std::to_string(gradAt) + ")") + ";  // " + gradWhat +
+           ", " + (opts.precision == "fp16" ? "fp16" : "bf16") + "\n";
+    else
+      declare(t.grad, gradAt, gradWhat);
     const int slots = adam ? 2 : momentum ? 1 : 0;
     for (int k = 0; k < slots; ++k) {
       t.state[k] = uniqueName(std::string(stateName[k]) + "_" + base);

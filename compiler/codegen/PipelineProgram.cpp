@@ -194,13 +194,14 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
         for (auto &[name, q] : ch.sharedGrads)
           if (name == sh.name)
             ptr = q;
+      const bool h = opts.tail16();
       if (!ptr.empty())
-        os << "  ctx.ppComm->allReduce(" << ptr << ", " << n
-           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << "\n";
+        os << "  ctx.ppComm->allReduce(" << ptr << (h ? ".p" : "") << ", " << n << ", "
+           << opts.tailCommType() << ", ReduceOp::Sum);  // " << sh.name << "\n";
       else
-        os << "  {\n    std::vector<float> zeros(" << n
-           << ");\n    ctx.ppComm->allReduce(zeros.data(), " << n
-           << ", CommType::F32, ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
+        os << "  {\n    std::vector<" << (h ? "uint16_t" : "float") << "> zeros(" << n
+           << ");\n    ctx.ppComm->allReduce(zeros.data(), " << n << ", " << opts.tailCommType()
+           << ", ReduceOp::Sum);  // " << sh.name << " (not on this rank)\n  }\n";
     }
   }
   emitPipelineLoss(os, rp);

@@ -186,11 +186,11 @@ bool Generator::stageGradientChunks(const std::vector<Bucket> &buckets, int stag
       buffers[full].lastUse = std::max(buffers[full].lastUse, bk.waitAt);
       Buffer &st = buffers[g.buffer];
       st.region = Region::Activation;
-      st.bytes = chunkOf[g.param] * 4;
+      st.bytes = chunkOf[g.param] * gradElementBytes(g);
       st.def = bk.ready;
       st.lastUse = bk.waitAt;
       st.name = "staging_" + var[fn.getArgument(g.param)];
-      shardOf[g.param] = newBuffer(Region::Grad, chunkOf[g.param] * 4, -1,
+      shardOf[g.param] = newBuffer(Region::Grad, chunkOf[g.param] * chunkElementBytes(g), -1,
                                    "grad_chunk_" + var[fn.getArgument(g.param)]);
     }
   }
@@ -339,10 +339,13 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
     for (GradSlot &g : grads)
       if (g.ready == i && zero < 2) {
         std::string n = std::to_string(typeOf(g.value).getNumElements());
+        const bool h = grad16(g); // 16-bit accumulation (grad_accumulation "16bit")
         body += "  // accumulate the gradient of " + paramName(g.param) +
-                (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" +
+                (g.shared ? " (this stage's part)" : "") +
+                (h ? ", in 16 bits (each add rounded)" : "") + "\n  if (mb == 0)\n    copy(" +
                 var[g.value] + ", " + gradPtr(g) + ", " + n + ");\n  else\n    addInPlace(" +
-                gradPtr(g) + ", " + var[g.value] + ", " + n + ");\n";
+                (h ? asGrad16(gradPtr(g)) : gradPtr(g)) + ", " +
+                (h ? asGrad16(var[g.value]) : var[g.value]) + ", " + n + ");\n";
       }
     bucketsAfter(i);
   };
@@ -408,7 +411,8 @@ std::string Generator::stageBucketStart(const Bucket &bk, size_t k, int chunk, S
            "): after the last micro-batch, sum it over the " + dp +
            " data-parallel replicas.\n  if (last)\n    buckets[" + key +
            "] = ctx.dpComm->allReduceAsync(A + " + std::to_string(begin) + ", " +
-           std::to_string((stop - begin) / 4) + ", CommType::F32, ReduceOp::Sum);\n";
+           std::to_string((stop - begin) / gradElementBytes(grads[bk.first])) + ", " +
+           gradCommType(grads[bk.first]) + ", ReduceOp::Sum);\n";
   }
   std::string s = "  // Gradient bucket " + key + " is complete (" + bytesText(bk.bytes) +
                   "): ZeRO-" + std::to_string(zero) +
@@ -421,8 +425,9 @@ std::string Generator::stageBucketStart(const Bucket &bk, size_t k, int chunk, S
     s += "  {\n    int64_t counts[" + dp + "];\n    for (int r = 0; r < " + dp +
          "; ++r) counts[r] = " + chunkCount(g.param, "r") + ";\n    bucket" + key + "[" +
          std::to_string(i - bk.first) + "] = ctx.dpComm->reduceScatterAsync(" + var[g.value] +
-         ", (float *)(" + activationAt(buffers[g.buffer].offset) +
-         "), counts, CommType::F32, ReduceOp::Sum);  // " + paramName(g.param) + "\n  }\n";
+         ", (" + (grad16(g) ? "uint16_t" : "float") + " *)(" +
+         activationAt(buffers[g.buffer].offset) + "), counts, " + gradCommType(g) +
+         ", ReduceOp::Sum);  // " + paramName(g.param) + "\n  }\n";
   }
   return s;
 }
@@ -434,12 +439,19 @@ std::string Generator::stageBucketWait(const Bucket &bk, size_t k) {
                   ") ctx.dpComm->wait(h);  // its full gradients are dead from here\n";
   for (size_t i = bk.first; i <= bk.last; ++i) {
     const GradSlot &g = grads[i];
-    const std::string staging = "(float *)(" + activationAt(buffers[g.buffer].offset) + ")";
+    const bool h = grad16(g), widen = h && !chunk16(g);
+    const std::string staging = std::string(h ? "(uint16_t *)(" : "(float *)(") +
+                                activationAt(buffers[g.buffer].offset) + ")";
     const std::string n = chunkCount(g.param, "ctx.dpRank");
+    const std::string src = h ? asGrad16(staging) : staging;
     s += "  // accumulate this replica's chunk of the gradient of " + paramName(g.param) +
-         (g.shared ? " (this stage's part)" : "") + "\n  if (mb == 0)\n    copy(" + staging + ", " +
-         chunkPtr(g.param) + ", " + n + ");\n  else\n    addInPlace(" + chunkPtr(g.param) + ", " +
-         staging + ", " + n + ");\n";
+         (g.shared ? " (this stage's part)" : "") +
+         (widen ? ", 16 bits into its fp32 accumulator"
+          : h   ? ", in 16 bits (each add rounded)"
+                : "") +
+         "\n  if (mb == 0)\n    " + (widen ? "widen(" + src : "copy(" + staging) + ", " +
+         chunkPtr(g) + ", " + n + ");\n  else\n    addInPlace(" +
+         (h && !widen ? asGrad16(chunkPtr(g)) : chunkPtr(g)) + ", " + src + ", " + n + ");\n";
   }
   return s;
 }

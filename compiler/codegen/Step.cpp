@@ -193,7 +193,7 @@ Generator::GatherPlan Generator::planZero3Gathers() {
 void Generator::keepGradientChunks() {
   for (GradSlot &g : grads) {
     buffers[g.buffer].region = Region::Activation;
-    shardOf[g.param] = newBuffer(Region::Grad, chunkOf[g.param] * 4, -1,
+    shardOf[g.param] = newBuffer(Region::Grad, chunkOf[g.param] * chunkElementBytes(g), -1,
                                  "grad_chunk_" + var[fn.getArgument(g.param)]);
   }
 }
@@ -251,9 +251,11 @@ void Generator::startBuckets(const std::vector<Bucket> &buckets, size_t &next, i
       auto [begin, stop] = bucketRange(bk);
       s += "  // Data parallel: sum it over the " + dp +
            " replicas so that every replica applies the same update.\n";
+      // One element type per plan: every gradient 16-bit, or none.
+      const GradSlot &g0 = grads[bk.first];
       s += "  CommHandle bucket" + k + " = ctx.dpComm->allReduceAsync(A + " +
-           std::to_string(begin) + ", " + std::to_string((stop - begin) / 4) +
-           ", CommType::F32, ReduceOp::Sum);\n\n";
+           std::to_string(begin) + ", " + std::to_string((stop - begin) / gradElementBytes(g0)) +
+           ", " + gradCommType(g0) + ", ReduceOp::Sum);\n\n";
     } else {
       s += "  // ZeRO-" + std::to_string(zero) +
            ": reduce-scatter it; each replica keeps the "
@@ -264,8 +266,8 @@ void Generator::startBuckets(const std::vector<Bucket> &buckets, size_t &next, i
         s += "  {\n    int64_t counts[" + dp + "];\n    for (int r = 0; r < " + dp +
              "; ++r) counts[r] = " + chunkCount(p, "r") + ";\n    bucket" + k + "[" +
              std::to_string(i - bk.first) + "] = ctx.dpComm->reduceScatterAsync(" +
-             gradPtr(grads[i]) + ", " + chunkPtr(p) +
-             ", counts, CommType::F32, ReduceOp::Sum);  // " + paramName(p) + "\n  }\n";
+             gradPtr(grads[i]) + ", " + chunkPtr(grads[i]) + ", counts, " + gradCommType(grads[i]) +
+             ", ReduceOp::Sum);  // " + paramName(p) + "\n  }\n";
       }
       s += "\n";
     }

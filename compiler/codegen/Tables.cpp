@@ -27,8 +27,10 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
        << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
        << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
        << (r.stateZero ? "true" : "false");
-    if (r.masterOffset >= 0)
+    if (r.masterOffset >= 0 || r.gradDtype != "F32")
       os << ", " << r.masterOffset << ", DType::" << r.copyDtype;
+    if (r.gradDtype != "F32")
+      os << ", DType::" << r.gradDtype;
     os << "},\n";
   }
   if (rs.empty())
@@ -157,6 +159,8 @@ void Generator::buildTables(int64_t microBatches) {
       if (g.param == i) {
         row.trainable = true;
         row.gradOffset = zero >= 2 ? buffers[shardOf[i]].offset : buffers[g.buffer].offset;
+        if (zero >= 2 ? chunk16(g) : grad16(g))
+          row.gradDtype = opts.precision == "fp16" ? "F16" : "BF16";
         row.state[0] = stateOf[i][0];
         row.state[1] = stateOf[i][1];
         if (auto m = masterOf.find(i); m != masterOf.end()) {

@@ -63,6 +63,11 @@ namespace {
 using namespace carve;
 
 int64_t numelOf(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
+/// The bytes of `v`'s elements: f32 4, a 16-bit gradient (carve-store-grads16) 2.
+int64_t bytesOf(Value v) {
+  auto t = cast<RankedTensorType>(v.getType());
+  return t.getNumElements() * (t.getElementType().getIntOrFloatBitWidth() / 8);
+}
 
 /// What the pass decides for one function.
 class FunctionPlan {
@@ -97,9 +102,10 @@ public:
       std::optional<unsigned> param = paramArgOfGrad(fn, k);
       if (!param || (stage && !g.getDefiningOp()))
         return emitError(loc) << "gradient of unknown parameter '" << of.getValue() << "'";
-      if (!cast<RankedTensorType>(g.getType()).getElementType().isF32())
-        return emitError(loc) << "parameter '" << of.getValue()
-                              << "' is not float32; the targets train float32 parameters";
+      Type e = cast<RankedTensorType>(g.getType()).getElementType();
+      if (!e.isF32() && !e.isBF16() && !e.isF16())
+        return emitError(loc) << "the gradient of parameter '" << of.getValue()
+                              << "' is not float32, bfloat16 or float16";
       GradientSlot s;
       s.result = k;
       s.param = *param;
@@ -131,7 +137,7 @@ public:
     std::vector<int64_t> bytes, ready;
     auto ret = fn.getBody().front().getTerminator();
     for (const GradientSlot &s : slots) {
-      bytes.push_back(alignArena(numelOf(ret->getOperand(s.result)) * 4));
+      bytes.push_back(alignArena(bytesOf(ret->getOperand(s.result))));
       ready.push_back(s.ready);
     }
     buckets = formBuckets(bytes, ready, cap);

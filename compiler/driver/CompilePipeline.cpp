@@ -41,6 +41,7 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   if (sixteenBit(plan)) {
     pm.addPass(createCarvePackActivations());
     pm.addPass(createCarveStoreParams16());
+    pm.addPass(createCarveStoreGrads16());
   }
   CarveDataParallelOptions dp;
   dp.bucketBytes = bucketBytes;

@@ -95,11 +95,16 @@ int64_t elementBytes(Value v) {
 /// declares them (the same rules, in the same order).
 class Model {
 public:
-  Model(func::FuncOp fn, int64_t dp, int64_t zero)
-      : fn(fn), dp(dp), zero(zero), order(fn), ops(order.ops), index(order.index),
-        interior(order.interior) {
+  Model(func::FuncOp fn, int64_t dp, int64_t zero, bool fp32Accumulators)
+      : fn(fn), dp(dp), zero(zero), fp32Accumulators(fp32Accumulators), order(fn), ops(order.ops),
+        index(order.index), interior(order.interior) {
     stage = fn->hasAttr(kStageAttr);
   }
+
+  /// The bytes per element of the ZeRO-2/3 chunk that accumulates gradient
+  /// `g`: fp32 accumulators of 16-bit gradients (PlanAttrs::
+  /// fp32ChunkAccumulators) 4, else the gradient's own.
+  int64_t accumulatorBytes(Value g) const { return fp32Accumulators ? 4 : elementBytes(g); }
 
   LogicalResult build() {
     const int64_t end = (int64_t)ops.size();
@@ -134,7 +139,8 @@ public:
           for (int64_t i = k.first; i <= k.last; ++i) {
             const GradientSlot &s = order[i];
             extend(ret.getOperand(s.result), k.waitAt);
-            int b = add(true, zeroChunkOf(fn, s.param) * 4, k.ready);
+            int b = add(true, zeroChunkOf(fn, s.param) * elementBytes(ret.getOperand(s.result)),
+                        k.ready);
             blocks[b].lastUse = k.waitAt;
             copyBlock[s.result] = b;
           }
@@ -298,8 +304,10 @@ public:
     SmallVector<int64_t> grads, states, masters;
     for (const GradientSlot &s : order) {
       grads.push_back(at);
-      at += align(std::max<int64_t>(
-          zero >= 2 ? chunk[s.param] * 4 : bytesOf(ret->getOperand(s.result)), 1));
+      at += align(
+          std::max<int64_t>(zero >= 2 ? chunk[s.param] * accumulatorBytes(ret->getOperand(s.result))
+                                      : bytesOf(ret->getOperand(s.result)),
+                            1));
     }
     const int64_t gradsEnd = at;
     for (const GradientSlot &s : order)
@@ -426,6 +434,7 @@ private:
 
   func::FuncOp fn;
   int64_t dp, zero;
+  bool fp32Accumulators;
   bool stage = false;
   ProgramOrder order;
   const std::vector<Operation *> &ops;
@@ -450,7 +459,7 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (!isEmittedFunction(fn))
         continue;
-      Model m(fn, plan->dp, zero);
+      Model m(fn, plan->dp, zero, plan->fp32ChunkAccumulators());
       if (failed(m.build()))
         return signalPassFailure();
       numBuffers += m.placeAndRecord();
@@ -482,7 +491,7 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
         auto it = stages.find(c * pp + r);
         if (it == stages.end())
           continue;
-        Model m(it->second, plan->dp, zero);
+        Model m(it->second, plan->dp, zero, plan->fp32ChunkAccumulators());
         at = m.layoutPersistent(at, plan->optimizerState, inputs);
       }
     }

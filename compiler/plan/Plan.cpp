@@ -142,7 +142,7 @@ bool parseReservedField(const std::string &key, const json &v, const std::string
     std::string names =
         "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
         "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
-        "recompute, zero3_prefetch_layers, predicted, planner";
+        "recompute, zero3_prefetch_layers, grad_accumulation, predicted, planner";
     for (const Reserved &r : reserved())
       names += std::string(", ") + r.name;
     error = what + ": unknown field \"" + key + "\" (plan fields: " + names + ")";
@@ -160,6 +160,11 @@ bool checkCombination(const Plan &plan, const std::string &what, std::string &er
   if (plan.zero3PrefetchLayers > 0 && plan.zero != 3) {
     error = what + ": \"zero3_prefetch_layers\" starts ZeRO-3's parameter gathers early and "
                    "needs \"zero\": 3";
+    return false;
+  }
+  if (plan.gradAccumulation == "16bit" && plan.precision == "fp32") {
+    error = what + ": \"grad_accumulation\": \"16bit\" keeps gradients in the 16-bit format and "
+                   "needs \"precision\" \"bf16\" or \"fp16\"";
     return false;
   }
   if (plan.zero > 0 && plan.dp == 1) {
@@ -298,6 +303,15 @@ bool parseField(const std::string &key, const json &v, const std::string &what, 
       error = what + ": \"" + key + "\" must be an object (written by carve plan)";
       return false;
     }
+    return true;
+  }
+  if (key == "grad_accumulation") {
+    if (!v.is_string() || (v != "fp32" && v != "16bit")) {
+      error = what + ": \"grad_accumulation\" must be \"fp32\" or \"16bit\" (where gradients " +
+              "accumulate over micro-batches under bf16/fp16), got " + v.dump();
+      return false;
+    }
+    plan.gradAccumulation = v.get<std::string>();
     return true;
   }
   if (key == "precision") {

@@ -39,6 +39,10 @@ struct Plan {
   /// (fp32 master weights, optimizer state and accumulation either way; fp16
   /// adds dynamic loss scaling). The CPU target emulates the rounding.
   std::string precision = "fp32";
+  /// Under bf16/fp16, where gradients accumulate over micro-batches: "fp32"
+  /// (fp32 gradients, or fp32 ZeRO-2/3 chunk accumulators) or "16bit"
+  /// (docs/training.md#16-bit-gradients).
+  std::string gradAccumulation = "fp32";
   /// "none", "selective" or "full"; recomputeLayers (the plan's list form):
   /// full recomputation of the layers those globs name only.
   std::string recompute = "none";

@@ -28,6 +28,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.virtualStages = virtualStages;
     plan.schedule = schedule;
     plan.precision = precision;
+    plan.gradAccumulation = gradAccumulation;
     plan.optimizerState = optimizerState;
     plan.recompute = recompute;
     plan.recomputeLayers.assign(recomputeLayers.begin(), recomputeLayers.end());

@@ -38,19 +38,28 @@ std::string Candidate::key() const {
   if (recompute != "none")
     os << " recompute=" << recompute;
   os << " " << precision;
+  if (gradAccumulation != "fp32")
+    os << " grad_accumulation=" << gradAccumulation;
   return os.str();
 }
 
-Storage storageFor(const std::string &precision, bool published) {
+Storage storageFor(const std::string &precision, bool published, int64_t m, int zero,
+                   const std::string &gradAccumulation) {
   Storage st;        // fp32 throughout
   st.scores = false; // carve.attention
   if (precision != "fp32") {
     st.kept = 2;       // carve-pack-activations
     st.param = 2;      // carve-store-params16: the 16-bit copy the step reads
-    st.optimizer = 12; // ... its fp32 master with m and v; gradients stay fp32
+    st.optimizer = 12; // ... its fp32 master with m and v
+    // carve-store-grads16 (PlanAttrs::gradients16, fp32ChunkAccumulators).
+    const bool fp32Accumulation = m > 1 && gradAccumulation == "fp32";
+    st.grad = fp32Accumulation && zero < 2 ? 4 : 2;
+    st.accumulator = fp32Accumulation && zero >= 2 ? 4 : st.grad;
   }
-  if (published && precision != "fp32")
+  if (published && precision != "fp32") {
     st = Storage{2, 2, 12, 2, 2};
+    st.accumulator = 2;
+  }
   return st;
 }
 
@@ -235,7 +244,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   const bool hasLayers = !prof.layers.empty();
   const int S = c.pp * c.v;
   const double b = (double)c.microBatch;
-  const Storage st = storageFor(c.precision, opts.publishedStorage);
+  const Storage st =
+      storageFor(c.precision, opts.publishedStorage, c.m, c.zero, c.gradAccumulation);
   const double aBytes = st.activation, keptBytes = st.kept;
   const int dev = cl.devicesPerNode;
 
@@ -439,7 +449,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     Memory m;
     double shard = std::ceil(ps / c.dp);
     m.params = (c.zero >= 3 ? shard : ps) * pB;
-    m.grads = (c.zero >= 2 ? shard : ps) * gB;
+    m.grads = c.zero >= 2 ? shard * st.accumulator : ps * gB;
     m.optimizer = (c.zero >= 1 ? shard : ps) * oB;
     m.activations = rankAct[r];
     // carve's programs reduce gradients in place (the gradient region is
@@ -514,14 +524,16 @@ const std::vector<std::string> &constraintFields() {
                                              "schedule",
                                              "virtual_stages",
                                              "recompute",
-                                             "precision"};
+                                             "precision",
+                                             "grad_accumulation"};
   return f;
 }
 
 namespace {
 
 bool isNumericField(const std::string &f) {
-  return f != "schedule" && f != "recompute" && f != "precision" && f != "sequence_parallel";
+  return f != "schedule" && f != "recompute" && f != "precision" && f != "sequence_parallel" &&
+         f != "grad_accumulation";
 }
 
 bool checkValue(const std::string &field, const std::string &value, std::string &error) {
@@ -548,6 +560,13 @@ bool checkValue(const std::string &field, const std::string &value, std::string 
   if (field == "precision") {
     if (!in({"fp32", "bf16", "fp16"})) {
       error = "precision must be fp32, bf16 or fp16, got '" + value + "'";
+      return false;
+    }
+    return true;
+  }
+  if (field == "grad_accumulation") {
+    if (!in({"fp32", "16bit"})) {
+      error = "grad_accumulation must be fp32 or 16bit, got '" + value + "'";
       return false;
     }
     return true;
@@ -996,6 +1015,12 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
 
   const std::string precision =
       fixedStr("precision", cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
+  const std::string gradAccumulation = fixedStr("grad_accumulation", "fp32");
+  if (gradAccumulation == "16bit" && precision == "fp32") {
+    res.contradiction = "grad_accumulation 16bit keeps gradients in 16 bits and needs precision "
+                        "bf16 or fp16";
+    return res;
+  }
   const int maxTp = std::min(N, cl.devicesPerNode);
   std::vector<std::string> recomputes = {"none", "selective", "full"};
   bool hasAttention = false;
@@ -1097,6 +1122,7 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                 c.recompute = rc;
                 c.sp = seqPar;
                 c.precision = precision;
+                c.gradAccumulation = gradAccumulation;
                 Estimate e = estimatePriced(*prof, pricedAt(mbs), base, cl, c, opts);
                 ++res.evaluated;
                 if (e.fits) {

@@ -38,6 +38,9 @@ struct Candidate {
   std::string recompute = "none"; // none, selective, full
   bool sp = false;
   std::string precision = "bf16"; // fp32, bf16, fp16
+  /// Under bf16/fp16: "fp32" or "16bit", where micro-batches accumulate
+  /// gradients (the plan field grad_accumulation).
+  std::string gradAccumulation = "fp32";
   std::string key() const;        // "dp=2 tp=4 pp=8 ..." for messages
 };
 
@@ -160,6 +163,9 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
 /// from forward to backward and sent between pipeline stages.
 struct Storage {
   double param = 4, grad = 4, optimizer = 8, activation = 4, kept = 4;
+  /// ZeRO-2/3: bytes per element of the chunk that keeps the reduced
+  /// gradient (an fp32 accumulator of 16-bit gradients: 4).
+  double accumulator = 4;
   /// Whether attention keeps its probabilities (b·a·s² per layer, and with
   /// dropout its mask) for backward, as an unfused attention does (the
   /// published accounting). carve.attention keeps none: its gradient
@@ -172,14 +178,18 @@ struct Storage {
 /// fp16 the kept activations and the pipeline's sends are 16-bit
 /// (carve-pack-activations), the weights the step reads are 16-bit copies
 /// of fp32 masters kept with m and v (carve-store-params16; gathered in 16
-/// bits), gradients and their reductions stay fp32 (2 + 4 + 12 bytes per
-/// parameter), and matmul and attention round their inputs
+/// bits), gradients are 16-bit and reduced in 16 bits (carve-store-grads16:
+/// 2 + 2 + 12 bytes per parameter) unless `m` > 1 micro-batches accumulate
+/// them in fp32 (`gradAccumulation` "fp32": under ZeRO-0/1 fp32 gradients,
+/// 2 + 4 + 12; under ZeRO-2/3 fp32 chunk accumulators, 2 + 4/dp + 12 with
+/// 16-bit reductions), and matmul and attention round their inputs
 /// (docs/training.md, "16-bit activations"). With `published`: the
 /// mixed-precision layout the published memory formulas assume (16-bit
 /// weights, gradients and activations, an fp32 master copy with m and v:
 /// 2 + 2 + 12 bytes per parameter), which the unit tests use to check the
 /// planner's counting against those formulas to the byte.
-Storage storageFor(const std::string &precision, bool published = false);
+Storage storageFor(const std::string &precision, bool published = false, int64_t m = 1,
+                   int zero = 0, const std::string &gradAccumulation = "fp32");
 
 /// The activation bytes of one layer, one micro-batch, under `c`, with
 /// `bytesPerElement` per stored element (Storage::kept): what the

@@ -110,9 +110,8 @@ def CarveStoreParams16 : Pass<"carve-store-params16", "mlir::ModuleOp"> {
     embedding rows are read rounded, as in Megatron-LM's and DeepSpeed's
     bf16/fp16 models.
 
-    Gradients stay f32: computed, accumulated over micro-batches and
-    reduced over dp in fp32 (Megatron-LM's
-    `accumulate_allreduce_grads_in_fp32`), 4 bytes per parameter.
+    Gradients are carve-store-grads16's: 16-bit unless micro-batches
+    accumulate them in fp32 (2 or 4 bytes per parameter).
 
     Frozen parameters and buffers stay f32 (no optimizer, no master).
 
@@ -125,6 +124,42 @@ def CarveStoreParams16 : Pass<"carve-store-params16", "mlir::ModuleOp"> {
     Statistic<"numParams", "num-params", "Parameters stored as 16-bit copies">,
     Statistic<"numCasts", "num-casts", "Reads of a copy as fp32">,
     Statistic<"numBytesSaved", "bytes-saved", "Bytes the copies take less than fp32 parameters">
+  ];
+}
+
+def CarveStoreGrads16 : Pass<"carve-store-grads16", "mlir::ModuleOp"> {
+  let summary = "Produce, reduce and keep the gradients in the plan's 16-bit format";
+  let description = [{
+    Under `carve.plan`'s `precision` `bf16` or `fp16`, when the plan's
+    gradients are 16-bit (`PlanAttrs::gradients16`: always, except when
+    micro-batches accumulate whole gradients (ZeRO-0/1, `num_micro_batches`
+    > 1) and `grad_accumulation` is `fp32`, Megatron-LM's
+    `accumulate_allreduce_grads_in_fp32`), each gradient an emitted
+    function returns (`carve.grad_of`) becomes a `carve.cast` of it to the
+    format (round to nearest even), placed right after the op that makes
+    it final (`gradient of PARAM (16-bit)`). The function's result types
+    follow.
+
+    What follows from the types, in the passes after it and the emitter:
+      - the gradient slots (carve-plan-memory) take 2 bytes per element, and
+        the kernel's f32 result lives only until the cast;
+      - dp's bucket all-reduces and ZeRO-2/3's reduce-scatters move and sum
+        16 bits (each step rounded, in rank order, on every communicator);
+      - micro-batches under ZeRO-2/3 reduce-scatter 16-bit gradients into
+        16-bit staging chunks, added into fp32 chunk accumulators
+        (`grad_accumulation` `fp32`, PlanAttrs::fp32ChunkAccumulators) or
+        into 16-bit chunks (`16bit`); under ZeRO-0/1 with `16bit` the
+        whole 16-bit gradient accumulates (each add rounded);
+      - the tail (unscale, norm, clipping, the update) reads 16-bit
+        gradients exactly as floats; unscaling and clipping write them back
+        rounded.
+
+    Before: after carve-store-params16, before carve-data-parallel. After:
+    the casts, and the emitted functions' gradient result types.
+  }];
+  let statistics = [
+    Statistic<"numGrads", "num-grads", "Gradients kept in 16 bits">,
+    Statistic<"numBytesSaved", "bytes-saved", "Bytes the gradients take less than fp32">
   ];
 }
 

@@ -15,10 +15,11 @@ class Carve_TailOp<string mnemonic, list<Trait> traits = []>
   let hasVerifier = 1;
 }
 
-def Carve_F32Tensor : RankedTensorOf<[F32]>;
 // A parameter the optimizer updates: f32, or under a bf16/fp16 plan the
 // 16-bit copy of an fp32 master (carve.master, carve-store-params16).
 def Carve_ParamTensor : RankedTensorOf<[F32, BF16, F16]>;
+// A gradient: f32, or 16-bit (carve-store-grads16).
+def Carve_GradTensor : RankedTensorOf<[F32, BF16, F16]>;
 
 def Carve_UnscaleGradientsOp
     : Carve_TailOp<"unscale_gradients", [MemoryEffects<[MemRead, MemWrite]>]> {
@@ -33,7 +34,7 @@ def Carve_UnscaleGradientsOp
     carve.unscale_gradients %g0, %g1 {slots = array<i64: 0, 1>} : tensor<64x32xf32>, tensor<32xf32>
     ```
   }];
-  let arguments = (ins Variadic<Carve_F32Tensor>:$gradients, DenseI64ArrayAttr:$slots);
+  let arguments = (ins Variadic<Carve_GradTensor>:$gradients, DenseI64ArrayAttr:$slots);
   let assemblyFormat = "$gradients attr-dict `:` type($gradients)";
 }
 
@@ -55,7 +56,7 @@ def Carve_GradNormOp : Carve_TailOp<"grad_norm", [MemoryEffects<[MemRead, MemWri
               : (tensor<32x32xf32>, tensor<32xf32>) -> f64
     ```
   }];
-  let arguments = (ins Variadic<Carve_F32Tensor>:$gradients, DenseI64ArrayAttr:$slots,
+  let arguments = (ins Variadic<Carve_GradTensor>:$gradients, DenseI64ArrayAttr:$slots,
                        DenseBoolArrayAttr:$tp_split);
   let results = (outs F64:$norm);
   let assemblyFormat = "$gradients attr-dict `:` functional-type($gradients, $norm)";
@@ -88,7 +89,7 @@ def Carve_ScaleGradientsOp
     carve.scale_gradients %clip, %g0, %g1 {slots = array<i64: 0, 1>} : tensor<64x32xf32>, tensor<32xf32>
     ```
   }];
-  let arguments = (ins F32:$scale, Variadic<Carve_F32Tensor>:$gradients,
+  let arguments = (ins F32:$scale, Variadic<Carve_GradTensor>:$gradients,
                        DenseI64ArrayAttr:$slots);
   let assemblyFormat = "$scale `,` $gradients attr-dict `:` type($gradients)";
 }
@@ -129,7 +130,7 @@ def Carve_AdamWOp : Carve_TailOp<"adamw", [MemoryEffects<[MemRead, MemWrite]>]> 
       : tensor<64x32xf32>, tensor<64x32xf32>
     ```
   }];
-  let arguments = (ins Carve_ParamTensor:$param, Carve_F32Tensor:$grad, F64:$lr, F64Attr:$beta1,
+  let arguments = (ins Carve_ParamTensor:$param, Carve_GradTensor:$grad, F64:$lr, F64Attr:$beta1,
                        F64Attr:$beta2, F64Attr:$eps, F64Attr:$weight_decay);
   let assemblyFormat = "$param `,` $grad `,` $lr attr-dict `:` type($param) `,` type($grad)";
 }
@@ -148,7 +149,7 @@ def Carve_SGDOp : Carve_TailOp<"sgd", [MemoryEffects<[MemRead, MemWrite]>]> {
                                weight_decay = 0.0 : f64} : tensor<64x32xf32>, tensor<64x32xf32>
     ```
   }];
-  let arguments = (ins Carve_ParamTensor:$param, Carve_F32Tensor:$grad, F64:$lr, F64Attr:$momentum,
+  let arguments = (ins Carve_ParamTensor:$param, Carve_GradTensor:$grad, F64:$lr, F64Attr:$momentum,
                        F64Attr:$dampening, F64Attr:$weight_decay, BoolAttr:$nesterov);
   let assemblyFormat = "$param `,` $grad `,` $lr attr-dict `:` type($param) `,` type($grad)";
 }

@@ -66,6 +66,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   i64("virtual_stages", plan.virtualStages);
   fields.push_back(b.getNamedAttr("schedule", b.getStringAttr(plan.schedule)));
   fields.push_back(b.getNamedAttr("precision", b.getStringAttr(plan.precision)));
+  if (plan.gradAccumulation != "fp32")
+    fields.push_back(b.getNamedAttr("grad_accumulation", b.getStringAttr(plan.gradAccumulation)));
   if (plan.globalBatch > 0)
     i64("global_batch", plan.globalBatch);
   i64("optimizer_state", plan.optimizerState);
@@ -140,6 +142,11 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       if (!s)
         return bad(name, "a string");
       (name == "schedule" ? plan.schedule : plan.precision) = s.getValue().str();
+    } else if (name == "grad_accumulation") {
+      auto s = dyn_cast<StringAttr>(v);
+      if (!s || !llvm::is_contained({"fp32", "16bit"}, s.getValue()))
+        return bad(name, "\"fp32\" or \"16bit\"");
+      plan.gradAccumulation = s.getValue().str();
     } else if (name == "recompute") {
       auto s = dyn_cast<StringAttr>(v);
       if (!s || !llvm::is_contained({"none", "selective", "full"}, s.getValue()))
@@ -170,6 +177,10 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
   if (plan.zero3PrefetchLayers > 0 && plan.zero != 3)
     return module.emitError() << "'" << kPlanAttr
                               << "' field 'zero3_prefetch_layers' needs zero = 3";
+  if (plan.gradAccumulation == "16bit" && plan.precision == "fp32")
+    return module.emitError() << "'" << kPlanAttr
+                              << "' field 'grad_accumulation' = \"16bit\" needs precision bf16 "
+                                 "or fp16";
   if (!plan.recomputeLayers.empty() && plan.recompute != "full")
     return module.emitError() << "'" << kPlanAttr
                               << "' field 'recompute_layers' needs recompute = \"full\"";

@@ -206,6 +206,9 @@ struct PlanAttrs {
   int64_t virtualStages = 1; // stages per pipeline rank
   std::string schedule = "1f1b";
   std::string precision = "fp32";
+  /// Under bf16/fp16: "fp32" or "16bit", where micro-batches accumulate
+  /// gradients (gradients16, fp32ChunkAccumulators).
+  std::string gradAccumulation = "fp32";
   int64_t globalBatch = 0; // 0: not known (a lit test's module)
   /// Tensors of optimizer state per parameter, each the parameter's size
   /// (or its ZeRO chunk): AdamW 2 (exp_avg, exp_avg_sq), SGD with momentum
@@ -221,6 +224,17 @@ struct PlanAttrs {
   std::vector<std::pair<std::string, std::string>> ops;
 
   int64_t worldSize() const { return dp * tp * pp; }
+  /// Whether gradients are produced, reduced and kept in the plan's 16-bit
+  /// format (docs/training.md#16-bit-gradients): under bf16/fp16, unless
+  /// micro-batches accumulate whole gradients (ZeRO-0/1) in fp32.
+  bool gradients16() const {
+    return precision != "fp32" && !(microBatches > 1 && zero < 2 && gradAccumulation == "fp32");
+  }
+  /// Whether ZeRO-2/3 accumulate the 16-bit gradients' chunks over the
+  /// micro-batches in fp32 chunk accumulators.
+  bool fp32ChunkAccumulators() const {
+    return precision != "fp32" && zero >= 2 && microBatches > 1 && gradAccumulation == "fp32";
+  }
   /// Whether the step runs as pipeline stages (several stages or micro-batches).
   bool pipelined() const { return pp > 1 || microBatches > 1; }
 };

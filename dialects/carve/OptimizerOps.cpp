@@ -35,15 +35,18 @@ LogicalResult verifySlots(Operation *op, ArrayRef<int64_t> slots) {
 }
 
 /// A parameter the update writes must be the function's own argument; its
-/// gradient has its shape, in f32 (a 16-bit parameter is the copy of an fp32
-/// master, carve-store-params16).
+/// gradient has its shape, in f32 or, for a 16-bit parameter (the copy of an
+/// fp32 master, carve-store-params16), in f32 or its format
+/// (carve-store-grads16).
 LogicalResult verifyParameter(Operation *op, Value param, Value grad) {
   if (!isa<BlockArgument>(param))
     return op->emitOpError("updates a value that is not an argument of the function");
   auto p = cast<RankedTensorType>(param.getType());
-  if (grad && grad.getType() != p.clone(Float32Type::get(op->getContext())))
+  if (grad && grad.getType() != p.clone(Float32Type::get(op->getContext())) &&
+      (p.getElementType().isF32() || grad.getType() != p))
     return op->emitOpError("gradient type ")
-           << grad.getType() << " differs from the parameter's " << param.getType();
+           << grad.getType() << " is neither f32 nor the format of the parameter's "
+           << param.getType();
   return success();
 }
 

@@ -556,6 +556,8 @@ CARVE_FILL_COPY(int64_t)
 CARVE_FILL_COPY(int32_t)
 CARVE_FILL_COPY(uint8_t)
 #undef CARVE_FILL_COPY
+// 16-bit floats' bits (a 16-bit gradient into its slot).
+template void copy<uint16_t>(const uint16_t *, uint16_t *, int64_t);
 
 //===--- Linear algebra ----------------------------------------------------===//
 

@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "carve/rt/comm.h"
+#include "carve/rt/elementwise.h"
 #include "carve/rt/kernels.h"
 #include "carve/rt/metrics.h"
 
@@ -91,20 +92,39 @@ MPI_Datatype mpiType(CommType t) {
     return MPI_INT32_T;
   case CommType::U8:
     return MPI_UINT8_T;
-  case CommType::BF16: // moved as bits; reductions refuse them (reducible)
+  case CommType::BF16: // as bits; reductions use mpiOp's user operations
   case CommType::F16:
     return MPI_UINT16_T;
   }
   fatal("collective: unknown element type %d", static_cast<int>(t));
 }
 
-/// The type of a reduction: MPI has no 16-bit floats (their bits would be
-/// summed as integers), so those are refused.
-MPI_Datatype reducible(CommType t, const char *what) {
-  if (t == CommType::BF16 || t == CommType::F16)
-    fatal("collective: the MPI communicator does not %s 16-bit floats (%s); it moves them only",
-          what, t == CommType::BF16 ? "BF16" : "F16");
-  return mpiType(t);
+/// 16-bit float reductions as MPI user operations: each element read as the
+/// float it represents, combined in float and rounded to nearest even after
+/// every step, as NCCL's 16-bit sums do. Not commutative for MPI, so ranks
+/// combine in rank order and every rank gets the same bits.
+template <bool F16, bool Max> void reduce16(void *in, void *inout, int *len, MPI_Datatype *) {
+  const uint16_t *a = static_cast<const uint16_t *>(in);
+  uint16_t *b = static_cast<uint16_t *>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = F16 ? ew::f16Float(a[i]) : ew::bf16Float(a[i]);
+    const float y = F16 ? ew::f16Float(b[i]) : ew::bf16Float(b[i]);
+    const float r = Max ? std::max(x, y) : x + y;
+    b[i] = F16 ? ew::f16Bits(r) : ew::bf16Bits(r);
+  }
+}
+
+MPI_Op mpiOp(ReduceOp op, CommType t) {
+  if (t != CommType::BF16 && t != CommType::F16)
+    return op == ReduceOp::Max ? MPI_MAX : MPI_SUM;
+  static MPI_Op ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+  const int f = t == CommType::F16, m = op == ReduceOp::Max;
+  if (ops[f][m] == MPI_OP_NULL) {
+    MPI_User_function *fn = f ? (m ? reduce16<true, true> : reduce16<true, false>)
+                              : (m ? reduce16<false, true> : reduce16<false, false>);
+    MPI_Op_create(fn, /*commute=*/0, &ops[f][m]);
+  }
+  return ops[f][m];
 }
 
 /// `count` elements of `base` whose extent is `stride` bytes: block r of a
@@ -142,7 +162,7 @@ public:
     checkCount("all-reduce", n);
     if (n == 0)
       return {};
-    MPI_Datatype type = reducible(t, "sum");
+    MPI_Datatype type = mpiType(t);
     int64_t id = allocSlot("all-reduce", n * commTypeBytes(t));
     std::vector<MPI_Request> &reqs = slots[id].reqs;
     char *p = static_cast<char *>(buf);
@@ -150,7 +170,7 @@ public:
     for (int64_t done = 0; done < n; done += piece) {
       int count = static_cast<int>(std::min(n - done, piece));
       reqs.emplace_back();
-      MPI_Iallreduce(MPI_IN_PLACE, p + done * commTypeBytes(t), count, type, mpiOp(op), comm,
+      MPI_Iallreduce(MPI_IN_PLACE, p + done * commTypeBytes(t), count, type, mpiOp(op, t), comm,
                      &reqs.back());
     }
     return CommHandle{id};
@@ -199,7 +219,7 @@ public:
     if (total == 0)
       return {};
     const int es = commTypeBytes(t);
-    MPI_Datatype type = reducible(t, "reduce-scatter");
+    MPI_Datatype type = mpiType(t);
     int64_t id = allocSlot("reduce-scatter", total * es);
     Slot &slot = slots[id];
     const int64_t piece = maxCount();
@@ -209,7 +229,7 @@ public:
       for (int r = 0; r < mySize; ++r)
         slot.counts[r] = static_cast<int>(counts[r]);
       slot.reqs.emplace_back();
-      MPI_Ireduce_scatter(send, recv, slot.counts.data(), type, mpiOp(op), comm,
+      MPI_Ireduce_scatter(send, recv, slot.counts.data(), type, mpiOp(op, t), comm,
                           &slot.reqs.back());
       return CommHandle{id};
     }
@@ -222,7 +242,7 @@ public:
         int count = static_cast<int>(std::min(counts[root] - done, piece));
         slot.reqs.emplace_back();
         MPI_Ireduce(s + (begin + done) * es, root == myRank ? out + done * es : nullptr, count,
-                    type, mpiOp(op), root, comm, &slot.reqs.back());
+                    type, mpiOp(op, t), root, comm, &slot.reqs.back());
       }
       begin += counts[root];
     }
@@ -352,8 +372,6 @@ private:
     int64_t bytes = 0;
     int peer = -1; // point-to-point only
   };
-
-  static MPI_Op mpiOp(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
 
   void checkPeer(const char *op, int64_t bytes, int peer, int tag) const {
     if (bytes < 0 || peer < 0 || peer >= mySize || tag < 0 || tag > 32767)

@@ -9,6 +9,7 @@
 
 #include "comm_tcp_world.h"
 
+#include "carve/rt/elementwise.h"
 #include "carve/rt/kernels.h"
 #include "carve/rt/metrics.h"
 
@@ -58,9 +59,20 @@ void reduceBytes(void *acc, const char *x, int64_t n, CommType t, ReduceOp op) {
   case CommType::U8:
     return reduceInto(static_cast<uint8_t *>(acc), static_cast<const uint8_t *>(src), n, op);
   case CommType::BF16:
-  case CommType::F16:
-    fatal("collective: the TCP communicator does not reduce 16-bit floats (%s); it moves them only",
-          t == CommType::BF16 ? "BF16" : "F16");
+  case CommType::F16: {
+    // Read as floats, combined in float, rounded to nearest even per step
+    // (NCCL's 16-bit sums); the root combines in rank order.
+    const bool f16 = t == CommType::F16;
+    uint16_t *a = static_cast<uint16_t *>(acc);
+    const uint16_t *b = static_cast<const uint16_t *>(src);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = f16 ? ew::f16Float(a[i]) : ew::bf16Float(a[i]);
+      const float y = f16 ? ew::f16Float(b[i]) : ew::bf16Float(b[i]);
+      const float r = op == ReduceOp::Max ? std::max(x, y) : x + y;
+      a[i] = f16 ? ew::f16Bits(r) : ew::bf16Bits(r);
+    }
+    return;
+  }
   }
   fatal("collective: unknown element type %d", static_cast<int>(t));
 }

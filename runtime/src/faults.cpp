@@ -110,12 +110,18 @@ void FaultInjection::poisonGradient(StepContext &ctx, const Program &p, int worl
   for (int i = 0; i < p.numParams; ++i)
     if (p.params[i].trainable && nanTensor == p.params[i].name &&
         heldGradientCount(p, p.params[i], dpRank) > 0) {
-      float nan = std::nanf("");
+      // A quiet NaN in the gradient's own format (16 bits where it is 16-bit).
+      const float nan = std::nanf("");
+      const uint16_t nan16 = p.params[i].gradType == DType::F16 ? 0x7E00u : 0x7FC0u;
+      const bool h = p.params[i].gradType != DType::F32;
+      const char *bits =
+          h ? reinterpret_cast<const char *>(&nan16) : reinterpret_cast<const char *>(&nan);
+      const size_t size = h ? sizeof nan16 : sizeof nan;
       std::string error;
       char *at = ctx.arena + p.params[i].gradOffset;
       if (!p.device)
-        std::memcpy(at, &nan, sizeof nan);
-      else if (!p.device->toDevice(at, reinterpret_cast<const char *>(&nan), sizeof nan, error))
+        std::memcpy(at, bits, size);
+      else if (!p.device->toDevice(at, bits, size, error))
         die(error);
     }
 }

@@ -341,6 +341,8 @@ CARVE_MOVE(int64_t)
 CARVE_MOVE(int32_t)
 CARVE_MOVE(uint8_t)
 #undef CARVE_MOVE
+// 16-bit floats' bits (a 16-bit gradient into its slot).
+template void copy<uint16_t>(const uint16_t *, uint16_t *, int64_t);
 
 #define CARVE_CAST_FROM(F)                                                                         \
   template void cast<F, float>(const F *, float *, int64_t);                                       \

@@ -72,16 +72,19 @@ bool NanGuard::check(StepContext &ctx, bool normFinite) {
         continue;
       // A 16-bit copy's weights are looked at in its fp32 master.
       const bool master = s.masterOffset >= 0;
-      const float *v = reinterpret_cast<const float *>(arena + (pass == 0 ? s.gradOffset
-                                                                : master  ? s.masterOffset
-                                                                          : s.offset));
+      const char *at = arena + (pass == 0 ? s.gradOffset : master ? s.masterOffset : s.offset);
+      const float *v = reinterpret_cast<const float *>(at);
+      // A 16-bit gradient (its exponent all ones: not finite).
+      const uint16_t *h = reinterpret_cast<const uint16_t *>(at);
+      const bool grad16 = pass == 0 && s.gradType != DType::F32;
+      const uint16_t expMask = s.gradType == DType::F16 ? 0x7C00u : 0x7F80u;
       const int64_t n = pass == 0 ? heldGradientCount(program, s, mesh.dpRank)
                         : (master ? s.stateZero : s.paramZero) ? s.zeroChunk
                                                                : s.numel;
       if (pass == 1 && s.dtype != DType::F32)
         continue;
       for (int64_t j = 0; j < n; ++j)
-        if (!std::isfinite(v[j])) {
+        if (grad16 ? (h[j] & expMask) == expMask : !std::isfinite(v[j])) {
           first[pass] = count - 1 - positionOf(s.name);
           break;
         }

@@ -15,6 +15,8 @@
 
 #include "carve/rt/optim.h"
 
+#include "carve/rt/elementwise.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -28,10 +30,34 @@ namespace {
 /// Parallel above this many elements.
 constexpr int64_t kParallelMin = 32768;
 
-} // namespace
+/// The elements of a gradient as floats: fp32 as they are, 16-bit ones
+/// widened (exact).
+struct F32Elems {
+  const float *g;
+  float operator[](int64_t i) const { return g[i]; }
+};
+struct Bf16Elems {
+  const uint16_t *g;
+  float operator[](int64_t i) const { return ew::bf16Float(g[i]); }
+};
+struct F16Elems {
+  const uint16_t *g;
+  float operator[](int64_t i) const { return ew::f16Float(g[i]); }
+};
 
-void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
-               double dampening, double weightDecay, bool nesterov, bool firstStep) {
+/// Calls f with the accessor of `g`'s format.
+template <class F> void withElems(Grad16 g, F &&f) {
+  if (g.f16)
+    f(F16Elems{g.p});
+  else
+    f(Bf16Elems{g.p});
+}
+
+uint16_t round16(float x, bool f16) { return f16 ? ew::f16Bits(x) : ew::bf16Bits(x); }
+
+template <class G>
+void sgdLoop(float *p, G g, float *buf, int64_t n, double lr, double momentum, double dampening,
+             double weightDecay, bool nesterov, bool firstStep) {
   const bool decay = weightDecay != 0, useMomentum = momentum != 0;
   const float wd = static_cast<float>(weightDecay);
   const float mom = static_cast<float>(momentum);
@@ -54,6 +80,52 @@ void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, doubl
   }
 }
 
+template <class G>
+void adamwLoop(float *p, G g, float *m, float *v, int64_t n, const AdamwCoefficients &k) {
+  const float decay = k.decay, b1 = k.b1, b2 = k.b2, c1 = k.c1, c2 = k.c2, bc2Sqrt = k.bc2Sqrt,
+              epsF = k.eps, negStep = k.negStep;
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    // param.mul_(1 - lr * weight_decay)
+    const float pi = p[i] * decay;
+    // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+    const float mi = std::fma(gi, c1, m[i] * b1);
+    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    const float vi = v[i] * b2 + c2 * gi * gi;
+    // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    const float denom = std::sqrt(vi) / bc2Sqrt + epsF;
+    // param.addcdiv_(exp_avg, denom, value=-step_size)
+    p[i] = pi + negStep * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+template <class G> double sumSquaresLoop(G g, int64_t n) {
+  double s = 0;
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static) reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    s += static_cast<double>(gi) * gi;
+  }
+  return s;
+}
+
+} // namespace
+
+void sgdUpdate(float *p, const float *g, float *buf, int64_t n, double lr, double momentum,
+               double dampening, double weightDecay, bool nesterov, bool firstStep) {
+  sgdLoop(p, F32Elems{g}, buf, n, lr, momentum, dampening, weightDecay, nesterov, firstStep);
+}
+
+void sgdUpdate(float *p, Grad16 g, float *buf, int64_t n, double lr, double momentum,
+               double dampening, double weightDecay, bool nesterov, bool firstStep) {
+  withElems(g, [&](auto e) {
+    sgdLoop(p, e, buf, n, lr, momentum, dampening, weightDecay, nesterov, firstStep);
+  });
+}
+
 AdamwCoefficients adamwCoefficients(double lr, double beta1, double beta2, double eps,
                                     double weightDecay, int64_t step) {
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
@@ -72,31 +144,20 @@ AdamwCoefficients adamwCoefficients(double lr, double beta1, double beta2, doubl
 
 void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n, double lr, double beta1,
                  double beta2, double eps, double weightDecay, int64_t step) {
-  const AdamwCoefficients k = adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
-  const float decay = k.decay, b1 = k.b1, b2 = k.b2, c1 = k.c1, c2 = k.c2, bc2Sqrt = k.bc2Sqrt,
-              epsF = k.eps, negStep = k.negStep;
-#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    // param.mul_(1 - lr * weight_decay)
-    const float pi = p[i] * decay;
-    // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-    const float mi = std::fma(g[i], c1, m[i] * b1);
-    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    const float vi = v[i] * b2 + c2 * g[i] * g[i];
-    // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    const float denom = std::sqrt(vi) / bc2Sqrt + epsF;
-    // param.addcdiv_(exp_avg, denom, value=-step_size)
-    p[i] = pi + negStep * mi / denom;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  adamwLoop(p, F32Elems{g}, m, v, n, adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step));
 }
 
-double sumSquares(const float *g, int64_t n) {
+void adamwUpdate(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step) {
+  const AdamwCoefficients k = adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
+  withElems(g, [&](auto e) { adamwLoop(p, e, m, v, n, k); });
+}
+
+double sumSquares(const float *g, int64_t n) { return sumSquaresLoop(F32Elems{g}, n); }
+
+double sumSquares(Grad16 g, int64_t n) {
   double s = 0;
-#pragma omp parallel for simd if (n > kParallelMin) schedule(static) reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i)
-    s += static_cast<double>(g[i]) * g[i];
+  withElems(g, [&](auto e) { s = sumSquaresLoop(e, n); });
   return s;
 }
 
@@ -179,6 +240,39 @@ void addInPlace(float *dst, const float *src, int64_t n) {
 #pragma omp parallel for simd if (n > kParallelMin) schedule(static)
   for (int64_t i = 0; i < n; ++i)
     dst[i] += src[i];
+}
+
+void scaleInPlace(Grad16 g, int64_t n, float s) {
+  withElems(g, [&](auto e) {
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      g.p[i] = round16(e[i] * s, g.f16);
+  });
+}
+
+void addInPlace(Grad16 dst, Grad16 src, int64_t n) {
+  // One format (the generator pairs gradients of one plan); read both as dst's.
+  withElems(dst, [&](auto d) {
+    const decltype(d) s{src.p};
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      dst.p[i] = round16(d[i] + s[i], dst.f16);
+  });
+}
+
+void addInPlace(float *dst, Grad16 src, int64_t n) {
+  withElems(src, [&](auto e) {
+#pragma omp parallel for simd if (n > kParallelMin) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] += e[i];
+  });
+}
+
+void widen(Grad16 src, float *dst, int64_t n) {
+  withElems(src, [&](auto e) {
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = e[i];
+  });
 }
 
 } // namespace carve::rt

@@ -82,7 +82,12 @@ PARALLEL_PLANS = {
             # The 16-bit weight copies' gathers: ZeRO-1's all-gather after the
             # update, ZeRO-3's before each use (prefetched).
             ("dp2-zero1", {"dp": 2, "zero": 1}, 2),
-            ("dp2-zero3", {"dp": 2, "zero": 3, "zero3_prefetch_layers": 1}, 2)],
+            ("dp2-zero3", {"dp": 2, "zero": 3, "zero3_prefetch_layers": 1}, 2),
+            # 16-bit accumulation over micro-batches (8.): the whole gradient
+            # (ZeRO-0) and ZeRO-2's chunks.
+            ("dp2-m2-16bit", {"dp": 2, "num_micro_batches": 2, "grad_accumulation": "16bit"}, 2),
+            ("dp2-m2-zero2-16bit",
+             {"dp": 2, "num_micro_batches": 2, "zero": 2, "grad_accumulation": "16bit"}, 2)],
     "llama": [("pp2-m4", {"pp": 2, "num_micro_batches": 4}, 2)],
 }
 
@@ -149,9 +154,9 @@ def program_tables(out):
     text = open(os.path.join(out, "src", "program0.cpp")).read()
     m = re.search(r"/\*paramBytes=\*/(\d+), /\*gradBytes=\*/(\d+), /\*stateBytes=\*/(\d+)", text)
     rows = re.findall(r'^    \{"([^"]+)", DType::(\w+), .*?, (true|false), -?\d+, '
-                      r'\{-?\d+, -?\d+\}.*?(?:, (\d+), DType::(\w+))?\},$',
+                      r'\{-?\d+, -?\d+\}.*?(?:, (\d+), DType::(\w+)(?:, DType::(\w+))?)?\},$',
                       text.split("kParams[]")[1].split("};")[0], re.M)
-    return int(m.group(1)), int(m.group(3)), rows
+    return int(m.group(1)), int(m.group(3)), rows, int(m.group(2))
 
 
 def mixed_storage(carve, w):
@@ -168,10 +173,10 @@ def mixed_storage(carve, w):
     unrounded: within CLOSE_RTOL)."""
     import numpy as np
     onnx_dir = os.path.join(w, "gpt-fp32")
-    p32, s32, rows32 = program_tables(onnx_dir)
+    p32, s32, rows32, g32 = program_tables(onnx_dir)
     trainable = [r for r in rows32 if r[2] == "true"]
     for pr, copy in (("bf16", "BF16"), ("fp16", "F16")):
-        p16, s16, rows16 = program_tables(os.path.join(w, "gpt-" + pr))
+        p16, s16, rows16, g16 = program_tables(os.path.join(w, "gpt-" + pr))
         bad = [r[0] for r in rows16 if r[2] == "true" and (r[1] != "F32" or r[4] != copy)]
         if bad or any(r[3] for r in rows32):
             raise Failure("%s: trainable rows without an fp32 master and a %s copy: %s" %
@@ -179,14 +184,20 @@ def mixed_storage(carve, w):
         if not p16 * 2 <= p32 + 64 * len(rows16):
             raise Failure("%s program keeps %d parameter bytes, fp32 %d: the copies are not "
                           "16-bit" % (pr, p16, p32))
+        # 8.: one micro-batch, so the gradients are 16-bit too.
+        bad = [r[0] for r in rows16 if r[2] == "true" and r[5] != copy]
+        if bad or not g16 * 2 <= g32 + 64 * len(rows16):
+            raise Failure("%s program keeps %d gradient bytes (fp32 %d); rows whose gradient "
+                          "is not %s: %s" % (pr, g16, g32, copy, bad))
     numel = sum(int(np.prod(t.shape)) for n, t in
                 st.load(os.path.join(onnx_dir, "init.safetensors")).items()
                 if n in {r[0] for r in trainable})
     if not s16 - s32 >= 4 * numel:
         raise Failure("the fp16 program's optimizer state is %d bytes, fp32's %d: no fp32 "
                       "masters of %d parameters" % (s16, s32, numel))
-    print("ok: bf16/fp16 programs store 16-bit weight copies (%d parameter bytes, fp32 %d) "
-          "and fp32 masters with the optimizer state (+%d bytes)" % (p16, p32, s16 - s32))
+    print("ok: bf16/fp16 programs store 16-bit weight copies (%d parameter bytes, fp32 %d), "
+          "16-bit gradients (%d bytes, fp32 %d) and fp32 masters with the optimizer state "
+          "(+%d bytes)" % (p16, p32, g16, g32, s16 - s32))
 
     data = os.path.join(w, "gpt.tokens")
     out = os.path.join(w, "gpt-bf16-dp2-zero1")
@@ -228,6 +239,64 @@ def mixed_storage(carve, w):
           "resumed bitwise; loaded into 1-rank bf16 (%.2g) and fp32 (%.2g) programs" %
           (rounded, d, d32))
     return 5
+
+
+def gradient_storage(carve, w):
+    """8.: 16-bit gradients (carve-store-grads16). Without micro-batches the
+    bf16/fp16 gradients are 16-bit (7. checks the 1-rank programs) and dp
+    all-reduces them in 16 bits. With micro-batches, plan field
+    grad_accumulation says where they accumulate: "fp32" (the default) keeps
+    fp32 gradients under ZeRO-0/1 (reduced in fp32) and fp32 chunk
+    accumulators under ZeRO-2/3, whose reduce-scatters move 16 bits; "16bit"
+    keeps 16-bit gradients (or chunks) throughout. Each program's tables
+    and reductions say so, and its gradient bytes are those of the choice.
+    grad_accumulation "16bit" under fp32 is refused naming the field."""
+    onnx = MODEL_ONNX["gpt"]
+    base = {"precision": "bf16", "dp": 2}
+    cases = [  # plan, gradient dtype in the tables, bytes per element, reductions' CommType
+        ({}, "BF16", 2, "BF16"),
+        ({"num_micro_batches": 2}, "F32", 4, "F32"),
+        ({"num_micro_batches": 2, "grad_accumulation": "16bit"}, "BF16", 2, "BF16"),
+        ({"num_micro_batches": 2, "zero": 2}, "F32", 2, "BF16"),
+        ({"num_micro_batches": 2, "zero": 2, "grad_accumulation": "16bit"}, "BF16", 1, "BF16"),
+    ]
+    _, _, rows32, g32 = program_tables(os.path.join(w, "gpt-fp32"))
+    n = len([r for r in rows32 if r[2] == "true"])
+    for extra, dtype, per, comm in cases:
+        plan = dict(base, **extra)
+        out = os.path.join(w, "grads-" + "-".join("%s%s" % kv for kv in sorted(extra.items())))
+        pj = out + ".plan.json"
+        with open(pj, "w") as f:
+            json.dump(plan, f)
+        rc, so, se = run([carve, "compile", onnx, "--plan", pj, "-o", out, "--no-build",
+                          "--no-weights", "--quiet"])
+        if rc != 0:
+            raise Failure("compile %s failed:\n%s%s" % (plan, so, se))
+        _, _, rows, g = program_tables(out)
+        got = {r[5] or "F32" for r in rows if r[2] == "true"}
+        # per: bytes per parameter element of the kept gradient (fp32's 4;
+        # a ZeRO-2 chunk over dp=2 halves it).
+        if got != {dtype} or not 0 <= g - g32 * per // 4 <= 64 * n:
+            raise Failure("%s: gradients kept as %s in %d bytes; expected %s in about %d (fp32 "
+                          "whole: %d)" % (plan, sorted(got), g, dtype, g32 * per // 4, g32))
+        src = open(os.path.join(out, "src", "program0.cpp")).read()
+        reductions = set(re.findall(r"(?:allReduceAsync|reduceScatterAsync)\(.*CommType::(\w+)",
+                                    src))
+        if reductions != {comm}:
+            raise Failure("%s: the gradient reductions move %s, expected %s" %
+                          (plan, sorted(reductions), comm))
+        print("ok: bf16 dp2 %s: gradients kept as %s (%d bytes), reduced as %s" %
+              (extra or "one micro-batch", dtype, g, comm))
+    pj = os.path.join(w, "bad-accumulation.json")
+    with open(pj, "w") as f:
+        json.dump({"grad_accumulation": "16bit"}, f)
+    never = os.path.join(w, "never-accumulation")
+    rc, so, se = run([carve, "compile", onnx, "--plan", pj, "-o", never])
+    if rc == 0 or '"grad_accumulation": "16bit"' not in se or os.path.exists(never):
+        raise Failure("grad_accumulation 16bit under fp32: expected a clear error and nothing "
+                      "written, got %d:\n%s" % (rc, se))
+    print("ok: grad_accumulation 16bit under fp32 refused")
+    return len(cases) + 1
 
 
 def main():
@@ -353,6 +422,7 @@ def main():
     checks += 1
 
     checks += mixed_storage(a.carve, w)
+    checks += gradient_storage(a.carve, w)
 
     # 5. Bad precision.
     pj = os.path.join(w, "bad.json")

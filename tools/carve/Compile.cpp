@@ -57,6 +57,7 @@ PlanAttrs planAttrs(const Plan &plan, const Imported &im) {
   p.virtualStages = plan.virtualStages;
   p.schedule = plan.scheduleName();
   p.precision = plan.precision;
+  p.gradAccumulation = plan.gradAccumulation;
   p.globalBatch = im.batch;
   p.recompute = plan.recompute;
   p.recomputeLayers = plan.recomputeLayers;

@@ -85,6 +85,8 @@ json planFields(const Candidate &c, const std::vector<OpOverride> &pins = {}) {
     p["recompute"] = c.recompute;
   if (c.precision != "fp32")
     p["precision"] = c.precision;
+  if (c.gradAccumulation != "fp32")
+    p["grad_accumulation"] = c.gradAccumulation;
   if (c.tp > 1 && !pins.empty()) {
     json ops = json::object();
     for (const OpOverride &o : pins)

@@ -31,7 +31,7 @@ func.func @train_step(%x: tensor<4x6xf32> {carve.input = "x"},
 // -----
 
 // A gradient that is not f32.
-// CHECK: model.onnx:3:0: error: parameter 'w' is not float32; the targets train float32 parameters
+// CHECK: model.onnx:3:0: error: the gradient of parameter 'w' is not float32, bfloat16 or float16
 func.func @train_step(%x: tensor<4x6xf64> {carve.input = "x"},
                       %w: tensor<6x8xf64> {carve.param = "w", carve.trainable},
                       %seed: tensor<f32> {carve.loss_seed})

@@ -79,7 +79,7 @@ func.func @not_an_argument(%w: tensor<8xf32>, %dw: tensor<8xf32>, %lr: f64) {
 // -----
 
 func.func @grad_type(%w: tensor<8xf32>, %dw: tensor<4x2xf32>, %lr: f64) {
-  // expected-error @+1 {{gradient type 'tensor<4x2xf32>' differs from the parameter's 'tensor<8xf32>'}}
+  // expected-error @+1 {{gradient type 'tensor<4x2xf32>' is neither f32 nor the format of the parameter's 'tensor<8xf32>'}}
   carve.sgd %w, %dw, %lr {momentum = 0.0 : f64, dampening = 0.0 : f64, weight_decay = 0.0 : f64, nesterov = false} : tensor<8xf32>, tensor<4x2xf32>
   return
 }

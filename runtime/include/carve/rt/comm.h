@@ -25,9 +25,10 @@
 namespace carve::rt {
 
 enum class ReduceOp : int { Sum = 0, Max = 1 };
-/// BF16 and F16: the bits of 16-bit floats (mixed-precision parameter copies),
-/// moved by all-gathers, all-to-alls and broadcasts; the CPU communicators
-/// (MPI, TCP) do not sum them and say so.
+/// BF16 and F16: 16-bit floats (mixed-precision parameter copies and
+/// gradients). Every communicator reduces them as NCCL does: each element
+/// read as the float it represents, combined in float, rounded to nearest
+/// even after each step, in rank order, so every rank gets the same bits.
 enum class CommType : int { F32 = 0, F64 = 1, I64 = 2, I32 = 3, U8 = 4, BF16 = 5, F16 = 6 };
 
 /// Size in bytes of one element of `t`.

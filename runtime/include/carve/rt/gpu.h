@@ -58,6 +58,7 @@ using carve::rt::DataKind;
 using carve::rt::DeviceTarget;
 using carve::rt::Dims;
 using carve::rt::DType;
+using carve::rt::Grad16;
 using carve::rt::Hyperparameters;
 using carve::rt::Logic;
 using carve::rt::OptimizerKind;
@@ -218,6 +219,17 @@ void sumSquaresAdd(const float *g, int64_t n, double *acc);
 void readScalars(const double *p, double *host, int n);
 void addInPlace(float *dst, const float *src, int64_t n);
 void scaleInPlace(float *g, int64_t n, float s);
+// The same on 16-bit gradients (optim.h's Grad16, on device memory).
+void sgdUpdate(float *p, Grad16 g, float *buf, int64_t n, double lr, double momentum,
+               double dampening, double weightDecay, bool nesterov, bool firstStep);
+void adamwUpdate(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step);
+double sumSquares(Grad16 g, int64_t n);
+void sumSquaresAdd(Grad16 g, int64_t n, double *acc);
+void scaleInPlace(Grad16 g, int64_t n, float s);
+void addInPlace(Grad16 dst, Grad16 src, int64_t n);
+void addInPlace(float *dst, Grad16 src, int64_t n);
+void widen(Grad16 src, float *dst, int64_t n);
 
 //===--- CUDA graphs (train --cuda-graph) -----------------------------------===//
 

@@ -92,7 +92,7 @@ template <class From, class To> void cast(const From *x, To *y, int64_t n);
 
 /// y[i] = v. (float, double, int64_t, int32_t, uint8_t)
 template <class T> void fill(T *y, int64_t n, T v);
-/// memcpy of n elements. (float, double, int64_t, int32_t, uint8_t)
+/// memcpy of n elements. (float, double, int64_t, int32_t, uint8_t; uint16_t: 16-bit floats)
 template <class T> void copy(const T *x, T *y, int64_t n);
 
 //===--- Linear algebra ---------------------------------------------------===//

@@ -13,6 +13,18 @@
 
 namespace carve::rt {
 
+/// A gradient stored in 16 bits (docs/training.md#16-bit-gradients): bf16,
+/// or IEEE half when `f16`. The generated tail passes one where an fp32
+/// gradient passes a float pointer; `g + k` is its element k on, as for a
+/// pointer. Every function below reads each element as the float it
+/// represents (exact) and computes as for an fp32 gradient; those that write
+/// one round to nearest even.
+struct Grad16 {
+  uint16_t *p = nullptr;
+  bool f16 = false;
+  Grad16 operator+(int64_t k) const { return {p + k, f16}; }
+};
+
 /// torch.optim.SGD for one tensor. `buf` is the momentum buffer (may be null
 /// when momentum == 0). `firstStep`: the buffer is initialized to the
 /// (weight-decayed) gradient, as PyTorch does when it has no buffer yet.
@@ -44,6 +56,24 @@ double sumSquares(const float *g, int64_t n);
 void addInPlace(float *dst, const float *src, int64_t n);
 /// g *= s.
 void scaleInPlace(float *g, int64_t n, float s);
+
+// The same on 16-bit gradients (Grad16): read exactly, computed in float,
+// written rounded to the gradient's format.
+void sgdUpdate(float *p, Grad16 g, float *buf, int64_t n, double lr, double momentum,
+               double dampening, double weightDecay, bool nesterov, bool firstStep);
+void adamwUpdate(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, double beta1,
+                 double beta2, double eps, double weightDecay, int64_t step);
+double sumSquares(Grad16 g, int64_t n);
+/// g = round(g * s).
+void scaleInPlace(Grad16 g, int64_t n, float s);
+/// dst = round(dst + src): 16-bit accumulation over micro-batches (plan
+/// field grad_accumulation = "16bit").
+void addInPlace(Grad16 dst, Grad16 src, int64_t n);
+/// dst += src: a 16-bit gradient into an fp32 accumulator.
+void addInPlace(float *dst, Grad16 src, int64_t n);
+/// dst = src, 16 bits into n floats (exact): an fp32 accumulator's first
+/// micro-batch.
+void widen(Grad16 src, float *dst, int64_t n);
 /// clip_grad_norm_'s coefficient: min(1, maxNorm / (totalNorm + 1e-6));
 /// maxNorm <= 0: 1 (no clipping).
 float clipCoefficient(double totalNorm, double maxNorm);

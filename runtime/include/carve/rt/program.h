@@ -49,7 +49,7 @@ struct TensorSpec {
   int64_t numel;
   int64_t offset;                    // byte offset in the arena
   bool trainable;                    // parameters only
-  int64_t gradOffset;                // byte offset of the gradient (float), -1 if not trainable
+  int64_t gradOffset;                // byte offset of the gradient (gradType), -1 if not trainable
   int64_t stateOffset[2];            // optimizer state (float): SGD momentum buffer in [0];
                                      // AdamW exp_avg in [0], exp_avg_sq in [1]; -1 if none
   int64_t globalDims[kMaxRank] = {}; // the model's full shape; all zero: same as dims
@@ -65,6 +65,9 @@ struct TensorSpec {
   // parameter is (paramZero). `dtype` is the master's (the model's).
   int64_t masterOffset = -1; // -1: none (`offset` holds the parameter itself)
   DType copyType = DType::F32;
+  // The gradient at gradOffset (docs/training.md#16-bit-gradients): F32, or
+  // BF16/F16 where a bf16/fp16 plan keeps it in 16 bits.
+  DType gradType = DType::F32;
 };
 
 enum class DataKind : int {
