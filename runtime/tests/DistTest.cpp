@@ -25,6 +25,7 @@
 
 #include "carve/rt/dist.h"
 #include "carve/rt/comm.h"
+#include "carve/rt/elementwise.h"
 #include "carve/rt/kernels.h"
 
 #include <gtest/gtest.h>
@@ -152,6 +153,54 @@ TYPED_TEST(CollectiveTest, AllToAll) {
       }
     c.allToAll(send.data(), recv.data(), per, commType<T>());
     EXPECT_EQ(mismatches(recv, want, "all-to-all of " + std::to_string(per)), 0);
+  }
+}
+
+/// 16-bit floats (16-bit gradients, carve-store-grads16) summed and maxed as
+/// floats, not as their bits: every partial sum below is exact in both
+/// formats, so any order of the ranks gives the same answer, and a sum of
+/// the bits as integers would not (0x3FC0 + 0x3FC0 is no bf16 3.0). With
+/// more than 2 ranks the reduce-scatter goes through MPI's user operations
+/// too (and in pieces under CARVE_COMM_PIECE).
+TEST(Collective, SixteenBitFloats) {
+  Communicator &c = comm();
+  const int n = c.size(), me = c.rank();
+  for (bool f16 : {false, true}) {
+    const CommType t = f16 ? CommType::F16 : CommType::BF16;
+    auto bits = [&](float x) { return f16 ? ew::f16Bits(x) : ew::bf16Bits(x); };
+    const int64_t len = 40;
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+      // Element i of rank r: (i % 8 + 1) * 0.25 * (r + 1), negated for odd i.
+      auto v = [&](int64_t i, int r) {
+        return (i % 2 ? -1.0f : 1.0f) * float(i % 8 + 1) * 0.25f * float(r + 1);
+      };
+      std::vector<uint16_t> buf(len), want(len);
+      for (int64_t i = 0; i < len; ++i) {
+        buf[i] = bits(v(i, me));
+        float acc = op == ReduceOp::Sum ? 0.0f : v(i, 0);
+        for (int r = 0; r < n; ++r)
+          acc = op == ReduceOp::Sum ? acc + v(i, r) : std::max(acc, v(i, r));
+        want[i] = bits(acc);
+      }
+      std::vector<uint16_t> send = buf;
+      c.allReduce(buf.data(), len, t, op);
+      std::string what = std::string(f16 ? "f16" : "bf16") + " all-reduce " +
+                         (op == ReduceOp::Sum ? "sum" : "max");
+      EXPECT_EQ(mismatches(buf, want, what), 0);
+      // Reduce-scatter: rank r receives elements [10 r, 10 r + 10) (those past
+      // the end: none).
+      std::vector<int64_t> counts(n);
+      int64_t begin = 0;
+      for (int r = 0; r < n; ++r) {
+        counts[r] = std::max<int64_t>(0, std::min<int64_t>(10, len - 10 * r));
+        if (r < me)
+          begin += counts[r];
+      }
+      std::vector<uint16_t> recv(counts[me]);
+      std::vector<uint16_t> wantChunk(want.begin() + begin, want.begin() + begin + counts[me]);
+      c.wait(c.reduceScatterAsync(send.data(), recv.data(), counts.data(), t, op));
+      EXPECT_EQ(mismatches(recv, wantChunk, what + " reduce-scatter"), 0);
+    }
   }
 }
 

@@ -10,6 +10,8 @@
 
 #include "carve/rt/optim.h"
 
+#include "carve/rt/elementwise.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -218,6 +220,62 @@ TEST(Schedule, RunTimeSchedules) {
   EXPECT_FALSE(parseSchedule("exponential", parsed));
   // No clipping at max_norm 0.
   EXPECT_EQ(clipCoefficient(1e9, 0), 1.0f);
+}
+
+/// 16-bit gradients (Grad16): each function reads the 16-bit values exactly
+/// as floats, so it must equal the fp32 function on the widened gradient bit
+/// for bit; those that write round to nearest even.
+TEST(Grad16, SameAsFp32OnTheWidenedGradient) {
+  for (bool f16 : {false, true}) {
+    auto bits = [&](float x) { return f16 ? ew::f16Bits(x) : ew::bf16Bits(x); };
+    auto value = [&](uint16_t h) { return f16 ? ew::f16Float(h) : ew::bf16Float(h); };
+    const int64_t n = 1000;
+    std::vector<uint16_t> g16(n);
+    std::vector<float> g(n), p0(n), m0(n), v0(n);
+    for (int64_t i = 0; i < n; ++i) {
+      g16[i] = bits(std::sin(0.37f * i) * (i % 7 + 1) * 0.01f);
+      g[i] = value(g16[i]);
+      p0[i] = std::cos(0.11f * i);
+      m0[i] = 0.001f * (i % 13);
+      v0[i] = 0.0001f * (i % 5);
+    }
+    Grad16 gh{g16.data(), f16};
+    // AdamW.
+    std::vector<float> p = p0, m = m0, v = v0, pw = p0, mw = m0, vw = v0;
+    adamwUpdate(p.data(), gh, m.data(), v.data(), n, 1e-3, 0.9, 0.999, 1e-8, 0.01, 3);
+    adamwUpdate(pw.data(), g.data(), mw.data(), vw.data(), n, 1e-3, 0.9, 0.999, 1e-8, 0.01, 3);
+    EXPECT_EQ(p, pw);
+    EXPECT_EQ(m, mw);
+    EXPECT_EQ(v, vw);
+    // SGD with momentum, offset by 10 elements (Grad16 + k).
+    std::vector<float> q = p0, b = m0, qw = p0, bw = m0;
+    sgdUpdate(q.data(), gh + 10, b.data(), n - 10, 0.1, 0.9, 0.1, 0.01, true, false);
+    sgdUpdate(qw.data(), g.data() + 10, bw.data(), n - 10, 0.1, 0.9, 0.1, 0.01, true, false);
+    EXPECT_EQ(q, qw);
+    EXPECT_EQ(b, bw);
+    // Norm.
+    EXPECT_EQ(sumSquares(gh, n), sumSquares(g.data(), n));
+    // Widen, and accumulate into fp32.
+    std::vector<float> acc(n, -1.0f);
+    widen(gh, acc.data(), n);
+    EXPECT_EQ(acc, g);
+    addInPlace(acc.data(), gh, n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(acc[i], g[i] + g[i]) << i;
+    // 16-bit accumulation and scaling, rounded: 1 + half an ulp of 1 is a tie
+    // that rounds to the even 1; 3 * 1.5 = 4.5 is exact; 1 * 1.75 ulp rounds.
+    const float halfUlp = f16 ? 1.0f / 2048 : 1.0f / 256;
+    std::vector<uint16_t> a{bits(1.0f), bits(1.5f), bits(3.0f)},
+        c{bits(halfUlp), bits(0.25f), bits(1.5f)};
+    addInPlace(Grad16{a.data(), f16}, Grad16{c.data(), f16}, 3);
+    EXPECT_EQ(value(a[0]), 1.0f);
+    EXPECT_EQ(value(a[1]), 1.75f);
+    EXPECT_EQ(value(a[2]), 4.5f);
+    scaleInPlace(Grad16{a.data(), f16}, 3, 1.0f + 3 * halfUlp);
+    EXPECT_EQ(value(a[0]), 1.0f + 4 * halfUlp); // 1 + 1.5 ulp: a tie, to the even 1 + 2 ulp
+    EXPECT_EQ(a[1], bits(1.75f * (1.0f + 3 * halfUlp)));
+    EXPECT_EQ(a[2], bits(4.5f * (1.0f + 3 * halfUlp)));
+  }
 }
 
 } // namespace

@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "carve/rt/comm.h"
+#include "carve/rt/elementwise.h"
 
 #include <chrono>
 #include <csignal>
@@ -82,6 +83,22 @@ void checkCollectives(Communicator &c) {
     c.allReduce(u8.data(), 2, CommType::U8, ReduceOp::Sum);
     check(equal(u8, std::vector<uint8_t>{uint8_t(n), uint8_t(n * (n - 1) / 2)}),
           where(c, "all-reduce u8 sum"));
+
+    // 16-bit floats summed as floats (exact partial sums: any order agrees),
+    // and rounded per step in rank order: 1 + 2^-8 (rank 1's) is a tie that
+    // rounds to 1 (even), and each later rank's 2^-8 again, where the exact
+    // sum would be 1 + (n - 1) 2^-8.
+    for (bool f16 : {false, true}) {
+      const CommType t = f16 ? CommType::F16 : CommType::BF16;
+      auto bits = [&](float x) { return f16 ? ew::f16Bits(x) : ew::bf16Bits(x); };
+      auto value = [&](uint16_t h) { return f16 ? ew::f16Float(h) : ew::bf16Float(h); };
+      const float tie = f16 ? 1.0f / 2048 : 1.0f / 256; // half an ulp of 1
+      std::vector<uint16_t> h{bits(1.5f * (me + 1)), bits(me == 0 ? 1.0f : tie)};
+      c.allReduce(h.data(), 2, t, ReduceOp::Sum);
+      check(value(h[0]) == 1.5f * n * (n + 1) / 2 && value(h[1]) == 1.0f,
+            where(c, f16 ? "all-reduce f16 sum, rounded in rank order"
+                         : "all-reduce bf16 sum, rounded in rank order"));
+    }
 
     CommHandle h = c.allReduceAsync(nullptr, 0, CommType::F32, ReduceOp::Sum);
     check(h.id < 0, where(c, "an empty all-reduce is complete at once"));

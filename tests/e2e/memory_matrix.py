@@ -8,7 +8,10 @@ width 64) and every plan of the matrix
     selective, full} x {1 rank, dp=2, tp=2 with sequence parallelism,
     pp=2 with 2 micro-batches, dp=2 x tp=2 x pp=2 with 2 micro-batches}
 
-(ZeRO only where dp > 1: 99 plans per model):
+(ZeRO only where dp > 1: 99 plans per model), and where micro-batches
+accumulate under bf16/fp16, grad_accumulation "16bit" too (without
+recomputation: 10 more; the default "fp32" keeps fp32 gradients under
+ZeRO-0/1 and fp32 chunk accumulators under ZeRO-2/3, "16bit" 16-bit ones):
 
 1. `carve plan --fixed` (every field fixed) reports each pipeline rank's
    parameters, gradients, optimizer state, activations and arena as
@@ -85,6 +88,20 @@ MESHES = [  # name, fixed fields (without zero, recompute, precision)
 PRECISIONS = ["fp32", "bf16", "fp16"]
 RECOMPUTES = ["none", "selective", "full"]
 ACT_LOW, ACT_HIGH = 0.98, 2.25
+
+
+def variants(mesh, precision, dp):
+    """(zero, recompute, grad_accumulation) of a mesh and precision: every
+    ZeRO stage (where dp > 1) and recomputation with fp32 accumulation; with
+    micro-batches under bf16/fp16 also 16-bit accumulation, without
+    recomputation (it changes the gradients' bytes only)."""
+    out = []
+    for zero in range(4) if dp > 1 else [0]:
+        for rc in RECOMPUTES:
+            out.append((zero, rc, "fp32"))
+        if precision != "fp32" and "m2" in mesh:
+            out.append((zero, "none", "16bit"))
+    return out
 
 
 def world(fixed):
@@ -208,52 +225,53 @@ def main():
         for mesh, fixed in MESHES:
             n, dp = world(fixed)
             for precision in PRECISIONS:
-                for zero in range(4) if dp > 1 else [0]:
-                    for rc in RECOMPUTES:
-                        key = "%s %s %s zero=%d recompute=%s" % (model, mesh, precision, zero, rc)
-                        tag = re.sub(r"[^a-z0-9]+", "_", key)
-                        pj = os.path.join(args.workdir, tag + ".plan.json")
-                        run_cmd([args.carve, "plan", spec, "--cluster", "a100-80gb:1x%d" % n,
-                                 "--global-batch", str(BATCH), "--no-op-search", "--fixed",
-                                 "%s,zero=%d,recompute=%s,precision=%s" % (fixed, zero, rc,
-                                                                           precision),
-                                 "-o", pj])
-                        with open(pj) as f:
-                            predicted = json.load(f)["predicted"]
-                        pred = predicted["memory_per_pipeline_rank"]
-                        as_compiled = predicted.get("memory_compiled_per_pipeline_rank")
-                        out = os.path.join(args.workdir, tag)
-                        run_cmd([args.carve, "compile", "%s,batch=%d" % (spec, BATCH), "--plan",
-                                 pj, "--no-build", "--no-weights", "-o", out])
-                        got = read_programs(os.path.join(out, "src"))
-                        if sorted(got) != list(range(len(pred))):
-                            raise Failure("%s: %d pipeline ranks predicted, programs for %r" % (
-                                key, len(pred), sorted(got)))
-                        if as_compiled is None or len(as_compiled) != len(got):
-                            raise Failure("%s: carve plan reported no memory as compiled for "
-                                          "every pipeline rank: %r" % (key, as_compiled))
-                        for r, p in enumerate(pred):
-                            g = got[r]
-                            for field in ("params", "grads", "optimizer", "activations", "arena"):
-                                if as_compiled[r][field] != g[field]:
-                                    raise Failure(
-                                        "%s, pipeline rank %d: carve plan says %s is %d bytes as "
-                                        "compiled, the program holds %d" % (
-                                            key, r, field, as_compiled[r][field], g[field]))
-                            for field in ("params", "grads", "optimizer"):
-                                slack = 63 * g["tensors"][field]
-                                if not 0 <= g[field] - int(p[field]) <= slack:
-                                    raise Failure(
-                                        "%s, pipeline rank %d: %s predicted %d bytes, the "
-                                        "program holds %d (its %d tensors' alignment allows "
-                                        "0 to %d more)" % (key, r, field, int(p[field]),
-                                                           g[field], g["tensors"][field], slack))
-                                worst_align = max(worst_align, g[field] - int(p[field]))
-                            act = p["activations"] + p["buffers"] + p["workspace"]
-                            ratios.append((act / g["activations"], key, r, act,
-                                           g["activations"]))
-                        shutil.rmtree(out)
-                        plans += 1
+                for zero, rc, acc in variants(mesh, precision, dp):
+                    key = "%s %s %s zero=%d recompute=%s" % (model, mesh, precision, zero, rc)
+                    if acc != "fp32":
+                        key += " grad_accumulation=" + acc
+                    tag = re.sub(r"[^a-z0-9]+", "_", key)
+                    pj = os.path.join(args.workdir, tag + ".plan.json")
+                    run_cmd([args.carve, "plan", spec, "--cluster", "a100-80gb:1x%d" % n,
+                             "--global-batch", str(BATCH), "--no-op-search", "--fixed",
+                             "%s,zero=%d,recompute=%s,precision=%s,grad_accumulation=%s" % (
+                                 fixed, zero, rc, precision, acc),
+                             "-o", pj])
+                    with open(pj) as f:
+                        predicted = json.load(f)["predicted"]
+                    pred = predicted["memory_per_pipeline_rank"]
+                    as_compiled = predicted.get("memory_compiled_per_pipeline_rank")
+                    out = os.path.join(args.workdir, tag)
+                    run_cmd([args.carve, "compile", "%s,batch=%d" % (spec, BATCH), "--plan",
+                             pj, "--no-build", "--no-weights", "-o", out])
+                    got = read_programs(os.path.join(out, "src"))
+                    if sorted(got) != list(range(len(pred))):
+                        raise Failure("%s: %d pipeline ranks predicted, programs for %r" % (
+                            key, len(pred), sorted(got)))
+                    if as_compiled is None or len(as_compiled) != len(got):
+                        raise Failure("%s: carve plan reported no memory as compiled for "
+                                      "every pipeline rank: %r" % (key, as_compiled))
+                    for r, p in enumerate(pred):
+                        g = got[r]
+                        for field in ("params", "grads", "optimizer", "activations", "arena"):
+                            if as_compiled[r][field] != g[field]:
+                                raise Failure(
+                                    "%s, pipeline rank %d: carve plan says %s is %d bytes as "
+                                    "compiled, the program holds %d" % (
+                                        key, r, field, as_compiled[r][field], g[field]))
+                        for field in ("params", "grads", "optimizer"):
+                            slack = 63 * g["tensors"][field]
+                            if not 0 <= g[field] - int(p[field]) <= slack:
+                                raise Failure(
+                                    "%s, pipeline rank %d: %s predicted %d bytes, the "
+                                    "program holds %d (its %d tensors' alignment allows "
+                                    "0 to %d more)" % (key, r, field, int(p[field]),
+                                                       g[field], g["tensors"][field], slack))
+                            worst_align = max(worst_align, g[field] - int(p[field]))
+                        act = p["activations"] + p["buffers"] + p["workspace"]
+                        ratios.append((act / g["activations"], key, r, act,
+                                       g["activations"]))
+                    shutil.rmtree(out)
+                    plans += 1
     chosen = check_chosen_plans(args.carve, args.workdir)
     ratios.sort()
     if os.environ.get("CARVE_MATRIX_ALL"):

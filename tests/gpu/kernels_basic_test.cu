@@ -13,6 +13,7 @@
 #include "harness.h"
 
 #include "carve/rt/dist.h"
+#include "carve/rt/elementwise.h"
 #include "carve/rt/gpu.h"
 #include "carve/rt/kernels.h"
 #include "carve/rt/optim.h"
@@ -836,6 +837,69 @@ void testOptimizer() {
   }
 }
 
+/// 16-bit gradients (optim.h Grad16, carve-store-grads16): every function on
+/// the device equals the CPU's bit for bit, in both formats, at an offset.
+void testOptimizer16() {
+  const int64_t n = 100003;
+  const std::vector<float> p0 = randn(n), gr = randn(n, 0.01f), m0 = randn(n, 0.1f);
+  const std::vector<float> v0 = uniform(n, 0.0f, 0.01f);
+  for (bool f16 : {false, true}) {
+    const std::string fmt = f16 ? " (fp16)" : " (bf16)";
+    std::vector<uint16_t> g16(n), h16(n);
+    for (int64_t i = 0; i < n; ++i) {
+      g16[i] = f16 ? rt::ew::f16Bits(gr[i]) : rt::ew::bf16Bits(gr[i]);
+      h16[i] = f16 ? rt::ew::f16Bits(p0[i]) : rt::ew::bf16Bits(p0[i]);
+    }
+    auto dg = up(g16);
+    const rt::Grad16 dG{dg->p, f16}, hG{g16.data(), f16};
+    {
+      auto dp = up(p0), dm = up(m0), dv = up(v0);
+      g::adamwUpdate(dp->p, dG + 3, dm->p, dv->p, n - 3, 3e-4, 0.9, 0.95, 1e-8, 0.1, 2);
+      std::vector<float> p = p0, m = m0, v = v0;
+      rt::adamwUpdate(p.data(), hG + 3, m.data(), v.data(), n - 3, 3e-4, 0.9, 0.95, 1e-8, 0.1, 2);
+      expectEqual("adamw 16-bit gradient" + fmt, dp->download(), p);
+      expectEqual("adamw 16-bit gradient exp_avg_sq" + fmt, dv->download(), v);
+    }
+    {
+      auto dp = up(p0), db = up(m0);
+      g::sgdUpdate(dp->p, dG, db->p, n, 0.05, 0.9, 0.1, 0.01, true, false);
+      std::vector<float> p = p0, b = m0;
+      rt::sgdUpdate(p.data(), hG, b.data(), n, 0.05, 0.9, 0.1, 0.01, true, false);
+      expectEqual("sgd 16-bit gradient" + fmt, dp->download(), p);
+    }
+    {
+      // Widen into fp32, accumulate into fp32, accumulate and scale in 16 bits.
+      auto dw = up(p0);
+      g::widen(dG, dw->p, n);
+      g::addInPlace(dw->p, dG, n);
+      std::vector<float> w = p0;
+      rt::widen(hG, w.data(), n);
+      rt::addInPlace(w.data(), hG, n);
+      expectEqual("widen + addInPlace into fp32" + fmt, dw->download(), w);
+      auto dh = up(h16);
+      g::addInPlace(rt::Grad16{dh->p, f16}, dG, n);
+      g::scaleInPlace(rt::Grad16{dh->p, f16}, n, 0.37f);
+      std::vector<uint16_t> h = h16;
+      rt::addInPlace(rt::Grad16{h.data(), f16}, hG, n);
+      rt::scaleInPlace(rt::Grad16{h.data(), f16}, n, 0.37f);
+      expectEqual("16-bit addInPlace + scaleInPlace" + fmt, dh->download(), h);
+    }
+    {
+      double *acc = g::normAccumulators();
+      g::sumSquaresAdd(dG, n, acc);
+      double got[2] = {-1, -1};
+      g::readScalars(acc, got, 2);
+      const double host = g::sumSquares(dG, n), ref = rt::sumSquares(hG, n);
+      ++checks();
+      if (got[0] != host || std::fabs(host - ref) > 1e-10 * std::fabs(ref)) {
+        std::printf("FAIL sumSquares 16-bit%s: device %.17g and %.17g, host %.17g\n", fmt.c_str(),
+                    got[0], host, ref);
+        ++failures();
+      }
+    }
+  }
+}
+
 //===--- Device errors -----------------------------------------------------===//
 
 void testDeviceErrors() {
@@ -914,6 +978,7 @@ int main() {
   testGatherSharded();
   testShards();
   testOptimizer();
+  testOptimizer16();
   testDeviceErrors();
   ++checks();
   if (!g::kCudaTarget.synchronize(err)) {

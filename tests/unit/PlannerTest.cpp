@@ -146,36 +146,50 @@ TEST(PlannerMemory, ZeroStagesExactToTheByte) {
   const double psi = 256 * h + s * h + 3 * (12 * h * h + 13 * h) + 2 * h;
   ASSERT_EQ(p.totalParams, psi);
   for (const char *prec : {"fp32", "bf16", "fp16"})
-    for (bool published : {false, true}) {
-      // carve's programs: fp32 weights, gradients and AdamW state under fp32;
-      // under bf16/fp16 16-bit weight copies, fp32 gradients, an fp32 master
-      // with m and v. The published mixed-precision layout: 16-bit weights
-      // and gradients, an fp32 master copy with m and v.
-      const bool mixed = std::string(prec) != "fp32";
-      const double pB = mixed ? 2 : 4, gB = mixed && published ? 2 : 4, oB = mixed ? 12 : 8;
-      PlannerOptions opts;
-      opts.publishedStorage = published;
-      for (int dp : {1, 2, 4, 8})
-        for (int zero = 0; zero <= 3; ++zero) {
-          if (zero && dp == 1)
+    for (bool published : {false, true})
+      for (int64_t m : {1, 2})
+        for (const char *accumulation : {"fp32", "16bit"}) {
+          // carve's programs: fp32 weights, gradients and AdamW state under
+          // fp32; under bf16/fp16 16-bit weight copies, an fp32 master with m
+          // and v, and 16-bit gradients (carve-store-grads16) unless m > 1
+          // micro-batches accumulate them in fp32: whole fp32 gradients
+          // under ZeRO-0/1, fp32 chunk accumulators under ZeRO-2/3. The
+          // published mixed-precision layout: 16-bit weights and gradients,
+          // an fp32 master copy with m and v.
+          const bool mixed = std::string(prec) != "fp32";
+          if (!mixed && std::string(accumulation) != "fp32")
             continue;
-          Candidate c = cand(1, false, "none", 1, prec);
-          c.dp = dp;
-          c.zero = zero;
-          Estimate e = estimate(p, p, cl, c, opts);
-          const double shard = std::ceil(psi / dp);
-          EXPECT_EQ(e.mem.params, (zero >= 3 ? shard : psi) * pB)
-              << prec << " zero " << zero << " published " << published;
-          EXPECT_EQ(e.mem.grads, (zero >= 2 ? shard : psi) * gB)
-              << prec << " zero " << zero << " published " << published;
-          EXPECT_EQ(e.mem.optimizer, (zero >= 1 ? shard : psi) * oB)
-              << prec << " zero " << zero << " published " << published;
-          // Mixed precision: (2 + 2 + 12) psi / dp under ZeRO-3.
-          if (zero == 3) {
-            EXPECT_EQ(e.mem.params + e.mem.grads + e.mem.optimizer, (pB + gB + oB) * shard);
-          }
+          const bool fp32Acc = !published && m > 1 && std::string(accumulation) == "fp32";
+          const double pB = mixed ? 2 : 4, oB = mixed ? 12 : 8;
+          PlannerOptions opts;
+          opts.publishedStorage = published;
+          for (int dp : {1, 2, 4, 8})
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (zero && dp == 1)
+                continue;
+              const double gB = !mixed || (fp32Acc && zero < 2) ? 4 : 2;
+              const double accB = !mixed || fp32Acc ? 4 : 2; // a ZeRO-2/3 chunk's
+              Candidate c = cand(1, false, "none", 1, prec);
+              c.dp = dp;
+              c.zero = zero;
+              c.m = m;
+              c.gradAccumulation = accumulation;
+              Estimate e = estimate(p, p, cl, c, opts);
+              const double shard = std::ceil(psi / dp);
+              const std::string what = std::string(prec) + " zero " + std::to_string(zero) +
+                                       " published " + std::to_string(published) + " m " +
+                                       std::to_string(m) + " accumulation " + accumulation;
+              EXPECT_EQ(e.mem.params, (zero >= 3 ? shard : psi) * pB) << what;
+              EXPECT_EQ(e.mem.grads, zero >= 2 ? shard * accB : psi * gB) << what;
+              EXPECT_EQ(e.mem.optimizer, (zero >= 1 ? shard : psi) * oB) << what;
+              // Mixed precision without accumulation: ZeRO's (2 + 2 + 12) psi
+              // / dp under ZeRO-3, and its 2 + 2 + 12 psi at ZeRO-0.
+              if (mixed && !fp32Acc && zero == 3)
+                EXPECT_EQ(e.mem.params + e.mem.grads + e.mem.optimizer, 16 * shard) << what;
+              if (mixed && !fp32Acc && zero == 0)
+                EXPECT_EQ(e.mem.params + e.mem.grads + e.mem.optimizer, 16 * psi) << what;
+            }
         }
-    }
 }
 
 TEST(PlannerMemory, InFlightMatchesTheSchedules) {
