@@ -851,7 +851,8 @@ void testOptimizer16() {
       h16[i] = f16 ? rt::ew::f16Bits(p0[i]) : rt::ew::bf16Bits(p0[i]);
     }
     auto dg = up(g16);
-    const rt::Grad16 dG{dg->p, f16}, hG{g16.data(), f16};
+    const g::Grad16 dG{dg->p, f16};
+    const rt::Grad16 hG{g16.data(), f16};
     {
       auto dp = up(p0), dm = up(m0), dv = up(v0);
       g::adamwUpdate(dp->p, dG + 3, dm->p, dv->p, n - 3, 3e-4, 0.9, 0.95, 1e-8, 0.1, 2);
@@ -877,8 +878,8 @@ void testOptimizer16() {
       rt::addInPlace(w.data(), hG, n);
       expectEqual("widen + addInPlace into fp32" + fmt, dw->download(), w);
       auto dh = up(h16);
-      g::addInPlace(rt::Grad16{dh->p, f16}, dG, n);
-      g::scaleInPlace(rt::Grad16{dh->p, f16}, n, 0.37f);
+      g::addInPlace(g::Grad16{dh->p, f16}, dG, n);
+      g::scaleInPlace(g::Grad16{dh->p, f16}, n, 0.37f);
       std::vector<uint16_t> h = h16;
       rt::addInPlace(rt::Grad16{h.data(), f16}, hG, n);
       rt::scaleInPlace(rt::Grad16{h.data(), f16}, n, 0.37f);

@@ -58,7 +58,6 @@ using carve::rt::DataKind;
 using carve::rt::DeviceTarget;
 using carve::rt::Dims;
 using carve::rt::DType;
-using carve::rt::Grad16;
 using carve::rt::Hyperparameters;
 using carve::rt::Logic;
 using carve::rt::OptimizerKind;
@@ -219,7 +218,15 @@ void sumSquaresAdd(const float *g, int64_t n, double *acc);
 void readScalars(const double *p, double *host, int n);
 void addInPlace(float *dst, const float *src, int64_t n);
 void scaleInPlace(float *g, int64_t n, float s);
-// The same on 16-bit gradients (optim.h's Grad16, on device memory).
+/// A 16-bit gradient in device memory: optim.h's Grad16, a type of this
+/// namespace so that a call finds these functions only (not, through the
+/// argument's namespace, carve::rt's host ones).
+struct Grad16 {
+  uint16_t *p = nullptr;
+  bool f16 = false;
+  Grad16 operator+(int64_t k) const { return {p + k, f16}; }
+};
+// The same on 16-bit gradients.
 void sgdUpdate(float *p, Grad16 g, float *buf, int64_t n, double lr, double momentum,
                double dampening, double weightDecay, bool nesterov, bool firstStep);
 void adamwUpdate(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, double beta1,
