@@ -85,11 +85,13 @@ def main():
     ap.add_argument("--cluster", default="a100-80gb:128x8")
     ap.add_argument("--global-batch", type=int, default=1536)
     ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "bench-memory"))
+    ap.add_argument("--fixed", help="carve plan --fixed (e.g. grad_accumulation=16bit)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     plan_path = os.path.join(a.workdir, "plan.json")
     report = json.loads(run([a.carve, "plan", a.model, "--cluster", a.cluster, "--global-batch",
-                             str(a.global_batch), "--json", "-o", plan_path]))
+                             str(a.global_batch), "--json", "-o", plan_path] +
+                            (["--fixed", a.fixed] if a.fixed else [])))
     pred = report["predicted"]["memory_per_device"]
     plan = json.load(open(plan_path))
     out = os.path.join(a.workdir, "out")
@@ -101,7 +103,7 @@ def main():
     ranks = [read_rank(os.path.join(out, "src", "program%d.cpp" % r)) for r in range(pp)]
     fields = {k: plan[k] for k in ("dp", "tp", "pp", "zero", "num_micro_batches", "schedule",
                                    "virtual_stages", "recompute", "precision",
-                                   "sequence_parallel") if k in plan}
+                                   "grad_accumulation", "sequence_parallel") if k in plan}
     print("# %s, %s, %s, %s" % (datetime.date.today(), platform.node(), a.model, a.cluster))
     print("# plan: %s" % json.dumps(fields))
     print("# carve compile --no-weights: %.0f s" % compile_s)

@@ -35,9 +35,10 @@ struct Plan {
   int64_t microBatchSize = 0; // 0: not given
   std::string schedule; // "gpipe", "1f1b", "interleaved"; empty: 1f1b (interleaved when v > 1)
   int virtualStages = 1;
-  /// "fp32", "bf16" or "fp16": the precision of matmul and attention inputs
-  /// (fp32 master weights, optimizer state and accumulation either way; fp16
-  /// adds dynamic loss scaling). The CPU target emulates the rounding.
+  /// "fp32", "bf16" or "fp16": the precision of matmul and attention inputs,
+  /// of the weight copies, kept activations and gradients (fp32 master
+  /// weights and optimizer state either way; fp16 adds dynamic loss
+  /// scaling). The CPU target emulates the rounding.
   std::string precision = "fp32";
   /// Under bf16/fp16, where gradients accumulate over micro-batches: "fp32"
   /// (fp32 gradients, or fp32 ZeRO-2/3 chunk accumulators) or "16bit"

@@ -181,12 +181,11 @@ struct Storage {
 /// bits), gradients are 16-bit and reduced in 16 bits (carve-store-grads16:
 /// 2 + 2 + 12 bytes per parameter) unless `m` > 1 micro-batches accumulate
 /// them in fp32 (`gradAccumulation` "fp32": under ZeRO-0/1 fp32 gradients,
-/// 2 + 4 + 12; under ZeRO-2/3 fp32 chunk accumulators, 2 + 4/dp + 12 with
-/// 16-bit reductions), and matmul and attention round their inputs
-/// (docs/training.md, "16-bit activations"). With `published`: the
-/// mixed-precision layout the published memory formulas assume (16-bit
-/// weights, gradients and activations, an fp32 master copy with m and v:
-/// 2 + 2 + 12 bytes per parameter), which the unit tests use to check the
+/// 2 + 4 + 12; under ZeRO-2/3 fp32 chunk accumulators of 4 bytes per element
+/// of the chunk, with 16-bit reductions: Storage::accumulator), and matmul and attention round
+/// their inputs (docs/training.md, "16-bit activations"). With `published`: the mixed-precision
+/// layout the published memory formulas assume (16-bit weights, gradients and activations, an fp32
+/// master copy with m and v: 2 + 2 + 12 bytes per parameter), which the unit tests use to check the
 /// planner's counting against those formulas to the byte.
 Storage storageFor(const std::string &precision, bool published = false, int64_t m = 1,
                    int zero = 0, const std::string &gradAccumulation = "fp32");

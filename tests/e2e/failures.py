@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Failure handling of training programs: dying and stopped ranks, NaN/Inf, progress display."""
 
-# A tiny builtin GPT is compiled for 1 rank, dp=2, tp=2, pp=2 (2 micro-batches)
-# and dp=2 with ZeRO-2 and ZeRO-3, then:
+# A tiny builtin GPT is compiled for 1 rank, dp=2, tp=2, pp=2 (2 micro-batches),
+# dp=2 with ZeRO-2 and ZeRO-3, and bf16 (16-bit gradients) dp=2 and dp=2 with
+# ZeRO-2, then:
 #
 # 1. A rank killed with SIGKILL (by the fault injection at a step's start, and
 #    from outside while it trains) or crashing with SIGSEGV must take every
@@ -54,6 +55,10 @@ PLANS = {
     "pp2": ({"pp": 2, "num_micro_batches": 2}, 2),
     "zero2": ({"dp": 2, "zero": 2}, 2),
     "zero3": ({"dp": 2, "zero": 3}, 2),
+    # 16-bit gradients (carve-store-grads16): the NaN is planted, and looked
+    # for, in 16 bits; whole under dp, this rank's chunk under ZeRO-2.
+    "bf16-dp2": ({"dp": 2, "precision": "bf16"}, 2),
+    "bf16-zero2": ({"dp": 2, "zero": 2, "precision": "bf16"}, 2),
 }
 RUN_LIMIT_S = 60
 COMPILE_LIMIT_S = 300

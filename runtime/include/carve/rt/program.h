@@ -194,7 +194,8 @@ struct Program {
   const DeviceTarget *device = nullptr;
   /// The plan's precision: "fp32", "bf16" or "fp16" (matmul and attention
   /// inputs rounded to it; 16-bit weight copies of fp32 master weights,
-  /// TensorSpec::masterOffset; fp32 gradients and accumulation).
+  /// TensorSpec::masterOffset; 16-bit gradients where TensorSpec::gradType
+  /// says so).
   const char *precision = "fp32";
   /// The compiled hyperparameters: the defaults a run's train --lr ...
   /// override (null: a program that reads none).
