@@ -2,7 +2,9 @@
 //
 // One pass over @train_step in program order (forward, then backward):
 //
-// 1. Parameters and the transposes / reshapes / casts of parameters are *free*:
+// 1. Parameters and the transposes / reshapes / casts / slices of parameters
+//    (nn.MultiheadAttention's cross-attention slices q and k, v out of its
+//    in_proj_weight) are *free*:
 //    they take whatever layout their first consumer wants, at no cost (the
 //    runtime loads each rank's shard).
 // 2. Every other op gets a choice for the tp axis: one annotated dimension
@@ -105,7 +107,7 @@ bool Partitioner::isParamDerived(Value v) {
     return fn.getArgAttr(arg.getArgNumber(), kParamAttr) ||
            fn.getArgAttr(arg.getArgNumber(), kBufferAttr);
   Operation *op = v.getDefiningOp();
-  if (isa<TransposeOp, ReshapeOp, CastOp>(op))
+  if (isa<TransposeOp, ReshapeOp, CastOp, SliceOp>(op))
     return isParamDerived(op->getOperand(0));
   return false;
 }
@@ -321,7 +323,7 @@ double Partitioner::choiceCost(Operation *op, const Annotation &a, const Choice 
 }
 
 //===----------------------------------------------------------------------===//
-// Free values: parameters and their transposes, reshapes and casts
+// Free values: parameters and their transposes, reshapes, casts and slices
 //===----------------------------------------------------------------------===//
 
 bool Partitioner::resolve(Value v, Layout want, bool dry) {
@@ -386,22 +388,25 @@ int64_t Partitioner::preferredGroups(Value v, int64_t dim, int depth) {
 
 /// Whether the consumers of `v` (to `depth` levels) can keep its split `l`
 /// without communication.
-bool Partitioner::canCarry(Value v, Layout l, int depth) {
+bool Partitioner::canCarry(Value v, Layout l, int depth, Operation **blocker) {
   for (OpOperand &use : v.getUses()) {
     Operation *user = use.getOwner();
     if (isa<func::ReturnOp>(user))
       continue;
     const Annotation *a = annotationOf(user);
-    if (!a)
+    std::optional<Choice> c;
+    if (a)
+      c = followOf(*a, a->operands[use.getOperandNumber()], l);
+    if (!a || !c || !legal(user, *a, *c)) {
+      if (blocker)
+        *blocker = user;
       return false;
-    auto c = followOf(*a, a->operands[use.getOperandNumber()], l);
-    if (!c || !legal(user, *a, *c))
-      return false;
+    }
     if (depth == 0)
       continue;
     for (unsigned r = 0; r < user->getNumResults(); ++r) {
       Layout rl = resultLayout(*a, r, *c);
-      if (rl.isSplit() && !canCarry(user->getResult(r), rl, depth - 1))
+      if (rl.isSplit() && !canCarry(user->getResult(r), rl, depth - 1, blocker))
         return false;
     }
   }
@@ -421,6 +426,7 @@ bool Partitioner::overrideChoice(Operation *op, const Annotation &a, std::option
     if (!globMatches(overrideGlobs[k], node))
       continue;
     overrideUsed[k] = true;
+    overridden.insert(op);
     if (o.dim.empty() || o.dim == "replicate") {
       c = Choice{};
       return true;
@@ -465,8 +471,11 @@ bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<
     if (wd.size() < 2)
       return true;
     const DimFactors &nd = wd[pa ? wd.size() - 2 : wd.size() - 1];
-    if (nd.size() != 1)
+    if (nd.size() != 1) {
+      replicatedWhy[op] = "its weight's output dimension is a group of several dimensions "
+                          "(a reshaped weight), which the column-parallel rule does not split";
       return true;
+    }
     std::string n = nd[0].name;
     int64_t rdim, outer;
     if (!Annotation::find(a.results[0], n, rdim, outer))
@@ -480,7 +489,14 @@ bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<
                           "entry in the plan");
     // A projection whose consumers cannot keep the split (grouped-query
     // attention with fewer key/value heads than tp) stays replicated.
-    if (!canCarry(op->getResult(0), resultLayout(a, 0, col), 4)) {
+    Operation *blocker = nullptr;
+    if (!canCarry(op->getResult(0), resultLayout(a, 0, col), 4, &blocker)) {
+      std::string node = blocker ? nodeName(blocker->getLoc()) : std::string();
+      replicatedWhy[op] = "its output, split by columns, would reach " +
+                          (blocker ? (node.empty() ? std::string() : node + " ") + "(" +
+                                         blocker->getName().getStringRef().str() + ")"
+                                   : std::string("an op")) +
+                          ", which cannot take that split";
       c = Choice{};
       return true;
     }
@@ -532,9 +548,37 @@ bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<
   return true;
 }
 
+/// A forward matrix product with a parameter that tp > 1 leaves replicated
+/// (not by the plan's "ops"): a line for the report, with the weight's size
+/// and why; carve compile prints the large ones as notes.
+void Partitioner::noteReplicated(Operation *op, const Choice &c) {
+  auto mm = dyn_cast<MatmulOp>(op);
+  if (t <= 1 || !mm)
+    return;
+  std::string node = nodeName(op->getLoc());
+  if (StringRef(node).starts_with("backward of "))
+    return;
+  bool pa = isParamDerived(mm.getLhs()), pb = isParamDerived(mm.getRhs());
+  if (pa == pb)
+    return;
+  auto w = typeOf(pa ? mm.getLhs() : mm.getRhs());
+  report.largestProjection = std::max(report.largestProjection, w.getNumElements());
+  if (!c.replicate() || c.partial || overridden.count(op))
+    return;
+  auto it = replicatedWhy.find(op);
+  ReplicatedProjection r;
+  r.node = node.empty() ? op->getName().getStringRef().str() : node;
+  r.weightElements = w.getNumElements();
+  r.shape = w.getShape().vec();
+  r.why = it != replicatedWhy.end() ? it->second
+                                    : "the cost model found replicating it cheaper than "
+                                      "splitting it with the layouts around it";
+  report.replicated.push_back(r);
+}
+
 bool Partitioner::decide(Operation *op) {
   // Transposes, reshapes and casts of free values stay free.
-  if (isa<TransposeOp, ReshapeOp, CastOp>(op) && freeValues.count(op->getOperand(0))) {
+  if (isa<TransposeOp, ReshapeOp, CastOp, SliceOp>(op) && freeValues.count(op->getOperand(0))) {
     freeValues.insert(op->getResult(0));
     return true;
   }
@@ -581,6 +625,7 @@ bool Partitioner::decide(Operation *op) {
     }
   }
   choices[op] = *chosen;
+  noteReplicated(op, *chosen);
   for (unsigned i = 0; i < op->getNumOperands(); ++i)
     require(op, i, operandLayout(a, i, *chosen));
   for (unsigned i = 0; i < op->getNumResults(); ++i)
@@ -724,6 +769,20 @@ struct PartitionPass : carve::impl::CarvePartitionBase<PartitionPass> {
                         b.getNamedAttr("reduce_scatter", i64(report.reduceScatter)),
                         b.getNamedAttr("all_to_all", i64(report.allToAll)),
                     }));
+    // The large projections tp left replicated (weights of at least 1/16 of
+    // the largest projection's elements): carve compile notes each.
+    SmallVector<Attribute> notes;
+    for (const ReplicatedProjection &r : report.replicated) {
+      if (r.weightElements * 16 < report.largestProjection)
+        continue;
+      std::string shape;
+      for (size_t k = 0; k < r.shape.size(); ++k)
+        shape += (k ? "x" : "") + std::to_string(r.shape[k]);
+      notes.push_back(
+          b.getStringAttr(r.node + " (a " + shape + " weight) left replicated: " + r.why));
+    }
+    if (!notes.empty())
+      module->setAttr(kReplicatedProjectionsAttr, b.getArrayAttr(notes));
     numSplit = report.choices.size();
     numCollectives = report.allReduce + report.allGather + report.reduceScatter + report.allToAll +
                      report.localSplit;

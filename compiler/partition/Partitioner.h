@@ -49,12 +49,24 @@ struct PartitionOptions {
 };
 
 /// What the partitioner did, for the compile log and tests.
+/// A forward matrix product with a parameter that tp left replicated.
+struct ReplicatedProjection {
+  std::string node;
+  std::vector<int64_t> shape; // the weight operand's
+  int64_t weightElements = 0;
+  std::string why;
+};
+
 struct PartitionReport {
   int allReduce = 0, allGather = 0, reduceScatter = 0, allToAll = 0, localSplit = 0;
   /// Bytes of the tensors each kind of collective moves, summed (full sizes).
   int64_t commBytes = 0;
   /// One line per op whose tp choice is not "replicate": "NODE: op annotation -> dim".
   std::vector<std::string> choices;
+  /// Parameter projections tp left replicated, in program order, and the
+  /// most weight elements of any parameter projection.
+  std::vector<ReplicatedProjection> replicated;
+  int64_t largestProjection = 0;
   /// On failure: the op at fault, where there is one (its location names the node).
   std::optional<mlir::Location> errorLoc;
 };

@@ -192,10 +192,17 @@ private:
   double choiceCost(Operation *op, const Annotation &a, const Choice &c);
   bool resolve(Value v, Layout want, bool dry);
   int64_t preferredGroups(Value v, int64_t dim, int depth);
-  bool canCarry(Value v, Layout l, int depth);
+  /// Whether v's consumers (to `depth` ops on) can keep layout l; when not,
+  /// `blocker` (if given) receives the first that cannot.
+  bool canCarry(Value v, Layout l, int depth, Operation **blocker = nullptr);
+  /// Why the default rule left a parameter projection replicated (a note).
+  llvm::DenseMap<Operation *, std::string> replicatedWhy;
+  /// Ops a plan's "ops" entry decided.
+  llvm::DenseSet<Operation *> overridden;
   bool overrideChoice(Operation *op, const Annotation &a, std::optional<Choice> &c);
   bool defaultRule(Operation *op, const Annotation &a, std::optional<Choice> &c);
   bool decide(Operation *op);
+  void noteReplicated(Operation *op, const Choice &c);
   void require(Operation *op, unsigned i, Layout want);
   bool finishReturn();
   bool materialize();

@@ -12,7 +12,9 @@
 
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <algorithm>
 #include <cctype>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -209,8 +211,40 @@ std::string attention(Operation *op, unsigned numTensors, unsigned numResults) {
   return annotation(ins, outs);
 }
 
+/// A block of a reshape where several dimensions of each side cover the same
+/// elements, `a[i0, i)` and `b[j0, j)` (the products agree): their common
+/// refinement, when every boundary of either side divides the next of both
+/// (in element order, outermost first). (T, B, H·D) -> (T, B·H, D), the
+/// reshape nn.MultiheadAttention makes to give every (sample, head) pair its
+/// own batch entry, refines [B, H·D] and [B·H, D] to [B, H, D]: `b (h d) ->
+/// (b h) d`, so a split of the heads is a split of the inner factor of B·H.
+/// Empty when there is none ([6, 4] against [4, 6]).
+std::vector<int64_t> commonRefinement(ArrayRef<int64_t> a, ArrayRef<int64_t> b) {
+  std::vector<int64_t> cuts; // cumulative products of both sides, ascending
+  int64_t pa = 1, pb = 1;
+  for (int64_t x : a)
+    cuts.push_back(pa *= x);
+  for (int64_t x : b)
+    cuts.push_back(pb *= x);
+  if (pa != pb || pa <= 0)
+    return {};
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::vector<int64_t> factors;
+  int64_t prev = 1;
+  for (int64_t c : cuts) {
+    if (c % prev != 0)
+      return {};
+    factors.push_back(c / prev);
+    prev = c;
+  }
+  return factors;
+}
+
 /// Reshape: dimensions are matched by products; a dimension that splits into
-/// several becomes a group `(h d)` on the other side.
+/// several becomes a group `(h d)` on the other side, and several that
+/// regroup (`b (h d) -> (b h) d`) share the factors of their common
+/// refinement.
 std::string reshape(ReshapeOp op) {
   Names n;
   ArrayRef<int64_t> a = typeOf(op.getInput()).getShape();
@@ -255,6 +289,38 @@ std::string reshape(ReshapeOp op) {
       }
       group += ")";
       (ni == 1 ? in[i0] : out[j0]) = group;
+    } else if (std::vector<int64_t> f = commonRefinement(a.slice(i0, ni), b.slice(j0, nj));
+               pa == pb && !f.empty()) {
+      // Each side's dimension is the group of the refinement factors it
+      // covers (a factor of 1 carries no split).
+      Dims names;
+      for (int64_t x : f)
+        names.push_back(n.fresh() + (x == 1 ? "^" : ""));
+      auto groups = [&](ArrayRef<int64_t> shape, size_t from, size_t count, Dims &side) {
+        size_t k = 0;
+        for (size_t d = 0; d < count; ++d) {
+          int64_t want = shape[from + d], got = 1;
+          if (want == 1) { // inside the block, it covers no factor
+            side[from + d] = n.fresh() + "^";
+            continue;
+          }
+          Dims parts;
+          while (got < want && k < f.size()) {
+            got *= f[k];
+            parts.push_back(names[k++]);
+          }
+          if (parts.size() == 1) {
+            side[from + d] = parts[0];
+            continue;
+          }
+          std::string g = "(";
+          for (size_t q = 0; q < parts.size(); ++q)
+            g += (q ? " " : "") + parts[q];
+          side[from + d] = g + ")";
+        }
+      };
+      groups(a, i0, ni, in);
+      groups(b, j0, nj, out);
     } else {
       for (size_t k = i0; k < i; ++k)
         in[k] = n.fresh() + "^";
@@ -287,6 +353,13 @@ std::string slice(Operation *op, Value whole, Value part, ArrayRef<int64_t> star
     } else if (steps[i] == 1 && len > 0 && full % len == 0 && s % len == 0) {
       wd.push_back("(" + std::to_string(full / len) + " " + x + ")");
       pd.push_back(x);
+    } else if (int64_t l = std::gcd(std::gcd(full, len), s);
+               steps[i] == 1 && len > 0 && l > 1 && l < len) {
+      // Several whole sections of equal ones: `[k L, (k+m) L)` of `G L` is
+      // `(G x) -> (m x)` (nn.MultiheadAttention's cross-attention takes k
+      // and v, two of the three sections of in_proj_weight, as one slice).
+      wd.push_back("(" + std::to_string(full / l) + " " + x + ")");
+      pd.push_back("(" + std::to_string(len / l) + " " + x + ")");
     } else {
       wd.push_back(x + "^");
       pd.push_back(n.fresh() + "^");

@@ -186,6 +186,10 @@ constexpr const char *kShardedRowsAttr = "dist.sharded_rows";
 /// all_gather, reduce_scatter, all_to_all}: ops split over tp and the
 /// collectives it inserted, per step).
 constexpr const char *kPartitionSummaryAttr = "dist.partition_summary";
+/// On the module: one line per large parameter projection that tp > 1 left
+/// replicated, "NODE (a AxB weight) left replicated: WHY" (carve compile
+/// prints each as a note).
+constexpr const char *kReplicatedProjectionsAttr = "dist.replicated_projections";
 
 // The plan (compiler/plan writes it; every pass and the emitter read it).
 /// On the module: a dictionary with the fields of PlanAttrs (absent fields

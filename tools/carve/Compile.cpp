@@ -108,6 +108,10 @@ struct PassProgress : mlir::PassInstrumentation {
       readPartitionSummary(module, summary);
       progress.done(s.plan.tp > 1 ? std::to_string(summary.opsSplit) + " ops split"
                                   : std::string());
+      if (auto notes = module->getAttrOfType<mlir::ArrayAttr>(kReplicatedProjectionsAttr))
+        for (mlir::Attribute n : notes)
+          llvm::errs() << "carve: note: tp=" << s.plan.tp << ": "
+                       << cast<mlir::StringAttr>(n).getValue() << "\n";
     } else if (arg == "carve-split-stages") {
       progress.done(std::to_string(stageFunctions(module).size()) + " stages, " +
                     s.plan.scheduleName() + " schedule");
