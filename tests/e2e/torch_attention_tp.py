@@ -32,7 +32,10 @@ Models: nn.MultiheadAttention with batch_first True and False, a float
 causal mask, a bool causal mask, a key padding mask computed from the token
 ids; nn.TransformerEncoderLayer with norm_first False and True;
 nn.TransformerDecoderLayer (self-attention and cross-attention on the
-embedded source).
+embedded source); torchvision's ViT encoder (EncoderBlock and MLPBlock as
+torchvision writes them, a class token and position embedding; a token table
+where torchvision has its Conv2d patch embedding). torchvision itself is not
+installed here, so the blocks are copied.
 """
 
 import argparse
@@ -98,6 +101,59 @@ def build(kind):
             logits = self.head(y)
             return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
 
+    class MLPBlock(nn.Sequential):
+        """torchvision.models.vision_transformer.MLPBlock, as it is written there."""
+
+        def __init__(self, in_dim, mlp_dim, dropout):
+            super().__init__(nn.Linear(in_dim, mlp_dim), nn.GELU(), nn.Dropout(dropout),
+                             nn.Linear(mlp_dim, in_dim), nn.Dropout(dropout))
+
+    class EncoderBlock(nn.Module):
+        """torchvision.models.vision_transformer.EncoderBlock."""
+
+        def __init__(self, num_heads, hidden_dim, mlp_dim, dropout, attention_dropout):
+            super().__init__()
+            self.num_heads = num_heads
+            self.ln_1 = nn.LayerNorm(hidden_dim, eps=1e-6)
+            self.self_attention = nn.MultiheadAttention(hidden_dim, num_heads,
+                                                        dropout=attention_dropout,
+                                                        batch_first=True)
+            self.dropout = nn.Dropout(dropout)
+            self.ln_2 = nn.LayerNorm(hidden_dim, eps=1e-6)
+            self.mlp = MLPBlock(hidden_dim, mlp_dim, dropout)
+
+        def forward(self, input):
+            x = self.ln_1(input)
+            x, _ = self.self_attention(x, x, x, need_weights=False)
+            x = self.dropout(x)
+            x = x + input
+            y = self.ln_2(x)
+            y = self.mlp(y)
+            return x + y
+
+    class ViT(nn.Module):
+        """torchvision's VisionTransformer with its Encoder, a class token and
+        position embedding; tokens embedded by a table where torchvision has
+        a Conv2d patch embedding (convolutions do not train yet)."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, D)
+            self.class_token = nn.Parameter(torch.zeros(1, 1, D))
+            self.pos_embedding = nn.Parameter(torch.empty(1, T + 1, D).normal_(std=0.02))
+            self.layers = nn.Sequential(*[EncoderBlock(HEADS, D, 2 * D, 0.0, 0.0)
+                                          for _ in range(2)])
+            self.ln = nn.LayerNorm(D, eps=1e-6)
+            self.heads = nn.Linear(D, VOCAB)
+
+        def forward(self, ids, labels):
+            x = self.embed(ids)
+            n = x.shape[0]
+            x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1)
+            x = self.ln(self.layers(x + self.pos_embedding))
+            logits = self.heads(x[:, 0])
+            return nn.functional.cross_entropy(logits, labels[:, 0])
+
     class Blocked(nn.Module):
         """A projection whose output a softmax normalizes over its features
         (a router's gate): tp cannot split the softmax's row."""
@@ -121,6 +177,7 @@ def build(kind):
         "encoder-layer": lambda: Layer(False, False),
         "encoder-layer-norm-first": lambda: Layer(False, True),
         "decoder-layer": lambda: Layer(True, False),
+        "vit-encoder": ViT,
         "blocked": Blocked,
     }
     return models[kind]()
@@ -156,14 +213,20 @@ def expected(kind):
     """The layouts tp=2 must give: Megatron-LM's."""
     want = {}
     atts = {"encoder-layer": ["layer.self_attn"], "encoder-layer-norm-first": ["layer.self_attn"],
-            "decoder-layer": ["layer.self_attn", "layer.multihead_attn"]}.get(kind, ["att"])
+            "decoder-layer": ["layer.self_attn", "layer.multihead_attn"],
+            "vit-encoder": ["layers.0.self_attention", "layers.1.self_attention"]}.get(kind,
+                                                                                    ["att"])
     if kind == "blocked":
         return {}
+    if kind == "vit-encoder":
+        for i in range(2):
+            want["layers.%d.mlp.0.weight" % i] = "S 0"
+            want["layers.%d.mlp.3.weight" % i] = "S 1"
     for a in atts:
         want[a + ".in_proj_weight"] = "S 0 x 3"
         want[a + ".in_proj_bias"] = "S 0 x 3"
         want[a + ".out_proj.weight"] = "S 1"
-    if atts[0].startswith("layer"):
+    if kind.startswith(("encoder-layer", "decoder-layer")):
         want["layer.linear1.weight"] = "S 0"
         want["layer.linear2.weight"] = "S 1"
     return want
@@ -180,7 +243,8 @@ def main():
         f.write('{"tp": 2}')
     failures = 0
     kinds = ["mha-batch-first", "mha-seq-first-float-mask", "mha-bool-mask", "mha-key-padding",
-             "encoder-layer", "encoder-layer-norm-first", "decoder-layer", "blocked"]
+             "encoder-layer", "encoder-layer-norm-first", "decoder-layer", "vit-encoder",
+             "blocked"]
     for kind in kinds:
         model = os.path.join(a.workdir, kind + ".onnx")
         export(kind, model)
