@@ -214,6 +214,7 @@ void Importer::makeArguments() {
     Slot s;
     s.value = arg;
     env[in.name()] = s;
+    batchDims[arg] = BatchAt{0, 1};
   }
   for (const auto &entryDim : opts.dims)
     if (!symbols.count(entryDim.getKey().str())) {

@@ -16,29 +16,64 @@ using llvm::SmallVector;
 
 namespace carve::frontend {
 
-void Importer::rescaleBatch(std::vector<int64_t> &req, ArrayRef<int64_t> in) const {
-  if (opts.batch <= 0 || opts.globalBatch <= opts.batch || opts.globalBatch % opts.batch ||
-      req.empty() || in.empty())
-    return;
-  int64_t ratio = opts.globalBatch / opts.batch;
-  bool hasInfer = llvm::is_contained(req, -1);
-  if (hasInfer) {
-    // view(B, ...): the leading entry is the global batch and so is the input's.
-    if (req[0] == opts.globalBatch && in[0] == opts.batch)
-      req[0] = opts.batch;
-    return;
-  }
-  // A fully given shape that is exactly `ratio` times too large: the batch is
-  // folded into its leading entry (view(B, T, h, d), view(B * T, C)).
-  int64_t known = 1;
+Importer::BatchAt Importer::rescaleBatch(std::vector<int64_t> &req, ArrayRef<int64_t> in,
+                                         Value input, bool allowZero) {
+  if (!localBatch() || req.empty() || in.empty() || !input)
+    return {};
+  const BatchAt at = batchAt(input);
+  if (at.dim < 0 || at.dim >= (int64_t)in.size())
+    return {}; // the input does not carry the batch: its shape has none to rescale
+  const int64_t ratio = opts.globalBatch / opts.batch, B = opts.globalBatch;
+  // The reshape in the model's own (global) sizes.
+  std::vector<int64_t> inG(in.begin(), in.end());
+  inG[at.dim] *= ratio;
+  int64_t total = 1;
+  for (int64_t d : inG)
+    total *= d;
+  std::vector<int64_t> reqG(req.size());
+  int64_t known = 1, infer = -1;
   for (size_t k = 0; k < req.size(); ++k) {
-    int64_t d = req[k] == 0 && k < in.size() ? in[k] : req[k];
+    int64_t d = req[k] == 0 && !allowZero && k < inG.size() ? inG[k] : req[k];
+    if (d == -1) {
+      infer = (int64_t)k;
+      continue;
+    }
     if (d <= 0)
-      return;
+      return {}; // the reshape itself reports it
+    reqG[k] = d;
     known *= d;
   }
-  if (known == numElements(in) * ratio && req[0] % ratio == 0)
-    req[0] /= ratio;
+  if (infer >= 0) {
+    if (total % known != 0)
+      return {};
+    reqG[infer] = total / known;
+  } else if (known != total) {
+    return {};
+  }
+  // The batch spans elements [P, P * B) of each outer index's block: the
+  // target dimension whose span holds it is where the batch lands.
+  int64_t P = at.outer;
+  for (int64_t k = 0; k < at.dim; ++k)
+    P *= inG[k];
+  int64_t pre = 1;
+  for (size_t j = 0; j < reqG.size() && P % pre == 0; ++j) {
+    if ((pre * reqG[j]) % (P * B) == 0) {
+      if (req[j] > 0)
+        req[j] /= ratio; // -1 and 0 take the local size by themselves
+      return BatchAt{(int64_t)j, P / pre};
+    }
+    pre *= reqG[j];
+  }
+  std::string shape;
+  for (size_t k = 0; k < req.size(); ++k)
+    shape += (k ? ", " : "") + std::to_string(req[k]);
+  fail("the constant target shape [" + shape + "] hard-codes the model's batch of " +
+       std::to_string(B) + " in a way that cannot be placed (the batch is dimension " +
+       std::to_string(at.dim) + " of the input [" + std::to_string(in.size()) +
+       "-d], and no target dimension holds it whole), so one rank's share of " +
+       std::to_string(opts.batch) +
+       " cannot be imported; export the model with a dynamic "
+       "batch (dynamic_axes) and bind it with --set-dim");
 }
 
 void Importer::buildReshape(const onnx::NodeProto &n) {
@@ -47,10 +82,14 @@ void Importer::buildReshape(const onnx::NodeProto &n) {
   if (op == "Reshape" || op == "Unsqueeze" || op == "Squeeze" || op == "Flatten") {
     SmallVector<int64_t> in = shapeOf(0), out;
     int64_t rank = in.size();
+    // Where the result holds the batch (BatchTracking.cpp), worked out from
+    // the node's own meaning: a local batch of 1 is a size-1 dimension that
+    // an annotation cannot tell from the others.
+    BatchAt res, at = slot(0).value ? batchAt(slot(0).value) : BatchAt{};
     if (op == "Reshape") {
       std::vector<int64_t> req = needConst(1, "shape").toInts();
       bool allowZero = attrInt("allowzero", 0) != 0;
-      rescaleBatch(req, in);
+      res = rescaleBatch(req, in, slot(0).value, allowZero);
       int64_t infer = -1, known = 1;
       for (size_t k = 0; k < req.size(); ++k) {
         int64_t d = req[k];
@@ -85,6 +124,11 @@ void Importer::buildReshape(const onnx::NodeProto &n) {
         fail("axis is out of range");
       out = {numElements(ArrayRef<int64_t>(in).take_front(axis)),
              numElements(ArrayRef<int64_t>(in).drop_front(axis))};
+      if (at.dim >= 0)
+        res = at.dim < axis
+                  ? BatchAt{0, numElements(ArrayRef<int64_t>(in).take_front(at.dim)) * at.outer}
+                  : BatchAt{1, numElements(ArrayRef<int64_t>(in).slice(axis, at.dim - axis)) *
+                                   at.outer};
     } else if (op == "Unsqueeze") {
       std::vector<int64_t> axes = needConst(1, "axes").toInts();
       int64_t outRank = rank + axes.size();
@@ -95,8 +139,11 @@ void Importer::buildReshape(const onnx::NodeProto &n) {
           fail("axes repeat " + std::to_string(a));
         ones[na] = true;
       }
-      for (int64_t d = 0, k = 0; d < outRank; ++d)
+      for (int64_t d = 0, k = 0; d < outRank; ++d) {
+        if (!ones[d] && k == at.dim)
+          res = BatchAt{d, at.outer};
         out.push_back(ones[d] ? 1 : in[k++]);
+      }
     } else {
       SmallVector<bool> drop(rank, false);
       if (hasInput(1)) {
@@ -112,14 +159,20 @@ void Importer::buildReshape(const onnx::NodeProto &n) {
           drop[d] = in[d] == 1;
       }
       for (int64_t d = 0; d < rank; ++d)
-        if (!drop[d])
+        if (!drop[d]) {
+          if (d == at.dim)
+            res = BatchAt{(int64_t)out.size(), at.outer};
           out.push_back(in[d]);
+        }
     }
     if (numElements(out) != numElements(in))
       fail("cannot reshape " + formatShape(in) + " to " + formatShape(out));
     if (const HostTensor *c = cst(0))
       return defineConst(0, hostReshape(*c, out));
-    return define(0, reshape(val(0), out));
+    Value r = reshape(val(0), out);
+    if (localBatch() && res.dim >= 0 && r != val(0))
+      batchDims[r] = res;
+    return define(0, r);
   }
   failUnsupported();
 }
@@ -238,14 +291,30 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
   if (op == "Expand") {
     Value x = val(0);
     std::vector<int64_t> shape = needConst(1, "shape").toInts();
-    if (opts.batch > 0 && opts.globalBatch > opts.batch && !shape.empty() &&
-        shape[0] == opts.globalBatch && shp(x).size() == shape.size() && shp(x)[0] == opts.batch)
-      shape[0] = opts.batch;
+    // A rank's share of a static batch (BatchTracking.cpp): the entry over
+    // the operand's batch, or the one that creates the batch where the
+    // operand broadcasts (`cls.expand(B, -1, -1)`), is the rank's share.
+    int64_t created = -1;
+    if (localBatch()) {
+      ArrayRef<int64_t> xs = shp(x);
+      const int64_t lead = (int64_t)shape.size() - (int64_t)xs.size();
+      const int64_t ratio = opts.globalBatch / opts.batch;
+      if (BatchAt at = batchAt(x); at.dim >= 0) {
+        int64_t p = at.dim + lead;
+        if (p >= 0 && p < (int64_t)shape.size() && shape[p] == xs[at.dim] * ratio)
+          shape[p] = xs[at.dim];
+      } else if ((created = createdBatchEntry(shape, xs)) >= 0) {
+        shape[created] = opts.batch;
+      }
+    }
     ShapeOrError s = broadcastShapes(shp(x), shape);
     expect(s);
     if (ArrayRef<int64_t>(s.shape) == shp(x))
       return define(0, x);
-    return define(0, ExpandOp::create(b, loc, tensorType(s.shape, eltOf(x)), x));
+    Value y = ExpandOp::create(b, loc, tensorType(s.shape, eltOf(x)), x);
+    if (created >= 0)
+      batchDims[y] = BatchAt{created, 1};
+    return define(0, y);
   }
   failUnsupported();
 }

@@ -101,7 +101,41 @@ private:
   void buildCustom(const onnx::NodeProto &n, const CustomOpRule &rule);
   /// With a batch override, adjusts a Reshape's constant target shape that
   /// hard-codes the model's own batch (ImportOptions::globalBatch).
-  void rescaleBatch(std::vector<int64_t> &req, llvm::ArrayRef<int64_t> in) const;
+  /// Where the reshape's result holds the batch (dim -1: nowhere).
+  struct BatchAt;
+  BatchAt rescaleBatch(std::vector<int64_t> &req, llvm::ArrayRef<int64_t> in, mlir::Value input,
+                       bool allowZero);
+
+  // The batch dimension through the graph (BatchTracking.cpp), when a rank
+  // imports its share of a static export's batch (ImportOptions::batch <
+  // globalBatch): every value that carries the graph inputs' batch knows which
+  // of its dimensions holds it, so the constant shapes that hard-code the
+  // model's batch are rescaled where the batch is, not by a pattern.
+  bool localBatch() const {
+    return opts.batch > 0 && opts.globalBatch > opts.batch && opts.globalBatch % opts.batch == 0;
+  }
+  /// Where `v` holds the batch: its dimension, and the product of the
+  /// factors of that dimension outside the batch (1: the batch leads it;
+  /// T in a [T*B, E] reshape); dim -1: nowhere.
+  struct BatchAt {
+    int64_t dim = -1, outer = 1;
+  };
+  BatchAt batchAt(mlir::Value v) const;
+  /// Tracks the batch through the ops created after `before` (null: from the
+  /// block's start), by their partition annotations.
+  void trackBatch(mlir::Operation *before);
+  /// The entry of a constant target shape that creates the batch where an
+  /// operand without it broadcasts: the one entry equal to the global batch
+  /// over a size-1 (or absent) dimension of `in`, the leading one when there
+  /// are several; -1 when there is none.
+  int64_t createdBatchEntry(llvm::ArrayRef<int64_t> target, llvm::ArrayRef<int64_t> in) const;
+  llvm::DenseMap<mlir::Value, BatchAt> batchDims;
+  /// A broadcasting elementwise node with a constant operand that holds the
+  /// model's whole batch where another operand holds this rank's share (the
+  /// exporter folded `zeros_like(mask)` to a constant): `n` with that input
+  /// renamed to the constant's share (the same values for every sample, so
+  /// any share is every rank's), or nullopt when there is nothing to share.
+  std::optional<onnx::NodeProto> shareConstants(const onnx::NodeProto &n);
 
   // Input access.
   bool hasInput(int k) const;

@@ -176,7 +176,19 @@ void Importer::importNode(const onnx::NodeProto &n, int index) {
     fail("carve evaluates " + n.op_type() +
          " only on constants known at import, but an input is computed from graph inputs "
          "(or is a constant too large to fold)");
-  build(n);
+  Operation *before = entry->empty() ? nullptr : &entry->back();
+  std::optional<onnx::NodeProto> shared;
+  if (localBatch())
+    shared = shareConstants(n);
+  if (shared) {
+    node = &*shared;
+    build(*shared);
+    node = &n;
+  } else {
+    build(n);
+  }
+  if (localBatch())
+    trackBatch(before);
 }
 
 OwningOpRef<ModuleOp> Importer::run(StringRef bytes) {

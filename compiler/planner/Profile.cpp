@@ -612,8 +612,10 @@ bool loadProfileModel(MLIRContext &context, const ProfileRequest &req, ProfileMo
     model.module = importOnnxFile(context, req.model, opts, error);
     if (!model.module) {
       error = req.model + ": importing one sample of the batch failed: " + error +
-              " (the model may hard-code its batch size in a reshape; export it with a dynamic "
-              "batch)";
+              (llvm::StringRef(error).contains("dynamic batch")
+                   ? std::string()
+                   : std::string(" (the model may hard-code its batch size where carve cannot "
+                                 "place it; export it with a dynamic batch)"));
       return false;
     }
   }

@@ -112,8 +112,10 @@ Imported importModel(mlir::MLIRContext &context, const CompileArgs &args, const 
       die(args.model + ": importing one " + (im.m > 1 ? "micro-batch" : "rank's share") +
           " of the batch (" + std::to_string(im.micro) + " of " + std::to_string(im.batch) +
           ") failed: " + error +
-          " (the model may hard-code its batch size in a reshape; export it with a "
-          "dynamic batch)");
+          (StringRef(error).contains("dynamic batch")
+               ? std::string()
+               : std::string(" (the model may hard-code its batch size where carve cannot "
+                             "place it; export it with a dynamic batch)")));
   }
   size_t params = im.initial.size();
   if (args.noWeights)
