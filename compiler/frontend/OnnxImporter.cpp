@@ -161,8 +161,13 @@ void Importer::importNode(const onnx::NodeProto &n, int index) {
          "' needs a rule; describe it in a rules file and pass that with --rules RULES.json "
          "(docs/custom-ops.md)");
   }
-  if (!opTable().count(n.op_type()))
+  if (!opTable().count(n.op_type())) {
+    // A rules file may supply kernels for a standard op carve lacks.
+    for (const CustomOpRule &rule : opts.customOps)
+      if (rule.domain == "ai.onnx" && rule.type == n.op_type())
+        return buildCustom(n, rule);
     failUnsupported();
+  }
   for (int k = 0; k < n.input_size(); ++k)
     if (!n.input(k).empty())
       (void)slot(k);
@@ -206,6 +211,14 @@ OwningOpRef<ModuleOp> Importer::run(StringRef bytes) {
         ++useCount[in];
   for (const auto &out : g.output())
     ++useCount[out.name()];
+  // A rule for a standard op carve implements would silently never run.
+  for (const CustomOpRule &rule : opts.customOps)
+    if (rule.domain == "ai.onnx" && opTable().count(rule.type))
+      fail(rule.origin + " (ai.onnx::" + rule.type + "): carve implements the standard op '" +
+           rule.type +
+           "' itself; a rule of domain \"ai.onnx\" supplies kernels only for a standard op "
+           "carve lacks (docs/onnx-ops.md lists the ones it has); to change a built-in op's "
+           "annotation, write {\"match\": ..., \"annotation\": ...}");
   makeArguments();
 
   b.setInsertionPointToEnd(entry);

@@ -21,6 +21,7 @@
 #include "carve/rt/safetensors.h"
 #include "compiler/frontend/Builtin.h"
 #include "compiler/plan/Plan.h"
+#include "compiler/rules/Rules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -139,6 +140,13 @@ ModelShape inspectModel(const std::string &model, const std::vector<std::string>
       bad(model + ": " + error);
     if (flags[i] == "--frozen")
       opts.frozen.push_back(flags[i + 1]);
+    if (flags[i] == "--rules") {
+      // Custom ops (and kernels for standard ops carve lacks) import by their rules.
+      RuleSet rules;
+      if (!loadRules(flags[i + 1], rules, error))
+        bad(error);
+      opts.customOps = rules.customOps;
+    }
   }
   mlir::MLIRContext context;
   auto module = loadModel(context, model, opts, error);
