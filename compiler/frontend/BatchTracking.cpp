@@ -100,9 +100,9 @@ int64_t Importer::createdBatchEntry(ArrayRef<int64_t> target, ArrayRef<int64_t> 
 
 std::optional<onnx::NodeProto> Importer::shareConstants(const onnx::NodeProto &n) {
   static const std::set<std::string> broadcasting = {
-      "Add", "Sub",   "Mul",  "Div",         "Pow",     "Where",          "Max",
-      "Min", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And",
-      "Or",  "Xor"};
+      "Add", "Sub",   "Mul",   "Div",         "Pow",     "Where",          "Max",
+      "Min", "Equal", "Less",  "LessOrEqual", "Greater", "GreaterOrEqual", "And",
+      "Or",  "Xor",   "Concat"}; // Concat: operands of one rank, the batch off its axis
   if (!broadcasting.count(n.op_type()))
     return std::nullopt;
   // The operand that carries the batch.
@@ -131,6 +131,8 @@ std::optional<onnx::NodeProto> Importer::shareConstants(const onnx::NodeProto &n
     const int64_t d = at.dim - (rank - (int64_t)t->shape.size());
     if (d < 0 || t->shape[d] != local * ratio)
       continue;
+    if (n.op_type() == "Concat" && normAxis(attrInt("axis", 0), (int64_t)t->shape.size()) == d)
+      continue; // concatenated along the batch: not a share of it
     // View the constant as [outer, at.outer, B, rest, inner] around dimension d.
     int64_t outer = 1, inner = 1;
     for (int64_t q = 0; q < d; ++q)

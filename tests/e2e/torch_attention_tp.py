@@ -33,7 +33,8 @@ torch.onnx.export in training mode, no carve metadata):
    (compiler/frontend/BatchTracking.cpp) and rescales the constants that
    hold it: nn.MultiheadAttention's [T, B*H, D] reshapes, the class token's
    expand(B, -1, -1), the key padding mask's expand and the zeros the
-   exporter folded to a [B*H, 1, T] constant.
+   exporter folded to a [B*H, 1, T] constant, and a folded [B, 1, D] zeros
+   row concatenated to the tokens (concat-zeros).
 6. A constant that holds the batch with values that differ between samples
    (a per-sample bias folded by the exporter) cannot be shared among ranks:
    dp=2 is refused with one error naming the constant, and nothing is
@@ -180,6 +181,21 @@ def build(kind):
             logits = self.head(y)
             return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
 
+    class ConcatZeros(nn.Module):
+        """A zeros row concatenated in front of the tokens, which the exporter
+        folds to a [B, 1, D] constant, then dropped again."""
+
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, D)
+            self.head = nn.Linear(D, VOCAB)
+
+        def forward(self, ids, labels):
+            h = self.emb(ids)
+            h = torch.cat([torch.zeros(h.shape[0], 1, D), h], dim=1)[:, 1:]
+            logits = self.head(h)
+            return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
     class PerSample(nn.Module):
         """A per-sample offset the exporter folds to a [B, 1, 1] constant."""
 
@@ -204,6 +220,7 @@ def build(kind):
         "vit-encoder": ViT,
         "blocked": Blocked,
         "per-sample-constant": PerSample,
+        "concat-zeros": ConcatZeros,
     }
     return models[kind]()
 
@@ -241,7 +258,7 @@ def expected(kind):
             "decoder-layer": ["layer.self_attn", "layer.multihead_attn"],
             "vit-encoder": ["layers.0.self_attention", "layers.1.self_attention"]}.get(kind,
                                                                                     ["att"])
-    if kind == "blocked":
+    if kind in ("blocked", "concat-zeros"):
         return {}
     if kind == "vit-encoder":
         for i in range(2):
@@ -269,7 +286,7 @@ def main():
     failures = 0
     kinds = ["mha-batch-first", "mha-seq-first-float-mask", "mha-bool-mask", "mha-key-padding",
              "encoder-layer", "encoder-layer-norm-first", "decoder-layer", "vit-encoder",
-             "blocked"]
+             "concat-zeros", "blocked"]
     for kind in kinds:
         model = os.path.join(a.workdir, kind + ".onnx")
         export(kind, model)
@@ -289,7 +306,8 @@ def main():
                                  "replicated"))
         else:
             ok = c.returncode == 0 and not bad and not notes
-            print("%s %s: %d parameters split as hand-written attention%s" % (
+            print("%s %s: tp=2 splits its %d attention and feed-forward parameters as "
+                  "hand-written ones%s" % (
                 "ok  " if ok else "FAIL", kind, len(want),
                 "" if not bad else "; got (layout, expected): %s" % bad) +
                 ("" if not notes else "; unexpected notes: %s" % notes))
