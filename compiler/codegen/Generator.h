@@ -444,6 +444,9 @@ private:
   /// (not when fp32 accumulators take 16-bit gradients).
   bool grad16(const GradSlot &g);
   bool chunk16(const GradSlot &g);
+  /// Whether what the tail reads of the gradient is 16-bit: the gradient,
+  /// or under ZeRO-2/3 its chunk.
+  bool tailGrad16(const GradSlot &g) { return zero >= 2 ? chunk16(g) : grad16(g); }
   /// The gradient's (or its chunk's) bytes per element.
   int64_t gradElementBytes(const GradSlot &g) { return grad16(g) ? 2 : 4; }
   int64_t chunkElementBytes(const GradSlot &g) { return chunk16(g) ? 2 : 4; }

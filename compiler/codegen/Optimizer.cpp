@@ -126,7 +126,7 @@ std::string Generator::tailPointers(const std::string &prefix) {
     t.grad = uniqueName((zero >= 2 ? "grad_chunk_" : "grad_") + base);
     const int64_t gradAt = buffers[zero >= 2 ? shardOf[a] : g.buffer].offset;
     const std::string gradWhat = "gradient of " + paramName(a) + (zero >= 2 ? chunk : "");
-    if (zero >= 2 ? chunk16(g) : grad16(g))
+    if (tailGrad16(g))
       s += "  const Grad16 " + t.grad + " = " +
            asGrad16("(uint16_t *)(A + " + std::to_string(gradAt) + ")") + ";  // " + gradWhat +
            ", " + (opts.precision == "fp16" ? "fp16" : "bf16") + "\n";

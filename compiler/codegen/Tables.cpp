@@ -159,7 +159,7 @@ void Generator::buildTables(int64_t microBatches) {
       if (g.param == i) {
         row.trainable = true;
         row.gradOffset = zero >= 2 ? buffers[shardOf[i]].offset : buffers[g.buffer].offset;
-        if (zero >= 2 ? chunk16(g) : grad16(g))
+        if (tailGrad16(g))
           row.gradDtype = opts.precision == "fp16" ? "F16" : "BF16";
         row.state[0] = stateOf[i][0];
         row.state[1] = stateOf[i][1];
