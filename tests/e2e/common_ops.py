@@ -39,8 +39,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402
-from torch_compare import (Failure, read_losses, run, sgd_losses, worst_loss_gap,  # noqa: E402
-                           worst_weight_gap)
+from torch_compare import Failure, run, train_like_torch  # noqa: E402
 
 STEPS = 8
 BATCH = 8
@@ -140,17 +139,9 @@ def main():
     print("ok: import (%s; %s)" % (params[0], [l for l in lines if l.startswith("ops:")][0]))
 
     # 2. Against PyTorch.
-    out = os.path.join(w, "one")
-    run([a.carve, "compile", onnx_path, "-o", out, "--quiet", "--optimizer", "sgd", "--lr",
-         str(LR), "--clip-grad-norm", "0"])
-    log, ckpt = out + ".jsonl", out + ".ckpt"
-    run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data, "--log",
-         log, "--save", ckpt, "--progress", "none"])
-    losses = read_losses(log)
-    batches = [(xs[k * BATCH:(k + 1) * BATCH], ys[k * BATCH:(k + 1) * BATCH])
-               for k in range(STEPS)]
-    worst = worst_loss_gap("1 rank", losses, sgd_losses(net, batches, LR), LOSS_RTOL)
-    gap, where, _ = worst_weight_gap("1 rank", ckpt, net, WEIGHT_RTOL)
+    losses, worst, gap, where, _ = train_like_torch(a.carve, onnx_path, net, data, xs, ys,
+                                                    os.path.join(w, "one"), BATCH, STEPS, LR,
+                                                    LOSS_RTOL, WEIGHT_RTOL)
     print("ok: 1 rank against PyTorch, %d SGD steps: losses within %.2g, weights within %.2g (%s)"
           % (STEPS, worst, gap, where))
 

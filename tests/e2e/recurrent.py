@@ -37,8 +37,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402
-from torch_compare import (Failure, read_losses, run, sgd_losses, worst_loss_gap,  # noqa: E402
-                           worst_weight_gap)
+from torch_compare import Failure, run, train_like_torch  # noqa: E402
 
 STEPS = 6
 BATCH, T, VOCAB = 4, 5, 20
@@ -103,18 +102,10 @@ def main():
     print("ok: import: %s" % [l.strip() for l in summary.splitlines()
                              if l.strip().startswith(("parameters:", "ops:"))])
 
-    out = os.path.join(w, "one")
-    run([a.carve, "compile", onnx_path, "-o", out, "--quiet", "--optimizer", "sgd", "--lr",
-         str(LR), "--clip-grad-norm", "0"])
-    run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data, "--log",
-         out + ".jsonl", "--save", out + ".ckpt", "--progress", "none"])
-    losses = read_losses(out + ".jsonl")
-    batches = [(xs[k * BATCH:(k + 1) * BATCH], ys[k * BATCH:(k + 1) * BATCH])
-               for k in range(STEPS)]
-    worst = worst_loss_gap("1 rank", losses, sgd_losses(net, batches, LR), LOSS_RTOL)
     # Compare the tensors the checkpoint names as the module does.
-    gap, where, compared = worst_weight_gap("1 rank", out + ".ckpt", net, WEIGHT_RTOL,
-                                            require_all=False)
+    _, worst, gap, where, compared = train_like_torch(
+        a.carve, onnx_path, net, data, xs, ys, os.path.join(w, "one"), BATCH, STEPS, LR,
+        LOSS_RTOL, WEIGHT_RTOL, require_all=False)
     if compared < 4:
         raise Failure("weights: %d compared, worst %.3g (%s, limit %g)" % (compared, gap, where,
                                                                          WEIGHT_RTOL))

@@ -1,5 +1,6 @@
 """Training a plain PyTorch module next to its carve program: the pieces the
-tests of plain exports share (common_ops.py, plain_buffers.py, recurrent.py).
+tests of plain exports share (common_ops.py, plain_buffers.py, recurrent.py,
+standard_op_rules.py).
 
 A module is exported, compiled with plain SGD (no momentum, no clipping),
 trained STEPS steps on the same samples in the same order, and compared:
@@ -57,6 +58,28 @@ def worst_loss_gap(label, mine, ref, rtol):
         raise Failure("%s: losses differ from PyTorch's by %.3g (limit %g)\n  carve   %s\n"
                       "  PyTorch %s" % (label, worst, rtol, mine, ref))
     return worst
+
+
+def train_like_torch(carve, onnx_path, net, data, xs, ys, out, batch, steps, lr, loss_rtol,
+                     weight_rtol, flags=(), require_all=True):
+    """Compiles `onnx_path` for 1 rank with plain SGD at `lr` (no clipping;
+    `flags` added to carve compile), trains it `steps` steps on `data` (whose
+    samples are `xs`, `ys`, `batch` a step), trains `net` on the same
+    batches, and compares them (Failure beyond `loss_rtol` / `weight_rtol`):
+    (carve's losses, worst loss gap, worst weight gap, its tensor, tensors
+    compared)."""
+    run([carve, "compile", onnx_path, *flags, "-o", out, "--quiet", "--optimizer", "sgd", "--lr",
+         str(lr), "--clip-grad-norm", "0"])
+    log, ckpt = out + ".jsonl", out + ".ckpt"
+    run([carve, "run", out, "-n", "1", "--", "--steps", str(steps), "--data", data, "--log",
+         log, "--save", ckpt, "--progress", "none"])
+    batches = [(xs[k * batch:(k + 1) * batch], ys[k * batch:(k + 1) * batch])
+               for k in range(steps)]
+    losses = read_losses(log)
+    worst = worst_loss_gap("1 rank", losses, sgd_losses(net, batches, lr), loss_rtol)
+    gap, where, compared = worst_weight_gap("1 rank", ckpt, net, weight_rtol,
+                                            require_all=require_all)
+    return losses, worst, gap, where, compared
 
 
 def worst_weight_gap(label, ckpt, net, rtol, skip=(), require_all=True):
