@@ -3,6 +3,7 @@
 #include "compiler/planner/Planner.h"
 #include "compiler/plan/JsonRead.h"
 #include "compiler/schedule/Schedule.h"
+#include "dialects/carve/Contract.h"
 
 #include <nlohmann/json.hpp>
 
@@ -51,10 +52,14 @@ Storage storageFor(const std::string &precision, bool published, int64_t m, int 
     st.kept = 2;       // carve-pack-activations
     st.param = 2;      // carve-store-params16: the 16-bit copy the step reads
     st.optimizer = 12; // ... its fp32 master with m and v
-    // carve-store-grads16 (PlanAttrs::gradients16, fp32ChunkAccumulators).
-    const bool fp32Accumulation = m > 1 && gradAccumulation == "fp32";
-    st.grad = fp32Accumulation && zero < 2 ? 4 : 2;
-    st.accumulator = fp32Accumulation && zero >= 2 ? 4 : st.grad;
+    // carve-store-grads16, by the rule the compiler reads.
+    PlanAttrs plan;
+    plan.precision = precision;
+    plan.microBatches = m;
+    plan.zero = zero;
+    plan.gradAccumulation = gradAccumulation;
+    st.grad = plan.gradients16() ? 2 : 4;
+    st.accumulator = plan.fp32ChunkAccumulators() ? 4 : st.grad;
   }
   if (published && precision != "fp32") {
     st = Storage{2, 2, 12, 2, 2};
