@@ -99,12 +99,6 @@ private:
   void buildLoss(const onnx::NodeProto &n);
   void buildRecurrent(const onnx::NodeProto &n);
   void buildCustom(const onnx::NodeProto &n, const CustomOpRule &rule);
-  /// With a batch override, adjusts a Reshape's constant target shape that
-  /// hard-codes the model's own batch (ImportOptions::globalBatch).
-  /// Where the reshape's result holds the batch (dim -1: nowhere).
-  struct BatchAt;
-  BatchAt rescaleBatch(std::vector<int64_t> &req, llvm::ArrayRef<int64_t> in, mlir::Value input,
-                       bool allowZero);
 
   // The batch dimension through the graph (BatchTracking.cpp), when a rank
   // imports its share of a static export's batch (ImportOptions::batch <
@@ -121,6 +115,11 @@ private:
     int64_t dim = -1, outer = 1;
   };
   BatchAt batchAt(mlir::Value v) const;
+  /// Rescales the entry of a Reshape's constant target shape `req` where the
+  /// batch of `input` (shape `in`) lands; returns where the result holds it
+  /// (dim -1: the input holds no batch).
+  BatchAt rescaleBatch(std::vector<int64_t> &req, llvm::ArrayRef<int64_t> in, mlir::Value input,
+                       bool allowZero);
   /// Tracks the batch through the ops created after `before` (null: from the
   /// block's start), by their partition annotations.
   void trackBatch(mlir::Operation *before);

@@ -35,8 +35,9 @@ struct ImportOptions {
   /// share of the global batch.
   int64_t batch = 0;
   /// The model's own batch (with `batch`): a model exported with a static
-  /// batch hard-codes it in the constant shapes of its Reshape and Expand
-  /// nodes, and the importer rescales their leading entry (see docs/plan.md).
+  /// batch hard-codes it in constants (Reshape and Expand shapes, folded
+  /// tensors); the importer tracks the batch through the graph and rescales
+  /// them where it lands (BatchTracking.cpp, docs/plan.md).
   int64_t globalBatch = 0;
   /// If set, receives the initial value of every parameter and buffer that
   /// became a function argument (in argument order).
