@@ -172,7 +172,7 @@ bool Generator::emitOp(Operation *op) {
     ok = emitCrossEntropy(op, os);
   else if (isa<TransposeOp, SliceOp, SliceGradOp, ConcatOp, ExpandOp>(op))
     ok = emitDataMovement(op, os);
-  else if (isa<GatherOp, GatherGradOp>(op))
+  else if (isa<GatherOp, GatherGradOp, NonzeroOp>(op))
     ok = emitGather(op, os);
   else if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp, dist::AllToAllOp,
                dist::LocalSplitOp, dist::BroadcastOp>(op))
@@ -453,8 +453,8 @@ bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
   return true;
 }
 
-/// Embedding lookups and their gradients; vocab-parallel where the rows are
-/// split over tp.
+/// Embedding lookups and their gradients, vocab-parallel where the rows are
+/// split over tp; NonZero's positions (indices for gathers).
 bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (auto g = dyn_cast<GatherOp>(op)) {
@@ -471,6 +471,9 @@ bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
       os << "gather(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 1) << ", "
          << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res) << ");";
     }
+  } else if (auto nz = dyn_cast<NonzeroOp>(op)) {
+    os << "nonzero(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res)
+       << ");  // positions, then zeros up to the bound";
   } else if (auto g = dyn_cast<GatherGradOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");

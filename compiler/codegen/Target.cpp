@@ -63,6 +63,7 @@ void qualifyGpuCalls(std::string &src) {
                                               "concat",
                                               "gather",
                                               "gather_grad",
+                                              "nonzero",
                                               "expand",
                                               "takeShard",
                                               "placeShard",

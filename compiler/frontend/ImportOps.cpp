@@ -64,6 +64,8 @@ void Importer::build(const onnx::NodeProto &n) {
     add(&Importer::buildConvolution, {"Conv", "MaxPool", "GlobalAveragePool"});
     add(&Importer::buildLoss, {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"});
     add(&Importer::buildRecurrent, {"LSTM", "GRU"});
+    add(&Importer::buildNonZero, {"NonZero"});
+    add(&Importer::buildScatterElements, {"ScatterElements"});
     return t;
   }();
   auto it = table.find(n.op_type());

@@ -20,6 +20,8 @@
 //   ImportDataMovement.cpp   reshapes, transposes, slices, splits, concats,
 //                            gathers and expands
 //   ImportCustomOp.cpp       custom-domain nodes described by --rules
+//   Bounded.cpp              NonZero at a static bound, the values it sizes,
+//                            and ScatterElements (index_add_) back out
 //
 //===----------------------------------------------------------------------===//
 
@@ -33,6 +35,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSet.h"
 
 #include "onnx/onnx_pb.h"
@@ -136,6 +139,28 @@ private:
   /// any share is every rank's), or nullopt when there is nothing to share.
   std::optional<onnx::NodeProto> shareConstants(const onnx::NodeProto &n);
 
+  // Values whose size NonZero decides at run time (Bounded.cpp): held at
+  // the bound, with the dimension that holds it and the count of real rows.
+  struct Bounded {
+    int64_t dim = -1;
+    mlir::Value count;  ///< f32 scalar: how many leading rows are real
+    std::string origin; ///< the NonZero node
+    /// A rank's share of a static batch: the length of the NonZero input's
+    /// dimension that holds the batch (-1: none) and its BatchAt::outer, so
+    /// that a scatter into a table of the model's whole batch is rescaled.
+    int64_t batchLen = -1, batchOuter = 1;
+  };
+  const Bounded *boundedOf(mlir::Value v) const;
+  void buildNonZero(const onnx::NodeProto &n);
+  void buildScatterElements(const onnx::NodeProto &n);
+  /// `v` with the padding rows of its bounded dimension zeroed (v itself
+  /// when it is not bounded).
+  mlir::Value maskBounded(mlir::Value v);
+  /// Carries boundedness through the ops created after `before`, by their
+  /// partition annotations; fails for an op that would read the padding.
+  void trackBounded(mlir::Operation *before);
+  llvm::DenseMap<mlir::Value, Bounded> bounded;
+  llvm::DenseSet<mlir::Operation *> boundedExits; ///< made to read the padding safely
   // Input access.
   bool hasInput(int k) const;
   Slot &slot(int k);

@@ -88,6 +88,7 @@ const std::set<std::string> &opTable() {
                                             "Mod",
                                             "Mul",
                                             "Neg",
+                                            "NonZero",
                                             "NegativeLogLikelihoodLoss",
                                             "Not",
                                             "OneHot",
@@ -103,6 +104,7 @@ const std::set<std::string> &opTable() {
                                             "ReduceSum",
                                             "Relu",
                                             "Reshape",
+                                            "ScatterElements",
                                             "Shape",
                                             "Sigmoid",
                                             "Sin",
@@ -194,6 +196,8 @@ void Importer::importNode(const onnx::NodeProto &n, int index) {
   }
   if (localBatch())
     trackBatch(before);
+  if (!bounded.empty())
+    trackBounded(before);
 }
 
 OwningOpRef<ModuleOp> Importer::run(StringRef bytes) {
@@ -241,6 +245,10 @@ OwningOpRef<ModuleOp> Importer::run(StringRef bytes) {
         s.constant = loadTensor(*s.init, "initializer '" + out.name() + "'");
       s.value = materialize(*s.constant, out.name());
     }
+    if (const Bounded *bd = boundedOf(s.value))
+      fail("graph output '" + out.name() + "' has a dimension (" + std::to_string(bd->dim) +
+           ") whose size NonZero '" + bd->origin +
+           "' decides at run time; carve keeps such values inside the graph (docs/moe.md)");
     results.push_back(s.value);
     resultAttrs.push_back(
         b.getDictionaryAttr({b.getNamedAttr(kOutputAttr, b.getStringAttr(out.name()))}));

@@ -649,6 +649,15 @@ bool Interpreter::evalDataMovement(Operation *op) {
       .Case([&](GatherGradOp g) {
         return evalGather(g, Value(), g.getIndices(), (int64_t)g.getAxis(), g.getGrad());
       })
+      .Case([&](NonzeroOp nz) {
+        Value x = nz.getInput(), y = nz.getResult();
+        make(y);
+        dispatchAny(typeOf(x).getElementType(), [&](auto tag) {
+          using T = decltype(tag);
+          rt::nonzero<T>(in<T>(x), dimsOf(x), out<int64_t>(y));
+        });
+        return true;
+      })
       .Case([&](ExpandOp e) {
         Value x = e.getInput(), y = e.getResult();
         make(y);
@@ -718,7 +727,7 @@ bool Interpreter::evaluate(Operation *op) {
                                 g.getIgnoreIndexAttr(), g.getGrad());
       })
       .Case<ReshapeOp, TransposeOp, SliceOp, SliceGradOp, ConcatOp, GatherOp, GatherGradOp,
-            ExpandOp>([&](Operation *o) { return evalDataMovement(o); })
+            ExpandOp, NonzeroOp>([&](Operation *o) { return evalDataMovement(o); })
       .Default([&](Operation *o) {
         return failWith("no reference kernel for " + o->getName().getStringRef().str());
       });

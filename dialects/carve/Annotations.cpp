@@ -480,9 +480,7 @@ std::string annotate(Operation *op) {
         d[axis] += "^";
         return annotation({d, d}, {d});
       })
-      .Case([](LayerNormOp l) {
-        return normalize(l, l.getAxis(), l->getNumOperands() - 1, false);
-      })
+      .Case([](LayerNormOp l) { return normalize(l, l.getAxis(), l->getNumOperands() - 1, false); })
       .Case([](RmsNormOp l) { return normalize(l, l.getAxis(), l->getNumOperands() - 1, false); })
       .Case([](LayerNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
       .Case([](RmsNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
@@ -505,6 +503,12 @@ std::string annotate(Operation *op) {
       .Case([](ConcatOp c) { return concat(c); })
       .Case([](GatherOp g) { return gather(g); })
       .Case([](GatherGradOp g) { return gatherGrad(g); })
+      .Case([](NonzeroOp n) {
+        // Positions in the whole input: nothing of it may be split.
+        Names names;
+        Dims in = names.fresh(typeOf(n.getInput()).getRank(), "^");
+        return annotation({in}, {names.fresh(2, "^")});
+      })
       .Case([](ExpandOp e) {
         // Broadcast dimensions are names of the result only: a split of one
         // keeps the input whole.
@@ -586,6 +590,7 @@ CARVE_ANNOTATED(RmsNormGradOp)
 CARVE_ANNOTATED(AttentionGradOp)
 CARVE_ANNOTATED(CrossEntropyGradOp)
 CARVE_ANNOTATED(GatherGradOp)
+CARVE_ANNOTATED(NonzeroOp)
 CARVE_ANNOTATED(SliceGradOp)
 
 //===----------------------------------------------------------------------===//

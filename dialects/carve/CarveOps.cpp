@@ -525,6 +525,23 @@ LogicalResult CrossEntropyGradOp::verify() {
   return sameShape(*this, getLogits(), getResult(), "result");
 }
 
+LogicalResult NonzeroOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  ArrayRef<int64_t> in = shapeOf(getInput());
+  if (in.empty())
+    return emitOpError("the input must have at least one dimension");
+  int64_t numel = 1;
+  for (int64_t d : in)
+    numel *= d;
+  const int64_t want[2] = {static_cast<int64_t>(in.size()), numel};
+  if (ArrayRef<int64_t>(want) != shapeOf(getResult()) || !elementOf(getResult()).isInteger(64))
+    return emitOpError("result has type ")
+           << getResult().getType() << ", expected tensor<" << want[0] << "x" << want[1]
+           << "xi64> (the rank by the element count)";
+  return success();
+}
+
 LogicalResult GatherGradOp::verify() {
   if (failed(verifyStatic(*this)))
     return failure();

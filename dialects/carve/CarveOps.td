@@ -415,6 +415,26 @@ def Carve_GatherOp : Carve_Op<"gather", [Carve_Differentiable]> {
   let assemblyFormat = "$data `,` $indices attr-dict `:` functional-type(operands, results)";
 }
 
+def Carve_NonzeroOp : Carve_Op<"nonzero"> {
+  let summary = "Positions of the non-zero elements, at a static bound (ONNX NonZero).";
+  let description = [{
+    ONNX `NonZero` has a result size that depends on the data. carve keeps
+    shapes static: the result is `rank(input) x numel(input)` -- the bound,
+    every element non-zero -- and holds the positions of the non-zero
+    elements in row-major order in its leading columns, then zeros. How many
+    columns hold positions (the count) is computed beside it by the importer
+    (a sum of `input != 0`), and the ops that would read past it see those
+    rows masked (docs/moe.md). Not differentiable: the result is integers.
+
+    ```mlir
+    %p = carve.nonzero %m : (tensor<2x8xi1>) -> tensor<2x16xi64>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
 def Carve_ExpandOp : Carve_Op<"expand", [Carve_Differentiable]> {
   let summary = "Broadcasts a tensor to a larger static shape.";
   let description = [{
@@ -643,11 +663,13 @@ def Carve_CrossEntropyGradOp : Carve_Op<"cross_entropy_grad"> {
   let assemblyFormat = "$logits `,` $targets `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
-def Carve_GatherGradOp : Carve_Op<"gather_grad"> {
+def Carve_GatherGradOp : Carve_Op<"gather_grad", [Carve_Differentiable]> {
   let summary = "Gradient of gather: scatter-add into a zero table.";
   let description = [{
     The result (shaped like the gathered table) is zero except where `indices`
-    picked slices, which receive the sum of their `grad` slices.
+    picked slices, which receive the sum of their `grad` slices. Also the
+    import of ScatterElements (index_add_), so its gradient with respect to
+    `grad` is the gather by the same indices.
 
     ```mlir
     %dwte = carve.gather_grad %dy, %ids {axis = 0 : i64} : (tensor<4x16x32xf32>, tensor<4x16xi64>) -> tensor<64x32xf32>

@@ -455,6 +455,14 @@ LogicalResult GatherOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
+LogicalResult GatherGradOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                           SmallVectorImpl<Value> &og) {
+  og.assign(2, Value());
+  if (rg[0])
+    og[0] = GatherOp::create(b, getLoc(), getGrad().getType(), rg[0], getIndices(), getAxisAttr());
+  return success();
+}
+
 LogicalResult ExpandOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                        SmallVectorImpl<Value> &og) {
   og.assign(1, Value());

@@ -369,6 +369,48 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   checkLaunch("gather_grad");
 }
 
+/// NonZero in one block: each thread counts the non-zeros of its slice of
+/// x, thread 0 turns the counts into offsets, and each thread writes its
+/// positions from its offset, so the order is row-major as on the CPU.
+template <class T> __global__ void nonzeroKernel(const T *x, Dims xs, int64_t n, int64_t *y) {
+  __shared__ int64_t offsets[kThreads];
+  const int64_t chunk = (n + blockDim.x - 1) / blockDim.x;
+  const int64_t lo = threadIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
+  int64_t mine = 0;
+  for (int64_t e = lo; e < hi; ++e)
+    mine += x[e] != T(0);
+  offsets[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t sum = 0;
+    for (unsigned t = 0; t < blockDim.x; ++t) {
+      const int64_t c = offsets[t];
+      offsets[t] = sum;
+      sum += c;
+    }
+  }
+  __syncthreads();
+  int64_t j = offsets[threadIdx.x];
+  for (int64_t e = lo; e < hi; ++e) {
+    if (x[e] == T(0))
+      continue;
+    for (int64_t d = xs.rank - 1, rest = e; d >= 0; --d) {
+      y[d * n + j] = rest % xs.d[d];
+      rest /= xs.d[d];
+    }
+    ++j;
+  }
+}
+
+template <class T> void nonzero(const T *x, Dims xs, int64_t *y) {
+  const int64_t n = xs.numel();
+  fill(y, xs.rank * n, int64_t(0));
+  if (n == 0)
+    return;
+  CARVE_KERNEL(1, kThreads, 0, stream(), nonzeroKernel)(x, xs, n, y);
+  checkLaunch("nonzero");
+}
+
 template <class T> void expand(const T *x, Dims xs, T *y, Dims ys) {
   const int64_t total = ys.numel();
   if (total == 0)
@@ -384,7 +426,8 @@ template <class T> void expand(const T *x, Dims xs, T *y, Dims ys) {
   template void concat<T>(int, const T *const *, const Dims *, int, T *);                          \
   template void gather<T>(const T *, Dims, const int64_t *, Dims, int, T *);                       \
   template void gather_grad<T>(const T *, const int64_t *, Dims, int, T *, Dims);                  \
-  template void expand<T>(const T *, Dims, T *, Dims);
+  template void expand<T>(const T *, Dims, T *, Dims);                                             \
+  template void nonzero<T>(const T *, Dims, int64_t *);
 CARVE_DATA_MOVEMENT(float)
 CARVE_DATA_MOVEMENT(double)
 CARVE_DATA_MOVEMENT(int64_t)

@@ -558,9 +558,27 @@ CARVE_FLOATING(float)
 CARVE_FLOATING(double)
 #undef CARVE_FLOATING
 
+//===--- NonZero ----------------------------------------------------------===//
+
+template <class T> void nonzero(const T *x, Dims xs, int64_t *y) {
+  const int64_t n = xs.numel();
+  std::fill(y, y + xs.rank * n, int64_t(0));
+  int64_t j = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    if (x[e] == T(0))
+      continue;
+    for (int64_t d = xs.rank - 1, rest = e; d >= 0; --d) {
+      y[d * n + j] = rest % xs.d[d];
+      rest /= xs.d[d];
+    }
+    ++j;
+  }
+}
+
 #define CARVE_GATHER(T)                                                                            \
   template void gather<T>(const T *, Dims, const int64_t *, Dims, int, T *);                       \
-  template void gather_grad<T>(const T *, const int64_t *, Dims, int, T *, Dims);
+  template void gather_grad<T>(const T *, const int64_t *, Dims, int, T *, Dims);                  \
+  template void nonzero<T>(const T *, Dims, int64_t *);
 CARVE_GATHER(float)
 CARVE_GATHER(double)
 CARVE_GATHER(int64_t)

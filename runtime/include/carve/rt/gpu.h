@@ -171,6 +171,7 @@ void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y
 template <class T>
 void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts);
 template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
+template <class T> void nonzero(const T *x, Dims xs, int64_t *y);
 
 //===--- Tensor parallelism (dist.h on device pointers) --------------------===//
 

@@ -207,6 +207,10 @@ template <class T>
 void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts);
 /// y = broadcast of x to ys.
 template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
+/// ONNX NonZero at its static bound: y is rank(xs) x numel(xs); column j holds
+/// the coordinates of the j-th non-zero element of x (row-major order), and
+/// the columns past the last one are zeros.
+template <class T> void nonzero(const T *x, Dims xs, int64_t *y);
 
 /// Aborts the process with "carve: error: MSG" (rank prefix when known).
 [[noreturn]] void fatal(const char *fmt, ...);
