@@ -248,6 +248,137 @@ class Llama(nn.Module):
 
 
 # ---------------------------------------------------------------------------
+# Mixture of experts: a Mixtral-style decoder and the routed block's forms
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class MixtralConfig(LlamaConfig):
+    num_experts: int = 4
+    top_k: int = 2
+    # "before": softmax over all experts, then top-k, renormalized (Mixtral);
+    # "after": top-k of the router's logits, then softmax over those k.
+    softmax: str = "before"
+    # Tokens an expert takes at most, as a factor of its even share
+    # (top_k * tokens / num_experts); 0: no limit. Tokens over it are dropped
+    # in order (first choices of every token first, as GShard orders them).
+    capacity_factor: float = 0.0
+    # The weight of the load-balancing loss (Switch Transformer's
+    # E * sum_e f_e * P_e over top-k choices) added to the loss; 0: none.
+    aux_loss_coef: float = 0.0
+    # "routed": per expert, torch.where on the expert's mask, the tokens
+    # gathered, the expert, index_add_ back (Mixtral's reference code);
+    # "dense": one_hot dispatch and combine tensors and einsum (GShard).
+    form: str = "routed"
+
+
+class SparseMoE(nn.Module):
+    """A sparse mixture-of-experts feed-forward block of SwiGLU experts.
+
+    forward returns (output, auxiliary loss): the block written the way MoE
+    layers are written in PyTorch, with data-dependent routing (torch.where)
+    in the routed form."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.dim, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(cfg) for _ in range(cfg.num_experts))
+
+    def _route(self, x):
+        """(top-k weights [N, k], selected experts [N, k], router probabilities [N, E])."""
+        cfg = self.cfg
+        logits = self.gate(x)
+        probs = F.softmax(logits, dim=-1)
+        if cfg.softmax == "before":
+            weights, selected = torch.topk(probs, cfg.top_k, dim=-1)
+            weights = weights / weights.sum(-1, keepdim=True)
+        else:
+            top, selected = torch.topk(logits, cfg.top_k, dim=-1)
+            weights = F.softmax(top, dim=-1)
+        return weights, selected, probs
+
+    def _choices(self, selected, n):
+        """[N, k, E] one-hot choices, without those over an expert's capacity."""
+        cfg = self.cfg
+        onehot = F.one_hot(selected, cfg.num_experts)
+        if cfg.capacity_factor <= 0:
+            return onehot
+        capacity = max(1, int(cfg.capacity_factor * cfg.top_k * n / cfg.num_experts))
+        slot_major = onehot.permute(1, 0, 2).reshape(cfg.top_k * n, cfg.num_experts)
+        position = torch.cumsum(slot_major, dim=0) - 1
+        keep = (position < capacity) & (slot_major > 0)
+        return keep.long().reshape(cfg.top_k, n, cfg.num_experts).permute(1, 0, 2)
+
+    def _aux_loss(self, choices, probs):
+        cfg = self.cfg
+        fraction = choices.float().sum(1).mean(0) / cfg.top_k  # [E]
+        return cfg.num_experts * (fraction * probs.mean(0)).sum()
+
+    def forward(self, x):
+        cfg = self.cfg
+        B, T, D = x.shape
+        x = x.reshape(-1, D)
+        n = x.shape[0]
+        weights, selected, probs = self._route(x)
+        choices = self._choices(selected, n)  # [N, k, E]
+        if cfg.form == "routed":
+            out = torch.zeros_like(x)
+            expert_mask = choices.permute(2, 1, 0)  # [E, k, N]
+            for e, expert in enumerate(self.experts):
+                slot, token = torch.where(expert_mask[e])
+                rows = x[None, token].reshape(-1, D)
+                y = expert(rows) * weights[token, slot, None]
+                out.index_add_(0, token, y)
+        else:
+            combine = (choices.float() * weights.unsqueeze(-1)).sum(1)  # [N, E]
+            outs = torch.stack([expert(x) for expert in self.experts], 1)  # [N, E, D]
+            out = torch.einsum("ne,ned->nd", combine, outs)
+        aux = self._aux_loss(choices, probs) if cfg.aux_loss_coef > 0 else x.new_zeros(())
+        return out.reshape(B, T, D), aux
+
+
+class MixtralBlock(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = LlamaAttention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.block_sparse_moe = SparseMoE(cfg)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
+        y, aux = self.block_sparse_moe(self.ffn_norm(x))
+        return x + y, aux
+
+
+class Mixtral(Llama):
+    """The Llama decoder (RMSNorm, rotary, grouped-query attention) with a
+    sparse mixture of experts in place of every feed-forward block."""
+
+    def __init__(self, cfg=MixtralConfig()):
+        super().__init__(cfg)
+        self.layers = nn.ModuleList([MixtralBlock(cfg) for _ in range(cfg.n_layer)])
+        self.apply(_init_transformer)
+
+    def forward(self, input_ids, targets):
+        T = input_ids.size(1)
+        cos = self.rope_cos[:T]
+        sin = self.rope_sin[:T]
+        mask = self.mask[:, :, :T, :T]
+        x = self.tok_embeddings(input_ids)
+        aux = 0.0
+        for layer in self.layers:
+            x, a = layer(x, cos, sin, mask)
+            aux = aux + a
+        logits = self.output(self.norm(x))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        if self.cfg.aux_loss_coef > 0:
+            loss = loss + self.cfg.aux_loss_coef * aux
+        return loss
+
+
+# ---------------------------------------------------------------------------
 # BERT style encoder with a masked-LM head
 # ---------------------------------------------------------------------------
 
@@ -448,6 +579,11 @@ def _llama(seq, **kw):
     return Llama(LlamaConfig(**kw))
 
 
+def _mixtral(seq, **kw):
+    kw.setdefault("block_size", max(16, seq))
+    return Mixtral(MixtralConfig(**kw))
+
+
 def _bert(seq, **kw):
     kw.setdefault("max_position", max(16, seq))
     return Bert(BertConfig(**kw))
@@ -463,6 +599,7 @@ MODELS = {
     "gpt_untied": (lambda seq, **kw: _gpt(seq, tie_weights=False, **kw), _tokens()),
     "gpt_tanh": (lambda seq, **kw: _gpt(seq, gelu_tanh=True, **kw), _tokens()),
     "llama": (_llama, _tokens()),
+    "mixtral": (_mixtral, _tokens()),
     "bert": (
         _bert,
         _tokens(

@@ -211,11 +211,13 @@ bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
                     : isa<MaximumOp>(op) ? "Max"
                                          : "Min";
     // The CUDA target's arithmetic kernels take f32 (16-bit plans compute in
-    // f32 too); say so here rather than in the C++ compiler's words.
-    if (opts.cuda() && !typeOf(res).getElementType().isF32())
+    // f32 too) and int64 (index arithmetic, not Pow); say so here rather than
+    // in the C++ compiler's words.
+    Type elt = typeOf(res).getElementType();
+    if (opts.cuda() && !elt.isF32() && !(elt.isInteger(64) && !isa<PowOp>(op)))
       return failOp(op, std::string("the CUDA target has no ") + k +
-                            " kernel for this element type (f32 only); compute it in float "
-                            "before exporting, or use the CPU target");
+                            " kernel for this element type (f32, and int64 but for Pow); "
+                            "compute it in float before exporting, or use the CPU target");
     os << "binary(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
        << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<EqualOp, LessOp, GreaterOp>(op)) {

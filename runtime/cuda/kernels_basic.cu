@@ -458,6 +458,46 @@ void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y
   fatal("binary: unknown function %d", static_cast<int>(f));
 }
 
+/// Integer arithmetic (index computations: `token * k + slot`), with the CPU
+/// target's C++ semantics; a division by zero gives 0 (the CPU's is
+/// undefined, and carve never divides indices by a computed value).
+template <Binary F> struct IntBinaryOp {
+  __device__ __forceinline__ int64_t operator()(int64_t u, int64_t v) const {
+    if constexpr (F == Binary::Add)
+      return u + v;
+    else if constexpr (F == Binary::Sub)
+      return u - v;
+    else if constexpr (F == Binary::Mul)
+      return u * v;
+    else if constexpr (F == Binary::Div)
+      return v == 0 ? 0 : u / v;
+    else if constexpr (F == Binary::Max)
+      return u > v ? u : v;
+    else
+      return u < v ? u : v;
+  }
+};
+
+void binary(Binary f, const int64_t *a, Dims as, const int64_t *b, Dims bs, int64_t *y, Dims ys) {
+  switch (f) {
+  case Binary::Add:
+    return broadcast2("add", IntBinaryOp<Binary::Add>(), a, as, b, bs, y, ys);
+  case Binary::Sub:
+    return broadcast2("sub", IntBinaryOp<Binary::Sub>(), a, as, b, bs, y, ys);
+  case Binary::Mul:
+    return broadcast2("mul", IntBinaryOp<Binary::Mul>(), a, as, b, bs, y, ys);
+  case Binary::Div:
+    return broadcast2("div", IntBinaryOp<Binary::Div>(), a, as, b, bs, y, ys);
+  case Binary::Max:
+    return broadcast2("max", IntBinaryOp<Binary::Max>(), a, as, b, bs, y, ys);
+  case Binary::Min:
+    return broadcast2("min", IntBinaryOp<Binary::Min>(), a, as, b, bs, y, ys);
+  case Binary::Pow:
+    break;
+  }
+  fatal("binary: function %d has no int64 kernel", static_cast<int>(f));
+}
+
 void compare(Compare f, const float *a, Dims as, const float *b, Dims bs, uint8_t *y, Dims ys) {
   compareT(f, a, as, b, bs, y, ys);
 }

@@ -106,6 +106,8 @@ double readScalar(const double *p);
 void unary(Unary f, const float *x, float *y, int64_t n);
 void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n);
 void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y, Dims ys);
+/// int64 arithmetic (index computations); Pow has no integer kernel.
+void binary(Binary f, const int64_t *a, Dims as, const int64_t *b, Dims bs, int64_t *y, Dims ys);
 void compare(Compare f, const float *a, Dims as, const float *b, Dims bs, uint8_t *y, Dims ys);
 void compare(Compare f, const int64_t *a, Dims as, const int64_t *b, Dims bs, uint8_t *y, Dims ys);
 void logic(Logic f, const uint8_t *a, Dims as, const uint8_t *b, Dims bs, uint8_t *y, Dims ys);
