@@ -162,8 +162,12 @@ void Importer::trackBounded(Operation *before) {
           cannot("it splits that dimension");
         name = f.name;
       }
-    if (name.empty() || a.markOf(name) != Mark::Plain)
+    if (name.empty())
       cannot("it reads that whole dimension at once");
+    if (Mark m = a.markOf(name); m == Mark::Sum || m == Mark::Max)
+      cannot("it reduces over that dimension");
+    else if (m != Mark::Plain)
+      cannot("it reads that whole dimension at once (along it, not row by row)");
     bool found = false;
     for (unsigned r = 0; r < op->getNumResults(); ++r) {
       int64_t rd, outer;
