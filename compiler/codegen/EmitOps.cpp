@@ -174,8 +174,22 @@ bool Generator::emitOp(Operation *op) {
     ok = emitDataMovement(op, os);
   else if (isa<GatherOp, GatherGradOp, NonzeroOp>(op))
     ok = emitGather(op, os);
-  else if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp, dist::AllToAllOp,
-               dist::LocalSplitOp, dist::BroadcastOp>(op))
+  else if (auto x = dyn_cast<ExpertAllToAllOp>(op)) {
+    Value in = op->getOperand(0);
+    if (!typeOf(in).getElementType().isF32())
+      return failOp(op, "the expert exchange moves f32 tensors");
+    auto split = [&](int64_t d) {
+      return "Split{" + std::to_string(d) + ", 1, " + std::to_string(x.getRanks()) + "}";
+    };
+    const bool dispatch = x.getSrcDim() < x.getDstDim();
+    os << "// Expert parallelism: "
+       << (dispatch ? "send each expert's rows to its rank" : "send the experts' results back")
+       << " (all-to-all over the " << x.getRanks() << " ep ranks)\n  allToAllSplit(*ctx.epComm, "
+       << opnd(op, 0) << ", " << oshape(op, 0) << ", " << split(x.getSrcDim()) << ", "
+       << split(x.getDstDim()) << ", " << name(op->getResult(0)) << ", CommType::F32);";
+    ok = true;
+  } else if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp, dist::AllToAllOp,
+                 dist::LocalSplitOp, dist::BroadcastOp>(op))
     ok = emitCollective(op, os);
   else if (isa<CustomOp, CustomGradOp>(op))
     ok = emitCustom(op, os);

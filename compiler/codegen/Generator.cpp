@@ -34,6 +34,9 @@ bool withPlan(ModuleOp module, const CodegenOptions &given, EmitOptions &opts, s
   opts.tp = (int)plan->tp;
   opts.zero = (int)plan->zero;
   opts.pp = (int)plan->pp;
+  opts.ep = (int)plan->ep;
+  if (auto r = module->getAttrOfType<IntegerAttr>(kEpRankAttr))
+    opts.epRank = (int)r.getInt();
   opts.numMicroBatches = (int)plan->microBatches;
   opts.globalBatch = plan->globalBatch;
   opts.precision = plan->precision;

@@ -52,6 +52,8 @@ struct EmitOptions : CodegenOptions {
   int tp = 1;              // tensor-parallel degree (the partitioner has split the step)
   int zero = 0;            // ZeRO stage over dp
   int pp = 1;              // pipeline ranks
+  int ep = 1;              // expert-parallel degree (carve-expert-parallel)
+  int epRank = 0;          // the ep rank this program is (its experts)
   int numMicroBatches = 1; // micro-batches per step of each dp replica
   int64_t globalBatch = 0;
   /// "fp32", "bf16" or "fp16": the step sets it for matmul and attention;
@@ -152,6 +154,9 @@ void qualifyGpuCalls(std::string &src);
 std::string normDeclarations(const EmitOptions &opts);
 /// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).
 std::string normRead(const EmitOptions &opts);
+/// Expert parallelism: sums this rank's experts' squares over the ep group
+/// into sqSplit and sqWhole (nothing without ep).
+std::string expertNormSum(const EmitOptions &opts);
 /// The step's first statement under a bf16/fp16 plan (nothing under fp32).
 std::string precisionLine(const EmitOptions &opts);
 /// The namespace whose kernels the step calls (the same names on both targets).
@@ -300,6 +305,7 @@ private:
     int64_t bytes;
     int ready;
     int waitAt = -1; // ZeRO >= 2: index of the op after which it is waited for
+    bool experts = false; // summed over the ranks holding the same experts (edp)
   };
   /// The persistent regions a layout placed: [begin, paramEnd) parameters,
   /// [paramEnd, gradEnd) gradients, [gradEnd, stateEnd) optimizer state,

@@ -195,7 +195,8 @@ bool Generator::readBucketsOffIr(std::vector<Bucket> &buckets) {
   if (!readBuckets(fn, ir, error))
     return false;
   for (const GradientBucket &b : ir)
-    buckets.push_back({(size_t)b.first, (size_t)b.last, b.bytes, (int)b.ready, (int)b.waitAt});
+    buckets.push_back(
+        {(size_t)b.first, (size_t)b.last, b.bytes, (int)b.ready, (int)b.waitAt, b.axis == "edp"});
   return true;
 }
 

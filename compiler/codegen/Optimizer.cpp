@@ -185,12 +185,16 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
       count = chunkCount(g.param, "ctx.dpRank");
     else
       count = std::to_string(numelOf[g.param]);
+    // Expert parallelism: each ep rank holds other experts, whose squares
+    // are summed over the ep group (sqExpert*) before they join the rest.
+    const bool expert = opts.ep > 1 && fn.getArgAttr(g.param, kExpertAttr);
     if (opts.cuda())
-      ts << "  sumSquaresAdd(" << ptr << ", " << count << ", sqDevice + " << (split ? 0 : 1)
-         << ");  // " << paramName(g.param) << "\n";
+      ts << "  sumSquaresAdd(" << ptr << ", " << count << ", sqDevice + "
+         << (split ? 0 : 1) + (expert ? 2 : 0) << ");  // " << paramName(g.param) << "\n";
     else
-      ts << "  " << (split ? "sqSplit" : "sqWhole") << " += sumSquares(" << ptr << ", " << count
-         << ");  // " << paramName(g.param) << "\n";
+      ts << "  "
+         << (expert ? (split ? "sqExpertSplit" : "sqExpertWhole") : (split ? "sqSplit" : "sqWhole"))
+         << " += sumSquares(" << ptr << ", " << count << ");  // " << paramName(g.param) << "\n";
   }
 }
 

@@ -249,13 +249,19 @@ void Generator::startBuckets(const std::vector<Bucket> &buckets, size_t &next, i
          ").\n";
     if (zero < 2) {
       auto [begin, stop] = bucketRange(bk);
-      s += "  // Data parallel: sum it over the " + dp +
-           " replicas so that every replica applies the same update.\n";
+      if (bk.experts)
+        s += "  // Expert parallelism: sum it over the " + std::to_string(opts.dp / opts.ep) +
+             " ranks that hold these experts (every\n  // expert group's rank " +
+             std::to_string(opts.epRank) + "); its own group's tokens are in it already.\n";
+      else
+        s += "  // Data parallel: sum it over the " + dp +
+             " replicas so that every replica applies the same update.\n";
       // One element type per plan: every gradient 16-bit, or none.
       const GradSlot &g0 = grads[bk.first];
-      s += "  CommHandle bucket" + k + " = ctx.dpComm->allReduceAsync(A + " +
-           std::to_string(begin) + ", " + std::to_string((stop - begin) / gradElementBytes(g0)) +
-           ", " + gradCommType(g0) + ", ReduceOp::Sum);\n\n";
+      s += "  CommHandle bucket" + k + " = " + (bk.experts ? "ctx.edpComm" : "ctx.dpComm") +
+           "->allReduceAsync(A + " + std::to_string(begin) + ", " +
+           std::to_string((stop - begin) / gradElementBytes(g0)) + ", " + gradCommType(g0) +
+           ", ReduceOp::Sum);\n\n";
     } else {
       s += "  // ZeRO-" + std::to_string(zero) +
            ": reduce-scatter it; each replica keeps the "
@@ -369,7 +375,8 @@ bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
     std::string waits =
         "\n  // Wait for the gradient all-reduces before the optimizer reads them.\n";
     for (size_t b = 0; b < buckets.size(); ++b)
-      waits += "  ctx.dpComm->wait(bucket" + std::to_string(b) + ");\n";
+      waits += std::string("  ") + (buckets[b].experts ? "ctx.edpComm" : "ctx.dpComm") +
+               "->wait(bucket" + std::to_string(b) + ");\n";
     if (opts.cuda())
       body += waits;
     else
@@ -396,7 +403,7 @@ bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
     ts << "; each ZeRO chunk summed over dp";
   ts << ".\n" << normDeclarations(opts);
   emitNormTerms(ts);
-  ts << normRead(opts);
+  ts << normRead(opts) << expertNormSum(opts);
   if (zero >= 2) {
     ts << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";
     ts << "  ctx.dpComm->allReduce(&sqWhole, 1, CommType::F64, ReduceOp::Sum);\n";

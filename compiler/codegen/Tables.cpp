@@ -118,6 +118,7 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
      << opts.precision << "\",\n";
   os << "    /*hyper=*/&kHyper, /*vocab=*/" << (tokens ? out.vocab : 0) << ",\n";
   os << "    /*evaluate=*/evaluate,\n";
+  os << "    /*ep=*/" << opts.ep << ", /*epRank=*/" << opts.epRank << ",\n";
   os << "};\n";
 }
 

@@ -122,16 +122,32 @@ void qualifyGpuCalls(std::string &src) {
 /// read instead of one per gradient.
 std::string normDeclarations(const EmitOptions &opts) {
   std::string s = "  double sqSplit = 0, sqWhole = 0;\n";
+  if (opts.ep > 1)
+    s += "  double sqExpertSplit = 0, sqExpertWhole = 0;  // this rank's experts\n";
   if (opts.cuda())
-    s += "  // On the device: [0] the tp-split gradients, [1] the rest; added in this order,\n"
-         "  // read once below.\n  double *sqDevice = normAccumulators();\n";
+    s += std::string("  // On the device: [0] the tp-split gradients, [1] the rest") +
+         (opts.ep > 1 ? ", [2] and [3] the same of\n  // this rank's experts" : "") +
+         "; added in this order, read once below.\n  double *sqDevice = normAccumulators();\n";
   return s;
+}
+
+std::string expertNormSum(const EmitOptions &opts) {
+  if (opts.ep <= 1)
+    return "";
+  return "  // Expert parallelism: the other ep ranks hold the other experts.\n"
+         "  ctx.epComm->allReduce(&sqExpertSplit, 1, CommType::F64, ReduceOp::Sum);\n"
+         "  ctx.epComm->allReduce(&sqExpertWhole, 1, CommType::F64, ReduceOp::Sum);\n"
+         "  sqSplit += sqExpertSplit;\n  sqWhole += sqExpertWhole;\n";
 }
 
 /// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).
 std::string normRead(const EmitOptions &opts) {
   if (!opts.cuda())
     return "";
+  if (opts.ep > 1)
+    return "  double sqHost[4];\n  readScalars(sqDevice, sqHost, 4);  // waits for the step's "
+           "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n"
+           "  sqExpertSplit = sqHost[2], sqExpertWhole = sqHost[3];\n";
   return "  double sqHost[2];\n  readScalars(sqDevice, sqHost, 2);  // waits for the step's "
          "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n";
 }

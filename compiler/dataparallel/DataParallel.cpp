@@ -140,10 +140,26 @@ public:
       bytes.push_back(alignArena(bytesOf(ret->getOperand(s.result))));
       ready.push_back(s.ready);
     }
-    buckets = formBuckets(bytes, ready, cap);
     const char *reduce = dp <= 1 ? "none" : zero >= 2 ? "reduce_scatter" : "all_reduce";
-    for (GradientBucket &b : buckets)
-      b.reduce = reduce;
+    // Expert parallelism: the experts' gradients are summed over the ranks
+    // that hold the same experts, the others over dp; a bucket holds one kind.
+    size_t i = 0;
+    while (i < slots.size()) {
+      const bool expert = (bool)fn.getArgAttr(slots[i].param, kExpertAttr);
+      size_t j = i;
+      while (j < slots.size() && (bool)fn.getArgAttr(slots[j].param, kExpertAttr) == expert)
+        ++j;
+      std::vector<GradientBucket> run = formBuckets(ArrayRef<int64_t>(bytes).slice(i, j - i),
+                                                    ArrayRef<int64_t>(ready).slice(i, j - i), cap);
+      for (GradientBucket &b : run) {
+        b.first += (int64_t)i;
+        b.last += (int64_t)i;
+        b.reduce = reduce;
+        b.axis = expert ? "edp" : "dp";
+        buckets.push_back(b);
+      }
+      i = j;
+    }
     if (zero >= 2)
       setBucketWaits(buckets, (int64_t)ops.size());
   }
@@ -197,6 +213,8 @@ public:
             b.getNamedAttr("bytes", i64(k.bytes)), b.getNamedAttr("first", i64(k.first)),
             b.getNamedAttr("last", i64(k.last)), b.getNamedAttr("ready", i64(k.ready)),
             b.getNamedAttr("reduce", b.getStringAttr(k.reduce))};
+        if (k.axis != "dp")
+          f.push_back(b.getNamedAttr("axis", b.getStringAttr(k.axis)));
         if (k.waitAt >= 0)
           f.push_back(b.getNamedAttr("wait_at", i64(k.waitAt)));
         bs.push_back(b.getDictionaryAttr(f));
@@ -371,6 +389,8 @@ bool readBuckets(func::FuncOp fn, std::vector<GradientBucket> &buckets, std::str
     }
     intField(d, "wait_at", b.waitAt);
     b.reduce = reduce.getValue().str();
+    if (auto axis = d.getAs<StringAttr>("axis"))
+      b.axis = axis.getValue().str();
     next = b.last + 1;
     buckets.push_back(b);
   }

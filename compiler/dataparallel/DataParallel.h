@@ -37,6 +37,9 @@ struct GradientSlot {
 struct GradientBucket {
   int64_t first = 0, last = 0, bytes = 0, ready = 0, waitAt = -1;
   std::string reduce = "none";
+  /// The group it is summed over: "dp", or "edp" for experts' gradients
+  /// under expert parallelism (the ranks that hold the same experts).
+  std::string axis = "dp";
 };
 
 /// Cuts items (in order, item i of `bytes[i]`, final after op `ready[i]`,

@@ -21,8 +21,13 @@ bool sixteenBit(const PlanAttrs &plan) { return plan.precision != "fp32"; }
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
                           const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
-                          int64_t bucketBytes) {
+                          int64_t bucketBytes, int64_t epRank) {
   pm.addPass(createBindCustomOpsPass(rules));
+  if (plan.ep > 1) {
+    CarveExpertParallelOptions ep;
+    ep.epRank = epRank;
+    pm.addPass(createCarveExpertParallel(ep));
+  }
   CarveAutodiffOptions ad;
   ad.loss = loss;
   pm.addPass(createCarveAutodiff(ad));
@@ -51,8 +56,11 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
 }
 
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
-  std::vector<std::string> passes = {"carve-bind-custom-ops", "carve-autodiff",
-                                     "carve-check-overrides"};
+  std::vector<std::string> passes = {"carve-bind-custom-ops"};
+  if (plan.ep > 1)
+    passes.push_back("carve-expert-parallel");
+  for (const char *p : {"carve-autodiff", "carve-check-overrides"})
+    passes.push_back(p);
   if (partitions(plan))
     passes.push_back("carve-partition");
   if (sixteenBit(plan))

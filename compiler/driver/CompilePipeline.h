@@ -40,9 +40,11 @@ namespace carve {
 /// file's content (empty when none was given); `fuse` adds elementwise fusion;
 /// `optimizer` is the update the tail performs; `bucketBytes` the largest
 /// gradient bucket.
+/// `epRank`: under expert parallelism (plan.ep > 1), the ep rank whose
+/// program this is (carve-expert-parallel keeps its experts).
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
                           const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
-                          int64_t bucketBytes);
+                          int64_t bucketBytes, int64_t epRank = 0);
 
 /// The flags of the passes buildCompilePipeline adds for `plan`, in order.
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse);

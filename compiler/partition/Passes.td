@@ -39,4 +39,35 @@ def CarvePartition : Pass<"carve-partition", "mlir::ModuleOp"> {
   ];
 }
 
+def CarveExpertParallel : Pass<"carve-expert-parallel", "mlir::ModuleOp"> {
+  let summary = "Split each routed mixture-of-experts layer's experts over the plan's ep ranks";
+  let description = [{
+    Runs before carve-autodiff on `@forward` when the plan's `ep` > 1. An
+    expert of a routed layer is a `carve.gather` of rows by positions that
+    come from `carve.nonzero` (the routed tokens), the ops after it that read
+    only those rows, parameters and constants, and their one result read
+    outside it; the experts of a layer gather from one tensor. On ep rank
+    `ep-rank`, each layer's rows go to their experts' ranks by
+    `carve.expert_all_to_all` (dispatch), the rank's E/ep experts run on the
+    rows of all ep ranks, and the results come back by the reverse exchange
+    (combine). The other experts and their parameters leave the function;
+    the kept experts' parameters carry `carve.expert`, and the module
+    `carve.ep_rank`. docs/moe.md.
+
+    Errors, naming the node and the plan field: no routed layer, experts
+    that do not divide by ep, an expert parameter used outside its expert,
+    experts of one layer of different shapes, an op of an expert that does
+    not keep its rows apart.
+  }];
+  let options = [
+    Option<"epRank", "ep-rank", "int64_t", /*default=*/"0",
+           "The ep rank whose experts the module keeps">
+  ];
+  let statistics = [
+    Statistic<"numLayers", "num-layers", "Mixture-of-experts layers split">,
+    Statistic<"numKept", "num-kept", "Expert parameters this rank keeps">,
+    Statistic<"numDropped", "num-dropped", "Expert parameters other ranks hold">
+  ];
+}
+
 #endif // CARVE_PARTITION_PASSES_TD

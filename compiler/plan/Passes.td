@@ -22,6 +22,8 @@ def CarveSetPlan : Pass<"carve-set-plan", "mlir::ModuleOp"> {
   let options = [
     Option<"dp", "dp", "int64_t", /*default=*/"1", "Data-parallel degree">,
     Option<"tp", "tp", "int64_t", /*default=*/"1", "Tensor-parallel degree">,
+    Option<"ep", "ep", "int64_t", /*default=*/"1",
+           "Expert-parallel degree (divides dp)">,
     Option<"pp", "pp", "int64_t", /*default=*/"1", "Pipeline-parallel degree">,
     Option<"zero", "zero", "int64_t", /*default=*/"0", "ZeRO stage over dp (0-3)">,
     Option<"zero3PrefetchLayers", "zero3-prefetch-layers", "int64_t", /*default=*/"0",

@@ -140,7 +140,7 @@ bool parseReservedField(const std::string &key, const json &v, const std::string
   }
   if (!known) {
     std::string names =
-        "dp, tp, pp, zero, sequence_parallel, num_micro_batches, "
+        "dp, tp, pp, ep, zero, sequence_parallel, num_micro_batches, "
         "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
         "recompute, zero3_prefetch_layers, grad_accumulation, predicted, planner";
     for (const Reserved &r : reserved())
@@ -165,6 +165,24 @@ bool checkCombination(const Plan &plan, const std::string &what, std::string &er
   if (plan.gradAccumulation == "16bit" && plan.precision == "fp32") {
     error = what + ": \"grad_accumulation\": \"16bit\" keeps gradients in the 16-bit format and "
                    "needs \"precision\" \"bf16\" or \"fp16\"";
+    return false;
+  }
+  if (plan.ep > 1 && plan.dp % plan.ep != 0) {
+    error = what + ": \"ep\" (" + std::to_string(plan.ep) + ") must divide \"dp\" (" +
+            std::to_string(plan.dp) +
+            "): each group of ep data-parallel ranks holds one copy of the experts, split among "
+            "them";
+    return false;
+  }
+  if (plan.ep > 1 && plan.zero > 0) {
+    error = what + ": \"ep\" with \"zero\" " + std::to_string(plan.zero) +
+            " is not implemented yet (expert parameters would be sharded over the ranks that "
+            "hold the same experts); use \"zero\": 0 with ep";
+    return false;
+  }
+  if (plan.ep > 1 && (plan.pp > 1 || plan.numMicroBatches > 1 || plan.microBatchSize > 0)) {
+    error = what + ": \"ep\" with pipeline stages or micro-batches is not implemented yet; "
+                   "use ep with dp and tp";
     return false;
   }
   if (plan.zero > 0 && plan.dp == 1) {
@@ -203,6 +221,17 @@ bool parseField(const std::string &key, const json &v, const std::string &what, 
       return false;
     }
     plan.dp = (int)v.get<int64_t>();
+    return true;
+  }
+  if (key == "ep") {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1 << 16) {
+      error = what +
+              ": \"ep\" must be a positive integer (the ranks each mixture-of-experts "
+              "layer's experts are split over), got " +
+              v.dump();
+      return false;
+    }
+    plan.ep = (int)v.get<int64_t>();
     return true;
   }
   if (key == "tp") {

@@ -25,6 +25,9 @@ namespace carve {
 struct Plan {
   int dp = 1;
   int tp = 1;
+  /// Expert parallelism: each mixture-of-experts layer's experts split over
+  /// groups of `ep` consecutive dp ranks (ep divides dp; docs/moe.md).
+  int ep = 1;
   int zero = 0;
   /// ZeRO-3: the layers ahead whose parameter gathers start while the
   /// current one computes (0: each gather waits where it is first needed).

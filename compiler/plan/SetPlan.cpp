@@ -21,6 +21,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.dp = dp;
     plan.tp = tp;
     plan.pp = pp;
+    plan.ep = ep;
     plan.zero = zero;
     plan.zero3PrefetchLayers = zero3PrefetchLayers;
     plan.sequenceParallel = sequenceParallel;

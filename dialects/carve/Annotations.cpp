@@ -503,6 +503,12 @@ std::string annotate(Operation *op) {
       .Case([](ConcatOp c) { return concat(c); })
       .Case([](GatherOp g) { return gather(g); })
       .Case([](GatherGradOp g) { return gatherGrad(g); })
+      .Case([](ExpertAllToAllOp x) {
+        // Whole on every rank of the other axes (tp replicas exchange alike).
+        Names names;
+        Dims in = names.fresh(typeOf(x.getInput()).getRank(), "^");
+        return annotation({in}, {names.fresh(typeOf(x.getResult()).getRank(), "^")});
+      })
       .Case([](NonzeroOp n) {
         // Positions in the whole input: nothing of it may be split.
         Names names;
@@ -591,6 +597,7 @@ CARVE_ANNOTATED(AttentionGradOp)
 CARVE_ANNOTATED(CrossEntropyGradOp)
 CARVE_ANNOTATED(GatherGradOp)
 CARVE_ANNOTATED(NonzeroOp)
+CARVE_ANNOTATED(ExpertAllToAllOp)
 CARVE_ANNOTATED(SliceGradOp)
 
 //===----------------------------------------------------------------------===//

@@ -525,6 +525,27 @@ LogicalResult CrossEntropyGradOp::verify() {
   return sameShape(*this, getLogits(), getResult(), "result");
 }
 
+LogicalResult ExpertAllToAllOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  ArrayRef<int64_t> in = shapeOf(getInput());
+  const int64_t rank = static_cast<int64_t>(in.size()), s = getSrcDim(), d = getDstDim();
+  const int64_t n = getRanks();
+  if (s < 0 || s >= rank || d < 0 || d >= rank || s == d)
+    return emitOpError("src_dim and dst_dim must be two different dimensions of the input");
+  if (n < 1 || in[d] % n != 0)
+    return emitOpError("dimension ")
+           << d << " (" << in[d] << ") must divide by ranks (" << n << ")";
+  SmallVector<int64_t> want(in);
+  want[s] *= n;
+  want[d] /= n;
+  if (ArrayRef<int64_t>(want) != shapeOf(getResult()) ||
+      elementOf(getResult()) != elementOf(getInput()))
+    return emitOpError("result has type ") << getResult().getType() << ", expected the input "
+                                           << "re-split from dimension " << d << " to " << s;
+  return success();
+}
+
 LogicalResult NonzeroOp::verify() {
   if (failed(verifyStatic(*this)))
     return failure();

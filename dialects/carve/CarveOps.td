@@ -415,6 +415,29 @@ def Carve_GatherOp : Carve_Op<"gather", [Carve_Differentiable]> {
   let assemblyFormat = "$data `,` $indices attr-dict `:` functional-type(operands, results)";
 }
 
+def Carve_ExpertAllToAllOp : Carve_Op<"expert_all_to_all", [Carve_Differentiable]> {
+  let summary = "Expert parallelism's exchange of routed tokens over the ep ranks.";
+  let description = [{
+    The all-to-all of expert parallelism (carve-expert-parallel): the ranks
+    of one expert-parallel group (`ranks` consecutive data-parallel ranks)
+    each hold `input`, their piece along `src_dim` of a tensor that the op
+    re-splits along `dst_dim`: piece r along `dst_dim` of every rank's input
+    goes to rank r, and the result stacks what each rank sent along
+    `src_dim`, in rank order. Dispatch sends each expert's rows to the rank
+    that holds the expert (`[1, E, N, H] -> [ranks, E/ranks, N, H]`, src 0,
+    dst 1); combine sends the results back (src 1, dst 0). The gradient of
+    one is the other.
+
+    ```mlir
+    %r = carve.expert_all_to_all %slabs {src_dim = 0 : i64, dst_dim = 1 : i64, ranks = 2 : i64}
+           : (tensor<1x4x16x32xf32>) -> tensor<2x2x16x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, I64Attr:$src_dim, I64Attr:$dst_dim, I64Attr:$ranks);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+}
+
 def Carve_NonzeroOp : Carve_Op<"nonzero"> {
   let summary = "Positions of the non-zero elements, at a static bound (ONNX NonZero).";
   let description = [{

@@ -57,6 +57,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   i64("dp", plan.dp);
   i64("tp", plan.tp);
   i64("pp", plan.pp);
+  if (plan.ep != 1)
+    i64("ep", plan.ep);
   i64("zero", plan.zero);
   if (plan.zero3PrefetchLayers != 0)
     i64("zero3_prefetch_layers", plan.zero3PrefetchLayers);
@@ -108,6 +110,7 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
         {"dp", &plan.dp},
         {"tp", &plan.tp},
         {"pp", &plan.pp},
+        {"ep", &plan.ep},
         {"zero", &plan.zero},
         {"zero3_prefetch_layers", &plan.zero3PrefetchLayers},
         {"micro_batches", &plan.microBatches},
@@ -177,6 +180,9 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
   if (plan.zero3PrefetchLayers > 0 && plan.zero != 3)
     return module.emitError() << "'" << kPlanAttr
                               << "' field 'zero3_prefetch_layers' needs zero = 3";
+  if (plan.dp % plan.ep != 0)
+    return module.emitError() << "'" << kPlanAttr << "' field 'ep' (" << plan.ep
+                              << ") must divide dp (" << plan.dp << ")";
   if (plan.gradAccumulation == "16bit" && plan.precision == "fp32")
     return module.emitError() << "'" << kPlanAttr
                               << "' field 'grad_accumulation' = \"16bit\" needs precision bf16 "

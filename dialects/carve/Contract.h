@@ -137,6 +137,12 @@ constexpr const char *kBucketsAttr = "carve.buckets";
 /// On a trainable parameter's argument under ZeRO over dp: the elements of
 /// each dp rank's chunk (the last chunk padded).
 constexpr const char *kZeroChunkAttr = "carve.zero_chunk";
+/// Expert parallelism (carve-expert-parallel): on a parameter argument, the
+/// unit attribute that it belongs to an expert (its gradient is summed over
+/// the ranks holding the same experts, "edp", not over dp); on the module,
+/// the ep rank whose experts the module holds.
+constexpr const char *kExpertAttr = "carve.expert";
+constexpr const char *kEpRankAttr = "carve.ep_rank";
 /// On a trainable parameter's argument under ZeRO-3: the ops (indices in the
 /// function) between which it is gathered whole, [forward first, forward
 /// last, backward first, backward last] (-1: no use in that pass).
@@ -202,6 +208,9 @@ constexpr const char *kPlanAttr = "carve.plan";
 /// named). Read with readPlan, written with writePlan; passes keep no copy.
 struct PlanAttrs {
   int64_t dp = 1, tp = 1, pp = 1;
+  /// Expert parallelism: the experts of each mixture-of-experts layer split
+  /// over groups of `ep` consecutive data-parallel ranks (docs/moe.md).
+  int64_t ep = 1;
   int64_t zero = 0;
   /// ZeRO-3: gathers start this many layers ahead of their use (0: at it).
   int64_t zero3PrefetchLayers = 0;

@@ -455,6 +455,15 @@ LogicalResult GatherOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
+LogicalResult ExpertAllToAllOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                               SmallVectorImpl<Value> &og) {
+  og.assign(1, Value());
+  if (rg[0])
+    og[0] = ExpertAllToAllOp::create(b, getLoc(), getInput().getType(), rg[0], getDstDimAttr(),
+                                     getSrcDimAttr(), getRanksAttr());
+  return success();
+}
+
 LogicalResult GatherGradOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                            SmallVectorImpl<Value> &og) {
   og.assign(2, Value());

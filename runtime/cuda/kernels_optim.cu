@@ -236,8 +236,10 @@ double sumSquares(Grad16 g, int64_t n) {
 }
 
 double *normAccumulators() {
-  double *acc = static_cast<double *>(workspace(2 * sizeof(double), kWsNorm));
-  CARVE_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(double), stream()));
+  // [0], [1]: tp-split and other gradients; [2], [3]: the same of this
+  // rank's experts under expert parallelism.
+  double *acc = static_cast<double *>(workspace(4 * sizeof(double), kWsNorm));
+  CARVE_CUDA_CHECK(cudaMemsetAsync(acc, 0, 4 * sizeof(double), stream()));
   return acc;
 }
 

@@ -125,7 +125,7 @@ struct PlannedShard {
 };
 
 /// The shards world rank `rank` writes. Every element of every tensor is
-/// written once: a replicated tensor by dp rank 0 (tp rank 0 unless it is
+/// written once: a replicated tensor by the lowest dp rank holding it (tp rank 0 unless it is
 /// tp-split), a ZeRO-sharded one by every dp rank (its chunk), a parameter
 /// that several pipeline stages hold by the lowest of them. Any rank can
 /// compute any rank's shards: every program is linked into every executable.
@@ -135,16 +135,22 @@ std::vector<PlannedShard> planShards(int rank) {
   if (!p)
     return out;
   const Mesh m = Mesh::ofRank(rank, p->dp, p->tp, p->pp);
-  std::set<std::string> earlierStages;
+  std::set<std::string> earlierStages, lowerReplicas;
   for (int s = 0; s < m.ppRank; ++s)
     if (const Program *q = carve_program_for_rank(m.rankAt(s, m.dpRank, m.tpRank)))
       for (int i = 0; i < q->numParams; ++i)
         earlierStages.insert(q->params[i].name);
+  // Replicated tensors: the lowest dp rank that holds one writes it (rank 0,
+  // but for the experts of expert parallelism, which lower ranks lack).
+  for (int d = 0; d < m.dpRank; ++d)
+    if (const Program *q = carve_program_for_rank(m.rankAt(m.ppRank, d, m.tpRank)))
+      for (int i = 0; i < q->numParams; ++i)
+        lowerReplicas.insert(q->params[i].name);
   for (bool state : {false, true})
     for (const Slot &s : state ? optimizerSlots(*p) : modelSlots(*p)) {
       const TensorSpec &spec = *s.spec;
       const SlotLayout l = layoutOf(spec, state, m);
-      if (earlierStages.count(spec.name) || (!l.zero && m.dpRank != 0) ||
+      if (earlierStages.count(spec.name) || (!l.zero && lowerReplicas.count(spec.name)) ||
           (spec.tpDim < 0 && m.tpRank != 0))
         continue;
       PlannedShard base;

@@ -237,12 +237,19 @@ bool checkProgram(const Program *program, int worldRank, int planRanks, std::str
             ", tp=" + std::to_string(program->tp) + ", pp=" + std::to_string(program->pp) +
             ", which does not make its plan's " + std::to_string(planRanks) + " ranks";
   } else {
-    const int ppRank = Mesh::ofRank(worldRank, program->dp, program->tp, program->pp).ppRank;
-    if (program->ppRank == ppRank)
+    const Mesh m = Mesh::ofRank(worldRank, program->dp, program->tp, program->pp);
+    if (program->ep < 1 || program->dp % program->ep != 0) {
+      error = std::string("program '") + program->name + "' has ep=" + std::to_string(program->ep) +
+              ", which does not divide its dp=" + std::to_string(program->dp);
+      return false;
+    }
+    if (program->ppRank == m.ppRank && program->epRank == m.epRank(program->ep))
       return true;
     error = std::string("program '") + program->name + "' is for pipeline rank " +
-            std::to_string(program->ppRank) + ", but rank " + std::to_string(worldRank) +
-            " is on pipeline rank " + std::to_string(ppRank);
+            std::to_string(program->ppRank) + " and expert rank " +
+            std::to_string(program->epRank) + ", but rank " + std::to_string(worldRank) +
+            " is on pipeline rank " + std::to_string(m.ppRank) + " and expert rank " +
+            std::to_string(m.epRank(program->ep));
   }
   return false;
 }
@@ -330,12 +337,12 @@ void prepareRank(const Options &opts, int worldRank, int localRank, int localRan
 /// On a device the step's collectives run on device communicators (NCCL),
 /// one per axis, bootstrapped over the host groups.
 struct AxisGroups {
-  std::unique_ptr<Communicator> dp, tp, pp;
-  std::unique_ptr<Communicator> dpDevice, tpDevice, ppDevice;
+  std::unique_ptr<Communicator> dp, tp, pp, ep, edp;
+  std::unique_ptr<Communicator> dpDevice, tpDevice, ppDevice, epDevice, edpDevice;
 };
 
 /// Step 3: the groups of every mesh axis. Every rank joins.
-void makeAxisGroups(Communicator &world, const Mesh &mesh, const DeviceTarget *device,
+void makeAxisGroups(Communicator &world, const Mesh &mesh, int ep, const DeviceTarget *device,
                     AxisGroups &g) {
   // An axis of size 1 is a one-rank group; an axis as large as the world is
   // split off too, so that timeout messages name the axis.
@@ -348,6 +355,10 @@ void makeAxisGroups(Communicator &world, const Mesh &mesh, const DeviceTarget *d
   g.tp = axisGroup(mesh.tp, mesh.tpGroupIndex(), mesh.tpRank, "tp");
   g.dp = axisGroup(mesh.dp, mesh.dpGroupIndex(), mesh.dpRank, "dp");
   g.pp = axisGroup(mesh.pp, mesh.ppGroupIndex(), mesh.ppRank, "pp");
+  // Expert parallelism: split in every run (every rank joins each split),
+  // one-rank groups without it.
+  g.ep = axisGroup(ep, mesh.epGroupIndex(ep), mesh.epRank(ep), "ep");
+  g.edp = axisGroup(mesh.dp / ep, mesh.edpGroupIndex(ep), mesh.dpRank / ep, "edp");
   if (!device)
     return;
   auto deviceGroup = [&](Communicator &host) {
@@ -361,6 +372,10 @@ void makeAxisGroups(Communicator &world, const Mesh &mesh, const DeviceTarget *d
   g.tpDevice = deviceGroup(g.tp ? *g.tp : world);
   g.dpDevice = deviceGroup(g.dp ? *g.dp : world);
   g.ppDevice = deviceGroup(g.pp ? *g.pp : world);
+  if (ep > 1) {
+    g.epDevice = deviceGroup(*g.ep);
+    g.edpDevice = deviceGroup(*g.edp);
+  }
 }
 
 /// Rank 0's start-up lines (with `talk`): the model, the data and the weights,
@@ -550,6 +565,9 @@ Trainer::Trainer(Communicator &world, const Options &opts, const FaultInjection 
   ctx.dpRank = s.mesh.dpRank;
   ctx.ppComm = device ? groups.ppDevice.get() : ppComm;
   ctx.ppRank = s.mesh.ppRank;
+  ctx.epComm = device && groups.epDevice ? groups.epDevice.get() : groups.ep.get();
+  ctx.edpComm = device && groups.edpDevice ? groups.edpDevice.get() : groups.edp.get();
+  ctx.epRank = s.mesh.epRank(s.program->ep);
 }
 
 bool Trainer::run() {
@@ -904,7 +922,7 @@ int main(int argc, char **argv) {
   if (worldRank == 0 && !opts.tensorboard.empty() && !board.open(opts.tensorboard, error))
     die(error);
   AxisGroups groups;
-  makeAxisGroups(*world, setup.mesh, setup.device, groups);
+  makeAxisGroups(*world, setup.mesh, setup.program->ep, setup.device, groups);
 
   reportStart(*world, opts, setup, setup.weights.step, setup.weights.step + opts.steps,
               worldRank == 0 && !opts.quiet);

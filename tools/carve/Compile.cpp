@@ -50,6 +50,7 @@ PlanAttrs planAttrs(const Plan &plan, const Imported &im) {
   p.dp = plan.dp;
   p.tp = plan.tp;
   p.pp = plan.pp;
+  p.ep = plan.ep;
   p.zero = plan.zero;
   p.zero3PrefetchLayers = plan.zero3PrefetchLayers;
   p.sequenceParallel = plan.sequenceParallel;
@@ -132,7 +133,7 @@ struct PassProgress : mlir::PassInstrumentation {
 /// Runs the pass pipeline on the imported model; dies with one line naming
 /// the model or the plan when a pass fails.
 PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &args,
-                             Progress &progress) {
+                             Progress &progress, int64_t epRank = 0) {
   mlir::ModuleOp module = *im.module;
   mlir::MLIRContext *context = module.getContext();
   PlanAttrs plan = planAttrs(s.plan, im);
@@ -140,7 +141,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
-  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt, args.bucketBytes);
+  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt, args.bucketBytes, epRank);
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
   PassProgress *counts = instrumentation.get();
   pm.addInstrumentation(std::move(instrumentation));
@@ -186,7 +187,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
 
 /// The emitter: one program, or one per pipeline rank.
 CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Setup &s,
-                       const Imported &im, const pipeline::Schedule &schedule) {
+                       const Imported &im, const pipeline::Schedule &schedule, int64_t epRank = 0) {
   const Plan &plan = s.plan;
   CompiledModel cm;
   cm.modelName = sys::path::filename(args.model).str();
@@ -205,10 +206,12 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
   cg.target = args.target;
   std::string error;
   if (!cm.pipelined) {
+    // One program; under expert parallelism, one per ep rank (its experts).
     cm.programs.resize(1);
+    cg.programName = "program" + std::to_string(epRank);
     if (!generateCpuProgram(module, cg, cm.programs[0], error))
       die(args.model + ": " + error);
-    cm.programNames.push_back("program0");
+    cm.programNames.push_back(cg.programName);
     return cm;
   }
   for (mlir::func::FuncOp stage : stageFunctions(module))
@@ -304,6 +307,17 @@ int runCompile(CompileArgs &args) {
   context.loadDialect<dist::DistDialect>();
   pipeline::Schedule schedule;
   Imported im = importModel(context, args, s, schedule, progress);
+  // Expert parallelism: the ep ranks hold different experts, so each gets a
+  // program of its own, compiled from a copy of the imported module.
+  std::vector<mlir::OwningOpRef<mlir::ModuleOp>> epModules;
+  std::vector<CompiledModel> epPrograms;
+  for (int r = 1; r < s.plan.ep; ++r) {
+    Imported copy;
+    copy.module = im.module->clone();
+    copy.batch = im.batch, copy.micro = im.micro, copy.m = im.m;
+    runPipeline(copy, s, args, progress, r);
+    epModules.push_back(std::move(copy.module));
+  }
   PartitionSummary partition = runPipeline(im, s, args, progress);
   noteUntrained(*im.module);
 
@@ -315,6 +329,11 @@ int runCompile(CompileArgs &args) {
     writeFileOrDie(args.emitMlir, text);
   }
   CompiledModel cm = generate(*im.module, args, s, im, schedule);
+  for (size_t r = 0; r < epModules.size(); ++r) {
+    CompiledModel other = generate(*epModules[r], args, s, im, schedule, (int64_t)r + 1);
+    cm.programs.push_back(std::move(other.programs[0]));
+    cm.programNames.push_back(other.programNames[0]);
+  }
   if (cm.pipelined)
     planTimeline(cm, args, schedule);
 

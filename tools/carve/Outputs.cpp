@@ -87,8 +87,10 @@ void writeSources(const std::string &dir, const CompiledModel &m) {
   for (size_t r = 0; r < m.programs.size(); ++r)
     writeFileOrDie(dir + "/src/" + m.programNames[r] + m.sourceExtension(), m.programs[r].source);
   std::vector<int> rankToProgram(plan.worldSize(), 0);
+  // rank = (ppRank * dp + dpRank) * tp + tpRank; expert parallelism splits
+  // dp into groups of ep consecutive ranks, epRank = dpRank % ep.
   for (int r = 0; r < plan.worldSize(); ++r)
-    rankToProgram[r] = m.pipelined ? r / (plan.dp * plan.tp) : 0;
+    rankToProgram[r] = m.pipelined ? r / (plan.dp * plan.tp) : r / plan.tp % plan.dp % plan.ep;
   writeFileOrDie(dir + "/src/programs.cpp", generateProgramTable(m.programNames, rankToProgram));
   writeFileOrDie(dir + "/src/README.md", readme(m));
 }
@@ -194,6 +196,9 @@ void printSummary(const CompiledModel &cm, const std::string &out, const Partiti
 std::string ranksOf(const CompiledModel &cm, size_t r) {
   const Plan &plan = *cm.plan;
   int group = plan.dp * plan.tp;
+  if (!cm.pipelined && plan.ep > 1)
+    return "the ranks of dp rank " + std::to_string(r) + " modulo " + std::to_string(plan.ep) +
+           " (ep rank " + std::to_string(r) + ": its experts)";
   if (!cm.pipelined)
     return plan.worldSize() > 1 ? "every rank" : "rank 0";
   if (group > 1)

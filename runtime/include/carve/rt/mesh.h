@@ -42,6 +42,13 @@ struct Mesh {
   /// Which group of each axis this rank is in: the groups of an axis are the
   /// ranks that differ only in that axis, numbered by the other two places.
   int tpGroupIndex() const { return ppRank * dp + dpRank; }
+  /// Expert parallelism over groups of `ep` consecutive dp ranks: this rank's
+  /// place in its group, the group (of the ranks that differ only in
+  /// epRank), and the group of the ranks that hold the same experts (differ
+  /// only in dpRank / ep).
+  int epRank(int ep) const { return dpRank % ep; }
+  int epGroupIndex(int ep) const { return (ppRank * tp + tpRank) * (dp / ep) + dpRank / ep; }
+  int edpGroupIndex(int ep) const { return (ppRank * tp + tpRank) * ep + dpRank % ep; }
   int dpGroupIndex() const { return ppRank * tp + tpRank; }
   int ppGroupIndex() const { return dpRank * tp + tpRank; }
 };

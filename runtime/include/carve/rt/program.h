@@ -127,6 +127,13 @@ struct StepContext {
   /// count the same rows and agree).
   bool evaluating = false;
   double counts[2] = {0, 0};
+  /// Expert parallelism (Program::ep): the ranks of this rank's expert group
+  /// (the ep consecutive dp ranks that split the experts; all-to-all of the
+  /// routed tokens), and those that hold the same experts (the other groups'
+  /// rank at this epRank; the expert gradients' sum). Both size 1 without ep.
+  Communicator *epComm = nullptr;
+  Communicator *edpComm = nullptr;
+  int epRank = 0;
 };
 
 /// A device the step runs on (the CUDA target), driven by the runtime's main
@@ -211,6 +218,12 @@ struct Program {
   /// Every rank of the plan calls it together. Null: a program compiled
   /// before carve had it (recompile).
   void (*evaluate)(StepContext &ctx) = nullptr;
+  /// Expert parallelism (docs/moe.md): the dp ranks form groups of `ep`
+  /// consecutive ones (epRank = dpRank % ep); each group holds one copy of
+  /// every mixture-of-experts layer's experts, split among its ranks, and
+  /// this program is ep rank epRank's (its experts). 1: no expert parallelism.
+  int ep = 1;
+  int epRank = 0;
 };
 
 } // namespace carve::rt
