@@ -77,6 +77,11 @@ def build(config):
     return reference.Mixtral(reference.MixtralConfig(block_size=SEQ, **config))
 
 
+def net_for_shapes(config):
+    """A fresh module of `config` (its parameter names and sizes)."""
+    return build(config)
+
+
 def export(net, ids, labels, path):
     import torch
     from export import export_for_carve
@@ -153,6 +158,115 @@ def bad_inputs(carve, w):
     print("ok: NonZero's positions as a graph output: %s" % line)
 
 
+def compile_run(carve, onnx_path, out, plan, ranks, steps, data, extra=()):
+    """Compiles `onnx_path` under `plan` (None: 1 rank) with the default
+    AdamW, trains `steps` steps on `ranks` ranks; the run's output and losses."""
+    cmd = [carve, "compile", onnx_path, "-o", out, "--quiet"]
+    if plan:
+        with open(out + ".json", "w") as f:
+            json.dump(plan, f)
+        cmd += ["--plan", out + ".json"]
+    run(cmd)
+    text = run([carve, "run", out, "-n", str(ranks), "--", "--steps", str(steps), "--data", data,
+                "--log", out + ".jsonl", "--progress", "none", *extra])
+    return text, [json.loads(l)["loss"] for l in open(out + ".jsonl")]
+
+
+def expert_parallel(carve, w, onnx_path, data, net):
+    """ep plans against 1 rank, each rank's share of the experts, the
+    exchanges in the generated code, checkpoints across plans, bad plans."""
+    import re
+    cfg = net.cfg
+    E, layers = cfg.num_experts, cfg.n_layer
+    expert_elems = sum(p.numel() for n, p in net.named_parameters() if ".experts." in n)
+    all_elems = sum(p.numel() for p in net.parameters())
+    for name, plan in [("dp2ep2", {"dp": 2, "ep": 2}), ("dp4ep2", {"dp": 4, "ep": 2}),
+                       ("dp2ep2tp2", {"dp": 2, "ep": 2, "tp": 2})]:
+        pj = os.path.join(w, name + ".json")
+        with open(pj, "w") as f:
+            json.dump(plan, f)
+        text = run([carve, "verify", onnx_path, "--plan", pj, "--steps", "3", "--data", data,
+                    "--workdir", os.path.join(w, "verify-" + name)])
+        if "PASS" not in text:
+            raise Failure("carve verify %s did not pass:\n%s" % (name, text))
+        print("ok: top2 %s: %s" % (name, text.strip().splitlines()[-1]))
+
+    # dp=4, ep=2: each rank holds its group's half of every layer's experts.
+    ep = 2
+    out = os.path.join(w, "dp4ep2")
+    text, ep_losses = compile_run(carve, onnx_path, out, {"dp": 4, "ep": ep}, 4, 3, data,
+                                  ["--save", out + ".ckpt"])
+    held = {int(r): int(n) for r, n in
+            re.findall(r"memory rank (\d+) \(dp \d+, tp \d+\): parameters \d+ bytes "
+                       r"\((\d+) elements\)", text)}
+    want = all_elems - expert_elems + expert_elems // ep
+    if sorted(held) != [0, 1, 2, 3] or any(n != want for n in held.values()):
+        raise Failure("dp4ep2: each rank should hold %d parameter elements (%d of the experts' "
+                      "%d), got %s" % (want, expert_elems // ep, expert_elems, held))
+    per = E // ep
+    for r in range(ep):
+        src = open(os.path.join(out, "src", "program%d.cpp" % r)).read()
+        names = set(re.findall(r'"layers\.\d+\.block_sparse_moe\.experts\.(\d+)\.', src))
+        mine = {str(e) for e in range(r * per, (r + 1) * per)}
+        exchanges = src.count("allToAllSplit(*ctx.epComm")
+        # dispatch and combine per layer, in the step's forward, its backward
+        # and the forward-only evaluate.
+        if names != mine or exchanges != 6 * layers:
+            raise Failure("dp4ep2 program%d: experts %s (want %s), %d exchanges (want %d)"
+                          % (r, sorted(names), sorted(mine), exchanges, 6 * layers))
+    print("ok: top2 dp4ep2: every rank holds %d parameter elements (%d of %d expert elements); "
+          "program r holds experts [%d r, %d r + %d) and makes %d all-to-alls over ep"
+          % (want, expert_elems // ep, expert_elems, per, per, per, 6 * layers))
+
+    # Its checkpoint resumes on 1 rank as the unbroken 1-rank run goes on.
+    one = os.path.join(w, "ep-one")
+    _, unbroken = compile_run(carve, onnx_path, one, None, 1, 5, data)
+    run([carve, "run", one, "-n", "1", "--", "--steps", "2", "--data", data, "--load",
+         out + ".ckpt", "--log", one + "-resumed.jsonl", "--progress", "none"])
+    resumed = [json.loads(l)["loss"] for l in open(one + "-resumed.jsonl")]
+    d = max(abs(a - b) / abs(b) for a, b in zip(ep_losses + resumed, unbroken))
+    if len(resumed) != 2 or d > 1e-5:
+        raise Failure("dp4ep2's checkpoint resumed on 1 rank: losses %s, the unbroken 1-rank "
+                      "run's %s (differ by %.3g, limit 1e-5)" % (ep_losses + resumed, unbroken, d))
+    print("ok: dp4ep2's checkpoint after 3 steps resumes on 1 rank: 5 losses within %.2g of the "
+          "unbroken 1-rank run" % d)
+
+    # Plans ep cannot carry out: 3 experts over ep=2, an ep that does not
+    # divide dp.
+    three = os.path.join(w, "three-experts.onnx")
+    ids = np.zeros((BATCH, SEQ), dtype=np.int64)
+    export(build(dict(SMALL, num_experts=3)), ids, ids, three)
+    for path, plan, needles in [
+            (three, {"dp": 2, "ep": 2}, ["\"ep\"", "has 3 experts", "do not divide by ep = 2"]),
+            (onnx_path, {"dp": 4, "ep": 3}, ["\"ep\" (3) must divide \"dp\" (4)"])]:
+        pj = os.path.join(w, "bad.json")
+        with open(pj, "w") as f:
+            json.dump(plan, f)
+        p = subprocess.run([carve, "compile", path, "--plan", pj, "-o",
+                            os.path.join(w, "never"), "--quiet"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+        lines = p.stderr.strip().splitlines()
+        if p.returncode != 1 or len(lines) != 1 or not all(n in lines[0] for n in needles) or \
+                os.path.exists(os.path.join(w, "never")):
+            raise Failure("plan %s: expected exit 1, one line with %s and nothing written, got "
+                          "%d:\n%s" % (plan, needles, p.returncode, p.stderr))
+        print("ok: plan %s: %s" % (json.dumps(plan), lines[0]))
+
+
+def ep_without_experts(carve, w, onnx_path):
+    pj = os.path.join(w, "ep-dense.json")
+    with open(pj, "w") as f:
+        json.dump({"dp": 2, "ep": 2}, f)
+    p = subprocess.run([carve, "compile", onnx_path, "--plan", pj, "-o",
+                        os.path.join(w, "never"), "--quiet"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+    lines = p.stderr.strip().splitlines()
+    if p.returncode != 1 or len(lines) != 1 or "no routed mixture-of-experts layer" not in lines[0]:
+        raise Failure("ep on the dense form: expected exit 1 and one line saying there is no "
+                      "routed layer, got %d:\n%s" % (p.returncode, p.stderr))
+    print("ok: ep on a model without routed experts (the dense form): %s" % lines[0])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -216,6 +330,10 @@ def main():
             if "PASS" not in text:
                 raise Failure("%s: carve verify %s did not pass:\n%s" % (form, name, text))
             print("ok: %s %s: %s" % (form, name, text.strip().splitlines()[-1]))
+        if form == "top2":
+            expert_parallel(a.carve, w, onnx_path, data, net_for_shapes(config))
+        if form == "dense":
+            ep_without_experts(a.carve, w, onnx_path)
         if form == "top2" and a.emulated:
             env = dict(os.environ, CARVE_CUDA_EMULATION=os.path.abspath(a.emulated),
                        CARVE_EMU_GPUS="1", ASAN_OPTIONS="detect_leaks=0")

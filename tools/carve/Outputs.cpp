@@ -197,8 +197,8 @@ std::string ranksOf(const CompiledModel &cm, size_t r) {
   const Plan &plan = *cm.plan;
   int group = plan.dp * plan.tp;
   if (!cm.pipelined && plan.ep > 1)
-    return "the ranks of dp rank " + std::to_string(r) + " modulo " + std::to_string(plan.ep) +
-           " (ep rank " + std::to_string(r) + ": its experts)";
+    return "ep rank " + std::to_string(r) + " (the ranks whose dp rank is " + std::to_string(r) +
+           " modulo " + std::to_string(plan.ep) + "): its experts";
   if (!cm.pipelined)
     return plan.worldSize() > 1 ? "every rank" : "rank 0";
   if (group > 1)
