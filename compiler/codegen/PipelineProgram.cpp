@@ -216,7 +216,7 @@ void emitRankTail(llvm::raw_ostream &os, const RankProgram &rp) {
   os << ".\n" << normDeclarations(opts);
   for (auto &ch : chunks)
     os << ch.norm;
-  os << normRead(opts);
+  os << normRead(opts) << expertNormSum(opts);
   if (zero >= 2) {
     os << "  // ZeRO-" << zero << ": each replica holds its chunk of every gradient.\n";
     os << "  ctx.dpComm->allReduce(&sqSplit, 1, CommType::F64, ReduceOp::Sum);\n";

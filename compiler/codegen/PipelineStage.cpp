@@ -406,11 +406,17 @@ std::string Generator::stageBucketStart(const Bucket &bk, size_t k, int chunk, S
   const std::string key = std::to_string(k), dp = std::to_string(opts.dp);
   if (zero < 2) {
     auto [begin, stop] = bucketRange(bk);
-    so.bucketWaits += "  ctx.dpComm->wait(c" + std::to_string(chunk) + "::buckets[" + key + "]);\n";
+    // Expert parallelism: the experts' gradients over the ranks that hold
+    // the same experts (edp), the rest over dp.
+    const std::string comm = bk.experts ? "ctx.edpComm" : "ctx.dpComm";
+    so.bucketWaits +=
+        "  " + comm + "->wait(c" + std::to_string(chunk) + "::buckets[" + key + "]);\n";
     return "  // Gradient bucket " + key + " is complete (" + bytesText(bk.bytes) +
-           "): after the last micro-batch, sum it over the " + dp +
-           " data-parallel replicas.\n  if (last)\n    buckets[" + key +
-           "] = ctx.dpComm->allReduceAsync(A + " + std::to_string(begin) + ", " +
+           "): after the last micro-batch, sum it over the " +
+           (bk.experts ? std::to_string(opts.dp / opts.ep) + " ranks that hold these experts"
+                       : dp + " data-parallel replicas") +
+           ".\n  if (last)\n    buckets[" + key + "] = " + comm + "->allReduceAsync(A + " +
+           std::to_string(begin) + ", " +
            std::to_string((stop - begin) / gradElementBytes(grads[bk.first])) + ", " +
            gradCommType(grads[bk.first]) + ", ReduceOp::Sum);\n";
   }

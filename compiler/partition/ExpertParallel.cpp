@@ -27,6 +27,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/partition/ExpertParallel.h"
 #include "compiler/partition/Annotation.h"
 #include "compiler/partition/Passes.h"
 
@@ -77,15 +78,55 @@ struct Expert {
   llvm::SetVector<unsigned> params; // argument numbers
 };
 
-struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelPass> {
-  using CarveExpertParallelBase::CarveExpertParallelBase;
+/// The analysis: which gathers start experts, their ops, rows, parameters.
+struct ExpertFinder {
+  explicit ExpertFinder(func::FuncOp fn) : fn(fn) {}
 
   func::FuncOp fn;
+  Operation *errorOp = nullptr;
+  std::string errorMsg;
   llvm::DenseSet<Value> routed; // depends on a NonZero
   llvm::DenseSet<Value> fixed;  // depends on parameters and constants only
 
   LogicalResult failAt(Operation *op, const std::string &msg) {
-    return op->emitError() << "plan: \"ep\": node '" << nodeOf(op) << "': " << msg;
+    errorOp = op;
+    errorMsg = "node '" + nodeOf(op) + "': " + msg;
+    return failure();
+  }
+
+  /// What each value depends on, then the experts by layer (the tensor
+  /// whose rows they gather).
+  LogicalResult find(llvm::MapVector<Value, std::vector<Expert>> &layers) {
+    Block &body = fn.getBody().front();
+    for (BlockArgument a : fn.getArguments())
+      if (fn.getArgAttr(a.getArgNumber(), kParamAttr))
+        fixed.insert(a);
+    for (Operation &op : body) {
+      bool nz = isa<NonzeroOp>(op), allFixed = true;
+      for (Value v : op.getOperands()) {
+        nz |= routed.count(v) > 0;
+        allFixed &= fixed.count(v) > 0;
+      }
+      for (Value r : op.getResults()) {
+        if (nz)
+          routed.insert(r);
+        if (allFixed)
+          fixed.insert(r);
+      }
+    }
+    for (Operation &op : body) {
+      // (The data may depend on an earlier layer's routing: it is whole.)
+      auto g = dyn_cast<GatherOp>(op);
+      if (!g || !routed.count(g.getIndices()))
+        continue;
+      Expert e;
+      bool isExpert = false;
+      if (failed(grow(g, e, isExpert)))
+        return failure();
+      if (isExpert)
+        layers[g.getData()].push_back(std::move(e));
+    }
+    return success();
   }
 
   /// Where the row dimension of each result of `op` is, from the rows of
@@ -133,6 +174,7 @@ struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelP
       return success(); // not the routed form's rows
     llvm::DenseSet<Value> inside{g.getResult()};
     e.rowDim[g.getResult()] = g.getAxis();
+    Operation *mixing = nullptr;
     for (Operation *op = g->getNextNode(); op && !isa<func::ReturnOp>(op); op = op->getNextNode()) {
       bool reads = false, other = false;
       for (Value v : op->getOperands()) {
@@ -143,16 +185,24 @@ struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelP
       }
       if (!reads || other)
         continue;
-      if (!carryRows(op, e))
-        return failAt(op, "carve splits the experts of a routed mixture of experts over ep ranks, "
-                          "and this op of an expert does not keep the expert's rows (tokens) "
-                          "apart");
+      if (!carryRows(op, e)) {
+        // An error only if the rows are an expert's (it has parameters).
+        if (!mixing)
+          mixing = op;
+        continue;
+      }
       e.ops.push_back(op);
       for (Value r : op->getResults())
         inside.insert(r);
       for (Value v : op->getOperands())
         collectParams(v, e);
     }
+    if (e.params.empty())
+      return success(); // rows without an expert (the routing weights' gather)
+    if (mixing)
+      return failAt(mixing, "carve splits the experts of a routed mixture of experts over ep "
+                            "ranks, and this op of an expert does not keep the expert's rows "
+                            "(tokens) apart");
     // The expert's result: its one value read outside it.
     llvm::DenseSet<Operation *> mine(e.ops.begin(), e.ops.end());
     for (Operation *op : e.ops)
@@ -164,7 +214,7 @@ struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelP
                                 "result; carve-expert-parallel sends one back per expert");
             e.output = r;
           }
-    isExpert = !e.params.empty() && e.output;
+    isExpert = (bool)e.output;
     return success();
   }
 
@@ -192,6 +242,16 @@ struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelP
         return false;
     }
     return true;
+  }
+};
+
+struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelPass> {
+  using CarveExpertParallelBase::CarveExpertParallelBase;
+
+  func::FuncOp fn;
+
+  LogicalResult failAt(Operation *op, const std::string &msg) {
+    return op->emitError() << "plan: \"ep\": node '" << nodeOf(op) << "': " << msg;
   }
 
   /// `v` reshaped to [1, 1, N, rest] around its row dimension `d` (the
@@ -225,36 +285,11 @@ struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelP
       return signalPassFailure();
     }
     Block &body = fn.getBody().front();
-    // What each value depends on.
-    for (BlockArgument a : fn.getArguments())
-      if (fn.getArgAttr(a.getArgNumber(), kParamAttr))
-        fixed.insert(a);
-    for (Operation &op : body) {
-      bool nz = isa<NonzeroOp>(op), allFixed = true;
-      for (Value v : op.getOperands()) {
-        nz |= routed.count(v) > 0;
-        allFixed &= fixed.count(v) > 0;
-      }
-      for (Value r : op.getResults()) {
-        if (nz)
-          routed.insert(r);
-        if (allFixed)
-          fixed.insert(r);
-      }
-    }
-    // The experts, by layer (the tensor whose rows they gather).
+    ExpertFinder finder(fn);
     llvm::MapVector<Value, std::vector<Expert>> layers;
-    for (Operation &op : body) {
-      auto g = dyn_cast<GatherOp>(op);
-      // (The data may depend on an earlier layer's routing: it is whole.)
-      if (!g || !routed.count(g.getIndices()))
-        continue;
-      Expert e;
-      bool isExpert = false;
-      if (failed(grow(g, e, isExpert)))
-        return signalPassFailure();
-      if (isExpert)
-        layers[g.getData()].push_back(std::move(e));
+    if (failed(finder.find(layers))) {
+      finder.errorOp->emitError() << "plan: \"ep\": " << finder.errorMsg;
+      return signalPassFailure();
     }
     if (layers.empty()) {
       module.emitError() << "plan: \"ep\" is " << ep
@@ -279,7 +314,7 @@ struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelP
       for (Expert &e : experts) {
         llvm::DenseSet<Operation *> mine(e.ops.begin(), e.ops.end());
         for (unsigned p : e.params)
-          if (!onlyIn(fn.getArgument(p), mine)) {
+          if (!finder.onlyIn(fn.getArgument(p), mine)) {
             failAt(e.entry, "parameter '" +
                                 fn.getArgAttrOfType<StringAttr>(p, kParamAttr).getValue().str() +
                                 "' of this expert is also used outside it, so it cannot live on "
@@ -420,3 +455,29 @@ struct ExpertParallelPass : carve::impl::CarveExpertParallelBase<ExpertParallelP
 };
 
 } // namespace
+
+namespace carve {
+
+bool findExpertLayers(func::FuncOp forward, std::vector<ExpertLayerInfo> &out, std::string &error) {
+  out.clear();
+  ExpertFinder finder(forward);
+  llvm::MapVector<Value, std::vector<Expert>> layers;
+  if (failed(finder.find(layers))) {
+    error = finder.errorMsg;
+    return false;
+  }
+  for (auto &[source, experts] : layers) {
+    ExpertLayerInfo info;
+    info.node = nodeOf(experts.front().entry);
+    info.experts = (int64_t)experts.size();
+    info.inElems = typeOf(experts.front().entry.getResult()).getNumElements();
+    info.outElems = typeOf(experts.front().output).getNumElements();
+    for (Expert &e : experts)
+      for (unsigned p : e.params)
+        info.params.push_back(forward.getArgAttrOfType<StringAttr>(p, kParamAttr).getValue().str());
+    out.push_back(std::move(info));
+  }
+  return true;
+}
+
+} // namespace carve

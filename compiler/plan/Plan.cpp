@@ -180,11 +180,6 @@ bool checkCombination(const Plan &plan, const std::string &what, std::string &er
             "hold the same experts); use \"zero\": 0 with ep";
     return false;
   }
-  if (plan.ep > 1 && (plan.pp > 1 || plan.numMicroBatches > 1 || plan.microBatchSize > 0)) {
-    error = what + ": \"ep\" with pipeline stages or micro-batches is not implemented yet; "
-                   "use ep with dp and tp";
-    return false;
-  }
   if (plan.zero > 0 && plan.dp == 1) {
     error = what + ": \"zero\" shards over the data-parallel ranks and needs \"dp\" > 1";
     return false;

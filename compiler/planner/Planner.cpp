@@ -25,6 +25,8 @@ using json = nlohmann::json;
 std::string Candidate::key() const {
   std::ostringstream os;
   os << "dp=" << dp << " tp=" << tp << " pp=" << pp;
+  if (ep > 1)
+    os << " ep=" << ep;
   if (pp > 1 || m > 1) {
     os << " " << schedule;
     if (v > 1)
@@ -259,6 +261,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   Link tpLink = c.tp <= dev ? intra : inter;
   Link dpLink = c.tp * c.dp <= dev ? intra : inter;
   Link ppLink = c.tp * c.dp >= dev || c.tp * c.dp * c.pp > dev ? inter : intra;
+  // An expert group: ep consecutive dp ranks, tp apart.
+  Link epLink = c.tp * c.ep <= dev ? intra : inter;
 
   const Priced &emb = priced.embedding, &head = priced.head;
   const std::vector<Priced> &lay = priced.layers;
@@ -272,11 +276,20 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   };
   // One micro-batch of a part: forward, backward (+ recompute) seconds.
   struct PartTime {
-    double fwd = 0, bwd = 0, rec = 0, comm = 0;
+    double fwd = 0, bwd = 0, rec = 0, comm = 0, ep = 0;
   };
-  auto partTime = [&](const Priced &p) {
+  // Expert parallelism: each routed layer's dispatch and combine in forward,
+  // the same two in backward; f32 rows, (ep-1)/ep of them leave the rank.
+  auto epSecs = [&](const Segment &s) {
+    if (c.ep <= 1 || s.expertExchange <= 0)
+      return 0.0;
+    return commTime(kAllToAll, c.ep, s.expertExchange * b * 4.0, 2, epLink);
+  };
+  auto partTime = [&](const Priced &p, const Segment &s) {
     PartTime t;
-    double fc = tpSecs(p.fwdComm, p.fwdCalls), bc = tpSecs(p.bwdComm, p.bwdCalls);
+    const double x = epSecs(s);
+    double fc = tpSecs(p.fwdComm, p.fwdCalls) + x, bc = tpSecs(p.bwdComm, p.bwdCalls) + x;
+    t.ep = (c.recompute == "full" ? 3 : 2) * x;
     t.fwd = p.fwd.perSample * b + p.fwd.fixed + fc;
     t.bwd = p.bwd.perSample * b + p.bwd.fixed + bc;
     t.comm = fc + bc;
@@ -291,10 +304,10 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
 
   double layerCost = 0;
   if (hasLayers) {
-    PartTime t = partTime(lay[lay.size() / 2]);
+    PartTime t = partTime(lay[lay.size() / 2], prof.layers[lay.size() / 2]);
     layerCost = t.fwd + t.bwd + t.rec;
   }
-  PartTime et = partTime(emb), ht = partTime(head);
+  PartTime et = partTime(emb, prof.embedding), ht = partTime(head, prof.head);
   std::vector<int> chunk;
   if (hasLayers)
     chunk = balanceChunks(L, S, layerCost, et.fwd + et.bwd + et.rec, ht.fwd + ht.bwd + ht.rec);
@@ -306,6 +319,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   std::vector<double> rankTime(c.pp, 0), rankBwdLast(c.pp, 0), rankRec(c.pp, 0), rankComm(c.pp, 0),
       rankParams(c.pp, 0), rankAct(c.pp, 0), rankP2p(c.pp, 0);
   std::vector<double> rankWork(c.pp, 0), rankBuffers(c.pp, 0), rankParts(c.pp, 0);
+  std::vector<double> rankExperts(c.pp, 0), rankEp(c.pp, 0); // expert params held, ep seconds
   int first = 0;
   double sendBytes = 0, inputBoundary = 0;
   // Backward sends: each chunk's gradient of its input, fp32, in a buffer
@@ -314,14 +328,17 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       S > 1 ? pipelineSlots(c.schedule, c.pp, c.v, c.m) : std::vector<std::vector<int>>();
   for (int k = 0; k < S; ++k) {
     int r = k % c.pp;
-    double t = 0, bw = 0, rec = 0, comm = 0, params = 0, act = 0, work = 0;
+    double t = 0, bw = 0, rec = 0, comm = 0, params = 0, act = 0, work = 0, experts = 0, epT = 0;
     auto addPart = [&](const Segment &seg, const Priced &pr, bool isLayer) {
-      PartTime pt = partTime(pr);
+      PartTime pt = partTime(pr, seg);
       t += pt.fwd + pt.bwd + pt.rec;
       bw += pt.bwd + pt.rec;
       rec += pt.rec;
       comm += pt.comm;
-      params += seg.params;
+      epT += pt.ep;
+      // Expert parallelism: a rank holds 1/ep of the routed experts.
+      params += seg.params - seg.expertParams * (1.0 - 1.0 / c.ep);
+      experts += seg.expertParams / c.ep;
       const double core = st.scores ? seg.core : 0;
       act += isLayer ? layerActivationBytes(seg, c, keptBytes, st.scores)
                      : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * keptBytes +
@@ -366,6 +383,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     rankRec[r] += rec;
     rankComm[r] += comm;
     rankParams[r] += params;
+    rankExperts[r] += experts;
+    rankEp[r] += epT;
     rankWork[r] = std::max(rankWork[r], work);
     // In flight: this chunk's activations times the micro-batches it holds.
     int64_t held = inFlight(c.schedule, c.pp, c.v, c.m, r);
@@ -380,7 +399,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   e.time.bubble = (double)(c.pp - 1) / c.v * tMb;
   e.time.compute = (double)c.m * (tMb - rankComm[slow] - rankP2p[slow]);
   e.time.recompute = (double)c.m * rankRec[slow];
-  e.time.tpComm = (double)c.m * rankComm[slow];
+  e.time.tpComm = (double)c.m * (rankComm[slow] - rankEp[slow]);
+  e.time.epComm = (double)c.m * rankEp[slow];
   e.time.p2p = (double)c.m * rankP2p[slow];
   e.bubbleFraction = pipeline > 0 ? e.time.bubble / pipeline : 0;
 
@@ -400,7 +420,14 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     // updated parameters once and ZeRO-3 gathers each layer's for every
     // micro-batch's forward and backward.
     double reduce = 0, after = 0;
-    if (c.zero <= 1) {
+    if (c.ep > 1) {
+      // Expert parallelism (ZeRO 0): the experts' gradients are summed over
+      // the dp/ep ranks that hold the same experts, the rest over dp.
+      const double ge = rankExperts[slow] * gB, gd = g - ge;
+      const int edp = c.dp / c.ep;
+      reduce = allReduceTime(c.dp, gd, dpLink) + allReduceTime(edp, ge, dpLink);
+      e.volume.dp = 2 * f * gd + (edp > 1 ? 2.0 * (edp - 1) / edp * ge : 0);
+    } else if (c.zero <= 1) {
       reduce = allReduceTime(c.dp, g, dpLink);
       e.volume.dp = 2 * f * g;
     } else {
@@ -490,6 +517,16 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     e.volume.tp[k] = c.tp > 1 ? el * b * aBytes * (double)c.m / c.pp : 0;
   }
   e.volume.pp = sendBytes * (double)c.m / std::max(1, c.pp);
+  if (c.ep > 1) {
+    double x = 0;
+    for (const Segment &s : prof.layers)
+      x += s.expertExchange;
+    x += prof.embedding.expertExchange + prof.head.expertExchange;
+    // Dispatch and combine, forward and backward (and forward again under
+    // full recomputation); what leaves the rank.
+    e.volume.ep = (c.recompute == "full" ? 3 : 2) * x * b * 4.0 * (double)(c.ep - 1) / c.ep *
+                  (double)c.m / c.pp;
+  }
 
   e.capacity = cl.device.memoryBytes * (1 - opts.constraints.headroomFraction) -
                opts.constraints.headroomBytes;
@@ -522,6 +559,7 @@ const std::vector<std::string> &constraintFields() {
   static const std::vector<std::string> f = {"dp",
                                              "tp",
                                              "pp",
+                                             "ep",
                                              "zero",
                                              "sequence_parallel",
                                              "num_micro_batches",
@@ -947,6 +985,7 @@ std::string whyLost(const Estimate &e, const Estimate &best) {
       {"compute", e.time.compute - e.time.recompute, best.time.compute - best.time.recompute},
       {"recomputation", e.time.recompute, best.time.recompute},
       {"tp communication", e.time.tpComm, best.time.tpComm},
+      {"expert all-to-alls", e.time.epComm, best.time.epComm},
       {"pipeline bubble", e.time.bubble, best.time.bubble},
       {"pipeline sends", e.time.p2p, best.time.p2p},
       {"exposed gradient reduction", e.time.dpExposed, best.time.dpExposed},
@@ -1004,6 +1043,19 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
   contra("sequence_parallel", "sequence", "sequence parallelism splits the sequence");
   if (!res.contradiction.empty())
     return res;
+  if (std::atoi(fixedStr("ep", "1").c_str()) > 1 && base.experts == 0) {
+    res.contradiction = "ep is fixed to " + fixedStr("ep", "1") +
+                        " but the model has no routed mixture-of-experts layer to split "
+                        "(docs/moe.md)";
+    return res;
+  }
+  if (std::atoi(fixedStr("ep", "1").c_str()) > 1 &&
+      base.experts % std::atoi(fixedStr("ep", "1").c_str()) != 0) {
+    res.contradiction = "ep is fixed to " + fixedStr("ep", "1") +
+                        " but it does not divide the experts of the model's routed layers (" +
+                        std::to_string(base.experts) + ")";
+    return res;
+  }
   if (fixedStr("sequence_parallel", "false") == "true" && fixedStr("tp", "0") == "1") {
     res.contradiction = "sequence_parallel is fixed on but tp is fixed to 1 (it splits along tp)";
     return res;
@@ -1115,29 +1167,39 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                   continue;
                 if (rc == "selective" && !hasAttention)
                   continue;
-                Candidate c;
-                c.dp = (int)dp;
-                c.tp = (int)tp;
-                c.pp = (int)pp;
-                c.v = v;
-                c.microBatch = mbs;
-                c.m = m;
-                c.schedule = sched;
-                c.zero = zero;
-                c.recompute = rc;
-                c.sp = seqPar;
-                c.precision = precision;
-                c.gradAccumulation = gradAccumulation;
-                Estimate e = estimatePriced(*prof, pricedAt(mbs), base, cl, c, opts);
-                ++res.evaluated;
-                if (e.fits) {
-                  all.push_back(e);
-                  haveBest = true;
-                } else {
-                  double shortBy = e.mem.total() - e.capacity;
-                  if (shortBy < closestShort) {
-                    closestShort = shortBy;
-                    res.closest = e;
+                // Expert parallelism: ep dividing dp and every routed layer's
+                // experts; compiled without pp, micro-batches and ZeRO.
+                for (int64_t ep : divisors(dp)) {
+                  if (!sp.allows("ep", (double)ep))
+                    continue;
+                  if (ep > 1 && (prof->experts == 0 || prof->experts % ep != 0 || pp > 1 || m > 1 ||
+                                 zero > 0))
+                    continue;
+                  Candidate c;
+                  c.ep = (int)ep;
+                  c.dp = (int)dp;
+                  c.tp = (int)tp;
+                  c.pp = (int)pp;
+                  c.v = v;
+                  c.microBatch = mbs;
+                  c.m = m;
+                  c.schedule = sched;
+                  c.zero = zero;
+                  c.recompute = rc;
+                  c.sp = seqPar;
+                  c.precision = precision;
+                  c.gradAccumulation = gradAccumulation;
+                  Estimate e = estimatePriced(*prof, pricedAt(mbs), base, cl, c, opts);
+                  ++res.evaluated;
+                  if (e.fits) {
+                    all.push_back(e);
+                    haveBest = true;
+                  } else {
+                    double shortBy = e.mem.total() - e.capacity;
+                    if (shortBy < closestShort) {
+                      closestShort = shortBy;
+                      res.closest = e;
+                    }
                   }
                 }
               }

@@ -31,6 +31,7 @@ namespace carve::planner {
 
 struct Candidate {
   int dp = 1, tp = 1, pp = 1, v = 1;
+  int ep = 1;                    // expert parallelism (divides dp; models with routed experts)
   int64_t microBatch = 1;        // samples per micro-batch
   int64_t m = 1;                 // micro-batches per step
   std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved
@@ -53,6 +54,7 @@ struct StepTime {
   double compute = 0;   // forward + backward of the busiest rank, all micro-batches
   double recompute = 0; // of which recomputation
   double tpComm = 0;    // tensor-parallel collectives (not overlapped)
+  double epComm = 0;    // expert parallelism's all-to-alls (not overlapped)
   double p2p = 0;       // pipeline sends and receives
   double bubble = 0;    // pipeline fill and drain
   double dpComm = 0;    // gradient reduction (and ZeRO gathers), in full
@@ -66,6 +68,7 @@ struct Volume {
   std::array<double, kNumCommKinds> tp{}; // tp collectives by kind
   double dp = 0;                          // gradient reduction (+ ZeRO gathers)
   double pp = 0;                          // pipeline sends
+  double ep = 0;                          // expert parallelism's all-to-alls
 };
 
 struct Estimate {

@@ -6,6 +6,7 @@
 #include "compiler/frontend/Builtin.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/partition/Annotation.h"
+#include "compiler/partition/ExpertParallel.h"
 #include "compiler/stages/StageSplit.h"
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 
 using namespace mlir;
@@ -57,6 +59,13 @@ private:
   void countBoundaries();
   void countParameters();
   void collectSites();
+
+public:
+  /// The routed experts (carve-expert-parallel's analysis of @forward):
+  /// their parameters and the exchanges' elements, in their layers' parts.
+  void countExperts(func::FuncOp forward);
+
+private:
   func::FuncOp fn;
   Profile &p;
   // Segment order: 0 embedding, 1..L layers, L+1 head.
@@ -505,6 +514,43 @@ void Profiler::countParameters() {
   }
 }
 
+void Profiler::countExperts(func::FuncOp forward) {
+  std::vector<ExpertLayerInfo> layers;
+  std::string error;
+  if (!forward || !findExpertLayers(forward, layers, error) || layers.empty())
+    return;
+  int64_t g = 0;
+  for (const ExpertLayerInfo &l : layers)
+    g = std::gcd(g, l.experts);
+  p.experts = (int)g;
+  std::map<std::string, unsigned> argOf;
+  for (BlockArgument a : fn.getArguments())
+    if (auto n = fn.getArgAttrOfType<StringAttr>(a.getArgNumber(), kParamAttr))
+      argOf[n.getValue().str()] = a.getArgNumber();
+  for (const ExpertLayerInfo &l : layers) {
+    int seg = -1;
+    for (const std::string &name : l.params) {
+      auto it = argOf.find(name);
+      if (it == argOf.end())
+        continue;
+      BlockArgument a = fn.getArgument(it->second);
+      int at = -1;
+      for (Operation *u : a.getUsers())
+        if (!isBackward(u) && segOf.count(u)) {
+          at = segOf[u];
+          break;
+        }
+      if (at < 0)
+        continue;
+      seg = at;
+      segs[at]->expertParams += elemsOf(a);
+    }
+    // @forward is at one sample: per sample already.
+    if (seg >= 0)
+      segs[seg]->expertExchange += (double)l.experts * (double)(l.inElems + l.outElems);
+  }
+}
+
 bool Profiler::run(std::string &error) {
   findLayers();
   markBatch();
@@ -672,6 +718,7 @@ bool buildProfile(const ProfileModel &model, const ProfileRequest &req, Profile 
   Profiler prof(fn, profile);
   if (!prof.run(error))
     return false;
+  prof.countExperts(local->lookupSymbol<func::FuncOp>("forward"));
   // A builtin model was built with at most three layers: its first, a middle
   // one standing for all the others, and its last.
   if (model.builtinLayers > (int)profile.layers.size() && profile.layers.size() == 3) {

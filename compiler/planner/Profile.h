@@ -102,6 +102,10 @@ struct Segment {
   double coreFlops = 0;
   /// Trainable parameters it holds (local elements), and buffers.
   double params = 0, buffers = 0;
+  /// Of `params`, those of routed experts (split over ep), and the elements
+  /// one expert-parallel forward pass exchanges per sample (dispatch and
+  /// combine of every routed layer in it, before the (ep-1)/ep that leaves).
+  double expertParams = 0, expertExchange = 0;
   /// The most trainable-parameter elements one of its ops reads (forward or
   /// backward): under 16-bit storage their fp32 views live while it runs.
   double paramRead = 0;
@@ -131,6 +135,9 @@ struct Profile {
   double modelFlops = 0;         // forward + backward, one sample, whole model
   int64_t modelBatch = 1;        // the batch the model was written with
   int64_t seq = 0;               // the second dimension of the first input (tokens per sample)
+  /// Routed mixture-of-experts layers: the experts every layer's count
+  /// divides by (their gcd); 0 when the model has none (ep stays 1).
+  int experts = 0;
   std::string pinsUsed;          // for messages
   std::vector<ChoiceSite> sites; // forward ops with a tp choice, in program order
 };

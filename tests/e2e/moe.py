@@ -27,11 +27,22 @@ What must hold:
    micro-batches they are per replica or micro-batch, as in PyTorch DDP, and
    not the 1-rank program's (docs/moe.md): those forms are checked where the
    tokens are all there.
-4. Bad input, one line naming the node and the cause, exit 1, nothing
+4. Expert parallelism on top2 (docs/moe.md): dp2 x ep2, dp4 x ep2,
+   dp2 x ep2 x tp2 and dp2 x ep2 x pp2 (2 micro-batches) against 1 rank
+   (`carve verify`); under dp4 x ep2 every rank holds the non-expert
+   parameters and exactly half of the experts' (the start-up report), program
+   r holds experts [2r, 2r+2) and makes 6 all-to-alls per layer over ep
+   (dispatch and combine in forward, backward and evaluate); its checkpoint
+   resumes on 1 rank, and a 1-rank checkpoint resumes under it, both within
+   1e-5 of the unbroken 1-rank run; `carve plan --fixed ep=2` prices the
+   exchanges; 3 experts over ep=2, ep=3 over dp=4 and ep on the dense form
+   fail with one line.
+5. Bad input, one line naming the node and the cause, exit 1, nothing
    written: a NonZero whose rows reach a reduction; a ScatterElements with a
-   reduction carve lacks; a NonZero result as a graph output.
-5. With --emulated CONFIG: the CUDA program of top2 on 1 emulated GPU trains
-   the same steps within FP32_CUDA_RTOL of the CPU target.
+   reduction carve lacks; an einsum whose '...' broadcasts; a NonZero result
+   as a graph output.
+6. With --emulated CONFIG: the CUDA program of top2 on 1 emulated GPU, and
+   of dp2 x ep2 on 2, train within FP32_CUDA_RTOL of the CPU target's 1 rank.
 """
 
 import argparse
@@ -148,6 +159,17 @@ def bad_inputs(carve, w):
     line = expect_error(carve, path, w, ["'my_scatter'", "reduction 'mul'"])
     print("ok: ScatterElements with reduction 'mul': %s" % line)
 
+    class Broadcast(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.einsum("...ij,...jk->...ik", a, b).sum()
+
+    path = os.path.join(w, "einsum_broadcast.onnx")
+    torch.onnx.export(Broadcast(), (torch.ones(2, 3, 4), torch.ones(1, 4, 5)), path,
+                      input_names=["a", "b"], output_names=["s"], opset_version=17)
+    line = expect_error(carve, path, w, ["(Einsum)", "a dimension of '...'",
+                                         "broadcasting is not supported"])
+    print("ok: an einsum whose '...' broadcasts: %s" % line)
+
     m = helper.make_tensor_value_info("m", TensorProto.BOOL, [5])
     p_out = helper.make_tensor_value_info("p", TensorProto.INT64, [1, None])
     g = helper.make_graph([helper.make_node("NonZero", ["m"], ["p"], name="where_mask")],
@@ -181,7 +203,8 @@ def expert_parallel(carve, w, onnx_path, data, net):
     expert_elems = sum(p.numel() for n, p in net.named_parameters() if ".experts." in n)
     all_elems = sum(p.numel() for p in net.parameters())
     for name, plan in [("dp2ep2", {"dp": 2, "ep": 2}), ("dp4ep2", {"dp": 4, "ep": 2}),
-                       ("dp2ep2tp2", {"dp": 2, "ep": 2, "tp": 2})]:
+                       ("dp2ep2tp2", {"dp": 2, "ep": 2, "tp": 2}),
+                       ("dp2ep2pp2", {"dp": 2, "ep": 2, "pp": 2, "num_micro_batches": 2})]:
         pj = os.path.join(w, name + ".json")
         with open(pj, "w") as f:
             json.dump(plan, f)
@@ -230,6 +253,34 @@ def expert_parallel(carve, w, onnx_path, data, net):
                       "run's %s (differ by %.3g, limit 1e-5)" % (ep_losses + resumed, unbroken, d))
     print("ok: dp4ep2's checkpoint after 3 steps resumes on 1 rank: 5 losses within %.2g of the "
           "unbroken 1-rank run" % d)
+    # And the other way: a 1-rank checkpoint resumes under dp4 x ep2.
+    run([carve, "run", one, "-n", "1", "--", "--steps", "3", "--data", data, "--save",
+         one + ".ckpt", "--log", one + "-first.jsonl", "--progress", "none"])
+    run([carve, "run", out, "-n", "4", "--", "--steps", "2", "--data", data, "--load",
+         one + ".ckpt", "--log", out + "-resumed.jsonl", "--progress", "none"])
+    first = [json.loads(l)["loss"] for l in open(one + "-first.jsonl")]
+    resumed = [json.loads(l)["loss"] for l in open(out + "-resumed.jsonl")]
+    d = max(abs(a - b) / abs(b) for a, b in zip(first + resumed, unbroken))
+    if len(resumed) != 2 or d > 1e-5:
+        raise Failure("a 1-rank checkpoint resumed under dp4ep2: losses %s, the unbroken run's "
+                      "%s (differ by %.3g, limit 1e-5)" % (first + resumed, unbroken, d))
+    print("ok: a 1-rank checkpoint after 3 steps resumes under dp4ep2: 5 losses within %.2g of "
+          "the unbroken 1-rank run" % d)
+
+    # The planner: ep fixed, it prices the experts' share and the exchanges.
+    rc = subprocess.run([carve, "plan", onnx_path, "--cluster", "cpu:1x4", "--fixed",
+                         "dp=4,tp=1,pp=1,ep=2", "--json"], stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+    if rc.returncode != 0:
+        raise Failure("carve plan --fixed ep=2 exited %d:\n%s" % (rc.returncode, rc.stderr))
+    rep = json.loads(rc.stdout)
+    best = rep["plan"]
+    t = rep["predicted"]["time_s"]
+    if best.get("ep") != 2 or not t.get("ep_comm", 0) > 0:
+        raise Failure("carve plan --fixed ep=2: plan %s, time %s: want ep 2 and expert "
+                      "all-to-all time" % (best, t))
+    print("ok: carve plan --fixed ep=2 prices the expert all-to-alls (%.3g s of the step)"
+          % t["ep_comm"])
 
     # Plans ep cannot carry out: 3 experts over ep=2, an ep that does not
     # divide dp.
@@ -351,6 +402,25 @@ def main():
                               "target's by %.3g (limit %g)\n  cuda %s\n  cpu  %s"
                               % (d, FP32_CUDA_RTOL, got, cpu))
             print("ok: top2 (CUDA target, emulated): losses within %.2g of the CPU target's" % d)
+            # dp2 x ep2 on 2 emulated GPUs: the exchanges over NCCL's all-to-all.
+            out = os.path.join(w, "cuda-ep")
+            with open(out + ".json", "w") as f:
+                json.dump({"dp": 2, "ep": 2}, f)
+            env2 = dict(env, CARVE_EMU_GPUS="2")
+            for c in [[a.carve, "compile", onnx_path, "-o", out, "--quiet", "--target", "cuda",
+                       "--plan", out + ".json", "--optimizer", "sgd", "--lr", str(LR),
+                       "--clip-grad-norm", "0"],
+                      [a.carve, "run", out, "-n", "2", "--", "--steps", "3", "--data", data,
+                       "--log", out + ".jsonl", "--progress", "none"]]:
+                run(c, env=env2)
+            got = [json.loads(l)["loss"] for l in open(out + ".jsonl")]
+            d = max(abs(m - r) / abs(r) for m, r in zip(got, cpu))
+            if len(got) != 3 or d > FP32_CUDA_RTOL:
+                raise Failure("top2 dp2 x ep2 on the CUDA target (emulated): losses differ from "
+                              "the CPU target's 1 rank by %.3g (limit %g)\n  cuda %s\n  cpu  %s"
+                              % (d, FP32_CUDA_RTOL, got, cpu))
+            print("ok: top2 dp2 x ep2 (CUDA target, 2 emulated GPUs): losses within %.2g of the "
+                  "CPU target's 1 rank" % d)
         elif form == "top2":
             print("not run: the CUDA target (no --emulated: the build has no CUDA toolkit)")
     bad_inputs(a.carve, a.workdir)

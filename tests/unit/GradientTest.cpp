@@ -791,6 +791,47 @@ TEST(Gradient, GatherScalarIndex) {
       .run();
 }
 
+// gather_grad is also ScatterElements' import (index_add_): its gradient with
+// respect to the scattered rows is the gather by the same indices, repeated
+// positions included.
+TEST(Gradient, GatherGradScatterAdd) {
+  GradCheck({param("u", "4x3xf64"), input("i", "4xi64")},
+            "%y = carve.gather_grad %u, %i {axis = 0 : i64} : (tensor<4x3xf64>, tensor<4xi64>) "
+            "-> tensor<5x3xf64>",
+            "%y", "5x3xf64")
+      .values("i", {3, 0, 3, -1})
+      .run();
+}
+
+// The routed rows of a mixture of experts as the importer builds them
+// (compiler/frontend/Bounded.cpp): NonZero at its bound, the rows gathered
+// (the padding gathers row 0), an expert's work on every row, the padding
+// masked by the count, and the scatter back. The gradients of the table and
+// of the expert's weight must be those of the real rows only.
+TEST(Gradient, NonzeroRoutedRows) {
+  GradCheck({param("x", "6x3xf64"), param("w", "3xf64"), input("m", "6xi1")},
+            "%p = carve.nonzero %m : (tensor<6xi1>) -> tensor<1x6xi64>\n"
+            "%i = carve.reshape %p : tensor<1x6xi64> -> tensor<6xi64>\n"
+            "%rows = carve.gather %x, %i {axis = 0 : i64} : (tensor<6x3xf64>, tensor<6xi64>) "
+            "-> tensor<6x3xf64>\n"
+            "%h = carve.mul %rows, %w : (tensor<6x3xf64>, tensor<3xf64>) -> tensor<6x3xf64>\n"
+            "%t = carve.tanh %h : tensor<6x3xf64>\n"
+            "%f = carve.cast %m : tensor<6xi1> -> tensor<6xf64>\n"
+            "%c = carve.reduce_sum %f {axes = array<i64: 0>, keep_dims = false} : "
+            "tensor<6xf64> -> tensor<f64>\n"
+            "%iota = carve.constant dense<[[0.0], [1.0], [2.0], [3.0], [4.0], [5.0]]> : "
+            "tensor<6x1xf64>\n"
+            "%keep = carve.less %iota, %c : (tensor<6x1xf64>, tensor<f64>) -> tensor<6x1xi1>\n"
+            "%z = carve.constant dense<0.0> : tensor<f64>\n"
+            "%k = carve.where %keep, %t, %z : (tensor<6x1xi1>, tensor<6x3xf64>, tensor<f64>) "
+            "-> tensor<6x3xf64>\n"
+            "%y = carve.gather_grad %k, %i {axis = 0 : i64} : (tensor<6x3xf64>, tensor<6xi64>) "
+            "-> tensor<6x3xf64>",
+            "%y", "6x3xf64")
+      .values("m", {0, 1, 1, 0, 0, 1})
+      .run();
+}
+
 TEST(Gradient, Expand) {
   GradCheck({param("x", "3x1xf64")}, "%y = carve.expand %x : tensor<3x1xf64> -> tensor<2x3x4xf64>",
             "%y", "2x3x4xf64")

@@ -229,7 +229,8 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
     pc.slots = schedule.slots[r];
     for (const SharedGradient &g : cm.shared)
       pc.shared.push_back({g.name, g.numel, g.owner});
-    cg.programName = "program" + std::to_string(r);
+    // Under expert parallelism the programs are numbered epRank * pp + ppRank.
+    cg.programName = "program" + std::to_string(epRank * plan.pp + r);
     if (!generatePipelineProgram(module, cg, pc, cm.programs[r], error))
       die(args.model + ": " + error);
     cm.programNames.push_back(cg.programName);
@@ -331,8 +332,10 @@ int runCompile(CompileArgs &args) {
   CompiledModel cm = generate(*im.module, args, s, im, schedule);
   for (size_t r = 0; r < epModules.size(); ++r) {
     CompiledModel other = generate(*epModules[r], args, s, im, schedule, (int64_t)r + 1);
-    cm.programs.push_back(std::move(other.programs[0]));
-    cm.programNames.push_back(other.programNames[0]);
+    for (size_t k = 0; k < other.programs.size(); ++k) {
+      cm.programs.push_back(std::move(other.programs[k]));
+      cm.programNames.push_back(other.programNames[k]);
+    }
   }
   if (cm.pipelined)
     planTimeline(cm, args, schedule);

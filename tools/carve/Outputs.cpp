@@ -74,7 +74,7 @@ std::string readme(const CompiledModel &m) {
        << " without).\n";
   } else {
     for (size_t r = 0; r < m.programs.size(); ++r)
-      os << "Memory of pipeline rank " << r << ": arena of " << m.programs[r].arenaBytes
+      os << "Memory of " << m.programNames[r] << ": arena of " << m.programs[r].arenaBytes
          << " bytes; activations " << m.programs[r].activationBytes << " bytes (all slots).\n";
   }
   return text;
@@ -90,7 +90,8 @@ void writeSources(const std::string &dir, const CompiledModel &m) {
   // rank = (ppRank * dp + dpRank) * tp + tpRank; expert parallelism splits
   // dp into groups of ep consecutive ranks, epRank = dpRank % ep.
   for (int r = 0; r < plan.worldSize(); ++r)
-    rankToProgram[r] = m.pipelined ? r / (plan.dp * plan.tp) : r / plan.tp % plan.dp % plan.ep;
+    rankToProgram[r] = r / plan.tp % plan.dp % plan.ep * (m.pipelined ? plan.pp : 1) +
+                       (m.pipelined ? r / (plan.dp * plan.tp) : 0);
   writeFileOrDie(dir + "/src/programs.cpp", generateProgramTable(m.programNames, rankToProgram));
   writeFileOrDie(dir + "/src/README.md", readme(m));
 }
@@ -196,9 +197,13 @@ void printSummary(const CompiledModel &cm, const std::string &out, const Partiti
 std::string ranksOf(const CompiledModel &cm, size_t r) {
   const Plan &plan = *cm.plan;
   int group = plan.dp * plan.tp;
-  if (!cm.pipelined && plan.ep > 1)
-    return "ep rank " + std::to_string(r) + " (the ranks whose dp rank is " + std::to_string(r) +
+  if (plan.ep > 1) {
+    // Programs are numbered epRank * pp + ppRank (one pp rank without a pipeline).
+    const size_t pp = cm.pipelined ? (size_t)plan.pp : 1, ep = r / pp;
+    return (cm.pipelined ? "pipeline rank " + std::to_string(r % pp) + ", " : std::string()) +
+           "ep rank " + std::to_string(ep) + " (the ranks whose dp rank is " + std::to_string(ep) +
            " modulo " + std::to_string(plan.ep) + "): its experts";
+  }
   if (!cm.pipelined)
     return plan.worldSize() > 1 ? "every rank" : "rank 0";
   if (group > 1)

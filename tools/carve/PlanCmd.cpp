@@ -68,6 +68,8 @@ json planFields(const Candidate &c, const std::vector<OpOverride> &pins = {}) {
   p["dp"] = c.dp;
   p["tp"] = c.tp;
   p["pp"] = c.pp;
+  if (c.ep > 1)
+    p["ep"] = c.ep;
   if (c.zero)
     p["zero"] = c.zero;
   if (c.zero == 3) // the planner prices ZeRO-3 with one layer's gathers prefetched
@@ -124,11 +126,15 @@ json predicted(const Estimate &e) {
                  {"tp_comm", e.time.tpComm},       {"p2p", e.time.p2p},
                  {"bubble", e.time.bubble},        {"dp_comm", e.time.dpComm},
                  {"dp_exposed", e.time.dpExposed}, {"optimizer", e.time.optimizer}};
+  if (e.c.ep > 1)
+    p["time_s"]["ep_comm"] = e.time.epComm;
   json vol;
   for (int k = 0; k < kNumCommKinds; ++k)
     vol[std::string("tp_") + commKindName(k)] = e.volume.tp[k];
   vol["dp_gradients"] = e.volume.dp;
   vol["pp_sends"] = e.volume.pp;
+  if (e.c.ep > 1)
+    vol["ep_all_to_all"] = e.volume.ep;
   p["communication_bytes_per_device"] = vol;
   p["layers_per_stage"] = e.layersPerStage;
   return p;
@@ -297,6 +303,8 @@ void printEstimate(std::ostream &os, const Estimate &e, const Cluster &cl) {
      << ", tp communication " << secs(t.tpComm) << ", pipeline sends " << secs(t.p2p) << ", bubble "
      << secs(t.bubble) << ",\n    gradient reduction " << secs(t.dpExposed) << " exposed of "
      << secs(t.dpComm) << ", optimizer " << secs(t.optimizer) << "\n";
+  if (e.c.ep > 1)
+    os << "    expert all-to-alls " << secs(t.epComm) << " (ep=" << e.c.ep << ")\n";
   snprintf(line, sizeof line, "  throughput      %s tokens/s\n", count(e.tokensPerSecond).c_str());
   os << line;
   const double peak = cl.peak(e.c.precision);
