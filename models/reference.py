@@ -298,13 +298,19 @@ class SparseMoE(nn.Module):
             weights = F.softmax(top, dim=-1)
         return weights, selected, probs
 
+    # The token count the capacity is computed from; None: the tokens of the
+    # forward pass. A traced export bakes the capacity in as a constant of the
+    # export's token count; setting this reproduces that on other batches.
+    capacity_tokens = None
+
     def _choices(self, selected, n):
         """[N, k, E] one-hot choices, without those over an expert's capacity."""
         cfg = self.cfg
         onehot = F.one_hot(selected, cfg.num_experts)
         if cfg.capacity_factor <= 0:
             return onehot
-        capacity = max(1, int(cfg.capacity_factor * cfg.top_k * n / cfg.num_experts))
+        tokens = self.capacity_tokens or n
+        capacity = max(1, int(cfg.capacity_factor * cfg.top_k * tokens / cfg.num_experts))
         slot_major = onehot.permute(1, 0, 2).reshape(cfg.top_k * n, cfg.num_experts)
         position = torch.cumsum(slot_major, dim=0) - 1
         keep = (position < capacity) & (slot_major > 0)

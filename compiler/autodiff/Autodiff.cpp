@@ -72,6 +72,15 @@ std::string lossReduction(Value loss) {
         continue;
       }
     }
+    if (isa<AddOp, SubOp>(op)) {
+      // A sum of terms: of one kind, that kind; a mean plus another term (a
+      // mixture of experts' load-balancing loss added to the cross-entropy)
+      // is averaged over the replicas, as PyTorch DDP averages gradients.
+      std::string l = lossReduction(op->getOperand(0)), r = lossReduction(op->getOperand(1));
+      if (l == r)
+        return l;
+      return l == "mean" || r == "mean" ? "mean" : "unknown";
+    }
     break;
   }
   return "unknown";

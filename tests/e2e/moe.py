@@ -25,8 +25,11 @@ What must hold:
    top1-after under dp2; the others under tp2. Capacity and the auxiliary
    loss are computed over the tokens one forward pass sees, so under dp or
    micro-batches they are per replica or micro-batch, as in PyTorch DDP, and
-   not the 1-rank program's (docs/moe.md): those forms are checked where the
-   tokens are all there.
+   not the 1-rank program's (docs/moe.md): those forms are checked against 1
+   rank where the tokens are all there (tp2), and under dp2, dp2 x ep2 and 2
+   micro-batches against PyTorch run that way (each step's loss the mean of
+   the losses of the batch's 2 shares; losses within LOSS_RTOL, weights
+   within WEIGHT_RTOL, 5 SGD steps).
 4. Expert parallelism on top2 (docs/moe.md): dp2 x ep2, dp4 x ep2,
    dp2 x ep2 x tp2 and dp2 x ep2 x pp2 (2 micro-batches) against 1 rank
    (`carve verify`); under dp4 x ep2 every rank holds the non-expert
@@ -79,6 +82,18 @@ FORMS = {
     "dense": (dict(SMALL, form="dense", capacity_factor=1.25, aux_loss_coef=0.01),
               [("tp2", {"tp": 2})]),
 }
+# Forms whose loss depends on which tokens one forward pass sees (capacity,
+# the load-balancing loss): under these plans each replica or micro-batch
+# computes them on its share, as PyTorch DDP does, so they are checked
+# against PyTorch run that way (the batch cut into `shares` consecutive
+# shares, the mean of their losses): (name, plan, ranks, shares).
+PER_SHARE = {
+    "capacity": [("dp2", {"dp": 2}, 2, 2), ("dp2ep2", {"dp": 2, "ep": 2}, 2, 2),
+                 ("m2", {"num_micro_batches": 2}, 1, 2)],
+    "aux": [("dp2", {"dp": 2}, 2, 2), ("dp2ep2", {"dp": 2, "ep": 2}, 2, 2)],
+    "dense": [("dp2", {"dp": 2}, 2, 2)],
+}
+SHARE_STEPS = 5
 
 
 def build(config):
@@ -110,6 +125,52 @@ def dropped_tokens(net, ids):
         _, selected, _ = moe._route(x)
         kept = moe._choices(selected, x.shape[0]).sum().item()
         return F.one_hot(selected, 4).sum().item() - kept
+
+
+def per_share_losses(net, batches, lr, shares):
+    """PyTorch's plain SGD where each step's loss is the mean of the losses of
+    `shares` consecutive shares of the batch (DDP's replicas, or micro-batches
+    accumulated); `net` is trained in place."""
+    import torch
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    losses = []
+    for batch in batches:
+        opt.zero_grad()
+        n = len(batch[0]) // shares
+        loss = sum(net(*(torch.from_numpy(a[k * n:(k + 1) * n]) for a in batch))
+                   for k in range(shares)) / shares
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def per_share_check(carve, w, onnx_path, data, config, ids, labels):
+    from torch_compare import read_losses, worst_loss_gap, worst_weight_gap
+    form = os.path.basename(w)
+    batches = [(ids[k * BATCH:(k + 1) * BATCH], labels[k * BATCH:(k + 1) * BATCH])
+               for k in range(SHARE_STEPS)]
+    for name, plan, ranks, shares in PER_SHARE.get(form, []):
+        out = os.path.join(w, "share-" + name)
+        with open(out + ".json", "w") as f:
+            json.dump(plan, f)
+        run([carve, "compile", onnx_path, "--plan", out + ".json", "-o", out, "--quiet",
+             "--optimizer", "sgd", "--lr", str(LR), "--clip-grad-norm", "0"])
+        run([carve, "run", out, "-n", str(ranks), "--", "--steps", str(SHARE_STEPS), "--data",
+             data, "--log", out + ".jsonl", "--save", out + ".ckpt", "--progress", "none"])
+        net = build(config)
+        # The export's capacity is a constant computed from its batch's
+        # tokens, which each share then applies to its own.
+        for layer in net.layers:
+            layer.block_sparse_moe.capacity_tokens = BATCH * SEQ
+        ref = per_share_losses(net, batches, LR, shares)
+        worst = worst_loss_gap("%s %s" % (form, name), read_losses(out + ".jsonl"), ref,
+                               LOSS_RTOL)
+        gap, where, _ = worst_weight_gap("%s %s" % (form, name), out + ".ckpt", net, WEIGHT_RTOL,
+                                         require_all=False)
+        print("ok: %s %s: against PyTorch with the loss of each of %d shares of the batch, %d "
+              "SGD steps: losses within %.2g, weights within %.2g (%s)"
+              % (form, name, shares, SHARE_STEPS, worst, gap, where))
 
 
 def expect_error(carve, onnx_path, workdir, needles):
@@ -381,6 +442,7 @@ def main():
             if "PASS" not in text:
                 raise Failure("%s: carve verify %s did not pass:\n%s" % (form, name, text))
             print("ok: %s %s: %s" % (form, name, text.strip().splitlines()[-1]))
+        per_share_check(a.carve, w, onnx_path, data, config, ids, labels)
         if form == "top2":
             expert_parallel(a.carve, w, onnx_path, data, net_for_shapes(config))
         if form == "dense":
