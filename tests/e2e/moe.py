@@ -302,31 +302,27 @@ def expert_parallel(carve, w, onnx_path, data, net):
           "program r holds experts [%d r, %d r + %d) and makes %d all-to-alls over ep"
           % (want, expert_elems // ep, expert_elems, per, per, per, 6 * layers))
 
-    # Its checkpoint resumes on 1 rank as the unbroken 1-rank run goes on.
+    # Its checkpoint resumes on 1 rank as the unbroken 1-rank run goes on,
+    # and a 1-rank checkpoint resumes under dp4 x ep2.
     one = os.path.join(w, "ep-one")
     _, unbroken = compile_run(carve, onnx_path, one, None, 1, 5, data)
-    run([carve, "run", one, "-n", "1", "--", "--steps", "2", "--data", data, "--load",
-         out + ".ckpt", "--log", one + "-resumed.jsonl", "--progress", "none"])
-    resumed = [json.loads(l)["loss"] for l in open(one + "-resumed.jsonl")]
-    d = max(abs(a - b) / abs(b) for a, b in zip(ep_losses + resumed, unbroken))
-    if len(resumed) != 2 or d > 1e-5:
-        raise Failure("dp4ep2's checkpoint resumed on 1 rank: losses %s, the unbroken 1-rank "
-                      "run's %s (differ by %.3g, limit 1e-5)" % (ep_losses + resumed, unbroken, d))
-    print("ok: dp4ep2's checkpoint after 3 steps resumes on 1 rank: 5 losses within %.2g of the "
-          "unbroken 1-rank run" % d)
-    # And the other way: a 1-rank checkpoint resumes under dp4 x ep2.
     run([carve, "run", one, "-n", "1", "--", "--steps", "3", "--data", data, "--save",
          one + ".ckpt", "--log", one + "-first.jsonl", "--progress", "none"])
-    run([carve, "run", out, "-n", "4", "--", "--steps", "2", "--data", data, "--load",
-         one + ".ckpt", "--log", out + "-resumed.jsonl", "--progress", "none"])
-    first = [json.loads(l)["loss"] for l in open(one + "-first.jsonl")]
-    resumed = [json.loads(l)["loss"] for l in open(out + "-resumed.jsonl")]
-    d = max(abs(a - b) / abs(b) for a, b in zip(first + resumed, unbroken))
-    if len(resumed) != 2 or d > 1e-5:
-        raise Failure("a 1-rank checkpoint resumed under dp4ep2: losses %s, the unbroken run's "
-                      "%s (differ by %.3g, limit 1e-5)" % (first + resumed, unbroken, d))
-    print("ok: a 1-rank checkpoint after 3 steps resumes under dp4ep2: 5 losses within %.2g of "
-          "the unbroken 1-rank run" % d)
+    one_losses = [json.loads(l)["loss"] for l in open(one + "-first.jsonl")]
+    for what, first, ckpt, prog, ranks in [
+            ("dp4ep2's checkpoint after 3 steps resumes on 1 rank", ep_losses, out + ".ckpt",
+             one, 1),
+            ("a 1-rank checkpoint after 3 steps resumes under dp4ep2", one_losses,
+             one + ".ckpt", out, 4)]:
+        log = prog + "-resumed.jsonl"
+        run([carve, "run", prog, "-n", str(ranks), "--", "--steps", "2", "--data", data,
+             "--load", ckpt, "--log", log, "--progress", "none"])
+        resumed = [json.loads(l)["loss"] for l in open(log)]
+        d = max(abs(a - b) / abs(b) for a, b in zip(first + resumed, unbroken))
+        if len(resumed) != 2 or d > 1e-5:
+            raise Failure("%s: losses %s, the unbroken 1-rank run's %s (differ by %.3g, limit "
+                          "1e-5)" % (what, first + resumed, unbroken, d))
+        print("ok: %s: 5 losses within %.2g of the unbroken 1-rank run" % (what, d))
 
     # The planner: ep fixed, it prices the experts' share and the exchanges.
     rc = subprocess.run([carve, "plan", onnx_path, "--cluster", "cpu:1x4", "--fixed",
