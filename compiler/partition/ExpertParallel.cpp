@@ -31,6 +31,7 @@
 #include "compiler/partition/Annotation.h"
 #include "compiler/partition/Passes.h"
 
+#include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
 #include "dialects/carve/Contract.h"
 
@@ -58,15 +59,10 @@ using namespace carve;
 
 RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 
+/// The op's model node name (its location), else its op name.
 std::string nodeOf(Operation *op) {
-  std::string s;
-  if (auto n = dyn_cast<NameLoc>(op->getLoc()))
-    s = n.getName().str();
-  else if (auto f = dyn_cast<FusedLoc>(op->getLoc()))
-    for (Location l : f.getLocations())
-      if (auto n = dyn_cast<NameLoc>(l))
-        return n.getName().str();
-  return s.empty() ? op->getName().getStringRef().str() : s;
+  std::string n = nodeName(op->getLoc());
+  return n.empty() ? op->getName().getStringRef().str() : n;
 }
 
 /// One expert: the gather of its rows, the ops after it, their result.

@@ -1168,12 +1168,11 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                 if (rc == "selective" && !hasAttention)
                   continue;
                 // Expert parallelism: ep dividing dp and every routed layer's
-                // experts; compiled without pp, micro-batches and ZeRO.
+                // experts; compiled without ZeRO.
                 for (int64_t ep : divisors(dp)) {
                   if (!sp.allows("ep", (double)ep))
                     continue;
-                  if (ep > 1 && (prof->experts == 0 || prof->experts % ep != 0 || pp > 1 || m > 1 ||
-                                 zero > 0))
+                  if (ep > 1 && (prof->experts == 0 || prof->experts % ep != 0 || zero > 0))
                     continue;
                   Candidate c;
                   c.ep = (int)ep;
