@@ -44,6 +44,7 @@
 #include "llvm/ADT/MapVector.h"
 
 #include <array>
+#include <iterator>
 #include <string>
 
 using namespace mlir;
@@ -171,13 +172,19 @@ struct ExpertFinder {
     llvm::DenseSet<Value> inside{g.getResult()};
     e.rowDim[g.getResult()] = g.getAxis();
     Operation *mixing = nullptr;
-    for (Operation *op = g->getNextNode(); op && !isa<func::ReturnOp>(op); op = op->getNextNode()) {
+    // Uses of the rows' values not visited yet: the walk ends where there
+    // are none (users follow their operands in the block).
+    int64_t open = (int64_t)std::distance(g->use_begin(), g->use_end());
+    for (Operation *op = g->getNextNode(); op && open > 0 && !isa<func::ReturnOp>(op);
+         op = op->getNextNode()) {
       bool reads = false, other = false;
       for (Value v : op->getOperands()) {
-        if (inside.count(v))
+        if (inside.count(v)) {
           reads = true;
-        else if (!fixed.count(v))
+          --open;
+        } else if (!fixed.count(v)) {
           other = true;
+        }
       }
       if (!reads || other)
         continue;
@@ -188,8 +195,10 @@ struct ExpertFinder {
         continue;
       }
       e.ops.push_back(op);
-      for (Value r : op->getResults())
+      for (Value r : op->getResults()) {
         inside.insert(r);
+        open += (int64_t)std::distance(r.use_begin(), r.use_end());
+      }
       for (Value v : op->getOperands())
         collectParams(v, e);
     }

@@ -458,23 +458,11 @@ void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y
   fatal("binary: unknown function %d", static_cast<int>(f));
 }
 
-/// Integer arithmetic (index computations: `token * k + slot`), with the CPU
-/// target's C++ semantics; a division by zero gives 0 (the CPU's is
-/// undefined, and carve never divides indices by a computed value).
+/// Integer arithmetic (index computations: `token * k + slot`): the CPU
+/// target's function (elementwise.h), so both compute the same integers.
 template <Binary F> struct IntBinaryOp {
   __device__ __forceinline__ int64_t operator()(int64_t u, int64_t v) const {
-    if constexpr (F == Binary::Add)
-      return u + v;
-    else if constexpr (F == Binary::Sub)
-      return u - v;
-    else if constexpr (F == Binary::Mul)
-      return u * v;
-    else if constexpr (F == Binary::Div)
-      return v == 0 ? 0 : u / v;
-    else if constexpr (F == Binary::Max)
-      return u > v ? u : v;
-    else
-      return u < v ? u : v;
+    return carve::rt::ew::binary<F>(u, v);
   }
 };
 
