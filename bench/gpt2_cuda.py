@@ -32,6 +32,18 @@
 # not exploited. MFU = FLOPs per token x tokens/s / peak (--peak-tflops,
 # default 989: H100 and H200 SXM, dense bf16).
 #
+# For a GPU machine without carve's build tools (no MLIR there), the work splits:
+#
+#     bench/gpt2_cuda.py --prepare-device --workdir W   (here: export, compile)
+#     bench/gpt2_cuda.py --device --workdir W           (there: run and compare)
+#
+# --prepare-device exports, writes the plan and the tokens and compiles, then
+# replaces OUT/init.safetensors and the export (0.5 GB each for GPT-2 small)
+# by OUT/init.header.json, the names and shapes of the initial weights.
+# --device rebuilds those weights from models/reference.py (seed 0, on that
+# machine's PyTorch), writes them to OUT/init.safetensors, runs OUT/bin/train
+# itself and starts every PyTorch baseline from the same weights.
+#
 # Correctness is part of the benchmark: carve's first loss must be near
 # ln(vocab) (a freshly initialized model), its losses finite and falling, and,
 # when PyTorch runs, within a bf16 tolerance of PyTorch eager's on the same
@@ -276,14 +288,66 @@ def sdpa_attention_class():
     return SdpaAttention
 
 
+def token_inputs(batch, seq):
+    """The exported GPT's graph inputs, as data_gen.graph_inputs lists them."""
+    import numpy as np
+
+    return [("input_ids", np.dtype("int64"), [batch, seq]),
+            ("targets", np.dtype("int64"), [batch, seq])]
+
+
+def seeded_model(cfg, batch, seq, init):
+    """(the reference GPT from seed 0 with the weights of `init`, its inputs)."""
+    import reference
+    import st
+    import torch
+
+    model, _, names = reference.build("gpt", batch=batch, seq=seq, seed=0, config=cfg)
+    if list(names) != ["input_ids", "targets"]:
+        raise BenchError(f"the reference GPT's inputs are {names}, not input_ids, targets")
+    weights = st.load(init)
+    own = dict(model.named_parameters())
+    if set(weights) != set(own):
+        raise BenchError(f"{init} does not hold the reference GPT's parameters")
+    with torch.no_grad():
+        for name, value in weights.items():
+            own[name].copy_(torch.from_numpy(value))
+    return model, token_inputs(batch, seq)
+
+
+def write_seeded_init(cfg, batch, seq, header_path, init):
+    """Writes `init` (carve's OUT/init.safetensors) from the reference GPT of
+    seed 0, in the tensors, order and metadata of `header_path`."""
+    import numpy as np
+    import reference
+    import st
+
+    with open(header_path) as f:
+        header = json.load(f)
+    meta = header.pop("__metadata__", None)
+    model, _, _ = reference.build("gpt", batch=batch, seq=seq, seed=0, config=cfg)
+    own = {k: v.detach().cpu().numpy() for k, v in model.named_parameters()}
+    tensors = {}
+    for name, spec in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        if name not in own or list(own[name].shape) != spec["shape"] or spec["dtype"] != "F32":
+            raise BenchError(f"{header_path}: tensor {name} {spec['dtype']}{spec['shape']} is "
+                             "not a float parameter of the reference GPT of this --config")
+        tensors[name] = np.ascontiguousarray(own[name], dtype=np.float32)
+    st.save(init, tensors, meta)
+
+
 def torch_run(torch, onnx_path, cfg, data, steps, sdpa, compile_it, fused_adamw,
-              device="cuda"):
+              device="cuda", init=None, shape=None):
     """(per-step seconds, losses) of PyTorch with bf16 autocast (device "cpu" only
-    to test this function on a machine without a GPU)."""
+    to test this function on a machine without a GPU); the weights of the export,
+    or with `init` those of carve's init.safetensors (batch, seq = `shape`)."""
     import torch_ref
 
     torch.manual_seed(0)
-    model, inputs = torch_ref.build_model(onnx_path, "gpt", cfg)
+    if init:
+        model, inputs = seeded_model(cfg, shape[0], shape[1], init)
+    else:
+        model, inputs = torch_ref.build_model(onnx_path, "gpt", cfg)
     if sdpa:
         cls = sdpa_attention_class()
         for block in model.h:
@@ -322,10 +386,11 @@ def check_carve_losses(losses, vocab):
     if abs(losses[0] - uniform) > FIRST_LOSS_ATOL_VS_UNIFORM:
         return (f"carve: first loss {losses[0]:.4f}, a fresh model's should be near "
                 f"ln({vocab}) = {uniform:.4f}")
-    tail = losses[max(1, len(losses) // 2):]
-    if len(losses) >= 4 and statistics.mean(tail) >= losses[0]:
-        return (f"carve: losses do not fall (first {losses[0]:.4f}, mean of the last "
-                f"{len(tail)} {statistics.mean(tail):.4f})")
+    # No "the loss falls" check: over tens of steps at AdamW's 1e-3, GPT-2
+    # small has not yet learned the 50k-token Markov chain, and the loss moves
+    # with the batches (on an H200, carve's and PyTorch eager's went 10.98,
+    # 10.92, up to 11.07, back to 10.94 over 13 steps, within 4.2e-4 of each
+    # other step by step). Training is checked against PyTorch.
     return None
 
 
@@ -392,6 +457,12 @@ def parse_args(argv):
     mode.add_argument("--export-only", action="store_true",
                       help="export, write the plan and the tokens, print the commands "
                            "that would follow (no GPU needed)")
+    mode.add_argument("--prepare-device", action="store_true",
+                      help="export and compile here (no GPU needed) for --device on a GPU "
+                           "machine without carve; drops the weights and the export")
+    mode.add_argument("--device", action="store_true",
+                      help="run a workdir of --prepare-device: no carve, the initial weights "
+                           "rebuilt from models/reference.py")
     args = ap.parse_args(argv)
 
     cfg = dict(GPT2_SMALL)
@@ -412,6 +483,9 @@ def parse_args(argv):
         ap.error("--peak-tflops must be positive")
     if args.torch_only and args.no_torch:
         ap.error("--torch-only and --no-torch leave nothing to measure")
+    if (args.prepare_device or args.device) and (args.onnx or args.torch_only):
+        ap.error("--prepare-device and --device make their own export and run carve: "
+                 "no --onnx or --torch-only")
     args.cfg = cfg
     args.carve = os.path.abspath(args.carve)
     args.workdir = os.path.abspath(args.workdir)
@@ -450,6 +524,12 @@ def main(argv=None):
     fpt = flops_per_token(cfg, T)
     compile_cmd, run_cmd = carve_commands(args.carve, onnx_path, plan, out, data, log,
                                           total_steps)
+    init = os.path.join(out, "init.safetensors")
+    init_header = os.path.join(out, "init.header.json")
+    prepared = os.path.join(work, "prepared.json")
+    if args.device:
+        # No carve here: the program itself, one rank, as `carve run` starts it.
+        run_cmd = [os.path.join(out, "bin", "train")] + run_cmd[run_cmd.index("--") + 1:]
     data_cmd = [sys.executable, os.path.join(ROOT, "tests", "e2e", "data_gen.py"), "tokens",
                 data, "--vocab", str(cfg["vocab_size"]), "--tokens", str(n_tokens)]
     roof_cmd = [args.roofline, "--json", os.path.join(work, "roofline.json")]
@@ -482,6 +562,29 @@ def main(argv=None):
         for line in prepare + measure:
             print("  " + line)
         return 0
+    what = {"config": cfg, "batch": B, "seq": T, "steps": total_steps}
+    if args.prepare_device:
+        import st
+
+        try:
+            prepare_files(args, cfg, onnx_path, plan, data_cmd)
+            print(f"$ {shlex.join(compile_cmd)}", flush=True)
+            secs, _ = run_checked(compile_cmd, "carve compile", args.timeout)
+            header, meta, _ = st.read_header(init)
+        except (BenchError, st.SafetensorsError) as e:
+            die(e)
+        with open(init_header, "w") as f:
+            json.dump(dict(header, __metadata__=meta), f)
+        os.remove(init)
+        os.remove(onnx_path)
+        with open(prepared, "w") as f:
+            json.dump(what, f)
+        print(f"compiled in {secs:.0f} s; {init} and {onnx_path} removed (rebuilt there)")
+        print(f"then, on a machine with a GPU: bench/gpt2_cuda.py --device --workdir {work} "
+              + " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in
+                         [("config", json.dumps(cfg)), ("batch", B), ("seq", T),
+                          ("steps", args.steps), ("warmup", args.warmup)]))
+        return 0
     if args.export_only:
         try:
             prepare_files(args, cfg, onnx_path, plan, data_cmd)
@@ -499,7 +602,15 @@ def main(argv=None):
     gpu, why = gpu_name()
     if not gpu:
         die(f"no NVIDIA GPU on this machine ({why})")
-    if not args.torch_only and not os.access(args.carve, os.X_OK):
+    if args.device:
+        try:
+            with open(prepared) as f:
+                was = json.load(f)
+        except (OSError, ValueError) as e:
+            die(f"{prepared}: {e} (prepare the workdir with --prepare-device)")
+        if was != what:
+            die(f"{work} was prepared for {json.dumps(was)}, not {json.dumps(what)}")
+    elif not args.torch_only and not os.access(args.carve, os.X_OK):
         die(f"{args.carve} is missing or not executable (build it: ninja -C build carve; "
             "or pass --carve PATH, or --torch-only)")
     torch = None
@@ -528,7 +639,11 @@ def main(argv=None):
             f.write("\n")
 
     try:
-        prepare_files(args, cfg, onnx_path, plan, data_cmd)
+        if args.device:
+            print(f"rebuilding {init} from models/reference.py (seed 0)", flush=True)
+            write_seeded_init(cfg, B, T, init_header, init)
+        else:
+            prepare_files(args, cfg, onnx_path, plan, data_cmd)
     except BenchError as e:
         die(e)
 
@@ -584,9 +699,10 @@ def main(argv=None):
     carve_run = None
     if not args.torch_only:
         try:
-            print(f"$ {shlex.join(compile_cmd)}", flush=True)
-            secs, _ = run_checked(compile_cmd, "carve compile", args.timeout)
-            print(f"compiled in {secs:.0f} s")
+            if not args.device:
+                print(f"$ {shlex.join(compile_cmd)}", flush=True)
+                secs, _ = run_checked(compile_cmd, "carve compile", args.timeout)
+                print(f"compiled in {secs:.0f} s")
         except BenchError as e:
             write_json()
             die(e)
@@ -624,7 +740,8 @@ def main(argv=None):
             print(f"running {name} ({total_steps} steps)", flush=True)
             try:
                 times, losses = torch_run(torch, onnx_path, cfg, data, total_steps, sdpa,
-                                          compiled, args.fused_adamw)
+                                          compiled, args.fused_adamw,
+                                          init=init if args.device else None, shape=(B, T))
             except Exception as e:  # a baseline that cannot run is reported, not fatal
                 notes.append(f"{name} did not run: {type(e).__name__}: "
                              f"{last_line(str(e))}")

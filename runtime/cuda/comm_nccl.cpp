@@ -232,11 +232,21 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   ncclResult_t r = ncclCommSplit(comm, color, key, &sub, nullptr);
   if (r != ncclSuccess && r != ncclInProgress)
     fail(info, ncclCause(r, comm));
-  if (!sub)
-    fail(info, "NCCL returned no communicator");
-  // A non-blocking split completes in the background: wait (bounded) until
-  // both communicators are ready.
-  poll(comm, info);
+  // A non-blocking split completes in the background and only then writes
+  // `sub` (NULL until; NCCL's ncclCommSplit says so): wait (bounded) until
+  // the parent is ready, then for the new communicator.
+  const double limit = collectiveTimeout();
+  const Clock::time_point start = Clock::now();
+  for (unsigned spin = 1;; ++spin) {
+    poll(comm, info);
+    if (__atomic_load_n(&sub, __ATOMIC_ACQUIRE))
+      break;
+    if (r == ncclSuccess)
+      fail(info, "NCCL returned no communicator");
+    pause(spin);
+    if (limit > 0 && secondsSince(start) > limit)
+      timedOut(info, limit);
+  }
   poll(sub, info);
   int subRank = 0, subSize = 0;
   if (ncclCommUserRank(sub, &subRank) != ncclSuccess ||

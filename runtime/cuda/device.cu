@@ -11,14 +11,20 @@
 
 #include "internal.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <sched.h>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace carve::gpu {
+
+void printKernelProfile();
 
 namespace {
 
@@ -90,6 +96,7 @@ void closeDevice() {
   DeviceState &s = state();
   if (!s.open)
     return;
+  printKernelProfile(); // while the device and its events are alive
   // Teardown: a device that already failed may refuse; nothing to do about it.
   cudaDeviceSynchronize();
   if (s.graph)
@@ -454,6 +461,118 @@ void readScalars(const double *p, double *host, int n) {
   CARVE_CUDA_CHECK(
       cudaMemcpyAsync(host, p, sizeof(double) * n, cudaMemcpyDeviceToHost, stream()));
   CARVE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+//===--- CARVE_GPU_PROFILE: GPU time by kernel ------------------------------===//
+
+namespace {
+
+/// Event pairs of the launches timed since the last harvest; harvested (the
+/// device synchronized, the times added by name) when the pool is full and
+/// at exit, where the table is printed to stderr.
+struct Profile {
+  struct Pending {
+    const char *name;
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+  };
+  std::vector<Pending> pending;
+  std::vector<cudaEvent_t> spare;
+  std::map<std::string, std::pair<int64_t, double>> byName; // calls, milliseconds
+  bool printed = false;
+  int open = 0; // timers started and not stopped: no harvest under them
+
+  cudaEvent_t event() {
+    cudaEvent_t e = nullptr;
+    if (!spare.empty()) {
+      e = spare.back();
+      spare.pop_back();
+    } else {
+      CARVE_CUDA_CHECK(cudaEventCreate(&e));
+    }
+    return e;
+  }
+  void harvest() {
+    if (pending.empty())
+      return;
+    CARVE_CUDA_CHECK(cudaDeviceSynchronize());
+    for (Pending &p : pending) {
+      float ms = 0;
+      if (p.stop && cudaEventElapsedTime(&ms, p.start, p.stop) == cudaSuccess) {
+        auto &entry = byName[p.name];
+        entry.first += 1;
+        entry.second += ms;
+      }
+      spare.push_back(p.start);
+      if (p.stop)
+        spare.push_back(p.stop);
+    }
+    pending.clear();
+  }
+  void print() {
+    if (printed)
+      return;
+    printed = true;
+    harvest();
+    double total = 0;
+    std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(byName.begin(),
+                                                                         byName.end());
+    for (auto &r : rows)
+      total += r.second.second;
+    std::sort(rows.begin(), rows.end(),
+              [](auto &a, auto &b) { return a.second.second > b.second.second; });
+    std::fprintf(stderr, "carve: GPU time by kernel (CARVE_GPU_PROFILE): %.3f ms in all\n", total);
+    std::fprintf(stderr, "%10s %6s %8s %12s  %s\n", "ms", "%", "calls", "us/call", "kernel");
+    for (auto &r : rows)
+      std::fprintf(stderr, "%10.3f %6.2f %8lld %12.2f  %s\n", r.second.second,
+                   total > 0 ? 100.0 * r.second.second / total : 0.0, (long long)r.second.first,
+                   1e3 * r.second.second / r.second.first, r.first.c_str());
+  }
+};
+
+Profile &profile() {
+  static Profile p;
+  return p;
+}
+
+} // namespace
+
+bool KernelTimer::profiling() {
+  static const bool on = [] {
+    const char *v = std::getenv("CARVE_GPU_PROFILE");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+/// The table, once: when the device closes (train's end, or a fatal error
+/// that closes it).
+void printKernelProfile() {
+  if (KernelTimer::profiling())
+    profile().print();
+}
+
+int KernelTimer::startTiming(const char *name, void *stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess ||
+      capturing != cudaStreamCaptureStatusNone)
+    return -1;
+  Profile &p = profile();
+  if (p.pending.size() >= 4096 && p.open == 0)
+    p.harvest();
+  p.pending.push_back({name, s, p.event(), nullptr});
+  CARVE_CUDA_CHECK(cudaEventRecord(p.pending.back().start, s));
+  ++p.open;
+  return static_cast<int>(p.pending.size() - 1);
+}
+
+void KernelTimer::stopTiming(int slot) {
+  Profile &p = profile();
+  --p.open;
+  Profile::Pending &e = p.pending[slot];
+  e.stop = p.event();
+  CARVE_CUDA_CHECK(cudaEventRecord(e.stop, e.stream));
 }
 
 const DeviceTarget kCudaTarget = {

@@ -384,6 +384,10 @@ void gemmBatch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, Operand a, int
   const float alpha = 1.0f;
   // Batches beyond the grid's y/z limit of some cuBLAS kernels go in pieces.
   constexpr int64_t kMaxBatch = 65535;
+  KernelTimer timer(type == CUDA_R_16BF  ? "cuBLAS GEMM, bf16 inputs"
+                    : type == CUDA_R_16F ? "cuBLAS GEMM, fp16 inputs"
+                                         : "cuBLAS GEMM, fp32",
+                    stream());
   for (int64_t i0 = 0; i0 < count; i0 += kMaxBatch) {
     const int64_t nb = std::min(kMaxBatch, count - i0);
     const char *pa = a.p + i0 * strideA * a.elemBytes;

@@ -129,36 +129,46 @@ __global__ void gatherKernel(const T *table, const int64_t *idx, T *y, int64_t n
   }
 }
 
-template <class T> __device__ __forceinline__ void atomicAddT(T *p, T v) { atomicAdd(p, v); }
-
-/// Scatter-add of dy into the zeroed dtable; float and double only (atomics).
+/// The scatter-add of a gather's gradient into the zeroed dtable, in the
+/// CPU target's order: each element of dtable sums its dy rows by increasing
+/// index position k, so the result is the same on every run and on both
+/// targets (atomics would add in the order threads happen to arrive, a
+/// different float sum each run). A thread owns column c of outer index o for
+/// the table rows [v0, v0 + rows) and walks every index, adding the rows of
+/// the indices that fall in its range; the rows are split into `parts` ranges
+/// so that a small outer * inner (an embedding's one table) still fills the
+/// GPU. Indices out of range are recorded once, by the part that owns row 0.
 template <class T>
-__global__ void gatherGradAtomicKernel(const T *dy, const int64_t *idx, T *dtable, int64_t ni,
-                                       int64_t size, int64_t inner, int64_t total,
-                                       DeviceError *err) {
-  CARVE_GRID_LOOP(e, total) {
-    const int64_t t = e / inner, c = e - t * inner;
-    const int64_t o = t / ni, k = t - o * ni;
-    const int64_t v = checkedIndex(idx, k, size, err);
-    if (v >= 0)
-      atomicAddT(dtable + (o * size + v) * inner + c, dy[e]);
+__global__ void gatherGradOwnedKernel(const T *dy, const int64_t *idx, T *dtable, int64_t ni,
+                                      int64_t size, int64_t inner, int64_t outer, int64_t parts,
+                                      int64_t rows, DeviceError *err) {
+  CARVE_GRID_LOOP(e, outer * inner * parts) {
+    const int64_t part = e / (outer * inner), oc = e - part * (outer * inner);
+    const int64_t o = oc / inner, c = oc - o * inner;
+    const int64_t v0 = part * rows, v1 = v0 + rows < size ? v0 + rows : size;
+    T *col = dtable + o * size * inner + c;
+    const T *src = dy + o * ni * inner + c;
+    for (int64_t k = 0; k < ni; ++k) {
+      int64_t v = idx[k];
+      if (v < 0)
+        v += size; // ONNX Gather's negative indices, as checkedIndex
+      if (v >= v0 && v < v1)
+        col[v * inner] += src[k * inner];
+      else if ((v < 0 || v >= size) && part == 0)
+        checkedIndex(idx, k, size, err);
+    }
   }
 }
 
-/// The same for integer types: a thread owns a column of one outer index and
-/// walks every index (no atomics for every width, and a fixed order).
-template <class T>
-__global__ void gatherGradOwnedKernel(const T *dy, const int64_t *idx, T *dtable, int64_t ni,
-                                      int64_t size, int64_t inner, int64_t outer,
-                                      DeviceError *err) {
-  CARVE_GRID_LOOP(e, outer * inner) {
-    const int64_t o = e / inner, c = e - o * inner;
-    for (int64_t k = 0; k < ni; ++k) {
-      const int64_t v = checkedIndex(idx, k, size, err);
-      if (v >= 0)
-        dtable[(o * size + v) * inner + c] += dy[(o * ni + k) * inner + c];
-    }
-  }
+/// How many row ranges gather_grad splits a table of `size` rows into, for
+/// `owners` (outer * inner) threads per range: enough for about 2^16
+/// threads, each range at least 64 rows.
+int64_t gatherGradParts(int64_t owners, int64_t size) {
+  int64_t parts = (int64_t(1) << 16) / (owners > 0 ? owners : 1);
+  const int64_t most = (size + 63) / 64;
+  if (parts > most)
+    parts = most;
+  return parts < 1 ? 1 : parts;
 }
 
 __global__ void gatherShardedKernel(const float *table, const int64_t *idx, float *y, int64_t rows,
@@ -171,15 +181,27 @@ __global__ void gatherShardedKernel(const float *table, const int64_t *idx, floa
   }
 }
 
+/// gatherGradOwnedKernel for a table that holds the global rows [rowOffset,
+/// rowOffset + rows): the same order, the same ranges of local rows.
 __global__ void gatherShardedGradKernel(const float *dy, const int64_t *idx, float *dtable,
-                                        int64_t rows, int64_t rowOffset, int64_t globalRows,
-                                        int64_t inner, int64_t total, DeviceError *err) {
-  CARVE_GRID_LOOP(e, total) {
-    const int64_t k = e / inner, c = e - k * inner;
-    const int64_t g = checkedIndex(idx, k, globalRows, err);
-    const int64_t v = g - rowOffset;
-    if (g >= 0 && v >= 0 && v < rows)
-      atomicAdd(dtable + v * inner + c, dy[e]);
+                                        int64_t ni, int64_t rows, int64_t rowOffset,
+                                        int64_t globalRows, int64_t inner, int64_t parts,
+                                        int64_t partRows, DeviceError *err) {
+  CARVE_GRID_LOOP(e, inner * parts) {
+    const int64_t part = e / inner, c = e - part * inner;
+    const int64_t v0 = part * partRows, v1 = v0 + partRows < rows ? v0 + partRows : rows;
+    for (int64_t k = 0; k < ni; ++k) {
+      int64_t g = idx[k];
+      if (g < 0)
+        g += globalRows;
+      const int64_t v = g - rowOffset;
+      if (g >= 0 && g < globalRows) {
+        if (v >= v0 && v < v1)
+          dtable[v * inner + c] += dy[k * inner + c];
+      } else if (part == 0) {
+        checkedIndex(idx, k, globalRows, err);
+      }
+    }
   }
 }
 
@@ -359,13 +381,10 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   const int64_t total = outer * ni * inner;
   if (total == 0)
     return;
-  if constexpr (std::is_floating_point_v<T>) {
-    CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherGradAtomicKernel)
-    (dy, idx, dtable, ni, size, inner, total, deviceError());
-  } else {
-    CARVE_KERNEL(blocksFor(outer * inner), kThreads, 0, stream(), gatherGradOwnedKernel)
-    (dy, idx, dtable, ni, size, inner, outer, deviceError());
-  }
+  const int64_t parts = gatherGradParts(outer * inner, size);
+  const int64_t rows = (size + parts - 1) / parts;
+  CARVE_KERNEL(blocksFor(outer * inner * parts), kThreads, 0, stream(), gatherGradOwnedKernel)
+  (dy, idx, dtable, ni, size, inner, outer, parts, rows, deviceError());
   checkLaunch("gather_grad");
 }
 
@@ -523,10 +542,12 @@ void gather_sharded_grad(const float *dy, const int64_t *idx, Dims is, int64_t r
   checkShardRows("gather_sharded_grad", ts, rowOffset, globalRows);
   const int64_t rows = ts.d[0], inner = prod(ts, 1, ts.rank), total = is.numel() * inner;
   fill(dtable, ts.numel(), 0.0f);
-  if (total == 0)
+  if (total == 0 || rows == 0)
     return;
-  CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherShardedGradKernel)
-  (dy, idx, dtable, rows, rowOffset, globalRows, inner, total, deviceError());
+  const int64_t parts = gatherGradParts(inner, rows);
+  const int64_t partRows = (rows + parts - 1) / parts;
+  CARVE_KERNEL(blocksFor(inner * parts), kThreads, 0, stream(), gatherShardedGradKernel)
+  (dy, idx, dtable, is.numel(), rows, rowOffset, globalRows, inner, parts, partRows, deviceError());
   checkLaunch("gather_sharded_grad");
 }
 

@@ -346,6 +346,14 @@ struct ncclComm {
   int64_t pending = 0; // operations posted and not yet completed
   std::atomic<int> asyncError{ncclSuccess};
   std::string lastError;
+  // NCCL's non-blocking kind (config.blocking = 0): a split returns
+  // ncclInProgress and writes the new communicator to the caller's pointer
+  // only when it completes, which here is the parent's next
+  // ncclCommGetAsyncError (real NCCL writes it from a thread in between).
+  bool nonBlocking = false;
+  std::mutex splitMutex; // the watchdog thread polls too
+  ncclComm_t *splitTo = nullptr;
+  ncclComm *splitResult = nullptr;
 };
 
 namespace {
@@ -871,7 +879,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
 }
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t *) {
+                                    ncclConfig_t *config) {
   *comm = nullptr;
   IdFields f{};
   std::memcpy(&f, id.internal, sizeof f);
@@ -906,6 +914,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
   c->nranks = nranks;
   for (int r = 0; r < nranks; ++r)
     c->members.push_back(r);
+  c->nonBlocking = config && config->blocking == 0;
   ++net->users;
   *comm = c;
   return ncclSuccess;
@@ -982,6 +991,18 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     c->members.push_back(comm->members[parentRank]);
   }
   ++c->net->users;
+  c->nonBlocking = comm->nonBlocking;
+  if (comm->nonBlocking) {
+    std::lock_guard<std::mutex> lock(comm->splitMutex);
+    if (comm->splitTo)
+      carve_emu::fatalCall("ncclCommSplit on rank %d: a split of this communicator is still in "
+                           "progress (poll ncclCommGetAsyncError until it completes)",
+                           comm->rank);
+    comm->splitTo = newcomm;
+    comm->splitResult = c;
+    comm->asyncError = ncclInProgress;
+    return ncclInProgress;
+  }
   *newcomm = c;
   return ncclSuccess;
 }
@@ -999,6 +1020,18 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
   if (!comm)
     return ncclInvalidArgument;
+  std::lock_guard<std::mutex> lock(comm->splitMutex);
+  if (comm->splitTo) {
+    // The split completes: the new communicator appears where the caller
+    // asked for it, and the parent is ready again.
+    *comm->splitTo = comm->splitResult;
+    comm->splitTo = nullptr;
+    comm->splitResult = nullptr;
+    if (comm->asyncError == ncclInProgress)
+      comm->asyncError = ncclSuccess;
+    *asyncError = ncclInProgress;
+    return ncclSuccess;
+  }
   *asyncError = static_cast<ncclResult_t>(comm->asyncError.load());
   return ncclSuccess;
 }

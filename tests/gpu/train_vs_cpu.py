@@ -42,6 +42,16 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
 
 Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
 
+For a GPU machine without carve's build tools (no MLIR there): --phase
+prepare, here, compiles every program for one GPU and runs the CPU
+programs; the workdir then travels to the GPU machine, where
+--phase device runs the CUDA programs (OUT/bin/train directly, one rank:
+without mpirun the parts on several GPUs print that they were not run) and
+makes every comparison. --phase all (the default) is both on one machine.
+
+A failed check is reported and the next one runs; the script exits 1 at the
+end if any failed.
+
 With --emulated CONFIG (ctest gpu-emu-train-vs-cpu in `make test`) the CUDA
 programs are built against the CPU emulation of tests/gpu-emu
 (CARVE_CUDA_EMULATION=CONFIG, build/lib/carve-runtime-emu.txt) and run there
@@ -52,6 +62,7 @@ compile.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -83,11 +94,60 @@ def run(cmd, timeout=TIMEOUT_S):
 
 
 EMULATED = None  # --emulated: the emulation's runtime settings
+CARVE = None  # --carve
+PHASE = "all"  # --phase: all, prepare (compile, CPU runs) or device (CUDA runs)
+CUDA_OUTS = set()  # the output directories compiled for the CUDA target
+
+
+FAILURES = []  # the checks that failed; the others still run
+
+
+@contextlib.contextmanager
+def going_on():
+    """Records a Failure of the block and goes on with the next check (each
+    run on a GPU is precious): main exits 1 at the end if any failed."""
+    try:
+        yield
+    except Failure as e:
+        FAILURES.append(str(e).splitlines()[0])
+        print("FAIL: %s" % e, flush=True)
+
+
+def cuda_pending(out):
+    """Whether `out` is a CUDA program that --phase prepare compiles but does
+    not run: its results are None, and the checks that need them wait for
+    --phase device."""
+    return PHASE == "prepare" and out in CUDA_OUTS
+
+
+def pending(*results):
+    return any(r is None for r in results)
+
+
+def load_checkpoint(path):
+    return None if PHASE == "prepare" and not os.path.exists(path) else st.load_checkpoint(path)
+
+
+def run_train(out, ranks, args, timeout=TIMEOUT_S):
+    """`carve run OUT -n RANKS -- ARGS`; under --phase device (no carve there),
+    OUT/bin/train itself, as carve run starts one rank."""
+    if PHASE != "device":
+        return run([CARVE, "run", out, "-n", str(ranks), "--"] + list(args), timeout)
+    if ranks != 1:
+        raise Failure("--phase device runs one rank only (no mpirun): %s on %d" % (out, ranks))
+    env = dict(os.environ, CARVE_STDOUT_TTY="0")
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    env.setdefault("OPENBLAS_NUM_THREADS", env["OMP_NUM_THREADS"])
+    p = subprocess.run([os.path.join(out, "bin", "train")] + list(args), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
+    return p.returncode, p.stdout, p.stderr
 
 
 def gpus():
     if EMULATED:
         return int(os.environ["CARVE_EMU_GPUS"])
+    if PHASE == "prepare":
+        return 1  # the programs of one GPU (what --phase device runs)
     try:
         rc, so, _ = run(["nvidia-smi", "-L"], timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -96,6 +156,15 @@ def gpus():
 
 
 def compile_(carve, onnx, plan, target, out, extra=()):
+    if target == "cuda":
+        CUDA_OUTS.add(out)
+    if PHASE == "device":
+        # Compiled by --phase prepare with these arguments.
+        need = os.path.join(out, "bin", "train") if target == "cuda" else out + ".jsonl"
+        if not os.path.exists(need):
+            raise Failure("%s was not prepared (no %s: run --phase prepare and bring its "
+                          "workdir)" % (out, need))
+        return
     pj = out + ".plan.json"
     with open(pj, "w") as f:
         json.dump(plan, f)
@@ -114,8 +183,13 @@ def compile_(carve, onnx, plan, target, out, extra=()):
 
 def train(carve, out, ranks, data, save, extra=(), log_suffix=""):
     log = out + log_suffix + ".jsonl"
-    rc, so, se = run([carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS), "--data",
-                      data, "--log", log, "--save", save, "--progress", "none"] + list(extra))
+    if cuda_pending(out):
+        return None
+    if PHASE == "device" and out not in CUDA_OUTS:
+        # A CPU program, run by --phase prepare.
+        return [json.loads(l)["loss"] for l in open(log)]
+    rc, so, se = run_train(out, ranks, ["--steps", str(STEPS), "--data", data, "--log", log,
+                                        "--save", save, "--progress", "none"] + list(extra))
     if rc != 0:
         raise Failure("run %s on %d rank(s) failed:\n%s%s" % (out, ranks, so, se))
     if "--cuda-graph" in extra and "captured in a CUDA graph" not in so:
@@ -129,10 +203,12 @@ def check_graph(carve, out, ranks, data, eager_losses, eager_ckpt, label, extra=
     bitwise the eager run's (run with the same `extra` flags)."""
     ckpt = out + ".graph.ckpt"
     losses = train(carve, out, ranks, data, ckpt, ["--cuda-graph"] + list(extra), ".graph")
+    if pending(losses, eager_losses):
+        return
     if losses != eager_losses:
         raise Failure("%s --cuda-graph: losses differ from the eager run\n  eager %s\n  graph %s"
                       % (label, eager_losses, losses))
-    graph = st.load_checkpoint(ckpt)
+    graph = load_checkpoint(ckpt)
     for k, t in eager_ckpt.items():
         if k not in graph or not (graph[k] == t).all():
             raise Failure("%s --cuda-graph: tensor %s differs from the eager run's" % (label, k))
@@ -170,18 +246,22 @@ def check_custom_op(carve, w, data_gen):
     custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models",
                           "custom")
     sys.path.insert(0, custom)
-    import swiglu
-    onnx = swiglu.export(w)
     data = os.path.join(w, "swiglu.tokens")
-    subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens", "16384",
-                    data], check=True, stdout=subprocess.DEVNULL)
+    onnx = None  # --phase device: compiled and written by --phase prepare
+    if PHASE != "device":
+        import swiglu
+        onnx = swiglu.export(w)
+        subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens",
+                        "16384", data], check=True, stdout=subprocess.DEVNULL)
     rules = ["--rules", os.path.join(custom, "swiglu.json")]
     runs = {}
     for target in ["cpu", "cuda"]:
         out = os.path.join(w, "swiglu-" + target)
         compile_(carve, onnx, {}, target, out, rules)
         runs[target] = (train(carve, out, 1, data, out + ".ckpt"),
-                        st.load_checkpoint(out + ".ckpt"))
+                        load_checkpoint(out + ".ckpt"))
+    if pending(runs["cuda"][0]):
+        return 0
     d = worst_rel(runs["cpu"][0], runs["cuda"][0])
     gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
     if d > FP32_RTOL or gap > WEIGHT_RTOL:
@@ -202,8 +282,14 @@ def main():
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--emulated", help="build/lib/carve-runtime-emu.txt: run on the CPU "
                     "emulation of tests/gpu-emu")
+    ap.add_argument("--phase", choices=["all", "prepare", "device"], default="all",
+                    help="prepare: compile and run the CPU programs here; device: run the "
+                    "CUDA programs of a prepared workdir and compare (no carve needed)")
     a = ap.parse_args()
-    global EMULATED, STEPS
+    global EMULATED, STEPS, PHASE, CARVE
+    PHASE, CARVE = a.phase, a.carve
+    if PHASE != "all" and a.emulated:
+        ap.error("--phase prepare/device is for a real GPU, not --emulated")
     if a.emulated:
         EMULATED = os.path.abspath(a.emulated)
         STEPS = EMU_STEPS
@@ -216,8 +302,11 @@ def main():
         print("train-vs-cpu: SKIPPED: no GPU visible (nvidia-smi -L); the CUDA training step was "
               "not checked")
         return 77
-    shutil.rmtree(a.workdir, ignore_errors=True)
-    os.makedirs(a.workdir)
+    if PHASE != "device":
+        shutil.rmtree(a.workdir, ignore_errors=True)
+        os.makedirs(a.workdir)
+    elif not os.path.isdir(a.workdir):
+        raise Failure("%s: no prepared workdir (run --phase prepare first)" % a.workdir)
     w = a.workdir
     data_gen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e",
                             "data_gen.py")
@@ -226,50 +315,63 @@ def main():
     for model in ["gpt", "llama"]:
         onnx = os.path.join(a.models, "opset17", model + ".onnx")
         data = os.path.join(w, model + ".tokens")
-        subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens", "16384",
-                        data], check=True, stdout=subprocess.DEVNULL)
+        if PHASE != "device":
+            subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens",
+                            "16384", data], check=True, stdout=subprocess.DEVNULL)
         for precision, rtol in [("fp32", FP32_RTOL), ("bf16", BF16_RTOL)]:
-            runs = {}
-            for target in ["cpu", "cuda"]:
-                out = os.path.join(w, "%s-%s-%s" % (model, precision, target))
-                compile_(a.carve, onnx, {"precision": precision}, target, out)
-                losses = train(a.carve, out, 1, data, out + ".ckpt")
-                runs[target] = (losses, st.load_checkpoint(out + ".ckpt"))
-            d = worst_rel(runs["cpu"][0], runs["cuda"][0])
-            if d > rtol:
-                raise Failure("%s %s: GPU losses differ from the CPU's by %.3g relative (limit "
-                              "%g)\n  cpu %s\n  gpu %s" % (model, precision, d, rtol,
-                                                          runs["cpu"][0], runs["cuda"][0]))
-            gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
-            if precision == "fp32" and gap > WEIGHT_RTOL:
-                raise Failure("%s fp32: weights of %s differ by %.3g of their largest entry "
-                              "(limit %g)" % (model, name, gap, WEIGHT_RTOL))
-            print("ok: %s %s: GPU within %.2g of the CPU over %d steps; weights within %.2g (%s)"
-                  % (model, precision, d, STEPS, gap, name))
-            checks += 2
-            one_rank[(model, precision)] = runs["cuda"][0]
-            out = os.path.join(w, "%s-%s-cuda" % (model, precision))
-            check_graph(a.carve, out, 1, data, runs["cuda"][0], runs["cuda"][1],
-                        "%s %s" % (model, precision))
-            checks += 1
+            with going_on():
+                runs = {}
+                for target in ["cpu", "cuda"]:
+                    out = os.path.join(w, "%s-%s-%s" % (model, precision, target))
+                    compile_(a.carve, onnx, {"precision": precision}, target, out)
+                    losses = train(a.carve, out, 1, data, out + ".ckpt")
+                    runs[target] = (losses, load_checkpoint(out + ".ckpt"))
+                out = os.path.join(w, "%s-%s-cuda" % (model, precision))
+                if pending(runs["cuda"][0]):
+                    check_graph(a.carve, out, 1, data, None, None, "")
+                    continue
+                d = worst_rel(runs["cpu"][0], runs["cuda"][0])
+                if d > rtol:
+                    raise Failure("%s %s: GPU losses differ from the CPU's by %.3g relative "
+                                  "(limit %g)\n  cpu %s\n  gpu %s"
+                                  % (model, precision, d, rtol, runs["cpu"][0], runs["cuda"][0]))
+                gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
+                if precision == "fp32" and gap > WEIGHT_RTOL:
+                    raise Failure("%s fp32: weights of %s differ by %.3g of their largest "
+                                  "entry (limit %g)" % (model, name, gap, WEIGHT_RTOL))
+                print("ok: %s %s: GPU within %.2g of the CPU over %d steps; weights within %.2g "
+                      "(%s)" % (model, precision, d, STEPS, gap, name))
+                checks += 2
+                one_rank[(model, precision)] = runs["cuda"][0]
+                check_graph(a.carve, out, 1, data, runs["cuda"][0], runs["cuda"][1],
+                            "%s %s" % (model, precision))
+                checks += 1
         # fp16: the loss scale (the seed, set outside the captured graph) changes
         # between steps; at 2^24 the first steps overflow and are skipped.
-        out = os.path.join(w, "%s-fp16-cuda" % model)
-        compile_(a.carve, onnx, {"precision": "fp16"}, "cuda", out)
-        scale = ["--loss-scale", "16777216"]
-        eager = train(a.carve, out, 1, data, out + ".ckpt", scale)
-        check_graph(a.carve, out, 1, data, eager, st.load_checkpoint(out + ".ckpt"),
-                    "%s fp16 from loss scale 2^24" % model, scale)
-        checks += 1
+        with going_on():
+            out = os.path.join(w, "%s-fp16-cuda" % model)
+            compile_(a.carve, onnx, {"precision": "fp16"}, "cuda", out)
+            scale = ["--loss-scale", "16777216"]
+            eager = train(a.carve, out, 1, data, out + ".ckpt", scale)
+            check_graph(a.carve, out, 1, data, eager, load_checkpoint(out + ".ckpt"),
+                        "%s fp16 from loss scale 2^24" % model, scale)
+            checks += 0 if pending(eager) else 1
 
-    checks += check_custom_op(a.carve, w, data_gen)
+    with going_on():
+        checks += check_custom_op(a.carve, w, data_gen)
 
+    if PHASE != "all" and n >= 2:
+        print("--phase %s: one rank per program (no mpirun on the GPU machine)" % PHASE)
+        n = 1
     if n >= 2:
         for model, precision, rtol in [("gpt", "fp32", PARALLEL_RTOL),
                                        ("llama", "bf16", BF16_PARALLEL_RTOL)]:
             onnx = os.path.join(a.models, "opset17", model + ".onnx")
             data = os.path.join(w, model + ".tokens")
-            one = one_rank[(model, precision)]
+            one = one_rank.get((model, precision))
+            if one is None:
+                print("not run: %s %s on 2 GPUs (its 1-GPU run failed above)" % (model, precision))
+                continue
             for name, plan in [("dp2", {"dp": 2}), ("tp2", {"tp": 2}),
                                ("pp2", {"pp": 2, "num_micro_batches": 2})]:
                 label = "%s %s %s on 2 GPUs" % (model, precision, name)
@@ -283,7 +385,7 @@ def main():
                 print("ok: %s within %.2g of 1 GPU" % (label, d))
                 checks += 1
                 if name != "pp2":
-                    check_graph(a.carve, out, 2, data, losses, st.load_checkpoint(out + ".ckpt"),
+                    check_graph(a.carve, out, 2, data, losses, load_checkpoint(out + ".ckpt"),
                                 label)
                     checks += 1
     else:
@@ -337,13 +439,17 @@ def main():
     big = os.path.join(w, "gpt-huge")
     # 2^22 sequences: an arena of about 313 GiB (2^20 gives 78 GiB, which an H200 holds).
     compile_(a.carve, dynamic, {"dp": 1}, "cuda", big, ["--set-dim", "batch=4194304"])
-    rc, so, se = run([a.carve, "run", big, "-n", "1", "--", "--steps", "1", "--data", data],
-                     timeout=300)
-    if rc == 0 or "free" not in se or "needs" not in se:
-        raise Failure("a plan too large for the GPU: expected one line about memory, got %d:\n"
-                      "%s%s" % (rc, so, se))
-    print("ok: too little GPU memory: %s" % se.strip().splitlines()[-1])
-    checks += 1
+    with going_on():
+        if PHASE != "prepare":
+            rc, so, se = run_train(big, 1, ["--steps", "1", "--data", data], timeout=300)
+            if rc == 0 or "free" not in se or "needs" not in se:
+                raise Failure("a plan too large for the GPU: expected one line about memory, got "
+                              "%d:\n%s%s" % (rc, so, se))
+            print("ok: too little GPU memory: %s" % se.strip().splitlines()[-1])
+            checks += 1
+    if PHASE != "all":
+        print("not run: more ranks than GPUs (--phase %s: no mpirun on the GPU machine)" % PHASE)
+        return summary(checks)
     many = os.path.join(w, "gpt-many")
     compile_(a.carve, dynamic, {"dp": n + 1}, "cuda", many, ["--set-dim",
                                                              "batch=%d" % (4 * (n + 1))])
@@ -354,7 +460,19 @@ def main():
                       (n + 1, n, rc, so, se))
     print("ok: more ranks than GPUs: %s" % se.strip().splitlines()[-1])
     checks += 1
-    print("train-vs-cpu: %d checks passed" % checks)
+    return summary(checks)
+
+
+def summary(checks):
+    """The last line, and the exit status: 1 if any check failed."""
+    if FAILURES:
+        print("train-vs-cpu: %d checks passed, %d FAILED:" % (checks, len(FAILURES)))
+        for f in FAILURES:
+            print("  FAIL: %s" % f)
+        return 1
+    print("train-vs-cpu: %d checks passed%s" % (
+        checks, " (CPU side prepared; the CUDA programs run in --phase device)"
+        if PHASE == "prepare" else ""))
     return 0
 
 

@@ -42,11 +42,48 @@
 /// run runtime/cuda on a CPU emulation (tests/gpu-emu), whose force-included
 /// cuda_emu.h defines it first as a launch that runs every thread of the grid
 /// there, checked as a device checks it.
+///
+/// With CARVE_GPU_PROFILE=1 in the environment, each launch is bracketed by
+/// CUDA events (KernelTimer) and the program prints, at exit, the GPU time of
+/// every kernel by name (launches during a CUDA graph capture are not timed).
 #ifndef CARVE_KERNEL
-#define CARVE_KERNEL(grid, block, shared, strm, ...) __VA_ARGS__<<<grid, block, shared, strm>>>
+#define CARVE_KERNEL(grid, block, shared, strm, ...)                                               \
+  for (::carve::gpu::KernelTimer carveKernelTimer_(#__VA_ARGS__, strm); carveKernelTimer_.once();) \
+  __VA_ARGS__<<<grid, block, shared, strm>>>
 #endif
 
 namespace carve::gpu {
+
+/// Times the GPU work enqueued on a stream between its construction and its
+/// destruction under the name `name` when CARVE_GPU_PROFILE is set (once()
+/// is true the first time only, for CARVE_KERNEL's loop); otherwise it costs
+/// a test of a flag. `name` must outlive the program (a string literal).
+class KernelTimer {
+public:
+  KernelTimer(const char *name, void *stream)
+      : slot(profiling() ? startTiming(name, stream) : -1) {}
+  template <class S>
+  KernelTimer(const char *name, S *stream) : KernelTimer(name, static_cast<void *>(stream)) {}
+  ~KernelTimer() {
+    if (slot >= 0)
+      stopTiming(slot);
+  }
+  KernelTimer(const KernelTimer &) = delete;
+  KernelTimer &operator=(const KernelTimer &) = delete;
+  bool once() {
+    if (done)
+      return false;
+    done = true;
+    return true;
+  }
+  static bool profiling();
+
+private:
+  static int startTiming(const char *name, void *stream);
+  static void stopTiming(int slot);
+  int slot;
+  bool done = false;
+};
 
 // The types a generated program names.
 using carve::rt::Binary;
