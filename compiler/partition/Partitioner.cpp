@@ -451,6 +451,24 @@ bool Partitioner::overrideChoice(Operation *op, const Annotation &a, std::option
   return true;
 }
 
+/// Whether `v` is the logits of a cross-entropy, directly or through at most
+/// `depth` reshapes, transposes, casts and same-shaped elementwise binaries
+/// (a bias): a classifier head's output.
+static bool feedsCrossEntropy(Value v, int depth) {
+  for (Operation *user : v.getUsers()) {
+    if (auto ce = dyn_cast<CrossEntropyOp>(user)) {
+      if (ce.getLogits() == v)
+        return true;
+      continue;
+    }
+    bool passes = isa<ReshapeOp, TransposeOp, CastOp>(user) ||
+                  (isa<AddOp, SubOp, MulOp>(user) && user->getResult(0).getType() == v.getType());
+    if (depth > 0 && passes && feedsCrossEntropy(user->getResult(0), depth - 1))
+      return true;
+  }
+  return false;
+}
+
 /// Megatron's choices for the ops that decide a transformer's layout.
 bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<Choice> &c) {
   if (auto mm = dyn_cast<MatmulOp>(op)) {
@@ -459,6 +477,26 @@ bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<
       return true;
     unsigned act = pa ? 1 : 0, w = pa ? 0 : 1;
     Value actV = op->getOperand(act);
+    // A classifier head (its output is a cross-entropy's logits) splits its
+    // classes when it can: the vocab-parallel cross-entropy then never holds
+    // all logits, and an activation that arrives split along the contraction
+    // is gathered (its bytes) instead of all-reducing the logits (twice
+    // theirs) - TorchShard's and Megatron's parallel head. Not when the
+    // logits are the smaller (few classes): then the row-parallel rule below.
+    if (feedsCrossEntropy(op->getResult(0), 3) && 2 * bytesOf(op->getResult(0)) > bytesOf(actV)) {
+      const TensorFactors &wd = a.operands[w];
+      if (wd.size() >= 2) {
+        const DimFactors &nd = wd[pa ? wd.size() - 2 : wd.size() - 1];
+        int64_t rdim, outer;
+        if (nd.size() == 1 && Annotation::find(a.results[0], nd[0].name, rdim, outer)) {
+          Choice col{nd[0].name, preferredGroups(op->getResult(0), rdim, 4)};
+          if (legal(op, a, col) && canCarry(op->getResult(0), resultLayout(a, 0, col), 4)) {
+            c = col;
+            return true;
+          }
+        }
+      }
+    }
     // Row parallel: the activation arrives split along the contraction.
     if (!freeValues.count(actV))
       if (auto f = followOf(a, a.operands[act], layout.lookup(actV)))
