@@ -124,6 +124,7 @@ bool openDevice(int worldRank, int localRank, int localRanks, int64_t arenaBytes
   if (s.open)
     closeDevice();
   s.worldRank = worldRank;
+  KernelTimer::profiling(); // reads CARVE_GPU_PROFILE before the first launch
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -540,7 +541,16 @@ Profile &profile() {
 bool KernelTimer::profiling() {
   static const bool on = [] {
     const char *v = std::getenv("CARVE_GPU_PROFILE");
-    return v && *v && std::string(v) != "0";
+    const bool yes = v && *v && std::string(v) != "0";
+#ifdef CARVE_TESTS_GPU_EMU_CUDA_EMU_H
+    // The CPU emulation's CARVE_KERNEL is its own launcher: it calls the
+    // timer around each launch instead.
+    if (yes) {
+      carve_emu::launchTimerStart = &KernelTimer::startTiming;
+      carve_emu::launchTimerStop = &KernelTimer::stopTiming;
+    }
+#endif
+    return yes;
   }();
   return on;
 }

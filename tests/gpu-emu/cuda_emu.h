@@ -77,6 +77,11 @@ struct LaunchInfo {
 /// the grid (or records the launch into the graph its stream is capturing).
 void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*copy)(void *, void **),
              void (*destroy)(void *));
+/// CARVE_GPU_PROFILE's timer (carve::gpu::KernelTimer, set by the runtime
+/// when profiling is on): called around every launch that is not captured,
+/// as the real CARVE_KERNEL brackets its launches; null otherwise.
+extern int (*launchTimerStart)(const char *kernel, void *stream);
+extern void (*launchTimerStop)(int slot);
 /// Fails, naming the kernel and the argument, when `p` is not null and not
 /// inside a live device allocation.
 void checkDevicePointer(const char *kernel, int argument, const void *p);

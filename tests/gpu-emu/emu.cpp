@@ -671,6 +671,9 @@ bool runsNow(CUstream_st *s) {
   return !isBlocking(s) || idle(legacyStream());
 }
 
+int (*launchTimerStart)(const char *kernel, void *stream) = nullptr;
+void (*launchTimerStop)(int slot) = nullptr;
+
 void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*copy)(void *, void **),
              void (*destroy)(void *)) {
   const unsigned bd[3] = {info.block.x, info.block.y, info.block.z};
@@ -699,6 +702,13 @@ void runGrid(const LaunchInfo &info, void (*body)(void *), void *ctx, void (*cop
   }
   if (gBlock)
     die("kernel %s launched from inside kernel %s", info.kernel, gBlock->info->kernel);
+  struct Timed {
+    int slot;
+    ~Timed() {
+      if (slot >= 0 && launchTimerStop)
+        launchTimerStop(slot);
+    }
+  } timed{launchTimerStart ? launchTimerStart(info.kernel, info.stream) : -1};
   CUstream_st *s = streamOf(info.stream);
   if (runsNow(s)) {
     // Nothing it must wait for: run it now, on the caller's copy.

@@ -39,6 +39,9 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    (--set-dim to a huge batch) stops with one line naming the rank, the GPU
    and the memory needed; more ranks on this host than visible GPUs stops
    with one line saying so. Both exit 1 without hanging.
+7. CARVE_GPU_PROFILE=1 on the GPT fp32 program: one table of GPU time by
+   kernel name at the end, with the cuBLAS GEMMs, attention and AdamW among
+   its rows, and (on a GPU) more than 0 ms in all.
 
 Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
 
@@ -215,6 +218,40 @@ def check_graph(carve, out, ranks, data, eager_losses, eager_ckpt, label, extra=
     print("ok: %s --cuda-graph: losses and checkpoint bitwise equal to the eager run" % label)
 
 
+def check_profile(out, data):
+    """CARVE_GPU_PROFILE=1: the program prints the GPU time of its kernels by
+    name when it closes the device: the GEMMs through cuBLAS, the attention
+    kernels and the optimizer's among them, each with its calls. (The
+    emulation keeps no device clock: its times are 0 ms.)"""
+    os.environ["CARVE_GPU_PROFILE"] = "1"
+    try:
+        rc, so, se = run_train(out, 1, ["--steps", "2", "--data", data, "--progress", "none"])
+    finally:
+        del os.environ["CARVE_GPU_PROFILE"]
+    if rc != 0:
+        raise Failure("CARVE_GPU_PROFILE=1: the run failed:\n%s%s" % (so, se))
+    lines = se.splitlines()
+    head = [i for i, l in enumerate(lines) if "GPU time by kernel (CARVE_GPU_PROFILE)" in l]
+    if len(head) != 1:
+        raise Failure("CARVE_GPU_PROFILE=1: expected one table of GPU time by kernel, got %d:\n%s"
+                      % (len(head), se))
+    rows = {}
+    for l in lines[head[0] + 2:]:
+        f = l.split(None, 4)
+        if len(f) != 5:
+            break
+        rows[f[4]] = (float(f[0]), int(f[2]))
+    for name in ["cuBLAS GEMM, fp32", "attnForward<", "adamwKernel<"]:
+        hit = [k for k in rows if k.startswith(name)]
+        if not hit or any(rows[k][1] < 1 for k in hit):
+            raise Failure("CARVE_GPU_PROFILE=1: no row for %s in the table:\n%s" % (name, se))
+    total = sum(ms for ms, _ in rows.values())
+    if not EMULATED and total <= 0:
+        raise Failure("CARVE_GPU_PROFILE=1: the kernels took no time on a GPU:\n%s" % se)
+    print("ok: CARVE_GPU_PROFILE=1: %d kernels timed by name over 2 steps, %.3f ms of GPU time%s"
+          % (len(rows), total, " (the emulation's clock is 0)" if EMULATED else ""))
+
+
 def worst_rel(a, b):
     return max(abs(x - y) / abs(x) for x, y in zip(a, b))
 
@@ -346,6 +383,9 @@ def main():
                 check_graph(a.carve, out, 1, data, runs["cuda"][0], runs["cuda"][1],
                             "%s %s" % (model, precision))
                 checks += 1
+                if (model, precision) == ("gpt", "fp32"):
+                    check_profile(out, data)
+                    checks += 1
         # fp16: the loss scale (the seed, set outside the captured graph) changes
         # between steps; at 2^24 the first steps overflow and are skipped.
         with going_on():

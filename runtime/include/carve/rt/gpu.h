@@ -77,10 +77,11 @@ public:
     return true;
   }
   static bool profiling();
-
-private:
+  /// The event pair's slot (-1: not timed, the stream is capturing).
   static int startTiming(const char *name, void *stream);
   static void stopTiming(int slot);
+
+private:
   int slot;
   bool done = false;
 };
