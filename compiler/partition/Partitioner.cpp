@@ -477,26 +477,33 @@ bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<
       return true;
     unsigned act = pa ? 1 : 0, w = pa ? 0 : 1;
     Value actV = op->getOperand(act);
+    // The column-parallel choice: the weight's output dimension, when it is
+    // one dimension of the result (`grouped`: a group of several, a reshaped
+    // weight, which the rule does not split).
+    const TensorFactors &wd = a.operands[w];
+    bool grouped = false;
+    auto column = [&]() -> std::optional<Choice> {
+      if (wd.size() < 2)
+        return std::nullopt;
+      const DimFactors &nd = wd[pa ? wd.size() - 2 : wd.size() - 1];
+      grouped = nd.size() != 1;
+      int64_t rdim, outer;
+      if (grouped || !Annotation::find(a.results[0], nd[0].name, rdim, outer))
+        return std::nullopt;
+      return Choice{nd[0].name, preferredGroups(op->getResult(0), rdim, 4)};
+    };
     // A classifier head (its output is a cross-entropy's logits) splits its
     // classes when it can: the vocab-parallel cross-entropy then never holds
     // all logits, and an activation that arrives split along the contraction
     // is gathered (its bytes) instead of all-reducing the logits (twice
     // theirs) - TorchShard's and Megatron's parallel head. Not when the
     // logits are the smaller (few classes): then the row-parallel rule below.
-    if (feedsCrossEntropy(op->getResult(0), 3) && 2 * bytesOf(op->getResult(0)) > bytesOf(actV)) {
-      const TensorFactors &wd = a.operands[w];
-      if (wd.size() >= 2) {
-        const DimFactors &nd = wd[pa ? wd.size() - 2 : wd.size() - 1];
-        int64_t rdim, outer;
-        if (nd.size() == 1 && Annotation::find(a.results[0], nd[0].name, rdim, outer)) {
-          Choice col{nd[0].name, preferredGroups(op->getResult(0), rdim, 4)};
-          if (legal(op, a, col) && canCarry(op->getResult(0), resultLayout(a, 0, col), 4)) {
-            c = col;
-            return true;
-          }
-        }
+    if (feedsCrossEntropy(op->getResult(0), 3) && 2 * bytesOf(op->getResult(0)) > bytesOf(actV))
+      if (std::optional<Choice> col = column();
+          col && legal(op, a, *col) && canCarry(op->getResult(0), resultLayout(a, 0, *col), 4)) {
+        c = col;
+        return true;
       }
-    }
     // Row parallel: the activation arrives split along the contraction.
     if (!freeValues.count(actV))
       if (auto f = followOf(a, a.operands[act], layout.lookup(actV)))
@@ -505,20 +512,14 @@ bool Partitioner::defaultRule(Operation *op, const Annotation &a, std::optional<
           return true;
         }
     // Column parallel: split the weight's output dimension.
-    const TensorFactors &wd = a.operands[w];
-    if (wd.size() < 2)
-      return true;
-    const DimFactors &nd = wd[pa ? wd.size() - 2 : wd.size() - 1];
-    if (nd.size() != 1) {
-      replicatedWhy[op] = "its weight's output dimension is a group of several dimensions "
-                          "(a reshaped weight), which the column-parallel rule does not split";
+    std::optional<Choice> colChoice = column();
+    if (!colChoice) {
+      if (grouped)
+        replicatedWhy[op] = "its weight's output dimension is a group of several dimensions "
+                            "(a reshaped weight), which the column-parallel rule does not split";
       return true;
     }
-    std::string n = nd[0].name;
-    int64_t rdim, outer;
-    if (!Annotation::find(a.results[0], n, rdim, outer))
-      return true;
-    Choice col{n, preferredGroups(op->getResult(0), rdim, 4)};
+    Choice col = *colChoice;
     std::string why;
     if (!legal(op, a, col, &why))
       return fail(op, "tensor parallelism (tp=" + std::to_string(t) +
