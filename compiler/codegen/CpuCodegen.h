@@ -53,6 +53,8 @@ struct GeneratedProgram {
   /// Token models: the rows of the embedding the token ids index (the
   /// data loader checks every id against it); 0: not known on this rank.
   int64_t vocab = 0;
+  /// Dropout nodes this rank's step draws masks for (Program::dropoutNodes).
+  int dropoutNodes = 0;
 };
 
 /// One pipeline rank's part of a pipelined plan (compiler/schedule/Schedule.h

@@ -10,6 +10,8 @@
 
 #include "compiler/codegen/Generator.h"
 
+#include "llvm/Support/Format.h"
+
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/DialectResourceBlobManager.h"
 
@@ -160,6 +162,8 @@ bool Generator::emitOp(Operation *op) {
           AndOp, OrOp, NotOp, NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp,
           ErfOp, SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp, UnaryGradOp, WhereOp, CastOp>(op))
     ok = emitElementwise(op, os);
+  else if (auto d = dyn_cast<DropoutOp>(op))
+    ok = emitDropout(d, os);
   else if (isa<MatmulOp>(op) || transposedMatmul.lookup(op))
     ok = emitMatmul(op, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
@@ -390,6 +394,51 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
        << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
        << ");";
   }
+  return true;
+}
+
+/// Dropout: the mask of the full tensor (carve/rt/philox.h) at this rank's
+/// piece of it, which the call describes: the tp split of the op's result
+/// (its dist.layout) and, where the program holds a share of the batch
+/// (batch_dim), the share's first sample in the global batch.
+bool Generator::emitDropout(DropoutOp d, llvm::raw_ostream &os) {
+  Operation *op = d;
+  Value res = d.getResult();
+  if (!typeOf(res).getElementType().isF32())
+    return failOp(op, "dropout takes f32 tensors on the CPU and CUDA targets");
+  if (opts.ep > 1)
+    return failOp(op, "dropout under expert parallelism (ep > 1) is not supported yet: routed "
+                      "tokens have no place in the full tensor that the masks are drawn over");
+  int64_t tpDim = -1, groups = 1;
+  if (auto ls = op->getAttrOfType<mlir::ArrayAttr>(kLayoutAttr); ls && !ls.empty())
+    if (auto l = mlir::dyn_cast<dist::SbpAttr>(ls[0]); l && l.isSplit())
+      tpDim = l.getDim(), groups = l.getGroups();
+  const int64_t m = std::max(1, opts.numMicroBatches);
+  const int64_t micro = opts.globalBatch / std::max<int64_t>(1, opts.dp * m);
+  const bool share = d.batchDim() >= 0 && micro < opts.globalBatch;
+  const bool pipelined = opts.pp > 1 || m > 1;
+  std::vector<int64_t> full(typeOf(res).getShape().begin(), typeOf(res).getShape().end());
+  if (tpDim >= 0)
+    full[tpDim] *= opts.tp;
+  if (share)
+    full[d.batchDim()] = full[d.batchDim()] / micro * opts.globalBatch;
+  const std::string offset = !share ? "0"
+                                    : "((int64_t)ctx.dpRank * " + std::to_string(m) + " + " +
+                                          (pipelined ? "mb" : "0") + ") * " + std::to_string(micro);
+  os << "// Dropout p=" << number(d.getP().convertToDouble(), false) << " (node " << d.nodeIndex()
+     << "): the mask of the full tensor " << shapeText(full);
+  if (tpDim >= 0)
+    os << ", split over tp along dimension " << tpDim;
+  if (share)
+    os << ", samples from " << offset << " of the global batch of " << opts.globalBatch
+       << " in dimension " << d.batchDim();
+  os << "\n  dropout(" << opnd(op, 0) << ", carve::rt::philox::DropoutPiece{carve::rt::Dims"
+     << dims(typeOf(res).getShape()) << ", " << tpDim << ", " << groups << ", "
+     << (tpDim >= 0 ? opts.tp : 1) << ", " << (tpDim >= 0 ? "ctx.tpRank" : "0") << ", "
+     << (share ? d.batchDim() : -1) << ", " << d.batchOuter() << ", " << (share ? micro : 1) << ", "
+     << (share ? opts.globalBatch : 1) << ", " << offset
+     << "}, ctx.evaluating ? 0.0 : " << llvm::format("%.17g", d.getP().convertToDouble())
+     << ", ctx.seed, ctx.step, " << d.nodeIndex() << ", " << name(res) << ");";
   return true;
 }
 

@@ -145,6 +145,9 @@ struct TensorRow {
 /// The rows of the (whole, not tp-split) table a gather of `fn` indexes with
 /// graph input `input`: a token model's vocabulary; 0 when no gather does.
 int64_t tokenVocab(mlir::func::FuncOp fn, const std::string &input, int tp);
+/// The dropout nodes whose masks `fn` draws (forward ops; their gradients
+/// draw the same masks).
+int dropoutNodes(mlir::func::FuncOp fn);
 
 /// The headers a generated source includes (Target.cpp).
 std::string runtimeIncludes(const EmitOptions &opts, bool pipelined);
@@ -419,6 +422,7 @@ private:
   bool emitCrossEntropy(Operation *op, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);
   bool emitGather(Operation *op, llvm::raw_ostream &os);
+  bool emitDropout(DropoutOp d, llvm::raw_ostream &os);
   bool emitCollective(Operation *op, llvm::raw_ostream &os);
   bool emitCustom(Operation *op, llvm::raw_ostream &os);
   std::string round16(Value r);

@@ -466,6 +466,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   if (!inputs.empty())
     for (func::FuncOp fn : fns)
       out.vocab = std::max(out.vocab, codegen::tokenVocab(fn, inputs[0].name, opts.tp));
+  for (func::FuncOp fn : fns)
+    out.dropoutNodes += codegen::dropoutNodes(fn);
   emitProgramTables(os, opts, out, inputs, params, &pipe);
   out.source = src;
   if (opts.cuda())

@@ -478,6 +478,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
 
   if (!inputRows.empty())
     out.vocab = tokenVocab(fn, inputRows[0].name, opts.tp);
+  out.dropoutNodes = dropoutNodes(fn);
   emitProgramTables(os, opts, out, inputRows, paramRows, nullptr);
   return src;
 }

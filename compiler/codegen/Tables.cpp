@@ -58,6 +58,12 @@ int64_t tokenVocab(func::FuncOp fn, const std::string &input, int tp) {
   return vocab;
 }
 
+int dropoutNodes(func::FuncOp fn) {
+  std::set<int64_t> nodes;
+  fn.walk([&](DropoutOp d) { nodes.insert(d.nodeIndex()); });
+  return (int)nodes.size();
+}
+
 /// The tensor tables and the `Program` of a rank's source (program.h); with
 /// `pipe`, the pipeline fields too. Closes the anonymous namespace.
 void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const GeneratedProgram &out,
@@ -119,6 +125,7 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
   os << "    /*hyper=*/&kHyper, /*vocab=*/" << (tokens ? out.vocab : 0) << ",\n";
   os << "    /*evaluate=*/evaluate,\n";
   os << "    /*ep=*/" << opts.ep << ", /*epRank=*/" << opts.epRank << ",\n";
+  os << "    /*dropoutNodes=*/" << out.dropoutNodes << ",\n";
   os << "};\n";
 }
 

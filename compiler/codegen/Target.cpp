@@ -17,9 +17,11 @@ namespace carve::codegen {
 /// The runtime headers a generated source includes.
 std::string runtimeIncludes(const EmitOptions &opts, bool pipelined) {
   if (opts.cuda())
-    return "#include \"carve/rt/gpu.h\"\n#include \"carve/rt/gpu_fused.cuh\"\n";
+    return "#include \"carve/rt/gpu.h\"\n#include \"carve/rt/gpu_fused.cuh\"\n#include "
+           "\"carve/rt/philox.h\"\n";
   return std::string("#include \"carve/rt/dist.h\"\n#include \"carve/rt/fused.h\"\n"
-                     "#include \"carve/rt/kernels.h\"\n#include \"carve/rt/optim.h\"\n") +
+                     "#include \"carve/rt/kernels.h\"\n#include \"carve/rt/optim.h\"\n"
+                     "#include \"carve/rt/philox.h\"\n") +
          (pipelined ? "#include \"carve/rt/pipeline.h\"\n" : "") +
          "#include \"carve/rt/program.h\"\n";
 }
@@ -30,6 +32,7 @@ std::string runtimeIncludes(const EmitOptions &opts, bool pipelined) {
 /// name too, and the call would be ambiguous (or worse, resolve to the CPU).
 void qualifyGpuCalls(std::string &src) {
   static const std::set<std::string> names = {"unary",
+                                              "dropout",
                                               "unary_grad",
                                               "binary",
                                               "compare",

@@ -84,6 +84,21 @@ void Importer::trackBatch(Operation *before) {
   }
 }
 
+bool Importer::dependsOnInputs(Value v) {
+  if (auto it = fromInputs.find(v); it != fromInputs.end())
+    return it->second;
+  fromInputs[v] = false; // (no cycles in a block; a guard all the same)
+  bool from = false;
+  if (auto arg = dyn_cast<BlockArgument>(v)) {
+    from = arg.getArgNumber() < argAttrs.size() && argAttrs[arg.getArgNumber()].get(kInputAttr);
+  } else if (Operation *op = v.getDefiningOp()) {
+    for (Value o : op->getOperands())
+      if ((from = dependsOnInputs(o)))
+        break;
+  }
+  return fromInputs[v] = from;
+}
+
 int64_t Importer::createdBatchEntry(ArrayRef<int64_t> target, ArrayRef<int64_t> in) const {
   std::vector<int64_t> found;
   const int64_t lead = (int64_t)target.size() - (int64_t)in.size();

@@ -269,10 +269,24 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
       fail("the Dropout mask output is not supported");
     bool training = hasInput(2) && needConst(2, "training_mode").asInt(0) != 0;
     double ratio = hasInput(1) ? needConst(1, "ratio").asDouble(0) : 0.5;
-    if (training && ratio > 0)
-      fail("dropout in training mode is not supported yet; export with p=0 or in eval "
-           "mode");
-    return define(0, val(0));
+    if (!training || ratio == 0)
+      return define(0, val(0)); // eval mode, or p = 0: the identity
+    if (!(ratio > 0 && ratio < 1))
+      fail("the dropout probability (ratio) must be in [0, 1), got " + std::to_string(ratio));
+    Value x = val(0);
+    if (!isa<FloatType>(eltOf(x)))
+      fail("dropout takes a floating-point tensor");
+    // Where x holds the batch when this import is one rank's (or one
+    // micro-batch's) share of it; codegen adds the share's offset.
+    BatchAt at = localBatch() ? batchAt(x) : BatchAt{};
+    if (localBatch() && at.dim < 0 && dependsOnInputs(x))
+      fail("carve cannot tell which dimension of the dropout's input holds the batch, so "
+           "data-parallel ranks and micro-batches would not draw the 1-rank program's masks; "
+           "export the model with a dynamic batch (dynamic_axes) or use dp=1 and one "
+           "micro-batch");
+    return define(0, DropoutOp::create(b, loc, x.getType(), x, b.getF64FloatAttr(ratio),
+                                       b.getI64IntegerAttr(dropoutNodes++),
+                                       b.getI64IntegerAttr(at.dim), b.getI64IntegerAttr(at.outer)));
   }
   if (op == "Cast") {
     int to = attrInt("to", 0);

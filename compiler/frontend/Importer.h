@@ -132,6 +132,12 @@ private:
   /// are several; -1 when there is none.
   int64_t createdBatchEntry(llvm::ArrayRef<int64_t> target, llvm::ArrayRef<int64_t> in) const;
   llvm::DenseMap<mlir::Value, BatchAt> batchDims;
+  /// Whether `v` is computed from a graph input (not from parameters and
+  /// constants alone).
+  bool dependsOnInputs(mlir::Value v);
+  llvm::DenseMap<mlir::Value, bool> fromInputs;
+  /// Dropout nodes imported so far (each one's `node`: its mask's stream).
+  int64_t dropoutNodes = 0;
   /// A broadcasting elementwise node with a constant operand that holds the
   /// model's whole batch where another operand holds this rank's share (the
   /// exporter folded `zeros_like(mask)` to a constant): `n` with that input

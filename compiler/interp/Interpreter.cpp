@@ -17,6 +17,7 @@
 #include "compiler/interp/Interpreter.h"
 
 #include "carve/rt/kernels.h"
+#include "carve/rt/philox.h"
 #include "dialects/carve/CarveOps.h"
 #include "dialects/carve/Shapes.h"
 
@@ -687,6 +688,17 @@ bool Interpreter::evaluate(Operation *op) {
       .Case([&](CastOp c) {
         env[c.getResult()] = convert(get(c.getInput()), typeOf(c.getResult()).getElementType());
         return true;
+      })
+      .Case([&](DropoutOp d) {
+        // The whole tensor of a 1-rank program: seed 0, step 0.
+        make(d.getResult());
+        return withFloat(d, d.getInput(), [&](auto tag) {
+          using T = decltype(tag);
+          rt::philox::DropoutPiece piece;
+          piece.dims = dimsOf(d.getInput());
+          rt::dropout<T>(in<T>(d.getInput()), piece, d.getP().convertToDouble(), 0, 0,
+                         d.nodeIndex(), out<T>(d.getResult()));
+        });
       })
       .Case<AndOp, OrOp, NotOp>([&](Operation *o) {
         Value a = o->getOperand(0), y = o->getResult(0);

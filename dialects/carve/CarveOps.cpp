@@ -174,6 +174,22 @@ LogicalResult GeluOp::verify() {
   return success();
 }
 
+LogicalResult DropoutOp::verify() {
+  if (failed(verifyUnary(*this, true)))
+    return failure();
+  const double p = getP().convertToDouble();
+  if (!(p >= 0 && p < 1))
+    return emitOpError("p must be in [0, 1), got ") << p;
+  if (nodeIndex() < 0 || nodeIndex() > 0xffffffffLL)
+    return emitOpError("node must be in [0, 2^32), got ") << nodeIndex();
+  const int64_t rank = cast<RankedTensorType>(getInput().getType()).getRank();
+  if (batchDim() < -1 || batchDim() >= rank)
+    return emitOpError("batch_dim ") << batchDim() << " is out of range for rank " << rank;
+  if (batchOuter() < 1)
+    return emitOpError("batch_outer must be at least 1, got ") << batchOuter();
+  return success();
+}
+
 LogicalResult WhereOp::verify() {
   if (failed(verifyStatic(*this)))
     return failure();

@@ -179,6 +179,42 @@ def Carve_GeluOp : Carve_Op<"gelu", [Carve_Differentiable, AllTypesMatch<["input
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
+def Carve_DropoutOp : Carve_Op<"dropout", [Carve_Differentiable, AllTypesMatch<["input", "result"]>]> {
+  let summary = "Dropout in training mode, its mask drawn per element of the full tensor.";
+  let description = [{
+    `input / (1 - p)` where the element is kept, `0` where it is dropped; an
+    element is kept with probability `1 - p`. Its decision is a function of
+    (the run's seed, the optimizer step, `node`, the element's index in the
+    full tensor) only: Philox-4x32-10 (runtime/include/carve/rt/philox.h).
+    The full tensor is the 1-rank program's, with the whole batch and no
+    tensor-parallel split, so every plan draws the same masks; codegen says
+    where each rank's piece lies in it (its tp layout, and its samples of the
+    batch). `node` numbers the model's dropout nodes in import order.
+    `batch_dim` is the dimension that holds the batch when the program was
+    imported for a share of it (-1: none, or the whole batch), the batch
+    being the factor after `batch_outer` outer ones of that dimension.
+
+    The gradient is the same op on the output's gradient (the same mask);
+    recomputation redraws the same mask. In `carve train --eval-data`'s
+    forward it is the identity, as in PyTorch's eval mode.
+
+    ```mlir
+    %y = carve.dropout %x {p = 1.000000e-01 : f64, node = 0 : i64} : tensor<4x16x128xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, F64Attr:$p, I64Attr:$node,
+                       DefaultValuedAttr<I64Attr, "-1">:$batch_dim,
+                       DefaultValuedAttr<I64Attr, "1">:$batch_outer);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let extraClassDeclaration = [{
+    /// The attributes as signed numbers (-1: no batch dimension).
+    int64_t nodeIndex() { return static_cast<int64_t>(getNode()); }
+    int64_t batchDim() { return static_cast<int64_t>(getBatchDim()); }
+    int64_t batchOuter() { return static_cast<int64_t>(getBatchOuter()); }
+  }];
+}
+
 def Carve_WhereOp : Carve_Op<"where", [Carve_Differentiable]> {
   let summary = "Elementwise select with broadcasting.";
   let description = [{

@@ -239,6 +239,17 @@ LogicalResult GeluOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg, SmallVect
   return unaryGrads(getOperation(), getApproximate() == "tanh" ? "gelu_tanh" : "gelu", b, rg, og);
 }
 
+LogicalResult DropoutOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                        SmallVectorImpl<Value> &og) {
+  // The same mask on the gradient: the same op with the same attributes.
+  og.assign(1, Value());
+  if (!rg[0])
+    return success();
+  og[0] = DropoutOp::create(b, getLoc(), rg[0].getType(), rg[0], getPAttr(), getNodeAttr(),
+                            getBatchDimAttr(), getBatchOuterAttr());
+  return success();
+}
+
 LogicalResult WhereOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                       SmallVectorImpl<Value> &og) {
   og.assign(3, Value());

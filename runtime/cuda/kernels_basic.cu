@@ -19,6 +19,8 @@
 
 #include "kernel_util.cuh"
 
+#include "carve/rt/philox.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math_constants.h>
@@ -87,6 +89,17 @@ template <Unary F> void launchUnary(const float *x, float *y, int64_t n) {
 template <Unary F> void launchUnaryGrad(const float *x, const float *dy, float *dx, int64_t n) {
   CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), unaryGradKernel<F>)(x, dy, dx, n);
   checkLaunch("unary_grad");
+}
+
+// Dropout (carve/rt/philox.h): one Philox draw per element, the element's
+// word of its block's four (the CPU kernel shares a draw between the four).
+__global__ void dropoutKernel(const float *x, carve::rt::philox::DropoutPiece piece, float p,
+                              float scale, uint64_t seed, uint32_t step, uint32_t node, float *y,
+                              int64_t n) {
+  CARVE_GRID_LOOP(i, n) {
+    const uint64_t g = carve::rt::philox::fullIndex(piece, i);
+    y[i] = carve::rt::philox::dropoutKeep(seed, step, node, g, p) ? x[i] * scale : 0.0f;
+  }
 }
 
 #define CARVE_UNARY_CASES(M)                                                                       \
@@ -434,6 +447,21 @@ void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n) 
 #undef CARVE_CASE
   }
   fatal("unary_grad: unknown function %d", static_cast<int>(f));
+}
+
+void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, double p, uint64_t seed,
+             int64_t step, int64_t node, float *y) {
+  const int64_t n = piece.dims.numel();
+  if (n <= 0)
+    return;
+  if (p <= 0)
+    return copy(x, y, n);
+  if (!(p < 1))
+    fatal("dropout: p = %g is outside [0, 1)", p);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), dropoutKernel)
+  (x, piece, (float)p, carve::rt::philox::dropoutScale(p), seed, (uint32_t)step, (uint32_t)node, y,
+   n);
+  checkLaunch("dropout");
 }
 
 void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y, Dims ys) {

@@ -203,7 +203,10 @@ std::string manifestToJson(const CheckpointManifest &m) {
   j["optimizer"] = {{"kind", m.optimizer}, {"step", m.optimizerStep}};
   j["lr_schedule"] = {{"step", m.lrStep}};
   j["data"] = {{"step", m.dataStep}, {"global_batch", m.globalBatch}, {"seq_len", m.seqLen}};
-  j["rng"] = m.rng;
+  if (m.rng == "none")
+    j["rng"] = "none";
+  else
+    j["rng"] = {{"generator", m.rng}, {"seed", m.rngSeed}};
   if (m.lossScale > 0)
     j["loss_scale"] = {{"scale", m.lossScale}, {"good_steps", m.lossScaleGoodSteps}};
   if (!m.hyperparameters.empty()) {
@@ -275,6 +278,15 @@ bool readManifest(const std::string &stepDir, CheckpointManifest &m, std::string
   str("model", m.model);
   str("description", m.description);
   str("rng", m.rng);
+  if (auto it = j.find("rng"); it != j.end() && it->is_object()) {
+    auto g = it->find("generator"), s = it->find("seed");
+    if (g == it->end() || !g->is_string() || s == it->end() || !s->is_number_unsigned())
+      return fail("\"rng\" needs a string \"generator\" and an integer \"seed\" >= 0");
+    m.rng = g->get<std::string>();
+    m.rngSeed = s->get<uint64_t>();
+  }
+  if (m.rng != "none" && m.rng != "philox4x32-10")
+    return fail("\"rng\": unknown generator '" + m.rng + "' (carve writes \"philox4x32-10\")");
   const Json &plan = j.contains("plan") ? j["plan"] : Json();
   int64_t v[6];
   const char *planKeys[6] = {"world_size", "dp", "tp", "pp", "zero", "micro_batches"};

@@ -212,8 +212,13 @@ std::vector<PlannedShard> planShards(int rank) {
 /// The manifest of a checkpoint of the whole world at `step` (`lossScale` 0:
 /// not an fp16 program, nothing recorded).
 CheckpointManifest buildManifest(const Program &p, int64_t step, double lossScale,
-                                 int64_t lossScaleGoodSteps, const Hyperparameters *hyper) {
+                                 int64_t lossScaleGoodSteps, const Hyperparameters *hyper,
+                                 uint64_t seed) {
   CheckpointManifest m;
+  // Any rank's program may hold the dropout (pipeline stages).
+  for (int r = 0; r < carve_world_size(); ++r)
+    if (const Program *q = carve_program_for_rank(r); q && q->dropoutNodes > 0)
+      m.rng = "philox4x32-10", m.rngSeed = seed;
   m.model = p.model ? p.model : p.name;
   m.description = p.description ? p.description : "";
   m.worldSize = carve_world_size();
@@ -336,7 +341,7 @@ bool checkSaveDir(const std::string &dir, std::string &error) {
 
 void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
                     const std::string &dir, int64_t step, int64_t keep, double lossScale,
-                    int64_t lossScaleGoodSteps, const Hyperparameters *hyper) {
+                    int64_t lossScaleGoodSteps, const Hyperparameters *hyper, uint64_t seed) {
   std::string error;
   const std::string name = checkpointFolderName(step);
   const std::string tmp = dir + "/.tmp-" + name;
@@ -389,11 +394,11 @@ void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
     pause();
     const std::string final = dir + "/" + name;
     struct stat st;
-    bool ok =
-        writeFileAtomic(
-            tmp + "/manifest.json",
-            manifestToJson(buildManifest(p, step, lossScale, lossScaleGoodSteps, hyper)), error) &&
-        syncFolder(tmp, error);
+    bool ok = writeFileAtomic(tmp + "/manifest.json",
+                              manifestToJson(buildManifest(p, step, lossScale, lossScaleGoodSteps,
+                                                           hyper, seed)),
+                              error) &&
+              syncFolder(tmp, error);
     if (ok && ::stat(final.c_str(), &st) == 0) {
       // Replacing a step folder of an earlier run: swap it out in one rename
       // so that a complete folder of that name exists at every moment.

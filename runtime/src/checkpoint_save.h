@@ -28,10 +28,11 @@ bool checkSaveDir(const std::string &dir, std::string &error);
 /// removes the oldest step folders beyond `keep` (0: none). Every rank joins.
 /// `lossScale` and `lossScaleGoodSteps` go into the manifest for fp16
 /// programs (`lossScale` 0: not one, nothing recorded), and the run's
-/// hyperparameters `hyper` (null: not recorded).
+/// hyperparameters `hyper` (null: not recorded), and the dropout seed
+/// `seed` where a program of the plan draws dropout masks.
 void saveCheckpoint(Communicator &world, const Program &p, const char *arena,
                     const std::string &dir, int64_t step, int64_t keep, double lossScale,
-                    int64_t lossScaleGoodSteps, const Hyperparameters *hyper);
+                    int64_t lossScaleGoodSteps, const Hyperparameters *hyper, uint64_t seed);
 
 } // namespace carve::rt
 

@@ -18,6 +18,7 @@
 #endif
 
 #include "carve/rt/elementwise.h"
+#include "carve/rt/philox.h"
 #include "kernels_loops.h"
 
 #include <algorithm>
@@ -304,11 +305,52 @@ template <class T> void copy(const T *x, T *y, int64_t n) {
                 [&](int64_t b, int64_t e) { std::memcpy(y + b, x + b, (e - b) * sizeof(T)); });
 }
 
+template <class T>
+void dropout(const T *x, const philox::DropoutPiece &piece, double p, uint64_t seed, int64_t step,
+             int64_t node, T *y) {
+  const int64_t n = piece.dims.numel();
+  if (p <= 0)
+    return copy(x, y, n);
+  if (!(p < 1))
+    fatal("dropout: p = %g is outside [0, 1)", p);
+  const int last = piece.dims.rank - 1;
+  const int64_t cols = last >= 0 ? piece.dims.d[last] : 1, rows = cols ? n / cols : 0;
+  // Along the last dimension the full index runs on by one, unless the
+  // dimension is split (tp) or holds the batch.
+  const bool contiguous = last < 0 || (last != piece.tpDim && last != piece.batchDim);
+  const T scale = (T)philox::dropoutScale(p);
+  const float pf = (float)p;
+  const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  parallelRange(rows, std::max<int64_t>(1, kParallelMinHeavy / std::max<int64_t>(1, cols)),
+                [&](int64_t b, int64_t e) {
+                  uint64_t block = ~0ull;
+                  philox::Words4 words{};
+                  for (int64_t r = b; r < e; ++r) {
+                    const uint64_t base = contiguous ? philox::fullIndex(piece, r * cols) : 0;
+                    for (int64_t c = 0; c < cols; ++c) {
+                      const int64_t i = r * cols + c;
+                      const uint64_t g = contiguous ? base + c : philox::fullIndex(piece, i);
+                      // Four elements share one draw (dropoutKeep's words).
+                      if ((g >> 2) != block) {
+                        block = g >> 2;
+                        words = philox::philox4x32_10(
+                            philox::Words4{{(uint32_t)block, (uint32_t)(block >> 32),
+                                            (uint32_t)node, (uint32_t)step}},
+                            k0, k1);
+                      }
+                      y[i] = philox::uniform01(words.w[g & 3]) >= pf ? x[i] * scale : T(0);
+                    }
+                  }
+                });
+}
+
 //===--- Instantiations ---------------------------------------------------===//
 
 #define CARVE_FLOATING(T)                                                                          \
   template void unary<T>(Unary, const T *, T *, int64_t);                                          \
-  template void unary_grad<T>(Unary, const T *, const T *, T *, int64_t);
+  template void unary_grad<T>(Unary, const T *, const T *, T *, int64_t);                          \
+  template void dropout<T>(const T *, const philox::DropoutPiece &, double, uint64_t, int64_t,     \
+                           int64_t, T *);
 CARVE_FLOATING(float)
 CARVE_FLOATING(double)
 #undef CARVE_FLOATING

@@ -41,6 +41,10 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
   --shuffle SEED              read the data in epochs, shuffled anew each epoch from SEED:
                               token files as windows of T+1 tokens, tensors by sample; the
                               same batches under every plan and world size, and on resume
+  --seed SEED                 the dropout masks' seed (default 0; a resumed run keeps its
+                              checkpoint's): each mask element is a function of the seed,
+                              the step, the dropout node and the element's place in the
+                              full tensor, so every plan draws the same masks
   --doc-eot ID                token files: a document ends after each token ID; no window
                               crosses a document's end
   --doc-offsets FILE          token files: the documents' starts, int64 little-endian token
@@ -162,6 +166,15 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
     if ((arg == "--cuda-graph" || arg == "--quiet" || arg == "--check-data") && inlineValue) {
       error = arg + " takes no value";
       return false;
+    } else if (arg == "--seed") {
+      if (!takeValue())
+        return false;
+      int64_t v = 0;
+      if (!parseInt(value, v) || v < 0) {
+        error = "--seed needs a seed, an integer >= 0, not '" + value + "'";
+        return false;
+      }
+      opts.seed = static_cast<uint64_t>(v), opts.seedSet = true;
     } else if (arg == "--shuffle" || arg == "--doc-eot" || arg == "--eval-every" ||
                arg == "--eval-batches" || arg == "--show-batches") {
       if (!takeValue())

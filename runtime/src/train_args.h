@@ -45,6 +45,10 @@ struct Options {
   // Data sets (carve/rt/data.h): --shuffle SEED, --doc-eot ID, --doc-offsets FILE.
   bool shuffle = false;
   uint64_t shuffleSeed = 0;
+  // --seed SEED: the dropout masks' seed (default 0, or the resumed
+  // checkpoint's); seedSet: given on the command line.
+  uint64_t seed = 0;
+  bool seedSet = false;
   int64_t docEot = -1;
   std::string docOffsets;
   // Evaluation: --eval-data FILES, --eval-every N (0: after the last step

@@ -558,6 +558,20 @@ Trainer::Trainer(Communicator &world, const Options &opts, const FaultInjection 
   Communicator *tpComm = groups.tp ? groups.tp.get() : &world;
   Communicator *ppComm = groups.pp ? groups.pp.get() : &world;
   ctx.hyper = &s.hyper;
+  // Dropout: the masks' seed from --seed, else from the checkpoint resumed.
+  const CheckpointManifest *resumed = s.weights.sharded ? &s.weights.manifest : nullptr;
+  ctx.seed = opts.seed;
+  if (!opts.seedSet && resumed && resumed->rng != "none")
+    ctx.seed = resumed->rngSeed;
+  if (talk && program.dropoutNodes > 0) {
+    std::printf("carve: dropout masks from seed %llu%s\n",
+                static_cast<unsigned long long>(ctx.seed),
+                opts.seedSet && resumed && resumed->rng != "none" && resumed->rngSeed != ctx.seed
+                    ? " (--seed; the checkpoint's was another)"
+                : !opts.seedSet && resumed && resumed->rng != "none" ? " (the checkpoint's)"
+                                                                     : "");
+    std::fflush(stdout);
+  }
   ctx.arena = device ? s.deviceArena : s.arena;
   ctx.dpComm = device ? groups.dpDevice.get() : dpComm;
   ctx.tpComm = device ? groups.tpDevice.get() : tpComm;
@@ -804,7 +818,7 @@ void Trainer::saveAt(int64_t step) {
   if (device && !device->toHost(s.arena, s.deviceArena, program.arenaBytes, why))
     die(why);
   saveCheckpoint(world, program, s.arena, opts.save, step, opts.keep, fp16 ? ctx.lossScale : 0.0,
-                 goodSteps, &s.hyper);
+                 goodSteps, &s.hyper, ctx.seed);
   lastSaved = step;
   if (talk) {
     std::printf("carve: saved %s/%s\n", opts.save.c_str(), checkpointFolderName(step).c_str());

@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "carve/rt/philox.h"
 #include "harness.h"
 
 #include "carve/rt/dist.h"
@@ -99,6 +100,35 @@ void testUnary() {
     }
   }
   g::unary(rt::Unary::Exp, nullptr, nullptr, 0); // empty: no launch
+}
+
+// Dropout draws the CPU kernel's masks bitwise: the whole tensor, and a
+// rank's piece (tp split in two groups, a share of the batch inside a merged
+// dimension), a million elements, p = 0 the identity.
+void testDropout() {
+  struct Case {
+    const char *what;
+    rt::philox::DropoutPiece piece;
+  };
+  rt::philox::DropoutPiece whole, piece, big;
+  whole.dims = Dims{6, 5, 7};
+  piece.dims = Dims{3 * 2, 8};
+  piece.tpDim = 1, piece.tpGroups = 2, piece.tpParts = 2, piece.tpRank = 1;
+  piece.batchDim = 0, piece.batchOuter = 3, piece.localBatch = 2, piece.globalBatch = 8;
+  piece.batchOffset = 6;
+  big.dims = Dims{1000, 1000};
+  for (const Case &c : {Case{"whole", whole}, Case{"piece", piece}, Case{"1e6", big}}) {
+    const int64_t n = c.piece.dims.numel();
+    const std::vector<float> x = randn(n);
+    auto dx = up(x);
+    for (double p : {0.0, 0.1, 0.5}) {
+      auto y = poisoned<float>(n);
+      g::dropout(dx->p, c.piece, p, 0x1234567890ull, 12, 5, y->p);
+      std::vector<float> ref(n);
+      rt::dropout<float>(x.data(), c.piece, p, 0x1234567890ull, 12, 5, ref.data());
+      expectEqual(std::string("dropout ") + c.what + " p=" + std::to_string(p), y->download(), ref);
+    }
+  }
 }
 
 void testBinary() {
@@ -960,6 +990,7 @@ int main() {
     return 1;
   }
   testUnary();
+  testDropout();
   testBinary();
   testCompareLogicWhere();
   testCastFrom<float>();

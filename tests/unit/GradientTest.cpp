@@ -412,6 +412,19 @@ TEST(Gradient, Silu) { checkUnary("silu", ""); }
 TEST(Gradient, Gelu) { checkUnary("gelu", ""); }
 TEST(Gradient, GeluErfExplicit) { checkUnary("gelu", "{approximate = \"none\"} "); }
 TEST(Gradient, GeluTanh) { checkUnary("gelu", "{approximate = \"tanh\"} "); }
+// The mask is fixed for a step (seed 0, step 0 in the interpreter), so the
+// gradient is the same mask and scale on dy. Both branches are checked: node
+// 3's mask keeps 8 of the 12 elements at p = 0.5, node 7's 22 of 32 at p = 0.25
+// (tests/e2e/philox.py computes them).
+TEST(Gradient, Dropout) { checkUnary("dropout", "{p = 0.5 : f64, node = 3 : i64} "); }
+TEST(Gradient, DropoutThenTanh) {
+  GradCheck c({param("x", "4x8xf64")},
+              "%d = carve.dropout %x {p = 0.25 : f64, node = 7 : i64} : tensor<4x8xf64>\n"
+              "%y = carve.tanh %d : tensor<4x8xf64>",
+              "%y", "4x8xf64");
+  c.uniform("x", -2, 2);
+  c.run();
+}
 
 //===--- Select and cast ---------------------------------------------------===//
 

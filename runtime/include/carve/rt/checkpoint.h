@@ -88,7 +88,10 @@ struct CheckpointManifest {
   int64_t lrStep = 0;        // the lr schedule's position (0-based step of the next update)
   int64_t dataStep = 0;      // the data stream's position: the next batch is batch dataStep
   int64_t globalBatch = 0, seqLen = 0;
-  std::string rng = "none"; // the training step draws no random numbers
+  /// "none": the training step draws no random numbers; "philox4x32-10":
+  /// dropout masks from `rngSeed` and the step (docs/training.md#dropout).
+  std::string rng = "none";
+  uint64_t rngSeed = 0;
   /// fp16 plans: the dynamic loss scale and the overflow-free steps since it
   /// last changed, so that a resumed run continues with them (0: not recorded).
   double lossScale = 0;

@@ -87,6 +87,19 @@ void logic(Logic f, const uint8_t *a, Dims as, const uint8_t *b, Dims bs, uint8_
 template <class T>
 void where(const uint8_t *c, Dims cs, const T *a, Dims as, const T *b, Dims bs, T *y, Dims ys);
 
+namespace philox {
+struct DropoutPiece;
+}
+/// Dropout in training mode (docs/training.md#dropout): y = x / (1 - p)
+/// (PyTorch's float scale, philox::dropoutScale) where
+/// philox::dropoutKeep(seed, step, node, the element's index in the full
+/// tensor, p) keeps the element, 0 where it drops it. `piece` is x's shape
+/// and where it lies in the full tensor. p = 0: y = x. The gradient is the
+/// same call on dy (the same mask).
+template <class T>
+void dropout(const T *x, const philox::DropoutPiece &piece, double p, uint64_t seed, int64_t step,
+             int64_t node, T *y);
+
 /// y[i] = To(x[i]). Instantiated for every pair of {float, double, int64_t, int32_t, uint8_t}.
 template <class From, class To> void cast(const From *x, To *y, int64_t n);
 

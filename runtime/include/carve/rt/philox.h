@@ -6,11 +6,12 @@
 // any element of a random tensor can be drawn on its own, on any rank, in any
 // order, on the host or the device (the same header compiles in both).
 //
-// This is the foundation of plan-independent dropout (issue 23): a mask
-// element will be a function of (seed, step, the dropout node, the element's
-// index in the full, unsplit tensor) only, with the key the seed and the
-// counter (index / 4, node, step); `dropoutKeep` draws it. Nothing in the
-// compiler uses it yet.
+// This is the foundation of plan-independent dropout (docs/training.md,
+// "Dropout"): a mask element is a function of (seed, step, the dropout node,
+// the element's index in the full, unsplit tensor) only, with the key the
+// seed and the counter (index / 4, node, step); `dropoutKeep` draws it, and
+// `DropoutPiece` says where an element of one rank's piece lies in the full
+// tensor, so every plan draws the 1-rank program's masks.
 //
 // Checked against Random123's known-answer vectors (runtime/tests/PhiloxTest.cpp).
 //
@@ -73,6 +74,62 @@ CARVE_HD bool dropoutKeep(uint64_t seed, uint32_t step, uint32_t node, uint64_t 
       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   return uniform01(r.w[index & 3]) >= p;
 }
+
+/// Where one rank's piece of a tensor lies in the full tensor whose mask
+/// dropout draws: the 1-rank program's tensor, with the whole batch and no
+/// tensor-parallel split. The piece (`dims`, the shape the rank computes) is
+/// the full tensor
+///  - split over tp along `tpDim` (dist.h's Split{tpDim, tpGroups, tpParts},
+///    piece `tpRank`; -1: not split), of
+///  - this rank's share of the batch: dimension `batchDim` (-1: none) is
+///    batchOuter x localBatch x inner of the full batchOuter x globalBatch x
+///    inner, the local samples being samples [batchOffset, + localBatch) of
+///    the global batch (data-parallel rank and micro-batch).
+struct DropoutPiece {
+  Dims dims;
+  int tpDim = -1;
+  int64_t tpGroups = 1;
+  int tpParts = 1, tpRank = 0;
+  int batchDim = -1;
+  int64_t batchOuter = 1, localBatch = 1, globalBatch = 1, batchOffset = 0;
+};
+
+/// Coordinate `c` of the piece along dimension `d` as a coordinate of the
+/// full tensor, whose extent along `d` it stores in `full`.
+CARVE_HD int64_t fullCoordinate(const DropoutPiece &p, int d, int64_t c, int64_t &full) {
+  int64_t size = p.dims.d[d];
+  if (d == p.tpDim) {
+    const int64_t chunk = size / p.tpGroups;
+    c = c / chunk * chunk * p.tpParts + (int64_t)p.tpRank * chunk + c % chunk;
+    size *= p.tpParts;
+  }
+  if (d == p.batchDim) {
+    const int64_t inner = size / (p.batchOuter * p.localBatch);
+    const int64_t o = c / (p.localBatch * inner), s = c / inner % p.localBatch, i = c % inner;
+    c = (o * p.globalBatch + p.batchOffset + s) * inner + i;
+    size = p.batchOuter * p.globalBatch * inner;
+  }
+  full = size;
+  return c;
+}
+
+/// The full tensor's row-major index of the piece's element `local`.
+CARVE_HD uint64_t fullIndex(const DropoutPiece &p, int64_t local) {
+  uint64_t index = 0, stride = 1;
+  for (int d = p.dims.rank - 1; d >= 0; --d) {
+    const int64_t c = local % p.dims.d[d];
+    local /= p.dims.d[d];
+    int64_t full;
+    const int64_t g = fullCoordinate(p, d, c, full);
+    index += (uint64_t)g * stride;
+    stride *= (uint64_t)full;
+  }
+  return index;
+}
+
+/// PyTorch's scale of kept elements, 1 / (1 - p) rounded to float (ATen
+/// divides the float mask by 1 - p).
+CARVE_HD float dropoutScale(double p) { return 1.0f / (float)(1.0 - p); }
 
 } // namespace carve::rt::philox
 

@@ -97,6 +97,7 @@ struct StepContext {
   char *arena = nullptr;          // Program::arenaBytes bytes, 64-byte aligned
   Communicator *dpComm = nullptr; // the data-parallel group (size 1 without dp)
   int64_t step = 0;               // optimizer steps done before this one (0-based)
+  uint64_t seed = 0; // the dropout masks' seed (train --seed; docs/training.md#dropout)
   // Out:
   float loss = 0;                 // the global loss (reduced over the dp group)
   float lr = 0;                   // learning rate applied in this step
@@ -224,6 +225,9 @@ struct Program {
   /// this program is ep rank epRank's (its experts). 1: no expert parallelism.
   int ep = 1;
   int epRank = 0;
+  /// Dropout nodes whose masks this rank's step draws (docs/training.md#dropout):
+  /// from StepContext::seed and step. 0: it draws no random numbers.
+  int dropoutNodes = 0;
 };
 
 } // namespace carve::rt
