@@ -438,7 +438,8 @@ bool Generator::emitDropout(DropoutOp d, llvm::raw_ostream &os) {
      << (share ? d.batchDim() : -1) << ", " << d.batchOuter() << ", " << (share ? micro : 1) << ", "
      << (share ? opts.globalBatch : 1) << ", " << offset
      << "}, ctx.evaluating ? 0.0 : " << llvm::format("%.17g", d.getP().convertToDouble())
-     << ", ctx.seed, ctx.step, " << d.nodeIndex() << ", " << name(res) << ");";
+     << (opts.cuda() ? ", " : ", ctx.seed, ctx.step, ") << d.nodeIndex() << ", " << name(res)
+     << ");" << (opts.cuda() ? "  // seed and step: setDropoutState's, on the device" : "");
   return true;
 }
 

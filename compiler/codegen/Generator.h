@@ -145,6 +145,10 @@ struct TensorRow {
 /// The rows of the (whole, not tp-split) table a gather of `fn` indexes with
 /// graph input `input`: a token model's vocabulary; 0 when no gather does.
 int64_t tokenVocab(mlir::func::FuncOp fn, const std::string &input, int tp);
+/// CUDA programs that draw dropout masks: the statement that puts the step's
+/// seed and number where the dropout kernels read them on the device (so a
+/// captured CUDA graph draws each step's masks); empty otherwise.
+std::string dropoutStateLine(const EmitOptions &opts, int dropoutNodes);
 /// The dropout nodes whose masks `fn` draws (forward ops; their gradients
 /// draw the same masks).
 int dropoutNodes(mlir::func::FuncOp fn);

@@ -93,8 +93,8 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
   const std::vector<Generator::StageOut> &chunks = rp.chunks;
   const int p = pipe.pp, v = pipe.virtualStages, m = opts.numMicroBatches;
   os << "void step(StepContext &ctx) {\n"
-     << precisionLine(opts) << "  // Memory plan (one arena, " << bytesText(rp.out.arenaBytes)
-     << "):\n"
+     << precisionLine(opts) << dropoutStateLine(opts, rp.out.dropoutNodes)
+     << "  // Memory plan (one arena, " << bytesText(rp.out.arenaBytes) << "):\n"
      << "  //   inputs (" << m << " micro-batch(es))    [0, " << rp.inputsEnd << ")\n";
   for (int c = 0; c < v; ++c)
     os << chunks[c].plan;
@@ -451,6 +451,9 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
         return false;
       }
 
+  for (func::FuncOp fn : fns)
+    out.dropoutNodes += codegen::dropoutNodes(fn);
+
   std::string src;
   llvm::raw_string_ostream os(src);
   codegen::emitRankPreamble(os, rp);
@@ -466,8 +469,6 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   if (!inputs.empty())
     for (func::FuncOp fn : fns)
       out.vocab = std::max(out.vocab, codegen::tokenVocab(fn, inputs[0].name, opts.tp));
-  for (func::FuncOp fn : fns)
-    out.dropoutNodes += codegen::dropoutNodes(fn);
   emitProgramTables(os, opts, out, inputs, params, &pipe);
   out.source = src;
   if (opts.cuda())

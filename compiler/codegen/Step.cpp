@@ -459,7 +459,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   if (opts.cuda()) {
     os << "}\n\nvoid step(StepContext &ctx) {\n"
        << plan << "\n  char *const A = ctx.arena;\n"
-       << precisionLine(opts) << "\n"
+       << precisionLine(opts) << dropoutStateLine(opts, dropoutNodes(fn)) << "\n"
        << graphBefore
        << "\n  // Forward and backward: run as they are, or (train --cuda-graph) run once, then\n"
        << "  // captured in a CUDA graph and replayed.\n"

@@ -33,6 +33,7 @@ std::string runtimeIncludes(const EmitOptions &opts, bool pipelined) {
 void qualifyGpuCalls(std::string &src) {
   static const std::set<std::string> names = {"unary",
                                               "dropout",
+                                              "setDropoutState",
                                               "unary_grad",
                                               "binary",
                                               "compare",
@@ -162,6 +163,14 @@ std::string precisionLine(const EmitOptions &opts) {
   return std::string("  // Plan precision ") + opts.precision +
          ": matmul and attention round their inputs to it and accumulate in fp32.\n" +
          "  setPrecision(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
+}
+
+std::string dropoutStateLine(const EmitOptions &opts, int dropoutNodes) {
+  if (!opts.cuda() || dropoutNodes == 0)
+    return "";
+  return "  // Dropout: this step's seed and number, read by the dropout kernels on the device\n"
+         "  // (a CUDA graph replays them with each step's).\n"
+         "  setDropoutState(ctx.seed, ctx.step);\n";
 }
 
 /// The namespace whose kernels the step calls (the same names on both targets).

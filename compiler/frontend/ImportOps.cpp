@@ -10,6 +10,7 @@
 
 #include "dialects/carve/CarveOps.h"
 
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <cctype>
@@ -272,7 +273,8 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
     if (!training || ratio == 0)
       return define(0, val(0)); // eval mode, or p = 0: the identity
     if (!(ratio > 0 && ratio < 1))
-      fail("the dropout probability (ratio) must be in [0, 1), got " + std::to_string(ratio));
+      fail("the dropout probability (ratio) must be in [0, 1), got " +
+           llvm::formatv("{0}", ratio).str());
     Value x = val(0);
     if (!isa<FloatType>(eltOf(x)))
       fail("dropout takes a floating-point tensor");

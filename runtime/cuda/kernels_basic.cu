@@ -93,9 +93,18 @@ template <Unary F> void launchUnaryGrad(const float *x, const float *dy, float *
 
 // Dropout (carve/rt/philox.h): one Philox draw per element, the element's
 // word of its block's four (the CPU kernel shares a draw between the four).
+// The seed and step (setDropoutState), read by every dropout kernel.
+__device__ uint64_t gDropoutState[2];
+
+__global__ void setDropoutStateKernel(uint64_t seed, uint64_t step) {
+  gDropoutState[0] = seed;
+  gDropoutState[1] = step;
+}
+
 __global__ void dropoutKernel(const float *x, carve::rt::philox::DropoutPiece piece, float p,
-                              float scale, uint64_t seed, uint32_t step, uint32_t node, float *y,
-                              int64_t n) {
+                              float scale, uint32_t node, float *y, int64_t n) {
+  const uint64_t seed = gDropoutState[0];
+  const uint32_t step = static_cast<uint32_t>(gDropoutState[1]);
   CARVE_GRID_LOOP(i, n) {
     const uint64_t g = carve::rt::philox::fullIndex(piece, i);
     y[i] = carve::rt::philox::dropoutKeep(seed, step, node, g, p) ? x[i] * scale : 0.0f;
@@ -449,8 +458,13 @@ void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n) 
   fatal("unary_grad: unknown function %d", static_cast<int>(f));
 }
 
-void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, double p, uint64_t seed,
-             int64_t step, int64_t node, float *y) {
+void setDropoutState(uint64_t seed, int64_t step) {
+  CARVE_KERNEL(1, 1, 0, stream(), setDropoutStateKernel)(seed, static_cast<uint64_t>(step));
+  checkLaunch("setDropoutState");
+}
+
+void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, double p, int64_t node,
+             float *y) {
   const int64_t n = piece.dims.numel();
   if (n <= 0)
     return;
@@ -459,8 +473,7 @@ void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, doubl
   if (!(p < 1))
     fatal("dropout: p = %g is outside [0, 1)", p);
   CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), dropoutKernel)
-  (x, piece, (float)p, carve::rt::philox::dropoutScale(p), seed, (uint32_t)step, (uint32_t)node, y,
-   n);
+  (x, piece, (float)p, carve::rt::philox::dropoutScale(p), (uint32_t)node, y, n);
   checkLaunch("dropout");
 }
 

@@ -42,6 +42,10 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
 7. CARVE_GPU_PROFILE=1 on the GPT fp32 program: one table of GPU time by
    kernel name at the end, with the cuBLAS GEMMs, attention and AdamW among
    its rows, and (on a GPU) more than 0 ms in all.
+8. Dropout: tests/e2e/dropout.py's model (8 dropout nodes) draws the CPU
+   program's masks on the GPU (the fp32 bounds of 1), --cuda-graph replays
+   each step's masks (bitwise the eager run), and with 2 GPUs tp=2 equals
+   1 GPU within 1e-5.
 
 Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
 
@@ -312,6 +316,55 @@ def check_custom_op(carve, w, data_gen):
     return 2
 
 
+def check_dropout(carve, w, data_gen, n):
+    """tests/e2e/dropout.py's model (nn.TransformerEncoder with dropout 0.1,
+    8 dropout nodes): the CUDA program draws the CPU program's masks (a
+    different mask would move the losses by about 1e-2, far outside the fp32
+    bound), --cuda-graph replays each step's masks (bitwise the eager run:
+    the step and seed are read on the device, not captured), and with 2 GPUs
+    tp=2 equals 1 GPU."""
+    data = os.path.join(w, "dropout.tokens")
+    onnx = os.path.join(w, "dropout.onnx")
+    if PHASE != "device":
+        import dropout
+        dropout.export(onnx)
+        subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens",
+                        "16384", data], check=True, stdout=subprocess.DEVNULL)
+    runs = {}
+    for target in ["cpu", "cuda"]:
+        out = os.path.join(w, "dropout-" + target)
+        compile_(carve, onnx, {}, target, out)
+        runs[target] = (train(carve, out, 1, data, out + ".ckpt", ["--seed", "3"]),
+                        load_checkpoint(out + ".ckpt"))
+    if pending(runs["cuda"][0]):
+        return 0
+    d = worst_rel(runs["cpu"][0], runs["cuda"][0])
+    gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
+    if d > FP32_RTOL or gap > WEIGHT_RTOL:
+        raise Failure("dropout: GPU losses differ from the CPU's by %.3g (limit %g), weights of "
+                      "%s by %.3g (limit %g)\n  cpu %s\n  gpu %s" %
+                      (d, FP32_RTOL, name, gap, WEIGHT_RTOL, runs["cpu"][0], runs["cuda"][0]))
+    print("ok: dropout (8 nodes, p 0.1, seed 3): GPU within %.2g of the CPU over %d steps; "
+          "weights within %.2g (%s)" % (d, STEPS, gap, name))
+    out = os.path.join(w, "dropout-cuda")
+    check_graph(carve, out, 1, data, runs["cuda"][0], runs["cuda"][1], "dropout",
+                ["--seed", "3"])
+    checks = 2
+    if n >= 2:
+        out = os.path.join(w, "dropout-tp2-cuda")
+        compile_(carve, onnx, {"tp": 2}, "cuda", out)
+        losses = train(carve, out, 2, data, out + ".ckpt", ["--seed", "3"])
+        d = worst_rel(runs["cuda"][0], losses)
+        if d > PARALLEL_RTOL:
+            raise Failure("dropout tp=2 on 2 GPUs: losses differ from 1 GPU's by %.3g (limit %g)"
+                          % (d, PARALLEL_RTOL))
+        print("ok: dropout tp=2 on 2 GPUs within %.2g of 1 GPU" % d)
+        checks += 1
+    else:
+        print("not run: dropout tp=2 on 2 GPUs (%d visible)" % n)
+    return checks
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -398,6 +451,8 @@ def main():
 
     with going_on():
         checks += check_custom_op(a.carve, w, data_gen)
+    with going_on():
+        checks += check_dropout(a.carve, w, data_gen, 1 if PHASE != "all" else n)
 
     if PHASE != "all" and n >= 2:
         print("--phase %s: one rank per program (no mpirun on the GPU machine)" % PHASE)

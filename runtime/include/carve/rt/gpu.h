@@ -143,9 +143,14 @@ double readScalar(const double *p);
 
 void unary(Unary f, const float *x, float *y, int64_t n);
 void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n);
-/// Dropout (carve::rt::dropout's semantics and masks, bitwise).
-void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, double p, uint64_t seed,
-             int64_t step, int64_t node, float *y);
+/// The seed and optimizer step the dropout kernels draw with, written to
+/// device memory on the compute stream (outside a captured graph, so that
+/// each replay draws its step's masks).
+void setDropoutState(uint64_t seed, int64_t step);
+/// Dropout: carve::rt::dropout's masks and values, bitwise, with the seed
+/// and step that setDropoutState last wrote.
+void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, double p, int64_t node,
+             float *y);
 void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y, Dims ys);
 /// int64 arithmetic (index computations); Pow has no integer kernel.
 void binary(Binary f, const int64_t *a, Dims as, const int64_t *b, Dims bs, int64_t *y, Dims ys);
