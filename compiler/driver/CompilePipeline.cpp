@@ -4,6 +4,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/dataparallel/DataParallel.h"
+#include "compiler/frontend/Passes.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/memory/MemoryPlan.h"
 #include "compiler/optimizer/Optimizer.h"
@@ -23,6 +24,7 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
                           const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
                           int64_t bucketBytes, int64_t epRank) {
   pm.addPass(createBindCustomOpsPass(rules));
+  pm.addNestedPass<mlir::func::FuncOp>(createCarveLowerConvolutions());
   if (plan.ep > 1) {
     CarveExpertParallelOptions ep;
     ep.epRank = epRank;
@@ -56,7 +58,7 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
 }
 
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
-  std::vector<std::string> passes = {"carve-bind-custom-ops"};
+  std::vector<std::string> passes = {"carve-bind-custom-ops", "carve-lower-convolutions"};
   if (plan.ep > 1)
     passes.push_back("carve-expert-parallel");
   for (const char *p : {"carve-autodiff", "carve-check-overrides"})

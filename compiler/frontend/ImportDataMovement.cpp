@@ -213,6 +213,71 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
                                      b.getDenseI64ArrayAttr(st), b.getDenseI64ArrayAttr(en),
                                      b.getDenseI64ArrayAttr(sp)));
   }
+  if (op == "Pad") {
+    // Constant mode: blocks of the value concatenated before and after along
+    // each padded axis (an expanded scalar, so a split passes through), a
+    // slice where a pad is negative (cropping).
+    Value x = val(0);
+    const int64_t rank = shp(x).size();
+    std::string mode = attrString("mode", "constant");
+    if (mode != "constant")
+      fail("mode '" + mode + "' is not supported (constant padding only)");
+    std::vector<int64_t> pads;
+    if (opset >= 11)
+      pads = needConst(1, "pads").toInts();
+    else if (auto p = attrInts("pads"))
+      pads = *p;
+    std::vector<int64_t> axes;
+    if (opset >= 18 && hasInput(3)) {
+      for (int64_t a : needConst(3, "axes").toInts())
+        axes.push_back(normAxis(a, rank));
+    } else {
+      for (int64_t a = 0; a < rank; ++a)
+        axes.push_back(a);
+    }
+    if (pads.size() != 2 * axes.size())
+      fail("pads has " + std::to_string(pads.size()) + " entries for " +
+           std::to_string(axes.size()) + " axes (two per axis)");
+    double value = opset >= 11 ? (hasInput(2) ? needConst(2, "constant_value").asDouble(0) : 0.0)
+                               : attrFloat("value", 0.0f);
+    Type elt = eltOf(x);
+    Value y = x;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const int64_t a = axes[i], before = pads[i], after = pads[i + axes.size()];
+      if (before < 0 || after < 0) {
+        SmallVector<int64_t> st(rank, 0), en(shp(y)), sp(rank, 1);
+        st[a] = std::max<int64_t>(0, -before);
+        en[a] = shp(y)[a] - std::max<int64_t>(0, -after);
+        if (st[a] >= en[a])
+          fail("the pads crop all of dimension " + std::to_string(a));
+        SmallVector<int64_t> cut(shp(y));
+        cut[a] = en[a] - st[a];
+        y = SliceOp::create(b, loc, tensorType(cut, elt), y, b.getDenseI64ArrayAttr(st),
+                            b.getDenseI64ArrayAttr(en), b.getDenseI64ArrayAttr(sp));
+      }
+      auto block = [&](int64_t n) {
+        SmallVector<int64_t> ones(rank, 1), shape(shp(y));
+        shape[a] = n;
+        auto t = tensorType(ones, elt);
+        Attribute v = isa<FloatType>(elt) ? Attribute(b.getFloatAttr(elt, value))
+                                          : Attribute(b.getIntegerAttr(elt, (int64_t)value));
+        Value c = ConstantOp::create(b, loc, DenseElementsAttr::get(t, v));
+        return ExpandOp::create(b, loc, tensorType(shape, elt), c).getResult();
+      };
+      SmallVector<Value> parts;
+      if (before > 0)
+        parts.push_back(block(before));
+      parts.push_back(y);
+      if (after > 0)
+        parts.push_back(block(after));
+      if (parts.size() > 1) {
+        SmallVector<int64_t> shape(shp(y));
+        shape[a] += std::max<int64_t>(0, before) + std::max<int64_t>(0, after);
+        y = ConcatOp::create(b, loc, tensorType(shape, elt), parts, b.getI64IntegerAttr(a));
+      }
+    }
+    return define(0, y);
+  }
   if (op == "Split") {
     Value x = val(0);
     int64_t rank = shp(x).size(), axis = normAxis(attrInt("axis", 0), rank);

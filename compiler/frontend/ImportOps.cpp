@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/frontend/Importer.h"
+#include "compiler/frontend/LowerConvolutions.h"
 
 #include "dialects/carve/CarveOps.h"
 
@@ -61,8 +62,8 @@ void Importer::build(const onnx::NodeProto &n) {
          "LayerNormalization", "BatchNormalization"});
     add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
     add(&Importer::buildDataMovement,
-        {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand"});
-    add(&Importer::buildConvolution, {"Conv", "MaxPool", "GlobalAveragePool"});
+        {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand", "Pad"});
+    add(&Importer::buildConvolution, {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool"});
     add(&Importer::buildLoss, {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"});
     add(&Importer::buildRecurrent, {"LSTM", "GRU"});
     add(&Importer::buildNonZero, {"NonZero"});
@@ -758,31 +759,49 @@ void Importer::buildNormalization(const onnx::NodeProto &n) {
 void Importer::buildConvolution(const onnx::NodeProto &n) {
   const std::string &op = n.op_type();
 
-  if (op == "Conv" || op == "MaxPool") {
+  if (op == "Conv" || op == "MaxPool" || op == "AveragePool") {
     Value x = val(0);
-    if (shp(x).size() != 4)
-      fail("only 2-D " + op + " on 4-D NCHW tensors is supported, got rank " +
-           std::to_string(shp(x).size()));
+    const int64_t rank = shp(x).size();
+    if (rank != 3 && rank != 4)
+      fail("only 1-D and 2-D " + op + " (on 3-D NCL or 4-D NCHW tensors) is supported, got rank " +
+           std::to_string(rank));
+    // 1-D: the 2-D op on [N, C, 1, L], its attributes with a leading 1 (0
+    // for the pads).
+    const bool oneD = rank == 3;
+    auto two = [&](SmallVector<int64_t> v, int64_t lead) {
+      if (!oneD)
+        return v;
+      if (v.size() == 2) // pads [begin, end]
+        return SmallVector<int64_t>{lead, v[0], lead, v[1]};
+      v.insert(v.begin(), lead);
+      return v;
+    };
     SmallVector<int64_t> kernel;
     if (auto k = attrInts("kernel_shape"))
-      kernel.assign(k->begin(), k->end());
+      kernel = two(SmallVector<int64_t>(k->begin(), k->end()), 1);
     else if (op == "Conv")
-      kernel = {shapeOf(1)[2], shapeOf(1)[3]};
+      kernel = oneD ? SmallVector<int64_t>{1, shapeOf(1)[2]}
+                    : SmallVector<int64_t>{shapeOf(1)[2], shapeOf(1)[3]};
     else
       fail("kernel_shape is required");
     auto ints = [&](StringRef name, SmallVector<int64_t> dflt) {
       auto v = attrInts(name);
-      return v ? SmallVector<int64_t>(v->begin(), v->end()) : dflt;
+      return v ? two(SmallVector<int64_t>(v->begin(), v->end()), name == "pads" ? 0 : 1) : dflt;
     };
     SmallVector<int64_t> strides = ints("strides", {1, 1});
     SmallVector<int64_t> dil = ints("dilations", {1, 1});
     SmallVector<int64_t> pads = ints("pads", {0, 0, 0, 0});
+    if (kernel.size() != 2 || strides.size() != 2 || dil.size() != 2 || pads.size() != 4)
+      fail("kernel_shape, strides, dilations and pads must have one entry per spatial "
+           "dimension (pads two)");
+    SmallVector<int64_t> image =
+        oneD ? SmallVector<int64_t>{1, shp(x)[2]} : SmallVector<int64_t>{shp(x)[2], shp(x)[3]};
     std::string autoPad = attrString("auto_pad", "NOTSET");
     if (autoPad == "VALID") {
       pads = {0, 0, 0, 0};
     } else if (autoPad == "SAME_UPPER" || autoPad == "SAME_LOWER") {
       for (int i = 0; i < 2; ++i) {
-        int64_t in = shp(x)[2 + i], out = (in + strides[i] - 1) / strides[i];
+        int64_t in = image[i], out = (in + strides[i] - 1) / strides[i];
         int64_t total =
             std::max<int64_t>(0, (out - 1) * strides[i] + dil[i] * (kernel[i] - 1) + 1 - in);
         pads[i] = autoPad == "SAME_UPPER" ? total / 2 : total - total / 2;
@@ -791,29 +810,43 @@ void Importer::buildConvolution(const onnx::NodeProto &n) {
     } else if (autoPad != "NOTSET") {
       fail("auto_pad '" + autoPad + "' is not supported");
     }
-    if (op == "MaxPool") {
+    Value x4 = oneD ? reshape(x, {shp(x)[0], shp(x)[1], 1, shp(x)[2]}) : x;
+    // The 2-D result, back to [N, C, L] for 1-D.
+    auto result = [&](Value y) {
+      return define(0, oneD ? reshape(y, {shp(y)[0], shp(y)[1], shp(y)[3]}) : y);
+    };
+    if (op == "MaxPool" || op == "AveragePool") {
       if (attrInt("ceil_mode", 0))
-        fail("ceil_mode=1 is not supported");
+        fail("ceil_mode=1 is not supported (export with ceil_mode=False)");
       if (dil != SmallVector<int64_t>{1, 1})
         fail("dilated pooling is not supported");
       if (outputUsed(1))
         fail("the Indices output is not supported");
-      ShapeOrError s = pool2dShape(shp(x), kernel, strides, pads);
+      ShapeOrError s = pool2dShape(shp(x4), kernel, strides, pads);
       expect(s);
-      return define(0, MaxPool2dOp::create(
-                           b, loc, tensorType(s.shape, eltOf(x)), x, b.getDenseI64ArrayAttr(kernel),
-                           b.getDenseI64ArrayAttr(strides), b.getDenseI64ArrayAttr(pads)));
+      if (op == "AveragePool") {
+        if (!eltOf(x).isF32())
+          fail("AveragePool takes f32 tensors");
+        return result(buildAvgPool2d(b, loc, x4, kernel, strides, pads,
+                                     attrInt("count_include_pad", 0) != 0));
+      }
+      return result(MaxPool2dOp::create(
+          b, loc, tensorType(s.shape, eltOf(x)), x4, b.getDenseI64ArrayAttr(kernel),
+          b.getDenseI64ArrayAttr(strides), b.getDenseI64ArrayAttr(pads)));
     }
     Value w = val(1);
+    if (shp(w).size() != (size_t)rank)
+      fail("the weight must have the input's rank " + std::to_string(rank));
+    Value w4 = oneD ? reshape(w, {shp(w)[0], shp(w)[1], 1, shp(w)[2]}) : w;
     Value bias = hasInput(2) ? val(2) : Value();
     int64_t group = attrInt("group", 1);
-    ShapeOrError s = conv2dShape(shp(x), shp(w), strides, pads, dil, group);
+    ShapeOrError s = conv2dShape(shp(x4), shp(w4), strides, pads, dil, group);
     expect(s);
-    if (ArrayRef<int64_t>(kernel) != shp(w).drop_front(2))
+    if (ArrayRef<int64_t>(kernel) != shp(w4).drop_front(2))
       fail("kernel_shape does not match the weight");
-    return define(0, Conv2dOp::create(b, loc, tensorType(s.shape, eltOf(x)), x, w, bias,
-                                      b.getDenseI64ArrayAttr(strides), b.getDenseI64ArrayAttr(pads),
-                                      b.getDenseI64ArrayAttr(dil), b.getI64IntegerAttr(group)));
+    return result(Conv2dOp::create(b, loc, tensorType(s.shape, eltOf(x)), x4, w4, bias,
+                                   b.getDenseI64ArrayAttr(strides), b.getDenseI64ArrayAttr(pads),
+                                   b.getDenseI64ArrayAttr(dil), b.getI64IntegerAttr(group)));
   }
   if (op == "GlobalAveragePool") {
     Value x = val(0);

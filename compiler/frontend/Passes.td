@@ -37,4 +37,24 @@ def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
   ];
 }
 
+def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncOp"> {
+  let summary = "Convolution and max pooling as gathers, matmuls and reductions (im2col)";
+  let description = [{
+    Rewrites every `carve.conv2d` and `carve.max_pool2d` into ops that autodiff,
+    the partitioner and both targets already handle (LowerConvolutions.cpp):
+    the sliding windows as a `carve.gather` of the flattened image with a
+    constant index of positions (strides, padding, dilation) and a `where` with
+    a constant mask for the padding (0, or -inf for max pooling); then a
+    `carve.matmul` with the weight (per group: grouped and depthwise
+    convolutions) and the bias, or a `carve.reduce_max` over the kernel's taps.
+
+    Runs first in `carve compile` (the planner prices the convolutions as
+    they are imported). Before: any carve IR. After: no conv2d or max_pool2d.
+  }];
+  let dependentDialects = ["carve::CarveDialect"];
+  let statistics = [
+    Statistic<"numLowered", "num-lowered", "Number of convolutions and poolings lowered">
+  ];
+}
+
 #endif // CARVE_FRONTEND_PASSES_TD

@@ -46,6 +46,8 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    program's masks on the GPU (the fp32 bounds of 1), --cuda-graph replays
    each step's masks (bitwise the eager run), and with 2 GPUs tp=2 equals
    1 GPU within 1e-5.
+9. Convolutions: tests/e2e/convolution.py's CNN (im2col) trains on the GPU
+   as on the CPU (the fp32 bounds of 1).
 
 Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
 
@@ -323,13 +325,15 @@ def check_dropout(carve, w, data_gen, n):
     bound), --cuda-graph replays each step's masks (bitwise the eager run:
     the step and seed are read on the device, not captured), and with 2 GPUs
     tp=2 equals 1 GPU."""
+    import numpy as np
+
     data = os.path.join(w, "dropout.tokens")
     onnx = os.path.join(w, "dropout.onnx")
     if PHASE != "device":
+        import data_gen as tokens
         import dropout
         dropout.export(onnx)
-        subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens",
-                        "16384", data], check=True, stdout=subprocess.DEVNULL)
+        tokens.write_tokens(data, tokens.make_tokens(16384, dropout.VOCAB, seed=0))
     runs = {}
     for target in ["cpu", "cuda"]:
         out = os.path.join(w, "dropout-" + target)
@@ -339,7 +343,17 @@ def check_dropout(carve, w, data_gen, n):
     if pending(runs["cuda"][0]):
         return 0
     d = worst_rel(runs["cpu"][0], runs["cuda"][0])
-    gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
+    # nn.MultiheadAttention's key bias has a zero gradient in exact arithmetic
+    # (see weight_gap); with this model's zero-initialized biases AdamW's steps
+    # on its rounding noise are the whole tensor: compare the query and value
+    # thirds only.
+    import dropout
+    qv = {}
+    for run in ("cpu", "cuda"):
+        qv[run] = {k: (t if not k.endswith("self_attn.in_proj_bias") else
+                       np.concatenate([t[:dropout.D], t[2 * dropout.D:]]))
+                   for k, t in runs[run][1].items()}
+    gap, name = weight_gap(qv["cpu"], qv["cuda"])
     if d > FP32_RTOL or gap > WEIGHT_RTOL:
         raise Failure("dropout: GPU losses differ from the CPU's by %.3g (limit %g), weights of "
                       "%s by %.3g (limit %g)\n  cpu %s\n  gpu %s" %
@@ -363,6 +377,38 @@ def check_dropout(carve, w, data_gen, n):
     else:
         print("not run: dropout tp=2 on 2 GPUs (%d visible)" % n)
     return checks
+
+
+def check_convolution(carve, w):
+    """tests/e2e/convolution.py's CNN (strided, padded, grouped and depthwise
+    convolutions, max and average pooling, as im2col): the CUDA program
+    trains as the CPU program does (the fp32 bounds of 1)."""
+    import numpy as np
+
+    onnx = os.path.join(w, "cnn.onnx")
+    data = os.path.join(w, "cnn.safetensors")
+    if PHASE != "device":
+        import convolution
+        shape = convolution.export("cnn", onnx)
+        rng = np.random.default_rng(1)
+        st.save(data, {"x": rng.standard_normal((STEPS,) + shape).astype(np.float32),
+                       "y": rng.integers(0, 10, (STEPS, shape[0])).astype(np.int64)})
+    runs = {}
+    for target in ["cpu", "cuda"]:
+        out = os.path.join(w, "cnn-" + target)
+        compile_(carve, onnx, {}, target, out)
+        runs[target] = (train(carve, out, 1, data, out + ".ckpt"), load_checkpoint(out + ".ckpt"))
+    if pending(runs["cuda"][0]):
+        return 0
+    d = worst_rel(runs["cpu"][0], runs["cuda"][0])
+    gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
+    if d > FP32_RTOL or gap > WEIGHT_RTOL:
+        raise Failure("convolutions: GPU losses differ from the CPU's by %.3g (limit %g), weights "
+                      "of %s by %.3g (limit %g)\n  cpu %s\n  gpu %s" %
+                      (d, FP32_RTOL, name, gap, WEIGHT_RTOL, runs["cpu"][0], runs["cuda"][0]))
+    print("ok: CNN (convolutions and pooling as im2col): GPU within %.2g of the CPU over %d "
+          "steps; weights within %.2g (%s)" % (d, STEPS, gap, name))
+    return 1
 
 
 def main():
@@ -453,6 +499,8 @@ def main():
         checks += check_custom_op(a.carve, w, data_gen)
     with going_on():
         checks += check_dropout(a.carve, w, data_gen, 1 if PHASE != "all" else n)
+    with going_on():
+        checks += check_convolution(a.carve, w)
 
     if PHASE != "all" and n >= 2:
         print("--phase %s: one rank per program (no mpirun on the GPU machine)" % PHASE)

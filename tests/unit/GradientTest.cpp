@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/autodiff/Autodiff.h"
+#include "compiler/frontend/Passes.h"
 #include "compiler/interp/Interpreter.h"
 #include "dialects/carve/CarveOps.h"
 
@@ -19,6 +20,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 
 #include <gtest/gtest.h>
 
@@ -103,6 +105,13 @@ public:
     return *this;
   }
 
+  /// Runs carve-lower-convolutions on @forward before autodiff (conv2d and
+  /// max_pool2d train as the ops it writes).
+  GradCheck &lowered() {
+    lower = true;
+    return *this;
+  }
+
   /// The module text the check parses.
   std::string text() const {
     std::string sig;
@@ -121,6 +130,11 @@ public:
     std::string src = text();
     OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(src, ctx.get());
     ASSERT_TRUE(module) << "cannot parse:\n" << src;
+    if (lower) {
+      PassManager pm(ctx.get());
+      pm.addNestedPass<func::FuncOp>(createCarveLowerConvolutions());
+      ASSERT_TRUE(succeeded(pm.run(*module))) << "carve-lower-convolutions failed";
+    }
     auto fwd = module->lookupSymbol<func::FuncOp>("forward");
 
     // Argument values by their carve.param / carve.input name.
@@ -233,6 +247,7 @@ private:
   std::map<std::string, std::function<double(Random &)>> gens;
   std::map<std::string, std::vector<double>> fixed;
   double fixedStep = 0;
+  bool lower = false;
   std::unique_ptr<MLIRContext> context;
   OwningOpRef<ModuleOp> trainStep;
 
@@ -899,6 +914,52 @@ TEST(Gradient, MlpBlockWithCrossEntropy) {
       ": (tensor<2x4x3xf64>, tensor<2x3xi64>) -> tensor<f64>",
       "%y", "f64")
       .values("t", {0, 3, 1, 2, -100, 3})
+      .run();
+}
+
+//===--- Convolution and pooling (carve-lower-convolutions) ----------------===//
+
+// The ops the lowering writes (gather of the windows, where for the padding,
+// matmul, reduce_max) against finite differences of the lowered @forward:
+// with respect to the image, the weight and the bias.
+TEST(Gradient, Conv2dStridedPaddedBias) {
+  GradCheck({param("x", "2x3x5x5xf64"), param("w", "4x3x3x3xf64"), param("b", "4xf64")},
+            "%y = carve.conv2d %x, %w bias %b {dilations = array<i64: 1, 1>, group = 1 : i64, "
+            "pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 2, 2>} : (tensor<2x3x5x5xf64>, "
+            "tensor<4x3x3x3xf64>, tensor<4xf64>) -> tensor<2x4x3x3xf64>",
+            "%y", "2x4x3x3xf64")
+      .lowered()
+      .run();
+}
+
+TEST(Gradient, Conv2dGroupedDilatedAsymmetricPads) {
+  GradCheck({param("x", "1x4x6x6xf64"), param("w", "4x2x3x3xf64")},
+            "%y = carve.conv2d %x, %w {dilations = array<i64: 2, 2>, group = 2 : i64, "
+            "pads = array<i64: 2, 1, 0, 1>, strides = array<i64: 1, 1>} : (tensor<1x4x6x6xf64>, "
+            "tensor<4x2x3x3xf64>) -> tensor<1x4x4x4xf64>",
+            "%y", "1x4x4x4xf64")
+      .lowered()
+      .run();
+}
+
+TEST(Gradient, Conv2dDepthwise) {
+  GradCheck({param("x", "1x3x4x4xf64"), param("w", "3x1x3x3xf64")},
+            "%y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 3 : i64, "
+            "pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>} : (tensor<1x3x4x4xf64>, "
+            "tensor<3x1x3x3xf64>) -> tensor<1x3x4x4xf64>",
+            "%y", "1x3x4x4xf64")
+      .lowered()
+      .run();
+}
+
+// Max pooling's gradient goes to each window's maximum (random inputs have no
+// ties); padding is -inf and never the maximum.
+TEST(Gradient, MaxPool2dPadded) {
+  GradCheck({param("x", "1x2x5x5xf64")},
+            "%y = carve.max_pool2d %x {kernel = array<i64: 3, 3>, pads = array<i64: 1, 1, 1, 1>, "
+            "strides = array<i64: 2, 2>} : tensor<1x2x5x5xf64> -> tensor<1x2x3x3xf64>",
+            "%y", "1x2x3x3xf64")
+      .lowered()
       .run();
 }
 

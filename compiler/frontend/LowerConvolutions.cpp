@@ -1,0 +1,219 @@
+//===- LowerConvolutions.cpp - convolution and pooling as gathers and GEMMs -===//
+//
+// carve.conv2d and carve.max_pool2d become ops that every later stage already
+// knows (im2col written in the dialect):
+//
+//   windows = gather(reshape(x, [N, C, H*W]), idx, axis 2)   [N, C, P, K]
+//
+// with idx a constant [P, K] of positions in the image (P = Ho*Wo output
+// pixels, K = kh*kw kernel taps: strides, padding and dilation are all in
+// it) and, where the window reaches into the padding, a `where` with a
+// constant mask putting the padding value there (0 for convolution, -inf for
+// max pooling). Then
+//
+//   conv2d:     matmul(windows as [N*P, C*K], weight as [C*K, O]), one GEMM;
+//               with G > 1 groups per group [N, G, P, Cg*K] x [G, Cg*K, Og],
+//               and with one output channel per group (depthwise) a product
+//               summed over the group's channels and taps; -> [N, O, Ho, Wo]
+//               (+ bias)
+//   max_pool2d: reduce_max over K
+//   avg_pool2d: reduce_sum over K, divided by the window's count
+//
+// So autodiff (gather_grad sums the overlapping windows' gradients back),
+// the partitioner (channels split column- or row-parallel through the
+// matmul, the batch for dp), both targets and the memory plan handle them
+// with no kernel of their own. The cost is im2col's: the windows tensor is
+// K times the image.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/frontend/LowerConvolutions.h"
+
+#include "compiler/frontend/Passes.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Shapes.h"
+
+#include <limits>
+
+namespace carve {
+#define GEN_PASS_DEF_CARVELOWERCONVOLUTIONS
+#include "compiler/frontend/Passes.h.inc"
+} // namespace carve
+
+using namespace mlir;
+
+namespace carve {
+
+namespace {
+
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+RankedTensorType like(Value v, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, typeOf(v).getElementType());
+}
+
+Value reshape(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> shape) {
+  if (typeOf(v).getShape() == shape)
+    return v;
+  return ReshapeOp::create(b, loc, like(v, shape), v);
+}
+
+Value transpose(OpBuilder &b, Location loc, Value v, ArrayRef<int64_t> perm) {
+  SmallVector<int64_t> shape;
+  for (int64_t p : perm)
+    shape.push_back(typeOf(v).getShape()[p]);
+  return TransposeOp::create(b, loc, like(v, shape), v, b.getDenseI64ArrayAttr(perm));
+}
+
+/// A float scalar constant of `v`'s element type.
+Value scalar(OpBuilder &b, Location loc, Value v, double x) {
+  auto t = like(v, {});
+  return ConstantOp::create(
+      b, loc, DenseElementsAttr::get(t, b.getFloatAttr(cast<FloatType>(t.getElementType()), x)));
+}
+
+} // namespace
+
+Window::Window(ArrayRef<int64_t> image, ArrayRef<int64_t> kernel, ArrayRef<int64_t> strides,
+               ArrayRef<int64_t> pads, ArrayRef<int64_t> dilations)
+    : h(image[0]), w(image[1]), kh(kernel[0]), kw(kernel[1]), sh(strides[0]), sw(strides[1]),
+      dh(dilations[0]), dw(dilations[1]), top(pads[0]), left(pads[1]) {
+  ho = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) / sh + 1;
+  wo = (w + pads[1] + pads[3] - dw * (kw - 1) - 1) / sw + 1;
+  for (int64_t oy = 0; oy < ho; ++oy)
+    for (int64_t ox = 0; ox < wo; ++ox)
+      for (int64_t ky = 0; ky < kh; ++ky)
+        for (int64_t kx = 0; kx < kw; ++kx) {
+          int64_t y = oy * sh - top + ky * dh, x = ox * sw - left + kx * dw;
+          bool in = y >= 0 && y < h && x >= 0 && x < w;
+          index.push_back(in ? y * w + x : 0);
+          inside.push_back(in);
+          padded |= !in;
+        }
+}
+
+int64_t Window::count(int64_t pixel) const {
+  int64_t n = 0;
+  for (int64_t k = 0; k < kh * kw; ++k)
+    n += inside[pixel * kh * kw + k];
+  return n;
+}
+
+Value gatherWindows(OpBuilder &b, Location loc, Value x, const Window &win, double padValue) {
+  ArrayRef<int64_t> s = typeOf(x).getShape();
+  const int64_t n = s[0], c = s[1], p = win.pixels(), k = win.taps();
+  Value flat = reshape(b, loc, x, {n, c, win.h * win.w});
+  auto idxType = RankedTensorType::get({p, k}, b.getI64Type());
+  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(win.index)));
+  Value cols = GatherOp::create(b, loc, like(x, {n, c, p, k}), flat, idx, b.getI64IntegerAttr(2));
+  if (!win.padded)
+    return cols;
+  auto maskType = RankedTensorType::get({p, k}, b.getI1Type());
+  SmallVector<bool> inside(win.inside.begin(), win.inside.end());
+  Value mask = ConstantOp::create(b, loc, DenseElementsAttr::get(maskType, ArrayRef(inside)));
+  return WhereOp::create(b, loc, cols.getType(), mask, cols, scalar(b, loc, x, padValue));
+}
+
+Value lowerConv2d(OpBuilder &b, Conv2dOp conv) {
+  Location loc = conv.getLoc();
+  Value x = conv.getInput(), w = conv.getWeight();
+  ArrayRef<int64_t> xs = typeOf(x).getShape(), ws = typeOf(w).getShape();
+  const int64_t n = xs[0], c = xs[1], o = ws[0], g = conv.getGroup();
+  const int64_t cg = c / g, og = o / g;
+  Window win(xs.drop_front(2), ws.drop_front(2), conv.getStrides(), conv.getPads(),
+             conv.getDilations());
+  const int64_t p = win.pixels(), k = win.taps();
+  Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, P, K]
+  Value y;
+  if (g == 1) {
+    // One GEMM over every sample's pixels: [N*P, C*K] x [C*K, O] -> [N, O, P]
+    Value a = reshape(b, loc, transpose(b, loc, cols, {0, 2, 1, 3}), {n * p, c * k});
+    Value wm = transpose(b, loc, reshape(b, loc, w, {o, c * k}), {1, 0});
+    y = MatmulOp::create(b, loc, like(x, {n * p, o}), a, wm);
+    y = transpose(b, loc, reshape(b, loc, y, {n, p, o}), {0, 2, 1});
+  } else if (og == 1) {
+    // One output channel per group (depthwise): each group's windows times
+    // its weights, summed over the group's channels and the taps:
+    // [N, G, Cg, P, K] * [G, Cg, 1, K] -> [N, G, P] (an elementwise product,
+    // so tp splits the groups as it splits channels).
+    Value a = reshape(b, loc, cols, {n, g, cg, p, k});
+    Value wb = reshape(b, loc, w, {g, cg, 1, k});
+    Value prod = MulOp::create(b, loc, a.getType(), a, wb);
+    y = ReduceSumOp::create(b, loc, like(x, {n, g, p}), prod, b.getDenseI64ArrayAttr({2, 4}),
+                            b.getBoolAttr(false));
+  } else {
+    // Per group: [N, G, P, Cg*K] x [G, Cg*K, Og] -> [N, G, P, Og] -> [N, O, P]
+    Value a = reshape(b, loc, cols, {n, g, cg, p, k});
+    a = reshape(b, loc, transpose(b, loc, a, {0, 1, 3, 2, 4}), {n, g, p, cg * k});
+    Value wm = transpose(b, loc, reshape(b, loc, w, {g, og, cg * k}), {0, 2, 1});
+    y = MatmulOp::create(b, loc, like(x, {n, g, p, og}), a, wm);
+    y = reshape(b, loc, transpose(b, loc, y, {0, 1, 3, 2}), {n, o, p});
+  }
+  y = reshape(b, loc, y, {n, o, win.ho, win.wo});
+  if (Value bias = conv.getBias())
+    y = AddOp::create(b, loc, y.getType(), y, reshape(b, loc, bias, {o, 1, 1}));
+  return y;
+}
+
+Value lowerMaxPool2d(OpBuilder &b, MaxPool2dOp pool) {
+  Location loc = pool.getLoc();
+  Value x = pool.getInput();
+  ArrayRef<int64_t> xs = typeOf(x).getShape();
+  Window win(xs.drop_front(2), pool.getKernel(), pool.getStrides(), pool.getPads(), {1, 1});
+  Value cols =
+      gatherWindows(b, loc, x, win, -std::numeric_limits<double>::infinity()); // [N, C, P, K]
+  Value m = ReduceMaxOp::create(b, loc, like(x, {xs[0], xs[1], win.pixels()}), cols,
+                                b.getDenseI64ArrayAttr({3}), b.getBoolAttr(false));
+  return reshape(b, loc, m, {xs[0], xs[1], win.ho, win.wo});
+}
+
+Value buildAvgPool2d(OpBuilder &b, Location loc, Value x, ArrayRef<int64_t> kernel,
+                     ArrayRef<int64_t> strides, ArrayRef<int64_t> pads, bool countIncludePad) {
+  ArrayRef<int64_t> xs = typeOf(x).getShape();
+  Window win(xs.drop_front(2), kernel, strides, pads, {1, 1});
+  const int64_t p = win.pixels();
+  Value cols = gatherWindows(b, loc, x, win, 0.0);
+  Value sum = ReduceSumOp::create(b, loc, like(x, {xs[0], xs[1], p}), cols,
+                                  b.getDenseI64ArrayAttr({3}), b.getBoolAttr(false));
+  // PyTorch divides each window's sum by its count: the kernel's size, or
+  // (count_include_pad=False) the taps inside the image.
+  Value count;
+  if (countIncludePad || !win.padded) {
+    count = scalar(b, loc, x, (double)win.taps());
+  } else {
+    std::vector<float> counts;
+    for (int64_t q = 0; q < p; ++q)
+      counts.push_back((float)win.count(q));
+    auto t = like(x, {p});
+    if (!typeOf(x).getElementType().isF32())
+      return Value(); // (the importer's types are f32)
+    count = ConstantOp::create(b, loc, DenseElementsAttr::get(t, ArrayRef(counts)));
+  }
+  Value avg = DivOp::create(b, loc, sum.getType(), sum, count);
+  return reshape(b, loc, avg, {xs[0], xs[1], win.ho, win.wo});
+}
+
+namespace {
+
+struct CarveLowerConvolutionsPass
+    : carve::impl::CarveLowerConvolutionsBase<CarveLowerConvolutionsPass> {
+  void runOnOperation() override {
+    SmallVector<Operation *> todo;
+    getOperation().walk([&](Operation *op) {
+      if (isa<Conv2dOp, MaxPool2dOp>(op))
+        todo.push_back(op);
+    });
+    for (Operation *op : todo) {
+      OpBuilder b(op);
+      Value r = isa<Conv2dOp>(op) ? lowerConv2d(b, cast<Conv2dOp>(op))
+                                  : lowerMaxPool2d(b, cast<MaxPool2dOp>(op));
+      op->getResult(0).replaceAllUsesWith(r);
+      op->erase();
+      ++numLowered;
+    }
+  }
+};
+
+} // namespace
+
+} // namespace carve

@@ -1,0 +1,54 @@
+//===- LowerConvolutions.h - convolution and pooling as gathers and GEMMs --===//
+//
+// The pass carve-lower-convolutions (Passes.td) and the builders it shares
+// with the importer (AveragePool imports straight to them).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_COMPILER_FRONTEND_LOWERCONVOLUTIONS_H
+#define CARVE_COMPILER_FRONTEND_LOWERCONVOLUTIONS_H
+
+#include "dialects/carve/CarveOps.h"
+
+#include "mlir/IR/Builders.h"
+
+#include <vector>
+
+namespace carve {
+
+/// The sliding windows of a 2-D convolution or pooling over an h x w image:
+/// for output pixel (oy, ox) and kernel tap (ky, kx), the image position it
+/// reads (row-major, `index`) and whether that lies inside the image
+/// (`inside`; outside: padding).
+struct Window {
+  Window(llvm::ArrayRef<int64_t> image, llvm::ArrayRef<int64_t> kernel,
+         llvm::ArrayRef<int64_t> strides, llvm::ArrayRef<int64_t> pads,
+         llvm::ArrayRef<int64_t> dilations);
+  int64_t pixels() const { return ho * wo; }
+  int64_t taps() const { return kh * kw; }
+  /// Taps of output pixel `pixel` inside the image.
+  int64_t count(int64_t pixel) const;
+
+  int64_t h, w, kh, kw, sh, sw, dh, dw, top, left, ho = 0, wo = 0;
+  std::vector<int64_t> index; // [pixels, taps]
+  std::vector<bool> inside;   // [pixels, taps]
+  bool padded = false;        // some tap lies in the padding
+};
+
+/// [N, C, pixels, taps]: the windows of x [N, C, H, W], `padValue` where a
+/// tap lies in the padding.
+mlir::Value gatherWindows(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x, const Window &win,
+                          double padValue);
+/// The ops that compute `conv` (or `pool`), built before it.
+mlir::Value lowerConv2d(mlir::OpBuilder &b, Conv2dOp conv);
+mlir::Value lowerMaxPool2d(mlir::OpBuilder &b, MaxPool2dOp pool);
+/// ONNX AveragePool (floor mode) of x [N, C, H, W]: each window's sum over
+/// the kernel's size or, without `countIncludePad`, over its taps inside the
+/// image. Null for a non-f32 x.
+mlir::Value buildAvgPool2d(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x,
+                           llvm::ArrayRef<int64_t> kernel, llvm::ArrayRef<int64_t> strides,
+                           llvm::ArrayRef<int64_t> pads, bool countIncludePad);
+
+} // namespace carve
+
+#endif // CARVE_COMPILER_FRONTEND_LOWERCONVOLUTIONS_H

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Convolutional networks train: Conv (1-D and 2-D), MaxPool, AveragePool, GlobalAveragePool.
+
+Two models written with PyTorch's own modules and exported with
+models/export.py in training mode:
+
+- `cnn`: nn.Conv2d(3, 16, 3, padding=1), ReLU, nn.MaxPool2d(3, 2, padding=1),
+  a grouped nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=2), ReLU, a
+  depthwise dilated nn.Conv2d(32, 32, 3, padding=2, dilation=2, groups=32,
+  bias=False), nn.AvgPool2d(2, 1, padding=1, count_include_pad=False),
+  nn.AdaptiveAvgPool2d(1) (GlobalAveragePool), nn.Linear, F.cross_entropy
+  on 16x16 images;
+- `cnn1d`: nn.Conv1d(4, 8, 5, stride=2, padding=2), ReLU, nn.MaxPool1d(2),
+  nn.AvgPool1d(2) (count_include_pad=True, PyTorch's default; exported with a
+  Pad node before the AveragePool), flatten,
+  nn.Linear, F.cross_entropy on sequences of 32.
+
+carve lowers the convolutions and poolings to a gather of the sliding
+windows (im2col), matmuls and reductions (compiler/frontend/
+LowerConvolutions.cpp), so gradients, partitioning and both targets follow.
+What must hold:
+
+1. 1 rank against PyTorch (same weights, same samples): 6 AdamW steps,
+   losses within 1e-5 relative, every weight within 1e-5 of its tensor's
+   largest entry (fp32 sums in another order than PyTorch's convolutions).
+2. Plans against 1 rank (`carve verify`, its defaults: losses within 1e-5,
+   weights within 1e-4, SGD): dp=2, tp=2, dp=2 x tp=2 with ZeRO-1, and
+   pp=2 with 2 micro-batches, for both models.
+   Under tp=2 each rank of `cnn` holds half of every convolution's output
+   channels (the grouped and depthwise ones split by groups).
+3. Bad input: ceil_mode=True pooling is refused with one line naming the
+   node, exit 1, nothing written.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "models"))
+import st  # noqa: E402
+
+TIMEOUT_S = 600
+BATCH, CLASSES, STEPS = 8, 10, 6
+
+
+class Failure(Exception):
+    pass
+
+
+def build(kind, ceil_mode=False):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    if kind == "cnn":
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+                self.pool = nn.MaxPool2d(3, 2, padding=1, ceil_mode=ceil_mode)
+                self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=2)
+                self.dw = nn.Conv2d(32, 32, 3, padding=2, dilation=2, groups=32, bias=False)
+                self.avg = nn.AvgPool2d(2, 1, padding=1, count_include_pad=False)
+                self.gap = nn.AdaptiveAvgPool2d(1)
+                self.fc = nn.Linear(32, CLASSES)
+
+            def forward(self, x, y):
+                h = self.pool(F.relu(self.conv1(x)))
+                h = self.avg(self.dw(F.relu(self.conv2(h))))
+                return F.cross_entropy(self.fc(torch.flatten(self.gap(h), 1)), y)
+
+        shape = (BATCH, 3, 16, 16)
+    else:
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv1d(4, 8, 5, stride=2, padding=2)
+                self.pool = nn.MaxPool1d(2)
+                self.avg = nn.AvgPool1d(2)
+                self.fc = nn.Linear(8 * 4, CLASSES)
+
+            def forward(self, x, y):
+                h = self.avg(self.pool(F.relu(self.conv(x))))
+                return F.cross_entropy(self.fc(torch.flatten(h, 1)), y)
+
+        shape = (BATCH, 4, 32)
+    return Net(), shape
+
+
+def export(kind, path, **kw):
+    import torch
+    from export import export_for_carve
+
+    net, shape = build(kind, **kw)
+    export_for_carve(net.train(), (torch.zeros(shape), torch.zeros(BATCH, dtype=torch.int64)),
+                     path, input_names=["x", "y"])
+    return shape
+
+
+def write_data(path, shape, steps=STEPS):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((steps,) + shape).astype(np.float32)
+    y = rng.integers(0, CLASSES, (steps, BATCH)).astype(np.int64)
+    st.save(path, {"x": x, "y": y})
+    return x, y
+
+
+def run(cmd):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=TIMEOUT_S)
+    return p.returncode, p.stdout
+
+
+def must(what, cmd):
+    rc, out = run(cmd)
+    if rc != 0:
+        raise Failure("%s failed (exit %d): %s\n%s" % (what, rc, " ".join(cmd), out))
+    return out
+
+
+def write_plan(work, name, plan):
+    path = os.path.join(work, name + ".json")
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    return path
+
+
+def check_torch(carve, work, kind, model, data, xs, ys):
+    import torch
+
+    out = os.path.join(work, kind + "-one")
+    save = out + "-save"
+    for d in (out, save):
+        shutil.rmtree(d, ignore_errors=True)
+    must("compile", [carve, "compile", model, "-o", out, "--quiet"])
+    log = out + ".jsonl"
+    must("train", [carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data,
+                   "--log", log, "--save", save, "--progress", "none"])
+    with open(log) as f:
+        mine = [json.loads(line)["loss"] for line in f if line.strip()]
+    net, _ = build(kind)
+    net.train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
+    ref = []
+    for k in range(STEPS):
+        loss = net(torch.from_numpy(xs[k]), torch.from_numpy(ys[k]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref.append(float(loss))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(mine, ref))
+    if worst > 1e-5:
+        raise Failure("%s: 1 rank vs PyTorch: losses differ by %.2e relative (tolerance 1e-5)\n"
+                      "  carve   %s\n  PyTorch %s" % (kind, worst, mine, ref))
+    weights = st.load_checkpoint(save)
+    worst_w, name_w = 0.0, ""
+    for name, t in net.state_dict().items():
+        r = t.detach().numpy()
+        if name not in weights:
+            raise Failure("%s: the checkpoint lacks %s" % (kind, name))
+        gap = float(np.max(np.abs(weights[name] - r))) / max(1e-12, float(np.max(np.abs(r))))
+        if gap > worst_w:
+            worst_w, name_w = gap, name
+    if worst_w > 1e-5:
+        raise Failure("%s: 1 rank vs PyTorch: weight %s differs by %.2e of its largest entry "
+                      "(tolerance 1e-5)" % (kind, name_w, worst_w))
+    print("ok: %s: 1 rank equals PyTorch over %d AdamW steps (losses within %.1e relative, "
+          "weights within %.1e, worst %s)" % (kind, STEPS, worst, worst_w, name_w))
+
+
+PLANS = [
+    ("dp2", {"dp": 2}),
+    ("tp2", {"tp": 2}),
+    ("dp2tp2-zero1", {"dp": 2, "tp": 2, "zero": 1}),
+    ("pp2", {"pp": 2, "num_micro_batches": 2}),
+]
+
+
+def check_plan(carve, work, kind, model, data, name, plan):
+    rc, out = run([carve, "verify", model, "--plan", write_plan(work, kind + "-" + name, plan),
+                   "--data", data, "--steps", "3"])
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    if rc != 0 or not last.startswith("PASS"):
+        raise Failure("%s %s %s: carve verify did not pass (exit %d):\n%s" %
+                      (kind, name, json.dumps(plan), rc, out))
+    print("ok: %s %s %s: %s" % (kind, name, json.dumps(plan), last))
+
+
+def check_tp_layout(carve, work, model):
+    out = os.path.join(work, "cnn-tp2-layout")
+    shutil.rmtree(out, ignore_errors=True)
+    must("compile tp2", [carve, "compile", model, "--plan", write_plan(work, "tp2", {"tp": 2}),
+                         "-o", out, "--quiet"])
+    with open(os.path.join(out, "src", "program0.cpp")) as f:
+        src = f.read()
+    want = {"conv1_weight": "[8, 3, 3, 3]", "conv2_weight": "[16, 8, 3, 3]",
+            "dw_weight": "[16, 1, 3, 3]"}
+    for name, shape in want.items():
+        if "float *%s = (float *)(A + " % name not in src or \
+                "%s = " % name not in src or ("// parameter " + shape) not in src.split(
+                    "float *%s = " % name, 1)[1].split("\n", 1)[0]:
+            raise Failure("tp=2: %s is not %s per rank (the convolution's output channels or "
+                          "groups split)" % (name, shape))
+    print("ok: cnn tp=2: each rank holds half of every convolution's output channels "
+          "(conv1 [8, 3, 3, 3], the grouped conv2 [16, 8, 3, 3], the depthwise dw "
+          "[16, 1, 3, 3])")
+
+
+def check_bad(carve, work):
+    bad = os.path.join(work, "ceil.onnx")
+    export("cnn", bad, ceil_mode=True)
+    out = os.path.join(work, "ceil-out")
+    shutil.rmtree(out, ignore_errors=True)
+    rc, text = run([carve, "compile", bad, "-o", out, "--quiet"])
+    lines = [l for l in text.strip().splitlines() if "error" in l]
+    if rc != 1 or len(lines) != 1 or "MaxPool" not in lines[0] or "ceil_mode" not in lines[0]:
+        raise Failure("ceil_mode=True: expected exit 1 and one error line naming the MaxPool and "
+                      "ceil_mode, got exit %d:\n%s" % (rc, text))
+    if os.path.exists(out):
+        raise Failure("ceil_mode=True: the refused compile left %s" % out)
+    print("ok: ceil_mode=True refused: %s" % lines[0])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--carve", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    failures = []
+
+    def attempt(fn, *args):
+        try:
+            fn(*args)
+        except Failure as e:
+            failures.append(str(e).splitlines()[0])
+            print("FAIL: %s" % e, flush=True)
+
+    for kind in ["cnn", "cnn1d"]:
+        model = os.path.join(a.workdir, kind + ".onnx")
+        data = os.path.join(a.workdir, kind + ".safetensors")
+        shape = export(kind, model)
+        xs, ys = write_data(data, shape)
+        attempt(check_torch, a.carve, a.workdir, kind, model, data, xs, ys)
+        for name, plan in PLANS:
+            attempt(check_plan, a.carve, a.workdir, kind, model, data, name, plan)
+        if kind == "cnn":
+            attempt(check_tp_layout, a.carve, a.workdir, model)
+    attempt(check_bad, a.carve, a.workdir)
+    if failures:
+        print("FAILED: %d check(s): %s" % (len(failures), "; ".join(failures)))
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
