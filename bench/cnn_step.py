@@ -4,8 +4,8 @@
     /usr/bin/python3 bench/cnn_step.py [--carve build/bin/carve] [--workdir build/bench-cnn]
         [--batch 32] [--steps 5] [--warmup 2] [--threads N]
 
-The model is a VGG-style CNN written with PyTorch's modules (no batch norm:
-carve does not train it yet): five 3x3 convolutions with padding 1 (3->32->32,
+The model is a VGG-style CNN written with PyTorch's modules (no batch norm):
+five 3x3 convolutions with padding 1 (3->32->32,
 pool, ->64->64, pool, ->128), ReLU, nn.MaxPool2d(2), nn.AdaptiveAvgPool2d(1),
 nn.Linear(128, 10), on 32x32 images. carve trains the convolutions as im2col
 (a gather of the windows, then a GEMM; compiler/frontend/LowerConvolutions.cpp),

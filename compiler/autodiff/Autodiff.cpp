@@ -18,6 +18,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
@@ -238,14 +239,15 @@ struct Differentiator {
   }
 };
 
-/// Erases ops whose results are unused (all carve ops are pure).
+/// Erases ops whose results are unused, except those with an effect
+/// (carve.assign of a buffer's new value).
 void eraseDeadOps(func::FuncOp fn) {
   Block &body = fn.getBody().front();
   SmallVector<Operation *> ops;
   for (Operation &op : body.without_terminator())
     ops.push_back(&op);
   for (Operation *op : llvm::reverse(ops))
-    if (op->use_empty())
+    if (op->use_empty() && isPure(op))
       op->erase();
 }
 

@@ -164,7 +164,19 @@ bool Generator::emitOp(Operation *op) {
     ok = emitElementwise(op, os);
   else if (auto d = dyn_cast<DropoutOp>(op))
     ok = emitDropout(d, os);
-  else if (isa<MatmulOp>(op) || transposedMatmul.lookup(op))
+  else if (auto e = dyn_cast<EvalSelectOp>(op)) {
+    os << "// train --eval-data's forward takes the second (PyTorch's eval mode)\n  "
+          "copy(ctx.evaluating ? "
+       << opnd(op, 1) << " : " << opnd(op, 0) << ", " << name(e.getResult()) << ", (int64_t)"
+       << typeOf(e.getResult()).getNumElements() << ");";
+    ok = true;
+  } else if (auto a = dyn_cast<AssignOp>(op)) {
+    const int64_t n = typeOf(a.getResult()).getNumElements();
+    os << "copy(" << opnd(op, 0) << ", " << name(a.getResult()) << ", (int64_t)" << n
+       << ");\n  if (!ctx.evaluating)  // the buffer's new value (running statistics)\n    copy("
+       << opnd(op, 0) << ", " << opnd(op, 1) << ", (int64_t)" << n << ");";
+    ok = true;
+  } else if (isa<MatmulOp>(op) || transposedMatmul.lookup(op))
     ok = emitMatmul(op, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);

@@ -31,8 +31,12 @@
 
 #include "compiler/frontend/Passes.h"
 #include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
 #include "dialects/carve/Shapes.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+#include <cmath>
 #include <limits>
 
 namespace carve {
@@ -193,6 +197,82 @@ Value buildAvgPool2d(OpBuilder &b, Location loc, Value x, ArrayRef<int64_t> kern
   return reshape(b, loc, avg, {xs[0], xs[1], win.ho, win.wo});
 }
 
+LogicalResult lowerBatchNorm(OpBuilder &b, BatchNormOp bn, std::string &error) {
+  Location loc = bn.getLoc();
+  Value x = bn.getInput();
+  ArrayRef<int64_t> xs = typeOf(x).getShape();
+  const int64_t rank = xs.size(), c = xs[1];
+  SmallVector<int64_t> axes = {0}, stat(rank, 1), param(rank - 1, 1);
+  for (int64_t d = 2; d < rank; ++d)
+    axes.push_back(d);
+  stat[1] = c;  // [1, C, 1, ...]
+  param[0] = c; // [C, 1, ...]
+  int64_t n = 1;
+  for (int64_t a : axes)
+    n *= xs[a];
+  Value rm = bn.getRunningMean(), rv = bn.getRunningVar();
+  Value rm4 = reshape(b, loc, rm, stat), rv4 = reshape(b, loc, rv, stat);
+  auto statType = like(x, stat);
+  Value mean = rm4, var = rv4, xc, batchMean, batchVar;
+  if (bn.getTraining()) {
+    if (n < 2) {
+      error = "batch norm in training mode over one value per channel (the batch times the "
+              "image is 1 on this rank): its variance is undefined (PyTorch refuses it too)";
+      return failure();
+    }
+    for (Value s : {rm, rv}) {
+      auto arg = dyn_cast<BlockArgument>(s);
+      auto fn = arg ? dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp()) : func::FuncOp();
+      if (!fn || !fn.getArgAttr(arg.getArgNumber(), kBufferAttr)) {
+        error = "its running statistics are not buffers of the model (export with "
+                "models/export.py so that they are), so training could not update them";
+        return failure();
+      }
+    }
+    // The batch's statistics (a training step) or the running ones (an
+    // evaluation's forward, PyTorch's eval mode).
+    batchMean = ReduceMeanOp::create(b, loc, statType, x, b.getDenseI64ArrayAttr(axes),
+                                     b.getBoolAttr(true));
+    mean = EvalSelectOp::create(b, loc, statType, batchMean, rm4);
+    xc = SubOp::create(b, loc, x.getType(), x, mean);
+    Value sq = MulOp::create(b, loc, x.getType(), xc, xc);
+    batchVar = ReduceMeanOp::create(b, loc, statType, sq, b.getDenseI64ArrayAttr(axes),
+                                    b.getBoolAttr(true));
+    var = EvalSelectOp::create(b, loc, statType, batchVar, rv4);
+  } else {
+    xc = SubOp::create(b, loc, x.getType(), x, mean);
+  }
+  Value eps = scalar(b, loc, x, (double)bn.getEpsilon().convertToFloat());
+  Value inv = RsqrtOp::create(b, loc, statType, AddOp::create(b, loc, statType, var, eps));
+  Value y = MulOp::create(b, loc, x.getType(), xc, inv);
+  y = MulOp::create(b, loc, x.getType(), y, reshape(b, loc, bn.getScale(), param));
+  y = AddOp::create(b, loc, x.getType(), y, reshape(b, loc, bn.getBias(), param));
+  bn.getResult().replaceAllUsesWith(y);
+  if (!bn.getTraining()) {
+    bn.getNewRunningMean().replaceAllUsesWith(rm);
+    bn.getNewRunningVar().replaceAllUsesWith(rv);
+    return success();
+  }
+  // Running statistics, as PyTorch updates them: (1 - m) * running + m *
+  // batch, the variance unbiased (n / (n - 1)), m PyTorch's momentum. ONNX
+  // keeps 1 - m as a float (0.9f for 0.1): m is taken back to 6 digits.
+  const double m = std::round((1.0 - (double)bn.getMomentum().convertToFloat()) * 1e6) / 1e6;
+  auto chan = cast<RankedTensorType>(rm.getType());
+  auto update = [&](Value running, Value batch, double factor) {
+    Value keep = MulOp::create(b, loc, chan, running, scalar(b, loc, running, 1.0 - m));
+    Value add = MulOp::create(b, loc, chan, reshape(b, loc, batch, {c}),
+                              scalar(b, loc, running, m * factor));
+    Value next = AddOp::create(b, loc, chan, keep, add);
+    AssignOp::create(b, loc, chan, next, running);
+    return next;
+  };
+  Value newMean = update(rm, batchMean, 1.0);
+  Value newVar = update(rv, batchVar, (double)n / (double)(n - 1));
+  bn.getNewRunningMean().replaceAllUsesWith(newMean);
+  bn.getNewRunningVar().replaceAllUsesWith(newVar);
+  return success();
+}
+
 namespace {
 
 struct CarveLowerConvolutionsPass
@@ -200,14 +280,24 @@ struct CarveLowerConvolutionsPass
   void runOnOperation() override {
     SmallVector<Operation *> todo;
     getOperation().walk([&](Operation *op) {
-      if (isa<Conv2dOp, MaxPool2dOp>(op))
+      if (isa<Conv2dOp, MaxPool2dOp, BatchNormOp>(op))
         todo.push_back(op);
     });
     for (Operation *op : todo) {
       OpBuilder b(op);
-      Value r = isa<Conv2dOp>(op) ? lowerConv2d(b, cast<Conv2dOp>(op))
-                                  : lowerMaxPool2d(b, cast<MaxPool2dOp>(op));
-      op->getResult(0).replaceAllUsesWith(r);
+      if (auto bn = dyn_cast<BatchNormOp>(op)) {
+        std::string error;
+        if (failed(lowerBatchNorm(b, bn, error))) {
+          std::string node = nodeName(op->getLoc());
+          op->emitError() << "carve.batch_norm" << (node.empty() ? "" : " (node '" + node + "')")
+                          << ": " << error;
+          return signalPassFailure();
+        }
+      } else {
+        Value r = isa<Conv2dOp>(op) ? lowerConv2d(b, cast<Conv2dOp>(op))
+                                    : lowerMaxPool2d(b, cast<MaxPool2dOp>(op));
+        op->getResult(0).replaceAllUsesWith(r);
+      }
       op->erase();
       ++numLowered;
     }

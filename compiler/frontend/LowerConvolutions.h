@@ -12,6 +12,7 @@
 
 #include "mlir/IR/Builders.h"
 
+#include <string>
 #include <vector>
 
 namespace carve {
@@ -42,6 +43,12 @@ mlir::Value gatherWindows(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x,
 /// The ops that compute `conv` (or `pool`), built before it.
 mlir::Value lowerConv2d(mlir::OpBuilder &b, Conv2dOp conv);
 mlir::Value lowerMaxPool2d(mlir::OpBuilder &b, MaxPool2dOp pool);
+/// Batch norm as reductions and elementwise ops; in training mode the
+/// batch's statistics (carve.eval_select: the running ones in an
+/// evaluation) and carve.assign of the updated running statistics to their
+/// buffers. Replaces `bn`'s uses (the caller erases it); failure with
+/// `error` when the statistics are not buffers or are over one value.
+mlir::LogicalResult lowerBatchNorm(mlir::OpBuilder &b, BatchNormOp bn, std::string &error);
 /// ONNX AveragePool (floor mode) of x [N, C, H, W]: each window's sum over
 /// the kernel's size or, without `countIncludePad`, over its taps inside the
 /// image. Null for a non-f32 x.

@@ -38,7 +38,7 @@ def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
 }
 
 def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncOp"> {
-  let summary = "Convolution and max pooling as gathers, matmuls and reductions (im2col)";
+  let summary = "Convolution and max pooling as gathers, matmuls and reductions (im2col); batch norm";
   let description = [{
     Rewrites every `carve.conv2d` and `carve.max_pool2d` into ops that autodiff,
     the partitioner and both targets already handle (LowerConvolutions.cpp):
@@ -48,8 +48,16 @@ def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncO
     `carve.matmul` with the weight (per group: grouped and depthwise
     convolutions) and the bias, or a `carve.reduce_max` over the kernel's taps.
 
-    Runs first in `carve compile` (the planner prices the convolutions as
-    they are imported). Before: any carve IR. After: no conv2d or max_pool2d.
+    `carve.batch_norm` becomes reductions and elementwise ops: in training
+    mode the batch's mean and biased variance over all dimensions but 1
+    (`carve.eval_select` puts the running statistics there in an
+    evaluation's forward), and `carve.assign` writes the running statistics
+    updated as PyTorch updates them (momentum, unbiased variance) to their
+    buffers; in eval mode the running statistics.
+
+    Runs first in `carve compile` (the planner prices the ops as they are
+    imported). Before: any carve IR. After: no conv2d, max_pool2d or
+    batch_norm.
   }];
   let dependentDialects = ["carve::CarveDialect"];
   let statistics = [

@@ -675,7 +675,8 @@ bool Interpreter::evalDataMovement(Operation *op) {
 
 bool Interpreter::evaluate(Operation *op) {
   if (isa<Conv2dOp, MaxPool2dOp, BatchNormOp>(op))
-    return failWith("no reference kernel for " + op->getName().getStringRef().str());
+    return failWith("no reference kernel for " + op->getName().getStringRef().str() +
+                    " (carve-lower-convolutions rewrites it)");
   if (auto f = unaryOf(op))
     return evalUnary(op, *f);
   if (auto f = binaryOf(op))
@@ -687,6 +688,15 @@ bool Interpreter::evaluate(Operation *op) {
       .Case([&](ConstantOp c) { return evalConstant(c); })
       .Case([&](CastOp c) {
         env[c.getResult()] = convert(get(c.getInput()), typeOf(c.getResult()).getElementType());
+        return true;
+      })
+      .Case([&](EvalSelectOp s) {
+        env[s.getResult()] = get(s.getTrain()); // a training step
+        return true;
+      })
+      .Case([&](AssignOp a) {
+        // The reference evaluation of one step leaves its arguments alone.
+        env[a.getResult()] = get(a.getValue());
         return true;
       })
       .Case([&](DropoutOp d) {

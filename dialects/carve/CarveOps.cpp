@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
 #include "dialects/carve/Shapes.h"
 
 #include "mlir/IR/Builders.h"
@@ -187,6 +188,19 @@ LogicalResult DropoutOp::verify() {
     return emitOpError("batch_dim ") << batchDim() << " is out of range for rank " << rank;
   if (batchOuter() < 1)
     return emitOpError("batch_outer must be at least 1, got ") << batchOuter();
+  return success();
+}
+
+LogicalResult EvalSelectOp::verify() { return verifyStatic(*this); }
+
+LogicalResult AssignOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  auto arg = dyn_cast<BlockArgument>(getBuffer());
+  auto fn = arg ? dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp()) : func::FuncOp();
+  if (!fn || !fn.getArgAttr(arg.getArgNumber(), kBufferAttr))
+    return emitOpError("the buffer must be a function argument that holds a model buffer (")
+           << kBufferAttr << ")";
   return success();
 }
 

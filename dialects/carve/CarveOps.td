@@ -579,6 +579,45 @@ def Carve_BatchNormOp : Carve_Op<"batch_norm"> {
   }];
 }
 
+def Carve_EvalSelectOp : Carve_Op<"eval_select", [Carve_Differentiable,
+                                                   AllTypesMatch<["train", "eval", "result"]>]> {
+  let summary = "`train` in a training step, `eval` in an evaluation's forward.";
+  let description = [{
+    What PyTorch's `module.eval()` changes, inside one program: `train --eval-data`
+    runs the step's forward with `eval` in place of `train` (batch norm's running
+    statistics instead of the batch's). The gradient goes to `train`.
+
+    ```mlir
+    %m = carve.eval_select %batch_mean, %running_mean : tensor<1x8x1x1xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$train, Carve_Tensor:$eval);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$train `,` $eval attr-dict `:` type($result)";
+}
+
+def Carve_AssignOp : Op<Carve_Dialect, "assign", [
+    DeclareOpInterfaceMethods<Carve_PartitionableOpInterface>, MemoryEffects<[MemWrite]>,
+    AllTypesMatch<["value", "buffer", "result"]>]> {
+  let summary = "Writes a new value into a buffer of the model (batch norm's running statistics).";
+  let description = [{
+    `buffer` is a function argument that holds a model buffer (`carve.buffer`);
+    where the op runs in a training step, the buffer takes `value` (each
+    micro-batch's forward in turn, as PyTorch updates running statistics on
+    every forward). An evaluation's forward leaves the buffer alone. The
+    result is `value` (for the partitioner's annotation; nothing reads it).
+    Every read of `buffer` must come before the op.
+
+    ```mlir
+    %u = carve.assign %new_mean, %running_mean : tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$value, Carve_Tensor:$buffer);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$value `,` $buffer attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Losses
 //===----------------------------------------------------------------------===//

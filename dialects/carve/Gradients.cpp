@@ -250,6 +250,13 @@ LogicalResult DropoutOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
+LogicalResult EvalSelectOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                           SmallVectorImpl<Value> &og) {
+  og.assign(2, Value());
+  og[0] = rg[0]; // a training step computes `train`
+  return success();
+}
+
 LogicalResult WhereOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                       SmallVectorImpl<Value> &og) {
   og.assign(3, Value());

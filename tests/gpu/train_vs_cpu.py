@@ -46,8 +46,9 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    program's masks on the GPU (the fp32 bounds of 1), --cuda-graph replays
    each step's masks (bitwise the eager run), and with 2 GPUs tp=2 equals
    1 GPU within 1e-5.
-9. Convolutions: tests/e2e/convolution.py's CNN (im2col) trains on the GPU
-   as on the CPU (the fp32 bounds of 1).
+9. Convolutions: tests/e2e/convolution.py's CNNs (im2col; batch norm with
+   its running statistics) train on the GPU as on the CPU (the fp32 bounds
+   of 1).
 
 Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
 
@@ -379,23 +380,24 @@ def check_dropout(carve, w, data_gen, n):
     return checks
 
 
-def check_convolution(carve, w):
-    """tests/e2e/convolution.py's CNN (strided, padded, grouped and depthwise
-    convolutions, max and average pooling, as im2col): the CUDA program
-    trains as the CPU program does (the fp32 bounds of 1)."""
+def check_convolution(carve, w, kind):
+    """tests/e2e/convolution.py's CNNs (`cnn`: strided, padded, grouped and
+    depthwise convolutions, max and average pooling, as im2col; `cnnbn`: batch
+    norm, its running statistics in the checkpoint): the CUDA program trains
+    as the CPU program does (the fp32 bounds of 1)."""
     import numpy as np
 
-    onnx = os.path.join(w, "cnn.onnx")
-    data = os.path.join(w, "cnn.safetensors")
+    onnx = os.path.join(w, kind + ".onnx")
+    data = os.path.join(w, kind + ".safetensors")
     if PHASE != "device":
         import convolution
-        shape = convolution.export("cnn", onnx)
+        shape = convolution.export(kind, onnx)
         rng = np.random.default_rng(1)
         st.save(data, {"x": rng.standard_normal((STEPS,) + shape).astype(np.float32),
                        "y": rng.integers(0, 10, (STEPS, shape[0])).astype(np.int64)})
     runs = {}
     for target in ["cpu", "cuda"]:
-        out = os.path.join(w, "cnn-" + target)
+        out = os.path.join(w, kind + "-" + target)
         compile_(carve, onnx, {}, target, out)
         runs[target] = (train(carve, out, 1, data, out + ".ckpt"), load_checkpoint(out + ".ckpt"))
     if pending(runs["cuda"][0]):
@@ -403,11 +405,13 @@ def check_convolution(carve, w):
     d = worst_rel(runs["cpu"][0], runs["cuda"][0])
     gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
     if d > FP32_RTOL or gap > WEIGHT_RTOL:
-        raise Failure("convolutions: GPU losses differ from the CPU's by %.3g (limit %g), weights "
-                      "of %s by %.3g (limit %g)\n  cpu %s\n  gpu %s" %
-                      (d, FP32_RTOL, name, gap, WEIGHT_RTOL, runs["cpu"][0], runs["cuda"][0]))
-    print("ok: CNN (convolutions and pooling as im2col): GPU within %.2g of the CPU over %d "
-          "steps; weights within %.2g (%s)" % (d, STEPS, gap, name))
+        raise Failure("%s: GPU losses differ from the CPU's by %.3g (limit %g), weights of %s by "
+                      "%.3g (limit %g)\n  cpu %s\n  gpu %s" %
+                      (kind, d, FP32_RTOL, name, gap, WEIGHT_RTOL, runs["cpu"][0],
+                       runs["cuda"][0]))
+    print("ok: %s (im2col%s): GPU within %.2g of the CPU over %d steps; weights and buffers "
+          "within %.2g (%s)" % (kind, ", batch norm" if kind == "cnnbn" else "", d, STEPS, gap,
+                                name))
     return 1
 
 
@@ -499,8 +503,9 @@ def main():
         checks += check_custom_op(a.carve, w, data_gen)
     with going_on():
         checks += check_dropout(a.carve, w, data_gen, 1 if PHASE != "all" else n)
-    with going_on():
-        checks += check_convolution(a.carve, w)
+    for kind in ["cnn", "cnnbn"]:
+        with going_on():
+            checks += check_convolution(a.carve, w, kind)
 
     if PHASE != "all" and n >= 2:
         print("--phase %s: one rank per program (no mpirun on the GPU machine)" % PHASE)

@@ -2,7 +2,7 @@
 // max_pool2d become the windows' gather (a constant [pixels, taps] index), a
 // where with the padding value where windows reach into the padding, and a
 // GEMM, a per-group matmul, a product summed over the taps, or a reduce_max.
-// RUN: carve-opt %s -split-input-file -pass-pipeline='builtin.module(func.func(carve-lower-convolutions))' | FileCheck %s
+// RUN: carve-opt %s -split-input-file -verify-diagnostics -pass-pipeline='builtin.module(func.func(carve-lower-convolutions))' | FileCheck %s
 
 // A 3x3 convolution with padding 1 and a bias: [4*16, 27] x [27, 8], one GEMM.
 // CHECK-LABEL: func.func @conv
@@ -52,4 +52,33 @@ func.func @depthwise(%x: tensor<1x3x4x4xf32>, %w: tensor<3x1x3x3xf32>) -> tensor
 func.func @maxpool(%x: tensor<2x4x5x5xf32>) -> tensor<2x4x3x3xf32> {
   %y = carve.max_pool2d %x {kernel = array<i64: 3, 3>, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 2, 2>} : tensor<2x4x5x5xf32> -> tensor<2x4x3x3xf32>
   return %y : tensor<2x4x3x3xf32>
+}
+
+// -----
+
+// Batch norm in training mode: the batch's statistics, the running ones in an
+// evaluation (eval_select), and both running statistics assigned their update.
+// CHECK-LABEL: func.func @batch_norm
+// CHECK-NOT: carve.batch_norm
+// CHECK: carve.reduce_mean %arg0 {axes = array<i64: 0, 2, 3>} : tensor<2x3x4x4xf32> -> tensor<1x3x1x1xf32>
+// CHECK: carve.eval_select
+// CHECK: carve.eval_select
+// CHECK: carve.rsqrt
+// CHECK: carve.assign %{{.*}}, %arg3 : tensor<3xf32>
+// CHECK: carve.assign %{{.*}}, %arg4 : tensor<3xf32>
+func.func @batch_norm(%x: tensor<2x3x4x4xf32>, %g: tensor<3xf32>, %b: tensor<3xf32>,
+                      %rm: tensor<3xf32> {carve.buffer = "bn.running_mean"},
+                      %rv: tensor<3xf32> {carve.buffer = "bn.running_var"}) -> tensor<2x3x4x4xf32> {
+  %y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, momentum = 0.9 : f32, training = true} : (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>)
+  return %y : tensor<2x3x4x4xf32>
+}
+
+// -----
+
+// Running statistics that are no buffers cannot be updated: an error naming the op.
+func.func @not_buffers(%x: tensor<2x3x4x4xf32>, %g: tensor<3xf32>, %b: tensor<3xf32>,
+                       %rm: tensor<3xf32>, %rv: tensor<3xf32>) -> tensor<2x3x4x4xf32> {
+  // expected-error @+1 {{carve.batch_norm: its running statistics are not buffers of the model}}
+  %y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, momentum = 0.9 : f32, training = true} : (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>)
+  return %y : tensor<2x3x4x4xf32>
 }
