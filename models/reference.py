@@ -545,6 +545,39 @@ class ResNet18(nn.Module):
 
 
 # ---------------------------------------------------------------------------
+# Vision Transformer
+# ---------------------------------------------------------------------------
+
+
+class ViT(nn.Module):
+    """A Vision Transformer as torchvision writes it (ViT-B/16 scaled down): a
+    Conv2d patch embedding (kernel = stride = patch), a learned class token
+    prepended to the patches, a learned position embedding, pre-norm encoder
+    layers (PyTorch's nn.TransformerEncoderLayer with norm_first and GELU), a
+    final LayerNorm and a linear head on the class token."""
+
+    def __init__(self, image=32, patch=8, width=32, heads=4, layers=2, mlp=64, num_classes=10,
+                 dropout=0.0):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, width, patch, patch)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, width))
+        seq = (image // patch) ** 2 + 1
+        self.pos_embedding = nn.Parameter(torch.empty(1, seq, width).normal_(std=0.02))
+        layer = nn.TransformerEncoderLayer(width, heads, mlp, dropout, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.ln = nn.LayerNorm(width)
+        self.heads = nn.Linear(width, num_classes)
+
+    def forward(self, images, targets):
+        x = self.conv_proj(images).flatten(2).transpose(1, 2)  # [B, patches, width]
+        cls = self.class_token.expand(x.shape[0], -1, -1)
+        x = torch.cat([cls, x], dim=1) + self.pos_embedding
+        x = self.ln(self.encoder(x))[:, 0]
+        return F.cross_entropy(self.heads(x), targets)
+
+
+# ---------------------------------------------------------------------------
 # Shared initialization and the model registry
 # ---------------------------------------------------------------------------
 
@@ -615,6 +648,11 @@ MODELS = {
     ),
     "resnet18": (
         lambda seq, **kw: ResNet18(**kw),
+        [InputSpec("images", ("B", 3, 32, 32), "float"),
+         InputSpec("targets", ("B",), high=10)],
+    ),
+    "vit": (
+        lambda seq, **kw: ViT(**kw),
         [InputSpec("images", ("B", 3, 32, 32), "float"),
          InputSpec("targets", ("B",), high=10)],
     ),

@@ -40,7 +40,12 @@ What must hold:
    AdamW steps against PyTorch, losses within 1e-5, weights within 1e-4 and
    running statistics within 1e-4 of their largest entry, the evaluation
    equal to eval mode's; tp=2 and pp=2 equal 1 rank.
-5. Bad input: ceil_mode=True pooling is refused with one line naming the
+5. The ViT of models/reference.py (a Conv2d patch embedding, class token,
+   position embedding, two pre-norm nn.TransformerEncoderLayer, batch 8):
+   against PyTorch as in 1 (the attention's key bias left out: its gradient
+   is rounding noise), and tp=2 equal to 1 rank (dp and pp of this static
+   export stop at its Shape-derived Reshape: VIT_PLANS says why).
+6. Bad input: ceil_mode=True pooling is refused with one line naming the
    node, exit 1, nothing written.
 """
 
@@ -89,6 +94,10 @@ def build(kind, ceil_mode=False):
         from reference import ResNet18
 
         return ResNet18(), (RESNET_BATCH, 3, 32, 32)
+    if kind == "vit":
+        from reference import ViT
+
+        return ViT(), (BATCH, 3, 32, 32)
     if kind == "cnn":
         class Net(nn.Module):
             def __init__(self):
@@ -219,6 +228,16 @@ def check_torch(carve, work, kind, model, data, xs, ys):
         r = t.detach().numpy()
         if name.endswith("num_batches_tracked"):
             continue  # not in the exported graph (the momentum is fixed)
+        if name not in weights:
+            raise Failure("%s: the checkpoint lacks %s" % (kind, name))
+        mine_w = weights[name]
+        if name.endswith("self_attn.in_proj_bias"):
+            # (ViT) The key bias's gradient is zero in exact arithmetic, both
+            # sides' rounding noise, which AdamW turns into steps of about lr:
+            # compare the query and value thirds (tests/e2e/dropout.py).
+            third = r.shape[0] // 3
+            r = np.concatenate([r[:third], r[2 * third:]])
+            mine_w = np.concatenate([mine_w[:third], mine_w[2 * third:]])
         if name.endswith(("running_mean", "running_var")):
             # Batch norm's running statistics: PyTorch sums the batch's
             # statistics in double, carve in float.
@@ -226,9 +245,7 @@ def check_torch(carve, work, kind, model, data, xs, ys):
             if gap > worst_s:
                 worst_s, name_s = gap, name
             continue
-        if name not in weights:
-            raise Failure("%s: the checkpoint lacks %s" % (kind, name))
-        gap = float(np.max(np.abs(weights[name] - r))) / max(1e-12, float(np.max(np.abs(r))))
+        gap = float(np.max(np.abs(mine_w - r))) / max(1e-12, float(np.max(np.abs(r))))
         if gap > worst_w:
             worst_w, name_w = gap, name
     # ResNet-18: 21 layers of float32 rounding in another order, each batch
@@ -270,6 +287,16 @@ PLANS = [
 BN_PLANS = [
     ("tp2", {"tp": 2}),
     ("pp2", {"pp": 2}),
+]
+
+
+# The ViT's patch flattening, x.flatten(2), exports as a Reshape whose target
+# comes from Shape of the convolution's output: folded at import from one
+# rank's share, it already holds the local batch, which the batch tracking
+# takes for the model's own (a known gap: dp and micro-batches of this
+# static export stop with an error naming the Reshape). tp keeps the batch.
+VIT_PLANS = [
+    ("tp2", {"tp": 2}),
 ]
 
 
@@ -363,13 +390,15 @@ def main():
             failures.append(str(e).splitlines()[0])
             print("FAIL: %s" % e, flush=True)
 
-    for kind in ["cnn", "cnn1d", "cnnbn", "resnet18"]:
+    for kind in ["cnn", "cnn1d", "cnnbn", "resnet18", "vit"]:
         model = os.path.join(a.workdir, kind + ".onnx")
         data = os.path.join(a.workdir, kind + ".safetensors")
         shape = export(kind, model)
         xs, ys = write_data(data, shape, steps_of(kind))
         attempt(check_torch, a.carve, a.workdir, kind, model, data, xs, ys)
-        for name, plan in (PLANS if kind in ("cnn", "cnn1d") else BN_PLANS):
+        plans = (BN_PLANS if kind in ("cnnbn", "resnet18") else
+                 VIT_PLANS if kind == "vit" else PLANS)
+        for name, plan in plans:
             attempt(check_plan, a.carve, a.workdir, kind, model, data, name, plan)
         if kind == "cnn":
             attempt(check_tp_layout, a.carve, a.workdir, model)
