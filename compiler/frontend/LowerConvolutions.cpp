@@ -173,6 +173,8 @@ Value lowerMaxPool2d(OpBuilder &b, MaxPool2dOp pool) {
 
 Value buildAvgPool2d(OpBuilder &b, Location loc, Value x, ArrayRef<int64_t> kernel,
                      ArrayRef<int64_t> strides, ArrayRef<int64_t> pads, bool countIncludePad) {
+  if (!typeOf(x).getElementType().isF32())
+    return Value(); // (the importer's types are f32; it says so before calling)
   ArrayRef<int64_t> xs = typeOf(x).getShape();
   Window win(xs.drop_front(2), kernel, strides, pads, {1, 1});
   const int64_t p = win.pixels();
@@ -189,8 +191,6 @@ Value buildAvgPool2d(OpBuilder &b, Location loc, Value x, ArrayRef<int64_t> kern
     for (int64_t q = 0; q < p; ++q)
       counts.push_back((float)win.count(q));
     auto t = like(x, {p});
-    if (!typeOf(x).getElementType().isF32())
-      return Value(); // (the importer's types are f32)
     count = ConstantOp::create(b, loc, DenseElementsAttr::get(t, ArrayRef(counts)));
   }
   Value avg = DivOp::create(b, loc, sum.getType(), sum, count);
