@@ -25,16 +25,29 @@ bool Importer::foldWithoutData(const onnx::NodeProto &n) {
   // Shape and Size need only the input's static type.
   if (op == "Shape" || op == "Size") {
     SmallVector<int64_t> s = shapeOf(0);
+    // Under a rank's share of a static batch the sizes are the share's: the
+    // entry of the batch is marked local, so that a Reshape or Expand whose
+    // target is built from it is not rescaled a second time.
+    const int64_t batchDim =
+        localBatch() && slot(0).value ? batchAt(slot(0).value).dim : (int64_t)-1;
     if (op == "Size") {
-      defineConst(0, HostTensor::ints(ElemKind::I64, {}, {numElements(s)}));
+      HostTensor t = HostTensor::ints(ElemKind::I64, {}, {numElements(s)});
+      if (batchDim >= 0)
+        t.local = {1};
+      defineConst(0, std::move(t));
       return true;
     }
     int64_t rank = s.size();
     int64_t start = attrInt("start", 0), end = attrInt("end", rank);
     start = std::clamp<int64_t>(start < 0 ? start + rank : start, 0, rank);
     end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
-    defineConst(
-        0, HostTensor::vec(ArrayRef<int64_t>(s).slice(start, std::max<int64_t>(end - start, 0))));
+    HostTensor t =
+        HostTensor::vec(ArrayRef<int64_t>(s).slice(start, std::max<int64_t>(end - start, 0)));
+    if (batchDim >= start && batchDim < end) {
+      t.local.assign(t.size(), 0);
+      t.local[batchDim - start] = 1;
+    }
+    defineConst(0, std::move(t));
     return true;
   }
   if (op == "Constant") {

@@ -122,6 +122,11 @@ static void copyElem(HostTensor &dst, int64_t dk, const HostTensor &src, int64_t
     dst.f[dk] = src.f[sk];
   else
     dst.i[dk] = src.i[sk];
+  if (!src.local.empty()) {
+    if (dst.local.empty())
+      dst.local.assign(dst.size(), 0);
+    dst.local[dk] = src.local[sk];
+  }
 }
 
 /// The float and integer forms of a binary op, resolved once per call so the
@@ -181,6 +186,18 @@ HostTensor hostBinary(StringRef op, const HostTensor &a, const HostTensor &b) {
       throw HostError("integer division by zero in a constant expression");
     out.i[k] = fns.i(a.i[ia], b.i[ib]);
   }
+  // A local batch size times (or divided by) a constant still scales with
+  // the batch: `B * heads` in a [B * heads, T, d] reshape.
+  if ((op == "Mul" || op == "Div") && (!a.local.empty() || (op == "Mul" && !b.local.empty())))
+    for (int64_t k = 0; k < out.size(); ++k) {
+      bool l = a.isLocal(broadcastIndex(k, s.shape, a.shape)) ||
+               (op == "Mul" && b.isLocal(broadcastIndex(k, s.shape, b.shape)));
+      if (l) {
+        if (out.local.empty())
+          out.local.assign(out.size(), 0);
+        out.local[k] = 1;
+      }
+    }
   return out;
 }
 
@@ -232,6 +249,7 @@ HostTensor hostCast(const HostTensor &a, ElemKind to) {
   if (to == ElemKind::F32)
     for (double &v : out.f)
       v = (float)v;
+  out.local = a.local;
   return out;
 }
 

@@ -44,6 +44,11 @@ struct HostTensor {
   llvm::SmallVector<int64_t> shape;
   std::vector<double> f;
   std::vector<int64_t> i;
+  /// Which elements hold a size of one rank's share of a static batch
+  /// (BatchTracking.cpp): 1 where the element was folded from the local
+  /// batch dimension of a Shape (or scales with it, as `B * heads`); empty
+  /// when none does. The data-movement kernels below carry it along.
+  std::vector<uint8_t> local;
 
   static HostTensor ints(ElemKind kind, llvm::ArrayRef<int64_t> shape,
                          std::vector<int64_t> values);
@@ -58,6 +63,8 @@ struct HostTensor {
   int64_t asInt(int64_t k) const { return isFloat() ? (int64_t)f[k] : i[k]; }
   /// All values as int64 (for shapes, axes and indices).
   std::vector<int64_t> toInts() const;
+  /// Whether element `k` holds a size of the local batch share (above).
+  bool isLocal(int64_t k) const { return !local.empty() && local[k]; }
 };
 
 /// Elementwise binary ops with NumPy broadcasting; `op` is the ONNX op type

@@ -16,14 +16,47 @@ using llvm::SmallVector;
 
 namespace carve::frontend {
 
-Importer::BatchAt Importer::rescaleBatch(std::vector<int64_t> &req, ArrayRef<int64_t> in,
-                                         Value input, bool allowZero) {
+Importer::BatchAt Importer::rescaleBatch(std::vector<int64_t> &req, ArrayRef<uint8_t> local,
+                                         ArrayRef<int64_t> in, Value input, bool allowZero) {
   if (!localBatch() || req.empty() || in.empty() || !input)
     return {};
   const BatchAt at = batchAt(input);
   if (at.dim < 0 || at.dim >= (int64_t)in.size())
     return {}; // the input does not carry the batch: its shape has none to rescale
   const int64_t ratio = opts.globalBatch / opts.batch, B = opts.globalBatch;
+  if (std::find(local.begin(), local.end(), 1) != local.end()) {
+    // Built from the share's own Shape (`x.flatten(2)` exports as
+    // Reshape(x, Concat(Shape(x)[:2], -1))): already the share's sizes. The
+    // batch lands in the marked entry when that entry holds it whole.
+    int64_t total = 1, known = 1, infer = -1;
+    for (int64_t d : in)
+      total *= d;
+    std::vector<int64_t> reqL(req.size());
+    for (size_t k = 0; k < req.size(); ++k) {
+      reqL[k] = req[k] == 0 && !allowZero && k < in.size() ? in[k] : req[k];
+      if (reqL[k] == -1)
+        infer = (int64_t)k;
+      else if (reqL[k] <= 0)
+        return {};
+      else
+        known *= reqL[k];
+    }
+    if (infer >= 0) {
+      if (total % known)
+        return {};
+      reqL[infer] = total / known;
+    }
+    int64_t P = at.outer, pre = 1;
+    for (int64_t k = 0; k < at.dim; ++k)
+      P *= in[k];
+    const int64_t b = opts.batch;
+    for (size_t j = 0; j < reqL.size() && P % pre == 0; ++j) {
+      if (j < local.size() && local[j] && (pre * reqL[j]) % (P * b) == 0)
+        return BatchAt{(int64_t)j, P / pre};
+      pre *= reqL[j];
+    }
+    return {};
+  }
   // The reshape in the model's own (global) sizes.
   std::vector<int64_t> inG(in.begin(), in.end());
   inG[at.dim] *= ratio;
@@ -87,9 +120,10 @@ void Importer::buildReshape(const onnx::NodeProto &n) {
     // an annotation cannot tell from the others.
     BatchAt res, at = slot(0).value ? batchAt(slot(0).value) : BatchAt{};
     if (op == "Reshape") {
-      std::vector<int64_t> req = needConst(1, "shape").toInts();
+      const HostTensor &target = needConst(1, "shape");
+      std::vector<int64_t> req = target.toInts();
       bool allowZero = attrInt("allowzero", 0) != 0;
-      res = rescaleBatch(req, in, slot(0).value, allowZero);
+      res = rescaleBatch(req, target.local, in, slot(0).value, allowZero);
       int64_t infer = -1, known = 1;
       for (size_t k = 0; k < req.size(); ++k) {
         int64_t d = req[k];
@@ -355,12 +389,18 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
   }
   if (op == "Expand") {
     Value x = val(0);
-    std::vector<int64_t> shape = needConst(1, "shape").toInts();
+    const HostTensor &target = needConst(1, "shape");
+    std::vector<int64_t> shape = target.toInts();
     // A rank's share of a static batch (BatchTracking.cpp): the entry over
     // the operand's batch, or the one that creates the batch where the
     // operand broadcasts (`cls.expand(B, -1, -1)`), is the rank's share.
+    // An entry folded from the share's own Shape already is.
     int64_t created = -1;
-    if (localBatch()) {
+    const auto marked = std::find(target.local.begin(), target.local.end(), 1);
+    if (localBatch() && marked != target.local.end()) {
+      if (batchAt(x).dim < 0)
+        created = marked - target.local.begin();
+    } else if (localBatch()) {
       ArrayRef<int64_t> xs = shp(x);
       const int64_t lead = (int64_t)shape.size() - (int64_t)xs.size();
       const int64_t ratio = opts.globalBatch / opts.batch;

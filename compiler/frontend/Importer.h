@@ -121,8 +121,9 @@ private:
   /// Rescales the entry of a Reshape's constant target shape `req` where the
   /// batch of `input` (shape `in`) lands; returns where the result holds it
   /// (dim -1: the input holds no batch).
-  BatchAt rescaleBatch(std::vector<int64_t> &req, llvm::ArrayRef<int64_t> in, mlir::Value input,
-                       bool allowZero);
+  /// Entries marked in `local` (HostTensor::local) already hold the share.
+  BatchAt rescaleBatch(std::vector<int64_t> &req, llvm::ArrayRef<uint8_t> local,
+                       llvm::ArrayRef<int64_t> in, mlir::Value input, bool allowZero);
   /// Tracks the batch through the ops created after `before` (null: from the
   /// block's start), by their partition annotations.
   void trackBatch(mlir::Operation *before);

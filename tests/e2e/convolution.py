@@ -43,8 +43,8 @@ What must hold:
 5. The ViT of models/reference.py (a Conv2d patch embedding, class token,
    position embedding, two pre-norm nn.TransformerEncoderLayer, batch 8):
    against PyTorch as in 1 (the attention's key bias left out: its gradient
-   is rounding noise), and tp=2 equal to 1 rank (dp and pp of this static
-   export stop at its Shape-derived Reshape: VIT_PLANS says why).
+   is rounding noise), and dp=2, tp=2, dp2 x tp2 ZeRO-1 and pp=2 equal to
+   1 rank (its Shape-derived Reshape and Expand: VIT_PLANS).
 6. Bad input: ceil_mode=True pooling is refused with one line naming the
    node, exit 1, nothing written.
 """
@@ -146,7 +146,8 @@ def build(kind, ceil_mode=False):
 
             def forward(self, x, y):
                 h = self.avg(self.pool(F.relu(self.conv(x))))
-                return F.cross_entropy(self.fc(torch.flatten(h, 1)), y)
+                # The classic flatten: a Reshape to [B, -1], B folded by the exporter.
+                return F.cross_entropy(self.fc(h.view(h.size(0), -1)), y)
 
         shape = (BATCH, 4, 32)
     return Net(), shape
@@ -291,13 +292,11 @@ BN_PLANS = [
 
 
 # The ViT's patch flattening, x.flatten(2), exports as a Reshape whose target
-# comes from Shape of the convolution's output: folded at import from one
-# rank's share, it already holds the local batch, which the batch tracking
-# takes for the model's own (a known gap: dp and micro-batches of this
-# static export stop with an error naming the Reshape). tp keeps the batch.
-VIT_PLANS = [
-    ("tp2", {"tp": 2}),
-]
+# comes from Shape of the convolution's output, and its class token's
+# cls.expand(B, -1, -1) as an Expand of Shape(x)[0]: folded at import from one
+# rank's share, those entries already hold the share's batch and are not
+# rescaled again (HostTensor::local), so every plan applies.
+VIT_PLANS = PLANS
 
 
 def check_bn_dp(carve, work, model, data):
@@ -379,6 +378,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--kinds", default="cnn,cnn1d,cnnbn,resnet18,vit",
+                    help="the models to check (all by default, as ctest runs it)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     failures = []
@@ -390,7 +391,7 @@ def main():
             failures.append(str(e).splitlines()[0])
             print("FAIL: %s" % e, flush=True)
 
-    for kind in ["cnn", "cnn1d", "cnnbn", "resnet18", "vit"]:
+    for kind in a.kinds.split(","):
         model = os.path.join(a.workdir, kind + ".onnx")
         data = os.path.join(a.workdir, kind + ".safetensors")
         shape = export(kind, model)

@@ -126,6 +126,47 @@ TEST(Importer, ShapeSubgraphFoldsAway) {
   EXPECT_EQ(r->forward().getNumArguments(), 1u);
 }
 
+TEST(Importer, ShapeOfABatchShareIsNotRescaledAgain) {
+  // A rank's share (2) of a static batch of 8: Shape(x) folds to the share's
+  // sizes, so shapes built from it are the share's already. x.flatten(2) as
+  // PyTorch exports it: Reshape(x, Concat(Slice(Shape(x), 0, 2), [-1]));
+  // cls.expand(B, -1, -1): Expand(cls, Concat(Shape(x)[0], [1, 16]))
+  // -- and B * 3 rows: Reshape(x, Concat(Shape(x)[0] * 3, [-1])).
+  ModelBuilder m;
+  m.input("x", {8, 3, 4, 4});
+  m.floatInit("cls", {1, 1, 16});
+  m.intInit("zero", {0});
+  m.intInit("two", {2});
+  m.intInit("three", {3});
+  m.intInit("minus_one", {-1});
+  m.intInit("rest", {1, 16});
+  m.node("Shape", {"x"}, {"s"});
+  m.node("Slice", {"s", "zero", "two"}, {"s2"});
+  ModelBuilder::intAttr(m.node("Concat", {"s2", "minus_one"}, {"flat_shape"}), "axis", 0);
+  m.node("Reshape", {"x", "flat_shape"}, {"flat"});
+  m.node("Gather", {"s", "zero"}, {"b"});
+  ModelBuilder::intAttr(m.node("Concat", {"b", "rest"}, {"cls_shape"}), "axis", 0);
+  m.node("Expand", {"cls", "cls_shape"}, {"cls_b"});
+  m.node("Mul", {"b", "three"}, {"b3"});
+  ModelBuilder::intAttr(m.node("Concat", {"b3", "minus_one"}, {"rows_shape"}), "axis", 0);
+  m.node("Reshape", {"x", "rows_shape"}, {"rows"});
+  m.output("flat");
+  m.output("cls_b");
+  m.output("rows");
+  carve::ImportOptions opts;
+  opts.batch = 2;
+  opts.globalBatch = 8;
+  auto r = import(m, opts);
+  ASSERT_TRUE(r->module) << r->error;
+  auto shape = [&](unsigned k) {
+    auto t = cast<RankedTensorType>(r->forward().getResultTypes()[k]).getShape();
+    return std::vector<int64_t>(t.begin(), t.end());
+  };
+  EXPECT_EQ(shape(0), (std::vector<int64_t>{2, 3, 16}));
+  EXPECT_EQ(shape(1), (std::vector<int64_t>{2, 1, 16}));
+  EXPECT_EQ(shape(2), (std::vector<int64_t>{6, 16}));
+}
+
 TEST(Importer, ParametersWithoutMetadataAreFloatInitializers) {
   ModelBuilder m;
   m.input("x", {2, 3});
