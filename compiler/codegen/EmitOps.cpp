@@ -149,6 +149,7 @@ bool Generator::emitOp(Operation *op) {
   if (isa<ReshapeOp>(op)) {
     Value res = op->getResult(0);
     s += "  " + ctypeOf(res) + " *" + name(res) + " = " + opnd(op, 0) + ";  // same memory\n";
+    viewsInScope.push_back(res);
     return true;
   }
   ++kernelCalls;
@@ -169,6 +170,16 @@ bool Generator::emitOp(Operation *op) {
           "copy(ctx.evaluating ? "
        << opnd(op, 1) << " : " << opnd(op, 0) << ", " << name(e.getResult()) << ", (int64_t)"
        << typeOf(e.getResult()).getNumElements() << ");";
+    ok = true;
+  } else if (auto r = dyn_cast<ReplicaSumOp>(op)) {
+    const int64_t n = typeOf(r.getResult()).getNumElements();
+    os << "// SyncBatchNorm: the statistics' sums over the " << opts.dp << " data-parallel replica"
+       << (opts.dp == 1 ? "" : "s") << "\n  copy(" << opnd(op, 0) << ", " << name(r.getResult())
+       << ", (int64_t)" << n << ");";
+    if (opts.dp > 1)
+      os << "\n  ctx.dpComm->allReduce(" << name(r.getResult()) << ", " << n
+         << ", CommType::" << (typeOf(r.getResult()).getElementType().isF64() ? "F64" : "F32")
+         << ", ReduceOp::Sum);";
     ok = true;
   } else if (auto a = dyn_cast<AssignOp>(op)) {
     const int64_t n = typeOf(a.getResult()).getNumElements();

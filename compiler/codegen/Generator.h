@@ -494,6 +494,11 @@ private:
   // Step.cpp: the pieces of run, in the order it calls them (documented there).
   bool collectStepGradients(mlir::func::ReturnOp ret, std::set<int> &pinned);
   GatherPlan planZero3Gathers();
+  /// Reshape results (views: the same memory) declared so far in the
+  /// function being emitted; a ZeRO-3 gather points the views of its
+  /// parameter at the gathered buffer (a convolution's weight read as
+  /// [O, C*kh*kw] through a reshape emitted before the gather).
+  std::vector<Value> viewsInScope;
   void keepGradientChunks();
   bool emitStepSeed(const std::string &reduction);
   void startBuckets(const std::vector<Bucket> &buckets, size_t &next, int after);
@@ -512,6 +517,8 @@ private:
   bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage);
   std::string stageSeed(const std::string &lossReduction);
   std::string stashDeclarations(int backwardBegin);
+  /// The forward values backward reads (stashDeclarations declares them).
+  std::vector<Value> stashedValues(int backwardBegin);
   bool stageGradientChunks(const std::vector<Bucket> &buckets, int stage);
   bool emitStageBodies(int chunk, int backwardBegin, Value loss, const std::vector<Bucket> &buckets,
                        const GatherPlan &gathered, StageOut &so, std::string &forwardBody,

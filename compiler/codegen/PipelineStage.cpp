@@ -244,20 +244,8 @@ std::string Generator::stageSeed(const std::string &reduction) {
 
 /// The pointers backward declares again for the forward values it reads
 /// (sorted by name, so the order does not depend on pointers).
-std::string Generator::stashDeclarations(int backwardBegin) {
+std::vector<Value> Generator::stashedValues(int backwardBegin) {
   const int end = (int)ops.size();
-  auto declare = [&](Value v) -> std::string {
-    Value root = v;
-    while (root.getDefiningOp() && isa<ReshapeOp>(root.getDefiningOp()))
-      root = root.getDefiningOp()->getOperand(0);
-    const Buffer &b = buffers[bufferOf.lookup(root)];
-    if (b.region == Region::Constant && root == v)
-      return "";
-    std::string target = b.region == Region::Activation
-                             ? "(" + ctypeOf(v) + " *)(" + activationAt(b.offset) + ")"
-                             : "(" + ctypeOf(v) + " *)" + var[root];
-    return "  " + ctypeOf(v) + " *" + var[v] + " = " + target + ";\n";
-  };
   std::set<Value, std::function<bool(Value, Value)>> stash(
       [&](Value x, Value y) { return var[x] < var[y]; });
   for (int i = backwardBegin; i < end; ++i) {
@@ -273,8 +261,24 @@ std::string Generator::stashDeclarations(int backwardBegin) {
           stash.insert(v);
       }
   }
+  return std::vector<Value>(stash.begin(), stash.end());
+}
+
+std::string Generator::stashDeclarations(int backwardBegin) {
+  auto declare = [&](Value v) -> std::string {
+    Value root = v;
+    while (root.getDefiningOp() && isa<ReshapeOp>(root.getDefiningOp()))
+      root = root.getDefiningOp()->getOperand(0);
+    const Buffer &b = buffers[bufferOf.lookup(root)];
+    if (b.region == Region::Constant && root == v)
+      return "";
+    std::string target = b.region == Region::Activation
+                             ? "(" + ctypeOf(v) + " *)(" + activationAt(b.offset) + ")"
+                             : "(" + ctypeOf(v) + " *)" + var[root];
+    return "  " + ctypeOf(v) + " *" + var[v] + " = " + target + ";\n";
+  };
   std::string decl;
-  for (Value v : stash)
+  for (Value v : stashedValues(backwardBegin))
     decl += declare(v);
   return decl;
 }
@@ -361,12 +365,18 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
       gradientsAfter(at);
     pendingRecvAt.clear();
   };
+  viewsInScope.clear(); // forward() declares its own
   for (Operation *op : ops) {
     const int i = index[op];
     if (i == backwardBegin) {
       flushRecvs();
       forwardBody = body;
       body.clear();
+      // backward() declares again the forward values it reads.
+      viewsInScope.clear();
+      for (Value v : stashedValues(backwardBegin))
+        if (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
+          viewsInScope.push_back(v);
     }
     if (auto r = dyn_cast<dist::RecvOp>(op)) {
       body += recvStatements(op, i >= backwardBegin);

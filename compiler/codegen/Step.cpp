@@ -299,6 +299,7 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
   std::map<unsigned, std::string> shardVar;
   for (auto &[arg, pair] : gathered)
     shardVar[arg] = var[fn.getArgument(arg)];
+  viewsInScope.clear(); // step() holds forward and backward
   for (Operation *op : ops) {
     if (!backward && index[op] >= backwardBegin) {
       backward = true;
@@ -359,6 +360,12 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
     else
       s += "  // ZeRO-3: gather " + paramName(arg) + " for its " + pass + uses + ".\n" + pointer +
            "  ctx.dpComm->allGather(" + operands;
+    // Its views declared before the gather (reshapes are the same memory)
+    // read the gathered parameter from here on.
+    for (Value v : viewsInScope)
+      if (aliasRoot(v) == fn.getArgument(arg))
+        s += "  " + var[v] + " = (" + ctypeOf(v) + " *)" + gg.var + ";  // a view of " +
+             paramName(arg) + ", gathered\n";
   }
   return s;
 }

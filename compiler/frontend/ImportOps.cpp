@@ -811,9 +811,21 @@ void Importer::buildConvolution(const onnx::NodeProto &n) {
       fail("auto_pad '" + autoPad + "' is not supported");
     }
     Value x4 = oneD ? reshape(x, {shp(x)[0], shp(x)[1], 1, shp(x)[2]}) : x;
+    // A rank's share of a static batch (BatchTracking.cpp): the batch stays
+    // in dimension 0 through the 1-D view and back (a share of 1 sample is
+    // one of several size-1 dimensions there, which the reshape's own
+    // annotation cannot tell apart).
+    const BatchAt at = localBatch() ? batchAt(x) : BatchAt{};
+    if (oneD && at.dim == 0)
+      batchDims[x4] = at;
     // The 2-D result, back to [N, C, L] for 1-D.
     auto result = [&](Value y) {
-      return define(0, oneD ? reshape(y, {shp(y)[0], shp(y)[1], shp(y)[3]}) : y);
+      if (!oneD)
+        return define(0, y);
+      Value r = reshape(y, {shp(y)[0], shp(y)[1], shp(y)[3]});
+      if (at.dim == 0)
+        batchDims[r] = at;
+      return define(0, r);
     };
     if (op == "MaxPool" || op == "AveragePool") {
       if (attrInt("ceil_mode", 0))

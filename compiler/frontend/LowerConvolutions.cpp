@@ -197,7 +197,8 @@ Value buildAvgPool2d(OpBuilder &b, Location loc, Value x, ArrayRef<int64_t> kern
   return reshape(b, loc, avg, {xs[0], xs[1], win.ho, win.wo});
 }
 
-LogicalResult lowerBatchNorm(OpBuilder &b, BatchNormOp bn, std::string &error) {
+LogicalResult lowerBatchNorm(OpBuilder &b, BatchNormOp bn, int64_t syncReplicas, bool planning,
+                             std::string &error) {
   Location loc = bn.getLoc();
   Value x = bn.getInput();
   ArrayRef<int64_t> xs = typeOf(x).getShape();
@@ -214,8 +215,11 @@ LogicalResult lowerBatchNorm(OpBuilder &b, BatchNormOp bn, std::string &error) {
   Value rm4 = reshape(b, loc, rm, stat), rv4 = reshape(b, loc, rv, stat);
   auto statType = like(x, stat);
   Value mean = rm4, var = rv4, xc, batchMean, batchVar;
+  // The values per channel the statistics are over (the unbiased
+  // variance's count): this replica's, or every replica's under sync.
+  const int64_t total = n * std::max<int64_t>(syncReplicas, 1);
   if (bn.getTraining()) {
-    if (n < 2) {
+    if (total < 2 && !planning) {
       error = "batch norm in training mode over one value per channel (the batch times the "
               "image is 1 on this rank): its variance is undefined (PyTorch refuses it too)";
       return failure();
@@ -230,15 +234,28 @@ LogicalResult lowerBatchNorm(OpBuilder &b, BatchNormOp bn, std::string &error) {
       }
     }
     // The batch's statistics (a training step) or the running ones (an
-    // evaluation's forward, PyTorch's eval mode).
-    batchMean = ReduceMeanOp::create(b, loc, statType, x, b.getDenseI64ArrayAttr(axes),
-                                     b.getBoolAttr(true));
+    // evaluation's forward, PyTorch's eval mode). Under sync_batch_norm the
+    // batch is every data-parallel replica's: the sums over this replica's
+    // share are summed over the replicas, the mean first and then the
+    // squares about it, as one rank computes them (two all-reduces of C
+    // values; one pass of sums and squares would cancel where the mean is
+    // large against the spread).
+    auto batchMoment = [&](Value v) -> Value {
+      if (syncReplicas == 0)
+        return ReduceMeanOp::create(b, loc, statType, v, b.getDenseI64ArrayAttr(axes),
+                                    b.getBoolAttr(true));
+      Value s = ReduceSumOp::create(b, loc, statType, v, b.getDenseI64ArrayAttr(axes),
+                                    b.getBoolAttr(true));
+      s = ReplicaSumOp::create(b, loc, statType, s);
+      return DivOp::create(b, loc, statType, s, scalar(b, loc, x, (double)total));
+    };
+    batchMean = batchMoment(x);
     mean = EvalSelectOp::create(b, loc, statType, batchMean, rm4);
     xc = SubOp::create(b, loc, x.getType(), x, mean);
     Value sq = MulOp::create(b, loc, x.getType(), xc, xc);
-    batchVar = ReduceMeanOp::create(b, loc, statType, sq, b.getDenseI64ArrayAttr(axes),
-                                    b.getBoolAttr(true));
+    batchVar = batchMoment(sq);
     var = EvalSelectOp::create(b, loc, statType, batchVar, rv4);
+
   } else {
     xc = SubOp::create(b, loc, x.getType(), x, mean);
   }
@@ -267,7 +284,7 @@ LogicalResult lowerBatchNorm(OpBuilder &b, BatchNormOp bn, std::string &error) {
     return next;
   };
   Value newMean = update(rm, batchMean, 1.0);
-  Value newVar = update(rv, batchVar, (double)n / (double)(n - 1));
+  Value newVar = update(rv, batchVar, (double)total / (double)std::max<int64_t>(total - 1, 1));
   bn.getNewRunningMean().replaceAllUsesWith(newMean);
   bn.getNewRunningVar().replaceAllUsesWith(newVar);
   return success();
@@ -277,17 +294,29 @@ namespace {
 
 struct CarveLowerConvolutionsPass
     : carve::impl::CarveLowerConvolutionsBase<CarveLowerConvolutionsPass> {
+  using CarveLowerConvolutionsBase::CarveLowerConvolutionsBase;
+
   void runOnOperation() override {
     SmallVector<Operation *> todo;
     getOperation().walk([&](Operation *op) {
       if (isa<Conv2dOp, MaxPool2dOp, BatchNormOp>(op))
         todo.push_back(op);
     });
+    // sync_batch_norm: the statistics over the plan's dp replicas (0: this
+    // replica's share alone, as PyTorch DDP without SyncBatchNorm).
+    int64_t syncReplicas = 0;
+    if (auto module = getOperation()->getParentOfType<ModuleOp>()) {
+      FailureOr<PlanAttrs> plan = readPlan(module);
+      if (failed(plan))
+        return signalPassFailure();
+      if (plan->syncBatchNorm)
+        syncReplicas = plan->dp;
+    }
     for (Operation *op : todo) {
       OpBuilder b(op);
       if (auto bn = dyn_cast<BatchNormOp>(op)) {
         std::string error;
-        if (failed(lowerBatchNorm(b, bn, error))) {
+        if (failed(lowerBatchNorm(b, bn, syncReplicas, planning, error))) {
           std::string node = nodeName(op->getLoc());
           op->emitError() << "carve.batch_norm" << (node.empty() ? "" : " (node '" + node + "')")
                           << ": " << error;

@@ -46,9 +46,13 @@ mlir::Value lowerMaxPool2d(mlir::OpBuilder &b, MaxPool2dOp pool);
 /// Batch norm as reductions and elementwise ops; in training mode the
 /// batch's statistics (carve.eval_select: the running ones in an
 /// evaluation) and carve.assign of the updated running statistics to their
-/// buffers. Replaces `bn`'s uses (the caller erases it); failure with
-/// `error` when the statistics are not buffers or are over one value.
-mlir::LogicalResult lowerBatchNorm(mlir::OpBuilder &b, BatchNormOp bn, std::string &error);
+/// buffers. With `syncReplicas` > 0 the statistics are over that many
+/// data-parallel replicas' shares (carve.replica_sum; sync_batch_norm).
+/// Replaces `bn`'s uses (the caller erases it); failure with `error` when
+/// the statistics are not buffers or are over one value (unless `planning`:
+/// the planner's one-sample import, priced and never run).
+mlir::LogicalResult lowerBatchNorm(mlir::OpBuilder &b, BatchNormOp bn, int64_t syncReplicas,
+                                   bool planning, std::string &error);
 /// ONNX AveragePool (floor mode) of x [N, C, H, W]: each window's sum over
 /// the kernel's size or, without `countIncludePad`, over its taps inside the
 /// image. Null for a non-f32 x.

@@ -53,12 +53,20 @@ def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncO
     (`carve.eval_select` puts the running statistics there in an
     evaluation's forward), and `carve.assign` writes the running statistics
     updated as PyTorch updates them (momentum, unbiased variance) to their
-    buffers; in eval mode the running statistics.
+    buffers; in eval mode the running statistics. Where the module's plan
+    has `sync_batch_norm`, the training statistics are over every
+    data-parallel replica's share: the per-channel sums go through
+    `carve.replica_sum` (the mean, then the squares about it).
 
-    Runs first in `carve compile` (the planner prices the ops as they are
-    imported). Before: any carve IR. After: no conv2d, max_pool2d or
-    batch_norm.
+    Runs first in `carve compile`, and in `carve plan`'s profile (so that the
+    planner prices the ops that run). Before: any carve IR. After: no conv2d,
+    max_pool2d or batch_norm.
   }];
+  let options = [
+    Option<"planning", "planning", "bool", /*default=*/"false",
+           "The planner's one-sample import: batch norm over one value per channel "
+           "is lowered to be priced, not refused">
+  ];
   let dependentDialects = ["carve::CarveDialect"];
   let statistics = [
     Statistic<"numLowered", "num-lowered", "Number of convolutions and poolings lowered">

@@ -690,6 +690,10 @@ bool Interpreter::evaluate(Operation *op) {
         env[c.getResult()] = convert(get(c.getInput()), typeOf(c.getResult()).getElementType());
         return true;
       })
+      .Case([&](ReplicaSumOp s) {
+        env[s.getResult()] = get(s.getInput()); // one replica
+        return true;
+      })
       .Case([&](EvalSelectOp s) {
         env[s.getResult()] = get(s.getTrain()); // a training step
         return true;

@@ -30,6 +30,8 @@ def CarveSetPlan : Pass<"carve-set-plan", "mlir::ModuleOp"> {
            "ZeRO-3: layers ahead whose gathers start early">,
     Option<"sequenceParallel", "sequence-parallel", "bool", /*default=*/"false",
            "Sequence parallelism on the tp axis">,
+    Option<"syncBatchNorm", "sync-batch-norm", "bool", /*default=*/"false",
+           "Batch norm's statistics over all data-parallel replicas">,
     Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
            "Micro-batches per step of each data-parallel replica">,
     Option<"virtualStages", "virtual-stages", "int64_t", /*default=*/"1",

@@ -140,7 +140,7 @@ bool parseReservedField(const std::string &key, const json &v, const std::string
   }
   if (!known) {
     std::string names =
-        "dp, tp, pp, ep, zero, sequence_parallel, num_micro_batches, "
+        "dp, tp, pp, ep, zero, sequence_parallel, sync_batch_norm, num_micro_batches, "
         "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
         "recompute, zero3_prefetch_layers, grad_accumulation, predicted, planner";
     for (const Reserved &r : reserved())
@@ -313,6 +313,14 @@ bool parseField(const std::string &key, const json &v, const std::string &what, 
       return false;
     }
     plan.sequenceParallel = v.get<bool>();
+    return true;
+  }
+  if (key == "sync_batch_norm") {
+    if (!v.is_boolean()) {
+      error = what + ": \"sync_batch_norm\" must be true or false, got " + v.dump();
+      return false;
+    }
+    plan.syncBatchNorm = v.get<bool>();
     return true;
   }
   if (key == "ops") {

@@ -33,6 +33,9 @@ struct Plan {
   /// current one computes (0: each gather waits where it is first needed).
   int zero3PrefetchLayers = 0;
   bool sequenceParallel = false;
+  /// Batch norm's statistics over the whole data-parallel batch (PyTorch's
+  /// SyncBatchNorm): one all-reduce per batch norm (docs/training.md).
+  bool syncBatchNorm = false;
   int pp = 1;
   int numMicroBatches = 0;    // 0: not given (micro_batch_size decides, else 1)
   int64_t microBatchSize = 0; // 0: not given

@@ -25,6 +25,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.zero = zero;
     plan.zero3PrefetchLayers = zero3PrefetchLayers;
     plan.sequenceParallel = sequenceParallel;
+    plan.syncBatchNorm = syncBatchNorm;
     plan.microBatches = microBatches;
     plan.virtualStages = virtualStages;
     plan.schedule = schedule;

@@ -43,6 +43,8 @@ std::string Candidate::key() const {
   os << " " << precision;
   if (gradAccumulation != "fp32")
     os << " grad_accumulation=" << gradAccumulation;
+  if (syncBatchNorm)
+    os << " sync_batch_norm";
   return os.str();
 }
 
@@ -568,7 +570,8 @@ const std::vector<std::string> &constraintFields() {
                                              "virtual_stages",
                                              "recompute",
                                              "precision",
-                                             "grad_accumulation"};
+                                             "grad_accumulation",
+                                             "sync_batch_norm"};
   return f;
 }
 
@@ -576,7 +579,7 @@ namespace {
 
 bool isNumericField(const std::string &f) {
   return f != "schedule" && f != "recompute" && f != "precision" && f != "sequence_parallel" &&
-         f != "grad_accumulation";
+         f != "grad_accumulation" && f != "sync_batch_norm";
 }
 
 bool checkValue(const std::string &field, const std::string &value, std::string &error) {
@@ -614,9 +617,9 @@ bool checkValue(const std::string &field, const std::string &value, std::string 
     }
     return true;
   }
-  if (field == "sequence_parallel") {
+  if (field == "sequence_parallel" || field == "sync_batch_norm") {
     if (!in({"true", "false", "1", "0"})) {
-      error = "sequence_parallel must be true or false, got '" + value + "'";
+      error = field + " must be true or false, got '" + value + "'";
       return false;
     }
     return true;
@@ -643,9 +646,9 @@ bool addFixed(Constraints &c, const std::string &field, std::string value, const
     error = what + ": unknown plan field '" + field + "' (fields: " + names + ")";
     return false;
   }
-  if (value == "1" && field == "sequence_parallel")
+  if (value == "1" && (field == "sequence_parallel" || field == "sync_batch_norm"))
     value = "true";
-  if (value == "0" && field == "sequence_parallel")
+  if (value == "0" && (field == "sequence_parallel" || field == "sync_batch_norm"))
     value = "false";
   if (!checkValue(field, value, error)) {
     error = what + ": " + error;
@@ -1073,6 +1076,9 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
   const std::string precision =
       fixedStr("precision", cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
   const std::string gradAccumulation = fixedStr("grad_accumulation", "fp32");
+  // Carried into the plan, not priced: two all-reduces of C values per batch
+  // norm and direction.
+  const bool syncBatchNorm = fixedStr("sync_batch_norm", "false") == "true";
   if (gradAccumulation == "16bit" && precision == "fp32") {
     res.contradiction = "grad_accumulation 16bit keeps gradients in 16 bits and needs precision "
                         "bf16 or fp16";
@@ -1188,6 +1194,7 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                   c.sp = seqPar;
                   c.precision = precision;
                   c.gradAccumulation = gradAccumulation;
+                  c.syncBatchNorm = syncBatchNorm;
                   Estimate e = estimatePriced(*prof, pricedAt(mbs), base, cl, c, opts);
                   ++res.evaluated;
                   if (e.fits) {

@@ -42,6 +42,8 @@ struct Candidate {
   /// Under bf16/fp16: "fp32" or "16bit", where micro-batches accumulate
   /// gradients (the plan field grad_accumulation).
   std::string gradAccumulation = "fp32";
+  /// The plan field sync_batch_norm, as the constraints fix it (not priced).
+  bool syncBatchNorm = false;
   std::string key() const;        // "dp=2 tp=4 pp=8 ..." for messages
 };
 

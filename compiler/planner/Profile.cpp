@@ -4,6 +4,7 @@
 
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Builtin.h"
+#include "compiler/frontend/Passes.h"
 #include "compiler/fusion/Fusion.h"
 #include "compiler/partition/Annotation.h"
 #include "compiler/partition/ExpertParallel.h"
@@ -14,6 +15,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
+#include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -666,10 +668,12 @@ bool loadProfileModel(MLIRContext &context, const ProfileRequest &req, ProfileMo
     }
   }
   auto fwd = model.module->lookupSymbol<func::FuncOp>("forward");
+  // Tokens per sample: the second dimension of the first input of token ids
+  // (integers); none for a model of images or other float inputs.
   for (unsigned i = 0; i < fwd.getNumArguments(); ++i)
     if (fwd.getArgAttr(i, kInputAttr)) {
       auto t = cast<RankedTensorType>(fwd.getArgument(i).getType());
-      if (t.getRank() >= 2) {
+      if (t.getRank() >= 2 && isa<IntegerType>(t.getElementType())) {
         model.seq = t.getDimSize(1);
         break;
       }
@@ -682,6 +686,16 @@ bool loadProfileModel(MLIRContext &context, const ProfileRequest &req, ProfileMo
       why = d.str();
     return success();
   });
+  // Convolutions, pooling and batch norm as the ops `carve compile` runs
+  // (im2col), so that they have gradients and are priced as they run.
+  PassManager lower(&context);
+  CarveLowerConvolutionsOptions lowering;
+  lowering.planning = true;
+  lower.addNestedPass<func::FuncOp>(createCarveLowerConvolutions(lowering));
+  if (failed(lower.run(*model.module))) {
+    error = modelName + ": " + (why.empty() ? "carve-lower-convolutions failed" : why);
+    return false;
+  }
   if (!buildTrainingStep(*model.module, ad, error)) {
     error = modelName + ": " + error + (why.empty() ? "" : ": " + why);
     return false;

@@ -134,7 +134,7 @@ struct Profile {
   double totalParams = 0;
   double modelFlops = 0;         // forward + backward, one sample, whole model
   int64_t modelBatch = 1;        // the batch the model was written with
-  int64_t seq = 0;               // the second dimension of the first input (tokens per sample)
+  int64_t seq = 0; // tokens per sample: dimension 1 of the first token-id input; 0: none
   /// Routed mixture-of-experts layers: the experts every layer's count
   /// divides by (their gcd); 0 when the model has none (ep stays 1).
   int experts = 0;

@@ -193,6 +193,15 @@ LogicalResult DropoutOp::verify() {
 
 LogicalResult EvalSelectOp::verify() { return verifyStatic(*this); }
 
+LogicalResult ReplicaSumOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  Type et = cast<RankedTensorType>(getInput().getType()).getElementType();
+  if (!et.isF32() && !et.isF64())
+    return emitOpError("sums f32 or f64 tensors, got ") << getInput().getType();
+  return success();
+}
+
 LogicalResult AssignOp::verify() {
   if (failed(verifyStatic(*this)))
     return failure();

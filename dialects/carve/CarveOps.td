@@ -596,6 +596,27 @@ def Carve_EvalSelectOp : Carve_Op<"eval_select", [Carve_Differentiable,
   let assemblyFormat = "$train `,` $eval attr-dict `:` type($result)";
 }
 
+def Carve_ReplicaSumOp : Carve_Op<"replica_sum", [Carve_Differentiable,
+                                                   AllTypesMatch<["input", "result"]>]> {
+  let summary = "The sum over the data-parallel replicas (SyncBatchNorm's statistics).";
+  let description = [{
+    Each data-parallel replica computes `input` from its share of the batch;
+    the result, on every replica, is their sum (an all-reduce on the
+    data-parallel communicator; the ranks of one tp and pipeline position).
+    A one-rank program's result is its input. The gradient is the same op on
+    the result's gradient: every replica's input feeds every replica's
+    result. carve-lower-convolutions builds it for batch norm under
+    `sync_batch_norm` (the batch's per-channel sums and sums of squares).
+
+    ```mlir
+    %s = carve.replica_sum %sums : tensor<1x8x1x1xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
 def Carve_AssignOp : Op<Carve_Dialect, "assign", [
     DeclareOpInterfaceMethods<Carve_PartitionableOpInterface>, MemoryEffects<[MemWrite]>,
     AllTypesMatch<["value", "buffer", "result"]>]> {

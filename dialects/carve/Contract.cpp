@@ -64,6 +64,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
     i64("zero3_prefetch_layers", plan.zero3PrefetchLayers);
   if (plan.sequenceParallel)
     fields.push_back(b.getNamedAttr("sequence_parallel", b.getUnitAttr()));
+  if (plan.syncBatchNorm)
+    fields.push_back(b.getNamedAttr("sync_batch_norm", b.getUnitAttr()));
   i64("micro_batches", plan.microBatches);
   i64("virtual_stages", plan.virtualStages);
   fields.push_back(b.getNamedAttr("schedule", b.getStringAttr(plan.schedule)));
@@ -133,11 +135,12 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
     }
     if (known)
       continue;
-    if (name == "sequence_parallel") {
+    if (name == "sequence_parallel" || name == "sync_batch_norm") {
+      bool &dst = name == "sequence_parallel" ? plan.sequenceParallel : plan.syncBatchNorm;
       if (isa<UnitAttr>(v))
-        plan.sequenceParallel = true;
+        dst = true;
       else if (auto bv = dyn_cast<BoolAttr>(v))
-        plan.sequenceParallel = bv.getValue();
+        dst = bv.getValue();
       else
         return bad(name, "a unit or bool attribute");
     } else if (name == "schedule" || name == "precision") {

@@ -215,6 +215,9 @@ struct PlanAttrs {
   /// ZeRO-3: gathers start this many layers ahead of their use (0: at it).
   int64_t zero3PrefetchLayers = 0;
   bool sequenceParallel = false;
+  /// Batch norm's statistics summed over the data-parallel replicas
+  /// (carve-lower-convolutions; `sync_batch_norm` in the plan file).
+  bool syncBatchNorm = false;
   int64_t microBatches = 1;  // per step of each data-parallel replica
   int64_t virtualStages = 1; // stages per pipeline rank
   std::string schedule = "1f1b";

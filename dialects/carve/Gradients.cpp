@@ -250,6 +250,15 @@ LogicalResult DropoutOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
+LogicalResult ReplicaSumOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                           SmallVectorImpl<Value> &og) {
+  // y_r = sum_s x_s on every replica r: dL/dx_s = sum_r dL/dy_r.
+  og.assign(1, Value());
+  if (rg[0])
+    og[0] = ReplicaSumOp::create(b, getLoc(), rg[0].getType(), rg[0]);
+  return success();
+}
+
 LogicalResult EvalSelectOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                            SmallVectorImpl<Value> &og) {
   og.assign(2, Value());

@@ -12,7 +12,7 @@ models/export.py in training mode:
   on 16x16 images;
 - `cnn1d`: nn.Conv1d(4, 8, 5, stride=2, padding=2), ReLU, nn.MaxPool1d(2),
   nn.AvgPool1d(2) (count_include_pad=True, PyTorch's default; exported with a
-  Pad node before the AveragePool), flatten,
+  Pad node before the AveragePool), h.view(h.size(0), -1),
   nn.Linear, F.cross_entropy on sequences of 32.
 
 carve lowers the convolutions and poolings to a gather of the sliding
@@ -24,7 +24,8 @@ What must hold:
    losses within 1e-5 relative, every weight within 1e-5 of its tensor's
    largest entry (fp32 sums in another order than PyTorch's convolutions).
 2. Plans against 1 rank (`carve verify`, its defaults: losses within 1e-5,
-   weights within 1e-4, SGD): dp=2, tp=2, dp=2 x tp=2 with ZeRO-1, and
+   weights within 1e-4, SGD): dp=2, tp=2, dp=2 x tp=2 with ZeRO-1, dp=2
+   with ZeRO-3 (the weights' reshapes come before their gathers), and
    pp=2 with 2 micro-batches, for both models.
    Under tp=2 each rank of `cnn` holds half of every convolution's output
    channels (the grouped and depthwise ones split by groups).
@@ -35,17 +36,22 @@ What must hold:
    statistics) within 1e-5. tp=2 and pp=2 (whole batches on every rank)
    equal 1 rank; under dp=2 each replica normalizes with its own half's
    statistics, as DDP without SyncBatchNorm does (the first step's loss is
-   the mean of PyTorch's on each half).
+   the mean of PyTorch's on each half); with sync_batch_norm (SyncBatchNorm)
+   dp=2, dp2 x tp2 ZeRO-2 and dp2 x pp2 ZeRO-3 equal 1 rank, running
+   statistics included.
 4. ResNet-18 of models/reference.py (width 8, batch 16, 32x32 images): 10
    AdamW steps against PyTorch, losses within 1e-5, weights within 1e-4 and
    running statistics within 1e-4 of their largest entry, the evaluation
-   equal to eval mode's; tp=2 and pp=2 equal 1 rank.
+   equal to eval mode's; tp=2, pp=2 and dp=2 with sync_batch_norm equal
+   1 rank.
 5. The ViT of models/reference.py (a Conv2d patch embedding, class token,
    position embedding, two pre-norm nn.TransformerEncoderLayer, batch 8):
    against PyTorch as in 1 (the attention's key bias left out: its gradient
-   is rounding noise), and dp=2, tp=2, dp2 x tp2 ZeRO-1 and pp=2 equal to
-   1 rank (its Shape-derived Reshape and Expand: VIT_PLANS).
-6. Bad input: ceil_mode=True pooling is refused with one line naming the
+   is rounding noise), and the plans of 2 equal to 1 rank (its
+   Shape-derived Reshape and Expand: VIT_PLANS).
+6. `carve plan` plans cnnbn with --fixed dp=2,sync_batch_norm=true (the
+   field written into the plan), and the plan passes `carve verify`.
+7. Bad input: ceil_mode=True pooling is refused with one line naming the
    node, exit 1, nothing written.
 """
 
@@ -274,21 +280,31 @@ def check_torch(carve, work, kind, model, data, xs, ys):
            evals[0]))
 
 
+# dp2-zero3: each convolution's weight is read through a reshape to
+# [O, C*kh*kw] that comes before the GEMM that reads it (the program points
+# those views at the gathered weight).
 PLANS = [
     ("dp2", {"dp": 2}),
     ("tp2", {"tp": 2}),
     ("dp2tp2-zero1", {"dp": 2, "tp": 2, "zero": 1}),
+    ("dp2-zero3", {"dp": 2, "zero": 3}),
     ("pp2", {"pp": 2, "num_micro_batches": 2}),
 ]
 
 
 # Batch norm's statistics are per replica under dp and per micro-batch, as in
 # PyTorch (DDP without SyncBatchNorm, gradient accumulation): the plans that
-# keep whole batches on a rank equal 1 rank.
+# keep whole batches on a rank, or sum the statistics over the replicas
+# (sync_batch_norm, SyncBatchNorm's), equal 1 rank.
 BN_PLANS = [
     ("tp2", {"tp": 2}),
     ("pp2", {"pp": 2}),
+    ("dp2-sync", {"dp": 2, "sync_batch_norm": True}),
+    ("dp2tp2-zero2-sync", {"dp": 2, "tp": 2, "zero": 2, "sync_batch_norm": True}),
+    ("dp2pp2-zero3-sync", {"dp": 2, "pp": 2, "zero": 3, "sync_batch_norm": True}),
 ]
+# ResNet-18 takes 30 s a plan: the three kinds of plan.
+RESNET_PLANS = [BN_PLANS[0], BN_PLANS[1], BN_PLANS[2]]
 
 
 # The ViT's patch flattening, x.flatten(2), exports as a Reshape whose target
@@ -359,6 +375,28 @@ def check_tp_layout(carve, work, model):
           "[16, 1, 3, 3])")
 
 
+def check_planned(carve, work, kind, model, data):
+    """carve plan prices the lowered ops (im2col, batch norm's reductions) of
+    the model's one-sample import; a fixed sync_batch_norm goes into the plan,
+    which carve verify then proves equal to 1 rank."""
+    path = os.path.join(work, kind + "-planned.json")
+    fixed = "dp=2,sync_batch_norm=true" if kind == "cnnbn" else "dp=2"
+    must("plan " + kind, [carve, "plan", model, "--cluster", "cpu:1x2", "--fixed", fixed,
+                          "-o", path])
+    with open(path) as f:
+        plan = json.load(f)
+    if plan.get("dp") != 2 or (kind == "cnnbn") != (plan.get("sync_batch_norm") is True):
+        raise Failure("%s: carve plan --fixed %s wrote %s" % (kind, fixed, json.dumps(plan)))
+    rc, out = run([carve, "verify", model, "--plan", path, "--data", data, "--steps", "3"])
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    if rc != 0 or not last.startswith("PASS"):
+        raise Failure("%s: the planned %s did not pass carve verify (exit %d):\n%s" %
+                      (kind, json.dumps(plan), rc, out))
+    print("ok: %s: carve plan --fixed %s chose %s, and it equals 1 rank (%s)" %
+          (kind, fixed, json.dumps({k: v for k, v in plan.items()
+                                    if k not in ("predicted", "planner")}), last))
+
+
 def check_bad(carve, work):
     bad = os.path.join(work, "ceil.onnx")
     export("cnn", bad, ceil_mode=True)
@@ -397,7 +435,7 @@ def main():
         shape = export(kind, model)
         xs, ys = write_data(data, shape, steps_of(kind))
         attempt(check_torch, a.carve, a.workdir, kind, model, data, xs, ys)
-        plans = (BN_PLANS if kind in ("cnnbn", "resnet18") else
+        plans = (BN_PLANS if kind == "cnnbn" else RESNET_PLANS if kind == "resnet18" else
                  VIT_PLANS if kind == "vit" else PLANS)
         for name, plan in plans:
             attempt(check_plan, a.carve, a.workdir, kind, model, data, name, plan)
@@ -405,6 +443,8 @@ def main():
             attempt(check_tp_layout, a.carve, a.workdir, model)
         if kind == "cnnbn":
             attempt(check_bn_dp, a.carve, a.workdir, model, data)
+        if kind == "cnnbn":
+            attempt(check_planned, a.carve, a.workdir, kind, model, data)
     attempt(check_bad, a.carve, a.workdir)
     if failures:
         print("FAILED: %d check(s): %s" % (len(failures), "; ".join(failures)))

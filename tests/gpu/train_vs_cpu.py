@@ -48,7 +48,8 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    1 GPU within 1e-5.
 9. Convolutions: tests/e2e/convolution.py's CNNs (im2col; batch norm with
    its running statistics) train on the GPU as on the CPU (the fp32 bounds
-   of 1).
+   of 1); with 2 GPUs the batch-norm CNN under dp=2 with sync_batch_norm
+   equals 1 GPU within 1e-5.
 
 Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
 
@@ -380,11 +381,13 @@ def check_dropout(carve, w, data_gen, n):
     return checks
 
 
-def check_convolution(carve, w, kind):
+def check_convolution(carve, w, kind, n):
     """tests/e2e/convolution.py's CNNs (`cnn`: strided, padded, grouped and
     depthwise convolutions, max and average pooling, as im2col; `cnnbn`: batch
     norm, its running statistics in the checkpoint): the CUDA program trains
-    as the CPU program does (the fp32 bounds of 1)."""
+    as the CPU program does (the fp32 bounds of 1). On 2 GPUs, `cnnbn` under
+    dp=2 with sync_batch_norm (the statistics' sums all-reduced over NCCL)
+    equals 1 GPU."""
     import numpy as np
 
     onnx = os.path.join(w, kind + ".onnx")
@@ -412,7 +415,23 @@ def check_convolution(carve, w, kind):
     print("ok: %s (im2col%s): GPU within %.2g of the CPU over %d steps; weights and buffers "
           "within %.2g (%s)" % (kind, ", batch norm" if kind == "cnnbn" else "", d, STEPS, gap,
                                 name))
-    return 1
+    if kind != "cnnbn":
+        return 1
+    if n < 2:
+        print("not run: cnnbn dp=2 sync_batch_norm on 2 GPUs (%d visible)" % n)
+        return 1
+    out = os.path.join(w, "cnnbn-dp2-sync-cuda")
+    compile_(carve, onnx, {"dp": 2, "sync_batch_norm": True}, "cuda", out)
+    losses = train(carve, out, 2, data, out + ".ckpt")
+    d = worst_rel(runs["cuda"][0], losses)
+    gap, name = weight_gap(runs["cuda"][1], load_checkpoint(out + ".ckpt"))
+    if d > PARALLEL_RTOL or gap > WEIGHT_RTOL:
+        raise Failure("cnnbn dp=2 sync_batch_norm on 2 GPUs: losses differ from 1 GPU's by %.3g "
+                      "(limit %g), weights and buffers of %s by %.3g (limit %g)" %
+                      (d, PARALLEL_RTOL, name, gap, WEIGHT_RTOL))
+    print("ok: cnnbn dp=2 sync_batch_norm on 2 GPUs within %.2g of 1 GPU (weights and running "
+          "statistics within %.2g, %s)" % (d, gap, name))
+    return 2
 
 
 def main():
@@ -505,7 +524,7 @@ def main():
         checks += check_dropout(a.carve, w, data_gen, 1 if PHASE != "all" else n)
     for kind in ["cnn", "cnnbn"]:
         with going_on():
-            checks += check_convolution(a.carve, w, kind)
+            checks += check_convolution(a.carve, w, kind, 1 if PHASE != "all" else n)
 
     if PHASE != "all" and n >= 2:
         print("--phase %s: one rank per program (no mpirun on the GPU machine)" % PHASE)

@@ -111,6 +111,11 @@ public:
     lower = true;
     return *this;
   }
+  /// The module's carve.plan dictionary (e.g. "{sync_batch_norm}").
+  GradCheck &plan(std::string dict) {
+    planDict = std::move(dict);
+    return *this;
+  }
 
   /// The module text the check parses.
   std::string text() const {
@@ -118,8 +123,11 @@ public:
     for (const std::string &a : args)
       sig += a + ", ";
     sig += input("loss_weights", outType);
-    return "func.func @forward(" + sig + ") -> (tensor<f64> {carve.output = \"loss\"}) {\n" + body +
-           "\n" + lossTail + "}\n";
+    std::string fn = "func.func @forward(" + sig +
+                     ") -> (tensor<f64> {carve.output = \"loss\"}) {\n" + body + "\n" + lossTail +
+                     "}\n";
+    return planDict.empty() ? fn
+                            : "module attributes {carve.plan = " + planDict + "} {\n" + fn + "}\n";
   }
 
   void run() {
@@ -248,6 +256,7 @@ private:
   std::map<std::string, std::vector<double>> fixed;
   double fixedStep = 0;
   bool lower = false;
+  std::string planDict;
   std::unique_ptr<MLIRContext> context;
   OwningOpRef<ModuleOp> trainStep;
 
@@ -976,6 +985,24 @@ TEST(Gradient, BatchNormTraining) {
             "tensor<2xf64>)",
             "%y", "3x2x2x2xf64")
       .uniform("rv", 0.5, 1.5)
+      .lowered()
+      .run();
+}
+
+// sync_batch_norm: the statistics as sums through carve.replica_sum (one
+// replica here, so the sums are this batch's), the mean and then the squares
+// about it; the gradient goes back through both sums.
+TEST(Gradient, BatchNormTrainingSyncReplicas) {
+  GradCheck({param("x", "3x2x2x2xf64"), param("g", "2xf64"), param("b", "2xf64"),
+             "%rm: tensor<2xf64> {carve.param = \"rm\", carve.buffer = \"rm\"}",
+             "%rv: tensor<2xf64> {carve.param = \"rv\", carve.buffer = \"rv\"}"},
+            "%y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, "
+            "momentum = 0.9 : f32, training = true} : (tensor<3x2x2x2xf64>, tensor<2xf64>, "
+            "tensor<2xf64>, tensor<2xf64>, tensor<2xf64>) -> (tensor<3x2x2x2xf64>, tensor<2xf64>, "
+            "tensor<2xf64>)",
+            "%y", "3x2x2x2xf64")
+      .uniform("rv", 0.5, 1.5)
+      .plan("{sync_batch_norm}")
       .lowered()
       .run();
 }

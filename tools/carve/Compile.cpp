@@ -54,6 +54,7 @@ PlanAttrs planAttrs(const Plan &plan, const Imported &im) {
   p.zero = plan.zero;
   p.zero3PrefetchLayers = plan.zero3PrefetchLayers;
   p.sequenceParallel = plan.sequenceParallel;
+  p.syncBatchNorm = plan.syncBatchNorm;
   p.microBatches = im.m;
   p.virtualStages = plan.virtualStages;
   p.schedule = plan.scheduleName();

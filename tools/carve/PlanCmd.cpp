@@ -89,6 +89,8 @@ json planFields(const Candidate &c, const std::vector<OpOverride> &pins = {}) {
     p["precision"] = c.precision;
   if (c.gradAccumulation != "fp32")
     p["grad_accumulation"] = c.gradAccumulation;
+  if (c.syncBatchNorm)
+    p["sync_batch_norm"] = true;
   if (c.tp > 1 && !pins.empty()) {
     json ops = json::object();
     for (const OpOverride &o : pins)
@@ -295,7 +297,8 @@ void bar(std::ostream &os, const char *name, double bytes, double capacity) {
   os << line << "\n";
 }
 
-void printEstimate(std::ostream &os, const Estimate &e, const Cluster &cl) {
+/// `tokens`: the model reads token ids (throughput in tokens), else samples.
+void printEstimate(std::ostream &os, const Estimate &e, const Cluster &cl, bool tokens) {
   const StepTime &t = e.time;
   char line[256];
   os << "  step time       " << secs(t.total) << "\n";
@@ -305,7 +308,8 @@ void printEstimate(std::ostream &os, const Estimate &e, const Cluster &cl) {
      << secs(t.dpComm) << ", optimizer " << secs(t.optimizer) << "\n";
   if (e.c.ep > 1)
     os << "    expert all-to-alls " << secs(t.epComm) << " (ep=" << e.c.ep << ")\n";
-  snprintf(line, sizeof line, "  throughput      %s tokens/s\n", count(e.tokensPerSecond).c_str());
+  snprintf(line, sizeof line, "  throughput      %s %s/s\n", count(e.tokensPerSecond).c_str(),
+           tokens ? "tokens" : "samples");
   os << line;
   const double peak = cl.peak(e.c.precision);
   const bool tera = peak >= 1e12;
@@ -355,8 +359,9 @@ std::string modelLine(const PlanArgs &args, const Outcome &o, const Session &s) 
   std::ostringstream os;
   os << (isBuiltinModel(args.model) ? args.model : llvm::sys::path::filename(args.model).str())
      << ": " << count(o.base->totalParams) << " parameters, "
-     << (s.model.builtinLayers ? s.model.builtinLayers : (int)o.base->layers.size()) << " layers, "
-     << o.base->seq << " tokens per sample";
+     << (s.model.builtinLayers ? s.model.builtinLayers : (int)o.base->layers.size()) << " layers";
+  if (o.base->seq > 0)
+    os << ", " << o.base->seq << " tokens per sample";
   return os.str();
 }
 
@@ -637,7 +642,7 @@ int runPlan(const PlanArgs &args) {
     const Estimate &e = r.closest;
     if (r.fullyFixed) {
       os << "The fixed plan does not fit: " << e.c.key() << "\n";
-      printEstimate(os, e, o.cluster);
+      printEstimate(os, e, o.cluster, o.base->seq > 0);
       if (!args.json)
         llvm::errs() << os.str();
       die("carve plan: the fixed plan needs " + gb(e.mem.total()) + " per device, " +
@@ -646,7 +651,7 @@ int runPlan(const PlanArgs &args) {
     std::string more = wouldFit(s, o);
     if (!args.json) {
       os << "Closest plan (does not fit): " << e.c.key() << "\n";
-      printEstimate(os, e, o.cluster);
+      printEstimate(os, e, o.cluster, o.base->seq > 0);
       llvm::errs() << os.str();
     }
     die("carve plan: no plan fits: the closest (" + e.c.key() + ") needs " + gb(e.mem.total()) +
@@ -657,7 +662,7 @@ int runPlan(const PlanArgs &args) {
   const Estimate &best = r.ranked[0];
   if (!args.json) {
     os << "Plan: " << best.c.key() << "\n";
-    printEstimate(os, best, o.cluster);
+    printEstimate(os, best, o.cluster, o.base->seq > 0);
     printOpChoices(os, o);
     printCompiled(os, o);
     if (r.ranked.size() > 1) {

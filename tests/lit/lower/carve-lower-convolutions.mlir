@@ -82,3 +82,28 @@ func.func @not_buffers(%x: tensor<2x3x4x4xf32>, %g: tensor<3xf32>, %b: tensor<3x
   %y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, momentum = 0.9 : f32, training = true} : (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>)
   return %y : tensor<2x3x4x4xf32>
 }
+
+// -----
+
+// sync_batch_norm under dp = 2: each statistic is this replica's sum, summed
+// over the replicas (carve.replica_sum) and divided by both replicas' count
+// (2 x 32 values per channel); the mean first, then the squares about it.
+// The running variance's unbiased factor counts both: 0.1 * 64 / 63.
+// CHECK-LABEL: func.func @sync_batch_norm
+// CHECK-NOT: carve.reduce_mean
+// CHECK: %[[S:.*]] = carve.reduce_sum %arg0 {axes = array<i64: 0, 2, 3>} : tensor<2x3x4x4xf32> -> tensor<1x3x1x1xf32>
+// CHECK: %[[T:.*]] = carve.replica_sum %[[S]] : tensor<1x3x1x1xf32>
+// CHECK: %[[N:.*]] = carve.constant dense<6.400000e+01> : tensor<f32>
+// CHECK: carve.div %[[T]], %[[N]]
+// CHECK: carve.reduce_sum
+// CHECK: carve.replica_sum
+// CHECK: carve.constant dense<0.101587{{[0-9]*}}> : tensor<f32>
+// CHECK-NOT: carve.reduce_mean
+module attributes {carve.plan = {dp = 2 : i64, sync_batch_norm}} {
+func.func @sync_batch_norm(%x: tensor<2x3x4x4xf32>, %g: tensor<3xf32>, %b: tensor<3xf32>,
+                      %rm: tensor<3xf32> {carve.buffer = "bn.running_mean"},
+                      %rv: tensor<3xf32> {carve.buffer = "bn.running_var"}) -> tensor<2x3x4x4xf32> {
+  %y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, momentum = 0.9 : f32, training = true} : (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> (tensor<2x3x4x4xf32>, tensor<3xf32>, tensor<3xf32>)
+  return %y : tensor<2x3x4x4xf32>
+}
+}
