@@ -9,7 +9,7 @@ PACKAGES := cmake ninja-build g++ ccache python3 \
   llvm-22-dev libmlir-22-dev mlir-22-tools llvm-22-tools \
   libonnx-dev libprotobuf-dev protobuf-compiler \
   nlohmann-json3-dev libfmt-dev libgtest-dev \
-  libopenblas-dev libopenmpi-dev openmpi-bin coinor-libcbc-dev pkg-config \
+  libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin coinor-libcbc-dev pkg-config \
   python3-torch python3-onnx python3-numpy python3-protobuf \
   clang libclang-rt-14-dev
 

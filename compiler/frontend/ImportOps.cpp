@@ -63,7 +63,8 @@ void Importer::build(const onnx::NodeProto &n) {
     add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
     add(&Importer::buildDataMovement,
         {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand", "Pad"});
-    add(&Importer::buildConvolution, {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool"});
+    add(&Importer::buildConvolution,
+        {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "Resize"});
     add(&Importer::buildLoss, {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"});
     add(&Importer::buildRecurrent, {"LSTM", "GRU"});
     add(&Importer::buildNonZero, {"NonZero"});
@@ -859,6 +860,89 @@ void Importer::buildConvolution(const onnx::NodeProto &n) {
     return result(Conv2dOp::create(b, loc, tensorType(s.shape, eltOf(x)), x4, w4, bias,
                                    b.getDenseI64ArrayAttr(strides), b.getDenseI64ArrayAttr(pads),
                                    b.getDenseI64ArrayAttr(dil), b.getI64IntegerAttr(group)));
+  }
+  if (op == "Resize") {
+    // nn.Upsample / F.interpolate (nearest, bilinear) on [N, C, H, W] or
+    // [N, C, L]: the scales or sizes are constants; N and C stay.
+    Value x = val(0);
+    const int64_t rank = shp(x).size();
+    if (rank != 3 && rank != 4)
+      fail("only 1-D and 2-D Resize (on 3-D NCL or 4-D NCHW tensors) is supported, got rank " +
+           std::to_string(rank));
+    if (!eltOf(x).isF32())
+      fail("Resize takes f32 tensors");
+    if (attrInt("antialias", 0) != 0 || attrInt("exclude_outside", 0) != 0)
+      fail("antialias and exclude_outside are not supported");
+    if (attr("axes"))
+      fail("the axes attribute is not supported (scales or sizes for every dimension)");
+    if (attrString("keep_aspect_ratio_policy", "stretch") != "stretch")
+      fail("keep_aspect_ratio_policy other than stretch is not supported");
+    // Opset 10: (X, scales); from 11: (X, roi, scales, sizes).
+    const int scalesAt = opset <= 10 ? 1 : 2, sizesAt = 3;
+    std::vector<double> scales;
+    std::vector<int64_t> sizes;
+    if (hasInput(scalesAt) && !n.input(scalesAt).empty() &&
+        needConst(scalesAt, "scales").size() > 0) {
+      const HostTensor &t = needConst(scalesAt, "scales");
+      for (int64_t k = 0; k < t.size(); ++k)
+        scales.push_back(t.asDouble(k));
+    } else if (opset > 10 && hasInput(sizesAt) && !n.input(sizesAt).empty()) {
+      sizes = needConst(sizesAt, "sizes").toInts();
+    } else {
+      fail("needs constant scales or sizes");
+    }
+    if (!scales.empty() ? (int64_t)scales.size() != rank : (int64_t)sizes.size() != rank)
+      fail("scales or sizes must have one entry per dimension (" + std::to_string(rank) + ")");
+    ArrayRef<int64_t> xs = shp(x);
+    const bool oneD = rank == 3;
+    ResizeSpec spec;
+    spec.mode = attrString("mode", "nearest");
+    spec.transform = attrString("coordinate_transformation_mode", "half_pixel");
+    spec.nearestMode = attrString("nearest_mode", "round_prefer_floor");
+    for (int d = 0; d < 2; ++d) {
+      const int64_t k = oneD ? d + 1 : d + 2; // 1-D: the height is a 1 of our own
+      const int64_t in = oneD && d == 0 ? 1 : xs[k];
+      if (oneD && d == 0) {
+        spec.scale[0] = 1.0;
+        spec.out[0] = 1;
+        continue;
+      }
+      if (!scales.empty()) {
+        if (scales[k] <= 0)
+          fail("scales must be positive");
+        spec.scale[d] = scales[k];
+        spec.out[d] = (int64_t)std::floor((double)in * scales[k]);
+      } else {
+        if (sizes[k] <= 0)
+          fail("sizes must be positive");
+        spec.out[d] = sizes[k];
+        spec.scale[d] = (double)sizes[k] / (double)in;
+      }
+      if (spec.out[d] < 1)
+        fail("the output would have no elements");
+    }
+    // The batch and channels stay (under a rank's share of a static batch,
+    // sizes may hold the model's batch).
+    for (int64_t k = 0; k < 2; ++k) {
+      bool same = !scales.empty() ? scales[k] == 1.0
+                                  : sizes[k] == xs[k] ||
+                                        (k == 0 && localBatch() && sizes[k] == opts.globalBatch);
+      if (!same)
+        fail("resizing the batch or channel dimension is not supported");
+    }
+    Value x4 = oneD ? reshape(x, {xs[0], xs[1], 1, xs[2]}) : x;
+    const BatchAt at = localBatch() ? batchAt(x) : BatchAt{};
+    if (oneD && at.dim == 0)
+      batchDims[x4] = at;
+    std::string error;
+    Value y = buildResize2d(b, loc, x4, spec, error);
+    if (!y)
+      fail(error);
+    if (oneD)
+      y = reshape(y, {xs[0], xs[1], spec.out[1]});
+    if (at.dim == 0) // (a share of 1 sample is a size-1 dimension among others)
+      batchDims[y] = at;
+    return define(0, y);
   }
   if (op == "GlobalAveragePool") {
     Value x = val(0);

@@ -7,9 +7,9 @@
 //
 // with idx a constant [P, K] of positions in the image (P = Ho*Wo output
 // pixels, K = kh*kw kernel taps: strides, padding and dilation are all in
-// it) and, where the window reaches into the padding, a `where` with a
-// constant mask putting the padding value there (0 for convolution, -inf for
-// max pooling). Then
+// it); where a window reaches into the padding, the image is concatenated
+// with one element of the padding value (0 for convolution, -inf for max
+// pooling), [N, C, H*W + 1], and those taps read it. Then
 //
 //   conv2d:     matmul(windows as [N*P, C*K], weight as [C*K, O]), one GEMM;
 //               with G > 1 groups per group [N, G, P, Cg*K] x [G, Cg*K, Og],
@@ -35,6 +35,8 @@
 #include "dialects/carve/Shapes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+
+#include "llvm/Support/GlobPattern.h"
 
 #include <cmath>
 #include <limits>
@@ -105,17 +107,26 @@ int64_t Window::count(int64_t pixel) const {
 
 Value gatherWindows(OpBuilder &b, Location loc, Value x, const Window &win, double padValue) {
   ArrayRef<int64_t> s = typeOf(x).getShape();
-  const int64_t n = s[0], c = s[1], p = win.pixels(), k = win.taps();
-  Value flat = reshape(b, loc, x, {n, c, win.h * win.w});
+  const int64_t n = s[0], c = s[1], p = win.pixels(), k = win.taps(), hw = win.h * win.w;
+  Value flat = reshape(b, loc, x, {n, c, hw});
+  std::vector<int64_t> index = win.index;
+  if (win.padded) {
+    // The taps in the padding read one element of `padValue` placed after
+    // each image: a copy of the image, not a pass over the k-times larger
+    // windows (and its gradient a slice).
+    auto et = cast<FloatType>(typeOf(x).getElementType());
+    auto padType = like(x, {n, c, 1});
+    Value pad =
+        ConstantOp::create(b, loc, DenseElementsAttr::get(padType, b.getFloatAttr(et, padValue)));
+    flat = ConcatOp::create(b, loc, like(x, {n, c, hw + 1}), ValueRange{flat, pad},
+                            b.getI64IntegerAttr(2));
+    for (size_t q = 0; q < index.size(); ++q)
+      if (!win.inside[q])
+        index[q] = hw;
+  }
   auto idxType = RankedTensorType::get({p, k}, b.getI64Type());
-  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(win.index)));
-  Value cols = GatherOp::create(b, loc, like(x, {n, c, p, k}), flat, idx, b.getI64IntegerAttr(2));
-  if (!win.padded)
-    return cols;
-  auto maskType = RankedTensorType::get({p, k}, b.getI1Type());
-  SmallVector<bool> inside(win.inside.begin(), win.inside.end());
-  Value mask = ConstantOp::create(b, loc, DenseElementsAttr::get(maskType, ArrayRef(inside)));
-  return WhereOp::create(b, loc, cols.getType(), mask, cols, scalar(b, loc, x, padValue));
+  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(index)));
+  return GatherOp::create(b, loc, like(x, {n, c, p, k}), flat, idx, b.getI64IntegerAttr(2));
 }
 
 Value lowerConv2d(OpBuilder &b, Conv2dOp conv) {
@@ -195,6 +206,101 @@ Value buildAvgPool2d(OpBuilder &b, Location loc, Value x, ArrayRef<int64_t> kern
   }
   Value avg = DivOp::create(b, loc, sum.getType(), sum, count);
   return reshape(b, loc, avg, {xs[0], xs[1], win.ho, win.wo});
+}
+
+Value buildResize2d(OpBuilder &b, Location loc, Value x, const ResizeSpec &spec,
+                    std::string &error) {
+  ArrayRef<int64_t> xs = typeOf(x).getShape();
+  const bool linear = spec.mode == "linear";
+  if (!linear && spec.mode != "nearest") {
+    error = "mode '" + spec.mode + "' is not supported (nearest and linear are)";
+    return Value();
+  }
+  // Per axis: the one (nearest) or two (linear) source positions of each
+  // output position and the second one's weight, as ONNX defines them.
+  struct Axis {
+    std::vector<int64_t> at0, at1;
+    std::vector<double> w1;
+  } axes[2];
+  for (int d = 0; d < 2; ++d) {
+    const int64_t in = xs[2 + d], out = spec.out[d];
+    const double scale = spec.scale[d];
+    for (int64_t o = 0; o < out; ++o) {
+      double src;
+      if (spec.transform == "half_pixel")
+        src = (o + 0.5) / scale - 0.5;
+      else if (spec.transform == "pytorch_half_pixel")
+        src = out > 1 ? (o + 0.5) / scale - 0.5 : 0.0;
+      else if (spec.transform == "align_corners")
+        src = out > 1 ? (double)o * (double)(in - 1) / (double)(out - 1) : 0.0;
+      else if (spec.transform == "asymmetric")
+        src = o / scale;
+      else {
+        error = "coordinate_transformation_mode '" + spec.transform +
+                "' is not supported (half_pixel, pytorch_half_pixel, align_corners and "
+                "asymmetric are)";
+        return Value();
+      }
+      auto clamp = [&](int64_t i) { return std::clamp<int64_t>(i, 0, in - 1); };
+      if (linear) {
+        const double f = std::floor(src);
+        axes[d].at0.push_back(clamp((int64_t)f));
+        axes[d].at1.push_back(clamp((int64_t)f + 1));
+        axes[d].w1.push_back(src - f);
+        continue;
+      }
+      double r;
+      if (spec.nearestMode == "floor")
+        r = std::floor(src);
+      else if (spec.nearestMode == "ceil")
+        r = std::ceil(src);
+      else if (spec.nearestMode == "round_prefer_floor")
+        r = src == std::floor(src) + 0.5 ? std::floor(src) : std::round(src);
+      else if (spec.nearestMode == "round_prefer_ceil")
+        r = std::round(src); // halves away from zero: up for the positive ones
+      else {
+        error = "nearest_mode '" + spec.nearestMode + "' is not supported";
+        return Value();
+      }
+      if (spec.nearestMode == "round_prefer_ceil" && src < 0 && src == std::floor(src) + 0.5)
+        r = std::ceil(src);
+      axes[d].at0.push_back(clamp((int64_t)r));
+    }
+  }
+  const int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], ho = spec.out[0], wo = spec.out[1];
+  const int64_t taps = linear ? 4 : 1, p = ho * wo;
+  std::vector<int64_t> index;
+  std::vector<float> weights;
+  for (int64_t oy = 0; oy < ho; ++oy)
+    for (int64_t ox = 0; ox < wo; ++ox) {
+      if (!linear) {
+        index.push_back(axes[0].at0[oy] * w + axes[1].at0[ox]);
+        continue;
+      }
+      const double wy = axes[0].w1[oy], wx = axes[1].w1[ox];
+      for (int ty = 0; ty < 2; ++ty)
+        for (int tx = 0; tx < 2; ++tx) {
+          const int64_t y = ty ? axes[0].at1[oy] : axes[0].at0[oy];
+          const int64_t xi = tx ? axes[1].at1[ox] : axes[1].at0[ox];
+          index.push_back(y * w + xi);
+          weights.push_back((float)((ty ? wy : 1.0 - wy) * (tx ? wx : 1.0 - wx)));
+        }
+    }
+  Value flat = reshape(b, loc, x, {n, c, h * w});
+  auto idxType = RankedTensorType::get({p, taps}, b.getI64Type());
+  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(index)));
+  Value src = GatherOp::create(b, loc, like(x, {n, c, p, taps}), flat, idx, b.getI64IntegerAttr(2));
+  Value y;
+  if (!linear) {
+    y = src;
+  } else {
+    auto wt = like(x, {p, taps});
+    Value wv = ConstantOp::create(b, loc, DenseElementsAttr::get(wt, ArrayRef(weights)));
+    Value prod = MulOp::create(b, loc, src.getType(), src, wv);
+    y = ReduceSumOp::create(b, loc, like(x, {n, c, p}), prod, b.getDenseI64ArrayAttr({3}),
+                            b.getBoolAttr(false));
+  }
+  return reshape(b, loc, y, {n, c, ho, wo});
 }
 
 LogicalResult lowerBatchNorm(OpBuilder &b, BatchNormOp bn, int64_t syncReplicas, bool planning,
@@ -304,16 +410,41 @@ struct CarveLowerConvolutionsPass
     });
     // sync_batch_norm: the statistics over the plan's dp replicas (0: this
     // replica's share alone, as PyTorch DDP without SyncBatchNorm).
-    int64_t syncReplicas = 0;
+    int64_t syncReplicas = 0, tp = 1;
+    std::vector<llvm::GlobPattern> kept; // the plan's "ops" entries that replicate
     if (auto module = getOperation()->getParentOfType<ModuleOp>()) {
       FailureOr<PlanAttrs> plan = readPlan(module);
       if (failed(plan))
         return signalPassFailure();
       if (plan->syncBatchNorm)
         syncReplicas = plan->dp;
+      tp = plan->tp;
+      for (const auto &[glob, dim] : plan->ops)
+        if (dim == "replicate")
+          if (auto g = llvm::GlobPattern::create(glob))
+            kept.push_back(std::move(*g));
     }
     for (Operation *op : todo) {
       OpBuilder b(op);
+      // tp splits a convolution's output channels (or its groups), or its
+      // input channels after a split one: one of them must divide.
+      if (auto conv = dyn_cast<Conv2dOp>(op); conv && tp > 1 && !planning) {
+        const int64_t in = typeOf(conv.getInput()).getShape()[1];
+        const int64_t out = typeOf(conv.getWeight()).getShape()[0], g = conv.getGroup();
+        const std::string node = nodeName(op->getLoc());
+        const bool pinned = llvm::any_of(
+            kept, [&](const llvm::GlobPattern &p) { return !node.empty() && p.match(node); });
+        if (out % tp != 0 && in % tp != 0 && g % tp != 0 && !pinned) {
+          op->emitError() << "carve.conv2d" << (node.empty() ? "" : " (node '" + node + "')")
+                          << ": tp=" << tp << " divides neither its " << in
+                          << " input channels nor its " << out
+                          << " output channels, so no rank can hold a share of it; choose a tp "
+                             "that divides one of them, or keep it whole on every rank with "
+                             "the plan's \"ops\": {\""
+                          << (node.empty() ? "NODE" : node) << "\": \"replicate\"}";
+          return signalPassFailure();
+        }
+      }
       if (auto bn = dyn_cast<BatchNormOp>(op)) {
         std::string error;
         if (failed(lowerBatchNorm(b, bn, syncReplicas, planning, error))) {

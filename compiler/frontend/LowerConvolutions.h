@@ -53,6 +53,21 @@ mlir::Value lowerMaxPool2d(mlir::OpBuilder &b, MaxPool2dOp pool);
 /// the planner's one-sample import, priced and never run).
 mlir::LogicalResult lowerBatchNorm(mlir::OpBuilder &b, BatchNormOp bn, int64_t syncReplicas,
                                    bool planning, std::string &error);
+/// ONNX Resize of the two trailing dimensions of x [N, C, H, W] to
+/// `out` = {ho, wo}: `mode` "nearest" (with `nearestMode`: floor, ceil,
+/// round_prefer_floor, round_prefer_ceil) or "linear" (bilinear), each
+/// output coordinate taken back to the input by `transform` (half_pixel,
+/// pytorch_half_pixel, align_corners, asymmetric) with `scale` {sh, sw}.
+/// Built as a gather of each output pixel's source pixels with a constant
+/// index (and, linear, a product with constant weights summed over the
+/// four), so the gradient follows. Empty with `error` set on what it lacks.
+struct ResizeSpec {
+  std::string mode, transform, nearestMode;
+  double scale[2];
+  int64_t out[2];
+};
+mlir::Value buildResize2d(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x,
+                          const ResizeSpec &spec, std::string &error);
 /// ONNX AveragePool (floor mode) of x [N, C, H, W]: each window's sum over
 /// the kernel's size or, without `countIncludePad`, over its taps inside the
 /// image. Null for a non-f32 x.

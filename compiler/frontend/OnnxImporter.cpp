@@ -106,6 +106,7 @@ const std::set<std::string> &opTable() {
                                             "ReduceSum",
                                             "Relu",
                                             "Reshape",
+                                            "Resize",
                                             "ScatterElements",
                                             "Shape",
                                             "Sigmoid",

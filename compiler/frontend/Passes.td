@@ -43,8 +43,9 @@ def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncO
     Rewrites every `carve.conv2d` and `carve.max_pool2d` into ops that autodiff,
     the partitioner and both targets already handle (LowerConvolutions.cpp):
     the sliding windows as a `carve.gather` of the flattened image with a
-    constant index of positions (strides, padding, dilation) and a `where` with
-    a constant mask for the padding (0, or -inf for max pooling); then a
+    constant index of positions (strides, padding, dilation; the taps in the
+    padding read one element of 0, or -inf for max pooling, concatenated after
+    the image); then a
     `carve.matmul` with the weight (per group: grouped and depthwise
     convolutions) and the bias, or a `carve.reduce_max` over the kernel's taps.
 

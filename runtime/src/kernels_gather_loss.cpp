@@ -58,14 +58,20 @@ void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y
   if (outer * ni * inner == 0)
     return;
   parallelRange(outer * ni, unitsFor(inner), [&](int64_t b, int64_t e) {
+    // (o, k) walk along with t: no division per element (im2col gathers
+    // single elements, inner == 1, by the million).
+    int64_t o = b / ni, k = b % ni;
     for (int64_t t = b; t < e; ++t) {
-      const int64_t o = t / ni, k = t % ni;
       const int64_t v = idx[k] < 0 ? idx[k] + size : idx[k];
       const T *src = table + (o * size + v) * inner;
       if (inner == 1)
         y[t] = *src;
       else
         std::memcpy(y + t * inner, src, inner * sizeof(T));
+      if (++k == ni) {
+        k = 0;
+        ++o;
+      }
     }
   });
 }

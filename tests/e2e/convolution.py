@@ -51,8 +51,12 @@ What must hold:
    Shape-derived Reshape and Expand: VIT_PLANS).
 6. `carve plan` plans cnnbn with --fixed dp=2,sync_batch_norm=true (the
    field written into the plan), and the plan passes `carve verify`.
-7. Bad input: ceil_mode=True pooling is refused with one line naming the
-   node, exit 1, nothing written.
+7. Resize (`upsample`: nn.Upsample nearest x2, F.interpolate bilinear to a
+   size with and without align_corners, 1-D linear by 1.5): 1 rank against
+   PyTorch as in 1, dp=2 and tp=2 equal 1 rank.
+8. Bad input: ceil_mode=True pooling is refused with one line naming the
+   node, exit 1, nothing written; so is tp=2 on a convolution of 3 input and
+   5 output channels, which the plan's "ops" can keep whole instead.
 """
 
 import argparse
@@ -104,7 +108,37 @@ def build(kind, ceil_mode=False):
         from reference import ViT
 
         return ViT(), (BATCH, 3, 32, 32)
-    if kind == "cnn":
+    if kind == "upsample":
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+                self.up = nn.Upsample(scale_factor=2, mode="nearest")
+                self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+                self.conv3 = nn.Conv1d(8, 8, 3, padding=1)
+                self.fc = nn.Linear(8, CLASSES)
+
+            def forward(self, x, y):
+                h = self.up(F.relu(self.conv1(x)))  # nearest, x2: 4x4 -> 8x8
+                h = F.interpolate(h, size=(11, 13), mode="bilinear", align_corners=False)
+                h = F.relu(self.conv2(h))
+                h = F.interpolate(h, size=(5, 6), mode="bilinear", align_corners=True)
+                g = F.interpolate(h.flatten(2), scale_factor=1.5, mode="linear")  # 30 -> 45
+                return F.cross_entropy(self.fc(self.conv3(g).mean(2)), y)
+
+        shape = (BATCH, 3, 8, 8)
+    elif kind == "tpbad":
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 5, 3, padding=1)
+                self.fc = nn.Linear(5, CLASSES)
+
+            def forward(self, x, y):
+                return F.cross_entropy(self.fc(self.conv(x).mean((2, 3))), y)
+
+        shape = (BATCH, 3, 8, 8)
+    elif kind == "cnn":
         class Net(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -303,6 +337,9 @@ BN_PLANS = [
     ("dp2tp2-zero2-sync", {"dp": 2, "tp": 2, "zero": 2, "sync_batch_norm": True}),
     ("dp2pp2-zero3-sync", {"dp": 2, "pp": 2, "zero": 3, "sync_batch_norm": True}),
 ]
+# Resize (nn.Upsample, F.interpolate) partitions as a gather: the batch under
+# dp, the channels under tp.
+UPSAMPLE_PLANS = [PLANS[0], PLANS[1]]
 # ResNet-18 takes 30 s a plan: the three kinds of plan.
 RESNET_PLANS = [BN_PLANS[0], BN_PLANS[1], BN_PLANS[2]]
 
@@ -397,6 +434,31 @@ def check_planned(carve, work, kind, model, data):
                                     if k not in ("predicted", "planner")}), last))
 
 
+def check_tp_channels(carve, work):
+    """A convolution of 3 input and 5 output channels under tp=2: refused with
+    one line naming the node, nothing written; the plan's "ops" entry that keeps
+    it whole on every rank compiles."""
+    model = os.path.join(work, "tpbad.onnx")
+    export("tpbad", model)
+    out = os.path.join(work, "tpbad-out")
+    shutil.rmtree(out, ignore_errors=True)
+    rc, text = run([carve, "compile", model, "--plan", write_plan(work, "tpbad-tp2", {"tp": 2}),
+                    "-o", out, "--quiet"])
+    lines = [l for l in text.strip().splitlines() if "error" in l]
+    if rc != 1 or len(lines) != 1 or "/conv/Conv" not in lines[0] or "tp=2" not in lines[0] or \
+            "3 input channels nor its 5 output channels" not in lines[0]:
+        raise Failure("tp=2 on a 3 -> 5 channel convolution: expected exit 1 and one error line "
+                      "naming /conv/Conv and its channels, got exit %d:\n%s" % (rc, text))
+    if os.path.exists(out):
+        raise Failure("tp=2 on a 3 -> 5 channel convolution: the refused compile left %s" % out)
+    must("compile tp2 with the convolution replicated",
+         [carve, "compile", model, "--plan",
+          write_plan(work, "tpbad-tp2-kept", {"tp": 2, "ops": {"/conv/Conv": "replicate"}}),
+          "-o", out, "--quiet"])
+    print("ok: tp=2 on a 3 -> 5 channel convolution refused: %s; with \"ops\": "
+          "{\"/conv/Conv\": \"replicate\"} it compiles" % lines[0])
+
+
 def check_bad(carve, work):
     bad = os.path.join(work, "ceil.onnx")
     export("cnn", bad, ceil_mode=True)
@@ -416,7 +478,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--kinds", default="cnn,cnn1d,cnnbn,resnet18,vit",
+    ap.add_argument("--kinds", default="cnn,cnn1d,cnnbn,resnet18,vit,upsample",
                     help="the models to check (all by default, as ctest runs it)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
@@ -436,6 +498,7 @@ def main():
         xs, ys = write_data(data, shape, steps_of(kind))
         attempt(check_torch, a.carve, a.workdir, kind, model, data, xs, ys)
         plans = (BN_PLANS if kind == "cnnbn" else RESNET_PLANS if kind == "resnet18" else
+                 UPSAMPLE_PLANS if kind == "upsample" else
                  VIT_PLANS if kind == "vit" else PLANS)
         for name, plan in plans:
             attempt(check_plan, a.carve, a.workdir, kind, model, data, name, plan)
@@ -446,6 +509,7 @@ def main():
         if kind == "cnnbn":
             attempt(check_planned, a.carve, a.workdir, kind, model, data)
     attempt(check_bad, a.carve, a.workdir)
+    attempt(check_tp_channels, a.carve, a.workdir)
     if failures:
         print("FAILED: %d check(s): %s" % (len(failures), "; ".join(failures)))
         return 1

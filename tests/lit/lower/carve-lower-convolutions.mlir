@@ -1,16 +1,19 @@
 // Tests carve-lower-convolutions: conv2d (ungrouped, grouped, depthwise) and
-// max_pool2d become the windows' gather (a constant [pixels, taps] index), a
-// where with the padding value where windows reach into the padding, and a
-// GEMM, a per-group matmul, a product summed over the taps, or a reduce_max.
+// max_pool2d become the windows' gather (a constant [pixels, taps] index; where
+// windows reach into the padding, the image gets one element of the padding
+// value concatenated after it, which those taps read), and a GEMM, a
+// per-group matmul, a product summed over the taps, or a reduce_max.
 // RUN: carve-opt %s -split-input-file -verify-diagnostics -pass-pipeline='builtin.module(func.func(carve-lower-convolutions))' | FileCheck %s
 
 // A 3x3 convolution with padding 1 and a bias: [4*16, 27] x [27, 8], one GEMM.
 // CHECK-LABEL: func.func @conv
 // CHECK-NOT: carve.conv2d
 // CHECK: carve.reshape %{{.*}} : tensor<4x3x4x4xf32> -> tensor<4x3x16xf32>
+// CHECK: carve.constant dense<0.000000e+00> : tensor<4x3x1xf32>
+// CHECK: carve.concat {{.*}} {axis = 2 : i64} : (tensor<4x3x16xf32>, tensor<4x3x1xf32>) -> tensor<4x3x17xf32>
 // CHECK: carve.constant dense<{{.*}}> : tensor<16x9xi64>
-// CHECK: carve.gather {{.*}} {axis = 2 : i64} : (tensor<4x3x16xf32>, tensor<16x9xi64>) -> tensor<4x3x16x9xf32>
-// CHECK: carve.where {{.*}} : (tensor<16x9xi1>, tensor<4x3x16x9xf32>, tensor<f32>) -> tensor<4x3x16x9xf32>
+// CHECK: carve.gather {{.*}} {axis = 2 : i64} : (tensor<4x3x17xf32>, tensor<16x9xi64>) -> tensor<4x3x16x9xf32>
+// CHECK-NOT: carve.where
 // CHECK: carve.matmul {{.*}} : (tensor<64x27xf32>, tensor<27x8xf32>) -> tensor<64x8xf32>
 // CHECK: carve.add {{.*}} -> tensor<4x8x4x4xf32>
 func.func @conv(%x: tensor<4x3x4x4xf32>, %w: tensor<8x3x3x3xf32>, %b: tensor<8xf32>) -> tensor<4x8x4x4xf32> {
@@ -20,9 +23,9 @@ func.func @conv(%x: tensor<4x3x4x4xf32>, %w: tensor<8x3x3x3xf32>, %b: tensor<8xf
 
 // -----
 
-// Two groups of 2 input and 3 output channels, no padding (no where).
+// Two groups of 2 input and 3 output channels, no padding (no concat).
 // CHECK-LABEL: func.func @grouped
-// CHECK-NOT: carve.where
+// CHECK-NOT: carve.concat
 // CHECK: carve.matmul {{.*}} : (tensor<1x2x4x18xf32>, tensor<2x18x3xf32>) -> tensor<1x2x4x3xf32>
 func.func @grouped(%x: tensor<1x4x4x4xf32>, %w: tensor<6x2x3x3xf32>) -> tensor<1x6x2x2xf32> {
   %y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 2 : i64, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 1, 1>} : (tensor<1x4x4x4xf32>, tensor<6x2x3x3xf32>) -> tensor<1x6x2x2xf32>
@@ -43,11 +46,13 @@ func.func @depthwise(%x: tensor<1x3x4x4xf32>, %w: tensor<3x1x3x3xf32>) -> tensor
 
 // -----
 
-// Max pooling: -inf in the padding, the maximum over the taps.
+// Max pooling: -inf in the padding (the taps outside the 5x5 image read
+// element 25), the maximum over the taps.
 // CHECK-LABEL: func.func @maxpool
 // CHECK-NOT: carve.max_pool2d
-// CHECK: carve.constant dense<0xFF800000> : tensor<f32>
-// CHECK: carve.where
+// CHECK: carve.constant dense<0xFF800000> : tensor<2x4x1xf32>
+// CHECK: carve.concat {{.*}} -> tensor<2x4x26xf32>
+// CHECK: carve.constant dense<{{\[\[}}25, 25, 25, 25, 0, 1, 25, 5, 6], [25, 25, 25, 1, 2, 3, 6, 7, 8]
 // CHECK: carve.reduce_max {{.*}} {axes = array<i64: 3>, keep_dims = false} : tensor<2x4x9x9xf32> -> tensor<2x4x9xf32>
 func.func @maxpool(%x: tensor<2x4x5x5xf32>) -> tensor<2x4x3x3xf32> {
   %y = carve.max_pool2d %x {kernel = array<i64: 3, 3>, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 2, 2>} : tensor<2x4x5x5xf32> -> tensor<2x4x3x3xf32>
