@@ -250,12 +250,15 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
   if (op == "Pad") {
     // Constant mode: blocks of the value concatenated before and after along
     // each padded axis (an expanded scalar, so a split passes through), a
-    // slice where a pad is negative (cropping).
+    // slice where a pad is negative (cropping). Reflect and edge: a gather
+    // along the axis with a constant index of the positions each padded one
+    // copies (nn.ReflectionPad2d, nn.ReplicationPad2d); the gradient sums
+    // them back. (PyTorch exports circular padding as slices and a concat.)
     Value x = val(0);
     const int64_t rank = shp(x).size();
     std::string mode = attrString("mode", "constant");
-    if (mode != "constant")
-      fail("mode '" + mode + "' is not supported (constant padding only)");
+    if (mode != "constant" && mode != "reflect" && mode != "edge")
+      fail("mode '" + mode + "' is not supported (constant, reflect and edge are)");
     std::vector<int64_t> pads;
     if (opset >= 11)
       pads = needConst(1, "pads").toInts();
@@ -288,6 +291,33 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
         cut[a] = en[a] - st[a];
         y = SliceOp::create(b, loc, tensorType(cut, elt), y, b.getDenseI64ArrayAttr(st),
                             b.getDenseI64ArrayAttr(en), b.getDenseI64ArrayAttr(sp));
+      }
+      if (mode != "constant" && (before > 0 || after > 0)) {
+        const int64_t len = shp(y)[a],
+                      out = len + std::max<int64_t>(0, before) + std::max<int64_t>(0, after);
+        if (localBatch() && batchAt(x).dim == a)
+          fail("padding the batch dimension is not supported");
+        if (mode == "reflect" && (std::max(before, after) >= len))
+          fail("reflect pads of " + std::to_string(std::max(before, after)) +
+               " need a dimension longer than that, got " + std::to_string(len) + " (axis " +
+               std::to_string(a) + ")");
+        std::vector<int64_t> idx;
+        for (int64_t i = -std::max<int64_t>(0, before); (int64_t)idx.size() < out; ++i) {
+          int64_t j = i;
+          if (mode == "edge")
+            j = std::clamp<int64_t>(i, 0, len - 1);
+          else // reflect, the edge element not repeated
+            j = i < 0 ? -i : i >= len ? 2 * (len - 1) - i : i;
+          idx.push_back(j);
+        }
+        auto it = RankedTensorType::get({out}, b.getI64Type());
+        Value iv = ConstantOp::create(b, loc, DenseElementsAttr::get(it, ArrayRef(idx)));
+        SmallVector<int64_t> shape(shp(y));
+        shape[a] = out;
+        y = GatherOp::create(b, loc, tensorType(shape, elt), y, iv, b.getI64IntegerAttr(a));
+        if (BatchAt at = localBatch() ? batchAt(x) : BatchAt{}; at.dim >= 0)
+          batchDims[y] = at; // along another axis: the batch stays where it is
+        continue;
       }
       auto block = [&](int64_t n) {
         SmallVector<int64_t> ones(rank, 1), shape(shp(y));

@@ -972,39 +972,30 @@ TEST(Gradient, MaxPool2dPadded) {
       .run();
 }
 
-// Batch norm in training mode: the batch's statistics over N, H, W (the
-// gradient through the mean and variance included), the running statistics'
-// buffers only read; with respect to the input, the scale and the bias.
-TEST(Gradient, BatchNormTraining) {
-  GradCheck({param("x", "3x2x2x2xf64"), param("g", "2xf64"), param("b", "2xf64"),
-             "%rm: tensor<2xf64> {carve.param = \"rm\", carve.buffer = \"rm\"}",
-             "%rv: tensor<2xf64> {carve.param = \"rv\", carve.buffer = \"rv\"}"},
-            "%y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, "
-            "momentum = 0.9 : f32, training = true} : (tensor<3x2x2x2xf64>, tensor<2xf64>, "
-            "tensor<2xf64>, tensor<2xf64>, tensor<2xf64>) -> (tensor<3x2x2x2xf64>, tensor<2xf64>, "
-            "tensor<2xf64>)",
-            "%y", "3x2x2x2xf64")
-      .uniform("rv", 0.5, 1.5)
-      .lowered()
-      .run();
+// Batch norm in training mode over [3, 2, 2, 2]: with respect to the input,
+// the scale and the bias; the running statistics' buffers only read.
+GradCheck batchNormTraining() {
+  GradCheck check({param("x", "3x2x2x2xf64"), param("g", "2xf64"), param("b", "2xf64"),
+                   "%rm: tensor<2xf64> {carve.param = \"rm\", carve.buffer = \"rm\"}",
+                   "%rv: tensor<2xf64> {carve.param = \"rv\", carve.buffer = \"rv\"}"},
+                  "%y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, "
+                  "momentum = 0.9 : f32, training = true} : (tensor<3x2x2x2xf64>, "
+                  "tensor<2xf64>, tensor<2xf64>, tensor<2xf64>, tensor<2xf64>) -> "
+                  "(tensor<3x2x2x2xf64>, tensor<2xf64>, tensor<2xf64>)",
+                  "%y", "3x2x2x2xf64");
+  check.uniform("rv", 0.5, 1.5).lowered();
+  return check;
 }
+
+// The batch's statistics over N, H, W (the gradient through the mean and
+// variance included).
+TEST(Gradient, BatchNormTraining) { batchNormTraining().run(); }
 
 // sync_batch_norm: the statistics as sums through carve.replica_sum (one
 // replica here, so the sums are this batch's), the mean and then the squares
 // about it; the gradient goes back through both sums.
 TEST(Gradient, BatchNormTrainingSyncReplicas) {
-  GradCheck({param("x", "3x2x2x2xf64"), param("g", "2xf64"), param("b", "2xf64"),
-             "%rm: tensor<2xf64> {carve.param = \"rm\", carve.buffer = \"rm\"}",
-             "%rv: tensor<2xf64> {carve.param = \"rv\", carve.buffer = \"rv\"}"},
-            "%y, %m, %v = carve.batch_norm %x, %g, %b, %rm, %rv {epsilon = 1.0e-5 : f32, "
-            "momentum = 0.9 : f32, training = true} : (tensor<3x2x2x2xf64>, tensor<2xf64>, "
-            "tensor<2xf64>, tensor<2xf64>, tensor<2xf64>) -> (tensor<3x2x2x2xf64>, tensor<2xf64>, "
-            "tensor<2xf64>)",
-            "%y", "3x2x2x2xf64")
-      .uniform("rv", 0.5, 1.5)
-      .plan("{sync_batch_norm}")
-      .lowered()
-      .run();
+  batchNormTraining().plan("{sync_batch_norm}").run();
 }
 
 // Eval mode (an eval-mode export): the running statistics, fixed.
