@@ -877,8 +877,8 @@ void Importer::buildConvolution(const onnx::NodeProto &n) {
       fail("the axes attribute is not supported (scales or sizes for every dimension)");
     if (attrString("keep_aspect_ratio_policy", "stretch") != "stretch")
       fail("keep_aspect_ratio_policy other than stretch is not supported");
-    // Opset 10: (X, scales); from 11: (X, roi, scales, sizes).
-    const int scalesAt = opset <= 10 ? 1 : 2, sizesAt = 3;
+    // (X, roi, scales, sizes): carve reads opsets 13 and later.
+    const int scalesAt = 2, sizesAt = 3;
     std::vector<double> scales;
     std::vector<int64_t> sizes;
     if (hasInput(scalesAt) && !n.input(scalesAt).empty() &&
@@ -886,7 +886,7 @@ void Importer::buildConvolution(const onnx::NodeProto &n) {
       const HostTensor &t = needConst(scalesAt, "scales");
       for (int64_t k = 0; k < t.size(); ++k)
         scales.push_back(t.asDouble(k));
-    } else if (opset > 10 && hasInput(sizesAt) && !n.input(sizesAt).empty()) {
+    } else if (hasInput(sizesAt) && !n.input(sizesAt).empty()) {
       sizes = needConst(sizesAt, "sizes").toInts();
     } else {
       fail("needs constant scales or sizes");

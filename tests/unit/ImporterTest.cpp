@@ -167,6 +167,38 @@ TEST(Importer, ShapeOfABatchShareIsNotRescaledAgain) {
   EXPECT_EQ(shape(2), (std::vector<int64_t>{6, 16}));
 }
 
+/// Resize (linear) of [1, 2, 3, 4] by scales [1, 1, 2, 1.5]: [1, 2, 6, 6].
+TEST(Importer, ResizeIsAGather) {
+  ModelBuilder m;
+  m.input("x", {1, 2, 3, 4});
+  // A Constant node: a float initializer is a parameter.
+  auto *c = m.node("Constant", {}, {"scales"})->add_attribute();
+  c->set_name("value");
+  c->set_type(onnx::AttributeProto::TENSOR);
+  auto *t = c->mutable_t();
+  t->set_data_type(1);
+  t->add_dims(4);
+  for (float v : {1.0f, 1.0f, 2.0f, 1.5f})
+    t->add_float_data(v);
+  auto *a = m.node("Resize", {"x", "", "scales"}, {"y"}, "/up/Resize")->add_attribute();
+  a->set_name("mode");
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s("linear");
+  m.output("y");
+  auto r = import(m);
+  ASSERT_TRUE(r->module) << r->error;
+  EXPECT_EQ(cast<RankedTensorType>(r->forward().getResultTypes()[0]).getShape(),
+            (ArrayRef<int64_t>{1, 2, 6, 6}));
+  EXPECT_EQ(r->count("carve.gather"), 1);
+  // cubic is refused, naming the node and the mode.
+  a->set_s("cubic");
+  auto cubic = import(m);
+  EXPECT_FALSE(cubic->module);
+  EXPECT_NE(cubic->error.find("'/up/Resize' (Resize): mode 'cubic' is not supported"),
+            std::string::npos)
+      << cubic->error;
+}
+
 TEST(Importer, ParametersWithoutMetadataAreFloatInitializers) {
   ModelBuilder m;
   m.input("x", {2, 3});
