@@ -3,18 +3,22 @@
 // carve.conv2d and carve.max_pool2d become ops that every later stage already
 // knows (im2col written in the dialect):
 //
-//   windows = gather(reshape(x, [N, C, H*W]), idx, axis 2)   [N, C, P, K]
+//   windows = gather(reshape(x, [N, C, H*W]), idx, axis 2)   [N, C, K, P]
 //
-// with idx a constant [P, K] of positions in the image (P = Ho*Wo output
-// pixels, K = kh*kw kernel taps: strides, padding and dilation are all in
+// with idx a constant [K, P] of positions in the image (K = kh*kw kernel
+// taps, P = Ho*Wo output pixels: strides, padding and dilation are all in
 // it); where a window reaches into the padding, the image is concatenated
 // with one element of the padding value (0 for convolution, -inf for max
-// pooling), [N, C, H*W + 1], and those taps read it. Then
+// pooling), [N, C, H*W + 1], and those taps read it. The pixels are the
+// windows' last axis, as they are the image's: each tap's row is a run of
+// the image (stride 1), and the GEMM writes NCHW with no transpose. Then
 //
-//   conv2d:     matmul(windows as [N*P, C*K], weight as [C*K, O]), one GEMM;
-//               with G > 1 groups per group [N, G, P, Cg*K] x [G, Cg*K, Og],
-//               and with one output channel per group (depthwise) a product
-//               summed over the group's channels and taps; -> [N, O, Ho, Wo]
+//   conv2d:     matmul(weight as [O, C*K], windows as [N, C*K, P]) -> [N, O, P],
+//               one GEMM per sample with the weight shared; with G > 1 groups
+//               [G, Og, Cg*K] x [N, G, Cg*K, P]; with one output channel per
+//               group (depthwise) a product summed over the group's channels
+//               and taps: [N, G, Cg, K, P] * [G, Cg, K, 1] -> [N, G, P]
+//               (elementwise, so tp splits the groups as it splits channels)
 //               (+ bias)
 //   max_pool2d: reduce_max over K
 //   avg_pool2d: reduce_sum over K, divided by the window's count
@@ -124,9 +128,14 @@ Value gatherWindows(OpBuilder &b, Location loc, Value x, const Window &win, doub
       if (!win.inside[q])
         index[q] = hw;
   }
-  auto idxType = RankedTensorType::get({p, k}, b.getI64Type());
-  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(index)));
-  return GatherOp::create(b, loc, like(x, {n, c, p, k}), flat, idx, b.getI64IntegerAttr(2));
+  // Window's order is [P, K]; the windows' is [K, P].
+  std::vector<int64_t> byTap(index.size());
+  for (int64_t q = 0; q < p; ++q)
+    for (int64_t t = 0; t < k; ++t)
+      byTap[t * p + q] = index[q * k + t];
+  auto idxType = RankedTensorType::get({k, p}, b.getI64Type());
+  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(byTap)));
+  return GatherOp::create(b, loc, like(x, {n, c, k, p}), flat, idx, b.getI64IntegerAttr(2));
 }
 
 Value lowerConv2d(OpBuilder &b, Conv2dOp conv) {
@@ -138,31 +147,27 @@ Value lowerConv2d(OpBuilder &b, Conv2dOp conv) {
   Window win(xs.drop_front(2), ws.drop_front(2), conv.getStrides(), conv.getPads(),
              conv.getDilations());
   const int64_t p = win.pixels(), k = win.taps();
-  Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, P, K]
+  Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, K, P]
   Value y;
   if (g == 1) {
-    // One GEMM over every sample's pixels: [N*P, C*K] x [C*K, O] -> [N, O, P]
-    Value a = reshape(b, loc, transpose(b, loc, cols, {0, 2, 1, 3}), {n * p, c * k});
-    Value wm = transpose(b, loc, reshape(b, loc, w, {o, c * k}), {1, 0});
-    y = MatmulOp::create(b, loc, like(x, {n * p, o}), a, wm);
-    y = transpose(b, loc, reshape(b, loc, y, {n, p, o}), {0, 2, 1});
+    // [O, C*K] x [N, C*K, P] -> [N, O, P]: the weight as stored, the
+    // windows as gathered, the result NCHW.
+    Value wm = reshape(b, loc, w, {o, c * k});
+    y = MatmulOp::create(b, loc, like(x, {n, o, p}), wm, reshape(b, loc, cols, {n, c * k, p}));
   } else if (og == 1) {
     // One output channel per group (depthwise): each group's windows times
-    // its weights, summed over the group's channels and the taps:
-    // [N, G, Cg, P, K] * [G, Cg, 1, K] -> [N, G, P] (an elementwise product,
-    // so tp splits the groups as it splits channels).
-    Value a = reshape(b, loc, cols, {n, g, cg, p, k});
-    Value wb = reshape(b, loc, w, {g, cg, 1, k});
+    // its weights, summed over the group's channels and the taps.
+    Value a = reshape(b, loc, cols, {n, g, cg, k, p});
+    Value wb = reshape(b, loc, w, {g, cg, k, 1});
     Value prod = MulOp::create(b, loc, a.getType(), a, wb);
-    y = ReduceSumOp::create(b, loc, like(x, {n, g, p}), prod, b.getDenseI64ArrayAttr({2, 4}),
+    y = ReduceSumOp::create(b, loc, like(x, {n, g, p}), prod, b.getDenseI64ArrayAttr({2, 3}),
                             b.getBoolAttr(false));
   } else {
-    // Per group: [N, G, P, Cg*K] x [G, Cg*K, Og] -> [N, G, P, Og] -> [N, O, P]
-    Value a = reshape(b, loc, cols, {n, g, cg, p, k});
-    a = reshape(b, loc, transpose(b, loc, a, {0, 1, 3, 2, 4}), {n, g, p, cg * k});
-    Value wm = transpose(b, loc, reshape(b, loc, w, {g, og, cg * k}), {0, 2, 1});
-    y = MatmulOp::create(b, loc, like(x, {n, g, p, og}), a, wm);
-    y = reshape(b, loc, transpose(b, loc, y, {0, 1, 3, 2}), {n, o, p});
+    // Per group: [G, Og, Cg*K] x [N, G, Cg*K, P] -> [N, G, Og, P] = [N, O, P]
+    Value a = reshape(b, loc, cols, {n, g, cg * k, p});
+    Value wm = reshape(b, loc, w, {g, og, cg * k});
+    y = MatmulOp::create(b, loc, like(x, {n, g, og, p}), wm, a);
+    y = reshape(b, loc, y, {n, o, p});
   }
   y = reshape(b, loc, y, {n, o, win.ho, win.wo});
   if (Value bias = conv.getBias())
@@ -176,9 +181,9 @@ Value lowerMaxPool2d(OpBuilder &b, MaxPool2dOp pool) {
   ArrayRef<int64_t> xs = typeOf(x).getShape();
   Window win(xs.drop_front(2), pool.getKernel(), pool.getStrides(), pool.getPads(), {1, 1});
   Value cols =
-      gatherWindows(b, loc, x, win, -std::numeric_limits<double>::infinity()); // [N, C, P, K]
+      gatherWindows(b, loc, x, win, -std::numeric_limits<double>::infinity()); // [N, C, K, P]
   Value m = ReduceMaxOp::create(b, loc, like(x, {xs[0], xs[1], win.pixels()}), cols,
-                                b.getDenseI64ArrayAttr({3}), b.getBoolAttr(false));
+                                b.getDenseI64ArrayAttr({2}), b.getBoolAttr(false));
   return reshape(b, loc, m, {xs[0], xs[1], win.ho, win.wo});
 }
 
@@ -189,9 +194,9 @@ Value buildAvgPool2d(OpBuilder &b, Location loc, Value x, ArrayRef<int64_t> kern
   ArrayRef<int64_t> xs = typeOf(x).getShape();
   Window win(xs.drop_front(2), kernel, strides, pads, {1, 1});
   const int64_t p = win.pixels();
-  Value cols = gatherWindows(b, loc, x, win, 0.0);
+  Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, K, P]
   Value sum = ReduceSumOp::create(b, loc, like(x, {xs[0], xs[1], p}), cols,
-                                  b.getDenseI64ArrayAttr({3}), b.getBoolAttr(false));
+                                  b.getDenseI64ArrayAttr({2}), b.getBoolAttr(false));
   // PyTorch divides each window's sum by its count: the kernel's size, or
   // (count_include_pad=False) the taps inside the image.
   Value count;

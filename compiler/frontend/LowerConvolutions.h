@@ -36,7 +36,7 @@ struct Window {
   bool padded = false;        // some tap lies in the padding
 };
 
-/// [N, C, pixels, taps]: the windows of x [N, C, H, W], `padValue` where a
+/// [N, C, taps, pixels]: the windows of x [N, C, H, W], `padValue` where a
 /// tap lies in the padding.
 mlir::Value gatherWindows(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x, const Window &win,
                           double padValue);

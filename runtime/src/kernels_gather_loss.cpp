@@ -47,6 +47,30 @@ void checkIndices(const char *op, const int64_t *idx, int64_t n, int axis, int64
             (long long)size);
 }
 
+/// Runs of consecutive positions in the indices of a gather of single
+/// elements (inner == 1): index k starts a run of `len` with idx[k + j] ==
+/// idx[k] + j. im2col's indices are such runs (a window tap's row along the
+/// output pixels, stride 1), so its gather copies and its gradient adds
+/// whole runs, vectorized, instead of one element per index. Empty when
+/// the runs average under 4 (then the loop per element is as good).
+struct Run {
+  int64_t k, len, from;
+};
+std::vector<Run> runsOf(const int64_t *idx, int64_t ni, int64_t size) {
+  std::vector<Run> runs;
+  for (int64_t k = 0; k < ni;) {
+    const int64_t from = idx[k] < 0 ? idx[k] + size : idx[k];
+    int64_t len = 1;
+    while (k + len < ni && (idx[k + len] < 0 ? idx[k + len] + size : idx[k + len]) == from + len)
+      ++len;
+    runs.push_back({k, len, from});
+    k += len;
+  }
+  if ((int64_t)runs.size() * 4 > ni)
+    runs.clear();
+  return runs;
+}
+
 } // namespace
 
 template <class T>
@@ -57,6 +81,20 @@ void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y
   checkIndices("gather", idx, ni, axis, size);
   if (outer * ni * inner == 0)
     return;
+  if (inner == 1 && outer > 1) {
+    const std::vector<Run> runs = runsOf(idx, ni, size);
+    if (!runs.empty()) {
+      parallelRange(outer, unitsFor(ni), [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          const T *src = table + o * size;
+          T *dst = y + o * ni;
+          for (const Run &r : runs)
+            std::memcpy(dst + r.k, src + r.from, r.len * sizeof(T));
+        }
+      });
+      return;
+    }
+  }
   parallelRange(outer * ni, unitsFor(inner), [&](int64_t b, int64_t e) {
     // (o, k) walk along with t: no division per element (im2col gathers
     // single elements, inner == 1, by the million).
@@ -85,6 +123,27 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   fill(dtable, ts.numel(), T(0));
   if (outer * ni * inner == 0)
     return;
+  if (inner == 1 && outer > 1) {
+    const std::vector<Run> runs = runsOf(idx, ni, size);
+    if (!runs.empty()) {
+      // A task owns whole rows of the table, and adds the runs in index
+      // order: the same sums in the same order as the loop below.
+      parallelRange(outer, unitsFor(ni), [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          T *dst = dtable + o * size;
+          const T *src = dy + o * ni;
+          for (const Run &r : runs) {
+            T *d = dst + r.from;
+            const T *g = src + r.k;
+#pragma omp simd
+            for (int64_t j = 0; j < r.len; ++j)
+              d[j] += g[j];
+          }
+        }
+      });
+      return;
+    }
+  }
   // Repeated indices add into one row: a task owns a column block of one
   // outer index and walks every index, so the sums are race-free and
   // deterministic.

@@ -1,20 +1,24 @@
 // Tests carve-lower-convolutions: conv2d (ungrouped, grouped, depthwise) and
-// max_pool2d become the windows' gather (a constant [pixels, taps] index; where
+// max_pool2d become the windows' gather (a constant [taps, pixels] index; where
 // windows reach into the padding, the image gets one element of the padding
-// value concatenated after it, which those taps read), and a GEMM, a
-// per-group matmul, a product summed over the taps, or a reduce_max.
+// value concatenated after it, which those taps read), and a GEMM with the
+// weight as stored and the result NCHW (no transpose), a per-group matmul, a
+// product summed over the taps, or a reduce_max.
 // RUN: carve-opt %s -split-input-file -verify-diagnostics -pass-pipeline='builtin.module(func.func(carve-lower-convolutions))' | FileCheck %s
 
-// A 3x3 convolution with padding 1 and a bias: [4*16, 27] x [27, 8], one GEMM.
+// A 3x3 convolution with padding 1 and a bias: [8, 27] x [4, 27, 16], the
+// weight shared by the 4 samples.
 // CHECK-LABEL: func.func @conv
 // CHECK-NOT: carve.conv2d
 // CHECK: carve.reshape %{{.*}} : tensor<4x3x4x4xf32> -> tensor<4x3x16xf32>
 // CHECK: carve.constant dense<0.000000e+00> : tensor<4x3x1xf32>
 // CHECK: carve.concat {{.*}} {axis = 2 : i64} : (tensor<4x3x16xf32>, tensor<4x3x1xf32>) -> tensor<4x3x17xf32>
-// CHECK: carve.constant dense<{{.*}}> : tensor<16x9xi64>
-// CHECK: carve.gather {{.*}} {axis = 2 : i64} : (tensor<4x3x17xf32>, tensor<16x9xi64>) -> tensor<4x3x16x9xf32>
+// CHECK: carve.constant dense<{{.*}}> : tensor<9x16xi64>
+// CHECK: carve.gather {{.*}} {axis = 2 : i64} : (tensor<4x3x17xf32>, tensor<9x16xi64>) -> tensor<4x3x9x16xf32>
 // CHECK-NOT: carve.where
-// CHECK: carve.matmul {{.*}} : (tensor<64x27xf32>, tensor<27x8xf32>) -> tensor<64x8xf32>
+// CHECK-NOT: carve.transpose
+// CHECK: carve.matmul {{.*}} : (tensor<8x27xf32>, tensor<4x27x16xf32>) -> tensor<4x8x16xf32>
+// CHECK-NOT: carve.transpose
 // CHECK: carve.add {{.*}} -> tensor<4x8x4x4xf32>
 func.func @conv(%x: tensor<4x3x4x4xf32>, %w: tensor<8x3x3x3xf32>, %b: tensor<8xf32>) -> tensor<4x8x4x4xf32> {
   %y = carve.conv2d %x, %w bias %b {dilations = array<i64: 1, 1>, group = 1 : i64, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>} : (tensor<4x3x4x4xf32>, tensor<8x3x3x3xf32>, tensor<8xf32>) -> tensor<4x8x4x4xf32>
@@ -26,7 +30,9 @@ func.func @conv(%x: tensor<4x3x4x4xf32>, %w: tensor<8x3x3x3xf32>, %b: tensor<8xf
 // Two groups of 2 input and 3 output channels, no padding (no concat).
 // CHECK-LABEL: func.func @grouped
 // CHECK-NOT: carve.concat
-// CHECK: carve.matmul {{.*}} : (tensor<1x2x4x18xf32>, tensor<2x18x3xf32>) -> tensor<1x2x4x3xf32>
+// CHECK-NOT: carve.transpose
+// CHECK: carve.matmul {{.*}} : (tensor<2x3x18xf32>, tensor<1x2x18x4xf32>) -> tensor<1x2x3x4xf32>
+// CHECK-NOT: carve.transpose
 func.func @grouped(%x: tensor<1x4x4x4xf32>, %w: tensor<6x2x3x3xf32>) -> tensor<1x6x2x2xf32> {
   %y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 2 : i64, pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 1, 1>} : (tensor<1x4x4x4xf32>, tensor<6x2x3x3xf32>) -> tensor<1x6x2x2xf32>
   return %y : tensor<1x6x2x2xf32>
@@ -37,8 +43,8 @@ func.func @grouped(%x: tensor<1x4x4x4xf32>, %w: tensor<6x2x3x3xf32>) -> tensor<1
 // Depthwise: one output channel per group, a product summed over the taps.
 // CHECK-LABEL: func.func @depthwise
 // CHECK-NOT: carve.matmul
-// CHECK: carve.mul {{.*}} : (tensor<1x3x1x16x9xf32>, tensor<3x1x1x9xf32>) -> tensor<1x3x1x16x9xf32>
-// CHECK: carve.reduce_sum {{.*}} {axes = array<i64: 2, 4>, keep_dims = false}
+// CHECK: carve.mul {{.*}} : (tensor<1x3x1x9x16xf32>, tensor<3x1x9x1xf32>) -> tensor<1x3x1x9x16xf32>
+// CHECK: carve.reduce_sum {{.*}} {axes = array<i64: 2, 3>, keep_dims = false}
 func.func @depthwise(%x: tensor<1x3x4x4xf32>, %w: tensor<3x1x3x3xf32>) -> tensor<1x3x4x4xf32> {
   %y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 3 : i64, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>} : (tensor<1x3x4x4xf32>, tensor<3x1x3x3xf32>) -> tensor<1x3x4x4xf32>
   return %y : tensor<1x3x4x4xf32>
@@ -47,13 +53,14 @@ func.func @depthwise(%x: tensor<1x3x4x4xf32>, %w: tensor<3x1x3x3xf32>) -> tensor
 // -----
 
 // Max pooling: -inf in the padding (the taps outside the 5x5 image read
-// element 25), the maximum over the taps.
+// element 25; a row per tap: tap (0, 0) of the 3x3 output pixels, then tap
+// (0, 1)), the maximum over the taps.
 // CHECK-LABEL: func.func @maxpool
 // CHECK-NOT: carve.max_pool2d
 // CHECK: carve.constant dense<0xFF800000> : tensor<2x4x1xf32>
 // CHECK: carve.concat {{.*}} -> tensor<2x4x26xf32>
-// CHECK: carve.constant dense<{{\[\[}}25, 25, 25, 25, 0, 1, 25, 5, 6], [25, 25, 25, 1, 2, 3, 6, 7, 8]
-// CHECK: carve.reduce_max {{.*}} {axes = array<i64: 3>, keep_dims = false} : tensor<2x4x9x9xf32> -> tensor<2x4x9xf32>
+// CHECK: carve.constant dense<{{\[\[}}25, 25, 25, 25, 6, 8, 25, 16, 18], [25, 25, 25, 5, 7, 9, 15, 17, 19]
+// CHECK: carve.reduce_max {{.*}} {axes = array<i64: 2>, keep_dims = false} : tensor<2x4x9x9xf32> -> tensor<2x4x9xf32>
 func.func @maxpool(%x: tensor<2x4x5x5xf32>) -> tensor<2x4x3x3xf32> {
   %y = carve.max_pool2d %x {kernel = array<i64: 3, 3>, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 2, 2>} : tensor<2x4x5x5xf32> -> tensor<2x4x3x3xf32>
   return %y : tensor<2x4x3x3xf32>
