@@ -14,7 +14,13 @@
 // the image (stride 1), and the GEMM writes NCHW with no transpose. Then
 //
 //   conv2d:     matmul(weight as [O, C*K], windows as [N, C*K, P]) -> [N, O, P],
-//               one GEMM per sample with the weight shared; with G > 1 groups
+//               one GEMM per sample with the weight shared, where the pixels
+//               are at least the output channels (P >= O); in the deep layers
+//               (P < O) one GEMM over every sample's pixels instead, the
+//               windows gathered [N, C, P, K] and transposed to [N*P, C*K],
+//               times the weight as [C*K, O], the result transposed back
+//               (each GEMM per sample would read the whole weight, and the
+//               weight's gradient would sum N products its size); with G > 1 groups
 //               [G, Og, Cg*K] x [N, G, Cg*K, P]; with one output channel per
 //               group (depthwise) a product summed over the group's channels
 //               and taps: [N, G, Cg, K, P] * [G, Cg, K, 1] -> [N, G, P]
@@ -109,7 +115,8 @@ int64_t Window::count(int64_t pixel) const {
   return n;
 }
 
-Value gatherWindows(OpBuilder &b, Location loc, Value x, const Window &win, double padValue) {
+Value gatherWindows(OpBuilder &b, Location loc, Value x, const Window &win, double padValue,
+                    bool byTap) {
   ArrayRef<int64_t> s = typeOf(x).getShape();
   const int64_t n = s[0], c = s[1], p = win.pixels(), k = win.taps(), hw = win.h * win.w;
   Value flat = reshape(b, loc, x, {n, c, hw});
@@ -128,13 +135,18 @@ Value gatherWindows(OpBuilder &b, Location loc, Value x, const Window &win, doub
       if (!win.inside[q])
         index[q] = hw;
   }
+  if (!byTap) {
+    auto idxType = RankedTensorType::get({p, k}, b.getI64Type());
+    Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(index)));
+    return GatherOp::create(b, loc, like(x, {n, c, p, k}), flat, idx, b.getI64IntegerAttr(2));
+  }
   // Window's order is [P, K]; the windows' is [K, P].
-  std::vector<int64_t> byTap(index.size());
+  std::vector<int64_t> tapMajor(index.size());
   for (int64_t q = 0; q < p; ++q)
     for (int64_t t = 0; t < k; ++t)
-      byTap[t * p + q] = index[q * k + t];
+      tapMajor[t * p + q] = index[q * k + t];
   auto idxType = RankedTensorType::get({k, p}, b.getI64Type());
-  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(byTap)));
+  Value idx = ConstantOp::create(b, loc, DenseElementsAttr::get(idxType, ArrayRef(tapMajor)));
   return GatherOp::create(b, loc, like(x, {n, c, k, p}), flat, idx, b.getI64IntegerAttr(2));
 }
 
@@ -147,11 +159,29 @@ Value lowerConv2d(OpBuilder &b, Conv2dOp conv) {
   Window win(xs.drop_front(2), ws.drop_front(2), conv.getStrides(), conv.getPads(),
              conv.getDilations());
   const int64_t p = win.pixels(), k = win.taps();
-  Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, K, P]
   Value y;
+  if (g == 1 && p < o) {
+    // Fewer pixels than output channels (the deep layers): one GEMM over
+    // every sample's pixels, [N*P, C*K] x [C*K, O] -> [N, P, O] -> [N, O, P].
+    // Its transposes cost the windows and the output once more; one GEMM
+    // per sample would read the weight once per sample, and its gradient
+    // sum N products of the weight's size.
+    Value cols = gatherWindows(b, loc, x, win, 0.0, /*byTap=*/false); // [N, C, P, K]
+    Value a = reshape(b, loc, transpose(b, loc, cols, {0, 2, 1, 3}), {n * p, c * k});
+    Value wm = transpose(b, loc, reshape(b, loc, w, {o, c * k}), {1, 0});
+    y = MatmulOp::create(b, loc, like(x, {n * p, o}), a, wm);
+    y = transpose(b, loc, reshape(b, loc, y, {n, p, o}), {0, 2, 1});
+    y = reshape(b, loc, y, {n, o, win.ho, win.wo});
+    if (Value bias = conv.getBias())
+      y = AddOp::create(b, loc, y.getType(), y, reshape(b, loc, bias, {o, 1, 1}));
+    return y;
+  }
+  Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, K, P]
   if (g == 1) {
     // [O, C*K] x [N, C*K, P] -> [N, O, P]: the weight as stored, the
-    // windows as gathered, the result NCHW.
+    // windows as gathered, the result NCHW, one GEMM per sample (the
+    // weight's gradient sums N products of its size, no more than the
+    // windows' size while P >= O).
     Value wm = reshape(b, loc, w, {o, c * k});
     y = MatmulOp::create(b, loc, like(x, {n, o, p}), wm, reshape(b, loc, cols, {n, c * k, p}));
   } else if (og == 1) {

@@ -36,10 +36,10 @@ struct Window {
   bool padded = false;        // some tap lies in the padding
 };
 
-/// [N, C, taps, pixels]: the windows of x [N, C, H, W], `padValue` where a
-/// tap lies in the padding.
+/// [N, C, taps, pixels] (or with !byTap [N, C, pixels, taps]): the windows
+/// of x [N, C, H, W], `padValue` where a tap lies in the padding.
 mlir::Value gatherWindows(mlir::OpBuilder &b, mlir::Location loc, mlir::Value x, const Window &win,
-                          double padValue);
+                          double padValue, bool byTap = true);
 /// The ops that compute `conv` (or `pool`), built before it.
 mlir::Value lowerConv2d(mlir::OpBuilder &b, Conv2dOp conv);
 mlir::Value lowerMaxPool2d(mlir::OpBuilder &b, MaxPool2dOp pool);

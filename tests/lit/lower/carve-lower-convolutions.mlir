@@ -2,7 +2,9 @@
 // max_pool2d become the windows' gather (a constant [taps, pixels] index; where
 // windows reach into the padding, the image gets one element of the padding
 // value concatenated after it, which those taps read), and a GEMM with the
-// weight as stored and the result NCHW (no transpose), a per-group matmul, a
+// weight as stored and the result NCHW (no transpose; where there are fewer
+// pixels than output channels, one GEMM over all samples' pixels with
+// transposes around it), a per-group matmul, a
 // product summed over the taps, or a reduce_max.
 // RUN: carve-opt %s -split-input-file -verify-diagnostics -pass-pipeline='builtin.module(func.func(carve-lower-convolutions))' | FileCheck %s
 
@@ -23,6 +25,21 @@
 func.func @conv(%x: tensor<4x3x4x4xf32>, %w: tensor<8x3x3x3xf32>, %b: tensor<8xf32>) -> tensor<4x8x4x4xf32> {
   %y = carve.conv2d %x, %w bias %b {dilations = array<i64: 1, 1>, group = 1 : i64, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>} : (tensor<4x3x4x4xf32>, tensor<8x3x3x3xf32>, tensor<8xf32>) -> tensor<4x8x4x4xf32>
   return %y : tensor<4x8x4x4xf32>
+}
+
+// -----
+
+// Fewer pixels (2x2) than output channels (8): one GEMM over both samples'
+// pixels, [2*4, 27] x [27, 8], the windows gathered pixel-major and
+// transposed to it, the result transposed back to NCHW.
+// CHECK-LABEL: func.func @deep
+// CHECK: carve.gather {{.*}} {axis = 2 : i64} : (tensor<2x3x5xf32>, tensor<4x9xi64>) -> tensor<2x3x4x9xf32>
+// CHECK: carve.transpose {{.*}} {perm = array<i64: 0, 2, 1, 3>} : tensor<2x3x4x9xf32> -> tensor<2x4x3x9xf32>
+// CHECK: carve.matmul {{.*}} : (tensor<8x27xf32>, tensor<27x8xf32>) -> tensor<8x8xf32>
+// CHECK: carve.transpose {{.*}} {perm = array<i64: 0, 2, 1>} : tensor<2x4x8xf32> -> tensor<2x8x4xf32>
+func.func @deep(%x: tensor<2x3x2x2xf32>, %w: tensor<8x3x3x3xf32>) -> tensor<2x8x2x2xf32> {
+  %y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 1 : i64, pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>} : (tensor<2x3x2x2xf32>, tensor<8x3x3x3xf32>) -> tensor<2x8x2x2xf32>
+  return %y : tensor<2x8x2x2xf32>
 }
 
 // -----
