@@ -171,13 +171,7 @@ Value lowerConv2d(OpBuilder &b, Conv2dOp conv) {
     Value wm = transpose(b, loc, reshape(b, loc, w, {o, c * k}), {1, 0});
     y = MatmulOp::create(b, loc, like(x, {n * p, o}), a, wm);
     y = transpose(b, loc, reshape(b, loc, y, {n, p, o}), {0, 2, 1});
-    y = reshape(b, loc, y, {n, o, win.ho, win.wo});
-    if (Value bias = conv.getBias())
-      y = AddOp::create(b, loc, y.getType(), y, reshape(b, loc, bias, {o, 1, 1}));
-    return y;
-  }
-  Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, K, P]
-  if (g == 1) {
+  } else if (Value cols = gatherWindows(b, loc, x, win, 0.0); g == 1) { // [N, C, K, P]
     // [O, C*K] x [N, C*K, P] -> [N, O, P]: the weight as stored, the
     // windows as gathered, the result NCHW, one GEMM per sample (the
     // weight's gradient sums N products of its size, no more than the

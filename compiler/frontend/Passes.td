@@ -48,6 +48,10 @@ def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncO
     the image); then a
     `carve.matmul` with the weight (per group: grouped and depthwise
     convolutions) and the bias, or a `carve.reduce_max` over the kernel's taps.
+    The windows are [N, C, taps, pixels] and the GEMM one per sample, the
+    weight as stored, the result NCHW; where the pixels are fewer than the
+    output channels, [N, C, pixels, taps] transposed into one GEMM over every
+    sample's pixels.
 
     `carve.batch_norm` becomes reductions and elementwise ops: in training
     mode the batch's mean and biased variance over all dimensions but 1

@@ -53,7 +53,8 @@ What must hold:
    field written into the plan), and the plan passes `carve verify`. cnnbn
    under bf16 is within 2e-2 of fp32, and bf16 dp=2 with sync_batch_norm
    equals 1-rank bf16 at the first step and stays within bf16's own
-   distance from fp32 (check_bn_16bit says why).
+   distance from fp32 (check_bn_16bit says why); fp16 is within bf16's
+   distance from fp32, and equal to neither.
 7. Resize and Pad's other modes (`upsample`: nn.Upsample nearest x2,
    F.interpolate bilinear to a size with and without align_corners, 1-D
    linear by 1.5; F.pad reflect in 2-D and 1-D, nn.ReplicationPad2d): 1 rank
@@ -432,22 +433,29 @@ def losses_of(carve, work, name, model, data, plan, ranks):
 
 
 def check_bn_16bit(carve, work, model, data):
-    """Batch norm under bf16 (its input, the activations stored between
-    forward and backward, the weights' copies rounded to 8 significant bits):
-    within 2e-2 of fp32 over the steps, as tests/e2e/precision.py bounds the
-    GPT. dp=2 with sync_batch_norm against the 1-rank bf16 program: the first
-    step (no update yet) within 1e-5, and every step within the distance bf16
-    rounding itself moves this model from fp32 (precision.py's argument for
-    plans under bf16: the replicas sum in another order, a value one ulp away
-    rounds to a neighbouring bf16 value, and runs that differ in some of
-    their roundings stay within about what rounding does to the whole run;
-    batch norm over 4 samples per replica amplifies it: 2.4e-3 here, against
-    the GPT's 4.9e-5). Without sync the first step is 4.7e-2 away."""
+    """Batch norm under bf16 and fp16 (its input, the activations stored
+    between forward and backward, the weights' copies rounded to 8 or 11
+    significant bits): within 2e-2 of fp32 over the steps, as
+    tests/e2e/precision.py bounds the GPT, not equal to fp32, and fp16 (3 more
+    bits) no further from fp32 than bf16. bf16 dp=2 with sync_batch_norm
+    against the 1-rank bf16 program: the first step (no update yet) within
+    1e-5, and every step within the distance bf16 rounding itself moves this
+    model from fp32 (precision.py's argument for plans under bf16: the
+    replicas sum in another order, a value one ulp away rounds to a
+    neighbouring bf16 value, and runs that differ in some of their roundings
+    stay within about what rounding does to the whole run; batch norm over 4
+    samples per replica amplifies it: 2.4e-3 here, against the GPT's 4.9e-5).
+    Without sync the first step is 4.7e-2 away. (fp16 dp=2 with sync equals 1
+    rank at the first step too, 1e-7, but then drifts 1.0e-3 from it, about
+    as far as bf16's plan does, which is more than fp16's 3.7e-4 from fp32:
+    not explained yet, so not bounded here.)"""
     fp32 = losses_of(carve, work, "cnnbn-fp32", model, data, {}, 1)
     bf16 = losses_of(carve, work, "cnnbn-bf16", model, data, {"precision": "bf16"}, 1)
+    fp16 = losses_of(carve, work, "cnnbn-fp16", model, data, {"precision": "fp16"}, 1)
     sync = losses_of(carve, work, "cnnbn-bf16-dp2-sync", model, data,
                      {"precision": "bf16", "dp": 2, "sync_batch_norm": True}, 2)
     d16 = max(abs(a - b) / abs(b) for a, b in zip(bf16, fp32))
+    dh = max(abs(a - b) / abs(b) for a, b in zip(fp16, fp32))
     dsync = max(abs(a - b) / abs(b) for a, b in zip(sync, bf16))
     first = abs(sync[0] - bf16[0]) / abs(bf16[0])
     if d16 > 2e-2 or bf16 == fp32 or first > 1e-5 or dsync > d16:
@@ -455,9 +463,12 @@ def check_bn_16bit(carve, work, model, data):
                       "rank: first step %.3g (limit 1e-5), worst %.3g (limit %.3g, bf16's own)"
                       "\n  fp32 %s\n  bf16 %s\n  dp2 sync %s" %
                       (d16, first, dsync, d16, fp32, bf16, sync))
-    print("ok: cnnbn bf16 within %.2g of fp32 over %d steps; bf16 dp=2 sync_batch_norm: first "
-          "step %.2g from 1 rank, worst %.2g (within bf16's own %.2g)" %
-          (d16, STEPS, first, dsync, d16))
+    if dh > d16 or fp16 == fp32 or fp16 == bf16:
+        raise Failure("cnnbn fp16: %.3g from fp32 (limit: bf16's %.3g, and equal to neither)"
+                      "\n  fp32 %s\n  bf16 %s\n  fp16 %s" % (dh, d16, fp32, bf16, fp16))
+    print("ok: cnnbn bf16 within %.2g of fp32 over %d steps, fp16 within %.2g; bf16 dp=2 "
+          "sync_batch_norm: first step %.2g from 1 rank, worst %.2g (within bf16's own %.2g)" %
+          (d16, STEPS, dh, first, dsync, d16))
 
 
 def check_planned(carve, work, kind, model, data):
