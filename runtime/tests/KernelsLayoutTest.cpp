@@ -181,6 +181,36 @@ TEST(GatherGrad, ScatterAddsRepeatedIndices) {
   EXPECT_EQ(dt, (std::vector<float>{0, 0, 0, 0, 4, 6, 0, 0, 0, 0, 12, 14}));
 }
 
+TEST(Gather, RunsOfSingleElements) {
+  // im2col's shape: single elements (inner 1) of 3 rows, by indices that
+  // are mostly runs of consecutive positions (copied and added whole),
+  // overlapping (the gradient adds both), one of them negative, and a lone
+  // index after them; then scattered indices (the loop per element).
+  const Dims ts{3, 12};
+  const Vec table = uniform(36, 152);
+  const std::vector<std::vector<int64_t>> cases = {
+      {0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, -4, -3, -2, -1, 0}, {5, 0, 7, 7}};
+  for (const std::vector<int64_t> &idx : cases) {
+    const int64_t ni = static_cast<int64_t>(idx.size());
+    const Dims is{ni};
+    auto at = [&](int64_t k) { return idx[k] < 0 ? idx[k] + 12 : idx[k]; };
+    Vec y(3 * ni), want(3 * ni);
+    gather<double>(table.data(), ts, idx.data(), is, 1, y.data());
+    for (int64_t o = 0; o < 3; ++o)
+      for (int64_t k = 0; k < ni; ++k)
+        want[o * ni + k] = table[o * 12 + at(k)];
+    const std::string what = "gather of " + std::to_string(ni) + " single elements";
+    expectClose(y, want, 0, 0, what);
+    const Vec dy = uniform(3 * ni, 153);
+    Vec dt(36, 7.0), dwant(36, 0.0);
+    gather_grad<double>(dy.data(), idx.data(), is, 1, dt.data(), ts);
+    for (int64_t o = 0; o < 3; ++o)
+      for (int64_t k = 0; k < ni; ++k)
+        dwant[o * 12 + at(k)] += dy[o * ni + k];
+    expectClose(dt, dwant, 0, 0, what + ", gradient");
+  }
+}
+
 TEST(Expand, Broadcasts) {
   const Dims xs{3, 1}, ys{2, 3, 4};
   const double x[] = {1, 2, 3};
