@@ -170,13 +170,14 @@ void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, 
              b + (off[1] + i * sb) * bMat, ldb, beta, y + (e + i) * yMat, n);
     });
   };
-  // Small matrices, or a batch of at least 4 per thread (a convolution's
-  // GEMM per sample): whole batch matrices per thread, each GEMM on its
-  // calling thread, one fork and join for the batch. A few large ones: one
-  // at a time, threaded by OpenBLAS.
-  const int64_t threads = omp_get_max_threads();
-  if (m * n * k <= kGemmSerialMnk || (nb >= 4 * threads && !omp_in_parallel()))
-    parallelRange(nb, std::min<int64_t>(nb, unitsFor(m * n * k)), run);
+  // Small matrices: whole batch matrices per thread where the batch is
+  // worth it, each GEMM on its calling thread. Large ones, at least 4 per
+  // thread (a convolution's GEMM per sample): the same, one fork and join
+  // for the batch. A few large ones: one at a time, threaded by OpenBLAS.
+  if (m * n * k <= kGemmSerialMnk)
+    parallelRange(nb, unitsFor(m * n * k), run);
+  else if (nb >= 4 * omp_get_max_threads())
+    parallelRange(nb, 2, run);
   else
     run(0, nb);
 }
