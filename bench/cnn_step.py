@@ -24,13 +24,34 @@ and the optimizer are not counted),
 percent of the measured sgemm peak, carve against PyTorch (PyTorch's step
 time / carve's), and the largest relative loss difference (it must be below
 1e-4, or the script exits 1).
+
+On a GPU, in two halves (the GPU machine has no MLIR, so no carve compiler):
+
+    /usr/bin/python3 bench/cnn_step.py --prepare-device --model M --workdir W [--batch 256]
+    python3 bench/cnn_step.py --device --workdir W          # there, same checkout
+
+--prepare-device exports the model and compiles it with `--target cuda` twice,
+in float32 and with plan {"precision": "bf16"}, and keeps only the programs and
+init.safetensors' header (the weights are rebuilt there). --device rebuilds
+the weights from seed 0 with that machine's PyTorch and writes the images,
+runs both programs (per-step times from their logs) and PyTorch on the same
+GPU from the same weights on the same batches: strict float32 (TF32 off: the
+loss reference, the precision carve's float32 GEMMs compute in), PyTorch's
+defaults with cudnn.benchmark (TF32 convolutions), and bf16 autocast. Prints
+the section for docs/performance.md, with the GPU's float32 and bf16 GEMM
+rates measured by torch.mm at 8192^3. carve float32 must be within 1e-4 of
+strict float32 (or pass the float64 check below); carve bf16 within 5e-2 of
+strict float32 (bf16 keeps 8 bits of mantissa: 3.9e-3 per rounding, and the
+loss is a sum over many roundings through 20 layers; gpt2_cuda.py's bound).
 """
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -44,6 +65,7 @@ import st  # noqa: E402
 from train_step import carve_runs, gemm_peak  # noqa: E402
 
 LOSS_RTOL = 1e-4
+BF16_LOSS_RTOL = 5e-2
 CONVS = [(3, 32, 32), (32, 32, 32), (32, 64, 16), (64, 64, 16), (64, 128, 8)]  # C, O, H=W
 
 
@@ -97,26 +119,230 @@ def flops_per_step(net, x, y):
     return 3 * 2 * macs[0]
 
 
-def eager(model, data, threads, warmup, steps, dtype=None):
+def eager(model, data, threads, warmup, steps, dtype=None, device="cpu", bf16=False,
+          state=None):
+    """(median seconds of the timed steps, losses of every step) of PyTorch
+    eager: `dtype` the model's and the images' (None: float32), `bf16` under
+    bf16 autocast (CUDA), `state` the initial weights (None: build()'s)."""
     import torch
 
-    torch.set_num_threads(threads)
-    net = build(model).train()
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    net = build(model)
+    if state is not None:
+        net.load_state_dict(state)
+    net = net.train().to(device)
     if dtype is not None:
         net = net.to(dtype)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     xs, ys = data["x"], data["y"]
     times, losses = [], []
     for k in range(warmup + steps):
+        x = torch.from_numpy(xs[k % len(xs)]).to(device)
+        y = torch.from_numpy(ys[k % len(ys)]).to(device)
+        sync()
         t = time.perf_counter()
-        x = torch.from_numpy(xs[k % len(xs)])
-        loss = net(x if dtype is None else x.to(dtype), torch.from_numpy(ys[k % len(ys)]))
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = net(x if dtype is None else x.to(dtype), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        losses.append(float(loss))  # waits for the step, as carve's does
         times.append(time.perf_counter() - t)
-        losses.append(float(loss))
     return statistics.median(times[warmup:]), losses
+
+
+def rel_worst(mine, ref):
+    if len(mine) != len(ref):
+        return float("inf")
+    return max(abs(x - y) / abs(y) for x, y in zip(mine, ref))
+
+
+def images(n, batch):
+    rng = np.random.default_rng(0)
+    return {"x": rng.standard_normal((n, batch, 3, 32, 32)).astype(np.float32),
+            "y": rng.integers(0, 10, (n, batch)).astype(np.int64)}
+
+
+def model_label(model):
+    return ("VGG-style CNN (5 conv 3x3" if model == "vgg" else
+            "ResNet-18 (width 64, batch norm in training mode")
+
+
+# --- On a GPU --------------------------------------------------------------------
+
+PRECISIONS = {"fp32": {}, "bf16": {"precision": "bf16"}}
+
+
+def prepare_device(a):
+    """Here: the export and the two CUDA programs, without their weights."""
+    import torch
+    from export import export_for_carve
+    from train_step import run_checked
+
+    work = os.path.abspath(a.workdir)
+    os.makedirs(work, exist_ok=True)
+    onnx_path = os.path.join(work, f"{a.model}.onnx")
+    example = (torch.zeros(a.batch, 3, 32, 32), torch.zeros(a.batch, dtype=torch.int64))
+    export_for_carve(build(a.model).train(), example, onnx_path, input_names=["x", "y"])
+    for name, plan in PRECISIONS.items():
+        out = os.path.join(work, f"carve-{name}")
+        plan_path = out + ".plan.json"
+        with open(plan_path, "w") as f:
+            json.dump(plan, f)
+        t = time.perf_counter()
+        run_checked([a.carve, "compile", onnx_path, "--target", "cuda", "--plan", plan_path,
+                     "-o", out])
+        print(f"compiled {out} in {time.perf_counter() - t:.0f} s", flush=True)
+        init = os.path.join(out, "init.safetensors")
+        header, meta, _ = st.read_header(init)
+        with open(os.path.join(out, "init.header.json"), "w") as f:
+            json.dump(dict(header, __metadata__=meta), f)
+        os.remove(init)
+    os.remove(onnx_path)
+    with open(os.path.join(work, "prepared.json"), "w") as f:
+        json.dump({"model": a.model, "batch": a.batch, "steps": a.steps, "warmup": a.warmup}, f)
+    print(f"then, on a machine with a GPU: python3 bench/cnn_step.py --device --workdir {work}")
+    return 0
+
+
+def write_init(out, state):
+    """OUT/init.safetensors from `state` (a state_dict), in the tensors, order
+    and metadata of the header --prepare-device kept."""
+    with open(os.path.join(out, "init.header.json")) as f:
+        header = json.load(f)
+    meta = header.pop("__metadata__", None)
+    tensors = {}
+    for name, spec in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        value = state.get(name)
+        if value is None or list(value.shape) != spec["shape"] or spec["dtype"] != "F32":
+            raise SystemExit(f"cnn_step: error: {out}: tensor {name} {spec['dtype']}"
+                             f"{spec['shape']} is not a float32 tensor of the model's state")
+        tensors[name] = np.ascontiguousarray(value.detach().cpu().numpy(), dtype=np.float32)
+    st.save(os.path.join(out, "init.safetensors"), tensors, meta)
+
+
+def gpu_gemm_rates(torch, n=8192, reps=10):
+    """TFLOP/s of torch.mm at n^3: float32 (TF32 off), TF32 and bf16."""
+    rates = {}
+    for name, dtype in [("fp32", torch.float32), ("tf32", torch.float32),
+                        ("bf16", torch.bfloat16)]:
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        a = torch.randn(n, n, device="cuda", dtype=dtype)
+        b = torch.randn(n, n, device="cuda", dtype=dtype)
+        torch.mm(a, b)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+        rates[name] = 2 * n**3 * reps / (time.perf_counter() - t) / 1e12
+        del a, b
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.cuda.empty_cache()
+    return rates
+
+
+def device(a):
+    """There: carve's two programs and PyTorch on the same GPU."""
+    import torch
+
+    work = os.path.abspath(a.workdir)
+    try:
+        with open(os.path.join(work, "prepared.json")) as f:
+            p = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"cnn_step: error: {work}: {e} (prepare it with --prepare-device)")
+    if not torch.cuda.is_available():
+        raise SystemExit("cnn_step: error: PyTorch sees no GPU here (--device needs one)")
+    model, batch, steps, warmup = p["model"], p["batch"], p["steps"], p["warmup"]
+    n = warmup + steps
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    state = {k: v.clone() for k, v in build(model).state_dict().items()}
+    example = (torch.zeros(batch, 3, 32, 32), torch.zeros(batch, dtype=torch.int64))
+    flops = flops_per_step(build(model).train(), *example)
+    data = images(n, batch)
+    data_path = os.path.join(work, "images.safetensors")
+    st.save(data_path, data)
+    rates = gpu_gemm_rates(torch)
+    rows, failures = [], []
+
+    def row(name, t, losses, peak):
+        rows.append({"run": name, "ms_per_step": t * 1e3, "tflops": flops / t / 1e12,
+                     "peak": peak, "losses": losses})
+        print(f"{name}: {t * 1e3:.2f} ms/step, losses {losses[0]:.5f} .. {losses[-1]:.5f}",
+              flush=True)
+
+    t, strict = eager(model, data, 1, warmup, steps, device="cuda", state=state)
+    row("PyTorch eager, float32 (TF32 off)", t, strict, "fp32")
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = True
+    t, losses = eager(model, data, 1, warmup, steps, device="cuda", state=state)
+    row("PyTorch eager, defaults + cudnn.benchmark (TF32 convolutions)", t, losses, "tf32")
+    t, losses = eager(model, data, 1, warmup, steps, device="cuda", bf16=True, state=state)
+    row("PyTorch eager, bf16 autocast, cudnn.benchmark", t, losses, "bf16")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.allow_tf32 = False
+    for name in PRECISIONS:
+        out = os.path.join(work, f"carve-{name}")
+        write_init(out, state)
+        log = os.path.join(work, f"carve-{name}.jsonl")
+        cmd = [os.path.join(out, "bin", "train"), "--steps", str(n), "--data", data_path,
+               "--log", log, "--progress", "none"]
+        print("$ " + " ".join(cmd), flush=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        if r.returncode != 0:
+            failures.append(f"carve {name}: exit {r.returncode}: "
+                            f"{(r.stderr or r.stdout).strip()[-2000:]}")
+            continue
+        with open(log) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        if len(records) != n:
+            failures.append(f"carve {name}: {len(records)} steps logged, expected {n}")
+            continue
+        times = [r["time_s"] for r in records]
+        row(f"carve, CUDA, {name}", statistics.median(times[warmup:]),
+            [r["loss"] for r in records], name)
+    print(f"\n## CNN training step on one GPU ({datetime.date.today()}, "
+          f"{torch.cuda.get_device_name()}, PyTorch {torch.__version__})\n")
+    print(f"{model_label(model)}, 32x32 images), batch {batch}, AdamW, {warmup} warm-up and "
+          f"{steps} timed steps (median); {flops / 1e9:.2f} GFLOP per step. torch.mm 8192^3: "
+          f"float32 {rates['fp32']:.1f}, TF32 {rates['tf32']:.1f}, bf16 {rates['bf16']:.1f} "
+          "TFLOP/s.\n")
+    print("| Run | ms/step | TFLOP/s | % of the GEMM rate | vs PyTorch float32 | "
+          "max loss rel diff vs float32 |")
+    print("|---|---|---|---|---|---|")
+    base = rows[0]["ms_per_step"]
+    for r in rows:
+        d = rel_worst(r["losses"], strict)
+        r["loss_rel_diff"] = d
+        print(f"| {r['run']} | {r['ms_per_step']:.2f} | {r['tflops']:.2f} | "
+              f"{100 * r['tflops'] / rates[r['peak']]:.1f}% ({r['peak']}) | "
+              f"{base / r['ms_per_step']:.2f}x | {d:.1e} |")
+    for r in rows:
+        if r["run"] == "carve, CUDA, bf16" and r["loss_rel_diff"] > BF16_LOSS_RTOL:
+            failures.append(f"carve bf16: losses differ from PyTorch float32 by "
+                            f"{r['loss_rel_diff']:.2e} (limit {BF16_LOSS_RTOL:.0e})")
+        if r["run"] == "carve, CUDA, fp32" and r["loss_rel_diff"] > LOSS_RTOL:
+            _, exact = eager(model, data, 1, warmup, steps, dtype=torch.float64,
+                             device="cuda", state=state)
+            mine64, torch64 = rel_worst(r["losses"], exact), rel_worst(strict, exact)
+            print(f"carve float32 over {LOSS_RTOL:.0e}, so against PyTorch in float64: "
+                  f"carve {mine64:.2e}, PyTorch float32 {torch64:.2e} (limit: twice PyTorch's)")
+            if mine64 > 2 * torch64:
+                failures.append(f"carve fp32: {r['loss_rel_diff']:.2e} from PyTorch float32 "
+                                f"and {mine64:.2e} from float64, over twice PyTorch's "
+                                f"{torch64:.2e}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": model, "batch": batch, "gpu": torch.cuda.get_device_name(),
+                       "gemm_tflops": rates, "gflop_per_step": flops / 1e9, "rows": rows,
+                       "failures": failures}, f, indent=1)
+    for why in failures:
+        print(f"cnn_step: error: {why}")
+    return 1 if failures else 0
 
 
 def main():
@@ -128,7 +354,18 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--prepare-device", action="store_true",
+                      help="compile the CUDA programs here, for --device on a GPU machine")
+    mode.add_argument("--device", action="store_true",
+                      help="run a --prepare-device workdir on this machine's GPU")
+    ap.add_argument("--json", help="--device: write the results here too")
+    ap.add_argument("--timeout", type=float, default=600, help="--device: per carve run (s)")
     a = ap.parse_args()
+    if a.prepare_device:
+        return prepare_device(a)
+    if a.device:
+        return device(a)
     os.makedirs(a.workdir, exist_ok=True)
     import torch
     from export import export_for_carve
@@ -138,9 +375,7 @@ def main():
     export_for_carve(build(a.model).train(), example, onnx_path, input_names=["x", "y"])
     flops = flops_per_step(build(a.model).train(), *example)
     n = a.warmup + a.steps
-    rng = np.random.default_rng(0)
-    data = {"x": rng.standard_normal((n, a.batch, 3, 32, 32)).astype(np.float32),
-            "y": rng.integers(0, 10, (n, a.batch)).astype(np.int64)}
+    data = images(n, a.batch)
     data_path = os.path.join(a.workdir, f"{a.model}-images.safetensors")
     st.save(data_path, data)
 
@@ -150,12 +385,10 @@ def main():
     os.makedirs(work, exist_ok=True)
     t_carve, mine = carve_runs(a.carve, onnx_path, data_path, work, 1, a.threads, a.warmup,
                                a.steps)
-    worst = max(abs(x - y) / abs(y) for x, y in zip(mine, ref))
+    worst = rel_worst(mine, ref)
     print(f"## CNN training step on the CPU ({datetime.date.today()}, {platform.node()}, "
           f"{a.threads} threads)\n")
-    what = ("VGG-style CNN (5 conv 3x3" if a.model == "vgg" else
-            "ResNet-18 (width 64, batch norm in training mode")
-    print(f"{what}, 32x32 images), batch {a.batch}, AdamW; "
+    print(f"{model_label(a.model)}, 32x32 images), batch {a.batch}, AdamW; "
           f"{flops / 1e9:.2f} GFLOP per step; sgemm peak {peak:.1f} GFLOP/s "
           f"(torch.mm 2048^3, best of 5).\n")
     print("| Run | ms/step | GFLOP/s | % of sgemm peak | vs PyTorch |")
@@ -172,8 +405,7 @@ def main():
     # float32 drifts from the exact (float64) run as far. carve passes when
     # it is no further from float64 than twice PyTorch's float32 is.
     _, exact = eager(a.model, data, a.threads, a.warmup, a.steps, dtype=torch.float64)
-    drift = lambda run: max(abs(x - y) / abs(y) for x, y in zip(run, exact))  # noqa: E731
-    mine64, torch64 = drift(mine), drift(ref)
+    mine64, torch64 = rel_worst(mine, exact), rel_worst(ref, exact)
     print(f"Over the limit, so against PyTorch in float64: carve {mine64:.2e}, PyTorch's float32 "
           f"{torch64:.2e} (carve's limit: twice PyTorch's).")
     if mine64 > 2 * torch64:

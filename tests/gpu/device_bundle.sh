@@ -10,7 +10,8 @@
 # Builds the runtime without -march=native in build-dev/ (the GPU machine's
 # processor is another), compiles train_vs_cpu.py's programs (--phase prepare,
 # which also runs the CPU programs) and the benchmark's (gpt2_cuda.py
-# --prepare-device) against it, adds the Debian libraries the programs link
+# --prepare-device) and the CNN benchmark's (cnn_step.py --prepare-device,
+# ResNet-18 and the VGG-style CNN, batch CNN_BATCH=256) against it, adds the Debian libraries the programs link
 # (OpenBLAS, Open MPI; CUDA's own are the GPU machine's), and writes
 # DIR/bundle.tar.xz (DIR defaults to .devrun; about 25 MB).
 set -euo pipefail
@@ -43,6 +44,10 @@ mkdir -p "$dir"
   --models "$build/test-models" --workdir "$dir/tvc"
 "$py" bench/gpt2_cuda.py --prepare-device --workdir "$dir/bench" --steps "${STEPS:-10}" \
   --warmup "${WARMUP:-3}"
+for m in resnet18 vgg; do
+  "$py" bench/cnn_step.py --prepare-device --model "$m" --batch "${CNN_BATCH:-256}" \
+    --steps "${STEPS:-10}" --warmup "${WARMUP:-3}" --workdir "$dir/cnn-$m"
+done
 
 stage=$dir/stage
 rm -rf "$stage"
@@ -50,14 +55,16 @@ mkdir -p "$stage/bin" "$stage/libs"
 for b in $bins; do
   cp "$dev/bin/$b" "$stage/bin/"
 done
-cp -r "$dir/tvc" "$dir/bench" "$stage/"
+cp -r "$dir/tvc" "$dir/bench" "$dir"/cnn-* "$stage/"
 # What the GPU machine does not need: sources, build logs, the CPU programs
 # (their logs and checkpoints stay: --phase device compares against them).
-rm -rf "$stage"/tvc/*/src "$stage"/tvc/*/build.log "$stage"/bench/*/src "$stage"/bench/*/build.log
+rm -rf "$stage"/tvc/*/src "$stage"/tvc/*/build.log "$stage"/bench/*/src "$stage"/bench/*/build.log \
+  "$stage"/cnn-*/*/src "$stage"/cnn-*/*/build.log
 for d in "$stage"/tvc/*-cpu; do
   rm -rf "${d:?}/bin"
 done
-strip "$stage"/bin/* "$stage"/tvc/*/bin/train "$stage"/bench/carve-cuda/bin/train
+strip "$stage"/bin/* "$stage"/tvc/*/bin/train "$stage"/bench/carve-cuda/bin/train \
+  "$stage"/cnn-*/*/bin/train
 for b in "$stage"/bin/* "$stage/tvc/gpt-fp32-cuda/bin/train"; do
   ldd "$b"
 done | awk '$3 ~ /^\/(usr\/)?lib\/x86_64-linux-gnu\// {print $3}' | sort -u | while read -r lib; do

@@ -6,8 +6,10 @@
 #
 # The kernel and NCCL test programs, train_vs_cpu.py --phase device, the GPT-2
 # benchmark (BENCH=0 leaves it out) and one profiled GPT-2 step
-# (CARVE_GPU_PROFILE=1; PROFILE=0 leaves it out). OUTDIR gets tests.log,
-# bench.log, gpt2_cuda.json, roofline.json and profile.log. CUDA's libraries
+# (CARVE_GPU_PROFILE=1; PROFILE=0 leaves it out), the CNN benchmark
+# (bench/cnn_step.py --device, ResNet-18 and the VGG-style CNN; CNN=0 leaves it
+# out) and one profiled ResNet-18 step. OUTDIR gets tests.log, bench.log,
+# gpt2_cuda.json, roofline.json, profile.log, cnn.log and cnn-MODEL.json. CUDA's libraries
 # (cuBLAS, NCCL, the runtime) are found on the machine: its CUDA toolkit or
 # PyTorch's wheels. Exits 1 if a test or the benchmark failed.
 set -u
@@ -62,6 +64,18 @@ if [ "${BENCH:-1}" != 0 ]; then
   cp "$D/bench/roofline.json" "$out/" 2>/dev/null
   tail -25 "$out/bench.log"
 fi
+if [ "${CNN:-1}" != 0 ]; then
+  for m in resnet18 vgg; do
+    s=$(date +%s)
+    echo "=== cnn_step.py --device, $m" >>"$out/cnn.log"
+    timeout 300 python3 bench/cnn_step.py --device --workdir "$D/cnn-$m" \
+      --json "$out/cnn-$m.json" --timeout 240 >>"$out/cnn.log" 2>&1
+    rc=$?
+    echo "=== cnn $m exit $rc, $(($(date +%s) - s)) s" | tee -a "$out/cnn.log"
+    [ $rc = 0 ] || failed=1
+  done
+  grep -E "^\| |^cnn_step" "$out/cnn.log"
+fi
 if [ "${PROFILE:-1}" != 0 ]; then
   if [ ! -f "$D/bench/carve-cuda/init.safetensors" ]; then
     python3 -c "
@@ -76,6 +90,13 @@ g.write_seeded_init(w['config'], w['batch'], w['seq'], '$D/bench/carve-cuda/init
   CARVE_GPU_PROFILE=1 timeout 300 "$D/bench/carve-cuda/bin/train" --steps 4 \
     --data "$D/bench/tokens.i32" --progress none >"$out/profile.log" 2>&1 || failed=1
   grep -A40 "GPU time by kernel" "$out/profile.log"
+  r=$D/cnn-resnet18
+  if [ "${CNN:-1}" != 0 ] && [ -f "$r/carve-fp32/init.safetensors" ]; then
+    echo "=== ResNet-18 float32, 4 steps, CARVE_GPU_PROFILE=1" | tee -a "$out/cnn.log"
+    CARVE_GPU_PROFILE=1 timeout 120 "$r/carve-fp32/bin/train" --steps 4 \
+      --data "$r/images.safetensors" --progress none >>"$out/cnn.log" 2>&1 || failed=1
+    grep -A30 "GPU time by kernel" "$out/cnn.log"
+  fi
 fi
 rm -rf "$D"
 exit $failed
