@@ -148,7 +148,7 @@ def eager(model, data, threads, warmup, steps, dtype=None, device="cpu", bf16=Fa
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))  # waits for the step, as carve's does
+        losses.append(loss.item())  # waits for the step, as carve's does
         times.append(time.perf_counter() - t)
     return statistics.median(times[warmup:]), losses
 

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <map>
 #include <sched.h>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -553,6 +554,19 @@ bool KernelTimer::profiling() {
     return yes;
   }();
   return on;
+}
+
+bool KernelTimer::byShape() {
+  static const bool on = [] {
+    const char *v = std::getenv("CARVE_GPU_PROFILE");
+    return v && std::string(v) == "shapes";
+  }();
+  return on;
+}
+
+const char *KernelTimer::intern(const std::string &name) {
+  static std::set<std::string> names;
+  return names.insert(name).first->c_str();
 }
 
 /// The table, once: when the device closes (train's end, or a fatal error

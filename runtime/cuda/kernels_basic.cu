@@ -284,36 +284,44 @@ __global__ void reducePartialsKernel(const double *partial, int64_t O, int64_t S
   }
 }
 
-/// Kept and reduced dimension runs of a reduction that is not [O, R, I].
-/// One thread per output element, walking the reduced runs with an odometer.
-__global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t outCount, bool isMax,
-                                    double div, float *y) {
-  CARVE_GRID_LOOP(o, outCount) {
+/// A reduction that is not [O, R, I] (batch norm's statistics: [N, C, H*W]
+/// over N and H*W). Warp w reduces segment w % S (`seg` elements, in the
+/// order of the reduced dimensions) of output w / S, into y when S == 1, else
+/// into partial[w]. The lanes take consecutive elements, so the innermost
+/// reduced run is read coalesced where its stride is 1.
+__global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t seg, int64_t S,
+                                    bool isMax, double div, double *partial, float *y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t inLen = g.rd[g.nr - 1], inStride = g.rs[g.nr - 1];
+  const double identity = isMax ? -CUDART_INF : 0.0;
+  for (int64_t w = first; w < g.outCount * S; w += stride) {
+    const int64_t o = w / S, s = w - o * S;
     int64_t base = 0, rem = o;
     for (int i = g.no - 1; i >= 0; --i) {
       base += (rem % g.od[i]) * g.os[i];
       rem /= g.od[i];
     }
-    int64_t idx[kMaxRank] = {};
-    const int64_t inLen = g.rd[g.nr - 1], inStride = g.rs[g.nr - 1];
-    double acc = isMax ? -CUDART_INF : 0.0;
-    for (;;) {
-      int64_t off = base;
-      for (int i = 0; i < g.nr - 1; ++i)
-        off += idx[i] * g.rs[i];
-      const float *p = x + off;
-      for (int64_t j = 0; j < inLen; ++j)
-        acc = combine(isMax, acc, p[j * inStride]);
-      int i = g.nr - 2;
-      for (; i >= 0; --i) {
-        if (++idx[i] < g.rd[i])
-          break;
-        idx[i] = 0;
+    const int64_t r1 = imin(g.redCount, (s + 1) * seg);
+    double acc = identity;
+    for (int64_t r = s * seg + lane; r < r1; r += 32) {
+      int64_t q = r / inLen;
+      int64_t off = base + (r - q * inLen) * inStride;
+      for (int i = g.nr - 2; i >= 0; --i) {
+        const int64_t qi = q / g.rd[i];
+        off += (q - qi * g.rd[i]) * g.rs[i];
+        q = qi;
       }
-      if (i < 0)
-        break;
+      acc = combine(isMax, acc, x[off]);
     }
-    y[o] = static_cast<float>(acc / div);
+    acc = warpCombine(isMax, acc);
+    if (lane == 0) {
+      if (S == 1)
+        y[o] = static_cast<float>(acc / div);
+      else
+        partial[w] = acc;
+    }
   }
 }
 
@@ -406,10 +414,14 @@ void gemmBatch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, Operand a, int
   const float alpha = 1.0f;
   // Batches beyond the grid's y/z limit of some cuBLAS kernels go in pieces.
   constexpr int64_t kMaxBatch = 65535;
-  KernelTimer timer(type == CUDA_R_16BF  ? "cuBLAS GEMM, bf16 inputs"
-                    : type == CUDA_R_16F ? "cuBLAS GEMM, fp16 inputs"
-                                         : "cuBLAS GEMM, fp32",
-                    stream());
+  const char *what = type == CUDA_R_16BF  ? "cuBLAS GEMM, bf16 inputs"
+                     : type == CUDA_R_16F ? "cuBLAS GEMM, fp16 inputs"
+                                          : "cuBLAS GEMM, fp32";
+  if (KernelTimer::byShape())
+    what = KernelTimer::intern(std::string(what) + ", " + (ta ? "T" : "N") + (tb ? "T" : "N") +
+                               " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+                               std::to_string(k) + " x " + std::to_string(count));
+  KernelTimer timer(what, stream());
   for (int64_t i0 = 0; i0 < count; i0 += kMaxBatch) {
     const int64_t nb = std::min(kMaxBatch, count - i0);
     const char *pa = a.p + i0 * strideA * a.elemBytes;
@@ -714,9 +726,23 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
   const double div = f == Reduce::Mean ? static_cast<double>(redCount) : 1.0;
   if (geom.ori)
     return reduceORI(isMax, div, x, geom.O, geom.R, geom.I, y);
-  CARVE_KERNEL(blocksFor(outCount), kThreads, 0, stream(), reduceGeneralKernel)
-  (x, geom, outCount, isMax, div, y);
+  // As reduceORI's rows: about kReduceWarps warps, segments of at least
+  // 1024 elements, combined in order by reducePartialsKernel.
+  auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  int64_t S = std::clamp<int64_t>(ceilDiv(kReduceWarps, outCount), 1, ceilDiv(redCount, 1024));
+  const int64_t seg = ceilDiv(redCount, S);
+  S = ceilDiv(redCount, seg);
+  double *partial = nullptr;
+  if (S > 1)
+    partial = static_cast<double *>(workspace(sizeof(double) * outCount * S, kWsBasic2));
+  CARVE_KERNEL(blocksFor(outCount * S * 32), kThreads, 0, stream(), reduceGeneralKernel)
+  (x, geom, seg, S, isMax, div, partial, y);
   checkLaunch("reduce");
+  if (S > 1) {
+    CARVE_KERNEL(blocksFor(outCount), kThreads, 0, stream(), reducePartialsKernel)
+    (partial, outCount, S, 1, isMax, div, y);
+    checkLaunch("reduce");
+  }
 }
 
 } // namespace carve::gpu

@@ -5,10 +5,10 @@
 #     tests/gpu/device_run.sh BUNDLE OUTDIR
 #
 # The kernel and NCCL test programs, train_vs_cpu.py --phase device, the GPT-2
-# benchmark (BENCH=0 leaves it out) and one profiled GPT-2 step
-# (CARVE_GPU_PROFILE=1; PROFILE=0 leaves it out), the CNN benchmark
-# (bench/cnn_step.py --device, ResNet-18 and the VGG-style CNN; CNN=0 leaves it
-# out) and one profiled ResNet-18 step. OUTDIR gets tests.log, bench.log,
+# benchmark and one profiled GPT-2 step (CARVE_GPU_PROFILE=1; BENCH=0 leaves
+# both out), the CNN benchmark (bench/cnn_step.py --device, ResNet-18 and the
+# VGG-style CNN; CNN=0 leaves it out) and ResNet-18's step profiled in float32
+# and bf16 (CARVE_GPU_PROFILE=shapes). PROFILE=0 leaves the profiles out. OUTDIR gets tests.log, bench.log,
 # gpt2_cuda.json, roofline.json, profile.log, cnn.log and cnn-MODEL.json. CUDA's libraries
 # (cuBLAS, NCCL, the runtime) are found on the machine: its CUDA toolkit or
 # PyTorch's wheels. Exits 1 if a test or the benchmark failed.
@@ -75,8 +75,19 @@ if [ "${CNN:-1}" != 0 ]; then
     [ $rc = 0 ] || failed=1
   done
   grep -E "^\| |^cnn_step" "$out/cnn.log"
+  # ResNet-18's step in both precisions and the VGG-style CNN's in float32,
+  # the GEMMs by shape.
+  for mp in resnet18/fp32 resnet18/bf16 vgg/fp32; do
+    r=$D/cnn-${mp%/*} p=${mp#*/}
+    if [ "${PROFILE:-1}" != 0 ] && [ -f "$r/carve-$p/init.safetensors" ]; then
+      echo "=== $mp, 4 steps, CARVE_GPU_PROFILE=shapes" >>"$out/cnn.log"
+      CARVE_GPU_PROFILE=shapes timeout 120 "$r/carve-$p/bin/train" --steps 4 \
+        --data "$r/images.safetensors" --progress none >>"$out/cnn.log" 2>&1 || failed=1
+    fi
+  done
+  grep -A25 "GPU time by kernel" "$out/cnn.log" | cut -c1-150
 fi
-if [ "${PROFILE:-1}" != 0 ]; then
+if [ "${PROFILE:-1}" != 0 ] && [ "${BENCH:-1}" != 0 ]; then
   if [ ! -f "$D/bench/carve-cuda/init.safetensors" ]; then
     python3 -c "
 import json, sys
@@ -90,13 +101,6 @@ g.write_seeded_init(w['config'], w['batch'], w['seq'], '$D/bench/carve-cuda/init
   CARVE_GPU_PROFILE=1 timeout 300 "$D/bench/carve-cuda/bin/train" --steps 4 \
     --data "$D/bench/tokens.i32" --progress none >"$out/profile.log" 2>&1 || failed=1
   grep -A40 "GPU time by kernel" "$out/profile.log"
-  r=$D/cnn-resnet18
-  if [ "${CNN:-1}" != 0 ] && [ -f "$r/carve-fp32/init.safetensors" ]; then
-    echo "=== ResNet-18 float32, 4 steps, CARVE_GPU_PROFILE=1" | tee -a "$out/cnn.log"
-    CARVE_GPU_PROFILE=1 timeout 120 "$r/carve-fp32/bin/train" --steps 4 \
-      --data "$r/images.safetensors" --progress none >>"$out/cnn.log" 2>&1 || failed=1
-    grep -A30 "GPU time by kernel" "$out/cnn.log"
-  fi
 fi
 rm -rf "$D"
 exit $failed

@@ -479,6 +479,12 @@ void testReduce() {
   testReduceCase({1, 100000, 3}, 0x2);  // few columns, many rows: split rows
   testReduceCase({3, 4, 5, 6}, 0xA);    // kept, reduced, kept, reduced: general
   testReduceCase({3, 4, 5, 6}, 0x5);    // reduced, kept, reduced, kept: general
+  // Batch norm's statistics ([N, C, H, W] over N, H, W): general, each
+  // channel's 12800 elements split over 13 warps and their partials combined.
+  testReduceCase({32, 16, 20, 20}, 0xD);
+  testReduceCase({32, 16, 20, 20}, 0xD, true);
+  // General with a strided innermost reduced run (stride 4), split.
+  testReduceCase({50, 3, 200, 4}, 0x5);
   testReduceCase({3, 4, 5, 6}, 0x6);    // [O, R, I]
   testReduceCase({3, 4, 5, 6}, 0xF);    // everything
   testReduceCase({3, 4, 5, 6}, 0x0);    // nothing: a copy

@@ -77,6 +77,10 @@ public:
     return true;
   }
   static bool profiling();
+  /// CARVE_GPU_PROFILE=shapes: cuBLAS GEMMs get a row per shape.
+  static bool byShape();
+  /// `name` kept for the program's life (for names built at run time).
+  static const char *intern(const std::string &name);
   /// The event pair's slot (-1: not timed, the stream is capturing).
   static int startTiming(const char *name, void *stream);
   static void stopTiming(int slot);
