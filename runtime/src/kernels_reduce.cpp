@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace carve::rt {
 
@@ -142,42 +143,52 @@ template <class T> void reduce(Reduce f, const T *x, Dims xs, uint32_t axesMask,
   const int no = g.no, nr = g.nr;
   const int64_t *od = g.od, *os = g.os, *rd = g.rd, *rs = g.rs;
   const double div = f == Reduce::Mean ? static_cast<double>(redCount) : 1.0;
-  parallelRange(outCount, unitsFor(redCount), [&](int64_t b, int64_t e) {
-    for (int64_t o = b; o < e; ++o) {
-      int64_t base = 0, rem = o;
-      for (int i = no - 1; i >= 0; --i) {
-        base += (rem % od[i]) * os[i];
-        rem /= od[i];
-      }
-      // The innermost reduced run is one strided span; the outer reduced
-      // runs step through an odometer.
-      int64_t idx[kMaxRank] = {};
-      const int64_t inLen = rd[nr - 1], inStride = rs[nr - 1];
-      double acc = identity(f);
-      for (;;) {
-        int64_t off = base;
-        for (int i = 0; i < nr - 1; ++i)
-          off += idx[i] * rs[i];
-        const T *p = x + off;
-        if (f == Reduce::Max) {
-          for (int64_t j = 0; j < inLen; ++j)
-            acc = maxNan<double>(p[j * inStride], acc);
-        } else {
-          for (int64_t j = 0; j < inLen; ++j)
-            acc += p[j * inStride];
+  const int64_t inLen = rd[nr - 1], inStride = rs[nr - 1];
+  // The innermost reduced run is one strided span; the outer reduced runs
+  // step through an odometer. A contiguous run of 32 or more (batch norm's
+  // H*W) is summed vectorized, as reduceORI's rows (shorter ones lose more
+  // to the call than they gain; a separate instantiation keeps their loop).
+  auto walk = [&](auto spans) {
+    parallelRange(outCount, unitsFor(redCount), [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        int64_t base = 0, rem = o;
+        for (int i = no - 1; i >= 0; --i) {
+          base += (rem % od[i]) * os[i];
+          rem /= od[i];
         }
-        int i = nr - 2;
-        for (; i >= 0; --i) {
-          if (++idx[i] < rd[i])
+        int64_t idx[kMaxRank] = {};
+        double acc = identity(f);
+        for (;;) {
+          int64_t off = base;
+          for (int i = 0; i < nr - 1; ++i)
+            off += idx[i] * rs[i];
+          const T *p = x + off;
+          if constexpr (decltype(spans)::value) {
+            acc = combine(f, acc, reduceSpan(f, p, inLen));
+          } else if (f == Reduce::Max) {
+            for (int64_t j = 0; j < inLen; ++j)
+              acc = maxNan<double>(p[j * inStride], acc);
+          } else {
+            for (int64_t j = 0; j < inLen; ++j)
+              acc += p[j * inStride];
+          }
+          int i = nr - 2;
+          for (; i >= 0; --i) {
+            if (++idx[i] < rd[i])
+              break;
+            idx[i] = 0;
+          }
+          if (i < 0)
             break;
-          idx[i] = 0;
         }
-        if (i < 0)
-          break;
+        y[o] = static_cast<T>(acc / div);
       }
-      y[o] = static_cast<T>(acc / div);
-    }
-  });
+    });
+  };
+  if (inStride == 1 && inLen >= 32)
+    walk(std::true_type{});
+  else
+    walk(std::false_type{});
 }
 
 //===--- Softmax ----------------------------------------------------------===//

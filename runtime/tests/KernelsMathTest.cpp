@@ -100,16 +100,18 @@ struct ReduceCase {
 };
 
 const ReduceCase kReduce[] = {
-    {{4, 5, 6}, 0b001},     {{4, 5, 6}, 0b010}, {{4, 5, 6}, 0b100},
-    {{4, 5, 6}, 0b011},     {{4, 5, 6}, 0b110}, {{4, 5, 6}, 0b101},     // general
-    {{4, 5, 6}, 0b111},     {{4, 5, 6}, 0},     {{2, 3, 4, 5}, 0b1010}, // general
-    {{2, 3, 4, 5}, 0b0101}, {{3, 1, 4}, 0b010}, {{3, 1, 4}, 0b011},
+    {{4, 5, 6}, 0b001},       {{4, 5, 6}, 0b010},  {{4, 5, 6}, 0b100},
+    {{4, 5, 6}, 0b011},       {{4, 5, 6}, 0b110},  {{4, 5, 6}, 0b101},     // general
+    {{4, 5, 6}, 0b111},       {{4, 5, 6}, 0},      {{2, 3, 4, 5}, 0b1010}, // general
+    {{2, 3, 4, 5}, 0b0101},   {{3, 1, 4}, 0b010},  {{3, 1, 4}, 0b011},
     {{3000, 40}, 0b01},    // bias gradient: few columns, many rows (partials)
     {{40, 3000}, 0b10},    // row sums
     {{100000}, 0b1},       // full, parallel partials
     {{2, 50000}, 0b10},    // two long rows
     {{8, 2000, 3}, 0b010}, // middle
-    {{5, 300, 200}, 0b001},
+    {{5, 300, 200}, 0b001},   {{6, 7, 40}, 0b101}, // general, contiguous runs of 40: vectorized
+                                                   // spans
+    {{4, 8, 10, 10}, 0b1101},                      // batch norm's statistics: general, runs of 100
 };
 
 template <class T> void checkReduce() {
@@ -160,6 +162,19 @@ TEST(Reduce, MaxPropagatesNaN) {
   reduce<float>(Reduce::Max, x, {2, 2}, 0b10, y);
   EXPECT_TRUE(std::isnan(y[0]));
   EXPECT_EQ(y[1], 4.f);
+}
+
+TEST(Reduce, MaxPropagatesNaNThroughSpans) {
+  // General (axes 0 and 2 of [2, 2, 40]) with contiguous runs of 40: the
+  // vectorized span path.
+  std::vector<float> x(160);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(i);
+  x[45] = NAN; // channel 1 of sample 0
+  float y[2];
+  reduce<float>(Reduce::Max, x.data(), {2, 2, 40}, 0b101, y);
+  EXPECT_EQ(y[0], 119.f);
+  EXPECT_TRUE(std::isnan(y[1]));
 }
 
 //===--- Softmax ----------------------------------------------------------===//
