@@ -224,6 +224,19 @@ template <class T> __global__ void fillKernel(T *y, int64_t n, T v) {
 
 //===--- Reductions --------------------------------------------------------===//
 
+/// Warp w's result for output o: its lanes' `acc` combined, into y[o] when
+/// the output is one segment (S == 1), else into partial[w].
+__device__ __forceinline__ void warpStore(bool isMax, double acc, int lane, int64_t S, double div,
+                                          int64_t w, int64_t o, double *partial, float *y) {
+  acc = warpCombine(isMax, acc);
+  if (lane == 0) {
+    if (S == 1)
+      y[o] = static_cast<float>(acc / div);
+    else
+      partial[w] = acc;
+  }
+}
+
 /// x seen as [O, R] (the reduced run innermost): warp w reduces segment
 /// w % S (of `seg` rows) of row w / S, into y when S == 1, else into
 /// partial[w].
@@ -240,13 +253,7 @@ __global__ void reduceRowsKernel(const float *x, int64_t O, int64_t R, int64_t s
     double acc = identity;
     for (int64_t r = r0 + lane; r < r1; r += 32)
       acc = combine(isMax, acc, p[r]);
-    acc = warpCombine(isMax, acc);
-    if (lane == 0) {
-      if (S == 1)
-        y[o] = static_cast<float>(acc / div);
-      else
-        partial[w] = acc;
-    }
+    warpStore(isMax, acc, lane, S, div, w, o, partial, y);
   }
 }
 
@@ -315,13 +322,7 @@ __global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t seg, i
       }
       acc = combine(isMax, acc, x[off]);
     }
-    acc = warpCombine(isMax, acc);
-    if (lane == 0) {
-      if (S == 1)
-        y[o] = static_cast<float>(acc / div);
-      else
-        partial[w] = acc;
-    }
+    warpStore(isMax, acc, lane, S, div, w, o, partial, y);
   }
 }
 
