@@ -171,27 +171,30 @@ Value lowerConv2d(OpBuilder &b, Conv2dOp conv) {
     Value wm = transpose(b, loc, reshape(b, loc, w, {o, c * k}), {1, 0});
     y = MatmulOp::create(b, loc, like(x, {n * p, o}), a, wm);
     y = transpose(b, loc, reshape(b, loc, y, {n, p, o}), {0, 2, 1});
-  } else if (Value cols = gatherWindows(b, loc, x, win, 0.0); g == 1) { // [N, C, K, P]
-    // [O, C*K] x [N, C*K, P] -> [N, O, P]: the weight as stored, the
-    // windows as gathered, the result NCHW, one GEMM per sample (the
-    // weight's gradient sums N products of its size, no more than the
-    // windows' size while P >= O).
-    Value wm = reshape(b, loc, w, {o, c * k});
-    y = MatmulOp::create(b, loc, like(x, {n, o, p}), wm, reshape(b, loc, cols, {n, c * k, p}));
-  } else if (og == 1) {
-    // One output channel per group (depthwise): each group's windows times
-    // its weights, summed over the group's channels and the taps.
-    Value a = reshape(b, loc, cols, {n, g, cg, k, p});
-    Value wb = reshape(b, loc, w, {g, cg, k, 1});
-    Value prod = MulOp::create(b, loc, a.getType(), a, wb);
-    y = ReduceSumOp::create(b, loc, like(x, {n, g, p}), prod, b.getDenseI64ArrayAttr({2, 3}),
-                            b.getBoolAttr(false));
   } else {
-    // Per group: [G, Og, Cg*K] x [N, G, Cg*K, P] -> [N, G, Og, P] = [N, O, P]
-    Value a = reshape(b, loc, cols, {n, g, cg * k, p});
-    Value wm = reshape(b, loc, w, {g, og, cg * k});
-    y = MatmulOp::create(b, loc, like(x, {n, g, og, p}), wm, a);
-    y = reshape(b, loc, y, {n, o, p});
+    Value cols = gatherWindows(b, loc, x, win, 0.0); // [N, C, K, P]
+    if (g == 1) {
+      // [O, C*K] x [N, C*K, P] -> [N, O, P]: the weight as stored, the
+      // windows as gathered, the result NCHW, one GEMM per sample (the
+      // weight's gradient sums N products of its size, no more than the
+      // windows' size while P >= O).
+      Value wm = reshape(b, loc, w, {o, c * k});
+      y = MatmulOp::create(b, loc, like(x, {n, o, p}), wm, reshape(b, loc, cols, {n, c * k, p}));
+    } else if (og == 1) {
+      // One output channel per group (depthwise): each group's windows times
+      // its weights, summed over the group's channels and the taps.
+      Value a = reshape(b, loc, cols, {n, g, cg, k, p});
+      Value wb = reshape(b, loc, w, {g, cg, k, 1});
+      Value prod = MulOp::create(b, loc, a.getType(), a, wb);
+      y = ReduceSumOp::create(b, loc, like(x, {n, g, p}), prod, b.getDenseI64ArrayAttr({2, 3}),
+                              b.getBoolAttr(false));
+    } else {
+      // Per group: [G, Og, Cg*K] x [N, G, Cg*K, P] -> [N, G, Og, P] = [N, O, P]
+      Value a = reshape(b, loc, cols, {n, g, cg * k, p});
+      Value wm = reshape(b, loc, w, {g, og, cg * k});
+      y = MatmulOp::create(b, loc, like(x, {n, g, og, p}), wm, a);
+      y = reshape(b, loc, y, {n, o, p});
+    }
   }
   y = reshape(b, loc, y, {n, o, win.ho, win.wo});
   if (Value bias = conv.getBias())
