@@ -210,17 +210,12 @@ def prepare_device(a):
 def write_init(out, state):
     """OUT/init.safetensors from `state` (a state_dict), in the tensors, order
     and metadata of the header --prepare-device kept."""
-    with open(os.path.join(out, "init.header.json")) as f:
-        header = json.load(f)
-    meta = header.pop("__metadata__", None)
-    tensors = {}
-    for name, spec in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        value = state.get(name)
-        if value is None or list(value.shape) != spec["shape"] or spec["dtype"] != "F32":
-            raise SystemExit(f"cnn_step: error: {out}: tensor {name} {spec['dtype']}"
-                             f"{spec['shape']} is not a float32 tensor of the model's state")
-        tensors[name] = np.ascontiguousarray(value.detach().cpu().numpy(), dtype=np.float32)
-    st.save(os.path.join(out, "init.safetensors"), tensors, meta)
+    try:
+        st.save_like(os.path.join(out, "init.header.json"),
+                     {k: v.detach().cpu().numpy() for k, v in state.items()},
+                     os.path.join(out, "init.safetensors"))
+    except (OSError, ValueError, st.SafetensorsError) as e:
+        raise SystemExit(f"cnn_step: error: {out}: {e}")
 
 
 def gpu_gemm_rates(torch, n=8192, reps=10):

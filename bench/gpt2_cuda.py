@@ -318,22 +318,15 @@ def seeded_model(cfg, batch, seq, init):
 def write_seeded_init(cfg, batch, seq, header_path, init):
     """Writes `init` (carve's OUT/init.safetensors) from the reference GPT of
     seed 0, in the tensors, order and metadata of `header_path`."""
-    import numpy as np
     import reference
     import st
 
-    with open(header_path) as f:
-        header = json.load(f)
-    meta = header.pop("__metadata__", None)
     model, _, _ = reference.build("gpt", batch=batch, seq=seq, seed=0, config=cfg)
     own = {k: v.detach().cpu().numpy() for k, v in model.named_parameters()}
-    tensors = {}
-    for name, spec in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        if name not in own or list(own[name].shape) != spec["shape"] or spec["dtype"] != "F32":
-            raise BenchError(f"{header_path}: tensor {name} {spec['dtype']}{spec['shape']} is "
-                             "not a float parameter of the reference GPT of this --config")
-        tensors[name] = np.ascontiguousarray(own[name], dtype=np.float32)
-    st.save(init, tensors, meta)
+    try:
+        st.save_like(header_path, own, init)
+    except st.SafetensorsError as e:
+        raise BenchError(f"{e} (not a float parameter of the reference GPT of this --config)")
 
 
 def torch_run(torch, onnx_path, cfg, data, steps, sdpa, compile_it, fused_adamw,

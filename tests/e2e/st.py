@@ -68,6 +68,25 @@ def save(path, tensors, metadata=None):
             f.write(data)
 
 
+def save_like(header_path, tensors, path):
+    """Writes the float32 tensors `tensors` (name -> array) to `path` in the
+    tensors, order and metadata of a header saved as JSON at `header_path`
+    (read_header's header with "__metadata__": a program's init.safetensors
+    whose weights were left behind). Raises SafetensorsError naming a tensor
+    the header has that `tensors` lacks, shapes otherwise, or that is not F32."""
+    with open(header_path) as f:
+        header = json.load(f)
+    meta = header.pop("__metadata__", None)
+    out = {}
+    for name, spec in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        value = tensors.get(name)
+        if value is None or list(value.shape) != spec["shape"] or spec["dtype"] != "F32":
+            raise SafetensorsError(f"{header_path}: tensor {name} {spec['dtype']}{spec['shape']} "
+                                   "has no float32 tensor of that shape to fill it")
+        out[name] = np.ascontiguousarray(value, dtype=np.float32)
+    save(path, out, meta)
+
+
 def read_header(path):
     """Returns (header dict without __metadata__, metadata dict, data start offset)."""
     with open(path, "rb") as f:
