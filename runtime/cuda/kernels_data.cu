@@ -18,6 +18,7 @@
 #include "kernel_util.cuh"
 
 #include <algorithm>
+#include <climits>
 #include <type_traits>
 #include <vector>
 
@@ -157,6 +158,140 @@ __global__ void gatherGradOwnedKernel(const T *dy, const int64_t *idx, T *dtable
       else if ((v < 0 || v >= size) && part == 0)
         checkedIndex(idx, k, size, err);
     }
+  }
+}
+
+//===--- gather_grad with one element per index (im2col's windows) -------===//
+//
+// With inner == 1 (a convolution's windows gathered from an image, or a plain
+// gather of scalars) gatherGradOwnedKernel's lanes read dy and write dtable a
+// row apart, and each walks all ni indices for its 1/parts of the table: on an
+// H200, VGG's 3x3 input gradients took 0.6 ms each, 40% of the step. Instead
+// the indices are inverted first: counted per table row, placed in per-row
+// lists (CSR) and each list sorted by position, so a thread per (outer, row)
+// then adds its row's dy elements in increasing index position, coalesced
+// across rows. That is the CPU target's order: the same floats, bitwise.
+
+__global__ void gatherInvCountKernel(const int64_t *idx, int64_t ni, int64_t size, int *count,
+                                     DeviceError *err) {
+  CARVE_GRID_LOOP(k, ni) {
+    const int64_t v = checkedIndex(idx, k, size, err);
+    if (v >= 0)
+      atomicAdd(&count[v], 1);
+  }
+}
+
+/// One block: offsets[v] = the counts of the rows before v (offsets[size] the
+/// total), and count[v] becomes row v's placing cursor, offsets[v].
+__global__ void gatherInvScanKernel(int *count, int64_t size, int *offsets) {
+  __shared__ int64_t partial[kThreads];
+  const int64_t chunk = (size + blockDim.x - 1) / blockDim.x;
+  const int64_t lo = threadIdx.x * chunk, hi = lo + chunk < size ? lo + chunk : size;
+  int64_t mine = 0;
+  for (int64_t v = lo; v < hi; ++v)
+    mine += count[v];
+  partial[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t sum = 0;
+    for (unsigned t = 0; t < blockDim.x; ++t) {
+      const int64_t c = partial[t];
+      partial[t] = sum;
+      sum += c;
+    }
+    offsets[size] = static_cast<int>(sum);
+  }
+  __syncthreads();
+  int64_t at = partial[threadIdx.x];
+  for (int64_t v = lo; v < hi; ++v) {
+    const int c = count[v];
+    offsets[v] = static_cast<int>(at);
+    count[v] = static_cast<int>(at);
+    at += c;
+  }
+}
+
+__global__ void gatherInvPlaceKernel(const int64_t *idx, int64_t ni, int64_t size, int *cursor,
+                                     int *list) {
+  CARVE_GRID_LOOP(k, ni) {
+    int64_t v = idx[k];
+    if (v < 0)
+      v += size;
+    if (v >= 0 && v < size) // out of range: recorded by the count
+      list[atomicAdd(&cursor[v], 1)] = static_cast<int>(k);
+  }
+}
+
+/// Rows of at most kShortRow positions (a 3x3 window's pixel is in at most 9)
+/// sort by insertion, a thread each; the longer ones (the padding element's:
+/// 372 positions for a 3x3 convolution on 32x32 images) a block each.
+constexpr int kShortRow = 32;
+
+__global__ void gatherInvSortShortKernel(const int *offsets, int64_t size, int *list) {
+  CARVE_GRID_LOOP(v, size) {
+    int *a = list + offsets[v];
+    const int n = offsets[v + 1] - offsets[v];
+    if (n > kShortRow)
+      continue;
+    for (int i = 1; i < n; ++i) {
+      const int x = a[i];
+      int j = i - 1;
+      for (; j >= 0 && a[j] > x; --j)
+        a[j + 1] = a[j];
+      a[j + 1] = x;
+    }
+  }
+}
+
+/// Block v sorts row v's positions when there are more than kShortRow: a
+/// bitonic network over the next power of two N >= n, every comparator
+/// ascending (each merge starts by comparing mirrored pairs), so the
+/// positions past n act as +infinity and their comparators are skipped.
+__global__ void gatherInvSortLongKernel(const int *offsets, int *list) {
+  const int v = blockIdx.x;
+  int *a = list + offsets[v];
+  const int n = offsets[v + 1] - offsets[v];
+  if (n <= kShortRow)
+    return;
+  int N = 1;
+  while (N < n)
+    N <<= 1;
+  auto order = [a, n](int i, int j) {
+    if (j < n && a[i] > a[j]) {
+      const int t = a[i];
+      a[i] = a[j];
+      a[j] = t;
+    }
+  };
+  for (int width = 2; width <= N; width <<= 1) {
+    const int half = width / 2;
+    for (int t = threadIdx.x; t < N / 2; t += blockDim.x) {
+      const int base = (t / half) * width, off = t % half;
+      order(base + off, base + width - 1 - off);
+    }
+    __syncthreads();
+    for (int stride = half / 2; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < N / 2; t += blockDim.x) {
+        const int i = (t / stride) * 2 * stride + t % stride;
+        order(i, i + stride);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+/// dtable[o, v] = the sum of dy[o, k] over row v's positions k, in order,
+/// from 0 (every element written: no zeroing before).
+template <class T>
+__global__ void gatherGradRowsKernel(const T *dy, const int *offsets, const int *list, T *dtable,
+                                     int64_t ni, int64_t size, int64_t outer) {
+  CARVE_GRID_LOOP(e, outer * size) {
+    const int64_t o = e / size, v = e - o * size;
+    const T *src = dy + o * ni;
+    T acc = T(0);
+    for (int j = offsets[v], end = offsets[v + 1]; j < end; ++j)
+      acc += src[list[j]];
+    dtable[e] = acc;
   }
 }
 
@@ -377,6 +512,25 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   axis = normAxis(axis, ts.rank, "gather_grad");
   const int64_t outer = prod(ts, 0, axis), size = ts.d[axis], inner = prod(ts, axis + 1, ts.rank);
   const int64_t ni = is.numel();
+  if (inner == 1 && ni > 0 && ni < INT_MAX && size < INT_MAX && outer * size > 0) {
+    // The inverted indices: offsets[size + 1], cursors[size], list[ni].
+    int *offsets = static_cast<int *>(workspace(sizeof(int) * (2 * size + 1 + ni), kWsBasic0));
+    int *cursor = offsets + size + 1, *list = cursor + size;
+    CARVE_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int) * size, stream()));
+    CARVE_KERNEL(blocksFor(ni), kThreads, 0, stream(), gatherInvCountKernel)
+    (idx, ni, size, cursor, deviceError());
+    CARVE_KERNEL(1, kThreads, 0, stream(), gatherInvScanKernel)(cursor, size, offsets);
+    CARVE_KERNEL(blocksFor(ni), kThreads, 0, stream(), gatherInvPlaceKernel)
+    (idx, ni, size, cursor, list);
+    CARVE_KERNEL(blocksFor(size), kThreads, 0, stream(), gatherInvSortShortKernel)
+    (offsets, size, list);
+    CARVE_KERNEL(static_cast<unsigned>(size), 128, 0, stream(), gatherInvSortLongKernel)
+    (offsets, list);
+    CARVE_KERNEL(blocksFor(outer * size), kThreads, 0, stream(), gatherGradRowsKernel)
+    (dy, offsets, list, dtable, ni, size, outer);
+    checkLaunch("gather_grad");
+    return;
+  }
   fill(dtable, ts.numel(), T(0));
   const int64_t total = outer * ni * inner;
   if (total == 0)

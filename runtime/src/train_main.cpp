@@ -645,6 +645,8 @@ bool Trainer::runStep(int64_t k) {
   program.step(ctx);
   if (device && !device->synchronize(error))
     die("step " + std::to_string(k) + ": " + error);
+  if (device && device->stepEnded)
+    device->stepEnded(k);
   if (!guard.asked)
     guard.checkAfterStep(ctx);
   if (ctx.graphNodes > 0 && !graphReported) {

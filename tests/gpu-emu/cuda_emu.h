@@ -14,8 +14,9 @@
 //   32 lanes of a warp the same way (every lane in the mask must take part).
 // - `__shared__` variables are `static thread_local`: one instance per OS
 //   thread, which runs one block at a time, so every thread of a block sees
-//   the same one. Blocks run one after another, so atomics are plain
-//   read-modify-writes.
+//   the same one. Blocks run one after another, the last first (a GPU
+//   promises no order; code that relies on the launch order sees it
+//   reversed), so atomics are plain read-modify-writes.
 // - threadIdx, blockIdx, blockDim and gridDim are the running fiber's.
 // - The __f*_rn intrinsics are the plain IEEE operations (the emulated build
 //   compiles with -ffp-contract=off, so nothing is fused behind them).

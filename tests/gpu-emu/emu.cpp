@@ -736,9 +736,12 @@ void runGridNow(const LaunchInfo &info, void (*body)(void *), void *ctx) {
   b.ctx = ctx;
   b.fibers = &fiberPool(threads);
   gBlock = &b;
-  for (unsigned z = 0; z < gd[2]; ++z)
-    for (unsigned y = 0; y < gd[1]; ++y)
-      for (unsigned x = 0; x < gd[0]; ++x)
+  // Last block first: a GPU runs blocks in no promised order, and a kernel
+  // that leans on the launch order (atomics placing items "in order") gets
+  // the reverse of it here.
+  for (unsigned z = gd[2]; z-- > 0;)
+    for (unsigned y = gd[1]; y-- > 0;)
+      for (unsigned x = gd[0]; x-- > 0;)
         runBlock(b, uint3{x, y, z});
   gBlock = nullptr;
 }

@@ -550,10 +550,27 @@ template <class T> void testConcat(int axis) {
               y->download(), ref);
 }
 
-template <class T> void testGather(const Dims &ts, int axis, const Dims &is) {
+/// An im2col index as LowerConvolutions builds it: [kh*kw, Ho*Wo] positions
+/// in an h x w image, the taps in the padding at h*w (the appended element).
+std::vector<int64_t> im2colIndex(int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad) {
+  const int64_t ho = (h + 2 * pad - k) / stride + 1, wo = (w + 2 * pad - k) / stride + 1;
+  std::vector<int64_t> idx;
+  for (int64_t ki = 0; ki < k; ++ki)
+    for (int64_t kj = 0; kj < k; ++kj)
+      for (int64_t i = 0; i < ho; ++i)
+        for (int64_t j = 0; j < wo; ++j) {
+          const int64_t r = i * stride + ki - pad, c = j * stride + kj - pad;
+          idx.push_back(r >= 0 && r < h && c >= 0 && c < w ? r * w + c : h * w);
+        }
+  return idx;
+}
+
+template <class T>
+void testGather(const Dims &ts, int axis, const Dims &is, std::vector<int64_t> idx = {}) {
   const int64_t size = ts.d[axis < 0 ? axis + ts.rank : axis];
   const std::vector<T> table = values<T>(ts.numel());
-  const std::vector<int64_t> idx = randint(is.numel(), -size, size);
+  if (idx.empty())
+    idx = randint(is.numel(), -size, size);
   Dims ys;
   const int ax = axis < 0 ? axis + ts.rank : axis;
   for (int i = 0; i < ax; ++i)
@@ -580,7 +597,18 @@ template <class T> void testGather(const Dims &ts, int axis, const Dims &is) {
   if constexpr (std::is_same_v<T, float>) {
     std::vector<double> dyd = toDouble(dy), refg(ts.numel());
     rt::gather_grad<double>(dyd.data(), idx.data(), is, axis, refg.data(), ts);
-    expectClose("gather_grad " + what, dtab->download(), refg, 1e-6, 1e-6);
+    // A float sum of n terms, one after another, is within (n - 1) u sum|x|
+    // of the exact sum (u = 2^-24): n is the most positions one row has.
+    std::vector<int64_t> reps(size);
+    for (int64_t v : idx)
+      ++reps[v < 0 ? v + size : v];
+    double most = 0, big = 0;
+    for (int64_t r : reps)
+      most = std::max(most, static_cast<double>(r));
+    for (T v : dy)
+      big = std::max(big, std::fabs(static_cast<double>(v)));
+    const double atol = std::max(1e-6, std::ldexp(most * most * big, -24));
+    expectClose("gather_grad " + what, dtab->download(), refg, atol, 1e-6);
   }
   // Each element sums its rows by increasing index position, as the CPU
   // target does: the same floats, bitwise, on every run.
@@ -614,6 +642,13 @@ template <class T> void testDataMovement() {
   testGather<T>({4, 5, 6}, -1, {2, 3});
   // An embedding's shape: one table, split into row ranges (gatherGradParts).
   testGather<T>({1000, 32}, 0, {2048});
+  // One element per index (inner 1): the inverted-index path. Rows indexed
+  // about 125 times each (heapsort), and a 3x3 convolution's windows with
+  // padding 1 and with stride 2 on [N*C, H*W + 1] (the padding element's
+  // row has more than 32 positions).
+  testGather<T>({6, 40}, 1, {5000});
+  testGather<T>({6, 101}, 1, {9, 100}, im2colIndex(10, 10, 3, 1, 1));
+  testGather<T>({5, 82}, -1, {9, 25}, im2colIndex(9, 9, 3, 2, 1));
   testExpand<T>({3, 1, 5}, {2, 3, 4, 5});
   testExpand<T>({}, {1000003});
 }
@@ -984,6 +1019,17 @@ void testDeviceErrors() {
     ++failures();
   } else {
     std::printf("ok   gather_grad out of range: \"%s\"\n", err.c_str());
+  }
+  // And with one element per index (the inverted indices).
+  auto dtab1 = poisoned<float>(10);
+  auto dbig = up(std::vector<int64_t>{3, 0, 10, 2});
+  g::gather_grad<float>(dy->p, dbig->p, Dims{4}, 0, dtab1->p, Dims{10});
+  ++checks();
+  if (g::kCudaTarget.synchronize(err) || err.find("index 10") == std::string::npos) {
+    std::printf("FAIL gather_grad (inner 1) out of range: \"%s\"\n", err.c_str());
+    ++failures();
+  } else {
+    std::printf("ok   gather_grad (inner 1) out of range: \"%s\"\n", err.c_str());
   }
 }
 

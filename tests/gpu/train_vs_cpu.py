@@ -40,8 +40,9 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    and the memory needed; more ranks on this host than visible GPUs stops
    with one line saying so. Both exit 1 without hanging.
 7. CARVE_GPU_PROFILE=1 on the GPT fp32 program: one table of GPU time by
-   kernel name at the end, with the cuBLAS GEMMs, attention and AdamW among
-   its rows, and (on a GPU) more than 0 ms in all.
+   kernel name at the end, over the steps after the first (which loads and
+   tunes the kernels), with the cuBLAS GEMMs, attention and AdamW among its
+   rows, and (on a GPU) more than 0 ms in all.
 8. Dropout: tests/e2e/dropout.py's model (8 dropout nodes) draws the CPU
    program's masks on the GPU (the fp32 bounds of 1), --cuda-graph replays
    each step's masks (bitwise the eager run), and with 2 GPUs tp=2 equals
@@ -250,6 +251,10 @@ def check_profile(out, data):
     if len(head) != 1:
         raise Failure("CARVE_GPU_PROFILE=1: expected one table of GPU time by kernel, got %d:\n%s"
                       % (len(head), se))
+    # The first step's launches (cuBLAS's loading and tuning) are left out.
+    if "over 1 step from step 1 (step 0, " not in lines[head[0]]:
+        raise Failure("CARVE_GPU_PROFILE=1: the table does not say that it leaves step 0 out:\n%s"
+                      % lines[head[0]])
     rows = {}
     for l in lines[head[0] + 2:]:
         f = l.split(None, 4)
@@ -263,7 +268,8 @@ def check_profile(out, data):
     total = sum(ms for ms, _ in rows.values())
     if not EMULATED and total <= 0:
         raise Failure("CARVE_GPU_PROFILE=1: the kernels took no time on a GPU:\n%s" % se)
-    print("ok: CARVE_GPU_PROFILE=1: %d kernels timed by name over 2 steps, %.3f ms of GPU time%s"
+    print("ok: CARVE_GPU_PROFILE=1: %d kernels timed by name over step 1 of 2, %.3f ms of GPU "
+          "time%s"
           % (len(rows), total, " (the emulation's clock is 0)" if EMULATED else ""))
 
 

@@ -160,6 +160,9 @@ struct DeviceTarget {
   /// host group), or null with `error` set.
   std::unique_ptr<Communicator> (*makeComm)(Communicator &bootstrap, std::string &error);
   void (*close)();
+  /// Training step `step` ended (its work synchronized): CARVE_GPU_PROFILE
+  /// leaves the first step a run trains out of its table.
+  void (*stepEnded)(int64_t step);
 };
 
 /// The optimizer a program was compiled with (for checkpoints and messages).
