@@ -46,6 +46,7 @@ int normAxis(int axis, int rank, const char *op) {
 
 using carve::rt::ew::broadcastNest;
 using carve::rt::ew::coalesce;
+using carve::rt::ew::divMod;
 using carve::rt::ew::Nest;
 using carve::rt::ew::offsetsOf;
 using carve::rt::ew::ReduceGeom;

@@ -102,7 +102,8 @@ template <class T>
 __global__ void concatKernel(const T *x, T *y, int64_t outer, int64_t len, int64_t row,
                              int64_t col0) {
   CARVE_GRID_LOOP(e, outer * len) {
-    const int64_t o = e / len, j = e - o * len;
+    int64_t o, j;
+    divMod(e, len, o, j);
     y[o * row + col0 + j] = x[e];
   }
 }
@@ -123,8 +124,9 @@ template <class T>
 __global__ void gatherKernel(const T *table, const int64_t *idx, T *y, int64_t ni, int64_t size,
                              int64_t inner, int64_t total, DeviceError *err) {
   CARVE_GRID_LOOP(e, total) {
-    const int64_t t = e / inner, c = e - t * inner;
-    const int64_t o = t / ni, k = t - o * ni;
+    int64_t t, c, o, k;
+    divMod(e, inner, t, c);
+    divMod(t, ni, o, k);
     const int64_t v = checkedIndex(idx, k, size, err);
     y[e] = v < 0 ? T(0) : table[(o * size + v) * inner + c];
   }
@@ -172,6 +174,27 @@ __global__ void gatherGradOwnedKernel(const T *dy, const int64_t *idx, T *dtable
 // then adds its row's dy elements in increasing index position, coalesced
 // across rows. That is the CPU target's order: the same floats, bitwise.
 
+/// Thread t's exclusive prefix of the block's `mine` values in thread order
+/// (the sum over threads 0 to t - 1), through `scratch` (blockDim.x + 1
+/// entries of shared memory), and the block's total. Every thread of the block calls
+/// it.
+__device__ int64_t blockExclusiveScan(int64_t mine, int64_t *scratch, int64_t &total) {
+  scratch[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t sum = 0;
+    for (unsigned t = 0; t < blockDim.x; ++t) {
+      const int64_t c = scratch[t];
+      scratch[t] = sum;
+      sum += c;
+    }
+    scratch[blockDim.x] = sum;
+  }
+  __syncthreads();
+  total = scratch[blockDim.x];
+  return scratch[threadIdx.x];
+}
+
 __global__ void gatherInvCountKernel(const int64_t *idx, int64_t ni, int64_t size, int *count,
                                      DeviceError *err) {
   CARVE_GRID_LOOP(k, ni) {
@@ -184,25 +207,16 @@ __global__ void gatherInvCountKernel(const int64_t *idx, int64_t ni, int64_t siz
 /// One block: offsets[v] = the counts of the rows before v (offsets[size] the
 /// total), and count[v] becomes row v's placing cursor, offsets[v].
 __global__ void gatherInvScanKernel(int *count, int64_t size, int *offsets) {
-  __shared__ int64_t partial[kThreads];
+  __shared__ int64_t partial[kThreads + 1];
   const int64_t chunk = (size + blockDim.x - 1) / blockDim.x;
   const int64_t lo = threadIdx.x * chunk, hi = lo + chunk < size ? lo + chunk : size;
   int64_t mine = 0;
   for (int64_t v = lo; v < hi; ++v)
     mine += count[v];
-  partial[threadIdx.x] = mine;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t sum = 0;
-    for (unsigned t = 0; t < blockDim.x; ++t) {
-      const int64_t c = partial[t];
-      partial[t] = sum;
-      sum += c;
-    }
-    offsets[size] = static_cast<int>(sum);
-  }
-  __syncthreads();
-  int64_t at = partial[threadIdx.x];
+  int64_t total = 0;
+  int64_t at = blockExclusiveScan(mine, partial, total);
+  if (threadIdx.x == 0)
+    offsets[size] = static_cast<int>(total);
   for (int64_t v = lo; v < hi; ++v) {
     const int c = count[v];
     offsets[v] = static_cast<int>(at);
@@ -286,7 +300,8 @@ template <class T>
 __global__ void gatherGradRowsKernel(const T *dy, const int *offsets, const int *list, T *dtable,
                                      int64_t ni, int64_t size, int64_t outer) {
   CARVE_GRID_LOOP(e, outer * size) {
-    const int64_t o = e / size, v = e - o * size;
+    int64_t o, v;
+    divMod(e, size, o, v);
     const T *src = dy + o * ni;
     T acc = T(0);
     for (int j = offsets[v], end = offsets[v + 1]; j < end; ++j)
@@ -546,24 +561,14 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
 /// x, thread 0 turns the counts into offsets, and each thread writes its
 /// positions from its offset, so the order is row-major as on the CPU.
 template <class T> __global__ void nonzeroKernel(const T *x, Dims xs, int64_t n, int64_t *y) {
-  __shared__ int64_t offsets[kThreads];
+  __shared__ int64_t offsets[kThreads + 1];
   const int64_t chunk = (n + blockDim.x - 1) / blockDim.x;
   const int64_t lo = threadIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
   int64_t mine = 0;
   for (int64_t e = lo; e < hi; ++e)
     mine += x[e] != T(0);
-  offsets[threadIdx.x] = mine;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t sum = 0;
-    for (unsigned t = 0; t < blockDim.x; ++t) {
-      const int64_t c = offsets[t];
-      offsets[t] = sum;
-      sum += c;
-    }
-  }
-  __syncthreads();
-  int64_t j = offsets[threadIdx.x];
+  int64_t total = 0;
+  int64_t j = blockExclusiveScan(mine, offsets, total);
   for (int64_t e = lo; e < hi; ++e) {
     if (x[e] == T(0))
       continue;

@@ -153,6 +153,23 @@ template <class T> void checkReduce() {
   }
 }
 
+// ew::divMod: 32-bit division where the dividend fits (elementwise offsets,
+// the CUDA kernels' indices), 64-bit above; either way the quotient and
+// remainder of plain division, at the edges of the 32-bit range too.
+TEST(DivMod, EqualsPlainDivision) {
+  const int64_t big = int64_t(1) << 32;
+  const int64_t as[] = {
+      0, 1, 5, 31, 32, 33, 1000, big - 2, big - 1, big, big + 1, 3 * big + 7, int64_t(1) << 62};
+  const int64_t bs[] = {1, 2, 3, 32, 1000, big - 1, big, big + 1, int64_t(1) << 40};
+  for (int64_t a : as)
+    for (int64_t b : bs) {
+      int64_t q = -1, r = -1;
+      ew::divMod(a, b, q, r);
+      EXPECT_EQ(q, a / b) << a << " / " << b;
+      EXPECT_EQ(r, a % b) << a << " % " << b;
+    }
+}
+
 TEST(Reduce, Float) { checkReduce<float>(); }
 TEST(Reduce, Double) { checkReduce<double>(); }
 

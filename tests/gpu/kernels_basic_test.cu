@@ -485,6 +485,10 @@ void testReduce() {
   testReduceCase({32, 16, 20, 20}, 0xD, true);
   // General with a strided innermost reduced run (stride 4), split.
   testReduceCase({50, 3, 200, 4}, 0x5);
+  // Three reduced groups: a lane's step of 32 carries through several
+  // digits (innermost 7 < 32), in one segment and split over 32.
+  testReduceCase({4, 3, 5, 2, 7}, 0x15);
+  testReduceCase({16, 3, 40, 2, 50}, 0x15);
   testReduceCase({3, 4, 5, 6}, 0x6);    // [O, R, I]
   testReduceCase({3, 4, 5, 6}, 0xF);    // everything
   testReduceCase({3, 4, 5, 6}, 0x0);    // nothing: a copy
@@ -617,6 +621,22 @@ void testGather(const Dims &ts, int axis, const Dims &is, std::vector<int64_t> i
   expectEqual("gather_grad " + what + " (the CPU target's order)", dtab->download(), refg);
 }
 
+/// NonZero at its static bound, against the CPU kernel: the coordinates of
+/// the non-zeros in row-major order (one block's threads count their slices
+/// and take their offsets from a scan), zeros past the last.
+template <class T> void testNonzero(const Dims &xs) {
+  std::vector<T> x = values<T>(xs.numel());
+  for (int64_t i = 0; i < xs.numel(); ++i)
+    if ((i * 7919) % 5 < 2 || (i > xs.numel() / 2 && i < xs.numel() / 2 + 40))
+      x[i] = T(0);
+  auto dx = up(x);
+  auto y = poisoned<int64_t>(xs.rank * xs.numel());
+  g::nonzero<T>(dx->p, xs, y->p);
+  std::vector<int64_t> ref(xs.rank * xs.numel());
+  rt::nonzero<T>(x.data(), xs, ref.data());
+  expectEqual(std::string("nonzero ") + typeName<T>() + " " + str(xs), y->download(), ref);
+}
+
 template <class T> void testExpand(const Dims &xs, const Dims &ys) {
   const std::vector<T> x = values<T>(xs.numel());
   auto dx = up(x);
@@ -650,6 +670,8 @@ template <class T> void testDataMovement() {
   testGather<T>({6, 101}, 1, {9, 100}, im2colIndex(10, 10, 3, 1, 1));
   testGather<T>({5, 82}, -1, {9, 25}, im2colIndex(9, 9, 3, 2, 1));
   testExpand<T>({3, 1, 5}, {2, 3, 4, 5});
+  testNonzero<T>({5, 7, 11});
+  testNonzero<T>({3001}); // more elements than the block has threads
   testExpand<T>({}, {1000003});
 }
 

@@ -529,6 +529,26 @@ inline ReduceGeom reduceGeom(const Dims &xs, uint32_t axesMask) {
   return g;
 }
 
+/// q = a / b and r = a - q * b for a >= 0 and b > 0, in 32 bits where a fits:
+/// a 64-bit division is a long software routine on a GPU, a 32-bit one a
+/// short sequence. (Measured on an H200, ResNet-18's elementwise kernels
+/// gained under 5% from it: they wait on memory and launches more than on
+/// their index arithmetic.)
+CARVE_HD void divMod(int64_t a, int64_t b, int64_t &q, int64_t &r) {
+  if (a < b) {
+    q = 0;
+    r = a;
+  } else if (a <= int64_t(0xffffffff)) { // then b <= a fits too
+    const uint32_t ua = static_cast<uint32_t>(a), ub = static_cast<uint32_t>(b);
+    const uint32_t uq = ua / ub;
+    q = uq;
+    r = ua - uq * ub;
+  } else {
+    q = a / b;
+    r = a - q * b;
+  }
+}
+
 /// The operand offsets of output element e (one division per dimension; none
 /// when the nest is one dimension).
 template <int N> CARVE_HD void offsetsOf(const Nest<N> &n, int64_t e, int64_t (&off)[N]) {
@@ -540,7 +560,8 @@ template <int N> CARVE_HD void offsetsOf(const Nest<N> &n, int64_t e, int64_t (&
     return;
   }
   for (int i = n.rank - 1; i >= 0; --i) {
-    const int64_t q = e / n.d[i], r = e - q * n.d[i];
+    int64_t q, r;
+    divMod(e, n.d[i], q, r);
     e = q;
     for (int k = 0; k < N; ++k)
       off[k] += r * n.st[k][i];
