@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/cnn_step.py [--model vgg|resnet18] [--carve build/bin/carve]
         [--workdir build/bench-cnn] [--batch 32] [--steps 5] [--warmup 2] [--threads N]
+        [--no-fuse-row]
 
 `--model vgg` (the default) is a VGG-style CNN written with PyTorch's modules
 (no batch norm): five 3x3 convolutions with padding 1 (3->32->32,
@@ -349,6 +350,10 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-fuse-row", action="store_true",
+                    help="also time the program compiled with --no-fuse (every op its own "
+                         "kernel: no fused elementwise chains, the convolutions' input "
+                         "gradients as matmul then gather_grad), in the same run")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--prepare-device", action="store_true",
                       help="compile the CUDA programs here, for --device on a GPU machine")
@@ -380,6 +385,13 @@ def main():
     os.makedirs(work, exist_ok=True)
     t_carve, mine = carve_runs(a.carve, onnx_path, data_path, work, 1, a.threads, a.warmup,
                                a.steps)
+    rows = [("PyTorch eager", t_torch), ("carve (im2col)", t_carve)]
+    if a.no_fuse_row:
+        t_nofuse, unfused = carve_runs(a.carve, onnx_path, data_path, work, 1, a.threads,
+                                       a.warmup, a.steps, fuse=False)
+        rows.append(("carve, `--no-fuse`", t_nofuse))
+        print(f"fused against --no-fuse: largest relative loss difference "
+              f"{rel_worst(mine, unfused):.2e}", file=sys.stderr)
     worst = rel_worst(mine, ref)
     print(f"## CNN training step on the CPU ({datetime.date.today()}, {platform.node()}, "
           f"{a.threads} threads)\n")
@@ -388,7 +400,7 @@ def main():
           f"(torch.mm 2048^3, best of 5).\n")
     print("| Run | ms/step | GFLOP/s | % of sgemm peak | vs PyTorch |")
     print("|---|---|---|---|---|")
-    for name, t in [("PyTorch eager", t_torch), ("carve (im2col)", t_carve)]:
+    for name, t in rows:
         print(f"| {name} | {t * 1e3:.1f} | {flops / t / 1e9:.1f} | {100 * flops / t / 1e9 / peak:.0f}% "
               f"| {t_torch / t:.2f}x |")
     print(f"\nLargest relative loss difference over {n} steps: {worst:.2e} (limit {LOSS_RTOL:.0e}).")

@@ -138,7 +138,7 @@ bool Generator::emitConstant(ConstantOp op) {
 }
 
 bool Generator::emitOp(Operation *op) {
-  if (foldedTransposes.count(op) || fusedMatmuls.count(op))
+  if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op))
     return true;
   if (auto it = groupOf.find(op); it != groupOf.end())
     return groups[it->second].root == op ? emitFused(groups[it->second]) : true;
@@ -301,6 +301,16 @@ bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
        << ");";
   }
   return true;
+}
+
+std::string Generator::matmulOperands(Operation *m) {
+  std::string out;
+  for (unsigned k = 0; k < 2; ++k) {
+    Value v = operandOf(m, k); // through a transpose folded into the flag
+    out += (k ? ", " : "") + name(v) + ", " + shapeOf(v) + ", " +
+           (v != m->getOperand(k) ? "true" : "false");
+  }
+  return out;
 }
 
 /// A matmul, with folded transposes as its flags; or a transpose of a matmul
@@ -566,7 +576,12 @@ bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
   } else if (auto g = dyn_cast<GatherGradOp>(op)) {
     if (!typeOf(g.getIndices()).getElementType().isInteger(64))
       return failOp(op, "indices must be int64 for the CPU target");
-    if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
+    if (Operation *m = scatterMatmul.lookup(op)) {
+      // gather_grad(matmul(a, b)) without the product in memory.
+      os << "matmul_gather_grad(" << matmulOperands(m) << ", " << shapeOf(m->getResult(0)) << ", "
+         << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res)
+         << ");  // the product never whole in memory";
+    } else if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
       int64_t local = typeOf(g.getResult()).getDimSize(0);
       os << "gather_sharded_grad(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1)
          << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << name(res)

@@ -257,10 +257,24 @@ bool Generator::checkTypes() {
 }
 
 /// The transposes carve-fold-transposes marked (carve.fold): "product" is
-/// computed by the matmul below it, "operand" becomes its readers' flag.
+/// computed by the matmul below it, "operand" becomes its readers' flag; a
+/// "scatter" gather_grad computes the matmul below it (matmul_gather_grad).
 bool Generator::foldTransposes() {
   for (Operation *op : ops) {
+    if (isScatteredProduct(op))
+      scatteredProducts.insert(op);
     StringRef fold = foldOf(op);
+    if (fold == kFoldScatter) {
+      Operation *m = scatteredMatmul(op);
+      if (!m || !isScatteredProduct(m))
+        return failOp(op, "carve.fold = \"scatter\" on an op that is no gather_grad of a "
+                          "matmul's product read only through reshapes");
+      if (opts.cuda())
+        return failOp(op, "carve.fold = \"scatter\": the CUDA target has no matmul_gather_grad "
+                          "(carve-fold-transposes marks it for the CPU target only)");
+      scatterMatmul[op] = m;
+      continue;
+    }
     if (!fold.empty() && !(isa<TransposeOp>(op) && swapsLastTwo(cast<TransposeOp>(op))))
       return failOp(op, "carve.fold marks an op that is no transpose of the last two dimensions");
     if (fold == kFoldProduct) {

@@ -241,6 +241,11 @@ private:
   llvm::DenseMap<Operation *, Operation *> transposedMatmul;
   std::set<Operation *> fusedMatmuls;
   std::map<std::pair<Operation *, unsigned>, Value> foldedOperand;
+  // gather_grad(reshape(matmul(a, b))) computed as matmul_gather_grad:
+  // gather_grad -> matmul; the matmul and the reshapes between are in
+  // scatteredProducts (no buffer, no code).
+  llvm::DenseMap<Operation *, Operation *> scatterMatmul;
+  std::set<Operation *> scatteredProducts;
 
   // Fused elementwise chains (carve-fuse-elementwise marked them; read back
   // by fuseElementwise): each group runs as one kernel at its root, the
@@ -345,6 +350,9 @@ private:
   int64_t bytesOf(Value v);
   /// Operand `k` as the op reads it: a folded transpose's input.
   Value operandOf(Operation *op, unsigned k);
+  /// A matmul's operands as matmul's arguments: "a, shape, transA, b, shape,
+  /// transB" (both of rank >= 2).
+  std::string matmulOperands(Operation *m);
   /// Lists the ops, checks their types, folds transposes, fuses elementwise
   /// chains and gives every value a buffer.
   bool prepare();

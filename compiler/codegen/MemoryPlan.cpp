@@ -66,6 +66,8 @@ bool Generator::assignBuffers() {
       std::string name =
           uniqueName(op->getNumResults() > 1 ? base + "_" + std::to_string(resultNumber) : base);
       var[r] = name;
+      if (scatteredProducts.count(op))
+        continue; // computed inside the gather_grad that reads it
       if (isa<ReshapeOp>(op)) {
         bufferOf[r] = bufferOf.lookup(op->getOperand(0));
         continue;
@@ -79,11 +81,20 @@ bool Generator::assignBuffers() {
   }
   // Reads.
   for (Operation *op : ops) {
-    if (foldedTransposes.count(op) || fusedMatmuls.count(op) || isa<ReshapeOp>(op))
+    if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
+        isa<ReshapeOp>(op))
       continue;
     if (Operation *m = transposedMatmul.lookup(op)) {
       for (unsigned i = 0; i < 2; ++i) {
         Buffer &b = buffers[bufferOf.lookup(operandOf(m, i))];
+        b.lastUse = std::max(b.lastUse, index[op]);
+      }
+      continue;
+    }
+    if (Operation *m = scatterMatmul.lookup(op)) {
+      // The matmul's operands and the indices, where the gather_grad runs.
+      for (Value v : {operandOf(m, 0), operandOf(m, 1), op->getOperand(1)}) {
+        Buffer &b = buffers[bufferOf.lookup(v)];
         b.lastUse = std::max(b.lastUse, index[op]);
       }
       continue;

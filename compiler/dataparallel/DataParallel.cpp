@@ -174,13 +174,24 @@ public:
     const int64_t backwardBegin = order.backwardBegin();
     for (Operation *op : ops) {
       StringRef fold = foldOf(op);
-      if (fold == kFoldOperand || isa<ReshapeOp>(op) || isProductMatmul(op))
+      if (fold == kFoldOperand || isa<ReshapeOp>(op) || isProductMatmul(op) ||
+          isScatteredProduct(op))
         continue;
-      // A "product" transpose runs as its matmul: the matmul's reads.
+      // A "product" transpose runs as its matmul: the matmul's reads; a
+      // "scatter" gather_grad its matmul's and its own indices.
       Operation *reader = fold == kFoldProduct ? op->getOperand(0).getDefiningOp() : op;
-      for (unsigned k = 0; k < reader->getNumOperands(); ++k) {
+      Operation *scattered = scatteredMatmul(op);
+      SmallVector<Value> reads;
+      for (unsigned k = 0; k < reader->getNumOperands(); ++k)
+        reads.push_back(scattered && k == 0 ? Value() : readOperand(reader, k));
+      if (scattered)
+        for (unsigned k = 0; k < 2; ++k)
+          reads.push_back(readOperand(scattered, k));
+      for (Value read : reads) {
+        if (!read)
+          continue;
         // Through a folded transpose (the matmul's flag) and reshapes (aliases).
-        auto arg = dyn_cast<BlockArgument>(aliasRoot(readOperand(reader, k)));
+        auto arg = dyn_cast<BlockArgument>(aliasRoot(read));
         if (!arg || !sharded.count(arg.getArgNumber()))
           continue;
         auto it = ranges.try_emplace(arg.getArgNumber(), std::array<int64_t, 4>{-1, -1, -1, -1});

@@ -22,7 +22,7 @@ bool sixteenBit(const PlanAttrs &plan) { return plan.precision != "fp32"; }
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
                           const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
-                          int64_t bucketBytes, int64_t epRank) {
+                          int64_t bucketBytes, int64_t epRank, bool cpuTarget) {
   pm.addPass(createBindCustomOpsPass(rules));
   pm.addNestedPass<mlir::func::FuncOp>(createCarveLowerConvolutions());
   if (plan.ep > 1) {
@@ -42,7 +42,11 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
     pm.addPass(createCarveSplitStages());
   if (fuse)
     pm.addPass(createCarveFuseElementwise());
-  pm.addPass(createCarveFoldTransposes());
+  CarveFoldTransposesOptions fold;
+  // The CPU runtime's matmul_gather_grad: two ops as one kernel, so not
+  // under --no-fuse (every op its own kernel).
+  fold.scatterProducts = cpuTarget && fuse;
+  pm.addPass(createCarveFoldTransposes(fold));
   if (plan.recompute != "none")
     pm.addPass(createCarveRecompute());
   if (sixteenBit(plan)) {

@@ -33,7 +33,9 @@
 // the partitioner (channels split column- or row-parallel through the
 // matmul, the batch for dp), both targets and the memory plan handle them
 // with no kernel of their own. The cost is im2col's: the windows tensor is
-// K times the image.
+// K times the image. (On the CPU target the input gradient's windows are
+// never whole in memory: carve-fold-transposes marks their gather_grad, and
+// the runtime's matmul_gather_grad computes them a block at a time.)
 //
 //===----------------------------------------------------------------------===//
 

@@ -46,6 +46,30 @@ bool isProductMatmul(Operation *op) {
   return isa<MatmulOp>(op) && op->hasOneUse() && foldOf(*op->getUsers().begin()) == kFoldProduct;
 }
 
+Operation *scatteredMatmul(Operation *op) {
+  if (!isa<GatherGradOp>(op) || foldOf(op) != kFoldScatter)
+    return nullptr;
+  Value v = op->getOperand(0);
+  while (auto r = v.getDefiningOp<ReshapeOp>())
+    v = r.getInput();
+  return v.getDefiningOp<MatmulOp>();
+}
+
+bool isScatteredProduct(Operation *op) {
+  if (!isa<MatmulOp, ReshapeOp>(op) || !op->hasOneUse())
+    return false;
+  Operation *u = *op->getUsers().begin();
+  while (isa<ReshapeOp>(u) && u->hasOneUse())
+    u = *u->getUsers().begin();
+  if (!scatteredMatmul(u))
+    return false;
+  // The chain from `op` down must start at the matmul.
+  Operation *d = op;
+  while (isa<ReshapeOp>(d))
+    d = d->getOperand(0).getDefiningOp();
+  return d && d == scatteredMatmul(u);
+}
+
 Value aliasRoot(Value v) {
   while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
     v = v.getDefiningOp()->getOperand(0);
@@ -60,7 +84,42 @@ using namespace carve;
 
 bool hasRankTwo(Value v) { return cast<RankedTensorType>(v.getType()).getRank() >= 2; }
 
+/// The matmul whose product `g` scatters, when matmul_gather_grad can run
+/// the two as one (Passes.td, rule 3); null otherwise.
+MatmulOp scatterable(GatherGradOp g) {
+  auto table = cast<RankedTensorType>(g.getResult().getType());
+  auto indices = cast<RankedTensorType>(g.getIndices().getType());
+  const int64_t rank = table.getRank();
+  if (rank < 1 || (g.getAxis() != rank - 1 && g.getAxis() != -1) ||
+      !(table.getElementType().isF32() || table.getElementType().isF64()) ||
+      !indices.getElementType().isInteger(64) || g->hasAttr(kShardedRowsAttr) ||
+      g->hasAttr(kFusionGroupAttr))
+    return MatmulOp();
+  Value v = g->getOperand(0);
+  while (auto r = v.getDefiningOp<ReshapeOp>()) {
+    if (!r->hasOneUse())
+      return MatmulOp();
+    v = r.getInput();
+  }
+  auto m = v.getDefiningOp<MatmulOp>();
+  if (!m || !m->hasOneUse() || m->getBlock() != g->getBlock() || m->hasAttr(kRound16Attr) ||
+      !hasRankTwo(m.getLhs()) || !hasRankTwo(m.getRhs()))
+    return MatmulOp();
+  ArrayRef<int64_t> ys = cast<RankedTensorType>(m.getResult().getType()).getShape();
+  const int64_t mm = ys[ys.size() - 2], n = ys.back(), ni = indices.getNumElements();
+  int64_t nb = 1, outer = 1;
+  for (size_t i = 0; i + 2 < ys.size(); ++i)
+    nb *= ys[i];
+  for (int64_t i = 0; i + 1 < rank; ++i)
+    outer *= table.getShape()[i];
+  if (n == 0 || ni == 0 || ni % n != 0 || mm % (ni / n) != 0 || nb * (mm / (ni / n)) != outer)
+    return MatmulOp();
+  return m;
+}
+
 struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesPass> {
+  using CarveFoldTransposesBase::CarveFoldTransposesBase;
+
   void runOnOperation() override {
     for (auto fn : getOperation().getOps<func::FuncOp>()) {
       if (!isEmittedFunction(fn))
@@ -102,6 +161,13 @@ struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesP
           ++numIntoOperand;
         }
       });
+      if (scatterProducts)
+        fn.walk([&](GatherGradOp g) {
+          if (scatterable(g)) {
+            g->setAttr(kFoldAttr, b.getStringAttr(kFoldScatter));
+            ++numScattered;
+          }
+        });
     }
   }
 };

@@ -35,7 +35,7 @@ bool isFusible(mlir::Operation *op);
 /// ones a GEMM's transpose flag covers).
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
-/// kFoldProduct, or "" when it is not folded.
+/// kFoldProduct, kFoldScatter, or "" when it is not folded.
 llvm::StringRef foldOf(mlir::Operation *op);
 
 /// One fused kernel: its ops, its inputs and outputs.
@@ -81,6 +81,12 @@ mlir::Value readOperand(mlir::Operation *op, unsigned k);
 /// A matmul whose product the transpose reading it writes (carve.fold =
 /// "product"): it runs as that transpose.
 bool isProductMatmul(mlir::Operation *op);
+/// For a gather_grad marked carve.fold = "scatter": the matmul whose product
+/// it reads through reshapes and computes itself; null for any other op.
+mlir::Operation *scatteredMatmul(mlir::Operation *op);
+/// A matmul, or a reshape of its product, that a "scatter" gather_grad
+/// computes: no buffer and no kernel of its own.
+bool isScatteredProduct(mlir::Operation *op);
 /// `v` through reshapes: the value whose memory it names.
 mlir::Value aliasRoot(mlir::Value v);
 

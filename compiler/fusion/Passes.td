@@ -71,12 +71,17 @@ def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
     (other functions are left alone). After: the undoing transposes are gone
     and the other ops unchanged; the folded transposes carry `carve.fold`. The emitter and the memory plan
     read the mark: a "product" transpose is computed by its matmul, an
-    "operand" one never.
+    "operand" one never, a "scatter" gather_grad computes its matmul.
   }];
+  let options = [
+    Option<"scatterProducts", "scatter-products", "bool", /*default=*/"false",
+           "Mark the gather_grads that compute their matmul's product (rule 3)">
+  ];
   let statistics = [
     Statistic<"numUndone", "num-undone", "Transposes of a transpose they undo, removed">,
     Statistic<"numIntoOperand", "num-into-operand", "Transposes read through a matmul's flag">,
-    Statistic<"numIntoProduct", "num-into-product", "Matmuls that write their product transposed">
+    Statistic<"numIntoProduct", "num-into-product", "Matmuls that write their product transposed">,
+    Statistic<"numScattered", "num-scattered", "gather_grads that compute their matmul's product">
   ];
 }
 

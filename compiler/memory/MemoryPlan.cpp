@@ -406,7 +406,8 @@ private:
             buffer[r] = b;
           continue;
         }
-        if (foldOf(op) == kFoldOperand || isProductMatmul(op) || interior.count(r))
+        if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isScatteredProduct(op) ||
+            interior.count(r))
           continue; // never materialized
         buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), k);
         owned[r] = buffer[r];
@@ -416,12 +417,19 @@ private:
 
   void countReads() {
     for (Operation *op : ops) {
-      if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isa<ReshapeOp>(op))
+      if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isScatteredProduct(op) ||
+          isa<ReshapeOp>(op))
         continue;
       if (foldOf(op) == kFoldProduct) { // runs as its matmul, reading the matmul's operands
         Operation *m = op->getOperand(0).getDefiningOp();
         for (unsigned i = 0; i < 2; ++i)
           extend(readOperand(m, i), index.lookup(op));
+        continue;
+      }
+      if (Operation *m = scatteredMatmul(op)) { // computes its matmul: its operands, the indices
+        for (unsigned i = 0; i < 2; ++i)
+          extend(readOperand(m, i), index.lookup(op));
+        extend(op->getOperand(1), index.lookup(op));
         continue;
       }
       for (unsigned i = 0; i < op->getNumOperands(); ++i) {

@@ -97,7 +97,8 @@ public:
       return true;
     auto fd = def->getAttrOfType<StringAttr>(kFoldAttr);
     auto fo = op->getAttrOfType<StringAttr>(kFoldAttr);
-    return (fd && fd.getValue() == kFoldOperand) || (fo && fo.getValue() == kFoldProduct);
+    return (fd && fd.getValue() == kFoldOperand) ||
+           (fo && (fo.getValue() == kFoldProduct || fo.getValue() == kFoldScatter));
   }
 
   /// Forward ops that may be run again: not the pipeline's sends and receives.

@@ -103,10 +103,15 @@ constexpr const char *kFusionGroupAttr = "carve.fusion_group";
 /// On a transpose (carve-fold-transposes): "operand" when each matmul that
 /// reads it takes its input with a transpose flag instead (the transpose is
 /// never computed); "product" when the matmul that produces its input writes
-/// its product transposed instead (neither is computed on its own).
+/// its product transposed instead (neither is computed on its own). On a
+/// gather_grad: "scatter" when it computes the matmul whose product (through
+/// reshapes) it reads, a block of rows at a time, the product never in
+/// memory (the CPU target's matmul_gather_grad: an im2col convolution's
+/// input gradient).
 constexpr const char *kFoldAttr = "carve.fold";
 constexpr const char *kFoldOperand = "operand";
 constexpr const char *kFoldProduct = "product";
+constexpr const char *kFoldScatter = "scatter";
 
 // 16-bit activations and parameters (carve-round-activations,
 // carve-pack-activations, carve-store-params16).

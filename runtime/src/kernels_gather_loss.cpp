@@ -37,42 +37,6 @@ using ew::fexp;
 
 //===--- Gather -----------------------------------------------------------===//
 
-namespace {
-
-/// Checks the indices of a gather along an axis of size `size`.
-void checkIndices(const char *op, const int64_t *idx, int64_t n, int axis, int64_t size) {
-  for (int64_t i = 0; i < n; ++i)
-    if (idx[i] < -size || idx[i] >= size)
-      fatal("%s: index %lld is out of range for axis %d of size %lld", op, (long long)idx[i], axis,
-            (long long)size);
-}
-
-/// Runs of consecutive positions in the indices of a gather of single
-/// elements (inner == 1): index k starts a run of `len` with idx[k + j] ==
-/// idx[k] + j. im2col's indices are such runs (a window tap's row along the
-/// output pixels, stride 1), so its gather copies and its gradient adds
-/// whole runs, vectorized, instead of one element per index. Empty when
-/// the runs average under 4 (then the loop per element is as good).
-struct Run {
-  int64_t k, len, from;
-};
-std::vector<Run> runsOf(const int64_t *idx, int64_t ni, int64_t size) {
-  std::vector<Run> runs;
-  for (int64_t k = 0; k < ni;) {
-    const int64_t from = idx[k] < 0 ? idx[k] + size : idx[k];
-    int64_t len = 1;
-    while (k + len < ni && (idx[k + len] < 0 ? idx[k + len] + size : idx[k + len]) == from + len)
-      ++len;
-    runs.push_back({k, len, from});
-    k += len;
-  }
-  if ((int64_t)runs.size() * 4 > ni)
-    runs.clear();
-  return runs;
-}
-
-} // namespace
-
 template <class T>
 void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y) {
   axis = normAxis(axis, ts.rank, "gather");

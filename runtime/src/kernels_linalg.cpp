@@ -22,6 +22,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -180,6 +181,227 @@ void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, 
     parallelRange(nb, 2, run);
   else
     run(0, nb);
+}
+
+namespace {
+
+/// Where each tap's pixels land in a gather_grad's table row: for tap t,
+/// the segments of positions [q, q + len) that take pixels from, from + 1,
+/// .. (from < 0: no pixel lands there). A position taking a second pixel of
+/// the same tap (the padding element every padded tap reads) keeps the
+/// first; the others are `extra` (tap, pixel, position), by position.
+struct TapInverse {
+  struct Segment {
+    int64_t q, len, from;
+  };
+  std::vector<std::vector<Segment>> taps;
+  std::vector<std::array<int64_t, 3>> extra;
+  int64_t hits = 0; // (tap, position) pairs some pixel lands on
+};
+
+TapInverse invertTaps(const int64_t *idx, int64_t taps, int64_t pixels, int64_t size) {
+  TapInverse r;
+  r.taps.resize(taps);
+  std::vector<int64_t> inv(size);
+  for (int64_t t = 0; t < taps; ++t) {
+    std::fill(inv.begin(), inv.end(), int64_t(-1));
+    for (int64_t p = 0; p < pixels; ++p) {
+      const int64_t v = idx[t * pixels + p], q = v < 0 ? v + size : v;
+      if (inv[q] < 0) {
+        inv[q] = p;
+        ++r.hits;
+      } else {
+        r.extra.push_back({t, p, q});
+      }
+    }
+    for (int64_t q = 0; q < size;) {
+      int64_t len = 1;
+      while (q + len < size && (inv[q] < 0 ? inv[q + len] < 0 : inv[q + len] == inv[q] + len))
+        ++len;
+      r.taps[t].push_back({q, len, inv[q]});
+      q += len;
+    }
+  }
+  std::sort(r.extra.begin(), r.extra.end(),
+            [](const auto &x, const auto &y) { return x[2] != y[2] ? x[2] < y[2] : x[0] < y[0]; });
+  return r;
+}
+
+} // namespace
+
+template <class T>
+void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, Dims ys,
+                        const int64_t *idx, Dims is, T *dtable, Dims ts) {
+  roundInput(a, as.numel(), 0);
+  roundInput(b, bs.numel(), 1);
+  const int ar = as.rank, br = bs.rank, yr = ys.rank;
+  if (ar < 2 || br < 2 || yr != std::max(ar, br) || ts.rank < 1)
+    fatal("matmul_gather_grad: operands of rank %d and %d, a product of rank %d and a table of "
+          "rank %d (ranks >= 2, the product's their maximum, a table of rank >= 1)",
+          ar, br, yr, ts.rank);
+  const int64_t m = transA ? as.d[ar - 1] : as.d[ar - 2];
+  const int64_t k = transA ? as.d[ar - 2] : as.d[ar - 1];
+  const int64_t kb = transB ? bs.d[br - 1] : bs.d[br - 2];
+  const int64_t n = transB ? bs.d[br - 2] : bs.d[br - 1];
+  if (k != kb || ys.d[yr - 2] != m || ys.d[yr - 1] != n)
+    fatal("matmul_gather_grad: [%lld x %lld] @ [%lld x %lld] does not give [%lld x %lld]",
+          (long long)m, (long long)k, (long long)kb, (long long)n, (long long)ys.d[yr - 2],
+          (long long)ys.d[yr - 1]);
+  const Dims batch(ys.d, yr - 2), aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
+  const int64_t nb = batch.numel(), ni = is.numel(), size = ts.d[ts.rank - 1];
+  const int64_t outer = prod(ts, 0, ts.rank - 1);
+  // Each row of the table takes `ni` product elements: `taps` whole rows of
+  // one product matrix, `perMat` table rows to a matrix.
+  if (n == 0 || ni % n != 0 || m % (ni / n) != 0 || nb * (m / (ni / n)) != outer)
+    fatal("matmul_gather_grad: a product of %lld matrices [%lld x %lld] is not %lld rows of "
+          "%lld indices, each whole rows of one matrix",
+          (long long)nb, (long long)m, (long long)n, (long long)outer, (long long)ni);
+  checkIndices("matmul_gather_grad", idx, ni, ts.rank - 1, size);
+  const int64_t taps = ni / n, perMat = m / taps;
+  if (outer == 0 || size == 0)
+    return;
+  if (k == 0 || ni == 0) {
+    fill(dtable, outer * size, T(0));
+    return;
+  }
+  const int64_t lda = as.d[ar - 1], ldb = bs.d[br - 1];
+  const Dims in[2] = {aBatch, bBatch};
+  const Nest<2> nest = broadcastNest<2>("matmul_gather_grad", in, batch);
+  auto offsets = [&](int64_t e, int64_t &offA, int64_t &offB) {
+    forRange(nest, e, e + 1, [&](const int64_t *off, int64_t, int64_t) {
+      offA = off[0];
+      offB = off[1];
+    });
+  };
+  const TapInverse tapInv = invertTaps(idx, taps, n, size);
+  if (2 * tapInv.hits >= taps * size && n >= 1024) {
+    // Most positions take one pixel of each tap (a stride-1 convolution:
+    // the input gradient is the output gradient's windows times the weight
+    // transposed), in images of at least 1024 pixels. Then a table row is
+    // one GEMM with kd * taps terms, not a scatter of products of kd terms
+    // each (measured, bench/conv_grad_probe.cpp: 1.3x at 32x32 images; at
+    // 16x16 and 8x8 its GEMM, only C rows long, runs slower than the
+    // scatter's):
+    //   dtable[c, q] = sum over (o, t) of W'[c, o * taps + t] * G[o * taps + t, q],
+    //   W'[c, o * taps + t] = op(A)[c * taps + t, o],
+    //   G[o * taps + t, q] = op(B)[o, the pixel of tap t landing on q] (0: none),
+    // G packed a block of positions at a time (at most 256K elements),
+    // written straight into the table.
+    const int64_t kk = k * taps, nA = std::max<int64_t>(aBatch.numel(), 1);
+    std::vector<T> wp(static_cast<size_t>(nA * perMat * kk));
+    for (int64_t am = 0; am < nA; ++am)
+      for (int64_t c = 0; c < perMat; ++c)
+        for (int64_t o = 0; o < k; ++o)
+          for (int64_t t = 0; t < taps; ++t) {
+            const int64_t r = c * taps + t;
+            wp[(am * perMat + c) * kk + o * taps + t] =
+                a[am * m * k + (transA ? o * lda + r : r * lda + o)];
+          }
+    int64_t qb = std::max<int64_t>(16, (int64_t(1) << 18) / kk / 16 * 16);
+    qb = std::min(qb, size);
+    const int64_t blocks = (size + qb - 1) / qb, tasks = nb * blocks;
+    auto run = [&](int64_t t0, int64_t t1) {
+      T *g = scratch<T>(0, static_cast<size_t>(kk * qb));
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t e = task / blocks, q0 = (task % blocks) * qb, qw = std::min(qb, size - q0);
+        int64_t offA = 0, offB = 0;
+        offsets(e, offA, offB);
+        const T *bm = b + offB * k * n, *w = wp.data() + offA * perMat * kk;
+        for (int64_t o = 0; o < k; ++o)
+          for (int64_t t = 0; t < taps; ++t) {
+            T *row = g + (o * taps + t) * qw;
+            for (const TapInverse::Segment &sg : tapInv.taps[t]) {
+              const int64_t lo = std::max(sg.q, q0), hi = std::min(sg.q + sg.len, q0 + qw);
+              if (lo >= hi)
+                continue;
+              T *dst = row + (lo - q0);
+              if (sg.from < 0) {
+                std::fill_n(dst, hi - lo, T(0));
+              } else if (!transB) {
+                std::memcpy(dst, bm + o * ldb + sg.from + (lo - sg.q), (hi - lo) * sizeof(T));
+              } else {
+                for (int64_t j = 0; j < hi - lo; ++j)
+                  dst[j] = bm[(sg.from + (lo - sg.q) + j) * ldb + o];
+              }
+            }
+          }
+        T *out = dtable + e * perMat * size + q0;
+        gemm(false, false, perMat, qw, kk, T(1), w, kk, g, qw, T(0), out, size);
+        // The second and later pixels of a tap on one position (the
+        // padding element): their op(B) columns summed per (position, tap),
+        // then one product with the tap's weights.
+        auto it =
+            std::lower_bound(tapInv.extra.begin(), tapInv.extra.end(), q0,
+                             [](const std::array<int64_t, 3> &x, int64_t q) { return x[2] < q; });
+        T *col = scratch<T>(1, static_cast<size_t>(k));
+        while (it != tapInv.extra.end() && (*it)[2] < q0 + qw) {
+          const int64_t t = (*it)[0], q = (*it)[2];
+          std::fill_n(col, k, T(0));
+          for (; it != tapInv.extra.end() && (*it)[0] == t && (*it)[2] == q; ++it) {
+            const int64_t p = (*it)[1];
+            for (int64_t o = 0; o < k; ++o)
+              col[o] += transB ? bm[p * ldb + o] : bm[o * ldb + p];
+          }
+          for (int64_t c = 0; c < perMat; ++c) {
+            T sum = 0;
+            for (int64_t o = 0; o < k; ++o)
+              sum += w[c * kk + o * taps + t] * col[o];
+            dtable[(e * perMat + c) * size + q] += sum;
+          }
+        }
+      }
+    };
+    if (tasks >= 2 * omp_get_max_threads())
+      parallelRange(tasks, 2, run);
+    else
+      run(0, tasks);
+    return;
+  }
+  const std::vector<Run> runs = runsOf(idx, ni, size);
+  // A block of table rows per task: their product rows (at most 64K
+  // elements, a quarter of a core's L2) go from the GEMM to the table while
+  // they are in cache; the product is never whole in memory.
+  const int64_t rowsPer =
+      std::clamp<int64_t>((int64_t(1) << 16) / std::max<int64_t>(ni, 1), 1, perMat);
+  const int64_t blocks = (perMat + rowsPer - 1) / rowsPer, tasks = nb * blocks;
+  auto run = [&](int64_t t0, int64_t t1) {
+    T *block = scratch<T>(0, static_cast<size_t>(rowsPer * ni));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t e = t / blocks, r0 = (t % blocks) * rowsPer;
+      const int64_t rows = std::min(rowsPer, perMat - r0);
+      int64_t offA = 0, offB = 0;
+      offsets(e, offA, offB);
+      const T *am = a + offA * m * k, *bm = b + offB * k * n;
+      // Rows r0 * taps.. of op(A): a row offset, or a column one when A is
+      // stored transposed.
+      const T *ar0 = transA ? am + r0 * taps : am + r0 * taps * lda;
+      gemm(transA, transB, rows * taps, n, k, T(1), ar0, lda, bm, ldb, T(0), block, n);
+      // As gather_grad adds: zeros, then the indices in order.
+      for (int64_t r = 0; r < rows; ++r) {
+        T *dst = dtable + (e * perMat + r0 + r) * size;
+        const T *src = block + r * ni;
+        std::fill_n(dst, size, T(0));
+        if (!runs.empty()) {
+          for (const Run &u : runs) {
+            T *d = dst + u.from;
+            const T *g = src + u.k;
+#pragma omp simd
+            for (int64_t j = 0; j < u.len; ++j)
+              d[j] += g[j];
+          }
+        } else {
+          for (int64_t q = 0; q < ni; ++q)
+            dst[idx[q] < 0 ? idx[q] + size : idx[q]] += src[q];
+        }
+      }
+    }
+  };
+  // Tasks across the threads, each GEMM on its calling thread, where there
+  // are enough of them; otherwise one at a time, OpenBLAS threading each.
+  if (tasks >= 2 * omp_get_max_threads())
+    parallelRange(tasks, 2, run);
+  else
+    run(0, tasks);
 }
 
 //===--- Attention --------------------------------------------------------===//
@@ -383,6 +605,8 @@ void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims v
 
 #define CARVE_FLOATING(T)                                                                          \
   template void matmul<T>(const T *, Dims, bool, const T *, Dims, bool, T *, Dims, bool);          \
+  template void matmul_gather_grad<T>(const T *, Dims, bool, const T *, Dims, bool, Dims,          \
+                                      const int64_t *, Dims, T *, Dims);                           \
   template void attention<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *, Dims,   \
                              T, bool, T *);                                                        \
   template void attention_grad<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *,    \

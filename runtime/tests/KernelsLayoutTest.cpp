@@ -211,6 +211,116 @@ TEST(Gather, RunsOfSingleElements) {
   }
 }
 
+namespace {
+
+/// im2col's indices, tap-major [K, P], of a kh x kw window over an h x w
+/// image (stride `st`, padding 1); taps in the padding read position h * w.
+std::vector<int64_t> im2colIndices(int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t st,
+                                   int64_t &pixels) {
+  const int64_t ho = (h + 2 - kh) / st + 1, wo = (w + 2 - kw) / st + 1;
+  pixels = ho * wo;
+  std::vector<int64_t> idx;
+  for (int64_t ky = 0; ky < kh; ++ky)
+    for (int64_t kx = 0; kx < kw; ++kx)
+      for (int64_t oy = 0; oy < ho; ++oy)
+        for (int64_t ox = 0; ox < wo; ++ox) {
+          const int64_t y = oy * st - 1 + ky, x = ox * st - 1 + kx;
+          idx.push_back(y >= 0 && y < h && x >= 0 && x < w ? y * w + x : h * w);
+        }
+  return idx;
+}
+
+/// matmul_gather_grad against matmul then gather_grad (the two ops it
+/// replaces) on the same operands.
+template <class T>
+void checkMatmulGatherGrad(const std::vector<T> &a, Dims as, bool ta, const std::vector<T> &b,
+                           Dims bs, bool tb, Dims ys, const std::vector<int64_t> &idx, Dims is,
+                           Dims ts, double tol, const std::string &what) {
+  std::vector<T> prod(ys.numel()), want(ts.numel()), got(ts.numel(), T(7));
+  matmul<T>(a.data(), as, ta, b.data(), bs, tb, prod.data(), ys);
+  gather_grad<T>(prod.data(), idx.data(), is, ts.rank - 1, want.data(), ts);
+  matmul_gather_grad<T>(a.data(), as, ta, b.data(), bs, tb, ys, idx.data(), is, got.data(), ts);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::fabs((double)got[i] - (double)want[i]));
+    scale = std::max(scale, std::fabs((double)want[i]));
+  }
+  EXPECT_GT(scale, 0.0) << what;
+  EXPECT_LE(worst, tol * scale) << what << ": largest difference " << worst << " of " << scale;
+}
+
+template <class T> std::vector<T> uniformOf(int64_t n, uint64_t seed) {
+  const Vec v = uniform(n, seed);
+  return std::vector<T>(v.begin(), v.end());
+}
+
+} // namespace
+
+// A convolution's input gradient, the product never whole in memory: the
+// weight [O, C*K] transposed by its flag times dY [N, O, P], scattered into
+// the image [N, C, H*W + 1] by im2col's indices.
+TEST(MatmulGatherGrad, EqualsMatmulThenGatherGrad) {
+  struct Case {
+    int64_t n, c, o, h, w, k, stride;
+  };
+  // Stride 1 at 32x32 (each position takes at most one pixel of each tap,
+  // but the padding element: one GEMM of O * 9 terms over the output
+  // gradient's windows): one block of positions per sample, then several
+  // with a ragged last one (O * 9 = 360 rows: 720 positions to a 256K
+  // block). Smaller images (the product scattered a block of rows at a
+  // time): stride 1, a 1x1 window, stride 2 in small rows (runs average
+  // under 4: the loop per element), and stride 2 in a 64x64 image (a
+  // quarter of the positions hit; 12 channels of 9 taps x 1024 pixels: 7
+  // channels to a block, the last ragged).
+  for (const Case &c :
+       {Case{3, 12, 5, 32, 32, 3, 1}, Case{2, 4, 40, 32, 32, 3, 1}, Case{2, 3, 4, 5, 6, 3, 1},
+        Case{2, 4, 3, 4, 4, 1, 1}, Case{2, 3, 4, 7, 7, 3, 2}, Case{2, 12, 5, 64, 64, 3, 2}}) {
+    int64_t p = 0;
+    const std::vector<int64_t> idx = im2colIndices(c.h, c.w, c.k, c.k, c.stride, p);
+    const int64_t taps = c.k * c.k, ck = c.c * taps, l = c.h * c.w + 1;
+    const Dims as{c.o, ck}, bs{c.n, c.o, p}, ys{c.n, ck, p}, is{taps, p}, ts{c.n, c.c, l};
+    const std::string what = "N" + std::to_string(c.n) + " C" + std::to_string(c.c) + " O" +
+                             std::to_string(c.o) + " " + std::to_string(c.h) + "x" +
+                             std::to_string(c.w) + " k" + std::to_string(c.k) + " s" +
+                             std::to_string(c.stride);
+    // Double: the same sums to rounding (the GEMM's blocking may differ);
+    // float: the same, at float's rounding over O terms.
+    checkMatmulGatherGrad<double>(uniformOf<double>(c.o * ck, 161), as, true,
+                                  uniformOf<double>(c.n * c.o * p, 162), bs, false, ys, idx, is, ts,
+                                  1e-14, what + " (double)");
+    checkMatmulGatherGrad<float>(uniformOf<float>(c.o * ck, 163), as, true,
+                                 uniformOf<float>(c.n * c.o * p, 164), bs, false, ys, idx, is, ts,
+                                 1e-5, what + " (float)");
+  }
+  // Grouped: A [G, Cg*K, Og] (batch G, broadcast over the samples) times dY
+  // [N, G, Og, P]; A stored as is, B transposed by its flag; both ways.
+  for (int64_t side : {int64_t(6), int64_t(32)}) {
+    int64_t p = 0;
+    const std::vector<int64_t> idx = im2colIndices(side, side, 3, 3, 1, p);
+    const int64_t g = 2, cg = 3, og = 4, n = 3, taps = 9;
+    checkMatmulGatherGrad<double>(
+        uniformOf<double>(g * cg * taps * og, 165), {g, cg * taps, og}, false,
+        uniformOf<double>(n * g * p * og, 166), {n, g, p, og}, true, {n, g, cg * taps, p}, idx,
+        {taps, p}, {n, g * cg, side * side + 1}, 1e-14, "grouped " + std::to_string(side));
+  }
+}
+
+TEST(KernelErrors, MatmulGatherGradShapesAreChecked) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::vector<float> a(6, 1.f), b(6, 1.f);
+  std::vector<float> t(8);
+  const int64_t idx[] = {0, 1, 2, 3, 0, 1};
+  // A [3 x 2] x [2 x 3] product is 3 rows of 3, not rows of 4 indices.
+  EXPECT_EXIT(matmul_gather_grad<float>(a.data(), {3, 2}, false, b.data(), {2, 3}, false, {3, 3},
+                                        idx, {4}, t.data(), {2, 4}),
+              testing::ExitedWithCode(1), "carve: error: .*matmul_gather_grad: .*not 2 rows of 4");
+  // Index 5 in rows of 4.
+  const int64_t bad[] = {0, 1, 2, 5, 0, 1, 2, 3, 0};
+  EXPECT_EXIT(matmul_gather_grad<float>(a.data(), {3, 2}, false, b.data(), {2, 3}, false, {3, 3},
+                                        bad, {9}, t.data(), {1, 4}),
+              testing::ExitedWithCode(1), "carve: error: .*index 5 is out of range");
+}
+
 TEST(Expand, Broadcasts) {
   const Dims xs{3, 1}, ys{2, 3, 4};
   const double x[] = {1, 2, 3};

@@ -142,7 +142,8 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
-  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt, args.bucketBytes, epRank);
+  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt, args.bucketBytes, epRank,
+                       args.target == "cpu");
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
   PassProgress *counts = instrumentation.get();
   pm.addInstrumentation(std::move(instrumentation));

@@ -102,8 +102,9 @@ cl::opt<std::string> target("target",
                                      "docs/cuda.md)"),
                             cl::init("cpu"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<bool> noFuse("no-fuse",
-                     cl::desc("Run every elementwise op as its own kernel instead of fusing "
-                              "chains (for comparing; docs/fusion.md)"),
+                     cl::desc("Run every op as its own kernel: no fused elementwise chains, no "
+                              "convolution input gradient computed with its GEMM (for "
+                              "comparing; docs/fusion.md)"),
                      cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<bool> noWeights(
     "no-weights",

@@ -142,6 +142,17 @@ void fromF16(const uint16_t *x, float *y, int64_t n);
 template <class T>
 void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
             bool accumulate = false);
+/// gather_grad(op(a) @ op(b) viewed as the table's rows, idx, last axis)
+/// without the product in memory: an im2col convolution's input gradient,
+/// whose product (the windows' gradient, kernel-size times the image) goes
+/// to the table a block of rows at a time while it is in cache. `ys` is the
+/// product's shape; row r of `dtable` ([..., size]) takes product elements
+/// r * is.numel() .. (r + 1) * is.numel() - 1, whole rows of one product
+/// matrix. The table's sums run in gather_grad's order; the product's own
+/// may round differently than matmul's whole GEMM (summation order only).
+template <class T>
+void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, Dims ys,
+                        const int64_t *idx, Dims is, T *dtable, Dims ts);
 
 //===--- Reductions and normalization -------------------------------------===//
 
