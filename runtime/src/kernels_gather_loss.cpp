@@ -93,17 +93,8 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
       // A task owns whole rows of the table, and adds the runs in index
       // order: the same sums in the same order as the loop below.
       parallelRange(outer, unitsFor(ni), [&](int64_t b, int64_t e) {
-        for (int64_t o = b; o < e; ++o) {
-          T *dst = dtable + o * size;
-          const T *src = dy + o * ni;
-          for (const Run &r : runs) {
-            T *d = dst + r.from;
-            const T *g = src + r.k;
-#pragma omp simd
-            for (int64_t j = 0; j < r.len; ++j)
-              d[j] += g[j];
-          }
-        }
+        for (int64_t o = b; o < e; ++o)
+          addRuns(dtable + o * size, dy + o * ni, runs);
       });
       return;
     }

@@ -288,7 +288,7 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
     // G packed a block of positions at a time (at most 256K elements),
     // written straight into the table.
     const int64_t kk = k * taps, nA = std::max<int64_t>(aBatch.numel(), 1);
-    std::vector<T> wp(static_cast<size_t>(nA * perMat * kk));
+    T *wp = scratch<T>(2, static_cast<size_t>(nA * perMat * kk)); // shared with the team
     for (int64_t am = 0; am < nA; ++am)
       for (int64_t c = 0; c < perMat; ++c)
         for (int64_t o = 0; o < k; ++o)
@@ -306,7 +306,7 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
         const int64_t e = task / blocks, q0 = (task % blocks) * qb, qw = std::min(qb, size - q0);
         int64_t offA = 0, offB = 0;
         offsets(e, offA, offB);
-        const T *bm = b + offB * k * n, *w = wp.data() + offA * perMat * kk;
+        const T *bm = b + offB * k * n, *w = wp + offA * perMat * kk;
         for (int64_t o = 0; o < k; ++o)
           for (int64_t t = 0; t < taps; ++t) {
             T *row = g + (o * taps + t) * qw;
@@ -382,13 +382,7 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
         const T *src = block + r * ni;
         std::fill_n(dst, size, T(0));
         if (!runs.empty()) {
-          for (const Run &u : runs) {
-            T *d = dst + u.from;
-            const T *g = src + u.k;
-#pragma omp simd
-            for (int64_t j = 0; j < u.len; ++j)
-              d[j] += g[j];
-          }
+          addRuns(dst, src, runs);
         } else {
           for (int64_t q = 0; q < ni; ++q)
             dst[idx[q] < 0 ? idx[q] + size : idx[q]] += src[q];

@@ -127,6 +127,18 @@ inline std::vector<Run> runsOf(const int64_t *idx, int64_t ni, int64_t size) {
   return runs;
 }
 
+/// dst[r.from + j] += src[r.k + j] for every run, in order (the sums of one
+/// table row of gather_grad).
+template <class T> void addRuns(T *dst, const T *src, const std::vector<Run> &runs) {
+  for (const Run &r : runs) {
+    T *d = dst + r.from;
+    const T *g = src + r.k;
+#pragma omp simd
+    for (int64_t j = 0; j < r.len; ++j)
+      d[j] += g[j];
+  }
+}
+
 //===--- Row helpers ------------------------------------------------------===//
 
 /// Max of a row. A NaN entry may be skipped; its exp(x - max) is NaN anyway in
