@@ -168,6 +168,10 @@ std::string expertNormSum(const EmitOptions &opts);
 std::string precisionLine(const EmitOptions &opts);
 /// The namespace whose kernels the step calls (the same names on both targets).
 std::string usingLine(const EmitOptions &opts);
+/// CPU target: the lines that open and close the functions built at -O1
+/// (CARVE_GLUE_BEGIN and CARVE_GLUE_END of carve/rt/program.h).
+std::string glueBegin();
+std::string glueEnd();
 
 /// The `extern "C"` declarations of the user's kernels (none: nothing).
 void emitCustomKernelDecls(llvm::raw_ostream &os,

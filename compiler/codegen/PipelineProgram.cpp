@@ -80,8 +80,9 @@ void emitRankPreamble(llvm::raw_ostream &os, const RankProgram &rp) {
     os << "// ==== Stage " << c * p + pipe.rank << " (chunk " << c << " of this rank) ====\n"
        << "namespace c" << c << " {\n\n"
        << chunks[c].constants << "\n"
-       << chunks[c].forward << "\n"
-       << chunks[c].backward << "\n} // namespace c" << c << "\n\n";
+       << (opts.cuda() ? "" : glueBegin()) << chunks[c].forward << "\n"
+       << chunks[c].backward << "\n"
+       << (opts.cuda() ? "" : glueEnd()) << "} // namespace c" << c << "\n\n";
   }
 }
 
@@ -458,9 +459,13 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   llvm::raw_string_ostream os(src);
   codegen::emitRankPreamble(os, rp);
   codegen::emitPoolOffsets(os, rp);
+  if (!opts.cuda())
+    os << codegen::glueBegin();
   codegen::emitSchedule(os, rp);
   codegen::emitRankTail(os, rp);
   codegen::emitEvaluate(os, rp);
+  if (!opts.cuda())
+    os << codegen::glueEnd() << "\n";
 
   // Tables.
   std::vector<TensorRow> params, inputs = chunks[0].inputs;

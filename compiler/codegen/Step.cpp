@@ -456,7 +456,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
        << "// captures in a CUDA graph and replays (graphStep in step below; docs/cuda.md).\n"
        << "void forwardBackward(StepContext &ctx) {\n  char *const A = ctx.arena;\n";
   } else {
-    os << "void step(StepContext &ctx) {\n";
+    os << glueBegin() << "void step(StepContext &ctx) {\n";
     os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
   }
   os << "  // ---- Inputs, parameters and buffers ----\n";
@@ -481,7 +481,9 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
      << precisionLine(opts) << "  // ---- Inputs, parameters and buffers ----\n";
   for (BlockArgument a : fn.getArguments())
     os << argumentPointer(a, false);
-  os << "\n  // ---- Forward ----\n\n" << body.substr(0, forwardEnd) << evalTail << "}\n\n";
+  os << "\n  // ---- Forward ----\n\n"
+     << body.substr(0, forwardEnd) << evalTail << "}\n"
+     << (opts.cuda() ? "" : glueEnd()) << "\n";
 
   if (!inputRows.empty())
     out.vocab = tokenVocab(fn, inputRows[0].name, opts.tp);

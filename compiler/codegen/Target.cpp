@@ -182,6 +182,14 @@ std::string usingLine(const EmitOptions &opts) {
                      : "using namespace carve::rt;\n";
 }
 
+std::string glueBegin() {
+  return "// The functions from here to CARVE_GLUE_END are kernel calls in order: built at -O1\n"
+         "// (carve/rt/program.h). The fused chains above keep -O3.\n"
+         "CARVE_GLUE_BEGIN\n\n";
+}
+
+std::string glueEnd() { return "CARVE_GLUE_END\n"; }
+
 std::string Generator::seedStore(const std::string &ptr, const std::string &value) const {
   std::string v = opts.precision == "fp16" ? "(" + value + ") * ctx.lossScale" : value;
   if (opts.cuda())

@@ -138,6 +138,8 @@ namespace {
 
 using namespace carve;
 
+// kMaxInputs and kMaxOutputs: the runtime's kMaxFusedInputs and
+// kMaxFusedOutputs (carve/rt/fused.h), which a generated program checks.
 constexpr size_t kMaxOps = 16, kMaxInputs = 8, kMaxOutputs = 4;
 
 /// The grouping of one function (the rules in Passes.td).

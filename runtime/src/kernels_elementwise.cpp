@@ -18,6 +18,7 @@
 #endif
 
 #include "carve/rt/elementwise.h"
+#include "carve/rt/fused.h"
 #include "carve/rt/philox.h"
 #include "kernels_loops.h"
 
@@ -398,5 +399,43 @@ CARVE_CAST_FROM(int64_t)
 CARVE_CAST_FROM(int32_t)
 CARVE_CAST_FROM(uint8_t)
 #undef CARVE_CAST_FROM
+
+//===--- Fused chains (fused.h) -------------------------------------------===//
+
+void fusedRun(const char *what, int ni, int no, const float *const *in, const Dims *shapes,
+              float *const *out, const Dims &ys, const void *f, FusedRun contiguous,
+              FusedRun strided) {
+  if (ni < 1 || ni > kMaxFusedInputs || no < 1 || no > kMaxFusedOutputs)
+    fatal("%s: %d inputs and %d outputs (a fused chain has 1 to %d and 1 to %d)", what, ni, no,
+          kMaxFusedInputs, kMaxFusedOutputs);
+  const int64_t total = ys.numel();
+  if (total == 0)
+    return;
+  // The slots past ni as scalars: stride 0 everywhere, so they neither move
+  // nor keep dimensions from merging.
+  Dims padded[kMaxFusedInputs];
+  for (int k = 0; k < ni; ++k)
+    padded[k] = shapes[k];
+  const Nest<kMaxFusedInputs> n = broadcastNest<kMaxFusedInputs>(what, padded, ys);
+  bool allContiguous = true;
+  for (int k = 0; k < ni; ++k)
+    allContiguous = allContiguous && n.inner(k) == 1;
+  const FusedRun body = allContiguous ? contiguous : strided;
+  int64_t inner[kMaxFusedInputs];
+  for (int k = 0; k < ni; ++k)
+    inner[k] = n.inner(k);
+  const int64_t traffic = total * (ni + no);
+  parallelRange(total, traffic < 2 * kParallelMin ? total + 1 : 2, [&](int64_t e0, int64_t e1) {
+    forRange(n, e0, e1, [&](const int64_t *off, int64_t e, int64_t len) {
+      const float *p[kMaxFusedInputs];
+      float *q[kMaxFusedOutputs];
+      for (int k = 0; k < ni; ++k)
+        p[k] = in[k] + off[k];
+      for (int j = 0; j < no; ++j)
+        q[j] = out[j] + e;
+      body(f, p, inner, q, len);
+    });
+  });
+}
 
 } // namespace carve::rt

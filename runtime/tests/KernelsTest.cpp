@@ -15,6 +15,8 @@
 
 #include "KernelsTesting.h"
 
+#include "carve/rt/fused.h"
+
 using namespace carve::rt;
 using namespace kernels_test;
 
@@ -340,6 +342,99 @@ TEST(FillCopy, LargeAndSmall) {
     copy<int64_t>(src.data(), dst.data(), n);
     EXPECT_EQ(src, dst);
   }
+}
+
+// fused(): the chain per element, each input broadcast (NumPy rules), against
+// the same functor called on every output position by hand. Shapes that
+// coalesce to one run, broadcasts along the inner and outer dimensions (the
+// strided runs), a scalar output, the most inputs and outputs a chain has,
+// and one large enough for the OpenMP team; the results are bitwise equal,
+// as the functor is the same code.
+struct FusedThree {
+  void operator()(const float (&x)[3], float (&y)[2]) const {
+    const float t = x[0] * x[1];
+    y[0] = t + x[2];
+    y[1] = t;
+  }
+};
+struct FusedWide {
+  void operator()(const float (&x)[kMaxFusedInputs], float (&y)[kMaxFusedOutputs]) const {
+    float s = 0.f;
+    for (int k = 0; k < kMaxFusedInputs; ++k)
+      s = s * 0.5f + x[k];
+    for (int j = 0; j < kMaxFusedOutputs; ++j)
+      y[j] = s + float(j);
+  }
+};
+
+/// The offset in an input of shape `s` of output position `pos` (shape ys).
+int64_t broadcastOffset(const Dims &s, const Dims &ys, const int64_t *pos) {
+  int64_t off = 0;
+  for (int i = 0; i < s.rank; ++i) {
+    const int64_t p = pos[ys.rank - s.rank + i];
+    off = off * s.d[i] + (s.d[i] == 1 ? 0 : p);
+  }
+  return off;
+}
+
+template <int NI, int NO, class F> void checkFused(const Dims (&shapes)[NI], Dims ys) {
+  std::vector<std::vector<float>> ins(NI);
+  const float *in[NI];
+  for (int k = 0; k < NI; ++k) {
+    const Vec v = uniform(std::max<int64_t>(shapes[k].numel(), 1), 40 + k);
+    ins[k].assign(v.begin(), v.end());
+    in[k] = ins[k].data();
+  }
+  const int64_t n = ys.numel();
+  std::vector<std::vector<float>> outs(NO, std::vector<float>(std::max<int64_t>(n, 1), -7.f));
+  float *out[NO];
+  for (int j = 0; j < NO; ++j)
+    out[j] = outs[j].data();
+  fused("test chain", F{}, in, shapes, out, ys);
+  int64_t pos[kMaxRank] = {};
+  for (int64_t e = 0; e < n; ++e) {
+    float x[NI], y[NO];
+    for (int k = 0; k < NI; ++k)
+      x[k] = in[k][broadcastOffset(shapes[k], ys, pos)];
+    F{}(x, y);
+    for (int j = 0; j < NO; ++j)
+      ASSERT_EQ(outs[j][e], y[j]) << "output " << j << ", element " << e << " of " << n;
+    for (int i = ys.rank - 1; i >= 0 && ++pos[i] == ys.d[i]; --i)
+      pos[i] = 0;
+  }
+}
+
+TEST(Fused, BroadcastsLikeTheUnfusedKernels) {
+  // Contiguous: one run.
+  checkFused<3, 2, FusedThree>({Dims{4, 5, 6}, Dims{4, 5, 6}, Dims{4, 5, 6}}, {4, 5, 6});
+  // A bias along the last axis (contiguous runs) and a per-row scale (strided).
+  checkFused<3, 2, FusedThree>({Dims{4, 5, 6}, Dims{6}, Dims{4, 5, 1}}, {4, 5, 6});
+  // A channel broadcast in the middle, a scalar, an input of lower rank.
+  checkFused<3, 2, FusedThree>({Dims{2, 3, 4, 5}, Dims{3, 1, 1}, Dims{}}, {2, 3, 4, 5});
+  // Every input broadcast: the output is an outer product.
+  checkFused<3, 2, FusedThree>({Dims{7, 1}, Dims{1, 9}, Dims{1}}, {7, 9});
+  // A rank-0 output, and an empty one (nothing written, nothing read).
+  checkFused<3, 2, FusedThree>({Dims{}, Dims{}, Dims{}}, Dims{});
+  checkFused<3, 2, FusedThree>({Dims{0, 4}, Dims{4}, Dims{}}, {0, 4});
+  // The most inputs and outputs of a chain, some broadcast.
+  checkFused<kMaxFusedInputs, kMaxFusedOutputs, FusedWide>(
+      {Dims{3, 8}, Dims{8}, Dims{3, 1}, Dims{3, 8}, Dims{}, Dims{1, 8}, Dims{3, 8}, Dims{3, 8}},
+      {3, 8});
+  // Large enough to split over the OpenMP team, with runs that straddle the
+  // threads' boundaries.
+  checkFused<3, 2, FusedThree>({Dims{37, 1001}, Dims{1001}, Dims{37, 1}}, {37, 1001});
+  checkFused<3, 2, FusedThree>({Dims{300, 301}, Dims{300, 301}, Dims{300, 301}}, {300, 301});
+}
+
+TEST(KernelErrors, FusedShapeThatDoesNotBroadcastIsFatal) {
+  const std::vector<float> a(12), b(5);
+  float y0[12], y1[12];
+  const float *in[] = {a.data(), b.data(), a.data()};
+  const Dims shapes[] = {Dims{3, 4}, Dims{5}, Dims{3, 4}};
+  float *out[] = {y0, y1};
+  EXPECT_EXIT(fused("Fused7 (mul, add)", FusedThree{}, in, shapes, out, {3, 4}),
+              testing::ExitedWithCode(1),
+              "Fused7 \\(mul, add\\): dimension 1 of size 5 does not broadcast to size 4");
 }
 
 } // namespace

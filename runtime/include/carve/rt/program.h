@@ -20,6 +20,22 @@
 #include <memory>
 #include <string>
 
+// A generated CPU program's step, evaluate and pipeline-stage functions are a
+// sequence of kernel calls and pointer arithmetic, compiled between
+// CARVE_GLUE_BEGIN and CARVE_GLUE_END at GCC's -O1 instead of the build's
+// -O3: -O3 spent most of a program's compile time inlining and scheduling
+// them (a ResNet-18 step: 21 s at -O3, 11 s at -O1; docs/performance.md) for
+// no measurable gain, the time being in the kernels. The fused chains'
+// functors and loops (fused.h) are defined before CARVE_GLUE_BEGIN and keep
+// -O3 and their vectorized loops. Other compilers build it all as the flags say.
+#if defined(__GNUC__) && !defined(__clang__)
+#define CARVE_GLUE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"O1\")")
+#define CARVE_GLUE_END _Pragma("GCC pop_options")
+#else
+#define CARVE_GLUE_BEGIN
+#define CARVE_GLUE_END
+#endif
+
 namespace carve::rt {
 
 /// BF16 and F16: 16-bit copies of fp32 master weights (TensorSpec::copyType).
