@@ -9,9 +9,12 @@
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #ifndef CARVE_RUNTIME_CONFIG
 #error "CARVE_RUNTIME_CONFIG must name build/lib/carve-runtime.txt"
@@ -93,25 +96,23 @@ std::vector<std::string> splitWords(const std::string &s) {
   return out;
 }
 
-/// Runs the C++ compiler with `argv`; on failure keeps its log beside OUT
-/// and fails naming `what` and the first error.
-void runCompiler(const std::string &cxxName, const std::vector<std::string> &argv,
-                 const std::string &log, const std::string &out, const std::string &what,
-                 const std::string &linkHint) {
-  std::vector<StringRef> refs(argv.begin(), argv.end());
-  std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log), StringRef(log)};
-  std::string execError;
-  auto cxx = sys::findProgramByName(cxxName);
-  if (!cxx)
-    fail("the C++ compiler '" + cxxName + "' was not found");
-  int rc = sys::ExecuteAndWait(*cxx, refs, std::nullopt, redirects, 0, 0, &execError);
-  if (rc == 0)
-    return;
+/// One run of the C++ (or CUDA) compiler: its command line, the file its
+/// output goes to, and what it builds (for the error message).
+struct CompilerRun {
+  std::vector<std::string> argv;
+  std::string log;
+  std::string what;
+  std::string linkHint; // appended when the log names an undefined symbol
+};
+
+/// The message of a compiler run that failed: the compiler's "error:" line,
+/// or the linker's line naming a missing symbol ("collect2: error" does
+/// not); its log is kept as OUT.build.log.
+[[noreturn]] void compilerFailed(const CompilerRun &run, const std::string &out,
+                                 const std::string &execError) {
   std::string text;
-  if (auto buf = MemoryBuffer::getFile(log))
+  if (auto buf = MemoryBuffer::getFile(run.log))
     text = (*buf)->getBuffer().str();
-  // The compiler's "error:" line, or the linker's line naming a missing
-  // symbol ("collect2: error" does not).
   std::string first, undefined;
   std::istringstream in(text);
   std::string line;
@@ -123,14 +124,74 @@ void runCompiler(const std::string &cxxName, const std::vector<std::string> &arg
   }
   // Keep the log where the user can read it.
   std::string kept = out + ".build.log";
-  sys::fs::copy_file(log, kept);
-  fail(std::string(StringRef(cxxName).contains("nvcc") ? "the CUDA compiler (nvcc)"
-                                                       : "the C++ compiler") +
-       " failed on " + what + " (" +
+  sys::fs::copy_file(run.log, kept);
+  fail(std::string(StringRef(run.argv[0]).contains("nvcc") ? "the CUDA compiler (nvcc)"
+                                                           : "the C++ compiler") +
+       " failed on " + run.what + " (" +
        (!execError.empty()   ? execError
         : !undefined.empty() ? undefined
                              : first) +
-       ")" + (undefined.empty() ? "" : linkHint) + "; full log: " + kept);
+       ")" + (undefined.empty() ? "" : run.linkHint) + "; full log: " + kept);
+}
+
+/// Runs the compiler runs, at most `parallel` at once, in order. On the first
+/// that fails, waits for those still running, then fails naming it.
+void runCompilers(const std::vector<CompilerRun> &runs, unsigned parallel, const std::string &out) {
+  struct Running {
+    size_t index;
+    sys::ProcessInfo pi;
+  };
+  std::vector<Running> running;
+  std::optional<size_t> failed;
+  std::string failedError;
+  size_t next = 0;
+  while (next < runs.size() || !running.empty()) {
+    while (!failed && next < runs.size() && running.size() < std::max(1u, parallel)) {
+      const CompilerRun &r = runs[next];
+      auto exe = sys::findProgramByName(r.argv[0]);
+      if (!exe)
+        fail("the C++ compiler '" + r.argv[0] + "' was not found");
+      std::vector<StringRef> refs(r.argv.begin(), r.argv.end());
+      std::optional<StringRef> redirects[] = {std::nullopt, StringRef(r.log), StringRef(r.log)};
+      std::string execError;
+      bool execFailed = false;
+      sys::ProcessInfo pi =
+          sys::ExecuteNoWait(*exe, refs, std::nullopt, redirects, 0, &execError, &execFailed);
+      if (execFailed) {
+        failed = next;
+        failedError = execError;
+        ++next;
+        break;
+      }
+      running.push_back({next++, pi});
+    }
+    if (running.empty())
+      break;
+    // The oldest first: its output is what the user waits for.
+    std::string waitError;
+    sys::ProcessInfo done = sys::Wait(running.front().pi, std::nullopt, &waitError);
+    const size_t index = running.front().index;
+    running.erase(running.begin());
+    if (done.ReturnCode != 0 && (!failed || index < *failed)) {
+      failed = index;
+      failedError = done.ReturnCode < 0 ? waitError : "";
+    }
+  }
+  if (failed)
+    compilerFailed(runs[*failed], out, failedError);
+}
+
+/// How many compilers run at once on a plan of several programs: the
+/// hardware threads, or CARVE_BUILD_JOBS.
+unsigned buildJobs() {
+  if (const char *env = getenv("CARVE_BUILD_JOBS")) {
+    char *end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end == env || *end || n < 1 || n > 1024)
+      fail(std::string("CARVE_BUILD_JOBS=") + env + ": not a number of jobs from 1 to 1024");
+    return static_cast<unsigned>(n);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 /// Under CARVE_CUDA_EMULATION: `kernel<<<config>>>(` becomes
@@ -236,23 +297,40 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
     objects.push_back(dir + "/obj/" + name + ".o");
     for (const std::string &a : {std::string("-c"), compiled, std::string("-o"), objects.back()})
       argv.push_back(a);
-    runCompiler(argv[0], argv, log, in.out,
-                src + std::string(in.cuda ? ", a CUDA" : ", a") +
-                    " kernel source of the rules file " + in.rulesPath,
-                "");
+    runCompilers({{argv, log,
+                   src + std::string(in.cuda ? ", a CUDA" : ", a") +
+                       " kernel source of the rules file " + in.rulesPath,
+                   ""}},
+                 1, in.out);
     progress.done("custom op kernels");
   }
-  // One object per program, so that the progress names the rank being built.
+  // One object per program. Several programs (pipeline stages, expert
+  // groups) compile at once, up to buildJobs(), each with its own log; the
+  // progress then names them together.
+  std::vector<CompilerRun> runs;
   for (size_t r = 0; r < in.programs.size(); ++r) {
     const std::string &n = in.programs[r];
-    progress.start(kind + n);
     std::vector<std::string> argv = compilerArgs();
     objects.push_back(dir + "/obj/" + n + ".o");
     for (const std::string &a :
          {std::string("-c"), dir + "/src/" + n + ext, std::string("-o"), objects.back()})
       argv.push_back(a);
-    runCompiler(argv[0], argv, log, in.out, "the generated program (src/" + n + ext + ")", "");
-    progress.done(in.programNote(r));
+    runs.push_back({argv, in.programs.size() > 1 ? dir + "/build-" + n + ".log" : log,
+                    "the generated program (src/" + n + ext + ")", ""});
+  }
+  const unsigned jobs = std::min<size_t>(buildJobs(), runs.size());
+  if (jobs <= 1) {
+    for (size_t r = 0; r < runs.size(); ++r) {
+      progress.start(kind + in.programs[r]);
+      runCompilers({runs[r]}, 1, in.out);
+      progress.done(in.programNote(r));
+    }
+  } else {
+    progress.start(kind + std::to_string(runs.size()) + " programs");
+    runCompilers(runs, jobs, in.out);
+    for (const CompilerRun &r : runs)
+      sys::fs::remove(r.log);
+    progress.done(std::to_string(jobs) + " at a time");
   }
   progress.start("C++ link");
   std::vector<std::string> argv = {cfg["cxx"]};
@@ -266,11 +344,13 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
     argv.push_back(w);
   argv.push_back("-o");
   argv.push_back(dir + "/bin/train");
-  runCompiler(cfg["cxx"], argv, log, in.out, "the generated program",
-              in.kernelSources.empty()
-                  ? ""
-                  : "; do the " + std::string(in.cuda ? "\"cuda\"" : "\"cpu\"") + " sources of " +
-                        in.rulesPath + " define every kernel it names, as extern \"C\"?");
+  runCompilers(
+      {{argv, log, "the generated program",
+        in.kernelSources.empty()
+            ? ""
+            : "; do the " + std::string(in.cuda ? "\"cuda\"" : "\"cpu\"") + " sources of " +
+                  in.rulesPath + " define every kernel it names, as extern \"C\"?"}},
+      1, in.out);
   sys::fs::remove_directories(dir + "/obj");
   progress.done("bin/train");
 }
