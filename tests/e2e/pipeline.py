@@ -360,6 +360,15 @@ def main():
             except (Failure, subprocess.TimeoutExpired, OSError) as e:
                 failures.append("bad plan " + label)
                 print("FAIL bad plan %s: %s" % (label, e))
+    if not args.only:
+        label = "pp2: its two programs compiled at once, and a failed build of them"
+        try:
+            note = check_parallel_build(args.carve, onnx_path, mdir)
+            checked += 1
+            print("ok   %s (%s)" % (label, note))
+        except (Failure, subprocess.TimeoutExpired, OSError) as e:
+            failures.append(label)
+            print("FAIL %s: %s" % (label, e))
     print("%d passed, %d failed" % (checked, len(failures)))
     if failures:
         print("failed: " + ", ".join(failures))
@@ -422,6 +431,69 @@ def check_bad(carve, onnx_path, mdir, label, plan, expect):
         raise Failure("the error does not say %r: %s" % (expect, err))
     if os.path.exists(out):
         raise Failure("a failed compile left %s behind" % out)
+
+
+def check_parallel_build(carve, onnx_path, mdir):
+    """A pp=2 plan has two distinct programs: with CARVE_BUILD_JOBS=2 they
+    compile at once (one progress line, no per-program log left in OUT) into
+    the same sources as one at a time; a compiler that fails on them (a
+    runtime config with a flag it refuses) exits 1 naming program0's source,
+    keeps the log as OUT.build.log and leaves no OUT; CARVE_BUILD_JOBS=x is
+    refused in one line."""
+    plan = os.path.join(mdir, "parallel-build.plan.json")
+    with open(plan, "w") as f:
+        json.dump({"pp": 2, "num_micro_batches": 2}, f)
+    outs = {}
+    for jobs in ("1", "2"):
+        out = os.path.join(mdir, "parallel-build-j" + jobs)
+        env = dict(os.environ, CARVE_BUILD_JOBS=jobs)
+        p = subprocess.run([carve, "compile", onnx_path, "--plan", plan, "-o", out], env=env,
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            raise Failure("CARVE_BUILD_JOBS=%s: compile failed: %s" % (jobs, p.stderr.strip()))
+        lines = [ln for ln in p.stdout.splitlines() if "C++ build" in ln]
+        want = (["C++ build program0", "C++ build program1"] if jobs == "1"
+                else ["C++ build 2 programs"])
+        if len(lines) != len(want) or any(w not in ln for w, ln in zip(want, lines)):
+            raise Failure("CARVE_BUILD_JOBS=%s: progress %s, expected %s" % (jobs, lines, want))
+        if jobs == "2" and not lines[0].rstrip().endswith("2 at a time"):
+            raise Failure("the parallel build's line does not say '2 at a time': %s" % lines[0])
+        logs = [f for f in os.listdir(out) if f.startswith("build-")]
+        if logs:
+            raise Failure("CARVE_BUILD_JOBS=%s left %s in OUT" % (jobs, logs))
+        outs[jobs] = out
+    for n in ("program0.cpp", "program1.cpp"):
+        with open(os.path.join(outs["1"], "src", n)) as a, \
+                open(os.path.join(outs["2"], "src", n)) as b:
+            if a.read() != b.read():
+                raise Failure("src/%s differs between one and two jobs" % n)
+    cfg_path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(carve))), "lib",
+                            "carve-runtime.txt")
+    with open(cfg_path) as f:
+        cfg = f.read()
+    bad_cfg = os.path.join(mdir, "bad-runtime.txt")
+    with open(bad_cfg, "w") as f:
+        f.write(cfg.replace("cxxflags=", "cxxflags=-fno-such-carve-flag ", 1))
+    out = os.path.join(mdir, "parallel-build-bad")
+    for env, expect in [({"CARVE_RUNTIME_CONFIG": bad_cfg, "CARVE_BUILD_JOBS": "2"},
+                         "the C++ compiler failed on the generated program (src/program0.cpp)"),
+                        ({"CARVE_BUILD_JOBS": "x"},
+                         "CARVE_BUILD_JOBS=x: not a number of jobs from 1 to 1024")]:
+        if os.path.exists(out + ".build.log"):
+            os.remove(out + ".build.log")
+        p = subprocess.run([carve, "compile", onnx_path, "--plan", plan, "-o", out, "--quiet"],
+                           env=dict(os.environ, **env), capture_output=True, text=True,
+                           timeout=600)
+        err = p.stderr.strip()
+        if p.returncode != 1 or len(err.splitlines()) != 1 or expect not in err:
+            raise Failure("%s: expected exit 1 and one line with %r, got %d: %s"
+                          % (env, expect, p.returncode, err))
+        if os.path.exists(out):
+            raise Failure("%s: a failed compile left %s behind" % (env, out))
+        if "CARVE_RUNTIME_CONFIG" in env and "-fno-such-carve-flag" not in open(
+                out + ".build.log").read():
+            raise Failure("OUT.build.log does not hold the compiler's complaint")
+    return "one and two jobs give the same sources; failures name program0"
 
 
 if __name__ == "__main__":

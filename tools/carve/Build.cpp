@@ -307,6 +307,7 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
   // One object per program. Several programs (pipeline stages, expert
   // groups) compile at once, up to buildJobs(), each with its own log; the
   // progress then names them together.
+  const unsigned jobs = std::min<size_t>(buildJobs(), in.programs.size());
   std::vector<CompilerRun> runs;
   for (size_t r = 0; r < in.programs.size(); ++r) {
     const std::string &n = in.programs[r];
@@ -315,10 +316,9 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
     for (const std::string &a :
          {std::string("-c"), dir + "/src/" + n + ext, std::string("-o"), objects.back()})
       argv.push_back(a);
-    runs.push_back({argv, in.programs.size() > 1 ? dir + "/build-" + n + ".log" : log,
+    runs.push_back({argv, jobs > 1 ? dir + "/build-" + n + ".log" : log,
                     "the generated program (src/" + n + ext + ")", ""});
   }
-  const unsigned jobs = std::min<size_t>(buildJobs(), runs.size());
   if (jobs <= 1) {
     for (size_t r = 0; r < runs.size(); ++r) {
       progress.start(kind + in.programs[r]);
