@@ -31,6 +31,11 @@ What must hold (the pipeline issue's acceptance criteria):
    next; the receiving stage must accumulate it (it once dropped it, and
    trained fc2 without a gradient). `carve verify` against 1 rank, and the
    generated stage accumulates what it received.
+6. The pp=2 plan's two programs compile at once (CARVE_BUILD_JOBS=2: one
+   progress line, no per-program log left in OUT) into the same sources as
+   one at a time; a compiler that fails on them exits 1 naming program0's
+   source, keeps OUT.build.log and leaves no OUT; CARVE_BUILD_JOBS=x is
+   refused in one line.
 
 Optimizer and tolerances as in parallel.py (SGD with momentum, clipping at 0.5
 active on every step): micro-batching and pipelining change only the order of

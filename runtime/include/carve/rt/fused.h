@@ -59,50 +59,33 @@ void fusedRun(const char *what, int ni, int no, const float *const *in, const Di
               float *const *out, const Dims &ys, const void *f, FusedRun contiguous,
               FusedRun strided);
 
-/// A run whose inputs are all contiguous along it.
-template <int NI, int NO, class F>
-void fusedContiguous(const void *f, const float *const *p, const int64_t *, float *const *q,
-                     int64_t len) {
+/// One run, its inputs contiguous along it (Strided false: fusedContiguous)
+/// or some broadcast along it (stride 0; Strided true: fusedStrided).
+template <int NI, int NO, class F, bool Strided>
+void fusedLoop(const void *f, const float *const *p, const int64_t *s, float *const *q,
+               int64_t len) {
   // Local copies: state reached through a pointer could alias an output,
   // which would keep the loop from vectorizing.
-  const F g = *static_cast<const F *>(f);
-  const float *pk[NI];
-  float *qj[NO];
-  for (int k = 0; k < NI; ++k)
-    pk[k] = p[k];
-  for (int j = 0; j < NO; ++j)
-    qj[j] = q[j];
-  for (int64_t i = 0; i < len; ++i) {
-    float x[NI], y[NO];
-    for (int k = 0; k < NI; ++k)
-      x[k] = pk[k][i];
-    g(x, y);
-    for (int j = 0; j < NO; ++j)
-      qj[j][i] = y[j];
-  }
-}
-
-/// A run where some input is broadcast along it (stride 0).
-template <int NI, int NO, class F>
-void fusedStrided(const void *f, const float *const *p, const int64_t *s, float *const *q,
-                  int64_t len) {
   const F g = *static_cast<const F *>(f);
   const float *pk[NI];
   int64_t sk[NI];
   float *qj[NO];
   for (int k = 0; k < NI; ++k)
-    pk[k] = p[k], sk[k] = s[k];
+    pk[k] = p[k], sk[k] = Strided ? s[k] : 1;
   for (int j = 0; j < NO; ++j)
     qj[j] = q[j];
   for (int64_t i = 0; i < len; ++i) {
     float x[NI], y[NO];
     for (int k = 0; k < NI; ++k)
-      x[k] = pk[k][i * sk[k]];
+      x[k] = pk[k][Strided ? i * sk[k] : i];
     g(x, y);
     for (int j = 0; j < NO; ++j)
       qj[j][i] = y[j];
   }
 }
+template <int NI, int NO, class F>
+constexpr FusedRun fusedContiguous = &fusedLoop<NI, NO, F, false>;
+template <int NI, int NO, class F> constexpr FusedRun fusedStrided = &fusedLoop<NI, NO, F, true>;
 
 /// out[j][e] = f(in[0][e'], ..., in[NI-1][e'])[j] for every element e of the
 /// output shape `ys` (e' the broadcast position in each input). `what` names
@@ -112,8 +95,8 @@ void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&sha
            float *const (&out)[NO], Dims ys) {
   static_assert(NI >= 1 && NI <= kMaxFusedInputs && NO >= 1 && NO <= kMaxFusedOutputs,
                 "a fused chain's inputs and outputs exceed fused.h's limits");
-  fusedRun(what, NI, NO, in, shapes, out, ys, &f, &fusedContiguous<NI, NO, F>,
-           &fusedStrided<NI, NO, F>);
+  fusedRun(what, NI, NO, in, shapes, out, ys, &f, fusedContiguous<NI, NO, F>,
+           fusedStrided<NI, NO, F>);
 }
 
 } // namespace carve::rt
