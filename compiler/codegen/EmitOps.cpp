@@ -140,6 +140,11 @@ bool Generator::emitConstant(ConstantOp op) {
 bool Generator::emitOp(Operation *op) {
   if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op))
     return true;
+  if (gatheredOperands.count(op)) {
+    if (isa<GatherOp>(op))
+      body += opComment(op) + "  // never in memory: gathered by each matmul that reads it\n";
+    return true;
+  }
   if (auto it = groupOf.find(op); it != groupOf.end())
     return groups[it->second].root == op ? emitFused(groups[it->second]) : true;
   std::string &s = body;
@@ -334,6 +339,15 @@ bool Generator::emitMatmul(Operation *op, llvm::raw_ostream &os) {
       ys.insert(ys.end() - (rb == 1 ? 0 : 1), 1);
     if (rb == 1)
       ys.push_back(1);
+    if (Operation *g = gatheredOperand(op)) {
+      // matmul(a, gather(table, idx)) with the gather's result never whole
+      // in memory (carve.fold = "gather").
+      os << "matmul_gathered(" << opnd(op, 0) << ", " << da << ", " << (ta ? "true" : "false")
+         << ", " << opnd(g, 0) << ", " << oshape(g, 0) << ", " << opnd(g, 1) << ", " << oshape(g, 1)
+         << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", " << dims(ys)
+         << ");  // its right operand gathered a matrix at a time";
+      return true;
+    }
     os << "matmul(" << opnd(op, 0) << ", " << da << ", " << (ta ? "true" : "false") << ", "
        << opnd(op, 1) << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", "
        << dims(ys) << ");";

@@ -263,7 +263,38 @@ bool Generator::foldTransposes() {
   for (Operation *op : ops) {
     if (isScatteredProduct(op))
       scatteredProducts.insert(op);
+    if (isGatheredOperand(op))
+      gatheredOperands.insert(op);
     StringRef fold = foldOf(op);
+    if (fold == kFoldGather) {
+      if (!isa<GatherOp>(op))
+        return failOp(op, "carve.fold = \"gather\" on an op that is no gather");
+      if (opts.cuda())
+        return failOp(op, "carve.fold = \"gather\": the CUDA target has no matmul_gathered "
+                          "(carve-fold-transposes marks it for the CPU target only)");
+      // Every reader, through reshapes and folded transposes, a matmul
+      // reading it as its right operand.
+      SmallVector<Value> pending{op->getResult(0)};
+      while (!pending.empty()) {
+        Value v = pending.pop_back_val();
+        for (OpOperand &use : v.getUses()) {
+          Operation *u = use.getOwner();
+          if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)) {
+            pending.push_back(u->getResult(0));
+            continue;
+          }
+          Operation *lhs =
+              isa<MatmulOp>(u) ? aliasRoot(readOperand(u, 0)).getDefiningOp() : nullptr;
+          if (!isa<MatmulOp>(u) || use.getOperandNumber() != 1 || gatheredOperand(u) != op ||
+              (lhs && isGatheredOperand(lhs)) || isProductMatmul(u)) {
+            return failOp(op, "carve.fold = \"gather\" on a gather read by " +
+                                  u->getName().getStringRef().str() +
+                                  ", not only by matmuls reading it as their right operand");
+          }
+        }
+      }
+      continue;
+    }
     if (fold == kFoldScatter) {
       Operation *m = scatteredMatmul(op);
       if (!m || !isScatteredProduct(m))

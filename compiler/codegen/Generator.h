@@ -250,6 +250,9 @@ private:
   // scatteredProducts (no buffer, no code).
   llvm::DenseMap<Operation *, Operation *> scatterMatmul;
   std::set<Operation *> scatteredProducts;
+  // A gather marked "gather" and the reshapes of its result: no buffer, no
+  // code; each matmul reading it runs matmul_gathered on its table.
+  std::set<Operation *> gatheredOperands;
 
   // Fused elementwise chains (carve-fuse-elementwise marked them; read back
   // by fuseElementwise): each group runs as one kernel at its root, the

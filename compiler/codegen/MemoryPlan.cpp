@@ -68,6 +68,8 @@ bool Generator::assignBuffers() {
       var[r] = name;
       if (scatteredProducts.count(op))
         continue; // computed inside the gather_grad that reads it
+      if (gatheredOperands.count(op))
+        continue; // gathered by each matmul that reads it
       if (isa<ReshapeOp>(op)) {
         bufferOf[r] = bufferOf.lookup(op->getOperand(0));
         continue;
@@ -82,8 +84,17 @@ bool Generator::assignBuffers() {
   // Reads.
   for (Operation *op : ops) {
     if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
-        isa<ReshapeOp>(op))
+        gatheredOperands.count(op) || isa<ReshapeOp>(op))
       continue;
+    if (Operation *g = gatheredOperand(op)) {
+      // The left operand, and the gather's table and indices, where the
+      // matmul gathers its right operand.
+      for (Value v : {operandOf(op, 0), g->getOperand(0), g->getOperand(1)}) {
+        Buffer &b = buffers[bufferOf.lookup(v)];
+        b.lastUse = std::max(b.lastUse, index[op]);
+      }
+      continue;
+    }
     if (Operation *m = transposedMatmul.lookup(op)) {
       for (unsigned i = 0; i < 2; ++i) {
         Buffer &b = buffers[bufferOf.lookup(operandOf(m, i))];

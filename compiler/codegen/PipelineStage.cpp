@@ -253,11 +253,13 @@ std::vector<Value> Generator::stashedValues(int backwardBegin) {
     std::vector<Operation *> readers{op};
     if (Operation *fused = transposedMatmul.lookup(op))
       readers.push_back(fused);
+    if (Operation *g = gatheredOperand(op)) // reads the gather's table and indices
+      readers.push_back(g);
     for (Operation *r : readers)
       for (unsigned k = 0; k < r->getNumOperands(); ++k) {
         Value v = operandOf(r, k);
         Operation *d = v.getDefiningOp();
-        if (d && index.count(d) && index[d] < backwardBegin)
+        if (d && index.count(d) && index[d] < backwardBegin && !gatheredOperands.count(d))
           stash.insert(v);
       }
   }

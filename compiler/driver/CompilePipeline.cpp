@@ -46,6 +46,8 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   // The CPU runtime's matmul_gather_grad: two ops as one kernel, so not
   // under --no-fuse (every op its own kernel).
   fold.scatterProducts = cpuTarget && fuse;
+  // And its matmul_gathered: a convolution's windows never in memory.
+  fold.gatherOperands = cpuTarget && fuse;
   pm.addPass(createCarveFoldTransposes(fold));
   if (plan.recompute != "none")
     pm.addPass(createCarveRecompute());

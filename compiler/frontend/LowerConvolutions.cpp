@@ -33,9 +33,13 @@
 // the partitioner (channels split column- or row-parallel through the
 // matmul, the batch for dp), both targets and the memory plan handle them
 // with no kernel of their own. The cost is im2col's: the windows tensor is
-// K times the image. (On the CPU target the input gradient's windows are
-// never whole in memory: carve-fold-transposes marks their gather_grad, and
-// the runtime's matmul_gather_grad computes them a block at a time.)
+// K times the image. (On the CPU target neither the windows nor their
+// gradient is ever whole in memory:
+// carve-fold-transposes marks the windows' gather, and the runtime's
+// matmul_gathered gathers one sample's windows at a time for the forward's
+// and the weight gradient's GEMMs; it marks their gather_grad, and the
+// runtime's matmul_gather_grad computes the input gradient's windows a
+// block at a time.)
 //
 //===----------------------------------------------------------------------===//
 

@@ -76,6 +76,19 @@ Value aliasRoot(Value v) {
   return v;
 }
 
+Operation *gatheredOperand(Operation *op) {
+  if (!isa<MatmulOp>(op))
+    return nullptr;
+  Operation *g = aliasRoot(readOperand(op, 1)).getDefiningOp();
+  return g && isa<GatherOp>(g) && foldOf(g) == kFoldGather ? g : nullptr;
+}
+
+bool isGatheredOperand(Operation *op) {
+  if (isa<ReshapeOp>(op))
+    op = aliasRoot(op->getResult(0)).getDefiningOp();
+  return op && isa<GatherOp>(op) && foldOf(op) == kFoldGather;
+}
+
 } // namespace carve
 
 namespace {
@@ -115,6 +128,52 @@ MatmulOp scatterable(GatherGradOp g) {
   if (n == 0 || ni == 0 || ni % n != 0 || mm % (ni / n) != 0 || nb * (mm / (ni / n)) != outer)
     return MatmulOp();
   return m;
+}
+
+/// Whether every reader of `v` (a gather's result, or a reshape or an
+/// "operand" transpose of it) is, through reshapes and "operand"
+/// transposes, a matmul of `block` reading it as its right operand only,
+/// each batch matrix of it whole rows of `ni` indices (Passes.td, rule 4).
+bool readAsGatheredOperand(Value v, Block *block, int64_t ni) {
+  if (v.use_empty())
+    return false;
+  for (OpOperand &use : v.getUses()) {
+    Operation *u = use.getOwner();
+    if (u->getBlock() != block)
+      return false;
+    if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)) {
+      if (!readAsGatheredOperand(u->getResult(0), block, ni))
+        return false;
+      continue;
+    }
+    auto m = dyn_cast<MatmulOp>(u);
+    if (!m || use.getOperandNumber() != 1 || aliasRoot(readOperand(m, 0)) == aliasRoot(v) ||
+        isProductMatmul(m) || m->hasAttr(kRound16Attr) || !hasRankTwo(m.getLhs()))
+      return false;
+    ArrayRef<int64_t> bs = cast<RankedTensorType>(readOperand(m, 1).getType()).getShape();
+    if (bs.size() < 2 || (bs[bs.size() - 2] * bs.back()) % ni != 0)
+      return false;
+  }
+  return true;
+}
+
+/// Whether the matmuls reading `g` can gather its values themselves
+/// (matmul_gathered; Passes.td, rule 4).
+bool gatherable(GatherOp g) {
+  auto table = cast<RankedTensorType>(g.getData().getType());
+  auto indices = cast<RankedTensorType>(g.getIndices().getType());
+  const int64_t rank = table.getRank();
+  if (rank < 1 || (g.getAxis() != rank - 1 && g.getAxis() != -1) ||
+      !(table.getElementType().isF32() || table.getElementType().isF64()) ||
+      !indices.getElementType().isInteger(64) || indices.getNumElements() == 0 ||
+      g->hasAttr(kShardedRowsAttr) || g->hasAttr(kFusionGroupAttr) || g->hasAttr(kRound16Attr))
+    return false;
+  // A parameter's table would be read where the matmuls run, which ZeRO-3's
+  // gathers of parameters do not know.
+  if (auto a = dyn_cast<BlockArgument>(aliasRoot(g.getData())))
+    if (cast<func::FuncOp>(a.getOwner()->getParentOp()).getArgAttr(a.getArgNumber(), kParamAttr))
+      return false;
+  return readAsGatheredOperand(g.getResult(), g->getBlock(), indices.getNumElements());
 }
 
 struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesPass> {
@@ -166,6 +225,13 @@ struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesP
           if (scatterable(g)) {
             g->setAttr(kFoldAttr, b.getStringAttr(kFoldScatter));
             ++numScattered;
+          }
+        });
+      if (gatherOperands)
+        fn.walk([&](GatherOp g) {
+          if (gatherable(g)) {
+            g->setAttr(kFoldAttr, b.getStringAttr(kFoldGather));
+            ++numGathered;
           }
         });
     }

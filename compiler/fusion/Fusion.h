@@ -35,7 +35,7 @@ bool isFusible(mlir::Operation *op);
 /// ones a GEMM's transpose flag covers).
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
-/// kFoldProduct, kFoldScatter, or "" when it is not folded.
+/// kFoldProduct, kFoldScatter, kFoldGather, or "" when it is not folded.
 llvm::StringRef foldOf(mlir::Operation *op);
 
 /// One fused kernel: its ops, its inputs and outputs.
@@ -87,6 +87,14 @@ mlir::Operation *scatteredMatmul(mlir::Operation *op);
 /// A matmul, or a reshape of its product, that a "scatter" gather_grad
 /// computes: no buffer and no kernel of its own.
 bool isScatteredProduct(mlir::Operation *op);
+/// For a matmul whose right operand, as read (through an "operand"
+/// transpose and reshapes), is the result of a gather marked carve.fold =
+/// "gather": that gather, whose values the matmul gathers itself a batch
+/// matrix at a time; null for any other op.
+mlir::Operation *gatheredOperand(mlir::Operation *op);
+/// A gather marked carve.fold = "gather", or a reshape of its result: no
+/// buffer and no kernel of its own (its matmuls read its table and indices).
+bool isGatheredOperand(mlir::Operation *op);
 /// `v` through reshapes: the value whose memory it names.
 mlir::Value aliasRoot(mlir::Value v);
 

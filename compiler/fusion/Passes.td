@@ -67,21 +67,42 @@ def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
          reads the transpose's input with its transpose flag set and the
          transpose is marked `carve.fold = "operand"` (it has no buffer).
 
+    With `scatter-products` (the CPU target): 3. a gather_grad along its
+    table's last axis of a matmul's product, read only through reshapes
+    (an im2col convolution's input gradient, each product matrix whole rows
+    of the table), is marked `carve.fold = "scatter"`: it computes the
+    product a block of rows at a time, which never has a buffer.
+
+    With `gather-operands` (the CPU target): 4. a gather along its table's
+    last axis (f32 or f64, i64 indices, not a parameter's table, not
+    rounded to 16 bits) whose every reader, through reshapes and "operand"
+    transposes, is a matmul of the same block reading it as its right
+    operand only, with each batch matrix of that operand whole rows of
+    indices (an im2col convolution's windows, read by the forward's GEMM
+    and the weight gradient's), is marked `carve.fold = "gather"`: each
+    matmul gathers the batch matrices it multiplies as it needs them, and
+    the gather's result, kernel-size times the image, never has a buffer;
+    its table is kept for the matmuls instead.
+
     Before: the functions the emitter prints, `@train_step` or `@stage0 ..`
     (other functions are left alone). After: the undoing transposes are gone
     and the other ops unchanged; the folded transposes carry `carve.fold`. The emitter and the memory plan
     read the mark: a "product" transpose is computed by its matmul, an
-    "operand" one never, a "scatter" gather_grad computes its matmul.
+    "operand" one never, a "scatter" gather_grad computes its matmul, a
+    "gather" gather is computed by its matmuls.
   }];
   let options = [
     Option<"scatterProducts", "scatter-products", "bool", /*default=*/"false",
-           "Mark the gather_grads that compute their matmul's product (rule 3)">
+           "Mark the gather_grads that compute their matmul's product (rule 3)">,
+    Option<"gatherOperands", "gather-operands", "bool", /*default=*/"false",
+           "Mark the gathers whose matmuls gather their operand themselves (rule 4)">
   ];
   let statistics = [
     Statistic<"numUndone", "num-undone", "Transposes of a transpose they undo, removed">,
     Statistic<"numIntoOperand", "num-into-operand", "Transposes read through a matmul's flag">,
     Statistic<"numIntoProduct", "num-into-product", "Matmuls that write their product transposed">,
-    Statistic<"numScattered", "num-scattered", "gather_grads that compute their matmul's product">
+    Statistic<"numScattered", "num-scattered", "gather_grads that compute their matmul's product">,
+    Statistic<"numGathered", "num-gathered", "gathers whose matmuls gather their operand themselves">
   ];
 }
 

@@ -407,7 +407,7 @@ private:
           continue;
         }
         if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isScatteredProduct(op) ||
-            interior.count(r))
+            isGatheredOperand(op) || interior.count(r))
           continue; // never materialized
         buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), k);
         owned[r] = buffer[r];
@@ -418,8 +418,14 @@ private:
   void countReads() {
     for (Operation *op : ops) {
       if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isScatteredProduct(op) ||
-          isa<ReshapeOp>(op))
+          isGatheredOperand(op) || isa<ReshapeOp>(op))
         continue;
+      if (Operation *g = gatheredOperand(op)) { // gathers its right operand: the gather's reads
+        extend(readOperand(op, 0), index.lookup(op));
+        extend(g->getOperand(0), index.lookup(op));
+        extend(g->getOperand(1), index.lookup(op));
+        continue;
+      }
       if (foldOf(op) == kFoldProduct) { // runs as its matmul, reading the matmul's operands
         Operation *m = op->getOperand(0).getDefiningOp();
         for (unsigned i = 0; i < 2; ++i)

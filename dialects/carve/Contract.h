@@ -107,11 +107,16 @@ constexpr const char *kFusionGroupAttr = "carve.fusion_group";
 /// gather_grad: "scatter" when it computes the matmul whose product (through
 /// reshapes) it reads, a block of rows at a time, the product never in
 /// memory (the CPU target's matmul_gather_grad: an im2col convolution's
-/// input gradient).
+/// input gradient). On a gather: "gather" when every reader of its result
+/// (through reshapes and "operand" transposes) is a matmul reading it as its
+/// right operand, which gathers each of its batch matrices as it needs it,
+/// the result never in memory (the CPU target's matmul_gathered: an im2col
+/// convolution's forward and weight gradient).
 constexpr const char *kFoldAttr = "carve.fold";
 constexpr const char *kFoldOperand = "operand";
 constexpr const char *kFoldProduct = "product";
 constexpr const char *kFoldScatter = "scatter";
+constexpr const char *kFoldGather = "gather";
 
 // 16-bit activations and parameters (carve-round-activations,
 // carve-pack-activations, carve-store-params16).

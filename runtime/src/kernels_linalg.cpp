@@ -125,24 +125,56 @@ float roundToBf16(float x) { return ew::roundBf16(x); }
 
 float roundToF16(float x) { return ew::roundF16(x); }
 
-template <class T>
-void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
-            bool accumulate) {
-  roundInput(a, as.numel(), 0);
-  roundInput(b, bs.numel(), 1);
+namespace {
+
+/// The GEMM sizes of op(a) @ op(b) -> y (shapes as stored); fatal, naming
+/// `op`, when the ranks or the sizes do not agree.
+struct GemmDims {
+  int64_t m, k, n;
+};
+
+GemmDims gemmDims(const char *op, Dims as, bool transA, Dims bs, bool transB, Dims ys) {
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
   if (ar < 2 || br < 2 || yr != std::max(ar, br))
-    fatal("matmul: operands of rank %d and %d with a result of rank %d (both ranks must be "
+    fatal("%s: operands of rank %d and %d with a result of rank %d (both ranks must be "
           ">= 2 and the result's their maximum)",
-          ar, br, yr);
+          op, ar, br, yr);
   const int64_t m = transA ? as.d[ar - 1] : as.d[ar - 2];
   const int64_t k = transA ? as.d[ar - 2] : as.d[ar - 1];
   const int64_t kb = transB ? bs.d[br - 1] : bs.d[br - 2];
   const int64_t n = transB ? bs.d[br - 2] : bs.d[br - 1];
   if (k != kb || ys.d[yr - 2] != m || ys.d[yr - 1] != n)
-    fatal("matmul: [%lld x %lld] @ [%lld x %lld] does not give [%lld x %lld]", (long long)m,
+    fatal("%s: [%lld x %lld] @ [%lld x %lld] does not give [%lld x %lld]", op, (long long)m,
           (long long)k, (long long)kb, (long long)n, (long long)ys.d[yr - 2],
           (long long)ys.d[yr - 1]);
+  return {m, k, n};
+}
+
+/// How a batch of `nb` GEMMs of m x n x k runs. Small matrices: whole batch
+/// matrices per thread where the batch is worth it, each GEMM on its calling
+/// thread. Large ones, at least 4 per thread (a convolution's GEMM per
+/// sample): the same, one fork and join for the batch. A few large ones: one
+/// at a time, threaded by OpenBLAS. `run(e0, e1)` runs batch matrices
+/// [e0, e1); it returns whether the matrices ran on the calling thread alone.
+template <class F> bool runBatch(int64_t nb, int64_t m, int64_t n, int64_t k, F &&run) {
+  if (m * n * k <= kGemmSerialMnk)
+    parallelRange(nb, unitsFor(m * n * k), run);
+  else if (nb >= 4 * omp_get_max_threads())
+    parallelRange(nb, 2, run);
+  else
+    return true;
+  return false;
+}
+
+} // namespace
+
+template <class T>
+void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
+            bool accumulate) {
+  roundInput(a, as.numel(), 0);
+  roundInput(b, bs.numel(), 1);
+  const auto [m, k, n] = gemmDims("matmul", as, transA, bs, transB, ys);
+  const int ar = as.rank, br = bs.rank, yr = ys.rank;
   const Dims batch(ys.d, yr - 2), aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
   const int64_t nb = batch.numel();
   if (m == 0 || n == 0 || nb == 0)
@@ -171,16 +203,94 @@ void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, 
              b + (off[1] + i * sb) * bMat, ldb, beta, y + (e + i) * yMat, n);
     });
   };
-  // Small matrices: whole batch matrices per thread where the batch is
-  // worth it, each GEMM on its calling thread. Large ones, at least 4 per
-  // thread (a convolution's GEMM per sample): the same, one fork and join
-  // for the batch. A few large ones: one at a time, threaded by OpenBLAS.
-  if (m * n * k <= kGemmSerialMnk)
-    parallelRange(nb, unitsFor(m * n * k), run);
-  else if (nb >= 4 * omp_get_max_threads())
-    parallelRange(nb, 2, run);
-  else
+  if (runBatch(nb, m, n, k, run))
     run(0, nb);
+}
+
+namespace {
+
+/// Rows [r0, r0 + rows) of gather(table [.., size], idx, last axis), each
+/// `ni` elements, into dst: whole runs of consecutive positions copied where
+/// the indices have them (im2col's taps at stride 1), else one by one.
+/// Indices already checked.
+template <class T>
+void gatherRows(const T *table, int64_t size, const int64_t *idx, int64_t ni,
+                const std::vector<Run> &runs, int64_t r0, int64_t rows, T *dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *src = table + (r0 + r) * size;
+    T *d = dst + r * ni;
+    if (!runs.empty()) {
+      for (const Run &run : runs)
+        std::memcpy(d + run.k, src + run.from, run.len * sizeof(T));
+    } else {
+      for (int64_t q = 0; q < ni; ++q)
+        d[q] = src[idx[q] < 0 ? idx[q] + size : idx[q]];
+    }
+  }
+}
+
+} // namespace
+
+template <class T>
+void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, const int64_t *idx,
+                     Dims is, Dims bs, bool transB, T *y, Dims ys) {
+  const auto [m, k, n] = gemmDims("matmul_gathered", as, transA, bs, transB, ys);
+  if (ts.rank < 1)
+    fatal("matmul_gathered: a table of rank 0");
+  const int64_t size = ts.d[ts.rank - 1], ni = is.numel(), outer = prod(ts, 0, ts.rank - 1);
+  const int64_t bMat = k * n, nbB = prod(bs, 0, bs.rank - 2);
+  if (outer * ni != bs.numel() || (bMat > 0 && (ni == 0 || bMat % ni != 0)))
+    fatal("matmul_gathered: %lld table rows of %lld indices do not make the operand's %lld "
+          "matrices [%lld x %lld] of whole rows",
+          (long long)outer, (long long)ni, (long long)nbB, (long long)k, (long long)n);
+  checkIndices("matmul_gathered", idx, ni, ts.rank - 1, size);
+  const std::vector<Run> runs = runsOf(idx, ni, size);
+  const int64_t rowsPer = bMat == 0 ? 0 : bMat / ni;
+  const int ar = as.rank, br = bs.rank, yr = ys.rank;
+  const Dims batch(ys.d, yr - 2), aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
+  const int64_t nb = batch.numel();
+  if (bBatch.numel() == 1 || m == 0 || n == 0 || k == 0 || nb == 0) {
+    // One operand matrix (or nothing to multiply): gathered whole, then
+    // matmul's own GEMMs.
+    T *bw = scratch<T>(2, static_cast<size_t>(bs.numel()));
+    parallelRange(outer, unitsFor(ni), [&](int64_t r0, int64_t r1) {
+      gatherRows(table, size, idx, ni, runs, r0, r1 - r0, bw + r0 * ni);
+    });
+    matmul(a, as, transA, bw, bs, transB, y, ys);
+    return;
+  }
+  roundInput(a, as.numel(), 0);
+  roundInput(table, ts.numel(), 1); // rounding commutes with the gather
+  // Each operand matrix gathered as its GEMM needs it, into the thread's
+  // scratch (a convolution's windows of one sample, in cache), then the GEMM
+  // matmul would run on it: the same calls on the same values, so the same
+  // bits as matmul of the gathered tensor.
+  const int64_t lda = as.d[ar - 1], ldb = bs.d[br - 1];
+  const Dims in[2] = {aBatch, bBatch};
+  const Nest<2> nest = broadcastNest<2>("matmul_gathered", in, batch);
+  const int64_t sa = nest.inner(0), sb = nest.inner(1);
+  const int64_t aMat = m * k, yMat = m * n;
+  bool alone = false;
+  auto run = [&](int64_t e0, int64_t e1) {
+    T *bw = scratch<T>(alone ? 2 : 0, static_cast<size_t>(bMat));
+    forRange(nest, e0, e1, [&](const int64_t *off, int64_t e, int64_t len) {
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t j = off[1] + i * sb;
+        if (alone)
+          parallelRange(rowsPer, unitsFor(ni), [&](int64_t r0, int64_t r1) {
+            gatherRows(table, size, idx, ni, runs, j * rowsPer + r0, r1 - r0, bw + r0 * ni);
+          });
+        else
+          gatherRows(table, size, idx, ni, runs, j * rowsPer, rowsPer, bw);
+        gemm(transA, transB, m, n, k, T(1), a + (off[0] + i * sa) * aMat, lda, bw, ldb, T(0),
+             y + (e + i) * yMat, n);
+      }
+    });
+  };
+  if (runBatch(nb, m, n, k, run)) {
+    alone = true;
+    run(0, nb);
+  }
 }
 
 namespace {
@@ -234,19 +344,10 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
                         const int64_t *idx, Dims is, T *dtable, Dims ts) {
   roundInput(a, as.numel(), 0);
   roundInput(b, bs.numel(), 1);
+  const auto [m, k, n] = gemmDims("matmul_gather_grad", as, transA, bs, transB, ys);
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
-  if (ar < 2 || br < 2 || yr != std::max(ar, br) || ts.rank < 1)
-    fatal("matmul_gather_grad: operands of rank %d and %d, a product of rank %d and a table of "
-          "rank %d (ranks >= 2, the product's their maximum, a table of rank >= 1)",
-          ar, br, yr, ts.rank);
-  const int64_t m = transA ? as.d[ar - 1] : as.d[ar - 2];
-  const int64_t k = transA ? as.d[ar - 2] : as.d[ar - 1];
-  const int64_t kb = transB ? bs.d[br - 1] : bs.d[br - 2];
-  const int64_t n = transB ? bs.d[br - 2] : bs.d[br - 1];
-  if (k != kb || ys.d[yr - 2] != m || ys.d[yr - 1] != n)
-    fatal("matmul_gather_grad: [%lld x %lld] @ [%lld x %lld] does not give [%lld x %lld]",
-          (long long)m, (long long)k, (long long)kb, (long long)n, (long long)ys.d[yr - 2],
-          (long long)ys.d[yr - 1]);
+  if (ts.rank < 1)
+    fatal("matmul_gather_grad: a table of rank 0");
   const Dims batch(ys.d, yr - 2), aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
   const int64_t nb = batch.numel(), ni = is.numel(), size = ts.d[ts.rank - 1];
   const int64_t outer = prod(ts, 0, ts.rank - 1);
@@ -601,6 +702,8 @@ void attention_grad(const T *q, Dims qs, const T *k, Dims ks, const T *v, Dims v
   template void matmul<T>(const T *, Dims, bool, const T *, Dims, bool, T *, Dims, bool);          \
   template void matmul_gather_grad<T>(const T *, Dims, bool, const T *, Dims, bool, Dims,          \
                                       const int64_t *, Dims, T *, Dims);                           \
+  template void matmul_gathered<T>(const T *, Dims, bool, const T *, Dims, const int64_t *, Dims,  \
+                                   Dims, bool, T *, Dims);                                         \
   template void attention<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *, Dims,   \
                              T, bool, T *);                                                        \
   template void attention_grad<T>(const T *, Dims, const T *, Dims, const T *, Dims, const T *,    \

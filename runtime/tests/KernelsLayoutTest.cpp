@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "KernelsTesting.h"
+#include <cstring>
 
 using namespace carve::rt;
 using namespace kernels_test;
@@ -318,6 +319,91 @@ TEST(KernelErrors, MatmulGatherGradShapesAreChecked) {
   const int64_t bad[] = {0, 1, 2, 5, 0, 1, 2, 3, 0};
   EXPECT_EXIT(matmul_gather_grad<float>(a.data(), {3, 2}, false, b.data(), {2, 3}, false, {3, 3},
                                         bad, {9}, t.data(), {1, 4}),
+              testing::ExitedWithCode(1), "carve: error: .*index 5 is out of range");
+}
+
+namespace {
+
+/// matmul_gathered against gather then matmul (the two ops it replaces) on
+/// the same operands: bitwise, as it runs matmul's GEMMs on the same values.
+template <class T>
+void checkMatmulGathered(const std::vector<T> &a, Dims as, bool ta, const std::vector<T> &table,
+                         Dims ts, const std::vector<int64_t> &idx, Dims is, Dims bs, bool tb,
+                         Dims ys, const std::string &what) {
+  std::vector<T> windows(bs.numel()), want(ys.numel()), got(ys.numel(), T(7));
+  gather<T>(table.data(), ts, idx.data(), is, ts.rank - 1, windows.data());
+  matmul<T>(a.data(), as, ta, windows.data(), bs, tb, want.data(), ys);
+  matmul_gathered<T>(a.data(), as, ta, table.data(), ts, idx.data(), is, bs, tb, got.data(), ys);
+  ASSERT_EQ(got.size(), want.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    differ += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+  EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << want.size() << " elements differ";
+}
+
+} // namespace
+
+// A convolution's forward (the weight [O, C*K] times the windows [N, C*K, P])
+// and weight gradient (dY [N, O, P] times the windows transposed by the
+// flag), the windows never whole in memory: the same bits as gather then
+// matmul. The sizes take each of matmul's ways through a batch: small GEMMs
+// spread over the threads, at least 4 large ones per thread, a few large
+// ones one at a time (the gather then split over the threads), and one
+// operand matrix (N = 1: the batch folds into M, or one GEMM).
+TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
+  struct Case {
+    int64_t n, c, o, h, w, k, stride;
+  };
+  for (const Case &c :
+       {Case{4, 3, 8, 8, 8, 3, 1}, Case{16, 16, 32, 32, 32, 3, 1}, Case{2, 16, 32, 32, 32, 3, 1},
+        Case{1, 8, 16, 16, 16, 3, 1}, Case{3, 3, 4, 7, 7, 3, 2}, Case{2, 4, 3, 4, 4, 1, 1}}) {
+    int64_t p = 0;
+    const std::vector<int64_t> idx = im2colIndices(c.h, c.w, c.k, c.k, c.stride, p);
+    const int64_t taps = c.k * c.k, ck = c.c * taps, l = c.h * c.w + 1;
+    const Dims ts{c.n, c.c, l}, is{taps, p}, bs{c.n, ck, p};
+    const std::string what = "N" + std::to_string(c.n) + " C" + std::to_string(c.c) + " O" +
+                             std::to_string(c.o) + " " + std::to_string(c.h) + "x" +
+                             std::to_string(c.w) + " k" + std::to_string(c.k) + " s" +
+                             std::to_string(c.stride);
+    const std::vector<float> table = uniformOf<float>(c.n * c.c * l, 171);
+    checkMatmulGathered<float>(uniformOf<float>(c.o * ck, 172), {c.o, ck}, false, table, ts, idx,
+                               is, bs, false, {c.n, c.o, p}, what + " forward");
+    checkMatmulGathered<float>(uniformOf<float>(c.n * c.o * p, 173), {c.n, c.o, p}, false, table,
+                               ts, idx, is, bs, true, {c.n, c.o, ck}, what + " weight gradient");
+    checkMatmulGathered<double>(uniformOf<double>(c.o * ck, 174), {c.o, ck}, false,
+                                uniformOf<double>(c.n * c.c * l, 175), ts, idx, is, bs, false,
+                                {c.n, c.o, p}, what + " forward (double)");
+  }
+  // Grouped: the weight [G, Og, Cg*K] broadcast over the samples' windows
+  // [N, G, Cg*K, P].
+  int64_t p = 0;
+  const std::vector<int64_t> idx = im2colIndices(12, 12, 3, 3, 1, p);
+  const int64_t g = 2, cg = 3, og = 4, n = 5, taps = 9, l = 12 * 12 + 1;
+  checkMatmulGathered<float>(uniformOf<float>(g * og * cg * taps, 176), {g, og, cg * taps}, false,
+                             uniformOf<float>(n * g * cg * l, 177), {n, g * cg, l}, idx, {taps, p},
+                             {n, g, cg * taps, p}, false, {n, g, og, p}, "grouped");
+  // A bf16 plan rounds the operands: the table's values, then gathered.
+  setPrecision(Precision::BF16);
+  checkMatmulGathered<float>(uniformOf<float>(og * cg * taps, 178), {og, cg * taps}, false,
+                             uniformOf<float>(n * cg * l, 179), {n, cg, l}, idx, {taps, p},
+                             {n, cg * taps, p}, false, {n, og, p}, "bf16");
+  setPrecision(Precision::F32);
+}
+
+TEST(KernelErrors, MatmulGatheredShapesAreChecked) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::vector<float> a(6, 1.f), t(8, 1.f);
+  std::vector<float> y(9);
+  const int64_t idx[] = {0, 1, 2, 3, 0, 1};
+  // 2 table rows of 3 indices are 6 elements, not the 8 of a [2 x 4] operand.
+  EXPECT_EXIT(matmul_gathered<float>(a.data(), {3, 2}, false, t.data(), {2, 4}, idx, {3}, {2, 4},
+                                     false, y.data(), {3, 4}),
+              testing::ExitedWithCode(1),
+              "carve: error: .*matmul_gathered: 2 table rows of 3 indices do not make");
+  // Index 5 in rows of 4.
+  const int64_t bad[] = {0, 1, 5};
+  EXPECT_EXIT(matmul_gathered<float>(a.data(), {3, 2}, false, t.data(), {2, 4}, bad, {3}, {2, 3},
+                                     false, y.data(), {3, 3}),
               testing::ExitedWithCode(1), "carve: error: .*index 5 is out of range");
 }
 

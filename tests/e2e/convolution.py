@@ -25,8 +25,11 @@ What must hold:
    largest entry (fp32 sums in another order than PyTorch's convolutions).
 2. Plans against 1 rank (`carve verify`, its defaults: losses within 1e-5,
    weights within 1e-4, SGD): dp=2, tp=2, dp=2 x tp=2 with ZeRO-1, dp=2
-   with ZeRO-3 (the weights' reshapes come before their gathers), and
-   pp=2 with 2 micro-batches, for both models.
+   with ZeRO-3 (the weights' reshapes come before their gathers),
+   pp=2 with 2 micro-batches, and 1 rank with full recomputation (each
+   layer's forward again in backward: on the CPU target the windows'
+   gather is cloned with it, and both GEMMs gather their own windows), for
+   both models.
    Under tp=2 each rank of `cnn` holds half of every convolution's output
    channels (the grouped and depthwise ones split by groups).
 3. Batch norm (`cnnbn`: nn.BatchNorm2d after each convolution, an
@@ -333,6 +336,7 @@ PLANS = [
     ("dp2tp2-zero1", {"dp": 2, "tp": 2, "zero": 1}),
     ("dp2-zero3", {"dp": 2, "zero": 3}),
     ("pp2", {"pp": 2, "num_micro_batches": 2}),
+    ("recompute-full", {"recompute": "full"}),
 ]
 
 

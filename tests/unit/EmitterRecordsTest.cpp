@@ -216,4 +216,13 @@ TEST_F(EmitterRecords, AFoldOnAnOpThatIsNoTransposeIsRefused) {
   EXPECT_NE(e.find("carve.fold marks an op that is no transpose"), std::string::npos) << e;
 }
 
+TEST_F(EmitterRecords, AGatherFoldOnAnOpThatIsNoGatherIsRefused) {
+  Operation *exp = nullptr;
+  fn.walk([&](ExpOp op) { exp = op; });
+  ASSERT_TRUE(exp);
+  exp->setAttr(kFoldAttr, Builder(&context).getStringAttr(kFoldGather));
+  std::string e = emit();
+  EXPECT_NE(e.find("carve.fold = \"gather\" on an op that is no gather"), std::string::npos) << e;
+}
+
 } // namespace

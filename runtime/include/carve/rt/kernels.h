@@ -153,6 +153,16 @@ void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, 
 template <class T>
 void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, Dims ys,
                         const int64_t *idx, Dims is, T *dtable, Dims ts);
+/// matmul(a, b) with b = gather(table, idx, last axis) viewed as `bs`,
+/// without b in memory: an im2col convolution's forward and weight gradient
+/// read its windows (kernel-size times the image) this way. Each batch
+/// matrix of b is gathered as its GEMM needs it (whole table rows: row r of
+/// the table gives elements r * is.numel() .. of b's flat layout), into a
+/// per-thread buffer, and multiplied by the GEMM matmul would run on it, so
+/// the result is bitwise matmul's of the gathered tensor.
+template <class T>
+void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, const int64_t *idx,
+                     Dims is, Dims bs, bool transB, T *y, Dims ys);
 
 //===--- Reductions and normalization -------------------------------------===//
 
