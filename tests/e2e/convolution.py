@@ -25,11 +25,8 @@ What must hold:
    largest entry (fp32 sums in another order than PyTorch's convolutions).
 2. Plans against 1 rank (`carve verify`, its defaults: losses within 1e-5,
    weights within 1e-4, SGD): dp=2, tp=2, dp=2 x tp=2 with ZeRO-1, dp=2
-   with ZeRO-3 (the weights' reshapes come before their gathers),
-   pp=2 with 2 micro-batches, and 1 rank with full recomputation (each
-   layer's forward again in backward: on the CPU target the windows'
-   gather is cloned with it, and both GEMMs gather their own windows), for
-   both models.
+   with ZeRO-3 (the weights' reshapes come before their gathers), and
+   pp=2 with 2 micro-batches, for both models.
    Under tp=2 each rank of `cnn` holds half of every convolution's output
    channels (the grouped and depthwise ones split by groups).
 3. Batch norm (`cnnbn`: nn.BatchNorm2d after each convolution, an
@@ -45,8 +42,9 @@ What must hold:
 4. ResNet-18 of models/reference.py (width 8, batch 16, 32x32 images): 10
    AdamW steps against PyTorch, losses within 1e-5, weights within 1e-4 and
    running statistics within 1e-4 of their largest entry, the evaluation
-   equal to eval mode's; tp=2, pp=2 and dp=2 with sync_batch_norm equal
-   1 rank.
+   equal to eval mode's; tp=2, pp=2, dp=2 with sync_batch_norm and full
+   recomputation (its numbered layers run their forward again in
+   backward) equal 1 rank.
 5. The ViT of models/reference.py (a Conv2d patch embedding, class token,
    position embedding, two pre-norm nn.TransformerEncoderLayer, batch 8):
    against PyTorch as in 1 (the attention's key bias left out: its gradient
@@ -336,7 +334,6 @@ PLANS = [
     ("dp2tp2-zero1", {"dp": 2, "tp": 2, "zero": 1}),
     ("dp2-zero3", {"dp": 2, "zero": 3}),
     ("pp2", {"pp": 2, "num_micro_batches": 2}),
-    ("recompute-full", {"recompute": "full"}),
 ]
 
 
@@ -354,8 +351,11 @@ BN_PLANS = [
 # Resize (nn.Upsample, F.interpolate) partitions as a gather: the batch under
 # dp, the channels under tp.
 UPSAMPLE_PLANS = [PLANS[0], PLANS[1]]
-# ResNet-18 takes 30 s a plan: the three kinds of plan.
-RESNET_PLANS = [BN_PLANS[0], BN_PLANS[1], BN_PLANS[2]]
+# ResNet-18 takes 30 s a plan: the three kinds of plan, and full
+# recomputation (its numbered layers, layer1.0 .. layer4.1, run their forward
+# again in backward; on the CPU target the clones' windows, like the
+# originals', are gathered by the GEMMs that read them, never stored).
+RESNET_PLANS = [BN_PLANS[0], BN_PLANS[1], BN_PLANS[2], ("recompute-full", {"recompute": "full"})]
 
 
 # The ViT's patch flattening, x.flatten(2), exports as a Reshape whose target
