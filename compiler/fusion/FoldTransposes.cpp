@@ -97,16 +97,24 @@ using namespace carve;
 
 bool hasRankTwo(Value v) { return cast<RankedTensorType>(v.getType()).getRank() >= 2; }
 
+/// Whether `op`, a gather or gather_grad of `table`, runs along the table's
+/// last axis, in f32 or f64 with i64 indices, and is neither a vocab-parallel
+/// one nor in a fused kernel: what rules 3 and 4 ask of both.
+bool alongLastAxis(Operation *op, RankedTensorType table, Value indices, int64_t axis) {
+  const int64_t rank = table.getRank();
+  return rank >= 1 && (axis == rank - 1 || axis == -1) &&
+         (table.getElementType().isF32() || table.getElementType().isF64()) &&
+         cast<RankedTensorType>(indices.getType()).getElementType().isInteger(64) &&
+         !op->hasAttr(kShardedRowsAttr) && !op->hasAttr(kFusionGroupAttr);
+}
+
 /// The matmul whose product `g` scatters, when matmul_gather_grad can run
 /// the two as one (Passes.td, rule 3); null otherwise.
 MatmulOp scatterable(GatherGradOp g) {
   auto table = cast<RankedTensorType>(g.getResult().getType());
   auto indices = cast<RankedTensorType>(g.getIndices().getType());
   const int64_t rank = table.getRank();
-  if (rank < 1 || (g.getAxis() != rank - 1 && g.getAxis() != -1) ||
-      !(table.getElementType().isF32() || table.getElementType().isF64()) ||
-      !indices.getElementType().isInteger(64) || g->hasAttr(kShardedRowsAttr) ||
-      g->hasAttr(kFusionGroupAttr))
+  if (!alongLastAxis(g, table, g.getIndices(), g.getAxis()))
     return MatmulOp();
   Value v = g->getOperand(0);
   while (auto r = v.getDefiningOp<ReshapeOp>()) {
@@ -162,11 +170,8 @@ bool readAsGatheredOperand(Value v, Block *block, int64_t ni) {
 bool gatherable(GatherOp g) {
   auto table = cast<RankedTensorType>(g.getData().getType());
   auto indices = cast<RankedTensorType>(g.getIndices().getType());
-  const int64_t rank = table.getRank();
-  if (rank < 1 || (g.getAxis() != rank - 1 && g.getAxis() != -1) ||
-      !(table.getElementType().isF32() || table.getElementType().isF64()) ||
-      !indices.getElementType().isInteger(64) || indices.getNumElements() == 0 ||
-      g->hasAttr(kShardedRowsAttr) || g->hasAttr(kFusionGroupAttr) || g->hasAttr(kRound16Attr))
+  if (!alongLastAxis(g, table, g.getIndices(), g.getAxis()) || indices.getNumElements() == 0 ||
+      g->hasAttr(kRound16Attr))
     return false;
   // A parameter's table would be read where the matmuls run, which ZeRO-3's
   // gathers of parameters do not know.

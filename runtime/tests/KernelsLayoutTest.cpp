@@ -231,6 +231,17 @@ std::vector<int64_t> im2colIndices(int64_t h, int64_t w, int64_t kh, int64_t kw,
   return idx;
 }
 
+/// A convolution's shapes: N samples, C -> O channels, an h x w image, a
+/// k x k window at a stride (padding 1).
+struct ConvCase {
+  int64_t n, c, o, h, w, k, stride;
+  std::string name() const {
+    return "N" + std::to_string(n) + " C" + std::to_string(c) + " O" + std::to_string(o) + " " +
+           std::to_string(h) + "x" + std::to_string(w) + " k" + std::to_string(k) + " s" +
+           std::to_string(stride);
+  }
+};
+
 /// matmul_gather_grad against matmul then gather_grad (the two ops it
 /// replaces) on the same operands.
 template <class T>
@@ -261,9 +272,7 @@ template <class T> std::vector<T> uniformOf(int64_t n, uint64_t seed) {
 // weight [O, C*K] transposed by its flag times dY [N, O, P], scattered into
 // the image [N, C, H*W + 1] by im2col's indices.
 TEST(MatmulGatherGrad, EqualsMatmulThenGatherGrad) {
-  struct Case {
-    int64_t n, c, o, h, w, k, stride;
-  };
+  using Case = ConvCase;
   // Stride 1 at 32x32 (each position takes at most one pixel of each tap,
   // but the padding element: one GEMM of O * 9 terms over the output
   // gradient's windows): one block of positions per sample, then several
@@ -280,10 +289,7 @@ TEST(MatmulGatherGrad, EqualsMatmulThenGatherGrad) {
     const std::vector<int64_t> idx = im2colIndices(c.h, c.w, c.k, c.k, c.stride, p);
     const int64_t taps = c.k * c.k, ck = c.c * taps, l = c.h * c.w + 1;
     const Dims as{c.o, ck}, bs{c.n, c.o, p}, ys{c.n, ck, p}, is{taps, p}, ts{c.n, c.c, l};
-    const std::string what = "N" + std::to_string(c.n) + " C" + std::to_string(c.c) + " O" +
-                             std::to_string(c.o) + " " + std::to_string(c.h) + "x" +
-                             std::to_string(c.w) + " k" + std::to_string(c.k) + " s" +
-                             std::to_string(c.stride);
+    const std::string what = c.name();
     // Double: the same sums to rounding (the GEMM's blocking may differ);
     // float: the same, at float's rounding over O terms.
     checkMatmulGatherGrad<double>(uniformOf<double>(c.o * ck, 161), as, true,
@@ -351,9 +357,7 @@ void checkMatmulGathered(const std::vector<T> &a, Dims as, bool ta, const std::v
 // ones one at a time (the gather then split over the threads), and one
 // operand matrix (N = 1: the batch folds into M, or one GEMM).
 TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
-  struct Case {
-    int64_t n, c, o, h, w, k, stride;
-  };
+  using Case = ConvCase;
   for (const Case &c :
        {Case{4, 3, 8, 8, 8, 3, 1}, Case{16, 16, 32, 32, 32, 3, 1}, Case{2, 16, 32, 32, 32, 3, 1},
         Case{1, 8, 16, 16, 16, 3, 1}, Case{3, 3, 4, 7, 7, 3, 2}, Case{2, 4, 3, 4, 4, 1, 1}}) {
@@ -361,10 +365,7 @@ TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
     const std::vector<int64_t> idx = im2colIndices(c.h, c.w, c.k, c.k, c.stride, p);
     const int64_t taps = c.k * c.k, ck = c.c * taps, l = c.h * c.w + 1;
     const Dims ts{c.n, c.c, l}, is{taps, p}, bs{c.n, ck, p};
-    const std::string what = "N" + std::to_string(c.n) + " C" + std::to_string(c.c) + " O" +
-                             std::to_string(c.o) + " " + std::to_string(c.h) + "x" +
-                             std::to_string(c.w) + " k" + std::to_string(c.k) + " s" +
-                             std::to_string(c.stride);
+    const std::string what = c.name();
     const std::vector<float> table = uniformOf<float>(c.n * c.c * l, 171);
     checkMatmulGathered<float>(uniformOf<float>(c.o * ck, 172), {c.o, ck}, false, table, ts, idx,
                                is, bs, false, {c.n, c.o, p}, what + " forward");
