@@ -46,6 +46,7 @@
 #include "compiler/frontend/LowerConvolutions.h"
 
 #include "compiler/frontend/Passes.h"
+#include "compiler/partition/Partitioner.h"
 #include "dialects/carve/CarveOps.h"
 #include "dialects/carve/Contract.h"
 #include "dialects/carve/Shapes.h"
@@ -449,7 +450,8 @@ struct CarveLowerConvolutionsPass
     // sync_batch_norm: the statistics over the plan's dp replicas (0: this
     // replica's share alone, as PyTorch DDP without SyncBatchNorm).
     int64_t syncReplicas = 0, tp = 1;
-    std::vector<llvm::GlobPattern> kept; // the plan's "ops" entries that replicate
+    std::vector<OpOverride> ops; // the plan's "ops" entries
+    std::vector<std::optional<llvm::GlobPattern>> globs;
     if (auto module = getOperation()->getParentOfType<ModuleOp>()) {
       FailureOr<PlanAttrs> plan = readPlan(module);
       if (failed(plan))
@@ -458,9 +460,17 @@ struct CarveLowerConvolutionsPass
         syncReplicas = plan->dp;
       tp = plan->tp;
       for (const auto &[glob, dim] : plan->ops)
-        if (dim == "replicate")
-          if (auto g = llvm::GlobPattern::create(glob))
-            kept.push_back(std::move(*g));
+        ops.push_back({glob, dim});
+    }
+    // A GlobPattern refers to its pattern's characters: `ops` holds them.
+    for (const OpOverride &o : ops) {
+      auto g = llvm::GlobPattern::create(o.glob);
+      if (g) {
+        globs.push_back(std::move(*g));
+      } else {
+        llvm::consumeError(g.takeError());
+        globs.push_back(std::nullopt);
+      }
     }
     for (Operation *op : todo) {
       OpBuilder b(op);
@@ -470,8 +480,11 @@ struct CarveLowerConvolutionsPass
         const int64_t in = typeOf(conv.getInput()).getShape()[1];
         const int64_t out = typeOf(conv.getWeight()).getShape()[0], g = conv.getGroup();
         const std::string node = nodeName(op->getLoc());
-        const bool pinned = llvm::any_of(
-            kept, [&](const llvm::GlobPattern &p) { return !node.empty() && p.match(node); });
+        // Replicated by the "ops" entry that decides it (the partitioner
+        // reports a conflict between entries).
+        std::string conflict;
+        const int k = decidingOverride(ops, globs, node, conflict);
+        const bool pinned = k >= 0 && (ops[k].dim.empty() || ops[k].dim == "replicate");
         if (out % tp != 0 && in % tp != 0 && g % tp != 0 && !pinned) {
           op->emitError() << "carve.conv2d" << (node.empty() ? "" : " (node '" + node + "')")
                           << ": tp=" << tp << " divides neither its " << in

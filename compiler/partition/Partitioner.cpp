@@ -421,10 +421,22 @@ bool Partitioner::overrideChoice(Operation *op, const Annotation &a, std::option
   std::string node = nodeName(op->getLoc());
   if (node.empty())
     return true;
-  for (size_t k = 0; k < opts.overrides.size(); ++k) {
+  std::string conflict;
+  int k = decidingOverride(opts.overrides, overrideGlobs, node, conflict);
+  if (k == -2)
+    return fail(op, "the plan's \"ops\" entries " + conflict);
+  for (size_t j = 0; j < opts.overrides.size(); ++j)
+    if (globMatches(overrideGlobs[j], node)) {
+      overrideMatched[j] = true;
+      // An equally specific entry that agrees (else k is -2) decides it too.
+      if ((int)j != k &&
+          globSpecificity(opts.overrides[j].glob) == globSpecificity(opts.overrides[k].glob))
+        overrideUsed[j] = true;
+      else if ((int)j != k && overrideLost[j].empty())
+        overrideLost[j] = node + ", which \"" + opts.overrides[k].glob + "\" decides";
+    }
+  if (k >= 0) {
     const OpOverride &o = opts.overrides[k];
-    if (!globMatches(overrideGlobs[k], node))
-      continue;
     overrideUsed[k] = true;
     overridden.insert(op);
     if (o.dim.empty() || o.dim == "replicate") {
@@ -446,7 +458,6 @@ bool Partitioner::overrideChoice(Operation *op, const Annotation &a, std::option
       return fail(op, "the plan's \"ops\" entry \"" + o.glob + "\" cannot split '" + o.dim +
                           "': " + why);
     c = want;
-    return true;
   }
   return true;
 }
@@ -716,6 +727,8 @@ bool Partitioner::finishReturn() {
 bool Partitioner::run(std::string &error) {
   Block &block = fn.getBody().front();
   overrideUsed.assign(opts.overrides.size(), false);
+  overrideMatched.assign(opts.overrides.size(), false);
+  overrideLost.assign(opts.overrides.size(), std::string());
   for (BlockArgument arg : block.getArguments()) {
     if (isParamDerived(arg))
       freeValues.insert(arg);
@@ -728,13 +741,22 @@ bool Partitioner::run(std::string &error) {
       return false;
     }
   finishReturn();
-  for (size_t k = 0; k < opts.overrides.size(); ++k)
-    if (!overrideUsed[k]) {
+  for (size_t k = 0; k < opts.overrides.size(); ++k) {
+    if (!overrideMatched[k]) {
       error = "plan: \"ops\" entry \"" + opts.overrides[k].glob +
               "\" matches no op of the model (globs match ONNX node names, e.g. "
               "\"/h.0/attn/c_attn/MatMul\"; the comments of OUT/src/program0.cpp show them)";
       return false;
     }
+    if (!overrideUsed[k]) {
+      error = "plan: \"ops\" entry \"" + opts.overrides[k].glob +
+              "\" decides no op: a more specific entry decides every op it matches (e.g. " +
+              overrideLost[k] +
+              "; of the entries that match a node, the one with the most characters that are "
+              "not wildcards decides it)";
+      return false;
+    }
+  }
   if (!materialize()) {
     error = err;
     return false;
@@ -743,6 +765,51 @@ bool Partitioner::run(std::string &error) {
 }
 
 } // namespace carve::partition
+
+size_t carve::globSpecificity(llvm::StringRef glob) {
+  size_t n = 0;
+  for (size_t i = 0; i < glob.size(); ++i) {
+    char ch = glob[i];
+    if (ch == '*' || ch == '?')
+      continue;
+    if (ch == '\\') {
+      ++i;
+    } else if (ch == '[') {
+      // A class counts one; "]" first in it is a member, not its end.
+      size_t end = glob.find(']', i + 2);
+      if (end != llvm::StringRef::npos)
+        i = end;
+    }
+    ++n;
+  }
+  return n;
+}
+
+int carve::decidingOverride(const std::vector<OpOverride> &entries,
+                            const std::vector<std::optional<llvm::GlobPattern>> &globs,
+                            llvm::StringRef node, std::string &conflict) {
+  int best = -1;
+  size_t bestSpec = 0;
+  for (size_t k = 0; k < entries.size() && k < globs.size(); ++k) {
+    if (!globs[k] || node.empty() || !globs[k]->match(node))
+      continue;
+    size_t spec = globSpecificity(entries[k].glob);
+    if (best >= 0 && spec == bestSpec && entries[k].dim != entries[best].dim &&
+        !((entries[k].dim.empty() || entries[k].dim == "replicate") &&
+          (entries[best].dim.empty() || entries[best].dim == "replicate"))) {
+      conflict = "\"" + entries[best].glob + "\" and \"" + entries[k].glob + "\" both match node " +
+                 node.str() +
+                 ", are equally specific and split it differently; make one of them "
+                 "more specific";
+      return -2;
+    }
+    if (best < 0 || spec > bestSpec) {
+      best = (int)k;
+      bestSpec = spec;
+    }
+  }
+  return best;
+}
 
 bool carve::partitionTrainStep(ModuleOp module, const PartitionOptions &opts,
                                PartitionReport &report, std::string &error) {

@@ -16,6 +16,7 @@
 #include "dialects/dist/DistDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
+#include "llvm/Support/GlobPattern.h"
 
 #include <cstdint>
 #include <optional>
@@ -30,6 +31,22 @@ struct OpOverride {
   std::string glob;
   std::string dim;
 };
+
+/// How specific an `ops` glob is: its characters that are not wildcards
+/// (`*` and `?` count nothing, a `[...]` class one, an escaped character one).
+size_t globSpecificity(llvm::StringRef glob);
+
+/// The `ops` entry that decides the op of model node `node`: of the entries
+/// whose glob (`globs[k]`, compiled from `entries[k].glob`; empty when it did
+/// not compile) matches the node, the most specific. So "/h.*/attn/c_attn/Add"
+/// decides c_attn's bias and "/h.*/Add" the residual adds, although the second
+/// glob matches both, in whatever order the entries come (a plan's `ops` is a
+/// JSON object, which has none). Returns -1 when no entry matches. When two
+/// equally specific entries match and split differently, returns -2 and
+/// `conflict` names them.
+int decidingOverride(const std::vector<OpOverride> &entries,
+                     const std::vector<std::optional<llvm::GlobPattern>> &globs,
+                     llvm::StringRef node, std::string &conflict);
 
 /// A rules file's replacement of a built-in op's annotation: ops whose model
 /// node name matches `glob`, or whose op name equals it ("carve.matmul"), use

@@ -164,7 +164,10 @@ private:
   llvm::DenseMap<Operation *, Choice> choices;
   std::map<Operation *, Annotation> annotations;
   std::vector<Need> needs;
-  std::vector<bool> overrideUsed;
+  /// Per plan "ops" entry: whether it decides some op, whether it matches some.
+  std::vector<bool> overrideUsed, overrideMatched;
+  /// Per entry that matched a node another entry decides: that node, for errors.
+  std::vector<std::string> overrideLost;
   std::vector<Layout> returnLayouts;
   std::vector<std::optional<llvm::GlobPattern>> overrideGlobs, annotationGlobs;
 

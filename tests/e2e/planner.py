@@ -274,6 +274,19 @@ def main():
         raise Failure("PLAN.json with ops %r: loss differs by %.3g relative (limit %g)" %
                       (pinned, worst, LOSS_RTOL))
     print("ok: tp=2 PLAN.json with per-op pins %r trains within %.2g of 1 rank" % (pinned, worst))
+    # The search pins layer globs that overlap: "/h.*/Add" matches c_attn's
+    # bias add as well as the residual adds. The most specific entry decides
+    # each op, so the plan compiles whatever order its "ops" are read in (a
+    # JSON object's keys come back sorted, "/h.*/Add" first; before, that entry
+    # took c_attn's bias and the other "matched no op", at random, whenever
+    # the search under load pinned both).
+    op = os.path.join(mdir, "overlap.plan.json")
+    with open(op, "w") as f:
+        json.dump({"tp": 2, "ops": {"/h.*/attn/c_attn/Add": "replicate", "/h.*/Add": "replicate"}},
+                  f)
+    run_cmd([carve, "compile", onnx, "--plan", op, "-o", os.path.join(mdir, "overlap")] +
+            OPTIMIZER)
+    print("ok: overlapping \"ops\" globs compile (the most specific decides)")
     # The pins the search chose for the 1.3B GPT (3b; same node names) on this
     # small GPT at tp=4, with sequence parallelism as that plan had it.
     big_plan = {"dp": 1, "tp": 4, "pp": 1, "ops": rep["plan"].get("ops", {})}

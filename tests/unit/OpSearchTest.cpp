@@ -6,6 +6,7 @@
 // problems the DP solves; layer globs must name every layer and nothing else.
 
 #include "compiler/planner/OpSearch.h"
+#include "compiler/partition/Partitioner.h"
 
 #include "llvm/Support/GlobPattern.h"
 
@@ -16,6 +17,9 @@
 #include <random>
 
 using namespace carve::planner;
+using carve::decidingOverride;
+using carve::globSpecificity;
+using carve::OpOverride;
 
 namespace {
 
@@ -162,4 +166,41 @@ TEST(OpSearch, LayerGlobs) {
   ASSERT_TRUE((bool)lit);
   EXPECT_TRUE(lit->match("/odd[1]/Add"));
   EXPECT_FALSE(lit->match("/odd1/Add"));
+}
+
+// The search pins layer globs that overlap ("/h.*/Add" matches c_attn's bias
+// too); the most specific entry decides each node, whatever the entries'
+// order (a plan's "ops" is a JSON object, read back in key order).
+TEST(OpSearch, TheMostSpecificLayerGlobDecides) {
+  EXPECT_EQ(globSpecificity("/h.*/Add"), 7u);
+  EXPECT_EQ(globSpecificity("/h.?/Add"), 7u);
+  EXPECT_EQ(globSpecificity("/h.[0-9]/Add"), 8u);
+  EXPECT_EQ(globSpecificity("/odd\\[1\\]/Add"), 11u);
+  const std::string bias = layerGlob("/h.0/attn/c_attn/Add"), add = layerGlob("/h.0/Add");
+  for (bool biasFirst : {true, false}) {
+    std::vector<OpOverride> entries =
+        biasFirst ? std::vector<OpOverride>{{bias, "b"}, {add, "replicate"}}
+                  : std::vector<OpOverride>{{add, "replicate"}, {bias, "b"}};
+    std::vector<std::optional<llvm::GlobPattern>> globs;
+    for (const OpOverride &o : entries)
+      globs.push_back(std::move(*llvm::GlobPattern::create(o.glob)));
+    std::string conflict;
+    int k = decidingOverride(entries, globs, "/h.3/attn/c_attn/Add", conflict);
+    ASSERT_GE(k, 0);
+    EXPECT_EQ(entries[k].glob, bias);
+    k = decidingOverride(entries, globs, "/h.3/Add", conflict);
+    ASSERT_GE(k, 0);
+    EXPECT_EQ(entries[k].glob, add);
+    EXPECT_EQ(decidingOverride(entries, globs, "/wte/Gather", conflict), -1);
+  }
+  // Equally specific entries that disagree on a node are a conflict.
+  std::vector<OpOverride> tie{{"/h.?/Add", "a"}, {"/h.0/*dd", "replicate"}};
+  std::vector<std::optional<llvm::GlobPattern>> globs;
+  for (const OpOverride &o : tie)
+    globs.push_back(std::move(*llvm::GlobPattern::create(o.glob)));
+  std::string conflict;
+  EXPECT_EQ(decidingOverride(tie, globs, "/h.0/Add", conflict), -2);
+  EXPECT_NE(conflict.find("\"/h.?/Add\" and \"/h.0/*dd\" both match node /h.0/Add"),
+            std::string::npos)
+      << conflict;
 }

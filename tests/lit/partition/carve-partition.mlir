@@ -5,6 +5,10 @@
 
 // RUN: carve-opt %s --carve-set-plan="tp=2 ops=mm=b" --carve-partition | FileCheck %s --check-prefix=ALLREDUCE
 // RUN: carve-opt %s --carve-set-plan="tp=2 ops=mm=b,act=a" --carve-partition | FileCheck %s --check-prefix=SCATTER
+// Of the entries matching a node the most specific decides it, in either order:
+// "*" matches both ops but decides only act.
+// RUN: carve-opt %s --carve-set-plan="tp=2 ops=*=a,mm=b" --carve-partition | FileCheck %s --check-prefix=SCATTER
+// RUN: carve-opt %s --carve-set-plan="tp=2 ops=mm=b,*=a" --carve-partition | FileCheck %s --check-prefix=SCATTER
 // RUN: carve-opt %s --carve-set-plan="tp=2 ops=mm=a,act=b" --carve-partition | FileCheck %s --check-prefix=ALLTOALL
 // RUN: carve-opt %s --carve-set-plan="tp=2" --carve-partition | FileCheck %s --check-prefix=DEFAULT
 
