@@ -269,9 +269,6 @@ bool Generator::foldTransposes() {
     if (fold == kFoldGather) {
       if (!isa<GatherOp>(op))
         return failOp(op, "carve.fold = \"gather\" on an op that is no gather");
-      if (opts.cuda())
-        return failOp(op, "carve.fold = \"gather\": the CUDA target has no matmul_gathered "
-                          "(carve-fold-transposes marks it for the CPU target only)");
       // Every reader, through reshapes and folded transposes, a matmul
       // reading it as its right operand.
       SmallVector<Value> pending{op->getResult(0)};
@@ -300,9 +297,6 @@ bool Generator::foldTransposes() {
       if (!m || !isScatteredProduct(m))
         return failOp(op, "carve.fold = \"scatter\" on an op that is no gather_grad of a "
                           "matmul's product read only through reshapes");
-      if (opts.cuda())
-        return failOp(op, "carve.fold = \"scatter\": the CUDA target has no matmul_gather_grad "
-                          "(carve-fold-transposes marks it for the CPU target only)");
       scatterMatmul[op] = m;
       continue;
     }

@@ -22,7 +22,7 @@ bool sixteenBit(const PlanAttrs &plan) { return plan.precision != "fp32"; }
 
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
                           const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
-                          int64_t bucketBytes, int64_t epRank, bool cpuTarget) {
+                          int64_t bucketBytes, int64_t epRank) {
   pm.addPass(createBindCustomOpsPass(rules));
   pm.addNestedPass<mlir::func::FuncOp>(createCarveLowerConvolutions());
   if (plan.ep > 1) {
@@ -43,11 +43,11 @@ void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const 
   if (fuse)
     pm.addPass(createCarveFuseElementwise());
   CarveFoldTransposesOptions fold;
-  // The CPU runtime's matmul_gather_grad: two ops as one kernel, so not
-  // under --no-fuse (every op its own kernel).
-  fold.scatterProducts = cpuTarget && fuse;
-  // And its matmul_gathered: a convolution's windows never in memory.
-  fold.gatherOperands = cpuTarget && fuse;
+  // The runtimes' matmul_gather_grad: two ops as one kernel, so not under
+  // --no-fuse (every op its own kernel). Both targets.
+  fold.scatterProducts = fuse;
+  // And their matmul_gathered: a convolution's windows never whole in memory.
+  fold.gatherOperands = fuse;
   pm.addPass(createCarveFoldTransposes(fold));
   if (plan.recompute != "none")
     pm.addPass(createCarveRecompute());

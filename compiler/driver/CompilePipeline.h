@@ -41,13 +41,13 @@ namespace carve {
 /// `optimizer` is the update the tail performs; `bucketBytes` the largest
 /// gradient bucket.
 /// `epRank`: under expert parallelism (plan.ep > 1), the ep rank whose
-/// program this is (carve-expert-parallel keeps its experts). `cpuTarget`:
-/// the program is for the CPU target, whose runtime computes a convolution's
-/// input gradient without its windows (carve-fold-transposes'
-/// scatter-products, with `fuse`).
+/// program this is (carve-expert-parallel keeps its experts). With `fuse`,
+/// a convolution's windows and their gradient are never whole in memory
+/// (carve-fold-transposes' scatter-products and gather-operands; both
+/// targets' runtimes have matmul_gather_grad and matmul_gathered).
 void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
                           const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
-                          int64_t bucketBytes, int64_t epRank = 0, bool cpuTarget = false);
+                          int64_t bucketBytes, int64_t epRank = 0);
 
 /// The flags of the passes buildCompilePipeline adds for `plan`, in order.
 std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse);

@@ -170,8 +170,11 @@ bool readAsGatheredOperand(Value v, Block *block, int64_t ni) {
 bool gatherable(GatherOp g) {
   auto table = cast<RankedTensorType>(g.getData().getType());
   auto indices = cast<RankedTensorType>(g.getIndices().getType());
-  if (!alongLastAxis(g, table, g.getIndices(), g.getAxis()) || indices.getNumElements() == 0 ||
-      g->hasAttr(kRound16Attr))
+  // Rounded to 16 bits as written (carve.round16, a bf16/fp16 plan's kept
+  // activation) is no obstacle: only matmuls read it, and they round their
+  // inputs to the plan's format themselves, which rounds the gathered values
+  // to the same bits.
+  if (!alongLastAxis(g, table, g.getIndices(), g.getAxis()) || indices.getNumElements() == 0)
     return false;
   // A parameter's table would be read where the matmuls run, which ZeRO-3's
   // gathers of parameters do not know.

@@ -67,22 +67,26 @@ def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
          reads the transpose's input with its transpose flag set and the
          transpose is marked `carve.fold = "operand"` (it has no buffer).
 
-    With `scatter-products` (the CPU target): 3. a gather_grad along its
+    With `scatter-products` (`carve compile` sets it unless --no-fuse): 3. a gather_grad along its
     table's last axis of a matmul's product, read only through reshapes
     (an im2col convolution's input gradient, each product matrix whole rows
     of the table), is marked `carve.fold = "scatter"`: it computes the
     product a block of rows at a time, which never has a buffer.
 
-    With `gather-operands` (the CPU target): 4. a gather along its table's
-    last axis (f32 or f64, i64 indices, not a parameter's table, not
-    rounded to 16 bits) whose every reader, through reshapes and "operand"
+    With `gather-operands` (likewise): 4. a gather along its table's
+    last axis (f32 or f64, i64 indices, not a parameter's table) whose
+    every reader, through reshapes and "operand"
     transposes, is a matmul of the same block reading it as its right
     operand only, with each batch matrix of that operand whole rows of
     indices (an im2col convolution's windows, read by the forward's GEMM
     and the weight gradient's), is marked `carve.fold = "gather"`: each
     matmul gathers the batch matrices it multiplies as it needs them, and
     the gather's result, kernel-size times the image, never has a buffer;
-    its table is kept for the matmuls instead.
+    its table is kept for the matmuls instead. Under a bf16 or fp16 plan
+    such a gather is marked too although carve-round-activations rounds it
+    (carve.round16): the matmuls round their inputs to the plan's format
+    themselves, so they see the same bits, and carve-pack-activations keeps
+    no 16-bit copy of it.
 
     Before: the functions the emitter prints, `@train_step` or `@stage0 ..`
     (other functions are left alone). After: the undoing transposes are gone

@@ -186,7 +186,10 @@ public:
       if (op->getNumResults() != 1 || isa<ReshapeOp>(op))
         continue;
       Value root = op->getResult(0);
-      if (!isF32Tensor(root) || foldOf(op) == kFoldOperand || !op->hasAttr(kRound16Attr))
+      // A gather its matmuls gather themselves (carve.fold = "gather") is
+      // never in memory: its table is kept instead, and nothing is copied.
+      if (!isF32Tensor(root) || foldOf(op) == kFoldOperand || foldOf(op) == kFoldGather ||
+          !op->hasAttr(kRound16Attr))
         continue;
       // A received 16-bit activation (sendsAndReceives): the receive's
       // buffer is the copy backward reads.

@@ -106,11 +106,11 @@ constexpr const char *kFusionGroupAttr = "carve.fusion_group";
 /// its product transposed instead (neither is computed on its own). On a
 /// gather_grad: "scatter" when it computes the matmul whose product (through
 /// reshapes) it reads, a block of rows at a time, the product never in
-/// memory (the CPU target's matmul_gather_grad: an im2col convolution's
+/// memory (the runtimes' matmul_gather_grad: an im2col convolution's
 /// input gradient). On a gather: "gather" when every reader of its result
 /// (through reshapes and "operand" transposes) is a matmul reading it as its
 /// right operand, which gathers each of its batch matrices as it needs it,
-/// the result never in memory (the CPU target's matmul_gathered: an im2col
+/// the result never in memory (the runtimes' matmul_gathered: an im2col
 /// convolution's forward and weight gradient).
 constexpr const char *kFoldAttr = "carve.fold";
 constexpr const char *kFoldOperand = "operand";

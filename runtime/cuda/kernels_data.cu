@@ -510,6 +510,41 @@ template <class T> void concat(int n, const T *const *xs, const Dims *shapes, in
   }
 }
 
+namespace {
+
+/// Whether gather_grad of scalars (inner == 1) goes through the inverted
+/// indices: ni positions into `size` rows, both within int.
+bool byInverse(int64_t ni, int64_t size) {
+  return ni > 0 && ni < INT_MAX && size > 0 && size < INT_MAX;
+}
+
+/// Bytes of the inverted indices: offsets[size + 1], cursors[size], list[ni]
+/// (ints), rounded up to 256 so that what follows them stays aligned.
+size_t inverseBytes(int64_t ni, int64_t size) {
+  const size_t b = sizeof(int) * static_cast<size_t>(2 * size + 1 + ni);
+  return (b + 255) & ~size_t(255);
+}
+
+/// Inverts `idx` into `inv` (inverseBytes): each row's positions, counted,
+/// placed and sorted (the list starts at inv + 2 * size + 1). An index out of
+/// range is recorded in the device error record.
+void invertIndices(const int64_t *idx, int64_t ni, int64_t size, int *inv) {
+  int *offsets = inv, *cursor = offsets + size + 1, *list = cursor + size;
+  CARVE_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int) * size, stream()));
+  CARVE_KERNEL(blocksFor(ni), kThreads, 0, stream(), gatherInvCountKernel)
+  (idx, ni, size, cursor, deviceError());
+  CARVE_KERNEL(1, kThreads, 0, stream(), gatherInvScanKernel)(cursor, size, offsets);
+  CARVE_KERNEL(blocksFor(ni), kThreads, 0, stream(), gatherInvPlaceKernel)
+  (idx, ni, size, cursor, list);
+  CARVE_KERNEL(blocksFor(size), kThreads, 0, stream(), gatherInvSortShortKernel)
+  (offsets, size, list);
+  CARVE_KERNEL(static_cast<unsigned>(size), 128, 0, stream(), gatherInvSortLongKernel)
+  (offsets, list);
+  checkLaunch("gather_grad (inverting the indices)");
+}
+
+} // namespace
+
 template <class T>
 void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y) {
   axis = normAxis(axis, ts.rank, "gather");
@@ -527,22 +562,11 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   axis = normAxis(axis, ts.rank, "gather_grad");
   const int64_t outer = prod(ts, 0, axis), size = ts.d[axis], inner = prod(ts, axis + 1, ts.rank);
   const int64_t ni = is.numel();
-  if (inner == 1 && ni > 0 && ni < INT_MAX && size < INT_MAX && outer * size > 0) {
-    // The inverted indices: offsets[size + 1], cursors[size], list[ni].
-    int *offsets = static_cast<int *>(workspace(sizeof(int) * (2 * size + 1 + ni), kWsBasic0));
-    int *cursor = offsets + size + 1, *list = cursor + size;
-    CARVE_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int) * size, stream()));
-    CARVE_KERNEL(blocksFor(ni), kThreads, 0, stream(), gatherInvCountKernel)
-    (idx, ni, size, cursor, deviceError());
-    CARVE_KERNEL(1, kThreads, 0, stream(), gatherInvScanKernel)(cursor, size, offsets);
-    CARVE_KERNEL(blocksFor(ni), kThreads, 0, stream(), gatherInvPlaceKernel)
-    (idx, ni, size, cursor, list);
-    CARVE_KERNEL(blocksFor(size), kThreads, 0, stream(), gatherInvSortShortKernel)
-    (offsets, size, list);
-    CARVE_KERNEL(static_cast<unsigned>(size), 128, 0, stream(), gatherInvSortLongKernel)
-    (offsets, list);
+  if (inner == 1 && byInverse(ni, size) && outer > 0) {
+    int *inv = static_cast<int *>(workspace(inverseBytes(ni, size), kWsBasic0));
+    invertIndices(idx, ni, size, inv);
     CARVE_KERNEL(blocksFor(outer * size), kThreads, 0, stream(), gatherGradRowsKernel)
-    (dy, offsets, list, dtable, ni, size, outer);
+    (dy, inv, inv + size + 1 + size, dtable, ni, size, outer);
     checkLaunch("gather_grad");
     return;
   }
@@ -555,6 +579,126 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
   CARVE_KERNEL(blocksFor(outer * inner * parts), kThreads, 0, stream(), gatherGradOwnedKernel)
   (dy, idx, dtable, ni, size, inner, outer, parts, rows, deviceError());
   checkLaunch("gather_grad");
+}
+
+//===--- A convolution's windows, a piece at a time ------------------------===//
+
+namespace {
+
+/// A piece of an operand along the result's first dimension (the samples):
+/// pieced when the operand has that dimension too, else shared by every
+/// piece (matmul broadcasts it).
+struct PieceOperand {
+  const float *p;
+  Dims d;       // as stored
+  int64_t unit; // elements per index of the first dimension; 0 when shared
+  const float *at(int64_t j0) const { return p + j0 * unit; }
+  Dims dims(int64_t c) const {
+    Dims r = d;
+    if (unit > 0)
+      r.d[0] = c;
+    return r;
+  }
+};
+
+PieceOperand pieceOperand(const float *p, const Dims &d, const Dims &ys) {
+  const bool pieced = d.rank == ys.rank && d.d[0] == ys.d[0] && ys.d[0] > 0;
+  return {p, d, pieced ? d.numel() / ys.d[0] : 0};
+}
+
+/// Indices of the first dimension per piece: as many units of `unitBytes`
+/// as fit in `budget`, at least one.
+int64_t perPiece(int64_t unitBytes, int64_t count, int64_t budget) {
+  return std::clamp<int64_t>(unitBytes > 0 ? budget / unitBytes : count, 1, count);
+}
+
+void checkRanks(const char *op, const Dims &as, const Dims &bs, const Dims &ys, const Dims &ts) {
+  if (as.rank < 2 || bs.rank < 2 || ys.rank < 2 || ys.rank != std::max(as.rank, bs.rank))
+    fatal("%s: operands of rank %d and %d with a result of rank %d (both ranks must be >= 2 and "
+          "the result's their maximum)",
+          op, as.rank, bs.rank, ys.rank);
+  if (ts.rank < 1)
+    fatal("%s: a table of rank 0", op);
+}
+
+} // namespace
+
+void matmul_gathered(const float *a, Dims as, bool transA, const float *table, Dims ts,
+                     const int64_t *idx, Dims is, Dims bs, bool transB, float *y, Dims ys,
+                     int64_t pieceBytes) {
+  checkRanks("matmul_gathered", as, bs, ys, ts);
+  const int64_t size = ts.d[ts.rank - 1], ni = is.numel(), outer = prod(ts, 0, ts.rank - 1);
+  const int64_t bMat = bs.d[bs.rank - 2] * bs.d[bs.rank - 1];
+  if (outer * ni != bs.numel() || (bMat > 0 && (ni == 0 || bMat % ni != 0)))
+    fatal("matmul_gathered: %lld table rows of %lld indices do not make the operand's matrices "
+          "[%lld x %lld] of whole rows",
+          (long long)outer, (long long)ni, (long long)bs.d[bs.rank - 2],
+          (long long)bs.d[bs.rank - 1]);
+  const PieceOperand pa = pieceOperand(a, as, ys), pb = pieceOperand(table, bs, ys);
+  const int64_t n0 = ys.rank > 2 ? ys.d[0] : 1;
+  if (n0 <= 1 || pb.unit == 0 || bMat == 0 || ys.numel() == 0) {
+    // No batch to go through, or an operand shared by every sample:
+    // gathered whole, then matmul (which checks the shapes).
+    float *w = static_cast<float *>(workspace(
+        sizeof(float) * static_cast<size_t>(std::max<int64_t>(bs.numel(), 1)), kWsBasic2));
+    carve::gpu::gather<float>(table, ts, idx, is, ts.rank - 1, w);
+    matmul(a, as, transA, w, bs, transB, y, ys);
+    return;
+  }
+  // Each piece of samples' windows (whole table rows) is gathered into
+  // scratch and multiplied by matmul's strided batch.
+  const int64_t rowsPer = pb.unit / ni, yUnit = ys.numel() / n0;
+  const int64_t per = perPiece(pb.unit * 4, n0, pieceBytes);
+  float *w = static_cast<float *>(workspace(sizeof(float) * per * pb.unit, kWsBasic2));
+  for (int64_t j0 = 0; j0 < n0; j0 += per) {
+    const int64_t c = std::min(per, n0 - j0);
+    carve::gpu::gather<float>(table + j0 * rowsPer * size, Dims{c * rowsPer, size}, idx, is, 1, w);
+    Dims yc = ys;
+    yc.d[0] = c;
+    matmul(pa.at(j0), pa.dims(c), transA, w, pb.dims(c), transB, y + j0 * yUnit, yc);
+  }
+}
+
+void matmul_gather_grad(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB,
+                        Dims ys, const int64_t *idx, Dims is, float *dtable, Dims ts,
+                        int64_t pieceBytes) {
+  checkRanks("matmul_gather_grad", as, bs, ys, ts);
+  const int64_t size = ts.d[ts.rank - 1], ni = is.numel(), outer = prod(ts, 0, ts.rank - 1);
+  const int64_t yMat = ys.d[ys.rank - 2] * ys.d[ys.rank - 1];
+  if (outer * ni != ys.numel() || (yMat > 0 && (ni == 0 || yMat % ni != 0)))
+    fatal("matmul_gather_grad: the product's matrices [%lld x %lld] are not whole rows of %lld "
+          "indices into %lld table rows",
+          (long long)ys.d[ys.rank - 2], (long long)ys.d[ys.rank - 1], (long long)ni,
+          (long long)outer);
+  const PieceOperand pa = pieceOperand(a, as, ys), pb = pieceOperand(b, bs, ys);
+  const int64_t n0 = ys.rank > 2 ? ys.d[0] : 1;
+  if (n0 <= 1 || (pa.unit == 0 && pb.unit == 0) || yMat == 0 || !byInverse(ni, size)) {
+    // The product whole, then gather_grad.
+    float *w = static_cast<float *>(workspace(
+        sizeof(float) * static_cast<size_t>(std::max<int64_t>(ys.numel(), 1)), kWsBasic2));
+    matmul(a, as, transA, b, bs, transB, w, ys);
+    carve::gpu::gather_grad<float>(w, idx, is, ts.rank - 1, dtable, ts);
+    return;
+  }
+  // The indices inverted once; each piece's product into scratch, then its
+  // table rows summed from it as gather_grad sums them (the same order).
+  const int64_t yUnit = ys.numel() / n0, rowsPer = yUnit / ni;
+  const int64_t per = perPiece(yUnit * 4, n0, pieceBytes);
+  const size_t invBytes = inverseBytes(ni, size);
+  char *buf = static_cast<char *>(workspace(invBytes + sizeof(float) * per * yUnit, kWsBasic2));
+  int *inv = reinterpret_cast<int *>(buf);
+  float *w = reinterpret_cast<float *>(buf + invBytes);
+  invertIndices(idx, ni, size, inv);
+  for (int64_t j0 = 0; j0 < n0; j0 += per) {
+    const int64_t c = std::min(per, n0 - j0);
+    Dims yc = ys;
+    yc.d[0] = c;
+    matmul(pa.at(j0), pa.dims(c), transA, pb.at(j0), pb.dims(c), transB, w, yc);
+    CARVE_KERNEL(blocksFor(c * rowsPer * size), kThreads, 0, stream(), gatherGradRowsKernel)
+    (static_cast<const float *>(w), inv, inv + size + 1 + size, dtable + j0 * rowsPer * size, ni,
+     size, c * rowsPer);
+    checkLaunch("matmul_gather_grad");
+  }
 }
 
 /// NonZero in one block: each thread counts the non-zeros of its slice of

@@ -621,6 +621,97 @@ void testGather(const Dims &ts, int axis, const Dims &is, std::vector<int64_t> i
   expectEqual("gather_grad " + what + " (the CPU target's order)", dtab->download(), refg);
 }
 
+/// A convolution's GEMMs on its windows without the windows whole in memory
+/// (matmul_gathered: the forward and the weight gradient) and without their
+/// gradient whole (matmul_gather_grad: the input gradient), in pieces of
+/// `perPiece` samples, against the same device's gather + matmul and matmul
+/// + gather_grad (bitwise: the same GEMMs on the same values, the same sums)
+/// and against the float64 CPU kernels (within fp32 GEMM rounding).
+void testConvPieces(int64_t n, int64_t c, int64_t o, int64_t h, int64_t stride, int64_t perPiece,
+                    rt::Precision p, int64_t groups = 1) {
+  const int64_t hw = h * h, size = hw + 1, k = 3;
+  const std::vector<int64_t> idx = im2colIndex(h, h, k, stride, 1);
+  const int64_t px = static_cast<int64_t>(idx.size()) / 9, ck = c * 9, ckg = ck / groups;
+  const int64_t og = o / groups;
+  const bool plain = groups == 1;
+  // A grouped convolution's GEMMs have the groups as a second batch
+  // dimension, the weight shared by every sample (broadcast).
+  const Dims ts{n, c, size}, is{9, px};
+  const Dims bs = plain ? Dims{n, ck, px} : Dims{n, groups, ckg, px};
+  // The image with its padding element (0) after each channel's pixels.
+  std::vector<float> image = randn(ts.numel());
+  for (int64_t r = 0; r < n * c; ++r)
+    image[r * size + hw] = 0.0f;
+  const std::vector<float> w = randn(o * ck), dyv = randn(n * o * px);
+  auto dimg = up(image), dw = up(w), ddy = up(dyv);
+  auto di = up(idx);
+  const int64_t piece = perPiece * ck * px * 4;
+  const std::string what = std::string(p == rt::Precision::BF16 ? "bf16 " : "") + "N " +
+                           std::to_string(n) + " C " + std::to_string(c) + " O " +
+                           std::to_string(o) + " " + std::to_string(h) + "x" + std::to_string(h) +
+                           " stride " + std::to_string(stride) + ", " + std::to_string(perPiece) +
+                           " per piece" + (plain ? "" : ", " + std::to_string(groups) + " groups");
+  g::setPrecision(p);
+  // The windows, gathered whole, for the references.
+  auto win = poisoned<float>(bs.numel());
+  g::gather<float>(dimg->p, ts, di->p, is, 2, win->p);
+  // Forward: [O, C*9] @ [N, C*9, px] -> [N, O, px].
+  const Dims wd = plain ? Dims{o, ck} : Dims{groups, og, ckg};
+  const Dims yf = plain ? Dims{n, o, px} : Dims{n, groups, og, px};
+  auto y = poisoned<float>(yf.numel()), ref = poisoned<float>(yf.numel());
+  g::matmul_gathered(dw->p, wd, false, dimg->p, ts, di->p, is, bs, false, y->p, yf, piece);
+  g::matmul(dw->p, wd, false, win->p, bs, false, ref->p, yf);
+  const std::vector<float> yForward = y->download();
+  expectEqual("matmul_gathered forward " + what, yForward, ref->download());
+  // Weight gradient: [N, O, px] @ [N, C*9, px]^T -> [N, O, C*9].
+  const Dims dyd = yf, yg = plain ? Dims{n, o, ck} : Dims{n, groups, og, ckg};
+  auto g1 = poisoned<float>(yg.numel()), g2 = poisoned<float>(yg.numel());
+  g::matmul_gathered(ddy->p, dyd, false, dimg->p, ts, di->p, is, bs, true, g1->p, yg, piece);
+  g::matmul(ddy->p, dyd, false, win->p, bs, true, g2->p, yg);
+  expectEqual("matmul_gathered weight gradient " + what, g1->download(), g2->download());
+  // Input gradient: [O, C*9]^T @ [N, O, px] -> [N, C*9, px], summed into the image.
+  const Dims prod = bs;
+  auto dimage = poisoned<float>(ts.numel()), dref = poisoned<float>(ts.numel());
+  auto product = poisoned<float>(prod.numel());
+  g::matmul_gather_grad(dw->p, wd, true, ddy->p, dyd, false, prod, di->p, is, dimage->p, ts, piece);
+  g::matmul(dw->p, wd, true, ddy->p, dyd, false, product->p, prod);
+  g::gather_grad<float>(product->p, di->p, is, 2, dref->p, ts);
+  const std::vector<float> dImage = dimage->download();
+  expectEqual("matmul_gather_grad " + what, dImage, dref->download());
+  g::setPrecision(rt::Precision::F32);
+  if (p != rt::Precision::F32)
+    return;
+  // Against float64, by matmul's bound (k + 1) 1e-6: the forward's k = C*9;
+  // each pixel of the image gradient sums at most 9 products of k = O. The
+  // padding element, which sums every padded tap and which every program
+  // slices off, is left out.
+  std::vector<double> imgD = toDouble(image), wD = toDouble(w), dyD = toDouble(dyv);
+  std::vector<double> fwd(yf.numel()), dimg64(ts.numel());
+  rt::matmul_gathered<double>(wD.data(), wd, false, imgD.data(), ts, idx.data(), is, bs, false,
+                              fwd.data(), yf);
+  expectClose("matmul_gathered forward " + what + " (float64)", yForward, fwd, 1e-5,
+              1e-6 * double(ckg + 1));
+  rt::matmul_gather_grad<double>(wD.data(), wd, true, dyD.data(), dyd, false, prod, idx.data(), is,
+                                 dimg64.data(), ts);
+  std::vector<float> dImageNoPad = dImage;
+  for (int64_t r = 0; r < n * c; ++r)
+    dImageNoPad[r * size + hw] = 0.0f, dimg64[r * size + hw] = 0.0;
+  expectClose("matmul_gather_grad " + what + " (float64)", dImageNoPad, dimg64, 1e-5,
+              9 * 1e-6 * double(og + 1));
+}
+
+void testConvolutionPieces() {
+  // One piece, pieces of 2 with a shorter last one, one sample a piece.
+  testConvPieces(5, 3, 4, 6, 1, 5, rt::Precision::F32);
+  testConvPieces(5, 3, 4, 6, 1, 2, rt::Precision::F32);
+  testConvPieces(3, 2, 8, 7, 2, 1, rt::Precision::F32);
+  testConvPieces(4, 3, 4, 6, 1, 3, rt::Precision::BF16);
+  // Grouped: the weight broadcast over the samples, pieces of the samples.
+  testConvPieces(5, 4, 6, 6, 1, 2, rt::Precision::F32, 2);
+  // One sample: gathered whole, then matmul.
+  testConvPieces(1, 3, 4, 6, 1, 1, rt::Precision::F32);
+}
+
 /// NonZero at its static bound, against the CPU kernel: the coordinates of
 /// the non-zeros in row-major order (one block's threads count their slices
 /// and take their offsets from a scan), zeros past the last.
@@ -1083,6 +1174,7 @@ int main() {
   testDataMovement<int64_t>();
   testDataMovement<uint8_t>();
   testGatherSharded();
+  testConvolutionPieces();
   testShards();
   testOptimizer();
   testOptimizer16();

@@ -142,8 +142,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
-  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt, args.bucketBytes, epRank,
-                       args.target == "cpu");
+  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt, args.bucketBytes, epRank);
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
   PassProgress *counts = instrumentation.get();
   pm.addInstrumentation(std::move(instrumentation));

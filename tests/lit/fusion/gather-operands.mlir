@@ -1,4 +1,4 @@
-// Tests carve-fold-transposes' gather-operands (the CPU target's
+// Tests carve-fold-transposes' gather-operands (the runtimes'
 // matmul_gathered): each convolution's windows, gathered from the padded
 // image, are read only by its forward GEMM and, through a reshape and an
 // "operand" transpose, by its weight gradient's GEMM, both as the right
@@ -7,6 +7,11 @@
 // Without the option nothing is marked.
 // RUN: carve-opt %s -pass-pipeline='builtin.module(func.func(carve-lower-convolutions), carve-autodiff, carve-fold-transposes{gather-operands=true})' | FileCheck %s
 // RUN: carve-opt %s -pass-pipeline='builtin.module(func.func(carve-lower-convolutions), carve-autodiff, carve-fold-transposes)' | FileCheck %s --check-prefix=OFF
+// Under a bf16 plan the windows are rounded as written (carve.round16) and
+// still folded: the matmuls round their inputs themselves, so no 16-bit copy
+// of them is kept (carve-pack-activations leaves folded gathers alone) while
+// max pooling's windows get one.
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{precision=bf16}, func.func(carve-lower-convolutions), carve-autodiff, carve-round-activations, carve-fold-transposes{gather-operands=true}, carve-pack-activations)' | FileCheck %s --check-prefix=BF16
 
 // CHECK-LABEL: func.func @train_step(
 // CHECK: %[[G1:.+]] = carve.gather %{{.+}}, %{{.+}} {axis = 2 : i64, carve.fold = "gather"} : (tensor<2x3x17xf32>, tensor<9x16xi64>) -> tensor<2x3x9x16xf32>
@@ -22,6 +27,15 @@
 // CHECK: carve.matmul %{{.+}}, %[[T1]] : (tensor<2x4x16xf32>, tensor<2x16x27xf32>) -> tensor<2x4x27xf32>
 // CHECK: return
 // OFF-NOT: "gather"
+
+// BF16-LABEL: func.func @train_step(
+// BF16: %[[G1:.+]] = carve.gather %{{.+}}, %{{.+}} {axis = 2 : i64, carve.fold = "gather", carve.round16} : (tensor<2x3x17xf32>
+// BF16-NOT: carve.cast %[[G1]]
+// BF16: %[[P:.+]] = carve.gather %{{.+}}, %{{.+}} {axis = 2 : i64, carve.round16} : (tensor<2x4x16xf32>
+// BF16: carve.cast %[[P]] : tensor<2x4x4x4xf32> -> tensor<2x4x4x4xbf16>
+// BF16: %[[G2:.+]] = carve.gather %{{.+}}, %{{.+}} {axis = 2 : i64, carve.fold = "gather", carve.round16} : (tensor<2x4x5xf32>
+// BF16-NOT: carve.cast %[[G2]]
+// BF16: return
 
 func.func @forward(%x: tensor<2x3x4x4xf32> {carve.input = "x"},
                    %w1: tensor<4x3x3x3xf32> {carve.param = "w1", carve.trainable},

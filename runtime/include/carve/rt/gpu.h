@@ -225,6 +225,33 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
 template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
 template <class T> void nonzero(const T *x, Dims xs, int64_t *y);
 
+/// The budget of matmul_gathered's and matmul_gather_grad's scratch: the
+/// gathered operand (the product) goes a piece of samples at a time, at most
+/// this many bytes (at least one sample).
+constexpr int64_t kGatheredPieceBytes = int64_t(256) << 20;
+
+/// As carve::rt::matmul_gathered: matmul(a, b) with b = gather(table, idx,
+/// last axis) viewed as `bs`, without b whole in memory (an im2col
+/// convolution's windows, kernel-size times the image). b is gathered a
+/// piece of its first dimension (the samples; whole table rows each) at a
+/// time into scratch (`pieceBytes`), and multiplied by matmul's
+/// strided-batched GEMM: an implicit GEMM through cuBLAS. `a` is pieced with
+/// it when it has that dimension, else shared (a weight, grouped or not).
+/// With one sample, or a b without the result's first dimension, b is
+/// gathered whole first.
+void matmul_gathered(const float *a, Dims as, bool transA, const float *table, Dims ts,
+                     const int64_t *idx, Dims is, Dims bs, bool transB, float *y, Dims ys,
+                     int64_t pieceBytes = kGatheredPieceBytes);
+/// As carve::rt::matmul_gather_grad: gather_grad(op(a) @ op(b) viewed as
+/// the table's rows, idx, last axis) without the product whole in memory
+/// (an im2col convolution's input gradient). The indices are inverted once;
+/// each piece of samples' product goes to scratch and its table rows are
+/// summed from it in gather_grad's order, so the result is gather_grad's of
+/// matmul's product, bitwise where the GEMMs are.
+void matmul_gather_grad(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB,
+                        Dims ys, const int64_t *idx, Dims is, float *dtable, Dims ts,
+                        int64_t pieceBytes = kGatheredPieceBytes);
+
 //===--- Tensor parallelism (dist.h on device pointers) --------------------===//
 
 void takeShard(const void *full, Dims fullShape, Split s, int index, void *local, int elemBytes);
