@@ -208,6 +208,8 @@ struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesP
         undoing.push_back(t);
       });
       for (TransposeOp t : undoing) {
+        if (!undoTransposes)
+          break;
         t.getResult().replaceAllUsesWith(t.getInput().getDefiningOp<TransposeOp>().getInput());
         t->erase();
         ++numUndone;

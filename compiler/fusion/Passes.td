@@ -99,7 +99,10 @@ def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
     Option<"scatterProducts", "scatter-products", "bool", /*default=*/"false",
            "Mark the gather_grads that compute their matmul's product (rule 3)">,
     Option<"gatherOperands", "gather-operands", "bool", /*default=*/"false",
-           "Mark the gathers whose matmuls gather their operand themselves (rule 4)">
+           "Mark the gathers whose matmuls gather their operand themselves (rule 4)">,
+    Option<"undoTransposes", "undo-transposes", "bool", /*default=*/"true",
+           "Remove the transposes that undo another (off: marks only; carve plan's "
+           "profile reads the marks of its memory model and keeps its ops as they are)">
   ];
   let statistics = [
     Statistic<"numUndone", "num-undone", "Transposes of a transpose they undo, removed">,

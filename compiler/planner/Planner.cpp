@@ -105,7 +105,8 @@ double layerActivationBytes(const Segment &s, const Candidate &c, double bytesPe
   const double a = bytesPerElement, b = (double)c.microBatch;
   if (c.recompute == "full")
     return s.input * b * a;
-  double bytes = (s.saved - s.savedFixed) * b * a + s.savedFixed * a + s.hiddenMasks * b;
+  double bytes =
+      (s.saved - s.savedFixed) * b * a + s.savedFixed * a + s.hiddenMasks * b + s.savedWide * b * 4;
   if (c.recompute != "selective" && scores)
     bytes += (s.core * a + s.coreMasks + s.coreDropped * a) * b;
   return bytes;
@@ -331,6 +332,8 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   for (int k = 0; k < S; ++k) {
     int r = k % c.pp;
     double t = 0, bw = 0, rec = 0, comm = 0, params = 0, act = 0, work = 0, experts = 0, epT = 0;
+    // Per part in order: its kept activations and its transients' peak.
+    std::vector<std::pair<double, double>> keptAndWork;
     auto addPart = [&](const Segment &seg, const Priced &pr, bool isLayer) {
       PartTime pt = partTime(pr, seg);
       t += pt.fwd + pt.bwd + pt.rec;
@@ -342,19 +345,22 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
       params += seg.params - seg.expertParams * (1.0 - 1.0 / c.ep);
       experts += seg.expertParams / c.ep;
       const double core = st.scores ? seg.core : 0;
-      act += isLayer ? layerActivationBytes(seg, c, keptBytes, st.scores)
-                     : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * keptBytes +
-                           core * b * keptBytes + seg.hiddenMasks * b;
+      const double kept =
+          isLayer ? layerActivationBytes(seg, c, keptBytes, st.scores)
+                  : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * keptBytes +
+                        core * b * keptBytes + seg.hiddenMasks * b + seg.savedWide * b * 4;
+      act += kept;
       // Under 16-bit storage each op reads its parameters through fp32 views
       // of their 16-bit copies, alive while it runs (carve-store-params16);
       // placed among the part's other transients they fragment its scratch,
       // so the part's views are charged as if all were alive at once.
       double w = seg.transientPeak * b * aBytes + (st.param < 4 ? seg.params * 4 : 0);
       if (c.recompute == "full" && isLayer)
-        w += (seg.saved * b + core * b) * aBytes;
+        w += (seg.saved * b + core * b) * aBytes + seg.savedWide * b * 4;
       else if (c.recompute == "selective" && isLayer)
         w += core * b * aBytes;
       work = std::max(work, w);
+      keptAndWork.push_back({kept, w});
     };
     rankParts[r] += chunk[k] + (k == 0) + (k == S - 1);
     if (k == 0)
@@ -387,7 +393,28 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
     rankParams[r] += params;
     rankExperts[r] += experts;
     rankEp[r] += epT;
-    rankWork[r] = std::max(rankWork[r], work);
+    if (c.v == 1) {
+      // A part's transients are alive with what the parts before it keep
+      // (and its own), not with what later parts keep: in forward those are
+      // not written yet, in backward they are freed (a value is charged to
+      // the part whose backward reads it last). So the peak above what the
+      // micro-batch keeps is the most, over its parts in order, of the kept
+      // so far plus the part's transients, less all it keeps; the sent copy
+      // of the chunk's output counts from the start. (The other micro-batches
+      // in flight keep all of theirs meanwhile.) On a CNN whose first layers'
+      // windows' transients dwarf what they keep, the sum of the whole
+      // chunk's kept activations and its largest transients was 5x the arena.
+      double sent = act, prefix = 0, peak = act;
+      for (const auto &[kept, w] : keptAndWork)
+        sent -= kept;
+      for (const auto &[kept, w] : keptAndWork) {
+        prefix += kept;
+        peak = std::max(peak, sent + prefix + w);
+      }
+      rankWork[r] = std::max(rankWork[r], peak - act);
+    } else {
+      rankWork[r] = std::max(rankWork[r], work);
+    }
     // In flight: this chunk's activations times the micro-batches it holds.
     int64_t held = inFlight(c.schedule, c.pp, c.v, c.m, r);
     rankAct[r] += act * (c.v > 1 ? (double)held / c.v : (double)held);

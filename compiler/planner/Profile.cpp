@@ -42,7 +42,13 @@ double elemsOf(Value v) {
   return 0;
 }
 
-bool isView(Operation *op) { return isa<ReshapeOp, TransposeOp, SliceOp>(op); }
+/// Ops whose result shares memory with an operand, or has none: a gather
+/// its matmuls gather themselves (carve.fold = "gather", a convolution's
+/// windows) is read from its table, which is what is kept.
+bool isView(Operation *op) {
+  return isa<ReshapeOp, TransposeOp, SliceOp>(op) ||
+         (isa<GatherOp>(op) && foldOf(op) == kFoldGather);
+}
 
 /// Walks @train_step and fills the profile.
 class Profiler {
@@ -378,6 +384,10 @@ void Profiler::countTransients() {
         auto [last, readByBackward] = reach(r);
         if (!bwd && readByBackward)
           continue;
+        // A convolution's windows' gradient: computed a block at a time by
+        // the gather_grad that reads it (carve.fold = "scatter").
+        if (isScatteredProduct(o))
+          continue;
         bool fused = isFusible(o) && !r.use_empty();
         for (Operation *u : r.getUsers())
           fused &= isFusible(u) && isBackward(u) == bwd;
@@ -406,6 +416,9 @@ void Profiler::countActivations() {
   Block &body = fn.getBody().front();
   llvm::DenseMap<Value, int> rootSeg;       // root -> segment charged
   llvm::DenseMap<Value, bool> rootRegather; // kept sharded, gathered again in backward
+  // Kept for the matmuls that gather from it (a convolution's image, in
+  // fp32 whatever the precision), or read by backward otherwise.
+  llvm::DenseSet<Value> rootWide, rootDirect;
   std::vector<Value> roots;
   for (Operation &op : body.without_terminator()) {
     if (isBackward(&op))
@@ -420,8 +433,10 @@ void Profiler::countActivations() {
       if (first < 0)
         continue;
       Value root = v;
+      bool throughGather = false;
       while (Operation *d = root.getDefiningOp()) {
         if (isView(d) && d->getNumOperands() >= 1) {
+          throughGather |= isa<GatherOp>(d);
           root = d->getOperand(0);
           continue;
         }
@@ -433,6 +448,7 @@ void Profiler::countActivations() {
           root = d->getOperand(0);
           regather = true;
         }
+      (throughGather ? rootWide : rootDirect).insert(root);
       auto it = rootSeg.find(root);
       if (it == rootSeg.end()) {
         rootSeg[root] = first;
@@ -448,7 +464,12 @@ void Profiler::countActivations() {
     Segment &s = *segs[rootSeg[r]];
     if (!batch.count(r))
       continue; // weights seen through a transpose: parameters, not activations
-    s.saved += elemsOf(r);
+    // The 16-bit copy backward reads (a bf16/fp16 plan's) and, for gathering
+    // GEMMs, the value itself in fp32: both may be kept.
+    if (rootDirect.contains(r))
+      s.saved += elemsOf(r);
+    if (rootWide.contains(r))
+      s.savedWide += elemsOf(r);
     if (rootRegather[r]) {
       // Gathered again before its backward use (tp all-gather of the shard).
       Operation *d = nullptr;
@@ -723,6 +744,21 @@ bool buildProfile(const ProfileModel &model, const ProfileRequest &req, Profile 
       return false;
   } else if (!req.pins.empty()) {
     // Pins choose splits over tp; with tp = 1 they are checked for matches only.
+  }
+  // What carve compile keeps out of memory: a convolution's windows (read
+  // by the GEMMs that gather them) and their gradient (computed by the
+  // gather_grad that sums it). Marks only: the ops stay as they are priced.
+  {
+    PassManager fold(local->getContext());
+    CarveFoldTransposesOptions fo;
+    fo.scatterProducts = true;
+    fo.gatherOperands = true;
+    fo.undoTransposes = false;
+    fold.addPass(createCarveFoldTransposes(fo));
+    if (failed(fold.run(*local))) {
+      error = req.model + ": carve-fold-transposes failed on the profile";
+      return false;
+    }
   }
   auto fn = local->lookupSymbol<func::FuncOp>("train_step");
   if (!fn) {

@@ -84,6 +84,12 @@ struct Segment {
   double saved = 0;
   /// Of which batch-independent (not scaled by the micro-batch).
   double savedFixed = 0;
+  /// Kept in fp32 whatever the precision, per sample: the tables of the
+  /// gathers that matmuls gather themselves (a convolution's image, kept in
+  /// place of its windows; carve.fold = "gather"). Not in `saved`, unless
+  /// backward also reads the value directly (then a bf16/fp16 plan keeps a
+  /// 16-bit copy besides).
+  double savedWide = 0;
   /// Attention probabilities kept by an unfused attention core (per sample).
   double core = 0;
   /// With dropout: 1-byte masks of hidden dropout, of attention dropout, and
