@@ -421,6 +421,27 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   }
   if (c.pp == 1)
     rankParams[0] -= prof.sharedParams;
+  if (c.pp > 1 && prof.stagesUnmodelled) {
+    // Any rank may hold any part (Profile::stagesUnmodelled): each is charged
+    // every part's parameters and, at the most micro-batches in flight, every
+    // part's kept activations, the largest scratch and send buffers.
+    double ps = 0, perMb = 0, most = 0, work = 0, buffers = 0;
+    for (int r = 0; r < c.pp; ++r) {
+      const double held = (double)inFlight(c.schedule, c.pp, c.v, c.m, r);
+      const double f = c.v > 1 ? held / c.v : held;
+      ps += rankParams[r];
+      perMb += f > 0 ? rankAct[r] / f : 0;
+      most = std::max(most, f);
+      work = std::max(work, rankWork[r]);
+      buffers = std::max(buffers, rankBuffers[r]);
+    }
+    for (int r = 0; r < c.pp; ++r) {
+      rankParams[r] = ps;
+      rankAct[r] = perMb * most;
+      rankWork[r] = work;
+      rankBuffers[r] = buffers;
+    }
+  }
 
   int slow = (int)(std::max_element(rankTime.begin(), rankTime.end()) - rankTime.begin());
   double tMb = rankTime[slow];

@@ -114,6 +114,10 @@ void Profiler::findLayers() {
       prefix = pre;
       numLayers = (int)nums.size();
     }
+  int numbered = 0;
+  for (auto &[pre, nums] : byPrefix)
+    numbered += nums.size() >= 2;
+  p.stagesUnmodelled = numLayers == 0 || numbered > 1;
   if (numLayers)
     for (int n : byPrefix[prefix])
       layerIndex.emplace(n, (int)layerIndex.size());

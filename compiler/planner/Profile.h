@@ -133,6 +133,11 @@ struct Profile {
   bool sequenceParallel = false;
   Segment embedding, head;
   std::vector<Segment> layers; // in model order, one per numbered layer
+  /// The numbered layers do not describe the model's pipeline stages: it has
+  /// none, or several numbered prefixes (ResNet's layer1 .. layer4), and
+  /// carve-split-stages cuts units of its own there. The planner then charges
+  /// every pipeline rank the whole model (never less than it holds).
+  bool stagesUnmodelled = false;
   /// Trainable parameters used by more than one part (GPT's tied embedding):
   /// local elements, counted in each part that uses it.
   double sharedParams = 0;
