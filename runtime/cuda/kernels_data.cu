@@ -612,13 +612,26 @@ int64_t perPiece(int64_t unitBytes, int64_t count, int64_t budget) {
   return std::clamp<int64_t>(unitBytes > 0 ? budget / unitBytes : count, 1, count);
 }
 
-void checkRanks(const char *op, const Dims &as, const Dims &bs, const Dims &ys, const Dims &ts) {
+/// The shapes both kernels need: operands of rank >= 2 and a result of
+/// their rank; a table whose rows, `is.numel()` indices each, are the
+/// matrices of `rows` (the gathered operand, or the product) whole rows
+/// each. Returns the elements of one such matrix.
+int64_t checkShapes(const char *op, const Dims &as, const Dims &bs, const Dims &ys, const Dims &ts,
+                    const Dims &is, const Dims &rows, const char *what) {
   if (as.rank < 2 || bs.rank < 2 || ys.rank < 2 || ys.rank != std::max(as.rank, bs.rank))
     fatal("%s: operands of rank %d and %d with a result of rank %d (both ranks must be >= 2 and "
           "the result's their maximum)",
           op, as.rank, bs.rank, ys.rank);
   if (ts.rank < 1)
     fatal("%s: a table of rank 0", op);
+  const int64_t ni = is.numel(), outer = prod(ts, 0, ts.rank - 1);
+  const int64_t mat = rows.d[rows.rank - 2] * rows.d[rows.rank - 1];
+  if (outer * ni != rows.numel() || (mat > 0 && (ni == 0 || mat % ni != 0)))
+    fatal("%s: %lld table rows of %lld indices do not make %s's matrices [%lld x %lld] of whole "
+          "rows",
+          op, (long long)outer, (long long)ni, what, (long long)rows.d[rows.rank - 2],
+          (long long)rows.d[rows.rank - 1]);
+  return mat;
 }
 
 } // namespace
@@ -626,14 +639,9 @@ void checkRanks(const char *op, const Dims &as, const Dims &bs, const Dims &ys, 
 void matmul_gathered(const float *a, Dims as, bool transA, const float *table, Dims ts,
                      const int64_t *idx, Dims is, Dims bs, bool transB, float *y, Dims ys,
                      int64_t pieceBytes) {
-  checkRanks("matmul_gathered", as, bs, ys, ts);
-  const int64_t size = ts.d[ts.rank - 1], ni = is.numel(), outer = prod(ts, 0, ts.rank - 1);
-  const int64_t bMat = bs.d[bs.rank - 2] * bs.d[bs.rank - 1];
-  if (outer * ni != bs.numel() || (bMat > 0 && (ni == 0 || bMat % ni != 0)))
-    fatal("matmul_gathered: %lld table rows of %lld indices do not make the operand's matrices "
-          "[%lld x %lld] of whole rows",
-          (long long)outer, (long long)ni, (long long)bs.d[bs.rank - 2],
-          (long long)bs.d[bs.rank - 1]);
+  const int64_t bMat =
+      checkShapes("matmul_gathered", as, bs, ys, ts, is, bs, "the gathered operand");
+  const int64_t size = ts.d[ts.rank - 1], ni = is.numel();
   const PieceOperand pa = pieceOperand(a, as, ys), pb = pieceOperand(table, bs, ys);
   const int64_t n0 = ys.rank > 2 ? ys.d[0] : 1;
   if (n0 <= 1 || pb.unit == 0 || bMat == 0 || ys.numel() == 0) {
@@ -662,14 +670,8 @@ void matmul_gathered(const float *a, Dims as, bool transA, const float *table, D
 void matmul_gather_grad(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB,
                         Dims ys, const int64_t *idx, Dims is, float *dtable, Dims ts,
                         int64_t pieceBytes) {
-  checkRanks("matmul_gather_grad", as, bs, ys, ts);
-  const int64_t size = ts.d[ts.rank - 1], ni = is.numel(), outer = prod(ts, 0, ts.rank - 1);
-  const int64_t yMat = ys.d[ys.rank - 2] * ys.d[ys.rank - 1];
-  if (outer * ni != ys.numel() || (yMat > 0 && (ni == 0 || yMat % ni != 0)))
-    fatal("matmul_gather_grad: the product's matrices [%lld x %lld] are not whole rows of %lld "
-          "indices into %lld table rows",
-          (long long)ys.d[ys.rank - 2], (long long)ys.d[ys.rank - 1], (long long)ni,
-          (long long)outer);
+  const int64_t yMat = checkShapes("matmul_gather_grad", as, bs, ys, ts, is, ys, "the product");
+  const int64_t size = ts.d[ts.rank - 1], ni = is.numel();
   const PieceOperand pa = pieceOperand(a, as, ys), pb = pieceOperand(b, bs, ys);
   const int64_t n0 = ys.rank > 2 ? ys.d[0] : 1;
   if (n0 <= 1 || (pa.unit == 0 && pb.unit == 0) || yMat == 0 || !byInverse(ni, size)) {
