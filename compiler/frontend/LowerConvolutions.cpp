@@ -484,7 +484,7 @@ struct CarveLowerConvolutionsPass
         // reports a conflict between entries).
         std::string conflict;
         const int k = decidingOverride(ops, globs, node, conflict);
-        const bool pinned = k >= 0 && (ops[k].dim.empty() || ops[k].dim == "replicate");
+        const bool pinned = k >= 0 && replicates(ops[k]);
         if (out % tp != 0 && in % tp != 0 && g % tp != 0 && !pinned) {
           op->emitError() << "carve.conv2d" << (node.empty() ? "" : " (node '" + node + "')")
                           << ": tp=" << tp << " divides neither its " << in

@@ -439,7 +439,7 @@ bool Partitioner::overrideChoice(Operation *op, const Annotation &a, std::option
     const OpOverride &o = opts.overrides[k];
     overrideUsed[k] = true;
     overridden.insert(op);
-    if (o.dim.empty() || o.dim == "replicate") {
+    if (replicates(o)) {
       c = Choice{};
       return true;
     }
@@ -785,27 +785,32 @@ size_t carve::globSpecificity(llvm::StringRef glob) {
   return n;
 }
 
+bool carve::replicates(const OpOverride &o) { return o.dim.empty() || o.dim == "replicate"; }
+
 int carve::decidingOverride(const std::vector<OpOverride> &entries,
                             const std::vector<std::optional<llvm::GlobPattern>> &globs,
                             llvm::StringRef node, std::string &conflict) {
+  // The most specific first, then whether another as specific disagrees: a
+  // tie below it is no conflict.
   int best = -1;
   size_t bestSpec = 0;
-  for (size_t k = 0; k < entries.size() && k < globs.size(); ++k) {
-    if (!globs[k] || node.empty() || !globs[k]->match(node))
-      continue;
-    size_t spec = globSpecificity(entries[k].glob);
-    if (best >= 0 && spec == bestSpec && entries[k].dim != entries[best].dim &&
-        !((entries[k].dim.empty() || entries[k].dim == "replicate") &&
-          (entries[best].dim.empty() || entries[best].dim == "replicate"))) {
-      conflict = "\"" + entries[best].glob + "\" and \"" + entries[k].glob + "\" both match node " +
-                 node.str() +
-                 ", are equally specific and split it differently; make one of them "
-                 "more specific";
+  auto matches = [&](size_t k) {
+    return k < globs.size() && globs[k] && !node.empty() && globs[k]->match(node);
+  };
+  for (size_t k = 0; k < entries.size(); ++k)
+    if (matches(k))
+      if (size_t spec = globSpecificity(entries[k].glob); best < 0 || spec > bestSpec) {
+        best = (int)k;
+        bestSpec = spec;
+      }
+  for (size_t k = best + 1; best >= 0 && k < entries.size(); ++k) {
+    const OpOverride &e = entries[k], &b = entries[best];
+    if (matches(k) && globSpecificity(e.glob) == bestSpec && e.dim != b.dim &&
+        !(replicates(e) && replicates(b))) {
+      conflict = "\"" + b.glob + "\" and \"" + e.glob + "\" both match node " + node.str() +
+                 ", are equally specific and split it differently; make one of them more "
+                 "specific";
       return -2;
-    }
-    if (best < 0 || spec > bestSpec) {
-      best = (int)k;
-      bestSpec = spec;
     }
   }
   return best;

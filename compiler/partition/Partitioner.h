@@ -32,6 +32,9 @@ struct OpOverride {
   std::string dim;
 };
 
+/// Whether the entry keeps its ops whole ("replicate", or no dimension).
+bool replicates(const OpOverride &o);
+
 /// How specific an `ops` glob is: its characters that are not wildcards
 /// (`*` and `?` count nothing, a `[...]` class one, an escaped character one).
 size_t globSpecificity(llvm::StringRef glob);

@@ -200,6 +200,17 @@ TEST(OpSearch, TheMostSpecificLayerGlobDecides) {
     globs.push_back(std::move(*llvm::GlobPattern::create(o.glob)));
   std::string conflict;
   EXPECT_EQ(decidingOverride(tie, globs, "/h.0/Add", conflict), -2);
+  // A tie below the most specific entry is no conflict, in either order.
+  for (bool specificLast : {true, false}) {
+    std::vector<OpOverride> three = tie;
+    three.insert(specificLast ? three.end() : three.begin(), {"/h.0/Add", "b"});
+    std::vector<std::optional<llvm::GlobPattern>> g3;
+    for (const OpOverride &o : three)
+      g3.push_back(std::move(*llvm::GlobPattern::create(o.glob)));
+    const int k = decidingOverride(three, g3, "/h.0/Add", conflict);
+    ASSERT_GE(k, 0);
+    EXPECT_EQ(three[k].glob, "/h.0/Add");
+  }
   EXPECT_NE(conflict.find("\"/h.?/Add\" and \"/h.0/*dd\" both match node /h.0/Add"),
             std::string::npos)
       << conflict;
