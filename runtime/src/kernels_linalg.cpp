@@ -18,6 +18,7 @@
 
 #include "carve/rt/elementwise.h"
 #include "kernels_loops.h"
+#include "packed_gemm.h"
 
 #include <cblas.h>
 
@@ -25,6 +26,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -119,6 +121,19 @@ template <class T> void roundInput(const T *&x, int64_t n, int slot) {
 } // namespace
 
 void setPrecision(Precision p) { gPrecision = p; }
+
+namespace {
+
+bool gDirectConvolutions = true;
+
+/// Output pixels from which a convolution's forward takes carve's own packed
+/// GEMM (docs/performance.md, "A convolution's forward packed from the image").
+constexpr int64_t kDirectMinPixels = 64;
+
+} // namespace
+
+void setDirectConvolutions(bool on) { gDirectConvolutions = on; }
+bool directConvolutions() { return gDirectConvolutions && packed::kBuilt; }
 Precision precision() { return gPrecision; }
 
 float roundToBf16(float x) { return ew::roundBf16(x); }
@@ -249,6 +264,52 @@ void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, 
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
   const Dims batch(ys.d, yr - 2), aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
   const int64_t nb = batch.numel();
+  if constexpr (std::is_same_v<T, float>) {
+    // A convolution's forward: carve's own GEMM packs the windows from the
+    // image into its panels (packed_gemm.h). Chosen by the operand's shape
+    // alone (never by m or the batch), so every plan's ranks take the same
+    // way and sum each element in the same order.
+    if (packed::kBuilt && gDirectConvolutions && !transA && !transB && aBatch.numel() == 1 &&
+        bBatch.numel() == nb && m > 0 && n >= kDirectMinPixels && k > 0 && nb > 0 && ni % n == 0) {
+      roundInput(a, as.numel(), 0);
+      roundInput(table, ts.numel(), 1);
+      const packed::Windows w(idx, ni / n, n, size);
+      float *pa = scratch<float>(3, packed::packedASize(m, k));
+      packed::packA(a, as.d[ar - 1], m, k, pa);
+      const int64_t chunks = (n + packed::kNc - 1) / packed::kNc;
+      parallelRange(nb * chunks, 2, [&](int64_t u0, int64_t u1) {
+        float *buf = scratch<float>(0, packed::bufferSize(k, 0, std::min(n, packed::kNc)));
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t j = u / chunks, j0 = u % chunks * packed::kNc;
+          packed::gemm(pa, m, k, table + j * rowsPer * size, w, j0, std::min(n, j0 + packed::kNc),
+                       y + j * m * n, buf);
+        }
+      });
+      return;
+    }
+    // Its weight gradient, dY [N, O, pixels] times each sample's windows
+    // transposed: the same GEMM with the windows packed transposed.
+    if (packed::kBuilt && gDirectConvolutions && !transA && transB && aBatch.numel() == nb &&
+        bBatch.numel() == nb && m > 0 && n > 0 && k >= kDirectMinPixels && nb > 0 && ni % k == 0) {
+      roundInput(a, as.numel(), 0);
+      roundInput(table, ts.numel(), 1);
+      const packed::Windows w(idx, ni / k, k, size);
+      // Whole samples per unit where they keep the threads busy (each
+      // sample's dY packed once), else chunks of columns too.
+      const int64_t chunks =
+          nb >= 2 * omp_get_max_threads() ? 1 : (n + packed::kNc - 1) / packed::kNc;
+      const int64_t width = (n + chunks - 1) / chunks;
+      parallelRange(nb * chunks, 2, [&](int64_t u0, int64_t u1) {
+        float *buf = scratch<float>(0, packed::bufferSizeTransposed(m, k, 0, width));
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t j = u / chunks, j0 = u % chunks * width;
+          packed::gemmTransposed(a + j * m * k, m, n, table + j * rowsPer * size, w, j0,
+                                 std::min(n, j0 + width), y + j * m * n, buf);
+        }
+      });
+      return;
+    }
+  }
   if (bBatch.numel() == 1 || m == 0 || n == 0 || k == 0 || nb == 0) {
     // One operand matrix (or nothing to multiply): gathered whole, then
     // matmul's own GEMMs.
@@ -398,17 +459,42 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
             wp[(am * perMat + c) * kk + o * taps + t] =
                 a[am * m * k + (transA ? o * lda + r : r * lda + o)];
           }
+    // With the packed GEMM (float, dY not transposed): G packed from dY
+    // straight into its panels, the image's blocks of kNc positions.
+    bool direct = false;
+    std::vector<float> pw;
+    std::optional<packed::Windows> gw;
+    if constexpr (std::is_same_v<T, float>) {
+      if (packed::kBuilt && gDirectConvolutions && !transB) {
+        direct = true;
+        std::vector<int64_t> inv(taps * size, -1);
+        for (int64_t t = 0; t < taps; ++t)
+          for (const TapInverse::Segment &sg : tapInv.taps[t])
+            if (sg.from >= 0)
+              for (int64_t j = 0; j < sg.len; ++j)
+                inv[t * size + sg.q + j] = sg.from + j;
+        gw.emplace(inv.data(), taps, size, n, true);
+        pw.resize(nA * packed::packedASize(perMat, kk));
+        for (int64_t am = 0; am < nA; ++am)
+          packed::packA(wp + am * perMat * kk, kk, perMat, kk,
+                        pw.data() + am * packed::packedASize(perMat, kk));
+      }
+    }
     int64_t qb = std::max<int64_t>(16, (int64_t(1) << 18) / kk / 16 * 16);
-    qb = std::min(qb, size);
+    qb = direct ? packed::kNc : std::min(qb, size);
     const int64_t blocks = (size + qb - 1) / qb, tasks = nb * blocks;
     auto run = [&](int64_t t0, int64_t t1) {
-      T *g = scratch<T>(0, static_cast<size_t>(kk * qb));
+      T *g = scratch<T>(0, static_cast<size_t>(direct ? packed::bufferSize(kk, 0, qb) : kk * qb));
       for (int64_t task = t0; task < t1; ++task) {
         const int64_t e = task / blocks, q0 = (task % blocks) * qb, qw = std::min(qb, size - q0);
         int64_t offA = 0, offB = 0;
         offsets(e, offA, offB);
         const T *bm = b + offB * k * n, *w = wp + offA * perMat * kk;
-        for (int64_t o = 0; o < k; ++o)
+        if constexpr (std::is_same_v<T, float>)
+          if (direct)
+            packed::gemm(pw.data() + offA * packed::packedASize(perMat, kk), perMat, kk, bm, *gw,
+                         q0, q0 + qw, dtable + e * perMat * size, g);
+        for (int64_t o = 0; o < k && !direct; ++o)
           for (int64_t t = 0; t < taps; ++t) {
             T *row = g + (o * taps + t) * qw;
             for (const TapInverse::Segment &sg : tapInv.taps[t]) {
@@ -427,7 +513,8 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
             }
           }
         T *out = dtable + e * perMat * size + q0;
-        gemm(false, false, perMat, qw, kk, T(1), w, kk, g, qw, T(0), out, size);
+        if (!direct)
+          gemm(false, false, perMat, qw, kk, T(1), w, kk, g, qw, T(0), out, size);
         // The second and later pixels of a tap on one position (the
         // padding element): their op(B) columns summed per (position, tap),
         // then one product with the tap's weights.
@@ -452,7 +539,7 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
         }
       }
     };
-    if (tasks >= 2 * omp_get_max_threads())
+    if (tasks >= 2 * omp_get_max_threads() || direct)
       parallelRange(tasks, 2, run);
     else
       run(0, tasks);
@@ -465,6 +552,16 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
   const int64_t rowsPer =
       std::clamp<int64_t>((int64_t(1) << 16) / std::max<int64_t>(ni, 1), 1, perMat);
   const int64_t blocks = (perMat + rowsPer - 1) / rowsPer, tasks = nb * blocks;
+  // With the packed GEMM (float, dY not transposed): dY a plain matrix
+  // packed into its panels, the block's rows of op(A) packed per task.
+  bool direct = false;
+  std::optional<packed::Windows> plain;
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed::kBuilt && gDirectConvolutions && !transB && ldb == n) {
+      direct = true;
+      plain.emplace(packed::Windows::matrix(n));
+    }
+  }
   auto run = [&](int64_t t0, int64_t t1) {
     T *block = scratch<T>(0, static_cast<size_t>(rowsPer * ni));
     for (int64_t t = t0; t < t1; ++t) {
@@ -476,7 +573,19 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
       // Rows r0 * taps.. of op(A): a row offset, or a column one when A is
       // stored transposed.
       const T *ar0 = transA ? am + r0 * taps : am + r0 * taps * lda;
-      gemm(transA, transB, rows * taps, n, k, T(1), ar0, lda, bm, ldb, T(0), block, n);
+      if constexpr (std::is_same_v<T, float>) {
+        if (direct) {
+          float *pa = scratch<float>(1, packed::packedASize(rows * taps, k) +
+                                            packed::bufferSize(k, 0, packed::kNc));
+          float *buf = pa + packed::packedASize(rows * taps, k);
+          packed::packA(ar0, lda, rows * taps, k, pa, transA);
+          for (int64_t j0 = 0; j0 < n; j0 += packed::kNc)
+            packed::gemm(pa, rows * taps, k, bm, *plain, j0, std::min(n, j0 + packed::kNc), block,
+                         buf);
+        }
+      }
+      if (!direct)
+        gemm(transA, transB, rows * taps, n, k, T(1), ar0, lda, bm, ldb, T(0), block, n);
       // As gather_grad adds: zeros, then the indices in order.
       for (int64_t r = 0; r < rows; ++r) {
         T *dst = dtable + (e * perMat + r0 + r) * size;
@@ -492,8 +601,9 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
     }
   };
   // Tasks across the threads, each GEMM on its calling thread, where there
-  // are enough of them; otherwise one at a time, OpenBLAS threading each.
-  if (tasks >= 2 * omp_get_max_threads())
+  // are enough of them (or the GEMM is carve's own, on its calling thread
+  // anyway); otherwise one at a time, OpenBLAS threading each.
+  if (tasks >= 2 * omp_get_max_threads() || direct)
     parallelRange(tasks, 2, run);
   else
     run(0, tasks);

@@ -309,6 +309,12 @@ TEST(MatmulGatherGrad, EqualsMatmulThenGatherGrad) {
         uniformOf<double>(g * cg * taps * og, 165), {g, cg * taps, og}, false,
         uniformOf<double>(n * g * p * og, 166), {n, g, p, og}, true, {n, g, cg * taps, p}, idx,
         {taps, p}, {n, g * cg, side * side + 1}, 1e-14, "grouped " + std::to_string(side));
+    // Float, dY as stored (the packed GEMM's case where the runtime has it):
+    // the weight per group broadcast over the samples.
+    checkMatmulGatherGrad<float>(uniformOf<float>(g * cg * taps * og, 167), {g, cg * taps, og},
+                                 false, uniformOf<float>(n * g * og * p, 168), {n, g, og, p}, false,
+                                 {n, g, cg * taps, p}, idx, {taps, p}, {n, g * cg, side * side + 1},
+                                 1e-5, "grouped float " + std::to_string(side));
   }
 }
 
@@ -357,6 +363,8 @@ void checkMatmulGathered(const std::vector<T> &a, Dims as, bool ta, const std::v
 // ones one at a time (the gather then split over the threads), and one
 // operand matrix (N = 1: the batch folds into M, or one GEMM).
 TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
+  // The forward's own packed GEMM (next test) off: this is the BLAS path.
+  setDirectConvolutions(false);
   using Case = ConvCase;
   for (const Case &c :
        {Case{4, 3, 8, 8, 8, 3, 1}, Case{16, 16, 32, 32, 32, 3, 1}, Case{2, 16, 32, 32, 32, 3, 1},
@@ -389,6 +397,120 @@ TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
                              uniformOf<float>(n * cg * l, 179), {n, cg, l}, idx, {taps, p},
                              {n, cg * taps, p}, false, {n, og, p}, "bf16");
   setPrecision(Precision::F32);
+  setDirectConvolutions(true);
+}
+
+// A convolution's forward through carve's own packed GEMM (packed_gemm.h):
+// the windows packed from the image, the sums in another order than BLAS's.
+// Each element is held to the error bound of a float32 sum of k products,
+// |y - exact| <= k * 2^-24 * sum |w| |x| (exact: the same sum in double),
+// and must be bitwise the same whatever the batch or the output channels
+// (how a plan splits them over ranks). The shapes cover partial tiles of
+// rows and columns, more terms than one block (k > 256), strided windows
+// (lanes packed one by one), a 1x1 kernel and panels patched at the image's
+// edges.
+TEST(MatmulGathered, DirectConvolutionWithinFloatRounding) {
+  if (!directConvolutions())
+    GTEST_SKIP() << "this runtime was built without AVX2/FMA or AVX-512: no packed GEMM";
+  using Case = ConvCase;
+  for (const Case &c :
+       {Case{3, 3, 5, 8, 8, 3, 1}, Case{2, 40, 13, 10, 10, 3, 1}, Case{2, 16, 32, 32, 32, 3, 1},
+        Case{3, 8, 7, 20, 20, 3, 2}, Case{2, 300, 9, 9, 9, 1, 1}, Case{4, 30, 70, 16, 16, 3, 1}}) {
+    int64_t p = 0;
+    const std::vector<int64_t> idx = im2colIndices(c.h, c.w, c.k, c.k, c.stride, p);
+    const int64_t taps = c.k * c.k, ck = c.c * taps, l = c.h * c.w + 1;
+    const Dims ts{c.n, c.c, l}, is{taps, p}, bs{c.n, ck, p}, ys{c.n, c.o, p};
+    const std::string what = c.name();
+    const std::vector<float> a = uniformOf<float>(c.o * ck, 181),
+                             table = uniformOf<float>(c.n * c.c * l, 182);
+    std::vector<float> got(ys.numel(), 7.f), windows(bs.numel());
+    matmul_gathered<float>(a.data(), {c.o, ck}, false, table.data(), ts, idx.data(), is, bs, false,
+                           got.data(), ys);
+    gather<float>(table.data(), ts, idx.data(), is, 2, windows.data());
+    int64_t over = 0;
+    for (int64_t s = 0; s < c.n; ++s)
+      for (int64_t o = 0; o < c.o; ++o)
+        for (int64_t q = 0; q < p; ++q) {
+          double exact = 0, mag = 0;
+          for (int64_t kk = 0; kk < ck; ++kk) {
+            const double t = double(a[o * ck + kk]) * windows[(s * ck + kk) * p + q];
+            exact += t;
+            mag += std::fabs(t);
+          }
+          over += std::fabs(got[(s * c.o + o) * p + q] - exact) > ck * 0x1p-24 * mag;
+        }
+    EXPECT_EQ(over, 0) << what << ": elements outside float32's bound of " << ck << " terms";
+    // One sample alone, and the first half of the output channels (a dp
+    // rank's batch, a tp rank's weight rows): the same bits.
+    const int64_t oh = (c.o + 1) / 2;
+    std::vector<float> one(c.o * p), half(c.n * oh * p);
+    matmul_gathered<float>(a.data(), {c.o, ck}, false, table.data() + (c.n - 1) * c.c * l,
+                           {1, c.c, l}, idx.data(), is, {1, ck, p}, false, one.data(), {1, c.o, p});
+    EXPECT_EQ(std::memcmp(one.data(), got.data() + (c.n - 1) * c.o * p, one.size() * 4), 0)
+        << what << ": the last sample alone differs";
+    matmul_gathered<float>(a.data(), {oh, ck}, false, table.data(), ts, idx.data(), is, bs, false,
+                           half.data(), {c.n, oh, p});
+    int64_t differ = 0;
+    for (int64_t s = 0; s < c.n; ++s)
+      differ += std::memcmp(half.data() + s * oh * p, got.data() + s * c.o * p, oh * p * 4) != 0;
+    EXPECT_EQ(differ, 0) << what << ": " << oh << " of " << c.o << " output channels differ";
+
+    // The weight gradient of each sample: dY [N, O, P] times the windows
+    // transposed, p terms a sum.
+    const std::vector<float> dy = uniformOf<float>(c.n * c.o * p, 183);
+    std::vector<float> dw(c.n * c.o * ck, 7.f);
+    matmul_gathered<float>(dy.data(), {c.n, c.o, p}, false, table.data(), ts, idx.data(), is, bs,
+                           true, dw.data(), {c.n, c.o, ck});
+    over = 0;
+    for (int64_t s = 0; s < c.n; ++s)
+      for (int64_t o = 0; o < c.o; ++o)
+        for (int64_t kk = 0; kk < ck; ++kk) {
+          double exact = 0, mag = 0;
+          for (int64_t q = 0; q < p; ++q) {
+            const double t = double(dy[(s * c.o + o) * p + q]) * windows[(s * ck + kk) * p + q];
+            exact += t;
+            mag += std::fabs(t);
+          }
+          over += std::fabs(dw[(s * c.o + o) * ck + kk] - exact) > p * 0x1p-24 * mag;
+        }
+    EXPECT_EQ(over, 0) << what << ": weight gradient elements outside float32's bound of " << p
+                       << " terms";
+    std::vector<float> dyHalf(c.n * oh * p), dwHalf(c.n * oh * ck);
+    for (int64_t s = 0; s < c.n; ++s)
+      std::copy_n(dy.data() + s * c.o * p, oh * p, dyHalf.data() + s * oh * p);
+    matmul_gathered<float>(dyHalf.data(), {c.n, oh, p}, false, table.data(), ts, idx.data(), is, bs,
+                           true, dwHalf.data(), {c.n, oh, ck});
+    differ = 0;
+    for (int64_t s = 0; s < c.n; ++s)
+      differ +=
+          std::memcmp(dwHalf.data() + s * oh * ck, dw.data() + s * c.o * ck, oh * ck * 4) != 0;
+    EXPECT_EQ(differ, 0) << what << ": the weight gradient of " << oh << " of " << c.o
+                         << " output channels differs";
+    std::vector<float> dwOne(c.o * ck);
+    matmul_gathered<float>(dy.data() + (c.n - 1) * c.o * p, {1, c.o, p}, false,
+                           table.data() + (c.n - 1) * c.c * l, {1, c.c, l}, idx.data(), is,
+                           {1, ck, p}, true, dwOne.data(), {1, c.o, ck});
+    EXPECT_EQ(std::memcmp(dwOne.data(), dw.data() + (c.n - 1) * c.o * ck, dwOne.size() * 4), 0)
+        << what << ": the weight gradient of the last sample alone differs";
+  }
+  // A bf16 plan rounds the operands first: the same bits as the packed GEMM
+  // of operands rounded beforehand.
+  int64_t p = 0;
+  const std::vector<int64_t> idx = im2colIndices(12, 12, 3, 3, 1, p);
+  const int64_t ck = 4 * 9, l = 12 * 12 + 1;
+  std::vector<float> a = uniformOf<float>(6 * ck, 184), table = uniformOf<float>(2 * 4 * l, 185);
+  std::vector<float> y16(2 * 6 * p), y32(y16.size());
+  setPrecision(Precision::BF16);
+  matmul_gathered<float>(a.data(), {6, ck}, false, table.data(), {2, 4, l}, idx.data(), {9, p},
+                         {2, ck, p}, false, y16.data(), {2, 6, p});
+  setPrecision(Precision::F32);
+  for (float &v : a)
+    v = roundToBf16(v);
+  for (float &v : table)
+    v = roundToBf16(v);
+  matmul_gathered<float>(a.data(), {6, ck}, false, table.data(), {2, 4, l}, idx.data(), {9, p},
+                         {2, ck, p}, false, y32.data(), {2, 6, p});
+  EXPECT_EQ(std::memcmp(y16.data(), y32.data(), y16.size() * 4), 0) << "bf16";
 }
 
 TEST(KernelErrors, MatmulGatheredShapesAreChecked) {

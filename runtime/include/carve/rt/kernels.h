@@ -118,6 +118,12 @@ template <class T> void copy(const T *x, T *y, int64_t n);
 enum class Precision : int { F32 = 0, BF16 = 1, F16 = 2 };
 void setPrecision(Precision p);
 Precision precision();
+/// Whether matmul_gathered runs a convolution's forward through carve's own
+/// packed GEMM (on by default where the runtime was built with AVX2 and FMA
+/// or AVX-512; docs/fusion.md) or gathers the windows for BLAS. For tests and
+/// benchmarks that compare the two.
+void setDirectConvolutions(bool on);
+bool directConvolutions();
 /// x rounded to bf16 / fp16 and back (round to nearest even).
 float roundToBf16(float x);
 float roundToF16(float x);
@@ -155,14 +161,23 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
                         const int64_t *idx, Dims is, T *dtable, Dims ts);
 /// matmul(a, b) with b = gather(table, idx, last axis) viewed as `bs`,
 /// without b in memory: an im2col convolution's forward and weight gradient
-/// read its windows (kernel-size times the image) this way. Each batch
-/// matrix of b is gathered as its GEMM needs it (whole table rows: row r of
-/// the table gives elements r * is.numel() .. of b's flat layout), into a
-/// per-thread buffer, and multiplied by the GEMM matmul would run on it, so
-/// the result is bitwise matmul's of the gathered tensor. The buffer holds
-/// one batch matrix per thread and is kept for later calls: one sample's
-/// windows, C * taps * pixels elements (7.2 MB for 64 channels, 3x3, 56x56
-/// in float32), where the gathered tensor held N of them.
+/// read its windows (kernel-size times the image) this way (whole table
+/// rows: row r of the table gives elements r * is.numel() .. of b's flat
+/// layout).
+///
+/// In float32, where the runtime has the packed GEMM (directConvolutions())
+/// and each batch matrix of b has at least 64 columns (output pixels), the
+/// forward (one weight a times each sample's windows) and the weight
+/// gradient (each sample's dY times its windows transposed) pack the windows
+/// from the table straight into the GEMM's panels (packed_gemm.h): the sums
+/// run in carve's order, not BLAS's, the same for every batch size and
+/// number of rows of a (every plan's ranks). Otherwise each batch matrix of
+/// b is gathered as its GEMM needs it into a per-thread buffer and
+/// multiplied by the GEMM matmul would run on it, so the result is bitwise
+/// matmul's of the gathered tensor. That buffer holds one batch matrix per
+/// thread and is kept for later calls: one sample's windows, C * taps *
+/// pixels elements (7.2 MB for 64 channels, 3x3, 56x56 in float32), where
+/// the gathered tensor held N of them.
 template <class T>
 void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, const int64_t *idx,
                      Dims is, Dims bs, bool transB, T *y, Dims ys);
