@@ -580,7 +580,7 @@ void post(const Op &o) {
   auto to = [&](int r, const void *p, size_t b) {
     if (!deliver(*c->net, c->members[r], h, p, b) && c->asyncError == ncclSuccess) {
       std::lock_guard<std::mutex> lock(gMutex);
-      c->lastError = std::string(kindName(o.kind)) + ": the connection to rank " +
+      c->lastError = describe(o.kind, o.count, o.type, o.root) + ": the connection to rank " +
                      std::to_string(r) + " of the communicator is gone (it ended or crashed)";
       gFault = c->lastError;
       c->asyncError = ncclRemoteError;
