@@ -553,11 +553,13 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
       std::clamp<int64_t>((int64_t(1) << 16) / std::max<int64_t>(ni, 1), 1, perMat);
   const int64_t blocks = (perMat + rowsPer - 1) / rowsPer, tasks = nb * blocks;
   // With the packed GEMM (float, dY not transposed): dY a plain matrix
-  // packed into its panels, the block's rows of op(A) packed per task.
+  // packed into its panels, the block's rows of op(A) packed per task. Only
+  // with AVX-512: with AVX2 its 6 x 16 tiles ran these products at 0.88-0.99x
+  // OpenBLAS's (bench/conv_packed_probe.cpp, docs/performance.md).
   bool direct = false;
   std::optional<packed::Windows> plain;
   if constexpr (std::is_same_v<T, float>) {
-    if (packed::kBuilt && gDirectConvolutions && !transB && ldb == n) {
+    if (packed::kWide && gDirectConvolutions && !transB && ldb == n) {
       direct = true;
       plain.emplace(packed::Windows::matrix(n));
     }

@@ -98,9 +98,6 @@ void micro(int64_t kc, const float *a, const float *b, float *y, int64_t ldy, in
 
 } // namespace
 
-int64_t mr() { return kMr; }
-int64_t nr() { return kNr; }
-
 Windows::Windows(const int64_t *idx, int64_t taps, int64_t n, int64_t size, bool minusOneIsZero)
     : taps_(taps), n_(n), size_(size), panels_((n + kNr - 1) / kNr), idx_(taps * n) {
   for (int64_t i = 0; i < taps * n; ++i)

@@ -1,10 +1,12 @@
 //===- packed_gemm.h - a GEMM whose right operand is packed from a gather -===//
 //
-// carve's own float32 GEMM for a convolution's forward on the CPU: y = A x B
-// with B = gather(table, idx) (the windows), packed from the table straight
-// into the panels the microkernel reads, so the windows are never written
-// out and no BLAS packs them again. matmul_gathered (kernels_linalg.cpp)
-// calls it where it applies (kDirectConv); docs/fusion.md says when.
+// carve's own float32 GEMM for a convolution's three products on the CPU:
+// y = A x B (the forward; the input gradient) and y = A x B^T (the weight
+// gradient), with B = gather(table, idx) (the windows, or the output
+// gradient's windows, or a plain matrix) packed from the table straight into
+// the panels the microkernel reads, so the windows are never written out and
+// no BLAS packs them again. matmul_gathered and matmul_gather_grad
+// (kernels_linalg.cpp) call it where it applies; docs/fusion.md says when.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,6 +26,12 @@ namespace carve::rt::packed {
 constexpr bool kBuilt = true;
 #else
 constexpr bool kBuilt = false;
+#endif
+/// Whether the microkernel is the AVX-512 one (12 x 32 tiles).
+#if defined(__AVX512F__)
+constexpr bool kWide = true;
+#else
+constexpr bool kWide = false;
 #endif
 
 /// Where B's elements come from: B is [k x n], row kk = table row kk / taps
@@ -68,14 +76,10 @@ private:
   static constexpr int64_t kNotSame = INT64_MIN;
   static float read(const float *src, int64_t i) { return i < 0 ? 0.f : src[i]; }
   int64_t taps_, n_, size_, panels_;
-  std::vector<int64_t> idx_; // normalized to [0, size)
+  std::vector<int64_t> idx_; // in [0, size), or -1 (reads 0) with minusOneIsZero
   std::vector<Panel> panel_; // [taps][panels]
   std::vector<std::pair<int32_t, int64_t>> fix_;
 };
-
-/// The microkernel's tile: MR rows of A by NR columns of B.
-int64_t mr();
-int64_t nr();
 
 /// Floats packA writes for an [m x k] A.
 size_t packedASize(int64_t m, int64_t k);
