@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #pragma GCC optimize("fp-contract=off")
 
@@ -102,13 +103,38 @@ void adamwLoop(float *p, G g, float *m, float *v, int64_t n, const AdamwCoeffici
   }
 }
 
+/// The sum of squares in double, in blocks of kSumBlock elements, each
+/// summed in 16 lanes (so the loop vectorizes without reordering anyone's
+/// sum) and the lanes and blocks added in order: the same bits whatever the
+/// number of threads. (An OpenMP simd reduction here compiled to gather
+/// instructions and ran at 6.8 GB/s, 6.6% of a ResNet-18 step.)
+constexpr int64_t kSumBlock = 1 << 14;
+
 template <class G> double sumSquaresLoop(G g, int64_t n) {
-  double s = 0;
-#pragma omp parallel for simd if (n > kParallelMin) schedule(static) reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    s += static_cast<double>(gi) * gi;
+  const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  std::vector<double> part(blocks);
+#pragma omp parallel for if (n > kParallelMin) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i0 = b * kSumBlock, i1 = std::min(n, i0 + kSumBlock);
+    double lane[16] = {};
+    int64_t i = i0;
+    for (; i + 16 <= i1; i += 16)
+      for (int l = 0; l < 16; ++l) {
+        const double x = g[i + l];
+        lane[l] += x * x;
+      }
+    for (int l = 0; i < i1; ++i, ++l) {
+      const double x = g[i];
+      lane[l] += x * x;
+    }
+    double s = 0;
+    for (int l = 0; l < 16; ++l)
+      s += lane[l];
+    part[b] = s;
   }
+  double s = 0;
+  for (int64_t b = 0; b < blocks; ++b)
+    s += part[b];
   return s;
 }
 

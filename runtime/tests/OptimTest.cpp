@@ -13,8 +13,10 @@
 #include "carve/rt/elementwise.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 using namespace carve::rt;
@@ -141,6 +143,24 @@ TEST(Clipping, NormAndCoefficient) {
   EXPECT_EQ(sumSquares(g, 2), 25.0);
   std::vector<float> big(100000, 0.5f);
   EXPECT_DOUBLE_EQ(sumSquares(big.data(), big.size()), 25000.0);
+  // Random values over blocks and lanes with a ragged end: within double's
+  // rounding of an exact (long double) sum, and the same bits on 1 thread
+  // as on the whole team.
+  std::vector<float> r(100003);
+  uint32_t x = 12345;
+  long double exact = 0;
+  for (float &v : r) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<float>(x >> 8) / 16777216.f - 0.5f;
+    exact += static_cast<long double>(v) * v;
+  }
+  const double team = sumSquares(r.data(), r.size());
+  EXPECT_NEAR(team, static_cast<double>(exact), 1e-12 * static_cast<double>(exact));
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = sumSquares(r.data(), r.size());
+  omp_set_num_threads(threads);
+  EXPECT_EQ(std::memcmp(&one, &team, sizeof one), 0) << one << " on 1 thread, " << team;
   EXPECT_NEAR(clipCoefficient(5.0, 1.0), 0.2f, 1e-7);
   EXPECT_EQ(clipCoefficient(0.5, 1.0), 1.0f);
   EXPECT_EQ(clipCoefficient(0.0, 1.0), 1.0f);
