@@ -2,7 +2,7 @@
 // two ways matmul_gathered and matmul_gather_grad can run them, on the same
 // inputs:
 //
-//   (a) BLAS (setDirectConvolutions(false)): each sample's windows (or dY's,
+//   (a) BLAS (setPackedGemm(false)): each sample's windows (or dY's,
 //       or a block of the windows' gradient) gathered into a per-thread
 //       buffer, then OpenBLAS's sgemm on it;
 //   (b) carve's packed GEMM (the default where the runtime has AVX2 + FMA or
@@ -114,7 +114,7 @@ double fmaLimit() {
 } // namespace
 
 int main() {
-  if (!directConvolutions()) {
+  if (!packedGemm()) {
     std::fprintf(stderr, "conv_packed_probe: this runtime has no packed GEMM (built without "
                          "AVX2/FMA or AVX-512); nothing to compare\n");
     return 1;
@@ -158,7 +158,7 @@ int main() {
       const Dims ys = op == 2 ? ts : grad ? Dims{s.n, s.o, ck} : Dims{s.n, s.o, p};
       std::vector<float> ya(ys.numel()), yb(ys.numel());
       auto run = [&](bool direct, std::vector<float> &y) {
-        setDirectConvolutions(direct);
+        setPackedGemm(direct);
         const auto t = Clock::now();
         if (op == 2)
           matmul_gather_grad<float>(wt.data(), {s.o, ck}, true, dy.data(), {s.n, s.o, p}, false, bs,
@@ -190,5 +190,5 @@ int main() {
                   flops / tb / 1e9, 100 * flops / tb / 1e9 / fma, ta / tb, worst, scale);
     }
   }
-  setDirectConvolutions(true);
+  setPackedGemm(true);
 }

@@ -124,7 +124,7 @@ void setPrecision(Precision p) { gPrecision = p; }
 
 namespace {
 
-bool gDirectConvolutions = true;
+bool gPackedGemm = true;
 
 /// Output pixels from which a convolution's forward takes carve's own packed
 /// GEMM (docs/performance.md, "A convolution's forward packed from the image").
@@ -132,8 +132,9 @@ constexpr int64_t kDirectMinPixels = 64;
 
 } // namespace
 
-void setDirectConvolutions(bool on) { gDirectConvolutions = on; }
-bool directConvolutions() { return gDirectConvolutions && packed::kBuilt; }
+void setPackedGemm(bool on) { gPackedGemm = on; }
+bool packedGemm() { return gPackedGemm && packed::kBuilt; }
+bool packedMatmuls() { return gPackedGemm && packed::kWide; }
 Precision precision() { return gPrecision; }
 
 float roundToBf16(float x) { return ew::roundBf16(x); }
@@ -183,6 +184,61 @@ template <class F> bool runBatch(int64_t nb, int64_t m, int64_t n, int64_t k, F 
 
 } // namespace
 
+namespace {
+
+/// Rows of A a unit of packedMatmul takes (a multiple of both microkernels'
+/// MR, 12 and 6).
+constexpr int64_t kPackedRows = 96;
+
+/// y [m x n] (+)= op(A) [m x k] x op(B) [k x n] through carve's packed GEMM,
+/// in units of kPackedRows rows by kNc columns over the threads; each
+/// element sums its k products in the same order whatever the split.
+void packedMatmul(const float *a, int64_t lda, bool transA, const float *b, int64_t ldb,
+                  bool transB, float *y, int64_t m, int64_t n, int64_t k, bool accumulate) {
+  const int64_t rb = (m + kPackedRows - 1) / kPackedRows, cb = (n + packed::kNc - 1) / packed::kNc;
+  const int64_t width = std::min(n, packed::kNc);
+  if (!transB) {
+    const packed::Windows w = packed::Windows::matrix(n, ldb);
+    parallelRange(rb * cb, 2, [&](int64_t u0, int64_t u1) {
+      float *pa =
+          scratch<float>(0, packed::packedASize(kPackedRows, k) + packed::bufferSize(k, 0, width));
+      float *buf = pa + packed::packedASize(kPackedRows, k);
+      int64_t packedBlock = -1;
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t r = u / cb, r0 = r * kPackedRows, rows = std::min(kPackedRows, m - r0);
+        const int64_t j0 = u % cb * packed::kNc;
+        if (r != packedBlock) { // the units of one block of rows share its packed A
+          packed::packA(transA ? a + r0 : a + r0 * lda, lda, rows, k, pa, transA);
+          packedBlock = r;
+        }
+        packed::gemm(pa, rows, k, b, w, j0, std::min(n, j0 + packed::kNc), y + r0 * n, buf,
+                     accumulate);
+      }
+    });
+    return;
+  }
+  const packed::Windows w = packed::Windows::matrix(k, ldb);
+  parallelRange(rb * cb, 2, [&](int64_t u0, int64_t u1) {
+    float *buf = scratch<float>(0, packed::bufferSizeTransposed(kPackedRows, k, 0, width));
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t r0 = u / cb * kPackedRows, rows = std::min(kPackedRows, m - r0);
+      const int64_t j0 = u % cb * packed::kNc;
+      packed::gemmTransposed(transA ? a + r0 : a + r0 * lda, rows, n, b, w, j0,
+                             std::min(n, j0 + packed::kNc), y + r0 * n, buf, lda, transA,
+                             accumulate);
+    }
+  });
+}
+
+/// Whether a float GEMM summing k products goes to packedMatmul: with the
+/// AVX-512 microkernel (with AVX2, OpenBLAS's own kernels are about as fast
+/// on plain matrices), and by k alone, never by m, n or the batch: so a
+/// rank's share of the rows or columns (dp, column-parallel tp) takes the
+/// way one rank takes and sums each element alike.
+bool usePackedMatmul(int64_t k) { return packed::kWide && gPackedGemm && k >= 16; }
+
+} // namespace
+
 template <class T>
 void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
             bool accumulate) {
@@ -205,12 +261,30 @@ void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, 
   const Nest<2> nest = broadcastNest<2>("matmul", in, batch);
   // One GEMM when B is shared by every batch matrix and A's batch rows are
   // contiguous: the batch folds into M.
-  if (bBatch.numel() == 1 && !transA && aBatch.numel() == nb) {
+  const bool folds = bBatch.numel() == 1 && !transA && aBatch.numel() == nb;
+  const int64_t sa = nest.inner(0), sb = nest.inner(1);
+  const int64_t aMat = m * k, bMat = k * n, yMat = m * n;
+  if constexpr (std::is_same_v<T, float>) {
+    if (usePackedMatmul(k)) {
+      // Folded or a matrix at a time, each element's sum is the same.
+      if (folds) {
+        packedMatmul(a, lda, false, b, ldb, transB, y, nb * m, n, k, accumulate);
+        return;
+      }
+      parallelRange(nb, 2, [&](int64_t e0, int64_t e1) {
+        forRange(nest, e0, e1, [&](const int64_t *off, int64_t e, int64_t len) {
+          for (int64_t i = 0; i < len; ++i)
+            packedMatmul(a + (off[0] + i * sa) * aMat, lda, transA, b + (off[1] + i * sb) * bMat,
+                         ldb, transB, y + (e + i) * yMat, m, n, k, accumulate);
+        });
+      });
+      return;
+    }
+  }
+  if (folds) {
     gemm(false, transB, nb * m, n, k, T(1), a, lda, b, ldb, beta, y, n);
     return;
   }
-  const int64_t sa = nest.inner(0), sb = nest.inner(1);
-  const int64_t aMat = m * k, bMat = k * n, yMat = m * n;
   auto run = [&](int64_t e0, int64_t e1) {
     forRange(nest, e0, e1, [&](const int64_t *off, int64_t e, int64_t len) {
       for (int64_t i = 0; i < len; ++i)
@@ -269,7 +343,7 @@ void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, 
     // image into its panels (packed_gemm.h). Chosen by the operand's shape
     // alone (never by m or the batch), so every plan's ranks take the same
     // way and sum each element in the same order.
-    if (packed::kBuilt && gDirectConvolutions && !transA && !transB && aBatch.numel() == 1 &&
+    if (packed::kBuilt && gPackedGemm && !transA && !transB && aBatch.numel() == 1 &&
         bBatch.numel() == nb && m > 0 && n >= kDirectMinPixels && k > 0 && nb > 0 && ni % n == 0) {
       roundInput(a, as.numel(), 0);
       roundInput(table, ts.numel(), 1);
@@ -289,7 +363,7 @@ void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, 
     }
     // Its weight gradient, dY [N, O, pixels] times each sample's windows
     // transposed: the same GEMM with the windows packed transposed.
-    if (packed::kBuilt && gDirectConvolutions && !transA && transB && aBatch.numel() == nb &&
+    if (packed::kBuilt && gPackedGemm && !transA && transB && aBatch.numel() == nb &&
         bBatch.numel() == nb && m > 0 && n > 0 && k >= kDirectMinPixels && nb > 0 && ni % k == 0) {
       roundInput(a, as.numel(), 0);
       roundInput(table, ts.numel(), 1);
@@ -465,7 +539,7 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
     std::vector<float> pw;
     std::optional<packed::Windows> gw;
     if constexpr (std::is_same_v<T, float>) {
-      if (packed::kBuilt && gDirectConvolutions && !transB) {
+      if (packed::kBuilt && gPackedGemm && !transB) {
         direct = true;
         std::vector<int64_t> inv(taps * size, -1);
         for (int64_t t = 0; t < taps; ++t)
@@ -559,7 +633,7 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
   bool direct = false;
   std::optional<packed::Windows> plain;
   if constexpr (std::is_same_v<T, float>) {
-    if (packed::kWide && gDirectConvolutions && !transB && ldb == n) {
+    if (packed::kWide && gPackedGemm && !transB && ldb == n) {
       direct = true;
       plain.emplace(packed::Windows::matrix(n));
     }

@@ -142,11 +142,11 @@ Windows::Windows(const int64_t *idx, int64_t taps, int64_t n, int64_t size, bool
     }
 }
 
-Windows Windows::matrix(int64_t n) {
+Windows Windows::matrix(int64_t n, int64_t ld) {
   std::vector<int64_t> iota(n);
   for (int64_t i = 0; i < n; ++i)
     iota[i] = i;
-  return Windows(iota.data(), 1, n, n);
+  return Windows(iota.data(), 1, n, ld < 0 ? n : ld);
 }
 
 void Windows::pack(const float *rows, int64_t k0, int64_t kc, int64_t p0, int64_t panels,
@@ -343,7 +343,7 @@ size_t bufferSize(int64_t k, int64_t j0, int64_t j1) {
 }
 
 void gemm(const float *pa, int64_t m, int64_t k, const float *rows, const Windows &w, int64_t j0,
-          int64_t j1, float *y, float *buf) {
+          int64_t j1, float *y, float *buf, bool accumulate) {
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   const int64_t n = w.n(), mp = (m + kMr - 1) / kMr, panels = (j1 - j0 + kNr - 1) / kNr;
   for (int64_t pc = 0; pc < k; pc += kKc) {
@@ -354,11 +354,12 @@ void gemm(const float *pa, int64_t m, int64_t k, const float *rows, const Window
       const float *b = buf + jr * kc * kNr;
       for (int64_t i = 0; i < mp; ++i)
         micro(kc, pa + pc * mp * kMr + i * kc * kMr, b, y + i * kMr * n + p0, n,
-              std::min(kMr, m - i * kMr), cols, pc == 0);
+              std::min(kMr, m - i * kMr), cols, pc == 0 && !accumulate);
     }
   }
 #else
-  (void)pa, (void)m, (void)k, (void)rows, (void)w, (void)j0, (void)j1, (void)y, (void)buf;
+  (void)pa, (void)m, (void)k, (void)rows, (void)w, (void)j0, (void)j1, (void)y, (void)buf,
+      (void)accumulate;
 #endif
 }
 
@@ -367,15 +368,18 @@ size_t bufferSizeTransposed(int64_t m, int64_t n, int64_t j0, int64_t j1) {
 }
 
 void gemmTransposed(const float *a, int64_t m, int64_t k, const float *rows, const Windows &w,
-                    int64_t j0, int64_t j1, float *y, float *buf) {
+                    int64_t j0, int64_t j1, float *y, float *buf, int64_t lda, bool transA,
+                    bool accumulate) {
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   // A block of dY packed once for all the columns, B a chunk of kNc of
   // them at a time (its block stays in cache).
   const int64_t n = w.n(), mp = (m + kMr - 1) / kMr;
   float *pa = buf, *pb = buf + packedASize(m, std::min(kKc, n));
+  if (lda < 0)
+    lda = n;
   for (int64_t pc = 0; pc < n; pc += kKc) {
     const int64_t kc = std::min(kKc, n - pc);
-    packA(a + pc, n, m, kc, pa);
+    packA(transA ? a + pc * lda : a + pc, lda, m, kc, pa, transA);
     for (int64_t jc = j0; jc < j1; jc += kNc) {
       const int64_t jn = std::min(j1, jc + kNc), panels = (jn - jc + kNr - 1) / kNr;
       w.packTransposed(rows, k, pc, kc, jc, panels, pb);
@@ -384,12 +388,13 @@ void gemmTransposed(const float *a, int64_t m, int64_t k, const float *rows, con
         const float *b = pb + jr * kc * kNr;
         for (int64_t i = 0; i < mp; ++i)
           micro(kc, pa + i * kc * kMr, b, y + i * kMr * k + c0, k, std::min(kMr, m - i * kMr), cols,
-                pc == 0);
+                pc == 0 && !accumulate);
       }
     }
   }
 #else
-  (void)a, (void)m, (void)k, (void)rows, (void)w, (void)j0, (void)j1, (void)y, (void)buf;
+  (void)a, (void)m, (void)k, (void)rows, (void)w, (void)j0, (void)j1, (void)y, (void)buf, (void)lda,
+      (void)transA, (void)accumulate;
 #endif
 }
 

@@ -45,8 +45,8 @@ public:
   /// are in [0, size)): a convolution's input gradient's windows of dY,
   /// where a position takes no pixel of a tap.
   Windows(const int64_t *idx, int64_t taps, int64_t n, int64_t size, bool minusOneIsZero = false);
-  /// A plain [k x n] matrix, row kk at rows + kk * n.
-  static Windows matrix(int64_t n);
+  /// A plain [k x n] matrix, row kk at rows + kk * ld (ld < 0: n).
+  static Windows matrix(int64_t n, int64_t ld = -1);
   int64_t taps() const { return taps_; }
   int64_t n() const { return n_; }
 
@@ -95,8 +95,9 @@ size_t bufferSize(int64_t k, int64_t j0, int64_t j1);
 /// row is `rows`. Each element sums its k products in order, in blocks of
 /// kKc, whatever m, j0 and j1 are: so the bits of an element do not depend
 /// on how many output channels or samples a rank holds.
+/// With `accumulate`, y += A x B.
 void gemm(const float *pa, int64_t m, int64_t k, const float *rows, const Windows &w, int64_t j0,
-          int64_t j1, float *y, float *buf);
+          int64_t j1, float *y, float *buf, bool accumulate = false);
 
 /// Floats of the per-thread buffer gemmTransposed needs for columns
 /// [j0, j1) of an [m x k] result.
@@ -107,8 +108,11 @@ size_t bufferSizeTransposed(int64_t m, int64_t n, int64_t j0, int64_t j1);
 /// n = the windows' columns, the pixels), B the windows of the operand
 /// matrix whose first table row is `rows`, [k x n]. As gemm, each element
 /// sums its n products in order, in blocks of kKc, whatever m, j0 and j1.
+/// A's rows are lda apart (lda < 0: n); with `transA` A is stored
+/// transposed ([n x m], rows lda apart). With `accumulate`, y += A x B^T.
 void gemmTransposed(const float *a, int64_t m, int64_t k, const float *rows, const Windows &w,
-                    int64_t j0, int64_t j1, float *y, float *buf);
+                    int64_t j0, int64_t j1, float *y, float *buf, int64_t lda = -1,
+                    bool transA = false, bool accumulate = false);
 
 /// The k rows packed at a time (the microkernel's inner loop).
 constexpr int64_t kKc = 256;

@@ -268,6 +268,73 @@ template <class T> std::vector<T> uniformOf(int64_t n, uint64_t seed) {
 
 } // namespace
 
+// matmul's plain float32 products through the packed GEMM (AVX-512 builds;
+// elsewhere OpenBLAS, held to the same bound): every element within float32's
+// bound for a sum of k products, (k + 1) * 2^-24 * (sum |a||b| + |y0|) with
+// accumulate, of a float64 sum, for each transpose flag, a batch folded into
+// M, and accumulate. With the packed GEMM, the first rows (a dp rank's
+// samples) and the first columns (a tp rank's output features) alone give
+// the same bits.
+TEST(Matmul, PackedGemmWithinFloatRounding) {
+  struct Case {
+    int64_t nb, m, k, n;
+  };
+  for (const Case &c :
+       {Case{1, 100, 300, 70}, Case{1, 37, 20, 600}, Case{1, 16, 16, 2048}, Case{3, 40, 50, 80}})
+    for (int flags = 0; flags < 8; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2, acc = flags & 4;
+      if (c.nb > 1 && ta)
+        continue; // a transposed A's batch does not fold into M
+      const int64_t rows = c.nb * c.m;
+      const std::vector<float> a = uniformOf<float>(rows * c.k, 191),
+                               b = uniformOf<float>(c.k * c.n, 192),
+                               y0 = uniformOf<float>(rows * c.n, 193);
+      const Dims as = c.nb > 1 ? Dims{c.nb, c.m, c.k} : ta ? Dims{c.k, c.m} : Dims{c.m, c.k};
+      const Dims bs = tb ? Dims{c.n, c.k} : Dims{c.k, c.n};
+      const Dims ys = c.nb > 1 ? Dims{c.nb, c.m, c.n} : Dims{c.m, c.n};
+      std::vector<float> y = y0;
+      matmul<float>(a.data(), as, ta, b.data(), bs, tb, y.data(), ys, acc);
+      auto A = [&](int64_t i, int64_t kk) { return ta ? a[kk * c.m + i] : a[i * c.k + kk]; };
+      auto B = [&](int64_t kk, int64_t j) { return tb ? b[j * c.k + kk] : b[kk * c.n + j]; };
+      int64_t over = 0;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double exact = acc ? y0[i * c.n + j] : 0, mag = acc ? std::fabs(exact) : 0;
+          for (int64_t kk = 0; kk < c.k; ++kk) {
+            const double t = double(A(i, kk)) * B(kk, j);
+            exact += t;
+            mag += std::fabs(t);
+          }
+          over += std::fabs(y[i * c.n + j] - exact) > (c.k + 1) * 0x1p-24 * mag;
+        }
+      const std::string what = "nb" + std::to_string(c.nb) + " m" + std::to_string(c.m) + " k" +
+                               std::to_string(c.k) + " n" + std::to_string(c.n) +
+                               (ta ? " transA" : "") + (tb ? " transB" : "") +
+                               (acc ? " accumulate" : "");
+      EXPECT_EQ(over, 0) << what << ": elements outside float32's bound";
+      if (!packedMatmuls() || c.nb > 1 || ta)
+        continue;
+      // The first half of the rows, and the first half of the columns.
+      const int64_t mh = c.m / 2, nh = c.n / 2;
+      std::vector<float> yr(y0.begin(), y0.begin() + mh * c.n);
+      matmul<float>(a.data(), {mh, c.k}, false, b.data(), bs, tb, yr.data(), {mh, c.n}, acc);
+      EXPECT_EQ(std::memcmp(yr.data(), y.data(), yr.size() * 4), 0) << what << ": first rows";
+      std::vector<float> bh(c.k * nh), yc(c.m * nh);
+      for (int64_t kk = 0; kk < c.k; ++kk)
+        for (int64_t j = 0; j < nh; ++j)
+          (tb ? bh[j * c.k + kk] : bh[kk * nh + j]) = B(kk, j);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < nh; ++j)
+          yc[i * nh + j] = y0[i * c.n + j];
+      matmul<float>(a.data(), as, false, bh.data(), tb ? Dims{nh, c.k} : Dims{c.k, nh}, tb,
+                    yc.data(), {c.m, nh}, acc);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < c.m; ++i)
+        differ += std::memcmp(yc.data() + i * nh, y.data() + i * c.n, nh * 4) != 0;
+      EXPECT_EQ(differ, 0) << what << ": first columns, " << differ << " rows differ";
+    }
+}
+
 // A convolution's input gradient, the product never whole in memory: the
 // weight [O, C*K] transposed by its flag times dY [N, O, P], scattered into
 // the image [N, C, H*W + 1] by im2col's indices.
@@ -364,7 +431,7 @@ void checkMatmulGathered(const std::vector<T> &a, Dims as, bool ta, const std::v
 // operand matrix (N = 1: the batch folds into M, or one GEMM).
 TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
   // The forward's own packed GEMM (next test) off: this is the BLAS path.
-  setDirectConvolutions(false);
+  setPackedGemm(false);
   using Case = ConvCase;
   for (const Case &c :
        {Case{4, 3, 8, 8, 8, 3, 1}, Case{16, 16, 32, 32, 32, 3, 1}, Case{2, 16, 32, 32, 32, 3, 1},
@@ -397,7 +464,7 @@ TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
                              uniformOf<float>(n * cg * l, 179), {n, cg, l}, idx, {taps, p},
                              {n, cg * taps, p}, false, {n, og, p}, "bf16");
   setPrecision(Precision::F32);
-  setDirectConvolutions(true);
+  setPackedGemm(true);
 }
 
 // A convolution's forward through carve's own packed GEMM (packed_gemm.h):
@@ -410,7 +477,7 @@ TEST(MatmulGathered, BitwiseMatmulOfTheGather) {
 // (lanes packed one by one), a 1x1 kernel and panels patched at the image's
 // edges.
 TEST(MatmulGathered, DirectConvolutionWithinFloatRounding) {
-  if (!directConvolutions())
+  if (!packedGemm())
     GTEST_SKIP() << "this runtime was built without AVX2/FMA or AVX-512: no packed GEMM";
   using Case = ConvCase;
   for (const Case &c :

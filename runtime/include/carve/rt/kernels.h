@@ -118,12 +118,16 @@ template <class T> void copy(const T *x, T *y, int64_t n);
 enum class Precision : int { F32 = 0, BF16 = 1, F16 = 2 };
 void setPrecision(Precision p);
 Precision precision();
-/// Whether matmul_gathered runs a convolution's forward through carve's own
-/// packed GEMM (on by default where the runtime was built with AVX2 and FMA
-/// or AVX-512; docs/fusion.md) or gathers the windows for BLAS. For tests and
+/// Whether float32 GEMMs may run carve's own packed GEMM (on by default where
+/// the runtime was built with AVX2 and FMA or AVX-512; docs/fusion.md): a
+/// convolution's products (matmul_gathered, matmul_gather_grad), and with
+/// AVX-512 matmul's plain ones; off, OpenBLAS runs them all. For tests and
 /// benchmarks that compare the two.
-void setDirectConvolutions(bool on);
-bool directConvolutions();
+void setPackedGemm(bool on);
+bool packedGemm();
+/// Whether matmul's plain float32 products go to the packed GEMM (packedGemm()
+/// with the AVX-512 microkernel).
+bool packedMatmuls();
 /// x rounded to bf16 / fp16 and back (round to nearest even).
 float roundToBf16(float x);
 float roundToF16(float x);
@@ -144,7 +148,10 @@ void fromF16(const uint16_t *x, float *y, int64_t n);
 /// dimensions of the stored operand before multiplying. ys is the result
 /// shape. If accumulate, y += product instead of y = product.
 /// Uses cblas_sgemm / cblas_dgemm (one call per batch matrix, or a single call
-/// when the batch folds into M).
+/// when the batch folds into M); in float32, with the AVX-512 packed GEMM
+/// (packedMatmuls()), every product of at least 16 terms goes to it
+/// instead, each element's sum in the same order however the rows, columns
+/// and batch are split.
 template <class T>
 void matmul(const T *a, Dims as, bool transA, const T *b, Dims bs, bool transB, T *y, Dims ys,
             bool accumulate = false);
@@ -165,7 +172,7 @@ void matmul_gather_grad(const T *a, Dims as, bool transA, const T *b, Dims bs, b
 /// rows: row r of the table gives elements r * is.numel() .. of b's flat
 /// layout).
 ///
-/// In float32, where the runtime has the packed GEMM (directConvolutions())
+/// In float32, where the runtime has the packed GEMM (packedGemm())
 /// and each batch matrix of b has at least 64 columns (output pixels), the
 /// forward (one weight a times each sample's windows) and the weight
 /// gradient (each sample's dY times its windows transposed) pack the windows
