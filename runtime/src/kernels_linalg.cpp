@@ -121,13 +121,15 @@ template <class T> void roundInput(const T *&x, int64_t n, int slot) {
 } // namespace
 
 void setPrecision(Precision p) { gPrecision = p; }
+Precision precision() { return gPrecision; }
 
 namespace {
 
 bool gPackedGemm = true;
 
-/// Output pixels from which a convolution's forward takes carve's own packed
-/// GEMM (docs/performance.md, "A convolution's forward packed from the image").
+/// Output pixels from which a convolution's forward and weight gradient take
+/// carve's own packed GEMM (docs/performance.md, "A convolution's GEMMs packed
+/// from the image").
 constexpr int64_t kDirectMinPixels = 64;
 
 } // namespace
@@ -135,7 +137,6 @@ constexpr int64_t kDirectMinPixels = 64;
 void setPackedGemm(bool on) { gPackedGemm = on; }
 bool packedGemm() { return gPackedGemm && packed::kBuilt; }
 bool packedMatmuls() { return gPackedGemm && packed::kWide; }
-Precision precision() { return gPrecision; }
 
 float roundToBf16(float x) { return ew::roundBf16(x); }
 
