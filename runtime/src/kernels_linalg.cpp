@@ -187,30 +187,35 @@ template <class F> bool runBatch(int64_t nb, int64_t m, int64_t n, int64_t k, F 
 
 namespace {
 
-/// Rows of A a unit of packedMatmul takes (a multiple of both microkernels'
-/// MR, 12 and 6).
+/// Rows of A are split in groups of a multiple of this (a multiple of both
+/// microkernels' MR, 12 and 6).
 constexpr int64_t kPackedRows = 96;
 
-/// y [m x n] (+)= op(A) [m x k] x op(B) [k x n] through carve's packed GEMM,
-/// in units of kPackedRows rows by kNc columns over the threads; each
-/// element sums its k products in the same order whatever the split.
+/// y [m x n] (+)= op(A) [m x k] x op(B) [k x n] through carve's packed GEMM.
+/// A unit of work is a group of rows by kNc columns: as few row groups as
+/// give every thread two units, since each unit packs its columns of B once
+/// (and its rows of A). Each element sums its k products in the same order
+/// whatever the split.
 void packedMatmul(const float *a, int64_t lda, bool transA, const float *b, int64_t ldb,
                   bool transB, float *y, int64_t m, int64_t n, int64_t k, bool accumulate) {
-  const int64_t rb = (m + kPackedRows - 1) / kPackedRows, cb = (n + packed::kNc - 1) / packed::kNc;
-  const int64_t width = std::min(n, packed::kNc);
+  const int64_t cb = (n + packed::kNc - 1) / packed::kNc,
+                blocks = (m + kPackedRows - 1) / kPackedRows;
+  const int64_t groups = std::clamp<int64_t>((2 * omp_get_max_threads() + cb - 1) / cb, 1, blocks);
+  const int64_t groupRows = (blocks + groups - 1) / groups * kPackedRows;
+  const int64_t rb = (m + groupRows - 1) / groupRows, width = std::min(n, packed::kNc);
   if (!transB) {
     const packed::Windows w = packed::Windows::matrix(n, ldb);
     parallelRange(rb * cb, 2, [&](int64_t u0, int64_t u1) {
       float *pa =
-          scratch<float>(0, packed::packedASize(kPackedRows, k) + packed::bufferSize(k, 0, width));
-      float *buf = pa + packed::packedASize(kPackedRows, k);
-      int64_t packedBlock = -1;
+          scratch<float>(0, packed::packedASize(groupRows, k) + packed::bufferSize(k, 0, width));
+      float *buf = pa + packed::packedASize(groupRows, k);
+      int64_t packedGroup = -1;
       for (int64_t u = u0; u < u1; ++u) {
-        const int64_t r = u / cb, r0 = r * kPackedRows, rows = std::min(kPackedRows, m - r0);
+        const int64_t r = u / cb, r0 = r * groupRows, rows = std::min(groupRows, m - r0);
         const int64_t j0 = u % cb * packed::kNc;
-        if (r != packedBlock) { // the units of one block of rows share its packed A
+        if (r != packedGroup) { // the units of one group of rows share its packed A
           packed::packA(transA ? a + r0 : a + r0 * lda, lda, rows, k, pa, transA);
-          packedBlock = r;
+          packedGroup = r;
         }
         packed::gemm(pa, rows, k, b, w, j0, std::min(n, j0 + packed::kNc), y + r0 * n, buf,
                      accumulate);
@@ -220,9 +225,9 @@ void packedMatmul(const float *a, int64_t lda, bool transA, const float *b, int6
   }
   const packed::Windows w = packed::Windows::matrix(k, ldb);
   parallelRange(rb * cb, 2, [&](int64_t u0, int64_t u1) {
-    float *buf = scratch<float>(0, packed::bufferSizeTransposed(kPackedRows, k, 0, width));
+    float *buf = scratch<float>(0, packed::bufferSizeTransposed(groupRows, k, 0, width));
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t r0 = u / cb * kPackedRows, rows = std::min(kPackedRows, m - r0);
+      const int64_t r0 = u / cb * groupRows, rows = std::min(groupRows, m - r0);
       const int64_t j0 = u % cb * packed::kNc;
       packed::gemmTransposed(transA ? a + r0 : a + r0 * lda, rows, n, b, w, j0,
                              std::min(n, j0 + packed::kNc), y + r0 * n, buf, lda, transA,

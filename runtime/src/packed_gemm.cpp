@@ -319,12 +319,36 @@ void packA(const float *a, int64_t lda, int64_t m, int64_t k, float *dst, bool t
       if (trans) { // A's rows are its columns as stored: read along them
         for (int64_t kk = 0; kk < kc; ++kk) {
           const float *src = a + (pc + kk) * lda + i * kMr;
+          if (rows == kMr) {
+            std::memcpy(d + kk * kMr, src, kMr * sizeof(float));
+            continue;
+          }
           for (int64_t r = 0; r < kMr; ++r)
             d[kk * kMr + r] = r < rows ? src[r] : 0.f;
         }
         continue;
       }
-      for (int64_t r = 0; r < kMr; ++r) {
+      int64_t r = 0;
+#if defined(__AVX2__)
+      // Four rows at a time, transposed 4 x 4 in registers.
+      for (; r + 4 <= rows; r += 4) {
+        const float *src = a + (i * kMr + r) * lda + pc;
+        int64_t kk = 0;
+        for (; kk + 4 <= kc; kk += 4) {
+          __m128 r0 = _mm_loadu_ps(src + kk), r1 = _mm_loadu_ps(src + lda + kk);
+          __m128 r2 = _mm_loadu_ps(src + 2 * lda + kk), r3 = _mm_loadu_ps(src + 3 * lda + kk);
+          _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+          _mm_storeu_ps(d + kk * kMr + r, r0);
+          _mm_storeu_ps(d + (kk + 1) * kMr + r, r1);
+          _mm_storeu_ps(d + (kk + 2) * kMr + r, r2);
+          _mm_storeu_ps(d + (kk + 3) * kMr + r, r3);
+        }
+        for (; kk < kc; ++kk)
+          for (int64_t q = 0; q < 4; ++q)
+            d[kk * kMr + r + q] = src[q * lda + kk];
+      }
+#endif
+      for (; r < kMr; ++r) {
         if (r >= rows) {
           for (int64_t kk = 0; kk < kc; ++kk)
             d[kk * kMr + r] = 0.f;
