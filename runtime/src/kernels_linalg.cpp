@@ -339,7 +339,6 @@ void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, 
           "matrices [%lld x %lld] of whole rows",
           (long long)outer, (long long)ni, (long long)nbB, (long long)k, (long long)n);
   checkIndices("matmul_gathered", idx, ni, ts.rank - 1, size);
-  const std::vector<Run> runs = runsOf(idx, ni, size);
   const int64_t rowsPer = bMat == 0 ? 0 : bMat / ni;
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
   const Dims batch(ys.d, yr - 2), aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
@@ -390,6 +389,7 @@ void matmul_gathered(const T *a, Dims as, bool transA, const T *table, Dims ts, 
       return;
     }
   }
+  const std::vector<Run> runs = runsOf(idx, ni, size); // the gathers' copies
   if (bBatch.numel() == 1 || m == 0 || n == 0 || k == 0 || nb == 0) {
     // One operand matrix (or nothing to multiply): gathered whole, then
     // matmul's own GEMMs.

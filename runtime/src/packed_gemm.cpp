@@ -142,40 +142,42 @@ Windows::Windows(const int64_t *idx, int64_t taps, int64_t n, int64_t size, bool
     }
 }
 
-Windows Windows::matrix(int64_t n, int64_t ld) {
-  std::vector<int64_t> iota(n);
-  for (int64_t i = 0; i < n; ++i)
-    iota[i] = i;
-  return Windows(iota.data(), 1, n, ld < 0 ? n : ld);
+Windows::Windows(int64_t n, int64_t ld)
+    : taps_(1), n_(n), size_(ld), panels_((n + kNr - 1) / kNr), plain_(true) {}
+
+Windows Windows::matrix(int64_t n, int64_t ld) { return Windows(n, ld < 0 ? n : ld); }
+
+void Windows::fillRow(const float *src, int64_t t, int64_t q, float *o) const {
+  const int64_t p0 = q * kNr;
+  if (plain_) {
+    const int64_t len = std::min(kNr, n_ - p0);
+    std::memcpy(o, src + p0, len * sizeof(float));
+    std::fill(o + len, o + kNr, 0.f);
+    return;
+  }
+  const Panel &pn = panel_[t * panels_ + q];
+  if (pn.same != kNotSame) {
+    std::fill_n(o, kNr, read(src, pn.same));
+  } else if (pn.base >= 0) {
+    std::memcpy(o, src + pn.base, kNr * sizeof(float));
+    for (int32_t f = pn.fix0; f < pn.fix0 + pn.fixN; ++f)
+      o[fix_[f].first] = read(src, fix_[f].second);
+  } else {
+    const int64_t *ix = idx_.data() + t * n_;
+    for (int64_t i = 0; i < kNr; ++i)
+      o[i] = p0 + i < n_ ? read(src, ix[p0 + i]) : 0.f;
+  }
 }
 
 void Windows::pack(const float *rows, int64_t k0, int64_t kc, int64_t p0, int64_t panels,
                    float *dst) const {
-  const int64_t q0 = p0 / kNr;
   // Row by row of B (its table row and tap counted, not divided out), its
   // panels' NR columns each.
   int64_t t = k0 % taps_;
   const float *src = rows + (k0 / taps_) * size_;
   for (int64_t kk = 0; kk < kc; ++kk) {
-    const Panel *pn = panel_.data() + t * panels_ + q0;
-    const int64_t *ix = idx_.data() + t * n_;
-    for (int64_t jr = 0; jr < panels; ++jr) {
-      float *o = dst + (jr * kc + kk) * kNr;
-      if (pn[jr].same != kNotSame) {
-        std::fill_n(o, kNr, read(src, pn[jr].same));
-        continue;
-      }
-      if (pn[jr].base >= 0) {
-        std::memcpy(o, src + pn[jr].base, kNr * sizeof(float));
-        for (int32_t f = pn[jr].fix0; f < pn[jr].fix0 + pn[jr].fixN; ++f)
-          o[fix_[f].first] = read(src, fix_[f].second);
-        continue;
-      }
-      for (int64_t i = 0; i < kNr; ++i) {
-        const int64_t p = (q0 + jr) * kNr + i;
-        o[i] = p < n_ ? read(src, ix[p]) : 0.f;
-      }
-    }
+    for (int64_t jr = 0; jr < panels; ++jr)
+      fillRow(src, t, p0 / kNr + jr, dst + (jr * kc + kk) * kNr);
     if (++t == taps_) {
       t = 0;
       src += size_;
@@ -220,87 +222,48 @@ inline void transpose8(const float *in, int64_t ldi, float *out, int64_t ldo) {
 
 void Windows::packTransposed(const float *rows, int64_t k, int64_t p0, int64_t kc, int64_t r0,
                              int64_t panels, float *dst) const {
-#if defined(__AVX2__)
-  // Whole panels of NR pixels: the NR rows' pixels copied into a square
-  // block (runs of the image, patched), then transposed 8 x 8 at a time.
+  // A square block: the panel's NR rows of B, NR pixels each (fillRow), then
+  // transposed into the panel, 8 x 8 at a time in registers; the last pixels
+  // of a block of kc that is not whole panels one lane at a time.
   alignas(64) float sq[kNr * kNr];
-  const int64_t whole = kc / kNr * kNr;
-#else
-  const int64_t whole = 0;
-#endif
   for (int64_t jr = 0; jr < panels; ++jr) {
     float *d = dst + jr * kc * kNr;
-#if defined(__AVX2__)
     // The panel's rows of B: table row and tap, counted once.
     const float *srcs[kNr];
     int64_t tapOf[kNr];
-    {
-      const int64_t rb = r0 + jr * kNr;
-      int64_t t = rb % taps_;
-      const float *src = rows + (rb / taps_) * size_;
-      for (int64_t c = 0; c < kNr; ++c) {
-        srcs[c] = src;
-        tapOf[c] = t;
-        if (++t == taps_) {
-          t = 0;
-          src += size_;
-        }
+    const int64_t rb = r0 + jr * kNr;
+    int64_t t = rb % taps_;
+    const float *src = rows + (rb / taps_) * size_;
+    for (int64_t c = 0; c < kNr; ++c) {
+      srcs[c] = rb + c < k ? src : nullptr; // rows past B's are zero
+      if (!srcs[c])
+        continue;
+      tapOf[c] = t;
+      if (++t == taps_) {
+        t = 0;
+        src += size_;
       }
     }
-    for (int64_t q0 = p0; q0 < p0 + whole; q0 += kNr) {
+    for (int64_t q0 = p0; q0 < p0 + kc; q0 += kNr) {
       for (int64_t c = 0; c < kNr; ++c) {
-        const int64_t r = r0 + jr * kNr + c;
-        float *row = sq + c * kNr;
-        if (r >= k) {
-          std::memset(row, 0, kNr * sizeof(float));
-          continue;
-        }
-        const int64_t t = tapOf[c];
-        const float *src = srcs[c];
-        const Panel &pn = panel_[t * panels_ + q0 / kNr];
-        if (pn.same != kNotSame) {
-          std::fill_n(row, kNr, read(src, pn.same));
-        } else if (pn.base >= 0) {
-          std::memcpy(row, src + pn.base, kNr * sizeof(float));
-          for (int32_t f = pn.fix0; f < pn.fix0 + pn.fixN; ++f)
-            row[fix_[f].first] = read(src, fix_[f].second);
-        } else {
-          const int64_t *ix = idx_.data() + t * n_ + q0;
-          for (int64_t i = 0; i < kNr; ++i)
-            row[i] = read(src, ix[i]);
-        }
+        if (srcs[c])
+          fillRow(srcs[c], tapOf[c], q0 / kNr, sq + c * kNr);
+        else
+          std::fill_n(sq + c * kNr, kNr, 0.f);
       }
       float *o = d + (q0 - p0) * kNr;
-      for (int64_t c0 = 0; c0 < kNr; c0 += 8)
-        for (int64_t i0 = 0; i0 < kNr; i0 += 8)
-          transpose8(sq + c0 * kNr + i0, kNr, o + i0 * kNr + c0, kNr);
-    }
-#endif
-    for (int64_t c = 0; c < kNr; ++c) {
-      const int64_t r = r0 + jr * kNr + c;
-      if (r >= k) {
-        for (int64_t kk = whole; kk < kc; ++kk)
-          d[kk * kNr + c] = 0.f;
+      const int64_t len = std::min(kNr, p0 + kc - q0);
+#if defined(__AVX2__)
+      if (len == kNr) {
+        for (int64_t c0 = 0; c0 < kNr; c0 += 8)
+          for (int64_t i0 = 0; i0 < kNr; i0 += 8)
+            transpose8(sq + c0 * kNr + i0, kNr, o + i0 * kNr + c0, kNr);
         continue;
       }
-      const int64_t t = r % taps_;
-      const float *src = rows + (r / taps_) * size_;
-      const int64_t *ix = idx_.data() + t * n_;
-      for (int64_t q0 = p0 + whole; q0 < p0 + kc; q0 += kNr) {
-        const int64_t len = std::min(kNr, p0 + kc - q0);
-        const Panel &pn = panel_[t * panels_ + q0 / kNr];
-        float *o = d + (q0 - p0) * kNr + c;
-        if (pn.base >= 0) {
-          const float *s = src + pn.base;
-          for (int64_t i = 0; i < kNr; ++i)
-            o[i * kNr] = s[i];
-          for (int32_t f = pn.fix0; f < pn.fix0 + pn.fixN; ++f)
-            o[fix_[f].first * kNr] = read(src, fix_[f].second);
-        } else {
-          for (int64_t i = 0; i < len; ++i)
-            o[i * kNr] = read(src, ix[q0 + i]);
-        }
-      }
+#endif
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t c = 0; c < kNr; ++c)
+          o[i * kNr + c] = sq[c * kNr + i];
     }
   }
 }

@@ -64,6 +64,12 @@ public:
                       int64_t panels, float *dst) const;
 
 private:
+  Windows(int64_t n, int64_t ld); // matrix()
+
+  /// Panel q of tap t's NR lanes (lanes at or past n are zero) of the B row
+  /// whose table row is `src`, into o.
+  void fillRow(const float *src, int64_t t, int64_t q, float *o) const;
+
   /// A panel's columns of one tap: one element in every lane (`same`, the
   /// padding element of a window row off the image), a copy of NR
   /// consecutive table elements from `base` with the lanes of `fix`
@@ -76,6 +82,7 @@ private:
   static constexpr int64_t kNotSame = INT64_MIN;
   static float read(const float *src, int64_t i) { return i < 0 ? 0.f : src[i]; }
   int64_t taps_, n_, size_, panels_;
+  bool plain_ = false;       // matrix(): row kk's column p at rows + kk * size_ + p
   std::vector<int64_t> idx_; // in [0, size), or -1 (reads 0) with minusOneIsZero
   std::vector<Panel> panel_; // [taps][panels]
   std::vector<std::pair<int32_t, int64_t>> fix_;
