@@ -27,19 +27,13 @@
 namespace carve {
 
 /// What the driver chooses for the emitted programs. The plan (dp, tp, pp,
-/// ZeRO, micro-batches, precision, the global batch) and the optimizer are
-/// not here: the emitter reads them from the module's `carve.plan`
-/// (dialects/carve/Contract.h) and its tail ops (carve-optimizer).
+/// ZeRO, micro-batches, precision, the global batch, the target) and the
+/// optimizer are not here: the emitter reads them from the module's
+/// `carve.plan` (dialects/carve/Contract.h) and its tail ops (carve-optimizer).
 struct CodegenOptions {
   std::string modelName; // shown in comments and in Program::model
   std::string programName = "program0";
   std::string planJson; // shown in the header comment
-  /// "cpu" (C++ against kernels.h) or "cuda" (a .cu source against gpu.h:
-  /// the same calls on device pointers, constants in managed memory, scalars
-  /// read back explicitly).
-  std::string target = "cpu";
-
-  bool cuda() const { return target == "cuda"; }
 };
 
 struct GeneratedProgram {

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/codegen/Generator.h"
+#include "compiler/lower/Kernels.h"
 
 #include "llvm/Support/Format.h"
 
@@ -137,26 +138,47 @@ bool Generator::emitConstant(ConstantOp op) {
   return true;
 }
 
+namespace {
+/// The runtime entry carve-select-kernels chose for `op` (empty: none chose).
+StringRef kernelOf(Operation *op) {
+  auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
+  return k ? k.getValue() : StringRef();
+}
+} // namespace
+
 bool Generator::emitOp(Operation *op) {
-  if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op))
-    return true;
-  if (gatheredOperands.count(op)) {
+  // carve-select-kernels chose the call (or none); this prints it.
+  StringRef kernel = kernelOf(op);
+  if (kernel.empty())
+    return failOp(op, "no carve.kernel: the IR is not lowered (the pass carve-select-kernels "
+                      "chooses each op's runtime entry)");
+  if (kernel == kFusedKernel) {
+    auto it = groupOf.find(op);
+    if (it == groupOf.end())
+      return failOp(op, "carve.kernel = \"fused\" on an op of no fused chain");
+    return groups[it->second].root == op ? emitFused(groups[it->second]) : true;
+  }
+  if (kernel == kNoKernel) {
+    std::string &s = body;
+    if (auto c = dyn_cast<ConstantOp>(op)) {
+      s += opComment(op);
+      return emitConstant(c);
+    }
+    if (isa<ReshapeOp>(op)) {
+      if (gatheredOperands.count(op) || scatteredProducts.count(op))
+        return true; // a view of a value that is never in memory
+      Value res = op->getResult(0);
+      s += opComment(op) + "  " + ctypeOf(res) + " *" + name(res) + " = " + opnd(op, 0) +
+           ";  // same memory\n";
+      viewsInScope.push_back(res);
+      return true;
+    }
     if (isa<GatherOp>(op))
-      body += opComment(op) + "  // never in memory: gathered by each matmul that reads it\n";
+      s += opComment(op) + "  // never in memory: gathered by each matmul that reads it\n";
     return true;
   }
-  if (auto it = groupOf.find(op); it != groupOf.end())
-    return groups[it->second].root == op ? emitFused(groups[it->second]) : true;
   std::string &s = body;
   s += opComment(op);
-  if (auto c = dyn_cast<ConstantOp>(op))
-    return emitConstant(c);
-  if (isa<ReshapeOp>(op)) {
-    Value res = op->getResult(0);
-    s += "  " + ctypeOf(res) + " *" + name(res) + " = " + opnd(op, 0) + ";  // same memory\n";
-    viewsInScope.push_back(res);
-    return true;
-  }
   ++kernelCalls;
   for (Value r : op->getResults())
     s += resultPointer(r);
@@ -167,7 +189,7 @@ bool Generator::emitOp(Operation *op) {
   if (isa<AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp, EqualOp, LessOp, GreaterOp,
           AndOp, OrOp, NotOp, NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp,
           ErfOp, SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp, UnaryGradOp, WhereOp, CastOp>(op))
-    ok = emitElementwise(op, os);
+    ok = emitElementwise(op, kernel, os);
   else if (auto d = dyn_cast<DropoutOp>(op))
     ok = emitDropout(d, os);
   else if (auto e = dyn_cast<EvalSelectOp>(op)) {
@@ -192,8 +214,8 @@ bool Generator::emitOp(Operation *op) {
        << ");\n  if (!ctx.evaluating)  // the buffer's new value (running statistics)\n    copy("
        << opnd(op, 0) << ", " << opnd(op, 1) << ", (int64_t)" << n << ");";
     ok = true;
-  } else if (isa<MatmulOp>(op) || transposedMatmul.lookup(op))
-    ok = emitMatmul(op, os);
+  } else if (kernel == "matmul" || kernel == "matmul_gathered")
+    ok = emitMatmul(op, kernel, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);
   else if (isa<LayerNormOp, LayerNormGradOp, RmsNormOp, RmsNormGradOp>(op))
@@ -201,15 +223,12 @@ bool Generator::emitOp(Operation *op) {
   else if (isa<AttentionOp, AttentionGradOp>(op))
     ok = emitAttention(op, os);
   else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
-    ok = emitCrossEntropy(op, os);
+    ok = emitCrossEntropy(op, kernel, os);
   else if (isa<TransposeOp, SliceOp, SliceGradOp, ConcatOp, ExpandOp>(op))
     ok = emitDataMovement(op, os);
   else if (isa<GatherOp, GatherGradOp, NonzeroOp>(op))
-    ok = emitGather(op, os);
+    ok = emitGather(op, kernel, os);
   else if (auto x = dyn_cast<ExpertAllToAllOp>(op)) {
-    Value in = op->getOperand(0);
-    if (!typeOf(in).getElementType().isF32())
-      return failOp(op, "the expert exchange moves f32 tensors");
     auto split = [&](int64_t d) {
       return "Split{" + std::to_string(d) + ", 1, " + std::to_string(x.getRanks()) + "}";
     };
@@ -246,7 +265,7 @@ std::string Generator::round16(Value r) {
 
 /// Binary, comparison, logic, unary, where and cast: elementwise kernels
 /// that broadcast their operands to the result's shape.
-bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
+bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (isa<AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp>(op)) {
     const char *k = isa<AddOp>(op)       ? "Add"
@@ -256,14 +275,6 @@ bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
                     : isa<PowOp>(op)     ? "Pow"
                     : isa<MaximumOp>(op) ? "Max"
                                          : "Min";
-    // The CUDA target's arithmetic kernels take f32 (16-bit plans compute in
-    // f32 too) and int64 (index arithmetic, not Pow); say so here rather than
-    // in the C++ compiler's words.
-    Type elt = typeOf(res).getElementType();
-    if (opts.cuda() && !elt.isF32() && !(elt.isInteger(64) && !isa<PowOp>(op)))
-      return failOp(op, std::string("the CUDA target has no ") + k +
-                            " kernel for this element type (f32, and int64 but for Pow); "
-                            "compute it in float before exporting, or use the CPU target");
     os << "binary(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
        << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<EqualOp, LessOp, GreaterOp>(op)) {
@@ -292,17 +303,9 @@ bool Generator::emitElementwise(Operation *op, llvm::raw_ostream &os) {
        << oshape(op, 1) << ", " << opnd(op, 2) << ", " << oshape(op, 2) << ", " << name(res) << ", "
        << shapeOf(res) << ");";
   } else if (isa<CastOp>(op)) {
-    // A 16-bit copy of a rounded activation and back (carve-pack-activations).
-    Type from = typeOf(op->getOperand(0)).getElementType(), to = typeOf(res).getElementType();
-    const char *fn = to.isBF16() && from.isF32()                                  ? "toBf16"
-                     : to.isF16() && from.isF32()                                 ? "toF16"
-                     : from.isBF16() && to.isF32()                                ? "fromBf16"
-                     : from.isF16() && to.isF32()                                 ? "fromF16"
-                     : from.isBF16() || from.isF16() || to.isBF16() || to.isF16() ? nullptr
-                                                                                  : "cast";
-    if (!fn)
-      return failOp(op, "16-bit casts are between f32 and bf16 or f16 only");
-    os << fn << "(" << opnd(op, 0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
+    // A 16-bit copy of a rounded activation and back (carve-pack-activations):
+    // the conversion carve-select-kernels chose.
+    os << kernel << "(" << opnd(op, 0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
        << ");";
   }
   return true;
@@ -320,7 +323,7 @@ std::string Generator::matmulOperands(Operation *m) {
 
 /// A matmul, with folded transposes as its flags; or a transpose of a matmul
 /// computed as the product of the transposed operands.
-bool Generator::emitMatmul(Operation *op, llvm::raw_ostream &os) {
+bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (auto m = dyn_cast<MatmulOp>(op)) {
     auto matDims = [&](unsigned k, bool &trans) {
@@ -339,9 +342,13 @@ bool Generator::emitMatmul(Operation *op, llvm::raw_ostream &os) {
       ys.insert(ys.end() - (rb == 1 ? 0 : 1), 1);
     if (rb == 1)
       ys.push_back(1);
-    if (Operation *g = gatheredOperand(op)) {
+    if (kernel == "matmul_gathered") {
       // matmul(a, gather(table, idx)) with the gather's result never whole
       // in memory (carve.fold = "gather").
+      Operation *g = gatheredOperand(op);
+      if (!g)
+        return failOp(op, "carve.kernel = \"matmul_gathered\" on a matmul whose right operand "
+                          "is no gather marked carve.fold = \"gather\"");
       os << "matmul_gathered(" << opnd(op, 0) << ", " << da << ", " << (ta ? "true" : "false")
          << ", " << opnd(g, 0) << ", " << oshape(g, 0) << ", " << opnd(g, 1) << ", " << oshape(g, 1)
          << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", " << dims(ys)
@@ -492,7 +499,7 @@ bool Generator::emitDropout(DropoutOp d, llvm::raw_ostream &os) {
 
 /// Cross entropy and its gradient; vocab-parallel where the classes are
 /// split over tp.
-bool Generator::emitCrossEntropy(Operation *op, llvm::raw_ostream &os) {
+bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
     StringRef red = op->getAttrOfType<StringAttr>("reduction")
@@ -500,21 +507,22 @@ bool Generator::emitCrossEntropy(Operation *op, llvm::raw_ostream &os) {
                         : StringRef("mean");
     auto ig = op->getAttrOfType<IntegerAttr>("ignore_index");
     Value logits = op->getOperand(0), targets = op->getOperand(1);
-    if (!typeOf(targets).getElementType().isInteger(64))
-      return failOp(op, "targets must be int64 for the CPU target");
     int r = red == "mean" ? 0 : red == "sum" ? 1 : 2;
-    if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
+    const bool vp = kernel.contains("vocab_parallel");
+    auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+    if (vp && !rows)
+      return failOp(op, "carve.kernel = \"" + kernel.str() +
+                            "\" on a cross-entropy whose classes are not split over tp");
+    if (vp) {
       // Vocab-parallel: this rank holds classes [tpRank * C, (tpRank + 1) * C).
       int64_t c = typeOf(logits).getDimSize(1);
       os << "// Vocab-parallel: the classes are split over tp; the kernel all-reduces row\n"
          << "  // maxima, sums of exponentials and the target logits (no rank holds all "
          << rows.getInt() << " logits).\n  "
-         << (isa<CrossEntropyOp>(op) ? "cross_entropy_vocab_parallel("
-                                     : "cross_entropy_vocab_parallel_grad(")
-         << "*ctx.tpComm, " << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * "
+         << kernel << "(*ctx.tpComm, " << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * "
          << c << ", ";
     } else {
-      os << (isa<CrossEntropyOp>(op) ? "cross_entropy(" : "cross_entropy_grad(") << name(logits)
+      os << kernel << "(" << name(logits)
          << ", " << shapeOf(logits) << ", ";
     }
     os << name(targets) << ", " << r << " /*" << red << "*/, " << (ig ? "true" : "false") << ", "
@@ -523,7 +531,6 @@ bool Generator::emitCrossEntropy(Operation *op, llvm::raw_ostream &os) {
       os << opnd(op, 2) << ", ";
     os << name(res) << ");";
     if (isa<CrossEntropyOp>(op)) {
-      const bool vp = (bool)op->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
       os << "\n  if (ctx.evaluating)  // train --eval-data: accuracy (the target's logit is the "
             "largest)\n    count_correct("
          << (vp ? "ctx.tpComm" : "nullptr") << ", " << name(logits) << ", " << shapeOf(logits)
@@ -568,12 +575,14 @@ bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
 
 /// Embedding lookups and their gradients, vocab-parallel where the rows are
 /// split over tp; NonZero's positions (indices for gathers).
-bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
+bool Generator::emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
+  auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  if (kernel.contains("sharded") && !rows)
+    return failOp(op, "carve.kernel = \"" + kernel.str() + "\" on a gather whose rows are not "
+                                                           "split over tp");
   if (auto g = dyn_cast<GatherOp>(op)) {
-    if (!typeOf(g.getIndices()).getElementType().isInteger(64))
-      return failOp(op, "indices must be int64 for the CPU target");
-    if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
+    if (kernel == "gather_sharded") {
       int64_t local = typeOf(g.getData()).getDimSize(0);
       os << "// Vocab-parallel embedding: this rank holds rows [tpRank * " << local << ", +"
          << local << ") of " << rows.getInt() << "; others give zeros (partial sums).\n  "
@@ -588,14 +597,16 @@ bool Generator::emitGather(Operation *op, llvm::raw_ostream &os) {
     os << "nonzero(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res)
        << ");  // positions, then zeros up to the bound";
   } else if (auto g = dyn_cast<GatherGradOp>(op)) {
-    if (!typeOf(g.getIndices()).getElementType().isInteger(64))
-      return failOp(op, "indices must be int64 for the CPU target");
-    if (Operation *m = scatterMatmul.lookup(op)) {
+    if (kernel == "matmul_gather_grad") {
       // gather_grad(matmul(a, b)) without the product in memory.
+      Operation *m = scatterMatmul.lookup(op);
+      if (!m)
+        return failOp(op, "carve.kernel = \"matmul_gather_grad\" on a gather_grad not marked "
+                          "carve.fold = \"scatter\"");
       os << "matmul_gather_grad(" << matmulOperands(m) << ", " << shapeOf(m->getResult(0)) << ", "
          << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res)
          << ");  // the product never whole in memory";
-    } else if (auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)) {
+    } else if (kernel == "gather_sharded_grad") {
       int64_t local = typeOf(g.getResult()).getDimSize(0);
       os << "gather_sharded_grad(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1)
          << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << name(res)

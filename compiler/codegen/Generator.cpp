@@ -40,6 +40,7 @@ bool withPlan(ModuleOp module, const CodegenOptions &given, EmitOptions &opts, s
   opts.numMicroBatches = (int)plan->microBatches;
   opts.globalBatch = plan->globalBatch;
   opts.precision = plan->precision;
+  opts.target = plan->target;
   opts.fp32Accumulators = plan->fp32ChunkAccumulators();
   opts.gradients16 = plan->gradients16();
   return readOptimizer(module, opts.optimizer, error);

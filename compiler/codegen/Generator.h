@@ -48,6 +48,11 @@ namespace carve::codegen {
 /// The driver's choices with the plan the module holds (carve.plan): what
 /// every part of the emitter reads.
 struct EmitOptions : CodegenOptions {
+  /// "cpu" (C++ against kernels.h) or "cuda" (a .cu source against gpu.h:
+  /// the same calls on device pointers, constants in managed memory, scalars
+  /// read back explicitly): the plan's `target`.
+  std::string target = "cpu";
+  bool cuda() const { return target == "cuda"; }
   int dp = 1;
   int tp = 1;              // tensor-parallel degree (the partitioner has split the step)
   int zero = 0;            // ZeRO stage over dp
@@ -433,14 +438,14 @@ private:
   /// The declaration of a result's pointer into the arena (or the slot).
   std::string resultPointer(Value r);
   /// One family of ops each: the call into `os`.
-  bool emitElementwise(Operation *op, llvm::raw_ostream &os);
-  bool emitMatmul(Operation *op, llvm::raw_ostream &os);
+  bool emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostream &os);
+  bool emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitReduction(Operation *op, llvm::raw_ostream &os);
   bool emitNormalization(Operation *op, llvm::raw_ostream &os);
   bool emitAttention(Operation *op, llvm::raw_ostream &os);
-  bool emitCrossEntropy(Operation *op, llvm::raw_ostream &os);
+  bool emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);
-  bool emitGather(Operation *op, llvm::raw_ostream &os);
+  bool emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDropout(DropoutOp d, llvm::raw_ostream &os);
   bool emitCollective(Operation *op, llvm::raw_ostream &os);
   bool emitCustom(Operation *op, llvm::raw_ostream &os);

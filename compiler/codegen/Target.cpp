@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/codegen/Generator.h"
+#include "compiler/lower/Kernels.h"
 
 #include <cctype>
 
@@ -26,70 +27,19 @@ std::string runtimeIncludes(const EmitOptions &opts, bool pipelined) {
          "#include \"carve/rt/program.h\"\n";
 }
 
-/// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source.
-/// The carve::rt types in their arguments (Dims, Split, Precision, ...) would
-/// otherwise let argument-dependent lookup find the CPU kernel of the same
-/// name too, and the call would be ambiguous (or worse, resolve to the CPU).
+/// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source
+/// (the entries kernels.def marks `cuda`). The carve::rt types in their
+/// arguments (Dims, Split, Precision, ...) would otherwise let
+/// argument-dependent lookup find the CPU kernel of the same name too, and
+/// the call would be ambiguous (or worse, resolve to the CPU).
 void qualifyGpuCalls(std::string &src) {
-  static const std::set<std::string> names = {"unary",
-                                              "dropout",
-                                              "setDropoutState",
-                                              "unary_grad",
-                                              "binary",
-                                              "compare",
-                                              "logic",
-                                              "where",
-                                              "cast",
-                                              "roundBf16",
-                                              "roundF16",
-                                              "toBf16",
-                                              "fromBf16",
-                                              "toF16",
-                                              "fromF16",
-                                              "fill",
-                                              "copy",
-                                              "matmul",
-                                              "reduce",
-                                              "softmax",
-                                              "softmax_grad",
-                                              "layer_norm",
-                                              "layer_norm_grad",
-                                              "rms_norm",
-                                              "rms_norm_grad",
-                                              "attention",
-                                              "attention_grad",
-                                              "cross_entropy",
-                                              "cross_entropy_grad",
-                                              "count_correct",
-                                              "transpose",
-                                              "slice",
-                                              "slice_grad",
-                                              "concat",
-                                              "gather",
-                                              "gather_grad",
-                                              "nonzero",
-                                              "expand",
-                                              "takeShard",
-                                              "placeShard",
-                                              "allGatherSplit",
-                                              "reduceScatterSplit",
-                                              "allToAllSplit",
-                                              "gather_sharded",
-                                              "gather_sharded_grad",
-                                              "cross_entropy_vocab_parallel",
-                                              "cross_entropy_vocab_parallel_grad",
-                                              "sgdUpdate",
-                                              "adamwUpdate",
-                                              "sumSquares",
-                                              "addInPlace",
-                                              "scaleInPlace",
-                                              "setPrecision",
-                                              "readScalar",
-                                              "fused",
-                                              "normAccumulators",
-                                              "sumSquaresAdd",
-                                              "readScalars",
-                                              "graphStep"};
+  static const std::set<std::string> names = [] {
+    std::set<std::string> n;
+    for (const RuntimeEntry &e : runtimeEntries())
+      if (e.cuda)
+        n.insert(e.name);
+    return n;
+  }();
   std::string out;
   out.reserve(src.size() + src.size() / 16);
   size_t i = 0, lineStart = 0;

@@ -6,6 +6,7 @@
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/frontend/Passes.h"
 #include "compiler/fusion/Fusion.h"
+#include "compiler/lower/Passes.h"
 #include "compiler/memory/MemoryPlan.h"
 #include "compiler/optimizer/Optimizer.h"
 #include "compiler/partition/Passes.h"
@@ -20,74 +21,69 @@ bool partitions(const PlanAttrs &plan) { return plan.tp > 1 || plan.zero > 0; }
 bool sixteenBit(const PlanAttrs &plan) { return plan.precision != "fp32"; }
 } // namespace
 
-void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
-                          int64_t bucketBytes, int64_t epRank) {
-  pm.addPass(createBindCustomOpsPass(rules));
-  pm.addNestedPass<mlir::func::FuncOp>(createCarveLowerConvolutions());
+namespace {
+/// Adds passes to a pass manager and keeps their flags in order: the list
+/// `--emit-mlir-after` checks against is the pipeline itself.
+struct PassList {
+  mlir::OpPassManager &pm;
+  std::vector<std::string> flags;
+
+  void add(std::unique_ptr<mlir::Pass> pass) {
+    flags.push_back(pass->getArgument().str());
+    pm.addPass(std::move(pass));
+  }
+  void addToFunctions(std::unique_ptr<mlir::Pass> pass) {
+    flags.push_back(pass->getArgument().str());
+    pm.addNestedPass<mlir::func::FuncOp>(std::move(pass));
+  }
+};
+} // namespace
+
+std::vector<std::string> buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan,
+                                              const RuleSet &rules, const std::string &loss,
+                                              bool fuse, const OptimizerConfig &optimizer,
+                                              int64_t bucketBytes, int64_t epRank) {
+  PassList passes{pm, {}};
+  passes.add(createBindCustomOpsPass(rules));
+  passes.addToFunctions(createCarveLowerConvolutions());
   if (plan.ep > 1) {
     CarveExpertParallelOptions ep;
     ep.epRank = epRank;
-    pm.addPass(createCarveExpertParallel(ep));
+    passes.add(createCarveExpertParallel(ep));
   }
   CarveAutodiffOptions ad;
   ad.loss = loss;
-  pm.addPass(createCarveAutodiff(ad));
-  pm.addPass(createCheckOverridesPass(rules));
+  passes.add(createCarveAutodiff(ad));
+  passes.add(createCheckOverridesPass(rules));
   if (partitions(plan))
-    pm.addPass(createPartitionPass(rules.overrides));
+    passes.add(createPartitionPass(rules.overrides));
   if (sixteenBit(plan))
-    pm.addPass(createCarveRoundActivations());
+    passes.add(createCarveRoundActivations());
   if (plan.pipelined())
-    pm.addPass(createCarveSplitStages());
+    passes.add(createCarveSplitStages());
   if (fuse)
-    pm.addPass(createCarveFuseElementwise());
+    passes.add(createCarveFuseElementwise());
   CarveFoldTransposesOptions fold;
   // The runtimes' matmul_gather_grad: two ops as one kernel, so not under
   // --no-fuse (every op its own kernel). Both targets.
   fold.scatterProducts = fuse;
   // And their matmul_gathered: a convolution's windows never whole in memory.
   fold.gatherOperands = fuse;
-  pm.addPass(createCarveFoldTransposes(fold));
+  passes.add(createCarveFoldTransposes(fold));
   if (plan.recompute != "none")
-    pm.addPass(createCarveRecompute());
+    passes.add(createCarveRecompute());
   if (sixteenBit(plan)) {
-    pm.addPass(createCarvePackActivations());
-    pm.addPass(createCarveStoreParams16());
-    pm.addPass(createCarveStoreGrads16());
+    passes.add(createCarvePackActivations());
+    passes.add(createCarveStoreParams16());
+    passes.add(createCarveStoreGrads16());
   }
   CarveDataParallelOptions dp;
   dp.bucketBytes = bucketBytes;
-  pm.addPass(createCarveDataParallel(dp));
-  pm.addPass(createCarvePlanMemory());
-  pm.addPass(createCarveOptimizer(optimizer));
-}
-
-std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse) {
-  std::vector<std::string> passes = {"carve-bind-custom-ops", "carve-lower-convolutions"};
-  if (plan.ep > 1)
-    passes.push_back("carve-expert-parallel");
-  for (const char *p : {"carve-autodiff", "carve-check-overrides"})
-    passes.push_back(p);
-  if (partitions(plan))
-    passes.push_back("carve-partition");
-  if (sixteenBit(plan))
-    passes.push_back("carve-round-activations");
-  if (plan.pipelined())
-    passes.push_back("carve-split-stages");
-  if (fuse)
-    passes.push_back("carve-fuse-elementwise");
-  passes.push_back("carve-fold-transposes");
-  if (plan.recompute != "none")
-    passes.push_back("carve-recompute");
-  if (sixteenBit(plan)) {
-    passes.push_back("carve-pack-activations");
-    passes.push_back("carve-store-params16");
-  }
-  passes.push_back("carve-data-parallel");
-  passes.push_back("carve-plan-memory");
-  passes.push_back("carve-optimizer");
-  return passes;
+  passes.add(createCarveDataParallel(dp));
+  passes.add(createCarvePlanMemory());
+  passes.add(createCarveOptimizer(optimizer));
+  passes.add(createCarveSelectKernels());
+  return passes.flags;
 }
 
 } // namespace carve

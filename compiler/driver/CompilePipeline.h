@@ -16,6 +16,7 @@
 //   carve-plan-memory       the arena: persistent tensors, activation offsets
 //   carve-optimizer         the step's tail as ops: unscaling, the norm,
 //                           clipping, AdamW or SGD, ZeRO-1/2's gathers
+//   carve-select-kernels    each op's runtime entry on the plan's target
 //
 // The emitter (compiler/codegen) then prints what the IR says.
 //
@@ -45,12 +46,12 @@ namespace carve {
 /// a convolution's windows and their gradient are never whole in memory
 /// (carve-fold-transposes' scatter-products and gather-operands; both
 /// targets' runtimes have matmul_gather_grad and matmul_gathered).
-void buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan, const RuleSet &rules,
-                          const std::string &loss, bool fuse, const OptimizerConfig &optimizer,
-                          int64_t bucketBytes, int64_t epRank = 0);
-
-/// The flags of the passes buildCompilePipeline adds for `plan`, in order.
-std::vector<std::string> compilePipelinePasses(const PlanAttrs &plan, bool fuse);
+/// Returns the flags of the passes it added, in order (the only list of
+/// them: `carve compile --emit-mlir-after` accepts exactly these).
+std::vector<std::string> buildCompilePipeline(mlir::OpPassManager &pm, const PlanAttrs &plan,
+                                              const RuleSet &rules, const std::string &loss,
+                                              bool fuse, const OptimizerConfig &optimizer,
+                                              int64_t bucketBytes, int64_t epRank = 0);
 
 } // namespace carve
 

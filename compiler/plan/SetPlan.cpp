@@ -31,6 +31,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.schedule = schedule;
     plan.precision = precision;
     plan.gradAccumulation = gradAccumulation;
+    plan.target = target;
     plan.optimizerState = optimizerState;
     plan.recompute = recompute;
     plan.recomputeLayers.assign(recomputeLayers.begin(), recomputeLayers.end());

@@ -70,6 +70,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   i64("virtual_stages", plan.virtualStages);
   fields.push_back(b.getNamedAttr("schedule", b.getStringAttr(plan.schedule)));
   fields.push_back(b.getNamedAttr("precision", b.getStringAttr(plan.precision)));
+  if (plan.target != "cpu")
+    fields.push_back(b.getNamedAttr("target", b.getStringAttr(plan.target)));
   if (plan.gradAccumulation != "fp32")
     fields.push_back(b.getNamedAttr("grad_accumulation", b.getStringAttr(plan.gradAccumulation)));
   if (plan.globalBatch > 0)
@@ -148,6 +150,11 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       if (!s)
         return bad(name, "a string");
       (name == "schedule" ? plan.schedule : plan.precision) = s.getValue().str();
+    } else if (name == "target") {
+      auto s = dyn_cast<StringAttr>(v);
+      if (!s || !llvm::is_contained({"cpu", "cuda"}, s.getValue()))
+        return bad(name, "\"cpu\" or \"cuda\"");
+      plan.target = s.getValue().str();
     } else if (name == "grad_accumulation") {
       auto s = dyn_cast<StringAttr>(v);
       if (!s || !llvm::is_contained({"fp32", "16bit"}, s.getValue()))

@@ -118,6 +118,12 @@ constexpr const char *kFoldProduct = "product";
 constexpr const char *kFoldScatter = "scatter";
 constexpr const char *kFoldGather = "gather";
 
+// Lowering (carve-select-kernels).
+/// On an op the emitter prints: the runtime entry it runs as on the plan's
+/// target (runtime/include/carve/rt/kernels.def), or "none" for an op that
+/// is no call of its own (a view, a constant, a folded transpose or product).
+constexpr const char *kKernelAttr = "carve.kernel";
+
 // 16-bit activations and parameters (carve-round-activations,
 // carve-pack-activations, carve-store-params16).
 /// On a forward op under a bf16/fp16 plan: its result is rounded to the
@@ -236,6 +242,9 @@ struct PlanAttrs {
   /// gradients (gradients16, fp32ChunkAccumulators).
   std::string gradAccumulation = "fp32";
   int64_t globalBatch = 0; // 0: not known (a lit test's module)
+  /// The programs' target: "cpu" (C++ against carve::rt) or "cuda" (CUDA
+  /// C++ against carve::gpu); carve-select-kernels chooses its entries.
+  std::string target = "cpu";
   /// Tensors of optimizer state per parameter, each the parameter's size
   /// (or its ZeRO chunk): AdamW 2 (exp_avg, exp_avg_sq), SGD with momentum
   /// 1, plain SGD 0.

@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/lower/Passes.h"
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/codegen/CpuCodegen.h"
 #include "compiler/dataparallel/DataParallel.h"
@@ -64,6 +65,7 @@ struct EmitterRecords : ::testing::Test {
     pm.addPass(createCarveDataParallel());
     pm.addPass(createCarvePlanMemory());
     pm.addPass(createCarveOptimizer(OptimizerConfig()));
+    pm.addPass(createCarveSelectKernels());
     ASSERT_TRUE(succeeded(pm.run(*module)));
     fn = module->lookupSymbol<func::FuncOp>("train_step");
     ASSERT_TRUE(fn);
@@ -113,6 +115,34 @@ TEST_F(EmitterRecords, AnActivationOutsideItsRegionIsRefused) {
   op->setAttr(kArenaOffsetAttr, Builder(&context).getDenseI64ArrayAttr({1 << 30}));
   std::string e = emit();
   EXPECT_NE(e.find("has no place in the activation region"), std::string::npos) << e;
+}
+
+TEST_F(EmitterRecords, AnOpWithoutItsKernelIsRefused) {
+  // The emitter prints the entry carve-select-kernels chose; it chooses none.
+  Operation *op = firstWith(kKernelAttr);
+  ASSERT_TRUE(op);
+  op->removeAttr(kKernelAttr);
+  std::string e = emit();
+  EXPECT_NE(e.find("no carve.kernel: the IR is not lowered (the pass carve-select-kernels"),
+            std::string::npos)
+      << e;
+}
+
+TEST_F(EmitterRecords, TheChosenEntryIsTheCallPrinted) {
+  // The first matmul told to run as its gathered form, which needs a gathered
+  // operand: the emitter does not fall back to a choice of its own.
+  Operation *mm = nullptr;
+  fn.walk([&](MatmulOp m) {
+    if (!mm)
+      mm = m;
+  });
+  ASSERT_TRUE(mm);
+  mm->setAttr(kKernelAttr, StringAttr::get(&context, "matmul_gathered"));
+  std::string e = emit();
+  EXPECT_NE(e.find("carve.kernel = \"matmul_gathered\" on a matmul whose right operand is no "
+                   "gather"),
+            std::string::npos)
+      << e;
 }
 
 TEST_F(EmitterRecords, AMissingMemoryPlanIsRefused) {

@@ -12,6 +12,7 @@
 #include "compiler/precision/Precision.h"
 #include "compiler/recompute/Recompute.h"
 #include "compiler/fusion/Fusion.h"
+#include "compiler/lower/Passes.h"
 #include "compiler/memory/MemoryPlan.h"
 #include "compiler/partition/Passes.h"
 #include "compiler/stages/Passes.h"
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
   carve::registerRecomputePasses();
   carve::registerPrecisionPasses();
   carve::registerMemoryPasses();
+  carve::registerLowerPasses();
   carve::registerPlanPasses();
   carve::registerRulesPasses();
   return mlir::asMainReturnCode(

@@ -139,14 +139,15 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   mlir::MLIRContext *context = module.getContext();
   PlanAttrs plan = planAttrs(s.plan, im);
   plan.optimizerState = s.opt.stateTensors();
+  plan.target = args.target;
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
-  buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse, s.opt, args.bucketBytes, epRank);
+  std::vector<std::string> passes = buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse,
+                                                         s.opt, args.bucketBytes, epRank);
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
   PassProgress *counts = instrumentation.get();
   pm.addInstrumentation(std::move(instrumentation));
-  std::vector<std::string> passes = compilePipelinePasses(plan, args.fuse);
   std::unique_ptr<raw_fd_ostream> irOut;
   if (!args.emitMlirAfter.empty()) {
     if (std::find(passes.begin(), passes.end(), args.emitMlirAfter) == passes.end()) {
@@ -204,7 +205,6 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
   CodegenOptions cg;
   cg.modelName = cm.modelName;
   cg.planJson = plan.json;
-  cg.target = args.target;
   std::string error;
   if (!cm.pipelined) {
     // One program; under expert parallelism, one per ep rank (its experts).

@@ -1,0 +1,56 @@
+//===- Passes.td - lowering the step to runtime calls ------*- tablegen -*-===//
+
+#ifndef CARVE_LOWER_PASSES_TD
+#define CARVE_LOWER_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
+  let summary = "Choose, per op and target, the runtime entry that implements it";
+  let description = [{
+    The same op can run as different calls: a matmul as `matmul`, as
+    `matmul_gathered` (its right operand a convolution's windows, never in
+    memory) or not at all (its product computed by the gather_grad or the
+    transpose that reads it); a transpose as `transpose` or as nothing (a
+    matmul's transpose flag); a gather as `gather`, `gather_sharded` (rows
+    split over tp) or nothing. Which one is a decision of the compiler, so it
+    is made here, on the IR, where lit sees it, and the emitter prints what
+    it is told. The GPU libraries (cuBLASLt with epilogues, cuDNN attention)
+    plug in as further patterns of this pass.
+
+    For every op of every function but the optimizer's tail (carve-optimizer's
+    ops, which the tail's printer reads), in order:
+
+      1. a member of a fused chain (carve.fusion_group) runs as `fused`;
+      2. a constant (a static array), a reshape (a view of the same memory),
+         a transpose folded into its readers' flags (carve.fold = "operand"),
+         a matmul whose product another op computes (the transpose marked
+         "product", or a gather_grad marked "scatter", through reshapes) and
+         a gather whose matmuls gather it themselves (carve.fold = "gather",
+         and its reshapes) run as `none`;
+      3. a transpose marked "product" runs as `matmul` (B^T A^T); a matmul
+         reading a gathered operand as `matmul_gathered`; a gather_grad
+         marked "scatter" as `matmul_gather_grad`;
+      4. a gather, gather_grad or cross-entropy whose rows or classes are
+         split over tp (dist.sharded_rows) runs as its `_sharded` or
+         `_vocab_parallel` entry;
+      5. every other op runs as its family's entry (`binary`, `unary`,
+         `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
+         as the conversion its element types name), if the target has it.
+
+    Before: the module after carve-optimizer (every mark above in place;
+    the target in `carve.plan`, "cpu" when absent). After: every such op
+    carries `carve.kernel = "<entry>"`, an entry of
+    runtime/include/carve/rt/kernels.def that the plan's target has, or
+    "none". An op no entry of the target implements (an f64 add on CUDA, a
+    16-bit cast other than to or from f32, an op with no kernel at all) is
+    an error naming the op, its model node and the target. The emitter
+    refuses an op without `carve.kernel`, naming this pass.
+  }];
+  let statistics = [
+    Statistic<"numCalls", "num-calls", "Ops that run as a runtime call">,
+    Statistic<"numNone", "num-none", "Ops that run as no call of their own">
+  ];
+}
+
+#endif // CARVE_LOWER_PASSES_TD
