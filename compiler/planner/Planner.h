@@ -12,6 +12,10 @@
 // `searchPlans` enumerates the space the constraints leave, keeps the plans
 // that fit, and ranks them. docs/planner.md.
 //
+// The time model is CostModel.cpp, the memory model MemoryModel.cpp, the
+// search PlanSearch.cpp; Constraints.cpp and Calibration.cpp read the user's
+// files. What they share and users do not is in PlannerImpl.h.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef CARVE_COMPILER_PLANNER_PLANNER_H
