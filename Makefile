@@ -13,7 +13,7 @@ PACKAGES := cmake ninja-build g++ ccache python3 \
   python3-torch python3-onnx python3-numpy python3-protobuf \
   clang libclang-rt-14-dev
 
-.PHONY: all deps configure build demo test test-gpu clean
+.PHONY: all deps configure build demo test check test-gpu clean
 
 all: build
 
@@ -46,6 +46,11 @@ demo: build
 # when none is visible; `make test` runs everything else.
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE '^gpu$$'
+
+# The quick tier for everyday work: unit, lit and the runtime's unit tests
+# (with the reference models' export that lit reads), a few minutes.
+check: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L '^quick$$'
 
 test-gpu: build
 	@tests/gpu/run.sh $(BUILD)

@@ -13,7 +13,7 @@
 #ifndef CARVE_COMPILER_PLAN_PLAN_H
 #define CARVE_COMPILER_PLAN_PLAN_H
 
-#include "compiler/codegen/CpuCodegen.h"
+#include "compiler/optimizer/Optimizer.h"
 
 #include <map>
 #include <string>
