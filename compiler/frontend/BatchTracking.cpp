@@ -18,7 +18,7 @@
 
 #include "compiler/frontend/Importer.h"
 
-#include "compiler/partition/Annotation.h"
+#include "dialects/carve/Annotation.h"
 #include "dialects/carve/CarveOps.h"
 
 #include <set>

@@ -1,4 +1,4 @@
-//===- Passes.td - lowering the step to runtime calls ------*- tablegen -*-===//
+//===- Passes.td - lowerings under the plan and to runtime calls -*- tablegen -*-===//
 
 #ifndef CARVE_LOWER_PASSES_TD
 #define CARVE_LOWER_PASSES_TD
@@ -50,6 +50,48 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numCalls", "num-calls", "Ops that run as a runtime call">,
     Statistic<"numNone", "num-none", "Ops that run as no call of their own">
+  ];
+}
+
+def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncOp"> {
+  let summary = "Convolution and max pooling as gathers, matmuls and reductions (im2col); batch norm";
+  let description = [{
+    Rewrites every `carve.conv2d` and `carve.max_pool2d` into ops that autodiff,
+    the partitioner and both targets already handle (the builders of
+    compiler/frontend/LowerConvolutions.cpp, which the importer shares):
+    the sliding windows as a `carve.gather` of the flattened image with a
+    constant index of positions (strides, padding, dilation; the taps in the
+    padding read one element of 0, or -inf for max pooling, concatenated after
+    the image); then a
+    `carve.matmul` with the weight (per group: grouped and depthwise
+    convolutions) and the bias, or a `carve.reduce_max` over the kernel's taps.
+    The windows are [N, C, taps, pixels] and the GEMM one per sample, the
+    weight as stored, the result NCHW; where the pixels are fewer than the
+    output channels, [N, C, pixels, taps] transposed into one GEMM over every
+    sample's pixels.
+
+    `carve.batch_norm` becomes reductions and elementwise ops: in training
+    mode the batch's mean and biased variance over all dimensions but 1
+    (`carve.eval_select` puts the running statistics there in an
+    evaluation's forward), and `carve.assign` writes the running statistics
+    updated as PyTorch updates them (momentum, unbiased variance) to their
+    buffers; in eval mode the running statistics. Where the module's plan
+    has `sync_batch_norm`, the training statistics are over every
+    data-parallel replica's share: the per-channel sums go through
+    `carve.replica_sum` (the mean, then the squares about it).
+
+    Runs first in `carve compile`, and in `carve plan`'s profile (so that the
+    planner prices the ops that run). Before: any carve IR. After: no conv2d,
+    max_pool2d or batch_norm.
+  }];
+  let options = [
+    Option<"planning", "planning", "bool", /*default=*/"false",
+           "The planner's one-sample import: batch norm over one value per channel "
+           "is lowered to be priced, not refused">
+  ];
+  let dependentDialects = ["carve::CarveDialect"];
+  let statistics = [
+    Statistic<"numLowered", "num-lowered", "Number of convolutions and poolings lowered">
   ];
 }
 

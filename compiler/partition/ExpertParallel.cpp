@@ -28,8 +28,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/partition/ExpertParallel.h"
-#include "compiler/partition/Annotation.h"
 #include "compiler/partition/Passes.h"
+#include "dialects/carve/Annotation.h"
 
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"

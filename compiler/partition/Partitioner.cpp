@@ -30,7 +30,7 @@
 #include "compiler/partition/PartitionerImpl.h"
 
 #include "compiler/autodiff/Autodiff.h"
-#include "compiler/partition/Annotation.h"
+#include "dialects/carve/Annotation.h"
 #include "dialects/carve/CarveOps.h"
 #include "dialects/dist/DistDialect.h"
 

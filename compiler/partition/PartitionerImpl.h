@@ -9,8 +9,8 @@
 #ifndef CARVE_COMPILER_PARTITION_PARTITIONERIMPL_H
 #define CARVE_COMPILER_PARTITION_PARTITIONERIMPL_H
 
-#include "compiler/partition/Annotation.h"
 #include "compiler/partition/Partitioner.h"
+#include "dialects/carve/Annotation.h"
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
 #include "dialects/dist/DistDialect.h"

@@ -7,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "compiler/planner/PlannerImpl.h"
 #include "compiler/plan/JsonRead.h"
+#include "compiler/planner/PlannerImpl.h"
 
 #include <nlohmann/json.hpp>
 

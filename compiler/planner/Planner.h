@@ -48,7 +48,7 @@ struct Candidate {
   std::string gradAccumulation = "fp32";
   /// The plan field sync_batch_norm, as the constraints fix it (not priced).
   bool syncBatchNorm = false;
-  std::string key() const;        // "dp=2 tp=4 pp=8 ..." for messages
+  std::string key() const; // "dp=2 tp=4 pp=8 ..." for messages
 };
 
 struct Memory {

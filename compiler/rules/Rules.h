@@ -23,9 +23,9 @@
 #ifndef CARVE_COMPILER_RULES_RULES_H
 #define CARVE_COMPILER_RULES_RULES_H
 
-#include "compiler/partition/Annotation.h"
 #include "compiler/partition/Partitioner.h"
 #include "compiler/rules/CustomOp.h"
+#include "dialects/carve/Annotation.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"

@@ -2,7 +2,7 @@
 //
 // One string per op instance (PartitionableOpInterface): which dimensions may
 // be split over a mesh axis and what a split leaves behind. The grammar is in
-// CarveInterfaces.td and docs/partition.md; compiler/partition parses it.
+// CarveInterfaces.td and docs/partition.md; Annotation.{h,cpp} beside it parses it.
 // Strings are built from the op's shapes, so a dimension of size 1 that is
 // broadcast gets its own never-split name.
 //

@@ -1,6 +1,6 @@
 //===- AnnotationTest.cpp - the partition annotation grammar and op strings ===//
 
-#include "compiler/partition/Annotation.h"
+#include "dialects/carve/Annotation.h"
 #include "dialects/carve/CarveOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -13,6 +13,7 @@
 #include "compiler/autodiff/Autodiff.h"
 #include "compiler/frontend/Passes.h"
 #include "compiler/interp/Interpreter.h"
+#include "compiler/lower/Passes.h"
 #include "dialects/carve/CarveOps.h"
 
 #include "mlir/AsmParser/AsmParser.h"

@@ -3,12 +3,14 @@
 // The partition annotation of an op (PartitionableOpInterface, grammar in
 // docs/partition.md), parsed and bound to the op's shapes: for every operand
 // and result dimension its factors (names or fixed counts), every name's size
-// and mark. The partitioner and the rules file (--rules) both use it.
+// and mark. The parser of the grammar whose strings the ops' interface prints
+// (Annotations.cpp); the partitioner, the rules file (--rules), the importer's
+// batch tracking and the planner use it.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef CARVE_COMPILER_PARTITION_ANNOTATION_H
-#define CARVE_COMPILER_PARTITION_ANNOTATION_H
+#ifndef CARVE_DIALECTS_CARVE_ANNOTATION_H
+#define CARVE_DIALECTS_CARVE_ANNOTATION_H
 
 #include "llvm/ADT/ArrayRef.h"
 
@@ -23,7 +25,7 @@ namespace carve {
 enum class Mark { Plain, Sum, Max, Never, Internal };
 
 struct Factor {
-  std::string name; // empty for a fixed count
+  std::string name;  // empty for a fixed count
   int64_t count = 0; // the fixed count, or the bound size of `name`
 };
 
@@ -56,4 +58,4 @@ struct Annotation {
 
 } // namespace carve
 
-#endif // CARVE_COMPILER_PARTITION_ANNOTATION_H
+#endif // CARVE_DIALECTS_CARVE_ANNOTATION_H

@@ -1,6 +1,6 @@
 //===- Annotation.cpp - the partition annotation grammar ------------------===//
 
-#include "compiler/partition/Annotation.h"
+#include "dialects/carve/Annotation.h"
 
 #include <cctype>
 #include <set>
