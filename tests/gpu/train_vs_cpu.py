@@ -33,7 +33,7 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    captured: train says so and runs them eagerly).
 5. A custom op: the Llama with the fused SwiGLU of models/custom/, its
    CUDA kernels (swiglu.cu) against its CPU kernels (swiglu.cpp), fp32, within
-   the fp32 bounds of 1; and --cuda-graph (which captures the user's kernels)
+   the fp32 bounds of 1 (trained with SGD, as 8. says why); and --cuda-graph (which captures the user's kernels)
    bitwise equal to the eager run.
 6. Start-up failures: a plan that needs more memory than the GPU has
    (--set-dim to a huge batch) stops with one line naming the rank, the GPU
@@ -312,10 +312,15 @@ def check_custom_op(carve, w, data_gen):
         subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens",
                         "16384", data], check=True, stdout=subprocess.DEVNULL)
     rules = ["--rules", os.path.join(custom, "swiglu.json")]
+    # Trained with SGD, as 8.'s dropout model and for its reason: under AdamW an
+    # entry whose gradient is small against its rounding moves by about lr on
+    # either side, and the CPU's packed AVX-512 GEMMs round otherwise than the
+    # emulated cuBLAS (layers.0.attention.wo.weight 1.3e-3 apart after 4 steps).
+    sgd = {"optimizer": {"name": "sgd", "lr": 0.05}}
     runs = {}
     for target in ["cpu", "cuda"]:
         out = os.path.join(w, "swiglu-" + target)
-        compile_(carve, onnx, {}, target, out, rules)
+        compile_(carve, onnx, sgd, target, out, rules)
         runs[target] = (train(carve, out, 1, data, out + ".ckpt"),
                         load_checkpoint(out + ".ckpt"))
     if pending(runs["cuda"][0]):
