@@ -88,6 +88,18 @@ bool generatePipelineProgram(mlir::ModuleOp module, const CodegenOptions &opts,
 bool generateCpuProgram(mlir::ModuleOp module, const CodegenOptions &opts, GeneratedProgram &out,
                         std::string &error);
 
+/// Every program of a lowered module (carve-select-kernels has run), from
+/// the module alone: one, named `program{E}` (E the module's ep rank, 0
+/// without expert parallelism), or under a pipelined plan one per pp rank,
+/// `program{E * pp + r}`, each following the schedule the plan names.
+struct ModulePrograms {
+  std::vector<GeneratedProgram> programs;
+  std::vector<std::string> names;
+  bool pipelined = false;
+};
+bool generatePrograms(mlir::ModuleOp module, const CodegenOptions &opts, ModulePrograms &out,
+                      std::string &error);
+
 /// programs.cpp: `carve_program_for_rank` and `carve_world_size` for the
 /// given programs (rank r runs programs[rankToProgram[r]]).
 std::string generateProgramTable(const std::vector<std::string> &programNames,

@@ -18,7 +18,8 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
     it is told. The GPU libraries (cuBLASLt with epilogues, cuDNN attention)
     plug in as further patterns of this pass.
 
-    For every op of every function but the optimizer's tail (carve-optimizer's
+    For every op of the functions the emitter prints (`@train_step`, or the
+    stage functions `@stage0 ..`) but the optimizer's tail (carve-optimizer's
     ops, which the tail's printer reads), in order:
 
       1. a member of a fused chain (carve.fusion_group) runs as `fused`;

@@ -202,7 +202,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       return signalPassFailure();
     MLIRContext *ctx = module.getContext();
     for (auto fn : module.getOps<func::FuncOp>()) {
-      if (fn.isExternal())
+      if (fn.isExternal() || !isEmittedFunction(fn))
         continue;
       for (Operation &op : fn.getBody().front().without_terminator()) {
         if (isOptimizerOp(&op))

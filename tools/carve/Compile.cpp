@@ -189,7 +189,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
 
 /// The emitter: one program, or one per pipeline rank.
 CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Setup &s,
-                       const Imported &im, const pipeline::Schedule &schedule, int64_t epRank = 0) {
+                       const Imported &im) {
   const Plan &plan = s.plan;
   CompiledModel cm;
   cm.modelName = sys::path::filename(args.model).str();
@@ -205,36 +205,16 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
   CodegenOptions cg;
   cg.modelName = cm.modelName;
   cg.planJson = plan.json;
+  ModulePrograms mp;
   std::string error;
-  if (!cm.pipelined) {
-    // One program; under expert parallelism, one per ep rank (its experts).
-    cm.programs.resize(1);
-    cg.programName = "program" + std::to_string(epRank);
-    if (!generateCpuProgram(module, cg, cm.programs[0], error))
-      die(args.model + ": " + error);
-    cm.programNames.push_back(cg.programName);
-    return cm;
-  }
-  for (mlir::func::FuncOp stage : stageFunctions(module))
-    cm.stages.push_back(readStageSummary(stage).value_or(StageSummary()));
-  cm.shared = sharedGradients(module);
-  cm.programs.resize(plan.pp);
-  for (int r = 0; r < plan.pp; ++r) {
-    PipelineCodegenOptions pc;
-    pc.pp = plan.pp;
-    pc.virtualStages = plan.virtualStages;
-    pc.schedule = plan.scheduleName();
-    pc.rank = r;
-    for (const pipeline::Instr &in : schedule.ranks[r])
-      pc.steps.push_back({in.kind == pipeline::Instr::Forward, in.microBatch, in.chunk, in.slot});
-    pc.slots = schedule.slots[r];
-    for (const SharedGradient &g : cm.shared)
-      pc.shared.push_back({g.name, g.numel, g.owner});
-    // Under expert parallelism the programs are numbered epRank * pp + ppRank.
-    cg.programName = "program" + std::to_string(epRank * plan.pp + r);
-    if (!generatePipelineProgram(module, cg, pc, cm.programs[r], error))
-      die(args.model + ": " + error);
-    cm.programNames.push_back(cg.programName);
+  if (!generatePrograms(module, cg, mp, error))
+    die(args.model + ": " + error);
+  cm.programs = std::move(mp.programs);
+  cm.programNames = std::move(mp.names);
+  if (cm.pipelined) {
+    for (mlir::func::FuncOp stage : stageFunctions(module))
+      cm.stages.push_back(readStageSummary(stage).value_or(StageSummary()));
+    cm.shared = sharedGradients(module);
   }
   return cm;
 }
@@ -272,7 +252,7 @@ std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args) {
   pipeline::Schedule schedule;
   Imported im = importModel(context, args, s, schedule, progress);
   runPipeline(im, s, args, progress);
-  CompiledModel cm = generate(*im.module, args, s, im, schedule);
+  CompiledModel cm = generate(*im.module, args, s, im);
   std::vector<CompiledRankMemory> ranks;
   for (const GeneratedProgram &g : cm.programs)
     ranks.push_back({g.paramBytes, g.gradBytes, g.stateBytes, g.activationBytes, g.arenaBytes});
@@ -330,9 +310,9 @@ int runCompile(CompileArgs &args) {
     im.module->print(os);
     writeFileOrDie(args.emitMlir, text);
   }
-  CompiledModel cm = generate(*im.module, args, s, im, schedule);
+  CompiledModel cm = generate(*im.module, args, s, im);
   for (size_t r = 0; r < epModules.size(); ++r) {
-    CompiledModel other = generate(*epModules[r], args, s, im, schedule, (int64_t)r + 1);
+    CompiledModel other = generate(*epModules[r], args, s, im);
     for (size_t k = 0; k < other.programs.size(); ++k) {
       cm.programs.push_back(std::move(other.programs[k]));
       cm.programNames.push_back(other.programNames[k]);

@@ -13,7 +13,7 @@
 // RUN: carve-opt %S/../fusion/gather-operands.mlir -pass-pipeline='builtin.module(func.func(carve-lower-convolutions), carve-autodiff, carve-fold-transposes{gather-operands=true scatter-products=true}, carve-select-kernels)' | FileCheck %s --check-prefix=CONV
 
 // CUDA: module attributes {carve.plan = {{.*}}target = "cuda"
-// CHECK-LABEL: func.func @step(
+// CHECK-LABEL: func.func @train_step(
 // CHECK: %[[C:.+]] = carve.constant {{.*}}carve.kernel = "none"
 // CHECK: %[[E:.+]] = carve.gather %{{.+}}, %{{.+}} {axis = 0 : i64, carve.kernel = "gather_sharded", dist.sharded_rows = 64 : i64}
 // CHECK: %[[B:.+]] = carve.add %[[E]], %{{.+}} {carve.fusion_group = 0 : i64, carve.kernel = "fused"}
@@ -30,7 +30,7 @@
 // CHECK: carve.add %{{.+}}, %[[C]] {carve.kernel = "binary"}
 // CHECK: return
 
-func.func @step(%ids: tensor<4x16xi64> {carve.input = "ids"},
+func.func @train_step(%ids: tensor<4x16xi64> {carve.input = "ids"},
                 %wte: tensor<32x8xf32> {carve.param = "wte", carve.trainable},
                 %b: tensor<8xf32> {carve.param = "b", carve.trainable},
                 %w: tensor<8x8xf32> {carve.param = "w", carve.trainable},
