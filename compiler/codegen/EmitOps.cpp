@@ -139,6 +139,11 @@ bool Generator::emitConstant(ConstantOp op) {
 }
 
 namespace {
+/// A flag argument with the kernel's name for it: "/*transA=*/true".
+std::string flag(const char *name, bool on) {
+  return std::string("/*") + name + "=*/" + (on ? "true" : "false");
+}
+
 /// The runtime entry carve-select-kernels chose for `op` (empty: none chose).
 StringRef kernelOf(Operation *op) {
   auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
@@ -316,7 +321,7 @@ std::string Generator::matmulOperands(Operation *m) {
   for (unsigned k = 0; k < 2; ++k) {
     Value v = operandOf(m, k); // through a transpose folded into the flag
     out += (k ? ", " : "") + name(v) + ", " + shapeOf(v) + ", " +
-           (v != m->getOperand(k) ? "true" : "false");
+           flag(k ? "transB" : "transA", v != m->getOperand(k));
   }
   return out;
 }
@@ -349,14 +354,14 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
       if (!g)
         return failOp(op, "carve.kernel = \"matmul_gathered\" on a matmul whose right operand "
                           "is no gather marked carve.fold = \"gather\"");
-      os << "matmul_gathered(" << opnd(op, 0) << ", " << da << ", " << (ta ? "true" : "false")
+      os << "matmul_gathered(" << opnd(op, 0) << ", " << da << ", " << flag("transA", ta)
          << ", " << opnd(g, 0) << ", " << oshape(g, 0) << ", " << opnd(g, 1) << ", " << oshape(g, 1)
-         << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", " << dims(ys)
+         << ", " << db << ", " << flag("transB", tb) << ", " << name(res) << ", " << dims(ys)
          << ");  // its right operand gathered a matrix at a time";
       return true;
     }
-    os << "matmul(" << opnd(op, 0) << ", " << da << ", " << (ta ? "true" : "false") << ", "
-       << opnd(op, 1) << ", " << db << ", " << (tb ? "true" : "false") << ", " << name(res) << ", "
+    os << "matmul(" << opnd(op, 0) << ", " << da << ", " << flag("transA", ta) << ", "
+       << opnd(op, 1) << ", " << db << ", " << flag("transB", tb) << ", " << name(res) << ", "
        << dims(ys) << ");";
   } else if (Operation *mm = transposedMatmul.lookup(op)) {
     // y = (op(a) op(b))^T = op(b)^T op(a)^T
@@ -367,8 +372,8 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
     };
     bool ta, tb;
     Value a = stored(0, ta), b = stored(1, tb);
-    os << "matmul(" << name(b) << ", " << shapeOf(b) << ", " << (tb ? "false" : "true") << ", "
-       << name(a) << ", " << shapeOf(a) << ", " << (ta ? "false" : "true") << ", " << name(res)
+    os << "matmul(" << name(b) << ", " << shapeOf(b) << ", " << flag("transA", !tb) << ", "
+       << name(a) << ", " << shapeOf(a) << ", " << flag("transB", !ta) << ", " << name(res)
        << ", " << shapeOf(res) << ");  // (a b)^T as b^T a^T";
   }
   return true;
@@ -387,14 +392,16 @@ bool Generator::emitReduction(Operation *op, llvm::raw_ostream &os) {
     os.write_hex(mask);
     os << "u, " << name(res) << ");";
   } else if (auto sm = dyn_cast<SoftmaxOp>(op)) {
-    os << "softmax(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", false, "
+    os << "softmax(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", "
+       << flag("log", false) << ", "
        << name(res) << ");";
   } else if (auto sm = dyn_cast<LogSoftmaxOp>(op)) {
-    os << "softmax(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", true, "
+    os << "softmax(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", "
+       << flag("log", true) << ", "
        << name(res) << ");";
   } else if (auto g = dyn_cast<SoftmaxGradOp>(op)) {
     os << "softmax_grad(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 0) << ", "
-       << g.getAxis() << ", " << (g.getLog() ? "true" : "false") << ", " << name(res) << ");";
+       << g.getAxis() << ", " << flag("log", g.getLog()) << ", " << name(res) << ");";
   }
   return true;
 }
@@ -438,13 +445,13 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
     os << "attention(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", " << shapeOf(k)
        << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q)) << ", "
        << (mk ? shapeOf(mk) : "{}") << ", " << scalar(at.getScale().convertToDouble(), q) << ", "
-       << (at.getCausal() ? "true" : "false") << ", " << name(res) << ");";
+       << flag("causal", at.getCausal()) << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<AttentionGradOp>(op)) {
     Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
     os << "attention_grad(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", "
        << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q))
        << ", " << (mk ? shapeOf(mk) : "{}") << ", " << scalar(g.getScale().convertToDouble(), q)
-       << ", " << (g.getCausal() ? "true" : "false") << ", " << name(g.getGrad()) << ", "
+       << ", " << flag("causal", g.getCausal()) << ", " << name(g.getGrad()) << ", "
        << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
        << ");";
   }
@@ -525,7 +532,7 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
       os << kernel << "(" << name(logits)
          << ", " << shapeOf(logits) << ", ";
     }
-    os << name(targets) << ", " << r << " /*" << red << "*/, " << (ig ? "true" : "false") << ", "
+    os << name(targets) << ", " << r << " /*" << red << "*/, " << flag("hasIgnore", (bool)ig) << ", "
        << (ig ? ig.getInt() : 0) << "LL, ";
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(op, 2) << ", ";
@@ -537,7 +544,7 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
          << ", "
          << (vp ? "(int64_t)ctx.tpRank * " + std::to_string(typeOf(logits).getDimSize(1))
                 : std::string("0"))
-         << ", " << name(targets) << ", " << (ig ? "true" : "false") << ", "
+         << ", " << name(targets) << ", " << flag("hasIgnore", (bool)ig) << ", "
          << (ig ? ig.getInt() : 0) << "LL, ctx.counts);";
     }
   }

@@ -250,7 +250,7 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
       ts << "  sgdUpdate(" << p << ", " << go << ", "
          << (momentum ? t.state[0] : std::string("nullptr")) << ", " << n << ", lr, "
          << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
-         << (o.nesterov ? "true" : "false") << ", ctx.step == 0);  // " << paramName(a) << "\n";
+         << "/*nesterov=*/" << (o.nesterov ? "true" : "false") << ", /*firstStep=*/ctx.step == 0);  // " << paramName(a) << "\n";
     if (!t.master.empty())
       ts << "  " << (opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master << ", "
          << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")

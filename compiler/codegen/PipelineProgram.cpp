@@ -132,7 +132,7 @@ void emitSchedule(llvm::raw_ostream &os, const RankProgram &rp) {
     } else {
       os << "  { TraceSpan t(ctx, 'B', " << st.microBatch << ", " << stage << "); " << c
          << "::backward(ctx, " << st.microBatch << ", " << st.slot << ", " << kept << ", " << sent
-         << ", W, " << (st.microBatch == m - 1 ? "true" : "false") << "); }\n";
+         << ", W, /*last=*/" << (st.microBatch == m - 1 ? "true" : "false") << "); }\n";
       // Every later stage has run this micro-batch's forward (its gradient
       // came back), so the forward sends were received: its pool bytes are free.
       os << "  waitAll(*ctx.ppComm, " << c << "::fsends[" << st.slot << "]);  // received\n";

@@ -28,12 +28,12 @@
 // R1: float *h_0_w = (float *)(A + 0);  // parameter [16, 16]
 // R1: // carve.matmul [8, 16], [16, 16] -> [8, 16]   [/h.0/MatMul]
 // R1-NEXT: float *h_0_MatMul = (float *)(A + {{[0-9]+}});
-// R1-NEXT: matmul(x, {8, 16}, false, h_0_w, {16, 16}, false, h_0_MatMul, {8, 16});
+// R1-NEXT: matmul(x, {8, 16}, /*transA=*/false, h_0_w, {16, 16}, /*transB=*/false, h_0_MatMul, {8, 16});
 // R1: fused("Fused0 (add, gelu)", Fused0{}, in, shapes, out, {8, 16});
-// R1: matmul(h_0_Gelu, {8, 16}, false, h_1_w, {16, 4}, false, h_1_MatMul, {8, 4});
-// R1: cross_entropy(h_1_MatMul, {8, 4}, y, 0 /*mean*/, false, 0LL, [[LOSS:[a-z_0-9]+]]);
+// R1: matmul(h_0_Gelu, {8, 16}, /*transA=*/false, h_1_w, {16, 4}, /*transB=*/false, h_1_MatMul, {8, 4});
+// R1: cross_entropy(h_1_MatMul, {8, 4}, y, 0 /*mean*/, /*hasIgnore=*/false, 0LL, [[LOSS:[a-z_0-9]+]]);
 // The backward's weight gradient of h.1: the transpose folded into the flag.
-// R1: matmul(h_0_Gelu, {8, 16}, true, {{.+}}, {8, 4}, false, {{.+}}, {16, 4});
+// R1: matmul(h_0_Gelu, {8, 16}, /*transA=*/true, {{.+}}, {8, 4}, /*transB=*/false, {{.+}}, {16, 4});
 // R1: unary_grad(Unary::Gelu,
 // R1: reduce(Reduce::Sum,
 // R1: adamwUpdate(param_h_1_w, grad_h_1_w, exp_avg_h_1_w, exp_avg_sq_h_1_w, 64, lr,
@@ -65,8 +65,8 @@
 // tp = 2: h.0 column-parallel (8 of its 16 columns), h.1 row-parallel, its
 // partial sums all-reduced before the loss.
 // TP-LABEL: void step(StepContext &ctx) {
-// TP: matmul(x, {8, 16}, false, h_0_w, {16, 8}, false, h_0_MatMul, {8, 8});
-// TP: matmul(h_0_Gelu, {8, 8}, false, h_1_w, {8, 4}, false, h_1_MatMul, {8, 4});
+// TP: matmul(x, {8, 16}, /*transA=*/false, h_0_w, {16, 8}, /*transB=*/false, h_0_MatMul, {8, 8});
+// TP: matmul(h_0_Gelu, {8, 8}, /*transA=*/false, h_1_w, {8, 4}, /*transB=*/false, h_1_MatMul, {8, 4});
 // TP: // partial sums -> replicated over tp
 // TP-NEXT: copy(h_1_MatMul, [[SUM:[a-z_0-9]+]], 32);
 // TP-NEXT: ctx.tpComm->allReduce([[SUM]], 32, CommType::F32, ReduceOp::Sum);
@@ -96,7 +96,7 @@
 // kernels.def's CUDA entries called as gpu::.
 // CUDA: // ===== program0.cu =====
 // CUDA: #include "carve/rt/gpu.h"
-// CUDA: gpu::matmul(x, {8, 16}, false, h_0_w, {16, 16}, false, h_0_MatMul, {8, 16});
+// CUDA: gpu::matmul(x, {8, 16}, /*transA=*/false, h_0_w, {16, 16}, /*transB=*/false, h_0_MatMul, {8, 16});
 // CUDA: gpu::fused("Fused0 (add, gelu)", Fused0{}, in, shapes, out, {8, 16});
 // CUDA: gpu::cross_entropy(
 
