@@ -160,8 +160,12 @@ int dropoutNodes(mlir::func::FuncOp fn);
 
 /// The headers a generated source includes (Target.cpp).
 std::string runtimeIncludes(const EmitOptions &opts, bool pipelined);
-/// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source.
-void qualifyGpuCalls(std::string &src);
+/// The name a generated source calls runtime entry `entry` by: `gpu::entry`
+/// in a CUDA source for an entry carve::gpu declares (kernels.def), since the
+/// carve::rt types in its arguments (Dims, Split, Precision, ...) would let
+/// argument-dependent lookup find the CPU kernel of the same name too; else
+/// `entry`.
+std::string callee(const EmitOptions &opts, llvm::StringRef entry);
 /// Declares the gradient norm's two sums of squares.
 std::string normDeclarations(const EmitOptions &opts);
 /// CUDA: reads the device sums into sqSplit and sqWhole (nothing on the CPU).

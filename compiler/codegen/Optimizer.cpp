@@ -189,19 +189,19 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
     // are summed over the ep group (sqExpert*) before they join the rest.
     const bool expert = opts.ep > 1 && fn.getArgAttr(g.param, kExpertAttr);
     if (opts.cuda())
-      ts << "  sumSquaresAdd(" << ptr << ", " << count << ", sqDevice + "
+      ts << "  " + callee(opts, "sumSquaresAdd") + "(" << ptr << ", " << count << ", sqDevice + "
          << (split ? 0 : 1) + (expert ? 2 : 0) << ");  // " << paramName(g.param) << "\n";
     else
       ts << "  "
          << (expert ? (split ? "sqExpertSplit" : "sqExpertWhole") : (split ? "sqSplit" : "sqWhole"))
-         << " += sumSquares(" << ptr << ", " << count << ");  // " << paramName(g.param) << "\n";
+         << " += " + callee(opts, "sumSquares") + "(" << ptr << ", " << count << ");  // " << paramName(g.param) << "\n";
   }
 }
 
 void Generator::emitClip(llvm::raw_ostream &ts) {
   for (int64_t slot : tail.clipped) {
     const GradSlot &g = grads[slot];
-    ts << "    scaleInPlace(" << tailNames[g.param].grad << ", "
+    ts << "    " + callee(opts, "scaleInPlace") + "(" << tailNames[g.param].grad << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", clip);\n";
   }
 }
@@ -215,7 +215,7 @@ void Generator::emitUnscale(llvm::raw_ostream &ts) {
      << "  if (ctx.lossScale != 1.0f) {\n    const float unscale = 1.0f / ctx.lossScale;\n";
   for (int64_t slot : tail.unscaled) {
     const GradSlot &g = grads[slot];
-    ts << "    scaleInPlace(" << tailNames[g.param].grad << ", "
+    ts << "    " + callee(opts, "scaleInPlace") + "(" << tailNames[g.param].grad << ", "
        << (zero >= 2 ? chunkOf[g.param] : numelOf[g.param]) << ", unscale);\n";
   }
   ts << "  }\n";
@@ -243,16 +243,16 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
     if (!t.master.empty())
       p = t.master; // the whole master, or (ZeRO) this rank's chunk of it
     if (adam)
-      ts << "  adamwUpdate(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1] << ", "
+      ts << "  " + callee(opts, "adamwUpdate") + "(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1] << ", "
          << n << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);  // " << paramName(a)
          << "\n";
     else
-      ts << "  sgdUpdate(" << p << ", " << go << ", "
+      ts << "  " + callee(opts, "sgdUpdate") + "(" << p << ", " << go << ", "
          << (momentum ? t.state[0] : std::string("nullptr")) << ", " << n << ", lr, "
          << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
          << "/*nesterov=*/" << (o.nesterov ? "true" : "false") << ", /*firstStep=*/ctx.step == 0);  // " << paramName(a) << "\n";
     if (!t.master.empty())
-      ts << "  " << (opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master << ", "
+      ts << "  " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master << ", "
          << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")
          << " copy of " << paramName(a) << ", rounded to nearest even\n";
   }

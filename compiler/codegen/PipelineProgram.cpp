@@ -476,8 +476,6 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       out.vocab = std::max(out.vocab, codegen::tokenVocab(fn, inputs[0].name, opts.tp));
   emitProgramTables(os, opts, out, inputs, params, &pipe);
   out.source = src;
-  if (opts.cuda())
-    qualifyGpuCalls(out.source);
   return true;
 }
 

@@ -118,8 +118,6 @@ bool Generator::run() {
      << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
      << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
   out.source = emitProgram(header, t);
-  if (opts.cuda())
-    qualifyGpuCalls(out.source);
   return true;
 }
 
@@ -318,7 +316,7 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
     var[fn.getArgument(arg)] = v;
   for (GradSlot &g : grads)
     if (g.copy)
-      s += "  copy(" + var[g.value] + ", " + gradPtr(g) + ", " +
+      s += "  " + callee(opts, "copy") + "(" + var[g.value] + ", " + gradPtr(g) + ", " +
            std::to_string(typeOf(g.value).getNumElements()) + ");  // gradient of " +
            paramName(g.param) + "\n";
   startBuckets(buckets, nextBucket, end);
@@ -470,7 +468,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
        << graphBefore
        << "\n  // Forward and backward: run as they are, or (train --cuda-graph) run once, then\n"
        << "  // captured in a CUDA graph and replayed.\n"
-       << "  graphStep(ctx, forwardBackward);\n"
+       << "  " + callee(opts, "graphStep") + "(ctx, forwardBackward);\n"
        << graphAfter;
   }
   os << tail << "}\n\n";

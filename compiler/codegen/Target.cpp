@@ -27,48 +27,11 @@ std::string runtimeIncludes(const EmitOptions &opts, bool pipelined) {
          "#include \"carve/rt/program.h\"\n";
 }
 
-/// Writes `gpu::` before every call of a carve::gpu kernel in a CUDA source
-/// (the entries kernels.def marks `cuda`). The carve::rt types in their
-/// arguments (Dims, Split, Precision, ...) would otherwise let
-/// argument-dependent lookup find the CPU kernel of the same name too, and
-/// the call would be ambiguous (or worse, resolve to the CPU).
-void qualifyGpuCalls(std::string &src) {
-  static const std::set<std::string> names = [] {
-    std::set<std::string> n;
-    for (const RuntimeEntry &e : runtimeEntries())
-      if (e.cuda)
-        n.insert(e.name);
-    return n;
-  }();
-  std::string out;
-  out.reserve(src.size() + src.size() / 16);
-  size_t i = 0, lineStart = 0;
-  bool comment = false; // inside a // comment: leave the prose alone
-  while (i < src.size()) {
-    char c = src[i];
-    if (c == '\n') {
-      comment = false;
-      lineStart = i + 1;
-    } else if (c == '/' && i + 1 < src.size() && src[i + 1] == '/') {
-      comment = true;
-    }
-    if (!comment && (std::isalpha((unsigned char)c) || c == '_') &&
-        (i == lineStart || !(std::isalnum((unsigned char)src[i - 1]) || src[i - 1] == '_' ||
-                             src[i - 1] == ':' || src[i - 1] == '.' || src[i - 1] == '>'))) {
-      size_t j = i;
-      while (j < src.size() && (std::isalnum((unsigned char)src[j]) || src[j] == '_'))
-        ++j;
-      std::string word = src.substr(i, j - i);
-      if (j < src.size() && src[j] == '(' && names.count(word))
-        out += "gpu::";
-      out += word;
-      i = j;
-      continue;
-    }
-    out += c;
-    ++i;
-  }
-  src = std::move(out);
+std::string callee(const EmitOptions &opts, llvm::StringRef entry) {
+  if (opts.cuda())
+    if (std::optional<RuntimeEntry> e = lookupRuntimeEntry(entry); e && e->cuda)
+      return "gpu::" + entry.str();
+  return entry.str();
 }
 
 /// Declares the gradient norm's two sums of squares (tp-split gradients, and
@@ -81,7 +44,7 @@ std::string normDeclarations(const EmitOptions &opts) {
   if (opts.cuda())
     s += std::string("  // On the device: [0] the tp-split gradients, [1] the rest") +
          (opts.ep > 1 ? ", [2] and [3] the same of\n  // this rank's experts" : "") +
-         "; added in this order, read once below.\n  double *sqDevice = normAccumulators();\n";
+         "; added in this order, read once below.\n  double *sqDevice = " + callee(opts, "normAccumulators") + "();\n";
   return s;
 }
 
@@ -99,10 +62,10 @@ std::string normRead(const EmitOptions &opts) {
   if (!opts.cuda())
     return "";
   if (opts.ep > 1)
-    return "  double sqHost[4];\n  readScalars(sqDevice, sqHost, 4);  // waits for the step's "
+    return "  double sqHost[4];\n  " + callee(opts, "readScalars") + "(sqDevice, sqHost, 4);  // waits for the step's "
            "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n"
            "  sqExpertSplit = sqHost[2], sqExpertWhole = sqHost[3];\n";
-  return "  double sqHost[2];\n  readScalars(sqDevice, sqHost, 2);  // waits for the step's "
+  return "  double sqHost[2];\n  " + callee(opts, "readScalars") + "(sqDevice, sqHost, 2);  // waits for the step's "
          "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n";
 }
 
@@ -112,7 +75,7 @@ std::string precisionLine(const EmitOptions &opts) {
     return "";
   return std::string("  // Plan precision ") + opts.precision +
          ": matmul and attention round their inputs to it and accumulate in fp32.\n" +
-         "  setPrecision(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
+         "  " + callee(opts, "setPrecision") + "(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
 }
 
 std::string dropoutStateLine(const EmitOptions &opts, int dropoutNodes) {
@@ -120,7 +83,7 @@ std::string dropoutStateLine(const EmitOptions &opts, int dropoutNodes) {
     return "";
   return "  // Dropout: this step's seed and number, read by the dropout kernels on the device\n"
          "  // (a CUDA graph replays them with each step's).\n"
-         "  setDropoutState(ctx.seed, ctx.step);\n";
+         "  " + callee(opts, "setDropoutState") + "(ctx.seed, ctx.step);\n";
 }
 
 /// The namespace whose kernels the step calls (the same names on both targets).
@@ -143,12 +106,12 @@ std::string glueEnd() { return "CARVE_GLUE_END\n"; }
 std::string Generator::seedStore(const std::string &ptr, const std::string &value) const {
   std::string v = opts.precision == "fp16" ? "(" + value + ") * ctx.lossScale" : value;
   if (opts.cuda())
-    return "  fill(" + ptr + ", (int64_t)1, " + v + ");\n";
+    return "  " + callee(opts, "fill") + "(" + ptr + ", (int64_t)1, " + v + ");\n";
   return "  *" + ptr + " = " + v + ";\n";
 }
 
 std::string Generator::scalarRead(const std::string &ptr) const {
-  return opts.cuda() ? "readScalar(" + ptr + ")" : ptr + "[0]";
+  return opts.cuda() ? callee(opts, "readScalar") + "(" + ptr + ")" : ptr + "[0]";
 }
 
 } // namespace carve::codegen

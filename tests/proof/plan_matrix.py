@@ -67,8 +67,10 @@ MIXTRAL_PLANS = [("dp2-ep2", {"dp": 2, "ep": 2}, 2), ("dp2-ep2-tp2", {"dp": 2, "
 SWIGLU_PLANS = [("tp2", {"tp": 2}, 2)]
 # The CUDA target is compiled (sources hashed), not run: runs need a GPU or the emulation.
 CUDA_PLANS = {"gpt": ["1rank", "dp4-zero2", "dp2-tp2-sp-zero1", "dp2-pp2-1f1b", "dp2-bf16",
-                      "tp2-bf16"],
-              "llama": ["1rank", "dp2-bf16"], "resnet18": ["1rank", "dp2-bf16"]}
+                      "tp2-bf16", "pp2-interleaved", "dp4-zero3-prefetch", "dp2-fp16-zero2",
+                      "dp2-zero2-fp16-sgd", "pp2-fp16-clip", "tp2-pp2-bf16"],
+              "llama": ["1rank", "dp2-bf16"], "resnet18": ["1rank", "dp2-bf16"],
+              "mixtral": ["dp2-ep2"], "swiglu": ["tp2"]}
 
 
 def run(cmd, **kw):
