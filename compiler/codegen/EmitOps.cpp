@@ -199,15 +199,15 @@ bool Generator::emitOp(Operation *op) {
     ok = emitDropout(d, os);
   else if (auto e = dyn_cast<EvalSelectOp>(op)) {
     os << "// train --eval-data's forward takes the second (PyTorch's eval mode)\n  "
-          "" + callee(opts, "copy") + "(ctx.evaluating ? "
+       << callee(opts, "copy") << "(ctx.evaluating ? "
        << opnd(op, 1) << " : " << opnd(op, 0) << ", " << name(e.getResult()) << ", (int64_t)"
        << typeOf(e.getResult()).getNumElements() << ");";
     ok = true;
   } else if (auto r = dyn_cast<ReplicaSumOp>(op)) {
     const int64_t n = typeOf(r.getResult()).getNumElements();
     os << "// SyncBatchNorm: the statistics' sums over the " << opts.dp << " data-parallel replica"
-       << (opts.dp == 1 ? "" : "s") << "\n  " + callee(opts, "copy") + "(" << opnd(op, 0) << ", " << name(r.getResult())
-       << ", (int64_t)" << n << ");";
+       << (opts.dp == 1 ? "" : "s") << "\n  " + callee(opts, "copy") + "(" << opnd(op, 0) << ", "
+       << name(r.getResult()) << ", (int64_t)" << n << ");";
     if (opts.dp > 1)
       os << "\n  ctx.dpComm->allReduce(" << name(r.getResult()) << ", " << n
          << ", CommType::" << (typeOf(r.getResult()).getElementType().isF64() ? "F64" : "F32")
@@ -215,10 +215,10 @@ bool Generator::emitOp(Operation *op) {
     ok = true;
   } else if (auto a = dyn_cast<AssignOp>(op)) {
     const int64_t n = typeOf(a.getResult()).getNumElements();
-    os << callee(opts, "copy") + "(" << opnd(op, 0) << ", " << name(a.getResult()) << ", (int64_t)" << n
-       << ");\n  if (!ctx.evaluating)  // the buffer's new value (running statistics)\n    "
-       << callee(opts, "copy") << "("
-       << opnd(op, 0) << ", " << opnd(op, 1) << ", (int64_t)" << n << ");";
+    os << callee(opts, "copy") + "(" << opnd(op, 0) << ", " << name(a.getResult()) << ", (int64_t)"
+       << n << ");\n  if (!ctx.evaluating)  // the buffer's new value (running statistics)\n    "
+       << callee(opts, "copy") << "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", (int64_t)" << n
+       << ");";
     ok = true;
   } else if (kernel == "matmul" || kernel == "matmul_gathered")
     ok = emitMatmul(op, kernel, os);
@@ -241,9 +241,10 @@ bool Generator::emitOp(Operation *op) {
     const bool dispatch = x.getSrcDim() < x.getDstDim();
     os << "// Expert parallelism: "
        << (dispatch ? "send each expert's rows to its rank" : "send the experts' results back")
-       << " (all-to-all over the " << x.getRanks() << " ep ranks)\n  " + callee(opts, "allToAllSplit") + "(*ctx.epComm, "
-       << opnd(op, 0) << ", " << oshape(op, 0) << ", " << split(x.getSrcDim()) << ", "
-       << split(x.getDstDim()) << ", " << name(op->getResult(0)) << ", CommType::F32);";
+       << " (all-to-all over the " << x.getRanks()
+       << " ep ranks)\n  " + callee(opts, "allToAllSplit") + "(*ctx.epComm, " << opnd(op, 0) << ", "
+       << oshape(op, 0) << ", " << split(x.getSrcDim()) << ", " << split(x.getDstDim()) << ", "
+       << name(op->getResult(0)) << ", CommType::F32);";
     ok = true;
   } else if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp, dist::AllToAllOp,
                  dist::LocalSplitOp, dist::BroadcastOp>(op))
@@ -281,38 +282,40 @@ bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostre
                     : isa<PowOp>(op)     ? "Pow"
                     : isa<MaximumOp>(op) ? "Max"
                                          : "Min";
-    os << callee(opts, "binary") + "(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
-       << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res) << ");";
+    os << callee(opts, "binary") + "(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0)
+       << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res)
+       << ");";
   } else if (isa<EqualOp, LessOp, GreaterOp>(op)) {
     const char *k = isa<EqualOp>(op) ? "Eq" : isa<LessOp>(op) ? "Lt" : "Gt";
-    os << callee(opts, "compare") + "(Compare::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
-       << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res) << ");";
-  } else if (isa<AndOp, OrOp>(op)) {
-    os << callee(opts, "logic") + "(Logic::" << (isa<AndOp>(op) ? "And" : "Or") << ", " << opnd(op, 0) << ", "
+    os << callee(opts, "compare") + "(Compare::" << k << ", " << opnd(op, 0) << ", "
        << oshape(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", "
        << shapeOf(res) << ");";
+  } else if (isa<AndOp, OrOp>(op)) {
+    os << callee(opts, "logic") + "(Logic::" << (isa<AndOp>(op) ? "And" : "Or") << ", "
+       << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1)
+       << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<NotOp>(op)) {
-    os << callee(opts, "logic") + "(Logic::Not, " << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 0)
-       << ", " << oshape(op, 0) << ", " << name(res) << ", " << shapeOf(res) << ");";
+    os << callee(opts, "logic") + "(Logic::Not, " << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res) << ", " << shapeOf(res) << ");";
   } else if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp,
                  SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
-    os << callee(opts, "unary") + "(Unary::" << unaryKernel(unaryName(op)) << ", " << opnd(op, 0) << ", " << name(res)
-       << ", " << typeOf(res).getNumElements() << ");";
+    os << callee(opts, "unary") + "(Unary::" << unaryKernel(unaryName(op)) << ", " << opnd(op, 0)
+       << ", " << name(res) << ", " << typeOf(res).getNumElements() << ");";
   } else if (auto g = dyn_cast<UnaryGradOp>(op)) {
     const char *k = unaryKernel(g.getFn());
     if (!k)
       return failOp(op, "unknown function " + g.getFn().str());
-    os << callee(opts, "unary_grad") + "(Unary::" << k << ", " << opnd(op, 0) << ", " << opnd(op, 1) << ", "
-       << name(res) << ", " << typeOf(res).getNumElements() << ");";
+    os << callee(opts, "unary_grad") + "(Unary::" << k << ", " << opnd(op, 0) << ", " << opnd(op, 1)
+       << ", " << name(res) << ", " << typeOf(res).getNumElements() << ");";
   } else if (isa<WhereOp>(op)) {
-    os << callee(opts, "where") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 1) << ", "
-       << oshape(op, 1) << ", " << opnd(op, 2) << ", " << oshape(op, 2) << ", " << name(res) << ", "
-       << shapeOf(res) << ");";
+    os << callee(opts, "where") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 1)
+       << ", " << oshape(op, 1) << ", " << opnd(op, 2) << ", " << oshape(op, 2) << ", " << name(res)
+       << ", " << shapeOf(res) << ");";
   } else if (isa<CastOp>(op)) {
     // A 16-bit copy of a rounded activation and back (carve-pack-activations):
     // the conversion carve-select-kernels chose.
-    os << callee(opts, kernel) << "(" << opnd(op, 0) << ", " << name(res) << ", " << typeOf(res).getNumElements()
-       << ");";
+    os << callee(opts, kernel) << "(" << opnd(op, 0) << ", " << name(res) << ", "
+       << typeOf(res).getNumElements() << ");";
   }
   return true;
 }
@@ -355,15 +358,15 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
       if (!g)
         return failOp(op, "carve.kernel = \"matmul_gathered\" on a matmul whose right operand "
                           "is no gather marked carve.fold = \"gather\"");
-      os << callee(opts, "matmul_gathered") + "(" << opnd(op, 0) << ", " << da << ", " << flag("transA", ta)
-         << ", " << opnd(g, 0) << ", " << oshape(g, 0) << ", " << opnd(g, 1) << ", " << oshape(g, 1)
-         << ", " << db << ", " << flag("transB", tb) << ", " << name(res) << ", " << dims(ys)
-         << ");  // its right operand gathered a matrix at a time";
+      os << callee(opts, "matmul_gathered") + "(" << opnd(op, 0) << ", " << da << ", "
+         << flag("transA", ta) << ", " << opnd(g, 0) << ", " << oshape(g, 0) << ", " << opnd(g, 1)
+         << ", " << oshape(g, 1) << ", " << db << ", " << flag("transB", tb) << ", " << name(res)
+         << ", " << dims(ys) << ");  // its right operand gathered a matrix at a time";
       return true;
     }
-    os << callee(opts, "matmul") + "(" << opnd(op, 0) << ", " << da << ", " << flag("transA", ta) << ", "
-       << opnd(op, 1) << ", " << db << ", " << flag("transB", tb) << ", " << name(res) << ", "
-       << dims(ys) << ");";
+    os << callee(opts, "matmul") + "(" << opnd(op, 0) << ", " << da << ", " << flag("transA", ta)
+       << ", " << opnd(op, 1) << ", " << db << ", " << flag("transB", tb) << ", " << name(res)
+       << ", " << dims(ys) << ");";
   } else if (Operation *mm = transposedMatmul.lookup(op)) {
     // y = (op(a) op(b))^T = op(b)^T op(a)^T
     auto stored = [&](unsigned k, bool &trans) {
@@ -373,9 +376,10 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
     };
     bool ta, tb;
     Value a = stored(0, ta), b = stored(1, tb);
-    os << callee(opts, "matmul") + "(" << name(b) << ", " << shapeOf(b) << ", " << flag("transA", !tb) << ", "
-       << name(a) << ", " << shapeOf(a) << ", " << flag("transB", !ta) << ", " << name(res)
-       << ", " << shapeOf(res) << ");  // (a b)^T as b^T a^T";
+    os << callee(opts, "matmul") + "(" << name(b) << ", " << shapeOf(b) << ", "
+       << flag("transA", !tb) << ", " << name(a) << ", " << shapeOf(a) << ", "
+       << flag("transB", !ta) << ", " << name(res) << ", " << shapeOf(res)
+       << ");  // (a b)^T as b^T a^T";
   }
   return true;
 }
@@ -389,20 +393,20 @@ bool Generator::emitReduction(Operation *op, llvm::raw_ostream &os) {
     for (int64_t a : axes)
       mask |= 1u << a;
     const char *k = isa<ReduceSumOp>(op) ? "Sum" : isa<ReduceMeanOp>(op) ? "Mean" : "Max";
-    os << callee(opts, "reduce") + "(Reduce::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0) << ", 0x";
+    os << callee(opts, "reduce") + "(Reduce::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0)
+       << ", 0x";
     os.write_hex(mask);
     os << "u, " << name(res) << ");";
   } else if (auto sm = dyn_cast<SoftmaxOp>(op)) {
-    os << callee(opts, "softmax") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", "
-       << flag("log", false) << ", "
-       << name(res) << ");";
+    os << callee(opts, "softmax") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << sm.getAxis() << ", " << flag("log", false) << ", " << name(res) << ");";
   } else if (auto sm = dyn_cast<LogSoftmaxOp>(op)) {
-    os << callee(opts, "softmax") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << sm.getAxis() << ", "
-       << flag("log", true) << ", "
-       << name(res) << ");";
+    os << callee(opts, "softmax") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << sm.getAxis() << ", " << flag("log", true) << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<SoftmaxGradOp>(op)) {
-    os << callee(opts, "softmax_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 0) << ", "
-       << g.getAxis() << ", " << flag("log", g.getLog()) << ", " << name(res) << ");";
+    os << callee(opts, "softmax_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", "
+       << oshape(op, 0) << ", " << g.getAxis() << ", " << flag("log", g.getLog()) << ", "
+       << name(res) << ");";
   }
   return true;
 }
@@ -412,26 +416,26 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (auto ln = dyn_cast<LayerNormOp>(op)) {
     Value x = ln.getInput();
-    os << callee(opts, "layer_norm") + "(" << name(x) << ", " << shapeOf(x) << ", " << ln.getAxis() << ", "
-       << (ln.getScale() ? name(ln.getScale()) : nullOf(x)) << ", "
+    os << callee(opts, "layer_norm") + "(" << name(x) << ", " << shapeOf(x) << ", " << ln.getAxis()
+       << ", " << (ln.getScale() ? name(ln.getScale()) : nullOf(x)) << ", "
        << (ln.getBias() ? name(ln.getBias()) : nullOf(x)) << ", "
        << scalar(ln.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<LayerNormGradOp>(op)) {
     Value x = g.getInput();
-    os << callee(opts, "layer_norm_grad") + "(" << name(x) << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
-       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+    os << callee(opts, "layer_norm_grad") + "(" << name(x) << ", " << shapeOf(x) << ", "
+       << g.getAxis() << ", " << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
        << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
        << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", " << name(g.getBiasGrad())
        << ");";
   } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
     Value x = rn.getInput();
-    os << callee(opts, "rms_norm") + "(" << name(x) << ", " << shapeOf(x) << ", " << rn.getAxis() << ", "
-       << (rn.getScale() ? name(rn.getScale()) : nullOf(x)) << ", "
+    os << callee(opts, "rms_norm") + "(" << name(x) << ", " << shapeOf(x) << ", " << rn.getAxis()
+       << ", " << (rn.getScale() ? name(rn.getScale()) : nullOf(x)) << ", "
        << scalar(rn.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<RmsNormGradOp>(op)) {
     Value x = g.getInput();
-    os << callee(opts, "rms_norm_grad") + "(" << name(x) << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
-       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+    os << callee(opts, "rms_norm_grad") + "(" << name(x) << ", " << shapeOf(x) << ", "
+       << g.getAxis() << ", " << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
        << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
        << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ");";
   }
@@ -443,18 +447,19 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (auto at = dyn_cast<AttentionOp>(op)) {
     Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
-    os << callee(opts, "attention") + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", " << shapeOf(k)
-       << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q)) << ", "
-       << (mk ? shapeOf(mk) : "{}") << ", " << scalar(at.getScale().convertToDouble(), q) << ", "
-       << flag("causal", at.getCausal()) << ", " << name(res) << ");";
+    os << callee(opts, "attention") + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)
+       << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
+       << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
+       << scalar(at.getScale().convertToDouble(), q) << ", " << flag("causal", at.getCausal())
+       << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<AttentionGradOp>(op)) {
     Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
-    os << callee(opts, "attention_grad") + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k) << ", "
-       << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", " << (mk ? name(mk) : nullOf(q))
-       << ", " << (mk ? shapeOf(mk) : "{}") << ", " << scalar(g.getScale().convertToDouble(), q)
-       << ", " << flag("causal", g.getCausal()) << ", " << name(g.getGrad()) << ", "
-       << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
-       << ");";
+    os << callee(opts, "attention_grad") + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)
+       << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
+       << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
+       << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal()) << ", "
+       << name(g.getGrad()) << ", " << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad())
+       << ", " << name(g.getValueGrad()) << ");";
   }
   return true;
 }
@@ -494,11 +499,12 @@ bool Generator::emitDropout(DropoutOp d, llvm::raw_ostream &os) {
   if (share)
     os << ", samples from " << offset << " of the global batch of " << opts.globalBatch
        << " in dimension " << d.batchDim();
-  os << "\n  " + callee(opts, "dropout") + "(" << opnd(op, 0) << ", carve::rt::philox::DropoutPiece{carve::rt::Dims"
-     << dims(typeOf(res).getShape()) << ", " << tpDim << ", " << groups << ", "
-     << (tpDim >= 0 ? opts.tp : 1) << ", " << (tpDim >= 0 ? "ctx.tpRank" : "0") << ", "
-     << (share ? d.batchDim() : -1) << ", " << d.batchOuter() << ", " << (share ? micro : 1) << ", "
-     << (share ? opts.globalBatch : 1) << ", " << offset
+  os << "\n  " + callee(opts, "dropout") + "(" << opnd(op, 0)
+     << ", carve::rt::philox::DropoutPiece{carve::rt::Dims" << dims(typeOf(res).getShape()) << ", "
+     << tpDim << ", " << groups << ", " << (tpDim >= 0 ? opts.tp : 1) << ", "
+     << (tpDim >= 0 ? "ctx.tpRank" : "0") << ", " << (share ? d.batchDim() : -1) << ", "
+     << d.batchOuter() << ", " << (share ? micro : 1) << ", " << (share ? opts.globalBatch : 1)
+     << ", " << offset
      << "}, ctx.evaluating ? 0.0 : " << llvm::format("%.17g", d.getP().convertToDouble())
      << (opts.cuda() ? ", " : ", ctx.seed, ctx.step, ") << d.nodeIndex() << ", " << name(res)
      << ");" << (opts.cuda() ? "  // seed and step: setDropoutState's, on the device" : "");
@@ -526,21 +532,20 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
       int64_t c = typeOf(logits).getDimSize(1);
       os << "// Vocab-parallel: the classes are split over tp; the kernel all-reduces row\n"
          << "  // maxima, sums of exponentials and the target logits (no rank holds all "
-         << rows.getInt() << " logits).\n  "
-         << callee(opts, kernel) << "(*ctx.tpComm, " << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * "
-         << c << ", ";
+         << rows.getInt() << " logits).\n  " << callee(opts, kernel) << "(*ctx.tpComm, "
+         << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * " << c << ", ";
     } else {
-      os << callee(opts, kernel) << "(" << name(logits)
-         << ", " << shapeOf(logits) << ", ";
+      os << callee(opts, kernel) << "(" << name(logits) << ", " << shapeOf(logits) << ", ";
     }
-    os << name(targets) << ", " << r << " /*" << red << "*/, " << flag("hasIgnore", (bool)ig) << ", "
-       << (ig ? ig.getInt() : 0) << "LL, ";
+    os << name(targets) << ", " << r << " /*" << red << "*/, " << flag("hasIgnore", (bool)ig)
+       << ", " << (ig ? ig.getInt() : 0) << "LL, ";
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(op, 2) << ", ";
     os << name(res) << ");";
     if (isa<CrossEntropyOp>(op)) {
       os << "\n  if (ctx.evaluating)  // train --eval-data: accuracy (the target's logit is the "
-            "largest)\n    " + callee(opts, "count_correct") + "("
+            "largest)\n    " +
+                callee(opts, "count_correct") + "("
          << (vp ? "ctx.tpComm" : "nullptr") << ", " << name(logits) << ", " << shapeOf(logits)
          << ", "
          << (vp ? "(int64_t)ctx.tpRank * " + std::to_string(typeOf(logits).getDimSize(1))
@@ -556,14 +561,16 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
 bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (auto t = dyn_cast<TransposeOp>(op)) {
-    os << callee(opts, "transpose") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << dims(t.getPerm()) << ", "
-       << name(res) << ");";
+    os << callee(opts, "transpose") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << dims(t.getPerm()) << ", " << name(res) << ");";
   } else if (auto sl = dyn_cast<SliceOp>(op)) {
-    os << callee(opts, "slice") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << dims(sl.getStarts()) << ", "
-       << dims(sl.getSteps()) << ", " << name(res) << ", " << shapeOf(res) << ");";
+    os << callee(opts, "slice") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << dims(sl.getStarts()) << ", " << dims(sl.getSteps()) << ", " << name(res) << ", "
+       << shapeOf(res) << ");";
   } else if (auto sg = dyn_cast<SliceGradOp>(op)) {
-    os << callee(opts, "slice_grad") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << dims(sg.getStarts())
-       << ", " << dims(sg.getSteps()) << ", " << name(res) << ", " << shapeOf(res) << ");";
+    os << callee(opts, "slice_grad") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+       << dims(sg.getStarts()) << ", " << dims(sg.getSteps()) << ", " << name(res) << ", "
+       << shapeOf(res) << ");";
   } else if (auto cc = dyn_cast<ConcatOp>(op)) {
     std::string ct = ctypeOf(res);
     os << "{\n    const " << ct << " *parts[] = {";
@@ -572,11 +579,11 @@ bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
     os << "};\n    const Dims shapes[] = {";
     for (unsigned k = 0; k < op->getNumOperands(); ++k)
       os << (k ? ", " : "") << "Dims" << oshape(op, k);
-    os << "};\n    " + callee(opts, "concat") + "(" << op->getNumOperands() << ", parts, shapes, " << cc.getAxis() << ", "
-       << name(res) << ");\n  }";
+    os << "};\n    " + callee(opts, "concat") + "(" << op->getNumOperands() << ", parts, shapes, "
+       << cc.getAxis() << ", " << name(res) << ");\n  }";
   } else if (isa<ExpandOp>(op)) {
-    os << callee(opts, "expand") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res) << ", "
-       << shapeOf(res) << ");";
+    os << callee(opts, "expand") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res)
+       << ", " << shapeOf(res) << ");";
   }
   return true;
 }
@@ -587,19 +594,21 @@ bool Generator::emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &o
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
   if (kernel.contains("sharded") && !rows)
-    return failOp(op, "carve.kernel = \"" + kernel.str() + "\" on a gather whose rows are not "
-                                                           "split over tp");
+    return failOp(op, "carve.kernel = \"" + kernel.str() +
+                          "\" on a gather whose rows are not "
+                          "split over tp");
   if (auto g = dyn_cast<GatherOp>(op)) {
     if (kernel == "gather_sharded") {
       int64_t local = typeOf(g.getData()).getDimSize(0);
       os << "// Vocab-parallel embedding: this rank holds rows [tpRank * " << local << ", +"
          << local << ") of " << rows.getInt() << "; others give zeros (partial sums).\n  "
-         << callee(opts, "gather_sharded") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", (int64_t)ctx.tpRank * "
-         << local << ", " << rows.getInt() << "LL, " << opnd(op, 1) << ", " << oshape(op, 1) << ", "
-         << name(res) << ");";
+         << callee(opts, "gather_sharded") + "(" << opnd(op, 0) << ", " << oshape(op, 0)
+         << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << opnd(op, 1)
+         << ", " << oshape(op, 1) << ", " << name(res) << ");";
     } else {
-      os << callee(opts, "gather") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << opnd(op, 1) << ", "
-         << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res) << ");";
+      os << callee(opts, "gather") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+         << opnd(op, 1) << ", " << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res)
+         << ");";
     }
   } else if (auto nz = dyn_cast<NonzeroOp>(op)) {
     os << callee(opts, "nonzero") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res)
@@ -611,17 +620,18 @@ bool Generator::emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &o
       if (!m)
         return failOp(op, "carve.kernel = \"matmul_gather_grad\" on a gather_grad not marked "
                           "carve.fold = \"scatter\"");
-      os << callee(opts, "matmul_gather_grad") + "(" << matmulOperands(m) << ", " << shapeOf(m->getResult(0)) << ", "
-         << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res)
-         << ");  // the product never whole in memory";
+      os << callee(opts, "matmul_gather_grad") + "(" << matmulOperands(m) << ", "
+         << shapeOf(m->getResult(0)) << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", "
+         << name(res) << ", " << shapeOf(res) << ");  // the product never whole in memory";
     } else if (kernel == "gather_sharded_grad") {
       int64_t local = typeOf(g.getResult()).getDimSize(0);
-      os << callee(opts, "gather_sharded_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1)
-         << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << name(res)
-         << ", " << shapeOf(res) << ");  // rows this rank holds";
+      os << callee(opts, "gather_sharded_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", "
+         << oshape(op, 1) << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, "
+         << name(res) << ", " << shapeOf(res) << ");  // rows this rank holds";
     } else {
-      os << callee(opts, "gather_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", "
-         << g.getAxis() << ", " << name(res) << ", " << shapeOf(res) << ");";
+      os << callee(opts, "gather_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", "
+         << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res) << ", " << shapeOf(res)
+         << ");";
     }
   }
   return true;
@@ -748,25 +758,26 @@ bool Generator::emitCollective(Operation *op, llvm::raw_ostream &os) {
   if (auto r = op->getAttrOfType<StringAttr>("reduction"); r && r.getValue() == "max")
     red = "ReduceOp::Max";
   if (isa<dist::AllReduceOp>(op)) {
-    os << "// partial sums -> replicated over " << axis << "\n  " + callee(opts, "copy") + "(" << x << ", " << y << ", "
-       << n << ");\n  " << comm.substr(1) << "->allReduce(" << y << ", " << n << ", " << ct << ", "
-       << red << ");";
+    os << "// partial sums -> replicated over " << axis << "\n  " + callee(opts, "copy") + "(" << x
+       << ", " << y << ", " << n << ");\n  " << comm.substr(1) << "->allReduce(" << y << ", " << n
+       << ", " << ct << ", " << red << ");";
   } else if (auto g = dyn_cast<dist::AllGatherOp>(op)) {
-    os << "// split -> replicated over " << axis << "\n  " + callee(opts, "allGatherSplit") + "(" << comm << ", " << x
-       << ", " << dims(typeOf(in).getShape()) << ", " << split(g.getDim(), g.getGroups()) << ", "
-       << y << ", " << ct << ");";
+    os << "// split -> replicated over " << axis << "\n  " + callee(opts, "allGatherSplit") + "("
+       << comm << ", " << x << ", " << dims(typeOf(in).getShape()) << ", "
+       << split(g.getDim(), g.getGroups()) << ", " << y << ", " << ct << ");";
   } else if (auto rs = dyn_cast<dist::ReduceScatterOp>(op)) {
-    os << "// partial sums -> split over " << axis << "\n  " + callee(opts, "reduceScatterSplit") + "(" << comm << ", " << x
-       << ", " << dims(typeOf(in).getShape()) << ", " << split(rs.getDim(), rs.getGroups()) << ", "
-       << y << ", " << ct << ", " << red << ");";
+    os << "// partial sums -> split over " << axis
+       << "\n  " + callee(opts, "reduceScatterSplit") + "(" << comm << ", " << x << ", "
+       << dims(typeOf(in).getShape()) << ", " << split(rs.getDim(), rs.getGroups()) << ", " << y
+       << ", " << ct << ", " << red << ");";
   } else if (isa<dist::AllToAllOp>(op)) {
-    os << "// re-split along another dimension over " << axis << "\n  " + callee(opts, "allToAllSplit") + "(" << comm
-       << ", " << x << ", " << dims(typeOf(in).getShape()) << ", "
-       << split(i64("src_dim"), i64("src_groups")) << ", "
+    os << "// re-split along another dimension over " << axis
+       << "\n  " + callee(opts, "allToAllSplit") + "(" << comm << ", " << x << ", "
+       << dims(typeOf(in).getShape()) << ", " << split(i64("src_dim"), i64("src_groups")) << ", "
        << split(i64("dst_dim"), i64("dst_groups")) << ", " << y << ", " << ct << ");";
   } else if (auto b = dyn_cast<dist::BroadcastOp>(op)) {
-    os << callee(opts, "copy") + "(" << x << ", " << y << ", " << n << ");\n  " << comm.substr(1) << "->broadcast("
-       << y << ", " << bytesOf(in) << ", " << b.getRoot() << ");";
+    os << callee(opts, "copy") + "(" << x << ", " << y << ", " << n << ");\n  " << comm.substr(1)
+       << "->broadcast(" << y << ", " << bytesOf(in) << ", " << b.getRoot() << ");";
   }
   return true;
 }

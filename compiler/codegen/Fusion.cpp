@@ -107,8 +107,8 @@ bool Generator::emitFused(const FusionGroup &g) {
   s += "    const float *in[" + std::to_string(ni) + "] = {" + in + "};\n";
   s += "    const Dims shapes[" + std::to_string(ni) + "] = {" + shapes + "};\n";
   s += "    float *out[" + std::to_string(no) + "] = {" + outs + "};\n";
-  s += "    " + callee(opts, "fused") + "(\"" + fname + " (" + chain + ")\", " + fname + "{}, in, shapes, out, " +
-       dims(typeOf(g.root->getResult(0)).getShape()) + ");\n  }\n";
+  s += "    " + callee(opts, "fused") + "(\"" + fname + " (" + chain + ")\", " + fname +
+       "{}, in, shapes, out, " + dims(typeOf(g.root->getResult(0)).getShape()) + ");\n  }\n";
   return true;
 }
 

@@ -332,7 +332,7 @@ private:
     size_t first, last;
     int64_t bytes;
     int ready;
-    int waitAt = -1; // ZeRO >= 2: index of the op after which it is waited for
+    int waitAt = -1;      // ZeRO >= 2: index of the op after which it is waited for
     bool experts = false; // summed over the ranks holding the same experts (edp)
   };
   /// The persistent regions a layout placed: [begin, paramEnd) parameters,

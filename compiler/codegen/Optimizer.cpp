@@ -194,7 +194,8 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
     else
       ts << "  "
          << (expert ? (split ? "sqExpertSplit" : "sqExpertWhole") : (split ? "sqSplit" : "sqWhole"))
-         << " += " + callee(opts, "sumSquares") + "(" << ptr << ", " << count << ");  // " << paramName(g.param) << "\n";
+         << " += " + callee(opts, "sumSquares") + "(" << ptr << ", " << count << ");  // "
+         << paramName(g.param) << "\n";
   }
 }
 
@@ -243,18 +244,21 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
     if (!t.master.empty())
       p = t.master; // the whole master, or (ZeRO) this rank's chunk of it
     if (adam)
-      ts << "  " + callee(opts, "adamwUpdate") + "(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1] << ", "
-         << n << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);  // " << paramName(a)
+      ts << "  " + callee(opts, "adamwUpdate") + "(" << p << ", " << go << ", " << t.state[0]
+         << ", " << t.state[1] << ", " << n
+         << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);  // " << paramName(a)
          << "\n";
     else
       ts << "  " + callee(opts, "sgdUpdate") + "(" << p << ", " << go << ", "
          << (momentum ? t.state[0] : std::string("nullptr")) << ", " << n << ", lr, "
          << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
-         << "/*nesterov=*/" << (o.nesterov ? "true" : "false") << ", /*firstStep=*/ctx.step == 0);  // " << paramName(a) << "\n";
+         << "/*nesterov=*/" << (o.nesterov ? "true" : "false")
+         << ", /*firstStep=*/ctx.step == 0);  // " << paramName(a) << "\n";
     if (!t.master.empty())
-      ts << "  " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master << ", "
-         << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")
-         << " copy of " << paramName(a) << ", rounded to nearest even\n";
+      ts << "  " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master
+         << ", " << copy << ", " << n << ");  // the "
+         << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy of " << paramName(a)
+         << ", rounded to nearest even\n";
   }
   if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "

@@ -348,8 +348,9 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
         const bool h = grad16(g); // 16-bit accumulation (grad_accumulation "16bit")
         body += "  // accumulate the gradient of " + paramName(g.param) +
                 (g.shared ? " (this stage's part)" : "") +
-                (h ? ", in 16 bits (each add rounded)" : "") + "\n  if (mb == 0)\n    " + callee(opts, "copy") + "(" +
-                var[g.value] + ", " + gradPtr(g) + ", " + n + ");\n  else\n    " + callee(opts, "addInPlace") + "(" +
+                (h ? ", in 16 bits (each add rounded)" : "") + "\n  if (mb == 0)\n    " +
+                callee(opts, "copy") + "(" + var[g.value] + ", " + gradPtr(g) + ", " + n +
+                ");\n  else\n    " + callee(opts, "addInPlace") + "(" +
                 (h ? asGrad16(gradPtr(g)) : gradPtr(g)) + ", " +
                 (h ? asGrad16(var[g.value]) : var[g.value]) + ", " + n + ");\n";
       }
@@ -467,7 +468,8 @@ std::string Generator::stageBucketWait(const Bucket &bk, size_t k) {
          (widen ? ", 16 bits into its fp32 accumulator"
           : h   ? ", in 16 bits (each add rounded)"
                 : "") +
-         "\n  if (mb == 0)\n    " + (widen ? callee(opts, "widen") + "(" + src : callee(opts, "copy") + "(" + staging) + ", " +
+         "\n  if (mb == 0)\n    " +
+         (widen ? callee(opts, "widen") + "(" + src : callee(opts, "copy") + "(" + staging) + ", " +
          chunkPtr(g) + ", " + n + ");\n  else\n    " + callee(opts, "addInPlace") + "(" +
          (h && !widen ? asGrad16(chunkPtr(g)) : chunkPtr(g)) + ", " + src + ", " + n + ");\n";
   }

@@ -44,7 +44,8 @@ std::string normDeclarations(const EmitOptions &opts) {
   if (opts.cuda())
     s += std::string("  // On the device: [0] the tp-split gradients, [1] the rest") +
          (opts.ep > 1 ? ", [2] and [3] the same of\n  // this rank's experts" : "") +
-         "; added in this order, read once below.\n  double *sqDevice = " + callee(opts, "normAccumulators") + "();\n";
+         "; added in this order, read once below.\n  double *sqDevice = " +
+         callee(opts, "normAccumulators") + "();\n";
   return s;
 }
 
@@ -62,10 +63,12 @@ std::string normRead(const EmitOptions &opts) {
   if (!opts.cuda())
     return "";
   if (opts.ep > 1)
-    return "  double sqHost[4];\n  " + callee(opts, "readScalars") + "(sqDevice, sqHost, 4);  // waits for the step's "
+    return "  double sqHost[4];\n  " + callee(opts, "readScalars") +
+           "(sqDevice, sqHost, 4);  // waits for the step's "
            "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n"
            "  sqExpertSplit = sqHost[2], sqExpertWhole = sqHost[3];\n";
-  return "  double sqHost[2];\n  " + callee(opts, "readScalars") + "(sqDevice, sqHost, 2);  // waits for the step's "
+  return "  double sqHost[2];\n  " + callee(opts, "readScalars") +
+         "(sqDevice, sqHost, 2);  // waits for the step's "
          "kernels\n  sqSplit = sqHost[0], sqWhole = sqHost[1];\n";
 }
 
@@ -74,8 +77,9 @@ std::string precisionLine(const EmitOptions &opts) {
   if (opts.precision == "fp32")
     return "";
   return std::string("  // Plan precision ") + opts.precision +
-         ": matmul and attention round their inputs to it and accumulate in fp32.\n" +
-         "  " + callee(opts, "setPrecision") + "(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
+         ": matmul and attention round their inputs to it and accumulate in fp32.\n" + "  " +
+         callee(opts, "setPrecision") +
+         "(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
 }
 
 std::string dropoutStateLine(const EmitOptions &opts, int dropoutNodes) {
@@ -83,7 +87,8 @@ std::string dropoutStateLine(const EmitOptions &opts, int dropoutNodes) {
     return "";
   return "  // Dropout: this step's seed and number, read by the dropout kernels on the device\n"
          "  // (a CUDA graph replays them with each step's).\n"
-         "  " + callee(opts, "setDropoutState") + "(ctx.seed, ctx.step);\n";
+         "  " +
+         callee(opts, "setDropoutState") + "(ctx.seed, ctx.step);\n";
 }
 
 /// The namespace whose kernels the step calls (the same names on both targets).

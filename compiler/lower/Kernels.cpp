@@ -8,7 +8,8 @@ namespace carve {
 
 namespace {
 const RuntimeEntry kEntries[] = {
-#define CARVE_RT_KERNEL(name, cpu, cuda, summary) {#name, cpu != 0, cuda != 0, false, false, summary},
+#define CARVE_RT_KERNEL(name, cpu, cuda, summary)                                                  \
+  {#name, cpu != 0, cuda != 0, false, false, summary},
 #define CARVE_RT_HOST(name, summary) {#name, true, false, true, false, summary},
 #define CARVE_RT_COMM(name, summary) {#name, true, false, false, true, summary},
 #include "runtime/include/carve/rt/kernels.def"

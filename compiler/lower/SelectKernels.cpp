@@ -218,8 +218,9 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
           std::optional<RuntimeEntry> e = lookupRuntimeEntry(c.kernel);
           if (!e || !runsOn(*e, plan->target)) {
             op.emitError("carve-select-kernels chose '" + c.kernel + "', which the " +
-                         plan->target + " runtime does not have (runtime/include/carve/rt/"
-                                        "kernels.def)");
+                         plan->target +
+                         " runtime does not have (runtime/include/carve/rt/"
+                         "kernels.def)");
             return signalPassFailure();
           }
         }
