@@ -55,7 +55,8 @@ void Importer::build(const onnx::NodeProto &n) {
          "Equal", "Less",  "Greater",   "And",        "Or",       "Neg",      "Abs",
          "Exp",   "Log",   "Sqrt",      "Reciprocal", "Tanh",     "Erf",      "Sigmoid",
          "Relu",  "Sin",   "Cos",       "Not",        "Gelu",     "Identity", "Dropout",
-         "Cast",  "Where", "LeakyRelu", "Clip",       "Softplus", "OneHot"});
+         "Cast",  "Where", "LeakyRelu", "Clip",       "Softplus", "OneHot",   "HardSigmoid",
+         "HardSwish"});
     add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum", "CumSum"});
     add(&Importer::buildNormalization,
         {"TopK", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
@@ -201,6 +202,22 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
     if (std::optional<Value> hi = bound(2, "max"))
       y = WhereOp::create(b, loc, y.getType(), binary<GreaterOp>(y, *hi, true), *hi, y);
     return define(0, y);
+  }
+  if (op == "HardSigmoid" || op == "HardSwish") {
+    // HardSigmoid: max(0, min(1, alpha x + beta)), clamped as Clip is (the
+    // gradient alpha where 0 <= alpha x + beta <= 1, PyTorch's strictly
+    // inside); HardSwish: x HardSigmoid(x) with alpha = 1/6, beta = 1/2
+    // (MobileNetV3's squeeze-excitation gates and activations), whose
+    // gradient is (2x + 3) / 6 inside [-3, 3], 1 above and 0 below.
+    Value x = floatInput();
+    const bool swish = op == "HardSwish";
+    const float alpha = swish ? 1.0f / 6.0f : attrFloat("alpha", 0.2f);
+    const float beta = swish ? 0.5f : attrFloat("beta", 0.5f);
+    Value t = binary<AddOp>(binary<MulOp>(x, scalar(alpha)), scalar(beta));
+    Value zero = scalar(0.0f), one = scalar(1.0f);
+    t = WhereOp::create(b, loc, t.getType(), binary<LessOp>(t, zero, true), zero, t);
+    t = WhereOp::create(b, loc, t.getType(), binary<GreaterOp>(t, one, true), one, t);
+    return define(0, swish ? binary<MulOp>(x, t) : t);
   }
   if (op == "Softplus") {
     // log(1 + e^x) = relu(x) + log(1 + e^-|x|): no overflow for large |x|,

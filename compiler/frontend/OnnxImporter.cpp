@@ -75,6 +75,8 @@ const std::set<std::string> &opTable() {
                                             "GRU",
                                             "GlobalAveragePool",
                                             "Greater",
+                                            "HardSigmoid",
+                                            "HardSwish",
                                             "Identity",
                                             "LSTM",
                                             "LayerNormalization",

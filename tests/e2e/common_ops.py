@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Common ONNX ops that carve builds from others: LeakyRelu, Softplus, Clip,
-ReduceL2, Einsum, OneHot, CumSum and TopK, in a model written with PyTorch's own
-modules and functions (nn.LeakyReLU, F.softplus, torch.clamp, F.normalize,
-F.hardtanh, torch.einsum with a parameter, batch indices, contractions,
+ReduceL2, Einsum, OneHot, CumSum, TopK, HardSigmoid and HardSwish, in a model
+written with PyTorch's own modules and functions (nn.LeakyReLU, F.softplus,
+torch.clamp, F.normalize, F.hardtanh, F.hardswish, F.hardsigmoid, torch.einsum with a parameter, batch indices, contractions,
 outer products and `...`, F.one_hot, torch.cumsum of floats and of int64,
 torch.topk in a top-2 mixture of experts), exported by a plain
 torch.onnx.export.
@@ -46,7 +46,8 @@ BATCH = 8
 LR = 0.1
 LOSS_RTOL = 1e-5
 WEIGHT_RTOL = 1e-4
-OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot", "CumSum", "TopK"]
+OPS = ["LeakyRelu", "Softplus", "Clip", "ReduceL2", "Einsum", "OneHot", "CumSum", "TopK",
+       "HardSigmoid", "HardSwish"]
 TIMEOUT_S = 300
 FP32_CUDA_RTOL = 1e-4
 
@@ -74,6 +75,8 @@ def model():
             h = torch.clamp(h, 0.1, 2.5)
             h = F.normalize(h, dim=-1) * 4.0
             h = F.hardtanh(h, -0.9, 0.9)
+            # MobileNetV3's activations: over [-3.6, 3.6], so both kinks are crossed.
+            h = F.hardswish(4.0 * h) * 0.25 + F.hardsigmoid(4.0 * h)
             h = torch.einsum("bi,ij->bj", h, self.proj)
             q = h.reshape(-1, 4, 8)
             att = torch.softmax(torch.einsum("bqd,bkd->bqk", q, q), -1)
