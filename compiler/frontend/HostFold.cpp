@@ -108,9 +108,21 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
   if (in.empty() || !in[0])
     return false;
   const HostTensor &x = *in[0];
-  static const std::set<std::string> binaryOps = {"Add",     "Sub", "Mul", "Div",   "Pow",
-                                                  "Max",     "Min", "Mod", "Equal", "Less",
-                                                  "Greater", "And", "Or"};
+  static const std::set<std::string> binaryOps = {"Add",
+                                                  "Sub",
+                                                  "Mul",
+                                                  "Div",
+                                                  "Pow",
+                                                  "Max",
+                                                  "Min",
+                                                  "Mod",
+                                                  "Equal",
+                                                  "Less",
+                                                  "Greater",
+                                                  "LessOrEqual",
+                                                  "GreaterOrEqual",
+                                                  "And",
+                                                  "Or"};
   static const std::set<std::string> unaryOps = {"Neg",     "Abs",   "Sqrt", "Reciprocal", "Exp",
                                                  "Log",     "Floor", "Ceil", "Not",        "Relu",
                                                  "Sigmoid", "Tanh",  "Erf",  "Sin",        "Cos"};
@@ -163,6 +175,16 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
     if (s.ok() && numElements(s.shape) > kFoldLimit)
       return false;
     defineConst(0, hostExpand(x, shape));
+  } else if (op == "Tile") {
+    std::vector<int64_t> repeats = in[1]->toInts();
+    int64_t total = 1;
+    for (size_t d = 0; d < repeats.size() && d < x.shape.size(); ++d)
+      total *= x.shape[d] * std::max<int64_t>(repeats[d], 0);
+    if (total > kFoldLimit)
+      return false;
+    defineConst(0, hostTile(x, repeats));
+  } else if (op == "GatherElements") {
+    defineConst(0, hostGatherElements(x, *in[1], normAxis(attrInt("axis", 0), x.shape.size())));
   } else if (op == "Trilu") {
     int64_t k = in.size() > 1 && in[1] ? in[1]->asInt(0) : 0;
     defineConst(0, hostTrilu(x, k, attrInt("upper", 1) != 0));

@@ -160,6 +160,10 @@ static BinaryFns binaryFns(StringRef op) {
     return {[](D x, D y) { return (D)(x < y); }, [](I x, I y) { return (I)(x < y); }};
   if (op == "Greater")
     return {[](D x, D y) { return (D)(x > y); }, [](I x, I y) { return (I)(x > y); }};
+  if (op == "LessOrEqual")
+    return {[](D x, D y) { return (D)(x <= y); }, [](I x, I y) { return (I)(x <= y); }};
+  if (op == "GreaterOrEqual")
+    return {[](D x, D y) { return (D)(x >= y); }, [](I x, I y) { return (I)(x >= y); }};
   if (op == "And") return {nullptr, [](I x, I y) { return (I)(x && y); }};
   if (op == "Or") return {nullptr, [](I x, I y) { return (I)(x || y); }};
   return {nullptr, nullptr};
@@ -169,7 +173,8 @@ HostTensor hostBinary(StringRef op, const HostTensor &a, const HostTensor &b) {
   ShapeOrError s = broadcastShapes(a.shape, b.shape);
   if (!s.ok())
     throw HostError(s.error);
-  bool cmp = op == "Equal" || op == "Less" || op == "Greater" || op == "And" || op == "Or";
+  bool cmp = op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
+             op == "GreaterOrEqual" || op == "And" || op == "Or";
   bool fl = a.isFloat() || b.isFloat();
   BinaryFns fns = binaryFns(op);
   if (fl ? !fns.f : !fns.i)
@@ -369,6 +374,59 @@ HostTensor hostExpand(const HostTensor &a, ArrayRef<int64_t> shape) {
   HostTensor out = like(a.kind, s.shape);
   for (int64_t k = 0; k < out.size(); ++k)
     copyElem(out, k, a, broadcastIndex(k, s.shape, a.shape));
+  return out;
+}
+
+HostTensor hostTile(const HostTensor &a, ArrayRef<int64_t> repeats) {
+  if (repeats.size() != a.shape.size())
+    throw HostError("Tile's repeats have " + std::to_string(repeats.size()) +
+                    " entries for an input of rank " + std::to_string(a.shape.size()));
+  SmallVector<int64_t> shape;
+  for (size_t d = 0; d < repeats.size(); ++d) {
+    if (repeats[d] < 0)
+      throw HostError("Tile's repeats must not be negative");
+    shape.push_back(a.shape[d] * repeats[d]);
+  }
+  HostTensor out = like(a.kind, shape);
+  for (int64_t k = 0; k < out.size(); ++k) {
+    // Each output index taken back into the input, dimension by dimension.
+    int64_t rest = k, from = 0, stride = 1;
+    for (int64_t d = (int64_t)shape.size() - 1; d >= 0; --d) {
+      from += (rest % shape[d]) % a.shape[d] * stride;
+      rest /= shape[d];
+      stride *= a.shape[d];
+    }
+    copyElem(out, k, a, from);
+  }
+  return out;
+}
+
+HostTensor hostGatherElements(const HostTensor &data, const HostTensor &indices, int64_t axis) {
+  if (indices.shape.size() != data.shape.size())
+    throw HostError("GatherElements' indices must have the data's rank");
+  if (indices.isFloat())
+    throw HostError("GatherElements' indices must be integers");
+  HostTensor out = like(data.kind, indices.shape);
+  const int64_t r = (int64_t)data.shape.size(), n = data.shape[axis];
+  for (int64_t k = 0; k < out.size(); ++k) {
+    int64_t rest = k, from = 0, stride = 1;
+    for (int64_t d = r - 1; d >= 0; --d) {
+      int64_t at = rest % indices.shape[d];
+      rest /= indices.shape[d];
+      if (d == axis) {
+        at = indices.i[k] < 0 ? indices.i[k] + n : indices.i[k];
+        if (at < 0 || at >= n)
+          throw HostError("GatherElements index " + std::to_string(indices.i[k]) +
+                          " is outside [" + std::to_string(-n) + ", " + std::to_string(n) + ")");
+      } else if (at >= data.shape[d]) {
+        throw HostError("GatherElements' indices are larger than the data in dimension " +
+                        std::to_string(d));
+      }
+      from += at * stride;
+      stride *= data.shape[d];
+    }
+    copyElem(out, k, data, from);
+  }
   return out;
 }
 

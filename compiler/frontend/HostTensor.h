@@ -68,7 +68,8 @@ struct HostTensor {
 };
 
 /// Elementwise binary ops with NumPy broadcasting; `op` is the ONNX op type
-/// (Add, Sub, Mul, Div, Pow, Max, Min, Mod, Equal, Less, Greater, And, Or).
+/// (Add, Sub, Mul, Div, Pow, Max, Min, Mod, Equal, Less, Greater, LessOrEqual,
+/// GreaterOrEqual, And, Or).
 HostTensor hostBinary(llvm::StringRef op, const HostTensor &a, const HostTensor &b);
 /// Elementwise unary ops (Neg, Abs, Sqrt, Reciprocal, Exp, Log, Floor, Ceil,
 /// Not, Relu, Sigmoid, Tanh, Erf, Sin, Cos).
@@ -84,6 +85,11 @@ HostTensor hostConcat(llvm::ArrayRef<const HostTensor *> parts, int64_t axis);
 HostTensor hostGather(const HostTensor &data, const HostTensor &indices, int64_t axis);
 HostTensor hostExpand(const HostTensor &a, llvm::ArrayRef<int64_t> shape);
 HostTensor hostTrilu(const HostTensor &a, int64_t k, bool upper);
+/// ONNX Tile: `a` repeated `repeats[d]` times along each dimension d.
+HostTensor hostTile(const HostTensor &a, llvm::ArrayRef<int64_t> repeats);
+/// ONNX GatherElements: out[idx] = data[idx with dimension `axis` replaced
+/// by indices[idx]] (negative indices count from the end).
+HostTensor hostGatherElements(const HostTensor &data, const HostTensor &indices, int64_t axis);
 HostTensor hostRange(const HostTensor &start, const HostTensor &limit,
                      const HostTensor &delta);
 /// Sum/Prod/Max/Min/Mean over sorted axes.

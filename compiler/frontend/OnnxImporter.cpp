@@ -74,7 +74,9 @@ const std::set<std::string> &opTable() {
                                             "Gemm",
                                             "GRU",
                                             "GlobalAveragePool",
+                                            "GatherElements",
                                             "Greater",
+                                            "GreaterOrEqual",
                                             "HardSigmoid",
                                             "HardSwish",
                                             "Identity",
@@ -82,6 +84,7 @@ const std::set<std::string> &opTable() {
                                             "LayerNormalization",
                                             "LeakyRelu",
                                             "Less",
+                                            "LessOrEqual",
                                             "Log",
                                             "LogSoftmax",
                                             "MatMul",
@@ -125,6 +128,7 @@ const std::set<std::string> &opTable() {
                                             "Tanh",
                                             "TopK",
                                             "Transpose",
+                                            "Tile",
                                             "Trilu",
                                             "Unsqueeze",
                                             "Where"};
@@ -133,8 +137,9 @@ const std::set<std::string> &opTable() {
 
 /// Ops that only ever run on constants (shape arithmetic): no carve op exists.
 const std::set<std::string> &foldOnlyOps() {
-  static const std::set<std::string> ops = {"Ceil",  "ConstantOfShape", "Floor",      "Mod",
-                                            "Range", "ReduceMin",       "ReduceProd", "Trilu"};
+  static const std::set<std::string> ops = {
+      "Ceil", "ConstantOfShape", "Floor",     "GatherElements", "GreaterOrEqual", "LessOrEqual",
+      "Mod",  "Range",           "ReduceMin", "ReduceProd",     "Tile",           "Trilu"};
   return ops;
 }
 

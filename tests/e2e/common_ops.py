@@ -21,7 +21,11 @@ What must hold:
    columns) pass `carve verify` against 1 rank (its 1e-5 and 1e-4).
 4. An einsum carve cannot build (a diagonal, `ii->i`) fails the import with
    one line naming the node and the index, exit 1.
-5. With --emulated CONFIG (the CUDA target's CPU emulation, tests/gpu-emu):
+5. Tables a model builds from its input's shape, which the exporter leaves
+   as LessOrEqual (T5's causal mask), Tile and GatherElements (GPT-J-style
+   rotary tables) and carve evaluates at import: 1 rank against PyTorch as
+   in 2.
+6. With --emulated CONFIG (the CUDA target's CPU emulation, tests/gpu-emu):
    the CUDA programs for 1 GPU and tp=2 on 2 emulated GPUs train the same
    steps within FP32_CUDA_RTOL of the CPU target's 1-rank losses
    (train_vs_cpu.py's fp32 bound: cuBLAS and the CPU sum in other orders).
@@ -106,6 +110,37 @@ def model():
     return Net()
 
 
+def tables_model():
+    """Tables computed from the input's shape, which the exporter leaves as ops and carve
+    evaluates at import: T5's causal mask (LessOrEqual of two ranges), GPT-J-style rotary
+    tables (Tile, GatherElements)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Tables(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, x, y):  # x [B, T, 8]
+            t = torch.arange(x.shape[1], device=x.device)
+            mask = (t[None, :] <= t[:, None]).float()
+            freqs = torch.arange(4, device=x.device).float().repeat(x.shape[1] // 4)
+            idx = t.flip(0).unsqueeze(0).repeat(8, 1)
+            perm = torch.gather(t.unsqueeze(0).repeat(8, 1).float(), 1, idx)
+            # 2-D, so that the export keeps fc.weight as the Gemm's (a 3-D
+            # input makes it a MatMul of a folded transposed copy).
+            h = torch.tanh(self.fc(x.reshape(-1, 8))).reshape(x.shape)
+            h = torch.einsum("st,btd->bsd", mask / mask.sum(-1, keepdim=True), h)
+            h = h * torch.cos(freqs)[None, :, None] + 0.01 * perm.t()[None, :, :]
+            return F.cross_entropy(self.head(h.mean(1)), y)
+
+    torch.manual_seed(0)
+    return Tables()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -174,7 +209,26 @@ def main():
         raise Failure("an einsum with a diagonal: expected exit 1 and one line naming the node "
                       "and the index, got %d:\n%s" % (p.returncode, p.stderr))
     print("ok: a diagonal einsum: %s" % lines[0])
-    # 5. The CUDA target on the emulation.
+    # 5. Tables from the input's shape, evaluated at import.
+    tables = tables_model()
+    txs = rng.standard_normal((STEPS * BATCH, 8, 8)).astype(np.float32)
+    tys = rng.integers(0, 10, STEPS * BATCH).astype(np.int64)
+    tables_onnx = os.path.join(w, "tables.onnx")
+    torch.onnx.export(tables, (torch.from_numpy(txs[:BATCH]), torch.from_numpy(tys[:BATCH])),
+                      tables_onnx, input_names=["x", "y"], output_names=["loss"],
+                      opset_version=17)
+    found = {n.op_type for n in onnx.load(tables_onnx).graph.node}
+    missing = [op for op in ["LessOrEqual", "Tile", "GatherElements"] if op not in found]
+    if missing:
+        raise Failure("the tables' export has no %s node(s); ops: %s" % (missing, sorted(found)))
+    tdata = os.path.join(w, "tables.safetensors")
+    st.save(tdata, {"x": txs, "y": tys})
+    _, worst, gap, where, _ = train_like_torch(a.carve, tables_onnx, tables, tdata, txs, tys,
+                                               os.path.join(w, "tables"), BATCH, STEPS, LR,
+                                               LOSS_RTOL, WEIGHT_RTOL)
+    print("ok: LessOrEqual, Tile and GatherElements on constants: 1 rank against PyTorch, %d SGD "
+          "steps: losses within %.2g, weights within %.2g (%s)" % (STEPS, worst, gap, where))
+    # 6. The CUDA target on the emulation.
     if a.emulated:
         env = dict(os.environ, CARVE_CUDA_EMULATION=os.path.abspath(a.emulated),
                    CARVE_EMU_GPUS="2", ASAN_OPTIONS="detect_leaks=0")

@@ -61,3 +61,31 @@ TEST(HostTensor, RangeReduceCast) {
   EXPECT_EQ(hostCast(f, ElemKind::I64).i, (std::vector<int64_t>{1, -1, 0}));
   EXPECT_EQ(hostCast(f, ElemKind::Bool).i, (std::vector<int64_t>{1, 1, 0}));
 }
+
+// T5's causal mask (LessOrEqual of two ranges), GPT-J's rotary tables (Tile,
+// GatherElements): import-time evaluation on constants.
+TEST(HostTensor, CausalMaskFromLessOrEqual) {
+  HostTensor row = ints({1, 3}, {0, 1, 2}), col = ints({3, 1}, {0, 1, 2});
+  HostTensor le = hostBinary("LessOrEqual", row, col);
+  EXPECT_EQ(le.kind, ElemKind::Bool);
+  EXPECT_EQ(le.i, (std::vector<int64_t>{1, 0, 0, 1, 1, 0, 1, 1, 1}));
+  HostTensor ge = hostBinary("GreaterOrEqual", HostTensor::floats(ElemKind::F32, {2}, {1.0, 2.0}),
+                             HostTensor::floats(ElemKind::F32, {}, {2.0}));
+  EXPECT_EQ(ge.i, (std::vector<int64_t>{0, 1}));
+}
+
+TEST(HostTensor, TileAndGatherElements) {
+  HostTensor x = ints({2, 2}, {1, 2, 3, 4});
+  HostTensor t = hostTile(x, {2, 3});
+  EXPECT_EQ(t.shape, (llvm::SmallVector<int64_t>{4, 6}));
+  EXPECT_EQ(t.i, (std::vector<int64_t>{1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4,
+                                       1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4}));
+  EXPECT_EQ(hostTile(x, {1, 0}).size(), 0);
+  EXPECT_THROW(hostTile(x, {2}), HostError);
+  // torch.gather(x, 1, [[1, 0], [0, 0]]) and along dimension 0, a negative index.
+  EXPECT_EQ(hostGatherElements(x, ints({2, 2}, {1, 0, 0, 0}), 1).i,
+            (std::vector<int64_t>{2, 1, 3, 3}));
+  EXPECT_EQ(hostGatherElements(x, ints({1, 2}, {-1, 0}), 0).i, (std::vector<int64_t>{3, 2}));
+  EXPECT_THROW(hostGatherElements(x, ints({2, 2}, {2, 0, 0, 0}), 1), HostError);
+  EXPECT_THROW(hostGatherElements(x, ints({2}, {0, 0}), 1), HostError);
+}
