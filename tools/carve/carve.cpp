@@ -132,12 +132,9 @@ cl::opt<std::string> emitMlir("emit-mlir", cl::desc("Also write the training ste
                               cl::value_desc("FILE"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> emitMlirAfter(
     "emit-mlir-after",
-    cl::desc("Write the IR as it is after this pass of the pipeline (carve-bind-custom-ops, "
-             "carve-autodiff, carve-check-overrides, carve-partition, carve-round-activations, "
-             "carve-split-stages, carve-fuse-elementwise, carve-fold-transposes, "
-             "carve-recompute, carve-pack-activations, carve-store-params16, "
-             "carve-data-parallel, carve-plan-memory, carve-optimizer; the plan's passes only) "
-             "to the --emit-mlir FILE, or to stdout"),
+    cl::desc("Write the IR as it is after this pass of the plan's pipeline (any pass it runs, "
+             "from carve-bind-custom-ops to carve-select-kernels: docs/architecture.md; another "
+             "is refused with the plan's list) to the --emit-mlir FILE, or to stdout"),
     cl::value_desc("PASS"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> timelineJson(
     "timeline",
