@@ -183,12 +183,21 @@ private:
     int64_t start, firstWindow; // stream offset, index of its first window
   };
 
-  const char *typeName() const { return tokenType == TokenFileType::UInt16 ? "uint16" : "int32"; }
+  const char *typeName() const { return widthName(tokenType); }
+  static const char *widthName(TokenFileType t) {
+    return t == TokenFileType::UInt16 ? "uint16" : t == TokenFileType::Int64 ? "int64" : "int32";
+  }
 
   /// Token k of `b` in the files' type.
   int64_t decode(const unsigned char *b, int64_t k) const {
     if (tokenType == TokenFileType::UInt16)
       return static_cast<uint16_t>(b[2 * k] | b[2 * k + 1] << 8);
+    if (tokenType == TokenFileType::Int64) {
+      uint64_t u = 0;
+      for (int j = 7; j >= 0; --j)
+        u = u << 8 | b[8 * k + j];
+      return static_cast<int64_t>(u);
+    }
     uint32_t u = uint32_t(b[4 * k]) | uint32_t(b[4 * k + 1]) << 8 | uint32_t(b[4 * k + 2]) << 16 |
                  uint32_t(b[4 * k + 3]) << 24;
     return static_cast<int32_t>(u);
@@ -240,6 +249,9 @@ private:
   /// Every token once: ids against the vocabulary (`checkIds`) and, with
   /// --doc-eot (`eot` >= 0), the documents' starts after each end.
   bool scan(bool checkIds, int64_t eot, std::vector<int64_t> &starts, std::string &error);
+  /// Refuses a file whose first tokens are ids of a wider type read two
+  /// halves at a time (every second token 0).
+  bool checkWidth(const File &f, int64_t count, std::string &error);
   /// The windows of the documents [starts[i], starts[i+1]).
   void cutWindows(std::vector<int64_t> &starts);
 
@@ -260,7 +272,7 @@ private:
 
 bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::string &error) {
   tokenType = o.tokenType;
-  elemSize = tokenType == TokenFileType::UInt16 ? 2 : 4;
+  elemSize = tokenType == TokenFileType::UInt16 ? 2 : tokenType == TokenFileType::Int64 ? 8 : 4;
   globalBatch = p.globalBatch;
   localBatch = p.localBatch;
   seqLen = p.seqLen;
@@ -314,6 +326,8 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
           (tokenType == TokenFileType::Int32 ? "; for uint16 tokens pass --data-dtype uint16" : "");
       return false;
     }
+    if (!checkWidth(files.back(), bytes / elemSize, error))
+      return false;
     files.back().begin = numTokens;
     files.back().count = bytes / elemSize;
     numTokens += bytes / elemSize;
@@ -398,6 +412,38 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
     return false;
   }
   return true;
+}
+
+bool TokenLoader::checkWidth(const File &f, int64_t count, std::string &error) {
+  // Ids of a wider type read as two narrower tokens each: little-endian, the
+  // high half of every non-negative id below 2^31 (2^16) is 0. np.array(ids)
+  // .tofile() writes int64 by default, which would otherwise train silently
+  // as ids interleaved with zeros. The first 4096 tokens decide.
+  if (tokenType == TokenFileType::Int64 || count < 16)
+    return true;
+  const int64_t n = std::min<int64_t>(count, 4096) / 2 * 2;
+  std::vector<unsigned char> head(static_cast<size_t>(n * elemSize));
+  std::string cause;
+  if (!preadAll(f.fd, head.data(), (int64_t)head.size(), 0, cause)) {
+    error = "token file " + f.path + ": " + cause;
+    return false;
+  }
+  bool highZero = true, lowNonZero = false;
+  for (int64_t k = 0; k < n; k += 2) {
+    highZero &= decode(head.data(), k + 1) == 0;
+    lowNonZero |= decode(head.data(), k) != 0;
+  }
+  if (!highZero || !lowNonZero)
+    return true;
+  const TokenFileType wider =
+      tokenType == TokenFileType::UInt16 ? TokenFileType::Int32 : TokenFileType::Int64;
+  error = "token file " + f.path + ": every second " + typeName() +
+          " token is 0, as when " + widthName(wider) + " ids are read as " + typeName() +
+          (wider == TokenFileType::Int64 ? " (numpy's tofile() writes int64 unless the array is "
+                                           "converted)"
+                                         : "") +
+          "; pass --data-dtype " + widthName(wider) + ", or write the file as " + typeName();
+  return false;
 }
 
 bool TokenLoader::scan(bool checkIds, int64_t eot, std::vector<int64_t> &starts,

@@ -37,7 +37,8 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
                               models, else safetensors files with one tensor per model
                               input, [N, ...] (N samples) or [S, B, ...] (S batches)
                               (docs/data.md)
-  --data-dtype int32|uint16   element type of token files (default int32)
+  --data-dtype TYPE           element type of token files: int32 (default), uint16
+                              or int64 (a file of another width is refused by name)
   --shuffle SEED              read the data in epochs, shuffled anew each epoch from SEED:
                               token files as windows of T+1 tokens, tensors by sample; the
                               same batches under every plan and world size, and on resume
@@ -339,8 +340,10 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
         opts.dataType = TokenFileType::Int32;
       } else if (value == "uint16") {
         opts.dataType = TokenFileType::UInt16;
+      } else if (value == "int64") {
+        opts.dataType = TokenFileType::Int64;
       } else {
-        error = "--data-dtype is int32 or uint16, not '" + value + "'";
+        error = "--data-dtype is int32, uint16 or int64, not '" + value + "'";
         return false;
       }
     } else {

@@ -170,6 +170,41 @@ TEST_F(DataTest, Uint16AndInt32Values) {
   EXPECT_EQ(ids[2], 70000);
 }
 
+TEST_F(DataTest, Int64TokensAndTheirWidth) {
+  // What np.array(ids).tofile() writes: int64. Read as int64 they are the ids;
+  // read as int32 (every second token 0) the file is refused naming the dtype.
+  int64_t wide[20];
+  int32_t narrow[20];
+  for (int k = 0; k < 20; ++k)
+    wide[k] = narrow[k] = (k * 7) % 50 + 1;
+  wide[3] = narrow[3] = 70000; // above uint16, below int32
+  std::string p64 = file("i64", wide, sizeof wide), p32 = file("i32w", narrow, sizeof narrow);
+  TestProgram tp(DataKind::Tokens, 1, 1, 4,
+                 {spec("idx", DType::I64, {1, 4}, 0), spec("targets", DType::I64, {1, 4}, 64)});
+  std::string error;
+  std::vector<char> arena(128);
+  const auto *ids = reinterpret_cast<const int64_t *>(arena.data());
+  auto l64 = openDataLoader(tp.p, 0, p64, TokenFileType::Int64, error);
+  ASSERT_NE(l64, nullptr) << error;
+  ASSERT_TRUE(l64->load(0, arena.data(), error));
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 8);
+  EXPECT_EQ(ids[3], 70000);
+  expectError(tp.p, 0, p64, TokenFileType::Int32,
+              p64 + ": every second int32 token is 0, as when int64 ids are read as int32");
+  expectError(tp.p, 0, p64, TokenFileType::Int32, "pass --data-dtype int64");
+  // int32 ids read as uint16: the ids below 2^16 leave every second token 0.
+  int32_t small[20];
+  for (int k = 0; k < 20; ++k)
+    small[k] = k + 1;
+  expectError(tp.p, 0, file("i32s", small, sizeof small), TokenFileType::UInt16,
+              "every second uint16 token is 0, as when int32 ids are read as uint16; pass "
+              "--data-dtype int32");
+  // An int32 file with 70000 among its ids is not mistaken for anything else.
+  auto l32 = openDataLoader(tp.p, 0, p32, TokenFileType::Int32, error);
+  ASSERT_NE(l32, nullptr) << error;
+}
+
 TEST_F(DataTest, TokenFileErrors) {
   TestProgram tp(DataKind::Tokens, 2, 1, 8,
                  {spec("idx", DType::I64, {2, 8}, 0), spec("targets", DType::I64, {2, 8}, 128)});

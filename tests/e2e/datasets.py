@@ -333,6 +333,9 @@ def check_bad(carve, w, mlp):
     good = os.path.join(w, "eval.bin")
     offsets = os.path.join(w, "offsets.bin")
     np.array([0, 200, 100], "<i8").tofile(offsets)
+    # What a newcomer's np.array(ids).tofile() writes: int64 ids.
+    wide = os.path.join(w, "eval-int64.bin")
+    np.array(np.fromfile(good, "<i4").tolist()).tofile(wide)
     batch_major = os.path.join(w, "mlp-batches.safetensors")
     st.save(batch_major, {"x": np.zeros((2, 4, 32), np.float32),
                           "targets": np.zeros((2, 4), np.int64)})
@@ -352,6 +355,11 @@ def check_bad(carve, w, mlp):
          "--eval-every needs --eval-data FILES (the held-out set)"),
         (gpt, ["--data", good, "--shuffle", "x"],
          "--shuffle needs a seed, an integer >= 0, not 'x'"),
+        (gpt, ["--data", wide],
+         "token file %s: every second int32 token is 0, as when int64 ids are read as int32 "
+         "(numpy's tofile() writes int64 unless the array is converted); pass --data-dtype "
+         "int64" % wide),
+        (gpt, ["--data", wide, "--check-data"], "pass --data-dtype int64"),
     ]
     for out, args, message in cases:
         log = os.path.join(w, "bad.jsonl")
@@ -366,6 +374,14 @@ def check_bad(carve, w, mlp):
                           "log %s:\n%s%s" % (args, message, p.returncode, os.path.exists(log),
                                              p.stdout, p.stderr))
         print("ok: bad input %s: %s" % (" ".join(args[2:] or args), errors[0].strip()))
+    # The same ids as int64, read as such: the int32 file's losses, bit for bit.
+    runs = []
+    for args in (["--data", good], ["--data", wide, "--data-dtype", "int64"]):
+        steps, _, _ = train(carve, gpt, 1, ["--steps", "2"] + args, os.path.join(w, "width.jsonl"))
+        runs.append([r["loss"] for r in steps])
+    if runs[0] != runs[1] or len(runs[0]) != 2:
+        raise Failure("--data-dtype int64: losses %s, the int32 file's %s" % (runs[1], runs[0]))
+    print("ok: --data-dtype int64: the int32 file's losses, bitwise (%s)" % runs[1])
 
 
 def main():

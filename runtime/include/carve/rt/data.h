@@ -55,7 +55,7 @@
 namespace carve::rt {
 
 /// Element type of a token file.
-enum class TokenFileType : int { Int32 = 0, UInt16 = 1 };
+enum class TokenFileType : int { Int32 = 0, UInt16 = 1, Int64 = 2 };
 
 /// How a run reads a data set (train --data and the flags beside it).
 struct DataOptions {
