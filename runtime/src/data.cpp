@@ -249,6 +249,8 @@ private:
   /// Every token once: ids against the vocabulary (`checkIds`) and, with
   /// --doc-eot (`eot` >= 0), the documents' starts after each end.
   bool scan(bool checkIds, int64_t eot, std::vector<int64_t> &starts, std::string &error);
+  /// Refuses a safetensors file given as tokens.
+  bool checkFormat(const File &f, int64_t bytes, std::string &error);
   /// Refuses a file whose first tokens are ids of a wider type read two
   /// halves at a time (every second token 0).
   bool checkWidth(const File &f, int64_t count, std::string &error);
@@ -319,6 +321,8 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
       error = "token file " + path + ": empty file";
       return false;
     }
+    if (!checkFormat(files.back(), bytes, error))
+      return false;
     if (bytes % elemSize != 0) {
       error =
           "token file " + path + ": " + std::to_string(bytes) + " bytes is not a whole number of " +
@@ -412,6 +416,24 @@ bool TokenLoader::open(const Program &p, int dpRank, const DataOptions &o, std::
     return false;
   }
   return true;
+}
+
+bool TokenLoader::checkFormat(const File &f, int64_t bytes, std::string &error) {
+  // A safetensors file: an 8-byte little-endian header size, then the JSON
+  // header; read as tokens it would fail as an id out of range, or train.
+  unsigned char head[9];
+  std::string cause;
+  if (bytes < 10 || !preadAll(f.fd, head, 9, 0, cause))
+    return true;
+  uint64_t n = 0;
+  for (int j = 7; j >= 0; --j)
+    n = n << 8 | head[j];
+  if (head[8] != '{' || n < 2 || n > (uint64_t)bytes - 8)
+    return true;
+  error = "token file " + f.path +
+          ": this is a safetensors file (tensor data), but the model reads flat token files: "
+          "write the token ids as one flat little-endian array (docs/data.md)";
+  return false;
 }
 
 bool TokenLoader::checkWidth(const File &f, int64_t count, std::string &error) {

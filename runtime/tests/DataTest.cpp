@@ -200,6 +200,14 @@ TEST_F(DataTest, Int64TokensAndTheirWidth) {
   expectError(tp.p, 0, file("i32s", small, sizeof small), TokenFileType::UInt16,
               "every second uint16 token is 0, as when int32 ids are read as uint16; pass "
               "--data-dtype int32");
+  // A safetensors file given as tokens is named as the wrong format.
+  std::string header = "{\"x\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]}}";
+  std::string st;
+  for (int j = 0; j < 8; ++j)
+    st += (char)((header.size() >> (8 * j)) & 0xff);
+  st += header + std::string(16, '\0');
+  expectError(tp.p, 0, file("st", st.data(), st.size()), TokenFileType::Int32,
+              "this is a safetensors file (tensor data), but the model reads flat token files");
   // An int32 file with 70000 among its ids is not mistaken for anything else.
   auto l32 = openDataLoader(tp.p, 0, p32, TokenFileType::Int32, error);
   ASSERT_NE(l32, nullptr) << error;

@@ -360,6 +360,9 @@ def check_bad(carve, w, mlp):
          "(numpy's tofile() writes int64 unless the array is converted); pass --data-dtype "
          "int64" % wide),
         (gpt, ["--data", wide, "--check-data"], "pass --data-dtype int64"),
+        (gpt, ["--data", batch_major],
+         "token file %s: this is a safetensors file (tensor data), but the model reads flat "
+         "token files" % batch_major),
     ]
     for out, args, message in cases:
         log = os.path.join(w, "bad.jsonl")
