@@ -461,7 +461,7 @@ def tests(exe, tmp):
                  "unknown argument '--bogus'")
     expect_error("bad --steps", run(lin, ["--steps", "x", "--data", data]), "positive integer")
     expect_error("bad --data-dtype", run(tok, ["--steps", "1", "--data", data, "--data-dtype",
-                                               "int8"], model="tokens"), "int32 or uint16")
+                                               "int8"], model="tokens"), "int32, uint16 or int64")
     res = run(lin, ["--help"])
     check(res.rc == 0 and "--data-dtype" in res.out, "--help")
     expect_error("wrong rank count", run(lin, ["--steps", "1", "--data", data], world=2),
