@@ -274,14 +274,7 @@ std::string Generator::round16(Value r) {
 /// that broadcast their operands to the result's shape.
 bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
-  if (isa<AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp>(op)) {
-    const char *k = isa<AddOp>(op)       ? "Add"
-                    : isa<SubOp>(op)     ? "Sub"
-                    : isa<MulOp>(op)     ? "Mul"
-                    : isa<DivOp>(op)     ? "Div"
-                    : isa<PowOp>(op)     ? "Pow"
-                    : isa<MaximumOp>(op) ? "Max"
-                                         : "Min";
+  if (const char *k = binaryKernel(op)) {
     os << callee(opts, "binary") + "(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0)
        << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res)
        << ");";

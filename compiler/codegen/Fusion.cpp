@@ -20,15 +20,9 @@ namespace {
 /// calling elementwise.h; "" for an op that does not fuse (Pow takes special
 /// cases on its exponent, comparisons and casts change the type).
 std::string fusedExpr(Operation *op, ArrayRef<std::string> a) {
-  if (isa<AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp>(op)) {
-    const char *k = isa<AddOp>(op)       ? "Add"
-                    : isa<SubOp>(op)     ? "Sub"
-                    : isa<MulOp>(op)     ? "Mul"
-                    : isa<DivOp>(op)     ? "Div"
-                    : isa<MaximumOp>(op) ? "Max"
-                                         : "Min";
-    return std::string("ew::binary<Binary::") + k + ">(" + a[0] + ", " + a[1] + ")";
-  }
+  if (isa<AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp>(op))
+    return std::string("ew::binary<Binary::") + binaryKernel(op) + ">(" + a[0] + ", " + a[1] +
+           ")";
   if (isa<NegOp, AbsOp, ExpOp, LogOp, SqrtOp, RsqrtOp, ReciprocalOp, TanhOp, ErfOp, SigmoidOp,
           ReluOp, SinOp, CosOp, SiluOp, GeluOp>(op)) {
     const char *k = unaryKernel(unaryName(op));

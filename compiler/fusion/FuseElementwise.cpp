@@ -27,6 +27,17 @@ namespace carve {
 
 namespace carve {
 
+const char *binaryKernel(Operation *op) {
+  return isa<AddOp>(op)       ? "Add"
+         : isa<SubOp>(op)     ? "Sub"
+         : isa<MulOp>(op)     ? "Mul"
+         : isa<DivOp>(op)     ? "Div"
+         : isa<PowOp>(op)     ? "Pow"
+         : isa<MaximumOp>(op) ? "Max"
+         : isa<MinimumOp>(op) ? "Min"
+                              : nullptr;
+}
+
 const char *unaryKernel(StringRef fn) {
   static const std::pair<const char *, const char *> table[] = {{"neg", "Neg"},
                                                                 {"abs", "Abs"},

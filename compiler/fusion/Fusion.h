@@ -24,6 +24,9 @@ namespace carve {
 /// The runtime's Unary enum entry for a unary function name ("gelu_tanh" for
 /// GELU with the tanh approximation), or null when the runtime has none.
 const char *unaryKernel(llvm::StringRef fn);
+/// The runtime's Binary enum entry of an arithmetic op (add, sub, mul, div,
+/// pow, maximum, minimum), or null for any other op.
+const char *binaryKernel(mlir::Operation *op);
 /// The Unary function name of a unary op (gelu with approximate = "tanh" is
 /// "gelu_tanh").
 std::string unaryName(mlir::Operation *op);

@@ -60,13 +60,7 @@ Choice selectCast(Operation *op) {
 Choice selectBinary(Operation *op, StringRef target) {
   Type elt = elementOf(op->getResult(0));
   if (target == "cuda" && !elt.isF32() && !(elt.isInteger(64) && !isa<PowOp>(op))) {
-    StringRef k = isa<AddOp>(op)       ? "Add"
-                  : isa<SubOp>(op)     ? "Sub"
-                  : isa<MulOp>(op)     ? "Mul"
-                  : isa<DivOp>(op)     ? "Div"
-                  : isa<PowOp>(op)     ? "Pow"
-                  : isa<MaximumOp>(op) ? "Max"
-                                       : "Min";
+    StringRef k = binaryKernel(op);
     return refuse(("the CUDA target has no " + k +
                    " kernel for this element type (f32, and int64 but for Pow); compute it in "
                    "float before exporting, or use the CPU target")
@@ -108,7 +102,7 @@ Choice select(Operation *op, StringRef target) {
       return call(sharded(op) ? "cross_entropy_vocab_parallel" : "cross_entropy");
     return call(sharded(op) ? "cross_entropy_vocab_parallel_grad" : "cross_entropy_grad");
   }
-  if (isa<AddOp, SubOp, MulOp, DivOp, PowOp, MaximumOp, MinimumOp>(op))
+  if (binaryKernel(op))
     return selectBinary(op, target);
   if (isa<EqualOp, LessOp, GreaterOp>(op))
     return call("compare");
