@@ -16,7 +16,8 @@
 //   HostFold.cpp             nodes whose inputs are all known, evaluated on
 //                            the host
 //   ImportOps.cpp            the per-op import table: elementwise,
-//                            contractions, normalizations, convolutions, losses
+//                            contractions, normalizations, losses
+//   ImportConvolution.cpp    convolutions, pooling, resizing
 //   ImportDataMovement.cpp   reshapes, transposes, slices, splits, concats,
 //                            gathers and expands
 //   ImportCustomOp.cpp       custom-domain nodes described by --rules
