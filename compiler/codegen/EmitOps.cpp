@@ -40,6 +40,8 @@ std::string Generator::nullOf(Value like) { return "(const " + ctypeOf(like) + "
 
 std::string Generator::opComment(Operation *op) {
   std::string node = nodeName(op->getLoc());
+  if (layer)
+    node = layerNode(node);
   std::string s = "  // " + op->getName().getStringRef().str() + " ";
   for (unsigned k = 0; k < op->getNumOperands(); ++k)
     s += (k ? ", " : "") + shapeText(typeOf(op->getOperand(k)).getShape());
@@ -52,6 +54,8 @@ std::string Generator::opComment(Operation *op) {
 }
 
 std::string Generator::resultPointer(Value r) {
+  if (layer)
+    return layerResultPointer(r);
   const Buffer &b = buffers[bufferOf.lookup(r)];
   return "  " + ctypeOf(r) + " *" + var[r] + " = (" + ctypeOf(r) + " *)(" +
          (b.region == Region::Activation ? activationAt(b.offset)
@@ -166,6 +170,8 @@ bool Generator::emitOp(Operation *op) {
   if (kernel == kNoKernel) {
     std::string &s = body;
     if (auto c = dyn_cast<ConstantOp>(op)) {
+      if (layer)
+        return true; // its array is printed; a layer's function reads it by name
       s += opComment(op);
       return emitConstant(c);
     }
@@ -173,6 +179,8 @@ bool Generator::emitOp(Operation *op) {
       if (gatheredOperands.count(op) || scatteredProducts.count(op))
         return true; // a view of a value that is never in memory
       Value res = op->getResult(0);
+      if (layer)
+        layer->defined.insert(res);
       s += opComment(op) + "  " + ctypeOf(res) + " *" + name(res) + " = " + opnd(op, 0) +
            ";  // same memory\n";
       viewsInScope.push_back(res);

@@ -48,8 +48,6 @@ void Generator::fuseElementwise() {
 /// one `fused(...)` call at the root.
 bool Generator::emitFused(const FusionGroup &g) {
   std::string &s = body;
-  const int id = groupOf.lookup(g.root);
-  const std::string fname = "Fused" + std::to_string(id);
   std::string chain;
   for (Operation *op : g.ops) {
     s += opComment(op);
@@ -62,12 +60,12 @@ bool Generator::emitFused(const FusionGroup &g) {
   for (Value r : g.outputs)
     s += resultPointer(r);
   const size_t ni = g.inputs.size(), no = g.outputs.size();
-  std::string rootNode = nodeName(g.root->getLoc());
-  std::string f;
-  llvm::raw_string_ostream fs(f);
-  fs << "// " << fname << ": " << chain << (rootNode.empty() ? "" : " [" + rootNode + "]")
-     << "\nstruct " << fname << " {\n  CARVE_HD void operator()(const float (&x)[" << ni
-     << "], float (&y)[" << no << "]) const {\n";
+  // The functor's code; chains that compute the same (each layer's, mostly)
+  // share one functor, the first's (with its comments).
+  std::string code;
+  llvm::raw_string_ostream cs(code);
+  cs << "  CARVE_HD void operator()(const float (&x)[" << ni << "], float (&y)[" << no
+     << "]) const {\n";
   DenseMap<Value, std::string> expr;
   for (size_t k = 0; k < ni; ++k)
     expr[g.inputs[k]] = "x[" + std::to_string(k) + "]";
@@ -80,13 +78,34 @@ bool Generator::emitFused(const FusionGroup &g) {
     std::string e = fusedExpr(op, args);
     if (op->hasAttr(kRound16Attr)) // rounded as written, for every reader (carve.round16)
       e = std::string(opts.precision == "fp16" ? "ew::roundF16(" : "ew::roundBf16(") + e + ")";
-    fs << "    const float " << t << " = " << e << ";  // " << var[op->getResult(0)] << "\n";
+    cs << "    const float " << t << " = " << e << ";\n";
     expr[op->getResult(0)] = t;
   }
   for (size_t j = 0; j < no; ++j)
-    fs << "    y[" << j << "] = " << expr.lookup(g.outputs[j]) << ";\n";
-  fs << "  }\n};\n\n";
-  fusedDefs += f;
+    cs << "    y[" << j << "] = " << expr.lookup(g.outputs[j]) << ";\n";
+  cs << "  }\n";
+  auto [known, isNew] =
+      functorByCode.try_emplace(code, "Fused" + std::to_string(functorByCode.size()));
+  const std::string fname = known->second;
+  if (isNew) {
+    // Printed with each line's value named after it.
+    std::string f;
+    llvm::raw_string_ostream fs(f);
+    std::string rootNode = nodeName(g.root->getLoc());
+    fs << "// " << fname << ": " << chain << (rootNode.empty() ? "" : " [" + rootNode + "]")
+       << "\nstruct " << fname << " {\n";
+    size_t line = 0;
+    for (StringRef rest = code; !rest.empty();) {
+      auto [l, next] = rest.split('\n');
+      fs << l;
+      if (l.starts_with("    const float t"))
+        fs << "  // " << var[g.ops[line++]->getResult(0)];
+      fs << "\n";
+      rest = next;
+    }
+    fs << "};\n\n";
+    fusedDefs += f;
+  }
 
   std::string in, shapes, outs;
   for (size_t k = 0; k < ni; ++k) {

@@ -150,16 +150,20 @@ bool Generator::failOp(Operation *op, const std::string &msg) {
               (node.empty() ? "" : " (node '" + node + "')") + ": " + msg);
 }
 
-std::string Generator::uniqueName(std::string base) {
-  if (base.size() > 60)
-    base = base.substr(base.size() - 60), base = identifier(base);
+bool isRuntimeType(StringRef name) {
   // The runtime's types, which a model's node names may spell (an ONNX node
   // '/Split' makes a value `Split`, which would hide carve::rt::Split).
   static const llvm::StringSet<> runtimeTypes = {
       "Binary",   "CommType", "Communicator", "Compare",    "DType",   "Dims",           "Fused3",
       "Grad16",   "Logic",    "Mesh",         "Precision",  "Program", "Reduce",         "ReduceOp",
       "Schedule", "Split",    "StepContext",  "TensorSpec", "Unary",   "Hyperparameters"};
-  if (runtimeTypes.count(base))
+  return runtimeTypes.count(name) > 0;
+}
+
+std::string Generator::uniqueName(std::string base) {
+  if (base.size() > 60)
+    base = base.substr(base.size() - 60), base = identifier(base);
+  if (isRuntimeType(base))
     base += "_v";
   std::string n = base;
   for (int k = 2; usedNames.count(n); ++k)

@@ -102,6 +102,8 @@ inline mlir::RankedTensorType typeOf(Value v) {
 
 /// A C identifier from a model name: "/h.0/attn/c_attn/MatMul" -> "h0_attn_c_attn_MatMul".
 std::string identifier(StringRef name);
+/// Whether `name` is one of the runtime's types (a variable of that name would hide it).
+bool isRuntimeType(StringRef name);
 /// The C element type, the runtime's DType, and the size of an element type.
 bool elementInfo(mlir::Type t, std::string &ctype, std::string &dtype, int &size);
 /// The type as MLIR prints it.
@@ -246,7 +248,35 @@ private:
   std::vector<Operation *> ops;
   llvm::DenseMap<Operation *, int> index;
   llvm::DenseMap<Value, int> bufferOf;    // value -> buffer
-  llvm::DenseMap<Value, std::string> var; // value -> C variable
+  /// value -> C variable. While a layer's statements print as a function
+  /// (Layers.cpp) the layer's scope names every value; while the step
+  /// prints, each lookup is noted with the op record that made it.
+  struct ValueNames {
+    llvm::DenseMap<Value, std::string> map;
+    std::function<std::string &(Value)> scoped;
+    int reader = -2; // -2: not noting; -1: outside the op records; k: record k
+    llvm::DenseMap<Value, llvm::SmallVector<int, 2>> readers;
+    std::string &operator[](Value v) {
+      if (scoped)
+        return scoped(v);
+      note(v);
+      return map[v];
+    }
+    std::string lookup(Value v) {
+      if (scoped)
+        return scoped(v);
+      note(v);
+      return map.lookup(v);
+    }
+    void note(Value v) {
+      if (reader == -2)
+        return;
+      auto &r = readers[v];
+      if (r.empty() || r.back() != reader)
+        r.push_back(reader);
+    }
+  };
+  ValueNames var;
   std::vector<Buffer> buffers;
   llvm::StringSet<> usedNames;
   std::set<Operation *> foldedTransposes;
@@ -270,6 +300,9 @@ private:
   llvm::DenseMap<Operation *, int> groupOf; // every member -> its group
   llvm::DenseSet<Value> interior;           // member results nothing outside reads: no buffer
   std::string fusedDefs;                    // the groups' functors
+  /// A functor's code (comments aside) -> its name: chains that compute the
+  /// same share one functor.
+  std::map<std::string, std::string> functorByCode;
   /// Where an op's reads happen: its group's root for a fused member.
   int readAt(Operation *op) {
     auto it = groupOf.find(op);
@@ -531,6 +564,52 @@ private:
                                const std::map<unsigned, std::string> &shardVar);
   bool emitStepTail(Value loss, const std::vector<Bucket> &buckets, const std::string &reduction,
                     llvm::raw_ostream &ts);
+
+  // Layers.cpp: one function per repeated layer.
+  /// The statements one op printed into `body`: [begin, end).
+  struct OpRecord {
+    Operation *op;
+    size_t begin, end;
+  };
+  std::vector<OpRecord> records;
+  /// The layers' functions and their buffer tables (before the step).
+  std::string layerDefs;
+  /// The arguments only the layers' functions read: the step declares no
+  /// pointer to them.
+  llvm::DenseSet<Value> onlyInLayers;
+  /// The step's pointers to its arguments (all but onlyInLayers).
+  std::string argumentPointers();
+  /// Set while a layer's statements print as a function: its names and slots.
+  struct LayerScope {
+    std::string component; // this layer's node component ("h.3")
+    /// Names by the order they are asked for (the printing of the function);
+    /// null: positional names ("v0", "v1", ...), which is how twins are found.
+    const std::vector<std::string> *given = nullptr;
+    llvm::DenseMap<Value, std::string> names;
+    std::vector<Value> order;        // the values in the order they were named
+    std::vector<Value> slots;        // at[k]: the arena offset of slots[k]
+    llvm::DenseSet<Value> defined;   // what the layer's statements write (or view)
+    std::string declarations;        // pointers to what it reads from outside
+    bool failed = false;             // a value with no arena address
+  };
+  LayerScope *layer = nullptr;
+  /// The name a value has in the layer being printed (var.scoped).
+  std::string &layerName(Value v);
+  /// The first constant of the step with the same type and value as `c`:
+  /// layers read equal constants through one name.
+  llvm::DenseMap<Operation *, std::string> constantByValue;
+  /// A layer's result pointer: `T *name = (T *)(A + at[k]);`.
+  std::string layerResultPointer(Value r);
+  /// A node name as a layer function's comments show it ("/h.*/attn/...").
+  std::string layerNode(const std::string &node);
+  /// Prints the ops of records [first, last) as a function body in `scope`;
+  /// false where one of them cannot (a value with no arena address).
+  bool printLayer(size_t first, size_t last, LayerScope &scope, std::string &text);
+  /// Finds the runs of op records that are one layer each (by the model
+  /// node's `name.N` component), prints each run that has a twin (the same
+  /// statements on other buffers) once as a function, and replaces the runs
+  /// in `body` by calls with the layer's buffer table. Moves forwardEnd.
+  bool outlineLayers(int backwardBegin);
   /// The whole source: `plan` (the memory-plan comment) opens the step
   /// function, `tail` (sync, loss, optimizer) closes it.
   std::string emitProgram(const std::string &plan, const std::string &tail);

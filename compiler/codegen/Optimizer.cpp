@@ -109,7 +109,7 @@ std::string Generator::tailPointers(const std::string &prefix) {
   };
   for (GradSlot &g : grads) {
     const unsigned a = g.param;
-    const std::string base = prefix + var[fn.getArgument(a)];
+    const std::string base = prefix + var.map.lookup(fn.getArgument(a)); // a name, not a read
     TailNames &t = tailNames[a];
     t.param = uniqueName("param_" + base);
     const int64_t at = buffers[bufferOf.lookup(fn.getArgument(a))].offset;

@@ -87,6 +87,7 @@ bool Generator::run() {
   if (opts.dp > 1 && reduction == "unknown")
     return fail("cannot tell how the loss reduces over the batch (a mean or a sum of "
                 "cross_entropy, reduce_mean or reduce_sum); data parallelism needs to know");
+  var.reader = -1; // from here every name the step prints is noted (outlineLayers)
   if (!emitStepSeed(reduction) || !emitStepBody(buckets, gathered, backwardBegin))
     return false;
   std::string t;
@@ -104,6 +105,10 @@ bool Generator::run() {
       es << "  // The accuracy counts of every replica's rows.\n"
             "  ctx.dpComm->allReduce(ctx.counts, 2, CommType::F64, ReduceOp::Sum);\n";
   }
+
+  var.reader = -2;
+  if (!outlineLayers(backwardBegin))
+    return false;
 
   buildTables(1);
   out.numKernelCalls = kernelCalls;
@@ -305,8 +310,12 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
       s += "\n  // ---- Backward ----\n\n";
     }
     s += gatherStatements(op, backward, gathered, shardVar);
+    const size_t begin = s.size();
+    var.reader = (int)records.size();
     if (!emitOp(op))
       return false;
+    var.reader = -1;
+    records.push_back({op, begin, s.size()});
     startBuckets(buckets, nextBucket, index[op]);
     waitBuckets(index[op]);
   }
@@ -449,17 +458,21 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
     os << "// ---- Constants ----\n\n" << constants << "\n";
   if (!fusedDefs.empty())
     os << "// ---- Fused elementwise chains (carve/rt/fused.h) ----\n\n" << fusedDefs;
+  if (!opts.cuda())
+    os << glueBegin();
+  if (!layerDefs.empty())
+    os << "// ---- Layers: one function each for the layers that compute the same ----\n\n"
+       << layerDefs;
   if (opts.cuda()) {
     os << "// The step's forward and backward, with their collectives: what `train --cuda-graph`\n"
        << "// captures in a CUDA graph and replays (graphStep in step below; docs/cuda.md).\n"
        << "void forwardBackward(StepContext &ctx) {\n  char *const A = ctx.arena;\n";
   } else {
-    os << glueBegin() << "void step(StepContext &ctx) {\n";
+    os << "void step(StepContext &ctx) {\n";
     os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
   }
   os << "  // ---- Inputs, parameters and buffers ----\n";
-  for (BlockArgument a : fn.getArguments())
-    os << argumentPointer(a, false);
+  os << argumentPointers();
   os << "\n  // ---- Forward ----\n\n" << body;
   if (opts.cuda()) {
     os << "}\n\nvoid step(StepContext &ctx) {\n"
@@ -477,8 +490,7 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
      << "/// gradient, no update. The same statements as the step's forward.\n"
      << "void evaluate(StepContext &ctx) {\n  char *const A = ctx.arena;\n"
      << precisionLine(opts) << "  // ---- Inputs, parameters and buffers ----\n";
-  for (BlockArgument a : fn.getArguments())
-    os << argumentPointer(a, false);
+  os << argumentPointers();
   os << "\n  // ---- Forward ----\n\n"
      << body.substr(0, forwardEnd) << evalTail << "}\n"
      << (opts.cuda() ? "" : glueEnd()) << "\n";
