@@ -579,6 +579,12 @@ private:
   llvm::DenseSet<Value> onlyInLayers;
   /// The step's pointers to its arguments (all but onlyInLayers).
   std::string argumentPointers();
+  /// Per record, whether an outlined layer's function prints it.
+  std::vector<bool> recordOutlined;
+  /// The pointers to the forward's values that the statements after it read
+  /// (the step's backward and tail, evaluate's loss), declared again where
+  /// the forward wrote them: the forward is a function of its own.
+  std::string forwardValuesReadAfter(int backwardBegin);
   /// Set while a layer's statements print as a function: its names and slots.
   struct LayerScope {
     std::string component; // this layer's node component ("h.3")
@@ -602,9 +608,9 @@ private:
   std::string layerResultPointer(Value r);
   /// A node name as a layer function's comments show it ("/h.*/attn/...").
   std::string layerNode(const std::string &node);
-  /// Prints the ops of records [first, last) as a function body in `scope`;
+  /// Prints the ops of the records `members` as a function body in `scope`;
   /// false where one of them cannot (a value with no arena address).
-  bool printLayer(size_t first, size_t last, LayerScope &scope, std::string &text);
+  bool printLayer(const std::vector<size_t> &members, LayerScope &scope, std::string &text);
   /// Finds the runs of op records that are one layer each (by the model
   /// node's `name.N` component), prints each run that has a twin (the same
   /// statements on other buffers) once as a function, and replaces the runs
@@ -612,7 +618,7 @@ private:
   bool outlineLayers(int backwardBegin);
   /// The whole source: `plan` (the memory-plan comment) opens the step
   /// function, `tail` (sync, loss, optimizer) closes it.
-  std::string emitProgram(const std::string &plan, const std::string &tail);
+  std::string emitProgram(const std::string &plan, const std::string &tail, int backwardBegin);
 
   // PipelineStage.cpp: the pieces of runStage (documented there).
   bool collectStageGradients(mlir::func::ReturnOp ret, int stage);

@@ -31,19 +31,27 @@ namespace carve::codegen {
 
 namespace {
 
-/// The first component of a node of the form `name.N` ("h.3" of
-/// "backward of /h.3/attn/MatMul"); empty if none.
+/// The first `name.N` of a node or a parameter's name, as a word between
+/// '/', '.', ' ' or the ends: "h.3" of "backward of /h.3/attn/MatMul", of
+/// "h.3.ln_1.weight (16-bit copy as fp32)" and of "/h.3/Add (16-bit copy)";
+/// "layers.0" of "/model/layers.0/mlp/Mul". Empty if none.
 std::string layerComponent(StringRef node) {
-  node.consume_front("backward of ");
-  llvm::SmallVector<StringRef> parts;
-  node.split(parts, '/');
-  for (StringRef p : parts) {
-    size_t dot = p.rfind('.');
-    if (dot == StringRef::npos || dot == 0 || dot + 1 == p.size())
+  auto sep = [](char c) { return c == '/' || c == '.' || c == ' '; };
+  auto word = [](char c) { return isalnum((unsigned char)c) || c == '_'; };
+  for (size_t start = 0; start < node.size(); ++start) {
+    if (!(start == 0 || sep(node[start - 1])) || !word(node[start]) ||
+        isdigit((unsigned char)node[start]))
       continue;
-    StringRef index = p.substr(dot + 1);
-    if (llvm::all_of(index, [](char c) { return isdigit((unsigned char)c); }))
-      return p.str();
+    size_t dot = start;
+    while (dot < node.size() && word(node[dot]))
+      ++dot;
+    if (dot >= node.size() || node[dot] != '.')
+      continue;
+    size_t end = dot + 1;
+    while (end < node.size() && isdigit((unsigned char)node[end]))
+      ++end;
+    if (end > dot + 1 && (end == node.size() || sep(node[end])))
+      return node.substr(start, end - start).str();
   }
   return "";
 }
@@ -162,7 +170,8 @@ std::string Generator::layerResultPointer(Value r) {
   return "  " + ctypeOf(r) + " *" + n + " = (" + ctypeOf(r) + " *)(A + at[" + k + "]);\n";
 }
 
-bool Generator::printLayer(size_t first, size_t last, LayerScope &scope, std::string &text) {
+bool Generator::printLayer(const std::vector<size_t> &members, LayerScope &scope,
+                           std::string &text) {
   // Printing again must leave the step as it was: what emitOp adds to.
   std::string savedBody, savedConstants = constants, savedError = error;
   std::swap(savedBody, body);
@@ -171,8 +180,8 @@ bool Generator::printLayer(size_t first, size_t last, LayerScope &scope, std::st
   layer = &scope;
   var.scoped = [this](Value v) -> std::string & { return layerName(v); };
   bool ok = true;
-  for (size_t i = first; i < last && ok; ++i)
-    ok = emitOp(records[i].op);
+  for (size_t i = 0; i < members.size() && ok; ++i)
+    ok = emitOp(records[members[i]].op);
   var.scoped = nullptr;
   layer = nullptr;
   text = body;
@@ -219,20 +228,40 @@ bool Generator::outlineLayers(int backwardBegin) {
 
   /// One run of op records [first, last) that is one layer's, and how it printed.
   struct Run {
-    size_t first, last;
+    size_t first, last;    // the records whose text the run spans
     std::string component; // "h.3"
     bool backward;
     std::string text; // printed with positional names
     LayerScope *scope = nullptr;
+    std::vector<size_t> members; // the records it prints
+    std::vector<size_t> hoisted; // views of other values, printed before its call
   };
   // The runs: consecutive records of one layer and pass, nothing printed
-  // between them. Records that print nothing join whatever run they are in.
+  // between them. Records that print nothing join whatever run they are in;
+  // a view of a value from before the run made in its midst (the scheduler
+  // put it there) moves before the run's call.
+  llvm::DenseMap<Operation *, size_t> recordOf;
+  for (size_t i = 0; i < records.size(); ++i)
+    recordOf[records[i].op] = i;
   std::vector<Run> runs;
   {
     Run cur{0, 0, "", false, ""};
     auto close = [&]() {
-      if (!cur.component.empty() && cur.last > cur.first)
+      // Views hoisted at its end stay where they are: the run ends before them.
+      while (!cur.hoisted.empty() && cur.hoisted.back() + 1 == cur.last) {
+        cur.hoisted.pop_back();
+        cur.last -= 1;
+        while (cur.last > cur.first && records[cur.last - 1].begin == records[cur.last - 1].end)
+          cur.last -= 1;
+      }
+      if (!cur.component.empty() && cur.last > cur.first) {
+        for (size_t i = cur.first, h = 0; i < cur.last; ++i)
+          if (h < cur.hoisted.size() && cur.hoisted[h] == i)
+            ++h;
+          else
+            cur.members.push_back(i);
         runs.push_back(cur);
+      }
       cur.component.clear();
     };
     size_t lastEnd = 0;
@@ -248,6 +277,17 @@ bool Generator::outlineLayers(int backwardBegin) {
       const std::string component = layerComponent(nodeName(r.op->getLoc()));
       const bool backward = index[r.op] >= backwardBegin;
       const bool glue = i > 0 && r.begin != lastEnd;
+      if (!glue && !cur.component.empty() && component != cur.component &&
+          isa<ReshapeOp>(r.op)) {
+        Operation *from = r.op->getOperand(0).getDefiningOp();
+        auto at = from ? recordOf.find(from) : recordOf.end();
+        if (!from || (at != recordOf.end() && at->second < cur.first)) {
+          cur.hoisted.push_back(i);
+          cur.last = i + 1;
+          lastEnd = r.end;
+          continue;
+        }
+      }
       if (glue || component != cur.component || backward != cur.backward) {
         close();
         cur = Run{i, i + 1, component, backward, ""};
@@ -269,7 +309,7 @@ bool Generator::outlineLayers(int backwardBegin) {
     scopes.push_back(std::make_unique<LayerScope>());
     run.scope = scopes.back().get();
     run.scope->component = run.component;
-    if (!printLayer(run.first, run.last, *run.scope, run.text))
+    if (!printLayer(run.members, *run.scope, run.text))
       continue;
     twins[{componentName(run.component), run.backward, run.text}].push_back(k);
   }
@@ -311,7 +351,7 @@ bool Generator::outlineLayers(int backwardBegin) {
     named.component = r0.component;
     named.given = &given;
     std::string text;
-    if (!printLayer(r0.first, r0.last, named, text))
+    if (!printLayer(r0.members, named, text))
       return fail("the layer " + r0.component + " printed once but not again with its names");
 
     std::string fname = "layer_" + identifier(std::get<0>(key)) + (r0.backward ? "_backward" : "_forward");
@@ -338,13 +378,16 @@ bool Generator::outlineLayers(int backwardBegin) {
     d += "  // What it reads from before the layer.\n" + named.declarations + "\n" + text + "}\n\n";
     for (size_t i = 0; i < members.size(); ++i) {
       const Run &r = runs[members[i]];
-      for (size_t j = r.first; j < r.last; ++j)
+      for (size_t j : r.members)
         outlinedBy[j] = (int)members[i];
       calls.push_back({members[i], fname, i});
     }
   }
   if (calls.empty())
     return true;
+  recordOutlined.assign(records.size(), false);
+  for (size_t i = 0; i < records.size(); ++i)
+    recordOutlined[i] = outlinedBy[i] >= 0;
   for (BlockArgument a : fn.getArguments()) {
     auto it = var.readers.find(a);
     if (it != var.readers.end() && llvm::all_of(it->second, [&](int reader) {
@@ -367,6 +410,8 @@ bool Generator::outlineLayers(int backwardBegin) {
         forwardEnd <= begin)
       newForwardEnd = rebuilt.size() + (forwardEnd - cursor);
     rebuilt += body.substr(cursor, begin - cursor);
+    for (size_t h : r.hoisted)
+      rebuilt += body.substr(records[h].begin, records[h].end - records[h].begin);
     rebuilt += "  " + c.function + "(ctx, " + c.function + "_at[" + std::to_string(c.row) +
                "]);  // " + r.component + "\n";
     std::vector<Value> escaping;

@@ -28,6 +28,13 @@ int Generator::newBuffer(Region r, int64_t bytes, int def, std::string name) {
 }
 
 bool Generator::assignBuffers() {
+  // The generated functions' own names: a model value called `loss` or `in`
+  // must not hide the tail's loss or a fused call's inputs.
+  for (const char *own : {"A", "at", "ctx", "loss", "lr", "clip", "norm", "h", "unscale",
+                          "sqSplit", "sqWhole", "sqDevice", "sqExpertSplit", "sqExpertWhole",
+                          "in", "shapes", "out", "parts", "counts", "mb", "slot", "S", "Q", "W",
+                          "last", "forward", "backward", "step", "evaluate", "forwardBackward"})
+    usedNames.insert(own);
   // Arguments: parameters, buffers, inputs and the loss seed live all step.
   for (BlockArgument a : fn.getArguments()) {
     unsigned i = a.getArgNumber();

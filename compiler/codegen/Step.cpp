@@ -122,7 +122,7 @@ bool Generator::run() {
      << "  //   activations              [" << activationBase << ", "
      << activationBase + out.activationBytes << "): " << bytesText(out.activationBytes)
      << " reused by liveness (" << bytesText(out.unplannedBytes) << " without reuse)\n";
-  out.source = emitProgram(header, t);
+  out.source = emitProgram(header, t, backwardBegin);
   return true;
 }
 
@@ -435,7 +435,28 @@ bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
   return true;
 }
 
-std::string Generator::emitProgram(const std::string &plan, const std::string &tail) {
+std::string Generator::forwardValuesReadAfter(int backwardBegin) {
+  std::string s;
+  for (size_t i = 0; i < records.size() && index[records[i].op] < backwardBegin; ++i)
+    for (Value v : records[i].op->getResults()) {
+      auto b = bufferOf.find(v);
+      auto readers = var.readers.find(v);
+      if (b == bufferOf.end() || readers == var.readers.end() || buffers[b->second].offset < 0 ||
+          buffers[b->second].region == Region::Constant)
+        continue;
+      const bool readAfter = llvm::any_of(readers->second, [&](int r) {
+        return r < 0 || (index[records[r].op] >= backwardBegin &&
+                         !(r < (int)recordOutlined.size() && recordOutlined[r]));
+      });
+      if (readAfter)
+        s += "  " + ctypeOf(v) + " *" + var.map.lookup(v) + " = (" + ctypeOf(v) + " *)(A + " +
+             std::to_string(buffers[b->second].offset) + ");\n";
+    }
+  return s;
+}
+
+std::string Generator::emitProgram(const std::string &plan, const std::string &tail,
+                                   int backwardBegin) {
   std::string src;
   llvm::raw_string_ostream os(src);
   const std::string &P = opts.programName;
@@ -463,6 +484,23 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   if (!layerDefs.empty())
     os << "// ---- Layers: one function each for the layers that compute the same ----\n\n"
        << layerDefs;
+  // The forward is a function that step and evaluate call, where its
+  // statements can be printed once: not under ZeRO-3, whose gathers of the
+  // backward may start in the forward (prefetch).
+  const bool ownForward = zero != 3;
+  const std::string forwardCall = "  forward(ctx);\n";
+  std::string readAfter;
+  if (ownForward) {
+    readAfter = forwardValuesReadAfter(backwardBegin);
+    if (!readAfter.empty())
+      readAfter = "\n  // The forward's values read from here on, where it wrote them.\n" + readAfter;
+    os << "/// The forward: every statement up to the loss. step and evaluate (train "
+          "--eval-data) call it.\n"
+       << "void forward(StepContext &ctx) {\n  char *const A = ctx.arena;\n"
+       << "  // ---- Inputs, parameters and buffers ----\n"
+       << argumentPointers() << "\n  // ---- Forward ----\n\n"
+       << body.substr(0, forwardEnd) << "}\n\n";
+  }
   if (opts.cuda()) {
     os << "// The step's forward and backward, with their collectives: what `train --cuda-graph`\n"
        << "// captures in a CUDA graph and replays (graphStep in step below; docs/cuda.md).\n"
@@ -471,9 +509,14 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
     os << "void step(StepContext &ctx) {\n";
     os << plan << "\n  char *const A = ctx.arena;\n" << precisionLine(opts) << "\n";
   }
+  if (ownForward)
+    os << forwardCall << "\n";
   os << "  // ---- Inputs, parameters and buffers ----\n";
   os << argumentPointers();
-  os << "\n  // ---- Forward ----\n\n" << body;
+  if (ownForward)
+    os << readAfter << body.substr(forwardEnd);
+  else
+    os << "\n  // ---- Forward ----\n\n" << body;
   if (opts.cuda()) {
     os << "}\n\nvoid step(StepContext &ctx) {\n"
        << plan << "\n  char *const A = ctx.arena;\n"
@@ -489,11 +532,15 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
   os << "/// Forward only (train --eval-data): the global loss of the inputs in the arena; no\n"
      << "/// gradient, no update. The same statements as the step's forward.\n"
      << "void evaluate(StepContext &ctx) {\n  char *const A = ctx.arena;\n"
-     << precisionLine(opts) << "  // ---- Inputs, parameters and buffers ----\n";
-  os << argumentPointers();
-  os << "\n  // ---- Forward ----\n\n"
-     << body.substr(0, forwardEnd) << evalTail << "}\n"
-     << (opts.cuda() ? "" : glueEnd()) << "\n";
+     << precisionLine(opts);
+  if (ownForward) {
+    os << forwardCall << readAfter;
+  } else {
+    os << "  // ---- Inputs, parameters and buffers ----\n";
+    os << argumentPointers();
+    os << "\n  // ---- Forward ----\n\n" << body.substr(0, forwardEnd);
+  }
+  os << evalTail << "}\n" << (opts.cuda() ? "" : glueEnd()) << "\n";
 
   if (!inputRows.empty())
     out.vocab = tokenVocab(fn, inputRows[0].name, opts.tp);

@@ -23,7 +23,8 @@
 // R1: struct Fused0 {
 // R1: const float t0 = ew::binary<Binary::Add>(x[0], x[1]);  // h_0_Add
 // R1: const float t1 = ew::unary<Unary::Gelu>(t0);  // h_0_Gelu
-// R1-LABEL: void step(StepContext &ctx) {
+// The forward is its own function; step and evaluate call it.
+// R1-LABEL: void forward(StepContext &ctx) {
 // R1: float *x = (float *)(A + [[X:[0-9]+]]);  // input [8, 16]
 // R1: float *h_0_w = (float *)(A + 0);  // parameter [16, 16]
 // R1: // carve.matmul [8, 16], [16, 16] -> [8, 16]   [/h.0/MatMul]
@@ -32,6 +33,11 @@
 // R1: fused("Fused0 (add, gelu)", Fused0{}, in, shapes, out, {8, 16});
 // R1: matmul(h_0_Gelu, {8, 16}, /*transA=*/false, h_1_w, {16, 4}, /*transB=*/false, h_1_MatMul, {8, 4});
 // R1: cross_entropy(h_1_MatMul, {8, 4}, y, 0 /*mean*/, /*hasIgnore=*/false, 0LL, [[LOSS:[a-z_0-9]+]]);
+// R1-LABEL: void step(StepContext &ctx) {
+// R1: forward(ctx);
+// What the backward reads of the forward's values, where the forward wrote them.
+// R1: // The forward's values read from here on, where it wrote them.
+// R1: float *h_0_Gelu = (float *)(A + {{[0-9]+}});
 // The backward's weight gradient of h.1: the transpose folded into the flag.
 // R1: matmul(h_0_Gelu, {8, 16}, /*transA=*/true, {{.+}}, {8, 4}, /*transB=*/false, {{.+}}, {16, 4});
 // R1: unary_grad(Unary::Gelu,
@@ -39,7 +45,9 @@
 // R1: adamwUpdate(param_h_1_w, grad_h_1_w, exp_avg_h_1_w, exp_avg_sq_h_1_w, 64, lr,
 // R1: adamwUpdate(param_h_0_w, grad_h_0_w, exp_avg_h_0_w, exp_avg_sq_h_0_w, 256, lr,
 // R1-LABEL: void evaluate(StepContext &ctx) {
-// R1: cross_entropy(h_1_MatMul,
+// R1-NEXT: char *const A = ctx.arena;
+// R1-NEXT: forward(ctx);
+// R1: float loss = (float)loss_2[0];
 // R1-NOT: cross_entropy_grad
 // R1-NOT: adamwUpdate
 // R1: extern const Program program0 = {
@@ -64,7 +72,7 @@
 
 // tp = 2: h.0 column-parallel (8 of its 16 columns), h.1 row-parallel, its
 // partial sums all-reduced before the loss.
-// TP-LABEL: void step(StepContext &ctx) {
+// TP-LABEL: void forward(StepContext &ctx) {
 // TP: matmul(x, {8, 16}, /*transA=*/false, h_0_w, {16, 8}, /*transB=*/false, h_0_MatMul, {8, 8});
 // TP: matmul(h_0_Gelu, {8, 8}, /*transA=*/false, h_1_w, {8, 4}, /*transB=*/false, h_1_MatMul, {8, 4});
 // TP: // partial sums -> replicated over tp

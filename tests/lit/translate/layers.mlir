@@ -6,8 +6,10 @@
 // no input gradient) print like no other layer's and stay inline. The values
 // a layer writes that the step reads outside the functions are declared after
 // its call; the parameters only the functions read are not declared in the
-// step. The same on the CUDA target (gpu:: calls inside the function) and
-// under dp = 2, where the gradient bucket's all-reduce stays in the step.
+// forward (a function of its own: step and evaluate call it, and the step
+// declares again the forward's values its backward reads). The same on the
+// CUDA target (gpu:: calls inside the function) and under dp = 2, where the
+// gradient bucket's all-reduce stays in the step.
 // RUN: carve-opt %s --mlir-print-debuginfo --carve-autodiff --carve-set-plan="dp=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory --carve-optimizer --carve-select-kernels | carve-translate --carve-to-cpp | FileCheck %s --check-prefix=R1
 // RUN: carve-opt %s --mlir-print-debuginfo --carve-autodiff --carve-set-plan="target=cuda" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory --carve-optimizer --carve-select-kernels | carve-translate --carve-to-cpp | FileCheck %s --check-prefix=CUDA
 // RUN: carve-opt %s --mlir-print-debuginfo --carve-autodiff --carve-set-plan="dp=2" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory --carve-optimizer --carve-select-kernels | carve-translate --carve-to-cpp | FileCheck %s --check-prefix=DP
@@ -38,7 +40,7 @@
 // R1: const int64_t layer_h_backward_at[2][10] = {
 // R1-LABEL: void layer_h_backward(StepContext &ctx, const int64_t *at) {
 // R1: matmul(d_Gelu, {8, 16}, /*transA=*/false, w, {16, 16}, /*transB=*/true, d_MatMul_2, {8, 16});
-// R1-LABEL: void step(StepContext &ctx) {
+// R1-LABEL: void forward(StepContext &ctx) {
 // h.3's weight is read by its inline backward; the other layers' parameters
 // only by the functions.
 // R1-NOT: h_1_w =
@@ -54,6 +56,11 @@
 // R1-NEXT: layer_h_forward(ctx, layer_h_forward_at[3]);  // h.3
 // R1-NEXT: float *h_3_Add_1 = (float *)(A + {{[0-9]+}});  // written by h.3
 // R1: matmul(h_3_Add_1, {8, 16}, /*transA=*/false, head_w, {16, 4}, /*transB=*/false, head_MatMul, {8, 4});
+// R1-LABEL: void step(StepContext &ctx) {
+// R1: forward(ctx);
+// The layers' outputs the inline backward reads, declared again in the step.
+// R1: // The forward's values read from here on, where it wrote them.
+// R1: float *h_3_Add_1 = (float *)(A + {{[0-9]+}});
 // R1: // ---- Backward ----
 // h.3's backward, inline: no other layer's prints like it.
 // R1: unary_grad(Unary::Gelu, h_3_Add, d_head_MatMul_2, d_h_3_Gelu, 128);
@@ -62,16 +69,19 @@
 // R1: [backward of /h.0/Gelu]
 // R1: adamwUpdate(param_h_1_w, grad_h_1_w,
 // R1-LABEL: void evaluate(StepContext &ctx) {
-// R1: layer_h_forward(ctx, layer_h_forward_at[3]);  // h.3
-// R1-NOT: layer_h_backward
+// R1-NEXT: char *const A = ctx.arena;
+// R1-NEXT: forward(ctx);
+// R1-NOT: layer_h_
 // R1: extern const Program program0 = {
 
 // CUDA: // ===== program0.cu =====
 // CUDA-LABEL: void layer_h_forward(StepContext &ctx, const int64_t *at) {
 // CUDA: gpu::matmul([[IN:in[0-9]+]], {8, 16}, /*transA=*/false, w, {16, 16}, /*transB=*/false, MatMul, {8, 16});
 // CUDA: gpu::fused("Fused0 (add, gelu, add)", Fused0{}, in, shapes, out, {8, 16});
-// CUDA-LABEL: void forwardBackward(StepContext &ctx) {
+// CUDA-LABEL: void forward(StepContext &ctx) {
 // CUDA: layer_h_forward(ctx, layer_h_forward_at[0]);  // h.0
+// CUDA-LABEL: void forwardBackward(StepContext &ctx) {
+// CUDA: forward(ctx);
 // CUDA: layer_h_backward(ctx, layer_h_backward_at[1]);  // h.1
 // CUDA-LABEL: void step(StepContext &ctx) {
 // CUDA: gpu::graphStep(ctx, forwardBackward);
