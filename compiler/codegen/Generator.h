@@ -543,6 +543,17 @@ private:
   void emitUnscale(llvm::raw_ostream &ts);
   /// Each carve.adamw / carve.sgd, then carve.zero_gather (ZeRO-1/2).
   void emitUpdates(llvm::raw_ostream &ts);
+  /// The whole step: the tail as loops over a table with one row per
+  /// parameter (TailRow of the generated source), where every list of the
+  /// tail is in the gradients' order with one format (planTailTable).
+  bool tailAsTable = false;
+  bool planTailTable();
+  /// The table `tail` (instead of tailPointers).
+  std::string tailTable();
+  void emitTableNormTerms(llvm::raw_ostream &ts);
+  /// Every gradient scaled by `factor` (clip, unscale).
+  void emitTableScale(llvm::raw_ostream &ts, const char *factor);
+  void emitTableUpdates(llvm::raw_ostream &ts);
 
   // Tables.cpp.
   /// inputRows and paramRows; `microBatches` inputs lie one after another.

@@ -176,6 +176,8 @@ bool Generator::readStepTail() {
 }
 
 void Generator::emitNormTerms(llvm::raw_ostream &ts) {
+  if (tailAsTable)
+    return emitTableNormTerms(ts);
   for (size_t k = 0; k < tail.normSlots.size(); ++k) {
     const GradSlot &g = grads[tail.normSlots[k]];
     const bool split = tail.normSplit[k];
@@ -200,6 +202,8 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
 }
 
 void Generator::emitClip(llvm::raw_ostream &ts) {
+  if (tailAsTable)
+    return emitTableScale(ts, "clip");
   for (int64_t slot : tail.clipped) {
     const GradSlot &g = grads[slot];
     ts << "    " + callee(opts, "scaleInPlace") + "(" << tailNames[g.param].grad << ", "
@@ -214,6 +218,11 @@ void Generator::emitUnscale(llvm::raw_ostream &ts) {
         "it\n"
      << "  // out before the norm, the check for overflow and the update.\n"
      << "  if (ctx.lossScale != 1.0f) {\n    const float unscale = 1.0f / ctx.lossScale;\n";
+  if (tailAsTable) {
+    emitTableScale(ts, "unscale");
+    ts << "  }\n";
+    return;
+  }
   for (int64_t slot : tail.unscaled) {
     const GradSlot &g = grads[slot];
     ts << "    " + callee(opts, "scaleInPlace") + "(" << tailNames[g.param].grad << ", "
@@ -223,6 +232,8 @@ void Generator::emitUnscale(llvm::raw_ostream &ts) {
 }
 
 void Generator::emitUpdates(llvm::raw_ostream &ts) {
+  if (tailAsTable)
+    return emitTableUpdates(ts);
   const OptimizerConfig &o = opts.optimizer;
   const bool adam = o.kind == "adamw";
   const bool momentum = !adam && o.momentum != 0;
@@ -277,3 +288,162 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
 } // namespace codegen
 
 } // namespace carve
+
+namespace carve::codegen {
+
+// ---- The tail as loops over a table (the whole step) ----
+//
+// Where every list of the tail (norm terms, clipping, fp16's unscaling, the
+// updates, ZeRO-1/2's gathers) names the gradients in the order backward
+// finished them, and every row has the same gradient format and master rule,
+// the tail is a table with one row per parameter and one loop per list: the
+// same calls in the same order as one statement each, so a 48-layer model's
+// tail is 48 layers of rows, not of statements.
+
+bool Generator::planTailTable() {
+  const size_t n = grads.size();
+  if (n == 0)
+    return false;
+  auto inOrder = [&](const std::vector<int64_t> &slots) {
+    if (slots.size() != n)
+      return false;
+    for (size_t i = 0; i < n; ++i)
+      if (slots[i] != (int64_t)i)
+        return false;
+    return true;
+  };
+  if (!inOrder(tail.normSlots) || !inOrder(tail.clipped) || !inOrder(tail.updated) ||
+      (tail.unscale && !inOrder(tail.unscaled)))
+    return false;
+  if (!tail.gathered.empty()) {
+    if (tail.gathered.size() != n)
+      return false;
+    for (size_t i = 0; i < n; ++i)
+      if (tail.gathered[i] != grads[i].param)
+        return false;
+  }
+  for (const GradSlot &g : grads)
+    if (tailGrad16(g) != tailGrad16(grads[0]) ||
+        masterOf.count(g.param) != masterOf.count(grads[0].param) ||
+        commTypeOf(g.param) != commTypeOf(grads[0].param))
+      return false;
+  return true;
+}
+
+/// The row's pointer expressions.
+namespace {
+struct RowExprs {
+  std::string param, master, grad, state0, state1, off;
+};
+} // namespace
+
+std::string Generator::tailTable() {
+  const OptimizerConfig &o = opts.optimizer;
+  const bool adam = o.kind == "adamw";
+  const bool momentum = !adam && o.momentum != 0;
+  const int slots = adam ? 2 : momentum ? 1 : 0;
+  std::string s = "\n  // The optimizer's tensors, one row per parameter (TailRow above) in the "
+                  "order\n  // backward finished their gradients.\n";
+  s += "  static const TailRow tail[" + std::to_string(grads.size()) + "] = {\n";
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const GradSlot &g = grads[i];
+    const unsigned a = g.param;
+    auto m = masterOf.find(a);
+    const bool expert = opts.ep > 1 && fn.getArgAttr(a, kExpertAttr);
+    s += "      {" + std::to_string(buffers[bufferOf.lookup(fn.getArgument(a))].offset) + ", " +
+         std::to_string(m == masterOf.end() ? -1 : m->second) + ", " +
+         std::to_string(buffers[zero >= 2 ? shardOf[a] : g.buffer].offset) + ", {" +
+         std::to_string(slots > 0 ? stateOf[a][0] : -1) + ", " +
+         std::to_string(slots > 1 ? stateOf[a][1] : -1) + "}, " + std::to_string(numelOf[a]) +
+         ", " + std::to_string(zero ? chunkOf[a] : 0) + ", " +
+         std::to_string((tail.normSplit[i] ? 0 : 1) + (expert ? 2 : 0)) + "},  // " +
+         paramName(a) + "\n";
+  }
+  return s + "  };\n";
+}
+
+/// The expressions of row `r` (a `const TailRow &r` in the loop).
+static RowExprs rowExprs(bool master, bool grad16, bool fp16, int zero) {
+  RowExprs e;
+  e.param = master ? "(uint16_t *)(A + r.param)" : "(float *)(A + r.param)";
+  e.master = "(float *)(A + r.master)";
+  e.grad = grad16 ? std::string("Grad16{(uint16_t *)(A + r.grad), ") + (fp16 ? "true}" : "false}")
+                  : "(float *)(A + r.grad)";
+  e.state0 = "(float *)(A + r.state[0])";
+  e.state1 = "(float *)(A + r.state[1])";
+  e.off = zero ? "(int64_t)ctx.dpRank * r.chunk" : "";
+  return e;
+}
+
+void Generator::emitTableNormTerms(llvm::raw_ostream &ts) {
+  const GradSlot &g0 = grads[0];
+  RowExprs e = rowExprs(masterOf.count(g0.param), tailGrad16(g0), opts.precision == "fp16", zero);
+  const std::string count =
+      zero >= 2 ? "std::max<int64_t>(0, std::min<int64_t>(r.chunk, r.numel - " + e.off + "))"
+                : std::string("r.numel");
+  if (opts.cuda()) {
+    ts << "  for (const TailRow &r : tail)\n    " << callee(opts, "sumSquaresAdd") << "("
+       << e.grad << ", " << count << ", sqDevice + r.norm);\n";
+    return;
+  }
+  ts << "  double *const sumOf[] = {&sqSplit, &sqWhole"
+     << (opts.ep > 1 ? ", &sqExpertSplit, &sqExpertWhole" : "") << "};\n";
+  ts << "  for (const TailRow &r : tail)\n    *sumOf[r.norm] += " << callee(opts, "sumSquares")
+     << "(" << e.grad << ", " << count << ");\n";
+}
+
+void Generator::emitTableScale(llvm::raw_ostream &ts, const char *factor) {
+  const GradSlot &g0 = grads[0];
+  RowExprs e = rowExprs(masterOf.count(g0.param), tailGrad16(g0), opts.precision == "fp16", zero);
+  ts << "    for (const TailRow &r : tail)\n      " << callee(opts, "scaleInPlace") << "(" << e.grad
+     << ", " << (zero >= 2 ? "r.chunk" : "r.numel") << ", " << factor << ");\n";
+}
+
+void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
+  const OptimizerConfig &o = opts.optimizer;
+  const bool adam = o.kind == "adamw";
+  const bool momentum = !adam && o.momentum != 0;
+  const GradSlot &g0 = grads[0];
+  const bool master = masterOf.count(g0.param);
+  RowExprs e = rowExprs(master, tailGrad16(g0), opts.precision == "fp16", zero);
+  if (zero)
+    ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
+  std::string p = e.param, go = e.grad, n = "r.numel";
+  if (zero) {
+    n = "std::max<int64_t>(0, std::min<int64_t>(r.chunk, r.numel - " + e.off + "))";
+    p = zero == 3 ? e.param : e.param + " + " + e.off;
+    go = zero >= 2 ? e.grad : e.grad + " + " + e.off;
+  }
+  const std::string copy = p; // where a master's update is rounded to
+  if (master)
+    p = e.master;
+  ts << "  for (const TailRow &r : tail) {\n";
+  if (zero)
+    ts << "    const int64_t n = " << n << ";\n", n = "n";
+  if (adam)
+    ts << "    " << callee(opts, "adamwUpdate") << "(" << p << ", " << go << ", " << e.state0
+       << ", " << e.state1 << ", " << n
+       << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
+  else
+    ts << "    " << callee(opts, "sgdUpdate") << "(" << p << ", " << go << ", "
+       << (momentum ? e.state0 : std::string("nullptr")) << ", " << n << ", lr, "
+       << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
+       << "/*nesterov=*/" << (o.nesterov ? "true" : "false") << ", /*firstStep=*/ctx.step == 0);\n";
+  if (master)
+    ts << "    " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << e.master
+       << ", " << copy << ", " << n << ");  // the "
+       << (opts.precision == "fp16" ? "fp16" : "bf16")
+       << " copy, rounded to nearest even\n";
+  ts << "  }\n";
+  if (!tail.gathered.empty()) {
+    ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
+       << "chunks in place.\n  {\n    CommHandle handles[" << tail.gathered.size() << "];\n"
+       << "    for (size_t i = 0; i < " << tail.gathered.size() << "; ++i) {\n"
+       << "      const TailRow &r = tail[i];\n"
+       << "      handles[i] = ctx.dpComm->allGatherAsync(" << e.param << " + " << e.off << ", "
+       << e.param << ", r.chunk, " << commTypeOf(g0.param) << ");\n    }\n"
+       << "    for (CommHandle &x : handles) ctx.dpComm->wait(x);\n  }\n";
+  }
+}
+
+} // namespace carve::codegen

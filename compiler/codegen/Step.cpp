@@ -382,7 +382,8 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
 /// axis, replicated ones counted once), clipping, the optimizer.
 bool Generator::emitStepTail(Value loss, const std::vector<Bucket> &buckets,
                              const std::string &reduction, llvm::raw_ostream &ts) {
-  ts << tailPointers("");
+  tailAsTable = planTailTable();
+  ts << (tailAsTable ? tailTable() : tailPointers(""));
   if (opts.dp > 1 && zero < 2) {
     // CUDA: inside forwardBackward, so that a captured graph joins the
     // collectives' stream back into the compute stream.
@@ -441,16 +442,23 @@ std::string Generator::forwardValuesReadAfter(int backwardBegin) {
     for (Value v : records[i].op->getResults()) {
       auto b = bufferOf.find(v);
       auto readers = var.readers.find(v);
-      if (b == bufferOf.end() || readers == var.readers.end() || buffers[b->second].offset < 0 ||
-          buffers[b->second].region == Region::Constant)
+      if (b == bufferOf.end() || readers == var.readers.end())
+        continue;
+      // A constant's array is global; a view of one is declared again as one.
+      const bool constantView = buffers[b->second].region == Region::Constant;
+      if (constantView && aliasRoot(v) == v)
+        continue;
+      if (!constantView && buffers[b->second].offset < 0)
         continue;
       const bool readAfter = llvm::any_of(readers->second, [&](int r) {
         return r < 0 || (index[records[r].op] >= backwardBegin &&
                          !(r < (int)recordOutlined.size() && recordOutlined[r]));
       });
       if (readAfter)
-        s += "  " + ctypeOf(v) + " *" + var.map.lookup(v) + " = (" + ctypeOf(v) + " *)(A + " +
-             std::to_string(buffers[b->second].offset) + ");\n";
+        s += "  " + ctypeOf(v) + " *" + var.map.lookup(v) + " = (" + ctypeOf(v) + " *)" +
+             (constantView ? var.map.lookup(aliasRoot(v))
+                           : "(A + " + std::to_string(buffers[b->second].offset) + ")") +
+             ";\n";
     }
   return s;
 }
@@ -479,6 +487,13 @@ std::string Generator::emitProgram(const std::string &plan, const std::string &t
     os << "// ---- Constants ----\n\n" << constants << "\n";
   if (!fusedDefs.empty())
     os << "// ---- Fused elementwise chains (carve/rt/fused.h) ----\n\n" << fusedDefs;
+  if (tailAsTable)
+    os << "// One parameter of the optimizer's tail (the table `tail` in step): arena byte\n"
+          "// offsets of the parameter, its fp32 master (-1: none), its gradient (ZeRO-2/3: this\n"
+          "// rank's chunk) and its optimizer state (-1: none); its elements, its ZeRO chunk (0:\n"
+          "// none) and which sum of squares its norm term joins.\n"
+          "struct TailRow {\n  int64_t param, master, grad, state[2], numel, chunk;\n"
+          "  int norm;\n};\n\n";
   if (!opts.cuda())
     os << glueBegin();
   if (!layerDefs.empty())

@@ -53,6 +53,9 @@ import struct
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_source  # noqa: E402
+
 PLANS = {
     "dp2": {"dp": 2},
     "tp2": {"tp": 2},
@@ -150,7 +153,9 @@ def check_graph_split(text, where, pipelined):
     end = text.find("\n}\n", begin)
     if begin < 0 or end < 0 or text.count("gpu::graphStep(ctx, forwardBackward);") != 1:
         raise Failure("%s: no forwardBackward function run once through gpu::graphStep" % where)
-    body = text[begin:end]
+    # What the graph replays: forwardBackward and the functions it calls (forward, the
+    # layers' functions).
+    body = gen_source.reach(text, "forwardBackward")
     for bad in ["ctx.lossScale", "ctx.step", "ctx.hooks", "ctx.loss", "readScalar",
                 "gpu::sumSquares", "allReduce(&", "scheduledLr"]:
         if bad in body:
@@ -196,17 +201,19 @@ def check_custom_ops(carve, workdir):
             os.path.exists(os.path.join(out, "src", "custom", "swiglu.cpp")):
         raise Failure("%s/src/custom/ should hold swiglu.cu (the CUDA kernels) and not "
                       "swiglu.cpp" % out)
-    begin = text.find("void forwardBackward(StepContext &ctx) {")
-    body = text[begin:text.find("\n}\n", begin)]
+    # forwardBackward and what it calls (the forward, the layers' functions).
+    body = gen_source.reach(text, "forwardBackward")
     for fn, role in [("swiglu_forward_cuda", "forward"), ("swiglu_backward_cuda", "backward")]:
         calls = re.findall(r"::%s\((.*)\);\n\s*gpu::checkLaunch\(\"carve\.example::SwiGLU "
                            r"\(the user's %s kernel\)\"\);" % (fn, role), body)
-        # 2 layers; each call ends with the compute stream.
-        if len(calls) != 2 or any(not c.endswith("(CarveStream)gpu::computeStream()")
-                                  for c in calls):
-            raise Failure("%s/src/program0.cu: expected 2 calls of %s with the compute stream, "
-                          "each followed by a launch check naming the op, in forwardBackward; "
-                          "found %s" % (out, fn, calls))
+        # 2 layers a step (a layer's function prints the call once); each call ends with the
+        # compute stream and is followed by its launch check.
+        runs = gen_source.step_count(text, "::%s(" % fn, "forwardBackward")
+        if runs != 2 or not calls or text.count("::%s(" % fn) != len(calls) or \
+                any(not c.endswith("(CarveStream)gpu::computeStream()") for c in calls):
+            raise Failure("%s/src/program0.cu: expected 2 calls of %s a step with the compute "
+                          "stream, each followed by a launch check naming the op, in "
+                          "forwardBackward; found %s, run %d times" % (out, fn, calls, runs))
         if ('extern "C" void %s(' % fn) not in text:
             raise Failure("%s/src/program0.cu does not declare %s" % (out, fn))
     if "swiglu_forward(" in text.replace("swiglu_forward_cuda(", ""):

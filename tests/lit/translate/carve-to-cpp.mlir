@@ -42,8 +42,19 @@
 // R1: matmul(h_0_Gelu, {8, 16}, /*transA=*/true, {{.+}}, {8, 4}, /*transB=*/false, {{.+}}, {16, 4});
 // R1: unary_grad(Unary::Gelu,
 // R1: reduce(Reduce::Sum,
-// R1: adamwUpdate(param_h_1_w, grad_h_1_w, exp_avg_h_1_w, exp_avg_sq_h_1_w, 64, lr,
-// R1: adamwUpdate(param_h_0_w, grad_h_0_w, exp_avg_h_0_w, exp_avg_sq_h_0_w, 256, lr,
+// The tail: one row per parameter, in the order backward finished the
+// gradients (offsets of the parameter, master, gradient, state; elements,
+// ZeRO chunk, norm sum), and one loop per list of the tail over them.
+// R1: static const TailRow tail[3] = {
+// R1-NEXT: {[[W1:[0-9]+]], -1, {{[0-9]+}}, {{{[0-9]+}}, {{[0-9]+}}}, 64, 0, 1},  // h.1.w
+// R1-NEXT: {{{[0-9]+}}, -1, {{[0-9]+}}, {{{[0-9]+}}, {{[0-9]+}}}, 16, 0, 1},  // h.0.b
+// R1-NEXT: {0, -1, {{[0-9]+}}, {{{[0-9]+}}, {{[0-9]+}}}, 256, 0, 1},  // h.0.w
+// R1: for (const TailRow &r : tail)
+// R1-NEXT: *sumOf[r.norm] += sumSquares((float *)(A + r.grad), r.numel);
+// R1: for (const TailRow &r : tail)
+// R1-NEXT: scaleInPlace((float *)(A + r.grad), r.numel, clip);
+// R1: for (const TailRow &r : tail) {
+// R1-NEXT: adamwUpdate((float *)(A + r.param), (float *)(A + r.grad), (float *)(A + r.state[0]), (float *)(A + r.state[1]), r.numel, lr,
 // R1-LABEL: void evaluate(StepContext &ctx) {
 // R1-NEXT: char *const A = ctx.arena;
 // R1-NEXT: forward(ctx);
@@ -63,10 +74,12 @@
 // Z2: bucket0[0] = ctx.dpComm->reduceScatterAsync({{.+}}, counts, CommType::F32, ReduceOp::Sum);  // h.1.w
 // Z2: bucket0[2] = ctx.dpComm->reduceScatterAsync({{.+}}, counts, CommType::F32, ReduceOp::Sum);  // h.0.w
 // Z2: for (CommHandle &h : bucket0) ctx.dpComm->wait(h);
+// Z2: {0, -1, {{[0-9]+}}, {{{[0-9]+}}, {{[0-9]+}}}, 256, 128, 1},  // h.0.w
 // Z2: ctx.dpComm->allReduce(&loss, 1, CommType::F32, ReduceOp::Sum);  // reason: report the global loss
 // Z2: ctx.dpComm->allReduce(&sqWhole, 1, CommType::F64, ReduceOp::Sum);
-// Z2: adamwUpdate(param_h_0_w + (int64_t)ctx.dpRank * 128,
-// Z2: h[2] = ctx.dpComm->allGatherAsync(param_h_0_w + (int64_t)ctx.dpRank * 128, param_h_0_w, 128, CommType::F32);  // h.0.w
+// Z2: const int64_t n = std::max<int64_t>(0, std::min<int64_t>(r.chunk, r.numel - (int64_t)ctx.dpRank * r.chunk));
+// Z2-NEXT: adamwUpdate((float *)(A + r.param) + (int64_t)ctx.dpRank * r.chunk, (float *)(A + r.grad),
+// Z2: handles[i] = ctx.dpComm->allGatherAsync((float *)(A + r.param) + (int64_t)ctx.dpRank * r.chunk, (float *)(A + r.param), r.chunk, CommType::F32);
 // Z2: /*worldSize=*/2, /*dp=*/2,
 // Z2: /*tp=*/1, /*zeroStage=*/2,
 

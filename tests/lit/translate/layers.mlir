@@ -67,7 +67,10 @@
 // R1: layer_h_backward(ctx, layer_h_backward_at[0]);  // h.2
 // R1-NEXT: layer_h_backward(ctx, layer_h_backward_at[1]);  // h.1
 // R1: [backward of /h.0/Gelu]
-// R1: adamwUpdate(param_h_1_w, grad_h_1_w,
+// R1: static const TailRow tail[9] = {
+// R1: // h.1.w
+// R1: for (const TailRow &r : tail) {
+// R1-NEXT: adamwUpdate(
 // R1-LABEL: void evaluate(StepContext &ctx) {
 // R1-NEXT: char *const A = ctx.arena;
 // R1-NEXT: forward(ctx);
