@@ -147,6 +147,9 @@ struct TensorRow {
   int64_t masterOffset = -1;     // a 16-bit copy's fp32 master (the row's dtype is the master's)
   std::string copyDtype = "F32"; // the copy's dtype ("BF16", "F16") where there is a master
   std::string gradDtype = "F32"; // the gradient's (or its ZeRO-2/3 chunk's) dtype
+  int64_t classes = 0;           // a cross-entropy's targets: its classes (0: not one)
+  bool hasIgnore = false;
+  int64_t ignoreIndex = 0;
 };
 
 /// The rows of the (whole, not tp-split) table a gather of `fn` indexes with
@@ -558,6 +561,8 @@ private:
   // Tables.cpp.
   /// inputRows and paramRows; `microBatches` inputs lie one after another.
   void buildTables(int64_t microBatches);
+  /// The classes of input `a` where a cross-entropy reads it as its targets.
+  void targetClasses(mlir::BlockArgument a, TensorRow &row);
 
   // Step.cpp: the pieces of run, in the order it calls them (documented there).
   bool collectStepGradients(mlir::func::ReturnOp ret, std::set<int> &pinned);

@@ -27,10 +27,13 @@ void emitTensorRows(llvm::raw_ostream &os, const char *name, const std::vector<T
        << r.state[1] << "}, " << dims(r.global) << ", " << r.tpDim << ", " << r.tpGroups << ", "
        << r.zeroChunk << ", " << (r.paramZero ? "true" : "false") << ", "
        << (r.stateZero ? "true" : "false");
-    if (r.masterOffset >= 0 || r.gradDtype != "F32")
+    if (r.masterOffset >= 0 || r.gradDtype != "F32" || r.classes > 0)
       os << ", " << r.masterOffset << ", DType::" << r.copyDtype;
-    if (r.gradDtype != "F32")
+    if (r.gradDtype != "F32" || r.classes > 0)
       os << ", DType::" << r.gradDtype;
+    if (r.classes > 0)
+      os << ", " << r.classes << ", " << (r.hasIgnore ? "true" : "false") << ", "
+         << r.ignoreIndex;
     os << "},\n";
   }
   if (rs.empty())
@@ -75,7 +78,8 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
         "// tp (-1: none), its groups, ZeRO chunk (elements per dp rank; 0: none), the arena\n"
         "// holds only this rank's chunk of the parameter (ZeRO-3), of the optimizer state;\n"
         "// under bf16/fp16 a trainable parameter's row ends with its fp32 master's offset and\n"
-        "// the dtype of the 16-bit copy at the arena offset.\n";
+        "// the dtype of the 16-bit copy at the arena offset; a classifier's targets end with\n"
+        "// the number of classes, whether an ignore index applies, and which.\n";
   emitTensorRows(os, "kInputs", inputs);
   emitTensorRows(os, "kParams", params);
   int64_t seq = 0;
@@ -131,6 +135,34 @@ void emitProgramTables(llvm::raw_ostream &os, const EmitOptions &opts, const Gen
 
 /// The runtime's tables of inputs and parameters (tp pieces, ZeRO chunks,
 /// offsets). `microBatches` inputs lie one after another in the arena.
+/// An integer input that a cross-entropy reads as its targets (itself or a
+/// view of it): the classes it may name, the smallest over its readers, and
+/// the ignore index where every reader has the same one.
+void Generator::targetClasses(BlockArgument a, TensorRow &row) {
+  if (!typeOf(a).getElementType().isInteger(64) && !typeOf(a).getElementType().isInteger(32))
+    return;
+  bool first = true;
+  fn.walk([&](CrossEntropyOp ce) {
+    if (aliasRoot(ce.getOperand(1)) != a)
+      return;
+    auto logits = typeOf(ce.getOperand(0));
+    int64_t classes = logits.getDimSize(logits.getRank() - 1);
+    if (ce->hasAttr(kShardedRowsAttr))
+      classes *= opts.tp; // vocab-parallel: this rank holds 1/tp of the classes
+    auto ig = ce->getAttrOfType<IntegerAttr>("ignore_index");
+    if (first) {
+      row.classes = classes;
+      row.hasIgnore = (bool)ig;
+      row.ignoreIndex = ig ? ig.getInt() : 0;
+      first = false;
+      return;
+    }
+    row.classes = std::min(row.classes, classes);
+    if (!ig || !row.hasIgnore || ig.getInt() != row.ignoreIndex)
+      row.hasIgnore = false, row.ignoreIndex = 0;
+  });
+}
+
 void Generator::buildTables(int64_t microBatches) {
   for (BlockArgument a : fn.getArguments()) {
     unsigned i = a.getArgNumber();
@@ -163,6 +195,8 @@ void Generator::buildTables(int64_t microBatches) {
       row.numel *= microBatches;
     }
     row.offset = b.offset;
+    if (b.region == Region::Input)
+      targetClasses(a, row);
     for (GradSlot &g : grads)
       if (g.param == i) {
         row.trainable = true;

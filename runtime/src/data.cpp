@@ -548,6 +548,13 @@ public:
           error = "data file " + error;
           return false;
         }
+      // Targets the start-up scan did not see (more than 1 GiB of them).
+      if (!scanned)
+        for (size_t i = 0; i < slots.size(); ++i)
+          if (inputs[i]->classes > 0 &&
+              !checkTargets(*inputs[i], arena + slots[i].arenaOffset + r * slots[i].rowBytes,
+                            slots[i].rowBytes, src.reader->path(), k, error))
+            return false;
     }
     return true;
   }
@@ -579,6 +586,54 @@ private:
     int64_t arenaOffset;
     int64_t rowBytes; // one sample of the input
   };
+  /// Checks `bytes` of input `in` (a classifier's targets), sample or batch
+  /// `item` of `file`, against its classes.
+  bool checkTargets(const TensorSpec &in, const char *data, int64_t bytes, const std::string &file,
+                    int64_t item, std::string &error) const {
+    const int64_t n = bytes / dtypeSize(in.dtype);
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t t = in.dtype == DType::I64 ? reinterpret_cast<const int64_t *>(data)[e]
+                                               : reinterpret_cast<const int32_t *>(data)[e];
+      if ((t >= 0 && t < in.classes) || (in.hasIgnore && t == in.ignoreIndex))
+        continue;
+      error = "data file " + file + ": tensor '" + in.name + "' " +
+              (batchMajor ? "batch " : "sample ") + std::to_string(item) +
+              (n > 1 ? ", element " + std::to_string(e) : std::string()) + ": target " +
+              std::to_string(t) + " is outside the model's " + std::to_string(in.classes) +
+              " classes (0 to " + std::to_string(in.classes - 1) +
+              (in.hasIgnore ? ", or the ignore index " + std::to_string(in.ignoreIndex) : "") +
+              ")";
+      return false;
+    }
+    return true;
+  }
+  /// Every target of every file against its classes (the start-up scan).
+  bool scanTargets(std::string &error) const {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (inputs[i]->classes <= 0)
+        continue;
+      for (const Source &src : sources) {
+        const int64_t row = slots[i].rowBytes * (batchMajor ? globalBatch : 1);
+        const int64_t perRead = std::max<int64_t>(1, (int64_t(1) << 24) / std::max<int64_t>(1, row));
+        std::vector<char> buf;
+        for (int64_t k = 0; k < src.items; k += perRead) {
+          const int64_t count = std::min(perRead, src.items - k);
+          buf.resize(static_cast<size_t>(count * row));
+          if (!src.reader->read(*src.tensors[i], k * row, count * row, buf.data(), error)) {
+            error = "data file " + error;
+            return false;
+          }
+          for (int64_t j = 0; j < count; ++j)
+            if (!checkTargets(*inputs[i], buf.data() + j * row, row, src.reader->path(), k + j,
+                              error))
+              return false;
+        }
+      }
+    }
+    return true;
+  }
+  std::vector<const TensorSpec *> inputs; // per slot
+  bool scanned = false;                   // every target checked at start-up
   struct Source {
     std::unique_ptr<SafetensorsReader> reader;
     std::vector<const SafetensorsTensor *> tensors; // per input
@@ -618,6 +673,12 @@ bool TensorLoader::open(const Program &p, int dpRank, const DataOptions &o, std:
   for (int i = 0; i < p.numInputs; ++i) {
     const TensorSpec &in = p.inputs[i];
     slots.push_back({in.offset, in.numel / in.dims[0] * dtypeSize(in.dtype)});
+    inputs.push_back(&in);
+    if (in.classes > 0 && in.dtype != DType::I64 && in.dtype != DType::I32) {
+      error = std::string("program '") + p.name + "': input '" + in.name +
+              "' has classes but is not an integer tensor";
+      return false;
+    }
   }
   int64_t items = 0;
   for (const std::string &file : paths) {
@@ -689,6 +750,20 @@ bool TensorLoader::open(const Program &p, int dpRank, const DataOptions &o, std:
             "; write one record per sample, [N, ...] (docs/data.md), to " +
             (o.shuffle ? "shuffle" : "read several files");
     return false;
+  }
+  // A classifier's targets, checked now unless they hold more than 1 GiB
+  // (then each batch as it is read).
+  int64_t targetBytes = 0;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (inputs[i]->classes > 0)
+      for (const Source &src : sources)
+        targetBytes += src.tensors[i]->end - src.tensors[i]->begin;
+  if (targetBytes > 0 && (o.checkWhole || targetBytes <= (int64_t(1) << 30))) {
+    if (!scanTargets(error))
+      return false;
+    scanned = true;
+  } else if (targetBytes == 0) {
+    scanned = true;
   }
   if (batchMajor)
     return true;

@@ -317,6 +317,51 @@ TEST_F(DataTest, TensorErrorsNameTheTensor) {
               "data file /tmp/carve-no-such-file: cannot open");
 }
 
+TEST_F(DataTest, TargetsOutsideTheClassesAreRefusedAtStartUp) {
+  float v[32] = {};
+  int64_t y[8] = {0, 3, 1, 2, -100, 2, 1, 0};
+  std::string path = "/tmp/carve-data-" + std::to_string(::getpid()) + "-t.safetensors";
+  created.push_back(path);
+  TensorSpec target = spec("y", DType::I64, {4}, 64);
+  target.classes = 4;
+  target.hasIgnore = true;
+  target.ignoreIndex = -100;
+  TestProgram tp(DataKind::Tensors, 4, 1, 0, {spec("x", DType::F32, {4, 2}, 0), target});
+  auto write = [&](std::vector<int64_t> dims) {
+    std::string error;
+    ASSERT_TRUE(writeSafetensors(path, {{"x", "F32", {8, 2}, v}, {"y", "I64", dims, y}}, {}, error))
+        << error;
+  };
+  // In range, or the ignore index: opens.
+  write({8});
+  std::string error;
+  EXPECT_NE(openDataLoader(tp.p, 0, path, TokenFileType::Int32, error), nullptr) << error;
+  // Sample 5 names class 4 of 4; one line names the file, the tensor and the sample.
+  y[5] = 4;
+  write({8});
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "data file " + path +
+                  ": tensor 'y' sample 5: target 4 is outside the model's 4 classes (0 to 3, or "
+                  "the ignore index -100)");
+  // Without an ignore index, -100 is outside too.
+  y[5] = 2;
+  tp.inputs[1].hasIgnore = false;
+  write({8});
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "tensor 'y' sample 4: target -100 is outside the model's 4 classes (0 to 3)");
+  // Batch-major [S, B]: the batch and the element.
+  tp.inputs[1].hasIgnore = true;
+  y[6] = -1;
+  {
+    std::string e;
+    ASSERT_TRUE(writeSafetensors(path, {{"x", "F32", {2, 4, 2}, v}, {"y", "I64", {2, 4}, y}}, {},
+                                 e))
+        << e;
+  }
+  expectError(tp.p, 0, path, TokenFileType::Int32,
+              "tensor 'y' batch 1, element 2: target -1 is outside the model's 4 classes");
+}
+
 TEST(ShuffleTest, EveryEpochIsAPermutation) {
   for (uint64_t n : {1ull, 2ull, 3ull, 5ull, 16ull, 17ull, 100ull, 1000ull, 4097ull}) {
     std::vector<uint64_t> e0(n), e1(n);

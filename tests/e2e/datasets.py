@@ -15,10 +15,11 @@ What must hold:
 3. Evaluation changes nothing: the training losses of a run with it are
    bitwise those of the same run without it.
 4. The evaluation loss is PyTorch's mean loss of the same weights (the
-   run's final checkpoint, merged and loaded strictly) on the same windows,
-   within TORCH_RTOL; perplexity is its exp; the accuracy is the share of
-   targets PyTorch's argmax of the logits gives, exactly, under every plan
-   (tp2 computes it from vocab-parallel logits no rank holds whole).
+   run's final checkpoint, merged, read by docs/data.md's numpy-only
+   read_safetensors and loaded strictly) on the same windows, within
+   TORCH_RTOL; perplexity is its exp; the accuracy is the share of targets
+   PyTorch's argmax of the logits gives, exactly, under every plan (tp2
+   computes it from vocab-parallel logits no rank holds whole).
 5. A run resumed mid-epoch from a checkpoint equals the unbroken run
    bitwise under every plan above, and the log's "epoch" field counts epochs.
 6. A sample-major tensor data set written by docs/data.md's own numpy
@@ -88,6 +89,7 @@ def doc_code(marker):
 
 shuffle_index = doc_code("shuffle_index")
 write_samples = doc_code("write_samples")
+read_safetensors = doc_code("read_safetensors")
 
 
 def windows(files, seq, eot=None):
@@ -144,8 +146,8 @@ def torch_eval(carve, onnx, name, ck, batches, w, head):
     merged = os.path.join(w, name + "-merged.safetensors")
     run([carve, "ckpt", "merge", ck, "-o", merged, "--model", onnx])
     module, _ = torch_ref.build_model(onnx, name)
-    module.load_state_dict({k: torch.from_numpy(v) for k, v in st.load(merged).items()},
-                           strict=True)
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in
+                            read_safetensors(merged).items()}, strict=True)
     losses, right, counted = [], 0, 0
     seen = []
     getattr(module, head).register_forward_hook(lambda m, i, o: seen.append(o))
@@ -339,6 +341,11 @@ def check_bad(carve, w, mlp):
     batch_major = os.path.join(w, "mlp-batches.safetensors")
     st.save(batch_major, {"x": np.zeros((2, 4, 32), np.float32),
                           "targets": np.zeros((2, 4), np.int64)})
+    # A newcomer's labels with one class too many: sample 5 names class 10 of the MLP's 10.
+    labels = np.arange(12) % 10
+    labels[5] = 10
+    bad_labels = os.path.join(w, "mlp-bad-labels.safetensors")
+    st.save(bad_labels, {"x": np.zeros((12, 32), np.float32), "targets": labels})
     cases = [
         (gpt, ["--data", os.path.join(w, "nothing-*.bin")],
          "--data: no file matches '%s'" % os.path.join(w, "nothing-*.bin")),
@@ -360,6 +367,11 @@ def check_bad(carve, w, mlp):
          "(numpy's tofile() writes int64 unless the array is converted); pass --data-dtype "
          "int64" % wide),
         (gpt, ["--data", wide, "--check-data"], "pass --data-dtype int64"),
+        (mlp, ["--data", bad_labels],
+         "data file %s: tensor 'targets' sample 5: target 10 is outside the model's 10 classes "
+         "(0 to 9, or the ignore index -100)" % bad_labels),
+        (mlp, ["--data", os.path.join(w, "mlp-train.safetensors"), "--eval-data", bad_labels],
+         "data file %s: tensor 'targets' sample 5: target 10" % bad_labels),
         (gpt, ["--data", batch_major],
          "token file %s: this is a safetensors file (tensor data), but the model reads flat "
          "token files" % batch_major),
@@ -377,6 +389,15 @@ def check_bad(carve, w, mlp):
                           "log %s:\n%s%s" % (args, message, p.returncode, os.path.exists(log),
                                              p.stdout, p.stderr))
         print("ok: bad input %s: %s" % (" ".join(args[2:] or args), errors[0].strip()))
+    # Under dp = 2 too: one line, from the start-up check, not a kernel's abort mid-run.
+    p = run([carve, "run", os.path.join(w, "mlp-dp2"), "-n", "2", "--", "--steps", "2",
+             "--data", bad_labels], ok=False)
+    errors = [l for l in p.stderr.splitlines() if "error" in l]
+    if p.returncode != 1 or len(errors) != 1 or "sample 5: target 10 is outside" not in errors[0] \
+            or "MPI" in p.stderr or "abort" in p.stderr.lower():
+        raise Failure("dp2, a label outside the classes: expected exit 1 and one error line; got "
+                      "exit %d:\n%s" % (p.returncode, p.stderr))
+    print("ok: bad labels under dp=2: %s" % errors[0].strip())
     # The same ids as int64, read as such: the int32 file's losses, bit for bit.
     runs = []
     for args in (["--data", good], ["--data", wide, "--data-dtype", "int64"]):

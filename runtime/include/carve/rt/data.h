@@ -109,9 +109,11 @@ public:
 /// program.dp): the files exist and have the layout above, every input is
 /// there with the right dtype and shape, the set holds at least one global
 /// batch. On failure returns null with `error` naming the file (and tensor)
-/// and the cause. Token ids are checked against Program::vocab: all of them
-/// now when the files hold at most 1 GiB, or with `checkWhole`, or when
-/// document boundaries are read anyway; else each batch as it is read.
+/// and the cause. Token ids are checked against Program::vocab, and the
+/// tensors of a classifier's targets against their TensorSpec::classes: all of
+/// them now when the files hold at most 1 GiB (a classifier's: its targets),
+/// or with `checkWhole`, or when document boundaries are read anyway; else
+/// each batch as it is read.
 std::unique_ptr<DataLoader> openDataLoader(const Program &program, int dpRank,
                                            const DataOptions &options, std::string &error);
 

@@ -84,6 +84,12 @@ struct TensorSpec {
   // The gradient at gradOffset (docs/training.md#16-bit-gradients): F32, or
   // BF16/F16 where a bf16/fp16 plan keeps it in 16 bits.
   DType gradType = DType::F32;
+  // An integer input that is a cross-entropy's targets: the classes a target
+  // may name, [0, classes), and ignoreIndex where hasIgnore; 0: not a target.
+  // The data loader checks the data against it (docs/data.md).
+  int64_t classes = 0;
+  bool hasIgnore = false;
+  int64_t ignoreIndex = 0;
 };
 
 enum class DataKind : int {
