@@ -12,6 +12,7 @@
 #include "compiler/codegen/Generator.h"
 
 #include <algorithm>
+#include <cstdint>
 
 using namespace mlir;
 
@@ -136,9 +137,14 @@ bool Generator::checkMessageTags(int end) {
     if (auto r = dyn_cast<dist::RecvOp>(op))
       maxTag = std::max(maxTag, (int)r.getTag());
   }
-  if ((int64_t)(maxTag + 1) * m > 32767)
+  // The CPU runtime's transports (MPI, TCP) take tags 0 to 32767, the
+  // guaranteed MPI_TAG_UB; NCCL has no tags (docs/nccl.md), only an int.
+  const int64_t limit = opts.cuda() ? INT32_MAX : 32767;
+  if ((int64_t)(maxTag + 1) * m > limit)
     return fail("pipeline: " + std::to_string(maxTag + 1) + " transfers x " + std::to_string(m) +
-                " micro-batches exceed the 32767 message tags of the runtime");
+                " micro-batches exceed the " + std::to_string(limit) + " message tags of the " +
+                (opts.cuda() ? "CUDA" : "CPU (MPI and TCP)") +
+                " runtime; use fewer micro-batches or fewer pipeline stages");
   return true;
 }
 

@@ -180,10 +180,6 @@ bool checkCombination(const Plan &plan, const std::string &what, std::string &er
             "hold the same experts); use \"zero\": 0 with ep";
     return false;
   }
-  if (plan.zero > 0 && plan.dp == 1) {
-    error = what + ": \"zero\" shards over the data-parallel ranks and needs \"dp\" > 1";
-    return false;
-  }
   if (plan.schedule == "interleaved" && plan.pp == 1) {
     error = what + ": the interleaved schedule spreads virtual stages over pipeline ranks and "
                    "needs \"pp\" > 1";
@@ -375,6 +371,10 @@ bool parsePlan(const std::string &text, const std::string &what, Plan &plan, std
       return false;
   if (!checkCombination(plan, what, error))
     return false;
+  // ZeRO over one replica shards nothing: the degenerate case (ZeRO's own
+  // Table 1 lists N_d = 1), compiled as the plan without ZeRO.
+  if (plan.zero > 0 && plan.dp == 1)
+    plan.zero = 0;
   plan.json = j.dump();
   return true;
 }

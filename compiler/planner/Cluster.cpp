@@ -68,6 +68,7 @@ const char *const kCpuKey = "cpu";
 Cluster gpuCluster(const GpuPreset &p) {
   Cluster c;
   c.device.name = p.deviceName;
+  c.device.target = "cuda";
   c.device.peakFlops["fp32"] = p.fp32;
   if (p.tf32 > 0)
     c.device.peakFlops["tf32"] = p.tf32;
@@ -439,11 +440,18 @@ public:
     if (it == root.end())
       return required ? fail("missing \"device\"") : true;
     const json &d = *it;
-    if (!checkKeys(d, "device", {"name", "peak_flops", "memory_bytes", "memory_bandwidth"}) ||
+    if (!checkKeys(d, "device",
+                   {"name", "peak_flops", "memory_bytes", "memory_bandwidth", "target"}) ||
         !string(d, "device", "name", out.name) ||
         !number(d, "device", "memory_bytes", required, out.memoryBytes, "bytes") ||
         !number(d, "device", "memory_bandwidth", required, out.memoryBandwidth, "bytes/s"))
       return false;
+    if (d.contains("target")) {
+      if (!string(d, "device", "target", out.target))
+        return false;
+      if (out.target != "cpu" && out.target != "cuda")
+        return fail("\"device.target\" is '" + out.target + "'; it must be \"cpu\" or \"cuda\"");
+    }
     auto peaks = d.find("peak_flops");
     if (peaks == d.end())
       return required ? fail("missing \"device.peak_flops\"") : true;

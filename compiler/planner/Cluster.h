@@ -24,6 +24,9 @@ struct DeviceSpec {
   std::map<std::string, double> peakFlops;
   double memoryBytes = 0;     // usable device memory, bytes
   double memoryBandwidth = 0; // bytes/s
+  /// What carve compiles for it: "cuda" (the GPU presets) or "cpu"; a
+  /// cluster file's "device.target", else its preset's, else "cpu".
+  std::string target = "cpu";
 };
 
 struct LinkSpec {

@@ -284,7 +284,9 @@ private:
     for (int zero = 0; zero <= 3; ++zero) {
       if (!sp.allows("zero", (double)zero))
         continue;
-      if (zero > 0 && c.dp == 1)
+      // One replica: ZeRO shards nothing, so its stages are ZeRO-0's plan;
+      // tried only where the constraints leave no other (--fixed zero=2).
+      if (zero > 0 && c.dp == 1 && sp.allows("zero", 0.0))
         continue;
       for (const std::string &rc : recomputes) {
         if (!sp.allowsText("recompute", rc))

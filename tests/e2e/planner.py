@@ -157,6 +157,26 @@ def main():
     checks += 1
     print("ok: --fixed, bounds, pins, no_split, memory_headroom")
 
+    # ZeRO over one replica (ZeRO's own Table 1 lists N_d = 1): the degenerate, valid case,
+    # planned as asked and compiled as the plan without ZeRO.
+    rc, out, err = run([carve, "plan", GPT, "--cluster", "a100-80gb:1x8", "--global-batch",
+                        "16", "--fixed", "dp=1,zero=2,tp=8", "--json"])
+    if rc != 0 or json.loads(out)["plan"].get("zero") != 2 or \
+            json.loads(out)["plan"].get("dp", 1) != 1:
+        raise Failure("--fixed dp=1,zero=2,tp=8: exit %d\n%s%s" % (rc, out[:400], err))
+    # The published 1T plan of Megatron-LM (SC21, Table 1): tp=8, pp=64, 512 micro-batches,
+    # 254 transfers each: beyond the CPU transports' 32767 tags, valid on GPUs (NCCL has none),
+    # and compiled for the cluster's target by the as-compiled check.
+    rc, out, err = run([carve, "plan",
+                        "builtin:gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200",
+                        "--cluster", "a100-80gb:384x8", "--global-batch", "3072", "--fixed",
+                        "tp=8,pp=64,micro_batch_size=1,precision=fp16"])
+    if rc != 0 or "As compiled (carve compile's memory plan" not in out:
+        raise Failure("the published 1T plan: exit %d\n%s%s" % (rc, out[-800:], err))
+    checks += 2
+    print("ok: ZeRO-2 with dp=1 plans; the published 1T plan (tp=8, pp=64, m=512) plans and "
+          "compiles for its GPUs")
+
     # 3. Infeasible and bad input.
     _, err = expect_fail(carve, ["plan", ONE_T, "--cluster", "a100-80gb:1x8", "--global-batch",
                                  "64"], "no plan fits", "short by", "would fit on")
