@@ -344,6 +344,9 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
     const Gathered &gg = pair[backward ? 1 : 0];
     if (gg.buffer < 0) // not read in this pass (a bias's backward reads only its gradient)
       continue;
+    const bool prefetchHere = gg.issue == index[op] && gg.issue < gg.first;
+    if (!prefetchHere && gg.first != index[op])
+      continue; // nothing of this parameter happens at this op
     const std::string pass = backward ? "backward" : "forward";
     const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
                              std::to_string(gg.last) + "); the buffer is free after the last";

@@ -75,6 +75,7 @@ CASES = REFERENCE_CASES + TORCH_CASES + ["hf_decoder"]
 WORKER_TIMEOUT_S = 600
 COMPILE_TIMEOUT_S = 600
 TRAIN_TIMEOUT_S = 300
+RELINK_TRIES = 6
 
 # carve's element types (docs/onnx-ops.md, "Element types"), by ONNX TensorProto number.
 CARVE_DTYPES = {1: "f32", 11: "f64", 10: "f16", 16: "bf16", 7: "i64", 6: "i32", 3: "i8",
@@ -545,8 +546,16 @@ class Cell:
 
 def run_cmd(cmd, timeout):
     """(exit code or None on timeout, stdout + stderr)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         start_new_session=True)
+    for attempt in range(RELINK_TRIES):
+        try:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            break
+        except OSError as e:
+            # A build beside this run relinks carve: missing or not executable a moment.
+            if attempt == RELINK_TRIES - 1:
+                return 127, "cannot start %s: %s" % (cmd[0], e)
+            time.sleep(30)
     try:
         out, _ = p.communicate(timeout=timeout)
         return p.returncode, out.decode(errors="replace")
@@ -661,7 +670,9 @@ def survey(cell, args, workdir):
                 cell.train = "the checkpoint lacks %s" % name
                 print("FAIL: %s: %s" % (label, cell.train))
                 return
-            g = float(np.max(np.abs(saved[name] - t)) / max(float(np.max(np.abs(t))), 1e-30))
+            # The floor: a tensor whose entries stay below it, such as a key
+            # bias (its gradient is zero in exact arithmetic), holds rounding noise.
+            g = float(np.max(np.abs(saved[name] - t)) / max(float(np.max(np.abs(t))), 1e-3))
             if g > gap:
                 gap, where = g, name
         if gap > WEIGHT_RTOL:
