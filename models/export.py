@@ -55,6 +55,19 @@ def _restore_initializers(proto, buffers):
             proto.graph.initializer[i].CopyFrom(numpy_helper.from_array(want, init.name))
 
 
+def _torchscript_exporter():
+    """torch 2.x's export defaults to the dynamo-based exporter, whose default optimizer
+    folds and merges weights by their initial values and which writes a training-mode
+    batch norm in inference mode (docs/onnx-ops.md, "Exports from a current PyTorch"):
+    ask for the TorchScript-based one where the argument exists (torch 1.13 has only it)."""
+    import inspect
+    try:
+        return {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters \
+            else {}
+    except (TypeError, ValueError):
+        return {}
+
+
 def export_for_carve(
     model,
     example_inputs,
@@ -109,6 +122,7 @@ def export_for_carve(
                 model,
                 example_inputs,
                 tmp_path,
+                **_torchscript_exporter(),
                 export_params=True,
                 # Folding would rewrite e.g. a tied, transposed weight into a new
                 # initializer called "onnx::MatMul_123"; carve needs every

@@ -93,6 +93,15 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
   const std::string &op = n.op_type();
   if (foldWithoutData(n))
     return true;
+  // CastLike of a constant (the dynamo exporter's scalars cast to the type
+  // of the tensor they meet): its second input gives only the type.
+  if (op == "CastLike" && n.input_size() == 2 && cst(0)) {
+    const int to = (int)kindOf(1);
+    if (!isSupportedKind(to))
+      fail("cast to " + elemKindName(to) + " is not supported");
+    defineConst(0, hostCast(*cst(0), (ElemKind)to));
+    return true;
+  }
 
   SmallVector<const HostTensor *> in;
   for (int k = 0; k < n.input_size(); ++k) {

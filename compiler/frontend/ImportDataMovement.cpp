@@ -385,6 +385,75 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
     }
     return;
   }
+  if (op == "SplitToSequence") {
+    // torch.split under the dynamo exporter: the pieces as a sequence, which
+    // SequenceAt reads at constant positions; a Split, in effect.
+    Value x = val(0);
+    int64_t rank = shp(x).size(), axis = normAxis(attrInt("axis", 0), rank);
+    int64_t dim = shp(x)[axis];
+    std::vector<int64_t> sizes;
+    bool squeeze = false;
+    if (hasInput(1)) {
+      const HostTensor &split = needConst(1, "split");
+      std::vector<int64_t> given = split.toInts();
+      if (split.shape.empty()) { // one size: chunks of it, the last the rest
+        if (given.empty() || given[0] < 1)
+          fail("split size must be positive");
+        for (int64_t at = 0; at < dim; at += given[0])
+          sizes.push_back(std::min(given[0], dim - at));
+      } else {
+        sizes = given;
+      }
+    } else {
+      sizes.assign(dim, 1);
+      squeeze = attrInt("keepdims", 1) == 0;
+    }
+    int64_t total = 0;
+    for (int64_t sz : sizes) {
+      if (sz < 0)
+        fail("split sizes " + formatShape(sizes) + " have a negative size");
+      total += sz;
+    }
+    if (total != dim)
+      fail("split sizes " + formatShape(sizes) + " do not add up to " + std::to_string(dim));
+    std::vector<Value> pieces;
+    int64_t offset = 0;
+    for (int64_t sz : sizes) {
+      SmallVector<int64_t> st(rank, 0), en(shp(x)), sp(rank, 1);
+      st[axis] = offset;
+      en[axis] = offset + sz;
+      offset += sz;
+      SmallVector<int64_t> shape(shp(x));
+      shape[axis] = sz;
+      Value piece = SliceOp::create(b, loc, tensorType(shape, eltOf(x)), x,
+                                    b.getDenseI64ArrayAttr(st), b.getDenseI64ArrayAttr(en),
+                                    b.getDenseI64ArrayAttr(sp));
+      if (squeeze) {
+        shape.erase(shape.begin() + axis);
+        piece = ReshapeOp::create(b, loc, tensorType(shape, eltOf(x)), piece);
+      }
+      pieces.push_back(piece);
+    }
+    if (n.output_size() > 0 && !n.output(0).empty()) {
+      Slot s;
+      s.sequence = std::move(pieces);
+      env[n.output(0)] = s;
+    }
+    return;
+  }
+  if (op == "SequenceAt") {
+    const Slot &seq = slot(0);
+    if (!seq.sequence)
+      fail("input '" + n.input(0) + "' is not a sequence carve knows (only SplitToSequence's)");
+    std::vector<int64_t> at = needConst(1, "position").toInts();
+    if (at.size() != 1)
+      fail("position must be one integer");
+    int64_t k = at[0], count = (int64_t)seq.sequence->size();
+    if (k < -count || k >= count)
+      fail("position " + std::to_string(k) + " is outside the sequence of " +
+           std::to_string(count));
+    return define(0, (*seq.sequence)[k < 0 ? k + count : k]);
+  }
   if (op == "Concat") {
     SmallVector<Value> parts;
     SmallVector<SmallVector<int64_t>> shapes;

@@ -57,14 +57,15 @@ void Importer::build(const onnx::NodeProto &n) {
          "Exp",   "Log",   "Sqrt",      "Reciprocal", "Tanh",     "Erf",      "Sigmoid",
          "Relu",  "Sin",   "Cos",       "Not",        "Gelu",     "Identity", "Dropout",
          "Cast",  "Where", "LeakyRelu", "Clip",       "Softplus", "OneHot",   "HardSigmoid",
-         "HardSwish"});
+         "HardSwish", "CastLike"});
     add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum", "CumSum"});
     add(&Importer::buildNormalization,
         {"TopK", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
          "LayerNormalization", "BatchNormalization"});
     add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
     add(&Importer::buildDataMovement,
-        {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand", "Pad"});
+        {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand", "Pad", "SplitToSequence",
+         "SequenceAt"});
     add(&Importer::buildConvolution,
         {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "Resize"});
     add(&Importer::buildLoss, {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"});
@@ -310,8 +311,9 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
                                        b.getI64IntegerAttr(dropoutNodes++),
                                        b.getI64IntegerAttr(at.dim), b.getI64IntegerAttr(at.outer)));
   }
-  if (op == "Cast") {
-    int to = attrInt("to", 0);
+  if (op == "Cast" || op == "CastLike") {
+    // CastLike: to the element type of its second input (opset 15).
+    int to = op == "CastLike" ? (int)kindOf(1) : attrInt("to", 0);
     Value x = val(0);
     Type elt = mlirType(to, "Cast target");
     if (elt == eltOf(x))
@@ -758,6 +760,8 @@ void Importer::buildNormalization(const onnx::NodeProto &n) {
       fail("the saved_mean / saved_var outputs are not supported");
     if (!training && (outputUsed(1) || outputUsed(2)))
       fail("running statistics outputs need training_mode=1");
+    if (!training && inferenceBatchNorms++ == 0)
+      firstInferenceBatchNorm = n.name();
     SmallVector<Value> ops = {x, val(1), val(2), val(3), val(4)};
     for (int k = 1; k < 5; ++k)
       if (shp(ops[k]) != ArrayRef<int64_t>{shp(x)[1]})

@@ -54,6 +54,9 @@ struct Slot {
   std::optional<HostTensor> constant;
   const onnx::TensorProto *init = nullptr; ///< a not-yet-used initializer
   bool isParam = false;
+  /// An ONNX sequence (SplitToSequence's): its tensors, which SequenceAt
+  /// picks by a constant position.
+  std::optional<std::vector<mlir::Value>> sequence;
 };
 
 /// Imports one model; every failure throws from `fail` with a one-line cause.
@@ -225,6 +228,9 @@ private:
   onnx::ModelProto model;
   int64_t opset = 0;
   llvm::StringMap<Slot> env;
+  /// BatchNormalization nodes in inference mode (running statistics): noted.
+  int inferenceBatchNorms = 0;
+  std::string firstInferenceBatchNorm;
   llvm::StringSet<> paramNames, bufferNames, frozenNames;
   /// Parameters the exporter merged into another of equal value (eval-mode
   /// exports), reached through an Identity node: name -> the kept one.

@@ -52,6 +52,7 @@ const std::set<std::string> &opTable() {
                                             "AveragePool",
                                             "BatchNormalization",
                                             "Cast",
+                                            "CastLike",
                                             "Clip",
                                             "Ceil",
                                             "Concat",
@@ -121,7 +122,9 @@ const std::set<std::string> &opTable() {
                                             "Softmax",
                                             "SoftmaxCrossEntropyLoss",
                                             "Softplus",
+                                            "SequenceAt",
                                             "Split",
+                                            "SplitToSequence",
                                             "Sqrt",
                                             "Squeeze",
                                             "Sub",
@@ -272,6 +275,14 @@ OwningOpRef<ModuleOp> Importer::run(StringRef bytes) {
   func.setFunctionType(b.getFunctionType(entry->getArgumentTypes(), TypeRange(results)));
   func.setAllArgAttrs(argAttrs);
   func.setAllResultAttrs(resultAttrs);
+  if (opts.notes && inferenceBatchNorms > 0)
+    opts.notes->push_back(
+        std::to_string(inferenceBatchNorms) + " BatchNormalization node" +
+        (inferenceBatchNorms > 1 ? "s (the first '" : " ('") + firstInferenceBatchNorm +
+        "') normalize with their running statistics, as a frozen batch norm does; a module "
+        "PyTorch trains in training mode normalizes with the batch's. torch.onnx.export "
+        "(dynamo=True) writes every batch norm this way: export with dynamo=False (as "
+        "models/export.py's export_for_carve does) to train batch statistics");
   return owned;
 }
 

@@ -19,6 +19,11 @@ and onnxscript; `--worker` is how this file runs there) and crosses
                              dynamo=True, optimize=False) at the exporter's
                              default opset, each tied parameter's initializer
                              renamed to its first named_parameters() name
+             dynamo-optimized  dynamo, then the optimizer dynamo=True runs by
+                             default (onnxscript.optimizer.optimize) with the
+                             parameters held as graph inputs without values
+                             meanwhile, so that it neither folds, merges nor
+                             simplifies by their initial values
              dynamo-default  torch.onnx.export(dynamo=True) with every default
                              (optimize=True), no carve metadata: what a user
                              who does not know export_for_carve writes
@@ -43,6 +48,7 @@ any cell fails (--json FILE also writes the table).
 """
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -63,11 +69,12 @@ LR = 0.1
 # the order of their sums (a few ulp per op), ~1e-6 relative in the loss; a
 # wrong gradient moves step 1's loss by 1e-3 or more at this learning rate.
 LOSS_RTOL = 1e-4
+NOISE_FACTOR = 4
 WEIGHT_RTOL = 1e-3
 BATCH = 4
 SEQ = 16
 
-EXPORTERS = ["torchscript", "dynamo", "dynamo-default"]
+EXPORTERS = ["torchscript", "dynamo", "dynamo-optimized", "dynamo-default"]
 REFERENCE_CASES = ["mlp", "gpt", "llama", "bert", "resnet18", "vit"]
 TORCH_CASES = ["mha", "encoder_layer", "sdpa", "conv_bn"]
 CASES = REFERENCE_CASES + TORCH_CASES + ["hf_decoder"]
@@ -321,9 +328,10 @@ def _export(case, exporter, model, inputs, specs, path):
                           dynamo=True, external_data=False)
         return []
     original = torch.onnx.export
-    dynamo = exporter == "dynamo"
+    dynamo = exporter in ("dynamo", "dynamo-optimized")
 
     def patched(m, args, f, training=None, do_constant_folding=None, **kw):
+        kw.pop("dynamo", None)  # export_for_carve asks for the TorchScript exporter
         if not dynamo:
             return original(m, args, f, dynamo=False, training=training,
                             do_constant_folding=do_constant_folding, **kw)
@@ -339,7 +347,37 @@ def _export(case, exporter, model, inputs, specs, path):
                                        opset=None if dynamo else 17)
     finally:
         torch.onnx.export = original
+    if exporter == "dynamo-optimized":
+        _optimize_keeping_parameters(path)
     return info["warnings"]
+
+
+def _optimize_keeping_parameters(path):
+    """Runs the optimizer that dynamo=True runs by default (onnxscript's), with
+    every carve.parameters initializer made a graph input meanwhile: the
+    optimizer folds and merges initializers as constants, but not graph inputs."""
+    import onnx
+    import onnx_ir as ir
+    import onnxscript
+
+    proto = onnx.load(path)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    keep = set(json.loads(meta["carve.parameters"]))
+    model = ir.serde.deserialize_model(proto)
+    graph = model.graph
+    protected = [(v, v.const_value) for name, v in graph.initializers.items() if name in keep]
+    for v, _ in protected:
+        # Its value hidden too: the optimizer drops e.g. a Gemm's bias that is
+        # all zeros at initialization (nn.MultiheadAttention's out_proj.bias).
+        graph.initializers.pop(v.name)
+        v.const_value = None
+        graph.inputs.append(v)
+    onnxscript.optimizer.optimize(model)
+    for v, value in protected:
+        graph.inputs.remove(v)
+        v.const_value = value
+        graph.register_initializer(v)
+    onnx.save(ir.serde.serialize_model(model), path)
 
 
 def _supported_ops():
@@ -517,9 +555,15 @@ def worker(case, exporter, workdir):
     model.load_state_dict(state)
     data, steps = _write_data(specs, workdir)
     result["data"] = data
+    exact = copy.deepcopy(model).double()
     losses, final = _train_torch(model, specs, steps)
     result["torch_losses"] = losses
+    result["torch_losses_f64"], final64 = _train_torch(exact, specs, [
+        {k: v.astype("float64") if v.dtype.kind == "f" else v for k, v in b.items()}
+        for b in steps])
     st.save(os.path.join(workdir, "torch_final.safetensors"), final)
+    st.save(os.path.join(workdir, "torch_final_f64.safetensors"),
+            {k: v.astype("float32") for k, v in final64.items()})
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump(result, f, indent=1)
 
@@ -655,35 +699,47 @@ def survey(cell, args, workdir):
     ref = res["torch_losses"]
     gaps = [abs(a - b) / abs(b) for a, b in zip(mine, ref)]
     worst = max(gaps) if gaps else float("inf")
-    if len(mine) != len(ref) or worst > LOSS_RTOL:
-        cell.train = "losses differ by %.2g (carve %s, torch %s)" % (
-            worst, " ".join("%.6f" % x for x in mine), " ".join("%.6f" % x for x in ref))
+    # A deep net with batch norm over a batch of 4 (resnet18) amplifies
+    # rounding: float32 PyTorch itself ends up 7e-4 from float64 by step 2.
+    # Within NOISE_FACTOR times that gap, carve's difference is rounding too.
+    noise = max(abs(a - b) / abs(b) for a, b in zip(ref, res["torch_losses_f64"]))
+    limit = max(LOSS_RTOL, NOISE_FACTOR * noise)
+    if len(mine) != len(ref) or worst > limit:
+        cell.train = "losses differ by %.2g (limit %.1g; carve %s, torch %s)" % (
+            worst, limit, " ".join("%.6f" % x for x in mine), " ".join("%.6f" % x for x in ref))
         print("FAIL: %s: %s" % (label, cell.train))
         return
     weights = ""
     if an["metadata"]:
         final = st.load(os.path.join(workdir, "torch_final.safetensors"))
+        exact = st.load(os.path.join(workdir, "torch_final_f64.safetensors"))
         saved = st.load_checkpoint(ckpt)
-        gap, where = 0.0, ""
+
+        def rel_gap(a, t):
+            # The floor: a tensor whose entries stay below it, such as a key
+            # bias (its gradient is zero in exact arithmetic), holds rounding noise.
+            return float(np.max(np.abs(a - t)) / max(float(np.max(np.abs(t))), 1e-3))
+
+        gap, where, limit_w = 0.0, "", WEIGHT_RTOL
         for name, t in final.items():
             if name not in saved:
                 cell.train = "the checkpoint lacks %s" % name
                 print("FAIL: %s: %s" % (label, cell.train))
                 return
-            # The floor: a tensor whose entries stay below it, such as a key
-            # bias (its gradient is zero in exact arithmetic), holds rounding noise.
-            g = float(np.max(np.abs(saved[name] - t)) / max(float(np.max(np.abs(t))), 1e-3))
+            # As for the losses: within NOISE_FACTOR times float32 PyTorch's
+            # own distance from float64 on this tensor.
+            g = rel_gap(saved[name], t) / max(WEIGHT_RTOL, NOISE_FACTOR * rel_gap(t, exact[name]))
             if g > gap:
                 gap, where = g, name
-        if gap > WEIGHT_RTOL:
-            cell.train = "weights differ by %.2g at %s" % (gap, where)
+        if gap > 1:
+            cell.train = "weights differ by %.2g of their limit at %s" % (gap, where)
             print("FAIL: %s: %s" % (label, cell.train))
             return
-        weights = ", weights %.1e" % gap
+        weights = ", weights %.2f of limit" % gap
     cell.train = "ok (%.1e%s)" % (worst, weights)
     cell.ok = True
-    print("ok: %s: %d SGD steps, losses within %.2g of torch's (limit %.0e)%s" % (
-        label, STEPS, worst, LOSS_RTOL, weights))
+    print("ok: %s: %d SGD steps, losses within %.2g of torch's (limit %.1g)%s" % (
+        label, STEPS, worst, limit, weights))
 
 
 def print_table(cells):
@@ -731,7 +787,8 @@ def main():
             survey(cell, a, os.path.join(a.workdir, "%s-%s" % (case, exporter)))
     print()
     print_table(cells)
-    failures = sorted({brief(c.compile) for c in cells if c.compile not in ("ok", "-")})
+    failures = sorted({re.sub(r"node '[^']*' ", "", brief(c.compile))
+                       for c in cells if c.compile not in ("ok", "-")})
     if failures:
         print("\ndistinct carve compile errors:")
         for line in failures:

@@ -268,7 +268,8 @@ def build_cases(carve, root, p, errors):
                  names_plan=False)
     compile_case("plan_tp_zero", '{"tp": 0}\n', ["tp", "positive integer"])
     compile_case("plan_zero_stage", '{"dp": 2, "zero": 4}\n', ["zero", "0, 1, 2 or 3"])
-    compile_case("plan_zero_without_dp", '{"zero": 1}\n', ["zero", "dp"])
+    # {"zero": 1} with dp = 1 is valid: ZeRO over one replica, compiled as zero 0 (the
+    # planner test plans it).
     compile_case("plan_sp_without_tp", '{"sequence_parallel": true}\n',
                  ["sequence_parallel", "tp"])
     compile_case("plan_ops_no_match", '{"tp": 2, "ops": {"/nowhere/*": "replicate"}}\n',
