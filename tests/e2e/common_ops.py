@@ -89,6 +89,10 @@ def model():
             scale = torch.einsum("...d,...d->...", q, q).sum(-1, keepdim=True)
             h = q.reshape(-1, 32) / (1.0 + scale)
             h = h + 0.1 * torch.cumsum(h, dim=-1)
+            # torch.split, which torch 1.13 exports as Split (and the dynamo
+            # exporter as SplitToSequence + SequenceAt: section 5).
+            lo, hi = torch.split(h, [12, 20], dim=-1)
+            h = torch.cat([hi * 0.5, lo], dim=-1)
             # A mixture of 4 experts with top-2 routing (computed densely):
             # torch.topk, F.one_hot and einsum, as MoE layers write them.
             top, idx = torch.topk(F.softmax(self.router(h), -1), 2)
@@ -141,6 +145,50 @@ def tables_model():
     return Tables()
 
 
+def dynamo_forms(src, dst):
+    """Writes `src` with the ops torch 2.x's dynamo exporter uses in place of torch 1.13's
+    (opset 17 has them all): Split -> SplitToSequence + one SequenceAt per output, Cast to
+    FLOAT -> CastLike of the graph's float input x, plus a CastLike of an int64 constant 1
+    multiplying the loss (x1.0)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m = onnx.load(src)
+    g = m.graph
+    nodes = []
+    for n in g.node:
+        if n.op_type == "Split":
+            axis = [a.i for a in n.attribute if a.name == "axis"] or [0]
+            seq = n.name + "_seq"
+            nodes.append(helper.make_node("SplitToSequence", list(n.input[:2]), [seq],
+                                          name=n.name + "_tosequence", axis=axis[0]))
+            for k, out in enumerate(n.output):
+                pos = "%s_pos%d" % (n.name, k)
+                nodes.append(helper.make_node("Constant", [], [pos], name=pos,
+                                              value=helper.make_tensor(pos, TensorProto.INT64,
+                                                                       [], [k])))
+                nodes.append(helper.make_node("SequenceAt", [seq, pos], [out],
+                                              name="%s_at%d" % (n.name, k)))
+        elif n.op_type == "Cast" and [a.i for a in n.attribute if a.name == "to"] == \
+                [TensorProto.FLOAT]:
+            nodes.append(helper.make_node("CastLike", [n.input[0], "x"], list(n.output),
+                                          name=n.name + "_like"))
+        else:
+            nodes.append(n)
+    loss = g.output[0].name
+    one = helper.make_node("Constant", [], ["one_i64"], name="one_i64",
+                           value=helper.make_tensor("one_i64", TensorProto.INT64, [], [1]))
+    like = helper.make_node("CastLike", ["one_i64", "x"], ["one_f32"], name="one_like")
+    times = helper.make_node("Mul", ["loss_unscaled", "one_f32"], [loss], name="loss_times_one")
+    for n in nodes:
+        for k, o in enumerate(n.output):
+            if o == loss:
+                n.output[k] = "loss_unscaled"
+    del g.node[:]
+    g.node.extend(nodes + [one, like, times])
+    onnx.save(m, dst)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -182,6 +230,25 @@ def main():
                                                     LOSS_RTOL, WEIGHT_RTOL)
     print("ok: 1 rank against PyTorch, %d SGD steps: losses within %.2g, weights within %.2g (%s)"
           % (STEPS, worst, gap, where))
+
+    # 2b. The forms torch 2.x's dynamo exporter writes for the same ops: every Split as
+    # SplitToSequence + SequenceAt, every Cast to float as CastLike of a float tensor, and a
+    # CastLike of a constant scalar. The same math: the losses of section 2, bitwise.
+    seq_path = os.path.join(w, "net-dynamo-forms.onnx")
+    dynamo_forms(onnx_path, seq_path)
+    found = {n.op_type for n in onnx.load(seq_path).graph.node}
+    if not {"CastLike", "SplitToSequence", "SequenceAt"} <= found or "Split" in found:
+        raise Failure("the rewritten export should use CastLike, SplitToSequence and "
+                      "SequenceAt instead of Split: %s" % sorted(found))
+    seq_losses, worst2, gap2, where2, _ = train_like_torch(
+        a.carve, seq_path, model(), data, xs, ys, os.path.join(w, "dynamo-forms"), BATCH, STEPS,
+        LR, LOSS_RTOL, WEIGHT_RTOL)
+    if seq_losses != losses:
+        raise Failure("CastLike / SplitToSequence forms: losses %s, the Split / Cast export's %s"
+                      % (seq_losses, losses))
+    print("ok: CastLike, SplitToSequence and SequenceAt (the dynamo exporter's forms): the "
+          "Split / Cast export's losses bitwise, weights within %.2g of PyTorch (%s)"
+          % (gap2, where2))
 
     # 3. Plans against 1 rank.
     for name, plan in [("dp2", {"dp": 2}), ("tp2", {"tp": 2})]:
