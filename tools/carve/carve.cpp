@@ -423,21 +423,32 @@ int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(carveCat, verifyCmd);
   cl::HideUnrelatedOptions(carveCat);
   cl::SetVersionPrinter([](raw_ostream &os) { os << "carve 0.1 (MLIR 22)\n"; });
-  cl::ParseCommandLineOptions(
-      argc, argv,
-      "carve: an ahead-of-time parallelization compiler for models exported from "
-      "PyTorch\n\n"
-      "  carve import MODEL.onnx [--set-dim NAME=N] [--frozen GLOB] [--summary] [-o OUT]\n"
-      "  carve compile MODEL.onnx [--plan PLAN.json] [--rules RULES.json] [--optimizer adamw|sgd "
-      "--lr X ...] -o OUT\n"
-      "  carve compile MODEL.onnx --auto --cluster cpu:1x4 -o OUT\n"
-      "  carve plan MODEL --cluster a100-80gb:16x8 [--global-batch B] [--fixed tp=8] "
-      "[--constraints FILE] [-o PLAN.json] [--json]\n"
-      "  carve ckpt inspect PATH | carve ckpt merge PATH -o FULL.safetensors\n"
-      "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n"
-      "  carve plot LOG.jsonl [LOG2.jsonl ...] -o curves.svg\n"
-      "  carve verify MODEL --plan PLAN.json [--steps K] [--data FILE] [--workdir DIR]\n\n"
-      "Run `carve SUBCOMMAND --help` for the flags of one subcommand.\n");
+  // Each subcommand's usage; `carve SUBCOMMAND --help` shows its own only.
+  static const std::vector<std::pair<std::string, std::string>> usages = {
+      {"import", "  carve import MODEL.onnx [--set-dim NAME=N] [--frozen GLOB] [--summary] [-o OUT]\n"},
+      {"compile",
+       "  carve compile MODEL.onnx [--plan PLAN.json] [--rules RULES.json] [--optimizer "
+       "adamw|sgd --lr X ...] -o OUT\n"
+       "  carve compile MODEL.onnx --auto --cluster cpu:1x4 -o OUT\n"},
+      {"plan", "  carve plan MODEL --cluster a100-80gb:16x8 [--global-batch B] [--fixed tp=8] "
+               "[--constraints FILE] [-o PLAN.json] [--json]\n"},
+      {"ckpt", "  carve ckpt inspect PATH | carve ckpt merge PATH -o FULL.safetensors\n"},
+      {"run", "  carve run OUT -n N -- --steps S --data FILE [--log FILE.jsonl] [--save DIR]\n"},
+      {"plot", "  carve plot LOG.jsonl [LOG2.jsonl ...] -o curves.svg\n"},
+      {"verify",
+       "  carve verify MODEL --plan PLAN.json [--steps K] [--data FILE] [--workdir DIR]\n"}};
+  std::string overview = "carve: an ahead-of-time parallelization compiler for models exported "
+                         "from PyTorch\n\n";
+  std::string one;
+  for (const auto &[name, usage] : usages) {
+    overview += usage;
+    if (argc > 1 && name == argv[1])
+      one = "carve " + name + " (`carve --help` lists every subcommand)\n\n" + usage;
+  }
+  overview += "\nRun `carve SUBCOMMAND --help` for the flags of one subcommand.\n";
+  if (!one.empty())
+    overview = one;
+  cl::ParseCommandLineOptions(argc, argv, overview);
   if (importCmd)
     return runImport();
   if (compileCmd)
