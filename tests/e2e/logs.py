@@ -203,6 +203,25 @@ def main():
     print("ok: carve plot: %d panels x %d runs, %d points each, legend %s" % (
         len(panels), len(logs), STEPS, ", ".join(legend)))
 
+    # A sparse series (evaluation every 5 steps, as train --eval-every writes it) gets a
+    # marker at each point; the every-step loss does not.
+    sparse_log = os.path.join(w, "sparse.jsonl")
+    with open(sparse_log, "w") as f:
+        for k in range(20):
+            f.write(json.dumps({"step": k, "loss": 3.0 - 0.05 * k}) + "\n")
+            if k % 5 == 4:
+                f.write(json.dumps({"step": k, "eval_loss": 3.1 - 0.05 * k}) + "\n")
+    sparse_svg = os.path.join(w, "sparse.svg")
+    rc, so, se = run([a.carve, "plot", sparse_log, "-o", sparse_svg])
+    if rc != 0:
+        raise Failure("carve plot of a sparse series failed:\n%s%s" % (so, se))
+    marks = [c.get("data-series") for c in ET.parse(sparse_svg).getroot().iter(ns + "circle")
+             if c.get("class") == "marker"]
+    if marks != ["eval_loss"] * 4:
+        raise Failure("sparse.svg: markers %s, expected one per evaluation (4) and none on the "
+                      "every-step loss" % marks)
+    print("ok: carve plot marks the 4 points of a sparse evaluation curve")
+
     # 3. Bad input.
     bad = os.path.join(w, "bad.jsonl")
     with open(bad, "w") as f:

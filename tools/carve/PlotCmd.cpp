@@ -216,9 +216,20 @@ int runPlot(const std::vector<std::string> &logs, const std::string &output) {
       os << "<polyline class=\"series\" data-series=\"" << k.name << "\" data-run=\""
          << escape(runs[i].label) << "\" fill=\"none\" stroke=\"" << kColours[i % 8]
          << "\" stroke-width=\"1.5\" points=\"";
-      for (size_t j = 0; j < it->second.size(); ++j)
-        os << (j ? " " : "") << px(X(it->second[j].first)) << "," << px(Y(it->second[j].second));
+      const auto &pts = it->second;
+      for (size_t j = 0; j < pts.size(); ++j)
+        os << (j ? " " : "") << px(X(pts[j].first)) << "," << px(Y(pts[j].second));
       os << "\"/>\n";
+      // A sparse series (evaluation every few steps; a single point, which a
+      // line alone would not show): a marker at each point.
+      const bool sparse =
+          pts.size() == 1 ||
+          (pts.size() > 1 && (pts.back().first - pts.front().first) / (pts.size() - 1) > 1.5);
+      if (sparse)
+        for (const auto &[x, y] : pts)
+          os << "<circle class=\"marker\" data-series=\"" << k.name << "\" data-run=\""
+             << escape(runs[i].label) << "\" cx=\"" << px(X(x)) << "\" cy=\"" << px(Y(y))
+             << "\" r=\"2.5\" fill=\"" << kColours[i % 8] << "\"/>\n";
     }
     os << "</g>\n";
   }
