@@ -33,7 +33,8 @@ bool Generator::assignBuffers() {
   for (const char *own : {"A", "at", "ctx", "loss", "lr", "clip", "norm", "h", "unscale",
                           "sqSplit", "sqWhole", "sqDevice", "sqExpertSplit", "sqExpertWhole",
                           "in", "shapes", "out", "parts", "counts", "mb", "slot", "S", "Q", "W",
-                          "last", "forward", "backward", "step", "evaluate", "forwardBackward"})
+                          "last", "forward", "backward", "step", "evaluate", "forwardBackward",
+                          "tail", "sumOf", "handles", "TailRow"})
     usedNames.insert(own);
   // Arguments: parameters, buffers, inputs and the loss seed live all step.
   for (BlockArgument a : fn.getArguments()) {
