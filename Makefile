@@ -13,7 +13,7 @@ PACKAGES := cmake ninja-build g++ ccache python3 \
   python3-torch python3-onnx python3-numpy python3-protobuf \
   clang libclang-rt-14-dev
 
-.PHONY: all deps configure build demo test check test-gpu clean
+.PHONY: all deps configure build demo test check test-gpu test-modern clean
 
 all: build
 
@@ -51,6 +51,17 @@ test: build
 # (with the reference models' export that lit reads), a few minutes.
 check: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L '^quick$$'
+
+# Exports from a current PyTorch (torch 2.x from PyPI, about 5 GB, in $(BUILD)/venv-modern):
+# TorchScript and dynamo exports of 11 models trained against that torch (docs/onnx-ops.md).
+# Not part of `make test`, which uses Debian's torch 1.13.
+test-modern: build
+	@test -x $(BUILD)/venv-modern/bin/python || { \
+	  $(PYTHON) -m venv $(BUILD)/venv-modern && \
+	  $(BUILD)/venv-modern/bin/python -m pip install -q torch onnx onnxscript numpy; }
+	$(PYTHON) tests/e2e/modern_exports.py --carve $(BUILD)/bin/carve \
+	  --workdir $(BUILD)/tests/e2e-modern --python $(BUILD)/venv-modern/bin/python \
+	  --exporters torchscript,dynamo
 
 test-gpu: build
 	@tests/gpu/run.sh $(BUILD)
