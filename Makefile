@@ -10,7 +10,7 @@ PACKAGES := cmake ninja-build g++ ccache python3 \
   libonnx-dev libprotobuf-dev protobuf-compiler \
   nlohmann-json3-dev libfmt-dev libgtest-dev \
   libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin coinor-libcbc-dev pkg-config \
-  python3-torch python3-onnx python3-numpy python3-protobuf \
+  python3-torch python3-onnx python3-numpy python3-protobuf python3-venv \
   clang libclang-rt-14-dev
 
 .PHONY: all deps configure build demo test check test-gpu test-modern clean
