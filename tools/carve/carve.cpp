@@ -93,7 +93,7 @@ cl::list<std::string>
 cl::opt<std::string> compileInput(cl::Positional, cl::Required, cl::desc("MODEL.onnx"),
                                   cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> compileOutput("o", cl::desc("Output directory (src/, bin/train, ...)"),
-                                   cl::value_desc("OUT"), cl::Required, cl::sub(compileCmd),
+                                   cl::value_desc("OUT"), cl::sub(compileCmd),
                                    cl::cat(carveCat));
 cl::opt<std::string> planFile("plan", cl::desc("Plan file (JSON), e.g. {\"dp\": 4}"),
                               cl::value_desc("PLAN.json"), cl::sub(compileCmd), cl::cat(carveCat));
@@ -304,6 +304,9 @@ int runImport() {
 }
 
 int runCompileCommand() {
+  if (compileOutput.empty())
+    die("carve compile: -o OUT is required: the folder the per-rank sources, plan.json and "
+        "bin/train are written to");
   carve::CompileArgs args;
   args.model = compileInput;
   args.output = compileOutput;
