@@ -337,7 +337,7 @@ void captureGraph(DeviceState &s, StepContext &ctx, void (*body)(StepContext &))
   cudaError_t e = cudaStreamBeginCapture(s.compute, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess)
     fatal("%sstep %lld: starting to capture the forward and backward in a CUDA graph failed: %s",
-          where().c_str(), static_cast<long long>(ctx.step), cudaGetErrorString(e));
+          where().c_str(), static_cast<long long>(ctx.step + 1), cudaGetErrorString(e));
   s.capturing = true;
   body(ctx);
   s.capturing = false;
@@ -346,7 +346,7 @@ void captureGraph(DeviceState &s, StepContext &ctx, void (*body)(StepContext &))
   if (e != cudaSuccess || !g)
     fatal("%sstep %lld: capturing the forward and backward in a CUDA graph failed: %s (an "
           "operation in them cannot be captured); run without --cuda-graph",
-          where().c_str(), static_cast<long long>(ctx.step),
+          where().c_str(), static_cast<long long>(ctx.step + 1),
           e != cudaSuccess ? cudaGetErrorString(e) : "no graph");
   size_t nodes = 0;
   e = cudaGraphGetNodes(g, nullptr, &nodes);
@@ -355,7 +355,7 @@ void captureGraph(DeviceState &s, StepContext &ctx, void (*body)(StepContext &))
   cudaGraphDestroy(g);
   if (e != cudaSuccess)
     fatal("%sstep %lld: instantiating the captured CUDA graph (%zu nodes) failed: %s",
-          where().c_str(), static_cast<long long>(ctx.step), nodes, cudaGetErrorString(e));
+          where().c_str(), static_cast<long long>(ctx.step + 1), nodes, cudaGetErrorString(e));
   s.graphNodes = static_cast<int64_t>(nodes);
 }
 
@@ -374,7 +374,7 @@ void waitForGraph(DeviceState &s, int64_t step) {
     if (e != cudaErrorNotReady) {
       abortCommunicators();
       fatal("%sstep %lld: the CUDA graph of the forward and backward failed: %s",
-            where().c_str(), static_cast<long long>(step), cudaGetErrorString(e));
+            where().c_str(), static_cast<long long>(step + 1), cudaGetErrorString(e));
     }
     if (spin % 64 == 0 && limit > 0 &&
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit) {
@@ -384,7 +384,7 @@ void waitForGraph(DeviceState &s, int64_t step) {
       abortCommunicators();
       fatal("%sstep %lld: the CUDA graph of the forward and backward did not complete in %g s; "
             "a rank it exchanges data with may be dead or stuck (--collective-timeout)",
-            where().c_str(), static_cast<long long>(step), limit);
+            where().c_str(), static_cast<long long>(step + 1), limit);
     }
     if (spin < 2000)
       sched_yield();
@@ -540,8 +540,8 @@ struct Profile {
       scope = format(" over %lld step%s from step %lld (step %lld, %.3f ms, left out: its first "
                      "calls load and tune the kernels)",
                      static_cast<long long>(steps - 1), steps > 2 ? "s" : "",
-                     static_cast<long long>(firstStepIndex + 1),
-                     static_cast<long long>(firstStepIndex), sum(firstStep));
+                     static_cast<long long>(firstStepIndex + 2),
+                     static_cast<long long>(firstStepIndex + 1), sum(firstStep));
     } else if (steps == 1) {
       // One step only: its table, warm-up and all.
       for (auto &r : firstStep) {

@@ -128,7 +128,7 @@ public:
       const int64_t o = startOf(step, firstRow + i);
       std::string cause;
       if (!read(o, seqLen + 1, scratch.data(), cause)) {
-        error = cause + " (step " + std::to_string(step) + ")";
+        error = cause + " (step " + std::to_string(step + 1) + ")";
         return false;
       }
       int64_t *row = ids + i * seqLen;
@@ -139,7 +139,7 @@ public:
         if (vocab > 0 && (tok < 0 || tok >= vocab)) {
           error = position(o + t) + " is " + std::to_string(tok) +
                   ", outside the model's vocabulary of " + std::to_string(vocab) + " (step " +
-                  std::to_string(step) + ", sequence " + std::to_string(firstRow + i) + ")";
+                  std::to_string(step + 1) + ", sequence " + std::to_string(firstRow + i) + ")";
           return false;
         }
         if (t < seqLen)

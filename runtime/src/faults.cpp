@@ -27,9 +27,9 @@ bool parseFaultEnv(int64_t &rank, int64_t &step, std::string &error) {
   const char *s = std::getenv("CARVE_FAULT_STEP");
   if (!r && !s)
     return true;
-  if (!r || !s || !parseInt(r, rank) || !parseInt(s, step) || rank < 0 || step < 0) {
-    error = "fault injection needs both CARVE_FAULT_RANK and CARVE_FAULT_STEP as non-negative "
-            "integers";
+  if (!r || !s || !parseInt(r, rank) || !parseInt(s, step) || rank < 0 || step < 1) {
+    error = "fault injection needs both CARVE_FAULT_RANK (a rank >= 0) and CARVE_FAULT_STEP (a "
+            "step >= 1, numbered as the log numbers them)";
     return false;
   }
   return true;
@@ -55,9 +55,9 @@ bool parseNanFaultEnv(int64_t &nanStep, std::string &nanTensor, int64_t &nanRank
   const char *r = std::getenv("CARVE_FAULT_NAN_RANK");
   if (!s && !t && !r)
     return true;
-  if (!s || !t || !*t || !parseInt(s, nanStep) || nanStep < 0 ||
+  if (!s || !t || !*t || !parseInt(s, nanStep) || nanStep < 1 ||
       (r && (!parseInt(r, nanRank) || nanRank < 0))) {
-    error = "NaN injection needs CARVE_FAULT_NAN_STEP (a step >= 0) and CARVE_FAULT_NAN_TENSOR "
+    error = "NaN injection needs CARVE_FAULT_NAN_STEP (a step >= 1) and CARVE_FAULT_NAN_TENSOR "
             "(loss or a parameter name); CARVE_FAULT_NAN_RANK is optional";
     return false;
   }
@@ -93,7 +93,7 @@ bool FaultInjection::readEnvironment(std::string &error) {
 }
 
 void FaultInjection::atStepStart(int worldRank, int64_t k) const {
-  if (worldRank == rank && k == step) {
+  if (worldRank == rank && k + 1 == step) {
     std::fflush(stdout);
     std::raise(signal);
   }
@@ -101,7 +101,7 @@ void FaultInjection::atStepStart(int worldRank, int64_t k) const {
 
 void FaultInjection::poisonGradient(StepContext &ctx, const Program &p, int worldRank,
                                     int dpRank) const {
-  if (ctx.step != nanStep || (nanRank >= 0 && nanRank != worldRank))
+  if (ctx.step + 1 != nanStep || (nanRank >= 0 && nanRank != worldRank))
     return;
   if (nanTensor == "loss") {
     ctx.loss = std::nanf("");

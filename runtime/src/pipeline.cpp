@@ -45,7 +45,7 @@ std::string chromeTrace(const std::vector<std::vector<Tracer::Event>> &perRank,
   for (size_t r = 0; r < perRank.size(); ++r)
     for (const Tracer::Event &e : perRank[r]) {
       std::string name = e.kind == 'O'   ? std::string("sync+optimizer")
-                         : e.kind == 'S' ? "step " + std::to_string(e.step)
+                         : e.kind == 'S' ? "step " + std::to_string(e.step + 1)
                                          : std::string(1, e.kind) + std::to_string(e.microBatch);
       const char *cat = e.kind == 'F'   ? "forward"
                         : e.kind == 'B' ? "backward"
@@ -54,7 +54,7 @@ std::string chromeTrace(const std::vector<std::vector<Tracer::Event>> &perRank,
       os << ",\n{\"name\":" << jsonString(name) << ",\"cat\":\"" << cat << "\",\"ph\":\"X\""
          << ",\"ts\":" << num(e.begin * 1e6) << ",\"dur\":" << num((e.end - e.begin) * 1e6)
          << ",\"pid\":0,\"tid\":" << r << ",\"args\":{\"micro_batch\":" << e.microBatch
-         << ",\"stage\":" << e.stage << ",\"step\":" << e.step << "}}";
+         << ",\"stage\":" << e.stage << ",\"step\":" << e.step + 1 << "}}";
     }
   os << "\n],\n\"displayTimeUnit\":\"ms\",\n\"metadata\":{\"title\":" << jsonString(title)
      << ",\"measured\":true}}\n";

@@ -401,7 +401,7 @@ void reportStart(Communicator &world, const Options &opts, const RankSetup &s, i
               worldSize, worldSize == 1 ? "" : "s", program.description ? program.description : "");
   std::printf("carve: data %s; weights from %s; steps %lld to %lld\n", s.loader->describe().c_str(),
               opts.load.empty() ? s.weights.model.path().c_str() : opts.load.c_str(),
-              static_cast<long long>(start), static_cast<long long>(end - 1));
+              static_cast<long long>(start + 1), static_cast<long long>(end));
   if (s.evalLoader)
     std::printf(
         "carve: evaluation data %s; %lld global batch%s %s\n", s.evalLoader->describe().c_str(),
@@ -449,7 +449,7 @@ void reportStart(Communicator &world, const Options &opts, const RankSetup &s, i
     if (!changed.empty())
       std::printf("carve: resuming step %lld with other hyperparameters than the checkpoint's: "
                   "%s\n",
-                  static_cast<long long>(start), changed.c_str());
+                  static_cast<long long>(start + 1), changed.c_str());
   }
   bool reported = false;
   for (int r = 0; r < worldSize; ++r)
@@ -632,7 +632,7 @@ void Trainer::loadInputs(DataLoader &loader, int64_t k) {
 
 bool Trainer::runStep(int64_t k) {
   std::string error;
-  setCommStep(k);
+  setCommStep(k + 1);
   faults.atStepStart(worldRank, k);
   auto stepBegin = std::chrono::steady_clock::now();
   loadInputs(*s.loader, k);
@@ -644,7 +644,7 @@ bool Trainer::runStep(int64_t k) {
   guard.beginStep();
   program.step(ctx);
   if (device && !device->synchronize(error))
-    die("step " + std::to_string(k) + ": " + error);
+    die("step " + std::to_string(k + 1) + ": " + error);
   if (device && device->stepEnded)
     device->stepEnded(k);
   if (!guard.asked)
@@ -655,7 +655,7 @@ bool Trainer::runStep(int64_t k) {
       progress->interrupt();
       std::printf("carve: step %lld: forward and backward captured in a CUDA graph of %lld "
                   "nodes, replayed from now on\n",
-                  static_cast<long long>(k), static_cast<long long>(ctx.graphNodes));
+                  static_cast<long long>(k + 1), static_cast<long long>(ctx.graphNodes));
       std::fflush(stdout);
     }
   }
@@ -674,7 +674,7 @@ bool Trainer::runStep(int64_t k) {
   // Every rank knows (the guard's all-reduce): all stop together.
   progress->interrupt();
   if (worldRank == 0)
-    printError("step " + std::to_string(k) + ": " + describeNonFinite(guard, ctx) +
+    printError("step " + std::to_string(k + 1) + ": " + describeNonFinite(guard, ctx) +
                (guard.asked ? "; stopped before the update (--on-nan stop; --on-nan skip "
                               "skips such steps)"
                             : "; stopped (this program applies its update before the "
@@ -710,12 +710,12 @@ void Trainer::reportStep(int64_t k, double seconds, bool overflow, bool stop, fl
     progress->interrupt();
     std::printf("carve: step %lld: fp16 gradients overflowed at loss scale %g (%s); update "
                 "skipped on every rank, loss scale now %g\n",
-                static_cast<long long>(k), usedScale, describeNonFinite(guard, ctx).c_str(),
+                static_cast<long long>(k + 1), usedScale, describeNonFinite(guard, ctx).c_str(),
                 ctx.lossScale);
   } else if (guard.nonFinite && !stop && talk) {
     progress->interrupt();
     std::printf("carve: step %lld: %s; update skipped on every rank (--on-nan skip)\n",
-                static_cast<long long>(k), describeNonFinite(guard, ctx).c_str());
+                static_cast<long long>(k + 1), describeNonFinite(guard, ctx).c_str());
   }
   progress->step(k, ctx.loss, seconds,
                  !guard.nonFinite ? ""
@@ -729,13 +729,13 @@ void Trainer::reportStep(int64_t k, double seconds, bool overflow, bool stop, fl
     if (fp16)
       scalars.push_back({"loss_scale", usedScale});
     std::string error;
-    if (!board.write(k, scalars, error))
+    if (!board.write(k + 1, scalars, error))
       die(error);
   }
   if (!log.isOpen())
     return;
   JsonLine line;
-  line.add("step", k).add("loss", static_cast<double>(ctx.loss));
+  line.add("step", k + 1).add("loss", static_cast<double>(ctx.loss));
   line.add("lr", static_cast<double>(ctx.lr));
   if (ctx.gradNorm >= 0 || !std::isfinite(ctx.gradNorm))
     line.add("grad_norm", static_cast<double>(ctx.gradNorm));
@@ -767,7 +767,7 @@ void Trainer::evaluate(int64_t k) {
     ctx.counts[0] = ctx.counts[1] = 0;
     program.evaluate(ctx);
     if (device && !device->synchronize(error))
-      die("evaluation after step " + std::to_string(k) + ": " + error);
+      die("evaluation after step " + std::to_string(k + 1) + ": " + error);
     sum += static_cast<double>(ctx.loss);
     correct += ctx.counts[0];
     counted += ctx.counts[1];
@@ -779,7 +779,7 @@ void Trainer::evaluate(int64_t k) {
   const double seconds = secondsSince(evalBegin);
   if (talk) {
     progress->interrupt();
-    std::printf("carve: step %lld: eval loss %.4f", static_cast<long long>(k), loss);
+    std::printf("carve: step %lld: eval loss %.4f", static_cast<long long>(k + 1), loss);
     if (tokens)
       std::printf(" (perplexity %.4g)", std::exp(loss));
     if (accuracy >= 0)
@@ -794,13 +794,13 @@ void Trainer::evaluate(int64_t k) {
       scalars.push_back({"eval_ppl", static_cast<float>(std::exp(loss))});
     if (accuracy >= 0)
       scalars.push_back({"eval_accuracy", static_cast<float>(accuracy)});
-    if (!board.write(k, scalars, error))
+    if (!board.write(k + 1, scalars, error))
       die(error);
   }
   if (!log.isOpen())
     return;
   JsonLine line;
-  line.add("step", k).add("eval_loss", loss);
+  line.add("step", k + 1).add("eval_loss", loss);
   if (tokens)
     line.add("eval_ppl", std::exp(loss));
   if (accuracy >= 0)
@@ -833,7 +833,7 @@ void Trainer::wrapUp() {
   if (talk) {
     double total = secondsSince(begin);
     std::printf("carve: trained steps %lld to %lld in %s (%.0f %s/s on average)",
-                static_cast<long long>(start), static_cast<long long>(end - 1),
+                static_cast<long long>(start + 1), static_cast<long long>(end),
                 formatDuration(total).c_str(),
                 total > 0 ? itemsPerStep * static_cast<double>(end - start) / total : 0.0, unit);
     if (opts.skipNonFinite)
@@ -918,7 +918,7 @@ int main(int argc, char **argv) {
                     setup.evalBatches == 1 ? "" : "es");
       for (int64_t k = 0; k < opts.showBatches; ++k)
         for (int64_t j = 0; j < p.globalBatch; ++j)
-          std::printf("carve: step %lld row %lld: %s\n", static_cast<long long>(k),
+          std::printf("carve: step %lld row %lld: %s\n", static_cast<long long>(k + 1),
                       static_cast<long long>(j), setup.loader->source(k, j).c_str());
       std::fflush(stdout);
     }

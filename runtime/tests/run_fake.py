@@ -308,7 +308,7 @@ def tests(exe, tmp):
     check(res.rc == 0, "linreg 1 rank runs", res.err)
     if res.rc == 0:
         log = read_log(P("l1.jsonl"))
-        check([r["step"] for r in log] == list(range(6)), "log has steps 0..5")
+        check([r["step"] for r in log] == list(range(1, 7)), "log has steps 1..6")
         check(close([r["loss"] for r in log], ref_losses), "1-rank losses match the reference",
               f"{[r['loss'] for r in log]} vs {ref_losses}")
         # Batch-major data is read in passes of its S batches: "epoch" is k div S.
@@ -336,7 +336,7 @@ def tests(exe, tmp):
     check(res.rc == 0 and res.out == "", "resumed run, quiet", res.err + res.out)
     if res.rc == 0:
         log = read_log(P("l3.jsonl"))
-        check([r["step"] for r in log] == [3, 4, 5] and
+        check([r["step"] for r in log] == [4, 5, 6] and
               close([r["loss"] for r in log], ref_losses[3:], rel=1e-6),
               "resumed losses continue the 6-step run", str(log))
 
@@ -588,10 +588,10 @@ def tests(exe, tmp):
           f"rc={res.rc} {res.err[-800:]}")
 
     res = run(tok, ["--steps", "100000"] + tokargs, model="tokens", world=2, ranks=2,
-              env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "3"}, timeout=30)
+              env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "4"}, timeout=30)
     check(res.rc not in (0, None) and "rank 1" in res.err and "signal 9" in res.err and
           res.seconds < 15 and "step 3/" in res.out and "step 4/" not in res.out,
-          f"fault injection: rank 1 killed at step 3, all ranks gone ({res.seconds:.1f}s)",
+          f"fault injection: rank 1 killed at the start of step 4, all ranks gone ({res.seconds:.1f}s)",
           f"rc={res.rc} out={res.out[-300:]} err={res.err[-800:]}")
 
 

@@ -112,9 +112,9 @@ def read_log(path, first, count):
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     steps = [r["step"] for r in rows]
-    if steps != list(range(first, first + count)):
-        raise Failure("%s: logged steps %s, expected %d..%d" % (path, steps, first,
-                                                                first + count - 1))
+    if steps != list(range(first + 1, first + count + 1)):  # steps are numbered from 1
+        raise Failure("%s: logged steps %s, expected %d..%d" % (path, steps, first + 1,
+                                                                first + count))
     return [r["loss"] for r in rows]
 
 

@@ -107,8 +107,8 @@ def read_log(path):
             rows = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError) as e:
         raise Failure(f"{path}: cannot read the training log: {e}") from None
-    if [r.get("step") for r in rows] != list(range(STEPS)):
-        raise Failure(f"{path}: {len(rows)} records, expected steps 0..{STEPS - 1}")
+    if [r.get("step") for r in rows] != list(range(1, STEPS + 1)):
+        raise Failure(f"{path}: {len(rows)} records, expected steps 1..{STEPS}")
     return [r["loss"] for r in rows]
 
 

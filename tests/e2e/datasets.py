@@ -185,7 +185,8 @@ def check_tokens(carve, models, w):
     if not 2 <= steps_per_epoch < STEPS:
         raise Failure("the test data gives %d steps per epoch; it needs 2 to %d" % (
             steps_per_epoch, STEPS - 1))
-    want = [(str(k), str(j), "%s token %d" % wins[row_item(k, j, len(wins), batch, SEED)])
+    # --show-batches numbers steps from 1, as the log does; the formulas' k is that minus 1.
+    want = [(str(k + 1), str(j), "%s token %d" % wins[row_item(k, j, len(wins), batch, SEED)])
             for k in range(STEPS) for j in range(batch)]
     outs = {}
     for name, plan, ranks in PLANS:
@@ -212,7 +213,7 @@ def check_tokens(carve, models, w):
     base_steps, base_evals, so = train(carve, outs["1rank"], 1,
                                        ["--steps", str(STEPS), "--save", ck] + data + evald,
                                        os.path.join(w, "gpt-1rank.jsonl"))
-    if [r["step"] for r in base_evals] != [3, 7] or any(r["eval_batches"] != 3
+    if [r["step"] for r in base_evals] != [4, 8] or any(r["eval_batches"] != 3
                                                         for r in base_evals):
         raise Failure("--eval-every 4 over %d steps logged evaluations %s" % (STEPS, base_evals))
     if "eval loss" not in so:
@@ -301,7 +302,7 @@ def check_samples(carve, models, w):
         outs[name] = out
         p = run([carve, "run", out, "-n", str(ranks), "--", "--check-data", "--show-batches",
                  "8"] + data)
-        want = [(str(k), str(j), "%s sample %d" % (train_path, row_item(k, j, 26, batch, 3)))
+        want = [(str(k + 1), str(j), "%s sample %d" % (train_path, row_item(k, j, 26, batch, 3)))
                 for k in range(8) for j in range(batch)]
         if shown_rows(p.stdout) != want:
             raise Failure("mlp %s: --show-batches %s, expected %s" % (

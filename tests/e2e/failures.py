@@ -18,9 +18,10 @@
 #    names the step and the first tensor at fault, on 1 rank and on several
 #    (poisoned on one rank only, so the ranks must agree).
 # 4. --on-nan skip: the poisoned step's update is skipped on every rank. Under
-#    every plan, a run of K+1 steps whose step K is poisoned must end with the
-#    weights and optimizer state of the K-step run bit for bit (nothing of step
-#    K applied), and report the skip on stdout and in the log. A control run
+#    every plan, a run of K+1 steps whose step K+1 (steps numbered from 1, as
+#    the log numbers them) is poisoned must end with the weights and optimizer
+#    state of the K-step run bit for bit (nothing of step K+1 applied), and
+#    report the skip on stdout and in the log. A control run
 #    without poison must differ (the comparison can fail).
 # 5. The progress display in lines mode has every field, shows the first 10
 #    steps and the last, honours --progress-every; bar mode rewrites one line;
@@ -67,7 +68,7 @@ COMPILE_LIMIT_S = 300
 FAULT_LIMIT_S = 20
 TIMEOUT_S = 3            # --collective-timeout of the SIGSTOP cases
 TIMEOUT_MARGIN_S = 12    # polling granularity, MPI_Abort and the launcher's exit
-SKIP_STEP = 3            # the poisoned step of the skip cases (0-based)
+SKIP_STEP = 3            # the clean steps before the poisoned one (step 4) of the skip cases
 POISON = "h.0.mlp.c_fc.weight"
 POISON_PP = "h.1.mlp.c_fc.weight"  # on pipeline rank 1
 FORBIDDEN = ("Segmentation", "Assertion", "terminate called", "Traceback", "core dumped")
@@ -211,14 +212,14 @@ class Suite:
 
     def killed_by_fault(self):
         res = self.train("dp2", ["--steps", "100000", "--progress", "lines"],
-                         env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "3"},
+                         env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "4"},
                          limit=FAULT_LIMIT_S)
         left = reap(self.path("dp2"))
         summary = [ln for ln in res.err.splitlines() if ln.startswith("carve: error:")]
         self.check(res.rc not in (0, None) and left == 0 and res.seconds < FAULT_LIMIT_S and
                    any("rank 1" in ln and "SIGKILL" in ln for ln in summary) and
                    "step 3/" in res.out and "step 4/" not in res.out,
-                   "dp2: rank 1 SIGKILLed at step 3: job gone in %.1fs, rank and signal named"
+                   "dp2: rank 1 SIGKILLed at the start of step 4: job gone in %.1fs, rank and signal named"
                    % res.seconds, res.show() + "\nleft: %d" % left)
 
     def killed_alone(self):
@@ -276,7 +277,7 @@ class Suite:
     def stopped(self, plan, expect_op):
         res = self.train(plan, ["--steps", "100000", "--collective-timeout", str(TIMEOUT_S),
                                 "--progress", "none"],
-                         env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "3",
+                         env={"CARVE_FAULT_RANK": "1", "CARVE_FAULT_STEP": "4",
                               "CARVE_FAULT_SIGNAL": "STOP"},
                          limit=TIMEOUT_S + TIMEOUT_MARGIN_S + 10)
         left = reap(self.path(plan))
@@ -284,7 +285,7 @@ class Suite:
         ok = (res.rc not in (0, None) and left == 0 and
               TIMEOUT_S <= res.seconds < TIMEOUT_S + TIMEOUT_MARGIN_S and
               line.startswith("carve: rank 0: ") and any(op in line for op in expect_op) and
-              "(step 3" not in line and ", step 3)" in line and
+              "(step 4" not in line and ", step 4)" in line and
               "did not complete in %d s" % TIMEOUT_S in line and "rank" in line.split(";")[-1] and
               "1" in line.split(";")[-1] and self.no_crash(res))
         self.check(ok, "%s: rank 1 SIGSTOPped: rank 0 gives up after %.1fs naming '%s'"
@@ -294,7 +295,7 @@ class Suite:
 
     def nan_stop(self, plan, tensor, expect, rank=None):
         log = self.path("stop-%s-%s.jsonl" % (plan, tensor))
-        env = {"CARVE_FAULT_NAN_STEP": "2", "CARVE_FAULT_NAN_TENSOR": tensor}
+        env = {"CARVE_FAULT_NAN_STEP": "3", "CARVE_FAULT_NAN_TENSOR": tensor}
         if rank is not None:
             env["CARVE_FAULT_NAN_RANK"] = str(rank)
         res = self.train(plan, ["--steps", "6", "--log", log, "--progress", "lines"], env=env)
@@ -303,11 +304,11 @@ class Suite:
             records = read_log(log)
         except (OSError, ValueError) as e:
             records = [str(e)]
-        ok = (res.rc == 1 and len(errors) == 1 and "step 2:" in errors[0] and
+        ok = (res.rc == 1 and len(errors) == 1 and "step 3:" in errors[0] and
               all(e in errors[0] for e in expect) and "step 3/" in res.out and
-              "step 4/" not in res.out and [r.get("step") for r in records] == [0, 1, 2] and
+              "step 4/" not in res.out and [r.get("step") for r in records] == [1, 2, 3] and
               records[2].get("skipped") is False and self.no_crash(res))
-        self.check(ok, "%s: NaN in %s at step 2%s stops the run: %s" % (
+        self.check(ok, "%s: NaN in %s at step 3%s stops the run: %s" % (
             plan, tensor, "" if rank is None else " (rank %d only)" % rank,
             errors[0] if errors else "no error"), res.show() + "\nlog: %s" % records)
 
@@ -322,9 +323,9 @@ class Suite:
         st.save(init, tensors, meta)
         res = run([self.carve, "run", dst, "-n", "1", "--", "--data", self.data, "--steps", "4"])
         errors = [ln for ln in res.err.splitlines() if "carve: error:" in ln]
-        self.check(res.rc == 1 and len(errors) == 1 and "step 0:" in errors[0] and
+        self.check(res.rc == 1 and len(errors) == 1 and "step 1:" in errors[0] and
                    "the loss is nan" in errors[0] and "'wpe.weight'" in errors[0],
-                   "NaN planted in init.safetensors' wpe.weight: stop at step 0 naming the loss "
+                   "NaN planted in init.safetensors' wpe.weight: stop at step 1 naming the loss "
                    "and the weight", res.show())
 
     # --- 4. --on-nan skip ------------------------------------------------------------
@@ -335,7 +336,7 @@ class Suite:
         before, skipped = self.path("ck-%s-before" % plan), self.path("ck-%s-skip" % plan)
         log = self.path("skip-%s.jsonl" % plan)
         a = self.train(plan, ["--steps", str(k), "--save", before, "--progress", "none"])
-        env = {"CARVE_FAULT_NAN_STEP": str(k), "CARVE_FAULT_NAN_TENSOR": poison}
+        env = {"CARVE_FAULT_NAN_STEP": str(k + 1), "CARVE_FAULT_NAN_TENSOR": poison}
         if plan != "1rank":
             env["CARVE_FAULT_NAN_RANK"] = "1"  # one rank only: the ranks must agree
         b = self.train(plan, ["--steps", str(k + 1), "--save", skipped, "--log", log,
@@ -350,14 +351,14 @@ class Suite:
         records = read_log(log)
         last = records[-1] if records else {}
         reported = re.search(r"carve: step %d: non-finite gradient of '%s'.*update skipped on "
-                             r"every rank" % (k, re.escape(poison)), b.out)
+                             r"every rank" % (k + 1, re.escape(poison)), b.out)
         self.check(not differ and len(wa) == len(wb) and len(wa) > 0 and reported is not None and
-                   "1 update skipped" in b.out and last.get("step") == k and
+                   "1 update skipped" in b.out and last.get("step") == k + 1 and
                    last.get("skipped") is True and last.get("nonfinite") == poison and
                    last.get("skipped_steps") == 1,
                    "%s: step %d poisoned on %s, --on-nan skip: weights and optimizer state equal "
                    "the %d-step run's (%d tensors), skip reported" % (
-                       plan, k, "rank 1" if plan != "1rank" else "the only rank", k, len(wa)),
+                       plan, k + 1, "rank 1" if plan != "1rank" else "the only rank", k, len(wa)),
                    "differ: %s\nlog: %s\n%s" % (differ[:5], records[-2:], b.show()))
         if plan == "1rank":
             control = self.path("ck-control")
@@ -365,7 +366,7 @@ class Suite:
             wc = st.load_checkpoint(control, roles) if c.rc == 0 else {}
             changed = [n for n in wa if n in wc and wa[n].tobytes() != wc[n].tobytes()]
             self.check(c.rc == 0 and len(changed) == len(wa),
-                       "control: without poison step %d changes all %d tensors" % (k, len(wa)),
+                       "control: without poison step %d changes all %d tensors" % (k + 1, len(wa)),
                        c.show())
 
     # --- 5. Progress and flags ---------------------------------------------------
@@ -375,7 +376,7 @@ class Suite:
                              r"eta \d+\.\ds  peak rss \d+\.\d [kMG]B$")
         res = self.train("1rank", ["--steps", "15", "--progress", "lines"])
         shown = [int(m.group(1)) for m in map(line_re.match, res.out.splitlines()) if m]
-        summary = re.search(r"^carve: trained steps 0 to 14 in \S+ \(\d+ tokens/s on average\); "
+        summary = re.search(r"^carve: trained steps 1 to 15 in \S+ \(\d+ tokens/s on average\); "
                             r"peak rss \d+\.\d [kMG]B \(rank 0\)$", res.out, re.M)
         self.check(res.rc == 0 and shown == list(range(1, 11)) + [15] and summary is not None,
                    "lines: every field, steps 1-10 and 15 shown (%s), summary line" % shown,
@@ -396,7 +397,7 @@ class Suite:
         self.check(res.rc == 0 and "\r" not in res.out and "\nstep 3/3  loss " in res.out,
                    "auto under mpirun with stdout a pipe: plain lines", repr(res.out[-600:]))
         res = self.train("1rank", ["--steps", "3", "--progress", "none"])
-        self.check(res.rc == 0 and "step " not in res.out and "trained steps 0 to 2" in res.out,
+        self.check(res.rc == 0 and "step " not in res.out and "trained steps 1 to 3" in res.out,
                    "none: no progress lines, the summary stays", res.show())
 
     def bad_flags(self):

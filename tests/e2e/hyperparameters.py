@@ -81,7 +81,9 @@ def rows(log):
     return [(r["step"], r["loss"], r["lr"]) for r in log]
 
 
-def linear(t, warm, decay, begin):
+def linear(n, warm, decay, begin):
+    """The learning rate of step n (numbered from 1, as the log numbers steps)."""
+    t = n - 1
     if t < warm:
         return LR * (t + 1) / warm
     if t < begin:
@@ -135,16 +137,16 @@ def main():
                        ["--lr", repr(LR), "--min-lr", repr(MIN_LR), "--warmup-steps", "2",
                         "--decay-steps", "4", "--schedule", sched], steps=10)
         for r in log:
-            t = r["step"]
+            n = r["step"]
             if sched == "linear":
-                want = linear(t, 2, 4, 2)
+                want = linear(n, 2, 4, 2)
             elif sched == "constant":
-                want = linear(t, 2, 4, 10 ** 9)
+                want = linear(n, 2, 4, 10 ** 9)
             else:
-                want = linear(t, 2, 4, max(2, 10 - 4))
+                want = linear(n, 2, 4, max(2, 10 - 4))
             if abs(r["lr"] - want) > 1e-7 * want:
                 raise Failure("--schedule %s: step %d lr %.9g, expected %.9g" %
-                              (sched, t, r["lr"], want))
+                              (sched, n, r["lr"], want))
         print("ok: --schedule %s: %s" % (sched, " ".join("%.4g" % r["lr"] for r in log)))
 
     # 3. Checkpoints record the values; resuming says when they change.

@@ -256,7 +256,7 @@ def train(model_path, name, data_path, steps, hyper, data_dtype="int32", config=
         else:
             loss = model(*feeds)
         loss.float().backward()
-        rec = {"step": k, "loss": float(loss.item()), "lr": float(lr)}
+        rec = {"step": k + 1, "loss": float(loss.item()), "lr": float(lr)}  # numbered as carve logs
         if hyper.clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, hyper.clip_grad_norm)
             rec["grad_norm"] = float(norm)

@@ -408,8 +408,8 @@ def log_has(path, steps):
         except (OSError, ValueError) as e:
             return "cannot read the log %s: %s" % (path, e)
         got = [r.get("step") for r in records]
-        return None if got == list(range(steps)) else "log steps %s, expected 0..%d" % (
-            got, steps - 1)
+        return None if got == list(range(1, steps + 1)) else "log steps %s, expected 1..%d" % (
+            got, steps)
     return check
 
 

@@ -248,9 +248,9 @@ def read_log(path):
                 raise Failure(f"{path}:{i + 1}: no '{key}' in {line.strip()[:120]}")
         records.append(rec)
     steps = [r["step"] for r in records]
-    if steps != list(range(STEPS)):
+    if steps != list(range(1, STEPS + 1)):
         raise Failure(f"{path}: steps {steps[:5]}{'...' if len(steps) > 5 else ''} "
-                      f"({len(steps)} records), expected 0..{STEPS - 1}")
+                      f"({len(steps)} records), expected 1..{STEPS}")
     for r in records:
         if not math.isfinite(r["loss"]):
             raise Failure(f"{path}: step {r['step']} loss is {r['loss']}")

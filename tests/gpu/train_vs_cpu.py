@@ -252,8 +252,8 @@ def check_profile(out, data):
         raise Failure("CARVE_GPU_PROFILE=1: expected one table of GPU time by kernel, got %d:\n%s"
                       % (len(head), se))
     # The first step's launches (cuBLAS's loading and tuning) are left out.
-    if "over 1 step from step 1 (step 0, " not in lines[head[0]]:
-        raise Failure("CARVE_GPU_PROFILE=1: the table does not say that it leaves step 0 out:\n%s"
+    if "over 1 step from step 2 (step 1, " not in lines[head[0]]:
+        raise Failure("CARVE_GPU_PROFILE=1: the table does not say that it leaves step 1 out:\n%s"
                       % lines[head[0]])
     rows = {}
     for l in lines[head[0] + 2:]:
@@ -268,7 +268,7 @@ def check_profile(out, data):
     total = sum(ms for ms, _ in rows.values())
     if not EMULATED and total <= 0:
         raise Failure("CARVE_GPU_PROFILE=1: the kernels took no time on a GPU:\n%s" % se)
-    print("ok: CARVE_GPU_PROFILE=1: %d kernels timed by name over step 1 of 2, %.3f ms of GPU "
+    print("ok: CARVE_GPU_PROFILE=1: %d kernels timed by name over step 2 of 2, %.3f ms of GPU "
           "time%s"
           % (len(rows), total, " (the emulation's clock is 0)" if EMULATED else ""))
 
