@@ -192,6 +192,10 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
     if (total > kFoldLimit)
       return false;
     defineConst(0, hostTile(x, repeats));
+  } else if (op == "ScatterND") {
+    if (n.input_size() != 3 || !in[1] || !in[2])
+      fail("ScatterND needs data, indices and updates");
+    defineConst(0, hostScatterND(x, *in[1], *in[2], attrString("reduction", "none")));
   } else if (op == "GatherElements") {
     defineConst(0, hostGatherElements(x, *in[1], normAxis(attrInt("axis", 0), x.shape.size())));
   } else if (op == "Trilu") {

@@ -3,6 +3,7 @@
 #include "compiler/frontend/HostTensor.h"
 #include "dialects/carve/Shapes.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -427,6 +428,92 @@ HostTensor hostGatherElements(const HostTensor &data, const HostTensor &indices,
     }
     copyElem(out, k, data, from);
   }
+  return out;
+}
+
+std::vector<int64_t> scatterNDRows(ArrayRef<int64_t> dataShape, const HostTensor &indices,
+                                   ArrayRef<int64_t> updatesShape) {
+  if (indices.isFloat())
+    throw HostError("ScatterND's indices must be integers");
+  if (indices.shape.empty())
+    throw HostError("ScatterND's indices must have rank >= 1");
+  const int64_t k = indices.shape.back(), r = (int64_t)dataShape.size();
+  if (k < 1 || k > r)
+    throw HostError("ScatterND's index tuples have " + std::to_string(k) +
+                    " entries; the data has rank " + std::to_string(r));
+  SmallVector<int64_t> want(indices.shape.begin(), indices.shape.end() - 1);
+  want.append(dataShape.begin() + k, dataShape.end());
+  if (ArrayRef<int64_t>(want) != updatesShape) {
+    auto fmt = [](ArrayRef<int64_t> s) {
+      std::string t = "[";
+      for (size_t d = 0; d < s.size(); ++d)
+        t += (d ? ", " : "") + std::to_string(s[d]);
+      return t + "]";
+    };
+    throw HostError("ScatterND's updates are " + fmt(updatesShape) + "; indices " +
+                    fmt(indices.shape) + " into data " + fmt(dataShape) + " need " + fmt(want));
+  }
+  const int64_t rows = k ? indices.size() / k : 0;
+  std::vector<int64_t> out(rows);
+  for (int64_t u = 0; u < rows; ++u) {
+    int64_t p = 0;
+    for (int64_t d = 0; d < k; ++d) {
+      const int64_t n = dataShape[d], v = indices.i[u * k + d];
+      const int64_t at = v < 0 ? v + n : v;
+      if (at < 0 || at >= n)
+        throw HostError("ScatterND index " + std::to_string(v) + " (tuple " + std::to_string(u) +
+                        ", entry " + std::to_string(d) + ") is outside [" + std::to_string(-n) +
+                        ", " + std::to_string(n) + ")");
+      p = p * n + at;
+    }
+    out[u] = p;
+  }
+  return out;
+}
+
+HostTensor hostScatterND(const HostTensor &data, const HostTensor &indices,
+                         const HostTensor &updates, StringRef reduction) {
+  if (data.kind != updates.kind)
+    throw HostError("ScatterND's updates must have the data's element type");
+  if (reduction != "none" && reduction != "add" && reduction != "mul" && reduction != "max" &&
+      reduction != "min")
+    throw HostError("ScatterND reduction '" + reduction.str() +
+                    "' is not one of none, add, mul, max, min");
+  std::vector<int64_t> rows = scatterNDRows(data.shape, indices, updates.shape);
+  const int64_t k = indices.shape.back();
+  int64_t slice = 1;
+  for (size_t d = k; d < data.shape.size(); ++d)
+    slice *= data.shape[d];
+  if (reduction == "none") {
+    std::vector<int64_t> sorted = rows;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      throw HostError("ScatterND with reduction 'none' writes one slice twice (duplicate index "
+                      "tuples), which ONNX leaves undefined");
+  }
+  HostTensor out = data;
+  auto combine = [&](auto x, auto y) -> decltype(x) {
+    if (reduction == "add")
+      return x + y;
+    if (reduction == "mul")
+      return x * y;
+    if (reduction == "max")
+      return std::max(x, y);
+    if (reduction == "min")
+      return std::min(x, y);
+    return y;
+  };
+  for (size_t u = 0; u < rows.size(); ++u)
+    for (int64_t e = 0; e < slice; ++e) {
+      const int64_t to = rows[u] * slice + e, from = (int64_t)u * slice + e;
+      if (out.isFloat())
+        out.f[to] = combine(out.f[to], updates.f[from]);
+      else
+        out.i[to] = combine(out.i[to], updates.i[from]);
+    }
+  if (out.kind == ElemKind::Bool)
+    for (int64_t &v : out.i)
+      v = v != 0;
   return out;
 }
 

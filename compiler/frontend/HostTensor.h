@@ -90,6 +90,19 @@ HostTensor hostTile(const HostTensor &a, llvm::ArrayRef<int64_t> repeats);
 /// ONNX GatherElements: out[idx] = data[idx with dimension `axis` replaced
 /// by indices[idx]] (negative indices count from the end).
 HostTensor hostGatherElements(const HostTensor &data, const HostTensor &indices, int64_t axis);
+/// ONNX ScatterND's index tuples, checked: for each row of `indices` (all but
+/// its last dimension, k = its last size), the position of the slice it
+/// addresses in the data viewed as [P, S] (P the product of the data's first k
+/// dimensions, S of the rest). Negative entries count from the end.
+/// `updatesShape` must be indices.shape[:-1] + dataShape[k:].
+std::vector<int64_t> scatterNDRows(llvm::ArrayRef<int64_t> dataShape, const HostTensor &indices,
+                                   llvm::ArrayRef<int64_t> updatesShape);
+/// ONNX ScatterND: `data` with `updates` written (reduction "none") or
+/// combined ("add", "mul", "max", "min") at the slices `indices` address, in
+/// the indices' order. Duplicate tuples under "none" are refused: ONNX leaves
+/// their result undefined.
+HostTensor hostScatterND(const HostTensor &data, const HostTensor &indices,
+                         const HostTensor &updates, llvm::StringRef reduction);
 HostTensor hostRange(const HostTensor &start, const HostTensor &limit,
                      const HostTensor &delta);
 /// Sum/Prod/Max/Min/Mean over sorted axes.

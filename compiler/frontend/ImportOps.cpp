@@ -72,6 +72,7 @@ void Importer::build(const onnx::NodeProto &n) {
     add(&Importer::buildRecurrent, {"LSTM", "GRU"});
     add(&Importer::buildNonZero, {"NonZero"});
     add(&Importer::buildScatterElements, {"ScatterElements"});
+    add(&Importer::buildScatterND, {"ScatterND"});
     return t;
   }();
   auto it = table.find(n.op_type());

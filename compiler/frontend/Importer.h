@@ -164,6 +164,14 @@ private:
   const Bounded *boundedOf(mlir::Value v) const;
   void buildNonZero(const onnx::NodeProto &n);
   void buildScatterElements(const onnx::NodeProto &n);
+  /// ScatterND with constant indices (ImportScatter.cpp).
+  void buildScatterND(const onnx::NodeProto &n);
+  /// Under a rank's share of the batch: checks that the scatter keeps each
+  /// sample's writes within it, cuts the indices `idx` (and a constant data,
+  /// into `dataShare`) of a static export to the share; the data's batch
+  /// dimension (-1: none).
+  int64_t shareBatch(HostTensor &idx, std::optional<HostTensor> &dataShare);
+  void defineScattered(mlir::Value result, int64_t batchDim);
   /// `v` with the padding rows of its bounded dimension zeroed (v itself
   /// when it is not bounded).
   mlir::Value maskBounded(mlir::Value v);

@@ -114,6 +114,7 @@ const std::set<std::string> &opTable() {
                                             "Reshape",
                                             "Resize",
                                             "ScatterElements",
+                                            "ScatterND",
                                             "Shape",
                                             "Sigmoid",
                                             "Sin",

@@ -25,6 +25,12 @@ What must hold:
    as LessOrEqual (T5's causal mask), Tile and GatherElements (GPT-J-style
    rotary tables) and carve evaluates at import: 1 rank against PyTorch as
    in 2.
+5b. Slice assignments, exported as ScatterND with constant indices (T5's shift
+   right of floats and of int64 targets, a parameter written into a computed
+   tensor, index_put_ with accumulate): 1 rank against PyTorch as in 2; dp=2
+   of that model, whose shift of the targets mixes samples, refused naming the
+   node; a per-sample variant exported with its static batch under dp=2, tp=2
+   and pp=2 (2 micro-batches) passes `carve verify` against 1 rank.
 6. With --emulated CONFIG (the CUDA target's CPU emulation, tests/gpu-emu):
    the CUDA programs for 1 GPU and tp=2 on 2 emulated GPUs train the same
    steps within FP32_CUDA_RTOL of the CPU target's 1-rank losses
@@ -143,6 +149,51 @@ def tables_model():
 
     torch.manual_seed(0)
     return Tables()
+
+
+def scatter_model(per_sample=False):
+    """Slice assignments, which the exporter writes as ScatterND with constant indices:
+    T5's shift right (of floats, and of the int64 targets, whose start token is a
+    constant), a parameter written into a computed tensor, and index_put_ with
+    accumulate. The shift of the targets and the index_put_ into 4 samples mix samples
+    of the batch; `per_sample` keeps every sample's writes within it instead, so that a
+    plan may split the batch."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Scatter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 10)
+            self.start = nn.Parameter(torch.randn(8) * 0.3)
+            self.table = nn.Parameter(torch.randn(10, 8) * 0.3)
+
+        def forward(self, x, y):  # x [B, T, 8], y [B]
+            h = torch.tanh(self.fc(x))
+            shifted = torch.zeros_like(h)
+            shifted[:, 1:] = h[:, :-1]
+            shifted[:, 0] = self.start
+            acc = h.clone()
+            if per_sample:
+                prev = y * 0 + 3  # from y: a folded constant of the export's batch would be
+                # carried through Gather, which batch tracking does not do yet (issue: static
+                # exports under every plan)
+                rows = torch.arange(x.shape[0])[:, None]
+                acc.index_put_((rows, torch.tensor([0, 2, 5])[None, :]), shifted[:, 1:4],
+                               accumulate=True)
+            else:
+                prev = torch.zeros_like(y)
+                prev[1:] = y[:-1]
+                prev[0] = 3
+                acc.index_put_((torch.arange(4), torch.tensor([0, 2, 2, 5])), shifted[:4, 1],
+                               accumulate=True)
+            z = shifted * acc + F.embedding(prev, self.table)[:, None, :]
+            return F.cross_entropy(self.head(z.mean(1)), y)
+
+    torch.manual_seed(0)
+    return Scatter()
 
 
 def dynamo_forms(src, dst):
@@ -295,6 +346,59 @@ def main():
                                                LOSS_RTOL, WEIGHT_RTOL)
     print("ok: LessOrEqual, Tile and GatherElements on constants: 1 rank against PyTorch, %d SGD "
           "steps: losses within %.2g, weights within %.2g (%s)" % (STEPS, worst, gap, where))
+    # 5b. Slice assignments (ScatterND with constant indices) on computed floats, on the
+    # int64 targets and with a parameter as the update.
+    scatter = scatter_model()
+    scatter_onnx = os.path.join(w, "scatter.onnx")
+    torch.onnx.export(scatter, (torch.from_numpy(txs[:BATCH]), torch.from_numpy(tys[:BATCH])),
+                      scatter_onnx, input_names=["x", "y"], output_names=["loss"],
+                      opset_version=17, do_constant_folding=False)  # keeps the parameters' names
+    found = [n.op_type for n in onnx.load(scatter_onnx).graph.node]
+    if found.count("ScatterND") < 4:
+        raise Failure("the slice assignments' export has %d ScatterND nodes, expected 4 or "
+                      "more; ops: %s" % (found.count("ScatterND"), sorted(set(found))))
+    _, worst, gap, where, _ = train_like_torch(a.carve, scatter_onnx, scatter, tdata, txs, tys,
+                                               os.path.join(w, "scatter"), BATCH, STEPS, LR,
+                                               LOSS_RTOL, WEIGHT_RTOL)
+    print("ok: ScatterND (%d slice assignments: shift right of floats and of int64 targets, a "
+          "parameter written into a computed tensor, index_put_ with accumulate): 1 rank "
+          "against PyTorch, %d SGD steps: losses within %.2g, weights within %.2g (%s)"
+          % (found.count("ScatterND"), STEPS, worst, gap, where))
+    # Under a plan that splits the batch: the model whose scatters mix samples is refused
+    # naming the node; the one whose scatters keep each sample's writes within it, exported
+    # with its static batch (indices and zeros built for all 8 samples), trains as 1 rank.
+    dp2 = os.path.join(w, "dp2.json")
+    p = subprocess.run([a.carve, "compile", scatter_onnx, "--plan", dp2, "-o",
+                        os.path.join(w, "scatter-dp2")], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("carve: error:")]
+    if p.returncode != 1 or len(lines) != 1 or "samples are independent" not in lines[0] or \
+            "node '/" not in lines[0]:
+        raise Failure("dp=2 of a model whose slice assignments mix samples: expected exit 1 and "
+                      "one line naming the node, got %d:\n%s" % (p.returncode, p.stderr))
+    print("ok: dp2 of slice assignments that mix samples: %s" % lines[0][-160:])
+    per = scatter_model(per_sample=True)
+    per_onnx = os.path.join(w, "scatter-per-sample.onnx")
+    torch.onnx.export(per, (torch.from_numpy(txs[:BATCH]), torch.from_numpy(tys[:BATCH])),
+                      per_onnx, input_names=["x", "y"], output_names=["loss"],
+                      opset_version=17, do_constant_folding=False)
+    _, worst, gap, where, _ = train_like_torch(a.carve, per_onnx, per, tdata, txs, tys,
+                                               os.path.join(w, "scatter-per-sample"), BATCH,
+                                               STEPS, LR, LOSS_RTOL, WEIGHT_RTOL)
+    print("ok: per-sample slice assignments: 1 rank against PyTorch, losses within %.2g, "
+          "weights within %.2g (%s)" % (worst, gap, where))
+    for name, plan in [("dp2", {"dp": 2}), ("tp2", {"tp": 2}),
+                       ("pp2", {"pp": 2, "num_micro_batches": 2})]:
+        pj = os.path.join(w, "scatter-%s.json" % name)
+        with open(pj, "w") as f:
+            json.dump(plan, f)
+        text = run([a.carve, "verify", per_onnx, "--plan", pj, "--steps", "3", "--data", tdata,
+                    "--workdir", os.path.join(w, "verify-scatter-" + name)])
+        if "PASS" not in text:
+            raise Failure("carve verify %s of the per-sample slice assignments did not pass:\n%s"
+                          % (name, text))
+        print("ok: per-sample slice assignments (static batch), %s: %s"
+              % (name, text.strip().splitlines()[-1]))
     # 6. The CUDA target on the emulation.
     if a.emulated:
         env = dict(os.environ, CARVE_CUDA_EMULATION=os.path.abspath(a.emulated),

@@ -74,6 +74,42 @@ TEST(HostTensor, CausalMaskFromLessOrEqual) {
   EXPECT_EQ(ge.i, (std::vector<int64_t>{0, 1}));
 }
 
+// ScatterND: T5's shift of the targets (a slice assignment), each reduction
+// with a repeated slice, the checks.
+TEST(HostTensor, ScatterND) {
+  HostTensor data = ints({2, 3}, {1, 2, 3, 4, 5, 6});
+  // y[:, 1:] = data[:, :-1]; y[:, 0] = 9 as tuples (b, t) into zeros.
+  HostTensor zeros = ints({2, 3}, {0, 0, 0, 0, 0, 0});
+  HostTensor shifted = hostScatterND(zeros, ints({2, 2, 2}, {0, 1, 0, 2, 1, 1, 1, 2}),
+                                     ints({2, 2}, {1, 2, 4, 5}), "none");
+  EXPECT_EQ(shifted.i, (std::vector<int64_t>{0, 1, 2, 0, 4, 5}));
+  // Whole rows (k = 1), a negative index.
+  EXPECT_EQ(hostScatterND(data, ints({1, 1}, {-1}), ints({1, 3}, {7, 8, 9}), "none").i,
+            (std::vector<int64_t>{1, 2, 3, 7, 8, 9}));
+  // Row 0 twice: add, mul, max and min combine both in order.
+  HostTensor twice = ints({2, 1}, {0, 0});
+  HostTensor upd = ints({2, 3}, {10, 0, -5, 1, 7, 2});
+  EXPECT_EQ(hostScatterND(data, twice, upd, "add").i,
+            (std::vector<int64_t>{12, 9, 0, 4, 5, 6}));
+  EXPECT_EQ(hostScatterND(data, twice, upd, "mul").i,
+            (std::vector<int64_t>{10, 0, -30, 4, 5, 6}));
+  EXPECT_EQ(hostScatterND(data, twice, upd, "max").i, (std::vector<int64_t>{10, 7, 3, 4, 5, 6}));
+  EXPECT_EQ(hostScatterND(data, twice, upd, "min").i,
+            (std::vector<int64_t>{1, 0, -5, 4, 5, 6}));
+  // Undefined in ONNX, and malformed.
+  EXPECT_THROW(hostScatterND(data, twice, upd, "none"), HostError);
+  EXPECT_THROW(hostScatterND(data, ints({1, 1}, {2}), ints({1, 3}, {0, 0, 0}), "none"),
+               HostError);
+  EXPECT_THROW(hostScatterND(data, ints({1, 1}, {0}), ints({1, 2}, {0, 0}), "none"), HostError);
+  EXPECT_THROW(hostScatterND(data, ints({1, 3}, {0, 0, 0}), ints({1}, {0}), "none"), HostError);
+  EXPECT_THROW(hostScatterND(data, ints({1, 1}, {0}), ints({1, 3}, {0, 0, 0}), "xor"), HostError);
+  HostTensor f = HostTensor::floats(ElemKind::F32, {2}, {1.5, 2.5});
+  EXPECT_EQ(hostScatterND(f, ints({1, 1}, {1}), HostTensor::floats(ElemKind::F32, {1}, {4.0}),
+                          "mul")
+                .f,
+            (std::vector<double>{1.5, 10.0}));
+}
+
 TEST(HostTensor, TileAndGatherElements) {
   HostTensor x = ints({2, 2}, {1, 2, 3, 4});
   HostTensor t = hostTile(x, {2, 3});

@@ -1,6 +1,8 @@
 //===- ImporterTest.cpp - the ONNX importer on hand-built graphs ----------===//
 
+#include "compiler/frontend/HostTensor.h"
 #include "compiler/frontend/OnnxImporter.h"
+#include "compiler/interp/Interpreter.h"
 #include "dialects/carve/CarveOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -9,6 +11,8 @@
 #include "onnx/onnx_pb.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 using namespace mlir;
 
@@ -72,6 +76,22 @@ struct ModelBuilder {
     t->add_dims(values.size());
     for (int64_t v : values)
       t->add_int64_data(v);
+  }
+  void intInitShaped(const std::string &name, std::vector<int64_t> dims,
+                     std::vector<int64_t> values) {
+    auto *t = graph->add_initializer();
+    t->set_name(name);
+    t->set_data_type(7);
+    for (int64_t d : dims)
+      t->add_dims(d);
+    for (int64_t v : values)
+      t->add_int64_data(v);
+  }
+  static void stringAttr(onnx::NodeProto *n, const std::string &name, const std::string &value) {
+    auto *a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(value);
   }
   static void intAttr(onnx::NodeProto *n, const std::string &name, int64_t value) {
     auto *a = n->add_attribute();
@@ -322,6 +342,104 @@ TEST(Importer, Opset18TakesReduceAxesAsInputAndSplitsByCount) {
   auto ro = import(old);
   EXPECT_FALSE(ro->module);
   EXPECT_NE(ro->error.find("axes is an attribute, not an input, before opset 18"),
+            std::string::npos)
+      << ro->error;
+}
+
+// ScatterND with constant indices on computed data and updates: each
+// reduction, evaluated by the reference interpreter, equals the host kernel
+// that folds it on constants; index tuples that repeat a slice, and some
+// slices written by none.
+TEST(Importer, ScatterNDOnComputedValuesEqualsTheHostKernel) {
+  // data [2, 3, 2]; tuples (i, j) address slices of 2 elements.
+  const std::vector<int64_t> unique = {0, 1, 1, 2, 0, 0};     // 3 slices of 6
+  const std::vector<int64_t> repeated = {1, 0, 0, 2, 1, 0, 1, 0}; // (1, 0) three times
+  struct Case {
+    const char *reduction;
+    std::vector<int64_t> tuples;
+    const char *expectOp;
+  };
+  for (const Case &c : {Case{"none", unique, "carve.where"}, Case{"add", repeated, "carve.gather_grad"},
+                        Case{"mul", repeated, "carve.where"}, Case{"max", repeated, "carve.where"},
+                        Case{"min", repeated, "carve.where"}}) {
+    const int64_t rows = (int64_t)c.tuples.size() / 2;
+    ModelBuilder m(18);
+    m.input("x", {2, 3, 2});
+    m.input("u", {rows, 2});
+    m.intInitShaped("idx", {rows, 2}, c.tuples);
+    m.node("Tanh", {"x"}, {"data"});
+    auto *s = m.node("ScatterND", {"data", "idx", "u"}, {"y"}, "/scatter");
+    ModelBuilder::stringAttr(s, "reduction", c.reduction);
+    m.output("y");
+    auto r = import(m);
+    ASSERT_TRUE(r->module) << c.reduction << ": " << r->error;
+    EXPECT_GE(r->count(c.expectOp), 1) << c.reduction;
+    EXPECT_EQ(r->count("carve.scatter_nd"), 0);
+
+    std::vector<double> xs, us;
+    for (int k = 0; k < 12; ++k)
+      xs.push_back(0.37 * k - 2.0);
+    for (int k = 0; k < rows * 2; ++k)
+      us.push_back(1.5 - 0.61 * k);
+    auto argTypes = r->forward().getArgumentTypes();
+    std::vector<carve::HostValue> args = {
+        carve::HostValue::fromDoubles(cast<RankedTensorType>(argTypes[0]), xs),
+        carve::HostValue::fromDoubles(cast<RankedTensorType>(argTypes[1]), us)};
+    std::vector<carve::HostValue> results;
+    std::string error;
+    ASSERT_TRUE(carve::interpret(r->forward(), args, results, error)) << error;
+    ASSERT_EQ(results.size(), 1u);
+    std::vector<double> tanhX;
+    for (double v : xs)
+      tanhX.push_back((double)std::tanh((float)v));
+    carve::HostTensor want = carve::hostScatterND(
+        carve::HostTensor::floats(carve::ElemKind::F32, {2, 3, 2}, tanhX),
+        carve::HostTensor::ints(carve::ElemKind::I64, {rows, 2}, c.tuples),
+        carve::HostTensor::floats(carve::ElemKind::F32, {rows, 2}, us), c.reduction);
+    std::vector<double> got = results[0].toDoubles();
+    ASSERT_EQ(got.size(), want.f.size());
+    for (size_t k = 0; k < got.size(); ++k)
+      EXPECT_NEAR(got[k], want.f[k], 1e-6 * (1 + std::fabs(want.f[k])))
+          << c.reduction << " element " << k;
+  }
+}
+
+TEST(Importer, ScatterNDRefusesWhatItCannotCompute) {
+  // Indices computed from a graph input.
+  ModelBuilder m(18);
+  m.input("x", {4});
+  m.input("i", {1, 1}, 7);
+  m.input("u", {1});
+  m.node("ScatterND", {"x", "i", "u"}, {"y"}, "/dyn");
+  m.output("y");
+  auto r = import(m);
+  EXPECT_FALSE(r->module);
+  EXPECT_NE(r->error.find("node '/dyn' (ScatterND): the indices ('i') are computed from graph "
+                          "inputs"),
+            std::string::npos)
+      << r->error;
+  // Reduction none writing one slice twice: undefined in ONNX.
+  ModelBuilder d(18);
+  d.input("x", {4});
+  d.input("u", {2});
+  d.intInitShaped("idx", {2, 1}, {3, -1});
+  d.node("ScatterND", {"x", "idx", "u"}, {"y"}, "/dup");
+  d.output("y");
+  auto rd = import(d);
+  EXPECT_FALSE(rd->module);
+  EXPECT_NE(rd->error.find("node '/dup' (ScatterND): reduction 'none' writes one slice twice"),
+            std::string::npos)
+      << rd->error;
+  // An index outside the data.
+  ModelBuilder o(18);
+  o.input("x", {4});
+  o.input("u", {1});
+  o.intInitShaped("idx", {1, 1}, {4});
+  o.node("ScatterND", {"x", "idx", "u"}, {"y"}, "/out");
+  o.output("y");
+  auto ro = import(o);
+  EXPECT_FALSE(ro->module);
+  EXPECT_NE(ro->error.find("ScatterND index 4 (tuple 0, entry 0) is outside [-4, 4)"),
             std::string::npos)
       << ro->error;
 }

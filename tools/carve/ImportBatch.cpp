@@ -112,7 +112,8 @@ Imported importModel(mlir::MLIRContext &context, const CompileArgs &args, const 
       die(args.model + ": importing one " + (im.m > 1 ? "micro-batch" : "rank's share") +
           " of the batch (" + std::to_string(im.micro) + " of " + std::to_string(im.batch) +
           ") failed: " + error +
-          (StringRef(error).contains("dynamic batch")
+          (StringRef(error).contains("dynamic batch") ||
+                   StringRef(error).contains("samples are independent")
                ? std::string()
                : std::string(" (the model may hard-code its batch size where carve cannot "
                              "place it; export it with a dynamic batch)")));
