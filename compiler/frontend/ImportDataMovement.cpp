@@ -243,18 +243,18 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
     expect(s);
     if (ArrayRef<int64_t>(s.shape) == shp(x))
       return define(0, x);
+    Value y = SliceOp::create(b, loc, tensorType(s.shape, eltOf(x)), x,
+                              b.getDenseI64ArrayAttr(st), b.getDenseI64ArrayAttr(en),
+                              b.getDenseI64ArrayAttr(sp));
     // Part of the batch (`y[:-1]`, `x[:4]`): each rank would take part of its
-    // own share, not the part the model takes of the whole batch.
+    // own share, not the part the model takes of the whole batch. Fine for
+    // its shape alone (Shape folds it); any op that reads it is refused.
     if (BatchAt at = localBatch() ? batchAt(x) : BatchAt{};
         at.dim >= 0 && s.shape[at.dim] != shp(x)[at.dim])
-      fail("the slice takes part of the batch dimension (" + std::to_string(s.shape[at.dim]) +
-           " of " + std::to_string(shp(x)[at.dim]) +
-           "), so it mixes or drops samples; a rank's share of the batch cannot compute it, so "
-           "plans that split the batch (dp, micro-batches) need a model whose samples are "
-           "independent here");
-    return define(0, SliceOp::create(b, loc, tensorType(s.shape, eltOf(x)), x,
-                                     b.getDenseI64ArrayAttr(st), b.getDenseI64ArrayAttr(en),
-                                     b.getDenseI64ArrayAttr(sp)));
+      partialBatch[y] = "slice '" + nodeLabel + "' takes part of the batch dimension (" +
+                        std::to_string(s.shape[at.dim]) + " of " +
+                        std::to_string(shp(x)[at.dim]) + "), so it mixes or drops samples";
+    return define(0, y);
   }
   if (op == "Pad") {
     // Constant mode: blocks of the value concatenated before and after along

@@ -172,6 +172,10 @@ private:
   /// dimension (-1: none).
   int64_t shareBatch(HostTensor &idx, std::optional<HostTensor> &dataShare);
   void defineScattered(mlir::Value result, int64_t batchDim);
+  /// Under a rank's share of the batch: values a Slice cut from part of the
+  /// batch dimension, with why; an op other than Shape/Size reading one is
+  /// refused (importNode).
+  llvm::DenseMap<mlir::Value, std::string> partialBatch;
   /// `v` with the padding rows of its bounded dimension zeroed (v itself
   /// when it is not bounded).
   mlir::Value maskBounded(mlir::Value v);

@@ -193,6 +193,12 @@ void Importer::importNode(const onnx::NodeProto &n, int index) {
   } catch (const HostError &e) {
     fail(e.what());
   }
+  for (int k = 0; k < n.input_size() && !partialBatch.empty(); ++k)
+    if (!n.input(k).empty() && slot(k).value)
+      if (auto it = partialBatch.find(slot(k).value); it != partialBatch.end())
+        fail("input " + std::to_string(k) + " comes from " + it->second +
+             "; a rank's share of the batch cannot compute it, so plans that split the batch "
+             "(dp, micro-batches) need a model whose samples are independent here");
   if (foldOnlyOps().count(n.op_type()))
     fail("carve evaluates " + n.op_type() +
          " only on constants known at import, but an input is computed from graph inputs "

@@ -136,7 +136,7 @@ def tables_model():
 
         def forward(self, x, y):  # x [B, T, 8]
             t = torch.arange(x.shape[1], device=x.device)
-            mask = (t[None, :] <= t[:, None]).float()
+            mask = (t[None, :] <= t[:, None]).to(x.dtype)
             freqs = torch.arange(4, device=x.device).float().repeat(x.shape[1] // 4)
             idx = t.flip(0).unsqueeze(0).repeat(8, 1)
             perm = torch.gather(t.unsqueeze(0).repeat(8, 1).float(), 1, idx)

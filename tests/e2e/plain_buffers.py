@@ -39,8 +39,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402 (checkpoints)
-from torch_compare import (Failure, read_losses, sgd_losses, worst_loss_gap,  # noqa: E402
-                           worst_weight_gap)
+from torch_compare import (Failure, check_well_posed, read_losses, sgd_losses,  # noqa: E402
+                           well_posed_reference, worst_loss_gap, worst_weight_gap)
 
 STEPS = 5
 BATCH, T, VOCAB, D = 4, 16, 64, 32
@@ -158,7 +158,10 @@ def check_merged(a):
     losses = read_losses(out + ".jsonl")
     batches = [(xs[k * BATCH:(k + 1) * BATCH], ys[k * BATCH:(k + 1) * BATCH])
                for k in range(STEPS)]
-    worst = worst_loss_gap("merged", losses, sgd_losses(net, batches, LR), LOSS_RTOL)
+    exact, exact_losses = well_posed_reference(net, batches, LR)
+    ref = sgd_losses(net, batches, LR)
+    check_well_posed(net, ref, exact, exact_losses, LOSS_RTOL, WEIGHT_RTOL)
+    worst = worst_loss_gap("merged", losses, ref, LOSS_RTOL)
     mine = st.load_checkpoint(out + ".ckpt")
     if sorted(mine) != sorted(net.state_dict()):
         raise Failure("merged: checkpoint tensors %s, the module's %s"
@@ -221,7 +224,10 @@ def main():
         initial = {k: v.detach().clone() for k, v in net.state_dict().items()}
         batches = [(ids[k * BATCH:(k + 1) * BATCH], labels[k * BATCH:(k + 1) * BATCH])
                    for k in range(STEPS)]
-        worst = worst_loss_gap(name, losses, sgd_losses(net, batches, LR), LOSS_RTOL)
+        exact, exact_losses = well_posed_reference(net, batches, LR)
+        ref = sgd_losses(net, batches, LR)
+        check_well_posed(net, ref, exact, exact_losses, LOSS_RTOL, WEIGHT_RTOL)
+        worst = worst_loss_gap(name, losses, ref, LOSS_RTOL)
         mine = st.load_checkpoint(ckpt)
         for k in buffers:
             if not np.array_equal(mine[k], initial[k].numpy()):

@@ -5,8 +5,14 @@ standard_op_rules.py).
 A module is exported, compiled with plain SGD (no momentum, no clipping),
 trained STEPS steps on the same samples in the same order, and compared:
 every step's loss, then the final weights of the checkpoint against the
-module's state_dict."""
+module's state_dict.
 
+A comparison over several steps means something only where float32 itself is
+well posed: before comparing, train_like_torch trains a float64 copy of the
+module on the same batches and fails, saying so, when PyTorch's own float32
+run is farther from it than the tolerances allow carve to be."""
+
+import copy
 import json
 import subprocess
 
@@ -46,6 +52,42 @@ def sgd_losses(net, batches, lr):
     return losses
 
 
+def well_posed_reference(net, batches, lr):
+    """A float64 copy of `net` (before it trains) trained by plain SGD on
+    `batches` (float inputs widened): (the trained copy, its losses)."""
+    exact = copy.deepcopy(net).double()
+    wide = [tuple(a.astype(np.float64) if a.dtype.kind == "f" else a for a in b)
+            for b in batches]
+    try:
+        losses = sgd_losses(exact, wide, lr)
+    except RuntimeError as e:
+        raise Failure("cannot check that the comparison is well posed: the module does not "
+                      "train in float64 (%s); make its constants follow the input's dtype"
+                      % str(e).splitlines()[0])
+    return exact, losses
+
+
+def check_well_posed(net, ref, exact, exact_losses, loss_rtol, weight_rtol):
+    """Failure when PyTorch's float32 run (`net`, losses `ref`) is farther from
+    its float64 run than the tolerances carve is held to: such a setting tests
+    rounding, not carve (choose the batch, the learning rate or the steps so
+    that it is well posed)."""
+    gap = max(abs(a - b) / abs(b) for a, b in zip(ref, exact_losses))
+    if gap > loss_rtol:
+        raise Failure("not well posed in float32: PyTorch's own float32 losses are %.3g from "
+                      "its float64 run's (the test allows carve %g)" % (gap, loss_rtol))
+    wide = dict(exact.state_dict())
+    for name, p in net.state_dict().items():
+        if not p.is_floating_point():
+            continue
+        t = wide[name].detach().numpy()
+        g = float(np.max(np.abs(p.detach().numpy() - t)) / max(np.max(np.abs(t)), 1e-30))
+        if g > weight_rtol:
+            raise Failure("not well posed in float32: PyTorch's own float32 %s is %.3g (of its "
+                          "largest entry) from its float64 run's (the test allows carve %g)"
+                          % (name, g, weight_rtol))
+
+
 def read_losses(log):
     return [json.loads(line)["loss"] for line in open(log)]
 
@@ -76,7 +118,10 @@ def train_like_torch(carve, onnx_path, net, data, xs, ys, out, batch, steps, lr,
     batches = [(xs[k * batch:(k + 1) * batch], ys[k * batch:(k + 1) * batch])
                for k in range(steps)]
     losses = read_losses(log)
-    worst = worst_loss_gap("1 rank", losses, sgd_losses(net, batches, lr), loss_rtol)
+    exact, exact_losses = well_posed_reference(net, batches, lr)
+    ref = sgd_losses(net, batches, lr)
+    check_well_posed(net, ref, exact, exact_losses, loss_rtol, weight_rtol)
+    worst = worst_loss_gap("1 rank", losses, ref, loss_rtol)
     gap, where, compared = worst_weight_gap("1 rank", ckpt, net, weight_rtol,
                                             require_all=require_all)
     return losses, worst, gap, where, compared
