@@ -33,16 +33,44 @@ Importer::BatchAt Importer::batchAt(Value v) const {
 }
 
 void Importer::trackBatch(Operation *before) {
+  trackDims(before, batchDims, opts.batch);
+  if (!wholeDims.empty())
+    trackDims(before, wholeDims, opts.globalBatch);
+}
+
+void Importer::markWhole(Value v, const HostTensor &t) {
+  const int64_t whole = opts.globalBatch;
+  for (int64_t d = 0; d < (int64_t)t.shape.size(); ++d) {
+    if (t.shape[d] != whole)
+      continue;
+    int64_t inner = 1;
+    for (int64_t q = d + 1; q < (int64_t)t.shape.size(); ++q)
+      inner *= t.shape[q];
+    bool uniform = true;
+    for (int64_t k = 0; k < t.size() && uniform; ++k)
+      uniform = t.asDouble(k) == t.asDouble(k - (k / inner % whole) * inner);
+    if (uniform) {
+      wholeDims[v] = BatchAt{d, 1};
+      return;
+    }
+  }
+}
+
+void Importer::trackDims(Operation *before, llvm::DenseMap<Value, BatchAt> &dims, int64_t size) {
+  auto dimOf = [&](Value v) {
+    auto it = dims.find(v);
+    return it == dims.end() ? BatchAt{} : it->second;
+  };
   Operation *op = before ? before->getNextNode() : (entry->empty() ? nullptr : &entry->front());
   for (; op; op = op->getNextNode()) {
     auto iface = dyn_cast<PartitionableOpInterface>(op);
-    if (!iface || op->getNumResults() == 0 || batchDims.count(op->getResult(0)))
+    if (!iface || op->getNumResults() == 0 || dims.count(op->getResult(0)))
       continue; // (the reshape family and Expand record theirs as they build)
     // From the first operand that carries the batch.
     int64_t from = -1;
     BatchAt at;
     for (unsigned i = 0; i < op->getNumOperands() && from < 0; ++i)
-      if (BatchAt b = batchAt(op->getOperand(i)); b.dim >= 0)
+      if (BatchAt b = dimOf(op->getOperand(i)); b.dim >= 0)
         from = i, at = b;
     if (from < 0)
       continue;
@@ -65,7 +93,7 @@ void Importer::trackBatch(Operation *before) {
       // starts, and it fits (a local batch of 1 is a factor of size 1, or the
       // last element of a larger one).
       if (at.outer % before == 0) {
-        const int64_t span = at.outer / before * opts.batch;
+        const int64_t span = at.outer / before * size;
         if (span <= f.count && f.count % span == 0) {
           if (!f.name.empty())
             name = f.name, inside = at.outer / before;
@@ -79,7 +107,7 @@ void Importer::trackBatch(Operation *before) {
     for (unsigned r = 0; r < op->getNumResults(); ++r) {
       int64_t rd, outer;
       if (Annotation::find(a.results[r], name, rd, outer))
-        batchDims[op->getResult(r)] = BatchAt{rd, outer * inside};
+        dims[op->getResult(r)] = BatchAt{rd, outer * inside};
     }
   }
 }
@@ -138,8 +166,34 @@ std::optional<onnx::NodeProto> Importer::shareConstants(const onnx::NodeProto &n
   const int64_t ratio = opts.globalBatch / opts.batch, B = opts.globalBatch;
   std::optional<onnx::NodeProto> copy;
   for (int k = 0; k < n.input_size(); ++k) {
-    if (n.input(k).empty() || slot(k).value)
+    if (n.input(k).empty())
       continue;
+    if (Value v = slot(k).value) {
+      // A value computed from a constant of the whole batch, the same for
+      // every sample: its first share (a slice) is every rank's.
+      auto it = wholeDims.find(v);
+      if (it == wholeDims.end() || at.outer != 1)
+        continue;
+      const int64_t vr = (int64_t)shp(v).size(), d = at.dim - (rank - vr);
+      if (d < 0 || d != it->second.dim || it->second.outer != 1 || shp(v)[d] != local * ratio)
+        continue;
+      if (n.op_type() == "Concat" && normAxis(attrInt("axis", 0), vr) == d)
+        continue;
+      SmallVector<int64_t> st(vr, 0), en(shp(v)), sp(vr, 1), shape(shp(v));
+      en[d] = shape[d] = local;
+      Value y = SliceOp::create(b, loc, tensorType(shape, eltOf(v)), v,
+                                b.getDenseI64ArrayAttr(st), b.getDenseI64ArrayAttr(en),
+                                b.getDenseI64ArrayAttr(sp));
+      batchDims[y] = BatchAt{d, 1};
+      const std::string name = n.input(k) + "@batch-share-" + std::to_string(local);
+      Slot s;
+      s.value = y;
+      env[name] = std::move(s);
+      if (!copy)
+        copy = n;
+      copy->set_input(k, name);
+      continue;
+    }
     const HostTensor *t = cst(k);
     if (!t)
       continue;

@@ -11,6 +11,7 @@
 #include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/JSON.h"
 
+#include <map>
 #include <set>
 
 using namespace mlir;
@@ -102,6 +103,23 @@ void Importer::classifyInitializers() {
     }
     for (auto &[name, t] : unmerged)
       paramNames.insert(name);
+    // A tied weight's transposed copy is the same parameter, as in the module.
+    std::string tiedList;
+    int64_t tiedCount = 0;
+    for (auto &[copy, original] : transposedTies()) {
+      paramNames.erase(copy);
+      tiedCopies[copy] = original;
+      if (tiedCount++ < 3)
+        tiedList += (tiedList.empty() ? "" : ", ") + copy + " (= " + original + " transposed)";
+    }
+    if (tiedCount > 0 && opts.notes)
+      opts.notes->push_back(
+          std::to_string(tiedCount) +
+          " initializer(s) are exactly another's transpose, the copy a plain export's constant "
+          "folding keeps of a tied weight: trained as one tensor, as PyTorch trains the tie: " +
+          tiedList + (tiedCount > 3 ? ", ..." : "") +
+          "; carve cannot tell a tie from a coincidence, so export with "
+          "do_constant_folding=False (or models/export.py's export_for_carve) to be sure");
     // Say once what was guessed, and what an exporter renamed.
     int64_t floats = 0, others = 0;
     std::string renamed;
@@ -158,8 +176,64 @@ void Importer::classifyInitializers() {
     Slot s;
     s.init = &t;
     s.isParam = paramNames.count(t.name());
+    if (auto it = tiedCopies.find(t.name()); it != tiedCopies.end()) {
+      s.isParam = true; // never a constant
+      s.transposeOf = it->second;
+    }
     env[t.name()] = s;
   }
+}
+
+std::vector<std::pair<std::string, std::string>> Importer::transposedTies() {
+  // Candidates: 2-D float initializers of at most kLimit elements, paired by
+  // transposed shapes; equal when every element is (cheap to rule out: the
+  // first differing element ends the comparison).
+  constexpr int64_t kLimit = int64_t(1) << 26;
+  std::vector<const onnx::TensorProto *> mats;
+  for (const auto &t : model.graph().initializer())
+    if (isFloatKind((ElemKind)t.data_type()) && t.dims_size() == 2 &&
+        t.dims(0) * t.dims(1) <= kLimit && t.dims(0) * t.dims(1) > 1)
+      mats.push_back(&t);
+  std::map<const onnx::TensorProto *, HostTensor> loaded;
+  auto values = [&](const onnx::TensorProto *t) -> const HostTensor & {
+    auto it = loaded.find(t);
+    if (it == loaded.end())
+      it = loaded.emplace(t, loadTensor(*t, "initializer '" + t->name() + "'")).first;
+    return it->second;
+  };
+  std::vector<std::pair<std::string, std::string>> ties;
+  std::set<const onnx::TensorProto *> used;
+  for (size_t i = 0; i < mats.size(); ++i)
+    for (size_t j = 0; j < mats.size(); ++j) {
+      const onnx::TensorProto *a = mats[i], *c = mats[j];
+      if (i == j || used.count(a) || used.count(c) || a->dims(0) != c->dims(1) ||
+          a->dims(1) != c->dims(0))
+        continue;
+      // The original is the one the module named; the copy the exporter's.
+      const bool aMade = StringRef(a->name()).starts_with("onnx::"),
+                 cMade = StringRef(c->name()).starts_with("onnx::");
+      if (aMade && !cMade)
+        continue;
+      if (aMade == cMade && i > j)
+        continue;
+      const HostTensor &x = values(a), &y = values(c);
+      const int64_t m = a->dims(0), n = a->dims(1);
+      bool same = true, varied = false, symmetric = m == n;
+      for (int64_t r = 0; r < m && same; ++r)
+        for (int64_t q = 0; q < n && same; ++q) {
+          same = x.asDouble(r * n + q) == y.asDouble(q * m + r);
+          varied |= x.asDouble(r * n + q) != x.asDouble(0);
+          if (symmetric)
+            symmetric = x.asDouble(r * n + q) == x.asDouble(q * n + r);
+        }
+      // Constant and symmetric tensors equal their transposes by themselves.
+      if (same && varied && !symmetric) {
+        ties.push_back({c->name(), a->name()});
+        used.insert(a);
+        used.insert(c);
+      }
+    }
+  return ties;
 }
 
 void Importer::makeArguments() {

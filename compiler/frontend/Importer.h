@@ -54,6 +54,9 @@ struct Slot {
   std::optional<HostTensor> constant;
   const onnx::TensorProto *init = nullptr; ///< a not-yet-used initializer
   bool isParam = false;
+  /// A transposed copy of the parameter of this name (a tied weight the
+  /// exporter's constant folding copied): read as its transpose.
+  std::string transposeOf;
   /// An ONNX sequence (SplitToSequence's): its tensors, which SequenceAt
   /// picks by a constant position.
   std::optional<std::vector<mlir::Value>> sequence;
@@ -70,6 +73,10 @@ public:
   /// Parses `bytes` and reads the facts readOnnxStateFacts returns.
   void readStateFacts(llvm::StringRef bytes, const std::vector<std::string> &wanted,
                       OnnxStateFacts &out);
+  /// 2-D float initializers that are exactly another's transpose (the copy a
+  /// plain export's constant folding keeps of a tied weight, `h @ wte.T`):
+  /// (copy, original) pairs, the original the one the module named.
+  std::vector<std::pair<std::string, std::string>> transposedTies();
 
 private:
   // Reading and validation.
@@ -131,6 +138,18 @@ private:
   /// Tracks the batch through the ops created after `before` (null: from the
   /// block's start), by their partition annotations.
   void trackBatch(mlir::Operation *before);
+  /// trackBatch's walk for the dimensions `dims` records, of size `size`.
+  void trackDims(mlir::Operation *before, llvm::DenseMap<mlir::Value, BatchAt> &dims,
+                 int64_t size);
+  /// Values computed from a constant that holds the export's whole batch with
+  /// the same values for every sample (the positions of `torch.ones(B, T)`, a
+  /// token-type buffer expanded to B), and where: where such a value meets
+  /// this rank's share at a broadcasting op, its share is taken (a slice).
+  llvm::DenseMap<mlir::Value, BatchAt> wholeDims;
+  /// Records in wholeDims the first dimension of the materialized constant
+  /// `t` (value `v`) that has the whole batch's size and the same values
+  /// along it.
+  void markWhole(mlir::Value v, const HostTensor &t);
   /// The entry of a constant target shape that creates the batch where an
   /// operand without it broadcasts: the one entry equal to the global batch
   /// over a size-1 (or absent) dimension of `in`, the leading one when there
@@ -248,6 +267,8 @@ private:
   /// exports), reached through an Identity node: name -> the kept one.
   std::vector<std::pair<std::string, const onnx::TensorProto *>> unmerged;
   llvm::StringSet<> unmergedNames;
+  /// Transposed copies of tied weights: copy -> the parameter it copies.
+  llvm::StringMap<std::string> tiedCopies;
   bool haveParamMetadata = false;
   llvm::StringMap<unsigned> useCount;
   mlir::func::FuncOp func;

@@ -83,8 +83,19 @@ Value Importer::val(int k) {
     recordInitialValue(t, "buffer '" + name + "'");
     return arg;
   }
+  if (!s.transposeOf.empty()) {
+    // A tied weight's transposed copy: the parameter itself, transposed, so
+    // that both uses train one tensor.
+    Value a = env[s.transposeOf].value;
+    ArrayRef<int64_t> as = shp(a);
+    s.value = TransposeOp::create(b, loc, tensorType({as[1], as[0]}, eltOf(a)), a,
+                                  b.getDenseI64ArrayAttr({1, 0}));
+    return s.value;
+  }
   const HostTensor *t = cst(k);
   s.value = materialize(*t, name);
+  if (localBatch())
+    markWhole(s.value, *t);
   return s.value;
 }
 

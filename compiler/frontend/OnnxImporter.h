@@ -83,6 +83,9 @@ struct OnnxStateFacts {
   std::vector<std::pair<std::string, std::string>> metadata;
   std::vector<std::string> initializerNames;       // every initializer, in file order
   std::vector<ImportOptions::InitialValue> values; // those asked for, in that order
+  /// Initializers that are exactly another's transpose (a tied weight that
+  /// constant folding copied), which carve trains as one: (copy, original).
+  std::vector<std::pair<std::string, std::string>> transposedTies;
 };
 bool readOnnxStateFacts(mlir::MLIRContext &context, llvm::StringRef path,
                         const std::vector<std::string> &wanted, OnnxStateFacts &out,

@@ -69,6 +69,11 @@ void Importer::readStateFacts(StringRef bytes, const std::vector<std::string> &w
     out.initializerNames.push_back(t.name());
     byName[t.name()] = &t;
   }
+  bool metadata = false;
+  for (const auto &p : model.metadata_props())
+    metadata |= p.key() == "carve.parameters";
+  if (!metadata)
+    out.transposedTies = transposedTies();
   for (const std::string &name : wanted) {
     auto it = byName.find(name);
     if (it == byName.end())

@@ -26,6 +26,13 @@ layers; an additive mask raised to carve.attention):
    parameters, as the module has), says so in one note, and trains the
    module's model: against PyTorch as in 2, ln2's tensors ending different
    from ln1's.
+5. A tied output projection (`head.weight = emb.weight`) in a plain export
+   with constant folding (torch.onnx.export's default) leaves the head a
+   transposed copy of the embedding as an initializer of its own. carve
+   trains the two as one tensor, as PyTorch trains the tie, says so in one
+   note naming the copy, matches PyTorch as in 2 (trained apart they ended
+   7.8e-4 from it), and `carve ckpt merge --model` writes the copy under its
+   name too, the embedding transposed.
 """
 
 import argparse
@@ -173,6 +180,72 @@ def check_merged(a):
           "ln1 and ln2 apart" % (STEPS, worst, gap))
 
 
+def check_tied(a, ids, labels, data):
+    """Item 5."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, D)
+            self.fc = nn.Linear(D, D)
+            self.head = nn.Linear(D, VOCAB, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids, labels):
+            h = torch.tanh(self.fc(self.emb(ids)))
+            return F.cross_entropy(self.head(h).view(-1, VOCAB), labels.view(-1))
+
+    torch.manual_seed(0)
+    net = Tied()
+    onnx_path = os.path.join(a.workdir, "tied.onnx")
+    torch.onnx.export(net, (torch.from_numpy(ids[:BATCH]), torch.from_numpy(labels[:BATCH])),
+                      onnx_path, input_names=["ids", "labels"], output_names=["loss"],
+                      opset_version=17)  # constant folding on: the default
+    out = os.path.join(a.workdir, "tied")
+    p = run([a.carve, "compile", onnx_path, "-o", out, "--quiet", "--optimizer", "sgd", "--lr",
+             str(LR), "--clip-grad-norm", "0"])
+    if p.returncode != 0:
+        raise Failure("tied: compile failed:\n%s%s" % (p.stdout, p.stderr))
+    notes = [l for l in p.stderr.splitlines()
+             if l.startswith("carve: note:") and "exactly another's transpose" in l]
+    if len(notes) != 1 or "(= emb.weight transposed)" not in notes[0]:
+        raise Failure("tied: expected one note naming the copy of emb.weight, got:\n%s"
+                      % p.stderr)
+    copy = notes[0].split("tie: ")[1].split(" (= emb.weight")[0]
+    print("ok: tied: %s" % notes[0])
+    ckpt = out + ".ckpt"
+    p = run([a.carve, "run", out, "-n", "1", "--", "--steps", str(STEPS), "--data", data,
+             "--log", out + ".jsonl", "--save", ckpt, "--progress", "none"])
+    if p.returncode != 0:
+        raise Failure("tied: training failed:\n%s%s" % (p.stdout, p.stderr))
+    batches = [(ids[k * BATCH:(k + 1) * BATCH], labels[k * BATCH:(k + 1) * BATCH])
+               for k in range(STEPS)]
+    exact, exact_losses = well_posed_reference(net, batches, LR)
+    ref = sgd_losses(net, batches, LR)
+    check_well_posed(net, ref, exact, exact_losses, LOSS_RTOL, WEIGHT_RTOL)
+    worst = worst_loss_gap("tied", read_losses(out + ".jsonl"), ref, LOSS_RTOL)
+    mine = st.load_checkpoint(ckpt)
+    if copy in mine:
+        raise Failure("tied: the checkpoint holds the copy %s as a tensor of its own" % copy)
+    want = net.emb.weight.detach().numpy()
+    gap = float(np.max(np.abs(mine["emb.weight"] - want)) / np.max(np.abs(want)))
+    if gap > WEIGHT_RTOL:
+        raise Failure("tied: emb.weight %.3g from PyTorch's (limit %g)" % (gap, WEIGHT_RTOL))
+    merged = os.path.join(a.workdir, "tied-merged.safetensors")
+    p = run([a.carve, "ckpt", "merge", ckpt, "-o", merged, "--model", onnx_path])
+    if p.returncode != 0:
+        raise Failure("tied: ckpt merge failed:\n%s%s" % (p.stdout, p.stderr))
+    full = st.load(merged)
+    if copy not in full or not np.array_equal(full[copy], full["emb.weight"].T):
+        raise Failure("tied: the merged file should hold %s as emb.weight transposed; it has %s"
+                      % (copy, sorted(full)))
+    print("ok: tied: %d SGD steps against PyTorch: losses within %.2g, emb.weight within %.2g; "
+          "the merged file writes %s as emb.weight transposed" % (STEPS, worst, gap, copy))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -236,6 +309,7 @@ def main():
         print("ok: %s: %d SGD steps against PyTorch: losses within %.2g, weights within %.2g "
               "(%s), buffers unchanged" % (name, STEPS, worst, gap, where))
     check_merged(a)
+    check_tied(a, ids, labels, data)
     print("plain-buffers: all checks passed")
     return 0
 

@@ -13,6 +13,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <cstring>
+#include <list>
 #include <map>
 #include <set>
 #include <sys/stat.h>
@@ -164,9 +165,12 @@ int merge(const CkptArgs &args) {
   // tensors the checkpoint lacks (buffers the program folded) from the
   // model's initializers; else the checkpoint's own.
   std::vector<Out> outs;
+  std::list<std::vector<float>> transposed; // tied copies' values (stable addresses)
   std::vector<std::string> notes;
   OnnxStateFacts facts;
   std::set<std::string> written;
+  std::map<std::string, const std::vector<float> *> tiedCopies;
+  std::map<std::string, std::vector<int64_t>> tiedShapes;
   if (!args.model.empty()) {
     MLIRContext ctx;
     if (!readOnnxStateFacts(ctx, args.model, {}, facts, error))
@@ -211,13 +215,30 @@ int merge(const CkptArgs &args) {
           if (auto n = it.getAsString(); n && !byName.count(n->str()) && inits.count(n->str()))
             order.push_back({n->str(), n->str()});
       }
+      // A plain export's transposed copy of a tied weight, which carve
+      // trained as the weight itself: written under its own name too.
+      for (auto &[copy, original] : facts.transposedTies) {
+        auto it = byName.find(original);
+        if (byName.count(copy) || it == byName.end() || it->second->shape.size() != 2)
+          continue;
+        const int64_t m = it->second->shape[0], n = it->second->shape[1];
+        std::vector<float> &t = transposed.emplace_back(m * n);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t q = 0; q < n; ++q)
+            t[q * m + r] = it->second->data[r * n + q];
+        order.push_back({copy, copy});
+        tiedCopies[copy] = &t;
+        tiedShapes[copy] = {n, m};
+      }
       notes.push_back(args.model +
                       " has no carve.state_dict metadata (models/export.py's export_for_carve "
-                      "records it): tied aliases are not written");
+                      "records it): tied aliases are not written" +
+                      (tiedCopies.empty() ? std::string()
+                                          : " (the transposed copies of tied weights are)"));
     }
     std::vector<std::string> wanted;
     for (auto &[key, src] : order)
-      if (!byName.count(src)) {
+      if (!byName.count(src) && !tiedCopies.count(src)) {
         if (!inits.count(src))
           return fail("the model's state_dict key '" + key + "' (tensor '" + src +
                       "') is neither in the checkpoint nor an initializer of " + args.model);
@@ -236,7 +257,9 @@ int merge(const CkptArgs &args) {
     for (auto &[key, src] : order) {
       if (!written.insert(key).second)
         return fail(args.model + ": the state_dict key '" + key + "' is listed twice");
-      if (auto it = byName.find(src); it != byName.end())
+      if (auto it = tiedCopies.find(src); it != tiedCopies.end())
+        outs.push_back({key, tiedShapes[src], it->second, false});
+      else if (auto it = byName.find(src); it != byName.end())
         outs.push_back({key, it->second->shape, &it->second->data, false});
       else
         outs.push_back({key, fromModel[src]->shape, &fromModel[src]->data, false});
