@@ -68,6 +68,7 @@ What must hold:
 """
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -260,49 +261,69 @@ def check_torch(carve, work, kind, model, data, xs, ys):
     mine = [r["loss"] for r in rows if "loss" in r]
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     net, _ = build(kind)
-    net.train()
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
-    ref = []
-    for k in range(steps):
-        loss = net(torch.from_numpy(xs[k]), torch.from_numpy(ys[k]))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        ref.append(float(loss))
+    exact = copy.deepcopy(net).double()
+
+    def train_torch(module, dtype):
+        module.train()
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-3, weight_decay=0.01)
+        losses = []
+        for k in range(steps):
+            loss = module(torch.from_numpy(xs[k].astype(dtype)), torch.from_numpy(ys[k]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses
+
+    def gaps(weights, module):
+        """(worst weight gap, its name, worst running-statistic gap, its name)."""
+        worst_w, name_w = 0.0, ""
+        worst_s, name_s = 0.0, ""
+        for name, t in module.state_dict().items():
+            r = t.detach().double().numpy()
+            if name.endswith("num_batches_tracked"):
+                continue  # not in the exported graph (the momentum is fixed)
+            if name not in weights:
+                raise Failure("%s: the checkpoint lacks %s" % (kind, name))
+            mine_w = np.asarray(weights[name], dtype=np.float64)
+            if name.endswith("self_attn.in_proj_bias"):
+                # (ViT) The key bias's gradient is zero in exact arithmetic, both
+                # sides' rounding noise, which AdamW turns into steps of about lr:
+                # compare the query and value thirds (tests/e2e/dropout.py).
+                third = r.shape[0] // 3
+                r = np.concatenate([r[:third], r[2 * third:]])
+                mine_w = np.concatenate([mine_w[:third], mine_w[2 * third:]])
+            gap = float(np.max(np.abs(mine_w - r))) / max(1e-12, float(np.max(np.abs(r))))
+            if name.endswith(("running_mean", "running_var")):
+                # Batch norm's running statistics: PyTorch sums the batch's
+                # statistics in double, carve in float.
+                if gap > worst_s:
+                    worst_s, name_s = gap, name
+            elif gap > worst_w:
+                worst_w, name_w = gap, name
+        return worst_w, name_w, worst_s, name_s
+
+    ref = train_torch(net, np.float32)
+    # ResNet-18: 21 layers of float32 rounding in another order, each batch
+    # norm dividing by its batch's standard deviation: 1.5e-5 when written.
+    wtol = 1e-4 if kind == "resnet18" else 1e-5
+    # Well posed first: PyTorch's own float32 run within these tolerances of
+    # its float64 run, or the comparison would test rounding, not carve.
+    ref64 = train_torch(exact, np.float64)
+    posed = max(abs(a - b) / abs(b) for a, b in zip(ref, ref64))
+    posed_w, posed_at, posed_s, posed_s_at = gaps(
+        {n: t.detach().numpy() for n, t in net.state_dict().items()}, exact)
+    if posed > 1e-5 or posed_w > wtol or posed_s > 1e-4:
+        raise Failure("%s: not well posed in float32: PyTorch's own float32 run is %.2e (losses), "
+                      "%.2e (%s), %.2e (%s) from its float64 run; the test allows carve 1e-5, "
+                      "%g, 1e-4: choose the batch, the learning rate or the steps so that it is"
+                      % (kind, posed, posed_w, posed_at, posed_s, posed_s_at, wtol))
     worst = max(abs(a - b) / abs(b) for a, b in zip(mine, ref))
     if worst > 1e-5:
         raise Failure("%s: 1 rank vs PyTorch: losses differ by %.2e relative (tolerance 1e-5)\n"
                       "  carve   %s\n  PyTorch %s" % (kind, worst, mine, ref))
     weights = st.load_checkpoint(save)
-    worst_w, name_w = 0.0, ""
-    worst_s, name_s = 0.0, ""
-    for name, t in net.state_dict().items():
-        r = t.detach().numpy()
-        if name.endswith("num_batches_tracked"):
-            continue  # not in the exported graph (the momentum is fixed)
-        if name not in weights:
-            raise Failure("%s: the checkpoint lacks %s" % (kind, name))
-        mine_w = weights[name]
-        if name.endswith("self_attn.in_proj_bias"):
-            # (ViT) The key bias's gradient is zero in exact arithmetic, both
-            # sides' rounding noise, which AdamW turns into steps of about lr:
-            # compare the query and value thirds (tests/e2e/dropout.py).
-            third = r.shape[0] // 3
-            r = np.concatenate([r[:third], r[2 * third:]])
-            mine_w = np.concatenate([mine_w[:third], mine_w[2 * third:]])
-        if name.endswith(("running_mean", "running_var")):
-            # Batch norm's running statistics: PyTorch sums the batch's
-            # statistics in double, carve in float.
-            gap = float(np.max(np.abs(weights[name] - r))) / max(1e-12, float(np.max(np.abs(r))))
-            if gap > worst_s:
-                worst_s, name_s = gap, name
-            continue
-        gap = float(np.max(np.abs(mine_w - r))) / max(1e-12, float(np.max(np.abs(r))))
-        if gap > worst_w:
-            worst_w, name_w = gap, name
-    # ResNet-18: 21 layers of float32 rounding in another order, each batch
-    # norm dividing by its batch's standard deviation: 1.5e-5 when written.
-    wtol = 1e-4 if kind == "resnet18" else 1e-5
+    worst_w, name_w, worst_s, name_s = gaps(weights, net)
     if worst_w > wtol:
         raise Failure("%s: 1 rank vs PyTorch: weight %s differs by %.2e of its largest entry "
                       "(tolerance %g)" % (kind, name_w, worst_w, wtol))
@@ -319,10 +340,11 @@ def check_torch(carve, work, kind, model, data, xs, ys):
         raise Failure("%s: eval loss %s, PyTorch's eval mode %.8f (tolerance 1e-5 relative)" %
                       (kind, evals, ref_eval))
     print("ok: %s: 1 rank equals PyTorch over %d AdamW steps (losses within %.1e relative, "
-          "weights within %.1e, worst %s%s); eval loss %.6f equals eval mode's" %
+          "weights within %.1e, worst %s%s); eval loss %.6f equals eval mode's; well posed "
+          "(PyTorch float32 to float64: losses %.1e, weights %.1e)" %
           (kind, steps, worst, worst_w, name_w,
            ("; running statistics within %.1e, %s" % (worst_s, name_s)) if name_s else "",
-           evals[0]))
+           evals[0], posed, posed_w))
 
 
 # dp2-zero3: each convolution's weight is read through a reshape to

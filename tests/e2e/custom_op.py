@@ -132,9 +132,10 @@ def compile_and_train(carve, onnx_path, rules_path, data, out, plan=None):
     return read_log(out + ".jsonl"), read_weights(out + ".ckpt")
 
 
-def torch_train(onnx_path, data):
+def torch_train(onnx_path, data, float64=False):
     """The oracle: models/custom/swiglu.py's model with the ONNX file's weights,
-    trained eagerly on the same batches with torch.optim.SGD."""
+    trained eagerly on the same batches with torch.optim.SGD (in float64 when
+    asked, to show that the float32 comparison is well posed)."""
     import torch
     import swiglu
 
@@ -158,17 +159,20 @@ def torch_train(onnx_path, data):
             if name in inits and name in own_buffers:
                 torch_ref.copy_initializer(onnx_path, name, own_buffers[name], inits, None)
     batches = torch_ref.Batches(data, inputs)
+    if float64:
+        model = model.double()
     opt = torch.optim.SGD(model.parameters(), lr=HYPER.lr, momentum=HYPER.momentum)
     model.train()
     losses = []
     for k in range(STEPS):
         feeds = [torch.from_numpy(np.ascontiguousarray(a)) for a in batches(k)]
+        feeds = [f.double() if float64 and f.is_floating_point() else f for f in feeds]
         opt.zero_grad(set_to_none=True)
         loss = model(*feeds)
         loss.backward()
         opt.step()
         losses.append(float(loss.item()))
-    final = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    final = {n: p.detach().float().numpy().copy() for n, p in model.named_parameters()}
     return losses, final
 
 
@@ -247,6 +251,15 @@ def check_against_torch(carve, onnx_path, rules_path, data, work, results):
     if not os.path.isfile(os.path.join(out, "src", "custom", "swiglu.cpp")):
         raise Failure(f"{out}/src/custom/swiglu.cpp: the kernel source was not copied")
     ref, ref_weights = torch_train(onnx_path, data)
+    # Well posed first: PyTorch's own float32 run within the limits of its float64 run.
+    exact, exact_weights = torch_train(onnx_path, data, float64=True)
+    print("  well posed? PyTorch float32 against float64:")
+    try:
+        compare_losses(ref, exact, "float64 torch", LOSS_RTOL)
+        compare_weights(ref_weights, exact_weights, "float64 torch", WEIGHT_RTOL, per_max=False)
+    except Failure as e:
+        raise Failure(f"not well posed in float32: {e}; choose the batch, the learning rate or "
+                      "the steps so that it is")
     compare_losses(mine, ref, "torch", LOSS_RTOL)
     compare_weights(weights, ref_weights, "torch", WEIGHT_RTOL, per_max=False)
 
