@@ -49,6 +49,7 @@ What must hold:
 """
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -149,7 +150,7 @@ def per_share_losses(net, batches, lr, shares):
 
 
 def per_share_check(carve, w, onnx_path, data, config, ids, labels):
-    from torch_compare import read_losses, worst_loss_gap, worst_weight_gap
+    from torch_compare import check_well_posed, read_losses, worst_loss_gap, worst_weight_gap
     form = os.path.basename(w)
     batches = [(ids[k * BATCH:(k + 1) * BATCH], labels[k * BATCH:(k + 1) * BATCH])
                for k in range(SHARE_STEPS)]
@@ -166,7 +167,11 @@ def per_share_check(carve, w, onnx_path, data, config, ids, labels):
         # tokens, which each share then applies to its own.
         for layer in net.layers:
             layer.block_sparse_moe.capacity_tokens = BATCH * SEQ
+        exact = copy.deepcopy(net).double()
         ref = per_share_losses(net, batches, LR, shares)
+        # Well posed first: PyTorch's own float32 run within the limits of its float64 run.
+        exact_losses = per_share_losses(exact, batches, LR, shares)
+        check_well_posed(net, ref, exact, exact_losses, LOSS_RTOL, WEIGHT_RTOL)
         worst = worst_loss_gap("%s %s" % (form, name), read_losses(out + ".jsonl"), ref,
                                LOSS_RTOL)
         gap, where, _ = worst_weight_gap("%s %s" % (form, name), out + ".ckpt", net, WEIGHT_RTOL,

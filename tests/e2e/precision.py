@@ -148,6 +148,13 @@ def against_pytorch(model, onnx, data, losses):
     for name, cast in [("fp32", None), ("bf16", "bf16")]:
         records, _ = torch_ref.train(onnx, model, data, STEPS, hyper, autocast=cast)
         ref[name] = [r["loss"] for r in records]
+    # Well posed first: PyTorch's float32 run within the fp32 bound of its float64 run.
+    records, _ = torch_ref.train(onnx, model, data, STEPS, hyper, float64=True)
+    posed = worst_rel([r["loss"] for r in records], ref["fp32"])
+    if posed > FP32_TORCH_RTOL:
+        raise Failure("%s: not well posed in float32: PyTorch's own float32 losses are %.3g from "
+                      "its float64 run's (the test allows carve %g)" % (model, posed,
+                                                                       FP32_TORCH_RTOL))
     d32 = worst_rel(ref["fp32"], losses["fp32"])
     if d32 > FP32_TORCH_RTOL:
         raise Failure("%s fp32: losses differ from PyTorch's by %.3g (limit %g)" %
@@ -157,9 +164,10 @@ def against_pytorch(model, onnx, data, losses):
         raise Failure("%s bf16: losses differ from PyTorch autocast bf16's by %.3g (limit %g)"
                       % (model, d16, CLOSE_RTOL))
     print("ok: %s against PyTorch: fp32 within %.2g; bf16 within %.2g of autocast bf16 "
-          "(autocast is %.2g from PyTorch fp32, carve bf16 %.2g from carve fp32)" %
+          "(autocast is %.2g from PyTorch fp32, carve bf16 %.2g from carve fp32); well posed "
+          "(PyTorch fp32 %.2g from fp64)" %
           (model, d32, d16, worst_rel(ref["fp32"], ref["bf16"]),
-           worst_rel(losses["fp32"], losses["bf16"])))
+           worst_rel(losses["fp32"], losses["bf16"]), posed))
     return 2
 
 
