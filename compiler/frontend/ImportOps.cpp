@@ -57,7 +57,7 @@ void Importer::build(const onnx::NodeProto &n) {
          "Exp",   "Log",   "Sqrt",      "Reciprocal", "Tanh",     "Erf",      "Sigmoid",
          "Relu",  "Sin",   "Cos",       "Not",        "Gelu",     "Identity", "Dropout",
          "Cast",  "Where", "LeakyRelu", "Clip",       "Softplus", "OneHot",   "HardSigmoid",
-         "HardSwish", "CastLike"});
+         "HardSwish", "CastLike", "LessOrEqual", "GreaterOrEqual"});
     add(&Importer::buildContraction, {"MatMul", "Gemm", "Einsum", "CumSum"});
     add(&Importer::buildNormalization,
         {"TopK", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "Softmax", "LogSoftmax",
@@ -111,6 +111,13 @@ void Importer::buildElementwise(const onnx::NodeProto &n) {
     return define(0, binary<LessOp>(val(0), val(1), true));
   if (op == "Greater")
     return define(0, binary<GreaterOp>(val(0), val(1), true));
+  // Computed operands (a mask compared with <=): the strict comparison or
+  // equality, exactly (NaN compares false either way, as ONNX's does).
+  if (op == "LessOrEqual" || op == "GreaterOrEqual") {
+    Value a = val(0), c = val(1);
+    Value strict = op == "LessOrEqual" ? binary<LessOp>(a, c, true) : binary<GreaterOp>(a, c, true);
+    return define(0, binary<OrOp>(strict, binary<EqualOp>(a, c, true), true));
+  }
   if (op == "And")
     return define(0, binary<AndOp>(val(0), val(1), true));
   if (op == "Or")

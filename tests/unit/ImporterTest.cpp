@@ -404,6 +404,28 @@ TEST(Importer, ScatterNDOnComputedValuesEqualsTheHostKernel) {
   }
 }
 
+TEST(Importer, LessOrEqualOnComputedValues) {
+  ModelBuilder m(17);
+  m.input("a", {4});
+  m.input("b", {4});
+  m.node("LessOrEqual", {"a", "b"}, {"le"});
+  m.node("GreaterOrEqual", {"a", "b"}, {"ge"});
+  m.output("le");
+  m.output("ge");
+  auto r = import(m);
+  ASSERT_TRUE(r->module) << r->error;
+  auto types = r->forward().getArgumentTypes();
+  std::vector<carve::HostValue> args = {
+      carve::HostValue::fromDoubles(cast<RankedTensorType>(types[0]), {1, 2, 3, NAN}),
+      carve::HostValue::fromDoubles(cast<RankedTensorType>(types[1]), {2, 2, 1, 0})};
+  std::vector<carve::HostValue> results;
+  std::string error;
+  ASSERT_TRUE(carve::interpret(r->forward(), args, results, error)) << error;
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].toDoubles(), (std::vector<double>{1, 1, 0, 0}));
+  EXPECT_EQ(results[1].toDoubles(), (std::vector<double>{0, 1, 1, 0}));
+}
+
 TEST(Importer, ScatterNDRefusesWhatItCannotCompute) {
   // Indices computed from a graph input.
   ModelBuilder m(18);
