@@ -658,6 +658,12 @@ MODELS = {
     ),
 }
 
+# The families of models/families.py (T5, Swin, MobileNetV3, GPT-J).
+import families  # noqa: E402 (models/ is on the path wherever reference is)
+
+for _name, (_ctor, _specs) in families.MODELS.items():
+    MODELS[_name] = (_ctor, [InputSpec(n, s, k, h) for n, s, k, h in _specs])
+
 # Models exported by "all"; the gpt variants are available by name.
 DEFAULT_MODELS = ["mlp", "gpt", "llama", "bert", "resnet18"]
 

@@ -8,6 +8,10 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/frontend/Importer.h"
+#include "compiler/interp/Interpreter.h"
+
+#include "dialects/carve/CarveOps.h"
+#include "mlir/IR/IRMapping.h"
 
 #include <set>
 
@@ -19,6 +23,111 @@ namespace carve::frontend {
 
 /// Constant folding stops at results this large (elements).
 constexpr int64_t kFoldLimit = int64_t(1) << 24;
+
+void Importer::foldBuilt(const onnx::NodeProto &n, Operation *before) {
+  // Random or data-dependent ops never fold; nor does anything without an
+  // output or an input.
+  static const std::set<std::string> never = {"Dropout", "NonZero", "ScatterElements"};
+  if (never.count(n.op_type()) || n.input_size() == 0 || n.output_size() == 0)
+    return;
+  for (int k = 0; k < n.input_size(); ++k)
+    if (!n.input(k).empty() && !cst(k))
+      return;
+  SmallVector<Operation *> built;
+  for (Operation *op = before ? before->getNextNode() : &entry->front(); op;
+       op = op->getNextNode())
+    built.push_back(op);
+  if (built.empty())
+    return;
+  SmallVector<Value> outs;
+  SmallVector<int> outIndex;
+  int64_t elements = 0;
+  for (int k = 0; k < n.output_size(); ++k) {
+    if (n.output(k).empty() || !env.count(n.output(k)))
+      continue;
+    Value v = env[n.output(k)].value;
+    if (!v)
+      return;
+    auto type = dyn_cast<RankedTensorType>(v.getType());
+    if (!type || !type.hasStaticShape())
+      return;
+    elements += type.getNumElements();
+    outs.push_back(v);
+    outIndex.push_back(k);
+  }
+  if (outs.empty() || elements > kFoldLimit)
+    return;
+  // A result that holds a rank's share of the batch stays a value: batch
+  // tracking needs to know where it is.
+  for (Value v : outs)
+    if (batchDims.count(v) || wholeDims.count(v))
+      return;
+  // A detached function of the built ops, with the constants they read from
+  // earlier in the body cloned in front.
+  OpBuilder tb(&ctx);
+  SmallVector<Type> resultTypes;
+  for (Value v : outs)
+    resultTypes.push_back(v.getType());
+  OwningOpRef<func::FuncOp> fn =
+      func::FuncOp::create(loc, "fold", FunctionType::get(&ctx, {}, resultTypes));
+  Block *body = fn->addEntryBlock();
+  tb.setInsertionPointToEnd(body);
+  IRMapping map;
+  llvm::DenseSet<Operation *> inRange(built.begin(), built.end());
+  for (Operation *op : built)
+    for (Value o : op->getOperands()) {
+      if (map.contains(o) || (o.getDefiningOp() && inRange.count(o.getDefiningOp())))
+        continue;
+      auto c = o.getDefiningOp<ConstantOp>();
+      if (!c)
+        return; // reads something that is not a constant
+      map.map(o, tb.clone(*c)->getResult(0));
+    }
+  for (Operation *op : built)
+    tb.clone(*op, map);
+  SmallVector<Value> results;
+  for (Value v : outs)
+    results.push_back(map.lookup(v));
+  func::ReturnOp::create(tb, loc, results);
+  std::vector<HostValue> values;
+  std::string error;
+  if (!interpret(*fn, {}, values, error) || values.size() != outs.size())
+    return; // the interpreter lacks an op: the built ops stay
+  for (size_t r = 0; r < outs.size(); ++r) {
+    auto type = cast<RankedTensorType>(outs[r].getType());
+    Type elt = type.getElementType();
+    ElemKind kind = elt.isF32()            ? ElemKind::F32
+                    : elt.isF64()          ? ElemKind::F64
+                    : elt.isF16()          ? ElemKind::F16
+                    : elt.isBF16()         ? ElemKind::BF16
+                    : elt.isInteger(64)    ? ElemKind::I64
+                    : elt.isInteger(32)    ? ElemKind::I32
+                    : elt.isInteger(1)     ? ElemKind::Bool
+                    : elt.isUnsignedInteger(8) ? ElemKind::U8
+                                               : ElemKind::I8;
+    std::vector<double> d = values[r].toDoubles();
+    if ((int64_t)d.size() != type.getNumElements())
+      return;
+    HostTensor t = isFloatKind(kind)
+                       ? HostTensor::floats(kind, type.getShape(), d)
+                       : HostTensor::ints(kind, type.getShape(),
+                                          std::vector<int64_t>(d.begin(), d.end()));
+    defineConst(outIndex[r], std::move(t));
+  }
+  // The built ops are dead now (their results were only the node's outputs).
+  for (Operation *op : llvm::reverse(built)) {
+    if (!op->use_empty() || isa<ConstantOp>(op))
+      continue;
+    for (Value v : op->getResults()) { // no stale facts for a reused address
+      batchDims.erase(v);
+      wholeDims.erase(v);
+      partialBatch.erase(v);
+      bounded.erase(v);
+      fromInputs.erase(v);
+    }
+    op->erase();
+  }
+}
 
 bool Importer::foldWithoutData(const onnx::NodeProto &n) {
   const std::string &op = n.op_type();
@@ -179,6 +288,11 @@ bool Importer::tryFold(const onnx::NodeProto &n) {
   } else if (op == "Gather") {
     defineConst(0, hostGather(x, *in[1], normAxis(attrInt("axis", 0), x.shape.size())));
   } else if (op == "Expand") {
+    // A shape that holds a rank's share of the batch (folded from a Shape):
+    // built as an op, so that the result is known to hold the batch
+    // (`zeros(x.shape[0])` reshaped with the export's whole batch later).
+    if (!in[1]->local.empty())
+      return false;
     std::vector<int64_t> shape = in[1]->toInts();
     ShapeOrError s = broadcastShapes(x.shape, shape);
     if (s.ok() && numElements(s.shape) > kFoldLimit)

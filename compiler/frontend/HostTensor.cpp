@@ -3,6 +3,8 @@
 #include "compiler/frontend/HostTensor.h"
 #include "dialects/carve/Shapes.h"
 
+#include "llvm/ADT/APFloat.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -111,9 +113,31 @@ static HostTensor like(ElemKind kind, ArrayRef<int64_t> shape) {
   return t;
 }
 
+/// `v` rounded to the element type: a constant computed in float32 must get
+/// float32's answer at every step (T5's relative position buckets truncate
+/// log(x) / log(y) * n to an integer, where double and float32 can land on
+/// either side of a bucket boundary).
+static double roundTo(ElemKind kind, double v) {
+  switch (kind) {
+  case ElemKind::F32:
+    return (double)(float)v;
+  case ElemKind::F16:
+  case ElemKind::BF16: {
+    llvm::APFloat f(v);
+    bool lost;
+    f.convert(kind == ElemKind::F16 ? llvm::APFloat::IEEEhalf() : llvm::APFloat::BFloat(),
+              llvm::APFloat::rmNearestTiesToEven, &lost);
+    f.convert(llvm::APFloat::IEEEdouble(), llvm::APFloat::rmNearestTiesToEven, &lost);
+    return f.convertToDouble();
+  }
+  default:
+    return v;
+  }
+}
+
 static void set(HostTensor &t, int64_t k, double v) {
   if (t.isFloat())
-    t.f[k] = v;
+    t.f[k] = roundTo(t.kind, v);
   else
     t.i[k] = (int64_t)v;
 }
@@ -235,7 +259,7 @@ HostTensor hostUnary(StringRef op, const HostTensor &a) {
   for (int64_t k = 0; k < a.size(); ++k) {
     double r = fn(a.asDouble(k));
     if (a.isFloat())
-      out.f[k] = r;
+      out.f[k] = roundTo(a.kind, r);
     else
       out.i[k] = a.kind == ElemKind::Bool ? (int64_t)(r != 0) : (int64_t)r;
   }
@@ -252,9 +276,8 @@ HostTensor hostCast(const HostTensor &a, ElemKind to) {
     else
       out.i[k] = a.isFloat() ? (int64_t)std::trunc(a.f[k]) : a.i[k];
   }
-  if (to == ElemKind::F32)
-    for (double &v : out.f)
-      v = (float)v;
+  for (double &v : out.f)
+    v = roundTo(to, v);
   out.local = a.local;
   return out;
 }
@@ -507,7 +530,7 @@ HostTensor hostScatterND(const HostTensor &data, const HostTensor &indices,
     for (int64_t e = 0; e < slice; ++e) {
       const int64_t to = rows[u] * slice + e, from = (int64_t)u * slice + e;
       if (out.isFloat())
-        out.f[to] = combine(out.f[to], updates.f[from]);
+        out.f[to] = roundTo(out.kind, combine(out.f[to], updates.f[from]));
       else
         out.i[to] = combine(out.i[to], updates.i[from]);
     }

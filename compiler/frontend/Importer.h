@@ -70,6 +70,9 @@ public:
       : ctx(ctx), b(&ctx), opts(opts), file(std::move(displayName)), baseDir(std::move(baseDir)) {}
 
   mlir::OwningOpRef<mlir::ModuleOp> run(llvm::StringRef bytes);
+  /// Whether the model's metadata named its parameters (else every float
+  /// initializer was taken as one).
+  bool paramsFromMetadata() const { return haveParamMetadata; }
   /// Parses `bytes` and reads the facts readOnnxStateFacts returns.
   void readStateFacts(llvm::StringRef bytes, const std::vector<std::string> &wanted,
                       OnnxStateFacts &out);
@@ -183,6 +186,12 @@ private:
   const Bounded *boundedOf(mlir::Value v) const;
   void buildNonZero(const onnx::NodeProto &n);
   void buildScatterElements(const onnx::NodeProto &n);
+  /// A node whose inputs are all constants but which has no host kernel
+  /// (Einsum, Sin, Softmax, ...): the ops built for it after `before` are
+  /// evaluated with the reference interpreter and its outputs become
+  /// constants, so that constant subgraphs of any supported op fold at import
+  /// (GPT-J's rotary tables: an einsum of ranges, then sin and Tile).
+  void foldBuilt(const onnx::NodeProto &n, mlir::Operation *before);
   /// ScatterND with constant indices (ImportScatter.cpp).
   void buildScatterND(const onnx::NodeProto &n);
   /// Under a rank's share of the batch: checks that the scatter keeps each

@@ -218,6 +218,7 @@ void Importer::importNode(const onnx::NodeProto &n, int index) {
     trackBatch(before);
   if (!bounded.empty())
     trackBounded(before);
+  foldBuilt(n, before);
 }
 
 OwningOpRef<ModuleOp> Importer::run(StringRef bytes) {
@@ -337,9 +338,11 @@ OwningOpRef<ModuleOp> importOnnxBytes(MLIRContext &context, StringRef bytes, Str
                                       std::string &error) {
   context.loadDialect<CarveDialect, func::FuncDialect>();
   OwningOpRef<ModuleOp> module;
+  bool paramsKnown = true;
   try {
     frontend::Importer importer(context, opts, displayName.str(), baseDir.str());
     module = importer.run(bytes);
+    paramsKnown = importer.paramsFromMetadata();
   } catch (const ImportFailure &f) {
     error = f.message;
     return nullptr;
@@ -361,7 +364,9 @@ OwningOpRef<ModuleOp> importOnnxBytes(MLIRContext &context, StringRef bytes, Str
     }
     if (opts.raise) {
       PassManager pm(&context);
-      pm.addNestedPass<func::FuncOp>(createCarveRaise());
+      CarveRaiseOptions raise;
+      raise.learnedMasks = paramsKnown;
+      pm.addNestedPass<func::FuncOp>(createCarveRaise(raise));
       pm.addPass(createCanonicalizerPass());
       pm.addPass(createCSEPass());
       if (failed(pm.run(*module))) {

@@ -32,6 +32,17 @@ def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
     left alone, never approximated.
   }];
   let dependentDialects = ["carve::CarveDialect"];
+  let options = [
+    Option<"learnedMasks", "learned-masks", "bool", /*default=*/"true",
+           "Leave unraised an attention whose additive mask is computed from a "
+           "trainable parameter (a learned bias, such as T5's relative position "
+           "buckets, needs its gradient, which carve.attention gives no mask). "
+           "The importer turns it off where it guessed the parameters (a plain "
+           "export without carve.parameters metadata), so that a mask buffer "
+           "exported as a parameter is raised and left untrained, as PyTorch "
+           "leaves its buffer; a mask gathered from a parameter (a learned "
+           "table) is left unraised either way.">
+  ];
   let statistics = [
     Statistic<"numRaised", "num-raised", "Number of op chains replaced">
   ];

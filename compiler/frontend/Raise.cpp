@@ -9,6 +9,10 @@
 
 #include "compiler/frontend/Passes.h"
 #include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
@@ -67,6 +71,31 @@ bool scalarLike(Value c, Value other) {
 }
 
 bool singleUse(Value v) { return v.hasOneUse(); }
+
+/// Whether `v` is computed from a trainable parameter (an argument of the
+/// function marked carve.trainable); with `gatheredOnly`, only from one that
+/// a gather reads as its table (a learned table, such as T5's relative
+/// position bias).
+bool dependsOnTrainable(Value v, bool gatheredOnly) {
+  llvm::SmallPtrSet<Operation *, 16> seen;
+  SmallVector<std::pair<Value, bool>> work = {{v, !gatheredOnly}};
+  while (!work.empty()) {
+    auto [x, counts] = work.pop_back_val();
+    if (auto arg = dyn_cast<BlockArgument>(x)) {
+      auto fn = dyn_cast<func::FuncOp>(arg.getOwner()->getParentOp());
+      if (counts && fn && fn.getArgAttr(arg.getArgNumber(), kTrainableAttr))
+        return true;
+      continue;
+    }
+    Operation *op = x.getDefiningOp();
+    if (!op || !seen.insert(op).second)
+      continue;
+    auto gather = dyn_cast<GatherOp>(op);
+    for (Value o : op->getOperands())
+      work.push_back({o, counts || (gather && o == gather.getData())});
+  }
+  return false;
+}
 
 /// `lhs op rhs` with either operand order: binds the operand matching `pred`
 /// to `match` and the other to `other`.
@@ -383,7 +412,9 @@ bool isCausalCondition(Value cond, int64_t tq, int64_t tk, bool maskedWhenTrue) 
 
 /// 5. softmax(scale(q @ k^T) [masked]) @ v -> attention(q, k, v).
 struct RaiseAttention : OpRewritePattern<MatmulOp> {
-  using OpRewritePattern::OpRewritePattern;
+  RaiseAttention(MLIRContext *ctx, bool learnedMasks)
+      : OpRewritePattern(ctx), learnedMasks(learnedMasks) {}
+  bool learnedMasks;
   LogicalResult matchAndRewrite(MatmulOp op, PatternRewriter &rw) const override {
     auto softmax = op.getLhs().getDefiningOp<SoftmaxOp>();
     if (!softmax || !singleUse(softmax.getResult()))
@@ -430,6 +461,11 @@ struct RaiseAttention : OpRewritePattern<MatmulOp> {
       if (!eitherSide(add, isScaledQK, scores, mask))
         return failure();
       if (scores.getType() != add.getType())
+        return failure();
+      // A learned additive bias (T5's relative position buckets, Swin's
+      // table) needs its gradient, which carve.attention gives no mask: keep
+      // the ops. (Decided before the rewriter creates anything.)
+      if (dependsOnTrainable(mask, /*gatheredOnly=*/!learnedMasks))
         return failure();
     }
     double scale = 1.0;
@@ -482,6 +518,7 @@ struct RaiseAttention : OpRewritePattern<MatmulOp> {
     if (mask && cast<RankedTensorType>(mask.getType()).getElementType() !=
                     qType.getElementType())
       return failure();
+
     rw.replaceOpWithNewOp<AttentionOp>(op, op.getType(), q, k, v, mask,
                                        rw.getF32FloatAttr(scale), rw.getBoolAttr(causal));
     return success();
@@ -489,10 +526,12 @@ struct RaiseAttention : OpRewritePattern<MatmulOp> {
 };
 
 struct CarveRaisePass : carve::impl::CarveRaiseBase<CarveRaisePass> {
+  using CarveRaiseBase::CarveRaiseBase;
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
-    patterns.add<RaiseSilu, RaiseGelu, RaiseLayerNorm, RaiseRmsNorm, FoldNormAffine,
-                 RaiseAttention>(&getContext());
+    patterns.add<RaiseSilu, RaiseGelu, RaiseLayerNorm, RaiseRmsNorm, FoldNormAffine>(
+        &getContext());
+    patterns.add<RaiseAttention>(&getContext(), learnedMasks);
     // Count raised roots by the ops the patterns create.
     int64_t before = 0, after = 0;
     auto count = [&]() {

@@ -285,7 +285,15 @@ struct StepResult {
   std::string problem; // a tensor missing or of another shape
 };
 
-/// max |a - b| / max |a| over each tensor; the largest over all tensors.
+/// A tensor's scale is its largest entry, but never less than this: a
+/// parameter whose exact gradient is zero (the bias of a batch norm that feeds
+/// only a convolution and another batch norm, which subtracts any shift)
+/// stays at zero plus float32 rounding noise in both programs, so it is held
+/// to kWeightFloor * tolerance absolute, like every entry below the floor.
+constexpr double kWeightFloor = 1e-3;
+
+/// max |a - b| / max(max |a|, kWeightFloor) over each tensor; the largest
+/// over all tensors.
 void compareWeights(const std::vector<rt::FullTensor> &ref,
                     const std::vector<rt::FullTensor> &planned, StepResult &r) {
   std::map<std::string, const rt::FullTensor *> byName;
@@ -310,7 +318,7 @@ void compareWeights(const std::vector<rt::FullTensor> &ref,
       double d = std::fabs((double)a.data[i] - (double)b.data[i]);
       diff = std::isnan(d) ? INFINITY : std::max(diff, d);
     }
-    double rel = scale > 0 ? diff / scale : diff;
+    double rel = diff / std::max(scale, kWeightFloor);
     if (rel > r.weightRel || r.worstTensor.empty()) {
       r.weightRel = rel;
       r.worstTensor = a.name;
