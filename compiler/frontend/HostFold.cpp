@@ -34,6 +34,8 @@ void Importer::foldBuilt(const onnx::NodeProto &n, Operation *before) {
     if (!n.input(k).empty() && !cst(k))
       return;
   SmallVector<Operation *> built;
+  if (!before && entry->empty())
+    return; // nothing was built (a node passed its input through)
   for (Operation *op = before ? before->getNextNode() : &entry->front(); op;
        op = op->getNextNode())
     built.push_back(op);

@@ -495,6 +495,95 @@ void Importer::buildDataMovement(const onnx::NodeProto &n) {
     return define(0, GatherOp::create(b, loc, tensorType(s.shape, eltOf(data)), data, idx,
                                       b.getI64IntegerAttr(axis)));
   }
+  if (op == "Tile") {
+    // On a computed value (`x.repeat(1, 2)`): [n0, n1, ...] viewed as
+    // [1, n0, 1, n1, ...], expanded to [r0, n0, r1, n1, ...] and merged to
+    // [r0 n0, r1 n1, ...], which is Tile's order; the gradient sums the copies.
+    Value x = val(0);
+    std::vector<int64_t> reps = needConst(1, "repeats").toInts();
+    ArrayRef<int64_t> xs = shp(x);
+    if (reps.size() != xs.size())
+      fail("repeats has " + std::to_string(reps.size()) + " entries for an input of rank " +
+           std::to_string(xs.size()));
+    SmallVector<int64_t> inter, expanded, out;
+    for (size_t d = 0; d < xs.size(); ++d) {
+      if (reps[d] < 0)
+        fail("repeats must not be negative");
+      inter.append({1, xs[d]});
+      expanded.append({reps[d], xs[d]});
+      out.push_back(reps[d] * xs[d]);
+    }
+    if (ArrayRef<int64_t>(out) == xs)
+      return define(0, x);
+    BatchAt at = localBatch() ? batchAt(x) : BatchAt{};
+    if (at.dim >= 0 && reps[at.dim] != 1)
+      fail("Tile repeats the batch dimension, which a rank's share of the batch cannot "
+           "compute; plans that split the batch need a model whose samples are independent "
+           "here");
+    Value y = ExpandOp::create(b, loc, tensorType(expanded, eltOf(x)), reshape(x, inter));
+    y = reshape(y, out);
+    if (at.dim >= 0)
+      batchDims[y] = at;
+    return define(0, y);
+  }
+  if (op == "GatherElements") {
+    // Constant indices into a computed value: one gather from the value
+    // flattened, at the flat positions the indices address (computed here).
+    Value data = val(0);
+    const HostTensor *idx = cst(1);
+    if (!idx)
+      fail("the indices ('" + node->input(1) +
+           "') are computed from graph inputs; carve supports GatherElements whose indices "
+           "are constants known at import");
+    ArrayRef<int64_t> ds = shp(data);
+    const int64_t rank = (int64_t)ds.size(), axis = normAxis(attrInt("axis", 0), rank);
+    HostTensor at = *idx;
+    BatchAt batch = localBatch() ? batchAt(data) : BatchAt{};
+    if (batch.dim >= 0) {
+      if (batch.dim == axis || batch.outer != 1)
+        fail("GatherElements picks along the batch dimension, which a rank's share of the "
+             "batch cannot compute");
+      if (at.shape.size() == ds.size() && at.shape[batch.dim] == opts.globalBatch) {
+        // A static export's indices for the whole batch: the same for every
+        // sample, so the first share is every rank's.
+        at.shape[batch.dim] = opts.batch;
+        int64_t inner = 1, outer = 1;
+        for (int64_t d = batch.dim + 1; d < (int64_t)idx->shape.size(); ++d)
+          inner *= idx->shape[d];
+        for (int64_t d = 0; d < batch.dim; ++d)
+          outer *= idx->shape[d];
+        at.i.clear();
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t p = 0; p < opts.globalBatch; ++p)
+            for (int64_t r = 0; r < inner; ++r) {
+              const int64_t v = idx->i[(o * opts.globalBatch + p) * inner + r];
+              if (v != idx->i[o * opts.globalBatch * inner + r])
+                fail("constant '" + node->input(1) + "' holds the model's batch with values "
+                     "that differ between samples; export the model with a dynamic batch "
+                     "(dynamic_axes) and bind it with --set-dim");
+              if (p < opts.batch)
+                at.i.push_back(v);
+            }
+        at.local.clear();
+      }
+    }
+    std::vector<int64_t> flat;
+    try {
+      std::vector<int64_t> seq(numElements(ds));
+      for (int64_t k = 0; k < (int64_t)seq.size(); ++k)
+        seq[k] = k;
+      flat = hostGatherElements(HostTensor::ints(ElemKind::I64, ds, std::move(seq)), at, axis).i;
+    } catch (const HostError &e) {
+      fail(e.what());
+    }
+    Value src = reshape(data, {numElements(ds)});
+    Value pos = materialize(HostTensor::ints(ElemKind::I64, at.shape, flat), "");
+    Value y = GatherOp::create(b, loc, tensorType(at.shape, eltOf(data)), src, pos,
+                               b.getI64IntegerAttr(0));
+    if (batch.dim >= 0)
+      batchDims[y] = batch;
+    return define(0, y);
+  }
   if (op == "Expand") {
     Value x = val(0);
     const HostTensor &target = needConst(1, "shape");

@@ -65,7 +65,7 @@ void Importer::build(const onnx::NodeProto &n) {
     add(&Importer::buildReshape, {"Reshape", "Unsqueeze", "Squeeze", "Flatten"});
     add(&Importer::buildDataMovement,
         {"Transpose", "Slice", "Split", "Concat", "Gather", "Expand", "Pad", "SplitToSequence",
-         "SequenceAt"});
+         "SequenceAt", "Tile", "GatherElements"});
     add(&Importer::buildConvolution,
         {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "Resize"});
     add(&Importer::buildLoss, {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"});

@@ -142,8 +142,7 @@ const std::set<std::string> &opTable() {
 /// Ops that only ever run on constants (shape arithmetic): no carve op exists.
 const std::set<std::string> &foldOnlyOps() {
   static const std::set<std::string> ops = {
-      "Ceil", "ConstantOfShape", "Floor", "GatherElements", "Mod",
-      "Range", "ReduceMin", "ReduceProd", "Tile", "Trilu"};
+      "Ceil", "ConstantOfShape", "Floor", "Mod", "Range", "ReduceMin", "ReduceProd", "Trilu"};
   return ops;
 }
 

@@ -32,8 +32,9 @@ What must hold:
    node; a per-sample variant exported with its static batch under dp=2, tp=2
    and pp=2 (2 micro-batches) passes `carve verify` against 1 rank.
 6. With --emulated CONFIG (the CUDA target's CPU emulation, tests/gpu-emu):
-   the CUDA programs for 1 GPU and tp=2 on 2 emulated GPUs train the same
-   steps within FP32_CUDA_RTOL of the CPU target's 1-rank losses
+   the CUDA programs for 1 GPU and tp=2 on 2 emulated GPUs, and the per-sample
+   slice assignments of 5b on 1 GPU, train the same steps within
+   FP32_CUDA_RTOL of the CPU target's 1-rank losses
    (train_vs_cpu.py's fp32 bound: cuBLAS and the CPU sum in other orders).
 """
 
@@ -382,7 +383,7 @@ def main():
     torch.onnx.export(per, (torch.from_numpy(txs[:BATCH]), torch.from_numpy(tys[:BATCH])),
                       per_onnx, input_names=["x", "y"], output_names=["loss"],
                       opset_version=17, do_constant_folding=False)
-    _, worst, gap, where, _ = train_like_torch(a.carve, per_onnx, per, tdata, txs, tys,
+    per_losses, worst, gap, where, _ = train_like_torch(a.carve, per_onnx, per, tdata, txs, tys,
                                                os.path.join(w, "scatter-per-sample"), BATCH,
                                                STEPS, LR, LOSS_RTOL, WEIGHT_RTOL)
     print("ok: per-sample slice assignments: 1 rank against PyTorch, losses within %.2g, "
@@ -403,26 +404,30 @@ def main():
     if a.emulated:
         env = dict(os.environ, CARVE_CUDA_EMULATION=os.path.abspath(a.emulated),
                    CARVE_EMU_GPUS="2", ASAN_OPTIONS="detect_leaks=0")
-        for name, plan, ranks in [("cuda-1", None, 1), ("cuda-tp2", {"tp": 2}, 2)]:
+        for name, model_path, model_data, plan, ranks, ref in [
+                ("cuda-1", onnx_path, data, None, 1, losses),
+                ("cuda-tp2", onnx_path, data, {"tp": 2}, 2, losses),
+                ("cuda-scatter", per_onnx, tdata, None, 1, per_losses)]:
             out = os.path.join(w, name)
-            cmd = [a.carve, "compile", onnx_path, "-o", out, "--quiet", "--target", "cuda",
+            cmd = [a.carve, "compile", model_path, "-o", out, "--quiet", "--target", "cuda",
                    "--optimizer", "sgd", "--lr", str(LR), "--clip-grad-norm", "0"]
             if plan:
                 with open(out + ".json", "w") as f:
                     json.dump(plan, f)
                 cmd += ["--plan", out + ".json"]
             for c in [cmd, [a.carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS),
-                            "--data", data, "--log", out + ".jsonl", "--progress", "none"]]:
+                            "--data", model_data, "--log", out + ".jsonl", "--progress",
+                            "none"]]:
                 p = subprocess.run(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    timeout=TIMEOUT_S, env=env)
                 if p.returncode != 0:
                     raise Failure("`%s` exited %d:\n%s%s" % (" ".join(c), p.returncode,
                                                              p.stdout[-2000:], p.stderr[-2000:]))
             got = [json.loads(l)["loss"] for l in open(out + ".jsonl")]
-            d = max(abs(m - r) / abs(r) for m, r in zip(got, losses))
+            d = max(abs(m - r) / abs(r) for m, r in zip(got, ref))
             if len(got) != STEPS or d > FP32_CUDA_RTOL:
                 raise Failure("%s: losses differ from the CPU target's by %.3g (limit %g)\n"
-                              "  cuda %s\n  cpu  %s" % (name, d, FP32_CUDA_RTOL, got, losses))
+                              "  cuda %s\n  cpu  %s" % (name, d, FP32_CUDA_RTOL, got, ref))
             print("ok: %s (CUDA target, emulated): losses within %.2g of the CPU target's"
                   % (name, d))
     else:

@@ -426,6 +426,45 @@ TEST(Importer, LessOrEqualOnComputedValues) {
   EXPECT_EQ(results[1].toDoubles(), (std::vector<double>{0, 1, 1, 0}));
 }
 
+// Tile and GatherElements on a computed value (constant repeats and indices),
+// through the interpreter, equal the host kernels that fold them on constants.
+TEST(Importer, TileAndGatherElementsOnComputedValues) {
+  ModelBuilder m(17);
+  m.input("x", {2, 3});
+  m.intInitShaped("reps", {2}, {2, 3});
+  m.intInitShaped("idx", {2, 2}, {2, 0, -1, 1});
+  m.node("Tanh", {"x"}, {"t"});
+  m.node("Tile", {"t", "reps"}, {"tiled"});
+  ModelBuilder::intAttr(m.node("GatherElements", {"t", "idx"}, {"picked"}), "axis", 1);
+  m.output("tiled");
+  m.output("picked");
+  auto r = import(m);
+  ASSERT_TRUE(r->module) << r->error;
+  std::vector<double> xs = {0.1, -0.2, 0.3, 0.4, -0.5, 0.6};
+  auto types = r->forward().getArgumentTypes();
+  std::vector<carve::HostValue> results;
+  std::string error;
+  ASSERT_TRUE(carve::interpret(
+      r->forward(), {carve::HostValue::fromDoubles(cast<RankedTensorType>(types[0]), xs)},
+      results, error))
+      << error;
+  std::vector<double> t;
+  for (double v : xs)
+    t.push_back((double)std::tanh((float)v));
+  carve::HostTensor ht = carve::HostTensor::floats(carve::ElemKind::F32, {2, 3}, t);
+  carve::HostTensor tiled = carve::hostTile(ht, {2, 3});
+  carve::HostTensor picked = carve::hostGatherElements(
+      ht, carve::HostTensor::ints(carve::ElemKind::I64, {2, 2}, {2, 0, -1, 1}), 1);
+  ASSERT_EQ(results.size(), 2u);
+  std::vector<double> gotTiled = results[0].toDoubles(), gotPicked = results[1].toDoubles();
+  ASSERT_EQ(gotTiled.size(), tiled.f.size());
+  for (size_t k = 0; k < tiled.f.size(); ++k)
+    EXPECT_NEAR(gotTiled[k], tiled.f[k], 1e-6) << "tile " << k;
+  ASSERT_EQ(gotPicked.size(), picked.f.size());
+  for (size_t k = 0; k < picked.f.size(); ++k)
+    EXPECT_NEAR(gotPicked[k], picked.f[k], 1e-6) << "gather " << k;
+}
+
 TEST(Importer, ScatterNDRefusesWhatItCannotCompute) {
   // Indices computed from a graph input.
   ModelBuilder m(18);
