@@ -87,6 +87,14 @@ bool parseCalibration(const std::string &text, const std::string &what, Calibrat
                                             {"kernel_overhead_s", &cal.kernelOverhead},
                                             {"bucket_bytes", &cal.bucketBytes}};
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "gradient_overlap") {
+      if (!it.value().is_boolean()) {
+        error = what + ": \"gradient_overlap\" must be true or false, got " + it.value().dump();
+        return false;
+      }
+      cal.gradientOverlap = it.value().get<bool>();
+      continue;
+    }
     if (it.key() == "gemm_efficiency") {
       if (!parseGemmTable(it.value(), what, cal.gemmEfficiency, error))
         return false;
@@ -102,7 +110,7 @@ bool parseCalibration(const std::string &text, const std::string &what, Calibrat
     if (f == fields.end()) {
       error = what + ": unknown key \"" + it.key() +
               "\" (keys: gemm_efficiency, matmul_efficiency, memory_efficiency, "
-              "link_efficiency, kernel_overhead_s, bucket_bytes)";
+              "link_efficiency, kernel_overhead_s, bucket_bytes, gradient_overlap)";
       return false;
     }
     if (it.key().find("efficiency") != std::string::npos) {

@@ -401,6 +401,8 @@ double dpExposed(const Setting &s, const DpCollectives &d, double psi, const Ran
     const double fwd = slow.time - slow.bwdLast - slow.p2p, bwd = slow.bwdLast;
     return (double)c.m * (std::max(G / parts, G - fwd) + std::max((G + R) / parts, G + R - bwd));
   }
+  if (!s.cal.gradientOverlap)
+    return d.reduce + d.after; // reduced after the backward, not behind it
   const double buckets = std::max(1.0, std::ceil(g / s.cal.bucketBytes));
   // The reduction hides behind backward (the last micro-batch's, or with
   // per-micro-batch reduce-scatters the whole step's compute) except its

@@ -104,6 +104,11 @@ struct Calibration {
   double linkEfficiency = 0.85;        // fraction of link bandwidth a collective reaches
   double kernelOverhead = 4e-6;        // seconds per kernel launch
   double bucketBytes = 25 * 1048576.0; // gradient bucket size
+  /// Whether the data-parallel gradient reduction overlaps the backward pass,
+  /// bucket by bucket, as carve's programs do; false: it starts after the
+  /// backward (Megatron-LM's "local" DDP of 2021, DeepSpeed's default
+  /// overlap_comm false), wholly exposed.
+  bool gradientOverlap = true;
 
   static std::vector<std::pair<double, double>> defaultGemmEfficiency();
   /// The table at a GEMM whose smallest dimension is `dim`.

@@ -475,6 +475,31 @@ TEST(PlannerCost, GemmEfficiencyFollowsTheShape) {
   EXPECT_GE(large, 1.0);
 }
 
+TEST(PlannerCost, GradientReductionAfterTheBackwardIsExposedWhole) {
+  // By default part of the data-parallel reduction hides behind the backward;
+  // with "gradient_overlap": false (the published runs' DDP) all of it shows.
+  Fixture f(gptSpec(false, 8));
+  PlannerOptions opts;
+  Candidate c = cand(1, false, "none", 8);
+  c.dp = 8;
+  Cluster cl = cluster("a100-80gb:1x8");
+  opts.calibration.bucketBytes = 4096; // many buckets: all but the last can hide
+  Estimate hidden = estimate(f.at(1), f.at(1), cl, c, opts);
+  std::string error;
+  ASSERT_TRUE(parseCalibration(R"({"gradient_overlap": false})", "c.json", opts.calibration,
+                               error))
+      << error;
+  EXPECT_FALSE(opts.calibration.gradientOverlap);
+  Estimate exposed = estimate(f.at(1), f.at(1), cl, c, opts);
+  EXPECT_GT(hidden.time.dpComm, 0);
+  EXPECT_LT(hidden.time.dpExposed, hidden.time.dpComm);
+  EXPECT_DOUBLE_EQ(exposed.time.dpExposed, exposed.time.dpComm);
+  EXPECT_GT(exposed.time.total, hidden.time.total);
+  Calibration bad;
+  EXPECT_FALSE(parseCalibration(R"({"gradient_overlap": 1})", "c.json", bad, error));
+  EXPECT_NE(error.find("\"gradient_overlap\" must be true or false"), std::string::npos) << error;
+}
+
 TEST(PlannerCost, Zero3PrefetchHidesGathersBehindCompute) {
   // ZeRO-3 plans prefetch one layer: with compute to hide behind, less than
   // the gathers' whole time is exposed; with a link so slow that gathers
