@@ -33,7 +33,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "models"))
-from torch_compare import Failure, run, train_like_torch  # noqa: E402
+from torch_compare import Failure, run, token_file, train_like_torch, verify_plans  # noqa: E402
 
 STEPS = 6
 LR = 0.1
@@ -73,15 +73,10 @@ def samples(name, specs, rng, w):
         data = os.path.join(w, "data.safetensors")
         st.save(data, {"images": xs, "targets": ys})  # sample-major: [N, ...]
         return xs, ys, IMAGE_BATCH, data
-    # A token model reads a flat token file (docs/data.md): sequence j of step k
-    # starts at ((k*B + j) * T) mod (N - T - 1), its targets one token later.
-    tokens = rng.integers(0, specs[0].high, 4000).astype(np.int32)
     data = os.path.join(w, "tokens.bin")
-    tokens.tofile(data)
-    starts = [((k * TOKEN_BATCH + j) * SEQ) % (len(tokens) - SEQ - 1) for k in range(STEPS)
-              for j in range(TOKEN_BATCH)]
-    windows = np.stack([tokens[o:o + SEQ + 1] for o in starts]).astype(np.int64)
-    return windows[:, :SEQ].copy(), windows[:, 1:].copy(), TOKEN_BATCH, data
+    ids, targets = token_file(data, rng.integers(0, specs[0].high, 4000), TOKEN_BATCH, SEQ,
+                              STEPS)
+    return ids, targets, TOKEN_BATCH, data
 
 
 def per_share(carve, w, name, onnx_path, data, xs, ys, batch, plan_name, plan, ranks, shares):
@@ -165,15 +160,7 @@ def main():
             raise Failure("%s: the checkpoint lacks %s" % (name, missing or MUST[name]))
         print("ok: %s: 1 rank against PyTorch, %d SGD steps: losses within %.2g, %d tensors "
               "within %.2g (worst %s)" % (name, STEPS, worst, compared, gap, where))
-        for plan_name, plan in plans:
-            pj = os.path.join(w, plan_name + ".json")
-            with open(pj, "w") as f:
-                json.dump(plan, f)
-            text = run([a.carve, "verify", onnx_path, "--plan", pj, "--steps", "3", "--data",
-                        data, "--workdir", os.path.join(w, "verify-" + plan_name)])
-            if "PASS" not in text:
-                raise Failure("%s %s: carve verify did not pass:\n%s" % (name, plan_name, text))
-            print("ok: %s %s: %s" % (name, plan_name, text.strip().splitlines()[-1]))
+        verify_plans(a.carve, name, onnx_path, data, plans, w)
         for plan_name, plan, ranks, shares in PER_SHARE.get(name, []):
             per_share(a.carve, w, name, onnx_path, data, xs, ys, batch, plan_name, plan, ranks,
                       shares)

@@ -47,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402 (checkpoints)
 from torch_compare import (Failure, check_well_posed, read_losses, sgd_losses,  # noqa: E402
-                           well_posed_reference, worst_loss_gap, worst_weight_gap)
+                           token_file, well_posed_reference, worst_loss_gap, worst_weight_gap)
 
 STEPS = 5
 BATCH, T, VOCAB, D = 4, 16, 64, 32
@@ -254,16 +254,9 @@ def main():
 
     shutil.rmtree(a.workdir, ignore_errors=True)
     os.makedirs(a.workdir)
-    # A token file, read the default (wrapped) way (docs/data.md): global
-    # sequence j of step k starts at ((k*B + j) * T) mod (N - T - 1).
     rng = np.random.default_rng(3)
-    tokens = rng.integers(0, VOCAB, 4000).astype(np.int32)
     data = os.path.join(a.workdir, "tokens.bin")
-    tokens.tofile(data)
-    starts = [((k * BATCH + j) * T) % (len(tokens) - T - 1) for k in range(STEPS)
-              for j in range(BATCH)]
-    windows = np.stack([tokens[o:o + T + 1] for o in starts]).astype(np.int64)
-    ids, labels = windows[:, :T].copy(), windows[:, 1:].copy()
+    ids, labels = token_file(data, rng.integers(0, VOCAB, 4000), BATCH, T, STEPS)
     for name, (net, buffers) in models().items():
         onnx_path = os.path.join(a.workdir, name + ".onnx")
         export(net, onnx_path)

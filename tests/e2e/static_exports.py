@@ -33,7 +33,6 @@ the module's names and the final weights can be compared by name.
 """
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -44,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st  # noqa: E402
-from torch_compare import Failure, run, train_like_torch  # noqa: E402
+from torch_compare import Failure, token_file, train_like_torch, verify_plans  # noqa: E402
 
 STEPS = 6
 BATCH = 4
@@ -145,15 +144,9 @@ def samples(name, rng, w):
         data = os.path.join(w, "data.safetensors")
         st.save(data, {"x": xs, "y": ys})  # sample-major: [N, ...]
         return xs, ys, ["x", "y"], data
-    # A token model reads a flat token file (docs/data.md): sequence j of step k
-    # starts at ((k*B + j) * T) mod (N - T - 1), its targets one token later.
-    tokens = rng.integers(0, VOCAB, 2000).astype(np.int32)
     data = os.path.join(w, "tokens.bin")
-    tokens.tofile(data)
-    starts = [((k * BATCH + j) * SEQ) % (len(tokens) - SEQ - 1) for k in range(STEPS)
-              for j in range(BATCH)]
-    windows = np.stack([tokens[o:o + SEQ + 1] for o in starts]).astype(np.int64)
-    return windows[:, :SEQ].copy(), windows[:, 1:].copy(), ["ids", "targets"], data
+    ids, targets = token_file(data, rng.integers(0, VOCAB, 2000), BATCH, SEQ, STEPS)
+    return ids, targets, ["ids", "targets"], data
 
 
 def main():
@@ -181,25 +174,14 @@ def main():
                                                    LOSS_RTOL, WEIGHT_RTOL)
         print("ok: %s (static batch of %d): 1 rank against PyTorch, %d SGD steps: losses "
               "within %.2g, weights within %.2g (%s)" % (name, BATCH, STEPS, worst, gap, where))
-        for plan_name, plan in PLANS:
-            pj = os.path.join(w, plan_name + ".json")
-            with open(pj, "w") as f:
-                json.dump(plan, f)
-            text = run([a.carve, "verify", onnx_path, "--plan", pj, "--steps", "3", "--data",
-                        data, "--workdir", os.path.join(w, "verify-" + plan_name)])
-            if "PASS" not in text:
-                raise Failure("%s %s: carve verify did not pass:\n%s" % (name, plan_name, text))
-            print("ok: %s %s: %s" % (name, plan_name, text.strip().splitlines()[-1]))
+        verify_plans(a.carve, name, onnx_path, data, PLANS, w)
         folded = os.path.join(w, name + "-folded.onnx")
         torch.manual_seed(0)
         torch.onnx.export(cls(), (torch.from_numpy(xs[:BATCH]), torch.from_numpy(ys[:BATCH])),
                           folded, input_names=names, output_names=["loss"], opset_version=17)
-        text = run([a.carve, "verify", folded, "--plan", os.path.join(w, "dp2.json"), "--steps",
-                    "3", "--data", data, "--workdir", os.path.join(w, "verify-folded")])
-        if "PASS" not in text:
-            raise Failure("%s with constant folding, dp2: carve verify did not pass:\n%s"
-                          % (name, text))
-        print("ok: %s with constant folding, dp2: %s" % (name, text.strip().splitlines()[-1]))
+        os.makedirs(os.path.join(w, "folded"))
+        verify_plans(a.carve, name + " with constant folding", folded, data, PLANS[:1],
+                     os.path.join(w, "folded"))
     print("static-exports: all checks passed")
     return 0
 

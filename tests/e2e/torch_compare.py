@@ -14,6 +14,7 @@ run is farther from it than the tolerances allow carve to be."""
 
 import copy
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -57,6 +58,33 @@ def sgd_losses(net, batches, lr):
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def token_file(path, tokens, batch, seq, steps):
+    """Writes `tokens` (int32) to `path`, a flat token file, and returns the
+    (inputs, targets) int64 windows of `steps` global batches as carve reads
+    it the default (wrapped) way (docs/data.md): sequence j of step k starts
+    at ((k*B + j) * T) mod (N - T - 1), its targets one token later."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    tokens.tofile(path)
+    starts = [((k * batch + j) * seq) % (len(tokens) - seq - 1) for k in range(steps)
+              for j in range(batch)]
+    windows = np.stack([tokens[o:o + seq + 1] for o in starts]).astype(np.int64)
+    return windows[:, :seq].copy(), windows[:, 1:].copy()
+
+
+def verify_plans(carve, label, onnx_path, data, plans, workdir, steps=3):
+    """`carve verify` of each (name, plan) against 1 rank; Failure unless it
+    passes. Prints one line per plan."""
+    for name, plan in plans:
+        pj = os.path.join(workdir, name + ".json")
+        with open(pj, "w") as f:
+            json.dump(plan, f)
+        text = run([carve, "verify", onnx_path, "--plan", pj, "--steps", str(steps), "--data",
+                    data, "--workdir", os.path.join(workdir, "verify-" + name)])
+        if "PASS" not in text:
+            raise Failure("%s %s: carve verify did not pass:\n%s" % (label, name, text))
+        print("ok: %s %s: %s" % (label, name, text.strip().splitlines()[-1]))
 
 
 def well_posed_reference(net, batches, lr):
