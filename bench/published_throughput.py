@@ -107,11 +107,16 @@ def paper_flops(r):
     return 72.0 * B * l * s * h * h * (1 + s / (6.0 * h) + V / (12.0 * h * l))
 
 
-def plan(carve, r, calibration):
+def plan(carve, r, calibration, auto=False):
+    """carve plan's (plan, prediction, fits) for the run's published plan, or
+    with `auto` for the plan it chooses itself at the run's precision."""
     spec = "builtin:gpt:layers=%d,hidden=%d,heads=%d,seq=%d,vocab=%d" % (
         r["layers"], r["hidden"], r["heads"], SEQ, VOCAB)
+    fixed = r["fixed"]
+    if auto:
+        fixed = ",".join(f for f in fixed.split(",") if f.startswith("precision="))
     cmd = [carve, "plan", spec, "--cluster", "a100-80gb:%dx8" % (r["gpus"] // 8),
-           "--global-batch", str(r["batch"]), "--fixed", r["fixed"], "--storage", "published",
+           "--global-batch", str(r["batch"]), "--fixed", fixed, "--storage", "published",
            "--no-op-search", "--json"]
     if calibration:
         cmd += ["--calibration", calibration]
@@ -160,9 +165,10 @@ def main():
     print()
     print("| source | run | plan (planner's micro-batches) | published step (s) | predicted "
           "step (s) | published TFLOP/s/GPU | predicted TFLOP/s/GPU | predicted / published "
-          "throughput | predicted MFU | memory (GB) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "throughput | predicted MFU | memory (GB) | automatic plan: predicted step (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = {}
+    slower = []
     for r in runs():
         if only and r["source"] not in only:
             continue
@@ -174,13 +180,19 @@ def main():
             pub_s = paper_flops(r) / (r["published_tflops"] * 1e12) / r["gpus"]
         ratio = pub_s / t
         ratios.setdefault(r["source"], []).append(ratio)
-        print("| %s | %s | %s | %.2f | %.2f | %s | %.0f | %.2f | %.1f%% | %.1f%s |" % (
+        ap_, apred, afits = plan(args.carve, r, args.calibration, auto=True)
+        at = apred["step_time_s"]
+        if not afits or at > t * (1 + 1e-9):
+            slower.append(r["label"])
+        print("| %s | %s | %s | %.2f | %.2f | %s | %.0f | %.2f | %.1f%% | %.1f%s | %.2f (%s) |" % (
             r["source"], r["label"], describe(p), pub_s, t,
             "%d" % r["published_tflops"] if r["published_tflops"] else "—", tflops, ratio,
             100 * pred["mfu"], pred["memory_per_device"]["total"] / 1e9,
-            "" if fits else " (does not fit)"))
+            "" if fits else " (does not fit)", at, describe(ap_)))
         sys.stdout.flush()
     print()
+    print("the automatic plan is predicted no slower than the published plan: %s" % (
+        "every run" if not slower else "not for " + ", ".join(slower)))
     for src, rs in ratios.items():
         print("%s: predicted / published throughput, mean %.2f, range %.2f-%.2f over %d runs"
               % (src, sum(rs) / len(rs), min(rs), max(rs), len(rs)))
