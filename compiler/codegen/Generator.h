@@ -639,6 +639,8 @@ private:
   // PipelineStage.cpp: the pieces of runStage (documented there).
   bool collectStageGradients(mlir::func::ReturnOp ret, int stage);
   bool checkMessageTags(int end);
+  std::string messageTag(int64_t tag) const;
+  int tagWindow = 1; // micro-batches with distinct tags per transfer
   bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage);
   std::string stageSeed(const std::string &lossReduction);
   std::string stashDeclarations(int backwardBegin);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 using namespace mlir;
 
@@ -125,27 +126,48 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
 }
 
 /// A send reads its tensor until the slot is taken by another micro-batch;
-/// every transfer's tag, times the micro-batches, must fit the runtime's tags.
+/// the micro-batches of every transfer share the runtime's tags.
 bool Generator::checkMessageTags(int end) {
   const int m = opts.numMicroBatches;
-  int maxTag = -1;
-  for (Operation *op : ops) {
-    if (auto snd = dyn_cast<dist::SendOp>(op)) {
+  for (Operation *op : ops)
+    if (auto snd = dyn_cast<dist::SendOp>(op))
       buffers[bufferOf.lookup(snd.getInput())].lastUse = end;
-      maxTag = std::max(maxTag, (int)snd.getTag());
-    }
+  // Every stage must agree on the tags: count the module's transfers.
+  int64_t maxTag = -1;
+  fn->getParentOfType<ModuleOp>().walk([&](Operation *op) {
+    if (auto snd = dyn_cast<dist::SendOp>(op))
+      maxTag = std::max(maxTag, (int64_t)snd.getTag());
     if (auto r = dyn_cast<dist::RecvOp>(op))
-      maxTag = std::max(maxTag, (int)r.getTag());
-  }
+      maxTag = std::max(maxTag, (int64_t)r.getTag());
+  });
   // The CPU runtime's transports (MPI, TCP) take tags 0 to 32767, the
   // guaranteed MPI_TAG_UB; NCCL has no tags (docs/nccl.md), only an int.
+  // Where every transfer's tags for all micro-batches do not fit, the
+  // micro-batches share them k at a time (tag * k + mb % k): a transfer's
+  // messages between its two ranks are sent and received in micro-batch
+  // order, and equal tags from one sender match in the order posted.
   const int64_t limit = opts.cuda() ? INT32_MAX : 32767;
-  if ((int64_t)(maxTag + 1) * m > limit)
-    return fail("pipeline: " + std::to_string(maxTag + 1) + " transfers x " + std::to_string(m) +
-                " micro-batches exceed the " + std::to_string(limit) + " message tags of the " +
-                (opts.cuda() ? "CUDA" : "CPU (MPI and TCP)") +
-                " runtime; use fewer micro-batches or fewer pipeline stages");
+  const int64_t transfers = maxTag + 1;
+  tagWindow = m;
+  if (transfers > 0 && transfers * m > limit)
+    tagWindow = (int)(limit / transfers);
+  if (const char *force = std::getenv("CARVE_TEST_TAG_WINDOW"))
+    tagWindow = std::max(1, std::min(m, std::atoi(force)));
+  if (tagWindow < 1)
+    return fail("pipeline: " + std::to_string(transfers) + " transfers exceed the " +
+                std::to_string(limit) + " message tags of the " +
+                (opts.cuda() ? "CUDA" : "CPU (MPI and TCP)") + " runtime");
   return true;
+}
+
+/// The tag of this micro-batch's message of transfer `tag` (checkMessageTags).
+std::string Generator::messageTag(int64_t tag) const {
+  if (tagWindow >= opts.numMicroBatches)
+    return std::to_string(tag) + " * " + std::to_string(opts.numMicroBatches) + " + mb";
+  if (tagWindow == 1)
+    return std::to_string(tag);
+  return std::to_string(tag) + " * " + std::to_string(tagWindow) + " + mb % " +
+         std::to_string(tagWindow);
 }
 
 /// Every returned gradient accumulates over the micro-batches into its own
@@ -305,8 +327,7 @@ std::string Generator::recvStatements(Operation *op, bool backward) {
          (node.empty() ? "" : " [" + node + "]") + "\n" + "  " + ctypeOf(res) + " *" + var[res] +
          " = (" + ctypeOf(res) + " *)(" + activationAt(b.offset) + ");\n" + "  CommHandle " + h +
          " = ctx.ppComm->recvAsync(" + var[res] + ", " + std::to_string(bytesOf(res)) + ", " +
-         peer((int64_t)r.getOffset()) + ", " + std::to_string((int64_t)r.getTag()) + " * " +
-         std::to_string(opts.numMicroBatches) + " + mb);\n";
+         peer((int64_t)r.getOffset()) + ", " + messageTag((int64_t)r.getTag()) + ");\n";
 }
 
 /// A send, left in flight on the slot's list until the slot is reused.
@@ -318,8 +339,7 @@ std::string Generator::sendStatements(Operation *op, bool backward) {
          std::to_string(to) + "; its memory is kept until the send completes\n" + "  " +
          (backward ? "bsends" : "fsends") + "[slot].push_back(ctx.ppComm->sendAsync(" + var[v] +
          ", " + std::to_string(bytesOf(v)) + ", " + peer((int64_t)snd.getOffset()) + ", " +
-         std::to_string((int64_t)snd.getTag()) + " * " + std::to_string(opts.numMicroBatches) +
-         " + mb));\n";
+         messageTag((int64_t)snd.getTag()) + "));\n";
 }
 
 /// The ops split at the first backward op into the two functions' bodies:

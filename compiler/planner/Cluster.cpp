@@ -596,7 +596,8 @@ std::string clusterToJson(const Cluster &cluster) {
   j["device"] = {{"name", cluster.device.name},
                  {"peak_flops", peaks},
                  {"memory_bytes", cluster.device.memoryBytes},
-                 {"memory_bandwidth", cluster.device.memoryBandwidth}};
+                 {"memory_bandwidth", cluster.device.memoryBandwidth},
+                 {"target", cluster.device.target}};
   j["intra_node"] = {{"bandwidth", cluster.intraNode.bandwidth},
                      {"latency", cluster.intraNode.latency}};
   j["inter_node"] = {{"bandwidth", cluster.interNode.bandwidth},

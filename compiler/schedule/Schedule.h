@@ -42,8 +42,10 @@ struct Instr {
 /// The instruction lists of all pipeline ranks. Stage s = chunk * p + rank:
 /// Forward(mb, s) needs Forward(mb, s-1) (s > 0); Backward(mb, s) needs
 /// Forward(mb, s) and Backward(mb, s+1) (s < p*v - 1). On every chunk the
-/// backwards visit micro-batches 0 .. m-1 in order, so gradient accumulation
-/// starts at micro-batch 0 and ends at micro-batch m-1.
+/// forwards and the backwards each visit micro-batches 0 .. m-1 in order, so
+/// gradient accumulation starts at micro-batch 0 and ends at micro-batch m-1,
+/// and a transfer's messages may share tags over micro-batches (equal tags
+/// match in the order posted).
 struct Schedule {
   ScheduleKind kind;
   /// Pipeline ranks, micro-batches, chunks per rank.

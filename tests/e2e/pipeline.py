@@ -99,8 +99,19 @@ def plans():
         ("m4", {"num_micro_batches": 4}),
         ("mbs2", {"micro_batch_size": 2}),
         ("pp2-cuts", {"pp": 2, "num_micro_batches": 4, "cuts": ["/h.3/*"]}),
+        # The micro-batches of a transfer sharing its message tags (TAG_WINDOW).
+        ("pp4-1f1b-m8-tags3", {"pp": 4, "num_micro_batches": 8, "schedule": "1f1b"}),
+        ("pp4-interleaved-m8-tags1", {"pp": 4, "num_micro_batches": 8, "schedule": "interleaved",
+                                      "virtual_stages": 2}),
     ]
     return out
+
+
+# Where every transfer's tags for all micro-batches exceed the CPU transports'
+# 32767 (the published 1T plan), the micro-batches share them k at a time
+# (tag * k + mb % k). CARVE_TEST_TAG_WINDOW forces k on these small plans; their
+# losses must be bitwise those of the same plan with a tag per micro-batch.
+TAG_WINDOW = {"pp4-1f1b-m8-tags3": 3, "pp4-interleaved-m8-tags1": 1}
 
 
 # Small buckets, so that a stage reduce-scatters several per micro-batch and
@@ -270,7 +281,12 @@ def main():
             with open(out + ".plan.json", "w") as f:
                 json.dump(plan, f)
             cmd += ["--plan", out + ".plan.json"]
-        run_cmd(cmd)
+        if name in TAG_WINDOW:
+            os.environ["CARVE_TEST_TAG_WINDOW"] = str(TAG_WINDOW[name])
+        try:
+            run_cmd(cmd)
+        finally:
+            os.environ.pop("CARVE_TEST_TAG_WINDOW", None)
         stdout = run_cmd([args.carve, "run", out, "-n", str(ranks), "--", "--steps", str(STEPS),
                           "--data", data, "--log", out + ".jsonl", "--save", out + ".ckpt"] +
                          list(extra_run))
@@ -279,6 +295,7 @@ def main():
     base, _ = build("1rank", None, 1)
     base_losses, base_norms = read_losses(base + ".jsonl")
     base_weights = st.load_checkpoint(base + ".ckpt")
+    losses_of = {}
 
     for name, plan in plans():
         if args.only and args.only not in name:
@@ -296,6 +313,7 @@ def main():
                 extra_r = ["--trace", os.path.join(mdir, "trace.json")]
             out, stdout = build(name, plan, ranks, extra_c, extra_r)
             losses, norms = read_losses(out + ".jsonl")
+            losses_of[name] = (losses, norms)
             worst = max(abs(a - b) / abs(a) for a, b in zip(base_losses, losses))
             if worst > LOSS_RTOL:
                 raise Failure("loss differs by %.3g relative (limit %g): %s vs %s" %
@@ -324,6 +342,23 @@ def main():
                     raise Failure("--bucket-bytes %d left %d reduce-scattered bucket(s) on pipeline "
                                   "rank 0, expected several" % (SMALL_BUCKETS[name], waits))
                 note += ", %d buckets" % waits
+            if name in TAG_WINDOW:
+                k = TAG_WINDOW[name]
+                src = open(os.path.join(out, "src", "program1.cpp")).read()
+                tags = re.findall(r"ppComm->(?:send|recv)Async\([^;]*", src)
+                shared = "mb %% %d" % k if k > 1 else "mb"
+                if not tags or any((shared in t) != (k > 1) for t in tags) or \
+                        (k == 1 and any(" mb" in t for t in tags)):
+                    raise Failure("CARVE_TEST_TAG_WINDOW=%d: the transfers' tags are %s" %
+                                  (k, tags[:3]))
+                same = name.rsplit("-", 1)[0]
+                if same not in losses_of:
+                    raise Failure("%s did not run before %s" % (same, name))
+                if losses_of[same] != (losses, norms):
+                    raise Failure("with %d micro-batch(es) per tag the losses or norms differ "
+                                  "from %s's: %s vs %s" % (k, same, (losses, norms),
+                                                           losses_of[same]))
+                note += ", %d tags shared, bitwise %s" % (len(tags), same)
             if name == "mbs2" and meta["num_micro_batches"] != BATCH // 2:
                 raise Failure("micro_batch_size 2 made %d micro-batches, expected %d" %
                               (meta["num_micro_batches"], BATCH // 2))

@@ -164,18 +164,36 @@ def main():
     if rc != 0 or json.loads(out)["plan"].get("zero") != 2 or \
             json.loads(out)["plan"].get("dp", 1) != 1:
         raise Failure("--fixed dp=1,zero=2,tp=8: exit %d\n%s%s" % (rc, out[:400], err))
-    # The published 1T plan of Megatron-LM (SC21, Table 1): tp=8, pp=64, 512 micro-batches,
-    # 254 transfers each: beyond the CPU transports' 32767 tags, valid on GPUs (NCCL has none),
-    # and compiled for the cluster's target by the as-compiled check.
-    rc, out, err = run([carve, "plan",
-                        "builtin:gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200",
-                        "--cluster", "a100-80gb:384x8", "--global-batch", "3072", "--fixed",
-                        "tp=8,pp=64,micro_batch_size=1,precision=fp16"])
-    if rc != 0 or "As compiled (carve compile's memory plan" not in out:
-        raise Failure("the published 1T plan: exit %d\n%s%s" % (rc, out[-800:], err))
-    checks += 2
+    # The published 1T plan of Megatron-LM (SC21, Table 1): tp=8, pp=64, 512 micro-batches:
+    # its transfers times 512 exceed the CPU transports' 32767 message tags, so there the
+    # micro-batches share each transfer's tags; NCCL takes any int. The as-compiled check
+    # compiles it for the cluster's target: the GPUs', and the CPU's through a cluster file.
+    one_t = "builtin:gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200"
+    with open(w("a100-cpu.json"), "w") as f:
+        json.dump({"preset": "a100-80gb", "nodes": 384, "device": {"target": "cpu"}}, f)
+    for cluster in ("a100-80gb:384x8", w("a100-cpu.json")):
+        rc, out, err = run([carve, "plan", one_t, "--cluster", cluster, "--global-batch", "3072",
+                            "--fixed", "tp=8,pp=64,micro_batch_size=1,precision=fp16"])
+        if rc != 0 or "As compiled (carve compile's memory plan" not in out:
+            raise Failure("the published 1T plan on %s: exit %d\n%s%s" %
+                          (cluster, rc, out[-800:], err))
+        checks += 1
+    with open(w("1t.plan.json"), "w") as f:
+        json.dump({"tp": 8, "pp": 64, "micro_batch_size": 1, "precision": "fp16",
+                   "sequence_parallel": True}, f)
+    rc, out, err = run([carve, "compile", one_t + ",batch=512", "--plan", w("1t.plan.json"),
+                        "--target", "cpu", "--no-build", "--no-weights", "--quiet",
+                        "-o", w("1t")])
+    if rc != 0:
+        raise Failure("the published 1T plan for the CPU: exit %d\n%s%s" % (rc, out[-800:], err))
+    src = open(os.path.join(w("1t"), "src", "program5.cpp")).read()
+    tags = re.findall(r"ppComm->(?:send|recv)Async\([^;]*, (\d+) \* (\d+) \+ mb % (\d+)\)", src)
+    if not tags or any(k != k2 or int(t) * int(k) + int(k) - 1 > 32767 for t, k, k2 in tags):
+        raise Failure("the 1T plan's pipeline tags on the CPU do not share micro-batches within "
+                      "32767: %s" % tags[:4])
+    checks += 1
     print("ok: ZeRO-2 with dp=1 plans; the published 1T plan (tp=8, pp=64, m=512) plans and "
-          "compiles for its GPUs")
+          "compiles for its GPUs and for the CPU (%d micro-batches per tag)" % int(tags[0][1]))
 
     # 3. Infeasible and bad input.
     _, err = expect_fail(carve, ["plan", ONE_T, "--cluster", "a100-80gb:1x8", "--global-batch",

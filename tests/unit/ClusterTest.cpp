@@ -217,6 +217,7 @@ TEST_F(ClusterFileTest, RoundTrip) {
     EXPECT_EQ(again.intraNode.latency, original.intraNode.latency);
     EXPECT_EQ(again.interNode.bandwidth, original.interNode.bandwidth);
     EXPECT_EQ(again.interNode.latency, original.interNode.latency);
+    EXPECT_EQ(again.device.target, original.device.target);
     EXPECT_EQ(clusterToJson(again), text);
   }
 }
@@ -240,6 +241,13 @@ TEST_F(ClusterFileTest, PresetOverride) {
   Cluster named = parsed(write(R"({"preset": "h200-141gb", "name": "cloud"})"));
   EXPECT_EQ(named.name, "cloud");
   EXPECT_EQ(named.worldSize(), 8);
+
+  // The target the as-compiled check compiles for: the preset's, or the file's.
+  EXPECT_EQ(c.device.target, "cuda");
+  EXPECT_EQ(parsed("cpu:1x2").device.target, "cpu");
+  EXPECT_EQ(parsed("a100-80gb:384x8").device.target, "cuda");
+  EXPECT_EQ(parsed(write(R"({"preset": "a100-80gb", "device": {"target": "cpu"}})")).device.target,
+            "cpu");
 
   double physical = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
   Cluster cpu = parsed(write(R"({"preset": "cpu", "nodes": 2, "devices_per_node": 2})"));
@@ -276,6 +284,8 @@ TEST_F(ClusterFileTest, Errors) {
        "is more than 1000000 devices"},
       {R"({"preset": "a100-80gb", "gpus": 8})", "unknown field \"gpus\" (known: name, preset,"},
       {R"({"preset": "a100-80gb", "device": {"hbm": 1}})", "unknown field \"device.hbm\""},
+      {R"({"preset": "a100-80gb", "device": {"target": "rocm"}})",
+       "\"device.target\" is 'rocm'; it must be \"cpu\" or \"cuda\""},
       {R"({"preset": "a100-80gb", "device": {"peak_flops": {"int8": 1e15}}})",
        "unknown field \"device.peak_flops.int8\" (known: fp32, tf32, bf16, fp16)"},
       {R"({"preset": "a100-80gb", "intra_node": 3e11})", "\"intra_node\" must be an object"},

@@ -121,7 +121,11 @@ TEST(ScheduleBuild, Errors) {
 // Tests that each rank runs each (micro-batch, chunk) forward and backward once,
 // its forward before its backward, and each chunk's backwards in micro-batch
 // order (gradient accumulation relies on it).
-TEST(ScheduleBuild, EveryStepOnceBackwardsInOrder) {
+// Forwards and backwards of every chunk visit micro-batches in order: gradient
+// accumulation relies on it, and so do pipeline messages that share a tag over
+// several micro-batches (PipelineStage.cpp, messageTag): equal tags match in
+// the order they are posted.
+TEST(ScheduleBuild, EveryStepOnceInOrder) {
   for (const Config &c : sweep()) {
     SCOPED_TRACE(describe(c));
     Schedule s = built(c);
@@ -130,7 +134,7 @@ TEST(ScheduleBuild, EveryStepOnceBackwardsInOrder) {
     for (int r = 0; r < c.p; ++r) {
       ASSERT_EQ(s.ranks[r].size(), static_cast<size_t>(2 * c.m * c.v));
       std::map<std::pair<int, int>, int> forwards, backwards;
-      std::vector<int> nextBackward(c.v, 0);
+      std::vector<int> nextForward(c.v, 0), nextBackward(c.v, 0);
       for (const Instr &in : s.ranks[r]) {
         ASSERT_GE(in.chunk, 0);
         ASSERT_LT(in.chunk, c.v);
@@ -139,6 +143,7 @@ TEST(ScheduleBuild, EveryStepOnceBackwardsInOrder) {
         auto key = std::make_pair(in.microBatch, in.chunk);
         if (in.kind == Instr::Forward) {
           ++forwards[key];
+          EXPECT_EQ(in.microBatch, nextForward[in.chunk]++) << "rank " << r;
         } else {
           EXPECT_EQ(forwards[key], 1) << "backward before forward, rank " << r;
           ++backwards[key];

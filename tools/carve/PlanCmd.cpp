@@ -517,7 +517,7 @@ std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, const Outcome 
   ca.model = args.model;
   ca.planText = planFile(e, args, o, pins).dump();
   ca.planPath = "the plan carve plan chose (" + e.c.key() + ")";
-  ca.target = o.cluster.device.target; // the program that runs there (a GPU's: no tag bound)
+  ca.target = o.cluster.device.target; // the program that runs there
   ca.loss = args.loss;
   ca.import = args.import;
   return compiledMemory(ca);
