@@ -41,6 +41,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace carve::codegen {
@@ -576,6 +577,9 @@ private:
   bool emitStepSeed(const std::string &reduction);
   void startBuckets(const std::vector<Bucket> &buckets, size_t &next, int after);
   bool emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gathered, int backwardBegin);
+  void indexGatherEvents(const GatherPlan &gathered);
+  /// 2 * op index + (backward): the parameters gathered or prefetched there.
+  std::unordered_map<int64_t, std::vector<unsigned>> gatherEvents;
   std::string gatherStatements(mlir::Operation *op, bool backward, const GatherPlan &gathered,
                                const std::map<unsigned, std::string> &shardVar);
   bool emitStepTail(Value loss, const std::vector<Bucket> &buckets, const std::string &reduction,

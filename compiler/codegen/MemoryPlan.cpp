@@ -241,11 +241,12 @@ bool Generator::collectGradients(
     position[order[i].result] = i;
     irGrad[order[i].result] = order[i];
   }
+  const std::vector<std::optional<unsigned>> paramArgs = paramArgsOfGrads(fn);
   for (unsigned k = first; k < ret.getNumOperands(); ++k) {
     StringAttr of = gradOf(fn, k);
     if (!of)
       return fail(what + " result " + std::to_string(k) + " is not a gradient");
-    std::optional<unsigned> param = paramArgOfGrad(fn, k);
+    std::optional<unsigned> param = paramArgs[k];
     Value g = ret.getOperand(k);
     if (!param || (computedHere && !g.getDefiningOp()))
       return fail("gradient of unknown parameter '" + of.getValue().str() + "'");

@@ -353,6 +353,7 @@ bool Generator::emitStageBodies(int chunk, int backwardBegin, Value loss,
   std::map<unsigned, std::string> shardVar;
   for (auto &[arg, pair] : gathered)
     shardVar[arg] = var[fn.getArgument(arg)];
+  indexGatherEvents(gathered);
   size_t nextWait = 0;
   auto bucketsAfter = [&](int i) {
     while (nextBucket < buckets.size() && buckets[nextBucket].ready <= i) {

@@ -302,6 +302,7 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
   std::map<unsigned, std::string> shardVar;
   for (auto &[arg, pair] : gathered)
     shardVar[arg] = var[fn.getArgument(arg)];
+  indexGatherEvents(gathered);
   viewsInScope.clear(); // step() holds forward and backward
   for (Operation *op : ops) {
     if (!backward && index[op] >= backwardBegin) {
@@ -333,6 +334,21 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
   return true;
 }
 
+/// Which parameters gatherStatements has something to say for at each op of
+/// each pass: its prefetch's start and its first read, in parameter order.
+void Generator::indexGatherEvents(const GatherPlan &gathered) {
+  gatherEvents.clear();
+  for (auto &[arg, pair] : gathered)
+    for (int pass = 0; pass < 2; ++pass) {
+      const Gathered &gg = pair[pass];
+      if (gg.buffer < 0) // not read in this pass (a bias's backward reads only its gradient)
+        continue;
+      if (gg.issue < gg.first)
+        gatherEvents[2 * (int64_t)gg.issue + pass].push_back(arg);
+      gatherEvents[2 * (int64_t)gg.first + pass].push_back(arg);
+    }
+}
+
 /// ZeRO-3, before op `op` of the given pass: the gathers that start there
 /// (ahead of their first read: prefetched, asynchronous) and the gathers or
 /// waits of the parameters first read there, whose name is from then on
@@ -340,13 +356,12 @@ bool Generator::emitStepBody(const std::vector<Bucket> &buckets, GatherPlan &gat
 std::string Generator::gatherStatements(Operation *op, bool backward, const GatherPlan &gathered,
                                         const std::map<unsigned, std::string> &shardVar) {
   std::string s;
-  for (auto &[arg, pair] : gathered) {
-    const Gathered &gg = pair[backward ? 1 : 0];
-    if (gg.buffer < 0) // not read in this pass (a bias's backward reads only its gradient)
-      continue;
-    const bool prefetchHere = gg.issue == index[op] && gg.issue < gg.first;
-    if (!prefetchHere && gg.first != index[op])
-      continue; // nothing of this parameter happens at this op
+  const int at = index[op];
+  auto events = gatherEvents.find(2 * (int64_t)at + (backward ? 1 : 0));
+  if (events == gatherEvents.end())
+    return s; // nothing is gathered or waited for at this op
+  for (unsigned arg : events->second) {
+    const Gathered &gg = gathered.at(arg)[backward ? 1 : 0];
     const std::string pass = backward ? "backward" : "forward";
     const std::string uses = " uses (ops " + std::to_string(gg.first) + "-" +
                              std::to_string(gg.last) + "); the buffer is free after the last";
@@ -358,11 +373,11 @@ std::string Generator::gatherStatements(Operation *op, bool backward, const Gath
                                 activationAt(buffers[gg.buffer].offset) + ");\n";
     const std::string operands = shardVar.at(arg) + ", " + gg.var + ", " +
                                  std::to_string(chunkOf[arg]) + ", " + commTypeOf(arg) + ");\n";
-    if (gg.issue == index[op] && gg.issue < gg.first)
+    if (gg.issue == at && gg.issue < gg.first)
       s += "  // ZeRO-3: prefetch " + paramName(arg) + " for its " + pass + uses +
            " (zero3_prefetch_layers).\n" + pointer + "  CommHandle " + gg.var +
            "_gather = ctx.dpComm->allGatherAsync(" + operands;
-    if (gg.first != index[op])
+    if (gg.first != at)
       continue;
     var[fn.getArgument(arg)] = gg.var;
     if (gg.issue < gg.first)

@@ -92,6 +92,7 @@ public:
     llvm::DenseSet<Value> pinned;
     if (!stage)
       pinned.insert(aliasRoot(ret.getOperand(0)));
+    const std::vector<std::optional<unsigned>> paramArgs = paramArgsOfGrads(fn);
     for (unsigned k = first; k < ret.getNumOperands(); ++k) {
       StringAttr of = gradOf(fn, k);
       Value g = ret.getOperand(k);
@@ -99,7 +100,7 @@ public:
       if (!of)
         return emitError(loc) << "result " << k << " of @" << fn.getSymName()
                               << " is not a gradient (carve.grad_of)";
-      std::optional<unsigned> param = paramArgOfGrad(fn, k);
+      std::optional<unsigned> param = paramArgs[k];
       if (!param || (stage && !g.getDefiningOp()))
         return emitError(loc) << "gradient of unknown parameter '" << of.getValue() << "'";
       Type e = cast<RankedTensorType>(g.getType()).getElementType();

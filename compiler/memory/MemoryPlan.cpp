@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <map>
+#include <queue>
 
 using namespace mlir;
 
@@ -41,32 +42,34 @@ int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &u
     order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return blocks[a].def < blocks[b].def; });
-  std::vector<size_t> live; // placed blocks that may still be read
+  // The placed blocks that may still be read, by offset (they never
+  // overlap), and the same blocks by last use, to drop them once dead:
+  // definitions only grow, so a block dead now stays dead.
+  std::multimap<int64_t, int64_t> live; // offset -> end
+  std::vector<std::multimap<int64_t, int64_t>::iterator> where(blocks.size());
+  using Expiry = std::pair<int64_t, size_t>; // last use, block
+  std::priority_queue<Expiry, std::vector<Expiry>, std::greater<Expiry>> expiry;
   int64_t peak = 0;
   unplanned = 0;
   for (size_t i : order) {
     ArenaBlock &b = blocks[i];
     const int64_t size = rounded(b.bytes);
     unplanned += size;
-    // Definitions only grow, so a block dead now stays dead.
-    std::vector<std::pair<int64_t, int64_t>> taken;
-    std::vector<size_t> still;
-    for (size_t j : live)
-      if (blocks[j].lastUse >= b.def) {
-        still.push_back(j);
-        taken.push_back({blocks[j].offset, blocks[j].offset + rounded(blocks[j].bytes)});
-      }
-    std::sort(taken.begin(), taken.end());
+    while (!expiry.empty() && expiry.top().first < b.def) {
+      live.erase(where[expiry.top().second]);
+      expiry.pop();
+    }
+    // The lowest offset where `size` bytes overlap no live block.
     int64_t at = 0;
-    for (auto &[lo, hi] : taken) {
+    for (auto &[lo, hi] : live) {
       if (at + size <= lo)
         break;
       at = std::max(at, hi);
     }
     b.offset = at;
     peak = std::max(peak, at + size);
-    still.push_back(i);
-    live = std::move(still);
+    where[i] = live.emplace(at, at + size);
+    expiry.push({b.lastUse, i});
   }
   return peak;
 }

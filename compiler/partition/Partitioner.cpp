@@ -44,6 +44,7 @@
 #include "llvm/Support/GlobPattern.h"
 
 #include <map>
+#include <mutex>
 #include <queue>
 #include <set>
 
@@ -60,6 +61,29 @@ namespace carve::partition {
 //===----------------------------------------------------------------------===//
 // Annotations and layouts
 //===----------------------------------------------------------------------===//
+
+namespace {
+/// Annotation::parse, remembered by text for the process: a model has a few
+/// dozen distinct annotations over thousands of ops, and the planner
+/// partitions the same model many times.
+bool parsedAnnotation(const std::string &text, Annotation &out, std::string &error) {
+  static std::mutex lock;
+  static std::map<std::string, Annotation> parsed;
+  {
+    std::lock_guard<std::mutex> hold(lock);
+    auto it = parsed.find(text);
+    if (it != parsed.end()) {
+      out = it->second;
+      return true;
+    }
+  }
+  if (!Annotation::parse(text, out, error))
+    return false;
+  std::lock_guard<std::mutex> hold(lock);
+  parsed.emplace(text, out);
+  return true;
+}
+} // namespace
 
 const Annotation *Partitioner::annotationOf(Operation *op) {
   auto it = annotations.find(op);
@@ -86,7 +110,7 @@ const Annotation *Partitioner::annotationOf(Operation *op) {
   }
   Annotation a;
   std::string e;
-  if (!Annotation::parse(text, a, e)) {
+  if (!parsedAnnotation(text, a, e)) {
     fail(op, origin.empty() ? e : origin + ": " + e);
     return nullptr;
   }

@@ -106,9 +106,97 @@ std::string searchPrecision(const Space &sp, const Cluster &cl) {
   return sp.fixedOr("precision", cl.device.peakFlops.count("bf16") == 0 ? "fp32" : "bf16");
 }
 
+/// A fixed field no plan of this cluster, model and batch can have, named
+/// with the bound it breaks; empty when every fixed value is reachable.
+/// (Checked field by field, then the fixed parallel degrees together, so
+/// that the message names the field at fault rather than every rule.)
+std::string fieldOutOfReach(const Space &sp, const Profile &base, const Cluster &cl, int64_t B) {
+  const Constraints &cons = sp.cons;
+  const int64_t N = cl.worldSize();
+  const int64_t L = std::max<int64_t>(1, (int64_t)base.layers.size());
+  auto fixedInt = [&](const std::string &f, int64_t &v) {
+    auto it = cons.fixed.find(f);
+    if (it == cons.fixed.end())
+      return false;
+    v = std::atoll(it->second.c_str());
+    return true;
+  };
+  const std::string devices =
+      std::to_string(N) + " devices of " + cl.name + " (" + std::to_string(cl.nodes) + " x " +
+      std::to_string(cl.devicesPerNode) + ")";
+  int64_t dp = 0, tp = 0, pp = 0;
+  const bool hasDp = fixedInt("dp", dp), hasTp = fixedInt("tp", tp), hasPp = fixedInt("pp", pp);
+  for (auto [f, v, has] : {std::tuple<const char *, int64_t, bool>{"dp", dp, hasDp},
+                           {"tp", tp, hasTp},
+                           {"pp", pp, hasPp}})
+    if (has && (v < 1 || N % v != 0))
+      return std::string(f) + " is fixed to " + std::to_string(v) + " but it must divide the " +
+             devices;
+  if (hasPp && pp > L && !(base.layers.empty() && pp <= 2))
+    return "pp is fixed to " + std::to_string(pp) + " but the model has " + std::to_string(L) +
+           " layers (at most one stage per layer)";
+  if (hasDp && B % dp != 0)
+    return "dp is fixed to " + std::to_string(dp) + " but it must divide the global batch " +
+           std::to_string(B);
+  if (hasDp && hasTp && N % (dp * tp) != 0)
+    return "dp x tp is fixed to " + std::to_string(dp * tp) + " but it must divide the " + devices;
+  if (hasDp && hasPp && N % (dp * pp) != 0)
+    return "dp x pp is fixed to " + std::to_string(dp * pp) + " but it must divide the " + devices;
+  if (hasTp && hasPp && N % (tp * pp) != 0)
+    return "tp x pp is fixed to " + std::to_string(tp * pp) + " but it must divide the " + devices;
+  // The replicas' shares of the batch the fixed degrees leave possible.
+  std::vector<int64_t> shares;
+  for (int64_t d : divisors(N))
+    if (B % d == 0 && sp.allows("dp", (double)d) && (!hasTp || (N / d) % tp == 0) &&
+        (!hasPp || (N / d) % pp == 0) && (!hasTp || !hasPp || (N / d) % (tp * pp) == 0))
+      shares.push_back(B / d);
+  std::string shareText;
+  for (size_t i = 0; i < shares.size() && i < 6; ++i)
+    shareText += (i ? ", " : "") + std::to_string(shares[i]);
+  if (shares.size() > 6)
+    shareText += ", ...";
+  int64_t mbs = 0, m = 0, v = 0;
+  if (fixedInt("micro_batch_size", mbs)) {
+    bool ok = false;
+    for (int64_t share : shares)
+      ok |= mbs >= 1 && share % mbs == 0;
+    if (!ok && !shares.empty())
+      return "micro_batch_size is fixed to " + std::to_string(mbs) +
+             " but it must divide a replica's share of the global batch " + std::to_string(B) +
+             " (" + shareText + " samples for the dp this cluster allows)";
+  }
+  if (fixedInt("num_micro_batches", m)) {
+    bool ok = false;
+    for (int64_t share : shares)
+      ok |= m >= 1 && share % m == 0;
+    if (!ok && !shares.empty())
+      return "num_micro_batches is fixed to " + std::to_string(m) +
+             " but it must divide a replica's share of the global batch " + std::to_string(B) +
+             " (" + shareText + " samples for the dp this cluster allows)";
+  }
+  if (fixedInt("virtual_stages", v) && v > 1) {
+    const std::string sched = sp.fixedOr("schedule", "interleaved");
+    if (sched != "interleaved")
+      return "virtual_stages is fixed to " + std::to_string(v) + " but schedule is fixed to " +
+             sched + " (virtual stages need the interleaved schedule)";
+    if (v > 8)
+      return "virtual_stages is fixed to " + std::to_string(v) + " but the planner tries 2 to 8";
+    if (hasPp && pp == 1)
+      return "virtual_stages is fixed to " + std::to_string(v) +
+             " but pp is fixed to 1 (virtual stages split a pipeline)";
+    if (hasPp && pp * v > L)
+      return "virtual_stages is fixed to " + std::to_string(v) + " but pp x virtual_stages (" +
+             std::to_string(pp * v) + ") exceeds the model's " + std::to_string(L) + " layers";
+  }
+  if (sp.fixedOr("schedule", "") == "interleaved" && hasPp && pp == 1)
+    return "schedule is fixed to interleaved but pp is fixed to 1 (it schedules a pipeline)";
+  return "";
+}
+
 /// Constraints that cannot all hold, on their own or on this model and
 /// cluster, in a sentence; empty when they can.
-std::string findContradiction(const Space &sp, const Profile &base, const Cluster &cl) {
+std::string findContradiction(const Space &sp, const Profile &base, const Cluster &cl,
+                              int64_t B) {
   const Constraints &cons = sp.cons;
   const int N = cl.worldSize();
   for (const auto &[f, b] : cons.bounds) {
@@ -157,7 +245,7 @@ std::string findContradiction(const Space &sp, const Profile &base, const Cluste
   if (sp.fixedOr("grad_accumulation", "fp32") == "16bit" && searchPrecision(sp, cl) == "fp32")
     return "grad_accumulation 16bit keeps gradients in 16 bits and needs precision "
            "bf16 or fp16";
-  return "";
+  return fieldOutOfReach(sp, base, cl, B);
 }
 
 /// The pipeline schedules (name, virtual stages) worth pricing for `pp`
@@ -419,7 +507,7 @@ SearchResult searchPlans(const Profile &base, const ProfileSource &profiles, con
                          const PlannerOptions &opts) {
   SearchResult res;
   const Constraints &cons = opts.constraints;
-  res.contradiction = findContradiction(Space{cons}, base, cl);
+  res.contradiction = findContradiction(Space{cons}, base, cl, opts.globalBatch);
   if (!res.contradiction.empty())
     return res;
   res.fullyFixed = cons.fixed.count("dp") && cons.fixed.count("tp") && cons.fixed.count("pp");

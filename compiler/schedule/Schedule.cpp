@@ -3,7 +3,8 @@
 #include "compiler/schedule/Schedule.h"
 
 #include <algorithm>
-#include <set>
+#include <functional>
+#include <queue>
 
 namespace carve::pipeline {
 namespace {
@@ -74,22 +75,27 @@ std::vector<Instr> interleavedRank(int p, int m, int v, int rank) {
 /// micro-batch still holds, and its Backward the same slot; returns the
 /// number of slots each chunk needs.
 std::vector<int> assignSlots(std::vector<Instr> &list, int m, int v) {
-  std::vector<std::set<int>> used(v);
+  // Per chunk, the slots freed by a Backward (smallest first) and the first
+  // slot never used: the smallest slot not held is the heap's top, else that.
+  using MinHeap = std::priority_queue<int, std::vector<int>, std::greater<int>>;
+  std::vector<MinHeap> freed(v);
   std::vector<std::vector<int>> slotOf(v, std::vector<int>(m, -1));
   std::vector<int> needed(v, 0);
   for (Instr &in : list) {
-    std::set<int> &chunkUsed = used[in.chunk];
     if (in.kind == Instr::Forward) {
-      int slot = 0;
-      while (chunkUsed.count(slot))
-        ++slot;
-      chunkUsed.insert(slot);
+      MinHeap &f = freed[in.chunk];
+      int slot;
+      if (!f.empty()) {
+        slot = f.top();
+        f.pop();
+      } else {
+        slot = needed[in.chunk]++;
+      }
       slotOf[in.chunk][in.microBatch] = slot;
-      needed[in.chunk] = std::max(needed[in.chunk], slot + 1);
       in.slot = slot;
     } else {
       in.slot = slotOf[in.chunk][in.microBatch];
-      chunkUsed.erase(in.slot);
+      freed[in.chunk].push(in.slot);
     }
   }
   return needed;

@@ -625,12 +625,13 @@ bool Splitter::collectTransfers(std::string &error) {
   auto ret = cast<func::ReturnOp>(fn.getBody().front().getTerminator());
   if (!use(ret.getOperand(0), S - 1, false))
     return false;
+  const std::vector<std::optional<unsigned>> paramArgs = paramArgsOfGrads(fn);
   for (unsigned k = 1; k < ret.getNumOperands(); ++k) {
     StringAttr of = gradOf(fn, k);
     if (!of)
       return fail(error,
                   "pipeline: @train_step result " + std::to_string(k) + " is not a gradient");
-    std::optional<unsigned> arg = paramArgOfGrad(fn, k);
+    std::optional<unsigned> arg = paramArgs[k];
     int param = arg ? (int)*arg : -1;
     if (param < 0)
       return fail(error, "pipeline: gradient of unknown parameter '" + of.getValue().str() + "'");

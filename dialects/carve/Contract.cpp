@@ -1,6 +1,8 @@
 //===- Contract.cpp - accessors of the attributes stages hand each other --===//
 
 #include "dialects/carve/Contract.h"
+
+#include "llvm/ADT/DenseMap.h"
 #include "dialects/carve/CarveOps.h"
 
 using namespace mlir;
@@ -27,6 +29,21 @@ std::optional<unsigned> paramArgOfGrad(func::FuncOp fn, unsigned result) {
     if (paramNameOf(fn, a) == of)
       return a;
   return std::nullopt;
+}
+
+std::vector<std::optional<unsigned>> paramArgsOfGrads(func::FuncOp fn) {
+  llvm::DenseMap<StringAttr, unsigned> argOf;
+  for (unsigned a = 0; a < fn.getNumArguments(); ++a)
+    if (StringAttr name = paramNameOf(fn, a))
+      argOf.try_emplace(name, a); // the first, as paramArgOfGrad
+  std::vector<std::optional<unsigned>> out(fn.getNumResults());
+  for (unsigned k = 0; k < fn.getNumResults(); ++k)
+    if (StringAttr of = gradOf(fn, k)) {
+      auto it = argOf.find(of);
+      if (it != argOf.end())
+        out[k] = it->second;
+    }
+  return out;
 }
 
 bool isTrainable(func::FuncOp fn, unsigned arg) {

@@ -289,6 +289,9 @@ mlir::StringAttr gradOf(mlir::func::FuncOp fn, unsigned result);
 /// The argument that holds the parameter of gradient result `result`, or
 /// nullopt when the result is no gradient or no argument holds its parameter.
 std::optional<unsigned> paramArgOfGrad(mlir::func::FuncOp fn, unsigned result);
+/// paramArgOfGrad for every result of `fn` at once (one pass over the
+/// arguments: a loop over the results calls this, not paramArgOfGrad).
+std::vector<std::optional<unsigned>> paramArgsOfGrads(mlir::func::FuncOp fn);
 /// True when argument `arg` is a parameter the optimizer updates.
 bool isTrainable(mlir::func::FuncOp fn, unsigned arg);
 /// The functions the emitter prints, which the passes after the stage split

@@ -219,6 +219,29 @@ def main():
                         "--constraints", w("contra.json")], "contradict", "tp")
     expect_fail(carve, ["plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch", "256",
                         "--fixed", "dp=2,tp=2,pp=2"], "contradict", "32 devices")
+    # One fixed field out of reach names itself and the bound it breaks, never the list of
+    # every rule, and writes nothing.
+    out_of_reach = [
+        ("tp=3", "tp is fixed to 3 but it must divide the 32 devices"),
+        ("dp=64", "dp is fixed to 64 but it must divide the 32 devices"),
+        ("pp=32", "pp is fixed to 32 but the model has"),
+        ("dp=32,pp=2", "dp x pp is fixed to 64 but it must divide the 32 devices"),
+        ("micro_batch_size=3", "micro_batch_size is fixed to 3 but it must divide a replica's "
+                               "share of the global batch 256"),
+        ("num_micro_batches=7", "num_micro_batches is fixed to 7 but it must divide"),
+        ("pp=2,virtual_stages=2,schedule=1f1b", "virtual_stages is fixed to 2 but schedule is "
+                                                "fixed to 1f1b"),
+        ("pp=1,virtual_stages=2", "virtual_stages is fixed to 2 but pp is fixed to 1"),
+    ]
+    for fixed, needle in out_of_reach:
+        if os.path.exists(w("unreachable.json")):
+            os.remove(w("unreachable.json"))
+        _, err = expect_fail(carve, ["plan", GPT, "--cluster", "a100-80gb:4x8", "--global-batch",
+                                     "256", "--fixed", fixed, "-o", w("unreachable.json")], needle)
+        if "must equal the device count" in err or len(err.strip().splitlines()) != 1:
+            raise Failure("--fixed %s: expected one line naming the field, got:\n%s" % (fixed, err))
+        if os.path.exists(w("unreachable.json")):
+            raise Failure("--fixed %s: a refused plan wrote its -o file" % fixed)
     expect_fail(carve, ["plan", "builtin:gpt:layers=4,hidden=64,heads=4,seq=16,vocab=64",
                         "--cluster", "cpu:1x7", "--global-batch", "16"], "no plan uses the 7")
     expect_fail(carve, ["plan", "builtin:gpt:layers=4,hidden=64,heads=5,seq=16,vocab=64",

@@ -144,7 +144,9 @@ json predicted(const Estimate &e) {
 
 /// Everything a search needs, loaded once.
 struct Session {
-  mlir::MLIRContext context;
+  /// One thread: the profiles' IR is small (a builtin model's three layers),
+  /// and worker threads cost more than they save on it.
+  mlir::MLIRContext context{mlir::MLIRContext::Threading::DISABLED};
   ProfileRequest req;
   ProfileModel model;
   std::map<std::pair<int, bool>, std::unique_ptr<Profile>> cache;
@@ -183,6 +185,8 @@ struct Outcome {
   double seconds = 0;
   OpSearchResult ops; // per-op choices for the best plan
   double opSeconds = 0;
+  /// Loading the model and its 1-rank profile; the as-compiled check.
+  double setupSeconds = 0, compileSeconds = 0;
   /// The chosen plan as compiled, per pipeline rank (empty: not checked,
   /// and why in `compiledWhy`), and a note when the model's first choice
   /// did not fit as compiled.
@@ -197,6 +201,7 @@ struct Outcome {
 };
 
 void setup(const PlanArgs &args, Session &s, Outcome &o) {
+  auto t0 = std::chrono::steady_clock::now();
   std::string error;
   if (args.cluster.empty())
     die("carve plan: --cluster is required (a preset like a100-80gb:16x8, a JSON file, or "
@@ -225,6 +230,7 @@ void setup(const PlanArgs &args, Session &s, Outcome &o) {
   if (!o.base)
     die(args.model + ": " + error);
   o.opts.globalBatch = args.globalBatch > 0 ? args.globalBatch : s.model.modelBatch;
+  o.setupSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void search(Session &s, Outcome &o) {
@@ -421,6 +427,10 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   j["storage"] = args.publishedStorage ? "published" : "carve";
   j["searched"] = o.result.evaluated;
   j["search_seconds"] = o.seconds;
+  j["phase_seconds"] = {{"setup", o.setupSeconds},
+                        {"search", o.seconds},
+                        {"op_search", o.opSeconds},
+                        {"compile_check", o.compileSeconds}};
   j["profiles_built"] = s.built;
   j["fits"] = o.result.anyFits;
   if (o.result.anyFits) {
@@ -577,8 +587,11 @@ void planOrDie(const PlanArgs &args, Session &s, Outcome &o, const std::string &
     die(who + ": " + unusable(o));
   if (o.result.anyFits && args.opSearch)
     searchOps(s, o);
-  if (o.result.anyFits)
+  if (o.result.anyFits) {
+    auto t0 = std::chrono::steady_clock::now();
     checkCompiled(args, s, o);
+    o.compileSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 }
 
 json compiledJson(const Outcome &o) {
