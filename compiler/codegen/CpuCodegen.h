@@ -34,6 +34,10 @@ struct CodegenOptions {
   std::string modelName; // shown in comments and in Program::model
   std::string programName = "program0";
   std::string planJson; // shown in the header comment
+  /// The memory plan's sizes only (GeneratedProgram's bytes; carve plan's
+  /// as-compiled check): every check up to the arena's layout runs, no
+  /// source is printed.
+  bool memoryOnly = false;
 };
 
 struct GeneratedProgram {

@@ -439,6 +439,8 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
     out.numBuckets += ch.numBuckets;
     out.numKernelCalls += ch.kernelCalls;
   }
+  if (opts.memoryOnly)
+    return true;
 
   // Parameter names must not repeat on one rank (two chunks would update two copies).
   std::set<std::string> seen;

@@ -79,6 +79,8 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
     return fail("cannot tell how the loss reduces over the batch (a mean or a sum of "
                 "cross_entropy, reduce_mean or reduce_sum); data parallelism and micro-batches "
                 "need to know");
+  if (opts.memoryOnly)
+    return true;
   so.init += stageSeed(so.lossReduction);
 
   std::string forwardBody, backwardBody;

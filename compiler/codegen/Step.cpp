@@ -87,6 +87,8 @@ bool Generator::run() {
   if (opts.dp > 1 && reduction == "unknown")
     return fail("cannot tell how the loss reduces over the batch (a mean or a sum of "
                 "cross_entropy, reduce_mean or reduce_sum); data parallelism needs to know");
+  if (opts.memoryOnly)
+    return true;
   var.reader = -1; // from here every name the step prints is noted (outlineLayers)
   if (!emitStepSeed(reduction) || !emitStepBody(buckets, gathered, backwardBegin))
     return false;

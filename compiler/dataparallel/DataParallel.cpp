@@ -233,18 +233,20 @@ public:
       }
       fn->setAttr(kBucketsAttr, b.getArrayAttr(bs));
     }
-    if (zero >= 1)
+    if (zero >= 1) {
+      ArgAttrEdits edits(fn);
       for (const GradientSlot &s : slots)
-        fn.setArgAttr(s.param, kZeroChunkAttr,
-                      i64(zeroChunk(numelOf(ret->getOperand(s.result)), dp)));
+        edits.set(s.param, kZeroChunkAttr, i64(zeroChunk(numelOf(ret->getOperand(s.result)), dp)));
+    }
     if (gather) {
       auto ranges = gatherRanges();
       std::map<unsigned, std::array<int64_t, 2>> issue = prefetchIssues(ranges);
+      ArgAttrEdits edits(fn);
       for (auto &[arg, r] : ranges) {
         SmallVector<int64_t> rec(r.begin(), r.end());
         if (prefetch > 0)
           rec.append({issue[arg][0], issue[arg][1]});
-        fn.setArgAttr(arg, kZero3GatherAttr, b.getDenseI64ArrayAttr(rec));
+        edits.set(arg, kZero3GatherAttr, b.getDenseI64ArrayAttr(rec));
       }
     }
   }

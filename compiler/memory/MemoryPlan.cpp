@@ -246,8 +246,11 @@ public:
       auto it = gathers.try_emplace(key.first, std::array<int64_t, 2>{-1, -1}).first;
       it->second[key.second] = blocks[blk].offset;
     }
-    for (auto &[arg, offs] : gathers)
-      fn.setArgAttr(arg, kZero3GatherOffsetsAttr, b.getDenseI64ArrayAttr(offs));
+    {
+      ArgAttrEdits edits(fn);
+      for (auto &[arg, offs] : gathers)
+        edits.set(arg, kZero3GatherOffsetsAttr, b.getDenseI64ArrayAttr(offs));
+    }
     std::vector<GradientSlot> order;
     std::string error;
     readGradients(fn, order, error);
@@ -287,8 +290,9 @@ public:
       for (const GradientSlot &s : order)
         chunk[s.param] = zeroChunkOf(fn, s.param);
     Builder b(fn.getContext());
+    ArgAttrEdits offsets(fn); // applied before the plan is recorded below
     auto placeArg = [&](unsigned a, int64_t bytes, int64_t &at) {
-      fn.setArgAttr(a, kPersistentOffsetAttr, b.getI64IntegerAttr(at));
+      offsets.set(a, kPersistentOffsetAttr, b.getI64IntegerAttr(at));
       at += align(std::max<int64_t>(bytes, 1));
     };
     int64_t at = base;
@@ -333,10 +337,11 @@ public:
         placeArg(i, bytesOf(a), at);
       else if (auto in = fn.getArgAttrOfType<StringAttr>(i, kInputAttr)) {
         auto it = inputs.find(in.getValue().str());
-        fn.setArgAttr(i, kPersistentOffsetAttr,
-                      b.getI64IntegerAttr(it == inputs.end() ? -1 : it->second));
+        offsets.set(i, kPersistentOffsetAttr,
+                    b.getI64IntegerAttr(it == inputs.end() ? -1 : it->second));
       }
     }
+    offsets.apply();
     const int64_t end = stage ? align(at) : at;
     auto i64 = [&](int64_t x) { return b.getI64IntegerAttr(x); };
     fn->setAttr(

@@ -150,13 +150,14 @@ bool Partitioner::materialize() {
   auto ret = cast<func::ReturnOp>(block.getTerminator());
   fn.setType(FunctionType::get(ctx, block.getArgumentTypes(), ret.getOperandTypes()));
   Layout dpBatch = Layout::S(0, 1);
+  ArgAttrEdits argEdits(fn), resultEdits(fn, /*results=*/true);
   for (BlockArgument arg : block.getArguments()) {
     unsigned k = arg.getArgNumber();
     bool input = static_cast<bool>(fn.getArgAttr(k, kInputAttr));
     NamedAttrList d;
     d.set("dp", (input && opts.dp > 1 ? dpBatch : Layout::R()).attr(ctx));
     d.set("tp", layout.lookup(arg).attr(ctx));
-    fn.setArgAttr(k, kLayoutAttr, d.getDictionary(ctx));
+    argEdits.set(k, kLayoutAttr, d.getDictionary(ctx));
   }
   for (unsigned k = 0; k < ret.getNumOperands(); ++k) {
     // Gradients and the loss are partial over dp until codegen's bucketed
@@ -164,8 +165,10 @@ bool Partitioner::materialize() {
     NamedAttrList d;
     d.set("dp", (opts.dp > 1 ? Layout::P(false) : Layout::R()).attr(ctx));
     d.set("tp", returnLayouts[k].attr(ctx));
-    fn.setResultAttr(k, kLayoutAttr, d.getDictionary(ctx));
+    resultEdits.set(k, kLayoutAttr, d.getDictionary(ctx));
   }
+  argEdits.apply();
+  resultEdits.apply();
   return true;
 }
 

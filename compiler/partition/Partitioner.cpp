@@ -46,6 +46,7 @@
 #include <map>
 #include <mutex>
 #include <queue>
+#include <unordered_map>
 #include <set>
 
 using namespace mlir;
@@ -61,29 +62,6 @@ namespace carve::partition {
 //===----------------------------------------------------------------------===//
 // Annotations and layouts
 //===----------------------------------------------------------------------===//
-
-namespace {
-/// Annotation::parse, remembered by text for the process: a model has a few
-/// dozen distinct annotations over thousands of ops, and the planner
-/// partitions the same model many times.
-bool parsedAnnotation(const std::string &text, Annotation &out, std::string &error) {
-  static std::mutex lock;
-  static std::map<std::string, Annotation> parsed;
-  {
-    std::lock_guard<std::mutex> hold(lock);
-    auto it = parsed.find(text);
-    if (it != parsed.end()) {
-      out = it->second;
-      return true;
-    }
-  }
-  if (!Annotation::parse(text, out, error))
-    return false;
-  std::lock_guard<std::mutex> hold(lock);
-  parsed.emplace(text, out);
-  return true;
-}
-} // namespace
 
 const Annotation *Partitioner::annotationOf(Operation *op) {
   auto it = annotations.find(op);
@@ -108,20 +86,43 @@ const Annotation *Partitioner::annotationOf(Operation *op) {
     }
     text = p.getPartitionAnnotation();
   }
-  Annotation a;
-  std::string e;
-  if (!parsedAnnotation(text, a, e)) {
-    fail(op, origin.empty() ? e : origin + ": " + e);
-    return nullptr;
-  }
   std::vector<std::vector<int64_t>> ins, outs;
   for (Value v : op->getOperands())
     ins.push_back(shapeOf(v));
   for (Value v : op->getResults())
     outs.push_back(shapeOf(v));
+  // Bound annotations, remembered by text and shapes for the process: the
+  // layers of a model repeat them, and the planner partitions it many times.
+  static std::mutex boundLock;
+  static std::unordered_map<std::string, Annotation> bound;
+  std::string key = text;
+  for (const auto *list : {&ins, &outs}) {
+    key += '|';
+    for (const std::vector<int64_t> &shape : *list) {
+      key += '[';
+      for (int64_t d : shape)
+        key += std::to_string(d) + ',';
+    }
+  }
+  {
+    std::lock_guard<std::mutex> hold(boundLock);
+    auto it = bound.find(key);
+    if (it != bound.end())
+      return &annotations.emplace(op, it->second).first->second;
+  }
+  Annotation a;
+  std::string e;
+  if (!Annotation::parse(text, a, e)) {
+    fail(op, origin.empty() ? e : origin + ": " + e);
+    return nullptr;
+  }
   if (!a.bind(ins, outs, e)) {
     fail(op, origin.empty() ? e : origin + ": " + e);
     return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> hold(boundLock);
+    bound.emplace(std::move(key), a);
   }
   return &annotations.emplace(op, std::move(a)).first->second;
 }
@@ -860,7 +861,7 @@ bool carve::partitionTrainStep(ModuleOp module, const PartitionOptions &opts,
   partition::Partitioner p(module, fn, opts, report);
   if (!p.run(error))
     return false;
-  if (failed(verify(module))) {
+  if (opts.verify && failed(verify(module))) {
     error = "partition: the partitioned program does not verify (an internal error; the "
             "diagnostic above names the op)";
     return false;

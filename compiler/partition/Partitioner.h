@@ -66,6 +66,10 @@ struct PartitionOptions {
   bool sequenceParallel = false;
   std::vector<OpOverride> overrides;
   std::vector<AnnotationOverride> annotations;
+  /// Verify the partitioned module. The planner's profiles turn it off:
+  /// they are priced, never emitted, and the plan it chooses is partitioned
+  /// again, verified, by the as-compiled check and by carve compile.
+  bool verify = true;
 };
 
 /// What the partitioner did, for the compile log and tests.

@@ -240,7 +240,30 @@ struct ChunkSum {
   std::vector<PartMemory> parts;                       // in order
 };
 
-void addPart(const Setting &s, const Segment &seg, const Priced &pr, bool isLayer, ChunkSum &sum) {
+/// A part's time and memory under one candidate, computed once per layer
+/// that stands for others (Profile::layerOrigin).
+struct PartPrice {
+  bool done = false;
+  PartTime time;
+  PartMemory memory;
+};
+
+void addPart(const Setting &s, const Segment &seg, const Priced &pr, bool isLayer, ChunkSum &sum,
+             PartPrice *memo = nullptr) {
+  if (memo && memo->done) {
+    const PartTime &pt = memo->time;
+    sum.time += pt.fwd + pt.bwd + pt.rec;
+    sum.bwd += pt.bwd + pt.rec;
+    sum.rec += pt.rec;
+    sum.comm += pt.comm;
+    sum.ep += pt.ep;
+    sum.params += seg.params - seg.expertParams * (1.0 - 1.0 / s.c.ep);
+    sum.experts += seg.expertParams / s.c.ep;
+    sum.kept += memo->memory.kept;
+    sum.work = std::max(sum.work, memo->memory.work);
+    sum.parts.push_back(memo->memory);
+    return;
+  }
   PartTime pt = partTime(s, pr, seg);
   sum.time += pt.fwd + pt.bwd + pt.rec;
   sum.bwd += pt.bwd + pt.rec;
@@ -254,6 +277,8 @@ void addPart(const Setting &s, const Segment &seg, const Priced &pr, bool isLaye
   sum.kept += pm.kept;
   sum.work = std::max(sum.work, pm.work);
   sum.parts.push_back(pm);
+  if (memo)
+    *memo = {true, pt, pm};
 }
 
 /// Walks the chunks in order, each on its pipeline rank (chunk k on rank
@@ -272,16 +297,21 @@ Ranks chargeChunks(const Setting &s, const std::vector<int> &chunk) {
   // per activation slot, kept until the slot is reused (as compiled).
   const std::vector<std::vector<int>> slots =
       S > 1 ? pipelineSlots(c.schedule, c.pp, c.v, c.m) : std::vector<std::vector<int>>();
+  std::vector<PartPrice> memo(prof.layerOrigin.empty() ? 0 : prof.layers.size());
   for (int k = 0; k < S; ++k) {
     int r = k % c.pp;
     RankLoad &load = ranks.load[r];
     RankHoldings &hold = ranks.hold[r];
     ChunkSum sum;
+    sum.parts.reserve(chunk[k] + 2);
     load.parts += chunk[k] + (k == 0) + (k == S - 1);
     if (k == 0)
       addPart(s, prof.embedding, priced.embedding, false, sum);
-    for (int i = 0; i < chunk[k]; ++i)
-      addPart(s, prof.layers[first + i], priced.layers[first + i], true, sum);
+    for (int i = 0; i < chunk[k]; ++i) {
+      const int at = first + i;
+      addPart(s, prof.layers[at], priced.layers[at], true, sum,
+              prof.layerOrigin.empty() ? nullptr : &memo[prof.layerOrigin[at]]);
+    }
     double boundary =
         chunk[k] > 0 ? prof.layers[first + chunk[k] - 1].boundary : prof.embedding.boundary;
     first += chunk[k];
@@ -460,8 +490,13 @@ PricedModel priceModel(const Profile &prof, const Cluster &cl, const Calibration
   m.embedding = price(prof.embedding, cl, cal, precision, bytes, mb);
   m.head = price(prof.head, cl, cal, precision, bytes, mb);
   m.layers.reserve(prof.layers.size());
-  for (const Segment &s : prof.layers)
-    m.layers.push_back(price(s, cl, cal, precision, bytes, mb));
+  for (size_t i = 0; i < prof.layers.size(); ++i) {
+    const size_t from = prof.layerOrigin.empty() ? i : (size_t)prof.layerOrigin[i];
+    if (from < i)
+      m.layers.push_back(m.layers[from]); // a copy of that layer: the same price
+    else
+      m.layers.push_back(price(prof.layers[i], cl, cal, precision, bytes, mb));
+  }
   return m;
 }
 

@@ -744,6 +744,7 @@ bool buildProfile(const ProfileModel &model, const ProfileRequest &req, Profile 
     po.sequenceParallel = req.sequenceParallel;
     po.overrides = req.pins;
     po.annotations = req.annotations;
+    po.verify = false; // priced, never emitted (PartitionOptions::verify)
     PartitionReport report;
     if (!partitionTrainStep(*local, po, report, error))
       return false;
@@ -780,12 +781,13 @@ bool buildProfile(const ProfileModel &model, const ProfileRequest &req, Profile 
     std::vector<Segment> all;
     all.reserve(model.builtinLayers);
     std::string pre = profile.layers[0].name.substr(0, profile.layers[0].name.rfind('.'));
+    const int last = model.builtinLayers - 1;
     for (int i = 0; i < model.builtinLayers; ++i) {
-      Segment s = i == 0                         ? profile.layers[0]
-                  : i == model.builtinLayers - 1 ? profile.layers[2]
-                                                 : profile.layers[1];
+      const int from = i == 0 ? 0 : i == last ? 2 : 1;
+      Segment s = profile.layers[from];
       s.name = pre + "." + std::to_string(i);
       all.push_back(std::move(s));
+      profile.layerOrigin.push_back(i == 0 ? 0 : i == last ? last : 1);
     }
     profile.layers = std::move(all);
   }

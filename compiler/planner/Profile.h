@@ -133,6 +133,10 @@ struct Profile {
   bool sequenceParallel = false;
   Segment embedding, head;
   std::vector<Segment> layers; // in model order, one per numbered layer
+  /// layers[i] is a copy of layers[layerOrigin[i]] (a builtin model's middle
+  /// layers stand for each other), so a price of one is the price of all;
+  /// empty when every layer was profiled on its own.
+  std::vector<int> layerOrigin;
   /// The numbered layers do not describe the model's pipeline stages: it has
   /// none, or several numbered prefixes (ResNet's layer1 .. layer4), and
   /// carve-split-stages cuts units of its own there. The planner then charges

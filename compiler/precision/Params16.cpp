@@ -45,6 +45,7 @@ struct StoreParams16Pass : carve::impl::CarveStoreParams16Base<StoreParams16Pass
       if (!isEmittedFunction(fn))
         continue;
       bool changed = false;
+      ArgAttrEdits masters(fn);
       for (BlockArgument a : fn.getArguments()) {
         unsigned i = a.getArgNumber();
         auto name = fn.getArgAttrOfType<StringAttr>(i, kParamAttr);
@@ -64,11 +65,12 @@ struct StoreParams16Pass : carve::impl::CarveStoreParams16Base<StoreParams16Pass
           u->replaceUsesOfWith(a, view);
           ++numCasts;
         }
-        fn.setArgAttr(i, kMasterAttr, b.getUnitAttr());
+        masters.set(i, kMasterAttr, b.getUnitAttr());
         numBytesSaved += t.getNumElements() * 2;
         ++numParams;
         changed = true;
       }
+      masters.apply();
       if (changed)
         fn.setType(FunctionType::get(ctx, fn.getBody().front().getArgumentTypes(),
                                      fn.getFunctionType().getResults()));

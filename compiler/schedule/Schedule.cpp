@@ -15,6 +15,7 @@ Instr backward(int microBatch, int chunk) { return {Instr::Backward, microBatch,
 /// GPipe: every forward, then every backward, both in micro-batch order.
 std::vector<Instr> gpipeRank(int m) {
   std::vector<Instr> list;
+  list.reserve(2 * (size_t)m);
   for (int mb = 0; mb < m; ++mb)
     list.push_back(forward(mb, 0));
   for (int mb = 0; mb < m; ++mb)
@@ -29,6 +30,7 @@ std::vector<Instr> gpipeRank(int m) {
 std::vector<Instr> oneFOneBRank(int p, int m, int rank) {
   int warmup = std::min(p - rank - 1, m);
   std::vector<Instr> list;
+  list.reserve(2 * (size_t)m);
   for (int mb = 0; mb < warmup; ++mb)
     list.push_back(forward(mb, 0));
   for (int k = 0; k < m - warmup; ++k) {
@@ -60,6 +62,7 @@ std::vector<Instr> interleavedRank(int p, int m, int v, int rank) {
   auto bwd = [&](int k) { return backward(microBatch(k), v - 1 - (k / p) % v); };
   int warmup = std::min(2 * (p - rank - 1) + (v - 1) * p, total);
   std::vector<Instr> list;
+  list.reserve(2 * (size_t)total);
   for (int k = 0; k < warmup; ++k)
     list.push_back(fwd(k));
   for (int k = 0; k < total - warmup; ++k) {

@@ -3,7 +3,9 @@
 #include "dialects/carve/Annotation.h"
 
 #include <cctype>
+#include <mutex>
 #include <set>
+#include <unordered_map>
 
 using namespace carve;
 
@@ -139,6 +141,27 @@ bool parseTensor(Annotation &a, const std::string &text, TensorFactors &t, std::
 } // namespace
 
 bool Annotation::parse(const std::string &text, Annotation &out, std::string &error) {
+  // Remembered by text for the process: a model has a few dozen distinct
+  // annotations over thousands of ops, and the planner partitions it many
+  // times. Only successful parses are kept.
+  static std::mutex lock;
+  static std::unordered_map<std::string, Annotation> parsed;
+  {
+    std::lock_guard<std::mutex> hold(lock);
+    auto it = parsed.find(text);
+    if (it != parsed.end()) {
+      out = it->second;
+      return true;
+    }
+  }
+  if (!parseText(text, out, error))
+    return false;
+  std::lock_guard<std::mutex> hold(lock);
+  parsed.emplace(text, out);
+  return true;
+}
+
+bool Annotation::parseText(const std::string &text, Annotation &out, std::string &error) {
   out = Annotation();
   out.text = text;
   size_t arrow = text.find("->");

@@ -41,6 +41,11 @@ struct Annotation {
 
   /// Parses `text`. On failure returns false with the reason in `error`.
   static bool parse(const std::string &text, Annotation &out, std::string &error);
+
+private:
+  static bool parseText(const std::string &text, Annotation &out, std::string &error);
+
+public:
   /// Checks arity and ranks against the shapes and solves every name's size.
   bool bind(llvm::ArrayRef<std::vector<int64_t>> operandShapes,
             llvm::ArrayRef<std::vector<int64_t>> resultShapes, std::string &error);

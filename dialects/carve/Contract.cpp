@@ -46,6 +46,31 @@ std::vector<std::optional<unsigned>> paramArgsOfGrads(func::FuncOp fn) {
   return out;
 }
 
+void ArgAttrEdits::set(unsigned index, llvm::StringRef name, Attribute value) {
+  if (lists.empty()) {
+    const unsigned n = results ? fn.getNumResults() : fn.getNumArguments();
+    lists.reserve(n);
+    for (unsigned i = 0; i < n; ++i)
+      lists.emplace_back(results ? fn.getResultAttrDict(i) : fn.getArgAttrDict(i));
+  }
+  lists[index].set(name, value);
+}
+
+void ArgAttrEdits::apply() {
+  if (lists.empty())
+    return;
+  MLIRContext *ctx = fn.getContext();
+  SmallVector<DictionaryAttr> dicts;
+  dicts.reserve(lists.size());
+  for (NamedAttrList &l : lists)
+    dicts.push_back(l.getDictionary(ctx));
+  if (results)
+    fn.setAllResultAttrs(dicts);
+  else
+    fn.setAllArgAttrs(dicts);
+  lists.clear();
+}
+
 bool isTrainable(func::FuncOp fn, unsigned arg) {
   return static_cast<bool>(fn.getArgAttr(arg, kTrainableAttr));
 }

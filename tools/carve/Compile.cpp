@@ -143,6 +143,9 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
+  // The as-compiled check of carve plan sizes the program; carve compile,
+  // which builds it, verifies the IR after every pass.
+  pm.enableVerifier(!args.memoryOnly);
   std::vector<std::string> passes = buildCompilePipeline(pm, plan, s.rules, args.loss, args.fuse,
                                                          s.opt, args.bucketBytes, epRank);
   auto instrumentation = std::make_unique<PassProgress>(progress, s, im);
@@ -205,6 +208,7 @@ CompiledModel generate(mlir::ModuleOp module, const CompileArgs &args, const Set
   CodegenOptions cg;
   cg.modelName = cm.modelName;
   cg.planJson = plan.json;
+  cg.memoryOnly = args.memoryOnly;
   ModulePrograms mp;
   std::string error;
   if (!generatePrograms(module, cg, mp, error))
