@@ -107,6 +107,41 @@ TEST_F(ContractTest, GradientFindsItsParameterArgument) {
   EXPECT_FALSE(paramNameOf(fn, 0));
   EXPECT_TRUE(isTrainable(fn, 1));
   EXPECT_FALSE(isTrainable(fn, 2));
+  // All results at once, as paramArgOfGrad one by one.
+  std::vector<std::optional<unsigned>> all = paramArgsOfGrads(fn);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], std::nullopt);
+  EXPECT_EQ(all[1], 2u);
+}
+
+// Tests that ArgAttrEdits sets what it is given and keeps every other
+// attribute of every argument and result, in one write.
+TEST_F(ContractTest, ArgAttrEditsKeepTheOtherAttributes) {
+  OpBuilder b(&context);
+  b.setInsertionPointToEnd(module.getBody());
+  auto t = RankedTensorType::get({4}, b.getF32Type());
+  auto fn = func::FuncOp::create(b, b.getUnknownLoc(), "train_step",
+                                 b.getFunctionType({t, t, t}, {t, t}));
+  fn.setArgAttr(0, kInputAttr, b.getStringAttr("x"));
+  fn.setArgAttr(1, kParamAttr, b.getStringAttr("a.weight"));
+  fn.setResultAttr(1, kGradOfAttr, b.getStringAttr("a.weight"));
+  {
+    ArgAttrEdits args(fn), results(fn, /*results=*/true);
+    args.set(1, kTrainableAttr, b.getUnitAttr());
+    args.set(2, kPersistentOffsetAttr, b.getI64IntegerAttr(64));
+    args.set(1, kPersistentOffsetAttr, b.getI64IntegerAttr(0));
+    results.set(0, kOutputAttr, b.getStringAttr("loss"));
+    EXPECT_FALSE(fn.getArgAttr(1, kTrainableAttr)) << "written on apply";
+    args.apply();
+  } // results applied by its destructor
+  EXPECT_EQ(inputNameOf(fn, 0).getValue(), "x");
+  EXPECT_EQ(paramNameOf(fn, 1).getValue(), "a.weight");
+  EXPECT_TRUE(isTrainable(fn, 1));
+  EXPECT_EQ(fn.getArgAttrOfType<IntegerAttr>(1, kPersistentOffsetAttr).getInt(), 0);
+  EXPECT_EQ(fn.getArgAttrOfType<IntegerAttr>(2, kPersistentOffsetAttr).getInt(), 64);
+  EXPECT_FALSE(fn.getArgAttr(0, kPersistentOffsetAttr));
+  EXPECT_EQ(fn.getResultAttrOfType<StringAttr>(0, kOutputAttr).getValue(), "loss");
+  EXPECT_EQ(gradOf(fn, 1).getValue(), "a.weight");
 }
 
 TEST_F(ContractTest, StageSummaryRoundTrips) {
