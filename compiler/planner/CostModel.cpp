@@ -250,21 +250,11 @@ struct PartPrice {
 
 void addPart(const Setting &s, const Segment &seg, const Priced &pr, bool isLayer, ChunkSum &sum,
              PartPrice *memo = nullptr) {
-  if (memo && memo->done) {
-    const PartTime &pt = memo->time;
-    sum.time += pt.fwd + pt.bwd + pt.rec;
-    sum.bwd += pt.bwd + pt.rec;
-    sum.rec += pt.rec;
-    sum.comm += pt.comm;
-    sum.ep += pt.ep;
-    sum.params += seg.params - seg.expertParams * (1.0 - 1.0 / s.c.ep);
-    sum.experts += seg.expertParams / s.c.ep;
-    sum.kept += memo->memory.kept;
-    sum.work = std::max(sum.work, memo->memory.work);
-    sum.parts.push_back(memo->memory);
-    return;
-  }
-  PartTime pt = partTime(s, pr, seg);
+  PartPrice fresh;
+  PartPrice &price = memo ? *memo : fresh;
+  if (!price.done)
+    price = {true, partTime(s, pr, seg), partMemory(seg, isLayer, s.c, s.st)};
+  const PartTime &pt = price.time;
   sum.time += pt.fwd + pt.bwd + pt.rec;
   sum.bwd += pt.bwd + pt.rec;
   sum.rec += pt.rec;
@@ -273,12 +263,9 @@ void addPart(const Setting &s, const Segment &seg, const Priced &pr, bool isLaye
   // Expert parallelism: a rank holds 1/ep of the routed experts.
   sum.params += seg.params - seg.expertParams * (1.0 - 1.0 / s.c.ep);
   sum.experts += seg.expertParams / s.c.ep;
-  PartMemory pm = partMemory(seg, isLayer, s.c, s.st);
-  sum.kept += pm.kept;
-  sum.work = std::max(sum.work, pm.work);
-  sum.parts.push_back(pm);
-  if (memo)
-    *memo = {true, pt, pm};
+  sum.kept += price.memory.kept;
+  sum.work = std::max(sum.work, price.memory.work);
+  sum.parts.push_back(price.memory);
 }
 
 /// Walks the chunks in order, each on its pipeline rank (chunk k on rank

@@ -155,25 +155,20 @@ std::string fieldOutOfReach(const Space &sp, const Profile &base, const Cluster 
     shareText += (i ? ", " : "") + std::to_string(shares[i]);
   if (shares.size() > 6)
     shareText += ", ...";
-  int64_t mbs = 0, m = 0, v = 0;
-  if (fixedInt("micro_batch_size", mbs)) {
+  // micro_batch_size and num_micro_batches must each divide some share.
+  for (const char *f : {"micro_batch_size", "num_micro_batches"}) {
+    int64_t k = 0;
+    if (!fixedInt(f, k))
+      continue;
     bool ok = false;
     for (int64_t share : shares)
-      ok |= mbs >= 1 && share % mbs == 0;
+      ok |= k >= 1 && share % k == 0;
     if (!ok && !shares.empty())
-      return "micro_batch_size is fixed to " + std::to_string(mbs) +
+      return std::string(f) + " is fixed to " + std::to_string(k) +
              " but it must divide a replica's share of the global batch " + std::to_string(B) +
              " (" + shareText + " samples for the dp this cluster allows)";
   }
-  if (fixedInt("num_micro_batches", m)) {
-    bool ok = false;
-    for (int64_t share : shares)
-      ok |= m >= 1 && share % m == 0;
-    if (!ok && !shares.empty())
-      return "num_micro_batches is fixed to " + std::to_string(m) +
-             " but it must divide a replica's share of the global batch " + std::to_string(B) +
-             " (" + shareText + " samples for the dp this cluster allows)";
-  }
+  int64_t v = 0;
   if (fixedInt("virtual_stages", v) && v > 1) {
     const std::string sched = sp.fixedOr("schedule", "interleaved");
     if (sched != "interleaved")

@@ -21,6 +21,17 @@ struct ContractTest : ::testing::Test {
     module = ModuleOp::create(UnknownLoc::get(&context));
   }
   ~ContractTest() override { module->erase(); }
+  /// An empty @train_step of three [4] arguments and two results, its first
+  /// argument the input "x" and its second the parameter "a.weight".
+  func::FuncOp step(OpBuilder &b) {
+    b.setInsertionPointToEnd(module.getBody());
+    auto t = RankedTensorType::get({4}, b.getF32Type());
+    auto fn = func::FuncOp::create(b, b.getUnknownLoc(), "train_step",
+                                   b.getFunctionType({t, t, t}, {t, t}));
+    fn.setArgAttr(0, kInputAttr, b.getStringAttr("x"));
+    fn.setArgAttr(1, kParamAttr, b.getStringAttr("a.weight"));
+    return fn;
+  }
   MLIRContext context;
   ModuleOp module;
 };
@@ -91,12 +102,7 @@ TEST_F(ContractTest, MalformedPlanIsAnErrorNamingTheField) {
 
 TEST_F(ContractTest, GradientFindsItsParameterArgument) {
   OpBuilder b(&context);
-  b.setInsertionPointToEnd(module.getBody());
-  auto t = RankedTensorType::get({4}, b.getF32Type());
-  auto fn = func::FuncOp::create(b, b.getUnknownLoc(), "train_step",
-                                 b.getFunctionType({t, t, t}, {t, t}));
-  fn.setArgAttr(0, kInputAttr, b.getStringAttr("x"));
-  fn.setArgAttr(1, kParamAttr, b.getStringAttr("a.weight"));
+  func::FuncOp fn = step(b);
   fn.setArgAttr(1, kTrainableAttr, b.getUnitAttr());
   fn.setArgAttr(2, kParamAttr, b.getStringAttr("b.weight"));
   fn.setResultAttr(0, kOutputAttr, b.getStringAttr("loss"));
@@ -118,12 +124,7 @@ TEST_F(ContractTest, GradientFindsItsParameterArgument) {
 // attribute of every argument and result, in one write.
 TEST_F(ContractTest, ArgAttrEditsKeepTheOtherAttributes) {
   OpBuilder b(&context);
-  b.setInsertionPointToEnd(module.getBody());
-  auto t = RankedTensorType::get({4}, b.getF32Type());
-  auto fn = func::FuncOp::create(b, b.getUnknownLoc(), "train_step",
-                                 b.getFunctionType({t, t, t}, {t, t}));
-  fn.setArgAttr(0, kInputAttr, b.getStringAttr("x"));
-  fn.setArgAttr(1, kParamAttr, b.getStringAttr("a.weight"));
+  func::FuncOp fn = step(b);
   fn.setResultAttr(1, kGradOfAttr, b.getStringAttr("a.weight"));
   {
     ArgAttrEdits args(fn), results(fn, /*results=*/true);
