@@ -416,6 +416,16 @@ void printOpChoices(std::ostream &os, const Outcome &o) {
 
 json compiledJson(const Outcome &o);
 
+/// Which calibration priced the step times: the default is built from
+/// published kernels' efficiencies, not from carve's own measured programs.
+std::string calibrationLine(const PlanArgs &args) {
+  if (!args.calibrationPath.empty())
+    return "times priced with the calibration " + args.calibrationPath;
+  return "times priced with the default calibration: published kernels' efficiencies (an "
+         "A100's GEMMs by shape, 80% of memory bandwidth, 85% of link bandwidth), not carve's "
+         "own measured programs";
+}
+
 json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   json j;
   j["model"] = args.model;
@@ -425,6 +435,7 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
                   {"device", o.cluster.device.name}};
   j["global_batch"] = o.opts.globalBatch;
   j["storage"] = args.publishedStorage ? "published" : "carve";
+  j["calibration"] = args.calibrationPath.empty() ? "default" : args.calibrationPath;
   j["searched"] = o.result.evaluated;
   j["search_seconds"] = o.seconds;
   j["phase_seconds"] = {{"setup", o.setupSeconds},
@@ -650,6 +661,7 @@ int runPlan(const PlanArgs &args) {
   if (args.publishedStorage)
     os << "  priced with the published mixed-precision storage (--storage published: 16-bit "
           "weights, gradients and collectives), not what carve compiles\n";
+  os << "  " << calibrationLine(args) << "\n";
   os << "  searched " << r.evaluated << " plans over " << s.built << " tp layouts in "
      << secs(o.seconds) << "\n\n";
   if (!r.anyFits) {
