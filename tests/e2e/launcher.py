@@ -8,7 +8,10 @@ What must hold:
    starts ranks without MPI) trains 6 steps with the same losses as under
    `carve run -n 2` (mpirun): within 1e-6 relative (two-rank sums are the
    same either way; only the order of the final division could differ).
-2. A tp=2 program does the same (its collectives go through the same world).
+2. A tp=2 program does the same (its collectives go through the same world), and
+   so does a pp=2 program of 4 micro-batches whose transfers share one message tag
+   over all micro-batches (CARVE_TEST_TAG_WINDOW=1): the TCP world matches equal
+   tags from one rank in the order posted, as MPI does.
 3. docs/nccl.md's torchrun line, run as written with Debian's torchrun
    (its flags' spellings; 2 processes instead of 8, a free port for the
    agent's store and CARVE_MASTER_PORT for the TCP world), trains the dp=2
@@ -143,12 +146,22 @@ def main():
     subprocess.run([sys.executable, data_gen, "tokens", "--model", onnx, "--tokens", "8192",
                     data], check=True, stdout=subprocess.DEVNULL)
     checks = 0
-    for name, plan in [("dp2", {"dp": 2}), ("tp2", {"tp": 2})]:
+    # pp2-shared-tags: a pipeline whose micro-batches share each transfer's message tag
+    # (CARVE_TEST_TAG_WINDOW=1, docs/pipeline.md), so the TCP world must match equal tags
+    # from one rank in the order they were posted, as MPI does.
+    for name, plan, env in [("dp2", {"dp": 2}, None), ("tp2", {"tp": 2}, None),
+                            ("pp2-shared-tags", {"pp": 2, "num_micro_batches": 4},
+                             {"CARVE_TEST_TAG_WINDOW": "1"})]:
         out = os.path.join(w, name)
         with open(out + ".json", "w") as f:
             json.dump(plan, f)
         subprocess.run([a.carve, "compile", onnx, "--plan", out + ".json", "-o", out, "--quiet"],
-                       check=True)
+                       check=True, env=dict(os.environ, **(env or {})))
+        if env:
+            src = open(os.path.join(out, "src", "program0.cpp")).read()
+            if "ppComm->sendAsync(" not in src or " + mb" in src:
+                raise Failure("%s: the transfers do not share their tags over micro-batches"
+                              % name)
         p = subprocess.run([a.carve, "run", out, "-n", "2", "--", "--steps", str(STEPS),
                             "--data", data, "--log", out + "-mpi.jsonl", "--quiet"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
