@@ -15,6 +15,7 @@
 
 #include "compiler/driver/CompilePipeline.h"
 #include "compiler/frontend/Builtin.h"
+#include "compiler/lower/GpuCost.h"
 #include "compiler/plan/Plan.h"
 #include "compiler/rules/Rules.h"
 #include "compiler/schedule/Schedule.h"
@@ -33,6 +34,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -286,7 +288,30 @@ void noteUntrained(mlir::ModuleOp module) {
                  << "\n";
 }
 
+/// --gpu-model: the step's launches and predicted GPU time (docs/gpu-model.md);
+/// dies naming the cause when the program is not one the model prices.
+std::string gpuModelReport(mlir::ModuleOp module, const CompileArgs &args, Progress &progress) {
+  GpuStep step;
+  std::string error;
+  if (!modelGpuStep(module, step, error))
+    die("--gpu-model: " + error);
+  std::string line;
+  for (const GpuSpec &g : gpuSpecs()) {
+    GpuPrediction p = predictGpuStep(step, g);
+    line += (line.empty() ? "" : ", ") + std::string(g.name) + " " +
+            llvm::formatv("{0:f1}", p.totalMs()).str() + " ms";
+    if (&g == &gpuSpecs().back())
+      line += " (" + std::to_string(p.totalLaunches()) + " launches)";
+  }
+  if (!step.unpriced.empty())
+    line += "; " + std::to_string(step.unpriced.size()) + " calls not priced";
+  progress.done("predicted GPU step: " + line + " -> " + args.gpuModel);
+  return gpuStepJson(step);
+}
+
 int runCompile(CompileArgs &args) {
+  if (!args.gpuModel.empty() && args.target != "cuda")
+    die("--gpu-model prices CUDA programs: compile with --target cuda");
   Setup s = resolve(args);
   Progress progress(args.quiet);
   mlir::MLIRContext context;
@@ -306,6 +331,11 @@ int runCompile(CompileArgs &args) {
   }
   PartitionSummary partition = runPipeline(im, s, args, progress);
   noteUntrained(*im.module);
+  std::string gpuReport;
+  if (!args.gpuModel.empty()) {
+    progress.start("GPU model");
+    gpuReport = gpuModelReport(*im.module, args, progress);
+  }
 
   progress.start("codegen");
   if (!args.emitMlir.empty() && args.emitMlirAfter.empty()) {
@@ -353,6 +383,8 @@ int runCompile(CompileArgs &args) {
   if (!args.noBuild)
     buildExecutable(build, progress);
   tmp.moveInto(s.out);
+  if (!gpuReport.empty())
+    writeFileOrDie(args.gpuModel, gpuReport);
   if (!args.quiet)
     printSummary(cm, s.out, partition, !args.noBuild);
   return 0;

@@ -31,6 +31,7 @@ struct CompileArgs {
   std::string emitMlir;                  // write the training step's IR here
   std::string emitMlirAfter;             // ...as it is after this pass instead
   std::string timelineJson, timelineSvg; // the planned pipeline schedule
+  std::string gpuModel;                  // --gpu-model: the GPU cost model's report (JSON)
   std::string rulesPath;                 // --rules: custom ops and annotation overrides
   ImportOptions import;
   OptimizerConfig optimizer;

@@ -136,6 +136,12 @@ cl::opt<std::string> emitMlirAfter(
              "from carve-bind-custom-ops to carve-select-kernels: docs/architecture.md; another "
              "is refused with the plan's list) to the --emit-mlir FILE, or to stdout"),
     cl::value_desc("PASS"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> gpuModel(
+    "gpu-model",
+    cl::desc("Write what one training step of this CUDA program launches (kernels, FLOPs, "
+             "bytes) and its predicted time per kernel class on an H100 and an H200, as JSON "
+             "(--target cuda, one stage; docs/gpu-model.md)"),
+    cl::value_desc("FILE.json"), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> timelineJson(
     "timeline",
     cl::desc("Write the planned pipeline schedule as a Chrome trace (one track per rank)"),
@@ -322,6 +328,7 @@ int runCompileCommand() {
   args.emitMlirAfter = emitMlirAfter;
   args.timelineJson = timelineJson;
   args.timelineSvg = timelineSvg;
+  args.gpuModel = gpuModel;
   args.rulesPath = rulesFile;
   args.quiet = compileQuiet;
   std::string error;

@@ -1,0 +1,717 @@
+//===- GpuCost.cpp - what a lowered CUDA program launches, and its time ---===//
+//
+// Each entry below mirrors the host code of its runtime/cuda function: the
+// kernels it launches (by the name CARVE_GPU_PROFILE prints, template
+// arguments left out), under the same conditions. A change there that adds,
+// drops or splits a launch is a change here; tests/e2e/gpu_model.py compares
+// the two on the emulated GPU.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/lower/GpuCost.h"
+
+#include "compiler/fusion/Fusion.h"
+#include "compiler/lower/Kernels.h"
+#include "compiler/optimizer/Optimizer.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
+#include "dialects/dist/DistDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <cmath>
+
+using namespace mlir;
+
+namespace carve {
+
+const char *gpuClassName(GpuClass c) {
+  switch (c) {
+  case GpuClass::Gemm:
+    return "gemm";
+  case GpuClass::Attention:
+    return "attention";
+  case GpuClass::Conversion:
+    return "conversion";
+  case GpuClass::Layout:
+    return "layout";
+  case GpuClass::Elementwise:
+    return "elementwise";
+  case GpuClass::Normalization:
+    return "normalization";
+  case GpuClass::Reduction:
+    return "reduction";
+  case GpuClass::Gather:
+    return "gather";
+  case GpuClass::Loss:
+    return "loss";
+  case GpuClass::Optimizer:
+    return "optimizer";
+  }
+  return "?";
+}
+
+namespace {
+
+RankedTensorType typeOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+int64_t numel(Value v) { return typeOf(v).getNumElements(); }
+
+int64_t elemBytes(Type t) {
+  if (t.isBF16() || t.isF16())
+    return 2;
+  if (t.isF64() || t.isInteger(64))
+    return 8;
+  if (t.isInteger(1) || t.isInteger(8))
+    return 1;
+  return 4;
+}
+double bytesOf(Value v) { return double(numel(v)) * elemBytes(typeOf(v).getElementType()); }
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// runtime/cuda's constants the launch structure depends on.
+constexpr int64_t kReduceThreads = int64_t(1) << 18; // kernels_basic.cu
+constexpr int64_t kReduceWarps = 8192;
+constexpr int64_t kPieceBytes = int64_t(256) << 20; // the emitter's convolution pieces
+
+struct Model {
+  GpuStep &s;
+  bool half16 = false; // matmul and attention inputs rounded to 16 bits
+
+  void add(const char *kernel, GpuClass c, double flops, double bytes, int64_t count = 1,
+           bool half = false) {
+    GpuLaunch l;
+    l.kernel = kernel;
+    l.cls = c;
+    l.count = count;
+    l.flops = flops;
+    l.bytes = bytes;
+    l.half = half;
+    s.launches.push_back(std::move(l));
+  }
+  void unpriced(Operation *op, const std::string &why) {
+    s.unpriced.push_back(op->getName().getStringRef().str() + ": " + why);
+  }
+
+  /// kernels_basic.cu's matmul: the operands rounded to 16 bits in scratch
+  /// under a 16-bit plan, then one cuBLAS call (the batch folded into M, or
+  /// one strided batch).
+  void matmul(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t aNumel, int64_t bNumel,
+              bool accumulate) {
+    if (m == 0 || n == 0 || batch == 0)
+      return;
+    if (k == 0) {
+      if (!accumulate)
+        add("fillKernel", GpuClass::Elementwise, 0, 4.0 * batch * m * n);
+      return;
+    }
+    const int in = half16 ? 2 : 4;
+    if (half16) {
+      add("roundKernel", GpuClass::Conversion, 0, 6.0 * aNumel);
+      add("roundKernel", GpuClass::Conversion, 0, 6.0 * bNumel);
+    }
+    const double c = 4.0 * batch * m * n * (accumulate ? 2 : 1);
+    add("cuBLAS GEMM", GpuClass::Gemm, 2.0 * m * n * k * batch, double(in) * (aNumel + bNumel) + c,
+        1, half16);
+  }
+
+  /// A matmul op (or the matmul a "product" transpose computes).
+  void matmulOp(Operation *mm) {
+    Value a = mm->getOperand(0), b = mm->getOperand(1), y = mm->getResult(0);
+    ArrayRef<int64_t> ys = typeOf(y).getShape(), as = typeOf(a).getShape();
+    const int64_t k = as.back();
+    int64_t m = 1, n = 1;
+    if (typeOf(b).getRank() >= 2)
+      n = ys.back();
+    if (typeOf(a).getRank() >= 2)
+      m = ys[ys.size() - (typeOf(b).getRank() >= 2 ? 2 : 1)];
+    const int64_t batch = (m != 0 && n != 0) ? numel(y) / (m * n) : 0;
+    matmul(m, n, k, batch, numel(a), numel(b), false);
+  }
+
+  /// matmul_gathered: the gathered operand a piece of samples at a time
+  /// (gatherKernel into scratch, then matmul).
+  void matmulGathered(Operation *mm, Operation *gather) {
+    Value a = mm->getOperand(0), y = mm->getResult(0);
+    ArrayRef<int64_t> ys = typeOf(y).getShape();
+    const int64_t m = ys[ys.size() - 2], n = ys.back(), k = typeOf(a).getShape().back();
+    const int64_t n0 = ys.size() > 2 ? ys[0] : 1;
+    const int64_t bNumel = numel(mm->getOperand(1));
+    const int64_t unit = n0 > 0 ? bNumel / n0 : bNumel;
+    const int64_t per =
+        std::clamp<int64_t>(unit > 0 ? kPieceBytes / (unit * 4) : n0, 1, std::max<int64_t>(n0, 1));
+    const int64_t pieces = n0 <= 1 ? 1 : ceilDiv(n0, per);
+    (void)gather;
+    for (int64_t j0 = 0; j0 < std::max<int64_t>(n0, 1); j0 += per) {
+      const int64_t c = n0 <= 1 ? 1 : std::min(per, n0 - j0);
+      add("gatherKernel", GpuClass::Gather, 0, 8.0 * unit * c);
+      matmul(m, n, k, numel(y) / (m * n) * c / std::max<int64_t>(n0, 1),
+             numel(a) * c / std::max<int64_t>(n0, 1), unit * c, false);
+      if (pieces == 1)
+        break;
+    }
+  }
+
+  void invertIndices() {
+    add("gatherInvCountKernel", GpuClass::Gather, 0, 0);
+    add("gatherInvScanKernel", GpuClass::Gather, 0, 0);
+    add("gatherInvPlaceKernel", GpuClass::Gather, 0, 0);
+    add("gatherInvSortShortKernel", GpuClass::Gather, 0, 0);
+    add("gatherInvSortLongKernel", GpuClass::Gather, 0, 0);
+  }
+
+  /// matmul_gather_grad: the product a piece at a time, scattered back by
+  /// the inverted indices.
+  void matmulGatherGrad(Operation *gg, Operation *mm) {
+    Value y = mm->getResult(0);
+    ArrayRef<int64_t> ys = typeOf(y).getShape();
+    const int64_t m = ys[ys.size() - 2], n = ys.back(),
+                  k = typeOf(mm->getOperand(0)).getShape().back();
+    const int64_t n0 = ys.size() > 2 ? ys[0] : 1;
+    const int64_t yUnit = n0 > 0 ? numel(y) / n0 : numel(y);
+    const int64_t per = std::clamp<int64_t>(kPieceBytes / std::max<int64_t>(yUnit * 4, 1), 1,
+                                            std::max<int64_t>(n0, 1));
+    const double tableBytes = bytesOf(gg->getResult(0));
+    if (n0 <= 1) {
+      matmul(m, n, k, numel(y) / (m * n), numel(mm->getOperand(0)), numel(mm->getOperand(1)),
+             false);
+      gatherGrad(gg);
+      return;
+    }
+    invertIndices();
+    for (int64_t j0 = 0; j0 < n0; j0 += per) {
+      const int64_t c = std::min(per, n0 - j0);
+      matmul(m, n, k, numel(y) / (m * n) * c / n0, numel(mm->getOperand(0)) * c / n0,
+             numel(mm->getOperand(1)) * c / n0, false);
+      add("gatherGradRowsKernel", GpuClass::Gather, 0, 4.0 * yUnit * c + tableBytes * c / n0);
+    }
+  }
+
+  void gatherGrad(Operation *op) {
+    auto g = cast<GatherGradOp>(op);
+    Value table = g.getResult();
+    ArrayRef<int64_t> ts = typeOf(table).getShape();
+    int64_t axis = g.getAxis();
+    if (axis < 0)
+      axis += ts.size();
+    int64_t inner = 1;
+    for (size_t i = axis + 1; i < ts.size(); ++i)
+      inner *= ts[i];
+    const int64_t size = ts[axis], ni = numel(op->getOperand(1));
+    const double moved = bytesOf(op->getOperand(0)) + bytesOf(table);
+    if (inner == 1 && ni > 0 && ni < INT32_MAX && size > 0 && size < INT32_MAX &&
+        numel(table) > 0) {
+      invertIndices();
+      add("gatherGradRowsKernel", GpuClass::Gather, 0, moved);
+      return;
+    }
+    add("fillKernel", GpuClass::Elementwise, 0, bytesOf(table));
+    if (numel(op->getOperand(0)) > 0)
+      add("gatherGradOwnedKernel", GpuClass::Gather, 0, moved);
+  }
+
+  /// kernels_basic.cu's reduce: one kernel over [O, R, I] (rows or columns)
+  /// or the general one, and the partials' combination when split.
+  void reduce(Operation *op) {
+    Value x = op->getOperand(0);
+    ArrayRef<int64_t> xs = typeOf(x).getShape();
+    uint32_t mask = 0;
+    for (int64_t a : op->getAttrOfType<DenseI64ArrayAttr>("axes").asArrayRef())
+      mask |= 1u << a;
+    // elementwise.h's reduceGeom: dimensions of size 1 dropped, runs of
+    // reduced and kept dimensions merged.
+    int64_t outCount = 1, redCount = 1;
+    std::vector<std::pair<int64_t, bool>> groups;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const bool red = (mask >> i) & 1u;
+      (red ? redCount : outCount) *= xs[i];
+      if (xs[i] == 1)
+        continue;
+      if (!groups.empty() && groups.back().second == red)
+        groups.back().first *= xs[i];
+      else
+        groups.push_back({xs[i], red});
+    }
+    size_t k = 0;
+    int64_t O = 1, R = 1, I = 1;
+    if (k < groups.size() && !groups[k].second)
+      O = groups[k++].first;
+    if (k < groups.size() && groups[k].second)
+      R = groups[k++].first;
+    if (k < groups.size() && !groups[k].second)
+      I = groups[k++].first;
+    const bool ori = k == groups.size();
+    const double moved = bytesOf(x) + bytesOf(op->getResult(0));
+    const double flops = double(numel(x));
+    if (outCount == 0)
+      return;
+    if (redCount == 0) {
+      add("fillKernel", GpuClass::Elementwise, 0, bytesOf(op->getResult(0)));
+      return;
+    }
+    int64_t S;
+    if (ori) {
+      S = I == 1 ? std::clamp<int64_t>(ceilDiv(kReduceWarps, O), 1, ceilDiv(R, 1024))
+                 : std::clamp<int64_t>(ceilDiv(kReduceThreads, O * I), 1, ceilDiv(R, 32));
+      S = ceilDiv(R, ceilDiv(R, S));
+      add(I == 1 ? "reduceRowsKernel" : "reduceColumnsKernel", GpuClass::Reduction, flops, moved);
+    } else {
+      S = std::clamp<int64_t>(ceilDiv(kReduceWarps, outCount), 1, ceilDiv(redCount, 1024));
+      S = ceilDiv(redCount, ceilDiv(redCount, S));
+      add("reduceGeneralKernel", GpuClass::Reduction, flops, moved);
+    }
+    if (S > 1)
+      add("reducePartialsKernel", GpuClass::Reduction, 0, 16.0 * outCount * S);
+  }
+
+  /// kernels_data.cu's transpose: a view copy when the innermost dimension
+  /// of the result is contiguous in the input, 32 x 32 tiles otherwise.
+  void transpose(TransposeOp t) {
+    Value x = t.getInput();
+    if (numel(x) == 0)
+      return;
+    ArrayRef<int64_t> xs = typeOf(x).getShape();
+    ArrayRef<int64_t> perm = t.getPerm();
+    std::vector<int64_t> stride(xs.size(), 1);
+    for (int i = (int)xs.size() - 2; i >= 0; --i)
+      stride[i] = stride[i + 1] * xs[i + 1];
+    // The innermost result dimension of size > 1 and its stride in x.
+    bool view = true;
+    for (int i = (int)perm.size() - 1; i >= 0; --i)
+      if (xs[perm[i]] != 1) {
+        // Dimensions of size 1 between it and x's last do not matter.
+        int64_t s = 1;
+        for (size_t j = perm[i] + 1; j < xs.size(); ++j)
+          s *= xs[j];
+        view = s == 1;
+        break;
+      }
+    const double moved = 2 * bytesOf(x);
+    add(view ? "viewKernel" : "transposeTilesKernel", GpuClass::Layout, 0, moved);
+  }
+
+  void attention(Operation *op, bool grad) {
+    Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
+    ArrayRef<int64_t> qs = typeOf(q).getShape(), ks = typeOf(k).getShape(),
+                      vs = typeOf(v).getShape();
+    const int64_t tq = qs[qs.size() - 2], d = qs.back(), tk = ks[ks.size() - 2], dv = vs.back();
+    const int64_t items = (tq != 0 && d != 0) ? numel(q) / (tq * d) : 0;
+    const bool causal = op->getAttrOfType<BoolAttr>("causal").getValue();
+    // Query-key pairs computed: causally, query i sees keys up to i (the
+    // queries aligned to the last keys).
+    double pairs = double(tq) * tk;
+    if (causal) {
+      const int64_t off = tk - tq;
+      pairs = 0;
+      for (int64_t i = 0; i < tq; ++i)
+        pairs += std::clamp<int64_t>(i + off + 1, 0, tk);
+    }
+    pairs *= items;
+    const double qkv = bytesOf(q) + bytesOf(k) + bytesOf(v);
+    const double out = double(items) * tq * dv * 4;
+    if (items == 0 || tq == 0)
+      return;
+    const double fwd = 2 * pairs * (d + dv);
+    add("attnForward", GpuClass::Attention, fwd, qkv + out);
+    if (!grad)
+      return;
+    const double dy = out, rows = double(items) * tq;
+    add("attnRowDot", GpuClass::Attention, 2 * rows * dv, 2 * out + 4 * rows);
+    add("attnGradQ", GpuClass::Attention, 2 * pairs * (2 * d + dv),
+        qkv + dy + 8 * rows + bytesOf(q));
+    if (tk > 0)
+      add("attnGradKV", GpuClass::Attention, 2 * pairs * (2 * d + 2 * dv),
+          qkv + dy + 8 * rows + bytesOf(k) + bytesOf(v));
+  }
+
+  void crossEntropy(Operation *op, bool grad) {
+    Value logits = op->getOperand(0);
+    ArrayRef<int64_t> ls = typeOf(logits).getShape();
+    // ceGeom: classes on axis 1; e = the other elements, s = the stride.
+    const int64_t c = ls.size() > 1 ? ls[1] : 1;
+    int64_t s = 1;
+    for (size_t i = 2; i < ls.size(); ++i)
+      s *= ls[i];
+    const int64_t e = c ? numel(logits) / c : 0;
+    const double lb = bytesOf(logits);
+    StringRef reduction = op->getAttrOfType<StringAttr>("reduction").getValue();
+    if (e > 0)
+      add("ceCount", GpuClass::Loss, 0, 8.0 * e);
+    if (!grad) {
+      if (e > 0)
+        add(s == 1 ? "ceLossRows" : "ceLossStrided", GpuClass::Loss, 3.0 * numel(logits), lb);
+      if (reduction != "none")
+        add("ceFinish", GpuClass::Loss, 0, 0);
+      return;
+    }
+    if (e == 0 || c == 0)
+      return;
+    add(s == 1 ? "ceGradRows" : "ceGradStrided", GpuClass::Loss, 4.0 * numel(logits), 2 * lb);
+  }
+
+  /// One op of the step's body with its carve.kernel.
+  void op(Operation *op, StringRef kernel) {
+    auto inOut = [&] {
+      double b = 0;
+      for (Value v : op->getOperands())
+        b += bytesOf(v);
+      for (Value v : op->getResults())
+        b += bytesOf(v);
+      return b;
+    };
+    const double n = op->getNumResults() ? double(numel(op->getResult(0))) : 0;
+    if (kernel == "unary") {
+      if (n > 0)
+        add("unaryKernel", GpuClass::Elementwise, n, inOut());
+    } else if (kernel == "unary_grad") {
+      if (n > 0)
+        add("unaryGradKernel", GpuClass::Elementwise, n, inOut());
+    } else if (kernel == "binary" || kernel == "compare" || kernel == "logic") {
+      if (n > 0)
+        add("broadcast2Kernel", GpuClass::Elementwise, n, inOut());
+    } else if (kernel == "where") {
+      if (n > 0)
+        add("whereKernel", GpuClass::Elementwise, n, inOut());
+    } else if (kernel == "cast") {
+      if (n > 0)
+        add("castKernel", GpuClass::Conversion, 0, inOut());
+    } else if (kernel == "toBf16" || kernel == "toF16") {
+      if (n > 0)
+        add("to16Kernel", GpuClass::Conversion, 0, inOut());
+    } else if (kernel == "fromBf16" || kernel == "fromF16") {
+      if (n > 0)
+        add("from16Kernel", GpuClass::Conversion, 0, inOut());
+    } else if (kernel == "dropout") {
+      if (n > 0)
+        add("dropoutKernel", GpuClass::Elementwise, n, inOut());
+    } else if (kernel == "matmul") {
+      if (isa<MatmulOp>(op))
+        matmulOp(op);
+      else // a transpose of a matmul's product, computed by the matmul
+        matmulOp(op->getOperand(0).getDefiningOp());
+    } else if (kernel == "matmul_gathered") {
+      matmulGathered(op, gatheredOperand(op));
+    } else if (kernel == "matmul_gather_grad") {
+      matmulGatherGrad(op, scatteredMatmul(op));
+    } else if (kernel == "reduce") {
+      reduce(op);
+    } else if (kernel == "softmax" || kernel == "softmax_grad") {
+      auto axisAttr = op->getAttrOfType<IntegerAttr>("axis");
+      ArrayRef<int64_t> xs = typeOf(op->getOperand(0)).getShape();
+      int64_t axis = axisAttr ? axisAttr.getInt() : (int64_t)xs.size() - 1;
+      if (axis < 0)
+        axis += xs.size();
+      const bool rows = axis == (int64_t)xs.size() - 1;
+      const bool g = kernel == "softmax_grad";
+      if (n > 0)
+        add(rows ? (g ? "softmaxGradRows" : "softmaxRows")
+                 : (g ? "softmaxGradColumns" : "softmaxColumns"),
+            GpuClass::Normalization, 5 * n, inOut());
+    } else if (kernel == "layer_norm" || kernel == "rms_norm") {
+      if (n > 0)
+        add(kernel == "layer_norm" ? "layerNormKernel" : "rmsNormKernel", GpuClass::Normalization,
+            8 * n, inOut());
+    } else if (kernel == "layer_norm_grad" || kernel == "rms_norm_grad") {
+      if (numel(op->getOperand(0)) > 0) {
+        add(kernel == "layer_norm_grad" ? "layerNormGradKernel" : "rmsNormGradKernel",
+            GpuClass::Normalization, 12 * n, inOut());
+        add("sumPartials", GpuClass::Normalization, 0, 0);
+      }
+    } else if (kernel == "attention") {
+      attention(op, false);
+    } else if (kernel == "attention_grad") {
+      attention(op, true);
+    } else if (kernel == "transpose") {
+      transpose(cast<TransposeOp>(op));
+    } else if (kernel == "slice" || kernel == "expand") {
+      if (n > 0)
+        add("viewKernel", GpuClass::Layout, 0, 2 * bytesOf(op->getResult(0)));
+    } else if (kernel == "slice_grad") {
+      add("fillKernel", GpuClass::Elementwise, 0, bytesOf(op->getResult(0)));
+      if (numel(op->getOperand(0)) > 0)
+        add("scatterViewKernel", GpuClass::Layout, 0, 2 * bytesOf(op->getOperand(0)));
+    } else if (kernel == "concat") {
+      for (Value v : op->getOperands())
+        if (numel(v) > 0)
+          add("concatKernel", GpuClass::Layout, 0, 2 * bytesOf(v));
+    } else if (kernel == "gather") {
+      if (n > 0)
+        add("gatherKernel", GpuClass::Gather, 0, 2 * bytesOf(op->getResult(0)));
+    } else if (kernel == "gather_grad") {
+      gatherGrad(op);
+    } else if (kernel == "cross_entropy") {
+      crossEntropy(op, false);
+    } else if (kernel == "cross_entropy_grad") {
+      crossEntropy(op, true);
+    } else if (kernel == "nonzero") {
+      add("nonzeroKernel", GpuClass::Layout, 0, inOut());
+    } else if (kernel == "copy") {
+      // cudaMemcpyAsync: no kernel of carve's; its bytes are priced.
+      GpuLaunch l;
+      l.kernel = "memcpy";
+      l.cls = GpuClass::Layout;
+      l.count = 0;
+      l.bytes = 2 * bytesOf(op->getResult(0));
+      s.launches.push_back(l);
+    } else if (isa<dist::DistDialect>(op->getDialect()) || kernel == "allReduce" ||
+               kernel == "allToAllSplit") {
+      unpriced(op, "a collective (NCCL): not priced by the one-GPU model");
+    } else {
+      unpriced(op, ("runtime entry '" + kernel + "' has no launch model").str());
+    }
+    if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kFusionGroupAttr) &&
+        op->getNumResults())
+      add("round16Kernel", GpuClass::Conversion, 0, 8.0 * numel(op->getResult(0)));
+  }
+
+  /// The step's tail (the emitter's Optimizer.cpp on the CUDA target).
+  void tail(Operation *op) {
+    if (auto g = dyn_cast<GradNormOp>(op)) {
+      for (Value v : g->getOperands())
+        if (numel(v) > 0) {
+          add("sumSquaresKernel", GpuClass::Optimizer, 2.0 * numel(v), bytesOf(v));
+          add("sumPartialsKernel", GpuClass::Optimizer, 0, 0);
+        }
+    } else if (auto c = dyn_cast<ClipCoefficientOp>(op)) {
+      clipping = c.getMaxNorm().convertToDouble() > 0;
+    } else if (auto sc = dyn_cast<ScaleGradientsOp>(op)) {
+      // Runs when the norm exceeds the compiled max_norm: priced as if it did.
+      if (clipping)
+        for (Value v : sc->getOperands().drop_front())
+          if (numel(v) > 0)
+            add(elemBytes(typeOf(v).getElementType()) == 2 ? "scale16Kernel" : "scaleKernel",
+                GpuClass::Optimizer, numel(v), 2 * bytesOf(v));
+    } else if (isa<UnscaleGradientsOp>(op)) {
+      for (Value v : op->getOperands())
+        if (numel(v) > 0)
+          add("scale16Kernel", GpuClass::Optimizer, numel(v), 2 * bytesOf(v));
+    } else if (isa<AdamWOp, SGDOp>(op)) {
+      Value p = op->getOperand(0), g = op->getOperand(1);
+      const int64_t e = numel(p);
+      if (e == 0)
+        return;
+      const bool adam = isa<AdamWOp>(op);
+      add(adam ? "adamwKernel" : "sgdKernel", GpuClass::Optimizer, (adam ? 12.0 : 4.0) * e,
+          8.0 * e + bytesOf(g) + (adam ? 16.0 : 8.0) * e);
+      if (elemBytes(typeOf(p).getElementType()) == 2)
+        add("to16Kernel", GpuClass::Conversion, 0, 6.0 * e);
+    } else if (isa<ZeroGatherOp>(op)) {
+      unpriced(op, "ZeRO-3's gathers: collectives, not priced by the one-GPU model");
+    }
+  }
+  bool clipping = false;
+};
+
+} // namespace
+
+bool modelGpuStep(ModuleOp module, GpuStep &out, std::string &error) {
+  FailureOr<PlanAttrs> plan = readPlan(module);
+  if (failed(plan)) {
+    error = "the module has no carve.plan";
+    return false;
+  }
+  if (plan->target != "cuda") {
+    error = "the GPU model prices CUDA programs; this plan's target is " + plan->target;
+    return false;
+  }
+  func::FuncOp step = module.lookupSymbol<func::FuncOp>("train_step");
+  if (!step || step.isExternal()) {
+    error = "no train_step function: the GPU model prices one-stage programs (pp = 1, one "
+            "micro-batch)";
+    return false;
+  }
+  out = GpuStep();
+  out.precision = plan->precision;
+  Model m{out};
+  m.half16 = plan->precision == "bf16" || plan->precision == "fp16";
+  DenseSet<Value> interior;
+  DenseMap<Operation *, const FusionGroup *> rootGroup;
+  std::vector<FusionGroup> groups = fusionGroups(step, interior);
+  for (const FusionGroup &g : groups)
+    rootGroup[g.root] = &g;
+  // The step's start: d(loss)/d(loss) = 1, and dropout's seed and step.
+  m.add("fillKernel", GpuClass::Elementwise, 0, 4);
+  bool dropout = false;
+  step.walk([&](DropoutOp) { dropout = true; });
+  if (dropout)
+    m.add("setDropoutStateKernel", GpuClass::Elementwise, 0, 0);
+  for (Operation &op : step.getBody().front().without_terminator()) {
+    if (isOptimizerOp(&op)) {
+      m.tail(&op);
+      continue;
+    }
+    auto k = op.getAttrOfType<StringAttr>(kKernelAttr);
+    if (!k) {
+      error = "'" + op.getName().getStringRef().str() +
+              "' has no carve.kernel: the IR is not lowered (run carve-select-kernels)";
+      return false;
+    }
+    if (k.getValue() == kNoKernel)
+      continue;
+    if (k.getValue() == kFusedKernel) {
+      const FusionGroup *g = rootGroup.lookup(&op);
+      if (!g)
+        continue; // a member: the root launches the chain
+      double b = 0;
+      for (Value v : g->inputs)
+        b += bytesOf(v);
+      for (Value v : g->outputs)
+        b += bytesOf(v);
+      if (numel(op.getResult(0)) > 0)
+        m.add("fusedKernel", GpuClass::Elementwise, double(numel(op.getResult(0))) * g->ops.size(),
+              b);
+      continue;
+    }
+    m.op(&op, k.getValue());
+  }
+  return true;
+}
+
+//===--- Time --------------------------------------------------------------===//
+//
+// Per launch: a fixed cost plus the larger of its FLOPs at the class's rate
+// and its bytes at the class's share of the measured memory bandwidth. The
+// figures are carve's own kernels as profiled on the GPUs
+// (docs/gpu-model.md says where each comes from).
+
+namespace {
+
+struct ClassFigures {
+  double fixedUs; // per launch
+  double tflops;  // for FLOPs (0: bandwidth only)
+  double bwShare; // of the measured memory bandwidth
+};
+
+/// carve's small kernels (everything but GEMMs and attention): a fixed cost
+/// per launch and a share of the measured bandwidth, the pair that fits the
+/// recorded steps best (bench/gpu_step_model.py; docs/gpu-model.md).
+constexpr double kSmallFixedUs = 5.75;
+constexpr double kSmallBwShare = 0.44;
+
+/// The figures of kernel class c (and, for GEMMs and attention, the kernel).
+ClassFigures figures(const GpuLaunch &l) {
+  switch (l.cls) {
+  case GpuClass::Gemm:
+    // cuBLAS through carve's matmul (fp32 output): GPT-2 small's GEMMs
+    // 253 TFLOP/s on their shapes (bf16), ResNet-18's fp32 ones.
+    return l.half ? ClassFigures{8.0, 270.0, 1.0} : ClassFigures{12.0, 40.0, 1.0};
+  case GpuClass::Attention:
+    // CUDA-core fp32 dot products (kernels_attention.cu), per kernel.
+    if (l.kernel == "attnForward")
+      return {5.0, 7.5, 1.0};
+    if (l.kernel == "attnGradQ")
+      return {5.0, 7.6, 1.0};
+    if (l.kernel == "attnGradKV")
+      return {5.0, 5.9, 1.0};
+    return {kSmallFixedUs, 0, kSmallBwShare};
+  default:
+    return {kSmallFixedUs, 0, kSmallBwShare};
+  }
+}
+
+} // namespace
+
+const std::vector<GpuSpec> &gpuSpecs() {
+  static const std::vector<GpuSpec> specs = {
+      {"h100", "NVIDIA H100 80GB HBM3", 3032.0},
+      {"h200", "NVIDIA H200 141GB HBM3e", 4290.0},
+  };
+  return specs;
+}
+
+const GpuSpec *findGpu(llvm::StringRef name) {
+  for (const GpuSpec &g : gpuSpecs())
+    if (name.equals_insensitive(g.name))
+      return &g;
+  return nullptr;
+}
+
+double GpuPrediction::totalMs() const {
+  double t = 0;
+  for (double x : ms)
+    t += x;
+  return t;
+}
+
+int64_t GpuPrediction::totalLaunches() const {
+  int64_t t = 0;
+  for (int64_t x : launches)
+    t += x;
+  return t;
+}
+
+GpuPrediction predictGpuStep(const GpuStep &step, const GpuSpec &gpu) {
+  GpuPrediction p;
+  for (const GpuLaunch &l : step.launches) {
+    const ClassFigures f = figures(l);
+    const double computeUs = f.tflops > 0 ? l.flops / (f.tflops * 1e6) : 0;
+    const double memoryUs = l.bytes / (gpu.memoryGBs * f.bwShare * 1e3);
+    const double us = (l.count ? f.fixedUs : 0) + std::max(computeUs, memoryUs);
+    const int c = static_cast<int>(l.cls);
+    const int64_t n = std::max<int64_t>(l.count, 1);
+    p.ms[c] += n * us / 1e3;
+    p.launches[c] += l.count;
+    p.flops[c] += n * l.flops;
+    p.bytes[c] += n * l.bytes;
+  }
+  return p;
+}
+
+std::map<std::string, int64_t> launchesByKernel(const GpuStep &step) {
+  std::map<std::string, int64_t> by;
+  for (const GpuLaunch &l : step.launches)
+    if (l.count)
+      by[l.kernel] += l.count;
+  return by;
+}
+
+double gemmFlops(const GpuStep &step) {
+  double f = 0;
+  for (const GpuLaunch &l : step.launches)
+    if (l.cls == GpuClass::Gemm)
+      f += l.count * l.flops;
+  return f;
+}
+
+std::string gpuStepJson(const GpuStep &step) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  auto str = [](llvm::StringRef t) {
+    std::string q = "\"";
+    for (char c : t)
+      q += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
+    return q + "\"";
+  };
+  os << "{\n  \"precision\": " << str(step.precision) << ",\n  \"launches_by_kernel\": {";
+  bool first = true;
+  for (auto &[k, n] : launchesByKernel(step)) {
+    os << (first ? "\n" : ",\n") << "    " << str(k) << ": " << n;
+    first = false;
+  }
+  os << "\n  },\n  \"gemm_flops\": " << llvm::format("%.0f", gemmFlops(step))
+     << ",\n  \"unpriced\": [";
+  for (size_t i = 0; i < step.unpriced.size(); ++i)
+    os << (i ? ", " : "") << str(step.unpriced[i]);
+  os << "],\n  \"predictions\": {";
+  first = true;
+  for (const GpuSpec &g : gpuSpecs()) {
+    GpuPrediction p = predictGpuStep(step, g);
+    os << (first ? "\n" : ",\n") << "    " << str(g.name) << ": {\"device\": " << str(g.device)
+       << ", \"ms\": " << llvm::format("%.3f", p.totalMs())
+       << ", \"launches\": " << p.totalLaunches() << ", \"classes\": {";
+    for (int c = 0; c < kGpuClasses; ++c)
+      os << (c ? ", " : "") << str(gpuClassName(static_cast<GpuClass>(c)))
+         << ": {\"ms\": " << llvm::format("%.3f", p.ms[c]) << ", \"launches\": " << p.launches[c]
+         << ", \"gflop\": " << llvm::format("%.3f", p.flops[c] / 1e9)
+         << ", \"mb\": " << llvm::format("%.3f", p.bytes[c] / 1e6) << "}";
+    os << "}}";
+    first = false;
+  }
+  os << "\n  }\n}\n";
+  return s;
+}
+
+} // namespace carve
