@@ -424,6 +424,36 @@ def main():
         raise Failure("--auto --fixed recompute=full compiled a plan with recompute %r" % got)
     checks += 2
     print("ok: PLAN.json compiles; --auto --fixed recompute=full compiles a recomputing plan")
+    # --calibration carve: the chosen plan's compiled CUDA step priced by the GPU cost
+    # model (docs/gpu-model.md), against carve's measured GPT-2 small steps.
+    gpt2 = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,batch=8"
+    for cluster, measured in (("h200-141gb:1x1", 202.4), ("h100-80gb:1x1", 204.7)):
+        cmd = [carve, "plan", gpt2, "--cluster", cluster, "--fixed", "precision=bf16",
+               "--calibration", "carve"]
+        rc, out, err = run(cmd)
+        if rc != 0:
+            raise Failure("--calibration carve failed:\n" + err)
+        for needle in ("times priced with carve's own programs", "carve's CUDA program on one",
+                       "kernel launches"):
+            if needle not in out:
+                raise Failure("--calibration carve: the report lacks %r:\n%s" % (needle, out))
+        rc, js, err = run(cmd + ["--json"])
+        rep = json.loads(js)
+        prog = rep.get("carve_program", {})
+        if rep.get("calibration") != "carve" or "step_ms" not in prog:
+            raise Failure("--calibration carve --json: no carve_program.step_ms: %r" % prog)
+        if abs(prog["step_ms"] - measured) > 0.2 * measured:
+            raise Failure("%s: carve's GPT-2 small step predicted %.1f ms, measured %.1f ms "
+                          "(more than 20%% apart)" % (cluster, prog["step_ms"], measured))
+        print("ok: --calibration carve on %s: GPT-2 small bf16 predicted %.1f ms, measured %.1f "
+              "(%+.1f%%)" % (cluster, prog["step_ms"], measured,
+                             100 * (prog["step_ms"] - measured) / measured))
+    expect_fail(carve, ["plan", gpt2, "--cluster", "a100-80gb:1x1", "--calibration", "carve"],
+                "one H100 or H200", "A100")
+    expect_fail(carve, ["plan", gpt2, "--cluster", "h100-80gb:1x2", "--calibration", "carve"],
+                "2 devices", "collectives")
+    checks += 4
+    print("ok: --calibration carve refuses an A100 cluster and 2 devices, naming why")
     print("planner: %d checks passed" % checks)
     return 0
 

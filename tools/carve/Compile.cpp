@@ -247,7 +247,8 @@ void planTimeline(CompiledModel &cm, const CompileArgs &args, const pipeline::Sc
 
 } // namespace
 
-std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args) {
+std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args, GpuStep *gpu, bool *gpuOk,
+                                               std::string *gpuError) {
   args.memoryOnly = true;
   args.quiet = true;
   args.noWeights = true;
@@ -258,6 +259,8 @@ std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args) {
   pipeline::Schedule schedule;
   Imported im = importModel(context, args, s, schedule, progress);
   runPipeline(im, s, args, progress);
+  if (gpu)
+    *gpuOk = modelGpuStep(*im.module, *gpu, *gpuError);
   CompiledModel cm = generate(*im.module, args, s, im);
   std::vector<CompiledRankMemory> ranks;
   for (const GeneratedProgram &g : cm.programs)

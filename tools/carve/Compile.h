@@ -5,6 +5,7 @@
 
 #include "compiler/codegen/CpuCodegen.h"
 #include "compiler/frontend/OnnxImporter.h"
+#include "compiler/lower/GpuCost.h"
 #include "tools/carve/Driver.h"
 
 #include <string>
@@ -53,7 +54,12 @@ struct CompiledRankMemory {
 /// import, the pass pipeline and the emitter, whose memory plan gives each
 /// pipeline rank's regions (the start-up report's numbers). Exits with
 /// `carve compile`'s one-line error when the plan does not compile.
-std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args);
+/// With `gpu` set (a CUDA target), also the GPU cost model of the compiled
+/// step (compiler/lower/GpuCost.h); false in `gpuOk` with `gpuError` set when
+/// the model cannot price it.
+std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args, GpuStep *gpu = nullptr,
+                                               bool *gpuOk = nullptr,
+                                               std::string *gpuError = nullptr);
 
 /// Runs `carve run OUT -n N -- ARGS`: execs mpirun (never returns on success).
 int runRun(const std::string &out, int ranks, const std::vector<std::string> &trainArgs);

@@ -192,6 +192,12 @@ struct Outcome {
   /// did not fit as compiled.
   std::vector<CompiledRankMemory> compiled;
   std::string compiledWhy, compiledNote;
+  /// --calibration carve: the GPU the chosen plan's CUDA program is priced
+  /// on, and that program's cost model (docs/gpu-model.md).
+  const GpuSpec *gpu = nullptr;
+  GpuStep gpuStep;
+  bool gpuPriced = false;
+  std::string gpuWhy; // why the program was not priced
   /// The best plan's pins: the user's, then those the per-op search chose.
   std::vector<OpOverride> bestPins() const {
     std::vector<OpOverride> p = opts.constraints.pins;
@@ -199,6 +205,29 @@ struct Outcome {
     return p;
   }
 };
+
+/// --calibration carve: carve's own CUDA programs, priced by the GPU cost model
+/// from the figures measured on carve's GPU runs. Those were one H100 or one
+/// H200; the model prices one GPU's kernels, not collectives.
+const GpuSpec *carveCalibrationGpu(const PlanArgs &args, const Cluster &c) {
+  const std::string why = "--calibration carve prices carve's own CUDA program on one H100 or "
+                          "H200 (docs/gpu-model.md): ";
+  const GpuSpec *g = nullptr;
+  for (const GpuSpec &spec : gpuSpecs())
+    if (llvm::StringRef(c.device.name).contains_insensitive(spec.name))
+      g = &spec;
+  if (!g || c.device.target != "cuda")
+    die(why + "this cluster's devices are " + c.device.name);
+  if (c.worldSize() != 1)
+    die(why + "this cluster has " + std::to_string(c.worldSize()) +
+        " devices, and the model does not price collectives yet (use --cluster " +
+        std::string(g->name == std::string("h100") ? "h100-80gb" : "h200-141gb") + ":1x1)");
+  if (!args.compileCheck)
+    die(why + "it prices the compiled program, which --no-compile-check skips");
+  if (args.publishedStorage)
+    die(why + "--storage published is not what carve compiles");
+  return g;
+}
 
 void setup(const PlanArgs &args, Session &s, Outcome &o) {
   auto t0 = std::chrono::steady_clock::now();
@@ -215,9 +244,11 @@ void setup(const PlanArgs &args, Session &s, Outcome &o) {
       !parseConstraints(readFile(args.constraintsPath, "constraints"), args.constraintsPath,
                         o.opts.constraints, error))
     die(error);
-  if (!args.calibrationPath.empty() &&
-      !parseCalibration(readFile(args.calibrationPath, "calibration"), args.calibrationPath,
-                        o.opts.calibration, error))
+  if (args.calibrationPath == "carve")
+    o.gpu = carveCalibrationGpu(args, o.cluster);
+  else if (!args.calibrationPath.empty() &&
+           !parseCalibration(readFile(args.calibrationPath, "calibration"), args.calibrationPath,
+                             o.opts.calibration, error))
     die(error);
   o.opts.publishedStorage = args.publishedStorage;
   s.req.model = args.model;
@@ -419,6 +450,10 @@ json compiledJson(const Outcome &o);
 /// Which calibration priced the step times: the default is built from
 /// published kernels' efficiencies, not from carve's own measured programs.
 std::string calibrationLine(const PlanArgs &args) {
+  if (args.calibrationPath == "carve")
+    return "times priced with carve's own programs: the search ranks plans with the default "
+           "calibration, then the chosen plan's compiled CUDA step is priced by the GPU cost "
+           "model, from carve's measured GPU runs (below; docs/gpu-model.md)";
   if (!args.calibrationPath.empty())
     return "times priced with the calibration " + args.calibrationPath;
   return "times priced with the default calibration: published kernels' efficiencies (an "
@@ -436,6 +471,22 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
   j["global_batch"] = o.opts.globalBatch;
   j["storage"] = args.publishedStorage ? "published" : "carve";
   j["calibration"] = args.calibrationPath.empty() ? "default" : args.calibrationPath;
+  if (o.gpu) {
+    json c = {{"gpu", o.gpu->name}, {"device", o.gpu->device}};
+    if (o.gpuPriced) {
+      GpuPrediction p = predictGpuStep(o.gpuStep, *o.gpu);
+      c["step_ms"] = p.totalMs();
+      c["launches"] = p.totalLaunches();
+      json classes = json::object();
+      for (int k = 0; k < kGpuClasses; ++k)
+        classes[gpuClassName(static_cast<GpuClass>(k))] = {{"ms", p.ms[k]},
+                                                           {"launches", p.launches[k]}};
+      c["classes"] = classes;
+    } else {
+      c["not_priced"] = o.gpuWhy.empty() ? o.compiledWhy : o.gpuWhy;
+    }
+    j["carve_program"] = c;
+  }
   j["searched"] = o.result.evaluated;
   j["search_seconds"] = o.seconds;
   j["phase_seconds"] = {{"setup", o.setupSeconds},
@@ -531,8 +582,7 @@ double largestArena(const std::vector<CompiledRankMemory> &ranks) {
 }
 
 /// The plan compiled to its memory plan (carve compile without the build).
-std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, const Outcome &o,
-                                            const Estimate &e,
+std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, Outcome &o, const Estimate &e,
                                             const std::vector<OpOverride> &pins) {
   CompileArgs ca;
   ca.model = args.model;
@@ -541,7 +591,14 @@ std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, const Outcome 
   ca.target = o.cluster.device.target; // the program that runs there
   ca.loss = args.loss;
   ca.import = args.import;
-  return compiledMemory(ca);
+  if (!o.gpu)
+    return compiledMemory(ca);
+  std::vector<CompiledRankMemory> m = compiledMemory(ca, &o.gpuStep, &o.gpuPriced, &o.gpuWhy);
+  if (o.gpuPriced && !o.gpuStep.unpriced.empty()) {
+    o.gpuPriced = false;
+    o.gpuWhy = "the GPU model does not price " + o.gpuStep.unpriced.front();
+  }
+  return m;
 }
 
 /// The chosen plan as compiled: each pipeline rank's bytes from the
@@ -638,6 +695,38 @@ void printCompiled(std::ostream &os, const Outcome &o) {
     os << "  note: " << o.compiledNote << "\n";
 }
 
+/// --calibration carve: the chosen plan's CUDA program, priced by the GPU
+/// cost model of its lowered step.
+void printCarveProgram(std::ostream &os, const Outcome &o) {
+  if (!o.gpu)
+    return;
+  os << "\ncarve's CUDA program on one " << o.gpu->device
+     << " (the GPU cost model of the compiled step; docs/gpu-model.md)\n";
+  if (!o.gpuPriced) {
+    os << "  not priced: " << (o.gpuWhy.empty() ? o.compiledWhy : o.gpuWhy) << "\n";
+    return;
+  }
+  GpuPrediction p = predictGpuStep(o.gpuStep, *o.gpu);
+  char line[256];
+  snprintf(line, sizeof line, "  step %.1f ms, %lld kernel launches (the search's estimate: %s)\n",
+           p.totalMs(), (long long)p.totalLaunches(), secs(o.result.ranked[0].time.total).c_str());
+  os << line << "  ";
+  std::vector<int> order(kGpuClasses);
+  for (int k = 0; k < kGpuClasses; ++k)
+    order[k] = k;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return p.ms[a] > p.ms[b]; });
+  int shown = 0;
+  for (int k : order) {
+    if (p.ms[k] <= 0 || shown == 5)
+      continue;
+    snprintf(line, sizeof line, "%s%s %.1f ms", shown ? ", " : "",
+             gpuClassName(static_cast<GpuClass>(k)), p.ms[k]);
+    os << line;
+    ++shown;
+  }
+  os << "\n";
+}
+
 } // namespace
 
 int runPlan(const PlanArgs &args) {
@@ -691,6 +780,7 @@ int runPlan(const PlanArgs &args) {
     printEstimate(os, best, o.cluster, o.base->seq > 0);
     printOpChoices(os, o);
     printCompiled(os, o);
+    printCarveProgram(os, o);
     if (r.ranked.size() > 1) {
       os << "\nAlternatives\n";
       for (size_t i = 1; i < r.ranked.size(); ++i) {

@@ -206,7 +206,10 @@ cl::list<std::string> fixedFields("fixed",
                                   cl::value_desc("FIELD=VALUE,..."), cl::sub(planCmd),
                                   cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> calibrationFile(
-    "calibration", cl::desc("Measured efficiency factors for the time model (JSON)"),
+    "calibration",
+    cl::desc("Measured efficiency factors for the time model (JSON), or 'carve': the chosen "
+             "plan's compiled CUDA step priced by the GPU cost model (one H100 or H200; "
+             "docs/gpu-model.md)"),
     cl::value_desc("FILE"), cl::sub(planCmd), cl::sub(compileCmd), cl::cat(carveCat));
 cl::opt<std::string> planOutput("o", cl::desc("Write the best plan (with its predictions) here"),
                                 cl::value_desc("PLAN.json"), cl::sub(planCmd), cl::cat(carveCat));
