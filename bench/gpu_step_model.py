@@ -17,9 +17,10 @@
    `calibration: max error E% over N recorded runs`.
 
 Nothing runs on a GPU: the measured times are the runs recorded in
-docs/performance.md (device, date, commit there). The CNN programs have changed since
-their runs (matmul_gathered, 2026-12-02): their rows compare today's program with the
-measured one, and the table says so.
+docs/performance.md (device, date, commit there). Every program has changed since its
+run (the convolutions' windows gathered inside their GEMMs, 2026-12-02; attention's
+backward from the forward's saved statistics, 2026-12-06): each row compares today's
+program with the measured one, and says what changed.
 
 Exits 1 when a compile fails or the model leaves calls of these programs unpriced.
 """
@@ -36,21 +37,27 @@ sys.path.insert(0, os.path.join(ROOT, "models"))
 
 GPT2_SMALL = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,batch=8"
 
+# What changed in a program since its run (the row compares today's program with it).
+ATTENTION_STATS = ("since: the backward reads the forward's saved log-sum-exp instead of running "
+                   "the attention forward again (2026-12-06)")
+GATHERED = "since: the convolutions' windows are gathered inside their GEMMs (2026-12-02)"
+
 # The measured steps (docs/performance.md): unprofiled, median or mean of the timed
 # steps, carve's CUDA program as it was at the run's commit.
 RECORDED = [
     {"model": "gpt2", "precision": "bf16", "gpu": "h200", "ms": 202.4,
-     "run": "2026-11-27, H200, bench/gpt2_cuda.py (First numbers: one NVIDIA H200)"},
+     "run": "2026-11-27, H200, bench/gpt2_cuda.py (First numbers: one NVIDIA H200)",
+     "changed": ATTENTION_STATS},
     {"model": "gpt2", "precision": "bf16", "gpu": "h100", "ms": 204.7,
-     "run": "2026-11-28, H100, commit 9e47ef0, bench/gpt2_cuda.py"},
+     "run": "2026-11-28, H100, commit 9e47ef0, bench/gpt2_cuda.py", "changed": ATTENTION_STATS},
     {"model": "resnet18", "precision": "fp32", "gpu": "h200", "ms": 10.12,
-     "run": "2026-11-28, H200, run 4 (d06863b), bench/cnn_step.py", "changed": True},
+     "run": "2026-11-28, H200, run 4 (d06863b), bench/cnn_step.py", "changed": GATHERED},
     {"model": "resnet18", "precision": "bf16", "gpu": "h200", "ms": 11.84,
-     "run": "2026-11-28, H200, run 3 (ac68273), bench/cnn_step.py", "changed": True},
+     "run": "2026-11-28, H200, run 3 (ac68273), bench/cnn_step.py", "changed": GATHERED},
     {"model": "vgg", "precision": "fp32", "gpu": "h200", "ms": 5.49,
-     "run": "2026-11-28, H200, run 4 (d06863b), bench/cnn_step.py", "changed": True},
+     "run": "2026-11-28, H200, run 4 (d06863b), bench/cnn_step.py", "changed": GATHERED},
     {"model": "vgg", "precision": "bf16", "gpu": "h200", "ms": 6.61,
-     "run": "2026-11-28, H200, run 3 (ac68273), bench/cnn_step.py", "changed": True},
+     "run": "2026-11-28, H200, run 3 (ac68273), bench/cnn_step.py", "changed": GATHERED},
 ]
 # Left out: the H100's CNN runs of 2026-11-28 (57.35 and 45.86 ms) ran before the
 # general reduction was rewritten the same day (ad16668); no program like theirs is
@@ -133,7 +140,7 @@ def main():
         pred = rep["predictions"][r["gpu"]]["ms"]
         err = (pred - r["ms"]) / r["ms"]
         errors.append(abs(err))
-        note = " (program changed since)" if r.get("changed") else ""
+        note = " (%s)" % r["changed"] if r.get("changed") else ""
         print("| %s %s, %s: %s%s | %.2f | %.2f | %+.1f%% |"
               % (r["model"], r["precision"], r["gpu"].upper(), r["run"], note, r["ms"], pred,
                  100 * err))

@@ -234,7 +234,7 @@ bool Generator::emitOp(Operation *op) {
     ok = emitReduction(op, os);
   else if (isa<LayerNormOp, LayerNormGradOp, RmsNormOp, RmsNormGradOp>(op))
     ok = emitNormalization(op, os);
-  else if (isa<AttentionOp, AttentionGradOp>(op))
+  else if (isa<AttentionOp, AttentionGradOp, AttentionStatsOp, AttentionGradStatsOp>(op))
     ok = emitAttention(op, os);
   else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
     ok = emitCrossEntropy(op, kernel, os);
@@ -461,6 +461,23 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
        << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal()) << ", "
        << name(g.getGrad()) << ", " << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad())
        << ", " << name(g.getValueGrad()) << ");";
+  } else if (auto at = dyn_cast<AttentionStatsOp>(op)) {
+    // carve-save-attention-stats: the row log-sum-exp kept for the gradient.
+    Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
+    os << callee(opts, "attention_stats") + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)
+       << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
+       << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
+       << scalar(at.getScale().convertToDouble(), q) << ", " << flag("causal", at.getCausal())
+       << ", " << name(at.getResult()) << ", " << name(at.getLse()) << ");";
+  } else if (auto g = dyn_cast<AttentionGradStatsOp>(op)) {
+    Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
+    os << callee(opts, "attention_grad_stats") + "(" << name(q) << ", " << shapeOf(q) << ", "
+       << name(k) << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
+       << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
+       << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal()) << ", "
+       << name(g.getOutput()) << ", " << name(g.getLse()) << ", " << name(g.getGrad()) << ", "
+       << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
+       << ");  // from the forward's saved output and log-sum-exp";
   }
   return true;
 }

@@ -72,6 +72,8 @@ std::vector<std::string> buildCompilePipeline(mlir::OpPassManager &pm, const Pla
   passes.add(createCarveFoldTransposes(fold));
   if (plan.recompute != "none")
     passes.add(createCarveRecompute());
+  if (plan.target == "cuda" && plan.recompute == "none")
+    passes.add(createCarveSaveAttentionStats());
   if (sixteenBit(plan)) {
     passes.add(createCarvePackActivations());
     passes.add(createCarveStoreParams16());

@@ -293,7 +293,11 @@ struct Model {
     add(view ? "viewKernel" : "transposeTilesKernel", GpuClass::Layout, 0, moved);
   }
 
-  void attention(Operation *op, bool grad) {
+  /// kernels_attention.cu: attention (attention_stats also writes the row
+  /// log-sum-exp); attention_grad runs the forward again, then D_i =
+  /// dY_i . O_i and the dQ and dK, dV kernels; attention_grad_stats reads the
+  /// saved output and log-sum-exp instead of the forward again.
+  void attention(Operation *op, bool grad, bool saved = false) {
     Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
     ArrayRef<int64_t> qs = typeOf(q).getShape(), ks = typeOf(k).getShape(),
                       vs = typeOf(v).getShape();
@@ -315,7 +319,8 @@ struct Model {
     if (items == 0 || tq == 0)
       return;
     const double fwd = 2 * pairs * (d + dv);
-    add("attnForward", GpuClass::Attention, fwd, qkv + out);
+    if (!saved)
+      add("attnForward", GpuClass::Attention, fwd, qkv + out);
     if (!grad)
       return;
     const double dy = out, rows = double(items) * tq;
@@ -424,6 +429,10 @@ struct Model {
       attention(op, false);
     } else if (kernel == "attention_grad") {
       attention(op, true);
+    } else if (kernel == "attention_stats") {
+      attention(op, false);
+    } else if (kernel == "attention_grad_stats") {
+      attention(op, true, true);
     } else if (kernel == "transpose") {
       transpose(cast<TransposeOp>(op));
     } else if (kernel == "slice" || kernel == "expand") {

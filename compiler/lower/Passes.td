@@ -54,6 +54,32 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
   ];
 }
 
+def CarveSaveAttentionStats : Pass<"carve-save-attention-stats", "mlir::ModuleOp"> {
+  let summary = "Attention keeps its row statistics for its gradient (CUDA target)";
+  let description = [{
+    The CUDA target's attention backward needs each query row's
+    log-sum-exp and the forward's output; without them it runs the forward
+    again (a third of attention's time in a GPT-2 step). For each
+    `carve.attention_grad` of a printed function whose query, key, value,
+    mask, scale and causal flag are those of a `carve.attention` before it
+    in the same function, the forward becomes `carve.attention_stats` (the
+    output and its f32 row statistics) and the gradient
+    `carve.attention_grad_stats`, which reads both. The statistics are f32
+    and the output stays as the forward wrote it (no 16-bit copy), so the
+    gradient is the one the forward-again kernel computes, bit for bit.
+    Runs for the CUDA target only (the CPU kernel computes the
+    probabilities in blocks and keeps no statistics), and not under a
+    `recompute` plan (which asked for the memory back). Before: after
+    carve-recompute's place in the pipeline, before carve-pack-activations
+    and carve-plan-memory (the statistics and the output's longer life are
+    planned like any value). After: no attention_grad with such a forward;
+    an attention whose gradient is elsewhere (another stage) is unchanged.
+  }];
+  let statistics = [
+    Statistic<"numPaired", "num-paired", "Attention gradients that read the saved statistics">
+  ];
+}
+
 def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncOp"> {
   let summary = "Convolution and max pooling as gathers, matmuls and reductions (im2col); batch norm";
   let description = [{

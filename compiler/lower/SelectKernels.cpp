@@ -143,6 +143,10 @@ Choice select(Operation *op, StringRef target) {
     return call("attention");
   if (isa<AttentionGradOp>(op))
     return call("attention_grad");
+  if (isa<AttentionStatsOp>(op))
+    return call("attention_stats");
+  if (isa<AttentionGradStatsOp>(op))
+    return call("attention_grad_stats");
   if (isa<TransposeOp>(op))
     return call("transpose");
   if (isa<SliceOp>(op))

@@ -130,7 +130,8 @@ struct Setting {
   Setting(const Profile &prof, const PricedModel &priced, const Cluster &cl, const Candidate &c,
           const PlannerOptions &opts)
       : prof(prof), priced(priced), cl(cl), c(c), opts(opts), cal(opts.calibration),
-        st(storageFor(c.precision, opts.publishedStorage, c.m, c.zero, c.gradAccumulation)),
+        st(storageFor(c.precision, opts.publishedStorage, c.m, c.zero, c.gradAccumulation,
+                      cl.device.target == "cuda")),
         b((double)c.microBatch), S(c.pp * c.v) {
     const int dev = cl.devicesPerNode;
     Link intra{cl.intraNode.bandwidth * cal.linkEfficiency, cl.intraNode.latency};

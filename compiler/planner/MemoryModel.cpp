@@ -22,9 +22,10 @@
 namespace carve::planner {
 
 Storage storageFor(const std::string &precision, bool published, int64_t m, int zero,
-                   const std::string &gradAccumulation) {
+                   const std::string &gradAccumulation, bool cuda) {
   Storage st;        // fp32 throughout
   st.scores = false; // carve.attention
+  st.attentionStats = cuda && !published;
   if (precision != "fp32") {
     st.kept = 2;       // carve-pack-activations
     st.param = 2;      // carve-store-params16: the 16-bit copy the step reads
@@ -93,6 +94,8 @@ PartMemory partMemory(const Segment &seg, bool isLayer, const Candidate &c, cons
   pm.kept = isLayer ? layerActivationBytes(seg, c, keptBytes, st.scores)
                     : ((seg.saved - seg.savedFixed) * b + seg.savedFixed) * keptBytes +
                           core * b * keptBytes + seg.hiddenMasks * b + seg.savedWide * b * 4;
+  if (st.attentionStats && c.recompute == "none")
+    pm.kept += seg.attentionStats * b * 4;
   // Under 16-bit storage each op reads its parameters through fp32 views
   // of their 16-bit copies, alive while it runs (carve-store-params16);
   // placed among the part's other transients they fragment its scratch,

@@ -185,6 +185,9 @@ struct Storage {
   /// published accounting). carve.attention keeps none: its gradient
   /// recomputes them.
   bool scores = true;
+  /// Whether attention keeps its f32 output and row statistics for its
+  /// gradient (carve-save-attention-stats: CUDA programs without recompute).
+  bool attentionStats = false;
 };
 
 /// What carve's compiled programs store under `precision`: fp32 weights,
@@ -200,9 +203,10 @@ struct Storage {
 /// their inputs (docs/training.md, "16-bit activations"). With `published`: the mixed-precision
 /// layout the published memory formulas assume (16-bit weights, gradients and activations, an fp32
 /// master copy with m and v: 2 + 2 + 12 bytes per parameter), which the unit tests use to check the
-/// planner's counting against those formulas to the byte.
+/// planner's counting against those formulas to the byte. `cuda`: a CUDA program, whose
+/// attention keeps its output and row statistics for its gradient (Storage::attentionStats).
 Storage storageFor(const std::string &precision, bool published = false, int64_t m = 1,
-                   int zero = 0, const std::string &gradAccumulation = "fp32");
+                   int zero = 0, const std::string &gradAccumulation = "fp32", bool cuda = false);
 
 /// The activation bytes of one layer, one micro-batch, under `c`, with
 /// `bytesPerElement` per stored element (Storage::kept): what the

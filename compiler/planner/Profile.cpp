@@ -321,6 +321,11 @@ void Profiler::countWork() {
                       (double)k.getShape()[k.getRank() - 2];
       s.core += scores;
       s.coreFlops += w.flops;
+      // The output and, per query row, its log-sum-exp.
+      const double outElems = elemsOf(o->getResult(0));
+      s.attentionStats +=
+          outElems +
+          outElems / (double)cast<RankedTensorType>(o->getResult(0).getType()).getShape().back();
       if (o->hasAttr(kDropoutAttr)) {
         s.coreMasks += scores;
         s.coreDropped += scores;

@@ -92,6 +92,9 @@ struct Segment {
   double savedWide = 0;
   /// Attention probabilities kept by an unfused attention core (per sample).
   double core = 0;
+  /// f32 elements a CUDA program keeps per sample for carve.attention's
+  /// gradient (its output and row log-sum-exp; carve-save-attention-stats).
+  double attentionStats = 0;
   /// With dropout: 1-byte masks of hidden dropout, of attention dropout, and
   /// the dropped probabilities (activation dtype).
   double hiddenMasks = 0, coreMasks = 0, coreDropped = 0;

@@ -211,6 +211,39 @@ std::string attention(Operation *op, unsigned numTensors, unsigned numResults) {
   return annotation(ins, outs);
 }
 
+/// attention_stats and attention_grad_stats: as attention, the row statistics
+/// split like the result's rows.
+std::string attentionStats(Operation *op, bool grad) {
+  Names n;
+  auto q = typeOf(op->getOperand(0));
+  int64_t lead = q.getRank() - 2;
+  Dims batch = n.fresh(lead);
+  std::string s = n.fresh() + "^", t = n.fresh() + "^", d = n.fresh() + "^", dv = n.fresh() + "^";
+  auto with = [&](std::vector<std::string> tail) {
+    Dims x = batch;
+    for (std::string &e : tail)
+      x.push_back(e);
+    return x;
+  };
+  Dims qd = with({s, d}), kd = with({t, d}), vd = with({t, dv}), od = with({s, dv}), ld = with({s});
+  std::vector<Dims> ins = {qd, kd, vd};
+  if (grad) {
+    ins.push_back(od);
+    ins.push_back(ld);
+    ins.push_back(od);
+  }
+  const unsigned tensors = grad ? 6 : 3;
+  for (unsigned i = tensors; i < op->getNumOperands(); ++i) {
+    Dims full = with({s, t});
+    SmallVector<int64_t> shape(q.getShape().drop_back(2));
+    shape.push_back(q.getDimSize(q.getRank() - 2));
+    shape.push_back(typeOf(op->getOperand(1)).getDimSize(q.getRank() - 2));
+    ins.push_back(broadcastDims(n, typeOf(op->getOperand(i)), shape, full));
+  }
+  std::vector<Dims> outs = grad ? std::vector<Dims>{qd, kd, vd} : std::vector<Dims>{od, ld};
+  return annotation(ins, outs);
+}
+
 /// A block of a reshape where several dimensions of each side cover the same
 /// elements, `a[i0, i)` and `b[j0, j)` (the products agree): their common
 /// refinement, when every boundary of either side divides the next of both
@@ -486,6 +519,8 @@ std::string annotate(Operation *op) {
       .Case([](RmsNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
       .Case([](AttentionOp a) { return attention(a, 3, 1); })
       .Case([](AttentionGradOp a) { return attention(a, 4, 3); })
+      .Case([](AttentionStatsOp a) { return attentionStats(a, false); })
+      .Case([](AttentionGradStatsOp a) { return attentionStats(a, true); })
       .Case([](ReshapeOp r) { return reshape(r); })
       .Case([](TransposeOp t) {
         Names n;
@@ -598,6 +633,8 @@ CARVE_ANNOTATED(SoftmaxGradOp)
 CARVE_ANNOTATED(LayerNormGradOp)
 CARVE_ANNOTATED(RmsNormGradOp)
 CARVE_ANNOTATED(AttentionGradOp)
+CARVE_ANNOTATED(AttentionStatsOp)
+CARVE_ANNOTATED(AttentionGradStatsOp)
 CARVE_ANNOTATED(CrossEntropyGradOp)
 CARVE_ANNOTATED(GatherGradOp)
 CARVE_ANNOTATED(NonzeroOp)

@@ -550,6 +550,42 @@ LogicalResult AttentionGradOp::verify() {
   return success();
 }
 
+/// The row statistics of attention: the result's shape without its last dimension, f32.
+static LogicalResult verifyAttentionLse(Operation *op, Value result, Value lse) {
+  ArrayRef<int64_t> r = shapeOf(result);
+  if (shapeOf(lse) != r.drop_back() || !cast<ShapedType>(lse.getType()).getElementType().isF32())
+    return op->emitOpError("lse has type ")
+           << lse.getType() << ", expected f32 " << formatShape(r.drop_back());
+  return success();
+}
+
+LogicalResult AttentionStatsOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  ShapeOrError s = attentionShape(shapeOf(getQuery()), shapeOf(getKey()), shapeOf(getValue()));
+  if (failed(expectShape(*this, s, getResult())))
+    return failure();
+  return verifyAttentionLse(*this, getResult(), getLse());
+}
+
+LogicalResult AttentionGradStatsOp::verify() {
+  if (failed(verifyStatic(*this)))
+    return failure();
+  auto shape = attentionShape(shapeOf(getQuery()), shapeOf(getKey()), shapeOf(getValue()));
+  if (!shape.ok())
+    return emitOpError(shape.error);
+  if (ArrayRef<int64_t>(shape.shape) != shapeOf(getGrad()) ||
+      ArrayRef<int64_t>(shape.shape) != shapeOf(getOutput()))
+    return emitOpError("grad and output must have the attention's output shape ")
+           << formatShape(shape.shape);
+  if (failed(verifyAttentionLse(*this, getOutput(), getLse())) ||
+      failed(sameShape(*this, getQuery(), getQueryGrad(), "query_grad")) ||
+      failed(sameShape(*this, getKey(), getKeyGrad(), "key_grad")) ||
+      failed(sameShape(*this, getValue(), getValueGrad(), "value_grad")))
+    return failure();
+  return success();
+}
+
 LogicalResult CrossEntropyGradOp::verify() {
   if (failed(verifyStatic(*this)))
     return failure();

@@ -764,6 +764,55 @@ def Carve_AttentionGradOp : Carve_Op<"attention_grad"> {
   }];
 }
 
+def Carve_AttentionStatsOp : Carve_Op<"attention_stats"> {
+  let summary = "Attention that also keeps each query row's log-sum-exp.";
+  let description = [{
+    `carve.attention`, and `lse`: each query row's `log(sum_j exp(s_ij))` of the
+    scaled, masked scores (`-inf` for a row with no visible key), shaped like the
+    result without its last dimension. carve-save-attention-stats writes it in
+    place of an attention whose gradient `carve.attention_grad_stats` then reads
+    the result and `lse` instead of running the forward again (CUDA target).
+
+    ```mlir
+    %o, %lse = carve.attention_stats %q, %k, %v {causal = true, scale = 0.25 : f32}
+           : (tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>)
+             -> (tensor<4x2x16x16xf32>, tensor<4x2x16xf32>)
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$query, Carve_Tensor:$key, Carve_Tensor:$value,
+                       Optional<Carve_Tensor>:$mask, F32Attr:$scale,
+                       DefaultValuedAttr<BoolAttr, "false">:$causal);
+  let results = (outs Carve_Tensor:$result, Carve_Tensor:$lse);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value (`mask` $mask^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_AttentionGradStatsOp : Carve_Op<"attention_grad_stats"> {
+  let summary = "Gradients of attention from its saved result and row statistics.";
+  let description = [{
+    `carve.attention_grad` given the forward's `output` and row log-sum-exp
+    `lse` (`carve.attention_stats`): the probabilities come from `lse`, and
+    `D_i = dY_i . O_i` from `output`, so the forward is not run again.
+
+    ```mlir
+    %dq, %dk, %dv = carve.attention_grad_stats %q, %k, %v, %o, %lse, %dy {causal = true, scale = 2.500000e-01 : f32}
+           : (tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>,
+              tensor<4x2x16xf32>, tensor<4x2x16x16xf32>)
+             -> (tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>)
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$query, Carve_Tensor:$key, Carve_Tensor:$value,
+                       Carve_Tensor:$output, Carve_Tensor:$lse, Carve_Tensor:$grad,
+                       Optional<Carve_Tensor>:$mask, F32Attr:$scale,
+                       DefaultValuedAttr<BoolAttr, "false">:$causal);
+  let results = (outs Carve_Tensor:$query_grad, Carve_Tensor:$key_grad,
+                      Carve_Tensor:$value_grad);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value `,` $output `,` $lse `,` $grad (`mask` $mask^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
 def Carve_CrossEntropyGradOp : Carve_Op<"cross_entropy_grad"> {
   let summary = "Gradient of cross_entropy with respect to the logits.";
   let description = [{

@@ -454,6 +454,46 @@ void attention(const float *q, Dims qs, const float *k, Dims ks, const float *v,
   attnForwardLaunch(g, q, k, v, y, nullptr, "attention");
 }
 
+namespace {
+
+/// The backward from the forward's output o and row log-sum-exp lse: D_i =
+/// dY_i . O_i (attnRowDot), then dQ by query tiles and dK, dV by key tiles.
+void attnBackward(const AttnArgs &g, const char *op, const float *q, const float *k, const float *v,
+                  const float *dy, const float *o, const float *lse, float *dq, float *dk,
+                  float *dv) {
+  const int64_t rows = g.items * g.tq;
+  const size_t rBytes = (static_cast<size_t>(rows) * sizeof(float) + 255) / 256 * 256;
+  float *di = static_cast<float *>(workspace(rBytes, kWsFused1));
+  CARVE_KERNEL(gridFor((rows + 7) / 8), 256, 0, stream(), attnRowDot)
+  (dy, o, di, rows, g.dv, g.prec);
+  checkLaunch(op);
+  const int nvq = accumulatorsFor(g.d);
+  const dim3 gridQ(gridFor(g.items * ((g.tq + kTile - 1) / kTile)), chunksFor(g.d, nvq, op));
+  CARVE_ATTN_DISPATCH(nvq, attnGradQ, gridQ, g, q, k, v, dy, lse, di, dq);
+  checkLaunch(op);
+  if (g.tk > 0) {
+    const int nv = accumulatorsFor(std::max(g.d, g.dv));
+    const unsigned chunks = chunksFor(g.d, nv, op) + (g.dv ? chunksFor(g.dv, nv, op) : 0);
+    if (chunks > 65535)
+      fatal("%s: head dimensions %lld and %lld are too large for the CUDA kernel", op,
+            (long long)g.d, (long long)g.dv);
+    const dim3 gridKV(gridFor(g.items * ((g.tk + kTile - 1) / kTile)), chunks);
+    CARVE_ATTN_DISPATCH(nv, attnGradKV, gridKV, g, q, k, v, dy, lse, di, dk, dv);
+    checkLaunch(op);
+  }
+}
+
+/// dk and dv of attention with no query: sums over nothing.
+void attnNoQuery(const AttnArgs &g, float *dk, float *dv) {
+  if (g.tk > 0) {
+    CARVE_CUDA_CHECK(cudaMemsetAsync(dk, 0, g.items * g.tk * g.d * sizeof(float), stream()));
+    if (g.dv)
+      CARVE_CUDA_CHECK(cudaMemsetAsync(dv, 0, g.items * g.tk * g.dv * sizeof(float), stream()));
+  }
+}
+
+} // namespace
+
 void attention_grad(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
                     const float *mask, Dims ms, float scale, bool causal, const float *dy,
                     float *dq, float *dk, float *dv) {
@@ -462,40 +502,37 @@ void attention_grad(const float *q, Dims qs, const float *k, Dims ks, const floa
   if (g.items == 0)
     return;
   const int64_t rows = g.items * g.tq;
-  if (rows > 0) {
-    // O (rows x dv), then the row log-sum-exp and D (rows each), 256-byte aligned.
-    const size_t oBytes = (static_cast<size_t>(rows * g.dv) * sizeof(float) + 255) / 256 * 256;
-    const size_t rBytes = (static_cast<size_t>(rows) * sizeof(float) + 255) / 256 * 256;
-    char *w = static_cast<char *>(workspace(oBytes + 2 * rBytes, kWsFused2));
-    float *o = reinterpret_cast<float *>(w);
-    float *lse = reinterpret_cast<float *>(w + oBytes);
-    float *di = reinterpret_cast<float *>(w + oBytes + rBytes);
-    attnForwardLaunch(g, q, k, v, o, lse, op);
-    CARVE_KERNEL(gridFor((rows + 7) / 8), 256, 0, stream(), attnRowDot)
-    (dy, o, di, rows, g.dv, g.prec);
-    checkLaunch(op);
-    const int nvq = accumulatorsFor(g.d);
-    const dim3 gridQ(gridFor(g.items * ((g.tq + kTile - 1) / kTile)), chunksFor(g.d, nvq, op));
-    CARVE_ATTN_DISPATCH(nvq, attnGradQ, gridQ, g, q, k, v, dy, lse, di, dq);
-    checkLaunch(op);
-    if (g.tk > 0) {
-      const int nv = accumulatorsFor(std::max(g.d, g.dv));
-      const unsigned chunks = chunksFor(g.d, nv, op) + (g.dv ? chunksFor(g.dv, nv, op) : 0);
-      if (chunks > 65535)
-        fatal("%s: head dimensions %lld and %lld are too large for the CUDA kernel", op,
-              (long long)g.d, (long long)g.dv);
-      const dim3 gridKV(gridFor(g.items * ((g.tk + kTile - 1) / kTile)), chunks);
-      CARVE_ATTN_DISPATCH(nv, attnGradKV, gridKV, g, q, k, v, dy, lse, di, dk, dv);
-      checkLaunch(op);
-    }
+  if (rows == 0)
+    return attnNoQuery(g, dk, dv);
+  // The forward again: O (rows x dv) and the row log-sum-exp, 256-byte aligned.
+  const size_t oBytes = (static_cast<size_t>(rows * g.dv) * sizeof(float) + 255) / 256 * 256;
+  const size_t rBytes = (static_cast<size_t>(rows) * sizeof(float) + 255) / 256 * 256;
+  char *w = static_cast<char *>(workspace(oBytes + rBytes, kWsFused2));
+  float *o = reinterpret_cast<float *>(w);
+  float *lse = reinterpret_cast<float *>(w + oBytes);
+  attnForwardLaunch(g, q, k, v, o, lse, op);
+  attnBackward(g, op, q, k, v, dy, o, lse, dq, dk, dv);
+}
+
+void attention_stats(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
+                     const float *mask, Dims ms, float scale, bool causal, float *y, float *lse) {
+  const AttnArgs g = attnArgs("attention_stats", qs, ks, vs, mask, ms, scale, causal);
+  // With dv = 0 the output is empty but the statistics are not.
+  if (g.items == 0 || g.tq == 0)
     return;
-  }
-  // No query: dk and dv are sums over nothing.
-  if (g.tk > 0) {
-    CARVE_CUDA_CHECK(cudaMemsetAsync(dk, 0, g.items * g.tk * g.d * sizeof(float), stream()));
-    if (g.dv)
-      CARVE_CUDA_CHECK(cudaMemsetAsync(dv, 0, g.items * g.tk * g.dv * sizeof(float), stream()));
-  }
+  attnForwardLaunch(g, q, k, v, y, lse, "attention_stats");
+}
+
+void attention_grad_stats(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
+                          const float *mask, Dims ms, float scale, bool causal, const float *o,
+                          const float *lse, const float *dy, float *dq, float *dk, float *dv) {
+  const char *op = "attention_grad_stats";
+  const AttnArgs g = attnArgs(op, qs, ks, vs, mask, ms, scale, causal);
+  if (g.items == 0)
+    return;
+  if (g.items * g.tq == 0)
+    return attnNoQuery(g, dk, dv);
+  attnBackward(g, op, q, k, v, dy, o, lse, dq, dk, dv);
 }
 
 } // namespace carve::gpu

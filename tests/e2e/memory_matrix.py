@@ -93,6 +93,10 @@ MESHES = [  # name, fixed fields (without zero, recompute, precision)
 PRECISIONS = ["fp32", "bf16", "fp16"]
 RECOMPUTES = ["none", "selective", "full"]
 ACT_LOW, ACT_HIGH = 0.98, 2.25
+# The plans are for A100s, whose programs are CUDA programs: the as-compiled check
+# compiles for the cluster's target, and so does this test (the CUDA target keeps
+# attention's output and row statistics for its gradient; the CPU target does not).
+TARGET = "cuda"
 
 
 def variants(mesh, precision, dp):
@@ -119,7 +123,7 @@ def read_programs(src):
     programs' tables and memory plans."""
     ranks = {}
     for name in sorted(os.listdir(src)):
-        if not re.match(r"program\d+\.cpp$", name):
+        if not re.match(r"program\d+\.(cpp|cu)$", name):
             continue
         text = open(os.path.join(src, name)).read()
         m = re.search(r"/\*paramBytes=\*/(\d+), /\*gradBytes=\*/(\d+), /\*stateBytes=\*/(\d+)",
@@ -187,7 +191,7 @@ def check_chosen_plans(carve, workdir):
             # No batch= in the spec: carve compile takes the plan's planned
             # global batch (its "planner" record), as the report promised.
             run_cmd([carve, "compile", model, "--plan", pj, "--no-build", "--no-weights",
-                     "-o", out])
+                     "--target", TARGET, "-o", out])
             with open(os.path.join(out, "plan.json")) as f:
                 compiled_batch = json.load(f).get("global_batch")
             if compiled_batch != batch:
@@ -259,7 +263,7 @@ def check_cnns(carve, workdir):
                         predicted = json.load(f)["predicted"]
                     out = os.path.join(workdir, tag)
                     run_cmd([carve, "compile", onnx, "--plan", pj, "--no-build", "--no-weights",
-                             "-o", out])
+                             "--target", TARGET, "-o", out])
                     programs = read_programs(os.path.join(out, "src"))
                     as_compiled = predicted["memory_compiled_per_pipeline_rank"]
                     pred = predicted["memory_per_pipeline_rank"]
@@ -328,7 +332,7 @@ def main():
                     as_compiled = predicted.get("memory_compiled_per_pipeline_rank")
                     out = os.path.join(args.workdir, tag)
                     run_cmd([args.carve, "compile", "%s,batch=%d" % (spec, BATCH), "--plan",
-                             pj, "--no-build", "--no-weights", "-o", out])
+                             pj, "--no-build", "--no-weights", "--target", TARGET, "-o", out])
                     got = read_programs(os.path.join(out, "src"))
                     if sorted(got) != list(range(len(pred))):
                         raise Failure("%s: %d pipeline ranks predicted, programs for %r" % (

@@ -350,6 +350,26 @@ void testAttention(const AttnCase &c) {
   expectClose(what + " dq", gq->download(), rq, 1e-3, 2e-4);
   expectClose(what + " dk", gk->download(), rk, 1e-3, 2e-4);
   expectClose(what + " dv", gv->download(), rv, 1e-3, 2e-4);
+
+  // attention_stats and attention_grad_stats (carve-save-attention-stats):
+  // the same output, and from it and the saved log-sum-exp the same
+  // gradients, bit for bit, without the forward again.
+  Dims ls = ys;
+  --ls.rank;
+  auto y2 = poisoned<float>(ys.numel());
+  auto lse = poisoned<float>(ls.numel());
+  g::attention_stats(dq_->p, qs, dk_->p, ks, dv_->p, vs, mp, ms, scale, c.causal, y2->p, lse->p);
+  auto sq = poisoned<float>(qs.numel());
+  auto sk = poisoned<float>(ks.numel());
+  auto sv = poisoned<float>(vs.numel());
+  g::attention_grad_stats(dq_->p, qs, dk_->p, ks, dv_->p, vs, mp, ms, scale, c.causal, y2->p,
+                          lse->p, dgy->p, sq->p, sk->p, sv->p);
+  if (!deviceOk(what + " stats"))
+    return;
+  expectEqual(what + " attention_stats y", y2->download(), y->download());
+  expectEqual(what + " attention_grad_stats dq", sq->download(), gq->download());
+  expectEqual(what + " attention_grad_stats dk", sk->download(), gk->download());
+  expectEqual(what + " attention_grad_stats dv", sv->download(), gv->download());
 }
 
 /// bf16 / fp16 attention against the CPU target's float emulation: both
@@ -380,6 +400,18 @@ void testAttentionPrecision(rt::Precision p, const char *name, bool causal) {
   g::attention(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y->p);
   g::attention_grad(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, dgy->p,
                     gq->p, gk->p, gv->p);
+  // The saved-statistics pair under the same precision, bit for bit.
+  Dims ls = qs;
+  --ls.rank;
+  auto y2 = poisoned<float>(ys.numel());
+  auto lse = poisoned<float>(ls.numel());
+  auto sq = poisoned<float>(qs.numel());
+  auto sk = poisoned<float>(qs.numel());
+  auto sv = poisoned<float>(qs.numel());
+  g::attention_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y2->p,
+                     lse->p);
+  g::attention_grad_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y2->p,
+                          lse->p, dgy->p, sq->p, sk->p, sv->p);
   g::setPrecision(rt::Precision::F32);
 
   rt::setPrecision(p);
@@ -396,6 +428,10 @@ void testAttentionPrecision(rt::Precision p, const char *name, bool causal) {
   expectClose(what + " dq", gq->download(), toD(rq), 2e-4, 2e-4);
   expectClose(what + " dk", gk->download(), toD(rk), 2e-4, 2e-4);
   expectClose(what + " dv", gv->download(), toD(rv), 2e-4, 2e-4);
+  expectEqual(what + " attention_stats y", y2->download(), got);
+  expectEqual(what + " attention_grad_stats dq", sq->download(), gq->download());
+  expectEqual(what + " attention_grad_stats dk", sk->download(), gk->download());
+  expectEqual(what + " attention_grad_stats dv", sv->download(), gv->download());
   ++checks();
   int64_t differ = 0;
   for (size_t i = 0; i < got.size(); ++i)

@@ -118,6 +118,24 @@ func.func @attention_mask(%q: tensor<2x4x8xf32>, %m: tensor<2x5x4xf32>) -> tenso
 
 // -----
 
+// Tests that attention_stats' row statistics are f32 rows of the result.
+func.func @attention_stats_lse(%q: tensor<2x4x8xf32>) -> tensor<2x8xf32> {
+  // expected-error @+1 {{lse has type 'tensor<2x8xf32>', expected f32 [2, 4]}}
+  %0, %1 = carve.attention_stats %q, %q, %q {scale = 1.0 : f32} : (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x8xf32>)
+  return %1 : tensor<2x8xf32>
+}
+
+// -----
+
+// Tests that attention_grad_stats reads an output of the attention's shape.
+func.func @attention_grad_stats_output(%q: tensor<2x4x8xf32>, %o: tensor<2x4x4xf32>, %l: tensor<2x4xf32>) -> tensor<2x4x8xf32> {
+  // expected-error @+1 {{grad and output must have the attention's output shape [2, 4, 8]}}
+  %0, %1, %2 = carve.attention_grad_stats %q, %q, %q, %o, %l, %q {scale = 1.0 : f32} : (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x4xf32>, tensor<2x4xf32>, tensor<2x4x8xf32>) -> (tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<2x4x8xf32>)
+  return %0 : tensor<2x4x8xf32>
+}
+
+// -----
+
 // Tests that gelu's approximation is one PyTorch knows.
 func.func @gelu_approx(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @+1 {{approximate must be "none" or "tanh", got "fast"}}

@@ -205,6 +205,16 @@ void attention(const float *q, Dims qs, const float *k, Dims ks, const float *v,
 void attention_grad(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
                     const float *mask, Dims ms, float scale, bool causal, const float *dy,
                     float *dq, float *dk, float *dv);
+/// attention, and each query row's log-sum-exp of its scaled, masked scores
+/// into lse ([..., Tq], -inf for a row that sees no key): what
+/// attention_grad_stats reads instead of running the forward again.
+void attention_stats(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
+                     const float *mask, Dims ms, float scale, bool causal, float *y, float *lse);
+/// attention_grad from attention_stats' output `o` and `lse`: bit for bit
+/// what attention_grad computes, without its forward.
+void attention_grad_stats(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
+                          const float *mask, Dims ms, float scale, bool causal, const float *o,
+                          const float *lse, const float *dy, float *dq, float *dk, float *dv);
 /// Targets outside [0, C) (and not ignored) are a fatal error naming the value
 /// (checked on the device, reported at the next synchronize).
 void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int reduction,
