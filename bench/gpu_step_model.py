@@ -38,8 +38,9 @@ sys.path.insert(0, os.path.join(ROOT, "models"))
 GPT2_SMALL = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,batch=8"
 
 # What changed in a program since its run (the row compares today's program with it).
-ATTENTION_STATS = ("since: the backward reads the forward's saved log-sum-exp instead of running "
-                   "the attention forward again (2026-12-06)")
+ATTENTION_STATS = ("since: the attention backward reads the forward's saved log-sum-exp instead of "
+                   "running the forward again, and matmuls read 16-bit tensors as stored "
+                   "(2026-12-06)")
 GATHERED = "since: the convolutions' windows are gathered inside their GEMMs (2026-12-02)"
 
 # The measured steps (docs/performance.md): unprofiled, median or mean of the timed

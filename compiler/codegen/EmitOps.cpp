@@ -228,7 +228,7 @@ bool Generator::emitOp(Operation *op) {
        << callee(opts, "copy") << "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", (int64_t)" << n
        << ");";
     ok = true;
-  } else if (kernel == "matmul" || kernel == "matmul_gathered")
+  } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul_gathered")
     ok = emitMatmul(op, kernel, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);
@@ -331,6 +331,27 @@ std::string Generator::matmulOperands(Operation *m) {
   return out;
 }
 
+/// Operand `k` of matmul `mm` as `op` (the op that runs it: the matmul, or
+/// the transpose of its product) passes it to matmul16: the 16-bit tensor of
+/// its f32 view where carve.read16 says so (`is16`), else the operand.
+bool Generator::read16Operand(Operation *op, Operation *mm, unsigned k, std::string &out,
+                              bool &is16) {
+  auto flags = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+  if (!flags || flags.size() != 2)
+    return failOp(op, "carve.kernel = \"matmul16\" without carve.read16 for both operands");
+  Value v = operandOf(mm, k);
+  is16 = flags[k];
+  if (!is16) {
+    out = name(v);
+    return true;
+  }
+  auto c = v.getDefiningOp<CastOp>();
+  if (!c)
+    return failOp(op, "carve.read16 marks an operand that is no cast from 16 bits");
+  out = name(c.getInput());
+  return true;
+}
+
 /// A matmul, with folded transposes as its flags; or a transpose of a matmul
 /// computed as the product of the transposed operands.
 bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
@@ -365,6 +386,17 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
          << ", " << dims(ys) << ");  // its right operand gathered a matrix at a time";
       return true;
     }
+    if (kernel == "matmul16") {
+      // carve.read16: cuBLAS reads the 16-bit tensor an operand is a view of.
+      std::string a, b;
+      bool a16, b16;
+      if (!read16Operand(op, op, 0, a, a16) || !read16Operand(op, op, 1, b, b16))
+        return false;
+      os << callee(opts, "matmul16") + "(" << a << ", " << flag("a16", a16) << ", " << da << ", "
+         << flag("transA", ta) << ", " << b << ", " << flag("b16", b16) << ", " << db << ", "
+         << flag("transB", tb) << ", " << name(res) << ", " << dims(ys) << ");";
+      return true;
+    }
     os << callee(opts, "matmul") + "(" << opnd(op, 0) << ", " << da << ", " << flag("transA", ta)
        << ", " << opnd(op, 1) << ", " << db << ", " << flag("transB", tb) << ", " << name(res)
        << ", " << dims(ys) << ");";
@@ -377,6 +409,17 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
     };
     bool ta, tb;
     Value a = stored(0, ta), b = stored(1, tb);
+    if (kernel == "matmul16") {
+      std::string an, bn;
+      bool a16, b16;
+      if (!read16Operand(op, mm, 0, an, a16) || !read16Operand(op, mm, 1, bn, b16))
+        return false;
+      os << callee(opts, "matmul16") + "(" << bn << ", " << flag("a16", b16) << ", " << shapeOf(b)
+         << ", " << flag("transA", !tb) << ", " << an << ", " << flag("b16", a16) << ", "
+         << shapeOf(a) << ", " << flag("transB", !ta) << ", " << name(res) << ", " << shapeOf(res)
+         << ");  // (a b)^T as b^T a^T";
+      return true;
+    }
     os << callee(opts, "matmul") + "(" << name(b) << ", " << shapeOf(b) << ", "
        << flag("transA", !tb) << ", " << name(a) << ", " << shapeOf(a) << ", "
        << flag("transB", !ta) << ", " << name(res) << ", " << shapeOf(res)

@@ -484,6 +484,7 @@ private:
   bool emitReduction(Operation *op, llvm::raw_ostream &os);
   bool emitNormalization(Operation *op, llvm::raw_ostream &os);
   bool emitAttention(Operation *op, llvm::raw_ostream &os);
+  bool read16Operand(Operation *op, Operation *mm, unsigned k, std::string &out, bool &is16);
   bool emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);
   bool emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &os);

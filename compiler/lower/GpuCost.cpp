@@ -100,7 +100,7 @@ struct Model {
   /// under a 16-bit plan, then one cuBLAS call (the batch folded into M, or
   /// one strided batch).
   void matmul(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t aNumel, int64_t bNumel,
-              bool accumulate) {
+              bool accumulate, bool a16 = false, bool b16 = false) {
     if (m == 0 || n == 0 || batch == 0)
       return;
     if (k == 0) {
@@ -109,17 +109,18 @@ struct Model {
       return;
     }
     const int in = half16 ? 2 : 4;
-    if (half16) {
+    if (half16 && !a16)
       add("roundKernel", GpuClass::Conversion, 0, 6.0 * aNumel);
+    if (half16 && !b16)
       add("roundKernel", GpuClass::Conversion, 0, 6.0 * bNumel);
-    }
     const double c = 4.0 * batch * m * n * (accumulate ? 2 : 1);
     add("cuBLAS GEMM", GpuClass::Gemm, 2.0 * m * n * k * batch, double(in) * (aNumel + bNumel) + c,
         1, half16);
   }
 
-  /// A matmul op (or the matmul a "product" transpose computes).
-  void matmulOp(Operation *mm) {
+  /// A matmul op (or the matmul a "product" transpose computes); `read16`:
+  /// matmul16's operands read as stored in 16 bits (no rounding kernel).
+  void matmulOp(Operation *mm, DenseBoolArrayAttr read16 = {}) {
     Value a = mm->getOperand(0), b = mm->getOperand(1), y = mm->getResult(0);
     ArrayRef<int64_t> ys = typeOf(y).getShape(), as = typeOf(a).getShape();
     const int64_t k = as.back();
@@ -129,7 +130,8 @@ struct Model {
     if (typeOf(a).getRank() >= 2)
       m = ys[ys.size() - (typeOf(b).getRank() >= 2 ? 2 : 1)];
     const int64_t batch = (m != 0 && n != 0) ? numel(y) / (m * n) : 0;
-    matmul(m, n, k, batch, numel(a), numel(b), false);
+    const bool a16 = read16 && read16[0], b16 = read16 && read16[1];
+    matmul(m, n, k, batch, numel(a), numel(b), false, a16, b16);
   }
 
   /// matmul_gathered: the gathered operand a piece of samples at a time
@@ -392,11 +394,12 @@ struct Model {
     } else if (kernel == "dropout") {
       if (n > 0)
         add("dropoutKernel", GpuClass::Elementwise, n, inOut());
-    } else if (kernel == "matmul") {
+    } else if (kernel == "matmul" || kernel == "matmul16") {
+      auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
       if (isa<MatmulOp>(op))
-        matmulOp(op);
+        matmulOp(op, read16);
       else // a transpose of a matmul's product, computed by the matmul
-        matmulOp(op->getOperand(0).getDefiningOp());
+        matmulOp(op->getOperand(0).getDefiningOp(), read16);
     } else if (kernel == "matmul_gathered") {
       matmulGathered(op, gatheredOperand(op));
     } else if (kernel == "matmul_gather_grad") {

@@ -35,6 +35,12 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
       4. a gather, gather_grad or cross-entropy whose rows or classes are
          split over tp (dist.sharded_rows) runs as its `_sharded` or
          `_vocab_parallel` entry;
+      3b. on the CUDA target under bf16/fp16, a matmul (or product) whose
+         operand, as read, is an f32 view of a 16-bit tensor (a cast from the
+         plan's 16-bit format: a weight's copy, a saved activation) runs as
+         `matmul16` with `carve.read16` marking the operands whose 16-bit
+         tensor cuBLAS reads directly (the same bits the view would be
+         rounded back to); a view that every reader reads so runs as `none`;
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it.
@@ -50,7 +56,9 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
   }];
   let statistics = [
     Statistic<"numCalls", "num-calls", "Ops that run as a runtime call">,
-    Statistic<"numNone", "num-none", "Ops that run as no call of their own">
+    Statistic<"numNone", "num-none", "Ops that run as no call of their own">,
+    Statistic<"numRead16Views", "num-read16-views",
+              "16-bit views no call computes: their matmuls read the 16-bit tensor">
   ];
 }
 

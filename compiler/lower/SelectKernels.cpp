@@ -71,6 +71,69 @@ Choice selectBinary(Operation *op, StringRef target) {
 
 bool sharded(Operation *op) { return (bool)op->getAttrOfType<IntegerAttr>(kShardedRowsAttr); }
 
+/// The 16-bit tensor `v` is an exact f32 view of: the input of a cast from
+/// the plan's 16-bit format (carve-store-params16's weight views,
+/// carve-pack-activations' saved activations); null for any other value.
+Value view16Source(Value v, StringRef precision) {
+  auto c = v.getDefiningOp<CastOp>();
+  if (!c || !elementOf(c.getResult()).isF32())
+    return Value();
+  Type from = elementOf(c.getInput());
+  return (precision == "bf16" && from.isBF16()) || (precision == "fp16" && from.isF16())
+             ? c.getInput()
+             : Value();
+}
+
+/// Rule 3's products on the CUDA target under bf16/fp16: a matmul whose
+/// operand (as read, through a folded transpose) is such a view reads the
+/// 16-bit tensor itself (`matmul16`, carve.read16 per operand) instead of
+/// rounding the view again; a view that every reader reads so is no call
+/// (`none`). The values cuBLAS multiplies are the same bits.
+struct Read16 {
+  llvm::DenseMap<Operation *, std::array<bool, 2>> flags; // the op that runs the matmul
+  llvm::DenseSet<Operation *> deadViews;                  // casts nothing reads as f32
+
+  Read16(func::FuncOp fn, StringRef precision) {
+    // Which operand of which matmul reads a view as 16 bits.
+    llvm::DenseSet<std::pair<Operation *, unsigned>> reads; // (matmul, operand)
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      Operation *mm = nullptr;
+      if (isa<MatmulOp>(&op) && !isProductMatmul(&op) && !isScatteredProduct(&op) &&
+          !gatheredOperand(&op) && !op.hasAttr(kFusionGroupAttr))
+        mm = &op;
+      else if (isa<TransposeOp>(&op) && foldOf(&op) == kFoldProduct)
+        mm = op.getOperand(0).getDefiningOp();
+      if (!mm || !isa<MatmulOp>(mm))
+        continue;
+      std::array<bool, 2> f = {false, false};
+      for (unsigned k = 0; k < 2; ++k)
+        if (view16Source(readOperand(mm, k), precision)) {
+          f[k] = true;
+          reads.insert({mm, k});
+        }
+      if (f[0] || f[1])
+        flags[&op] = f;
+    }
+    // A view is dead when every use reads it as 16 bits: a flagged matmul
+    // operand, or a folded transpose whose every use is one.
+    auto readAs16 = [&](OpOperand &use) {
+      Operation *u = use.getOwner();
+      if (isa<MatmulOp>(u))
+        return reads.count({u, use.getOperandNumber()}) > 0;
+      if (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)
+        return llvm::all_of(u->getResult(0).getUses(), [&](OpOperand &t) {
+          return isa<MatmulOp>(t.getOwner()) &&
+                 reads.count({t.getOwner(), t.getOperandNumber()}) > 0;
+        });
+      return false;
+    };
+    for (Operation &op : fn.getBody().front().without_terminator())
+      if (isa<CastOp>(&op) && view16Source(op.getResult(0), precision) && !op.use_empty() &&
+          llvm::all_of(op.getResult(0).getUses(), readAs16))
+        deadViews.insert(&op);
+  }
+};
+
 /// The rules of Passes.td, in order.
 Choice select(Operation *op, StringRef target) {
   // 1. Fused chains.
@@ -202,10 +265,24 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (fn.isExternal() || !isEmittedFunction(fn))
         continue;
+      std::optional<Read16> read16;
+      if (plan->target == "cuda" && plan->precision != "fp32")
+        read16.emplace(fn, plan->precision);
       for (Operation &op : fn.getBody().front().without_terminator()) {
         if (isOptimizerOp(&op))
           continue; // the step's tail: its printer reads the ops themselves
         Choice c = select(&op, plan->target);
+        if (read16 && c.kernel == "matmul") {
+          auto it = read16->flags.find(&op);
+          if (it != read16->flags.end()) {
+            c = call("matmul16");
+            op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, it->second));
+          }
+        }
+        if (read16 && read16->deadViews.count(&op)) {
+          c = call(kNoKernel);
+          ++numRead16Views;
+        }
         if (!c.error.empty()) {
           std::string node = nodeName(op.getLoc());
           op.emitError("'" + op.getName().getStringRef().str() + "'" +

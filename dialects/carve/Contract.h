@@ -123,6 +123,10 @@ constexpr const char *kFoldGather = "gather";
 /// target (runtime/include/carve/rt/kernels.def), or "none" for an op that
 /// is no call of its own (a view, a constant, a folded transpose or product).
 constexpr const char *kKernelAttr = "carve.kernel";
+/// On an op that runs as `matmul16` (CUDA): for each matmul operand, whether
+/// the kernel reads the 16-bit tensor the operand is an exact f32 view of (a
+/// cast from the plan's 16-bit format) instead of the view.
+constexpr const char *kRead16Attr = "carve.read16";
 
 // 16-bit activations and parameters (carve-round-activations,
 // carve-pack-activations, carve-store-params16).

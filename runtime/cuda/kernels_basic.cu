@@ -681,8 +681,12 @@ template void copy<uint16_t>(const uint16_t *, uint16_t *, int64_t);
 
 //===--- Linear algebra ----------------------------------------------------===//
 
-void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB, float *y,
-            Dims ys, bool accumulate) {
+namespace {
+
+/// matmul's body: a and b are f32 (rounded into scratch under a 16-bit
+/// precision) or, with a16 / b16, already in the precision's 16-bit format.
+void matmulAny(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+               bool transB, float *y, Dims ys, bool accumulate) {
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
   if (ar < 2 || br < 2 || yr != std::max(ar, br))
     fatal("matmul: operands of rank %d and %d with a result of rank %d (both ranks must be "
@@ -708,8 +712,12 @@ void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool 
     return;
   }
   const Precision p = precision();
-  const Operand oa = roundedOperand(a, as.numel(), kWsBasic0, p);
-  const Operand ob = roundedOperand(b, bs.numel(), kWsBasic1, p);
+  if ((a16 || b16) && p == Precision::F32)
+    fatal("matmul16: a 16-bit operand under the fp32 precision");
+  const Operand oa = a16 ? Operand{static_cast<const char *>(a), 2}
+                         : roundedOperand(static_cast<const float *>(a), as.numel(), kWsBasic0, p);
+  const Operand ob = b16 ? Operand{static_cast<const char *>(b), 2}
+                         : roundedOperand(static_cast<const float *>(b), bs.numel(), kWsBasic1, p);
   const float beta = accumulate ? 1.0f : 0.0f;
   const int64_t lda = as.d[ar - 1], ldb = bs.d[br - 1];
   const int64_t aMat = m * k, bMat = k * n, yMat = m * n;
@@ -742,6 +750,18 @@ void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool 
     gemmBatch(transA, transB, m, n, k, pa, lda, nest.st[0][last] * aMat, pb, ldb,
               nest.st[1][last] * bMat, beta, y + o * inner * yMat, yMat, inner, p);
   }
+}
+
+} // namespace
+
+void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB, float *y,
+            Dims ys, bool accumulate) {
+  matmulAny(a, false, as, transA, b, false, bs, transB, y, ys, accumulate);
+}
+
+void matmul16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+              bool transB, float *y, Dims ys) {
+  matmulAny(a, a16, as, transA, b, b16, bs, transB, y, ys, false);
 }
 
 //===--- Reductions --------------------------------------------------------===//

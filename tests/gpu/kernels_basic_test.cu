@@ -433,9 +433,34 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
     for (float v : b)
       mb = std::max(mb, std::fabs(v));
     const double atol = double(k) * std::ldexp(1.0, -22) * double(k) * ma * mb;
-    expectClose(std::string("matmul ") + name + " " + str(c.a) + (c.ta ? "^T" : "") + " @ " +
-                    str(c.b) + (c.tb ? "^T" : "") + (c.signs ? " normal" : " near midpoints"),
-                y->download(), toDouble(ref), 1e-5, atol);
+    const std::string what = std::string("matmul ") + name + " " + str(c.a) + (c.ta ? "^T" : "") +
+                             " @ " + str(c.b) + (c.tb ? "^T" : "") +
+                             (c.signs ? " normal" : " near midpoints");
+    expectClose(what, y->download(), toDouble(ref), 1e-5, atol);
+
+    // matmul16 (carve-select-kernels' read16): an operand given as its 16-bit
+    // tensor, the other as f32, then both: the product of matmul on the
+    // tensors' f32 views, bit for bit.
+    auto a16 = poisoned<uint16_t>(c.a.numel()), b16 = poisoned<uint16_t>(c.b.numel());
+    auto av = poisoned<float>(c.a.numel()), bv = poisoned<float>(c.b.numel());
+    const bool bf = p == rt::Precision::BF16;
+    (bf ? g::toBf16 : g::toF16)(da->p, a16->p, c.a.numel());
+    (bf ? g::toBf16 : g::toF16)(db->p, b16->p, c.b.numel());
+    (bf ? g::fromBf16 : g::fromF16)(a16->p, av->p, c.a.numel());
+    (bf ? g::fromBf16 : g::fromF16)(b16->p, bv->p, c.b.numel());
+    auto yv = poisoned<float>(ys.numel());
+    g::setPrecision(p);
+    g::matmul(av->p, c.a, c.ta, bv->p, c.b, c.tb, yv->p, ys);
+    const std::vector<float> views = yv->download();
+    for (int mode = 1; mode <= 3; ++mode) {
+      const bool x16 = mode & 1, w16 = mode & 2;
+      auto y16 = poisoned<float>(ys.numel());
+      g::matmul16(x16 ? static_cast<const void *>(a16->p) : av->p, x16, c.a, c.ta,
+                  w16 ? static_cast<const void *>(b16->p) : bv->p, w16, c.b, c.tb, y16->p, ys);
+      expectEqual(what + " matmul16" + (x16 ? " a16" : "") + (w16 ? " b16" : ""), y16->download(),
+                  views);
+    }
+    g::setPrecision(rt::Precision::F32);
   }
 }
 

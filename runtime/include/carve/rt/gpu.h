@@ -185,6 +185,12 @@ void fromF16(const uint16_t *x, float *y, int64_t n);
 /// with TF32 off, or bf16/fp16 inputs with fp32 accumulation per `precision()`).
 void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool transB, float *y,
             Dims ys, bool accumulate = false);
+/// matmul where an operand may be stored in the plan's 16-bit format (`a16`,
+/// `b16`: a points to bf16/fp16 under a bf16/fp16 precision()): cuBLAS reads it
+/// as it is, where matmul would round its f32 view into scratch first; the
+/// product is the same, bit for bit (carve-select-kernels' `matmul16`).
+void matmul16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+              bool transB, float *y, Dims ys);
 
 //===--- Reductions, normalization, attention, loss (float) ----------------===//
 
