@@ -39,8 +39,8 @@ GPT2_SMALL = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,bat
 
 # What changed in a program since its run (the row compares today's program with it).
 ATTENTION_STATS = ("since: the attention backward reads the forward's saved log-sum-exp instead of "
-                   "running the forward again, and matmuls read 16-bit tensors as stored "
-                   "(2026-12-06)")
+                   "running the forward again, matmuls read 16-bit tensors as stored, AdamW "
+                   "writes the 16-bit parameter copies (2026-12-06)")
 GATHERED = "since: the convolutions' windows are gathered inside their GEMMs (2026-12-02)"
 
 # The measured steps (docs/performance.md): unprofiled, median or mean of the timed

@@ -254,7 +254,16 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
     }
     if (!t.master.empty())
       p = t.master; // the whole master, or (ZeRO) this rank's chunk of it
-    if (adam)
+    // On CUDA the update writes the master's 16-bit copy itself.
+    const bool fusedCopy = adam && opts.cuda() && !t.master.empty();
+    if (fusedCopy)
+      ts << "  " + callee(opts, "adamwUpdateCopy16") + "(" << p << ", " << go << ", " << t.state[0]
+         << ", " << t.state[1] << ", " << n
+         << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1, " << copy
+         << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false") << ");  // "
+         << paramName(a) << " and its " << (opts.precision == "fp16" ? "fp16" : "bf16")
+         << " copy, rounded to nearest even\n";
+    else if (adam)
       ts << "  " + callee(opts, "adamwUpdate") + "(" << p << ", " << go << ", " << t.state[0]
          << ", " << t.state[1] << ", " << n
          << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);  // " << paramName(a)
@@ -265,7 +274,7 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
          << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
          << "/*nesterov=*/" << (o.nesterov ? "true" : "false")
          << ", /*firstStep=*/ctx.step == 0);  // " << paramName(a) << "\n";
-    if (!t.master.empty())
+    if (!t.master.empty() && !fusedCopy)
       ts << "  " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << t.master
          << ", " << copy << ", " << n << ");  // the "
          << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy of " << paramName(a)
@@ -420,7 +429,14 @@ void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
   ts << "  for (const TailRow &r : tail) {\n";
   if (zero)
     ts << "    const int64_t n = " << n << ";\n", n = "n";
-  if (adam)
+  const bool fusedCopy = adam && opts.cuda() && master;
+  if (fusedCopy)
+    ts << "    " << callee(opts, "adamwUpdateCopy16") << "(" << p << ", " << go << ", " << e.state0
+       << ", " << e.state1 << ", " << n
+       << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1, " << copy << ", /*copyF16=*/"
+       << (opts.precision == "fp16" ? "true" : "false") << ");  // and the "
+       << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy, rounded to nearest even\n";
+  else if (adam)
     ts << "    " << callee(opts, "adamwUpdate") << "(" << p << ", " << go << ", " << e.state0
        << ", " << e.state1 << ", " << n
        << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
@@ -429,10 +445,9 @@ void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
        << (momentum ? e.state0 : std::string("nullptr")) << ", " << n << ", lr, "
        << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
        << "/*nesterov=*/" << (o.nesterov ? "true" : "false") << ", /*firstStep=*/ctx.step == 0);\n";
-  if (master)
+  if (master && !fusedCopy)
     ts << "    " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << e.master
-       << ", " << copy << ", " << n << ");  // the "
-       << (opts.precision == "fp16" ? "fp16" : "bf16")
+       << ", " << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")
        << " copy, rounded to nearest even\n";
   ts << "  }\n";
   if (!tail.gathered.empty()) {

@@ -505,10 +505,12 @@ struct Model {
       const int64_t e = numel(p);
       if (e == 0)
         return;
-      const bool adam = isa<AdamWOp>(op);
+      const bool adam = isa<AdamWOp>(op), copy16 = elemBytes(typeOf(p).getElementType()) == 2;
+      // AdamW writes a 16-bit parameter's copy itself (adamwUpdateCopy16);
+      // SGD's is a to16Kernel after it.
       add(adam ? "adamwKernel" : "sgdKernel", GpuClass::Optimizer, (adam ? 12.0 : 4.0) * e,
-          8.0 * e + bytesOf(g) + (adam ? 16.0 : 8.0) * e);
-      if (elemBytes(typeOf(p).getElementType()) == 2)
+          8.0 * e + bytesOf(g) + (adam ? 16.0 : 8.0) * e + (adam && copy16 ? 2.0 * e : 0));
+      if (copy16 && !adam)
         add("to16Kernel", GpuClass::Conversion, 0, 6.0 * e);
     } else if (isa<ZeroGatherOp>(op)) {
       unpriced(op, "ZeRO-3's gathers: collectives, not priced by the one-GPU model");

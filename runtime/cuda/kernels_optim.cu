@@ -58,16 +58,21 @@ __global__ void sgdKernel(float *p, G g, float *buf, int64_t n, float wd, float 
 
 template <class G>
 __global__ void adamwKernel(float *p, G g, float *m, float *v, int64_t n, float decay, float b1,
-                            float b2, float c1, float c2, float bc2Sqrt, float eps, float negStep) {
+                            float b2, float c1, float c2, float bc2Sqrt, float eps, float negStep,
+                            uint16_t *copy, bool copyF16) {
   CARVE_GRID_LOOP(i, n) {
     const float gi = g[i];
     const float pi = __fmul_rn(p[i], decay);
     const float mi = __fmaf_rn(gi, c1, __fmul_rn(m[i], b1));
     const float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(c2, gi), gi));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2Sqrt), eps);
-    p[i] = __fadd_rn(pi, __fdiv_rn(__fmul_rn(negStep, mi), denom));
+    const float pn = __fadd_rn(pi, __fdiv_rn(__fmul_rn(negStep, mi), denom));
+    p[i] = pn;
     m[i] = mi;
     v[i] = vi;
+    // The parameter's 16-bit copy, rounded to nearest even as toBf16 / toF16 round.
+    if (copy)
+      copy[i] = copyF16 ? carve::rt::ew::f16Bits(pn) : carve::rt::ew::bf16Bits(pn);
   }
 }
 
@@ -162,14 +167,15 @@ void sgdLaunch(float *p, G g, float *buf, int64_t n, double lr, double momentum,
 
 template <class G>
 void adamwLaunch(float *p, G g, float *m, float *v, int64_t n, double lr, double beta1,
-                 double beta2, double eps, double weightDecay, int64_t step) {
+                 double beta2, double eps, double weightDecay, int64_t step,
+                 uint16_t *copy = nullptr, bool copyF16 = false) {
   if (n <= 0)
     return;
   // The scalar coefficients of the CPU update (optim.h).
   const carve::rt::AdamwCoefficients k =
       carve::rt::adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
   CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), adamwKernel<G>)
-  (p, g, m, v, n, k.decay, k.b1, k.b2, k.c1, k.c2, k.bc2Sqrt, k.eps, k.negStep);
+  (p, g, m, v, n, k.decay, k.b1, k.b2, k.c1, k.c2, k.bc2Sqrt, k.eps, k.negStep, copy, copyF16);
   checkLaunch("adamwUpdate");
 }
 
@@ -225,6 +231,20 @@ void adamwUpdate(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, d
                  double beta2, double eps, double weightDecay, int64_t step) {
   withElems(g,
             [&](auto e) { adamwLaunch(p, e, m, v, n, lr, beta1, beta2, eps, weightDecay, step); });
+}
+
+void adamwUpdateCopy16(float *p, const float *g, float *m, float *v, int64_t n, double lr,
+                       double beta1, double beta2, double eps, double weightDecay, int64_t step,
+                       uint16_t *copy, bool copyF16) {
+  adamwLaunch(p, F32Elems{g}, m, v, n, lr, beta1, beta2, eps, weightDecay, step, copy, copyF16);
+}
+
+void adamwUpdateCopy16(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, double beta1,
+                       double beta2, double eps, double weightDecay, int64_t step, uint16_t *copy,
+                       bool copyF16) {
+  withElems(g, [&](auto e) {
+    adamwLaunch(p, e, m, v, n, lr, beta1, beta2, eps, weightDecay, step, copy, copyF16);
+  });
 }
 
 double sumSquares(const float *g, int64_t n) { return sumSquaresOf(F32Elems{g}, n); }

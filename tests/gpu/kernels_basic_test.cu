@@ -999,6 +999,22 @@ void testOptimizer() {
     expectEqual(what + " exp_avg", dm->download(), m);
     expectEqual(what + " exp_avg_sq", dv->download(), v);
   }
+  // adamwUpdateCopy16: the same update, and the master's bf16 / fp16 copy
+  // exactly as toBf16 / toF16 of the updated master write it.
+  for (bool f16 : {false, true}) {
+    auto dp = up(p0), dm = up(m0), dv = up(v0);
+    auto copy = poisoned<uint16_t>(n), ref16 = poisoned<uint16_t>(n);
+    g::adamwUpdateCopy16(dp->p, dg->p, dm->p, dv->p, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 3, copy->p,
+                         f16);
+    auto rp = up(p0), rm = up(m0), rv = up(v0);
+    g::adamwUpdate(rp->p, dg->p, rm->p, rv->p, n, 3e-4, 0.9, 0.95, 1e-8, 0.1, 3);
+    (f16 ? g::toF16 : g::toBf16)(rp->p, ref16->p, n);
+    const std::string what = std::string("adamwUpdateCopy16 ") + (f16 ? "fp16" : "bf16");
+    expectEqual(what + " param", dp->download(), rp->download());
+    expectEqual(what + " exp_avg", dm->download(), rm->download());
+    expectEqual(what + " exp_avg_sq", dv->download(), rv->download());
+    expectEqual(what + " copy", copy->download(), ref16->download());
+  }
   {
     auto dp = up(p0);
     g::addInPlace(dp->p, dg->p, n);

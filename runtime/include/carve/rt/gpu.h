@@ -327,6 +327,15 @@ void sgdUpdate(float *p, Grad16 g, float *buf, int64_t n, double lr, double mome
                double dampening, double weightDecay, bool nesterov, bool firstStep);
 void adamwUpdate(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, double beta1,
                  double beta2, double eps, double weightDecay, int64_t step);
+/// adamwUpdate of an fp32 master `p` that also writes its 16-bit copy (bf16,
+/// or fp16 with `copyF16`) in the same kernel: the bits toBf16 / toF16 of the
+/// updated master would write, without reading it again.
+void adamwUpdateCopy16(float *p, const float *g, float *m, float *v, int64_t n, double lr,
+                       double beta1, double beta2, double eps, double weightDecay, int64_t step,
+                       uint16_t *copy, bool copyF16);
+void adamwUpdateCopy16(float *p, Grad16 g, float *m, float *v, int64_t n, double lr, double beta1,
+                       double beta2, double eps, double weightDecay, int64_t step, uint16_t *copy,
+                       bool copyF16);
 double sumSquares(Grad16 g, int64_t n);
 void sumSquaresAdd(Grad16 g, int64_t n, double *acc);
 void scaleInPlace(Grad16 g, int64_t n, float s);
