@@ -180,40 +180,13 @@ std::string normalize(Operation *op, int64_t axis, unsigned numParams, bool grad
 }
 
 /// Attention and its gradient: batch and heads split; sequence and head
-/// dimensions never (the softmax row needs every key).
+/// dimensions never (the softmax row needs every key). `numTensors` are the
+/// operands before the optional mask: q, k, v (3), then dy (4) or, for
+/// attention_grad_stats, the output, its row statistics and dy (6); the
+/// results are the output (1), the output and its row statistics
+/// (attention_stats, 2) or dq, dk, dv (3). The statistics split like the
+/// output's rows.
 std::string attention(Operation *op, unsigned numTensors, unsigned numResults) {
-  Names n;
-  auto q = typeOf(op->getOperand(0));
-  int64_t lead = q.getRank() - 2;
-  Dims batch = n.fresh(lead);
-  std::string s = n.fresh() + "^", t = n.fresh() + "^", d = n.fresh() + "^", dv = n.fresh() + "^";
-  auto with = [&](std::string a, std::string b) {
-    Dims x = batch;
-    x.push_back(a);
-    x.push_back(b);
-    return x;
-  };
-  Dims qd = with(s, d), kd = with(t, d), vd = with(t, dv), od = with(s, dv);
-  std::vector<Dims> ins = {qd, kd, vd};
-  if (numTensors == 4)
-    ins.push_back(od);
-  for (unsigned i = numTensors; i < op->getNumOperands(); ++i) {
-    // The additive mask broadcasts against [..., s, t].
-    Dims full = with(s, t);
-    SmallVector<int64_t> shape(q.getShape().drop_back(2));
-    shape.push_back(q.getDimSize(q.getRank() - 2));
-    shape.push_back(typeOf(op->getOperand(1)).getDimSize(q.getRank() - 2));
-    ins.push_back(broadcastDims(n, typeOf(op->getOperand(i)), shape, full));
-  }
-  std::vector<Dims> outs = {od};
-  if (numResults == 3)
-    outs = {qd, kd, vd};
-  return annotation(ins, outs);
-}
-
-/// attention_stats and attention_grad_stats: as attention, the row statistics
-/// split like the result's rows.
-std::string attentionStats(Operation *op, bool grad) {
   Names n;
   auto q = typeOf(op->getOperand(0));
   int64_t lead = q.getRank() - 2;
@@ -221,26 +194,30 @@ std::string attentionStats(Operation *op, bool grad) {
   std::string s = n.fresh() + "^", t = n.fresh() + "^", d = n.fresh() + "^", dv = n.fresh() + "^";
   auto with = [&](std::vector<std::string> tail) {
     Dims x = batch;
-    for (std::string &e : tail)
-      x.push_back(e);
+    x.insert(x.end(), tail.begin(), tail.end());
     return x;
   };
   Dims qd = with({s, d}), kd = with({t, d}), vd = with({t, dv}), od = with({s, dv}), ld = with({s});
   std::vector<Dims> ins = {qd, kd, vd};
-  if (grad) {
+  if (numTensors == 6) {
     ins.push_back(od);
     ins.push_back(ld);
-    ins.push_back(od);
   }
-  const unsigned tensors = grad ? 6 : 3;
-  for (unsigned i = tensors; i < op->getNumOperands(); ++i) {
+  if (numTensors >= 4)
+    ins.push_back(od);
+  for (unsigned i = numTensors; i < op->getNumOperands(); ++i) {
+    // The additive mask broadcasts against [..., s, t].
     Dims full = with({s, t});
     SmallVector<int64_t> shape(q.getShape().drop_back(2));
     shape.push_back(q.getDimSize(q.getRank() - 2));
     shape.push_back(typeOf(op->getOperand(1)).getDimSize(q.getRank() - 2));
     ins.push_back(broadcastDims(n, typeOf(op->getOperand(i)), shape, full));
   }
-  std::vector<Dims> outs = grad ? std::vector<Dims>{qd, kd, vd} : std::vector<Dims>{od, ld};
+  std::vector<Dims> outs = {od};
+  if (numResults == 2)
+    outs = {od, ld};
+  if (numResults == 3)
+    outs = {qd, kd, vd};
   return annotation(ins, outs);
 }
 
@@ -519,8 +496,8 @@ std::string annotate(Operation *op) {
       .Case([](RmsNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
       .Case([](AttentionOp a) { return attention(a, 3, 1); })
       .Case([](AttentionGradOp a) { return attention(a, 4, 3); })
-      .Case([](AttentionStatsOp a) { return attentionStats(a, false); })
-      .Case([](AttentionGradStatsOp a) { return attentionStats(a, true); })
+      .Case([](AttentionStatsOp a) { return attention(a, 3, 2); })
+      .Case([](AttentionGradStatsOp a) { return attention(a, 6, 3); })
       .Case([](ReshapeOp r) { return reshape(r); })
       .Case([](TransposeOp t) {
         Names n;
