@@ -166,9 +166,12 @@ std::string Importer::externalPath(const onnx::TensorProto &t, int64_t bytes,
   if (length >= 0 && length != bytes)
     fail(what + ": external data length " + std::to_string(length) + " should be " +
          std::to_string(bytes) + " bytes for its shape");
-  if (offset < 0 || (uint64_t)(offset + bytes) > fileSize)
+  if (offset < 0)
+    fail(what + ": external data offset " + std::to_string(offset) + " is negative");
+  // offset + bytes may not fit in 64 bits: compare against what is left after the offset.
+  if ((uint64_t)offset > fileSize || (uint64_t)bytes > fileSize - (uint64_t)offset)
     fail(what + ": external data file '" + path + "' is too short (" + std::to_string(fileSize) +
-         " bytes, need " + std::to_string(offset + bytes) + ")");
+         " bytes, need " + std::to_string(bytes) + " from offset " + std::to_string(offset) + ")");
   return path;
 }
 

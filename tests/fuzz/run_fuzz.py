@@ -120,6 +120,24 @@ def deep_inputs(target, folder, source):
         m.ir_version = 8
         put("where-mixed-types.onnx", m.SerializeToString(),
             "Where's X and Y have different element types")
+        # An initializer stored externally at offset 2^63 - 8: the bound check
+        # computed offset + bytes in int64 and overflowed (UBSan).
+        with open(os.path.join(folder, "w.bin"), "wb") as f:
+            f.write(b"\0" * 64)
+        w = helper.make_tensor("w", TensorProto.FLOAT, [2], [0.0, 0.0])
+        w.ClearField("float_data")
+        w.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "w.bin"), ("offset", str(2**63 - 8)), ("length", "8")):
+            e = w.external_data.add()
+            e.key, e.value = key, value
+        g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "external",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
+        m = helper.make_model(g, opset_imports=[helper.make_operatorsetid("", 17)])
+        m.ir_version = 8
+        put("external-offset-overflow.onnx", m.SerializeToString(),
+            "external data file '%s' is too short (64 bytes, need 8 from offset %d)"
+            % (os.path.join(folder, "w.bin"), 2**63 - 8))
     return made
 
 
@@ -131,6 +149,8 @@ def replay(args, env):
     shutil.rmtree(generated, ignore_errors=True)
     os.makedirs(generated)
     made = deep_inputs(args.target, generated, args.source)
+    # The importer resolves external data against the generated folder here.
+    env = dict(env, CARVE_FUZZ_ONNX_DATA=generated)
     files += sorted(made)
     failures = 0
     for path in files:
