@@ -23,6 +23,10 @@ if(CARVE_CUDA)
     find_package(CUDAToolkit)
     find_path(CARVE_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
     find_library(CARVE_NCCL nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
+    # cuDNN 9's backend graph API (attention_cudnn.cpp). Without it the CUDA
+    # target still builds: attention_*_cudnn then run carve's own kernels.
+    find_path(CARVE_CUDNN_INCLUDE cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    find_library(CARVE_CUDNN cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
     if(NOT CUDAToolkit_FOUND OR NOT TARGET CUDA::cublas OR NOT TARGET CUDA::cublasLt)
       set(CARVE_CUDA_WHY "the CUDA toolkit has no cuBLAS")
     elseif(NOT CARVE_NCCL_INCLUDE OR NOT CARVE_NCCL)

@@ -507,15 +507,15 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
   } else if (auto at = dyn_cast<AttentionStatsOp>(op)) {
     // carve-save-attention-stats: the row log-sum-exp kept for the gradient.
     Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
-    os << callee(opts, "attention_stats") + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)
+    os << callee(opts, kernelOf(op)) + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)
        << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
        << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
        << scalar(at.getScale().convertToDouble(), q) << ", " << flag("causal", at.getCausal())
        << ", " << name(at.getResult()) << ", " << name(at.getLse()) << ");";
   } else if (auto g = dyn_cast<AttentionGradStatsOp>(op)) {
     Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
-    os << callee(opts, "attention_grad_stats") + "(" << name(q) << ", " << shapeOf(q) << ", "
-       << name(k) << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
+    os << callee(opts, kernelOf(op)) + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)
+       << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
        << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
        << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal()) << ", "
        << name(g.getOutput()) << ", " << name(g.getLse()) << ", " << name(g.getGrad()) << ", "

@@ -295,6 +295,49 @@ struct Model {
     add(view ? "viewKernel" : "transposeTilesKernel", GpuClass::Layout, 0, moved);
   }
 
+  /// attention_cudnn.cpp: q, k, v (and o, dy) converted to 16 bits, one
+  /// cuDNN graph (counted as one launch: the call), the results widened.
+  /// FLOPs are the causal pairs' (as for carve's kernel): 2 GEMMs forward,
+  /// 5 backward (S again, dV, dP, dK, dQ).
+  void attentionCudnn(Operation *op, bool grad) {
+    Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
+    ArrayRef<int64_t> qs = typeOf(q).getShape(), ks = typeOf(k).getShape(),
+                      vs = typeOf(v).getShape();
+    const int64_t tq = qs[qs.size() - 2], d = qs.back(), tk = ks[ks.size() - 2], dv = vs.back();
+    const int64_t items = (tq != 0 && d != 0) ? numel(q) / (tq * d) : 0;
+    const bool causal = op->getAttrOfType<BoolAttr>("causal").getValue();
+    double pairs = double(tq) * tk;
+    if (causal) {
+      pairs = 0;
+      for (int64_t i = 0; i < tq; ++i)
+        pairs += std::clamp<int64_t>(i + 1, 0, tk);
+    }
+    pairs *= items;
+    const double nq = double(items) * tq * d, nk = double(items) * tk * d;
+    const double nv = double(items) * tk * dv, no = double(items) * tq * dv;
+    const double rows = double(items) * tq;
+    auto convert = [&](const char *kernel, double n) {
+      if (n > 0)
+        add(kernel, GpuClass::Conversion, 0, 6 * n);
+    };
+    convert("to16Kernel", nq);
+    convert("to16Kernel", nk);
+    convert("to16Kernel", nv);
+    if (!grad) {
+      add("cuDNN flash attention forward", GpuClass::Attention, 2 * pairs * (d + dv),
+          2 * (nq + nk + nv + no) + 4 * rows, 1, true);
+      convert("from16Kernel", no);
+      return;
+    }
+    convert("to16Kernel", no);
+    convert("to16Kernel", no);
+    add("cuDNN flash attention backward", GpuClass::Attention, 2 * pairs * (3 * d + 2 * dv),
+        2 * (2 * nq + 2 * nk + 2 * nv + 2 * no) + 8 * rows + 8 * nq, 1, true);
+    convert("from16Kernel", nq);
+    convert("from16Kernel", nk);
+    convert("from16Kernel", nv);
+  }
+
   /// kernels_attention.cu: attention (attention_stats also writes the row
   /// log-sum-exp); attention_grad runs the forward again, then D_i =
   /// dY_i . O_i and the dQ and dK, dV kernels; attention_grad_stats reads the
@@ -436,6 +479,10 @@ struct Model {
       attention(op, false);
     } else if (kernel == "attention_grad_stats") {
       attention(op, true, true);
+    } else if (kernel == "attention_stats_cudnn") {
+      attentionCudnn(op, false);
+    } else if (kernel == "attention_grad_stats_cudnn") {
+      attentionCudnn(op, true);
     } else if (kernel == "transpose") {
       transpose(cast<TransposeOp>(op));
     } else if (kernel == "slice" || kernel == "expand") {
@@ -620,6 +667,14 @@ ClassFigures figures(const GpuLaunch &l) {
       return {5.0, 7.6, 1.0};
     if (l.kernel == "attnGradKV")
       return {5.0, 5.9, 1.0};
+    // cuDNN's fused flash attention: published rates, not yet measured
+    // through carve (docs/gpu-model.md): causal d = 64, T = 1k on an H100,
+    // about 288 TFLOP/s forward and 200-260 backward (FlashAttention-3's
+    // figure, cuDNN 9.19's benchmark on an H200); the low ends here.
+    if (l.kernel == "cuDNN flash attention forward")
+      return {10.0, 250.0, 1.0};
+    if (l.kernel == "cuDNN flash attention backward")
+      return {15.0, 200.0, 1.0};
     return {kSmallFixedUs, 0, kSmallBwShare};
   default:
     return {kSmallFixedUs, 0, kSmallBwShare};

@@ -41,6 +41,14 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          `matmul16` with `carve.read16` marking the operands whose 16-bit
          tensor cuBLAS reads directly (the same bits the view would be
          rounded back to); a view that every reader reads so runs as `none`;
+      3c. on the CUDA target, an attention_stats or attention_grad_stats
+         (carve-save-attention-stats) runs as `attention_stats_cudnn` /
+         `attention_grad_stats_cudnn`, cuDNN's fused flash attention, where
+         the plan's precision is bf16 or fp16, there is no mask tensor and
+         the head dimensions are multiples of 8 up to 256; otherwise as
+         carve's kernel, with `carve.kernel_why` saying why not (carve
+         compile prints a note; the runtime checks again and runs carve's
+         kernel where cuDNN's engines refuse the shape on the GPU);
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it.
@@ -58,7 +66,9 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
     Statistic<"numCalls", "num-calls", "Ops that run as a runtime call">,
     Statistic<"numNone", "num-none", "Ops that run as no call of their own">,
     Statistic<"numRead16Views", "num-read16-views",
-              "16-bit views no call computes: their matmuls read the 16-bit tensor">
+              "16-bit views no call computes: their matmuls read the 16-bit tensor">,
+    Statistic<"numCudnnAttention", "num-cudnn-attention",
+              "Attention calls that run as cuDNN's fused flash attention">
   ];
 }
 

@@ -255,6 +255,39 @@ Choice select(Operation *op, StringRef target) {
                 " target has no kernel for this op yet");
 }
 
+/// Rule 3c: why cuDNN's fused flash attention cannot run this
+/// attention_stats / attention_grad_stats on the CUDA target (empty: it can).
+/// The runtime checks again, and runs carve's kernel where cuDNN's engines
+/// refuse a shape on the GPU at hand (runtime/cuda/attention_cudnn.cpp).
+std::string cudnnAttentionRefusal(Operation *op, const PlanAttrs &plan) {
+  if (plan.precision != "bf16" && plan.precision != "fp16")
+    return "the plan computes attention in fp32";
+  if (plan.attention == "carve")
+    return "--attention carve";
+  Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
+  Value mask;
+  if (auto a = dyn_cast<AttentionStatsOp>(op))
+    mask = a.getMask();
+  else
+    mask = cast<AttentionGradStatsOp>(op).getMask();
+  if (mask)
+    return "an attention mask tensor (cuDNN's graph here takes causal or no mask)";
+  auto qt = dyn_cast<RankedTensorType>(q.getType());
+  auto kt = dyn_cast<RankedTensorType>(k.getType());
+  auto vt = dyn_cast<RankedTensorType>(v.getType());
+  if (!qt || !kt || !vt || !qt.hasStaticShape() || !kt.hasStaticShape() || !vt.hasStaticShape() ||
+      qt.getRank() < 2)
+    return "shapes not static";
+  int64_t d = qt.getShape().back(), dv = vt.getShape().back();
+  if (d % 8 || dv % 8 || d > 256 || dv > 256)
+    return "head dimensions " + std::to_string(d) + " and " + std::to_string(dv) +
+           " (cuDNN takes multiples of 8 up to 256)";
+  for (int64_t x : qt.getShape())
+    if (x == 0)
+      return "an empty tensor";
+  return "";
+}
+
 struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -282,6 +315,17 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         if (read16 && read16->deadViews.count(&op)) {
           c = call(kNoKernel);
           ++numRead16Views;
+        }
+        if (plan->target == "cuda" &&
+            (c.kernel == "attention_stats" || c.kernel == "attention_grad_stats")) {
+          std::string why = cudnnAttentionRefusal(&op, *plan);
+          if (why.empty()) {
+            c.kernel += "_cudnn";
+            op.removeAttr(kKernelWhyAttr);
+            ++numCudnnAttention;
+          } else {
+            op.setAttr(kKernelWhyAttr, StringAttr::get(ctx, why));
+          }
         }
         if (!c.error.empty()) {
           std::string node = nodeName(op.getLoc());

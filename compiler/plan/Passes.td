@@ -42,6 +42,8 @@ def CarveSetPlan : Pass<"carve-set-plan", "mlir::ModuleOp"> {
            "fp32, bf16 or fp16">,
     Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
            "The programs' target: cpu or cuda">,
+    Option<"attention", "attention", "std::string", /*default=*/"\"cudnn\"",
+           "The CUDA target's attention under bf16/fp16: cudnn or carve">,
     Option<"gradAccumulation", "grad-accumulation", "std::string", /*default=*/"\"fp32\"",
            "Under bf16/fp16: fp32 or 16bit, where micro-batches accumulate gradients">,
     Option<"optimizerState", "optimizer-state", "int64_t", /*default=*/"2",

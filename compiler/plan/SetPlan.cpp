@@ -32,6 +32,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.precision = precision;
     plan.gradAccumulation = gradAccumulation;
     plan.target = target;
+    plan.attention = attention;
     plan.optimizerState = optimizerState;
     plan.recompute = recompute;
     plan.recomputeLayers.assign(recomputeLayers.begin(), recomputeLayers.end());

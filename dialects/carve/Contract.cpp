@@ -114,6 +114,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   fields.push_back(b.getNamedAttr("precision", b.getStringAttr(plan.precision)));
   if (plan.target != "cpu")
     fields.push_back(b.getNamedAttr("target", b.getStringAttr(plan.target)));
+  if (plan.attention != "cudnn")
+    fields.push_back(b.getNamedAttr("attention", b.getStringAttr(plan.attention)));
   if (plan.gradAccumulation != "fp32")
     fields.push_back(b.getNamedAttr("grad_accumulation", b.getStringAttr(plan.gradAccumulation)));
   if (plan.globalBatch > 0)
@@ -197,6 +199,11 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       if (!s || !llvm::is_contained({"cpu", "cuda"}, s.getValue()))
         return bad(name, "\"cpu\" or \"cuda\"");
       plan.target = s.getValue().str();
+    } else if (name == "attention") {
+      auto s = dyn_cast<StringAttr>(v);
+      if (!s || !llvm::is_contained({"cudnn", "carve"}, s.getValue()))
+        return bad(name, "\"cudnn\" or \"carve\"");
+      plan.attention = s.getValue().str();
     } else if (name == "grad_accumulation") {
       auto s = dyn_cast<StringAttr>(v);
       if (!s || !llvm::is_contained({"fp32", "16bit"}, s.getValue()))

@@ -127,6 +127,10 @@ constexpr const char *kKernelAttr = "carve.kernel";
 /// the kernel reads the 16-bit tensor the operand is an exact f32 view of (a
 /// cast from the plan's 16-bit format) instead of the view.
 constexpr const char *kRead16Attr = "carve.read16";
+/// On an attention op that runs as carve's own kernel on the CUDA target
+/// where a library entry exists for other cases (`attention_stats` rather
+/// than `attention_stats_cudnn`): why the library cannot take it.
+constexpr const char *kKernelWhyAttr = "carve.kernel_why";
 
 // 16-bit activations and parameters (carve-round-activations,
 // carve-pack-activations, carve-store-params16).
@@ -249,6 +253,10 @@ struct PlanAttrs {
   /// The programs' target: "cpu" (C++ against carve::rt) or "cuda" (CUDA
   /// C++ against carve::gpu); carve-select-kernels chooses its entries.
   std::string target = "cpu";
+  /// The CUDA target's attention under bf16/fp16: "cudnn" (cuDNN's fused
+  /// flash attention where it can take the call) or "carve" (carve's own
+  /// kernel everywhere; `carve compile --attention carve`).
+  std::string attention = "cudnn";
   /// Tensors of optimizer state per parameter, each the parameter's size
   /// (or its ZeRO chunk): AdamW 2 (exp_avg, exp_avg_sq), SGD with momentum
   /// 1, plain SGD 0.

@@ -124,7 +124,8 @@ enum WorkspaceSlot : int {
   kWsComm0 = 6, // comm_nccl.cpp
   kWsComm1 = 7,
   kWsNorm = 8, // the gradient norm's accumulators (normAccumulators)
-  kNumWorkspaceSlots = 9,
+  kWsAttn = 9, // attention_cudnn.cpp: 16-bit copies, cuDNN's workspace
+  kNumWorkspaceSlots = 10,
 };
 
 /// At least `bytes` of device memory (256-byte aligned) for slot `slot`,

@@ -13,6 +13,13 @@ rotary, grouped-query attention), the GPT under SGD with momentum, and a small C
 exported with PyTorch (im2col gathers computed inside their GEMMs, batch norm's general
 reductions).
 
+The bf16 programs' attention is cuDNN's fused flash attention (attention_stats_cudnn,
+run by tests/gpu-emu's cuDNN emulation); the GPT in bf16 is also checked compiled with
+`--attention carve` (carve's kernel), and its cuDNN program is run again with the
+emulated cuDNN refusing every graph (CARVE_EMU_CUDNN=unsupported): it must say so once
+per shape and call, and train to the very losses of the `--attention carve` program
+(its fallback is that kernel).
+
 Then the bad inputs: --gpu-model without --target cuda, and on a pipelined plan (the
 model prices one-stage programs): one line naming the cause, exit 1, no report and no
 output directory written.
@@ -98,6 +105,11 @@ def check_program(a, name, model, plan, extra, data):
                       "--progress", "none"], env=env)
     if rc != 0:
         raise Failure("%s: training failed:\n%s%s" % (name, so, se))
+    cudnn = sum(v for k, v in r["launches_by_kernel"].items() if k.startswith("cuDNN"))
+    want_cudnn = plan.get("precision") in ("bf16", "fp16") and "carve" not in extra
+    if (cudnn > 0) != want_cudnn:
+        raise Failure("%s: %d cuDNN attention calls a step, expected %s"
+                      % (name, cudnn, "some" if want_cudnn else "none"))
     ran, ran_flops = profile_table(se)
     model = r["launches_by_kernel"]
     diff = ["%s: model %d, ran %d" % (k, model.get(k, 0), ran.get(k, 0))
@@ -115,6 +127,38 @@ def check_program(a, name, model, plan, extra, data):
     print("ok   %s: %d launches of %d kernels and %.3g GEMM FLOPs a step, as the emulated GPU "
           "ran them (predicted on an H100: %.3f ms)"
           % (name, total, len(ran), ran_flops, h100["ms"]), flush=True)
+
+
+def train_losses(out, data, env):
+    log = out + ".log.jsonl"
+    if os.path.exists(log):
+        os.remove(log)
+    rc, so, se = run([os.path.join(out, "bin", "train"), "--steps", "2", "--data", data,
+                      "--log", log, "--progress", "none"], env=env)
+    if rc != 0:
+        raise Failure("%s: training failed:\n%s%s" % (out, so, se))
+    with open(log) as f:
+        return [json.loads(l)["loss"] for l in f if '"loss"' in l], se
+
+
+def check_cudnn_fallback(a, data):
+    """The cuDNN program where cuDNN refuses every graph: carve's kernel, bit for bit."""
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    want, _ = train_losses(os.path.join(a.workdir, "gpt-bf16-carve-attention"), data, env)
+    got, se = train_losses(os.path.join(a.workdir, "gpt-bf16"), data,
+                           dict(env, CARVE_EMU_CUDNN="unsupported"))
+    for call in ("attention_stats_cudnn", "attention_grad_stats_cudnn"):
+        said = [l for l in se.splitlines() if l.startswith("carve: " + call + " [")]
+        if len(said) != 1 or "cuDNN flash attention refused" not in said[0] \
+                or "carve's kernel runs" not in said[0]:
+            raise Failure("gpt-bf16 with cuDNN refusing: expected one refusal line for %s, got "
+                          "%r:\n%s" % (call, said, se))
+    if not want or got != want:
+        raise Failure("gpt-bf16 with cuDNN refusing trained to %r, the --attention carve "
+                      "program to %r" % (got, want))
+    print("ok   gpt-bf16 with the emulated cuDNN refusing every graph: one line per call says "
+          "so, and it trains to the --attention carve program's losses exactly %r" % (got,),
+          flush=True)
 
 
 def cnn_model(a):
@@ -190,6 +234,9 @@ def main():
     try:
         check_program(a, "gpt-fp32", GPT, {}, [], data)
         check_program(a, "gpt-bf16", GPT, {"precision": "bf16"}, [], data)
+        check_program(a, "gpt-bf16-carve-attention", GPT, {"precision": "bf16"},
+                      ["--attention", "carve"], data)
+        check_cudnn_fallback(a, data)
         check_program(a, "gpt-sgd", GPT, {}, ["--optimizer", "sgd", "--momentum", "0.9"], data)
         check_program(a, "llama-bf16", LLAMA, {"precision": "bf16"}, [], data)
         cnn = cnn_model(a)

@@ -425,11 +425,12 @@ def main():
     checks += 2
     print("ok: PLAN.json compiles; --auto --fixed recompute=full compiles a recomputing plan")
     # --calibration carve: the chosen plan's compiled CUDA step priced by the GPU cost
-    # model (docs/gpu-model.md), against carve's measured GPT-2 small steps.
+    # model (docs/gpu-model.md), against carve's measured GPT-2 small steps, which ran
+    # carve's own attention kernel (--attention carve builds the program so).
     gpt2 = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,batch=8"
     for cluster, measured in (("h200-141gb:1x1", 202.4), ("h100-80gb:1x1", 204.7)):
         cmd = [carve, "plan", gpt2, "--cluster", cluster, "--fixed", "precision=bf16",
-               "--calibration", "carve"]
+               "--calibration", "carve", "--attention", "carve"]
         rc, out, err = run(cmd)
         if rc != 0:
             raise Failure("--calibration carve failed:\n" + err)

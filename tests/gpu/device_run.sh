@@ -10,7 +10,7 @@
 # VGG-style CNN; CNN=0 leaves it out) and ResNet-18's step profiled in float32
 # and bf16 (CARVE_GPU_PROFILE=shapes). PROFILE=0 leaves the profiles out. OUTDIR gets tests.log, bench.log,
 # gpt2_cuda.json, roofline.json, profile.log, cnn.log and cnn-MODEL.json. CUDA's libraries
-# (cuBLAS, NCCL, the runtime) are found on the machine: its CUDA toolkit or
+# (cuBLAS, cuDNN, NCCL, the runtime) are found on the machine: its CUDA toolkit or
 # PyTorch's wheels. Exits 1 if a test or the benchmark failed.
 set -u
 bundle=${1:?usage: device_run.sh BUNDLE OUTDIR}
@@ -21,7 +21,7 @@ out=$(cd "$out" && pwd)
 D=$(mktemp -d /tmp/carve-device.XXXXXX)
 tar xJf "$bundle" -C "$D" || exit 1
 libdirs=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublasLt.so.13' -o -name 'libcublas.so.13' \
-  -o -name 'libnccl.so.2' -o -name 'libcudart.so.13' \) -printf '%h\n' 2>/dev/null | sort -u |
+  -o -name 'libnccl.so.2' -o -name 'libcudart.so.13' -o -name 'libcudnn.so.9' \) -printf '%h\n' 2>/dev/null | sort -u |
   tr '\n' ':')
 export LD_LIBRARY_PATH=$D/libs:${libdirs}${LD_LIBRARY_PATH:-}
 L=$out/tests.log

@@ -445,6 +445,161 @@ void testAttentionPrecision(rt::Precision p, const char *name, bool causal) {
   }
 }
 
+//===--- Attention through cuDNN ------------------------------------------===//
+
+/// ||got - ref||_2 / ||ref||_2 <= bound.
+void expectNormwise(const std::string &what, const std::vector<float> &got,
+                    const std::vector<double> &ref, double bound) {
+  ++checks();
+  double num = 0, den = 0;
+  bool finite = got.size() == ref.size();
+  for (size_t i = 0; finite && i < got.size(); ++i) {
+    finite = std::isfinite(got[i]);
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  const double err = finite && den > 0 ? std::sqrt(num / den) : INFINITY;
+  if (err <= bound) {
+    std::printf("ok   %s: normwise error %.2e <= %.2e\n", what.c_str(), err, bound);
+    return;
+  }
+  ++failures();
+  std::printf("FAIL %s: normwise error %.2e > %.2e%s\n", what.c_str(), err, bound,
+              finite ? "" : " (a non-finite value, or a size mismatch)");
+}
+
+/// attention_stats_cudnn and attention_grad_stats_cudnn (cuDNN's fused flash
+/// attention) against the float64 CPU attention of the same 16-bit-rounded
+/// inputs, beside carve's own kernel at the same precision. cuDNN rounds the
+/// probabilities P to the 16-bit format before P V, writes O, dQ, dK and dV
+/// in it, and reads O and dO rounded: with u the format's unit roundoff
+/// (2^-8 bf16, 2^-11 fp16), |O~ - O| <= u (sum_j P_ij |V_j| + |O_i|), whose
+/// norm is within 2u of ||O|| for these inputs (|V| and |O| alike: randn
+/// values, softmax weights): bound 4u for O. The gradients pass through up to
+/// four such roundings (P or P^T, dS or dS^T, the 16-bit O and dO, the
+/// output), and dS = P (dP - D) can cancel: bound 16u. The row statistics are
+/// f32 in both: 1e-5 absolute. Also: the cuDNN path ran (its call counters
+/// moved), and where it must not run -- fp32, a mask tensor -- the calls are
+/// carve's kernel, bit for bit.
+void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> batch, int64_t t,
+                        int64_t d, bool causal) {
+  const Dims qs = withLast2(batch, t, d);
+  Dims ls = qs;
+  --ls.rank;
+  const int64_t n = qs.numel();
+  const std::vector<float> q = randn(n), k = randn(n), v = randn(n), gy = randn(n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::string what = std::string(name) + " cuDNN attention [" + std::to_string(t) + " x " +
+                     std::to_string(d) + "]" + (causal ? " causal" : "");
+  if (!g::cudnnAttentionBuilt()) {
+    std::printf("not run %s: this runtime was built without cuDNN\n", what.c_str());
+    return;
+  }
+  auto dq_ = up(q), dk_ = up(k), dv_ = up(v), dgy = up(gy);
+  auto y = poisoned<float>(n), lse = poisoned<float>(ls.numel());
+  auto gq = poisoned<float>(n), gk = poisoned<float>(n), gv = poisoned<float>(n);
+  auto yc = poisoned<float>(n), lsec = poisoned<float>(ls.numel());
+  auto cq = poisoned<float>(n), ck = poisoned<float>(n), cv = poisoned<float>(n);
+  int64_t f0 = 0, b0 = 0, f1 = 0, b1 = 0;
+  g::cudnnAttentionCalls(f0, b0);
+  g::setPrecision(p);
+  g::attention_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y->p,
+                     lse->p);
+  g::attention_grad_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y->p,
+                          lse->p, dgy->p, gq->p, gk->p, gv->p);
+  g::attention_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal,
+                           yc->p, lsec->p);
+  g::attention_grad_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal,
+                                yc->p, lsec->p, dgy->p, cq->p, ck->p, cv->p);
+  g::setPrecision(rt::Precision::F32);
+  if (!deviceOk(what))
+    return;
+  g::cudnnAttentionCalls(f1, b1);
+  ++checks();
+  if (f1 != f0 + 1 || b1 != b0 + 1) {
+    ++failures();
+    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 1 each (stderr says "
+                "why it refused)\n",
+                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0));
+    return;
+  }
+  std::printf("ok   %s ran as cuDNN graphs\n", what.c_str());
+  // The reference: float64 attention of the rounded inputs (what both read).
+  auto rounded = [&](const std::vector<float> &x) {
+    std::vector<double> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      r[i] = p == rt::Precision::BF16 ? rt::roundToBf16(x[i]) : rt::roundToF16(x[i]);
+    return r;
+  };
+  const std::vector<double> q64 = rounded(q), k64 = rounded(k), v64 = rounded(v),
+                            gy64 = rounded(gy);
+  std::vector<double> ref(n), rq(n), rk(n), rv(n);
+  rt::attention<double>(q64.data(), qs, k64.data(), qs, v64.data(), qs, nullptr, Dims{}, scale,
+                        causal, ref.data());
+  rt::attention_grad<double>(q64.data(), qs, k64.data(), qs, v64.data(), qs, nullptr, Dims{}, scale,
+                             causal, gy64.data(), rq.data(), rk.data(), rv.data());
+  const double u = p == rt::Precision::BF16 ? 1.0 / 256 : 1.0 / 2048;
+  expectNormwise(what + " y", yc->download(), ref, 4 * u);
+  expectNormwise(what + " dq", cq->download(), rq, 16 * u);
+  expectNormwise(what + " dk", ck->download(), rk, 16 * u);
+  expectNormwise(what + " dv", cv->download(), rv, 16 * u);
+  expectClose(what + " row log-sum-exp", lsec->download(), toD(lse->download()), 1e-5, 1e-5);
+  // carve's kernel against the same reference, for the record (its P and O
+  // stay f32: well inside the bounds above).
+  expectNormwise(what + " (carve's kernel) y", y->download(), ref, 4 * u);
+  expectNormwise(what + " (carve's kernel) dq", gq->download(), rq, 16 * u);
+}
+
+/// Where cuDNN must not run, the _cudnn entries are carve's kernels bit for
+/// bit and the call counters stay put: an fp32 plan, a mask tensor.
+void testAttentionCudnnFallback() {
+  const Dims qs{2, 3, 24, 16};
+  Dims ls = qs;
+  --ls.rank;
+  const int64_t n = qs.numel();
+  const std::vector<float> q = randn(n), k = randn(n), v = randn(n), gy = randn(n);
+  const std::vector<float> mask = randn(24 * 24);
+  auto dq_ = up(q), dk_ = up(k), dv_ = up(v), dgy = up(gy), dm = up(mask);
+  for (int c = 0; c < 2; ++c) {
+    const bool masked = c == 1;
+    const rt::Precision p = masked ? rt::Precision::BF16 : rt::Precision::F32;
+    const std::string what =
+        std::string("cuDNN attention fallback (") + (masked ? "bf16, a mask" : "fp32") + ")";
+    const float *mp = masked ? dm->p : nullptr;
+    const Dims ms = masked ? Dims{24, 24} : Dims{};
+    auto y = poisoned<float>(n), lse = poisoned<float>(ls.numel());
+    auto yc = poisoned<float>(n), lsec = poisoned<float>(ls.numel());
+    auto gq = poisoned<float>(n), gk = poisoned<float>(n), gv = poisoned<float>(n);
+    auto cq = poisoned<float>(n), ck = poisoned<float>(n), cv = poisoned<float>(n);
+    int64_t f0 = 0, b0 = 0, f1 = 0, b1 = 0;
+    g::cudnnAttentionCalls(f0, b0);
+    g::setPrecision(p);
+    g::attention_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, y->p, lse->p);
+    g::attention_grad_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, y->p, lse->p,
+                            dgy->p, gq->p, gk->p, gv->p);
+    g::attention_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, yc->p,
+                             lsec->p);
+    g::attention_grad_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, y->p,
+                                  lse->p, dgy->p, cq->p, ck->p, cv->p);
+    g::setPrecision(rt::Precision::F32);
+    if (!deviceOk(what))
+      continue;
+    g::cudnnAttentionCalls(f1, b1);
+    ++checks();
+    if (f1 != f0 || b1 != b0) {
+      ++failures();
+      std::printf("FAIL %s: cuDNN ran\n", what.c_str());
+    } else {
+      std::printf("ok   %s: carve's kernel ran\n", what.c_str());
+    }
+    expectEqual(what + " y", yc->download(), y->download());
+    expectEqual(what + " lse", lsec->download(), lse->download());
+    expectEqual(what + " dq", cq->download(), gq->download());
+    expectEqual(what + " dk", ck->download(), gk->download());
+    expectEqual(what + " dv", cv->download(), gv->download());
+  }
+}
+
 //===--- Cross entropy ----------------------------------------------------===//
 
 constexpr int64_t kIgnore = -100;
@@ -691,6 +846,13 @@ int main() {
   testAttentionPrecision(rt::Precision::BF16, "bf16", false);
   testAttentionPrecision(rt::Precision::BF16, "bf16", true);
   testAttentionPrecision(rt::Precision::F16, "fp16", true);
+  // cuDNN's fused flash attention: GPT-2's head dimension, causal and not,
+  // Tq = Tk not a multiple of the engines' tiles, one batch dimension, d 128.
+  testAttentionCudnn(rt::Precision::BF16, "bf16", {2, 3}, 45, 64, true);
+  testAttentionCudnn(rt::Precision::BF16, "bf16", {2, 3}, 45, 64, false);
+  testAttentionCudnn(rt::Precision::F16, "fp16", {2, 3}, 45, 64, true);
+  testAttentionCudnn(rt::Precision::BF16, "bf16", {3}, 20, 128, true);
+  testAttentionCudnnFallback();
 
   // Cross entropy: contiguous classes on warps (C <= 1024) and blocks,
   // strided classes.

@@ -142,6 +142,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   PlanAttrs plan = planAttrs(s.plan, im);
   plan.optimizerState = s.opt.stateTensors();
   plan.target = args.target;
+  plan.attention = args.attention;
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);
@@ -291,6 +292,30 @@ void noteUntrained(mlir::ModuleOp module) {
                  << "\n";
 }
 
+/// On the CUDA target: which attention calls run as cuDNN's fused flash
+/// attention and which as carve's kernel, and why (carve-select-kernels'
+/// carve.kernel_why), once per reason.
+void noteAttention(mlir::ModuleOp module) {
+  int64_t cudnn = 0;
+  std::map<std::string, int64_t> own;
+  module.walk([&](mlir::Operation *op) {
+    auto k = op->getAttrOfType<mlir::StringAttr>(kKernelAttr);
+    if (!k || !k.getValue().starts_with("attention"))
+      return;
+    if (k.getValue().ends_with("_cudnn"))
+      ++cudnn;
+    else if (auto why = op->getAttrOfType<mlir::StringAttr>(kKernelWhyAttr))
+      ++own[why.getValue().str()];
+  });
+  if (cudnn)
+    llvm::errs() << "carve: note: " << cudnn << " attention call" << (cudnn > 1 ? "s" : "")
+                 << " (forward and backward) run as cuDNN's fused flash attention (carve's "
+                    "kernel where cuDNN refuses a shape on the GPU; it says so when it runs)\n";
+  for (const auto &[why, n] : own)
+    llvm::errs() << "carve: note: " << n << " attention call" << (n > 1 ? "s" : "")
+                 << " run as carve's own kernel: " << why << "\n";
+}
+
 /// --gpu-model: the step's launches and predicted GPU time (docs/gpu-model.md);
 /// dies naming the cause when the program is not one the model prices.
 std::string gpuModelReport(mlir::ModuleOp module, const CompileArgs &args, Progress &progress) {
@@ -334,6 +359,8 @@ int runCompile(CompileArgs &args) {
   }
   PartitionSummary partition = runPipeline(im, s, args, progress);
   noteUntrained(*im.module);
+  if (args.target == "cuda" && !args.quiet)
+    noteAttention(*im.module);
   std::string gpuReport;
   if (!args.gpuModel.empty()) {
     progress.start("GPU model");

@@ -18,6 +18,8 @@ struct CompileArgs {
   std::string planPath; // empty: {"dp": 1}
   std::string planText; // --auto: the planner's plan (planPath names it in errors)
   std::string target = "cpu";
+  /// --attention: "cudnn" or "carve" (PlanAttrs::attention).
+  std::string attention = "cudnn";
   /// --cuda-arch: GPU architectures (sm numbers, "80,90"); empty: the runtime's.
   std::string cudaArchs;
   bool fuse = true; // --no-fuse turns elementwise fusion off

@@ -589,6 +589,7 @@ std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, Outcome &o, co
   ca.planText = planFile(e, args, o, pins).dump();
   ca.planPath = "the plan carve plan chose (" + e.c.key() + ")";
   ca.target = o.cluster.device.target; // the program that runs there
+  ca.attention = args.attention;
   ca.loss = args.loss;
   ca.import = args.import;
   if (!o.gpu)

@@ -17,6 +17,9 @@ struct PlanArgs {
   std::string constraintsPath;
   std::vector<std::string> fixed; // --fixed (repeatable, comma lists)
   std::string calibrationPath;
+  /// --attention: the CUDA program's attention ("cudnn" or "carve") for the
+  /// as-compiled check and --calibration carve.
+  std::string attention = "cudnn";
   std::string output; // -o PLAN.json
   bool json = false;  // --json
   std::string loss;

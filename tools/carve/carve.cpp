@@ -101,6 +101,13 @@ cl::opt<std::string> target("target",
                             cl::desc("Target: cpu (C++ over MPI) or cuda (C++/CUDA over NCCL; "
                                      "docs/cuda.md)"),
                             cl::init("cpu"), cl::sub(compileCmd), cl::cat(carveCat));
+cl::opt<std::string> attentionKernel(
+    "attention",
+    cl::desc("The CUDA target's attention under bf16/fp16: cudnn (default: cuDNN's fused flash "
+             "attention where it can take the call, carve's kernel elsewhere) or carve (carve's "
+             "own kernel everywhere; docs/cuda.md)"),
+    cl::value_desc("cudnn|carve"), cl::init("cudnn"), cl::sub(compileCmd), cl::sub(planCmd),
+    cl::cat(carveCat));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Run every op as its own kernel: no fused elementwise chains, no "
                               "convolution input gradient computed with its GEMM (for "
@@ -321,6 +328,9 @@ int runCompileCommand() {
   args.output = compileOutput;
   args.planPath = planFile;
   args.target = target;
+  if (attentionKernel != "cudnn" && attentionKernel != "carve")
+    die("carve compile: --attention must be cudnn or carve, not '" + attentionKernel + "'");
+  args.attention = attentionKernel;
   args.cudaArchs = cudaArch;
   args.fuse = !noFuse;
   args.bucketBytes = bucketBytes;
@@ -476,6 +486,9 @@ int main(int argc, char **argv) {
     pa.calibrationPath = calibrationFile;
     pa.output = planOutput;
     pa.json = planJson;
+    if (attentionKernel != "cudnn" && attentionKernel != "carve")
+      die("carve plan: --attention must be cudnn or carve, not '" + attentionKernel + "'");
+    pa.attention = attentionKernel;
     pa.opSearch = !noOpSearch;
     pa.loss = lossName;
     if (planStorage != "carve" && planStorage != "published")

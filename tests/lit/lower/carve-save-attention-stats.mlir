@@ -11,9 +11,9 @@
 // RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda recompute=selective}, carve-save-attention-stats)' | FileCheck %s --check-prefix=KEEP
 
 // CHECK-LABEL: func.func @train_step(
-// CHECK: %[[O:.+]], %[[LSE:.+]] = carve.attention_stats %[[Q:.+]], %[[K:.+]], %[[V:[^ ]+]] mask %[[M:[^ ]+]] {carve.kernel = "attention_stats", causal = true, scale = 2.500000e-01 : f32} : {{.*}} -> (tensor<2x4x8x16xf32>, tensor<2x4x8xf32>)
+// CHECK: %[[O:.+]], %[[LSE:.+]] = carve.attention_stats %[[Q:.+]], %[[K:.+]], %[[V:[^ ]+]] mask %[[M:[^ ]+]] {carve.kernel = "attention_stats", carve.kernel_why = "the plan computes attention in fp32", causal = true, scale = 2.500000e-01 : f32} : {{.*}} -> (tensor<2x4x8x16xf32>, tensor<2x4x8xf32>)
 // CHECK: %[[R:.+]] = carve.attention %[[Q]], %[[K]], %[[V]] {carve.kernel = "attention", carve.round16, scale = 5.000000e-01 : f32}
-// CHECK: carve.attention_grad_stats %[[Q]], %[[K]], %[[V]], %[[O]], %[[LSE]], %{{.+}} mask %[[M]] {carve.kernel = "attention_grad_stats", causal = true, scale = 2.500000e-01 : f32}
+// CHECK: carve.attention_grad_stats %[[Q]], %[[K]], %[[V]], %[[O]], %[[LSE]], %{{.+}} mask %[[M]] {carve.kernel = "attention_grad_stats", carve.kernel_why = "the plan computes attention in fp32", causal = true, scale = 2.500000e-01 : f32}
 // CHECK: carve.attention_grad %[[V]], %[[K]], %[[Q]], %{{.+}} {carve.kernel = "attention_grad", scale = 2.500000e-01 : f32}
 // CHECK: carve.attention_grad %[[Q]], %[[K]], %[[V]], %{{.+}} {carve.kernel = "attention_grad", scale = 5.000000e-01 : f32}
 // CHECK-NOT: carve.attention_grad_stats

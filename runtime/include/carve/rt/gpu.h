@@ -221,6 +221,25 @@ void attention_stats(const float *q, Dims qs, const float *k, Dims ks, const flo
 void attention_grad_stats(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
                           const float *mask, Dims ms, float scale, bool causal, const float *o,
                           const float *lse, const float *dy, float *dq, float *dk, float *dv);
+/// attention_stats and attention_grad_stats through cuDNN's fused flash
+/// attention (runtime/cuda/attention_cudnn.cpp): under a bf16 or fp16
+/// precision, one cuDNN graph each, built once per shape; the same inputs
+/// and outputs. Where cuDNN cannot take the call (fp32, a mask tensor, a
+/// head dimension it lacks, no engine on this GPU, CARVE_CUDNN_ATTENTION=off)
+/// carve's kernel runs, and the first such call of a shape says why on stderr.
+void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
+                           Dims vs, const float *mask, Dims ms, float scale, bool causal, float *y,
+                           float *lse);
+void attention_grad_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
+                                Dims vs, const float *mask, Dims ms, float scale, bool causal,
+                                const float *o, const float *lse, const float *dy, float *dq,
+                                float *dk, float *dv);
+/// How many attention calls of this process ran as cuDNN graphs (forward,
+/// backward): what tests read to know the library path was taken.
+void cudnnAttentionCalls(int64_t &forward, int64_t &backward);
+/// Whether this runtime was built with cuDNN (otherwise the _cudnn entries
+/// are carve's kernels).
+bool cudnnAttentionBuilt();
 /// Targets outside [0, C) (and not ignored) are a fatal error naming the value
 /// (checked on the device, reported at the next synchronize).
 void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int reduction,

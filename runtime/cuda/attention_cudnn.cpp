@@ -1,0 +1,696 @@
+//===- attention_cudnn.cpp - attention through cuDNN's fused flash attention -===//
+//
+// gpu.h's attention_stats_cudnn and attention_grad_stats_cudnn: the
+// attention_stats / attention_grad_stats calls of a bf16 or fp16 plan run as
+// one cuDNN graph each, the graphs cuDNN 9's backend pattern-matches to its
+// fused flash-attention engines. There is no cudnn-frontend header on these
+// machines, so the graphs are built through the backend API (cudnn_graph.h),
+// op by op as the frontend's CompositeSDPANode (forward) and
+// CompositeSDPABackwardNode (backward, the non-deterministic dQ-accumulator
+// variant of cuDNN >= 9) build them for a causal top-left mask and a scalar
+// scale (docs/cuda.md, "Attention through cuDNN"):
+//
+//   forward   S = Q K^T (f32) ; S *= scale ; causal: row >= col ? S : -inf ;
+//             M = max_row S ; E = exp(S - M) ; Z = sum_row E ;
+//             Stats = M + log Z (f32, kept) ; P = E / Z (16-bit) ; O = P V
+//   backward  D = sum_row(dO * O) (f32, workspace) ; S = Q K^T * scale ;
+//             P = exp(S - Stats) (masked) ; dV = P^T dO ;
+//             dS = P * (dO V^T - D) * scale ; dK = dS^T Q ;
+//             dQacc = dS K (f32, workspace) ; dQ = dQacc
+//
+// Inputs and outputs stay those of carve's own kernels (f32 tensors, the f32
+// row log-sum-exp): the call converts q, k, v (o, dy) to the plan's 16-bit
+// format in scratch, runs the graph, and widens O (dQ, dK, dV) again. The
+// statistics are the same quantity either way, so a forward of one kind and
+// a backward of the other agree.
+//
+// A graph is built once per shape (the warm-up step, before any CUDA-graph
+// capture) and cached. Where cuDNN cannot take a call -- an f32 plan, a mask
+// tensor, a head dimension it lacks, no engine for the graph on this GPU, or
+// CARVE_CUDNN_ATTENTION=off -- carve's own kernel runs, and the first such
+// call of each shape says so on stderr, once.
+//
+//===----------------------------------------------------------------------===//
+
+#include "internal.h"
+
+#if CARVE_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace carve::gpu {
+
+#if !CARVE_HAVE_CUDNN
+// Built without cuDNN: carve's kernels, said once.
+namespace {
+void sayNoCudnn() {
+  static bool said = false;
+  if (!said)
+    std::fprintf(stderr, "carve: this runtime was built without cuDNN; attention runs carve's "
+                         "own kernels\n");
+  said = true;
+}
+} // namespace
+
+void cudnnAttentionCalls(int64_t &forward, int64_t &backward) { forward = backward = 0; }
+bool cudnnAttentionBuilt() { return false; }
+
+void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
+                           Dims vs, const float *mask, Dims ms, float scale, bool causal, float *y,
+                           float *lse) {
+  sayNoCudnn();
+  attention_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, y, lse);
+}
+
+void attention_grad_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
+                                Dims vs, const float *mask, Dims ms, float scale, bool causal,
+                                const float *o, const float *lse, const float *dy, float *dq,
+                                float *dk, float *dv) {
+  sayNoCudnn();
+  attention_grad_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, o, lse, dy, dq, dk, dv);
+}
+
+#else
+
+namespace {
+
+/// A cuDNN call that failed while a graph was built: why cuDNN refused it.
+struct Refused {
+  std::string why;
+};
+
+std::string lastError() {
+  char buf[512] = {};
+  cudnnGetLastErrorString(buf, sizeof buf);
+  return buf;
+}
+
+/// Building: a failure is a refusal (carve's kernel runs instead).
+void check(cudnnStatus_t s, const char *what) {
+  if (s != CUDNN_STATUS_SUCCESS) {
+    std::string why = std::string(what) + ": " + cudnnGetErrorString(s);
+    std::string detail = lastError();
+    if (!detail.empty())
+      why += " (" + detail + ")";
+    throw Refused{why};
+  }
+}
+
+/// Running a graph that was built: a failure is fatal, naming the call.
+void checkRun(cudnnStatus_t s, const char *what, const char *op) {
+  if (s != CUDNN_STATUS_SUCCESS) {
+    std::string detail = lastError();
+    rt::fatal("%s: cuDNN %s failed: %s%s%s%s", op, what, cudnnGetErrorString(s),
+              detail.empty() ? "" : " (", detail.c_str(), detail.empty() ? "" : ")");
+  }
+}
+
+/// One backend descriptor, destroyed with its owner.
+struct Desc {
+  cudnnBackendDescriptor_t d = nullptr;
+  explicit Desc(cudnnBackendDescriptorType_t t) {
+    check(cudnnBackendCreateDescriptor(t, &d), "cudnnBackendCreateDescriptor");
+  }
+  ~Desc() {
+    if (d)
+      cudnnBackendDestroyDescriptor(d);
+  }
+  Desc(const Desc &) = delete;
+  Desc &operator=(const Desc &) = delete;
+
+  template <typename T>
+  Desc &set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T *values,
+            int64_t count = 1) {
+    check(cudnnBackendSetAttribute(d, name, type, count, values), "cudnnBackendSetAttribute");
+    return *this;
+  }
+  Desc &setInt(cudnnBackendAttributeName_t name, int64_t v) {
+    return set(name, CUDNN_TYPE_INT64, &v);
+  }
+  Desc &setType(cudnnBackendAttributeName_t name, cudnnDataType_t t) {
+    return set(name, CUDNN_TYPE_DATA_TYPE, &t);
+  }
+  Desc &setDesc(cudnnBackendAttributeName_t name, const Desc &o) {
+    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, &o.d);
+  }
+  void finalize(const char *what) { check(cudnnBackendFinalize(d), what); }
+};
+
+using Dims4 = std::array<int64_t, 4>;
+
+/// The tensors and ops of one graph under construction.
+class Graph {
+public:
+  explicit Graph(cudnnDataType_t io) : io(io) {}
+
+  /// A tensor the caller binds in the variant pack.
+  const Desc &input(int64_t uid, cudnnDataType_t t, Dims4 dims, Dims4 strides) {
+    return tensor(uid, t, dims, strides, false, false);
+  }
+  /// A scalar passed by value (its host address goes in the variant pack).
+  const Desc &scalar(int64_t uid) {
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+  /// An intermediate the engine keeps on chip.
+  const Desc &virt(cudnnDataType_t t, Dims4 dims) { return virt(t, dims, rowMajor(dims)); }
+  const Desc &virt(cudnnDataType_t t, Dims4 dims, Dims4 strides) {
+    return tensor(nextVirtual++, t, dims, strides, true, false);
+  }
+
+  void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t prec, const Desc &x, const Desc *b,
+                 const Desc *t, const Desc &y, int64_t axis = -1) {
+    auto pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, &mode);
+    pw->setType(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
+    if (axis >= 0)
+      pw->setInt(CUDNN_ATTR_POINTWISE_AXIS, axis);
+    pw->finalize("the pointwise descriptor");
+    auto op = keep(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op->setDesc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw);
+    op->setDesc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b)
+      op->setDesc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    if (t)
+      op->setDesc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    op->setDesc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    op->finalize("a pointwise operation");
+    ops.push_back(op->d);
+  }
+  void matmul(const Desc &a, const Desc &b, const Desc &c) {
+    auto mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    mm->setType(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT);
+    mm->finalize("the matmul descriptor");
+    auto op = keep(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op->setDesc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    op->setDesc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    op->setDesc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    op->setDesc(CUDNN_ATTR_OPERATION_MATMUL_DESC, *mm);
+    op->finalize("a matmul operation");
+    ops.push_back(op->d);
+  }
+  void reduction(cudnnReduceTensorOp_t mode, const Desc &x, const Desc &y) {
+    auto r = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    r->set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &mode);
+    r->setType(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT);
+    r->finalize("the reduction descriptor");
+    auto op = keep(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op->setDesc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    op->setDesc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    op->setDesc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, *r);
+    op->finalize("a reduction operation");
+    ops.push_back(op->d);
+  }
+  /// y is x's memory read through y's dims and strides (a transpose).
+  void reshape(const Desc &x, const Desc &y) {
+    auto op = keep(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op->setDesc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    op->setDesc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    op->finalize("a reshape operation");
+    ops.push_back(op->d);
+  }
+
+  /// row >= col ? s : -inf, the causal (top-left) mask as the frontend's
+  /// CompositeDiagonalBandMaskNode writes it for cuDNN before 9.21.
+  const Desc &causalMask(const Desc &s, Dims4 sd, int64_t negInfUid) {
+    const Desc &row = virt(CUDNN_DATA_INT32, sd);
+    const Desc &col = virt(CUDNN_DATA_INT32, sd);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, nullptr, nullptr, row, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, nullptr, nullptr, col, 3);
+    const Desc &keepIt = virt(CUDNN_DATA_BOOLEAN, sd);
+    pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, &col, nullptr, keepIt);
+    const Desc &out = virt(CUDNN_DATA_FLOAT, sd);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s, &scalar(negInfUid), &keepIt, out);
+    return out;
+  }
+
+  /// The operation graph, the first engine configuration of heuristic A
+  /// whose plan finalizes, and that plan's workspace size.
+  void plan(cudnnHandle_t handle) {
+    graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
+               static_cast<int64_t>(ops.size()));
+    graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle);
+    graph->finalize("the operation graph");
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heur.setDesc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph);
+    cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
+    heur.finalize("the engine heuristics");
+    int64_t count = 0;
+    check(cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+          "the heuristics' result count");
+    if (count <= 0) {
+      std::string detail = lastError();
+      throw Refused{"no cuDNN engine takes this graph on this GPU" +
+                    (detail.empty() ? std::string() : ": " + detail)};
+    }
+    std::vector<std::unique_ptr<Desc>> cfgs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      raw.push_back(cfgs.back()->d);
+    }
+    int64_t got = 0;
+    check(cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
+          "the heuristics' results");
+    std::string why = "no engine configuration of heuristic A finalized";
+    for (int64_t i = 0; i < got; ++i) {
+      auto p = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      try {
+        p->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle);
+        p->setDesc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i]);
+        p->finalize("the execution plan");
+      } catch (const Refused &r) {
+        why = r.why;
+        continue;
+      }
+      int64_t n = 0;
+      check(cudnnBackendGetAttribute(p->d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                     CUDNN_TYPE_INT64, 1, &n, &workspaceBytes),
+            "the plan's workspace size");
+      executionPlan = std::move(p);
+      return;
+    }
+    throw Refused{why};
+  }
+
+  cudnnDataType_t io;
+  std::unique_ptr<Desc> executionPlan;
+  int64_t workspaceBytes = 0;
+
+private:
+  static Dims4 rowMajor(Dims4 d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
+
+  const Desc &tensor(int64_t uid, cudnnDataType_t t, Dims4 dims, Dims4 strides, bool isVirtual,
+                     bool byValue) {
+    auto d = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    d->setType(CUDNN_ATTR_TENSOR_DATA_TYPE, t);
+    d->set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims.data(), 4);
+    d->set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides.data(), 4);
+    d->setInt(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
+    d->setInt(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16);
+    d->set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &isVirtual);
+    d->set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &byValue);
+    d->finalize("a tensor descriptor");
+    return *d;
+  }
+  Desc *keep(cudnnBackendDescriptorType_t t) {
+    owned.push_back(std::make_unique<Desc>(t));
+    return owned.back().get();
+  }
+
+  std::vector<std::unique_ptr<Desc>> owned;
+  std::vector<cudnnBackendDescriptor_t> ops;
+  std::unique_ptr<Desc> graph;
+  int64_t nextVirtual = 1000;
+};
+
+// The unique ids of the tensors the caller binds.
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kNegInf,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSoftmaxSum,
+  kDQAccum,
+  kOne
+};
+
+/// An attention call's shape as cuDNN sees it: [b, h, s, d] row-major, the
+/// batch dimensions folded into b and h.
+struct Shape {
+  int64_t b = 1, h = 1, sq = 0, skv = 0, d = 0, dv = 0;
+  bool causal = false;
+  bool backward = false;
+  int prec = 0;
+  auto key() const { return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, prec); }
+  bool operator<(const Shape &o) const { return key() < o.key(); }
+  std::string text() const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "[b %lld, h %lld, Tq %lld, Tk %lld, d %lld, dv %lld%s]",
+                  (long long)b, (long long)h, (long long)sq, (long long)skv, (long long)d,
+                  (long long)dv, causal ? ", causal" : "");
+    return buf;
+  }
+};
+
+Dims4 rowMajor(int64_t a, int64_t b, int64_t c, int64_t d) { return {b * c * d, c * d, d, 1}; }
+
+/// The forward graph (CompositeSDPANode, training: Stats kept).
+void buildForward(Graph &g, const Shape &s) {
+  const Dims4 sd{s.b, s.h, s.sq, s.skv}, rd{s.b, s.h, s.sq, 1};
+  const Desc &q = g.input(kQ, g.io, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
+  // K^T: K's memory with the last two dims and strides exchanged.
+  Dims4 ks = rowMajor(s.b, s.h, s.skv, s.d);
+  const Desc &kt = g.input(kK, g.io, {s.b, s.h, s.d, s.skv}, {ks[0], ks[1], ks[3], ks[2]});
+  const Desc &v = g.input(kV, g.io, {s.b, s.h, s.skv, s.dv}, rowMajor(s.b, s.h, s.skv, s.dv));
+  const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
+  const Desc &stats = g.input(kStats, CUDNN_DATA_FLOAT, rd, rowMajor(s.b, s.h, s.sq, 1));
+  const Desc &sc = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.matmul(q, kt, sc);
+  const Desc &scaled = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, sc, &g.scalar(kScale), nullptr, scaled);
+  const Desc &masked = s.causal ? g.causalMask(scaled, sd, kNegInf) : scaled;
+  const Desc &m = g.virt(CUDNN_DATA_FLOAT, rd);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, m);
+  const Desc &sub = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, masked, &m, nullptr, sub);
+  const Desc &e = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, sub, nullptr, nullptr, e);
+  const Desc &z = g.virt(CUDNN_DATA_FLOAT, rd);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  const Desc &logZ = g.virt(CUDNN_DATA_FLOAT, rd);
+  g.pointwise(CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, z, nullptr, nullptr, logZ);
+  g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, m, &logZ, nullptr, stats);
+  // The probabilities in the inputs' 16-bit type: the second GEMM's A.
+  const Desc &p = g.virt(g.io, sd);
+  g.pointwise(CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, &z, nullptr, p);
+  g.matmul(p, v, o);
+}
+
+/// The backward graph (CompositeSDPABackwardNode without dropout, bias or
+/// padding, dQ accumulated in f32 in the workspace).
+void buildBackward(Graph &g, const Shape &s) {
+  const Dims4 sd{s.b, s.h, s.sq, s.skv}, rd{s.b, s.h, s.sq, 1};
+  const Dims4 sdT{s.b, s.h, s.skv, s.sq};
+  const Dims4 sdTStride{s.h * s.sq * s.skv, s.sq * s.skv, 1, s.skv};
+  const Desc &q = g.input(kQ, g.io, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
+  Dims4 ks = rowMajor(s.b, s.h, s.skv, s.d), vs = rowMajor(s.b, s.h, s.skv, s.dv);
+  const Desc &kt = g.input(kK, g.io, {s.b, s.h, s.d, s.skv}, {ks[0], ks[1], ks[3], ks[2]});
+  const Desc &vt = g.input(kV, g.io, {s.b, s.h, s.dv, s.skv}, {vs[0], vs[1], vs[3], vs[2]});
+  const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
+  const Desc &dO = g.input(kDO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
+  const Desc &stats = g.input(kStats, CUDNN_DATA_FLOAT, rd, rowMajor(s.b, s.h, s.sq, 1));
+  const Desc &dQ = g.input(kDQ, g.io, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
+  const Desc &dK = g.input(kDK, g.io, {s.b, s.h, s.skv, s.d}, ks);
+  const Desc &dV = g.input(kDV, g.io, {s.b, s.h, s.skv, s.dv}, vs);
+  const Desc &softmaxSum = g.input(kSoftmaxSum, CUDNN_DATA_FLOAT, rd, rowMajor(s.b, s.h, s.sq, 1));
+  const Desc &dQAccum =
+      g.input(kDQAccum, CUDNN_DATA_FLOAT, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
+  const Desc &scale = g.scalar(kScale); // one descriptor per id, read twice
+  // D = sum_row(dO * O), times 1 (the dropout scale's place).
+  const Desc &dOO = g.virt(CUDNN_DATA_FLOAT, {s.b, s.h, s.sq, s.dv});
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dO, &o, nullptr, dOO);
+  const Desc &rowDot = g.virt(CUDNN_DATA_FLOAT, rd);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rowDot);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, rowDot, &g.scalar(kOne), nullptr, softmaxSum);
+  // P = exp(S * scale - Stats), masked.
+  const Desc &sc = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.matmul(q, kt, sc);
+  const Desc &scaled = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, sc, &scale, nullptr, scaled);
+  const Desc &sub = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, scaled, &stats, nullptr, sub);
+  const Desc &masked = s.causal ? g.causalMask(sub, sd, kNegInf) : sub;
+  const Desc &p = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, masked, nullptr, nullptr, p);
+  // dV = P^T dO.
+  // P^T: the same elements read with the last two dims exchanged.
+  const Desc &pT = g.virt(g.io, sdT, sdTStride);
+  g.reshape(p, pT);
+  g.matmul(pT, dO, dV);
+  // dS = P * (dO V^T - D) * scale.
+  const Desc &dP = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.matmul(dO, vt, dP);
+  const Desc &dPSub = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, dP, &softmaxSum, nullptr, dPSub);
+  const Desc &dSRaw = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dPSub, &p, nullptr, dSRaw);
+  const Desc &dS = g.virt(CUDNN_DATA_FLOAT, sd);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dSRaw, &scale, nullptr, dS);
+  // dK = dS^T Q.
+  const Desc &dST = g.virt(g.io, sdT, sdTStride);
+  g.reshape(dS, dST);
+  g.matmul(dST, q, dK);
+  // dQ = dS K, accumulated in f32, then written in the 16-bit type.
+  const Desc &k = g.virt(g.io, {s.b, s.h, s.skv, s.d});
+  g.reshape(kt, k);
+  g.matmul(dS, k, dQAccum);
+  g.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dQAccum, nullptr, nullptr, dQ);
+}
+
+/// A built graph, or why there is none.
+struct Entry {
+  std::unique_ptr<Graph> graph;
+  std::string refused;
+};
+
+struct CudnnState {
+  cudnnHandle_t handle = nullptr;
+  std::string handleError;
+  std::map<Shape, Entry> graphs;
+  int64_t forwardCalls = 0, backwardCalls = 0;
+};
+
+/// Never destroyed: the handle and plans live as long as the process (a
+/// destructor at exit would run after the CUDA context is gone).
+CudnnState &cudnnState() {
+  static CudnnState *s = new CudnnState;
+  return *s;
+}
+
+bool disabledByEnvironment() {
+  static const bool off = [] {
+    const char *e = std::getenv("CARVE_CUDNN_ATTENTION");
+    return e && std::strcmp(e, "off") == 0;
+  }();
+  return off;
+}
+
+/// Why this call cannot go to cuDNN at all (empty: it can).
+std::string ineligible(const Dims &qs, const Dims &ks, const Dims &vs, const float *mask,
+                       Shape &s) {
+  const Precision p = precision();
+  if (p != Precision::BF16 && p != Precision::F16)
+    return "the plan computes attention in fp32";
+  if (mask)
+    return "an attention mask tensor";
+  const int r = qs.rank;
+  if (r < 2 || ks.rank != r || vs.rank != r)
+    return "q, k and v of different ranks";
+  for (int i = 0; i + 2 < r; ++i) {
+    if (ks.d[i] != qs.d[i] || vs.d[i] != qs.d[i])
+      return "batch dimensions that differ between q, k and v";
+    (i + 3 == r ? s.h : s.b) *= qs.d[i];
+  }
+  s.sq = qs.d[r - 2];
+  s.d = qs.d[r - 1];
+  s.skv = ks.d[r - 2];
+  s.dv = vs.d[r - 1];
+  s.prec = static_cast<int>(p);
+  if (ks.d[r - 1] != s.d || vs.d[r - 2] != s.skv)
+    return "k and v that do not match q";
+  if (s.b * s.h == 0 || s.sq == 0 || s.skv == 0 || s.dv == 0)
+    return "an empty tensor";
+  if (s.d % 8 || s.dv % 8 || s.d > 256 || s.dv > 256)
+    return "head dimensions " + std::to_string(s.d) + " and " + std::to_string(s.dv) +
+           " (cuDNN takes multiples of 8 up to 256)";
+  if (disabledByEnvironment())
+    return "CARVE_CUDNN_ATTENTION=off";
+  return "";
+}
+
+/// The cached graph for `s`, built on first use; null (with the reason said
+/// once on stderr) where cuDNN refuses it.
+Graph *graphFor(const Shape &s, const char *op) {
+  CudnnState &st = cudnnState();
+  auto it = st.graphs.find(s);
+  if (it != st.graphs.end())
+    return it->second.graph.get();
+  Entry &e = st.graphs[s];
+  try {
+    if (capturing())
+      throw Refused{"its graph would be built while the step is captured (the warm-up step did "
+                    "not run this shape)"};
+    if (!st.handle && st.handleError.empty()) {
+      cudnnStatus_t c = cudnnCreate(&st.handle);
+      if (c != CUDNN_STATUS_SUCCESS) {
+        st.handle = nullptr;
+        st.handleError = std::string("cudnnCreate: ") + cudnnGetErrorString(c);
+      }
+    }
+    if (!st.handle)
+      throw Refused{st.handleError};
+    cudaDeviceProp prop{};
+    CARVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int sm = prop.major * 10 + prop.minor;
+    if (sm < 80)
+      throw Refused{"sm_" + std::to_string(sm) + " (cuDNN's flash attention needs sm_80 or newer)"};
+    if (s.backward && (s.d > 128 || s.dv > 128) && sm < 90)
+      throw Refused{"a head dimension above 128 in the backward before sm_90"};
+    auto g = std::make_unique<Graph>(
+        s.prec == static_cast<int>(Precision::BF16) ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF);
+    if (s.backward)
+      buildBackward(*g, s);
+    else
+      buildForward(*g, s);
+    g->plan(st.handle);
+    e.graph = std::move(g);
+  } catch (const Refused &r) {
+    e.refused = r.why;
+    std::fprintf(stderr, "carve: %s %s: cuDNN flash attention refused (%s); carve's kernel runs\n",
+                 op, s.text().c_str(), r.why.c_str());
+  }
+  return e.graph.get();
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+void to16(const float *x, uint16_t *y, int64_t n) {
+  precision() == Precision::BF16 ? toBf16(x, y, n) : toF16(x, y, n);
+}
+void from16(const uint16_t *x, float *y, int64_t n) {
+  precision() == Precision::BF16 ? fromBf16(x, y, n) : fromF16(x, y, n);
+}
+
+/// Carves `sizes` 256-byte-aligned pieces, then the plan's workspace, out of
+/// the attention scratch slot.
+std::vector<char *> scratch(std::initializer_list<size_t> sizes, int64_t planBytes,
+                            char *&planWorkspace) {
+  size_t total = 0;
+  for (size_t n : sizes)
+    total += align256(n);
+  char *base = static_cast<char *>(workspace(total + align256(planBytes), kWsAttn));
+  std::vector<char *> out;
+  size_t off = 0;
+  for (size_t n : sizes) {
+    out.push_back(base + off);
+    off += align256(n);
+  }
+  planWorkspace = planBytes ? base + off : nullptr;
+  return out;
+}
+
+void execute(Graph &g, std::vector<int64_t> uids, std::vector<void *> ptrs, void *ws,
+             const char *op) {
+  CudnnState &st = cudnnState();
+  checkRun(cudnnSetStream(st.handle, stream()), "cudnnSetStream", op);
+  cudnnBackendDescriptor_t pack = nullptr;
+  checkRun(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
+           "variant pack", op);
+  const int64_t n = static_cast<int64_t>(uids.size());
+  checkRun(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n,
+                                    uids.data()),
+           "variant pack ids", op);
+  checkRun(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                    CUDNN_TYPE_VOID_PTR, n, ptrs.data()),
+           "variant pack pointers", op);
+  checkRun(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1,
+                                    &ws),
+           "variant pack workspace", op);
+  checkRun(cudnnBackendFinalize(pack), "variant pack", op);
+  {
+    KernelTimer timer(op, stream());
+    checkRun(cudnnBackendExecute(st.handle, g.executionPlan->d, pack), "cudnnBackendExecute", op);
+  }
+  cudnnBackendDestroyDescriptor(pack);
+}
+
+} // namespace
+
+bool cudnnAttentionBuilt() { return true; }
+
+void cudnnAttentionCalls(int64_t &forward, int64_t &backward) {
+  forward = cudnnState().forwardCalls;
+  backward = cudnnState().backwardCalls;
+}
+
+void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
+                           Dims vs, const float *mask, Dims ms, float scale, bool causal, float *y,
+                           float *lse) {
+  const char *op = "attention_stats_cudnn";
+  Shape s;
+  s.causal = causal;
+  Graph *g = ineligible(qs, ks, vs, mask, s).empty() ? graphFor(s, op) : nullptr;
+  if (!g)
+    return attention_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, y, lse);
+  const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
+  const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
+  char *ws = nullptr;
+  std::vector<char *> p = scratch({size_t(nq) * 2, size_t(nk) * 2, size_t(nv) * 2, size_t(no) * 2},
+                                  g->workspaceBytes, ws);
+  auto *q16 = reinterpret_cast<uint16_t *>(p[0]), *k16 = reinterpret_cast<uint16_t *>(p[1]);
+  auto *v16 = reinterpret_cast<uint16_t *>(p[2]), *o16 = reinterpret_cast<uint16_t *>(p[3]);
+  to16(q, q16, nq);
+  to16(k, k16, nk);
+  to16(v, v16, nv);
+  float negInf = -std::numeric_limits<float>::infinity();
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void *> ptrs{q16, k16, v16, o16, lse, &scale};
+  if (causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&negInf);
+  }
+  execute(*g, uids, ptrs, ws, "cuDNN flash attention forward");
+  ++cudnnState().forwardCalls;
+  from16(o16, y, no);
+}
+
+void attention_grad_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
+                                Dims vs, const float *mask, Dims ms, float scale, bool causal,
+                                const float *o, const float *lse, const float *dy, float *dq,
+                                float *dk, float *dv) {
+  const char *op = "attention_grad_stats_cudnn";
+  Shape s;
+  s.causal = causal;
+  s.backward = true;
+  Graph *g = ineligible(qs, ks, vs, mask, s).empty() ? graphFor(s, op) : nullptr;
+  if (!g)
+    return attention_grad_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, o, lse, dy, dq, dk,
+                                dv);
+  const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
+  const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
+  const int64_t rows = s.b * s.h * s.sq;
+  char *ws = nullptr;
+  std::vector<char *> p =
+      scratch({size_t(nq) * 2, size_t(nk) * 2, size_t(nv) * 2, size_t(no) * 2, size_t(no) * 2,
+               size_t(nq) * 2, size_t(nk) * 2, size_t(nv) * 2, size_t(rows) * 4, size_t(nq) * 4},
+              g->workspaceBytes, ws);
+  auto u16 = [&](int i) { return reinterpret_cast<uint16_t *>(p[i]); };
+  to16(q, u16(0), nq);
+  to16(k, u16(1), nk);
+  to16(v, u16(2), nv);
+  to16(o, u16(3), no);
+  to16(dy, u16(4), no);
+  float negInf = -std::numeric_limits<float>::infinity();
+  float one = 1.0f;
+  std::vector<int64_t> uids{kQ,  kK,  kV,          kO,       kDO,    kStats, kDQ,
+                            kDK, kDV, kSoftmaxSum, kDQAccum, kScale, kOne};
+  std::vector<void *> ptrs{u16(0), u16(1), u16(2), u16(3), u16(4), const_cast<float *>(lse),
+                           u16(5), u16(6), u16(7), p[8],   p[9],   &scale,
+                           &one};
+  if (causal) {
+    uids.push_back(kNegInf);
+    ptrs.push_back(&negInf);
+  }
+  execute(*g, uids, ptrs, ws, "cuDNN flash attention backward");
+  ++cudnnState().backwardCalls;
+  from16(u16(5), dq, nq);
+  from16(u16(6), dk, nk);
+  from16(u16(7), dv, nv);
+}
+
+#endif // CARVE_HAVE_CUDNN
+
+} // namespace carve::gpu

@@ -1,0 +1,41 @@
+// Tests carve-select-kernels' rule 3c (CUDA): attention_stats and
+// attention_grad_stats run as cuDNN's fused flash attention
+// (`attention_stats_cudnn`, `attention_grad_stats_cudnn`) under a bf16 or
+// fp16 plan when there is no mask tensor and the head dimensions are
+// multiples of 8 up to 256; otherwise as carve's kernel, with
+// carve.kernel_why saying why: a mask, a head dimension of 12, d 264, and
+// every call of an fp32 plan.
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda precision=bf16}, carve-select-kernels)' | FileCheck %s
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda precision=fp16}, carve-select-kernels)' | FileCheck %s
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda}, carve-select-kernels)' | FileCheck %s --check-prefix=FP32
+
+// CHECK-LABEL: func.func @train_step(
+// CHECK: %[[O:.+]], %[[LSE:.+]] = carve.attention_stats %arg0, %arg1, %arg2 {carve.kernel = "attention_stats_cudnn", causal = true, scale = 2.500000e-01 : f32}
+// CHECK: carve.attention_stats %arg0, %arg1, %arg2 mask %arg3 {carve.kernel = "attention_stats", carve.kernel_why = "an attention mask tensor (cuDNN's graph here takes causal or no mask)", causal = true
+// CHECK: carve.attention_stats %arg5, %arg5, %arg5 {carve.kernel = "attention_stats", carve.kernel_why = "head dimensions 12 and 12 (cuDNN takes multiples of 8 up to 256)"
+// CHECK: carve.attention_stats %arg6, %arg6, %arg6 {carve.kernel = "attention_stats", carve.kernel_why = "head dimensions 264 and 264 (cuDNN takes multiples of 8 up to 256)"
+// CHECK: carve.attention_grad_stats %arg0, %arg1, %arg2, %[[O]], %[[LSE]], %arg4 {carve.kernel = "attention_grad_stats_cudnn", causal = true, scale = 2.500000e-01 : f32}
+// CHECK: return
+
+// FP32-LABEL: func.func @train_step(
+// FP32-NOT: _cudnn
+// FP32: carve.attention_stats %arg0, %arg1, %arg2 {carve.kernel = "attention_stats", carve.kernel_why = "the plan computes attention in fp32"
+// FP32-NOT: _cudnn
+// FP32: return
+
+func.func @train_step(%q: tensor<2x4x8x16xf32> {carve.input = "q"},
+                      %k: tensor<2x4x8x16xf32> {carve.input = "k"},
+                      %v: tensor<2x4x8x16xf32> {carve.input = "v"},
+                      %m: tensor<2x1x1x8xf32> {carve.input = "m"},
+                      %dy: tensor<2x4x8x16xf32> {carve.input = "dy"},
+                      %x12: tensor<3x8x12xf32> {carve.input = "x12"},
+                      %x264: tensor<1x8x264xf32> {carve.input = "x264"})
+    -> (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<3x8x12xf32>, tensor<1x8x264xf32>,
+        tensor<2x4x8x16xf32>) {
+  %o, %lse = carve.attention_stats %q, %k, %v {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8xf32>)
+  %om, %lsem = carve.attention_stats %q, %k, %v mask %m {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x1x1x8xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8xf32>)
+  %o12, %l12 = carve.attention_stats %x12, %x12, %x12 {scale = 0.25 : f32} : (tensor<3x8x12xf32>, tensor<3x8x12xf32>, tensor<3x8x12xf32>) -> (tensor<3x8x12xf32>, tensor<3x8xf32>)
+  %o264, %l264 = carve.attention_stats %x264, %x264, %x264 {scale = 0.25 : f32} : (tensor<1x8x264xf32>, tensor<1x8x264xf32>, tensor<1x8x264xf32>) -> (tensor<1x8x264xf32>, tensor<1x8xf32>)
+  %dq, %dk, %dv = carve.attention_grad_stats %q, %k, %v, %o, %lse, %dy {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>)
+  return %o, %om, %o12, %o264, %dq : tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<3x8x12xf32>, tensor<1x8x264xf32>, tensor<2x4x8x16xf32>
+}
