@@ -514,6 +514,36 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
        << ", " << name(at.getResult()) << ", " << name(at.getLse()) << ");";
   } else if (auto g = dyn_cast<AttentionGradStatsOp>(op)) {
     Value q = g.getQuery(), k = g.getKey(), v = g.getValue(), mk = g.getMask();
+    if (kernelOf(op) == "attention_grad_stats_cudnn") {
+      // q, k and v as the 16-bit tensors they are views of, where
+      // carve.read16 says so (carve-select-kernels' rule 3c).
+      auto flags = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      if (flags && flags.size() != 3)
+        return failOp(op, "carve.read16 on an attention gradient needs 3 flags (q, k, v)");
+      std::string args[3];
+      for (unsigned i = 0; i < 3; ++i) {
+        Value x = op->getOperand(i);
+        const bool is16 = flags && flags[i];
+        std::string src = name(x);
+        if (is16) {
+          auto c = x.getDefiningOp<CastOp>();
+          if (!c)
+            return failOp(op, "carve.read16 marks an attention operand that is no cast from "
+                              "16 bits");
+          src = name(c.getInput());
+        }
+        args[i] = src + ", " + flag(i == 0 ? "q16" : i == 1 ? "k16" : "v16", is16) + ", " +
+                  shapeOf(x);
+      }
+      os << callee(opts, kernelOf(op)) + "(" << args[0] << ", " << args[1] << ", " << args[2]
+         << ", " << (mk ? name(mk) : nullOf(q)) << ", "
+         << (mk ? shapeOf(mk) : "{}") << ", " << scalar(g.getScale().convertToDouble(), q) << ", "
+         << flag("causal", g.getCausal()) << ", " << name(g.getOutput()) << ", "
+         << name(g.getLse()) << ", " << name(g.getGrad()) << ", " << name(g.getQueryGrad())
+         << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
+         << ");  // from the forward's saved output and log-sum-exp";
+      return true;
+    }
     os << callee(opts, kernelOf(op)) + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)
        << ", " << shapeOf(k) << ", " << name(v) << ", " << shapeOf(v) << ", "
        << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "

@@ -320,9 +320,15 @@ struct Model {
       if (n > 0)
         add(kernel, GpuClass::Conversion, 0, 6 * n);
     };
-    convert("to16Kernel", nq);
-    convert("to16Kernel", nk);
-    convert("to16Kernel", nv);
+    // The gradient's q, k, v read as stored where carve.read16 says so.
+    auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+    auto given16 = [&](unsigned i) { return read16 && read16.size() == 3 && read16[i]; };
+    if (!given16(0))
+      convert("to16Kernel", nq);
+    if (!given16(1))
+      convert("to16Kernel", nk);
+    if (!given16(2))
+      convert("to16Kernel", nv);
     if (!grad) {
       add("cuDNN flash attention forward", GpuClass::Attention, 2 * pairs * (d + dv),
           2 * (nq + nk + nv + no) + 4 * rows, 1, true);

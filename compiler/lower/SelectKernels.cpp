@@ -84,19 +84,40 @@ Value view16Source(Value v, StringRef precision) {
              : Value();
 }
 
+std::string cudnnAttentionRefusal(Operation *op, const PlanAttrs &plan);
+
 /// Rule 3's products on the CUDA target under bf16/fp16: a matmul whose
 /// operand (as read, through a folded transpose) is such a view reads the
 /// 16-bit tensor itself (`matmul16`, carve.read16 per operand) instead of
 /// rounding the view again; a view that every reader reads so is no call
 /// (`none`). The values cuBLAS multiplies are the same bits.
+/// Rule 3c's backward likewise: an attention_grad_stats that runs on cuDNN
+/// reads the 16-bit tensors its query, key and value are views of (the
+/// forward's saved 16-bit copies) instead of the views (carve.read16, one
+/// flag per q, k, v): cuDNN's graph reads 16-bit inputs, so the call would
+/// otherwise round the views back to the same bits.
 struct Read16 {
   llvm::DenseMap<Operation *, std::array<bool, 2>> flags; // the op that runs the matmul
-  llvm::DenseSet<Operation *> deadViews;                  // casts nothing reads as f32
+  llvm::DenseMap<Operation *, std::array<bool, 3>> attention; // q, k, v of a cuDNN gradient
+  llvm::DenseSet<Operation *> deadViews;                      // casts nothing reads as f32
 
-  Read16(func::FuncOp fn, StringRef precision) {
-    // Which operand of which matmul reads a view as 16 bits.
-    llvm::DenseSet<std::pair<Operation *, unsigned>> reads; // (matmul, operand)
+  Read16(func::FuncOp fn, const PlanAttrs &plan) {
+    StringRef precision = plan.precision;
+    // Which operand of which matmul (or cuDNN attention gradient) reads a
+    // view as 16 bits.
+    llvm::DenseSet<std::pair<Operation *, unsigned>> reads; // (op, operand)
     for (Operation &op : fn.getBody().front().without_terminator()) {
+      if (isa<AttentionGradStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
+        std::array<bool, 3> f = {false, false, false};
+        for (unsigned k = 0; k < 3; ++k)
+          if (view16Source(op.getOperand(k), precision)) {
+            f[k] = true;
+            reads.insert({&op, k});
+          }
+        if (f[0] || f[1] || f[2])
+          attention[&op] = f;
+        continue;
+      }
       Operation *mm = nullptr;
       if (isa<MatmulOp>(&op) && !isProductMatmul(&op) && !isScatteredProduct(&op) &&
           !gatheredOperand(&op) && !op.hasAttr(kFusionGroupAttr))
@@ -118,7 +139,7 @@ struct Read16 {
     // operand, or a folded transpose whose every use is one.
     auto readAs16 = [&](OpOperand &use) {
       Operation *u = use.getOwner();
-      if (isa<MatmulOp>(u))
+      if (isa<MatmulOp, AttentionGradStatsOp>(u))
         return reads.count({u, use.getOperandNumber()}) > 0;
       if (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)
         return llvm::all_of(u->getResult(0).getUses(), [&](OpOperand &t) {
@@ -300,7 +321,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         continue;
       std::optional<Read16> read16;
       if (plan->target == "cuda" && plan->precision != "fp32")
-        read16.emplace(fn, plan->precision);
+        read16.emplace(fn, *plan);
       for (Operation &op : fn.getBody().front().without_terminator()) {
         if (isOptimizerOp(&op))
           continue; // the step's tail: its printer reads the ops themselves
@@ -323,6 +344,11 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
             c.kernel += "_cudnn";
             op.removeAttr(kKernelWhyAttr);
             ++numCudnnAttention;
+            if (read16) {
+              auto it = read16->attention.find(&op);
+              if (it != read16->attention.end())
+                op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, it->second));
+            }
           } else {
             op.setAttr(kKernelWhyAttr, StringAttr::get(ctx, why));
           }

@@ -52,6 +52,38 @@
 
 namespace carve::gpu {
 
+namespace {
+
+/// carve's kernel takes f32: the operands given as 16-bit tensors (the
+/// precision's format) widened into the attention scratch slot.
+void widenOperands(std::initializer_list<const void *> ps, std::initializer_list<bool> is16,
+                   std::initializer_list<int64_t> ns, const float *out[3]) {
+  const void *p[3];
+  bool f[3];
+  int64_t n[3];
+  std::copy(ps.begin(), ps.end(), p);
+  std::copy(is16.begin(), is16.end(), f);
+  std::copy(ns.begin(), ns.end(), n);
+  size_t total = 0;
+  for (int i = 0; i < 3; ++i)
+    if (f[i])
+      total += (static_cast<size_t>(n[i]) * sizeof(float) + 255) / 256 * 256;
+  char *w = total ? static_cast<char *>(workspace(total, kWsAttn)) : nullptr;
+  for (int i = 0; i < 3; ++i) {
+    if (!f[i]) {
+      out[i] = static_cast<const float *>(p[i]);
+      continue;
+    }
+    auto *dst = reinterpret_cast<float *>(w);
+    const auto *src = static_cast<const uint16_t *>(p[i]);
+    precision() == Precision::F16 ? fromF16(src, dst, n[i]) : fromBf16(src, dst, n[i]);
+    out[i] = dst;
+    w += (static_cast<size_t>(n[i]) * sizeof(float) + 255) / 256 * 256;
+  }
+}
+
+} // namespace
+
 #if !CARVE_HAVE_CUDNN
 // Built without cuDNN: carve's kernels, said once.
 namespace {
@@ -74,12 +106,16 @@ void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, con
   attention_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, y, lse);
 }
 
-void attention_grad_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
-                                Dims vs, const float *mask, Dims ms, float scale, bool causal,
-                                const float *o, const float *lse, const float *dy, float *dq,
-                                float *dk, float *dv) {
+void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16,
+                                Dims ks, const void *v, bool v16, Dims vs, const float *mask,
+                                Dims ms, float scale, bool causal, const float *o,
+                                const float *lse, const float *dy, float *dq, float *dk,
+                                float *dv) {
   sayNoCudnn();
-  attention_grad_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, o, lse, dy, dq, dk, dv);
+  const float *w[3];
+  widenOperands({q, k, v}, {q16, k16, v16}, {qs.numel(), ks.numel(), vs.numel()}, w);
+  attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy, dq, dk,
+                       dv);
 }
 
 #else
@@ -647,37 +683,48 @@ void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, con
   from16(o16, y, no);
 }
 
-void attention_grad_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
-                                Dims vs, const float *mask, Dims ms, float scale, bool causal,
-                                const float *o, const float *lse, const float *dy, float *dq,
-                                float *dk, float *dv) {
+void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16,
+                                Dims ks, const void *v, bool v16, Dims vs, const float *mask,
+                                Dims ms, float scale, bool causal, const float *o,
+                                const float *lse, const float *dy, float *dq, float *dk,
+                                float *dv) {
   const char *op = "attention_grad_stats_cudnn";
   Shape s;
   s.causal = causal;
   s.backward = true;
   Graph *g = ineligible(qs, ks, vs, mask, s).empty() ? graphFor(s, op) : nullptr;
-  if (!g)
-    return attention_grad_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, o, lse, dy, dq, dk,
-                                dv);
+  if (!g) {
+    const float *w[3];
+    widenOperands({q, k, v}, {q16, k16, v16}, {qs.numel(), ks.numel(), vs.numel()}, w);
+    return attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse,
+                                dy, dq, dk, dv);
+  }
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   const int64_t rows = s.b * s.h * s.sq;
   char *ws = nullptr;
   std::vector<char *> p =
-      scratch({size_t(nq) * 2, size_t(nk) * 2, size_t(nv) * 2, size_t(no) * 2, size_t(no) * 2,
+      scratch({q16 ? 0 : size_t(nq) * 2, k16 ? 0 : size_t(nk) * 2, v16 ? 0 : size_t(nv) * 2,
+               size_t(no) * 2, size_t(no) * 2,
                size_t(nq) * 2, size_t(nk) * 2, size_t(nv) * 2, size_t(rows) * 4, size_t(nq) * 4},
               g->workspaceBytes, ws);
   auto u16 = [&](int i) { return reinterpret_cast<uint16_t *>(p[i]); };
-  to16(q, u16(0), nq);
-  to16(k, u16(1), nk);
-  to16(v, u16(2), nv);
+  // q, k, v: as given where they are 16-bit already, else converted.
+  void *in16[3] = {q16 ? const_cast<void *>(q) : u16(0), k16 ? const_cast<void *>(k) : u16(1),
+                   v16 ? const_cast<void *>(v) : u16(2)};
+  if (!q16)
+    to16(static_cast<const float *>(q), u16(0), nq);
+  if (!k16)
+    to16(static_cast<const float *>(k), u16(1), nk);
+  if (!v16)
+    to16(static_cast<const float *>(v), u16(2), nv);
   to16(o, u16(3), no);
   to16(dy, u16(4), no);
   float negInf = -std::numeric_limits<float>::infinity();
   float one = 1.0f;
   std::vector<int64_t> uids{kQ,  kK,  kV,          kO,       kDO,    kStats, kDQ,
                             kDK, kDV, kSoftmaxSum, kDQAccum, kScale, kOne};
-  std::vector<void *> ptrs{u16(0), u16(1), u16(2), u16(3), u16(4), const_cast<float *>(lse),
+  std::vector<void *> ptrs{in16[0], in16[1], in16[2], u16(3), u16(4), const_cast<float *>(lse),
                            u16(5), u16(6), u16(7), p[8],   p[9],   &scale,
                            &one};
   if (causal) {

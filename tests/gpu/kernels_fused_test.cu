@@ -509,16 +509,25 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
                           lse->p, dgy->p, gq->p, gk->p, gv->p);
   g::attention_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal,
                            yc->p, lsec->p);
-  g::attention_grad_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal,
-                                yc->p, lsec->p, dgy->p, cq->p, ck->p, cv->p);
+  g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, nullptr,
+                                Dims{}, scale, causal, yc->p, lsec->p, dgy->p, cq->p, ck->p, cv->p);
+  // The gradient again from q, k, v given as their 16-bit tensors (carve.read16).
+  auto q16 = poisoned<uint16_t>(n), k16 = poisoned<uint16_t>(n), v16 = poisoned<uint16_t>(n);
+  auto to16 = p == rt::Precision::BF16 ? g::toBf16 : g::toF16;
+  to16(dq_->p, q16->p, n);
+  to16(dk_->p, k16->p, n);
+  to16(dv_->p, v16->p, n);
+  auto hq = poisoned<float>(n), hk = poisoned<float>(n), hv = poisoned<float>(n);
+  g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                Dims{}, scale, causal, yc->p, lsec->p, dgy->p, hq->p, hk->p, hv->p);
   g::setPrecision(rt::Precision::F32);
   if (!deviceOk(what))
     return;
   g::cudnnAttentionCalls(f1, b1);
   ++checks();
-  if (f1 != f0 + 1 || b1 != b0 + 1) {
+  if (f1 != f0 + 1 || b1 != b0 + 2) {
     ++failures();
-    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 1 each (stderr says "
+    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 1 and 2 (stderr says "
                 "why it refused)\n",
                 what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0));
     return;
@@ -543,6 +552,9 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   expectNormwise(what + " dq", cq->download(), rq, 16 * u);
   expectNormwise(what + " dk", ck->download(), rk, 16 * u);
   expectNormwise(what + " dv", cv->download(), rv, 16 * u);
+  expectNormwise(what + " dq (16-bit q, k, v)", hq->download(), rq, 16 * u);
+  expectNormwise(what + " dk (16-bit q, k, v)", hk->download(), rk, 16 * u);
+  expectNormwise(what + " dv (16-bit q, k, v)", hv->download(), rv, 16 * u);
   expectClose(what + " row log-sum-exp", lsec->download(), toD(lse->download()), 1e-5, 1e-5);
   // carve's kernel against the same reference, for the record (its P and O
   // stay f32: well inside the bounds above).
@@ -579,8 +591,21 @@ void testAttentionCudnnFallback() {
                             dgy->p, gq->p, gk->p, gv->p);
     g::attention_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, yc->p,
                              lsec->p);
-    g::attention_grad_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, y->p,
-                                  lse->p, dgy->p, cq->p, ck->p, cv->p);
+    g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
+                                  0.25f, false, y->p, lse->p, dgy->p, cq->p, ck->p, cv->p);
+    // Under bf16, the same from q, k, v given as bf16 tensors: widened for
+    // carve's kernel, which rounds them to the same values on load.
+    auto hq = poisoned<float>(n), hk = poisoned<float>(n), hv = poisoned<float>(n);
+    if (masked) {
+      auto q16 = poisoned<uint16_t>(n), k16 = poisoned<uint16_t>(n), v16 = poisoned<uint16_t>(n);
+      g::toBf16(dq_->p, q16->p, n);
+      g::toBf16(dk_->p, k16->p, n);
+      g::toBf16(dv_->p, v16->p, n);
+      g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, mp, ms,
+                                    0.25f, false, y->p, lse->p, dgy->p, hq->p, hk->p, hv->p);
+      if (!deviceOk(what))
+        continue;
+    }
     g::setPrecision(rt::Precision::F32);
     if (!deviceOk(what))
       continue;
@@ -597,6 +622,11 @@ void testAttentionCudnnFallback() {
     expectEqual(what + " dq", cq->download(), gq->download());
     expectEqual(what + " dk", ck->download(), gk->download());
     expectEqual(what + " dv", cv->download(), gv->download());
+    if (masked) {
+      expectEqual(what + " dq (bf16 q, k, v)", hq->download(), gq->download());
+      expectEqual(what + " dk (bf16 q, k, v)", hk->download(), gk->download());
+      expectEqual(what + " dv (bf16 q, k, v)", hv->download(), gv->download());
+    }
   }
 }
 
