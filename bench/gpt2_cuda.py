@@ -15,6 +15,11 @@
 #    (fp32 master weights, bf16 matmul and attention inputs, fp32 accumulation),
 #    then `carve run OUT -n 1 -- --steps WARMUP+STEPS --log L.jsonl`; the
 #    throughput is the timed steps' tokens over the sum of their `time_s`.
+#    The same program runs again with --cuda-graph (bitwise the same losses)
+#    and with CARVE_CUDNN_ATTENTION=off (carve's attention kernel instead of
+#    cuDNN's fused flash attention, within the bf16 loss tolerance): the
+#    attention's share side by side. A program whose attention cuDNN refused
+#    says so in its row's name and in the notes.
 # 4. PyTorch on the same GPU, from the exported weights on the same batches,
 #    bf16 autocast, AdamW (PyTorch's defaults, which are carve's): the reference
 #    module as it is (eager), with its attention replaced by
@@ -91,16 +96,18 @@ def last_line(text):
     return lines[-1].strip() if lines else "(no output)"
 
 
-def run_checked(cmd, what, timeout):
-    """Runs cmd; returns (wall seconds, stdout). Raises BenchError on failure."""
+def run_checked(cmd, what, timeout, env=None):
+    """Runs cmd; returns (wall seconds, stdout). Raises BenchError on failure.
+    The run's stderr is kept in run_checked.stderr."""
     start = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except OSError as e:
         raise BenchError(f"{what}: {cmd[0]}: {e}")
     except subprocess.TimeoutExpired:
         raise BenchError(f"{what}: no answer after {timeout} s: {shlex.join(cmd)}")
     secs = time.perf_counter() - start
+    run_checked.stderr = p.stderr
     if p.returncode != 0:
         raise BenchError(f"{what} failed (exit {p.returncode}): "
                          f"{last_line(p.stderr or p.stdout)} [{shlex.join(cmd)}]")
@@ -387,17 +394,17 @@ def check_carve_losses(losses, vocab):
     return None
 
 
-def compare_losses(name, mine, ref):
+def compare_losses(name, mine, ref, ref_name="PyTorch eager"):
     """(why they disagree or None, worst relative difference)."""
     if len(mine) != len(ref):
-        return f"{name}: {len(mine)} losses, PyTorch eager has {len(ref)}", float("inf")
+        return f"{name}: {len(mine)} losses, {ref_name} has {len(ref)}", float("inf")
     rel = [abs(a - b) / abs(b) for a, b in zip(mine, ref)]
     worst = max(rel)
     if rel[0] > FIRST_LOSS_RTOL:
-        return (f"{name}: first loss {mine[0]:.5f}, PyTorch eager's {ref[0]:.5f} "
+        return (f"{name}: first loss {mine[0]:.5f}, {ref_name}'s {ref[0]:.5f} "
                 f"(relative {rel[0]:.1e} > {FIRST_LOSS_RTOL:.0e})"), worst
     if worst > LOSS_RTOL:
-        return (f"{name}: losses differ from PyTorch eager's by {worst:.1e} relative "
+        return (f"{name}: losses differ from {ref_name}'s by {worst:.1e} relative "
                 f"(limit {LOSS_RTOL:.0e})"), worst
     return None, worst
 
@@ -675,11 +682,11 @@ def main(argv=None):
               f"MFU {100 * run['mfu']:.1f}%", flush=True)
         return run
 
-    def carve_train(cmd, log_path, what):
+    def carve_train(cmd, log_path, what, env=None):
         """Runs a compiled program and returns its (step times, losses)."""
         try:
             print(f"$ {shlex.join(cmd)}", flush=True)
-            run_checked(cmd, what, args.timeout)
+            run_checked(cmd, what, args.timeout, env)
             records = read_log(log_path, total_steps)
         except BenchError as e:
             write_json()
@@ -700,7 +707,14 @@ def main(argv=None):
             write_json()
             die(e)
         times, losses = carve_train(run_cmd, log, "carve run")
-        carve_run = add_row("carve, CUDA, bf16", times, losses)
+        # The attention calls run cuDNN's fused flash attention unless cuDNN
+        # refused them, which the program says on stderr (docs/cuda.md).
+        refused = [l for l in run_checked.stderr.splitlines() if "cuDNN flash attention refused" in l]
+        if refused:
+            notes.append("cuDNN refused the attention graphs, so carve's kernel ran: " + refused[0])
+            print(notes[-1], flush=True)
+        carve_run = add_row("carve, CUDA, bf16" + (" (carve's attention: cuDNN refused)"
+                                                   if refused else ""), times, losses)
         why = check_carve_losses(losses, cfg["vocab_size"])
         if why:
             failures.append(why)
@@ -713,6 +727,18 @@ def main(argv=None):
         if graph_losses != losses:
             failures.append("carve --cuda-graph: losses differ from the eager run's "
                             "(they must be bitwise equal)")
+        # The same program with carve's own attention kernel
+        # (CARVE_CUDNN_ATTENTION=off): cuDNN's share of the step, side by side.
+        own_log = log[:-len(".jsonl")] + ".own-attention.jsonl"
+        own_cmd = [x if x != log else own_log for x in run_cmd]
+        times, own_losses = carve_train(own_cmd, own_log, "carve run (carve's attention)",
+                                        dict(os.environ, CARVE_CUDNN_ATTENTION="off"))
+        own = add_row("carve, CUDA, bf16, carve's attention kernel", times, own_losses)
+        why, worst = compare_losses("carve with cuDNN attention", losses, own_losses,
+                                    "carve's attention kernel")
+        own["loss_rel_diff_vs_cudnn"] = worst
+        if why:
+            failures.append(why)
 
     if torch is not None:
         results["torch"] = torch.__version__
