@@ -542,6 +542,9 @@ private:
   bool readStepTail();
   /// `sqSplit += ...` / `sqWhole += ...` for each gradient carve.grad_norm lists.
   void emitNormTerms(llvm::raw_ostream &ts);
+  /// Whether carve-select-kernels chose `kernel` (adamwMulti,
+  /// sumSquaresMulti) for the tail's ops: one call over every parameter.
+  bool tailKernel(llvm::StringRef kernel);
   /// Scales the gradients carve.scale_gradients lists by `clip`.
   void emitClip(llvm::raw_ostream &ts);
   /// carve.unscale_gradients (fp16): divides them by the loss scale.

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/codegen/Generator.h"
+#include "compiler/optimizer/Optimizer.h"
 
 using namespace mlir;
 
@@ -175,9 +176,22 @@ bool Generator::readStepTail() {
   return true;
 }
 
+bool Generator::tailKernel(llvm::StringRef kernel) {
+  bool found = false;
+  fn.walk([&](Operation *op) {
+    auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
+    found |= isOptimizerOp(op) && k && k.getValue() == kernel;
+  });
+  return found;
+}
+
 void Generator::emitNormTerms(llvm::raw_ostream &ts) {
   if (tailAsTable)
     return emitTableNormTerms(ts);
+  const bool multi = opts.cuda() && tailKernel("sumSquaresMulti");
+  if (multi && !tail.normSlots.empty())
+    ts << "  // sumSquaresMulti: every term in two launches, bit for bit sumSquaresAdd each\n"
+       << "  const " << "gpu::SquaresTerm normTerms[] = {\n";
   for (size_t k = 0; k < tail.normSlots.size(); ++k) {
     const GradSlot &g = grads[tail.normSlots[k]];
     const bool split = tail.normSplit[k];
@@ -190,7 +204,10 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
     // Expert parallelism: each ep rank holds other experts, whose squares
     // are summed over the ep group (sqExpert*) before they join the rest.
     const bool expert = opts.ep > 1 && fn.getArgAttr(g.param, kExpertAttr);
-    if (opts.cuda())
+    if (multi)
+      ts << "      gpu::squaresTerm(" << ptr << ", " << count << ", "
+         << (split ? 0 : 1) + (expert ? 2 : 0) << "),  // " << paramName(g.param) << "\n";
+    else if (opts.cuda())
       ts << "  " + callee(opts, "sumSquaresAdd") + "(" << ptr << ", " << count << ", sqDevice + "
          << (split ? 0 : 1) + (expert ? 2 : 0) << ");  // " << paramName(g.param) << "\n";
     else
@@ -199,6 +216,9 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
          << " += " + callee(opts, "sumSquares") + "(" << ptr << ", " << count << ");  // "
          << paramName(g.param) << "\n";
   }
+  if (multi && !tail.normSlots.empty())
+    ts << "  };\n  " << callee(opts, "sumSquaresMulti") << "(0, normTerms, "
+       << tail.normSlots.size() << ", sqDevice);\n";
 }
 
 void Generator::emitClip(llvm::raw_ostream &ts) {
@@ -239,6 +259,11 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
   const bool momentum = !adam && o.momentum != 0;
   if (zero)
     ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
+  const bool multi = adam && opts.cuda() && tailKernel("adamwMulti") && !tail.updated.empty();
+  if (multi)
+    ts << "  // adamwMulti: every update in one launch, bit for bit adamwUpdate (with the\n"
+       << "  // 16-bit copy: adamwUpdateCopy16) one by one.\n"
+       << "  const gpu::AdamwTensor adamTensors[] = {\n";
   for (int64_t slot : tail.updated) {
     unsigned a = grads[slot].param;
     const TailNames &t = tailNames[a];
@@ -256,6 +281,12 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
       p = t.master; // the whole master, or (ZeRO) this rank's chunk of it
     // On CUDA the update writes the master's 16-bit copy itself.
     const bool fusedCopy = adam && opts.cuda() && !t.master.empty();
+    if (multi) {
+      ts << "      gpu::adamwTensor(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1]
+         << ", " << n << ", " << (t.master.empty() ? std::string("nullptr") : copy) << "),  // "
+         << paramName(a) << "\n";
+      continue;
+    }
     if (fusedCopy)
       ts << "  " + callee(opts, "adamwUpdateCopy16") + "(" << p << ", " << go << ", " << t.state[0]
          << ", " << t.state[1] << ", " << n
@@ -280,6 +311,10 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
          << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy of " << paramName(a)
          << ", rounded to nearest even\n";
   }
+  if (multi)
+    ts << "  };\n  " << callee(opts, "adamwMulti") << "(1, adamTensors, " << tail.updated.size()
+       << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
+       << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
   if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
        << "chunks in place.\n  {\n    CommHandle h[" << tail.gathered.size() << "];\n";
@@ -390,6 +425,18 @@ void Generator::emitTableNormTerms(llvm::raw_ostream &ts) {
   const std::string count =
       zero >= 2 ? "std::max<int64_t>(0, std::min<int64_t>(r.chunk, r.numel - " + e.off + "))"
                 : std::string("r.numel");
+  if (opts.cuda() && tailKernel("sumSquaresMulti")) {
+    const size_t n = grads.size();
+    ts << "  // sumSquaresMulti: every row's squares in two launches, bit for bit\n"
+       << "  // sumSquaresAdd row by row.\n"
+       << "  gpu::SquaresTerm normTerms[" << n << "];\n"
+       << "  for (size_t i = 0; i < " << n << "; ++i) {\n"
+       << "    const TailRow &r = tail[i];\n"
+       << "    normTerms[i] = gpu::squaresTerm(" << e.grad << ", " << count << ", r.norm);\n"
+       << "  }\n  " << callee(opts, "sumSquaresMulti") << "(0, normTerms, " << n
+       << ", sqDevice);\n";
+    return;
+  }
   if (opts.cuda()) {
     ts << "  for (const TailRow &r : tail)\n    " << callee(opts, "sumSquaresAdd") << "("
        << e.grad << ", " << count << ", sqDevice + r.norm);\n";
@@ -426,6 +473,21 @@ void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
   const std::string copy = p; // where a master's update is rounded to
   if (master)
     p = e.master;
+  if (adam && opts.cuda() && tailKernel("adamwMulti")) {
+    const size_t rows = grads.size();
+    ts << "  // adamwMulti: every row's update in one launch, bit for bit "
+       << (master ? "adamwUpdateCopy16" : "adamwUpdate") << " row by row.\n"
+       << "  gpu::AdamwTensor adamTensors[" << rows << "];\n"
+       << "  for (size_t i = 0; i < " << rows << "; ++i) {\n"
+       << "    const TailRow &r = tail[i];\n";
+    if (zero)
+      ts << "    const int64_t n = " << n << ";\n", n = "n";
+    ts << "    adamTensors[i] = gpu::adamwTensor(" << p << ", " << go << ", " << e.state0 << ", "
+       << e.state1 << ", " << n << ", " << (master ? copy : std::string("nullptr")) << ");\n"
+       << "  }\n  " << callee(opts, "adamwMulti") << "(1, adamTensors, " << rows
+       << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
+       << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
+  } else {
   ts << "  for (const TailRow &r : tail) {\n";
   if (zero)
     ts << "    const int64_t n = " << n << ";\n", n = "n";
@@ -450,6 +512,7 @@ void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
        << ", " << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")
        << " copy, rounded to nearest even\n";
   ts << "  }\n";
+  }
   if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
        << "chunks in place.\n  {\n    CommHandle handles[" << tail.gathered.size() << "];\n"

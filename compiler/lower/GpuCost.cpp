@@ -534,7 +534,18 @@ struct Model {
 
   /// The step's tail (the emitter's Optimizer.cpp on the CUDA target).
   void tail(Operation *op) {
-    if (auto g = dyn_cast<GradNormOp>(op)) {
+    auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
+    const bool multi = k && (k.getValue() == "adamwMulti" || k.getValue() == "sumSquaresMulti");
+    if (auto g = dyn_cast<GradNormOp>(op); g && multi) {
+      // sumSquaresMulti: every gradient's squares in one launch, their sums in one.
+      double flops = 0, bytes = 0;
+      for (Value v : g->getOperands())
+        flops += 2.0 * numel(v), bytes += bytesOf(v);
+      if (flops > 0) {
+        add("sumSquaresMultiKernel", GpuClass::Optimizer, flops, bytes);
+        add("sumPartialsMultiKernel", GpuClass::Optimizer, 0, 0);
+      }
+    } else if (auto g = dyn_cast<GradNormOp>(op)) {
       for (Value v : g->getOperands())
         if (numel(v) > 0) {
           add("sumSquaresKernel", GpuClass::Optimizer, 2.0 * numel(v), bytesOf(v));
@@ -559,10 +570,22 @@ struct Model {
       if (e == 0)
         return;
       const bool adam = isa<AdamWOp>(op), copy16 = elemBytes(typeOf(p).getElementType()) == 2;
+      const double flops = (adam ? 12.0 : 4.0) * e;
+      const double bytes =
+          8.0 * e + bytesOf(g) + (adam ? 16.0 : 8.0) * e + (adam && copy16 ? 2.0 * e : 0);
+      if (adam && multi) {
+        // adamwMulti: every parameter's update is one launch's share.
+        if (adamMulti < 0) {
+          adamMulti = static_cast<int>(s.launches.size());
+          add("adamwMultiKernel", GpuClass::Optimizer, 0, 0);
+        }
+        s.launches[adamMulti].flops += flops;
+        s.launches[adamMulti].bytes += bytes;
+        return;
+      }
       // AdamW writes a 16-bit parameter's copy itself (adamwUpdateCopy16);
       // SGD's is a to16Kernel after it.
-      add(adam ? "adamwKernel" : "sgdKernel", GpuClass::Optimizer, (adam ? 12.0 : 4.0) * e,
-          8.0 * e + bytesOf(g) + (adam ? 16.0 : 8.0) * e + (adam && copy16 ? 2.0 * e : 0));
+      add(adam ? "adamwKernel" : "sgdKernel", GpuClass::Optimizer, flops, bytes);
       if (copy16 && !adam)
         add("to16Kernel", GpuClass::Conversion, 0, 6.0 * e);
     } else if (isa<ZeroGatherOp>(op)) {
@@ -570,6 +593,7 @@ struct Model {
     }
   }
   bool clipping = false;
+  int adamMulti = -1; // the adamwMulti launch, once its first tensor is seen
 };
 
 } // namespace

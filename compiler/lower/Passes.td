@@ -51,7 +51,12 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          kernel where cuDNN's engines refuse the shape on the GPU);
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
-         as the conversion its element types name), if the target has it.
+         as the conversion its element types name), if the target has it;
+      6. the step's tail (carve-optimizer's ops, otherwise left to their
+         printer), on the CUDA target: every carve.adamw runs as
+         `adamwMulti` (one launch over all parameters) and carve.grad_norm
+         as `sumSquaresMulti` (two launches), bit for bit the per-tensor
+         calls.
 
     Before: the module after carve-optimizer (every mark above in place;
     the target in `carve.plan`, "cpu" when absent). After: every such op

@@ -323,8 +323,16 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       if (plan->target == "cuda" && plan->precision != "fp32")
         read16.emplace(fn, *plan);
       for (Operation &op : fn.getBody().front().without_terminator()) {
-        if (isOptimizerOp(&op))
-          continue; // the step's tail: its printer reads the ops themselves
+        if (isOptimizerOp(&op)) {
+          // The step's tail: its printer reads the ops themselves. On the
+          // CUDA target (rule 6) AdamW runs as one multi-tensor launch over
+          // every parameter, and the gradient norm's sums of squares as two.
+          if (plan->target == "cuda" && isa<AdamWOp>(&op))
+            op.setAttr(kKernelAttr, StringAttr::get(ctx, "adamwMulti"));
+          else if (plan->target == "cuda" && isa<GradNormOp>(&op))
+            op.setAttr(kKernelAttr, StringAttr::get(ctx, "sumSquaresMulti"));
+          continue;
+        }
         Choice c = select(&op, plan->target);
         if (read16 && c.kernel == "matmul") {
           auto it = read16->flags.find(&op);

@@ -11,6 +11,8 @@
 #include "kernel_util.cuh"
 
 #include <algorithm>
+#include <map>
+#include <vector>
 
 namespace carve::gpu {
 namespace {
@@ -56,24 +58,72 @@ __global__ void sgdKernel(float *p, G g, float *buf, int64_t n, float wd, float 
   }
 }
 
+/// AdamW's scalar coefficients as the kernels take them (optim.h's).
+struct AdamwK {
+  float decay, b1, b2, c1, c2, bc2Sqrt, eps, negStep;
+};
+
+/// One element of the AdamW update (adamwKernel's and adamwMultiKernel's).
+__device__ __forceinline__ void adamwElement(float *p, float gi, float *m, float *v, int64_t i,
+                                             const AdamwK &k, uint16_t *copy, bool copyF16) {
+  const float pi = __fmul_rn(p[i], k.decay);
+  const float mi = __fmaf_rn(gi, k.c1, __fmul_rn(m[i], k.b1));
+  const float vi = __fadd_rn(__fmul_rn(v[i], k.b2), __fmul_rn(__fmul_rn(k.c2, gi), gi));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2Sqrt), k.eps);
+  const float pn = __fadd_rn(pi, __fdiv_rn(__fmul_rn(k.negStep, mi), denom));
+  p[i] = pn;
+  m[i] = mi;
+  v[i] = vi;
+  if (copy)
+    copy[i] = copyF16 ? carve::rt::ew::f16Bits(pn) : carve::rt::ew::bf16Bits(pn);
+}
+
+/// The tensor a block of a multi-tensor launch works on: first[t] is the
+/// first block of tensor t (first[count] the grid), by binary search.
+__device__ __forceinline__ int blockTensor(const int64_t *first, int count) {
+  int lo = 0, hi = count - 1;
+  const int64_t b = blockIdx.x;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+/// adamwKernel over many tensors: tensor t gets blocks first[t] ..
+/// first[t + 1] - 1 and loops over its elements as a grid of that many
+/// blocks would (any partition gives the same elements: the update is
+/// elementwise).
+__global__ void adamwMultiKernel(const AdamwTensor *t, const int64_t *first, int count, AdamwK k,
+                                 bool copyF16) {
+  const int r = blockTensor(first, count);
+  const AdamwTensor x = t[r];
+  const int64_t blocks = first[r + 1] - first[r];
+  const int64_t stride = blocks * blockDim.x;
+  const int64_t start = (static_cast<int64_t>(blockIdx.x) - first[r]) * blockDim.x + threadIdx.x;
+  for (int64_t i = start; i < x.n; i += stride) {
+    float gi;
+    if (x.gradKind == 1)
+      gi = carve::rt::ew::bf16Float(static_cast<const uint16_t *>(x.g)[i]);
+    else if (x.gradKind == 2)
+      gi = carve::rt::ew::f16Float(static_cast<const uint16_t *>(x.g)[i]);
+    else
+      gi = static_cast<const float *>(x.g)[i];
+    adamwElement(x.p, gi, x.m, x.v, i, k, x.copy, copyF16);
+  }
+}
+
 template <class G>
 __global__ void adamwKernel(float *p, G g, float *m, float *v, int64_t n, float decay, float b1,
                             float b2, float c1, float c2, float bc2Sqrt, float eps, float negStep,
                             uint16_t *copy, bool copyF16) {
-  CARVE_GRID_LOOP(i, n) {
-    const float gi = g[i];
-    const float pi = __fmul_rn(p[i], decay);
-    const float mi = __fmaf_rn(gi, c1, __fmul_rn(m[i], b1));
-    const float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(c2, gi), gi));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2Sqrt), eps);
-    const float pn = __fadd_rn(pi, __fdiv_rn(__fmul_rn(negStep, mi), denom));
-    p[i] = pn;
-    m[i] = mi;
-    v[i] = vi;
-    // The parameter's 16-bit copy, rounded to nearest even as toBf16 / toF16 round.
-    if (copy)
-      copy[i] = copyF16 ? carve::rt::ew::f16Bits(pn) : carve::rt::ew::bf16Bits(pn);
-  }
+  // The parameter's 16-bit copy (when given) is rounded to nearest even as
+  // toBf16 / toF16 round.
+  const AdamwK k{decay, b1, b2, c1, c2, bc2Sqrt, eps, negStep};
+  CARVE_GRID_LOOP(i, n) adamwElement(p, g[i], m, v, i, k, copy, copyF16);
 }
 
 __global__ void addKernel(float *dst, const float *src, int64_t n) {
@@ -136,6 +186,70 @@ template <bool Add> __global__ void sumPartialsKernel(const double *partial, int
     for (int w = 0; w < kThreads / 32; ++w)
       s += warpSums[w];
     *out = Add ? *out + s : s;
+  }
+}
+
+/// One term's squares as sumSquaresKernel computes them with `blocks` blocks:
+/// block `lb` of the term writes partial[lb].
+template <class G>
+__device__ void squaresOfTerm(G g, int64_t n, int64_t lb, int64_t blocks, double *partial) {
+  __shared__ double warpSums[kThreads / 32];
+  double acc = 0;
+  for (int64_t i = lb * blockDim.x + threadIdx.x; i < n; i += blocks * blockDim.x) {
+    const double x = (float)g[i];
+    acc += x * x;
+  }
+  acc = warpCombine(false, acc);
+  if ((threadIdx.x & 31) == 0)
+    warpSums[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < kThreads / 32; ++w)
+      s += warpSums[w];
+    partial[lb] = s;
+  }
+}
+
+/// sumSquaresKernel of every term: term t's blocks are first[t] ..
+/// first[t + 1] - 1, its partials at partial + first[t].
+__global__ void sumSquaresMultiKernel(const SquaresTerm *t, const int64_t *first, int count,
+                                      double *partial) {
+  const int r = blockTensor(first, count);
+  const SquaresTerm x = t[r];
+  const int64_t blocks = first[r + 1] - first[r], lb = blockIdx.x - first[r];
+  if (x.gradKind == 1)
+    squaresOfTerm(Bf16Elems{static_cast<const uint16_t *>(x.g)}, x.n, lb, blocks,
+                  partial + first[r]);
+  else if (x.gradKind == 2)
+    squaresOfTerm(F16Elems{static_cast<const uint16_t *>(x.g)}, x.n, lb, blocks,
+                  partial + first[r]);
+  else
+    squaresOfTerm(F32Elems{static_cast<const float *>(x.g)}, x.n, lb, blocks, partial + first[r]);
+}
+
+/// sumPartialsKernel<true> of every term in order, in one block: acc[t.acc]
+/// += the sum of the term's partials, as the per-term launches add them.
+__global__ void sumPartialsMultiKernel(const SquaresTerm *t, const int64_t *first, int count,
+                                       const double *partial, double *out) {
+  __shared__ double warpSums[kThreads / 32];
+  for (int r = 0; r < count; ++r) {
+    const int n = static_cast<int>(first[r + 1] - first[r]);
+    const double *part = partial + first[r];
+    double acc = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      acc += part[i];
+    acc = warpCombine(false, acc);
+    if ((threadIdx.x & 31) == 0)
+      warpSums[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double s = 0;
+      for (int w = 0; w < kThreads / 32; ++w)
+        s += warpSums[w];
+      out[t[r].acc] = out[t[r].acc] + s;
+    }
+    __syncthreads(); // warpSums is the next term's
   }
 }
 
@@ -267,6 +381,121 @@ void sumSquaresAdd(const float *g, int64_t n, double *acc) { sumSquaresAddOf(F32
 
 void sumSquaresAdd(Grad16 g, int64_t n, double *acc) {
   withElems(g, [&](auto e) { sumSquaresAddOf(e, n, acc); });
+}
+
+//===--- The multi-tensor optimizer ----------------------------------------===//
+
+AdamwTensor adamwTensor(float *p, const float *g, float *m, float *v, int64_t n, uint16_t *copy) {
+  return AdamwTensor{p, g, m, v, copy, n, 0};
+}
+
+AdamwTensor adamwTensor(float *p, Grad16 g, float *m, float *v, int64_t n, uint16_t *copy) {
+  return AdamwTensor{p, g.p, m, v, copy, n, g.f16 ? 2 : 1};
+}
+
+SquaresTerm squaresTerm(const float *g, int64_t n, int acc) { return SquaresTerm{g, n, 0, acc}; }
+
+SquaresTerm squaresTerm(Grad16 g, int64_t n, int acc) {
+  return SquaresTerm{g.p, n, g.f16 ? 2 : 1, acc};
+}
+
+namespace {
+
+bool same(const AdamwTensor &a, const AdamwTensor &b) {
+  return a.p == b.p && a.g == b.g && a.m == b.m && a.v == b.v && a.copy == b.copy && a.n == b.n &&
+         a.gradKind == b.gradKind;
+}
+bool same(const SquaresTerm &a, const SquaresTerm &b) {
+  return a.g == b.g && a.n == b.n && a.gradKind == b.gradKind && a.acc == b.acc;
+}
+
+/// A multi-tensor call's table on the device: the tensors (those with
+/// elements), then first[count + 1], each tensor's first block. Uploaded
+/// when the call's tensors change (the first step), reused after.
+template <class T> struct DeviceTable {
+  std::vector<T> rows;
+  std::vector<int64_t> first;
+  void *dev = nullptr;
+  size_t devBytes = 0;
+
+  /// The device copies of rows and first for `t` (blocks per tensor from
+  /// `blocksOf`), uploading them if they changed.
+  void update(const T *t, int count, int64_t (*blocksOf)(int64_t), const char *what) {
+    std::vector<T> now;
+    for (int i = 0; i < count; ++i)
+      if (t[i].n > 0)
+        now.push_back(t[i]);
+    bool changed = now.size() != rows.size() || !dev;
+    for (size_t i = 0; !changed && i < now.size(); ++i)
+      changed = !same(now[i], rows[i]);
+    if (!changed)
+      return;
+    if (capturing())
+      fatal("CUDA graph: %s's tensors changed while the step is captured (the warm-up step had "
+            "other ones); run without --cuda-graph",
+            what);
+    rows = std::move(now);
+    first.assign(rows.size() + 1, 0);
+    for (size_t i = 0; i < rows.size(); ++i)
+      first[i + 1] = first[i] + blocksOf(rows[i].n);
+    const size_t rowBytes = (rows.size() * sizeof(T) + 255) / 256 * 256;
+    const size_t bytes = rowBytes + first.size() * sizeof(int64_t);
+    if (bytes > devBytes) {
+      if (dev)
+        CARVE_CUDA_CHECK(cudaFree(dev));
+      CARVE_CUDA_CHECK(cudaMalloc(&dev, bytes));
+      devBytes = bytes;
+    }
+    // Work already enqueued may read the old table.
+    CARVE_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    CARVE_CUDA_CHECK(cudaMemcpy(dev, rows.data(), rows.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CARVE_CUDA_CHECK(cudaMemcpy(static_cast<char *>(dev) + rowBytes, first.data(),
+                                first.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+  }
+  const T *devRows() const { return static_cast<const T *>(dev); }
+  const int64_t *devFirst() const {
+    return reinterpret_cast<const int64_t *>(static_cast<const char *>(dev) +
+                                             (rows.size() * sizeof(T) + 255) / 256 * 256);
+  }
+};
+
+int64_t adamwBlocks(int64_t n) { return blocksFor(n); }
+int64_t squaresBlocks(int64_t n) { return std::min(blocksFor(n), kMaxPartials); }
+
+} // namespace
+
+void adamwMulti(int site, const AdamwTensor *t, int count, bool copyF16, double lr, double beta1,
+                double beta2, double eps, double weightDecay, int64_t step) {
+  static std::map<int, DeviceTable<AdamwTensor>> tables;
+  DeviceTable<AdamwTensor> &d = tables[site];
+  d.update(t, count, adamwBlocks, "adamwMulti");
+  if (d.rows.empty())
+    return;
+  const int64_t grid = d.first.back();
+  if (grid > 0x7fffffff)
+    fatal("adamwMulti: %lld blocks exceed the grid", (long long)grid);
+  const carve::rt::AdamwCoefficients k =
+      carve::rt::adamwCoefficients(lr, beta1, beta2, eps, weightDecay, step);
+  CARVE_KERNEL(static_cast<unsigned>(grid), kThreads, 0, stream(), adamwMultiKernel)
+  (d.devRows(), d.devFirst(), static_cast<int>(d.rows.size()),
+   AdamwK{k.decay, k.b1, k.b2, k.c1, k.c2, k.bc2Sqrt, k.eps, k.negStep}, copyF16);
+  checkLaunch("adamwMulti");
+}
+
+void sumSquaresMulti(int site, const SquaresTerm *t, int count, double *acc) {
+  static std::map<int, DeviceTable<SquaresTerm>> tables;
+  DeviceTable<SquaresTerm> &d = tables[site];
+  d.update(t, count, squaresBlocks, "sumSquaresMulti");
+  if (d.rows.empty())
+    return;
+  const int64_t grid = d.first.back();
+  double *partial = static_cast<double *>(workspace(sizeof(double) * grid, kWsBasic2));
+  CARVE_KERNEL(static_cast<unsigned>(grid), kThreads, 0, stream(), sumSquaresMultiKernel)
+  (d.devRows(), d.devFirst(), static_cast<int>(d.rows.size()), partial);
+  checkLaunch("sumSquaresMulti");
+  CARVE_KERNEL(1, kThreads, 0, stream(), sumPartialsMultiKernel)
+  (d.devRows(), d.devFirst(), static_cast<int>(d.rows.size()), partial, acc);
+  checkLaunch("sumSquaresMulti");
 }
 
 void addInPlace(float *dst, const float *src, int64_t n) {

@@ -1130,6 +1130,106 @@ void testOptimizer16() {
   }
 }
 
+/// adamwMulti and sumSquaresMulti (the step's multi-tensor tail): every
+/// tensor of a mixed table -- f32, bf16 and fp16 gradients, with and without
+/// a 16-bit copy, an empty one, sizes from 1 to past one block's grid --
+/// bit for bit the per-tensor calls; the norm's accumulators equal the
+/// per-term sumSquaresAdd sequence exactly. Then the same table again (kept
+/// on the device) with other values, and a changed table (uploaded again).
+void testOptimizerMulti() {
+  const std::vector<int64_t> sizes = {1000003, 1, 0, 4097, 300001, 77};
+  const int count = static_cast<int>(sizes.size());
+  struct Case {
+    std::unique_ptr<DevBuf<float>> p, m, v, g32;
+    std::unique_ptr<DevBuf<uint16_t>> g16, copy;
+    std::vector<float> p0, m0, v0, gr;
+    int kind; // 0 f32, 1 bf16, 2 fp16 gradient
+    bool withCopy;
+  };
+  std::vector<Case> cs(count);
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = sizes[i];
+    Case &c = cs[i];
+    c.kind = i % 3;
+    c.withCopy = i % 2 == 0;
+    c.p0 = randn(n);
+    c.m0 = randn(n, 0.1f);
+    c.v0 = uniform(n, 0.0f, 0.01f);
+    c.gr = randn(n, 0.01f);
+    std::vector<uint16_t> g16(n);
+    for (int64_t j = 0; j < n; ++j)
+      g16[j] = c.kind == 2 ? rt::ew::f16Bits(c.gr[j]) : rt::ew::bf16Bits(c.gr[j]);
+    c.g32 = up(c.gr);
+    c.g16 = up(g16);
+    c.copy = poisoned<uint16_t>(n);
+    c.p = poisoned<float>(n), c.m = poisoned<float>(n), c.v = poisoned<float>(n);
+  }
+  for (int round = 0; round < 3; ++round) {
+    // Round 2 drops the last tensor: a changed table.
+    const int used = round == 2 ? count - 1 : count;
+    const int64_t step = 3 + round;
+    std::vector<g::AdamwTensor> t;
+    std::vector<g::SquaresTerm> terms;
+    std::vector<std::unique_ptr<DevBuf<float>>> rp, rm, rv;
+    std::vector<std::unique_ptr<DevBuf<uint16_t>>> rcopy;
+    double *acc = g::normAccumulators();
+    for (int i = 0; i < used; ++i) {
+      Case &c = cs[i];
+      const int64_t n = sizes[i];
+      c.p->upload(c.p0), c.m->upload(c.m0), c.v->upload(c.v0); // the same buffers each round
+      rp.push_back(up(c.p0)), rm.push_back(up(c.m0)), rv.push_back(up(c.v0));
+      rcopy.push_back(poisoned<uint16_t>(n));
+      const g::Grad16 g16{c.g16->p, c.kind == 2};
+      uint16_t *copy = c.withCopy ? c.copy->p : nullptr;
+      t.push_back(c.kind ? g::adamwTensor(c.p->p, g16, c.m->p, c.v->p, n, copy)
+                         : g::adamwTensor(c.p->p, c.g32->p, c.m->p, c.v->p, n, copy));
+      terms.push_back(c.kind ? g::squaresTerm(g16, n, i % 2) : g::squaresTerm(c.g32->p, n, i % 2));
+      // The per-tensor reference, into acc[2], acc[3].
+      if (c.kind)
+        g::adamwUpdateCopy16(rp.back()->p, g16, rm.back()->p, rv.back()->p, n, 3e-4, 0.9, 0.95,
+                             1e-8, 0.1, step, c.withCopy ? rcopy.back()->p : nullptr, c.kind == 2);
+      else
+        g::adamwUpdateCopy16(rp.back()->p, c.g32->p, rm.back()->p, rv.back()->p, n, 3e-4, 0.9,
+                             0.95, 1e-8, 0.1, step, c.withCopy ? rcopy.back()->p : nullptr, false);
+      if (c.kind)
+        g::sumSquaresAdd(g16, n, acc + 2 + i % 2);
+      else
+        g::sumSquaresAdd(c.g32->p, n, acc + 2 + i % 2);
+    }
+    // One copy format per call: fp16 copies where the fp16 gradients are.
+    g::adamwMulti(7, t.data(), used, /*copyF16=*/false, 3e-4, 0.9, 0.95, 1e-8, 0.1, step);
+    g::sumSquaresMulti(7, terms.data(), used, acc);
+    const std::string what = "multi-tensor round " + std::to_string(round);
+    for (int i = 0; i < used; ++i) {
+      const Case &c = cs[i];
+      const std::string w = what + " tensor " + std::to_string(i) + " (n " +
+                            std::to_string(sizes[i]) + ", gradient " +
+                            (c.kind == 0 ? "f32" : c.kind == 1 ? "bf16" : "fp16") + ")";
+      expectEqual(w + " param", c.p->download(), rp[i]->download());
+      expectEqual(w + " exp_avg", c.m->download(), rm[i]->download());
+      expectEqual(w + " exp_avg_sq", c.v->download(), rv[i]->download());
+      // The reference wrote fp16 copies for fp16 gradients; adamwMulti's call
+      // writes bf16 (copyF16 false): compare where the formats agree.
+      if (c.withCopy && c.kind != 2)
+        expectEqual(w + " 16-bit copy", c.copy->download(), rcopy[i]->download());
+    }
+    double got[4] = {-1, -1, -1, -1};
+    g::readScalars(acc, got, 4);
+    ++checks();
+    if (got[0] != got[2] || got[1] != got[3]) {
+      std::printf("FAIL %s sumSquaresMulti: %.17g, %.17g; per term %.17g, %.17g\n", what.c_str(),
+                  got[0], got[1], got[2], got[3]);
+      ++failures();
+    } else {
+      std::printf("ok   %s sumSquaresMulti: %.17g, %.17g, bit for bit the per-term sums\n",
+                  what.c_str(), got[0], got[1]);
+    }
+    // The next round: new values in the same buffers (round 1 keeps the table).
+    for (Case &c : cs)
+      c.p0 = randn(static_cast<int64_t>(c.p0.size()));
+  }
+}
+
 //===--- Device errors -----------------------------------------------------===//
 
 void testDeviceErrors() {
@@ -1219,6 +1319,7 @@ int main() {
   testShards();
   testOptimizer();
   testOptimizer16();
+  testOptimizerMulti();
   testDeviceErrors();
   ++checks();
   if (!g::kCudaTarget.synchronize(err)) {

@@ -361,6 +361,44 @@ void adamwUpdateCopy16(float *p, Grad16 g, float *m, float *v, int64_t n, double
                        bool copyF16);
 double sumSquares(Grad16 g, int64_t n);
 void sumSquaresAdd(Grad16 g, int64_t n, double *acc);
+
+/// The multi-tensor optimizer (carve-select-kernels' `adamwMulti` and
+/// `sumSquaresMulti` on the CUDA target): every parameter of the step in one
+/// launch, bit for bit the per-tensor calls above.
+///
+/// One tensor of adamwMulti: the fp32 parameter (or its master), its
+/// gradient (f32, or 16-bit: gradKind 1 bf16, 2 fp16), its moments, the
+/// 16-bit copy the update writes (null: none) and its elements.
+struct AdamwTensor {
+  float *p = nullptr;
+  const void *g = nullptr;
+  float *m = nullptr, *v = nullptr;
+  uint16_t *copy = nullptr;
+  int64_t n = 0;
+  int gradKind = 0;
+};
+AdamwTensor adamwTensor(float *p, const float *g, float *m, float *v, int64_t n,
+                        uint16_t *copy = nullptr);
+AdamwTensor adamwTensor(float *p, Grad16 g, float *m, float *v, int64_t n,
+                        uint16_t *copy = nullptr);
+/// adamwUpdate (adamwUpdateCopy16 where a copy is given, in `copyF16`'s
+/// format) of every tensor, in one launch. `site` names the call: the table
+/// goes to the device when its contents change (the first step), not every
+/// step; a change while a CUDA graph is captured is fatal.
+void adamwMulti(int site, const AdamwTensor *t, int count, bool copyF16, double lr, double beta1,
+                double beta2, double eps, double weightDecay, int64_t step);
+/// One term of sumSquaresMulti: a gradient, its elements, the accumulator.
+struct SquaresTerm {
+  const void *g = nullptr;
+  int64_t n = 0;
+  int gradKind = 0;
+  int acc = 0;
+};
+SquaresTerm squaresTerm(const float *g, int64_t n, int acc);
+SquaresTerm squaresTerm(Grad16 g, int64_t n, int acc);
+/// acc[t.acc] += the sum of squares of each term's gradient, in the terms'
+/// order, in two launches: bit for bit sumSquaresAdd per term.
+void sumSquaresMulti(int site, const SquaresTerm *t, int count, double *acc);
 void scaleInPlace(Grad16 g, int64_t n, float s);
 void addInPlace(Grad16 dst, Grad16 src, int64_t n);
 void addInPlace(float *dst, Grad16 src, int64_t n);
