@@ -504,6 +504,32 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
        << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal()) << ", "
        << name(g.getGrad()) << ", " << name(g.getQueryGrad()) << ", " << name(g.getKeyGrad())
        << ", " << name(g.getValueGrad()) << ");";
+  } else if (auto at = dyn_cast<AttentionStatsOp>(op);
+             at && kernelOf(op) == "attention_stats_cudnn") {
+    // cuDNN's forward: beside each of q, k, v its 16-bit copy where
+    // carve-pack-activations made one before the call and carve.read16 says
+    // the call reads it (null: the call converts).
+    auto flags = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+    if (flags && flags.size() != 3)
+      return failOp(op, "carve.read16 on an attention needs 3 flags (q, k, v)");
+    std::string args[3];
+    for (unsigned i = 0; i < 3; ++i) {
+      Value x = op->getOperand(i);
+      std::string copy = "nullptr";
+      if (flags && flags[i]) {
+        Value c = copy16Before(x, op, opts.precision);
+        if (!c)
+          return failOp(op, "carve.read16 marks an attention operand with no 16-bit copy before "
+                            "it");
+        copy = name(c);
+      }
+      args[i] = name(x) + ", " + copy + ", " + shapeOf(x);
+    }
+    Value q = at.getQuery(), mk = at.getMask();
+    os << callee(opts, kernelOf(op)) + "(" << args[0] << ", " << args[1] << ", " << args[2] << ", "
+       << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
+       << scalar(at.getScale().convertToDouble(), q) << ", " << flag("causal", at.getCausal())
+       << ", " << name(at.getResult()) << ", " << name(at.getLse()) << ");";
   } else if (auto at = dyn_cast<AttentionStatsOp>(op)) {
     // carve-save-attention-stats: the row log-sum-exp kept for the gradient.
     Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();

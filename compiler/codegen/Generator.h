@@ -213,6 +213,9 @@ void emitLearningRate(llvm::raw_ostream &os, const OptimizerConfig &o);
 /// step (run) or one pipeline chunk (runStage). One Generator per function.
 class Generator {
 public:
+  /// The first number of this generator's multi-tensor call sites (the
+  /// pipeline's chunks share one program: each numbers its own).
+  void firstMultiSite(int n) { multiSites = n; }
   Generator(mlir::func::FuncOp fn, const EmitOptions &opts, GeneratedProgram &out,
             std::string &error)
       : fn(fn), opts(opts), out(out), error(error) {}
@@ -545,6 +548,9 @@ private:
   /// Whether carve-select-kernels chose `kernel` (adamwMulti,
   /// sumSquaresMulti) for the tail's ops: one call over every parameter.
   bool tailKernel(llvm::StringRef kernel);
+  /// Multi-tensor call sites printed so far (each one's runtime table key;
+  /// firstMultiSite sets where they start).
+  int multiSites = 0;
   /// Scales the gradients carve.scale_gradients lists by `clip`.
   void emitClip(llvm::raw_ostream &ts);
   /// carve.unscale_gradients (fp16): divides them by the loss scale.

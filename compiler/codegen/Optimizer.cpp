@@ -189,9 +189,14 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
   if (tailAsTable)
     return emitTableNormTerms(ts);
   const bool multi = opts.cuda() && tailKernel("sumSquaresMulti");
-  if (multi && !tail.normSlots.empty())
+  // Each multi-tensor call site has its own number (its table's key in the
+  // runtime) and array name: a pipeline rank prints several tails.
+  const int site = multiSites;
+  if (multi && !tail.normSlots.empty()) {
+    ++multiSites;
     ts << "  // sumSquaresMulti: every term in two launches, bit for bit sumSquaresAdd each\n"
-       << "  const " << "gpu::SquaresTerm normTerms[] = {\n";
+       << "  const gpu::SquaresTerm normTerms" << site << "[] = {\n";
+  }
   for (size_t k = 0; k < tail.normSlots.size(); ++k) {
     const GradSlot &g = grads[tail.normSlots[k]];
     const bool split = tail.normSplit[k];
@@ -217,8 +222,8 @@ void Generator::emitNormTerms(llvm::raw_ostream &ts) {
          << paramName(g.param) << "\n";
   }
   if (multi && !tail.normSlots.empty())
-    ts << "  };\n  " << callee(opts, "sumSquaresMulti") << "(0, normTerms, "
-       << tail.normSlots.size() << ", sqDevice);\n";
+    ts << "  };\n  " << callee(opts, "sumSquaresMulti") << "(" << site << ", normTerms" << site
+       << ", " << tail.normSlots.size() << ", sqDevice);\n";
 }
 
 void Generator::emitClip(llvm::raw_ostream &ts) {
@@ -260,10 +265,11 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
   if (zero)
     ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
   const bool multi = adam && opts.cuda() && tailKernel("adamwMulti") && !tail.updated.empty();
+  const int site = multi ? multiSites++ : -1;
   if (multi)
     ts << "  // adamwMulti: every update in one launch, bit for bit adamwUpdate (with the\n"
        << "  // 16-bit copy: adamwUpdateCopy16) one by one.\n"
-       << "  const gpu::AdamwTensor adamTensors[] = {\n";
+       << "  const gpu::AdamwTensor adamTensors" << site << "[] = {\n";
   for (int64_t slot : tail.updated) {
     unsigned a = grads[slot].param;
     const TailNames &t = tailNames[a];
@@ -312,8 +318,8 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
          << ", rounded to nearest even\n";
   }
   if (multi)
-    ts << "  };\n  " << callee(opts, "adamwMulti") << "(1, adamTensors, " << tail.updated.size()
-       << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
+    ts << "  };\n  " << callee(opts, "adamwMulti") << "(" << site << ", adamTensors" << site << ", "
+       << tail.updated.size() << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
        << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
   if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
@@ -427,13 +433,15 @@ void Generator::emitTableNormTerms(llvm::raw_ostream &ts) {
                 : std::string("r.numel");
   if (opts.cuda() && tailKernel("sumSquaresMulti")) {
     const size_t n = grads.size();
+    const int site = multiSites++;
+    const std::string terms = "normTerms" + std::to_string(site);
     ts << "  // sumSquaresMulti: every row's squares in two launches, bit for bit\n"
        << "  // sumSquaresAdd row by row.\n"
-       << "  gpu::SquaresTerm normTerms[" << n << "];\n"
+       << "  gpu::SquaresTerm " << terms << "[" << n << "];\n"
        << "  for (size_t i = 0; i < " << n << "; ++i) {\n"
        << "    const TailRow &r = tail[i];\n"
-       << "    normTerms[i] = gpu::squaresTerm(" << e.grad << ", " << count << ", r.norm);\n"
-       << "  }\n  " << callee(opts, "sumSquaresMulti") << "(0, normTerms, " << n
+       << "    " << terms << "[i] = gpu::squaresTerm(" << e.grad << ", " << count << ", r.norm);\n"
+       << "  }\n  " << callee(opts, "sumSquaresMulti") << "(" << site << ", " << terms << ", " << n
        << ", sqDevice);\n";
     return;
   }
@@ -475,16 +483,19 @@ void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
     p = e.master;
   if (adam && opts.cuda() && tailKernel("adamwMulti")) {
     const size_t rows = grads.size();
+    const int site = multiSites++;
+    const std::string tensors = "adamTensors" + std::to_string(site);
     ts << "  // adamwMulti: every row's update in one launch, bit for bit "
        << (master ? "adamwUpdateCopy16" : "adamwUpdate") << " row by row.\n"
-       << "  gpu::AdamwTensor adamTensors[" << rows << "];\n"
+       << "  gpu::AdamwTensor " << tensors << "[" << rows << "];\n"
        << "  for (size_t i = 0; i < " << rows << "; ++i) {\n"
        << "    const TailRow &r = tail[i];\n";
     if (zero)
       ts << "    const int64_t n = " << n << ";\n", n = "n";
-    ts << "    adamTensors[i] = gpu::adamwTensor(" << p << ", " << go << ", " << e.state0 << ", "
-       << e.state1 << ", " << n << ", " << (master ? copy : std::string("nullptr")) << ");\n"
-       << "  }\n  " << callee(opts, "adamwMulti") << "(1, adamTensors, " << rows
+    ts << "    " << tensors << "[i] = gpu::adamwTensor(" << p << ", " << go << ", " << e.state0
+       << ", " << e.state1 << ", " << n << ", " << (master ? copy : std::string("nullptr"))
+       << ");\n"
+       << "  }\n  " << callee(opts, "adamwMulti") << "(" << site << ", " << tensors << ", " << rows
        << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
        << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
   } else {

@@ -326,6 +326,9 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
   std::vector<GeneratedProgram> scratch(v);
   for (int c = 0; c < v; ++c) {
     gens.push_back(std::make_unique<codegen::Generator>(fns[c], opts, scratch[c], error));
+    // The chunks' tails share the rank's program: their multi-tensor call
+    // sites (two at most each: the norm's, the update's) are numbered apart.
+    gens.back()->firstMultiSite(2 * c);
     if (!gens.back()->runStage(pipe, c, at, inputOffsets, chunks[c]))
       return false;
     at = chunks[c].persistentEnd;

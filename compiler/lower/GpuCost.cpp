@@ -320,7 +320,7 @@ struct Model {
       if (n > 0)
         add(kernel, GpuClass::Conversion, 0, 6 * n);
     };
-    // The gradient's q, k, v read as stored where carve.read16 says so.
+    // q, k, v read as stored (16-bit copies, views) where carve.read16 says so.
     auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
     auto given16 = [&](unsigned i) { return read16 && read16.size() == 3 && read16[i]; };
     if (!given16(0))

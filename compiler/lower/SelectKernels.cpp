@@ -84,8 +84,6 @@ Value view16Source(Value v, StringRef precision) {
              : Value();
 }
 
-std::string cudnnAttentionRefusal(Operation *op, const PlanAttrs &plan);
-
 /// Rule 3's products on the CUDA target under bf16/fp16: a matmul whose
 /// operand (as read, through a folded transpose) is such a view reads the
 /// 16-bit tensor itself (`matmul16`, carve.read16 per operand) instead of
@@ -95,7 +93,8 @@ std::string cudnnAttentionRefusal(Operation *op, const PlanAttrs &plan);
 /// reads the 16-bit tensors its query, key and value are views of (the
 /// forward's saved 16-bit copies) instead of the views (carve.read16, one
 /// flag per q, k, v): cuDNN's graph reads 16-bit inputs, so the call would
-/// otherwise round the views back to the same bits.
+/// otherwise round the views back to the same bits. Its forward
+/// (attention_stats) reads the copies carve-pack-activations made before it.
 struct Read16 {
   llvm::DenseMap<Operation *, std::array<bool, 2>> flags; // the op that runs the matmul
   llvm::DenseMap<Operation *, std::array<bool, 3>> attention; // q, k, v of a cuDNN gradient
@@ -107,6 +106,16 @@ struct Read16 {
     // view as 16 bits.
     llvm::DenseSet<std::pair<Operation *, unsigned>> reads; // (op, operand)
     for (Operation &op : fn.getBody().front().without_terminator()) {
+      // cuDNN's forward: q, k, v whose 16-bit copies carve-pack-activations
+      // made just before it are read as those copies.
+      if (isa<AttentionStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
+        std::array<bool, 3> f = {false, false, false};
+        for (unsigned k = 0; k < 3; ++k)
+          f[k] = (bool)copy16Before(op.getOperand(k), &op, precision);
+        if (f[0] || f[1] || f[2])
+          attention[&op] = f;
+        continue;
+      }
       if (isa<AttentionGradStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
         std::array<bool, 3> f = {false, false, false};
         for (unsigned k = 0; k < 3; ++k)
@@ -274,39 +283,6 @@ Choice select(Operation *op, StringRef target) {
     return call("custom");
   return refuse(std::string("the ") + (target == "cuda" ? "CUDA" : "CPU") +
                 " target has no kernel for this op yet");
-}
-
-/// Rule 3c: why cuDNN's fused flash attention cannot run this
-/// attention_stats / attention_grad_stats on the CUDA target (empty: it can).
-/// The runtime checks again, and runs carve's kernel where cuDNN's engines
-/// refuse a shape on the GPU at hand (runtime/cuda/attention_cudnn.cpp).
-std::string cudnnAttentionRefusal(Operation *op, const PlanAttrs &plan) {
-  if (plan.precision != "bf16" && plan.precision != "fp16")
-    return "the plan computes attention in fp32";
-  if (plan.attention == "carve")
-    return "--attention carve";
-  Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
-  Value mask;
-  if (auto a = dyn_cast<AttentionStatsOp>(op))
-    mask = a.getMask();
-  else
-    mask = cast<AttentionGradStatsOp>(op).getMask();
-  if (mask)
-    return "an attention mask tensor (cuDNN's graph here takes causal or no mask)";
-  auto qt = dyn_cast<RankedTensorType>(q.getType());
-  auto kt = dyn_cast<RankedTensorType>(k.getType());
-  auto vt = dyn_cast<RankedTensorType>(v.getType());
-  if (!qt || !kt || !vt || !qt.hasStaticShape() || !kt.hasStaticShape() || !vt.hasStaticShape() ||
-      qt.getRank() < 2)
-    return "shapes not static";
-  int64_t d = qt.getShape().back(), dv = vt.getShape().back();
-  if (d % 8 || dv % 8 || d > 256 || dv > 256)
-    return "head dimensions " + std::to_string(d) + " and " + std::to_string(dv) +
-           " (cuDNN takes multiples of 8 up to 256)";
-  for (int64_t x : qt.getShape())
-    if (x == 0)
-      return "an empty tensor";
-  return "";
 }
 
 struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {

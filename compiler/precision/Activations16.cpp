@@ -172,7 +172,8 @@ int64_t sendsAndReceives(func::FuncOp fn, Type f16) {
 /// One function's rounded forward values and their 16-bit copies.
 class Packer {
 public:
-  Packer(func::FuncOp fn, Type f16) : fn(fn), f16(f16), order(fn) {
+  Packer(func::FuncOp fn, Type f16, const PlanAttrs &plan)
+      : fn(fn), f16(f16), plan(plan), order(fn) {
     backwardBegin = order.backwardBegin(true);
   }
 
@@ -224,7 +225,18 @@ public:
       auto t = cast<RankedTensorType>(root.getType());
       std::string node = nodeName(op->getLoc());
       OpBuilder b(op->getContext());
-      b.setInsertionPointAfter(order.ops[last]);
+      // A copy that cuDNN's attention (its last forward reader, as q, k or
+      // v) reads as stored is made just before it; any other just after
+      // the last forward reader.
+      Operation *lastReader = order.ops[last];
+      bool beforeAttention = false;
+      if (isa<AttentionStatsOp>(lastReader) && cudnnAttentionRefusal(lastReader, plan).empty())
+        for (unsigned k = 0; k < 3; ++k)
+          beforeAttention |= alias.contains(lastReader->getOperand(k));
+      if (beforeAttention)
+        b.setInsertionPoint(lastReader);
+      else
+        b.setInsertionPointAfter(lastReader);
       Location fwdLoc = NameLoc::get(b.getStringAttr(node + " (16-bit copy)"), op->getLoc());
       Value copy = received
                        ? received
@@ -259,6 +271,7 @@ private:
 
   func::FuncOp fn;
   Type f16;
+  const PlanAttrs &plan;
   ProgramOrder order;
   int64_t backwardBegin = 0;
 };
@@ -276,7 +289,7 @@ struct PackActivationsPass : carve::impl::CarvePackActivationsBase<PackActivatio
     for (auto fn : module.getOps<func::FuncOp>())
       if (isEmittedFunction(fn)) {
         sent += sendsAndReceives(fn, f16);
-        numPacked += Packer(fn, f16).run(saved);
+        numPacked += Packer(fn, f16, *plan).run(saved);
       }
     numBytesSaved += saved;
     numSendBytesSaved += sent;

@@ -49,7 +49,11 @@ def CarvePackActivations : Pass<"carve-pack-activations", "mlir::ModuleOp"> {
 
       - after its last forward reader (a fused group's root for a member),
         `carve.cast` writes a 16-bit copy (bf16 or f16, two bytes per
-        element: exact, the value is rounded already);
+        element: exact, the value is rounded already); on the CUDA target,
+        where that reader is an attention_stats that runs as cuDNN's
+        attention (cudnnAttentionRefusal, carve-select-kernels' rule 3c)
+        and reads the value as q, k or v, just before it instead, so that
+        the call reads the copy as stored;
       - before its first backward reader, `carve.cast` back to f32 (exact),
         named `backward of NODE (16-bit copy)`; backward's readers (and
         reshapes of it, cloned there) read that.

@@ -252,4 +252,51 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
   return plan;
 }
 
+// The runtime checks again, and runs carve's kernel where cuDNN's engines
+// refuse a shape on the GPU at hand (runtime/cuda/attention_cudnn.cpp).
+std::string cudnnAttentionRefusal(mlir::Operation *op, const PlanAttrs &plan) {
+  if (plan.target != "cuda")
+    return "the " + plan.target + " target";
+  if (plan.precision != "bf16" && plan.precision != "fp16")
+    return "the plan computes attention in fp32";
+  if (plan.attention == "carve")
+    return "--attention carve";
+  mlir::Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
+  mlir::Value mask;
+  if (auto a = mlir::dyn_cast<AttentionStatsOp>(op))
+    mask = a.getMask();
+  else if (auto g = mlir::dyn_cast<AttentionGradStatsOp>(op))
+    mask = g.getMask();
+  else
+    return "not carve.attention_stats or carve.attention_grad_stats";
+  if (mask)
+    return "an attention mask tensor (cuDNN's graph here takes causal or no mask)";
+  auto qt = mlir::dyn_cast<mlir::RankedTensorType>(q.getType());
+  auto kt = mlir::dyn_cast<mlir::RankedTensorType>(k.getType());
+  auto vt = mlir::dyn_cast<mlir::RankedTensorType>(v.getType());
+  if (!qt || !kt || !vt || !qt.hasStaticShape() || !kt.hasStaticShape() || !vt.hasStaticShape() ||
+      qt.getRank() < 2)
+    return "shapes not static";
+  int64_t d = qt.getShape().back(), dv = vt.getShape().back();
+  if (d % 8 || dv % 8 || d > 256 || dv > 256)
+    return "head dimensions " + std::to_string(d) + " and " + std::to_string(dv) +
+           " (cuDNN takes multiples of 8 up to 256)";
+  for (int64_t x : qt.getShape())
+    if (x == 0)
+      return "an empty tensor";
+  return "";
+}
+
+mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef precision) {
+  for (mlir::Operation *u : x.getUsers()) {
+    auto c = mlir::dyn_cast<CastOp>(u);
+    if (!c || c->getBlock() != op->getBlock() || !c->isBeforeInBlock(op))
+      continue;
+    mlir::Type t = mlir::cast<mlir::ShapedType>(c.getType()).getElementType();
+    if ((precision == "bf16" && t.isBF16()) || (precision == "fp16" && t.isF16()))
+      return c.getResult();
+  }
+  return mlir::Value();
+}
+
 } // namespace carve

@@ -334,6 +334,16 @@ bool isEmittedFunction(mlir::func::FuncOp fn);
 /// storage (through reshapes) is written by an op marked carve.round16.
 bool isRounded16(mlir::Value v);
 
+/// carve-select-kernels' rule 3c: why cuDNN's fused flash attention cannot
+/// run this carve.attention_stats / carve.attention_grad_stats under `plan`
+/// on the CUDA target (empty: it can). carve-pack-activations reads it too
+/// (the forward's q, k, v copies are made before such a call, which reads
+/// them as stored).
+std::string cudnnAttentionRefusal(mlir::Operation *op, const PlanAttrs &plan);
+/// The 16-bit copy of `x` (a carve.cast from f32 to the plan's 16-bit
+/// format `precision`) made before `op` in its block, or null.
+mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef precision);
+
 } // namespace carve
 
 #endif // CARVE_DIALECTS_CARVE_CONTRACT_H

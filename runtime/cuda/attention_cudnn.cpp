@@ -99,9 +99,9 @@ void sayNoCudnn() {
 void cudnnAttentionCalls(int64_t &forward, int64_t &backward) { forward = backward = 0; }
 bool cudnnAttentionBuilt() { return false; }
 
-void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
-                           Dims vs, const float *mask, Dims ms, float scale, bool causal, float *y,
-                           float *lse) {
+void attention_stats_cudnn(const float *q, const void *, Dims qs, const float *k, const void *,
+                           Dims ks, const float *v, const void *, Dims vs, const float *mask,
+                           Dims ms, float scale, bool causal, float *y, float *lse) {
   sayNoCudnn();
   attention_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, y, lse);
 }
@@ -652,8 +652,9 @@ void cudnnAttentionCalls(int64_t &forward, int64_t &backward) {
   backward = cudnnState().backwardCalls;
 }
 
-void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
-                           Dims vs, const float *mask, Dims ms, float scale, bool causal, float *y,
+void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
+                           const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
+                           const float *mask, Dims ms, float scale, bool causal, float *y,
                            float *lse) {
   const char *op = "attention_stats_cudnn";
   Shape s;
@@ -664,16 +665,22 @@ void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, con
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   char *ws = nullptr;
-  std::vector<char *> p = scratch({size_t(nq) * 2, size_t(nk) * 2, size_t(nv) * 2, size_t(no) * 2},
+  std::vector<char *> p = scratch({q16 ? 0 : size_t(nq) * 2, k16 ? 0 : size_t(nk) * 2,
+                                   v16 ? 0 : size_t(nv) * 2, size_t(no) * 2},
                                   g->workspaceBytes, ws);
-  auto *q16 = reinterpret_cast<uint16_t *>(p[0]), *k16 = reinterpret_cast<uint16_t *>(p[1]);
-  auto *v16 = reinterpret_cast<uint16_t *>(p[2]), *o16 = reinterpret_cast<uint16_t *>(p[3]);
-  to16(q, q16, nq);
-  to16(k, k16, nk);
-  to16(v, v16, nv);
+  // q, k, v: their 16-bit copies where the program has them, else converted.
+  void *in16[3] = {const_cast<void *>(q16), const_cast<void *>(k16), const_cast<void *>(v16)};
+  const float *in[3] = {q, k, v};
+  const int64_t counts[3] = {nq, nk, nv};
+  for (int i = 0; i < 3; ++i)
+    if (!in16[i]) {
+      in16[i] = p[i];
+      to16(in[i], static_cast<uint16_t *>(in16[i]), counts[i]);
+    }
+  auto *o16 = reinterpret_cast<uint16_t *>(p[3]);
   float negInf = -std::numeric_limits<float>::infinity();
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
-  std::vector<void *> ptrs{q16, k16, v16, o16, lse, &scale};
+  std::vector<void *> ptrs{in16[0], in16[1], in16[2], o16, lse, &scale};
   if (causal) {
     uids.push_back(kNegInf);
     ptrs.push_back(&negInf);

@@ -313,10 +313,11 @@ def main():
             if "struct Fused" not in text or "gpu::fused(" not in text or \
                     "CARVE_HD void operator()" not in text:
                 raise Failure("%s/src/%s has no fused elementwise kernel" % (out, src))
-            # The gradient norm is summed on the device and read once, not
-            # one host synchronization per gradient.
-            if "gpu::sumSquares(" in text or "gpu::sumSquaresAdd(" not in text or \
-                    text.count("gpu::readScalars(") != 1:
+            # The gradient norm is summed on the device (every gradient in
+            # one multi-tensor call) and read once, not one host
+            # synchronization per gradient; AdamW is one multi-tensor call.
+            if "gpu::sumSquares(" in text or "gpu::sumSquaresMulti(" not in text or \
+                    text.count("gpu::readScalars(") != 1 or "gpu::adamwMulti(" not in text:
                 raise Failure("%s/src/%s does not sum the gradient norm on the device and "
                               "read it once" % (out, src))
             check_graph_split(text, "%s/src/%s" % (out, src), plan_name == "pp2")

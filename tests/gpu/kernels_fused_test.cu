@@ -507,8 +507,8 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
                      lse->p);
   g::attention_grad_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal, y->p,
                           lse->p, dgy->p, gq->p, gk->p, gv->p);
-  g::attention_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, nullptr, Dims{}, scale, causal,
-                           yc->p, lsec->p);
+  g::attention_stats_cudnn(dq_->p, nullptr, qs, dk_->p, nullptr, qs, dv_->p, nullptr, qs, nullptr,
+                           Dims{}, scale, causal, yc->p, lsec->p);
   g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, nullptr,
                                 Dims{}, scale, causal, yc->p, lsec->p, dgy->p, cq->p, ck->p, cv->p);
   // The gradient again from q, k, v given as their 16-bit tensors (carve.read16).
@@ -520,14 +520,18 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   auto hq = poisoned<float>(n), hk = poisoned<float>(n), hv = poisoned<float>(n);
   g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
                                 Dims{}, scale, causal, yc->p, lsec->p, dgy->p, hq->p, hk->p, hv->p);
+  // The forward again from the copies (its f32 operands poisoned: must be unread).
+  auto yh = poisoned<float>(n), lseh = poisoned<float>(ls.numel()), nan = poisoned<float>(n);
+  g::attention_stats_cudnn(nan->p, q16->p, qs, nan->p, k16->p, qs, nan->p, v16->p, qs, nullptr,
+                           Dims{}, scale, causal, yh->p, lseh->p);
   g::setPrecision(rt::Precision::F32);
   if (!deviceOk(what))
     return;
   g::cudnnAttentionCalls(f1, b1);
   ++checks();
-  if (f1 != f0 + 1 || b1 != b0 + 2) {
+  if (f1 != f0 + 2 || b1 != b0 + 2) {
     ++failures();
-    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 1 and 2 (stderr says "
+    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 2 each (stderr says "
                 "why it refused)\n",
                 what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0));
     return;
@@ -555,6 +559,9 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   expectNormwise(what + " dq (16-bit q, k, v)", hq->download(), rq, 16 * u);
   expectNormwise(what + " dk (16-bit q, k, v)", hk->download(), rk, 16 * u);
   expectNormwise(what + " dv (16-bit q, k, v)", hv->download(), rv, 16 * u);
+  // The forward from the copies: the same call on the same bits.
+  expectEqual(what + " y (16-bit q, k, v)", yh->download(), yc->download());
+  expectEqual(what + " row log-sum-exp (16-bit q, k, v)", lseh->download(), lsec->download());
   expectClose(what + " row log-sum-exp", lsec->download(), toD(lse->download()), 1e-5, 1e-5);
   // carve's kernel against the same reference, for the record (its P and O
   // stay f32: well inside the bounds above).
@@ -589,8 +596,8 @@ void testAttentionCudnnFallback() {
     g::attention_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, y->p, lse->p);
     g::attention_grad_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, y->p, lse->p,
                             dgy->p, gq->p, gk->p, gv->p);
-    g::attention_stats_cudnn(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, yc->p,
-                             lsec->p);
+    g::attention_stats_cudnn(dq_->p, nullptr, qs, dk_->p, nullptr, qs, dv_->p, nullptr, qs, mp, ms,
+                             0.25f, false, yc->p, lsec->p);
     g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
                                   0.25f, false, y->p, lse->p, dgy->p, cq->p, ck->p, cv->p);
     // Under bf16, the same from q, k, v given as bf16 tensors: widened for

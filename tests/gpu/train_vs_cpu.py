@@ -261,7 +261,9 @@ def check_profile(out, data):
         if len(f) != 5:
             break
         rows[f[4]] = (float(f[0]), int(f[2]))
-    for name in ["cuBLAS GEMM, fp32", "attnForward<", "adamwKernel<"]:
+    # AdamW: adamwMultiKernel (one launch over every parameter; adamwKernel per
+    # parameter where the tail has no multi-tensor call).
+    for name in ["cuBLAS GEMM, fp32", "attnForward<", "adamw"]:
         hit = [k for k in rows if k.startswith(name)]
         if not hit or any(rows[k][1] < 1 for k in hit):
             raise Failure("CARVE_GPU_PROFILE=1: no row for %s in the table:\n%s" % (name, se))

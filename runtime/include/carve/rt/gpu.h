@@ -227,8 +227,12 @@ void attention_grad_stats(const float *q, Dims qs, const float *k, Dims ks, cons
 /// and outputs. Where cuDNN cannot take the call (fp32, a mask tensor, a
 /// head dimension it lacks, no engine on this GPU, CARVE_CUDNN_ATTENTION=off)
 /// carve's kernel runs, and the first such call of a shape says why on stderr.
-void attention_stats_cudnn(const float *q, Dims qs, const float *k, Dims ks, const float *v,
-                           Dims vs, const float *mask, Dims ms, float scale, bool causal, float *y,
+/// The forward's q16, k16, v16: the 16-bit copies (the precision's format)
+/// of q, k, v where the program made them before the call (carve.read16;
+/// null: the call converts).
+void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
+                           const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
+                           const float *mask, Dims ms, float scale, bool causal, float *y,
                            float *lse);
 /// The gradient's q, k and v may be the 16-bit tensors (bf16 or fp16, the
 /// precision's) that the f32 operands would be views of (`q16` ...:
