@@ -299,20 +299,36 @@ struct Model {
   /// cuDNN graph (counted as one launch: the call), the results widened.
   /// FLOPs are the causal pairs' (as for carve's kernel): 2 GEMMs forward,
   /// 5 backward (S again, dV, dP, dK, dQ).
-  void attentionCudnn(Operation *op, bool grad) {
+  /// An attention op's shapes and the query-key pairs it computes:
+  /// causally, query i sees keys up to i (`lastKeys`: up to i + Tk - Tq, the
+  /// queries aligned to the last keys).
+  struct AttnShape {
+    int64_t tq, tk, d, dv, items;
+    double pairs;
+  };
+  AttnShape attnShape(Operation *op, bool lastKeys) {
     Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
     ArrayRef<int64_t> qs = typeOf(q).getShape(), ks = typeOf(k).getShape(),
                       vs = typeOf(v).getShape();
-    const int64_t tq = qs[qs.size() - 2], d = qs.back(), tk = ks[ks.size() - 2], dv = vs.back();
-    const int64_t items = (tq != 0 && d != 0) ? numel(q) / (tq * d) : 0;
-    const bool causal = op->getAttrOfType<BoolAttr>("causal").getValue();
-    double pairs = double(tq) * tk;
-    if (causal) {
-      pairs = 0;
-      for (int64_t i = 0; i < tq; ++i)
-        pairs += std::clamp<int64_t>(i + 1, 0, tk);
+    AttnShape a;
+    a.tq = qs[qs.size() - 2], a.d = qs.back(), a.tk = ks[ks.size() - 2], a.dv = vs.back();
+    a.items = (a.tq != 0 && a.d != 0) ? numel(q) / (a.tq * a.d) : 0;
+    a.pairs = double(a.tq) * a.tk;
+    if (op->getAttrOfType<BoolAttr>("causal").getValue()) {
+      const int64_t off = lastKeys ? a.tk - a.tq : 0;
+      a.pairs = 0;
+      for (int64_t i = 0; i < a.tq; ++i)
+        a.pairs += std::clamp<int64_t>(i + off + 1, 0, a.tk);
     }
-    pairs *= items;
+    a.pairs *= a.items;
+    return a;
+  }
+
+  void attentionCudnn(Operation *op, bool grad) {
+    // cuDNN's causal mask is top-left (query i sees keys up to i).
+    const AttnShape a = attnShape(op, /*lastKeys=*/false);
+    const int64_t tq = a.tq, d = a.d, tk = a.tk, dv = a.dv, items = a.items;
+    const double pairs = a.pairs;
     const double nq = double(items) * tq * d, nk = double(items) * tk * d;
     const double nv = double(items) * tk * dv, no = double(items) * tq * dv;
     const double rows = double(items) * tq;
@@ -350,21 +366,11 @@ struct Model {
   /// saved output and log-sum-exp instead of the forward again.
   void attention(Operation *op, bool grad, bool saved = false) {
     Value q = op->getOperand(0), k = op->getOperand(1), v = op->getOperand(2);
-    ArrayRef<int64_t> qs = typeOf(q).getShape(), ks = typeOf(k).getShape(),
-                      vs = typeOf(v).getShape();
-    const int64_t tq = qs[qs.size() - 2], d = qs.back(), tk = ks[ks.size() - 2], dv = vs.back();
-    const int64_t items = (tq != 0 && d != 0) ? numel(q) / (tq * d) : 0;
-    const bool causal = op->getAttrOfType<BoolAttr>("causal").getValue();
     // Query-key pairs computed: causally, query i sees keys up to i (the
     // queries aligned to the last keys).
-    double pairs = double(tq) * tk;
-    if (causal) {
-      const int64_t off = tk - tq;
-      pairs = 0;
-      for (int64_t i = 0; i < tq; ++i)
-        pairs += std::clamp<int64_t>(i + off + 1, 0, tk);
-    }
-    pairs *= items;
+    const AttnShape a = attnShape(op, /*lastKeys=*/true);
+    const int64_t tq = a.tq, tk = a.tk, d = a.d, dv = a.dv, items = a.items;
+    const double pairs = a.pairs;
     const double qkv = bytesOf(q) + bytesOf(k) + bytesOf(v);
     const double out = double(items) * tq * dv * 4;
     if (items == 0 || tq == 0)

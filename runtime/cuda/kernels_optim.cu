@@ -150,65 +150,56 @@ template <class G> __global__ void widenKernel(G s, float *dst, int64_t n) {
   CARVE_GRID_LOOP(i, n) dst[i] = s[i];
 }
 
-/// partial[block] = the block's sum of g^2 in double.
-template <class G> __global__ void sumSquaresKernel(G g, int64_t n, double *partial) {
+/// The block's total of every thread's `acc`: the warps' sums, then thread
+/// 0's sum of them in warp order (the value is thread 0's; the shared
+/// scratch is free again when it returns).
+__device__ double blockTotal(double acc) {
   __shared__ double warpSums[kThreads / 32];
-  double acc = 0;
-  CARVE_GRID_LOOP(i, n) {
-    const double x = (float)g[i];
-    acc += x * x;
-  }
   acc = warpCombine(false, acc);
   if ((threadIdx.x & 31) == 0)
     warpSums[threadIdx.x >> 5] = acc;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0;
+  double s = 0;
+  if (threadIdx.x == 0)
     for (int w = 0; w < kThreads / 32; ++w)
       s += warpSums[w];
-    partial[blockIdx.x] = s;
-  }
-}
-
-/// out = the sum of the n partials (one block); with Add, *out += it (the
-/// gradient norm's accumulators, in stream order).
-template <bool Add> __global__ void sumPartialsKernel(const double *partial, int n, double *out) {
-  __shared__ double warpSums[kThreads / 32];
-  double acc = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    acc += partial[i];
-  acc = warpCombine(false, acc);
-  if ((threadIdx.x & 31) == 0)
-    warpSums[threadIdx.x >> 5] = acc;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0;
-    for (int w = 0; w < kThreads / 32; ++w)
-      s += warpSums[w];
-    *out = Add ? *out + s : s;
-  }
+  return s;
 }
 
-/// One term's squares as sumSquaresKernel computes them with `blocks` blocks:
-/// block `lb` of the term writes partial[lb].
+/// Block `lb` of `blocks` over g: partial[lb] = its share of the sum of g^2
+/// in double (a grid-stride loop as that many blocks run it).
 template <class G>
 __device__ void squaresOfTerm(G g, int64_t n, int64_t lb, int64_t blocks, double *partial) {
-  __shared__ double warpSums[kThreads / 32];
   double acc = 0;
   for (int64_t i = lb * blockDim.x + threadIdx.x; i < n; i += blocks * blockDim.x) {
     const double x = (float)g[i];
     acc += x * x;
   }
-  acc = warpCombine(false, acc);
-  if ((threadIdx.x & 31) == 0)
-    warpSums[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0;
-    for (int w = 0; w < kThreads / 32; ++w)
-      s += warpSums[w];
+  const double s = blockTotal(acc);
+  if (threadIdx.x == 0)
     partial[lb] = s;
-  }
+}
+
+/// partial[block] = the block's sum of g^2 in double.
+template <class G> __global__ void sumSquaresKernel(G g, int64_t n, double *partial) {
+  squaresOfTerm(g, n, blockIdx.x, gridDim.x, partial);
+}
+
+/// The sum of n partials in one block (thread 0's value).
+__device__ double sumOfPartials(const double *partial, int n) {
+  double acc = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    acc += partial[i];
+  return blockTotal(acc);
+}
+
+/// out = the sum of the n partials (one block); with Add, *out += it (the
+/// gradient norm's accumulators, in stream order).
+template <bool Add> __global__ void sumPartialsKernel(const double *partial, int n, double *out) {
+  const double s = sumOfPartials(partial, n);
+  if (threadIdx.x == 0)
+    *out = Add ? *out + s : s;
 }
 
 /// sumSquaresKernel of every term: term t's blocks are first[t] ..
@@ -232,24 +223,10 @@ __global__ void sumSquaresMultiKernel(const SquaresTerm *t, const int64_t *first
 /// += the sum of the term's partials, as the per-term launches add them.
 __global__ void sumPartialsMultiKernel(const SquaresTerm *t, const int64_t *first, int count,
                                        const double *partial, double *out) {
-  __shared__ double warpSums[kThreads / 32];
   for (int r = 0; r < count; ++r) {
-    const int n = static_cast<int>(first[r + 1] - first[r]);
-    const double *part = partial + first[r];
-    double acc = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-      acc += part[i];
-    acc = warpCombine(false, acc);
-    if ((threadIdx.x & 31) == 0)
-      warpSums[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      double s = 0;
-      for (int w = 0; w < kThreads / 32; ++w)
-        s += warpSums[w];
+    const double s = sumOfPartials(partial + first[r], static_cast<int>(first[r + 1] - first[r]));
+    if (threadIdx.x == 0)
       out[t[r].acc] = out[t[r].acc] + s;
-    }
-    __syncthreads(); // warpSums is the next term's
   }
 }
 
