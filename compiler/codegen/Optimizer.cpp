@@ -499,30 +499,31 @@ void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
        << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
        << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
   } else {
-  ts << "  for (const TailRow &r : tail) {\n";
-  if (zero)
-    ts << "    const int64_t n = " << n << ";\n", n = "n";
-  const bool fusedCopy = adam && opts.cuda() && master;
-  if (fusedCopy)
-    ts << "    " << callee(opts, "adamwUpdateCopy16") << "(" << p << ", " << go << ", " << e.state0
-       << ", " << e.state1 << ", " << n
-       << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1, " << copy << ", /*copyF16=*/"
-       << (opts.precision == "fp16" ? "true" : "false") << ");  // and the "
-       << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy, rounded to nearest even\n";
-  else if (adam)
-    ts << "    " << callee(opts, "adamwUpdate") << "(" << p << ", " << go << ", " << e.state0
-       << ", " << e.state1 << ", " << n
-       << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
-  else
-    ts << "    " << callee(opts, "sgdUpdate") << "(" << p << ", " << go << ", "
-       << (momentum ? e.state0 : std::string("nullptr")) << ", " << n << ", lr, "
-       << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
-       << "/*nesterov=*/" << (o.nesterov ? "true" : "false") << ", /*firstStep=*/ctx.step == 0);\n";
-  if (master && !fusedCopy)
-    ts << "    " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << e.master
-       << ", " << copy << ", " << n << ");  // the " << (opts.precision == "fp16" ? "fp16" : "bf16")
-       << " copy, rounded to nearest even\n";
-  ts << "  }\n";
+    ts << "  for (const TailRow &r : tail) {\n";
+    if (zero)
+      ts << "    const int64_t n = " << n << ";\n", n = "n";
+    const bool fusedCopy = adam && opts.cuda() && master;
+    if (fusedCopy)
+      ts << "    " << callee(opts, "adamwUpdateCopy16") << "(" << p << ", " << go << ", "
+         << e.state0 << ", " << e.state1 << ", " << n
+         << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1, " << copy
+         << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false") << ");  // and the "
+         << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy, rounded to nearest even\n";
+    else if (adam)
+      ts << "    " << callee(opts, "adamwUpdate") << "(" << p << ", " << go << ", " << e.state0
+         << ", " << e.state1 << ", " << n
+         << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
+    else
+      ts << "    " << callee(opts, "sgdUpdate") << "(" << p << ", " << go << ", "
+         << (momentum ? e.state0 : std::string("nullptr")) << ", " << n << ", lr, "
+         << number(o.momentum, false) << ", " << number(o.dampening, false) << ", h.weightDecay, "
+         << "/*nesterov=*/" << (o.nesterov ? "true" : "false")
+         << ", /*firstStep=*/ctx.step == 0);\n";
+    if (master && !fusedCopy)
+      ts << "    " << callee(opts, opts.precision == "fp16" ? "toF16" : "toBf16") << "(" << e.master
+         << ", " << copy << ", " << n << ");  // the "
+         << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy, rounded to nearest even\n";
+    ts << "  }\n";
   }
   if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
