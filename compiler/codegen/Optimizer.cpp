@@ -264,12 +264,17 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
   const bool momentum = !adam && o.momentum != 0;
   if (zero)
     ts << "  // ZeRO-" << zero << ": this replica updates its chunk of each parameter.\n";
-  const bool multi = adam && opts.cuda() && tailKernel("adamwMulti") && !tail.updated.empty();
+  const bool multi =
+      opts.cuda() && tailKernel(adam ? "adamwMulti" : "sgdMulti") && !tail.updated.empty();
   const int site = multi ? multiSites++ : -1;
-  if (multi)
+  if (multi && adam)
     ts << "  // adamwMulti: every update in one launch, bit for bit adamwUpdate (with the\n"
        << "  // 16-bit copy: adamwUpdateCopy16) one by one.\n"
        << "  const gpu::AdamwTensor adamTensors" << site << "[] = {\n";
+  else if (multi)
+    ts << "  // sgdMulti: every update in one launch, bit for bit sgdUpdate (then the\n"
+       << "  // 16-bit copy's toBf16 / toF16) one by one.\n"
+       << "  const gpu::SgdTensor sgdTensors" << site << "[] = {\n";
   for (int64_t slot : tail.updated) {
     unsigned a = grads[slot].param;
     const TailNames &t = tailNames[a];
@@ -288,9 +293,14 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
     // On CUDA the update writes the master's 16-bit copy itself.
     const bool fusedCopy = adam && opts.cuda() && !t.master.empty();
     if (multi) {
-      ts << "      gpu::adamwTensor(" << p << ", " << go << ", " << t.state[0] << ", " << t.state[1]
-         << ", " << n << ", " << (t.master.empty() ? std::string("nullptr") : copy) << "),  // "
-         << paramName(a) << "\n";
+      const std::string copyOrNull = t.master.empty() ? std::string("nullptr") : copy;
+      if (adam)
+        ts << "      gpu::adamwTensor(" << p << ", " << go << ", " << t.state[0] << ", "
+           << t.state[1] << ", " << n << ", " << copyOrNull << "),  // " << paramName(a) << "\n";
+      else
+        ts << "      gpu::sgdTensor(" << p << ", " << go << ", "
+           << (momentum ? t.state[0] : std::string("nullptr")) << ", " << n << ", " << copyOrNull
+           << "),  // " << paramName(a) << "\n";
       continue;
     }
     if (fusedCopy)
@@ -317,10 +327,16 @@ void Generator::emitUpdates(llvm::raw_ostream &ts) {
          << (opts.precision == "fp16" ? "fp16" : "bf16") << " copy of " << paramName(a)
          << ", rounded to nearest even\n";
   }
-  if (multi)
+  if (multi && adam)
     ts << "  };\n  " << callee(opts, "adamwMulti") << "(" << site << ", adamTensors" << site << ", "
        << tail.updated.size() << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
        << ", lr, h.beta1, h.beta2, h.eps, h.weightDecay, ctx.step + 1);\n";
+  else if (multi)
+    ts << "  };\n  " << callee(opts, "sgdMulti") << "(" << site << ", sgdTensors" << site << ", "
+       << tail.updated.size() << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false")
+       << ", lr, " << number(o.momentum, false) << ", " << number(o.dampening, false)
+       << ", h.weightDecay, /*nesterov=*/" << (o.nesterov ? "true" : "false")
+       << ", /*firstStep=*/ctx.step == 0);\n";
   if (!tail.gathered.empty()) {
     ts << "\n  // ZeRO-" << zero << ": every replica needs every updated parameter: gather the "
        << "chunks in place.\n  {\n    CommHandle h[" << tail.gathered.size() << "];\n";
@@ -481,7 +497,26 @@ void Generator::emitTableUpdates(llvm::raw_ostream &ts) {
   const std::string copy = p; // where a master's update is rounded to
   if (master)
     p = e.master;
-  if (adam && opts.cuda() && tailKernel("adamwMulti")) {
+  if (!adam && opts.cuda() && tailKernel("sgdMulti")) {
+    const size_t rows = grads.size();
+    const int site = multiSites++;
+    const std::string tensors = "sgdTensors" + std::to_string(site);
+    ts << "  // sgdMulti: every row's update in one launch, bit for bit sgdUpdate"
+       << (master ? " and the 16-bit copy" : "") << " row by row.\n"
+       << "  gpu::SgdTensor " << tensors << "[" << rows << "];\n"
+       << "  for (size_t i = 0; i < " << rows << "; ++i) {\n"
+       << "    const TailRow &r = tail[i];\n";
+    if (zero)
+      ts << "    const int64_t n = " << n << ";\n", n = "n";
+    ts << "    " << tensors << "[i] = gpu::sgdTensor(" << p << ", " << go << ", "
+       << (momentum ? e.state0 : std::string("nullptr")) << ", " << n << ", "
+       << (master ? copy : std::string("nullptr")) << ");\n"
+       << "  }\n  " << callee(opts, "sgdMulti") << "(" << site << ", " << tensors << ", " << rows
+       << ", /*copyF16=*/" << (opts.precision == "fp16" ? "true" : "false") << ", lr, "
+       << number(o.momentum, false) << ", " << number(o.dampening, false)
+       << ", h.weightDecay, /*nesterov=*/" << (o.nesterov ? "true" : "false")
+       << ", /*firstStep=*/ctx.step == 0);\n";
+  } else if (adam && opts.cuda() && tailKernel("adamwMulti")) {
     const size_t rows = grads.size();
     const int site = multiSites++;
     const std::string tensors = "adamTensors" + std::to_string(site);

@@ -541,7 +541,8 @@ struct Model {
   /// The step's tail (the emitter's Optimizer.cpp on the CUDA target).
   void tail(Operation *op) {
     auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
-    const bool multi = k && (k.getValue() == "adamwMulti" || k.getValue() == "sumSquaresMulti");
+    const bool multi = k && (k.getValue() == "adamwMulti" || k.getValue() == "sgdMulti" ||
+                             k.getValue() == "sumSquaresMulti");
     if (auto g = dyn_cast<GradNormOp>(op); g && multi) {
       // sumSquaresMulti: every gradient's squares in one launch, their sums in one.
       double flops = 0, bytes = 0;
@@ -579,14 +580,15 @@ struct Model {
       const double flops = (adam ? 12.0 : 4.0) * e;
       const double bytes =
           8.0 * e + bytesOf(g) + (adam ? 16.0 : 8.0) * e + (adam && copy16 ? 2.0 * e : 0);
-      if (adam && multi) {
-        // adamwMulti: every parameter's update is one launch's share.
-        if (adamMulti < 0) {
-          adamMulti = static_cast<int>(s.launches.size());
-          add("adamwMultiKernel", GpuClass::Optimizer, 0, 0);
+      if (multi) {
+        // adamwMulti / sgdMulti: every parameter's update (and SGD's 16-bit
+        // copy) is one launch's share.
+        if (updateMulti < 0) {
+          updateMulti = static_cast<int>(s.launches.size());
+          add(adam ? "adamwMultiKernel" : "sgdMultiKernel", GpuClass::Optimizer, 0, 0);
         }
-        s.launches[adamMulti].flops += flops;
-        s.launches[adamMulti].bytes += bytes;
+        s.launches[updateMulti].flops += flops;
+        s.launches[updateMulti].bytes += bytes + (copy16 && !adam ? 2.0 * e : 0);
         return;
       }
       // AdamW writes a 16-bit parameter's copy itself (adamwUpdateCopy16);
@@ -599,7 +601,7 @@ struct Model {
     }
   }
   bool clipping = false;
-  int adamMulti = -1; // the adamwMulti launch, once its first tensor is seen
+  int updateMulti = -1; // the adamwMulti / sgdMulti launch, once its first tensor is seen
 };
 
 } // namespace

@@ -54,7 +54,8 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          as the conversion its element types name), if the target has it;
       6. the step's tail (carve-optimizer's ops, otherwise left to their
          printer), on the CUDA target: every carve.adamw runs as
-         `adamwMulti` (one launch over all parameters) and carve.grad_norm
+         `adamwMulti` (one launch over all parameters), every carve.sgd as
+         `sgdMulti` (its 16-bit copies written in it), and carve.grad_norm
          as `sumSquaresMulti` (two launches), bit for bit the per-tensor
          calls.
 

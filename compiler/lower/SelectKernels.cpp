@@ -301,10 +301,12 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       for (Operation &op : fn.getBody().front().without_terminator()) {
         if (isOptimizerOp(&op)) {
           // The step's tail: its printer reads the ops themselves. On the
-          // CUDA target (rule 6) AdamW runs as one multi-tensor launch over
-          // every parameter, and the gradient norm's sums of squares as two.
+          // CUDA target (rule 6) AdamW and SGD run as one multi-tensor launch
+          // over every parameter, and the gradient norm's sums of squares as two.
           if (plan->target == "cuda" && isa<AdamWOp>(&op))
             op.setAttr(kKernelAttr, StringAttr::get(ctx, "adamwMulti"));
+          else if (plan->target == "cuda" && isa<SGDOp>(&op))
+            op.setAttr(kKernelAttr, StringAttr::get(ctx, "sgdMulti"));
           else if (plan->target == "cuda" && isa<GradNormOp>(&op))
             op.setAttr(kKernelAttr, StringAttr::get(ctx, "sumSquaresMulti"));
           continue;

@@ -42,20 +42,32 @@ __device__ uint16_t round16(float x, bool f16) {
   return f16 ? carve::rt::ew::f16Bits(x) : carve::rt::ew::bf16Bits(x);
 }
 
+/// SGD's scalars as the kernels take them.
+struct SgdK {
+  float wd, mom, keep, negLr;
+  bool decay, useMomentum, nesterov, firstStep;
+};
+
+/// One element of the SGD update (sgdKernel's and sgdMultiKernel's).
+__device__ __forceinline__ float sgdElement(float *p, float gi, float *buf, int64_t i,
+                                            const SgdK &k) {
+  float d = k.decay ? __fmaf_rn(p[i], k.wd, gi) : gi;
+  if (k.useMomentum) {
+    const float b = k.firstStep ? d : __fmaf_rn(d, k.keep, __fmul_rn(buf[i], k.mom));
+    buf[i] = b;
+    d = k.nesterov ? __fmaf_rn(b, k.mom, d) : b;
+  }
+  const float pn = __fmaf_rn(d, k.negLr, p[i]);
+  p[i] = pn;
+  return pn;
+}
+
 template <class G>
 __global__ void sgdKernel(float *p, G g, float *buf, int64_t n, float wd, float mom, float keep,
                           float negLr, bool decay, bool useMomentum, bool nesterov,
                           bool firstStep) {
-  CARVE_GRID_LOOP(i, n) {
-    const float gi = g[i];
-    float d = decay ? __fmaf_rn(p[i], wd, gi) : gi;
-    if (useMomentum) {
-      const float b = firstStep ? d : __fmaf_rn(d, keep, __fmul_rn(buf[i], mom));
-      buf[i] = b;
-      d = nesterov ? __fmaf_rn(b, mom, d) : b;
-    }
-    p[i] = __fmaf_rn(d, negLr, p[i]);
-  }
+  const SgdK k{wd, mom, keep, negLr, decay, useMomentum, nesterov, firstStep};
+  CARVE_GRID_LOOP(i, n) sgdElement(p, g[i], buf, i, k);
 }
 
 /// AdamW's scalar coefficients as the kernels take them (optim.h's).
@@ -93,6 +105,31 @@ __device__ __forceinline__ int blockTensor(const int64_t *first, int count) {
   return lo;
 }
 
+/// Element i of a multi-tensor table's gradient, widened (exact).
+__device__ __forceinline__ float gradAt(const void *g, int kind, int64_t i) {
+  if (kind == 1)
+    return carve::rt::ew::bf16Float(static_cast<const uint16_t *>(g)[i]);
+  if (kind == 2)
+    return carve::rt::ew::f16Float(static_cast<const uint16_t *>(g)[i]);
+  return static_cast<const float *>(g)[i];
+}
+
+/// sgdKernel over many tensors (adamwMultiKernel's layout, below), each
+/// update's 16-bit copy written where one is given (toBf16 / toF16's
+/// rounding).
+__global__ void sgdMultiKernel(const SgdTensor *t, const int64_t *first, int count, SgdK k,
+                               bool copyF16) {
+  const int r = blockTensor(first, count);
+  const SgdTensor x = t[r];
+  const int64_t stride = (first[r + 1] - first[r]) * blockDim.x;
+  const int64_t start = (static_cast<int64_t>(blockIdx.x) - first[r]) * blockDim.x + threadIdx.x;
+  for (int64_t i = start; i < x.n; i += stride) {
+    const float pn = sgdElement(x.p, gradAt(x.g, x.gradKind, i), x.buf, i, k);
+    if (x.copy)
+      x.copy[i] = copyF16 ? carve::rt::ew::f16Bits(pn) : carve::rt::ew::bf16Bits(pn);
+  }
+}
+
 /// adamwKernel over many tensors: tensor t gets blocks first[t] ..
 /// first[t + 1] - 1 and loops over its elements as a grid of that many
 /// blocks would (any partition gives the same elements: the update is
@@ -104,16 +141,8 @@ __global__ void adamwMultiKernel(const AdamwTensor *t, const int64_t *first, int
   const int64_t blocks = first[r + 1] - first[r];
   const int64_t stride = blocks * blockDim.x;
   const int64_t start = (static_cast<int64_t>(blockIdx.x) - first[r]) * blockDim.x + threadIdx.x;
-  for (int64_t i = start; i < x.n; i += stride) {
-    float gi;
-    if (x.gradKind == 1)
-      gi = carve::rt::ew::bf16Float(static_cast<const uint16_t *>(x.g)[i]);
-    else if (x.gradKind == 2)
-      gi = carve::rt::ew::f16Float(static_cast<const uint16_t *>(x.g)[i]);
-    else
-      gi = static_cast<const float *>(x.g)[i];
-    adamwElement(x.p, gi, x.m, x.v, i, k, x.copy, copyF16);
-  }
+  for (int64_t i = start; i < x.n; i += stride)
+    adamwElement(x.p, gradAt(x.g, x.gradKind, i), x.m, x.v, i, k, x.copy, copyF16);
 }
 
 template <class G>
@@ -370,6 +399,14 @@ AdamwTensor adamwTensor(float *p, Grad16 g, float *m, float *v, int64_t n, uint1
   return AdamwTensor{p, g.p, m, v, copy, n, g.f16 ? 2 : 1};
 }
 
+SgdTensor sgdTensor(float *p, const float *g, float *buf, int64_t n, uint16_t *copy) {
+  return SgdTensor{p, g, buf, copy, n, 0};
+}
+
+SgdTensor sgdTensor(float *p, Grad16 g, float *buf, int64_t n, uint16_t *copy) {
+  return SgdTensor{p, g.p, buf, copy, n, g.f16 ? 2 : 1};
+}
+
 SquaresTerm squaresTerm(const float *g, int64_t n, int acc) { return SquaresTerm{g, n, 0, acc}; }
 
 SquaresTerm squaresTerm(Grad16 g, int64_t n, int acc) {
@@ -380,6 +417,10 @@ namespace {
 
 bool same(const AdamwTensor &a, const AdamwTensor &b) {
   return a.p == b.p && a.g == b.g && a.m == b.m && a.v == b.v && a.copy == b.copy && a.n == b.n &&
+         a.gradKind == b.gradKind;
+}
+bool same(const SgdTensor &a, const SgdTensor &b) {
+  return a.p == b.p && a.g == b.g && a.buf == b.buf && a.copy == b.copy && a.n == b.n &&
          a.gradKind == b.gradKind;
 }
 bool same(const SquaresTerm &a, const SquaresTerm &b) {
@@ -457,6 +498,29 @@ void adamwMulti(int site, const AdamwTensor *t, int count, bool copyF16, double 
   (d.devRows(), d.devFirst(), static_cast<int>(d.rows.size()),
    AdamwK{k.decay, k.b1, k.b2, k.c1, k.c2, k.bc2Sqrt, k.eps, k.negStep}, copyF16);
   checkLaunch("adamwMulti");
+}
+
+void sgdMulti(int site, const SgdTensor *t, int count, bool copyF16, double lr, double momentum,
+              double dampening, double weightDecay, bool nesterov, bool firstStep) {
+  static std::map<int, DeviceTable<SgdTensor>> tables;
+  DeviceTable<SgdTensor> &d = tables[site];
+  d.update(t, count, adamwBlocks, "sgdMulti");
+  if (d.rows.empty())
+    return;
+  const int64_t grid = d.first.back();
+  if (grid > 0x7fffffff)
+    fatal("sgdMulti: %lld blocks exceed the grid", (long long)grid);
+  const SgdK k{static_cast<float>(weightDecay),
+               static_cast<float>(momentum),
+               static_cast<float>(1.0 - dampening),
+               static_cast<float>(-lr),
+               weightDecay != 0,
+               momentum != 0,
+               nesterov,
+               firstStep};
+  CARVE_KERNEL(static_cast<unsigned>(grid), kThreads, 0, stream(), sgdMultiKernel)
+  (d.devRows(), d.devFirst(), static_cast<int>(d.rows.size()), k, copyF16);
+  checkLaunch("sgdMulti");
 }
 
 void sumSquaresMulti(int site, const SquaresTerm *t, int count, double *acc) {

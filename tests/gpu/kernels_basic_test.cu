@@ -1230,6 +1230,65 @@ void testOptimizerMulti() {
   }
 }
 
+/// sgdMulti: every variant of SGD (momentum or none, first step, Nesterov,
+/// weight decay, dampening) over a mixed table, bit for bit sgdUpdate per
+/// tensor then toBf16 of the updated parameter where a copy is given.
+void testSgdMulti() {
+  const std::vector<int64_t> sizes = {100003, 1, 0, 4097};
+  const int count = static_cast<int>(sizes.size());
+  struct Variant {
+    double momentum, dampening, wd;
+    bool nesterov, first;
+  };
+  const Variant variants[] = {{0.0, 0.0, 0.0, false, false},
+                              {0.9, 0.0, 0.01, false, true},
+                              {0.9, 0.1, 0.01, false, false},
+                              {0.9, 0.0, 0.0, true, false}};
+  int vi = 0;
+  for (const Variant &var : variants) {
+    std::vector<std::unique_ptr<DevBuf<float>>> p, b, rp, rb, g32;
+    std::vector<std::unique_ptr<DevBuf<uint16_t>>> g16, copy, rcopy;
+    std::vector<g::SgdTensor> t;
+    for (int i = 0; i < count; ++i) {
+      const int64_t n = sizes[i];
+      const int kind = i % 3;
+      const std::vector<float> p0 = randn(n), b0 = randn(n, 0.1f), gr = randn(n, 0.01f);
+      std::vector<uint16_t> h16(n);
+      for (int64_t j = 0; j < n; ++j)
+        h16[j] = kind == 2 ? rt::ew::f16Bits(gr[j]) : rt::ew::bf16Bits(gr[j]);
+      p.push_back(up(p0)), b.push_back(up(b0)), rp.push_back(up(p0)), rb.push_back(up(b0));
+      g32.push_back(up(gr)), g16.push_back(up(h16));
+      copy.push_back(poisoned<uint16_t>(n)), rcopy.push_back(poisoned<uint16_t>(n));
+      const g::Grad16 gh{g16.back()->p, kind == 2};
+      float *buf = var.momentum != 0 ? b.back()->p : nullptr;
+      float *rbuf = var.momentum != 0 ? rb.back()->p : nullptr;
+      uint16_t *cp = i % 2 == 0 ? copy.back()->p : nullptr;
+      t.push_back(kind ? g::sgdTensor(p.back()->p, gh, buf, n, cp)
+                       : g::sgdTensor(p.back()->p, g32.back()->p, buf, n, cp));
+      if (kind)
+        g::sgdUpdate(rp.back()->p, gh, rbuf, n, 0.05, var.momentum, var.dampening, var.wd,
+                     var.nesterov, var.first);
+      else
+        g::sgdUpdate(rp.back()->p, g32.back()->p, rbuf, n, 0.05, var.momentum, var.dampening,
+                     var.wd, var.nesterov, var.first);
+      if (cp)
+        g::toBf16(rp.back()->p, rcopy.back()->p, n);
+    }
+    g::sgdMulti(20 + vi, t.data(), count, /*copyF16=*/false, 0.05, var.momentum, var.dampening,
+                var.wd, var.nesterov, var.first);
+    for (int i = 0; i < count; ++i) {
+      const std::string w = "sgdMulti variant " + std::to_string(vi) + " tensor " +
+                            std::to_string(i) + " (n " + std::to_string(sizes[i]) + ")";
+      expectEqual(w + " param", p[i]->download(), rp[i]->download());
+      if (var.momentum != 0)
+        expectEqual(w + " momentum", b[i]->download(), rb[i]->download());
+      if (i % 2 == 0)
+        expectEqual(w + " bf16 copy", copy[i]->download(), rcopy[i]->download());
+    }
+    ++vi;
+  }
+}
+
 //===--- Device errors -----------------------------------------------------===//
 
 void testDeviceErrors() {
@@ -1320,6 +1379,7 @@ int main() {
   testOptimizer();
   testOptimizer16();
   testOptimizerMulti();
+  testSgdMulti();
   testDeviceErrors();
   ++checks();
   if (!g::kCudaTarget.synchronize(err)) {

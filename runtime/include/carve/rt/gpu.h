@@ -391,6 +391,22 @@ AdamwTensor adamwTensor(float *p, Grad16 g, float *m, float *v, int64_t n,
 /// step; a change while a CUDA graph is captured is fatal.
 void adamwMulti(int site, const AdamwTensor *t, int count, bool copyF16, double lr, double beta1,
                 double beta2, double eps, double weightDecay, int64_t step);
+/// One tensor of sgdMulti: the fp32 parameter (or master), its gradient,
+/// its momentum buffer (null: none), the 16-bit copy to write (null: none).
+struct SgdTensor {
+  float *p = nullptr;
+  const void *g = nullptr;
+  float *buf = nullptr;
+  uint16_t *copy = nullptr;
+  int64_t n = 0;
+  int gradKind = 0;
+};
+SgdTensor sgdTensor(float *p, const float *g, float *buf, int64_t n, uint16_t *copy = nullptr);
+SgdTensor sgdTensor(float *p, Grad16 g, float *buf, int64_t n, uint16_t *copy = nullptr);
+/// sgdUpdate of every tensor (then, where a copy is given, toBf16 / toF16 of
+/// the update into it), in one launch; `site` as adamwMulti's.
+void sgdMulti(int site, const SgdTensor *t, int count, bool copyF16, double lr, double momentum,
+              double dampening, double weightDecay, bool nesterov, bool firstStep);
 /// One term of sumSquaresMulti: a gradient, its elements, the accumulator.
 struct SquaresTerm {
   const void *g = nullptr;
