@@ -352,8 +352,13 @@ HostTensor hostSlice(const HostTensor &a, ArrayRef<int64_t> starts, ArrayRef<int
 
 HostTensor hostConcat(ArrayRef<const HostTensor *> parts, int64_t axis) {
   SmallVector<SmallVector<int64_t>> shapes;
-  for (const HostTensor *p : parts)
+  for (const HostTensor *p : parts) {
+    if (p->kind != parts.front()->kind)
+      throw HostError("Concat's inputs have different element types (" +
+                      elemKindName((int)parts.front()->kind) + " and " +
+                      elemKindName((int)p->kind) + "); ONNX requires one type");
     shapes.push_back(p->shape);
+  }
   ShapeOrError s = concatShape(shapes, axis);
   if (!s.ok())
     throw HostError(s.error);

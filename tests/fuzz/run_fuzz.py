@@ -120,6 +120,20 @@ def deep_inputs(target, folder, source):
         m.ir_version = 8
         put("where-mixed-types.onnx", m.SerializeToString(),
             "Where's X and Y have different element types")
+        # Concat of a float and an int64 constant: folding it read the int64
+        # part's (empty) integer storage as the output's (UBSan: reference
+        # binding to null, in hostConcat), found by the fuzzer on a mutated GPT.
+        ia = helper.make_tensor("ia", TensorProto.INT64, [2], [3, 4])
+        g = helper.make_graph([helper.make_node("Constant", [], ["a"], value=xa),
+                               helper.make_node("Constant", [], ["b"], value=ia),
+                               helper.make_node("Concat", ["b", "a"], ["c"], axis=0),
+                               helper.make_node("Add", ["x", "c"], ["y"])], "concat",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+        m = helper.make_model(g, opset_imports=[helper.make_operatorsetid("", 17)])
+        m.ir_version = 8
+        put("concat-mixed-types.onnx", m.SerializeToString(),
+            "Concat's inputs have different element types (INT64 and FLOAT)")
         # An initializer stored externally at offset 2^63 - 8: the bound check
         # computed offset + bytes in int64 and overflowed (UBSan).
         with open(os.path.join(folder, "w.bin"), "wb") as f:
