@@ -178,6 +178,14 @@ bool Generator::emitOp(Operation *op) {
     if (isa<ReshapeOp>(op)) {
       if (gatheredOperands.count(op) || scatteredProducts.count(op))
         return true; // a view of a value that is never in memory
+      // A reshape of an f32 view that every reader reads as the 16-bit
+      // tensor it views (carve.read16): the view is no call, and neither is
+      // this.
+      Value in = op->getOperand(0);
+      while (auto r = in.getDefiningOp<ReshapeOp>())
+        in = r.getInput();
+      if (isa_and_nonnull<CastOp>(in.getDefiningOp()) && kernelOf(in.getDefiningOp()) == kNoKernel)
+        return true;
       Value res = op->getResult(0);
       if (layer)
         layer->defined.insert(res);
@@ -265,7 +273,9 @@ bool Generator::emitOp(Operation *op) {
   if (!ok)
     return false;
   s += call + "\n";
-  if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op)) // a cast from 16 bits is exact
+  // A cast from 16 bits is exact; carve.round16_in_copy: the copy after it
+  // rounds (roundCopyBf16).
+  if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kRound16InCopyAttr))
     s += round16(op->getResult(0));
   return true;
 }
@@ -314,7 +324,8 @@ bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostre
        << ", " << shapeOf(res) << ");";
   } else if (isa<CastOp>(op)) {
     // A 16-bit copy of a rounded activation and back (carve-pack-activations):
-    // the conversion carve-select-kernels chose.
+    // the conversion carve-select-kernels chose (roundCopyBf16 / roundCopyF16
+    // also round the input in place: carve.round16_in_copy on its writer).
     os << callee(opts, kernel) << "(" << opnd(op, 0) << ", " << name(res) << ", "
        << typeOf(res).getNumElements() << ");";
   }
@@ -345,10 +356,11 @@ bool Generator::read16Operand(Operation *op, Operation *mm, unsigned k, std::str
     out = name(v);
     return true;
   }
-  auto c = v.getDefiningOp<CastOp>();
-  if (!c)
-    return failOp(op, "carve.read16 marks an operand that is no cast from 16 bits");
-  out = name(c.getInput());
+  Value s16 = stored16(v, op, opts.precision);
+  if (!s16)
+    return failOp(op, "carve.read16 marks an operand with no 16-bit tensor of its bits (no view "
+                      "of one, no 16-bit copy before the call)");
+  out = name(s16);
   return true;
 }
 
@@ -552,11 +564,11 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
         const bool is16 = flags && flags[i];
         std::string src = name(x);
         if (is16) {
-          auto c = x.getDefiningOp<CastOp>();
-          if (!c)
-            return failOp(op, "carve.read16 marks an attention operand that is no cast from "
-                              "16 bits");
-          src = name(c.getInput());
+          Value s16 = stored16(x, op, opts.precision);
+          if (!s16)
+            return failOp(op, "carve.read16 marks an attention operand with no 16-bit tensor of "
+                              "its bits");
+          src = name(s16);
         }
         args[i] = src + ", " + flag(i == 0 ? "q16" : i == 1 ? "k16" : "v16", is16) + ", " +
                   shapeOf(x);

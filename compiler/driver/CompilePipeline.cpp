@@ -78,6 +78,7 @@ std::vector<std::string> buildCompilePipeline(mlir::OpPassManager &pm, const Pla
     passes.add(createCarvePackActivations());
     passes.add(createCarveStoreParams16());
     passes.add(createCarveStoreGrads16());
+    passes.add(createCarveRoundOperands16());
   }
   CarveDataParallelOptions dp;
   dp.bucketBytes = bucketBytes;

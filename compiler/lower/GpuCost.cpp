@@ -443,6 +443,10 @@ struct Model {
     } else if (kernel == "toBf16" || kernel == "toF16") {
       if (n > 0)
         add("to16Kernel", GpuClass::Conversion, 0, inOut());
+    } else if (kernel == "roundCopyBf16" || kernel == "roundCopyF16") {
+      // Reads the f32 input, writes it back rounded and the 16-bit copy.
+      if (n > 0)
+        add("roundCopy16Kernel", GpuClass::Conversion, 0, 10.0 * n);
     } else if (kernel == "fromBf16" || kernel == "fromF16") {
       if (n > 0)
         add("from16Kernel", GpuClass::Conversion, 0, inOut());
@@ -534,7 +538,7 @@ struct Model {
       unpriced(op, ("runtime entry '" + kernel + "' has no launch model").str());
     }
     if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kFusionGroupAttr) &&
-        op->getNumResults())
+        !op->hasAttr(kRound16InCopyAttr) && op->getNumResults())
       add("round16Kernel", GpuClass::Conversion, 0, 8.0 * numel(op->getResult(0)));
   }
 

@@ -36,11 +36,17 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          split over tp (dist.sharded_rows) runs as its `_sharded` or
          `_vocab_parallel` entry;
       3b. on the CUDA target under bf16/fp16, a matmul (or product) whose
-         operand, as read, is an f32 view of a 16-bit tensor (a cast from the
-         plan's 16-bit format: a weight's copy, a saved activation) runs as
-         `matmul16` with `carve.read16` marking the operands whose 16-bit
-         tensor cuBLAS reads directly (the same bits the view would be
-         rounded back to); a view that every reader reads so runs as `none`;
+         operand, as read (through folded transposes and reshapes), has a
+         16-bit tensor of the same bits (stored16: the tensor it is an f32
+         view of, a cast from the plan's 16-bit format: a weight's copy, a
+         saved activation; or its 16-bit copy made before the call,
+         carve-round-operands16) runs as `matmul16` with `carve.read16`
+         marking the operands whose 16-bit tensor cuBLAS reads directly (the
+         same bits the call would round the operand to); a view that every
+         reader reads so (directly or through reshapes) runs as `none`, and
+         the emitter prints no pointer for it or its reshapes
+         (carve-plan-memory keeps the 16-bit tensor alive until its last
+         such reader);
       3c. on the CUDA target, an attention_stats or attention_grad_stats
          (carve-save-attention-stats) runs as `attention_stats_cudnn` /
          `attention_grad_stats_cudnn`, cuDNN's fused flash attention, where
@@ -49,6 +55,14 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          carve's kernel, with `carve.kernel_why` saying why not (carve
          compile prints a note; the runtime checks again and runs carve's
          kernel where cuDNN's engines refuse the shape on the GPU);
+      3d. on the CUDA target under bf16/fp16, a 16-bit copy (a cast from f32
+         to the plan's format) right after the op that wrote its input,
+         where that op is marked carve.round16 and would round with a kernel
+         of its own (not a cast or a fused chain's member), runs as
+         `roundCopyBf16` / `roundCopyF16`: the input rounded in place and
+         the copy written in one kernel (the same bits); the op is marked
+         `carve.round16_in_copy` and the emitter prints no rounding after it
+         (carve-round-operands16 puts such copies right after their op);
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;
@@ -71,6 +85,8 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numCalls", "num-calls", "Ops that run as a runtime call">,
     Statistic<"numNone", "num-none", "Ops that run as no call of their own">,
+    Statistic<"numRoundInCopy", "num-round-in-copy",
+              "Roundings done by the 16-bit copy after them (roundCopyBf16/F16)">,
     Statistic<"numRead16Views", "num-read16-views",
               "16-bit views no call computes: their matmuls read the 16-bit tensor">,
     Statistic<"numCudnnAttention", "num-cudnn-attention",

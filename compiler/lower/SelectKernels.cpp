@@ -16,6 +16,8 @@
 #include "dialects/carve/Contract.h"
 #include "dialects/dist/DistDialect.h"
 
+#include <functional>
+
 using namespace mlir;
 
 namespace carve {
@@ -71,24 +73,22 @@ Choice selectBinary(Operation *op, StringRef target) {
 
 bool sharded(Operation *op) { return (bool)op->getAttrOfType<IntegerAttr>(kShardedRowsAttr); }
 
-/// The 16-bit tensor `v` is an exact f32 view of: the input of a cast from
-/// the plan's 16-bit format (carve-store-params16's weight views,
-/// carve-pack-activations' saved activations); null for any other value.
-Value view16Source(Value v, StringRef precision) {
+/// Whether `v` is an exact f32 view of a 16-bit tensor of the plan's
+/// format: the result of a carve.cast from it (carve-store-params16's weight
+/// views, carve-pack-activations' saved activations).
+bool isView16(Value v, StringRef precision) {
   auto c = v.getDefiningOp<CastOp>();
-  if (!c || !elementOf(c.getResult()).isF32())
-    return Value();
-  Type from = elementOf(c.getInput());
-  return (precision == "bf16" && from.isBF16()) || (precision == "fp16" && from.isF16())
-             ? c.getInput()
-             : Value();
+  return c && elementOf(c.getResult()).isF32() && stored16(v, c, precision) == c.getInput();
 }
 
 /// Rule 3's products on the CUDA target under bf16/fp16: a matmul whose
-/// operand (as read, through a folded transpose) is such a view reads the
-/// 16-bit tensor itself (`matmul16`, carve.read16 per operand) instead of
-/// rounding the view again; a view that every reader reads so is no call
-/// (`none`). The values cuBLAS multiplies are the same bits.
+/// operand (as read, through a folded transpose and reshapes) has a 16-bit
+/// tensor of the same bits (stored16: the tensor it is a view of, or its
+/// 16-bit copy made before the call, carve-round-operands16) reads that
+/// tensor itself (`matmul16`, carve.read16 per operand) instead of rounding
+/// the operand again; a view that every reader reads so (directly or through
+/// reshapes and folded transposes) is no call (`none`). The values cuBLAS
+/// multiplies are the same bits.
 /// Rule 3c's backward likewise: an attention_grad_stats that runs on cuDNN
 /// reads the 16-bit tensors its query, key and value are views of (the
 /// forward's saved 16-bit copies) instead of the views (carve.read16, one
@@ -119,7 +119,7 @@ struct Read16 {
       if (isa<AttentionGradStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
         std::array<bool, 3> f = {false, false, false};
         for (unsigned k = 0; k < 3; ++k)
-          if (view16Source(op.getOperand(k), precision)) {
+          if (stored16(op.getOperand(k), &op, precision)) {
             f[k] = true;
             reads.insert({&op, k});
           }
@@ -137,7 +137,7 @@ struct Read16 {
         continue;
       std::array<bool, 2> f = {false, false};
       for (unsigned k = 0; k < 2; ++k)
-        if (view16Source(readOperand(mm, k), precision)) {
+        if (stored16(readOperand(mm, k), &op, precision)) {
           f[k] = true;
           reads.insert({mm, k});
         }
@@ -145,21 +145,20 @@ struct Read16 {
         flags[&op] = f;
     }
     // A view is dead when every use reads it as 16 bits: a flagged matmul
-    // operand, or a folded transpose whose every use is one.
-    auto readAs16 = [&](OpOperand &use) {
-      Operation *u = use.getOwner();
-      if (isa<MatmulOp, AttentionGradStatsOp>(u))
-        return reads.count({u, use.getOperandNumber()}) > 0;
-      if (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)
-        return llvm::all_of(u->getResult(0).getUses(), [&](OpOperand &t) {
-          return isa<MatmulOp>(t.getOwner()) &&
-                 reads.count({t.getOwner(), t.getOperandNumber()}) > 0;
-        });
-      return false;
+    // or attention operand, or a reshape or folded transpose whose every
+    // use is one.
+    std::function<bool(Value)> allRead16 = [&](Value v) {
+      return !v.use_empty() && llvm::all_of(v.getUses(), [&](OpOperand &use) {
+        Operation *u = use.getOwner();
+        if (isa<MatmulOp, AttentionGradStatsOp>(u))
+          return reads.count({u, use.getOperandNumber()}) > 0;
+        if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand))
+          return allRead16(u->getResult(0));
+        return false;
+      });
     };
     for (Operation &op : fn.getBody().front().without_terminator())
-      if (isa<CastOp>(&op) && view16Source(op.getResult(0), precision) && !op.use_empty() &&
-          llvm::all_of(op.getResult(0).getUses(), readAs16))
+      if (isa<CastOp>(&op) && isView16(op.getResult(0), precision) && allRead16(op.getResult(0)))
         deadViews.insert(&op);
   }
 };
@@ -358,6 +357,41 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         ++(c.kernel == kNoKernel ? numNone : numCalls);
         op.setAttr(kKernelAttr, StringAttr::get(ctx, c.kernel));
       }
+      if (plan->target == "cuda" && plan->precision != "fp32")
+        roundInCopies(fn, plan->precision);
+    }
+  }
+
+  /// Rule 3d: a 16-bit copy (a cast from f32 to the plan's format) right
+  /// after the op that wrote its input, where that op's carve.round16 would
+  /// be a rounding kernel of its own (not a cast, not a fused chain's, an op
+  /// that runs a call), rounds the input in place and writes the copy in one
+  /// kernel (`roundCopyBf16` / `roundCopyF16`); the op is marked
+  /// carve.round16_in_copy. The same bits in both.
+  void roundInCopies(func::FuncOp fn, StringRef precision) {
+    MLIRContext *ctx = fn.getContext();
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      auto c = dyn_cast<CastOp>(&op);
+      if (!c || !elementOf(c.getInput()).isF32())
+        continue;
+      Type to = elementOf(c.getResult()); // the plan's format: what carve.round16 rounds to
+      if (!(precision == "bf16" && to.isBF16()) && !(precision == "fp16" && to.isF16()))
+        continue;
+      StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
+      if (!k || (k.getValue() != "toBf16" && k.getValue() != "toF16"))
+        continue;
+      Operation *def = c.getInput().getDefiningOp();
+      if (!def || def->getNextNode() != &op || !def->hasAttr(kRound16Attr) || isa<CastOp>(def) ||
+          def->hasAttr(kFusionGroupAttr) || def->getNumResults() != 1 ||
+          def->hasAttr(kRound16InCopyAttr))
+        continue;
+      StringAttr dk = def->getAttrOfType<StringAttr>(kKernelAttr);
+      if (!dk || dk.getValue() == kNoKernel)
+        continue;
+      op.setAttr(kKernelAttr,
+                 StringAttr::get(ctx, k.getValue() == "toBf16" ? "roundCopyBf16" : "roundCopyF16"));
+      def->setAttr(kRound16InCopyAttr, UnitAttr::get(ctx));
+      ++numRoundInCopy;
     }
   }
 };

@@ -436,8 +436,10 @@ private:
       }
       if (foldOf(op) == kFoldProduct) { // runs as its matmul, reading the matmul's operands
         Operation *m = op->getOperand(0).getDefiningOp();
-        for (unsigned i = 0; i < 2; ++i)
+        for (unsigned i = 0; i < 2; ++i) {
           extend(readOperand(m, i), index.lookup(op));
+          extendCopy16(readOperand(m, i), op);
+        }
         continue;
       }
       if (Operation *m = scatteredMatmul(op)) { // computes its matmul: its operands, the indices
@@ -450,7 +452,31 @@ private:
         Value v = readOperand(op, i);
         if (!interior.count(v))
           extend(v, order.readAt(op));
+        if ((isa<MatmulOp>(op) && i < 2) || (isa<AttentionGradStatsOp>(op) && i < 3))
+          extendCopy16(v, op);
       }
+    }
+  }
+
+  /// A matmul (or cuDNN's attention gradient) on the CUDA target reads the
+  /// 16-bit tensor of an f32 operand's bits instead of the operand
+  /// (carve-select-kernels' carve.read16, stored16): the tensor the operand
+  /// is a view of (through reshapes), or its 16-bit copy made before it
+  /// (carve-round-operands16). That tensor lives until the reader.
+  void extendCopy16(Value v, Operation *reader) {
+    v = aliasRoot(v);
+    if (auto c = v.getDefiningOp<CastOp>()) {
+      Type from = cast<ShapedType>(c.getInput().getType()).getElementType();
+      if (from.isBF16() || from.isF16())
+        extend(c.getInput(), index.lookup(reader));
+    }
+    for (Operation *u : v.getUsers()) {
+      auto c = dyn_cast<CastOp>(u);
+      if (!c || c->getBlock() != reader->getBlock() || !c->isBeforeInBlock(reader))
+        continue;
+      Type t = cast<ShapedType>(c.getType()).getElementType();
+      if (t.isBF16() || t.isF16())
+        extend(c.getResult(), index.lookup(reader));
     }
   }
 

@@ -167,4 +167,47 @@ def CarveStoreGrads16 : Pass<"carve-store-grads16", "mlir::ModuleOp"> {
   ];
 }
 
+def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
+  let summary = "Round an f32 matmul operand to 16 bits once, before its first reader (CUDA target, bf16/fp16 plans)";
+  let description = [{
+    On the CUDA target under a bf16 or fp16 plan, cuBLAS multiplies 16-bit
+    operands: a matmul whose operand is f32 rounds it into scratch first (a
+    conversion kernel per call). In each function the emitter prints, for
+    each f32 value (through reshapes, the value they alias) that matmuls
+    run by cuBLAS read as an operand (through folded transposes; not a
+    fused chain's, a convolution's gathered windows or a scattered
+    product's), and that is not itself an f32 view of a 16-bit tensor:
+
+      - where it has a 16-bit copy already (carve-pack-activations' copy of
+        a saved activation, a pipeline send's), that copy moves before the
+        first such reader if it is after it;
+      - otherwise, where two or more such matmuls read it (a gradient that
+        the data-gradient and the weight-gradient matmuls both read; the
+        normalized input of Llama's q, k and v projections) and all of them
+        are in the forward or all in the backward, a `carve.cast` to the
+        format before the first (`NODE (16-bit operand)`). (A copy kept
+        from forward to backward beside the f32 value would cost memory.)
+
+    And the first 16-bit copy of any value whose writer rounds it
+    (carve.round16; not a cast, not a fused chain's member) moves right
+    after the writer, so that carve-select-kernels' rule 3d has the copy do
+    the rounding (roundCopyBf16: one kernel where there were two).
+
+    carve-select-kernels then marks those operands carve.read16 (matmul16
+    reads the copy as stored). Exact: the cast rounds to nearest even as
+    the matmul's own rounding does, from the same value; the reader
+    multiplies the same bits. The fp32 plans and the CPU target are
+    unchanged.
+
+    Before: after carve-store-grads16, before carve-data-parallel and
+    carve-plan-memory (which gives the casts their memory). After: the casts,
+    and the copies' new places.
+  }];
+  let statistics = [
+    Statistic<"numMoved", "num-moved", "16-bit copies moved earlier (before their first matmul reader, or right after the op that rounds their input)">,
+    Statistic<"numCasts", "num-casts", "Operands rounded once for several matmuls">,
+    Statistic<"numReads", "num-reads", "Matmul reads of a 16-bit tensor made before them">
+  ];
+}
+
 #endif // CARVE_PRECISION_PASSES_TD

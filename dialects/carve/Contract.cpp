@@ -299,4 +299,18 @@ mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef pre
   return mlir::Value();
 }
 
+mlir::Value stored16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision) {
+  auto is16 = [&](mlir::Type t) {
+    t = mlir::cast<mlir::ShapedType>(t).getElementType();
+    return (precision == "bf16" && t.isBF16()) || (precision == "fp16" && t.isF16());
+  };
+  while (auto r = v.getDefiningOp<ReshapeOp>())
+    v = r.getInput();
+  if (!mlir::cast<mlir::ShapedType>(v.getType()).getElementType().isF32())
+    return mlir::Value();
+  if (auto c = v.getDefiningOp<CastOp>(); c && is16(c.getInput().getType()))
+    return c.getInput();
+  return copy16Before(v, reader, precision);
+}
+
 } // namespace carve

@@ -138,6 +138,10 @@ constexpr const char *kKernelWhyAttr = "carve.kernel_why";
 /// plan's 16-bit format as it is written, for every reader (backward reads
 /// it, so it may be kept in 16 bits).
 constexpr const char *kRound16Attr = "carve.round16";
+/// On an op marked carve.round16 (CUDA target): its rounding is done by the
+/// 16-bit copy of its result right after it (carve-select-kernels' rule 3d:
+/// the cast runs as roundCopyBf16 / roundCopyF16), not by a kernel of its own.
+constexpr const char *kRound16InCopyAttr = "carve.round16_in_copy";
 /// On a trainable parameter argument under a bf16/fp16 plan
 /// (carve-store-params16): the argument is the 16-bit copy the step reads;
 /// its fp32 master lives with the optimizer state (carve.persistent_plan's
@@ -343,6 +347,14 @@ std::string cudnnAttentionRefusal(mlir::Operation *op, const PlanAttrs &plan);
 /// The 16-bit copy of `x` (a carve.cast from f32 to the plan's 16-bit
 /// format `precision`) made before `op` in its block, or null.
 mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef precision);
+/// The 16-bit tensor (of the plan's format `precision`) that holds exactly
+/// the bits an f32 operand `v` of `reader` rounds to, or null. Through
+/// reshapes (the same memory) to the value they alias, that is: the tensor
+/// it is an exact f32 view of (the input of a carve.cast from the 16-bit
+/// format: a parameter's copy, a saved activation), or its 16-bit copy made
+/// before `reader` (copy16Before). carve-select-kernels' carve.read16
+/// (matmul16, cuDNN attention) and the emitter read operands through it.
+mlir::Value stored16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision);
 
 } // namespace carve
 

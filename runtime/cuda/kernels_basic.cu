@@ -211,6 +211,13 @@ template <class From, class To> __global__ void castKernel(const From *x, To *y,
 template <int F> __global__ void round16Kernel(float *x, int64_t n) {
   CARVE_GRID_LOOP(i, n) x[i] = F == 0 ? carve::rt::ew::roundBf16(x[i]) : carve::rt::ew::roundF16(x[i]);
 }
+template <int F> __global__ void roundCopy16Kernel(float *x, uint16_t *copy, int64_t n) {
+  CARVE_GRID_LOOP(i, n) {
+    const uint16_t b = F == 0 ? carve::rt::ew::bf16Bits(x[i]) : carve::rt::ew::f16Bits(x[i]);
+    copy[i] = b;
+    x[i] = F == 0 ? carve::rt::ew::bf16Float(b) : carve::rt::ew::f16Float(b);
+  }
+}
 template <int F> __global__ void to16Kernel(const float *x, uint16_t *y, int64_t n) {
   CARVE_GRID_LOOP(i, n) y[i] = F == 0 ? carve::rt::ew::bf16Bits(x[i]) : carve::rt::ew::f16Bits(x[i]);
 }
@@ -626,6 +633,18 @@ void roundBf16(float *x, int64_t n) {
     return;
   CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), round16Kernel<0>)(x, n);
   checkLaunch("roundBf16");
+}
+void roundCopyBf16(float *x, uint16_t *copy, int64_t n) {
+  if (n <= 0)
+    return;
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundCopy16Kernel<0>)(x, copy, n);
+  checkLaunch("roundCopyBf16");
+}
+void roundCopyF16(float *x, uint16_t *copy, int64_t n) {
+  if (n <= 0)
+    return;
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), roundCopy16Kernel<1>)(x, copy, n);
+  checkLaunch("roundCopyF16");
 }
 void roundF16(float *x, int64_t n) {
   if (n <= 0)

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -308,6 +309,51 @@ template <class T> void testFillCopy() {
   expectEqual(std::string("copy ") + typeName<T>(), z->download(), x);
   g::fill<T>(y->p, 0, T(1));
   g::copy<T>(dx->p, z->p, 0);
+}
+
+/// roundCopyBf16 / roundCopyF16 (carve.round16_in_copy): bit for bit
+/// roundBf16 then toBf16 (roundF16, toF16) -- values at every scale, halfway
+/// cases, subnormals, overflow to infinity, NaN and signed zero; sizes from
+/// empty to past one block's grid.
+void testRoundCopy16() {
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(1000), int64_t(1000003)}) {
+    std::vector<float> x(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t r = static_cast<uint32_t>(rng()());
+      float v;
+      std::memcpy(&v, &r, 4); // any bit pattern: every exponent, NaNs, subnormals
+      x[i] = v;
+    }
+    const float special[] = {0.0f,
+                             -0.0f,
+                             1.0f + 1.0f / 256,
+                             65520.0f,
+                             3.4e38f,
+                             1e-40f,
+                             std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN()};
+    for (int64_t i = 0; i < n && i < 8; ++i)
+      x[i] = special[i];
+    for (int f16 = 0; f16 < 2; ++f16) {
+      const std::string w =
+          std::string(f16 ? "roundCopyF16" : "roundCopyBf16") + " n " + std::to_string(n);
+      auto refX = up(x), gotX = up(x);
+      auto refC = poisoned<uint16_t>(std::max<int64_t>(n, 1));
+      auto gotC = poisoned<uint16_t>(std::max<int64_t>(n, 1));
+      (f16 ? g::roundF16 : g::roundBf16)(refX->p, n);
+      (f16 ? g::toF16 : g::toBf16)(refX->p, refC->p, n);
+      (f16 ? g::roundCopyF16 : g::roundCopyBf16)(gotX->p, gotC->p, n);
+      const std::vector<float> rx = refX->download(), gx = gotX->download();
+      bool same = rx.size() == gx.size() &&
+                  std::memcmp(rx.data(), gx.data(), rx.size() * sizeof(float)) == 0;
+      ++checks();
+      if (!same) {
+        std::printf("FAIL %s: rounded values differ from roundBf16/roundF16\n", w.c_str());
+        ++failures();
+      }
+      expectEqual(w + " copy", gotC->download(), refC->download());
+    }
+  }
 }
 
 //===--- Matmul ------------------------------------------------------------===//
@@ -1366,6 +1412,7 @@ int main() {
   testFillCopy<int64_t>();
   testFillCopy<int32_t>();
   testFillCopy<uint8_t>();
+  testRoundCopy16();
   testMatmul();
   testMatmulPrecision(rt::Precision::BF16, "bf16");
   testMatmulPrecision(rt::Precision::F16, "fp16");

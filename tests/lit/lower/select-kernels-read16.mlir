@@ -2,7 +2,9 @@
 // operand, as read (through a folded transpose), is an f32 view of a bf16
 // tensor (a cast from the plan's format) runs as `matmul16`, carve.read16
 // marking that operand; so does a weight gradient computed as a transposed
-// product. A view nothing else reads is no call (`none`); one that another
+// product; so does an operand that is a reshape of a view (the same memory).
+// A view nothing else reads (directly or through reshapes) is no call
+// (`none`); one that another
 // op reads in f32 stays a conversion (`fromBf16`). For a view of another
 // 16-bit format than the plan's, and on the CPU target, nothing changes.
 // RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda precision=bf16}, carve-select-kernels)' | FileCheck %s
@@ -17,6 +19,9 @@
 // CHECK: %[[P:.+]] = carve.matmul %[[XV]], %arg3 {carve.kernel = "none"}
 // CHECK: carve.transpose %[[P]] {carve.fold = "product", carve.kernel = "matmul16", carve.read16 = array<i1: true, false>, perm = array<i64: 1, 0>}
 // CHECK: carve.gelu %[[XV]] {carve.kernel = "unary"}
+// CHECK: %[[RV:.+]] = carve.cast %arg4 {carve.kernel = "none"} : tensor<32x8xbf16> -> tensor<32x8xf32>
+// CHECK: %[[RR:.+]] = carve.reshape %[[RV]] {carve.kernel = "none"}
+// CHECK: carve.matmul %[[RR]], %[[WT]] {carve.kernel = "matmul16", carve.read16 = array<i1: true, true>}
 // CHECK: return
 
 // KEEP-LABEL: func.func @train_step(
@@ -27,8 +32,9 @@
 func.func @train_step(%x: tensor<32x8xf32> {carve.input = "x"},
                       %w: tensor<8x8xbf16> {carve.param = "w", carve.trainable},
                       %saved: tensor<32x8xbf16> {carve.input = "saved"},
-                      %dy: tensor<8x8xf32> {carve.input = "dy"})
-    -> (tensor<32x8xf32>, tensor<8x32xf32>, tensor<32x8xf32>) {
+                      %dy: tensor<8x8xf32> {carve.input = "dy"},
+                      %saved2: tensor<32x8xbf16> {carve.input = "saved2"})
+    -> (tensor<32x8xf32>, tensor<8x32xf32>, tensor<32x8xf32>, tensor<4x8x8xf32>) {
   %wv = carve.cast %w : tensor<8x8xbf16> -> tensor<8x8xf32>
   %wt = carve.transpose %wv {carve.fold = "operand", perm = array<i64: 1, 0>} : tensor<8x8xf32> -> tensor<8x8xf32>
   %y = carve.matmul %x, %wt : (tensor<32x8xf32>, tensor<8x8xf32>) -> tensor<32x8xf32>
@@ -36,5 +42,8 @@ func.func @train_step(%x: tensor<32x8xf32> {carve.input = "x"},
   %p = carve.matmul %xv, %dy : (tensor<32x8xf32>, tensor<8x8xf32>) -> tensor<32x8xf32>
   %pt = carve.transpose %p {carve.fold = "product", perm = array<i64: 1, 0>} : tensor<32x8xf32> -> tensor<8x32xf32>
   %g = carve.gelu %xv : tensor<32x8xf32>
-  return %y, %pt, %g : tensor<32x8xf32>, tensor<8x32xf32>, tensor<32x8xf32>
+  %rv = carve.cast %saved2 : tensor<32x8xbf16> -> tensor<32x8xf32>
+  %rr = carve.reshape %rv : tensor<32x8xf32> -> tensor<4x8x8xf32>
+  %y2 = carve.matmul %rr, %wt : (tensor<4x8x8xf32>, tensor<8x8xf32>) -> tensor<4x8x8xf32>
+  return %y, %pt, %g, %y2 : tensor<32x8xf32>, tensor<8x32xf32>, tensor<32x8xf32>, tensor<4x8x8xf32>
 }

@@ -177,6 +177,10 @@ void toBf16(const float *x, uint16_t *y, int64_t n);
 void fromBf16(const uint16_t *x, float *y, int64_t n);
 void toF16(const float *x, uint16_t *y, int64_t n);
 void fromF16(const uint16_t *x, float *y, int64_t n);
+/// roundBf16(x) then toBf16(x, copy) (roundF16, toF16) in one kernel: the same
+/// bits in both (carve-select-kernels' carve.round16_in_copy).
+void roundCopyBf16(float *x, uint16_t *copy, int64_t n);
+void roundCopyF16(float *x, uint16_t *copy, int64_t n);
 
 //===--- Linear algebra ----------------------------------------------------===//
 

@@ -1,0 +1,148 @@
+//===- Operands16.cpp - matmul operands rounded to 16 bits once ------------===//
+//
+// carve-round-operands16: on the CUDA target under a bf16/fp16 plan, an f32
+// value that cuBLAS reads rounded to 16 bits is rounded once, into a 16-bit
+// tensor made before its first matmul reader, which every matmul reading it
+// then reads as stored (carve-select-kernels' carve.read16); the rules are
+// in Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/precision/Precision.h"
+
+#include "compiler/fusion/Fusion.h"
+#include "dialects/carve/CarveDialect.h"
+#include "dialects/carve/CarveOps.h"
+#include "dialects/carve/Contract.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
+
+using namespace mlir;
+
+namespace carve {
+#define GEN_PASS_DEF_CARVEROUNDOPERANDS16
+#include "compiler/precision/Passes.h.inc"
+} // namespace carve
+
+namespace carve {
+
+namespace {
+
+Type elementOf(Value v) { return cast<ShapedType>(v.getType()).getElementType(); }
+
+/// The op that runs matmul `mm` through cuBLAS with its operands rounded to
+/// 16 bits (the matmul, or the transpose whose product it is); null for a
+/// matmul that runs otherwise (a fused chain's, a convolution's gathered
+/// windows, a product a gather_grad scatters).
+Operation *cublasRunner(Operation *mm) {
+  if (!isa<MatmulOp>(mm) || mm->hasAttr(kFusionGroupAttr) || isScatteredProduct(mm) ||
+      gatheredOperand(mm))
+    return nullptr;
+  if (isProductMatmul(mm))
+    return *mm->getUsers().begin();
+  return mm;
+}
+
+struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands16Pass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<PlanAttrs> plan = readPlan(module);
+    if (failed(plan))
+      return signalPassFailure();
+    if (plan->target != "cuda" || plan->precision == "fp32")
+      return;
+    MLIRContext *ctx = module.getContext();
+    Type f16 = plan->precision == "bf16" ? Type(BFloat16Type::get(ctx)) : Float16Type::get(ctx);
+    for (auto fn : module.getOps<func::FuncOp>()) {
+      if (!isEmittedFunction(fn))
+        continue;
+      Block &body = fn.getBody().front();
+      ProgramOrder order(fn);
+      const int64_t backwardBegin = order.backwardBegin(true);
+      // Each f32 value (through reshapes) that a cuBLAS matmul rounds, with
+      // the ops that run those matmuls, in block order of the first.
+      llvm::MapVector<Value, SmallVector<Operation *>> readers;
+      for (Operation &op : body.without_terminator()) {
+        Operation *mm = isa<MatmulOp>(&op) ? &op : nullptr;
+        if (isa<TransposeOp>(&op) && foldOf(&op) == kFoldProduct)
+          mm = op.getOperand(0).getDefiningOp();
+        if (!mm || cublasRunner(mm) != &op)
+          continue;
+        for (unsigned k = 0; k < 2; ++k) {
+          Value v = aliasRoot(readOperand(mm, k));
+          auto t = dyn_cast<RankedTensorType>(v.getType());
+          if (!t || !t.getElementType().isF32() || !t.hasStaticShape() || t.getNumElements() == 0)
+            continue;
+          // A view of a 16-bit tensor is read as that tensor already.
+          if (auto c = v.getDefiningOp<CastOp>(); c && !elementOf(c.getInput()).isF32())
+            continue;
+          auto &list = readers[v];
+          if (list.empty() || list.back() != &op)
+            list.push_back(&op);
+        }
+      }
+      // The 16-bit copy of a value its writer rounds (carve.round16, with a
+      // rounding kernel of its own) right after the writer, where
+      // carve-select-kernels' rule 3d has the copy do the rounding.
+      for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
+        auto c = dyn_cast<CastOp>(&op);
+        if (!c || elementOf(c.getResult()) != f16 || !elementOf(c.getInput()).isF32())
+          continue;
+        Operation *def = c.getInput().getDefiningOp();
+        if (!def || def->getBlock() != &body || !def->hasAttr(kRound16Attr) || isa<CastOp>(def) ||
+            def->hasAttr(kFusionGroupAttr) || def->getNumResults() != 1 ||
+            def->getNextNode() == &op)
+          continue;
+        // The first such copy only (a send's and a kept copy: one moves).
+        if (llvm::any_of(c.getInput().getUsers(), [&](Operation *u) {
+              auto o = dyn_cast<CastOp>(u);
+              return o && u != &op && elementOf(o.getResult()) == f16 && u->getBlock() == &body &&
+                     u->isBeforeInBlock(&op);
+            }))
+          continue;
+        op.moveAfter(def);
+        ++numMoved;
+      }
+      OpBuilder b(ctx);
+      for (auto &[v, ops] : readers) {
+        Operation *first = ops.front();
+        // The 16-bit copy carve-pack-activations keeps (or a send's), moved
+        // before the first reader where it is after it.
+        CastOp copy;
+        for (Operation *u : v.getUsers())
+          if (auto c = dyn_cast<CastOp>(u); c && c->getBlock() == &body &&
+                                            elementOf(c.getResult()) == f16 &&
+                                            (!copy || c->isBeforeInBlock(copy)))
+            copy = c;
+        if (copy) {
+          if (!copy->isBeforeInBlock(first)) {
+            copy->moveBefore(first);
+            ++numMoved;
+          }
+          numReads += ops.size();
+          continue;
+        }
+        if (ops.size() < 2)
+          continue; // rounding into the call's scratch costs the same
+        // Not across forward and backward: the copy would be kept from one
+        // to the other beside the f32 value.
+        if ((order.index.lookup(first) < backwardBegin) !=
+            (order.index.lookup(ops.back()) < backwardBegin))
+          continue;
+        b.setInsertionPoint(first);
+        auto t = cast<RankedTensorType>(v.getType());
+        Location loc = NameLoc::get(
+            b.getStringAttr(nodeName(first->getLoc()) + " (16-bit operand)"), first->getLoc());
+        CastOp::create(b, loc, RankedTensorType::get(t.getShape(), f16), v);
+        ++numCasts;
+        numReads += ops.size();
+      }
+    }
+  }
+};
+
+} // namespace
+
+} // namespace carve
