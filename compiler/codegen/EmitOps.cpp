@@ -54,6 +54,8 @@ std::string Generator::opComment(Operation *op) {
 }
 
 std::string Generator::resultPointer(Value r) {
+  if (!bufferOf.count(r))
+    return ""; // never stored (neverStoredF32): its readers read its 16-bit tensor
   if (layer)
     return layerResultPointer(r);
   const Buffer &b = buffers[bufferOf.lookup(r)];
@@ -178,13 +180,9 @@ bool Generator::emitOp(Operation *op) {
     if (isa<ReshapeOp>(op)) {
       if (gatheredOperands.count(op) || scatteredProducts.count(op))
         return true; // a view of a value that is never in memory
-      // A reshape of an f32 view that every reader reads as the 16-bit
-      // tensor it views (carve.read16): the view is no call, and neither is
-      // this.
-      Value in = op->getOperand(0);
-      while (auto r = in.getDefiningOp<ReshapeOp>())
-        in = r.getInput();
-      if (isa_and_nonnull<CastOp>(in.getDefiningOp()) && kernelOf(in.getDefiningOp()) == kNoKernel)
+      // A reshape of a value never stored (an f32 view, or a result, that
+      // every reader reads as its 16-bit tensor: neverStoredF32): no pointer.
+      if (!bufferOf.count(op->getResult(0)))
         return true;
       Value res = op->getResult(0);
       if (layer)
@@ -203,6 +201,16 @@ bool Generator::emitOp(Operation *op) {
   ++kernelCalls;
   for (Value r : op->getResults())
     s += resultPointer(r);
+  // carve.write16: the op writes the 16-bit copy right after it (no call of
+  // its own) instead of its f32 result.
+  Value copy16;
+  if (op->hasAttr(kWrite16Attr)) {
+    Operation *c = op->getNextNode();
+    if (!c || !isa<CastOp>(c) || c->getOperand(0) != op->getResult(0))
+      return failOp(op, "carve.write16 on an op not followed by the 16-bit copy of its result");
+    copy16 = c->getResult(0);
+    s += resultPointer(copy16);
+  }
   std::string call;
   llvm::raw_string_ostream os(call);
   os << "  ";
@@ -236,7 +244,8 @@ bool Generator::emitOp(Operation *op) {
        << callee(opts, "copy") << "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", (int64_t)" << n
        << ");";
     ok = true;
-  } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul_gathered")
+  } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16" ||
+             kernel == "matmul_gathered")
     ok = emitMatmul(op, kernel, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);
@@ -275,7 +284,8 @@ bool Generator::emitOp(Operation *op) {
   s += call + "\n";
   // A cast from 16 bits is exact; carve.round16_in_copy: the copy after it
   // rounds (roundCopyBf16).
-  if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kRound16InCopyAttr))
+  if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kRound16InCopyAttr) &&
+      !op->hasAttr(kWrite16Attr))
     s += round16(op->getResult(0));
   return true;
 }
@@ -364,6 +374,21 @@ bool Generator::read16Operand(Operation *op, Operation *mm, unsigned k, std::str
   return true;
 }
 
+/// Where the matmul `op` runs as (`kernel`) writes: its result, or for
+/// matmul16_to16 (carve.write16) the 16-bit copy right after it.
+bool Generator::matmulResult(Operation *op, StringRef kernel, std::string &out) {
+  if (kernel != "matmul16_to16") {
+    out = name(op->getResult(0));
+    return true;
+  }
+  Operation *c = op->getNextNode();
+  if (!op->hasAttr(kWrite16Attr) || !c || !isa<CastOp>(c))
+    return failOp(op, "carve.kernel = \"matmul16_to16\" without carve.write16 and the 16-bit "
+                      "copy after it");
+  out = name(c->getResult(0));
+  return true;
+}
+
 /// A matmul, with folded transposes as its flags; or a transpose of a matmul
 /// computed as the product of the transposed operands.
 bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
@@ -398,15 +423,19 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
          << ", " << dims(ys) << ");  // its right operand gathered a matrix at a time";
       return true;
     }
-    if (kernel == "matmul16") {
-      // carve.read16: cuBLAS reads the 16-bit tensor an operand is a view of.
+    if (kernel == "matmul16" || kernel == "matmul16_to16") {
+      // carve.read16: cuBLAS reads the 16-bit tensor an operand is a view of;
+      // matmul16_to16 (carve.write16) writes the product's 16-bit copy.
       std::string a, b;
       bool a16, b16;
       if (!read16Operand(op, op, 0, a, a16) || !read16Operand(op, op, 1, b, b16))
         return false;
-      os << callee(opts, "matmul16") + "(" << a << ", " << flag("a16", a16) << ", " << da << ", "
+      std::string out;
+      if (!matmulResult(op, kernel, out))
+        return false;
+      os << callee(opts, kernel) + "(" << a << ", " << flag("a16", a16) << ", " << da << ", "
          << flag("transA", ta) << ", " << b << ", " << flag("b16", b16) << ", " << db << ", "
-         << flag("transB", tb) << ", " << name(res) << ", " << dims(ys) << ");";
+         << flag("transB", tb) << ", " << out << ", " << dims(ys) << ");";
       return true;
     }
     os << callee(opts, "matmul") + "(" << opnd(op, 0) << ", " << da << ", " << flag("transA", ta)
@@ -421,14 +450,17 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
     };
     bool ta, tb;
     Value a = stored(0, ta), b = stored(1, tb);
-    if (kernel == "matmul16") {
+    if (kernel == "matmul16" || kernel == "matmul16_to16") {
       std::string an, bn;
       bool a16, b16;
       if (!read16Operand(op, mm, 0, an, a16) || !read16Operand(op, mm, 1, bn, b16))
         return false;
-      os << callee(opts, "matmul16") + "(" << bn << ", " << flag("a16", b16) << ", " << shapeOf(b)
+      std::string out;
+      if (!matmulResult(op, kernel, out))
+        return false;
+      os << callee(opts, kernel) + "(" << bn << ", " << flag("a16", b16) << ", " << shapeOf(b)
          << ", " << flag("transA", !tb) << ", " << an << ", " << flag("b16", a16) << ", "
-         << shapeOf(a) << ", " << flag("transB", !ta) << ", " << name(res) << ", " << shapeOf(res)
+         << shapeOf(a) << ", " << flag("transB", !ta) << ", " << out << ", " << shapeOf(res)
          << ");  // (a b)^T as b^T a^T";
       return true;
     }
@@ -652,6 +684,7 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
     Value logits = op->getOperand(0), targets = op->getOperand(1);
     int r = red == "mean" ? 0 : red == "sum" ? 1 : 2;
     const bool vp = kernel.contains("vocab_parallel");
+    std::string logitsArg; // cross_entropy16's 16-bit logits, for count_correct16
     auto rows = op->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
     if (vp && !rows)
       return failOp(op, "carve.kernel = \"" + kernel.str() +
@@ -663,6 +696,24 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
          << "  // maxima, sums of exponentials and the target logits (no rank holds all "
          << rows.getInt() << " logits).\n  " << callee(opts, kernel) << "(*ctx.tpComm, "
          << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * " << c << ", ";
+    } else if (kernel == "cross_entropy16" || kernel == "cross_entropy_grad16") {
+      // carve.read16: the logits' 16-bit tensor; carve.write16: the
+      // gradient's 16-bit copy (the next op) instead of the f32 result.
+      auto f = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      if (!f || f.size() != 1)
+        return failOp(op, "carve.kernel = \"" + kernel.str() + "\" without carve.read16 (1 flag)");
+      std::string src = name(logits);
+      if (f[0]) {
+        Value s16 = stored16(logits, op, opts.precision);
+        if (!s16)
+          return failOp(op, "carve.read16 marks logits with no 16-bit tensor of their bits");
+        src = name(s16);
+      }
+      logitsArg = src;
+      os << callee(opts, kernel) << "(" << src << ", ";
+      if (kernel == "cross_entropy_grad16")
+        os << flag("l16", f[0]) << ", ";
+      os << shapeOf(logits) << ", ";
     } else {
       os << callee(opts, kernel) << "(" << name(logits) << ", " << shapeOf(logits) << ", ";
     }
@@ -670,13 +721,22 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
        << ", " << (ig ? ig.getInt() : 0) << "LL, ";
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(op, 2) << ", ";
-    os << name(res) << ");";
+    if (kernel == "cross_entropy_grad16") {
+      const bool w16 = op->hasAttr(kWrite16Attr);
+      Operation *c = op->getNextNode();
+      if (w16 && (!c || !isa<CastOp>(c)))
+        return failOp(op, "carve.write16 without the 16-bit copy after it");
+      os << (w16 ? name(c->getResult(0)) : name(res)) << ", " << flag("d16", w16) << ");";
+    } else {
+      os << name(res) << ");";
+    }
     if (isa<CrossEntropyOp>(op)) {
+      const bool c16 = kernel == "cross_entropy16";
       os << "\n  if (ctx.evaluating)  // train --eval-data: accuracy (the target's logit is the "
             "largest)\n    " +
-                callee(opts, "count_correct") + "("
-         << (vp ? "ctx.tpComm" : "nullptr") << ", " << name(logits) << ", " << shapeOf(logits)
-         << ", "
+                callee(opts, c16 ? "count_correct16" : "count_correct") + "("
+         << (vp ? "ctx.tpComm" : "nullptr") << ", " << (c16 ? logitsArg : name(logits)) << ", "
+         << shapeOf(logits) << ", "
          << (vp ? "(int64_t)ctx.tpRank * " + std::to_string(typeOf(logits).getDimSize(1))
                 : std::string("0"))
          << ", " << name(targets) << ", " << flag("hasIgnore", (bool)ig) << ", "

@@ -30,6 +30,7 @@ bool withPlan(ModuleOp module, const CodegenOptions &given, EmitOptions &opts, s
     return false;
   }
   static_cast<CodegenOptions &>(opts) = given;
+  opts.plan = *plan;
   opts.dp = (int)plan->dp;
   opts.tp = (int)plan->tp;
   opts.zero = (int)plan->zero;

@@ -49,6 +49,8 @@ namespace carve::codegen {
 /// The driver's choices with the plan the module holds (carve.plan): what
 /// every part of the emitter reads.
 struct EmitOptions : CodegenOptions {
+  /// The module's carve.plan.
+  PlanAttrs plan;
   /// "cpu" (C++ against kernels.h) or "cuda" (a .cu source against gpu.h:
   /// the same calls on device pointers, constants in managed memory, scalars
   /// read back explicitly): the plan's `target`.
@@ -488,6 +490,7 @@ private:
   bool emitNormalization(Operation *op, llvm::raw_ostream &os);
   bool emitAttention(Operation *op, llvm::raw_ostream &os);
   bool read16Operand(Operation *op, Operation *mm, unsigned k, std::string &out, bool &is16);
+  bool matmulResult(Operation *op, StringRef kernel, std::string &out);
   bool emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);
   bool emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &os);

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/codegen/Generator.h"
+#include "compiler/precision/Precision.h"
 
 #include <algorithm>
 
@@ -79,11 +80,15 @@ bool Generator::assignBuffers() {
       if (gatheredOperands.count(op))
         continue; // gathered by each matmul that reads it
       if (isa<ReshapeOp>(op)) {
-        bufferOf[r] = bufferOf.lookup(op->getOperand(0));
+        auto in = bufferOf.find(op->getOperand(0));
+        if (in != bufferOf.end())
+          bufferOf[r] = in->second;
         continue;
       }
       if (foldedTransposes.count(op) || fusedMatmuls.count(op) || interior.count(r))
         continue; // never materialized
+      if (neverStoredF32(r, opts.plan))
+        continue; // every reader reads its 16-bit tensor (carve-plan-memory gave it no memory)
       Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
       bufferOf[r] = newBuffer(reg, bytesOf(r), k, name);
       buffers.back().owner = r;
@@ -121,7 +126,10 @@ bool Generator::assignBuffers() {
     for (unsigned i = 0; i < op->getNumOperands(); ++i) {
       if (interior.count(operandOf(op, i)))
         continue; // computed in registers by the group's kernel
-      Buffer &b = buffers[bufferOf.lookup(operandOf(op, i))];
+      auto it = bufferOf.find(operandOf(op, i));
+      if (it == bufferOf.end())
+        continue; // never stored (neverStoredF32): the reader reads its 16-bit tensor
+      Buffer &b = buffers[it->second];
       b.lastUse = std::max(b.lastUse, readAt(op));
     }
   }

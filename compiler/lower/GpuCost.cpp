@@ -100,11 +100,11 @@ struct Model {
   /// under a 16-bit plan, then one cuBLAS call (the batch folded into M, or
   /// one strided batch).
   void matmul(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t aNumel, int64_t bNumel,
-              bool accumulate, bool a16 = false, bool b16 = false) {
+              bool accumulate, bool a16 = false, bool b16 = false, bool y16 = false) {
     if (m == 0 || n == 0 || batch == 0)
       return;
     if (k == 0) {
-      if (!accumulate)
+      if (!accumulate && !y16) // a 16-bit result: cudaMemsetAsync
         add("fillKernel", GpuClass::Elementwise, 0, 4.0 * batch * m * n);
       return;
     }
@@ -113,14 +113,14 @@ struct Model {
       add("roundKernel", GpuClass::Conversion, 0, 6.0 * aNumel);
     if (half16 && !b16)
       add("roundKernel", GpuClass::Conversion, 0, 6.0 * bNumel);
-    const double c = 4.0 * batch * m * n * (accumulate ? 2 : 1);
+    const double c = (y16 ? 2.0 : 4.0) * batch * m * n * (accumulate ? 2 : 1);
     add("cuBLAS GEMM", GpuClass::Gemm, 2.0 * m * n * k * batch, double(in) * (aNumel + bNumel) + c,
         1, half16);
   }
 
   /// A matmul op (or the matmul a "product" transpose computes); `read16`:
   /// matmul16's operands read as stored in 16 bits (no rounding kernel).
-  void matmulOp(Operation *mm, DenseBoolArrayAttr read16 = {}) {
+  void matmulOp(Operation *mm, DenseBoolArrayAttr read16 = {}, bool y16 = false) {
     Value a = mm->getOperand(0), b = mm->getOperand(1), y = mm->getResult(0);
     ArrayRef<int64_t> ys = typeOf(y).getShape(), as = typeOf(a).getShape();
     const int64_t k = as.back();
@@ -131,7 +131,7 @@ struct Model {
       m = ys[ys.size() - (typeOf(b).getRank() >= 2 ? 2 : 1)];
     const int64_t batch = (m != 0 && n != 0) ? numel(y) / (m * n) : 0;
     const bool a16 = read16 && read16[0], b16 = read16 && read16[1];
-    matmul(m, n, k, batch, numel(a), numel(b), false, a16, b16);
+    matmul(m, n, k, batch, numel(a), numel(b), false, a16, b16, y16);
   }
 
   /// matmul_gathered: the gathered operand a piece of samples at a time
@@ -389,7 +389,9 @@ struct Model {
           qkv + dy + 8 * rows + bytesOf(k) + bytesOf(v));
   }
 
-  void crossEntropy(Operation *op, bool grad) {
+  /// `l16`: the logits read in 16 bits (cross_entropy16 / _grad16's
+  /// carve.read16); `d16`: the gradient written in 16 bits (carve.write16).
+  void crossEntropy(Operation *op, bool grad, bool l16 = false, bool d16 = false) {
     Value logits = op->getOperand(0);
     ArrayRef<int64_t> ls = typeOf(logits).getShape();
     // ceGeom: classes on axis 1; e = the other elements, s = the stride.
@@ -398,7 +400,8 @@ struct Model {
     for (size_t i = 2; i < ls.size(); ++i)
       s *= ls[i];
     const int64_t e = c ? numel(logits) / c : 0;
-    const double lb = bytesOf(logits);
+    const double lb = l16 ? 2.0 * numel(logits) : bytesOf(logits);
+    const double db = d16 ? 2.0 * numel(logits) : bytesOf(logits);
     StringRef reduction = op->getAttrOfType<StringAttr>("reduction").getValue();
     if (e > 0)
       add("ceCount", GpuClass::Loss, 0, 8.0 * e);
@@ -411,7 +414,7 @@ struct Model {
     }
     if (e == 0 || c == 0)
       return;
-    add(s == 1 ? "ceGradRows" : "ceGradStrided", GpuClass::Loss, 4.0 * numel(logits), 2 * lb);
+    add(s == 1 ? "ceGradRows" : "ceGradStrided", GpuClass::Loss, 4.0 * numel(logits), lb + db);
   }
 
   /// One op of the step's body with its carve.kernel.
@@ -453,12 +456,12 @@ struct Model {
     } else if (kernel == "dropout") {
       if (n > 0)
         add("dropoutKernel", GpuClass::Elementwise, n, inOut());
-    } else if (kernel == "matmul" || kernel == "matmul16") {
+    } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16") {
       auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
       if (isa<MatmulOp>(op))
-        matmulOp(op, read16);
+        matmulOp(op, read16, kernel == "matmul16_to16");
       else // a transpose of a matmul's product, computed by the matmul
-        matmulOp(op->getOperand(0).getDefiningOp(), read16);
+        matmulOp(op->getOperand(0).getDefiningOp(), read16, kernel == "matmul16_to16");
     } else if (kernel == "matmul_gathered") {
       matmulGathered(op, gatheredOperand(op));
     } else if (kernel == "matmul_gather_grad") {
@@ -521,6 +524,10 @@ struct Model {
       crossEntropy(op, false);
     } else if (kernel == "cross_entropy_grad") {
       crossEntropy(op, true);
+    } else if (kernel == "cross_entropy16" || kernel == "cross_entropy_grad16") {
+      auto f = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      crossEntropy(op, kernel == "cross_entropy_grad16", f && f.size() == 1 && f[0],
+                   op->hasAttr(kWrite16Attr));
     } else if (kernel == "nonzero") {
       add("nonzeroKernel", GpuClass::Layout, 0, inOut());
     } else if (kernel == "copy") {
@@ -538,7 +545,7 @@ struct Model {
       unpriced(op, ("runtime entry '" + kernel + "' has no launch model").str());
     }
     if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kFusionGroupAttr) &&
-        !op->hasAttr(kRound16InCopyAttr) && op->getNumResults())
+        !op->hasAttr(kRound16InCopyAttr) && !op->hasAttr(kWrite16Attr) && op->getNumResults())
       add("round16Kernel", GpuClass::Conversion, 0, 8.0 * numel(op->getResult(0)));
   }
 

@@ -63,6 +63,18 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          the copy written in one kernel (the same bits); the op is marked
          `carve.round16_in_copy` and the emitter prints no rounding after it
          (carve-round-operands16 puts such copies right after their op);
+      3e. on the CUDA target under bf16/fp16, a 16-bit copy right after a
+         matmul run by cuBLAS (or the transpose of a product it computes) or a
+         cross_entropy_grad that writes its input, where every other reader
+         of the input reads the copy's bits (carve.read16, directly or
+         through reshapes), is written by that op itself
+         (`matmul16_to16`: cuBLAS rounds its fp32 accumulators to the
+         format; `cross_entropy_grad16`), which is marked `carve.write16`
+         and writes no f32 result; the copy runs as `none`. A cross_entropy
+         or cross_entropy_grad (not vocab-parallel) whose logits have a
+         16-bit tensor of their bits (stored16) reads it
+         (`cross_entropy16` / `cross_entropy_grad16`, carve.read16, and
+         train --eval-data's accuracy `count_correct16`);
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;
@@ -85,6 +97,8 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numCalls", "num-calls", "Ops that run as a runtime call">,
     Statistic<"numNone", "num-none", "Ops that run as no call of their own">,
+    Statistic<"numWrite16", "num-write16",
+              "Ops that write their result's 16-bit copy themselves (carve.write16)">,
     Statistic<"numRoundInCopy", "num-round-in-copy",
               "Roundings done by the 16-bit copy after them (roundCopyBf16/F16)">,
     Statistic<"numRead16Views", "num-read16-views",

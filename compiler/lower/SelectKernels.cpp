@@ -10,6 +10,7 @@
 #include "compiler/lower/Kernels.h"
 #include "compiler/lower/Passes.h"
 #include "compiler/optimizer/Optimizer.h"
+#include "compiler/precision/Precision.h"
 
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
@@ -96,15 +97,20 @@ bool isView16(Value v, StringRef precision) {
 /// otherwise round the views back to the same bits. Its forward
 /// (attention_stats) reads the copies carve-pack-activations made before it.
 struct Read16 {
+  /// Whether every use of `v` (through reshapes and folded transposes) reads
+  /// it as the 16-bit tensor of its bits.
+  std::function<bool(Value)> allRead16;
   llvm::DenseMap<Operation *, std::array<bool, 2>> flags; // the op that runs the matmul
   llvm::DenseMap<Operation *, std::array<bool, 3>> attention; // q, k, v of a cuDNN gradient
   llvm::DenseSet<Operation *> deadViews;                      // casts nothing reads as f32
+  llvm::DenseSet<Operation *> crossEntropy;                   // reads its logits as 16 bits
+  llvm::DenseSet<std::pair<Operation *, unsigned>> reads;     // (op, operand) read as 16 bits
+  bool failed = false;
 
   Read16(func::FuncOp fn, const PlanAttrs &plan) {
     StringRef precision = plan.precision;
     // Which operand of which matmul (or cuDNN attention gradient) reads a
     // view as 16 bits.
-    llvm::DenseSet<std::pair<Operation *, unsigned>> reads; // (op, operand)
     for (Operation &op : fn.getBody().front().without_terminator()) {
       // cuDNN's forward: q, k, v whose 16-bit copies carve-pack-activations
       // made just before it are read as those copies.
@@ -127,6 +133,15 @@ struct Read16 {
           attention[&op] = f;
         continue;
       }
+      // Cross-entropy (not vocab-parallel) and its gradient read logits
+      // that have a 16-bit tensor of their bits as stored.
+      if (isa<CrossEntropyOp, CrossEntropyGradOp>(&op) && !sharded(&op)) {
+        if (stored16(op.getOperand(0), &op, precision)) {
+          crossEntropy.insert(&op);
+          reads.insert({&op, 0});
+        }
+        continue;
+      }
       Operation *mm = nullptr;
       if (isa<MatmulOp>(&op) && !isProductMatmul(&op) && !isScatteredProduct(&op) &&
           !gatheredOperand(&op) && !op.hasAttr(kFusionGroupAttr))
@@ -147,19 +162,27 @@ struct Read16 {
     // A view is dead when every use reads it as 16 bits: a flagged matmul
     // or attention operand, or a reshape or folded transpose whose every
     // use is one.
-    std::function<bool(Value)> allRead16 = [&](Value v) {
-      return !v.use_empty() && llvm::all_of(v.getUses(), [&](OpOperand &use) {
+    allRead16 = [this](Value v) {
+      return !v.use_empty() && llvm::all_of(v.getUses(), [this](OpOperand &use) {
         Operation *u = use.getOwner();
-        if (isa<MatmulOp, AttentionGradStatsOp>(u))
+        if (isa<MatmulOp, AttentionGradStatsOp, CrossEntropyOp, CrossEntropyGradOp>(u))
           return reads.count({u, use.getOperandNumber()}) > 0;
         if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand))
           return allRead16(u->getResult(0));
         return false;
       });
     };
+    // (neverStoredF32 is the rule carve-plan-memory gave no memory by.)
     for (Operation &op : fn.getBody().front().without_terminator())
-      if (isa<CastOp>(&op) && isView16(op.getResult(0), precision) && allRead16(op.getResult(0)))
+      if (isa<CastOp>(&op) && isView16(op.getResult(0), precision) &&
+          neverStoredF32(op.getResult(0), plan)) {
+        if (!allRead16(op.getResult(0))) {
+          op.emitError("carve-select-kernels: carve-plan-memory gave this f32 view no memory, "
+                       "but not every reader reads its 16-bit tensor");
+          failed = true;
+        }
         deadViews.insert(&op);
+      }
   }
 };
 
@@ -295,8 +318,11 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       if (fn.isExternal() || !isEmittedFunction(fn))
         continue;
       std::optional<Read16> read16;
-      if (plan->target == "cuda" && plan->precision != "fp32")
+      if (plan->target == "cuda" && plan->precision != "fp32") {
         read16.emplace(fn, *plan);
+        if (read16->failed)
+          return signalPassFailure();
+      }
       for (Operation &op : fn.getBody().front().without_terminator()) {
         if (isOptimizerOp(&op)) {
           // The step's tail: its printer reads the ops themselves. On the
@@ -317,6 +343,11 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
             c = call("matmul16");
             op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, it->second));
           }
+        }
+        if (read16 && (c.kernel == "cross_entropy" || c.kernel == "cross_entropy_grad") &&
+            read16->crossEntropy.count(&op)) {
+          c = call(c.kernel == "cross_entropy" ? "cross_entropy16" : "cross_entropy_grad16");
+          op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {true}));
         }
         if (read16 && read16->deadViews.count(&op)) {
           c = call(kNoKernel);
@@ -357,8 +388,59 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         ++(c.kernel == kNoKernel ? numNone : numCalls);
         op.setAttr(kKernelAttr, StringAttr::get(ctx, c.kernel));
       }
-      if (plan->target == "cuda" && plan->precision != "fp32")
+      if (read16) {
+        writeCopies(fn, *plan, *read16);
         roundInCopies(fn, plan->precision);
+      }
+    }
+  }
+
+  /// Rule 3e: a 16-bit copy (a cast from f32 to the plan's format) right
+  /// after a matmul run by cuBLAS (or a product's transpose) or a
+  /// cross-entropy gradient that writes its input, where every other reader
+  /// of that input reads it as the copy (carve.read16, through reshapes): the
+  /// op writes the copy itself (`matmul16_to16`, `cross_entropy_grad16`;
+  /// marked carve.write16) and no f32 result; the copy is no call. The same
+  /// bits: the op's f32 values rounded to nearest even.
+  void writeCopies(func::FuncOp fn, const PlanAttrs &plan, const Read16 &read16) {
+    MLIRContext *ctx = fn.getContext();
+    StringRef precision = plan.precision;
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      auto c = dyn_cast<CastOp>(&op);
+      if (!c || !elementOf(c.getInput()).isF32())
+        continue;
+      Type to = elementOf(c.getResult());
+      if (!(precision == "bf16" && to.isBF16()) && !(precision == "fp16" && to.isF16()))
+        continue;
+      Value v = c.getInput();
+      Operation *w = v.getDefiningOp();
+      if (!w || w->getNextNode() != &op || w->getNumResults() != 1 || w->hasAttr(kFusionGroupAttr))
+        continue;
+      StringAttr wk = w->getAttrOfType<StringAttr>(kKernelAttr);
+      if (!wk)
+        continue;
+      const bool mm = (isa<MatmulOp>(w) || (isa<TransposeOp>(w) && foldOf(w) == kFoldProduct)) &&
+                      (wk.getValue() == "matmul" || wk.getValue() == "matmul16");
+      const bool ce = isa<CrossEntropyGradOp>(w) && (wk.getValue() == "cross_entropy_grad" ||
+                                                     wk.getValue() == "cross_entropy_grad16");
+      if (!mm && !ce)
+        continue;
+      // Every reader but the copy reads the copy's bits (the rule
+      // carve-plan-memory gave the f32 result no memory by).
+      if (!neverStoredF32(v, plan))
+        continue;
+      if (mm) {
+        if (!w->hasAttr(kRead16Attr))
+          w->setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {false, false}));
+        w->setAttr(kKernelAttr, StringAttr::get(ctx, "matmul16_to16"));
+      } else {
+        if (!w->hasAttr(kRead16Attr))
+          w->setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {false}));
+        w->setAttr(kKernelAttr, StringAttr::get(ctx, "cross_entropy_grad16"));
+      }
+      w->setAttr(kWrite16Attr, UnitAttr::get(ctx));
+      op.setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+      ++numWrite16;
     }
   }
 
@@ -383,7 +465,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       Operation *def = c.getInput().getDefiningOp();
       if (!def || def->getNextNode() != &op || !def->hasAttr(kRound16Attr) || isa<CastOp>(def) ||
           def->hasAttr(kFusionGroupAttr) || def->getNumResults() != 1 ||
-          def->hasAttr(kRound16InCopyAttr))
+          def->hasAttr(kRound16InCopyAttr) || def->hasAttr(kWrite16Attr))
         continue;
       StringAttr dk = def->getAttrOfType<StringAttr>(kKernelAttr);
       if (!dk || dk.getValue() == kNoKernel)

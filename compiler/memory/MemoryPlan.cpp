@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/memory/MemoryPlan.h"
+#include "compiler/precision/Precision.h"
 
 #include "compiler/dataparallel/DataParallel.h"
 #include "compiler/fusion/Fusion.h"
@@ -94,13 +95,16 @@ int64_t elementBytes(Value v) {
   return std::max<int64_t>(1, t.getElementType().getIntOrFloatBitWidth() / 8);
 }
 
+bool isF32(Value v) { return cast<ShapedType>(v.getType()).getElementType().isF32(); }
+
 /// The buffers of one function and their live ranges, as the emitter
 /// declares them (the same rules, in the same order).
 class Model {
 public:
-  Model(func::FuncOp fn, int64_t dp, int64_t zero, bool fp32Accumulators)
-      : fn(fn), dp(dp), zero(zero), fp32Accumulators(fp32Accumulators), order(fn), ops(order.ops),
-        index(order.index), interior(order.interior) {
+  Model(func::FuncOp fn, int64_t dp, int64_t zero, bool fp32Accumulators, const PlanAttrs &plan)
+      : fn(fn), dp(dp), zero(zero), fp32Accumulators(fp32Accumulators),
+        cuda16(plan.target == "cuda" && plan.precision != "fp32"), plan16(cuda16 ? &plan : nullptr),
+        order(fn), ops(order.ops), index(order.index), interior(order.interior) {
     stage = fn->hasAttr(kStageAttr);
   }
 
@@ -417,7 +421,17 @@ private:
         if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isScatteredProduct(op) ||
             isGatheredOperand(op) || interior.count(r))
           continue; // never materialized
-        buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), k);
+        if (plan16 && neverStoredF32(r, *plan16))
+          continue; // read as its 16-bit tensor by every reader (CUDA)
+        // On the CUDA target under bf16/fp16, a 16-bit copy right after the
+        // op that writes its input may be written by that op
+        // (carve-select-kernels' rule 3e, carve.write16): it lives from there.
+        int64_t born = k;
+        if (cuda16 && isa<CastOp>(op) && !isF32(r))
+          if (Operation *w = op->getOperand(0).getDefiningOp();
+              w && w->getNextNode() == op && index.count(w))
+            born = index.lookup(w);
+        buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), born);
         owned[r] = buffer[r];
       }
     }
@@ -483,6 +497,8 @@ private:
   func::FuncOp fn;
   int64_t dp, zero;
   bool fp32Accumulators;
+  bool cuda16;             // the CUDA target under a bf16/fp16 plan
+  const PlanAttrs *plan16; // its plan (null otherwise)
   bool stage = false;
   ProgramOrder order;
   const std::vector<Operation *> &ops;
@@ -507,7 +523,7 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (!isEmittedFunction(fn))
         continue;
-      Model m(fn, plan->dp, zero, plan->fp32ChunkAccumulators());
+      Model m(fn, plan->dp, zero, plan->fp32ChunkAccumulators(), *plan);
       if (failed(m.build()))
         return signalPassFailure();
       numBuffers += m.placeAndRecord();
@@ -539,7 +555,7 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
         auto it = stages.find(c * pp + r);
         if (it == stages.end())
           continue;
-        Model m(it->second, plan->dp, zero, plan->fp32ChunkAccumulators());
+        Model m(it->second, plan->dp, zero, plan->fp32ChunkAccumulators(), *plan);
         at = m.layoutPersistent(at, plan->optimizerState, inputs);
       }
     }

@@ -45,6 +45,61 @@ Operation *cublasRunner(Operation *mm) {
   return mm;
 }
 
+/// A use that reads its value as the 16-bit tensor of its bits (see
+/// neverStoredF32), directly or through reshapes and folded transposes.
+bool reads16(OpOperand &use, const PlanAttrs &plan) {
+  Operation *u = use.getOwner();
+  const unsigned k = use.getOperandNumber();
+  if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)) {
+    Value r = u->getResult(0);
+    return !r.use_empty() &&
+           llvm::all_of(r.getUses(), [&](OpOperand &x) { return reads16(x, plan); });
+  }
+  if (isa<MatmulOp>(u))
+    return k < 2 && !u->hasAttr(kFusionGroupAttr) && !isScatteredProduct(u) && !gatheredOperand(u);
+  if (isa<CrossEntropyOp, CrossEntropyGradOp>(u))
+    return k == 0 && !u->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  if (isa<AttentionGradStatsOp>(u))
+    return k < 3 && plan.target == "cuda" && cudnnAttentionRefusal(u, plan).empty();
+  return false;
+}
+
+} // namespace
+
+bool neverStoredF32(Value v, const PlanAttrs &plan) {
+  if (plan.target != "cuda" || plan.precision == "fp32")
+    return false;
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  if (!t || !t.getElementType().isF32() || t.getNumElements() == 0)
+    return false;
+  auto is16 = [&](Type e) {
+    return (plan.precision == "bf16" && e.isBF16()) || (plan.precision == "fp16" && e.isF16());
+  };
+  Operation *w = v.getDefiningOp();
+  if (!w || w->getNumResults() != 1)
+    return false;
+  if (auto c = dyn_cast<CastOp>(w)) { // a view
+    if (!is16(elementOf(c.getInput())))
+      return false;
+    return !v.use_empty() &&
+           llvm::all_of(v.getUses(), [&](OpOperand &u) { return reads16(u, plan); });
+  }
+  const bool mm = (isa<MatmulOp>(w) && !w->hasAttr(kFusionGroupAttr) && !isScatteredProduct(w) &&
+                   !gatheredOperand(w) && !isProductMatmul(w)) ||
+                  (isa<TransposeOp>(w) && foldOf(w) == kFoldProduct);
+  const bool ce = isa<CrossEntropyGradOp>(w) && !w->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  if (!mm && !ce) // (vocab-parallel cross-entropy writes f32)
+    return false;
+  auto copy = dyn_cast_or_null<CastOp>(w->getNextNode());
+  if (!copy || copy.getInput() != v || !is16(elementOf(copy.getResult())))
+    return false;
+  return llvm::all_of(v.getUses(), [&](OpOperand &u) {
+    return u.getOwner() == copy.getOperation() || reads16(u, plan);
+  });
+}
+
+namespace {
+
 struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands16Pass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -131,7 +186,15 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
         if ((order.index.lookup(first) < backwardBegin) !=
             (order.index.lookup(ops.back()) < backwardBegin))
           continue;
-        b.setInsertionPoint(first);
+        // Right after the op that writes it (carve-select-kernels' rule 3e
+        // may have that op write the copy itself), or before the first
+        // reader.
+        Operation *w = v.getDefiningOp();
+        if (w && w->getBlock() == &body && !w->hasAttr(kFusionGroupAttr) &&
+            (order.index.lookup(w) < backwardBegin) == (order.index.lookup(first) < backwardBegin))
+          b.setInsertionPointAfter(w);
+        else
+          b.setInsertionPoint(first);
         auto t = cast<RankedTensorType>(v.getType());
         Location loc = NameLoc::get(
             b.getStringAttr(nodeName(first->getLoc()) + " (16-bit operand)"), first->getLoc());

@@ -185,7 +185,10 @@ def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
         the data-gradient and the weight-gradient matmuls both read; the
         normalized input of Llama's q, k and v projections) and all of them
         are in the forward or all in the backward, a `carve.cast` to the
-        format before the first (`NODE (16-bit operand)`). (A copy kept
+        format right after the op that writes the value (where that op is
+        in the same part and not a fused chain's member: carve-select-kernels'
+        rule 3e may have it write the cast's result itself), else before the
+        first reader (`NODE (16-bit operand)`). (A copy kept
         from forward to backward beside the f32 value would cost memory.)
 
     And the first 16-bit copy of any value whose writer rounds it

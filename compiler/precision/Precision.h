@@ -18,6 +18,26 @@
 
 namespace carve {
 
+struct PlanAttrs;
+
+/// On the CUDA target under a bf16/fp16 `plan`: whether the f32 value `v` is
+/// never stored, because every reader reads a 16-bit tensor of its bits
+/// instead (carve-select-kernels' carve.read16):
+///   - an f32 view of a 16-bit tensor (a carve.cast from the plan's format)
+///     whose every use, through reshapes and folded transposes, is such a
+///     read;
+///   - the f32 result of a cuBLAS matmul (or the transpose of a product it
+///     computes) or of a cross_entropy_grad (not vocab-parallel) whose next
+///     op is its 16-bit copy
+///     (a cast to the plan's format), whose every other use is such a read:
+///     the op writes the copy itself (carve.write16).
+/// A read as 16 bits: a matmul operand cuBLAS reads (not a fused chain's, a
+/// gathered or a scattered product's), the logits of a cross-entropy or its
+/// gradient (not vocab-parallel), the q, k or v of an attention gradient
+/// that runs on cuDNN. carve-plan-memory gives such values no memory, and
+/// carve-select-kernels and the emitter print no call and no pointer for them.
+bool neverStoredF32(mlir::Value v, const PlanAttrs &plan);
+
 #define GEN_PASS_DECL
 #include "compiler/precision/Passes.h.inc"
 

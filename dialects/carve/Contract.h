@@ -142,6 +142,10 @@ constexpr const char *kRound16Attr = "carve.round16";
 /// 16-bit copy of its result right after it (carve-select-kernels' rule 3d:
 /// the cast runs as roundCopyBf16 / roundCopyF16), not by a kernel of its own.
 constexpr const char *kRound16InCopyAttr = "carve.round16_in_copy";
+/// On an op whose f32 result has a 16-bit copy right after it (CUDA target):
+/// the op writes that copy itself, in the plan's 16-bit format, and no f32
+/// result (carve-select-kernels' rule 3e; every other reader reads the copy).
+constexpr const char *kWrite16Attr = "carve.write16";
 /// On a trainable parameter argument under a bf16/fp16 plan
 /// (carve-store-params16): the argument is the 16-bit copy the step reads;
 /// its fp32 master lives with the optimizer state (carve.persistent_plan's

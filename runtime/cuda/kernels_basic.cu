@@ -442,12 +442,16 @@ int gemmInt(int64_t v, const char *what) {
 /// `count` row-major GEMMs C_i = op(A_i) op(B_i) (+ C_i) with A_i at
 /// a + i * strideA elements, and so on. cuBLAS is column-major: a row-major
 /// matrix is its transpose, so it computes C^T = op(B)^T op(A)^T.
+/// `c16`: C is stored in the precision's 16-bit format (cuBLAS rounds the fp32
+/// accumulators to it), otherwise f32.
 void gemmBatch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, Operand a, int64_t lda,
-               int64_t strideA, Operand b, int64_t ldb, int64_t strideB, float beta, float *c,
-               int64_t strideC, int64_t count, Precision p) {
+               int64_t strideA, Operand b, int64_t ldb, int64_t strideB, float beta, void *c,
+               int64_t strideC, int64_t count, Precision p, bool c16 = false) {
   const cudaDataType_t type = p == Precision::BF16  ? CUDA_R_16BF
                               : p == Precision::F16 ? CUDA_R_16F
                                                     : CUDA_R_32F;
+  const cudaDataType_t ctype = c16 ? type : CUDA_R_32F;
+  const int64_t cBytes = c16 ? 2 : 4;
   const cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int im = gemmInt(m, "M"), in = gemmInt(n, "N"), ik = gemmInt(k, "K");
@@ -468,15 +472,15 @@ void gemmBatch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, Operand a, int
     const int64_t nb = std::min(kMaxBatch, count - i0);
     const char *pa = a.p + i0 * strideA * a.elemBytes;
     const char *pb = b.p + i0 * strideB * b.elemBytes;
-    float *pc = c + i0 * strideC;
+    char *pc = static_cast<char *>(c) + i0 * strideC * cBytes;
     if (nb == 1) {
       CARVE_CUBLAS_CHECK(cublasGemmEx(cublas(), opB, opA, in, im, ik, &alpha, pb, type, ildb, pa,
-                                      type, ilda, &beta, pc, CUDA_R_32F, in, CUBLAS_COMPUTE_32F,
+                                      type, ilda, &beta, pc, ctype, in, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
     } else {
       CARVE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
           cublas(), opB, opA, in, im, ik, &alpha, pb, type, ildb, strideB, pa, type, ilda, strideA,
-          &beta, pc, CUDA_R_32F, in, strideC, static_cast<int>(nb), CUBLAS_COMPUTE_32F,
+          &beta, pc, ctype, in, strideC, static_cast<int>(nb), CUBLAS_COMPUTE_32F,
           CUBLAS_GEMM_DEFAULT));
     }
   }
@@ -705,7 +709,7 @@ namespace {
 /// matmul's body: a and b are f32 (rounded into scratch under a 16-bit
 /// precision) or, with a16 / b16, already in the precision's 16-bit format.
 void matmulAny(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
-               bool transB, float *y, Dims ys, bool accumulate) {
+               bool transB, void *y, Dims ys, bool accumulate, bool y16 = false) {
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
   if (ar < 2 || br < 2 || yr != std::max(ar, br))
     fatal("matmul: operands of rank %d and %d with a result of rank %d (both ranks must be "
@@ -726,13 +730,18 @@ void matmulAny(const void *a, bool a16, Dims as, bool transA, const void *b, boo
   if (m == 0 || n == 0 || nb == 0)
     return;
   if (k == 0) {
-    if (!accumulate)
-      fill(y, nb * m * n, 0.0f);
+    if (y16) // zero is all-zero bits in bf16 and fp16
+      CARVE_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(uint16_t) * nb * m * n, stream()));
+    else if (!accumulate)
+      fill(static_cast<float *>(y), nb * m * n, 0.0f);
     return;
   }
   const Precision p = precision();
-  if ((a16 || b16) && p == Precision::F32)
-    fatal("matmul16: a 16-bit operand under the fp32 precision");
+  if ((a16 || b16 || y16) && p == Precision::F32)
+    fatal("matmul16: a 16-bit operand or result under the fp32 precision");
+  if (y16 && accumulate)
+    fatal("matmul16_to16: a 16-bit result cannot accumulate");
+  const int64_t yBytes = y16 ? 2 : 4;
   const Operand oa = a16 ? Operand{static_cast<const char *>(a), 2}
                          : roundedOperand(static_cast<const float *>(a), as.numel(), kWsBasic0, p);
   const Operand ob = b16 ? Operand{static_cast<const char *>(b), 2}
@@ -743,13 +752,13 @@ void matmulAny(const void *a, bool a16, Dims as, bool transA, const void *b, boo
   // One GEMM when B is shared by every batch matrix and A's batch rows are
   // contiguous: the batch folds into M.
   if (bBatch.numel() == 1 && !transA && aBatch.numel() == nb && nb * m <= INT_MAX) {
-    gemmBatch(false, transB, nb * m, n, k, oa, lda, 0, ob, ldb, 0, beta, y, 0, 1, p);
+    gemmBatch(false, transB, nb * m, n, k, oa, lda, 0, ob, ldb, 0, beta, y, 0, 1, p, y16);
     return;
   }
   if (nest.rank <= 1) {
     // One stride per operand (0 for a shared one): a strided batch.
     const int64_t sa = nest.inner(0) * aMat, sb = nest.inner(1) * bMat;
-    gemmBatch(transA, transB, m, n, k, oa, lda, sa, ob, ldb, sb, beta, y, yMat, nb, p);
+    gemmBatch(transA, transB, m, n, k, oa, lda, sa, ob, ldb, sb, beta, y, yMat, nb, p, y16);
     return;
   }
   // Batch dimensions that do not merge: a strided batch along the innermost
@@ -767,7 +776,8 @@ void matmulAny(const void *a, bool a16, Dims as, bool transA, const void *b, boo
     const Operand pa = {oa.p + offA * aMat * oa.elemBytes, oa.elemBytes};
     const Operand pb = {ob.p + offB * bMat * ob.elemBytes, ob.elemBytes};
     gemmBatch(transA, transB, m, n, k, pa, lda, nest.st[0][last] * aMat, pb, ldb,
-              nest.st[1][last] * bMat, beta, y + o * inner * yMat, yMat, inner, p);
+              nest.st[1][last] * bMat, beta, static_cast<char *>(y) + o * inner * yMat * yBytes,
+              yMat, inner, p, y16);
   }
 }
 
@@ -781,6 +791,11 @@ void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool 
 void matmul16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
               bool transB, float *y, Dims ys) {
   matmulAny(a, a16, as, transA, b, b16, bs, transB, y, ys, false);
+}
+
+void matmul16_to16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+                   bool transB, void *y, Dims ys) {
+  matmulAny(a, a16, as, transA, b, b16, bs, transB, y, ys, false, true);
 }
 
 //===--- Reductions --------------------------------------------------------===//

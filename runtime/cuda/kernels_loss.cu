@@ -83,6 +83,25 @@ __device__ __forceinline__ double ceWeight(int64_t t, int64_t i, bool hasIgnore,
   return reduction == 0 ? dy[0] / static_cast<double>(*count) : static_cast<double>(dy[0]);
 }
 
+/// Logits (and logit gradients) stored as f32 (F = 0), bf16 (1) or fp16 (2):
+/// element i as a float, and a float stored (16 bits: rounded to nearest even).
+template <int F> __device__ __forceinline__ float loadAs(const void *p, int64_t i) {
+  if constexpr (F == 0)
+    return static_cast<const float *>(p)[i];
+  else if constexpr (F == 1)
+    return carve::rt::ew::bf16Float(static_cast<const uint16_t *>(p)[i]);
+  else
+    return carve::rt::ew::f16Float(static_cast<const uint16_t *>(p)[i]);
+}
+template <int F> __device__ __forceinline__ void storeAs(void *p, int64_t i, float v) {
+  if constexpr (F == 0)
+    static_cast<float *>(p)[i] = v;
+  else if constexpr (F == 1)
+    static_cast<uint16_t *>(p)[i] = carve::rt::ew::bf16Bits(v);
+  else
+    static_cast<uint16_t *>(p)[i] = carve::rt::ew::f16Bits(v);
+}
+
 /// Sums per-thread values of the block in a fixed order into part[blockIdx.x].
 __device__ void blockPartial(double v, double *sh, double *part) {
   v = blockSum(v, sh);
@@ -91,8 +110,8 @@ __device__ void blockPartial(double v, double *sh, double *part) {
 }
 
 /// Loss of contiguous rows (class stride 1), one row per group.
-template <bool kBlock>
-__global__ void ceLossRows(const float *logits, const int64_t *targets, int64_t rows, int64_t C,
+template <int F, bool kBlock>
+__global__ void ceLossRows(const void *logits, const int64_t *targets, int64_t rows, int64_t C,
                            bool hasIgnore, int64_t ignoreIndex, int reduction, float *y,
                            double *part) {
   __shared__ float sh[32];
@@ -100,14 +119,14 @@ __global__ void ceLossRows(const float *logits, const int64_t *targets, int64_t 
   const RowGroup<kBlock> g;
   double acc = 0; // on the group's lane 0
   for (int64_t row = g.first; row < rows; row += g.stride) {
-    const float *xr = logits + row * C;
+    const int64_t xr = row * C;
     float m = kNegInf;
     for (int64_t j = g.lane; j < C; j += g.size)
-      m = fmaxf(m, xr[j]);
+      m = fmaxf(m, loadAs<F>(logits, xr + j));
     m = g.max(m, sh);
     float s = 0;
     for (int64_t j = g.lane; j < C; j += g.size)
-      s += expf(xr[j] - m);
+      s += expf(loadAs<F>(logits, xr + j) - m);
     s = g.sum(s, sh);
     if (g.lane == 0) {
       const int64_t t = targets[row];
@@ -115,7 +134,8 @@ __global__ void ceLossRows(const float *logits, const int64_t *targets, int64_t 
       // -log_softmax at the target: -(x_t - max - log(sum)). Out-of-range
       // targets were recorded by ceCount; they add nothing here.
       if (!ignored(t, hasIgnore, ignoreIndex) && t >= 0 && t < C)
-        loss = -((static_cast<double>(xr[t]) - m) - log(static_cast<double>(s)));
+        loss =
+            -((static_cast<double>(loadAs<F>(logits, xr + t)) - m) - log(static_cast<double>(s)));
       if (reduction == 2)
         y[row] = static_cast<float>(loss);
       else
@@ -128,7 +148,8 @@ __global__ void ceLossRows(const float *logits, const int64_t *targets, int64_t 
 
 /// Loss with a class stride s > 1: one thread per element, adjacent threads
 /// on adjacent positions.
-__global__ void ceLossStrided(const float *logits, const int64_t *targets, int64_t e, int64_t C,
+template <int F>
+__global__ void ceLossStrided(const void *logits, const int64_t *targets, int64_t e, int64_t C,
                               int64_t S, bool hasIgnore, int64_t ignoreIndex, int reduction,
                               float *y, double *part) {
   __shared__ double shd[32];
@@ -136,17 +157,18 @@ __global__ void ceLossStrided(const float *logits, const int64_t *targets, int64
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < e;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t n = i / S, u = i % S;
-    const float *base = logits + n * C * S + u;
+    const int64_t base = n * C * S + u;
     float m = kNegInf;
     for (int64_t j = 0; j < C; ++j)
-      m = fmaxf(m, base[j * S]);
+      m = fmaxf(m, loadAs<F>(logits, base + j * S));
     float s = 0;
     for (int64_t j = 0; j < C; ++j)
-      s += expf(base[j * S] - m);
+      s += expf(loadAs<F>(logits, base + j * S) - m);
     const int64_t t = targets[i];
     double loss = 0;
     if (!ignored(t, hasIgnore, ignoreIndex) && t >= 0 && t < C)
-      loss = -((static_cast<double>(base[t * S]) - m) - log(static_cast<double>(s)));
+      loss = -((static_cast<double>(loadAs<F>(logits, base + t * S)) - m) -
+               log(static_cast<double>(s)));
     if (reduction == 2)
       y[i] = static_cast<float>(loss);
     else
@@ -170,57 +192,59 @@ __global__ void ceFinish(const double *part, int np, const unsigned long long *c
 }
 
 /// dlogits = w * (softmax - onehot(target)) for contiguous rows.
-template <bool kBlock>
-__global__ void ceGradRows(const float *logits, const int64_t *targets, int64_t rows, int64_t C,
+/// FIO = 3 * (logits' format) + (dlogits' format), formats as loadAs.
+template <int FIO, bool kBlock>
+__global__ void ceGradRows(const void *logits, const int64_t *targets, int64_t rows, int64_t C,
                            bool hasIgnore, int64_t ignoreIndex, int reduction, const float *dy,
-                           const unsigned long long *count, float *dlogits) {
+                           const unsigned long long *count, void *dlogits) {
+  constexpr int FI = FIO / 3, FO = FIO % 3;
   __shared__ float sh[32];
   const RowGroup<kBlock> g;
   for (int64_t row = g.first; row < rows; row += g.stride) {
-    const float *xr = logits + row * C;
-    float *dr = dlogits + row * C;
+    const int64_t xr = row * C;
     float m = kNegInf;
     for (int64_t j = g.lane; j < C; j += g.size)
-      m = fmaxf(m, xr[j]);
+      m = fmaxf(m, loadAs<FI>(logits, xr + j));
     m = g.max(m, sh);
     float s = 0;
     for (int64_t j = g.lane; j < C; j += g.size)
-      s += expf(xr[j] - m);
+      s += expf(loadAs<FI>(logits, xr + j) - m);
     s = g.sum(s, sh);
     const int64_t t = targets[row];
     const double w = ceWeight(t, row, hasIgnore, ignoreIndex, reduction, dy, count);
     const float ws = static_cast<float>(w / s), wf = static_cast<float>(w);
     for (int64_t j = g.lane; j < C; j += g.size) {
-      float d = ws * expf(xr[j] - m);
+      float d = ws * expf(loadAs<FI>(logits, xr + j) - m);
       if (j == t && w != 0.0)
         d -= wf;
-      dr[j] = d;
+      storeAs<FO>(dlogits, xr + j, d);
     }
   }
 }
 
-__global__ void ceGradStrided(const float *logits, const int64_t *targets, int64_t e, int64_t C,
+template <int FIO>
+__global__ void ceGradStrided(const void *logits, const int64_t *targets, int64_t e, int64_t C,
                               int64_t S, bool hasIgnore, int64_t ignoreIndex, int reduction,
-                              const float *dy, const unsigned long long *count, float *dlogits) {
+                              const float *dy, const unsigned long long *count, void *dlogits) {
+  constexpr int FI = FIO / 3, FO = FIO % 3;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < e;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t n = i / S, u = i % S;
-    const float *base = logits + n * C * S + u;
-    float *dbase = dlogits + n * C * S + u;
+    const int64_t base = n * C * S + u;
     float m = kNegInf;
     for (int64_t j = 0; j < C; ++j)
-      m = fmaxf(m, base[j * S]);
+      m = fmaxf(m, loadAs<FI>(logits, base + j * S));
     float s = 0;
     for (int64_t j = 0; j < C; ++j)
-      s += expf(base[j * S] - m);
+      s += expf(loadAs<FI>(logits, base + j * S) - m);
     const int64_t t = targets[i];
     const double w = ceWeight(t, i, hasIgnore, ignoreIndex, reduction, dy, count);
     const float ws = static_cast<float>(w / s), wf = static_cast<float>(w);
     for (int64_t j = 0; j < C; ++j) {
-      float d = ws * expf(base[j * S] - m);
+      float d = ws * expf(loadAs<FI>(logits, base + j * S) - m);
       if (j == t && w != 0.0)
         d -= wf;
-      dbase[j * S] = d;
+      storeAs<FO>(dlogits, base + j * S, d);
     }
   }
 }
@@ -428,9 +452,23 @@ int partsFor(int64_t e) { return blocksFor(e); }
 
 //===--- Cross entropy ----------------------------------------------------===//
 
-void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int reduction,
-                   bool hasIgnore, int64_t ignoreIndex, float *y) {
-  const char *op = "cross_entropy";
+namespace {
+
+/// The loadAs format of the precision's 16-bit storage (bf16: 1, fp16: 2).
+int format16(const char *op) {
+  switch (precision()) {
+  case Precision::BF16:
+    return 1;
+  case Precision::F16:
+    return 2;
+  default:
+    fatal("%s: 16-bit logits under the fp32 precision", op);
+  }
+}
+
+template <int F>
+void crossEntropyAs(const char *op, const void *logits, Dims ls, const int64_t *targets,
+                    int reduction, bool hasIgnore, int64_t ignoreIndex, float *y) {
   const CeGeom g = ceGeom(op, ls, reduction);
   const bool rows = g.s == 1;
   // Partials: one per block of the loss kernel.
@@ -443,10 +481,10 @@ void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int red
   ceCountLaunch(targets, g.e, hasIgnore, ignoreIndex, g.c, s, op);
   if (g.e > 0) {
     if (rows)
-      CARVE_LAUNCH_ROWS(ceLossRows, g.e, g.c, logits, targets, g.e, g.c, hasIgnore, ignoreIndex,
-                        reduction, y, s.part);
+      CARVE_LAUNCH_ROWS_T(ceLossRows, F, g.e, g.c, logits, targets, g.e, g.c, hasIgnore,
+                          ignoreIndex, reduction, y, s.part);
     else
-      CARVE_KERNEL(np, kThreads, 0, stream(), ceLossStrided)
+      CARVE_KERNEL(np, kThreads, 0, stream(), ceLossStrided<F>)
       (logits, targets, g.e, g.c, g.s, hasIgnore, ignoreIndex, reduction, y, s.part);
     checkLaunch(op);
   }
@@ -456,9 +494,10 @@ void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int red
   }
 }
 
-void cross_entropy_grad(const float *logits, Dims ls, const int64_t *targets, int reduction,
-                        bool hasIgnore, int64_t ignoreIndex, const float *dy, float *dlogits) {
-  const char *op = "cross_entropy_grad";
+template <int FIO>
+void crossEntropyGradAs(const char *op, const void *logits, Dims ls, const int64_t *targets,
+                        int reduction, bool hasIgnore, int64_t ignoreIndex, const float *dy,
+                        void *dlogits) {
   const CeGeom g = ceGeom(op, ls, reduction);
   if (g.e == 0)
     return;
@@ -467,12 +506,57 @@ void cross_entropy_grad(const float *logits, Dims ls, const int64_t *targets, in
   if (g.c == 0)
     return;
   if (g.s == 1)
-    CARVE_LAUNCH_ROWS(ceGradRows, g.e, g.c, logits, targets, g.e, g.c, hasIgnore, ignoreIndex,
-                      reduction, dy, s.count, dlogits);
+    CARVE_LAUNCH_ROWS_T(ceGradRows, FIO, g.e, g.c, logits, targets, g.e, g.c, hasIgnore,
+                        ignoreIndex, reduction, dy, s.count, dlogits);
   else
-    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ceGradStrided)
+    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ceGradStrided<FIO>)
     (logits, targets, g.e, g.c, g.s, hasIgnore, ignoreIndex, reduction, dy, s.count, dlogits);
   checkLaunch(op);
+}
+
+} // namespace
+
+void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int reduction,
+                   bool hasIgnore, int64_t ignoreIndex, float *y) {
+  crossEntropyAs<0>("cross_entropy", logits, ls, targets, reduction, hasIgnore, ignoreIndex, y);
+}
+
+void cross_entropy16(const void *logits, Dims ls, const int64_t *targets, int reduction,
+                     bool hasIgnore, int64_t ignoreIndex, float *y) {
+  const char *op = "cross_entropy16";
+  if (format16(op) == 1)
+    crossEntropyAs<1>(op, logits, ls, targets, reduction, hasIgnore, ignoreIndex, y);
+  else
+    crossEntropyAs<2>(op, logits, ls, targets, reduction, hasIgnore, ignoreIndex, y);
+}
+
+void cross_entropy_grad(const float *logits, Dims ls, const int64_t *targets, int reduction,
+                        bool hasIgnore, int64_t ignoreIndex, const float *dy, float *dlogits) {
+  crossEntropyGradAs<0>("cross_entropy_grad", logits, ls, targets, reduction, hasIgnore,
+                        ignoreIndex, dy, dlogits);
+}
+
+void cross_entropy_grad16(const void *logits, bool l16, Dims ls, const int64_t *targets,
+                          int reduction, bool hasIgnore, int64_t ignoreIndex, const float *dy,
+                          void *dlogits, bool d16) {
+  const char *op = "cross_entropy_grad16";
+  const int f = l16 || d16 ? format16(op) : 0;
+  const int fio = 3 * (l16 ? f : 0) + (d16 ? f : 0);
+  switch (fio) {
+#define CARVE_CASE(N)                                                                              \
+  case N:                                                                                          \
+    return crossEntropyGradAs<N>(op, logits, ls, targets, reduction, hasIgnore, ignoreIndex, dy,   \
+                                 dlogits);
+    CARVE_CASE(0)
+    CARVE_CASE(1)
+    CARVE_CASE(2)
+    CARVE_CASE(3)
+    CARVE_CASE(4)
+    CARVE_CASE(6)
+    CARVE_CASE(8)
+#undef CARVE_CASE
+  }
+  fatal("%s: unexpected formats %d", op, fio);
 }
 
 //===--- Vocabulary-parallel cross entropy --------------------------------===//
@@ -557,18 +641,19 @@ void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
 
 /// count_correct's row statistics: stats[r] = the row's largest logit here,
 /// stats[e + r] = the target's logit (-inf where this rank lacks the target).
-__global__ void ccRowStats(const float *logits, const int64_t *targets, int64_t e, int64_t c,
+template <int F>
+__global__ void ccRowStats(const void *logits, const int64_t *targets, int64_t e, int64_t c,
                            int64_t s, int64_t vocabOffset, float *stats) {
   for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < e;
        r += (int64_t)gridDim.x * blockDim.x) {
     const int64_t i = r / s, u = r % s;
-    const float *base = logits + i * c * s + u;
+    const int64_t base = i * c * s + u;
     float mx = -INFINITY;
     for (int64_t k = 0; k < c; ++k)
-      mx = fmaxf(mx, base[k * s]);
+      mx = fmaxf(mx, loadAs<F>(logits, base + k * s));
     const int64_t t = targets[r] - vocabOffset;
     stats[r] = mx;
-    stats[e + r] = t >= 0 && t < c ? base[t * s] : -INFINITY;
+    stats[e + r] = t >= 0 && t < c ? loadAs<F>(logits, base + t * s) : -INFINITY;
   }
 }
 
@@ -589,9 +674,10 @@ __global__ void ccCount(const float *stats, const int64_t *targets, int64_t e, b
   }
 }
 
-void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabOffset,
-                   const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts) {
-  const char *op = "count_correct";
+namespace {
+void countCorrectAs(int f, const char *op, Communicator *c, const void *logits, Dims ls,
+                    int64_t vocabOffset, const int64_t *targets, bool hasIgnore,
+                    int64_t ignoreIndex, double *counts) {
   const CeGeom g = ceGeom(op, ls, 0);
   if (g.e == 0)
     return;
@@ -599,8 +685,13 @@ void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabO
   char *w = static_cast<char *>(workspace(statBytes + 2 * sizeof(double), kWsFused0));
   float *stats = reinterpret_cast<float *>(w);
   double *dev = reinterpret_cast<double *>(w + statBytes);
-  CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccRowStats)
+  if (f == 0)
+    CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccRowStats<0>)
   (logits, targets, g.e, g.c, g.s, vocabOffset, stats);
+  else if (f == 1) CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(),
+                                ccRowStats<1>)(logits, targets, g.e, g.c, g.s, vocabOffset, stats);
+  else CARVE_KERNEL(blocksFor(g.e), kThreads, 0, stream(), ccRowStats<2>)(logits, targets, g.e, g.c,
+                                                                          g.s, vocabOffset, stats);
   checkLaunch(op);
   if (c)
     allReduceDevice(*c, stats, 2 * g.e, CommType::F32, ReduceOp::Max);
@@ -612,6 +703,20 @@ void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabO
   readScalars(dev, host, 2);
   counts[0] += host[0];
   counts[1] += host[1];
+}
+} // namespace
+
+void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabOffset,
+                   const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts) {
+  countCorrectAs(0, "count_correct", c, logits, ls, vocabOffset, targets, hasIgnore, ignoreIndex,
+                 counts);
+}
+
+void count_correct16(Communicator *c, const void *logits, Dims ls, int64_t vocabOffset,
+                     const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts) {
+  const char *op = "count_correct16";
+  countCorrectAs(format16(op), op, c, logits, ls, vocabOffset, targets, hasIgnore, ignoreIndex,
+                 counts);
 }
 
 void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dims ls,

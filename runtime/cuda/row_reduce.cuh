@@ -112,6 +112,18 @@ constexpr int kWarpRowThreads = 256;
 constexpr int kBlockRowThreads = 512;
 
 /// Launches `kernel<true or false>` over `rows` rows of `len` elements.
+/// CARVE_LAUNCH_ROWS for a kernel with one more template argument before
+/// kBlock (`kernel<targ, false>`).
+#define CARVE_LAUNCH_ROWS_T(kernel, targ, rows, len, ...)                                          \
+  do {                                                                                             \
+    if ((len) <= kWarpRow)                                                                         \
+      CARVE_KERNEL(gridFor(((rows) + kWarpRowThreads / 32 - 1) / (kWarpRowThreads / 32)),          \
+                   kWarpRowThreads, 0, stream(), kernel<targ, false>)                              \
+    (__VA_ARGS__);                                                                                 \
+    else CARVE_KERNEL(gridFor(rows), kBlockRowThreads, 0, stream(),                                \
+                      kernel<targ, true>)(__VA_ARGS__);                                            \
+  } while (0)
+
 #define CARVE_LAUNCH_ROWS(kernel, rows, len, ...)                                                  \
   do {                                                                                             \
     if ((len) <= kWarpRow)                                                                         \

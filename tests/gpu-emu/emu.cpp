@@ -1202,8 +1202,12 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
                     const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
                     cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType ct,
                     int ldc) {
-  if (ct != CUDA_R_32F)
+  if (ct != CUDA_R_32F && ct != CUDA_R_16BF && ct != CUDA_R_16F)
     die("cublasGemmEx: output type %d is not one carve uses", static_cast<int>(ct));
+  if (ct != CUDA_R_32F && ct != at)
+    die("cublasGemmEx: a 16-bit output (type %d) of inputs of type %d", static_cast<int>(ct),
+        static_cast<int>(at));
+  const size_t cSize = ct == CUDA_R_32F ? 4 : 2;
   const int64_t aCols = ta == CUBLAS_OP_N ? k : m, bCols = tb == CUBLAS_OP_N ? n : k;
   const size_t aSize = at == CUDA_R_32F ? 4 : 2, bSize = bt == CUDA_R_32F ? 4 : 2;
   if (m > 0 && n > 0 && k > 0) {
@@ -1212,9 +1216,29 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
     if (!isDevice(B, static_cast<size_t>((bCols - 1) * ldb + (tb == CUBLAS_OP_N ? k : n)) * bSize))
       die("cublasGemmEx: B (%p) is not inside one device allocation", B);
   }
-  if (!isDevice(C, static_cast<size_t>(std::max(0, (n - 1) * ldc + m)) * 4))
+  if (!isDevice(C, static_cast<size_t>(std::max(0, (n - 1) * ldc + m)) * cSize))
     die("cublasGemmEx: C (%p) is not inside one device allocation", C);
   std::vector<float> a = operand(A, at, ta, m, k, lda), b = operand(B, bt, tb, k, n, ldb);
+  if (ct != CUDA_R_32F) {
+    // A 16-bit C: the fp32 accumulators rounded to nearest even, as cuBLAS
+    // writes them (beta 0 only: carve never accumulates into 16 bits).
+    if (*beta != 0)
+      die("cublasGemmEx: beta %g with a 16-bit output", static_cast<double>(*beta));
+    std::vector<float> acc(static_cast<size_t>(m) * n, 0.0f);
+    if (k > 0 && m > 0 && n > 0)
+      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, m, n, k, *alpha, a.data(), m, b.data(),
+                  k, 0.0f, acc.data(), m);
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        const float v = acc[i + static_cast<size_t>(j) * m];
+        const size_t o = i + static_cast<size_t>(j) * ldc;
+        if (ct == CUDA_R_16BF)
+          static_cast<__nv_bfloat16 *>(C)[o] = __float2bfloat16_rn(v);
+        else
+          static_cast<__half *>(C)[o] = __float2half_rn(v);
+      }
+    return CUBLAS_STATUS_SUCCESS;
+  }
   float *c = static_cast<float *>(C);
   if (k == 0 || m == 0 || n == 0) {
     for (int j = 0; j < n; ++j)
@@ -1277,11 +1301,12 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
                                           cublasComputeType_t, cublasGemmAlgo_t) {
   const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
   issue(h->stream, [=]() {
-    const size_t aSize = at == CUDA_R_32F ? 4 : 2, bSize = bt == CUDA_R_32F ? 4 : 2;
+    const size_t aSize = at == CUDA_R_32F ? 4 : 2, bSize = bt == CUDA_R_32F ? 4 : 2,
+                 cSize = ct == CUDA_R_32F ? 4 : 2;
     for (int i = 0; i < count; ++i)
       gemm(ta, tb, m, n, k, &al, static_cast<const char *>(A) + i * sa * aSize, at, lda,
            static_cast<const char *>(B) + i * sb * bSize, bt, ldb, &be,
-           static_cast<float *>(C) + i * sc, ct, ldc);
+           static_cast<char *>(C) + i * sc * cSize, ct, ldc);
   });
   return CUBLAS_STATUS_SUCCESS;
 }

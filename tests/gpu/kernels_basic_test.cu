@@ -506,6 +506,36 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
       expectEqual(what + " matmul16" + (x16 ? " a16" : "") + (w16 ? " b16" : ""), y16->download(),
                   views);
     }
+    // matmul16_to16 (carve.write16): the product in 16 bits, cuBLAS rounding
+    // its fp32 accumulators to nearest even. Against the f32 product rounded
+    // the same way: the emulated GPU is bit for bit; on a GPU cuBLAS may take
+    // another algorithm for a 16-bit C and sum in another order, so each
+    // element may differ by the rounding of an fp32 difference: one unit in
+    // the 16-bit format's last place.
+    {
+      auto out16 = poisoned<uint16_t>(ys.numel());
+      g::matmul16_to16(a16->p, true, c.a, c.ta, b16->p, true, c.b, c.tb, out16->p, ys);
+      auto dviews = up(views);
+      auto ref16 = poisoned<uint16_t>(ys.numel());
+      (bf ? g::toBf16 : g::toF16)(dviews->p, ref16->p, ys.numel());
+      const std::vector<uint16_t> got = out16->download(), want = ref16->download();
+      int64_t far = 0, exact = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int64_t d = std::abs(int64_t(got[i]) - int64_t(want[i]));
+        exact += d == 0;
+        far += d > 1; // same sign: adjacent bit patterns are adjacent numbers
+      }
+      ++checks();
+      if (far) {
+        std::printf("FAIL %s matmul16_to16: %lld of %zu elements more than one 16-bit ulp from "
+                    "the rounded f32 product\n",
+                    what.c_str(), (long long)far, got.size());
+        ++failures();
+      } else {
+        std::printf("ok   %s matmul16_to16 (%lld of %zu bit for bit)\n", what.c_str(),
+                    (long long)exact, got.size());
+      }
+    }
     g::setPrecision(rt::Precision::F32);
   }
 }

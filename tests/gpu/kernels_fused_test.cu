@@ -688,6 +688,69 @@ void testCrossEntropy(Dims ls, bool hasIgnore) {
   }
 }
 
+/// cross_entropy16, cross_entropy_grad16 and count_correct16 (carve.read16,
+/// carve.write16) under bf16 and fp16: logits stored in 16 bits give bit for
+/// bit what the f32 entries give for their f32 values, and a 16-bit gradient
+/// is the f32 gradient rounded to nearest even (toBf16 / toF16).
+void testCrossEntropy16(Dims ls, bool hasIgnore) {
+  const int64_t C = ls.d[1], n = ls.numel(), e = C ? n / C : 0;
+  const std::vector<int64_t> t = makeTargets(e, C, hasIgnore);
+  auto dt = up(t);
+  for (rt::Precision p : {rt::Precision::BF16, rt::Precision::F16}) {
+    const bool bf = p == rt::Precision::BF16;
+    std::vector<float> x = randn(n, 3.0f);
+    for (float &v : x)
+      v = bf ? rt::roundToBf16(v) : rt::roundToF16(v);
+    auto dx = up(x);
+    auto x16 = poisoned<uint16_t>(std::max<int64_t>(n, 1));
+    (bf ? g::toBf16 : g::toF16)(dx->p, x16->p, n);
+    g::setPrecision(p);
+    for (int reduction : {0, 1, 2}) {
+      const std::string what = std::string("cross_entropy16 ") + (bf ? "bf16 " : "fp16 ") +
+                               str(ls) + " reduction " + std::to_string(reduction) +
+                               (hasIgnore ? " ignore" : "");
+      const int64_t ny = reduction == 2 ? e : 1;
+      auto y = poisoned<float>(ny), y16 = poisoned<float>(ny);
+      g::cross_entropy(dx->p, ls, dt->p, reduction, hasIgnore, kIgnore, y->p);
+      g::cross_entropy16(x16->p, ls, dt->p, reduction, hasIgnore, kIgnore, y16->p);
+      if (deviceOk(what))
+        expectEqual(what, y16->download(), y->download());
+      const std::vector<float> gy = reduction == 2 ? randn(e) : std::vector<float>{0.7f};
+      auto dgy = up(gy);
+      auto dl = poisoned<float>(std::max<int64_t>(n, 1));
+      g::cross_entropy_grad(dx->p, ls, dt->p, reduction, hasIgnore, kIgnore, dgy->p, dl->p);
+      auto want16 = poisoned<uint16_t>(std::max<int64_t>(n, 1));
+      (bf ? g::toBf16 : g::toF16)(dl->p, want16->p, n);
+      for (int mode = 1; mode <= 3; ++mode) {
+        const bool l16 = mode & 1, d16 = mode & 2;
+        auto got = poisoned<float>(std::max<int64_t>(n, 1));
+        auto got16 = poisoned<uint16_t>(std::max<int64_t>(n, 1));
+        g::cross_entropy_grad16(l16 ? static_cast<const void *>(x16->p) : dx->p, l16, ls, dt->p,
+                                reduction, hasIgnore, kIgnore, dgy->p,
+                                d16 ? static_cast<void *>(got16->p) : got->p, d16);
+        const std::string w = what + " grad16" + (l16 ? " l16" : "") + (d16 ? " d16" : "");
+        if (!deviceOk(w))
+          continue;
+        if (d16)
+          expectEqual(w, got16->download(), want16->download());
+        else
+          expectEqual(w, got->download(), dl->download());
+      }
+    }
+    // train --eval-data's accuracy from the 16-bit logits.
+    double c32[2] = {0, 0}, c16[2] = {0, 0};
+    g::count_correct(nullptr, dx->p, ls, 0, dt->p, hasIgnore, kIgnore, c32);
+    g::count_correct16(nullptr, x16->p, ls, 0, dt->p, hasIgnore, kIgnore, c16);
+    ++checks();
+    if (c32[0] != c16[0] || c32[1] != c16[1]) {
+      std::printf("FAIL count_correct16 %s: %g of %g, count_correct %g of %g\n", str(ls).c_str(),
+                  c16[0], c16[1], c32[0], c32[1]);
+      ++failures();
+    }
+    g::setPrecision(rt::Precision::F32);
+  }
+}
+
 /// Every element ignored: the mean is 0/0 (NaN, as PyTorch and the CPU), the
 /// sum 0, the gradient 0.
 void testCrossEntropyAllIgnored() {
@@ -899,6 +962,9 @@ int main() {
   testCrossEntropy(Dims{4, 7, 3, 5}, true);
   testCrossEntropy(Dims{2, 1500, 9}, false);
   testCrossEntropy(Dims{0, 5}, false);
+  testCrossEntropy16(Dims{64, 10}, true);
+  testCrossEntropy16(Dims{8, 50257}, true);
+  testCrossEntropy16(Dims{4, 7, 3, 5}, true);
   testCrossEntropyAllIgnored();
   testBadTarget(false);
   testBadTarget(true);

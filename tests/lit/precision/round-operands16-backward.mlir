@@ -5,7 +5,9 @@
 // between writes where it lies. The tanh's output, read in the forward by
 // fc2 and in the backward (through a folded transpose) by fc2's weight
 // gradient, gets no copy (it would be kept from forward to backward beside
-// the f32 value): that matmul rounds it as before.
+// the f32 value): that matmul rounds it as before. Its product, the weight
+// gradient, is read only by its 16-bit cast (carve-store-grads16): the
+// matmul writes the cast's result itself (carve-select-kernels' rule 3e).
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="precision=bf16 target=cuda" --carve-round-activations --carve-fold-transposes --carve-pack-activations --carve-store-params16 --carve-store-grads16 --carve-round-operands16 --carve-data-parallel --carve-plan-memory --carve-select-kernels | FileCheck %s
 
 // CHECK-LABEL: func.func @train_step(
@@ -17,7 +19,8 @@
 // CHECK-NOT: carve.arena_offset = array<i64: [[OFF]]>
 // CHECK: %[[TT:.+]] = carve.transpose %[[T]] {carve.fold = "operand"
 // CHECK-NOT: carve.arena_offset = array<i64: [[OFF]]>
-// CHECK: carve.matmul %[[TT]], %[[G]] {{.*}}carve.kernel = "matmul16", carve.read16 = array<i1: false, true>}
+// CHECK: %[[DW:.+]] = carve.matmul %[[TT]], %[[G]] {{.*}}carve.kernel = "matmul16_to16", carve.read16 = array<i1: false, true>, carve.write16}
+// CHECK-NEXT: carve.cast %[[DW]] {carve.kernel = "none"} : tensor<8x8xf32> -> tensor<8x8xbf16>
 // CHECK: return
 
 func.func @forward(%x: tensor<4x8xf32> {carve.input = "x"},

@@ -195,6 +195,11 @@ void matmul(const float *a, Dims as, bool transA, const float *b, Dims bs, bool 
 /// product is the same, bit for bit (carve-select-kernels' `matmul16`).
 void matmul16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
               bool transB, float *y, Dims ys);
+/// matmul16 writing the product in the precision's 16-bit format: cuBLAS
+/// rounds its fp32 accumulators to nearest even (carve-select-kernels'
+/// carve.write16: the 16-bit copy of the product is all the program keeps).
+void matmul16_to16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+                   bool transB, void *y, Dims ys);
 
 //===--- Reductions, normalization, attention, loss (float) ----------------===//
 
@@ -258,6 +263,17 @@ void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int red
                    bool hasIgnore, int64_t ignoreIndex, float *y);
 void cross_entropy_grad(const float *logits, Dims ls, const int64_t *targets, int reduction,
                         bool hasIgnore, int64_t ignoreIndex, const float *dy, float *dlogits);
+/// cross_entropy reading logits stored in the precision's 16-bit format (the
+/// same loss as cross_entropy of their f32 values; carve.read16).
+void cross_entropy16(const void *logits, Dims ls, const int64_t *targets, int reduction,
+                     bool hasIgnore, int64_t ignoreIndex, float *y);
+/// cross_entropy_grad with the logits (`l16`) and/or the gradient (`d16`,
+/// rounded to nearest even as written: carve.write16) in the precision's
+/// 16-bit format: the values cross_entropy_grad computes from the logits'
+/// f32 values, then rounded.
+void cross_entropy_grad16(const void *logits, bool l16, Dims ls, const int64_t *targets,
+                          int reduction, bool hasIgnore, int64_t ignoreIndex, const float *dy,
+                          void *dlogits, bool d16);
 
 //===--- Data movement (float, int64_t, int32_t, uint8_t) ------------------===//
 
@@ -320,6 +336,9 @@ void cross_entropy_vocab_parallel(Communicator &c, const float *logits, Dims ls,
 /// memory (it waits for the device).
 void count_correct(Communicator *c, const float *logits, Dims ls, int64_t vocabOffset,
                    const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts);
+/// count_correct of logits stored in the precision's 16-bit format.
+void count_correct16(Communicator *c, const void *logits, Dims ls, int64_t vocabOffset,
+                     const int64_t *targets, bool hasIgnore, int64_t ignoreIndex, double *counts);
 void cross_entropy_vocab_parallel_grad(Communicator &c, const float *logits, Dims ls,
                                        int64_t vocabOffset, const int64_t *targets, int reduction,
                                        bool hasIgnore, int64_t ignoreIndex, const float *dy,
