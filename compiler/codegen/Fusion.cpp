@@ -107,21 +107,43 @@ bool Generator::emitFused(const FusionGroup &g) {
     fusedDefs += f;
   }
 
-  std::string in, shapes, outs;
+  // The 16-bit copies of outputs that the kernel writes as well
+  // (carve.copy_in_fused: right after the root, no call of their own).
+  std::vector<std::string> copy16(no, "nullptr");
+  bool anyCopy = false;
+  for (Operation *n = g.root->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+    if (!n->hasAttr(kCopyInFusedAttr))
+      continue;
+    auto it = llvm::find(g.outputs, n->getOperand(0));
+    if (it == g.outputs.end())
+      return failOp(n, "carve.copy_in_fused on a copy of no output of the fused chain before it");
+    s += resultPointer(n->getResult(0));
+    copy16[it - g.outputs.begin()] = name(n->getResult(0));
+    anyCopy = true;
+  }
+  std::string in, shapes, outs, outs16;
   for (size_t k = 0; k < ni; ++k) {
     in += (k ? ", " : "") + var.lookup(g.inputs[k]);
     shapes += (k ? ", " : "") + dims(typeOf(g.inputs[k]).getShape());
   }
-  for (size_t j = 0; j < no; ++j)
-    outs += (j ? ", " : "") + var.lookup(g.outputs[j]);
+  for (size_t j = 0; j < no; ++j) {
+    // An output never stored in f32 (neverStoredF32: only its 16-bit copy).
+    outs += std::string(j ? ", " : "") +
+            (bufferOf.count(g.outputs[j]) ? var.lookup(g.outputs[j]) : std::string("nullptr"));
+    outs16 += (j ? ", " : "") + copy16[j];
+  }
   s += "  {  // one pass: " + std::to_string(g.ops.size()) + " ops, " + std::to_string(ni) +
        " input(s), " + std::to_string(no) + " output(s)" +
        (no > 1 ? " (the intermediates are read later)" : "") + "\n";
   s += "    const float *in[" + std::to_string(ni) + "] = {" + in + "};\n";
   s += "    const Dims shapes[" + std::to_string(ni) + "] = {" + shapes + "};\n";
   s += "    float *out[" + std::to_string(no) + "] = {" + outs + "};\n";
+  if (anyCopy)
+    s += "    uint16_t *out16[" + std::to_string(no) + "] = {" + outs16 +
+         "};  // their 16-bit copies, written in the same pass\n";
   s += "    " + callee(opts, "fused") + "(\"" + fname + " (" + chain + ")\", " + fname +
-       "{}, in, shapes, out, " + dims(typeOf(g.root->getResult(0)).getShape()) + ");\n  }\n";
+       "{}, in, shapes, out, " + (anyCopy ? "out16, " : "") +
+       dims(typeOf(g.root->getResult(0)).getShape()) + ");\n  }\n";
   return true;
 }
 

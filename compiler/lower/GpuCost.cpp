@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/lower/GpuCost.h"
+#include "compiler/precision/Precision.h"
 
 #include "compiler/fusion/Fusion.h"
 #include "compiler/lower/Kernels.h"
@@ -669,7 +670,12 @@ bool modelGpuStep(ModuleOp module, GpuStep &out, std::string &error) {
       for (Value v : g->inputs)
         b += bytesOf(v);
       for (Value v : g->outputs)
-        b += bytesOf(v);
+        if (!neverStoredF32(v, *plan)) // (only its 16-bit copy)
+          b += bytesOf(v);
+      // The 16-bit copies it writes too (carve.copy_in_fused).
+      for (Operation *n = op.getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+        if (n->hasAttr(kCopyInFusedAttr))
+          b += bytesOf(n->getResult(0));
       if (numel(op.getResult(0)) > 0)
         m.add("fusedKernel", GpuClass::Elementwise, double(numel(op.getResult(0))) * g->ops.size(),
               b);

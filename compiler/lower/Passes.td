@@ -75,6 +75,12 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          16-bit tensor of their bits (stored16) reads it
          (`cross_entropy16` / `cross_entropy_grad16`, carve.read16, and
          train --eval-data's accuracy `count_correct16`);
+      3f. on the CUDA target under bf16/fp16, a 16-bit copy of a fused
+         chain's output that the chain rounds (a member marked
+         carve.round16), among the copies right after the chain's root
+         (carve-round-operands16 puts them there), is written by the chain's
+         kernel as it writes the f32 value: the copy runs as `none`, marked
+         `carve.copy_in_fused`;
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;
@@ -99,6 +105,8 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
     Statistic<"numNone", "num-none", "Ops that run as no call of their own">,
     Statistic<"numWrite16", "num-write16",
               "Ops that write their result's 16-bit copy themselves (carve.write16)">,
+    Statistic<"numCopyInFused", "num-copy-in-fused",
+              "16-bit copies a fused chain's kernel writes (carve.copy_in_fused)">,
     Statistic<"numRoundInCopy", "num-round-in-copy",
               "Roundings done by the 16-bit copy after them (roundCopyBf16/F16)">,
     Statistic<"numRead16Views", "num-read16-views",

@@ -391,6 +391,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       if (read16) {
         writeCopies(fn, *plan, *read16);
         roundInCopies(fn, plan->precision);
+        copiesInFused(fn, plan->precision);
       }
     }
   }
@@ -441,6 +442,45 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       w->setAttr(kWrite16Attr, UnitAttr::get(ctx));
       op.setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
       ++numWrite16;
+    }
+  }
+
+  /// Rule 3f: a 16-bit copy of a fused chain's output that the chain rounds
+  /// (a member marked carve.round16), among the copies right after the
+  /// chain's root, is written by the chain's kernel as it writes the f32
+  /// value (carve.copy_in_fused; the copy is no call). The same bits: the
+  /// value is rounded already.
+  void copiesInFused(func::FuncOp fn, StringRef precision) {
+    MLIRContext *ctx = fn.getContext();
+    llvm::DenseSet<Value> interior;
+    llvm::DenseMap<Operation *, Operation *> rootOf;
+    for (const FusionGroup &g : fusionGroups(fn, interior))
+      for (Operation *m : g.ops)
+        rootOf[m] = g.root;
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      auto c = dyn_cast<CastOp>(&op);
+      if (!c || !elementOf(c.getInput()).isF32())
+        continue;
+      Type to = elementOf(c.getResult());
+      if (!(precision == "bf16" && to.isBF16()) && !(precision == "fp16" && to.isF16()))
+        continue;
+      StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
+      if (!k || (k.getValue() != "toBf16" && k.getValue() != "toF16"))
+        continue;
+      Operation *m = c.getInput().getDefiningOp();
+      if (!m || !m->hasAttr(kFusionGroupAttr) || !m->hasAttr(kRound16Attr))
+        continue;
+      Operation *root = rootOf.lookup(m);
+      if (!root || root->getBlock() != op.getBlock())
+        continue;
+      bool adjacent = false;
+      for (Operation *n = root->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+        adjacent |= n == &op;
+      if (!adjacent)
+        continue;
+      op.setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+      op.setAttr(kCopyInFusedAttr, UnitAttr::get(ctx));
+      ++numCopyInFused;
     }
   }
 

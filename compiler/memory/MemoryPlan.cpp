@@ -424,13 +424,21 @@ private:
         if (plan16 && neverStoredF32(r, *plan16))
           continue; // read as its 16-bit tensor by every reader (CUDA)
         // On the CUDA target under bf16/fp16, a 16-bit copy right after the
-        // op that writes its input may be written by that op
-        // (carve-select-kernels' rule 3e, carve.write16): it lives from there.
+        // op that writes its input (after other such copies) may be written
+        // by that op (carve-select-kernels' rule 3e, carve.write16): it lives
+        // from there.
+        // Likewise the copies right after a fused chain's root, which the
+        // chain's kernel may write (rule 3f): from the root.
         int64_t born = k;
         if (cuda16 && isa<CastOp>(op) && !isF32(r))
-          if (Operation *w = op->getOperand(0).getDefiningOp();
-              w && w->getNextNode() == op && index.count(w))
-            born = index.lookup(w);
+          if (Operation *w = op->getOperand(0).getDefiningOp(); w && index.count(w)) {
+            Operation *at = order.rootOf.lookup(w);
+            if (!at)
+              at = w;
+            for (Operation *n = at->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+              if (n == op && index.count(at))
+                born = index.lookup(at);
+          }
         buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), born);
         owned[r] = buffer[r];
       }

@@ -78,6 +78,32 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
   Operation *w = v.getDefiningOp();
   if (!w || w->getNumResults() != 1)
     return false;
+  if (Attribute group = w->getAttr(kFusionGroupAttr)) {
+    // A fused chain's output that the chain rounds, read outside the chain
+    // only by 16-bit copies among those right after the chain's root: the
+    // chain's kernel writes the copies (rule 3f) and no f32 value.
+    if (!w->hasAttr(kRound16Attr))
+      return false;
+    bool copied = false;
+    for (OpOperand &use : v.getUses()) {
+      Operation *o = use.getOwner();
+      if (o->getAttr(kFusionGroupAttr) == group)
+        continue; // read in registers by the chain
+      auto c = dyn_cast<CastOp>(o);
+      if (!c || !is16(elementOf(c.getResult())))
+        return false;
+      Operation *root = o->getPrevNode();
+      while (root && isa<CastOp>(root) && !root->hasAttr(kFusionGroupAttr))
+        root = root->getPrevNode();
+      if (!root || root->getAttr(kFusionGroupAttr) != group)
+        return false;
+      for (Operation *n = root->getNextNode(); n; n = n->getNextNode())
+        if (n->getAttr(kFusionGroupAttr) == group)
+          return false; // not the chain's root: a member after it
+      copied = true;
+    }
+    return copied;
+  }
   if (auto c = dyn_cast<CastOp>(w)) { // a view
     if (!is16(elementOf(c.getInput())))
       return false;
@@ -138,17 +164,27 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
             list.push_back(&op);
         }
       }
-      // The 16-bit copy of a value its writer rounds (carve.round16, with a
-      // rounding kernel of its own) right after the writer, where
-      // carve-select-kernels' rule 3d has the copy do the rounding.
+      // The 16-bit copy of a value its writer rounds (carve.round16) right
+      // after the writer, where carve-select-kernels' rule 3d has the copy
+      // do the rounding (or 3f, a fused chain's kernel write it).
       for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
         auto c = dyn_cast<CastOp>(&op);
         if (!c || elementOf(c.getResult()) != f16 || !elementOf(c.getInput()).isF32())
           continue;
         Operation *def = c.getInput().getDefiningOp();
         if (!def || def->getBlock() != &body || !def->hasAttr(kRound16Attr) || isa<CastOp>(def) ||
-            def->hasAttr(kFusionGroupAttr) || def->getNumResults() != 1 ||
-            def->getNextNode() == &op)
+            def->getNumResults() != 1)
+          continue;
+        // A fused chain's member is written where the chain's kernel runs
+        // (its root): the copy goes right after the root, where
+        // carve-select-kernels' rule 3f has the chain's kernel write it.
+        Operation *at = def->hasAttr(kFusionGroupAttr) ? order.rootOf.lookup(def) : def;
+        if (!at || at->getBlock() != &body)
+          continue;
+        bool placed = false; // already among the copies right after it
+        for (Operation *n = at->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+          placed |= n == &op;
+        if (placed)
           continue;
         // The first such copy only (a send's and a kept copy: one moves).
         if (llvm::any_of(c.getInput().getUsers(), [&](Operation *u) {
@@ -157,7 +193,7 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
                      u->isBeforeInBlock(&op);
             }))
           continue;
-        op.moveAfter(def);
+        op.moveAfter(at);
         ++numMoved;
       }
       OpBuilder b(ctx);

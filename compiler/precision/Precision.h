@@ -30,7 +30,11 @@ struct PlanAttrs;
 ///     computes) or of a cross_entropy_grad (not vocab-parallel) whose next
 ///     op is its 16-bit copy
 ///     (a cast to the plan's format), whose every other use is such a read:
-///     the op writes the copy itself (carve.write16).
+///     the op writes the copy itself (carve.write16);
+///   - a fused chain's output that the chain rounds (a member marked
+///     carve.round16), read outside the chain only by 16-bit copies right
+///     after the chain's root: the chain's kernel writes the copies
+///     (carve.copy_in_fused) and no f32 value.
 /// A read as 16 bits: a matmul operand cuBLAS reads (not a fused chain's, a
 /// gathered or a scattered product's), the logits of a cross-entropy or its
 /// gradient (not vocab-parallel), the q, k or v of an attention gradient

@@ -146,6 +146,10 @@ constexpr const char *kRound16InCopyAttr = "carve.round16_in_copy";
 /// the op writes that copy itself, in the plan's 16-bit format, and no f32
 /// result (carve-select-kernels' rule 3e; every other reader reads the copy).
 constexpr const char *kWrite16Attr = "carve.write16";
+/// On a 16-bit copy of a fused chain's rounded output, right after the
+/// chain's root (CUDA target): the chain's kernel writes it as it writes the
+/// f32 value (carve-select-kernels' rule 3f); the copy is no call.
+constexpr const char *kCopyInFusedAttr = "carve.copy_in_fused";
 /// On a trainable parameter argument under a bf16/fp16 plan
 /// (carve-store-params16): the argument is the 16-bit copy the step reads;
 /// its fp32 master lives with the optimizer state (carve.persistent_plan's

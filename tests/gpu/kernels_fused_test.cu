@@ -19,6 +19,7 @@
 #include "carve/rt/comm.h"
 #include "carve/rt/dist.h"
 #include "carve/rt/gpu.h"
+#include "carve/rt/gpu_fused.cuh"
 #include "carve/rt/kernels.h"
 
 #include <algorithm>
@@ -688,6 +689,54 @@ void testCrossEntropy(Dims ls, bool hasIgnore) {
   }
 }
 
+/// A fused chain's kernel writing 16-bit copies of its outputs
+/// (carve.copy_in_fused, gpu_fused.cuh): an output the chain rounds, copied
+/// in the same pass, has the copy's bits toBf16 / toF16 would write; the f32
+/// outputs are those of the call without copies; an output without a copy
+/// (null) is left alone.
+template <int F> struct RoundedSum {
+  CARVE_HD void operator()(const float (&x)[2], float (&y)[2]) const {
+    const float s = x[0] + x[1];
+    y[0] = F == 1 ? carve::rt::ew::roundBf16(s) : carve::rt::ew::roundF16(s);
+    y[1] = x[0] * x[1];
+  }
+};
+
+template <int F> void testFusedCopies16() {
+  const rt::Precision p = F == 1 ? rt::Precision::BF16 : rt::Precision::F16;
+  const int64_t n = 100003;
+  const Dims s{n};
+  const std::vector<float> a = randn(n, 5.0f), b = randn(n);
+  auto da = up(a), db = up(b);
+  auto y0 = poisoned<float>(n), y1 = poisoned<float>(n), z0 = poisoned<float>(n),
+       z1 = poisoned<float>(n);
+  auto c0 = poisoned<uint16_t>(n), want = poisoned<uint16_t>(n);
+  const float *in[2] = {da->p, db->p};
+  const Dims shapes[2] = {s, s};
+  g::setPrecision(p);
+  float *plain[2] = {y0->p, y1->p};
+  g::fused("RoundedSum", RoundedSum<F>{}, in, shapes, plain, s);
+  float *out[2] = {z0->p, z1->p};
+  uint16_t *out16[2] = {c0->p, nullptr};
+  g::fused("RoundedSum with a copy", RoundedSum<F>{}, in, shapes, out, out16, s);
+  (F == 1 ? g::toBf16 : g::toF16)(y0->p, want->p, n);
+  g::setPrecision(rt::Precision::F32);
+  const std::string w = std::string("fused 16-bit copies ") + (F == 1 ? "bf16" : "fp16");
+  expectEqual(w + " output 0", z0->download(), y0->download());
+  expectEqual(w + " output 1", z1->download(), y1->download());
+  expectEqual(w + " copy of output 0", c0->download(), want->download());
+  // Output 0 kept only as its copy (a null f32 pointer, neverStoredF32).
+  auto c1 = poisoned<uint16_t>(n);
+  auto z2 = poisoned<float>(n);
+  float *only16[2] = {nullptr, z2->p};
+  uint16_t *copy16[2] = {c1->p, nullptr};
+  g::setPrecision(p);
+  g::fused("RoundedSum, output 0 only in 16 bits", RoundedSum<F>{}, in, shapes, only16, copy16, s);
+  g::setPrecision(rt::Precision::F32);
+  expectEqual(w + " copy of an output not stored", c1->download(), want->download());
+  expectEqual(w + " beside it, output 1", z2->download(), y1->download());
+}
+
 /// cross_entropy16, cross_entropy_grad16 and count_correct16 (carve.read16,
 /// carve.write16) under bf16 and fp16: logits stored in 16 bits give bit for
 /// bit what the f32 entries give for their f32 values, and a 16-bit gradient
@@ -962,6 +1011,8 @@ int main() {
   testCrossEntropy(Dims{4, 7, 3, 5}, true);
   testCrossEntropy(Dims{2, 1500, 9}, false);
   testCrossEntropy(Dims{0, 5}, false);
+  testFusedCopies16<1>();
+  testFusedCopies16<2>();
   testCrossEntropy16(Dims{64, 10}, true);
   testCrossEntropy16(Dims{8, 50257}, true);
   testCrossEntropy16(Dims{4, 7, 3, 5}, true);

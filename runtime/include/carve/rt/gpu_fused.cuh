@@ -20,10 +20,15 @@
 
 namespace carve::gpu {
 
-/// The pointers of one fused call, passed to the kernel by value.
+/// The pointers of one fused call, passed to the kernel by value: out16[j],
+/// where not null, receives output j's bits in the 16-bit format `fmt16` (1:
+/// bf16, 2: fp16) as well (a value the chain rounded to it, so exactly); a
+/// null out[j] (with a copy) is an output no one reads in f32.
 template <int NI, int NO> struct FusedArgs {
   const float *in[NI];
   float *out[NO];
+  uint16_t *out16[NO];
+  int fmt16;
 };
 
 template <int NI, int NO, class F>
@@ -38,16 +43,21 @@ __global__ void fusedKernel(F f, FusedArgs<NI, NO> a, carve::rt::ew::Nest<NI> n,
       x[k] = a.in[k][off[k]];
     f(x, y);
 #pragma unroll
-    for (int j = 0; j < NO; ++j)
-      a.out[j][e] = y[j];
+    for (int j = 0; j < NO; ++j) {
+      if (a.out[j]) // null: only its 16-bit copy is kept (neverStoredF32)
+        a.out[j][e] = y[j];
+      if (a.out16[j])
+        a.out16[j][e] = a.fmt16 == 1 ? carve::rt::ew::bf16Bits(y[j]) : carve::rt::ew::f16Bits(y[j]);
+    }
   }
 }
 
 /// As carve::rt::fused (fused.h), on device pointers, enqueued on the
-/// compute stream.
+/// compute stream; out16[j] (not null): output j's 16-bit copy in the
+/// precision's format, written in the same pass (carve.copy_in_fused).
 template <int NI, int NO, class F>
 void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&shapes)[NI],
-           float *const (&out)[NO], Dims ys) {
+           float *const (&out)[NO], uint16_t *const (&out16)[NO], Dims ys) {
   const int64_t total = ys.numel();
   if (total == 0)
     return;
@@ -55,8 +65,15 @@ void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&sha
   FusedArgs<NI, NO> a;
   for (int k = 0; k < NI; ++k)
     a.in[k] = in[k];
-  for (int j = 0; j < NO; ++j)
+  bool any16 = false;
+  for (int j = 0; j < NO; ++j) {
     a.out[j] = out[j];
+    a.out16[j] = out16[j];
+    any16 |= out16[j] != nullptr;
+  }
+  a.fmt16 = precision() == Precision::BF16 ? 1 : precision() == Precision::F16 ? 2 : 0;
+  if (any16 && a.fmt16 == 0)
+    fatal("%s: 16-bit copies of a fused chain's outputs under the fp32 precision", what);
   constexpr int kThreads = 256;
   constexpr int64_t kMaxBlocks = 65535 * 8;
   int64_t blocks = (total + kThreads - 1) / kThreads;
@@ -65,6 +82,14 @@ void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&sha
                static_cast<cudaStream_t>(computeStream()), fusedKernel<NI, NO, F>)
   (f, a, n, total);
   checkLaunch(what);
+}
+
+/// fused without 16-bit copies.
+template <int NI, int NO, class F>
+void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&shapes)[NI],
+           float *const (&out)[NO], Dims ys) {
+  uint16_t *const none[NO] = {};
+  fused(what, f, in, shapes, out, none, ys);
 }
 
 } // namespace carve::gpu
