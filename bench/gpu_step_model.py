@@ -47,9 +47,12 @@ GPT2_SMALL = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,bat
 ATTENTION_STATS = ("since: the attention backward reads the forward's saved log-sum-exp instead of "
                    "running the forward again, matmuls read 16-bit tensors as stored, AdamW "
                    "writes the 16-bit parameter copies, AdamW and the gradient norm as "
-                   "multi-tensor launches (2026-12-06)")
+                   "multi-tensor launches (2026-12-06); each matmul operand rounded once, "
+                   "roundings done by the copies, logits and gradients written in 16 bits, "
+                   "fused chains writing their copies (2026-12-06, later)")
 GATHERED = ("since: the convolutions' windows are gathered inside their GEMMs (2026-12-02), "
-            "AdamW and the gradient norm as multi-tensor launches (2026-12-06)")
+            "AdamW and the gradient norm as multi-tensor launches (2026-12-06), and under bf16 "
+            "the 16-bit operand and copy changes (2026-12-06, later)")
 
 # The measured steps (docs/performance.md): unprofiled, median or mean of the timed
 # steps, carve's CUDA program as it was at the run's commit.

@@ -425,10 +425,26 @@ def main():
     checks += 2
     print("ok: PLAN.json compiles; --auto --fixed recompute=full compiles a recomputing plan")
     # --calibration carve: the chosen plan's compiled CUDA step priced by the GPU cost
-    # model (docs/gpu-model.md), against carve's measured GPT-2 small steps, which ran
-    # carve's own attention kernel (--attention carve builds the program so).
+    # model (docs/gpu-model.md): the planner's figure must be the model's for the same
+    # program (carve compile --gpu-model), which ran carve's own attention kernel on the
+    # measured GPUs (--attention carve builds the program so). Against carve's measured
+    # GPT-2 small steps the figure is reported, not asserted: every program since those
+    # runs computes the same bits with fewer conversions (docs/gpu-model.md's calibration
+    # table says what changed), so the runs measured programs that no longer exist; the
+    # next GPU run measures this one (bench/gpt2_cuda.py).
     gpt2 = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,batch=8"
-    for cluster, measured in (("h200-141gb:1x1", 202.4), ("h100-80gb:1x1", 204.7)):
+    model_dir = os.path.join(mdir, "gpu-model")
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "plan.json"), "w") as f:
+        json.dump({"precision": "bf16"}, f)
+    report = os.path.join(model_dir, "gpt2.gpu.json")
+    run_cmd([carve, "compile", gpt2, "--target", "cuda", "--plan",
+             os.path.join(model_dir, "plan.json"), "--attention", "carve", "--no-build",
+             "--no-weights", "-o", os.path.join(model_dir, "out"), "--gpu-model", report])
+    with open(report) as f:
+        model_ms = {g: p["ms"] for g, p in json.load(f)["predictions"].items()}
+    for cluster, gpu, measured in (("h200-141gb:1x1", "h200", 202.4),
+                                   ("h100-80gb:1x1", "h100", 204.7)):
         cmd = [carve, "plan", gpt2, "--cluster", cluster, "--fixed", "precision=bf16",
                "--calibration", "carve", "--attention", "carve"]
         rc, out, err = run(cmd)
@@ -443,12 +459,16 @@ def main():
         prog = rep.get("carve_program", {})
         if rep.get("calibration") != "carve" or "step_ms" not in prog:
             raise Failure("--calibration carve --json: no carve_program.step_ms: %r" % prog)
-        if abs(prog["step_ms"] - measured) > 0.2 * measured:
-            raise Failure("%s: carve's GPT-2 small step predicted %.1f ms, measured %.1f ms "
-                          "(more than 20%% apart)" % (cluster, prog["step_ms"], measured))
-        print("ok: --calibration carve on %s: GPT-2 small bf16 predicted %.1f ms, measured %.1f "
-              "(%+.1f%%)" % (cluster, prog["step_ms"], measured,
-                             100 * (prog["step_ms"] - measured) / measured))
+        if abs(prog["step_ms"] - model_ms[gpu]) > 1e-3 * model_ms[gpu]:
+            raise Failure("%s: carve plan --calibration carve priced GPT-2 small at %.3f ms, "
+                          "the GPU cost model of the same program at %.3f ms" %
+                          (cluster, prog["step_ms"], model_ms[gpu]))
+        checks += 1
+        print("ok: --calibration carve on %s: GPT-2 small bf16 priced %.1f ms, the GPU cost "
+              "model's figure for the program; the run measured 2026-11-27/28 (a program "
+              "since changed, not asserted) took %.1f (%+.1f%%)" %
+              (cluster, prog["step_ms"], measured,
+               100 * (prog["step_ms"] - measured) / measured))
     expect_fail(carve, ["plan", gpt2, "--cluster", "a100-80gb:1x1", "--calibration", "carve"],
                 "one H100 or H200", "A100")
     expect_fail(carve, ["plan", gpt2, "--cluster", "h100-80gb:1x2", "--calibration", "carve"],
