@@ -211,6 +211,9 @@ bool Generator::emitOp(Operation *op) {
     copy16 = c->getResult(0);
     s += resultPointer(copy16);
   }
+  // carve.copy_by_writer (rule 3h): the op writes the copy after it too.
+  if (Value byWriter = copyByWriter(op))
+    s += resultPointer(byWriter);
   std::string call;
   llvm::raw_string_ostream os(call);
   os << "  ";
@@ -302,7 +305,18 @@ std::string Generator::round16(Value r) {
 /// that broadcast their operands to the result's shape.
 bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
-  if (const char *k = binaryKernel(op)) {
+  if (const char *k = binaryKernel(op); k && kernel == "binary16") {
+    // carve.read16: an operand read as the 16-bit tensor of its values.
+    std::string a, b;
+    bool a16, b16;
+    if (!exact16Operand(op, 0, a, a16) || !exact16Operand(op, 1, b, b16))
+      return false;
+    Value copy = copyByWriter(op);
+    os << callee(opts, "binary16") + "(Binary::" << k << ", " << a << ", " << flag("a16", a16)
+       << ", " << oshape(op, 0) << ", " << b << ", " << flag("b16", b16) << ", " << oshape(op, 1)
+       << ", " << name(res) << ", " << (copy ? name(copy) : std::string("nullptr")) << ", "
+       << shapeOf(res) << ");";
+  } else if (const char *k = binaryKernel(op)) {
     os << callee(opts, "binary") + "(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0)
        << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res)
        << ");";
@@ -326,6 +340,18 @@ bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostre
     const char *k = unaryKernel(g.getFn());
     if (!k)
       return failOp(op, "unknown function " + g.getFn().str());
+    if (kernel == "unary_grad16") {
+      std::string x;
+      bool x16;
+      if (!exact16Operand(op, 0, x, x16))
+        return false;
+      Value copy = copyByWriter(op);
+      os << callee(opts, "unary_grad16") + "(Unary::" << k << ", " << x << ", " << flag("x16", x16)
+         << ", " << opnd(op, 1) << ", " << name(res) << ", "
+         << (copy ? name(copy) : std::string("nullptr")) << ", " << typeOf(res).getNumElements()
+         << ");";
+      return true;
+    }
     os << callee(opts, "unary_grad") + "(Unary::" << k << ", " << opnd(op, 0) << ", " << opnd(op, 1)
        << ", " << name(res) << ", " << typeOf(res).getNumElements() << ");";
   } else if (isa<WhereOp>(op)) {
@@ -370,6 +396,33 @@ bool Generator::read16Operand(Operation *op, Operation *mm, unsigned k, std::str
   if (!s16)
     return failOp(op, "carve.read16 marks an operand with no 16-bit tensor of its bits (no view "
                       "of one, no 16-bit copy before the call)");
+  out = name(s16);
+  return true;
+}
+
+Value Generator::copyByWriter(Operation *op) {
+  if (op->getNumResults() != 1)
+    return Value();
+  for (Operation *n = op->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+    if (n->hasAttr(kCopyByWriterAttr) && n->getOperand(0) == op->getResult(0))
+      return n->getResult(0);
+  return Value();
+}
+
+bool Generator::exact16Operand(Operation *op, unsigned k, std::string &out, bool &is16) {
+  auto flags = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+  if (!flags || flags.size() != (int64_t)op->getNumOperands())
+    return failOp(op, "carve.read16 needs one flag per operand on a 16-bit entry (rule 3g)");
+  Value v = op->getOperand(k);
+  is16 = flags[k];
+  if (!is16) {
+    out = name(v);
+    return true;
+  }
+  Value s16 = exact16(v, op, opts.precision);
+  if (!s16)
+    return failOp(op, "carve.read16 marks an operand with no 16-bit tensor holding its values (no "
+                      "view of one, no copy of a rounded value before the call)");
   out = name(s16);
   return true;
 }
@@ -502,6 +555,56 @@ bool Generator::emitReduction(Operation *op, llvm::raw_ostream &os) {
 /// Layer and RMS normalization and their gradients.
 bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
+  if (op->hasAttr(kRead16Attr)) {
+    // carve.read16 (rule 3g): the input, scale or bias read as the 16-bit
+    // tensors of their values (layer_norm16, ...).
+    auto arg = [&](Value v, const char *flagName, std::string &out) {
+      if (!v) {
+        out = nullOf(op->getOperand(0)) + ", " + flag(flagName, false);
+        return true;
+      }
+      unsigned k = 0;
+      while (op->getOperand(k) != v)
+        ++k;
+      std::string p;
+      bool is16;
+      if (!exact16Operand(op, k, p, is16))
+        return false;
+      out = p + ", " + flag(flagName, is16);
+      return true;
+    };
+    std::string x, scale, bias;
+    if (auto ln = dyn_cast<LayerNormOp>(op)) {
+      if (!arg(ln.getInput(), "x16", x) || !arg(ln.getScale(), "scale16", scale) ||
+          !arg(ln.getBias(), "bias16", bias))
+        return false;
+      os << callee(opts, "layer_norm16") + "(" << x << ", " << shapeOf(ln.getInput()) << ", "
+         << ln.getAxis() << ", " << scale << ", " << bias << ", "
+         << scalar(ln.getEpsilon().convertToDouble(), ln.getInput()) << ", " << name(res) << ");";
+    } else if (auto g = dyn_cast<LayerNormGradOp>(op)) {
+      if (!arg(g.getInput(), "x16", x) || !arg(g.getScale(), "scale16", scale))
+        return false;
+      os << callee(opts, "layer_norm_grad16") + "(" << x << ", " << shapeOf(g.getInput()) << ", "
+         << g.getAxis() << ", " << scale << ", "
+         << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
+         << ", " << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", "
+         << name(g.getBiasGrad()) << ");";
+    } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
+      if (!arg(rn.getInput(), "x16", x) || !arg(rn.getScale(), "scale16", scale))
+        return false;
+      os << callee(opts, "rms_norm16") + "(" << x << ", " << shapeOf(rn.getInput()) << ", "
+         << rn.getAxis() << ", " << scale << ", "
+         << scalar(rn.getEpsilon().convertToDouble(), rn.getInput()) << ", " << name(res) << ");";
+    } else if (auto g = dyn_cast<RmsNormGradOp>(op)) {
+      if (!arg(g.getInput(), "x16", x) || !arg(g.getScale(), "scale16", scale))
+        return false;
+      os << callee(opts, "rms_norm_grad16") + "(" << x << ", " << shapeOf(g.getInput()) << ", "
+         << g.getAxis() << ", " << scale << ", "
+         << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
+         << ", " << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ");";
+    }
+    return true;
+  }
   if (auto ln = dyn_cast<LayerNormOp>(op)) {
     Value x = ln.getInput();
     os << callee(opts, "layer_norm") + "(" << name(x) << ", " << shapeOf(x) << ", " << ln.getAxis()
@@ -768,8 +871,13 @@ bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
     os << "};\n    const Dims shapes[] = {";
     for (unsigned k = 0; k < op->getNumOperands(); ++k)
       os << (k ? ", " : "") << "Dims" << oshape(op, k);
-    os << "};\n    " + callee(opts, "concat") + "(" << op->getNumOperands() << ", parts, shapes, "
-       << cc.getAxis() << ", " << name(res) << ");\n  }";
+    if (Value copy = copyByWriter(op)) // carve.copy_by_writer: the copy too (concat16)
+      os << "};\n    " + callee(opts, "concat16") + "(" << op->getNumOperands()
+         << ", parts, shapes, " << cc.getAxis() << ", " << name(res) << ", " << name(copy)
+         << ");\n  }";
+    else
+      os << "};\n    " + callee(opts, "concat") + "(" << op->getNumOperands() << ", parts, shapes, "
+         << cc.getAxis() << ", " << name(res) << ");\n  }";
   } else if (isa<ExpandOp>(op)) {
     os << callee(opts, "expand") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res)
        << ", " << shapeOf(res) << ");";
@@ -794,6 +902,16 @@ bool Generator::emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &o
          << callee(opts, "gather_sharded") + "(" << opnd(op, 0) << ", " << oshape(op, 0)
          << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, " << opnd(op, 1)
          << ", " << oshape(op, 1) << ", " << name(res) << ");";
+    } else if (kernel == "gather16") {
+      // carve.read16: the table read as its 16-bit tensor (a parameter's copy).
+      std::string t;
+      bool t16;
+      if (!exact16Operand(op, 0, t, t16))
+        return false;
+      if (!t16)
+        return failOp(op, "carve.kernel = \"gather16\" without carve.read16 on the table");
+      os << callee(opts, "gather16") + "(" << t << ", " << oshape(op, 0) << ", " << opnd(op, 1)
+         << ", " << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res) << ");";
     } else {
       os << callee(opts, "gather") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
          << opnd(op, 1) << ", " << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res)

@@ -121,10 +121,26 @@ bool Generator::emitFused(const FusionGroup &g) {
     copy16[it - g.outputs.begin()] = name(n->getResult(0));
     anyCopy = true;
   }
-  std::string in, shapes, outs, outs16;
+  // Inputs a member reads as the 16-bit tensor of their values (carve.read16,
+  // carve-select-kernels' rule 3g): the kernel widens them as it reads.
+  std::string in, in16, shapes, outs, outs16;
+  bool anyIn16 = false;
   for (size_t k = 0; k < ni; ++k) {
-    in += (k ? ", " : "") + var.lookup(g.inputs[k]);
-    shapes += (k ? ", " : "") + dims(typeOf(g.inputs[k]).getShape());
+    Value v = g.inputs[k];
+    std::string p = var.lookup(v);
+    bool is16 = false;
+    for (Operation *m : g.ops) {
+      auto flags = m->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      for (unsigned j = 0; flags && !is16 && j < m->getNumOperands(); ++j)
+        if (m->getOperand(j) == v && j < flags.size() && flags[j] && !exact16Operand(m, j, p, is16))
+          return false;
+      if (is16)
+        break;
+    }
+    anyIn16 |= is16;
+    in += (k ? ", " : "") + p;
+    in16 += std::string(k ? ", " : "") + (is16 ? "true" : "false");
+    shapes += (k ? ", " : "") + dims(typeOf(v).getShape());
   }
   for (size_t j = 0; j < no; ++j) {
     // An output never stored in f32 (neverStoredF32: only its 16-bit copy).
@@ -135,14 +151,23 @@ bool Generator::emitFused(const FusionGroup &g) {
   s += "  {  // one pass: " + std::to_string(g.ops.size()) + " ops, " + std::to_string(ni) +
        " input(s), " + std::to_string(no) + " output(s)" +
        (no > 1 ? " (the intermediates are read later)" : "") + "\n";
-  s += "    const float *in[" + std::to_string(ni) + "] = {" + in + "};\n";
+  if (anyIn16) {
+    s += "    const void *in[" + std::to_string(ni) + "] = {" + in + "};\n";
+    s += "    const bool in16[" + std::to_string(ni) + "] = {" + in16 +
+         "};  // read as their 16-bit tensors\n";
+  } else {
+    s += "    const float *in[" + std::to_string(ni) + "] = {" + in + "};\n";
+  }
   s += "    const Dims shapes[" + std::to_string(ni) + "] = {" + shapes + "};\n";
   s += "    float *out[" + std::to_string(no) + "] = {" + outs + "};\n";
   if (anyCopy)
     s += "    uint16_t *out16[" + std::to_string(no) + "] = {" + outs16 +
          "};  // their 16-bit copies, written in the same pass\n";
+  else if (anyIn16)
+    s += "    uint16_t *none16[" + std::to_string(no) + "] = {};\n";
   s += "    " + callee(opts, "fused") + "(\"" + fname + " (" + chain + ")\", " + fname +
-       "{}, in, shapes, out, " + (anyCopy ? "out16, " : "") +
+       "{}, in, " + (anyIn16 ? "in16, " : "") + "shapes, out, " +
+       (anyCopy || anyIn16 ? (anyCopy ? "out16, " : "none16, ") : "") +
        dims(typeOf(g.root->getResult(0)).getShape()) + ");\n  }\n";
   return true;
 }

@@ -490,6 +490,13 @@ private:
   bool emitNormalization(Operation *op, llvm::raw_ostream &os);
   bool emitAttention(Operation *op, llvm::raw_ostream &os);
   bool read16Operand(Operation *op, Operation *mm, unsigned k, std::string &out, bool &is16);
+  /// Operand `k` of `op` as a kernel of rule 3g reads it (carve.read16):
+  /// the 16-bit tensor holding its values (exact16) and `is16`, or the
+  /// operand ("" and false: the flag is unset).
+  bool exact16Operand(Operation *op, unsigned k, std::string &out, bool &is16);
+  /// The 16-bit copy after `op` that `op` writes as well
+  /// (carve.copy_by_writer, rule 3h), or null.
+  Value copyByWriter(Operation *op);
   bool matmulResult(Operation *op, StringRef kernel, std::string &out);
   bool emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);

@@ -420,10 +420,25 @@ struct Model {
 
   /// One op of the step's body with its carve.kernel.
   void op(Operation *op, StringRef kernel) {
+    // An operand read as its 16-bit tensor (carve.read16, rule 3g: one flag
+    // per operand) moves two bytes an element.
+    auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+    auto readBytes = [&](unsigned k) {
+      Value v = op->getOperand(k);
+      return read16 && read16.size() == (int64_t)op->getNumOperands() && read16[k] ? 2.0 * numel(v)
+                                                                                   : bytesOf(v);
+    };
+    // The 16-bit copy after it that the op writes too (rule 3h).
+    auto copyBytes = [&] {
+      for (Operation *c = op->getNextNode(); c && isa<CastOp>(c); c = c->getNextNode())
+        if (c->hasAttr(kCopyByWriterAttr) && c->getOperand(0) == op->getResult(0))
+          return 2.0 * numel(c->getResult(0));
+      return 0.0;
+    };
     auto inOut = [&] {
       double b = 0;
-      for (Value v : op->getOperands())
-        b += bytesOf(v);
+      for (unsigned k = 0; k < op->getNumOperands(); ++k)
+        b += readBytes(k);
       for (Value v : op->getResults())
         b += bytesOf(v);
       return b;
@@ -432,12 +447,13 @@ struct Model {
     if (kernel == "unary") {
       if (n > 0)
         add("unaryKernel", GpuClass::Elementwise, n, inOut());
-    } else if (kernel == "unary_grad") {
+    } else if (kernel == "unary_grad" || kernel == "unary_grad16") {
       if (n > 0)
-        add("unaryGradKernel", GpuClass::Elementwise, n, inOut());
-    } else if (kernel == "binary" || kernel == "compare" || kernel == "logic") {
+        add("unaryGradKernel", GpuClass::Elementwise, n, inOut() + copyBytes());
+    } else if (kernel == "binary" || kernel == "binary16" || kernel == "compare" ||
+               kernel == "logic") {
       if (n > 0)
-        add("broadcast2Kernel", GpuClass::Elementwise, n, inOut());
+        add("broadcast2Kernel", GpuClass::Elementwise, n, inOut() + copyBytes());
     } else if (kernel == "where") {
       if (n > 0)
         add("whereKernel", GpuClass::Elementwise, n, inOut());
@@ -481,13 +497,15 @@ struct Model {
         add(rows ? (g ? "softmaxGradRows" : "softmaxRows")
                  : (g ? "softmaxGradColumns" : "softmaxColumns"),
             GpuClass::Normalization, 5 * n, inOut());
-    } else if (kernel == "layer_norm" || kernel == "rms_norm") {
+    } else if (kernel == "layer_norm" || kernel == "rms_norm" || kernel == "layer_norm16" ||
+               kernel == "rms_norm16") {
       if (n > 0)
-        add(kernel == "layer_norm" ? "layerNormKernel" : "rmsNormKernel", GpuClass::Normalization,
-            8 * n, inOut());
-    } else if (kernel == "layer_norm_grad" || kernel == "rms_norm_grad") {
+        add(kernel.starts_with("layer_norm") ? "layerNormKernel" : "rmsNormKernel",
+            GpuClass::Normalization, 8 * n, inOut());
+    } else if (kernel == "layer_norm_grad" || kernel == "rms_norm_grad" ||
+               kernel == "layer_norm_grad16" || kernel == "rms_norm_grad16") {
       if (numel(op->getOperand(0)) > 0) {
-        add(kernel == "layer_norm_grad" ? "layerNormGradKernel" : "rmsNormGradKernel",
+        add(kernel.starts_with("layer_norm") ? "layerNormGradKernel" : "rmsNormGradKernel",
             GpuClass::Normalization, 12 * n, inOut());
         add("sumPartials", GpuClass::Normalization, 0, 0);
       }
@@ -512,13 +530,17 @@ struct Model {
       add("fillKernel", GpuClass::Elementwise, 0, bytesOf(op->getResult(0)));
       if (numel(op->getOperand(0)) > 0)
         add("scatterViewKernel", GpuClass::Layout, 0, 2 * bytesOf(op->getOperand(0)));
-    } else if (kernel == "concat") {
+    } else if (kernel == "concat" || kernel == "concat16") {
       for (Value v : op->getOperands())
         if (numel(v) > 0)
-          add("concatKernel", GpuClass::Layout, 0, 2 * bytesOf(v));
-    } else if (kernel == "gather") {
+          add("concatKernel", GpuClass::Layout, 0,
+              2 * bytesOf(v) + (kernel == "concat16" ? 2.0 * numel(v) : 0.0));
+    } else if (kernel == "gather" || kernel == "gather16") {
+      // Reads one table element per element written (16-bit: gather16).
       if (n > 0)
-        add("gatherKernel", GpuClass::Gather, 0, 2 * bytesOf(op->getResult(0)));
+        add("gatherKernel", GpuClass::Gather, 0,
+            (kernel == "gather16" ? 2.0 * n : bytesOf(op->getResult(0))) +
+                bytesOf(op->getResult(0)));
     } else if (kernel == "gather_grad") {
       gatherGrad(op);
     } else if (kernel == "cross_entropy") {
@@ -667,8 +689,15 @@ bool modelGpuStep(ModuleOp module, GpuStep &out, std::string &error) {
       if (!g)
         continue; // a member: the root launches the chain
       double b = 0;
-      for (Value v : g->inputs)
-        b += bytesOf(v);
+      for (Value v : g->inputs) {
+        // Read as its 16-bit tensor where a member says so (carve.read16).
+        bool is16 = false;
+        for (Operation *m : g->ops)
+          if (auto f = m->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr))
+            for (unsigned j = 0; j < m->getNumOperands() && j < f.size(); ++j)
+              is16 |= m->getOperand(j) == v && f[j];
+        b += is16 ? 2.0 * numel(v) : bytesOf(v);
+      }
       for (Value v : g->outputs)
         if (!neverStoredF32(v, *plan)) // (only its 16-bit copy)
           b += bytesOf(v);

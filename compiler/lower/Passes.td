@@ -81,6 +81,28 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          (carve-round-operands16 puts them there), is written by the chain's
          kernel as it writes the f32 value: the copy runs as `none`, marked
          `carve.copy_in_fused`;
+      3g. on the CUDA target under bf16/fp16, a kernel that computes in f32
+         reads an f32 operand as the 16-bit tensor holding exactly its values
+         (exact16: the tensor it is a view of, a parameter's copy or a saved
+         activation; or its copy made before the op where the value is
+         rounded as written), widened in registers, where that operand is
+         the input, scale or bias of a layer or RMS norm, the input or scale
+         of their gradients, the input of a unary gradient, an operand of a
+         binary op, a gather's table (not vocab-parallel) or an input of a
+         fused chain: the op runs as `layer_norm16`, `layer_norm_grad16`,
+         `rms_norm16`, `rms_norm_grad16`, `unary_grad16`, `binary16`,
+         `gather16` (a chain's member stays `fused`), with `carve.read16`
+         one flag per operand; a view every reader reads so runs as `none`
+         (as 3b; the same bits);
+      3h. on the CUDA target under bf16/fp16, a 16-bit copy (toBf16 /
+         toF16), among the copies right after the op that writes its input,
+         where that op is a binary op, a unary gradient or an f32 concat
+         (not a fused chain's member, not marked carve.round16), is written
+         by that op as it writes the value: the op runs as `binary16` /
+         `unary_grad16` (carve.read16 as rule 3g left it, else all false) or
+         `concat16`, and the copy runs as `none`, marked
+         `carve.copy_by_writer` (the same bits: the value rounded to nearest
+         even, as the conversion rounds it);
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;
@@ -109,6 +131,10 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
               "16-bit copies a fused chain's kernel writes (carve.copy_in_fused)">,
     Statistic<"numRoundInCopy", "num-round-in-copy",
               "Roundings done by the 16-bit copy after them (roundCopyBf16/F16)">,
+    Statistic<"numCopyByWriter", "num-copy-by-writer",
+              "16-bit copies written by the op that writes the value (rule 3h)">,
+    Statistic<"numRead16Ops", "num-read16-ops",
+              "Norms, elementwise kernels and gathers that read 16-bit tensors (rule 3g)">,
     Statistic<"numRead16Views", "num-read16-views",
               "16-bit views no call computes: their matmuls read the 16-bit tensor">,
     Statistic<"numCudnnAttention", "num-cudnn-attention",

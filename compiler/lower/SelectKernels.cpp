@@ -105,6 +105,8 @@ struct Read16 {
   llvm::DenseSet<Operation *> deadViews;                      // casts nothing reads as f32
   llvm::DenseSet<Operation *> crossEntropy;                   // reads its logits as 16 bits
   llvm::DenseSet<std::pair<Operation *, unsigned>> reads;     // (op, operand) read as 16 bits
+  /// Ops of rule 3g (readsExact16): one flag per operand.
+  llvm::DenseMap<Operation *, SmallVector<bool>> widen;
   bool failed = false;
 
   Read16(func::FuncOp fn, const PlanAttrs &plan) {
@@ -112,6 +114,21 @@ struct Read16 {
     // Which operand of which matmul (or cuDNN attention gradient) reads a
     // view as 16 bits.
     for (Operation &op : fn.getBody().front().without_terminator()) {
+      // Rule 3g: kernels that compute in f32 read operands whose exact
+      // 16-bit tensor exists as that tensor, widened in registers.
+      {
+        SmallVector<bool> w(op.getNumOperands(), false);
+        bool any = false;
+        for (unsigned k = 0; k < op.getNumOperands(); ++k)
+          if (readsExact16(&op, k, plan)) {
+            w[k] = any = true;
+            reads.insert({&op, k});
+          }
+        if (any) {
+          widen[&op] = std::move(w);
+          continue;
+        }
+      }
       // cuDNN's forward: q, k, v whose 16-bit copies carve-pack-activations
       // made just before it are read as those copies.
       if (isa<AttentionStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
@@ -165,8 +182,8 @@ struct Read16 {
     allRead16 = [this](Value v) {
       return !v.use_empty() && llvm::all_of(v.getUses(), [this](OpOperand &use) {
         Operation *u = use.getOwner();
-        if (isa<MatmulOp, AttentionGradStatsOp, CrossEntropyOp, CrossEntropyGradOp>(u))
-          return reads.count({u, use.getOperandNumber()}) > 0;
+        if (reads.count({u, use.getOperandNumber()}))
+          return true;
         if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand))
           return allRead16(u->getResult(0));
         return false;
@@ -349,6 +366,20 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
           c = call(c.kernel == "cross_entropy" ? "cross_entropy16" : "cross_entropy_grad16");
           op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {true}));
         }
+        if (read16) {
+          auto it = read16->widen.find(&op);
+          if (it != read16->widen.end()) {
+            op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, it->second));
+            ++numRead16Ops;
+            if (c.kernel == "layer_norm" || c.kernel == "layer_norm_grad" ||
+                c.kernel == "rms_norm" || c.kernel == "rms_norm_grad" || c.kernel == "unary_grad" ||
+                c.kernel == "binary" || c.kernel == "gather")
+              c = call((c.kernel + "16").c_str());
+            else if (c.kernel != "fused" && c.error.empty())
+              c = refuse("carve-select-kernels: rule 3g marks an operand read as 16 bits, but '" +
+                         c.kernel + "' has no 16-bit entry");
+          }
+        }
         if (read16 && read16->deadViews.count(&op)) {
           c = call(kNoKernel);
           ++numRead16Views;
@@ -392,6 +423,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         writeCopies(fn, *plan, *read16);
         roundInCopies(fn, plan->precision);
         copiesInFused(fn, plan->precision);
+        copiesByWriter(fn, plan->precision);
       }
     }
   }
@@ -442,6 +474,51 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       w->setAttr(kWrite16Attr, UnitAttr::get(ctx));
       op.setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
       ++numWrite16;
+    }
+  }
+
+  /// Rule 3h: a 16-bit copy, among the copies right after the op that wrote
+  /// its f32 input, where that op is a binary op, a unary gradient or an f32
+  /// concatenation (not a fused chain's member, not rounded as written) is
+  /// written by that op as it writes the value (binary16, unary_grad16,
+  /// concat16; the copy is no call, marked carve.copy_by_writer). The same
+  /// bits: the value rounded to nearest even, as toBf16 / toF16 round it.
+  void copiesByWriter(func::FuncOp fn, StringRef precision) {
+    MLIRContext *ctx = fn.getContext();
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
+      if (!k || op.getNumResults() != 1 || op.hasAttr(kFusionGroupAttr) ||
+          op.hasAttr(kRound16Attr) || op.hasAttr(kWrite16Attr))
+        continue;
+      StringRef kernel = k.getValue();
+      const bool elementwise = kernel == "binary" || kernel == "binary16" ||
+                               kernel == "unary_grad" || kernel == "unary_grad16";
+      const bool cat = kernel == "concat" && elementOf(op.getResult(0)).isF32();
+      if (!elementwise && !cat)
+        continue;
+      for (Operation *n = op.getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+        auto c = cast<CastOp>(n);
+        StringAttr ck = n->getAttrOfType<StringAttr>(kKernelAttr);
+        Type to = elementOf(c.getResult());
+        if (c.getInput() != op.getResult(0) || !ck ||
+            (ck.getValue() != "toBf16" && ck.getValue() != "toF16") ||
+            !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
+          continue;
+        if (elementwise) {
+          if (!op.hasAttr(kRead16Attr))
+            op.setAttr(kRead16Attr,
+                       DenseBoolArrayAttr::get(ctx, SmallVector<bool>(op.getNumOperands(), false)));
+          op.setAttr(
+              kKernelAttr,
+              StringAttr::get(ctx, kernel.starts_with("binary") ? "binary16" : "unary_grad16"));
+        } else {
+          op.setAttr(kKernelAttr, StringAttr::get(ctx, "concat16"));
+        }
+        n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+        n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
+        ++numCopyByWriter;
+        break; // one copy per writer
+      }
     }
   }
 

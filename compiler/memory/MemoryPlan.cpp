@@ -474,23 +474,26 @@ private:
         Value v = readOperand(op, i);
         if (!interior.count(v))
           extend(v, order.readAt(op));
-        if ((isa<MatmulOp>(op) && i < 2) || (isa<AttentionGradStatsOp>(op) && i < 3))
+        if ((isa<MatmulOp>(op) && i < 2) || (isa<AttentionGradStatsOp>(op) && i < 3) ||
+            (plan16 && readsExact16(op, i, *plan16)))
           extendCopy16(v, op);
       }
     }
   }
 
-  /// A matmul (or cuDNN's attention gradient) on the CUDA target reads the
-  /// 16-bit tensor of an f32 operand's bits instead of the operand
-  /// (carve-select-kernels' carve.read16, stored16): the tensor the operand
-  /// is a view of (through reshapes), or its 16-bit copy made before it
-  /// (carve-round-operands16). That tensor lives until the reader.
+  /// A matmul (or cuDNN's attention gradient, or a kernel of readsExact16)
+  /// on the CUDA target reads the 16-bit tensor of an f32 operand's bits
+  /// instead of the operand (carve-select-kernels' carve.read16, stored16,
+  /// exact16): the tensor the operand is a view of (through reshapes), or
+  /// its 16-bit copy made before it (carve-round-operands16). That tensor
+  /// lives until the reader (a fused chain's: its root).
   void extendCopy16(Value v, Operation *reader) {
+    const int64_t at = order.readAt(reader);
     v = aliasRoot(v);
     if (auto c = v.getDefiningOp<CastOp>()) {
       Type from = cast<ShapedType>(c.getInput().getType()).getElementType();
       if (from.isBF16() || from.isF16())
-        extend(c.getInput(), index.lookup(reader));
+        extend(c.getInput(), at);
     }
     for (Operation *u : v.getUsers()) {
       auto c = dyn_cast<CastOp>(u);
@@ -498,7 +501,7 @@ private:
         continue;
       Type t = cast<ShapedType>(c.getType()).getElementType();
       if (t.isBF16() || t.isF16())
-        extend(c.getResult(), index.lookup(reader));
+        extend(c.getResult(), at);
     }
   }
 

@@ -61,10 +61,44 @@ bool reads16(OpOperand &use, const PlanAttrs &plan) {
     return k == 0 && !u->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
   if (isa<AttentionGradStatsOp>(u))
     return k < 3 && plan.target == "cuda" && cudnnAttentionRefusal(u, plan).empty();
-  return false;
+  return readsExact16(u, k, plan);
+}
+
+bool isF32Tensor(Value v) {
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  return t && t.getElementType().isF32();
 }
 
 } // namespace
+
+bool readsExact16(Operation *u, unsigned k, const PlanAttrs &plan) {
+  if (plan.target != "cuda" || plan.precision == "fp32" || k >= u->getNumOperands() ||
+      u->getNumResults() == 0 || !isF32Tensor(u->getOperand(k)) || !isF32Tensor(u->getResult(0)))
+    return false;
+  if (!foldOf(u).empty() || isGatheredOperand(u))
+    return false; // no call of its own: its reader reads its operands
+  bool position = false;
+  if (Attribute group = u->getAttr(kFusionGroupAttr)) {
+    // A fused chain's input: an operand no member of the chain writes.
+    if (!isa<AddOp, SubOp, MulOp, DivOp, MaximumOp, MinimumOp, NegOp, AbsOp, ExpOp, LogOp, SqrtOp,
+             RsqrtOp, ReciprocalOp, TanhOp, ErfOp, SigmoidOp, ReluOp, SinOp, CosOp, SiluOp, GeluOp,
+             UnaryGradOp>(u))
+      return false;
+    Operation *d = u->getOperand(k).getDefiningOp();
+    position = !d || d->getAttr(kFusionGroupAttr) != group;
+  } else if (isa<LayerNormOp, RmsNormOp>(u)) {
+    position = true; // the input, the scale and the bias
+  } else if (isa<LayerNormGradOp, RmsNormGradOp>(u)) {
+    position = k == 0 || k == 2; // the input and the scale (not the gradient)
+  } else if (isa<UnaryGradOp>(u)) {
+    position = k == 0;
+  } else if (binaryKernel(u)) {
+    position = k < 2;
+  } else if (isa<GatherOp>(u)) {
+    position = k == 0 && !u->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  }
+  return position && exact16(u->getOperand(k), u, plan.precision);
+}
 
 bool neverStoredF32(Value v, const PlanAttrs &plan) {
   if (plan.target != "cuda" || plan.precision == "fp32")

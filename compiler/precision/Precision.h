@@ -38,9 +38,20 @@ struct PlanAttrs;
 /// A read as 16 bits: a matmul operand cuBLAS reads (not a fused chain's, a
 /// gathered or a scattered product's), the logits of a cross-entropy or its
 /// gradient (not vocab-parallel), the q, k or v of an attention gradient
-/// that runs on cuDNN. carve-plan-memory gives such values no memory, and
-/// carve-select-kernels and the emitter print no call and no pointer for them.
+/// that runs on cuDNN, and the operands readsExact16 names. carve-plan-memory gives such values no
+/// memory, and carve-select-kernels and the emitter print no call and no pointer for them.
 bool neverStoredF32(mlir::Value v, const PlanAttrs &plan);
+
+/// On the CUDA target under a bf16/fp16 `plan`: whether operand `k` of `u`
+/// is read as the 16-bit tensor that holds exactly its f32 values (exact16:
+/// the tensor it is a view of, or a copy of a value rounded as written),
+/// widened in registers by a kernel that computes in f32: the input, scale
+/// and bias of a layer or RMS norm, the input and scale of their gradients,
+/// the input of a unary gradient, either operand of a binary op, a gather's
+/// table (not vocab-parallel), and an input of a fused elementwise chain.
+/// carve-select-kernels marks them carve.read16 (layer_norm16, ...,
+/// binary16, gather16, a chain's members); the values are the same bits.
+bool readsExact16(mlir::Operation *u, unsigned k, const PlanAttrs &plan);
 
 #define GEN_PASS_DECL
 #include "compiler/precision/Passes.h.inc"

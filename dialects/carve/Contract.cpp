@@ -313,4 +313,21 @@ mlir::Value stored16(mlir::Value v, mlir::Operation *reader, llvm::StringRef pre
   return copy16Before(v, reader, precision);
 }
 
+mlir::Value exact16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision) {
+  auto is16 = [&](mlir::Type t) {
+    t = mlir::cast<mlir::ShapedType>(t).getElementType();
+    return (precision == "bf16" && t.isBF16()) || (precision == "fp16" && t.isF16());
+  };
+  while (auto r = v.getDefiningOp<ReshapeOp>())
+    v = r.getInput();
+  if (!mlir::cast<mlir::ShapedType>(v.getType()).getElementType().isF32())
+    return mlir::Value();
+  if (auto c = v.getDefiningOp<CastOp>(); c && is16(c.getInput().getType()))
+    return c.getInput();
+  mlir::Operation *w = v.getDefiningOp();
+  if (!w || w->getNumResults() != 1 || !w->hasAttr(kRound16Attr))
+    return mlir::Value();
+  return copy16Before(v, reader, precision);
+}
+
 } // namespace carve

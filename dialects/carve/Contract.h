@@ -150,6 +150,11 @@ constexpr const char *kWrite16Attr = "carve.write16";
 /// chain's root (CUDA target): the chain's kernel writes it as it writes the
 /// f32 value (carve-select-kernels' rule 3f); the copy is no call.
 constexpr const char *kCopyInFusedAttr = "carve.copy_in_fused";
+/// On a 16-bit copy right after the op that writes its f32 input (a binary
+/// op, a unary gradient or a concatenation; CUDA target): that op writes the
+/// copy as it writes the value (carve-select-kernels' rule 3h: binary16,
+/// unary_grad16, concat16); the copy is no call.
+constexpr const char *kCopyByWriterAttr = "carve.copy_by_writer";
 /// On a trainable parameter argument under a bf16/fp16 plan
 /// (carve-store-params16): the argument is the 16-bit copy the step reads;
 /// its fp32 master lives with the optimizer state (carve.persistent_plan's
@@ -363,6 +368,13 @@ mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef pre
 /// before `reader` (copy16Before). carve-select-kernels' carve.read16
 /// (matmul16, cuDNN attention) and the emitter read operands through it.
 mlir::Value stored16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision);
+/// stored16 for a reader that computes in f32 rather than rounding its
+/// operand (a norm, an elementwise kernel, a gather): the 16-bit tensor that
+/// holds exactly the f32 values of `v` (through reshapes), or null. The
+/// tensor `v` is a view of, or its 16-bit copy made before `reader` where
+/// `v`'s writer rounds it to the format as written (carve.round16), so the
+/// copy loses nothing.
+mlir::Value exact16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision);
 
 } // namespace carve
 

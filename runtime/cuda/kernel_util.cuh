@@ -71,6 +71,79 @@ __device__ __forceinline__ double warpCombine(bool isMax, double acc) {
   return acc;
 }
 
+//===--- Operands read as stored (carve.read16) ----------------------------===//
+
+/// An f32 operand that the kernel reads through the 16-bit tensor of its bits
+/// where the plan stores one (carve-select-kernels' carve.read16): element i
+/// as a float, widened in registers (exact). fmt 0: float, 1: bf16, 2: fp16.
+/// Kernels templated on an operand's type take it or a plain `const float *`
+/// (the f32 entry, which stays as it was).
+struct In16 {
+  const void *p;
+  int fmt;
+  __host__ __device__ explicit operator bool() const { return p != nullptr; }
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    if (fmt == 0)
+      return static_cast<const float *>(p)[i];
+    const uint16_t h = static_cast<const uint16_t *>(p)[i];
+    return fmt == 1 ? carve::rt::ew::bf16Float(h) : carve::rt::ew::f16Float(h);
+  }
+  __host__ __device__ In16 operator+(int64_t k) const {
+    if (!p)
+      return *this;
+    if (fmt == 0)
+      return {static_cast<const float *>(p) + k, 0};
+    return {static_cast<const uint16_t *>(p) + k, fmt};
+  }
+};
+
+/// A float output written with its 16-bit copy (the precision's format, 1:
+/// bf16, 2: fp16; rounded to nearest even, the bits toBf16 / toF16 write):
+/// carve-select-kernels' rule 3h, an op that writes its result's copy as it
+/// writes the result. A null `y` writes the copy only.
+struct Out16 {
+  float *y;
+  uint16_t *y16;
+  int fmt;
+};
+
+/// Element e of an output: a plain pointer, or an Out16 (value and copy).
+template <class T, class V> __device__ __forceinline__ void store(T *y, int64_t e, V v) {
+  y[e] = v;
+}
+__device__ __forceinline__ void store(const Out16 &o, int64_t e, float v) {
+  if (o.y)
+    o.y[e] = v;
+  o.y16[e] = o.fmt == 1 ? carve::rt::ew::bf16Bits(v) : carve::rt::ew::f16Bits(v);
+}
+
+/// The precision's 16-bit format for an op writing a copy (fatal under fp32).
+inline int format16For(const char *op) {
+  switch (precision()) {
+  case Precision::BF16:
+    return 1;
+  case Precision::F16:
+    return 2;
+  default:
+    fatal("%s: a 16-bit copy of the result under the fp32 precision", op);
+  }
+}
+
+/// `p` as op `op` reads it: the precision's 16-bit format where `is16`, else
+/// float. A 16-bit operand under the fp32 precision is a fatal error.
+inline In16 in16(const char *op, const void *p, bool is16) {
+  if (!is16)
+    return {p, 0};
+  switch (precision()) {
+  case Precision::BF16:
+    return {p, 1};
+  case Precision::F16:
+    return {p, 2};
+  default:
+    fatal("%s: a 16-bit operand under the fp32 precision", op);
+  }
+}
+
 } // namespace
 } // namespace carve::gpu
 

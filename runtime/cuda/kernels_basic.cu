@@ -41,17 +41,19 @@ __host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return 
 
 //===--- Broadcast maps ----------------------------------------------------===//
 
+/// A, B: pointers, or In16 (an operand read as its 16-bit tensor: binary16).
+/// Y: a pointer, or Out16 (the result and its 16-bit copy: binary16).
 template <class Op, class Y, class A, class B>
-__global__ void broadcast2Kernel(Op op, const A *a, const B *b, Y *y, Nest<2> n, int64_t total) {
+__global__ void broadcast2Kernel(Op op, A a, B b, Y y, Nest<2> n, int64_t total) {
   CARVE_GRID_LOOP(e, total) {
     int64_t off[2];
     offsetsOf(n, e, off);
-    y[e] = op(a[off[0]], b[off[1]]);
+    store(y, e, op(a[off[0]], b[off[1]]));
   }
 }
 
 template <class Op, class Y, class A, class B>
-void broadcast2(const char *op, Op f, const A *a, const Dims &as, const B *b, const Dims &bs, Y *y,
+void broadcast2(const char *op, Op f, A a, const Dims &as, B b, const Dims &bs, Y y,
                 const Dims &ys) {
   const int64_t total = ys.numel();
   if (total == 0)
@@ -76,9 +78,11 @@ template <Unary F> __global__ void unaryKernel(const float *x, float *y, int64_t
   CARVE_GRID_LOOP(i, n) y[i] = unaryOp<F>(x[i]);
 }
 
-template <Unary F>
-__global__ void unaryGradKernel(const float *x, const float *dy, float *dx, int64_t n) {
-  CARVE_GRID_LOOP(i, n) dx[i] = unaryGradOp<F>(x[i], dy[i]);
+/// X: `const float *`, or In16 (x read as its 16-bit tensor: unary_grad16).
+/// DX: `float *`, or Out16 (the gradient and its 16-bit copy).
+template <Unary F, class X, class DX>
+__global__ void unaryGradKernel(X x, const float *dy, DX dx, int64_t n) {
+  CARVE_GRID_LOOP(i, n) store(dx, i, unaryGradOp<F>(x[i], dy[i]));
 }
 
 template <Unary F> void launchUnary(const float *x, float *y, int64_t n) {
@@ -86,8 +90,8 @@ template <Unary F> void launchUnary(const float *x, float *y, int64_t n) {
   checkLaunch("unary");
 }
 
-template <Unary F> void launchUnaryGrad(const float *x, const float *dy, float *dx, int64_t n) {
-  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), unaryGradKernel<F>)(x, dy, dx, n);
+template <Unary F, class X, class DX> void launchUnaryGrad(X x, const float *dy, DX dx, int64_t n) {
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), unaryGradKernel<F, X, DX>)(x, dy, dx, n);
   checkLaunch("unary_grad");
 }
 
@@ -503,7 +507,9 @@ void unary(Unary f, const float *x, float *y, int64_t n) {
   fatal("unary: unknown function %d", static_cast<int>(f));
 }
 
-void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n) {
+namespace {
+
+template <class X, class DX> void unaryGradAs(Unary f, X x, const float *dy, DX dx, int64_t n) {
   if (n <= 0)
     return;
   switch (f) {
@@ -514,6 +520,21 @@ void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n) 
 #undef CARVE_CASE
   }
   fatal("unary_grad: unknown function %d", static_cast<int>(f));
+}
+
+} // namespace
+
+void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n) {
+  unaryGradAs(f, x, dy, dx, n);
+}
+
+void unary_grad16(Unary f, const void *x, bool x16, const float *dy, float *dx, uint16_t *dx16,
+                  int64_t n) {
+  const In16 xi = in16("unary_grad16", x, x16);
+  if (dx16)
+    unaryGradAs(f, xi, dy, Out16{dx, dx16, format16For("unary_grad16")}, n);
+  else
+    unaryGradAs(f, xi, dy, dx, n);
 }
 
 void setDropoutState(uint64_t seed, int64_t step) {
@@ -535,7 +556,10 @@ void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, doubl
   checkLaunch("dropout");
 }
 
-void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y, Dims ys) {
+namespace {
+
+template <class A, class B, class Y>
+void binaryAs(Binary f, A a, Dims as, B b, Dims bs, Y y, Dims ys) {
   switch (f) {
   case Binary::Add:
     return broadcast2("add", BinaryOp<Binary::Add>(), a, as, b, bs, y, ys);
@@ -559,6 +583,21 @@ void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y
   }
   }
   fatal("binary: unknown function %d", static_cast<int>(f));
+}
+
+} // namespace
+
+void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y, Dims ys) {
+  binaryAs(f, a, as, b, bs, y, ys);
+}
+
+void binary16(Binary f, const void *a, bool a16, Dims as, const void *b, bool b16, Dims bs,
+              float *y, uint16_t *y16, Dims ys) {
+  const In16 ai = in16("binary16", a, a16), bi = in16("binary16", b, b16);
+  if (y16)
+    binaryAs(f, ai, as, bi, bs, Out16{y, y16, format16For("binary16")}, ys);
+  else
+    binaryAs(f, ai, as, bi, bs, y, ys);
 }
 
 /// Integer arithmetic (index computations: `token * k + slot`): the CPU

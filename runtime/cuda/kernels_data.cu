@@ -98,13 +98,14 @@ __global__ void transposeTilesKernel(const T *x, T *y, TileOuter g, int64_t dk, 
   }
 }
 
-template <class T>
-__global__ void concatKernel(const T *x, T *y, int64_t outer, int64_t len, int64_t row,
+/// Y: `T *`, or Out16 (floats with the result's 16-bit copy: concat16).
+template <class T, class Y>
+__global__ void concatKernel(const T *x, Y y, int64_t outer, int64_t len, int64_t row,
                              int64_t col0) {
   CARVE_GRID_LOOP(e, outer * len) {
     int64_t o, j;
     divMod(e, len, o, j);
-    y[o * row + col0 + j] = x[e];
+    store(y, o * row + col0 + j, x[e]);
   }
 }
 
@@ -120,8 +121,9 @@ __device__ __forceinline__ int64_t checkedIndex(const int64_t *idx, int64_t k, i
   return v < 0 ? v + size : v;
 }
 
-template <class T>
-__global__ void gatherKernel(const T *table, const int64_t *idx, T *y, int64_t ni, int64_t size,
+/// Tab: `const T *`, or In16 (a float table read as its 16-bit tensor: gather16).
+template <class Tab, class T>
+__global__ void gatherKernel(Tab table, const int64_t *idx, T *y, int64_t ni, int64_t size,
                              int64_t inner, int64_t total, DeviceError *err) {
   CARVE_GRID_LOOP(e, total) {
     int64_t t, c, o, k;
@@ -479,7 +481,10 @@ template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps
   checkLaunch("slice_grad");
 }
 
-template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y) {
+namespace {
+
+template <class T, class Y>
+void concatAs(int n, const T *const *xs, const Dims *shapes, int axis, Y y) {
   if (n < 1)
     fatal("concat: no inputs");
   const Dims &s0 = shapes[0];
@@ -508,6 +513,17 @@ template <class T> void concat(int n, const T *const *xs, const Dims *shapes, in
     }
     col += len;
   }
+}
+
+} // namespace
+
+template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y) {
+  concatAs(n, xs, shapes, axis, y);
+}
+
+void concat16(int n, const float *const *xs, const Dims *shapes, int axis, float *y,
+              uint16_t *y16) {
+  concatAs(n, xs, shapes, axis, Out16{y, y16, format16For("concat16")});
 }
 
 namespace {
@@ -545,8 +561,10 @@ void invertIndices(const int64_t *idx, int64_t ni, int64_t size, int *inv) {
 
 } // namespace
 
-template <class T>
-void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y) {
+namespace {
+
+template <class Tab, class T>
+void gatherAs(Tab table, Dims ts, const int64_t *idx, Dims is, int axis, T *y) {
   axis = normAxis(axis, ts.rank, "gather");
   const int64_t outer = prod(ts, 0, axis), size = ts.d[axis], inner = prod(ts, axis + 1, ts.rank);
   const int64_t total = outer * is.numel() * inner;
@@ -555,6 +573,17 @@ void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y
   CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), gatherKernel)
   (table, idx, y, is.numel(), size, inner, total, deviceError());
   checkLaunch("gather");
+}
+
+} // namespace
+
+template <class T>
+void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y) {
+  gatherAs(table, ts, idx, is, axis, y);
+}
+
+void gather16(const void *table, Dims ts, const int64_t *idx, Dims is, int axis, float *y) {
+  gatherAs(in16("gather16", table, true), ts, idx, is, axis, y);
 }
 
 template <class T>

@@ -127,8 +127,8 @@ __global__ void softmaxGradColumns(const float *y, const float *dy, float *dx, i
 /// Mean and 1/sqrt(biased variance + eps) of a row, two passes (the second
 /// reads the row from cache) so that a large mean does not cancel the
 /// variance.
-__device__ void rowMoments(const float *xr, int64_t N, float eps, float *sh, float &mean,
-                           float &rstd) {
+template <class X>
+__device__ void rowMoments(X xr, int64_t N, float eps, float *sh, float &mean, float &rstd) {
   float s = 0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
     s += xr[i];
@@ -142,18 +142,19 @@ __device__ void rowMoments(const float *xr, int64_t N, float eps, float *sh, flo
 }
 
 /// 1/sqrt(mean(x^2) + eps) of a row.
-__device__ float rowRms(const float *xr, int64_t N, float eps, float *sh) {
+template <class X> __device__ float rowRms(X xr, int64_t N, float eps, float *sh) {
   float s = 0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
     s += xr[i] * xr[i];
   return 1.0f / sqrtf(blockSum(s, sh) / static_cast<float>(N) + eps);
 }
 
-__global__ void layerNormKernel(const float *x, const float *scale, const float *bias, float eps,
-                                float *y, int64_t R, int64_t N) {
+/// X, S: `const float *`, or In16 (an operand read as its 16-bit tensor).
+template <class X, class S>
+__global__ void layerNormKernel(X x, S scale, S bias, float eps, float *y, int64_t R, int64_t N) {
   __shared__ float sh[32];
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const float *xr = x + r * N;
+    const X xr = x + r * N;
     float *yr = y + r * N;
     float mean, rstd;
     rowMoments(xr, N, eps, sh, mean, rstd);
@@ -171,13 +172,15 @@ __global__ void layerNormKernel(const float *x, const float *scale, const float 
 /// dx per row; with `part`, block b also sums dy * xhat and dy over its rows
 /// into part[b][0, N) and part[b][N, 2N) (each thread owns its columns, so
 /// no two threads touch one entry).
-__global__ void layerNormGradKernel(const float *x, const float *scale, float eps, const float *dy,
-                                    float *dx, float *part, int64_t R, int64_t N) {
+template <class X, class S>
+__global__ void layerNormGradKernel(X x, S scale, float eps, const float *dy, float *dx,
+                                    float *part, int64_t R, int64_t N) {
   __shared__ float sh[32];
   float *ps = part ? part + static_cast<int64_t>(blockIdx.x) * 2 * N : nullptr;
   bool first = true;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const float *xr = x + r * N, *gr = dy + r * N;
+    const X xr = x + r * N;
+    const float *gr = dy + r * N;
     float *dr = dx + r * N;
     float mean, rstd;
     rowMoments(xr, N, eps, sh, mean, rstd);
@@ -205,11 +208,11 @@ __global__ void layerNormGradKernel(const float *x, const float *scale, float ep
   }
 }
 
-__global__ void rmsNormKernel(const float *x, const float *scale, float eps, float *y, int64_t R,
-                              int64_t N) {
+template <class X, class S>
+__global__ void rmsNormKernel(X x, S scale, float eps, float *y, int64_t R, int64_t N) {
   __shared__ float sh[32];
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const float *xr = x + r * N;
+    const X xr = x + r * N;
     float *yr = y + r * N;
     const float rs = rowRms(xr, N, eps, sh);
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
@@ -218,13 +221,15 @@ __global__ void rmsNormKernel(const float *x, const float *scale, float eps, flo
 }
 
 /// As layerNormGradKernel; `part` (when set) gets the sums of dy * xhat only.
-__global__ void rmsNormGradKernel(const float *x, const float *scale, float eps, const float *dy,
-                                  float *dx, float *part, int64_t R, int64_t N) {
+template <class X, class S>
+__global__ void rmsNormGradKernel(X x, S scale, float eps, const float *dy, float *dx, float *part,
+                                  int64_t R, int64_t N) {
   __shared__ float sh[32];
   float *ps = part ? part + static_cast<int64_t>(blockIdx.x) * N : nullptr;
   bool first = true;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const float *xr = x + r * N, *gr = dy + r * N;
+    const X xr = x + r * N;
+    const float *gr = dy + r * N;
     float *dr = dx + r * N;
     const float rs = rowRms(xr, N, eps, sh);
     // With g = dy * scale and xhat = x * rs: dx = rs * (g - xhat * mean(g * xhat)).
@@ -302,8 +307,13 @@ void softmax_grad(const float *y, const float *dy, Dims s, int axis, bool log, f
 
 //===--- Layer and RMS norm -----------------------------------------------===//
 
-void layer_norm(const float *x, Dims xs, int axis, const float *scale, const float *bias, float eps,
-                float *y) {
+namespace {
+
+// X, S: `const float *`, or In16 (the f32 entries' operands, or those the
+// *16 entries read as their 16-bit tensors: carve.read16).
+
+template <class X, class S>
+void layerNormAs(X x, Dims xs, int axis, S scale, S bias, float eps, float *y) {
   axis = normAxis(axis, xs.rank, "layer_norm");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (R * N == 0)
@@ -313,8 +323,9 @@ void layer_norm(const float *x, Dims xs, int axis, const float *scale, const flo
   checkLaunch("layer_norm");
 }
 
-void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
-                     const float *dy, float *dx, float *dscale, float *dbias) {
+template <class X, class S>
+void layerNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, float *dx,
+                     float *dscale, float *dbias) {
   axis = normAxis(axis, xs.rank, "layer_norm_grad");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (N == 0)
@@ -340,7 +351,7 @@ void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, floa
   checkLaunch("layer_norm_grad");
 }
 
-void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y) {
+template <class X, class S> void rmsNormAs(X x, Dims xs, int axis, S scale, float eps, float *y) {
   axis = normAxis(axis, xs.rank, "rms_norm");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (R * N == 0)
@@ -349,8 +360,9 @@ void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, 
   checkLaunch("rms_norm");
 }
 
-void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
-                   const float *dy, float *dx, float *dscale) {
+template <class X, class S>
+void rmsNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, float *dx,
+                   float *dscale) {
   axis = normAxis(axis, xs.rank, "rms_norm_grad");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (N == 0)
@@ -371,6 +383,50 @@ void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float 
   CARVE_KERNEL(blocksFor(N), kThreads, 0, stream(), sumPartials)
   (part, blocks, N, 1, dscale, nullptr);
   checkLaunch("rms_norm_grad");
+}
+
+} // namespace
+
+void layer_norm(const float *x, Dims xs, int axis, const float *scale, const float *bias, float eps,
+                float *y) {
+  layerNormAs(x, xs, axis, scale, bias, eps, y);
+}
+
+void layer_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                  const void *bias, bool bias16, float eps, float *y) {
+  const char *op = "layer_norm16";
+  layerNormAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), in16(op, bias, bias16), eps, y);
+}
+
+void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
+                     const float *dy, float *dx, float *dscale, float *dbias) {
+  layerNormGradAs(x, xs, axis, scale, eps, dy, dx, dscale, dbias);
+}
+
+void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                       float eps, const float *dy, float *dx, float *dscale, float *dbias) {
+  const char *op = "layer_norm_grad16";
+  layerNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx, dscale, dbias);
+}
+
+void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y) {
+  rmsNormAs(x, xs, axis, scale, eps, y);
+}
+
+void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                float eps, float *y) {
+  rmsNormAs(in16("rms_norm16", x, x16), xs, axis, in16("rms_norm16", scale, scale16), eps, y);
+}
+
+void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
+                   const float *dy, float *dx, float *dscale) {
+  rmsNormGradAs(x, xs, axis, scale, eps, dy, dx, dscale);
+}
+
+void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                     float eps, const float *dy, float *dx, float *dscale) {
+  const char *op = "rms_norm_grad16";
+  rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx, dscale);
 }
 
 } // namespace carve::gpu

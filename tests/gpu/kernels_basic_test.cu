@@ -356,6 +356,154 @@ void testRoundCopy16() {
   }
 }
 
+//===--- Operands read as their 16-bit tensors (carve.read16, rule 3g) ----===//
+
+/// Random values `x` stored in bf16 (f16: fp16), on the device: the 16-bit
+/// tensor (`bits`) and its exact f32 view (`view`, fromBf16 / fromF16), what
+/// a program held before rule 3g read the tensor itself.
+struct Stored16 {
+  std::unique_ptr<DevBuf<uint16_t>> bits;
+  std::unique_ptr<DevBuf<float>> view;
+};
+
+Stored16 store16(const std::vector<float> &x, bool f16) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  auto f = up(x);
+  Stored16 s{poisoned<uint16_t>(std::max<int64_t>(n, 1)), poisoned<float>(std::max<int64_t>(n, 1))};
+  (f16 ? g::toF16 : g::toBf16)(f->p, s.bits->p, n);
+  (f16 ? g::fromF16 : g::fromBf16)(s.bits->p, s.view->p, n);
+  return s;
+}
+
+/// unary_grad16, binary16, gather16 and concat16 under bf16 and fp16: an
+/// operand read as its 16-bit tensor gives bit for bit what the f32 entry
+/// gives on the f32 view (the kernel widens exactly as fromBf16 / fromF16
+/// does; rule 3g), and a result's 16-bit copy written by the op has the bits
+/// toBf16 / toF16 write (rule 3h), with or without the f32 result; broadcast
+/// shapes, every function, empty tensors.
+void testRead16() {
+  for (int f16 = 0; f16 < 2; ++f16) {
+    const rt::Precision p = f16 ? rt::Precision::F16 : rt::Precision::BF16;
+    const std::string fmt = f16 ? " fp16" : " bf16";
+    // unary_grad16: every function; x read as stored.
+    for (int fi = 0; fi <= static_cast<int>(rt::Unary::GeluTanh); ++fi) {
+      const auto f = static_cast<rt::Unary>(fi);
+      for (int64_t n : {int64_t(0), int64_t(20011)}) {
+        const Stored16 x = store16(unaryInputs(f, n), f16);
+        auto dy = up(randn(n));
+        const int64_t m = std::max<int64_t>(n, 1);
+        auto want = poisoned<float>(m), got = poisoned<float>(m), got2 = poisoned<float>(m);
+        auto want16 = poisoned<uint16_t>(m), got16 = poisoned<uint16_t>(m);
+        g::setPrecision(p);
+        g::unary_grad(f, x.view->p, dy->p, want->p, n);
+        (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, n);
+        g::unary_grad16(f, x.bits->p, true, dy->p, got->p, nullptr, n);
+        // With the gradient's 16-bit copy written as well (rule 3h).
+        g::unary_grad16(f, x.view->p, false, dy->p, got2->p, got16->p, n);
+        g::setPrecision(rt::Precision::F32);
+        const std::string w =
+            std::string("unary_grad16 ") + unaryName(f) + fmt + " n " + std::to_string(n);
+        expectEqual(w, got->download(), want->download());
+        expectEqual(w + " writing its copy", got2->download(), want->download());
+        expectEqual(w + " copy", got16->download(), want16->download());
+      }
+    }
+    // binary16: each operand as stored, alone and together.
+    struct Case {
+      Dims a, b;
+    };
+    const Case cases[] = {{{7, 13}, {7, 13}},
+                          {{768}, {2, 16, 768}},
+                          {{4, 1, 5}, {3, 1}},
+                          {{20011}, {1}},
+                          {{0, 3}, {3}}};
+    const rt::Binary ops[] = {rt::Binary::Add, rt::Binary::Sub, rt::Binary::Mul, rt::Binary::Div,
+                              rt::Binary::Pow, rt::Binary::Max, rt::Binary::Min};
+    const char *names[] = {"add", "sub", "mul", "div", "pow", "max", "min"};
+    for (const Case &c : cases) {
+      const Dims ys = broadcastShape(c.a, c.b);
+      for (int oi = 0; oi < 7; ++oi) {
+        const bool pow = ops[oi] == rt::Binary::Pow;
+        const Stored16 a =
+            store16(pow ? uniform(c.a.numel(), 0.5f, 2.0f) : randn(c.a.numel()), f16);
+        const Stored16 b =
+            store16(pow ? uniform(c.b.numel(), -2.0f, 2.0f) : randn(c.b.numel()), f16);
+        const int64_t m = std::max<int64_t>(ys.numel(), 1);
+        auto want = poisoned<float>(m);
+        auto want16 = poisoned<uint16_t>(m);
+        g::binary(ops[oi], a.view->p, c.a, b.view->p, c.b, want->p, ys);
+        g::setPrecision(p);
+        (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, ys.numel());
+        g::setPrecision(rt::Precision::F32);
+        // flags: bit 0 a read as stored, bit 1 b, bit 2 the copy written too
+        // (rule 3h; with bit 3 as well, no f32 result).
+        for (int flags : {1, 2, 3, 4, 7, 12}) {
+          const bool a16 = flags & 1, b16 = flags & 2, copy = flags & 4, only16 = flags & 8;
+          auto got = poisoned<float>(m);
+          auto got16 = poisoned<uint16_t>(m);
+          g::setPrecision(p);
+          g::binary16(ops[oi], a16 ? (const void *)a.bits->p : a.view->p, a16, c.a,
+                      b16 ? (const void *)b.bits->p : b.view->p, b16, c.b,
+                      only16 ? nullptr : got->p, copy ? got16->p : nullptr, ys);
+          g::setPrecision(rt::Precision::F32);
+          const std::string w = std::string("binary16 ") + names[oi] + " " + str(c.a) +
+                                (a16 ? "16" : "") + " " + str(c.b) + (b16 ? "16" : "") + fmt;
+          if (!only16)
+            expectEqual(w, got->download(), want->download());
+          if (copy)
+            expectEqual(w + (only16 ? " copy only" : " copy"), got16->download(),
+                        want16->download());
+        }
+      }
+    }
+    // gather16: an embedding table stored in 16 bits, rows picked by index
+    // (negative ones count from the end), and an inner axis.
+    for (int axis : {0, 1}) {
+      const Dims ts = axis == 0 ? Dims{50, 24} : Dims{3, 50, 5};
+      const Dims is{4, 7};
+      std::vector<int64_t> idx = randint(is.numel(), -50, 50);
+      const Stored16 t = store16(randn(ts.numel()), f16);
+      auto di = up(idx);
+      Dims ys;
+      ys.rank = 0;
+      for (int i = 0; i < axis; ++i)
+        ys.d[ys.rank++] = ts.d[i];
+      for (int i = 0; i < is.rank; ++i)
+        ys.d[ys.rank++] = is.d[i];
+      for (int i = axis + 1; i < ts.rank; ++i)
+        ys.d[ys.rank++] = ts.d[i];
+      auto want = poisoned<float>(ys.numel()), got = poisoned<float>(ys.numel());
+      g::gather<float>(t.view->p, ts, di->p, is, axis, want->p);
+      g::setPrecision(p);
+      g::gather16(t.bits->p, ts, di->p, is, axis, got->p);
+      g::setPrecision(rt::Precision::F32);
+      expectEqual("gather16 " + str(ts) + " axis " + std::to_string(axis) + fmt, got->download(),
+                  want->download());
+    }
+    // concat16: q, k, v gradients joined on the last axis, the result's copy
+    // written too (rule 3h; a split's gradient).
+    {
+      const Dims ps{2, 5, 24}, ys{2, 5, 72};
+      std::vector<std::unique_ptr<DevBuf<float>>> parts;
+      const float *xs[3];
+      const Dims shapes[3] = {ps, ps, ps};
+      for (int i = 0; i < 3; ++i) {
+        parts.push_back(up(randn(ps.numel())));
+        xs[i] = parts.back()->p;
+      }
+      auto want = poisoned<float>(ys.numel()), got = poisoned<float>(ys.numel());
+      auto want16 = poisoned<uint16_t>(ys.numel()), got16 = poisoned<uint16_t>(ys.numel());
+      g::concat<float>(3, xs, shapes, 2, want->p);
+      g::setPrecision(p);
+      (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, ys.numel());
+      g::concat16(3, xs, shapes, 2, got->p, got16->p);
+      g::setPrecision(rt::Precision::F32);
+      expectEqual("concat16" + fmt, got->download(), want->download());
+      expectEqual("concat16 copy" + fmt, got16->download(), want16->download());
+    }
+  }
+}
+
 //===--- Matmul ------------------------------------------------------------===//
 
 /// Shape of op(x) (the last two dims swapped when t).
@@ -1443,6 +1591,7 @@ int main() {
   testFillCopy<int32_t>();
   testFillCopy<uint8_t>();
   testRoundCopy16();
+  testRead16();
   testMatmul();
   testMatmulPrecision(rt::Precision::BF16, "bf16");
   testMatmulPrecision(rt::Precision::F16, "fp16");

@@ -737,6 +737,101 @@ template <int F> void testFusedCopies16() {
   expectEqual(w + " beside it, output 1", z2->download(), y1->download());
 }
 
+/// The norms and a fused chain reading operands as their 16-bit tensors
+/// (layer_norm16, layer_norm_grad16, rms_norm16, rms_norm_grad16, fused with
+/// in16; carve.read16, rule 3g) under bf16 and fp16: bit for bit what the
+/// f32 entries give on the f32 views (fromBf16 / fromF16), with each
+/// operand read so alone and all together (a saved input, a parameter's
+/// scale and bias).
+template <int F> struct AddMul {
+  CARVE_HD void operator()(const float (&x)[3], float (&y)[1]) const {
+    y[0] = (x[0] + x[1]) * x[2];
+  }
+};
+
+void testRead16() {
+  for (int f16 = 0; f16 < 2; ++f16) {
+    const rt::Precision p = f16 ? rt::Precision::F16 : rt::Precision::BF16;
+    const std::string fmt = f16 ? " fp16" : " bf16";
+    auto store = [&](const std::vector<float> &x, std::unique_ptr<DevBuf<uint16_t>> &bits,
+                     std::unique_ptr<DevBuf<float>> &view) {
+      const int64_t n = static_cast<int64_t>(x.size());
+      auto f = up(x);
+      bits = poisoned<uint16_t>(n);
+      view = poisoned<float>(n);
+      (f16 ? g::toF16 : g::toBf16)(f->p, bits->p, n);
+      (f16 ? g::fromF16 : g::fromBf16)(bits->p, view->p, n);
+    };
+    for (const Dims s : {Dims{6, 768}, Dims{2, 3, 40}}) {
+      const int64_t n = s.numel(), N = s.d[s.rank - 1];
+      std::unique_ptr<DevBuf<uint16_t>> x16, sc16, bi16;
+      std::unique_ptr<DevBuf<float>> xv, scv, biv;
+      store(randn(n), x16, xv);
+      store(uniform(N, 0.5f, 1.5f), sc16, scv);
+      store(randn(N), bi16, biv);
+      auto dy = up(randn(n));
+      const float eps = 1e-5f;
+      auto want = poisoned<float>(n), wdx = poisoned<float>(n), wds = poisoned<float>(N),
+           wdb = poisoned<float>(N);
+      auto rwant = poisoned<float>(n), rwdx = poisoned<float>(n), rwds = poisoned<float>(N);
+      g::layer_norm(xv->p, s, -1, scv->p, biv->p, eps, want->p);
+      g::layer_norm_grad(xv->p, s, -1, scv->p, eps, dy->p, wdx->p, wds->p, wdb->p);
+      g::rms_norm(xv->p, s, -1, scv->p, eps, rwant->p);
+      g::rms_norm_grad(xv->p, s, -1, scv->p, eps, dy->p, rwdx->p, rwds->p);
+      for (int flags : {1, 2, 4, 3, 7}) { // each alone, input and scale (all of RMS), all
+        const bool a = flags & 1, b = flags & 2, c = flags & 4;
+        const void *x = a ? (const void *)x16->p : xv->p;
+        const void *sc = b ? (const void *)sc16->p : scv->p;
+        const void *bi = c ? (const void *)bi16->p : biv->p;
+        const std::string w =
+            str(s) + (a ? " x16" : "") + (b ? " scale16" : "") + (c ? " bias16" : "") + fmt;
+        auto y = poisoned<float>(n), dx = poisoned<float>(n), ds = poisoned<float>(N),
+             db = poisoned<float>(N);
+        g::setPrecision(p);
+        g::layer_norm16(x, a, s, -1, sc, b, bi, c, eps, y->p);
+        g::layer_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, dx->p, ds->p, db->p);
+        g::setPrecision(rt::Precision::F32);
+        expectEqual("layer_norm16 " + w, y->download(), want->download());
+        expectEqual("layer_norm_grad16 dx " + w, dx->download(), wdx->download());
+        expectEqual("layer_norm_grad16 dscale " + w, ds->download(), wds->download());
+        expectEqual("layer_norm_grad16 dbias " + w, db->download(), wdb->download());
+        if (c)
+          continue; // RMS norm has no bias
+        auto ry = poisoned<float>(n), rdx = poisoned<float>(n), rds = poisoned<float>(N);
+        g::setPrecision(p);
+        g::rms_norm16(x, a, s, -1, sc, b, eps, ry->p);
+        g::rms_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, rdx->p, rds->p);
+        g::setPrecision(rt::Precision::F32);
+        expectEqual("rms_norm16 " + w, ry->download(), rwant->download());
+        expectEqual("rms_norm_grad16 dx " + w, rdx->download(), rwdx->download());
+        expectEqual("rms_norm_grad16 dscale " + w, rds->download(), rwds->download());
+      }
+    }
+    // A fused chain (x0 + x1) * x2 with a broadcast bias x0 and x2 read as
+    // stored, x1 as f32.
+    const Dims s{2, 16, 768}, sb{768};
+    const int64_t n = s.numel();
+    std::unique_ptr<DevBuf<uint16_t>> b16, z16;
+    std::unique_ptr<DevBuf<float>> bv, zv;
+    store(randn(768), b16, bv);
+    store(randn(n), z16, zv);
+    auto m = up(randn(n));
+    auto want = poisoned<float>(n), got = poisoned<float>(n);
+    const Dims shapes[3] = {sb, s, s};
+    const float *inF[3] = {bv->p, m->p, zv->p};
+    float *outW[1] = {want->p};
+    g::fused("AddMul", AddMul<0>{}, inF, shapes, outW, s);
+    const void *in[3] = {b16->p, m->p, z16->p};
+    const bool in16[3] = {true, false, true};
+    float *out[1] = {got->p};
+    uint16_t *none16[1] = {};
+    g::setPrecision(p);
+    g::fused("AddMul, inputs 0 and 2 in 16 bits", AddMul<0>{}, in, in16, shapes, out, none16, s);
+    g::setPrecision(rt::Precision::F32);
+    expectEqual("fused with 16-bit inputs" + fmt, got->download(), want->download());
+  }
+}
+
 /// cross_entropy16, cross_entropy_grad16 and count_correct16 (carve.read16,
 /// carve.write16) under bf16 and fp16: logits stored in 16 bits give bit for
 /// bit what the f32 entries give for their f32 values, and a 16-bit gradient
@@ -971,6 +1066,7 @@ int main() {
   testRmsNorm(Dims{2, 3, 40}, 1, false);
   testRmsNorm(Dims{2500, 33}, -1, true);
   testNormNoRows();
+  testRead16();
 
   // Attention.
   const std::vector<AttnCase> cases = {

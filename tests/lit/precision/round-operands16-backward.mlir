@@ -7,13 +7,14 @@
 // gradient, gets no copy (it would be kept from forward to backward beside
 // the f32 value): that matmul rounds it as before. Its product, the weight
 // gradient, is read only by its 16-bit cast (carve-store-grads16): the
-// matmul writes the cast's result itself (carve-select-kernels' rule 3e).
+// matmul writes the cast's result itself (carve-select-kernels' rule 3e),
+// and the exp's gradient writes its own copy (rule 3h).
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="precision=bf16 target=cuda" --carve-round-activations --carve-fold-transposes --carve-pack-activations --carve-store-params16 --carve-store-grads16 --carve-round-operands16 --carve-data-parallel --carve-plan-memory --carve-select-kernels | FileCheck %s
 
 // CHECK-LABEL: func.func @train_step(
 // CHECK: %[[T:.+]] = carve.tanh
-// CHECK: %[[G:.+]] = carve.unary_grad {{.*}}fn = "exp"
-// CHECK: %[[G16:.+]] = carve.cast %[[G]] {carve.arena_offset = array<i64: [[OFF:[0-9]+]]>, carve.kernel = "toBf16"} : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK: %[[G:.+]] = carve.unary_grad {{.*}}carve.kernel = "unary_grad16"{{.*}}fn = "exp"
+// CHECK: %[[G16:.+]] = carve.cast %[[G]] {carve.arena_offset = array<i64: [[OFF:[0-9]+]]>, carve.copy_by_writer, carve.kernel = "none"} : tensor<4x8xf32> -> tensor<4x8xbf16>
 // CHECK-NOT: carve.arena_offset = array<i64: [[OFF]]>
 // CHECK: carve.matmul %[[G]], %{{.+}} {{.*}}carve.kernel = "matmul16", carve.read16 = array<i1: true, true>}
 // CHECK-NOT: carve.arena_offset = array<i64: [[OFF]]>

@@ -147,6 +147,13 @@ double readScalar(const double *p);
 
 void unary(Unary f, const float *x, float *y, int64_t n);
 void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n);
+/// unary_grad reading x as the 16-bit tensor (the precision's format) of its
+/// f32 values where `x16` (carve-select-kernels' carve.read16; widened in
+/// registers, so the same bits as unary_grad of the f32 view); `dx16` (not
+/// null): dx's 16-bit copy written too, the bits toBf16 / toF16 would write
+/// (rule 3h); a null dx with a copy writes the copy only.
+void unary_grad16(Unary f, const void *x, bool x16, const float *dy, float *dx, uint16_t *dx16,
+                  int64_t n);
 /// The seed and optimizer step the dropout kernels draw with, written to
 /// device memory on the compute stream (outside a captured graph, so that
 /// each replay draws its step's masks).
@@ -156,6 +163,10 @@ void setDropoutState(uint64_t seed, int64_t step);
 void dropout(const float *x, const carve::rt::philox::DropoutPiece &piece, double p, int64_t node,
              float *y);
 void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y, Dims ys);
+/// binary with `a` and/or `b` read as their 16-bit tensors (a16, b16) and/or
+/// the result's 16-bit copy written too (y16; as unary_grad16).
+void binary16(Binary f, const void *a, bool a16, Dims as, const void *b, bool b16, Dims bs,
+              float *y, uint16_t *y16, Dims ys);
 /// int64 arithmetic (index computations); Pow has no integer kernel.
 void binary(Binary f, const int64_t *a, Dims as, const int64_t *b, Dims bs, int64_t *y, Dims ys);
 void compare(Compare f, const float *a, Dims as, const float *b, Dims bs, uint8_t *y, Dims ys);
@@ -213,6 +224,18 @@ void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, floa
 void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y);
 void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
                    const float *dy, float *dx, float *dscale);
+/// The norms with the input and/or the scale and bias read as the 16-bit
+/// tensors (the precision's format) of their f32 values where flagged
+/// (carve.read16: a saved activation, a parameter's 16-bit copy): widened in
+/// registers, so the same bits as the f32 entries on the f32 views.
+void layer_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                  const void *bias, bool bias16, float eps, float *y);
+void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                       float eps, const float *dy, float *dx, float *dscale, float *dbias);
+void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                float eps, float *y);
+void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
+                     float eps, const float *dy, float *dx, float *dscale);
 /// Fused, tiled attention (online softmax): never writes the [Tq, Tk] score
 /// matrix. Same semantics as carve::rt::attention.
 void attention(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
@@ -281,8 +304,14 @@ template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y);
 template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys);
 template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs);
 template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y);
+/// concat<float> writing the result's 16-bit copy (the precision's format,
+/// the bits toBf16 / toF16 would write) as well (carve-select-kernels' rule 3h).
+void concat16(int n, const float *const *xs, const Dims *shapes, int axis, float *y, uint16_t *y16);
 template <class T>
 void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y);
+/// gather<float> from the 16-bit tensor (the precision's format) of a float
+/// table (carve.read16: a parameter's 16-bit copy), widened as it is read.
+void gather16(const void *table, Dims ts, const int64_t *idx, Dims is, int axis, float *y);
 template <class T>
 void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts);
 template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);

@@ -20,12 +20,15 @@
 
 namespace carve::gpu {
 
-/// The pointers of one fused call, passed to the kernel by value: out16[j],
-/// where not null, receives output j's bits in the 16-bit format `fmt16` (1:
-/// bf16, 2: fp16) as well (a value the chain rounded to it, so exactly); a
-/// null out[j] (with a copy) is an output no one reads in f32.
+/// The pointers of one fused call, passed to the kernel by value: input k is
+/// floats, or where bit k of `in16` is set the 16-bit tensor (format `fmt16`:
+/// 1 bf16, 2 fp16) of its f32 values, widened as read (carve.read16);
+/// out16[j], where not null, receives output j's bits in that format as well
+/// (a value the chain rounded to it, so exactly); a null out[j] (with a copy)
+/// is an output no one reads in f32.
 template <int NI, int NO> struct FusedArgs {
-  const float *in[NI];
+  const void *in[NI];
+  uint32_t in16;
   float *out[NO];
   uint16_t *out16[NO];
   int fmt16;
@@ -39,8 +42,14 @@ __global__ void fusedKernel(F f, FusedArgs<NI, NO> a, carve::rt::ew::Nest<NI> n,
     carve::rt::ew::offsetsOf(n, e, off);
     float x[NI], y[NO];
 #pragma unroll
-    for (int k = 0; k < NI; ++k)
-      x[k] = a.in[k][off[k]];
+    for (int k = 0; k < NI; ++k) {
+      if (!(a.in16 >> k & 1u)) {
+        x[k] = static_cast<const float *>(a.in[k])[off[k]];
+      } else {
+        const uint16_t h = static_cast<const uint16_t *>(a.in[k])[off[k]];
+        x[k] = a.fmt16 == 1 ? carve::rt::ew::bf16Float(h) : carve::rt::ew::f16Float(h);
+      }
+    }
     f(x, y);
 #pragma unroll
     for (int j = 0; j < NO; ++j) {
@@ -53,19 +62,26 @@ __global__ void fusedKernel(F f, FusedArgs<NI, NO> a, carve::rt::ew::Nest<NI> n,
 }
 
 /// As carve::rt::fused (fused.h), on device pointers, enqueued on the
-/// compute stream; out16[j] (not null): output j's 16-bit copy in the
-/// precision's format, written in the same pass (carve.copy_in_fused).
+/// compute stream; in16[k]: input k is the 16-bit tensor (the precision's
+/// format) of its f32 values (carve.read16: a parameter's copy, a saved
+/// activation), widened as read; out16[j] (not null): output j's 16-bit copy
+/// in the precision's format, written in the same pass (carve.copy_in_fused).
 template <int NI, int NO, class F>
-void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&shapes)[NI],
-           float *const (&out)[NO], uint16_t *const (&out16)[NO], Dims ys) {
+void fused(const char *what, F f, const void *const (&in)[NI], const bool (&in16)[NI],
+           const Dims (&shapes)[NI], float *const (&out)[NO], uint16_t *const (&out16)[NO],
+           Dims ys) {
+  static_assert(NI <= 32, "a fused chain reads at most 32 inputs");
   const int64_t total = ys.numel();
   if (total == 0)
     return;
   const carve::rt::ew::Nest<NI> n = carve::rt::ew::broadcastNest<NI>(what, shapes, ys);
   FusedArgs<NI, NO> a;
-  for (int k = 0; k < NI; ++k)
+  a.in16 = 0;
+  for (int k = 0; k < NI; ++k) {
     a.in[k] = in[k];
-  bool any16 = false;
+    a.in16 |= in16[k] ? 1u << k : 0u;
+  }
+  bool any16 = a.in16 != 0;
   for (int j = 0; j < NO; ++j) {
     a.out[j] = out[j];
     a.out16[j] = out16[j];
@@ -73,7 +89,7 @@ void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&sha
   }
   a.fmt16 = precision() == Precision::BF16 ? 1 : precision() == Precision::F16 ? 2 : 0;
   if (any16 && a.fmt16 == 0)
-    fatal("%s: 16-bit copies of a fused chain's outputs under the fp32 precision", what);
+    fatal("%s: 16-bit inputs or copies of a fused chain's outputs under the fp32 precision", what);
   constexpr int kThreads = 256;
   constexpr int64_t kMaxBlocks = 65535 * 8;
   int64_t blocks = (total + kThreads - 1) / kThreads;
@@ -84,7 +100,20 @@ void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&sha
   checkLaunch(what);
 }
 
-/// fused without 16-bit copies.
+/// fused with f32 inputs.
+template <int NI, int NO, class F>
+void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&shapes)[NI],
+           float *const (&out)[NO], uint16_t *const (&out16)[NO], Dims ys) {
+  const void *inv[NI];
+  bool f32[NI];
+  for (int k = 0; k < NI; ++k) {
+    inv[k] = in[k];
+    f32[k] = false;
+  }
+  fused(what, f, inv, f32, shapes, out, out16, ys);
+}
+
+/// fused with f32 inputs and without 16-bit copies.
 template <int NI, int NO, class F>
 void fused(const char *what, F f, const float *const (&in)[NI], const Dims (&shapes)[NI],
            float *const (&out)[NO], Dims ys) {

@@ -1,0 +1,50 @@
+// Tests carve-select-kernels' rule 3h (CUDA target, bf16 plans): a 16-bit
+// copy right after the op that writes its input (after other such copies),
+// where that op is a binary op, a unary gradient or an f32 concat, is
+// written by the op as it writes the value (binary16, unary_grad16 with
+// carve.read16 all false, concat16; the copy is `none`, marked
+// carve.copy_by_writer). A copy not right after its writer, a copy of a
+// value rounded as written (rule 3d's), and a copy of another op's result
+// (a forward unary) stay conversions; on the CPU target nothing changes.
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda precision=bf16}, carve-select-kernels)' | FileCheck %s
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cpu precision=bf16}, carve-select-kernels)' | FileCheck %s --check-prefix=CPU
+
+// CHECK-LABEL: func.func @train_step(
+// CHECK: %[[S:.+]] = carve.add %arg0, %arg1 {carve.kernel = "binary16", carve.read16 = array<i1: false, false>}
+// CHECK-NEXT: carve.cast %[[S]] {carve.copy_by_writer, carve.kernel = "none"} : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK-NEXT: %[[G:.+]] = carve.unary_grad %arg0, %arg1 {carve.kernel = "unary_grad16", carve.read16 = array<i1: false, false>, fn = "gelu"}
+// CHECK-NEXT: carve.cast %[[G]] {carve.copy_by_writer, carve.kernel = "none"}
+// CHECK-NEXT: %[[M:.+]] = carve.mul %arg0, %arg1 {carve.kernel = "binary"}
+// CHECK-NEXT: carve.reduce_sum %[[M]]
+// CHECK-NEXT: carve.cast %[[M]] {carve.kernel = "toBf16"}
+// CHECK-NEXT: %[[C:.+]] = carve.concat %arg0, %arg1 {axis = 1 : i64, carve.kernel = "concat16"}
+// CHECK-NEXT: carve.cast %[[C]] {carve.copy_by_writer, carve.kernel = "none"} : tensor<4x16xf32> -> tensor<4x16xbf16>
+// CHECK-NEXT: %[[R:.+]] = carve.sub %arg0, %arg1 {carve.kernel = "binary", carve.round16, carve.round16_in_copy}
+// CHECK-NEXT: carve.cast %[[R]] {carve.kernel = "roundCopyBf16"}
+// CHECK-NEXT: %[[T:.+]] = carve.tanh %arg0 {carve.kernel = "unary"}
+// CHECK-NEXT: carve.cast %[[T]] {carve.kernel = "toBf16"}
+// CHECK: return
+
+// CPU-LABEL: func.func @train_step(
+// CPU-NOT: copy_by_writer
+// CPU-NOT: {{binary16|grad16|concat16}}
+// CPU: return
+
+func.func @train_step(%a: tensor<4x8xf32> {carve.input = "a"}, %b: tensor<4x8xf32> {carve.input = "b"})
+    -> (tensor<4x8xbf16>, tensor<1x8xf32>, tensor<4x8xbf16>, tensor<4x16xbf16>, tensor<4x8xbf16>,
+        tensor<4x8xbf16>, tensor<4x8xf32>, tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xbf16>) {
+  %s = carve.add %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %s16 = carve.cast %s : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %g = carve.unary_grad %a, %b {fn = "gelu"} : tensor<4x8xf32>
+  %g16 = carve.cast %g : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %m = carve.mul %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %gs = carve.reduce_sum %m {axes = array<i64: 0>} : tensor<4x8xf32> -> tensor<1x8xf32>
+  %m16 = carve.cast %m : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %c = carve.concat %a, %b {axis = 1 : i64} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x16xf32>
+  %c16 = carve.cast %c : tensor<4x16xf32> -> tensor<4x16xbf16>
+  %r = carve.sub %a, %b {carve.round16} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+  %r16 = carve.cast %r : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %t = carve.tanh %a : tensor<4x8xf32>
+  %t16 = carve.cast %t : tensor<4x8xf32> -> tensor<4x8xbf16>
+  return %s16, %gs, %g16, %c16, %r16, %t16, %s, %c, %g, %m16 : tensor<4x8xbf16>, tensor<1x8xf32>, tensor<4x8xbf16>, tensor<4x16xbf16>, tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<4x8xf32>, tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xbf16>
+}
