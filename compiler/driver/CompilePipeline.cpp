@@ -61,6 +61,8 @@ std::vector<std::string> buildCompilePipeline(mlir::OpPassManager &pm, const Pla
     passes.add(createCarveRoundActivations());
   if (plan.pipelined())
     passes.add(createCarveSplitStages());
+  // Both with and without fusion: fused and unfused programs stay equal.
+  passes.add(createCarveConcatSliceGrads());
   if (fuse)
     passes.add(createCarveFuseElementwise());
   CarveFoldTransposesOptions fold;

@@ -8,6 +8,7 @@
 //   carve-check-overrides   a rules file's overrides each match some op
 //   carve-partition         tp and sequence parallelism (tp > 1 or ZeRO)
 //   carve-split-stages      pipeline stages (pp > 1 or micro-batches)
+//   carve-concat-slice-grads  a split's gradient as one concat, not a sum
 //   carve-fuse-elementwise  elementwise chains grouped into fused kernels
 //                           (unless --no-fuse)
 //   carve-fold-transposes   transposes folded into their matmuls' flags

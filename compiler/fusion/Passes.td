@@ -45,6 +45,39 @@ def CarveFuseElementwise : Pass<"carve-fuse-elementwise", "mlir::ModuleOp"> {
   ];
 }
 
+def CarveConcatSliceGrads : Pass<"carve-concat-slice-grads", "mlir::ModuleOp"> {
+  let summary = "A sum of slice gradients that tile their input is one concat";
+  let description = [{
+    The gradient of a tensor split into parts (the QKV projection's output
+    split into q, k and v: ONNX Split or three slices) is, as autodiff writes
+    it, the sum of one carve.slice_grad per part, each the part's gradient
+    placed in zeros of the whole shape: three zero-filled full-size tensors
+    and two additions where one concatenation of the parts' gradients says
+    the same. This pass replaces a tree of carve.add ops whose leaves are
+    carve.slice_grad ops (each read only by the tree) by one carve.concat of
+    the leaves' gradients, in the order of their slices, when
+
+      1. every leaf has the tree's result type, unit steps, and slices the
+         whole extent of every dimension but one (the same axis for all);
+      2. their ranges along that axis are disjoint and cover it exactly;
+      3. the tree's adds are f32 or f64, read only inside the tree (but the
+         root), and carry no attribute (no fusion group, no rounding).
+
+    Each element of the sum is then one part's gradient plus zeros, which
+    is that gradient (but -0 + 0 = +0: a part's negative zero stays
+    negative in the concatenation, as in PyTorch's own backward of split).
+
+    Runs on both targets with or without fusion (fused and unfused programs
+    stay equal bit for bit), before carve-fuse-elementwise. Before: the
+    functions the emitter prints (after carve-autodiff, carve-partition and
+    carve-split-stages). After: no such tree is left.
+  }];
+  let statistics = [
+    Statistic<"numConcats", "num-concats", "Sums of slice gradients made one concat">,
+    Statistic<"numSliceGrads", "num-slice-grads", "carve.slice_grad ops replaced">
+  ];
+}
+
 def CarveFoldTransposes : Pass<"carve-fold-transposes", "mlir::ModuleOp"> {
   let summary = "Fold transposes of the last two dimensions into the matmuls around them";
   let description = [{
