@@ -287,8 +287,9 @@ bool Generator::emitOp(Operation *op) {
   s += call + "\n";
   // A cast from 16 bits is exact; carve.round16_in_copy: the copy after it
   // rounds (roundCopyBf16).
+  // carve.copy_by_writer: the op rounds as it writes its copy (rule 3h).
   if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kRound16InCopyAttr) &&
-      !op->hasAttr(kWrite16Attr))
+      !op->hasAttr(kWrite16Attr) && !copyByWriter(op))
     s += round16(op->getResult(0));
   return true;
 }
@@ -311,11 +312,9 @@ bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostre
     bool a16, b16;
     if (!exact16Operand(op, 0, a, a16) || !exact16Operand(op, 1, b, b16))
       return false;
-    Value copy = copyByWriter(op);
     os << callee(opts, "binary16") + "(Binary::" << k << ", " << a << ", " << flag("a16", a16)
        << ", " << oshape(op, 0) << ", " << b << ", " << flag("b16", b16) << ", " << oshape(op, 1)
-       << ", " << name(res) << ", " << (copy ? name(copy) : std::string("nullptr")) << ", "
-       << shapeOf(res) << ");";
+       << ", " << resultOrNull(res) << ", " << copyArgs(op) << ", " << shapeOf(res) << ");";
   } else if (const char *k = binaryKernel(op)) {
     os << callee(opts, "binary") + "(Binary::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0)
        << ", " << opnd(op, 1) << ", " << oshape(op, 1) << ", " << name(res) << ", " << shapeOf(res)
@@ -345,11 +344,9 @@ bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostre
       bool x16;
       if (!exact16Operand(op, 0, x, x16))
         return false;
-      Value copy = copyByWriter(op);
       os << callee(opts, "unary_grad16") + "(Unary::" << k << ", " << x << ", " << flag("x16", x16)
-         << ", " << opnd(op, 1) << ", " << name(res) << ", "
-         << (copy ? name(copy) : std::string("nullptr")) << ", " << typeOf(res).getNumElements()
-         << ");";
+         << ", " << opnd(op, 1) << ", " << resultOrNull(res) << ", " << copyArgs(op) << ", "
+         << typeOf(res).getNumElements() << ");";
       return true;
     }
     os << callee(opts, "unary_grad") + "(Unary::" << k << ", " << opnd(op, 0) << ", " << opnd(op, 1)
@@ -407,6 +404,16 @@ Value Generator::copyByWriter(Operation *op) {
     if (n->hasAttr(kCopyByWriterAttr) && n->getOperand(0) == op->getResult(0))
       return n->getResult(0);
   return Value();
+}
+
+std::string Generator::resultOrNull(Value r) {
+  return bufferOf.count(r) ? name(r) : std::string("nullptr");
+}
+
+std::string Generator::copyArgs(Operation *op) {
+  Value copy = copyByWriter(op);
+  return (copy ? name(copy) : std::string("nullptr")) + ", " +
+         flag("round", copy && op->hasAttr(kRound16Attr));
 }
 
 bool Generator::exact16Operand(Operation *op, unsigned k, std::string &out, bool &is16) {
@@ -580,7 +587,8 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
         return false;
       os << callee(opts, "layer_norm16") + "(" << x << ", " << shapeOf(ln.getInput()) << ", "
          << ln.getAxis() << ", " << scale << ", " << bias << ", "
-         << scalar(ln.getEpsilon().convertToDouble(), ln.getInput()) << ", " << name(res) << ");";
+         << scalar(ln.getEpsilon().convertToDouble(), ln.getInput()) << ", " << resultOrNull(res)
+         << ", " << copyArgs(op) << ");";
     } else if (auto g = dyn_cast<LayerNormGradOp>(op)) {
       if (!arg(g.getInput(), "x16", x) || !arg(g.getScale(), "scale16", scale))
         return false;
@@ -594,7 +602,8 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
         return false;
       os << callee(opts, "rms_norm16") + "(" << x << ", " << shapeOf(rn.getInput()) << ", "
          << rn.getAxis() << ", " << scale << ", "
-         << scalar(rn.getEpsilon().convertToDouble(), rn.getInput()) << ", " << name(res) << ");";
+         << scalar(rn.getEpsilon().convertToDouble(), rn.getInput()) << ", " << resultOrNull(res)
+         << ", " << copyArgs(op) << ");";
     } else if (auto g = dyn_cast<RmsNormGradOp>(op)) {
       if (!arg(g.getInput(), "x16", x) || !arg(g.getScale(), "scale16", scale))
         return false;
@@ -853,8 +862,12 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
 bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (auto t = dyn_cast<TransposeOp>(op)) {
-    os << callee(opts, "transpose") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
-       << dims(t.getPerm()) << ", " << name(res) << ");";
+    if (copyByWriter(op)) // carve.copy_by_writer: the copy too (transpose16)
+      os << callee(opts, "transpose16") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+         << dims(t.getPerm()) << ", " << resultOrNull(res) << ", " << copyArgs(op) << ");";
+    else
+      os << callee(opts, "transpose") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+         << dims(t.getPerm()) << ", " << name(res) << ");";
   } else if (auto sl = dyn_cast<SliceOp>(op)) {
     os << callee(opts, "slice") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
        << dims(sl.getStarts()) << ", " << dims(sl.getSteps()) << ", " << name(res) << ", "
@@ -871,9 +884,9 @@ bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
     os << "};\n    const Dims shapes[] = {";
     for (unsigned k = 0; k < op->getNumOperands(); ++k)
       os << (k ? ", " : "") << "Dims" << oshape(op, k);
-    if (Value copy = copyByWriter(op)) // carve.copy_by_writer: the copy too (concat16)
+    if (copyByWriter(op)) // carve.copy_by_writer: the copy too (concat16)
       os << "};\n    " + callee(opts, "concat16") + "(" << op->getNumOperands()
-         << ", parts, shapes, " << cc.getAxis() << ", " << name(res) << ", " << name(copy)
+         << ", parts, shapes, " << cc.getAxis() << ", " << resultOrNull(res) << ", " << copyArgs(op)
          << ");\n  }";
     else
       os << "};\n    " + callee(opts, "concat") + "(" << op->getNumOperands() << ", parts, shapes, "

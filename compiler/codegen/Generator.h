@@ -497,6 +497,13 @@ private:
   /// The 16-bit copy after `op` that `op` writes as well
   /// (carve.copy_by_writer, rule 3h), or null.
   Value copyByWriter(Operation *op);
+  /// The `y16, round` arguments of a 16-bit entry: the copy copyByWriter
+  /// names (or nullptr) and whether the op rounds its result as written
+  /// (carve.round16).
+  std::string copyArgs(Operation *op);
+  /// A result's pointer, or nullptr where it is never stored (neverStoredF32:
+  /// its writer writes only its 16-bit copy).
+  std::string resultOrNull(Value r);
   bool matmulResult(Operation *op, StringRef kernel, std::string &out);
   bool emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);

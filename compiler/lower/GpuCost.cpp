@@ -81,6 +81,7 @@ constexpr int64_t kPieceBytes = int64_t(256) << 20; // the emitter's convolution
 struct Model {
   GpuStep &s;
   bool half16 = false; // matmul and attention inputs rounded to 16 bits
+  const PlanAttrs *plan = nullptr; // the module's plan
 
   void add(const char *kernel, GpuClass c, double flops, double bytes, int64_t count = 1,
            bool half = false) {
@@ -272,7 +273,8 @@ struct Model {
 
   /// kernels_data.cu's transpose: a view copy when the innermost dimension
   /// of the result is contiguous in the input, 32 x 32 tiles otherwise.
-  void transpose(TransposeOp t) {
+  /// `copy16`: the bytes of the 16-bit copy it writes too (transpose16).
+  void transpose(TransposeOp t, double copy16 = 0) {
     Value x = t.getInput();
     if (numel(x) == 0)
       return;
@@ -292,7 +294,7 @@ struct Model {
         view = s == 1;
         break;
       }
-    const double moved = 2 * bytesOf(x);
+    const double moved = 2 * bytesOf(x) + copy16;
     add(view ? "viewKernel" : "transposeTilesKernel", GpuClass::Layout, 0, moved);
   }
 
@@ -428,11 +430,13 @@ struct Model {
       return read16 && read16.size() == (int64_t)op->getNumOperands() && read16[k] ? 2.0 * numel(v)
                                                                                    : bytesOf(v);
     };
-    // The 16-bit copy after it that the op writes too (rule 3h).
+    // The 16-bit copy after it that the op writes too (rule 3h), less the
+    // f32 result where that is not stored (neverStoredF32).
     auto copyBytes = [&] {
       for (Operation *c = op->getNextNode(); c && isa<CastOp>(c); c = c->getNextNode())
         if (c->hasAttr(kCopyByWriterAttr) && c->getOperand(0) == op->getResult(0))
-          return 2.0 * numel(c->getResult(0));
+          return 2.0 * numel(c->getResult(0)) -
+                 (neverStoredF32(op->getResult(0), *plan) ? bytesOf(op->getResult(0)) : 0.0);
       return 0.0;
     };
     auto inOut = [&] {
@@ -501,7 +505,7 @@ struct Model {
                kernel == "rms_norm16") {
       if (n > 0)
         add(kernel.starts_with("layer_norm") ? "layerNormKernel" : "rmsNormKernel",
-            GpuClass::Normalization, 8 * n, inOut());
+            GpuClass::Normalization, 8 * n, inOut() + copyBytes());
     } else if (kernel == "layer_norm_grad" || kernel == "rms_norm_grad" ||
                kernel == "layer_norm_grad16" || kernel == "rms_norm_grad16") {
       if (numel(op->getOperand(0)) > 0) {
@@ -521,6 +525,8 @@ struct Model {
       attentionCudnn(op, false);
     } else if (kernel == "attention_grad_stats_cudnn") {
       attentionCudnn(op, true);
+    } else if (kernel == "transpose16") {
+      transpose(cast<TransposeOp>(op), copyBytes());
     } else if (kernel == "transpose") {
       transpose(cast<TransposeOp>(op));
     } else if (kernel == "slice" || kernel == "expand") {
@@ -567,8 +573,10 @@ struct Model {
     } else {
       unpriced(op, ("runtime entry '" + kernel + "' has no launch model").str());
     }
+    // (rule 3h's writers round as they write their copy)
     if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kFusionGroupAttr) &&
-        !op->hasAttr(kRound16InCopyAttr) && !op->hasAttr(kWrite16Attr) && op->getNumResults())
+        !op->hasAttr(kRound16InCopyAttr) && !op->hasAttr(kWrite16Attr) && op->getNumResults() &&
+        copyBytes() == 0)
       add("round16Kernel", GpuClass::Conversion, 0, 8.0 * numel(op->getResult(0)));
   }
 
@@ -660,6 +668,7 @@ bool modelGpuStep(ModuleOp module, GpuStep &out, std::string &error) {
   out.precision = plan->precision;
   Model m{out};
   m.half16 = plan->precision == "bf16" || plan->precision == "fp16";
+  m.plan = &*plan;
   DenseSet<Value> interior;
   DenseMap<Operation *, const FusionGroup *> rootGroup;
   std::vector<FusionGroup> groups = fusionGroups(step, interior);

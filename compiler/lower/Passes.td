@@ -94,15 +94,19 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          `gather16` (a chain's member stays `fused`), with `carve.read16`
          one flag per operand; a view every reader reads so runs as `none`
          (as 3b; the same bits);
-      3h. on the CUDA target under bf16/fp16, a 16-bit copy (toBf16 /
-         toF16), among the copies right after the op that writes its input,
-         where that op is a binary op, a unary gradient or an f32 concat
-         (not a fused chain's member, not marked carve.round16), is written
-         by that op as it writes the value: the op runs as `binary16` /
-         `unary_grad16` (carve.read16 as rule 3g left it, else all false) or
-         `concat16`, and the copy runs as `none`, marked
-         `carve.copy_by_writer` (the same bits: the value rounded to nearest
-         even, as the conversion rounds it);
+      3h. on the CUDA target under bf16/fp16 (before 3d), the first 16-bit
+         copy (toBf16 / toF16) among the copies right after the op that
+         writes its input, where that op is an f32 binary op, unary
+         gradient, layer or RMS norm, concat or transpose (not a fused
+         chain's member, not folded), is written by that op as it writes
+         the value: the op runs as `binary16`, `unary_grad16`,
+         `layer_norm16`, `rms_norm16` (carve.read16 as rule 3g left it,
+         else all false), `concat16` or `transpose16`, and the copy runs as
+         `none`, marked `carve.copy_by_writer`; an op marked carve.round16
+         rounds its value as it writes it (the same bits: the value rounded
+         to nearest even, as the conversion rounds it); where every other
+         reader reads the copy's bits, the op writes no f32 value
+         (neverStoredF32);
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;

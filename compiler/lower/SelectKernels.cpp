@@ -421,9 +421,9 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       }
       if (read16) {
         writeCopies(fn, *plan, *read16);
+        copiesByWriter(fn, plan->precision);
         roundInCopies(fn, plan->precision);
         copiesInFused(fn, plan->precision);
-        copiesByWriter(fn, plan->precision);
       }
     }
   }
@@ -478,23 +478,30 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
   }
 
   /// Rule 3h: a 16-bit copy, among the copies right after the op that wrote
-  /// its f32 input, where that op is a binary op, a unary gradient or an f32
-  /// concatenation (not a fused chain's member, not rounded as written) is
-  /// written by that op as it writes the value (binary16, unary_grad16,
-  /// concat16; the copy is no call, marked carve.copy_by_writer). The same
-  /// bits: the value rounded to nearest even, as toBf16 / toF16 round it.
+  /// its f32 input, where that op is a binary op, a unary gradient, a layer
+  /// or RMS norm, or an f32 concatenation or transpose (not a fused chain's
+  /// member) is written by that op as it writes the value (binary16,
+  /// unary_grad16, layer_norm16, rms_norm16, concat16, transpose16; the copy
+  /// is no call, marked carve.copy_by_writer); an op marked carve.round16
+  /// rounds its value as it writes it (no rounding after it). The same bits:
+  /// the value rounded to nearest even, as toBf16 / toF16 round it. Before
+  /// rule 3d, which takes the copies of the other rounded writers.
   void copiesByWriter(func::FuncOp fn, StringRef precision) {
     MLIRContext *ctx = fn.getContext();
     for (Operation &op : fn.getBody().front().without_terminator()) {
       StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
       if (!k || op.getNumResults() != 1 || op.hasAttr(kFusionGroupAttr) ||
-          op.hasAttr(kRound16Attr) || op.hasAttr(kWrite16Attr))
+          op.hasAttr(kWrite16Attr) || op.hasAttr(kRound16InCopyAttr))
         continue;
       StringRef kernel = k.getValue();
-      const bool elementwise = kernel == "binary" || kernel == "binary16" ||
-                               kernel == "unary_grad" || kernel == "unary_grad16";
-      const bool cat = kernel == "concat" && elementOf(op.getResult(0)).isF32();
-      if (!elementwise && !cat)
+      auto rt = dyn_cast<RankedTensorType>(op.getResult(0).getType());
+      const bool f32 = rt && rt.getElementType().isF32();
+      const bool flagged = kernel == "binary" || kernel == "binary16" || kernel == "unary_grad" ||
+                           kernel == "unary_grad16" || kernel == "layer_norm" ||
+                           kernel == "layer_norm16" || kernel == "rms_norm" ||
+                           kernel == "rms_norm16";
+      const bool layout = (kernel == "concat" || kernel == "transpose") && f32;
+      if ((!flagged && !layout) || !f32)
         continue;
       for (Operation *n = op.getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
         auto c = cast<CastOp>(n);
@@ -504,16 +511,13 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
             (ck.getValue() != "toBf16" && ck.getValue() != "toF16") ||
             !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
           continue;
-        if (elementwise) {
-          if (!op.hasAttr(kRead16Attr))
-            op.setAttr(kRead16Attr,
-                       DenseBoolArrayAttr::get(ctx, SmallVector<bool>(op.getNumOperands(), false)));
-          op.setAttr(
-              kKernelAttr,
-              StringAttr::get(ctx, kernel.starts_with("binary") ? "binary16" : "unary_grad16"));
-        } else {
-          op.setAttr(kKernelAttr, StringAttr::get(ctx, "concat16"));
-        }
+        if (flagged && !op.hasAttr(kRead16Attr))
+          op.setAttr(kRead16Attr,
+                     DenseBoolArrayAttr::get(ctx, SmallVector<bool>(op.getNumOperands(), false)));
+        std::string entry = kernel.str();
+        if (!kernel.ends_with("16"))
+          entry += "16";
+        op.setAttr(kKernelAttr, StringAttr::get(ctx, entry));
         n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
         n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
         ++numCopyByWriter;

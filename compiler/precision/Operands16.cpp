@@ -148,6 +148,21 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
                    !gatheredOperand(w) && !isProductMatmul(w)) ||
                   (isa<TransposeOp>(w) && foldOf(w) == kFoldProduct);
   const bool ce = isa<CrossEntropyGradOp>(w) && !w->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  // Rule 3h's writers: the first 16-bit copy among the casts right after
+  // them is written by the op (carve.copy_by_writer).
+  const bool byWriter =
+      !w->hasAttr(kFusionGroupAttr) && foldOf(w).empty() && !isGatheredOperand(w) &&
+      (binaryKernel(w) || isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp>(w));
+  if (byWriter) {
+    for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+      auto c = cast<CastOp>(n);
+      if (c.getInput() != v || !is16(elementOf(c.getResult())))
+        continue;
+      return llvm::all_of(v.getUses(),
+                          [&](OpOperand &u) { return u.getOwner() == n || reads16(u, plan); });
+    }
+    return false;
+  }
   if (!mm && !ce) // (vocab-parallel cross-entropy writes f32)
     return false;
   auto copy = dyn_cast_or_null<CastOp>(w->getNextNode());

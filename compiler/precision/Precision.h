@@ -31,6 +31,10 @@ struct PlanAttrs;
 ///     op is its 16-bit copy
 ///     (a cast to the plan's format), whose every other use is such a read:
 ///     the op writes the copy itself (carve.write16);
+///   - the f32 result of a binary op, a unary gradient, a layer or RMS norm,
+///     a concat or a transpose (not fused, not folded) whose first 16-bit
+///     copy among the casts right after it is the only reader that does not
+///     read it as 16 bits: the op writes that copy (rule 3h) and no f32 value;
 ///   - a fused chain's output that the chain rounds (a member marked
 ///     carve.round16), read outside the chain only by 16-bit copies right
 ///     after the chain's root: the chain's kernel writes the copies

@@ -100,11 +100,14 @@ struct In16 {
 /// A float output written with its 16-bit copy (the precision's format, 1:
 /// bf16, 2: fp16; rounded to nearest even, the bits toBf16 / toF16 write):
 /// carve-select-kernels' rule 3h, an op that writes its result's copy as it
-/// writes the result. A null `y` writes the copy only.
+/// writes the result; with `round`, the result itself is rounded to the
+/// format as written (carve.round16; the copy's bits are the same). A null
+/// `y` writes the copy only.
 struct Out16 {
   float *y;
   uint16_t *y16;
   int fmt;
+  bool round;
 };
 
 /// Element e of an output: a plain pointer, or an Out16 (value and copy).
@@ -112,9 +115,10 @@ template <class T, class V> __device__ __forceinline__ void store(T *y, int64_t 
   y[e] = v;
 }
 __device__ __forceinline__ void store(const Out16 &o, int64_t e, float v) {
+  const uint16_t h = o.fmt == 1 ? carve::rt::ew::bf16Bits(v) : carve::rt::ew::f16Bits(v);
   if (o.y)
-    o.y[e] = v;
-  o.y16[e] = o.fmt == 1 ? carve::rt::ew::bf16Bits(v) : carve::rt::ew::f16Bits(v);
+    o.y[e] = !o.round ? v : o.fmt == 1 ? carve::rt::ew::bf16Float(h) : carve::rt::ew::f16Float(h);
+  o.y16[e] = h;
 }
 
 /// The precision's 16-bit format for an op writing a copy (fatal under fp32).

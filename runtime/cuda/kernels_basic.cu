@@ -529,10 +529,10 @@ void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n) 
 }
 
 void unary_grad16(Unary f, const void *x, bool x16, const float *dy, float *dx, uint16_t *dx16,
-                  int64_t n) {
+                  bool round, int64_t n) {
   const In16 xi = in16("unary_grad16", x, x16);
   if (dx16)
-    unaryGradAs(f, xi, dy, Out16{dx, dx16, format16For("unary_grad16")}, n);
+    unaryGradAs(f, xi, dy, Out16{dx, dx16, format16For("unary_grad16"), round}, n);
   else
     unaryGradAs(f, xi, dy, dx, n);
 }
@@ -592,10 +592,10 @@ void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y
 }
 
 void binary16(Binary f, const void *a, bool a16, Dims as, const void *b, bool b16, Dims bs,
-              float *y, uint16_t *y16, Dims ys) {
+              float *y, uint16_t *y16, bool round, Dims ys) {
   const In16 ai = in16("binary16", a, a16), bi = in16("binary16", b, b16);
   if (y16)
-    binaryAs(f, ai, as, bi, bs, Out16{y, y16, format16For("binary16")}, ys);
+    binaryAs(f, ai, as, bi, bs, Out16{y, y16, format16For("binary16"), round}, ys);
   else
     binaryAs(f, ai, as, bi, bs, y, ys);
 }

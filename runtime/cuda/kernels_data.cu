@@ -31,11 +31,12 @@ namespace {
 //===--- Data movement -----------------------------------------------------===//
 
 /// y[e] = x[offset of e in the view].
-template <class T> __global__ void viewKernel(const T *x, Nest<1> n, T *y, int64_t total) {
+/// Y: `T *`, or Out16 (floats with their 16-bit copy: transpose16).
+template <class T, class Y> __global__ void viewKernel(const T *x, Nest<1> n, Y y, int64_t total) {
   CARVE_GRID_LOOP(e, total) {
     int64_t off[1];
     offsetsOf(n, e, off);
-    y[e] = x[off[0]];
+    store(y, e, x[off[0]]);
   }
 }
 
@@ -48,8 +49,8 @@ template <class T> __global__ void scatterViewKernel(const T *y, Nest<1> n, T *x
   }
 }
 
-template <class T>
-void gatherView(const char *op, const T *x, const Nest<1> &n, T *y, int64_t total) {
+template <class T, class Y>
+void gatherView(const char *op, const T *x, const Nest<1> &n, Y y, int64_t total) {
   CARVE_KERNEL(blocksFor(total), kThreads, 0, stream(), viewKernel)(x, n, y, total);
   checkLaunch(op);
 }
@@ -66,8 +67,8 @@ constexpr int kTileRows = 8;
 /// Transposes 32 x 32 tiles between dimension k (contiguous in x, stride yk
 /// in y) and dimension l (stride xl in x, contiguous in y) through shared
 /// memory, so that both the reads and the writes are coalesced.
-template <class T>
-__global__ void transposeTilesKernel(const T *x, T *y, TileOuter g, int64_t dk, int64_t dl,
+template <class T, class Y>
+__global__ void transposeTilesKernel(const T *x, Y y, TileOuter g, int64_t dk, int64_t dl,
                                      int64_t xl, int64_t yk, int64_t tk, int64_t tl,
                                      int64_t tiles) {
   __shared__ T tile[kTile][kTile + 1];
@@ -92,7 +93,7 @@ __global__ void transposeTilesKernel(const T *x, T *y, TileOuter g, int64_t dk, 
     for (int j = ty; j < kTile; j += kTileRows) {
       const int64_t k = k0 + j, l = l0 + tx;
       if (k < dk && l < dl)
-        y[yo + k * yk + l] = tile[tx][j];
+        store(y, yo + k * yk + l, tile[tx][j]);
     }
     __syncthreads();
   }
@@ -427,7 +428,9 @@ void copyPiece(const SplitRows &g, int index, const char *from, char *to, bool t
 
 //===--- Data movement -----------------------------------------------------===//
 
-template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
+namespace {
+
+template <class T, class Y> void transposeAs(const T *x, Dims xs, Dims perm, Y y) {
   const Nest<1> n = transposeNest(xs, perm);
   const int64_t total = xs.numel();
   if (total == 0)
@@ -460,6 +463,16 @@ template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
   CARVE_KERNEL(blocks, dim3(kTile, kTileRows), 0, stream(), transposeTilesKernel)
   (x, y, g, dk, dl, xl, yk, tk, tl, tiles);
   checkLaunch("transpose");
+}
+
+} // namespace
+
+template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
+  transposeAs(x, xs, perm, y);
+}
+
+void transpose16(const float *x, Dims xs, Dims perm, float *y, uint16_t *y16, bool round) {
+  transposeAs(x, xs, perm, Out16{y, y16, format16For("transpose16"), round});
 }
 
 template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys) {
@@ -521,9 +534,9 @@ template <class T> void concat(int n, const T *const *xs, const Dims *shapes, in
   concatAs(n, xs, shapes, axis, y);
 }
 
-void concat16(int n, const float *const *xs, const Dims *shapes, int axis, float *y,
-              uint16_t *y16) {
-  concatAs(n, xs, shapes, axis, Out16{y, y16, format16For("concat16")});
+void concat16(int n, const float *const *xs, const Dims *shapes, int axis, float *y, uint16_t *y16,
+              bool round) {
+  concatAs(n, xs, shapes, axis, Out16{y, y16, format16For("concat16"), round});
 }
 
 namespace {

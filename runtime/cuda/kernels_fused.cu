@@ -150,12 +150,12 @@ template <class X> __device__ float rowRms(X xr, int64_t N, float eps, float *sh
 }
 
 /// X, S: `const float *`, or In16 (an operand read as its 16-bit tensor).
-template <class X, class S>
-__global__ void layerNormKernel(X x, S scale, S bias, float eps, float *y, int64_t R, int64_t N) {
+/// Y: `float *`, or Out16 (the result with its 16-bit copy).
+template <class X, class S, class Y>
+__global__ void layerNormKernel(X x, S scale, S bias, float eps, Y y, int64_t R, int64_t N) {
   __shared__ float sh[32];
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const X xr = x + r * N;
-    float *yr = y + r * N;
     float mean, rstd;
     rowMoments(xr, N, eps, sh, mean, rstd);
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
@@ -164,7 +164,7 @@ __global__ void layerNormKernel(X x, S scale, S bias, float eps, float *y, int64
         v *= scale[i];
       if (bias)
         v += bias[i];
-      yr[i] = v;
+      store(y, r * N + i, v);
     }
   }
 }
@@ -208,15 +208,14 @@ __global__ void layerNormGradKernel(X x, S scale, float eps, const float *dy, fl
   }
 }
 
-template <class X, class S>
-__global__ void rmsNormKernel(X x, S scale, float eps, float *y, int64_t R, int64_t N) {
+template <class X, class S, class Y>
+__global__ void rmsNormKernel(X x, S scale, float eps, Y y, int64_t R, int64_t N) {
   __shared__ float sh[32];
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const X xr = x + r * N;
-    float *yr = y + r * N;
     const float rs = rowRms(xr, N, eps, sh);
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
-      yr[i] = scale ? xr[i] * rs * scale[i] : xr[i] * rs;
+      store(y, r * N + i, scale ? xr[i] * rs * scale[i] : xr[i] * rs);
   }
 }
 
@@ -312,8 +311,8 @@ namespace {
 // X, S: `const float *`, or In16 (the f32 entries' operands, or those the
 // *16 entries read as their 16-bit tensors: carve.read16).
 
-template <class X, class S>
-void layerNormAs(X x, Dims xs, int axis, S scale, S bias, float eps, float *y) {
+template <class X, class S, class Y>
+void layerNormAs(X x, Dims xs, int axis, S scale, S bias, float eps, Y y) {
   axis = normAxis(axis, xs.rank, "layer_norm");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (R * N == 0)
@@ -351,7 +350,8 @@ void layerNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy
   checkLaunch("layer_norm_grad");
 }
 
-template <class X, class S> void rmsNormAs(X x, Dims xs, int axis, S scale, float eps, float *y) {
+template <class X, class S, class Y>
+void rmsNormAs(X x, Dims xs, int axis, S scale, float eps, Y y) {
   axis = normAxis(axis, xs.rank, "rms_norm");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (R * N == 0)
@@ -393,9 +393,13 @@ void layer_norm(const float *x, Dims xs, int axis, const float *scale, const flo
 }
 
 void layer_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                  const void *bias, bool bias16, float eps, float *y) {
+                  const void *bias, bool bias16, float eps, float *y, uint16_t *y16, bool round) {
   const char *op = "layer_norm16";
-  layerNormAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), in16(op, bias, bias16), eps, y);
+  const In16 xi = in16(op, x, x16), si = in16(op, scale, scale16), bi = in16(op, bias, bias16);
+  if (y16)
+    layerNormAs(xi, xs, axis, si, bi, eps, Out16{y, y16, format16For(op), round});
+  else
+    layerNormAs(xi, xs, axis, si, bi, eps, y);
 }
 
 void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
@@ -414,8 +418,13 @@ void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, 
 }
 
 void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                float eps, float *y) {
-  rmsNormAs(in16("rms_norm16", x, x16), xs, axis, in16("rms_norm16", scale, scale16), eps, y);
+                float eps, float *y, uint16_t *y16, bool round) {
+  const char *op = "rms_norm16";
+  const In16 xi = in16(op, x, x16), si = in16(op, scale, scale16);
+  if (y16)
+    rmsNormAs(xi, xs, axis, si, eps, Out16{y, y16, format16For(op), round});
+  else
+    rmsNormAs(xi, xs, axis, si, eps, y);
 }
 
 void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,

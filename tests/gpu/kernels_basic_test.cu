@@ -397,9 +397,9 @@ void testRead16() {
         g::setPrecision(p);
         g::unary_grad(f, x.view->p, dy->p, want->p, n);
         (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, n);
-        g::unary_grad16(f, x.bits->p, true, dy->p, got->p, nullptr, n);
+        g::unary_grad16(f, x.bits->p, true, dy->p, got->p, nullptr, false, n);
         // With the gradient's 16-bit copy written as well (rule 3h).
-        g::unary_grad16(f, x.view->p, false, dy->p, got2->p, got16->p, n);
+        g::unary_grad16(f, x.view->p, false, dy->p, got2->p, got16->p, false, n);
         g::setPrecision(rt::Precision::F32);
         const std::string w =
             std::string("unary_grad16 ") + unaryName(f) + fmt + " n " + std::to_string(n);
@@ -435,21 +435,30 @@ void testRead16() {
         g::setPrecision(p);
         (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, ys.numel());
         g::setPrecision(rt::Precision::F32);
+        // The result rounded as written (carve.round16): what roundBf16 /
+        // roundF16 after the f32 call leave.
+        auto wantR = up(want->download());
+        g::setPrecision(p);
+        (f16 ? g::roundF16 : g::roundBf16)(wantR->p, ys.numel());
+        g::setPrecision(rt::Precision::F32);
         // flags: bit 0 a read as stored, bit 1 b, bit 2 the copy written too
-        // (rule 3h; with bit 3 as well, no f32 result).
-        for (int flags : {1, 2, 3, 4, 7, 12}) {
-          const bool a16 = flags & 1, b16 = flags & 2, copy = flags & 4, only16 = flags & 8;
+        // (rule 3h; with bit 3 as well, no f32 result; with bit 4, the
+        // result rounded as written).
+        for (int flags : {1, 2, 3, 4, 7, 12, 20}) {
+          const bool a16 = flags & 1, b16 = flags & 2, copy = flags & 4, only16 = flags & 8,
+                     round = flags & 16;
           auto got = poisoned<float>(m);
           auto got16 = poisoned<uint16_t>(m);
           g::setPrecision(p);
           g::binary16(ops[oi], a16 ? (const void *)a.bits->p : a.view->p, a16, c.a,
                       b16 ? (const void *)b.bits->p : b.view->p, b16, c.b,
-                      only16 ? nullptr : got->p, copy ? got16->p : nullptr, ys);
+                      only16 ? nullptr : got->p, copy ? got16->p : nullptr, round, ys);
           g::setPrecision(rt::Precision::F32);
           const std::string w = std::string("binary16 ") + names[oi] + " " + str(c.a) +
-                                (a16 ? "16" : "") + " " + str(c.b) + (b16 ? "16" : "") + fmt;
+                                (a16 ? "16" : "") + " " + str(c.b) + (b16 ? "16" : "") + fmt +
+                                (round ? " rounded" : "");
           if (!only16)
-            expectEqual(w, got->download(), want->download());
+            expectEqual(w, got->download(), (round ? wantR : want)->download());
           if (copy)
             expectEqual(w + (only16 ? " copy only" : " copy"), got16->download(),
                         want16->download());
@@ -496,10 +505,40 @@ void testRead16() {
       g::concat<float>(3, xs, shapes, 2, want->p);
       g::setPrecision(p);
       (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, ys.numel());
-      g::concat16(3, xs, shapes, 2, got->p, got16->p);
+      g::concat16(3, xs, shapes, 2, got->p, got16->p, false);
       g::setPrecision(rt::Precision::F32);
       expectEqual("concat16" + fmt, got->download(), want->download());
       expectEqual("concat16 copy" + fmt, got16->download(), want16->download());
+    }
+    // transpose16: attention's q to heads ([B, T, H, D] -> [B, H, T, D],
+    // the view kernel) and a last-two swap (the tiled kernel), rounded as
+    // written (carve.round16) and not.
+    for (const Dims perm : {Dims{0, 2, 1, 3}, Dims{0, 1, 3, 2}}) {
+      const Dims xs{2, 33, 3, 40};
+      Dims ys;
+      ys.rank = 4;
+      for (int i = 0; i < 4; ++i)
+        ys.d[i] = xs.d[perm.d[i]];
+      auto x = up(randn(xs.numel()));
+      auto want = poisoned<float>(xs.numel()), wantR = poisoned<float>(xs.numel());
+      auto want16 = poisoned<uint16_t>(xs.numel());
+      g::transpose<float>(x->p, xs, perm, want->p);
+      g::transpose<float>(x->p, xs, perm, wantR->p);
+      g::setPrecision(p);
+      (f16 ? g::roundF16 : g::roundBf16)(wantR->p, xs.numel());
+      (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, xs.numel());
+      g::setPrecision(rt::Precision::F32);
+      for (bool round : {false, true}) {
+        auto got = poisoned<float>(xs.numel());
+        auto got16 = poisoned<uint16_t>(xs.numel());
+        g::setPrecision(p);
+        g::transpose16(x->p, xs, perm, got->p, got16->p, round);
+        g::setPrecision(rt::Precision::F32);
+        const std::string w =
+            "transpose16 " + str(xs) + " perm " + str(perm) + fmt + (round ? " rounded" : "");
+        expectEqual(w, got->download(), (round ? wantR : want)->download());
+        expectEqual(w + " copy", got16->download(), want16->download());
+      }
     }
   }
 }

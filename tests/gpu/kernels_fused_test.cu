@@ -778,6 +778,32 @@ void testRead16() {
       g::layer_norm_grad(xv->p, s, -1, scv->p, eps, dy->p, wdx->p, wds->p, wdb->p);
       g::rms_norm(xv->p, s, -1, scv->p, eps, rwant->p);
       g::rms_norm_grad(xv->p, s, -1, scv->p, eps, dy->p, rwdx->p, rwds->p);
+      // The outputs' 16-bit copies written too (rule 3h), the f32 outputs
+      // rounded as written (carve.round16) and not.
+      {
+        auto want16 = poisoned<uint16_t>(n), rwant16 = poisoned<uint16_t>(n);
+        auto wantR = up(want->download()), rwantR = up(rwant->download());
+        g::setPrecision(p);
+        (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, n);
+        (f16 ? g::toF16 : g::toBf16)(rwant->p, rwant16->p, n);
+        (f16 ? g::roundF16 : g::roundBf16)(wantR->p, n);
+        (f16 ? g::roundF16 : g::roundBf16)(rwantR->p, n);
+        g::setPrecision(rt::Precision::F32);
+        for (bool round : {false, true}) {
+          auto y = poisoned<float>(n), ry = poisoned<float>(n);
+          auto y16 = poisoned<uint16_t>(n), ry16 = poisoned<uint16_t>(n);
+          g::setPrecision(p);
+          g::layer_norm16(xv->p, false, s, -1, sc16->p, true, bi16->p, true, eps, y->p, y16->p,
+                          round);
+          g::rms_norm16(xv->p, false, s, -1, sc16->p, true, eps, ry->p, ry16->p, round);
+          g::setPrecision(rt::Precision::F32);
+          const std::string w = str(s) + " writing its copy" + fmt + (round ? " rounded" : "");
+          expectEqual("layer_norm16 " + w, y->download(), (round ? wantR : want)->download());
+          expectEqual("layer_norm16 copy " + w, y16->download(), want16->download());
+          expectEqual("rms_norm16 " + w, ry->download(), (round ? rwantR : rwant)->download());
+          expectEqual("rms_norm16 copy " + w, ry16->download(), rwant16->download());
+        }
+      }
       for (int flags : {1, 2, 4, 3, 7}) { // each alone, input and scale (all of RMS), all
         const bool a = flags & 1, b = flags & 2, c = flags & 4;
         const void *x = a ? (const void *)x16->p : xv->p;
@@ -788,7 +814,7 @@ void testRead16() {
         auto y = poisoned<float>(n), dx = poisoned<float>(n), ds = poisoned<float>(N),
              db = poisoned<float>(N);
         g::setPrecision(p);
-        g::layer_norm16(x, a, s, -1, sc, b, bi, c, eps, y->p);
+        g::layer_norm16(x, a, s, -1, sc, b, bi, c, eps, y->p, nullptr, false);
         g::layer_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, dx->p, ds->p, db->p);
         g::setPrecision(rt::Precision::F32);
         expectEqual("layer_norm16 " + w, y->download(), want->download());
@@ -799,7 +825,7 @@ void testRead16() {
           continue; // RMS norm has no bias
         auto ry = poisoned<float>(n), rdx = poisoned<float>(n), rds = poisoned<float>(N);
         g::setPrecision(p);
-        g::rms_norm16(x, a, s, -1, sc, b, eps, ry->p);
+        g::rms_norm16(x, a, s, -1, sc, b, eps, ry->p, nullptr, false);
         g::rms_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, rdx->p, rds->p);
         g::setPrecision(rt::Precision::F32);
         expectEqual("rms_norm16 " + w, ry->download(), rwant->download());

@@ -1,11 +1,13 @@
 // Tests carve-select-kernels' rule 3h (CUDA target, bf16 plans): a 16-bit
 // copy right after the op that writes its input (after other such copies),
-// where that op is a binary op, a unary gradient or an f32 concat, is
-// written by the op as it writes the value (binary16, unary_grad16 with
-// carve.read16 all false, concat16; the copy is `none`, marked
-// carve.copy_by_writer). A copy not right after its writer, a copy of a
-// value rounded as written (rule 3d's), and a copy of another op's result
-// (a forward unary) stay conversions; on the CPU target nothing changes.
+// where that op is a binary op, a unary gradient, a layer norm, or an f32
+// concat or transpose, is written by the op as it writes the value
+// (binary16, unary_grad16 and layer_norm16 with carve.read16 all false,
+// concat16, transpose16; the copy is `none`, marked carve.copy_by_writer),
+// also where the op rounds its value as written (carve.round16: the op
+// rounds it, no rule 3d). A copy not right after its writer and a copy of
+// another op's result (a forward unary) stay conversions, or rule 3d's
+// roundCopyBf16 where that op is rounded; on the CPU target nothing changes.
 // RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda precision=bf16}, carve-select-kernels)' | FileCheck %s
 // RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cpu precision=bf16}, carve-select-kernels)' | FileCheck %s --check-prefix=CPU
 
@@ -19,20 +21,28 @@
 // CHECK-NEXT: carve.cast %[[M]] {carve.kernel = "toBf16"}
 // CHECK-NEXT: %[[C:.+]] = carve.concat %arg0, %arg1 {axis = 1 : i64, carve.kernel = "concat16"}
 // CHECK-NEXT: carve.cast %[[C]] {carve.copy_by_writer, carve.kernel = "none"} : tensor<4x16xf32> -> tensor<4x16xbf16>
-// CHECK-NEXT: %[[R:.+]] = carve.sub %arg0, %arg1 {carve.kernel = "binary", carve.round16, carve.round16_in_copy}
-// CHECK-NEXT: carve.cast %[[R]] {carve.kernel = "roundCopyBf16"}
+// CHECK-NEXT: %[[R:.+]] = carve.sub %arg0, %arg1 {carve.kernel = "binary16", carve.read16 = array<i1: false, false>, carve.round16}
+// CHECK-NEXT: carve.cast %[[R]] {carve.copy_by_writer, carve.kernel = "none"}
 // CHECK-NEXT: %[[T:.+]] = carve.tanh %arg0 {carve.kernel = "unary"}
 // CHECK-NEXT: carve.cast %[[T]] {carve.kernel = "toBf16"}
+// CHECK-NEXT: %[[L:.+]] = carve.layer_norm %arg0 {axis = 1 : i64, carve.kernel = "layer_norm16", carve.read16 = array<i1: false>, carve.round16
+// CHECK-NEXT: carve.cast %[[L]] {carve.copy_by_writer, carve.kernel = "none"}
+// CHECK-NEXT: %[[P:.+]] = carve.transpose %arg0 {carve.kernel = "transpose16", carve.round16, perm = array<i64: 1, 0>}
+// CHECK-NEXT: carve.cast %[[P]] {carve.copy_by_writer, carve.kernel = "none"}
+// CHECK-NEXT: %[[E:.+]] = carve.exp %arg0 {carve.kernel = "unary", carve.round16, carve.round16_in_copy}
+// CHECK-NEXT: carve.cast %[[E]] {carve.kernel = "roundCopyBf16"}
 // CHECK: return
 
 // CPU-LABEL: func.func @train_step(
 // CPU-NOT: copy_by_writer
-// CPU-NOT: {{binary16|grad16|concat16}}
+// CPU-NOT: {{binary16|grad16|concat16|norm16|transpose16}}
 // CPU: return
 
 func.func @train_step(%a: tensor<4x8xf32> {carve.input = "a"}, %b: tensor<4x8xf32> {carve.input = "b"})
     -> (tensor<4x8xbf16>, tensor<1x8xf32>, tensor<4x8xbf16>, tensor<4x16xbf16>, tensor<4x8xbf16>,
-        tensor<4x8xbf16>, tensor<4x8xf32>, tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xbf16>) {
+        tensor<4x8xbf16>, tensor<4x8xf32>, tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xbf16>,
+        tensor<4x8xbf16>, tensor<8x4xbf16>, tensor<4x8xbf16>, tensor<4x8xf32>, tensor<8x4xf32>,
+        tensor<4x8xf32>) {
   %s = carve.add %a, %b : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
   %s16 = carve.cast %s : tensor<4x8xf32> -> tensor<4x8xbf16>
   %g = carve.unary_grad %a, %b {fn = "gelu"} : tensor<4x8xf32>
@@ -46,5 +56,11 @@ func.func @train_step(%a: tensor<4x8xf32> {carve.input = "a"}, %b: tensor<4x8xf3
   %r16 = carve.cast %r : tensor<4x8xf32> -> tensor<4x8xbf16>
   %t = carve.tanh %a : tensor<4x8xf32>
   %t16 = carve.cast %t : tensor<4x8xf32> -> tensor<4x8xbf16>
-  return %s16, %gs, %g16, %c16, %r16, %t16, %s, %c, %g, %m16 : tensor<4x8xbf16>, tensor<1x8xf32>, tensor<4x8xbf16>, tensor<4x16xbf16>, tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<4x8xf32>, tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xbf16>
+  %l = carve.layer_norm %a {axis = 1 : i64, epsilon = 1.0E-5 : f32, carve.round16} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %l16 = carve.cast %l : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %p = carve.transpose %a {perm = array<i64: 1, 0>, carve.round16} : tensor<4x8xf32> -> tensor<8x4xf32>
+  %p16 = carve.cast %p : tensor<8x4xf32> -> tensor<8x4xbf16>
+  %e = carve.exp %a {carve.round16} : tensor<4x8xf32>
+  %e16 = carve.cast %e : tensor<4x8xf32> -> tensor<4x8xbf16>
+  return %s16, %gs, %g16, %c16, %r16, %t16, %s, %c, %g, %m16, %l16, %p16, %e16, %l, %p, %e : tensor<4x8xbf16>, tensor<1x8xf32>, tensor<4x8xbf16>, tensor<4x16xbf16>, tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<4x8xf32>, tensor<4x16xf32>, tensor<4x8xf32>, tensor<4x8xbf16>, tensor<4x8xbf16>, tensor<8x4xbf16>, tensor<4x8xbf16>, tensor<4x8xf32>, tensor<8x4xf32>, tensor<4x8xf32>
 }

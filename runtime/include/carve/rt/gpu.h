@@ -151,9 +151,11 @@ void unary_grad(Unary f, const float *x, const float *dy, float *dx, int64_t n);
 /// f32 values where `x16` (carve-select-kernels' carve.read16; widened in
 /// registers, so the same bits as unary_grad of the f32 view); `dx16` (not
 /// null): dx's 16-bit copy written too, the bits toBf16 / toF16 would write
-/// (rule 3h); a null dx with a copy writes the copy only.
+/// (rule 3h), and with `round` dx itself rounded to the format as written
+/// (carve.round16, as roundBf16 / roundF16 after it would); a null dx with a
+/// copy writes the copy only. The other entries' `y16, round` say the same.
 void unary_grad16(Unary f, const void *x, bool x16, const float *dy, float *dx, uint16_t *dx16,
-                  int64_t n);
+                  bool round, int64_t n);
 /// The seed and optimizer step the dropout kernels draw with, written to
 /// device memory on the compute stream (outside a captured graph, so that
 /// each replay draws its step's masks).
@@ -166,7 +168,7 @@ void binary(Binary f, const float *a, Dims as, const float *b, Dims bs, float *y
 /// binary with `a` and/or `b` read as their 16-bit tensors (a16, b16) and/or
 /// the result's 16-bit copy written too (y16; as unary_grad16).
 void binary16(Binary f, const void *a, bool a16, Dims as, const void *b, bool b16, Dims bs,
-              float *y, uint16_t *y16, Dims ys);
+              float *y, uint16_t *y16, bool round, Dims ys);
 /// int64 arithmetic (index computations); Pow has no integer kernel.
 void binary(Binary f, const int64_t *a, Dims as, const int64_t *b, Dims bs, int64_t *y, Dims ys);
 void compare(Compare f, const float *a, Dims as, const float *b, Dims bs, uint8_t *y, Dims ys);
@@ -229,11 +231,11 @@ void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float 
 /// (carve.read16: a saved activation, a parameter's 16-bit copy): widened in
 /// registers, so the same bits as the f32 entries on the f32 views.
 void layer_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                  const void *bias, bool bias16, float eps, float *y);
+                  const void *bias, bool bias16, float eps, float *y, uint16_t *y16, bool round);
 void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                        float eps, const float *dy, float *dx, float *dscale, float *dbias);
 void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                float eps, float *y);
+                float eps, float *y, uint16_t *y16, bool round);
 void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                      float eps, const float *dy, float *dx, float *dscale);
 /// Fused, tiled attention (online softmax): never writes the [Tq, Tk] score
@@ -301,12 +303,15 @@ void cross_entropy_grad16(const void *logits, bool l16, Dims ls, const int64_t *
 //===--- Data movement (float, int64_t, int32_t, uint8_t) ------------------===//
 
 template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y);
+/// transpose<float> writing the result's 16-bit copy too (as concat16).
+void transpose16(const float *x, Dims xs, Dims perm, float *y, uint16_t *y16, bool round);
 template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys);
 template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs);
 template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y);
 /// concat<float> writing the result's 16-bit copy (the precision's format,
 /// the bits toBf16 / toF16 would write) as well (carve-select-kernels' rule 3h).
-void concat16(int n, const float *const *xs, const Dims *shapes, int axis, float *y, uint16_t *y16);
+void concat16(int n, const float *const *xs, const Dims *shapes, int axis, float *y, uint16_t *y16,
+              bool round);
 template <class T>
 void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y);
 /// gather<float> from the 16-bit tensor (the precision's format) of a float
