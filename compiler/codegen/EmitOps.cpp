@@ -211,9 +211,10 @@ bool Generator::emitOp(Operation *op) {
     copy16 = c->getResult(0);
     s += resultPointer(copy16);
   }
-  // carve.copy_by_writer (rule 3h): the op writes the copy after it too.
-  if (Value byWriter = copyByWriter(op))
-    s += resultPointer(byWriter);
+  // carve.copy_by_writer (rule 3h): the op writes the copies after it too.
+  for (unsigned k = 0; k < op->getNumResults(); ++k)
+    if (Value byWriter = copyByWriter(op, k))
+      s += resultPointer(byWriter);
   std::string call;
   llvm::raw_string_ostream os(call);
   os << "  ";
@@ -397,11 +398,12 @@ bool Generator::read16Operand(Operation *op, Operation *mm, unsigned k, std::str
   return true;
 }
 
-Value Generator::copyByWriter(Operation *op) {
-  if (op->getNumResults() != 1)
+Value Generator::copyByWriter(Operation *op, unsigned k) {
+  if (k >= op->getNumResults())
     return Value();
-  for (Operation *n = op->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
-    if (n->hasAttr(kCopyByWriterAttr) && n->getOperand(0) == op->getResult(0))
+  for (Operation *n = op->getNextNode(); n && isa<CastOp, ReshapeOp>(n); n = n->getNextNode())
+    if (isa<CastOp>(n) && n->hasAttr(kCopyByWriterAttr) &&
+        aliasRoot(n->getOperand(0)) == op->getResult(k))
       return n->getResult(0);
   return Value();
 }
@@ -541,10 +543,12 @@ bool Generator::emitReduction(Operation *op, llvm::raw_ostream &os) {
     for (int64_t a : axes)
       mask |= 1u << a;
     const char *k = isa<ReduceSumOp>(op) ? "Sum" : isa<ReduceMeanOp>(op) ? "Mean" : "Max";
-    os << callee(opts, "reduce") + "(Reduce::" << k << ", " << opnd(op, 0) << ", " << oshape(op, 0)
-       << ", 0x";
+    // carve.copy_by_writer (rule 3h): only the result's 16-bit cast (reduce16).
+    Value copy = copyByWriter(op);
+    os << callee(opts, copy ? "reduce16" : "reduce") + "(Reduce::" << k << ", " << opnd(op, 0)
+       << ", " << oshape(op, 0) << ", 0x";
     os.write_hex(mask);
-    os << "u, " << name(res) << ");";
+    os << "u, " << (copy ? name(copy) : name(res)) << ");";
   } else if (auto sm = dyn_cast<SoftmaxOp>(op)) {
     os << callee(opts, "softmax") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
        << sm.getAxis() << ", " << flag("log", false) << ", " << name(res) << ");";
@@ -592,11 +596,15 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
     } else if (auto g = dyn_cast<LayerNormGradOp>(op)) {
       if (!arg(g.getInput(), "x16", x) || !arg(g.getScale(), "scale16", scale))
         return false;
+      // The scale and bias gradients' 16-bit casts where they write them
+      // (rule 3h), the f32 sums where stored.
+      Value s16 = copyByWriter(op, 1), b16 = copyByWriter(op, 2);
       os << callee(opts, "layer_norm_grad16") + "(" << x << ", " << shapeOf(g.getInput()) << ", "
          << g.getAxis() << ", " << scale << ", "
          << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
-         << ", " << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", "
-         << name(g.getBiasGrad()) << ");";
+         << ", " << name(g.getInputGrad()) << ", " << resultOrNull(g.getScaleGrad()) << ", "
+         << resultOrNull(g.getBiasGrad()) << ", " << (s16 ? name(s16) : std::string("nullptr"))
+         << ", " << (b16 ? name(b16) : std::string("nullptr")) << ");";
     } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
       if (!arg(rn.getInput(), "x16", x) || !arg(rn.getScale(), "scale16", scale))
         return false;
@@ -607,10 +615,12 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
     } else if (auto g = dyn_cast<RmsNormGradOp>(op)) {
       if (!arg(g.getInput(), "x16", x) || !arg(g.getScale(), "scale16", scale))
         return false;
+      Value s16 = copyByWriter(op, 1);
       os << callee(opts, "rms_norm_grad16") + "(" << x << ", " << shapeOf(g.getInput()) << ", "
          << g.getAxis() << ", " << scale << ", "
          << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
-         << ", " << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ");";
+         << ", " << name(g.getInputGrad()) << ", " << resultOrNull(g.getScaleGrad()) << ", "
+         << (s16 ? name(s16) : std::string("nullptr")) << ");";
     }
     return true;
   }

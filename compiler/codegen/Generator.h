@@ -494,9 +494,10 @@ private:
   /// the 16-bit tensor holding its values (exact16) and `is16`, or the
   /// operand ("" and false: the flag is unset).
   bool exact16Operand(Operation *op, unsigned k, std::string &out, bool &is16);
-  /// The 16-bit copy after `op` that `op` writes as well
-  /// (carve.copy_by_writer, rule 3h), or null.
-  Value copyByWriter(Operation *op);
+  /// The 16-bit copy of result `k` (through reshapes) among the ops right
+  /// after `op` that `op` writes as well (carve.copy_by_writer, rule 3h), or
+  /// null.
+  Value copyByWriter(Operation *op, unsigned k = 0);
   /// The `y16, round` arguments of a 16-bit entry: the copy copyByWriter
   /// names (or nullptr) and whether the op rounds its result as written
   /// (carve.round16).

@@ -487,7 +487,7 @@ struct Model {
       matmulGathered(op, gatheredOperand(op));
     } else if (kernel == "matmul_gather_grad") {
       matmulGatherGrad(op, scatteredMatmul(op));
-    } else if (kernel == "reduce") {
+    } else if (kernel == "reduce" || kernel == "reduce16") {
       reduce(op);
     } else if (kernel == "softmax" || kernel == "softmax_grad") {
       auto axisAttr = op->getAttrOfType<IntegerAttr>("axis");

@@ -422,6 +422,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       if (read16) {
         writeCopies(fn, *plan, *read16);
         copiesByWriter(fn, plan->precision);
+        paramGradsByWriter(fn, *plan);
         roundInCopies(fn, plan->precision);
         copiesInFused(fn, plan->precision);
       }
@@ -523,6 +524,42 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         ++numCopyByWriter;
         break; // one copy per writer
       }
+    }
+  }
+
+  /// Rule 3h's parameter gradients: a bias gradient's reduction, a norm
+  /// gradient's scale or bias gradient, read only by its 16-bit cast
+  /// (paramGradCopy16) is written in 16 bits only, by the op that sums it
+  /// (reduce16, layer_norm_grad16, rms_norm_grad16; the cast is no call,
+  /// marked carve.copy_by_writer). The same bits: the f32 sum rounded to
+  /// nearest even.
+  void paramGradsByWriter(func::FuncOp fn, const PlanAttrs &plan) {
+    MLIRContext *ctx = fn.getContext();
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
+      if (!k || !isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, LayerNormGradOp, RmsNormGradOp>(op))
+        continue;
+      bool any = false;
+      for (Value r : op.getResults())
+        if (Value c = paramGradCopy16(r, plan)) {
+          Operation *cop = c.getDefiningOp();
+          cop->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+          cop->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
+          ++numCopyByWriter;
+          any = true;
+        }
+      if (!any)
+        continue;
+      StringRef kernel = k.getValue();
+      if (kernel == "reduce") {
+        op.setAttr(kKernelAttr, StringAttr::get(ctx, "reduce16"));
+        continue;
+      }
+      if (!op.hasAttr(kRead16Attr))
+        op.setAttr(kRead16Attr,
+                   DenseBoolArrayAttr::get(ctx, SmallVector<bool>(op.getNumOperands(), false)));
+      if (!kernel.ends_with("16"))
+        op.setAttr(kKernelAttr, StringAttr::get(ctx, kernel.str() + "16"));
     }
   }
 

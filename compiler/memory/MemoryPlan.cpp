@@ -429,13 +429,16 @@ private:
         // from there.
         // Likewise the copies right after a fused chain's root, which the
         // chain's kernel may write (rule 3f): from the root.
+        // (Through reshapes: a reduction writes the cast of its reshaped
+        // result, rule 3h.)
         int64_t born = k;
         if (cuda16 && isa<CastOp>(op) && !isF32(r))
-          if (Operation *w = op->getOperand(0).getDefiningOp(); w && index.count(w)) {
+          if (Operation *w = aliasRoot(op->getOperand(0)).getDefiningOp(); w && index.count(w)) {
             Operation *at = order.rootOf.lookup(w);
             if (!at)
               at = w;
-            for (Operation *n = at->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+            for (Operation *n = at->getNextNode(); n && isa<CastOp, ReshapeOp>(n);
+                 n = n->getNextNode())
               if (n == op && index.count(at))
                 born = index.lookup(at);
           }

@@ -100,6 +100,41 @@ bool readsExact16(Operation *u, unsigned k, const PlanAttrs &plan) {
   return position && exact16(u->getOperand(k), u, plan.precision);
 }
 
+Value paramGradCopy16(Value v, const PlanAttrs &plan) {
+  if (plan.target != "cuda" || plan.precision == "fp32")
+    return Value();
+  auto t = dyn_cast<RankedTensorType>(v.getType());
+  auto r = dyn_cast<OpResult>(v);
+  if (!t || !t.getElementType().isF32() || t.getNumElements() == 0 || !r)
+    return Value();
+  Operation *w = r.getOwner();
+  const unsigned k = r.getResultNumber();
+  const bool reduction = isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(w) && k == 0;
+  const bool norm =
+      (isa<LayerNormGradOp>(w) && (k == 1 || k == 2)) || (isa<RmsNormGradOp>(w) && k == 1);
+  if ((!reduction && !norm) || w->hasAttr(kFusionGroupAttr) || !foldOf(w).empty())
+    return Value();
+  auto is16 = [&](Type e) {
+    return (plan.precision == "bf16" && e.isBF16()) || (plan.precision == "fp16" && e.isF16());
+  };
+  // The value, through reshapes that are its only readers, read by one
+  // 16-bit cast; the reshapes and the cast among the ops right after the
+  // writer (casts of its other results, reshapes), so that the cast's
+  // result lives from the writer (carve-plan-memory).
+  Value u = v;
+  while (u.hasOneUse() && isa<ReshapeOp>(*u.getUsers().begin()))
+    u = u.getUsers().begin()->getResult(0);
+  if (!u.hasOneUse())
+    return Value();
+  auto c = dyn_cast<CastOp>(*u.getUsers().begin());
+  if (!c || !is16(cast<ShapedType>(c.getType()).getElementType()))
+    return Value();
+  for (Operation *n = w->getNextNode(); n && isa<CastOp, ReshapeOp>(n); n = n->getNextNode())
+    if (n == c.getOperation())
+      return c.getResult();
+  return Value();
+}
+
 bool neverStoredF32(Value v, const PlanAttrs &plan) {
   if (plan.target != "cuda" || plan.precision == "fp32")
     return false;
@@ -110,6 +145,8 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
     return (plan.precision == "bf16" && e.isBF16()) || (plan.precision == "fp16" && e.isF16());
   };
   Operation *w = v.getDefiningOp();
+  if (Value copy = paramGradCopy16(v, plan))
+    return true; // its writer writes only the copy (rule 3h)
   if (!w || w->getNumResults() != 1)
     return false;
   if (Attribute group = w->getAttr(kFusionGroupAttr)) {

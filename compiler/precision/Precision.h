@@ -46,6 +46,15 @@ struct PlanAttrs;
 /// memory, and carve-select-kernels and the emitter print no call and no pointer for them.
 bool neverStoredF32(mlir::Value v, const PlanAttrs &plan);
 
+/// On the CUDA target under a bf16/fp16 `plan`: for a parameter gradient's
+/// sum (a reduction's result: a bias gradient; a layer or RMS norm
+/// gradient's scale or bias gradient) read only by its 16-bit cast (through
+/// reshapes), among the ops right after its writer: that cast, which the
+/// writer writes itself (reduce16, layer_norm_grad16, rms_norm_grad16;
+/// carve-select-kernels' rule 3h) and no f32 value (neverStoredF32); else
+/// null.
+mlir::Value paramGradCopy16(mlir::Value v, const PlanAttrs &plan);
+
 /// On the CUDA target under a bf16/fp16 `plan`: whether operand `k` of `u`
 /// is read as the 16-bit tensor that holds exactly its f32 values (exact16:
 /// the tensor it is a view of, or a copy of a value rounded as written),

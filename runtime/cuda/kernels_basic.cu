@@ -237,12 +237,15 @@ template <class T> __global__ void fillKernel(T *y, int64_t n, T v) {
 
 /// Warp w's result for output o: its lanes' `acc` combined, into y[o] when
 /// the output is one segment (S == 1), else into partial[w].
+/// Y (here and in the reduction kernels below): `float *`, or Out16 (the
+/// result written in 16 bits: reduce16).
+template <class Y>
 __device__ __forceinline__ void warpStore(bool isMax, double acc, int lane, int64_t S, double div,
-                                          int64_t w, int64_t o, double *partial, float *y) {
+                                          int64_t w, int64_t o, double *partial, Y y) {
   acc = warpCombine(isMax, acc);
   if (lane == 0) {
     if (S == 1)
-      y[o] = static_cast<float>(acc / div);
+      store(y, o, static_cast<float>(acc / div));
     else
       partial[w] = acc;
   }
@@ -251,8 +254,9 @@ __device__ __forceinline__ void warpStore(bool isMax, double acc, int lane, int6
 /// x seen as [O, R] (the reduced run innermost): warp w reduces segment
 /// w % S (of `seg` rows) of row w / S, into y when S == 1, else into
 /// partial[w].
+template <class Y>
 __global__ void reduceRowsKernel(const float *x, int64_t O, int64_t R, int64_t seg, int64_t S,
-                                 bool isMax, double div, double *partial, float *y) {
+                                 bool isMax, double div, double *partial, Y y) {
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -271,8 +275,9 @@ __global__ void reduceRowsKernel(const float *x, int64_t O, int64_t R, int64_t s
 /// x seen as [O, R, I]: thread t = (o * S + s) * I + i reduces rows
 /// [s * seg, (s + 1) * seg) of column (o, i) into y when S == 1, else into
 /// partial[t].
+template <class Y>
 __global__ void reduceColumnsKernel(const float *x, int64_t O, int64_t R, int64_t I, int64_t seg,
-                                    int64_t S, bool isMax, double div, double *partial, float *y) {
+                                    int64_t S, bool isMax, double div, double *partial, Y y) {
   const double identity = isMax ? -CUDART_INF : 0.0;
   CARVE_GRID_LOOP(t, O * S * I) {
     const int64_t i = t % I, q = t / I;
@@ -283,22 +288,23 @@ __global__ void reduceColumnsKernel(const float *x, int64_t O, int64_t R, int64_
     for (int64_t r = r0; r < r1; ++r)
       acc = combine(isMax, acc, p[r * I]);
     if (S == 1)
-      y[o * I + i] = static_cast<float>(acc / div);
+      store(y, o * I + i, static_cast<float>(acc / div));
     else
       partial[t] = acc;
   }
 }
 
 /// y[o, i] = the S partials of (o, i) combined in order.
+template <class Y>
 __global__ void reducePartialsKernel(const double *partial, int64_t O, int64_t S, int64_t I,
-                                     bool isMax, double div, float *y) {
+                                     bool isMax, double div, Y y) {
   CARVE_GRID_LOOP(t, O * I) {
     const int64_t o = t / I, i = t - o * I;
     const double *p = partial + o * S * I + i;
     double acc = p[0];
     for (int64_t s = 1; s < S; ++s)
       acc = combine(isMax, acc, p[s * I]);
-    y[t] = static_cast<float>(acc / div);
+    store(y, t, static_cast<float>(acc / div));
   }
 }
 
@@ -327,8 +333,9 @@ __device__ __forceinline__ void reducedDigits(const ReduceGeom &g, int64_t q,
   }
 }
 
+template <class Y>
 __global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t seg, int64_t S,
-                                    bool isMax, double div, double *partial, float *y) {
+                                    bool isMax, double div, double *partial, Y y) {
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -376,7 +383,8 @@ __global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t seg, i
 constexpr int64_t kReduceThreads = int64_t(1) << 18;
 constexpr int64_t kReduceWarps = 8192;
 
-void reduceORI(bool isMax, double div, const float *x, int64_t O, int64_t R, int64_t I, float *y) {
+template <class Y>
+void reduceORI(bool isMax, double div, const float *x, int64_t O, int64_t R, int64_t I, Y y) {
   auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   int64_t S;
   if (I == 1)
@@ -839,7 +847,15 @@ void matmul16_to16(const void *a, bool a16, Dims as, bool transA, const void *b,
 
 //===--- Reductions --------------------------------------------------------===//
 
-void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
+namespace {
+
+/// A reduction over no element: `v` in every output.
+void fillOut(float *y, int64_t n, float v) { fill(y, n, v); }
+void fillOut(const Out16 &y, int64_t n, float v) {
+  fill<uint16_t>(y.y16, n, y.fmt == 1 ? carve::rt::ew::bf16Bits(v) : carve::rt::ew::f16Bits(v));
+}
+
+template <class Y> void reduceAs(Reduce f, const float *x, Dims xs, uint32_t axesMask, Y y) {
   const ReduceGeom geom = reduceGeom(xs, axesMask);
   const int64_t outCount = geom.outCount, redCount = geom.redCount;
   if (outCount == 0)
@@ -847,7 +863,7 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
   if (redCount == 0) {
     if (f == Reduce::Max)
       fatal("reduce: max over an empty dimension");
-    fill(y, outCount, f == Reduce::Sum ? 0.0f : std::numeric_limits<float>::quiet_NaN());
+    fillOut(y, outCount, f == Reduce::Sum ? 0.0f : std::numeric_limits<float>::quiet_NaN());
     return;
   }
   const bool isMax = f == Reduce::Max;
@@ -871,6 +887,16 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
     (partial, outCount, S, 1, isMax, div, y);
     checkLaunch("reduce");
   }
+}
+
+} // namespace
+
+void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
+  reduceAs(f, x, xs, axesMask, y);
+}
+
+void reduce16(Reduce f, const float *x, Dims xs, uint32_t axesMask, uint16_t *y16) {
+  reduceAs(f, x, xs, axesMask, Out16{nullptr, y16, format16For("reduce16"), false});
 }
 
 } // namespace carve::gpu

@@ -249,10 +249,35 @@ __global__ void rmsNormGradKernel(X x, S scale, float eps, const float *dy, floa
   }
 }
 
+/// A parameter gradient's outputs: the f32 value and/or its 16-bit copy (fmt
+/// 1: bf16, 2: fp16; the bits toBf16 / toF16 write: layer_norm_grad16's
+/// dscale16, dbias16), each skipped where null.
+struct GradOut {
+  float *y = nullptr;
+  uint16_t *y16 = nullptr;
+  int fmt = 0;
+  bool any() const { return y || y16; }
+};
+
+__device__ __forceinline__ void put(const GradOut &o, int64_t i, float v) {
+  if (o.y)
+    o.y[i] = v;
+  if (o.y16)
+    o.y16[i] = o.fmt == 1 ? carve::rt::ew::bf16Bits(v) : carve::rt::ew::f16Bits(v);
+}
+
+/// Zeros (sums over no row) in a gradient's outputs.
+void zeroGrad(const GradOut &o, int64_t N) {
+  if (o.y)
+    CARVE_CUDA_CHECK(cudaMemsetAsync(o.y, 0, N * sizeof(float), stream()));
+  if (o.y16)
+    CARVE_CUDA_CHECK(cudaMemsetAsync(o.y16, 0, N * sizeof(uint16_t), stream()));
+}
+
 /// out[c][i] = sum over blocks b of part[b][c][i] (parts of `width` rows of N
-/// each, c < width), in a fixed order; out[c] null is skipped.
-__global__ void sumPartials(const float *part, int64_t blocks, int64_t N, int width, float *out0,
-                            float *out1) {
+/// each, c < width), in a fixed order.
+__global__ void sumPartials(const float *part, int64_t blocks, int64_t N, int width, GradOut out0,
+                            GradOut out1) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     double s0 = 0, s1 = 0;
@@ -261,10 +286,8 @@ __global__ void sumPartials(const float *part, int64_t blocks, int64_t N, int wi
       if (width > 1)
         s1 += part[b * width * N + N + i];
     }
-    if (out0)
-      out0[i] = static_cast<float>(s0);
-    if (out1)
-      out1[i] = static_cast<float>(s1);
+    put(out0, i, static_cast<float>(s0));
+    put(out1, i, static_cast<float>(s1));
   }
 }
 
@@ -324,18 +347,16 @@ void layerNormAs(X x, Dims xs, int axis, S scale, S bias, float eps, Y y) {
 
 template <class X, class S>
 void layerNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, float *dx,
-                     float *dscale, float *dbias) {
+                     GradOut dscale, GradOut dbias) {
   axis = normAxis(axis, xs.rank, "layer_norm_grad");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (N == 0)
     return;
-  const bool params = dscale || dbias;
+  const bool params = dscale.any() || dbias.any();
   if (R == 0) {
     // Sums over no row.
-    if (dscale)
-      CARVE_CUDA_CHECK(cudaMemsetAsync(dscale, 0, N * sizeof(float), stream()));
-    if (dbias)
-      CARVE_CUDA_CHECK(cudaMemsetAsync(dbias, 0, N * sizeof(float), stream()));
+    zeroGrad(dscale, N);
+    zeroGrad(dbias, N);
     return;
   }
   const int64_t blocks = params ? normGradBlocks(R, N, 2) : gridFor(R);
@@ -362,26 +383,26 @@ void rmsNormAs(X x, Dims xs, int axis, S scale, float eps, Y y) {
 
 template <class X, class S>
 void rmsNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, float *dx,
-                   float *dscale) {
+                   GradOut dscale) {
   axis = normAxis(axis, xs.rank, "rms_norm_grad");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
   if (N == 0)
     return;
   if (R == 0) {
-    if (dscale)
-      CARVE_CUDA_CHECK(cudaMemsetAsync(dscale, 0, N * sizeof(float), stream()));
+    zeroGrad(dscale, N);
     return;
   }
-  const int64_t blocks = dscale ? normGradBlocks(R, N, 1) : gridFor(R);
-  float *part =
-      dscale ? static_cast<float *>(workspace(blocks * N * sizeof(float), kWsFused1)) : nullptr;
+  const int64_t blocks = dscale.any() ? normGradBlocks(R, N, 1) : gridFor(R);
+  float *part = dscale.any()
+                    ? static_cast<float *>(workspace(blocks * N * sizeof(float), kWsFused1))
+                    : nullptr;
   CARVE_KERNEL(static_cast<int>(blocks), rowThreads(N), 0, stream(), rmsNormGradKernel)
   (x, scale, eps, dy, dx, part, R, N);
   checkLaunch("rms_norm_grad");
-  if (!dscale)
+  if (!dscale.any())
     return;
   CARVE_KERNEL(blocksFor(N), kThreads, 0, stream(), sumPartials)
-  (part, blocks, N, 1, dscale, nullptr);
+  (part, blocks, N, 1, dscale, GradOut{});
   checkLaunch("rms_norm_grad");
 }
 
@@ -404,13 +425,16 @@ void layer_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale,
 
 void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
                      const float *dy, float *dx, float *dscale, float *dbias) {
-  layerNormGradAs(x, xs, axis, scale, eps, dy, dx, dscale, dbias);
+  layerNormGradAs(x, xs, axis, scale, eps, dy, dx, GradOut{dscale}, GradOut{dbias});
 }
 
 void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                       float eps, const float *dy, float *dx, float *dscale, float *dbias) {
+                       float eps, const float *dy, float *dx, float *dscale, float *dbias,
+                       uint16_t *dscale16, uint16_t *dbias16) {
   const char *op = "layer_norm_grad16";
-  layerNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx, dscale, dbias);
+  const int fmt = dscale16 || dbias16 ? format16For(op) : 0;
+  layerNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx,
+                  GradOut{dscale, dscale16, fmt}, GradOut{dbias, dbias16, fmt});
 }
 
 void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y) {
@@ -429,13 +453,14 @@ void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, b
 
 void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
                    const float *dy, float *dx, float *dscale) {
-  rmsNormGradAs(x, xs, axis, scale, eps, dy, dx, dscale);
+  rmsNormGradAs(x, xs, axis, scale, eps, dy, dx, GradOut{dscale});
 }
 
 void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                     float eps, const float *dy, float *dx, float *dscale) {
+                     float eps, const float *dy, float *dx, float *dscale, uint16_t *dscale16) {
   const char *op = "rms_norm_grad16";
-  rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx, dscale);
+  rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx,
+                GradOut{dscale, dscale16, dscale16 ? format16For(op) : 0});
 }
 
 } // namespace carve::gpu

@@ -489,6 +489,31 @@ void testRead16() {
       expectEqual("gather16 " + str(ts) + " axis " + std::to_string(axis) + fmt, got->download(),
                   want->download());
     }
+    // reduce16: a bias gradient (sum over the leading axes, the columns
+    // kernel), a row sum (the rows kernel, in segments), a general
+    // reduction, a sum over no element: the f32 result's bits rounded.
+    struct RCase {
+      Dims xs;
+      uint32_t mask;
+    };
+    for (const RCase &rc : {RCase{{64, 16, 24}, 0x3u}, RCase{{3, 5000}, 0x2u},
+                            RCase{{4, 6, 5}, 0x5u}, RCase{{0, 7}, 0x1u}}) {
+      Dims ys;
+      ys.rank = 0;
+      for (int i = 0; i < rc.xs.rank; ++i)
+        if (!(rc.mask >> i & 1u))
+          ys.d[ys.rank++] = rc.xs.d[i];
+      const int64_t m = std::max<int64_t>(ys.numel(), 1);
+      auto x = up(randn(rc.xs.numel()));
+      auto want = poisoned<float>(m);
+      auto want16 = poisoned<uint16_t>(m), got16 = poisoned<uint16_t>(m);
+      g::reduce(rt::Reduce::Sum, x->p, rc.xs, rc.mask, want->p);
+      g::setPrecision(p);
+      (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, ys.numel());
+      g::reduce16(rt::Reduce::Sum, x->p, rc.xs, rc.mask, got16->p);
+      g::setPrecision(rt::Precision::F32);
+      expectEqual("reduce16 sum " + str(rc.xs) + fmt, got16->download(), want16->download());
+    }
     // concat16: q, k, v gradients joined on the last axis, the result's copy
     // written too (rule 3h; a split's gradient).
     {

@@ -803,6 +803,39 @@ void testRead16() {
           expectEqual("rms_norm16 " + w, ry->download(), (round ? rwantR : rwant)->download());
           expectEqual("rms_norm16 copy " + w, ry16->download(), rwant16->download());
         }
+        // The gradients' scale and bias gradients written in 16 bits (rule
+        // 3h), with and without their f32 sums.
+        auto wds16 = poisoned<uint16_t>(N), wdb16 = poisoned<uint16_t>(N),
+             rwds16 = poisoned<uint16_t>(N);
+        g::setPrecision(p);
+        (f16 ? g::toF16 : g::toBf16)(wds->p, wds16->p, N);
+        (f16 ? g::toF16 : g::toBf16)(wdb->p, wdb16->p, N);
+        (f16 ? g::toF16 : g::toBf16)(rwds->p, rwds16->p, N);
+        g::setPrecision(rt::Precision::F32);
+        for (bool keep32 : {false, true}) {
+          auto dx = poisoned<float>(n), ds = poisoned<float>(N), db = poisoned<float>(N),
+               rdx = poisoned<float>(n), rds = poisoned<float>(N);
+          auto ds16 = poisoned<uint16_t>(N), db16 = poisoned<uint16_t>(N),
+               rds16 = poisoned<uint16_t>(N);
+          g::setPrecision(p);
+          g::layer_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p, dx->p,
+                               keep32 ? ds->p : nullptr, keep32 ? db->p : nullptr, ds16->p,
+                               db16->p);
+          g::rms_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p, rdx->p,
+                             keep32 ? rds->p : nullptr, rds16->p);
+          g::setPrecision(rt::Precision::F32);
+          const std::string w =
+              str(s) + " parameter gradients in 16 bits" + fmt + (keep32 ? " and f32" : "");
+          expectEqual("layer_norm_grad16 dx " + w, dx->download(), wdx->download());
+          expectEqual("layer_norm_grad16 dscale16 " + w, ds16->download(), wds16->download());
+          expectEqual("layer_norm_grad16 dbias16 " + w, db16->download(), wdb16->download());
+          expectEqual("rms_norm_grad16 dscale16 " + w, rds16->download(), rwds16->download());
+          if (keep32) {
+            expectEqual("layer_norm_grad16 dscale " + w, ds->download(), wds->download());
+            expectEqual("layer_norm_grad16 dbias " + w, db->download(), wdb->download());
+            expectEqual("rms_norm_grad16 dscale " + w, rds->download(), rwds->download());
+          }
+        }
       }
       for (int flags : {1, 2, 4, 3, 7}) { // each alone, input and scale (all of RMS), all
         const bool a = flags & 1, b = flags & 2, c = flags & 4;
@@ -815,7 +848,7 @@ void testRead16() {
              db = poisoned<float>(N);
         g::setPrecision(p);
         g::layer_norm16(x, a, s, -1, sc, b, bi, c, eps, y->p, nullptr, false);
-        g::layer_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, dx->p, ds->p, db->p);
+        g::layer_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, dx->p, ds->p, db->p, nullptr, nullptr);
         g::setPrecision(rt::Precision::F32);
         expectEqual("layer_norm16 " + w, y->download(), want->download());
         expectEqual("layer_norm_grad16 dx " + w, dx->download(), wdx->download());
@@ -826,7 +859,7 @@ void testRead16() {
         auto ry = poisoned<float>(n), rdx = poisoned<float>(n), rds = poisoned<float>(N);
         g::setPrecision(p);
         g::rms_norm16(x, a, s, -1, sc, b, eps, ry->p, nullptr, false);
-        g::rms_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, rdx->p, rds->p);
+        g::rms_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, rdx->p, rds->p, nullptr);
         g::setPrecision(rt::Precision::F32);
         expectEqual("rms_norm16 " + w, ry->download(), rwant->download());
         expectEqual("rms_norm_grad16 dx " + w, rdx->download(), rwdx->download());

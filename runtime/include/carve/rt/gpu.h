@@ -217,6 +217,10 @@ void matmul16_to16(const void *a, bool a16, Dims as, bool transA, const void *b,
 //===--- Reductions, normalization, attention, loss (float) ----------------===//
 
 void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y);
+/// reduce writing its result in the precision's 16-bit format only (the f32
+/// result rounded to nearest even, the bits toBf16 / toF16 write:
+/// carve-select-kernels' rule 3h, a bias gradient kept in 16 bits).
+void reduce16(Reduce f, const float *x, Dims xs, uint32_t axesMask, uint16_t *y16);
 void softmax(const float *x, Dims xs, int axis, bool log, float *y);
 void softmax_grad(const float *y, const float *dy, Dims s, int axis, bool log, float *dx);
 void layer_norm(const float *x, Dims xs, int axis, const float *scale, const float *bias, float eps,
@@ -229,15 +233,19 @@ void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float 
 /// The norms with the input and/or the scale and bias read as the 16-bit
 /// tensors (the precision's format) of their f32 values where flagged
 /// (carve.read16: a saved activation, a parameter's 16-bit copy): widened in
-/// registers, so the same bits as the f32 entries on the f32 views.
+/// registers, so the same bits as the f32 entries on the f32 views. The
+/// gradients' dscale16, dbias16 (not null): the parameter gradients' 16-bit
+/// copies written too (rule 3h; a null dscale with its copy writes the copy
+/// only).
 void layer_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                   const void *bias, bool bias16, float eps, float *y, uint16_t *y16, bool round);
 void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                       float eps, const float *dy, float *dx, float *dscale, float *dbias);
+                       float eps, const float *dy, float *dx, float *dscale, float *dbias,
+                       uint16_t *dscale16, uint16_t *dbias16);
 void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                 float eps, float *y, uint16_t *y16, bool round);
 void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                     float eps, const float *dy, float *dx, float *dscale);
+                     float eps, const float *dy, float *dx, float *dscale, uint16_t *dscale16);
 /// Fused, tiled attention (online softmax): never writes the [Tq, Tk] score
 /// matrix. Same semantics as carve::rt::attention.
 void attention(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
