@@ -299,33 +299,39 @@ mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef pre
   return mlir::Value();
 }
 
-mlir::Value stored16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision) {
-  auto is16 = [&](mlir::Type t) {
-    t = mlir::cast<mlir::ShapedType>(t).getElementType();
-    return (precision == "bf16" && t.isBF16()) || (precision == "fp16" && t.isF16());
-  };
+namespace {
+
+/// `v` through reshapes (what stored16 and exact16 look at), and the 16-bit
+/// tensor of the plan's format it is an f32 view of; `f32`: whether `v` is
+/// f32 at all.
+mlir::Value viewSource16(mlir::Value &v, llvm::StringRef precision, bool &f32) {
   while (auto r = v.getDefiningOp<ReshapeOp>())
     v = r.getInput();
-  if (!mlir::cast<mlir::ShapedType>(v.getType()).getElementType().isF32())
+  f32 = mlir::cast<mlir::ShapedType>(v.getType()).getElementType().isF32();
+  auto c = v.getDefiningOp<CastOp>();
+  if (!f32 || !c)
     return mlir::Value();
-  if (auto c = v.getDefiningOp<CastOp>(); c && is16(c.getInput().getType()))
+  mlir::Type t = mlir::cast<mlir::ShapedType>(c.getInput().getType()).getElementType();
+  if ((precision == "bf16" && t.isBF16()) || (precision == "fp16" && t.isF16()))
     return c.getInput();
-  return copy16Before(v, reader, precision);
+  return mlir::Value();
+}
+
+} // namespace
+
+mlir::Value stored16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision) {
+  bool f32;
+  if (mlir::Value s = viewSource16(v, precision, f32))
+    return s;
+  return f32 ? copy16Before(v, reader, precision) : mlir::Value();
 }
 
 mlir::Value exact16(mlir::Value v, mlir::Operation *reader, llvm::StringRef precision) {
-  auto is16 = [&](mlir::Type t) {
-    t = mlir::cast<mlir::ShapedType>(t).getElementType();
-    return (precision == "bf16" && t.isBF16()) || (precision == "fp16" && t.isF16());
-  };
-  while (auto r = v.getDefiningOp<ReshapeOp>())
-    v = r.getInput();
-  if (!mlir::cast<mlir::ShapedType>(v.getType()).getElementType().isF32())
-    return mlir::Value();
-  if (auto c = v.getDefiningOp<CastOp>(); c && is16(c.getInput().getType()))
-    return c.getInput();
+  bool f32;
+  if (mlir::Value s = viewSource16(v, precision, f32))
+    return s;
   mlir::Operation *w = v.getDefiningOp();
-  if (!w || w->getNumResults() != 1 || !w->hasAttr(kRound16Attr))
+  if (!f32 || !w || w->getNumResults() != 1 || !w->hasAttr(kRound16Attr))
     return mlir::Value();
   return copy16Before(v, reader, precision);
 }

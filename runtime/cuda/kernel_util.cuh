@@ -121,31 +121,24 @@ __device__ __forceinline__ void store(const Out16 &o, int64_t e, float v) {
   o.y16[e] = h;
 }
 
-/// The precision's 16-bit format for an op writing a copy (fatal under fp32).
-inline int format16For(const char *op) {
+/// The precision's 16-bit format (1: bf16, 2: fp16) for op `op` reading or
+/// writing 16-bit `what` (a copy of its result, an operand, logits); a fatal
+/// error under the fp32 precision.
+inline int format16For(const char *op, const char *what = "copies of its result") {
   switch (precision()) {
   case Precision::BF16:
     return 1;
   case Precision::F16:
     return 2;
   default:
-    fatal("%s: a 16-bit copy of the result under the fp32 precision", op);
+    fatal("%s: 16-bit %s under the fp32 precision", op, what);
   }
 }
 
 /// `p` as op `op` reads it: the precision's 16-bit format where `is16`, else
 /// float. A 16-bit operand under the fp32 precision is a fatal error.
 inline In16 in16(const char *op, const void *p, bool is16) {
-  if (!is16)
-    return {p, 0};
-  switch (precision()) {
-  case Precision::BF16:
-    return {p, 1};
-  case Precision::F16:
-    return {p, 2};
-  default:
-    fatal("%s: a 16-bit operand under the fp32 precision", op);
-  }
+  return is16 ? In16{p, format16For(op, "operands")} : In16{p, 0};
 }
 
 } // namespace

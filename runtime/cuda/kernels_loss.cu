@@ -455,16 +455,7 @@ int partsFor(int64_t e) { return blocksFor(e); }
 namespace {
 
 /// The loadAs format of the precision's 16-bit storage (bf16: 1, fp16: 2).
-int format16(const char *op) {
-  switch (precision()) {
-  case Precision::BF16:
-    return 1;
-  case Precision::F16:
-    return 2;
-  default:
-    fatal("%s: 16-bit logits under the fp32 precision", op);
-  }
-}
+int format16(const char *op) { return format16For(op, "logits"); }
 
 template <int F>
 void crossEntropyAs(const char *op, const void *logits, Dims ls, const int64_t *targets,
