@@ -194,6 +194,8 @@ bool Generator::emitOp(Operation *op) {
     }
     if (isa<GatherOp>(op))
       s += opComment(op) + "  // never in memory: gathered by each matmul that reads it\n";
+    if (foldedViews.count(op))
+      s += opComment(op) + "  // never in memory: read in place by the transposes that read it\n";
     return true;
   }
   std::string &s = body;
@@ -872,6 +874,25 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
 bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   if (auto t = dyn_cast<TransposeOp>(op)) {
+    if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {
+      // carve-fold-views: the slice's elements read where they are.
+      StringRef kernel = kernelOf(op);
+      const bool copy = (bool)copyByWriter(op);
+      if (kernel != (copy ? "transpose16_view" : "transpose_view"))
+        return failOp(op, "a transpose of a folded slice (carve.fold = \"view\") runs as " +
+                              std::string(copy ? "transpose16_view" : "transpose_view") +
+                              ", not carve.kernel = \"" + kernel.str() + "\"");
+      std::string x = name(view->base);
+      if (view->offset)
+        x += " + " + std::to_string(view->offset);
+      os << callee(opts, kernel) + "(" << x << ", " << dims(view->shape) << ", "
+         << dims(view->strides) << ", " << dims(t.getPerm()) << ", ";
+      if (copy)
+        os << resultOrNull(res) << ", " << copyArgs(op) << ");";
+      else
+        os << name(res) << ");";
+      return true;
+    }
     if (copyByWriter(op)) // carve.copy_by_writer: the copy too (transpose16)
       os << callee(opts, "transpose16") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
          << dims(t.getPerm()) << ", " << resultOrNull(res) << ", " << copyArgs(op) << ");";

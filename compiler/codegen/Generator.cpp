@@ -298,6 +298,27 @@ bool Generator::foldTransposes() {
       }
       continue;
     }
+    if (fold == kFoldView) {
+      // Read in place by every transpose that reads it, through reshapes.
+      if (!isa<SliceOp>(op))
+        return failOp(op, "carve.fold = \"view\" on an op that is no slice");
+      SmallVector<Value> pending{op->getResult(0)};
+      while (!pending.empty()) {
+        Value v = pending.pop_back_val();
+        for (Operation *u : v.getUsers()) {
+          if (isa<ReshapeOp>(u)) {
+            pending.push_back(u->getResult(0));
+            continue;
+          }
+          if (!isa<TransposeOp>(u) || !foldedViewOf(u->getOperand(0)))
+            return failOp(op, "carve.fold = \"view\" on a slice read by " +
+                                  u->getName().getStringRef().str() +
+                                  ", not only by transposes that read it as a strided view");
+        }
+      }
+      foldedViews.insert(op);
+      continue;
+    }
     if (fold == kFoldScatter) {
       Operation *m = scatteredMatmul(op);
       if (!m || !isScatteredProduct(m))

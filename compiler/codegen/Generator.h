@@ -301,6 +301,9 @@ private:
   // A gather marked "gather" and the reshapes of its result: no buffer, no
   // code; each matmul reading it runs matmul_gathered on its table.
   std::set<Operation *> gatheredOperands;
+  // A slice marked "view" (carve-fold-views): no buffer, no code; each
+  // transpose reading it (through reshapes) runs transpose_view on its source.
+  std::set<Operation *> foldedViews;
 
   // Fused elementwise chains (carve-fuse-elementwise marked them; read back
   // by fuseElementwise): each group runs as one kernel at its root, the

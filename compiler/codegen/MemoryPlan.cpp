@@ -79,6 +79,8 @@ bool Generator::assignBuffers() {
         continue; // computed inside the gather_grad that reads it
       if (gatheredOperands.count(op))
         continue; // gathered by each matmul that reads it
+      if (foldedViews.count(op))
+        continue; // read in place by the transposes that read it
       if (isa<ReshapeOp>(op)) {
         auto in = bufferOf.find(op->getOperand(0));
         if (in != bufferOf.end())
@@ -97,8 +99,15 @@ bool Generator::assignBuffers() {
   // Reads.
   for (Operation *op : ops) {
     if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
-        gatheredOperands.count(op) || isa<ReshapeOp>(op))
+        gatheredOperands.count(op) || foldedViews.count(op) || isa<ReshapeOp>(op))
       continue;
+    if (isa<TransposeOp>(op))
+      if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {
+        // The folded slice's source, read in place (transpose_view).
+        Buffer &b = buffers[bufferOf.lookup(view->base)];
+        b.lastUse = std::max(b.lastUse, readAt(op));
+        continue;
+      }
     if (Operation *g = gatheredOperand(op)) {
       // The left operand, and the gather's table and indices, where the
       // matmul gathers its right operand.

@@ -85,6 +85,8 @@ std::vector<std::string> buildCompilePipeline(mlir::OpPassManager &pm, const Pla
   CarveDataParallelOptions dp;
   dp.bucketBytes = bucketBytes;
   passes.add(createCarveDataParallel(dp));
+  if (plan.target == "cuda")
+    passes.add(createCarveFoldViews());
   passes.add(createCarvePlanMemory());
   passes.add(createCarveOptimizer(optimizer));
   passes.add(createCarveSelectKernels());

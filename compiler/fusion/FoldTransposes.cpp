@@ -15,6 +15,7 @@ using namespace mlir;
 
 namespace carve {
 #define GEN_PASS_DEF_CARVEFOLDTRANSPOSES
+#define GEN_PASS_DEF_CARVEFOLDVIEWS
 #include "compiler/fusion/Passes.h.inc"
 } // namespace carve
 
@@ -87,6 +88,91 @@ bool isGatheredOperand(Operation *op) {
   if (isa<ReshapeOp>(op))
     op = aliasRoot(op->getResult(0)).getDefiningOp();
   return op && isa<GatherOp>(op) && foldOf(op) == kFoldGather;
+}
+
+bool reshapeStrides(ArrayRef<int64_t> shape, ArrayRef<int64_t> strides, ArrayRef<int64_t> newShape,
+                    SmallVectorImpl<int64_t> &out) {
+  out.assign(newShape.size(), 0);
+  int64_t n = 1, m = 1;
+  for (int64_t d : shape)
+    n *= d;
+  for (int64_t d : newShape)
+    m *= d;
+  if (n != m || n == 0)
+    return false;
+  if (shape.empty()) { // a scalar view: every new dimension has size 1
+    for (size_t i = 0; i < newShape.size(); ++i)
+      out[i] = 1;
+    return true;
+  }
+  // Runs of `shape` that are contiguous within the view, from the last:
+  // each must be exactly covered by whole dimensions of the new shape.
+  int64_t viewD = (int64_t)newShape.size() - 1;
+  int64_t chunkStride = strides.back(), tensorNumel = 1, viewNumel = 1;
+  for (int64_t d = (int64_t)shape.size() - 1; d >= 0; --d) {
+    tensorNumel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensorNumel * chunkStride)) {
+      while (viewD >= 0 && (viewNumel < tensorNumel || newShape[viewD] == 1)) {
+        out[viewD] = viewNumel * chunkStride;
+        viewNumel *= newShape[viewD];
+        --viewD;
+      }
+      if (viewNumel != tensorNumel)
+        return false;
+      if (d > 0) {
+        chunkStride = strides[d - 1];
+        tensorNumel = 1;
+        viewNumel = 1;
+      }
+    }
+  }
+  return viewD == -1;
+}
+
+std::optional<StridedView> sliceViewOf(Value v) {
+  SmallVector<ReshapeOp> reshapes;
+  while (auto r = v.getDefiningOp<ReshapeOp>()) {
+    reshapes.push_back(r);
+    v = r.getInput();
+  }
+  auto sl = v.getDefiningOp<SliceOp>();
+  if (!sl)
+    return std::nullopt;
+  auto in = cast<RankedTensorType>(sl.getInput().getType());
+  ArrayRef<int64_t> xs = in.getShape(), starts = sl.getStarts(), steps = sl.getSteps();
+  if (!in.hasStaticShape() || starts.size() != xs.size() || steps.size() != xs.size())
+    return std::nullopt;
+  StridedView view;
+  view.base = sl.getInput();
+  view.shape.assign(cast<RankedTensorType>(sl.getResult().getType()).getShape().begin(),
+                    cast<RankedTensorType>(sl.getResult().getType()).getShape().end());
+  view.strides.assign(xs.size(), 1);
+  int64_t acc = 1;
+  for (int64_t i = (int64_t)xs.size() - 1; i >= 0; --i) {
+    if (steps[i] < 1 || starts[i] < 0)
+      return std::nullopt;
+    view.offset += starts[i] * acc;
+    view.strides[i] = acc * steps[i];
+    acc *= xs[i];
+  }
+  // The reshapes, innermost (nearest the slice) first.
+  for (auto it = reshapes.rbegin(); it != reshapes.rend(); ++it) {
+    ArrayRef<int64_t> ns = cast<RankedTensorType>(it->getResult().getType()).getShape();
+    SmallVector<int64_t> st;
+    if (!reshapeStrides(view.shape, view.strides, ns, st))
+      return std::nullopt;
+    view.shape.assign(ns.begin(), ns.end());
+    view.strides = std::move(st);
+  }
+  return view;
+}
+
+std::optional<StridedView> foldedViewOf(Value v) {
+  Value root = aliasRoot(v);
+  Operation *d = root.getDefiningOp();
+  if (!d || !isa<SliceOp>(d) || foldOf(d) != kFoldView)
+    return std::nullopt;
+  return sliceViewOf(v);
 }
 
 } // namespace carve
@@ -244,6 +330,51 @@ struct FoldTransposesPass : carve::impl::CarveFoldTransposesBase<FoldTransposesP
             ++numGathered;
           }
         });
+    }
+  }
+};
+
+/// Whether every reader of `v` (through reshapes) is a transpose run on its
+/// own (not folded, not fused) that can read it as a strided view.
+bool readInPlaceByTransposes(Value v, int depth = 0) {
+  if (v.use_empty() || depth > 16)
+    return false;
+  for (Operation *u : v.getUsers()) {
+    if (isa<ReshapeOp>(u)) {
+      if (!readInPlaceByTransposes(u->getResult(0), depth + 1))
+        return false;
+      continue;
+    }
+    auto t = dyn_cast<TransposeOp>(u);
+    if (!t || !foldOf(t).empty() || t->hasAttr(kFusionGroupAttr) || !sliceViewOf(t.getInput()))
+      return false;
+  }
+  return true;
+}
+
+struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    FailureOr<PlanAttrs> plan = readPlan(module);
+    if (failed(plan))
+      return signalPassFailure();
+    if (plan->target != "cuda")
+      return; // the CPU runtime has no transpose_view
+    Builder b(module.getContext());
+    for (auto fn : module.getOps<func::FuncOp>()) {
+      if (!isEmittedFunction(fn))
+        continue;
+      fn.walk([&](SliceOp sl) {
+        auto t = cast<RankedTensorType>(sl.getResult().getType());
+        Type e = t.getElementType();
+        if (!foldOf(sl).empty() || sl->hasAttr(kFusionGroupAttr) || t.getNumElements() == 0 ||
+            !(e.isF32() || e.isF64() || e.isInteger(64) || e.isInteger(32)))
+          return;
+        if (!readInPlaceByTransposes(sl.getResult()))
+          return;
+        sl->setAttr(kFoldAttr, b.getStringAttr(kFoldView));
+        ++numFolded;
+      });
     }
   }
 };

@@ -17,6 +17,7 @@
 
 #include "dialects/carve/CarveOps.h"
 
+#include <optional>
 #include <vector>
 
 namespace carve {
@@ -38,8 +39,30 @@ bool isFusible(mlir::Operation *op);
 /// ones a GEMM's transpose flag covers).
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
-/// kFoldProduct, kFoldScatter, kFoldGather, or "" when it is not folded.
+/// kFoldProduct, kFoldScatter, kFoldGather, kFoldView (carve-fold-views), or
+/// "" when it is not folded.
 llvm::StringRef foldOf(mlir::Operation *op);
+
+/// A strided view of a contiguous tensor `base`: element (i0, i1, ...) of
+/// the view is base's element offset + i0 * strides[0] + i1 * strides[1] ...
+struct StridedView {
+  mlir::Value base;
+  int64_t offset = 0;
+  llvm::SmallVector<int64_t> shape, strides;
+};
+/// The strides that read `newShape` (same element count) from a view of
+/// `shape` with `strides` in row-major order, where strides can (each run of
+/// dimensions the new shape splits or merges is contiguous within the view);
+/// false where a copy would be needed.
+bool reshapeStrides(llvm::ArrayRef<int64_t> shape, llvm::ArrayRef<int64_t> strides,
+                    llvm::ArrayRef<int64_t> newShape, llvm::SmallVectorImpl<int64_t> &out);
+/// `v`, a slice's result through reshapes, as a strided view of the slice's
+/// source (positive steps); nullopt otherwise, or where no strides describe
+/// one of the reshapes.
+std::optional<StridedView> sliceViewOf(mlir::Value v);
+/// sliceViewOf, for a slice carve-fold-views marked (carve.fold = "view")
+/// only: what a transpose reading `v` reads in place.
+std::optional<StridedView> foldedViewOf(mlir::Value v);
 
 /// One fused kernel: its ops, its inputs and outputs.
 struct FusionGroup {

@@ -45,6 +45,45 @@ def CarveFuseElementwise : Pass<"carve-fuse-elementwise", "mlir::ModuleOp"> {
   ];
 }
 
+def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
+  let summary = "Slices read in place by the transposes that read them (CUDA target)";
+  let description = [{
+    A tensor split into parts that are then transposed (the QKV projection's
+    output split into q, k and v, each reshaped to heads and transposed to
+    [batch, heads, tokens, head size]) is copied twice: once by each slice,
+    once by each transpose. The transpose can read the slice's elements
+    where they are, as a strided view of the slice's source.
+
+    This pass marks a carve.slice `carve.fold = "view"` when
+
+      1. its steps are positive (its bounds are normalized), its result is
+         not empty and its elements are f32, f64, i64 or i32 (the
+         transpose's types);
+      2. every reader of its result, through carve.reshape ops, is a
+         carve.transpose that is neither folded (carve-fold-transposes)
+         nor a fused kernel's member;
+      3. each such transpose's input is a strided view of the slice's
+         source: every reshape on the way splits or merges only dimensions
+         that are contiguous within the view (no copy needed).
+
+    The slice is then never in memory: carve-plan-memory gives it no block
+    and keeps its source alive until the transposes, carve-select-kernels
+    makes it no call and runs the transposes as `transpose_view` /
+    `transpose16_view` (runtime/cuda/kernels_data.cu), and the emitter
+    passes the source's element at the view's offset with the view's
+    strides. The same values: each transpose reads the elements the slice
+    would have copied.
+
+    Only on the CUDA target (the CPU runtime copies the slice); it runs
+    right before carve-plan-memory, after every pass that adds readers.
+    Before: the functions the emitter prints. After: the marks above;
+    nothing else changes.
+  }];
+  let statistics = [
+    Statistic<"numFolded", "num-folded", "Slices read in place by their transposes">
+  ];
+}
+
 def CarveConcatSliceGrads : Pass<"carve-concat-slice-grads", "mlir::ModuleOp"> {
   let summary = "A sum of slice gradients that tile their input is one concat";
   let description = [{

@@ -272,9 +272,11 @@ struct Model {
   }
 
   /// kernels_data.cu's transpose: a view copy when the innermost dimension
-  /// of the result is contiguous in the input, 32 x 32 tiles otherwise.
-  /// `copy16`: the bytes of the 16-bit copy it writes too (transpose16).
-  void transpose(TransposeOp t, double copy16 = 0) {
+  /// of the result is contiguous in the input (or no dimension is: a strided
+  /// view's), 32 x 32 tiles otherwise. `copy16`: the bytes of the 16-bit
+  /// copy it writes too (transpose16); `view`: the strided view of a folded
+  /// slice it reads in place (transpose_view), its input otherwise.
+  void transpose(TransposeOp t, double copy16 = 0, const StridedView *in = nullptr) {
     Value x = t.getInput();
     if (numel(x) == 0)
       return;
@@ -283,17 +285,21 @@ struct Model {
     std::vector<int64_t> stride(xs.size(), 1);
     for (int i = (int)xs.size() - 2; i >= 0; --i)
       stride[i] = stride[i + 1] * xs[i + 1];
-    // The innermost result dimension of size > 1 and its stride in x.
-    bool view = true;
-    for (int i = (int)perm.size() - 1; i >= 0; --i)
-      if (xs[perm[i]] != 1) {
-        // Dimensions of size 1 between it and x's last do not matter.
-        int64_t s = 1;
-        for (size_t j = perm[i] + 1; j < xs.size(); ++j)
-          s *= xs[j];
-        view = s == 1;
-        break;
-      }
+    if (in)
+      stride.assign(in->strides.begin(), in->strides.end());
+    // transposeNest: y's dimensions of size > 1 with their x strides,
+    // neighbours that stay neighbours in x merged.
+    std::vector<int64_t> st;
+    for (int64_t p : perm) {
+      if (xs[p] == 1)
+        continue;
+      if (!st.empty() && st.back() == stride[p] * xs[p])
+        st.back() = stride[p];
+      else
+        st.push_back(stride[p]);
+    }
+    const bool unit = llvm::is_contained(st, int64_t(1));
+    const bool view = st.empty() || st.back() == 1 || !unit;
     const double moved = 2 * bytesOf(x) + copy16;
     add(view ? "viewKernel" : "transposeTilesKernel", GpuClass::Layout, 0, moved);
   }
@@ -529,6 +535,11 @@ struct Model {
       transpose(cast<TransposeOp>(op), copyBytes());
     } else if (kernel == "transpose") {
       transpose(cast<TransposeOp>(op));
+    } else if (kernel == "transpose_view" || kernel == "transpose16_view") {
+      if (std::optional<StridedView> v = foldedViewOf(op->getOperand(0)))
+        transpose(cast<TransposeOp>(op), kernel == "transpose16_view" ? copyBytes() : 0, &*v);
+      else
+        unpriced(op, ("'" + kernel + "' on a transpose of no folded slice").str());
     } else if (kernel == "slice" || kernel == "expand") {
       if (n > 0)
         add("viewKernel", GpuClass::Layout, 0, 2 * bytesOf(op->getResult(0)));
@@ -537,10 +548,20 @@ struct Model {
       if (numel(op->getOperand(0)) > 0)
         add("scatterViewKernel", GpuClass::Layout, 0, 2 * bytesOf(op->getOperand(0)));
     } else if (kernel == "concat" || kernel == "concat16") {
+      // kernels_data.cu: one launch per 8 non-empty parts.
+      int parts = 0;
+      double moved = 0;
       for (Value v : op->getOperands())
-        if (numel(v) > 0)
-          add("concatKernel", GpuClass::Layout, 0,
-              2 * bytesOf(v) + (kernel == "concat16" ? 2.0 * numel(v) : 0.0));
+        if (numel(v) > 0) {
+          moved += 2 * bytesOf(v) + (kernel == "concat16" ? 2.0 * numel(v) : 0.0);
+          if (++parts == 8) {
+            add("concatKernel", GpuClass::Layout, 0, moved);
+            parts = 0;
+            moved = 0;
+          }
+        }
+      if (parts)
+        add("concatKernel", GpuClass::Layout, 0, moved);
     } else if (kernel == "gather" || kernel == "gather16") {
       // Reads one table element per element written (16-bit: gather16).
       if (n > 0)

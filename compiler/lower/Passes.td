@@ -101,12 +101,18 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          chain's member, not folded), is written by that op as it writes
          the value: the op runs as `binary16`, `unary_grad16`,
          `layer_norm16`, `rms_norm16` (carve.read16 as rule 3g left it,
-         else all false), `concat16` or `transpose16`, and the copy runs as
+         else all false), `concat16`, `transpose16` or `transpose16_view`
+         (rule 4b), and the copy runs as
          `none`, marked `carve.copy_by_writer`; an op marked carve.round16
          rounds its value as it writes it (the same bits: the value rounded
          to nearest even, as the conversion rounds it); where every other
          reader reads the copy's bits, the op writes no f32 value
          (neverStoredF32);
+      4b. on the CUDA target, a slice carve-fold-views marked
+         (carve.fold = "view") runs as `none`, and each transpose reading it
+         (through reshapes) as `transpose_view`: the slice's source read in
+         place as a strided view (the emitter passes the source at the
+         view's offset with its shape and strides);
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;

@@ -210,8 +210,8 @@ Choice select(Operation *op, StringRef target) {
     return call("fused");
   // 2. No call of its own.
   StringRef fold = foldOf(op);
-  if (isa<ConstantOp, ReshapeOp>(op) || fold == kFoldOperand || isProductMatmul(op) ||
-      isScatteredProduct(op) || isGatheredOperand(op))
+  if (isa<ConstantOp, ReshapeOp>(op) || fold == kFoldOperand || fold == kFoldView ||
+      isProductMatmul(op) || isScatteredProduct(op) || isGatheredOperand(op))
     return call(kNoKernel);
   // 3. Products computed where they are read.
   if (fold == kFoldProduct)
@@ -279,8 +279,8 @@ Choice select(Operation *op, StringRef target) {
     return call("attention_stats");
   if (isa<AttentionGradStatsOp>(op))
     return call("attention_grad_stats");
-  if (isa<TransposeOp>(op))
-    return call("transpose");
+  if (isa<TransposeOp>(op)) // reading a slice in place (carve-fold-views), or not
+    return call(foldedViewOf(op->getOperand(0)) ? "transpose_view" : "transpose");
   if (isa<SliceOp>(op))
     return call("slice");
   if (isa<SliceGradOp>(op))
@@ -501,7 +501,8 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
                            kernel == "unary_grad16" || kernel == "layer_norm" ||
                            kernel == "layer_norm16" || kernel == "rms_norm" ||
                            kernel == "rms_norm16";
-      const bool layout = (kernel == "concat" || kernel == "transpose") && f32;
+      const bool layout =
+          (kernel == "concat" || kernel == "transpose" || kernel == "transpose_view") && f32;
       if ((!flagged && !layout) || !f32)
         continue;
       for (Operation *n = op.getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
@@ -516,7 +517,9 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
           op.setAttr(kRead16Attr,
                      DenseBoolArrayAttr::get(ctx, SmallVector<bool>(op.getNumOperands(), false)));
         std::string entry = kernel.str();
-        if (!kernel.ends_with("16"))
+        if (kernel == "transpose_view")
+          entry = "transpose16_view";
+        else if (!kernel.ends_with("16"))
           entry += "16";
         op.setAttr(kKernelAttr, StringAttr::get(ctx, entry));
         n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));

@@ -418,8 +418,8 @@ private:
             buffer[r] = b;
           continue;
         }
-        if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isScatteredProduct(op) ||
-            isGatheredOperand(op) || interior.count(r))
+        if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || isProductMatmul(op) ||
+            isScatteredProduct(op) || isGatheredOperand(op) || interior.count(r))
           continue; // never materialized
         if (plan16 && neverStoredF32(r, *plan16))
           continue; // read as its 16-bit tensor by every reader (CUDA)
@@ -450,9 +450,15 @@ private:
 
   void countReads() {
     for (Operation *op : ops) {
-      if (foldOf(op) == kFoldOperand || isProductMatmul(op) || isScatteredProduct(op) ||
-          isGatheredOperand(op) || isa<ReshapeOp>(op))
+      if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || isProductMatmul(op) ||
+          isScatteredProduct(op) || isGatheredOperand(op) || isa<ReshapeOp>(op))
         continue;
+      if (isa<TransposeOp>(op))
+        if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {
+          // Reads the folded slice's source in place (carve-fold-views).
+          extend(view->base, order.readAt(op));
+          continue;
+        }
       if (Operation *g = gatheredOperand(op)) { // gathers its right operand: the gather's reads
         extend(readOperand(op, 0), index.lookup(op));
         extend(g->getOperand(0), index.lookup(op));

@@ -117,6 +117,11 @@ constexpr const char *kFoldOperand = "operand";
 constexpr const char *kFoldProduct = "product";
 constexpr const char *kFoldScatter = "scatter";
 constexpr const char *kFoldGather = "gather";
+/// On a slice: "view" when every reader of its result (through reshapes) is
+/// a transpose that reads it in place, as a strided view of the slice's
+/// source (carve-fold-views; the runtimes' transpose_view): the slice is
+/// never in memory.
+constexpr const char *kFoldView = "view";
 
 // Lowering (carve-select-kernels).
 /// On an op the emitter prints: the runtime entry it runs as on the plan's

@@ -99,14 +99,29 @@ __global__ void transposeTilesKernel(const T *x, Y y, TileOuter g, int64_t dk, i
   }
 }
 
+/// Up to kConcatParts parts of a concatenation, one launch: part i holds
+/// columns [col[i], col[i] + len[i]) of each of the `outer` rows of y.
+constexpr int kConcatParts = 8;
+template <class T> struct ConcatParts {
+  int n = 0;
+  const T *x[kConcatParts] = {};
+  int64_t len[kConcatParts] = {}, col[kConcatParts] = {};
+};
+
+/// Writes columns [first, first + width) of every row of y from the parts
+/// that hold them (coalesced writes; each element read from its part).
 /// Y: `T *`, or Out16 (floats with the result's 16-bit copy: concat16).
 template <class T, class Y>
-__global__ void concatKernel(const T *x, Y y, int64_t outer, int64_t len, int64_t row,
-                             int64_t col0) {
-  CARVE_GRID_LOOP(e, outer * len) {
+__global__ void concatKernel(ConcatParts<T> p, Y y, int64_t outer, int64_t row, int64_t first,
+                             int64_t width) {
+  CARVE_GRID_LOOP(e, outer * width) {
     int64_t o, j;
-    divMod(e, len, o, j);
-    store(y, o * row + col0 + j, x[e]);
+    divMod(e, width, o, j);
+    j += first;
+    int i = 0;
+    while (i + 1 < p.n && j >= p.col[i] + p.len[i])
+      ++i;
+    store(y, o * row + j, p.x[i][o * p.len[i] + (j - p.col[i])]);
   }
 }
 
@@ -430,12 +445,21 @@ void copyPiece(const SplitRows &g, int index, const char *from, char *to, bool t
 
 namespace {
 
-template <class T, class Y> void transposeAs(const T *x, Dims xs, Dims perm, Y y) {
-  const Nest<1> n = transposeNest(xs, perm);
+/// `xst`: x's strides (a strided view), or null (contiguous).
+template <class T, class Y>
+void transposeAs(const T *x, Dims xs, Dims perm, Y y, const int64_t *xst = nullptr) {
+  if (xst)
+    for (int i = 0; i < xs.rank; ++i)
+      if (xst[i] < 0)
+        fatal("transpose_view: stride %lld of dimension %d is negative", (long long)xst[i], i);
+  const Nest<1> n = transposeNest(xs, perm, xst);
   const int64_t total = xs.numel();
   if (total == 0)
     return;
-  if (n.rank == 0 || n.inner(0) == 1)
+  bool unit = false; // a dimension contiguous in x: what the tiles need
+  for (int i = 0; i < n.rank; ++i)
+    unit |= n.st[0][i] == 1;
+  if (n.rank == 0 || n.inner(0) == 1 || !unit)
     return gatherView("transpose", x, n, y, total);
 
   // The last y dimension is strided in x: tiles between it and the y
@@ -473,6 +497,19 @@ template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y) {
 
 void transpose16(const float *x, Dims xs, Dims perm, float *y, uint16_t *y16, bool round) {
   transposeAs(x, xs, perm, Out16{y, y16, format16For("transpose16"), round});
+}
+
+template <class T> void transpose_view(const T *x, Dims xs, Dims xst, Dims perm, T *y) {
+  if (xst.rank != xs.rank)
+    fatal("transpose_view: %d strides for a view of rank %d", xst.rank, xs.rank);
+  transposeAs(x, xs, perm, y, xst.d);
+}
+
+void transpose16_view(const float *x, Dims xs, Dims xst, Dims perm, float *y, uint16_t *y16,
+                      bool round) {
+  if (xst.rank != xs.rank)
+    fatal("transpose16_view: %d strides for a view of rank %d", xst.rank, xs.rank);
+  transposeAs(x, xs, perm, Out16{y, y16, format16For("transpose16_view"), round}, xst.d);
 }
 
 template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys) {
@@ -516,16 +553,30 @@ void concatAs(int n, const T *const *xs, const Dims *shapes, int axis, Y y) {
   }
   if (outer == 0 || row == 0)
     return;
+  // The non-empty parts, kConcatParts to a launch.
+  ConcatParts<T> g;
+  auto launch = [&] {
+    if (g.n == 0)
+      return;
+    const int64_t first = g.col[0], width = g.col[g.n - 1] + g.len[g.n - 1] - first;
+    CARVE_KERNEL(blocksFor(outer * width), kThreads, 0, stream(), concatKernel)
+    (g, y, outer, row, first, width);
+    checkLaunch("concat");
+    g = ConcatParts<T>();
+  };
   int64_t col = 0;
   for (int i = 0; i < n; ++i) {
     const int64_t len = prod(shapes[i], axis, shapes[i].rank);
     if (len > 0) {
-      CARVE_KERNEL(blocksFor(outer * len), kThreads, 0, stream(), concatKernel)
-      (xs[i], y, outer, len, row, col);
-      checkLaunch("concat");
+      g.x[g.n] = xs[i];
+      g.len[g.n] = len;
+      g.col[g.n++] = col;
+      if (g.n == kConcatParts)
+        launch();
     }
     col += len;
   }
+  launch();
 }
 
 } // namespace
@@ -787,6 +838,7 @@ template <class T> void expand(const T *x, Dims xs, T *y, Dims ys) {
 
 #define CARVE_DATA_MOVEMENT(T)                                                                     \
   template void transpose<T>(const T *, Dims, Dims, T *);                                          \
+  template void transpose_view<T>(const T *, Dims, Dims, Dims, T *);                               \
   template void slice<T>(const T *, Dims, Dims, Dims, T *, Dims);                                  \
   template void slice_grad<T>(const T *, Dims, Dims, Dims, T *, Dims);                             \
   template void concat<T>(int, const T *const *, const Dims *, int, T *);                          \

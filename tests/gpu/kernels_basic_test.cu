@@ -565,6 +565,65 @@ void testRead16() {
         expectEqual(w + " copy", got16->download(), want16->download());
       }
     }
+    // transpose16_view: q, k and v read in place from the QKV projection's
+    // output (carve-fold-views), against slice + transpose16, bit for bit.
+    for (const Dims perm : {Dims{0, 2, 1, 3}, Dims{0, 1, 3, 2}})
+      for (int part = 0; part < 3; ++part) {
+        const Dims src{2, 33, 360}, sl{2, 33, 120}, vs{2, 33, 3, 40};
+        auto x = up(randn(src.numel()));
+        auto piece = poisoned<float>(sl.numel());
+        g::slice<float>(x->p, src, Dims{0, 0, 120 * part}, Dims{1, 1, 1}, piece->p, sl);
+        auto want = poisoned<float>(sl.numel()), got = poisoned<float>(sl.numel());
+        auto want16 = poisoned<uint16_t>(sl.numel()), got16 = poisoned<uint16_t>(sl.numel());
+        g::setPrecision(p);
+        g::transpose16(piece->p, vs, perm, want->p, want16->p, true);
+        g::transpose16_view(x->p + 120 * part, vs, Dims{33 * 360, 360, 40, 1}, perm, got->p,
+                            got16->p, true);
+        g::setPrecision(rt::Precision::F32);
+        const std::string w =
+            "transpose16_view part " + std::to_string(part) + " perm " + str(perm) + fmt;
+        expectEqual(w, got->download(), want->download());
+        expectEqual(w + " copy", got16->download(), want16->download());
+      }
+  }
+  // transpose_view: the tiled kernel (the last two swapped), the view kernel,
+  // and a view no dimension of which is contiguous (a slice with step 2 on
+  // the last axis), against slice + transpose, bit for bit; f32 and i64.
+  {
+    struct VCase {
+      Dims src, starts, steps, sl, perm;
+    };
+    for (const VCase &c : {VCase{{3, 40, 70}, {1, 3, 5}, {1, 1, 1}, {2, 33, 64}, {0, 2, 1}},
+                           VCase{{3, 40, 70}, {0, 2, 0}, {1, 2, 1}, {3, 19, 70}, {1, 0, 2}},
+                           VCase{{2, 5, 14}, {0, 0, 1}, {1, 1, 2}, {2, 5, 7}, {2, 0, 1}}}) {
+      Dims st;
+      st.rank = c.src.rank;
+      int64_t acc = 1, off = 0;
+      for (int i = c.src.rank - 1; i >= 0; --i) {
+        st.d[i] = acc * c.steps.d[i];
+        off += c.starts.d[i] * acc;
+        acc *= c.src.d[i];
+      }
+      auto x = up(randn(c.src.numel()));
+      auto piece = poisoned<float>(c.sl.numel());
+      g::slice<float>(x->p, c.src, c.starts, c.steps, piece->p, c.sl);
+      auto want = poisoned<float>(c.sl.numel()), got = poisoned<float>(c.sl.numel());
+      g::transpose<float>(piece->p, c.sl, c.perm, want->p);
+      g::transpose_view<float>(x->p + off, c.sl, st, c.perm, got->p);
+      expectEqual("transpose_view " + str(c.sl) + " strides " + str(st) + " perm " + str(c.perm),
+                  got->download(), want->download());
+      std::vector<int64_t> xi(c.src.numel());
+      for (size_t i = 0; i < xi.size(); ++i)
+        xi[i] = (int64_t)i * 7 - 3;
+      auto dxi = up(xi);
+      auto pi = poisoned<int64_t>(c.sl.numel());
+      auto wi = poisoned<int64_t>(c.sl.numel()), gi = poisoned<int64_t>(c.sl.numel());
+      g::slice<int64_t>(dxi->p, c.src, c.starts, c.steps, pi->p, c.sl);
+      g::transpose<int64_t>(pi->p, c.sl, c.perm, wi->p);
+      g::transpose_view<int64_t>(dxi->p + off, c.sl, st, c.perm, gi->p);
+      expectEqual("transpose_view i64 " + str(c.sl) + " perm " + str(c.perm), gi->download(),
+                  wi->download());
+    }
   }
 }
 
@@ -841,14 +900,20 @@ template <class T> void testSlice() {
   expectEqual(std::string("slice_grad ") + typeName<T>(), dgrad->download(), refg);
 }
 
-template <class T> void testConcat(int axis) {
-  const Dims shapes[3] = {{4, 2, 5}, {4, 3, 5}, {4, 0, 5}};
-  Dims shapesAxis[3];
+/// `parts` inputs: 3 (one empty), or 12 (three empty, nine in two of
+/// concatKernel's launches of up to 8 parts).
+template <class T> void testConcat(int axis, int parts = 3) {
+  std::vector<Dims> shapes, shapesAxis(parts);
+  if (parts == 3)
+    shapes = {{4, 2, 5}, {4, 3, 5}, {4, 0, 5}};
+  else
+    for (int i = 0; i < parts; ++i)
+      shapes.push_back({4, i % 5 == 0 ? 0 : i % 4 + 1, 5});
   std::vector<std::vector<T>> xs;
   std::vector<std::unique_ptr<DevBuf<T>>> dxs;
-  const T *hostPtrs[3], *devPtrs[3];
+  std::vector<const T *> hostPtrs(parts), devPtrs(parts);
   int64_t total = 0;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < parts; ++i) {
     // axis 0: the same shapes with the varying dimension moved first.
     shapesAxis[i] = shapes[i];
     if (axis == 0)
@@ -860,10 +925,11 @@ template <class T> void testConcat(int axis) {
     total += shapesAxis[i].numel();
   }
   auto y = poisoned<T>(total);
-  g::concat<T>(3, devPtrs, shapesAxis, axis, y->p);
+  g::concat<T>(parts, devPtrs.data(), shapesAxis.data(), axis, y->p);
   std::vector<T> ref(total);
-  rt::concat<T>(3, hostPtrs, shapesAxis, axis, ref.data());
-  expectEqual(std::string("concat ") + typeName<T>() + " axis " + std::to_string(axis),
+  rt::concat<T>(parts, hostPtrs.data(), shapesAxis.data(), axis, ref.data());
+  expectEqual(std::string("concat ") + typeName<T>() + " axis " + std::to_string(axis) + ", " +
+                  std::to_string(parts) + " parts",
               y->download(), ref);
 }
 
@@ -1061,6 +1127,8 @@ template <class T> void testDataMovement() {
   testSlice<T>();
   testConcat<T>(1);
   testConcat<T>(0);
+  testConcat<T>(1, 12);
+  testConcat<T>(0, 12);
   testGather<T>({50, 16}, 0, {7, 13});
   testGather<T>({4, 50, 3}, 1, {9});
   testGather<T>({4, 5, 6}, -1, {2, 3});

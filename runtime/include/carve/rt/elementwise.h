@@ -414,7 +414,9 @@ inline void stridesOf(const Dims &s, int64_t *st) {
 /// y's dimensions with the x stride of each, size-1 ones dropped and
 /// neighbours that stay neighbours in x merged. A fatal error unless perm is a
 /// permutation of xs's axes.
-inline Nest<1> transposeNest(const Dims &xs, const Dims &perm) {
+/// `xst`: x's strides where x is a strided view (transpose_view; null:
+/// contiguous).
+inline Nest<1> transposeNest(const Dims &xs, const Dims &perm, const int64_t *strides = nullptr) {
   const int r = xs.rank;
   if (perm.rank != r)
     fatal("transpose: a permutation of rank %d for a tensor of rank %d", perm.rank, r);
@@ -427,6 +429,9 @@ inline Nest<1> transposeNest(const Dims &xs, const Dims &perm) {
   }
   int64_t xst[kMaxRank];
   stridesOf(xs, xst);
+  if (strides)
+    for (int i = 0; i < r; ++i)
+      xst[i] = strides[i];
   Nest<1> n;
   for (int i = 0; i < r; ++i) {
     const int p = static_cast<int>(perm.d[i]);

@@ -313,6 +313,13 @@ void cross_entropy_grad16(const void *logits, bool l16, Dims ls, const int64_t *
 template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y);
 /// transpose<float> writing the result's 16-bit copy too (as concat16).
 void transpose16(const float *x, Dims xs, Dims perm, float *y, uint16_t *y16, bool round);
+/// transpose (transpose16) of a strided view of a tensor: x points at the
+/// view's first element, xs is the view's shape and xst its strides in
+/// elements (carve-fold-views: a slice read in place by its transposes,
+/// through reshapes). The same values as materializing the view first.
+template <class T> void transpose_view(const T *x, Dims xs, Dims xst, Dims perm, T *y);
+void transpose16_view(const float *x, Dims xs, Dims xst, Dims perm, float *y, uint16_t *y16,
+                      bool round);
 template <class T> void slice(const T *x, Dims xs, Dims starts, Dims steps, T *y, Dims ys);
 template <class T> void slice_grad(const T *dy, Dims ys, Dims starts, Dims steps, T *dx, Dims xs);
 template <class T> void concat(int n, const T *const *xs, const Dims *shapes, int axis, T *y);
