@@ -196,13 +196,18 @@ bool Generator::emitOp(Operation *op) {
       s += opComment(op) + "  // never in memory: gathered by each matmul that reads it\n";
     if (foldedViews.count(op))
       s += opComment(op) + "  // never in memory: read in place by the transposes that read it\n";
+    if (producedTransposes.count(op))
+      s += opComment(op) + "  // written transposed by the attention gradient above\n";
     return true;
   }
   std::string &s = body;
   s += opComment(op);
   ++kernelCalls;
   for (Value r : op->getResults())
-    s += resultPointer(r);
+    if (Value t = producedInto(r))
+      s += resultPointer(t); // written transposed, in the transpose's place
+    else
+      s += resultPointer(r);
   // carve.write16: the op writes the 16-bit copy right after it (no call of
   // its own) instead of its f32 result.
   Value copy16;
@@ -730,11 +735,21 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
                   shapeOf(x);
       }
       os << callee(opts, kernelOf(op)) + "(" << args[0] << ", " << args[1] << ", " << args[2]
-         << ", " << (mk ? name(mk) : nullOf(q)) << ", "
-         << (mk ? shapeOf(mk) : "{}") << ", " << scalar(g.getScale().convertToDouble(), q) << ", "
-         << flag("causal", g.getCausal()) << ", " << name(g.getOutput()) << ", "
-         << name(g.getLse()) << ", " << name(g.getGrad()) << ", " << name(g.getQueryGrad())
-         << ", " << name(g.getKeyGrad()) << ", " << name(g.getValueGrad())
+         << ", " << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
+         << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal())
+         << ", " << name(g.getOutput()) << ", " << name(g.getLse()) << ", " << name(g.getGrad())
+         << ", ";
+      // carve-fold-views: dq, dk, dv written as [b, t, h, d] in their
+      // transposes' places, all three or none.
+      Value grads[3] = {g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()};
+      const int produced = (int)(bool)producedInto(grads[0]) + (int)(bool)producedInto(grads[1]) +
+                           (int)(bool)producedInto(grads[2]);
+      if (produced != 0 && produced != 3)
+        return failOp(op, "carve.fold = \"producer\" on the transposes of some of the attention "
+                          "gradient's dq, dk and dv but not all three");
+      for (int i = 0; i < 3; ++i)
+        os << (i ? ", " : "") << name(produced ? producedInto(grads[i]) : grads[i]);
+      os << (produced ? ", /*bthd=*/true" : "")
          << ");  // from the forward's saved output and log-sum-exp";
       return true;
     }

@@ -319,6 +319,18 @@ bool Generator::foldTransposes() {
       foldedViews.insert(op);
       continue;
     }
+    if (fold == kFoldProducer) {
+      // Written transposed by cuDNN's attention gradient (carve-fold-views).
+      Operation *p = producerOf(op);
+      auto pk = p ? p->getAttrOfType<StringAttr>(kKernelAttr) : StringAttr();
+      if (!p || !isa<AttentionGradStatsOp>(p) || !pk ||
+          pk.getValue() != "attention_grad_stats_cudnn" ||
+          producedInto(op->getOperand(0)) != op->getResult(0))
+        return failOp(op, "carve.fold = \"producer\" on a transpose that is not the only reader "
+                          "of a gradient of an attention_grad_stats_cudnn");
+      producedTransposes.insert(op);
+      continue;
+    }
     if (fold == kFoldScatter) {
       Operation *m = scatteredMatmul(op);
       if (!m || !isScatteredProduct(m))

@@ -304,6 +304,9 @@ private:
   // A slice marked "view" (carve-fold-views): no buffer, no code; each
   // transpose reading it (through reshapes) runs transpose_view on its source.
   std::set<Operation *> foldedViews;
+  // A transpose marked "producer" (carve-fold-views): no code; its buffer is
+  // written by the op before it (cuDNN's attention gradient), from there.
+  std::set<Operation *> producedTransposes;
 
   // Fused elementwise chains (carve-fuse-elementwise marked them; read back
   // by fuseElementwise): each group runs as one kernel at its root, the

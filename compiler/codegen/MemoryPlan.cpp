@@ -81,6 +81,8 @@ bool Generator::assignBuffers() {
         continue; // gathered by each matmul that reads it
       if (foldedViews.count(op))
         continue; // read in place by the transposes that read it
+      if (producedInto(r))
+        continue; // written transposed, in its transpose's buffer
       if (isa<ReshapeOp>(op)) {
         auto in = bufferOf.find(op->getOperand(0));
         if (in != bufferOf.end())
@@ -92,14 +94,18 @@ bool Generator::assignBuffers() {
       if (neverStoredF32(r, opts.plan))
         continue; // every reader reads its 16-bit tensor (carve-plan-memory gave it no memory)
       Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
-      bufferOf[r] = newBuffer(reg, bytesOf(r), k, name);
+      int def = k;
+      if (producedTransposes.count(op))
+        def = index[producerOf(op)]; // written by it
+      bufferOf[r] = newBuffer(reg, bytesOf(r), def, name);
       buffers.back().owner = r;
     }
   }
   // Reads.
   for (Operation *op : ops) {
     if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
-        gatheredOperands.count(op) || foldedViews.count(op) || isa<ReshapeOp>(op))
+        gatheredOperands.count(op) || foldedViews.count(op) || producedTransposes.count(op) ||
+        isa<ReshapeOp>(op))
       continue;
     if (isa<TransposeOp>(op))
       if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {

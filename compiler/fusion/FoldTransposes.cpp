@@ -167,6 +167,19 @@ std::optional<StridedView> sliceViewOf(Value v) {
   return view;
 }
 
+Value producedInto(Value v) {
+  if (!v.hasOneUse())
+    return Value();
+  Operation *u = *v.getUsers().begin();
+  return isa<TransposeOp>(u) && foldOf(u) == kFoldProducer ? u->getResult(0) : Value();
+}
+
+Operation *producerOf(Operation *transpose) {
+  return isa<TransposeOp>(transpose) && foldOf(transpose) == kFoldProducer
+             ? transpose->getOperand(0).getDefiningOp()
+             : nullptr;
+}
+
 std::optional<StridedView> foldedViewOf(Value v) {
   Value root = aliasRoot(v);
   Operation *d = root.getDefiningOp();
@@ -352,6 +365,25 @@ bool readInPlaceByTransposes(Value v, int depth = 0) {
   return true;
 }
 
+/// The transposes of a cuDNN attention gradient's dq, dk and dv to
+/// [b, t, h, d] (each gradient's only reader, none rounded as written), or
+/// empty.
+SmallVector<TransposeOp, 3> gradientTransposes(AttentionGradStatsOp g, const PlanAttrs &plan) {
+  if (!cudnnAttentionRefusal(g, plan).empty())
+    return {};
+  SmallVector<TransposeOp, 3> ts;
+  for (Value r : {g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()}) {
+    if (!r.hasOneUse() || cast<RankedTensorType>(r.getType()).getRank() != 4)
+      return {};
+    auto t = dyn_cast<TransposeOp>(*r.getUsers().begin());
+    if (!t || t.getPerm() != ArrayRef<int64_t>{0, 2, 1, 3} || !foldOf(t).empty() ||
+        t->hasAttr(kFusionGroupAttr) || t->hasAttr(kRound16Attr) || t->getBlock() != g->getBlock())
+      return {};
+    ts.push_back(t);
+  }
+  return ts;
+}
+
 struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -374,6 +406,12 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
           return;
         sl->setAttr(kFoldAttr, b.getStringAttr(kFoldView));
         ++numFolded;
+      });
+      fn.walk([&](AttentionGradStatsOp g) {
+        for (TransposeOp t : gradientTransposes(g, *plan)) {
+          t->setAttr(kFoldAttr, b.getStringAttr(kFoldProducer));
+          ++numProduced;
+        }
       });
     }
   }

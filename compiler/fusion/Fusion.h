@@ -39,8 +39,8 @@ bool isFusible(mlir::Operation *op);
 /// ones a GEMM's transpose flag covers).
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
-/// kFoldProduct, kFoldScatter, kFoldGather, kFoldView (carve-fold-views), or
-/// "" when it is not folded.
+/// kFoldProduct, kFoldScatter, kFoldGather, kFoldView or kFoldProducer
+/// (carve-fold-views), or "" when it is not folded.
 llvm::StringRef foldOf(mlir::Operation *op);
 
 /// A strided view of a contiguous tensor `base`: element (i0, i1, ...) of
@@ -63,6 +63,13 @@ std::optional<StridedView> sliceViewOf(mlir::Value v);
 /// sliceViewOf, for a slice carve-fold-views marked (carve.fold = "view")
 /// only: what a transpose reading `v` reads in place.
 std::optional<StridedView> foldedViewOf(mlir::Value v);
+
+/// The result of the transpose marked "producer" (carve-fold-views) that
+/// reads `v`, its only reader, where `v`'s op writes it there transposed;
+/// null otherwise.
+mlir::Value producedInto(mlir::Value v);
+/// For a transpose marked "producer": the op that writes its result.
+mlir::Operation *producerOf(mlir::Operation *transpose);
 
 /// One fused kernel: its ops, its inputs and outputs.
 struct FusionGroup {

@@ -74,13 +74,25 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     strides. The same values: each transpose reads the elements the slice
     would have copied.
 
+    It also marks `carve.fold = "producer"` each transpose of dq, dk and dv
+    to [b, t, h, d] (perm 0, 2, 1, 3) after a carve.attention_grad_stats
+    that runs on cuDNN (carve-select-kernels' rule 3c), where each of the
+    three gradients is read by that transpose alone and none is rounded as
+    written (carve.round16): cuDNN writes the gradients with those strides
+    (`attention_grad_stats_cudnn(..., /*bthd=*/true)`), so the gradients are
+    never in memory as [b, h, t, d], the transposes are no calls, and their
+    results live from the attention gradient (carve-plan-memory). The same
+    values: the elements cuDNN writes, in the transposes' places.
+
     Only on the CUDA target (the CPU runtime copies the slice); it runs
     right before carve-plan-memory, after every pass that adds readers.
     Before: the functions the emitter prints. After: the marks above;
     nothing else changes.
   }];
   let statistics = [
-    Statistic<"numFolded", "num-folded", "Slices read in place by their transposes">
+    Statistic<"numFolded", "num-folded", "Slices read in place by their transposes">,
+    Statistic<"numProduced", "num-produced",
+              "Transposes of attention gradients written by cuDNN in their place">
   ];
 }
 

@@ -112,7 +112,9 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          (carve.fold = "view") runs as `none`, and each transpose reading it
          (through reshapes) as `transpose_view`: the slice's source read in
          place as a strided view (the emitter passes the source at the
-         view's offset with its shape and strides);
+         view's offset with its shape and strides); a transpose it marked
+         "producer" (dq, dk and dv of a cuDNN attention gradient, written
+         by it as [b, t, h, d]) runs as `none`;
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;

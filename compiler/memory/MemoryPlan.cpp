@@ -419,8 +419,8 @@ private:
           continue;
         }
         if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || isProductMatmul(op) ||
-            isScatteredProduct(op) || isGatheredOperand(op) || interior.count(r))
-          continue; // never materialized
+            isScatteredProduct(op) || isGatheredOperand(op) || interior.count(r) || producedInto(r))
+          continue; // never materialized (the last: written transposed, carve-fold-views)
         if (plan16 && neverStoredF32(r, *plan16))
           continue; // read as its 16-bit tensor by every reader (CUDA)
         // On the CUDA target under bf16/fp16, a 16-bit copy right after the
@@ -432,6 +432,8 @@ private:
         // (Through reshapes: a reduction writes the cast of its reshaped
         // result, rule 3h.)
         int64_t born = k;
+        if (Operation *p = producerOf(op); p && index.count(p))
+          born = index.lookup(p); // written by its input's op, transposed
         if (cuda16 && isa<CastOp>(op) && !isF32(r))
           if (Operation *w = aliasRoot(op->getOperand(0)).getDefiningOp(); w && index.count(w)) {
             Operation *at = order.rootOf.lookup(w);
@@ -450,8 +452,9 @@ private:
 
   void countReads() {
     for (Operation *op : ops) {
-      if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || isProductMatmul(op) ||
-          isScatteredProduct(op) || isGatheredOperand(op) || isa<ReshapeOp>(op))
+      if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || foldOf(op) == kFoldProducer ||
+          isProductMatmul(op) || isScatteredProduct(op) || isGatheredOperand(op) ||
+          isa<ReshapeOp>(op))
         continue;
       if (isa<TransposeOp>(op))
         if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {

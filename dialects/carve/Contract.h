@@ -122,6 +122,11 @@ constexpr const char *kFoldGather = "gather";
 /// source (carve-fold-views; the runtimes' transpose_view): the slice is
 /// never in memory.
 constexpr const char *kFoldView = "view";
+/// On a transpose: "producer" when the op that writes its input writes it
+/// transposed instead, in the transpose's result (carve-fold-views: cuDNN's
+/// attention gradient writing dq, dk and dv as [b, t, h, d]); the input is
+/// never in memory and the transpose is no call.
+constexpr const char *kFoldProducer = "producer";
 
 // Lowering (carve-select-kernels).
 /// On an op the emitter prints: the runtime entry it runs as on the plan's

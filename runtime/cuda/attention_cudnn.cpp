@@ -56,8 +56,10 @@ namespace {
 
 /// carve's kernel takes f32: the operands given as 16-bit tensors (the
 /// precision's format) widened into the attention scratch slot.
-void widenOperands(std::initializer_list<const void *> ps, std::initializer_list<bool> is16,
-                   std::initializer_list<int64_t> ns, const float *out[3]) {
+/// `extra`: bytes more of the slot after them, returned (256-byte aligned;
+/// null when none).
+char *widenOperands(std::initializer_list<const void *> ps, std::initializer_list<bool> is16,
+                    std::initializer_list<int64_t> ns, const float *out[3], size_t extra = 0) {
   const void *p[3];
   bool f[3];
   int64_t n[3];
@@ -68,7 +70,7 @@ void widenOperands(std::initializer_list<const void *> ps, std::initializer_list
   for (int i = 0; i < 3; ++i)
     if (f[i])
       total += (static_cast<size_t>(n[i]) * sizeof(float) + 255) / 256 * 256;
-  char *w = total ? static_cast<char *>(workspace(total, kWsAttn)) : nullptr;
+  char *w = total + extra ? static_cast<char *>(workspace(total + extra, kWsAttn)) : nullptr;
   for (int i = 0; i < 3; ++i) {
     if (!f[i]) {
       out[i] = static_cast<const float *>(p[i]);
@@ -80,6 +82,44 @@ void widenOperands(std::initializer_list<const void *> ps, std::initializer_list
     out[i] = dst;
     w += (static_cast<size_t>(n[i]) * sizeof(float) + 255) / 256 * 256;
   }
+  return extra ? w : nullptr;
+}
+
+/// attention_grad_stats_cudnn as carve's kernel: q, k, v widened where they
+/// are 16-bit; with `bthd`, dq, dk and dv computed in [b, h, t, d] scratch
+/// and transposed into their [b, t, h, d] places.
+void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks, const void *v,
+                 bool v16, Dims vs, const float *mask, Dims ms, float scale, bool causal,
+                 const float *o, const float *lse, const float *dy, float *dq, float *dk, float *dv,
+                 bool bthd) {
+  const float *w[3];
+  const int64_t n[3] = {qs.numel(), ks.numel(), vs.numel()};
+  size_t extra = 0;
+  if (bthd)
+    for (int64_t x : n)
+      extra += (static_cast<size_t>(x) * sizeof(float) + 255) / 256 * 256;
+  char *t = widenOperands({q, k, v}, {q16, k16, v16}, {n[0], n[1], n[2]}, w, extra);
+  if (!bthd)
+    return attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy,
+                                dq, dk, dv);
+  float *g[3];
+  for (int i = 0; i < 3; ++i) {
+    g[i] = reinterpret_cast<float *>(t);
+    t += (static_cast<size_t>(n[i]) * sizeof(float) + 255) / 256 * 256;
+  }
+  attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy, g[0],
+                       g[1], g[2]);
+  const Dims perm{0, 2, 1, 3};
+  carve::gpu::transpose<float>(g[0], qs, perm, dq);
+  carve::gpu::transpose<float>(g[1], ks, perm, dk);
+  carve::gpu::transpose<float>(g[2], vs, perm, dv);
+}
+
+/// bthd's precondition: rank-4 [b, h, t, d] operands.
+void checkBthd(bool bthd, const Dims &qs, const Dims &ks, const Dims &vs, const char *op) {
+  if (bthd && (qs.rank != 4 || ks.rank != 4 || vs.rank != 4))
+    fatal("%s: gradients written as [b, t, h, d] need rank-4 q, k and v (ranks %d, %d, %d)", op,
+          qs.rank, ks.rank, vs.rank);
 }
 
 } // namespace
@@ -106,16 +146,14 @@ void attention_stats_cudnn(const float *q, const void *, Dims qs, const float *k
   attention_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, y, lse);
 }
 
-void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16,
-                                Dims ks, const void *v, bool v16, Dims vs, const float *mask,
-                                Dims ms, float scale, bool causal, const float *o,
-                                const float *lse, const float *dy, float *dq, float *dk,
-                                float *dv) {
+void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
+                                const void *v, bool v16, Dims vs, const float *mask, Dims ms,
+                                float scale, bool causal, const float *o, const float *lse,
+                                const float *dy, float *dq, float *dk, float *dv, bool bthd) {
   sayNoCudnn();
-  const float *w[3];
-  widenOperands({q, k, v}, {q16, k16, v16}, {qs.numel(), ks.numel(), vs.numel()}, w);
-  attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy, dq, dk,
-                       dv);
+  checkBthd(bthd, qs, ks, vs, "attention_grad_stats_cudnn");
+  gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq, dk, dv,
+              bthd);
 }
 
 #else
@@ -379,8 +417,9 @@ struct Shape {
   int64_t b = 1, h = 1, sq = 0, skv = 0, d = 0, dv = 0;
   bool causal = false;
   bool backward = false;
+  bool bthd = false; // the backward writes dQ, dK, dV as [b, s, h, d]
   int prec = 0;
-  auto key() const { return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, prec); }
+  auto key() const { return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, bthd, prec); }
   bool operator<(const Shape &o) const { return key() < o.key(); }
   std::string text() const {
     char buf[160];
@@ -438,9 +477,14 @@ void buildBackward(Graph &g, const Shape &s) {
   const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
   const Desc &dO = g.input(kDO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
   const Desc &stats = g.input(kStats, CUDNN_DATA_FLOAT, rd, rowMajor(s.b, s.h, s.sq, 1));
-  const Desc &dQ = g.input(kDQ, g.io, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
-  const Desc &dK = g.input(kDK, g.io, {s.b, s.h, s.skv, s.d}, ks);
-  const Desc &dV = g.input(kDV, g.io, {s.b, s.h, s.skv, s.dv}, vs);
+  // The gradients in [b, h, s, d] order, or (bthd) with heads and tokens
+  // exchanged in memory: the transposes after the call done by cuDNN.
+  auto out = [&](int64_t t, int64_t d) {
+    return s.bthd ? Dims4{t * s.h * d, d, s.h * d, 1} : rowMajor(s.b, s.h, t, d);
+  };
+  const Desc &dQ = g.input(kDQ, g.io, {s.b, s.h, s.sq, s.d}, out(s.sq, s.d));
+  const Desc &dK = g.input(kDK, g.io, {s.b, s.h, s.skv, s.d}, out(s.skv, s.d));
+  const Desc &dV = g.input(kDV, g.io, {s.b, s.h, s.skv, s.dv}, out(s.skv, s.dv));
   const Desc &softmaxSum = g.input(kSoftmaxSum, CUDNN_DATA_FLOAT, rd, rowMajor(s.b, s.h, s.sq, 1));
   const Desc &dQAccum =
       g.input(kDQAccum, CUDNN_DATA_FLOAT, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
@@ -690,22 +734,20 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
   from16(o16, y, no);
 }
 
-void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16,
-                                Dims ks, const void *v, bool v16, Dims vs, const float *mask,
-                                Dims ms, float scale, bool causal, const float *o,
-                                const float *lse, const float *dy, float *dq, float *dk,
-                                float *dv) {
+void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
+                                const void *v, bool v16, Dims vs, const float *mask, Dims ms,
+                                float scale, bool causal, const float *o, const float *lse,
+                                const float *dy, float *dq, float *dk, float *dv, bool bthd) {
   const char *op = "attention_grad_stats_cudnn";
+  checkBthd(bthd, qs, ks, vs, op);
   Shape s;
   s.causal = causal;
   s.backward = true;
+  s.bthd = bthd;
   Graph *g = ineligible(qs, ks, vs, mask, s).empty() ? graphFor(s, op) : nullptr;
-  if (!g) {
-    const float *w[3];
-    widenOperands({q, k, v}, {q16, k16, v16}, {qs.numel(), ks.numel(), vs.numel()}, w);
-    return attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse,
-                                dy, dq, dk, dv);
-  }
+  if (!g)
+    return gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq,
+                       dk, dv, bthd);
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   const int64_t rows = s.b * s.h * s.sq;

@@ -521,6 +521,15 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   auto hq = poisoned<float>(n), hk = poisoned<float>(n), hv = poisoned<float>(n);
   g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
                                 Dims{}, scale, causal, yc->p, lsec->p, dgy->p, hq->p, hk->p, hv->p);
+  // With rank-4 operands, the gradients written as [b, t, h, d] (bthd:
+  // carve-fold-views' "producer" transposes, cuDNN's strided outputs).
+  const bool r4 = qs.rank == 4;
+  const Dims perm{0, 2, 1, 3};
+  auto tq = poisoned<float>(n), tk = poisoned<float>(n), tv = poisoned<float>(n);
+  if (r4)
+    g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                  Dims{}, scale, causal, yc->p, lsec->p, dgy->p, tq->p, tk->p,
+                                  tv->p, /*bthd=*/true);
   // The forward again from the copies (its f32 operands poisoned: must be unread).
   auto yh = poisoned<float>(n), lseh = poisoned<float>(ls.numel()), nan = poisoned<float>(n);
   g::attention_stats_cudnn(nan->p, q16->p, qs, nan->p, k16->p, qs, nan->p, v16->p, qs, nullptr,
@@ -530,11 +539,11 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
     return;
   g::cudnnAttentionCalls(f1, b1);
   ++checks();
-  if (f1 != f0 + 2 || b1 != b0 + 2) {
+  if (f1 != f0 + 2 || b1 != b0 + (r4 ? 3 : 2)) {
     ++failures();
-    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 2 each (stderr says "
-                "why it refused)\n",
-                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0));
+    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 2 and %d (stderr "
+                "says why it refused)\n",
+                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 3 : 2);
     return;
   }
   std::printf("ok   %s ran as cuDNN graphs\n", what.c_str());
@@ -560,6 +569,23 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   expectNormwise(what + " dq (16-bit q, k, v)", hq->download(), rq, 16 * u);
   expectNormwise(what + " dk (16-bit q, k, v)", hk->download(), rk, 16 * u);
   expectNormwise(what + " dv (16-bit q, k, v)", hv->download(), rv, 16 * u);
+  if (r4) {
+    // The reference transposed to [b, t, h, d]: a gradient in the wrong
+    // place is off by its whole size.
+    auto transposed = [&](const std::vector<double> &x) {
+      std::vector<double> y(x.size());
+      const int64_t B = qs.d[0], H = qs.d[1], T = qs.d[2], D = qs.d[3];
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t d = 0; d < D; ++d)
+              y[((b * T + t) * H + h) * D + d] = x[((b * H + h) * T + t) * D + d];
+      return y;
+    };
+    expectNormwise(what + " dq as [b, t, h, d]", tq->download(), transposed(rq), 16 * u);
+    expectNormwise(what + " dk as [b, t, h, d]", tk->download(), transposed(rk), 16 * u);
+    expectNormwise(what + " dv as [b, t, h, d]", tv->download(), transposed(rv), 16 * u);
+  }
   // The forward from the copies: the same call on the same bits.
   expectEqual(what + " y (16-bit q, k, v)", yh->download(), yc->download());
   expectEqual(what + " row log-sum-exp (16-bit q, k, v)", lseh->download(), lsec->download());
@@ -601,6 +627,15 @@ void testAttentionCudnnFallback() {
                              0.25f, false, yc->p, lsec->p);
     g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
                                   0.25f, false, y->p, lse->p, dgy->p, cq->p, ck->p, cv->p);
+    // bthd: carve's kernel into scratch, transposed into place.
+    auto tq = poisoned<float>(n), tk = poisoned<float>(n), tv = poisoned<float>(n);
+    g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
+                                  0.25f, false, y->p, lse->p, dgy->p, tq->p, tk->p, tv->p,
+                                  /*bthd=*/true);
+    auto wq = poisoned<float>(n), wk = poisoned<float>(n), wv = poisoned<float>(n);
+    g::transpose<float>(gq->p, qs, Dims{0, 2, 1, 3}, wq->p);
+    g::transpose<float>(gk->p, qs, Dims{0, 2, 1, 3}, wk->p);
+    g::transpose<float>(gv->p, qs, Dims{0, 2, 1, 3}, wv->p);
     // Under bf16, the same from q, k, v given as bf16 tensors: widened for
     // carve's kernel, which rounds them to the same values on load.
     auto hq = poisoned<float>(n), hk = poisoned<float>(n), hv = poisoned<float>(n);
@@ -630,6 +665,9 @@ void testAttentionCudnnFallback() {
     expectEqual(what + " dq", cq->download(), gq->download());
     expectEqual(what + " dk", ck->download(), gk->download());
     expectEqual(what + " dv", cv->download(), gv->download());
+    expectEqual(what + " dq as [b, t, h, d]", tq->download(), wq->download());
+    expectEqual(what + " dk as [b, t, h, d]", tk->download(), wk->download());
+    expectEqual(what + " dv as [b, t, h, d]", tv->download(), wv->download());
     if (masked) {
       expectEqual(what + " dq (bf16 q, k, v)", hq->download(), gq->download());
       expectEqual(what + " dk (bf16 q, k, v)", hk->download(), gk->download());

@@ -10,7 +10,15 @@
 // target nothing is marked.
 // RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda}, carve-fold-views)' | FileCheck %s
 // RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda}, carve-fold-views, carve-select-kernels)' | FileCheck %s --check-prefix=SEL
-// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cpu}, carve-fold-views, carve-select-kernels)' | FileCheck %s --check-prefix=CPU
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cpu}, carve-fold-views)' | FileCheck %s --check-prefix=CPU
+// RUN: carve-opt %s -pass-pipeline='builtin.module(carve-set-plan{target=cuda precision=bf16}, carve-fold-views, carve-select-kernels)' | FileCheck %s --check-prefix=ATT
+//
+// Under bf16 on CUDA the attention gradient runs on cuDNN: the transposes of
+// its dq, dk and dv to [b, t, h, d] are marked "producer" (cuDNN writes
+// them there) and run as no call, where each gradient is read by its
+// transpose alone and none is rounded as written; under fp32 (carve's
+// kernel), or where one gradient has another reader, or a transpose is
+// rounded, nothing is marked.
 
 // CHECK-LABEL: func.func @train_step(
 // CHECK: carve.slice %arg0 {carve.fold = "view", ends = array<i64: 2, 4, 8>
@@ -22,7 +30,24 @@
 // CHECK-NEXT: carve.reshape %[[MERGED]] {{.*}} -> tensor<2x32xf32>
 // CHECK: carve.slice %arg0 {carve.fold = "view", ends = array<i64: 2, 4, 24>, starts = array<i64: 0, 0, 1>, steps = array<i64: 1, 1, 2>}
 // CHECK: %[[OPERAND:.+]] = carve.slice %arg1 {ends = array<i64: 8, 8>
+// CHECK-NOT: "producer"
 // CHECK: return
+
+// ATT-LABEL: func.func @train_step(
+// ATT: %[[DQ:.+]], %[[DK:.+]], %[[DV:.+]] = carve.attention_grad_stats %arg3, %arg4, %arg5, %arg6, %arg7, %arg8 {carve.kernel = "attention_grad_stats_cudnn"
+// ATT-NEXT: carve.transpose %[[DQ]] {carve.fold = "producer", carve.kernel = "none", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.transpose %[[DK]] {carve.fold = "producer", carve.kernel = "none", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.transpose %[[DV]] {carve.fold = "producer", carve.kernel = "none", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: %[[EQ:.+]], %[[EK:.+]], %[[EV:.+]] = carve.attention_grad_stats
+// ATT-NEXT: carve.transpose %[[EQ]] {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.transpose %[[EK]] {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.transpose %[[EV]] {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.add %[[EK]]
+// ATT-NEXT: %[[RQ:.+]], %[[RK:.+]], %[[RV:.+]] = carve.attention_grad_stats
+// ATT-NEXT: carve.transpose %[[RQ]] {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.transpose %[[RK]] {carve.kernel = "transpose", carve.round16, perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.transpose %[[RV]] {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
+// ATT: return
 
 // SEL-LABEL: func.func @train_step(
 // SEL-COUNT-3: carve.slice %arg0 {carve.fold = "view", carve.kernel = "none"
@@ -37,15 +62,24 @@
 // SEL: return
 
 // CPU-LABEL: func.func @train_step(
-// CPU-NOT: carve.fold = "view"
+// CPU-NOT: carve.fold = "{{view|producer}}"
 // CPU-NOT: transpose_view
 // CPU: return
 
 func.func @train_step(%qkv: tensor<2x4x24xf32> {carve.input = "qkv"},
                       %w: tensor<8x8xf32> {carve.input = "w"},
-                      %x: tensor<2x4x8xf32> {carve.input = "x"})
+                      %x: tensor<2x4x8xf32> {carve.input = "x"},
+                      %aq: tensor<2x4x8x16xf32> {carve.input = "aq"},
+                      %ak: tensor<2x4x8x16xf32> {carve.input = "ak"},
+                      %av: tensor<2x4x8x16xf32> {carve.input = "av"},
+                      %ao: tensor<2x4x8x16xf32> {carve.input = "ao"},
+                      %alse: tensor<2x4x8xf32> {carve.input = "alse"},
+                      %ady: tensor<2x4x8x16xf32> {carve.input = "ady"})
     -> (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x4x8xf32>,
-        tensor<4x2x8xf32>, tensor<32x2xf32>, tensor<12x2x4xf32>, tensor<2x4x8xf32>) {
+        tensor<4x2x8xf32>, tensor<32x2xf32>, tensor<12x2x4xf32>, tensor<2x4x8xf32>,
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>,
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x4x8x16xf32>,
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>) {
   // q, k, v: each reshaped to 2 heads of 4 and transposed to [b, h, t, d].
   %q = carve.slice %qkv {starts = array<i64: 0, 0, 0>, ends = array<i64: 2, 4, 8>, steps = array<i64: 1, 1, 1>} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>
   %k = carve.slice %qkv {starts = array<i64: 0, 0, 8>, ends = array<i64: 2, 4, 16>, steps = array<i64: 1, 1, 1>} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>
@@ -71,7 +105,27 @@ func.func @train_step(%qkv: tensor<2x4x24xf32> {carve.input = "qkv"},
   %o = carve.slice %w {starts = array<i64: 0, 0>, ends = array<i64: 8, 8>, steps = array<i64: 1, 1>} : tensor<8x8xf32> -> tensor<8x8xf32>
   %ot = carve.transpose %o {carve.fold = "operand", perm = array<i64: 1, 0>} : tensor<8x8xf32> -> tensor<8x8xf32>
   %p = carve.matmul %x, %ot : (tensor<2x4x8xf32>, tensor<8x8xf32>) -> tensor<2x4x8xf32>
-  return %qt, %kt, %vt, %s, %at, %mt, %et, %p
+  // An attention gradient whose dq, dk, dv are each read by their transpose
+  // alone: written there by cuDNN.
+  %dq, %dk, %dv = carve.attention_grad_stats %aq, %ak, %av, %ao, %alse, %ady {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>)
+  %tq = carve.transpose %dq {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  %tk = carve.transpose %dk {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  %tv = carve.transpose %dv {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  // dk read by an add too: none folded.
+  %eq, %ek, %ev = carve.attention_grad_stats %aq, %ak, %av, %ao, %alse, %ady {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>)
+  %uq = carve.transpose %eq {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  %uk = carve.transpose %ek {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  %uv = carve.transpose %ev {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  %ekk = carve.add %ek, %ak : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) -> tensor<2x4x8x16xf32>
+  // dk's transpose rounded as written: none folded.
+  %rq, %rk, %rv = carve.attention_grad_stats %aq, %ak, %av, %ao, %alse, %ady {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>)
+  %wq = carve.transpose %rq {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  %wk = carve.transpose %rk {carve.round16, perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  %wv = carve.transpose %rv {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
+  return %qt, %kt, %vt, %s, %at, %mt, %et, %p, %tq, %tk, %tv, %uq, %uk, %uv, %ekk, %wq, %wk, %wv
       : tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x4x8xf32>,
-        tensor<4x2x8xf32>, tensor<32x2xf32>, tensor<12x2x4xf32>, tensor<2x4x8xf32>
+        tensor<4x2x8xf32>, tensor<32x2xf32>, tensor<12x2x4xf32>, tensor<2x4x8xf32>,
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>,
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x4x8x16xf32>,
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>
 }
