@@ -734,11 +734,13 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
         args[i] = src + ", " + flag(i == 0 ? "q16" : i == 1 ? "k16" : "v16", is16) + ", " +
                   shapeOf(x);
       }
+      // carve-fold-views: dy read as [b, t, h, d], its transpose's input.
+      Value dyIn = consumedFrom(g.getGrad());
       os << callee(opts, kernelOf(op)) + "(" << args[0] << ", " << args[1] << ", " << args[2]
          << ", " << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
          << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal())
-         << ", " << name(g.getOutput()) << ", " << name(g.getLse()) << ", " << name(g.getGrad())
-         << ", ";
+         << ", " << name(g.getOutput()) << ", " << name(g.getLse()) << ", "
+         << name(dyIn ? dyIn : g.getGrad()) << ", ";
       // carve-fold-views: dq, dk, dv written as [b, t, h, d] in their
       // transposes' places, all three or none.
       Value grads[3] = {g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()};
@@ -749,7 +751,7 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
                           "gradient's dq, dk and dv but not all three");
       for (int i = 0; i < 3; ++i)
         os << (i ? ", " : "") << name(produced ? producedInto(grads[i]) : grads[i]);
-      os << (produced ? ", /*bthd=*/true" : "")
+      os << ", " << flag("bthd", produced) << ", " << flag("dy_bthd", (bool)dyIn)
          << ");  // from the forward's saved output and log-sum-exp";
       return true;
     }

@@ -331,6 +331,18 @@ bool Generator::foldTransposes() {
       producedTransposes.insert(op);
       continue;
     }
+    if (fold == kFoldConsumer) {
+      // Read in place, transposed, by cuDNN's attention gradient (dy).
+      Operation *u = op->hasOneUse() ? *op->getUsers().begin() : nullptr;
+      auto uk = u ? u->getAttrOfType<StringAttr>(kKernelAttr) : StringAttr();
+      if (!u || !isa<AttentionGradStatsOp>(u) || !uk ||
+          uk.getValue() != "attention_grad_stats_cudnn" ||
+          cast<AttentionGradStatsOp>(u).getGrad() != op->getResult(0))
+        return failOp(op, "carve.fold = \"consumer\" on a transpose that is not read only as the "
+                          "dy of an attention_grad_stats_cudnn");
+      consumedTransposes.insert(op);
+      continue;
+    }
     if (fold == kFoldScatter) {
       Operation *m = scatteredMatmul(op);
       if (!m || !isScatteredProduct(m))

@@ -307,6 +307,9 @@ private:
   // A transpose marked "producer" (carve-fold-views): no code; its buffer is
   // written by the op before it (cuDNN's attention gradient), from there.
   std::set<Operation *> producedTransposes;
+  // A transpose marked "consumer" (carve-fold-views): no buffer, no code;
+  // its reader (cuDNN's attention gradient) reads its input transposed.
+  std::set<Operation *> consumedTransposes;
 
   // Fused elementwise chains (carve-fuse-elementwise marked them; read back
   // by fuseElementwise): each group runs as one kernel at its root, the

@@ -83,6 +83,8 @@ bool Generator::assignBuffers() {
         continue; // read in place by the transposes that read it
       if (producedInto(r))
         continue; // written transposed, in its transpose's buffer
+      if (consumedTransposes.count(op))
+        continue; // its reader reads its input, transposed
       if (isa<ReshapeOp>(op)) {
         auto in = bufferOf.find(op->getOperand(0));
         if (in != bufferOf.end())
@@ -105,7 +107,7 @@ bool Generator::assignBuffers() {
   for (Operation *op : ops) {
     if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
         gatheredOperands.count(op) || foldedViews.count(op) || producedTransposes.count(op) ||
-        isa<ReshapeOp>(op))
+        consumedTransposes.count(op) || isa<ReshapeOp>(op))
       continue;
     if (isa<TransposeOp>(op))
       if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {
@@ -141,7 +143,8 @@ bool Generator::assignBuffers() {
     for (unsigned i = 0; i < op->getNumOperands(); ++i) {
       if (interior.count(operandOf(op, i)))
         continue; // computed in registers by the group's kernel
-      auto it = bufferOf.find(operandOf(op, i));
+      Value in = consumedFrom(operandOf(op, i)); // read in place, transposed
+      auto it = bufferOf.find(in ? in : operandOf(op, i));
       if (it == bufferOf.end())
         continue; // never stored (neverStoredF32): the reader reads its 16-bit tensor
       Buffer &b = buffers[it->second];

@@ -180,6 +180,11 @@ Operation *producerOf(Operation *transpose) {
              : nullptr;
 }
 
+Value consumedFrom(Value v) {
+  Operation *d = v.getDefiningOp();
+  return d && isa<TransposeOp>(d) && foldOf(d) == kFoldConsumer ? d->getOperand(0) : Value();
+}
+
 std::optional<StridedView> foldedViewOf(Value v) {
   Value root = aliasRoot(v);
   Operation *d = root.getDefiningOp();
@@ -384,6 +389,23 @@ SmallVector<TransposeOp, 3> gradientTransposes(AttentionGradStatsOp g, const Pla
   return ts;
 }
 
+/// The transpose of dy from [b, t, h, d] that a cuDNN attention gradient
+/// reads (its only reader, dy not rounded as written), or null.
+TransposeOp dyTranspose(AttentionGradStatsOp g, const PlanAttrs &plan) {
+  if (!cudnnAttentionRefusal(g, plan).empty())
+    return TransposeOp();
+  auto t = g.getGrad().getDefiningOp<TransposeOp>();
+  if (!t || !t->hasOneUse() || cast<RankedTensorType>(t.getType()).getRank() != 4 ||
+      t.getPerm() != ArrayRef<int64_t>{0, 2, 1, 3} || !foldOf(t).empty() ||
+      t->hasAttr(kFusionGroupAttr) || t->hasAttr(kRound16Attr) || t->getBlock() != g->getBlock())
+    return TransposeOp();
+  // dy only: q, k, v, o and the statistics are read as they are.
+  for (unsigned i = 0; i < 5; ++i)
+    if (g->getOperand(i) == t.getResult())
+      return TransposeOp();
+  return t;
+}
+
 struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -411,6 +433,10 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
         for (TransposeOp t : gradientTransposes(g, *plan)) {
           t->setAttr(kFoldAttr, b.getStringAttr(kFoldProducer));
           ++numProduced;
+        }
+        if (TransposeOp t = dyTranspose(g, *plan)) {
+          t->setAttr(kFoldAttr, b.getStringAttr(kFoldConsumer));
+          ++numConsumed;
         }
       });
     }

@@ -39,8 +39,8 @@ bool isFusible(mlir::Operation *op);
 /// ones a GEMM's transpose flag covers).
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
-/// kFoldProduct, kFoldScatter, kFoldGather, kFoldView or kFoldProducer
-/// (carve-fold-views), or "" when it is not folded.
+/// kFoldProduct, kFoldScatter, kFoldGather, kFoldView, kFoldProducer or
+/// kFoldConsumer (carve-fold-views), or "" when it is not folded.
 llvm::StringRef foldOf(mlir::Operation *op);
 
 /// A strided view of a contiguous tensor `base`: element (i0, i1, ...) of
@@ -70,6 +70,10 @@ std::optional<StridedView> foldedViewOf(mlir::Value v);
 mlir::Value producedInto(mlir::Value v);
 /// For a transpose marked "producer": the op that writes its result.
 mlir::Operation *producerOf(mlir::Operation *transpose);
+/// `v` where it is the result of a transpose marked "consumer"
+/// (carve-fold-views): that transpose's input, which its reader reads in
+/// place; null otherwise.
+mlir::Value consumedFrom(mlir::Value v);
 
 /// One fused kernel: its ops, its inputs and outputs.
 struct FusionGroup {

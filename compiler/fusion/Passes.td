@@ -82,7 +82,13 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     (`attention_grad_stats_cudnn(..., /*bthd=*/true)`), so the gradients are
     never in memory as [b, h, t, d], the transposes are no calls, and their
     results live from the attention gradient (carve-plan-memory). The same
-    values: the elements cuDNN writes, in the transposes' places.
+    values: the elements cuDNN writes, in the transposes' places. Likewise
+    it marks `carve.fold = "consumer"` the transpose of the output gradient
+    dy from [b, t, h, d] to [b, h, t, d] that such an attention gradient
+    reads, where it is that transpose's only reader and dy is not rounded as
+    written: cuDNN reads dO with those strides (`/*dy_bthd=*/true`), so the
+    transpose is no call and never in memory, and its input lives until the
+    attention gradient.
 
     Only on the CUDA target (the CPU runtime copies the slice); it runs
     right before carve-plan-memory, after every pass that adds readers.
@@ -92,7 +98,9 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numFolded", "num-folded", "Slices read in place by their transposes">,
     Statistic<"numProduced", "num-produced",
-              "Transposes of attention gradients written by cuDNN in their place">
+              "Transposes of attention gradients written by cuDNN in their place">,
+    Statistic<"numConsumed", "num-consumed",
+              "Transposes of an attention gradient's dy that cuDNN reads in place">
   ];
 }
 

@@ -114,6 +114,7 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          place as a strided view (the emitter passes the source at the
          view's offset with its shape and strides); a transpose it marked
          "producer" (dq, dk and dv of a cuDNN attention gradient, written
+         by it as [b, t, h, d]) or "consumer" (dy of such a gradient, read
          by it as [b, t, h, d]) runs as `none`;
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast

@@ -211,8 +211,8 @@ Choice select(Operation *op, StringRef target) {
   // 2. No call of its own.
   StringRef fold = foldOf(op);
   if (isa<ConstantOp, ReshapeOp>(op) || fold == kFoldOperand || fold == kFoldView ||
-      fold == kFoldProducer || isProductMatmul(op) || isScatteredProduct(op) ||
-      isGatheredOperand(op))
+      fold == kFoldProducer || fold == kFoldConsumer || isProductMatmul(op) ||
+      isScatteredProduct(op) || isGatheredOperand(op))
     return call(kNoKernel);
   // 3. Products computed where they are read.
   if (fold == kFoldProduct)

@@ -419,8 +419,9 @@ private:
           continue;
         }
         if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || isProductMatmul(op) ||
-            isScatteredProduct(op) || isGatheredOperand(op) || interior.count(r) || producedInto(r))
-          continue; // never materialized (the last: written transposed, carve-fold-views)
+            isScatteredProduct(op) || isGatheredOperand(op) || interior.count(r) ||
+            producedInto(r) || foldOf(op) == kFoldConsumer)
+          continue; // never materialized (the last two: carve-fold-views)
         if (plan16 && neverStoredF32(r, *plan16))
           continue; // read as its 16-bit tensor by every reader (CUDA)
         // On the CUDA target under bf16/fp16, a 16-bit copy right after the
@@ -453,8 +454,8 @@ private:
   void countReads() {
     for (Operation *op : ops) {
       if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || foldOf(op) == kFoldProducer ||
-          isProductMatmul(op) || isScatteredProduct(op) || isGatheredOperand(op) ||
-          isa<ReshapeOp>(op))
+          foldOf(op) == kFoldConsumer || isProductMatmul(op) || isScatteredProduct(op) ||
+          isGatheredOperand(op) || isa<ReshapeOp>(op))
         continue;
       if (isa<TransposeOp>(op))
         if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {
@@ -484,6 +485,8 @@ private:
       }
       for (unsigned i = 0; i < op->getNumOperands(); ++i) {
         Value v = readOperand(op, i);
+        if (Value in = consumedFrom(v))
+          v = in; // read in place, transposed (carve-fold-views)
         if (!interior.count(v))
           extend(v, order.readAt(op));
         if ((isa<MatmulOp>(op) && i < 2) || (isa<AttentionGradStatsOp>(op) && i < 3) ||

@@ -127,6 +127,11 @@ constexpr const char *kFoldView = "view";
 /// attention gradient writing dq, dk and dv as [b, t, h, d]); the input is
 /// never in memory and the transpose is no call.
 constexpr const char *kFoldProducer = "producer";
+/// On a transpose: "consumer" when the op that reads its result, its only
+/// reader, reads its input in place instead, transposed (carve-fold-views:
+/// cuDNN's attention gradient reading dy as [b, t, h, d]); the transpose is
+/// never in memory and no call.
+constexpr const char *kFoldConsumer = "consumer";
 
 // Lowering (carve-select-kernels).
 /// On an op the emitter prints: the runtime entry it runs as on the plan's

@@ -91,14 +91,29 @@ char *widenOperands(std::initializer_list<const void *> ps, std::initializer_lis
 void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks, const void *v,
                  bool v16, Dims vs, const float *mask, Dims ms, float scale, bool causal,
                  const float *o, const float *lse, const float *dy, float *dq, float *dk, float *dv,
-                 bool bthd) {
+                 bool bthd, bool dyBthd) {
   const float *w[3];
   const int64_t n[3] = {qs.numel(), ks.numel(), vs.numel()};
+  const Dims perm{0, 2, 1, 3};
+  auto bytes = [](int64_t x) { return (static_cast<size_t>(x) * sizeof(float) + 255) / 256 * 256; };
   size_t extra = 0;
   if (bthd)
     for (int64_t x : n)
-      extra += (static_cast<size_t>(x) * sizeof(float) + 255) / 256 * 256;
+      extra += bytes(x);
+  // dy: [b, h, tq, dv], given as [b, tq, h, dv] where dyBthd.
+  Dims ys = qs;
+  if (ys.rank)
+    ys.d[ys.rank - 1] = vs.rank ? vs.d[vs.rank - 1] : 0;
+  if (dyBthd)
+    extra += bytes(ys.numel());
   char *t = widenOperands({q, k, v}, {q16, k16, v16}, {n[0], n[1], n[2]}, w, extra);
+  if (dyBthd) { // dy transposed to [b, h, tq, dv] after the gradients' scratch
+    Dims ts = ys;
+    std::swap(ts.d[1], ts.d[2]);
+    auto *dyt = reinterpret_cast<float *>(t + (bthd ? bytes(n[0]) + bytes(n[1]) + bytes(n[2]) : 0));
+    carve::gpu::transpose<float>(dy, ts, perm, dyt);
+    dy = dyt;
+  }
   if (!bthd)
     return attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy,
                                 dq, dk, dv);
@@ -109,13 +124,12 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
   }
   attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy, g[0],
                        g[1], g[2]);
-  const Dims perm{0, 2, 1, 3};
   carve::gpu::transpose<float>(g[0], qs, perm, dq);
   carve::gpu::transpose<float>(g[1], ks, perm, dk);
   carve::gpu::transpose<float>(g[2], vs, perm, dv);
 }
 
-/// bthd's precondition: rank-4 [b, h, t, d] operands.
+/// bthd's and dyBthd's precondition: rank-4 [b, h, t, d] operands.
 void checkBthd(bool bthd, const Dims &qs, const Dims &ks, const Dims &vs, const char *op) {
   if (bthd && (qs.rank != 4 || ks.rank != 4 || vs.rank != 4))
     fatal("%s: gradients written as [b, t, h, d] need rank-4 q, k and v (ranks %d, %d, %d)", op,
@@ -149,11 +163,12 @@ void attention_stats_cudnn(const float *q, const void *, Dims qs, const float *k
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
                                 const void *v, bool v16, Dims vs, const float *mask, Dims ms,
                                 float scale, bool causal, const float *o, const float *lse,
-                                const float *dy, float *dq, float *dk, float *dv, bool bthd) {
+                                const float *dy, float *dq, float *dk, float *dv, bool bthd,
+                                bool dyBthd) {
   sayNoCudnn();
-  checkBthd(bthd, qs, ks, vs, "attention_grad_stats_cudnn");
+  checkBthd(bthd || dyBthd, qs, ks, vs, "attention_grad_stats_cudnn");
   gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq, dk, dv,
-              bthd);
+              bthd, dyBthd);
 }
 
 #else
@@ -417,9 +432,12 @@ struct Shape {
   int64_t b = 1, h = 1, sq = 0, skv = 0, d = 0, dv = 0;
   bool causal = false;
   bool backward = false;
-  bool bthd = false; // the backward writes dQ, dK, dV as [b, s, h, d]
+  bool bthd = false;   // the backward writes dQ, dK, dV as [b, s, h, d]
+  bool dyBthd = false; // and reads dO as [b, s, h, d]
   int prec = 0;
-  auto key() const { return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, bthd, prec); }
+  auto key() const {
+    return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, bthd, dyBthd, prec);
+  }
   bool operator<(const Shape &o) const { return key() < o.key(); }
   std::string text() const {
     char buf[160];
@@ -475,7 +493,10 @@ void buildBackward(Graph &g, const Shape &s) {
   const Desc &kt = g.input(kK, g.io, {s.b, s.h, s.d, s.skv}, {ks[0], ks[1], ks[3], ks[2]});
   const Desc &vt = g.input(kV, g.io, {s.b, s.h, s.dv, s.skv}, {vs[0], vs[1], vs[3], vs[2]});
   const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
-  const Desc &dO = g.input(kDO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
+  // dO as given, or (dyBthd) with heads and tokens exchanged in memory.
+  const Desc &dO = g.input(kDO, g.io, {s.b, s.h, s.sq, s.dv},
+                           s.dyBthd ? Dims4{s.sq * s.h * s.dv, s.dv, s.h * s.dv, 1}
+                                    : rowMajor(s.b, s.h, s.sq, s.dv));
   const Desc &stats = g.input(kStats, CUDNN_DATA_FLOAT, rd, rowMajor(s.b, s.h, s.sq, 1));
   // The gradients in [b, h, s, d] order, or (bthd) with heads and tokens
   // exchanged in memory: the transposes after the call done by cuDNN.
@@ -737,17 +758,19 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
                                 const void *v, bool v16, Dims vs, const float *mask, Dims ms,
                                 float scale, bool causal, const float *o, const float *lse,
-                                const float *dy, float *dq, float *dk, float *dv, bool bthd) {
+                                const float *dy, float *dq, float *dk, float *dv, bool bthd,
+                                bool dyBthd) {
   const char *op = "attention_grad_stats_cudnn";
-  checkBthd(bthd, qs, ks, vs, op);
+  checkBthd(bthd || dyBthd, qs, ks, vs, op);
   Shape s;
   s.causal = causal;
   s.backward = true;
   s.bthd = bthd;
+  s.dyBthd = dyBthd;
   Graph *g = ineligible(qs, ks, vs, mask, s).empty() ? graphFor(s, op) : nullptr;
   if (!g)
     return gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq,
-                       dk, dv, bthd);
+                       dk, dv, bthd, dyBthd);
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   const int64_t rows = s.b * s.h * s.sq;

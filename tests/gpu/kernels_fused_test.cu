@@ -526,10 +526,18 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   const bool r4 = qs.rank == 4;
   const Dims perm{0, 2, 1, 3};
   auto tq = poisoned<float>(n), tk = poisoned<float>(n), tv = poisoned<float>(n);
-  if (r4)
+  // And dy given as [b, t, h, d] too (dy_bthd: the "consumer" transpose).
+  auto sq = poisoned<float>(n), sk = poisoned<float>(n), sv = poisoned<float>(n);
+  auto dgyT = poisoned<float>(n);
+  if (r4) {
     g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
                                   Dims{}, scale, causal, yc->p, lsec->p, dgy->p, tq->p, tk->p,
                                   tv->p, /*bthd=*/true);
+    g::transpose<float>(dgy->p, qs, perm, dgyT->p);
+    g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                  Dims{}, scale, causal, yc->p, lsec->p, dgyT->p, sq->p, sk->p,
+                                  sv->p, /*bthd=*/true, /*dyBthd=*/true);
+  }
   // The forward again from the copies (its f32 operands poisoned: must be unread).
   auto yh = poisoned<float>(n), lseh = poisoned<float>(ls.numel()), nan = poisoned<float>(n);
   g::attention_stats_cudnn(nan->p, q16->p, qs, nan->p, k16->p, qs, nan->p, v16->p, qs, nullptr,
@@ -539,11 +547,11 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
     return;
   g::cudnnAttentionCalls(f1, b1);
   ++checks();
-  if (f1 != f0 + 2 || b1 != b0 + (r4 ? 3 : 2)) {
+  if (f1 != f0 + 2 || b1 != b0 + (r4 ? 4 : 2)) {
     ++failures();
     std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 2 and %d (stderr "
                 "says why it refused)\n",
-                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 3 : 2);
+                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 4 : 2);
     return;
   }
   std::printf("ok   %s ran as cuDNN graphs\n", what.c_str());
@@ -585,6 +593,12 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
     expectNormwise(what + " dq as [b, t, h, d]", tq->download(), transposed(rq), 16 * u);
     expectNormwise(what + " dk as [b, t, h, d]", tk->download(), transposed(rk), 16 * u);
     expectNormwise(what + " dv as [b, t, h, d]", tv->download(), transposed(rv), 16 * u);
+    expectNormwise(what + " dq as [b, t, h, d] from dy as [b, t, h, d]", sq->download(),
+                   transposed(rq), 16 * u);
+    expectNormwise(what + " dk as [b, t, h, d] from dy as [b, t, h, d]", sk->download(),
+                   transposed(rk), 16 * u);
+    expectNormwise(what + " dv as [b, t, h, d] from dy as [b, t, h, d]", sv->download(),
+                   transposed(rv), 16 * u);
   }
   // The forward from the copies: the same call on the same bits.
   expectEqual(what + " y (16-bit q, k, v)", yh->download(), yc->download());
@@ -632,6 +646,13 @@ void testAttentionCudnnFallback() {
     g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
                                   0.25f, false, y->p, lse->p, dgy->p, tq->p, tk->p, tv->p,
                                   /*bthd=*/true);
+    // dy given as [b, t, h, d] too: transposed back for carve's kernel.
+    auto dgyT = poisoned<float>(n);
+    g::transpose<float>(dgy->p, qs, Dims{0, 2, 1, 3}, dgyT->p);
+    auto sq = poisoned<float>(n), sk = poisoned<float>(n), sv = poisoned<float>(n);
+    g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
+                                  0.25f, false, y->p, lse->p, dgyT->p, sq->p, sk->p, sv->p,
+                                  /*bthd=*/true, /*dyBthd=*/true);
     auto wq = poisoned<float>(n), wk = poisoned<float>(n), wv = poisoned<float>(n);
     g::transpose<float>(gq->p, qs, Dims{0, 2, 1, 3}, wq->p);
     g::transpose<float>(gk->p, qs, Dims{0, 2, 1, 3}, wk->p);
@@ -668,6 +689,9 @@ void testAttentionCudnnFallback() {
     expectEqual(what + " dq as [b, t, h, d]", tq->download(), wq->download());
     expectEqual(what + " dk as [b, t, h, d]", tk->download(), wk->download());
     expectEqual(what + " dv as [b, t, h, d]", tv->download(), wv->download());
+    expectEqual(what + " dq from dy as [b, t, h, d]", sq->download(), wq->download());
+    expectEqual(what + " dk from dy as [b, t, h, d]", sk->download(), wk->download());
+    expectEqual(what + " dv from dy as [b, t, h, d]", sv->download(), wv->download());
     if (masked) {
       expectEqual(what + " dq (bf16 q, k, v)", hq->download(), gq->download());
       expectEqual(what + " dk (bf16 q, k, v)", hk->download(), gk->download());

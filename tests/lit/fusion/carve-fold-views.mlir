@@ -18,7 +18,8 @@
 // them there) and run as no call, where each gradient is read by its
 // transpose alone and none is rounded as written; under fp32 (carve's
 // kernel), or where one gradient has another reader, or a transpose is
-// rounded, nothing is marked.
+// rounded, nothing is marked. A transpose of dy to [b, h, t, d] read by
+// such a gradient alone is marked "consumer" (cuDNN reads it in place).
 
 // CHECK-LABEL: func.func @train_step(
 // CHECK: carve.slice %arg0 {carve.fold = "view", ends = array<i64: 2, 4, 8>
@@ -47,6 +48,10 @@
 // ATT-NEXT: carve.transpose %[[RQ]] {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
 // ATT-NEXT: carve.transpose %[[RK]] {carve.kernel = "transpose", carve.round16, perm = array<i64: 0, 2, 1, 3>}
 // ATT-NEXT: carve.transpose %[[RV]] {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: %[[DYT:.+]] = carve.transpose %arg9 {carve.fold = "consumer", carve.kernel = "none", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.attention_grad_stats %arg3, %arg4, %arg5, %arg6, %arg7, %[[DYT]] {carve.kernel = "attention_grad_stats_cudnn"
+// ATT: %[[DYK:.+]] = carve.transpose %arg9 {carve.kernel = "transpose", perm = array<i64: 0, 2, 1, 3>}
+// ATT-NEXT: carve.attention_grad_stats %arg3, %arg4, %arg5, %arg6, %arg7, %[[DYK]] {carve.kernel = "attention_grad_stats_cudnn"
 // ATT: return
 
 // SEL-LABEL: func.func @train_step(
@@ -74,12 +79,14 @@ func.func @train_step(%qkv: tensor<2x4x24xf32> {carve.input = "qkv"},
                       %av: tensor<2x4x8x16xf32> {carve.input = "av"},
                       %ao: tensor<2x4x8x16xf32> {carve.input = "ao"},
                       %alse: tensor<2x4x8xf32> {carve.input = "alse"},
-                      %ady: tensor<2x4x8x16xf32> {carve.input = "ady"})
+                      %ady: tensor<2x4x8x16xf32> {carve.input = "ady"},
+                      %adyt: tensor<2x8x4x16xf32> {carve.input = "adyt"})
     -> (tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x4x8xf32>,
         tensor<4x2x8xf32>, tensor<32x2xf32>, tensor<12x2x4xf32>, tensor<2x4x8xf32>,
         tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>,
         tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x4x8x16xf32>,
-        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>) {
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>,
+        tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) {
   // q, k, v: each reshaped to 2 heads of 4 and transposed to [b, h, t, d].
   %q = carve.slice %qkv {starts = array<i64: 0, 0, 0>, ends = array<i64: 2, 4, 8>, steps = array<i64: 1, 1, 1>} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>
   %k = carve.slice %qkv {starts = array<i64: 0, 0, 8>, ends = array<i64: 2, 4, 16>, steps = array<i64: 1, 1, 1>} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>
@@ -122,10 +129,22 @@ func.func @train_step(%qkv: tensor<2x4x24xf32> {carve.input = "qkv"},
   %wq = carve.transpose %rq {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
   %wk = carve.transpose %rk {carve.round16, perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
   %wv = carve.transpose %rv {perm = array<i64: 0, 2, 1, 3>} : tensor<2x4x8x16xf32> -> tensor<2x8x4x16xf32>
-  return %qt, %kt, %vt, %s, %at, %mt, %et, %p, %tq, %tk, %tv, %uq, %uk, %uv, %ekk, %wq, %wk, %wv
+  // dy transposed from [b, t, h, d] for it alone: read in place by cuDNN.
+  %dyt = carve.transpose %adyt {perm = array<i64: 0, 2, 1, 3>} : tensor<2x8x4x16xf32> -> tensor<2x4x8x16xf32>
+  %xq, %xk, %xv = carve.attention_grad_stats %aq, %ak, %av, %ao, %alse, %dyt {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>)
+  %xs = carve.add %xq, %xk : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) -> tensor<2x4x8x16xf32>
+  %xt = carve.add %xs, %xv : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) -> tensor<2x4x8x16xf32>
+  // Its transpose returned too: copied.
+  %dyk = carve.transpose %adyt {perm = array<i64: 0, 2, 1, 3>} : tensor<2x8x4x16xf32> -> tensor<2x4x8x16xf32>
+  %yq, %yk, %yv = carve.attention_grad_stats %aq, %ak, %av, %ao, %alse, %dyk {causal = true, scale = 0.25 : f32} : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8xf32>, tensor<2x4x8x16xf32>) -> (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>)
+  %ys = carve.add %yq, %yk : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) -> tensor<2x4x8x16xf32>
+  %yt = carve.add %ys, %yv : (tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>) -> tensor<2x4x8x16xf32>
+  return %qt, %kt, %vt, %s, %at, %mt, %et, %p, %tq, %tk, %tv, %uq, %uk, %uv, %ekk, %wq, %wk, %wv,
+         %xt, %yt, %dyk
       : tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x2x4x4xf32>, tensor<2x4x8xf32>,
         tensor<4x2x8xf32>, tensor<32x2xf32>, tensor<12x2x4xf32>, tensor<2x4x8xf32>,
         tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>,
         tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x4x8x16xf32>,
-        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>
+        tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>,
+        tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>, tensor<2x4x8x16xf32>
 }

@@ -279,14 +279,16 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
 /// The gradient's q, k and v may be the 16-bit tensors (bf16 or fp16, the
 /// precision's) that the f32 operands would be views of (`q16` ...:
 /// carve-select-kernels' carve.read16): the graph reads them as stored.
+/// `dyBthd`: dy is given as [b, t, h, d] (its transpose to [b, h, t, d],
+/// carve-fold-views' "consumer", done by cuDNN's strided input).
 /// `bthd`: dq, dk and dv are written as [b, t, h, d], their dimensions 1 and
 /// 2 exchanged (rank-4 operands; carve-fold-views' "producer" transposes,
 /// done by cuDNN's strided outputs).
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
                                 const void *v, bool v16, Dims vs, const float *mask, Dims ms,
                                 float scale, bool causal, const float *o, const float *lse,
-                                const float *dy, float *dq, float *dk, float *dv,
-                                bool bthd = false);
+                                const float *dy, float *dq, float *dk, float *dv, bool bthd = false,
+                                bool dyBthd = false);
 /// How many attention calls of this process ran as cuDNN graphs (forward,
 /// backward): what tests read to know the library path was taken.
 void cudnnAttentionCalls(int64_t &forward, int64_t &backward);
