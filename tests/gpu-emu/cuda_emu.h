@@ -6,7 +6,7 @@
 // CARVE_KERNEL(grid, block, shared, stream, kernel)(args...) (carve/rt/gpu.h),
 // runs every thread of every block on the CPU (emu.cpp):
 //
-// - The threads of a block are fibers (ucontext) on one OS thread, run one
+// - The threads of a block are fibers (emu.cpp) on one OS thread, run one
 //   at a time: `__syncthreads` parks a thread until every thread of its block
 //   is parked at the same `__syncthreads`, and fails naming the kernel, the
 //   block and both sites when they park at different ones or when a thread

@@ -4,9 +4,9 @@
 // and tests/gpu links this instead of libcudart and libcublas.
 //
 // - Kernels: every block of the grid in turn, every thread of a block a fiber
-//   (ucontext), scheduled until each returns, parked at __syncthreads or at a
-//   warp exchange (cuda_emu.h). Launch configurations are checked against an
-//   sm_90 device's limits.
+//   (carve_emu_switch on x86-64, ucontext elsewhere), scheduled until each
+//   returns, parked at __syncthreads or at a warp exchange (cuda_emu.h).
+//   Launch configurations are checked against an sm_90 device's limits.
 // - Memory: cudaMalloc is one heap block per allocation (AddressSanitizer
 //   puts redzones around each and quarantines freed ones, so an access out
 //   of bounds or after free is reported); a kernel argument or a copy
@@ -52,8 +52,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -363,17 +365,80 @@ cudaError_t forbiddenInCapture(const char *what) {
 // ---- Fibers ----------------------------------------------------------------------
 
 // A fiber's stack, with a page below it that faults: an overflow is a crash
-// at the guard, not a write into the next fiber's stack. 64 KiB, not more:
-// AddressSanitizer's swapcontext clears the shadow of the whole stack it
-// switches to (an eighth of its size) on every switch, and at 256 KiB that
-// memset was 63% of gpu-emu-kernels_basic_test's time.
+// at the guard, not a write into the next fiber's stack. 64 KiB: the deepest
+// kernel (the attention's, with its per-thread arrays) needs well under that.
 constexpr size_t kStackBytes = size_t(64) << 10;
 constexpr size_t kGuardBytes = size_t(4) << 10;
+
+// The switch between fibers. On x86-64: carve_emu_switch, which saves what
+// a function call must preserve and nothing more (the
+// callee-saved registers and the SSE and x87 control words). glibc's
+// swapcontext also saves and restores the signal mask, a system call on each
+// switch, and AddressSanitizer's interceptor of it cleared the shadow of the
+// whole stack it switched to (64 KiB: an 8 KiB memset) on each switch; the
+// two were three quarters of an emulated training step's time. The shadow
+// needs no clearing: every frame on a fiber's stack returns before the fiber
+// ends except the first, fiberMain's, which the next fiber on that stack
+// lays out the same way. Elsewhere, ucontext.
+#if defined(__x86_64__)
+#define CARVE_EMU_FAST_SWITCH 1
+extern "C" void carve_emu_switch(void **save, void *to);
+asm(".text\n"
+    ".globl carve_emu_switch\n"
+    ".type carve_emu_switch, @function\n"
+    "carve_emu_switch:\n"
+    "  pushq %rbp\n"
+    "  pushq %rbx\n"
+    "  pushq %r12\n"
+    "  pushq %r13\n"
+    "  pushq %r14\n"
+    "  pushq %r15\n"
+    "  subq $8, %rsp\n"
+    "  stmxcsr (%rsp)\n"
+    "  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n"
+    "  fldcw 4(%rsp)\n"
+    "  addq $8, %rsp\n"
+    "  popq %r15\n"
+    "  popq %r14\n"
+    "  popq %r13\n"
+    "  popq %r12\n"
+    "  popq %rbx\n"
+    "  popq %rbp\n"
+    "  ret\n"
+    ".size carve_emu_switch, .-carve_emu_switch\n");
+
+/// A new fiber's saved stack pointer: carve_emu_switch to it starts `entry`
+/// on `stack` (the control words the caller's; `entry` never returns).
+void *fiberStart(char *stack, size_t bytes, void (*entry)()) {
+  auto *sp =
+      reinterpret_cast<uint64_t *>((reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15));
+  *--sp = 0;                                  // entry's return address
+  *--sp = reinterpret_cast<uintptr_t>(entry); // where the switch returns to
+  for (int i = 0; i < 6; ++i)
+    *--sp = 0; // rbp, rbx, r12-r15
+  struct {
+    uint32_t mxcsr;
+    uint16_t fcw, pad;
+  } csr{};
+  asm volatile("stmxcsr %0" : "=m"(csr.mxcsr));
+  asm volatile("fnstcw %0" : "=m"(csr.fcw));
+  --sp;
+  std::memcpy(sp, &csr, sizeof csr);
+  return sp;
+}
+#endif
 
 enum class State { Ready, AtBarrier, AtWarp, Done };
 
 struct Fiber {
+#ifdef CARVE_EMU_FAST_SWITCH
+  void *sp = nullptr;
+#else
   ucontext_t ctx;
+#endif
   char *stack = nullptr;
   State state = State::Ready;
   const char *site = nullptr; // where it is parked
@@ -390,7 +455,11 @@ struct Block {
   void *ctx = nullptr;
   std::vector<Fiber> *fibers = nullptr;
   int current = -1;
+#ifdef CARVE_EMU_FAST_SWITCH
+  void *scheduler = nullptr;
+#else
   ucontext_t scheduler;
+#endif
 #ifdef CARVE_EMU_ASAN
   const void *schedulerStack = nullptr;
   size_t schedulerStackSize = 0;
@@ -423,7 +492,11 @@ void switchToScheduler(Fiber &f) {
   void *fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, gBlock->schedulerStack, gBlock->schedulerStackSize);
 #endif
+#ifdef CARVE_EMU_FAST_SWITCH
+  carve_emu_switch(&f.sp, gBlock->scheduler);
+#else
   swapcontext(&f.ctx, &gBlock->scheduler);
+#endif
 #ifdef CARVE_EMU_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -440,7 +513,11 @@ void fiberMain() {
 #ifdef CARVE_EMU_ASAN
   __sanitizer_start_switch_fiber(nullptr, b.schedulerStack, b.schedulerStackSize);
 #endif
+#ifdef CARVE_EMU_FAST_SWITCH
+  carve_emu_switch(&f.sp, b.scheduler); // never resumed
+#else
   setcontext(&b.scheduler);
+#endif
 }
 
 void resume(Block &b, int t) {
@@ -451,7 +528,11 @@ void resume(Block &b, int t) {
   void *fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
 #endif
+#ifdef CARVE_EMU_FAST_SWITCH
+  carve_emu_switch(&b.scheduler, f.sp);
+#else
   swapcontext(&b.scheduler, &f.ctx);
+#endif
 #ifdef CARVE_EMU_ASAN
   __sanitizer_finish_switch_fiber(fake, &b.schedulerStack, &b.schedulerStackSize);
 #endif
@@ -479,11 +560,15 @@ void runBlock(Block &b, const uint3 &blockIdx) {
     f.coords.blockIdx = blockIdx;
     f.coords.blockDim = info.block;
     f.coords.gridDim = info.grid;
+#ifdef CARVE_EMU_FAST_SWITCH
+    f.sp = fiberStart(f.stack, kStackBytes, fiberMain);
+#else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiberMain, 0);
+#endif
   }
   for (;;) {
     for (unsigned t = 0; t < n; ++t)

@@ -87,6 +87,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 import st  # noqa: E402
@@ -106,9 +107,14 @@ class Failure(Exception):
     pass
 
 
-def run(cmd, timeout=TIMEOUT_S):
+def run(cmd, timeout=TIMEOUT_S, env=None):
+    """Runs `cmd`; prints how long it took (where the test's minutes go)."""
+    t = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=env)
+    print("  %6.1f s  %s" % (time.time() - t, " ".join(os.path.basename(c) if i == 0 else c
+                                                        for i, c in enumerate(cmd[:6]))),
+          flush=True)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -190,10 +196,7 @@ def compile_(carve, onnx, plan, target, out, extra=()):
     cmd = [carve, "compile", onnx, "--plan", pj, "--target", target, "-o", out,
            "--quiet"] + list(extra)
     if EMULATED and target == "cuda":
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=TIMEOUT_S,
-                           env=dict(os.environ, CARVE_CUDA_EMULATION=EMULATED))
-        rc, so, se = p.returncode, p.stdout, p.stderr
+        rc, so, se = run(cmd, env=dict(os.environ, CARVE_CUDA_EMULATION=EMULATED))
     else:
         rc, so, se = run(cmd)
     if rc != 0:
