@@ -198,6 +198,9 @@ bool Generator::emitOp(Operation *op) {
       s += opComment(op) + "  // never in memory: read in place by the transposes that read it\n";
     if (producedTransposes.count(op))
       s += opComment(op) + "  // written transposed by the attention gradient above\n";
+    if (accumulatedAdds.count(op))
+      s += opComment(op) +
+           "  // computed by the norm gradient above (it added the residual's gradient)\n";
     return true;
   }
   std::string &s = body;
@@ -221,6 +224,11 @@ bool Generator::emitOp(Operation *op) {
   // carve.copy_by_writer (rule 3h): the op writes the copies after it too.
   for (unsigned k = 0; k < op->getNumResults(); ++k)
     if (Value byWriter = copyByWriter(op, k))
+      s += resultPointer(byWriter);
+  // A norm gradient that computes the add reading its input gradient
+  // (carve.fold = "accumulate") writes that add's copy too (rule 4c).
+  if (accumulatedResidual(op))
+    if (Value byWriter = copyByWriter(producedInto(op->getResult(0)).getDefiningOp(), 0))
       s += resultPointer(byWriter);
   std::string call;
   llvm::raw_string_ostream os(call);
@@ -573,6 +581,19 @@ bool Generator::emitReduction(Operation *op, llvm::raw_ostream &os) {
 /// Layer and RMS normalization and their gradients.
 bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
+  // A gradient marked to compute the add that reads its input gradient
+  // (rule 4c): the residual it adds, then the add's result and its 16-bit
+  // copy (or null) where the input gradient would go.
+  Value residual = accumulatedResidual(op);
+  std::string inputGrad;
+  if (residual) {
+    Value sum = producedInto(op->getResult(0));
+    Value copy = copyByWriter(sum.getDefiningOp(), 0);
+    inputGrad = name(residual) + ", " + resultOrNull(sum) + ", " +
+                (copy ? name(copy) : std::string("nullptr"));
+  } else if (isa<LayerNormGradOp, RmsNormGradOp>(op)) {
+    inputGrad = name(op->getResult(0));
+  }
   if (op->hasAttr(kRead16Attr)) {
     // carve.read16 (rule 3g): the input, scale or bias read as the 16-bit
     // tensors of their values (layer_norm16, ...).
@@ -606,10 +627,10 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
       // The scale and bias gradients' 16-bit casts where they write them
       // (rule 3h), the f32 sums where stored.
       Value s16 = copyByWriter(op, 1), b16 = copyByWriter(op, 2);
-      os << callee(opts, "layer_norm_grad16") + "(" << x << ", " << shapeOf(g.getInput()) << ", "
-         << g.getAxis() << ", " << scale << ", "
+      os << callee(opts, residual ? "layer_norm_grad_add16" : "layer_norm_grad16") + "(" << x
+         << ", " << shapeOf(g.getInput()) << ", " << g.getAxis() << ", " << scale << ", "
          << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
-         << ", " << name(g.getInputGrad()) << ", " << resultOrNull(g.getScaleGrad()) << ", "
+         << ", " << inputGrad << ", " << resultOrNull(g.getScaleGrad()) << ", "
          << resultOrNull(g.getBiasGrad()) << ", " << (s16 ? name(s16) : std::string("nullptr"))
          << ", " << (b16 ? name(b16) : std::string("nullptr")) << ");";
     } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
@@ -623,10 +644,10 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
       if (!arg(g.getInput(), "x16", x) || !arg(g.getScale(), "scale16", scale))
         return false;
       Value s16 = copyByWriter(op, 1);
-      os << callee(opts, "rms_norm_grad16") + "(" << x << ", " << shapeOf(g.getInput()) << ", "
-         << g.getAxis() << ", " << scale << ", "
+      os << callee(opts, residual ? "rms_norm_grad_add16" : "rms_norm_grad16") + "(" << x << ", "
+         << shapeOf(g.getInput()) << ", " << g.getAxis() << ", " << scale << ", "
          << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
-         << ", " << name(g.getInputGrad()) << ", " << resultOrNull(g.getScaleGrad()) << ", "
+         << ", " << inputGrad << ", " << resultOrNull(g.getScaleGrad()) << ", "
          << (s16 ? name(s16) : std::string("nullptr")) << ");";
     }
     return true;
@@ -639,11 +660,13 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
        << scalar(ln.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<LayerNormGradOp>(op)) {
     Value x = g.getInput();
-    os << callee(opts, "layer_norm_grad") + "(" << name(x) << ", " << shapeOf(x) << ", "
-       << g.getAxis() << ", " << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+    if (residual)
+      inputGrad = name(residual) + ", " + name(producedInto(op->getResult(0)));
+    os << callee(opts, residual ? "layer_norm_grad_add" : "layer_norm_grad") + "(" << name(x)
+       << ", " << shapeOf(x) << ", " << g.getAxis() << ", "
+       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
        << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
-       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ", " << name(g.getBiasGrad())
-       << ");";
+       << inputGrad << ", " << name(g.getScaleGrad()) << ", " << name(g.getBiasGrad()) << ");";
   } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
     Value x = rn.getInput();
     os << callee(opts, "rms_norm") + "(" << name(x) << ", " << shapeOf(x) << ", " << rn.getAxis()
@@ -651,10 +674,13 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
        << scalar(rn.getEpsilon().convertToDouble(), x) << ", " << name(res) << ");";
   } else if (auto g = dyn_cast<RmsNormGradOp>(op)) {
     Value x = g.getInput();
-    os << callee(opts, "rms_norm_grad") + "(" << name(x) << ", " << shapeOf(x) << ", "
-       << g.getAxis() << ", " << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
+    if (residual)
+      inputGrad = name(residual) + ", " + name(producedInto(op->getResult(0)));
+    os << callee(opts, residual ? "rms_norm_grad_add" : "rms_norm_grad") + "(" << name(x) << ", "
+       << shapeOf(x) << ", " << g.getAxis() << ", "
+       << (g.getScale() ? name(g.getScale()) : nullOf(x)) << ", "
        << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
-       << name(g.getInputGrad()) << ", " << name(g.getScaleGrad()) << ");";
+       << inputGrad << ", " << name(g.getScaleGrad()) << ");";
   }
   return true;
 }

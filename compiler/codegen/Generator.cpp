@@ -343,6 +343,17 @@ bool Generator::foldTransposes() {
       consumedTransposes.insert(op);
       continue;
     }
+    if (fold == kFoldAccumulate) {
+      // Computed by the norm gradient whose input gradient it reads.
+      Operation *g = producerOf(op);
+      auto gk = g ? g->getAttrOfType<StringAttr>(kKernelAttr) : StringAttr();
+      if (!g || !gk || !gk.getValue().contains("norm_grad_add") ||
+          producedInto(g->getResult(0)) != op->getResult(0) || !accumulatedResidual(g))
+        return failOp(op, "carve.fold = \"accumulate\" on an add whose norm gradient does not "
+                          "run as layer_norm_grad_add or rms_norm_grad_add");
+      accumulatedAdds.insert(op);
+      continue;
+    }
     if (fold == kFoldScatter) {
       Operation *m = scatteredMatmul(op);
       if (!m || !isScatteredProduct(m))

@@ -310,6 +310,10 @@ private:
   // A transpose marked "consumer" (carve-fold-views): no buffer, no code;
   // its reader (cuDNN's attention gradient) reads its input transposed.
   std::set<Operation *> consumedTransposes;
+  // An add marked "accumulate" (carve-fold-views): no code; its buffer (and
+  // its 16-bit copy's) is written by the norm gradient whose input gradient
+  // it reads, from there.
+  std::set<Operation *> accumulatedAdds;
 
   // Fused elementwise chains (carve-fuse-elementwise marked them; read back
   // by fuseElementwise): each group runs as one kernel at its root, the

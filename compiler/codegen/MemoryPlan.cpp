@@ -97,8 +97,11 @@ bool Generator::assignBuffers() {
         continue; // every reader reads its 16-bit tensor (carve-plan-memory gave it no memory)
       Region reg = isa<ConstantOp>(op) ? Region::Constant : Region::Activation;
       int def = k;
-      if (producedTransposes.count(op))
+      if (producedTransposes.count(op) || accumulatedAdds.count(op))
         def = index[producerOf(op)]; // written by it
+      if (isa<CastOp>(op) && op->hasAttr(kCopyByWriterAttr))
+        if (Operation *a = op->getOperand(0).getDefiningOp(); a && accumulatedAdds.count(a))
+          def = index[producerOf(a)]; // the add's copy, written by its norm gradient
       bufferOf[r] = newBuffer(reg, bytesOf(r), def, name);
       buffers.back().owner = r;
     }
@@ -109,6 +112,14 @@ bool Generator::assignBuffers() {
         gatheredOperands.count(op) || foldedViews.count(op) || producedTransposes.count(op) ||
         consumedTransposes.count(op) || isa<ReshapeOp>(op))
       continue;
+    if (accumulatedAdds.count(op)) {
+      // Its norm gradient reads the residual, where it runs.
+      Operation *g = producerOf(op);
+      auto it = bufferOf.find(accumulatedResidual(g));
+      if (it != bufferOf.end())
+        buffers[it->second].lastUse = std::max(buffers[it->second].lastUse, index[g]);
+      continue;
+    }
     if (isa<TransposeOp>(op))
       if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {
         // The folded slice's source, read in place (transpose_view).

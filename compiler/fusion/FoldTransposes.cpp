@@ -171,13 +171,43 @@ Value producedInto(Value v) {
   if (!v.hasOneUse())
     return Value();
   Operation *u = *v.getUsers().begin();
-  return isa<TransposeOp>(u) && foldOf(u) == kFoldProducer ? u->getResult(0) : Value();
+  if (isa<TransposeOp>(u) && foldOf(u) == kFoldProducer)
+    return u->getResult(0);
+  if (isa<AddOp>(u) && foldOf(u) == kFoldAccumulate && isa<OpResult>(v) &&
+      cast<OpResult>(v).getResultNumber() == 0 &&
+      isa<LayerNormGradOp, RmsNormGradOp>(v.getDefiningOp()))
+    return u->getResult(0);
+  return Value();
 }
 
-Operation *producerOf(Operation *transpose) {
-  return isa<TransposeOp>(transpose) && foldOf(transpose) == kFoldProducer
-             ? transpose->getOperand(0).getDefiningOp()
-             : nullptr;
+/// For an add marked "accumulate": its operand that is the norm gradient's
+/// input gradient (0 or 1), or -1.
+static int accumulatedOperand(Operation *add) {
+  if (!isa<AddOp>(add) || foldOf(add) != kFoldAccumulate)
+    return -1;
+  for (unsigned i = 0; i < 2; ++i) {
+    Value v = add->getOperand(i);
+    if (isa<OpResult>(v) && cast<OpResult>(v).getResultNumber() == 0 &&
+        isa<LayerNormGradOp, RmsNormGradOp>(v.getDefiningOp()) && v.hasOneUse())
+      return (int)i;
+  }
+  return -1;
+}
+
+Operation *producerOf(Operation *op) {
+  if (isa<TransposeOp>(op) && foldOf(op) == kFoldProducer)
+    return op->getOperand(0).getDefiningOp();
+  if (int i = accumulatedOperand(op); i >= 0)
+    return op->getOperand(i).getDefiningOp();
+  return nullptr;
+}
+
+Value accumulatedResidual(Operation *normGrad) {
+  if (!isa<LayerNormGradOp, RmsNormGradOp>(normGrad) || !normGrad->getResult(0).hasOneUse())
+    return Value();
+  Operation *add = *normGrad->getResult(0).getUsers().begin();
+  const int i = accumulatedOperand(add);
+  return i < 0 ? Value() : add->getOperand(1 - i);
 }
 
 Value consumedFrom(Value v) {
@@ -406,6 +436,33 @@ TransposeOp dyTranspose(AttentionGradStatsOp g, const PlanAttrs &plan) {
   return t;
 }
 
+/// An add of a layer or RMS norm gradient's input gradient (read by the add
+/// alone) and a tensor of the same f32 type defined before the norm
+/// gradient, where the add is neither fused, folded nor rounded as
+/// written: the norm gradient can write the sum.
+bool accumulable(AddOp add) {
+  if (!foldOf(add).empty() || add->hasAttr(kFusionGroupAttr) || add->hasAttr(kRound16Attr))
+    return false;
+  auto t = dyn_cast<RankedTensorType>(add.getType());
+  if (!t || !t.getElementType().isF32() || t.getNumElements() == 0)
+    return false;
+  for (unsigned i = 0; i < 2; ++i) {
+    Value dx = add->getOperand(i), res = add->getOperand(1 - i);
+    Operation *g = dx.getDefiningOp();
+    if (!g || !isa<LayerNormGradOp, RmsNormGradOp>(g) ||
+        cast<OpResult>(dx).getResultNumber() != 0 || !dx.hasOneUse() || dx == res ||
+        g->getBlock() != add->getBlock() || !foldOf(g).empty() || g->hasAttr(kFusionGroupAttr) ||
+        g->hasAttr(kRound16Attr) || dx.getType() != t || res.getType() != t)
+      continue;
+    // The residual must exist when the norm gradient runs.
+    if (Operation *d = res.getDefiningOp())
+      if (d->getBlock() != g->getBlock() || !d->isBeforeInBlock(g))
+        continue;
+    return true;
+  }
+  return false;
+}
+
 struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -437,6 +494,12 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
         if (TransposeOp t = dyTranspose(g, *plan)) {
           t->setAttr(kFoldAttr, b.getStringAttr(kFoldConsumer));
           ++numConsumed;
+        }
+      });
+      fn.walk([&](AddOp a) {
+        if (accumulable(a)) {
+          a->setAttr(kFoldAttr, b.getStringAttr(kFoldAccumulate));
+          ++numAccumulated;
         }
       });
     }

@@ -39,8 +39,9 @@ bool isFusible(mlir::Operation *op);
 /// ones a GEMM's transpose flag covers).
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
-/// kFoldProduct, kFoldScatter, kFoldGather, kFoldView, kFoldProducer or
-/// kFoldConsumer (carve-fold-views), or "" when it is not folded.
+/// kFoldProduct, kFoldScatter, kFoldGather, kFoldView, kFoldProducer,
+/// kFoldConsumer or kFoldAccumulate (carve-fold-views), or "" when it is not
+/// folded.
 llvm::StringRef foldOf(mlir::Operation *op);
 
 /// A strided view of a contiguous tensor `base`: element (i0, i1, ...) of
@@ -64,12 +65,18 @@ std::optional<StridedView> sliceViewOf(mlir::Value v);
 /// only: what a transpose reading `v` reads in place.
 std::optional<StridedView> foldedViewOf(mlir::Value v);
 
-/// The result of the transpose marked "producer" (carve-fold-views) that
-/// reads `v`, its only reader, where `v`'s op writes it there transposed;
-/// null otherwise.
+/// Where `v`'s op writes `v` instead of `v`'s own memory: the result of the
+/// transpose marked "producer" that reads `v`, its only reader (written
+/// transposed), or of the add marked "accumulate" that reads it (written
+/// with the add's other operand added: accumulatedResidual); null otherwise.
 mlir::Value producedInto(mlir::Value v);
-/// For a transpose marked "producer": the op that writes its result.
-mlir::Operation *producerOf(mlir::Operation *transpose);
+/// For a transpose marked "producer" or an add marked "accumulate"
+/// (carve-fold-views): the op that writes its result; null otherwise.
+mlir::Operation *producerOf(mlir::Operation *op);
+/// For a layer or RMS norm gradient whose input gradient an add marked
+/// "accumulate" reads: the add's other operand, which the norm gradient
+/// adds as it writes the add's result; null otherwise.
+mlir::Value accumulatedResidual(mlir::Operation *normGrad);
 /// `v` where it is the result of a transpose marked "consumer"
 /// (carve-fold-views): that transpose's input, which its reader reads in
 /// place; null otherwise.

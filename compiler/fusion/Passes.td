@@ -46,7 +46,7 @@ def CarveFuseElementwise : Pass<"carve-fuse-elementwise", "mlir::ModuleOp"> {
 }
 
 def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
-  let summary = "Slices read in place by the transposes that read them (CUDA target)";
+  let summary = "Slices read in place by their transposes, and other copies and adds that the ops around them absorb (CUDA target)";
   let description = [{
     A tensor split into parts that are then transposed (the QKV projection's
     output split into q, k and v, each reshaped to heads and transposed to
@@ -90,6 +90,19 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     transpose is no call and never in memory, and its input lives until the
     attention gradient.
 
+    And it marks `carve.fold = "accumulate"` a carve.add of a carve.layer_norm_grad's
+    or carve.rms_norm_grad's input gradient and another f32 tensor of the
+    same shape (the residual branch's gradient), where the input gradient is
+    read by the add alone, the other operand is defined before the norm
+    gradient, and neither op is fused, folded or rounded as written: the norm
+    gradient adds that operand as it writes its input gradient, into the
+    add's result (`layer_norm_grad_add`, `rms_norm_grad_add` and their 16-bit
+    forms, carve-select-kernels), and writes the add's 16-bit copy where the
+    add would have (rule 3h). The input gradient is never in memory, the add
+    is no call, and its result lives from the norm gradient
+    (carve-plan-memory). The same values: the same f32 sum of the same two
+    values (an add commutes exactly), rounded the same way for the copy.
+
     Only on the CUDA target (the CPU runtime copies the slice); it runs
     right before carve-plan-memory, after every pass that adds readers.
     Before: the functions the emitter prints. After: the marks above;
@@ -100,7 +113,9 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     Statistic<"numProduced", "num-produced",
               "Transposes of attention gradients written by cuDNN in their place">,
     Statistic<"numConsumed", "num-consumed",
-              "Transposes of an attention gradient's dy that cuDNN reads in place">
+              "Transposes of an attention gradient's dy that cuDNN reads in place">,
+    Statistic<"numAccumulated", "num-accumulated",
+              "Adds of a norm gradient's input gradient that the norm gradient computes">
   ];
 }
 

@@ -519,6 +519,25 @@ struct Model {
             GpuClass::Normalization, 12 * n, inOut());
         add("sumPartials", GpuClass::Normalization, 0, 0);
       }
+    } else if (kernel == "layer_norm_grad_add" || kernel == "rms_norm_grad_add" ||
+               kernel == "layer_norm_grad_add16" || kernel == "rms_norm_grad_add16") {
+      // Also reads the residual and writes the add's sum (in the input
+      // gradient's place, counted by inOut unless the sum is stored in 16
+      // bits only) and its 16-bit copy (rule 4c).
+      if (numel(op->getOperand(0)) > 0) {
+        Value sum = producedInto(op->getResult(0));
+        double bytes = inOut() + bytesOf(accumulatedResidual(op));
+        for (Operation *c = sum ? sum.getDefiningOp()->getNextNode() : nullptr; c && isa<CastOp>(c);
+             c = c->getNextNode())
+          if (c->hasAttr(kCopyByWriterAttr) && c->getOperand(0) == sum) {
+            bytes +=
+                2.0 * numel(c->getResult(0)) - (neverStoredF32(sum, *plan) ? bytesOf(sum) : 0.0);
+            break;
+          }
+        add(kernel.starts_with("layer_norm") ? "layerNormGradKernel" : "rmsNormGradKernel",
+            GpuClass::Normalization, 13 * n, bytes);
+        add("sumPartials", GpuClass::Normalization, 0, 0);
+      }
     } else if (kernel == "attention") {
       attention(op, false);
     } else if (kernel == "attention_grad") {

@@ -116,6 +116,16 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          "producer" (dq, dk and dv of a cuDNN attention gradient, written
          by it as [b, t, h, d]) or "consumer" (dy of such a gradient, read
          by it as [b, t, h, d]) runs as `none`;
+      4c. on the CUDA target, an add carve-fold-views marked
+         (carve.fold = "accumulate") runs as `none`, and the layer or RMS
+         norm gradient whose input gradient it reads as
+         `layer_norm_grad_add` / `rms_norm_grad_add`: it adds the add's
+         other operand as it writes the add's result; under bf16/fp16 the
+         first 16-bit copy among the copies right after the add is written
+         by it too (as rule 3h: `layer_norm_grad_add16` /
+         `rms_norm_grad_add16`, the copy `none` with
+         `carve.copy_by_writer`); rule 3g's 16-bit reads turn the entries
+         into their 16-bit forms as they do `layer_norm_grad`'s;
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;

@@ -211,8 +211,8 @@ Choice select(Operation *op, StringRef target) {
   // 2. No call of its own.
   StringRef fold = foldOf(op);
   if (isa<ConstantOp, ReshapeOp>(op) || fold == kFoldOperand || fold == kFoldView ||
-      fold == kFoldProducer || fold == kFoldConsumer || isProductMatmul(op) ||
-      isScatteredProduct(op) || isGatheredOperand(op))
+      fold == kFoldProducer || fold == kFoldConsumer || fold == kFoldAccumulate ||
+      isProductMatmul(op) || isScatteredProduct(op) || isGatheredOperand(op))
     return call(kNoKernel);
   // 3. Products computed where they are read.
   if (fold == kFoldProduct)
@@ -266,12 +266,12 @@ Choice select(Operation *op, StringRef target) {
     return call("softmax_grad");
   if (isa<LayerNormOp>(op))
     return call("layer_norm");
-  if (isa<LayerNormGradOp>(op))
-    return call("layer_norm_grad");
+  if (isa<LayerNormGradOp>(op)) // adding the residual's gradient (carve-fold-views), or not
+    return call(accumulatedResidual(op) ? "layer_norm_grad_add" : "layer_norm_grad");
   if (isa<RmsNormOp>(op))
     return call("rms_norm");
   if (isa<RmsNormGradOp>(op))
-    return call("rms_norm_grad");
+    return call(accumulatedResidual(op) ? "rms_norm_grad_add" : "rms_norm_grad");
   if (isa<AttentionOp>(op))
     return call("attention");
   if (isa<AttentionGradOp>(op))
@@ -373,8 +373,9 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
             op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, it->second));
             ++numRead16Ops;
             if (c.kernel == "layer_norm" || c.kernel == "layer_norm_grad" ||
-                c.kernel == "rms_norm" || c.kernel == "rms_norm_grad" || c.kernel == "unary_grad" ||
-                c.kernel == "binary" || c.kernel == "gather")
+                c.kernel == "layer_norm_grad_add" || c.kernel == "rms_norm" ||
+                c.kernel == "rms_norm_grad" || c.kernel == "rms_norm_grad_add" ||
+                c.kernel == "unary_grad" || c.kernel == "binary" || c.kernel == "gather")
               c = call((c.kernel + "16").c_str());
             else if (c.kernel != "fused" && c.error.empty())
               c = refuse("carve-select-kernels: rule 3g marks an operand read as 16 bits, but '" +
@@ -491,6 +492,10 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
   void copiesByWriter(func::FuncOp fn, StringRef precision) {
     MLIRContext *ctx = fn.getContext();
     for (Operation &op : fn.getBody().front().without_terminator()) {
+      if (foldOf(&op) == kFoldAccumulate) {
+        accumulatedCopy(&op, precision);
+        continue;
+      }
       StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
       if (!k || op.getNumResults() != 1 || op.hasAttr(kFusionGroupAttr) ||
           op.hasAttr(kWrite16Attr) || op.hasAttr(kRound16InCopyAttr))
@@ -528,6 +533,36 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         ++numCopyByWriter;
         break; // one copy per writer
       }
+    }
+  }
+
+  /// Rule 3h for an add a norm gradient computes (carve.fold =
+  /// "accumulate"): its 16-bit copy among the copies right after it is
+  /// written by the norm gradient as it writes the sum (layer_norm_grad_add16,
+  /// rms_norm_grad_add16; the copy is no call, marked carve.copy_by_writer).
+  void accumulatedCopy(Operation *add, StringRef precision) {
+    MLIRContext *ctx = add->getContext();
+    Operation *g = producerOf(add);
+    StringAttr gk = g ? g->getAttrOfType<StringAttr>(kKernelAttr) : StringAttr();
+    if (!gk)
+      return;
+    for (Operation *n = add->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+      auto c = cast<CastOp>(n);
+      StringAttr ck = n->getAttrOfType<StringAttr>(kKernelAttr);
+      Type to = elementOf(c.getResult());
+      if (c.getInput() != add->getResult(0) || !ck ||
+          (ck.getValue() != "toBf16" && ck.getValue() != "toF16") ||
+          !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
+        continue;
+      if (!g->hasAttr(kRead16Attr))
+        g->setAttr(kRead16Attr,
+                   DenseBoolArrayAttr::get(ctx, SmallVector<bool>(g->getNumOperands(), false)));
+      if (!gk.getValue().ends_with("16"))
+        g->setAttr(kKernelAttr, StringAttr::get(ctx, gk.getValue().str() + "16"));
+      n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+      n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
+      ++numCopyByWriter;
+      return; // one copy per writer
     }
   }
 

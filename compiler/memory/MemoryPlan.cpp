@@ -442,8 +442,12 @@ private:
               at = w;
             for (Operation *n = at->getNextNode(); n && isa<CastOp, ReshapeOp>(n);
                  n = n->getNextNode())
-              if (n == op && index.count(at))
+              if (n == op && index.count(at)) {
                 born = index.lookup(at);
+                // An add a norm gradient computes: the copy is written there.
+                if (Operation *p = isa<AddOp>(at) ? producerOf(at) : nullptr; p && index.count(p))
+                  born = index.lookup(p);
+              }
           }
         buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), born);
         owned[r] = buffer[r];
@@ -457,6 +461,12 @@ private:
           foldOf(op) == kFoldConsumer || isProductMatmul(op) || isScatteredProduct(op) ||
           isGatheredOperand(op) || isa<ReshapeOp>(op))
         continue;
+      if (foldOf(op) == kFoldAccumulate) {
+        // Computed by its norm gradient, which reads the residual there.
+        if (Operation *g = producerOf(op); g && index.count(g))
+          extend(accumulatedResidual(g), index.lookup(g));
+        continue;
+      }
       if (isa<TransposeOp>(op))
         if (std::optional<StridedView> view = foldedViewOf(op->getOperand(0))) {
           // Reads the folded slice's source in place (carve-fold-views).

@@ -132,6 +132,14 @@ constexpr const char *kFoldProducer = "producer";
 /// cuDNN's attention gradient reading dy as [b, t, h, d]); the transpose is
 /// never in memory and no call.
 constexpr const char *kFoldConsumer = "consumer";
+/// On an add: "accumulate" when one operand is a layer or RMS norm
+/// gradient's input gradient, read by the add alone, and the other is
+/// defined before that gradient: the norm gradient adds the other operand
+/// (the residual branch's gradient) as it writes its input gradient, into
+/// the add's result and its 16-bit copy (carve-fold-views; the CUDA
+/// runtime's layer_norm_grad_add, rms_norm_grad_add and their 16-bit
+/// forms). The input gradient is never in memory and the add is no call.
+constexpr const char *kFoldAccumulate = "accumulate";
 
 // Lowering (carve-select-kernels).
 /// On an op the emitter prints: the runtime entry it runs as on the plan's

@@ -169,19 +169,38 @@ __global__ void layerNormKernel(X x, S scale, S bias, float eps, Y y, int64_t R,
   }
 }
 
-/// dx per row; with `part`, block b also sums dy * xhat and dy over its rows
-/// into part[b][0, N) and part[b][N, 2N) (each thread owns its columns, so
-/// no two threads touch one entry).
-template <class X, class S>
-__global__ void layerNormGradKernel(X x, S scale, float eps, const float *dy, float *dx,
-                                    float *part, int64_t R, int64_t N) {
+/// A norm gradient's input gradient added to the residual branch's
+/// gradient `res` (carve-select-kernels' rule 4c: the add after it, computed
+/// here): the sum written to `y` and its 16-bit copy `y16` (fmt 1: bf16, 2:
+/// fp16; rounded to nearest even, as toBf16 / toF16 round), each skipped
+/// where null. The sum is the add's: the same two f32 values, added once
+/// (__fadd_rn: never contracted into the product before it).
+struct AddOut {
+  const float *res;
+  float *y;
+  uint16_t *y16;
+  int fmt;
+};
+__device__ __forceinline__ void store(const AddOut &o, int64_t e, float v) {
+  const float s = __fadd_rn(o.res[e], v);
+  if (o.y)
+    o.y[e] = s;
+  if (o.y16)
+    o.y16[e] = o.fmt == 1 ? carve::rt::ew::bf16Bits(s) : carve::rt::ew::f16Bits(s);
+}
+
+/// dx per row (D: `float *`, or AddOut); with `part`, block b also sums
+/// dy * xhat and dy over its rows into part[b][0, N) and part[b][N, 2N)
+/// (each thread owns its columns, so no two threads touch one entry).
+template <class X, class S, class D>
+__global__ void layerNormGradKernel(X x, S scale, float eps, const float *dy, D dx, float *part,
+                                    int64_t R, int64_t N) {
   __shared__ float sh[32];
   float *ps = part ? part + static_cast<int64_t>(blockIdx.x) * 2 * N : nullptr;
   bool first = true;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const X xr = x + r * N;
     const float *gr = dy + r * N;
-    float *dr = dx + r * N;
     float mean, rstd;
     rowMoments(xr, N, eps, sh, mean, rstd);
     // With g = dy * scale and xhat = (x - mean) * rstd:
@@ -198,7 +217,7 @@ __global__ void layerNormGradKernel(X x, S scale, float eps, const float *dy, fl
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
       const float xh = (xr[i] - mean) * rstd;
       const float g = scale ? gr[i] * scale[i] : gr[i];
-      dr[i] = rstd * (g - mg - xh * mgx);
+      store(dx, r * N + i, rstd * (g - mg - xh * mgx));
       if (ps) {
         ps[i] = first ? gr[i] * xh : ps[i] + gr[i] * xh;
         ps[N + i] = first ? gr[i] : ps[N + i] + gr[i];
@@ -220,8 +239,8 @@ __global__ void rmsNormKernel(X x, S scale, float eps, Y y, int64_t R, int64_t N
 }
 
 /// As layerNormGradKernel; `part` (when set) gets the sums of dy * xhat only.
-template <class X, class S>
-__global__ void rmsNormGradKernel(X x, S scale, float eps, const float *dy, float *dx, float *part,
+template <class X, class S, class D>
+__global__ void rmsNormGradKernel(X x, S scale, float eps, const float *dy, D dx, float *part,
                                   int64_t R, int64_t N) {
   __shared__ float sh[32];
   float *ps = part ? part + static_cast<int64_t>(blockIdx.x) * N : nullptr;
@@ -229,7 +248,6 @@ __global__ void rmsNormGradKernel(X x, S scale, float eps, const float *dy, floa
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const X xr = x + r * N;
     const float *gr = dy + r * N;
-    float *dr = dx + r * N;
     const float rs = rowRms(xr, N, eps, sh);
     // With g = dy * scale and xhat = x * rs: dx = rs * (g - xhat * mean(g * xhat)).
     float sgx = 0;
@@ -241,7 +259,7 @@ __global__ void rmsNormGradKernel(X x, S scale, float eps, const float *dy, floa
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
       const float xh = xr[i] * rs;
       const float g = scale ? gr[i] * scale[i] : gr[i];
-      dr[i] = rs * (g - xh * mgx);
+      store(dx, r * N + i, rs * (g - xh * mgx));
       if (ps)
         ps[i] = first ? gr[i] * xh : ps[i] + gr[i] * xh;
     }
@@ -345,8 +363,8 @@ void layerNormAs(X x, Dims xs, int axis, S scale, S bias, float eps, Y y) {
   checkLaunch("layer_norm");
 }
 
-template <class X, class S>
-void layerNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, float *dx,
+template <class X, class S, class D>
+void layerNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, D dx,
                      GradOut dscale, GradOut dbias) {
   axis = normAxis(axis, xs.rank, "layer_norm_grad");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
@@ -381,8 +399,8 @@ void rmsNormAs(X x, Dims xs, int axis, S scale, float eps, Y y) {
   checkLaunch("rms_norm");
 }
 
-template <class X, class S>
-void rmsNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, float *dx,
+template <class X, class S, class D>
+void rmsNormGradAs(X x, Dims xs, int axis, S scale, float eps, const float *dy, D dx,
                    GradOut dscale) {
   axis = normAxis(axis, xs.rank, "rms_norm_grad");
   const int64_t R = prod(xs, 0, axis), N = prod(xs, axis, xs.rank);
@@ -437,6 +455,24 @@ void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *s
                   GradOut{dscale, dscale16, fmt}, GradOut{dbias, dbias16, fmt});
 }
 
+void layer_norm_grad_add(const float *x, Dims xs, int axis, const float *scale, float eps,
+                         const float *dy, const float *residual, float *dx, float *dscale,
+                         float *dbias) {
+  layerNormGradAs(x, xs, axis, scale, eps, dy, AddOut{residual, dx, nullptr, 0}, GradOut{dscale},
+                  GradOut{dbias});
+}
+
+void layer_norm_grad_add16(const void *x, bool x16, Dims xs, int axis, const void *scale,
+                           bool scale16, float eps, const float *dy, const float *residual,
+                           float *dx, uint16_t *dx16, float *dscale, float *dbias,
+                           uint16_t *dscale16, uint16_t *dbias16) {
+  const char *op = "layer_norm_grad_add16";
+  const int fmt = dx16 || dscale16 || dbias16 ? format16For(op) : 0;
+  layerNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy,
+                  AddOut{residual, dx, dx16, fmt}, GradOut{dscale, dscale16, fmt},
+                  GradOut{dbias, dbias16, fmt});
+}
+
 void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y) {
   rmsNormAs(x, xs, axis, scale, eps, y);
 }
@@ -461,6 +497,20 @@ void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *sca
   const char *op = "rms_norm_grad16";
   rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx,
                 GradOut{dscale, dscale16, dscale16 ? format16For(op) : 0});
+}
+
+void rms_norm_grad_add(const float *x, Dims xs, int axis, const float *scale, float eps,
+                       const float *dy, const float *residual, float *dx, float *dscale) {
+  rmsNormGradAs(x, xs, axis, scale, eps, dy, AddOut{residual, dx, nullptr, 0}, GradOut{dscale});
+}
+
+void rms_norm_grad_add16(const void *x, bool x16, Dims xs, int axis, const void *scale,
+                         bool scale16, float eps, const float *dy, const float *residual, float *dx,
+                         uint16_t *dx16, float *dscale, uint16_t *dscale16) {
+  const char *op = "rms_norm_grad_add16";
+  const int fmt = dx16 || dscale16 ? format16For(op) : 0;
+  rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy,
+                AddOut{residual, dx, dx16, fmt}, GradOut{dscale, dscale16, fmt});
 }
 
 } // namespace carve::gpu

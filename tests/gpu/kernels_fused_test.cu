@@ -799,6 +799,77 @@ template <int F> void testFusedCopies16() {
   expectEqual(w + " beside it, output 1", z2->download(), y1->download());
 }
 
+/// The norm gradients adding the residual's gradient (layer_norm_grad_add,
+/// rms_norm_grad_add and their 16-bit forms; carve-select-kernels' rule
+/// 4c): bit for bit the gradient followed by binary(Add) and, under bf16 and
+/// fp16, that sum's 16-bit copy (toBf16 / toF16); the parameter gradients as
+/// the gradient alone gives them; a null f32 sum writes the copy only; many
+/// rows per block (the partials' path) and one.
+void testNormGradAdd() {
+  for (const Dims s : {Dims{6, 768}, Dims{2, 3, 40}, Dims{3000, 64}}) {
+    const int64_t n = s.numel(), N = s.d[s.rank - 1];
+    auto x = up(randn(n)), dy = up(randn(n)), res = up(randn(n));
+    auto sc = up(uniform(N, 0.5f, 1.5f));
+    const float eps = 1e-5f;
+    auto wdx = poisoned<float>(n), wds = poisoned<float>(N), wdb = poisoned<float>(N);
+    auto rwdx = poisoned<float>(n), rwds = poisoned<float>(N);
+    auto sum = poisoned<float>(n), rsum = poisoned<float>(n);
+    g::layer_norm_grad(x->p, s, -1, sc->p, eps, dy->p, wdx->p, wds->p, wdb->p);
+    g::binary(rt::Binary::Add, res->p, s, wdx->p, s, sum->p, s);
+    g::rms_norm_grad(x->p, s, -1, sc->p, eps, dy->p, rwdx->p, rwds->p);
+    g::binary(rt::Binary::Add, rwdx->p, s, res->p, s, rsum->p, s);
+    {
+      auto dx = poisoned<float>(n), ds = poisoned<float>(N), db = poisoned<float>(N);
+      auto rdx = poisoned<float>(n), rds = poisoned<float>(N);
+      g::layer_norm_grad_add(x->p, s, -1, sc->p, eps, dy->p, res->p, dx->p, ds->p, db->p);
+      g::rms_norm_grad_add(x->p, s, -1, sc->p, eps, dy->p, res->p, rdx->p, rds->p);
+      const std::string w = str(s) + " f32";
+      expectEqual("layer_norm_grad_add sum " + w, dx->download(), sum->download());
+      expectEqual("layer_norm_grad_add dscale " + w, ds->download(), wds->download());
+      expectEqual("layer_norm_grad_add dbias " + w, db->download(), wdb->download());
+      expectEqual("rms_norm_grad_add sum " + w, rdx->download(), rsum->download());
+      expectEqual("rms_norm_grad_add dscale " + w, rds->download(), rwds->download());
+    }
+    for (int f16 = 0; f16 < 2; ++f16) {
+      const rt::Precision p = f16 ? rt::Precision::F16 : rt::Precision::BF16;
+      auto sum16 = poisoned<uint16_t>(n), rsum16 = poisoned<uint16_t>(n);
+      auto wds16 = poisoned<uint16_t>(N), wdb16 = poisoned<uint16_t>(N);
+      auto rwds16 = poisoned<uint16_t>(N);
+      g::setPrecision(p);
+      (f16 ? g::toF16 : g::toBf16)(sum->p, sum16->p, n);
+      (f16 ? g::toF16 : g::toBf16)(rsum->p, rsum16->p, n);
+      (f16 ? g::toF16 : g::toBf16)(wds->p, wds16->p, N);
+      (f16 ? g::toF16 : g::toBf16)(wdb->p, wdb16->p, N);
+      (f16 ? g::toF16 : g::toBf16)(rwds->p, rwds16->p, N);
+      g::setPrecision(rt::Precision::F32);
+      for (bool keep32 : {true, false}) {
+        auto dx = poisoned<float>(n), rdx = poisoned<float>(n);
+        auto dx16 = poisoned<uint16_t>(n), rdx16 = poisoned<uint16_t>(n);
+        auto ds16 = poisoned<uint16_t>(N), db16 = poisoned<uint16_t>(N),
+             rds16 = poisoned<uint16_t>(N);
+        g::setPrecision(p);
+        g::layer_norm_grad_add16(x->p, false, s, -1, sc->p, false, eps, dy->p, res->p,
+                                 keep32 ? dx->p : nullptr, dx16->p, nullptr, nullptr, ds16->p,
+                                 db16->p);
+        g::rms_norm_grad_add16(x->p, false, s, -1, sc->p, false, eps, dy->p, res->p,
+                               keep32 ? rdx->p : nullptr, rdx16->p, nullptr, rds16->p);
+        g::setPrecision(rt::Precision::F32);
+        const std::string w =
+            str(s) + (f16 ? " fp16" : " bf16") + (keep32 ? " with the f32 sum" : " copy only");
+        if (keep32) {
+          expectEqual("layer_norm_grad_add16 sum " + w, dx->download(), sum->download());
+          expectEqual("rms_norm_grad_add16 sum " + w, rdx->download(), rsum->download());
+        }
+        expectEqual("layer_norm_grad_add16 copy " + w, dx16->download(), sum16->download());
+        expectEqual("layer_norm_grad_add16 dscale16 " + w, ds16->download(), wds16->download());
+        expectEqual("layer_norm_grad_add16 dbias16 " + w, db16->download(), wdb16->download());
+        expectEqual("rms_norm_grad_add16 copy " + w, rdx16->download(), rsum16->download());
+        expectEqual("rms_norm_grad_add16 dscale16 " + w, rds16->download(), rwds16->download());
+      }
+    }
+  }
+}
+
 /// The norms and a fused chain reading operands as their 16-bit tensors
 /// (layer_norm16, layer_norm_grad16, rms_norm16, rms_norm_grad16, fused with
 /// in16; carve.read16, rule 3g) under bf16 and fp16: bit for bit what the
@@ -1188,6 +1259,7 @@ int main() {
   testRmsNorm(Dims{2500, 33}, -1, true);
   testNormNoRows();
   testRead16();
+  testNormGradAdd();
 
   // Attention.
   const std::vector<AttnCase> cases = {

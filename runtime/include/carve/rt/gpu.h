@@ -246,6 +246,24 @@ void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, b
                 float eps, float *y, uint16_t *y16, bool round);
 void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                      float eps, const float *dy, float *dx, float *dscale, uint16_t *dscale16);
+/// The norm gradients with the add after them computed in the same pass
+/// (carve-select-kernels' rule 4c, the backward's residual connection): the
+/// input gradient is added to `residual` and the sum written to `dx` and
+/// its 16-bit copy `dx16` (the precision's format, rounded to nearest even;
+/// either may be null) instead of the input gradient. The same bits as the
+/// gradient followed by binary(Add) (and its copy).
+void layer_norm_grad_add(const float *x, Dims xs, int axis, const float *scale, float eps,
+                         const float *dy, const float *residual, float *dx, float *dscale,
+                         float *dbias);
+void layer_norm_grad_add16(const void *x, bool x16, Dims xs, int axis, const void *scale,
+                           bool scale16, float eps, const float *dy, const float *residual,
+                           float *dx, uint16_t *dx16, float *dscale, float *dbias,
+                           uint16_t *dscale16, uint16_t *dbias16);
+void rms_norm_grad_add(const float *x, Dims xs, int axis, const float *scale, float eps,
+                       const float *dy, const float *residual, float *dx, float *dscale);
+void rms_norm_grad_add16(const void *x, bool x16, Dims xs, int axis, const void *scale,
+                         bool scale16, float eps, const float *dy, const float *residual, float *dx,
+                         uint16_t *dx16, float *dscale, uint16_t *dscale16);
 /// Fused, tiled attention (online softmax): never writes the [Tq, Tk] score
 /// matrix. Same semantics as carve::rt::attention.
 void attention(const float *q, Dims qs, const float *k, Dims ks, const float *v, Dims vs,
