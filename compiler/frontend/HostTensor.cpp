@@ -198,6 +198,12 @@ HostTensor hostBinary(StringRef op, const HostTensor &a, const HostTensor &b) {
   ShapeOrError s = broadcastShapes(a.shape, b.shape);
   if (!s.ok())
     throw HostError(s.error);
+  // ONNX gives both operands one type T (Pow alone takes its exponent's
+  // type apart): an int64 tensor plus a float one is a malformed model, not
+  // a float sum to store in int64.
+  if (op != "Pow" && a.kind != b.kind)
+    throw HostError("operand element types differ (" + elemKindName((int)a.kind) + " vs " +
+                    elemKindName((int)b.kind) + ")");
   bool cmp = op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" ||
              op == "GreaterOrEqual" || op == "And" || op == "Or";
   bool fl = a.isFloat() || b.isFloat();

@@ -155,6 +155,24 @@ def build_cases(root, export_script):
                 [f32("a", [2, 3]), f32("b", [4, 5])], [f32("y", None)])
     cases.append(Case("add_inconsistent_shapes", d("add_shapes.onnx"),
                       expect=["bad_add", "Add", "[2, 3]", "[4, 5]", "broadcast"]))
+    # Operands of two element types (ONNX gives Add one type T): on the
+    # graph, and between constants the importer folds on the host (where
+    # the sum once came out as a float stored in int64).
+    wi = numpy_helper.from_array(np.ones(4, np.int64), "wi")
+    write_model(d("add_mixed_types.onnx"),
+                [helper.make_node("Add", ["x", "wi"], ["y"], name="mixed_add")], x4, y4, [wi])
+    cases.append(Case("add_mixed_element_types", d("add_mixed_types.onnx"),
+                      expect=["mixed_add", "Add", "element types differ", "f32", "i64"]))
+    write_model(d("add_mixed_constants.onnx"),
+                [helper.make_node("Constant", [], ["ci"], name="const_i", value=wi),
+                 helper.make_node("Constant", [], ["cf"], name="const_f",
+                                  value=numpy_helper.from_array(np.full(4, 0.5, np.float32))),
+                 helper.make_node("Add", ["ci", "cf"], ["c"], name="mixed_constants"),
+                 helper.make_node("Cast", ["c"], ["cc"], name="to_float", to=TensorProto.FLOAT),
+                 helper.make_node("Add", ["x", "cc"], ["y"], name="add_c")], x4, y4)
+    cases.append(Case("add_mixed_constant_types", d("add_mixed_constants.onnx"),
+                      expect=["mixed_constants", "Add", "element types differ", "INT64",
+                              "FLOAT"]))
     write_model(d("matmul_shapes.onnx"),
                 [helper.make_node("MatMul", ["a", "b"], ["y"], name="bad_matmul")],
                 [f32("a", [2, 3]), f32("b", [4, 5])], [f32("y", None)])
