@@ -23,6 +23,7 @@ int Generator::newBuffer(Region r, int64_t bytes, int def, std::string name) {
   b.region = r;
   b.bytes = bytes;
   b.def = def;
+  b.lastUse = def; // written there, read or not
   b.name = std::move(name);
   buffers.push_back(b);
   return (int)buffers.size() - 1;

@@ -450,6 +450,10 @@ private:
               }
           }
         buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), born);
+        // Written there: live at least until then, read or not (an unread
+        // result must not share bytes with what its op, or another op
+        // writing from the same point, writes beside it).
+        blocks[buffer[r]].lastUse = born;
         owned[r] = buffer[r];
       }
     }
