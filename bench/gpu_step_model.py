@@ -55,7 +55,7 @@ ATTENTION_STATS = ("since: the attention backward reads the forward's saved log-
                    "gradients), a split's gradient as one concat (2026-12-06, eighth session); "
                    "q, k and v's slices read in place by their transposes, cuDNN writing dq, dk, dv and "
                    "reading dy in place (2026-12-06, ninth); the norms' gradients adding the "
-                   "residual's gradient (2026-12-07, tenth)")
+                   "residual's gradient, column reductions in one launch (2026-12-07, tenth)")
 GATHERED = ("since: the convolutions' windows are gathered inside their GEMMs (2026-12-02), "
             "AdamW and the gradient norm as multi-tensor launches (2026-12-06), and under bf16 "
             "the 16-bit operand and copy changes and 16-bit reads (2026-12-06, later)")

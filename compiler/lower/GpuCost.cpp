@@ -261,6 +261,12 @@ struct Model {
       S = I == 1 ? std::clamp<int64_t>(ceilDiv(kReduceWarps, O), 1, ceilDiv(R, 1024))
                  : std::clamp<int64_t>(ceilDiv(kReduceThreads, O * I), 1, ceilDiv(R, 32));
       S = ceilDiv(R, ceilDiv(R, S));
+      if (I > 1 && S > 1 && S <= 65535) {
+        // The columns and their partials in one launch (the last block of
+        // each column tile combines them).
+        add("reduceColumnsLastKernel", GpuClass::Reduction, flops, moved + 16.0 * outCount * S);
+        return;
+      }
       add(I == 1 ? "reduceRowsKernel" : "reduceColumnsKernel", GpuClass::Reduction, flops, moved);
     } else {
       S = std::clamp<int64_t>(ceilDiv(kReduceWarps, outCount), 1, ceilDiv(redCount, 1024));

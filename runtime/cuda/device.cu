@@ -323,6 +323,8 @@ void *workspace(size_t bytes, int slot) {
     fatal("CUDA: scratch buffer of %.3f GiB (slot %d) could not be allocated: %s",
           gib(static_cast<int64_t>(n)), slot, cudaGetErrorString(e));
   s.scratchBytes[slot] = n;
+  if (slot == kWsCounters) // counters start at zero (kernels leave them so)
+    CARVE_CUDA_CHECK(cudaMemset(s.scratch[slot], 0, n));
   return s.scratch[slot];
 }
 

@@ -125,7 +125,11 @@ enum WorkspaceSlot : int {
   kWsComm1 = 7,
   kWsNorm = 8, // the gradient norm's accumulators (normAccumulators)
   kWsAttn = 9, // attention_cudnn.cpp: 16-bit copies, cuDNN's workspace
-  kNumWorkspaceSlots = 10,
+  // Arrival counters (kernels_basic.cu's single-launch column reduction):
+  // zeroed when the slot grows, and every kernel that counts in it sets its
+  // counters back to zero before it ends.
+  kWsCounters = 10,
+  kNumWorkspaceSlots = 11,
 };
 
 /// At least `bytes` of device memory (256-byte aligned) for slot `slot`,

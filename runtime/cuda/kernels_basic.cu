@@ -308,6 +308,52 @@ __global__ void reducePartialsKernel(const double *partial, int64_t O, int64_t S
   }
 }
 
+/// reduceColumnsKernel and reducePartialsKernel in one launch: block (b, s)
+/// reduces rows [s * seg, (s + 1) * seg) of the columns c = b * blockDim.x +
+/// threadIdx.x < O * I into partial[(o * S + s) * I + i]; the last of the S
+/// blocks of a column tile to arrive (counted in arrived[b], which it sets
+/// back to zero) combines the tile's S partials in order s = 0 .. S - 1, as
+/// reducePartialsKernel does: the same bits, one launch less (a bias
+/// gradient of a GPT layer: four a layer).
+template <class Y>
+__global__ void reduceColumnsLastKernel(const float *x, int64_t O, int64_t R, int64_t I,
+                                        int64_t seg, int64_t S, bool isMax, double div,
+                                        double *partial, unsigned *arrived, Y y) {
+  const double identity = isMax ? -CUDART_INF : 0.0;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t s = blockIdx.y;
+  const bool mine = c < O * I;
+  const int64_t o = mine ? c / I : 0, i = mine ? c - o * I : 0;
+  if (mine) {
+    const int64_t r0 = s * seg, r1 = imin(R, r0 + seg);
+    const float *p = x + o * R * I + i;
+    double acc = identity;
+    for (int64_t r = r0; r < r1; ++r)
+      acc = combine(isMax, acc, p[r * I]);
+    partial[(o * S + s) * I + i] = acc;
+  }
+  // Publish the partials, then count this block in.
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0)
+    last = atomicAdd(&arrived[blockIdx.x], 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last)
+    return;
+  __threadfence();
+  if (mine) {
+    // Read past any cached copy: other blocks wrote these.
+    const volatile double *p = partial + o * S * I + i;
+    double acc = p[0];
+    for (int64_t k = 1; k < S; ++k)
+      acc = combine(isMax, acc, p[k * I]);
+    store(y, c, static_cast<float>(acc / div));
+  }
+  if (threadIdx.x == 0)
+    arrived[blockIdx.x] = 0; // for the next call (and a graph's next replay)
+}
+
 /// A reduction that is not [O, R, I] (batch norm's statistics: [N, C, H*W]
 /// over N and H*W). Warp w reduces segment w % S (`seg` elements, in the
 /// order of the reduced dimensions) of output w / S, into y when S == 1, else
@@ -382,6 +428,8 @@ __global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t seg, i
 /// the partials large.
 constexpr int64_t kReduceThreads = int64_t(1) << 18;
 constexpr int64_t kReduceWarps = 8192;
+/// The grid's y and x limits (reduceColumnsLastKernel's segments and tiles).
+constexpr int64_t kMaxGridY = 65535, kMaxGridX = 2147483647;
 
 template <class Y>
 void reduceORI(bool isMax, double div, const float *x, int64_t O, int64_t R, int64_t I, Y y) {
@@ -400,6 +448,14 @@ void reduceORI(bool isMax, double div, const float *x, int64_t O, int64_t R, int
     const int64_t warps = O * S;
     CARVE_KERNEL(blocksFor(warps * 32), kThreads, 0, stream(), reduceRowsKernel)
     (x, O, R, seg, S, isMax, div, partial, y);
+  } else if (S > 1 && S <= kMaxGridY && O * I <= int64_t(kThreads) * kMaxGridX) {
+    const int64_t tiles = ceilDiv(O * I, kThreads);
+    auto *arrived = static_cast<unsigned *>(workspace(sizeof(unsigned) * tiles, kWsCounters));
+    CARVE_KERNEL(dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), kThreads, 0,
+                 stream(), reduceColumnsLastKernel)
+    (x, O, R, I, seg, S, isMax, div, partial, arrived, y);
+    checkLaunch("reduce");
+    return;
   } else {
     CARVE_KERNEL(blocksFor(O * S * I), kThreads, 0, stream(), reduceColumnsKernel)
     (x, O, R, I, seg, S, isMax, div, partial, y);

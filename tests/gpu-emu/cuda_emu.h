@@ -196,6 +196,10 @@ inline int carveEmuWidth(int w) { return w == 0 ? 32 : w; }
 
 // ---- Atomics (blocks run one at a time on one OS thread) --------------------
 
+/// Every write before it visible to every other block before any write after
+/// it: blocks run one after another here, so it holds already.
+inline void __threadfence() {}
+
 template <class T> inline T atomicAdd(T *p, T v) {
   T old = *p;
   *p = old + v;

@@ -2,7 +2,7 @@
 # tests/gpu-emu/mutations.sh: the three deliberate kernel mistakes of README.md
 # ("It can fail"), each applied alone to runtime/cuda, built, run on the
 # emulation (the fused and basic kernel tests) and reverted. Needs a configured
-# build/ (ninja); takes about 10 minutes on 2 cores. Not part of make test.
+# build/ (ninja); takes about 2.5 minutes on 2 cores. Not part of make test.
 cd "$(dirname "$0")/../.." || exit 1
 TMP=$(mktemp -d)
 run() {

@@ -848,6 +848,9 @@ void testReduce() {
   testReduceCase({1000003}, 0x1, true); // NaN propagates through max and sums
   testReduceCase({64, 1000}, 0x2);      // rows
   testReduceCase({64, 1000}, 0x1);      // columns
+  // Columns over many row segments, the last tile partly full (one launch:
+  // the last block of each tile combines its segments, reduceColumnsLastKernel).
+  testReduceCase({2048, 300}, 0x1);
   testReduceCase({1, 100000, 3}, 0x2);  // few columns, many rows: split rows
   testReduceCase({3, 4, 5, 6}, 0xA);    // kept, reduced, kept, reduced: general
   testReduceCase({3, 4, 5, 6}, 0x5);    // reduced, kept, reduced, kept: general
