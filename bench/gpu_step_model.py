@@ -2,14 +2,15 @@
 """carve's GPU cost model, run on the CPU: predicted step times of carve's own CUDA programs.
 
     /usr/bin/python3 bench/gpu_step_model.py [--gpu h100|h200] [--carve build/bin/carve]
-        [--workdir build/bench-gpu-model] [--no-cnn] [--json FILE]
+        [--workdir build/bench-gpu-model] [--no-cnn] [--json FILE] [--top N]
 
 1. Compiles GPT-2 small (builtin:gpt, 12 layers, width 768, 12 heads, T = 1024,
    vocab 50304, batch 8; the model bench/gpt2_cuda.py exports) for the CUDA target
    with the plan {"precision": "bf16"}, without building or weights, with
    `--gpu-model`: the lowered program's launches, FLOPs and bytes per kernel, and the
    predicted time per kernel class (compiler/lower/GpuCost.cpp, docs/gpu-model.md).
-   Prints `predicted ms per step: X` for --gpu and one line per kernel class.
+   Prints `predicted ms per step: X` for --gpu, one line per kernel class, and the
+   --top N costliest calls (op, kernel, model node; the layers' alike together).
 2. Compiles every program of the recorded GPU runs below (GPT-2 small on both GPUs;
    ResNet-18 and the VGG-style CNN of bench/cnn_step.py at batch 256, fp32 and bf16,
    exported here with PyTorch unless --no-cnn) and prints each run's prediction
@@ -55,7 +56,9 @@ ATTENTION_STATS = ("since: the attention backward reads the forward's saved log-
                    "gradients), a split's gradient as one concat (2026-12-06, eighth session); "
                    "q, k and v's slices read in place by their transposes, cuDNN writing dq, dk, dv and "
                    "reading dy in place (2026-12-06, ninth); the norms' gradients adding the "
-                   "residual's gradient, column reductions in one launch (2026-12-07, tenth)")
+                   "residual's gradient, column reductions in one launch (2026-12-07, tenth); "
+                   "GELU's output and q, k, v never stored in f32, cuDNN writing O, dq, dk, dv "
+                   "in 16 bits in place and reading o and dy there (2026-12-07, eleventh)")
 GATHERED = ("since: the convolutions' windows are gathered inside their GEMMs (2026-12-02), "
             "AdamW and the gradient norm as multi-tensor launches (2026-12-06), and under bf16 "
             "the 16-bit operand and copy changes and 16-bit reads (2026-12-06, later)")
@@ -115,6 +118,21 @@ def export_cnn(model, workdir):
     return path
 
 
+def costliest_calls(report, gpu, top):
+    """The report's calls grouped by (op, kernel, model node with layer numbers as *),
+    the `top` costliest on `gpu` first."""
+    import re
+    groups = {}
+    for c in report.get("calls", []):
+        node = re.sub(r"(?<=[./])\d+(?=[./])", "*", c["node"])
+        g = groups.setdefault((c["op"] or "(step)", c["kernel"], node),
+                              {"us": 0.0, "launches": 0, "mb": 0.0})
+        g["us"] += c["us"][gpu]
+        g["launches"] += c["launches"]
+        g["mb"] += c["mb"]
+    return sorted(groups.items(), key=lambda kv: -kv[1]["us"])[:top]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", choices=["h100", "h200"], default="h100")
@@ -123,6 +141,9 @@ def main():
     ap.add_argument("--no-cnn", action="store_true",
                     help="only GPT-2's runs (no PyTorch needed)")
     ap.add_argument("--json", help="write the predictions and the calibration here")
+    ap.add_argument("--top", type=int, default=15, metavar="N",
+                    help="list the N costliest calls of GPT-2's step (by op, kernel and model "
+                         "node, the layers' alike taken together; 0: none)")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
 
@@ -149,6 +170,13 @@ def main():
         if v["launches"] or v["ms"]:
             print("  %-14s %8.2f ms  %5.1f%%  %5d launches  %9.1f GFLOP  %9.1f MB"
                   % (cls, v["ms"], 100 * v["ms"] / g["ms"], v["launches"], v["gflop"], v["mb"]))
+    if a.top > 0:
+        print()
+        print("the %d costliest calls (the 12 layers' alike together, node h.* for h.0 .. h.11):"
+              % a.top)
+        for key, v in costliest_calls(now, a.gpu, a.top):
+            print("  %8.2f ms  %4d launches  %8.1f MB  %-26s %-30s %s"
+                  % (v["us"] / 1e3, v["launches"], v["mb"], key[0], key[1], key[2]))
 
     print()
     print("| Recorded run | measured ms | predicted ms | error |")

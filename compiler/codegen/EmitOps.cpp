@@ -201,6 +201,9 @@ bool Generator::emitOp(Operation *op) {
     if (accumulatedAdds.count(op))
       s += opComment(op) +
            "  // computed by the norm gradient above (it added the residual's gradient)\n";
+    if (assembledConcats.count(op))
+      s += opComment(op) + "  // its pieces written in 16 bits into " +
+           name(assembledConcats.lookup(op)) + " by the attention gradient above\n";
     return true;
   }
   std::string &s = body;
@@ -230,6 +233,18 @@ bool Generator::emitOp(Operation *op) {
   if (accumulatedResidual(op))
     if (Value byWriter = copyByWriter(producedInto(op->getResult(0)).getDefiningOp(), 0))
       s += resultPointer(byWriter);
+  // An attention forward writes O into its transpose's copy (rule 4d).
+  if (isa<AttentionStatsOp>(op))
+    if (Value o16 = outputCopy16(op->getResult(0)))
+      s += resultPointer(o16);
+  // An attention gradient whose dq, dk and dv are the pieces of a concat
+  // marked "assemble" writes them into that concat's copy (rule 4d).
+  if (isa<AttentionGradStatsOp>(op))
+    if (Value t = producedInto(op->getResult(0))) {
+      int64_t column = 0;
+      if (Operation *c = assembledInto(t.getDefiningOp(), column); c && assembledConcats.count(c))
+        s += resultPointer(assembledConcats.lookup(c));
+    }
   std::string call;
   llvm::raw_string_ostream os(call);
   os << "  ";
@@ -558,12 +573,26 @@ bool Generator::emitReduction(Operation *op, llvm::raw_ostream &os) {
     for (int64_t a : axes)
       mask |= 1u << a;
     const char *k = isa<ReduceSumOp>(op) ? "Sum" : isa<ReduceMeanOp>(op) ? "Mean" : "Max";
-    // carve.copy_by_writer (rule 3h): only the result's 16-bit cast (reduce16).
+    if (kernelOf(op) != "reduce16") {
+      os << callee(opts, "reduce") + "(Reduce::" << k << ", " << opnd(op, 0) << ", "
+         << oshape(op, 0) << ", 0x";
+      os.write_hex(mask);
+      os << "u, " << name(res) << ");";
+      return true;
+    }
+    // reduce16: the input as its exact 16-bit tensor where carve.read16 says
+    // so (rule 3g); the result's 16-bit cast where it is carve.copy_by_writer
+    // (rule 3h), the f32 result where it is stored.
     Value copy = copyByWriter(op);
-    os << callee(opts, copy ? "reduce16" : "reduce") + "(Reduce::" << k << ", " << opnd(op, 0)
+    std::string x = opnd(op, 0);
+    bool x16 = false;
+    if (op->hasAttr(kRead16Attr) && !exact16Operand(op, 0, x, x16))
+      return false;
+    const std::string y = resultPointer(res).empty() ? "(float *)nullptr" : name(res);
+    os << callee(opts, "reduce16") + "(Reduce::" << k << ", " << x << ", " << flag("x16", x16)
        << ", " << oshape(op, 0) << ", 0x";
     os.write_hex(mask);
-    os << "u, " << (copy ? name(copy) : name(res)) << ");";
+    os << "u, " << y << ", " << (copy ? name(copy) : "nullptr") << ");";
   } else if (auto sm = dyn_cast<SoftmaxOp>(op)) {
     os << callee(opts, "softmax") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
        << sm.getAxis() << ", " << flag("log", false) << ", " << name(res) << ");";
@@ -714,21 +743,27 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
     std::string args[3];
     for (unsigned i = 0; i < 3; ++i) {
       Value x = op->getOperand(i);
-      std::string copy = "nullptr";
+      std::string copy = "nullptr", f32 = name(x);
       if (flags && flags[i]) {
         Value c = copy16Before(x, op, opts.precision);
         if (!c)
           return failOp(op, "carve.read16 marks an attention operand with no 16-bit copy before "
                             "it");
         copy = name(c);
+        if (!bufferOf.count(aliasRoot(x)))
+          f32 = nullOf(x); // never stored (neverStoredF32): the copy only
       }
-      args[i] = name(x) + ", " + copy + ", " + shapeOf(x);
+      args[i] = f32 + ", " + copy + ", " + shapeOf(x);
     }
     Value q = at.getQuery(), mk = at.getMask();
+    // carve-fold-views: O written in 16 bits, as [b, t, h, d], into its
+    // transpose's copy (no f32 O).
+    Value o16 = outputCopy16(at.getResult());
     os << callee(opts, kernelOf(op)) + "(" << args[0] << ", " << args[1] << ", " << args[2] << ", "
        << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
        << scalar(at.getScale().convertToDouble(), q) << ", " << flag("causal", at.getCausal())
-       << ", " << name(at.getResult()) << ", " << name(at.getLse()) << ");";
+       << ", " << (o16 ? std::string("(float *)nullptr") : name(at.getResult())) << ", "
+       << name(at.getLse()) << (o16 ? ", " + name(o16) : std::string()) << ");";
   } else if (auto at = dyn_cast<AttentionStatsOp>(op)) {
     // carve-save-attention-stats: the row log-sum-exp kept for the gradient.
     Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
@@ -760,13 +795,22 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
         args[i] = src + ", " + flag(i == 0 ? "q16" : i == 1 ? "k16" : "v16", is16) + ", " +
                   shapeOf(x);
       }
-      // carve-fold-views: dy read as [b, t, h, d], its transpose's input.
+      // carve-fold-views: dy read as [b, t, h, d], its transpose's input; o
+      // as the forward wrote it, in 16 bits into its transpose's copy.
       Value dyIn = consumedFrom(g.getGrad());
+      Value o16 = outputCopy16(g.getOutput());
+      // dy written in 16 bits only by its matmul (carve.write16): its copy.
+      Value dy = dyIn ? dyIn : g.getGrad(), dy16;
+      if (Operation *w = aliasRoot(dy).getDefiningOp(); w && w->hasAttr(kWrite16Attr)) {
+        dy16 = copy16Before(aliasRoot(dy), op, opts.precision);
+        if (!dy16)
+          return failOp(op, "the attention gradient's dy is not in memory and has no 16-bit copy");
+      }
       os << callee(opts, kernelOf(op)) + "(" << args[0] << ", " << args[1] << ", " << args[2]
          << ", " << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
          << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal())
-         << ", " << name(g.getOutput()) << ", " << name(g.getLse()) << ", "
-         << name(dyIn ? dyIn : g.getGrad()) << ", ";
+         << ", " << (o16 ? nullOf(g.getOutput()) : name(g.getOutput())) << ", " << name(g.getLse())
+         << ", " << (dy16 ? nullOf(dy) : name(dy)) << ", ";
       // carve-fold-views: dq, dk, dv written as [b, t, h, d] in their
       // transposes' places, all three or none.
       Value grads[3] = {g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()};
@@ -775,9 +819,33 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
       if (produced != 0 && produced != 3)
         return failOp(op, "carve.fold = \"producer\" on the transposes of some of the attention "
                           "gradient's dq, dk and dv but not all three");
+      // carve-fold-views' "assemble": the transposes are pieces of a concat
+      // whose 16-bit copy cuDNN writes them into, at their columns.
+      std::string dst16[3] = {"nullptr", "nullptr", "nullptr"};
+      int64_t rowStride = 0, assembled = 0;
+      Operation *concat = nullptr;
+      for (int i = 0; i < 3 && produced; ++i) {
+        int64_t column = 0;
+        Operation *t = producedInto(grads[i]).getDefiningOp();
+        Operation *c = assembledInto(t, column);
+        if (!c || (concat && c != concat) || !assembledConcats.count(c))
+          continue;
+        concat = c;
+        dst16[i] = name(assembledConcats.lookup(c)) + " + " + std::to_string(column);
+        rowStride = typeOf(c->getResult(0)).getShape().back();
+        ++assembled;
+      }
+      if (assembled != 0 && assembled != 3)
+        return failOp(op, "carve.fold = \"assemble\" on a concat of some of the attention "
+                          "gradient's dq, dk and dv but not all three");
       for (int i = 0; i < 3; ++i)
-        os << (i ? ", " : "") << name(produced ? producedInto(grads[i]) : grads[i]);
-      os << ", " << flag("bthd", produced) << ", " << flag("dy_bthd", (bool)dyIn)
+        os << (i ? ", " : "")
+           << (assembled ? std::string("(float *)nullptr")
+                         : name(produced ? producedInto(grads[i]) : grads[i]));
+      os << ", " << flag("bthd", produced) << ", " << flag("dy_bthd", (bool)dyIn) << ", "
+         << dst16[0] << ", " << dst16[1] << ", " << dst16[2] << ", " << rowStride << ", "
+         << (o16 ? name(o16) : std::string("nullptr")) << ", "
+         << (dy16 ? name(dy16) : std::string("nullptr"))
          << ");  // from the forward's saved output and log-sum-exp";
       return true;
     }

@@ -319,6 +319,19 @@ bool Generator::foldTransposes() {
       foldedViews.insert(op);
       continue;
     }
+    if (fold == kFoldProducer && isa_and_nonnull<AttentionStatsOp>(producerOf(op))) {
+      // O's transpose: cuDNN's attention forward writes O in 16 bits into
+      // its copy, where the gradients read it (carve-fold-views).
+      Operation *p = producerOf(op);
+      auto pk = p->getAttrOfType<StringAttr>(kKernelAttr);
+      Value copy = outputCopy16(p->getResult(0));
+      if (!pk || pk.getValue() != "attention_stats_cudnn" || !copy ||
+          !copy.getDefiningOp()->hasAttr(kCopyByWriterAttr))
+        return failOp(op, "carve.fold = \"producer\" on the transpose of an attention output "
+                          "that attention_stats_cudnn does not write into its 16-bit copy");
+      producedTransposes.insert(op);
+      continue;
+    }
     if (fold == kFoldProducer) {
       // Written transposed by cuDNN's attention gradient (carve-fold-views).
       Operation *p = producerOf(op);
@@ -352,6 +365,25 @@ bool Generator::foldTransposes() {
         return failOp(op, "carve.fold = \"accumulate\" on an add whose norm gradient does not "
                           "run as layer_norm_grad_add or rms_norm_grad_add");
       accumulatedAdds.insert(op);
+      continue;
+    }
+    if (fold == kFoldAssemble) {
+      // Its pieces written in 16 bits into its copy by cuDNN's attention
+      // gradient (carve-fold-views); neither it nor they are in f32 memory.
+      Operation *g = assemblerOf(op);
+      auto gk = g ? g->getAttrOfType<StringAttr>(kKernelAttr) : StringAttr();
+      if (!g || !isa<AttentionGradStatsOp>(g) || !gk ||
+          gk.getValue() != "attention_grad_stats_cudnn")
+        return failOp(op, "carve.fold = \"assemble\" on a concat whose pieces are not the dq, "
+                          "dk and dv of an attention_grad_stats_cudnn");
+      Value copy;
+      for (Operation *n = op->getNextNode(); n && isa<CastOp>(n) && !copy; n = n->getNextNode())
+        if (n->getOperand(0) == op->getResult(0) && n->hasAttr(kCopyByWriterAttr))
+          copy = n->getResult(0);
+      if (!copy)
+        return failOp(op, "carve.fold = \"assemble\" on a concat without the 16-bit copy its "
+                          "pieces are written into (carve.copy_by_writer)");
+      assembledConcats[op] = copy;
       continue;
     }
     if (fold == kFoldScatter) {

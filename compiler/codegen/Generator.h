@@ -314,6 +314,9 @@ private:
   // its 16-bit copy's) is written by the norm gradient whose input gradient
   // it reads, from there.
   std::set<Operation *> accumulatedAdds;
+  // A concat marked "assemble" (carve-fold-views), with the 16-bit copy its
+  // pieces are written into by cuDNN's attention gradient, from there.
+  llvm::DenseMap<Operation *, Value> assembledConcats;
 
   // Fused elementwise chains (carve-fuse-elementwise marked them; read back
   // by fuseElementwise): each group runs as one kernel at its root, the

@@ -100,9 +100,14 @@ bool Generator::assignBuffers() {
       int def = k;
       if (producedTransposes.count(op) || accumulatedAdds.count(op))
         def = index[producerOf(op)]; // written by it
-      if (isa<CastOp>(op) && op->hasAttr(kCopyByWriterAttr))
+      if (isa<CastOp>(op) && op->hasAttr(kCopyByWriterAttr)) {
         if (Operation *a = op->getOperand(0).getDefiningOp(); a && accumulatedAdds.count(a))
           def = index[producerOf(a)]; // the add's copy, written by its norm gradient
+        if (Operation *c = op->getOperand(0).getDefiningOp(); c && assembledConcats.count(c))
+          def = index[assemblerOf(c)]; // the pieces written into it by the attention gradient
+        if (Operation *t = op->getOperand(0).getDefiningOp(); t && producedTransposes.count(t))
+          def = index[producerOf(t)]; // O written into it by the attention forward
+      }
       bufferOf[r] = newBuffer(reg, bytesOf(r), def, name);
       buffers.back().owner = r;
     }
@@ -111,7 +116,7 @@ bool Generator::assignBuffers() {
   for (Operation *op : ops) {
     if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
         gatheredOperands.count(op) || foldedViews.count(op) || producedTransposes.count(op) ||
-        consumedTransposes.count(op) || isa<ReshapeOp>(op))
+        consumedTransposes.count(op) || assembledConcats.count(op) || isa<ReshapeOp>(op))
       continue;
     if (accumulatedAdds.count(op)) {
       // Its norm gradient reads the residual, where it runs.
@@ -156,6 +161,8 @@ bool Generator::assignBuffers() {
       if (interior.count(operandOf(op, i)))
         continue; // computed in registers by the group's kernel
       Value in = consumedFrom(operandOf(op, i)); // read in place, transposed
+      if (Value c = outputCopy16(operandOf(op, i)))
+        in = c; // an attention output read as its transpose's 16-bit copy
       auto it = bufferOf.find(in ? in : operandOf(op, i));
       if (it == bufferOf.end())
         continue; // never stored (neverStoredF32): the reader reads its 16-bit tensor

@@ -210,6 +210,54 @@ Value accumulatedResidual(Operation *normGrad) {
   return i < 0 ? Value() : add->getOperand(1 - i);
 }
 
+Operation *assembledInto(Operation *t, int64_t &column) {
+  column = 0;
+  if (!isa<TransposeOp>(t) || foldOf(t) != kFoldProducer || !t->getResult(0).hasOneUse())
+    return nullptr;
+  Value piece = t->getResult(0);
+  Operation *u = *piece.getUsers().begin();
+  if (isa<ReshapeOp>(u)) {
+    if (!u->getResult(0).hasOneUse())
+      return nullptr;
+    piece = u->getResult(0);
+    u = *piece.getUsers().begin();
+  }
+  if (!isa<ConcatOp>(u) || foldOf(u) != kFoldAssemble)
+    return nullptr;
+  for (Value x : u->getOperands()) {
+    if (x == piece)
+      return u;
+    column += cast<RankedTensorType>(x.getType()).getShape().back();
+  }
+  return nullptr;
+}
+
+Value outputCopy16(Value o) {
+  auto r = dyn_cast<OpResult>(o);
+  if (!r || r.getResultNumber() != 0 || !isa<AttentionStatsOp>(r.getOwner()))
+    return Value();
+  for (Operation *u : o.getUsers()) {
+    if (!isa<TransposeOp>(u) || foldOf(u) != kFoldProducer)
+      continue;
+    for (Operation *n = u->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+      Type e = cast<RankedTensorType>(n->getResult(0).getType()).getElementType();
+      if (n->getOperand(0) == u->getResult(0) && (e.isBF16() || e.isF16()))
+        return n->getResult(0);
+    }
+  }
+  return Value();
+}
+
+Operation *assemblerOf(Operation *concat) {
+  if (!isa<ConcatOp>(concat) || foldOf(concat) != kFoldAssemble || concat->getNumOperands() == 0)
+    return nullptr;
+  Value x = concat->getOperand(0);
+  if (auto r = x.getDefiningOp<ReshapeOp>())
+    x = r.getInput();
+  Operation *t = x.getDefiningOp();
+  return t ? producerOf(t) : nullptr;
+}
+
 Value consumedFrom(Value v) {
   Operation *d = v.getDefiningOp();
   return d && isa<TransposeOp>(d) && foldOf(d) == kFoldConsumer ? d->getOperand(0) : Value();
@@ -436,6 +484,125 @@ TransposeOp dyTranspose(AttentionGradStatsOp g, const PlanAttrs &plan) {
   return t;
 }
 
+/// Whether `use` reads its value as the 16-bit copy made right after the
+/// value's writer: a matmul run by cuBLAS (directly, or through reshapes and
+/// "operand" transposes; it rounds its operands to the copy's bits) or a
+/// sum, mean or max (which reads the exact copy of a value marked
+/// carve.round16: carve-select-kernels' rule 3g). What neverStoredF32
+/// (compiler/precision) then confirms for an assembled concat.
+bool readsCopy16(OpOperand &use) {
+  Operation *u = use.getOwner();
+  if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)) {
+    Value r = u->getResult(0);
+    return !r.use_empty() && llvm::all_of(r.getUses(), [](OpOperand &x) { return readsCopy16(x); });
+  }
+  if (isa<MatmulOp>(u))
+    return use.getOperandNumber() < 2 && !u->hasAttr(kFusionGroupAttr) && !isScatteredProduct(u) &&
+           !gatheredOperand(u);
+  return isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(u) && use.getOperandNumber() == 0 &&
+         foldOf(u).empty() && !u->hasAttr(kFusionGroupAttr);
+}
+
+/// The concat that a cuDNN attention gradient's dq, dk and dv transposes
+/// (`ts`, marked "producer") feed, each through a reshape merging heads and
+/// head dimension ([b, t, h, d] -> [b, t, h * d]), as its three operands
+/// along the last axis, under a bf16/fp16 plan, with the plan's 16-bit copy
+/// among the casts right after it and every other reader reading that copy
+/// (readsCopy16); null otherwise.
+ConcatOp assemblable(ArrayRef<TransposeOp> ts, const PlanAttrs &plan) {
+  if (ts.size() != 3 || (plan.precision != "bf16" && plan.precision != "fp16"))
+    return ConcatOp();
+  ConcatOp c;
+  for (TransposeOp t : ts) {
+    if (!t->hasOneUse())
+      return ConcatOp();
+    auto r = dyn_cast<ReshapeOp>(*t->getUsers().begin());
+    if (!r || !r->hasOneUse())
+      return ConcatOp();
+    ArrayRef<int64_t> in = cast<RankedTensorType>(t.getType()).getShape();
+    ArrayRef<int64_t> out = cast<RankedTensorType>(r.getType()).getShape();
+    if (in.size() != 4 || out.size() != 3 || out[0] != in[0] || out[1] != in[1] ||
+        out[2] != in[2] * in[3])
+      return ConcatOp();
+    auto cc = dyn_cast<ConcatOp>(*r->getUsers().begin());
+    if (!cc || (c && cc != c))
+      return ConcatOp();
+    c = cc;
+  }
+  auto type = cast<RankedTensorType>(c.getType());
+  if (c->getNumOperands() != 3 || c.getAxis() != type.getRank() - 1 ||
+      !type.getElementType().isF32() || !foldOf(c).empty() || c->hasAttr(kFusionGroupAttr) ||
+      c->getBlock() != ts.front()->getBlock())
+    return ConcatOp();
+  for (unsigned i = 0; i < 3; ++i)
+    for (unsigned j = 0; j < i; ++j)
+      if (c->getOperand(i) == c->getOperand(j))
+        return ConcatOp();
+  auto is16 = [&](Type e) {
+    return (plan.precision == "bf16" && e.isBF16()) || (plan.precision == "fp16" && e.isF16());
+  };
+  CastOp copy;
+  for (Operation *n = c->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+    auto k = cast<CastOp>(n);
+    if (k.getInput() == c.getResult() &&
+        is16(cast<RankedTensorType>(k.getType()).getElementType())) {
+      copy = k;
+      break;
+    }
+  }
+  if (!copy)
+    return ConcatOp();
+  for (OpOperand &use : c.getResult().getUses())
+    if (use.getOwner() != copy.getOperation() && !readsCopy16(use))
+      return ConcatOp();
+  return c;
+}
+
+/// The transpose of a cuDNN attention forward's output O to [b, t, h, d]
+/// whose 16-bit copy (the plan's format, the first among the casts right
+/// after it) every other reader reads (readsCopy16), where O's other readers
+/// are cuDNN attention gradients (reading it as o); null otherwise. The
+/// forward can write O in 16 bits into the copy, and the gradients read it
+/// there.
+TransposeOp outputTranspose(AttentionStatsOp a, const PlanAttrs &plan) {
+  if ((plan.precision != "bf16" && plan.precision != "fp16") ||
+      !cudnnAttentionRefusal(a, plan).empty())
+    return TransposeOp();
+  TransposeOp t;
+  for (OpOperand &use : a.getResult().getUses()) {
+    Operation *u = use.getOwner();
+    if (auto g = dyn_cast<AttentionGradStatsOp>(u)) {
+      if (use.getOperandNumber() != 3 || !cudnnAttentionRefusal(g, plan).empty() ||
+          llvm::any_of(g->getOperands().take_front(3),
+                       [&](Value x) { return x == a.getResult(); }) ||
+          g.getGrad() == a.getResult())
+        return TransposeOp();
+      continue;
+    }
+    auto tt = dyn_cast<TransposeOp>(u);
+    if (!tt || t || tt.getPerm() != ArrayRef<int64_t>{0, 2, 1, 3} || !foldOf(tt).empty() ||
+        tt->hasAttr(kFusionGroupAttr) || tt->getBlock() != a->getBlock())
+      return TransposeOp();
+    t = tt;
+  }
+  if (!t || cast<RankedTensorType>(t.getType()).getRank() != 4)
+    return TransposeOp();
+  auto is16 = [&](Type e) {
+    return (plan.precision == "bf16" && e.isBF16()) || (plan.precision == "fp16" && e.isF16());
+  };
+  Operation *copy = nullptr;
+  for (Operation *n = t->getNextNode(); n && isa<CastOp>(n) && !copy; n = n->getNextNode())
+    if (n->getOperand(0) == t.getResult() &&
+        is16(cast<RankedTensorType>(n->getResult(0).getType()).getElementType()))
+      copy = n;
+  if (!copy)
+    return TransposeOp();
+  for (OpOperand &use : t.getResult().getUses())
+    if (use.getOwner() != copy && !readsCopy16(use))
+      return TransposeOp();
+  return t;
+}
+
 /// An add of a layer or RMS norm gradient's input gradient (read by the add
 /// alone) and a tensor of the same f32 type defined before the norm
 /// gradient, where the add is neither fused, folded nor rounded as
@@ -486,10 +653,22 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
         sl->setAttr(kFoldAttr, b.getStringAttr(kFoldView));
         ++numFolded;
       });
+      fn.walk([&](AttentionStatsOp a) {
+        if (TransposeOp t = outputTranspose(a, *plan)) {
+          t->setAttr(kFoldAttr, b.getStringAttr(kFoldProducer));
+          ++numOutputs;
+        }
+      });
       fn.walk([&](AttentionGradStatsOp g) {
-        for (TransposeOp t : gradientTransposes(g, *plan)) {
+        SmallVector<TransposeOp, 3> ts = gradientTransposes(g, *plan);
+        for (TransposeOp t : ts) {
           t->setAttr(kFoldAttr, b.getStringAttr(kFoldProducer));
           ++numProduced;
+        }
+        if (ConcatOp c = assemblable(ts, *plan)) {
+          c->setAttr(kFoldAttr, b.getStringAttr(kFoldAssemble));
+          c->setAttr(kRound16Attr, b.getUnitAttr()); // its values are 16-bit pieces
+          ++numAssembled;
         }
         if (TransposeOp t = dyTranspose(g, *plan)) {
           t->setAttr(kFoldAttr, b.getStringAttr(kFoldConsumer));

@@ -40,8 +40,8 @@ bool isFusible(mlir::Operation *op);
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
 /// kFoldProduct, kFoldScatter, kFoldGather, kFoldView, kFoldProducer,
-/// kFoldConsumer or kFoldAccumulate (carve-fold-views), or "" when it is not
-/// folded.
+/// kFoldConsumer, kFoldAccumulate or kFoldAssemble (carve-fold-views), or ""
+/// when it is not folded.
 llvm::StringRef foldOf(mlir::Operation *op);
 
 /// A strided view of a contiguous tensor `base`: element (i0, i1, ...) of
@@ -77,6 +77,19 @@ mlir::Operation *producerOf(mlir::Operation *op);
 /// "accumulate" reads: the add's other operand, which the norm gradient
 /// adds as it writes the add's result; null otherwise.
 mlir::Value accumulatedResidual(mlir::Operation *normGrad);
+/// For a concat marked "assemble" (carve-fold-views): the attention
+/// gradient that writes its pieces into its 16-bit copy; null otherwise.
+mlir::Operation *assemblerOf(mlir::Operation *concat);
+/// For a transpose marked "producer" whose result (through one reshape) is
+/// a piece of a concat marked "assemble": that concat, with the piece's
+/// first column in `column`; null otherwise.
+mlir::Operation *assembledInto(mlir::Operation *transpose, int64_t &column);
+/// For `o`, the output of a carve.attention_stats whose transpose to
+/// [b, t, h, d] is marked "producer" (carve-fold-views: cuDNN's forward
+/// writes O in 16 bits into that transpose's copy): the copy, the first
+/// cast to a 16-bit float type right after the transpose; null otherwise.
+/// The attention gradient reads o there.
+mlir::Value outputCopy16(mlir::Value o);
 /// `v` where it is the result of a transpose marked "consumer"
 /// (carve-fold-views): that transpose's input, which its reader reads in
 /// place; null otherwise.

@@ -90,6 +90,35 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     transpose is no call and never in memory, and its input lives until the
     attention gradient.
 
+    Under a bf16/fp16 plan it marks `carve.fold = "producer"` the transpose
+    of a cuDNN attention forward's output O to [b, t, h, d] (perm 0, 2, 1,
+    3) where O's only other readers are cuDNN attention gradients (as their
+    o), the plan's 16-bit copy is among the casts right after the transpose
+    and every other reader of the transpose reads that copy (see below):
+    cuDNN writes O in 16 bits straight into the copy
+    (`attention_stats_cudnn(..., y16)`), and the gradients read o there
+    (`attention_grad_stats_cudnn(..., o16)`), so neither O nor its transpose
+    is in f32 memory and the transpose is no call. The same values: cuDNN
+    writes O in 16 bits either way (before, it was widened, transposed and
+    rounded again to the same bits, and rounded for the gradient again).
+
+    Under a bf16/fp16 plan it then marks `carve.fold = "assemble"` (and
+    `carve.round16`) a carve.concat along the last axis whose three operands
+    are those dq, dk and dv transposes, each through a reshape merging heads
+    and head dimension ([b, t, h, d] -> [b, t, h * d]; the QKV projection's
+    gradient), where the plan's 16-bit copy is among the casts right after
+    the concat and every other reader of the concat reads that copy: a
+    matmul run by cuBLAS (through reshapes and folded transposes: it rounds
+    its operands to the copy's bits) or a sum, mean or max (which reads the
+    copy exactly: carve-select-kernels' rule 3g). cuDNN writes each gradient
+    in 16 bits straight into the copy at its columns (a row stride of the
+    concat's width; `attention_grad_stats_cudnn(..., dq16, dk16, dv16,
+    rowStride)`), so neither the concat nor the transposes are in f32
+    memory, the concat is no call, and its copy lives from the attention
+    gradient. The same values: cuDNN writes the gradients in 16 bits either
+    way (before, they were widened, transposed, concatenated and rounded
+    again to the same bits).
+
     And it marks `carve.fold = "accumulate"` a carve.add of a carve.layer_norm_grad's
     or carve.rms_norm_grad's input gradient and another f32 tensor of the
     same shape (the residual branch's gradient), where the input gradient is
@@ -115,7 +144,11 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     Statistic<"numConsumed", "num-consumed",
               "Transposes of an attention gradient's dy that cuDNN reads in place">,
     Statistic<"numAccumulated", "num-accumulated",
-              "Adds of a norm gradient's input gradient that the norm gradient computes">
+              "Adds of a norm gradient's input gradient that the norm gradient computes">,
+    Statistic<"numOutputs", "num-outputs",
+              "Transposes of an attention output that cuDNN writes in 16 bits in place">,
+    Statistic<"numAssembled", "num-assembled",
+              "Concats of dq, dk and dv that cuDNN writes in 16 bits in place">
   ];
 }
 

@@ -82,6 +82,7 @@ struct Model {
   GpuStep &s;
   bool half16 = false; // matmul and attention inputs rounded to 16 bits
   const PlanAttrs *plan = nullptr; // the module's plan
+  Operation *current = nullptr;    // the op whose launches add() records
 
   void add(const char *kernel, GpuClass c, double flops, double bytes, int64_t count = 1,
            bool half = false) {
@@ -92,6 +93,10 @@ struct Model {
     l.flops = flops;
     l.bytes = bytes;
     l.half = half;
+    if (current) {
+      l.op = current->getName().getStringRef().str();
+      l.node = nodeName(current->getLoc());
+    }
     s.launches.push_back(std::move(l));
   }
   void unpriced(Operation *op, const std::string &why) {
@@ -248,7 +253,10 @@ struct Model {
     if (k < groups.size() && !groups[k].second)
       I = groups[k++].first;
     const bool ori = k == groups.size();
-    const double moved = bytesOf(x) + bytesOf(op->getResult(0));
+    // The input as its 16-bit tensor where carve.read16 says so (rule 3g).
+    auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+    const double in = read16 && read16.size() == 1 && read16[0] ? 2.0 * numel(x) : bytesOf(x);
+    const double moved = in + bytesOf(op->getResult(0));
     const double flops = double(numel(x));
     if (outCount == 0)
       return;
@@ -310,8 +318,9 @@ struct Model {
     add(view ? "viewKernel" : "transposeTilesKernel", GpuClass::Layout, 0, moved);
   }
 
-  /// attention_cudnn.cpp: q, k, v (and o, dy) converted to 16 bits, one
-  /// cuDNN graph (counted as one launch: the call), the results widened.
+  /// attention_cudnn.cpp: q, k, v (and o, dy) converted to 16 bits where
+  /// they are not given so, one cuDNN graph (counted as one launch: the
+  /// call), the results widened (dq, dk, dv: unless written in place).
   /// FLOPs are the causal pairs' (as for carve's kernel): 2 GEMMs forward,
   /// 5 backward (S again, dV, dP, dK, dQ).
   /// An attention op's shapes and the query-key pairs it computes:
@@ -363,13 +372,26 @@ struct Model {
     if (!grad) {
       add("cuDNN flash attention forward", GpuClass::Attention, 2 * pairs * (d + dv),
           2 * (nq + nk + nv + no) + 4 * rows, 1, true);
-      convert("from16Kernel", no);
+      if (!outputCopy16(op->getResult(0))) // else written in 16 bits in place
+        convert("from16Kernel", no);
       return;
     }
-    convert("to16Kernel", no);
-    convert("to16Kernel", no);
+    if (!outputCopy16(op->getOperand(3))) // o, else read where the forward wrote it
+      convert("to16Kernel", no);
+    // dy, else written in 16 bits by its matmul (carve.write16).
+    Value dy = consumedFrom(op->getOperand(5));
+    Operation *dyWriter = aliasRoot(dy ? dy : op->getOperand(5)).getDefiningOp();
+    if (!dyWriter || !dyWriter->hasAttr(kWrite16Attr))
+      convert("to16Kernel", no);
     add("cuDNN flash attention backward", GpuClass::Attention, 2 * pairs * (3 * d + 2 * dv),
         2 * (2 * nq + 2 * nk + 2 * nv + 2 * no) + 8 * rows + 8 * nq, 1, true);
+    // dq, dk, dv written in 16 bits into an assembled concat's copy
+    // (carve-fold-views), else widened.
+    if (Value t = producedInto(op->getResult(0)); t) {
+      int64_t column = 0;
+      if (assembledInto(t.getDefiningOp(), column))
+        return;
+    }
     convert("from16Kernel", nq);
     convert("from16Kernel", nk);
     convert("from16Kernel", nv);
@@ -727,6 +749,7 @@ bool modelGpuStep(ModuleOp module, GpuStep &out, std::string &error) {
   if (dropout)
     m.add("setDropoutStateKernel", GpuClass::Elementwise, 0, 0);
   for (Operation &op : step.getBody().front().without_terminator()) {
+    m.current = &op;
     if (isOptimizerOp(&op)) {
       m.tail(&op);
       continue;
@@ -851,13 +874,17 @@ int64_t GpuPrediction::totalLaunches() const {
   return t;
 }
 
+double predictLaunchUs(const GpuLaunch &l, const GpuSpec &gpu) {
+  const ClassFigures f = figures(l);
+  const double computeUs = f.tflops > 0 ? l.flops / (f.tflops * 1e6) : 0;
+  const double memoryUs = l.bytes / (gpu.memoryGBs * f.bwShare * 1e3);
+  return (l.count ? f.fixedUs : 0) + std::max(computeUs, memoryUs);
+}
+
 GpuPrediction predictGpuStep(const GpuStep &step, const GpuSpec &gpu) {
   GpuPrediction p;
   for (const GpuLaunch &l : step.launches) {
-    const ClassFigures f = figures(l);
-    const double computeUs = f.tflops > 0 ? l.flops / (f.tflops * 1e6) : 0;
-    const double memoryUs = l.bytes / (gpu.memoryGBs * f.bwShare * 1e3);
-    const double us = (l.count ? f.fixedUs : 0) + std::max(computeUs, memoryUs);
+    const double us = predictLaunchUs(l, gpu);
     const int c = static_cast<int>(l.cls);
     const int64_t n = std::max<int64_t>(l.count, 1);
     p.ms[c] += n * us / 1e3;
@@ -918,7 +945,26 @@ std::string gpuStepJson(const GpuStep &step) {
     os << "}}";
     first = false;
   }
-  os << "\n  }\n}\n";
+  os << "\n  },\n  \"calls\": [";
+  first = true;
+  for (const GpuLaunch &l : step.launches) {
+    if (!l.count)
+      continue;
+    os << (first ? "\n" : ",\n") << "    {\"op\": " << str(l.op) << ", \"node\": " << str(l.node)
+       << ", \"kernel\": " << str(l.kernel) << ", \"class\": " << str(gpuClassName(l.cls))
+       << ", \"launches\": " << l.count
+       << ", \"gflop\": " << llvm::format("%.4f", l.count * l.flops / 1e9)
+       << ", \"mb\": " << llvm::format("%.4f", l.count * l.bytes / 1e6) << ", \"us\": {";
+    bool firstGpu = true;
+    for (const GpuSpec &g : gpuSpecs()) {
+      os << (firstGpu ? "" : ", ") << str(g.name) << ": "
+         << llvm::format("%.3f", l.count * predictLaunchUs(l, g));
+      firstGpu = false;
+    }
+    os << "}}";
+    first = false;
+  }
+  os << "\n  ]\n}\n";
   return s;
 }
 

@@ -49,6 +49,8 @@ struct GpuLaunch {
   double flops = 0;  // per launch
   double bytes = 0;  // per launch: device memory read and written
   bool half = false; // a GEMM on 16-bit inputs (bf16 / fp16 tensor cores)
+  std::string op;    // the op that launches it ("carve.matmul"), empty for the step's own
+  std::string node;  // that op's model node, where it has one
 };
 
 /// What one training step of a lowered single-stage CUDA program launches.
@@ -85,14 +87,17 @@ struct GpuPrediction {
   int64_t totalLaunches() const;
 };
 GpuPrediction predictGpuStep(const GpuStep &step, const GpuSpec &gpu);
+/// The predicted time of one launch of `l` on `gpu`, in microseconds.
+double predictLaunchUs(const GpuLaunch &l, const GpuSpec &gpu);
 
 /// Launches per kernel name, and the GEMMs' FLOPs (what the emulation's
 /// CARVE_GPU_PROFILE table can be compared with).
 std::map<std::string, int64_t> launchesByKernel(const GpuStep &step);
 double gemmFlops(const GpuStep &step);
 
-/// The whole report as JSON: the launches by kernel and a prediction for
-/// every GPU of gpuSpecs().
+/// The whole report as JSON: the launches by kernel, a prediction for every
+/// GPU of gpuSpecs(), and every call (op, model node, kernel, launches,
+/// FLOPs, bytes, predicted microseconds per GPU).
 std::string gpuStepJson(const GpuStep &step);
 
 } // namespace carve

@@ -88,10 +88,11 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          rounded as written), widened in registers, where that operand is
          the input, scale or bias of a layer or RMS norm, the input or scale
          of their gradients, the input of a unary gradient, an operand of a
-         binary op, a gather's table (not vocab-parallel) or an input of a
-         fused chain: the op runs as `layer_norm16`, `layer_norm_grad16`,
-         `rms_norm16`, `rms_norm_grad16`, `unary_grad16`, `binary16`,
-         `gather16` (a chain's member stays `fused`), with `carve.read16`
+         binary op, a gather's table (not vocab-parallel), the input of a
+         sum, mean or max, or an input of a fused chain: the op runs as
+         `layer_norm16`, `layer_norm_grad16`, `rms_norm16`,
+         `rms_norm_grad16`, `unary_grad16`, `binary16`, `gather16`,
+         `reduce16` (a chain's member stays `fused`), with `carve.read16`
          one flag per operand; a view every reader reads so runs as `none`
          (as 3b; the same bits);
       3h. on the CUDA target under bf16/fp16 (before 3d), the first 16-bit
@@ -126,6 +127,14 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          `rms_norm_grad_add16`, the copy `none` with
          `carve.copy_by_writer`); rule 3g's 16-bit reads turn the entries
          into their 16-bit forms as they do `layer_norm_grad`'s;
+      4d. on the CUDA target, a concat carve-fold-views marked
+         (carve.fold = "assemble": the pieces are a cuDNN attention
+         gradient's dq, dk and dv) runs as `none`, and its 16-bit copy (the
+         first among the copies right after it) is `none` with
+         `carve.copy_by_writer`: `attention_grad_stats_cudnn` writes the
+         pieces into it in 16 bits; likewise the copy of a cuDNN attention
+         forward's output transpose marked "producer" (rule 4b), which
+         `attention_stats_cudnn` writes O into;
       5. every other op runs as its family's entry (`binary`, `unary`,
          `reduce`, `layer_norm`, `attention`, `allGatherSplit`, ...; a cast
          as the conversion its element types name), if the target has it;

@@ -212,7 +212,8 @@ Choice select(Operation *op, StringRef target) {
   StringRef fold = foldOf(op);
   if (isa<ConstantOp, ReshapeOp>(op) || fold == kFoldOperand || fold == kFoldView ||
       fold == kFoldProducer || fold == kFoldConsumer || fold == kFoldAccumulate ||
-      isProductMatmul(op) || isScatteredProduct(op) || isGatheredOperand(op))
+      fold == kFoldAssemble || isProductMatmul(op) || isScatteredProduct(op) ||
+      isGatheredOperand(op))
     return call(kNoKernel);
   // 3. Products computed where they are read.
   if (fold == kFoldProduct)
@@ -375,7 +376,8 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
             if (c.kernel == "layer_norm" || c.kernel == "layer_norm_grad" ||
                 c.kernel == "layer_norm_grad_add" || c.kernel == "rms_norm" ||
                 c.kernel == "rms_norm_grad" || c.kernel == "rms_norm_grad_add" ||
-                c.kernel == "unary_grad" || c.kernel == "binary" || c.kernel == "gather")
+                c.kernel == "unary_grad" || c.kernel == "binary" || c.kernel == "gather" ||
+                c.kernel == "reduce")
               c = call((c.kernel + "16").c_str());
             else if (c.kernel != "fused" && c.error.empty())
               c = refuse("carve-select-kernels: rule 3g marks an operand read as 16 bits, but '" +
@@ -496,6 +498,11 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         accumulatedCopy(&op, precision);
         continue;
       }
+      if (foldOf(&op) == kFoldAssemble ||
+          (foldOf(&op) == kFoldProducer && isa_and_nonnull<AttentionStatsOp>(producerOf(&op)))) {
+        copyWrittenElsewhere(&op, precision);
+        continue;
+      }
       StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
       if (!k || op.getNumResults() != 1 || op.hasAttr(kFusionGroupAttr) ||
           op.hasAttr(kWrite16Attr) || op.hasAttr(kRound16InCopyAttr))
@@ -563,6 +570,26 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
       ++numCopyByWriter;
       return; // one copy per writer
+    }
+  }
+
+  /// Rule 4d: the 16-bit copy (the first among the copies right after it)
+  /// of a concat marked "assemble" is written by the attention gradient
+  /// whose dq, dk and dv are its pieces, and that of an attention output's
+  /// transpose marked "producer" by the attention forward (no call,
+  /// carve.copy_by_writer).
+  void copyWrittenElsewhere(Operation *op, StringRef precision) {
+    MLIRContext *ctx = op->getContext();
+    for (Operation *n = op->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+      auto c = cast<CastOp>(n);
+      Type to = elementOf(c.getResult());
+      if (c.getInput() != op->getResult(0) ||
+          !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
+        continue;
+      n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+      n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
+      ++numCopyByWriter;
+      return;
     }
   }
 

@@ -444,9 +444,14 @@ private:
                  n = n->getNextNode())
               if (n == op && index.count(at)) {
                 born = index.lookup(at);
-                // An add a norm gradient computes: the copy is written there.
-                if (Operation *p = isa<AddOp>(at) ? producerOf(at) : nullptr; p && index.count(p))
+                // An add a norm gradient computes, or an attention output's
+                // transpose its forward writes: the copy is written there.
+                if (Operation *p = producerOf(at); p && index.count(p))
                   born = index.lookup(p);
+                // An assembled concat: cuDNN's attention gradient writes
+                // the pieces into the copy.
+                if (Operation *g = assemblerOf(at); g && index.count(g))
+                  born = index.lookup(g);
               }
           }
         buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), born);
@@ -462,8 +467,8 @@ private:
   void countReads() {
     for (Operation *op : ops) {
       if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || foldOf(op) == kFoldProducer ||
-          foldOf(op) == kFoldConsumer || isProductMatmul(op) || isScatteredProduct(op) ||
-          isGatheredOperand(op) || isa<ReshapeOp>(op))
+          foldOf(op) == kFoldConsumer || foldOf(op) == kFoldAssemble || isProductMatmul(op) ||
+          isScatteredProduct(op) || isGatheredOperand(op) || isa<ReshapeOp>(op))
         continue;
       if (foldOf(op) == kFoldAccumulate) {
         // Computed by its norm gradient, which reads the residual there.
@@ -501,9 +506,11 @@ private:
         Value v = readOperand(op, i);
         if (Value in = consumedFrom(v))
           v = in; // read in place, transposed (carve-fold-views)
+        if (Value c = outputCopy16(v))
+          v = c; // an attention output read as its transpose's 16-bit copy
         if (!interior.count(v))
           extend(v, order.readAt(op));
-        if ((isa<MatmulOp>(op) && i < 2) || (isa<AttentionGradStatsOp>(op) && i < 3) ||
+        if ((isa<MatmulOp>(op) && i < 2) || (isa<AttentionGradStatsOp>(op) && (i < 3 || i == 5)) ||
             (plan16 && readsExact16(op, i, *plan16)))
           extendCopy16(v, op);
       }

@@ -50,7 +50,8 @@ Operation *cublasRunner(Operation *mm) {
 bool reads16(OpOperand &use, const PlanAttrs &plan) {
   Operation *u = use.getOwner();
   const unsigned k = use.getOperandNumber();
-  if (isa<ReshapeOp>(u) || (isa<TransposeOp>(u) && foldOf(u) == kFoldOperand)) {
+  if (isa<ReshapeOp>(u) ||
+      (isa<TransposeOp>(u) && (foldOf(u) == kFoldOperand || foldOf(u) == kFoldConsumer))) {
     Value r = u->getResult(0);
     return !r.use_empty() &&
            llvm::all_of(r.getUses(), [&](OpOperand &x) { return reads16(x, plan); });
@@ -59,8 +60,16 @@ bool reads16(OpOperand &use, const PlanAttrs &plan) {
     return k < 2 && !u->hasAttr(kFusionGroupAttr) && !isScatteredProduct(u) && !gatheredOperand(u);
   if (isa<CrossEntropyOp, CrossEntropyGradOp>(u))
     return k == 0 && !u->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  // cuDNN's gradient: q, k, v, o where the forward wrote it in 16 bits, and
+  // dy (which it rounds to 16 bits: its copy holds those bits).
   if (isa<AttentionGradStatsOp>(u))
-    return k < 3 && plan.target == "cuda" && cudnnAttentionRefusal(u, plan).empty();
+    return (k < 3 || (k == 3 && outputCopy16(u->getOperand(3))) || k == 5) &&
+           plan.target == "cuda" && cudnnAttentionRefusal(u, plan).empty();
+  // cuDNN's forward reads q, k, v as their 16-bit copies made before it
+  // (carve-select-kernels' rule 3c).
+  if (isa<AttentionStatsOp>(u))
+    return k < 3 && plan.target == "cuda" && cudnnAttentionRefusal(u, plan).empty() &&
+           copy16Before(u->getOperand(k), u, plan.precision);
   return readsExact16(u, k, plan);
 }
 
@@ -96,6 +105,8 @@ bool readsExact16(Operation *u, unsigned k, const PlanAttrs &plan) {
     position = k < 2;
   } else if (isa<GatherOp>(u)) {
     position = k == 0 && !u->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  } else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(u)) {
+    position = k == 0; // the sums and maxima are taken in f64 of the widened values
   }
   return position && exact16(u->getOperand(k), u, plan.precision);
 }
@@ -147,11 +158,44 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
   Operation *w = v.getDefiningOp();
   if (Value copy = paramGradCopy16(v, plan))
     return true; // its writer writes only the copy (rule 3h)
+  // carve-fold-views' "producer" on O's transpose: cuDNN's forward writes O
+  // in 16 bits into the transpose's copy, and the gradients read it there.
+  if (outputCopy16(v))
+    return llvm::all_of(v.getUses(), [&](OpOperand &u) {
+      return (isa<TransposeOp>(u.getOwner()) && foldOf(u.getOwner()) == kFoldProducer) ||
+             reads16(u, plan);
+    });
+  if (w && isa<TransposeOp>(w) && foldOf(w) == kFoldProducer && producerOf(w) &&
+      isa<AttentionStatsOp>(producerOf(w))) {
+    for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+      auto c = cast<CastOp>(n);
+      if (c.getInput() != v || !is16(elementOf(c.getResult())))
+        continue;
+      return llvm::all_of(v.getUses(),
+                          [&](OpOperand &u) { return u.getOwner() == n || reads16(u, plan); });
+    }
+    return false;
+  }
   if (!w || w->getNumResults() != 1)
     return false;
+  // carve-fold-views' "assemble": cuDNN's attention gradient writes the
+  // pieces (its dq, dk, dv transposes) in 16 bits into the concat's copy.
+  if (int64_t column; assembledInto(w, column))
+    return true;
+  if (isa<ConcatOp>(w) && foldOf(w) == kFoldAssemble) {
+    for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+      auto c = cast<CastOp>(n);
+      if (c.getInput() != v || !is16(elementOf(c.getResult())))
+        continue;
+      return llvm::all_of(v.getUses(),
+                          [&](OpOperand &u) { return u.getOwner() == n || reads16(u, plan); });
+    }
+    return false;
+  }
   if (Attribute group = w->getAttr(kFusionGroupAttr)) {
     // A fused chain's output that the chain rounds, read outside the chain
-    // only by 16-bit copies among those right after the chain's root: the
+    // only by 16-bit copies among those right after the chain's root and by
+    // ops that read it as such a copy (a matmul's carve.read16): the
     // chain's kernel writes the copies (rule 3f) and no f32 value.
     if (!w->hasAttr(kRound16Attr))
       return false;
@@ -161,6 +205,8 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
       if (o->getAttr(kFusionGroupAttr) == group)
         continue; // read in registers by the chain
       auto c = dyn_cast<CastOp>(o);
+      if (!c && reads16(use, plan))
+        continue; // reads the copy
       if (!c || !is16(elementOf(c.getResult())))
         return false;
       Operation *root = o->getPrevNode();
@@ -283,6 +329,31 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
         ++numMoved;
       }
       OpBuilder b(ctx);
+      // dy of a cuDNN attention gradient (which rounds it to 16 bits), read
+      // through a reshape and its transpose to heads only, written by a
+      // matmul run by cuBLAS: its 16-bit copy right after the matmul, which
+      // carve-select-kernels' rule 3e has the matmul write instead of the
+      // f32 value (carve-fold-views has the gradient read dy in place).
+      for (Operation &op : body.without_terminator()) {
+        auto g = dyn_cast<AttentionGradStatsOp>(&op);
+        if (!g || !cudnnAttentionRefusal(g, *plan).empty())
+          continue;
+        auto t = g.getGrad().getDefiningOp<TransposeOp>();
+        if (!t || !t->hasOneUse() || t.getPerm() != ArrayRef<int64_t>{0, 2, 1, 3})
+          continue;
+        auto r = t.getInput().getDefiningOp<ReshapeOp>();
+        if (!r || !r->hasOneUse())
+          continue;
+        auto m = r.getInput().getDefiningOp<MatmulOp>();
+        if (!m || !m->hasOneUse() || cublasRunner(m) != m.getOperation() || m->getBlock() != &body)
+          continue;
+        b.setInsertionPointAfter(m);
+        auto mt = cast<RankedTensorType>(m.getType());
+        Location loc =
+            NameLoc::get(b.getStringAttr(nodeName(g->getLoc()) + " (16-bit dy)"), m->getLoc());
+        CastOp::create(b, loc, RankedTensorType::get(mt.getShape(), f16), m.getResult());
+        ++numCasts;
+      }
       for (auto &[v, ops] : readers) {
         Operation *first = ops.front();
         // The 16-bit copy carve-pack-activations keeps (or a send's), moved

@@ -196,6 +196,16 @@ def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
     after the writer, so that carve-select-kernels' rule 3d has the copy do
     the rounding (roundCopyBf16: one kernel where there were two).
 
+    And the output gradient dy of a carve.attention_grad_stats that runs on
+    cuDNN (which rounds dy to 16 bits), where dy is a transpose to heads
+    (perm 0, 2, 1, 3) of a reshape of a matmul run by cuBLAS, each read
+    only by the next: a `carve.cast` to the format right after the matmul
+    (`NODE (16-bit dy)`), which rule 3e has the matmul write instead of its
+    f32 result (carve-fold-views has the gradient read dy's transpose in
+    place: `attention_grad_stats_cudnn(..., dy16)`). Exact: cuBLAS rounds
+    its f32 accumulators to nearest even, the bits the gradient's own
+    conversion wrote.
+
     carve-select-kernels then marks those operands carve.read16 (matmul16
     reads the copy as stored). Exact: the cast rounds to nearest even as
     the matmul's own rounding does, from the same value; the reader

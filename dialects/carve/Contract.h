@@ -140,6 +140,16 @@ constexpr const char *kFoldConsumer = "consumer";
 /// runtime's layer_norm_grad_add, rms_norm_grad_add and their 16-bit
 /// forms). The input gradient is never in memory and the add is no call.
 constexpr const char *kFoldAccumulate = "accumulate";
+/// On a concat along the last axis: "assemble" when each operand is, through
+/// a reshape, a transpose marked "producer" of cuDNN's attention gradient
+/// (dq, dk and dv as [b, t, h, d]) and every reader of the concat reads its
+/// 16-bit copy (the first among the copies right after it): the gradient
+/// writes each piece in 16 bits into the copy, at its columns
+/// (carve-fold-views; the CUDA runtime's attention_grad_stats_cudnn with
+/// dq16, dk16, dv16). The concat is marked carve.round16 too (its values
+/// are the 16-bit pieces), no call, and neither it nor its pieces are in
+/// memory in f32.
+constexpr const char *kFoldAssemble = "assemble";
 
 // Lowering (carve-select-kernels).
 /// On an op the emitter prints: the runtime entry it runs as on the plan's

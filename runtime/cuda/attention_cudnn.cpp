@@ -40,12 +40,14 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -87,32 +89,52 @@ char *widenOperands(std::initializer_list<const void *> ps, std::initializer_lis
 
 /// attention_grad_stats_cudnn as carve's kernel: q, k, v widened where they
 /// are 16-bit; with `bthd`, dq, dk and dv computed in [b, h, t, d] scratch
-/// and transposed into their [b, t, h, d] places.
+/// and transposed into their [b, t, h, d] places, or with `g16` rounded
+/// into those of the 16-bit tensors g16[0..2] (rows of rowStride16).
 void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks, const void *v,
                  bool v16, Dims vs, const float *mask, Dims ms, float scale, bool causal,
                  const float *o, const float *lse, const float *dy, float *dq, float *dk, float *dv,
-                 bool bthd, bool dyBthd) {
+                 bool bthd, bool dyBthd, uint16_t *const g16[3], int64_t rowStride16,
+                 const uint16_t *o16, const uint16_t *dy16) {
   const float *w[3];
   const int64_t n[3] = {qs.numel(), ks.numel(), vs.numel()};
   const Dims perm{0, 2, 1, 3};
   auto bytes = [](int64_t x) { return (static_cast<size_t>(x) * sizeof(float) + 255) / 256 * 256; };
-  size_t extra = 0;
+  size_t gradBytes = 0;
   if (bthd)
     for (int64_t x : n)
-      extra += bytes(x);
-  // dy: [b, h, tq, dv], given as [b, tq, h, dv] where dyBthd.
+      gradBytes += (g16 ? 2 : 1) * bytes(x); // (16-bit: [b, t, h, d] f32 in scratch too)
+  // dy and o: [b, h, tq, dv]; dy given as [b, tq, h, dv] where dyBthd, o as
+  // its 16-bit [b, tq, h, dv] tensor where o16.
   Dims ys = qs;
   if (ys.rank)
     ys.d[ys.rank - 1] = vs.rank ? vs.d[vs.rank - 1] : 0;
-  if (dyBthd)
-    extra += bytes(ys.numel());
-  char *t = widenOperands({q, k, v}, {q16, k16, v16}, {n[0], n[1], n[2]}, w, extra);
-  if (dyBthd) { // dy transposed to [b, h, tq, dv] after the gradients' scratch
-    Dims ts = ys;
+  Dims ts = ys; // [b, tq, h, dv]
+  if (ts.rank == 4)
     std::swap(ts.d[1], ts.d[2]);
-    auto *dyt = reinterpret_cast<float *>(t + (bthd ? bytes(n[0]) + bytes(n[1]) + bytes(n[2]) : 0));
+  const size_t dyBytes = dyBthd ? bytes(ys.numel()) : 0;
+  const size_t oBytes = o16 ? 2 * bytes(ys.numel()) : 0;
+  const size_t dy16Bytes = dy16 ? bytes(ys.numel()) : 0;
+  char *t = widenOperands({q, k, v}, {q16, k16, v16}, {n[0], n[1], n[2]}, w,
+                          gradBytes + dyBytes + oBytes + dy16Bytes);
+  if (dy16) { // dy widened, after o's scratch
+    auto *wide = reinterpret_cast<float *>(t + gradBytes + dyBytes + oBytes);
+    precision() == Precision::F16 ? fromF16(dy16, wide, ys.numel())
+                                  : fromBf16(dy16, wide, ys.numel());
+    dy = wide;
+  }
+  if (dyBthd) { // dy transposed to [b, h, tq, dv] after the gradients' scratch
+    auto *dyt = reinterpret_cast<float *>(t + gradBytes);
     carve::gpu::transpose<float>(dy, ts, perm, dyt);
     dy = dyt;
+  }
+  if (o16) { // o widened and transposed to [b, h, tq, dv] after dy's
+    auto *wide = reinterpret_cast<float *>(t + gradBytes + dyBytes);
+    auto *ot = reinterpret_cast<float *>(t + gradBytes + dyBytes + bytes(ys.numel()));
+    precision() == Precision::F16 ? fromF16(o16, wide, ys.numel())
+                                  : fromBf16(o16, wide, ys.numel());
+    carve::gpu::transpose<float>(wide, ts, perm, ot);
+    o = ot;
   }
   if (!bthd)
     return attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy,
@@ -124,9 +146,52 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
   }
   attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy, g[0],
                        g[1], g[2]);
-  carve::gpu::transpose<float>(g[0], qs, perm, dq);
-  carve::gpu::transpose<float>(g[1], ks, perm, dk);
-  carve::gpu::transpose<float>(g[2], vs, perm, dv);
+  float *dst[3] = {dq, dk, dv};
+  const Dims shapes[3] = {qs, ks, vs};
+  for (int i = 0; i < 3; ++i) {
+    if (!g16) {
+      carve::gpu::transpose<float>(g[i], shapes[i], perm, dst[i]);
+      continue;
+    }
+    // [b, t, h, d] in f32 scratch after the gradients' (where dy's and o's
+    // were, read by now), then its rows of h * d into the 16-bit tensor's
+    // rows of rowStride16 elements.
+    auto *t32 = reinterpret_cast<float *>(t);
+    carve::gpu::transpose<float>(g[i], shapes[i], perm, t32);
+    const Dims &sh = shapes[i];
+    store16Rows(t32, sh.d[0] * sh.d[2], sh.d[1] * sh.d[3], g16[i], rowStride16);
+    t += bytes(n[i]);
+  }
+}
+
+/// attention_stats_cudnn as carve's kernel: q, k, v given only as their
+/// 16-bit copies (a null f32 pointer: the program keeps only the copy)
+/// widened.
+void statsByCarve(const float *q, const void *q16, Dims qs, const float *k, const void *k16,
+                  Dims ks, const float *v, const void *v16, Dims vs, const float *mask, Dims ms,
+                  float scale, bool causal, float *y, float *lse, uint16_t *y16) {
+  const float *in[3] = {q, k, v};
+  const void *c16[3] = {q16, k16, v16};
+  for (int i = 0; i < 3; ++i)
+    if (!in[i] && !c16[i])
+      fatal("attention_stats_cudnn: operand %d given neither as f32 nor as its 16-bit copy", i);
+  const float *w[3];
+  Dims ys = qs; // [b, h, tq, dv]
+  if (ys.rank)
+    ys.d[ys.rank - 1] = vs.rank ? vs.d[vs.rank - 1] : 0;
+  auto bytes = [](int64_t x) { return (static_cast<size_t>(x) * sizeof(float) + 255) / 256 * 256; };
+  char *t = widenOperands({in[0] ? static_cast<const void *>(in[0]) : c16[0],
+                           in[1] ? static_cast<const void *>(in[1]) : c16[1],
+                           in[2] ? static_cast<const void *>(in[2]) : c16[2]},
+                          {!in[0], !in[1], !in[2]}, {qs.numel(), ks.numel(), vs.numel()}, w,
+                          y16 ? 2 * bytes(ys.numel()) : 0);
+  if (!y16)
+    return attention_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, y, lse);
+  // O in f32 scratch, transposed to [b, tq, h, dv], rounded into y16.
+  auto *y32 = reinterpret_cast<float *>(t), *yt = reinterpret_cast<float *>(t + bytes(ys.numel()));
+  attention_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, y32, lse);
+  carve::gpu::transpose<float>(y32, ys, Dims{0, 2, 1, 3}, yt);
+  precision() == Precision::F16 ? toF16(yt, y16, ys.numel()) : toBf16(yt, y16, ys.numel());
 }
 
 /// bthd's and dyBthd's precondition: rank-4 [b, h, t, d] operands.
@@ -134,6 +199,26 @@ void checkBthd(bool bthd, const Dims &qs, const Dims &ks, const Dims &vs, const 
   if (bthd && (qs.rank != 4 || ks.rank != 4 || vs.rank != 4))
     fatal("%s: gradients written as [b, t, h, d] need rank-4 q, k and v (ranks %d, %d, %d)", op,
           qs.rank, ks.rank, vs.rank);
+}
+
+/// attention_grad_stats_cudnn's outputs checked: whether the gradients go to
+/// the 16-bit tensors g16 (all three given, [b, t, h, d] rows of rowStride16
+/// elements) rather than to dq, dk, dv.
+bool checkOutputs(bool bthd, bool dyBthd, const Dims &qs, const Dims &ks, const Dims &vs,
+                  uint16_t *const g16[3], int64_t rowStride16) {
+  const char *op = "attention_grad_stats_cudnn";
+  checkBthd(bthd || dyBthd, qs, ks, vs, op);
+  const int given = (g16[0] != nullptr) + (g16[1] != nullptr) + (g16[2] != nullptr);
+  if (given == 0)
+    return false;
+  if (given != 3 || !bthd)
+    fatal("%s: 16-bit gradients need all three of dq16, dk16, dv16 and bthd", op);
+  const Dims *sh[3] = {&qs, &ks, &vs};
+  for (const Dims *d : sh)
+    if (rowStride16 < d->d[1] * d->d[3])
+      fatal("%s: a 16-bit row stride of %lld for rows of %lld heads x %lld", op,
+            (long long)rowStride16, (long long)d->d[1], (long long)d->d[3]);
+  return true;
 }
 
 } // namespace
@@ -153,22 +238,26 @@ void sayNoCudnn() {
 void cudnnAttentionCalls(int64_t &forward, int64_t &backward) { forward = backward = 0; }
 bool cudnnAttentionBuilt() { return false; }
 
-void attention_stats_cudnn(const float *q, const void *, Dims qs, const float *k, const void *,
-                           Dims ks, const float *v, const void *, Dims vs, const float *mask,
-                           Dims ms, float scale, bool causal, float *y, float *lse) {
+void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
+                           const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
+                           const float *mask, Dims ms, float scale, bool causal, float *y,
+                           float *lse, uint16_t *y16) {
   sayNoCudnn();
-  attention_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, y, lse);
+  checkBthd(y16 != nullptr, qs, ks, vs, "attention_stats_cudnn");
+  statsByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, y, lse, y16);
 }
 
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
                                 const void *v, bool v16, Dims vs, const float *mask, Dims ms,
                                 float scale, bool causal, const float *o, const float *lse,
                                 const float *dy, float *dq, float *dk, float *dv, bool bthd,
-                                bool dyBthd) {
+                                bool dyBthd, uint16_t *dq16, uint16_t *dk16, uint16_t *dv16,
+                                int64_t rowStride16, const uint16_t *o16, const uint16_t *dy16) {
   sayNoCudnn();
-  checkBthd(bthd || dyBthd, qs, ks, vs, "attention_grad_stats_cudnn");
+  uint16_t *const g16[3] = {dq16, dk16, dv16};
+  const bool out16 = checkOutputs(bthd, dyBthd || o16, qs, ks, vs, g16, rowStride16);
   gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq, dk, dv,
-              bthd, dyBthd);
+              bthd, dyBthd, out16 ? g16 : nullptr, rowStride16, o16, dy16);
 }
 
 #else
@@ -434,9 +523,12 @@ struct Shape {
   bool backward = false;
   bool bthd = false;   // the backward writes dQ, dK, dV as [b, s, h, d]
   bool dyBthd = false; // and reads dO as [b, s, h, d]
+  int64_t rowStride16 = 0; // bthd: rows of this many elements (0: h * d)
+  bool oBthd = false;      // O written (forward) or read (backward) as [b, s, h, d]
   int prec = 0;
   auto key() const {
-    return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, bthd, dyBthd, prec);
+    return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, bthd, dyBthd, rowStride16, oBthd,
+                           prec);
   }
   bool operator<(const Shape &o) const { return key() < o.key(); }
   std::string text() const {
@@ -450,6 +542,9 @@ struct Shape {
 
 Dims4 rowMajor(int64_t a, int64_t b, int64_t c, int64_t d) { return {b * c * d, c * d, d, 1}; }
 
+/// O's [b, h, sq, dv] strides where it is stored as [b, sq, h, dv].
+Dims4 bthdStrides(const Shape &s) { return {s.sq * s.h * s.dv, s.dv, s.h * s.dv, 1}; }
+
 /// The forward graph (CompositeSDPANode, training: Stats kept).
 void buildForward(Graph &g, const Shape &s) {
   const Dims4 sd{s.b, s.h, s.sq, s.skv}, rd{s.b, s.h, s.sq, 1};
@@ -458,7 +553,9 @@ void buildForward(Graph &g, const Shape &s) {
   Dims4 ks = rowMajor(s.b, s.h, s.skv, s.d);
   const Desc &kt = g.input(kK, g.io, {s.b, s.h, s.d, s.skv}, {ks[0], ks[1], ks[3], ks[2]});
   const Desc &v = g.input(kV, g.io, {s.b, s.h, s.skv, s.dv}, rowMajor(s.b, s.h, s.skv, s.dv));
-  const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
+  // O as [b, h, s, dv], or (oBthd) with heads and tokens exchanged in memory.
+  const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv},
+                          s.oBthd ? bthdStrides(s) : rowMajor(s.b, s.h, s.sq, s.dv));
   const Desc &stats = g.input(kStats, CUDNN_DATA_FLOAT, rd, rowMajor(s.b, s.h, s.sq, 1));
   const Desc &sc = g.virt(CUDNN_DATA_FLOAT, sd);
   g.matmul(q, kt, sc);
@@ -492,7 +589,8 @@ void buildBackward(Graph &g, const Shape &s) {
   Dims4 ks = rowMajor(s.b, s.h, s.skv, s.d), vs = rowMajor(s.b, s.h, s.skv, s.dv);
   const Desc &kt = g.input(kK, g.io, {s.b, s.h, s.d, s.skv}, {ks[0], ks[1], ks[3], ks[2]});
   const Desc &vt = g.input(kV, g.io, {s.b, s.h, s.dv, s.skv}, {vs[0], vs[1], vs[3], vs[2]});
-  const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv}, rowMajor(s.b, s.h, s.sq, s.dv));
+  const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv},
+                          s.oBthd ? bthdStrides(s) : rowMajor(s.b, s.h, s.sq, s.dv));
   // dO as given, or (dyBthd) with heads and tokens exchanged in memory.
   const Desc &dO = g.input(kDO, g.io, {s.b, s.h, s.sq, s.dv},
                            s.dyBthd ? Dims4{s.sq * s.h * s.dv, s.dv, s.h * s.dv, 1}
@@ -501,7 +599,8 @@ void buildBackward(Graph &g, const Shape &s) {
   // The gradients in [b, h, s, d] order, or (bthd) with heads and tokens
   // exchanged in memory: the transposes after the call done by cuDNN.
   auto out = [&](int64_t t, int64_t d) {
-    return s.bthd ? Dims4{t * s.h * d, d, s.h * d, 1} : rowMajor(s.b, s.h, t, d);
+    const int64_t row = s.rowStride16 ? s.rowStride16 : s.h * d;
+    return s.bthd ? Dims4{t * row, d, row, 1} : rowMajor(s.b, s.h, t, d);
   };
   const Desc &dQ = g.input(kDQ, g.io, {s.b, s.h, s.sq, s.d}, out(s.sq, s.d));
   const Desc &dK = g.input(kDK, g.io, {s.b, s.h, s.skv, s.d}, out(s.skv, s.d));
@@ -658,6 +757,23 @@ Graph *graphFor(const Shape &s, const char *op) {
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+/// Whether cuDNN can write the 16-bit gradients where they go: 16-byte
+/// aligned, rows a multiple of 8 elements apart.
+bool aligned16(uint16_t *const g16[3], int64_t rowStride16) {
+  for (int i = 0; i < 3; ++i)
+    if (reinterpret_cast<uintptr_t>(g16[i]) % 16)
+      return false;
+  return rowStride16 % 8 == 0;
+}
+
+/// A call that carve's kernel takes for `why`, said once per shape.
+void sayOnce(const char *op, const Shape &s, const std::string &why) {
+  static std::set<Shape> said;
+  if (said.insert(s).second)
+    std::fprintf(stderr, "carve: %s %s: %s; carve's kernel runs\n", op, s.text().c_str(),
+                 why.c_str());
+}
+
 void to16(const float *x, uint16_t *y, int64_t n) {
   precision() == Precision::BF16 ? toBf16(x, y, n) : toF16(x, y, n);
 }
@@ -720,18 +836,25 @@ void cudnnAttentionCalls(int64_t &forward, int64_t &backward) {
 void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
                            const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
                            const float *mask, Dims ms, float scale, bool causal, float *y,
-                           float *lse) {
+                           float *lse, uint16_t *y16) {
   const char *op = "attention_stats_cudnn";
+  checkBthd(y16 != nullptr, qs, ks, vs, op);
   Shape s;
   s.causal = causal;
-  Graph *g = ineligible(qs, ks, vs, mask, s).empty() ? graphFor(s, op) : nullptr;
+  s.oBthd = y16 != nullptr;
+  std::string why = ineligible(qs, ks, vs, mask, s);
+  if (why.empty() && y16 && reinterpret_cast<uintptr_t>(y16) % 16)
+    why = "a 16-bit output not 16-byte aligned";
+  if (!why.empty() && y16)
+    sayOnce(op, s, why);
+  Graph *g = why.empty() ? graphFor(s, op) : nullptr;
   if (!g)
-    return attention_stats(q, qs, k, ks, v, vs, mask, ms, scale, causal, y, lse);
+    return statsByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, y, lse, y16);
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   char *ws = nullptr;
   std::vector<char *> p = scratch({q16 ? 0 : size_t(nq) * 2, k16 ? 0 : size_t(nk) * 2,
-                                   v16 ? 0 : size_t(nv) * 2, size_t(no) * 2},
+                                   v16 ? 0 : size_t(nv) * 2, y16 ? 0 : size_t(no) * 2},
                                   g->workspaceBytes, ws);
   // q, k, v: their 16-bit copies where the program has them, else converted.
   void *in16[3] = {const_cast<void *>(q16), const_cast<void *>(k16), const_cast<void *>(v16)};
@@ -742,7 +865,9 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
       in16[i] = p[i];
       to16(in[i], static_cast<uint16_t *>(in16[i]), counts[i]);
     }
-  auto *o16 = reinterpret_cast<uint16_t *>(p[3]);
+  // O written in 16 bits as [b, t, h, d] where y16 is given, else in
+  // scratch and widened.
+  auto *o16 = y16 ? y16 : reinterpret_cast<uint16_t *>(p[3]);
   float negInf = -std::numeric_limits<float>::infinity();
   std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
   std::vector<void *> ptrs{in16[0], in16[1], in16[2], o16, lse, &scale};
@@ -752,33 +877,50 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
   }
   execute(*g, uids, ptrs, ws, "cuDNN flash attention forward");
   ++cudnnState().forwardCalls;
-  from16(o16, y, no);
+  if (!y16)
+    from16(o16, y, no);
 }
 
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
                                 const void *v, bool v16, Dims vs, const float *mask, Dims ms,
                                 float scale, bool causal, const float *o, const float *lse,
                                 const float *dy, float *dq, float *dk, float *dv, bool bthd,
-                                bool dyBthd) {
+                                bool dyBthd, uint16_t *dq16, uint16_t *dk16, uint16_t *dv16,
+                                int64_t rowStride16, const uint16_t *o16, const uint16_t *dy16) {
   const char *op = "attention_grad_stats_cudnn";
-  checkBthd(bthd || dyBthd, qs, ks, vs, op);
+  uint16_t *const g16[3] = {dq16, dk16, dv16};
+  const bool out16 = checkOutputs(bthd, dyBthd || o16, qs, ks, vs, g16, rowStride16);
   Shape s;
   s.causal = causal;
   s.backward = true;
   s.bthd = bthd;
   s.dyBthd = dyBthd;
-  Graph *g = ineligible(qs, ks, vs, mask, s).empty() ? graphFor(s, op) : nullptr;
+  s.rowStride16 = out16 ? rowStride16 : 0;
+  s.oBthd = o16 != nullptr;
+  std::string why = ineligible(qs, ks, vs, mask, s);
+  if (why.empty() && out16 && !aligned16(g16, rowStride16))
+    why = "16-bit gradients at addresses or a row stride not 16-byte aligned";
+  if (why.empty() && o16 && reinterpret_cast<uintptr_t>(o16) % 16)
+    why = "a 16-bit output O not 16-byte aligned";
+  if (why.empty() && dy16 && reinterpret_cast<uintptr_t>(dy16) % 16)
+    why = "a 16-bit dy not 16-byte aligned";
+  if (!why.empty() && (out16 || o16 || dy16))
+    sayOnce(op, s, why);
+  Graph *g = why.empty() ? graphFor(s, op) : nullptr;
   if (!g)
     return gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq,
-                       dk, dv, bthd, dyBthd);
+                       dk, dv, bthd, dyBthd, out16 ? g16 : nullptr, rowStride16, o16, dy16);
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   const int64_t rows = s.b * s.h * s.sq;
   char *ws = nullptr;
+  // The gradients in 16-bit scratch, widened after (none: written in place).
+  const size_t gq = out16 ? 0 : size_t(nq) * 2, gk = out16 ? 0 : size_t(nk) * 2,
+               gv = out16 ? 0 : size_t(nv) * 2;
   std::vector<char *> p =
       scratch({q16 ? 0 : size_t(nq) * 2, k16 ? 0 : size_t(nk) * 2, v16 ? 0 : size_t(nv) * 2,
-               size_t(no) * 2, size_t(no) * 2,
-               size_t(nq) * 2, size_t(nk) * 2, size_t(nv) * 2, size_t(rows) * 4, size_t(nq) * 4},
+               o16 ? 0 : size_t(no) * 2, dy16 ? 0 : size_t(no) * 2, gq, gk, gv, size_t(rows) * 4,
+               size_t(nq) * 4},
               g->workspaceBytes, ws);
   auto u16 = [&](int i) { return reinterpret_cast<uint16_t *>(p[i]); };
   // q, k, v: as given where they are 16-bit already, else converted.
@@ -790,14 +932,23 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
     to16(static_cast<const float *>(k), u16(1), nk);
   if (!v16)
     to16(static_cast<const float *>(v), u16(2), nv);
-  to16(o, u16(3), no);
-  to16(dy, u16(4), no);
+  // O as the forward wrote it in 16 bits ([b, t, h, d]) where given.
+  void *o16p = o16 ? const_cast<uint16_t *>(o16) : static_cast<void *>(u16(3));
+  if (!o16)
+    to16(o, u16(3), no);
+  // dy as its writer wrote it in 16 bits where given.
+  void *dy16p = dy16 ? const_cast<uint16_t *>(dy16) : static_cast<void *>(u16(4));
+  if (!dy16)
+    to16(dy, u16(4), no);
   float negInf = -std::numeric_limits<float>::infinity();
   float one = 1.0f;
   std::vector<int64_t> uids{kQ,  kK,  kV,          kO,       kDO,    kStats, kDQ,
                             kDK, kDV, kSoftmaxSum, kDQAccum, kScale, kOne};
-  std::vector<void *> ptrs{in16[0], in16[1], in16[2], u16(3), u16(4), const_cast<float *>(lse),
-                           u16(5), u16(6), u16(7), p[8],   p[9],   &scale,
+  void *grads[3] = {out16 ? static_cast<void *>(dq16) : u16(5),
+                    out16 ? static_cast<void *>(dk16) : u16(6),
+                    out16 ? static_cast<void *>(dv16) : u16(7)};
+  std::vector<void *> ptrs{in16[0],  in16[1],  in16[2],  o16p, dy16p, const_cast<float *>(lse),
+                           grads[0], grads[1], grads[2], p[8], p[9],  &scale,
                            &one};
   if (causal) {
     uids.push_back(kNegInf);
@@ -805,6 +956,8 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
   }
   execute(*g, uids, ptrs, ws, "cuDNN flash attention backward");
   ++cudnnState().backwardCalls;
+  if (out16)
+    return; // written in place, in 16 bits
   from16(u16(5), dq, nq);
   from16(u16(6), dk, nk);
   from16(u16(7), dv, nv);

@@ -140,6 +140,12 @@ enum WorkspaceSlot : int {
 /// old address; graphStep's warm-up step sizes every slot first).
 void *workspace(size_t bytes, int slot);
 
+/// y[r * ldy + c] = x[r * cols + c] rounded to the precision's 16-bit format
+/// (the bits toBf16 / toF16 write) for r < rows, c < cols: f32 rows stored
+/// into 16-bit rows of a wider tensor (kernels_data.cu; the fallback of
+/// attention_grad_stats_cudnn's 16-bit gradients).
+void store16Rows(const float *x, int64_t rows, int64_t cols, uint16_t *y, int64_t ldy);
+
 } // namespace carve::gpu
 
 #endif // CARVE_RT_CUDA_INTERNAL_H

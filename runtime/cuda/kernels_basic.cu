@@ -238,7 +238,8 @@ template <class T> __global__ void fillKernel(T *y, int64_t n, T v) {
 /// Warp w's result for output o: its lanes' `acc` combined, into y[o] when
 /// the output is one segment (S == 1), else into partial[w].
 /// Y (here and in the reduction kernels below): `float *`, or Out16 (the
-/// result written in 16 bits: reduce16).
+/// result written in 16 bits: reduce16). X: `const float *`, or In16 (the
+/// input read as stored in 16 bits, widened: reduce16 with x16).
 template <class Y>
 __device__ __forceinline__ void warpStore(bool isMax, double acc, int lane, int64_t S, double div,
                                           int64_t w, int64_t o, double *partial, Y y) {
@@ -254,9 +255,9 @@ __device__ __forceinline__ void warpStore(bool isMax, double acc, int lane, int6
 /// x seen as [O, R] (the reduced run innermost): warp w reduces segment
 /// w % S (of `seg` rows) of row w / S, into y when S == 1, else into
 /// partial[w].
-template <class Y>
-__global__ void reduceRowsKernel(const float *x, int64_t O, int64_t R, int64_t seg, int64_t S,
-                                 bool isMax, double div, double *partial, Y y) {
+template <class X, class Y>
+__global__ void reduceRowsKernel(X x, int64_t O, int64_t R, int64_t seg, int64_t S, bool isMax,
+                                 double div, double *partial, Y y) {
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -264,7 +265,7 @@ __global__ void reduceRowsKernel(const float *x, int64_t O, int64_t R, int64_t s
   for (int64_t w = first; w < O * S; w += stride) {
     const int64_t o = w / S, s = w - o * S;
     const int64_t r0 = s * seg, r1 = imin(R, r0 + seg);
-    const float *p = x + o * R;
+    const auto p = x + o * R;
     double acc = identity;
     for (int64_t r = r0 + lane; r < r1; r += 32)
       acc = combine(isMax, acc, p[r]);
@@ -275,15 +276,15 @@ __global__ void reduceRowsKernel(const float *x, int64_t O, int64_t R, int64_t s
 /// x seen as [O, R, I]: thread t = (o * S + s) * I + i reduces rows
 /// [s * seg, (s + 1) * seg) of column (o, i) into y when S == 1, else into
 /// partial[t].
-template <class Y>
-__global__ void reduceColumnsKernel(const float *x, int64_t O, int64_t R, int64_t I, int64_t seg,
-                                    int64_t S, bool isMax, double div, double *partial, Y y) {
+template <class X, class Y>
+__global__ void reduceColumnsKernel(X x, int64_t O, int64_t R, int64_t I, int64_t seg, int64_t S,
+                                    bool isMax, double div, double *partial, Y y) {
   const double identity = isMax ? -CUDART_INF : 0.0;
   CARVE_GRID_LOOP(t, O * S * I) {
     const int64_t i = t % I, q = t / I;
     const int64_t s = q % S, o = q / S;
     const int64_t r0 = s * seg, r1 = imin(R, r0 + seg);
-    const float *p = x + o * R * I + i;
+    const auto p = x + o * R * I + i;
     double acc = identity;
     for (int64_t r = r0; r < r1; ++r)
       acc = combine(isMax, acc, p[r * I]);
@@ -315,10 +316,10 @@ __global__ void reducePartialsKernel(const double *partial, int64_t O, int64_t S
 /// back to zero) combines the tile's S partials in order s = 0 .. S - 1, as
 /// reducePartialsKernel does: the same bits, one launch less (a bias
 /// gradient of a GPT layer: four a layer).
-template <class Y>
-__global__ void reduceColumnsLastKernel(const float *x, int64_t O, int64_t R, int64_t I,
-                                        int64_t seg, int64_t S, bool isMax, double div,
-                                        double *partial, unsigned *arrived, Y y) {
+template <class X, class Y>
+__global__ void reduceColumnsLastKernel(X x, int64_t O, int64_t R, int64_t I, int64_t seg,
+                                        int64_t S, bool isMax, double div, double *partial,
+                                        unsigned *arrived, Y y) {
   const double identity = isMax ? -CUDART_INF : 0.0;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t s = blockIdx.y;
@@ -326,7 +327,7 @@ __global__ void reduceColumnsLastKernel(const float *x, int64_t O, int64_t R, in
   const int64_t o = mine ? c / I : 0, i = mine ? c - o * I : 0;
   if (mine) {
     const int64_t r0 = s * seg, r1 = imin(R, r0 + seg);
-    const float *p = x + o * R * I + i;
+    const auto p = x + o * R * I + i;
     double acc = identity;
     for (int64_t r = r0; r < r1; ++r)
       acc = combine(isMax, acc, p[r * I]);
@@ -379,9 +380,9 @@ __device__ __forceinline__ void reducedDigits(const ReduceGeom &g, int64_t q,
   }
 }
 
-template <class Y>
-__global__ void reduceGeneralKernel(const float *x, ReduceGeom g, int64_t seg, int64_t S,
-                                    bool isMax, double div, double *partial, Y y) {
+template <class X, class Y>
+__global__ void reduceGeneralKernel(X x, ReduceGeom g, int64_t seg, int64_t S, bool isMax,
+                                    double div, double *partial, Y y) {
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t stride = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -431,8 +432,8 @@ constexpr int64_t kReduceWarps = 8192;
 /// The grid's y and x limits (reduceColumnsLastKernel's segments and tiles).
 constexpr int64_t kMaxGridY = 65535, kMaxGridX = 2147483647;
 
-template <class Y>
-void reduceORI(bool isMax, double div, const float *x, int64_t O, int64_t R, int64_t I, Y y) {
+template <class X, class Y>
+void reduceORI(bool isMax, double div, X x, int64_t O, int64_t R, int64_t I, Y y) {
   auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   int64_t S;
   if (I == 1)
@@ -911,7 +912,7 @@ void fillOut(const Out16 &y, int64_t n, float v) {
   fill<uint16_t>(y.y16, n, y.fmt == 1 ? carve::rt::ew::bf16Bits(v) : carve::rt::ew::f16Bits(v));
 }
 
-template <class Y> void reduceAs(Reduce f, const float *x, Dims xs, uint32_t axesMask, Y y) {
+template <class X, class Y> void reduceAs(Reduce f, X x, Dims xs, uint32_t axesMask, Y y) {
   const ReduceGeom geom = reduceGeom(xs, axesMask);
   const int64_t outCount = geom.outCount, redCount = geom.redCount;
   if (outCount == 0)
@@ -951,8 +952,20 @@ void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y) {
   reduceAs(f, x, xs, axesMask, y);
 }
 
-void reduce16(Reduce f, const float *x, Dims xs, uint32_t axesMask, uint16_t *y16) {
-  reduceAs(f, x, xs, axesMask, Out16{nullptr, y16, format16For("reduce16"), false});
+void reduce16(Reduce f, const void *x, bool x16, Dims xs, uint32_t axesMask, float *y,
+              uint16_t *y16) {
+  if (!y && !y16)
+    fatal("reduce16: no result to write (neither f32 nor 16-bit)");
+  if (x16) {
+    const In16 xi = in16("reduce16", x, true);
+    if (y16)
+      return reduceAs(f, xi, xs, axesMask, Out16{y, y16, format16For("reduce16"), false});
+    return reduceAs(f, xi, xs, axesMask, y);
+  }
+  const auto *xf = static_cast<const float *>(x);
+  if (y16)
+    return reduceAs(f, xf, xs, axesMask, Out16{y, y16, format16For("reduce16"), false});
+  reduceAs(f, xf, xs, axesMask, y);
 }
 
 } // namespace carve::gpu

@@ -591,6 +591,26 @@ void concat16(int n, const float *const *xs, const Dims *shapes, int axis, float
 }
 
 namespace {
+__global__ void store16RowsKernel(const float *x, int64_t rows, int64_t cols, uint16_t *y,
+                                  int64_t ldy, int fmt) {
+  CARVE_GRID_LOOP(i, rows * cols) {
+    const int64_t r = i / cols, c = i - r * cols;
+    store(Out16{nullptr, y, fmt, false}, r * ldy + c, x[i]);
+  }
+}
+} // namespace
+
+void store16Rows(const float *x, int64_t rows, int64_t cols, uint16_t *y, int64_t ldy) {
+  if (rows <= 0 || cols <= 0)
+    return;
+  if (ldy < cols)
+    fatal("store16Rows: a row stride of %lld for rows of %lld", (long long)ldy, (long long)cols);
+  CARVE_KERNEL(blocksFor(rows * cols), kThreads, 0, stream(), store16RowsKernel)
+  (x, rows, cols, y, ldy, format16For("store16Rows"));
+  checkLaunch("store16Rows");
+}
+
+namespace {
 
 /// Whether gather_grad of scalars (inner == 1) goes through the inverted
 /// indices: ni positions into `size` rows, both within int.

@@ -17,8 +17,9 @@ The bf16 programs' attention is cuDNN's fused flash attention (attention_stats_c
 run by tests/gpu-emu's cuDNN emulation); the GPT in bf16 is also checked compiled with
 `--attention carve` (carve's kernel), and its cuDNN program is run again with the
 emulated cuDNN refusing every graph (CARVE_EMU_CUDNN=unsupported): it must say so once
-per shape and call, and train to the very losses of the `--attention carve` program
-(its fallback is that kernel).
+per shape and call, and train to the `--attention carve` program's losses (its fallback
+is that kernel, reading and writing the 16-bit tensors the program keeps: the first loss
+equal, the second within the effect of those roundings; check_cudnn_fallback says why).
 
 Then the bad inputs: --gpu-model without --target cuda, and on a pipelined plan (the
 model prices one-stage programs): one line naming the cause, exit 1, no report and no
@@ -142,7 +143,20 @@ def train_losses(out, data, env):
 
 
 def check_cudnn_fallback(a, data):
-    """The cuDNN program where cuDNN refuses every graph: carve's kernel, bit for bit."""
+    """The cuDNN program where cuDNN refuses every graph: carve's kernel.
+
+    Its forward is the --attention carve program's bit for bit (carve's kernel writes O in
+    f32, rounded into the same 16-bit copy), so the first loss is equal. Its backward is
+    carve's kernel too, but reading o, and writing dq, dk and dv, in the 16-bit tensors
+    the program keeps (carve-fold-views: O's transpose and the QKV gradient's concat are
+    written in place), where the --attention carve program keeps them in f32: o enters
+    the row sums D rounded, and the QKV bias gradient sums rounded gradients (its matmuls
+    round both programs' alike). Those roundings (relative u = 2^-8 each) reach the
+    second loss only through AdamW's first update, lr * g / |g| per element, which they
+    change only where they flip a gradient element's sign. The second losses must agree
+    to 1e-4 relative: the measured difference is about 7e-6, and the first update itself
+    moves the loss by about 1e-3 relative, so gradients written in the wrong places (a
+    q, k or v exchanged) would not pass."""
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
     want, _ = train_losses(os.path.join(a.workdir, "gpt-bf16-carve-attention"), data, env)
     got, se = train_losses(os.path.join(a.workdir, "gpt-bf16"), data,
@@ -153,12 +167,14 @@ def check_cudnn_fallback(a, data):
                 or "carve's kernel runs" not in said[0]:
             raise Failure("gpt-bf16 with cuDNN refusing: expected one refusal line for %s, got "
                           "%r:\n%s" % (call, said, se))
-    if not want or got != want:
+    if len(want) != 2 or len(got) != 2 or got[0] != want[0] \
+            or abs(got[1] - want[1]) > 1e-4 * abs(want[1]):
         raise Failure("gpt-bf16 with cuDNN refusing trained to %r, the --attention carve "
-                      "program to %r" % (got, want))
+                      "program to %r (the first loss must be equal, the second within 1e-4 "
+                      "relative)" % (got, want))
     print("ok   gpt-bf16 with the emulated cuDNN refusing every graph: one line per call says "
-          "so, and it trains to the --attention carve program's losses exactly %r" % (got,),
-          flush=True)
+          "so; its losses %r, the --attention carve program's %r (the first equal, the second "
+          "within 1e-4 relative)" % (got, want), flush=True)
 
 
 def cnn_model(a):

@@ -510,9 +510,43 @@ void testRead16() {
       g::reduce(rt::Reduce::Sum, x->p, rc.xs, rc.mask, want->p);
       g::setPrecision(p);
       (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, ys.numel());
-      g::reduce16(rt::Reduce::Sum, x->p, rc.xs, rc.mask, got16->p);
+      g::reduce16(rt::Reduce::Sum, x->p, false, rc.xs, rc.mask, nullptr, got16->p);
       g::setPrecision(rt::Precision::F32);
       expectEqual("reduce16 sum " + str(rc.xs) + fmt, got16->download(), want16->download());
+    }
+    // reduce16 reading its input as stored in 16 bits (rule 3g: a concat of
+    // cuDNN's 16-bit gradients): reduce of the exact f32 view, bit for bit,
+    // with the f32 result, its 16-bit copy, or both; sums, means and maxima
+    // through each kernel (columns in one launch at {2048, 300}).
+    for (const RCase &rc : {RCase{{64, 16, 24}, 0x3u}, RCase{{2048, 300}, 0x1u},
+                            RCase{{3, 5000}, 0x2u}, RCase{{4, 6, 5}, 0x5u}}) {
+      Dims ys;
+      ys.rank = 0;
+      for (int i = 0; i < rc.xs.rank; ++i)
+        if (!(rc.mask >> i & 1u))
+          ys.d[ys.rank++] = rc.xs.d[i];
+      const int64_t m = ys.numel();
+      const Stored16 x = store16(randn(rc.xs.numel()), f16);
+      for (rt::Reduce f : {rt::Reduce::Sum, rt::Reduce::Mean, rt::Reduce::Max}) {
+        const std::string name = f == rt::Reduce::Sum    ? "sum"
+                                 : f == rt::Reduce::Mean ? "mean"
+                                                         : "max";
+        auto want = poisoned<float>(m), got = poisoned<float>(m), only = poisoned<float>(m);
+        auto want16 = poisoned<uint16_t>(m), got16 = poisoned<uint16_t>(m);
+        auto only16 = poisoned<uint16_t>(m);
+        g::reduce(f, x.view->p, rc.xs, rc.mask, want->p);
+        g::setPrecision(p);
+        (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, m);
+        g::reduce16(f, x.bits->p, true, rc.xs, rc.mask, got->p, got16->p);
+        g::reduce16(f, x.bits->p, true, rc.xs, rc.mask, only->p, nullptr);
+        g::reduce16(f, x.bits->p, true, rc.xs, rc.mask, nullptr, only16->p);
+        g::setPrecision(rt::Precision::F32);
+        const std::string what = "reduce16 " + name + " of 16-bit x " + str(rc.xs) + fmt;
+        expectEqual(what, got->download(), want->download());
+        expectEqual(what + " (its copy)", got16->download(), want16->download());
+        expectEqual(what + " (f32 only)", only->download(), want->download());
+        expectEqual(what + " (copy only)", only16->download(), want16->download());
+      }
     }
     // concat16: q, k, v gradients joined on the last axis, the result's copy
     // written too (rule 3h; a split's gradient).

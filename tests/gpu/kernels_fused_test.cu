@@ -538,6 +538,39 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
                                   Dims{}, scale, causal, yc->p, lsec->p, dgyT->p, sq->p, sk->p,
                                   sv->p, /*bthd=*/true, /*dyBthd=*/true);
   }
+  // And written in 16 bits into the rows of one [b, t, 3 h d] tensor, dq at
+  // column 0, dk at h d, dv at 2 h d (carve-fold-views' "assemble": the QKV
+  // projection's gradient), widened here for the comparison.
+  const int64_t hd = r4 ? qs.d[1] * qs.d[3] : 0, bt = r4 ? qs.d[0] * qs.d[2] : 0;
+  auto a16 = poisoned<uint16_t>(3 * n);
+  auto a32 = poisoned<float>(3 * n);
+  if (r4) {
+    g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                  Dims{}, scale, causal, yc->p, lsec->p, dgy->p, nullptr, nullptr,
+                                  nullptr, /*bthd=*/true, /*dyBthd=*/false, a16->p, a16->p + hd,
+                                  a16->p + 2 * hd, 3 * hd);
+    (p == rt::Precision::BF16 ? g::fromBf16 : g::fromF16)(a16->p, a32->p, 3 * n);
+  }
+  // The forward writing O in 16 bits as [b, t, h, d] (carve-fold-views'
+  // "producer" on O's transpose: its copy), and the gradient reading o there.
+  auto o16 = poisoned<uint16_t>(n);
+  auto o32 = poisoned<float>(n), lseo = poisoned<float>(ls.numel());
+  auto oq = poisoned<float>(n), ko = poisoned<float>(n), ov = poisoned<float>(n);
+  if (r4) {
+    g::attention_stats_cudnn(nullptr, q16->p, qs, nullptr, k16->p, qs, nullptr, v16->p, qs, nullptr,
+                             Dims{}, scale, causal, nullptr, lseo->p, o16->p);
+    (p == rt::Precision::BF16 ? g::fromBf16 : g::fromF16)(o16->p, o32->p, n);
+    g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                  Dims{}, scale, causal, nullptr, lseo->p, dgy->p, oq->p, ko->p,
+                                  ov->p, false, false, nullptr, nullptr, nullptr, 0, o16->p);
+  }
+  // dy given in 16 bits (written so by its matmul: carve.write16).
+  auto dy16 = poisoned<uint16_t>(n);
+  to16(dgy->p, dy16->p, n);
+  auto eq = poisoned<float>(n), ek = poisoned<float>(n), ev = poisoned<float>(n);
+  g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                Dims{}, scale, causal, yc->p, lsec->p, nullptr, eq->p, ek->p, ev->p,
+                                false, false, nullptr, nullptr, nullptr, 0, nullptr, dy16->p);
   // The forward again from the copies (its f32 operands poisoned: must be unread).
   auto yh = poisoned<float>(n), lseh = poisoned<float>(ls.numel()), nan = poisoned<float>(n);
   g::attention_stats_cudnn(nan->p, q16->p, qs, nan->p, k16->p, qs, nan->p, v16->p, qs, nullptr,
@@ -547,11 +580,11 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
     return;
   g::cudnnAttentionCalls(f1, b1);
   ++checks();
-  if (f1 != f0 + 2 || b1 != b0 + (r4 ? 4 : 2)) {
+  if (f1 != f0 + (r4 ? 3 : 2) || b1 != b0 + (r4 ? 7 : 3)) {
     ++failures();
-    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 2 and %d (stderr "
+    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of %d and %d (stderr "
                 "says why it refused)\n",
-                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 4 : 2);
+                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 3 : 2, r4 ? 7 : 3);
     return;
   }
   std::printf("ok   %s ran as cuDNN graphs\n", what.c_str());
@@ -577,6 +610,9 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   expectNormwise(what + " dq (16-bit q, k, v)", hq->download(), rq, 16 * u);
   expectNormwise(what + " dk (16-bit q, k, v)", hk->download(), rk, 16 * u);
   expectNormwise(what + " dv (16-bit q, k, v)", hv->download(), rv, 16 * u);
+  expectNormwise(what + " dq (16-bit dy)", eq->download(), rq, 16 * u);
+  expectNormwise(what + " dk (16-bit dy)", ek->download(), rk, 16 * u);
+  expectNormwise(what + " dv (16-bit dy)", ev->download(), rv, 16 * u);
   if (r4) {
     // The reference transposed to [b, t, h, d]: a gradient in the wrong
     // place is off by its whole size.
@@ -599,6 +635,24 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
                    transposed(rk), 16 * u);
     expectNormwise(what + " dv as [b, t, h, d] from dy as [b, t, h, d]", sv->download(),
                    transposed(rv), 16 * u);
+    // Piece i of the [b, t, 3 h d] rows, as [b, t, h, d].
+    const std::vector<float> all = a32->download();
+    auto piece = [&](int i) {
+      std::vector<float> x(n);
+      for (int64_t r = 0; r < bt; ++r)
+        for (int64_t c = 0; c < hd; ++c)
+          x[r * hd + c] = all[r * 3 * hd + i * hd + c];
+      return x;
+    };
+    expectNormwise(what + " y in 16 bits as [b, t, h, d]", o32->download(), transposed(ref), 4 * u);
+    expectClose(what + " row log-sum-exp (y in 16 bits)", lseo->download(), toD(lsec->download()),
+                1e-5, 1e-5);
+    expectNormwise(what + " dq from o in 16 bits as [b, t, h, d]", oq->download(), rq, 16 * u);
+    expectNormwise(what + " dk from o in 16 bits as [b, t, h, d]", ko->download(), rk, 16 * u);
+    expectNormwise(what + " dv from o in 16 bits as [b, t, h, d]", ov->download(), rv, 16 * u);
+    expectNormwise(what + " dq in 16 bits in [b, t, 3 h d]", piece(0), transposed(rq), 16 * u);
+    expectNormwise(what + " dk in 16 bits in [b, t, 3 h d]", piece(1), transposed(rk), 16 * u);
+    expectNormwise(what + " dv in 16 bits in [b, t, 3 h d]", piece(2), transposed(rv), 16 * u);
   }
   // The forward from the copies: the same call on the same bits.
   expectEqual(what + " y (16-bit q, k, v)", yh->download(), yc->download());
@@ -667,8 +721,70 @@ void testAttentionCudnnFallback() {
       g::toBf16(dv_->p, v16->p, n);
       g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, mp, ms,
                                     0.25f, false, y->p, lse->p, dgy->p, hq->p, hk->p, hv->p);
+      // And written in 16 bits into [b, t, 3 h d] rows: carve's kernel's
+      // gradients transposed, rounded to nearest even into their columns.
+      const int64_t hd = qs.d[1] * qs.d[3], bt = qs.d[0] * qs.d[2];
+      auto a16 = poisoned<uint16_t>(3 * n);
+      auto a32 = poisoned<float>(3 * n);
+      g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
+                                    0.25f, false, y->p, lse->p, dgy->p, nullptr, nullptr, nullptr,
+                                    /*bthd=*/true, /*dyBthd=*/false, a16->p, a16->p + hd,
+                                    a16->p + 2 * hd, 3 * hd);
+      g::fromBf16(a16->p, a32->p, 3 * n);
+      // O written in bf16 as [b, t, h, d] (carve's y rounded, transposed),
+      // and the gradient from o there: carve's kernel from o rounded.
+      auto o16 = poisoned<uint16_t>(n);
+      auto ot32 = poisoned<float>(n), yr = poisoned<float>(n);
+      auto lseo = poisoned<float>(ls.numel());
+      g::attention_stats_cudnn(dq_->p, nullptr, qs, dk_->p, nullptr, qs, dv_->p, nullptr, qs, mp,
+                               ms, 0.25f, false, nullptr, lseo->p, o16->p);
+      g::fromBf16(o16->p, ot32->p, n);
+      auto y16 = poisoned<uint16_t>(n);
+      g::toBf16(y->p, y16->p, n);
+      g::fromBf16(y16->p, yr->p, n);
+      auto rq = poisoned<float>(n), rk = poisoned<float>(n), rv = poisoned<float>(n);
+      auto fq = poisoned<float>(n), fk = poisoned<float>(n), fv = poisoned<float>(n);
+      g::attention_grad_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, yr->p,
+                              lse->p, dgy->p, rq->p, rk->p, rv->p);
+      g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
+                                    0.25f, false, nullptr, lse->p, dgy->p, fq->p, fk->p, fv->p,
+                                    false, false, nullptr, nullptr, nullptr, 0, o16->p);
+      auto yT = poisoned<float>(n);
+      g::transpose<float>(yr->p, qs, Dims{0, 2, 1, 3}, yT->p);
+      // dy given in bf16: carve's kernel from dy rounded.
+      auto dy16 = poisoned<uint16_t>(n);
+      auto dyr = poisoned<float>(n);
+      g::toBf16(dgy->p, dy16->p, n);
+      g::fromBf16(dy16->p, dyr->p, n);
+      auto sq2 = poisoned<float>(n), sk2 = poisoned<float>(n), sv2 = poisoned<float>(n);
+      auto wq2 = poisoned<float>(n), wk2 = poisoned<float>(n), wv2 = poisoned<float>(n);
+      g::attention_grad_stats(dq_->p, qs, dk_->p, qs, dv_->p, qs, mp, ms, 0.25f, false, y->p,
+                              lse->p, dyr->p, wq2->p, wk2->p, wv2->p);
+      g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp, ms,
+                                    0.25f, false, y->p, lse->p, nullptr, sq2->p, sk2->p, sv2->p,
+                                    false, false, nullptr, nullptr, nullptr, 0, nullptr, dy16->p);
       if (!deviceOk(what))
         continue;
+      expectEqual(what + " y in bf16 as [b, t, h, d]", ot32->download(), yT->download());
+      expectEqual(what + " lse (y in bf16)", lseo->download(), lse->download());
+      expectEqual(what + " dq from o in bf16", fq->download(), rq->download());
+      expectEqual(what + " dk from o in bf16", fk->download(), rk->download());
+      expectEqual(what + " dv from o in bf16", fv->download(), rv->download());
+      expectEqual(what + " dq from dy in bf16", sq2->download(), wq2->download());
+      expectEqual(what + " dk from dy in bf16", sk2->download(), wk2->download());
+      expectEqual(what + " dv from dy in bf16", sv2->download(), wv2->download());
+      const std::vector<float> all = a32->download();
+      const std::vector<float> want[3] = {wq->download(), wk->download(), wv->download()};
+      const char *names[3] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) {
+        std::vector<float> got(n), rounded(n);
+        for (int64_t r = 0; r < bt; ++r)
+          for (int64_t c = 0; c < hd; ++c) {
+            got[r * hd + c] = all[r * 3 * hd + i * hd + c];
+            rounded[r * hd + c] = static_cast<float>(rt::roundToBf16(want[i][r * hd + c]));
+          }
+        expectEqual(what + " " + names[i] + " in bf16 in [b, t, 3 h d]", got, rounded);
+      }
     }
     g::setPrecision(rt::Precision::F32);
     if (!deviceOk(what))

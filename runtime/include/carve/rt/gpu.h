@@ -217,10 +217,13 @@ void matmul16_to16(const void *a, bool a16, Dims as, bool transA, const void *b,
 //===--- Reductions, normalization, attention, loss (float) ----------------===//
 
 void reduce(Reduce f, const float *x, Dims xs, uint32_t axesMask, float *y);
-/// reduce writing its result in the precision's 16-bit format only (the f32
-/// result rounded to nearest even, the bits toBf16 / toF16 write:
-/// carve-select-kernels' rule 3h, a bias gradient kept in 16 bits).
-void reduce16(Reduce f, const float *x, Dims xs, uint32_t axesMask, uint16_t *y16);
+/// reduce reading x as stored in the precision's 16-bit format where `x16`
+/// (carve-select-kernels' rule 3g: an exact 16-bit tensor, widened as read),
+/// and writing the f32 result `y` and/or its 16-bit copy `y16` (the f32
+/// result rounded to nearest even, the bits toBf16 / toF16 write: rule 3h, a
+/// bias gradient kept in 16 bits); null: not written.
+void reduce16(Reduce f, const void *x, bool x16, Dims xs, uint32_t axesMask, float *y,
+              uint16_t *y16);
 void softmax(const float *x, Dims xs, int axis, bool log, float *y);
 void softmax_grad(const float *y, const float *dy, Dims s, int axis, bool log, float *dx);
 void layer_norm(const float *x, Dims xs, int axis, const float *scale, const float *bias, float eps,
@@ -289,11 +292,14 @@ void attention_grad_stats(const float *q, Dims qs, const float *k, Dims ks, cons
 /// carve's kernel runs, and the first such call of a shape says why on stderr.
 /// The forward's q16, k16, v16: the 16-bit copies (the precision's format)
 /// of q, k, v where the program made them before the call (carve.read16;
-/// null: the call converts).
+/// null: the call converts); q, k, v themselves null where the program keeps
+/// only the copy (the fallback widens it). `y16` (rank-4 operands): O written
+/// there in the precision's 16-bit format as [b, t, h, d] instead of `y`
+/// (carve-fold-views' "producer" on O's transpose: its 16-bit copy).
 void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
                            const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
                            const float *mask, Dims ms, float scale, bool causal, float *y,
-                           float *lse);
+                           float *lse, uint16_t *y16 = nullptr);
 /// The gradient's q, k and v may be the 16-bit tensors (bf16 or fp16, the
 /// precision's) that the f32 operands would be views of (`q16` ...:
 /// carve-select-kernels' carve.read16): the graph reads them as stored.
@@ -301,12 +307,23 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
 /// carve-fold-views' "consumer", done by cuDNN's strided input).
 /// `bthd`: dq, dk and dv are written as [b, t, h, d], their dimensions 1 and
 /// 2 exchanged (rank-4 operands; carve-fold-views' "producer" transposes,
-/// done by cuDNN's strided outputs).
+/// done by cuDNN's strided outputs). `dq16`, `dk16`, `dv16` (all three, with
+/// `bthd`; dq, dk, dv then unused): the gradients written in the precision's
+/// 16-bit format there instead, as [b, t, h, d] whose rows of h * d are
+/// `rowStride16` elements apart (carve-fold-views' "assemble": the pieces of
+/// the QKV gradient's 16-bit copy). `o16`: o read there instead, in the
+/// precision's 16-bit format as [b, t, h, d] (where attention_stats_cudnn
+/// wrote it as y16). `dy16`: dy read there instead, in the precision's
+/// 16-bit format, laid out as `dyBthd` says (its matmul wrote it so:
+/// carve.write16).
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
                                 const void *v, bool v16, Dims vs, const float *mask, Dims ms,
                                 float scale, bool causal, const float *o, const float *lse,
                                 const float *dy, float *dq, float *dk, float *dv, bool bthd = false,
-                                bool dyBthd = false);
+                                bool dyBthd = false, uint16_t *dq16 = nullptr,
+                                uint16_t *dk16 = nullptr, uint16_t *dv16 = nullptr,
+                                int64_t rowStride16 = 0, const uint16_t *o16 = nullptr,
+                                const uint16_t *dy16 = nullptr);
 /// How many attention calls of this process ran as cuDNN graphs (forward,
 /// backward): what tests read to know the library path was taken.
 void cudnnAttentionCalls(int64_t &forward, int64_t &backward);
