@@ -165,8 +165,9 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
       return (isa<TransposeOp>(u.getOwner()) && foldOf(u.getOwner()) == kFoldProducer) ||
              reads16(u, plan);
     });
-  if (w && isa<TransposeOp>(w) && foldOf(w) == kFoldProducer && producerOf(w) &&
-      isa<AttentionStatsOp>(producerOf(w))) {
+  // Whether the first 16-bit cast of v among the casts right after w exists
+  // and every other reader of v reads it (w writes that copy alone).
+  auto copyReadAlone = [&] {
     for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
       auto c = cast<CastOp>(n);
       if (c.getInput() != v || !is16(elementOf(c.getResult())))
@@ -175,23 +176,18 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
                           [&](OpOperand &u) { return u.getOwner() == n || reads16(u, plan); });
     }
     return false;
-  }
+  };
+  if (w && isa<TransposeOp>(w) && foldOf(w) == kFoldProducer && producerOf(w) &&
+      isa<AttentionStatsOp>(producerOf(w)))
+    return copyReadAlone();
   if (!w || w->getNumResults() != 1)
     return false;
   // carve-fold-views' "assemble": cuDNN's attention gradient writes the
   // pieces (its dq, dk, dv transposes) in 16 bits into the concat's copy.
   if (int64_t column; assembledInto(w, column))
     return true;
-  if (isa<ConcatOp>(w) && foldOf(w) == kFoldAssemble) {
-    for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
-      auto c = cast<CastOp>(n);
-      if (c.getInput() != v || !is16(elementOf(c.getResult())))
-        continue;
-      return llvm::all_of(v.getUses(),
-                          [&](OpOperand &u) { return u.getOwner() == n || reads16(u, plan); });
-    }
-    return false;
-  }
+  if (isa<ConcatOp>(w) && foldOf(w) == kFoldAssemble)
+    return copyReadAlone();
   if (Attribute group = w->getAttr(kFusionGroupAttr)) {
     // A fused chain's output that the chain rounds, read outside the chain
     // only by 16-bit copies among those right after the chain's root and by
@@ -236,16 +232,8 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
   const bool byWriter =
       !w->hasAttr(kFusionGroupAttr) && foldOf(w).empty() && !isGatheredOperand(w) &&
       (binaryKernel(w) || isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp>(w));
-  if (byWriter) {
-    for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
-      auto c = cast<CastOp>(n);
-      if (c.getInput() != v || !is16(elementOf(c.getResult())))
-        continue;
-      return llvm::all_of(v.getUses(),
-                          [&](OpOperand &u) { return u.getOwner() == n || reads16(u, plan); });
-    }
-    return false;
-  }
+  if (byWriter)
+    return copyReadAlone();
   if (!mm && !ce) // (vocab-parallel cross-entropy writes f32)
     return false;
   auto copy = dyn_cast_or_null<CastOp>(w->getNextNode());
