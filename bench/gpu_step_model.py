@@ -58,7 +58,9 @@ ATTENTION_STATS = ("since: the attention backward reads the forward's saved log-
                    "reading dy in place (2026-12-06, ninth); the norms' gradients adding the "
                    "residual's gradient, column reductions in one launch (2026-12-07, tenth); "
                    "GELU's output and q, k, v never stored in f32, cuDNN writing O, dq, dk, dv "
-                   "in 16 bits in place and reading o and dy there (2026-12-07, eleventh)")
+                   "in 16 bits in place and reading o and dy there (2026-12-07, eleventh); "
+                   "q, k and v read by cuDNN in place in the QKV projection's 16-bit copy "
+                   "(2026-12-07, twelfth)")
 GATHERED = ("since: the convolutions' windows are gathered inside their GEMMs (2026-12-02), "
             "AdamW and the gradient norm as multi-tensor launches (2026-12-06), and under bf16 "
             "the 16-bit operand and copy changes and 16-bit reads (2026-12-06, later)")

@@ -714,6 +714,26 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
   return true;
 }
 
+/// For an attention operand's 16-bit copy `c` marked "strided"
+/// (carve-fold-views): `out` becomes the piece's first element in its
+/// source's copy, `rowStride` the source's width (the same for all three
+/// operands), and `count` counts it.
+bool Generator::stridedCopy(Value c, std::string &out, int64_t &rowStride, int &count) {
+  std::optional<StridedPiece> piece = stridedPieceOf(c.getDefiningOp());
+  if (!piece)
+    return true;
+  if (!bufferOf.count(aliasRoot(piece->source16)))
+    return failOp(c.getDefiningOp(), "carve.fold = \"strided\" on a copy whose source's 16-bit "
+                                     "copy is not in memory");
+  if (rowStride && rowStride != piece->rowStride)
+    return failOp(c.getDefiningOp(), "carve.fold = \"strided\" on q, k and v of sources of "
+                                     "different widths");
+  rowStride = piece->rowStride;
+  out = name(piece->source16) + " + " + std::to_string(piece->column);
+  ++count;
+  return true;
+}
+
 /// Fused scaled dot-product attention and its gradient.
 bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
@@ -741,6 +761,8 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
     if (flags && flags.size() != 3)
       return failOp(op, "carve.read16 on an attention needs 3 flags (q, k, v)");
     std::string args[3];
+    int64_t inRowStride = 0;
+    int strided = 0;
     for (unsigned i = 0; i < 3; ++i) {
       Value x = op->getOperand(i);
       std::string copy = "nullptr", f32 = name(x);
@@ -750,11 +772,16 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
           return failOp(op, "carve.read16 marks an attention operand with no 16-bit copy before "
                             "it");
         copy = name(c);
+        if (!stridedCopy(c, copy, inRowStride, strided))
+          return false;
         if (!bufferOf.count(aliasRoot(x)))
           f32 = nullOf(x); // never stored (neverStoredF32): the copy only
       }
       args[i] = f32 + ", " + copy + ", " + shapeOf(x);
     }
+    if (strided != 0 && strided != 3)
+      return failOp(op, "carve.fold = \"strided\" on some of the attention's q, k and v but not "
+                        "all three");
     Value q = at.getQuery(), mk = at.getMask();
     // carve-fold-views: O written in 16 bits, as [b, t, h, d], into its
     // transpose's copy (no f32 O).
@@ -763,7 +790,11 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
        << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
        << scalar(at.getScale().convertToDouble(), q) << ", " << flag("causal", at.getCausal())
        << ", " << (o16 ? std::string("(float *)nullptr") : name(at.getResult())) << ", "
-       << name(at.getLse()) << (o16 ? ", " + name(o16) : std::string()) << ");";
+       << name(at.getLse())
+       << (o16 || strided ? ", " + (o16 ? name(o16) : std::string("nullptr")) : std::string())
+       << (strided ? ", " + std::to_string(inRowStride) : std::string())
+       << (strided ? ");  // q, k, v read in place in the rows of their source's 16-bit copy"
+                   : ");");
   } else if (auto at = dyn_cast<AttentionStatsOp>(op)) {
     // carve-save-attention-stats: the row log-sum-exp kept for the gradient.
     Value q = at.getQuery(), k = at.getKey(), v = at.getValue(), mk = at.getMask();
@@ -781,6 +812,8 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
       if (flags && flags.size() != 3)
         return failOp(op, "carve.read16 on an attention gradient needs 3 flags (q, k, v)");
       std::string args[3];
+      int64_t inRowStride = 0;
+      int strided = 0;
       for (unsigned i = 0; i < 3; ++i) {
         Value x = op->getOperand(i);
         const bool is16 = flags && flags[i];
@@ -791,6 +824,8 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
             return failOp(op, "carve.read16 marks an attention operand with no 16-bit tensor of "
                               "its bits");
           src = name(s16);
+          if (!stridedCopy(s16, src, inRowStride, strided))
+            return false;
         }
         args[i] = src + ", " + flag(i == 0 ? "q16" : i == 1 ? "k16" : "v16", is16) + ", " +
                   shapeOf(x);
@@ -806,6 +841,9 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
         if (!dy16)
           return failOp(op, "the attention gradient's dy is not in memory and has no 16-bit copy");
       }
+      if (strided != 0 && strided != 3)
+        return failOp(op, "carve.fold = \"strided\" on some of the attention gradient's q, k and "
+                          "v but not all three");
       os << callee(opts, kernelOf(op)) + "(" << args[0] << ", " << args[1] << ", " << args[2]
          << ", " << (mk ? name(mk) : nullOf(q)) << ", " << (mk ? shapeOf(mk) : "{}") << ", "
          << scalar(g.getScale().convertToDouble(), q) << ", " << flag("causal", g.getCausal())
@@ -846,7 +884,9 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
          << dst16[0] << ", " << dst16[1] << ", " << dst16[2] << ", " << rowStride << ", "
          << (o16 ? name(o16) : std::string("nullptr")) << ", "
          << (dy16 ? name(dy16) : std::string("nullptr"))
-         << ");  // from the forward's saved output and log-sum-exp";
+         << (strided ? ", " + std::to_string(inRowStride) : std::string())
+         << ");  // from the forward's saved output and log-sum-exp"
+         << (strided ? "; q, k, v read in place" : "");
       return true;
     }
     os << callee(opts, kernelOf(op)) + "(" << name(q) << ", " << shapeOf(q) << ", " << name(k)

@@ -386,6 +386,20 @@ bool Generator::foldTransposes() {
       assembledConcats[op] = copy;
       continue;
     }
+    if (fold == kFoldStrided) {
+      // q, k or v read in place by cuDNN's attention in its source's 16-bit
+      // copy (carve-fold-views): no call, no memory; its readers say where.
+      if (!stridedPieceOf(op))
+        return failOp(op, "carve.fold = \"strided\" on an op that is no transpose of a folded "
+                          "slice (or its 16-bit copy) whose source has a 16-bit copy");
+      for (Operation *u : op->getUsers())
+        if (!isa<AttentionStatsOp, AttentionGradStatsOp, CastOp>(u))
+          return failOp(op, "carve.fold = \"strided\" on a value read by " +
+                                u->getName().getStringRef().str() +
+                                ", not only by cuDNN's attention");
+      stridedOps.insert(op);
+      continue;
+    }
     if (fold == kFoldScatter) {
       Operation *m = scatteredMatmul(op);
       if (!m || !isScatteredProduct(m))

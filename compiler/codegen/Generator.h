@@ -310,6 +310,9 @@ private:
   // A transpose marked "consumer" (carve-fold-views): no buffer, no code;
   // its reader (cuDNN's attention gradient) reads its input transposed.
   std::set<Operation *> consumedTransposes;
+  /// q, k and v transposes and their copies that cuDNN's attention reads in
+  /// place in their source's 16-bit copy (carve-fold-views' "strided").
+  llvm::DenseSet<Operation *> stridedOps;
   // An add marked "accumulate" (carve-fold-views): no code; its buffer (and
   // its 16-bit copy's) is written by the norm gradient whose input gradient
   // it reads, from there.
@@ -504,6 +507,8 @@ private:
   bool emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitReduction(Operation *op, llvm::raw_ostream &os);
   bool emitNormalization(Operation *op, llvm::raw_ostream &os);
+  bool stridedCopy(mlir::Value c, std::string &out, int64_t &rowStride, int &count);
+  bool hasMemory(mlir::Value v);
   bool emitAttention(Operation *op, llvm::raw_ostream &os);
   bool read16Operand(Operation *op, Operation *mm, unsigned k, std::string &out, bool &is16);
   /// Operand `k` of `op` as a kernel of rule 3g reads it (carve.read16):

@@ -86,6 +86,8 @@ bool Generator::assignBuffers() {
         continue; // written transposed, in its transpose's buffer
       if (consumedTransposes.count(op))
         continue; // its reader reads its input, transposed
+      if (stridedOps.count(op))
+        continue; // read in place in its source's 16-bit copy
       if (isa<ReshapeOp>(op)) {
         auto in = bufferOf.find(op->getOperand(0));
         if (in != bufferOf.end())
@@ -116,7 +118,8 @@ bool Generator::assignBuffers() {
   for (Operation *op : ops) {
     if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
         gatheredOperands.count(op) || foldedViews.count(op) || producedTransposes.count(op) ||
-        consumedTransposes.count(op) || assembledConcats.count(op) || isa<ReshapeOp>(op))
+        consumedTransposes.count(op) || assembledConcats.count(op) || stridedOps.count(op) ||
+        isa<ReshapeOp>(op))
       continue;
     if (accumulatedAdds.count(op)) {
       // Its norm gradient reads the residual, where it runs.
@@ -163,6 +166,13 @@ bool Generator::assignBuffers() {
       Value in = consumedFrom(operandOf(op, i)); // read in place, transposed
       if (Value c = outputCopy16(operandOf(op, i)))
         in = c; // an attention output read as its transpose's 16-bit copy
+      // q, k or v read in place in its source's 16-bit copy (directly, or
+      // through an f32 view of its copy).
+      Operation *d = operandOf(op, i).getDefiningOp();
+      if (d && isa<CastOp>(d) && !stridedOps.count(d))
+        d = d->getOperand(0).getDefiningOp();
+      if (d && stridedOps.count(d))
+        in = stridedPieceOf(d)->source16;
       auto it = bufferOf.find(in ? in : operandOf(op, i));
       if (it == bufferOf.end())
         continue; // never stored (neverStoredF32): the reader reads its 16-bit tensor

@@ -289,11 +289,29 @@ std::vector<Value> Generator::stashedValues(int backwardBegin) {
       for (unsigned k = 0; k < r->getNumOperands(); ++k) {
         Value v = operandOf(r, k);
         Operation *d = v.getDefiningOp();
-        if (d && index.count(d) && index[d] < backwardBegin && !gatheredOperands.count(d))
+        // q, k or v read in place in its source's 16-bit copy (through an
+        // f32 view of its copy): that copy (carve-fold-views' "strided").
+        Operation *s =
+            d && isa<CastOp>(d) && !stridedOps.count(d) ? d->getOperand(0).getDefiningOp() : d;
+        if (s && stridedOps.count(s)) {
+          v = stridedPieceOf(s)->source16;
+          d = v.getDefiningOp();
+        }
+        if (d && index.count(d) && index[d] < backwardBegin && !gatheredOperands.count(d) &&
+            hasMemory(v))
           stash.insert(v);
       }
   }
   return std::vector<Value>(stash.begin(), stash.end());
+}
+
+/// Whether `v` (through reshapes) has a buffer: a value never in memory (an
+/// f32 value its readers read as its 16-bit tensor, a folded piece) needs
+/// no pointer.
+bool Generator::hasMemory(Value v) {
+  while (v.getDefiningOp() && isa<ReshapeOp>(v.getDefiningOp()))
+    v = v.getDefiningOp()->getOperand(0);
+  return bufferOf.count(v);
 }
 
 std::string Generator::stashDeclarations(int backwardBegin) {

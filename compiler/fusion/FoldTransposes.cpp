@@ -248,6 +248,28 @@ Value outputCopy16(Value o) {
   return Value();
 }
 
+std::optional<StridedPiece> stridedPieceOf(Operation *op) {
+  if (!op || foldOf(op) != kFoldStrided)
+    return std::nullopt;
+  if (isa<CastOp>(op))
+    op = op->getOperand(0).getDefiningOp();
+  if (!op || !isa<TransposeOp>(op) || foldOf(op) != kFoldStrided)
+    return std::nullopt;
+  std::optional<StridedView> view = foldedViewOf(op->getOperand(0));
+  if (!view)
+    return std::nullopt;
+  Operation *w = view->base.getDefiningOp();
+  if (!w)
+    return std::nullopt;
+  for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+    Type e = cast<RankedTensorType>(n->getResult(0).getType()).getElementType();
+    if (n->getOperand(0) == view->base && (e.isBF16() || e.isF16()))
+      return StridedPiece{n->getResult(0), view->offset,
+                          cast<RankedTensorType>(view->base.getType()).getShape().back()};
+  }
+  return std::nullopt;
+}
+
 Operation *assemblerOf(Operation *concat) {
   if (!isa<ConcatOp>(concat) || foldOf(concat) != kFoldAssemble || concat->getNumOperands() == 0)
     return nullptr;
@@ -603,6 +625,131 @@ TransposeOp outputTranspose(AttentionStatsOp a, const PlanAttrs &plan) {
   return t;
 }
 
+/// q, k and v of a cuDNN attention forward `a` under a bf16/fp16 plan that
+/// can be read in place from the 16-bit copy of the one rank-3 f32 tensor
+/// they are column slices of (through a slice marked "view" and a reshape to
+/// [b, t, h, d], then a transpose to [b, h, t, d]: the QKV projection), where
+/// each transpose rounds as written (carve.round16), runs on its own, has its
+/// 16-bit copy among the casts right after it (read only through f32 views
+/// by cuDNN attention gradients at the same operand) and
+/// is read otherwise only by cuDNN attention forwards and gradients at the
+/// same operand; the tensor is read by nothing else and written by a binary
+/// op or a matmul run by cuBLAS (not fused, not folded: ops that write a
+/// 16-bit copy of their result, rules 3e and 3h). nullopt otherwise.
+} // namespace
+
+std::optional<InPlaceInputs> carve::inPlaceInputs(AttentionStatsOp a, const PlanAttrs &plan,
+                                                  bool marked) {
+  if ((plan.precision != "bf16" && plan.precision != "fp16") ||
+      !cudnnAttentionRefusal(a, plan).empty())
+    return std::nullopt;
+  auto is16 = [&](Type e) {
+    return (plan.precision == "bf16" && e.isBF16()) || (plan.precision == "fp16" && e.isF16());
+  };
+  InPlaceInputs in;
+  for (unsigned i = 0; i < 3; ++i) {
+    auto t = a->getOperand(i).getDefiningOp<TransposeOp>();
+    if (!t || t.getPerm() != ArrayRef<int64_t>{0, 2, 1, 3} || !foldOf(t).empty() ||
+        t->hasAttr(kFusionGroupAttr) || !t->hasAttr(kRound16Attr) || t->getBlock() != a->getBlock())
+      return std::nullopt;
+    for (unsigned j = 0; j < i; ++j)
+      if (in.transposes[j] == t)
+        return std::nullopt;
+    std::optional<StridedView> view =
+        marked ? foldedViewOf(t.getInput()) : sliceViewOf(t.getInput());
+    if (!view || (in.source && view->base != in.source))
+      return std::nullopt;
+    in.source = view->base;
+    auto st = cast<RankedTensorType>(in.source.getType());
+    if (st.getRank() != 3 || !st.hasStaticShape() || !st.getElementType().isF32() ||
+        view->shape.size() != 4)
+      return std::nullopt;
+    // [b, t, h, d] as columns of the source's rows: strides [T W, W, d, 1].
+    const int64_t W = st.getShape()[2], T = st.getShape()[1];
+    ArrayRef<int64_t> sh = view->shape, str = view->strides;
+    if (sh[0] != st.getShape()[0] || sh[1] != T || str[0] != T * W || str[1] != W ||
+        str[2] != sh[3] || str[3] != 1 || view->offset < 0 || view->offset + sh[2] * sh[3] > W)
+      return std::nullopt;
+    // Its copy, and its readers: the copy, cuDNN's attention at operand i.
+    CastOp copy;
+    for (Operation *n = t->getNextNode(); n && isa<CastOp>(n) && !copy; n = n->getNextNode())
+      if (n->getOperand(0) == t.getResult() &&
+          is16(cast<RankedTensorType>(n->getResult(0).getType()).getElementType()))
+        copy = cast<CastOp>(n);
+    if (!copy || !foldOf(copy).empty())
+      return std::nullopt;
+    // The copy read only through f32 views of it (carve-pack-activations'
+    // saved copy) by cuDNN attention gradients at operand i.
+    for (Operation *u : copy->getUsers()) {
+      if (!isa<CastOp>(u) ||
+          !cast<RankedTensorType>(u->getResult(0).getType()).getElementType().isF32())
+        return std::nullopt;
+      for (OpOperand &g : u->getResult(0).getUses())
+        if (!isa<AttentionGradStatsOp>(g.getOwner()) || g.getOperandNumber() != i ||
+            !cudnnAttentionRefusal(g.getOwner(), plan).empty())
+          return std::nullopt;
+    }
+    for (OpOperand &use : t.getResult().getUses()) {
+      Operation *u = use.getOwner();
+      if (u == copy.getOperation())
+        continue;
+      if (!isa<AttentionStatsOp, AttentionGradStatsOp>(u) || use.getOperandNumber() != i ||
+          !cudnnAttentionRefusal(u, plan).empty())
+        return std::nullopt;
+    }
+    in.transposes[i] = t;
+    in.copies[i] = copy;
+  }
+  // The source: read by slices marked "view" alone (or, before
+  // carve-fold-views, slices it will mark so), whose transposes (through
+  // reshapes) are these three.
+  Operation *w = in.source.getDefiningOp();
+  if (!w || w->getNumResults() != 1 || w->hasAttr(kFusionGroupAttr) || !foldOf(w).empty() ||
+      w->getBlock() != a->getBlock())
+    return std::nullopt;
+  for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+    if (n->getOperand(0) == in.source &&
+        is16(cast<RankedTensorType>(n->getResult(0).getType()).getElementType())) {
+      in.existingCopy = cast<CastOp>(n);
+      break;
+    }
+  SmallVector<Value> pending;
+  for (OpOperand &use : in.source.getUses()) {
+    Operation *u = use.getOwner();
+    if (u == in.existingCopy.getOperation())
+      continue;
+    if (!isa<SliceOp>(u) || (marked ? foldOf(u) != kFoldView
+                                    : !foldOf(u).empty() || u->hasAttr(kFusionGroupAttr) ||
+                                          !readInPlaceByTransposes(u->getResult(0))))
+      return std::nullopt;
+    pending.push_back(u->getResult(0));
+  }
+  while (!pending.empty()) {
+    Value v = pending.pop_back_val();
+    for (Operation *u : v.getUsers()) {
+      if (isa<ReshapeOp>(u)) {
+        pending.push_back(u->getResult(0));
+        continue;
+      }
+      if (!llvm::is_contained(in.transposes, u))
+        return std::nullopt;
+    }
+  }
+  const bool mm =
+      isa<MatmulOp>(w) && !isScatteredProduct(w) && !gatheredOperand(w) && !isProductMatmul(w);
+  if (!mm && !binaryKernel(w))
+    return std::nullopt;
+  in.writer = w;
+  // A matmul writes the copy right after it only (rule 3e).
+  if (mm && in.existingCopy && w->getNextNode() != in.existingCopy.getOperation())
+    return std::nullopt;
+  if (marked && !in.existingCopy)
+    return std::nullopt; // carve-round-operands16 made none
+  return in;
+}
+
+namespace {
+
 /// An add of a layer or RMS norm gradient's input gradient (read by the add
 /// alone) and a tensor of the same f32 type defined before the norm
 /// gradient, where the add is neither fused, folded nor rounded as
@@ -631,6 +778,22 @@ bool accumulable(AddOp add) {
 }
 
 struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
+  /// The "strided" rule: the transposes and their copies marked; the
+  /// source is rounded as written with its 16-bit copy right after its
+  /// writer (carve-round-operands16 made it). The writer then writes the
+  /// copy alone (rule 3e or 3h; neverStoredF32, which carve-select-kernels
+  /// checks again): every other reader of the source reads it in place there.
+  void markInPlace(InPlaceInputs &in) {
+    Operation *w = in.writer;
+    Builder b(w->getContext());
+    w->setAttr(kRound16Attr, b.getUnitAttr());
+    for (int i = 0; i < 3; ++i) {
+      in.transposes[i]->setAttr(kFoldAttr, b.getStringAttr(kFoldStrided));
+      in.copies[i]->setAttr(kFoldAttr, b.getStringAttr(kFoldStrided));
+    }
+    ++numStrided;
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     FailureOr<PlanAttrs> plan = readPlan(module);
@@ -654,6 +817,8 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
         ++numFolded;
       });
       fn.walk([&](AttentionStatsOp a) {
+        if (std::optional<InPlaceInputs> in = inPlaceInputs(a, *plan, /*marked=*/true))
+          markInPlace(*in);
         if (TransposeOp t = outputTranspose(a, *plan)) {
           t->setAttr(kFoldAttr, b.getStringAttr(kFoldProducer));
           ++numOutputs;

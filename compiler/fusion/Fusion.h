@@ -21,6 +21,7 @@
 #include <vector>
 
 namespace carve {
+struct PlanAttrs;
 
 /// The runtime's Unary enum entry for a unary function name ("gelu_tanh" for
 /// GELU with the tanh approximation), or null when the runtime has none.
@@ -40,7 +41,8 @@ bool isFusible(mlir::Operation *op);
 bool swapsLastTwo(TransposeOp t);
 /// The op's carve.fold mark (carve-fold-transposes): kFoldOperand,
 /// kFoldProduct, kFoldScatter, kFoldGather, kFoldView, kFoldProducer,
-/// kFoldConsumer, kFoldAccumulate or kFoldAssemble (carve-fold-views), or ""
+/// kFoldConsumer, kFoldAccumulate, kFoldAssemble or kFoldStrided
+/// (carve-fold-views), or ""
 /// when it is not folded.
 llvm::StringRef foldOf(mlir::Operation *op);
 
@@ -94,6 +96,33 @@ mlir::Value outputCopy16(mlir::Value o);
 /// (carve-fold-views): that transpose's input, which its reader reads in
 /// place; null otherwise.
 mlir::Value consumedFrom(mlir::Value v);
+/// A piece of a 16-bit tensor read in place (carve-fold-views' "strided"):
+/// the tensor, the piece's first column in its rows, and the rows' width.
+struct StridedPiece {
+  mlir::Value source16;
+  int64_t column = 0, rowStride = 0;
+};
+/// For a transpose marked "strided", or its 16-bit copy (also marked): the
+/// 16-bit copy of the sliced tensor that holds its elements, where cuDNN's
+/// attention reads it as [b, t, h, d] rows; nullopt otherwise.
+std::optional<StridedPiece> stridedPieceOf(mlir::Operation *op);
+/// The tensor that cuDNN's attention forward's q, k and v are column
+/// slices of, its writer, its 16-bit copy right after the writer where
+/// there is one, and each operand's transpose and 16-bit copy.
+struct InPlaceInputs {
+  mlir::Operation *writer = nullptr;
+  mlir::Value source;
+  CastOp existingCopy;
+  TransposeOp transposes[3];
+  CastOp copies[3];
+};
+/// q, k and v of cuDNN attention forward `a` under a bf16/fp16 `plan` that
+/// can be read in place from the 16-bit copy of the one rank-3 f32 tensor
+/// they are column slices of (carve-fold-views' "strided" rule, Passes.td);
+/// `marked`: after carve-fold-views marked the slices "view" (and the
+/// source's copy must be there), else before (carve-round-operands16, which
+/// makes the copy). nullopt otherwise.
+std::optional<InPlaceInputs> inPlaceInputs(AttentionStatsOp a, const PlanAttrs &plan, bool marked);
 
 /// One fused kernel: its ops, its inputs and outputs.
 struct FusionGroup {

@@ -119,6 +119,26 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     way (before, they were widened, transposed, concatenated and rounded
     again to the same bits).
 
+    Under a bf16/fp16 plan it marks `carve.fold = "strided"` the three
+    transposes that make q, k and v of a cuDNN attention forward, and the
+    16-bit copy of each, where they are column slices (through slices marked
+    "view" and reshapes to [b, t, h, d]) of one rank-3 f32 tensor that
+    carve-round-operands16 rounded as written and gave a 16-bit copy right
+    after its writer (a binary op or a matmul run by cuBLAS, neither fused
+    nor folded; the QKV projection, as llm.c reads it), where nothing else
+    reads the tensor, each transpose (perm 0, 2, 1, 3, rounding as written)
+    is read only by its copy and by cuDNN attention forwards and gradients
+    at the same operand, and each copy only through f32 views by such
+    gradients. cuDNN's forward and gradient read q, k and v in place in
+    the rows of the tensor's copy, as [b, t, h, d] rows of the tensor's
+    width (`attention_stats_cudnn(..., inRowStride16)`,
+    `attention_grad_stats_cudnn(..., inRowStride16)`), so neither the
+    transposes, their copies nor the f32 tensor are in memory, none is a
+    call, and the tensor's copy lives until the last gradient
+    (carve-plan-memory). The same values: each element of q, k and v is
+    the tensor's element rounded to the format, where it was before (three
+    transposes copied it there).
+
     And it marks `carve.fold = "accumulate"` a carve.add of a carve.layer_norm_grad's
     or carve.rms_norm_grad's input gradient and another f32 tensor of the
     same shape (the residual branch's gradient), where the input gradient is
@@ -134,8 +154,9 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
 
     Only on the CUDA target (the CPU runtime copies the slice); it runs
     right before carve-plan-memory, after every pass that adds readers.
-    Before: the functions the emitter prints. After: the marks above;
-    nothing else changes.
+    Before: the functions the emitter prints. After: the marks above (and
+    the round16 they imply on an assembled concat and a strided source's
+    writer); nothing else changes.
   }];
   let statistics = [
     Statistic<"numFolded", "num-folded", "Slices read in place by their transposes">,
@@ -148,7 +169,9 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     Statistic<"numOutputs", "num-outputs",
               "Transposes of an attention output that cuDNN writes in 16 bits in place">,
     Statistic<"numAssembled", "num-assembled",
-              "Concats of dq, dk and dv that cuDNN writes in 16 bits in place">
+              "Concats of dq, dk and dv that cuDNN writes in 16 bits in place">,
+    Statistic<"numStrided", "num-strided",
+              "Attention forwards whose q, k and v cuDNN reads in place in 16 bits">
   ];
 }
 

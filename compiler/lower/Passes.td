@@ -28,7 +28,11 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          a matmul whose product another op computes (the transpose marked
          "product", or a gather_grad marked "scatter", through reshapes) and
          a gather whose matmuls gather it themselves (carve.fold = "gather",
-         and its reshapes) run as `none`;
+         and its reshapes), and the ops carve-fold-views marked "view",
+         "producer", "consumer", "accumulate", "assemble" or "strided" run
+         as `none` (a transpose marked "strided" whose source's writer does
+         not write the source's 16-bit copy alone, neverStoredF32, is an
+         error);
       3. a transpose marked "product" runs as `matmul` (B^T A^T); a matmul
          reading a gathered operand as `matmul_gathered`; a gather_grad
          marked "scatter" as `matmul_gather_grad`;

@@ -212,8 +212,8 @@ Choice select(Operation *op, StringRef target) {
   StringRef fold = foldOf(op);
   if (isa<ConstantOp, ReshapeOp>(op) || fold == kFoldOperand || fold == kFoldView ||
       fold == kFoldProducer || fold == kFoldConsumer || fold == kFoldAccumulate ||
-      fold == kFoldAssemble || isProductMatmul(op) || isScatteredProduct(op) ||
-      isGatheredOperand(op))
+      fold == kFoldAssemble || fold == kFoldStrided || isProductMatmul(op) ||
+      isScatteredProduct(op) || isGatheredOperand(op))
     return call(kNoKernel);
   // 3. Products computed where they are read.
   if (fold == kFoldProduct)
@@ -356,6 +356,15 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
           continue;
         }
         Choice c = select(&op, plan->target);
+        if (isa<TransposeOp>(&op) && foldOf(&op) == kFoldStrided) {
+          // carve-fold-views' "strided": read in place in the 16-bit copy its
+          // source's writer writes alone.
+          std::optional<StridedPiece> piece = stridedPieceOf(&op);
+          std::optional<StridedView> view = foldedViewOf(op.getOperand(0));
+          if (!piece || !view || !neverStoredF32(view->base, *plan))
+            c = refuse("carve.fold = \"strided\" on a transpose whose source's writer does not "
+                       "write the source's 16-bit copy alone");
+        }
         if (read16 && c.kernel == "matmul") {
           auto it = read16->flags.find(&op);
           if (it != read16->flags.end()) {

@@ -395,6 +395,10 @@ private:
     return it == buffer.end() ? -1 : it->second;
   }
   void extend(Value v, int64_t at) {
+    // A piece read in place in its source's 16-bit copy (carve-fold-views'
+    // "strided"): the copy lives until then.
+    if (std::optional<StridedPiece> piece = stridedPieceOf(v.getDefiningOp()))
+      v = piece->source16;
     int b = bufferOf(v);
     if (b >= 0)
       blocks[b].lastUse = std::max(blocks[b].lastUse, at);
@@ -420,8 +424,8 @@ private:
         }
         if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || isProductMatmul(op) ||
             isScatteredProduct(op) || isGatheredOperand(op) || interior.count(r) ||
-            producedInto(r) || foldOf(op) == kFoldConsumer)
-          continue; // never materialized (the last two: carve-fold-views)
+            producedInto(r) || foldOf(op) == kFoldConsumer || foldOf(op) == kFoldStrided)
+          continue; // never materialized (the last three: carve-fold-views)
         if (plan16 && neverStoredF32(r, *plan16))
           continue; // read as its 16-bit tensor by every reader (CUDA)
         // On the CUDA target under bf16/fp16, a 16-bit copy right after the
@@ -467,8 +471,9 @@ private:
   void countReads() {
     for (Operation *op : ops) {
       if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || foldOf(op) == kFoldProducer ||
-          foldOf(op) == kFoldConsumer || foldOf(op) == kFoldAssemble || isProductMatmul(op) ||
-          isScatteredProduct(op) || isGatheredOperand(op) || isa<ReshapeOp>(op))
+          foldOf(op) == kFoldConsumer || foldOf(op) == kFoldAssemble ||
+          foldOf(op) == kFoldStrided || isProductMatmul(op) || isScatteredProduct(op) ||
+          isGatheredOperand(op) || isa<ReshapeOp>(op))
         continue;
       if (foldOf(op) == kFoldAccumulate) {
         // Computed by its norm gradient, which reads the residual there.

@@ -50,7 +50,11 @@ Operation *cublasRunner(Operation *mm) {
 bool reads16(OpOperand &use, const PlanAttrs &plan) {
   Operation *u = use.getOwner();
   const unsigned k = use.getOperandNumber();
-  if (isa<ReshapeOp>(u) ||
+  // carve-fold-views' "strided": cuDNN's attention reads the transpose's
+  // elements in place in its source's 16-bit copy.
+  if (isa<TransposeOp>(u) && foldOf(u) == kFoldStrided)
+    return true;
+  if (isa<ReshapeOp>(u) || (isa<SliceOp>(u) && foldOf(u) == kFoldView) ||
       (isa<TransposeOp>(u) && (foldOf(u) == kFoldOperand || foldOf(u) == kFoldConsumer))) {
     Value r = u->getResult(0);
     return !r.use_empty() &&
@@ -340,6 +344,27 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
         Location loc =
             NameLoc::get(b.getStringAttr(nodeName(g->getLoc()) + " (16-bit dy)"), m->getLoc());
         CastOp::create(b, loc, RankedTensorType::get(mt.getShape(), f16), m.getResult());
+        ++numCasts;
+      }
+      // q, k and v of a cuDNN attention forward that are column slices of
+      // one tensor (the QKV projection) that carve-fold-views will have
+      // cuDNN read in place (its "strided" rule): the tensor rounded as
+      // written (the same values for q, k and v, which round it again) and
+      // its 16-bit copy right after its writer, which writes it (rules 3e
+      // and 3h) instead of the f32 tensor.
+      for (Operation &op : body.without_terminator()) {
+        auto a = dyn_cast<AttentionStatsOp>(&op);
+        std::optional<InPlaceInputs> in =
+            a ? inPlaceInputs(a, *plan, /*marked=*/false) : std::nullopt;
+        if (!in || in->existingCopy)
+          continue;
+        Operation *w = in->writer;
+        w->setAttr(kRound16Attr, UnitAttr::get(ctx));
+        b.setInsertionPointAfter(w);
+        auto t = cast<RankedTensorType>(in->source.getType());
+        Location loc =
+            NameLoc::get(b.getStringAttr(nodeName(w->getLoc()) + " (16-bit q, k, v)"), w->getLoc());
+        CastOp::create(b, loc, RankedTensorType::get(t.getShape(), f16), in->source);
         ++numCasts;
       }
       for (auto &[v, ops] : readers) {

@@ -206,6 +206,16 @@ def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
     its f32 accumulators to nearest even, the bits the gradient's own
     conversion wrote.
 
+    And the tensor whose column slices are q, k and v of a
+    carve.attention_stats that runs on cuDNN, where carve-fold-views' rule
+    "strided" will have cuDNN read them in place (fusion/Passes.td; the QKV
+    projection of a GPT): it is marked carve.round16 and gets a
+    `carve.cast` to the format right after its writer (`NODE (16-bit q, k,
+    v)`), which that writer (the bias add's binary16, rule 3h, or the
+    matmul, rule 3e) writes instead of the f32 tensor. Exact: q, k and v
+    are its elements rounded to the format either way (their transposes
+    round as written), and nothing else reads it.
+
     carve-select-kernels then marks those operands carve.read16 (matmul16
     reads the copy as stored). Exact: the cast rounds to nearest even as
     the matmul's own rounding does, from the same value; the reader

@@ -150,6 +150,18 @@ constexpr const char *kFoldAccumulate = "accumulate";
 /// are the 16-bit pieces), no call, and neither it nor its pieces are in
 /// memory in f32.
 constexpr const char *kFoldAssemble = "assemble";
+/// On a transpose to [b, h, t, d] of a column slice (marked "view", through
+/// a reshape) of a rank-3 tensor, and on the transpose's 16-bit copy:
+/// "strided" when the transpose is q, k or v of cuDNN's attention, which
+/// reads it (forward and gradient) as its copy, and the sliced tensor's
+/// writer writes a 16-bit copy of it (the first among the casts right after
+/// the writer; the writer is marked carve.round16 too): the attention reads
+/// the piece in place there, as [b, t, h, d] rows of the tensor's width
+/// (carve-fold-views; the CUDA runtime's attention_stats_cudnn and
+/// attention_grad_stats_cudnn with inRowStride16: q, k and v read from the
+/// QKV projection as it is stored). Neither the transpose nor its copy is a
+/// call or in memory, and the sliced tensor is never in memory in f32.
+constexpr const char *kFoldStrided = "strided";
 
 // Lowering (carve-select-kernels).
 /// On an op the emitter prints: the runtime entry it runs as on the plan's

@@ -59,9 +59,11 @@ namespace {
 /// carve's kernel takes f32: the operands given as 16-bit tensors (the
 /// precision's format) widened into the attention scratch slot.
 /// `extra`: bytes more of the slot after them, returned (256-byte aligned;
-/// null when none).
+/// null when none). `rowStride` > 0: the 16-bit ones are [b, t, h, d] rows
+/// that far apart, read as their `shapes` [b, h, t, d].
 char *widenOperands(std::initializer_list<const void *> ps, std::initializer_list<bool> is16,
-                    std::initializer_list<int64_t> ns, const float *out[3], size_t extra = 0) {
+                    std::initializer_list<int64_t> ns, const float *out[3], size_t extra = 0,
+                    const Dims *shapes = nullptr, int64_t rowStride = 0) {
   const void *p[3];
   bool f[3];
   int64_t n[3];
@@ -80,7 +82,12 @@ char *widenOperands(std::initializer_list<const void *> ps, std::initializer_lis
     }
     auto *dst = reinterpret_cast<float *>(w);
     const auto *src = static_cast<const uint16_t *>(p[i]);
-    precision() == Precision::F16 ? fromF16(src, dst, n[i]) : fromBf16(src, dst, n[i]);
+    if (rowStride > 0) {
+      const Dims &s = shapes[i];
+      load16Bthd(src, s.d[0], s.d[2], s.d[1], s.d[3], rowStride, dst);
+    } else {
+      precision() == Precision::F16 ? fromF16(src, dst, n[i]) : fromBf16(src, dst, n[i]);
+    }
     out[i] = dst;
     w += (static_cast<size_t>(n[i]) * sizeof(float) + 255) / 256 * 256;
   }
@@ -95,7 +102,7 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
                  bool v16, Dims vs, const float *mask, Dims ms, float scale, bool causal,
                  const float *o, const float *lse, const float *dy, float *dq, float *dk, float *dv,
                  bool bthd, bool dyBthd, uint16_t *const g16[3], int64_t rowStride16,
-                 const uint16_t *o16, const uint16_t *dy16) {
+                 const uint16_t *o16, const uint16_t *dy16, int64_t inRowStride16) {
   const float *w[3];
   const int64_t n[3] = {qs.numel(), ks.numel(), vs.numel()};
   const Dims perm{0, 2, 1, 3};
@@ -115,8 +122,9 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
   const size_t dyBytes = dyBthd ? bytes(ys.numel()) : 0;
   const size_t oBytes = o16 ? 2 * bytes(ys.numel()) : 0;
   const size_t dy16Bytes = dy16 ? bytes(ys.numel()) : 0;
+  const Dims in[3] = {qs, ks, vs};
   char *t = widenOperands({q, k, v}, {q16, k16, v16}, {n[0], n[1], n[2]}, w,
-                          gradBytes + dyBytes + oBytes + dy16Bytes);
+                          gradBytes + dyBytes + oBytes + dy16Bytes, in, inRowStride16);
   if (dy16) { // dy widened, after o's scratch
     auto *wide = reinterpret_cast<float *>(t + gradBytes + dyBytes + oBytes);
     precision() == Precision::F16 ? fromF16(dy16, wide, ys.numel())
@@ -169,13 +177,15 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
 /// widened.
 void statsByCarve(const float *q, const void *q16, Dims qs, const float *k, const void *k16,
                   Dims ks, const float *v, const void *v16, Dims vs, const float *mask, Dims ms,
-                  float scale, bool causal, float *y, float *lse, uint16_t *y16) {
+                  float scale, bool causal, float *y, float *lse, uint16_t *y16,
+                  int64_t inRowStride16) {
   const float *in[3] = {q, k, v};
   const void *c16[3] = {q16, k16, v16};
   for (int i = 0; i < 3; ++i)
     if (!in[i] && !c16[i])
       fatal("attention_stats_cudnn: operand %d given neither as f32 nor as its 16-bit copy", i);
   const float *w[3];
+  const Dims shapes[3] = {qs, ks, vs};
   Dims ys = qs; // [b, h, tq, dv]
   if (ys.rank)
     ys.d[ys.rank - 1] = vs.rank ? vs.d[vs.rank - 1] : 0;
@@ -184,7 +194,7 @@ void statsByCarve(const float *q, const void *q16, Dims qs, const float *k, cons
                            in[1] ? static_cast<const void *>(in[1]) : c16[1],
                            in[2] ? static_cast<const void *>(in[2]) : c16[2]},
                           {!in[0], !in[1], !in[2]}, {qs.numel(), ks.numel(), vs.numel()}, w,
-                          y16 ? 2 * bytes(ys.numel()) : 0);
+                          y16 ? 2 * bytes(ys.numel()) : 0, shapes, inRowStride16);
   if (!y16)
     return attention_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, y, lse);
   // O in f32 scratch, transposed to [b, tq, h, dv], rounded into y16.
@@ -221,6 +231,22 @@ bool checkOutputs(bool bthd, bool dyBthd, const Dims &qs, const Dims &ks, const 
   return true;
 }
 
+/// inRowStride16's precondition: rank-4 operands, all three given in 16
+/// bits (`given`), rows of at least h * d.
+void checkInStrided(int64_t inRowStride16, const bool given[3], const Dims &qs, const Dims &ks,
+                    const Dims &vs, const char *op) {
+  if (inRowStride16 == 0)
+    return;
+  if (inRowStride16 < 0 || !given[0] || !given[1] || !given[2])
+    fatal("%s: q, k and v read in place (a row stride of %lld) need all three in 16 bits", op,
+          (long long)inRowStride16);
+  checkBthd(true, qs, ks, vs, op);
+  for (const Dims *d : {&qs, &ks, &vs})
+    if (inRowStride16 < d->d[1] * d->d[3])
+      fatal("%s: an input row stride of %lld for rows of %lld heads x %lld", op,
+            (long long)inRowStride16, (long long)d->d[1], (long long)d->d[3]);
+}
+
 } // namespace
 
 #if !CARVE_HAVE_CUDNN
@@ -241,10 +267,13 @@ bool cudnnAttentionBuilt() { return false; }
 void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
                            const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
                            const float *mask, Dims ms, float scale, bool causal, float *y,
-                           float *lse, uint16_t *y16) {
+                           float *lse, uint16_t *y16, int64_t inRowStride16) {
   sayNoCudnn();
   checkBthd(y16 != nullptr, qs, ks, vs, "attention_stats_cudnn");
-  statsByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, y, lse, y16);
+  const bool given[3] = {q16 && !q, k16 && !k, v16 && !v};
+  checkInStrided(inRowStride16, given, qs, ks, vs, "attention_stats_cudnn");
+  statsByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, y, lse, y16,
+               inRowStride16);
 }
 
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
@@ -252,12 +281,15 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
                                 float scale, bool causal, const float *o, const float *lse,
                                 const float *dy, float *dq, float *dk, float *dv, bool bthd,
                                 bool dyBthd, uint16_t *dq16, uint16_t *dk16, uint16_t *dv16,
-                                int64_t rowStride16, const uint16_t *o16, const uint16_t *dy16) {
+                                int64_t rowStride16, const uint16_t *o16, const uint16_t *dy16,
+                                int64_t inRowStride16) {
   sayNoCudnn();
   uint16_t *const g16[3] = {dq16, dk16, dv16};
   const bool out16 = checkOutputs(bthd, dyBthd || o16, qs, ks, vs, g16, rowStride16);
+  const bool given[3] = {q16, k16, v16};
+  checkInStrided(inRowStride16, given, qs, ks, vs, "attention_grad_stats_cudnn");
   gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq, dk, dv,
-              bthd, dyBthd, out16 ? g16 : nullptr, rowStride16, o16, dy16);
+              bthd, dyBthd, out16 ? g16 : nullptr, rowStride16, o16, dy16, inRowStride16);
 }
 
 #else
@@ -525,10 +557,11 @@ struct Shape {
   bool dyBthd = false; // and reads dO as [b, s, h, d]
   int64_t rowStride16 = 0; // bthd: rows of this many elements (0: h * d)
   bool oBthd = false;      // O written (forward) or read (backward) as [b, s, h, d]
+  int64_t inRowStride = 0; // Q, K, V read as [b, s, h, d] rows this far apart (0: [b, h, s, d])
   int prec = 0;
   auto key() const {
     return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, bthd, dyBthd, rowStride16, oBthd,
-                           prec);
+                           inRowStride, prec);
   }
   bool operator<(const Shape &o) const { return key() < o.key(); }
   std::string text() const {
@@ -545,14 +578,21 @@ Dims4 rowMajor(int64_t a, int64_t b, int64_t c, int64_t d) { return {b * c * d, 
 /// O's [b, h, sq, dv] strides where it is stored as [b, sq, h, dv].
 Dims4 bthdStrides(const Shape &s) { return {s.sq * s.h * s.dv, s.dv, s.h * s.dv, 1}; }
 
+/// An input's [b, h, t, d] strides: row-major, or (inRowStride) [b, t, h, d]
+/// rows that far apart.
+Dims4 inputStrides(const Shape &s, int64_t t, int64_t d) {
+  const int64_t r = s.inRowStride;
+  return r ? Dims4{t * r, d, r, 1} : rowMajor(s.b, s.h, t, d);
+}
+
 /// The forward graph (CompositeSDPANode, training: Stats kept).
 void buildForward(Graph &g, const Shape &s) {
   const Dims4 sd{s.b, s.h, s.sq, s.skv}, rd{s.b, s.h, s.sq, 1};
-  const Desc &q = g.input(kQ, g.io, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
+  const Desc &q = g.input(kQ, g.io, {s.b, s.h, s.sq, s.d}, inputStrides(s, s.sq, s.d));
   // K^T: K's memory with the last two dims and strides exchanged.
-  Dims4 ks = rowMajor(s.b, s.h, s.skv, s.d);
+  Dims4 ks = inputStrides(s, s.skv, s.d);
   const Desc &kt = g.input(kK, g.io, {s.b, s.h, s.d, s.skv}, {ks[0], ks[1], ks[3], ks[2]});
-  const Desc &v = g.input(kV, g.io, {s.b, s.h, s.skv, s.dv}, rowMajor(s.b, s.h, s.skv, s.dv));
+  const Desc &v = g.input(kV, g.io, {s.b, s.h, s.skv, s.dv}, inputStrides(s, s.skv, s.dv));
   // O as [b, h, s, dv], or (oBthd) with heads and tokens exchanged in memory.
   const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv},
                           s.oBthd ? bthdStrides(s) : rowMajor(s.b, s.h, s.sq, s.dv));
@@ -585,8 +625,8 @@ void buildBackward(Graph &g, const Shape &s) {
   const Dims4 sd{s.b, s.h, s.sq, s.skv}, rd{s.b, s.h, s.sq, 1};
   const Dims4 sdT{s.b, s.h, s.skv, s.sq};
   const Dims4 sdTStride{s.h * s.sq * s.skv, s.sq * s.skv, 1, s.skv};
-  const Desc &q = g.input(kQ, g.io, {s.b, s.h, s.sq, s.d}, rowMajor(s.b, s.h, s.sq, s.d));
-  Dims4 ks = rowMajor(s.b, s.h, s.skv, s.d), vs = rowMajor(s.b, s.h, s.skv, s.dv);
+  const Desc &q = g.input(kQ, g.io, {s.b, s.h, s.sq, s.d}, inputStrides(s, s.sq, s.d));
+  Dims4 ks = inputStrides(s, s.skv, s.d), vs = inputStrides(s, s.skv, s.dv);
   const Desc &kt = g.input(kK, g.io, {s.b, s.h, s.d, s.skv}, {ks[0], ks[1], ks[3], ks[2]});
   const Desc &vt = g.input(kV, g.io, {s.b, s.h, s.dv, s.skv}, {vs[0], vs[1], vs[3], vs[2]});
   const Desc &o = g.input(kO, g.io, {s.b, s.h, s.sq, s.dv},
@@ -644,7 +684,8 @@ void buildBackward(Graph &g, const Shape &s) {
   g.reshape(dS, dST);
   g.matmul(dST, q, dK);
   // dQ = dS K, accumulated in f32, then written in the 16-bit type.
-  const Desc &k = g.virt(g.io, {s.b, s.h, s.skv, s.d});
+  // (K as a transpose of K^T: the same memory, K's own strides.)
+  const Desc &k = g.virt(g.io, {s.b, s.h, s.skv, s.d}, inputStrides(s, s.skv, s.d));
   g.reshape(kt, k);
   g.matmul(dS, k, dQAccum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dQAccum, nullptr, nullptr, dQ);
@@ -766,6 +807,15 @@ bool aligned16(uint16_t *const g16[3], int64_t rowStride16) {
   return rowStride16 % 8 == 0;
 }
 
+/// Whether cuDNN can read q, k and v in place: 16-byte aligned, rows a
+/// multiple of 8 elements apart.
+bool alignedIn(const void *q, const void *k, const void *v, int64_t rowStride) {
+  for (const void *p : {q, k, v})
+    if (reinterpret_cast<uintptr_t>(p) % 16)
+      return false;
+  return rowStride % 8 == 0;
+}
+
 /// A call that carve's kernel takes for `why`, said once per shape.
 void sayOnce(const char *op, const Shape &s, const std::string &why) {
   static std::set<Shape> said;
@@ -836,20 +886,26 @@ void cudnnAttentionCalls(int64_t &forward, int64_t &backward) {
 void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
                            const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
                            const float *mask, Dims ms, float scale, bool causal, float *y,
-                           float *lse, uint16_t *y16) {
+                           float *lse, uint16_t *y16, int64_t inRowStride16) {
   const char *op = "attention_stats_cudnn";
   checkBthd(y16 != nullptr, qs, ks, vs, op);
+  const bool given[3] = {q16 != nullptr, k16 != nullptr, v16 != nullptr};
+  checkInStrided(inRowStride16, given, qs, ks, vs, op);
   Shape s;
   s.causal = causal;
   s.oBthd = y16 != nullptr;
+  s.inRowStride = inRowStride16;
   std::string why = ineligible(qs, ks, vs, mask, s);
   if (why.empty() && y16 && reinterpret_cast<uintptr_t>(y16) % 16)
     why = "a 16-bit output not 16-byte aligned";
-  if (!why.empty() && y16)
+  if (why.empty() && inRowStride16 && !alignedIn(q16, k16, v16, inRowStride16))
+    why = "q, k and v read in place at addresses or a row stride not 16-byte aligned";
+  if (!why.empty() && (y16 || inRowStride16))
     sayOnce(op, s, why);
   Graph *g = why.empty() ? graphFor(s, op) : nullptr;
   if (!g)
-    return statsByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, y, lse, y16);
+    return statsByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, y, lse, y16,
+                        inRowStride16);
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   char *ws = nullptr;
@@ -886,11 +942,15 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
                                 float scale, bool causal, const float *o, const float *lse,
                                 const float *dy, float *dq, float *dk, float *dv, bool bthd,
                                 bool dyBthd, uint16_t *dq16, uint16_t *dk16, uint16_t *dv16,
-                                int64_t rowStride16, const uint16_t *o16, const uint16_t *dy16) {
+                                int64_t rowStride16, const uint16_t *o16, const uint16_t *dy16,
+                                int64_t inRowStride16) {
   const char *op = "attention_grad_stats_cudnn";
   uint16_t *const g16[3] = {dq16, dk16, dv16};
   const bool out16 = checkOutputs(bthd, dyBthd || o16, qs, ks, vs, g16, rowStride16);
+  const bool given[3] = {q16, k16, v16};
+  checkInStrided(inRowStride16, given, qs, ks, vs, op);
   Shape s;
+  s.inRowStride = inRowStride16;
   s.causal = causal;
   s.backward = true;
   s.bthd = bthd;
@@ -904,12 +964,15 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
     why = "a 16-bit output O not 16-byte aligned";
   if (why.empty() && dy16 && reinterpret_cast<uintptr_t>(dy16) % 16)
     why = "a 16-bit dy not 16-byte aligned";
-  if (!why.empty() && (out16 || o16 || dy16))
+  if (why.empty() && inRowStride16 && !alignedIn(q, k, v, inRowStride16))
+    why = "q, k and v read in place at addresses or a row stride not 16-byte aligned";
+  if (!why.empty() && (out16 || o16 || dy16 || inRowStride16))
     sayOnce(op, s, why);
   Graph *g = why.empty() ? graphFor(s, op) : nullptr;
   if (!g)
     return gradByCarve(q, q16, qs, k, k16, ks, v, v16, vs, mask, ms, scale, causal, o, lse, dy, dq,
-                       dk, dv, bthd, dyBthd, out16 ? g16 : nullptr, rowStride16, o16, dy16);
+                       dk, dv, bthd, dyBthd, out16 ? g16 : nullptr, rowStride16, o16, dy16,
+                       inRowStride16);
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   const int64_t rows = s.b * s.h * s.sq;

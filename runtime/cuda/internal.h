@@ -146,6 +146,13 @@ void *workspace(size_t bytes, int slot);
 /// attention_grad_stats_cudnn's 16-bit gradients).
 void store16Rows(const float *x, int64_t rows, int64_t cols, uint16_t *y, int64_t ldy);
 
+/// y[bi, hi, ti, di] (f32, [b, h, t, d] row-major) = x[(bi * t + ti) * ldx +
+/// hi * d + di] widened from the precision's 16-bit format: a 16-bit
+/// [b, t, h, d] tensor whose rows are ldx elements apart read as [b, h, t, d]
+/// (kernels_data.cu; the fallback of cuDNN attention's strided inputs).
+void load16Bthd(const uint16_t *x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t ldx,
+                float *y);
+
 } // namespace carve::gpu
 
 #endif // CARVE_RT_CUDA_INTERNAL_H

@@ -610,6 +610,32 @@ void store16Rows(const float *x, int64_t rows, int64_t cols, uint16_t *y, int64_
   checkLaunch("store16Rows");
 }
 
+__global__ void load16BthdKernel(In16 x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t ldx,
+                                 float *y) {
+  CARVE_GRID_LOOP(i, b * h * t * d) {
+    int64_t r = i;
+    const int64_t di = r % d;
+    r /= d;
+    const int64_t ti = r % t;
+    r /= t;
+    const int64_t hi = r % h;
+    const int64_t bi = r / h;
+    y[i] = x[(bi * t + ti) * ldx + hi * d + di];
+  }
+}
+void load16Bthd(const uint16_t *x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t ldx,
+                float *y) {
+  const int64_t n = b * t * h * d;
+  if (n <= 0)
+    return;
+  if (ldx < h * d)
+    fatal("load16Bthd: a row stride of %lld for rows of %lld heads x %lld", (long long)ldx,
+          (long long)h, (long long)d);
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), load16BthdKernel)
+  (in16("load16Bthd", x, true), b, t, h, d, ldx, y);
+  checkLaunch("load16Bthd");
+}
+
 namespace {
 
 /// Whether gather_grad of scalars (inner == 1) goes through the inverted

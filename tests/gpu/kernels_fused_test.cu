@@ -575,16 +575,41 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   auto yh = poisoned<float>(n), lseh = poisoned<float>(ls.numel()), nan = poisoned<float>(n);
   g::attention_stats_cudnn(nan->p, q16->p, qs, nan->p, k16->p, qs, nan->p, v16->p, qs, nullptr,
                            Dims{}, scale, causal, yh->p, lseh->p);
+  // q, k and v read in place as the columns of one 16-bit [b, t, 3 h d]
+  // tensor (carve-fold-views' "strided": the QKV projection's copy), by the
+  // forward and the gradient: the same bits as from the copies above.
+  auto yi = poisoned<float>(n), lsei = poisoned<float>(ls.numel());
+  auto iq = poisoned<float>(n), ik = poisoned<float>(n), iv = poisoned<float>(n);
+  if (r4) {
+    const std::vector<uint16_t> src[3] = {q16->download(), k16->download(), v16->download()};
+    std::vector<uint16_t> packed(3 * n);
+    const int64_t B = qs.d[0], H = qs.d[1], T = qs.d[2], D = qs.d[3];
+    for (int i = 0; i < 3; ++i)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t d = 0; d < D; ++d)
+              packed[(b * T + t) * 3 * hd + i * hd + h * D + d] =
+                  src[i][((b * H + h) * T + t) * D + d];
+    auto qkv = up(packed);
+    g::attention_stats_cudnn(nullptr, qkv->p, qs, nullptr, qkv->p + hd, qs, nullptr,
+                             qkv->p + 2 * hd, qs, nullptr, Dims{}, scale, causal, yi->p, lsei->p,
+                             nullptr, 3 * hd);
+    g::attention_grad_stats_cudnn(qkv->p, true, qs, qkv->p + hd, true, qs, qkv->p + 2 * hd, true,
+                                  qs, nullptr, Dims{}, scale, causal, yc->p, lsec->p, dgy->p, iq->p,
+                                  ik->p, iv->p, false, false, nullptr, nullptr, nullptr, 0, nullptr,
+                                  nullptr, 3 * hd);
+  }
   g::setPrecision(rt::Precision::F32);
   if (!deviceOk(what))
     return;
   g::cudnnAttentionCalls(f1, b1);
   ++checks();
-  if (f1 != f0 + (r4 ? 3 : 2) || b1 != b0 + (r4 ? 7 : 3)) {
+  if (f1 != f0 + (r4 ? 4 : 2) || b1 != b0 + (r4 ? 8 : 3)) {
     ++failures();
     std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of %d and %d (stderr "
                 "says why it refused)\n",
-                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 3 : 2, r4 ? 7 : 3);
+                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 4 : 2, r4 ? 8 : 3);
     return;
   }
   std::printf("ok   %s ran as cuDNN graphs\n", what.c_str());
@@ -653,6 +678,12 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
     expectNormwise(what + " dq in 16 bits in [b, t, 3 h d]", piece(0), transposed(rq), 16 * u);
     expectNormwise(what + " dk in 16 bits in [b, t, 3 h d]", piece(1), transposed(rk), 16 * u);
     expectNormwise(what + " dv in 16 bits in [b, t, 3 h d]", piece(2), transposed(rv), 16 * u);
+    expectEqual(what + " y from q, k, v in place in [b, t, 3 h d]", yi->download(), yh->download());
+    expectEqual(what + " row log-sum-exp from q, k, v in place", lsei->download(),
+                lseh->download());
+    expectEqual(what + " dq from q, k, v in place", iq->download(), hq->download());
+    expectEqual(what + " dk from q, k, v in place", ik->download(), hk->download());
+    expectEqual(what + " dv from q, k, v in place", iv->download(), hv->download());
   }
   // The forward from the copies: the same call on the same bits.
   expectEqual(what + " y (16-bit q, k, v)", yh->download(), yc->download());
@@ -721,6 +752,31 @@ void testAttentionCudnnFallback() {
       g::toBf16(dv_->p, v16->p, n);
       g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, mp, ms,
                                     0.25f, false, y->p, lse->p, dgy->p, hq->p, hk->p, hv->p);
+      // q, k, v read in place as the columns of one [b, t, 3 h d] bf16
+      // tensor: widened from there, the same values for carve's kernel.
+      const int64_t B = qs.d[0], H = qs.d[1], T = qs.d[2], D = qs.d[3], HD = H * D;
+      const std::vector<uint16_t> src[3] = {q16->download(), k16->download(), v16->download()};
+      std::vector<uint16_t> packed(3 * n);
+      for (int i = 0; i < 3; ++i)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t d = 0; d < D; ++d)
+                packed[(b * T + t) * 3 * HD + i * HD + h * D + d] =
+                    src[i][((b * H + h) * T + t) * D + d];
+      auto qkv = up(packed);
+      auto iq = poisoned<float>(n), ik = poisoned<float>(n), iv = poisoned<float>(n);
+      g::attention_grad_stats_cudnn(qkv->p, true, qs, qkv->p + HD, true, qs, qkv->p + 2 * HD, true,
+                                    qs, mp, ms, 0.25f, false, y->p, lse->p, dgy->p, iq->p, ik->p,
+                                    iv->p, false, false, nullptr, nullptr, nullptr, 0, nullptr,
+                                    nullptr, 3 * HD);
+      auto yc16 = poisoned<float>(n), lc16 = poisoned<float>(ls.numel());
+      auto yi = poisoned<float>(n), li = poisoned<float>(ls.numel());
+      g::attention_stats_cudnn(nullptr, q16->p, qs, nullptr, k16->p, qs, nullptr, v16->p, qs, mp,
+                               ms, 0.25f, false, yc16->p, lc16->p);
+      g::attention_stats_cudnn(nullptr, qkv->p, qs, nullptr, qkv->p + HD, qs, nullptr,
+                               qkv->p + 2 * HD, qs, mp, ms, 0.25f, false, yi->p, li->p, nullptr,
+                               3 * HD);
       // And written in 16 bits into [b, t, 3 h d] rows: carve's kernel's
       // gradients transposed, rounded to nearest even into their columns.
       const int64_t hd = qs.d[1] * qs.d[3], bt = qs.d[0] * qs.d[2];
@@ -770,6 +826,11 @@ void testAttentionCudnnFallback() {
       expectEqual(what + " dq from o in bf16", fq->download(), rq->download());
       expectEqual(what + " dk from o in bf16", fk->download(), rk->download());
       expectEqual(what + " dv from o in bf16", fv->download(), rv->download());
+      expectEqual(what + " y from q, k, v in place", yi->download(), yc16->download());
+      expectEqual(what + " lse from q, k, v in place", li->download(), lc16->download());
+      expectEqual(what + " dq from q, k, v in place", iq->download(), hq->download());
+      expectEqual(what + " dk from q, k, v in place", ik->download(), hk->download());
+      expectEqual(what + " dv from q, k, v in place", iv->download(), hv->download());
       expectEqual(what + " dq from dy in bf16", sq2->download(), wq2->download());
       expectEqual(what + " dk from dy in bf16", sk2->download(), wk2->download());
       expectEqual(what + " dv from dy in bf16", sv2->download(), wv2->download());

@@ -4,7 +4,9 @@
 // copy (carve.read16), and a fused chain's rounded output (GELU's) that a
 // matmul reads as the copy the chain writes (carve.copy_in_fused): their
 // kernels write the copies alone, and the f32 values get no memory (no
-// carve.arena_offset). Under fp32 they are stored.
+// carve.arena_offset). Under fp32 they are stored. (The QKV projection is
+// summed into the loss too, so that cuDNN cannot read q, k and v in place
+// there: carve-fold-views' "strided", tested in fusion/.)
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=1 target=cuda precision=bf16" --carve-round-activations --carve-concat-slice-grads --carve-fuse-elementwise --carve-fold-transposes --carve-save-attention-stats --carve-pack-activations --carve-store-params16 --carve-store-grads16 --carve-round-operands16 --carve-data-parallel --carve-fold-views --carve-plan-memory --carve-select-kernels | FileCheck %s
 // RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=1 target=cuda" --carve-fuse-elementwise --carve-fold-transposes --carve-save-attention-stats --carve-data-parallel --carve-fold-views --carve-plan-memory --carve-select-kernels | FileCheck %s --check-prefix=F32
 
@@ -47,6 +49,8 @@ func.func @forward(%x: tensor<2x16x64xf32> {carve.input = "x"},
   %hb = carve.add %b1, %h : (tensor<256xf32>, tensor<2x16x256xf32>) -> tensor<2x16x256xf32> loc("/fc/Add")
   %g = carve.gelu %hb : tensor<2x16x256xf32> loc("/act/Gelu")
   %p = carve.matmul %g, %w3 : (tensor<2x16x256xf32>, tensor<256x64xf32>) -> tensor<2x16x64xf32> loc("/proj/MatMul")
-  %l = carve.reduce_sum %p {axes = array<i64: 0, 1, 2>, keep_dims = false} : tensor<2x16x64xf32> -> tensor<f32> loc("/loss")
+  %l0 = carve.reduce_sum %p {axes = array<i64: 0, 1, 2>, keep_dims = false} : tensor<2x16x64xf32> -> tensor<f32> loc("/loss")
+  %l1 = carve.reduce_sum %qkv {axes = array<i64: 0, 1, 2>, keep_dims = false} : tensor<2x16x192xf32> -> tensor<f32> loc("/loss2")
+  %l = carve.add %l0, %l1 : (tensor<f32>, tensor<f32>) -> tensor<f32>
   return %l : tensor<f32>
 }

@@ -296,10 +296,14 @@ void attention_grad_stats(const float *q, Dims qs, const float *k, Dims ks, cons
 /// only the copy (the fallback widens it). `y16` (rank-4 operands): O written
 /// there in the precision's 16-bit format as [b, t, h, d] instead of `y`
 /// (carve-fold-views' "producer" on O's transpose: its 16-bit copy).
+/// `inRowStride16` > 0 (rank-4 operands, all three copies given, q, k, v
+/// null): the copies are read as [b, t, h, d] whose rows of h * d are that
+/// many elements apart, columns of one wider tensor (carve-fold-views'
+/// "strided": q, k and v read in place from the QKV projection's copy).
 void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float *k,
                            const void *k16, Dims ks, const float *v, const void *v16, Dims vs,
                            const float *mask, Dims ms, float scale, bool causal, float *y,
-                           float *lse, uint16_t *y16 = nullptr);
+                           float *lse, uint16_t *y16 = nullptr, int64_t inRowStride16 = 0);
 /// The gradient's q, k and v may be the 16-bit tensors (bf16 or fp16, the
 /// precision's) that the f32 operands would be views of (`q16` ...:
 /// carve-select-kernels' carve.read16): the graph reads them as stored.
@@ -315,7 +319,8 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
 /// precision's 16-bit format as [b, t, h, d] (where attention_stats_cudnn
 /// wrote it as y16). `dy16`: dy read there instead, in the precision's
 /// 16-bit format, laid out as `dyBthd` says (its matmul wrote it so:
-/// carve.write16).
+/// carve.write16). `inRowStride16` > 0 (q16, k16 and v16 all set): q, k and
+/// v are read as attention_stats_cudnn reads them with it.
 void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks,
                                 const void *v, bool v16, Dims vs, const float *mask, Dims ms,
                                 float scale, bool causal, const float *o, const float *lse,
@@ -323,7 +328,7 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
                                 bool dyBthd = false, uint16_t *dq16 = nullptr,
                                 uint16_t *dk16 = nullptr, uint16_t *dv16 = nullptr,
                                 int64_t rowStride16 = 0, const uint16_t *o16 = nullptr,
-                                const uint16_t *dy16 = nullptr);
+                                const uint16_t *dy16 = nullptr, int64_t inRowStride16 = 0);
 /// How many attention calls of this process ran as cuDNN graphs (forward,
 /// backward): what tests read to know the library path was taken.
 void cudnnAttentionCalls(int64_t &forward, int64_t &backward);
