@@ -204,6 +204,9 @@ bool Generator::emitOp(Operation *op) {
     if (assembledConcats.count(op))
       s += opComment(op) + "  // its pieces written in 16 bits into " +
            name(assembledConcats.lookup(op)) + " by the attention gradient above\n";
+    if (epilogueAdds.count(op))
+      s += opComment(op) + "  // added by the matmul above as it wrote " +
+           name(epilogueAdds.lookup(op)) + " (cuBLASLt's bias epilogue)\n";
     return true;
   }
   std::string &s = body;
@@ -233,6 +236,9 @@ bool Generator::emitOp(Operation *op) {
   if (accumulatedResidual(op))
     if (Value byWriter = copyByWriter(producedInto(op->getResult(0)).getDefiningOp(), 0))
       s += resultPointer(byWriter);
+  // A matmul that adds its add's bias writes the add's copy ("epilogue").
+  if (Operation *e = epilogueAddOf(op); e && epilogueAdds.count(e))
+    s += resultPointer(epilogueAdds.lookup(e));
   // An attention forward writes O into its transpose's copy (rule 4d).
   if (isa<AttentionStatsOp>(op))
     if (Value o16 = outputCopy16(op->getResult(0)))
@@ -279,7 +285,7 @@ bool Generator::emitOp(Operation *op) {
        << ");";
     ok = true;
   } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16" ||
-             kernel == "matmul_gathered")
+             kernel == "matmul16_bias" || kernel == "matmul_gathered")
     ok = emitMatmul(op, kernel, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);
@@ -513,6 +519,25 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
          << flag("transA", ta) << ", " << opnd(g, 0) << ", " << oshape(g, 0) << ", " << opnd(g, 1)
          << ", " << oshape(g, 1) << ", " << db << ", " << flag("transB", tb) << ", " << name(res)
          << ", " << dims(ys) << ");  // its right operand gathered a matrix at a time";
+      return true;
+    }
+    if (kernel == "matmul16_bias") {
+      // carve-fold-views' "epilogue": the bias added to the fp32 product
+      // before it is rounded into the add's 16-bit copy (cuBLASLt).
+      Operation *e = epilogueAddOf(op);
+      Value bias;
+      if (!e || !epilogueAdds.count(e) || !epilogueMatmulOf(e, &bias))
+        return failOp(op, "carve.kernel = \"matmul16_bias\" on a matmul whose product no add "
+                          "marked carve.fold = \"epilogue\" reads");
+      Value bias16 = exact16(bias, op, opts.precision);
+      std::string a, b;
+      bool a16, b16;
+      if (!bias16 || !read16Operand(op, op, 0, a, a16) || !read16Operand(op, op, 1, b, b16))
+        return bias16 ? false : failOp(op, "matmul16_bias: its bias has no 16-bit tensor");
+      os << callee(opts, kernel) + "(" << a << ", " << flag("a16", a16) << ", " << da << ", "
+         << flag("transA", ta) << ", " << b << ", " << flag("b16", b16) << ", " << db << ", "
+         << flag("transB", tb) << ", " << name(bias16) << ", " << name(epilogueAdds.lookup(e))
+         << ", " << dims(ys) << ");  // + the bias of " << nodeName(e->getLoc());
       return true;
     }
     if (kernel == "matmul16" || kernel == "matmul16_to16") {

@@ -386,6 +386,21 @@ bool Generator::foldTransposes() {
       assembledConcats[op] = copy;
       continue;
     }
+    if (fold == kFoldEpilogue) {
+      // Added by its matmul as it writes the add's 16-bit copy (cuBLASLt's
+      // bias epilogue, carve-fold-views).
+      Operation *m = epilogueMatmulOf(op);
+      auto mk = m ? m->getAttrOfType<StringAttr>(kKernelAttr) : StringAttr();
+      Value copy;
+      for (Operation *n = op->getNextNode(); n && isa<CastOp>(n) && !copy; n = n->getNextNode())
+        if (n->getOperand(0) == op->getResult(0) && n->hasAttr(kCopyByWriterAttr))
+          copy = n->getResult(0);
+      if (!m || !mk || mk.getValue() != "matmul16_bias" || !copy)
+        return failOp(op, "carve.fold = \"epilogue\" on an add whose matmul does not run as "
+                          "matmul16_bias writing the add's 16-bit copy");
+      epilogueAdds[op] = copy;
+      continue;
+    }
     if (fold == kFoldStrided) {
       // q, k or v read in place by cuDNN's attention in its source's 16-bit
       // copy (carve-fold-views): no call, no memory; its readers say where.

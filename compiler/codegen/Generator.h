@@ -313,6 +313,9 @@ private:
   /// q, k and v transposes and their copies that cuDNN's attention reads in
   /// place in their source's 16-bit copy (carve-fold-views' "strided").
   llvm::DenseSet<Operation *> stridedOps;
+  /// Bias adds their matmuls compute (carve-fold-views' "epilogue"), with
+  /// the 16-bit copy the matmul writes.
+  llvm::DenseMap<Operation *, Value> epilogueAdds;
   // An add marked "accumulate" (carve-fold-views): no code; its buffer (and
   // its 16-bit copy's) is written by the norm gradient whose input gradient
   // it reads, from there.

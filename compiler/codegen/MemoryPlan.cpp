@@ -88,6 +88,8 @@ bool Generator::assignBuffers() {
         continue; // its reader reads its input, transposed
       if (stridedOps.count(op))
         continue; // read in place in its source's 16-bit copy
+      if (epilogueAdds.count(op) || epilogueAddOf(op))
+        continue; // a bias add its matmul computes, and that matmul's product
       if (isa<ReshapeOp>(op)) {
         auto in = bufferOf.find(op->getOperand(0));
         if (in != bufferOf.end())
@@ -109,6 +111,8 @@ bool Generator::assignBuffers() {
           def = index[assemblerOf(c)]; // the pieces written into it by the attention gradient
         if (Operation *t = op->getOperand(0).getDefiningOp(); t && producedTransposes.count(t))
           def = index[producerOf(t)]; // O written into it by the attention forward
+        if (Operation *e = op->getOperand(0).getDefiningOp(); e && epilogueAdds.count(e))
+          def = index[epilogueMatmulOf(e)]; // written by the matmul that adds the bias
       }
       bufferOf[r] = newBuffer(reg, bytesOf(r), def, name);
       buffers.back().owner = r;
@@ -119,7 +123,7 @@ bool Generator::assignBuffers() {
     if (foldedTransposes.count(op) || fusedMatmuls.count(op) || scatteredProducts.count(op) ||
         gatheredOperands.count(op) || foldedViews.count(op) || producedTransposes.count(op) ||
         consumedTransposes.count(op) || assembledConcats.count(op) || stridedOps.count(op) ||
-        isa<ReshapeOp>(op))
+        epilogueAdds.count(op) || isa<ReshapeOp>(op))
       continue;
     if (accumulatedAdds.count(op)) {
       // Its norm gradient reads the residual, where it runs.

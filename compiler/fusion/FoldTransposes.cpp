@@ -248,6 +248,25 @@ Value outputCopy16(Value o) {
   return Value();
 }
 
+Operation *epilogueMatmulOf(Operation *add, Value *bias) {
+  if (!add || !isa<AddOp>(add) || foldOf(add) != kFoldEpilogue)
+    return nullptr;
+  for (unsigned i = 0; i < 2; ++i)
+    if (auto m = add->getOperand(i).getDefiningOp<MatmulOp>(); m && m->hasOneUse()) {
+      if (bias)
+        *bias = add->getOperand(1 - i);
+      return m;
+    }
+  return nullptr;
+}
+
+Operation *epilogueAddOf(Operation *matmul) {
+  if (!matmul || !isa<MatmulOp>(matmul) || !matmul->hasOneUse())
+    return nullptr;
+  Operation *u = *matmul->getUsers().begin();
+  return epilogueMatmulOf(u) == matmul ? u : nullptr;
+}
+
 std::optional<StridedPiece> stridedPieceOf(Operation *op) {
   if (!op || foldOf(op) != kFoldStrided)
     return std::nullopt;
@@ -783,7 +802,7 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
   /// writer (carve-round-operands16 made it). The writer then writes the
   /// copy alone (rule 3e or 3h; neverStoredF32, which carve-select-kernels
   /// checks again): every other reader of the source reads it in place there.
-  void markInPlace(InPlaceInputs &in) {
+  void markInPlace(InPlaceInputs &in, const PlanAttrs &plan) {
     Operation *w = in.writer;
     Builder b(w->getContext());
     w->setAttr(kRound16Attr, b.getUnitAttr());
@@ -792,6 +811,26 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
       in.copies[i]->setAttr(kFoldAttr, b.getStringAttr(kFoldStrided));
     }
     ++numStrided;
+    // The source an add of a bias to a matmul's product: the matmul adds it
+    // (cuBLASLt's BIAS epilogue) as it writes the copy.
+    if (!isa<AddOp>(w))
+      return;
+    auto t = cast<RankedTensorType>(w->getResult(0).getType());
+    for (unsigned i = 0; i < 2; ++i) {
+      auto m = w->getOperand(i).getDefiningOp<MatmulOp>();
+      Value bias = w->getOperand(1 - i);
+      auto bt = dyn_cast<RankedTensorType>(bias.getType());
+      if (!m || !m->hasOneUse() || m.getType() != t || m->hasAttr(kFusionGroupAttr) ||
+          isScatteredProduct(m) || gatheredOperand(m) || isProductMatmul(m) ||
+          cast<RankedTensorType>(m.getRhs().getType()).getRank() != 2 ||
+          cast<RankedTensorType>(m.getLhs().getType()).getRank() < 2 || !bt || bt.getRank() != 1 ||
+          !bt.getElementType().isF32() || bt.getShape()[0] != t.getShape().back() ||
+          !exact16(bias, m, plan.precision))
+        continue;
+      w->setAttr(kFoldAttr, b.getStringAttr(kFoldEpilogue));
+      ++numEpilogues;
+      return;
+    }
   }
 
   void runOnOperation() override {
@@ -818,7 +857,7 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
       });
       fn.walk([&](AttentionStatsOp a) {
         if (std::optional<InPlaceInputs> in = inPlaceInputs(a, *plan, /*marked=*/true))
-          markInPlace(*in);
+          markInPlace(*in, *plan);
         if (TransposeOp t = outputTranspose(a, *plan)) {
           t->setAttr(kFoldAttr, b.getStringAttr(kFoldProducer));
           ++numOutputs;

@@ -106,6 +106,12 @@ struct StridedPiece {
 /// 16-bit copy of the sliced tensor that holds its elements, where cuDNN's
 /// attention reads it as [b, t, h, d] rows; nullopt otherwise.
 std::optional<StridedPiece> stridedPieceOf(mlir::Operation *op);
+/// For a matmul whose product an add marked "epilogue" reads: that add;
+/// null otherwise.
+mlir::Operation *epilogueAddOf(mlir::Operation *matmul);
+/// For an add marked "epilogue": the matmul that computes it, and its bias
+/// operand (`bias`); null otherwise.
+mlir::Operation *epilogueMatmulOf(mlir::Operation *add, mlir::Value *bias = nullptr);
 /// The tensor that cuDNN's attention forward's q, k and v are column
 /// slices of, its writer, its 16-bit copy right after the writer where
 /// there is one, and each operand's transpose and 16-bit copy.

@@ -139,6 +139,16 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     the tensor's element rounded to the format, where it was before (three
     transposes copied it there).
 
+    Where that tensor is a carve.add of a 1-D bias (an f32 view of a 16-bit
+    tensor: a parameter, along the last dimension) to the product of a
+    matmul run by cuBLAS (read by the add alone, its right operand a
+    matrix), it marks the add `carve.fold = "epilogue"`: the matmul adds the
+    bias to its fp32 product as it rounds it into the add's copy
+    (`matmul16_bias`, cuBLASLt's BIAS epilogue; carve-select-kernels), so
+    neither the product nor the add is in memory, the add is no call, and
+    the copy lives from the matmul. The same bits: the product's fp32
+    accumulator plus the bias, rounded once, as the add computed it.
+
     And it marks `carve.fold = "accumulate"` a carve.add of a carve.layer_norm_grad's
     or carve.rms_norm_grad's input gradient and another f32 tensor of the
     same shape (the residual branch's gradient), where the input gradient is
@@ -171,7 +181,9 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     Statistic<"numAssembled", "num-assembled",
               "Concats of dq, dk and dv that cuDNN writes in 16 bits in place">,
     Statistic<"numStrided", "num-strided",
-              "Attention forwards whose q, k and v cuDNN reads in place in 16 bits">
+              "Attention forwards whose q, k and v cuDNN reads in place in 16 bits">,
+    Statistic<"numEpilogues", "num-epilogues",
+              "Bias adds that their matmul computes (cuBLASLt's bias epilogue)">
   ];
 }
 

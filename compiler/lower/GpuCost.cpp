@@ -511,6 +511,9 @@ struct Model {
     } else if (kernel == "dropout") {
       if (n > 0)
         add("dropoutKernel", GpuClass::Elementwise, n, inOut());
+    } else if (kernel == "matmul16_bias") {
+      // cuBLASLt's BIAS epilogue: the add's 16-bit copy written, the bias read.
+      matmulOp(op, op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr), true);
     } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16") {
       auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
       if (isa<MatmulOp>(op))

@@ -29,10 +29,13 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          "product", or a gather_grad marked "scatter", through reshapes) and
          a gather whose matmuls gather it themselves (carve.fold = "gather",
          and its reshapes), and the ops carve-fold-views marked "view",
-         "producer", "consumer", "accumulate", "assemble" or "strided" run
-         as `none` (a transpose marked "strided" whose source's writer does
-         not write the source's 16-bit copy alone, neverStoredF32, is an
-         error);
+         "producer", "consumer", "accumulate", "assemble", "strided" or
+         "epilogue" run as `none` (a transpose marked "strided" whose
+         source's writer does not write the source's 16-bit copy alone,
+         neverStoredF32, is an error); the matmul whose product an add
+         marked "epilogue" reads runs as `matmul16_bias` (cuBLASLt adds the
+         bias and writes the add's copy, carve.copy_by_writer; the bias's
+         f32 view is no call);
       3. a transpose marked "product" runs as `matmul` (B^T A^T); a matmul
          reading a gathered operand as `matmul_gathered`; a gather_grad
          marked "scatter" as `matmul_gather_grad`;

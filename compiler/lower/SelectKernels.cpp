@@ -129,6 +129,14 @@ struct Read16 {
           continue;
         }
       }
+      // A bias add its matmul computes (carve-fold-views' "epilogue"): the
+      // matmul reads the bias as its 16-bit tensor.
+      if (Value bias; isa<AddOp>(&op) && epilogueMatmulOf(&op, &bias)) {
+        for (unsigned k = 0; k < 2; ++k)
+          if (op.getOperand(k) == bias)
+            reads.insert({&op, k});
+        continue;
+      }
       // cuDNN's forward: q, k, v whose 16-bit copies carve-pack-activations
       // made just before it are read as those copies.
       if (isa<AttentionStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
@@ -212,8 +220,8 @@ Choice select(Operation *op, StringRef target) {
   StringRef fold = foldOf(op);
   if (isa<ConstantOp, ReshapeOp>(op) || fold == kFoldOperand || fold == kFoldView ||
       fold == kFoldProducer || fold == kFoldConsumer || fold == kFoldAccumulate ||
-      fold == kFoldAssemble || fold == kFoldStrided || isProductMatmul(op) ||
-      isScatteredProduct(op) || isGatheredOperand(op))
+      fold == kFoldAssemble || fold == kFoldStrided || fold == kFoldEpilogue ||
+      isProductMatmul(op) || isScatteredProduct(op) || isGatheredOperand(op))
     return call(kNoKernel);
   // 3. Products computed where they are read.
   if (fold == kFoldProduct)
@@ -372,6 +380,17 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
             op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, it->second));
           }
         }
+        if (epilogueAddOf(&op) && (c.kernel == "matmul" || c.kernel == "matmul16")) {
+          // carve-fold-views' "epilogue": it adds the bias as it writes the
+          // add's 16-bit copy (cuBLASLt).
+          if (!read16)
+            c = refuse("carve.fold = \"epilogue\" outside a bf16/fp16 CUDA plan");
+          else {
+            if (!op.hasAttr(kRead16Attr))
+              op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {false, false}));
+            c = call("matmul16_bias");
+          }
+        }
         if (read16 && (c.kernel == "cross_entropy" || c.kernel == "cross_entropy_grad") &&
             read16->crossEntropy.count(&op)) {
           c = call(c.kernel == "cross_entropy" ? "cross_entropy16" : "cross_entropy_grad16");
@@ -507,7 +526,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         accumulatedCopy(&op, precision);
         continue;
       }
-      if (foldOf(&op) == kFoldAssemble ||
+      if (foldOf(&op) == kFoldAssemble || foldOf(&op) == kFoldEpilogue ||
           (foldOf(&op) == kFoldProducer && isa_and_nonnull<AttentionStatsOp>(producerOf(&op)))) {
         copyWrittenElsewhere(&op, precision);
         continue;

@@ -424,8 +424,9 @@ private:
         }
         if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || isProductMatmul(op) ||
             isScatteredProduct(op) || isGatheredOperand(op) || interior.count(r) ||
-            producedInto(r) || foldOf(op) == kFoldConsumer || foldOf(op) == kFoldStrided)
-          continue; // never materialized (the last three: carve-fold-views)
+            producedInto(r) || foldOf(op) == kFoldConsumer || foldOf(op) == kFoldStrided ||
+            foldOf(op) == kFoldEpilogue || epilogueAddOf(op))
+          continue; // never materialized (the last five: carve-fold-views)
         if (plan16 && neverStoredF32(r, *plan16))
           continue; // read as its 16-bit tensor by every reader (CUDA)
         // On the CUDA target under bf16/fp16, a 16-bit copy right after the
@@ -456,6 +457,9 @@ private:
                 // the pieces into the copy.
                 if (Operation *g = assemblerOf(at); g && index.count(g))
                   born = index.lookup(g);
+                // A bias add its matmul computes: written by the matmul.
+                if (Operation *m = epilogueMatmulOf(at); m && index.count(m))
+                  born = index.lookup(m);
               }
           }
         buffer[r] = add(!isa<ConstantOp>(op), bytesOf(r), born);
@@ -472,8 +476,8 @@ private:
     for (Operation *op : ops) {
       if (foldOf(op) == kFoldOperand || foldOf(op) == kFoldView || foldOf(op) == kFoldProducer ||
           foldOf(op) == kFoldConsumer || foldOf(op) == kFoldAssemble ||
-          foldOf(op) == kFoldStrided || isProductMatmul(op) || isScatteredProduct(op) ||
-          isGatheredOperand(op) || isa<ReshapeOp>(op))
+          foldOf(op) == kFoldStrided || foldOf(op) == kFoldEpilogue || isProductMatmul(op) ||
+          isScatteredProduct(op) || isGatheredOperand(op) || isa<ReshapeOp>(op))
         continue;
       if (foldOf(op) == kFoldAccumulate) {
         // Computed by its norm gradient, which reads the residual there.
@@ -506,6 +510,12 @@ private:
           extend(readOperand(m, i), index.lookup(op));
         extend(op->getOperand(1), index.lookup(op));
         continue;
+      }
+      if (Operation *e = epilogueAddOf(op)) { // adds its add's bias (cuBLASLt's epilogue)
+        Value bias;
+        epilogueMatmulOf(e, &bias);
+        extend(bias, index.lookup(op));
+        extendCopy16(bias, op);
       }
       for (unsigned i = 0; i < op->getNumOperands(); ++i) {
         Value v = readOperand(op, i);

@@ -54,6 +54,10 @@ bool reads16(OpOperand &use, const PlanAttrs &plan) {
   // elements in place in its source's 16-bit copy.
   if (isa<TransposeOp>(u) && foldOf(u) == kFoldStrided)
     return true;
+  // carve-fold-views' "epilogue": its matmul reads the bias as its 16-bit
+  // tensor (cuBLASLt's bias epilogue).
+  if (Value bias; isa<AddOp>(u) && epilogueMatmulOf(u, &bias))
+    return use.get() == bias;
   if (isa<ReshapeOp>(u) || (isa<SliceOp>(u) && foldOf(u) == kFoldView) ||
       (isa<TransposeOp>(u) && (foldOf(u) == kFoldOperand || foldOf(u) == kFoldConsumer))) {
     Value r = u->getResult(0);
@@ -233,8 +237,10 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
   const bool ce = isa<CrossEntropyGradOp>(w) && !w->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
   // Rule 3h's writers: the first 16-bit copy among the casts right after
   // them is written by the op (carve.copy_by_writer).
+  // (An add marked "epilogue": its matmul writes the copy.)
   const bool byWriter =
-      !w->hasAttr(kFusionGroupAttr) && foldOf(w).empty() && !isGatheredOperand(w) &&
+      !w->hasAttr(kFusionGroupAttr) && (foldOf(w).empty() || foldOf(w) == kFoldEpilogue) &&
+      !isGatheredOperand(w) &&
       (binaryKernel(w) || isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp>(w));
   if (byWriter)
     return copyReadAlone();

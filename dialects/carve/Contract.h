@@ -162,6 +162,14 @@ constexpr const char *kFoldAssemble = "assemble";
 /// QKV projection as it is stored). Neither the transpose nor its copy is a
 /// call or in memory, and the sliced tensor is never in memory in f32.
 constexpr const char *kFoldStrided = "strided";
+/// On an add of a 1-D bias (an f32 view of a 16-bit tensor, along the last
+/// dimension) to a matmul's product, its only reader, where the add is the
+/// source of q, k and v marked "strided" (its 16-bit copy all the program
+/// keeps): "epilogue" when the matmul adds the bias to its fp32 product
+/// before it rounds it into the add's copy (carve-fold-views; the CUDA
+/// runtime's matmul16_bias, cuBLASLt's BIAS epilogue). The add is no call;
+/// neither its result nor the product is in memory.
+constexpr const char *kFoldEpilogue = "epilogue";
 
 // Lowering (carve-select-kernels).
 /// On an op the emitter prints: the runtime entry it runs as on the plan's

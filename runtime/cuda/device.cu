@@ -42,7 +42,8 @@ struct DeviceState {
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;
   cublasHandle_t blas = nullptr;
-  void *blasWorkspace = nullptr;
+  cublasLtHandle_t blasLt = nullptr; // the matmuls with an epilogue
+  void *blasWorkspace = nullptr;     // cuBLAS's and cuBLASLt's (one stream)
   DeviceError *error = nullptr;
   void *scratch[kNumWorkspaceSlots] = {};
   size_t scratchBytes[kNumWorkspaceSlots] = {};
@@ -106,6 +107,8 @@ void closeDevice() {
     cudaEventDestroy(s.graphDone);
   if (s.blas)
     cublasDestroy(s.blas);
+  if (s.blasLt)
+    cublasLtDestroy(s.blasLt);
   cudaFree(s.blasWorkspace);
   cudaFree(s.error);
   for (int i = 0; i < kNumWorkspaceSlots; ++i)
@@ -181,6 +184,8 @@ bool openDevice(int worldRank, int localRank, int localRanks, int64_t arenaBytes
     b = cublasSetWorkspace(s.blas, s.blasWorkspace, kCublasWorkspaceBytes);
   if (b == CUBLAS_STATUS_SUCCESS)
     b = cublasSetMathMode(s.blas, CUBLAS_DEFAULT_MATH);
+  if (b == CUBLAS_STATUS_SUCCESS)
+    b = cublasLtCreate(&s.blasLt);
   if (b != CUBLAS_STATUS_SUCCESS) {
     error = where() + "cuBLAS set-up failed: " + cublasGetStatusString(b);
     s.open = true;
@@ -264,6 +269,17 @@ std::unique_ptr<Communicator> makeComm(Communicator &bootstrap, std::string &err
 cublasHandle_t cublas() {
   requireOpen("cublas");
   return state().blas;
+}
+
+cublasLtHandle_t cublasLt() {
+  requireOpen("cublasLt");
+  return state().blasLt;
+}
+
+void *blasWorkspace(size_t &bytes) {
+  requireOpen("blasWorkspace");
+  bytes = kCublasWorkspaceBytes;
+  return state().blasWorkspace;
 }
 
 DeviceError *deviceError() {

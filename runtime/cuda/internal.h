@@ -12,6 +12,7 @@
 
 #include "carve/rt/gpu.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -48,6 +49,10 @@ inline cudaStream_t commStreamHandle() { return static_cast<cudaStream_t>(commSt
 /// stream with a fixed workspace (so GEMMs never allocate, which keeps them
 /// capturable in CUDA graphs). Created by the first call.
 cublasHandle_t cublas();
+/// The process's cuBLASLt handle (matmuls with an epilogue: matmul16_bias),
+/// and the workspace it shares with cuBLAS (both run on the compute stream).
+cublasLtHandle_t cublasLt();
+void *blasWorkspace(size_t &bytes);
 
 /// Threads per block of the elementwise kernels.
 constexpr int kThreads = 256;

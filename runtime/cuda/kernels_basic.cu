@@ -28,7 +28,11 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <map>
+#include <string>
+#include <tuple>
 #include <type_traits>
 
 namespace carve::gpu {
@@ -900,6 +904,158 @@ void matmul16(const void *a, bool a16, Dims as, bool transA, const void *b, bool
 void matmul16_to16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
                    bool transB, void *y, Dims ys) {
   matmulAny(a, a16, as, transA, b, b16, bs, transB, y, ys, false, true);
+}
+
+namespace {
+
+/// One GEMM shape with cuBLASLt's BIAS epilogue: its descriptors and the
+/// algorithm its heuristic picked, built on first use and kept (null desc:
+/// cuBLASLt offered none, and the call computes the bias itself).
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  std::string refused;
+};
+
+/// (M, n, k, transB, type): the row-major product [M, k] x op(B) -> [M, n].
+using LtKey = std::tuple<int64_t, int64_t, int64_t, bool, int>;
+
+int64_t gBiasEpilogueCalls = 0;
+
+std::map<LtKey, LtPlan> &ltPlans() {
+  static std::map<LtKey, LtPlan> plans;
+  return plans;
+}
+
+/// The plan of `key`, built on first use; null where cuBLASLt refuses it
+/// (said once on stderr).
+const LtPlan *ltPlanFor(const LtKey &key, cudaDataType_t type) {
+  auto it = ltPlans().find(key);
+  if (it != ltPlans().end())
+    return it->second.desc ? &it->second : nullptr;
+  LtPlan &p = ltPlans()[key];
+  const auto [M, n, k, tb, t] = key;
+  (void)t;
+  auto refuse = [&](const std::string &why) -> const LtPlan * {
+    p.refused = why;
+    p.desc = nullptr;
+    std::fprintf(stderr,
+                 "carve: matmul16_bias [%lld x %lld] x [%lld x %lld]: cuBLASLt's bias epilogue "
+                 "refused (%s); the bias is added by a kernel of its own\n",
+                 (long long)M, (long long)k, (long long)k, (long long)n, why.c_str());
+    return nullptr;
+  };
+  if (capturing())
+    return refuse("its plan would be built while the step is captured");
+  cublasStatus_t st = cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return refuse(std::string("cublasLtMatmulDescCreate: ") + cublasGetStatusString(st));
+  // Column-major: D^T [n, M] = op(B)^T [n, k] x A^T [k, M].
+  const int32_t opA = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opB = CUBLAS_OP_N;
+  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const int32_t biasType = type;
+  CARVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
+  CARVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
+  CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    &epilogue, sizeof epilogue));
+  CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &biasType, sizeof biasType));
+  const int64_t ldb = tb ? k : n;
+  CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, tb ? k : n, tb ? n : k, ldb));
+  CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, k, M, k));
+  CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, type, n, M, n));
+  cublasLtMatmulPreference_t pref = nullptr;
+  size_t wsBytes = 0;
+  blasWorkspace(wsBytes);
+  const uint64_t maxWs = wsBytes;
+  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxWs, sizeof maxWs));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  st = cublasLtMatmulAlgoGetHeuristic(cublasLt(), p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
+                                      &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || returned < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.desc);
+    return refuse(st != CUBLAS_STATUS_SUCCESS
+                      ? std::string("no heuristic: ") + cublasGetStatusString(st)
+                      : "no algorithm for this shape");
+  }
+  p.algo = result.algo;
+  return &p;
+}
+
+/// y16[r, c] = bias16[c] + y[r, c] rounded to the precision's format: the
+/// bias where cuBLASLt does not add it (binary16's add, the same bits).
+__global__ void biasRoundKernel(const float *y, In16 bias, int64_t rows, int64_t n, Out16 out) {
+  CARVE_GRID_LOOP(i, rows * n) store(out, i, bias[i % n] + y[i]);
+}
+
+} // namespace
+
+int64_t matmulBiasEpilogueCalls() { return gBiasEpilogueCalls; }
+
+void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+                   bool transB, const void *bias16, uint16_t *y16, Dims ys) {
+  const Precision p = precision();
+  if (p == Precision::F32)
+    fatal("matmul16_bias: a 16-bit bias and result under the fp32 precision");
+  const int ar = as.rank, br = bs.rank, yr = ys.rank;
+  if (ar < 2 || br < 2 || yr != std::max(ar, br))
+    fatal("matmul16_bias: operands of rank %d and %d with a result of rank %d", ar, br, yr);
+  const int64_t n = ys.d[yr - 1], rows = ys.numel() / std::max<int64_t>(n, 1);
+  const int64_t k = transA ? as.d[ar - 2] : as.d[ar - 1];
+  const Dims aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
+  const int64_t M = transA ? 0 : aBatch.numel() * as.d[ar - 2];
+  if (ys.numel() == 0)
+    return;
+  const cudaDataType_t type = p == Precision::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  auto aligned = [](const void *q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  // One GEMM: A's batch rows fold into M, B shared (as matmulAny's first case).
+  const bool oneGemm = !transA && bBatch.numel() == 1 && M == rows && k > 0 && M <= INT_MAX &&
+                       n <= INT_MAX && k <= INT_MAX && aligned(bias16) && aligned(y16);
+  const LtPlan *plan = oneGemm ? ltPlanFor(LtKey{M, n, k, transB, (int)type}, type) : nullptr;
+  if (plan) {
+    const Operand oa =
+        a16 ? Operand{static_cast<const char *>(a), 2}
+            : roundedOperand(static_cast<const float *>(a), as.numel(), kWsBasic0, p);
+    const Operand ob =
+        b16 ? Operand{static_cast<const char *>(b), 2}
+            : roundedOperand(static_cast<const float *>(b), bs.numel(), kWsBasic1, p);
+    if (aligned(oa.p) && aligned(ob.p)) {
+      CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias16, sizeof bias16));
+      const float alpha = 1.0f, beta = 0.0f;
+      size_t wsBytes = 0;
+      void *ws = blasWorkspace(wsBytes);
+      const char *what = type == CUDA_R_16BF ? "cuBLAS GEMM, bf16 inputs, cuBLASLt bias epilogue"
+                                             : "cuBLAS GEMM, fp16 inputs, cuBLASLt bias epilogue";
+      if (KernelTimer::byShape())
+        what = KernelTimer::intern(std::string(what) + ", N" + (transB ? "T" : "N") + " m " +
+                                   std::to_string(M) + " n " + std::to_string(n) + " k " +
+                                   std::to_string(k) + " x 1");
+      KernelTimer timer(what, stream());
+      CARVE_CUBLAS_CHECK(cublasLtMatmul(cublasLt(), plan->desc, &alpha, ob.p, plan->a, oa.p,
+                                        plan->b, &beta, y16, plan->d, y16, plan->d, &plan->algo, ws,
+                                        wsBytes, stream()));
+      ++gBiasEpilogueCalls;
+      return;
+    }
+  }
+  // The product in f32 scratch, then the bias added and rounded.
+  auto *prod = static_cast<float *>(workspace(sizeof(float) * ys.numel(), kWsBasic2));
+  matmulAny(a, a16, as, transA, b, b16, bs, transB, prod, ys, false);
+  const int fmt = format16For("matmul16_bias");
+  CARVE_KERNEL(blocksFor(ys.numel()), kThreads, 0, stream(), biasRoundKernel)
+  (prod, in16("matmul16_bias", bias16, true), rows, n, Out16{nullptr, y16, fmt, false});
+  checkLaunch("matmul16_bias (bias)");
 }
 
 //===--- Reductions --------------------------------------------------------===//

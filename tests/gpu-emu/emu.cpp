@@ -44,6 +44,7 @@
 #undef gridDim
 #undef warpSize
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -60,6 +61,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <sys/mman.h>
@@ -1393,6 +1395,286 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
            static_cast<const char *>(B) + i * sb * bSize, bt, ldb, &be,
            static_cast<char *>(C) + i * sc * cSize, ct, ldc);
   });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"
+
+// ---- cuBLASLt (the matmuls carve runs with an epilogue) ---------------------------
+
+namespace {
+
+/// What the emulation keeps behind cuBLASLt's opaque descriptors (created
+/// by its Create calls only; anything else passed as one is fatal).
+struct LtDesc {
+  cublasComputeType_t compute;
+  cudaDataType scale;
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void *bias = nullptr;
+  int32_t biasType = -1;
+};
+struct LtLayout {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct LtPref {
+  uint64_t maxWorkspace = 0;
+};
+struct LtContext {};
+
+std::mutex &ltMutex() {
+  static std::mutex m;
+  return m;
+}
+template <class T> std::set<const void *> &ltLive() {
+  static std::set<const void *> live;
+  return live;
+}
+template <class T> T *ltGet(const void *p, const char *call, const char *what) {
+  std::lock_guard<std::mutex> lock(ltMutex());
+  if (!p || !ltLive<T>().count(p))
+    die("%s: %s %p was not made by its cuBLASLt Create call (or was destroyed)", call, what, p);
+  return static_cast<T *>(const_cast<void *>(p));
+}
+template <class T, class H> cublasStatus_t ltCreate(H *out, T *made) {
+  std::lock_guard<std::mutex> lock(ltMutex());
+  ltLive<T>().insert(made);
+  *out = reinterpret_cast<H>(made);
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <class T> cublasStatus_t ltDestroy(const void *p, const char *call) {
+  T *t = ltGet<T>(p, call, "descriptor");
+  {
+    std::lock_guard<std::mutex> lock(ltMutex());
+    ltLive<T>().erase(p);
+  }
+  delete t;
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <class V> V ltValue(const void *buf, size_t bytes, const char *call, const char *what) {
+  if (!buf || bytes != sizeof(V))
+    die("%s: %s given %zu bytes (it takes %zu)", call, what, bytes, sizeof(V));
+  V v;
+  std::memcpy(&v, buf, sizeof v);
+  return v;
+}
+size_t typeBytes(cudaDataType t, const char *call) {
+  switch (t) {
+  case CUDA_R_32F:
+    return 4;
+  case CUDA_R_16BF:
+  case CUDA_R_16F:
+    return 2;
+  default:
+    die("%s: data type %d is not one carve uses", call, static_cast<int>(t));
+  }
+}
+
+/// D = op(A) op(B) (+ bias per row of D, CUBLASLT_EPILOGUE_BIAS) in fp32,
+/// written as D's type (16-bit: rounded to nearest even), column-major: the
+/// product as cublasGemmEx computes it, the bias added to the fp32
+/// accumulator before the one rounding.
+void ltMatmul(const LtDesc d, const void *A, const LtLayout la, const void *B, const LtLayout lb,
+              void *D, const LtLayout ldd) {
+  const int m = static_cast<int>(d.ta == CUBLAS_OP_N ? la.rows : la.cols);
+  const int k = static_cast<int>(d.ta == CUBLAS_OP_N ? la.cols : la.rows);
+  const int n = static_cast<int>(d.tb == CUBLAS_OP_N ? lb.cols : lb.rows);
+  std::vector<float> a = operand(A, la.type, d.ta, m, k, static_cast<int>(la.ld));
+  std::vector<float> b = operand(B, lb.type, d.tb, k, n, static_cast<int>(lb.ld));
+  std::vector<float> acc(static_cast<size_t>(m) * n, 0.0f);
+  if (k > 0 && m > 0 && n > 0)
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), m, b.data(), k,
+                0.0f, acc.data(), m);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float v = acc[i + static_cast<size_t>(j) * m];
+      if (d.epilogue == CUBLASLT_EPILOGUE_BIAS)
+        v += elementOf(d.bias, static_cast<cudaDataType>(d.biasType), i, 0, 1);
+      const size_t o = i + static_cast<size_t>(j) * ldd.ld;
+      if (ldd.type == CUDA_R_32F)
+        static_cast<float *>(D)[o] = v;
+      else if (ldd.type == CUDA_R_16BF)
+        static_cast<__nv_bfloat16 *>(D)[o] = __float2bfloat16_rn(v);
+      else
+        static_cast<__half *>(D)[o] = __float2half_rn(v);
+    }
+}
+
+} // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { return ltCreate<LtContext>(h, new LtContext); }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  return ltDestroy<LtContext>(h, "cublasLtDestroy");
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F)
+    die("cublasLtMatmulDescCreate: compute type %d with scale type %d (carve computes in "
+        "CUBLAS_COMPUTE_32F with CUDA_R_32F scales)",
+        static_cast<int>(compute), static_cast<int>(scale));
+  return ltCreate<LtDesc>(d, new LtDesc{compute, scale});
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  return ltDestroy<LtDesc>(d, "cublasLtMatmulDescDestroy");
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t attr, const void *buf,
+                                              size_t bytes) {
+  const char *call = "cublasLtMatmulDescSetAttribute";
+  LtDesc *x = ltGet<LtDesc>(d, call, "matmul descriptor");
+  switch (attr) {
+  case CUBLASLT_MATMUL_DESC_TRANSA:
+    x->ta = static_cast<cublasOperation_t>(ltValue<int32_t>(buf, bytes, call, "TRANSA"));
+    break;
+  case CUBLASLT_MATMUL_DESC_TRANSB:
+    x->tb = static_cast<cublasOperation_t>(ltValue<int32_t>(buf, bytes, call, "TRANSB"));
+    break;
+  case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+    const uint32_t e = ltValue<uint32_t>(buf, bytes, call, "EPILOGUE");
+    if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS)
+      die("%s: epilogue %u is not emulated (DEFAULT and BIAS are)", call, e);
+    x->epilogue = static_cast<cublasLtEpilogue_t>(e);
+    break;
+  }
+  case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+    x->bias = ltValue<const void *>(buf, bytes, call, "BIAS_POINTER");
+    break;
+  case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    x->biasType = ltValue<int32_t>(buf, bytes, call, "BIAS_DATA_TYPE");
+    break;
+  default:
+    die("%s: attribute %d is not emulated", call, static_cast<int>(attr));
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  typeBytes(type, "cublasLtMatrixLayoutCreate");
+  if (ld < static_cast<int64_t>(std::max<uint64_t>(rows, 1)))
+    die("cublasLtMatrixLayoutCreate: a leading dimension of %lld for %llu rows (column-major)",
+        static_cast<long long>(ld), static_cast<unsigned long long>(rows));
+  return ltCreate<LtLayout>(l, new LtLayout{type, rows, cols, ld});
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  return ltDestroy<LtLayout>(l, "cublasLtMatrixLayoutDestroy");
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+  return ltCreate<LtPref>(p, new LtPref);
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  return ltDestroy<LtPref>(p, "cublasLtMatmulPreferenceDestroy");
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void *buf, size_t bytes) {
+  const char *call = "cublasLtMatmulPreferenceSetAttribute";
+  LtPref *x = ltGet<LtPref>(p, call, "preference");
+  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+    die("%s: attribute %d is not emulated", call, static_cast<int>(attr));
+  x->maxWorkspace = ltValue<uint64_t>(buf, bytes, call, "MAX_WORKSPACE_BYTES");
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/// The emulation's one algorithm, marked so that cublasLtMatmul knows it
+/// came from here; it needs no workspace.
+constexpr uint64_t kLtAlgo = 0x63617276654c7431ull;
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd,
+                                              cublasLtMatmulPreference_t p, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int *returned) {
+  const char *call = "cublasLtMatmulAlgoGetHeuristic";
+  ltGet<LtContext>(h, call, "handle");
+  ltGet<LtDesc>(d, call, "matmul descriptor");
+  ltGet<LtLayout>(a, call, "A layout");
+  ltGet<LtLayout>(b, call, "B layout");
+  ltGet<LtLayout>(c, call, "C layout");
+  ltGet<LtLayout>(dd, call, "D layout");
+  ltGet<LtPref>(p, call, "preference");
+  if (requested <= 0 || !results || !returned)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  std::memset(&results[0], 0, sizeof results[0]);
+  results[0].algo.data[0] = kLtAlgo;
+  results[0].workspaceSize = 0;
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t a, const void *B,
+                              cublasLtMatrixLayout_t b, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dd,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace,
+                              size_t workspaceBytes, cudaStream_t stream) {
+  const char *call = "cublasLtMatmul";
+  ltGet<LtContext>(h, call, "handle");
+  // The descriptors as they are now (cuBLASLt reads them at the call).
+  const LtDesc desc = *ltGet<LtDesc>(d, call, "matmul descriptor");
+  const LtLayout la = *ltGet<LtLayout>(a, call, "A layout"),
+                 lb = *ltGet<LtLayout>(b, call, "B layout"),
+                 lc = *ltGet<LtLayout>(c, call, "C layout"),
+                 ld = *ltGet<LtLayout>(dd, call, "D layout");
+  if (!algo || algo->data[0] != kLtAlgo)
+    die("%s: an algorithm not returned by cublasLtMatmulAlgoGetHeuristic", call);
+  if (workspaceBytes && !isDevice(workspace, workspaceBytes))
+    die("%s: workspace %p (%zu bytes) is not inside one device allocation", call, workspace,
+        workspaceBytes);
+  const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
+  if (al != 1.0f || be != 0.0f)
+    die("%s: alpha %g and beta %g (carve's calls use 1 and 0)", call, static_cast<double>(al),
+        static_cast<double>(be));
+  if (C != D || lc.type != ld.type || lc.rows != ld.rows || lc.cols != ld.cols || lc.ld != ld.ld)
+    die("%s: C is not D with D's layout (beta 0: carve passes D as C)", call);
+  if (la.type != lb.type || la.type == CUDA_R_32F)
+    die("%s: A of type %d and B of type %d (carve multiplies two 16-bit matrices of one type)",
+        call, static_cast<int>(la.type), static_cast<int>(lb.type));
+  if (ld.type != CUDA_R_32F && ld.type != la.type)
+    die("%s: D of type %d from inputs of type %d", call, static_cast<int>(ld.type),
+        static_cast<int>(la.type));
+  const uint64_t m = desc.ta == CUBLAS_OP_N ? la.rows : la.cols;
+  const uint64_t k = desc.ta == CUBLAS_OP_N ? la.cols : la.rows;
+  const uint64_t kb = desc.tb == CUBLAS_OP_N ? lb.rows : lb.cols;
+  const uint64_t n = desc.tb == CUBLAS_OP_N ? lb.cols : lb.rows;
+  if (k != kb || ld.rows != m || ld.cols != n)
+    die("%s: op(A) %llu x %llu times op(B) %llu x %llu into D %llu x %llu", call,
+        (unsigned long long)m, (unsigned long long)k, (unsigned long long)kb, (unsigned long long)n,
+        (unsigned long long)ld.rows, (unsigned long long)ld.cols);
+  LtDesc run = desc;
+  if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    if (run.biasType == -1)
+      run.biasType = ld.type;
+    if (run.biasType != ld.type)
+      die("%s: a bias of type %d for D of type %d (cuBLASLt takes D's type)", call, run.biasType,
+          static_cast<int>(ld.type));
+    if (!desc.bias || !isDevice(desc.bias, m * typeBytes(ld.type, call)))
+      die("%s: the bias (%p, %llu elements) is not inside one device allocation", call, desc.bias,
+          (unsigned long long)m);
+    if (reinterpret_cast<uintptr_t>(desc.bias) % 16)
+      die("%s: the bias %p is not 16-byte aligned", call, desc.bias);
+  }
+  auto extent = [&](const LtLayout &l) {
+    return l.cols ? ((l.cols - 1) * l.ld + l.rows) * typeBytes(l.type, call) : 0;
+  };
+  if (m && n && k) {
+    if (!isDevice(A, extent(la)))
+      die("%s: A (%p) is not inside one device allocation", call, A);
+    if (!isDevice(B, extent(lb)))
+      die("%s: B (%p) is not inside one device allocation", call, B);
+  }
+  if (!isDevice(D, extent(ld)))
+    die("%s: D (%p) is not inside one device allocation", call, D);
+  issue(stream, [=]() { ltMatmul(run, A, la, B, lb, D, ld); });
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -761,6 +761,7 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                         {{2, 3, 16, 256}, false, {256, 24}, false, false},
                         {{64, 256}, false, {96, 256}, true, true}};
   const int bits = p == rt::Precision::BF16 ? 8 : 11;
+  const int64_t lt0 = g::matmulBiasEpilogueCalls();
   for (const Case &c : cases) {
     const Dims ys = matmulShape(c.a, c.ta, c.b, c.tb);
     const int64_t k = 256;
@@ -841,7 +842,58 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                     (long long)exact, got.size());
       }
     }
+    // matmul16_bias (carve-fold-views' "epilogue"): a 16-bit bias added to
+    // the fp32 product before its one rounding, by cuBLASLt where the batch
+    // folds into one GEMM (A not transposed, B shared: the first and third
+    // cases), else by a kernel after matmul16 (the others). Against
+    // binary16's add of the bias to the f32 product, rounded: bit for bit on
+    // the emulated GPU; on a GPU within one 16-bit ulp, as matmul16_to16.
+    {
+      const int64_t n = ys.d[ys.rank - 1];
+      auto bias = up(randn(n));
+      auto bias16 = poisoned<uint16_t>(n);
+      (bf ? g::toBf16 : g::toF16)(bias->p, bias16->p, n);
+      auto dviews = up(views);
+      auto want16 = poisoned<uint16_t>(ys.numel());
+      g::binary16(rt::Binary::Add, bias16->p, true, Dims{n}, dviews->p, false, ys, nullptr,
+                  want16->p, true, ys);
+      auto got16 = poisoned<uint16_t>(ys.numel());
+      g::matmul16_bias(a16->p, true, c.a, c.ta, b16->p, true, c.b, c.tb, bias16->p, got16->p, ys);
+      const std::vector<uint16_t> got = got16->download(), want = want16->download();
+      int64_t far = 0, exact = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int64_t d = std::abs(int64_t(got[i]) - int64_t(want[i]));
+        exact += d == 0;
+        far += d > 1;
+      }
+      ++checks();
+#ifdef CARVE_CUDA_EMULATION
+      const bool emulated = true; // one summation order: the same bits
+#else
+      const bool emulated = false;
+#endif
+      if (far || (emulated && exact != (int64_t)got.size())) {
+        std::printf("FAIL %s matmul16_bias: %lld of %zu elements differ from the rounded f32 "
+                    "product plus the bias (%lld by more than one 16-bit ulp)\n",
+                    what.c_str(), (long long)(got.size() - exact), got.size(), (long long)far);
+        ++failures();
+      } else {
+        std::printf("ok   %s matmul16_bias (%lld of %zu bit for bit)\n", what.c_str(),
+                    (long long)exact, got.size());
+      }
+    }
     g::setPrecision(rt::Precision::F32);
+  }
+  // The three cases whose batch folds into one GEMM ran through cuBLASLt's
+  // bias epilogue (stderr says why where it refused); the other, the kernel.
+  ++checks();
+  const int64_t lt = g::matmulBiasEpilogueCalls() - lt0;
+  if (lt != 3) {
+    std::printf("FAIL matmul16_bias %s: %lld of 3 calls ran as cuBLASLt matmuls\n", name,
+                (long long)lt);
+    ++failures();
+  } else {
+    std::printf("ok   matmul16_bias %s: 3 calls ran as cuBLASLt matmuls\n", name);
   }
 }
 

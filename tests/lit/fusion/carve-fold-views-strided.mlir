@@ -6,16 +6,21 @@
 // three transposes and their copies carve.fold = "strided": cuDNN's forward
 // and gradient read q, k and v in place in the rows of the tensor's copy.
 // Neither the transposes, their copies nor the f32 tensor get memory (no
-// carve.arena_offset); the copy does, written by the tensor's writer
-// (carve.copy_by_writer after the bias add's binary16; after a matmul with no
-// bias, matmul16_to16 writes it, carve.write16). The third case's tensor is
+// carve.arena_offset); the copy does, written by the tensor's writer: the
+// bias add is marked carve.fold = "epilogue" and its matmul adds the bias as
+// it writes the copy (matmul16_bias, cuBLASLt's bias epilogue; the bias's f32
+// view is no call: the matmul reads the 16-bit parameter), the add and the
+// product get no memory; after a matmul with no bias, matmul16_to16 writes
+// the copy (carve.write16). The third case's tensor is
 // also read by a sum in f32: nothing is marked, and the transposes copy
 // (transpose16_view). Under fp32 nothing is marked.
 // RUN: carve-opt %s --split-input-file --carve-autodiff --carve-set-plan="dp=1 target=cuda precision=bf16" --carve-round-activations --carve-concat-slice-grads --carve-fuse-elementwise --carve-fold-transposes --carve-save-attention-stats --carve-pack-activations --carve-store-params16 --carve-store-grads16 --carve-round-operands16 --carve-data-parallel --carve-fold-views --carve-plan-memory --carve-select-kernels | FileCheck %s
 // RUN: carve-opt %s --split-input-file --carve-autodiff --carve-set-plan="dp=1 target=cuda" --carve-concat-slice-grads --carve-fuse-elementwise --carve-fold-transposes --carve-save-attention-stats --carve-data-parallel --carve-fold-views --carve-plan-memory --carve-select-kernels | FileCheck %s --check-prefix=F32
 
 // CHECK-LABEL: func.func @train_step(
-// CHECK: %[[QKV:.+]] = carve.add %{{.+}}, %{{.+}} {carve.kernel = "binary16", carve.read16 = array<i1: true, false>, carve.round16} : (tensor<192xf32>, tensor<2x16x192xf32>) -> tensor<2x16x192xf32>
+// CHECK: %[[MM:.+]] = carve.matmul %{{.+}}, %{{.+}} {carve.kernel = "matmul16_bias", carve.read16 = array<i1: false, true>} : (tensor<2x16x64xf32>, tensor<64x192xf32>) -> tensor<2x16x192xf32>
+// CHECK-NEXT: %[[B:.+]] = carve.cast %{{.+}} {carve.kernel = "none"} : tensor<192xbf16> -> tensor<192xf32>
+// CHECK-NEXT: %[[QKV:.+]] = carve.add %[[B]], %[[MM]] {carve.fold = "epilogue", carve.kernel = "none", carve.round16} : (tensor<192xf32>, tensor<2x16x192xf32>) -> tensor<2x16x192xf32>
 // CHECK-NEXT: %[[QKV16:.+]] = carve.cast %[[QKV]] {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.copy_by_writer, carve.kernel = "none"} : tensor<2x16x192xf32> -> tensor<2x16x192xbf16>
 // CHECK: carve.transpose %{{.+}} {carve.fold = "strided", carve.kernel = "none", carve.round16, perm = array<i64: 0, 2, 1, 3>}
 // CHECK-NEXT: carve.cast %{{.+}} {carve.fold = "strided", carve.kernel = "none"} : tensor<2x4x16x16xf32> -> tensor<2x4x16x16xbf16>
@@ -40,6 +45,7 @@
 // CHECK: return
 
 // F32-NOT: strided
+// F32-NOT: epilogue
 
 func.func @forward(%x: tensor<2x16x64xf32> {carve.input = "x"},
                    %w1: tensor<64x192xf32> {carve.param = "attn.weight", carve.trainable},

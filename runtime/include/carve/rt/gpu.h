@@ -213,6 +213,18 @@ void matmul16(const void *a, bool a16, Dims as, bool transA, const void *b, bool
 /// carve.write16: the 16-bit copy of the product is all the program keeps).
 void matmul16_to16(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
                    bool transB, void *y, Dims ys);
+/// matmul16_to16 with `bias16` (a 16-bit vector of the product's last
+/// dimension, the precision's format) added to each row of the fp32
+/// product before its one rounding: cuBLASLt's CUBLASLT_EPILOGUE_BIAS, where
+/// the batch folds into one GEMM (A not transposed, B shared); otherwise
+/// matmul16 into f32 scratch, then the bias added and rounded. The same
+/// bits as matmul16 then binary16's add of the bias, rounded
+/// (carve-fold-views' "epilogue": the QKV projection's bias add).
+void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+                   bool transB, const void *bias16, uint16_t *y16, Dims ys);
+/// How many matmul16_bias calls of this process ran as cuBLASLt matmuls with
+/// the bias epilogue (what tests read to know the library path was taken).
+int64_t matmulBiasEpilogueCalls();
 
 //===--- Reductions, normalization, attention, loss (float) ----------------===//
 
