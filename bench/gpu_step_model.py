@@ -60,7 +60,7 @@ ATTENTION_STATS = ("since: the attention backward reads the forward's saved log-
                    "GELU's output and q, k, v never stored in f32, cuDNN writing O, dq, dk, dv "
                    "in 16 bits in place and reading o and dy there (2026-12-07, eleventh); "
                    "q, k and v read by cuDNN in place in the QKV projection's 16-bit copy, "
-                   "its bias added by cuBLASLt's epilogue "
+                   "its bias and the MLP's added by cuBLASLt's epilogue "
                    "(2026-12-07, twelfth)")
 GATHERED = ("since: the convolutions' windows are gathered inside their GEMMs (2026-12-02), "
             "AdamW and the gradient norm as multi-tensor launches (2026-12-06), and under bf16 "

@@ -260,6 +260,30 @@ Operation *epilogueMatmulOf(Operation *add, Value *bias) {
   return nullptr;
 }
 
+Operation *biasedMatmul(Operation *add, StringRef precision, Value *bias) {
+  if (!add || !isa<AddOp>(add) || (precision != "bf16" && precision != "fp16"))
+    return nullptr;
+  auto t = dyn_cast<RankedTensorType>(add->getResult(0).getType());
+  if (!t || !t.getElementType().isF32() || t.getRank() < 2)
+    return nullptr;
+  for (unsigned i = 0; i < 2; ++i) {
+    auto m = add->getOperand(i).getDefiningOp<MatmulOp>();
+    Value b = add->getOperand(1 - i);
+    auto bt = dyn_cast<RankedTensorType>(b.getType());
+    if (!m || !m->hasOneUse() || m.getType() != t || m->hasAttr(kFusionGroupAttr) ||
+        !foldOf(m).empty() || isScatteredProduct(m) || gatheredOperand(m) || isProductMatmul(m) ||
+        cast<RankedTensorType>(m.getRhs().getType()).getRank() != 2 ||
+        cast<RankedTensorType>(m.getLhs().getType()).getRank() < 2 || !bt || bt.getRank() != 1 ||
+        !bt.getElementType().isF32() || bt.getShape()[0] != t.getShape().back() ||
+        !exact16(b, m, precision))
+      continue;
+    if (bias)
+      *bias = b;
+    return m;
+  }
+  return nullptr;
+}
+
 Operation *epilogueAddOf(Operation *matmul) {
   if (!matmul || !isa<MatmulOp>(matmul) || !matmul->hasOneUse())
     return nullptr;
@@ -802,7 +826,7 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
   /// writer (carve-round-operands16 made it). The writer then writes the
   /// copy alone (rule 3e or 3h; neverStoredF32, which carve-select-kernels
   /// checks again): every other reader of the source reads it in place there.
-  void markInPlace(InPlaceInputs &in, const PlanAttrs &plan) {
+  void markInPlace(InPlaceInputs &in) {
     Operation *w = in.writer;
     Builder b(w->getContext());
     w->setAttr(kRound16Attr, b.getUnitAttr());
@@ -811,26 +835,45 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
       in.copies[i]->setAttr(kFoldAttr, b.getStringAttr(kFoldStrided));
     }
     ++numStrided;
-    // The source an add of a bias to a matmul's product: the matmul adds it
-    // (cuBLASLt's BIAS epilogue) as it writes the copy.
-    if (!isa<AddOp>(w))
+  }
+
+  /// The "epilogue" rule: a bias add of a matmul's product (biasedMatmul),
+  /// rounded as written, not fused, whose 16-bit copy is the first cast
+  /// right after it and whose other readers read that copy: slices read in
+  /// place by transposes marked "strided" (cuDNN reads the copy), or a
+  /// fused chain's members (which read the copy as their input, rule 3g:
+  /// carve-round-operands16 took the add out of the chain).
+  void markEpilogue(AddOp add, const PlanAttrs &plan) {
+    Operation *w = add;
+    if (!foldOf(w).empty() || w->hasAttr(kFusionGroupAttr) || !w->hasAttr(kRound16Attr) ||
+        !biasedMatmul(w, plan.precision))
       return;
-    auto t = cast<RankedTensorType>(w->getResult(0).getType());
-    for (unsigned i = 0; i < 2; ++i) {
-      auto m = w->getOperand(i).getDefiningOp<MatmulOp>();
-      Value bias = w->getOperand(1 - i);
-      auto bt = dyn_cast<RankedTensorType>(bias.getType());
-      if (!m || !m->hasOneUse() || m.getType() != t || m->hasAttr(kFusionGroupAttr) ||
-          isScatteredProduct(m) || gatheredOperand(m) || isProductMatmul(m) ||
-          cast<RankedTensorType>(m.getRhs().getType()).getRank() != 2 ||
-          cast<RankedTensorType>(m.getLhs().getType()).getRank() < 2 || !bt || bt.getRank() != 1 ||
-          !bt.getElementType().isF32() || bt.getShape()[0] != t.getShape().back() ||
-          !exact16(bias, m, plan.precision))
+    auto copy = dyn_cast_or_null<CastOp>(w->getNextNode());
+    Type ce = copy ? cast<RankedTensorType>(copy.getType()).getElementType() : Type();
+    if (!copy || copy.getInput() != add.getResult() ||
+        !((plan.precision == "bf16" && ce.isBF16()) || (plan.precision == "fp16" && ce.isF16())))
+      return;
+    for (OpOperand &use : add.getResult().getUses()) {
+      Operation *u = use.getOwner();
+      if (u == copy.getOperation())
         continue;
-      w->setAttr(kFoldAttr, b.getStringAttr(kFoldEpilogue));
-      ++numEpilogues;
-      return;
+      if (u->hasAttr(kFusionGroupAttr) && isFusible(u))
+        continue; // a chain's input, read as the copy (rule 3g)
+      if (!isa<SliceOp>(u) || foldOf(u) != kFoldView)
+        return;
+      SmallVector<Value> pending{u->getResult(0)};
+      while (!pending.empty()) {
+        Value v = pending.pop_back_val();
+        for (Operation *r : v.getUsers()) {
+          if (isa<ReshapeOp>(r))
+            pending.push_back(r->getResult(0));
+          else if (!isa<TransposeOp>(r) || foldOf(r) != kFoldStrided)
+            return;
+        }
+      }
     }
+    w->setAttr(kFoldAttr, Builder(w->getContext()).getStringAttr(kFoldEpilogue));
+    ++numEpilogues;
   }
 
   void runOnOperation() override {
@@ -857,7 +900,7 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
       });
       fn.walk([&](AttentionStatsOp a) {
         if (std::optional<InPlaceInputs> in = inPlaceInputs(a, *plan, /*marked=*/true))
-          markInPlace(*in, *plan);
+          markInPlace(*in);
         if (TransposeOp t = outputTranspose(a, *plan)) {
           t->setAttr(kFoldAttr, b.getStringAttr(kFoldProducer));
           ++numOutputs;
@@ -879,6 +922,7 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
           ++numConsumed;
         }
       });
+      fn.walk([&](AddOp a) { markEpilogue(a, *plan); });
       fn.walk([&](AddOp a) {
         if (accumulable(a)) {
           a->setAttr(kFoldAttr, b.getStringAttr(kFoldAccumulate));

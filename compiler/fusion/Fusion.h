@@ -112,6 +112,14 @@ mlir::Operation *epilogueAddOf(mlir::Operation *matmul);
 /// For an add marked "epilogue": the matmul that computes it, and its bias
 /// operand (`bias`); null otherwise.
 mlir::Operation *epilogueMatmulOf(mlir::Operation *add, mlir::Value *bias = nullptr);
+/// For a carve.add under a bf16/fp16 `precision`: the matmul whose product
+/// it reads (read by the add alone; not fused, folded, gathered or
+/// scattered; a matrix as its right operand, the product of the add's type)
+/// and its other operand, a bias that matmul16_bias can add (rank 1, the
+/// product's last dimension, an f32 view of a 16-bit tensor); null
+/// otherwise. What carve-fold-views' "epilogue" asks of the operands.
+mlir::Operation *biasedMatmul(mlir::Operation *add, llvm::StringRef precision,
+                              mlir::Value *bias = nullptr);
 /// The tensor that cuDNN's attention forward's q, k and v are column
 /// slices of, its writer, its 16-bit copy right after the writer where
 /// there is one, and each operand's transpose and 16-bit copy.

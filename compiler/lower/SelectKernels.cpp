@@ -385,6 +385,9 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
           // add's 16-bit copy (cuBLASLt).
           if (!read16)
             c = refuse("carve.fold = \"epilogue\" outside a bf16/fp16 CUDA plan");
+          else if (!neverStoredF32(epilogueAddOf(&op)->getResult(0), *plan))
+            c = refuse("carve.fold = \"epilogue\" on an add whose f32 result is read (its matmul "
+                       "writes only its 16-bit copy)");
           else {
             if (!op.hasAttr(kRead16Attr))
               op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {false, false}));

@@ -294,6 +294,28 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
             list.push_back(&op);
         }
       }
+      // A bias add of a matmul's product (biasedMatmul) that heads a fused
+      // chain, rounded as written, with a 16-bit copy and no reader outside
+      // the chain but copies: out of the chain, so that carve-fold-views'
+      // "epilogue" has the matmul add the bias as it writes the copy (the
+      // loop below moves the copy right after it); the chain reads the copy
+      // (rule 3g). The same bits: the chain read the rounded sum.
+      for (Operation &op : body.without_terminator()) {
+        Attribute group = op.getAttr(kFusionGroupAttr);
+        if (!group || !op.hasAttr(kRound16Attr) || !biasedMatmul(&op, plan->precision))
+          continue;
+        bool copied = false, inside = true;
+        for (Operation *u : op.getResult(0).getUsers()) {
+          if (auto c = dyn_cast<CastOp>(u); c && elementOf(c.getResult()) == f16)
+            copied = true;
+          else if (u->getAttr(kFusionGroupAttr) != group)
+            inside = false;
+        }
+        if (!copied || !inside)
+          continue;
+        op.removeAttr(kFusionGroupAttr);
+        ++numUnfused;
+      }
       // The 16-bit copy of a value its writer rounds (carve.round16) right
       // after the writer, where carve-select-kernels' rule 3d has the copy
       // do the rounding (or 3f, a fused chain's kernel write it).

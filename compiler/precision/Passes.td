@@ -216,6 +216,16 @@ def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
     are its elements rounded to the format either way (their transposes
     round as written), and nothing else reads it.
 
+    And a carve.add of a bias to a matmul's product that carve-fold-views'
+    "epilogue" can have the matmul compute (biasedMatmul: the bias an f32
+    view of a 16-bit tensor along the last dimension, the matmul's product
+    read by the add alone), where the add is a fused chain's member rounded
+    as written (carve.round16) and read only by the chain's members and its
+    16-bit copies: it leaves the chain (its carve.fusion_group removed), and
+    its copy moves right after it (above). The chain then reads the copy as
+    its input (carve-select-kernels' rule 3g); the same bits, since the
+    chain read the rounded sum (GPT-2's MLP: the bias add before GELU).
+
     carve-select-kernels then marks those operands carve.read16 (matmul16
     reads the copy as stored). Exact: the cast rounds to nearest even as
     the matmul's own rounding does, from the same value; the reader
@@ -229,7 +239,8 @@ def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numMoved", "num-moved", "16-bit copies moved earlier (before their first matmul reader, or right after the op that rounds their input)">,
     Statistic<"numCasts", "num-casts", "Operands rounded once for several matmuls">,
-    Statistic<"numReads", "num-reads", "Matmul reads of a 16-bit tensor made before them">
+    Statistic<"numReads", "num-reads", "Matmul reads of a 16-bit tensor made before them">,
+    Statistic<"numUnfused", "num-unfused", "Bias adds of a matmul's product taken out of their fused chain (its epilogue adds them)">
   ];
 }
 

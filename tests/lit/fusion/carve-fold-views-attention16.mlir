@@ -28,7 +28,7 @@
 // CHECK-NEXT: %[[OT:.+]] = carve.transpose %result {carve.fold = "producer", carve.kernel = "none", carve.round16, perm = array<i64: 0, 2, 1, 3>}
 // CHECK-NEXT: carve.cast %[[OT]] {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.copy_by_writer, carve.kernel = "none"} : tensor<2x16x4x16xf32> -> tensor<2x16x4x16xbf16>
 // CHECK-NEXT: %[[OR:.+]] = carve.reshape %[[OT]]
-// CHECK: carve.matmul %[[OR]], %{{.+}} {{{.*}}carve.kernel = "matmul16", carve.read16 = array<i1: true, true>}
+// CHECK: carve.matmul %[[OR]], %{{.+}} {carve.kernel = "matmul16_bias", carve.read16 = array<i1: true, true>}
 // CHECK: %[[DY:.+]] = carve.matmul %{{.+}}, %{{.+}} {carve.kernel = "matmul16_to16", carve.read16 = array<i1: true, true>, carve.write16} : (tensor<2x16x256xf32>, tensor<256x64xf32>) -> tensor<2x16x64xf32>
 // CHECK-NEXT: carve.cast %[[DY]] {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.kernel = "none"} : tensor<2x16x64xf32> -> tensor<2x16x64xbf16>
 // CHECK: %[[DYR:.+]] = carve.reshape %[[DY]]

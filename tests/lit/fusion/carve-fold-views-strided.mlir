@@ -11,7 +11,10 @@
 // it writes the copy (matmul16_bias, cuBLASLt's bias epilogue; the bias's f32
 // view is no call: the matmul reads the 16-bit parameter), the add and the
 // product get no memory; after a matmul with no bias, matmul16_to16 writes
-// the copy (carve.write16). The third case's tensor is
+// the copy (carve.write16). The MLP's bias add, which headed the GELU's fused
+// chain, is taken out of the chain by carve-round-operands16 and marked
+// "epilogue" too: its matmul writes the add's 16-bit copy, which the chain
+// (GELU alone) reads (carve.read16). The third case's tensor is
 // also read by a sum in f32: nothing is marked, and the transposes copy
 // (transpose16_view). Under fp32 nothing is marked.
 // RUN: carve-opt %s --split-input-file --carve-autodiff --carve-set-plan="dp=1 target=cuda precision=bf16" --carve-round-activations --carve-concat-slice-grads --carve-fuse-elementwise --carve-fold-transposes --carve-save-attention-stats --carve-pack-activations --carve-store-params16 --carve-store-grads16 --carve-round-operands16 --carve-data-parallel --carve-fold-views --carve-plan-memory --carve-select-kernels | FileCheck %s
@@ -29,6 +32,10 @@
 // CHECK: carve.transpose %{{.+}} {carve.fold = "strided", carve.kernel = "none", carve.round16, perm = array<i64: 0, 2, 1, 3>}
 // CHECK-NEXT: carve.cast %{{.+}} {carve.fold = "strided", carve.kernel = "none"} : tensor<2x4x16x16xf32> -> tensor<2x4x16x16xbf16>
 // CHECK-NEXT: %result, %lse = carve.attention_stats {{.*}}carve.kernel = "attention_stats_cudnn", carve.read16 = array<i1: true, true, true>
+// CHECK: %[[FC:.+]] = carve.matmul %{{.+}}, %{{.+}} {carve.kernel = "matmul16_bias", carve.read16 = array<i1: true, true>} : (tensor<2x16x64xf32>, tensor<64x256xf32>) -> tensor<2x16x256xf32>
+// CHECK: %[[H:.+]] = carve.add %{{.+}}, %[[FC]] {carve.fold = "epilogue", carve.kernel = "none", carve.round16}
+// CHECK-NEXT: carve.cast %[[H]] {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.copy_by_writer, carve.kernel = "none"} : tensor<2x16x256xf32> -> tensor<2x16x256xbf16>
+// CHECK: carve.gelu %[[H]] {carve.fusion_group = {{[0-9]+}} : i64, carve.kernel = "fused", carve.read16 = array<i1: true>, carve.round16}
 // CHECK: carve.attention_grad_stats {{.*}}carve.kernel = "attention_grad_stats_cudnn", carve.read16 = array<i1: true, true, true>
 // CHECK: return
 

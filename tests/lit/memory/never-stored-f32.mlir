@@ -16,7 +16,7 @@
 // CHECK: %[[K:.+]] = carve.transpose %{{.+}} {carve.kernel = "transpose16_view", carve.round16, perm
 // CHECK: %[[V:.+]] = carve.transpose %{{.+}} {carve.kernel = "transpose16_view", carve.round16, perm
 // CHECK: carve.attention_stats %[[Q]], %[[K]], %[[V]] {{{.*}}carve.kernel = "attention_stats_cudnn", carve.read16 = array<i1: true, true, true>
-// CHECK: %[[G:.+]] = carve.gelu %{{.+}} {carve.fusion_group = {{[0-9]+}} : i64, carve.kernel = "fused", carve.round16}
+// CHECK: %[[G:.+]] = carve.gelu %{{.+}} {carve.fusion_group = {{[0-9]+}} : i64, carve.kernel = "fused", carve.read16 = array<i1: true>, carve.round16}
 // CHECK-NEXT: carve.cast %[[G]] {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.copy_in_fused
 // CHECK: carve.matmul %[[G]], %{{.+}} {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.kernel = "matmul16", carve.read16 = array<i1: true, true>}
 // CHECK: return
