@@ -101,7 +101,7 @@ std::string usingLine(const EmitOptions &opts) {
 }
 
 std::string glueBegin() {
-  return "// The functions from here to CARVE_GLUE_END are kernel calls in order: built at -O1\n"
+  return "// The functions from here to CARVE_GLUE_END are kernel calls in order: built at -O0\n"
          "// (carve/rt/program.h). The fused chains above keep -O3.\n"
          "CARVE_GLUE_BEGIN\n\n";
 }

@@ -226,24 +226,88 @@ std::string emulatedLaunches(const std::string &src) {
   }
 }
 
+/// Whether the precompiled runtime headers at `gch` (cfg program_pch,
+/// cuda_emu_program_pch: cmake/CarvePch.cmake) can be used: they exist, and
+/// no header they were built from (the list GCC wrote beside them, gch.deps)
+/// changed after them. GCC itself checks the flags, not the headers, so a
+/// stale one would build the program against the old headers; carve then
+/// parses the headers instead and says once why.
+bool precompiledHeadersFresh(const std::string &gch) {
+  sys::fs::file_status st;
+  if (gch.empty() || sys::fs::status(gch, st) || !sys::fs::exists(st))
+    return false;
+  const auto built = st.getLastModificationTime();
+  std::string stale;
+  auto deps = MemoryBuffer::getFile(gch + ".deps");
+  if (!deps) {
+    stale = gch + ".deps cannot be read (" + deps.getError().message() + ")";
+  } else {
+    // make's format: "TARGET: DEP DEP \\\n DEP ..."; a space in a path is "\ ".
+    StringRef text = (*deps)->getBuffer();
+    size_t colon = text.find(": ");
+    std::string dep;
+    auto check = [&]() {
+      sys::fs::file_status ds;
+      if (!dep.empty() && stale.empty() &&
+          (sys::fs::status(dep, ds) || ds.getLastModificationTime() > built))
+        stale = dep + " changed after it was built";
+      dep.clear();
+    };
+    for (size_t i = colon == StringRef::npos ? text.size() : colon + 2; i < text.size(); ++i) {
+      const char c = text[i];
+      if (c == '\\' && i + 1 < text.size() && text[i + 1] == ' ') {
+        dep += ' ';
+        ++i;
+      } else if (c == '\\' && i + 1 < text.size() && text[i + 1] == '\n') {
+        ++i;
+        check();
+      } else if (std::isspace(static_cast<unsigned char>(c))) {
+        check();
+      } else {
+        dep += c;
+      }
+    }
+    check();
+  }
+  if (stale.empty())
+    return true;
+  static bool said = false;
+  if (!said)
+    errs() << "carve: note: not using the precompiled runtime headers " << gch << ": " << stale
+           << "; the build parses the headers instead (slower). Rebuild carve (ninja) to "
+              "refresh them.\n";
+  said = true;
+  return false;
+}
+
 } // namespace
 
 void buildExecutable(const BuildInputs &in, Progress &progress) {
   auto cfg = runtimeConfig();
   std::vector<std::string> flags = splitWords(cfg["cxxflags"]);
   flags.push_back("-I" + cfg["include"]);
+  // The generated C++ sources (not the custom ops' kernels) load the
+  // runtime's headers precompiled where they are fresh (program_flags).
+  std::vector<std::string> programFlags;
+  if (cfg.count("program_flags") && precompiledHeadersFresh(cfg["program_pch"]))
+    programFlags = splitWords(cfg["program_flags"]);
+  const bool emulatedPch =
+      cfg.count("cuda_emu_program_flags") && precompiledHeadersFresh(cfg["cuda_emu_program_pch"]);
   // The command for one source: nvcc with device code for every architecture
-  // asked for, or the C++ compiler.
-  auto compilerArgs = [&]() {
+  // asked for, or the C++ compiler; `generated`: a generated program.
+  auto compilerArgs = [&](bool generated) {
     if (!in.cuda) {
       std::vector<std::string> argv = {cfg["cxx"]};
       argv.insert(argv.end(), flags.begin(), flags.end());
+      if (generated)
+        argv.insert(argv.end(), programFlags.begin(), programFlags.end());
       return argv;
     }
     if (cfg.count("cuda_emulation")) {
       std::vector<std::string> argv = {cfg["cxx"]};
       argv.insert(argv.end(), flags.begin(), flags.end());
-      for (auto &w : splitWords(cfg["cuda_emu_flags"]))
+      for (auto &w :
+           splitWords(cfg[generated && emulatedPch ? "cuda_emu_program_flags" : "cuda_emu_flags"]))
         argv.push_back(w);
       return argv;
     }
@@ -274,7 +338,7 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
     progress.start(kind + name);
     if (std::error_code ec = sys::fs::copy_file(src, dir + "/src/custom/" + name))
       fail(src + ": cannot copy into " + in.out + "/src/custom: " + ec.message());
-    std::vector<std::string> argv = compilerArgs();
+    std::vector<std::string> argv = compilerArgs(false);
     std::string compiled = src;
     if (emulated) {
       // The CPU emulation (carve's tests): the launches rewritten into
@@ -311,7 +375,7 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
   std::vector<CompilerRun> runs;
   for (size_t r = 0; r < in.programs.size(); ++r) {
     const std::string &n = in.programs[r];
-    std::vector<std::string> argv = compilerArgs();
+    std::vector<std::string> argv = compilerArgs(true);
     objects.push_back(dir + "/obj/" + n + ".o");
     for (const std::string &a :
          {std::string("-c"), dir + "/src/" + n + ext, std::string("-o"), objects.back()})
@@ -333,9 +397,19 @@ void buildExecutable(const BuildInputs &in, Progress &progress) {
     progress.done(std::to_string(jobs) + " at a time");
   }
   progress.start("C++ link");
+  // programs.cpp on its own (with the C++ target's precompiled headers,
+  // which the link line's flags, e.g. the emulation's -fsanitize=address,
+  // would not match), then the link.
+  std::vector<std::string> tables = {cfg["cxx"]};
+  tables.insert(tables.end(), flags.begin(), flags.end());
+  tables.insert(tables.end(), programFlags.begin(), programFlags.end());
+  for (const std::string &a :
+       {std::string("-c"), dir + "/src/programs.cpp", std::string("-o"), dir + "/obj/programs.o"})
+    tables.push_back(a);
+  runCompilers({{tables, log, "the generated program (src/programs.cpp)", ""}}, 1, in.out);
   std::vector<std::string> argv = {cfg["cxx"]};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  argv.push_back(dir + "/src/programs.cpp");
+  argv.push_back(dir + "/obj/programs.o");
   argv.insert(argv.end(), objects.begin(), objects.end());
   if (in.cuda)
     for (auto &w : splitWords(cfg["cuda_libs"]))

@@ -20,16 +20,20 @@
 #include <memory>
 #include <string>
 
-// A generated CPU program's step, evaluate and pipeline-stage functions are a
-// sequence of kernel calls and pointer arithmetic, compiled between
-// CARVE_GLUE_BEGIN and CARVE_GLUE_END at GCC's -O1 instead of the build's
-// -O3: -O3 spent most of a program's compile time inlining and scheduling
-// them (a ResNet-18 step: 21 s at -O3, 11 s at -O1; docs/performance.md) for
-// no measurable gain, the time being in the kernels. The fused chains'
-// functors and loops (fused.h) are defined before CARVE_GLUE_BEGIN and keep
-// -O3 and their vectorized loops. Other compilers build it all as the flags say.
+// A generated CPU program's step, evaluate, layer and pipeline-stage
+// functions are a sequence of kernel calls and pointer arithmetic, compiled
+// between CARVE_GLUE_BEGIN and CARVE_GLUE_END at GCC's -O0 instead of the
+// build's -O3: optimizing them spent most of a program's compile time for no
+// measurable gain, the time being in the kernels (a ResNet-18 step: 21 s at
+// -O3, 11 s at -O1; a Mixtral-style MoE program 1.8 s at -O1, 1.0 s at -O0,
+// with the layers outlined; docs/performance.md). The cost of -O0 is stack:
+// every temporary keeps its own slot (a ResNet-18 step's frame: 169 KiB, 16
+// KiB at -O1), well inside a thread's 8 MiB. The fused chains' functors and
+// loops (fused.h) and the runtime's inline functions are defined before
+// CARVE_GLUE_BEGIN and keep -O3 and their vectorized loops, so the programs
+// compute the same bits. Other compilers build it all as the flags say.
 #if defined(__GNUC__) && !defined(__clang__)
-#define CARVE_GLUE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"O1\")")
+#define CARVE_GLUE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"O0\")")
 #define CARVE_GLUE_END _Pragma("GCC pop_options")
 #else
 #define CARVE_GLUE_BEGIN
