@@ -536,7 +536,13 @@ void resume(Block &b, int t) {
   swapcontext(&b.scheduler, &f.ctx);
 #endif
 #ifdef CARVE_EMU_ASAN
-  __sanitizer_finish_switch_fiber(fake, &b.schedulerStack, &b.schedulerStackSize);
+  // Not the old stack's bounds (the fiber's): schedulerStack keeps the
+  // scheduler's, which fiberMain took when the fiber started. Overwritten
+  // with the fiber's, the next fiber's switch back announced the wrong
+  // stack, the thread kept a fiber's bounds after the launch, and ASan
+  // ignored the next exception's __asan_handle_no_return, leaving the
+  // unwound frames' redzones poisoned (false stack-buffer-overflows).
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
   b.current = -1;
 }
