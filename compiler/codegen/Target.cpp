@@ -74,12 +74,17 @@ std::string normRead(const EmitOptions &opts) {
 
 /// The step's first statement under a bf16/fp16 plan (nothing under fp32).
 std::string precisionLine(const EmitOptions &opts) {
+  std::string tf32;
+  if (opts.cuda() && opts.plan.tf32)
+    tf32 = "  // Plan tf32: matmuls of fp32 inputs through TF32 tensor cores (inputs rounded to\n"
+           "  // 10 mantissa bits, fp32 accumulation).\n"
+           "  gpu::setTf32(true);\n";
   if (opts.precision == "fp32")
-    return "";
+    return tf32;
   return std::string("  // Plan precision ") + opts.precision +
          ": matmul and attention round their inputs to it and accumulate in fp32.\n" + "  " +
          callee(opts, "setPrecision") +
-         "(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n";
+         "(Precision::" + (opts.precision == "bf16" ? "BF16" : "F16") + ");\n" + tf32;
 }
 
 std::string dropoutStateLine(const EmitOptions &opts, int dropoutNodes) {

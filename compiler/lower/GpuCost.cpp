@@ -81,6 +81,7 @@ constexpr int64_t kPieceBytes = int64_t(256) << 20; // the emitter's convolution
 struct Model {
   GpuStep &s;
   bool half16 = false; // matmul and attention inputs rounded to 16 bits
+  bool tf32 = false;   // fp32 GEMMs through TF32 tensor cores
   const PlanAttrs *plan = nullptr; // the module's plan
   Operation *current = nullptr;    // the op whose launches add() records
 
@@ -93,6 +94,7 @@ struct Model {
     l.flops = flops;
     l.bytes = bytes;
     l.half = half;
+    l.tf32 = c == GpuClass::Gemm && !half && tf32;
     if (current) {
       l.op = current->getName().getStringRef().str();
       l.node = nodeName(current->getLoc());
@@ -739,6 +741,7 @@ bool modelGpuStep(ModuleOp module, GpuStep &out, std::string &error) {
   out.precision = plan->precision;
   Model m{out};
   m.half16 = plan->precision == "bf16" || plan->precision == "fp16";
+  m.tf32 = plan->tf32;
   m.plan = &*plan;
   DenseSet<Value> interior;
   DenseMap<Operation *, const FusionGroup *> rootGroup;
@@ -822,8 +825,13 @@ ClassFigures figures(const GpuLaunch &l) {
   switch (l.cls) {
   case GpuClass::Gemm:
     // cuBLAS through carve's matmul (fp32 output): GPT-2 small's GEMMs
-    // 253 TFLOP/s on their shapes (bf16), ResNet-18's fp32 ones.
-    return l.half ? ClassFigures{8.0, 270.0, 1.0} : ClassFigures{12.0, 40.0, 1.0};
+    // 253 TFLOP/s on their shapes (bf16), ResNet-18's fp32 ones. TF32 is not
+    // measured through carve yet: cuBLAS's own TF32 roofline (259-404
+    // TFLOP/s on the H100 and H200) at the share of its bf16 roofline that
+    // carve's bf16 GEMMs reach (270 of about 740).
+    return l.half   ? ClassFigures{8.0, 270.0, 1.0}
+           : l.tf32 ? ClassFigures{10.0, 140.0, 1.0}
+                    : ClassFigures{12.0, 40.0, 1.0};
   case GpuClass::Attention:
     // CUDA-core fp32 dot products (kernels_attention.cu), per kernel.
     if (l.kernel == "attnForward")
@@ -955,7 +963,7 @@ std::string gpuStepJson(const GpuStep &step) {
       continue;
     os << (first ? "\n" : ",\n") << "    {\"op\": " << str(l.op) << ", \"node\": " << str(l.node)
        << ", \"kernel\": " << str(l.kernel) << ", \"class\": " << str(gpuClassName(l.cls))
-       << ", \"launches\": " << l.count
+       << (l.tf32 ? ", \"tf32\": true" : "") << ", \"launches\": " << l.count
        << ", \"gflop\": " << llvm::format("%.4f", l.count * l.flops / 1e9)
        << ", \"mb\": " << llvm::format("%.4f", l.count * l.bytes / 1e6) << ", \"us\": {";
     bool firstGpu = true;

@@ -49,6 +49,7 @@ struct GpuLaunch {
   double flops = 0;  // per launch
   double bytes = 0;  // per launch: device memory read and written
   bool half = false; // a GEMM on 16-bit inputs (bf16 / fp16 tensor cores)
+  bool tf32 = false; // a GEMM on fp32 inputs through TF32 tensor cores (plan field tf32)
   std::string op;    // the op that launches it ("carve.matmul"), empty for the step's own
   std::string node;  // that op's model node, where it has one
 };

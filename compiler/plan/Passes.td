@@ -40,6 +40,8 @@ def CarveSetPlan : Pass<"carve-set-plan", "mlir::ModuleOp"> {
            "Pipeline schedule: gpipe, 1f1b or interleaved">,
     Option<"precision", "precision", "std::string", /*default=*/"\"fp32\"",
            "fp32, bf16 or fp16">,
+    Option<"tf32", "tf32", "bool", /*default=*/"false",
+           "The CUDA target's fp32 matmuls through TF32 tensor cores">,
     Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
            "The programs' target: cpu or cuda">,
     Option<"attention", "attention", "std::string", /*default=*/"\"cudnn\"",

@@ -141,7 +141,7 @@ bool parseReservedField(const std::string &key, const json &v, const std::string
   if (!known) {
     std::string names =
         "dp, tp, pp, ep, zero, sequence_parallel, sync_batch_norm, num_micro_batches, "
-        "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, "
+        "micro_batch_size, schedule, virtual_stages, cuts, ops, optimizer, precision, tf32, "
         "recompute, zero3_prefetch_layers, grad_accumulation, predicted, planner";
     for (const Reserved &r : reserved())
       names += std::string(", ") + r.name;
@@ -309,6 +309,17 @@ bool parseField(const std::string &key, const json &v, const std::string &what, 
       return false;
     }
     plan.sequenceParallel = v.get<bool>();
+    return true;
+  }
+  if (key == "tf32") {
+    if (!v.is_boolean()) {
+      error = what +
+              ": \"tf32\" must be true or false (fp32 matmuls through TF32 tensor cores "
+              "on the CUDA target), got " +
+              v.dump();
+      return false;
+    }
+    plan.tf32 = v.get<bool>();
     return true;
   }
   if (key == "sync_batch_norm") {

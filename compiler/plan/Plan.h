@@ -46,6 +46,11 @@ struct Plan {
   /// weights and optimizer state either way; fp16 adds dynamic loss
   /// scaling). The CPU target emulates the rounding.
   std::string precision = "fp32";
+  /// `tf32`: the CUDA target's matmuls (and the GEMMs of convolutions) of
+  /// fp32 inputs through TF32 tensor cores (inputs rounded to 10 mantissa
+  /// bits, fp32 accumulation), as PyTorch's allow_tf32. Off by default; the
+  /// CPU target has no TF32 and computes fp32 (carve compile says so).
+  bool tf32 = false;
   /// Under bf16/fp16, where gradients accumulate over micro-batches: "fp32"
   /// (fp32 gradients, or fp32 ZeRO-2/3 chunk accumulators) or "16bit"
   /// (docs/training.md#16-bit-gradients).

@@ -30,6 +30,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.virtualStages = virtualStages;
     plan.schedule = schedule;
     plan.precision = precision;
+    plan.tf32 = tf32;
     plan.gradAccumulation = gradAccumulation;
     plan.target = target;
     plan.attention = attention;

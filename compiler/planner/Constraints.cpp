@@ -35,7 +35,8 @@ const std::vector<std::string> &constraintFields() {
                                              "recompute",
                                              "precision",
                                              "grad_accumulation",
-                                             "sync_batch_norm"};
+                                             "sync_batch_norm",
+                                             "tf32"};
   return f;
 }
 
@@ -43,7 +44,7 @@ namespace {
 
 bool isNumericField(const std::string &f) {
   return f != "schedule" && f != "recompute" && f != "precision" && f != "sequence_parallel" &&
-         f != "grad_accumulation" && f != "sync_batch_norm";
+         f != "grad_accumulation" && f != "sync_batch_norm" && f != "tf32";
 }
 
 bool checkValue(const std::string &field, const std::string &value, std::string &error) {
@@ -81,7 +82,7 @@ bool checkValue(const std::string &field, const std::string &value, std::string 
     }
     return true;
   }
-  if (field == "sequence_parallel" || field == "sync_batch_norm") {
+  if (field == "sequence_parallel" || field == "sync_batch_norm" || field == "tf32") {
     if (!in({"true", "false", "1", "0"})) {
       error = field + " must be true or false, got '" + value + "'";
       return false;
@@ -110,9 +111,11 @@ bool addFixed(Constraints &c, const std::string &field, std::string value, const
     error = what + ": unknown plan field '" + field + "' (fields: " + names + ")";
     return false;
   }
-  if (value == "1" && (field == "sequence_parallel" || field == "sync_batch_norm"))
+  if (value == "1" &&
+      (field == "sequence_parallel" || field == "sync_batch_norm" || field == "tf32"))
     value = "true";
-  if (value == "0" && (field == "sequence_parallel" || field == "sync_batch_norm"))
+  if (value == "0" &&
+      (field == "sequence_parallel" || field == "sync_batch_norm" || field == "tf32"))
     value = "false";
   if (!checkValue(field, value, error)) {
     error = what + ": " + error;

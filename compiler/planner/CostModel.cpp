@@ -52,6 +52,7 @@ double commTime(int kind, int n, double bytes, int calls, const Link &l) {
   return t * calls;
 }
 
+/// `precision`: the peak-FLOPs entry GEMMs run at (Candidate::gemmPeak).
 /// A GEMM runs at the fraction of peak the calibration table gives for its
 /// smallest dimension at micro-batch `mb`, and an op reads its weights once
 /// per micro-batch (a per-sample op's seconds are its seconds at `mb`
@@ -467,7 +468,7 @@ void chargeThroughput(const Setting &s, const Profile &base, Estimate &e) {
   e.tokensPerSecond = tokens / e.time.total;
   const double flops = base.modelFlops * samples;
   e.tflopsPerDevice = flops / e.time.total / s.cl.worldSize() / 1e12;
-  e.mfu = flops / e.time.total / s.cl.worldSize() / s.cl.peak(c.precision);
+  e.mfu = flops / e.time.total / s.cl.worldSize() / s.cl.peak(c.gemmPeak());
 }
 
 } // namespace
@@ -528,7 +529,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
 Estimate estimate(const Profile &prof, const Profile &base, const Cluster &cl, const Candidate &c,
                   const PlannerOptions &opts) {
   return estimatePriced(prof,
-                        priceModel(prof, cl, opts.calibration, c.precision,
+                        priceModel(prof, cl, opts.calibration, c.gemmPeak(),
                                    storageFor(c.precision, opts.publishedStorage).activation,
                                    (double)c.microBatch),
                         base, cl, c, opts);

@@ -48,6 +48,8 @@ std::string Candidate::key() const {
     os << " grad_accumulation=" << gradAccumulation;
   if (syncBatchNorm)
     os << " sync_batch_norm";
+  if (tf32)
+    os << " tf32";
   return os.str();
 }
 
@@ -269,7 +271,8 @@ public:
       : base(base), cl(cl), opts(opts), cons(opts.constraints), sp{cons}, res(res),
         precision(searchPrecision(sp, cl)),
         gradAccumulation(sp.fixedOr("grad_accumulation", "fp32")),
-        syncBatchNorm(sp.fixedOr("sync_batch_norm", "false") == "true") {
+        syncBatchNorm(sp.fixedOr("sync_batch_norm", "false") == "true"),
+        tf32(sp.fixedOr("tf32", "false") == "true") {
     for (const Segment &s : base.layers)
       hasAttention |= s.core > 0;
     for (const OpWork &w : base.embedding.forward)
@@ -354,6 +357,7 @@ private:
           c.precision = precision;
           c.gradAccumulation = gradAccumulation;
           c.syncBatchNorm = syncBatchNorm;
+          c.tf32 = tf32;
           searchMemoryChoices(c);
         }
       }
@@ -397,7 +401,8 @@ private:
     auto it = pricedBySize.find(mbs);
     if (it == pricedBySize.end())
       it = pricedBySize
-               .emplace(mbs, priceModel(*prof, cl, opts.calibration, precision,
+               .emplace(mbs, priceModel(*prof, cl, opts.calibration,
+                                        precision == "fp32" && tf32 ? "tf32" : precision,
                                         storageFor(precision, opts.publishedStorage).activation,
                                         (double)mbs))
                .first;
@@ -428,6 +433,8 @@ private:
   // Carried into the plan, not priced: two all-reduces of C values per batch
   // norm and direction.
   const bool syncBatchNorm;
+  // Priced (fp32 GEMMs at the TF32 peak), never chosen by the search.
+  const bool tf32;
   bool hasAttention = false;
   const Profile *prof = nullptr;               // the layout's
   std::map<int64_t, PricedModel> pricedBySize; // the layout's

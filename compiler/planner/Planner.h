@@ -48,6 +48,13 @@ struct Candidate {
   std::string gradAccumulation = "fp32";
   /// The plan field sync_batch_norm, as the constraints fix it (not priced).
   bool syncBatchNorm = false;
+  /// The plan field tf32, as the constraints fix it (never chosen by the
+  /// search: it changes the numerics): fp32 GEMMs priced at the device's
+  /// TF32 peak (its fp32 peak where the cluster gives none).
+  bool tf32 = false;
+  /// The peak-FLOPs entry of the cluster the GEMMs run at: the precision,
+  /// or "tf32" for an fp32 plan with tf32.
+  std::string gemmPeak() const { return precision == "fp32" && tf32 ? "tf32" : precision; }
   std::string key() const; // "dp=2 tp=4 pp=8 ..." for messages
 };
 

@@ -112,6 +112,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
   i64("virtual_stages", plan.virtualStages);
   fields.push_back(b.getNamedAttr("schedule", b.getStringAttr(plan.schedule)));
   fields.push_back(b.getNamedAttr("precision", b.getStringAttr(plan.precision)));
+  if (plan.tf32)
+    fields.push_back(b.getNamedAttr("tf32", b.getUnitAttr()));
   if (plan.target != "cpu")
     fields.push_back(b.getNamedAttr("target", b.getStringAttr(plan.target)));
   if (plan.attention != "cudnn")
@@ -181,8 +183,10 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
     }
     if (known)
       continue;
-    if (name == "sequence_parallel" || name == "sync_batch_norm") {
-      bool &dst = name == "sequence_parallel" ? plan.sequenceParallel : plan.syncBatchNorm;
+    if (name == "sequence_parallel" || name == "sync_batch_norm" || name == "tf32") {
+      bool &dst = name == "sequence_parallel" ? plan.sequenceParallel
+                  : name == "tf32"            ? plan.tf32
+                                              : plan.syncBatchNorm;
       if (isa<UnitAttr>(v))
         dst = true;
       else if (auto bv = dyn_cast<BoolAttr>(v))

@@ -316,6 +316,9 @@ struct PlanAttrs {
   int64_t virtualStages = 1; // stages per pipeline rank
   std::string schedule = "1f1b";
   std::string precision = "fp32";
+  /// The CUDA target's matmuls of fp32 inputs through TF32 tensor cores
+  /// (plan field `tf32`; the runtime's setTf32). No effect on the CPU target.
+  bool tf32 = false;
   /// Under bf16/fp16: "fp32" or "16bit", where micro-batches accumulate
   /// gradients (gradients16, fp32ChunkAccumulators).
   std::string gradAccumulation = "fp32";

@@ -63,6 +63,7 @@ DeviceState &state() {
 }
 
 Precision gPrecision = Precision::F32;
+bool gTf32 = false;
 
 std::string format(const char *fmt, ...) {
   char buf[1024];
@@ -460,6 +461,8 @@ void checkLaunch(const char *what) {
 
 void setPrecision(Precision p) { gPrecision = p; }
 Precision precision() { return gPrecision; }
+void setTf32(bool on) { gTf32 = on; }
+bool tf32() { return gTf32; }
 
 float readScalar(const float *p) {
   float v = 0;

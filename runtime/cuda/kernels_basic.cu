@@ -533,8 +533,12 @@ void gemmBatch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, Operand a, int
   const float alpha = 1.0f;
   // Batches beyond the grid's y/z limit of some cuBLAS kernels go in pieces.
   constexpr int64_t kMaxBatch = 65535;
+  // Plan field tf32: fp32 inputs through TF32 tensor cores.
+  const bool viaTf32 = type == CUDA_R_32F && tf32();
+  const cublasComputeType_t compute = viaTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const char *what = type == CUDA_R_16BF  ? "cuBLAS GEMM, bf16 inputs"
                      : type == CUDA_R_16F ? "cuBLAS GEMM, fp16 inputs"
+                     : viaTf32            ? "cuBLAS GEMM, fp32 through TF32"
                                           : "cuBLAS GEMM, fp32";
   if (KernelTimer::byShape())
     what = KernelTimer::intern(std::string(what) + ", " + (ta ? "T" : "N") + (tb ? "T" : "N") +
@@ -548,13 +552,12 @@ void gemmBatch(bool ta, bool tb, int64_t m, int64_t n, int64_t k, Operand a, int
     char *pc = static_cast<char *>(c) + i0 * strideC * cBytes;
     if (nb == 1) {
       CARVE_CUBLAS_CHECK(cublasGemmEx(cublas(), opB, opA, in, im, ik, &alpha, pb, type, ildb, pa,
-                                      type, ilda, &beta, pc, ctype, in, CUBLAS_COMPUTE_32F,
+                                      type, ilda, &beta, pc, ctype, in, compute,
                                       CUBLAS_GEMM_DEFAULT));
     } else {
       CARVE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
           cublas(), opB, opA, in, im, ik, &alpha, pb, type, ildb, strideB, pa, type, ilda, strideA,
-          &beta, pc, ctype, in, strideC, static_cast<int>(nb), CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT));
+          &beta, pc, ctype, in, strideC, static_cast<int>(nb), compute, CUBLAS_GEMM_DEFAULT));
     }
   }
 }

@@ -1291,10 +1291,41 @@ std::vector<float> operand(const void *p, cudaDataType t, cublasOperation_t op, 
   return out;
 }
 
+/// x rounded to TF32 (8 exponent bits, 10 mantissa bits) to nearest, ties
+/// away from zero (PTX's cvt.rna.tf32.f32), kept in a float; infinities and
+/// NaN as they are. Where cuBLAS's tensor cores round otherwise (e.g.
+/// truncate), they differ from this by at most one TF32 unit in the last
+/// place, inside the bound the tests derive (2^-10 relative per input).
+float roundTf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u)
+    u = (u + 0x1000u) & 0xffffe000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+/// The compute types carve asks for: CUBLAS_COMPUTE_32F (any input type),
+/// CUBLAS_COMPUTE_32F_FAST_TF32 (fp32 inputs: plan field tf32). Anything else
+/// is fatal. Returns whether the inputs round to TF32.
+bool tf32Compute(const char *call, cublasComputeType_t compute, cudaDataType at, cudaDataType bt) {
+  if (compute == CUBLAS_COMPUTE_32F)
+    return false;
+  if (compute != CUBLAS_COMPUTE_32F_FAST_TF32)
+    die("%s: compute type %d is not one carve uses (CUBLAS_COMPUTE_32F, or "
+        "CUBLAS_COMPUTE_32F_FAST_TF32 on fp32 inputs)",
+        call, static_cast<int>(compute));
+  if (at != CUDA_R_32F || bt != CUDA_R_32F)
+    die("%s: CUBLAS_COMPUTE_32F_FAST_TF32 with inputs of types %d and %d (carve asks for TF32 "
+        "only on fp32 inputs)",
+        call, static_cast<int>(at), static_cast<int>(bt));
+  return true;
+}
+
 cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                     const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                    cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType ct,
-                    int ldc) {
+                    cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType ct, int ldc,
+                    bool tf32) {
   if (ct != CUDA_R_32F && ct != CUDA_R_16BF && ct != CUDA_R_16F)
     die("cublasGemmEx: output type %d is not one carve uses", static_cast<int>(ct));
   if (ct != CUDA_R_32F && ct != at)
@@ -1312,6 +1343,12 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
   if (!isDevice(C, static_cast<size_t>(std::max(0, (n - 1) * ldc + m)) * cSize))
     die("cublasGemmEx: C (%p) is not inside one device allocation", C);
   std::vector<float> a = operand(A, at, ta, m, k, lda), b = operand(B, bt, tb, k, n, ldb);
+  if (tf32) {
+    for (float &x : a)
+      x = roundTf32(x);
+    for (float &x : b)
+      x = roundTf32(x);
+  }
   if (ct != CUDA_R_32F) {
     // A 16-bit C: the fp32 accumulators rounded to nearest even, as cuBLAS
     // writes them (beta 0 only: carve never accumulates into 16 bits).
@@ -1378,10 +1415,12 @@ const char *cublasGetStatusString(cublasStatus_t s) {
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                             int n, int k, const void *alpha, const void *A, cudaDataType at,
                             int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
-                            void *C, cudaDataType ct, int ldc, cublasComputeType_t,
+                            void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t) {
   const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
-  issue(h->stream, [=]() { gemm(ta, tb, m, n, k, &al, A, at, lda, B, bt, ldb, &be, C, ct, ldc); });
+  const bool tf32 = tf32Compute("cublasGemmEx", compute, at, bt);
+  issue(h->stream,
+        [=]() { gemm(ta, tb, m, n, k, &al, A, at, lda, B, bt, ldb, &be, C, ct, ldc, tf32); });
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1391,15 +1430,16 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
                                           int lda, long long sa, const void *B, cudaDataType bt,
                                           int ldb, long long sb, const void *beta, void *C,
                                           cudaDataType ct, int ldc, long long sc, int count,
-                                          cublasComputeType_t, cublasGemmAlgo_t) {
+                                          cublasComputeType_t compute, cublasGemmAlgo_t) {
   const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
+  const bool tf32 = tf32Compute("cublasGemmStridedBatchedEx", compute, at, bt);
   issue(h->stream, [=]() {
     const size_t aSize = at == CUDA_R_32F ? 4 : 2, bSize = bt == CUDA_R_32F ? 4 : 2,
                  cSize = ct == CUDA_R_32F ? 4 : 2;
     for (int i = 0; i < count; ++i)
       gemm(ta, tb, m, n, k, &al, static_cast<const char *>(A) + i * sa * aSize, at, lda,
            static_cast<const char *>(B) + i * sb * bSize, bt, ldb, &be,
-           static_cast<char *>(C) + i * sc * cSize, ct, ldc);
+           static_cast<char *>(C) + i * sc * cSize, ct, ldc, tf32);
   });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -897,6 +897,86 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
   }
 }
 
+/// Plan field tf32 (g::setTf32): matmuls of fp32 inputs through TF32 tensor
+/// cores. TF32 keeps 10 mantissa bits, as fp16 does: inputs just below the
+/// midpoint above an fp16-representable number in [0.5, 1.5] (where TF32's
+/// and fp16's numbers coincide) round down by almost half an ulp however the
+/// tensor cores round (nearest even, nearest away, or truncation), so the
+/// product must equal the exact product of the rounded inputs up to fp32's
+/// additions (k * 2^-22 * sum|a b|, as for bf16), and a GEMM that did not
+/// round would be about k * 2^-11 per unit product too large. Normal inputs:
+/// within the TF32 bound of the exact product of the unrounded ones (each
+/// input off by at most 2^-10 relative, truncation included). With tf32
+/// off, the same call is fp32 again; bf16 inputs ignore it (bit for bit).
+void testMatmulTf32() {
+  const int64_t k = 256;
+  const Dims as{64, k}, bs{k, 96}, ys{64, 96};
+  for (bool signs : {false, true}) {
+    const std::vector<float> a = signs ? randn(as.numel()) : justBelowMidpoint(as.numel(), 11);
+    const std::vector<float> b = signs ? randn(bs.numel()) : justBelowMidpoint(bs.numel(), 11);
+    auto da = up(a), db = up(b);
+    auto y = poisoned<float>(ys.numel());
+    g::setTf32(true);
+    g::matmul(da->p, as, false, db->p, bs, false, y->p, ys);
+    g::setTf32(false);
+    auto y32 = poisoned<float>(ys.numel());
+    g::matmul(da->p, as, false, db->p, bs, false, y32->p, ys);
+    std::vector<double> ad = toDouble(a), bd = toDouble(b);
+    float ma = 0, mb = 0;
+    for (float v : a)
+      ma = std::max(ma, std::fabs(v));
+    for (float v : b)
+      mb = std::max(mb, std::fabs(v));
+    const double sumAb = double(k) * ma * mb; // bounds sum|a b| of any element
+    const std::string what = std::string("matmul tf32 ") + (signs ? "normal" : "near midpoints");
+    std::vector<double> exact(ys.numel());
+    rt::matmul<double>(ad.data(), as, false, bd.data(), bs, false, exact.data(), ys);
+    if (!signs) {
+      std::vector<double> ar(ad.size()), br(bd.size());
+      for (size_t i = 0; i < ad.size(); ++i)
+        ar[i] = rt::roundToF16(a[i]);
+      for (size_t i = 0; i < bd.size(); ++i)
+        br[i] = rt::roundToF16(b[i]);
+      std::vector<double> rounded(ys.numel());
+      rt::matmul<double>(ar.data(), as, false, br.data(), bs, false, rounded.data(), ys);
+      expectClose(what + " (the rounded inputs' product)", y->download(), rounded, 1e-5,
+                  double(k) * std::ldexp(1.0, -22) * sumAb);
+      // Not the unrounded product: about k * 2^-11 away (4 times the bound
+      // above here), so a GEMM that skipped the rounding fails that check.
+      const std::vector<float> got = y->download();
+      double least = 1e30;
+      for (size_t i = 0; i < got.size(); ++i)
+        least = std::min(least, exact[i] - got[i]);
+      ++checks();
+      if (!(least > double(k) * std::ldexp(1.0, -22) * sumAb)) {
+        std::printf("FAIL %s: the product is within %g of the unrounded inputs' (the inputs were "
+                    "not rounded to TF32)\n",
+                    what.c_str(), least);
+        ++failures();
+      } else {
+        std::printf("ok   %s: every element at least %g below the unrounded inputs' product\n",
+                    what.c_str(), least);
+      }
+    } else {
+      expectClose(what, y->download(), exact, 1e-5,
+                  (std::ldexp(1.0, -9) + double(k) * std::ldexp(1.0, -22)) * sumAb);
+    }
+    expectClose(what + ", tf32 off again (fp32)", y32->download(), exact, 1e-5,
+                1e-6 * double(k + 1) * (signs ? 1.0 : sumAb / double(k)));
+  }
+  // bf16 inputs: TF32 does not apply.
+  const std::vector<float> a = randn(as.numel()), b = randn(bs.numel());
+  auto da = up(a), db = up(b);
+  auto y0 = poisoned<float>(ys.numel()), y1 = poisoned<float>(ys.numel());
+  g::setPrecision(rt::Precision::BF16);
+  g::matmul(da->p, as, false, db->p, bs, false, y0->p, ys);
+  g::setTf32(true);
+  g::matmul(da->p, as, false, db->p, bs, false, y1->p, ys);
+  g::setTf32(false);
+  g::setPrecision(rt::Precision::F32);
+  expectEqual("matmul bf16 with tf32 on: as without it", y1->download(), y0->download());
+}
+
 //===--- Reduce ------------------------------------------------------------===//
 
 void testReduceCase(const Dims &xs, uint32_t mask, bool withNan = false) {
@@ -1816,6 +1896,7 @@ int main() {
   testMatmul();
   testMatmulPrecision(rt::Precision::BF16, "bf16");
   testMatmulPrecision(rt::Precision::F16, "fp16");
+  testMatmulTf32();
   testReduce();
   testDataMovement<float>();
   testDataMovement<int64_t>();

@@ -10,7 +10,11 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    OpenBLAS and the CPU loops, a few fp32 ulps per op) and within 2e-2 in
    bf16 (the issue's bound; both targets round the same matmul and attention
    inputs to bf16, so the gap is normally far smaller). The final weights
-   agree within 1e-3 of each tensor's largest entry in fp32.
+   agree within 1e-3 of each tensor's largest entry in fp32. The GPT's fp32
+   program under the plan field tf32 (its GEMMs' inputs rounded to TF32)
+   calls setTf32(true), stays within 2.5e-3 of the CPU's fp32 losses (2e-2
+   scaled by TF32's rounding against bf16's) and differs from the GPU's fp32
+   losses (the rounding took effect).
 2. The 1-rank run goes through the NCCL communicator (1-rank communicators
    for dp, tp and pp): the start-up succeeded and the loss was all-reduced.
 3. With 2 or more GPUs visible, dp=2, tp=2 and pp=2 (2 micro-batches) plans
@@ -97,6 +101,10 @@ EMU_STEPS = 4  # the emulation runs a step of these models in about 2 s
 EMU_GPUS = 4
 FP32_RTOL = 1e-4
 BF16_RTOL = 2e-2
+# Plan field tf32: fp32 GEMMs with inputs rounded to 10 mantissa bits. bf16's
+# bound scaled by the ratio of the formats' relative rounding errors (2^-10,
+# truncation included, against bf16's 2^-7).
+TF32_RTOL = BF16_RTOL * 2.0 ** -3
 WEIGHT_RTOL = 1e-3
 PARALLEL_RTOL = 1e-5
 BF16_PARALLEL_RTOL = 1e-4
@@ -495,6 +503,7 @@ def main():
                             "data_gen.py")
     checks = 0
     one_rank = {}  # (model, precision) -> the 1-rank GPU program's losses
+    fp32_runs = {}  # model -> {"cpu": ..., "cuda": ...} of its fp32 programs
     for model in ["gpt", "llama"]:
         onnx = os.path.join(a.models, "opset17", model + ".onnx")
         data = os.path.join(w, model + ".tokens")
@@ -525,11 +534,37 @@ def main():
                       "(%s)" % (model, precision, d, STEPS, gap, name))
                 checks += 2
                 one_rank[(model, precision)] = runs["cuda"][0]
+                if precision == "fp32":
+                    fp32_runs[model] = runs
                 check_graph(a.carve, out, 1, data, runs["cuda"][0], runs["cuda"][1],
                             "%s %s" % (model, precision))
                 checks += 1
                 if (model, precision) == ("gpt", "fp32"):
                     check_profile(out, data)
+                    checks += 1
+        # tf32: the GPT's fp32 program with its GEMMs through TF32 (1. of the
+        # docstring's list, the plan field): against the CPU's fp32 within
+        # TF32_RTOL, and not the GPU's fp32 losses (the rounding took effect).
+        if model == "gpt" and model in fp32_runs:
+            with going_on():
+                out = os.path.join(w, "gpt-tf32-cuda")
+                compile_(a.carve, onnx, {"tf32": True}, "cuda", out)
+                if PHASE != "device":
+                    with open(os.path.join(out, "src", "program0.cu")) as f:
+                        if "gpu::setTf32(true);" not in f.read():
+                            raise Failure("gpt tf32: src/program0.cu never calls setTf32(true)")
+                losses = train(a.carve, out, 1, data, out + ".ckpt")
+                if not pending(losses):
+                    d = worst_rel(fp32_runs[model]["cpu"][0], losses)
+                    if d > TF32_RTOL:
+                        raise Failure("gpt tf32: GPU losses differ from the CPU's fp32 by %.3g "
+                                      "relative (limit %g)\n  cpu %s\n  gpu %s"
+                                      % (d, TF32_RTOL, fp32_runs[model]["cpu"][0], losses))
+                    if losses == fp32_runs[model]["cuda"][0]:
+                        raise Failure("gpt tf32: the losses are the fp32 GPU program's, bit for "
+                                      "bit: the GEMMs did not round to TF32")
+                    print("ok: gpt tf32: GPU within %.2g of the CPU's fp32 over %d steps (limit "
+                          "%g), and not the GPU's fp32 losses" % (d, STEPS, TF32_RTOL))
                     checks += 1
         # fp16: the loss scale (the seed, set outside the captured graph) changes
         # between steps; at 2^24 the first steps overflow and are skipped.

@@ -47,6 +47,7 @@ TEST_F(ContractTest, PlanRoundTripsEveryField) {
   p.virtualStages = 2;
   p.schedule = "interleaved";
   p.precision = "bf16";
+  p.tf32 = true;
   p.globalBatch = 96;
   p.optimizerState = 1;
   p.cuts = {"/h.3/*", "/h.7/*"};
@@ -63,6 +64,7 @@ TEST_F(ContractTest, PlanRoundTripsEveryField) {
   EXPECT_EQ(q->virtualStages, 2);
   EXPECT_EQ(q->schedule, "interleaved");
   EXPECT_EQ(q->precision, "bf16");
+  EXPECT_TRUE(q->tf32);
   EXPECT_EQ(q->globalBatch, 96);
   EXPECT_EQ(q->optimizerState, 1);
   EXPECT_EQ(q->cuts, p.cuts);
@@ -95,6 +97,9 @@ TEST_F(ContractTest, MalformedPlanIsAnErrorNamingTheField) {
                   b.getDictionaryAttr({b.getNamedAttr("optimizer_state", b.getI64IntegerAttr(3))}));
   EXPECT_TRUE(failed(readPlan(module)));
   EXPECT_EQ(message, "'carve.plan' field 'optimizer_state' must be 0, 1 or 2");
+  module->setAttr(kPlanAttr, b.getDictionaryAttr({b.getNamedAttr("tf32", b.getStringAttr("yes"))}));
+  EXPECT_TRUE(failed(readPlan(module)));
+  EXPECT_EQ(message, "'carve.plan' field 'tf32' must be a unit or bool attribute");
   module->setAttr(kPlanAttr, b.getI64IntegerAttr(3));
   EXPECT_TRUE(failed(readPlan(module)));
   EXPECT_EQ(message, "'carve.plan' must be a dictionary");

@@ -225,7 +225,7 @@ TEST(PlannerSearch, FixedFieldsNeverChange) {
   Cluster cl = cluster("a100-80gb:2x8");
   for (const char *fixed :
        {"tp=2", "pp=4", "tp=4,pp=2", "dp=2,zero=1", "recompute=full", "schedule=gpipe,pp=2",
-        "num_micro_batches=8", "sequence_parallel=true"}) {
+        "num_micro_batches=8", "sequence_parallel=true", "precision=fp32,tf32=true"}) {
     PlannerOptions opts;
     opts.globalBatch = 64;
     std::string error;
@@ -242,6 +242,8 @@ TEST(PlannerSearch, FixedFieldsNeverChange) {
                           : field == "schedule"          ? e.c.schedule
                           : field == "num_micro_batches" ? std::to_string(e.c.m)
                           : field == "sequence_parallel" ? (e.c.sp ? "true" : "false")
+                          : field == "precision"         ? e.c.precision
+                          : field == "tf32"              ? (e.c.tf32 ? "true" : "false")
                                                          : "?";
         EXPECT_EQ(got, value) << fixed << ": " << e.c.key();
       }
@@ -334,6 +336,33 @@ TEST(PlannerCost, MoreBandwidthIsNeverSlower) {
       prev = t;
     }
   }
+}
+
+// The plan field tf32: an fp32 plan's GEMMs at the device's TF32 peak (156
+// TFLOP/s on an A100 against 19.5 fp32), so its step is faster and its MFU
+// is against the TF32 peak; a bf16 plan is priced as without it.
+TEST(PlannerCost, Tf32PricesFp32GemmsAtTheTf32Peak) {
+  Fixture f(gptSpec(false, 8));
+  PlannerOptions opts;
+  Cluster cl = cluster("a100-80gb:1x8");
+  ASSERT_GT(cl.peak("tf32"), cl.peak("fp32"));
+  Candidate fp32 = cand(1, false, "none", 2, "fp32");
+  fp32.dp = 8;
+  Candidate tf32 = fp32;
+  tf32.tf32 = true;
+  EXPECT_EQ(tf32.gemmPeak(), "tf32");
+  const Estimate a = estimate(f.at(1), f.at(1), cl, fp32, opts);
+  const Estimate b = estimate(f.at(1), f.at(1), cl, tf32, opts);
+  EXPECT_LT(b.time.total, a.time.total);
+  EXPECT_NEAR(b.mfu, b.tflopsPerDevice * 1e12 / cl.peak("tf32"), 1e-9);
+  EXPECT_NEAR(a.mfu, a.tflopsPerDevice * 1e12 / cl.peak("fp32"), 1e-9);
+  Candidate bf16 = fp32;
+  bf16.precision = "bf16";
+  Candidate bf16tf32 = bf16;
+  bf16tf32.tf32 = true;
+  EXPECT_EQ(bf16tf32.gemmPeak(), "bf16");
+  EXPECT_EQ(estimate(f.at(1), f.at(1), cl, bf16tf32, opts).time.total,
+            estimate(f.at(1), f.at(1), cl, bf16, opts).time.total);
 }
 
 TEST(PlannerCost, MoreMicroBatchesNeverRaiseTheBubble) {

@@ -61,6 +61,7 @@ PlanAttrs planAttrs(const Plan &plan, const Imported &im) {
   p.virtualStages = plan.virtualStages;
   p.schedule = plan.scheduleName();
   p.precision = plan.precision;
+  p.tf32 = plan.tf32;
   p.gradAccumulation = plan.gradAccumulation;
   p.globalBatch = im.batch;
   p.recompute = plan.recompute;
@@ -361,6 +362,9 @@ int runCompile(CompileArgs &args) {
   noteUntrained(*im.module);
   if (args.target == "cuda" && !args.quiet)
     noteAttention(*im.module);
+  if (args.target != "cuda" && s.plan.tf32 && !args.quiet)
+    llvm::errs() << "carve: note: \"tf32\": the CPU target has no TF32; its matmuls compute "
+                    "in fp32 as without it (the field takes effect with --target cuda)\n";
   std::string gpuReport;
   if (!args.gpuModel.empty()) {
     progress.start("GPU model");

@@ -91,6 +91,8 @@ json planFields(const Candidate &c, const std::vector<OpOverride> &pins = {}) {
     p["grad_accumulation"] = c.gradAccumulation;
   if (c.syncBatchNorm)
     p["sync_batch_norm"] = true;
+  if (c.tf32)
+    p["tf32"] = true;
   if (c.tp > 1 && !pins.empty()) {
     json ops = json::object();
     for (const OpOverride &o : pins)

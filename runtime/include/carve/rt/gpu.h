@@ -138,6 +138,12 @@ void checkLaunch(const char *what);
 /// fp32 (default), bf16 or fp16 for matmul and attention inputs.
 void setPrecision(Precision p);
 Precision precision();
+/// Plan field `tf32`: matmuls of fp32 inputs (the cuBLAS GEMMs of matmul,
+/// batched matmul and the convolutions' GEMMs) through TF32 tensor cores
+/// (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to 10 mantissa bits, fp32
+/// accumulation and output). Off by default, as PyTorch's matmul default.
+void setTf32(bool on);
+bool tf32();
 
 /// Reads one float (or double) from device memory, waiting for the compute stream.
 float readScalar(const float *p);
