@@ -158,6 +158,11 @@ def main():
         obj = os.path.join(w, model + ".o")
         now_cmd = [cfg["cxx"]] + flags + ["-I" + cfg["include"], "-c", src, "-o", obj]
         runs = {"now": []}
+        # The runtime headers precompiled, as carve compile builds (program_flags).
+        pch_cmd = None
+        if cfg.get("program_flags") and os.path.exists(cfg.get("program_pch", "")):
+            pch_cmd = now_cmd[:-4] + cfg["program_flags"].split() + now_cmd[-4:]
+            runs["pch"] = []
         base_cmd = None
         if base_inc:
             bsrc = src
@@ -169,12 +174,16 @@ def main():
             runs["baseline"] = []
         for _ in range(a.reps):  # alternating, so that both see the same load
             runs["now"].append(cpu_seconds(now_cmd))
+            if pch_cmd:
+                runs["pch"].append(cpu_seconds(pch_cmd))
             if base_cmd:
                 runs["baseline"].append(cpu_seconds(base_cmd))
         row = {"model": model, "kib": len(text) / 1024, "chains": chains, "calls": calls,
                "now": statistics.median(runs["now"])}
         if base_cmd:
             row["baseline"] = statistics.median(runs["baseline"])
+        if pch_cmd:
+            row["pch"] = statistics.median(runs["pch"])
         rows.append(row)
         print("%s: %.1f s%s" % (model, row["now"], " (baseline %.1f s)" % row["baseline"]
                                 if base_cmd else ""), file=sys.stderr, flush=True)
@@ -186,16 +195,27 @@ def main():
            "; baseline: the runtime headers of " + a.baseline if a.baseline else ""))
     head = "| Model | source KiB | fused chains | kernel calls | s now |"
     rule = "|---|---|---|---|---|"
+    with_pch = all("pch" in r for r in rows)
+    if with_pch:
+        head += " s now, headers precompiled |"
+        rule += "---|"
     if a.baseline:
         head += " s at %s | ratio |" % a.baseline
         rule += "---|---|"
+        if with_pch:
+            head += " ratio, precompiled |"
+            rule += "---|"
     print(head)
     print(rule)
     for r in rows:
         line = "| %s | %.0f | %d | %d | %.1f |" % (r["model"], r["kib"], r["chains"], r["calls"],
                                                   r["now"])
+        if with_pch:
+            line += " %.1f |" % r["pch"]
         if a.baseline:
             line += " %.1f | %.2fx |" % (r["baseline"], r["baseline"] / r["now"])
+            if with_pch:
+                line += " %.2fx |" % (r["baseline"] / r["pch"])
         print(line)
     return 0
 
