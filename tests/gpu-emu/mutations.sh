@@ -43,5 +43,9 @@ run "a wrong stride (cuDNN reads q, k, v in place with rows of h * d, not the ro
 p='runtime/cuda/attention_cudnn.cpp'; s=open(p).read()
 old='return r ? Dims4{t * r, d, r, 1} : rowMajor(s.b, s.h, t, d);'
 assert old in s; s=s.replace(old, 'return r ? Dims4{t * r, d, s.h * d, 1} : rowMajor(s.b, s.h, t, d);',1); open(p,'w').write(s)"
+run "TF32 never asked for (gemmBatch keeps CUBLAS_COMPUTE_32F under the plan field tf32)" runtime/cuda/kernels_basic.cu "
+p='runtime/cuda/kernels_basic.cu'; s=open(p).read()
+old='viaTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;'
+assert old in s; s=s.replace(old, 'CUBLAS_COMPUTE_32F;',1); open(p,'w').write(s)"
 (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)
 git status --short | head
