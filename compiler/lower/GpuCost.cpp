@@ -105,7 +105,7 @@ struct Model {
     s.unpriced.push_back(op->getName().getStringRef().str() + ": " + why);
   }
 
-  /// kernels_basic.cu's matmul: the operands rounded to 16 bits in scratch
+  /// kernels_matmul.cu's matmul: the operands rounded to 16 bits in scratch
   /// under a 16-bit plan, then one cuBLAS call (the batch folded into M, or
   /// one strided batch).
   void matmul(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t aNumel, int64_t bNumel,

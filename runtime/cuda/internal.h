@@ -120,7 +120,7 @@ __device__ inline void raiseDeviceError(DeviceError *e, int code, long long a, l
 /// Slots of `workspace`: one per user, so that temporaries of one call never
 /// alias those of another still in flight.
 enum WorkspaceSlot : int {
-  kWsBasic0 = 0, // kernels_basic.cu, kernels_data.cu, kernels_optim.cu
+  kWsBasic0 = 0, // kernels_basic.cu, kernels_matmul.cu, kernels_data.cu, kernels_optim.cu
   kWsBasic1 = 1,
   kWsBasic2 = 2,
   kWsFused0 = 3, // kernels_fused.cu, kernels_loss.cu, kernels_attention.cu

@@ -35,16 +35,16 @@ run "off-by-one index (the grid-stride loop runs to i <= n)" runtime/cuda/kernel
 p='runtime/cuda/kernel_util.cuh'; s=open(p).read()
 old='i < (n);'
 assert old in s; s=s.replace(old, 'i <= (n);',1); open(p,'w').write(s)"
-run "a transposed epilogue (matmul16_bias's cuBLASLt plan ignores transB)" runtime/cuda/kernels_basic.cu "
-p='runtime/cuda/kernels_basic.cu'; s=open(p).read()
+run "a transposed epilogue (matmul16_bias's cuBLASLt plan ignores transB)" runtime/cuda/kernels_matmul.cu "
+p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
 old='const int32_t opA = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opB = CUBLAS_OP_N;'
 assert old in s; s=s.replace(old, 'const int32_t opA = CUBLAS_OP_N, opB = CUBLAS_OP_N;',1); open(p,'w').write(s)"
 run "a wrong stride (cuDNN reads q, k, v in place with rows of h * d, not the row stride)" runtime/cuda/attention_cudnn.cpp "
 p='runtime/cuda/attention_cudnn.cpp'; s=open(p).read()
 old='return r ? Dims4{t * r, d, r, 1} : rowMajor(s.b, s.h, t, d);'
 assert old in s; s=s.replace(old, 'return r ? Dims4{t * r, d, s.h * d, 1} : rowMajor(s.b, s.h, t, d);',1); open(p,'w').write(s)"
-run "TF32 never asked for (gemmBatch keeps CUBLAS_COMPUTE_32F under the plan field tf32)" runtime/cuda/kernels_basic.cu "
-p='runtime/cuda/kernels_basic.cu'; s=open(p).read()
+run "TF32 never asked for (gemmBatch keeps CUBLAS_COMPUTE_32F under the plan field tf32)" runtime/cuda/kernels_matmul.cu "
+p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
 old='viaTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;'
 assert old in s; s=s.replace(old, 'CUBLAS_COMPUTE_32F;',1); open(p,'w').write(s)"
 (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)

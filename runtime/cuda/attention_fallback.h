@@ -1,0 +1,51 @@
+//===- attention_fallback.h - carve's kernel behind the cuDNN entries -----===//
+//
+// attention_fallback.cpp, for attention_cudnn.cpp: the calls carve's own
+// kernels run where cuDNN cannot, and the argument checks both share.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CARVE_RUNTIME_CUDA_ATTENTION_FALLBACK_H
+#define CARVE_RUNTIME_CUDA_ATTENTION_FALLBACK_H
+
+#include "carve/rt/gpu.h"
+
+#include <cstdint>
+
+namespace carve::gpu {
+
+/// attention_grad_stats_cudnn as carve's kernel: q, k, v widened where they
+/// are 16-bit; with `bthd`, dq, dk and dv computed in [b, h, t, d] scratch
+/// and transposed into their [b, t, h, d] places, or with `g16` rounded
+/// into those of the 16-bit tensors g16[0..2] (rows of rowStride16).
+void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks, const void *v,
+                 bool v16, Dims vs, const float *mask, Dims ms, float scale, bool causal,
+                 const float *o, const float *lse, const float *dy, float *dq, float *dk, float *dv,
+                 bool bthd, bool dyBthd, uint16_t *const g16[3], int64_t rowStride16,
+                 const uint16_t *o16, const uint16_t *dy16, int64_t inRowStride16);
+
+/// attention_stats_cudnn as carve's kernel: q, k, v given only as their
+/// 16-bit copies (a null f32 pointer: the program keeps only the copy)
+/// widened.
+void statsByCarve(const float *q, const void *q16, Dims qs, const float *k, const void *k16,
+                  Dims ks, const float *v, const void *v16, Dims vs, const float *mask, Dims ms,
+                  float scale, bool causal, float *y, float *lse, uint16_t *y16,
+                  int64_t inRowStride16);
+
+/// bthd's and dyBthd's precondition: rank-4 [b, h, t, d] operands.
+void checkBthd(bool bthd, const Dims &qs, const Dims &ks, const Dims &vs, const char *op);
+
+/// attention_grad_stats_cudnn's outputs checked: whether the gradients go to
+/// the 16-bit tensors g16 (all three given, [b, t, h, d] rows of rowStride16
+/// elements) rather than to dq, dk, dv.
+bool checkOutputs(bool bthd, bool dyBthd, const Dims &qs, const Dims &ks, const Dims &vs,
+                  uint16_t *const g16[3], int64_t rowStride16);
+
+/// inRowStride16's precondition: rank-4 operands, all three given in 16
+/// bits (`given`), rows of at least h * d.
+void checkInStrided(int64_t inRowStride16, const bool given[3], const Dims &qs, const Dims &ks,
+                    const Dims &vs, const char *op);
+
+} // namespace carve::gpu
+
+#endif // CARVE_RUNTIME_CUDA_ATTENTION_FALLBACK_H
