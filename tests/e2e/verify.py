@@ -16,7 +16,11 @@ What must hold:
    half of that). A correct plan checked with --tolerance-weights 1e-12 must
    fail too: float32 sums in another order leave differences near 1e-7, so
    this shows the comparison really reads both checkpoints.
-3. Bad input (missing model or plan, an unknown plan field, a plan that does
+3. A bf16 plan (dp=2) passes against a bf16 1-rank program: the reference
+   plan keeps the plan's precision (and tf32), and the default tolerances
+   follow it (losses 1e-4, weights 2^-6: four roundings to bf16, each at
+   most 2^-8 of a tensor's largest step).
+4. Bad input (missing model or plan, an unknown plan field, a plan that does
    not divide the batch, --steps 0, a --workdir that is not verify's, a
    missing --data file) exits 2 with one 'carve: error: ' line naming the
    thing and the cause, and leaves no temporary folder behind.
@@ -114,6 +118,26 @@ def check_perturbed(carve, d):
     return "FAIL names %s (%.1e)" % (tensor, rows[0][4])
 
 
+def check_bf16(carve, d):
+    """A bf16 plan against a bf16 1-rank program (its reference plan keeps the
+    precision) under the bf16 tolerances (losses 1e-4, weights 2^-6)."""
+    work = os.path.join(d, "work-dp2-bf16")
+    rc, out, err = run(carve, ["--plan", write_plan(d, "dp2-bf16", {"dp": 2, "precision": "bf16"}),
+                               "--steps", str(STEPS), "--workdir", work])
+    if rc != 0 or "\nPASS: losses within 1.0e-04" not in out or "weights within 1.6e-02" not in out:
+        raise Failure("exit %d, expected 0 and PASS at the bf16 tolerances:\n%s%s" % (rc, out, err))
+    with open(os.path.join(work, "reference-plan.json")) as f:
+        ref = json.load(f)
+    if ref.get("precision") != "bf16":
+        raise Failure("the reference plan %s does not keep the plan's precision" % ref)
+    ref_losses = losses(os.path.join(work, "reference.jsonl"))
+    got = losses(os.path.join(work, "planned.jsonl"))
+    # Step 1's loss is the forward of the same bf16 weights and batch.
+    if abs(ref_losses[0] - got[0]) > 1e-4 * abs(ref_losses[0]):
+        raise Failure("step 1's losses %r and %r differ" % (ref_losses[0], got[0]))
+    return out.strip().splitlines()[-1]
+
+
 def check_zero_tolerance(carve, d):
     rc, out, err = run(carve, ["--plan", write_plan(d, "dp2", {"dp": 2}), "--steps", "1",
                                "--tolerance-weights", "1e-12"])
@@ -189,6 +213,7 @@ def main():
         ("dp=2 passes", lambda: check_pass(carve, d, "dp2", {"dp": 2})),
         ("tp=2 passes", lambda: check_pass(carve, d, "tp2", {"tp": 2})),
         ("pp=2 passes", lambda: check_pass(carve, d, "pp2", {"pp": 2, "num_micro_batches": 2})),
+        ("a bf16 plan against bf16", lambda: check_bf16(carve, d)),
         ("a perturbed planned run fails", lambda: check_perturbed(carve, d)),
         ("a zero tolerance fails", lambda: check_zero_tolerance(carve, d)),
         ("bad input", lambda: check_bad(carve, d, tmp)),

@@ -4,6 +4,7 @@
 #define CARVE_TOOLS_CARVE_VERIFYCMD_H
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,13 @@ struct VerifyArgs {
   std::string data;     // --data; empty: generated tokens
   std::string workdir;  // --workdir; empty: a temporary folder, removed at the end
   int64_t steps = 5;
-  double lossTolerance = 1e-5;           // relative to the 1-rank loss
-  double weightTolerance = 1e-4;         // |a - b| relative to max |a| over each tensor
+  /// Relative to the 1-rank loss; not given: by the plan's precision (fp32
+  /// 1e-5, bf16/fp16 1e-4; docs/verify.md).
+  std::optional<double> lossTolerance;
+  /// |a - b| relative to max |a| over each tensor; not given: fp32 1e-4,
+  /// bf16 2^-6, fp16 2^-9 (four roundings to the gradients' format, each
+  /// at most half a unit in its last place; docs/verify.md).
+  std::optional<double> weightTolerance;
   std::vector<std::string> compileFlags; // --set-dim, --frozen, --rules, --loss for both compiles
   /// Compare under the plan's own optimizer instead of SGD with momentum
   /// (AdamW turns rounding noise into +-lr steps; docs/verify.md).

@@ -256,11 +256,13 @@ cl::opt<std::string>
                            "folder, removed)"),
                   cl::value_desc("DIR"), cl::sub(verifyCmd), cl::cat(carveCat));
 cl::opt<double> verifyLossTol("tolerance-loss",
-                              cl::desc("Largest relative loss difference (default 1e-5)"),
+                              cl::desc("Largest relative loss difference (default: 1e-5 "
+                                       "for fp32 plans, 1e-4 for bf16/fp16)"),
                               cl::init(1e-5), cl::sub(verifyCmd), cl::cat(carveCat));
 cl::opt<double> verifyWeightTol(
     "tolerance-weights",
-    cl::desc("Largest weight difference relative to each tensor's largest entry (default 1e-4)"),
+    cl::desc("Largest weight difference relative to each tensor's largest entry (default: 1e-4 "
+             "for fp32 plans, 2^-6 for bf16, 2^-9 for fp16)"),
     cl::init(1e-4), cl::sub(verifyCmd), cl::cat(carveCat));
 cl::opt<bool> verifyPlannedOptimizer(
     "planned-optimizer",
@@ -511,8 +513,10 @@ int main(int argc, char **argv) {
     va.steps = verifySteps;
     va.data = verifyData;
     va.workdir = verifyWorkdir;
-    va.lossTolerance = verifyLossTol;
-    va.weightTolerance = verifyWeightTol;
+    if (verifyLossTol.getNumOccurrences())
+      va.lossTolerance = verifyLossTol;
+    if (verifyWeightTol.getNumOccurrences())
+      va.weightTolerance = verifyWeightTol;
     va.plannedOptimizer = verifyPlannedOptimizer;
     for (const std::string &d : setDims)
       va.compileFlags.insert(va.compileFlags.end(), {"--set-dim", d});
