@@ -97,6 +97,11 @@ std::set<ncclComm_t> &liveComms() {
   static auto *s = new std::set<ncclComm_t>;
   return *s;
 }
+/// The communicator objects (under liveMutex), for discardCapturedCollectives.
+std::set<NcclCommunicator *> &liveObjects() {
+  static auto *s = new std::set<NcclCommunicator *>;
+  return *s;
+}
 /// Set (under liveMutex) once abortLive has aborted every communicator.
 bool gAborted = false;
 void addLive(ncclComm_t c) {
@@ -136,6 +141,16 @@ ncclResult_t asyncError(ncclComm_t c, ncclResult_t *state) {
 
 void abortCommunicators() { abortLive(); }
 
+void discardCapturedCollectives() {
+  std::vector<NcclCommunicator *> all;
+  {
+    std::lock_guard<std::mutex> lock(liveMutex());
+    all.assign(liveObjects().begin(), liveObjects().end());
+  }
+  for (NcclCommunicator *c : all)
+    c->discardCaptured();
+}
+
 namespace {
 
 /// The first thread to fail reports; any other waits for the process to end.
@@ -151,6 +166,8 @@ std::atomic<bool> &reporting() {
 NcclCommunicator::NcclCommunicator(ncclComm_t handle, int rank, std::vector<int> worldRanksOfGroup)
     : comm(handle), myRank(rank), members(std::move(worldRanksOfGroup)) {
   addLive(comm);
+  std::lock_guard<std::mutex> lock(liveMutex());
+  liveObjects().insert(this);
 }
 
 bool NcclCommunicator::setUp(bool sharedStream, std::string &error) {
@@ -193,6 +210,10 @@ bool NcclCommunicator::setUp(bool sharedStream, std::string &error) {
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(liveMutex());
+    liveObjects().erase(this);
+  }
   if (watchdog.joinable()) {
     {
       std::lock_guard<std::mutex> lock(watchMutex);
@@ -306,7 +327,7 @@ void NcclCommunicator::poll(ncclComm_t c, const OpInfo &info) {
 void NcclCommunicator::hostWait(cudaEvent_t ev, const OpInfo &info) {
   if (carve::gpu::capturing())
     fail(info, "the host cannot wait for a collective while the step is captured in a CUDA "
-               "graph; run without --cuda-graph");
+               "graph");
   const double limit = collectiveTimeout();
   const Clock::time_point start = Clock::now();
   for (unsigned spin = 1;; ++spin) {
@@ -406,6 +427,14 @@ void NcclCommunicator::timedOut(const OpInfo &info, double limit) {
 }
 
 void NcclCommunicator::fail(const OpInfo &info, const std::string &cause) {
+  if (carve::rt::fatalTrapped()) {
+    // A CUDA graph capture (graphStep): nothing ran, the communicator is
+    // intact, and the step runs eagerly instead.
+    carve::rt::FatalTrapped t;
+    std::snprintf(t.message, sizeof t.message, "NCCL %s over %s: %s", info.op, name().c_str(),
+                  cause.c_str());
+    throw t;
+  }
   if (reporting().exchange(true))
     for (;;)
       std::this_thread::sleep_for(std::chrono::seconds(1));

@@ -83,6 +83,12 @@ public:
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
 
+  /// After a CUDA graph capture that failed half-way (graphStep): forgets the
+  /// operations started in it and not yet waited for, joining their stream
+  /// back to the compute stream so that the capture can end. Nothing of them
+  /// ran: a capture only records.
+  void discardCaptured();
+
 private:
   /// A pinned host buffer and a device buffer of the same size.
   struct Staging {
@@ -150,6 +156,7 @@ private:
     std::vector<Copy> outs;
     bool selfPending = false;
     int selfTag = 0;
+    bool captured = false; // started while a CUDA graph was being captured
   };
 
   /// An operation the watchdog follows until its event completes.

@@ -305,7 +305,7 @@ void NcclCommunicator::stageIn(Op &o) {
     return;
   if (carve::gpu::capturing())
     fail(o.info, "host memory cannot take part in a collective captured in a CUDA graph (the "
-                 "copy to the device would not be repeated); run without --cuda-graph");
+                 "copy to the device would not be repeated)");
   o.staging = takeStaging(static_cast<size_t>(o.stage.total), o.info);
   Staging &st = staging[o.staging];
   o.stage.base = static_cast<char *>(st.dev);
@@ -322,6 +322,7 @@ CommHandle NcclCommunicator::end(Op &o) {
   Slot &s = slots[id];
   s.info = o.info;
   s.staging = o.staging;
+  s.captured = carve::gpu::capturing();
   s.outs.clear();
   if (o.staging >= 0) {
     Staging &st = staging[o.staging];
@@ -342,6 +343,7 @@ CommHandle NcclCommunicator::postSelf(bool isSend, void *buf, int64_t bytes, int
   const int64_t id = takeSlot();
   slots[id].info = info;
   slots[id].staging = -1;
+  slots[id].captured = carve::gpu::capturing();
   slots[id].outs.clear();
   for (auto it = selfOps.begin(); it != selfOps.end(); ++it) {
     if (it->isSend == isSend || it->tag != tag)
@@ -432,6 +434,21 @@ int64_t NcclCommunicator::takeSlot() {
   if (!s.done)
     s.done = takeEvent();
   return id;
+}
+
+void NcclCommunicator::discardCaptured() {
+  for (int64_t id = 0; id < static_cast<int64_t>(slots.size()); ++id) {
+    Slot &s = slots[id];
+    if (!s.active || !s.captured)
+      continue;
+    // Fails where the capture is already invalidated: it ends anyway.
+    (void)cudaStreamWaitEvent(compute(), s.done, 0);
+    s.captured = false;
+    freeSlot(id);
+  }
+  for (auto it = selfOps.begin(); it != selfOps.end();)
+    it = slots[it->slot].active ? std::next(it) : selfOps.erase(it);
+  (void)cudaGetLastError();
 }
 
 void NcclCommunicator::freeSlot(int64_t id) {

@@ -55,6 +55,8 @@ struct DeviceState {
   int64_t graphNodes = 0;
   cudaEvent_t graphDone = nullptr;
   bool capturing = false;
+  bool graphOff = false; // a capture failed: eager from then on
+  std::string graphWhy;  // what broke it
 };
 
 DeviceState &state() {
@@ -324,7 +326,7 @@ void *workspace(size_t bytes, int slot) {
   // Growing moves the buffer: a captured graph would go on using the old one.
   if (s.capturing || s.graph)
     fatal("CUDA graph: scratch slot %d must grow from %zu to %zu bytes %s (the warm-up step "
-          "asked for less); run without --cuda-graph",
+          "asked for less); run with --no-cuda-graph",
           slot, s.scratchBytes[slot], bytes,
           s.capturing ? "while the step is captured" : "after the step was captured");
   // Work already enqueued may still read the old buffer.
@@ -351,31 +353,53 @@ bool capturing() { return state().capturing; }
 
 namespace {
 
-/// Captures `body` into `s.graph` (nothing runs).
-void captureGraph(DeviceState &s, StepContext &ctx, void (*body)(StepContext &)) {
+/// Captures `body` into `s.graph` (nothing runs). False, with what broke it
+/// in `why`, when the step cannot be captured: whatever would have ended the
+/// process inside the body (fatal, a failed NCCL call) is trapped, the
+/// collectives it started are forgotten, the capture ended and dropped.
+bool captureGraph(DeviceState &s, StepContext &ctx, void (*body)(StepContext &), std::string &why) {
   cudaError_t e = cudaStreamBeginCapture(s.compute, cudaStreamCaptureModeThreadLocal);
-  if (e != cudaSuccess)
-    fatal("%sstep %lld: starting to capture the forward and backward in a CUDA graph failed: %s",
-          where().c_str(), static_cast<long long>(ctx.step + 1), cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    why = format("starting the capture failed: %s", cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return false;
+  }
   s.capturing = true;
-  body(ctx);
+  try {
+    carve::rt::FatalTrap trap;
+    body(ctx);
+  } catch (const carve::rt::FatalTrapped &t) {
+    why = t.message;
+  }
   s.capturing = false;
+  if (!why.empty())
+    discardCapturedCollectives();
   cudaGraph_t g = nullptr;
   e = cudaStreamEndCapture(s.compute, &g);
-  if (e != cudaSuccess || !g)
-    fatal("%sstep %lld: capturing the forward and backward in a CUDA graph failed: %s (an "
-          "operation in them cannot be captured); run without --cuda-graph",
-          where().c_str(), static_cast<long long>(ctx.step + 1),
-          e != cudaSuccess ? cudaGetErrorString(e) : "no graph");
+  if (why.empty() && (e != cudaSuccess || !g))
+    why = format("ending the capture failed: %s (an operation in the forward and backward cannot "
+                 "be captured, and did not say so when called)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no graph");
+  if (!why.empty()) {
+    if (g)
+      cudaGraphDestroy(g);
+    (void)cudaGetLastError(); // capture errors are not sticky: nothing is lost
+    return false;
+  }
   size_t nodes = 0;
   e = cudaGraphGetNodes(g, nullptr, &nodes);
   if (e == cudaSuccess)
     e = cudaGraphInstantiate(&s.graph, g, 0);
   cudaGraphDestroy(g);
-  if (e != cudaSuccess)
-    fatal("%sstep %lld: instantiating the captured CUDA graph (%zu nodes) failed: %s",
-          where().c_str(), static_cast<long long>(ctx.step + 1), nodes, cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    s.graph = nullptr;
+    why = format("instantiating the captured graph (%zu nodes) failed: %s", nodes,
+                 cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return false;
+  }
   s.graphNodes = static_cast<int64_t>(nodes);
+  return true;
 }
 
 /// Waits for the graph just launched, polling so that a collective inside it
@@ -433,10 +457,29 @@ void graphStep(StepContext &ctx, void (*body)(StepContext &)) {
     body(ctx); // the warm-up
     return;
   }
+  if (s.graphOff) {
+    body(ctx);
+    return;
+  }
   if (!s.graphDone)
     CARVE_CUDA_CHECK(cudaEventCreateWithFlags(&s.graphDone, cudaEventDisableTiming));
-  if (!s.graph)
-    captureGraph(s, ctx, body);
+  if (!s.graph) {
+    // Every rank replays its graph or none does: NCCL's collectives must be
+    // captured on all ranks alike.
+    const bool ok = captureGraph(s, ctx, body, s.graphWhy);
+    const bool all = ctx.hooks ? ctx.hooks->everyRank(ok) : ok;
+    if (!all) {
+      if (s.graph)
+        cudaGraphExecDestroy(s.graph);
+      s.graph = nullptr;
+      s.graphNodes = 0;
+      s.graphOff = true;
+      ctx.graphFallback = ok ? 2 : 1;
+      ctx.graphFallbackWhy = ok ? nullptr : s.graphWhy.c_str();
+      body(ctx);
+      return;
+    }
+  }
   CARVE_CUDA_CHECK(cudaGraphLaunch(s.graph, s.compute));
   waitForGraph(s, ctx.step);
   ctx.graphNodes = s.graphNodes;

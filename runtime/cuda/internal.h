@@ -75,6 +75,11 @@ bool capturing();
 /// enqueued (a CUDA graph that never completes); then the caller exits.
 void abortCommunicators();
 
+/// After a CUDA graph capture that failed half-way: every NCCL communicator
+/// forgets the operations started while capturing (comm_nccl.cpp), so that
+/// the step can run eagerly.
+void discardCapturedCollectives();
+
 //===--- Bad data found on the device --------------------------------------===//
 //
 // A kernel that meets a value the CPU kernel would stop on (a target outside

@@ -450,7 +450,7 @@ template <class T> struct DeviceTable {
       return;
     if (capturing())
       fatal("CUDA graph: %s's tensors changed while the step is captured (the warm-up step had "
-            "other ones); run without --cuda-graph",
+            "other ones)",
             what);
     rows = std::move(now);
     first.assign(rows.size() + 1, 0);

@@ -18,7 +18,23 @@ namespace carve::rt {
 
 void (*fatalHook)(int code) = nullptr;
 
+namespace {
+thread_local int tTraps = 0; // FatalTraps alive on this thread
+} // namespace
+
+FatalTrap::FatalTrap() { ++tTraps; }
+FatalTrap::~FatalTrap() { --tTraps; }
+bool fatalTrapped() { return tTraps > 0; }
+
 void fatal(const char *fmt, ...) {
+  if (tTraps > 0) {
+    FatalTrapped t;
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(t.message, sizeof t.message, fmt, ap);
+    va_end(ap);
+    throw t;
+  }
   // Several threads of one parallel loop may fail at once: the first reports,
   // the others wait for the process to go down.
   static std::atomic<bool> reported{false};

@@ -45,6 +45,12 @@ bool NanGuard::updateAllowed(StepContext &ctx, double gradNorm) {
   return check(ctx, std::isfinite(gradNorm));
 }
 
+bool NanGuard::everyRank(bool ok) {
+  int64_t failed = ok ? 0 : 1;
+  world.allReduce(&failed, 1, CommType::I64, ReduceOp::Max);
+  return failed == 0;
+}
+
 bool NanGuard::check(StepContext &ctx, bool normFinite) {
   int64_t flag = std::isfinite(ctx.loss) && normFinite ? 0 : 1;
   world.allReduce(&flag, 1, CommType::I64, ReduceOp::Max);

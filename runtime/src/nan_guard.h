@@ -42,6 +42,7 @@ public:
 
   void gradientsReady(StepContext &ctx) override;
   bool updateAllowed(StepContext &ctx, double gradNorm) override;
+  bool everyRank(bool ok) override;
 
   /// For a program whose step does not call the hooks: the loss after the
   /// update (which cannot be skipped any more).

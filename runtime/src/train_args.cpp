@@ -108,10 +108,14 @@ that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT per process (docs/nccl.m
                               Each of these overrides the value compiled into the program
                               (listed below) for this run, without recompiling; checkpoints
                               record the values used
-  --cuda-graph                CUDA programs: run the first step as it is, capture the
-                              forward and backward (kernels and collectives) in a CUDA graph
-                              on the second and replay it from then on (one launch instead of
-                              one per kernel); pipeline-parallel programs run as they are
+  --cuda-graph, --no-cuda-graph
+                              CUDA programs, on by default: run the first step as it is,
+                              capture the forward and backward (kernels and collectives) in a
+                              CUDA graph on the second and replay it from then on (one launch
+                              instead of one per kernel). A step that cannot be captured runs
+                              eagerly, and the run says which call broke the capture.
+                              Pipeline-parallel programs run eagerly; so do runs with
+                              CARVE_GPU_PROFILE=1 unless --cuda-graph is given
   --quiet                     print nothing but errors (--progress none)
   --help                      print this text
 )";
@@ -164,7 +168,9 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
       value = argv[++i];
       return true;
     };
-    if ((arg == "--cuda-graph" || arg == "--quiet" || arg == "--check-data") && inlineValue) {
+    if ((arg == "--cuda-graph" || arg == "--no-cuda-graph" || arg == "--quiet" ||
+         arg == "--check-data") &&
+        inlineValue) {
       error = arg + " takes no value";
       return false;
     } else if (arg == "--seed") {
@@ -201,8 +207,13 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
         opts.evalBatches = v;
       else
         opts.showBatches = v;
-    } else if (arg == "--cuda-graph") {
-      opts.cudaGraph = true;
+    } else if (arg == "--cuda-graph" || arg == "--no-cuda-graph") {
+      const int want = arg == "--cuda-graph" ? 1 : 0;
+      if (opts.cudaGraph >= 0 && opts.cudaGraph != want) {
+        error = "--cuda-graph and --no-cuda-graph contradict each other";
+        return false;
+      }
+      opts.cudaGraph = want;
     } else if (arg == "--check-data") {
       opts.checkData = true;
     } else if (arg == "--quiet") {

@@ -39,7 +39,10 @@ struct Options {
   int64_t progressEvery = 0;
   double lossScale = 65536;  // fp16 plans: the initial dynamic loss scale
   bool lossScaleSet = false; // --loss-scale given: it wins over a checkpoint's
-  bool cudaGraph = false;    // --cuda-graph
+  // CUDA graphs: -1 by default (on for CUDA programs without pipeline
+  // parallelism, off under CARVE_GPU_PROFILE), 1 with --cuda-graph, 0 with
+  // --no-cuda-graph.
+  int cudaGraph = -1;
   bool checkData = false;    // --check-data: validate --data against the program, train nothing
   int64_t showBatches = 0;   // --show-batches N (with --check-data): print where rows come from
   // Data sets (carve/rt/data.h): --shuffle SEED, --doc-eot ID, --doc-offsets FILE.

@@ -287,7 +287,7 @@ void prepareRank(const Options &opts, int worldRank, int localRank, int localRan
   const Program &program = *s.program;
   const DeviceTarget *device = s.device;
   s.mesh = Mesh::ofRank(worldRank, program.dp, program.tp, program.pp);
-  if (opts.cudaGraph && !device)
+  if (opts.cudaGraph == 1 && !device)
     error = std::string("--cuda-graph needs a program compiled with --target cuda; '") +
             program.name + "' is for the CPU";
   else if (checkShardedSpecs(program, s.mesh, error))
@@ -591,10 +591,19 @@ bool Trainer::run() {
     ctx.tracer = &tracer;
   }
   ctx.hooks = &guard;
-  ctx.cudaGraph = opts.cudaGraph && program.pp == 1;
-  if (opts.cudaGraph && program.pp > 1 && talk) {
+  // CUDA graphs: on by default where the plan allows; a profile times each
+  // kernel, which a graph's replays would hide.
+  const bool profiling = std::getenv("CARVE_GPU_PROFILE") && *std::getenv("CARVE_GPU_PROFILE") &&
+                         std::string(std::getenv("CARVE_GPU_PROFILE")) != "0";
+  ctx.cudaGraph =
+      device && program.pp == 1 && (opts.cudaGraph == 1 || (opts.cudaGraph == -1 && !profiling));
+  if (device && opts.cudaGraph == 1 && program.pp > 1 && talk) {
     std::printf("carve: --cuda-graph: pipeline-parallel programs are not captured (their "
                 "schedule runs the micro-batches from the host); running as they are\n");
+    std::fflush(stdout);
+  } else if (device && opts.cudaGraph == -1 && program.pp == 1 && profiling && talk) {
+    std::printf("carve: CARVE_GPU_PROFILE: the steps run eagerly, each kernel timed (--cuda-graph "
+                "captures them anyway, untimed)\n");
     std::fflush(stdout);
   }
   ProgressMode mode = opts.quiet || worldRank != 0 ? ProgressMode::None
@@ -649,6 +658,26 @@ bool Trainer::runStep(int64_t k) {
     device->stepEnded(k);
   if (!guard.asked)
     guard.checkAfterStep(ctx);
+  if (ctx.graphFallback && !graphReported) {
+    graphReported = true;
+    // The rank whose capture failed says why; rank 0 says what happens.
+    const bool mine = ctx.graphFallback == 1 && !opts.quiet;
+    if (mine || talk)
+      progress->interrupt();
+    if (mine)
+      std::printf("carve: rank %d: step %lld: the forward and backward cannot be captured in a "
+                  "CUDA graph: %s\n",
+                  worldRank, static_cast<long long>(k + 1),
+                  ctx.graphFallbackWhy ? ctx.graphFallbackWhy : "(no cause given)");
+    if (talk)
+      std::printf("carve: step %lld: %s; every step runs eagerly from now on (train "
+                  "--no-cuda-graph does not try)\n",
+                  static_cast<long long>(k + 1),
+                  ctx.graphFallback == 1 ? "no CUDA graph"
+                                         : "no CUDA graph: another rank's "
+                                           "capture failed (its line says why)");
+    std::fflush(stdout);
+  }
   if (ctx.graphNodes > 0 && !graphReported) {
     graphReported = true;
     if (talk) {

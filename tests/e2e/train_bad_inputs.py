@@ -347,6 +347,15 @@ def build_cases(carve, root, p, errors):
     args, guarded = train_args("cuda_graph_value", p["mlp_data"], ["--cuda-graph=yes"])
     cases.append(Case("cuda_graph_value", [mlp1_train, *args],
                       expect=["--cuda-graph", "no value"], guarded=guarded, needs=["mlp1"]))
+    args, guarded = train_args("no_cuda_graph_value", p["mlp_data"], ["--no-cuda-graph=1"])
+    cases.append(Case("no_cuda_graph_value", [mlp1_train, *args],
+                      expect=["--no-cuda-graph", "no value"], guarded=guarded, needs=["mlp1"]))
+    # Both: the run cannot know which was meant.
+    args, guarded = train_args("cuda_graph_both", p["mlp_data"],
+                               ["--cuda-graph", "--no-cuda-graph"])
+    cases.append(Case("cuda_graph_both", [mlp1_train, *args],
+                      expect=["--cuda-graph", "--no-cuda-graph", "contradict"], guarded=guarded,
+                      needs=["mlp1"]))
 
     # Data files.
     missing = d("data", "does_not_exist.bin")

@@ -21,7 +21,8 @@
 // ranks by pairs with the order reversed by the key) with their own
 // collectives; and an all-reduce of non-integer floats whose result must be
 // bitwise equal on every rank. All of it on a non-blocking and on a
-// blocking (CARVE_NCCL_BLOCKING=1) communicator.
+// blocking (CARVE_NCCL_BLOCKING=1) communicator. And gpu::graphStep where
+// one rank cannot capture the step: every rank runs it eagerly instead.
 //
 //===----------------------------------------------------------------------===//
 
@@ -670,6 +671,101 @@ int runFault(const std::string &fault, Communicator &world) {
 }
 
 /// A child: one rank, its GPU, the TCP world, then NCCL over it twice.
+//===--- A CUDA graph capture that fails on one rank -------------------===//
+
+/// The run's agreement (train's NanGuard does this over its world).
+class WorldHooks : public carve::rt::StepHooks {
+public:
+  explicit WorldHooks(Communicator &w) : world(w) {}
+  void gradientsReady(carve::rt::StepContext &) override {}
+  bool updateAllowed(carve::rt::StepContext &, double) override { return true; }
+  bool everyRank(bool ok) override {
+    int64_t failed = ok ? 0 : 1;
+    world.allReduce(&failed, 1, CommType::I64, ReduceOp::Max);
+    return failed == 0;
+  }
+
+private:
+  Communicator &world;
+};
+
+Communicator *fallbackComm = nullptr;
+constexpr int64_t kFallbackN = 1000;
+
+/// What a generated forwardBackward does in small, except that on rank 1
+/// it also synchronizes the compute stream while an all-reduce is in flight
+/// and checks for an error as the generated code does after a user's
+/// kernel: legal when run as it is, the capture's end when captured (with
+/// the all-reduce left to forget).
+void fallbackBody(carve::rt::StepContext &ctx) {
+  float *x = reinterpret_cast<float *>(ctx.arena), *y = x + kFallbackN;
+  g::scaleInPlace(x, kFallbackN, 2.0f);
+  carve::rt::CommHandle h =
+      fallbackComm->allReduceAsync(x, kFallbackN, CommType::F32, ReduceOp::Sum);
+  if (worldRank == 1) { // while the all-reduce is in flight
+    (void)cudaStreamSynchronize(compute());
+    g::checkLaunch("the test's synchronizing op");
+  }
+  fallbackComm->wait(h);
+  g::addInPlace(x, y, kFallbackN);
+}
+
+/// graphStep over 4 steps with the graph on: step 0 runs as it is; rank 1
+/// cannot capture step 1, so no rank replays a graph: step 1 and every later
+/// one run eagerly on every rank, with the all-reduce started in rank 0's
+/// capture (and the one rank 1 started before its failure) forgotten and
+/// every result 2 (x_0 + x_1) + y. Rank 1 is told why, rank 0 that another
+/// rank failed.
+void checkGraphFallback(Communicator &c, Communicator &world) {
+  const int n = c.size();
+  fallbackComm = &c;
+  WorldHooks hooks(world);
+  float *arena = nullptr;
+  GT_CUDA(cudaMalloc(&arena, 2 * kFallbackN * sizeof(float)));
+  std::vector<float> y(kFallbackN);
+  for (int64_t i = 0; i < kFallbackN; ++i)
+    y[i] = 0.25f * static_cast<float>(i % 50);
+  GT_CUDA(cudaMemcpyAsync(arena + kFallbackN, y.data(), kFallbackN * sizeof(float),
+                          cudaMemcpyHostToDevice, compute()));
+  carve::rt::StepContext ctx;
+  ctx.arena = reinterpret_cast<char *>(arena);
+  ctx.cudaGraph = true;
+  ctx.hooks = &hooks;
+  for (int step = 0; step < 4; ++step) {
+    const std::string at = "graph fallback: step " + std::to_string(step) + ": ";
+    auto xOf = [&](int r, int64_t i) { return static_cast<float>(10 * step + r + i % 100); };
+    std::vector<float> x(kFallbackN);
+    for (int64_t i = 0; i < kFallbackN; ++i)
+      x[i] = xOf(worldRank, i);
+    GT_CUDA(cudaMemcpyAsync(arena, x.data(), kFallbackN * sizeof(float), cudaMemcpyHostToDevice,
+                            compute()));
+    GT_CUDA(cudaStreamSynchronize(compute()));
+    ctx.step = step;
+    g::graphStep(ctx, fallbackBody);
+    std::vector<float> got = readBack(arena, kFallbackN);
+    int bad = 0;
+    for (int64_t i = 0; i < kFallbackN; ++i) {
+      float sum = 0;
+      for (int r = 0; r < n; ++r)
+        sum += 2.0f * xOf(r, i);
+      bad += got[i] != sum + y[i];
+    }
+    expect(bad == 0, at + std::to_string(bad) + " wrong elements of 2 (x_0 + x_1) + y");
+    expect(ctx.graphNodes == 0,
+           at + "no graph expected, got " + std::to_string(ctx.graphNodes) + " nodes");
+    const int wantFallback = step == 0 ? 0 : worldRank == 1 ? 1 : 2;
+    expect(ctx.graphFallback == wantFallback, at + "graphFallback " +
+                                                  std::to_string(ctx.graphFallback) +
+                                                  ", expected " + std::to_string(wantFallback));
+    if (step > 0 && worldRank == 1) {
+      const std::string why = ctx.graphFallbackWhy ? ctx.graphFallbackWhy : "";
+      expect(why.find("the test's synchronizing op") != std::string::npos,
+             at + "the cause does not name the op that broke the capture: '" + why + "'");
+    }
+  }
+  cudaFree(arena);
+}
+
 int runRank(const std::string &dir) {
   int size = 0, localRank = 0, localSize = 0;
   if (!envInt("WORLD_SIZE", 1, 1024, size) || !envInt("RANK", 0, size - 1, worldRank) ||
@@ -697,6 +793,8 @@ int runRank(const std::string &dir) {
     if (!c)
       break; // the other ranks could not start either, or wait for this one
     checkOperations(*c, label, dir);
+    if (!blocking)
+      checkGraphFallback(*c, *world);
     c.reset();
     if (blocking)
       unsetenv("CARVE_NCCL_BLOCKING");

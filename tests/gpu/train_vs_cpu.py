@@ -29,16 +29,21 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    4 micro-batches) on 2 GPUs against 1 within 1e-5: forward and backward
    messages share each direction between the two ranks.
    With fewer GPUs these parts print that they were not run.
-4. train --cuda-graph (the forward and backward captured in a CUDA graph
-   from the second step on) gives bitwise the eager run's losses and final
-   checkpoint: GPT and Llama in fp32, bf16 and fp16 (from loss scale 2^24,
-   so that skipped steps and a changing scale go through the graph), and
-   dp=2 and tp=2 of both on 2 GPUs where there are 2 (pipelines are not
-   captured: train says so and runs them eagerly).
+4. train's default for CUDA programs, the forward and backward captured in
+   a CUDA graph from the second step on (the run says so), gives bitwise
+   the losses and final checkpoint of the eager run (train --no-cuda-graph,
+   which captures nothing): GPT and Llama in fp32, bf16 and fp16 (from loss
+   scale 2^24, so that skipped steps and a changing scale go through the
+   graph), and dp=2 and tp=2 of both on 2 GPUs where there are 2 (pipelines
+   are not captured).
 5. A custom op: the Llama with the fused SwiGLU of models/custom/, its
    CUDA kernels (swiglu.cu) against its CPU kernels (swiglu.cpp), fp32, within
-   the fp32 bounds of 1 (trained with SGD, as 8. says why); and --cuda-graph (which captures the user's kernels)
-   bitwise equal to the eager run.
+   the fp32 bounds of 1 (trained with SGD, as 8. says why); the CUDA graph
+   (which captures the user's kernels) bitwise equal to the eager run. And
+   the same op with a forward kernel that synchronizes its stream (which no
+   capture allows): the run says that its step cannot be captured, naming
+   the op and CUDA's reason, runs every step eagerly, and trains bitwise as
+   the good kernels' eager run.
 6. Start-up failures: a plan that needs more memory than the GPU has
    (--set-dim to a huge batch) stops with one line naming the rank, the GPU
    and the memory needed; more ranks on this host than visible GPUs stops
@@ -48,7 +53,7 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    tunes the kernels), with the cuBLAS GEMMs, attention and AdamW among its
    rows, and (on a GPU) more than 0 ms in all.
 8. Dropout: tests/e2e/dropout.py's model (8 dropout nodes) draws the CPU
-   program's masks on the GPU (the fp32 bounds of 1), --cuda-graph replays
+   program's masks on the GPU (the fp32 bounds of 1), the CUDA graph replays
    each step's masks (bitwise the eager run), and with 2 GPUs tp=2 equals
    1 GPU within 1e-5. Trained with SGD: AdamW's first steps move an entry by
    about lr whatever its gradient's size, so where a gradient is small
@@ -222,27 +227,43 @@ def train(carve, out, ranks, data, save, extra=(), log_suffix=""):
                                         "--save", save, "--progress", "none"] + list(extra))
     if rc != 0:
         raise Failure("run %s on %d rank(s) failed:\n%s%s" % (out, ranks, so, se))
-    if "--cuda-graph" in extra and "captured in a CUDA graph" not in so:
-        raise Failure("run %s --cuda-graph did not report its capture:\n%s" % (out, so))
+    STDOUT[log] = so
     return [json.loads(l)["loss"] for l in open(log)]
 
 
-def check_graph(carve, out, ranks, data, eager_losses, eager_ckpt, label, extra=()):
-    """train --cuda-graph runs the same kernels and collectives in the same
-    order as the eager program, so its losses and final checkpoint must be
-    bitwise the eager run's (run with the same `extra` flags)."""
-    ckpt = out + ".graph.ckpt"
-    losses = train(carve, out, ranks, data, ckpt, ["--cuda-graph"] + list(extra), ".graph")
-    if pending(losses, eager_losses):
+# The standard output of each train run, by its log's path.
+STDOUT = {}
+CAPTURED = "forward and backward captured in a CUDA graph of"
+
+
+def check_graph(carve, out, ranks, data, graph_losses, graph_ckpt, label, extra=()):
+    """The default run of a CUDA program (train(out, ...) with `extra`)
+    replays a CUDA graph of the same kernels and collectives, in the same
+    order, as the eager run (train --no-cuda-graph), so its losses and final
+    checkpoint must be bitwise the eager run's."""
+    if pending(graph_losses):
         return
-    if losses != eager_losses:
-        raise Failure("%s --cuda-graph: losses differ from the eager run\n  eager %s\n  graph %s"
-                      % (label, eager_losses, losses))
-    graph = load_checkpoint(ckpt)
-    for k, t in eager_ckpt.items():
-        if k not in graph or not (graph[k] == t).all():
-            raise Failure("%s --cuda-graph: tensor %s differs from the eager run's" % (label, k))
-    print("ok: %s --cuda-graph: losses and checkpoint bitwise equal to the eager run" % label)
+    graph_out = STDOUT.get(out + ".jsonl", "")
+    if PHASE != "prepare" and CAPTURED not in graph_out:
+        raise Failure("%s: the default run did not capture its step in a CUDA graph:\n%s"
+                      % (label, graph_out))
+    ckpt = out + ".eager.ckpt"
+    losses = train(carve, out, ranks, data, ckpt, ["--no-cuda-graph"] + list(extra), ".eager")
+    if pending(losses):
+        return
+    if CAPTURED in STDOUT[out + ".eager.jsonl"]:
+        raise Failure("%s --no-cuda-graph captured a CUDA graph:\n%s"
+                      % (label, STDOUT[out + ".eager.jsonl"]))
+    if losses != graph_losses:
+        raise Failure("%s: CUDA graph losses differ from the eager run's\n  eager %s\n  graph %s"
+                      % (label, losses, graph_losses))
+    eager = load_checkpoint(ckpt)
+    for k, t in eager.items():
+        if k not in graph_ckpt or not (graph_ckpt[k] == t).all():
+            raise Failure("%s: tensor %s of the CUDA graph run differs from the eager run's"
+                          % (label, k))
+    print("ok: %s: CUDA graph (the default): losses and checkpoint bitwise equal to the eager "
+          "run" % label)
 
 
 def check_profile(out, data):
@@ -348,7 +369,51 @@ def check_custom_op(carve, w, data_gen):
           "within %.2g (%s)" % (d, STEPS, gap, name))
     check_graph(carve, os.path.join(w, "swiglu-cuda"), 1, data, runs["cuda"][0], runs["cuda"][1],
                 "custom op (SwiGLU kernels)")
-    return 2
+    check_capture_fallback(carve, w, custom, onnx, sgd, data, runs["cuda"][0])
+    return 3
+
+
+def check_capture_fallback(carve, w, custom, onnx, plan, data, eager_losses):
+    """The SwiGLU op with a forward kernel that synchronizes its stream,
+    which a CUDA graph capture does not allow: the default run says which
+    op broke the capture and why, then trains every step eagerly, bitwise as
+    the good kernels' eager run (the synchronization changes no value)."""
+    with open(os.path.join(custom, "swiglu.cu")) as f:
+        src = f.read()
+    entry = "CarveStream stream) {\n  requireF32(in[0], \"a\");"
+    if src.count(entry) != 1:
+        raise Failure("models/custom/swiglu.cu: the forward entry to patch was not found")
+    bad = src.replace(entry, "CarveStream stream) {\n  cudaStreamSynchronize(static_cast<"
+                      "cudaStream_t>(stream));\n  requireF32(in[0], \"a\");")
+    with open(os.path.join(custom, "swiglu.json")) as f:
+        rules = json.load(f)
+    op = rules["ops"][0]
+    op["cuda"]["sources"] = ["swiglu_sync.cu"]
+    op["cpu"]["sources"] = [os.path.abspath(os.path.join(custom, "swiglu.cpp"))]
+    if PHASE != "device":
+        with open(os.path.join(w, "swiglu_sync.cu"), "w") as f:
+            f.write("#include <cuda_runtime.h>\n" + bad)
+        with open(os.path.join(w, "swiglu_sync.json"), "w") as f:
+            json.dump(rules, f)
+    out = os.path.join(w, "swiglu-sync-cuda")
+    compile_(carve, onnx, plan, "cuda", out, ["--rules", os.path.join(w, "swiglu_sync.json")])
+    losses = train(carve, out, 1, data, out + ".ckpt")
+    if pending(losses, eager_losses):
+        return
+    so = STDOUT[out + ".jsonl"]
+    if CAPTURED in so:
+        raise Failure("a forward kernel that synchronizes was captured in a CUDA graph:\n" + so)
+    told = [l for l in so.splitlines() if "cannot be captured in a CUDA graph" in l]
+    if not told or "the user's forward kernel" not in told[0] or "SwiGLU" not in told[0]:
+        raise Failure("the run did not say that the SwiGLU op's forward kernel broke the "
+                      "capture:\n" + so)
+    if "every step runs eagerly" not in so:
+        raise Failure("the run did not say that it goes on eagerly:\n" + so)
+    if losses != eager_losses:
+        raise Failure("after the failed capture the losses differ from the eager run's\n  "
+                      "eager %s\n  got   %s" % (eager_losses, losses))
+    print("ok: custom op whose kernel synchronizes: the capture fails naming it (%s), every "
+          "step runs eagerly, bitwise the eager run" % told[0].split("CUDA graph: ", 1)[-1])
 
 
 def check_dropout(carve, w, data_gen, n):
@@ -572,10 +637,10 @@ def main():
             out = os.path.join(w, "%s-fp16-cuda" % model)
             compile_(a.carve, onnx, {"precision": "fp16"}, "cuda", out)
             scale = ["--loss-scale", "16777216"]
-            eager = train(a.carve, out, 1, data, out + ".ckpt", scale)
-            check_graph(a.carve, out, 1, data, eager, load_checkpoint(out + ".ckpt"),
+            graph = train(a.carve, out, 1, data, out + ".ckpt", scale)
+            check_graph(a.carve, out, 1, data, graph, load_checkpoint(out + ".ckpt"),
                         "%s fp16 from loss scale 2^24" % model, scale)
-            checks += 0 if pending(eager) else 1
+            checks += 0 if pending(graph) else 1
 
     with going_on():
         checks += check_custom_op(a.carve, w, data_gen)

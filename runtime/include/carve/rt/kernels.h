@@ -271,8 +271,31 @@ template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
 /// the columns past the last one are zeros.
 template <class T> void nonzero(const T *x, Dims xs, int64_t *y);
 
-/// Aborts the process with "carve: error: MSG" (rank prefix when known).
+/// Aborts the process with "carve: error: MSG" (rank prefix when known), or,
+/// on a thread inside a FatalTrap, throws FatalTrapped{MSG} instead.
 [[noreturn]] void fatal(const char *fmt, ...);
+
+/// What `fatal` throws inside a FatalTrap: the message it would have printed.
+struct FatalTrapped {
+  char message[1024];
+};
+
+/// While one lives, `fatal` on this thread throws FatalTrapped instead of
+/// ending the process. For work whose failure has a way out: gpu::graphStep
+/// captures a step in a CUDA graph inside one, and a step that cannot be
+/// captured (a user's kernel that synchronizes, say) runs eagerly instead of
+/// ending the run. Nests; not for code that may fail half-way through a
+/// change of shared state.
+class FatalTrap {
+public:
+  FatalTrap();
+  ~FatalTrap();
+  FatalTrap(const FatalTrap &) = delete;
+  FatalTrap &operator=(const FatalTrap &) = delete;
+};
+/// Whether this thread is inside a FatalTrap (error paths that end the
+/// process without `fatal` check it and throw FatalTrapped themselves).
+bool fatalTrapped();
 /// Called by `fatal` with exit code 1 after the message is printed, when set:
 /// the MPI runtime points it at MPI_Abort so that one failing rank brings every
 /// rank down. Null by default; if it returns, `fatal` calls std::exit.

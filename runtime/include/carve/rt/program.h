@@ -116,6 +116,10 @@ public:
   virtual ~StepHooks() = default;
   virtual void gradientsReady(StepContext &ctx) = 0;
   virtual bool updateAllowed(StepContext &ctx, double gradNorm) = 0;
+  /// Whether `ok` holds on every rank of the run, each rank calling it at the
+  /// same point of the same step (gpu::graphStep: every rank replays its
+  /// captured step, or none does). Without a world to ask: `ok`.
+  virtual bool everyRank(bool ok) { return ok; }
 };
 
 /// What one step hands to the generated code, and what it hands back.
@@ -138,11 +142,17 @@ struct StepContext {
   /// The loss seed's factor (dynamic loss scaling of fp16 plans): gradients
   /// come out scaled by it and the step divides them by it before the norm.
   float lossScale = 1;
-  /// CUDA programs (train --cuda-graph): run the forward and backward once,
-  /// then capture them in a CUDA graph and replay it (gpu::graphStep).
+  /// CUDA programs (train's default; --no-cuda-graph turns it off): run the
+  /// forward and backward once, then capture them in a CUDA graph and replay
+  /// it (gpu::graphStep).
   bool cudaGraph = false;
   /// Out: the nodes of the captured graph (0 until it is captured).
   int64_t graphNodes = 0;
+  /// Out, at the step whose capture failed (that step and every later one
+  /// run eagerly): 1 when this rank's capture failed, `graphFallbackWhy`
+  /// saying where; 2 when another rank's did. 0 otherwise.
+  int graphFallback = 0;
+  const char *graphFallbackWhy = nullptr;
   /// The run's learning rate, schedule, weight decay, AdamW's betas and eps
   /// and clipping (Program::hyper, overridden by train --lr ...); the step
   /// reads them.
