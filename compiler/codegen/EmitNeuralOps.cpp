@@ -27,7 +27,7 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
   if (residual) {
     Value sum = producedInto(op->getResult(0));
     Value copy = copyByWriter(sum.getDefiningOp(), 0);
-    inputGrad = name(residual) + ", " + resultOrNull(sum) + ", " +
+    inputGrad = name(residual) + ", " + resultOrCopyOnly(sum, copy) + ", " +
                 (copy ? name(copy) : std::string("nullptr"));
   } else if (isa<LayerNormGradOp, RmsNormGradOp>(op)) {
     inputGrad = name(op->getResult(0));

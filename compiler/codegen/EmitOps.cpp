@@ -186,6 +186,9 @@ bool Generator::emitOp(Operation *op) {
     if (epilogueAdds.count(op))
       s += opComment(op) + "  // added by the matmul above as it wrote " +
            name(epilogueAdds.lookup(op)) + " (cuBLASLt's bias epilogue)\n";
+    if (op->hasAttr(kBiasGradInGemmAttr))
+      s += opComment(op) + "  // summed by the weight gradient's GEMM below (cuBLASLt's "
+                           "bias-gradient epilogue)\n";
     return true;
   }
   std::string &s = body;
@@ -215,6 +218,11 @@ bool Generator::emitOp(Operation *op) {
   if (accumulatedResidual(op))
     if (Value byWriter = copyByWriter(producedInto(op->getResult(0)).getDefiningOp(), 0))
       s += resultPointer(byWriter);
+  // A weight gradient's GEMM writes the bias gradient's copy (rule 3i).
+  if (kernel == "matmul16_to16_bgrad")
+    if (Operation *r = biasGradReduceOf(op))
+      if (Value c = copyByWriter(r))
+        s += resultPointer(c);
   // A matmul that adds its add's bias writes the add's copy ("epilogue").
   if (Operation *e = epilogueAddOf(op); e && epilogueAdds.count(e))
     s += resultPointer(epilogueAdds.lookup(e));
@@ -264,7 +272,8 @@ bool Generator::emitOp(Operation *op) {
        << ");";
     ok = true;
   } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16" ||
-             kernel == "matmul16_bias" || kernel == "matmul_gathered")
+             kernel == "matmul16_to16_bgrad" || kernel == "matmul16_bias" ||
+             kernel == "matmul_gathered")
     ok = emitMatmul(op, kernel, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);
@@ -361,8 +370,8 @@ bool Generator::emitElementwise(Operation *op, StringRef kernel, llvm::raw_ostre
       if (!exact16Operand(op, 0, x, x16))
         return false;
       os << callee(opts, "unary_grad16") + "(Unary::" << k << ", " << x << ", " << flag("x16", x16)
-         << ", " << opnd(op, 1) << ", " << resultOrNull(res) << ", " << copyArgs(op) << ", "
-         << typeOf(res).getNumElements() << ");";
+         << ", " << opnd(op, 1) << ", " << resultOrCopyOnly(res, copyByWriter(op)) << ", "
+         << copyArgs(op) << ", " << typeOf(res).getNumElements() << ");";
       return true;
     }
     os << callee(opts, "unary_grad") + "(Unary::" << k << ", " << opnd(op, 0) << ", " << opnd(op, 1)
@@ -423,6 +432,10 @@ Value Generator::copyByWriter(Operation *op, unsigned k) {
   return Value();
 }
 
+std::string Generator::resultOrCopyOnly(Value r, Value copy) {
+  return copy && bufferOf.count(r) && onlyRead16(r) ? std::string("nullptr") : resultOrNull(r);
+}
+
 std::string Generator::resultOrNull(Value r) {
   return bufferOf.count(r) ? name(r) : std::string("nullptr");
 }
@@ -454,7 +467,7 @@ bool Generator::exact16Operand(Operation *op, unsigned k, std::string &out, bool
 /// Where the matmul `op` runs as (`kernel`) writes: its result, or for
 /// matmul16_to16 (carve.write16) the 16-bit copy right after it.
 bool Generator::matmulResult(Operation *op, StringRef kernel, std::string &out) {
-  if (kernel != "matmul16_to16") {
+  if (kernel != "matmul16_to16" && kernel != "matmul16_to16_bgrad") {
     out = name(op->getResult(0));
     return true;
   }
@@ -463,6 +476,19 @@ bool Generator::matmulResult(Operation *op, StringRef kernel, std::string &out) 
     return failOp(op, "carve.kernel = \"matmul16_to16\" without carve.write16 and the 16-bit "
                       "copy after it");
   out = name(c->getResult(0));
+  return true;
+}
+
+/// matmul16_to16_bgrad's last arguments (rule 3i): which operand's columns
+/// the bias gradient sums, and the bias gradient's 16-bit copy.
+bool Generator::biasGradArgs(Operation *op, std::string &out) {
+  Operation *r = biasGradReduceOf(op);
+  Value copy = r ? copyByWriter(r) : Value();
+  if (!copy)
+    return failOp(op, "carve.kernel = \"matmul16_to16_bgrad\" on a GEMM without the bias "
+                      "gradient's reduction it computes (carve.bias_grad_in_gemm) and that "
+                      "gradient's 16-bit copy (carve.copy_by_writer)");
+  out = name(copy);
   return true;
 }
 
@@ -519,6 +545,22 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
          << ", " << dims(ys) << ");  // + the bias of " << nodeName(e->getLoc());
       return true;
     }
+    if (kernel == "matmul16_to16_bgrad") {
+      // Rule 3i: a^T b in 16 bits, and the bias gradient's column sums.
+      std::string a, b, out, bgrad;
+      bool a16, b16;
+      if (!read16Operand(op, op, 0, a, a16) || !read16Operand(op, op, 1, b, b16) ||
+          !matmulResult(op, kernel, out) || !biasGradArgs(op, bgrad))
+        return false;
+      if (!ta || tb || !a16 || !b16)
+        return failOp(op, "matmul16_to16_bgrad on a matmul that is not a^T b of 16-bit operands");
+      const int64_t which = op->getAttrOfType<IntegerAttr>(kBiasGradOfAttr).getInt();
+      os << callee(opts, kernel) + "(" << a << ", " << da << ", " << b << ", " << db << ", "
+         << flag("biasOfA", which == 0) << ", " << out << ", " << dims(ys) << ", " << bgrad
+         << ");  // a^T b, and the bias gradient (cuBLASLt's " << (which == 0 ? "BGRADB" : "BGRADA")
+         << " epilogue)";
+      return true;
+    }
     if (kernel == "matmul16" || kernel == "matmul16_to16") {
       // carve.read16: cuBLAS reads the 16-bit tensor an operand is a view of;
       // matmul16_to16 (carve.write16) writes the product's 16-bit copy.
@@ -546,6 +588,23 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
     };
     bool ta, tb;
     Value a = stored(0, ta), b = stored(1, tb);
+    if (kernel == "matmul16_to16_bgrad") {
+      // Rule 3i: (a b)^T as b^T a^T, a call a^T b of 16-bit operands, and
+      // the bias gradient's column sums.
+      std::string an, bn, out, bgrad;
+      bool a16, b16;
+      if (!read16Operand(op, mm, 0, an, a16) || !read16Operand(op, mm, 1, bn, b16) ||
+          !matmulResult(op, kernel, out) || !biasGradArgs(op, bgrad))
+        return false;
+      if (tb || !ta || !a16 || !b16)
+        return failOp(op, "matmul16_to16_bgrad on a product that is not a^T b of 16-bit operands");
+      const int64_t which = op->getAttrOfType<IntegerAttr>(kBiasGradOfAttr).getInt();
+      os << callee(opts, kernel) + "(" << bn << ", " << shapeOf(b) << ", " << an << ", "
+         << shapeOf(a) << ", " << flag("biasOfA", which == 0) << ", " << out << ", " << shapeOf(res)
+         << ", " << bgrad << ");  // (a b)^T as b^T a^T, and the bias gradient "
+         << "(cuBLASLt's " << (which == 0 ? "BGRADB" : "BGRADA") << " epilogue)";
+      return true;
+    }
     if (kernel == "matmul16" || kernel == "matmul16_to16") {
       std::string an, bn;
       bool a16, b16;

@@ -528,7 +528,11 @@ private:
   std::string copyArgs(Operation *op);
   /// A result's pointer, or nullptr where it is never stored (neverStoredF32:
   /// its writer writes only its 16-bit copy).
+  /// resultOrNull, and null where the op writes `r`'s 16-bit copy `copy`
+  /// and nothing reads `r` as f32 (onlyRead16: its memory stays planned).
+  std::string resultOrCopyOnly(mlir::Value r, mlir::Value copy);
   std::string resultOrNull(Value r);
+  bool biasGradArgs(mlir::Operation *op, std::string &out);
   bool matmulResult(Operation *op, StringRef kernel, std::string &out);
   bool emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);

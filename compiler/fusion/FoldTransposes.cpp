@@ -284,6 +284,69 @@ Operation *biasedMatmul(Operation *add, StringRef precision, Value *bias) {
   return nullptr;
 }
 
+bool onlyRead16(Value r) {
+  auto kernelOf = [](Operation *op) {
+    auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
+    return k ? k.getValue() : StringRef();
+  };
+  SmallVector<Value> pending{r};
+  while (!pending.empty()) {
+    Value v = pending.pop_back_val();
+    for (OpOperand &use : v.getUses()) {
+      Operation *u = use.getOwner();
+      if (isa<ReshapeOp>(u)) {
+        pending.push_back(u->getResult(0));
+        continue;
+      }
+      if (isa<CastOp>(u) && (u->hasAttr(kCopyByWriterAttr) || u->hasAttr(kCopyInFusedAttr)))
+        continue;
+      if (u->hasAttr(kBiasGradInGemmAttr))
+        continue;
+      // A matmul computed by the transpose of its product: that call's flags.
+      Operation *call = u;
+      if (isa<MatmulOp>(u) && kernelOf(u) == "none" && u->hasOneUse())
+        call = *u->getUsers().begin();
+      auto flags = call->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      const unsigned k = use.getOperandNumber();
+      const StringRef ck = kernelOf(call);
+      if (flags && k < flags.size() && flags[k] && !ck.empty() && ck != "none" &&
+          (call == u || foldOf(call) == kFoldProduct))
+        continue;
+      return false;
+    }
+  }
+  return true;
+}
+
+Operation *biasGradReduceOf(Operation *gemm) {
+  auto which = gemm ? gemm->getAttrOfType<IntegerAttr>(kBiasGradOfAttr) : IntegerAttr();
+  if (!which)
+    return nullptr;
+  Operation *mm = isa<MatmulOp>(gemm) ? gemm : gemm->getOperand(0).getDefiningOp();
+  if (!mm || !isa<MatmulOp>(mm))
+    return nullptr;
+  // The call's a is the matmul's first operand, or for a product's
+  // transpose (b^T a^T) its second.
+  const bool product = !isa<MatmulOp>(gemm);
+  const unsigned k = (which.getInt() == 0) == product ? 1 : 0;
+  Value v = mm->getOperand(k);
+  if (auto t = v.getDefiningOp<TransposeOp>(); t && foldOf(t) == kFoldOperand)
+    v = t.getInput();
+  while (auto r = v.getDefiningOp<ReshapeOp>())
+    v = r.getInput();
+  SmallVector<Value> pending{v};
+  while (!pending.empty()) {
+    Value x = pending.pop_back_val();
+    for (Operation *u : x.getUsers()) {
+      if (isa<ReshapeOp>(u))
+        pending.push_back(u->getResult(0));
+      else if (isa<ReduceSumOp>(u) && u->hasAttr(kBiasGradInGemmAttr))
+        return u;
+    }
+  }
+  return nullptr;
+}
+
 Operation *epilogueAddOf(Operation *matmul) {
   if (!matmul || !isa<MatmulOp>(matmul) || !matmul->hasOneUse())
     return nullptr;

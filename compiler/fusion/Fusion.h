@@ -106,6 +106,19 @@ struct StridedPiece {
 /// 16-bit copy of the sliced tensor that holds its elements, where cuDNN's
 /// attention reads it as [b, t, h, d] rows; nullopt otherwise.
 std::optional<StridedPiece> stridedPieceOf(mlir::Operation *op);
+/// After carve-select-kernels: whether no call reads `r` as f32. Every
+/// reader, through reshapes, reads its 16-bit tensor (carve.read16; for a
+/// matmul run by the transpose of its product, that transpose's flags), is
+/// its 16-bit copy (carve.copy_by_writer, carve.copy_in_fused), or is a bias
+/// gradient's sum that the weight gradient's GEMM does from that tensor
+/// (carve.bias_grad_in_gemm). The op that writes `r` and its copy then
+/// writes only the copy (unary_grad16, a norm gradient's added residual).
+bool onlyRead16(mlir::Value r);
+/// For a weight gradient's GEMM run as matmul16_to16_bgrad (a matmul, or a
+/// product's transpose; carve-select-kernels' rule 3i): the bias gradient's
+/// reduction it computes (marked carve.bias_grad_in_gemm), reading the
+/// call's operand carve.bias_grad_of names through reshapes; null otherwise.
+mlir::Operation *biasGradReduceOf(mlir::Operation *gemm);
 /// For a matmul whose product an add marked "epilogue" reads: that add;
 /// null otherwise.
 mlir::Operation *epilogueAddOf(mlir::Operation *matmul);

@@ -488,8 +488,16 @@ struct Model {
       if (n > 0)
         add("unaryKernel", GpuClass::Elementwise, n, inOut());
     } else if (kernel == "unary_grad" || kernel == "unary_grad16") {
+      // With a 16-bit copy and no f32 reader (onlyRead16: the bias gradient
+      // summed by a GEMM, rule 3i), the emitter passes no f32 result.
+      const double copy = copyBytes();
+      const double unread = copy > 0 && kernel == "unary_grad16" &&
+                                    !neverStoredF32(op->getResult(0), *plan) &&
+                                    onlyRead16(op->getResult(0))
+                                ? bytesOf(op->getResult(0))
+                                : 0.0;
       if (n > 0)
-        add("unaryGradKernel", GpuClass::Elementwise, n, inOut() + copyBytes());
+        add("unaryGradKernel", GpuClass::Elementwise, n, inOut() + copy - unread);
     } else if (kernel == "binary" || kernel == "binary16" || kernel == "compare" ||
                kernel == "logic") {
       if (n > 0)
@@ -516,12 +524,16 @@ struct Model {
     } else if (kernel == "matmul16_bias") {
       // cuBLASLt's BIAS epilogue: the add's 16-bit copy written, the bias read.
       matmulOp(op, op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr), true);
-    } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16") {
+    } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16" ||
+               kernel == "matmul16_to16_bgrad") {
+      // matmul16_to16_bgrad: the bias gradient summed in the GEMM's epilogue
+      // (rule 3i), from the operand it reads anyway.
       auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      const bool y16 = kernel == "matmul16_to16" || kernel == "matmul16_to16_bgrad";
       if (isa<MatmulOp>(op))
-        matmulOp(op, read16, kernel == "matmul16_to16");
+        matmulOp(op, read16, y16);
       else // a transpose of a matmul's product, computed by the matmul
-        matmulOp(op->getOperand(0).getDefiningOp(), read16, kernel == "matmul16_to16");
+        matmulOp(op->getOperand(0).getDefiningOp(), read16, y16);
     } else if (kernel == "matmul_gathered") {
       matmulGathered(op, gatheredOperand(op));
     } else if (kernel == "matmul_gather_grad") {
@@ -563,8 +575,9 @@ struct Model {
         for (Operation *c = sum ? sum.getDefiningOp()->getNextNode() : nullptr; c && isa<CastOp>(c);
              c = c->getNextNode())
           if (c->hasAttr(kCopyByWriterAttr) && c->getOperand(0) == sum) {
-            bytes +=
-                2.0 * numel(c->getResult(0)) - (neverStoredF32(sum, *plan) ? bytesOf(sum) : 0.0);
+            // No f32 sum either where nothing reads it as f32 (onlyRead16).
+            bytes += 2.0 * numel(c->getResult(0)) -
+                     (neverStoredF32(sum, *plan) || onlyRead16(sum) ? bytesOf(sum) : 0.0);
             break;
           }
         add(kernel.starts_with("layer_norm") ? "layerNormGradKernel" : "rmsNormGradKernel",

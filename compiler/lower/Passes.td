@@ -116,6 +116,24 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          to nearest even, as the conversion rounds it); where every other
          reader reads the copy's bits, the op writes no f32 value
          (neverStoredF32);
+      3i. on the CUDA target under bf16/fp16, after rules 3e and 3h: a
+         bias gradient's reduction (a carve.reduce_sum over every axis but
+         the last, run as `reduce16`, whose f32 result is never stored: its
+         16-bit copy is the parameter's gradient, carve.copy_by_writer)
+         whose input, through reshapes, is the [K, N] operand a weight
+         gradient's GEMM reads as its 16-bit tensor, where that GEMM runs as
+         `matmul16_to16` (carve.write16) computing a^T b (a call with
+         transA and not transB: a product's transpose or a matmul whose
+         first operand is a folded transpose), both operands read in 16
+         bits, and where every reader of the bias gradient comes after the
+         GEMM: the GEMM runs as `matmul16_to16_bgrad` (cuBLASLt's BGRADB
+         epilogue for its call's first operand, BGRADA for its second:
+         `carve.bias_grad_of` = 0 or 1) and writes the bias gradient's
+         16-bit copy; the reduction runs as `none`, marked
+         `carve.bias_grad_in_gemm`. Not the same bits: cuBLASLt sums the
+         16-bit values it multiplies, where reduce16 summed the f32 values
+         they were rounded from (each within half a 16-bit ulp: the sum
+         moves by at most that relative to the sum of magnitudes);
       4b. on the CUDA target, a slice carve-fold-views marked
          (carve.fold = "view") runs as `none`, and each transpose reading it
          (through reshapes) as `transpose_view`: the slice's source read in
@@ -177,7 +195,9 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
     Statistic<"numRead16Views", "num-read16-views",
               "16-bit views no call computes: their matmuls read the 16-bit tensor">,
     Statistic<"numCudnnAttention", "num-cudnn-attention",
-              "Attention calls that run as cuDNN's fused flash attention">
+              "Attention calls that run as cuDNN's fused flash attention">,
+    Statistic<"numBiasGradInGemm", "num-bias-grad-in-gemm",
+              "Bias gradients summed by their weight gradient's GEMM (rule 3i)">
   ];
 }
 

@@ -460,6 +460,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         paramGradsByWriter(fn, *plan);
         roundInCopies(fn, plan->precision);
         copiesInFused(fn, plan->precision);
+        biasGradsInGemms(fn, *plan);
       }
     }
   }
@@ -696,6 +697,100 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       op.setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
       op.setAttr(kCopyInFusedAttr, UnitAttr::get(ctx));
       ++numCopyInFused;
+    }
+  }
+
+  /// Rule 3i: a bias gradient's reduction summed by its weight gradient's
+  /// GEMM (cuBLASLt's BGRADA/BGRADB epilogue; Passes.td says when).
+  void biasGradsInGemms(func::FuncOp fn, const PlanAttrs &plan) {
+    MLIRContext *ctx = fn.getContext();
+    Block &block = fn.getBody().front();
+    // `v` through reshapes back to the value they view.
+    auto source = [](Value v) {
+      while (auto r = v.getDefiningOp<ReshapeOp>())
+        v = r.getInput();
+      return v;
+    };
+    // A matmul's operand k as stored: through a transpose folded into the
+    // call's flag (carve.fold = "operand").
+    auto stored = [](Operation *mm, unsigned k, bool &trans) {
+      Value v = mm->getOperand(k);
+      auto t = v.getDefiningOp<TransposeOp>();
+      trans = t && foldOf(t) == kFoldOperand;
+      return trans ? t.getInput() : v;
+    };
+    for (Operation &op : block.without_terminator()) {
+      auto r = dyn_cast<ReduceSumOp>(&op);
+      StringAttr rk = op.getAttrOfType<StringAttr>(kKernelAttr);
+      if (!r || !rk || rk.getValue() != "reduce16")
+        continue;
+      auto xt = dyn_cast<RankedTensorType>(r.getInput().getType());
+      if (!xt || !xt.hasStaticShape() || xt.getRank() < 2 || !xt.getElementType().isF32())
+        continue;
+      ArrayRef<int64_t> axes = op.getAttrOfType<DenseI64ArrayAttr>("axes").asArrayRef();
+      SmallVector<int64_t> leading(axes.begin(), axes.end());
+      llvm::sort(leading);
+      bool allButLast = (int64_t)leading.size() == xt.getRank() - 1;
+      for (size_t i = 0; allButLast && i < leading.size(); ++i)
+        allButLast = leading[i] == (int64_t)i;
+      if (!allButLast)
+        continue;
+      Value grad16 = paramGradCopy16(r.getResult(), plan);
+      if (!grad16 || !grad16.getDefiningOp()->hasAttr(kCopyByWriterAttr))
+        continue;
+      const int64_t n = xt.getShape().back(), k = xt.getNumElements() / std::max<int64_t>(n, 1);
+      Value v = source(r.getInput());
+      // The weight gradient's GEMM that reads v as its [K, N] 16-bit operand.
+      Operation *gemm = nullptr;
+      int biasOf = -1;
+      for (Operation &g : block.without_terminator()) {
+        StringAttr gk = g.getAttrOfType<StringAttr>(kKernelAttr);
+        if (!gk || gk.getValue() != "matmul16_to16" || !g.hasAttr(kWrite16Attr) ||
+            !op.isBeforeInBlock(&g))
+          continue;
+        auto flags = g.getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+        if (!flags || flags.size() != 2 || !flags[0] || !flags[1])
+          continue;
+        Operation *mm = isa<MatmulOp>(&g) ? &g : g.getOperand(0).getDefiningOp();
+        if (!mm || !isa<MatmulOp>(mm))
+          continue;
+        bool t0, t1;
+        Value s0 = stored(mm, 0, t0), s1 = stored(mm, 1, t1);
+        // The call's (a, transA, b, transB): the matmul's, or for a
+        // product's transpose (b^T a^T) the other way round.
+        const bool product = !isa<MatmulOp>(&g);
+        Value ca = product ? s1 : s0, cb = product ? s0 : s1;
+        const bool ta = product ? !t1 : t0, tb = product ? !t0 : t1;
+        auto at = dyn_cast<RankedTensorType>(ca.getType()),
+             bt = dyn_cast<RankedTensorType>(cb.getType());
+        if (!ta || tb || !at || !bt || at.getRank() != 2 || bt.getRank() != 2 ||
+            at.getShape()[0] != k || bt.getShape()[0] != k)
+          continue;
+        for (int which = 0; which < 2 && biasOf < 0; ++which) {
+          Value c = which == 0 ? ca : cb;
+          if (source(c) == v && cast<RankedTensorType>(c.getType()).getShape()[1] == n)
+            biasOf = which;
+        }
+        if (biasOf >= 0) {
+          gemm = &g;
+          break;
+        }
+      }
+      if (!gemm)
+        continue;
+      // The GEMM writes the gradient later than the reduction did: nothing
+      // may read it in between (a bucket's all-reduce, an accumulation).
+      bool late = false;
+      for (Operation *u : grad16.getUsers())
+        late |= u->getBlock() != gemm->getBlock() || !gemm->isBeforeInBlock(u);
+      if (late)
+        continue;
+      gemm->setAttr(kKernelAttr, StringAttr::get(ctx, "matmul16_to16_bgrad"));
+      gemm->setAttr(kBiasGradOfAttr, IntegerAttr::get(IntegerType::get(ctx, 64), biasOf));
+      op.setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+      op.setAttr(kBiasGradInGemmAttr, UnitAttr::get(ctx));
+      op.removeAttr(kRead16Attr);
+      ++numBiasGradInGemm;
     }
   }
 

@@ -208,6 +208,14 @@ constexpr const char *kCopyInFusedAttr = "carve.copy_in_fused";
 /// copy as it writes the value (carve-select-kernels' rule 3h: binary16,
 /// unary_grad16, concat16); the copy is no call.
 constexpr const char *kCopyByWriterAttr = "carve.copy_by_writer";
+/// On a bias gradient's reduction (a sum over every axis but the last) whose
+/// 16-bit result the weight gradient's GEMM writes (CUDA target, bf16/fp16:
+/// carve-select-kernels' rule 3i, cuBLASLt's BGRADA/BGRADB epilogue): the
+/// reduction is no call.
+constexpr const char *kBiasGradInGemmAttr = "carve.bias_grad_in_gemm";
+/// On the weight gradient's GEMM of rule 3i (matmul16_to16_bgrad): which of
+/// its call's operands (0: a, 1: b) the bias gradient sums the columns of.
+constexpr const char *kBiasGradOfAttr = "carve.bias_grad_of";
 /// On a trainable parameter argument under a bf16/fp16 plan
 /// (carve-store-params16): the argument is the 16-bit copy the step reads;
 /// its fp32 master lives with the optimizer state (carve.persistent_plan's

@@ -1,10 +1,11 @@
 //===- kernels_matmul.cu - matmul through cuBLAS and cuBLASLt -------------===//
 //
-// gpu.h's matmul, matmul16, matmul16_to16 and matmul16_bias: one cuBLAS GEMM
+// gpu.h's matmul, matmul16, matmul16_to16, matmul16_bias and
+// matmul16_to16_bgrad: one cuBLAS GEMM
 // (the batch folded into M where B is shared, else strided batches) on fp32
 // inputs (TF32 tensor cores under the plan field tf32) or on bf16/fp16 ones
 // (rounded into scratch, or read as stored), fp32 accumulation; the bias
-// epilogue through cuBLASLt, one plan per shape. Each mirrors the CPU
+// and bias-gradient epilogues through cuBLASLt, one plan per shape. Each mirrors the CPU
 // kernel of the same name in runtime/src/kernels_linalg.cpp: same shape
 // checks and messages.
 //
@@ -363,6 +364,135 @@ void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b,
   CARVE_KERNEL(blocksFor(ys.numel()), kThreads, 0, stream(), biasRoundKernel)
   (prod, in16("matmul16_bias", bias16, true), rows, n, Out16{nullptr, y16, fmt, false});
   checkLaunch("matmul16_bias (bias)");
+}
+
+namespace {
+
+/// One weight-gradient shape with a bias-gradient epilogue (BGRADA or
+/// BGRADB), its descriptors and algorithm, built on first use and kept
+/// (null desc: cuBLASLt offered none).
+struct LtGradPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+/// (K, R, C, biasOfA, type) of y [R, C] = a^T b.
+using LtGradKey = std::tuple<int64_t, int64_t, int64_t, bool, int>;
+
+int64_t gBiasGradEpilogueCalls = 0;
+
+const LtGradPlan *ltGradPlanFor(const LtGradKey &key, cudaDataType_t type) {
+  static std::map<LtGradKey, LtGradPlan> plans;
+  auto it = plans.find(key);
+  if (it != plans.end())
+    return it->second.desc ? &it->second : nullptr;
+  LtGradPlan &p = plans[key];
+  const auto [K, R, C, biasOfA, t] = key;
+  (void)t;
+  auto refuse = [&](const std::string &why) -> const LtGradPlan * {
+    p.desc = nullptr;
+    std::fprintf(stderr,
+                 "carve: matmul16_to16_bgrad [%lld x %lld]^T x [%lld x %lld]: cuBLASLt's bias "
+                 "gradient epilogue refused (%s); the bias gradient is a reduction of its own\n",
+                 (long long)K, (long long)R, (long long)K, (long long)C, why.c_str());
+    return nullptr;
+  };
+  if (capturing())
+    return refuse("its plan would be built while the step is captured");
+  cublasStatus_t st = cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return refuse(std::string("cublasLtMatmulDescCreate: ") + cublasGetStatusString(st));
+  // Column-major: D [C, R] = y^T = b^T [C, K] x a [K, R]: cuBLAS's A is b
+  // (stored [C, K], not transposed), its B is a (stored [R, K], transposed).
+  // a's columns are D's columns (BGRADB: over k of B), b's are D's rows
+  // (BGRADA: over k of A).
+  const int32_t opA = CUBLAS_OP_N, opB = CUBLAS_OP_T;
+  const uint32_t epilogue = biasOfA ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA;
+  const int32_t biasType = type;
+  CARVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
+  CARVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
+  CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                    &epilogue, sizeof epilogue));
+  CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &biasType, sizeof biasType));
+  CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, C, K, C));
+  CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, R, K, R));
+  CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, type, C, R, C));
+  cublasLtMatmulPreference_t pref = nullptr;
+  size_t wsBytes = 0;
+  blasWorkspace(wsBytes);
+  const uint64_t maxWs = wsBytes;
+  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxWs, sizeof maxWs));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  st = cublasLtMatmulAlgoGetHeuristic(cublasLt(), p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
+                                      &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || returned < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.desc);
+    return refuse(st != CUBLAS_STATUS_SUCCESS
+                      ? std::string("no heuristic: ") + cublasGetStatusString(st)
+                      : "no algorithm for this shape");
+  }
+  p.algo = result.algo;
+  return &p;
+}
+
+} // namespace
+
+int64_t matmulBiasGradEpilogueCalls() { return gBiasGradEpilogueCalls; }
+
+void matmul16_to16_bgrad(const void *a, Dims as, const void *b, Dims bs, bool biasOfA,
+                         uint16_t *y16, Dims ys, uint16_t *bgrad16) {
+  const char *op = "matmul16_to16_bgrad";
+  const Precision p = precision();
+  if (p == Precision::F32)
+    fatal("%s: 16-bit operands and results under the fp32 precision", op);
+  if (as.rank != 2 || bs.rank != 2 || ys.rank != 2 || as.d[0] != bs.d[0] || ys.d[0] != as.d[1] ||
+      ys.d[1] != bs.d[1])
+    fatal("%s: a [%lld x %lld] and b [%lld x %lld] (rank %d, %d) do not make y [%lld x %lld] = "
+          "a^T b",
+          op, (long long)as.d[0], (long long)as.d[1], (long long)bs.d[0], (long long)bs.d[1],
+          as.rank, bs.rank, (long long)ys.d[0], (long long)ys.d[1]);
+  const int64_t K = as.d[0], R = as.d[1], C = bs.d[1];
+  if (R == 0 || C == 0)
+    return;
+  const cudaDataType_t type = p == Precision::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  auto aligned = [](const void *q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool fits = K > 0 && K <= INT_MAX && R <= INT_MAX && C <= INT_MAX && aligned(a) &&
+                    aligned(b) && aligned(y16) && aligned(bgrad16);
+  const LtGradPlan *plan =
+      fits ? ltGradPlanFor(LtGradKey{K, R, C, biasOfA, (int)type}, type) : nullptr;
+  if (plan) {
+    CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bgrad16, sizeof bgrad16));
+    const float alpha = 1.0f, beta = 0.0f;
+    size_t wsBytes = 0;
+    void *ws = blasWorkspace(wsBytes);
+    const char *what = type == CUDA_R_16BF
+                           ? "cuBLAS GEMM, bf16 inputs, cuBLASLt bias-gradient epilogue"
+                           : "cuBLAS GEMM, fp16 inputs, cuBLASLt bias-gradient epilogue";
+    if (KernelTimer::byShape())
+      what = KernelTimer::intern(std::string(what) + ", NT m " + std::to_string(C) + " n " +
+                                 std::to_string(R) + " k " + std::to_string(K) + " x 1");
+    KernelTimer timer(what, stream());
+    CARVE_CUBLAS_CHECK(cublasLtMatmul(cublasLt(), plan->desc, &alpha, b, plan->a, a, plan->b, &beta,
+                                      y16, plan->d, y16, plan->d, &plan->algo, ws, wsBytes,
+                                      stream()));
+    ++gBiasGradEpilogueCalls;
+    return;
+  }
+  // The product, then the 16-bit operand's column sums.
+  matmul16_to16(a, true, as, true, b, true, bs, false, y16, ys);
+  reduce16(Reduce::Sum, biasOfA ? a : b, true, biasOfA ? as : bs, 0x1u, nullptr, bgrad16);
 }
 
 } // namespace carve::gpu

@@ -1521,7 +1521,10 @@ size_t typeBytes(cudaDataType t, const char *call) {
 /// D = op(A) op(B) (+ bias per row of D, CUBLASLT_EPILOGUE_BIAS) in fp32,
 /// written as D's type (16-bit: rounded to nearest even), column-major: the
 /// product as cublasGemmEx computes it, the bias added to the fp32
-/// accumulator before the one rounding.
+/// accumulator before the one rounding. CUBLASLT_EPILOGUE_BGRADA / BGRADB:
+/// the bias pointer receives the sums over k of op(A)'s rows (one per row of
+/// D) / op(B)'s columns (one per column of D), the values multiplied, summed
+/// in fp32 in k's order and rounded once to the bias type.
 void ltMatmul(const LtDesc d, const void *A, const LtLayout la, const void *B, const LtLayout lb,
               void *D, const LtLayout ldd) {
   const int m = static_cast<int>(d.ta == CUBLAS_OP_N ? la.rows : la.cols);
@@ -1533,18 +1536,35 @@ void ltMatmul(const LtDesc d, const void *A, const LtLayout la, const void *B, c
   if (k > 0 && m > 0 && n > 0)
     cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), m, b.data(), k,
                 0.0f, acc.data(), m);
+  auto write = [](void *p, cudaDataType t, size_t o, float v) {
+    if (t == CUDA_R_32F)
+      static_cast<float *>(p)[o] = v;
+    else if (t == CUDA_R_16BF)
+      static_cast<__nv_bfloat16 *>(p)[o] = __float2bfloat16_rn(v);
+    else
+      static_cast<__half *>(p)[o] = __float2half_rn(v);
+  };
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       float v = acc[i + static_cast<size_t>(j) * m];
       if (d.epilogue == CUBLASLT_EPILOGUE_BIAS)
         v += elementOf(d.bias, static_cast<cudaDataType>(d.biasType), i, 0, 1);
-      const size_t o = i + static_cast<size_t>(j) * ldd.ld;
-      if (ldd.type == CUDA_R_32F)
-        static_cast<float *>(D)[o] = v;
-      else if (ldd.type == CUDA_R_16BF)
-        static_cast<__nv_bfloat16 *>(D)[o] = __float2bfloat16_rn(v);
-      else
-        static_cast<__half *>(D)[o] = __float2half_rn(v);
+      write(D, ldd.type, i + static_cast<size_t>(j) * ldd.ld, v);
+    }
+  const auto biasType = static_cast<cudaDataType>(d.biasType);
+  if (d.epilogue == CUBLASLT_EPILOGUE_BGRADA)
+    for (int i = 0; i < m; ++i) {
+      float sum = 0;
+      for (int kk = 0; kk < k; ++kk)
+        sum += a[i + static_cast<size_t>(kk) * m];
+      write(const_cast<void *>(d.bias), biasType, i, sum);
+    }
+  if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB)
+    for (int j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int kk = 0; kk < k; ++kk)
+        sum += b[kk + static_cast<size_t>(j) * k];
+      write(const_cast<void *>(d.bias), biasType, j, sum);
     }
 }
 
@@ -1582,8 +1602,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     break;
   case CUBLASLT_MATMUL_DESC_EPILOGUE: {
     const uint32_t e = ltValue<uint32_t>(buf, bytes, call, "EPILOGUE");
-    if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS)
-      die("%s: epilogue %u is not emulated (DEFAULT and BIAS are)", call, e);
+    if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS &&
+        e != CUBLASLT_EPILOGUE_BGRADA && e != CUBLASLT_EPILOGUE_BGRADB)
+      die("%s: epilogue %u is not emulated (DEFAULT, BIAS, BGRADA and BGRADB are)", call, e);
     x->epilogue = static_cast<cublasLtEpilogue_t>(e);
     break;
   }
@@ -1697,17 +1718,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         (unsigned long long)m, (unsigned long long)k, (unsigned long long)kb, (unsigned long long)n,
         (unsigned long long)ld.rows, (unsigned long long)ld.cols);
   LtDesc run = desc;
-  if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+  if (desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    // BIAS reads a bias per row of D; BGRADA writes one per row, BGRADB one
+    // per column.
+    const uint64_t count = desc.epilogue == CUBLASLT_EPILOGUE_BGRADB ? n : m;
+    const char *what = desc.epilogue == CUBLASLT_EPILOGUE_BIAS ? "bias" : "bias gradient";
     if (run.biasType == -1)
       run.biasType = ld.type;
     if (run.biasType != ld.type)
-      die("%s: a bias of type %d for D of type %d (cuBLASLt takes D's type)", call, run.biasType,
-          static_cast<int>(ld.type));
-    if (!desc.bias || !isDevice(desc.bias, m * typeBytes(ld.type, call)))
-      die("%s: the bias (%p, %llu elements) is not inside one device allocation", call, desc.bias,
-          (unsigned long long)m);
+      die("%s: a %s of type %d for D of type %d (cuBLASLt takes D's type)", call, what,
+          run.biasType, static_cast<int>(ld.type));
+    if (!desc.bias || !isDevice(desc.bias, count * typeBytes(ld.type, call)))
+      die("%s: the %s (%p, %llu elements) is not inside one device allocation", call, what,
+          desc.bias, (unsigned long long)count);
     if (reinterpret_cast<uintptr_t>(desc.bias) % 16)
-      die("%s: the bias %p is not 16-byte aligned", call, desc.bias);
+      die("%s: the %s %p is not 16-byte aligned", call, what, desc.bias);
+    if (desc.epilogue != CUBLASLT_EPILOGUE_BIAS && k == 0)
+      die("%s: a bias gradient over k = 0", call);
   }
   auto extent = [&](const LtLayout &l) {
     return l.cols ? ((l.cols - 1) * l.ld + l.rows) * typeBytes(l.type, call) : 0;

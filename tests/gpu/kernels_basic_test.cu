@@ -897,6 +897,129 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
   }
 }
 
+/// matmul16_to16_bgrad (carve-select-kernels' rule 3i): y = a^T b in 16 bits
+/// and the sums over K of a's columns (biasOfA) or b's, the bias gradient,
+/// by cuBLASLt's BGRADB / BGRADA epilogue where the pointers are 16-byte
+/// aligned, else matmul16_to16 and reduce16 (the last case: a and b one
+/// element into their buffers). The product: bit for bit matmul16_to16's on
+/// the emulated GPU (one summation order), within one 16-bit ulp on a GPU.
+/// The sums, of the 16-bit values: within their one rounding (half an ulp:
+/// 2^-8 relative in bf16, 2^-11 in fp16) plus fp32 additions (K * 2^-23 *
+/// sum|x|) of the float64 sums of the same 16-bit values.
+void testMatmulBiasGrad(rt::Precision p, const char *name) {
+  struct Case {
+    int64_t K, R, C;
+    bool biasOfA, aligned;
+  };
+  const Case cases[] = {{64, 96, 40, true, true},
+                        {256, 128, 32, false, true},
+                        {100, 24, 56, true, true},
+                        {64, 40, 24, true, false}};
+  const bool bf = p == rt::Precision::BF16;
+  const int bits = bf ? 8 : 11;
+  const int64_t lt0 = g::matmulBiasGradEpilogueCalls();
+  int alignedCases = 0;
+  for (const Case &c : cases) {
+    alignedCases += c.aligned;
+    const Dims as{c.K, c.R}, bs{c.K, c.C}, ys{c.R, c.C};
+    const int64_t off = c.aligned ? 0 : 1;
+    auto a = up(randn(as.numel() + off)), b = up(randn(bs.numel() + off));
+    auto a16 = poisoned<uint16_t>(as.numel() + off), b16 = poisoned<uint16_t>(bs.numel() + off);
+    (bf ? g::toBf16 : g::toF16)(a->p, a16->p, as.numel() + off);
+    (bf ? g::toBf16 : g::toF16)(b->p, b16->p, bs.numel() + off);
+    const uint16_t *pa = a16->p + off, *pb = b16->p + off;
+    g::setPrecision(p);
+    auto want16 = poisoned<uint16_t>(ys.numel());
+    g::matmul16_to16(pa, true, as, true, pb, true, bs, false, want16->p, ys);
+    auto got16 = poisoned<uint16_t>(ys.numel());
+    const int64_t nb = c.biasOfA ? c.R : c.C;
+    auto bias16 = poisoned<uint16_t>(nb);
+    g::matmul16_to16_bgrad(pa, as, pb, bs, c.biasOfA, got16->p, ys, bias16->p);
+    g::setPrecision(rt::Precision::F32);
+    const std::string what = std::string("matmul16_to16_bgrad ") + name + " [" +
+                             std::to_string(c.K) + " x " + std::to_string(c.R) + "]^T @ [" +
+                             std::to_string(c.K) + " x " + std::to_string(c.C) + "], bias of " +
+                             (c.biasOfA ? "a" : "b") + (c.aligned ? "" : ", unaligned");
+    {
+      const std::vector<uint16_t> got = got16->download(), want = want16->download();
+      int64_t far = 0, exact = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int64_t d = std::abs(int64_t(got[i]) - int64_t(want[i]));
+        exact += d == 0;
+        far += d > 1;
+      }
+#ifdef CARVE_CUDA_EMULATION
+      const bool emulated = true;
+#else
+      const bool emulated = false;
+#endif
+      ++checks();
+      if (far || (emulated && exact != (int64_t)got.size())) {
+        std::printf("FAIL %s: %lld of %zu product elements differ from matmul16_to16's (%lld by "
+                    "more than one 16-bit ulp)\n",
+                    what.c_str(), (long long)(got.size() - exact), got.size(), (long long)far);
+        ++failures();
+      } else {
+        std::printf("ok   %s: product (%lld of %zu bit for bit)\n", what.c_str(), (long long)exact,
+                    got.size());
+      }
+    }
+    {
+      // The 16-bit values the sums read, widened on the host.
+      auto wide = poisoned<float>(c.biasOfA ? as.numel() : bs.numel());
+      (bf ? g::fromBf16 : g::fromF16)(c.biasOfA ? pa : pb, wide->p,
+                                      c.biasOfA ? as.numel() : bs.numel());
+      const std::vector<float> x = wide->download();
+      auto biasWide = poisoned<float>(nb);
+      (bf ? g::fromBf16 : g::fromF16)(bias16->p, biasWide->p, nb);
+      const std::vector<float> got = biasWide->download();
+      int bad = 0;
+      double worst = 0;
+      for (int64_t j = 0; j < nb; ++j) {
+        double sum = 0, abs = 0;
+        for (int64_t kk = 0; kk < c.K; ++kk) {
+          sum += x[kk * nb + j];
+          abs += std::fabs(x[kk * nb + j]);
+        }
+        const double tol = std::ldexp(std::fabs(sum), -bits) + double(c.K) * std::ldexp(abs, -23);
+        const double err = std::fabs(double(got[j]) - sum);
+        worst = std::max(worst, tol > 0 ? err / tol : err);
+        bad += !(err <= tol);
+      }
+      ++checks();
+      if (bad) {
+        std::printf("FAIL %s: %d of %lld bias-gradient sums outside their bound (worst %.3g of "
+                    "it)\n",
+                    what.c_str(), bad, (long long)nb, worst);
+        ++failures();
+      } else {
+        std::printf("ok   %s: bias gradient within %.2g of its bound\n", what.c_str(), worst);
+      }
+    }
+  }
+  // The aligned cases ran through cuBLASLt's epilogue. The emulation offers
+  // an algorithm for every shape; a GPU's cuBLASLt may refuse one (stderr
+  // says which), and the reduction runs instead: reported, not failed.
+  const int64_t lt = g::matmulBiasGradEpilogueCalls() - lt0;
+#ifdef CARVE_CUDA_EMULATION
+  ++checks();
+  if (lt != alignedCases) {
+    std::printf("FAIL matmul16_to16_bgrad %s: %lld of %d aligned calls ran through cuBLASLt's "
+                "epilogue\n",
+                name, (long long)lt, alignedCases);
+    ++failures();
+  } else {
+    std::printf("ok   matmul16_to16_bgrad %s: the %d aligned calls ran through cuBLASLt's "
+                "epilogue, the unaligned one did not\n",
+                name, alignedCases);
+  }
+#else
+  std::printf("note matmul16_to16_bgrad %s: %lld of %d aligned calls ran through cuBLASLt's "
+              "epilogue (the others: its reduction)\n",
+              name, (long long)lt, alignedCases);
+#endif
+}
+
 /// Plan field tf32 (g::setTf32): matmuls of fp32 inputs through TF32 tensor
 /// cores. TF32 keeps 10 mantissa bits, as fp16 does: inputs just below the
 /// midpoint above an fp16-representable number in [0.5, 1.5] (where TF32's
@@ -1896,6 +2019,8 @@ int main() {
   testMatmul();
   testMatmulPrecision(rt::Precision::BF16, "bf16");
   testMatmulPrecision(rt::Precision::F16, "fp16");
+  testMatmulBiasGrad(rt::Precision::BF16, "bf16");
+  testMatmulBiasGrad(rt::Precision::F16, "fp16");
   testMatmulTf32();
   testReduce();
   testDataMovement<float>();

@@ -18,7 +18,9 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
 2. The 1-rank run goes through the NCCL communicator (1-rank communicators
    for dp, tp and pp): the start-up succeeded and the loss was all-reduced.
 3. With 2 or more GPUs visible, dp=2, tp=2 and pp=2 (2 micro-batches) plans
-   of the GPT in fp32 and of the Llama in bf16 on 2 GPUs match the 1-rank GPU
+   of the GPT in fp32 and bf16 (its bias gradients summed by the weight
+   gradients' GEMMs, which the gradient all-reduce must follow) and of the
+   Llama in bf16 on 2 GPUs match the 1-rank GPU
    program of the same model and precision within the parallel tests' 1e-5
    (fp32) and precision.py's 1e-4 (bf16: the ranks sum 16-bit-rounded
    partial results in another order). With 4 GPUs, the reference MLP under
@@ -655,6 +657,7 @@ def main():
         n = 1
     if n >= 2:
         for model, precision, rtol in [("gpt", "fp32", PARALLEL_RTOL),
+                                       ("gpt", "bf16", BF16_PARALLEL_RTOL),
                                        ("llama", "bf16", BF16_PARALLEL_RTOL)]:
             onnx = os.path.join(a.models, "opset17", model + ".onnx")
             data = os.path.join(w, model + ".tokens")

@@ -17,7 +17,8 @@
 // into the copy in 16 bits. carve-plan-memory gives neither the concat nor
 // the transposes memory (no carve.arena_offset) and the copy memory of its
 // own; carve-select-kernels makes the concat no call and its copy
-// carve.copy_by_writer, and the sum reads the copy (reduce16, carve.read16).
+// carve.copy_by_writer, and the sum is done by the weight gradient's GEMM
+// as it reads the copy (rule 3i: matmul16_to16_bgrad, the sum no call).
 // The second case's concat has no 16-bit copy (its one matmul reader rounds
 // it itself) and is not marked; under fp32 nothing is.
 // RUN: carve-opt %s --split-input-file --carve-autodiff --carve-set-plan="dp=1 target=cuda precision=bf16" --carve-round-activations --carve-concat-slice-grads --carve-fuse-elementwise --carve-fold-transposes --carve-save-attention-stats --carve-pack-activations --carve-store-params16 --carve-store-grads16 --carve-round-operands16 --carve-data-parallel --carve-fold-views --carve-plan-memory --carve-select-kernels | FileCheck %s
@@ -42,8 +43,10 @@
 // CHECK-NEXT: %[[RQ:.+]] = carve.reshape %[[TQ]]
 // CHECK-NEXT: %[[C:.+]] = carve.concat %[[RQ]], %[[RK]], %[[RV]] {axis = 2 : i64, carve.fold = "assemble", carve.kernel = "none", carve.round16}
 // CHECK-NEXT: carve.cast %[[C]] {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.copy_by_writer, carve.kernel = "none"} : tensor<2x16x192xf32> -> tensor<2x16x192xbf16>
-// CHECK-NEXT: carve.reduce_sum %[[C]] {axes = array<i64: 0, 1>, carve.kernel = "reduce16", carve.read16 = array<i1: true>}
+// CHECK-NEXT: carve.reduce_sum %[[C]] {axes = array<i64: 0, 1>, carve.bias_grad_in_gemm, carve.kernel = "none"}
 // CHECK: carve.matmul %[[C]], %{{.+}} {carve.arena_offset = array<i64: {{[0-9]+}}>, carve.kernel = "matmul16", carve.read16 = array<i1: true, true>}
+// CHECK: %[[CR:.+]] = carve.reshape %[[C]] {carve.kernel = "none"} : tensor<2x16x192xf32> -> tensor<32x192xf32>
+// CHECK: carve.matmul %{{.+}}, %[[CR]] {carve.bias_grad_of = 1 : i64, carve.kernel = "matmul16_to16_bgrad", carve.read16 = array<i1: true, true>, carve.write16}
 // CHECK: return
 
 // CHECK-LABEL: func.func @train_step(

@@ -231,6 +231,20 @@ void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b,
 /// How many matmul16_bias calls of this process ran as cuBLASLt matmuls with
 /// the bias epilogue (what tests read to know the library path was taken).
 int64_t matmulBiasEpilogueCalls();
+/// A weight's gradient and its bias's gradient in one GEMM: y16 = a^T b
+/// (a [K, R] and b [K, C], both 16-bit in the precision's format; y16
+/// [R, C] rounded to it once), and bgrad16 the sums over K of a's columns
+/// (`biasOfA`, R of them) or of b's (C), rounded to the format once:
+/// cuBLASLt's BGRADB / BGRADA epilogue, which sums the 16-bit values it
+/// multiplies (carve-select-kernels' rule 3i: the bias gradient's
+/// reduction, which read the same values or their f32 originals, runs
+/// inside the weight gradient's GEMM). Where cuBLASLt offers no algorithm
+/// (or a pointer is not 16-byte aligned): matmul16_to16, then reduce16 of the
+/// 16-bit operand's columns. Not for accumulation (both are overwritten).
+void matmul16_to16_bgrad(const void *a, Dims as, const void *b, Dims bs, bool biasOfA,
+                         uint16_t *y16, Dims ys, uint16_t *bgrad16);
+/// How many matmul16_to16_bgrad calls ran with cuBLASLt's epilogue.
+int64_t matmulBiasGradEpilogueCalls();
 
 //===--- Reductions, normalization, attention, loss (float) ----------------===//
 
