@@ -229,6 +229,35 @@ struct LtPlan {
 /// (M, n, k, transB, type): the row-major product [M, k] x op(B) -> [M, n].
 using LtKey = std::tuple<int64_t, int64_t, int64_t, bool, int>;
 
+/// The algorithm cuBLASLt's heuristic picks for `p`'s descriptors within
+/// cuBLAS's workspace; "" on success, else why none (`p`'s descriptors are
+/// destroyed and its desc null).
+std::string pickLtAlgo(LtPlan &p) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  size_t wsBytes = 0;
+  blasWorkspace(wsBytes);
+  const uint64_t maxWs = wsBytes;
+  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxWs, sizeof maxWs));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublasLt(), p.desc, p.a, p.b, p.d, p.d,
+                                                           pref, 1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && returned >= 1 && result.state == CUBLAS_STATUS_SUCCESS) {
+    p.algo = result.algo;
+    return "";
+  }
+  cublasLtMatrixLayoutDestroy(p.a);
+  cublasLtMatrixLayoutDestroy(p.b);
+  cublasLtMatrixLayoutDestroy(p.d);
+  cublasLtMatmulDescDestroy(p.desc);
+  p.desc = nullptr;
+  return st != CUBLAS_STATUS_SUCCESS ? std::string("no heuristic: ") + cublasGetStatusString(st)
+                                     : "no algorithm for this shape";
+}
+
 int64_t gBiasEpilogueCalls = 0;
 
 std::map<LtKey, LtPlan> &ltPlans() {
@@ -275,29 +304,8 @@ const LtPlan *ltPlanFor(const LtKey &key, cudaDataType_t type) {
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, tb ? k : n, tb ? n : k, ldb));
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, k, M, k));
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, type, n, M, n));
-  cublasLtMatmulPreference_t pref = nullptr;
-  size_t wsBytes = 0;
-  blasWorkspace(wsBytes);
-  const uint64_t maxWs = wsBytes;
-  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxWs, sizeof maxWs));
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  st = cublasLtMatmulAlgoGetHeuristic(cublasLt(), p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
-                                      &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || returned < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.desc);
-    return refuse(st != CUBLAS_STATUS_SUCCESS
-                      ? std::string("no heuristic: ") + cublasGetStatusString(st)
-                      : "no algorithm for this shape");
-  }
-  p.algo = result.algo;
-  return &p;
+  const std::string why = pickLtAlgo(p);
+  return why.empty() ? &p : refuse(why);
 }
 
 /// y16[r, c] = bias16[c] + y[r, c] rounded to the precision's format: the
@@ -368,29 +376,21 @@ void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b,
 
 namespace {
 
-/// One weight-gradient shape with a bias-gradient epilogue (BGRADA or
-/// BGRADB), its descriptors and algorithm, built on first use and kept
-/// (null desc: cuBLASLt offered none).
-struct LtGradPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-};
-
-/// (K, R, C, biasOfA, type) of y [R, C] = a^T b.
+/// A weight-gradient shape's plan with a bias-gradient epilogue (BGRADA or
+/// BGRADB), keyed by (K, R, C, biasOfA, type) of y [R, C] = a^T b.
 using LtGradKey = std::tuple<int64_t, int64_t, int64_t, bool, int>;
 
 int64_t gBiasGradEpilogueCalls = 0;
 
-const LtGradPlan *ltGradPlanFor(const LtGradKey &key, cudaDataType_t type) {
-  static std::map<LtGradKey, LtGradPlan> plans;
+const LtPlan *ltGradPlanFor(const LtGradKey &key, cudaDataType_t type) {
+  static std::map<LtGradKey, LtPlan> plans;
   auto it = plans.find(key);
   if (it != plans.end())
     return it->second.desc ? &it->second : nullptr;
-  LtGradPlan &p = plans[key];
+  LtPlan &p = plans[key];
   const auto [K, R, C, biasOfA, t] = key;
   (void)t;
-  auto refuse = [&](const std::string &why) -> const LtGradPlan * {
+  auto refuse = [&](const std::string &why) -> const LtPlan * {
     p.desc = nullptr;
     std::fprintf(stderr,
                  "carve: matmul16_to16_bgrad [%lld x %lld]^T x [%lld x %lld]: cuBLASLt's bias "
@@ -421,29 +421,8 @@ const LtGradPlan *ltGradPlanFor(const LtGradKey &key, cudaDataType_t type) {
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, C, K, C));
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, R, K, R));
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, type, C, R, C));
-  cublasLtMatmulPreference_t pref = nullptr;
-  size_t wsBytes = 0;
-  blasWorkspace(wsBytes);
-  const uint64_t maxWs = wsBytes;
-  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  CARVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxWs, sizeof maxWs));
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  st = cublasLtMatmulAlgoGetHeuristic(cublasLt(), p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
-                                      &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || returned < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.desc);
-    return refuse(st != CUBLAS_STATUS_SUCCESS
-                      ? std::string("no heuristic: ") + cublasGetStatusString(st)
-                      : "no algorithm for this shape");
-  }
-  p.algo = result.algo;
-  return &p;
+  const std::string why = pickLtAlgo(p);
+  return why.empty() ? &p : refuse(why);
 }
 
 } // namespace
@@ -469,8 +448,7 @@ void matmul16_to16_bgrad(const void *a, Dims as, const void *b, Dims bs, bool bi
   auto aligned = [](const void *q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool fits = K > 0 && K <= INT_MAX && R <= INT_MAX && C <= INT_MAX && aligned(a) &&
                     aligned(b) && aligned(y16) && aligned(bgrad16);
-  const LtGradPlan *plan =
-      fits ? ltGradPlanFor(LtGradKey{K, R, C, biasOfA, (int)type}, type) : nullptr;
+  const LtPlan *plan = fits ? ltGradPlanFor(LtGradKey{K, R, C, biasOfA, (int)type}, type) : nullptr;
   if (plan) {
     CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &bgrad16, sizeof bgrad16));

@@ -47,5 +47,9 @@ run "TF32 never asked for (gemmBatch keeps CUBLAS_COMPUTE_32F under the plan fie
 p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
 old='viaTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;'
 assert old in s; s=s.replace(old, 'CUBLAS_COMPUTE_32F;',1); open(p,'w').write(s)"
+run "the other operand's bias gradient (matmul16_to16_bgrad asks for BGRADA where it means BGRADB)" runtime/cuda/kernels_matmul.cu "
+p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
+old='biasOfA ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA;'
+assert old in s; s=s.replace(old, 'biasOfA ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;',1); open(p,'w').write(s)"
 (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)
 git status --short | head
