@@ -377,6 +377,20 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
     if (vp && !rows)
       return failOp(op, "carve.kernel = \"" + kernel.str() +
                             "\" on a cross-entropy whose classes are not split over tp");
+    // Rule 3j: the training step's gradient call computes this loss too.
+    if (isa<CrossEntropyOp>(op) && op->hasAttr(kLossInGradAttr))
+      os << "if (ctx.evaluating)  // the step's loss: computed with its gradient "
+            "(cross_entropy_with_grad)\n    ";
+    const bool withGrad = kernel == "cross_entropy_with_grad";
+    Value loss;
+    if (withGrad) {
+      for (Operation *p = op->getPrevNode(); p && !loss; p = p->getPrevNode())
+        if (isa<CrossEntropyOp>(p) && p->hasAttr(kLossInGradAttr))
+          loss = p->getResult(0);
+      if (!loss)
+        return failOp(op, "carve.kernel = \"cross_entropy_with_grad\" without the cross-entropy "
+                          "before it marked carve.loss_in_grad");
+    }
     if (vp) {
       // Vocab-parallel: this rank holds classes [tpRank * C, (tpRank + 1) * C).
       int64_t c = typeOf(logits).getDimSize(1);
@@ -384,7 +398,7 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
          << "  // maxima, sums of exponentials and the target logits (no rank holds all "
          << rows.getInt() << " logits).\n  " << callee(opts, kernel) << "(*ctx.tpComm, "
          << name(logits) << ", " << shapeOf(logits) << ", (int64_t)ctx.tpRank * " << c << ", ";
-    } else if (kernel == "cross_entropy16" || kernel == "cross_entropy_grad16") {
+    } else if (kernel == "cross_entropy16" || kernel == "cross_entropy_grad16" || withGrad) {
       // carve.read16: the logits' 16-bit tensor; carve.write16: the
       // gradient's 16-bit copy (the next op) instead of the f32 result.
       auto f = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
@@ -399,7 +413,7 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
       }
       logitsArg = src;
       os << callee(opts, kernel) << "(" << src << ", ";
-      if (kernel == "cross_entropy_grad16")
+      if (kernel == "cross_entropy_grad16" || withGrad)
         os << flag("l16", f[0]) << ", ";
       os << shapeOf(logits) << ", ";
     } else {
@@ -409,12 +423,16 @@ bool Generator::emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostr
        << ", " << (ig ? ig.getInt() : 0) << "LL, ";
     if (isa<CrossEntropyGradOp>(op))
       os << opnd(op, 2) << ", ";
-    if (kernel == "cross_entropy_grad16") {
+    if (kernel == "cross_entropy_grad16" || withGrad) {
       const bool w16 = op->hasAttr(kWrite16Attr);
       Operation *c = op->getNextNode();
       if (w16 && (!c || !isa<CastOp>(c)))
         return failOp(op, "carve.write16 without the 16-bit copy after it");
-      os << (w16 ? name(c->getResult(0)) : name(res)) << ", " << flag("d16", w16) << ");";
+      os << (w16 ? name(c->getResult(0)) : name(res)) << ", " << flag("d16", w16);
+      if (withGrad)
+        os << ", " << name(loss) << ");  // and the loss (one pass over the logits)";
+      else
+        os << ");";
     } else {
       os << name(res) << ");";
     }

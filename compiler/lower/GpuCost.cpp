@@ -456,8 +456,37 @@ struct Model {
     add(s == 1 ? "ceGradRows" : "ceGradStrided", GpuClass::Loss, 4.0 * numel(logits), lb + db);
   }
 
+  /// cross_entropy_with_grad (rule 3j): one count, one pass over the rows
+  /// writing the loss terms and the gradient, the loss's sum (where rows
+  /// have a class stride: the two calls).
+  void crossEntropyWithGrad(Operation *op, bool l16, bool d16) {
+    ArrayRef<int64_t> ls = typeOf(op->getOperand(0)).getShape();
+    int64_t s = 1;
+    for (size_t i = 2; i < ls.size(); ++i)
+      s *= ls[i];
+    const int64_t c = ls.size() > 1 ? ls[1] : 1;
+    if (s != 1 || c == 0) {
+      crossEntropy(op, false, l16, false);
+      crossEntropy(op, true, l16, d16);
+      return;
+    }
+    Value logits = op->getOperand(0);
+    const int64_t e = numel(logits) / c;
+    const double lb = l16 ? 2.0 * numel(logits) : bytesOf(logits);
+    const double db = d16 ? 2.0 * numel(logits) : bytesOf(logits);
+    if (e > 0) {
+      add("ceCount", GpuClass::Loss, 0, 8.0 * e);
+      add("ceLossGradRows", GpuClass::Loss, 5.0 * numel(logits), lb + db);
+    }
+    if (op->getAttrOfType<StringAttr>("reduction").getValue() != "none")
+      add("ceFinish", GpuClass::Loss, 0, 0);
+  }
+
   /// One op of the step's body with its carve.kernel.
   void op(Operation *op, StringRef kernel) {
+    // A loss its gradient's call computes (rule 3j) runs only when evaluating.
+    if (op->hasAttr(kLossInGradAttr))
+      return;
     // An operand read as its 16-bit tensor (carve.read16, rule 3g: one flag
     // per operand) moves two bytes an element.
     auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
@@ -643,6 +672,9 @@ struct Model {
       auto f = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
       crossEntropy(op, kernel == "cross_entropy_grad16", f && f.size() == 1 && f[0],
                    op->hasAttr(kWrite16Attr));
+    } else if (kernel == "cross_entropy_with_grad") {
+      auto f = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      crossEntropyWithGrad(op, f && f.size() == 1 && f[0], op->hasAttr(kWrite16Attr));
     } else if (kernel == "nonzero") {
       add("nonzeroKernel", GpuClass::Layout, 0, inOut());
     } else if (kernel == "copy") {

@@ -134,6 +134,18 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          16-bit values it multiplies, where reduce16 summed the f32 values
          they were rounded from (each within half a 16-bit ulp: the sum
          moves by at most that relative to the sum of magnitudes);
+      3j. on the CUDA target, in `@train_step` (not in pipeline stages,
+         whose forward and backward print as functions of their own), a
+         cross_entropy_grad (run as
+         `cross_entropy_grad` or `cross_entropy_grad16`) after the
+         cross_entropy of the same logits (through reshapes and 16-bit
+         casts), targets, ignore_index and reduction, read in the same
+         format, with only ops that run as `none` between them and its
+         output gradient's seed defined before the loss: it runs as
+         `cross_entropy_with_grad`, which writes the loss as well (one pass
+         over the logits, bit for bit the two calls), and the cross_entropy
+         is marked `carve.loss_in_grad` (the emitter guards its call with
+         ctx.evaluating: train --eval-data's forward still computes it);
       4b. on the CUDA target, a slice carve-fold-views marked
          (carve.fold = "view") runs as `none`, and each transpose reading it
          (through reshapes) as `transpose_view`: the slice's source read in
@@ -197,7 +209,9 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
     Statistic<"numCudnnAttention", "num-cudnn-attention",
               "Attention calls that run as cuDNN's fused flash attention">,
     Statistic<"numBiasGradInGemm", "num-bias-grad-in-gemm",
-              "Bias gradients summed by their weight gradient's GEMM (rule 3i)">
+              "Bias gradients summed by their weight gradient's GEMM (rule 3i)">,
+    Statistic<"numLossInGrad", "num-loss-in-grad",
+              "Cross-entropy losses computed with their gradient (rule 3j)">
   ];
 }
 

@@ -462,6 +462,10 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         copiesInFused(fn, plan->precision);
         biasGradsInGemms(fn, *plan);
       }
+      // Not in pipeline stages: their forward and backward print as
+      // functions of their own.
+      if (plan->target == "cuda" && fn.getName() == "train_step")
+        lossesInGradients(fn);
     }
   }
 
@@ -791,6 +795,67 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       op.setAttr(kBiasGradInGemmAttr, UnitAttr::get(ctx));
       op.removeAttr(kRead16Attr);
       ++numBiasGradInGemm;
+    }
+  }
+
+  /// Rule 3j: a cross-entropy's loss computed by its gradient's call
+  /// (cross_entropy_with_grad; Passes.td says when).
+  void lossesInGradients(func::FuncOp fn) {
+    MLIRContext *ctx = fn.getContext();
+    // The tensor a logits operand reads: through reshapes, views of 16-bit
+    // tensors (16 -> 32-bit casts) and 16-bit copies (32 -> 16).
+    auto base = [](Value v) {
+      for (;;) {
+        if (auto r = v.getDefiningOp<ReshapeOp>()) {
+          v = r.getInput();
+          continue;
+        }
+        if (auto c = v.getDefiningOp<CastOp>()) {
+          Type from = elementOf(c.getInput()), to = elementOf(c.getResult());
+          if (((from.isBF16() || from.isF16()) && to.isF32()) ||
+              (from.isF32() && (to.isBF16() || to.isF16()))) {
+            v = c.getInput();
+            continue;
+          }
+        }
+        return v;
+      }
+    };
+    auto kernel = [](Operation *op) {
+      auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
+      return k ? k.getValue() : StringRef();
+    };
+    auto reads16 = [](Operation *op) {
+      auto f = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+      return f && f.size() == 1 && f[0];
+    };
+    for (Operation &op : fn.getBody().front().without_terminator()) {
+      auto g = dyn_cast<CrossEntropyGradOp>(&op);
+      if (!g || (kernel(g) != "cross_entropy_grad" && kernel(g) != "cross_entropy_grad16"))
+        continue;
+      Operation *f = nullptr;
+      for (Operation *p = op.getPrevNode(); p; p = p->getPrevNode()) {
+        if (isa<CrossEntropyOp>(p)) {
+          f = p;
+          break;
+        }
+        if (kernel(p) != kNoKernel)
+          break;
+      }
+      if (!f || (kernel(f) != "cross_entropy" && kernel(f) != "cross_entropy16") ||
+          f->getOperand(1) != g->getOperand(1) ||
+          f->getAttr("ignore_index") != g->getAttr("ignore_index") ||
+          f->getAttr("reduction") != g->getAttr("reduction") ||
+          base(f->getOperand(0)) != base(g->getOperand(0)) ||
+          (kernel(f) == "cross_entropy16" && reads16(f)) != reads16(g))
+        continue;
+      if (Operation *d = g->getOperand(2).getDefiningOp(); d && !d->isBeforeInBlock(f))
+        continue;
+      if (!g->hasAttr(kRead16Attr))
+        g->setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {false}));
+      g->setAttr(kKernelAttr, StringAttr::get(ctx, "cross_entropy_with_grad"));
+      f->setAttr(kLossInGradAttr, UnitAttr::get(ctx));
+      ++numLossInGrad;
     }
   }
 

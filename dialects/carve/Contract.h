@@ -213,6 +213,10 @@ constexpr const char *kCopyByWriterAttr = "carve.copy_by_writer";
 /// carve-select-kernels' rule 3i, cuBLASLt's BGRADA/BGRADB epilogue): the
 /// reduction is no call.
 constexpr const char *kBiasGradInGemmAttr = "carve.bias_grad_in_gemm";
+/// On a cross-entropy whose loss its gradient's call computes in the same
+/// pass (CUDA target: carve-select-kernels' rule 3j, cross_entropy_with_grad):
+/// the forward's call runs only under train --eval-data (ctx.evaluating).
+constexpr const char *kLossInGradAttr = "carve.loss_in_grad";
 /// On the weight gradient's GEMM of rule 3i (matmul16_to16_bgrad): which of
 /// its call's operands (0: a, 1: b) the bias gradient sums the columns of.
 constexpr const char *kBiasGradOfAttr = "carve.bias_grad_of";

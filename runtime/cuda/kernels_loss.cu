@@ -222,6 +222,58 @@ __global__ void ceGradRows(const void *logits, const int64_t *targets, int64_t r
   }
 }
 
+/// ceLossRows and ceGradRows in one pass: the same statistics per row, the
+/// loss term and the partial sums ceLossRows writes (same grid), and the
+/// gradient ceGradRows writes. Every lane reads the target's logit before a
+/// synchronization of the group that precedes the gradient's writes, so
+/// that a gradient written in place over the logits cannot overwrite it
+/// first.
+template <int FIO, bool kBlock>
+__global__ void ceLossGradRows(const void *logits, const int64_t *targets, int64_t rows, int64_t C,
+                               bool hasIgnore, int64_t ignoreIndex, int reduction, const float *dy,
+                               const unsigned long long *count, void *dlogits, float *y,
+                               double *part) {
+  constexpr int FI = FIO / 3, FO = FIO % 3;
+  __shared__ float sh[32];
+  __shared__ double shd[32];
+  const RowGroup<kBlock> g;
+  double acc = 0; // on the group's lane 0
+  for (int64_t row = g.first; row < rows; row += g.stride) {
+    const int64_t xr = row * C;
+    float m = kNegInf;
+    for (int64_t j = g.lane; j < C; j += g.size)
+      m = fmaxf(m, loadAs<FI>(logits, xr + j));
+    m = g.max(m, sh);
+    float s = 0;
+    for (int64_t j = g.lane; j < C; j += g.size)
+      s += expf(loadAs<FI>(logits, xr + j) - m);
+    const int64_t t = targets[row];
+    const bool counted = !ignored(t, hasIgnore, ignoreIndex) && t >= 0 && t < C;
+    const float xt = counted ? loadAs<FI>(logits, xr + t) : 0.0f;
+    s = g.sum(s, sh); // a block's sum ends with __syncthreads
+    if constexpr (!kBlock)
+      __syncwarp(); // every lane's read of xt before any write of the row
+    if (g.lane == 0) {
+      const double loss =
+          counted ? -((static_cast<double>(xt) - m) - log(static_cast<double>(s))) : 0.0;
+      if (reduction == 2)
+        y[row] = static_cast<float>(loss);
+      else
+        acc += loss;
+    }
+    const double w = ceWeight(t, row, hasIgnore, ignoreIndex, reduction, dy, count);
+    const float ws = static_cast<float>(w / s), wf = static_cast<float>(w);
+    for (int64_t j = g.lane; j < C; j += g.size) {
+      float d = ws * expf(loadAs<FI>(logits, xr + j) - m);
+      if (j == t && w != 0.0)
+        d -= wf;
+      storeAs<FO>(dlogits, xr + j, d);
+    }
+  }
+  if (reduction != 2)
+    blockPartial(acc, shd, part);
+}
+
 template <int FIO>
 __global__ void ceGradStrided(const void *logits, const int64_t *targets, int64_t e, int64_t C,
                               int64_t S, bool hasIgnore, int64_t ignoreIndex, int reduction,
@@ -505,7 +557,66 @@ void crossEntropyGradAs(const char *op, const void *logits, Dims ls, const int64
   checkLaunch(op);
 }
 
+template <int FIO>
+void crossEntropyWithGradAs(const char *op, const void *logits, Dims ls, const int64_t *targets,
+                            int reduction, bool hasIgnore, int64_t ignoreIndex, const float *dy,
+                            void *dlogits, float *y) {
+  const CeGeom g = ceGeom(op, ls, reduction);
+  // crossEntropyAs's partials: one per block of the rows' kernel.
+  const int np =
+      g.e == 0
+          ? 0
+          : (g.c <= kWarpRow ? gridFor((g.e + kWarpRowThreads / 32 - 1) / (kWarpRowThreads / 32))
+                             : gridFor(g.e));
+  const CeScratch s = ceScratch(np, 0, nullptr);
+  ceCountLaunch(targets, g.e, hasIgnore, ignoreIndex, g.c, s, op);
+  if (g.e > 0) {
+    CARVE_LAUNCH_ROWS_T(ceLossGradRows, FIO, g.e, g.c, logits, targets, g.e, g.c, hasIgnore,
+                        ignoreIndex, reduction, dy, s.count, dlogits, y, s.part);
+    checkLaunch(op);
+  }
+  if (reduction != 2) {
+    CARVE_KERNEL(1, kThreads, 0, stream(), ceFinish)(s.part, np, s.count, reduction, y);
+    checkLaunch(op);
+  }
+}
+
 } // namespace
+
+void cross_entropy_with_grad(const void *logits, bool l16, Dims ls, const int64_t *targets,
+                             int reduction, bool hasIgnore, int64_t ignoreIndex, const float *dy,
+                             void *dlogits, bool d16, float *y) {
+  const char *op = "cross_entropy_with_grad";
+  const CeGeom g = ceGeom(op, ls, reduction);
+  if (g.s != 1 || g.c == 0) {
+    // Classes with a stride (or none): the two calls, the loss first (the
+    // gradient may overwrite the logits).
+    if (l16)
+      cross_entropy16(logits, ls, targets, reduction, hasIgnore, ignoreIndex, y);
+    else
+      cross_entropy(static_cast<const float *>(logits), ls, targets, reduction, hasIgnore,
+                    ignoreIndex, y);
+    return cross_entropy_grad16(logits, l16, ls, targets, reduction, hasIgnore, ignoreIndex, dy,
+                                dlogits, d16);
+  }
+  const int f = l16 || d16 ? format16(op) : 0;
+  const int fio = 3 * (l16 ? f : 0) + (d16 ? f : 0);
+  switch (fio) {
+#define CARVE_CASE(N)                                                                              \
+  case N:                                                                                          \
+    return crossEntropyWithGradAs<N>(op, logits, ls, targets, reduction, hasIgnore, ignoreIndex,   \
+                                     dy, dlogits, y);
+    CARVE_CASE(0)
+    CARVE_CASE(1)
+    CARVE_CASE(2)
+    CARVE_CASE(3)
+    CARVE_CASE(4)
+    CARVE_CASE(6)
+    CARVE_CASE(8)
+#undef CARVE_CASE
+  }
+  fatal("%s: unexpected formats %d", op, fio);
+}
 
 void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int reduction,
                    bool hasIgnore, int64_t ignoreIndex, float *y) {

@@ -193,6 +193,18 @@ inline T carveEmuShflXor(unsigned mask, T v, int laneMask, int width, const char
                   __FILE__ ":" CARVE_EMU_STR(__LINE__))
 /// The width argument, 32 when left out (`__VA_ARGS__ + 0` is then 0).
 inline int carveEmuWidth(int w) { return w == 0 ? 32 : w; }
+/// __syncwarp: every lane of `mask` (the whole warp when left out) arrives
+/// before any goes on: a warp exchange of nothing, which every lane of the
+/// mask must join (blocks' threads run one at a time, so the writes before
+/// it are seen after it).
+inline void carveEmuSyncWarp(unsigned mask, const char *site) {
+  const int lane =
+      static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+  (void)::carve_emu::warpExchange(mask, 0, lane, site);
+}
+#define __syncwarp(...)                                                                            \
+  carveEmuSyncWarp((__VA_ARGS__ + 0) ? (__VA_ARGS__ + 0) : 0xffffffffu,                            \
+                   __FILE__ ":" CARVE_EMU_STR(__LINE__))
 
 // ---- Atomics (blocks run one at a time on one OS thread) --------------------
 

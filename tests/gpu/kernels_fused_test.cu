@@ -1201,10 +1201,11 @@ void testRead16() {
   }
 }
 
-/// cross_entropy16, cross_entropy_grad16 and count_correct16 (carve.read16,
-/// carve.write16) under bf16 and fp16: logits stored in 16 bits give bit for
-/// bit what the f32 entries give for their f32 values, and a 16-bit gradient
-/// is the f32 gradient rounded to nearest even (toBf16 / toF16).
+/// cross_entropy16, cross_entropy_grad16, cross_entropy_with_grad and
+/// count_correct16 (carve.read16, carve.write16) under bf16 and fp16: logits
+/// stored in 16 bits give bit for bit what the f32 entries give for their
+/// f32 values, and a 16-bit gradient is the f32 gradient rounded to nearest
+/// even (toBf16 / toF16).
 void testCrossEntropy16(Dims ls, bool hasIgnore) {
   const int64_t C = ls.d[1], n = ls.numel(), e = C ? n / C : 0;
   const std::vector<int64_t> t = makeTargets(e, C, hasIgnore);
@@ -1248,6 +1249,33 @@ void testCrossEntropy16(Dims ls, bool hasIgnore) {
           expectEqual(w, got16->download(), want16->download());
         else
           expectEqual(w, got->download(), dl->download());
+      }
+      // cross_entropy_with_grad (rule 3j): the loss and the gradient of the
+      // two calls, bit for bit, from one pass (the class-strided shape: the
+      // two calls); mode 0 is fp32 in and out, and with 16-bit logits and
+      // gradient the gradient also overwrites the logits in place.
+      for (int mode = 0; mode <= 4; ++mode) {
+        const bool inPlace = mode == 4, l16 = (mode & 1) || inPlace, d16 = (mode & 2) || inPlace;
+        auto got = poisoned<float>(std::max<int64_t>(n, 1));
+        auto got16 = poisoned<uint16_t>(std::max<int64_t>(n, 1));
+        if (inPlace)
+          GT_CUDA(cudaMemcpyAsync(got16->p, x16->p, sizeof(uint16_t) * n, cudaMemcpyDeviceToDevice,
+                                  static_cast<cudaStream_t>(g::computeStream())));
+        auto yw = poisoned<float>(ny);
+        const void *logits = inPlace ? static_cast<const void *>(got16->p)
+                             : l16   ? static_cast<const void *>(x16->p)
+                                     : dx->p;
+        g::cross_entropy_with_grad(logits, l16, ls, dt->p, reduction, hasIgnore, kIgnore, dgy->p,
+                                   d16 ? static_cast<void *>(got16->p) : got->p, d16, yw->p);
+        const std::string w = what + " with_grad" + (l16 ? " l16" : "") + (d16 ? " d16" : "") +
+                              (inPlace ? " in place" : "");
+        if (!deviceOk(w))
+          continue;
+        expectEqual(w + " (loss)", yw->download(), y->download());
+        if (d16)
+          expectEqual(w + " (gradient)", got16->download(), want16->download());
+        else
+          expectEqual(w + " (gradient)", got->download(), dl->download());
       }
     }
     // train --eval-data's accuracy from the 16-bit logits.

@@ -50,7 +50,11 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    (--set-dim to a huge batch) stops with one line naming the rank, the GPU
    and the memory needed; more ranks on this host than visible GPUs stops
    with one line saying so. Both exit 1 without hanging.
-7. CARVE_GPU_PROFILE=1 on the GPT fp32 program: one table of GPU time by
+7. train --eval-data on the GPT's fp32 programs: the GPU's evaluation
+   losses within the fp32 bound of the CPU's (the training step computes
+   its loss with the gradient, so the forward's own loss runs only when
+   evaluating), the training losses unchanged bit for bit.
+7b. CARVE_GPU_PROFILE=1 on the GPT fp32 program: one table of GPU time by
    kernel name at the end, over the steps after the first (which loads and
    tunes the kernels), with the cuBLAS GEMMs, attention and AdamW among its
    rows, and (on a GPU) more than 0 ms in all.
@@ -224,13 +228,13 @@ def train(carve, out, ranks, data, save, extra=(), log_suffix=""):
         return None
     if PHASE == "device" and out not in CUDA_OUTS:
         # A CPU program, run by --phase prepare.
-        return [json.loads(l)["loss"] for l in open(log)]
+        return [r["loss"] for r in map(json.loads, open(log)) if "loss" in r]
     rc, so, se = run_train(out, ranks, ["--steps", str(STEPS), "--data", data, "--log", log,
                                         "--save", save, "--progress", "none"] + list(extra))
     if rc != 0:
         raise Failure("run %s on %d rank(s) failed:\n%s%s" % (out, ranks, so, se))
     STDOUT[log] = so
-    return [json.loads(l)["loss"] for l in open(log)]
+    return [r["loss"] for r in map(json.loads, open(log)) if "loss" in r]
 
 
 # The standard output of each train run, by its log's path.
@@ -266,6 +270,40 @@ def check_graph(carve, out, ranks, data, graph_losses, graph_ckpt, label, extra=
                           % (label, k))
     print("ok: %s: CUDA graph (the default): losses and checkpoint bitwise equal to the eager "
           "run" % label)
+
+
+def check_eval(carve, w, model, data, cuda_losses):
+    """train --eval-data on the fp32 programs: the CUDA training step computes
+    its loss together with the loss's gradient (carve-select-kernels' rule
+    3j), and the forward's own cross-entropy runs only when evaluating, so
+    the evaluation's losses must be the CPU program's within FP32_RTOL (a
+    forward that skipped it would report the last training step's loss,
+    another batch's before the update), and evaluating must leave the
+    training losses bit for bit as they were."""
+    ev = ["--eval-data", data, "--eval-every", "2", "--eval-batches", "2"]
+    got = {}
+    for target in ["cpu", "cuda"]:
+        out = os.path.join(w, "%s-fp32-%s" % (model, target))
+        losses = train(carve, out, 1, data, out + ".eval.ckpt", ev, ".eval")
+        if pending(losses):
+            return 0
+        evals = [r["eval_loss"] for r in map(json.loads, open(out + ".eval.jsonl"))
+                 if "eval_loss" in r]
+        got[target] = (losses, evals)
+    if got["cuda"][0] != cuda_losses:
+        raise Failure("%s fp32: --eval-data changed the GPU's training losses\n  without %s\n"
+                      "  with    %s" % (model, cuda_losses, got["cuda"][0]))
+    e_cpu, e_gpu = got["cpu"][1], got["cuda"][1]
+    if not e_gpu or len(e_gpu) != len(e_cpu):
+        raise Failure("%s fp32: %d evaluations on the GPU, %d on the CPU"
+                      % (model, len(e_gpu), len(e_cpu)))
+    d = worst_rel(e_cpu, e_gpu)
+    if d > FP32_RTOL:
+        raise Failure("%s fp32: the GPU's evaluation losses differ from the CPU's by %.3g "
+                      "(limit %g)\n  cpu %s\n  gpu %s" % (model, d, FP32_RTOL, e_cpu, e_gpu))
+    print("ok: %s fp32 --eval-data: %d GPU evaluation losses within %.2g of the CPU's; the "
+          "training losses unchanged" % (model, len(e_gpu), d))
+    return 1
 
 
 def check_profile(out, data):
@@ -609,6 +647,7 @@ def main():
                 if (model, precision) == ("gpt", "fp32"):
                     check_profile(out, data)
                     checks += 1
+                    checks += check_eval(a.carve, w, model, data, runs["cuda"][0])
         # tf32: the GPT's fp32 program with its GEMMs through TF32 (1. of the
         # docstring's list, the plan field): against the CPU's fp32 within
         # TF32_RTOL, and not the GPU's fp32 losses (the rounding took effect).

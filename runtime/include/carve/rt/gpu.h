@@ -384,6 +384,16 @@ void cross_entropy16(const void *logits, Dims ls, const int64_t *targets, int re
 void cross_entropy_grad16(const void *logits, bool l16, Dims ls, const int64_t *targets,
                           int reduction, bool hasIgnore, int64_t ignoreIndex, const float *dy,
                           void *dlogits, bool d16);
+/// cross_entropy16 (or cross_entropy, without `l16`) and cross_entropy_grad16
+/// in one pass over the logits (carve-select-kernels' rule 3j: the loss
+/// computed where its gradient is, the forward's call left to train
+/// --eval-data): y as the one writes it and dlogits as the other does, bit
+/// for bit (the same row statistics, the same partial sums); dlogits may be
+/// the logits themselves (each element read before it is written). Logits
+/// with a class stride (classes not on the last axis): the two calls.
+void cross_entropy_with_grad(const void *logits, bool l16, Dims ls, const int64_t *targets,
+                             int reduction, bool hasIgnore, int64_t ignoreIndex, const float *dy,
+                             void *dlogits, bool d16, float *y);
 
 //===--- Data movement (float, int64_t, int32_t, uint8_t) ------------------===//
 
