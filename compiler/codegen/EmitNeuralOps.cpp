@@ -17,6 +17,15 @@ using namespace mlir;
 
 namespace carve::codegen {
 
+/// A norm gradient's 16-bit entry's input gradient (no residual add): its
+/// f32 value (null where only its copy is read) and its 16-bit copy where
+/// the gradient writes it (rule 3h; null otherwise).
+std::string Generator::inputGradArgs(Operation *op) {
+  Value copy = copyByWriter(op, 0);
+  return resultOrCopyOnly(op->getResult(0), copy) + ", " +
+         (copy ? name(copy) : std::string("nullptr"));
+}
+
 bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
   Value res = op->getNumResults() ? op->getResult(0) : Value();
   // A gradient marked to compute the add that reads its input gradient
@@ -68,9 +77,10 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
       os << callee(opts, residual ? "layer_norm_grad_add16" : "layer_norm_grad16") + "(" << x
          << ", " << shapeOf(g.getInput()) << ", " << g.getAxis() << ", " << scale << ", "
          << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
-         << ", " << inputGrad << ", " << resultOrNull(g.getScaleGrad()) << ", "
-         << resultOrNull(g.getBiasGrad()) << ", " << (s16 ? name(s16) : std::string("nullptr"))
-         << ", " << (b16 ? name(b16) : std::string("nullptr")) << ");";
+         << ", " << (residual ? inputGrad : inputGradArgs(op)) << ", "
+         << resultOrNull(g.getScaleGrad()) << ", " << resultOrNull(g.getBiasGrad()) << ", "
+         << (s16 ? name(s16) : std::string("nullptr")) << ", "
+         << (b16 ? name(b16) : std::string("nullptr")) << ");";
     } else if (auto rn = dyn_cast<RmsNormOp>(op)) {
       if (!arg(rn.getInput(), "x16", x) || !arg(rn.getScale(), "scale16", scale))
         return false;
@@ -85,8 +95,9 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
       os << callee(opts, residual ? "rms_norm_grad_add16" : "rms_norm_grad16") + "(" << x << ", "
          << shapeOf(g.getInput()) << ", " << g.getAxis() << ", " << scale << ", "
          << scalar(g.getEpsilon().convertToDouble(), g.getInput()) << ", " << name(g.getGrad())
-         << ", " << inputGrad << ", " << resultOrNull(g.getScaleGrad()) << ", "
-         << (s16 ? name(s16) : std::string("nullptr")) << ");";
+         << ", " << (residual ? inputGrad : inputGradArgs(op)) << ", "
+         << resultOrNull(g.getScaleGrad()) << ", " << (s16 ? name(s16) : std::string("nullptr"))
+         << ");";
     }
     return true;
   }

@@ -779,6 +779,16 @@ bool Generator::emitGather(Operation *op, StringRef kernel, llvm::raw_ostream &o
       os << callee(opts, "gather_sharded_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", "
          << oshape(op, 1) << ", (int64_t)ctx.tpRank * " << local << ", " << rows.getInt() << "LL, "
          << name(res) << ", " << shapeOf(res) << ");  // rows this rank holds";
+    } else if (kernel == "gather_grad16") {
+      // Rule 3h: its sums' 16-bit copy (the embedding's 16-bit gradient)
+      // written by the same kernel.
+      Value copy = copyByWriter(op);
+      if (!copy)
+        return failOp(op, "carve.kernel = \"gather_grad16\" without the 16-bit copy after it "
+                          "(carve.copy_by_writer)");
+      os << callee(opts, "gather_grad16") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", "
+         << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res) << ", " << shapeOf(res)
+         << ", " << name(copy) << ");";
     } else {
       os << callee(opts, "gather_grad") + "(" << opnd(op, 0) << ", " << opnd(op, 1) << ", "
          << oshape(op, 1) << ", " << g.getAxis() << ", " << name(res) << ", " << shapeOf(res)

@@ -533,6 +533,7 @@ private:
   std::string resultOrCopyOnly(mlir::Value r, mlir::Value copy);
   std::string resultOrNull(Value r);
   bool biasGradArgs(mlir::Operation *op, std::string &out);
+  std::string inputGradArgs(mlir::Operation *op);
   bool matmulResult(Operation *op, StringRef kernel, std::string &out);
   bool emitCrossEntropy(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitDataMovement(Operation *op, llvm::raw_ostream &os);

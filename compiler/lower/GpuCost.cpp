@@ -212,7 +212,15 @@ struct Model {
     for (size_t i = axis + 1; i < ts.size(); ++i)
       inner *= ts[i];
     const int64_t size = ts[axis], ni = numel(op->getOperand(1));
-    const double moved = bytesOf(op->getOperand(0)) + bytesOf(table);
+    // gather_grad16 (rule 3h): reads its sums back and writes their 16-bit
+    // copy in the same kernel.
+    double copy = 0;
+    for (Operation *c = op->getNextNode(); c && isa<CastOp>(c); c = c->getNextNode())
+      if (c->hasAttr(kCopyByWriterAttr) && c->getOperand(0) == table) {
+        copy = bytesOf(table) + 2.0 * numel(table);
+        break;
+      }
+    const double moved = bytesOf(op->getOperand(0)) + bytesOf(table) + copy;
     if (inner == 1 && ni > 0 && ni < INT32_MAX && size > 0 && size < INT32_MAX &&
         numel(table) > 0) {
       invertIndices();
@@ -589,8 +597,17 @@ struct Model {
     } else if (kernel == "layer_norm_grad" || kernel == "rms_norm_grad" ||
                kernel == "layer_norm_grad16" || kernel == "rms_norm_grad16") {
       if (numel(op->getOperand(0)) > 0) {
+        // Its input gradient's 16-bit copy where it writes it (rule 3h), less
+        // the f32 value where nothing reads it (onlyRead16).
+        double copy = 0;
+        for (Operation *c = op->getNextNode(); c && isa<CastOp>(c); c = c->getNextNode())
+          if (c->hasAttr(kCopyByWriterAttr) && c->getOperand(0) == op->getResult(0)) {
+            copy = 2.0 * numel(c->getResult(0)) -
+                   (onlyRead16(op->getResult(0)) ? bytesOf(op->getResult(0)) : 0.0);
+            break;
+          }
         add(kernel.starts_with("layer_norm") ? "layerNormGradKernel" : "rmsNormGradKernel",
-            GpuClass::Normalization, 12 * n, inOut());
+            GpuClass::Normalization, 12 * n, inOut() + copy);
         add("sumPartials", GpuClass::Normalization, 0, 0);
       }
     } else if (kernel == "layer_norm_grad_add" || kernel == "rms_norm_grad_add" ||
@@ -662,7 +679,7 @@ struct Model {
         add("gatherKernel", GpuClass::Gather, 0,
             (kernel == "gather16" ? 2.0 * n : bytesOf(op->getResult(0))) +
                 bytesOf(op->getResult(0)));
-    } else if (kernel == "gather_grad") {
+    } else if (kernel == "gather_grad" || kernel == "gather_grad16") {
       gatherGrad(op);
     } else if (kernel == "cross_entropy") {
       crossEntropy(op, false);

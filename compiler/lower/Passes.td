@@ -107,7 +107,10 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          writes its input, where that op is an f32 binary op, unary
          gradient, layer or RMS norm, concat or transpose (not a fused
          chain's member, not folded), is written by that op as it writes
-         the value: the op runs as `binary16`, `unary_grad16`,
+         the value (and the copy of a gather's gradient, by
+         `gather_grad16`; the copy of a layer or RMS norm gradient's input
+         gradient, by that gradient: `layer_norm_grad16`,
+         `rms_norm_grad16`): the op runs as `binary16`, `unary_grad16`,
          `layer_norm16`, `rms_norm16` (carve.read16 as rule 3g left it,
          else all false), `concat16`, `transpose16` or `transpose16_view`
          (rule 4b), and the copy runs as

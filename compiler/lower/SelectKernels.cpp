@@ -540,6 +540,12 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         continue;
       }
       StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
+      if (k && isa<LayerNormGradOp, RmsNormGradOp>(op) &&
+          (k.getValue() == "layer_norm_grad" || k.getValue() == "layer_norm_grad16" ||
+           k.getValue() == "rms_norm_grad" || k.getValue() == "rms_norm_grad16")) {
+        inputGradCopy(&op, precision);
+        continue;
+      }
       if (!k || op.getNumResults() != 1 || op.hasAttr(kFusionGroupAttr) ||
           op.hasAttr(kWrite16Attr) || op.hasAttr(kRound16InCopyAttr))
         continue;
@@ -550,8 +556,9 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
                            kernel == "unary_grad16" || kernel == "layer_norm" ||
                            kernel == "layer_norm16" || kernel == "rms_norm" ||
                            kernel == "rms_norm16";
-      const bool layout =
-          (kernel == "concat" || kernel == "transpose" || kernel == "transpose_view") && f32;
+      const bool layout = (kernel == "concat" || kernel == "transpose" ||
+                           kernel == "transpose_view" || kernel == "gather_grad") &&
+                          f32;
       if ((!flagged && !layout) || !f32)
         continue;
       for (Operation *n = op.getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
@@ -576,6 +583,34 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         ++numCopyByWriter;
         break; // one copy per writer
       }
+    }
+  }
+
+  /// Rule 3h for a layer or RMS norm gradient (not one that computes the add
+  /// after it, rule 4c): the first 16-bit copy of its input gradient among
+  /// the copies right after it is written by the gradient's kernel as it
+  /// writes the input gradient (layer_norm_grad16, rms_norm_grad16; the copy
+  /// is no call, marked carve.copy_by_writer). The same bits.
+  void inputGradCopy(Operation *g, StringRef precision) {
+    MLIRContext *ctx = g->getContext();
+    StringRef gk = g->getAttrOfType<StringAttr>(kKernelAttr).getValue();
+    for (Operation *n = g->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+      auto c = cast<CastOp>(n);
+      StringAttr ck = n->getAttrOfType<StringAttr>(kKernelAttr);
+      Type to = elementOf(c.getResult());
+      if (c.getInput() != g->getResult(0) || !ck ||
+          (ck.getValue() != "toBf16" && ck.getValue() != "toF16") ||
+          !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
+        continue;
+      if (!g->hasAttr(kRead16Attr))
+        g->setAttr(kRead16Attr,
+                   DenseBoolArrayAttr::get(ctx, SmallVector<bool>(g->getNumOperands(), false)));
+      if (!gk.ends_with("16"))
+        g->setAttr(kKernelAttr, StringAttr::get(ctx, gk.str() + "16"));
+      n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+      n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
+      ++numCopyByWriter;
+      return; // one copy per writer
     }
   }
 

@@ -159,10 +159,13 @@ __global__ void gatherKernel(Tab table, const int64_t *idx, T *y, int64_t ni, in
 /// the indices that fall in its range; the rows are split into `parts` ranges
 /// so that a small outer * inner (an embedding's one table) still fills the
 /// GPU. Indices out of range are recorded once, by the part that owns row 0.
+/// With `dtable16` (gather_grad16, float tables): each thread then writes
+/// its rows' 16-bit copies (format `fmt`: 1 bf16, 2 fp16, rounded to nearest
+/// even as toBf16 / toF16 round) from the sums it finished.
 template <class T>
 __global__ void gatherGradOwnedKernel(const T *dy, const int64_t *idx, T *dtable, int64_t ni,
                                       int64_t size, int64_t inner, int64_t outer, int64_t parts,
-                                      int64_t rows, DeviceError *err) {
+                                      int64_t rows, DeviceError *err, uint16_t *dtable16, int fmt) {
   CARVE_GRID_LOOP(e, outer * inner * parts) {
     const int64_t part = e / (outer * inner), oc = e - part * (outer * inner);
     const int64_t o = oc / inner, c = oc - o * inner;
@@ -178,6 +181,13 @@ __global__ void gatherGradOwnedKernel(const T *dy, const int64_t *idx, T *dtable
       else if ((v < 0 || v >= size) && part == 0)
         checkedIndex(idx, k, size, err);
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (dtable16)
+        for (int64_t v = v0; v < v1; ++v) {
+          const float x = col[v * inner];
+          dtable16[o * size * inner + v * inner + c] =
+              fmt == 1 ? carve::rt::ew::bf16Bits(x) : carve::rt::ew::f16Bits(x);
+        }
   }
 }
 
@@ -316,7 +326,8 @@ __global__ void gatherInvSortLongKernel(const int *offsets, int *list) {
 /// from 0 (every element written: no zeroing before).
 template <class T>
 __global__ void gatherGradRowsKernel(const T *dy, const int *offsets, const int *list, T *dtable,
-                                     int64_t ni, int64_t size, int64_t outer) {
+                                     int64_t ni, int64_t size, int64_t outer, uint16_t *dtable16,
+                                     int fmt) {
   CARVE_GRID_LOOP(e, outer * size) {
     int64_t o, v;
     divMod(e, size, o, v);
@@ -325,6 +336,9 @@ __global__ void gatherGradRowsKernel(const T *dy, const int *offsets, const int 
     for (int j = offsets[v], end = offsets[v + 1]; j < end; ++j)
       acc += src[list[j]];
     dtable[e] = acc;
+    if constexpr (std::is_same_v<T, float>)
+      if (dtable16)
+        dtable16[e] = fmt == 1 ? carve::rt::ew::bf16Bits(acc) : carve::rt::ew::f16Bits(acc);
   }
 }
 
@@ -696,8 +710,11 @@ void gather16(const void *table, Dims ts, const int64_t *idx, Dims is, int axis,
   gatherAs(in16("gather16", table, true), ts, idx, is, axis, y);
 }
 
+namespace {
+
 template <class T>
-void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts) {
+void gatherGradAs(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts,
+                  uint16_t *dtable16, int fmt) {
   axis = normAxis(axis, ts.rank, "gather_grad");
   const int64_t outer = prod(ts, 0, axis), size = ts.d[axis], inner = prod(ts, axis + 1, ts.rank);
   const int64_t ni = is.numel();
@@ -705,19 +722,35 @@ void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, 
     int *inv = static_cast<int *>(workspace(inverseBytes(ni, size), kWsBasic0));
     invertIndices(idx, ni, size, inv);
     CARVE_KERNEL(blocksFor(outer * size), kThreads, 0, stream(), gatherGradRowsKernel)
-    (dy, inv, inv + size + 1 + size, dtable, ni, size, outer);
+    (dy, inv, inv + size + 1 + size, dtable, ni, size, outer, dtable16, fmt);
     checkLaunch("gather_grad");
     return;
   }
   fill(dtable, ts.numel(), T(0));
   const int64_t total = outer * ni * inner;
-  if (total == 0)
+  if (total == 0) {
+    if (dtable16 && ts.numel() > 0) // all zeros: zero bits in both formats
+      CARVE_CUDA_CHECK(cudaMemsetAsync(dtable16, 0, sizeof(uint16_t) * ts.numel(), stream()));
     return;
+  }
   const int64_t parts = gatherGradParts(outer * inner, size);
   const int64_t rows = (size + parts - 1) / parts;
   CARVE_KERNEL(blocksFor(outer * inner * parts), kThreads, 0, stream(), gatherGradOwnedKernel)
-  (dy, idx, dtable, ni, size, inner, outer, parts, rows, deviceError());
+  (dy, idx, dtable, ni, size, inner, outer, parts, rows, deviceError(), dtable16, fmt);
   checkLaunch("gather_grad");
+}
+
+} // namespace
+
+template <class T>
+void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts) {
+  gatherGradAs<T>(dy, idx, is, axis, dtable, ts, nullptr, 0);
+}
+
+void gather_grad16(const float *dy, const int64_t *idx, Dims is, int axis, float *dtable, Dims ts,
+                   uint16_t *dtable16) {
+  gatherGradAs<float>(dy, idx, is, axis, dtable, ts, dtable16,
+                      dtable16 ? format16For("gather_grad16") : 0);
 }
 
 //===--- A convolution's windows, a piece at a time ------------------------===//
@@ -837,7 +870,7 @@ void matmul_gather_grad(const float *a, Dims as, bool transA, const float *b, Di
     matmul(pa.at(j0), pa.dims(c), transA, pb.at(j0), pb.dims(c), transB, w, yc);
     CARVE_KERNEL(blocksFor(c * rowsPer * size), kThreads, 0, stream(), gatherGradRowsKernel)
     (static_cast<const float *>(w), inv, inv + size + 1 + size, dtable + j0 * rowsPer * size, ni,
-     size, c * rowsPer);
+     size, c * rowsPer, nullptr, 0);
     checkLaunch("matmul_gather_grad");
   }
 }

@@ -447,12 +447,17 @@ void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, floa
 }
 
 void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                       float eps, const float *dy, float *dx, float *dscale, float *dbias,
-                       uint16_t *dscale16, uint16_t *dbias16) {
+                       float eps, const float *dy, float *dx, uint16_t *dx16, float *dscale,
+                       float *dbias, uint16_t *dscale16, uint16_t *dbias16) {
   const char *op = "layer_norm_grad16";
-  const int fmt = dscale16 || dbias16 ? format16For(op) : 0;
-  layerNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx,
-                  GradOut{dscale, dscale16, fmt}, GradOut{dbias, dbias16, fmt});
+  const int fmt = dx16 || dscale16 || dbias16 ? format16For(op) : 0;
+  if (dx16)
+    layerNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy,
+                    Out16{dx, dx16, fmt, false}, GradOut{dscale, dscale16, fmt},
+                    GradOut{dbias, dbias16, fmt});
+  else
+    layerNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx,
+                    GradOut{dscale, dscale16, fmt}, GradOut{dbias, dbias16, fmt});
 }
 
 void layer_norm_grad_add(const float *x, Dims xs, int axis, const float *scale, float eps,
@@ -493,10 +498,16 @@ void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float 
 }
 
 void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                     float eps, const float *dy, float *dx, float *dscale, uint16_t *dscale16) {
+                     float eps, const float *dy, float *dx, uint16_t *dx16, float *dscale,
+                     uint16_t *dscale16) {
   const char *op = "rms_norm_grad16";
-  rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx,
-                GradOut{dscale, dscale16, dscale16 ? format16For(op) : 0});
+  const int fmt = dx16 || dscale16 ? format16For(op) : 0;
+  if (dx16)
+    rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy,
+                  Out16{dx, dx16, fmt, false}, GradOut{dscale, dscale16, fmt});
+  else
+    rmsNormGradAs(in16(op, x, x16), xs, axis, in16(op, scale, scale16), eps, dy, dx,
+                  GradOut{dscale, dscale16, fmt});
 }
 
 void rms_norm_grad_add(const float *x, Dims xs, int axis, const float *scale, float eps,

@@ -1290,6 +1290,22 @@ void testGather(const Dims &ts, int axis, const Dims &is, std::vector<int64_t> i
   std::vector<T> refg(ts.numel());
   rt::gather_grad<T>(dy.data(), idx.data(), is, axis, refg.data(), ts);
   expectEqual("gather_grad " + what + " (the CPU target's order)", dtab->download(), refg);
+  // gather_grad16 (rule 3h): the same sums, and their 16-bit copies as
+  // toBf16 / toF16 write them, from the same kernel.
+  if constexpr (std::is_same_v<T, float>) {
+    for (rt::Precision p : {rt::Precision::BF16, rt::Precision::F16}) {
+      const bool bf = p == rt::Precision::BF16;
+      auto t32 = poisoned<float>(ts.numel());
+      auto t16 = poisoned<uint16_t>(ts.numel()), want16 = poisoned<uint16_t>(ts.numel());
+      g::setPrecision(p);
+      g::gather_grad16(ddy->p, di->p, is, axis, t32->p, ts, t16->p);
+      (bf ? g::toBf16 : g::toF16)(dtab->p, want16->p, ts.numel());
+      g::setPrecision(rt::Precision::F32);
+      const std::string w = "gather_grad16 " + what + (bf ? " bf16" : " fp16");
+      expectEqual(w + " (sums)", t32->download(), dtab->download());
+      expectEqual(w + " (16-bit copy)", t16->download(), want16->download());
+    }
+  }
 }
 
 /// A convolution's GEMMs on its windows without the windows whole in memory

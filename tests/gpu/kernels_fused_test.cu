@@ -1128,11 +1128,23 @@ void testRead16() {
           auto ds16 = poisoned<uint16_t>(N), db16 = poisoned<uint16_t>(N),
                rds16 = poisoned<uint16_t>(N);
           g::setPrecision(p);
-          g::layer_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p, dx->p,
+          // The input gradients' 16-bit copies too (rule 3h), with and
+          // without their f32 values.
+          auto dx16 = poisoned<uint16_t>(n), rdx16 = poisoned<uint16_t>(n);
+          auto dxKeep = poisoned<float>(n), rdxKeep = poisoned<float>(n);
+          g::layer_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p, dx->p, nullptr,
                                keep32 ? ds->p : nullptr, keep32 ? db->p : nullptr, ds16->p,
                                db16->p);
-          g::rms_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p, rdx->p,
+          g::rms_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p, rdx->p, nullptr,
                              keep32 ? rds->p : nullptr, rds16->p);
+          g::layer_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p,
+                               keep32 ? dxKeep->p : nullptr, dx16->p, nullptr, nullptr, nullptr,
+                               nullptr);
+          g::rms_norm_grad16(xv->p, false, s, -1, scv->p, false, eps, dy->p,
+                             keep32 ? rdxKeep->p : nullptr, rdx16->p, nullptr, nullptr);
+          auto wdx16 = poisoned<uint16_t>(n), rwdx16 = poisoned<uint16_t>(n);
+          (f16 ? g::toF16 : g::toBf16)(wdx->p, wdx16->p, n);
+          (f16 ? g::toF16 : g::toBf16)(rwdx->p, rwdx16->p, n);
           g::setPrecision(rt::Precision::F32);
           const std::string w =
               str(s) + " parameter gradients in 16 bits" + fmt + (keep32 ? " and f32" : "");
@@ -1140,7 +1152,11 @@ void testRead16() {
           expectEqual("layer_norm_grad16 dscale16 " + w, ds16->download(), wds16->download());
           expectEqual("layer_norm_grad16 dbias16 " + w, db16->download(), wdb16->download());
           expectEqual("rms_norm_grad16 dscale16 " + w, rds16->download(), rwds16->download());
+          expectEqual("layer_norm_grad16 dx16 " + w, dx16->download(), wdx16->download());
+          expectEqual("rms_norm_grad16 dx16 " + w, rdx16->download(), rwdx16->download());
           if (keep32) {
+            expectEqual("layer_norm_grad16 dx with dx16 " + w, dxKeep->download(), wdx->download());
+            expectEqual("rms_norm_grad16 dx with dx16 " + w, rdxKeep->download(), rwdx->download());
             expectEqual("layer_norm_grad16 dscale " + w, ds->download(), wds->download());
             expectEqual("layer_norm_grad16 dbias " + w, db->download(), wdb->download());
             expectEqual("rms_norm_grad16 dscale " + w, rds->download(), rwds->download());
@@ -1158,7 +1174,8 @@ void testRead16() {
              db = poisoned<float>(N);
         g::setPrecision(p);
         g::layer_norm16(x, a, s, -1, sc, b, bi, c, eps, y->p, nullptr, false);
-        g::layer_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, dx->p, ds->p, db->p, nullptr, nullptr);
+        g::layer_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, dx->p, nullptr, ds->p, db->p, nullptr,
+                             nullptr);
         g::setPrecision(rt::Precision::F32);
         expectEqual("layer_norm16 " + w, y->download(), want->download());
         expectEqual("layer_norm_grad16 dx " + w, dx->download(), wdx->download());
@@ -1169,7 +1186,7 @@ void testRead16() {
         auto ry = poisoned<float>(n), rdx = poisoned<float>(n), rds = poisoned<float>(N);
         g::setPrecision(p);
         g::rms_norm16(x, a, s, -1, sc, b, eps, ry->p, nullptr, false);
-        g::rms_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, rdx->p, rds->p, nullptr);
+        g::rms_norm_grad16(x, a, s, -1, sc, b, eps, dy->p, rdx->p, nullptr, rds->p, nullptr);
         g::setPrecision(rt::Precision::F32);
         expectEqual("rms_norm16 " + w, ry->download(), rwant->download());
         expectEqual("rms_norm_grad16 dx " + w, rdx->download(), rwdx->download());

@@ -274,13 +274,17 @@ void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float 
 /// only).
 void layer_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                   const void *bias, bool bias16, float eps, float *y, uint16_t *y16, bool round);
+/// `dx16` (not null): the input gradient's 16-bit copy in the precision's
+/// format, written with it (rounded to nearest even: the bits toBf16 / toF16
+/// write; carve-select-kernels' rule 3h); `dx` null: only the copy.
 void layer_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                       float eps, const float *dy, float *dx, float *dscale, float *dbias,
-                       uint16_t *dscale16, uint16_t *dbias16);
+                       float eps, const float *dy, float *dx, uint16_t *dx16, float *dscale,
+                       float *dbias, uint16_t *dscale16, uint16_t *dbias16);
 void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                 float eps, float *y, uint16_t *y16, bool round);
 void rms_norm_grad16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
-                     float eps, const float *dy, float *dx, float *dscale, uint16_t *dscale16);
+                     float eps, const float *dy, float *dx, uint16_t *dx16, float *dscale,
+                     uint16_t *dscale16);
 /// The norm gradients with the add after them computed in the same pass
 /// (carve-select-kernels' rule 4c, the backward's residual connection): the
 /// input gradient is added to `residual` and the sum written to `dx` and
@@ -421,6 +425,12 @@ void gather(const T *table, Dims ts, const int64_t *idx, Dims is, int axis, T *y
 void gather16(const void *table, Dims ts, const int64_t *idx, Dims is, int axis, float *y);
 template <class T>
 void gather_grad(const T *dy, const int64_t *idx, Dims is, int axis, T *dtable, Dims ts);
+/// gather_grad of floats that also writes the sums' 16-bit copies (the
+/// precision's format, rounded to nearest even: toBf16 / toF16's bits) in
+/// the same kernel (carve-select-kernels' rule 3h: an embedding's 16-bit
+/// gradient); `dtable` holds the f32 sums as they are added.
+void gather_grad16(const float *dy, const int64_t *idx, Dims is, int axis, float *dtable, Dims ts,
+                   uint16_t *dtable16);
 template <class T> void expand(const T *x, Dims xs, T *y, Dims ys);
 template <class T> void nonzero(const T *x, Dims xs, int64_t *y);
 
