@@ -5,7 +5,8 @@
 #     tests/gpu/device_run.sh BUNDLE OUTDIR
 #
 # The kernel and NCCL test programs, train_vs_cpu.py --phase device, the GPT-2
-# benchmark and one profiled GPT-2 step (CARVE_GPU_PROFILE=1; BENCH=0 leaves
+# benchmark and one profiled GPT-2 step (CARVE_GPU_PROFILE=shapes: GEMMs by
+# shape; BENCH=0 leaves
 # both out), the CNN benchmark (bench/cnn_step.py --device, ResNet-18 and the
 # VGG-style CNN; CNN=0 leaves it out) and ResNet-18's step profiled in float32
 # and bf16 (CARVE_GPU_PROFILE=shapes). PROFILE=0 leaves the profiles out. OUTDIR gets tests.log, bench.log,
@@ -97,10 +98,11 @@ w = json.load(open('$D/bench/prepared.json'))
 g.write_seeded_init(w['config'], w['batch'], w['seq'], '$D/bench/carve-cuda/init.header.json',
                     '$D/bench/carve-cuda/init.safetensors')" || failed=1
   fi
-  echo "=== GPT-2 small bf16, 4 steps, CARVE_GPU_PROFILE=1"
-  CARVE_GPU_PROFILE=1 timeout 300 "$D/bench/carve-cuda/bin/train" --steps 4 \
+  # By shape: each GEMM shape's rate, what the GPU model's GEMM figure needs.
+  echo "=== GPT-2 small bf16, 4 steps, CARVE_GPU_PROFILE=shapes"
+  CARVE_GPU_PROFILE=shapes timeout 300 "$D/bench/carve-cuda/bin/train" --steps 4 \
     --data "$D/bench/tokens.i32" --progress none >"$out/profile.log" 2>&1 || failed=1
-  grep -A40 "GPU time by kernel" "$out/profile.log"
+  grep -A80 "GPU time by kernel" "$out/profile.log"
 fi
 rm -rf "$D"
 exit $failed
