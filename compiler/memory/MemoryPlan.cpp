@@ -22,7 +22,6 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
-#include <map>
 #include <queue>
 
 using namespace mlir;
@@ -75,6 +74,66 @@ int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &u
   return peak;
 }
 
+int64_t placeBySize(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned) {
+  auto rounded = [&](int64_t bytes) {
+    return (std::max<int64_t>(bytes, 1) + align - 1) / align * align;
+  };
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  // Largest first; among equals, in order of definition (stable).
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int64_t sa = rounded(blocks[a].bytes), sb = rounded(blocks[b].bytes);
+    return sa != sb ? sa > sb : blocks[a].def < blocks[b].def;
+  });
+  struct Placed {
+    int64_t lo, hi, def, lastUse;
+  };
+  std::vector<Placed> placed; // by offset
+  int64_t peak = 0;
+  unplanned = 0;
+  for (size_t i : order) {
+    ArenaBlock &b = blocks[i];
+    const int64_t size = rounded(b.bytes);
+    unplanned += size;
+    // The lowest offset where `size` bytes overlap no placed block live at
+    // the same time (one is dead for the other when its last use comes
+    // before the other's definition).
+    int64_t at = 0;
+    for (const Placed &p : placed) {
+      if (p.lastUse < b.def || b.lastUse < p.def)
+        continue;
+      if (at + size <= p.lo)
+        break;
+      at = std::max(at, p.hi);
+    }
+    b.offset = at;
+    peak = std::max(peak, at + size);
+    Placed me{at, at + size, b.def, b.lastUse};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), me,
+                                   [](const Placed &x, const Placed &y) { return x.lo < y.lo; }),
+                  me);
+  }
+  return peak;
+}
+
+int64_t placeBlocks(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned,
+                    const std::string &placement) {
+  if (placement == "first-fit")
+    return placeFirstFit(blocks, align, unplanned);
+  if (placement == "largest-first")
+    return placeBySize(blocks, align, unplanned);
+  std::vector<ArenaBlock> bySize = blocks;
+  int64_t unused = 0;
+  const int64_t sized = placeBySize(bySize, align, unused);
+  const int64_t first = placeFirstFit(blocks, align, unplanned);
+  if (sized < first) {
+    blocks = std::move(bySize);
+    return sized;
+  }
+  return first;
+}
+
 } // namespace carve
 
 namespace {
@@ -101,8 +160,10 @@ bool isF32(Value v) { return cast<ShapedType>(v.getType()).getElementType().isF3
 /// declares them (the same rules, in the same order).
 class Model {
 public:
-  Model(func::FuncOp fn, int64_t dp, int64_t zero, bool fp32Accumulators, const PlanAttrs &plan)
-      : fn(fn), dp(dp), zero(zero), fp32Accumulators(fp32Accumulators),
+  Model(func::FuncOp fn, int64_t dp, int64_t zero, bool fp32Accumulators, const PlanAttrs &plan,
+        std::string placement)
+      : placement(std::move(placement)), fn(fn), dp(dp), zero(zero),
+        fp32Accumulators(fp32Accumulators),
         cuda16(plan.target == "cuda" && plan.precision != "fp32"), plan16(cuda16 ? &plan : nullptr),
         order(fn), ops(order.ops), index(order.index), interior(order.interior) {
     stage = fn->hasAttr(kStageAttr);
@@ -200,7 +261,7 @@ public:
         which.push_back((int)b);
       }
     int64_t unplanned = 0, slot = -1, sends = 0;
-    int64_t peak = placeFirstFit(act, kArenaAlign, unplanned);
+    int64_t peak = placeBlocks(act, kArenaAlign, unplanned, placement);
     for (size_t i = 0; i < act.size(); ++i)
       blocks[which[i]].offset = act[i].offset;
     if (stage) {
@@ -221,8 +282,8 @@ public:
       }
       int64_t unused = 0, bytes[3];
       for (int k = 0; k < 3; ++k)
-        bytes[k] = (placeFirstFit(part[k], kArenaAlign, unused) + kArenaAlign - 1) / kArenaAlign *
-                   kArenaAlign;
+        bytes[k] = (placeBlocks(part[k], kArenaAlign, unused, placement) + kArenaAlign - 1) /
+                   kArenaAlign * kArenaAlign;
       const int64_t base[3] = {0, bytes[0], bytes[0] + bytes[1]};
       for (int k = 0; k < 3; ++k)
         for (size_t i = 0; i < part[k].size(); ++i)
@@ -563,6 +624,7 @@ private:
   const PlanAttrs *plan16; // its plan (null otherwise)
   bool stage = false;
   ProgramOrder order;
+  std::string placement; // the pass option
   const std::vector<Operation *> &ops;
   const llvm::DenseMap<Operation *, int64_t> &index;
   const llvm::DenseSet<Value> &interior;
@@ -575,8 +637,14 @@ private:
 };
 
 struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
+  using CarvePlanMemoryBase::CarvePlanMemoryBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (placement != "best" && placement != "first-fit" && placement != "largest-first") {
+      module.emitError() << "carve-plan-memory: placement '" << placement
+                         << "' is not best, first-fit or largest-first";
+      return signalPassFailure();
+    }
     FailureOr<PlanAttrs> plan = readPlan(module);
     if (failed(plan))
       return signalPassFailure();
@@ -585,7 +653,7 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
     for (auto fn : module.getOps<func::FuncOp>()) {
       if (!isEmittedFunction(fn))
         continue;
-      Model m(fn, plan->dp, zero, plan->fp32ChunkAccumulators(), *plan);
+      Model m(fn, plan->dp, zero, plan->fp32ChunkAccumulators(), *plan, placement);
       if (failed(m.build()))
         return signalPassFailure();
       numBuffers += m.placeAndRecord();
@@ -617,7 +685,7 @@ struct PlanMemoryPass : carve::impl::CarvePlanMemoryBase<PlanMemoryPass> {
         auto it = stages.find(c * pp + r);
         if (it == stages.end())
           continue;
-        Model m(it->second, plan->dp, zero, plan->fp32ChunkAccumulators(), *plan);
+        Model m(it->second, plan->dp, zero, plan->fp32ChunkAccumulators(), *plan, placement);
         at = m.layoutPersistent(at, plan->optimizerState, inputs);
       }
     }

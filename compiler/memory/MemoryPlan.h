@@ -37,6 +37,20 @@ struct ArenaBlock {
 /// the rounded sizes (the region without reuse).
 int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned);
 
+/// Largest first: each block, in order of decreasing rounded size (ties in
+/// order of definition), takes the lowest offset that overlaps no placed
+/// block whose lifetime overlaps its own. First fit leaves holes where a
+/// small buffer lands under a large one's path; placing the large ones
+/// first packs them (the greedy-by-size offset assignment of TFLite's
+/// memory planner). Same contract as placeFirstFit.
+int64_t placeBySize(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned);
+
+/// What carve-plan-memory uses: with `placement` "best", both placements
+/// and the one with the smaller peak (first fit where they tie); else
+/// "first-fit" or "largest-first" alone.
+int64_t placeBlocks(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned,
+                    const std::string &placement = "best");
+
 /// carve.activation_plan of an emitted function.
 struct ActivationPlan {
   int64_t bytes = 0, unplanned = 0;

@@ -327,8 +327,11 @@ Ranks chargeChunks(const Setting &s, const std::vector<int> &chunk) {
     hold.params += sum.params;
     load.experts += sum.experts;
     load.ep += sum.ep;
+    // One program without stages places transients and kept values in one
+    // arena by liveness; a pipeline rank keeps its micro-batches' values in
+    // a pool and every call's transients in a scratch region apart.
     hold.workspace =
-        std::max(hold.workspace, c.v == 1 ? chunkScratch(sum.kept, sum.parts) : sum.work);
+        std::max(hold.workspace, S == 1 ? chunkScratch(sum.kept, sum.parts) : sum.work);
     // In flight: this chunk's activations times the micro-batches it holds.
     int64_t held = inFlight(c.schedule, c.pp, c.v, c.m, r);
     hold.activations += sum.kept * (c.v > 1 ? (double)held / c.v : (double)held);

@@ -100,7 +100,7 @@ PartMemory partMemory(const Segment &seg, bool isLayer, const Candidate &c, cons
   // of their 16-bit copies, alive while it runs (carve-store-params16);
   // placed among the part's other transients they fragment its scratch,
   // so the part's views are charged as if all were alive at once.
-  pm.work = seg.transientPeak * b * aBytes + (st.param < 4 ? seg.params * 4 : 0);
+  pm.work = seg.transient(b, c.m > 1) * aBytes + (st.param < 4 ? seg.params * 4 : 0);
   if (c.recompute == "full" && isLayer)
     pm.work += (seg.saved * b + core * b) * aBytes + seg.savedWide * b * 4;
   else if (c.recompute == "selective" && isLayer)
@@ -174,7 +174,7 @@ void chargeMemory(const Profile &prof, const Cluster &cl, const Candidate &c, co
     double bucket = 0;
     if (c.dp > 1 && opts.publishedStorage)
       bucket = std::min(ps * gB, cal.bucketBytes);
-    else if (c.dp > 1 && c.zero == 2) // the bucket's whole gradients, before their reduce-scatter
+    else if (c.dp > 1 && c.zero >= 2) // the bucket's whole gradients, before their reduce-scatter
       bucket = std::min(ps * gB, cal.bucketBytes) * (c.m > 1 ? 1 + 1.0 / c.dp : 1);
     m.buffers = bucket + ranks[r].buffers;
     m.workspace = ranks[r].workspace;

@@ -82,6 +82,9 @@ private:
   llvm::DenseMap<Operation *, int> segOf;
   std::map<std::string, int> nodeSeg; // forward node -> segment
   llvm::DenseSet<Value> batch;        // values that depend on the batch
+  /// Of `batch`, those whose size does not: sums over the batch (a weight's
+  /// gradient, a batch norm's statistics) and what is computed from them.
+  llvm::DenseSet<Value> fixedSize;
   std::string prefix;                 // the numbered layers' prefix ("h")
   int numLayers = 0;
   std::map<int, int> layerIndex; // layer number -> dense index
@@ -147,6 +150,37 @@ void Profiler::markBatch() {
           batch.insert(r);
         break;
       }
+  // Fixed-size results: a product of two per-sample matrices contracts over
+  // their rows (A^T dY, a weight's gradient); a reduction over dimension 0
+  // (where carve keeps the batch, alone or folded with the sequence) sums
+  // the batch away; a gather's gradient by per-sample indices fills its
+  // table; and an op whose batch-dependent operands are all fixed-size.
+  for (Operation &op : body.without_terminator()) {
+    Operation *o = &op;
+    bool anyBatch = false, allFixed = true;
+    for (Value v : o->getOperands())
+      if (batch.count(v)) {
+        anyBatch = true;
+        allFixed &= fixedSize.count(v) > 0;
+      }
+    if (!anyBatch)
+      continue;
+    bool fixed = allFixed;
+    if (auto mm = dyn_cast<MatmulOp>(o)) {
+      auto a = dyn_cast<RankedTensorType>(mm.getOperand(0).getType());
+      auto b = dyn_cast<RankedTensorType>(mm.getOperand(1).getType());
+      fixed |= a && b && a.getRank() == 2 && b.getRank() == 2 && batch.count(mm.getOperand(0)) &&
+               batch.count(mm.getOperand(1));
+    } else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(o)) {
+      auto axes = o->getAttrOfType<DenseI64ArrayAttr>("axes");
+      fixed |= axes && llvm::is_contained(axes.asArrayRef(), 0);
+    } else if (isa<GatherGradOp>(o)) {
+      fixed |= batch.count(o->getOperand(1)) > 0;
+    }
+    if (fixed)
+      for (Value r : o->getResults())
+        fixedSize.insert(r);
+  }
 }
 
 /// Segments: forward ops by layer; a forward op outside the layers belongs
@@ -352,7 +386,20 @@ void Profiler::countTransients() {
   llvm::DenseSet<Value> returned;
   for (Value v : body.getTerminator()->getOperands())
     returned.insert(v);
-  // Last reader (through views) and whether backward reads it.
+  // An elementwise result only elementwise ops of its pass read is inside
+  // a fused kernel (carve-fuse-elementwise): it never reaches memory.
+  auto fusedAway = [&](Value r) {
+    Operation *o = r.getDefiningOp();
+    if (!o || !isFusible(o) || r.use_empty())
+      return false;
+    for (Operation *u : r.getUsers())
+      if (!isFusible(u) || isBackward(u) != isBackward(o))
+        return false;
+    return true;
+  };
+  // Last reader (through views, and through the fused kernels that read
+  // it: such a kernel runs where its chain ends) and whether backward
+  // reads it.
   llvm::DenseMap<Value, std::pair<int, bool>> memo;
   std::function<std::pair<int, bool>(Value)> reach = [&](Value v) -> std::pair<int, bool> {
     if (auto it = memo.find(v); it != memo.end())
@@ -372,24 +419,70 @@ void Profiler::countTransients() {
           r.first = std::max(r.first, last);
           r.second |= bwd;
         }
+      else if (u->getNumResults() == 1 && fusedAway(u->getResult(0)))
+        r.first = std::max(r.first, reach(u->getResult(0)).first);
     }
     return memo[v] = r;
   };
-  std::vector<std::pair<int, double>> live; // (last reader, elements)
-  double total = 0;
+  // A value a returned gradient is a view of is that gradient's storage
+  // (the gradient region), as the returned value itself is.
+  llvm::DenseMap<Value, bool> returnedMemo;
+  std::function<bool(Value)> isReturned = [&](Value v) -> bool {
+    if (auto it = returnedMemo.find(v); it != returnedMemo.end())
+      return it->second;
+    bool r = returned.contains(v);
+    for (Operation *u : v.getUsers())
+      if (!r && pos.count(u) && isView(u))
+        for (Value res : u->getResults())
+          r |= isReturned(res);
+    return returnedMemo[v] = r;
+  };
+  struct Live {
+    int last;
+    double elems;
+    bool fixed;
+    Value value;
+  };
+  // Whether an op of part and pass `key` reads v (through views).
+  std::function<bool(Value, int)> readIn = [&](Value v, int key) -> bool {
+    for (Operation *u : v.getUsers()) {
+      if (!pos.count(u))
+        continue;
+      if (segOf[u] * 2 + (isBackward(u) ? 1 : 0) == key)
+        return true;
+      if (isView(u))
+        for (Value res : u->getResults())
+          if (readIn(res, key))
+            return true;
+    }
+    return false;
+  };
+  std::vector<Live> live;
+  double perSample = 0, fixed = 0;
   int group = -1;
   for (Operation &op : body.without_terminator()) {
     Operation *o = &op;
     const bool bwd = isBackward(o);
     const int key = segOf[o] * 2 + (bwd ? 1 : 0);
     if (key != group) {
-      live.clear();
-      total = 0;
+      // What an earlier part wrote and this one reads is alive here too
+      // (the gradient backward passes from a layer to the one before it).
+      for (size_t i = 0; i < live.size();)
+        if (live[i].last < pos[o] || !readIn(live[i].value, key)) {
+          (live[i].fixed ? fixed : perSample) -= live[i].elems;
+          live[i] = live.back();
+          live.pop_back();
+        } else {
+          ++i;
+        }
       group = key;
     }
+    double gradientHere = 0; // returned gradients this op writes
     if (!isView(o) && !isa<ConstantOp>(o))
       for (Value r : o->getResults()) {
-        if (!batch.count(r) || returned.contains(r))
+        if (batch.count(r) && isReturned(r))
+          gradientHere += elemsOf(r);
+        if (!batch.count(r) || isReturned(r))
           continue;
         auto [last, readByBackward] = reach(r);
         if (!bwd && readByBackward)
@@ -398,20 +491,20 @@ void Profiler::countTransients() {
         // the gather_grad that reads it (carve.fold = "scatter").
         if (isScatteredProduct(o))
           continue;
-        bool fused = isFusible(o) && !r.use_empty();
-        for (Operation *u : r.getUsers())
-          fused &= isFusible(u) && isBackward(u) == bwd;
+        const bool fused = fusedAway(r);
         if (fused)
           continue;
-        live.push_back({last, elemsOf(r)});
-        total += elemsOf(r);
+        const bool isFixed = fixedSize.contains(r);
+        live.push_back({last, elemsOf(r), isFixed, r});
+        (isFixed ? fixed : perSample) += elemsOf(r);
       }
-    Segment &s = *segs[segOf[o]];
-    s.transientPeak = std::max(s.transientPeak, total);
+    Segment &seg = *segs[segOf[o]];
+    Segment::notePeak(seg.transientPeaks, perSample, fixed);
+    Segment::notePeak(seg.transientPeaksGrads, perSample, fixed + gradientHere);
     const int here = pos[o];
     for (size_t i = 0; i < live.size();)
-      if (live[i].first <= here) {
-        total -= live[i].second;
+      if (live[i].last <= here) {
+        (live[i].fixed ? fixed : perSample) -= live[i].elems;
         live[i] = live.back();
         live.pop_back();
       } else {

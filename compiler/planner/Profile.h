@@ -33,6 +33,7 @@
 #include "compiler/partition/Partitioner.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/STLExtras.h"
 
 #include <algorithm>
 #include <array>
@@ -102,11 +103,37 @@ struct Segment {
   double input = 0;
   /// What it sends to later parts per sample (a pipeline boundary after it).
   double boundary = 0;
-  /// Transient working memory, per sample: the most elements of batch-
-  /// dependent values that are alive at once while its forward or its
-  /// backward runs, not counting what forward keeps for backward (`saved`),
-  /// the gradients the step returns, and views.
-  double transientPeak = 0;
+  /// Transient working memory: the most elements of batch-dependent values
+  /// that are alive at once while its forward or its backward runs, not
+  /// counting what forward keeps for backward (`saved`), the gradients the
+  /// step returns (and the values they are views of), and views. Some of
+  /// them scale with the micro-batch and some do not (a weight's gradient
+  /// summed over the batch), so the peak is kept as the points (per-sample
+  /// elements, fixed elements) that may be the most at some micro-batch
+  /// size: transient(b) is the largest of per-sample * b + fixed over them.
+  /// transientPeaksGrads: the same where a plan computes each returned
+  /// gradient apart from where it is kept and adds it there at once (micro-
+  /// batches accumulating their gradients): the gradient is a transient of
+  /// the op that writes it.
+  std::vector<std::pair<double, double>> transientPeaks, transientPeaksGrads;
+  double transient(double microBatch, bool gradients) const {
+    double most = 0;
+    for (auto [perSample, fixed] : gradients ? transientPeaksGrads : transientPeaks)
+      most = std::max(most, perSample * microBatch + fixed);
+    return most;
+  }
+  /// Adds an alive set to a list of peaks, keeping only the points no
+  /// other point dominates.
+  static void notePeak(std::vector<std::pair<double, double>> &peaks, double perSample,
+                       double fixed) {
+    for (auto [p, f] : peaks)
+      if (p >= perSample && f >= fixed)
+        return;
+    llvm::erase_if(peaks, [&](const std::pair<double, double> &x) {
+      return x.first <= perSample && x.second <= fixed;
+    });
+    peaks.push_back({perSample, fixed});
+  }
   /// Forward FLOPs of its attention cores (selective recompute redoes them), per sample.
   double coreFlops = 0;
   /// Trainable parameters it holds (local elements), and buffers.

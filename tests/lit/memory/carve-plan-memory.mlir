@@ -5,30 +5,38 @@
 // activations too.
 //
 // 1 rank: the gradients live in the gradient region (no offset here).
-// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=R1
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory="placement=first-fit" | FileCheck %s --check-prefix=R1
 // ZeRO-2: the whole gradients are activations until their bucket is waited
 // for, the copied one (shift.b's) in a buffer of its own. The persistent
 // tensors are the parameters padded to dp chunks, each rank's gradient
 // chunks and one momentum tensor per chunk (SGD with momentum).
-// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2 optimizer-state=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z2
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2 optimizer-state=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory="placement=first-fit" | FileCheck %s --check-prefix=Z2
 // ZeRO-3: each gathered parameter has a buffer per pass.
-// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=4 zero=3" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=Z3
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=4 zero=3" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory="placement=first-fit" | FileCheck %s --check-prefix=Z3
 // A stage: a gradient is read until it is accumulated, right after the op
 // that finishes it. What forward keeps for backward (fc1's product and its
 // exp, read by backward, and the loss) lies in the micro-batch's slot [0,
 // 320); the rest is scratch, after it, which the rank's calls share. The
 // rank's arena starts with the inputs of both micro-batches.
-// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STAGE
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory="placement=first-fit" | FileCheck %s --check-prefix=STAGE
 // A ZeRO-3 stage: each micro-batch's gradients are read by their bucket's
 // reduce-scatter until its wait (after the last op, 17), which writes each
 // one's chunk into a staging buffer (copies) added to the chunk in the
 // gradient region; parameters are chunks gathered per pass.
-// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=3 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=STZ3
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=3 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory="placement=first-fit" | FileCheck %s --check-prefix=STZ3
 // Two stages: stage 0's sent activation is kept in its slot (the send may
 // still read it after forward); stage 1's received activation (read by its
 // backward) is kept, and the gradient its backward sends back goes to the
 // send part [192, 320), after the slot, before the scratch.
-// RUN: carve-opt %s --carve-autodiff --carve-set-plan="pp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=PP2
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="pp=2 micro-batches=2" --carve-split-stages --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory="placement=first-fit" | FileCheck %s --check-prefix=PP2
+// The checks above are first fit's offsets (placement=first-fit). By
+// default the pass places both ways and keeps the smaller region: ZeRO-2's
+// 1088 bytes by first fit are 960 placed largest first; at 1 rank both give
+// 512, and first fit's offsets stay.
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2 optimizer-state=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=BEST
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=2 zero=2 optimizer-state=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory="placement=largest-first" | FileCheck %s --check-prefix=BEST
+// RUN: carve-opt %s --carve-autodiff --carve-set-plan="dp=1" --carve-fuse-elementwise --carve-fold-transposes --carve-data-parallel --carve-plan-memory | FileCheck %s --check-prefix=R1
+// RUN: not carve-opt %s --carve-autodiff --carve-set-plan="dp=1" --carve-data-parallel --carve-plan-memory="placement=best-fit" 2>&1 | FileCheck %s --check-prefix=BADPLACE
 // Without carve-data-parallel's records the pass refuses the function.
 // RUN: not carve-opt %s --carve-autodiff --carve-plan-memory 2>&1 | FileCheck %s --check-prefix=NODP
 
@@ -110,6 +118,9 @@
 // PP2: dist.recv {{.*}}carve.arena_offset = array<i64: 0>
 // PP2: %[[G:.+]] = carve.matmul {{.*}}{carve.arena_offset = array<i64: 192>}
 // PP2-NEXT: dist.send %[[G]]
+
+// BEST: carve.activation_plan = {bytes = 960 : i64, copies = array<i64: -1, -1, -1, 640>, unplanned = 1600 : i64}
+// BADPLACE: error: carve-plan-memory: placement 'best-fit' is not best, first-fit or largest-first
 
 // NODP: error: @train_step has no carve.gradients (run carve-data-parallel first)
 
