@@ -311,9 +311,12 @@ Ranks chargeChunks(const Setting &s, const std::vector<int> &chunk) {
     if (k < S - 1 && S > 1) {
       // Activations forward in 16 bits under bf16/fp16, gradients back in fp32.
       double bytes = boundary * s.b * s.st.kept, grad = boundary * s.b * s.st.activation;
-      // The sent copy is kept until this micro-batch's backward (its buffer
-      // is the sender's; the receiver keeps its own as the next layer's input).
-      sum.kept += bytes;
+      // The sent value is kept until this micro-batch's backward (its buffer
+      // is the sender's; the receiver keeps its own as the next layer's
+      // input), in fp32 unless this stage's backward reads it too (only then
+      // is it rounded to 16 bits and sent as a 16-bit copy:
+      // carve-pack-activations), which the profile does not tell: fp32.
+      sum.kept += boundary * s.b * s.st.activation;
       double p2p = (bytes + grad) / s.ppLink.bw + 2 * s.ppLink.lat;
       sum.time += p2p;
       load.p2p += p2p;

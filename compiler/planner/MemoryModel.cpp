@@ -39,6 +39,8 @@ Storage storageFor(const std::string &precision, bool published, int64_t m, int 
     st.grad = plan.gradients16() ? 2 : 4;
     st.accumulator = plan.fp32ChunkAccumulators() ? 4 : st.grad;
   }
+  st.weightViews = precision != "fp32" && !cuda;
+  st.gradientTransients = m > 1 || st.grad == 2;
   if (published && precision != "fp32") {
     st = Storage{2, 2, 12, 2, 2};
     st.accumulator = 2;
@@ -96,11 +98,13 @@ PartMemory partMemory(const Segment &seg, bool isLayer, const Candidate &c, cons
                           core * b * keptBytes + seg.hiddenMasks * b + seg.savedWide * b * 4;
   if (st.attentionStats && c.recompute == "none")
     pm.kept += seg.attentionStats * b * 4;
-  // Under 16-bit storage each op reads its parameters through fp32 views
-  // of their 16-bit copies, alive while it runs (carve-store-params16);
-  // placed among the part's other transients they fragment its scratch,
-  // so the part's views are charged as if all were alive at once.
-  pm.work = seg.transient(b, c.m > 1) * aBytes + (st.param < 4 ? seg.params * 4 : 0);
+  // Under 16-bit storage on the CPU each op reads its parameters through
+  // fp32 views of their 16-bit copies, alive while it runs
+  // (carve-store-params16); placed among the part's other transients they
+  // fragment its scratch, so the part's views are charged as if all were
+  // alive at once.
+  pm.work =
+      seg.transient(b, st.gradientTransients) * aBytes + (st.weightViews ? seg.params * 4 : 0);
   if (c.recompute == "full" && isLayer)
     pm.work += (seg.saved * b + core * b) * aBytes + seg.savedWide * b * 4;
   else if (c.recompute == "selective" && isLayer)

@@ -195,6 +195,15 @@ struct Storage {
   /// Whether attention keeps its f32 output and row statistics for its
   /// gradient (carve-save-attention-stats: CUDA programs without recompute).
   bool attentionStats = false;
+  /// Whether each op reads its weights through fp32 views of their 16-bit
+  /// copies (a bf16/fp16 program on the CPU target; CUDA kernels read the
+  /// copies as stored).
+  bool weightViews = false;
+  /// Whether a weight's gradient is computed apart from where the step keeps
+  /// it (a 16-bit gradient's fp32 product, rounded into it; micro-batches
+  /// adding theirs into an accumulator): a transient of the op that writes
+  /// it (Segment::transientPeaksGrads).
+  bool gradientTransients = false;
 };
 
 /// What carve's compiled programs store under `precision`: fp32 weights,
@@ -211,7 +220,8 @@ struct Storage {
 /// layout the published memory formulas assume (16-bit weights, gradients and activations, an fp32
 /// master copy with m and v: 2 + 2 + 12 bytes per parameter), which the unit tests use to check the
 /// planner's counting against those formulas to the byte. `cuda`: a CUDA program, whose
-/// attention keeps its output and row statistics for its gradient (Storage::attentionStats).
+/// attention keeps its output and row statistics for its gradient (Storage::attentionStats) and
+/// whose kernels read 16-bit weights as stored (Storage::weightViews).
 Storage storageFor(const std::string &precision, bool published = false, int64_t m = 1,
                    int zero = 0, const std::string &gradAccumulation = "fp32", bool cuda = false);
 

@@ -19,6 +19,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SetVector.h"
 
 #include <algorithm>
 #include <functional>
@@ -64,6 +65,7 @@ private:
   void countWork();
   void gemmDims(Operation *o, OpWork &w);
   void countActivations();
+  bool packedIn16(Value root) const;
   void countTransients();
   void countBoundaries();
   void countParameters();
@@ -513,6 +515,25 @@ void Profiler::countTransients() {
   }
 }
 
+/// Whether a bf16/fp16 plan keeps `root` for backward as a 16-bit copy:
+/// not where a reader of it (or of a forward view of it) is the return, a
+/// send, or a transpose a matmul folds into its operand
+/// (carve-pack-activations refuses those and keeps the fp32 value).
+bool Profiler::packedIn16(Value root) const {
+  llvm::SetVector<Value> alias;
+  alias.insert(root);
+  for (size_t k = 0; k < alias.size(); ++k)
+    for (Operation *u : alias[k].getUsers()) {
+      if (isa<func::ReturnOp, dist::SendOp>(u) || foldOf(u) == kFoldOperand)
+        return false;
+      // The profile's views (a transpose among them, which the compiler may
+      // run as a copy that is then the kept value).
+      if (isView(u) && !isBackward(u))
+        alias.insert(u->getResult(0));
+    }
+  return true;
+}
+
 /// Activations kept for backward: forward values with a backward user,
 /// counted once per storage, in the first part whose backward reads them.
 void Profiler::countActivations() {
@@ -568,9 +589,12 @@ void Profiler::countActivations() {
     if (!batch.count(r))
       continue; // weights seen through a transpose: parameters, not activations
     // The 16-bit copy backward reads (a bf16/fp16 plan's) and, for gathering
-    // GEMMs, the value itself in fp32: both may be kept.
+    // GEMMs, the value itself in fp32: both may be kept. A value a matmul
+    // reads through a transpose it folds (carve.fold = "operand"), or that
+    // the step returns or sends, has no 16-bit copy: it is kept in fp32
+    // (carve-pack-activations).
     if (rootDirect.contains(r))
-      s.saved += elemsOf(r);
+      (packedIn16(r) ? s.saved : s.savedWide) += elemsOf(r);
     if (rootWide.contains(r))
       s.savedWide += elemsOf(r);
     if (rootRegather[r]) {
