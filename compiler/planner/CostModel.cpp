@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 namespace carve::planner {
 
@@ -194,6 +196,48 @@ PartTime partTime(const Setting &s, const Priced &p, const Segment &seg) {
   return t;
 }
 
+/// Chunk sizes as carve-split-stages cuts a model whose layers were each
+/// profiled (an ONNX model's, alike or not; its balancedStages): the contiguous partition of the
+/// units' costs into S chunks that minimizes the largest chunk's cost, ties as it breaks them.
+std::vector<int> balanceUnits(const std::vector<double> &unitCost, int S) {
+  const int units = (int)unitCost.size();
+  std::vector<int> n(S, 0);
+  if (S > units || S < 1)
+    return n;
+  // The search asks again for every candidate with the same stages and
+  // micro-batch size: O(S * units^2) once per question.
+  static std::mutex mu;
+  static std::map<std::pair<std::vector<double>, int>, std::vector<int>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(unitCost, S);
+  if (auto it = cache.find(key); it != cache.end())
+    return it->second;
+  if (cache.size() > 4096)
+    cache.clear();
+  std::vector<double> prefixSum(units + 1, 0);
+  for (int u = 0; u < units; ++u)
+    prefixSum[u + 1] = prefixSum[u] + unitCost[u];
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(units + 1, inf));
+  std::vector<std::vector<int>> from(S + 1, std::vector<int>(units + 1, -1));
+  best[0][0] = 0;
+  for (int s = 1; s <= S; ++s)
+    for (int u = s; u <= units; ++u)
+      for (int w = s - 1; w < u; ++w) {
+        double c = std::max(best[s - 1][w], prefixSum[u] - prefixSum[w]);
+        if (c < best[s][u] - 1e-9 * std::max(1.0, c)) {
+          best[s][u] = c;
+          from[s][u] = w;
+        }
+      }
+  for (int s = S, u = units; s > 0; --s) {
+    int w = from[s][u];
+    n[s - 1] = u - w;
+    u = w;
+  }
+  return cache[key] = n;
+}
+
 /// The layers of each of the pipeline's chunks, balanced by their time.
 std::vector<int> layersPerChunk(const Setting &s) {
   const Profile &prof = s.prof;
@@ -208,6 +252,17 @@ std::vector<int> layersPerChunk(const Setting &s) {
   PartTime et = partTime(s, s.priced.embedding, prof.embedding),
            ht = partTime(s, s.priced.head, prof.head);
   std::vector<int> chunk;
+  if (hasLayers && (prof.layersDiffer || prof.layerOrigin.empty()) && s.S > 1) {
+    // The embedding's ops join the first layer's unit, the head's the last's.
+    // At the micro-batch the compiled step has (the splitter's FLOPs).
+    auto at = [&](const Segment &g) { return g.splitFlops * s.b + g.splitFlopsFixed; };
+    std::vector<double> cost;
+    for (const Segment &l : prof.layers)
+      cost.push_back(at(l));
+    cost.front() += at(prof.embedding);
+    cost.back() += at(prof.head);
+    return balanceUnits(cost, s.S);
+  }
   if (hasLayers)
     chunk = balanceChunks(L, s.S, layerCost, et.fwd + et.bwd + et.rec, ht.fwd + ht.bwd + ht.rec);
   else

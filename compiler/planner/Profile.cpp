@@ -20,6 +20,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringMap.h"
 
 #include <algorithm>
 #include <functional>
@@ -69,6 +70,7 @@ private:
   void countTransients();
   void countBoundaries();
   void countParameters();
+  void countSplitCosts();
   void collectSites();
 
 public:
@@ -89,7 +91,7 @@ private:
   llvm::DenseSet<Value> fixedSize;
   std::string prefix;                 // the numbered layers' prefix ("h")
   int numLayers = 0;
-  std::map<int, int> layerIndex; // layer number -> dense index
+  std::map<std::string, int> layerIndex; // layer name ("h.3") -> dense index
   int headSeg = 0;               // the head's segment
 
   bool isBackward(Operation *op) const {
@@ -104,7 +106,8 @@ private:
   }
 };
 
-/// The numbered layers: the most common prefix among forward node names;
+/// The numbered layers: those of the most common prefix among forward node
+/// names, or of every prefix numbering two or more where there are several;
 /// one segment per layer between the embedding and the head.
 void Profiler::findLayers() {
   Block &body = fn.getBody().front();
@@ -123,13 +126,34 @@ void Profiler::findLayers() {
   int numbered = 0;
   for (auto &[pre, nums] : byPrefix)
     numbered += nums.size() >= 2;
-  p.stagesUnmodelled = numLayers == 0 || numbered > 1;
-  if (numLayers)
-    for (int n : byPrefix[prefix])
-      layerIndex.emplace(n, (int)layerIndex.size());
+  std::vector<std::string> names;
+  p.layersDiffer = numbered > 1;
+  if (numbered > 1) {
+    // Several numbered prefixes (ResNet's layer1 .. layer4, VGG's features
+    // and classifier): every layer of each, in program order, as
+    // carve-recompute's full recomputation takes them.
+    prefix.clear();
+    for (Operation &op : body.without_terminator()) {
+      std::string pre;
+      int n;
+      if (!isBackward(&op) && layerOfNode(forwardNode(&op), pre, n) && byPrefix[pre].size() >= 2) {
+        std::string name = pre + "." + std::to_string(n);
+        if (layerIndex.emplace(name, (int)names.size()).second)
+          names.push_back(name);
+      }
+    }
+  } else if (numLayers) {
+    for (int n : byPrefix[prefix]) {
+      std::string name = prefix + "." + std::to_string(n);
+      layerIndex.emplace(name, (int)names.size());
+      names.push_back(name);
+    }
+  }
+  numLayers = (int)names.size();
+  p.stagesUnmodelled = numLayers == 0;
   p.layers.assign(numLayers, Segment{});
-  for (auto &[n, i] : layerIndex)
-    p.layers[i].name = prefix + "." + std::to_string(n);
+  for (int i = 0; i < numLayers; ++i)
+    p.layers[i].name = names[i];
   p.embedding.name = numLayers ? "embedding" : "model";
   p.head.name = "head";
   segs.push_back(&p.embedding);
@@ -196,6 +220,20 @@ void Profiler::markBatch() {
 void Profiler::assignSegments() {
   Block &body = fn.getBody().front();
   int current = 0;
+  // An op between two layers (a functional ReLU or pooling between a
+  // model's numbered convolutions) joins the layer before it, as
+  // carve-split-stages' units take it; after the last layer, the head.
+  int lastLayerOp = -1, here = 0, lastLayerSeg = -1;
+  if (numLayers > 0)
+    for (Operation &op : body.without_terminator()) {
+      std::string pre;
+      int n;
+      if (!isBackward(&op) && layerOfNode(forwardNode(&op), pre, n) &&
+          layerIndex.count(pre + "." + std::to_string(n)))
+        lastLayerOp = here;
+      ++here;
+    }
+  here = -1;
   llvm::DenseSet<Value> fromLayers;
   std::vector<Operation *> weightOnly; // placed by their readers, below
   for (Operation &op : body.without_terminator()) {
@@ -207,11 +245,14 @@ void Profiler::assignSegments() {
     bool readsLayers = false;
     for (Value v : o->getOperands())
       readsLayers |= fromLayers.contains(v);
-    if (layerOfNode(node, pre, n) && pre == prefix) {
-      seg = 1 + layerIndex[n];
+    ++here;
+    if (layerOfNode(node, pre, n) && layerIndex.count(pre + "." + std::to_string(n))) {
+      seg = 1 + layerIndex[pre + "." + std::to_string(n)];
+      if (!isBackward(o))
+        lastLayerSeg = seg;
     } else if (!isBackward(o)) {
       if (!node.empty())
-        seg = readsLayers ? headSeg : 0;
+        seg = readsLayers ? (here < lastLayerOp ? lastLayerSeg : headSeg) : 0;
       bool perSample = false;
       for (Value r : o->getResults())
         perSample |= batch.count(r) > 0;
@@ -701,6 +742,43 @@ void Profiler::countExperts(func::FuncOp forward) {
   }
 }
 
+/// What carve-split-stages balances stages by, per part: the FLOPs of
+/// every op (forward and backward) of each node its forward ops on the batch
+/// carry, counted in the part of the node's first such op (unitCosts).
+void Profiler::countSplitCosts() {
+  Block &body = fn.getBody().front();
+  // Per node: FLOPs that grow with the batch (an op reading or writing a
+  // per-sample value) and those that do not (a weight's transpose).
+  auto perSampleOp = [&](Operation *op) {
+    for (Value v : op->getOperands())
+      if (batch.count(v) && !fixedSize.count(v))
+        return true;
+    for (Value v : op->getResults())
+      if (batch.count(v) && !fixedSize.count(v))
+        return true;
+    return false;
+  };
+  llvm::StringMap<std::pair<double, double>> nodeFlops;
+  for (Operation &op : body.without_terminator()) {
+    auto &f = nodeFlops[forwardNode(&op)];
+    (perSampleOp(&op) ? f.first : f.second) += opFlops(&op);
+  }
+  std::set<std::string> counted;
+  for (Operation &op : body.without_terminator()) {
+    if (isBackward(&op) || !segOf.count(&op) ||
+        llvm::none_of(op.getResults(), [&](Value r) { return batch.count(r) > 0; }))
+      continue;
+    Segment &seg = *segs[segOf[&op]];
+    std::string n = nodeName(op.getLoc());
+    if (n.empty()) {
+      (perSampleOp(&op) ? seg.splitFlops : seg.splitFlopsFixed) += opFlops(&op);
+    } else if (counted.insert(n).second) {
+      seg.splitFlops += nodeFlops[n].first;
+      seg.splitFlopsFixed += nodeFlops[n].second;
+    }
+  }
+}
+
 bool Profiler::run(std::string &error) {
   findLayers();
   markBatch();
@@ -710,6 +788,7 @@ bool Profiler::run(std::string &error) {
   countTransients();
   countBoundaries();
   countParameters();
+  countSplitCosts();
   collectSites();
   (void)error;
   return true;

@@ -146,6 +146,11 @@ struct Segment {
   /// backward): under 16-bit storage their fp32 views live while it runs.
   double paramRead = 0;
   int ops = 0;
+  /// What carve-split-stages counts for this part when it balances stages
+  /// (its unitCosts): the FLOPs of every op, forward and backward, of each
+  /// node whose first forward op on the batch is in this part: per sample,
+  /// and of the ops whose size does not grow with the batch.
+  double splitFlops = 0, splitFlopsFixed = 0;
 };
 
 /// A forward op whose split over tp the partitioner chose: what the
@@ -168,10 +173,15 @@ struct Profile {
   /// empty when every layer was profiled on its own.
   std::vector<int> layerOrigin;
   /// The numbered layers do not describe the model's pipeline stages: it has
-  /// none, or several numbered prefixes (ResNet's layer1 .. layer4), and
-  /// carve-split-stages cuts units of its own there. The planner then charges
-  /// every pipeline rank the whole model (never less than it holds).
+  /// none (carve-split-stages then cuts where one tensor crosses). The
+  /// planner then charges every pipeline rank the whole model (never less
+  /// than it holds).
   bool stagesUnmodelled = false;
+  /// The layers are those of several numbered prefixes (ResNet's layer1 ..
+  /// layer4) and differ from each other: pipeline chunks are balanced by
+  /// each layer's Segment::splitFlops, as carve-split-stages balances its
+  /// units, not by one layer's time.
+  bool layersDiffer = false;
   /// Trainable parameters used by more than one part (GPT's tied embedding):
   /// local elements, counted in each part that uses it.
   double sharedParams = 0;

@@ -8,6 +8,9 @@
 
 #include "compiler/precision/Precision.h"
 
+#include "compiler/fusion/Fusion.h"
+#include "compiler/stages/StageSplit.h"
+
 #include "dialects/carve/CarveDialect.h"
 #include "dialects/carve/CarveOps.h"
 #include "dialects/carve/Contract.h"
@@ -27,6 +30,45 @@ namespace carve {
 
 namespace {
 
+/// A reshape of a trainable parameter read by both forward and backward (a
+/// convolution's weight as [O, C*K], read by the forward's GEMM and by the
+/// input gradient's): backward gets a reshape of its own, so that the fp32
+/// view each reader's cast makes lives in its own pass, not from forward to
+/// backward (an fp32 copy of the weight kept all step).
+void splitViewsAcrossPasses(func::FuncOp fn) {
+  ProgramOrder order(fn);
+  const int64_t backwardBegin = order.backwardBegin(true);
+  for (BlockArgument a : fn.getArguments()) {
+    if (!fn.getArgAttr(a.getArgNumber(), kParamAttr) ||
+        !fn.getArgAttr(a.getArgNumber(), kTrainableAttr))
+      continue;
+    for (Operation *u : llvm::to_vector(a.getUsers())) {
+      auto r = dyn_cast<ReshapeOp>(u);
+      if (!r || !order.index.count(r) || order.index.lookup(r) >= backwardBegin)
+        continue;
+      SmallVector<OpOperand *> backward;
+      Operation *first = nullptr;
+      for (OpOperand &use : r.getResult().getUses()) {
+        Operation *v = use.getOwner();
+        if (!order.index.count(v) || order.index.lookup(v) < backwardBegin)
+          continue;
+        backward.push_back(&use);
+        if (!first || order.index.lookup(v) < order.index.lookup(first))
+          first = v;
+      }
+      if (backward.empty() ||
+          backward.size() == (size_t)std::distance(r->getUses().begin(), r->getUses().end()))
+        continue;
+      OpBuilder b(first);
+      std::string node = nodeName(r->getLoc());
+      Operation *copy = b.clone(*r.getOperation());
+      copy->setLoc(NameLoc::get(b.getStringAttr(std::string(kBackwardPrefix) + node), r->getLoc()));
+      for (OpOperand *use : backward)
+        use->set(copy->getResult(0));
+    }
+  }
+}
+
 struct StoreParams16Pass : carve::impl::CarveStoreParams16Base<StoreParams16Pass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -45,6 +87,7 @@ struct StoreParams16Pass : carve::impl::CarveStoreParams16Base<StoreParams16Pass
       if (!isEmittedFunction(fn))
         continue;
       bool changed = false;
+      splitViewsAcrossPasses(fn);
       ArgAttrEdits masters(fn);
       for (BlockArgument a : fn.getArguments()) {
         unsigned i = a.getArgNumber();

@@ -15,8 +15,10 @@ def CarveSplitStages : Pass<"carve-split-stages", "mlir::ModuleOp"> {
 
       1. forward ops that depend on the batch are cut into S contiguous
          pieces at layer boundaries (the `/<name>.<k>/` component of ONNX
-         node names; a model without numbered layers is cut where a single
-         tensor crosses), balanced by FLOPs or at the plan's `cuts`;
+         node names, of the most frequent name, or of every name numbering
+         two layers or more where there are several; a model without
+         numbered layers is cut where a single tensor crosses), balanced by
+         FLOPs or at the plan's `cuts`;
       2. a backward op runs on the stage of the forward op it differentiates;
       3. ops that compute only from weights and constants follow their
          consumers (cloned into each consumer stage when nothing trains them);

@@ -203,16 +203,41 @@ Splitter::Units Splitter::findUnits(const std::vector<Operation *> &fwd) {
   std::string &prefix = u.prefix;
   unitOf.assign(fwd.size(), 0);
   std::map<std::string, int> prefixCount;
+  std::map<std::string, std::set<int>> numbers;
   for (Operation *op : fwd) {
     std::string p;
     int n;
-    if (layerOfNode(nodeName(op->getLoc()), p, n))
+    if (layerOfNode(nodeName(op->getLoc()), p, n)) {
       ++prefixCount[p];
+      numbers[p].insert(n);
+    }
   }
   for (auto &[p, c] : prefixCount)
     if (prefix.empty() || c > prefixCount[prefix])
       prefix = p;
-  if (!prefix.empty()) {
+  int numbered = 0;
+  for (auto &[p, ns] : numbers)
+    numbered += ns.size() >= 2;
+  if (numbered > 1) {
+    // Several prefixes number two layers or more (ResNet's layer1 ..
+    // layer4, VGG's features and classifier): every layer of each, in
+    // program order, is a unit (as the planner's profile and full
+    // recomputation take them); the ops before the first join it, the
+    // others the layer before them.
+    std::set<std::string> seen;
+    int unit = -1;
+    for (size_t i = 0; i < fwd.size(); ++i) {
+      std::string p;
+      int n;
+      if (layerOfNode(nodeName(fwd[i]->getLoc()), p, n) && numbers[p].size() >= 2 &&
+          seen.insert(p + "." + std::to_string(n)).second) {
+        ++unit;
+        unitName.push_back(p + "." + std::to_string(n));
+      }
+      unitOf[i] = std::max(unit, 0);
+    }
+    report.numLayers = (int)unitName.size();
+  } else if (!prefix.empty()) {
     int unit = -1, lastNumber = -1;
     for (size_t i = 0; i < fwd.size(); ++i) {
       std::string p;
@@ -327,12 +352,11 @@ bool Splitter::balancedStages(const std::vector<Operation *> &fwd, const Units &
   const int units = u.count;
   const std::vector<int> &unitOf = u.unitOf;
   const std::vector<std::string> &unitName = u.names;
-  const std::string &prefix = u.prefix;
   const std::vector<double> unitCost = unitCosts(fwd, u);
   if (S > units) {
     std::string what = report.numLayers
                            ? std::to_string(units) + " layer" + (units == 1 ? "" : "s") + " ('" +
-                                 prefix + ".0' .. '" + unitName.back() + "')"
+                                 unitName.front() + "' .. '" + unitName.back() + "')"
                            : std::to_string(units) + " piece" + (units == 1 ? "" : "s") +
                                  " (no numbered layers; cut where one tensor crosses)";
     return fail(error, "plan: pp=" + std::to_string(opts.pp) +
