@@ -429,6 +429,10 @@ void Profiler::countTransients() {
   llvm::DenseSet<Value> returned;
   for (Value v : body.getTerminator()->getOperands())
     returned.insert(v);
+  // A transpose no matmul folds into its flags or product: the compiler
+  // writes its result (a convolution's windows reordered for the deep
+  // layers' GEMM), so here it is no view: its input dies where it runs.
+  auto copies = [](Operation *op) { return isa<TransposeOp>(op) && foldOf(op).empty(); };
   // An elementwise result only elementwise ops of its pass read is inside
   // a fused kernel (carve-fuse-elementwise): it never reaches memory.
   auto fusedAway = [&](Value r) {
@@ -456,7 +460,7 @@ void Profiler::countTransients() {
       }
       r.first = std::max(r.first, p->second);
       r.second |= isBackward(u);
-      if (isView(u))
+      if (isView(u) && !copies(u))
         for (Value res : u->getResults()) {
           auto [last, bwd] = reach(res);
           r.first = std::max(r.first, last);
@@ -475,7 +479,7 @@ void Profiler::countTransients() {
       return it->second;
     bool r = returned.contains(v);
     for (Operation *u : v.getUsers())
-      if (!r && pos.count(u) && isView(u))
+      if (!r && pos.count(u) && isView(u) && !copies(u))
         for (Value res : u->getResults())
           r |= isReturned(res);
     return returnedMemo[v] = r;
@@ -493,7 +497,7 @@ void Profiler::countTransients() {
         continue;
       if (segOf[u] * 2 + (isBackward(u) ? 1 : 0) == key)
         return true;
-      if (isView(u))
+      if (isView(u) && !copies(u))
         for (Value res : u->getResults())
           if (readIn(res, key))
             return true;
@@ -521,7 +525,7 @@ void Profiler::countTransients() {
       group = key;
     }
     double gradientHere = 0; // returned gradients this op writes
-    if (!isView(o) && !isa<ConstantOp>(o))
+    if ((!isView(o) || copies(o)) && !isa<ConstantOp>(o))
       for (Value r : o->getResults()) {
         if (batch.count(r) && isReturned(r))
           gradientHere += elemsOf(r);
