@@ -162,10 +162,10 @@ class Model {
 public:
   Model(func::FuncOp fn, int64_t dp, int64_t zero, bool fp32Accumulators, const PlanAttrs &plan,
         std::string placement)
-      : placement(std::move(placement)), fn(fn), dp(dp), zero(zero),
-        fp32Accumulators(fp32Accumulators),
+      : fn(fn), dp(dp), zero(zero), fp32Accumulators(fp32Accumulators),
         cuda16(plan.target == "cuda" && plan.precision != "fp32"), plan16(cuda16 ? &plan : nullptr),
-        order(fn), ops(order.ops), index(order.index), interior(order.interior) {
+        order(fn), placement(std::move(placement)), ops(order.ops), index(order.index),
+        interior(order.interior) {
     stage = fn->hasAttr(kStageAttr);
   }
 
@@ -260,11 +260,17 @@ public:
         act.push_back(blocks[b]);
         which.push_back((int)b);
       }
-    int64_t unplanned = 0, slot = -1, sends = 0;
-    int64_t peak = placeBlocks(act, kArenaAlign, unplanned, placement);
-    for (size_t i = 0; i < act.size(); ++i)
-      blocks[which[i]].offset = act[i].offset;
-    if (stage) {
+    int64_t unplanned = 0, slot = -1, sends = 0, peak = 0;
+    if (!stage) {
+      peak = placeBlocks(act, kArenaAlign, unplanned, placement);
+      for (size_t i = 0; i < act.size(); ++i)
+        blocks[which[i]].offset = act[i].offset;
+    } else {
+      // A stage's regions are placed in parts below; the sum without reuse
+      // is the same.
+      for (const ArenaBlock &blk : act)
+        unplanned +=
+            (std::max<int64_t>(blk.bytes, 1) + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
       // A stage's slot holds what one micro-batch keeps between its forward
       // and its backward, and what its forward sends; then what its backward
       // sends (read until the send has completed, which may be after the
