@@ -33,10 +33,13 @@ namespace carve {
 
 namespace carve {
 
+/// A block's bytes rounded up to `align` (at least one unit).
+static int64_t roundedTo(int64_t bytes, int64_t align) {
+  return (std::max<int64_t>(bytes, 1) + align - 1) / align * align;
+}
+
 int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned) {
-  auto rounded = [&](int64_t bytes) {
-    return (std::max<int64_t>(bytes, 1) + align - 1) / align * align;
-  };
+  auto rounded = [&](int64_t bytes) { return roundedTo(bytes, align); };
   std::vector<size_t> order(blocks.size());
   for (size_t i = 0; i < order.size(); ++i)
     order[i] = i;
@@ -75,9 +78,7 @@ int64_t placeFirstFit(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &u
 }
 
 int64_t placeBySize(std::vector<ArenaBlock> &blocks, int64_t align, int64_t &unplanned) {
-  auto rounded = [&](int64_t bytes) {
-    return (std::max<int64_t>(bytes, 1) + align - 1) / align * align;
-  };
+  auto rounded = [&](int64_t bytes) { return roundedTo(bytes, align); };
   std::vector<size_t> order(blocks.size());
   for (size_t i = 0; i < order.size(); ++i)
     order[i] = i;

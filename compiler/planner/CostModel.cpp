@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/planner/PlannerImpl.h"
+#include "compiler/stages/StageSplit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -197,15 +198,10 @@ PartTime partTime(const Setting &s, const Priced &p, const Segment &seg) {
 }
 
 /// Chunk sizes as carve-split-stages cuts a model whose layers were each
-/// profiled (an ONNX model's, alike or not; its balancedStages): the contiguous partition of the
-/// units' costs into S chunks that minimizes the largest chunk's cost, ties as it breaks them.
+/// profiled (an ONNX model's, alike or not): its balancedPartition, asked
+/// once per question (the search asks again for every candidate with the
+/// same stages and micro-batch size).
 std::vector<int> balanceUnits(const std::vector<double> &unitCost, int S) {
-  const int units = (int)unitCost.size();
-  std::vector<int> n(S, 0);
-  if (S > units || S < 1)
-    return n;
-  // The search asks again for every candidate with the same stages and
-  // micro-batch size: O(S * units^2) once per question.
   static std::mutex mu;
   static std::map<std::pair<std::vector<double>, int>, std::vector<int>> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -214,28 +210,7 @@ std::vector<int> balanceUnits(const std::vector<double> &unitCost, int S) {
     return it->second;
   if (cache.size() > 4096)
     cache.clear();
-  std::vector<double> prefixSum(units + 1, 0);
-  for (int u = 0; u < units; ++u)
-    prefixSum[u + 1] = prefixSum[u] + unitCost[u];
-  const double inf = 1e300;
-  std::vector<std::vector<double>> best(S + 1, std::vector<double>(units + 1, inf));
-  std::vector<std::vector<int>> from(S + 1, std::vector<int>(units + 1, -1));
-  best[0][0] = 0;
-  for (int s = 1; s <= S; ++s)
-    for (int u = s; u <= units; ++u)
-      for (int w = s - 1; w < u; ++w) {
-        double c = std::max(best[s - 1][w], prefixSum[u] - prefixSum[w]);
-        if (c < best[s][u] - 1e-9 * std::max(1.0, c)) {
-          best[s][u] = c;
-          from[s][u] = w;
-        }
-      }
-  for (int s = S, u = units; s > 0; --s) {
-    int w = from[s][u];
-    n[s - 1] = u - w;
-    u = w;
-  }
-  return cache[key] = n;
+  return cache[key] = balancedPartition(unitCost, S);
 }
 
 /// The layers of each of the pipeline's chunks, balanced by their time.

@@ -91,6 +91,36 @@ bool layerOfNode(StringRef node, std::string &prefix, int &number) {
   return false;
 }
 
+std::vector<int> balancedPartition(const std::vector<double> &unitCost, int S) {
+  const int units = (int)unitCost.size();
+  std::vector<int> perStage(std::max(S, 0), 0);
+  if (S < 1 || S > units)
+    return perStage;
+  // Dynamic programming; a model has few layers.
+  std::vector<double> prefixSum(units + 1, 0);
+  for (int u = 0; u < units; ++u)
+    prefixSum[u + 1] = prefixSum[u] + unitCost[u];
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(units + 1, inf));
+  std::vector<std::vector<int>> from(S + 1, std::vector<int>(units + 1, -1));
+  best[0][0] = 0;
+  for (int s = 1; s <= S; ++s)
+    for (int u = s; u <= units; ++u)
+      for (int w = s - 1; w < u; ++w) {
+        double c = std::max(best[s - 1][w], prefixSum[u] - prefixSum[w]);
+        if (c < best[s][u] - 1e-9 * std::max(1.0, c)) {
+          best[s][u] = c;
+          from[s][u] = w;
+        }
+      }
+  for (int s = S, u = units; s > 0; --s) {
+    int w = from[s][u];
+    perStage[s - 1] = u - w;
+    u = w;
+  }
+  return perStage;
+}
+
 namespace {
 
 struct Transfer {
@@ -367,31 +397,10 @@ bool Splitter::balancedStages(const std::vector<Operation *> &fwd, const Units &
                            " pipeline stages but the model has only " + what +
                            "; a stage holds at least one");
   }
-  // Contiguous partition of the units into S stages minimizing the largest
-  // stage cost (dynamic programming; the model has few layers).
-  std::vector<double> prefixSum(units + 1, 0);
-  for (int u = 0; u < units; ++u)
-    prefixSum[u + 1] = prefixSum[u] + unitCost[u];
-  const double inf = 1e300;
-  std::vector<std::vector<double>> best(S + 1, std::vector<double>(units + 1, inf));
-  std::vector<std::vector<int>> from(S + 1, std::vector<int>(units + 1, -1));
-  best[0][0] = 0;
-  for (int s = 1; s <= S; ++s)
-    for (int u = s; u <= units; ++u)
-      for (int w = s - 1; w < u; ++w) {
-        double c = std::max(best[s - 1][w], prefixSum[u] - prefixSum[w]);
-        if (c < best[s][u] - 1e-9 * std::max(1.0, c)) {
-          best[s][u] = c;
-          from[s][u] = w;
-        }
-      }
-  std::vector<int> stageOfUnit(units, 0);
-  for (int s = S, u = units; s > 0; --s) {
-    int w = from[s][u];
-    for (int k = w; k < u; ++k)
-      stageOfUnit[k] = s - 1;
-    u = w;
-  }
+  const std::vector<int> perStage = balancedPartition(unitCost, S);
+  std::vector<int> stageOfUnit;
+  for (int st = 0; st < S; ++st)
+    stageOfUnit.insert(stageOfUnit.end(), perStage[st], st);
   for (size_t i = 0; i < fwd.size(); ++i)
     stageOfFwd[i] = stageOfUnit[unitOf[i]];
   return true;

@@ -81,6 +81,12 @@ bool layerOfNode(llvm::StringRef node, std::string &prefix, int &number);
 /// The same as one name: "h.3", or "" outside numbered layers.
 std::string layerName(llvm::StringRef node);
 
+/// The contiguous partition of units of the given costs into S stages that
+/// minimizes the largest stage's cost (ties to the earliest split): units
+/// per stage; all zero when S exceeds the units. What carve-split-stages
+/// cuts a model's layers by, and the planner with it.
+std::vector<int> balancedPartition(const std::vector<double> &unitCost, int S);
+
 bool splitPipelineStages(mlir::ModuleOp module, const PipelineOptions &opts, PipelineReport &report,
                          std::string &error);
 
