@@ -92,6 +92,8 @@ private:
   std::string prefix;                 // the numbered layers' prefix ("h")
   int numLayers = 0;
   std::map<std::string, int> layerIndex; // layer name ("h.3") -> dense index
+  /// Without numbered layers: each forward op on the batch -> its piece.
+  llvm::DenseMap<Operation *, int> unitOf;
   int headSeg = 0;               // the head's segment
 
   bool isBackward(Operation *op) const {
@@ -147,6 +149,24 @@ void Profiler::findLayers() {
       std::string name = prefix + "." + std::to_string(n);
       layerIndex.emplace(name, (int)names.size());
       names.push_back(name);
+    }
+  }
+  if (names.empty()) {
+    // No numbered layers: the pieces carve-split-stages cuts such a model
+    // between (where exactly one value on the batch crosses).
+    std::vector<Operation *> fwd;
+    for (Operation &op : body.without_terminator())
+      if (!isBackward(&op) &&
+          llvm::any_of(op.getResults(), [&](Value r) { return batch.count(r) > 0; }))
+        fwd.push_back(&op);
+    if (!fwd.empty()) {
+      const std::vector<int> unit = crossingUnits(fwd);
+      for (size_t i = 0; i < fwd.size(); ++i) {
+        if (i == 0 || unit[i] != unit[i - 1])
+          names.push_back(nodeName(fwd[i]->getLoc()));
+        unitOf[fwd[i]] = unit[i];
+      }
+      p.layersDiffer = true;
     }
   }
   numLayers = (int)names.size();
@@ -246,7 +266,9 @@ void Profiler::assignSegments() {
     for (Value v : o->getOperands())
       readsLayers |= fromLayers.contains(v);
     ++here;
-    if (layerOfNode(node, pre, n) && layerIndex.count(pre + "." + std::to_string(n))) {
+    if (auto u = unitOf.find(o); u != unitOf.end()) {
+      seg = 1 + u->second;
+    } else if (layerOfNode(node, pre, n) && layerIndex.count(pre + "." + std::to_string(n))) {
       seg = 1 + layerIndex[pre + "." + std::to_string(n)];
       if (!isBackward(o))
         lastLayerSeg = seg;
@@ -784,8 +806,8 @@ void Profiler::countSplitCosts() {
 }
 
 bool Profiler::run(std::string &error) {
-  findLayers();
   markBatch();
+  findLayers();
   assignSegments();
   countWork();
   countActivations();

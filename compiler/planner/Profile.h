@@ -172,13 +172,15 @@ struct Profile {
   /// layers stand for each other), so a price of one is the price of all;
   /// empty when every layer was profiled on its own.
   std::vector<int> layerOrigin;
-  /// The numbered layers do not describe the model's pipeline stages: it has
-  /// none (carve-split-stages then cuts where one tensor crosses). The
-  /// planner then charges every pipeline rank the whole model (never less
-  /// than it holds).
+  /// The model has no layers the planner can cut pipeline stages between
+  /// (no forward op on the batch). The planner then charges every pipeline
+  /// rank the whole model (never less than it holds). A model without
+  /// numbered layers is profiled by the pieces carve-split-stages cuts it
+  /// into (crossingUnits), as layers that differ.
   bool stagesUnmodelled = false;
   /// The layers are those of several numbered prefixes (ResNet's layer1 ..
-  /// layer4) and differ from each other: pipeline chunks are balanced by
+  /// layer4), or the pieces of a model without numbered layers, and differ
+  /// from each other: pipeline chunks are balanced by
   /// each layer's Segment::splitFlops, as carve-split-stages balances its
   /// units, not by one layer's time.
   bool layersDiffer = false;

@@ -91,6 +91,26 @@ bool layerOfNode(StringRef node, std::string &prefix, int &number) {
   return false;
 }
 
+std::vector<int> crossingUnits(const std::vector<Operation *> &fwd) {
+  std::vector<int> unitOf(fwd.size(), 0);
+  DenseMap<Value, int> lastUse;
+  for (size_t i = 0; i < fwd.size(); ++i)
+    for (Value v : fwd[i]->getOperands())
+      lastUse[v] = (int)i;
+  int unit = 0;
+  for (size_t i = 1; i < fwd.size(); ++i) {
+    int crossing = 0;
+    for (size_t j = 0; j < i; ++j)
+      for (Value r : fwd[j]->getResults())
+        if (lastUse.count(r) && lastUse[r] >= (int)i)
+          ++crossing;
+    if (crossing == 1 && i + 1 < fwd.size())
+      ++unit;
+    unitOf[i] = unit;
+  }
+  return unitOf;
+}
+
 std::vector<int> balancedPartition(const std::vector<double> &unitCost, int S) {
   const int units = (int)unitCost.size();
   std::vector<int> perStage(std::max(S, 0), 0);
@@ -283,24 +303,10 @@ Splitter::Units Splitter::findUnits(const std::vector<Operation *> &fwd) {
     report.numLayers = (int)unitName.size();
   } else {
     // No numbered layers: cut where exactly one value on the batch crosses.
-    DenseMap<Value, int> lastUse;
+    unitOf = crossingUnits(fwd);
     for (size_t i = 0; i < fwd.size(); ++i)
-      for (Value v : fwd[i]->getOperands())
-        lastUse[v] = (int)i;
-    int unit = 0;
-    unitName.push_back(nodeName(fwd[0]->getLoc()));
-    for (size_t i = 1; i < fwd.size(); ++i) {
-      int crossing = 0;
-      for (size_t j = 0; j < i; ++j)
-        for (Value r : fwd[j]->getResults())
-          if (lastUse.count(r) && lastUse[r] >= (int)i)
-            ++crossing;
-      if (crossing == 1 && i + 1 < fwd.size()) {
-        ++unit;
+      if (i == 0 || unitOf[i] != unitOf[i - 1])
         unitName.push_back(nodeName(fwd[i]->getLoc()));
-      }
-      unitOf[i] = unit;
-    }
   }
   u.count = unitOf.back() + 1;
   return u;

@@ -81,6 +81,12 @@ bool layerOfNode(llvm::StringRef node, std::string &prefix, int &number);
 /// The same as one name: "h.3", or "" outside numbered layers.
 std::string layerName(llvm::StringRef node);
 
+/// The units of a model without numbered layers, per forward op on the
+/// batch (in program order): a new unit starts where exactly one value
+/// written before is read from there on. What carve-split-stages cuts such
+/// a model between, and the planner with it.
+std::vector<int> crossingUnits(const std::vector<mlir::Operation *> &fwd);
+
 /// The contiguous partition of units of the given costs into S stages that
 /// minimizes the largest stage's cost (ties to the earliest split): units
 /// per stage; all zero when S exceeds the units. What carve-split-stages
