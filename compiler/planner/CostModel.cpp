@@ -314,8 +314,9 @@ Ranks chargeChunks(const Setting &s, const std::vector<int> &chunk) {
   double inputBoundary = 0;
   // Backward sends: each chunk's gradient of its input, fp32, in a buffer
   // per activation slot, kept until the slot is reused (as compiled).
-  const std::vector<std::vector<int>> slots =
-      S > 1 ? pipelineSlots(c.schedule, c.pp, c.v, c.m) : std::vector<std::vector<int>>();
+  static const std::vector<std::vector<int>> none;
+  const std::vector<std::vector<int>> &slots =
+      S > 1 ? pipelineSlots(c.schedule, c.pp, c.v, c.m) : none;
   std::vector<PartPrice> memo(prof.layerOrigin.empty() ? 0 : prof.layers.size());
   for (int k = 0; k < S; ++k) {
     int r = k % c.pp;
@@ -472,10 +473,11 @@ double dpExposed(const Setting &s, const DpCollectives &d, double psi, const Ran
 void chargeVolume(const Setting &s, double sendBytes, Estimate &e) {
   const Candidate &c = s.c;
   const Profile &prof = s.prof;
+  const double forwards = c.recompute == "full" ? 2 : 1;
   for (int k = 0; k < kNumCommKinds; ++k) {
     double el = 0;
     auto add = [&](const Segment &seg) {
-      el += seg.forwardComm.elems[k] * (c.recompute == "full" ? 2 : 1) + seg.backwardComm.elems[k];
+      el += seg.forwardComm.elems[k] * forwards + seg.backwardComm.elems[k];
     };
     add(prof.embedding);
     for (const Segment &seg : prof.layers)

@@ -48,7 +48,8 @@ Storage storageFor(const std::string &precision, bool published, int64_t m, int 
   return st;
 }
 
-std::vector<std::vector<int>> pipelineSlots(const std::string &schedule, int p, int v, int64_t m) {
+const std::vector<std::vector<int>> &pipelineSlots(const std::string &schedule, int p, int v,
+                                                   int64_t m) {
   static std::mutex mu;
   static std::map<std::tuple<std::string, int, int, int64_t>, std::vector<std::vector<int>>> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -59,9 +60,33 @@ std::vector<std::vector<int>> pipelineSlots(const std::string &schedule, int p, 
   pipeline::Schedule sched;
   std::string error;
   std::vector<std::vector<int>> slots(p, std::vector<int>(v, 1));
-  if (pipeline::parseScheduleKind(schedule, kind, error) &&
-      pipeline::buildSchedule(kind, p, (int)m, v, sched, error))
-    slots = sched.slots;
+  // buildSchedule's slots (PlannerTest checks they agree) without building
+  // its m * v * p instructions: a chunk's slot is reused once its backward
+  // ran, so a chunk needs as many as it has micro-batches in flight at most.
+  if (v == 1 &&
+      (schedule == "1f1b" || schedule == "gpipe" || (schedule == "interleaved" && m % p == 0))) {
+    for (int r = 0; r < p; ++r)
+      slots[r][0] = (int)inFlight(schedule, p, v, m, r);
+  } else if (schedule == "interleaved" && m % p == 0) {
+    // The forwards and backwards of interleavedRank (compiler/schedule).
+    const int64_t total = m * v;
+    for (int r = 0; r < p; ++r) {
+      const int64_t warmup = std::min<int64_t>(2 * (p - r - 1) + (int64_t)(v - 1) * p, total);
+      std::vector<int> live(v, 0), &peak = slots[r];
+      peak.assign(v, 0);
+      auto forward = [&](int64_t k) {
+        int c = (int)((k / p) % v);
+        peak[c] = std::max(peak[c], ++live[c]);
+      };
+      auto backward = [&](int64_t k) { --live[v - 1 - (k / p) % v]; };
+      for (int64_t k = 0; k < warmup; ++k)
+        forward(k);
+      for (int64_t k = 0; k < total - warmup; ++k) {
+        forward(warmup + k);
+        backward(k);
+      }
+    }
+  }
   return cache[key] = slots;
 }
 

@@ -236,8 +236,10 @@ std::string formatSeconds(double t);
 
 /// The activation slots of each chunk of each pipeline rank under a schedule
 /// (compiler/schedule: slots[r][c]), as the compiled programs allocate them;
-/// one slot each when the schedule cannot be built.
-std::vector<std::vector<int>> pipelineSlots(const std::string &schedule, int p, int v, int64_t m);
+/// one slot each when the schedule cannot be built. Remembered for the
+/// process (the reference stays valid).
+const std::vector<std::vector<int>> &pipelineSlots(const std::string &schedule, int p, int v,
+                                                   int64_t m);
 
 /// In-flight micro-batches (chunk activations held) on pipeline rank r.
 int64_t inFlight(const std::string &schedule, int p, int v, int64_t m, int r);

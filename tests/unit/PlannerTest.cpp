@@ -208,6 +208,31 @@ TEST(PlannerMemory, InFlightMatchesTheSchedules) {
       }
 }
 
+// Tests that the slots the planner charges without building a one-chunk
+// schedule (pipelineSlots' closed form) are the built schedule's, rank by
+// rank, and that interleaved schedules are built.
+TEST(PlannerMemory, SlotsMatchTheBuiltSchedules) {
+  using pipeline::ScheduleKind;
+  int built = 0;
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 4, 7, 8, 16, 24, 33})
+      for (int v : {1, 2, 3, 4})
+        for (auto [kind, name] :
+             {std::pair{ScheduleKind::GPipe, "gpipe"}, std::pair{ScheduleKind::OneFOneB, "1f1b"},
+              std::pair{ScheduleKind::Interleaved, "interleaved"}}) {
+          pipeline::Schedule sched;
+          std::string error;
+          std::vector<std::vector<int>> ones(p, std::vector<int>(v, 1));
+          // One slot each where the schedule cannot be built (interleaved
+          // needs m a multiple of p; the others one chunk).
+          const bool ok = pipeline::buildSchedule(kind, p, m, v, sched, error);
+          built += ok;
+          EXPECT_EQ(pipelineSlots(name, p, v, m), ok ? sched.slots : ones)
+              << name << " p=" << p << " v=" << v << " m=" << m;
+        }
+  EXPECT_GT(built, 150);
+}
+
 Cluster cluster(const std::string &spec) {
   Cluster cl;
   std::string error;

@@ -270,6 +270,67 @@ std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args, GpuStep *gpu, 
   return ranks;
 }
 
+namespace {
+
+/// `model`, a builtin spec, with `layers` layers (its other keys as written).
+std::string withLayers(const std::string &model, int64_t layers) {
+  // "builtin:FAMILY:" then comma-separated keys.
+  size_t keys = model.find(':', model.find(':') + 1);
+  std::string out = model.substr(0, keys + 1);
+  StringRef rest = StringRef(model).drop_front(keys + 1);
+  bool first = true;
+  while (!rest.empty()) {
+    auto [kv, tail] = rest.split(',');
+    rest = tail;
+    out += first ? "" : ",";
+    first = false;
+    out += kv.starts_with("layers=") ? "layers=" + std::to_string(layers) : kv.str();
+  }
+  return out;
+}
+
+} // namespace
+
+std::vector<CompiledRankMemory> compiledMemoryByLayers(const CompileArgs &args,
+                                                       std::vector<int64_t> &layers) {
+  layers.clear();
+  CompileArgs whole = args;
+  BuiltinSpec spec;
+  Plan plan;
+  std::string error;
+  if (!isBuiltinModel(args.model) || !parseBuiltinSpec(args.model, spec, error) ||
+      args.planText.empty() || !parsePlan(args.planText, args.planPath, plan, error) ||
+      plan.pp * plan.virtualStages != 1 || plan.ep != 1 ||
+      spec.get("layers") <= kLayerFloor + kLayerPoints)
+    return compiledMemory(whole);
+  const int64_t full = spec.get("layers");
+  std::vector<std::vector<CompiledRankMemory>> at;
+  for (int64_t j = 0; j < kLayerPoints; ++j) {
+    CompileArgs fewer = args;
+    fewer.model = withLayers(args.model, kLayerFloor + j);
+    at.push_back(compiledMemory(fewer));
+    if (at.back().size() != at.front().size())
+      return compiledMemory(whole);
+  }
+  // Each region of each rank: affine over the points, then extrapolated.
+  using Field = int64_t CompiledRankMemory::*;
+  const Field fields[] = {&CompiledRankMemory::params, &CompiledRankMemory::grads,
+                          &CompiledRankMemory::optimizer, &CompiledRankMemory::activations,
+                          &CompiledRankMemory::arena};
+  std::vector<CompiledRankMemory> out(at.front().size());
+  for (size_t r = 0; r < out.size(); ++r)
+    for (Field f : fields) {
+      const int64_t step = at[1][r].*f - at[0][r].*f;
+      for (int64_t j = 2; j < kLayerPoints; ++j)
+        if (at[j][r].*f - at[j - 1][r].*f != step)
+          return compiledMemory(whole);
+      out[r].*f = at[0][r].*f + (full - kLayerFloor) * step;
+    }
+  for (int64_t j = 0; j < kLayerPoints; ++j)
+    layers.push_back(kLayerFloor + j);
+  return out;
+}
+
 /// Parameters no gradient reaches are not trained (as PyTorch's optimizers
 /// skip a parameter whose .grad stays None); say which, since a plain export
 /// makes a float buffer (a causal mask) a parameter.

@@ -63,6 +63,20 @@ std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args, GpuStep *gpu =
                                                bool *gpuOk = nullptr,
                                                std::string *gpuError = nullptr);
 
+/// The chosen plan's bytes as compiledMemory gives them, from compiles of
+/// the same model with fewer layers where that is exact: a builtin model
+/// (its layers are alike) under a plan without pipeline stages or experts,
+/// with more than kLayerPoints + kLayerFloor layers. Each pipeline rank's
+/// regions are compiled at kLayerPoints consecutive layer counts from
+/// kLayerFloor; when every region is affine in the layer count over all of
+/// them (zero second differences) the model's own count is extrapolated,
+/// else the whole model is compiled. `layers` receives the counts compiled
+/// (empty: the whole model). The as-compiled check of carve plan: a 1T GPT
+/// compiles in milliseconds instead of seconds (docs/planner.md).
+constexpr int64_t kLayerFloor = 4, kLayerPoints = 4;
+std::vector<CompiledRankMemory> compiledMemoryByLayers(const CompileArgs &args,
+                                                       std::vector<int64_t> &layers);
+
 /// Runs `carve run OUT -n N -- ARGS`: execs mpirun (never returns on success).
 int runRun(const std::string &out, int ranks, const std::vector<std::string> &trainArgs);
 

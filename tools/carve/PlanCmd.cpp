@@ -194,6 +194,9 @@ struct Outcome {
   /// did not fit as compiled.
   std::vector<CompiledRankMemory> compiled;
   std::string compiledWhy, compiledNote;
+  /// The layer counts the check compiled and extrapolated from
+  /// (compiledMemoryByLayers); empty: the whole model.
+  std::vector<int64_t> compiledLayers;
   /// --calibration carve: the GPU the chosen plan's CUDA program is priced
   /// on, and that program's cost model (docs/gpu-model.md).
   const GpuSpec *gpu = nullptr;
@@ -502,6 +505,8 @@ json reportJson(const PlanArgs &args, const Outcome &o, const Session &s) {
     j["predicted"] = predicted(o.result.ranked[0]);
     if (!o.compiled.empty())
       j["predicted"]["memory_compiled_per_pipeline_rank"] = compiledJson(o);
+    if (!o.compiled.empty())
+      j["compiled_from_layers"] = o.compiledLayers;
     else
       j["compiled_not_checked"] = o.compiledWhy;
     if (!o.compiledNote.empty())
@@ -585,7 +590,8 @@ double largestArena(const std::vector<CompiledRankMemory> &ranks) {
 
 /// The plan compiled to its memory plan (carve compile without the build).
 std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, Outcome &o, const Estimate &e,
-                                            const std::vector<OpOverride> &pins) {
+                                            const std::vector<OpOverride> &pins,
+                                            std::vector<int64_t> &layers) {
   CompileArgs ca;
   ca.model = args.model;
   ca.planText = planFile(e, args, o, pins).dump();
@@ -595,7 +601,7 @@ std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, Outcome &o, co
   ca.loss = args.loss;
   ca.import = args.import;
   if (!o.gpu)
-    return compiledMemory(ca);
+    return args.fullCompileCheck ? compiledMemory(ca) : compiledMemoryByLayers(ca, layers);
   std::vector<CompiledRankMemory> m = compiledMemory(ca, &o.gpuStep, &o.gpuPriced, &o.gpuWhy);
   if (o.gpuPriced && !o.gpuStep.unpriced.empty()) {
     o.gpuPriced = false;
@@ -622,7 +628,7 @@ void checkCompiled(const PlanArgs &args, const Session &s, Outcome &o) {
     return;
   }
   SearchResult &r = o.result;
-  o.compiled = compilePlan(args, o, r.ranked[0], o.bestPins());
+  o.compiled = compilePlan(args, o, r.ranked[0], o.bestPins(), o.compiledLayers);
   if (largestArena(o.compiled) <= r.ranked[0].capacity)
     return;
   const Estimate first = r.ranked[0];
@@ -632,7 +638,9 @@ void checkCompiled(const PlanArgs &args, const Session &s, Outcome &o) {
   if (r.fullyFixed)
     return;
   for (size_t i = 1; i < r.ranked.size(); ++i) {
-    std::vector<CompiledRankMemory> c = compilePlan(args, o, r.ranked[i], o.opts.constraints.pins);
+    std::vector<int64_t> layers;
+    std::vector<CompiledRankMemory> c =
+        compilePlan(args, o, r.ranked[i], o.opts.constraints.pins, layers);
     if (largestArena(c) > r.ranked[i].capacity)
       continue;
     o.compiledNote = "the model's first choice, " + first.c.key() + ", needs " + gb(firstArena) +
@@ -644,6 +652,7 @@ void checkCompiled(const PlanArgs &args, const Session &s, Outcome &o) {
     o.ops = OpSearchResult();
     o.ops.skippedWhy = "the first choice did not fit as compiled";
     o.compiled = std::move(c);
+    o.compiledLayers = std::move(layers);
     return;
   }
   o.compiledNote += ", and no alternative fits as compiled either";
@@ -694,6 +703,10 @@ void printCompiled(std::ostream &os, const Outcome &o) {
      << gb((double)m.activations) << ": " << gb((double)m.arena) << " of " << gb(e.capacity)
      << (m.arena <= e.capacity ? "" : ", DOES NOT FIT") << " ("
      << scaled((double)m.arena / e.mem.total(), {{1, "%.3fx"}}) << " the prediction)\n";
+  if (!o.compiledLayers.empty())
+    os << "  (compiled at " << o.compiledLayers.front() << " to " << o.compiledLayers.back()
+       << " layers, where every region grows by the same bytes per layer, and extrapolated to "
+          "the model's; --full-compile-check compiles it whole)\n";
   if (!o.compiledNote.empty())
     os << "  note: " << o.compiledNote << "\n";
 }

@@ -30,6 +30,9 @@ struct PlanArgs {
   /// pipeline rank's bytes as compiled; fall back to the next plan that fits
   /// as compiled (--no-compile-check turns it off).
   bool compileCheck = true;
+  /// Compile the whole model in that check, never fewer layers
+  /// (compiledMemoryByLayers; --full-compile-check, to prove the two equal).
+  bool fullCompileCheck = false;
   /// --storage published: price bf16/fp16 plans with the published layout
   /// (PlannerOptions::publishedStorage), not what carve compiles.
   bool publishedStorage = false;

@@ -227,6 +227,12 @@ cl::opt<bool> noCompileCheck(
     cl::desc("Do not compile the chosen plan's memory plan to report its bytes as compiled "
              "(and to fall back to the next plan when it does not fit)"),
     cl::sub(planCmd), cl::cat(carveCat));
+cl::opt<bool> fullCompileCheck(
+    "full-compile-check",
+    cl::desc("Compile the whole model for that check, never fewer layers of a builtin model "
+             "(whose bytes are extrapolated from 4 to 7 layers where they are affine in the "
+             "layer count; docs/planner.md)"),
+    cl::sub(planCmd), cl::cat(carveCat));
 cl::opt<std::string> planStorage(
     "storage",
     cl::desc("Price bf16/fp16 plans with what carve's programs store (carve, the default) or "
@@ -497,6 +503,7 @@ int main(int argc, char **argv) {
       die("carve plan: --storage must be carve or published, got '" + planStorage + "'");
     pa.publishedStorage = planStorage == "published";
     pa.compileCheck = !noCompileCheck;
+    pa.fullCompileCheck = fullCompileCheck;
     std::string error;
     for (const std::string &d : setDims)
       if (!carve::parseSetDim(d, pa.import, error))
