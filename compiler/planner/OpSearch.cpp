@@ -9,11 +9,13 @@
 #include <Cbc_C_Interface.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <numeric>
 #include <optional>
 #include <set>
+#include <thread>
 
 namespace carve::planner {
 
@@ -306,27 +308,61 @@ OpSearchResult searchOpChoices(const Profile &profile, const Profile &base, cons
 
   std::optional<Estimate> bestSingle;
   std::vector<OpOverride> bestSinglePins;
-  auto price = [&](const std::vector<OpOverride> &extra, Estimate *out) {
-    ++r.priced;
+  auto priceOn = [&](int worker, const std::vector<OpOverride> &extra, Estimate &out) {
     Profile pr;
     std::string why;
-    if (!build(extra, pr, why))
+    if (!build(worker, extra, pr, why))
       return kInf;
-    Estimate e = estimate(pr, base, cluster, c, opts);
+    out = estimate(pr, base, cluster, c, opts);
+    return out.fits ? out.time.total : kInf;
+  };
+  auto price = [&](const std::vector<OpOverride> &extra, Estimate *out) {
+    ++r.priced;
+    Estimate e;
+    double f = priceOn(0, extra, e);
     if (out)
       *out = e;
-    return e.fits ? e.time.total : kInf;
+    return f;
+  };
+  // A batch of prices, side by side on the workers; results in job order.
+  struct Priced {
+    double f = kInf;
+    Estimate e;
+  };
+  auto priceAll = [&](const std::vector<std::vector<OpOverride>> &jobs) {
+    std::vector<Priced> out(jobs.size());
+    r.priced += (int)jobs.size();
+    std::atomic<size_t> next{0};
+    auto work = [&](int worker) {
+      for (size_t k; (k = next++) < jobs.size();)
+        out[k].f = priceOn(worker, jobs[k], out[k].e);
+    };
+    const int n = (int)std::min<size_t>(std::max(1, so.workers), jobs.size());
+    std::vector<std::thread> threads;
+    for (int w = 1; w < n; ++w)
+      threads.emplace_back(work, w);
+    work(0);
+    for (std::thread &t : threads)
+      t.join();
+    return out;
   };
 
-  // Unary prices.
+  // Unary prices: every group's options, the first `budget` of them.
+  std::vector<std::vector<OpOverride>> unaryJobs;
+  for (const Group &g : groups)
+    for (const std::string &o : g.options)
+      if ((int)unaryJobs.size() < so.budget)
+        unaryJobs.push_back({{g.glob, o}});
+  const std::vector<Priced> unaryPrices = priceAll(unaryJobs);
+  size_t nextUnary = 0;
   for (Group &g : groups) {
     for (const std::string &o : g.options) {
       double f = kInf;
-      Estimate e;
-      if (r.priced < so.budget) {
-        f = price({{g.glob, o}}, &e);
+      if (nextUnary < unaryPrices.size()) {
+        const Priced &p = unaryPrices[nextUnary++];
+        f = p.f;
         if (std::isfinite(f) && (!bestSingle || f < bestSingle->time.total)) {
-          bestSingle = e;
+          bestSingle = p.e;
           bestSinglePins = {{g.glob, o}};
         }
       } else {
@@ -361,6 +397,18 @@ OpSearchResult searchOpChoices(const Profile &profile, const Profile &base, cons
         continue;
       edges.insert({std::min(a, b), std::max(a, b)});
     }
+  // Pairwise prices, in edge order, as many as the budget leaves.
+  std::vector<std::vector<OpOverride>> pairJobs;
+  for (auto [a, b] : edges) {
+    const Group &ga = groups[a], &gb = groups[b];
+    for (size_t i = 0; i < ga.kept.size(); ++i)
+      for (size_t j = 0; j < gb.kept.size(); ++j)
+        if (r.priced + (int)pairJobs.size() < so.budget)
+          pairJobs.push_back(
+              {{ga.glob, ga.options[ga.kept[i]]}, {gb.glob, gb.options[gb.kept[j]]}});
+  }
+  const std::vector<Priced> pairPrices = priceAll(pairJobs);
+  size_t nextPair = 0;
   for (auto [a, b] : edges) {
     const Group &ga = groups[a], &gb = groups[b];
     ChoiceProblem::Pair q;
@@ -370,13 +418,11 @@ OpSearchResult searchOpChoices(const Profile &profile, const Profile &base, cons
     bool any = false;
     for (size_t i = 0; i < ga.kept.size(); ++i)
       for (size_t j = 0; j < gb.kept.size(); ++j) {
-        if (r.priced >= so.budget) {
+        if (nextPair >= pairPrices.size()) {
           r.budgetHit = true;
           continue;
         }
-        Estimate e;
-        double f =
-            price({{ga.glob, ga.options[ga.kept[i]]}, {gb.glob, gb.options[gb.kept[j]]}}, &e);
+        double f = pairPrices[nextPair++].f;
         double d = std::isfinite(f) ? f - f0 - ga.delta[ga.kept[i]] - gb.delta[gb.kept[j]] : kInf;
         if (std::fabs(d) > 1e-12 * f0) {
           q.cost[i + 1][j + 1] = d;

@@ -66,9 +66,11 @@ ChoiceSolution solveILP(const ChoiceProblem &p);
 /// The chain DP when it is exact, else the integer program.
 ChoiceSolution solveChoices(const ChoiceProblem &p);
 
-/// Builds the profile of the plan's (tp, sp) with extra pins (on top of the user's).
-using PinnedProfile =
-    std::function<bool(const std::vector<OpOverride> &extra, Profile &out, std::string &error)>;
+/// Builds the profile of the plan's (tp, sp) with extra pins (on top of the
+/// user's), in worker `worker` (0 .. OpSearchOptions::workers - 1): workers
+/// run side by side, each on a model and context of its own.
+using PinnedProfile = std::function<bool(int worker, const std::vector<OpOverride> &extra,
+                                         Profile &out, std::string &error)>;
 
 struct OpSearchOptions {
   /// Options whose own change costs more than this fraction of the step are
@@ -76,6 +78,9 @@ struct OpSearchOptions {
   double keepFraction = 0.02;
   /// At most this many partitions priced (unary + pairwise).
   int budget = 160;
+  /// Threads pricing partitions side by side; the result does not depend on
+  /// their number (each price is the same, taken in the same order).
+  int workers = 1;
 };
 
 struct OpSearchResult {

@@ -983,6 +983,7 @@ bool buildProfile(const ProfileModel &model, const ProfileRequest &req, Profile 
   // gather_grad that sums it). Marks only: the ops stay as they are priced.
   {
     PassManager fold(local->getContext());
+    fold.enableVerifier(false); // priced, never emitted (as the partition above)
     CarveFoldTransposesOptions fo;
     fo.scatterProducts = true;
     fo.gatherOperands = true;

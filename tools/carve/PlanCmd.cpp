@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 namespace carve {
 
@@ -286,24 +287,44 @@ void searchOps(Session &s, Outcome &o) {
   const Profile *prof = s.get(best.c.tp, best.c.sp, error);
   if (!prof)
     return;
-  PinnedProfile build = [&](const std::vector<OpOverride> &extra, Profile &out, std::string &why) {
+  // Worker 0 prices on the session's model; each other worker on its own
+  // copy in a context of its own (the op search runs under tp > 1 only).
+  OpSearchOptions so;
+  struct Worker {
+    std::unique_ptr<mlir::MLIRContext> context;
+    ProfileModel model;
+  };
+  std::vector<Worker> workers(1);
+  const int cores = (int)std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  for (int w = 1; w < cores && best.c.tp > 1; ++w) {
+    Worker k;
+    k.context = std::make_unique<mlir::MLIRContext>(mlir::MLIRContext::Threading::DISABLED);
+    if (!loadProfileModel(*k.context, s.req, k.model, error))
+      break; // (loaded once already: not expected) fewer workers, same result
+    workers.push_back(std::move(k));
+  }
+  so.workers = (int)workers.size();
+  PinnedProfile build = [&](int w, const std::vector<OpOverride> &extra, Profile &out,
+                            std::string &why) {
+    mlir::MLIRContext *context = w > 0 ? workers[w].context.get() : &s.context;
+    const ProfileModel *model = w > 0 ? &workers[w].model : &s.model;
     ProfileRequest r = s.req;
     r.tp = best.c.tp;
     r.sequenceParallel = best.c.sp;
     r.pins.insert(r.pins.end(), extra.begin(), extra.end());
     // A choice the partitioner cannot carry out is priced out, not printed.
     std::string diag;
-    mlir::ScopedDiagnosticHandler quiet(&s.context, [&](mlir::Diagnostic &d) {
+    mlir::ScopedDiagnosticHandler quiet(context, [&](mlir::Diagnostic &d) {
       if (diag.empty())
         diag = d.str();
       return mlir::success();
     });
-    bool ok = buildProfile(s.model, r, out, why);
+    bool ok = buildProfile(*model, r, out, why);
     if (!ok && why.empty())
       why = diag;
     return ok;
   };
-  o.ops = searchOpChoices(*prof, *o.base, o.cluster, best.c, o.opts, build);
+  o.ops = searchOpChoices(*prof, *o.base, o.cluster, best.c, o.opts, build, so);
   if (!o.ops.pins.empty())
     best = o.ops.after;
   o.opSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
