@@ -167,8 +167,11 @@ std::string Generator::uniqueName(std::string base) {
   if (isRuntimeType(base))
     base += "_v";
   std::string n = base;
-  for (int k = 2; usedNames.count(n); ++k)
-    n = base + "_" + std::to_string(k);
+  if (usedNames.count(n)) {
+    int &k = nextSuffix.try_emplace(base, 2).first->second;
+    for (n = base + "_" + std::to_string(k); usedNames.count(n);)
+      n = base + "_" + std::to_string(++k);
+  }
   usedNames.insert(n);
   return n;
 }

@@ -288,6 +288,9 @@ private:
   ValueNames var;
   std::vector<Buffer> buffers;
   llvm::StringSet<> usedNames;
+  /// Per base name, the suffix uniqueName tries first: the ones below it are
+  /// taken (names are never released), so the search need not retry them.
+  llvm::StringMap<int> nextSuffix;
   std::set<Operation *> foldedTransposes;
   // transpose(matmul(a, b)) computed as matmul(b^T, a^T): transpose -> matmul.
   llvm::DenseMap<Operation *, Operation *> transposedMatmul;

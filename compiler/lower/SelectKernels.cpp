@@ -758,6 +758,23 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       trans = t && foldOf(t) == kFoldOperand;
       return trans ? t.getInput() : v;
     };
+    // The weight gradients' GEMMs by the values their operands view, in
+    // program order: a reduction looks at those that read its input only
+    // (not at the whole block, once per reduction).
+    llvm::DenseMap<Value, SmallVector<Operation *, 2>> gemmsReading;
+    for (Operation &g : block.without_terminator()) {
+      StringAttr gk = g.getAttrOfType<StringAttr>(kKernelAttr);
+      if (!gk || gk.getValue() != "matmul16_to16" || !g.hasAttr(kWrite16Attr))
+        continue;
+      Operation *mm = isa<MatmulOp>(&g) ? &g : g.getOperand(0).getDefiningOp();
+      if (!mm || !isa<MatmulOp>(mm))
+        continue;
+      bool t0, t1;
+      Value a = source(stored(mm, 0, t0)), b = source(stored(mm, 1, t1));
+      gemmsReading[a].push_back(&g);
+      if (b != a)
+        gemmsReading[b].push_back(&g);
+    }
     for (Operation &op : block.without_terminator()) {
       auto r = dyn_cast<ReduceSumOp>(&op);
       StringAttr rk = op.getAttrOfType<StringAttr>(kKernelAttr);
@@ -782,7 +799,10 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       // The weight gradient's GEMM that reads v as its [K, N] 16-bit operand.
       Operation *gemm = nullptr;
       int biasOf = -1;
-      for (Operation &g : block.without_terminator()) {
+      auto readers = gemmsReading.find(v);
+      for (Operation *gp : readers == gemmsReading.end() ? ArrayRef<Operation *>()
+                                                         : ArrayRef<Operation *>(readers->second)) {
+        Operation &g = *gp;
         StringAttr gk = g.getAttrOfType<StringAttr>(kKernelAttr);
         if (!gk || gk.getValue() != "matmul16_to16" || !g.hasAttr(kWrite16Attr) ||
             !op.isBeforeInBlock(&g))

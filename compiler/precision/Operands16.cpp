@@ -218,9 +218,13 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
         root = root->getPrevNode();
       if (!root || root->getAttr(kFusionGroupAttr) != group)
         return false;
-      for (Operation *n = root->getNextNode(); n; n = n->getNextNode())
-        if (n->getAttr(kFusionGroupAttr) == group)
-          return false; // not the chain's root: a member after it
+      // Not the chain's root: a member after it. Every member but the root
+      // writes an operand of another member (carve-fuse-elementwise joins
+      // an op by that), and members after the root there are none: the
+      // root is the member no member reads.
+      if (llvm::any_of(root->getUsers(),
+                       [&](Operation *u) { return u->getAttr(kFusionGroupAttr) == group; }))
+        return false;
       copied = true;
     }
     return copied;
