@@ -380,6 +380,29 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       const double steps = (double)(h.until - h.from + 1);
       return order == 1 ? (double)h.bytes : order == 2 ? steps : steps * (double)h.bytes;
     };
+    // Each hold's overlapping holds (held at a common step), found once by
+    // sweeping them in order of their first step: a placement then looks at
+    // those only, not at every hold placed before.
+    std::vector<std::vector<size_t>> overlaps(all.size());
+    {
+      std::vector<size_t> byFrom(all.size());
+      for (size_t k = 0; k < byFrom.size(); ++k)
+        byFrom[k] = k;
+      std::stable_sort(byFrom.begin(), byFrom.end(),
+                       [&](size_t x, size_t y) { return all[x].from < all[y].from; });
+      std::vector<size_t> open; // begun, possibly not ended
+      for (size_t k : byFrom) {
+        size_t kept = 0;
+        for (size_t j : open)
+          if (all[j].until >= all[k].from) {
+            open[kept++] = j;
+            overlaps[k].push_back(j);
+            overlaps[j].push_back(k);
+          }
+        open.resize(kept);
+        open.push_back(k);
+      }
+    }
     auto place = [&](int by, bool tightest) {
       std::vector<size_t> order(all.size());
       for (size_t k = 0; k < order.size(); ++k)
@@ -387,13 +410,13 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       if (by > 0)
         std::stable_sort(order.begin(), order.end(),
                          [&](size_t x, size_t y) { return key(all[x], by) > key(all[y], by); });
-      std::vector<size_t> placed;
+      std::vector<char> isPlaced(all.size(), 0);
       int64_t top = 0;
       for (size_t k : order) {
         Held &h = all[k];
         std::vector<std::pair<int64_t, int64_t>> busy; // held at an overlapping time
-        for (size_t j : placed)
-          if (all[j].from <= h.until && h.from <= all[j].until)
+        for (size_t j : overlaps[k])
+          if (isPlaced[j])
             busy.push_back({all[j].offset, all[j].offset + all[j].bytes});
         llvm::sort(busy);
         int64_t off = -1, gap = -1, at = 0;
@@ -407,7 +430,7 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
           at = std::max(at, hi);
         }
         h.offset = off >= 0 ? off : at;
-        placed.push_back(k);
+        isPlaced[k] = 1;
         top = std::max(top, h.offset + h.bytes);
       }
       return top;

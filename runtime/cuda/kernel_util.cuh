@@ -141,6 +141,29 @@ inline In16 in16(const char *op, const void *p, bool is16) {
   return is16 ? In16{p, format16For(op, "operands")} : In16{p, 0};
 }
 
+/// The row of index k of a gather along an axis of `size` rows, or -1 (after
+/// recording the error) when it is out of range.
+__device__ __forceinline__ int64_t checkedIndex(const int64_t *idx, int64_t k, int64_t size,
+                                                DeviceError *err) {
+  const int64_t v = idx[k];
+  if (v < -size || v >= size) {
+    raiseDeviceError(err, kBadIndex, v, k, size);
+    return -1;
+  }
+  return v < 0 ? v + size : v;
+}
+
+/// How many row ranges gather_grad splits a table of `size` rows into, for
+/// `owners` (outer * inner) threads per range: enough for about 2^16
+/// threads, each range at least 64 rows.
+inline int64_t gatherGradParts(int64_t owners, int64_t size) {
+  int64_t parts = (int64_t(1) << 16) / (owners > 0 ? owners : 1);
+  const int64_t most = (size + 63) / 64;
+  if (parts > most)
+    parts = most;
+  return parts < 1 ? 1 : parts;
+}
+
 } // namespace
 } // namespace carve::gpu
 
