@@ -68,6 +68,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(ROOT, "models"))
 import data_gen  # noqa: E402
 import st  # noqa: E402
+import harness  # noqa: E402
 
 GPT = "builtin:gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128,batch=8"
 OTHER_GPT = "builtin:gpt:layers=2,hidden=32,heads=4,seq=16,vocab=128,batch=8"
@@ -90,8 +91,7 @@ PLANS = {
 ALL_ROLES = ("parameter", "buffer", "optimizer_state")
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def ranks_of(plan):
@@ -100,12 +100,7 @@ def ranks_of(plan):
 
 
 def run(cmd, timeout=300, env=None):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout, env=env)
-    if p.returncode != 0:
-        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:],
-                                                 p.stderr[-2000:]))
-    return p.stdout
+    return harness.run_ok(cmd, timeout=timeout, env=env).out
 
 
 def read_log(path, first, count):

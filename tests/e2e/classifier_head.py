@@ -26,19 +26,18 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st  # noqa: E402
+import harness  # noqa: E402
 
 TIMEOUT_S = 600
 BATCH = 8
 IN, HIDDEN = 64, 128
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def export(path, classes):
@@ -73,9 +72,7 @@ def write_data(path, classes, steps=4):
 
 
 def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=TIMEOUT_S)
-    return p.returncode, p.stdout
+    return harness.run(cmd, timeout=TIMEOUT_S, merge=True)
 
 
 def write_plan(work, name, plan):

@@ -23,7 +23,6 @@ failure, never a skip.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 

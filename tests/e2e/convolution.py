@@ -72,7 +72,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -81,6 +80,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "models"))
 import st  # noqa: E402
+import harness  # noqa: E402
 
 TIMEOUT_S = 600
 BATCH, CLASSES, STEPS = 8, 10, 6
@@ -99,8 +99,7 @@ def batch_of(kind):
     return RESNET_BATCH if kind == "resnet18" else BATCH
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def build(kind, ceil_mode=False):
@@ -224,9 +223,7 @@ def write_data(path, shape, steps=STEPS):
 
 
 def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=TIMEOUT_S)
-    return p.returncode, p.stdout
+    return harness.run(cmd, timeout=TIMEOUT_S, merge=True)
 
 
 def must(what, cmd):

@@ -55,6 +55,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_source  # noqa: E402
+import harness  # noqa: E402
 
 PLANS = {
     "dp2": {"dp": 2},
@@ -80,8 +81,7 @@ PIPE_ZERO = {("gpt", "pp2"): 2, ("llama", "pp2"): 3}
 TIMEOUT_S = 600
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def runtime_config(path):
@@ -95,9 +95,7 @@ def runtime_config(path):
 
 
 def run(cmd, timeout=TIMEOUT_S):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=timeout)
 
 
 def expect_error(cmd, needle, out):

@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -50,6 +49,7 @@ sys.path.insert(0, CUSTOM)
 import data_gen  # noqa: E402
 import st  # noqa: E402
 import torch_ref  # noqa: E402
+import harness  # noqa: E402
 
 STEPS = 10
 OPTIMIZER = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
@@ -64,17 +64,11 @@ SWIGLU_NODE = "/layers.0/feed_forward/SwiGLU"
 HIDDEN = 64  # LlamaConfig.hidden_dim: the SwiGLU's last dimension
 
 
-class Failure(Exception):
-    """A check failed; the message says which and by how much."""
+Failure = harness.Failure
 
 
 def run(cmd, timeout=TIMEOUT_S):
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Failure(f"no exit within {timeout} s: {' '.join(cmd)}") from None
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=timeout)
 
 
 def must(cmd):

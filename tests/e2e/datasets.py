@@ -42,7 +42,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -52,6 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import data_gen  # noqa: E402
 import st  # noqa: E402
+import harness  # noqa: E402
 
 LOSS_RTOL = 1e-5
 TORCH_RTOL = 1e-5
@@ -63,17 +63,13 @@ STEPS = 8
 SEED = 7
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(cmd, ok=True):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S)
-    if ok and p.returncode != 0:
-        raise Failure("%s failed (exit %d):\n%s%s" % (" ".join(cmd), p.returncode, p.stdout,
-                                                       p.stderr))
-    return p
+    if ok:
+        return harness.run_ok(cmd, timeout=TIMEOUT_S, tail=None)
+    return harness.run(cmd, timeout=TIMEOUT_S)
 
 
 def doc_code(marker):

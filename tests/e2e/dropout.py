@@ -48,7 +48,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -59,6 +58,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "models"))
 import data_gen  # noqa: E402
 import philox  # noqa: E402
 import st  # noqa: E402
+import harness  # noqa: E402
 
 TIMEOUT_S = 600
 VOCAB, D, HEADS, LAYERS, SEQ, BATCH, P = 64, 32, 4, 2, 16, 8, 0.1
@@ -66,8 +66,7 @@ TORCH_STEPS = 6
 LEARN_STEPS, LEARNED_LOSS, LEARN_LR = 60, 2.5, "1e-2"
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def build(p=P, top_p=P):
@@ -109,9 +108,7 @@ def export(path, **kw):
 
 
 def run(cmd, timeout=TIMEOUT_S):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout
+    return harness.run(cmd, timeout=timeout, merge=True)
 
 
 def must(what, cmd):

@@ -47,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import data_gen  # noqa: E402
 import st  # noqa: E402
+import harness  # noqa: E402
 
 MODEL = "builtin:gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128,batch=8"
 PLANS = {
@@ -74,8 +75,7 @@ POISON_PP = "h.1.mlp.c_fc.weight"  # on pipeline rank 1
 FORBIDDEN = ("Segmentation", "Assertion", "terminate called", "Traceback", "core dumped")
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 class Result:

@@ -25,13 +25,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st  # noqa: E402
+import harness  # noqa: E402
 
 STEPS = 6
 TIMEOUT_S = 300
@@ -50,14 +50,11 @@ MODELS = {
 }
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=TIMEOUT_S)
 
 
 def compile_(carve, onnx, plan, out, fuse):

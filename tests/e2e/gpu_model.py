@@ -34,12 +34,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from data_gen import write_tokens  # noqa: E402
+import harness  # noqa: E402
 
 GPT = "builtin:gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128,batch=8"
 LLAMA = "builtin:llama:layers=2,hidden=64,heads=4,kv_heads=2,seq=16,vocab=128,batch=4"
@@ -47,14 +47,11 @@ ROW = re.compile(r"^\s*([\d.]+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s\s(.+)$")
 GEMM = re.compile(r"^cuBLAS GEMM, .* m (\d+) n (\d+) k (\d+) x (\d+)$")
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(cmd, env=None, timeout=900):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=env, timeout=timeout)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=timeout, env=env)
 
 
 def profile_table(stderr):

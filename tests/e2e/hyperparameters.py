@@ -35,6 +35,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st  # noqa: E402
+import harness  # noqa: E402
 
 STEPS = 8
 TIMEOUT_S = 300
@@ -50,14 +51,11 @@ PLANS = [("1rank", {}, 1), ("dp2", {"dp": 2}, 2), ("tp2", {"tp": 2}, 2),
          ("pp2", {"pp": 2, "num_micro_batches": 2}, 2)]
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=TIMEOUT_S)
 
 
 def compile_(carve, onnx, plan, out, flags=()):

@@ -6,10 +6,10 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 
 import onnx
+import harness  # noqa: E402
 
 MODELS = ["mlp", "gpt", "llama", "bert", "resnet18"]
 # Ops carve-raise must produce for each model: (pattern, count).
@@ -44,7 +44,7 @@ def check(name, ok, why=""):
 
 
 def run(cmd):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return harness.run(cmd, timeout=300)
 
 
 def signature(ir):

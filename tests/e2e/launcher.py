@@ -31,14 +31,14 @@ import socket
 import subprocess
 import sys
 import time
+import harness  # noqa: E402
 
 STEPS = 6
 RTOL = 1e-6
 TIMEOUT_S = 120
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def free_port():

@@ -27,6 +27,7 @@ import struct
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+import harness  # noqa: E402
 
 STEPS = 6
 TIMEOUT_S = 300
@@ -34,14 +35,11 @@ PLANS = [("1rank", {}, 1), ("dp2", {"dp": 2}, 2), ("tp2", {"tp": 2}, 2),
          ("pp2", {"pp": 2, "num_micro_batches": 2}, 2)]
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=TIMEOUT_S)
 
 
 def crc32c(data):

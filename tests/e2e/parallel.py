@@ -63,6 +63,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import data_gen  # noqa: E402
 import st  # noqa: E402
+import harness  # noqa: E402
 
 STEPS = 10
 LOSS_RTOL = 1e-5
@@ -115,19 +116,14 @@ KV_HEADS = 2
 ALIGN = 64  # the arena aligns every tensor to 64 bytes (compiler/codegen/Generator.h kAlign)
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run_cmd(cmd, timeout=600, with_stderr=False):
     """Runs `cmd`, raising Failure when it fails; returns its stdout (and its
     stderr after it with `with_stderr`: carve compile's progress lines)."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout)
-    if p.returncode != 0:
-        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:],
-                                                 p.stderr[-2000:]))
-    return p.stdout + p.stderr if with_stderr else p.stdout
+    r = harness.run_ok(cmd, timeout=timeout)
+    return r.text if with_stderr else r.out
 
 
 def align(n):

@@ -48,6 +48,7 @@ sys.path.insert(0, HERE)
 import st  # noqa: E402 (checkpoints)
 from torch_compare import (Failure, check_well_posed, read_losses, sgd_losses,  # noqa: E402
                            token_file, well_posed_reference, worst_loss_gap, worst_weight_gap)
+import harness  # noqa: E402
 
 STEPS = 5
 BATCH, T, VOCAB, D = 4, 16, 64, 32
@@ -58,8 +59,7 @@ TIMEOUT_S = 300
 
 
 def run(cmd):
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=TIMEOUT_S)
+    return harness.run(cmd, timeout=TIMEOUT_S)
 
 
 def models():

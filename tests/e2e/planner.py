@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,15 +37,14 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import data_gen  # noqa: E402
 from parallel import LOSS_RTOL, OPTIMIZER, STEPS, Failure, read_losses, run_cmd  # noqa: E402
+import harness  # noqa: E402
 
 GPT = "builtin:gpt:layers=24,hidden=2048,heads=16,seq=2048,vocab=51200"
 ONE_T = "builtin:gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200"
 
 
 def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=600)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=600)
 
 
 def expect_fail(carve, args, *needles):

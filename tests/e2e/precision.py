@@ -78,6 +78,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st  # noqa: E402
+import harness  # noqa: E402
 
 STEPS = 10
 CLOSE_RTOL = 2e-2
@@ -106,14 +107,11 @@ PARALLEL_PLANS = {
 }
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run(cmd, timeout=TIMEOUT_S)
 
 
 def compile_(carve, onnx, plan, out):

@@ -53,8 +53,8 @@ installed here, so the blocks are copied.
 import argparse
 import os
 import re
-import subprocess
 import sys
+import harness  # noqa: E402
 
 TIMEOUT_S = 300
 VOCAB, D, HEADS, T, B = 64, 32, 4, 16, 4
@@ -238,8 +238,7 @@ def export(kind, path):
 
 
 def run(cmd):
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=TIMEOUT_S)
+    return harness.run(cmd, timeout=TIMEOUT_S, merge=True)
 
 
 def layouts(mlir):

@@ -15,11 +15,11 @@ run is farther from it than the tolerances allow carve to be."""
 import copy
 import json
 import os
-import subprocess
 
 import numpy as np
 
 import st
+import harness  # noqa: E402
 
 TIMEOUT_S = 300
 # Weight gaps are relative to a tensor's largest entry, but never to less than
@@ -31,18 +31,12 @@ TIMEOUT_S = 300
 WEIGHT_FLOOR = 1e-3
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(cmd, env=None):
     """Runs `cmd`; its stdout and stderr, or Failure naming it."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S, env=env)
-    if p.returncode != 0:
-        raise Failure("`%s` exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:],
-                                                 p.stderr[-3000:]))
-    return p.stdout + p.stderr
+    return harness.run_ok(cmd, timeout=TIMEOUT_S, env=env, tail=3000).text
 
 
 def sgd_losses(net, batches, lr):

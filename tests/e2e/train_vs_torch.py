@@ -44,6 +44,7 @@ import data_gen  # noqa: E402
 import st  # noqa: E402
 import torch_ref  # noqa: E402
 from torch_ref import Hyper  # noqa: E402
+import harness  # noqa: E402
 
 STEPS = 20
 
@@ -133,8 +134,7 @@ RUNS = [
 ]
 
 
-class Failure(Exception):
-    """A check failed; the message says which and by how much."""
+Failure = harness.Failure
 
 
 # --- Processes ----------------------------------------------------------------

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import harness  # noqa: E402
 
 MODEL = "builtin:gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128,batch=8"
 STEPS = 3
@@ -41,15 +42,12 @@ LOSS_RTOL = 1e-5  # verify's default; the test re-checks the logged losses again
 TIMEOUT_S = 300
 
 
-class Failure(Exception):
-    pass
+Failure = harness.Failure
 
 
 def run(carve, args, env=None):
     full = dict(os.environ, **(env or {}))
-    p = subprocess.run([carve, "verify", MODEL] + args, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=TIMEOUT_S, env=full)
-    return p.returncode, p.stdout, p.stderr
+    return harness.run([carve, "verify", MODEL] + args, timeout=TIMEOUT_S, env=full)
 
 
 def table(stdout):
