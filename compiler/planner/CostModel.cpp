@@ -267,7 +267,7 @@ struct Ranks {
 /// One chunk's parts, one micro-batch.
 struct ChunkSum {
   double time = 0, bwd = 0, rec = 0, comm = 0, ep = 0; // seconds
-  double params = 0, experts = 0;                      // elements
+  double params = 0, experts = 0, frozen = 0;          // elements
   double kept = 0, work = 0;                           // bytes
   std::vector<PartMemory> parts;                       // in order
 };
@@ -295,6 +295,7 @@ void addPart(const Setting &s, const Segment &seg, const Priced &pr, bool isLaye
   // Expert parallelism: a rank holds 1/ep of the routed experts.
   sum.params += seg.params - seg.expertParams * (1.0 - 1.0 / s.c.ep);
   sum.experts += seg.expertParams / s.c.ep;
+  sum.frozen += seg.frozen;
   sum.kept += price.memory.kept;
   sum.work = std::max(sum.work, price.memory.work);
   sum.parts.push_back(price.memory);
@@ -359,6 +360,7 @@ Ranks chargeChunks(const Setting &s, const std::vector<int> &chunk) {
     load.rec += sum.rec;
     load.comm += sum.comm;
     hold.params += sum.params;
+    hold.frozen += sum.frozen;
     load.experts += sum.experts;
     load.ep += sum.ep;
     // One program without stages places transients and kept values in one
@@ -534,8 +536,10 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
   e.c = c;
   e.layersPerStage = layersPerChunk(s);
   Ranks ranks = chargeChunks(s, e.layersPerStage);
-  if (c.pp == 1)
+  if (c.pp == 1) {
     ranks.hold[0].params -= prof.sharedParams;
+    ranks.hold[0].frozen -= prof.sharedFrozen;
+  }
   if (c.pp > 1 && prof.stagesUnmodelled)
     holdWholeModel(c, ranks.hold);
 

@@ -162,11 +162,12 @@ void holdWholeModel(const Candidate &c, std::vector<RankHoldings> &ranks) {
   // Any rank may hold any part: each is charged every part's parameters
   // and, at the most micro-batches in flight, every part's kept
   // activations, the largest scratch and send buffers.
-  double ps = 0, perMb = 0, most = 0, work = 0, buffers = 0;
+  double ps = 0, frozen = 0, perMb = 0, most = 0, work = 0, buffers = 0;
   for (int r = 0; r < c.pp; ++r) {
     const double held = (double)inFlight(c.schedule, c.pp, c.v, c.m, r);
     const double f = c.v > 1 ? held / c.v : held;
     ps += ranks[r].params;
+    frozen += ranks[r].frozen;
     perMb += f > 0 ? ranks[r].activations / f : 0;
     most = std::max(most, f);
     work = std::max(work, ranks[r].workspace);
@@ -174,6 +175,7 @@ void holdWholeModel(const Candidate &c, std::vector<RankHoldings> &ranks) {
   }
   for (int r = 0; r < c.pp; ++r) {
     ranks[r].params = ps;
+    ranks[r].frozen = frozen;
     ranks[r].activations = perMb * most;
     ranks[r].workspace = work;
     ranks[r].buffers = buffers;
@@ -192,7 +194,10 @@ void chargeMemory(const Profile &prof, const Cluster &cl, const Candidate &c, co
     double ps = ranks[r].params;
     Memory m;
     double shard = std::ceil(ps / c.dp);
-    m.params = (c.zero >= 3 ? shard : ps) * pB;
+    // Frozen parameters: whole on every rank that uses them, in fp32 (the
+    // published layout: in 16 bits), never sharded by ZeRO.
+    m.params =
+        (c.zero >= 3 ? shard : ps) * pB + ranks[r].frozen * (opts.publishedStorage ? pB : 4.0);
     m.grads = c.zero >= 2 ? shard * st.accumulator : ps * gB;
     m.optimizer = (c.zero >= 1 ? shard : ps) * oB;
     m.activations = ranks[r].activations;

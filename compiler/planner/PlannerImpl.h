@@ -61,6 +61,7 @@ Estimate estimatePriced(const Profile &prof, const PricedModel &priced, const Pr
 /// What one pipeline rank holds, summed over its chunks.
 struct RankHoldings {
   double params = 0;      // parameter elements (its share of the routed experts)
+  double frozen = 0;      // frozen parameter elements (Segment::frozen)
   double activations = 0; // bytes kept for backward, all micro-batches in flight
   double buffers = 0;     // bytes of the pipeline's gradient receive buffers
   double workspace = 0;   // bytes of scratch at its peak

@@ -721,9 +721,9 @@ void Profiler::countParameters() {
         if (segOf.count(u))
           read[u] += e;
     for (int sg : users)
-      (trainable ? segs[sg]->params : segs[sg]->buffers) += e;
-    if (trainable && users.size() > 1)
-      p.sharedParams += e * (double)(users.size() - 1);
+      (trainable ? segs[sg]->params : segs[sg]->frozen) += e;
+    if (users.size() > 1)
+      (trainable ? p.sharedParams : p.sharedFrozen) += e * (double)(users.size() - 1);
   }
   for (auto &[u, e] : read) {
     Segment &s = *segs[segOf[u]];

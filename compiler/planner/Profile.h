@@ -136,8 +136,10 @@ struct Segment {
   }
   /// Forward FLOPs of its attention cores (selective recompute redoes them), per sample.
   double coreFlops = 0;
-  /// Trainable parameters it holds (local elements), and buffers.
-  double params = 0, buffers = 0;
+  /// Trainable parameters it holds (local elements), and frozen ones (a
+  /// --frozen glob names them: kept in fp32 on every rank that uses them,
+  /// with no gradient and no optimizer state, as carve compile holds them).
+  double params = 0, frozen = 0;
   /// Of `params`, those of routed experts (split over ep), and the elements
   /// one expert-parallel forward pass exchanges per sample (dispatch and
   /// combine of every routed layer in it, before the (ep-1)/ep that leaves).
@@ -187,6 +189,8 @@ struct Profile {
   /// Trainable parameters used by more than one part (GPT's tied embedding):
   /// local elements, counted in each part that uses it.
   double sharedParams = 0;
+  /// The same for frozen parameters (Segment::frozen).
+  double sharedFrozen = 0;
   /// Whole-model totals at tp = 1 and one sample: parameters and training FLOPs.
   double totalParams = 0;
   double modelFlops = 0;         // forward + backward, one sample, whole model
@@ -216,7 +220,8 @@ struct ProfileModel {
   int64_t modelBatch = 1;
   int64_t seq = 0;
   /// A builtin model is profiled with at most three layers (all its layers
-  /// are alike): its real layer count; 0 for an ONNX model.
+  /// are alike): its real layer count; 0 for an ONNX model, or a builtin
+  /// model profiled whole (a frozen or pinned glob names some layers).
   int builtinLayers = 0;
 };
 

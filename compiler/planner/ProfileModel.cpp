@@ -12,6 +12,7 @@
 #include "compiler/frontend/Builtin.h"
 #include "compiler/frontend/Passes.h"
 #include "compiler/lower/Passes.h"
+#include "compiler/stages/StageSplit.h"
 #include "dialects/carve/Contract.h"
 #include "dialects/dist/DistDialect.h"
 
@@ -37,7 +38,18 @@ bool loadProfileModel(MLIRContext &context, const ProfileRequest &req, ProfileMo
       return false;
     model.builtinLayers = (int)spec.get("layers");
     model.modelBatch = spec.values.count("batch") ? spec.get("batch") : 1;
-    spec.values["layers"] = std::min<double>(spec.values["layers"], 3);
+    // Three layers stand for all (the first, a middle one, the last) unless
+    // a frozen parameter or a pinned op names some layers by number: then
+    // the layers differ, and each is profiled.
+    bool alike = true;
+    for (const std::string &g : opts.frozen)
+      alike &= !globNamesSomeLayers(g);
+    for (const OpOverride &o : req.pins)
+      alike &= !globNamesSomeLayers(o.glob);
+    if (alike)
+      spec.values["layers"] = std::min<double>(spec.values["layers"], 3);
+    else
+      model.builtinLayers = 0; // profiled whole: no layer stands for another
     opts.batch = 1;
     model.module = buildBuiltinModel(context, spec, opts, error);
     if (!model.module)

@@ -80,6 +80,11 @@ double opFlops(mlir::Operation *op);
 bool layerOfNode(llvm::StringRef node, std::string &prefix, int &number);
 /// The same as one name: "h.3", or "" outside numbered layers.
 std::string layerName(llvm::StringRef node);
+/// Whether `glob`, an op or parameter name pattern, could single out some
+/// numbered layers ("/h.11/mlp/*", "h.1*", "h.[0-3].*"): a word after a dot
+/// with a digit or a bracket in it. "/h.*/mlp/*" and "wte.*" name every
+/// layer alike. Where such a glob applies, a builtin model's layers differ.
+bool globNamesSomeLayers(llvm::StringRef glob);
 
 /// The units of a model without numbered layers, per forward op on the
 /// batch (in program order): a new unit starts where exactly one value

@@ -11,6 +11,8 @@
 #include "dialects/carve/CarveOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 
 #include <map>
 
@@ -62,6 +64,16 @@ std::optional<StageSummary> readStageSummary(func::FuncOp stage) {
   st.sendBytes = i64("send_bytes");
   st.ops = (int)i64("ops");
   return st;
+}
+
+bool globNamesSomeLayers(llvm::StringRef glob) {
+  for (size_t dot = glob.find('.'); dot != llvm::StringRef::npos; dot = glob.find('.', dot + 1)) {
+    llvm::StringRef after = glob.drop_front(dot + 1);
+    after = after.take_until([](char c) { return c == '/' || c == '.'; });
+    if (after != "*" && llvm::any_of(after, [](char c) { return llvm::isDigit(c) || c == '['; }))
+      return true;
+  }
+  return false;
 }
 
 std::vector<func::FuncOp> stageFunctions(ModuleOp module) {

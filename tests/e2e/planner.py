@@ -473,6 +473,40 @@ def main():
                 "2 devices", "collectives")
     checks += 4
     print("ok: --calibration carve refuses an A100 cluster and 2 devices, naming why")
+
+    # Frozen parameters (--frozen): held whole in fp32 by every rank that uses
+    # them, with no gradient and no optimizer state. The planner charges them
+    # as carve compile holds them, to the byte (this model's tensors are
+    # multiples of 64 bytes: no alignment slack), on every pipeline rank; a
+    # glob naming one layer by number (h.9, beyond the three layers a builtin
+    # model is profiled with) profiles every layer.
+    small = "builtin:gpt:layers=12,hidden=256,heads=4,seq=128,vocab=512,batch=8"
+    for frozen in ("wte.*", "h.9.*", "h.*.mlp.*"):
+        for cluster, fixed in (("a100-80gb:1x4", "dp=2,tp=2,pp=1,zero=3,precision=bf16"),
+                               ("cpu:1x4", "dp=4,tp=1,pp=1,zero=1,precision=fp32"),
+                               ("a100-80gb:1x4", "dp=1,tp=1,pp=4,zero=0,precision=bf16,"
+                                "num_micro_batches=4")):
+            cmd = [carve, "plan", small, "--cluster", cluster, "--fixed", fixed + ",recompute=none",
+                   "--no-op-search", "--json", "--frozen", frozen]
+            rc, js, err = run(cmd)
+            if rc != 0:
+                raise Failure("%s exited %d: %s" % (" ".join(cmd), rc, err.strip()))
+            rep = json.loads(js)
+            compiled = rep["predicted"]["memory_compiled_per_pipeline_rank"]
+            pred = rep["predicted"].get("memory_per_pipeline_rank") or \
+                [rep["predicted"]["memory_per_device"]]
+            if len(pred) != len(compiled):
+                raise Failure("%s: %d predicted ranks, %d compiled" % (" ".join(cmd), len(pred),
+                                                                      len(compiled)))
+            for r, (c, p) in enumerate(zip(compiled, pred)):
+                for field in ("params", "grads", "optimizer"):
+                    if c[field] != int(p[field]):
+                        raise Failure("--frozen %s, %s %s, pipeline rank %d: %s predicted %d "
+                                      "bytes, compiled %d" % (frozen, cluster, fixed, r, field,
+                                                              int(p[field]), c[field]))
+            checks += 1
+    print("ok: frozen parameters (wte, one layer by number, every MLP) predicted to the byte "
+          "as compiled: parameters, gradients, optimizer state, every pipeline rank")
     print("planner: %d checks passed" % checks)
     return 0
 

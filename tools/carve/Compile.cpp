@@ -301,7 +301,16 @@ std::vector<CompiledRankMemory> compiledMemoryByLayers(const CompileArgs &args,
   if (!isBuiltinModel(args.model) || !parseBuiltinSpec(args.model, spec, error) ||
       args.planText.empty() || !parsePlan(args.planText, args.planPath, plan, error) ||
       plan.pp * plan.virtualStages != 1 || plan.ep != 1 ||
-      spec.get("layers") <= kLayerFloor + kLayerPoints)
+      spec.get("layers") <= kLayerFloor + kLayerPoints || !args.rulesPath.empty())
+    return compiledMemory(whole);
+  // Layers stay alike only if nothing singles some of them out: a pinned
+  // op, a recomputed layer or a frozen parameter named by its number.
+  bool alike = plan.recomputeLayers.empty();
+  for (const auto &[glob, dim] : plan.ops)
+    alike &= !globNamesSomeLayers(glob);
+  for (const std::string &glob : args.import.frozen)
+    alike &= !globNamesSomeLayers(glob);
+  if (!alike)
     return compiledMemory(whole);
   const int64_t full = spec.get("layers");
   std::vector<std::vector<CompiledRankMemory>> at;

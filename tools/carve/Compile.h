@@ -66,7 +66,9 @@ std::vector<CompiledRankMemory> compiledMemory(CompileArgs &args, GpuStep *gpu =
 /// The chosen plan's bytes as compiledMemory gives them, from compiles of
 /// the same model with fewer layers where that is exact: a builtin model
 /// (its layers are alike) under a plan without pipeline stages or experts,
-/// with more than kLayerPoints + kLayerFloor layers. Each pipeline rank's
+/// with more than kLayerPoints + kLayerFloor layers, where no pinned op,
+/// recomputed layer or frozen parameter is named by its layer's number and
+/// no rules file is given. Each pipeline rank's
 /// regions are compiled at kLayerPoints consecutive layer counts from
 /// kLayerFloor; when every region is affine in the layer count over all of
 /// them (zero second differences) the model's own count is extrapolated,
