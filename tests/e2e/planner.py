@@ -507,6 +507,10 @@ def main():
             checks += 1
     print("ok: frozen parameters (wte, one layer by number, every MLP) predicted to the byte "
           "as compiled: parameters, gradients, optimizer state, every pipeline rank")
+    expect_fail(carve, ["plan", small, "--cluster", "cpu:1x2", "--full-compile-check",
+                        "--no-compile-check"], "--full-compile-check", "contradict")
+    checks += 1
+    print("ok: --full-compile-check with --no-compile-check is refused, naming both")
     print("planner: %d checks passed" % checks)
     return 0
 

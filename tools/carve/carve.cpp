@@ -504,6 +504,9 @@ int main(int argc, char **argv) {
     pa.publishedStorage = planStorage == "published";
     pa.compileCheck = !noCompileCheck;
     pa.fullCompileCheck = fullCompileCheck;
+    if (fullCompileCheck && noCompileCheck)
+      die("carve plan: --full-compile-check and --no-compile-check contradict each other (the "
+          "first asks the as-compiled check to compile the whole model, the second skips it)");
     std::string error;
     for (const std::string &d : setDims)
       if (!carve::parseSetDim(d, pa.import, error))
