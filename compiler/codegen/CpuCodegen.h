@@ -76,12 +76,18 @@ struct PipelineCodegenOptions {
     int owner;
   };
   std::vector<Shared> shared;
+  /// The largest tag of the module's sends and receives (every stage must
+  /// agree on the tags), counted once for all ranks; -1: each stage counts.
+  int64_t maxMessageTag = -1;
 };
 
 /// Generates pipeline rank `pipe.rank`'s program from `@stage{c * pp + rank}`
 /// (c < virtualStages), built by splitPipelineStages. Micro-batches run in
 /// the order of `pipe.steps`; each chunk's activations have `pipe.slots`
 /// copies; gradients accumulate over the micro-batches.
+/// The largest tag of `module`'s sends and receives (-1: none).
+int64_t maxMessageTag(mlir::ModuleOp module);
+
 bool generatePipelineProgram(mlir::ModuleOp module, const CodegenOptions &opts,
                              const PipelineCodegenOptions &pipe, GeneratedProgram &out,
                              std::string &error);

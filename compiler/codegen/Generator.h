@@ -702,7 +702,7 @@ private:
 
   // PipelineStage.cpp: the pieces of runStage (documented there).
   bool collectStageGradients(mlir::func::ReturnOp ret, int stage);
-  bool checkMessageTags(int end);
+  bool checkMessageTags(int end, int64_t maxTag);
   std::string messageTag(int64_t tag) const;
   int tagWindow = 1; // micro-batches with distinct tags per transfer
   bool placeStageInputs(const std::map<std::string, int64_t> &inputOffsets, int stage);

@@ -380,29 +380,14 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       const double steps = (double)(h.until - h.from + 1);
       return order == 1 ? (double)h.bytes : order == 2 ? steps : steps * (double)h.bytes;
     };
-    // Each hold's overlapping holds (held at a common step), found once by
-    // sweeping them in order of their first step: a placement then looks at
-    // those only, not at every hold placed before.
-    std::vector<std::vector<size_t>> overlaps(all.size());
-    {
-      std::vector<size_t> byFrom(all.size());
-      for (size_t k = 0; k < byFrom.size(); ++k)
-        byFrom[k] = k;
-      std::stable_sort(byFrom.begin(), byFrom.end(),
-                       [&](size_t x, size_t y) { return all[x].from < all[y].from; });
-      std::vector<size_t> open; // begun, possibly not ended
-      for (size_t k : byFrom) {
-        size_t kept = 0;
-        for (size_t j : open)
-          if (all[j].until >= all[k].from) {
-            open[kept++] = j;
-            overlaps[k].push_back(j);
-            overlaps[j].push_back(k);
-          }
-        open.resize(kept);
-        open.push_back(k);
-      }
-    }
+    // Each placement keeps the holds it placed in order of offset and scans
+    // them for the first gap (or the tightest) among those held at a common
+    // step: no sort per hold (equal offsets may come in any order: the
+    // second of two never opens a gap).
+    struct Span {
+      int64_t lo, hi;
+      size_t from, until;
+    };
     auto place = [&](int by, bool tightest) {
       std::vector<size_t> order(all.size());
       for (size_t k = 0; k < order.size(); ++k)
@@ -410,27 +395,28 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
       if (by > 0)
         std::stable_sort(order.begin(), order.end(),
                          [&](size_t x, size_t y) { return key(all[x], by) > key(all[y], by); });
-      std::vector<char> isPlaced(all.size(), 0);
+      std::vector<Span> byOffset;
+      byOffset.reserve(all.size());
       int64_t top = 0;
       for (size_t k : order) {
         Held &h = all[k];
-        std::vector<std::pair<int64_t, int64_t>> busy; // held at an overlapping time
-        for (size_t j : overlaps[k])
-          if (isPlaced[j])
-            busy.push_back({all[j].offset, all[j].offset + all[j].bytes});
-        llvm::sort(busy);
         int64_t off = -1, gap = -1, at = 0;
-        for (auto &[lo, hi] : busy) {
-          if (at + h.bytes <= lo && (off < 0 || (tightest && lo - at < gap))) {
+        for (const Span &p : byOffset) {
+          if (p.from > h.until || h.from > p.until)
+            continue; // not held at a common step
+          if (at + h.bytes <= p.lo && (off < 0 || (tightest && p.lo - at < gap))) {
             off = at;
-            gap = lo - at;
+            gap = p.lo - at;
             if (!tightest)
               break;
           }
-          at = std::max(at, hi);
+          at = std::max(at, p.hi);
         }
         h.offset = off >= 0 ? off : at;
-        isPlaced[k] = 1;
+        const Span me{h.offset, h.offset + h.bytes, h.from, h.until};
+        byOffset.insert(std::upper_bound(byOffset.begin(), byOffset.end(), me,
+                                         [](const Span &x, const Span &y) { return x.lo < y.lo; }),
+                        me);
         top = std::max(top, h.offset + h.bytes);
       }
       return top;
@@ -438,14 +424,20 @@ bool generatePipelineProgram(ModuleOp module, const CodegenOptions &given,
     const std::array<std::pair<int, bool>, 5> ways = {
         std::make_pair(0, false), std::make_pair(0, true), std::make_pair(1, false),
         std::make_pair(2, false), std::make_pair(3, false)};
-    int best = 0;
     int64_t bestBytes = -1;
+    std::vector<int64_t> bestOffsets;
     for (int w = 0; w < (int)ways.size(); ++w) {
       int64_t bytes = place(ways[w].first, ways[w].second);
-      if (bestBytes < 0 || bytes < bestBytes)
-        bestBytes = bytes, best = w;
+      if (bestBytes < 0 || bytes < bestBytes) {
+        bestBytes = bytes;
+        bestOffsets.clear();
+        for (const Held &h : all)
+          bestOffsets.push_back(h.offset);
+      }
     }
-    rp.poolBytes = place(ways[best].first, ways[best].second);
+    for (size_t k = 0; k < all.size(); ++k)
+      all[k].offset = bestOffsets[k];
+    rp.poolBytes = bestBytes;
     for (const Held &h : all)
       rp.poolOffset[{h.chunk, h.microBatch}] = h.offset;
   }

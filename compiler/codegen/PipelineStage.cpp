@@ -17,6 +17,21 @@
 
 using namespace mlir;
 
+namespace carve {
+
+int64_t maxMessageTag(ModuleOp module) {
+  int64_t maxTag = -1;
+  module.walk([&](Operation *op) {
+    if (auto snd = dyn_cast<dist::SendOp>(op))
+      maxTag = std::max(maxTag, (int64_t)snd.getTag());
+    if (auto r = dyn_cast<dist::RecvOp>(op))
+      maxTag = std::max(maxTag, (int64_t)r.getTag());
+  });
+  return maxTag;
+}
+
+} // namespace carve
+
 namespace carve::codegen {
 
 namespace {
@@ -37,7 +52,7 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
   const int end = (int)ops.size();
   actBase = "S";
   const int backwardBegin = firstBackwardOp(true);
-  if (!checkMessageTags(end))
+  if (!checkMessageTags(end, pipe.maxMessageTag))
     return false;
 
   so.hasLoss = ret.getNumOperands() > 0 && fn.getResultAttr(0, kLossAttr);
@@ -129,19 +144,14 @@ bool Generator::runStage(const PipelineCodegenOptions &pipe, int chunk, int64_t 
 
 /// A send reads its tensor until the slot is taken by another micro-batch;
 /// the micro-batches of every transfer share the runtime's tags.
-bool Generator::checkMessageTags(int end) {
+bool Generator::checkMessageTags(int end, int64_t maxTag) {
   const int m = opts.numMicroBatches;
   for (Operation *op : ops)
     if (auto snd = dyn_cast<dist::SendOp>(op))
       buffers[bufferOf.lookup(snd.getInput())].lastUse = end;
   // Every stage must agree on the tags: count the module's transfers.
-  int64_t maxTag = -1;
-  fn->getParentOfType<ModuleOp>().walk([&](Operation *op) {
-    if (auto snd = dyn_cast<dist::SendOp>(op))
-      maxTag = std::max(maxTag, (int64_t)snd.getTag());
-    if (auto r = dyn_cast<dist::RecvOp>(op))
-      maxTag = std::max(maxTag, (int64_t)r.getTag());
-  });
+  if (maxTag < 0)
+    maxTag = maxMessageTag(fn->getParentOfType<ModuleOp>());
   // The CPU runtime's transports (MPI, TCP) take tags 0 to 32767, the
   // guaranteed MPI_TAG_UB; NCCL has no tags (docs/nccl.md), only an int.
   // Where every transfer's tags for all micro-batches do not fit, the

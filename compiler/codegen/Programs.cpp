@@ -58,6 +58,7 @@ bool generatePrograms(ModuleOp module, const CodegenOptions &given, ModuleProgra
                                (int)plan->virtualStages, schedule, error))
     return false;
   std::vector<SharedGradient> shared = sharedGradients(module);
+  const int64_t maxTag = maxMessageTag(module);
   out.programs.resize(plan->pp);
   for (int r = 0; r < plan->pp; ++r) {
     PipelineCodegenOptions pc;
@@ -65,6 +66,7 @@ bool generatePrograms(ModuleOp module, const CodegenOptions &given, ModuleProgra
     pc.virtualStages = (int)plan->virtualStages;
     pc.schedule = plan->schedule;
     pc.rank = r;
+    pc.maxMessageTag = maxTag;
     for (const pipeline::Instr &in : schedule.ranks[r])
       pc.steps.push_back({in.kind == pipeline::Instr::Forward, in.microBatch, in.chunk, in.slot});
     pc.slots = schedule.slots[r];
