@@ -296,8 +296,8 @@ bool readOptimizer(ModuleOp module, OptimizerConfig &config, std::string &error)
   bool haveLr = false, haveUpdate = false;
   bool ok = true;
   module.walk([&](Operation *op) {
-    if (!ok)
-      return;
+    if (!ok || !isa<LearningRateOp, ClipCoefficientOp, AdamWOp, SGDOp>(op))
+      return; // (the copy below only for the ops that set the configuration)
     OptimizerConfig c = config;
     if (auto l = dyn_cast<LearningRateOp>(op)) {
       c.lr = l.getLr().convertToDouble();
