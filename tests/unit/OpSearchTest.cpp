@@ -7,6 +7,7 @@
 
 #include "compiler/planner/OpSearch.h"
 #include "compiler/partition/Partitioner.h"
+#include "compiler/stages/StageSplit.h"
 
 #include "llvm/Support/GlobPattern.h"
 
@@ -214,4 +215,20 @@ TEST(OpSearch, TheMostSpecificLayerGlobDecides) {
   EXPECT_NE(conflict.find("\"/h.?/Add\" and \"/h.0/*dd\" both match node /h.0/Add"),
             std::string::npos)
       << conflict;
+}
+
+// Tests which globs single out numbered layers (globNamesSomeLayers): where
+// one applies, a builtin model's layers differ, so carve plan profiles every
+// layer and its as-compiled check compiles the whole model. The per-op
+// search's own globs (layerGlob) name every layer alike.
+TEST(OpSearch, GlobsThatNameSomeLayers) {
+  for (const char *g : {"/h.11/mlp/*", "h.1*", "h.[0-3].*", "/blocks.0/attn/MatMul", "h.9.*",
+                        "/model/layers.12/mlp/gate_proj/MatMul"})
+    EXPECT_TRUE(carve::globNamesSomeLayers(g)) << g;
+  for (const char *g : {"/h.*/attn/c_attn/MatMul", "wte.*", "h.*.mlp.*", "*", "lm_head.weight",
+                        "/transformer/wte/Gather", "/ln_f/LayerNormalization"})
+    EXPECT_FALSE(carve::globNamesSomeLayers(g)) << g;
+  for (const char *node :
+       {"/transformer/h.3/attn/c_attn/MatMul", "/model/layers.12/mlp/Mul", "/wte/Gather"})
+    EXPECT_FALSE(carve::globNamesSomeLayers(layerGlob(node))) << layerGlob(node);
 }
