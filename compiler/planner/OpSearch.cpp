@@ -15,6 +15,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 
 namespace carve::planner {
@@ -339,8 +340,13 @@ OpSearchResult searchOpChoices(const Profile &profile, const Profile &base, cons
     };
     const int n = (int)std::min<size_t>(std::max(1, so.workers), jobs.size());
     std::vector<std::thread> threads;
-    for (int w = 1; w < n; ++w)
-      threads.emplace_back(work, w);
+    for (int w = 1; w < n; ++w) {
+      try {
+        threads.emplace_back(work, w);
+      } catch (const std::system_error &) {
+        break; // no thread to be had: the workers started (and this one) take every job
+      }
+    }
     work(0);
     for (std::thread &t : threads)
       t.join();
