@@ -71,8 +71,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "models"))
 
+# GPT-2's own GELU is the tanh form (gelu_new); the runs recorded before
+# 2026-12-07 had the erf form ({"gelu_tanh": false}).
 GPT2_SMALL = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304,
-              "block_size": 1024}
+              "block_size": 1024, "gelu_tanh": True}
 DEFAULT_PEAK_TFLOPS = 989.0
 NO_TORCH_CUDA = "PyTorch with CUDA is not available on this machine: no PyTorch baseline"
 # bf16 matmul inputs: two correct implementations differ by rounding, more
@@ -473,8 +475,12 @@ def parse_args(argv):
     unknown = set(cfg) - set(GPT2_SMALL)
     if unknown:
         ap.error(f"--config: unknown fields {sorted(unknown)} (known: {sorted(GPT2_SMALL)})")
-    if any(not isinstance(v, int) or v < 1 for v in cfg.values()):
-        ap.error(f"--config: every field must be a positive integer: {json.dumps(cfg)}")
+    if not isinstance(cfg["gelu_tanh"], bool):
+        ap.error(f"--config: gelu_tanh must be true or false: {json.dumps(cfg)}")
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1
+           for k, v in cfg.items() if k != "gelu_tanh"):
+        ap.error(f"--config: every field but gelu_tanh must be a positive integer: "
+                 f"{json.dumps(cfg)}")
     if cfg["n_embd"] % cfg["n_head"]:
         ap.error(f"--config: n_embd {cfg['n_embd']} is not a multiple of n_head "
                  f"{cfg['n_head']}")
@@ -536,7 +542,8 @@ def main(argv=None):
     roof_cmd = [args.roofline, "--json", os.path.join(work, "roofline.json")]
 
     print(f"GPT {cfg['n_layer']} layers, width {cfg['n_embd']}, {cfg['n_head']} heads, vocab "
-          f"{cfg['vocab_size']}, block {cfg['block_size']}; batch {B}, T {T}: {params:,} "
+          f"{cfg['vocab_size']}, block {cfg['block_size']}, "
+          f"{'tanh' if cfg['gelu_tanh'] else 'erf'} GELU; batch {B}, T {T}: {params:,} "
           f"parameters, {matmul_params:,} in matrix products")
     print(f"model FLOPs per token = 6 N + 12 L H Q T = 6 x {matmul_params:,} + 12 x "
           f"{cfg['n_layer']} x {cfg['n_embd']} x {T} = {fpt / 1e9:.4g} GFLOP "
@@ -799,7 +806,7 @@ def main(argv=None):
     title = "GPT-2 small" if cfg == GPT2_SMALL else "GPT"
     print(f"### {title}: {cfg['n_layer']} layers, width {cfg['n_embd']}, {cfg['n_head']} heads, "
           f"vocab {cfg['vocab_size']}, T = {T}, batch {B} ({params / 1e6:.1f} M parameters), "
-          "bf16")
+          f"{'tanh' if cfg['gelu_tanh'] else 'erf'} GELU, bf16")
     print()
     print(f"{results['date']}, {gpu}"
           + (f", PyTorch {results['torch']}" if results["torch"] else "")

@@ -184,8 +184,12 @@ bool Generator::emitOp(Operation *op) {
       s += opComment(op) + "  // its pieces written in 16 bits into " +
            name(assembledConcats.lookup(op)) + " by the attention gradient above\n";
     if (epilogueAdds.count(op))
-      s += opComment(op) + "  // added by the matmul above as it wrote " +
-           name(epilogueAdds.lookup(op)) + " (cuBLASLt's bias epilogue)\n";
+      s += opComment(op) +
+           (isa<UnaryGradOp>(op) ? "  // multiplied in by the matmul above as it wrote "
+                                 : "  // added by the matmul above as it wrote ") +
+           name(epilogueAdds.lookup(op)) +
+           (isa<UnaryGradOp>(op) ? " (cuBLASLt's DGELU epilogue)\n"
+                                 : " (cuBLASLt's bias epilogue)\n");
     if (op->hasAttr(kBiasGradInGemmAttr))
       s += opComment(op) + "  // summed by the weight gradient's GEMM below (cuBLASLt's "
                            "bias-gradient epilogue)\n";
@@ -273,7 +277,7 @@ bool Generator::emitOp(Operation *op) {
     ok = true;
   } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16" ||
              kernel == "matmul16_to16_bgrad" || kernel == "matmul16_bias" ||
-             kernel == "matmul_gathered")
+             kernel == "matmul16_dgelu" || kernel == "matmul_gathered")
     ok = emitMatmul(op, kernel, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);
@@ -543,6 +547,26 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
          << flag("transA", ta) << ", " << b << ", " << flag("b16", b16) << ", " << db << ", "
          << flag("transB", tb) << ", " << name(bias16) << ", " << name(epilogueAdds.lookup(e))
          << ", " << dims(ys) << ");  // + the bias of " << nodeName(e->getLoc());
+      return true;
+    }
+    if (kernel == "matmul16_dgelu") {
+      // carve-fold-views' "epilogue" on a GELU gradient: the fp32 product
+      // times GELU's derivative at the 16-bit pre-activation, rounded into
+      // the gradient's 16-bit copy (cuBLASLt's DGELU).
+      Operation *e = epilogueAddOf(op);
+      Value x;
+      if (!e || !isa<UnaryGradOp>(e) || !epilogueAdds.count(e) || !epilogueMatmulOf(e, &x))
+        return failOp(op, "carve.kernel = \"matmul16_dgelu\" on a matmul whose product no GELU "
+                          "gradient marked carve.fold = \"epilogue\" reads");
+      Value x16 = exact16(x, op, opts.precision);
+      std::string a, b;
+      bool a16, b16;
+      if (!x16 || !read16Operand(op, op, 0, a, a16) || !read16Operand(op, op, 1, b, b16))
+        return x16 ? false : failOp(op, "matmul16_dgelu: the GELU input has no 16-bit tensor");
+      os << callee(opts, kernel) + "(" << a << ", " << flag("a16", a16) << ", " << da << ", "
+         << flag("transA", ta) << ", " << b << ", " << flag("b16", b16) << ", " << db << ", "
+         << flag("transB", tb) << ", " << name(x16) << ", " << name(epilogueAdds.lookup(e)) << ", "
+         << dims(ys) << ");  // times GELU's derivative: " << nodeName(e->getLoc());
       return true;
     }
     if (kernel == "matmul16_to16_bgrad") {

@@ -398,9 +398,13 @@ bool Generator::foldTransposes() {
       for (Operation *n = op->getNextNode(); n && isa<CastOp>(n) && !copy; n = n->getNextNode())
         if (n->getOperand(0) == op->getResult(0) && n->hasAttr(kCopyByWriterAttr))
           copy = n->getResult(0);
-      if (!m || !mk || mk.getValue() != "matmul16_bias" || !copy)
-        return failOp(op, "carve.fold = \"epilogue\" on an add whose matmul does not run as "
-                          "matmul16_bias writing the add's 16-bit copy");
+      // (Or a GELU gradient, multiplied in by its gradient's matmul:
+      // cuBLASLt's DGELU epilogue.)
+      const char *want = isa<UnaryGradOp>(op) ? "matmul16_dgelu" : "matmul16_bias";
+      if (!m || !mk || mk.getValue() != want || !copy)
+        return failOp(op, std::string("carve.fold = \"epilogue\" on ") +
+                              (isa<UnaryGradOp>(op) ? "a GELU gradient" : "an add") +
+                              " whose matmul does not run as " + want + " writing its 16-bit copy");
       epilogueAdds[op] = copy;
       continue;
     }

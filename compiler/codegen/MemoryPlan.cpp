@@ -164,6 +164,17 @@ bool Generator::assignBuffers() {
       }
       continue;
     }
+    // A matmul that computes an op marked "epilogue" reads that op's bias
+    // or GELU input (as its 16-bit tensor) where it runs.
+    if (Operation *e = epilogueAddOf(op); e && epilogueAdds.count(e)) {
+      Value in;
+      epilogueMatmulOf(e, &in);
+      for (Value v : {in, exact16(in, op, opts.precision)}) {
+        auto it = v ? bufferOf.find(v) : bufferOf.end();
+        if (it != bufferOf.end())
+          buffers[it->second].lastUse = std::max(buffers[it->second].lastUse, readAt(op));
+      }
+    }
     for (unsigned i = 0; i < op->getNumOperands(); ++i) {
       if (interior.count(operandOf(op, i)))
         continue; // computed in registers by the group's kernel

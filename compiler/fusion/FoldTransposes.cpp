@@ -248,112 +248,6 @@ Value outputCopy16(Value o) {
   return Value();
 }
 
-Operation *epilogueMatmulOf(Operation *add, Value *bias) {
-  if (!add || !isa<AddOp>(add) || foldOf(add) != kFoldEpilogue)
-    return nullptr;
-  for (unsigned i = 0; i < 2; ++i)
-    if (auto m = add->getOperand(i).getDefiningOp<MatmulOp>(); m && m->hasOneUse()) {
-      if (bias)
-        *bias = add->getOperand(1 - i);
-      return m;
-    }
-  return nullptr;
-}
-
-Operation *biasedMatmul(Operation *add, StringRef precision, Value *bias) {
-  if (!add || !isa<AddOp>(add) || (precision != "bf16" && precision != "fp16"))
-    return nullptr;
-  auto t = dyn_cast<RankedTensorType>(add->getResult(0).getType());
-  if (!t || !t.getElementType().isF32() || t.getRank() < 2)
-    return nullptr;
-  for (unsigned i = 0; i < 2; ++i) {
-    auto m = add->getOperand(i).getDefiningOp<MatmulOp>();
-    Value b = add->getOperand(1 - i);
-    auto bt = dyn_cast<RankedTensorType>(b.getType());
-    if (!m || !m->hasOneUse() || m.getType() != t || m->hasAttr(kFusionGroupAttr) ||
-        !foldOf(m).empty() || isScatteredProduct(m) || gatheredOperand(m) || isProductMatmul(m) ||
-        cast<RankedTensorType>(m.getRhs().getType()).getRank() != 2 ||
-        cast<RankedTensorType>(m.getLhs().getType()).getRank() < 2 || !bt || bt.getRank() != 1 ||
-        !bt.getElementType().isF32() || bt.getShape()[0] != t.getShape().back() ||
-        !exact16(b, m, precision))
-      continue;
-    if (bias)
-      *bias = b;
-    return m;
-  }
-  return nullptr;
-}
-
-bool onlyRead16(Value r) {
-  auto kernelOf = [](Operation *op) {
-    auto k = op->getAttrOfType<StringAttr>(kKernelAttr);
-    return k ? k.getValue() : StringRef();
-  };
-  SmallVector<Value> pending{r};
-  while (!pending.empty()) {
-    Value v = pending.pop_back_val();
-    for (OpOperand &use : v.getUses()) {
-      Operation *u = use.getOwner();
-      if (isa<ReshapeOp>(u)) {
-        pending.push_back(u->getResult(0));
-        continue;
-      }
-      if (isa<CastOp>(u) && (u->hasAttr(kCopyByWriterAttr) || u->hasAttr(kCopyInFusedAttr)))
-        continue;
-      if (u->hasAttr(kBiasGradInGemmAttr))
-        continue;
-      // A matmul computed by the transpose of its product: that call's flags.
-      Operation *call = u;
-      if (isa<MatmulOp>(u) && kernelOf(u) == "none" && u->hasOneUse())
-        call = *u->getUsers().begin();
-      auto flags = call->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
-      const unsigned k = use.getOperandNumber();
-      const StringRef ck = kernelOf(call);
-      if (flags && k < flags.size() && flags[k] && !ck.empty() && ck != "none" &&
-          (call == u || foldOf(call) == kFoldProduct))
-        continue;
-      return false;
-    }
-  }
-  return true;
-}
-
-Operation *biasGradReduceOf(Operation *gemm) {
-  auto which = gemm ? gemm->getAttrOfType<IntegerAttr>(kBiasGradOfAttr) : IntegerAttr();
-  if (!which)
-    return nullptr;
-  Operation *mm = isa<MatmulOp>(gemm) ? gemm : gemm->getOperand(0).getDefiningOp();
-  if (!mm || !isa<MatmulOp>(mm))
-    return nullptr;
-  // The call's a is the matmul's first operand, or for a product's
-  // transpose (b^T a^T) its second.
-  const bool product = !isa<MatmulOp>(gemm);
-  const unsigned k = (which.getInt() == 0) == product ? 1 : 0;
-  Value v = mm->getOperand(k);
-  if (auto t = v.getDefiningOp<TransposeOp>(); t && foldOf(t) == kFoldOperand)
-    v = t.getInput();
-  while (auto r = v.getDefiningOp<ReshapeOp>())
-    v = r.getInput();
-  SmallVector<Value> pending{v};
-  while (!pending.empty()) {
-    Value x = pending.pop_back_val();
-    for (Operation *u : x.getUsers()) {
-      if (isa<ReshapeOp>(u))
-        pending.push_back(u->getResult(0));
-      else if (isa<ReduceSumOp>(u) && u->hasAttr(kBiasGradInGemmAttr))
-        return u;
-    }
-  }
-  return nullptr;
-}
-
-Operation *epilogueAddOf(Operation *matmul) {
-  if (!matmul || !isa<MatmulOp>(matmul) || !matmul->hasOneUse())
-    return nullptr;
-  Operation *u = *matmul->getUsers().begin();
-  return epilogueMatmulOf(u) == matmul ? u : nullptr;
-}
-
 std::optional<StridedPiece> stridedPieceOf(Operation *op) {
   if (!op || foldOf(op) != kFoldStrided)
     return std::nullopt;
@@ -939,6 +833,28 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
     ++numEpilogues;
   }
 
+  /// The "epilogue" rule's GELU gradient: a unary_grad of the tanh form
+  /// whose gradient is the product of a matmul run by cuBLAS (dgeluMatmul)
+  /// and whose 16-bit copy, the first cast right after it, is what every
+  /// other reader reads (readsCopy16; neverStoredF32, which
+  /// carve-select-kernels checks again).
+  void markDgelu(UnaryGradOp g, const PlanAttrs &plan) {
+    if (!dgeluMatmul(g, plan.precision))
+      return;
+    auto copy = dyn_cast_or_null<CastOp>(g->getNextNode());
+    Type ce = copy ? cast<RankedTensorType>(copy.getType()).getElementType() : Type();
+    if (!copy || copy.getInput() != g.getResult() ||
+        !((plan.precision == "bf16" && ce.isBF16()) || (plan.precision == "fp16" && ce.isF16())))
+      return;
+    for (OpOperand &use : g.getResult().getUses())
+      if (use.getOwner() != copy.getOperation() && !readsCopy16(use))
+        return;
+    Builder b(g->getContext());
+    g->setAttr(kFoldAttr, b.getStringAttr(kFoldEpilogue));
+    g->setAttr(kRound16Attr, b.getUnitAttr()); // its value is the copy's (rule 3g reads it)
+    ++numDgelus;
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
     FailureOr<PlanAttrs> plan = readPlan(module);
@@ -986,6 +902,8 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
         }
       });
       fn.walk([&](AddOp a) { markEpilogue(a, *plan); });
+      if (plan->precision == "bf16" || plan->precision == "fp16")
+        fn.walk([&](UnaryGradOp g) { markDgelu(g, *plan); });
       fn.walk([&](AddOp a) {
         if (accumulable(a)) {
           a->setAttr(kFoldAttr, b.getStringAttr(kFoldAccumulate));

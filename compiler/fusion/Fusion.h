@@ -119,12 +119,21 @@ bool onlyRead16(mlir::Value r);
 /// reduction it computes (marked carve.bias_grad_in_gemm), reading the
 /// call's operand carve.bias_grad_of names through reshapes; null otherwise.
 mlir::Operation *biasGradReduceOf(mlir::Operation *gemm);
-/// For a matmul whose product an add marked "epilogue" reads: that add;
-/// null otherwise.
+/// For a matmul whose product an op marked "epilogue" reads (a bias add, or
+/// GELU's gradient): that op; null otherwise.
 mlir::Operation *epilogueAddOf(mlir::Operation *matmul);
-/// For an add marked "epilogue": the matmul that computes it, and its bias
-/// operand (`bias`); null otherwise.
+/// For an op marked "epilogue": the matmul that computes it, and (`bias`)
+/// the add's bias operand or the GELU gradient's input (the pre-activation,
+/// cuBLASLt's auxiliary input); null otherwise.
 mlir::Operation *epilogueMatmulOf(mlir::Operation *add, mlir::Value *bias = nullptr);
+/// For a carve.unary_grad of the tanh GELU under a bf16/fp16 `precision`
+/// (not fused, not folded but "epilogue"): the matmul whose product is its
+/// gradient (read by it alone; not fused, folded, gathered or scattered; a
+/// matrix as its right operand, the product of the gradient's type) where
+/// its input has a 16-bit tensor of its bits of the same shape and the last
+/// dimension is a multiple of 8; null otherwise. What carve-fold-views'
+/// "epilogue" asks of a GELU gradient (matmul16_dgelu, cuBLASLt's DGELU).
+mlir::Operation *dgeluMatmul(mlir::Operation *grad, llvm::StringRef precision);
 /// For a carve.add under a bf16/fp16 `precision`: the matmul whose product
 /// it reads (read by the add alone; not fused, folded, gathered or
 /// scattered; a matrix as its right operand, the product of the add's type)

@@ -149,6 +149,26 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     the copy lives from the matmul. The same bits: the product's fp32
     accumulator plus the bias, rounded once, as the add computed it.
 
+    Under a bf16/fp16 plan it also marks `carve.fold = "epilogue"` a
+    carve.unary_grad of the tanh GELU (`fn = "gelu_tanh"`, cuBLASLt's GELU
+    form; not the erf form) whose gradient operand is the product of a
+    matmul run by cuBLAS (read by it alone, its right operand a matrix, the
+    last dimension a multiple of 8), whose input (the pre-activation) has a
+    16-bit tensor of its bits, and whose f32 result no reader reads (its
+    16-bit copy right after it is what they read): the matmul multiplies its
+    fp32 product by GELU's derivative at the 16-bit pre-activation as it
+    rounds it into the gradient's copy (`matmul16_dgelu`, cuBLASLt's DGELU
+    epilogue with the pre-activation as its auxiliary input;
+    carve-select-kernels), so neither the product nor the gradient is in
+    f32 memory, the unary_grad is no call (marked `carve.round16` too: its
+    value is its copy's, which a bias gradient's sum then reads, rule 3g),
+    and the copy lives from the matmul. The same bits: the product's fp32
+    accumulator times the derivative at the same 16-bit input, rounded
+    once, as unary_grad16 computed it from the stored product (on a GPU,
+    up to how cuBLASLt evaluates the derivative); every reader read the
+    copy before too (the bias gradient's sum through the weight gradient's
+    GEMM, rule 3i).
+
     And it marks `carve.fold = "accumulate"` a carve.add of a carve.layer_norm_grad's
     or carve.rms_norm_grad's input gradient and another f32 tensor of the
     same shape (the residual branch's gradient), where the input gradient is
@@ -183,7 +203,10 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     Statistic<"numStrided", "num-strided",
               "Attention forwards whose q, k and v cuDNN reads in place in 16 bits">,
     Statistic<"numEpilogues", "num-epilogues",
-              "Bias adds that their matmul computes (cuBLASLt's bias epilogue)">
+              "Bias adds that their matmul computes (cuBLASLt's bias epilogue)">,
+    Statistic<"numDgelus", "num-dgelus",
+              "GELU gradients that their gradient's matmul computes (cuBLASLt's DGELU "
+              "epilogue)">
   ];
 }
 

@@ -109,7 +109,8 @@ struct Model {
   /// under a 16-bit plan, then one cuBLAS call (the batch folded into M, or
   /// one strided batch).
   void matmul(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t aNumel, int64_t bNumel,
-              bool accumulate, bool a16 = false, bool b16 = false, bool y16 = false) {
+              bool accumulate, bool a16 = false, bool b16 = false, bool y16 = false,
+              double epilogueBytes = 0) {
     if (m == 0 || n == 0 || batch == 0)
       return;
     if (k == 0) {
@@ -122,14 +123,15 @@ struct Model {
       add("roundKernel", GpuClass::Conversion, 0, 6.0 * aNumel);
     if (half16 && !b16)
       add("roundKernel", GpuClass::Conversion, 0, 6.0 * bNumel);
-    const double c = (y16 ? 2.0 : 4.0) * batch * m * n * (accumulate ? 2 : 1);
+    const double c = (y16 ? 2.0 : 4.0) * batch * m * n * (accumulate ? 2 : 1) + epilogueBytes;
     add("cuBLAS GEMM", GpuClass::Gemm, 2.0 * m * n * k * batch, double(in) * (aNumel + bNumel) + c,
         1, half16);
   }
 
   /// A matmul op (or the matmul a "product" transpose computes); `read16`:
   /// matmul16's operands read as stored in 16 bits (no rounding kernel).
-  void matmulOp(Operation *mm, DenseBoolArrayAttr read16 = {}, bool y16 = false) {
+  void matmulOp(Operation *mm, DenseBoolArrayAttr read16 = {}, bool y16 = false,
+                double epilogueBytes = 0) {
     Value a = mm->getOperand(0), b = mm->getOperand(1), y = mm->getResult(0);
     ArrayRef<int64_t> ys = typeOf(y).getShape(), as = typeOf(a).getShape();
     const int64_t k = as.back();
@@ -140,7 +142,7 @@ struct Model {
       m = ys[ys.size() - (typeOf(b).getRank() >= 2 ? 2 : 1)];
     const int64_t batch = (m != 0 && n != 0) ? numel(y) / (m * n) : 0;
     const bool a16 = read16 && read16[0], b16 = read16 && read16[1];
-    matmul(m, n, k, batch, numel(a), numel(b), false, a16, b16, y16);
+    matmul(m, n, k, batch, numel(a), numel(b), false, a16, b16, y16, epilogueBytes);
   }
 
   /// matmul_gathered: the gathered operand a piece of samples at a time
@@ -561,6 +563,11 @@ struct Model {
     } else if (kernel == "matmul16_bias") {
       // cuBLASLt's BIAS epilogue: the add's 16-bit copy written, the bias read.
       matmulOp(op, op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr), true);
+    } else if (kernel == "matmul16_dgelu") {
+      // cuBLASLt's DGELU epilogue: the gradient's 16-bit copy written, the
+      // 16-bit pre-activation read (one element per element of the product).
+      matmulOp(op, op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr), true,
+               2.0 * double(numel(op->getResult(0))));
     } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16" ||
                kernel == "matmul16_to16_bgrad") {
       // matmul16_to16_bgrad: the bias gradient summed in the GEMM's epilogue

@@ -137,6 +137,12 @@ struct Read16 {
             reads.insert({&op, k});
         continue;
       }
+      // A GELU gradient its matmul computes (the same rule): the matmul
+      // reads the pre-activation as its 16-bit tensor (DGELU's input).
+      if (isa<UnaryGradOp>(&op) && epilogueMatmulOf(&op)) {
+        reads.insert({&op, 0});
+        continue;
+      }
       // cuDNN's forward: q, k, v whose 16-bit copies carve-pack-activations
       // made just before it are read as those copies.
       if (isa<AttentionStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
@@ -382,16 +388,22 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         }
         if (epilogueAddOf(&op) && (c.kernel == "matmul" || c.kernel == "matmul16")) {
           // carve-fold-views' "epilogue": it adds the bias as it writes the
-          // add's 16-bit copy (cuBLASLt).
+          // add's 16-bit copy (cuBLASLt's BIAS), or multiplies its product
+          // by GELU's derivative as it writes the gradient's copy (DGELU).
+          const bool dgelu = isa<UnaryGradOp>(epilogueAddOf(&op));
+          const char *what = dgelu ? "a GELU gradient" : "an add";
           if (!read16)
             c = refuse("carve.fold = \"epilogue\" outside a bf16/fp16 CUDA plan");
           else if (!neverStoredF32(epilogueAddOf(&op)->getResult(0), *plan))
-            c = refuse("carve.fold = \"epilogue\" on an add whose f32 result is read (its matmul "
-                       "writes only its 16-bit copy)");
+            c = refuse(std::string("carve.fold = \"epilogue\" on ") + what +
+                       " whose f32 result is read (its matmul writes only its 16-bit copy)");
+          else if (dgelu && !dgeluMatmul(epilogueAddOf(&op), plan->precision))
+            c = refuse("carve.fold = \"epilogue\" on a GELU gradient cuBLASLt's DGELU cannot "
+                       "compute (the tanh form, a 16-bit input, rows a multiple of 8)");
           else {
             if (!op.hasAttr(kRead16Attr))
               op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {false, false}));
-            c = call("matmul16_bias");
+            c = call(dgelu ? "matmul16_dgelu" : "matmul16_bias");
           }
         }
         if (read16 && (c.kernel == "cross_entropy" || c.kernel == "cross_entropy_grad") &&

@@ -58,6 +58,10 @@ bool reads16(OpOperand &use, const PlanAttrs &plan) {
   // tensor (cuBLASLt's bias epilogue).
   if (Value bias; isa<AddOp>(u) && epilogueMatmulOf(u, &bias))
     return use.get() == bias;
+  // And a GELU gradient marked so: its matmul reads the pre-activation as
+  // its 16-bit tensor (cuBLASLt's DGELU auxiliary input).
+  if (isa<UnaryGradOp>(u) && epilogueMatmulOf(u))
+    return k == 0;
   if (isa<ReshapeOp>(u) || (isa<SliceOp>(u) && foldOf(u) == kFoldView) ||
       (isa<TransposeOp>(u) && (foldOf(u) == kFoldOperand || foldOf(u) == kFoldConsumer))) {
     Value r = u->getResult(0);

@@ -226,8 +226,9 @@ struct LtPlan {
   std::string refused;
 };
 
-/// (M, n, k, transB, type): the row-major product [M, k] x op(B) -> [M, n].
-using LtKey = std::tuple<int64_t, int64_t, int64_t, bool, int>;
+/// (M, n, k, transB, type, epilogue): the row-major product [M, k] x op(B)
+/// -> [M, n] with cuBLASLt's BIAS or DGELU epilogue.
+using LtKey = std::tuple<int64_t, int64_t, int64_t, bool, int, uint32_t>;
 
 /// The algorithm cuBLASLt's heuristic picks for `p`'s descriptors within
 /// cuBLAS's workspace; "" on success, else why none (`p`'s descriptors are
@@ -258,7 +259,7 @@ std::string pickLtAlgo(LtPlan &p) {
                                      : "no algorithm for this shape";
 }
 
-int64_t gBiasEpilogueCalls = 0;
+int64_t gBiasEpilogueCalls = 0, gDgeluEpilogueCalls = 0;
 
 std::map<LtKey, LtPlan> &ltPlans() {
   static std::map<LtKey, LtPlan> plans;
@@ -272,14 +273,17 @@ const LtPlan *ltPlanFor(const LtKey &key, cudaDataType_t type) {
   if (it != ltPlans().end())
     return it->second.desc ? &it->second : nullptr;
   LtPlan &p = ltPlans()[key];
-  const auto [M, n, k, tb, t] = key;
+  const auto [M, n, k, tb, t, epilogue] = key;
   (void)t;
+  const bool dgelu = epilogue == CUBLASLT_EPILOGUE_DGELU;
   auto refuse = [&](const std::string &why) -> const LtPlan * {
     p.refused = why;
     p.desc = nullptr;
     std::fprintf(stderr,
-                 "carve: matmul16_bias [%lld x %lld] x [%lld x %lld]: cuBLASLt's bias epilogue "
-                 "refused (%s); the bias is added by a kernel of its own\n",
+                 dgelu ? "carve: matmul16_dgelu [%lld x %lld] x [%lld x %lld]: cuBLASLt's DGELU "
+                         "epilogue refused (%s); GELU's gradient is a kernel of its own\n"
+                       : "carve: matmul16_bias [%lld x %lld] x [%lld x %lld]: cuBLASLt's bias "
+                         "epilogue refused (%s); the bias is added by a kernel of its own\n",
                  (long long)M, (long long)k, (long long)k, (long long)n, why.c_str());
     return nullptr;
   };
@@ -290,7 +294,6 @@ const LtPlan *ltPlanFor(const LtKey &key, cudaDataType_t type) {
     return refuse(std::string("cublasLtMatmulDescCreate: ") + cublasGetStatusString(st));
   // Column-major: D^T [n, M] = op(B)^T [n, k] x A^T [k, M].
   const int32_t opA = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opB = CUBLAS_OP_N;
-  const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   const int32_t biasType = type;
   CARVE_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
@@ -298,8 +301,15 @@ const LtPlan *ltPlanFor(const LtKey &key, cudaDataType_t type) {
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
   CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                     &epilogue, sizeof epilogue));
-  CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                    &biasType, sizeof biasType));
+  if (dgelu) {
+    // GELU's input (the auxiliary matrix) in D's layout: ld n, D's type.
+    const int64_t auxLd = n;
+    CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                      &auxLd, sizeof auxLd));
+  } else {
+    CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                      &biasType, sizeof biasType));
+  }
   const int64_t ldb = tb ? k : n;
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, tb ? k : n, tb ? n : k, ldb));
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, k, M, k));
@@ -316,62 +326,106 @@ __global__ void biasRoundKernel(const float *y, In16 bias, int64_t rows, int64_t
 
 } // namespace
 
-int64_t matmulBiasEpilogueCalls() { return gBiasEpilogueCalls; }
+namespace {
 
-void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
-                   bool transB, const void *bias16, uint16_t *y16, Dims ys) {
+/// matmul16_bias's and matmul16_dgelu's library path: the product of
+/// [rows, k] by op(b) (A not transposed, B shared: the batch folds into one
+/// GEMM) through cuBLASLt with `epilogue`, its pointer attribute `ptrAttr`
+/// set to `ptr` (the bias, or GELU's input), rounded into y16. False where
+/// it cannot run so (the caller computes it otherwise); `extra`: the
+/// caller's own condition (DGELU's rows a multiple of 8); `whatBf16`,
+/// `whatF16`: the call's name in the GPU profile.
+bool ltEpilogueMatmul(uint32_t epilogue, cublasLtMatmulDescAttributes_t ptrAttr, const void *ptr,
+                      const char *whatBf16, const char *whatF16, const void *a, bool a16, Dims as,
+                      bool transA, const void *b, bool b16, Dims bs, bool transB, uint16_t *y16,
+                      Dims ys, bool extra, int64_t &calls) {
   const Precision p = precision();
-  if (p == Precision::F32)
-    fatal("matmul16_bias: a 16-bit bias and result under the fp32 precision");
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
-  if (ar < 2 || br < 2 || yr != std::max(ar, br))
-    fatal("matmul16_bias: operands of rank %d and %d with a result of rank %d", ar, br, yr);
   const int64_t n = ys.d[yr - 1], rows = ys.numel() / std::max<int64_t>(n, 1);
   const int64_t k = transA ? as.d[ar - 2] : as.d[ar - 1];
   const Dims aBatch(as.d, ar - 2), bBatch(bs.d, br - 2);
   const int64_t M = transA ? 0 : aBatch.numel() * as.d[ar - 2];
-  if (ys.numel() == 0)
-    return;
   const cudaDataType_t type = p == Precision::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   auto aligned = [](const void *q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  // One GEMM: A's batch rows fold into M, B shared (as matmulAny's first case).
-  const bool oneGemm = !transA && bBatch.numel() == 1 && M == rows && k > 0 && M <= INT_MAX &&
-                       n <= INT_MAX && k <= INT_MAX && aligned(bias16) && aligned(y16);
-  const LtPlan *plan = oneGemm ? ltPlanFor(LtKey{M, n, k, transB, (int)type}, type) : nullptr;
-  if (plan) {
-    const Operand oa =
-        a16 ? Operand{static_cast<const char *>(a), 2}
-            : roundedOperand(static_cast<const float *>(a), as.numel(), kWsBasic0, p);
-    const Operand ob =
-        b16 ? Operand{static_cast<const char *>(b), 2}
-            : roundedOperand(static_cast<const float *>(b), bs.numel(), kWsBasic1, p);
-    if (aligned(oa.p) && aligned(ob.p)) {
-      CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias16, sizeof bias16));
-      const float alpha = 1.0f, beta = 0.0f;
-      size_t wsBytes = 0;
-      void *ws = blasWorkspace(wsBytes);
-      const char *what = type == CUDA_R_16BF ? "cuBLAS GEMM, bf16 inputs, cuBLASLt bias epilogue"
-                                             : "cuBLAS GEMM, fp16 inputs, cuBLASLt bias epilogue";
-      if (KernelTimer::byShape())
-        what = KernelTimer::intern(std::string(what) + ", N" + (transB ? "T" : "N") + " m " +
-                                   std::to_string(M) + " n " + std::to_string(n) + " k " +
-                                   std::to_string(k) + " x 1");
-      KernelTimer timer(what, stream());
-      CARVE_CUBLAS_CHECK(cublasLtMatmul(cublasLt(), plan->desc, &alpha, ob.p, plan->a, oa.p,
-                                        plan->b, &beta, y16, plan->d, y16, plan->d, &plan->algo, ws,
-                                        wsBytes, stream()));
-      ++gBiasEpilogueCalls;
-      return;
-    }
-  }
+  const bool oneGemm = extra && !transA && bBatch.numel() == 1 && M == rows && k > 0 &&
+                       M <= INT_MAX && n <= INT_MAX && k <= INT_MAX && aligned(ptr) && aligned(y16);
+  const LtPlan *plan =
+      oneGemm ? ltPlanFor(LtKey{M, n, k, transB, (int)type, epilogue}, type) : nullptr;
+  if (!plan)
+    return false;
+  const Operand oa = a16 ? Operand{static_cast<const char *>(a), 2}
+                         : roundedOperand(static_cast<const float *>(a), as.numel(), kWsBasic0, p);
+  const Operand ob = b16 ? Operand{static_cast<const char *>(b), 2}
+                         : roundedOperand(static_cast<const float *>(b), bs.numel(), kWsBasic1, p);
+  if (!aligned(oa.p) || !aligned(ob.p))
+    return false;
+  CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, ptrAttr, &ptr, sizeof ptr));
+  const float alpha = 1.0f, beta = 0.0f;
+  size_t wsBytes = 0;
+  void *ws = blasWorkspace(wsBytes);
+  const char *what = type == CUDA_R_16BF ? whatBf16 : whatF16;
+  if (KernelTimer::byShape())
+    what = KernelTimer::intern(std::string(what) + ", N" + (transB ? "T" : "N") + " m " +
+                               std::to_string(M) + " n " + std::to_string(n) + " k " +
+                               std::to_string(k) + " x 1");
+  KernelTimer timer(what, stream());
+  CARVE_CUBLAS_CHECK(cublasLtMatmul(cublasLt(), plan->desc, &alpha, ob.p, plan->a, oa.p, plan->b,
+                                    &beta, y16, plan->d, y16, plan->d, &plan->algo, ws, wsBytes,
+                                    stream()));
+  ++calls;
+  return true;
+}
+
+/// The operands' ranks as matmul16_bias and matmul16_dgelu take them.
+void checkEpilogueRanks(const char *op, Dims as, Dims bs, Dims ys) {
+  if (precision() == Precision::F32)
+    fatal("%s: 16-bit inputs and results under the fp32 precision", op);
+  if (as.rank < 2 || bs.rank < 2 || ys.rank != std::max(as.rank, bs.rank))
+    fatal("%s: operands of rank %d and %d with a result of rank %d", op, as.rank, bs.rank, ys.rank);
+}
+
+} // namespace
+
+int64_t matmulBiasEpilogueCalls() { return gBiasEpilogueCalls; }
+
+void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+                   bool transB, const void *bias16, uint16_t *y16, Dims ys) {
+  checkEpilogueRanks("matmul16_bias", as, bs, ys);
+  if (ys.numel() == 0)
+    return;
+  if (ltEpilogueMatmul(CUBLASLT_EPILOGUE_BIAS, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias16,
+                       "cuBLAS GEMM, bf16 inputs, cuBLASLt bias epilogue",
+                       "cuBLAS GEMM, fp16 inputs, cuBLASLt bias epilogue", a, a16, as, transA, b,
+                       b16, bs, transB, y16, ys, true, gBiasEpilogueCalls))
+    return;
   // The product in f32 scratch, then the bias added and rounded.
+  const int64_t n = ys.d[ys.rank - 1], rows = ys.numel() / std::max<int64_t>(n, 1);
   auto *prod = static_cast<float *>(workspace(sizeof(float) * ys.numel(), kWsBasic2));
   matmulAny(a, a16, as, transA, b, b16, bs, transB, prod, ys, false);
   const int fmt = format16For("matmul16_bias");
   CARVE_KERNEL(blocksFor(ys.numel()), kThreads, 0, stream(), biasRoundKernel)
   (prod, in16("matmul16_bias", bias16, true), rows, n, Out16{nullptr, y16, fmt, false});
   checkLaunch("matmul16_bias (bias)");
+}
+
+int64_t matmulDgeluEpilogueCalls() { return gDgeluEpilogueCalls; }
+
+void matmul16_dgelu(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+                    bool transB, const void *x16, uint16_t *y16, Dims ys) {
+  checkEpilogueRanks("matmul16_dgelu", as, bs, ys);
+  if (ys.numel() == 0)
+    return;
+  // GELU's input with rows of n, a multiple of 8 (cuBLASLt's EPILOGUE_AUX_LD).
+  if (ltEpilogueMatmul(CUBLASLT_EPILOGUE_DGELU, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x16,
+                       "cuBLAS GEMM, bf16 inputs, cuBLASLt DGELU epilogue",
+                       "cuBLAS GEMM, fp16 inputs, cuBLASLt DGELU epilogue", a, a16, as, transA, b,
+                       b16, bs, transB, y16, ys, ys.d[ys.rank - 1] % 8 == 0, gDgeluEpilogueCalls))
+    return;
+  // The product in f32 scratch, then GELU's gradient written in 16 bits
+  // (unary_grad16, as the program without the epilogue computes it).
+  auto *prod = static_cast<float *>(workspace(sizeof(float) * ys.numel(), kWsBasic2));
+  matmulAny(a, a16, as, transA, b, b16, bs, transB, prod, ys, false);
+  unary_grad16(Unary::GeluTanh, x16, true, prod, nullptr, y16, false, ys.numel());
 }
 
 namespace {

@@ -37,6 +37,8 @@
 
 #include "emu_internal.h"
 
+#include "carve/rt/elementwise.h"
+
 // The builtins' macros name ThreadCoords' fields here.
 #undef threadIdx
 #undef blockIdx
@@ -1459,6 +1461,8 @@ struct LtDesc {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void *bias = nullptr;
   int32_t biasType = -1;
+  const void *aux = nullptr; // DGELU's input: GELU's pre-activation, D's type and layout
+  int64_t auxLd = 0;
 };
 struct LtLayout {
   cudaDataType type;
@@ -1525,6 +1529,10 @@ size_t typeBytes(cudaDataType t, const char *call) {
 /// the bias pointer receives the sums over k of op(A)'s rows (one per row of
 /// D) / op(B)'s columns (one per column of D), the values multiplied, summed
 /// in fp32 in k's order and rounded once to the bias type.
+/// CUBLASLT_EPILOGUE_DGELU: the fp32 product times the tanh GELU's
+/// derivative at the auxiliary matrix's element (D's type, its own leading
+/// dimension), rounded once (carve/rt/elementwise.h's formula, the one
+/// unary_grad16 evaluates).
 void ltMatmul(const LtDesc d, const void *A, const LtLayout la, const void *B, const LtLayout lb,
               void *D, const LtLayout ldd) {
   const int m = static_cast<int>(d.ta == CUBLAS_OP_N ? la.rows : la.cols);
@@ -1549,6 +1557,9 @@ void ltMatmul(const LtDesc d, const void *A, const LtLayout la, const void *B, c
       float v = acc[i + static_cast<size_t>(j) * m];
       if (d.epilogue == CUBLASLT_EPILOGUE_BIAS)
         v += elementOf(d.bias, static_cast<cudaDataType>(d.biasType), i, 0, 1);
+      if (d.epilogue == CUBLASLT_EPILOGUE_DGELU)
+        v = carve::rt::ew::unaryGrad<carve::rt::Unary::GeluTanh>(
+            elementOf(d.aux, ldd.type, i, j, static_cast<int>(d.auxLd)), v);
       write(D, ldd.type, i + static_cast<size_t>(j) * ldd.ld, v);
     }
   const auto biasType = static_cast<cudaDataType>(d.biasType);
@@ -1603,8 +1614,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
   case CUBLASLT_MATMUL_DESC_EPILOGUE: {
     const uint32_t e = ltValue<uint32_t>(buf, bytes, call, "EPILOGUE");
     if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS &&
-        e != CUBLASLT_EPILOGUE_BGRADA && e != CUBLASLT_EPILOGUE_BGRADB)
-      die("%s: epilogue %u is not emulated (DEFAULT, BIAS, BGRADA and BGRADB are)", call, e);
+        e != CUBLASLT_EPILOGUE_BGRADA && e != CUBLASLT_EPILOGUE_BGRADB &&
+        e != CUBLASLT_EPILOGUE_DGELU)
+      die("%s: epilogue %u is not emulated (DEFAULT, BIAS, BGRADA, BGRADB and DGELU are)", call, e);
     x->epilogue = static_cast<cublasLtEpilogue_t>(e);
     break;
   }
@@ -1613,6 +1625,12 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     break;
   case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
     x->biasType = ltValue<int32_t>(buf, bytes, call, "BIAS_DATA_TYPE");
+    break;
+  case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+    x->aux = ltValue<const void *>(buf, bytes, call, "EPILOGUE_AUX_POINTER");
+    break;
+  case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+    x->auxLd = ltValue<int64_t>(buf, bytes, call, "EPILOGUE_AUX_LD");
     break;
   default:
     die("%s: attribute %d is not emulated", call, static_cast<int>(attr));
@@ -1718,7 +1736,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         (unsigned long long)m, (unsigned long long)k, (unsigned long long)kb, (unsigned long long)n,
         (unsigned long long)ld.rows, (unsigned long long)ld.cols);
   LtDesc run = desc;
-  if (desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+  if (desc.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+    // GELU's input: D's type, rows of D, a leading dimension divisible by 8
+    // and at least D's rows (cublasLt.h, EPILOGUE_AUX_LD).
+    if (ld.type == CUDA_R_32F)
+      die("%s: DGELU with an fp32 D (carve's GELU inputs are 16-bit)", call);
+    if (desc.auxLd < static_cast<int64_t>(std::max<uint64_t>(m, 1)) || desc.auxLd % 8)
+      die("%s: DGELU's EPILOGUE_AUX_LD %lld for D of %llu rows (at least the rows, divisible by 8)",
+          call, static_cast<long long>(desc.auxLd), (unsigned long long)m);
+    const uint64_t auxBytes = n ? ((n - 1) * desc.auxLd + m) * typeBytes(ld.type, call) : 0;
+    if (!desc.aux || !isDevice(desc.aux, auxBytes))
+      die("%s: DGELU's input (%p, %llu x %llu, ld %lld) is not inside one device allocation", call,
+          desc.aux, (unsigned long long)m, (unsigned long long)n,
+          static_cast<long long>(desc.auxLd));
+    if (reinterpret_cast<uintptr_t>(desc.aux) % 16)
+      die("%s: DGELU's input %p is not 16-byte aligned", call, desc.aux);
+  } else if (desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     // BIAS reads a bias per row of D; BGRADA writes one per row, BGRADB one
     // per column.
     const uint64_t count = desc.epilogue == CUBLASLT_EPILOGUE_BGRADB ? n : m;

@@ -51,5 +51,9 @@ run "the other operand's bias gradient (matmul16_to16_bgrad asks for BGRADA wher
 p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
 old='biasOfA ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA;'
 assert old in s; s=s.replace(old, 'biasOfA ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;',1); open(p,'w').write(s)"
+run "GELU's input read with the wrong leading dimension (matmul16_dgelu's AUX_LD is k, not n)" runtime/cuda/kernels_matmul.cu "
+p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
+old='const int64_t auxLd = n;'
+assert old in s; s=s.replace(old, 'const int64_t auxLd = k;',1); open(p,'w').write(s)"
 (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)
 git status --short | head

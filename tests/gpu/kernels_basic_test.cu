@@ -761,7 +761,7 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                         {{2, 3, 16, 256}, false, {256, 24}, false, false},
                         {{64, 256}, false, {96, 256}, true, true}};
   const int bits = p == rt::Precision::BF16 ? 8 : 11;
-  const int64_t lt0 = g::matmulBiasEpilogueCalls();
+  const int64_t lt0 = g::matmulBiasEpilogueCalls(), dg0 = g::matmulDgeluEpilogueCalls();
   for (const Case &c : cases) {
     const Dims ys = matmulShape(c.a, c.ta, c.b, c.tb);
     const int64_t k = 256;
@@ -882,7 +882,62 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                     (long long)exact, got.size());
       }
     }
+    // matmul16_dgelu (carve-fold-views' "epilogue" on a GELU gradient): the
+    // fp32 product times the tanh GELU's derivative at a 16-bit input,
+    // rounded once, by cuBLASLt's DGELU where the batch folds into one GEMM
+    // and the rows are a multiple of 8 (the first, third and fourth cases),
+    // else matmul16 and unary_grad16. Against unary_grad16 of the f32
+    // product: bit for bit on the emulated GPU (one formula, one summation
+    // order); on a GPU, where cuBLASLt evaluates the derivative its own way,
+    // within one 16-bit ulp or 1e-3 of the largest product.
+    {
+      const int64_t count = ys.numel();
+      auto x = up(randn(count));
+      auto x16 = poisoned<uint16_t>(count);
+      (bf ? g::toBf16 : g::toF16)(x->p, x16->p, count);
+      auto dviews = up(views);
+      auto want16 = poisoned<uint16_t>(count);
+      g::unary_grad16(rt::Unary::GeluTanh, x16->p, true, dviews->p, nullptr, want16->p, false,
+                      count);
+      auto got16 = poisoned<uint16_t>(count);
+      g::matmul16_dgelu(a16->p, true, c.a, c.ta, b16->p, true, c.b, c.tb, x16->p, got16->p, ys);
+      const std::vector<uint16_t> got = got16->download(), want = want16->download();
+      auto value = [bf](uint16_t h) { return bf ? rt::ew::bf16Float(h) : rt::ew::f16Float(h); };
+      float big = 0;
+      for (float v : views)
+        big = std::max(big, std::fabs(v));
+      int64_t far = 0, exact = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int64_t d = std::abs(int64_t(got[i]) - int64_t(want[i]));
+        exact += d == 0;
+        far += d > 1 && std::fabs(value(got[i]) - value(want[i])) > 1e-3f * big;
+      }
+      ++checks();
+#ifdef CARVE_CUDA_EMULATION
+      const bool emulated = true;
+#else
+      const bool emulated = false;
+#endif
+      if (far || (emulated && exact != (int64_t)got.size())) {
+        std::printf("FAIL %s matmul16_dgelu: %lld of %zu elements differ from unary_grad16 of "
+                    "the product (%lld by more than the bound)\n",
+                    what.c_str(), (long long)(got.size() - exact), got.size(), (long long)far);
+        ++failures();
+      } else {
+        std::printf("ok   %s matmul16_dgelu (%lld of %zu bit for bit)\n", what.c_str(),
+                    (long long)exact, got.size());
+      }
+    }
     g::setPrecision(rt::Precision::F32);
+  }
+  ++checks();
+  const int64_t dg = g::matmulDgeluEpilogueCalls() - dg0;
+  if (dg != 3) {
+    std::printf("FAIL matmul16_dgelu %s: %lld of 3 calls ran as cuBLASLt matmuls\n", name,
+                (long long)dg);
+    ++failures();
+  } else {
+    std::printf("ok   matmul16_dgelu %s: 3 calls ran as cuBLASLt matmuls\n", name);
   }
   // The three cases whose batch folds into one GEMM ran through cuBLASLt's
   // bias epilogue (stderr says why where it refused); the other, the kernel.

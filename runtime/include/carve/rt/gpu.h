@@ -231,6 +231,18 @@ void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b,
 /// How many matmul16_bias calls of this process ran as cuBLASLt matmuls with
 /// the bias epilogue (what tests read to know the library path was taken).
 int64_t matmulBiasEpilogueCalls();
+/// GELU's gradient computed by the matmul of its incoming gradient:
+/// y16 = round(gelu_tanh'(x16) * (op(a) op(b))), x16 the 16-bit
+/// pre-activation (the product's shape, rows a multiple of 8 for the
+/// library path): cuBLASLt's CUBLASLT_EPILOGUE_DGELU with x16 as its
+/// auxiliary input, where the batch folds into one GEMM (as matmul16_bias);
+/// otherwise matmul16 into f32 scratch, then unary_grad16. The same bits
+/// as matmul16 then unary_grad16 (carve-fold-views' "epilogue" on a GELU
+/// gradient: the MLP's output projection's data gradient).
+void matmul16_dgelu(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
+                    bool transB, const void *x16, uint16_t *y16, Dims ys);
+/// How many matmul16_dgelu calls ran as cuBLASLt matmuls with DGELU.
+int64_t matmulDgeluEpilogueCalls();
 /// A weight's gradient and its bias's gradient in one GEMM: y16 = a^T b
 /// (a [K, R] and b [K, C], both 16-bit in the precision's format; y16
 /// [R, C] rounded to it once), and bgrad16 the sums over K of a's columns
