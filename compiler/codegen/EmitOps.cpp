@@ -186,9 +186,11 @@ bool Generator::emitOp(Operation *op) {
     if (epilogueAdds.count(op))
       s += opComment(op) +
            (isa<UnaryGradOp>(op) ? "  // multiplied in by the matmul above as it wrote "
+            : isa<GeluOp>(op)    ? "  // applied by the matmul above as it wrote "
                                  : "  // added by the matmul above as it wrote ") +
            name(epilogueAdds.lookup(op)) +
            (isa<UnaryGradOp>(op) ? " (cuBLASLt's DGELU epilogue)\n"
+            : isa<GeluOp>(op)    ? " (cuBLASLt's GELU_AUX_BIAS epilogue)\n"
                                  : " (cuBLASLt's bias epilogue)\n");
     if (op->hasAttr(kBiasGradInGemmAttr))
       s += opComment(op) + "  // summed by the weight gradient's GEMM below (cuBLASLt's "
@@ -230,6 +232,9 @@ bool Generator::emitOp(Operation *op) {
   // A matmul that adds its add's bias writes the add's copy ("epilogue").
   if (Operation *e = epilogueAddOf(op); e && epilogueAdds.count(e))
     s += resultPointer(epilogueAdds.lookup(e));
+  // And the GELU's copy where it applies the GELU too (GELU_AUX_BIAS).
+  if (Operation *g = epilogueGeluOf(op); g && epilogueAdds.count(g))
+    s += resultPointer(epilogueAdds.lookup(g));
   // An attention forward writes O into its transpose's copy (rule 4d).
   if (isa<AttentionStatsOp>(op))
     if (Value o16 = outputCopy16(op->getResult(0)))
@@ -277,7 +282,8 @@ bool Generator::emitOp(Operation *op) {
     ok = true;
   } else if (kernel == "matmul" || kernel == "matmul16" || kernel == "matmul16_to16" ||
              kernel == "matmul16_to16_bgrad" || kernel == "matmul16_bias" ||
-             kernel == "matmul16_dgelu" || kernel == "matmul_gathered")
+             kernel == "matmul16_dgelu" || kernel == "matmul16_bias_gelu" ||
+             kernel == "matmul_gathered")
     ok = emitMatmul(op, kernel, os);
   else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp, SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp>(op))
     ok = emitReduction(op, os);
@@ -530,10 +536,15 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
          << ", " << dims(ys) << ");  // its right operand gathered a matrix at a time";
       return true;
     }
-    if (kernel == "matmul16_bias") {
+    if (kernel == "matmul16_bias" || kernel == "matmul16_bias_gelu") {
       // carve-fold-views' "epilogue": the bias added to the fp32 product
-      // before it is rounded into the add's 16-bit copy (cuBLASLt).
+      // before it is rounded into the add's 16-bit copy (cuBLASLt), and
+      // (matmul16_bias_gelu) GELU of that sum rounded into the GELU's copy.
       Operation *e = epilogueAddOf(op);
+      Operation *g = kernel == "matmul16_bias_gelu" ? epilogueGeluOf(op) : nullptr;
+      if (kernel == "matmul16_bias_gelu" && (!g || !epilogueAdds.count(g)))
+        return failOp(op, "carve.kernel = \"matmul16_bias_gelu\" on a matmul whose bias add "
+                          "no GELU marked carve.fold = \"epilogue\" reads");
       Value bias;
       if (!e || !epilogueAdds.count(e) || !epilogueMatmulOf(e, &bias))
         return failOp(op, "carve.kernel = \"matmul16_bias\" on a matmul whose product no add "
@@ -546,7 +557,9 @@ bool Generator::emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &o
       os << callee(opts, kernel) + "(" << a << ", " << flag("a16", a16) << ", " << da << ", "
          << flag("transA", ta) << ", " << b << ", " << flag("b16", b16) << ", " << db << ", "
          << flag("transB", tb) << ", " << name(bias16) << ", " << name(epilogueAdds.lookup(e))
-         << ", " << dims(ys) << ");  // + the bias of " << nodeName(e->getLoc());
+         << (g ? ", " + name(epilogueAdds.lookup(g)) : std::string()) << ", " << dims(ys)
+         << ");  // + the bias of " << nodeName(e->getLoc())
+         << (g ? ", then " + nodeName(g->getLoc()) + " (tanh GELU)" : std::string());
       return true;
     }
     if (kernel == "matmul16_dgelu") {

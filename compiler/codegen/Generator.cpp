@@ -400,10 +400,16 @@ bool Generator::foldTransposes() {
           copy = n->getResult(0);
       // (Or a GELU gradient, multiplied in by its gradient's matmul:
       // cuBLASLt's DGELU epilogue.)
-      const char *want = isa<UnaryGradOp>(op) ? "matmul16_dgelu" : "matmul16_bias";
+      // (Or a GELU of such an add: GELU_AUX_BIAS, whose matmul writes both
+      // copies.)
+      const char *want = isa<UnaryGradOp>(op)                           ? "matmul16_dgelu"
+                         : isa<GeluOp>(op) || (mk && epilogueGeluOf(m)) ? "matmul16_bias_gelu"
+                                                                        : "matmul16_bias";
       if (!m || !mk || mk.getValue() != want || !copy)
         return failOp(op, std::string("carve.fold = \"epilogue\" on ") +
-                              (isa<UnaryGradOp>(op) ? "a GELU gradient" : "an add") +
+                              (isa<UnaryGradOp>(op) ? "a GELU gradient"
+                               : isa<GeluOp>(op)    ? "a GELU"
+                                                    : "an add") +
                               " whose matmul does not run as " + want + " writing its 16-bit copy");
       epilogueAdds[op] = copy;
       continue;

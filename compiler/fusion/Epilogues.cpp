@@ -29,6 +29,10 @@ Operation *epilogueMatmulOf(Operation *add, Value *bias) {
       *bias = g.getOperand(0);
     return m;
   }
+  if (auto g = dyn_cast<GeluOp>(add)) { // GELU of a bias add its matmul computes
+    Operation *a = g.getInput().getDefiningOp();
+    return a && isa<AddOp>(a) ? epilogueMatmulOf(a, bias) : nullptr;
+  }
   if (!isa<AddOp>(add))
     return nullptr;
   for (unsigned i = 0; i < 2; ++i)
@@ -146,6 +150,39 @@ Operation *biasGradReduceOf(Operation *gemm) {
     }
   }
   return nullptr;
+}
+
+Operation *epilogueGeluOf(Operation *matmul) {
+  Operation *a = epilogueAddOf(matmul);
+  if (!a || !isa<AddOp>(a))
+    return nullptr;
+  for (Operation *u : a->getResult(0).getUsers())
+    if (isa<GeluOp>(u) && foldOf(u) == kFoldEpilogue)
+      return u;
+  return nullptr;
+}
+
+Operation *biasGeluMatmul(Operation *gelu, StringRef precision) {
+  auto g = dyn_cast_or_null<GeluOp>(gelu);
+  if (!g || g.getApproximate() != "tanh" || (precision != "bf16" && precision != "fp16") ||
+      !g->hasAttr(kRound16Attr) || (!foldOf(g).empty() && foldOf(g) != kFoldEpilogue))
+    return nullptr;
+  auto t = dyn_cast<RankedTensorType>(g.getType());
+  if (!t || !t.getElementType().isF32() || t.getRank() < 2 || t.getShape().back() % 8 != 0)
+    return nullptr;
+  // A fused chain of its own (no member of its group beside it), or none.
+  if (Attribute group = g->getAttr(kFusionGroupAttr)) {
+    for (Value v : g->getOperands())
+      if (Operation *d = v.getDefiningOp(); d && d->getAttr(kFusionGroupAttr) == group)
+        return nullptr;
+    for (Operation *u : g->getUsers())
+      if (u->getAttr(kFusionGroupAttr) == group)
+        return nullptr;
+  }
+  Operation *a = g.getInput().getDefiningOp();
+  if (!a || !isa<AddOp>(a) || foldOf(a) != kFoldEpilogue)
+    return nullptr;
+  return epilogueMatmulOf(a);
 }
 
 Operation *epilogueAddOf(Operation *matmul) {

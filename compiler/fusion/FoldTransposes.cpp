@@ -833,26 +833,44 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
     ++numEpilogues;
   }
 
+  /// Whether `w`'s 16-bit copy (of the plan's format) is the first cast
+  /// right after it and every other reader of `w` reads that copy
+  /// (readsCopy16; neverStoredF32, which carve-select-kernels checks again):
+  /// what the "epilogue" rule asks of a GELU and of its gradient, whose
+  /// matmul writes only the copy.
+  static bool copyReadAlone16(Operation *w, const PlanAttrs &plan) {
+    auto copy = dyn_cast_or_null<CastOp>(w->getNextNode());
+    Type ce = copy ? cast<RankedTensorType>(copy.getType()).getElementType() : Type();
+    if (!copy || copy.getInput() != w->getResult(0) ||
+        !((plan.precision == "bf16" && ce.isBF16()) || (plan.precision == "fp16" && ce.isF16())))
+      return false;
+    return llvm::all_of(w->getResult(0).getUses(), [&](OpOperand &use) {
+      return use.getOwner() == copy.getOperation() || readsCopy16(use);
+    });
+  }
+
   /// The "epilogue" rule's GELU gradient: a unary_grad of the tanh form
   /// whose gradient is the product of a matmul run by cuBLAS (dgeluMatmul)
-  /// and whose 16-bit copy, the first cast right after it, is what every
-  /// other reader reads (readsCopy16; neverStoredF32, which
-  /// carve-select-kernels checks again).
+  /// and whose 16-bit copy every other reader reads (copyReadAlone16).
   void markDgelu(UnaryGradOp g, const PlanAttrs &plan) {
-    if (!dgeluMatmul(g, plan.precision))
+    if (!dgeluMatmul(g, plan.precision) || !copyReadAlone16(g, plan))
       return;
-    auto copy = dyn_cast_or_null<CastOp>(g->getNextNode());
-    Type ce = copy ? cast<RankedTensorType>(copy.getType()).getElementType() : Type();
-    if (!copy || copy.getInput() != g.getResult() ||
-        !((plan.precision == "bf16" && ce.isBF16()) || (plan.precision == "fp16" && ce.isF16())))
-      return;
-    for (OpOperand &use : g.getResult().getUses())
-      if (use.getOwner() != copy.getOperation() && !readsCopy16(use))
-        return;
     Builder b(g->getContext());
     g->setAttr(kFoldAttr, b.getStringAttr(kFoldEpilogue));
     g->setAttr(kRound16Attr, b.getUnitAttr()); // its value is the copy's (rule 3g reads it)
     ++numDgelus;
+  }
+
+  /// The "epilogue" rule's GELU: the tanh GELU of a bias add marked
+  /// "epilogue" (biasGeluMatmul), alone in its fused chain, whose 16-bit
+  /// copy every other reader reads (copyReadAlone16): out of its chain,
+  /// computed by the matmul's epilogue.
+  void markBiasGelu(GeluOp g, const PlanAttrs &plan) {
+    if (!biasGeluMatmul(g, plan.precision) || !foldOf(g).empty() || !copyReadAlone16(g, plan))
+      return;
+    g->removeAttr(kFusionGroupAttr);
+    g->setAttr(kFoldAttr, Builder(g->getContext()).getStringAttr(kFoldEpilogue));
+    ++numBiasGelus;
   }
 
   void runOnOperation() override {
@@ -902,8 +920,10 @@ struct FoldViewsPass : carve::impl::CarveFoldViewsBase<FoldViewsPass> {
         }
       });
       fn.walk([&](AddOp a) { markEpilogue(a, *plan); });
-      if (plan->precision == "bf16" || plan->precision == "fp16")
+      if (plan->precision == "bf16" || plan->precision == "fp16") {
+        fn.walk([&](GeluOp g) { markBiasGelu(g, *plan); });
         fn.walk([&](UnaryGradOp g) { markDgelu(g, *plan); });
+      }
       fn.walk([&](AddOp a) {
         if (accumulable(a)) {
           a->setAttr(kFoldAttr, b.getStringAttr(kFoldAccumulate));

@@ -123,9 +123,20 @@ mlir::Operation *biasGradReduceOf(mlir::Operation *gemm);
 /// GELU's gradient): that op; null otherwise.
 mlir::Operation *epilogueAddOf(mlir::Operation *matmul);
 /// For an op marked "epilogue": the matmul that computes it, and (`bias`)
-/// the add's bias operand or the GELU gradient's input (the pre-activation,
-/// cuBLASLt's auxiliary input); null otherwise.
+/// the add's bias operand (for a GELU of such an add too) or the GELU
+/// gradient's input (the pre-activation, cuBLASLt's auxiliary input); null
+/// otherwise.
 mlir::Operation *epilogueMatmulOf(mlir::Operation *add, mlir::Value *bias = nullptr);
+/// For a matmul whose bias add is marked "epilogue" and read by a GELU
+/// marked "epilogue" too: that GELU (cuBLASLt's GELU_AUX_BIAS); null
+/// otherwise.
+mlir::Operation *epilogueGeluOf(mlir::Operation *matmul);
+/// For a carve.gelu of the tanh form under a bf16/fp16 `precision`, rounded
+/// as written (carve.round16), a fused chain of its own or none, not folded
+/// but "epilogue", the last dimension a multiple of 8, whose input is a bias
+/// add marked "epilogue": that add's matmul; null otherwise. What
+/// carve-fold-views' "epilogue" asks of a GELU (matmul16_bias_gelu).
+mlir::Operation *biasGeluMatmul(mlir::Operation *gelu, llvm::StringRef precision);
 /// For a carve.unary_grad of the tanh GELU under a bf16/fp16 `precision`
 /// (not fused, not folded but "epilogue"): the matmul whose product is its
 /// gradient (read by it alone; not fused, folded, gathered or scattered; a

@@ -149,6 +149,20 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
     the copy lives from the matmul. The same bits: the product's fp32
     accumulator plus the bias, rounded once, as the add computed it.
 
+    Under a bf16/fp16 plan it then marks `carve.fold = "epilogue"` a
+    carve.gelu of the tanh form (`approximate = "tanh"`, cuBLASLt's GELU)
+    rounded as written, alone in its fused chain (it leaves the chain),
+    whose input is such a bias add, whose last dimension is a multiple of 8
+    and whose f32 result no reader reads (its 16-bit copy right after it is
+    what they read): the matmul applies GELU to the fp32 sum of its product
+    and the bias as it writes both the add's copy (the pre-activation, which
+    the backward reads) and the GELU's copy (`matmul16_bias_gelu`,
+    cuBLASLt's GELU_AUX_BIAS epilogue; carve-select-kernels). Neither is
+    in f32 memory and neither is a call. Not the same bits: GELU now reads
+    the unrounded sum (the fused chain read the add's 16-bit copy), one
+    rounding less; the CPU target keeps the rounding (the bf16 bound of
+    tests/gpu/train_vs_cpu.py covers the difference).
+
     Under a bf16/fp16 plan it also marks `carve.fold = "epilogue"` a
     carve.unary_grad of the tanh GELU (`fn = "gelu_tanh"`, cuBLASLt's GELU
     form; not the erf form) whose gradient operand is the product of a
@@ -204,6 +218,9 @@ def CarveFoldViews : Pass<"carve-fold-views", "mlir::ModuleOp"> {
               "Attention forwards whose q, k and v cuDNN reads in place in 16 bits">,
     Statistic<"numEpilogues", "num-epilogues",
               "Bias adds that their matmul computes (cuBLASLt's bias epilogue)">,
+    Statistic<"numBiasGelus", "num-bias-gelus",
+              "GELUs of a bias add that its matmul computes (cuBLASLt's GELU_AUX_BIAS "
+              "epilogue)">,
     Statistic<"numDgelus", "num-dgelus",
               "GELU gradients that their gradient's matmul computes (cuBLASLt's DGELU "
               "epilogue)">

@@ -563,6 +563,11 @@ struct Model {
     } else if (kernel == "matmul16_bias") {
       // cuBLASLt's BIAS epilogue: the add's 16-bit copy written, the bias read.
       matmulOp(op, op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr), true);
+    } else if (kernel == "matmul16_bias_gelu") {
+      // cuBLASLt's GELU_AUX_BIAS epilogue: the GELU's 16-bit copy written,
+      // and the pre-activation's (the auxiliary output), the bias read.
+      matmulOp(op, op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr), true,
+               2.0 * double(numel(op->getResult(0))));
     } else if (kernel == "matmul16_dgelu") {
       // cuBLASLt's DGELU epilogue: the gradient's 16-bit copy written, the
       // 16-bit pre-activation read (one element per element of the product).

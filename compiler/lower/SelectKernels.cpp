@@ -400,10 +400,18 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
           else if (dgelu && !dgeluMatmul(epilogueAddOf(&op), plan->precision))
             c = refuse("carve.fold = \"epilogue\" on a GELU gradient cuBLASLt's DGELU cannot "
                        "compute (the tanh form, a 16-bit input, rows a multiple of 8)");
+          else if (Operation *g = epilogueGeluOf(&op);
+                   g &&
+                   (!biasGeluMatmul(g, plan->precision) || !neverStoredF32(g->getResult(0), *plan)))
+            c = refuse("carve.fold = \"epilogue\" on a GELU cuBLASLt's GELU_AUX_BIAS cannot "
+                       "compute, or whose f32 result is read (the tanh form, rows a multiple of "
+                       "8, read as its 16-bit copy)");
           else {
             if (!op.hasAttr(kRead16Attr))
               op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, {false, false}));
-            c = call(dgelu ? "matmul16_dgelu" : "matmul16_bias");
+            c = call(dgelu                 ? "matmul16_dgelu"
+                     : epilogueGeluOf(&op) ? "matmul16_bias_gelu"
+                                           : "matmul16_bias");
           }
         }
         if (read16 && (c.kernel == "cross_entropy" || c.kernel == "cross_entropy_grad") &&

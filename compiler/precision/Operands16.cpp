@@ -62,6 +62,10 @@ bool reads16(OpOperand &use, const PlanAttrs &plan) {
   // its 16-bit tensor (cuBLASLt's DGELU auxiliary input).
   if (isa<UnaryGradOp>(u) && epilogueMatmulOf(u))
     return k == 0;
+  // A GELU marked so reads its input in the matmul's epilogue, from the
+  // fp32 accumulator (cuBLASLt's GELU_AUX_BIAS): never from memory.
+  if (isa<GeluOp>(u) && epilogueMatmulOf(u))
+    return true;
   if (isa<ReshapeOp>(u) || (isa<SliceOp>(u) && foldOf(u) == kFoldView) ||
       (isa<TransposeOp>(u) && (foldOf(u) == kFoldOperand || foldOf(u) == kFoldConsumer))) {
     Value r = u->getResult(0);
@@ -251,6 +255,9 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
       !isGatheredOperand(w) &&
       (binaryKernel(w) || isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp>(w));
   if (byWriter)
+    return copyReadAlone();
+  // A GELU its matmul computes ("epilogue"): the matmul writes its copy.
+  if (isa<GeluOp>(w) && foldOf(w) == kFoldEpilogue)
     return copyReadAlone();
   if (!mm && !ce) // (vocab-parallel cross-entropy writes f32)
     return false;

@@ -259,7 +259,7 @@ std::string pickLtAlgo(LtPlan &p) {
                                      : "no algorithm for this shape";
 }
 
-int64_t gBiasEpilogueCalls = 0, gDgeluEpilogueCalls = 0;
+int64_t gBiasEpilogueCalls = 0, gBiasGeluEpilogueCalls = 0, gDgeluEpilogueCalls = 0;
 
 std::map<LtKey, LtPlan> &ltPlans() {
   static std::map<LtKey, LtPlan> plans;
@@ -276,14 +276,18 @@ const LtPlan *ltPlanFor(const LtKey &key, cudaDataType_t type) {
   const auto [M, n, k, tb, t, epilogue] = key;
   (void)t;
   const bool dgelu = epilogue == CUBLASLT_EPILOGUE_DGELU;
+  const bool gelu = epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   auto refuse = [&](const std::string &why) -> const LtPlan * {
     p.refused = why;
     p.desc = nullptr;
     std::fprintf(stderr,
-                 dgelu ? "carve: matmul16_dgelu [%lld x %lld] x [%lld x %lld]: cuBLASLt's DGELU "
-                         "epilogue refused (%s); GELU's gradient is a kernel of its own\n"
-                       : "carve: matmul16_bias [%lld x %lld] x [%lld x %lld]: cuBLASLt's bias "
-                         "epilogue refused (%s); the bias is added by a kernel of its own\n",
+                 dgelu  ? "carve: matmul16_dgelu [%lld x %lld] x [%lld x %lld]: cuBLASLt's DGELU "
+                          "epilogue refused (%s); GELU's gradient is a kernel of its own\n"
+                 : gelu ? "carve: matmul16_bias_gelu [%lld x %lld] x [%lld x %lld]: cuBLASLt's "
+                          "GELU_AUX_BIAS epilogue refused (%s); the bias and GELU are a kernel "
+                          "of their own\n"
+                        : "carve: matmul16_bias [%lld x %lld] x [%lld x %lld]: cuBLASLt's bias "
+                          "epilogue refused (%s); the bias is added by a kernel of its own\n",
                  (long long)M, (long long)k, (long long)k, (long long)n, why.c_str());
     return nullptr;
   };
@@ -301,15 +305,16 @@ const LtPlan *ltPlanFor(const LtKey &key, cudaDataType_t type) {
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
   CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                     &epilogue, sizeof epilogue));
-  if (dgelu) {
-    // GELU's input (the auxiliary matrix) in D's layout: ld n, D's type.
+  if (dgelu || gelu) {
+    // GELU's input (the auxiliary matrix, read by DGELU, written by
+    // GELU_AUX_BIAS) in D's layout: ld n, D's type.
     const int64_t auxLd = n;
     CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                       &auxLd, sizeof auxLd));
-  } else {
+  }
+  if (!dgelu)
     CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                       &biasType, sizeof biasType));
-  }
   const int64_t ldb = tb ? k : n;
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, tb ? k : n, tb ? n : k, ldb));
   CARVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, k, M, k));
@@ -324,21 +329,34 @@ __global__ void biasRoundKernel(const float *y, In16 bias, int64_t rows, int64_t
   CARVE_GRID_LOOP(i, rows * n) store(out, i, bias[i % n] + y[i]);
 }
 
+/// pre16 = bias16 + y and y16 = GELU (tanh form) of that f32 sum, each
+/// rounded once: cuBLASLt's GELU_AUX_BIAS where it does not run.
+__global__ void biasGeluRoundKernel(const float *y, In16 bias, int64_t rows, int64_t n, Out16 pre,
+                                    Out16 out) {
+  CARVE_GRID_LOOP(i, rows * n) {
+    const float v = bias[i % n] + y[i];
+    store(pre, i, v);
+    store(out, i, carve::rt::ew::unary<Unary::GeluTanh>(v));
+  }
+}
+
 } // namespace
 
 namespace {
 
-/// matmul16_bias's and matmul16_dgelu's library path: the product of
-/// [rows, k] by op(b) (A not transposed, B shared: the batch folds into one
-/// GEMM) through cuBLASLt with `epilogue`, its pointer attribute `ptrAttr`
-/// set to `ptr` (the bias, or GELU's input), rounded into y16. False where
-/// it cannot run so (the caller computes it otherwise); `extra`: the
-/// caller's own condition (DGELU's rows a multiple of 8); `whatBf16`,
-/// `whatF16`: the call's name in the GPU profile.
+/// matmul16_bias's, matmul16_bias_gelu's and matmul16_dgelu's library
+/// path: the product of [rows, k] by op(b) (A not transposed, B shared: the
+/// batch folds into one GEMM) through cuBLASLt with `epilogue`, its pointer
+/// attribute `ptrAttr` set to `ptr` (the bias, or GELU's input) and, where
+/// `aux` is not null, EPILOGUE_AUX_POINTER to it (GELU_AUX_BIAS's
+/// pre-activation), rounded into y16. False where it cannot run so (the
+/// caller computes it otherwise); `extra`: the caller's own condition (rows
+/// a multiple of 8 for an auxiliary matrix); `whatBf16`, `whatF16`: the
+/// call's name in the GPU profile.
 bool ltEpilogueMatmul(uint32_t epilogue, cublasLtMatmulDescAttributes_t ptrAttr, const void *ptr,
-                      const char *whatBf16, const char *whatF16, const void *a, bool a16, Dims as,
-                      bool transA, const void *b, bool b16, Dims bs, bool transB, uint16_t *y16,
-                      Dims ys, bool extra, int64_t &calls) {
+                      void *aux, const char *whatBf16, const char *whatF16, const void *a, bool a16,
+                      Dims as, bool transA, const void *b, bool b16, Dims bs, bool transB,
+                      uint16_t *y16, Dims ys, bool extra, int64_t &calls) {
   const Precision p = precision();
   const int ar = as.rank, br = bs.rank, yr = ys.rank;
   const int64_t n = ys.d[yr - 1], rows = ys.numel() / std::max<int64_t>(n, 1);
@@ -348,7 +366,8 @@ bool ltEpilogueMatmul(uint32_t epilogue, cublasLtMatmulDescAttributes_t ptrAttr,
   const cudaDataType_t type = p == Precision::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   auto aligned = [](const void *q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool oneGemm = extra && !transA && bBatch.numel() == 1 && M == rows && k > 0 &&
-                       M <= INT_MAX && n <= INT_MAX && k <= INT_MAX && aligned(ptr) && aligned(y16);
+                       M <= INT_MAX && n <= INT_MAX && k <= INT_MAX && aligned(ptr) &&
+                       aligned(y16) && aligned(aux);
   const LtPlan *plan =
       oneGemm ? ltPlanFor(LtKey{M, n, k, transB, (int)type, epilogue}, type) : nullptr;
   if (!plan)
@@ -360,6 +379,9 @@ bool ltEpilogueMatmul(uint32_t epilogue, cublasLtMatmulDescAttributes_t ptrAttr,
   if (!aligned(oa.p) || !aligned(ob.p))
     return false;
   CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, ptrAttr, &ptr, sizeof ptr));
+  if (aux)
+    CARVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
   const float alpha = 1.0f, beta = 0.0f;
   size_t wsBytes = 0;
   void *ws = blasWorkspace(wsBytes);
@@ -393,7 +415,7 @@ void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b,
   checkEpilogueRanks("matmul16_bias", as, bs, ys);
   if (ys.numel() == 0)
     return;
-  if (ltEpilogueMatmul(CUBLASLT_EPILOGUE_BIAS, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias16,
+  if (ltEpilogueMatmul(CUBLASLT_EPILOGUE_BIAS, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias16, nullptr,
                        "cuBLAS GEMM, bf16 inputs, cuBLASLt bias epilogue",
                        "cuBLAS GEMM, fp16 inputs, cuBLASLt bias epilogue", a, a16, as, transA, b,
                        b16, bs, transB, y16, ys, true, gBiasEpilogueCalls))
@@ -408,6 +430,32 @@ void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b,
   checkLaunch("matmul16_bias (bias)");
 }
 
+int64_t matmulBiasGeluEpilogueCalls() { return gBiasGeluEpilogueCalls; }
+
+void matmul16_bias_gelu(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16,
+                        Dims bs, bool transB, const void *bias16, uint16_t *pre16, uint16_t *y16,
+                        Dims ys) {
+  checkEpilogueRanks("matmul16_bias_gelu", as, bs, ys);
+  if (ys.numel() == 0)
+    return;
+  const int64_t n = ys.d[ys.rank - 1], rows = ys.numel() / std::max<int64_t>(n, 1);
+  // The pre-activation with rows of n, a multiple of 8 (EPILOGUE_AUX_LD).
+  if (ltEpilogueMatmul(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias16,
+                       pre16, "cuBLAS GEMM, bf16 inputs, cuBLASLt GELU_AUX_BIAS epilogue",
+                       "cuBLAS GEMM, fp16 inputs, cuBLASLt GELU_AUX_BIAS epilogue", a, a16, as,
+                       transA, b, b16, bs, transB, y16, ys, n % 8 == 0, gBiasGeluEpilogueCalls))
+    return;
+  // The product in f32 scratch, then the bias added and GELU applied to the
+  // f32 sum, both rounded (what the epilogue computes).
+  auto *prod = static_cast<float *>(workspace(sizeof(float) * ys.numel(), kWsBasic2));
+  matmulAny(a, a16, as, transA, b, b16, bs, transB, prod, ys, false);
+  const int fmt = format16For("matmul16_bias_gelu");
+  CARVE_KERNEL(blocksFor(ys.numel()), kThreads, 0, stream(), biasGeluRoundKernel)
+  (prod, in16("matmul16_bias_gelu", bias16, true), rows, n, Out16{nullptr, pre16, fmt, false},
+   Out16{nullptr, y16, fmt, false});
+  checkLaunch("matmul16_bias_gelu (bias, GELU)");
+}
+
 int64_t matmulDgeluEpilogueCalls() { return gDgeluEpilogueCalls; }
 
 void matmul16_dgelu(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16, Dims bs,
@@ -417,7 +465,7 @@ void matmul16_dgelu(const void *a, bool a16, Dims as, bool transA, const void *b
     return;
   // GELU's input with rows of n, a multiple of 8 (cuBLASLt's EPILOGUE_AUX_LD).
   if (ltEpilogueMatmul(CUBLASLT_EPILOGUE_DGELU, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x16,
-                       "cuBLAS GEMM, bf16 inputs, cuBLASLt DGELU epilogue",
+                       nullptr, "cuBLAS GEMM, bf16 inputs, cuBLASLt DGELU epilogue",
                        "cuBLAS GEMM, fp16 inputs, cuBLASLt DGELU epilogue", a, a16, as, transA, b,
                        b16, bs, transB, y16, ys, ys.d[ys.rank - 1] % 8 == 0, gDgeluEpilogueCalls))
     return;

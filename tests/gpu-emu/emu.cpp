@@ -1529,6 +1529,9 @@ size_t typeBytes(cudaDataType t, const char *call) {
 /// the bias pointer receives the sums over k of op(A)'s rows (one per row of
 /// D) / op(B)'s columns (one per column of D), the values multiplied, summed
 /// in fp32 in k's order and rounded once to the bias type.
+/// CUBLASLT_EPILOGUE_GELU_AUX_BIAS: the bias added as BIAS does, the fp32
+/// sum rounded into the auxiliary matrix (D's type, its own leading
+/// dimension) and the tanh GELU of the fp32 sum rounded into D.
 /// CUBLASLT_EPILOGUE_DGELU: the fp32 product times the tanh GELU's
 /// derivative at the auxiliary matrix's element (D's type, its own leading
 /// dimension), rounded once (carve/rt/elementwise.h's formula, the one
@@ -1555,8 +1558,12 @@ void ltMatmul(const LtDesc d, const void *A, const LtLayout la, const void *B, c
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       float v = acc[i + static_cast<size_t>(j) * m];
-      if (d.epilogue == CUBLASLT_EPILOGUE_BIAS)
+      if (d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
         v += elementOf(d.bias, static_cast<cudaDataType>(d.biasType), i, 0, 1);
+      if (d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+        write(const_cast<void *>(d.aux), ldd.type, i + static_cast<size_t>(j) * d.auxLd, v);
+        v = carve::rt::ew::unary<carve::rt::Unary::GeluTanh>(v);
+      }
       if (d.epilogue == CUBLASLT_EPILOGUE_DGELU)
         v = carve::rt::ew::unaryGrad<carve::rt::Unary::GeluTanh>(
             elementOf(d.aux, ldd.type, i, j, static_cast<int>(d.auxLd)), v);
@@ -1615,8 +1622,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
     const uint32_t e = ltValue<uint32_t>(buf, bytes, call, "EPILOGUE");
     if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS &&
         e != CUBLASLT_EPILOGUE_BGRADA && e != CUBLASLT_EPILOGUE_BGRADB &&
-        e != CUBLASLT_EPILOGUE_DGELU)
-      die("%s: epilogue %u is not emulated (DEFAULT, BIAS, BGRADA, BGRADB and DGELU are)", call, e);
+        e != CUBLASLT_EPILOGUE_DGELU && e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      die("%s: epilogue %u is not emulated (DEFAULT, BIAS, BGRADA, BGRADB, GELU_AUX_BIAS and "
+          "DGELU are)",
+          call, e);
     x->epilogue = static_cast<cublasLtEpilogue_t>(e);
     break;
   }
@@ -1736,26 +1745,33 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         (unsigned long long)m, (unsigned long long)k, (unsigned long long)kb, (unsigned long long)n,
         (unsigned long long)ld.rows, (unsigned long long)ld.cols);
   LtDesc run = desc;
-  if (desc.epilogue == CUBLASLT_EPILOGUE_DGELU) {
-    // GELU's input: D's type, rows of D, a leading dimension divisible by 8
-    // and at least D's rows (cublasLt.h, EPILOGUE_AUX_LD).
+  if (desc.epilogue == CUBLASLT_EPILOGUE_DGELU ||
+      desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    // GELU's input (read by DGELU, written by GELU_AUX_BIAS): D's type,
+    // rows of D, a leading dimension divisible by 8 and at least D's rows
+    // (cublasLt.h, EPILOGUE_AUX_LD).
+    const char *e = desc.epilogue == CUBLASLT_EPILOGUE_DGELU ? "DGELU" : "GELU_AUX_BIAS";
     if (ld.type == CUDA_R_32F)
-      die("%s: DGELU with an fp32 D (carve's GELU inputs are 16-bit)", call);
+      die("%s: %s with an fp32 D (carve's GELU inputs are 16-bit)", call, e);
     if (desc.auxLd < static_cast<int64_t>(std::max<uint64_t>(m, 1)) || desc.auxLd % 8)
-      die("%s: DGELU's EPILOGUE_AUX_LD %lld for D of %llu rows (at least the rows, divisible by 8)",
-          call, static_cast<long long>(desc.auxLd), (unsigned long long)m);
+      die("%s: %s's EPILOGUE_AUX_LD %lld for D of %llu rows (at least the rows, divisible by 8)",
+          call, e, static_cast<long long>(desc.auxLd), (unsigned long long)m);
     const uint64_t auxBytes = n ? ((n - 1) * desc.auxLd + m) * typeBytes(ld.type, call) : 0;
     if (!desc.aux || !isDevice(desc.aux, auxBytes))
-      die("%s: DGELU's input (%p, %llu x %llu, ld %lld) is not inside one device allocation", call,
-          desc.aux, (unsigned long long)m, (unsigned long long)n,
+      die("%s: %s's auxiliary matrix (%p, %llu x %llu, ld %lld) is not inside one device "
+          "allocation",
+          call, e, desc.aux, (unsigned long long)m, (unsigned long long)n,
           static_cast<long long>(desc.auxLd));
     if (reinterpret_cast<uintptr_t>(desc.aux) % 16)
-      die("%s: DGELU's input %p is not 16-byte aligned", call, desc.aux);
-  } else if (desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      die("%s: %s's auxiliary matrix %p is not 16-byte aligned", call, e, desc.aux);
+  }
+  if (desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT && desc.epilogue != CUBLASLT_EPILOGUE_DGELU) {
     // BIAS reads a bias per row of D; BGRADA writes one per row, BGRADB one
     // per column.
     const uint64_t count = desc.epilogue == CUBLASLT_EPILOGUE_BGRADB ? n : m;
-    const char *what = desc.epilogue == CUBLASLT_EPILOGUE_BIAS ? "bias" : "bias gradient";
+    const bool adds =
+        desc.epilogue == CUBLASLT_EPILOGUE_BIAS || desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const char *what = adds ? "bias" : "bias gradient";
     if (run.biasType == -1)
       run.biasType = ld.type;
     if (run.biasType != ld.type)
@@ -1766,7 +1782,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
           desc.bias, (unsigned long long)count);
     if (reinterpret_cast<uintptr_t>(desc.bias) % 16)
       die("%s: the %s %p is not 16-byte aligned", call, what, desc.bias);
-    if (desc.epilogue != CUBLASLT_EPILOGUE_BIAS && k == 0)
+    if (!adds && k == 0)
       die("%s: a bias gradient over k = 0", call);
   }
   auto extent = [&](const LtLayout &l) {

@@ -55,5 +55,9 @@ run "GELU's input read with the wrong leading dimension (matmul16_dgelu's AUX_LD
 p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
 old='const int64_t auxLd = n;'
 assert old in s; s=s.replace(old, 'const int64_t auxLd = k;',1); open(p,'w').write(s)"
+run "the pre-activation never handed to cuBLASLt (GELU_AUX_BIAS without its EPILOGUE_AUX_POINTER)" runtime/cuda/kernels_matmul.cu "
+p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
+old='  if (aux)\n'
+assert old in s; s=s.replace(old, '  if (false)\n',1); open(p,'w').write(s)"
 (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)
 git status --short | head

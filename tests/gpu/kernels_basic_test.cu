@@ -761,7 +761,8 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                         {{2, 3, 16, 256}, false, {256, 24}, false, false},
                         {{64, 256}, false, {96, 256}, true, true}};
   const int bits = p == rt::Precision::BF16 ? 8 : 11;
-  const int64_t lt0 = g::matmulBiasEpilogueCalls(), dg0 = g::matmulDgeluEpilogueCalls();
+  const int64_t lt0 = g::matmulBiasEpilogueCalls(), dg0 = g::matmulDgeluEpilogueCalls(),
+                bg0 = g::matmulBiasGeluEpilogueCalls();
   for (const Case &c : cases) {
     const Dims ys = matmulShape(c.a, c.ta, c.b, c.tb);
     const int64_t k = 256;
@@ -882,6 +883,60 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                     (long long)exact, got.size());
       }
     }
+    // matmul16_bias_gelu (carve-fold-views' "epilogue" on a GELU): the
+    // pre-activation (product plus bias, rounded once) as matmul16_bias
+    // writes it, and the tanh GELU of the f32 sum rounded once, by cuBLASLt's
+    // GELU_AUX_BIAS where the batch folds into one GEMM and the rows are a
+    // multiple of 8 (the first, third and fourth cases), else a kernel after
+    // matmul16. Against the f32 product plus the bias and GELU of that on
+    // the host: bit for bit on the emulated GPU; on a GPU, where the sum and
+    // GELU are cuBLASLt's, within one 16-bit ulp or 1e-3 of the largest
+    // value.
+    {
+      const int64_t n = ys.d[ys.rank - 1], count = ys.numel();
+      auto bias = up(randn(n));
+      auto bias16 = poisoned<uint16_t>(n);
+      (bf ? g::toBf16 : g::toF16)(bias->p, bias16->p, n);
+      const std::vector<uint16_t> b16h = bias16->download();
+      std::vector<uint16_t> wantPre(count), wantY(count);
+      float big = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const float bv = bf ? rt::ew::bf16Float(b16h[i % n]) : rt::ew::f16Float(b16h[i % n]);
+        const float v = bv + views[i];
+        const float y = rt::ew::unary<rt::Unary::GeluTanh>(v);
+        wantPre[i] = bf ? rt::ew::bf16Bits(v) : rt::ew::f16Bits(v);
+        wantY[i] = bf ? rt::ew::bf16Bits(y) : rt::ew::f16Bits(y);
+        big = std::max(big, std::fabs(v));
+      }
+      auto pre16 = poisoned<uint16_t>(count), y16 = poisoned<uint16_t>(count);
+      g::matmul16_bias_gelu(a16->p, true, c.a, c.ta, b16->p, true, c.b, c.tb, bias16->p, pre16->p,
+                            y16->p, ys);
+      const std::vector<uint16_t> gotPre = pre16->download(), gotY = y16->download();
+      auto value = [bf](uint16_t h) { return bf ? rt::ew::bf16Float(h) : rt::ew::f16Float(h); };
+      int64_t far = 0, exact = 0;
+      for (int64_t i = 0; i < count; ++i)
+        for (auto [got, want] : {std::pair{gotPre[i], wantPre[i]}, std::pair{gotY[i], wantY[i]}}) {
+          const int64_t d = std::abs(int64_t(got) - int64_t(want));
+          exact += d == 0;
+          far += d > 1 && std::fabs(value(got) - value(want)) > 1e-3f * big;
+        }
+      ++checks();
+#ifdef CARVE_CUDA_EMULATION
+      const bool emulated = true;
+#else
+      const bool emulated = false;
+#endif
+      if (far || (emulated && exact != 2 * count)) {
+        std::printf("FAIL %s matmul16_bias_gelu: %lld of %lld values differ from the host's sum "
+                    "and GELU (%lld by more than the bound)\n",
+                    what.c_str(), (long long)(2 * count - exact), (long long)(2 * count),
+                    (long long)far);
+        ++failures();
+      } else {
+        std::printf("ok   %s matmul16_bias_gelu (%lld of %lld values bit for bit)\n", what.c_str(),
+                    (long long)exact, (long long)(2 * count));
+      }
+    }
     // matmul16_dgelu (carve-fold-views' "epilogue" on a GELU gradient): the
     // fp32 product times the tanh GELU's derivative at a 16-bit input,
     // rounded once, by cuBLASLt's DGELU where the batch folds into one GEMM
@@ -930,14 +985,19 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
     }
     g::setPrecision(rt::Precision::F32);
   }
-  ++checks();
-  const int64_t dg = g::matmulDgeluEpilogueCalls() - dg0;
-  if (dg != 3) {
-    std::printf("FAIL matmul16_dgelu %s: %lld of 3 calls ran as cuBLASLt matmuls\n", name,
-                (long long)dg);
-    ++failures();
-  } else {
-    std::printf("ok   matmul16_dgelu %s: 3 calls ran as cuBLASLt matmuls\n", name);
+  // The three cases whose batch folds into one GEMM (rows a multiple of 8)
+  // ran through cuBLASLt's GELU_AUX_BIAS and DGELU epilogues.
+  for (auto [call, calls] :
+       {std::pair{"matmul16_bias_gelu", g::matmulBiasGeluEpilogueCalls() - bg0},
+        std::pair{"matmul16_dgelu", g::matmulDgeluEpilogueCalls() - dg0}}) {
+    ++checks();
+    if (calls != 3) {
+      std::printf("FAIL %s %s: %lld of 3 calls ran as cuBLASLt matmuls\n", call, name,
+                  (long long)calls);
+      ++failures();
+    } else {
+      std::printf("ok   %s %s: 3 calls ran as cuBLASLt matmuls\n", call, name);
+    }
   }
   // The three cases whose batch folds into one GEMM ran through cuBLASLt's
   // bias epilogue (stderr says why where it refused); the other, the kernel.

@@ -231,6 +231,19 @@ void matmul16_bias(const void *a, bool a16, Dims as, bool transA, const void *b,
 /// How many matmul16_bias calls of this process ran as cuBLASLt matmuls with
 /// the bias epilogue (what tests read to know the library path was taken).
 int64_t matmulBiasEpilogueCalls();
+/// matmul16_bias followed by the tanh GELU in one call: pre16 = the product
+/// plus bias16 and y16 = gelu_tanh of that fp32 sum, each rounded once
+/// (the product's shape, rows a multiple of 8 for the library path):
+/// cuBLASLt's CUBLASLT_EPILOGUE_GELU_AUX_BIAS (pre16 its auxiliary output),
+/// where the batch folds into one GEMM; otherwise matmul16 into f32 scratch,
+/// then one kernel (the same values). GELU reads the unrounded sum
+/// (carve-fold-views' "epilogue" on a GELU: the MLP's input projection).
+void matmul16_bias_gelu(const void *a, bool a16, Dims as, bool transA, const void *b, bool b16,
+                        Dims bs, bool transB, const void *bias16, uint16_t *pre16, uint16_t *y16,
+                        Dims ys);
+/// How many matmul16_bias_gelu calls ran as cuBLASLt matmuls with
+/// GELU_AUX_BIAS.
+int64_t matmulBiasGeluEpilogueCalls();
 /// GELU's gradient computed by the matmul of its incoming gradient:
 /// y16 = round(gelu_tanh'(x16) * (op(a) op(b))), x16 the 16-bit
 /// pre-activation (the product's shape, rows a multiple of 8 for the
