@@ -39,6 +39,13 @@ at configure time; no GPU needed):
    kernel name the sources do not define are each one error line naming the
    op or file, with no output left behind.
 
+7. GELU under bf16: `carve compile` says which GELUs and GELU gradients run
+   in their GEMMs' cuBLASLt epilogues and what that does to the numbers
+   (a GPT with the tanh GELU: GELU_AUX_BIAS and DGELU, one per layer), that
+   the erf form runs as carve's kernels and why, and that tanh GELUs whose
+   rows are not a multiple of 8 do too; the notes match the calls the
+   program makes; --quiet and fp32 plans say nothing of GELU.
+
 Where the CUDA target is not built, the test says so and exits 77 (ctest
 reports it as skipped, never as passed).
 """
@@ -251,6 +258,51 @@ def check_custom_ops(carve, workdir):
     return 4
 
 
+def check_gelu_notes(carve, workdir):
+    """7. of the docstring: the GELU notes of bf16 compiles, against the calls."""
+    gpt = "builtin:gpt:layers=3,seq=16,vocab=128,batch=2,"
+    cases = [  # (model, plan, the notes' first words expected, epilogue calls)
+        (gpt + "hidden=64,heads=2,gelu_tanh=1", {"precision": "bf16"},
+         ["3 GELUs (the tanh form) applied by their GEMM's cuBLASLt epilogue (GELU_AUX_BIAS)",
+          "3 GELU gradients computed by their incoming gradient's GEMM (cuBLASLt's DGELU"], 3),
+        (gpt + "hidden=64,heads=2", {"precision": "bf16"},
+         ["3 GELUs of the erf form run as carve's kernels (cuBLASLt's GELU epilogues compute "
+          "the tanh form"], 0),
+        (gpt + "hidden=9,heads=1,gelu_tanh=1", {"precision": "bf16"},
+         ["3 tanh GELUs run as carve's kernels (not alone after a GEMM's bias add, rows not a "
+          "multiple of 8"], 0),
+        (gpt + "hidden=64,heads=2,gelu_tanh=1", {}, [], 0),
+    ]
+    checks = 0
+    for model, plan, want, calls in cases:
+        for quiet in (False, True):
+            out = os.path.join(workdir, "gelu-notes")
+            pj = out + ".plan.json"
+            with open(pj, "w") as f:
+                json.dump(plan, f)
+            cmd = [carve, "compile", model, "--target", "cuda", "--plan", pj, "--no-build",
+                   "--no-weights", "-o", out] + (["--quiet"] if quiet else [])
+            rc, so, se = run(cmd)
+            if rc != 0:
+                raise Failure("%s failed:\n%s%s" % (" ".join(cmd), so, se))
+            notes = [l[len("carve: note: "):] for l in se.splitlines()
+                     if l.startswith("carve: note: ") and "GELU" in l]
+            expect = [] if quiet else want
+            if len(notes) != len(expect) or any(not n.startswith(w)
+                                                for n, w in zip(notes, expect)):
+                raise Failure("%s: GELU notes %s, expected %s" % (" ".join(cmd), notes, expect))
+            with open(os.path.join(out, "src", "program0.cu")) as f:
+                src = f.read()
+            for call in ("matmul16_bias_gelu", "matmul16_dgelu"):
+                if src.count("gpu::%s(" % call) != calls:
+                    raise Failure("%s: %d %s calls, the notes say %d"
+                                  % (" ".join(cmd), src.count("gpu::%s(" % call), call, calls))
+            checks += 1
+    print("ok: GELU's notes (tanh GELU in the GEMMs' epilogues, the erf form and rows not a "
+          "multiple of 8 as carve's kernels; none with --quiet or in fp32) match the calls")
+    return checks
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--carve", required=True)
@@ -387,6 +439,9 @@ def main():
 
     # 6. Custom ops with CUDA kernels.
     checks += check_custom_ops(a.carve, a.workdir)
+
+    # 7. GELU's notes (no build).
+    checks += check_gelu_notes(a.carve, a.workdir)
     print("cuda-compile: %d checks passed" % checks)
     return 0
 

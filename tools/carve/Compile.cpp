@@ -15,12 +15,14 @@
 
 #include "compiler/driver/CompilePipeline.h"
 #include "compiler/frontend/Builtin.h"
+#include "compiler/fusion/Fusion.h"
 #include "compiler/lower/GpuCost.h"
 #include "compiler/plan/Plan.h"
 #include "compiler/rules/Rules.h"
 #include "compiler/schedule/Schedule.h"
 #include "compiler/schedule/Timeline.h"
 #include "compiler/stages/StageSplit.h"
+#include "dialects/carve/CarveOps.h"
 #include "dialects/carve/Contract.h"
 #include "dialects/dist/DistDialect.h"
 #include "tools/carve/Build.h"
@@ -387,6 +389,42 @@ void noteAttention(mlir::ModuleOp module) {
                  << " run as carve's own kernel: " << why << "\n";
 }
 
+/// On the CUDA target under bf16/fp16: which GELUs and GELU gradients their
+/// GEMMs compute in cuBLASLt's epilogue (carve-fold-views' "epilogue"), what
+/// that does to the numbers, and why the others run as carve's kernels.
+void noteGelu(mlir::ModuleOp module) {
+  int64_t forward = 0, backward = 0, erf = 0, tanhOwn = 0;
+  module.walk([&](mlir::Operation *op) {
+    auto k = op->getAttrOfType<mlir::StringAttr>(kKernelAttr);
+    if (k && k.getValue() == "matmul16_bias_gelu")
+      ++forward;
+    if (k && k.getValue() == "matmul16_dgelu")
+      ++backward;
+    if (auto g = mlir::dyn_cast<GeluOp>(op); g && k) { // in a program the emitter prints
+      if (g.getApproximate() != "tanh")
+        ++erf;
+      else if (foldOf(op) != kFoldEpilogue)
+        ++tanhOwn;
+    }
+  });
+  if (forward)
+    llvm::errs() << "carve: note: " << forward << " GELU" << (forward > 1 ? "s" : "")
+                 << " (the tanh form) applied by their GEMM's cuBLASLt epilogue (GELU_AUX_BIAS): "
+                    "GELU of the fp32 sum, one 16-bit rounding fewer than the CPU target\n";
+  if (backward)
+    llvm::errs() << "carve: note: " << backward << " GELU gradient" << (backward > 1 ? "s" : "")
+                 << " computed by their incoming gradient's GEMM (cuBLASLt's DGELU epilogue; the "
+                    "same values as the kernel)\n";
+  if (erf)
+    llvm::errs() << "carve: note: " << erf << " GELU" << (erf > 1 ? "s" : "")
+                 << " of the erf form run as carve's kernels (cuBLASLt's GELU epilogues compute "
+                    "the tanh form, F.gelu(x, approximate=\"tanh\"))\n";
+  if (tanhOwn)
+    llvm::errs() << "carve: note: " << tanhOwn << " tanh GELU" << (tanhOwn > 1 ? "s" : "")
+                 << " run as carve's kernels (not alone after a GEMM's bias add, rows not a "
+                    "multiple of 8, or read in f32)\n";
+}
+
 /// --gpu-model: the step's launches and predicted GPU time (docs/gpu-model.md);
 /// dies naming the cause when the program is not one the model prices.
 std::string gpuModelReport(mlir::ModuleOp module, const CompileArgs &args, Progress &progress) {
@@ -432,6 +470,8 @@ int runCompile(CompileArgs &args) {
   noteUntrained(*im.module);
   if (args.target == "cuda" && !args.quiet)
     noteAttention(*im.module);
+  if (args.target == "cuda" && s.plan.precision != "fp32" && !args.quiet)
+    noteGelu(*im.module);
   if (args.target != "cuda" && s.plan.tf32 && !args.quiet)
     llvm::errs() << "carve: note: \"tf32\": the CPU target has no TF32; its matmuls compute "
                     "in fp32 as without it (the field takes effect with --target cuda)\n";
