@@ -162,6 +162,27 @@ Value paramGradCopy16(Value v, const PlanAttrs &plan) {
   return Value();
 }
 
+Value logitsOverwrittenBy(Value copy, const PlanAttrs &plan) {
+  if (plan.target != "cuda" || (plan.precision != "bf16" && plan.precision != "fp16"))
+    return Value();
+  auto c = copy.getDefiningOp<CastOp>();
+  if (!c)
+    return Value();
+  auto w = c.getInput().getDefiningOp<CrossEntropyGradOp>();
+  auto lt = w ? dyn_cast<RankedTensorType>(w.getOperand(0).getType()) : RankedTensorType();
+  Type e = elementOf(copy);
+  if (!w || w->getNextNode() != c.getOperation() ||
+      w->getAttrOfType<IntegerAttr>(kShardedRowsAttr) || !lt || lt.getRank() != 2 ||
+      !((plan.precision == "bf16" && e.isBF16()) || (plan.precision == "fp16" && e.isF16())) ||
+      !neverStoredF32(c.getInput(), plan))
+    return Value();
+  Value l16 = stored16(w.getOperand(0), w, plan.precision);
+  auto numel = [](Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); };
+  if (!l16 || elementOf(l16) != e || numel(l16) != numel(copy))
+    return Value();
+  return l16;
+}
+
 bool neverStoredF32(Value v, const PlanAttrs &plan) {
   if (plan.target != "cuda" || plan.precision == "fp32")
     return false;

@@ -55,6 +55,17 @@ bool neverStoredF32(mlir::Value v, const PlanAttrs &plan);
 /// null.
 mlir::Value paramGradCopy16(mlir::Value v, const PlanAttrs &plan);
 
+/// On the CUDA target under a bf16/fp16 `plan`: for the 16-bit copy `copy`
+/// of a cross-entropy gradient (not vocab-parallel; classes along the last
+/// axis of 2-D logits) that the gradient writes alone (the cast right after
+/// it; neverStoredF32), the 16-bit tensor of the logits it reads (stored16),
+/// of as many elements and the same type: the kernel reads each row of the
+/// logits before it writes that row of the gradient at the same elements
+/// (cross_entropy_with_grad, cross_entropy_grad16), so carve-plan-memory may
+/// give the copy the logits' bytes where nothing reads the logits after the
+/// gradient. Null otherwise.
+mlir::Value logitsOverwrittenBy(mlir::Value copy, const PlanAttrs &plan);
+
 /// On the CUDA target under a bf16/fp16 `plan`: whether operand `k` of `u`
 /// is read as the 16-bit tensor that holds exactly its f32 values (exact16:
 /// the tensor it is a view of, or a copy of a value rounded as written),
