@@ -189,8 +189,23 @@ bool Generator::assignBuffers() {
       if (d && stridedOps.count(d))
         in = stridedPieceOf(d)->source16;
       auto it = bufferOf.find(in ? in : operandOf(op, i));
-      if (it == bufferOf.end())
-        continue; // never stored (neverStoredF32): the reader reads its 16-bit tensor
+      if (it == bufferOf.end()) {
+        // Never stored (neverStoredF32): the reader reads its 16-bit tensor,
+        // which lives until then: the tensor an f32 view (through reshapes)
+        // is of, or the value's 16-bit copy made before the reader.
+        Value v = operandOf(op, i);
+        while (auto r = v.getDefiningOp<ReshapeOp>())
+          v = r.getInput();
+        auto f32 = [](Value x) { return cast<ShapedType>(x.getType()).getElementType().isF32(); };
+        Value t16;
+        if (auto c = v.getDefiningOp<CastOp>(); c && !f32(c.getInput()))
+          t16 = c.getInput();
+        else if (f32(v))
+          t16 = copy16Before(v, op, opts.plan.precision);
+        if (auto s = t16 ? bufferOf.find(t16) : bufferOf.end(); s != bufferOf.end())
+          buffers[s->second].lastUse = std::max(buffers[s->second].lastUse, readAt(op));
+        continue;
+      }
       Buffer &b = buffers[it->second];
       b.lastUse = std::max(b.lastUse, readAt(op));
     }
