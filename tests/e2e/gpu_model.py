@@ -8,7 +8,8 @@ of the CUDA runtime (tests/gpu-emu), trains 2 steps with CARVE_GPU_PROFILE=shape
 table counts every kernel launch and every cuBLAS GEMM (with its shape) of step 2. The
 two must agree exactly: the same kernels, each launched as often, and the same GEMM
 FLOPs. Programs: a GPT in fp32 and bf16 (layer norm, GELU, causal attention, fused
-chains, AdamW with fp32 masters), a Llama-style decoder in bf16 (RMS norm, SwiGLU,
+chains, AdamW with fp32 masters), the GPT with the tanh GELU in bf16 (GELU and its
+gradient in the GEMMs' cuBLASLt epilogues), a Llama-style decoder in bf16 (RMS norm, SwiGLU,
 rotary, grouped-query attention), the GPT under SGD with momentum, and a small CNN
 exported with PyTorch (im2col gathers computed inside their GEMMs, batch norm's general
 reductions).
@@ -247,6 +248,9 @@ def main():
     try:
         check_program(a, "gpt-fp32", GPT, {}, [], data)
         check_program(a, "gpt-bf16", GPT, {"precision": "bf16"}, [], data)
+        # GPT-2's tanh GELU: GELU and its gradient in the GEMMs' cuBLASLt
+        # epilogues (matmul16_bias_gelu, matmul16_dgelu).
+        check_program(a, "gpt-tanh-bf16", GPT + ",gelu_tanh=1", {"precision": "bf16"}, [], data)
         check_program(a, "gpt-bf16-carve-attention", GPT, {"precision": "bf16"},
                       ["--attention", "carve"], data)
         check_cudnn_fallback(a, data)
