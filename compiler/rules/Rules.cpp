@@ -278,7 +278,7 @@ void Loader::customOp(const json &e, const std::string &at) {
       const json &dt = o.at("dtype");
       std::string s = dt.is_string() ? dt.get<std::string>() : "";
       static const std::set<std::string> types = {"f32", "f64", "i64", "i32", "bool"};
-      bool input = s.size() > 2 && s.compare(0, 2, "in") == 0 &&
+      bool input = s.size() > 2 && s.size() <= 8 && s.compare(0, 2, "in") == 0 &&
                    std::all_of(s.begin() + 2, s.end(),
                                [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
       if (input && std::stoi(s.substr(2)) >= numInputs)

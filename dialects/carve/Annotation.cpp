@@ -62,6 +62,10 @@ bool parseFactor(Annotation &a, Lexer &lx, bool inGroup, Factor &f, std::string 
       error = "a count (" + s.substr(start, lx.i - start) + ") must be inside a group like (3 c)";
       return false;
     }
+    if (lx.i - start > 12) {
+      error = "the count " + s.substr(start, lx.i - start) + " is too large";
+      return false;
+    }
     f.count = std::stoll(s.substr(start, lx.i - start));
     if (f.count < 1) {
       error = "a count must be >= 1";
