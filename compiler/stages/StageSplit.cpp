@@ -79,8 +79,8 @@ bool layerOfNode(StringRef node, std::string &prefix, int &number) {
     if (dot == StringRef::npos || dot == 0 || dot + 1 >= p.size())
       continue;
     StringRef num = p.drop_front(dot + 1);
-    if (!llvm::all_of(num, [](char c) { return isdigit((unsigned char)c); }))
-      continue;
+    if (num.size() > 9 || !llvm::all_of(num, [](char c) { return isdigit((unsigned char)c); }))
+      continue; // (a number too large for an int is no layer number)
     StringRef pre = p.take_front(dot);
     if (!llvm::all_of(pre, [](char c) { return isalnum((unsigned char)c) || c == '_'; }))
       continue;
