@@ -743,6 +743,34 @@ std::vector<float> justBelowMidpoint(int64_t n, int bits) {
   return v;
 }
 
+/// An epilogue GEMM's 16-bit results against a reference rounded the same
+/// way: bit for bit on the emulated GPU (one formula, one summation order);
+/// on a GPU each element within one 16-bit ulp, or within `atol` where that
+/// is not 0 (cuBLASLt evaluates GELU its own way).
+void expect16(const std::string &what, const char *against, const std::vector<uint16_t> &got,
+              const std::vector<uint16_t> &want, bool bf, float atol) {
+  auto value = [bf](uint16_t h) { return bf ? rt::ew::bf16Float(h) : rt::ew::f16Float(h); };
+  int64_t far = 0, exact = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int64_t d = std::abs(int64_t(got[i]) - int64_t(want[i]));
+    exact += d == 0;
+    far += d > 1 && (atol == 0 || std::fabs(value(got[i]) - value(want[i])) > atol);
+  }
+  ++checks();
+#ifdef CARVE_CUDA_EMULATION
+  const bool emulated = true;
+#else
+  const bool emulated = false;
+#endif
+  if (far || (emulated && exact != (int64_t)got.size())) {
+    std::printf("FAIL %s: %lld of %zu elements differ from %s (%lld by more than the bound)\n",
+                what.c_str(), (long long)(got.size() - exact), got.size(), against, (long long)far);
+    ++failures();
+  } else {
+    std::printf("ok   %s (%lld of %zu bit for bit)\n", what.c_str(), (long long)exact, got.size());
+  }
+}
+
 /// bf16 / fp16 inputs: both sides round every input to nearest even and
 /// multiply exactly (8- and 11-bit significands: products fit in fp32); only
 /// the fp32 additions differ, and tensor cores may truncate rather than round
@@ -860,28 +888,8 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                   want16->p, true, ys);
       auto got16 = poisoned<uint16_t>(ys.numel());
       g::matmul16_bias(a16->p, true, c.a, c.ta, b16->p, true, c.b, c.tb, bias16->p, got16->p, ys);
-      const std::vector<uint16_t> got = got16->download(), want = want16->download();
-      int64_t far = 0, exact = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const int64_t d = std::abs(int64_t(got[i]) - int64_t(want[i]));
-        exact += d == 0;
-        far += d > 1;
-      }
-      ++checks();
-#ifdef CARVE_CUDA_EMULATION
-      const bool emulated = true; // one summation order: the same bits
-#else
-      const bool emulated = false;
-#endif
-      if (far || (emulated && exact != (int64_t)got.size())) {
-        std::printf("FAIL %s matmul16_bias: %lld of %zu elements differ from the rounded f32 "
-                    "product plus the bias (%lld by more than one 16-bit ulp)\n",
-                    what.c_str(), (long long)(got.size() - exact), got.size(), (long long)far);
-        ++failures();
-      } else {
-        std::printf("ok   %s matmul16_bias (%lld of %zu bit for bit)\n", what.c_str(),
-                    (long long)exact, got.size());
-      }
+      expect16(what + " matmul16_bias", "the rounded f32 product plus the bias", got16->download(),
+               want16->download(), bf, 0);
     }
     // matmul16_bias_gelu (carve-fold-views' "epilogue" on a GELU): the
     // pre-activation (product plus bias, rounded once) as matmul16_bias
@@ -911,31 +919,11 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
       auto pre16 = poisoned<uint16_t>(count), y16 = poisoned<uint16_t>(count);
       g::matmul16_bias_gelu(a16->p, true, c.a, c.ta, b16->p, true, c.b, c.tb, bias16->p, pre16->p,
                             y16->p, ys);
-      const std::vector<uint16_t> gotPre = pre16->download(), gotY = y16->download();
-      auto value = [bf](uint16_t h) { return bf ? rt::ew::bf16Float(h) : rt::ew::f16Float(h); };
-      int64_t far = 0, exact = 0;
-      for (int64_t i = 0; i < count; ++i)
-        for (auto [got, want] : {std::pair{gotPre[i], wantPre[i]}, std::pair{gotY[i], wantY[i]}}) {
-          const int64_t d = std::abs(int64_t(got) - int64_t(want));
-          exact += d == 0;
-          far += d > 1 && std::fabs(value(got) - value(want)) > 1e-3f * big;
-        }
-      ++checks();
-#ifdef CARVE_CUDA_EMULATION
-      const bool emulated = true;
-#else
-      const bool emulated = false;
-#endif
-      if (far || (emulated && exact != 2 * count)) {
-        std::printf("FAIL %s matmul16_bias_gelu: %lld of %lld values differ from the host's sum "
-                    "and GELU (%lld by more than the bound)\n",
-                    what.c_str(), (long long)(2 * count - exact), (long long)(2 * count),
-                    (long long)far);
-        ++failures();
-      } else {
-        std::printf("ok   %s matmul16_bias_gelu (%lld of %lld values bit for bit)\n", what.c_str(),
-                    (long long)exact, (long long)(2 * count));
-      }
+      std::vector<uint16_t> got = pre16->download(), want = wantPre;
+      const std::vector<uint16_t> gotY = y16->download();
+      got.insert(got.end(), gotY.begin(), gotY.end());
+      want.insert(want.end(), wantY.begin(), wantY.end());
+      expect16(what + " matmul16_bias_gelu", "the host's sum and GELU", got, want, bf, 1e-3f * big);
     }
     // matmul16_dgelu (carve-fold-views' "epilogue" on a GELU gradient): the
     // fp32 product times the tanh GELU's derivative at a 16-bit input,
@@ -956,32 +944,11 @@ void testMatmulPrecision(rt::Precision p, const char *name) {
                       count);
       auto got16 = poisoned<uint16_t>(count);
       g::matmul16_dgelu(a16->p, true, c.a, c.ta, b16->p, true, c.b, c.tb, x16->p, got16->p, ys);
-      const std::vector<uint16_t> got = got16->download(), want = want16->download();
-      auto value = [bf](uint16_t h) { return bf ? rt::ew::bf16Float(h) : rt::ew::f16Float(h); };
       float big = 0;
       for (float v : views)
         big = std::max(big, std::fabs(v));
-      int64_t far = 0, exact = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const int64_t d = std::abs(int64_t(got[i]) - int64_t(want[i]));
-        exact += d == 0;
-        far += d > 1 && std::fabs(value(got[i]) - value(want[i])) > 1e-3f * big;
-      }
-      ++checks();
-#ifdef CARVE_CUDA_EMULATION
-      const bool emulated = true;
-#else
-      const bool emulated = false;
-#endif
-      if (far || (emulated && exact != (int64_t)got.size())) {
-        std::printf("FAIL %s matmul16_dgelu: %lld of %zu elements differ from unary_grad16 of "
-                    "the product (%lld by more than the bound)\n",
-                    what.c_str(), (long long)(got.size() - exact), got.size(), (long long)far);
-        ++failures();
-      } else {
-        std::printf("ok   %s matmul16_dgelu (%lld of %zu bit for bit)\n", what.c_str(),
-                    (long long)exact, got.size());
-      }
+      expect16(what + " matmul16_dgelu", "unary_grad16 of the product", got16->download(),
+               want16->download(), bf, 1e-3f * big);
     }
     g::setPrecision(rt::Precision::F32);
   }
