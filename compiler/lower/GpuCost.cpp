@@ -360,6 +360,26 @@ struct Model {
     return a;
   }
 
+  /// The elements of the bias attention_cudnn.cpp makes of an attention's
+  /// mask: [1 or b, 1 or h, tq, tk], b the batch items before the heads, h
+  /// the heads, each 1 where the mask broadcasts over all of it (0: no mask).
+  double maskBias16(Operation *op, const AttnShape &a) {
+    Value mask = isa<AttentionStatsOp>(op) ? cast<AttentionStatsOp>(op).getMask()
+                                           : cast<AttentionGradStatsOp>(op).getMask();
+    if (!mask)
+      return 0;
+    ArrayRef<int64_t> qs = typeOf(op->getOperand(0)).getShape(), ms = typeOf(mask).getShape();
+    const int64_t r = qs.size(), off = r - int64_t(ms.size());
+    double b = 1, h = 1;
+    bool overB = false, overH = false;
+    for (int64_t i = 0; i + 2 < r; ++i) {
+      const int64_t dim = i >= off ? ms[i - off] : 1;
+      (i + 3 == r ? h : b) *= qs[i];
+      (i + 3 == r ? overH : overB) |= dim != 1;
+    }
+    return (overB ? b : 1) * (overH ? h : 1) * double(a.tq) * a.tk;
+  }
+
   void attentionCudnn(Operation *op, bool grad) {
     // cuDNN's causal mask is top-left (query i sees keys up to i).
     const AttnShape a = attnShape(op, /*lastKeys=*/false);
@@ -381,9 +401,17 @@ struct Model {
       convert("to16Kernel", nk);
     if (!given16(2))
       convert("to16Kernel", nv);
+    // A mask: cuDNN's 16-bit bias, written by the call from the f32 mask
+    // (attentionMaskBias16), broadcast over the queries where the mask is.
+    const double nb = maskBias16(op, a);
+    if (nb > 0) {
+      Value mask =
+          grad ? cast<AttentionGradStatsOp>(op).getMask() : cast<AttentionStatsOp>(op).getMask();
+      add("maskBias16Kernel", GpuClass::Conversion, 0, 4 * double(numel(mask)) + 2 * nb);
+    }
     if (!grad) {
       add("cuDNN flash attention forward", GpuClass::Attention, 2 * pairs * (d + dv),
-          2 * (nq + nk + nv + no) + 4 * rows, 1, true);
+          2 * (nq + nk + nv + no + nb) + 4 * rows, 1, true);
       if (!outputCopy16(op->getResult(0))) // else written in 16 bits in place
         convert("from16Kernel", no);
       return;
@@ -396,7 +424,7 @@ struct Model {
     if (!dyWriter || !dyWriter->hasAttr(kWrite16Attr))
       convert("to16Kernel", no);
     add("cuDNN flash attention backward", GpuClass::Attention, 2 * pairs * (3 * d + 2 * dv),
-        2 * (2 * nq + 2 * nk + 2 * nv + 2 * no) + 8 * rows + 8 * nq, 1, true);
+        2 * (2 * nq + 2 * nk + 2 * nv + 2 * no + nb) + 8 * rows + 8 * nq, 1, true);
     // dq, dk, dv written in 16 bits into an assembled concat's copy
     // (carve-fold-views), else widened.
     if (Value t = producedInto(op->getResult(0)); t) {

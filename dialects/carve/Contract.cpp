@@ -273,14 +273,28 @@ std::string cudnnAttentionRefusal(mlir::Operation *op, const PlanAttrs &plan) {
     mask = g.getMask();
   else
     return "not carve.attention_stats or carve.attention_grad_stats";
-  if (mask)
-    return "an attention mask tensor (cuDNN's graph here takes causal or no mask)";
   auto qt = mlir::dyn_cast<mlir::RankedTensorType>(q.getType());
   auto kt = mlir::dyn_cast<mlir::RankedTensorType>(k.getType());
   auto vt = mlir::dyn_cast<mlir::RankedTensorType>(v.getType());
   if (!qt || !kt || !vt || !qt.hasStaticShape() || !kt.hasStaticShape() || !vt.hasStaticShape() ||
       qt.getRank() < 2)
     return "shapes not static";
+  if (mask) {
+    // An additive mask becomes cuDNN's bias (runtime/cuda/attention_cudnn.cpp):
+    // an f32 tensor that broadcasts to the scores [..., Tq, Tk].
+    auto mt = mlir::dyn_cast<mlir::RankedTensorType>(mask.getType());
+    if (!mt || !mt.hasStaticShape() || !mt.getElementType().isF32())
+      return "an attention mask that is not a static f32 tensor";
+    const int64_t r = qt.getRank(), mr = mt.getRank();
+    if (mr > r)
+      return "an attention mask of higher rank than the scores";
+    for (int64_t i = 0; i < mr; ++i) {
+      const int64_t at = r - mr + i;
+      const int64_t want = at == r - 1 ? kt.getShape()[r - 2] : qt.getShape()[at];
+      if (mt.getShape()[i] != 1 && mt.getShape()[i] != want)
+        return "an attention mask that does not broadcast to the scores";
+    }
+  }
   int64_t d = qt.getShape().back(), dv = vt.getShape().back();
   if (d % 8 || dv % 8 || d > 256 || dv > 256)
     return "head dimensions " + std::to_string(d) + " and " + std::to_string(dv) +

@@ -7,14 +7,15 @@
 // machines, so the graphs are built through the backend API (cudnn_graph.h),
 // op by op as the frontend's CompositeSDPANode (forward) and
 // CompositeSDPABackwardNode (backward, the non-deterministic dQ-accumulator
-// variant of cuDNN >= 9) build them for a causal top-left mask and a scalar
-// scale (docs/cuda.md, "Attention through cuDNN"):
+// variant of cuDNN >= 9) build them for a causal top-left mask, an additive
+// bias and a scalar scale (docs/cuda.md, "Attention through cuDNN"):
 //
-//   forward   S = Q K^T (f32) ; S *= scale ; causal: row >= col ? S : -inf ;
+//   forward   S = Q K^T (f32) ; S *= scale ; bias: S += B ;
+//             causal: row >= col ? S : -inf ;
 //             M = max_row S ; E = exp(S - M) ; Z = sum_row E ;
 //             Stats = M + log Z (f32, kept) ; P = E / Z (16-bit) ; O = P V
 //   backward  D = sum_row(dO * O) (f32, workspace) ; S = Q K^T * scale ;
-//             P = exp(S - Stats) (masked) ; dV = P^T dO ;
+//             bias: S += B ; P = exp(S - Stats) (masked) ; dV = P^T dO ;
 //             dS = P * (dO V^T - D) * scale ; dK = dS^T Q ;
 //             dQacc = dS K (f32, workspace) ; dQ = dQacc
 //
@@ -22,11 +23,14 @@
 // row log-sum-exp): the call converts q, k, v (o, dy) to the plan's 16-bit
 // format in scratch, runs the graph, and widens O (dQ, dK, dV) again. The
 // statistics are the same quantity either way, so a forward of one kind and
-// a backward of the other agree.
+// a backward of the other agree. A mask tensor (the op's additive `mask`,
+// broadcast to the scores) becomes the bias B: [1 or b, 1 or h, Tq, Tk] in
+// the 16-bit format, written to scratch by each call (attentionMaskBias16),
+// as the frontend's SDPA bias and PyTorch's cuDNN attention take it.
 //
 // A graph is built once per shape (the warm-up step, before any CUDA-graph
 // capture) and cached. Where cuDNN cannot take a call -- an f32 plan, a mask
-// tensor, a head dimension it lacks, no engine for the graph on this GPU, or
+// that does not broadcast, a head dimension it lacks, no engine for the graph on this GPU, or
 // CARVE_CUDNN_ATTENTION=off -- carve's own kernel runs (attention_fallback.cpp),
 // and the first such call of each shape says so on stderr, once.
 //
@@ -350,7 +354,8 @@ enum Uid : int64_t {
   kDV,
   kSoftmaxSum,
   kDQAccum,
-  kOne
+  kOne,
+  kBias
 };
 
 /// An attention call's shape as cuDNN sees it: [b, h, s, d] row-major, the
@@ -364,17 +369,21 @@ struct Shape {
   int64_t rowStride16 = 0; // bthd: rows of this many elements (0: h * d)
   bool oBthd = false;      // O written (forward) or read (backward) as [b, s, h, d]
   int64_t inRowStride = 0; // Q, K, V read as [b, s, h, d] rows this far apart (0: [b, h, s, d])
+  int64_t biasB = 0, biasH = 0; // an additive bias [biasB, biasH, sq, skv] (0: none)
   int prec = 0;
   auto key() const {
     return std::make_tuple(b, h, sq, skv, d, dv, causal, backward, bthd, dyBthd, rowStride16, oBthd,
-                           inRowStride, prec);
+                           inRowStride, biasB, biasH, prec);
   }
   bool operator<(const Shape &o) const { return key() < o.key(); }
   std::string text() const {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "[b %lld, h %lld, Tq %lld, Tk %lld, d %lld, dv %lld%s]",
+    char buf[224], bias[64] = "";
+    if (biasB)
+      std::snprintf(bias, sizeof bias, ", a mask as bias [%lld, %lld, %lld, %lld]",
+                    (long long)biasB, (long long)biasH, (long long)sq, (long long)skv);
+    std::snprintf(buf, sizeof buf, "[b %lld, h %lld, Tq %lld, Tk %lld, d %lld, dv %lld%s%s]",
                   (long long)b, (long long)h, (long long)sq, (long long)skv, (long long)d,
-                  (long long)dv, causal ? ", causal" : "");
+                  (long long)dv, causal ? ", causal" : "", bias);
     return buf;
   }
 };
@@ -389,6 +398,18 @@ Dims4 bthdStrides(const Shape &s) { return {s.sq * s.h * s.dv, s.dv, s.h * s.dv,
 Dims4 inputStrides(const Shape &s, int64_t t, int64_t d) {
   const int64_t r = s.inRowStride;
   return r ? Dims4{t * r, d, r, 1} : rowMajor(s.b, s.h, t, d);
+}
+
+/// scaled + B where the call has a bias (the frontend's SDPA bias: a
+/// pointwise add of the 16-bit [1 or b, 1 or h, sq, skv] tensor), else scaled.
+const Desc &addBias(Graph &g, const Desc &scaled, const Shape &s) {
+  if (!s.biasB)
+    return scaled;
+  const Dims4 bd{s.biasB, s.biasH, s.sq, s.skv};
+  const Desc &bias = g.input(kBias, g.io, bd, rowMajor(bd[0], bd[1], bd[2], bd[3]));
+  const Desc &out = g.virt(CUDNN_DATA_FLOAT, {s.b, s.h, s.sq, s.skv});
+  g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, scaled, &bias, nullptr, out);
+  return out;
 }
 
 /// The forward graph (CompositeSDPANode, training: Stats kept).
@@ -407,7 +428,8 @@ void buildForward(Graph &g, const Shape &s) {
   g.matmul(q, kt, sc);
   const Desc &scaled = g.virt(CUDNN_DATA_FLOAT, sd);
   g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, sc, &g.scalar(kScale), nullptr, scaled);
-  const Desc &masked = s.causal ? g.causalMask(scaled, sd, kNegInf) : scaled;
+  const Desc &biased = addBias(g, scaled, s);
+  const Desc &masked = s.causal ? g.causalMask(biased, sd, kNegInf) : biased;
   const Desc &m = g.virt(CUDNN_DATA_FLOAT, rd);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, m);
   const Desc &sub = g.virt(CUDNN_DATA_FLOAT, sd);
@@ -425,8 +447,9 @@ void buildForward(Graph &g, const Shape &s) {
   g.matmul(p, v, o);
 }
 
-/// The backward graph (CompositeSDPABackwardNode without dropout, bias or
-/// padding, dQ accumulated in f32 in the workspace).
+/// The backward graph (CompositeSDPABackwardNode without dropout or padding,
+/// with the bias where the call has one (no dBias), dQ accumulated in f32 in
+/// the workspace).
 void buildBackward(Graph &g, const Shape &s) {
   const Dims4 sd{s.b, s.h, s.sq, s.skv}, rd{s.b, s.h, s.sq, 1};
   const Dims4 sdT{s.b, s.h, s.skv, s.sq};
@@ -466,8 +489,9 @@ void buildBackward(Graph &g, const Shape &s) {
   g.matmul(q, kt, sc);
   const Desc &scaled = g.virt(CUDNN_DATA_FLOAT, sd);
   g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, sc, &scale, nullptr, scaled);
+  const Desc &biased = addBias(g, scaled, s);
   const Desc &sub = g.virt(CUDNN_DATA_FLOAT, sd);
-  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, scaled, &stats, nullptr, sub);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, biased, &stats, nullptr, sub);
   const Desc &masked = s.causal ? g.causalMask(sub, sd, kNegInf) : sub;
   const Desc &p = g.virt(CUDNN_DATA_FLOAT, sd);
   g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, masked, nullptr, nullptr, p);
@@ -527,12 +551,10 @@ bool disabledByEnvironment() {
 
 /// Why this call cannot go to cuDNN at all (empty: it can).
 std::string ineligible(const Dims &qs, const Dims &ks, const Dims &vs, const float *mask,
-                       Shape &s) {
+                       const Dims &ms, Shape &s) {
   const Precision p = precision();
   if (p != Precision::BF16 && p != Precision::F16)
     return "the plan computes attention in fp32";
-  if (mask)
-    return "an attention mask tensor";
   const int r = qs.rank;
   if (r < 2 || ks.rank != r || vs.rank != r)
     return "q, k and v of different ranks";
@@ -553,6 +575,27 @@ std::string ineligible(const Dims &qs, const Dims &ks, const Dims &vs, const flo
   if (s.d % 8 || s.dv % 8 || s.d > 256 || s.dv > 256)
     return "head dimensions " + std::to_string(s.d) + " and " + std::to_string(s.dv) +
            " (cuDNN takes multiples of 8 up to 256)";
+  if (mask) {
+    // The bias: [1 or b, 1 or h, sq, skv], whatever of the batch dims before
+    // the heads (b) or the heads (h) the mask does not broadcast over.
+    if (ms.rank > r)
+      return "a mask of rank " + std::to_string(ms.rank) + " above the scores' " +
+             std::to_string(r);
+    const int off = r - ms.rank;
+    bool overB = false, overH = false;
+    for (int i = 0; i < r; ++i) {
+      const int64_t dim = i >= off ? ms.d[i - off] : 1;
+      const int64_t want = i == r - 1 ? s.skv : qs.d[i];
+      if (dim != 1 && dim != want)
+        return "a mask that does not broadcast to the scores";
+      if (dim != 1 && i + 3 < r)
+        overB = true;
+      if (dim != 1 && i + 3 == r)
+        overH = true;
+    }
+    s.biasB = overB ? s.b : 1;
+    s.biasH = overH ? s.h : 1;
+  }
   if (disabledByEnvironment())
     return "CARVE_CUDNN_ATTENTION=off";
   return "";
@@ -701,7 +744,7 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
   s.causal = causal;
   s.oBthd = y16 != nullptr;
   s.inRowStride = inRowStride16;
-  std::string why = ineligible(qs, ks, vs, mask, s);
+  std::string why = ineligible(qs, ks, vs, mask, ms, s);
   if (why.empty() && y16 && reinterpret_cast<uintptr_t>(y16) % 16)
     why = "a 16-bit output not 16-byte aligned";
   if (why.empty() && inRowStride16 && !alignedIn(q16, k16, v16, inRowStride16))
@@ -715,9 +758,11 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
   const int64_t nq = s.b * s.h * s.sq * s.d, nk = s.b * s.h * s.skv * s.d;
   const int64_t nv = s.b * s.h * s.skv * s.dv, no = s.b * s.h * s.sq * s.dv;
   char *ws = nullptr;
-  std::vector<char *> p = scratch({q16 ? 0 : size_t(nq) * 2, k16 ? 0 : size_t(nk) * 2,
-                                   v16 ? 0 : size_t(nv) * 2, y16 ? 0 : size_t(no) * 2},
-                                  g->workspaceBytes, ws);
+  const int64_t nb = s.biasB * s.biasH * s.sq * s.skv;
+  std::vector<char *> p =
+      scratch({q16 ? 0 : size_t(nq) * 2, k16 ? 0 : size_t(nk) * 2, v16 ? 0 : size_t(nv) * 2,
+               y16 ? 0 : size_t(no) * 2, size_t(nb) * 2},
+              g->workspaceBytes, ws);
   // q, k, v: their 16-bit copies where the program has them, else converted.
   void *in16[3] = {const_cast<void *>(q16), const_cast<void *>(k16), const_cast<void *>(v16)};
   const float *in[3] = {q, k, v};
@@ -736,6 +781,12 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
   if (causal) {
     uids.push_back(kNegInf);
     ptrs.push_back(&negInf);
+  }
+  if (nb) {
+    auto *bias = reinterpret_cast<uint16_t *>(p[4]);
+    attentionMaskBias16(qs, ks, vs, mask, ms, s.biasB, s.biasH, bias);
+    uids.push_back(kBias);
+    ptrs.push_back(bias);
   }
   execute(*g, uids, ptrs, ws, "cuDNN flash attention forward");
   ++cudnnState().forwardCalls;
@@ -763,7 +814,7 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
   s.dyBthd = dyBthd;
   s.rowStride16 = out16 ? rowStride16 : 0;
   s.oBthd = o16 != nullptr;
-  std::string why = ineligible(qs, ks, vs, mask, s);
+  std::string why = ineligible(qs, ks, vs, mask, ms, s);
   if (why.empty() && out16 && !aligned16(g16, rowStride16))
     why = "16-bit gradients at addresses or a row stride not 16-byte aligned";
   if (why.empty() && o16 && reinterpret_cast<uintptr_t>(o16) % 16)
@@ -786,10 +837,11 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
   // The gradients in 16-bit scratch, widened after (none: written in place).
   const size_t gq = out16 ? 0 : size_t(nq) * 2, gk = out16 ? 0 : size_t(nk) * 2,
                gv = out16 ? 0 : size_t(nv) * 2;
+  const int64_t nb = s.biasB * s.biasH * s.sq * s.skv;
   std::vector<char *> p =
       scratch({q16 ? 0 : size_t(nq) * 2, k16 ? 0 : size_t(nk) * 2, v16 ? 0 : size_t(nv) * 2,
                o16 ? 0 : size_t(no) * 2, dy16 ? 0 : size_t(no) * 2, gq, gk, gv, size_t(rows) * 4,
-               size_t(nq) * 4},
+               size_t(nq) * 4, size_t(nb) * 2},
               g->workspaceBytes, ws);
   auto u16 = [&](int i) { return reinterpret_cast<uint16_t *>(p[i]); };
   // q, k, v: as given where they are 16-bit already, else converted.
@@ -822,6 +874,11 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
   if (causal) {
     uids.push_back(kNegInf);
     ptrs.push_back(&negInf);
+  }
+  if (nb) {
+    attentionMaskBias16(qs, ks, vs, mask, ms, s.biasB, s.biasH, u16(10));
+    uids.push_back(kBias);
+    ptrs.push_back(u16(10));
   }
   execute(*g, uids, ptrs, ws, "cuDNN flash attention backward");
   ++cudnnState().backwardCalls;

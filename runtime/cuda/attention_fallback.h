@@ -46,6 +46,17 @@ bool checkOutputs(bool bthd, bool dyBthd, const Dims &qs, const Dims &ks, const 
 void checkInStrided(int64_t inRowStride16, const bool given[3], const Dims &qs, const Dims &ks,
                     const Dims &vs, const char *op);
 
+/// The additive mask of an attention call (broadcastable to its scores
+/// [..., tq, tk], as attention_stats takes it) as cuDNN's bias: out is
+/// [bb, hh, tq, tk] in the plan's 16-bit format, bb 1 or the batch items
+/// before the heads, hh 1 or the heads (1 only where the mask broadcasts
+/// there), rounded to nearest even, a finite value clamped to the format's
+/// finite range first (a -FLT_MAX mask, as Hugging Face's, stays finite:
+/// a row whose every key it masks weighs them alike, as carve's kernel does;
+/// -inf stays -inf, and such a row is NaN, where carve's kernel writes 0).
+void attentionMaskBias16(const Dims &qs, const Dims &ks, const Dims &vs, const float *mask,
+                         const Dims &ms, int64_t bb, int64_t hh, uint16_t *out);
+
 } // namespace carve::gpu
 
 #endif // CARVE_RUNTIME_CUDA_ATTENTION_FALLBACK_H

@@ -14,6 +14,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "attention_fallback.h"
+#include "kernel_util.cuh"
 #include "row_reduce.cuh"
 
 #include <cuda_bf16.h>
@@ -533,6 +535,47 @@ void attention_grad_stats(const float *q, Dims qs, const float *k, Dims ks, cons
   if (g.items * g.tq == 0)
     return attnNoQuery(g, dk, dv);
   attnBackward(g, op, q, k, v, dy, o, lse, dq, dk, dv);
+}
+
+//===--- The mask as cuDNN's bias -----------------------------------------===//
+
+namespace {
+
+/// out[n, h, i, j] (bb x hh x tq x tk, row-major) = the mask at item n * heads
+/// + h, query i, key j, a finite value clamped to the 16-bit format's finite
+/// range, rounded to nearest even (fmt 1: bf16, 2: fp16).
+__global__ void maskBias16Kernel(AttnArgs g, int64_t bb, int64_t hh, int64_t heads, int fmt,
+                                 uint16_t *out) {
+  const int64_t n = bb * hh * g.tq * g.tk;
+  const float hi = fmt == 1 ? 3.38953139e38f : 65504.0f;
+  CARVE_GRID_LOOP(e, n) {
+    const int64_t j = e % g.tk, i = (e / g.tk) % g.tq, h = (e / (g.tk * g.tq)) % hh;
+    const int64_t b = e / (g.tk * g.tq * hh);
+    float v = g.mask[g.maskOffset(b * heads + h) + i * g.mRow + j * g.mCol];
+    // Finite values beyond the format's range (-FLT_MAX, Hugging Face's
+    // masks) stay finite; infinities and NaN stay what they are.
+    if (v < -hi && v != -INFINITY)
+      v = -hi;
+    else if (v > hi && v != INFINITY)
+      v = hi;
+    out[e] = fmt == 1 ? carve::rt::ew::bf16Bits(v) : carve::rt::ew::f16Bits(v);
+  }
+}
+
+} // namespace
+
+void attentionMaskBias16(const Dims &qs, const Dims &ks, const Dims &vs, const float *mask,
+                         const Dims &ms, int64_t bb, int64_t hh, uint16_t *out) {
+  const char *op = "attention_stats_cudnn (the mask as cuDNN's bias)";
+  const AttnArgs g = attnArgs(op, qs, ks, vs, mask, ms, 1.0f, false);
+  const int64_t heads = qs.rank >= 3 ? qs.d[qs.rank - 3] : 1;
+  const int64_t n = bb * hh * g.tq * g.tk;
+  if (n == 0)
+    return;
+  const int fmt = format16For(op, "the mask as cuDNN's bias");
+  CARVE_KERNEL(blocksFor(n), kThreads, 0, stream(), maskBias16Kernel)
+  (g, bb, hh, heads, fmt, out);
+  checkLaunch(op);
 }
 
 } // namespace carve::gpu

@@ -92,6 +92,15 @@ def class_counts(model_name):
     return {s.name: s.high for s in reference.MODELS[model_name][1] if s.kind == "index"}
 
 
+def mask_inputs(model_name):
+    """The names of a reference model's attention-mask inputs (kind "mask")."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "models"))
+    import reference
+
+    return {s.name for s in reference.MODELS[model_name][1] if s.kind == "mask"}
+
+
 # --- Format (a): tokens -------------------------------------------------------
 
 def make_tokens(n, vocab, seed=0):
@@ -136,12 +145,15 @@ def token_batch(tokens, step, batch, seq):
 
 # --- Format (b): tensors ------------------------------------------------------
 
-def make_tensors(inputs, steps, classes=None, seed=0):
+def make_tensors(inputs, steps, classes=None, seed=0, masks=()):
     """name -> array [steps, *shape] for every graph input.
 
     Float inputs are standard normal. An integer input with a known class count
     is the argmax of a fixed random projection of the first float input (so
-    the task is learnable), or uniform when there is no float input.
+    the task is learnable), or uniform when there is no float input. A mask
+    input (`masks`: an attention mask of 1s and 0s, [batch, tokens]) is ones
+    with a padded tail of a quarter of the tokens on every other row, as the
+    reference models' examples have it, so that the mask matters.
     """
     rng = np.random.default_rng(seed)
     classes = classes or {}
@@ -155,6 +167,12 @@ def make_tensors(inputs, steps, classes=None, seed=0):
             continue
         if dt.kind == "b":
             out[name] = np.ones((steps, *shape), dt)
+            continue
+        if name in masks:
+            m = np.ones((steps, *shape), dt)
+            if len(shape) == 2:
+                m[:, ::2, shape[1] * 3 // 4:] = 0
+            out[name] = m
             continue
         if name not in classes:
             raise ValueError(f"input '{name}' is an integer input with no known class "
@@ -221,7 +239,8 @@ def main(argv=None):
         print(f"{args.out}: {args.tokens} tokens, vocab {vocab}, {args.dtype}")
     else:
         inputs = graph_inputs(args.model, parse_set_dims(args.set_dim))
-        tensors = make_tensors(inputs, args.steps, class_counts(args.name), args.seed)
+        tensors = make_tensors(inputs, args.steps, class_counts(args.name), args.seed,
+                               mask_inputs(args.name))
         write_tensors(args.out, tensors)
         print(f"{args.out}: " + ", ".join(
             f"{n} {st.dtype_name(t)}{list(t.shape)}" for n, t in tensors.items()))

@@ -10,7 +10,8 @@ two must agree exactly: the same kernels, each launched as often, and the same G
 FLOPs. Programs: a GPT in fp32 and bf16 (layer norm, GELU, causal attention, fused
 chains, AdamW with fp32 masters), the GPT with the tanh GELU in bf16 (GELU and its
 gradient in the GEMMs' cuBLASLt epilogues), a Llama-style decoder in bf16 (RMS norm, SwiGLU,
-rotary, grouped-query attention), the GPT under SGD with momentum, and a small CNN
+rotary, grouped-query attention), a BERT-style encoder in bf16 (its padding mask cuDNN's
+16-bit bias), the GPT under SGD with momentum, and a small CNN
 exported with PyTorch (im2col gathers computed inside their GEMMs, batch norm's general
 reductions).
 
@@ -204,6 +205,22 @@ def cnn_model(a):
     return path
 
 
+def bert_model(a):
+    """The BERT-style reference encoder (models/reference.py), exported, and two steps of
+    its inputs (an attention mask with padded rows): its attention's padding mask is
+    cuDNN's 16-bit bias, written by maskBias16Kernel before each call."""
+    import subprocess
+    import data_gen
+    root = os.path.dirname(os.path.dirname(HERE))
+    out = os.path.join(a.workdir, "bert")
+    subprocess.run([sys.executable, os.path.join(root, "models", "export.py"), "bert", "--out",
+                    out], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    onnx = os.path.join(out, "bert.onnx")
+    data = os.path.join(a.workdir, "bert.safetensors")
+    data_gen.main(["tensors", data, "--model", onnx, "--name", "bert", "--steps", "2"])
+    return onnx, data
+
+
 def check_bad_inputs(a):
     cases = [
         ("cpu target", [GPT, "--target", "cpu"], "--gpu-model prices CUDA programs"),
@@ -256,6 +273,8 @@ def main():
         check_cudnn_fallback(a, data)
         check_program(a, "gpt-sgd", GPT, {}, ["--optimizer", "sgd", "--momentum", "0.9"], data)
         check_program(a, "llama-bf16", LLAMA, {"precision": "bf16"}, [], data)
+        bert, bert_data = bert_model(a)
+        check_program(a, "bert-bf16", bert, {"precision": "bf16"}, [], bert_data)
         cnn = cnn_model(a)
         images = os.path.join(a.workdir, "images.safetensors")
         make_images(images)

@@ -14,7 +14,9 @@
 //   subset return CUDNN_STATUS_NOT_SUPPORTED, naming them.
 // - One engine (global index 0) models cuDNN's fused flash-attention engine
 //   for graphs with matmuls: 16-bit operands, fp32 accumulation, head
-//   dimensions that are multiples of 8 up to 256. Graphs without matmuls
+//   dimensions that are multiples of 8 up to 256, an additive bias only in
+//   the operands' 16-bit type and over the scores' last two dimensions
+//   whole (broadcast over batch and heads). Graphs without matmuls
 //   (pointwise, reductions, reshapes) run generically. Heuristics return one
 //   configuration where the engine takes the graph and none, with the reason
 //   as the last error, where it does not. CARVE_EMU_CUDNN=unsupported makes
@@ -865,6 +867,25 @@ std::string whyUnsupported(const GraphSpec &g) {
         return format("%s: ALPHA1 %g, ALPHA2 %g (the fused engines take 1.0 only)", where.c_str(),
                       op.alpha1, op.alpha2);
     }
+    // The fused engine's additive bias (the frontend's SDPA bias): a
+    // tensor in memory added to the scores, in the operands' 16-bit type,
+    // [1 or b, 1 or h, sq, skv] -- broadcast over batch and heads only.
+    if (g.hasMatmul && op.kind == OpSpec::Pointwise && op.mode == CUDNN_POINTWISE_ADD)
+      for (size_t i = 0; i < n.in.size(); ++i) {
+        const TensorSpec &b = g.tensors[n.in[i]], &y = g.tensors[n.out];
+        if (b.isVirtual || b.byValue)
+          continue;
+        if (!is16(b.type))
+          return format("%s: the bias %s is %s; the fused attention engine adds a HALF or "
+                        "BFLOAT16 bias",
+                        where.c_str(), b.text().c_str(), dataTypeName(b.type));
+        const size_t r = y.dims.size();
+        if (b.dims.size() != r || r < 2 || b.dims[r - 1] != y.dims[r - 1] ||
+            b.dims[r - 2] != y.dims[r - 2])
+          return format("%s: the bias %s does not cover the scores' last two dimensions %s (the "
+                        "fused attention engine broadcasts a bias over batch and heads only)",
+                        where.c_str(), b.text().c_str(), dimsText(y.dims).c_str());
+      }
     if (op.kind == OpSpec::Reduction && op.prec != CUDNN_DATA_FLOAT && op.prec != CUDNN_DATA_DOUBLE)
       return format("%s: compute type %s is not modelled (FLOAT or DOUBLE)", where.c_str(),
                     dataTypeName(op.prec));

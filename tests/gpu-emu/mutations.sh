@@ -59,5 +59,13 @@ run "the pre-activation never handed to cuBLASLt (GELU_AUX_BIAS without its EPIL
 p='runtime/cuda/kernels_matmul.cu'; s=open(p).read()
 old='  if (aux)\n'
 assert old in s; s=s.replace(old, '  if (false)\n',1); open(p,'w').write(s)"
+run "the mask handed to cuDNN as an fp32 bias (the fused engine adds a 16-bit one)" runtime/cuda/attention_cudnn.cpp "
+p='runtime/cuda/attention_cudnn.cpp'; s=open(p).read()
+old='const Desc &bias = g.input(kBias, g.io, bd,'
+assert old in s; s=s.replace(old, 'const Desc &bias = g.input(kBias, CUDNN_DATA_FLOAT, bd,',1); open(p,'w').write(s)"
+run "the mask's finite values not clamped (a -FLT_MAX mask becomes -inf in bf16)" runtime/cuda/kernels_attention.cu "
+p='runtime/cuda/kernels_attention.cu'; s=open(p).read()
+old='if (v < -hi && v != -INFINITY)'
+assert old in s; s=s.replace(old, 'if (false)',1); open(p,'w').write(s)"
 (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)
 git status --short | head

@@ -695,10 +695,126 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   expectNormwise(what + " (carve's kernel) dq", gq->download(), rq, 16 * u);
 }
 
-/// Where cuDNN must not run, the _cudnn entries are carve's kernels bit for
-/// bit and the call counters stay put: an fp32 plan, a mask tensor.
-void testAttentionCudnnFallback() {
+/// An additive mask through cuDNN (its bias: the mask broadcast to [1 or b,
+/// 1 or h, tq, tk] and rounded to the 16-bit format by attentionMaskBias16)
+/// against the float64 attention of the same rounded inputs and mask, the
+/// bounds of testAttentionCudnn; from f32 and from 16-bit q, k, v; and that
+/// cuDNN ran every call. `kind`: "padding" (a [b, 1, 1, tk] mask of 0 and
+/// -10000, BERT's), "additive" (a [tq, tk] mask of randn values, every one
+/// of them rounded), "full" ([b, h, tq, tk] randn values, and -FLT_MAX on
+/// one query's every key: a Hugging Face mask, clamped to the format's range
+/// and still masking alike).
+void testAttentionCudnnMask(rt::Precision p, const char *name, const char *kind, bool causal) {
+  // Its own random numbers: the tests after it draw what they drew before
+  // it was added.
+  const std::mt19937_64 saved = rng();
+  struct Restore {
+    const std::mt19937_64 &s;
+    ~Restore() { rng() = s; }
+  } restore{saved};
+  rng().seed(std::hash<std::string>()(std::string(kind)) + (causal ? 1 : 0));
   const Dims qs{2, 3, 24, 16};
+  Dims ls = qs;
+  --ls.rank;
+  const int64_t n = qs.numel(), B = 2, H = 3, T = 24;
+  const std::string k(kind);
+  const Dims ms = k == "padding"    ? Dims{B, 1, 1, T}
+                  : k == "additive" ? Dims{T, T}
+                                    : Dims{B, H, T, T};
+  std::vector<float> mask = randn(ms.numel());
+  if (k == "padding")
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < T; ++j)
+        mask[b * T + j] = j >= T - 5 * (b + 1) ? -10000.0f : 0.0f;
+  if (k == "full")
+    for (int64_t j = 0; j < T; ++j)
+      mask[((1 * H + 2) * T + 7) * T + j] = -std::numeric_limits<float>::max();
+  const std::string what =
+      std::string(name) + " cuDNN attention, " + kind + " mask" + (causal ? ", causal" : "");
+  if (!g::cudnnAttentionBuilt()) {
+    std::printf("not run %s: this runtime was built without cuDNN\n", what.c_str());
+    return;
+  }
+  const std::vector<float> q = randn(n), kk = randn(n), v = randn(n);
+  std::vector<float> gy = randn(n);
+  // The -FLT_MAX row's output is no loss's input (a padding query's): dy 0
+  // there. (Its gradient is not the softmax's: the log-sum-exp the backward
+  // subtracts is lost against -FLT_MAX in f32, in any kernel that keeps one.)
+  if (k == "full")
+    for (int64_t d = 0; d < 16; ++d)
+      gy[((1 * H + 2) * T + 7) * 16 + d] = 0.0f;
+  const float scale = 0.25f;
+  auto dq_ = up(q), dk_ = up(kk), dv_ = up(v), dgy = up(gy), dm = up(mask);
+  auto y = poisoned<float>(n), lse = poisoned<float>(ls.numel());
+  auto gq = poisoned<float>(n), gk = poisoned<float>(n), gv = poisoned<float>(n);
+  auto q16 = poisoned<uint16_t>(n), k16 = poisoned<uint16_t>(n), v16 = poisoned<uint16_t>(n);
+  auto y2 = poisoned<float>(n), lse2 = poisoned<float>(ls.numel());
+  auto hq = poisoned<float>(n), hk = poisoned<float>(n), hv = poisoned<float>(n);
+  int64_t f0 = 0, b0 = 0, f1 = 0, b1 = 0;
+  g::cudnnAttentionCalls(f0, b0);
+  g::setPrecision(p);
+  g::attention_stats_cudnn(dq_->p, nullptr, qs, dk_->p, nullptr, qs, dv_->p, nullptr, qs, dm->p, ms,
+                           scale, causal, y->p, lse->p);
+  g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, dm->p, ms,
+                                scale, causal, y->p, lse->p, dgy->p, gq->p, gk->p, gv->p);
+  auto to16 = p == rt::Precision::BF16 ? g::toBf16 : g::toF16;
+  to16(dq_->p, q16->p, n);
+  to16(dk_->p, k16->p, n);
+  to16(dv_->p, v16->p, n);
+  g::attention_stats_cudnn(nullptr, q16->p, qs, nullptr, k16->p, qs, nullptr, v16->p, qs, dm->p, ms,
+                           scale, causal, y2->p, lse2->p);
+  g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, dm->p, ms,
+                                scale, causal, y2->p, lse2->p, dgy->p, hq->p, hk->p, hv->p);
+  g::setPrecision(rt::Precision::F32);
+  if (!deviceOk(what))
+    return;
+  g::cudnnAttentionCalls(f1, b1);
+  ++checks();
+  if (f1 != f0 + 2 || b1 != b0 + 2) {
+    ++failures();
+    std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of 2 and 2 (stderr says "
+                "why it refused)\n",
+                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0));
+    return;
+  }
+  std::printf("ok   %s ran as cuDNN graphs\n", what.c_str());
+  const bool bf = p == rt::Precision::BF16;
+  const double hi = bf ? 3.38953139e38 : 65504.0;
+  auto rounded = [&](const std::vector<float> &x, bool clamp) {
+    std::vector<double> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      float e = x[i];
+      if (clamp)
+        e = std::max<float>(-hi, std::min<float>(hi, e));
+      r[i] = bf ? rt::roundToBf16(e) : rt::roundToF16(e);
+    }
+    return r;
+  };
+  const std::vector<double> q64 = rounded(q, false), k64 = rounded(kk, false),
+                            v64 = rounded(v, false), gy64 = rounded(gy, false),
+                            m64 = rounded(mask, true);
+  std::vector<double> ref(n), rq(n), rk(n), rv(n);
+  rt::attention<double>(q64.data(), qs, k64.data(), qs, v64.data(), qs, m64.data(), ms, scale,
+                        causal, ref.data());
+  rt::attention_grad<double>(q64.data(), qs, k64.data(), qs, v64.data(), qs, m64.data(), ms, scale,
+                             causal, gy64.data(), rq.data(), rk.data(), rv.data());
+  const double u = bf ? 1.0 / 256 : 1.0 / 2048;
+  expectNormwise(what + " y", y->download(), ref, 4 * u);
+  expectNormwise(what + " dq", gq->download(), rq, 16 * u);
+  expectNormwise(what + " dk", gk->download(), rk, 16 * u);
+  expectNormwise(what + " dv", gv->download(), rv, 16 * u);
+  expectEqual(what + " y (16-bit q, k, v)", y2->download(), y->download());
+  expectEqual(what + " row log-sum-exp (16-bit q, k, v)", lse2->download(), lse->download());
+  expectNormwise(what + " dq (16-bit q, k, v)", hq->download(), rq, 16 * u);
+  expectNormwise(what + " dk (16-bit q, k, v)", hk->download(), rk, 16 * u);
+  expectNormwise(what + " dv (16-bit q, k, v)", hv->download(), rv, 16 * u);
+}
+
+/// Where cuDNN must not run, the _cudnn entries are carve's kernels bit for
+/// bit and the call counters stay put: an fp32 plan; a bf16 one with a mask
+/// and a head dimension cuDNN lacks (12).
+void testAttentionCudnnFallback() {
+  const Dims qs{2, 3, 24, 12};
   Dims ls = qs;
   --ls.rank;
   const int64_t n = qs.numel();
@@ -708,8 +824,8 @@ void testAttentionCudnnFallback() {
   for (int c = 0; c < 2; ++c) {
     const bool masked = c == 1;
     const rt::Precision p = masked ? rt::Precision::BF16 : rt::Precision::F32;
-    const std::string what =
-        std::string("cuDNN attention fallback (") + (masked ? "bf16, a mask" : "fp32") + ")";
+    const std::string what = std::string("cuDNN attention fallback (") +
+                             (masked ? "bf16, a mask, head dimension 12" : "fp32") + ")";
     const float *mp = masked ? dm->p : nullptr;
     const Dims ms = masked ? Dims{24, 24} : Dims{};
     auto y = poisoned<float>(n), lse = poisoned<float>(ls.numel());
@@ -1512,6 +1628,9 @@ int main() {
   testAttentionCudnn(rt::Precision::BF16, "bf16", {2, 3}, 45, 64, false);
   testAttentionCudnn(rt::Precision::F16, "fp16", {2, 3}, 45, 64, true);
   testAttentionCudnn(rt::Precision::BF16, "bf16", {3}, 20, 128, true);
+  testAttentionCudnnMask(rt::Precision::BF16, "bf16", "padding", false);
+  testAttentionCudnnMask(rt::Precision::F16, "fp16", "additive", true);
+  testAttentionCudnnMask(rt::Precision::BF16, "bf16", "full", false);
   testAttentionCudnnFallback();
 
   // Cross entropy: contiguous classes on warps (C <= 1024) and blocks,

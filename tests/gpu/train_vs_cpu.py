@@ -14,7 +14,10 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    apply (matmul16_bias_gelu: cuBLASLt's GELU_AUX_BIAS epilogue, GELU of the
    unrounded sum, one rounding fewer than the CPU target) and whose GELU
    gradients the output projections' data-gradient GEMMs compute
-   (matmul16_dgelu: DGELU), one of each per layer, within the same 2e-2. The final weights
+   (matmul16_dgelu: DGELU), one of each per layer, within the same 2e-2. And
+   the BERT-style encoder in bf16, whose padding mask ([B, 1, 1, T], from its
+   attention_mask input) cuDNN's attention adds as its 16-bit bias (two
+   forward and two backward calls, none refused), within 2e-2. The final weights
    agree within 1e-3 of each tensor's largest entry in fp32. The GPT's fp32
    program under the plan field tf32 (its GEMMs' inputs rounded to TF32)
    calls setTf32(true), stays within 2.5e-3 of the CPU's fp32 losses (2e-2
@@ -27,7 +30,7 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    gradients' GEMMs, which the gradient all-reduce must follow), of the
    tanh-GELU GPT in bf16 (its GELUs and their gradients in the GEMMs'
    epilogues, on tp's column shards too) and of the
-   Llama in bf16 on 2 GPUs match the 1-rank GPU
+   Llama and the BERT-style encoder in bf16 on 2 GPUs match the 1-rank GPU
    program of the same model and precision within the parallel tests' 1e-5
    (fp32) and precision.py's 1e-4 (bf16: the ranks sum 16-bit-rounded
    partial results in another order). With 4 GPUs, the reference MLP under
@@ -241,11 +244,13 @@ def train(carve, out, ranks, data, save, extra=(), log_suffix=""):
     if rc != 0:
         raise Failure("run %s on %d rank(s) failed:\n%s%s" % (out, ranks, so, se))
     STDOUT[log] = so
+    STDERR[log] = se
     return [r["loss"] for r in map(json.loads, open(log)) if "loss" in r]
 
 
-# The standard output of each train run, by its log's path.
+# The standard output and error of each train run, by its log's path.
 STDOUT = {}
+STDERR = {}
 CAPTURED = "forward and backward captured in a CUDA graph of"
 
 
@@ -379,6 +384,49 @@ def weight_gap(a, b, floor=2 * DEFAULT_LR * STEPS):
         if d > worst:
             worst, name = d, k
     return worst, name
+
+
+def check_masked_attention(carve, w, models, data_gen, one_rank):
+    """1. for a mask: the BERT-style reference encoder (a [B, 1, 1, T] padding
+    mask from its attention_mask input, (1 - m) * -10000) in bf16, whose
+    attention runs as cuDNN's fused flash attention with the mask as its
+    16-bit bias (docs/cuda.md, "Attention through cuDNN"): two forward and
+    two backward calls in the program, none refused by cuDNN when it runs,
+    its losses within 1.'s bf16 bound of the CPU target's (which adds the
+    f32 mask); 3. runs its dp, tp and pp plans against it."""
+    onnx = os.path.join(models, "opset17", "bert.onnx")
+    data = os.path.join(w, "bert.st")
+    if PHASE != "device":
+        subprocess.run([sys.executable, data_gen, "tensors", data, "--model", onnx, "--name",
+                        "bert", "--steps", str(STEPS)], check=True, stdout=subprocess.DEVNULL)
+    runs = {}
+    for target in ["cpu", "cuda"]:
+        out = os.path.join(w, "bert-bf16-%s" % target)
+        compile_(carve, onnx, {"precision": "bf16"}, target, out)
+        if target == "cuda" and PHASE != "device":
+            with open(os.path.join(out, "src", "program0.cu")) as f:
+                src = f.read()
+            for call in ("attention_stats_cudnn", "attention_grad_stats_cudnn"):
+                calls = src.count("gpu::%s(" % call)
+                if calls != 2:  # one per layer
+                    raise Failure("bert bf16: %d %s calls in the CUDA program, not 2 (one per "
+                                  "layer)" % (calls, call))
+        runs[target] = train(carve, out, 1, data, out + ".ckpt")
+    out = os.path.join(w, "bert-bf16-cuda")
+    if pending(runs["cuda"]):
+        return 0
+    refused = [l for l in STDERR.get(out + ".jsonl", "").splitlines() if "carve's kernel" in l]
+    if refused:
+        raise Failure("bert bf16: cuDNN did not take its masked attention:\n  " +
+                      "\n  ".join(refused))
+    d = worst_rel(runs["cpu"], runs["cuda"])
+    if d > BF16_RTOL:
+        raise Failure("bert bf16: GPU losses differ from the CPU's by %.3g relative (limit %g)\n"
+                      "  cpu %s\n  gpu %s" % (d, BF16_RTOL, runs["cpu"], runs["cuda"]))
+    print("ok: bert bf16 (a padding mask through cuDNN's bias): GPU within %.2g of the CPU over "
+          "%d steps" % (d, STEPS))
+    one_rank[("bert", "bf16")] = runs["cuda"]
+    return 1
 
 
 def check_custom_op(carve, w, data_gen):
@@ -708,6 +756,8 @@ def main():
             checks += 0 if pending(graph) else 1
 
     with going_on():
+        checks += check_masked_attention(a.carve, w, a.models, data_gen, one_rank)
+    with going_on():
         checks += check_custom_op(a.carve, w, data_gen)
     with going_on():
         checks += check_dropout(a.carve, w, data_gen, 1 if PHASE != "all" else n)
@@ -722,9 +772,10 @@ def main():
         for model, precision, rtol in [("gpt", "fp32", PARALLEL_RTOL),
                                        ("gpt", "bf16", BF16_PARALLEL_RTOL),
                                        ("llama", "bf16", BF16_PARALLEL_RTOL),
-                                       ("gpt_tanh", "bf16", BF16_PARALLEL_RTOL)]:
+                                       ("gpt_tanh", "bf16", BF16_PARALLEL_RTOL),
+                                       ("bert", "bf16", BF16_PARALLEL_RTOL)]:
             onnx = os.path.join(a.models, "opset17", model + ".onnx")
-            data = os.path.join(w, model + ".tokens")
+            data = os.path.join(w, model + (".st" if model == "bert" else ".tokens"))
             one = one_rank.get((model, precision))
             if one is None:
                 print("not run: %s %s on 2 GPUs (its 1-GPU run failed above)" % (model, precision))
