@@ -42,6 +42,9 @@ class GPTConfig:
     n_embd: int = 32
     tie_weights: bool = True
     gelu_tanh: bool = False
+    # The causal mask added to the scores as Hugging Face builds it: 0 on and
+    # below the diagonal, finfo(float32).min above (not masked_fill's -inf).
+    additive_mask: bool = False
 
 
 class CausalSelfAttention(nn.Module):
@@ -53,7 +56,12 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         tril = torch.tril(torch.ones(cfg.block_size, cfg.block_size))
-        self.register_buffer("bias", tril.view(1, 1, cfg.block_size, cfg.block_size))
+        self.additive = cfg.additive_mask
+        if self.additive:
+            m = torch.full((cfg.block_size, cfg.block_size), torch.finfo(torch.float32).min)
+            self.register_buffer("bias", m.triu(1).view(1, 1, cfg.block_size, cfg.block_size))
+        else:
+            self.register_buffer("bias", tril.view(1, 1, cfg.block_size, cfg.block_size))
 
     def forward(self, x):
         B, T, C = x.size()
@@ -63,7 +71,10 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        if self.additive:
+            att = att + self.bias[:, :, :T, :T]
+        else:
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
@@ -637,6 +648,7 @@ MODELS = {
     "gpt": (_gpt, _tokens()),
     "gpt_untied": (lambda seq, **kw: _gpt(seq, tie_weights=False, **kw), _tokens()),
     "gpt_tanh": (lambda seq, **kw: _gpt(seq, gelu_tanh=True, **kw), _tokens()),
+    "gpt_hfmask": (lambda seq, **kw: _gpt(seq, additive_mask=True, **kw), _tokens()),
     "llama": (_llama, _tokens()),
     "mixtral": (_mixtral, _tokens()),
     "bert": (

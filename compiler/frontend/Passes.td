@@ -25,6 +25,9 @@ def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
          or division)                                       -> `carve.rms_norm`
       5. `softmax(s) @ v` with `s = (q @ k^T) * c` (or `/ c`), optionally masked
          by `where(causal_const, -inf, s)` or `s + mask`    -> `carve.attention`
+         (a constant additive mask of 0 on and below the diagonal and -inf or
+         at most -1e30 above it, Hugging Face's `finfo.min` mask, is the
+         `causal` flag: the same softmax exactly, no mask tensor)
 
     Before: any carve IR. After: the same computation with the chains replaced;
     ops left without users are erased (the pass runs canonicalization-style

@@ -14,11 +14,14 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
+#include "mlir/IR/DialectResourceBlobManager.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <vector>
 
 namespace carve {
 #define GEN_PASS_DEF_CARVERAISE
@@ -410,6 +413,45 @@ bool isCausalCondition(Value cond, int64_t tq, int64_t tk, bool maskedWhenTrue) 
   return true;
 }
 
+/// True if `mask` is a constant additive causal mask (broadcast to [..., Tq,
+/// Tk], every leading dimension 1): 0 where j <= i, and where j > i -inf or
+/// a value at or below -1e30 (Hugging Face's finfo(float32).min). Adding it
+/// is the causal mask exactly: a masked score plus such a value has an
+/// exponential of 0 in f32 unless the score is beyond 1e29, and never
+/// reaches the row's maximum, which its diagonal sets.
+bool isAdditiveCausal(Value mask, int64_t tq, int64_t tk) {
+  auto c = mask.getDefiningOp<ConstantOp>();
+  if (!c || tq != tk)
+    return false;
+  auto type = cast<RankedTensorType>(mask.getType());
+  if (!type.getElementType().isF32() || type.getRank() < 2 || type.getShape().back() != tk ||
+      type.getShape()[type.getRank() - 2] != tq || type.getNumElements() != tq * tk)
+    return false;
+  // Inline (dense) or a blob (dense_resource: an exported buffer's slice).
+  std::vector<float> values;
+  if (auto dense = dyn_cast<DenseElementsAttr>(c.getValue())) {
+    auto all = dense.getValues<float>();
+    values.assign(all.begin(), all.end());
+  } else if (auto res = dyn_cast<DenseResourceElementsAttr>(c.getValue())) {
+    AsmResourceBlob *blob = res.getRawHandle().getBlob();
+    if (!blob || blob->getData().size() != size_t(tq * tk) * sizeof(float))
+      return false;
+    values.resize(tq * tk);
+    std::memcpy(values.data(), blob->getData().data(), values.size() * sizeof(float));
+  } else {
+    return false;
+  }
+  if (values.size() != size_t(tq * tk))
+    return false;
+  for (int64_t e = 0; e < tq * tk; ++e) {
+    const int64_t j = e % tk, i = e / tk;
+    const float v = values[e];
+    if (j <= i ? v != 0.0f : !(v <= -1e30f))
+      return false;
+  }
+  return true;
+}
+
 /// 5. softmax(scale(q @ k^T) [masked]) @ v -> attention(q, k, v).
 struct RaiseAttention : OpRewritePattern<MatmulOp> {
   RaiseAttention(MLIRContext *ctx, bool learnedMasks)
@@ -467,6 +509,12 @@ struct RaiseAttention : OpRewritePattern<MatmulOp> {
       // the ops. (Decided before the rewriter creates anything.)
       if (dependsOnTrainable(mask, /*gatheredOnly=*/!learnedMasks))
         return failure();
+      // A constant additive causal mask (0 and finfo.min, as Hugging Face
+      // builds one) is the causal flag: no mask tensor, half the pairs.
+      if (isAdditiveCausal(mask, tq, tk)) {
+        mask = Value();
+        causal = true;
+      }
     }
     double scale = 1.0;
     Value qk = scores;

@@ -3,7 +3,8 @@
 
 What must hold:
 
-1. For GPT (tied, untied, tanh GELU) and Llama (grouped-query and plain
+1. For GPT (tied, untied, tanh GELU, and its causal mask added to the scores
+   as Hugging Face builds it: 0 and finfo(float32).min) and Llama (grouped-query and plain
    multi-head attention, its own norm_eps / rope_theta) at two or more small
    configurations each, exported with models/export.py (opset 17), the IR that
    `carve import builtin:FAMILY:...` prints is the IR that `carve import
@@ -61,6 +62,9 @@ CASES = [
     ("gpt_untied", 1, 70, {"n_layer": 2, "n_embd": 24, "n_head": 3, "vocab_size": 50},
      "gpt:layers=2,hidden=24,heads=3,seq=70,vocab=50,tied=0"),
     ("gpt_tanh", 4, 16, {}, "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=64,batch=4,gelu_tanh=1"),
+    # Hugging Face's additive causal mask (0 and finfo.min, added to the
+    # scores) raises to the causal attention masked_fill's -inf gives.
+    ("gpt_hfmask", 4, 16, {}, "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=64,batch=4"),
     ("gpt_tanh", 2, 72, {"n_layer": 3, "n_embd": 4, "n_head": 1, "vocab_size": 70},
      "gpt:layers=3,hidden=4,heads=1,seq=72,vocab=70,batch=2,gelu_tanh=1"),
     ("llama", 4, 16, {},
@@ -188,7 +192,7 @@ def compare_exports(binary, workdir, debuginfo):
         path = os.path.join(out, name + ".onnx")
         export.export_for_carve(model, inputs, path, input_names=names)
         flags = FLAGS.get(k, [])
-        tag = f"builtin:{spec}" + (" " + " ".join(flags) if flags else "")
+        tag = f"builtin:{spec}" + (" " + " ".join(flags) if flags else "") + f" vs {name}.onnx"
         rc1, onnx_ir, err1 = carve(binary, path, *flags)
         rc2, builtin_ir, err2 = carve(binary, "builtin:" + spec, *flags)
         if rc1 != 0 or rc2 != 0:

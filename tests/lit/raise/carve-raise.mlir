@@ -212,3 +212,54 @@ func.func @mask_first(%q: tensor<2x5x8xf32>, %kt: tensor<2x8x5xf32>, %v: tensor<
   %o = carve.matmul %p, %v : (tensor<2x5x5xf32>, tensor<2x5x8xf32>) -> tensor<2x5x8xf32>
   return %o : tensor<2x5x8xf32>
 }
+
+// -----
+
+// Hugging Face's additive causal mask: a constant of 0 on and below the
+// diagonal and finfo(float32).min above it is the causal flag (the same
+// softmax exactly), and so is -inf; the constant is gone.
+// CHECK-LABEL: func.func @additive_causal
+// CHECK-SAME: (%[[Q:.+]]: tensor<2x3x4xf32>, %[[KT:.+]]: tensor<2x4x3xf32>, %[[V:.+]]: tensor<2x3x4xf32>)
+// CHECK-NOT: carve.constant
+// CHECK: %[[K:.+]] = carve.transpose %[[KT]]
+// CHECK-NEXT: carve.attention %[[Q]], %[[K]], %[[V]] {causal = true, scale = 5.000000e-01 : f32}
+// CHECK-NEXT: %[[K2:.+]] = carve.transpose %[[KT]]
+// CHECK-NEXT: carve.attention %[[Q]], %[[K2]], %[[V]] {causal = true, scale = 1.000000e+00 : f32}
+func.func @additive_causal(%q: tensor<2x3x4xf32>, %kt: tensor<2x4x3xf32>, %v: tensor<2x3x4xf32>) -> (tensor<2x3x4xf32>, tensor<2x3x4xf32>) {
+  %mask = carve.constant dense<[[[0.0, -3.40282347E+38, -3.40282347E+38], [0.0, 0.0, -3.40282347E+38], [0.0, 0.0, 0.0]]]> : tensor<1x3x3xf32>
+  %ninf = carve.constant dense<[[0.0, 0xFF800000, 0xFF800000], [0.0, 0.0, 0xFF800000], [0.0, 0.0, 0.0]]> : tensor<3x3xf32>
+  %c = carve.constant dense<5.0e-01> : tensor<f32>
+  %s = carve.matmul %q, %kt : (tensor<2x3x4xf32>, tensor<2x4x3xf32>) -> tensor<2x3x3xf32>
+  %ss = carve.mul %s, %c : (tensor<2x3x3xf32>, tensor<f32>) -> tensor<2x3x3xf32>
+  %sm = carve.add %ss, %mask : (tensor<2x3x3xf32>, tensor<1x3x3xf32>) -> tensor<2x3x3xf32>
+  %p = carve.softmax %sm {axis = 2 : i64} : tensor<2x3x3xf32>
+  %o = carve.matmul %p, %v : (tensor<2x3x3xf32>, tensor<2x3x4xf32>) -> tensor<2x3x4xf32>
+  %s2 = carve.matmul %q, %kt : (tensor<2x3x4xf32>, tensor<2x4x3xf32>) -> tensor<2x3x3xf32>
+  %sm2 = carve.add %ninf, %s2 : (tensor<3x3xf32>, tensor<2x3x3xf32>) -> tensor<2x3x3xf32>
+  %p2 = carve.softmax %sm2 {axis = 2 : i64} : tensor<2x3x3xf32>
+  %o2 = carve.matmul %p2, %v : (tensor<2x3x3xf32>, tensor<2x3x4xf32>) -> tensor<2x3x4xf32>
+  return %o, %o2 : tensor<2x3x4xf32>, tensor<2x3x4xf32>
+}
+
+// -----
+
+// Tests that near misses keep their mask: -10000 above the diagonal (an
+// exponential that is 0 only for moderate scores), and a masked diagonal.
+// CHECK-LABEL: func.func @additive_not_causal
+// CHECK: carve.attention {{.*}} mask
+// CHECK-NOT: causal = true
+// CHECK: carve.attention {{.*}} mask
+// CHECK-NOT: causal = true
+func.func @additive_not_causal(%q: tensor<2x3x4xf32>, %kt: tensor<2x4x3xf32>, %v: tensor<2x3x4xf32>) -> (tensor<2x3x4xf32>, tensor<2x3x4xf32>) {
+  %m1 = carve.constant dense<[[0.0, -1.0E+4, -1.0E+4], [0.0, 0.0, -1.0E+4], [0.0, 0.0, 0.0]]> : tensor<3x3xf32>
+  %m2 = carve.constant dense<[[0xFF800000, 0xFF800000, 0xFF800000], [0.0, 0xFF800000, 0xFF800000], [0.0, 0.0, 0xFF800000]]> : tensor<3x3xf32>
+  %s = carve.matmul %q, %kt : (tensor<2x3x4xf32>, tensor<2x4x3xf32>) -> tensor<2x3x3xf32>
+  %sm = carve.add %s, %m1 : (tensor<2x3x3xf32>, tensor<3x3xf32>) -> tensor<2x3x3xf32>
+  %p = carve.softmax %sm {axis = 2 : i64} : tensor<2x3x3xf32>
+  %o = carve.matmul %p, %v : (tensor<2x3x3xf32>, tensor<2x3x4xf32>) -> tensor<2x3x4xf32>
+  %s2 = carve.matmul %q, %kt : (tensor<2x3x4xf32>, tensor<2x4x3xf32>) -> tensor<2x3x3xf32>
+  %sm2 = carve.add %s2, %m2 : (tensor<2x3x3xf32>, tensor<3x3xf32>) -> tensor<2x3x3xf32>
+  %p2 = carve.softmax %sm2 {axis = 2 : i64} : tensor<2x3x3xf32>
+  %o2 = carve.matmul %p2, %v : (tensor<2x3x3xf32>, tensor<2x3x4xf32>) -> tensor<2x3x4xf32>
+  return %o, %o2 : tensor<2x3x4xf32>, tensor<2x3x4xf32>
+}
