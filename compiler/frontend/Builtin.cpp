@@ -612,18 +612,12 @@ Value ModelBuilder::buildLlama() {
     Value v = linear(h, p + "attention.wv.weight", "", a + "/wv");
     v = transpose(reshape(v, {batch, seq, kvHeads, headDim}, a + "/Reshape_2"), perm,
                   a + "/Transpose_2");
-    // apply_rotary: x * cos + cat(-x2, x1) * sin, for q and then k.
+    // apply_rotary: x * cos + cat(-x2, x1) * sin, for q and then k, which
+    // carve-raise makes one carve.rotary at the Add's node.
     auto rotary = [&](Value t, int first) {
       auto suffix = [](int k) { return k ? "_" + std::to_string(k) : std::string(); };
-      Value c = mul(t, cos, a + "/Mul" + suffix(2 * first));
-      Value x1 = sliceLast(t, 0, half, a + "/Slice" + suffix(2 * first));
-      Value x2 = sliceLast(t, half, headDim, a + "/Slice" + suffix(2 * first + 1));
-      Value neg = NegOp::create(b, at(a + "/Neg" + suffix(first)), x2.getType(), x2);
-      SmallVector<int64_t> catShape(shapeOf(t));
-      Value rot = ConcatOp::create(b, at(a + "/Concat_" + std::to_string(3 + first)), f32(catShape),
-                                   ValueRange{neg, x1}, b.getI64IntegerAttr(3));
-      Value s = mul(rot, sin, a + "/Mul_" + std::to_string(2 * first + 1));
-      return add(c, s, a + "/Add" + suffix(first));
+      return RotaryOp::create(b, at(a + "/Add" + suffix(first)), t.getType(), t, cos, sin)
+          .getResult();
     };
     q = rotary(q, 0);
     k = rotary(k, 1);

@@ -28,6 +28,9 @@ def CarveRaise : Pass<"carve-raise", "mlir::func::FuncOp"> {
          (a constant additive mask of 0 on and below the diagonal and -inf or
          at most -1e30 above it, Hugging Face's `finfo.min` mask, is the
          `causal` flag: the same softmax exactly, no mask tensor)
+      6. `(x * cos) + (concat(-x[..., d/2:], x[..., :d/2]) * sin)` over the last
+         dimension (any operand order; cos and sin depend on no trainable
+         value)                                             -> `carve.rotary`
 
     Before: any carve IR. After: the same computation with the chains replaced;
     ops left without users are erased (the pass runs canonicalization-style

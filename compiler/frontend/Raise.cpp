@@ -573,11 +573,84 @@ struct RaiseAttention : OpRewritePattern<MatmulOp> {
   }
 };
 
+/// 6. (x * cos) + (rotate_half(x) * sin) -> rotary(x, cos, sin), where
+/// rotate_half(x) = concat(-x[..., d/2:], x[..., :d/2]) over the last
+/// dimension (Hugging Face's apply_rotary_pos_emb), any operand order, and
+/// cos and sin depend on no trainable value (they get no gradient).
+struct RaiseRotary : OpRewritePattern<AddOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  /// `v` as slice(x) of the last dimension [from, to), whole elsewhere, step 1.
+  static bool lastSlice(Value v, Value &x, int64_t from, int64_t to) {
+    auto s = v.getDefiningOp<SliceOp>();
+    if (!s || !singleUse(v))
+      return false;
+    ArrayRef<int64_t> shape = cast<RankedTensorType>(s.getInput().getType()).getShape();
+    const int64_t r = shape.size();
+    for (int64_t i = 0; i < r; ++i) {
+      const int64_t lo = i + 1 == r ? from : 0, hi = i + 1 == r ? to : shape[i];
+      if (s.getStarts()[i] != lo || s.getEnds()[i] != hi || s.getSteps()[i] != 1)
+        return false;
+    }
+    x = s.getInput();
+    return true;
+  }
+
+  /// `r` as rotate_half(x): concat(neg(x[..., h:]), x[..., :h]) on the last axis.
+  static bool rotateHalf(Value r, Value &x) {
+    auto cat = r.getDefiningOp<ConcatOp>();
+    if (!cat || !singleUse(r) || cat->getNumOperands() != 2)
+      return false;
+    auto type = cast<RankedTensorType>(r.getType());
+    const int64_t rank = type.getRank(), d = rank ? type.getShape().back() : 0;
+    if (rank == 0 || d % 2 != 0 || (cat.getAxis() != rank - 1 && cat.getAxis() != -1))
+      return false;
+    auto neg = cat->getOperand(0).getDefiningOp<NegOp>();
+    Value a, b;
+    if (!neg || !singleUse(neg.getResult()) || !lastSlice(neg.getInput(), a, d / 2, d) ||
+        !lastSlice(cat->getOperand(1), b, 0, d / 2) || a != b || a.getType() != r.getType())
+      return false;
+    x = a;
+    return true;
+  }
+
+  LogicalResult matchAndRewrite(AddOp op, PatternRewriter &rw) const override {
+    for (int k = 0; k < 2; ++k) {
+      auto plain = op->getOperand(k).getDefiningOp<MulOp>();
+      auto rotated = op->getOperand(1 - k).getDefiningOp<MulOp>();
+      if (!plain || !rotated || !singleUse(plain.getResult()) || !singleUse(rotated.getResult()))
+        continue;
+      // rotated = rotate_half(x) * sin, either order.
+      Value x, rot, sin;
+      if (!eitherSide(
+              rotated, [&](Value a, Value) { return rotateHalf(a, x); }, rot, sin))
+        continue;
+      // plain = x * cos, either order.
+      Value xv, cos;
+      if (!eitherSide(
+              plain, [&](Value a, Value) { return a == x; }, xv, cos))
+        continue;
+      auto xt = cast<RankedTensorType>(x.getType());
+      if (op.getType() != xt || !isa<FloatType>(xt.getElementType()) || plain.getType() != xt ||
+          rotated.getType() != xt ||
+          cast<RankedTensorType>(cos.getType()).getElementType() != xt.getElementType() ||
+          cast<RankedTensorType>(sin.getType()).getElementType() != xt.getElementType())
+        continue;
+      // The tables get no gradient: positions, never a trained value.
+      if (dependsOnTrainable(cos, false) || dependsOnTrainable(sin, false))
+        continue;
+      rw.replaceOpWithNewOp<RotaryOp>(op, xt, x, cos, sin);
+      return success();
+    }
+    return failure();
+  }
+};
+
 struct CarveRaisePass : carve::impl::CarveRaiseBase<CarveRaisePass> {
   using CarveRaiseBase::CarveRaiseBase;
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
-    patterns.add<RaiseSilu, RaiseGelu, RaiseLayerNorm, RaiseRmsNorm, FoldNormAffine>(
+    patterns.add<RaiseSilu, RaiseGelu, RaiseLayerNorm, RaiseRmsNorm, FoldNormAffine, RaiseRotary>(
         &getContext());
     patterns.add<RaiseAttention>(&getContext(), learnedMasks);
     // Count raised roots by the ops the patterns create.
@@ -585,7 +658,7 @@ struct CarveRaisePass : carve::impl::CarveRaiseBase<CarveRaisePass> {
     auto count = [&]() {
       int64_t n = 0;
       getOperation().walk([&](Operation *op) {
-        if (isa<SiluOp, GeluOp, LayerNormOp, RmsNormOp, AttentionOp>(op))
+        if (isa<SiluOp, GeluOp, LayerNormOp, RmsNormOp, RotaryOp, AttentionOp>(op))
           ++n;
       });
       return n;

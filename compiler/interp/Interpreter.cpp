@@ -563,6 +563,20 @@ bool Interpreter::evalNormalization(Operation *op) {
                           (T)rn.getEpsilonAttr().getValueAsDouble(), out<T>(y));
         });
       })
+      .Case<RotaryOp, RotaryGradOp>([&](Operation *r) {
+        Value x = r->getOperand(0), c = r->getOperand(1), sn = r->getOperand(2),
+              y = r->getResult(0);
+        make(y);
+        return withFloat(r, x, [&](auto tag) {
+          using T = decltype(tag);
+          if (isa<RotaryOp>(r))
+            rt::rotary<T>(in<T>(x), dimsOf(x), in<T>(c), dimsOf(c), in<T>(sn), dimsOf(sn),
+                          out<T>(y));
+          else
+            rt::rotary_grad<T>(in<T>(x), dimsOf(x), in<T>(c), dimsOf(c), in<T>(sn), dimsOf(sn),
+                               out<T>(y));
+        });
+      })
       .Case([&](RmsNormGradOp g) {
         Value x = g.getInput();
         make(g.getInputGrad());
@@ -742,7 +756,7 @@ bool Interpreter::evaluate(Operation *op) {
       .Case([&](ReduceMeanOp r) { return evalReduce(r, rt::Reduce::Mean, r.getAxes()); })
       .Case([&](ReduceMaxOp r) { return evalReduce(r, rt::Reduce::Max, r.getAxes()); })
       .Case<SoftmaxOp, LogSoftmaxOp, SoftmaxGradOp, LayerNormOp, LayerNormGradOp, RmsNormOp,
-            RmsNormGradOp, AttentionOp, AttentionGradOp>(
+            RmsNormGradOp, RotaryOp, RotaryGradOp, AttentionOp, AttentionGradOp>(
           [&](Operation *o) { return evalNormalization(o); })
       .Case([&](CrossEntropyOp ce) {
         return evalCrossEntropy(ce, ce.getLogits(), ce.getTargets(), ce.getReduction(),

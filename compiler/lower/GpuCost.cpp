@@ -691,6 +691,21 @@ struct Model {
         transpose(cast<TransposeOp>(op), kernel == "transpose16_view" ? copyBytes() : 0, &*v);
       else
         unpriced(op, ("'" + kernel + "' on a transpose of no folded slice").str());
+    } else if (kernel == "rotary" || kernel == "rotary_grad" || kernel == "rotary16" ||
+               kernel == "rotary_grad16") {
+      // kernels_fused.cu: one thread per element; x (dy) and its rotate_half
+      // partner read (the same row, cached: once), cos and sin (tables the
+      // rows share); the result, its 16-bit copy where it writes it (rule
+      // 3h; with no f32 reader, as unary_grad16, no f32 result).
+      const double copy = copyBytes();
+      const double unread = copy > 0 && kernel.ends_with("16") &&
+                                    !neverStoredF32(op->getResult(0), *plan) &&
+                                    onlyRead16(op->getResult(0))
+                                ? bytesOf(op->getResult(0))
+                                : 0.0;
+      if (n > 0)
+        add(kernel.starts_with("rotary_grad") ? "rotaryGradKernel" : "rotaryKernel",
+            GpuClass::Elementwise, 3.0 * n, inOut() + copy - unread);
     } else if (kernel == "slice" || kernel == "expand") {
       if (n > 0)
         add("viewKernel", GpuClass::Layout, 0, 2 * bytesOf(op->getResult(0)));

@@ -287,6 +287,10 @@ Choice select(Operation *op, StringRef target) {
     return call("rms_norm");
   if (isa<RmsNormGradOp>(op))
     return call(accumulatedResidual(op) ? "rms_norm_grad_add" : "rms_norm_grad");
+  if (isa<RotaryOp>(op))
+    return call("rotary");
+  if (isa<RotaryGradOp>(op))
+    return call("rotary_grad");
   if (isa<AttentionOp>(op))
     return call("attention");
   if (isa<AttentionGradOp>(op))
@@ -428,7 +432,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
                 c.kernel == "layer_norm_grad_add" || c.kernel == "rms_norm" ||
                 c.kernel == "rms_norm_grad" || c.kernel == "rms_norm_grad_add" ||
                 c.kernel == "unary_grad" || c.kernel == "binary" || c.kernel == "gather" ||
-                c.kernel == "reduce")
+                c.kernel == "reduce" || c.kernel == "rotary" || c.kernel == "rotary_grad")
               c = call((c.kernel + "16").c_str());
             else if (c.kernel != "fused" && c.error.empty())
               c = refuse("carve-select-kernels: rule 3g marks an operand read as 16 bits, but '" +
@@ -540,9 +544,10 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
 
   /// Rule 3h: a 16-bit copy, among the copies right after the op that wrote
   /// its f32 input, where that op is a binary op, a unary gradient, a layer
-  /// or RMS norm, or an f32 concatenation or transpose (not a fused chain's
-  /// member) is written by that op as it writes the value (binary16,
-  /// unary_grad16, layer_norm16, rms_norm16, concat16, transpose16; the copy
+  /// or RMS norm, a rotary embedding or its gradient, or an f32
+  /// concatenation or transpose (not a fused chain's member) is written by
+  /// that op as it writes the value (binary16, unary_grad16, layer_norm16,
+  /// rms_norm16, rotary16, rotary_grad16, concat16, transpose16; the copy
   /// is no call, marked carve.copy_by_writer); an op marked carve.round16
   /// rounds its value as it writes it (no rounding after it). The same bits:
   /// the value rounded to nearest even, as toBf16 / toF16 round it. Before
@@ -575,7 +580,8 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       const bool flagged = kernel == "binary" || kernel == "binary16" || kernel == "unary_grad" ||
                            kernel == "unary_grad16" || kernel == "layer_norm" ||
                            kernel == "layer_norm16" || kernel == "rms_norm" ||
-                           kernel == "rms_norm16";
+                           kernel == "rms_norm16" || kernel == "rotary" || kernel == "rotary16" ||
+                           kernel == "rotary_grad" || kernel == "rotary_grad16";
       const bool layout = (kernel == "concat" || kernel == "transpose" ||
                            kernel == "transpose_view" || kernel == "gather_grad") &&
                           f32;

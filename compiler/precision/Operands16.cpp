@@ -115,8 +115,8 @@ bool readsExact16(Operation *u, unsigned k, const PlanAttrs &plan) {
     position = true; // the input, the scale and the bias
   } else if (isa<LayerNormGradOp, RmsNormGradOp>(u)) {
     position = k == 0 || k == 2; // the input and the scale (not the gradient)
-  } else if (isa<UnaryGradOp>(u)) {
-    position = k == 0;
+  } else if (isa<UnaryGradOp, RotaryOp, RotaryGradOp>(u)) {
+    position = k == 0; // (rotary's x or dy: not the cos and sin tables)
   } else if (binaryKernel(u)) {
     position = k < 2;
   } else if (isa<GatherOp>(u)) {
@@ -274,7 +274,8 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
   const bool byWriter =
       !w->hasAttr(kFusionGroupAttr) && (foldOf(w).empty() || foldOf(w) == kFoldEpilogue) &&
       !isGatheredOperand(w) &&
-      (binaryKernel(w) || isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp>(w));
+      (binaryKernel(w) ||
+       isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp, RotaryOp, RotaryGradOp>(w));
   if (byWriter)
     return copyReadAlone();
   // A GELU its matmul computes ("epilogue"): the matmul writes its copy.

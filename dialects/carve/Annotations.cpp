@@ -494,6 +494,18 @@ std::string annotate(Operation *op) {
       .Case([](RmsNormOp l) { return normalize(l, l.getAxis(), l->getNumOperands() - 1, false); })
       .Case([](LayerNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
       .Case([](RmsNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
+      .Case<RotaryOp, RotaryGradOp>([](auto r) {
+        // Elementwise but along the last dimension, which rotate_half reads
+        // across: never split there; cos and sin as broadcast operands.
+        Names n;
+        auto rt = typeOf(r->getResult(0));
+        Dims out = n.fresh(rt.getRank());
+        never(out, rt.getRank() - 1);
+        std::vector<Dims> ins;
+        for (Value v : r->getOperands())
+          ins.push_back(broadcastDims(n, typeOf(v), rt.getShape(), out));
+        return annotation(ins, {out});
+      })
       .Case([](AttentionOp a) { return attention(a, 3, 1); })
       .Case([](AttentionGradOp a) { return attention(a, 4, 3); })
       .Case([](AttentionStatsOp a) { return attention(a, 3, 2); })
@@ -595,6 +607,8 @@ CARVE_ANNOTATED(LogSoftmaxOp)
 CARVE_ANNOTATED(LayerNormOp)
 CARVE_ANNOTATED(RmsNormOp)
 CARVE_ANNOTATED(AttentionOp)
+CARVE_ANNOTATED(RotaryOp)
+CARVE_ANNOTATED(RotaryGradOp)
 CARVE_ANNOTATED(ReshapeOp)
 CARVE_ANNOTATED(TransposeOp)
 CARVE_ANNOTATED(SliceOp)

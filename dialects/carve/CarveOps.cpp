@@ -297,6 +297,37 @@ LogicalResult RmsNormOp::verify() {
   return verifyNormParam(*this, getScale(), getAxis(), "scale");
 }
 
+/// rotary and rotary_grad: a float tensor whose last dimension is even, cos
+/// and sin of its element type broadcasting to it, the result shaped like it.
+static LogicalResult verifyRotary(Operation *op) {
+  if (failed(verifyStatic(op)))
+    return failure();
+  Value x = op->getOperand(0), res = op->getResult(0);
+  if (failed(expectFloat(op, x, "input")))
+    return failure();
+  for (unsigned k = 1; k < 3; ++k) {
+    Value t = op->getOperand(k);
+    if (failed(expectSameElement(op, x, t)))
+      return failure();
+    ShapeOrError s = broadcastShapes(shapeOf(x), shapeOf(t));
+    if (!s.ok() || ArrayRef<int64_t>(s.shape) != shapeOf(x))
+      return op->emitOpError(k == 1 ? "cos" : "sin")
+             << " of shape " << formatShape(shapeOf(t)) << " does not broadcast to the input's "
+             << formatShape(shapeOf(x));
+  }
+  ArrayRef<int64_t> xs = shapeOf(x);
+  if (xs.empty() || xs.back() % 2 != 0)
+    return op->emitOpError("the input's last dimension must be even (rotate_half splits it in "
+                           "two), got shape ")
+           << formatShape(xs);
+  if (elementOf(res) != elementOf(x))
+    return op->emitOpError("result element type must equal the input's");
+  return expectShape(op, {SmallVector<int64_t>(xs), ""}, res);
+}
+
+LogicalResult RotaryOp::verify() { return verifyRotary(*this); }
+LogicalResult RotaryGradOp::verify() { return verifyRotary(*this); }
+
 LogicalResult AttentionOp::verify() {
   if (failed(verifyStatic(*this)) || failed(expectFloat(*this, getQuery(), "query")) ||
       failed(expectSameElement(*this, getQuery(), getKey())) ||

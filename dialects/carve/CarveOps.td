@@ -343,6 +343,51 @@ def Carve_RmsNormOp : Carve_Op<"rms_norm", [Carve_Differentiable]> {
   }];
 }
 
+def Carve_RotaryOp : Carve_Op<"rotary", [Carve_Differentiable]> {
+  let summary = "Rotary position embedding: x * cos + rotate_half(x) * sin.";
+  let description = [{
+    `rotate_half(x)` is `concat(-x[..., d/2:], x[..., :d/2])` over the last
+    dimension `d` (even): Llama's, Mistral's, Qwen2's and Gemma's
+    `apply_rotary_pos_emb`. `cos` and `sin` broadcast to `x` (numpy rules);
+    they get no gradient (the tables of positions, never trained). The
+    carve-raise pass recognizes this op from the Mul / Slice / Neg / Concat /
+    Mul / Add chain PyTorch exports; each element is computed as that chain
+    computes it: `(x * cos) + (rotate_half(x) * sin)`, two products and a sum
+    in the element type, none contracted.
+
+    ```mlir
+    %y = carve.rotary %x, %cos, %sin
+           : (tensor<4x8x16x64xf32>, tensor<16x64xf32>, tensor<16x64xf32>) -> tensor<4x8x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Carve_Tensor:$cos, Carve_Tensor:$sin);
+  let results = (outs Carve_Tensor:$result);
+  let assemblyFormat = [{
+    $input `,` $cos `,` $sin attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_RotaryGradOp : Carve_Op<"rotary_grad"> {
+  let summary = "The input gradient of rotary: (rotate_half^T(dy * sin)) + (dy * cos).";
+  let description = [{
+    `rotate_half^T(z)` is `concat(z[..., d/2:], -z[..., :d/2])`, the
+    transpose of rotate_half's signed permutation; each element is computed as
+    the gradient carve-autodiff builds from the unraised chain sums it (the
+    two slices' gradients, each zero where the other is not, then the
+    product with cos), so both give the same bits.
+
+    ```mlir
+    %dx = carve.rotary_grad %dy, %cos, %sin
+           : (tensor<4x8x16x64xf32>, tensor<16x64xf32>, tensor<16x64xf32>) -> tensor<4x8x16x64xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$grad, Carve_Tensor:$cos, Carve_Tensor:$sin);
+  let results = (outs Carve_Tensor:$input_grad);
+  let assemblyFormat = [{
+    $grad `,` $cos `,` $sin attr-dict `:` functional-type(operands, results)
+  }];
+}
+
 def Carve_AttentionOp : Carve_Op<"attention", [Carve_Differentiable]> {
   let summary = "Scaled dot-product attention core.";
   let description = [{

@@ -397,6 +397,17 @@ LogicalResult RmsNormOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
+LogicalResult RotaryOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                       SmallVectorImpl<Value> &og) {
+  // cos and sin: tables of positions, no gradient (carve-raise makes this
+  // op only where they depend on no trainable value).
+  og.assign(getNumOperands(), Value());
+  if (!rg[0])
+    return success();
+  og[0] = RotaryGradOp::create(b, getLoc(), getInput().getType(), rg[0], getCos(), getSin());
+  return success();
+}
+
 LogicalResult AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                           SmallVectorImpl<Value> &og) {
   og.assign(getNumOperands(), Value());

@@ -482,6 +482,140 @@ void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, 
   rmsNormAs(x, xs, axis, scale, eps, y);
 }
 
+//===--- Rotary position embedding ----------------------------------------===//
+
+namespace {
+
+/// cos's and sin's element strides against x ([0, rank)), 0 where broadcast.
+struct RotaryArgs {
+  int rank = 0;
+  int64_t xd[carve::rt::kMaxRank] = {}, cst[carve::rt::kMaxRank] = {},
+          sst[carve::rt::kMaxRank] = {};
+  int64_t d = 0, n = 0;
+};
+
+RotaryArgs rotaryArgs(const char *op, const Dims &xs, const Dims &cs, const Dims &ss) {
+  RotaryArgs a;
+  a.rank = xs.rank;
+  if (xs.rank < 1 || xs.d[xs.rank - 1] % 2 != 0)
+    fatal("%s: the input's last dimension must be even", op);
+  for (int t = 0; t < 2; ++t) {
+    const Dims &ts = t ? ss : cs;
+    int64_t *st = t ? a.sst : a.cst;
+    if (ts.rank > xs.rank)
+      fatal("%s: %s of rank %d does not broadcast to the input's rank %d", op, t ? "sin" : "cos",
+            ts.rank, xs.rank);
+    int64_t stride = 1;
+    for (int i = xs.rank - 1; i >= 0; --i) {
+      const int k = i - (xs.rank - ts.rank);
+      const int64_t dim = k >= 0 ? ts.d[k] : 1;
+      if (dim != 1 && dim != xs.d[i])
+        fatal("%s: %s dimension %d of size %lld does not broadcast to %lld", op, t ? "sin" : "cos",
+              k, (long long)dim, (long long)xs.d[i]);
+      st[i] = dim == 1 ? 0 : stride;
+      stride *= dim;
+    }
+  }
+  for (int i = 0; i < xs.rank; ++i)
+    a.xd[i] = xs.d[i];
+  a.d = xs.d[xs.rank - 1];
+  a.n = xs.numel();
+  return a;
+}
+
+/// The offsets of element e's cos and sin entries.
+__device__ __forceinline__ void rotaryOffsets(const RotaryArgs &a, int64_t e, int64_t &co,
+                                              int64_t &so) {
+  co = so = 0;
+  for (int i = a.rank - 1; i >= 0; --i) {
+    const int64_t at = e % a.xd[i];
+    e /= a.xd[i];
+    co += at * a.cst[i];
+    so += at * a.sst[i];
+  }
+}
+
+/// X: `const float *`, or In16 (read as stored); Y: `float *`, or Out16
+/// (with its 16-bit copy).
+template <class X, class Y>
+__global__ void rotaryKernel(RotaryArgs a, X x, const float *cos, const float *sin, Y y) {
+  const int64_t h = a.d / 2;
+  CARVE_GRID_LOOP(e, a.n) {
+    const int64_t j = e % a.d;
+    int64_t co, so;
+    rotaryOffsets(a, e, co, so);
+    const float rh = j < h ? -x[e + h] : x[e - h];
+    store(y, e, __fadd_rn(__fmul_rn(x[e], cos[co]), __fmul_rn(rh, sin[so])));
+  }
+}
+
+template <class X, class Y>
+__global__ void rotaryGradKernel(RotaryArgs a, X dy, const float *cos, const float *sin, Y dx) {
+  const int64_t h = a.d / 2;
+  CARVE_GRID_LOOP(e, a.n) {
+    const int64_t j = e % a.d;
+    const int64_t k = j < h ? e + h : e - h; // the element rotate_half moved to e
+    int64_t co, so, kc, ks;
+    rotaryOffsets(a, e, co, so);
+    rotaryOffsets(a, k, kc, ks);
+    const float z = __fmul_rn(dy[k], sin[ks]);
+    const float t = j < h ? __fadd_rn(0.0f, z) : __fadd_rn(-z, 0.0f);
+    store(dx, e, __fadd_rn(t, __fmul_rn(dy[e], cos[co])));
+  }
+}
+
+} // namespace
+
+void rotary(const float *x, Dims xs, const float *cos, Dims cs, const float *sin, Dims ss,
+            float *y) {
+  const RotaryArgs a = rotaryArgs("rotary", xs, cs, ss);
+  if (a.n == 0)
+    return;
+  CARVE_KERNEL(blocksFor(a.n), kThreads, 0, stream(), rotaryKernel)(a, x, cos, sin, y);
+  checkLaunch("rotary");
+}
+
+void rotary_grad(const float *dy, Dims xs, const float *cos, Dims cs, const float *sin, Dims ss,
+                 float *dx) {
+  const RotaryArgs a = rotaryArgs("rotary_grad", xs, cs, ss);
+  if (a.n == 0)
+    return;
+  CARVE_KERNEL(blocksFor(a.n), kThreads, 0, stream(), rotaryGradKernel)(a, dy, cos, sin, dx);
+  checkLaunch("rotary_grad");
+}
+
+void rotary16(const void *x, bool x16, Dims xs, const float *cos, Dims cs, const float *sin,
+              Dims ss, float *y, uint16_t *y16, bool round) {
+  const char *op = "rotary16";
+  const RotaryArgs a = rotaryArgs(op, xs, cs, ss);
+  if (a.n == 0)
+    return;
+  const In16 xi = in16(op, x, x16);
+  if (y16) {
+    const Out16 out{y, y16, format16For(op), round};
+    CARVE_KERNEL(blocksFor(a.n), kThreads, 0, stream(), rotaryKernel)(a, xi, cos, sin, out);
+  } else {
+    CARVE_KERNEL(blocksFor(a.n), kThreads, 0, stream(), rotaryKernel)(a, xi, cos, sin, y);
+  }
+  checkLaunch(op);
+}
+
+void rotary_grad16(const void *dy, bool dy16, Dims xs, const float *cos, Dims cs, const float *sin,
+                   Dims ss, float *dx, uint16_t *dx16, bool round) {
+  const char *op = "rotary_grad16";
+  const RotaryArgs a = rotaryArgs(op, xs, cs, ss);
+  if (a.n == 0)
+    return;
+  const In16 gi = in16(op, dy, dy16);
+  if (dx16) {
+    const Out16 out{dx, dx16, format16For(op), round};
+    CARVE_KERNEL(blocksFor(a.n), kThreads, 0, stream(), rotaryGradKernel)(a, gi, cos, sin, out);
+  } else {
+    CARVE_KERNEL(blocksFor(a.n), kThreads, 0, stream(), rotaryGradKernel)(a, gi, cos, sin, dx);
+  }
+  checkLaunch(op);
+}
+
 void rms_norm16(const void *x, bool x16, Dims xs, int axis, const void *scale, bool scale16,
                 float eps, float *y, uint16_t *y16, bool round) {
   const char *op = "rms_norm16";

@@ -1,7 +1,8 @@
 //===- kernels_norm.cpp - layer and RMS normalization ---------------------===//
 //
 // layer_norm and rms_norm of kernels.h with their gradients; row statistics
-// in double, per-thread partial sums of the parameter gradients. The habits
+// in double, per-thread partial sums of the parameter gradients. And rotary
+// (the position embedding, per row of the last dimension) with its gradient. The habits
 // every kernel file keeps: kernels_loops.h.
 //
 //===----------------------------------------------------------------------===//
@@ -194,13 +195,97 @@ void rms_norm_grad(const T *x, Dims xs, int axis, const T *scale, T eps, const T
   }
 }
 
+//===--- Rotary position embedding ----------------------------------------===//
+
+namespace {
+
+/// Element strides of a tensor of shape `ts` broadcast to `xs` (0 along its
+/// dimensions of 1 and the ones it lacks), right-aligned.
+void broadcastStrides(const Dims &ts, const Dims &xs, const char *op, const char *what,
+                      int64_t *st) {
+  if (ts.rank > xs.rank)
+    fatal("%s: %s of rank %d does not broadcast to the input's rank %d", op, what, ts.rank,
+          xs.rank);
+  int64_t stride = 1;
+  for (int i = xs.rank - 1; i >= 0; --i) {
+    const int k = i - (xs.rank - ts.rank);
+    const int64_t dim = k >= 0 ? ts.d[k] : 1;
+    if (dim != 1 && dim != xs.d[i])
+      fatal("%s: %s dimension %d of size %lld does not broadcast to %lld", op, what, k,
+            (long long)dim, (long long)xs.d[i]);
+    st[i] = dim == 1 ? 0 : stride;
+    stride *= dim;
+  }
+}
+
+/// f(row, x row offset, cos row offset, sin row offset, cos and sin strides
+/// along the last dimension) for each row of the last dimension.
+template <class F>
+void forRotaryRows(const char *op, const Dims &xs, const Dims &cs, const Dims &ss, F f) {
+  if (xs.rank < 1 || xs.d[xs.rank - 1] % 2 != 0)
+    fatal("%s: the input's last dimension must be even", op);
+  int64_t cst[kMaxRank], sst[kMaxRank];
+  broadcastStrides(cs, xs, op, "cos", cst);
+  broadcastStrides(ss, xs, op, "sin", sst);
+  const int64_t d = xs.d[xs.rank - 1], rows = d ? xs.numel() / d : 0;
+  parallelRange(rows, kParallelMin / std::max<int64_t>(d, 1), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      int64_t co = 0, so = 0, rest = r;
+      for (int i = xs.rank - 2; i >= 0; --i) {
+        const int64_t at = rest % xs.d[i];
+        rest /= xs.d[i];
+        co += at * cst[i];
+        so += at * sst[i];
+      }
+      f(r * d, co, so, cst[xs.rank - 1], sst[xs.rank - 1]);
+    }
+  });
+}
+
+} // namespace
+
+template <class T>
+void rotary(const T *x, Dims xs, const T *cos, Dims cs, const T *sin, Dims ss, T *y) {
+  const int64_t d = xs.rank ? xs.d[xs.rank - 1] : 0, h = d / 2;
+  forRotaryRows("rotary", xs, cs, ss,
+                [&](int64_t xo, int64_t co, int64_t so, int64_t cj, int64_t sj) {
+                  const T *xr = x + xo;
+                  T *yr = y + xo;
+                  for (int64_t j = 0; j < d; ++j) {
+                    const T rh = j < h ? -xr[j + h] : xr[j - h];
+                    const T a = xr[j] * cos[co + j * cj], b = rh * sin[so + j * sj];
+                    yr[j] = a + b;
+                  }
+                });
+}
+
+template <class T>
+void rotary_grad(const T *dy, Dims xs, const T *cos, Dims cs, const T *sin, Dims ss, T *dx) {
+  const int64_t d = xs.rank ? xs.d[xs.rank - 1] : 0, h = d / 2;
+  forRotaryRows("rotary_grad", xs, cs, ss,
+                [&](int64_t xo, int64_t co, int64_t so, int64_t cj, int64_t sj) {
+                  const T *g = dy + xo;
+                  T *out = dx + xo;
+                  for (int64_t j = 0; j < d; ++j) {
+                    // (dy * sin) at the element rotate_half moved here.
+                    const int64_t k = j < h ? j + h : j - h;
+                    const T z = g[k] * sin[so + k * sj];
+                    const T t = j < h ? T(0) + z : -z + T(0);
+                    const T c = g[j] * cos[co + j * cj];
+                    out[j] = t + c;
+                  }
+                });
+}
+
 //===--- Instantiations ---------------------------------------------------===//
 
 #define CARVE_FLOATING(T)                                                                          \
   template void layer_norm<T>(const T *, Dims, int, const T *, const T *, T, T *);                 \
   template void layer_norm_grad<T>(const T *, Dims, int, const T *, T, const T *, T *, T *, T *);  \
   template void rms_norm<T>(const T *, Dims, int, const T *, T, T *);                              \
-  template void rms_norm_grad<T>(const T *, Dims, int, const T *, T, const T *, T *, T *);
+  template void rms_norm_grad<T>(const T *, Dims, int, const T *, T, const T *, T *, T *);         \
+  template void rotary<T>(const T *, Dims, const T *, Dims, const T *, Dims, T *);                 \
+  template void rotary_grad<T>(const T *, Dims, const T *, Dims, const T *, Dims, T *);
 CARVE_FLOATING(float)
 CARVE_FLOATING(double)
 #undef CARVE_FLOATING

@@ -410,6 +410,82 @@ TEST(RmsNorm, Forward) {
   expectClose(y, rmsNormRef(x, s, 1, &sc, 1e-6), 1e-12, 1e-12, "rms_norm over two dims");
 }
 
+TEST(Rotary, ForwardMatchesDefinition) {
+  // x [2, 3, 5, 8]; cos and sin [5, 8] (rows of positions) and [1, 3, 1, 8]
+  // (per head), broadcast; y = x * cos + rotate_half(x) * sin.
+  const Dims xs{2, 3, 5, 8};
+  for (const Dims &ts : {Dims{5, 8}, Dims{1, 3, 1, 8}}) {
+    const Vec x = uniform(xs.numel(), 120), c = uniform(ts.numel(), 121),
+              sn = uniform(ts.numel(), 122);
+    Vec y(x.size());
+    rotary<double>(x.data(), xs, c.data(), ts, sn.data(), ts, y.data());
+    Vec want(x.size());
+    for (int64_t e = 0; e < xs.numel(); ++e) {
+      const int64_t j = e % 8, t = (e / 8) % 5, h = (e / 40) % 3;
+      const int64_t ti = ts.rank == 2 ? t * 8 + j : h * 8 + j;
+      const double rh = j < 4 ? -x[e + 4] : x[e - 4];
+      want[e] = x[e] * c[ti] + rh * sn[ti];
+    }
+    expectClose(y, want, 0, 0, "rotary " + str(ts));
+    // The gradient is the adjoint: <rotary(x), g> = <x, rotary_grad(g)>.
+    const Vec g = uniform(xs.numel(), 123);
+    Vec dx(x.size());
+    rotary_grad<double>(g.data(), xs, c.data(), ts, sn.data(), ts, dx.data());
+    EXPECT_NEAR(dot(y, g), dot(x, dx), 1e-12 * (1 + std::fabs(dot(y, g))))
+        << "rotary_grad is not rotary's adjoint (cos, sin " << str(ts) << ")";
+  }
+}
+
+TEST(Rotary, FloatIsTheUnfusedChainBitwise) {
+  // Each element as Mul / Neg / Concat / Mul / Add compute it in float, and
+  // the gradient as the unraised chain's gradient sums it (signed zeros too).
+  const Dims xs{4, 6}, ts{6};
+  std::vector<float> x = to<float>(uniform(xs.numel(), 124)), c = to<float>(uniform(6, 125)),
+                     sn = to<float>(uniform(6, 126)), g = to<float>(uniform(xs.numel(), 127));
+  x[1] = -0.0f; // -x[1] is +0 in rotate_half's first half
+  g[3] = -0.0f;
+  std::vector<float> y(x.size()), dx(x.size());
+  rotary<float>(x.data(), xs, c.data(), ts, sn.data(), ts, y.data());
+  rotary_grad<float>(g.data(), xs, c.data(), ts, sn.data(), ts, dx.data());
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t j = 0; j < 6; ++j) {
+      const int64_t e = r * 6 + j, k = j < 3 ? e + 3 : e - 3;
+      const float rh = j < 3 ? -x[k] : x[k];
+      const float a = x[e] * c[j], b = rh * sn[j];
+      const float want = a + b;
+      EXPECT_EQ(std::memcmp(&y[e], &want, 4), 0) << "rotary element " << e;
+      const float z = g[k] * sn[k % 6];
+      const float t = j < 3 ? 0.0f + z : -z + 0.0f;
+      const float gc = g[e] * c[j];
+      const float wantG = t + gc;
+      EXPECT_EQ(std::memcmp(&dx[e], &wantG, 4), 0) << "rotary_grad element " << e;
+    }
+}
+
+TEST(Rotary, BadShapesAreFatal) {
+  const Dims odd{2, 5}, ts{5};
+  const std::vector<float> x(10, 1.0f), c(5, 1.0f);
+  std::vector<float> y(10);
+  auto message = [](auto f) {
+    FatalTrap trap;
+    try {
+      f();
+    } catch (const FatalTrapped &t) {
+      return std::string(t.message);
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([&] {
+              rotary<float>(x.data(), odd, c.data(), ts, c.data(), ts, y.data());
+            }).find("rotary: the input's last dimension must be even"),
+            std::string::npos);
+  const Dims xs{2, 4}, bad{3};
+  EXPECT_NE(message([&] {
+              rotary<float>(x.data(), xs, c.data(), bad, c.data(), bad, y.data());
+            }).find("rotary: cos dimension 0 of size 3 does not broadcast to 4"),
+            std::string::npos);
+}
+
 TEST(RmsNormGrad, MatchesFiniteDifferences) {
   const Dims s{3, 2, 4};
   for (int axis : {1, 2}) {

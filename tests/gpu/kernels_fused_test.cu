@@ -172,6 +172,29 @@ void testLayerNorm(Dims s, int axis, bool withScale, bool withBias, float offset
   }
 }
 
+/// gpu::rotary and rotary_grad against the CPU kernels, bit for bit: the same
+/// products and sums, rounded as written (none contracted into an FMA), so
+/// the same values as the unfused Mul / Neg / Concat / Mul / Add chain; cos
+/// and sin of shape `ts` broadcast to `xs`, and two signed zeros in x and dy.
+void testRotary(Dims xs, Dims ts) {
+  std::vector<float> x = randn(xs.numel()), c = randn(ts.numel()), sn = randn(ts.numel()),
+                     gy = randn(xs.numel());
+  x[1] = -0.0f;
+  gy[2] = -0.0f;
+  auto dx_ = up(x), dc = up(c), ds = up(sn), dg = up(gy);
+  auto y = poisoned<float>(xs.numel()), gx = poisoned<float>(xs.numel());
+  g::rotary(dx_->p, xs, dc->p, ts, ds->p, ts, y->p);
+  g::rotary_grad(dg->p, xs, dc->p, ts, ds->p, ts, gx->p);
+  std::vector<float> wy(x.size()), wg(x.size());
+  rt::rotary<float>(x.data(), xs, c.data(), ts, sn.data(), ts, wy.data());
+  rt::rotary_grad<float>(gy.data(), xs, c.data(), ts, sn.data(), ts, wg.data());
+  const std::string what = "rotary " + str(xs) + " cos, sin " + str(ts);
+  if (!deviceOk(what))
+    return;
+  expectEqual(what, y->download(), wy);
+  expectEqual(what + " grad", gx->download(), wg);
+}
+
 void testRmsNorm(Dims s, int axis, bool withScale) {
   int a = axis < 0 ? axis + s.rank : axis;
   int64_t N = 1;
@@ -1592,6 +1615,9 @@ int main() {
   testLayerNorm(Dims{3000, 64}, 1, false, true, 0);
   testLayerNorm(Dims{5, 4096}, 1, true, true, 0);
   testLayerNorm(Dims{9, 1000}, 1, true, true, 1000.0f);
+  testRotary(Dims{2, 3, 17, 64}, Dims{17, 64});
+  testRotary(Dims{4, 2, 9, 8}, Dims{1, 2, 1, 8});
+  testRotary(Dims{5, 128}, Dims{128});
   testRmsNorm(Dims{6, 768}, 1, true);
   testRmsNorm(Dims{2, 3, 40}, 1, false);
   testRmsNorm(Dims{2500, 33}, -1, true);

@@ -263,3 +263,57 @@ func.func @additive_not_causal(%q: tensor<2x3x4xf32>, %kt: tensor<2x4x3xf32>, %v
   %o2 = carve.matmul %p2, %v : (tensor<2x3x3xf32>, tensor<2x3x4xf32>) -> tensor<2x3x4xf32>
   return %o, %o2 : tensor<2x3x4xf32>, tensor<2x3x4xf32>
 }
+
+// -----
+
+// Rotary position embedding, as Hugging Face's apply_rotary_pos_emb exports
+// it: q * cos + cat(-q[..., 4:], q[..., :4]) * sin, and with every operand
+// order swapped (k).
+// CHECK-LABEL: func.func @rotary
+// CHECK-SAME: (%[[Q:.+]]: tensor<2x3x5x8xf32>, %[[COS:.+]]: tensor<5x8xf32>, %[[SIN:.+]]: tensor<5x8xf32>)
+// CHECK-NEXT: %[[RQ:.+]] = carve.rotary %[[Q]], %[[COS]], %[[SIN]] : (tensor<2x3x5x8xf32>, tensor<5x8xf32>, tensor<5x8xf32>) -> tensor<2x3x5x8xf32>
+// CHECK-NEXT: %[[RK:.+]] = carve.rotary %[[Q]], %[[COS]], %[[SIN]]
+// CHECK-NEXT: return %[[RQ]], %[[RK]]
+func.func @rotary(%q: tensor<2x3x5x8xf32>, %cos: tensor<5x8xf32>, %sin: tensor<5x8xf32>) -> (tensor<2x3x5x8xf32>, tensor<2x3x5x8xf32>) {
+  %c = carve.mul %q, %cos : (tensor<2x3x5x8xf32>, tensor<5x8xf32>) -> tensor<2x3x5x8xf32>
+  %x1 = carve.slice %q {starts = array<i64: 0, 0, 0, 0>, ends = array<i64: 2, 3, 5, 4>, steps = array<i64: 1, 1, 1, 1>} : tensor<2x3x5x8xf32> -> tensor<2x3x5x4xf32>
+  %x2 = carve.slice %q {starts = array<i64: 0, 0, 0, 4>, ends = array<i64: 2, 3, 5, 8>, steps = array<i64: 1, 1, 1, 1>} : tensor<2x3x5x8xf32> -> tensor<2x3x5x4xf32>
+  %n = carve.neg %x2 : tensor<2x3x5x4xf32>
+  %r = carve.concat %n, %x1 {axis = 3 : i64} : (tensor<2x3x5x4xf32>, tensor<2x3x5x4xf32>) -> tensor<2x3x5x8xf32>
+  %s = carve.mul %r, %sin : (tensor<2x3x5x8xf32>, tensor<5x8xf32>) -> tensor<2x3x5x8xf32>
+  %y = carve.add %c, %s : (tensor<2x3x5x8xf32>, tensor<2x3x5x8xf32>) -> tensor<2x3x5x8xf32>
+  %c2 = carve.mul %cos, %q : (tensor<5x8xf32>, tensor<2x3x5x8xf32>) -> tensor<2x3x5x8xf32>
+  %y1 = carve.slice %q {starts = array<i64: 0, 0, 0, 0>, ends = array<i64: 2, 3, 5, 4>, steps = array<i64: 1, 1, 1, 1>} : tensor<2x3x5x8xf32> -> tensor<2x3x5x4xf32>
+  %y2 = carve.slice %q {starts = array<i64: 0, 0, 0, 4>, ends = array<i64: 2, 3, 5, 8>, steps = array<i64: 1, 1, 1, 1>} : tensor<2x3x5x8xf32> -> tensor<2x3x5x4xf32>
+  %m = carve.neg %y2 : tensor<2x3x5x4xf32>
+  %r2 = carve.concat %m, %y1 {axis = 3 : i64} : (tensor<2x3x5x4xf32>, tensor<2x3x5x4xf32>) -> tensor<2x3x5x8xf32>
+  %s2 = carve.mul %sin, %r2 : (tensor<5x8xf32>, tensor<2x3x5x8xf32>) -> tensor<2x3x5x8xf32>
+  %z = carve.add %s2, %c2 : (tensor<2x3x5x8xf32>, tensor<2x3x5x8xf32>) -> tensor<2x3x5x8xf32>
+  return %y, %z : tensor<2x3x5x8xf32>, tensor<2x3x5x8xf32>
+}
+
+// -----
+
+// Tests that near misses stay: the halves swapped the other way (cat(x1, -x2)),
+// and tables that depend on a trained value (they would need a gradient).
+// CHECK-LABEL: func.func @not_rotary
+// CHECK-NOT: carve.rotary
+// CHECK: return
+func.func @not_rotary(%q: tensor<2x5x8xf32>, %cos: tensor<5x8xf32>, %sin: tensor<5x8xf32>, %w: tensor<5x8xf32> {carve.trainable}) -> (tensor<2x5x8xf32>, tensor<2x5x8xf32>) {
+  %c = carve.mul %q, %cos : (tensor<2x5x8xf32>, tensor<5x8xf32>) -> tensor<2x5x8xf32>
+  %x1 = carve.slice %q {starts = array<i64: 0, 0, 0>, ends = array<i64: 2, 5, 4>, steps = array<i64: 1, 1, 1>} : tensor<2x5x8xf32> -> tensor<2x5x4xf32>
+  %x2 = carve.slice %q {starts = array<i64: 0, 0, 4>, ends = array<i64: 2, 5, 8>, steps = array<i64: 1, 1, 1>} : tensor<2x5x8xf32> -> tensor<2x5x4xf32>
+  %n = carve.neg %x2 : tensor<2x5x4xf32>
+  %r = carve.concat %x1, %n {axis = 2 : i64} : (tensor<2x5x4xf32>, tensor<2x5x4xf32>) -> tensor<2x5x8xf32>
+  %s = carve.mul %r, %sin : (tensor<2x5x8xf32>, tensor<5x8xf32>) -> tensor<2x5x8xf32>
+  %y = carve.add %c, %s : (tensor<2x5x8xf32>, tensor<2x5x8xf32>) -> tensor<2x5x8xf32>
+  %tc = carve.mul %cos, %w : (tensor<5x8xf32>, tensor<5x8xf32>) -> tensor<5x8xf32>
+  %c2 = carve.mul %q, %tc : (tensor<2x5x8xf32>, tensor<5x8xf32>) -> tensor<2x5x8xf32>
+  %y1 = carve.slice %q {starts = array<i64: 0, 0, 0>, ends = array<i64: 2, 5, 4>, steps = array<i64: 1, 1, 1>} : tensor<2x5x8xf32> -> tensor<2x5x4xf32>
+  %y2 = carve.slice %q {starts = array<i64: 0, 0, 4>, ends = array<i64: 2, 5, 8>, steps = array<i64: 1, 1, 1>} : tensor<2x5x8xf32> -> tensor<2x5x4xf32>
+  %m = carve.neg %y2 : tensor<2x5x4xf32>
+  %r2 = carve.concat %m, %y1 {axis = 2 : i64} : (tensor<2x5x4xf32>, tensor<2x5x4xf32>) -> tensor<2x5x8xf32>
+  %s2 = carve.mul %r2, %sin : (tensor<2x5x8xf32>, tensor<5x8xf32>) -> tensor<2x5x8xf32>
+  %z = carve.add %c2, %s2 : (tensor<2x5x8xf32>, tensor<2x5x8xf32>) -> tensor<2x5x8xf32>
+  return %y, %z : tensor<2x5x8xf32>, tensor<2x5x8xf32>
+}

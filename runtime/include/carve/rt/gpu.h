@@ -287,6 +287,20 @@ void layer_norm(const float *x, Dims xs, int axis, const float *scale, const flo
                 float *y);
 void layer_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
                      const float *dy, float *dx, float *dscale, float *dbias);
+/// Rotary position embedding and its input gradient (kernels.h's, the same
+/// arithmetic: products and sums rounded as written, never contracted).
+void rotary(const float *x, Dims xs, const float *cos, Dims cs, const float *sin, Dims ss,
+            float *y);
+void rotary_grad(const float *dy, Dims xs, const float *cos, Dims cs, const float *sin, Dims ss,
+                 float *dx);
+/// With x (dy) read as the 16-bit tensor of its values where `x16`
+/// (carve.read16), and the result's 16-bit copy `y16` written with it (rule
+/// 3h; `round`: the result itself rounded as written, carve.round16; a null
+/// y writes the copy only). The same bits as rotary then toBf16 / toF16.
+void rotary16(const void *x, bool x16, Dims xs, const float *cos, Dims cs, const float *sin,
+              Dims ss, float *y, uint16_t *y16, bool round);
+void rotary_grad16(const void *dy, bool dy16, Dims xs, const float *cos, Dims cs, const float *sin,
+                   Dims ss, float *dx, uint16_t *dx16, bool round);
 void rms_norm(const float *x, Dims xs, int axis, const float *scale, float eps, float *y);
 void rms_norm_grad(const float *x, Dims xs, int axis, const float *scale, float eps,
                    const float *dy, float *dx, float *dscale);

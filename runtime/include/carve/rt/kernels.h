@@ -219,6 +219,20 @@ template <class T>
 void rms_norm_grad(const T *x, Dims xs, int axis, const T *scale, T eps, const T *dy, T *dx,
                    T *dscale);
 
+/// Rotary position embedding over the last dimension d (even) of x:
+/// y = (x * cos) + (rotate_half(x) * sin), rotate_half(x)[j] = -x[j + d/2]
+/// for j < d/2, x[j - d/2] after; cos (shape cs) and sin (ss) broadcast to
+/// xs. Each element as the unfused Mul / Neg / Concat / Mul / Add chain
+/// computes it (two products and a sum, none contracted).
+template <class T>
+void rotary(const T *x, Dims xs, const T *cos, Dims cs, const T *sin, Dims ss, T *y);
+/// Its input gradient: dx = (rotate_half^T(dy * sin)) + (dy * cos), with
+/// rotate_half^T(z)[j] = 0 + z[j + d/2] for j < d/2, -z[j - d/2] + 0 after:
+/// the sums of the unraised chain's gradient (each slice's gradient zero
+/// where the other's is not), so the same bits, signed zeros included.
+template <class T>
+void rotary_grad(const T *dy, Dims xs, const T *cos, Dims cs, const T *sin, Dims ss, T *dx);
+
 /// Attention core: y = softmax(q k^T * scale + mask [+ causal]) v over the last
 /// two dims. q: [..., Tq, D], k: [..., Tk, D], v: [..., Tk, Dv], y: [..., Tq, Dv];
 /// the batch dims (all but the last two) of q, k, v are equal. `mask` is
