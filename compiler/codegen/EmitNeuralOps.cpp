@@ -2,8 +2,8 @@
 //
 // The op emitters of EmitOps.cpp for the ops with more than one runtime
 // form: normalizations (fused with the residual's gradient where the plan
-// says so), attention (carve's kernel or cuDNN's, q, k and v read in place),
-// dropout's Philox masks, and cross-entropy (vocab-parallel under tp, 16-bit
+// says so), rotary embeddings (16-bit reads and copies), attention (carve's kernel or cuDNN's, q, k
+// and v read in place), dropout's Philox masks, and cross-entropy (vocab-parallel under tp, 16-bit
 // logits under bf16/fp16).
 //
 //===----------------------------------------------------------------------===//
@@ -131,6 +131,27 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
        << scalar(g.getEpsilon().convertToDouble(), x) << ", " << name(g.getGrad()) << ", "
        << inputGrad << ", " << name(g.getScaleGrad()) << ");";
   }
+  return true;
+}
+
+/// Rotary position embedding and its gradient: x (or dy), cos, sin with
+/// their shapes, then the result; rotary16 / rotary_grad16: x read as its
+/// 16-bit tensor where flagged (rule 3g), the result's 16-bit copy written
+/// with it (rule 3h).
+bool Generator::emitRotary(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
+  std::string x = opnd(op, 0);
+  const bool entry16 = kernel.ends_with("16");
+  if (entry16) {
+    bool x16;
+    if (!exact16Operand(op, 0, x, x16))
+      return false;
+    x += ", " + flag(isa<RotaryOp>(op) ? "x16" : "dy16", x16);
+  }
+  Value res = op->getResult(0);
+  os << callee(opts, kernel.str()) << "(" << x << ", " << oshape(op, 0) << ", " << opnd(op, 1)
+     << ", " << oshape(op, 1) << ", " << opnd(op, 2) << ", " << oshape(op, 2) << ", "
+     << (entry16 ? resultOrCopyOnly(res, copyByWriter(op)) + ", " + copyArgs(op) : name(res))
+     << ");";
   return true;
 }
 

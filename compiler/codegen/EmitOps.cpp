@@ -293,26 +293,9 @@ bool Generator::emitOp(Operation *op) {
     ok = emitAttention(op, os);
   else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
     ok = emitCrossEntropy(op, kernel, os);
-  else if (isa<RotaryOp, RotaryGradOp>(op)) {
-    // x (or dy), cos, sin with their shapes, then the result; rotary16 /
-    // rotary_grad16: x read as its 16-bit tensor where flagged (rule 3g),
-    // the result's 16-bit copy written with it (rule 3h).
-    ok = true;
-    std::string x = opnd(op, 0);
-    if (kernel.ends_with("16")) {
-      bool x16;
-      ok = exact16Operand(op, 0, x, x16);
-      x += ", " + flag(isa<RotaryOp>(op) ? "x16" : "dy16", x16);
-    }
-    if (ok) {
-      Value res = op->getResult(0);
-      os << callee(opts, kernel.str()) << "(" << x << ", " << oshape(op, 0) << ", " << opnd(op, 1)
-         << ", " << oshape(op, 1) << ", " << opnd(op, 2) << ", " << oshape(op, 2) << ", "
-         << (kernel.ends_with("16") ? resultOrCopyOnly(res, copyByWriter(op)) + ", " + copyArgs(op)
-                                    : name(res))
-         << ");";
-    }
-  } else if (isa<TransposeOp, SliceOp, SliceGradOp, ConcatOp, ExpandOp>(op))
+  else if (isa<RotaryOp, RotaryGradOp>(op))
+    ok = emitRotary(op, kernel, os);
+  else if (isa<TransposeOp, SliceOp, SliceGradOp, ConcatOp, ExpandOp>(op))
     ok = emitDataMovement(op, os);
   else if (isa<GatherOp, GatherGradOp, NonzeroOp>(op))
     ok = emitGather(op, kernel, os);

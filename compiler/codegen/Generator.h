@@ -513,6 +513,7 @@ private:
   bool emitMatmul(Operation *op, StringRef kernel, llvm::raw_ostream &os);
   bool emitReduction(Operation *op, llvm::raw_ostream &os);
   bool emitNormalization(Operation *op, llvm::raw_ostream &os);
+  bool emitRotary(Operation *op, llvm::StringRef kernel, llvm::raw_ostream &os);
   bool stridedCopy(mlir::Value c, std::string &out, int64_t &rowStride, int &count);
   bool hasMemory(mlir::Value v);
   bool emitAttention(Operation *op, llvm::raw_ostream &os);

@@ -430,6 +430,14 @@ bool Partitioner::canCarry(Value v, Layout l, int depth, Operation **blocker) {
     if (depth == 0)
       continue;
     for (unsigned r = 0; r < user->getNumResults(); ++r) {
+      // An attention gradient splits dq, dk and dv alike, but of them only
+      // the gradient of the operand followed here carries its split: the
+      // others are the key's and value's, whose projections decide their
+      // own layout (a grouped-query key with fewer heads than tp arrives
+      // replicated and is sliced, its gradient gathered).
+      if (isa<AttentionGradOp, AttentionGradStatsOp>(user) && use.getOperandNumber() < 3 &&
+          r != use.getOperandNumber())
+        continue;
       Layout rl = resultLayout(*a, r, *c);
       if (rl.isSplit() && !canCarry(user->getResult(r), rl, depth - 1, blocker))
         return false;

@@ -495,12 +495,15 @@ std::string annotate(Operation *op) {
       .Case([](LayerNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
       .Case([](RmsNormGradOp l) { return normalize(l, l.getAxis(), 0, true); })
       .Case<RotaryOp, RotaryGradOp>([](auto r) {
-        // Elementwise but along the last dimension, which rotate_half reads
-        // across: never split there; cos and sin as broadcast operands.
+        // Elementwise, but rotate_half pairs element j of the last
+        // dimension's first half with element j of its second: that
+        // dimension splits as its two halves split alike, `(2 x)` (as the
+        // unraised chain's slices of the halves let it); cos and sin as
+        // broadcast operands, split the same way.
         Names n;
         auto rt = typeOf(r->getResult(0));
         Dims out = n.fresh(rt.getRank());
-        never(out, rt.getRank() - 1);
+        out.back() = "(2 " + out.back() + ")";
         std::vector<Dims> ins;
         for (Value v : r->getOperands())
           ins.push_back(broadcastDims(n, typeOf(v), rt.getShape(), out));
