@@ -208,7 +208,7 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
       Value x = op->getOperand(i);
       std::string copy = "nullptr", f32 = name(x);
       if (flags && flags[i]) {
-        Value c = copy16Before(x, op, opts.precision);
+        Value c = copy16BeforeView(x, op, opts.precision);
         if (!c)
           return failOp(op, "carve.read16 marks an attention operand with no 16-bit copy before "
                             "it");

@@ -762,8 +762,12 @@ bool Generator::emitDataMovement(Operation *op, llvm::raw_ostream &os) {
       os << "};\n    " + callee(opts, "concat") + "(" << op->getNumOperands() << ", parts, shapes, "
          << cc.getAxis() << ", " << name(res) << ");\n  }";
   } else if (isa<ExpandOp>(op)) {
-    os << callee(opts, "expand") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", " << name(res)
-       << ", " << shapeOf(res) << ");";
+    if (copyByWriter(op)) // carve.copy_by_writer: the copy too (expand16, rule 3h)
+      os << callee(opts, "expand16") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+         << shapeOf(res) << ", " << resultOrNull(res) << ", " << copyArgs(op) << ");";
+    else
+      os << callee(opts, "expand") + "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+         << name(res) << ", " << shapeOf(res) << ");";
   }
   return true;
 }

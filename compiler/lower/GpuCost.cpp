@@ -709,6 +709,12 @@ struct Model {
     } else if (kernel == "slice" || kernel == "expand") {
       if (n > 0)
         add("viewKernel", GpuClass::Layout, 0, 2 * bytesOf(op->getResult(0)));
+    } else if (kernel == "expand16") {
+      // The result read and written (f32 where stored) and its 16-bit copy.
+      if (n > 0)
+        add("viewKernel", GpuClass::Layout, 0,
+            (neverStoredF32(op->getResult(0), *plan) ? 1 : 2) * bytesOf(op->getResult(0)) +
+                2.0 * n);
     } else if (kernel == "slice_grad") {
       add("fillKernel", GpuClass::Elementwise, 0, bytesOf(op->getResult(0)));
       if (numel(op->getOperand(0)) > 0)

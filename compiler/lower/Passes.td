@@ -57,8 +57,11 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
       3c. on the CUDA target, an attention_stats or attention_grad_stats
          (carve-save-attention-stats) runs as `attention_stats_cudnn` /
          `attention_grad_stats_cudnn`, cuDNN's fused flash attention, where
-         the plan's precision is bf16 or fp16, there is no mask tensor and
-         the head dimensions are multiples of 8 up to 256; otherwise as
+         the plan's precision is bf16 or fp16, a mask (if any) is an f32
+         tensor that broadcasts to the scores (cuDNN's 16-bit bias) and
+         the head dimensions are multiples of 8 up to 256 (the forward
+         reads q, k, v as the 16-bit copies made before it, of them or of
+         the values they are reshapes of); otherwise as
          carve's kernel, with `carve.kernel_why` saying why not (carve
          compile prints a note; the runtime checks again and runs carve's
          kernel where cuDNN's engines refuse the shape on the GPU);
@@ -105,14 +108,16 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
       3h. on the CUDA target under bf16/fp16 (before 3d), the first 16-bit
          copy (toBf16 / toF16) among the copies right after the op that
          writes its input, where that op is an f32 binary op, unary
-         gradient, layer or RMS norm, concat or transpose (not a fused
-         chain's member, not folded), is written by that op as it writes
+         gradient, layer or RMS norm, rotary embedding or its gradient,
+         concat, transpose or expand (not a fused chain's member, not
+         folded), is written by that op as it writes
          the value (and the copy of a gather's gradient, by
          `gather_grad16`; the copy of a layer or RMS norm gradient's input
          gradient, by that gradient: `layer_norm_grad16`,
          `rms_norm_grad16`): the op runs as `binary16`, `unary_grad16`,
-         `layer_norm16`, `rms_norm16` (carve.read16 as rule 3g left it,
-         else all false), `concat16`, `transpose16` or `transpose16_view`
+         `layer_norm16`, `rms_norm16`, `rotary16`, `rotary_grad16`
+         (carve.read16 as rule 3g left it, else all false), `concat16`,
+         `transpose16`, `expand16` or `transpose16_view`
          (rule 4b), and the copy runs as
          `none`, marked `carve.copy_by_writer`; an op marked carve.round16
          rounds its value as it writes it (the same bits: the value rounded

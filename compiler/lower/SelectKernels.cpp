@@ -148,7 +148,7 @@ struct Read16 {
       if (isa<AttentionStatsOp>(&op) && cudnnAttentionRefusal(&op, plan).empty()) {
         std::array<bool, 3> f = {false, false, false};
         for (unsigned k = 0; k < 3; ++k)
-          f[k] = (bool)copy16Before(op.getOperand(k), &op, precision);
+          f[k] = (bool)copy16BeforeView(op.getOperand(k), &op, precision);
         if (f[0] || f[1] || f[2])
           attention[&op] = f;
         continue;
@@ -582,9 +582,10 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
                            kernel == "layer_norm16" || kernel == "rms_norm" ||
                            kernel == "rms_norm16" || kernel == "rotary" || kernel == "rotary16" ||
                            kernel == "rotary_grad" || kernel == "rotary_grad16";
-      const bool layout = (kernel == "concat" || kernel == "transpose" ||
-                           kernel == "transpose_view" || kernel == "gather_grad") &&
-                          f32;
+      const bool layout =
+          (kernel == "concat" || kernel == "transpose" || kernel == "transpose_view" ||
+           kernel == "gather_grad" || kernel == "expand") &&
+          f32;
       if ((!flagged && !layout) || !f32)
         continue;
       for (Operation *n = op.getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {

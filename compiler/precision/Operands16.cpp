@@ -85,7 +85,7 @@ bool reads16(OpOperand &use, const PlanAttrs &plan) {
   // (carve-select-kernels' rule 3c).
   if (isa<AttentionStatsOp>(u))
     return k < 3 && plan.target == "cuda" && cudnnAttentionRefusal(u, plan).empty() &&
-           copy16Before(u->getOperand(k), u, plan.precision);
+           copy16BeforeView(u->getOperand(k), u, plan.precision);
   return readsExact16(u, k, plan);
 }
 

@@ -317,6 +317,17 @@ mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef pre
   return mlir::Value();
 }
 
+mlir::Value copy16BeforeView(mlir::Value x, mlir::Operation *op, llvm::StringRef precision) {
+  for (mlir::Value v = x;;) {
+    if (mlir::Value c = copy16Before(v, op, precision))
+      return c;
+    auto r = v.getDefiningOp<ReshapeOp>();
+    if (!r)
+      return mlir::Value();
+    v = r.getInput();
+  }
+}
+
 namespace {
 
 /// `v` through reshapes (what stored16 and exact16 look at), and the 16-bit

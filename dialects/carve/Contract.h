@@ -428,6 +428,10 @@ std::string cudnnAttentionRefusal(mlir::Operation *op, const PlanAttrs &plan);
 /// The 16-bit copy of `x` (a carve.cast from f32 to the plan's 16-bit
 /// format `precision`) made before `op` in its block, or null.
 mlir::Value copy16Before(mlir::Value x, mlir::Operation *op, llvm::StringRef precision);
+/// copy16Before of `x`, or of the value `x` is a reshape of (through
+/// reshapes: the same memory, so the copy's bits in `x`'s order): the copy
+/// a cuDNN attention forward reads for its operand `x` (rule 3c).
+mlir::Value copy16BeforeView(mlir::Value x, mlir::Operation *op, llvm::StringRef precision);
 /// The 16-bit tensor (of the plan's format `precision`) that holds exactly
 /// the bits an f32 operand `v` of `reader` rounds to, or null. Through
 /// reshapes (the same memory) to the value they alias, that is: the tensor

@@ -791,6 +791,15 @@ template <class T> void expand(const T *x, Dims xs, T *y, Dims ys) {
   gatherView("expand", x, broadcastNest<1>("expand", in, ys), y, total);
 }
 
+void expand16(const float *x, Dims xs, Dims ys, float *y, uint16_t *y16, bool round) {
+  const int64_t total = ys.numel();
+  if (total == 0)
+    return;
+  const Dims in[1] = {xs};
+  gatherView("expand16", x, broadcastNest<1>("expand16", in, ys),
+             Out16{y, y16, format16For("expand16"), round}, total);
+}
+
 #define CARVE_DATA_MOVEMENT(T)                                                                     \
   template void transpose<T>(const T *, Dims, Dims, T *);                                          \
   template void transpose_view<T>(const T *, Dims, Dims, Dims, T *);                               \

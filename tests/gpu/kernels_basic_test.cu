@@ -599,6 +599,36 @@ void testRead16() {
         expectEqual(w + " copy", got16->download(), want16->download());
       }
     }
+    // expand16: grouped-query attention's repeated keys ([B, KV, 1, T, D]
+    // -> [B, KV, rep, T, D]), rounded as written and not, and the copy only
+    // (a null y); against expand then the rounding and the conversion.
+    {
+      const Dims xs{2, 3, 1, 9, 16}, ys{2, 3, 4, 9, 16};
+      auto x = up(randn(xs.numel()));
+      auto want = poisoned<float>(ys.numel()), wantR = poisoned<float>(ys.numel());
+      auto want16 = poisoned<uint16_t>(ys.numel());
+      g::expand<float>(x->p, xs, want->p, ys);
+      g::expand<float>(x->p, xs, wantR->p, ys);
+      g::setPrecision(p);
+      (f16 ? g::roundF16 : g::roundBf16)(wantR->p, ys.numel());
+      (f16 ? g::toF16 : g::toBf16)(want->p, want16->p, ys.numel());
+      g::setPrecision(rt::Precision::F32);
+      for (int mode = 0; mode < 3; ++mode) {
+        const bool round = mode == 1, copyOnly = mode == 2;
+        auto got = poisoned<float>(ys.numel());
+        auto got16 = poisoned<uint16_t>(ys.numel());
+        g::setPrecision(p);
+        g::expand16(x->p, xs, ys, copyOnly ? nullptr : got->p, got16->p, round);
+        g::setPrecision(rt::Precision::F32);
+        const std::string w = "expand16 " + str(xs) + " to " + str(ys) + fmt +
+                              (round      ? " rounded"
+                               : copyOnly ? " copy only"
+                                          : "");
+        if (!copyOnly)
+          expectEqual(w, got->download(), (round ? wantR : want)->download());
+        expectEqual(w + " copy", got16->download(), want16->download());
+      }
+    }
     // transpose16_view: q, k and v read in place from the QKV projection's
     // output (carve-fold-views), against slice + transpose16, bit for bit.
     for (const Dims perm : {Dims{0, 2, 1, 3}, Dims{0, 1, 3, 2}})

@@ -443,6 +443,10 @@ void cross_entropy_with_grad(const void *logits, bool l16, Dims ls, const int64_
 template <class T> void transpose(const T *x, Dims xs, Dims perm, T *y);
 /// transpose<float> writing the result's 16-bit copy too (as concat16).
 void transpose16(const float *x, Dims xs, Dims perm, float *y, uint16_t *y16, bool round);
+/// expand writing the result's 16-bit copy y16 too (rule 3h: grouped-query
+/// attention's repeated keys and values; `round`: y rounded as written, a
+/// null y: the copy only).
+void expand16(const float *x, Dims xs, Dims ys, float *y, uint16_t *y16, bool round);
 /// transpose (transpose16) of a strided view of a tensor: x points at the
 /// view's first element, xs is the view's shape and xst its strides in
 /// elements (carve-fold-views: a slice read in place by its transposes,
