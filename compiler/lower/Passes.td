@@ -85,12 +85,13 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          16-bit tensor of their bits (stored16) reads it
          (`cross_entropy16` / `cross_entropy_grad16`, carve.read16, and
          train --eval-data's accuracy `count_correct16`);
-      3f. on the CUDA target under bf16/fp16, a 16-bit copy of a fused
-         chain's output that the chain rounds (a member marked
-         carve.round16), among the copies right after the chain's root
-         (carve-round-operands16 puts them there), is written by the chain's
-         kernel as it writes the f32 value: the copy runs as `none`, marked
-         `carve.copy_in_fused`;
+      3f. on the CUDA target under bf16/fp16, a 16-bit copy (a conversion)
+         of a fused chain's output, among the copies right after the
+         chain's root (carve-round-operands16 puts them there), is written
+         by the chain's kernel as it writes the f32 value, rounded to
+         nearest even as the conversion rounds it (a value the chain
+         rounds, carve.round16, is its copy's value): the copy runs as
+         `none`, marked `carve.copy_in_fused`;
       3g. on the CUDA target under bf16/fp16, a kernel that computes in f32
          reads an f32 operand as the 16-bit tensor holding exactly its values
          (exact16: the tensor it is a view of, a parameter's copy or a saved

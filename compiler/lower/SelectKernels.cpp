@@ -727,11 +727,12 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
     }
   }
 
-  /// Rule 3f: a 16-bit copy of a fused chain's output that the chain rounds
-  /// (a member marked carve.round16), among the copies right after the
-  /// chain's root, is written by the chain's kernel as it writes the f32
-  /// value (carve.copy_in_fused; the copy is no call). The same bits: the
-  /// value is rounded already.
+  /// Rule 3f: a 16-bit copy of a fused chain's output (a conversion, toBf16
+  /// / toF16), among the copies right after the chain's root, is written by
+  /// the chain's kernel as it writes the f32 value (carve.copy_in_fused; the
+  /// copy is no call). The same bits: the kernel rounds the value to nearest
+  /// even as the conversion does (a value the chain rounds, carve.round16,
+  /// is its own copy's value).
   void copiesInFused(func::FuncOp fn, StringRef precision) {
     MLIRContext *ctx = fn.getContext();
     llvm::DenseSet<Value> interior;
@@ -750,7 +751,7 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
       if (!k || (k.getValue() != "toBf16" && k.getValue() != "toF16"))
         continue;
       Operation *m = c.getInput().getDefiningOp();
-      if (!m || !m->hasAttr(kFusionGroupAttr) || !m->hasAttr(kRound16Attr))
+      if (!m || !m->hasAttr(kFusionGroupAttr))
         continue;
       Operation *root = rootOf.lookup(m);
       if (!root || root->getBlock() != op.getBlock())
