@@ -46,6 +46,11 @@ sys.path.insert(0, os.path.join(ROOT, "models"))
 GPT2_SMALL = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,batch=8,gelu_tanh=1"
 # The model of the recorded GPT-2 runs: the same with the erf GELU.
 GPT2_SMALL_ERF = "builtin:gpt:layers=12,hidden=768,heads=12,seq=1024,vocab=50304,batch=8"
+# A Llama-style model of GPT-2 small's size (RMSNorm, rotary embeddings,
+# grouped-query attention with 4 key/value heads, SwiGLU), the second model
+# of the GPU issues' benchmarks; no run of it is recorded yet.
+LLAMA_SMALL = ("builtin:llama:layers=12,hidden=768,heads=12,kv_heads=4,ffn=2048,seq=1024,"
+               "vocab=32000,batch=8")
 
 # What changed in a program since its run (the row compares today's program with it).
 # GPT-2's rows compile today's program with --attention carve, as the runs had it: the
@@ -179,6 +184,11 @@ def main():
         if v["launches"] or v["ms"]:
             print("  %-14s %8.2f ms  %5.1f%%  %5d launches  %9.1f GFLOP  %9.1f MB"
                   % (cls, v["ms"], 100 * v["ms"] / g["ms"], v["launches"], v["gflop"], v["mb"]))
+    llama = compile_model(a.carve, LLAMA_SMALL, plans["bf16"], a.workdir, "llama-bf16")
+    gl = llama["predictions"][a.gpu]
+    print("Llama-style (12 layers, width 768, 12 heads, 4 key/value heads, SwiGLU 2048, "
+          "T = 1024, B = 8, vocab 32000), bf16: predicted %.1f ms per step, %d launches"
+          % (gl["ms"], gl["launches"]))
     if a.top > 0:
         print()
         print("the %d costliest calls (the 12 layers' alike together, node h.* for h.0 .. h.11):"
@@ -208,7 +218,7 @@ def main():
     print("calibration: max error %.1f%% over %d recorded runs" % (100 * max(errors), len(errors)))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"gpu": a.gpu, "gpt2_small_bf16": g, "runs": rows,
+            json.dump({"gpu": a.gpu, "gpt2_small_bf16": g, "llama_small_bf16": gl, "runs": rows,
                        "max_error": max(errors)}, f, indent=1)
     return 0
 
