@@ -631,7 +631,8 @@ struct RaiseRotary : OpRewritePattern<AddOp> {
               plain, [&](Value a, Value) { return a == x; }, xv, cos))
         continue;
       auto xt = cast<RankedTensorType>(x.getType());
-      if (op.getType() != xt || !isa<FloatType>(xt.getElementType()) || plain.getType() != xt ||
+      // f32 (the kernels' type; other precisions come from the plan).
+      if (op.getType() != xt || !xt.getElementType().isF32() || plain.getType() != xt ||
           rotated.getType() != xt ||
           cast<RankedTensorType>(cos.getType()).getElementType() != xt.getElementType() ||
           cast<RankedTensorType>(sin.getType()).getElementType() != xt.getElementType())
