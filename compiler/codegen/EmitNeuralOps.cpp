@@ -134,6 +134,16 @@ bool Generator::emitNormalization(Operation *op, llvm::raw_ostream &os) {
   return true;
 }
 
+/// The 16-bit copy of an attention gradient's result `i` (dq, dk, dv) that
+/// the gradient writes (carve.copy_by_writer, among the casts right after
+/// it), or null.
+Value Generator::gradCopy16(Operation *op, unsigned i) {
+  for (Operation *n = op->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+    if (n->getOperand(0) == op->getResult(i) && n->hasAttr(kCopyByWriterAttr))
+      return n->getResult(0);
+  return Value();
+}
+
 /// Rotary position embedding and its gradient: x (or dy), cos, sin with
 /// their shapes, then the result; rotary16 / rotary_grad16: x read as its
 /// 16-bit tensor where flagged (rule 3g), the result's 16-bit copy written
@@ -321,9 +331,22 @@ bool Generator::emitAttention(Operation *op, llvm::raw_ostream &os) {
       if (assembled != 0 && assembled != 3)
         return failOp(op, "carve.fold = \"assemble\" on a concat of some of the attention "
                           "gradient's dq, dk and dv but not all three");
+      // carve-round-operands16's 16-bit copies of dq, dk, dv, which their
+      // readers read: cuDNN writes them (carve.copy_by_writer), shaped as q,
+      // k and v; the f32 values only where stored.
+      int copied = 0;
+      for (int i = 0; i < 3 && !produced; ++i)
+        if (Value c = gradCopy16(op, i)) {
+          dst16[i] = name(c);
+          ++copied;
+        }
+      if (copied != 0 && copied != 3)
+        return failOp(op, "16-bit copies written by the attention gradient of some of its dq, "
+                          "dk and dv but not all three");
       for (int i = 0; i < 3; ++i)
         os << (i ? ", " : "")
            << (assembled ? std::string("(float *)nullptr")
+               : copied  ? resultOrNull(grads[i])
                          : name(produced ? producedInto(grads[i]) : grads[i]));
       os << ", " << flag("bthd", produced) << ", " << flag("dy_bthd", (bool)dyIn) << ", "
          << dst16[0] << ", " << dst16[1] << ", " << dst16[2] << ", " << rowStride << ", "

@@ -432,6 +432,19 @@ struct Model {
       if (assembledInto(t.getDefiningOp(), column))
         return;
     }
+    // Or into their own 16-bit copies (rule 3h), widened only where the
+    // step keeps the f32 values too.
+    int copies = 0;
+    for (Operation *n = op->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+      for (unsigned i = 0; i < 3; ++i)
+        copies += n->hasAttr(kCopyByWriterAttr) && n->getOperand(0) == op->getResult(i);
+    if (copies == 3) {
+      const double counts[3] = {nq, nk, nv};
+      for (unsigned i = 0; i < 3; ++i)
+        if (!neverStoredF32(op->getResult(i), *plan))
+          convert("from16Kernel", counts[i]);
+      return;
+    }
     convert("from16Kernel", nq);
     convert("from16Kernel", nk);
     convert("from16Kernel", nv);

@@ -113,7 +113,9 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          concat, transpose or expand (not a fused chain's member, not
          folded), is written by that op as it writes
          the value (and the copy of a gather's gradient, by
-         `gather_grad16`; the copy of a layer or RMS norm gradient's input
+         `gather_grad16`; the copies of cuDNN's dq, dk, dv that
+         carve-round-operands16 made, all three, by
+         `attention_grad_stats_cudnn` itself; the copy of a layer or RMS norm gradient's input
          gradient, by that gradient: `layer_norm_grad16`,
          `rms_norm_grad16`): the op runs as `binary16`, `unary_grad16`,
          `layer_norm16`, `rms_norm16`, `rotary16`, `rotary_grad16`

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/fusion/Fusion.h"
+#include "compiler/lower/CopiesByWriter.h"
 #include "compiler/lower/Kernels.h"
 #include "compiler/lower/Passes.h"
 #include "compiler/optimizer/Optimizer.h"
@@ -556,19 +557,23 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
     MLIRContext *ctx = fn.getContext();
     for (Operation &op : fn.getBody().front().without_terminator()) {
       if (foldOf(&op) == kFoldAccumulate) {
-        accumulatedCopy(&op, precision);
+        numCopyByWriter += accumulatedAddCopy(&op, precision);
         continue;
       }
       if (foldOf(&op) == kFoldAssemble || foldOf(&op) == kFoldEpilogue ||
           (foldOf(&op) == kFoldProducer && isa_and_nonnull<AttentionStatsOp>(producerOf(&op)))) {
-        copyWrittenElsewhere(&op, precision);
+        numCopyByWriter += copyWrittenElsewhere(&op, precision);
         continue;
       }
       StringAttr k = op.getAttrOfType<StringAttr>(kKernelAttr);
+      if (k && k.getValue() == "attention_grad_stats_cudnn") {
+        numCopyByWriter += attentionGradCopies(&op, precision);
+        continue;
+      }
       if (k && isa<LayerNormGradOp, RmsNormGradOp>(op) &&
           (k.getValue() == "layer_norm_grad" || k.getValue() == "layer_norm_grad16" ||
            k.getValue() == "rms_norm_grad" || k.getValue() == "rms_norm_grad16")) {
-        inputGradCopy(&op, precision);
+        numCopyByWriter += normGradInputCopy(&op, precision);
         continue;
       }
       if (!k || op.getNumResults() != 1 || op.hasAttr(kFusionGroupAttr) ||
@@ -610,84 +615,6 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
         ++numCopyByWriter;
         break; // one copy per writer
       }
-    }
-  }
-
-  /// Rule 3h for a layer or RMS norm gradient (not one that computes the add
-  /// after it, rule 4c): the first 16-bit copy of its input gradient among
-  /// the copies right after it is written by the gradient's kernel as it
-  /// writes the input gradient (layer_norm_grad16, rms_norm_grad16; the copy
-  /// is no call, marked carve.copy_by_writer). The same bits.
-  void inputGradCopy(Operation *g, StringRef precision) {
-    MLIRContext *ctx = g->getContext();
-    StringRef gk = g->getAttrOfType<StringAttr>(kKernelAttr).getValue();
-    for (Operation *n = g->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
-      auto c = cast<CastOp>(n);
-      StringAttr ck = n->getAttrOfType<StringAttr>(kKernelAttr);
-      Type to = elementOf(c.getResult());
-      if (c.getInput() != g->getResult(0) || !ck ||
-          (ck.getValue() != "toBf16" && ck.getValue() != "toF16") ||
-          !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
-        continue;
-      if (!g->hasAttr(kRead16Attr))
-        g->setAttr(kRead16Attr,
-                   DenseBoolArrayAttr::get(ctx, SmallVector<bool>(g->getNumOperands(), false)));
-      if (!gk.ends_with("16"))
-        g->setAttr(kKernelAttr, StringAttr::get(ctx, gk.str() + "16"));
-      n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
-      n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
-      ++numCopyByWriter;
-      return; // one copy per writer
-    }
-  }
-
-  /// Rule 3h for an add a norm gradient computes (carve.fold =
-  /// "accumulate"): its 16-bit copy among the copies right after it is
-  /// written by the norm gradient as it writes the sum (layer_norm_grad_add16,
-  /// rms_norm_grad_add16; the copy is no call, marked carve.copy_by_writer).
-  void accumulatedCopy(Operation *add, StringRef precision) {
-    MLIRContext *ctx = add->getContext();
-    Operation *g = producerOf(add);
-    StringAttr gk = g ? g->getAttrOfType<StringAttr>(kKernelAttr) : StringAttr();
-    if (!gk)
-      return;
-    for (Operation *n = add->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
-      auto c = cast<CastOp>(n);
-      StringAttr ck = n->getAttrOfType<StringAttr>(kKernelAttr);
-      Type to = elementOf(c.getResult());
-      if (c.getInput() != add->getResult(0) || !ck ||
-          (ck.getValue() != "toBf16" && ck.getValue() != "toF16") ||
-          !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
-        continue;
-      if (!g->hasAttr(kRead16Attr))
-        g->setAttr(kRead16Attr,
-                   DenseBoolArrayAttr::get(ctx, SmallVector<bool>(g->getNumOperands(), false)));
-      if (!gk.getValue().ends_with("16"))
-        g->setAttr(kKernelAttr, StringAttr::get(ctx, gk.getValue().str() + "16"));
-      n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
-      n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
-      ++numCopyByWriter;
-      return; // one copy per writer
-    }
-  }
-
-  /// Rule 4d: the 16-bit copy (the first among the copies right after it)
-  /// of a concat marked "assemble" is written by the attention gradient
-  /// whose dq, dk and dv are its pieces, and that of an attention output's
-  /// transpose marked "producer" by the attention forward (no call,
-  /// carve.copy_by_writer).
-  void copyWrittenElsewhere(Operation *op, StringRef precision) {
-    MLIRContext *ctx = op->getContext();
-    for (Operation *n = op->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
-      auto c = cast<CastOp>(n);
-      Type to = elementOf(c.getResult());
-      if (c.getInput() != op->getResult(0) ||
-          !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
-        continue;
-      n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
-      n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
-      ++numCopyByWriter;
-      return;
     }
   }
 

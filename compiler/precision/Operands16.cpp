@@ -217,6 +217,18 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
   if (w && isa<TransposeOp>(w) && foldOf(w) == kFoldProducer && producerOf(w) &&
       isa<AttentionStatsOp>(producerOf(w)))
     return copyReadAlone();
+  // cuDNN's attention gradient writes dq, dk, dv in 16 bits into their
+  // copies among the casts right after it (all three: carve-select-kernels'
+  // rule 3h): no f32 value where the copy is its only reader.
+  if (w && isa<AttentionGradStatsOp>(w)) {
+    if (!v.hasOneUse() || !cudnnAttentionRefusal(w, plan).empty())
+      return false;
+    int copies = 0;
+    for (Operation *n = w->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode())
+      for (unsigned i = 0; i < 3; ++i)
+        copies += n->getOperand(0) == w->getResult(i) && is16(elementOf(n->getResult(0)));
+    return copies == 3 && isa<CastOp>(*v.getUsers().begin());
+  }
   if (!w || w->getNumResults() != 1)
     return false;
   // carve-fold-views' "assemble": cuDNN's attention gradient writes the
@@ -292,6 +304,39 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
 }
 
 namespace {
+
+/// Whether every reader of `v` (an attention gradient's dq, dk or dv),
+/// through reshapes, reads that operand as its 16-bit tensor where one
+/// exists (readsExact16's positions, not a folded op): then `v` can be kept
+/// as a 16-bit copy alone.
+bool gradReadableAs16(Value v) {
+  if (v.use_empty())
+    return false;
+  for (OpOperand &use : v.getUses()) {
+    Operation *u = use.getOwner();
+    const unsigned k = use.getOperandNumber();
+    if (isa<ReshapeOp>(u)) {
+      if (!foldOf(u).empty() || !gradReadableAs16(u->getResult(0)))
+        return false;
+      continue;
+    }
+    if (!foldOf(u).empty() || isGatheredOperand(u) || u->getNumResults() == 0 ||
+        !isF32Tensor(u->getResult(0)))
+      return false;
+    bool position = false;
+    if (u->getAttr(kFusionGroupAttr))
+      position = isa<AddOp, SubOp, MulOp, DivOp, NegOp>(u);
+    else if (isa<UnaryGradOp, RotaryOp, RotaryGradOp>(u))
+      position = k == 0;
+    else if (binaryKernel(u))
+      position = k < 2;
+    else if (isa<ReduceSumOp, ReduceMeanOp, ReduceMaxOp>(u))
+      position = k == 0;
+    if (!position)
+      return false;
+  }
+  return true;
+}
 
 struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands16Pass> {
   void runOnOperation() override {
@@ -410,6 +455,42 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
             NameLoc::get(b.getStringAttr(nodeName(g->getLoc()) + " (16-bit dy)"), m->getLoc());
         CastOp::create(b, loc, RankedTensorType::get(mt.getShape(), f16), m.getResult());
         ++numCasts;
+      }
+      // dq, dk and dv of a cuDNN attention gradient whose every reader
+      // (through reshapes) reads an f32 operand as its 16-bit tensor where
+      // one exists (rule 3g: the rotary embedding's gradient, grouped-query
+      // attention's sums over the repeated heads): their 16-bit copies right
+      // after the gradient, which cuDNN writes (carve-select-kernels' rule
+      // 3h), and the readers read views of the copies. The same values:
+      // cuDNN's gradients are 16-bit (the call widened them before).
+      for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
+        auto g = dyn_cast<AttentionGradStatsOp>(&op);
+        if (!g || !cudnnAttentionRefusal(g, *plan).empty())
+          continue;
+        bool all = true;
+        for (unsigned i = 0; i < 3 && all; ++i)
+          all = gradReadableAs16(g->getResult(i));
+        if (!all)
+          continue;
+        b.setInsertionPointAfter(g);
+        Value copies[3];
+        for (unsigned i = 0; i < 3; ++i) {
+          auto t = cast<RankedTensorType>(g->getResult(i).getType());
+          Location loc = NameLoc::get(b.getStringAttr(nodeName(g->getLoc()) + " (16-bit " +
+                                                      (i == 0   ? "dq"
+                                                       : i == 1 ? "dk"
+                                                                : "dv") +
+                                                      ")"),
+                                      g->getLoc());
+          copies[i] =
+              CastOp::create(b, loc, RankedTensorType::get(t.getShape(), f16), g->getResult(i));
+        }
+        for (unsigned i = 0; i < 3; ++i) {
+          Value r = g->getResult(i);
+          auto view = CastOp::create(b, copies[i].getLoc(), r.getType(), copies[i]);
+          r.replaceAllUsesExcept(view.getResult(), copies[i].getDefiningOp());
+        }
+        numCasts += 3;
       }
       // q, k and v of a cuDNN attention forward that are column slices of
       // one tensor (the QKV projection) that carve-fold-views will have

@@ -206,6 +206,19 @@ def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
     its f32 accumulators to nearest even, the bits the gradient's own
     conversion wrote.
 
+    And dq, dk and dv of a carve.attention_grad_stats that runs on cuDNN
+    (which writes them in 16 bits), where every reader of each, through
+    reshapes, reads it at a position of carve-select-kernels' rule 3g (a
+    rotary gradient's input, a reduction's, a binary op's, a unary
+    gradient's input, a fused chain's input; not a folded op): a
+    `carve.cast` of each to the format right after the gradient (`NODE
+    (16-bit dq)`, ...), which rule 3h has cuDNN write (no f32 gradients,
+    neverStoredF32), and a cast of each copy back to f32 that the readers
+    read instead (a view, read as the copy: rule 3g). Exact: cuDNN's
+    gradients are 16-bit values, which the call widened before. (Llama's
+    rotary gradient and grouped-query sums; GPT's and BERT's gradients go
+    to their transposes, which carve-fold-views has cuDNN write.)
+
     And the tensor whose column slices are q, k and v of a
     carve.attention_stats that runs on cuDNN, where carve-fold-views' rule
     "strided" will have cuDNN read them in place (fusion/Passes.td; the QKV

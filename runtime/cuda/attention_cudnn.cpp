@@ -882,8 +882,19 @@ void attention_grad_stats_cudnn(const void *q, bool q16, Dims qs, const void *k,
   }
   execute(*g, uids, ptrs, ws, "cuDNN flash attention backward");
   ++cudnnState().backwardCalls;
-  if (out16)
-    return; // written in place, in 16 bits
+  if (out16) {
+    // Written in place, in 16 bits; without bthd, widened where the step
+    // keeps the f32 gradients too.
+    if (!bthd) {
+      if (dq)
+        from16(dq16, dq, nq);
+      if (dk)
+        from16(dk16, dk, nk);
+      if (dv)
+        from16(dv16, dv, nv);
+    }
+    return;
+  }
   from16(u16(5), dq, nq);
   from16(u16(6), dk, nk);
   from16(u16(7), dv, nv);

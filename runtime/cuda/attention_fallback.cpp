@@ -63,7 +63,8 @@ char *widenOperands(std::initializer_list<const void *> ps, std::initializer_lis
 /// attention_grad_stats_cudnn as carve's kernel: q, k, v widened where they
 /// are 16-bit; with `bthd`, dq, dk and dv computed in [b, h, t, d] scratch
 /// and transposed into their [b, t, h, d] places, or with `g16` rounded
-/// into those of the 16-bit tensors g16[0..2] (rows of rowStride16).
+/// into those of the 16-bit tensors g16[0..2] (rows of rowStride16); without
+/// `bthd`, g16 holds them as q, k and v are shaped ([b, h, t, d]).
 void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims ks, const void *v,
                  bool v16, Dims vs, const float *mask, Dims ms, float scale, bool causal,
                  const float *o, const float *lse, const float *dy, float *dq, float *dk, float *dv,
@@ -77,6 +78,13 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
   if (bthd)
     for (int64_t x : n)
       gradBytes += (g16 ? 2 : 1) * bytes(x); // (16-bit: [b, t, h, d] f32 in scratch too)
+  // 16-bit [b, h, t, d] gradients: f32 scratch for those the step keeps only in 16 bits.
+  size_t plain16Bytes = 0;
+  if (!bthd && g16) {
+    const float *f32[3] = {dq, dk, dv};
+    for (int i = 0; i < 3; ++i)
+      plain16Bytes += f32[i] ? 0 : bytes(n[i]);
+  }
   // dy and o: [b, h, tq, dv]; dy given as [b, tq, h, dv] where dyBthd, o as
   // its 16-bit [b, tq, h, dv] tensor where o16.
   Dims ys = qs;
@@ -89,8 +97,9 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
   const size_t oBytes = o16 ? 2 * bytes(ys.numel()) : 0;
   const size_t dy16Bytes = dy16 ? bytes(ys.numel()) : 0;
   const Dims in[3] = {qs, ks, vs};
-  char *t = widenOperands({q, k, v}, {q16, k16, v16}, {n[0], n[1], n[2]}, w,
-                          gradBytes + dyBytes + oBytes + dy16Bytes, in, inRowStride16);
+  char *t =
+      widenOperands({q, k, v}, {q16, k16, v16}, {n[0], n[1], n[2]}, w,
+                    gradBytes + dyBytes + oBytes + dy16Bytes + plain16Bytes, in, inRowStride16);
   if (dy16) { // dy widened, after o's scratch
     auto *wide = reinterpret_cast<float *>(t + gradBytes + dyBytes + oBytes);
     precision() == Precision::F16 ? fromF16(dy16, wide, ys.numel())
@@ -109,6 +118,22 @@ void gradByCarve(const void *q, bool q16, Dims qs, const void *k, bool k16, Dims
                                   : fromBf16(o16, wide, ys.numel());
     carve::gpu::transpose<float>(wide, ts, perm, ot);
     o = ot;
+  }
+  if (!bthd && g16) {
+    // In f32 (where the step keeps them, else in scratch after the rest),
+    // then rounded to nearest even into the 16-bit tensors, row-major.
+    char *after = t + gradBytes + dyBytes + oBytes + dy16Bytes;
+    float *out[3] = {dq, dk, dv};
+    for (int i = 0; i < 3; ++i)
+      if (!out[i]) {
+        out[i] = reinterpret_cast<float *>(after);
+        after += bytes(n[i]);
+      }
+    attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy, out[0],
+                         out[1], out[2]);
+    for (int i = 0; i < 3; ++i)
+      precision() == Precision::F16 ? toF16(out[i], g16[i], n[i]) : toBf16(out[i], g16[i], n[i]);
+    return;
   }
   if (!bthd)
     return attention_grad_stats(w[0], qs, w[1], ks, w[2], vs, mask, ms, scale, causal, o, lse, dy,
@@ -187,8 +212,14 @@ bool checkOutputs(bool bthd, bool dyBthd, const Dims &qs, const Dims &ks, const 
   const int given = (g16[0] != nullptr) + (g16[1] != nullptr) + (g16[2] != nullptr);
   if (given == 0)
     return false;
-  if (given != 3 || !bthd)
-    fatal("%s: 16-bit gradients need all three of dq16, dk16, dv16 and bthd", op);
+  if (given != 3)
+    fatal("%s: 16-bit gradients need all three of dq16, dk16, dv16", op);
+  if (!bthd) {
+    // [b, h, t, d] as q, k, v are shaped, row-major.
+    if (rowStride16 != 0)
+      fatal("%s: a 16-bit row stride (%lld) without bthd", op, (long long)rowStride16);
+    return true;
+  }
   const Dims *sh[3] = {&qs, &ks, &vs};
   for (const Dims *d : sh)
     if (rowStride16 < d->d[1] * d->d[3])

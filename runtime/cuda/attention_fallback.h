@@ -36,8 +36,9 @@ void statsByCarve(const float *q, const void *q16, Dims qs, const float *k, cons
 void checkBthd(bool bthd, const Dims &qs, const Dims &ks, const Dims &vs, const char *op);
 
 /// attention_grad_stats_cudnn's outputs checked: whether the gradients go to
-/// the 16-bit tensors g16 (all three given, [b, t, h, d] rows of rowStride16
-/// elements) rather than to dq, dk, dv.
+/// the 16-bit tensors g16 (all three given: with bthd, [b, t, h, d] rows of
+/// rowStride16 elements; without, shaped as q, k, v, rowStride16 0) rather
+/// than to dq, dk, dv.
 bool checkOutputs(bool bthd, bool dyBthd, const Dims &qs, const Dims &ks, const Dims &vs,
                   uint16_t *const g16[3], int64_t rowStride16);
 

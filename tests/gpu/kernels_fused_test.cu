@@ -594,6 +594,19 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
   g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
                                 Dims{}, scale, causal, yc->p, lsec->p, nullptr, eq->p, ek->p, ev->p,
                                 false, false, nullptr, nullptr, nullptr, 0, nullptr, dy16->p);
+  // The gradients written in 16 bits shaped as q, k, v (no bthd:
+  // carve-round-operands16's copies of dq, dk, dv, which their readers read
+  // in 16 bits), alone and with the f32 values: the bits the call widened.
+  auto p16 = poisoned<uint16_t>(3 * n), r16 = poisoned<uint16_t>(3 * n);
+  auto fq = poisoned<float>(n), fk = poisoned<float>(n), fv = poisoned<float>(n);
+  g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                Dims{}, scale, causal, yc->p, lsec->p, dgy->p, nullptr, nullptr,
+                                nullptr, false, false, p16->p, p16->p + n, p16->p + 2 * n, 0);
+  g::attention_grad_stats_cudnn(q16->p, true, qs, k16->p, true, qs, v16->p, true, qs, nullptr,
+                                Dims{}, scale, causal, yc->p, lsec->p, dgy->p, fq->p, fk->p, fv->p,
+                                false, false, r16->p, r16->p + n, r16->p + 2 * n, 0);
+  auto p32 = poisoned<float>(3 * n);
+  (p == rt::Precision::BF16 ? g::fromBf16 : g::fromF16)(p16->p, p32->p, 3 * n);
   // The forward again from the copies (its f32 operands poisoned: must be unread).
   auto yh = poisoned<float>(n), lseh = poisoned<float>(ls.numel()), nan = poisoned<float>(n);
   g::attention_stats_cudnn(nan->p, q16->p, qs, nan->p, k16->p, qs, nan->p, v16->p, qs, nullptr,
@@ -628,14 +641,27 @@ void testAttentionCudnn(rt::Precision p, const char *name, std::vector<int64_t> 
     return;
   g::cudnnAttentionCalls(f1, b1);
   ++checks();
-  if (f1 != f0 + (r4 ? 4 : 2) || b1 != b0 + (r4 ? 8 : 3)) {
+  if (f1 != f0 + (r4 ? 4 : 2) || b1 != b0 + (r4 ? 10 : 5)) {
     ++failures();
     std::printf("FAIL %s: cuDNN ran %lld forward and %lld backward graphs of %d and %d (stderr "
                 "says why it refused)\n",
-                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 4 : 2, r4 ? 8 : 3);
+                what.c_str(), (long long)(f1 - f0), (long long)(b1 - b0), r4 ? 4 : 2, r4 ? 10 : 5);
     return;
   }
   std::printf("ok   %s ran as cuDNN graphs\n", what.c_str());
+  {
+    const std::vector<float> all = p32->download();
+    const std::vector<float> h[3] = {hq->download(), hk->download(), hv->download()};
+    const std::vector<float> f[3] = {fq->download(), fk->download(), fv->download()};
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+      expectEqual(what + " " + names[i] + " in 16 bits as [b, h, t, d]",
+                  std::vector<float>(all.begin() + i * n, all.begin() + (i + 1) * n), h[i]);
+      expectEqual(what + " " + names[i] + " in f32 beside its 16-bit copy", f[i], h[i]);
+    }
+    expectEqual(what + " the 16-bit gradients with and without the f32 ones", r16->download(),
+                p16->download());
+  }
   // The reference: float64 attention of the rounded inputs (what both read).
   auto rounded = [&](const std::vector<float> &x) {
     std::vector<double> r(x.size());
@@ -973,6 +999,32 @@ void testAttentionCudnnFallback() {
       expectEqual(what + " dq from dy in bf16", sq2->download(), wq2->download());
       expectEqual(what + " dk from dy in bf16", sk2->download(), wk2->download());
       expectEqual(what + " dv from dy in bf16", sv2->download(), wv2->download());
+      // dq, dk, dv written in bf16 shaped as q, k, v (no bthd), alone: carve's
+      // kernel's gradients (gq, gk, gv above) rounded to nearest even.
+      {
+        auto p16 = poisoned<uint16_t>(3 * n);
+        g::setPrecision(rt::Precision::BF16);
+        g::attention_grad_stats_cudnn(dq_->p, false, qs, dk_->p, false, qs, dv_->p, false, qs, mp,
+                                      ms, 0.25f, false, y->p, lse->p, dgy->p, nullptr, nullptr,
+                                      nullptr, false, false, p16->p, p16->p + n, p16->p + 2 * n, 0);
+        g::setPrecision(rt::Precision::F32);
+        if (deviceOk(what)) {
+          const std::vector<uint16_t> all = p16->download();
+          const std::vector<float> want[3] = {gq->download(), gk->download(), gv->download()};
+          const char *names[3] = {"dq", "dk", "dv"};
+          for (int i = 0; i < 3; ++i) {
+            std::vector<uint16_t> w16(n);
+            for (int64_t e = 0; e < n; ++e) {
+              const float r = static_cast<float>(rt::roundToBf16(want[i][e]));
+              uint32_t bits;
+              std::memcpy(&bits, &r, 4);
+              w16[e] = static_cast<uint16_t>(bits >> 16);
+            }
+            expectEqual(what + " " + names[i] + " in bf16 as [b, h, t, d] (carve's kernel)",
+                        std::vector<uint16_t>(all.begin() + i * n, all.begin() + (i + 1) * n), w16);
+          }
+        }
+      }
       const std::vector<float> all = a32->download();
       const std::vector<float> want[3] = {wq->download(), wk->download(), wv->download()};
       const char *names[3] = {"dq", "dk", "dv"};

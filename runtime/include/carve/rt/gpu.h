@@ -390,7 +390,10 @@ void attention_stats_cudnn(const float *q, const void *q16, Dims qs, const float
 /// `bthd`; dq, dk, dv then unused): the gradients written in the precision's
 /// 16-bit format there instead, as [b, t, h, d] whose rows of h * d are
 /// `rowStride16` elements apart (carve-fold-views' "assemble": the pieces of
-/// the QKV gradient's 16-bit copy). `o16`: o read there instead, in the
+/// the QKV gradient's 16-bit copy); without `bthd` (rowStride16 0), shaped
+/// as q, k and v (carve-round-operands16's copies of the gradients, which
+/// their readers read in 16 bits; dq, dk, dv, where not null, written in f32
+/// too). `o16`: o read there instead, in the
 /// precision's 16-bit format as [b, t, h, d] (where attention_stats_cudnn
 /// wrote it as y16). `dy16`: dy read there instead, in the precision's
 /// 16-bit format, laid out as `dyBthd` says (its matmul wrote it so:
