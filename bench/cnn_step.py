@@ -31,11 +31,13 @@ On a GPU, in two halves (the GPU machine has no MLIR, so no carve compiler):
     /usr/bin/python3 bench/cnn_step.py --prepare-device --model M --workdir W [--batch 256]
     python3 bench/cnn_step.py --device --workdir W          # there, same checkout
 
---prepare-device exports the model and compiles it with `--target cuda` twice,
-in float32 and with plan {"precision": "bf16"}, and keeps only the programs and
-init.safetensors' header (the weights are rebuilt there). --device rebuilds
-the weights from seed 0 with that machine's PyTorch and writes the images,
-runs both programs (per-step times from their logs) and PyTorch on the same
+--prepare-device exports the model and compiles it with `--target cuda` four
+times, in float32 and with plan {"precision": "bf16"}, each with cuDNN's
+convolutions (the default) and as im2col GEMMs (`--convolution carve`), and
+keeps only the programs and init.safetensors' header (the weights are rebuilt
+there). --device rebuilds the weights from seed 0 with that machine's PyTorch
+and writes the images, runs the four programs (per-step times from their logs)
+and PyTorch on the same
 GPU from the same weights on the same batches: strict float32 (TF32 off: the
 loss reference, the precision carve's float32 GEMMs compute in), PyTorch's
 defaults with cudnn.benchmark (TF32 convolutions), and bf16 autocast. Prints
@@ -174,10 +176,15 @@ def model_label(model):
 # --- On a GPU --------------------------------------------------------------------
 
 PRECISIONS = {"fp32": {}, "bf16": {"precision": "bf16"}}
+# The CUDA programs --prepare-device compiles: each precision with cuDNN's
+# convolutions (the default) and as im2col GEMMs (--convolution carve), side by
+# side in one run.
+CUDA_PROGRAMS = {name + suffix: (plan, extra) for name, plan in PRECISIONS.items()
+                 for suffix, extra in (("", []), (" im2col", ["--convolution", "carve"]))}
 
 
 def prepare_device(a):
-    """Here: the export and the two CUDA programs, without their weights."""
+    """Here: the export and the four CUDA programs, without their weights."""
     import torch
     from export import export_for_carve
     from train_step import run_checked
@@ -187,14 +194,14 @@ def prepare_device(a):
     onnx_path = os.path.join(work, f"{a.model}.onnx")
     example = (torch.zeros(a.batch, 3, 32, 32), torch.zeros(a.batch, dtype=torch.int64))
     export_for_carve(build(a.model).train(), example, onnx_path, input_names=["x", "y"])
-    for name, plan in PRECISIONS.items():
-        out = os.path.join(work, f"carve-{name}")
+    for name, (plan, extra) in CUDA_PROGRAMS.items():
+        out = os.path.join(work, "carve-" + name.replace(" ", "-"))
         plan_path = out + ".plan.json"
         with open(plan_path, "w") as f:
             json.dump(plan, f)
         t = time.perf_counter()
         run_checked([a.carve, "compile", onnx_path, "--target", "cuda", "--plan", plan_path,
-                     "-o", out])
+                     "-o", out] + extra)
         print(f"compiled {out} in {time.perf_counter() - t:.0f} s", flush=True)
         init = os.path.join(out, "init.safetensors")
         header, meta, _ = st.read_header(init)
@@ -241,7 +248,7 @@ def gpu_gemm_rates(torch, n=8192, reps=10):
 
 
 def device(a):
-    """There: carve's two programs and PyTorch on the same GPU."""
+    """There: carve's four programs and PyTorch on the same GPU."""
     import torch
 
     work = os.path.abspath(a.workdir)
@@ -281,10 +288,10 @@ def device(a):
     row("PyTorch eager, bf16 autocast, cudnn.benchmark", t, losses, "bf16")
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.allow_tf32 = False
-    for name in PRECISIONS:
-        out = os.path.join(work, f"carve-{name}")
+    for name in CUDA_PROGRAMS:
+        out = os.path.join(work, "carve-" + name.replace(" ", "-"))
         write_init(out, state)
-        log = os.path.join(work, f"carve-{name}.jsonl")
+        log = os.path.join(work, "carve-" + name.replace(" ", "-") + ".jsonl")
         cmd = [os.path.join(out, "bin", "train"), "--steps", str(n), "--data", data_path,
                "--log", log, "--progress", "none"]
         print("$ " + " ".join(cmd), flush=True)
@@ -300,7 +307,7 @@ def device(a):
             continue
         times = [r["time_s"] for r in records]
         row(f"carve, CUDA, {name}", statistics.median(times[warmup:]),
-            [r["loss"] for r in records], name)
+            [r["loss"] for r in records], name.split()[0])
     print(f"\n## CNN training step on one GPU ({datetime.date.today()}, "
           f"{torch.cuda.get_device_name()}, PyTorch {torch.__version__})\n")
     print(f"{model_label(model)}, 32x32 images), batch {batch}, AdamW, {warmup} warm-up and "
@@ -318,10 +325,10 @@ def device(a):
               f"{100 * r['tflops'] / rates[r['peak']]:.1f}% ({r['peak']}) | "
               f"{base / r['ms_per_step']:.2f}x | {d:.1e} |")
     for r in rows:
-        if r["run"] == "carve, CUDA, bf16" and r["loss_rel_diff"] > BF16_LOSS_RTOL:
+        if r["run"].startswith("carve, CUDA, bf16") and r["loss_rel_diff"] > BF16_LOSS_RTOL:
             failures.append(f"carve bf16: losses differ from PyTorch float32 by "
                             f"{r['loss_rel_diff']:.2e} (limit {BF16_LOSS_RTOL:.0e})")
-        if r["run"] == "carve, CUDA, fp32" and r["loss_rel_diff"] > LOSS_RTOL:
+        if r["run"].startswith("carve, CUDA, fp32") and r["loss_rel_diff"] > LOSS_RTOL:
             _, exact = eager(model, data, 1, warmup, steps, dtype=torch.float64,
                              device="cuda", state=state)
             mine64, torch64 = rel_worst(r["losses"], exact), rel_worst(strict, exact)

@@ -23,7 +23,9 @@ docs/performance.md (device, date, commit there). Every program has changed sinc
 run (the convolutions' windows gathered inside their GEMMs, 2026-12-02; attention's
 backward from the forward's saved statistics, 2026-12-06): each row compares today's
 program with the measured one, and says what changed. The GPT-2 runs ran carve's own
-attention kernel, so their rows price today's program compiled with `--attention carve`;
+attention kernel, so their rows price today's program compiled with `--attention carve`,
+and the CNN runs ran their convolutions as im2col GEMMs, so theirs compile with
+`--convolution carve` (the default, cuDNN's convolutions, is printed beside them);
 the headline prediction is the default program, whose attention is cuDNN's fused flash
 attention priced at published cuDNN rates (docs/gpu-model.md), not yet a measurement.
 The recorded GPT-2 runs' model had the erf GELU (bench/gpt2_cuda.py's default until
@@ -168,12 +170,20 @@ def main():
     reports = {("gpt2", "bf16"): compile_model(a.carve, GPT2_SMALL_ERF, plans["bf16"], a.workdir,
                                                "gpt2-bf16-carve-attention",
                                                ["--attention", "carve"])}
+    # The recorded CNN runs ran the convolutions as im2col GEMMs: their rows
+    # compile today's program that way (--convolution carve); the default
+    # (cuDNN's convolutions, priced at carve's GEMM rates: not yet measured)
+    # is printed beside them.
+    cudnn_cnn = {}
     if not a.no_cnn:
         for model in ("resnet18", "vgg"):
             onnx = export_cnn(model, a.workdir)
             for prec in ("fp32", "bf16"):
                 reports[(model, prec)] = compile_model(a.carve, onnx, plans[prec], a.workdir,
-                                                       "%s-%s" % (model, prec))
+                                                       "%s-%s-im2col" % (model, prec),
+                                                       ["--convolution", "carve"])
+                cudnn_cnn[(model, prec)] = compile_model(a.carve, onnx, plans[prec], a.workdir,
+                                                         "%s-%s" % (model, prec))
 
     g = now["predictions"][a.gpu]
     print("GPT-2 small (124M, B = 8, T = 1024), bf16, one %s (%s), carve's CUDA program as "
@@ -189,6 +199,13 @@ def main():
     print("Llama-style (12 layers, width 768, 12 heads, 4 key/value heads, SwiGLU 2048, "
           "T = 1024, B = 8, vocab 32000), bf16: predicted %.1f ms per step, %d launches"
           % (gl["ms"], gl["launches"]))
+    for (model, prec), r in sorted(cudnn_cnn.items()):
+        im2col = reports[(model, prec)]["predictions"][a.gpu]
+        p = r["predictions"][a.gpu]
+        print("%s %s (B = 256, 32x32), convolutions through cuDNN: predicted %.2f ms per step, "
+              "%d launches (as im2col GEMMs: %.2f ms, %d launches)"
+              % ("ResNet-18" if model == "resnet18" else "VGG-style CNN", prec, p["ms"],
+                 p["launches"], im2col["ms"], im2col["launches"]))
     if a.top > 0:
         print()
         print("the %d costliest calls (the 12 layers' alike together, node h.* for h.0 .. h.11):"

@@ -165,6 +165,34 @@ bool Generator::emitRotary(Operation *op, StringRef kernel, llvm::raw_ostream &o
   return true;
 }
 
+/// A convolution kept whole (CUDA target): its two operands with their
+/// shapes, the geometry (carve::gpu::Conv2dGeometry: strides, pads, dilations,
+/// group), then the result and its shape.
+bool Generator::emitConvolution(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
+  auto list = [](ArrayRef<int64_t> v) {
+    std::string s = "{";
+    for (size_t i = 0; i < v.size(); ++i)
+      s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "}";
+  };
+  auto geometry = [&](auto c) {
+    return "carve::gpu::Conv2dGeometry{" + list(c.getStrides()) + ", " + list(c.getPads()) + ", " +
+           list(c.getDilations()) + ", " + std::to_string(c.getGroup()) + "}";
+  };
+  std::string geo;
+  if (auto c = dyn_cast<Conv2dOp>(op))
+    geo = geometry(c);
+  else if (auto c = dyn_cast<Conv2dGradInputOp>(op))
+    geo = geometry(c);
+  else
+    geo = geometry(cast<Conv2dGradWeightOp>(op));
+  Value res = op->getResult(0);
+  os << callee(opts, kernel.str()) << "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
+     << opnd(op, 1) << ", " << oshape(op, 1) << ", " << geo << ", " << name(res) << ", "
+     << shapeOf(res) << ");";
+  return true;
+}
+
 /// For an attention operand's 16-bit copy `c` marked "strided"
 /// (carve-fold-views): `out` becomes the piece's first element in its
 /// source's copy, `rowStride` the source's width (the same for all three

@@ -295,6 +295,8 @@ bool Generator::emitOp(Operation *op) {
     ok = emitCrossEntropy(op, kernel, os);
   else if (isa<RotaryOp, RotaryGradOp>(op))
     ok = emitRotary(op, kernel, os);
+  else if (isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(op))
+    ok = emitConvolution(op, kernel, os);
   else if (isa<TransposeOp, SliceOp, SliceGradOp, ConcatOp, ExpandOp>(op))
     ok = emitDataMovement(op, os);
   else if (isa<GatherOp, GatherGradOp, NonzeroOp>(op))

@@ -514,6 +514,7 @@ private:
   bool emitReduction(Operation *op, llvm::raw_ostream &os);
   bool emitNormalization(Operation *op, llvm::raw_ostream &os);
   bool emitRotary(Operation *op, llvm::StringRef kernel, llvm::raw_ostream &os);
+  bool emitConvolution(Operation *op, llvm::StringRef kernel, llvm::raw_ostream &os);
   mlir::Value gradCopy16(Operation *op, unsigned i);
   bool stridedCopy(mlir::Value c, std::string &out, int64_t &rowStride, int &count);
   bool hasMemory(mlir::Value v);

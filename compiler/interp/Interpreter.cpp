@@ -271,6 +271,7 @@ private:
 
   bool evaluate(Operation *op);
   bool evalNormalization(Operation *op);
+  bool evalConvolution(Operation *op);
   bool evalDataMovement(Operation *op);
   bool evalConstant(ConstantOp op);
   bool evalUnary(Operation *op, rt::Unary f);
@@ -687,10 +688,84 @@ bool Interpreter::evalDataMovement(Operation *op) {
       });
 }
 
+namespace {
+
+/// The reference 2-D convolution and its gradients (the ops
+/// carve-lower-convolutions keeps whole for cuDNN): x [N, C, H, W], w
+/// [O, C / group, kh, kw], y [N, O, Ho, Wo]. kind 0: y = conv(x, w); 1: x =
+/// the input gradient of y (dy) by w; 2: w = the weight gradient of x and dy.
+/// Sums in T over the taps in order (sample, output channel, pixel, input
+/// channel, tap).
+template <class T>
+void convolve(int kind, T *x, ArrayRef<int64_t> xs, T *w, ArrayRef<int64_t> ws, T *y,
+              ArrayRef<int64_t> ys, ArrayRef<int64_t> strides, ArrayRef<int64_t> pads,
+              ArrayRef<int64_t> dil, int64_t group) {
+  const int64_t n = xs[0], c = xs[1], h = xs[2], wd = xs[3], o = ws[0], kh = ws[2], kw = ws[3];
+  const int64_t ho = ys[2], wo = ys[3], cg = c / group, og = o / group;
+  T *out = kind == 0 ? y : kind == 1 ? x : w;
+  std::fill(out,
+            out + (kind == 0   ? n * o * ho * wo
+                   : kind == 1 ? n * c * h * wd
+                               : o * cg * kh * kw),
+            T(0));
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t i = 0; i < ho; ++i)
+        for (int64_t j = 0; j < wo; ++j)
+          for (int64_t q = 0; q < cg; ++q)
+            for (int64_t a = 0; a < kh; ++a)
+              for (int64_t b = 0; b < kw; ++b) {
+                const int64_t yy = i * strides[0] - pads[0] + a * dil[0];
+                const int64_t xx = j * strides[1] - pads[1] + b * dil[1];
+                if (yy < 0 || yy >= h || xx < 0 || xx >= wd)
+                  continue;
+                T &xv = x[((s * c + (oc / og) * cg + q) * h + yy) * wd + xx];
+                T &wv = w[((oc * cg + q) * kh + a) * kw + b];
+                T &yv = y[((s * o + oc) * ho + i) * wo + j];
+                if (kind == 0)
+                  yv += xv * wv;
+                else if (kind == 1)
+                  xv += yv * wv;
+                else
+                  wv += yv * xv;
+              }
+}
+
+} // namespace
+
+bool Interpreter::evalConvolution(Operation *op) {
+  // Operands and result as x, w, y of the forward.
+  Value x, w, y;
+  int kind = 0;
+  if (isa<Conv2dOp>(op))
+    x = op->getOperand(0), w = op->getOperand(1), y = op->getResult(0);
+  else if (isa<Conv2dGradInputOp>(op))
+    kind = 1, y = op->getOperand(0), w = op->getOperand(1), x = op->getResult(0);
+  else
+    kind = 2, x = op->getOperand(0), y = op->getOperand(1), w = op->getResult(0);
+  if (isa<Conv2dOp>(op) && cast<Conv2dOp>(op).getBias())
+    return failWith("no reference kernel for carve.conv2d with a bias (carve-lower-convolutions "
+                    "adds it after the convolution)");
+  Value res = op->getResult(0);
+  make(res);
+  auto strides = cast<DenseI64ArrayAttr>(op->getAttr("strides")).asArrayRef();
+  auto pads = cast<DenseI64ArrayAttr>(op->getAttr("pads")).asArrayRef();
+  auto dil = cast<DenseI64ArrayAttr>(op->getAttr("dilations")).asArrayRef();
+  const int64_t group = cast<IntegerAttr>(op->getAttr("group")).getInt();
+  return withFloat(op, res, [&](auto tag) {
+    using T = decltype(tag);
+    auto ptr = [&](Value v) { return v == res ? out<T>(v) : const_cast<T *>(in<T>(v)); };
+    convolve<T>(kind, ptr(x), typeOf(x).getShape(), ptr(w), typeOf(w).getShape(), ptr(y),
+                typeOf(y).getShape(), strides, pads, dil, group);
+  });
+}
+
 bool Interpreter::evaluate(Operation *op) {
-  if (isa<Conv2dOp, MaxPool2dOp, BatchNormOp>(op))
+  if (isa<MaxPool2dOp, BatchNormOp>(op))
     return failWith("no reference kernel for " + op->getName().getStringRef().str() +
                     " (carve-lower-convolutions rewrites it)");
+  if (isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(op))
+    return evalConvolution(op);
   if (auto f = unaryOf(op))
     return evalUnary(op, *f);
   if (auto f = binaryOf(op))

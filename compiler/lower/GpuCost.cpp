@@ -380,6 +380,36 @@ struct Model {
     return (overB ? b : 1) * (overH ? h : 1) * double(a.tq) * a.tk;
   }
 
+  /// conv_cudnn.cpp: one cuDNN convolution graph (counted as one launch: the
+  /// call), priced as a GEMM of the convolution's FLOPs (2 N O Ho Wo C/g kh
+  /// kw, the same for either gradient) at the rates of carve's cuBLAS GEMMs
+  /// (cuDNN's convolutions are not yet measured through carve); under
+  /// bf16/fp16 both operands converted to 16 bits first and the 16-bit
+  /// result widened after.
+  void convolutionCudnn(Operation *op, StringRef kernel) {
+    const bool filter = kernel == "conv2d_grad_weight";
+    Value w = filter ? op->getResult(0) : op->getOperand(1);
+    Value y = kernel == "conv2d" ? op->getResult(0) : op->getOperand(filter ? 1 : 0);
+    ArrayRef<int64_t> ws = typeOf(w).getShape();
+    const double flops = 2.0 * numel(y) * ws[1] * ws[2] * ws[3];
+    const double na = numel(op->getOperand(0)), nb = numel(op->getOperand(1));
+    const double nc = numel(op->getResult(0));
+    if (flops == 0)
+      return;
+    const bool half = plan->precision != "fp32";
+    if (half) {
+      add("to16Kernel", GpuClass::Conversion, 0, 6 * na);
+      add("to16Kernel", GpuClass::Conversion, 0, 6 * nb);
+    }
+    static const char *const names[3] = {"cuDNN convolution forward",
+                                         "cuDNN convolution backward data",
+                                         "cuDNN convolution backward filter"};
+    const int k = kernel == "conv2d" ? 0 : kernel == "conv2d_grad_input" ? 1 : 2;
+    add(names[k], GpuClass::Gemm, flops, (half ? 2.0 : 4.0) * (na + nb + nc), 1, half);
+    if (half)
+      add("from16Kernel", GpuClass::Conversion, 0, 6 * nc);
+  }
+
   void attentionCudnn(Operation *op, bool grad) {
     // cuDNN's causal mask is top-left (query i sees keys up to i).
     const AttnShape a = attnShape(op, /*lastKeys=*/false);
@@ -691,6 +721,9 @@ struct Model {
       attention(op, false);
     } else if (kernel == "attention_grad_stats") {
       attention(op, true, true);
+    } else if (kernel == "conv2d" || kernel == "conv2d_grad_input" ||
+               kernel == "conv2d_grad_weight") {
+      convolutionCudnn(op, kernel);
     } else if (kernel == "attention_stats_cudnn") {
       attentionCudnn(op, false);
     } else if (kernel == "attention_grad_stats_cudnn") {

@@ -44,6 +44,7 @@ struct CarveLowerConvolutionsPass
     // sync_batch_norm: the statistics over the plan's dp replicas (0: this
     // replica's share alone, as PyTorch DDP without SyncBatchNorm).
     int64_t syncReplicas = 0, tp = 1;
+    bool keepConvolutions = false; // cuDNN's convolutions run them whole
     std::vector<OpOverride> ops; // the plan's "ops" entries
     std::vector<std::optional<llvm::GlobPattern>> globs;
     if (auto module = getOperation()->getParentOfType<ModuleOp>()) {
@@ -53,6 +54,11 @@ struct CarveLowerConvolutionsPass
       if (plan->syncBatchNorm)
         syncReplicas = plan->dp;
       tp = plan->tp;
+      // The CUDA target's convolutions through cuDNN: one op, forward and
+      // gradients, where the plan splits no channel (tp splits the im2col
+      // GEMMs) and not for the planner's pricing (its profile knows GEMMs).
+      keepConvolutions =
+          plan->target == "cuda" && plan->convolution == "cudnn" && tp == 1 && !planning;
       for (const auto &[glob, dim] : plan->ops)
         ops.push_back({glob, dim});
     }
@@ -68,6 +74,22 @@ struct CarveLowerConvolutionsPass
     }
     for (Operation *op : todo) {
       OpBuilder b(op);
+      if (auto conv = dyn_cast<Conv2dOp>(op); conv && keepConvolutions) {
+        // cuDNN's convolution adds no bias: the bias is an add after it,
+        // [O, 1, 1] against [N, O, H, W], which fusion joins to what follows.
+        if (Value bias = conv.getBias()) {
+          auto ct = typeOf(conv.getResult());
+          Value y = Conv2dOp::create(b, op->getLoc(), ct, conv.getInput(), conv.getWeight(),
+                                     Value(), conv.getStridesAttr(), conv.getPadsAttr(),
+                                     conv.getDilationsAttr(), conv.getGroupAttr());
+          const int64_t o = ct.getShape()[1];
+          auto bt = RankedTensorType::get({o, 1, 1}, ct.getElementType());
+          Value b3 = ReshapeOp::create(b, op->getLoc(), bt, bias);
+          conv.getResult().replaceAllUsesWith(AddOp::create(b, op->getLoc(), ct, y, b3));
+          op->erase();
+        }
+        continue;
+      }
       // tp splits a convolution's output channels (or its groups), or its
       // input channels after a split one: one of them must divide.
       if (auto conv = dyn_cast<Conv2dOp>(op); conv && tp > 1 && !planning) {

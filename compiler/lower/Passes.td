@@ -279,9 +279,16 @@ def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncO
     data-parallel replica's share: the per-channel sums go through
     `carve.replica_sum` (the mean, then the squares about it).
 
+    On the CUDA target with the plan's `convolution = "cudnn"` (the default;
+    `carve compile --convolution carve` says otherwise) and tp = 1, a
+    `carve.conv2d` stays whole: autodiff gives it `carve.conv2d_grad_input`
+    and `carve.conv2d_grad_weight`, and carve-select-kernels runs the three
+    as cuDNN's convolutions. Under tp (channels split through the GEMMs) and
+    in the planner's profile they are lowered.
+
     Runs first in `carve compile`, and in `carve plan`'s profile (so that the
-    planner prices the ops that run). Before: any carve IR. After: no conv2d,
-    max_pool2d or batch_norm.
+    planner prices the ops that run). Before: any carve IR. After: no
+    max_pool2d or batch_norm, and no conv2d except those kept for cuDNN.
   }];
   let options = [
     Option<"planning", "planning", "bool", /*default=*/"false",

@@ -292,6 +292,19 @@ Choice select(Operation *op, StringRef target) {
     return call("rotary");
   if (isa<RotaryGradOp>(op))
     return call("rotary_grad");
+  // 3k. A convolution kept whole (carve-lower-convolutions, CUDA target):
+  // cuDNN's convolution, forward or either gradient.
+  if (isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(op)) {
+    if (target != "cuda")
+      return refuse("the CPU target runs convolutions as im2col GEMMs (carve-lower-convolutions)");
+    if (!elementOf(op->getOperand(0)).isF32())
+      return refuse("cuDNN's convolutions here take the f32 tensors the program stores");
+    if (auto c = dyn_cast<Conv2dOp>(op); c && c.getBias())
+      return refuse("a bias inside the convolution (carve-lower-convolutions adds it after)");
+    return call(isa<Conv2dOp>(op)            ? "conv2d"
+                : isa<Conv2dGradInputOp>(op) ? "conv2d_grad_input"
+                                             : "conv2d_grad_weight");
+  }
   if (isa<AttentionOp>(op))
     return call("attention");
   if (isa<AttentionGradOp>(op))

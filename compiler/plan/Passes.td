@@ -46,6 +46,8 @@ def CarveSetPlan : Pass<"carve-set-plan", "mlir::ModuleOp"> {
            "The programs' target: cpu or cuda">,
     Option<"attention", "attention", "std::string", /*default=*/"\"cudnn\"",
            "The CUDA target's attention under bf16/fp16: cudnn or carve">,
+    Option<"convolution", "convolution", "std::string", /*default=*/"\"cudnn\"",
+           "The CUDA target's convolutions: cudnn or carve (im2col GEMMs)">,
     Option<"gradAccumulation", "grad-accumulation", "std::string", /*default=*/"\"fp32\"",
            "Under bf16/fp16: fp32 or 16bit, where micro-batches accumulate gradients">,
     Option<"optimizerState", "optimizer-state", "int64_t", /*default=*/"2",

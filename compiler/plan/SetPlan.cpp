@@ -34,6 +34,7 @@ struct SetPlanPass : carve::impl::CarveSetPlanBase<SetPlanPass> {
     plan.gradAccumulation = gradAccumulation;
     plan.target = target;
     plan.attention = attention;
+    plan.convolution = convolution;
     plan.optimizerState = optimizerState;
     plan.recompute = recompute;
     plan.recomputeLayers.assign(recomputeLayers.begin(), recomputeLayers.end());

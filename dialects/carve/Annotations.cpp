@@ -457,13 +457,34 @@ std::string crossEntropy(Operation *op, StringRef reduction, bool grad) {
 
 std::string conv2d(Conv2dOp op) {
   // n c h w, o c/g kh kw -> n o h w; channels split only without groups.
+  // With groups the weight's dimension 1 is C / group, not C: names of their own.
   bool grouped = op.getGroup() != 1;
   std::string nn = "a", c = grouped ? "b^" : "b+", o = grouped ? "c^" : "c";
-  Dims x = {nn, c, "d^", "e^"}, w = {o, c, "f^", "g^"}, y = {nn, o, "h^", "i^"};
+  std::string wc = grouped ? "j^" : c;
+  Dims x = {nn, c, "d^", "e^"}, w = {o, wc, "f^", "g^"}, y = {nn, o, "h^", "i^"};
   std::vector<Dims> ins = {x, w};
   if (op.getBias())
     ins.push_back({o});
   return annotation(ins, {y});
+}
+
+/// conv2d's gradients, named as conv2d names its operands: the input's
+/// gradient sums over the output channels, the weight's over the samples and
+/// pixels.
+std::string conv2dGradInput(Conv2dGradInputOp op) {
+  bool grouped = op.getGroup() != 1;
+  std::string c = grouped ? "b^" : "b", o = grouped ? "c^" : "c+";
+  Dims dy = {"a", o, "h^", "i^"}, w = {o, grouped ? "j^" : c, "f^", "g^"};
+  Dims dx = {"a", c, "d^", "e^"};
+  return annotation({dy, w}, {dx});
+}
+
+std::string conv2dGradWeight(Conv2dGradWeightOp op) {
+  bool grouped = op.getGroup() != 1;
+  std::string c = grouped ? "b^" : "b", o = grouped ? "c^" : "c";
+  Dims x = {"a+", c, "d^", "e^"}, dy = {"a+", o, "h^", "i^"};
+  Dims dw = {o, grouped ? "j^" : c, "f^", "g^"};
+  return annotation({x, dy}, {dw});
 }
 
 std::string annotate(Operation *op) {
@@ -551,6 +572,8 @@ std::string annotate(Operation *op) {
         return annotation({broadcastDims(n, typeOf(e.getInput()), r.getShape(), out)}, {out});
       })
       .Case([](Conv2dOp c) { return conv2d(c); })
+      .Case([](Conv2dGradInputOp c) { return conv2dGradInput(c); })
+      .Case([](Conv2dGradWeightOp c) { return conv2dGradWeight(c); })
       .Case([](MaxPool2dOp) { return std::string("a b c^ d^ -> a b e^ f^"); })
       .Case([](BatchNormOp b) {
         // Batch statistics need the whole batch and image.
@@ -619,6 +642,8 @@ CARVE_ANNOTATED(ConcatOp)
 CARVE_ANNOTATED(GatherOp)
 CARVE_ANNOTATED(ExpandOp)
 CARVE_ANNOTATED(Conv2dOp)
+CARVE_ANNOTATED(Conv2dGradInputOp)
+CARVE_ANNOTATED(Conv2dGradWeightOp)
 CARVE_ANNOTATED(MaxPool2dOp)
 CARVE_ANNOTATED(BatchNormOp)
 CARVE_ANNOTATED(CrossEntropyOp)

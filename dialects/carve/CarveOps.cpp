@@ -456,6 +456,34 @@ LogicalResult Conv2dOp::verify() {
                      getResult());
 }
 
+/// conv2d_grad_input / conv2d_grad_weight: the convolution they differentiate
+/// (input, weight -> grad) is well formed and gives grad's shape.
+static LogicalResult verifyConvGrad(Operation *op, Value input, Value weight, Value grad,
+                                    ArrayRef<int64_t> strides, ArrayRef<int64_t> pads,
+                                    ArrayRef<int64_t> dilations, int64_t group) {
+  if (failed(verifyStatic(op)) || failed(expectFloat(op, input, "input")) ||
+      failed(expectSameElement(op, input, weight)) || failed(expectSameElement(op, input, grad)))
+    return failure();
+  ShapeOrError want = conv2dShape(shapeOf(input), shapeOf(weight), strides, pads, dilations, group);
+  if (!want.ok())
+    return op->emitOpError(want.error);
+  if (ArrayRef<int64_t>(want.shape) != shapeOf(grad))
+    return op->emitOpError("grad has shape ")
+           << formatShape(shapeOf(grad)) << ", the convolution's output is "
+           << formatShape(want.shape);
+  return success();
+}
+
+LogicalResult Conv2dGradInputOp::verify() {
+  return verifyConvGrad(*this, getInputGrad(), getWeight(), getGrad(), getStrides(), getPads(),
+                        getDilations(), getGroup());
+}
+
+LogicalResult Conv2dGradWeightOp::verify() {
+  return verifyConvGrad(*this, getInput(), getWeightGrad(), getGrad(), getStrides(), getPads(),
+                        getDilations(), getGroup());
+}
+
 LogicalResult MaxPool2dOp::verify() {
   if (failed(verifyStatic(*this)) || failed(expectSameElement(*this, getInput(), getResult())))
     return failure();

@@ -557,12 +557,15 @@ def Carve_ExpandOp : Carve_Op<"expand", [Carve_Differentiable]> {
 // Convolutional networks
 //===----------------------------------------------------------------------===//
 
-def Carve_Conv2dOp : Carve_Op<"conv2d"> {
+def Carve_Conv2dOp : Carve_Op<"conv2d", [Carve_Differentiable]> {
   let summary = "2-D convolution, NCHW, weights OIHW.";
   let description = [{
     ONNX `Conv` on 4-D tensors. `pads` is `[top, left, bottom, right]`; `group`
     divides the input channels. The optional `bias` has one value per output
-    channel.
+    channel. carve-lower-convolutions writes it as gathers and GEMMs (im2col)
+    except on the CUDA target with `convolution = "cudnn"` (the default),
+    where it stays one op through autodiff (conv2d_grad_input,
+    conv2d_grad_weight) and runs as cuDNN's convolution.
 
     ```mlir
     %y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 1 : i64,
@@ -577,6 +580,50 @@ def Carve_Conv2dOp : Carve_Op<"conv2d"> {
   let results = (outs Carve_Tensor:$result);
   let assemblyFormat = [{
     $input `,` $weight (`bias` $bias^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_Conv2dGradInputOp : Carve_Op<"conv2d_grad_input"> {
+  let summary = "conv2d's input gradient (the transposed convolution of dy by the weight).";
+  let description = [{
+    `input_grad[n, c, y, x]` sums `grad[n, o, i, j] * weight[o, c', a, b]` over
+    the output pixels `(i, j)` and taps `(a, b)` that read `(y, x)`
+    (`y = i * stride + a * dilation - pad_top`), `o` over c's group. The
+    result's shape is the convolution's input's (a strided convolution's
+    input size is not a function of its output's).
+
+    ```mlir
+    %dx = carve.conv2d_grad_input %dy, %w {dilations = array<i64: 1, 1>, group = 1 : i64,
+                                           pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>}
+           : (tensor<4x8x32x32xf32>, tensor<8x8x3x3xf32>) -> tensor<4x8x32x32xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$grad, Carve_Tensor:$weight, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group);
+  let results = (outs Carve_Tensor:$input_grad);
+  let assemblyFormat = [{
+    $grad `,` $weight attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Carve_Conv2dGradWeightOp : Carve_Op<"conv2d_grad_weight"> {
+  let summary = "conv2d's weight gradient (the correlation of the input with dy).";
+  let description = [{
+    `weight_grad[o, c', a, b]` sums `grad[n, o, i, j] * input[n, c, y, x]` over
+    the samples and output pixels, `(y, x)` the position tap `(a, b)` of
+    pixel `(i, j)` reads (zero in the padding), `c` channel `c'` of o's group.
+
+    ```mlir
+    %dw = carve.conv2d_grad_weight %x, %dy {dilations = array<i64: 1, 1>, group = 1 : i64,
+                                            pads = array<i64: 1, 1, 1, 1>, strides = array<i64: 1, 1>}
+           : (tensor<4x8x32x32xf32>, tensor<4x8x32x32xf32>) -> tensor<8x8x3x3xf32>
+    ```
+  }];
+  let arguments = (ins Carve_Tensor:$input, Carve_Tensor:$grad, DenseI64ArrayAttr:$strides,
+                       DenseI64ArrayAttr:$pads, DenseI64ArrayAttr:$dilations, I64Attr:$group);
+  let results = (outs Carve_Tensor:$weight_grad);
+  let assemblyFormat = [{
+    $input `,` $grad attr-dict `:` functional-type(operands, results)
   }];
 }
 

@@ -118,6 +118,8 @@ void writePlan(ModuleOp module, const PlanAttrs &plan) {
     fields.push_back(b.getNamedAttr("target", b.getStringAttr(plan.target)));
   if (plan.attention != "cudnn")
     fields.push_back(b.getNamedAttr("attention", b.getStringAttr(plan.attention)));
+  if (plan.convolution != "cudnn")
+    fields.push_back(b.getNamedAttr("convolution", b.getStringAttr(plan.convolution)));
   if (plan.gradAccumulation != "fp32")
     fields.push_back(b.getNamedAttr("grad_accumulation", b.getStringAttr(plan.gradAccumulation)));
   if (plan.globalBatch > 0)
@@ -208,6 +210,11 @@ FailureOr<PlanAttrs> readPlan(ModuleOp module) {
       if (!s || !llvm::is_contained({"cudnn", "carve"}, s.getValue()))
         return bad(name, "\"cudnn\" or \"carve\"");
       plan.attention = s.getValue().str();
+    } else if (name == "convolution") {
+      auto s = dyn_cast<StringAttr>(v);
+      if (!s || !llvm::is_contained({"cudnn", "carve"}, s.getValue()))
+        return bad(name, "\"cudnn\" or \"carve\"");
+      plan.convolution = s.getValue().str();
     } else if (name == "grad_accumulation") {
       auto s = dyn_cast<StringAttr>(v);
       if (!s || !llvm::is_contained({"fp32", "16bit"}, s.getValue()))

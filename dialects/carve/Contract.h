@@ -342,6 +342,11 @@ struct PlanAttrs {
   /// flash attention where it can take the call) or "carve" (carve's own
   /// kernel everywhere; `carve compile --attention carve`).
   std::string attention = "cudnn";
+  /// The CUDA target's convolutions: "cudnn" (carve.conv2d kept whole
+  /// through autodiff, run as cuDNN's convolutions) or "carve" (im2col
+  /// gathers and GEMMs, as on the CPU target; `carve compile --convolution
+  /// carve`).
+  std::string convolution = "cudnn";
   /// Tensors of optimizer state per parameter, each the parameter's size
   /// (or its ZeRO chunk): AdamW 2 (exp_avg, exp_avg_sq), SGD with momentum
   /// 1, plain SGD 0.

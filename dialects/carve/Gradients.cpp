@@ -408,6 +408,22 @@ LogicalResult RotaryOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
   return success();
 }
 
+LogicalResult Conv2dOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
+                                       SmallVectorImpl<Value> &og) {
+  og.assign(getNumOperands(), Value());
+  if (!rg[0])
+    return success();
+  const Location loc = getLoc();
+  Value g = rg[0];
+  og[0] = Conv2dGradInputOp::create(b, loc, getInput().getType(), g, getWeight(), getStridesAttr(),
+                                    getPadsAttr(), getDilationsAttr(), getGroupAttr());
+  og[1] = Conv2dGradWeightOp::create(b, loc, getWeight().getType(), getInput(), g, getStridesAttr(),
+                                     getPadsAttr(), getDilationsAttr(), getGroupAttr());
+  if (getBias())
+    og[2] = reduceSum(b, loc, g, {0, 2, 3}, /*keep=*/false);
+  return success();
+}
+
 LogicalResult AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> rg,
                                           SmallVectorImpl<Value> &og) {
   og.assign(getNumOperands(), Value());

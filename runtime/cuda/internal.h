@@ -139,7 +139,8 @@ enum WorkspaceSlot : int {
   // zeroed when the slot grows, and every kernel that counts in it sets its
   // counters back to zero before it ends.
   kWsCounters = 10,
-  kNumWorkspaceSlots = 11,
+  kWsConv = 11, // conv_cudnn.cpp: 16-bit operands, cuDNN's workspace
+  kNumWorkspaceSlots = 12,
 };
 
 /// At least `bytes` of device memory (256-byte aligned) for slot `slot`,

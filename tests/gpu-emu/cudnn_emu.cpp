@@ -2,7 +2,7 @@
 //
 // Tests only (tests/gpu-emu/README.md, "cuDNN"): the emulated build links
 // this instead of libcudnn, so that runtime code written against <cudnn.h>
-// (attention_cudnn.cpp's flash attention) runs as it is.
+// (attention_cudnn.cpp's flash attention, 2-D convolutions) runs as it is.
 //
 // - Descriptors: every attribute a Set passes is checked against the
 //   attribute's CUDNN_TYPE_* and element count (cudnn_graph.h), stored, and
@@ -12,16 +12,27 @@
 //   Descriptors set as attributes must be finalized; a finalized descriptor
 //   takes no more attributes. Descriptor types and attributes outside the
 //   subset return CUDNN_STATUS_NOT_SUPPORTED, naming them.
-// - One engine (global index 0) models cuDNN's fused flash-attention engine
+// - Engine 0 (global index) models cuDNN's fused flash-attention engine
 //   for graphs with matmuls: 16-bit operands, fp32 accumulation, head
 //   dimensions that are multiples of 8 up to 256, an additive bias only in
 //   the operands' 16-bit type and over the scores' last two dimensions
 //   whole (broadcast over batch and heads). Graphs without matmuls
-//   (pointwise, reductions, reshapes) run generically. Heuristics return one
-//   configuration where the engine takes the graph and none, with the reason
-//   as the last error, where it does not. CARVE_EMU_CUDNN=unsupported makes
-//   every graph unsupported, CARVE_EMU_CUDNN=plan-fails makes every execution
-//   plan's Finalize fail, so tests reach a caller's fallbacks.
+//   (pointwise, reductions, reshapes) run generically on it. Heuristics
+//   return one configuration where it takes the graph and none, with the
+//   reason as the last error, where it does not.
+// - A graph of one 2-D convolution (forward, backward data or backward
+//   filter; CONVOLUTION descriptors with two spatial dimensions, compute
+//   type FLOAT, either mode, asymmetric padding, groups) has engines 1 to 4
+//   instead: 1, TF32 (notes TENSOR_CORE and DOWN_CONVERT_INPUTS: fp32
+//   inputs rounded to 10 mantissa bits); 2, exact fp32 (no note); 3, 16-bit
+//   tensor cores (TENSOR_CORE: HALF or BFLOAT16 inputs as stored); 4, the
+//   backward filter summed in reverse (NONDETERMINISTIC). The heuristics
+//   give, best first, 4 (backward filter only), then 1 and 2 for FLOAT or 3
+//   for the 16-bit types, so a caller's choice among them matters. Each
+//   sums in float in a fixed order (runConvolution) into an fp32 workspace.
+// - CARVE_EMU_CUDNN=unsupported makes every graph unsupported,
+//   CARVE_EMU_CUDNN=plan-fails makes every execution plan's Finalize fail,
+//   so tests reach a caller's fallbacks.
 // - Execution is queued on the handle's stream (recorded under CUDA-graph
 //   capture) and interprets the graph: operations in a topological order,
 //   every tensor, virtual ones too, a buffer laid out by its own dims and
@@ -335,6 +346,7 @@ struct Attr {
 };
 
 struct TensorSpec;
+struct ConvSpec;
 struct OpSpec;
 struct GraphSpec;
 
@@ -350,8 +362,12 @@ struct Desc {
   /// OPERATIONGRAPH and what hangs off it: ENGINEHEUR, ENGINE, ENGINECFG,
   /// EXECUTION_PLAN.
   std::shared_ptr<const GraphSpec> graph;
-  /// ENGINEHEUR: the one configuration it found (null: none).
-  std::shared_ptr<Desc> result;
+  /// CONVOLUTION: its geometry.
+  std::shared_ptr<const ConvSpec> conv;
+  /// ENGINEHEUR: the configurations it found, best first (none: no engine
+  /// takes the graph).
+  std::vector<std::shared_ptr<Desc>> results;
+  int64_t engine = 0;    // ENGINE, ENGINECFG, EXECUTION_PLAN: the global index
   int64_t workspace = 0; // ENGINECFG, EXECUTION_PLAN: bytes
   // VARIANT_PACK:
   std::vector<int64_t> uids;
@@ -449,6 +465,10 @@ struct AttrSpec {
 #define CARVE_GETS(D, N, T, R)                                                                     \
   {CUDNN_BACKEND_##D##_DESCRIPTOR, CUDNN_ATTR_##N, "CUDNN_ATTR_" #N, CUDNN_TYPE_##T, 0, kMany, R,  \
    false, CUDNN_TYPE_##T}
+// A scaling factor: a float or a double (cudnn-frontend sets either).
+#define CARVE_SCALE(D, N)                                                                          \
+  {CUDNN_BACKEND_##D##_DESCRIPTOR, CUDNN_ATTR_##N, "CUDNN_ATTR_" #N, CUDNN_TYPE_FLOAT, 1, 1,       \
+   kNoReference, true, CUDNN_TYPE_DOUBLE}
 
 // clang-format on
 
@@ -499,6 +519,43 @@ const AttrSpec kAttrs[] = {
     CARVE_REFS(OPERATION_RESHAPE, OPERATION_RESHAPE_XDESC, TENSOR, 1, 1),
     CARVE_REFS(OPERATION_RESHAPE, OPERATION_RESHAPE_YDESC, TENSOR, 1, 1),
 
+    // The per-dimension arrays may hold up to CUDNN_DIM_MAX - 2 elements;
+    // Finalize wants exactly SPATIAL_DIMS of each.
+    CARVE_SETS(CONVOLUTION, CONVOLUTION_COMP_TYPE, DATA_TYPE, 1, 1),
+    CARVE_SETS(CONVOLUTION, CONVOLUTION_CONV_MODE, CONVOLUTION_MODE, 1, 1),
+    CARVE_SETS(CONVOLUTION, CONVOLUTION_SPATIAL_DIMS, INT64, 1, 1),
+    CARVE_SETS(CONVOLUTION, CONVOLUTION_DILATIONS, INT64, 1, CUDNN_DIM_MAX - 2),
+    CARVE_SETS(CONVOLUTION, CONVOLUTION_FILTER_STRIDES, INT64, 1, CUDNN_DIM_MAX - 2),
+    CARVE_SETS(CONVOLUTION, CONVOLUTION_PRE_PADDINGS, INT64, 1, CUDNN_DIM_MAX - 2),
+    CARVE_SETS(CONVOLUTION, CONVOLUTION_POST_PADDINGS, INT64, 1, CUDNN_DIM_MAX - 2),
+
+    CARVE_SCALE(OPERATION_CONVOLUTION_FORWARD, OPERATION_CONVOLUTION_FORWARD_ALPHA),
+    CARVE_SCALE(OPERATION_CONVOLUTION_FORWARD, OPERATION_CONVOLUTION_FORWARD_BETA),
+    CARVE_REFS(OPERATION_CONVOLUTION_FORWARD, OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CONVOLUTION,
+               1, 1),
+    CARVE_REFS(OPERATION_CONVOLUTION_FORWARD, OPERATION_CONVOLUTION_FORWARD_W, TENSOR, 1, 1),
+    CARVE_REFS(OPERATION_CONVOLUTION_FORWARD, OPERATION_CONVOLUTION_FORWARD_X, TENSOR, 1, 1),
+    CARVE_REFS(OPERATION_CONVOLUTION_FORWARD, OPERATION_CONVOLUTION_FORWARD_Y, TENSOR, 1, 1),
+    CARVE_SCALE(OPERATION_CONVOLUTION_BACKWARD_DATA, OPERATION_CONVOLUTION_BWD_DATA_ALPHA),
+    CARVE_SCALE(OPERATION_CONVOLUTION_BACKWARD_DATA, OPERATION_CONVOLUTION_BWD_DATA_BETA),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_DATA, OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+               CONVOLUTION, 1, 1),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_DATA, OPERATION_CONVOLUTION_BWD_DATA_W, TENSOR, 1, 1),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_DATA, OPERATION_CONVOLUTION_BWD_DATA_DX, TENSOR, 1,
+               1),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_DATA, OPERATION_CONVOLUTION_BWD_DATA_DY, TENSOR, 1,
+               1),
+    CARVE_SCALE(OPERATION_CONVOLUTION_BACKWARD_FILTER, OPERATION_CONVOLUTION_BWD_FILTER_ALPHA),
+    CARVE_SCALE(OPERATION_CONVOLUTION_BACKWARD_FILTER, OPERATION_CONVOLUTION_BWD_FILTER_BETA),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_FILTER, OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+               CONVOLUTION, 1, 1),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_FILTER, OPERATION_CONVOLUTION_BWD_FILTER_DW, TENSOR,
+               1, 1),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_FILTER, OPERATION_CONVOLUTION_BWD_FILTER_X, TENSOR, 1,
+               1),
+    CARVE_REFS(OPERATION_CONVOLUTION_BACKWARD_FILTER, OPERATION_CONVOLUTION_BWD_FILTER_DY, TENSOR,
+               1, 1),
+
     {CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, CUDNN_ATTR_OPERATIONGRAPH_OPS,
      "CUDNN_ATTR_OPERATIONGRAPH_OPS", CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, kMany, kAnyOperation, true,
      CUDNN_TYPE_BACKEND_DESCRIPTOR},
@@ -539,6 +596,7 @@ const AttrSpec kAttrs[] = {
 #undef CARVE_SETS
 #undef CARVE_REFS
 #undef CARVE_GETS
+#undef CARVE_SCALE
 
 const AttrSpec *specFor(int owner, cudnnBackendAttributeName_t n) {
   for (const AttrSpec &s : kAttrs)
@@ -557,11 +615,16 @@ std::string attrName(cudnnBackendAttributeName_t n) {
   return s ? s->text : format("attribute %d", static_cast<int>(n));
 }
 
+bool isConvolutionOperation(int t) {
+  return t == CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR ||
+         t == CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR ||
+         t == CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
+}
 bool isOperation(int t) {
   return t == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR ||
          t == CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR ||
          t == CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR ||
-         t == CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR;
+         t == CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR || isConvolutionOperation(t);
 }
 
 bool modelledDescriptor(cudnnBackendDescriptorType_t t) {
@@ -574,6 +637,10 @@ bool modelledDescriptor(cudnnBackendDescriptorType_t t) {
   case CUDNN_BACKEND_REDUCTION_DESCRIPTOR:
   case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR:
   case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR:
+  case CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR:
+  case CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR:
+  case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR:
+  case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR:
   case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR:
   case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
   case CUDNN_BACKEND_ENGINECFG_DESCRIPTOR:
@@ -703,12 +770,29 @@ bool selfOverlaps(const TensorSpec &t) {
 
 // ---- Operations ---------------------------------------------------------------------
 
+/// A finalized convolution descriptor: two spatial dimensions (the only
+/// number modelled), the compute type FLOAT.
+struct ConvSpec {
+  cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  int64_t stride[2] = {1, 1}, dilation[2] = {1, 1}, pre[2] = {0, 0}, post[2] = {0, 0};
+};
+
 /// A finalized operation descriptor.
 struct OpSpec {
-  enum Kind { Pointwise, Matmul, Reduction, Reshape } kind = Pointwise;
+  enum Kind {
+    Pointwise,
+    Matmul,
+    Reduction,
+    Reshape,
+    ConvForward,
+    ConvBackwardData,
+    ConvBackwardFilter
+  } kind = Pointwise;
   /// Pointwise: x, b, t (as many as the mode takes); matmul: a, b;
-  /// reduction, reshape: x.
+  /// reduction, reshape: x; convolutions: forward X, W; backward data DY,
+  /// W; backward filter X, DY.
   std::vector<std::shared_ptr<const TensorSpec>> in;
+  /// Convolutions: Y, DX, DW.
   std::shared_ptr<const TensorSpec> out;
   cudnnPointwiseMode_t mode = CUDNN_POINTWISE_IDENTITY;
   /// Pointwise: the math precision; matmul, reduction: the compute type.
@@ -716,7 +800,14 @@ struct OpSpec {
   int64_t axis = -1;
   double alpha1 = 1, alpha2 = 1;
   cudnnReduceTensorOp_t reduce = CUDNN_REDUCE_TENSOR_ADD;
+  // Convolutions: out = alpha * conv + beta * out, over `groups` groups.
+  std::shared_ptr<const ConvSpec> conv;
+  double alpha = 1, beta = 0;
+  int64_t groups = 1;
 
+  bool isConvolution() const {
+    return kind == ConvForward || kind == ConvBackwardData || kind == ConvBackwardFilter;
+  }
   std::string text() const {
     switch (kind) {
     case Pointwise:
@@ -727,6 +818,12 @@ struct OpSpec {
       return std::string("reduction ") + reductionName(reduce);
     case Reshape:
       return "reshape";
+    case ConvForward:
+      return "convolution forward";
+    case ConvBackwardData:
+      return "convolution backward data";
+    case ConvBackwardFilter:
+      return "convolution backward filter";
     }
     return "";
   }
@@ -821,6 +918,9 @@ struct GraphSpec {
   std::vector<int> producer; // per tensor: the index into `order` of the op writing it, or -1
   std::vector<Node> order;   // the operations in a topological order
   bool hasMatmul = false;
+  /// Whether an operation is a convolution (the convolution engines take
+  /// the graph only when it is the graph's one operation).
+  bool hasConvolution = false;
   /// Why the emulated engine does not take this graph ("": it does).
   std::string unsupported;
   /// The engine's workspace: an fp32 accumulator for every non-virtual
@@ -859,6 +959,25 @@ std::string whyUnsupported(const GraphSpec &g) {
   for (const GraphSpec::Node &n : g.order) {
     const OpSpec &op = *n.op;
     const std::string where = format("%s (operation #%d)", op.text().c_str(), n.number);
+    if (op.isConvolution()) {
+      if (g.order.size() != 1)
+        return format("%s: the emulated convolution engines take a graph of one convolution and "
+                      "nothing else (this one has %zu operations; fused convolutions are not "
+                      "modelled)",
+                      where.c_str(), g.order.size());
+      for (int t : {n.in[0], n.in[1], n.out}) {
+        const TensorSpec &x = g.tensors[t];
+        if (x.type != CUDNN_DATA_FLOAT && !is16(x.type))
+          return format("%s: tensor %s: the emulated convolution engines take FLOAT, HALF or "
+                        "BFLOAT16 tensors",
+                        where.c_str(), x.text().c_str());
+        if (x.isVirtual)
+          return format("%s: tensor %s is virtual (a convolution alone in its graph reads and "
+                        "writes memory)",
+                        where.c_str(), x.text().c_str());
+      }
+      continue;
+    }
     if (op.kind == OpSpec::Pointwise) {
       if (!pointwiseModelled(op.mode, op.prec))
         return format("%s: the emulation does not compute this mode in math precision %s",
@@ -1179,6 +1298,194 @@ cudnnStatus_t finalizeReshapeOp(Desc &d) {
   return CUDNN_STATUS_SUCCESS;
 }
 
+/// CONVOLUTION: every attribute is required; two spatial dimensions and
+/// the compute type FLOAT are all that is modelled (NOT_SUPPORTED
+/// otherwise).
+cudnnStatus_t finalizeConvolution(Desc &d) {
+  const cudnnBackendAttributeName_t arrays[] = {
+      CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
+      CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS};
+  for (cudnnBackendAttributeName_t n :
+       {CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+        CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS})
+    if (!attr(d, n))
+      return missing(d, n);
+  for (cudnnBackendAttributeName_t n : arrays)
+    if (!attr(d, n))
+      return missing(d, n);
+  const int64_t dims = value<int64_t>(attr(d, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS));
+  if (dims < 1 || dims > CUDNN_DIM_MAX - 2)
+    return badParam(d, format("CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS %lld is not 1 to %d",
+                              static_cast<long long>(dims), CUDNN_DIM_MAX - 2));
+  if (dims != 2)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                finalizeWhere(d) +
+                    format(": CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS %lld: the emulation models 2-D "
+                           "convolutions only",
+                           static_cast<long long>(dims)));
+  for (cudnnBackendAttributeName_t n : arrays)
+    if (attr(d, n)->count != dims)
+      return badParam(d, format("%s has %lld elements; CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS is %lld",
+                                attrName(n).c_str(), static_cast<long long>(attr(d, n)->count),
+                                static_cast<long long>(dims)));
+  auto c = std::make_shared<ConvSpec>();
+  const std::vector<int64_t> dil = int64s(attr(d, CUDNN_ATTR_CONVOLUTION_DILATIONS)),
+                             str = int64s(attr(d, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES)),
+                             pre = int64s(attr(d, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS)),
+                             post = int64s(attr(d, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS));
+  for (int i = 0; i < 2; ++i) {
+    if (dil[i] < 1 || str[i] < 1)
+      return badParam(d, format("CUDNN_ATTR_CONVOLUTION_DILATIONS %s and "
+                                "CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES %s must be at least 1",
+                                dimsText(dil).c_str(), dimsText(str).c_str()));
+    if (pre[i] < 0 || post[i] < 0)
+      return badParam(d, format("CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS %s and "
+                                "CUDNN_ATTR_CONVOLUTION_POST_PADDINGS %s must not be negative",
+                                dimsText(pre).c_str(), dimsText(post).c_str()));
+    c->dilation[i] = dil[i];
+    c->stride[i] = str[i];
+    c->pre[i] = pre[i];
+    c->post[i] = post[i];
+  }
+  c->mode = value<cudnnConvolutionMode_t>(attr(d, CUDNN_ATTR_CONVOLUTION_CONV_MODE));
+  if (c->mode != CUDNN_CROSS_CORRELATION && c->mode != CUDNN_CONVOLUTION)
+    return badParam(d, format("CUDNN_ATTR_CONVOLUTION_CONV_MODE %d is no cudnnConvolutionMode_t",
+                              static_cast<int>(c->mode)));
+  const auto comp = value<cudnnDataType_t>(attr(d, CUDNN_ATTR_CONVOLUTION_COMP_TYPE));
+  if (!dataTypeName(comp))
+    return badParam(d, format("CUDNN_ATTR_CONVOLUTION_COMP_TYPE %d is no cudnnDataType_t",
+                              static_cast<int>(comp)));
+  if (comp != CUDNN_DATA_FLOAT)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                finalizeWhere(d) +
+                    format(": CUDNN_ATTR_CONVOLUTION_COMP_TYPE %s: the emulation computes "
+                           "convolutions in CUDNN_DATA_FLOAT only",
+                           dataTypeName(comp)));
+  d.conv = c;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+/// The attributes of one convolution operation, its tensors in the roles
+/// of the forward's X, W and Y.
+struct ConvRoles {
+  cudnnBackendDescriptorType_t type;
+  OpSpec::Kind kind;
+  cudnnBackendAttributeName_t alpha, beta, conv, w, x, y;
+  const char *wName, *xName, *yName;
+};
+const ConvRoles kConvRoles[] = {
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, OpSpec::ConvForward,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, "W",
+     "X", "Y"},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, OpSpec::ConvBackwardData,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, "W", "DX", "DY"},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, OpSpec::ConvBackwardFilter,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, "DW", "X", "DY"},
+};
+
+/// The three convolution operations. Their shapes are checked as cuDNN
+/// does: X [N, C, H, W], W [O, C/g, kh, kw] for g groups (C a multiple of
+/// W's dims[1], O of g), Y [N, O, Ho, Wo] with Ho = (H + pre + post -
+/// dil (kh - 1) - 1) / stride + 1 (floor), likewise Wo; one data type.
+cudnnStatus_t finalizeConvOp(Desc &d) {
+  const ConvRoles *r = nullptr;
+  for (const ConvRoles &c : kConvRoles)
+    if (c.type == d.type)
+      r = &c;
+  for (cudnnBackendAttributeName_t n : {r->alpha, r->beta, r->conv, r->w, r->x, r->y})
+    if (!attr(d, n))
+      return missing(d, n);
+  auto op = std::make_shared<OpSpec>();
+  op->kind = r->kind;
+  op->conv = refOf(attr(d, r->conv))->conv;
+  op->alpha = scalarOf(attr(d, r->alpha));
+  op->beta = scalarOf(attr(d, r->beta));
+  const std::shared_ptr<const TensorSpec> x = refOf(attr(d, r->x))->tensor,
+                                          w = refOf(attr(d, r->w))->tensor,
+                                          y = refOf(attr(d, r->y))->tensor;
+  switch (r->kind) {
+  case OpSpec::ConvForward:
+    op->in = {x, w};
+    op->out = y;
+    break;
+  case OpSpec::ConvBackwardData:
+    op->in = {y, w};
+    op->out = x;
+    break;
+  default:
+    op->in = {x, y};
+    op->out = w;
+    break;
+  }
+  const std::pair<const TensorSpec *, const char *> roles[] = {
+      {x.get(), r->xName}, {w.get(), r->wName}, {y.get(), r->yName}};
+  for (auto [t, name] : roles) {
+    if (t->dims.size() != 4)
+      return badParam(d, format("%s %s has %zu dimensions; a 2-D convolution's tensors have 4 "
+                                "(X [N, C, H, W], W [O, C/groups, kh, kw], Y [N, O, Ho, Wo])",
+                                name, t->text().c_str(), t->dims.size()));
+    if (t->byValue)
+      return badParam(d, format("%s %s is passed by value", name, t->text().c_str()));
+  }
+  if (x->type != w->type || x->type != y->type)
+    return badParam(d, format("%s is %s, %s %s and %s %s: a convolution's tensors have one data "
+                              "type",
+                              r->xName, dataTypeName(x->type), r->wName, dataTypeName(w->type),
+                              r->yName, dataTypeName(y->type)));
+  const int64_t c = x->dims[1], cg = w->dims[1], o = w->dims[0];
+  if (c % cg)
+    return badParam(d, format("%s's channels %lld (dims %s) are not a multiple of %s's dims[1] "
+                              "%lld (dims %s): no whole number of groups",
+                              r->xName, static_cast<long long>(c), dimsText(x->dims).c_str(),
+                              r->wName, static_cast<long long>(cg), dimsText(w->dims).c_str()));
+  op->groups = c / cg;
+  if (o % op->groups)
+    return badParam(d, format("%s's dims %s: %lld output channels do not split into the %lld "
+                              "groups of %s's %lld channels",
+                              r->wName, dimsText(w->dims).c_str(), static_cast<long long>(o),
+                              static_cast<long long>(op->groups), r->xName,
+                              static_cast<long long>(c)));
+  const ConvSpec &cs = *op->conv;
+  std::vector<int64_t> want{x->dims[0], o, 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t span =
+        x->dims[2 + i] + cs.pre[i] + cs.post[i] - cs.dilation[i] * (w->dims[2 + i] - 1) - 1;
+    if (span < 0)
+      return badParam(d,
+                      format("spatial dimension %d: %s's extent %lld padded by %lld and %lld "
+                             "is smaller than %s's %lld taps dilated by %lld",
+                             i, r->xName, static_cast<long long>(x->dims[2 + i]),
+                             static_cast<long long>(cs.pre[i]), static_cast<long long>(cs.post[i]),
+                             r->wName, static_cast<long long>(w->dims[2 + i]),
+                             static_cast<long long>(cs.dilation[i])));
+    want[2 + i] = span / cs.stride[i] + 1;
+  }
+  if (y->dims != want)
+    return badParam(
+        d, format("%s's dims %s, expected %s from %s %s and %s %s (strides %lld, "
+                  "%lld; dilations %lld, %lld; pre-paddings %lld, %lld; "
+                  "post-paddings %lld, %lld; groups %lld)",
+                  r->yName, dimsText(y->dims).c_str(), dimsText(want).c_str(), r->xName,
+                  dimsText(x->dims).c_str(), r->wName, dimsText(w->dims).c_str(),
+                  static_cast<long long>(cs.stride[0]), static_cast<long long>(cs.stride[1]),
+                  static_cast<long long>(cs.dilation[0]), static_cast<long long>(cs.dilation[1]),
+                  static_cast<long long>(cs.pre[0]), static_cast<long long>(cs.pre[1]),
+                  static_cast<long long>(cs.post[0]), static_cast<long long>(cs.post[1]),
+                  static_cast<long long>(op->groups)));
+  d.op = op;
+  return CUDNN_STATUS_SUCCESS;
+}
+
 /// The operation graph: its distinct tensors, a topological order, whether
 /// the engine takes it and the engine's workspace.
 cudnnStatus_t finalizeGraph(Desc &d) {
@@ -1275,6 +1582,7 @@ cudnnStatus_t finalizeGraph(Desc &d) {
   }
   g->accumulatorOffset.assign(nt, -1);
   for (const GraphSpec::Node &n : g->order) {
+    g->hasConvolution = g->hasConvolution || n.op->isConvolution();
     if (n.op->kind != OpSpec::Matmul)
       continue;
     g->hasMatmul = true;
@@ -1289,15 +1597,102 @@ cudnnStatus_t finalizeGraph(Desc &d) {
   return CUDNN_STATUS_SUCCESS;
 }
 
-/// Why no engine takes the graph right now ("": the engine does).
-std::string refusal(const GraphSpec &g) {
-  if (engineMode() == EngineMode::Unsupported)
-    return "CARVE_EMU_CUDNN=unsupported: the emulated engine takes no graph";
-  return g.unsupported;
+/// The emulated engines, by CUDNN_ATTR_ENGINE_GLOBAL_INDEX.
+enum EngineIndex : int64_t {
+  /// The fused flash-attention engine for graphs with matmuls, the generic
+  /// one for pointwise, reduction and reshape graphs; no convolutions.
+  kFusedEngine = 0,
+  /// Convolutions in FLOAT on tensor cores: the inputs rounded to TF32
+  /// (notes TENSOR_CORE, DOWN_CONVERT_INPUTS).
+  kConvTf32 = 1,
+  /// Convolutions in FLOAT, exactly (no note).
+  kConvFloat = 2,
+  /// Convolutions in HALF or BFLOAT16 on tensor cores (note TENSOR_CORE).
+  kConvTensorCore16 = 3,
+  /// Backward filter, any modelled type, the sums in reverse order (note
+  /// NONDETERMINISTIC): a caller that takes it sees other low bits.
+  kConvNondeterministic = 4,
+};
+
+/// CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT: indices 0 to count - 1
+/// exist for `g` (engine 0 refuses convolutions).
+int64_t engineCount(const GraphSpec &g) {
+  return g.hasConvolution ? kConvNondeterministic + 1 : kFusedEngine + 1;
 }
 
-/// A finalized engine (global index 0) and configuration of it for `graphDesc`.
-std::shared_ptr<Desc> engineConfig(const std::shared_ptr<Desc> &graphDesc) {
+/// Why engine `e` does not take `g` right now ("": it does).
+std::string refusal(const GraphSpec &g, int64_t e) {
+  if (engineMode() == EngineMode::Unsupported)
+    return "CARVE_EMU_CUDNN=unsupported: the emulated engines take no graph";
+  if (e == kFusedEngine)
+    return g.hasConvolution ? "it runs no convolution (flash attention, pointwise, reduction and "
+                              "reshape graphs only)"
+                            : g.unsupported;
+  if (!g.hasConvolution)
+    return "it runs convolutions only";
+  if (!g.unsupported.empty())
+    return g.unsupported;
+  const OpSpec &op = *g.order[0].op;
+  const cudnnDataType_t t = op.out->type;
+  if ((e == kConvTf32 || e == kConvFloat) && t != CUDNN_DATA_FLOAT)
+    return format("it takes CUDNN_DATA_FLOAT tensors, not %s", dataTypeName(t));
+  if (e == kConvTensorCore16 && !is16(t))
+    return format("it takes HALF or BFLOAT16 tensors, not %s", dataTypeName(t));
+  if (e == kConvNondeterministic && op.kind != OpSpec::ConvBackwardFilter)
+    return "it runs backward-filter convolutions only";
+  return "";
+}
+
+/// The numerical notes of engine `e` on `g`.
+std::vector<cudnnBackendNumericalNote_t> numericalNotes(const GraphSpec &g, int64_t e) {
+  switch (e) {
+  case kConvTf32:
+    return {CUDNN_NUMERICAL_NOTE_TENSOR_CORE, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS};
+  case kConvFloat:
+    return {};
+  case kConvTensorCore16:
+    return {CUDNN_NUMERICAL_NOTE_TENSOR_CORE};
+  case kConvNondeterministic:
+    return {CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC};
+  default:
+    if (g.hasMatmul)
+      return {CUDNN_NUMERICAL_NOTE_TENSOR_CORE};
+    return {};
+  }
+}
+
+/// Where a convolution engine keeps things in its workspace (byte offsets,
+/// each 256-byte aligned; -1: not kept): the fp32 sums of every output
+/// element before alpha and beta, and, for the TF32 engine, its two inputs
+/// rounded to TF32 (a DOWN_CONVERT_INPUTS engine converts them first), each
+/// dense in row-major order of its dims.
+struct ConvWorkspace {
+  int64_t sums = 0, in0 = -1, in1 = -1, bytes = 0;
+};
+ConvWorkspace convWorkspace(const GraphSpec &g, int64_t e) {
+  const GraphSpec::Node &n = g.order[0];
+  const auto floats = [&](int t) {
+    return align256(g.tensors[t].count * static_cast<int64_t>(sizeof(float)));
+  };
+  ConvWorkspace w;
+  w.bytes = floats(n.out);
+  if (e == kConvTf32) {
+    w.in0 = w.bytes;
+    w.bytes += floats(n.in[0]);
+    w.in1 = w.bytes;
+    w.bytes += floats(n.in[1]);
+  }
+  return w;
+}
+
+/// The workspace engine `e` needs for `g`.
+int64_t workspaceOf(const GraphSpec &g, int64_t e) {
+  return e == kFusedEngine ? g.workspace : convWorkspace(g, e).bytes;
+}
+
+/// A finalized engine (global index `e`) and configuration of it for
+/// `graphDesc`.
+std::shared_ptr<Desc> engineConfig(const std::shared_ptr<Desc> &graphDesc, int64_t e) {
   auto engine = std::make_shared<Desc>(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   Attr graphAttr;
   graphAttr.type = CUDNN_TYPE_BACKEND_DESCRIPTOR;
@@ -1308,20 +1703,26 @@ std::shared_ptr<Desc> engineConfig(const std::shared_ptr<Desc> &graphDesc) {
   Attr index;
   index.type = CUDNN_TYPE_INT64;
   index.count = 1;
-  index.bytes.assign(sizeof(int64_t), 0);
+  index.bytes.resize(sizeof(int64_t));
+  std::memcpy(index.bytes.data(), &e, sizeof e);
   engine->attrs[CUDNN_ATTR_ENGINE_GLOBAL_INDEX] = index;
   engine->graph = graphDesc->graph;
+  engine->engine = e;
   engine->finalized = true;
   auto cfg = std::make_shared<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
   Attr engineAttr = graphAttr;
   engineAttr.descs = {engine};
   cfg->attrs[CUDNN_ATTR_ENGINECFG_ENGINE] = engineAttr;
   cfg->graph = graphDesc->graph;
-  cfg->workspace = graphDesc->graph->workspace;
+  cfg->engine = e;
+  cfg->workspace = workspaceOf(*graphDesc->graph, e);
   cfg->finalized = true;
   return cfg;
 }
 
+/// Every mode of the heuristics gives the engines that take the graph in
+/// this order: the nondeterministic backward filter first, then TF32
+/// before exact fp32, so a caller's choice among them matters.
 cudnnStatus_t finalizeHeuristics(Desc &d) {
   for (cudnnBackendAttributeName_t n :
        {CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_ATTR_ENGINEHEUR_MODE})
@@ -1329,10 +1730,19 @@ cudnnStatus_t finalizeHeuristics(Desc &d) {
       return missing(d, n);
   auto graphDesc = refOf(attr(d, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH));
   d.graph = graphDesc->graph;
-  const std::string why = refusal(*d.graph);
-  if (why.empty())
-    d.result = engineConfig(graphDesc);
-  else
+  const std::vector<int64_t> ranked =
+      d.graph->hasConvolution
+          ? std::vector<int64_t>{kConvNondeterministic, kConvTf32, kConvFloat, kConvTensorCore16}
+          : std::vector<int64_t>{kFusedEngine};
+  std::string why;
+  for (int64_t e : ranked) {
+    const std::string no = refusal(*d.graph, e);
+    if (no.empty())
+      d.results.push_back(engineConfig(graphDesc, e));
+    else if (why.empty())
+      why = no;
+  }
+  if (d.results.empty())
     gLastError = "cudnnBackendFinalize(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR): no engine: " + why;
   return CUDNN_STATUS_SUCCESS;
 }
@@ -1343,22 +1753,28 @@ cudnnStatus_t finalizeEngine(Desc &d) {
     if (!attr(d, n))
       return missing(d, n);
   const int64_t i = value<int64_t>(attr(d, CUDNN_ATTR_ENGINE_GLOBAL_INDEX));
-  if (i != 0)
-    return badParam(d, format("CUDNN_ATTR_ENGINE_GLOBAL_INDEX %lld: the emulation has one "
-                              "engine, global index 0",
-                              static_cast<long long>(i)));
   d.graph = refOf(attr(d, CUDNN_ATTR_ENGINE_OPERATION_GRAPH))->graph;
-  const std::string why = refusal(*d.graph);
+  const int64_t count = engineCount(*d.graph);
+  if (i < 0 || i >= count)
+    return badParam(d, format("CUDNN_ATTR_ENGINE_GLOBAL_INDEX %lld: the emulation has %lld "
+                              "engine%s for this graph, global indices 0 to %lld",
+                              static_cast<long long>(i), static_cast<long long>(count),
+                              count == 1 ? "" : "s", static_cast<long long>(count - 1)));
+  const std::string why = refusal(*d.graph, i);
   if (!why.empty())
-    return fail(CUDNN_STATUS_NOT_SUPPORTED, finalizeWhere(d) + ": engine 0: " + why);
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                finalizeWhere(d) + format(": engine %lld: ", static_cast<long long>(i)) + why);
+  d.engine = i;
   return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t finalizeEngineConfig(Desc &d) {
   if (!attr(d, CUDNN_ATTR_ENGINECFG_ENGINE))
     return missing(d, CUDNN_ATTR_ENGINECFG_ENGINE);
-  d.graph = refOf(attr(d, CUDNN_ATTR_ENGINECFG_ENGINE))->graph;
-  d.workspace = d.graph->workspace;
+  const Desc &engine = *refOf(attr(d, CUDNN_ATTR_ENGINECFG_ENGINE));
+  d.graph = engine.graph;
+  d.engine = engine.engine;
+  d.workspace = workspaceOf(*d.graph, d.engine);
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -1373,10 +1789,16 @@ cudnnStatus_t finalizePlan(Desc &d) {
   if (engineMode() == EngineMode::PlanFails)
     return fail(CUDNN_STATUS_NOT_SUPPORTED,
                 finalizeWhere(d) + ": CARVE_EMU_CUDNN=plan-fails: no plan finalizes");
-  const std::string why = refusal(*cfg.graph);
+  const std::string why = refusal(*cfg.graph, cfg.engine);
   if (!why.empty())
-    return fail(CUDNN_STATUS_NOT_SUPPORTED, finalizeWhere(d) + ": " + why);
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                finalizeWhere(d) + ": " +
+                    (cfg.engine == kFusedEngine
+                         ? ""
+                         : format("engine %lld: ", static_cast<long long>(cfg.engine))) +
+                    why);
   d.graph = cfg.graph;
+  d.engine = cfg.engine;
   d.workspace = cfg.workspace;
   return CUDNN_STATUS_SUCCESS;
 }
@@ -1425,6 +1847,12 @@ cudnnStatus_t finalize(Desc &d) {
     return finalizeReductionOp(d);
   case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR:
     return finalizeReshapeOp(d);
+  case CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR:
+    return finalizeConvolution(d);
+  case CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR:
+  case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR:
+  case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR:
+    return finalizeConvOp(d);
   case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR:
     return finalizeGraph(d);
   case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
@@ -1803,11 +2231,183 @@ void runReshape(const GraphSpec &g, const GraphSpec::Node &n, const Buffers &buf
     store(y.type, buf[n.out], yo[i], load(x.type, buf[n.in[0]], sameMemory ? yo[i] : xo[i]));
 }
 
-/// One execution of `g`: `bound` holds the caller's buffers (by-value ones
-/// copied), virtual tensors get buffers of their own, filled with 0xFF
-/// bytes (NaN in the floating types) so that reading an element no
-/// operation wrote shows.
-void run(const GraphSpec &g, Buffers buf, char *workspace) {
+/// v rounded to TF32 (10 explicit mantissa bits, float's exponent range),
+/// to nearest, ties to even: what an engine noted DOWN_CONVERT_INPUTS does
+/// to fp32 inputs before its tensor cores multiply them.
+float toTf32(float v) {
+  if (!std::isfinite(v))
+    return v;
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  u += 0xFFFu + ((u >> 13) & 1u);
+  u &= ~0x1FFFu;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+/// A convolution on engine `e`. Each input is first read through its own
+/// dims, strides and type into a dense float array (row-major in its
+/// dims): exactly for engines 2, 3 and 4 (16-bit values are exact in
+/// float), rounded to TF32 into the workspace for engine 1. Every output
+/// element is then one float sum, each term a float product, from 0, of
+/// the valid taps only (those that fall into the padding are skipped):
+///   forward       y[n,o,i,j]  over c in o's group, then a, then b, of
+///                 x[n,c,i*s0-pre0+a*d0,j*s1-pre1+b*d1] w[o,c-c0,a,b];
+///   backward data dx[n,c,h,v] over o in c's group, then a, then b, of
+///                 dy[n,o,i,j] w[o,c-c0,a,b] where i*s0-pre0+a*d0 = h and
+///                 j*s1-pre1+b*d1 = v;
+///   backward filter dw[o,c,a,b] over n, then i, then j, of
+///                 dy[n,o,i,j] x[n,c0+c,i*s0-pre0+a*d0,j*s1-pre1+b*d1]
+/// (all increasing; engine 4 takes the backward filter's terms in
+/// decreasing order). CUDNN_CONVOLUTION flips the filter: tap (a, b) uses
+/// w[..., kh-1-a, kw-1-b]. The sums go to the workspace; then out =
+/// alpha * sum + beta * out in float (out not read when beta is 0, so a
+/// NaN there does not leak), rounded once to the output's type.
+void runConvolution(const GraphSpec &g, const GraphSpec::Node &n, const Buffers &buf,
+                    char *workspace, int64_t engine) {
+  const OpSpec &op = *n.op;
+  const ConvSpec &cs = *op.conv;
+  const TensorSpec &out = g.tensors[n.out];
+  const ConvWorkspace ws = convWorkspace(g, engine);
+  float *sums = reinterpret_cast<float *>(workspace + ws.sums);
+  std::vector<float> owned[2];
+  const float *in[2];
+  for (int k = 0; k < 2; ++k) {
+    const TensorSpec &t = g.tensors[n.in[k]];
+    const int64_t at = k == 0 ? ws.in0 : ws.in1;
+    float *to;
+    if (at >= 0) {
+      to = reinterpret_cast<float *>(workspace + at);
+    } else {
+      owned[k].resize(t.count);
+      to = owned[k].data();
+    }
+    const char *base = buf[n.in[k]];
+    forEachIndex(t.dims, [&](const std::vector<int64_t> &idx, int64_t l) {
+      const float v = static_cast<float>(load(t.type, base, offsetOf(t, idx)));
+      to[l] = engine == kConvTf32 ? toTf32(v) : v;
+    });
+    in[k] = to;
+  }
+  // The geometry in the forward's terms, each array dense: X [batch, chans,
+  // height, width], W [outChans, groupChans, kh, kw], Y [batch, outChans,
+  // outH, outW].
+  const std::vector<int64_t> &xd =
+      op.kind == OpSpec::ConvBackwardData ? out.dims : g.tensors[n.in[0]].dims;
+  const std::vector<int64_t> &wd =
+      op.kind == OpSpec::ConvBackwardFilter ? out.dims : g.tensors[n.in[1]].dims;
+  const std::vector<int64_t> &yd = op.kind == OpSpec::ConvForward        ? out.dims
+                                   : op.kind == OpSpec::ConvBackwardData ? g.tensors[n.in[0]].dims
+                                                                         : g.tensors[n.in[1]].dims;
+  const int64_t batch = xd[0], chans = xd[1], height = xd[2], width = xd[3];
+  const int64_t outChans = wd[0], groupChans = wd[1], kh = wd[2], kw = wd[3];
+  const int64_t outH = yd[2], outW = yd[3];
+  const int64_t outPerGroup = outChans / op.groups;
+  const bool flip = cs.mode == CUDNN_CONVOLUTION;
+  auto xAt = [&](const float *x, int64_t nn, int64_t c, int64_t h, int64_t v) {
+    return x[((nn * chans + c) * height + h) * width + v];
+  };
+  auto wAt = [&](const float *w, int64_t o, int64_t c, int64_t a, int64_t b) {
+    if (flip) {
+      a = kh - 1 - a;
+      b = kw - 1 - b;
+    }
+    return w[((o * groupChans + c) * kh + a) * kw + b];
+  };
+  auto yAt = [&](const float *y, int64_t nn, int64_t o, int64_t i, int64_t j) {
+    return y[((nn * outChans + o) * outH + i) * outW + j];
+  };
+  // The input row (column) tap a (b) of output row i (column j) reads.
+  auto row = [&](int64_t i, int64_t a) {
+    return i * cs.stride[0] - cs.pre[0] + a * cs.dilation[0];
+  };
+  auto col = [&](int64_t j, int64_t b) {
+    return j * cs.stride[1] - cs.pre[1] + b * cs.dilation[1];
+  };
+  switch (op.kind) {
+  case OpSpec::ConvForward:
+    for (int64_t nn = 0; nn < batch; ++nn)
+      for (int64_t o = 0; o < outChans; ++o)
+        for (int64_t i = 0; i < outH; ++i)
+          for (int64_t j = 0; j < outW; ++j) {
+            const int64_t c0 = o / outPerGroup * groupChans;
+            float s = 0;
+            for (int64_t c = 0; c < groupChans; ++c)
+              for (int64_t a = 0; a < kh; ++a) {
+                const int64_t h = row(i, a);
+                if (h < 0 || h >= height)
+                  continue;
+                for (int64_t b = 0; b < kw; ++b) {
+                  const int64_t v = col(j, b);
+                  if (v >= 0 && v < width)
+                    s += xAt(in[0], nn, c0 + c, h, v) * wAt(in[1], o, c, a, b);
+                }
+              }
+            sums[((nn * outChans + o) * outH + i) * outW + j] = s;
+          }
+    break;
+  case OpSpec::ConvBackwardData:
+    for (int64_t nn = 0; nn < batch; ++nn)
+      for (int64_t c = 0; c < chans; ++c)
+        for (int64_t h = 0; h < height; ++h)
+          for (int64_t v = 0; v < width; ++v) {
+            const int64_t grp = c / groupChans, cg = c - grp * groupChans;
+            float s = 0;
+            for (int64_t o = grp * outPerGroup; o < (grp + 1) * outPerGroup; ++o)
+              for (int64_t a = 0; a < kh; ++a) {
+                const int64_t hi = h + cs.pre[0] - a * cs.dilation[0];
+                if (hi < 0 || hi % cs.stride[0] || hi / cs.stride[0] >= outH)
+                  continue;
+                for (int64_t b = 0; b < kw; ++b) {
+                  const int64_t vj = v + cs.pre[1] - b * cs.dilation[1];
+                  if (vj < 0 || vj % cs.stride[1] || vj / cs.stride[1] >= outW)
+                    continue;
+                  s += yAt(in[0], nn, o, hi / cs.stride[0], vj / cs.stride[1]) *
+                       wAt(in[1], o, cg, a, b);
+                }
+              }
+            sums[((nn * chans + c) * height + h) * width + v] = s;
+          }
+    break;
+  default: { // ConvBackwardFilter
+    const bool reverse = engine == kConvNondeterministic;
+    const int64_t terms = batch * outH * outW;
+    for (int64_t o = 0; o < outChans; ++o)
+      for (int64_t c = 0; c < groupChans; ++c)
+        for (int64_t a = 0; a < kh; ++a)
+          for (int64_t b = 0; b < kw; ++b) {
+            const int64_t cx = o / outPerGroup * groupChans + c;
+            float s = 0;
+            for (int64_t q = 0; q < terms; ++q) {
+              const int64_t t = reverse ? terms - 1 - q : q;
+              const int64_t nn = t / (outH * outW), i = t / outW % outH, j = t % outW;
+              const int64_t h = row(i, a), v = col(j, b);
+              if (h >= 0 && h < height && v >= 0 && v < width)
+                s += yAt(in[1], nn, o, i, j) * xAt(in[0], nn, cx, h, v);
+            }
+            // The tap (a, b) of a flipped filter is its element (kh-1-a, kw-1-b).
+            const int64_t fa = flip ? kh - 1 - a : a, fb = flip ? kw - 1 - b : b;
+            sums[((o * groupChans + c) * kh + fa) * kw + fb] = s;
+          }
+    break;
+  }
+  }
+  const float alpha = static_cast<float>(op.alpha), beta = static_cast<float>(op.beta);
+  char *base = buf[n.out];
+  forEachIndex(out.dims, [&](const std::vector<int64_t> &idx, int64_t l) {
+    const int64_t o = offsetOf(out, idx);
+    float v = alpha * sums[l];
+    if (beta != 0)
+      v += beta * static_cast<float>(load(out.type, base, o));
+    store(out.type, base, o, v);
+  });
+}
+
+/// One execution of `g` on engine `engine`: `bound` holds the caller's
+/// buffers (by-value ones copied), virtual tensors get buffers of their
+/// own, filled with 0xFF bytes (NaN in the floating types) so that reading
+/// an element no operation wrote shows.
+void run(const GraphSpec &g, Buffers buf, char *workspace, int64_t engine) {
   std::vector<std::vector<char>> owned(g.tensors.size());
   for (size_t i = 0; i < g.tensors.size(); ++i)
     if (g.tensors[i].isVirtual) {
@@ -1827,6 +2427,11 @@ void run(const GraphSpec &g, Buffers buf, char *workspace) {
       break;
     case OpSpec::Reshape:
       runReshape(g, n, buf);
+      break;
+    case OpSpec::ConvForward:
+    case OpSpec::ConvBackwardData:
+    case OpSpec::ConvBackwardFilter:
+      runConvolution(g, n, buf, workspace, engine);
       break;
     }
   }
@@ -2106,7 +2711,7 @@ cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
                                    spec->refersTo == kAnyOperation ? "n" : "",
                                    spec->refersTo == kAnyOperation
                                        ? "operation descriptor (pointwise, matmul, reduction, "
-                                         "reshape)"
+                                         "reshape, convolution)"
                                        : descriptorName(spec->refersTo)));
       if (!e->finalized)
         return fail(CUDNN_STATUS_BAD_PARAM,
@@ -2180,22 +2785,18 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor
   };
 
   switch (attributeName) {
-  case CUDNN_ATTR_ENGINEHEUR_RESULTS: {
-    std::vector<std::shared_ptr<Desc>> results;
-    if (d->result)
-      results.push_back(d->result);
-    return fillDescriptors(results);
-  }
+  case CUDNN_ATTR_ENGINEHEUR_RESULTS:
+    return fillDescriptors(d->results);
   case CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE:
   case CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE:
     return give(&d->workspace, 1, sizeof(int64_t));
   case CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT: {
-    const int64_t engines = 1;
+    const int64_t engines = engineCount(*d->graph);
     return give(&engines, 1, sizeof(int64_t));
   }
   case CUDNN_ATTR_ENGINE_NUMERICAL_NOTE: {
-    const cudnnBackendNumericalNote_t note = CUDNN_NUMERICAL_NOTE_TENSOR_CORE;
-    return give(&note, d->graph->hasMatmul ? 1 : 0, sizeof note);
+    const std::vector<cudnnBackendNumericalNote_t> notes = numericalNotes(*d->graph, d->engine);
+    return give(notes.data(), static_cast<int64_t>(notes.size()), sizeof(notes[0]));
   }
   case CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE:
   case CUDNN_ATTR_ENGINE_KNOB_INFO:
@@ -2232,6 +2833,7 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
                                         "CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR");
   std::shared_ptr<const GraphSpec> g = plan->graph;
   const size_t nt = g->tensors.size();
+  const int64_t engine = plan->engine, workspaceBytes = plan->workspace;
 
   // Every tensor the engine does not keep is bound once, to memory of the
   // right kind; nothing else is bound.
@@ -2288,17 +2890,17 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
     regions.push_back({bound[i], &t, 0, g->producer[i] >= 0, "UID " + std::to_string(uid)});
   }
   char *workspace = static_cast<char *>(pack->workspacePtr);
-  if (g->workspace > 0) {
+  if (workspaceBytes > 0) {
     if (!workspace)
       carve_emu::fatalCall("cudnnBackendExecute: the plan needs a workspace of %lld bytes "
                            "(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) and the variant pack has "
                            "none",
-                           static_cast<long long>(g->workspace));
-    if (!carve_emu::isDeviceMemory(workspace, g->workspace))
+                           static_cast<long long>(workspaceBytes));
+    if (!carve_emu::isDeviceMemory(workspace, workspaceBytes))
       carve_emu::fatalCall("cudnnBackendExecute: the workspace [%p, +%lld bytes) is not inside "
                            "one device allocation",
-                           static_cast<void *>(workspace), static_cast<long long>(g->workspace));
-    regions.push_back({workspace, nullptr, g->workspace, true, "the workspace"});
+                           static_cast<void *>(workspace), static_cast<long long>(workspaceBytes));
+    regions.push_back({workspace, nullptr, workspaceBytes, true, "the workspace"});
   }
   // What the plan writes shares no byte with anything else it touches.
   for (size_t i = 0; i < regions.size(); ++i)
@@ -2310,12 +2912,12 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
               "plan writes %s",
               regions[i].name.c_str(), regions[j].name.c_str(), static_cast<const void *>(p),
               regions[i].written ? regions[i].name.c_str() : regions[j].name.c_str());
-  carve_emu::enqueue(handle->stream, [g, bound, byValue, workspace]() {
+  carve_emu::enqueue(handle->stream, [g, bound, byValue, workspace, engine]() {
     Buffers buf = bound;
     for (size_t i = 0; i < buf.size(); ++i)
       if (!(*byValue)[i].empty())
         buf[i] = (*byValue)[i].data();
-    run(*g, buf, workspace);
+    run(*g, buf, workspace, engine);
     ++gExecutions;
   });
   return CUDNN_STATUS_SUCCESS;

@@ -1,7 +1,8 @@
 //===- cudnn_emu_test.cpp - the cuDNN backend emulation against references --===//
 //
 // ctest gpu-emu-cudnn (tests/gpu-emu/README.md, "cuDNN"). Graphs built
-// through the backend API only, as runtime code builds them, run by
+// through the backend API only, as runtime code builds them (matmuls,
+// flash attention, 2-D convolutions on each engine that takes them), run by
 // cudnn_emu.cpp on the emulated device and compared with float64
 // references; then what the emulation must refuse: at Finalize (a status and
 // a last-error string), in the heuristics (no configuration), and at
@@ -167,7 +168,8 @@ public:
     return finalize(graph);
   }
   /// How many configurations heuristic A finds (the count query, then the
-  /// results into descriptors created here); the first is kept.
+  /// results into descriptors created here); all are kept in `configs`,
+  /// the first also in `config`.
   int64_t heuristics() {
     cudnnBackendDescriptor_t heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     setDesc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
@@ -189,7 +191,39 @@ public:
                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfgs.data()),
          "the heuristics' results");
     config = cfgs[0];
+    configs = cfgs;
     return got;
+  }
+  /// The engine of configuration `cfg`, read as a caller reads it: copied
+  /// into an ENGINE descriptor created here, then its global index and its
+  /// numerical notes (the count query first).
+  struct Engine {
+    int64_t index = -1;
+    std::vector<cudnnBackendNumericalNote_t> notes;
+  };
+  Engine engineOf(cudnnBackendDescriptor_t cfg) {
+    Engine e;
+    cudnnBackendDescriptor_t engine = make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    int64_t n = -1;
+    note(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                  1, &n, &engine),
+         "the configuration's engine");
+    note(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                  &e.index),
+         "the engine's global index");
+    int64_t count = -1;
+    note(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                  CUDNN_TYPE_NUMERICAL_NOTE, 0, &count, nullptr),
+         "the engine's note count");
+    e.notes.resize(std::max<int64_t>(count, 0) + 2); // room to spare: the count must bound it
+    note(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                  CUDNN_TYPE_NUMERICAL_NOTE, e.notes.size(), &n, e.notes.data()),
+         "the engine's notes");
+    e.notes.resize(n == count ? n : 0);
+    if (n != count && error.empty())
+      error = "the engine's notes: " + std::to_string(n) + " given, " + std::to_string(count) +
+              " counted";
+    return e;
   }
   /// The execution plan's Finalize status (its workspace size in `workspace`).
   cudnnStatus_t makePlan(cudnnHandle_t h) {
@@ -216,7 +250,7 @@ public:
 
   std::string error;           // the first failing call, with cuDNN's words
   std::string heuristicsError; // the last error after the heuristics ran
-  std::vector<cudnnBackendDescriptor_t> ops;
+  std::vector<cudnnBackendDescriptor_t> ops, configs;
   cudnnBackendDescriptor_t graph = nullptr, config = nullptr, plan = nullptr;
   int64_t workspace = -1;
 
@@ -926,13 +960,13 @@ void testRefusals(cudnnHandle_t h) {
         cudnnBackendSetAttribute(done, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
     check(s2 == CUDNN_STATUS_BAD_PARAM && lastError().find("finalized") != std::string::npos,
           "set: an attribute of a finalized tensor is CUDNN_STATUS_BAD_PARAM", lastError());
-    cudnnBackendDescriptor_t conv = nullptr;
+    cudnnBackendDescriptor_t norm = nullptr;
     const cudnnStatus_t s3 =
-        cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &conv);
+        cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR, &norm);
     check(s3 == CUDNN_STATUS_NOT_SUPPORTED &&
-              lastError().find("CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR") !=
+              lastError().find("CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR") !=
                   std::string::npos,
-          "create: a convolution descriptor is CUDNN_STATUS_NOT_SUPPORTED, named", lastError());
+          "create: a normalization descriptor is CUDNN_STATUS_NOT_SUPPORTED, named", lastError());
   }
   auto matmulGraph = [&](Graph &g, cudnnDataType_t type, int64_t k) {
     auto a = g.tensor(1, type, {1, 8, k}, rowMajor({1, 8, k}));
@@ -976,6 +1010,780 @@ void testRefusals(cudnnHandle_t h) {
   }
 }
 
+// ---- (4) Convolutions ---------------------------------------------------------------
+
+/// A 2-D convolution: X [n, c, h, w], W [o, c / groups, kh, kw], Y from
+/// cuDNN's formula (floor division).
+struct ConvShape {
+  const char *name;
+  int64_t n, c, h, w, o, kh, kw, groups;
+  int64_t stride[2], pre[2], post[2], dilation[2];
+
+  Dims x() const { return {n, c, h, w}; }
+  Dims filter() const { return {o, c / groups, kh, kw}; }
+  Dims y() const {
+    return {n, o, (h + pre[0] + post[0] - dilation[0] * (kh - 1) - 1) / stride[0] + 1,
+            (w + pre[1] + post[1] - dilation[1] * (kw - 1) - 1) / stride[1] + 1};
+  }
+};
+
+const ConvShape kConvShapes[] = {
+    {"(a) 3x3 stride 1 pad 1", 2, 4, 8, 8, 6, 3, 3, 1, {1, 1}, {1, 1}, {1, 1}, {1, 1}},
+    {"(b) 3x3 stride 2 pad pre 1 post 0", 2, 4, 9, 8, 4, 3, 3, 1, {2, 2}, {1, 1}, {0, 0}, {1, 1}},
+    {"(c) 3x3 dilation 2 pad 2", 1, 3, 10, 9, 4, 3, 3, 1, {1, 1}, {2, 2}, {2, 2}, {2, 2}},
+    {"(d) 3x3 groups 2", 2, 4, 6, 6, 6, 3, 3, 2, {1, 1}, {1, 1}, {1, 1}, {1, 1}},
+    {"(e) 3x3 depthwise x2 (groups 4)", 2, 4, 7, 7, 8, 3, 3, 4, {1, 1}, {1, 1}, {1, 1}, {1, 1}},
+    {"(f) 1x1 stride 2", 2, 6, 8, 8, 4, 1, 1, 1, {2, 2}, {0, 0}, {0, 0}, {1, 1}},
+    {"(g) 7x7 stride 2 pad 3", 2, 3, 16, 16, 4, 7, 7, 1, {2, 2}, {3, 3}, {3, 3}, {1, 1}},
+};
+
+enum class ConvDir { Forward, BackwardData, BackwardFilter };
+const ConvDir kConvDirs[] = {ConvDir::Forward, ConvDir::BackwardData, ConvDir::BackwardFilter};
+
+const char *dirName(ConvDir d) {
+  return d == ConvDir::Forward        ? "forward"
+         : d == ConvDir::BackwardData ? "backward data"
+                                      : "backward filter";
+}
+
+/// A convolution descriptor's attributes (an empty `pre`: left unset).
+struct ConvParams {
+  int64_t spatialDims = 2;
+  Dims stride{1, 1}, pre{0, 0}, post{0, 0}, dilation{1, 1};
+  cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+};
+/// The descriptor, set as runtime code sets it and finalized (the status in
+/// `status`).
+cudnnBackendDescriptor_t convDesc(Graph &g, const ConvParams &p, cudnnStatus_t *status = nullptr) {
+  cudnnBackendDescriptor_t c = g.make(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  g.set(c, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &p.comp);
+  g.set(c, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &p.mode);
+  g.set(c, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &p.spatialDims);
+  g.set(c, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, p.dilation.size(),
+        p.dilation.data());
+  g.set(c, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, p.stride.size(),
+        p.stride.data());
+  if (!p.pre.empty())
+    g.set(c, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, p.pre.size(), p.pre.data());
+  g.set(c, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, p.post.size(), p.post.data());
+  const cudnnStatus_t s = g.finalize(c);
+  if (status)
+    *status = s;
+  return c;
+}
+ConvParams paramsOf(const ConvShape &s, cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION) {
+  ConvParams p;
+  p.stride = {s.stride[0], s.stride[1]};
+  p.pre = {s.pre[0], s.pre[1]};
+  p.post = {s.post[0], s.post[1]};
+  p.dilation = {s.dilation[0], s.dilation[1]};
+  p.mode = mode;
+  return p;
+}
+
+/// The convolution operation of direction `dir` over the tensors in the
+/// forward's roles (x: X or DX, w: W or DW, y: Y or DY), alpha and beta set
+/// as CUDNN_TYPE_FLOAT (as carve does) or CUDNN_TYPE_DOUBLE; its Finalize
+/// status.
+cudnnStatus_t convOp(Graph &g, ConvDir dir, cudnnBackendDescriptor_t conv,
+                     cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w,
+                     cudnnBackendDescriptor_t y, double alpha = 1, double beta = 0,
+                     bool asDouble = false) {
+  struct Names {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t alpha, beta, conv, w, x, y;
+  };
+  static const Names names[] = {
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY},
+  };
+  const Names &n = names[static_cast<int>(dir)];
+  cudnnBackendDescriptor_t op = g.make(n.type);
+  const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
+  if (asDouble) {
+    g.set(op, n.alpha, CUDNN_TYPE_DOUBLE, 1, &alpha);
+    g.set(op, n.beta, CUDNN_TYPE_DOUBLE, 1, &beta);
+  } else {
+    g.set(op, n.alpha, CUDNN_TYPE_FLOAT, 1, &alpha32);
+    g.set(op, n.beta, CUDNN_TYPE_FLOAT, 1, &beta32);
+  }
+  g.setDesc(op, n.conv, conv);
+  g.setDesc(op, n.w, w);
+  g.setDesc(op, n.x, x);
+  g.setDesc(op, n.y, y);
+  const cudnnStatus_t s = g.finalize(op);
+  g.ops.push_back(op);
+  return s;
+}
+
+/// NHWC strides for [N, C, H, W] dims (the filter's: [O, kh, kw, C/g]).
+Dims channelsLast(const Dims &d) { return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]}; }
+
+int64_t elementSize(cudnnDataType_t t) { return t == CUDNN_DATA_FLOAT ? 4 : 2; }
+
+/// The offset of row-major element l of a 4-D tensor.
+int64_t offset4(const Dims &dims, const Dims &strides, int64_t l) {
+  int64_t o = 0;
+  for (int i = 3; i >= 0; --i) {
+    o += (l % dims[i]) * strides[i];
+    l /= dims[i];
+  }
+  return o;
+}
+int64_t extent4(const Dims &dims, const Dims &strides) {
+  int64_t e = 1;
+  for (int i = 0; i < 4; ++i)
+    e += (dims[i] - 1) * strides[i];
+  return e;
+}
+
+/// Values v (row-major over dims, each representable in t) stored through
+/// strides as t.
+std::vector<unsigned char> pack(const std::vector<double> &v, const Dims &dims, const Dims &strides,
+                                cudnnDataType_t t) {
+  const int64_t size = elementSize(t);
+  std::vector<unsigned char> out(extent4(dims, strides) * size, 0xFF);
+  for (size_t l = 0; l < v.size(); ++l) {
+    unsigned char *p = out.data() + offset4(dims, strides, l) * size;
+    if (t == CUDNN_DATA_FLOAT) {
+      const float f = static_cast<float>(v[l]);
+      std::memcpy(p, &f, 4);
+    } else if (t == CUDNN_DATA_BFLOAT16) {
+      const __nv_bfloat16 b = __float2bfloat16(static_cast<float>(v[l]));
+      std::memcpy(p, &b, 2);
+    } else {
+      const __half b = __float2half(static_cast<float>(v[l]));
+      std::memcpy(p, &b, 2);
+    }
+  }
+  return out;
+}
+std::vector<double> unpack(const std::vector<unsigned char> &bytes, const Dims &dims,
+                           const Dims &strides, cudnnDataType_t t) {
+  const int64_t size = elementSize(t), count = dims[0] * dims[1] * dims[2] * dims[3];
+  std::vector<double> v(count);
+  for (int64_t l = 0; l < count; ++l) {
+    const unsigned char *p = bytes.data() + offset4(dims, strides, l) * size;
+    if (t == CUDNN_DATA_FLOAT) {
+      float f;
+      std::memcpy(&f, p, 4);
+      v[l] = f;
+    } else if (t == CUDNN_DATA_BFLOAT16) {
+      __nv_bfloat16 b;
+      std::memcpy(&b, p, 2);
+      v[l] = __bfloat162float(b);
+    } else {
+      __half b;
+      std::memcpy(&b, p, 2);
+      v[l] = __half2float(b);
+    }
+  }
+  return v;
+}
+
+/// Random X, W and DY in [-1, 1), representable in `t` (fp32 values carry
+/// 24 significant bits, so rounding them to TF32 changes them).
+struct ConvData {
+  std::vector<double> x, w, dy;
+};
+ConvData convData(const ConvShape &s, cudnnDataType_t t, Random &r) {
+  auto fill = [&](const Dims &d) {
+    std::vector<double> v(d[0] * d[1] * d[2] * d[3]);
+    for (double &e : v) {
+      const float f = r.next();
+      e = t == CUDNN_DATA_FLOAT ? f : __bfloat162float(__float2bfloat16(f));
+    }
+    return v;
+  };
+  return {fill(s.x()), fill(s.filter()), fill(s.y())};
+}
+
+/// The float64 reference of all three directions, enumerating every valid
+/// tap (n, o, i, j, c, a, b) once -- the other way round from the
+/// emulation's per-output sums: y += x w, dx += dy w, dw += dy x. Besides
+/// each sum: the sum of its terms' magnitudes and how many terms it has.
+struct ConvRef {
+  std::vector<double> out[3], mag[3];
+  std::vector<int64_t> terms[3];
+};
+ConvRef convReference(const ConvShape &s, const ConvData &d, bool flip) {
+  const Dims xd = s.x(), wd = s.filter(), yd = s.y();
+  const int64_t cg = wd[1], og = s.o / s.groups;
+  ConvRef r;
+  const size_t sizes[3] = {d.dy.size(), d.x.size(), d.w.size()};
+  for (int k = 0; k < 3; ++k) {
+    r.out[k].assign(sizes[k], 0.0);
+    r.mag[k].assign(sizes[k], 0.0);
+    r.terms[k].assign(sizes[k], 0);
+  }
+  auto add = [&](int k, int64_t at, double p) {
+    r.out[k][at] += p;
+    r.mag[k][at] += std::fabs(p);
+    ++r.terms[k][at];
+  };
+  for (int64_t n = 0; n < s.n; ++n)
+    for (int64_t o = 0; o < s.o; ++o)
+      for (int64_t i = 0; i < yd[2]; ++i)
+        for (int64_t j = 0; j < yd[3]; ++j)
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t a = 0; a < s.kh; ++a)
+              for (int64_t b = 0; b < s.kw; ++b) {
+                const int64_t h = i * s.stride[0] - s.pre[0] + a * s.dilation[0];
+                const int64_t v = j * s.stride[1] - s.pre[1] + b * s.dilation[1];
+                if (h < 0 || h >= s.h || v < 0 || v >= s.w)
+                  continue;
+                const int64_t xc = o / og * cg + c;
+                const int64_t fa = flip ? s.kh - 1 - a : a, fb = flip ? s.kw - 1 - b : b;
+                const int64_t xi = ((n * xd[1] + xc) * xd[2] + h) * xd[3] + v;
+                const int64_t wi = ((o * wd[1] + c) * wd[2] + fa) * wd[3] + fb;
+                const int64_t yi = ((n * yd[1] + o) * yd[2] + i) * yd[3] + j;
+                add(0, yi, d.x[xi] * d.w[wi]);
+                add(1, xi, d.dy[yi] * d.w[wi]);
+                add(2, wi, d.dy[yi] * d.x[xi]);
+              }
+  return r;
+}
+
+/// Which of the heuristics' configurations to run, by its engine's notes.
+enum class Pick {
+  Exact,            // no note: what carve takes for fp32
+  Tf32,             // DOWN_CONVERT_INPUTS
+  Nondeterministic, // NONDETERMINISTIC
+  TensorCore16,     // TENSOR_CORE, deterministic: what carve takes for 16-bit
+};
+const char *pickName(Pick p) {
+  switch (p) {
+  case Pick::Exact:
+    return "exact fp32 engine";
+  case Pick::Tf32:
+    return "TF32 engine";
+  case Pick::Nondeterministic:
+    return "nondeterministic engine";
+  default:
+    return "tensor-core engine";
+  }
+}
+bool has(const std::vector<cudnnBackendNumericalNote_t> &notes, cudnnBackendNumericalNote_t n) {
+  return std::find(notes.begin(), notes.end(), n) != notes.end();
+}
+bool picks(Pick p, const std::vector<cudnnBackendNumericalNote_t> &notes) {
+  const bool nondet = has(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
+  switch (p) {
+  case Pick::Exact:
+    return notes.empty();
+  case Pick::Tf32:
+    return has(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
+  case Pick::Nondeterministic:
+    return nondet;
+  default:
+    return has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) && !nondet;
+  }
+}
+
+/// One convolution run through the backend API.
+struct ConvRun {
+  std::string error;   // the first failing call, or why no configuration was picked
+  std::string engines; // the heuristics' engines in order: "4 (NONDETERMINISTIC), 2 ()"
+  int64_t workspace = -1;
+  std::vector<double> out; // row-major over the output's dims
+};
+
+std::string notesText(const std::vector<cudnnBackendNumericalNote_t> &notes) {
+  std::string s;
+  for (cudnnBackendNumericalNote_t n : notes)
+    s += std::string(s.empty() ? "" : ", ") +
+         (n == CUDNN_NUMERICAL_NOTE_TENSOR_CORE           ? "TENSOR_CORE"
+          : n == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ? "DOWN_CONVERT_INPUTS"
+          : n == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC    ? "NONDETERMINISTIC"
+                                                          : "another note");
+  return s;
+}
+
+struct ConvOptions {
+  bool nhwc = false;
+  cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  double alpha = 1, beta = 0;
+  bool doubleScales = false;                    // alpha and beta as CUDNN_TYPE_DOUBLE
+  const std::vector<double> *initial = nullptr; // the output before (beta != 0)
+};
+
+/// Builds X (UID 1), W (2), Y (3) in `t` and the operation of `dir`, runs
+/// heuristic A, plans the first configuration `pick` takes with exactly the
+/// workspace it asks for, executes and reads the output back.
+ConvRun runConv(cudnnHandle_t h, const ConvShape &s, ConvDir dir, cudnnDataType_t t, Pick pick,
+                const ConvData &d, const ConvOptions &opt = {}) {
+  ConvRun r;
+  Graph g;
+  const Dims dims[3] = {s.x(), s.filter(), s.y()};
+  Dims strides[3];
+  for (int k = 0; k < 3; ++k)
+    strides[k] = opt.nhwc ? channelsLast(dims[k]) : rowMajor(dims[k]);
+  cudnnBackendDescriptor_t tx = g.tensor(1, t, dims[0], strides[0]);
+  cudnnBackendDescriptor_t tw = g.tensor(2, t, dims[1], strides[1]);
+  cudnnBackendDescriptor_t ty = g.tensor(3, t, dims[2], strides[2]);
+  cudnnBackendDescriptor_t conv = convDesc(g, paramsOf(s, opt.mode));
+  convOp(g, dir, conv, tx, tw, ty, opt.alpha, opt.beta, opt.doubleScales);
+  g.build(h);
+  const int64_t count = g.heuristics();
+  cudnnBackendDescriptor_t chosen = nullptr;
+  for (int64_t i = 0; i < count; ++i) {
+    const Graph::Engine e = g.engineOf(g.configs[i]);
+    r.engines += (i ? ", " : "") + std::to_string(e.index) + " (" + notesText(e.notes) + ")";
+    if (!chosen && picks(pick, e.notes))
+      chosen = g.configs[i];
+  }
+  if (!g.error.empty() || !chosen) {
+    r.error = g.error.empty() ? std::string("no configuration for the ") + pickName(pick) +
+                                    " among " + std::to_string(count) + ": " + r.engines +
+                                    (count <= 0 ? g.heuristicsError : "")
+                              : g.error;
+    return r;
+  }
+  g.config = chosen;
+  g.makePlan(h);
+  r.workspace = g.workspace;
+  // The inputs of `dir`; its output poisoned (NaN) unless beta reads it.
+  const std::vector<double> *values[3] = {&d.x, &d.w, &d.dy};
+  const int written = dir == ConvDir::Forward ? 2 : dir == ConvDir::BackwardData ? 0 : 1;
+  void *buf[3];
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<double> *v = k == written ? opt.initial : values[k];
+    if (v) {
+      buf[k] = toDevice(pack(*v, dims[k], strides[k], t));
+    } else {
+      buf[k] = deviceBytes(extent4(dims[k], strides[k]) * elementSize(t));
+    }
+  }
+  void *ws = g.workspace > 0 ? deviceBytes(g.workspace) : nullptr;
+  g.execute(h, {1, 2, 3}, {buf[0], buf[1], buf[2]}, ws);
+  cudaDeviceSynchronize();
+  r.error = g.error;
+  const size_t bytes = extent4(dims[written], strides[written]) * elementSize(t);
+  r.out = unpack(fromDevice(static_cast<unsigned char *>(buf[written]), bytes), dims[written],
+                 strides[written], t);
+  for (void *p : buf)
+    cudaFree(p);
+  if (ws)
+    cudaFree(ws);
+  return r;
+}
+
+/// |got - ref| <= tol element by element; "" or the first failure and the
+/// count.
+std::string within(const std::vector<double> &got, const std::vector<double> &ref,
+                   const std::function<double(size_t)> &tol) {
+  int bad = 0;
+  std::string first;
+  if (got.size() != ref.size())
+    return "size " + std::to_string(got.size()) + ", expected " + std::to_string(ref.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - ref[i]) <= tol(i)) && bad++ == 0) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "element %zu is %.9g, reference %.9g (|err| %.3g > tol %.3g)",
+                    i, got[i], ref[i], std::fabs(got[i] - ref[i]), tol(i));
+      first = buf;
+    }
+  return bad ? first + (bad > 1 ? " and " + std::to_string(bad - 1) + " more" : "") : "";
+}
+
+// Tolerances, for an output element whose reference is `ref`, with L
+// terms of total magnitude M = sum |p|. The emulation sums L float
+// products in float: |fl(sum) - sum| <= gamma_L M, gamma_L = L u / (1 - L u),
+// u = 2^-24 (products rounded too: the dot-product bound).
+// - TF32 engine: each input rounded to 10 explicit mantissa bits, to nearest
+//   (2^-11 relative), so each product is off by at most (2^-10 + 2^-22) |p|,
+//   and the products of TF32 values are exact in float:
+//   (2^-10 + 2^-22) M + gamma_L (1 + 2^-10 + 2^-22) M.
+// - bf16 engine: the inputs are the reference's own bf16 values, their
+//   products exact in float; the sum (gamma_L M) is then rounded to bf16,
+//   2^-8 relative: gamma_L M + 2^-8 (|ref| + gamma_L M).
+double gammaOf(int64_t terms) {
+  const double lu = std::ldexp(static_cast<double>(terms), -24);
+  return lu / (1 - lu);
+}
+double exactTol(const ConvRef &r, int k, size_t i) { return gammaOf(r.terms[k][i]) * r.mag[k][i]; }
+double tf32Tol(const ConvRef &r, int k, size_t i) {
+  const double e = std::ldexp(1.0, -10) + std::ldexp(1.0, -22);
+  return e * r.mag[k][i] + gammaOf(r.terms[k][i]) * (1 + e) * r.mag[k][i];
+}
+double bf16Tol(const ConvRef &r, int k, size_t i) {
+  const double sum = gammaOf(r.terms[k][i]) * r.mag[k][i];
+  return sum + std::ldexp(std::fabs(r.out[k][i]) + sum, -8);
+}
+
+/// The reference's index (0 y, 1 dx, 2 dw) of direction `dir`'s output.
+int refIndex(ConvDir dir) {
+  return dir == ConvDir::Forward ? 0 : dir == ConvDir::BackwardData ? 1 : 2;
+}
+
+void testConvolutions(cudnnHandle_t h) {
+  Random rnd;
+  for (int i = 0; i < 3000; ++i)
+    rnd.next();
+  for (const ConvShape &s : kConvShapes) {
+    const ConvData f32 = convData(s, CUDNN_DATA_FLOAT, rnd),
+                   b16 = convData(s, CUDNN_DATA_BFLOAT16, rnd);
+    const ConvRef ref32 = convReference(s, f32, false), ref16 = convReference(s, b16, false);
+    for (ConvDir dir : kConvDirs) {
+      const int k = refIndex(dir);
+      const std::string name = std::string("conv ") + s.name + " " + dirName(dir);
+      // fp32, the exact engine (carve's choice).
+      const ConvRun exact = runConv(h, s, dir, CUDNN_DATA_FLOAT, Pick::Exact, f32);
+      check(exact.error.empty() &&
+                within(exact.out, ref32.out[k], [&](size_t i) { return exactTol(ref32, k, i); })
+                    .empty(),
+            name + " fp32, exact fp32 engine: against float64",
+            exact.error.empty()
+                ? within(exact.out, ref32.out[k], [&](size_t i) { return exactTol(ref32, k, i); })
+                : exact.error);
+      // fp32, the TF32 engine: within its bound, and not the exact result.
+      const ConvRun tf32 = runConv(h, s, dir, CUDNN_DATA_FLOAT, Pick::Tf32, f32);
+      const std::string tf32Err =
+          tf32.error.empty()
+              ? within(tf32.out, ref32.out[k], [&](size_t i) { return tf32Tol(ref32, k, i); })
+              : tf32.error;
+      check(tf32Err.empty(), name + " fp32, TF32 engine: within the TF32 bound", tf32Err);
+      int beyond = 0;
+      for (size_t i = 0; i < tf32.out.size() && i < ref32.out[k].size(); ++i)
+        beyond += std::fabs(tf32.out[i] - ref32.out[k][i]) > exactTol(ref32, k, i);
+      check(tf32.error.empty() && beyond > 0,
+            name + " fp32, TF32 engine: rounds its inputs (outside the exact engine's bound)",
+            std::to_string(beyond) + " of " + std::to_string(tf32.out.size()) +
+                " elements beyond the fp32 bound");
+      if (dir == ConvDir::BackwardFilter) {
+        const ConvRun nd = runConv(h, s, dir, CUDNN_DATA_FLOAT, Pick::Nondeterministic, f32);
+        int differ = 0;
+        for (size_t i = 0; i < nd.out.size() && i < exact.out.size(); ++i)
+          differ += nd.out[i] != exact.out[i];
+        const std::string ndErr =
+            nd.error.empty()
+                ? within(nd.out, ref32.out[k], [&](size_t i) { return exactTol(ref32, k, i); })
+                : nd.error;
+        check(ndErr.empty() && differ > 0,
+              name + " fp32, nondeterministic engine: within the fp32 bound, other low bits",
+              ndErr.empty() ? std::to_string(differ) + " elements differ from the exact engine's"
+                            : ndErr);
+      }
+      // bf16 on the tensor-core engine.
+      const ConvRun bf = runConv(h, s, dir, CUDNN_DATA_BFLOAT16, Pick::TensorCore16, b16);
+      const std::string bfErr =
+          bf.error.empty()
+              ? within(bf.out, ref16.out[k], [&](size_t i) { return bf16Tol(ref16, k, i); })
+              : bf.error;
+      check(bfErr.empty(), name + " bf16, tensor-core engine: within the bf16 bound", bfErr);
+    }
+  }
+
+  // What the heuristics offer, and the workspaces, on (a).
+  const ConvShape &a = kConvShapes[0];
+  const ConvData f32 = convData(a, CUDNN_DATA_FLOAT, rnd),
+                 b16 = convData(a, CUDNN_DATA_BFLOAT16, rnd);
+  {
+    const char *want[3][2] = {{"1 (TENSOR_CORE, DOWN_CONVERT_INPUTS), 2 ()", "3 (TENSOR_CORE)"},
+                              {"1 (TENSOR_CORE, DOWN_CONVERT_INPUTS), 2 ()", "3 (TENSOR_CORE)"},
+                              {"4 (NONDETERMINISTIC), 1 (TENSOR_CORE, DOWN_CONVERT_INPUTS), 2 ()",
+                               "4 (NONDETERMINISTIC), 3 (TENSOR_CORE)"}};
+    for (ConvDir dir : kConvDirs) {
+      const ConvRun r32 = runConv(h, a, dir, CUDNN_DATA_FLOAT, Pick::Exact, f32);
+      const ConvRun r16 = runConv(h, a, dir, CUDNN_DATA_BFLOAT16, Pick::TensorCore16, b16);
+      const int i = static_cast<int>(dir);
+      check(r32.engines == want[i][0] && r16.engines == want[i][1],
+            std::string("conv heuristics, ") + dirName(dir) +
+                ": engines (global index, notes) in order, fp32 [" + want[i][0] + "], bf16 [" +
+                want[i][1] + "]",
+            "fp32 [" + r32.engines + "], bf16 [" + r16.engines + "]");
+    }
+    // Forward on (a): Y [2, 6, 8, 8] is 768 floats (3072 bytes); the TF32
+    // engine adds X [2, 4, 8, 8] (2048 bytes) and W [6, 4, 3, 3] (864,
+    // 1024 aligned) rounded to TF32.
+    const ConvRun e = runConv(h, a, ConvDir::Forward, CUDNN_DATA_FLOAT, Pick::Exact, f32);
+    const ConvRun t = runConv(h, a, ConvDir::Forward, CUDNN_DATA_FLOAT, Pick::Tf32, f32);
+    check(e.workspace == 3072 && t.workspace == 3072 + 2048 + 1024,
+          "conv workspace: exact fp32 engine 3072 bytes (fp32 Y), TF32 engine 6144 (and X, W)",
+          std::to_string(e.workspace) + " and " + std::to_string(t.workspace));
+  }
+
+  // CUDNN_CONVOLUTION: the filter flipped, in all three directions.
+  {
+    const ConvRef flipped = convReference(a, f32, true);
+    ConvOptions opt;
+    opt.mode = CUDNN_CONVOLUTION;
+    for (ConvDir dir : kConvDirs) {
+      const int k = refIndex(dir);
+      const ConvRun r = runConv(h, a, dir, CUDNN_DATA_FLOAT, Pick::Exact, f32, opt);
+      const std::string err =
+          r.error.empty()
+              ? within(r.out, flipped.out[k], [&](size_t i) { return exactTol(flipped, k, i); })
+              : r.error;
+      check(err.empty(),
+            std::string("conv (a) CUDNN_CONVOLUTION (flipped filter) ") + dirName(dir) +
+                " fp32: against float64",
+            err);
+    }
+  }
+
+  // NHWC strides (and the filter [O, kh, kw, C/g]) on (b), fp32.
+  {
+    const ConvShape &b = kConvShapes[1];
+    const ConvData d = convData(b, CUDNN_DATA_FLOAT, rnd);
+    const ConvRef ref = convReference(b, d, false);
+    ConvOptions opt;
+    opt.nhwc = true;
+    for (ConvDir dir : kConvDirs) {
+      const int k = refIndex(dir);
+      const ConvRun r = runConv(h, b, dir, CUDNN_DATA_FLOAT, Pick::Exact, d, opt);
+      const std::string err =
+          r.error.empty() ? within(r.out, ref.out[k], [&](size_t i) { return exactTol(ref, k, i); })
+                          : r.error;
+      check(err.empty(),
+            std::string("conv (b) NHWC strides ") + dirName(dir) + " fp32: against float64", err);
+    }
+  }
+
+  // alpha and beta (set as doubles): Y = 0.75 conv - 1.5 Y. Besides the
+  // sum's gamma_L M (times |alpha|), three float roundings (alpha s, beta y,
+  // their sum), each at most u of a magnitude below |alpha| (|ref| +
+  // gamma_L M) + |beta y|: 3u < 2^-22 of that, 1.01 for the second-order
+  // terms.
+  {
+    ConvOptions opt;
+    opt.alpha = 0.75;
+    opt.beta = -1.5;
+    opt.doubleScales = true;
+    const ConvRef ref = convReference(a, f32, false);
+    std::vector<double> before(ref.out[0].size());
+    for (double &v : before)
+      v = rnd.next();
+    opt.initial = &before;
+    std::vector<double> want(before.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      want[i] = 0.75 * ref.out[0][i] - 1.5 * before[i];
+    const ConvRun r = runConv(h, a, ConvDir::Forward, CUDNN_DATA_FLOAT, Pick::Exact, f32, opt);
+    const std::string err =
+        r.error.empty()
+            ? within(r.out, want,
+                     [&](size_t i) {
+                       const double s = exactTol(ref, 0, i);
+                       return 1.01 * (0.75 * s + std::ldexp(0.75 * (std::fabs(ref.out[0][i]) + s) +
+                                                                1.5 * std::fabs(before[i]),
+                                                            -22));
+                     })
+            : r.error;
+    check(err.empty(),
+          "conv (a) forward fp32, alpha 0.75 and beta -1.5 (CUDNN_TYPE_DOUBLE): against float64",
+          err);
+  }
+}
+
+// ---- (4b) What the convolutions refuse ----------------------------------------------
+
+void testConvolutionRefusals(cudnnHandle_t h) {
+  const ConvShape &a = kConvShapes[0]; // X [2, 4, 8, 8], W [6, 4, 3, 3], Y [2, 6, 8, 8]
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  {
+    Graph g;
+    auto x = g.tensor(1, f32, a.x(), rowMajor(a.x()));
+    auto w = g.tensor(2, f32, a.filter(), rowMajor(a.filter()));
+    auto y = g.tensor(3, f32, {2, 6, 7, 8}, rowMajor({2, 6, 7, 8}));
+    const cudnnStatus_t s = convOp(g, ConvDir::Forward, convDesc(g, paramsOf(a)), x, w, y);
+    check(s == CUDNN_STATUS_BAD_PARAM &&
+              g.error.find("CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR") !=
+                  std::string::npos &&
+              g.error.find("Y's dims [2, 6, 7, 8], expected [2, 6, 8, 8]") != std::string::npos,
+          "conv finalize: Y [2,6,7,8] for a 3x3 pad 1 convolution of [2,4,8,8] is "
+          "CUDNN_STATUS_BAD_PARAM, naming Y",
+          g.error);
+  }
+  {
+    Graph g;
+    ConvParams p = paramsOf(a);
+    p.pre.clear();
+    cudnnStatus_t s;
+    convDesc(g, p, &s);
+    check(s == CUDNN_STATUS_BAD_PARAM &&
+              g.error.find("CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR") != std::string::npos &&
+              g.error.find("CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS is required") != std::string::npos,
+          "conv finalize: a convolution descriptor without its pre-paddings is "
+          "CUDNN_STATUS_BAD_PARAM, naming the attribute",
+          g.error);
+  }
+  {
+    Graph g;
+    ConvParams p;
+    p.spatialDims = 3;
+    p.stride = p.dilation = {1, 1, 1};
+    p.pre = p.post = {0, 0, 0};
+    cudnnStatus_t s;
+    convDesc(g, p, &s);
+    check(s == CUDNN_STATUS_NOT_SUPPORTED &&
+              g.error.find("CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS 3") != std::string::npos,
+          "conv finalize: 3 spatial dimensions are CUDNN_STATUS_NOT_SUPPORTED", g.error);
+  }
+  {
+    Graph g;
+    ConvParams p = paramsOf(a);
+    p.comp = CUDNN_DATA_HALF;
+    cudnnStatus_t s;
+    convDesc(g, p, &s);
+    check(s == CUDNN_STATUS_NOT_SUPPORTED &&
+              g.error.find("CUDNN_ATTR_CONVOLUTION_COMP_TYPE CUDNN_DATA_HALF") != std::string::npos,
+          "conv finalize: compute type HALF is CUDNN_STATUS_NOT_SUPPORTED here", g.error);
+  }
+  {
+    Graph g;
+    ConvParams p = paramsOf(a);
+    p.stride = {1, 0};
+    cudnnStatus_t s;
+    convDesc(g, p, &s);
+    check(s == CUDNN_STATUS_BAD_PARAM &&
+              g.error.find("CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES [1, 0]") != std::string::npos,
+          "conv finalize: a stride of 0 is CUDNN_STATUS_BAD_PARAM", g.error);
+  }
+  {
+    Graph g;
+    cudnnBackendDescriptor_t op = g.make(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+    const int64_t one = 1;
+    const cudnnStatus_t s = cudnnBackendSetAttribute(
+        op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_INT64, 1, &one);
+    check(s == CUDNN_STATUS_BAD_PARAM &&
+              lastError().find("takes CUDNN_TYPE_FLOAT, not CUDNN_TYPE_INT64") != std::string::npos,
+          "conv set: ALPHA as CUDNN_TYPE_INT64 is CUDNN_STATUS_BAD_PARAM", lastError());
+  }
+  {
+    Graph g;
+    auto x = g.tensor(1, f32, a.x(), rowMajor(a.x()));
+    auto w = g.tensor(2, CUDNN_DATA_HALF, a.filter(), rowMajor(a.filter()));
+    auto y = g.tensor(3, f32, a.y(), rowMajor(a.y()));
+    const cudnnStatus_t s = convOp(g, ConvDir::Forward, convDesc(g, paramsOf(a)), x, w, y);
+    check(s == CUDNN_STATUS_BAD_PARAM &&
+              g.error.find("X is CUDNN_DATA_FLOAT, W CUDNN_DATA_HALF") != std::string::npos,
+          "conv finalize: an fp32 X with a HALF W is CUDNN_STATUS_BAD_PARAM", g.error);
+  }
+  {
+    Graph g;
+    auto x = g.tensor(1, f32, {2, 6, 8, 8}, rowMajor({2, 6, 8, 8}));
+    auto w = g.tensor(2, f32, {6, 4, 3, 3}, rowMajor({6, 4, 3, 3}));
+    auto y = g.tensor(3, f32, a.y(), rowMajor(a.y()));
+    const cudnnStatus_t s = convOp(g, ConvDir::Forward, convDesc(g, paramsOf(a)), x, w, y);
+    check(s == CUDNN_STATUS_BAD_PARAM && g.error.find("not a multiple") != std::string::npos,
+          "conv finalize: 6 channels over a filter of 4 is CUDNN_STATUS_BAD_PARAM", g.error);
+  }
+
+  // A graph to run: forward fp32 on (a).
+  auto forward = [&](Graph &g) {
+    auto x = g.tensor(1, f32, a.x(), rowMajor(a.x()));
+    auto w = g.tensor(2, f32, a.filter(), rowMajor(a.filter()));
+    auto y = g.tensor(3, f32, a.y(), rowMajor(a.y()));
+    convOp(g, ConvDir::Forward, convDesc(g, paramsOf(a)), x, w, y);
+    g.build(h);
+  };
+  {
+    Graph g;
+    forward(g);
+    int64_t engines = -1;
+    cudnnBackendGetAttribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                             CUDNN_TYPE_INT64, 1, nullptr, &engines);
+    // An engine the caller builds by global index.
+    auto engine = [&](int64_t index) {
+      cudnnBackendDescriptor_t e = g.make(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+      g.setDesc(e, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, g.graph);
+      g.set(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+      const cudnnStatus_t s = cudnnBackendFinalize(e);
+      return std::make_pair(s, lastError());
+    };
+    const auto [s0, e0] = engine(0);
+    const auto [s3, e3] = engine(3);
+    const auto [s5, e5] = engine(5);
+    check(g.error.empty() && engines == 5 && s0 == CUDNN_STATUS_NOT_SUPPORTED &&
+              s3 == CUDNN_STATUS_NOT_SUPPORTED &&
+              e3.find("HALF or BFLOAT16") != std::string::npos && s5 == CUDNN_STATUS_BAD_PARAM,
+          "conv engines by global index: 5 for the graph; 0 (attention) and 3 (16-bit) refuse an "
+          "fp32 convolution, 5 does not exist",
+          g.error + " " + std::to_string(engines) + "; " + e0 + "; " + e3 + "; " + e5);
+  }
+  {
+    Graph g;
+    auto x = g.tensor(1, f32, a.x(), rowMajor(a.x()));
+    auto w = g.tensor(2, f32, a.filter(), rowMajor(a.filter()));
+    auto y = g.virt(f32, a.y());
+    auto z = g.tensor(3, f32, a.y(), rowMajor(a.y()));
+    convOp(g, ConvDir::Forward, convDesc(g, paramsOf(a)), x, w, y);
+    g.pointwise(CUDNN_POINTWISE_RELU_FWD, f32, y, nullptr, nullptr, z);
+    g.build(h);
+    const int64_t n = g.heuristics();
+    check(g.error.empty() && n == 0 &&
+              g.heuristicsError.find("one convolution and nothing else") != std::string::npos,
+          "conv heuristics: a convolution fused with a ReLU has no engine",
+          g.error + g.heuristicsError);
+  }
+  {
+    setenv("CARVE_EMU_CUDNN", "unsupported", 1);
+    Graph g;
+    forward(g);
+    const int64_t n = g.heuristics();
+    check(g.error.empty() && n == 0, "conv heuristics: CARVE_EMU_CUDNN=unsupported finds no engine",
+          g.error);
+    setenv("CARVE_EMU_CUDNN", "plan-fails", 1);
+    Graph g2;
+    forward(g2);
+    const int64_t n2 = g2.heuristics();
+    const cudnnStatus_t s = g2.makePlan(h);
+    check(n2 == 2 && s == CUDNN_STATUS_NOT_SUPPORTED,
+          "conv plan: CARVE_EMU_CUDNN=plan-fails fails the plan's Finalize", lastError());
+    unsetenv("CARVE_EMU_CUDNN");
+  }
+  {
+    Graph g;
+    forward(g);
+    g.heuristics();
+    g.makePlan(h); // config 0: the TF32 engine
+    void *x = deviceBytes(2 * 4 * 8 * 8 * 4), *w = deviceBytes(6 * 4 * 3 * 3 * 4),
+         *y = deviceBytes(2 * 6 * 8 * 8 * 4);
+    void *ws = deviceBytes(g.workspace), *shortWs = deviceBytes(g.workspace - 256);
+    std::string out;
+    bool ok = endsTheProcess(
+        [&] {
+          g.execute(h, {1, 3}, {x, y}, ws);
+        },
+        {"cudnnBackendExecute", "does not bind UID 2"}, out);
+    check(ok, "conv execute: a variant pack without W (UID 2) ends the process", out);
+    out.clear();
+    ok = endsTheProcess(
+        [&] {
+          g.execute(h, {1, 2, 3}, {x, w, y}, shortWs);
+        },
+        {"cudnnBackendExecute", "the workspace", "not inside one device allocation"}, out);
+    check(ok, "conv execute: a workspace 256 bytes short ends the process", out);
+    out.clear();
+    ok = endsTheProcess(
+        [&] {
+          g.execute(h, {1, 2, 3}, {y, w, y}, ws);
+        },
+        {"cudnnBackendExecute", "UID 1 and UID 3 share memory"}, out);
+    check(ok, "conv execute: Y written over X (one buffer for both) ends the process", out);
+    for (void *p : {x, w, y, ws, shortWs})
+      cudaFree(p);
+  }
+}
+
 } // namespace
 
 int main() {
@@ -990,6 +1798,8 @@ int main() {
   testAttentionBackward(h);
   testRoundingAndReshape(h);
   testRefusals(h);
+  testConvolutions(h);
+  testConvolutionRefusals(h);
   cudnnDestroy(h);
   std::printf("%s: %d failure%s\n", gFailures ? "FAIL" : "ok", gFailures,
               gFailures == 1 ? "" : "s");

@@ -67,5 +67,19 @@ run "the mask's finite values not clamped (a -FLT_MAX mask becomes -inf in bf16)
 p='runtime/cuda/kernels_attention.cu'; s=open(p).read()
 old='if (v < -hi && v != -INFINITY)'
 assert old in s; s=s.replace(old, 'if (false)',1); open(p,'w').write(s)"
+run "TF32 taken for an fp32 convolution (the engine filter lets cuDNN's tensor-core engines through)" runtime/cuda/conv_cudnn.cpp "
+p='runtime/cuda/conv_cudnn.cpp'; s=open(p).read()
+old='    if (fp32 && !k.tf32 &&'
+assert old in s; s=s.replace(old, '    if (false &&',1); open(p,'w').write(s)"
+run "a convolution's paddings swapped (cuDNN gets the bottom and right paddings as the top and left)" runtime/cuda/cudnn_graph.h "
+p='runtime/cuda/cudnn_graph.h'; s=open(p).read()
+old='conv->set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, geo.pre, 2);'
+assert old in s; s=s.replace(old, 'conv->set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, geo.post, 2);',1)
+old='conv->set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, geo.post, 2);'
+assert old in s; s=s.replace(old, 'conv->set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, geo.pre, 2);',1); open(p,'w').write(s)"
+run "the filter gradient's operands bound to each other's tensors (x and dy exchanged in the variant pack)" runtime/cuda/conv_cudnn.cpp "
+p='runtime/cuda/conv_cudnn.cpp'; s=open(p).read()
+old=': std::vector<int64_t>{1, 3, 2};'
+assert old in s; s=s.replace(old, ': std::vector<int64_t>{3, 1, 2};',1); open(p,'w').write(s)"
 (cd build && ninja -j2 carve-gpu-emu-kernels_fused_test carve-gpu-emu-kernels_basic_test > /dev/null 2>&1)
 git status --short | head

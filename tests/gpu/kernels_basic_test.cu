@@ -10,6 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "../../runtime/cuda/conv_fallback.h"
 #include "carve/rt/philox.h"
 #include "harness.h"
 
@@ -1511,6 +1512,166 @@ void testConvolutionPieces() {
   testConvPieces(1, 3, 4, 6, 1, 1, rt::Precision::F32);
 }
 
+//===--- Convolutions through cuDNN ----------------------------------------===//
+
+struct ConvCase {
+  int64_t n, c, h, w, o, kh, kw;
+  g::Conv2dGeometry geo;
+};
+
+/// The float64 convolution of x and w and its two gradients (of dy), each
+/// element with the sum of its terms' magnitudes (the f32 sums' bound).
+struct ConvRef {
+  std::vector<double> y, ya, dx, dxa, dw, dwa;
+};
+
+ConvRef convReference(const ConvCase &k, int64_t ho, int64_t wo, const std::vector<float> &x,
+                      const std::vector<float> &w, const std::vector<float> &dy) {
+  const int64_t g = k.geo.group, cg = k.c / g, og = k.o / g;
+  ConvRef r;
+  r.y.assign(k.n * k.o * ho * wo, 0), r.ya = r.y;
+  r.dx.assign(k.n * k.c * k.h * k.w, 0), r.dxa = r.dx;
+  r.dw.assign(k.o * cg * k.kh * k.kw, 0), r.dwa = r.dw;
+  for (int64_t n = 0; n < k.n; ++n)
+    for (int64_t o = 0; o < k.o; ++o)
+      for (int64_t i = 0; i < ho; ++i)
+        for (int64_t j = 0; j < wo; ++j)
+          for (int64_t cw = 0; cw < cg; ++cw)
+            for (int64_t a = 0; a < k.kh; ++a)
+              for (int64_t b = 0; b < k.kw; ++b) {
+                const int64_t yy = i * k.geo.strides[0] - k.geo.pads[0] + a * k.geo.dilations[0];
+                const int64_t xx = j * k.geo.strides[1] - k.geo.pads[1] + b * k.geo.dilations[1];
+                if (yy < 0 || yy >= k.h || xx < 0 || xx >= k.w)
+                  continue;
+                const int64_t c = (o / og) * cg + cw;
+                const int64_t xi = ((n * k.c + c) * k.h + yy) * k.w + xx;
+                const int64_t wi = ((o * cg + cw) * k.kh + a) * k.kw + b;
+                const int64_t yi = ((n * k.o + o) * ho + i) * wo + j;
+                const double xw = double(x[xi]) * w[wi], gw = double(dy[yi]) * w[wi];
+                const double gx = double(dy[yi]) * x[xi];
+                r.y[yi] += xw, r.ya[yi] += std::fabs(xw);
+                r.dx[xi] += gw, r.dxa[xi] += std::fabs(gw);
+                r.dw[wi] += gx, r.dwa[wi] += std::fabs(gx);
+              }
+  return r;
+}
+
+/// |got - ref| <= u16 |ref| + K 2^-23 sum|terms| per element: the 16-bit
+/// result's rounding (u16 = 2^-8 bf16, 2^-11 fp16, 0 fp32) and the f32 sum
+/// of K terms.
+void expectConv(const std::string &what, const std::vector<float> &got,
+                const std::vector<double> &ref, const std::vector<double> &abs, int64_t terms,
+                double u16) {
+  ++checks();
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = u16 * std::fabs(ref[i]) + double(terms) * std::ldexp(abs[i], -23) + 1e-30;
+    const double err = std::fabs(double(got[i]) - ref[i]);
+    if (!(err <= tol)) {
+      std::printf("FAIL %s: element %zu is %.9g, reference %.9g (|err| %.3g > %.3g)\n",
+                  what.c_str(), i, got[i], ref[i], err, tol);
+      ++failures();
+      return;
+    }
+    worst = std::max(worst, err / tol);
+  }
+  std::printf("ok   %s (%zu elements, worst error %.2f of the bound)\n", what.c_str(), got.size(),
+              worst);
+}
+
+/// gpu::conv2d, conv2d_grad_input and conv2d_grad_weight (cuDNN's
+/// convolution graphs; on the emulation, cudnn_emu.cpp's engines, whose
+/// fp32 list puts a TF32 engine first, so a call that took it would fail
+/// the fp32 bound) and carve's direct kernels (conv_fallback.h) against the
+/// float64 convolution of the inputs as the precision rounds them, and that
+/// cuDNN ran every call.
+void testConvolutionCase(const ConvCase &k, rt::Precision p) {
+  const int64_t g = k.geo.group, cg = k.c / g, og = k.o / g;
+  const int64_t ho = (k.h + k.geo.pads[0] + k.geo.pads[2] - k.geo.dilations[0] * (k.kh - 1) - 1) /
+                         k.geo.strides[0] +
+                     1;
+  const int64_t wo = (k.w + k.geo.pads[1] + k.geo.pads[3] - k.geo.dilations[1] * (k.kw - 1) - 1) /
+                         k.geo.strides[1] +
+                     1;
+  const Dims xs{k.n, k.c, k.h, k.w}, ws{k.o, cg, k.kh, k.kw}, ys{k.n, k.o, ho, wo};
+  const std::vector<float> x = randn(xs.numel()), w = randn(ws.numel()), dy = randn(ys.numel());
+  const bool half = p != rt::Precision::F32, bf = p == rt::Precision::BF16;
+  const double u16 = !half ? 0.0 : bf ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  char label[160];
+  std::snprintf(label, sizeof label,
+                "%s x [%lld, %lld, %lld, %lld] w [%lld, %lld, %lld, %lld] strides %lldx%lld pads "
+                "%lld %lld %lld %lld dilations %lldx%lld groups %lld",
+                !half ? "fp32"
+                : bf  ? "bf16"
+                      : "fp16",
+                (long long)k.n, (long long)k.c, (long long)k.h, (long long)k.w, (long long)k.o,
+                (long long)cg, (long long)k.kh, (long long)k.kw, (long long)k.geo.strides[0],
+                (long long)k.geo.strides[1], (long long)k.geo.pads[0], (long long)k.geo.pads[1],
+                (long long)k.geo.pads[2], (long long)k.geo.pads[3], (long long)k.geo.dilations[0],
+                (long long)k.geo.dilations[1], (long long)g);
+  // The references read the operands as the precision rounds them.
+  auto rounded = [&](const std::vector<float> &v) {
+    if (!half)
+      return v;
+    auto d = up(v);
+    (bf ? g::roundBf16 : g::roundF16)(d->p, static_cast<int64_t>(v.size()));
+    return d->download();
+  };
+  const ConvRef ref = convReference(k, ho, wo, rounded(x), rounded(w), rounded(dy));
+  g::setPrecision(p);
+  auto dx_ = up(x), dw_ = up(w), ddy = up(dy);
+  int64_t f0, d0, w0, f1, d1, w1;
+  g::cudnnConvolutionCalls(f0, d0, w0);
+  auto y = poisoned<float>(ys.numel()), gx = poisoned<float>(xs.numel());
+  auto gw = poisoned<float>(ws.numel());
+  g::conv2d(dx_->p, xs, dw_->p, ws, k.geo, y->p, ys);
+  g::conv2d_grad_input(ddy->p, ys, dw_->p, ws, k.geo, gx->p, xs);
+  g::conv2d_grad_weight(dx_->p, xs, ddy->p, ys, k.geo, gw->p, ws);
+  g::cudnnConvolutionCalls(f1, d1, w1);
+  const std::string what = std::string(label);
+  expectConv("conv2d " + what, y->download(), ref.y, ref.ya, cg * k.kh * k.kw, u16);
+  expectConv("conv2d_grad_input " + what, gx->download(), ref.dx, ref.dxa, og * k.kh * k.kw, u16);
+  expectConv("conv2d_grad_weight " + what, gw->download(), ref.dw, ref.dwa, k.n * ho * wo, u16);
+  ++checks();
+  if (g::cudnnAttentionBuilt() && (f1 - f0 != 1 || d1 - d0 != 1 || w1 - w0 != 1)) {
+    std::printf("FAIL %s: cuDNN ran %lld forward, %lld data and %lld filter calls, not 1 each\n",
+                what.c_str(), (long long)(f1 - f0), (long long)(d1 - d0), (long long)(w1 - w0));
+    ++failures();
+  }
+  // carve's direct kernels, as conv_cudnn.cpp runs them where cuDNN refuses.
+  g::ConvDims cd;
+  cd.n = k.n, cd.c = k.c, cd.h = k.h, cd.w = k.w, cd.o = k.o, cd.kh = k.kh, cd.kw = k.kw;
+  cd.ho = ho, cd.wo = wo, cd.group = g;
+  for (int i = 0; i < 2; ++i)
+    cd.stride[i] = k.geo.strides[i], cd.pad[i] = k.geo.pads[i], cd.dil[i] = k.geo.dilations[i];
+  auto y2 = poisoned<float>(ys.numel()), gx2 = poisoned<float>(xs.numel());
+  auto gw2 = poisoned<float>(ws.numel());
+  g::conv2dByCarve(g::ConvKind::Forward, dx_->p, dw_->p, y2->p, cd, static_cast<int>(p));
+  g::conv2dByCarve(g::ConvKind::Data, ddy->p, dw_->p, gx2->p, cd, static_cast<int>(p));
+  g::conv2dByCarve(g::ConvKind::Filter, dx_->p, ddy->p, gw2->p, cd, static_cast<int>(p));
+  expectConv("carve's conv2d " + what, y2->download(), ref.y, ref.ya, cg * k.kh * k.kw, u16);
+  expectConv("carve's conv2d_grad_input " + what, gx2->download(), ref.dx, ref.dxa,
+             og * k.kh * k.kw, u16);
+  expectConv("carve's conv2d_grad_weight " + what, gw2->download(), ref.dw, ref.dwa, k.n * ho * wo,
+             u16);
+  g::setPrecision(rt::Precision::F32);
+}
+
+void testConvolutionCudnn() {
+  const ConvCase cases[] = {
+      {2, 3, 8, 8, 4, 3, 3, {{1, 1}, {1, 1, 1, 1}, {1, 1}, 1}},   // 3x3, padding 1
+      {2, 4, 9, 7, 6, 3, 3, {{2, 2}, {1, 0, 0, 1}, {1, 1}, 1}},   // stride 2, asymmetric padding
+      {1, 2, 10, 10, 3, 3, 3, {{1, 1}, {2, 2, 2, 2}, {2, 2}, 1}}, // dilation 2
+      {2, 4, 6, 6, 6, 3, 3, {{1, 1}, {1, 1, 1, 1}, {1, 1}, 2}},   // 2 groups
+      {2, 8, 6, 6, 8, 3, 3, {{1, 1}, {1, 1, 1, 1}, {1, 1}, 8}},   // depthwise
+      {2, 4, 8, 8, 8, 1, 1, {{2, 2}, {0, 0, 0, 0}, {1, 1}, 1}},   // 1x1 stride 2 (a shortcut)
+      {1, 3, 16, 16, 8, 7, 7, {{2, 2}, {3, 3, 3, 3}, {1, 1}, 1}}, // ResNet's stem
+  };
+  for (rt::Precision p : {rt::Precision::F32, rt::Precision::BF16, rt::Precision::F16})
+    for (const ConvCase &k : cases)
+      testConvolutionCase(k, p);
+}
+
 /// NonZero at its static bound, against the CPU kernel: the coordinates of
 /// the non-zeros in row-major order (one block's threads count their slices
 /// and take their offsets from a scan), zeros past the last.
@@ -2156,6 +2317,7 @@ int main() {
   testDataMovement<uint8_t>();
   testGatherSharded();
   testConvolutionPieces();
+  testConvolutionCudnn();
   testShards();
   testOptimizer();
   testOptimizer16();

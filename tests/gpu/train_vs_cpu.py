@@ -79,10 +79,13 @@ What must hold on any machine with a CUDA GPU (`make test-gpu`):
    machine's OpenBLAS kernels, where another's stayed within 1e-3); SGD
    moves each weight by lr times its gradient, so their weights stay within
    the gradients' rounding.
-9. Convolutions: tests/e2e/convolution.py's CNNs (im2col; batch norm with
-   its running statistics) train on the GPU as on the CPU (the fp32 bounds
-   of 1); with 2 GPUs the batch-norm CNN under dp=2 with sync_batch_norm
-   equals 1 GPU within 1e-5.
+9. Convolutions: tests/e2e/convolution.py's CNNs (batch norm with its
+   running statistics) train on the GPU, their convolutions through cuDNN,
+   as on the CPU (im2col; the fp32 bounds of 1), and so do carve's direct
+   convolution kernels (CARVE_CUDNN_CONVOLUTION=off) and the im2col program
+   (--convolution carve); bf16 within 1.'s bf16 bound; with 2 GPUs the CNN
+   under dp=2 and pp=2, and the batch-norm CNN under dp=2 with
+   sync_batch_norm, equal 1 GPU within 1e-5.
 
 Exits 77 (ctest: skipped, and `make test-gpu` fails) when no GPU is visible.
 
@@ -573,13 +576,33 @@ def check_dropout(carve, w, data_gen, n):
     return checks
 
 
+def conv_calls(out):
+    """The cuDNN convolution calls (forward, data gradient, filter gradient) in
+    a CUDA program's source."""
+    with open(os.path.join(out, "src", "program0.cu")) as f:
+        src = f.read()
+    return [src.count("gpu::%s(" % c) for c in ("conv2d", "conv2d_grad_input",
+                                                "conv2d_grad_weight")]
+
+
+def carve_kernel_lines(log):
+    """The lines of a run's standard error saying carve's kernel ran instead of
+    a library call."""
+    return [l for l in STDERR.get(log, "").splitlines() if "carve's kernel runs" in l]
+
+
 def check_convolution(carve, w, kind, n):
     """tests/e2e/convolution.py's CNNs (`cnn`: strided, padded, grouped and
-    depthwise convolutions, max and average pooling, as im2col; `cnnbn`: batch
-    norm, its running statistics in the checkpoint): the CUDA program trains
-    as the CPU program does (the fp32 bounds of 1). On 2 GPUs, `cnnbn` under
-    dp=2 with sync_batch_norm (the statistics' sums all-reduced over NCCL)
-    equals 1 GPU."""
+    depthwise convolutions, max and average pooling; `cnnbn`: batch norm, its
+    running statistics in the checkpoint). The CUDA program runs its
+    convolutions as cuDNN's (forward, data and filter gradients: the program
+    calls them, and cuDNN takes every call when it runs) and trains as the CPU
+    program (im2col GEMMs) does, within the fp32 bounds of 1. For `cnn`: the
+    same program with CARVE_CUDNN_CONVOLUTION=off (carve's direct kernels)
+    and the im2col program (--convolution carve) within them too, bf16 within
+    1.'s bf16 bound of the CPU's bf16, and on 2 GPUs dp=2 and pp=2 equal to
+    1 GPU. On 2 GPUs, `cnnbn` under dp=2 with sync_batch_norm (the
+    statistics' sums all-reduced over NCCL) equals 1 GPU."""
     import numpy as np
 
     onnx = os.path.join(w, kind + ".onnx")
@@ -594,36 +617,97 @@ def check_convolution(carve, w, kind, n):
     for target in ["cpu", "cuda"]:
         out = os.path.join(w, kind + "-" + target)
         compile_(carve, onnx, {}, target, out)
+        if target == "cuda" and PHASE != "device":
+            calls = conv_calls(out)
+            if min(calls) < 1:
+                raise Failure("%s: the CUDA program calls cuDNN's convolutions %s times "
+                              "(forward, data, filter), not each at least once" % (kind, calls))
         runs[target] = (train(carve, out, 1, data, out + ".ckpt"), load_checkpoint(out + ".ckpt"))
+    if kind == "cnn":
+        # Every program of the comparisons below (--phase prepare makes them
+        # here, --phase device runs them there), and the CPU's bf16 run.
+        compile_(carve, onnx, {}, "cuda", os.path.join(w, "cnn-cuda-im2col"),
+                 ["--convolution", "carve"])
+        b16 = {}
+        for target in ["cpu", "cuda"]:
+            out = os.path.join(w, "cnn-bf16-" + target)
+            compile_(carve, onnx, {"precision": "bf16"}, target, out)
+            b16[target] = train(carve, out, 1, data, out + ".ckpt")
     if pending(runs["cuda"][0]):
         return 0
-    d = worst_rel(runs["cpu"][0], runs["cuda"][0])
-    gap, name = weight_gap(runs["cpu"][1], runs["cuda"][1])
-    if d > FP32_RTOL or gap > WEIGHT_RTOL:
-        raise Failure("%s: GPU losses differ from the CPU's by %.3g (limit %g), weights of %s by "
-                      "%.3g (limit %g)\n  cpu %s\n  gpu %s" %
-                      (kind, d, FP32_RTOL, name, gap, WEIGHT_RTOL, runs["cpu"][0],
-                       runs["cuda"][0]))
-    print("ok: %s (im2col%s): GPU within %.2g of the CPU over %d steps; weights and buffers "
-          "within %.2g (%s)" % (kind, ", batch norm" if kind == "cnnbn" else "", d, STEPS, gap,
-                                name))
-    if kind != "cnnbn":
-        return 1
+    refused = carve_kernel_lines(os.path.join(w, kind + "-cuda.jsonl"))
+    if refused:
+        raise Failure("%s: cuDNN did not take every convolution:\n  %s" % (kind,
+                                                                            "\n  ".join(refused)))
+
+    def against(base, losses, ckpt, label, rtol=FP32_RTOL, wtol=WEIGHT_RTOL):
+        d = worst_rel(base[0], losses)
+        gap, name = weight_gap(base[1], ckpt) if ckpt is not None else (0.0, "-")
+        if d > rtol or gap > wtol:
+            raise Failure("%s: losses differ by %.3g (limit %g), weights of %s by %.3g (limit %g)"
+                          "\n  base %s\n  this %s" % (label, d, rtol, name, gap, wtol, base[0],
+                                                       losses))
+        return d, gap, name
+
+    d, gap, name = against(runs["cpu"], runs["cuda"][0], runs["cuda"][1],
+                           "%s: GPU (cuDNN convolutions) against the CPU" % kind)
+    print("ok: %s (cuDNN convolutions%s): GPU within %.2g of the CPU over %d steps; weights and "
+          "buffers within %.2g (%s)" % (kind, ", batch norm" if kind == "cnnbn" else "", d, STEPS,
+                                        gap, name))
+    checks = 1
+    if kind == "cnn":
+        # carve's own direct kernels, where cuDNN is turned off.
+        out = os.path.join(w, "cnn-cuda")
+        os.environ["CARVE_CUDNN_CONVOLUTION"] = "off"
+        try:
+            losses = train(carve, out, 1, data, out + "-off.ckpt", log_suffix="-off")
+        finally:
+            del os.environ["CARVE_CUDNN_CONVOLUTION"]
+        if len(carve_kernel_lines(out + "-off.jsonl")) < 3:
+            raise Failure("cnn with CARVE_CUDNN_CONVOLUTION=off: the run did not say that "
+                          "carve's kernels ran")
+        d, gap, name = against(runs["cpu"], losses, load_checkpoint(out + "-off.ckpt"),
+                               "cnn: carve's direct convolution kernels against the CPU")
+        print("ok: cnn (carve's direct convolution kernels): GPU within %.2g of the CPU" % d)
+        # The im2col program, as on the CPU.
+        out = os.path.join(w, "cnn-cuda-im2col")
+        if PHASE != "device" and max(conv_calls(out)) != 0:
+            raise Failure("cnn --convolution carve: the CUDA program still calls cuDNN's "
+                          "convolutions %s" % conv_calls(out))
+        losses = train(carve, out, 1, data, out + ".ckpt")
+        d, gap, name = against(runs["cpu"], losses, load_checkpoint(out + ".ckpt"),
+                               "cnn --convolution carve (im2col) against the CPU")
+        print("ok: cnn (--convolution carve: im2col GEMMs): GPU within %.2g of the CPU" % d)
+        # bf16: cuDNN's 16-bit convolutions against the CPU's bf16 GEMMs.
+        d, _, _ = against((b16["cpu"], None), b16["cuda"], None,
+                          "cnn bf16: GPU (cuDNN convolutions) against the CPU", rtol=BF16_RTOL)
+        print("ok: cnn bf16 (cuDNN's 16-bit convolutions): GPU within %.2g of the CPU" % d)
+        checks += 3
+        for plan in ({"dp": 2}, {"pp": 2}):
+            label = "cnn %s on 2 GPUs" % json.dumps(plan)
+            if n < 2:
+                print("not run: %s (%d visible)" % (label, n))
+                continue
+            out = os.path.join(w, "cnn-%s-cuda" % "-".join("%s%s" % kv for kv in plan.items()))
+            compile_(carve, onnx, plan, "cuda", out)
+            losses = train(carve, out, 2, data, out + ".ckpt")
+            d, gap, name = against(runs["cuda"], losses, load_checkpoint(out + ".ckpt"),
+                                   label + " against 1 GPU", rtol=PARALLEL_RTOL)
+            print("ok: %s within %.2g of 1 GPU (weights within %.2g, %s)" % (label, d, gap, name))
+            checks += 1
+        return checks
     if n < 2:
         print("not run: cnnbn dp=2 sync_batch_norm on 2 GPUs (%d visible)" % n)
-        return 1
+        return checks
     out = os.path.join(w, "cnnbn-dp2-sync-cuda")
     compile_(carve, onnx, {"dp": 2, "sync_batch_norm": True}, "cuda", out)
     losses = train(carve, out, 2, data, out + ".ckpt")
-    d = worst_rel(runs["cuda"][0], losses)
-    gap, name = weight_gap(runs["cuda"][1], load_checkpoint(out + ".ckpt"))
-    if d > PARALLEL_RTOL or gap > WEIGHT_RTOL:
-        raise Failure("cnnbn dp=2 sync_batch_norm on 2 GPUs: losses differ from 1 GPU's by %.3g "
-                      "(limit %g), weights and buffers of %s by %.3g (limit %g)" %
-                      (d, PARALLEL_RTOL, name, gap, WEIGHT_RTOL))
+    d, gap, name = against(runs["cuda"], losses, load_checkpoint(out + ".ckpt"),
+                           "cnnbn dp=2 sync_batch_norm on 2 GPUs against 1 GPU",
+                           rtol=PARALLEL_RTOL)
     print("ok: cnnbn dp=2 sync_batch_norm on 2 GPUs within %.2g of 1 GPU (weights and running "
           "statistics within %.2g, %s)" % (d, gap, name))
-    return 2
+    return checks + 1
 
 
 def main():

@@ -146,6 +146,7 @@ PartitionSummary runPipeline(Imported &im, const Setup &s, const CompileArgs &ar
   plan.optimizerState = s.opt.stateTensors();
   plan.target = args.target;
   plan.attention = args.attention;
+  plan.convolution = args.convolution;
   writePlan(module, plan);
   progress.start("training step");
   mlir::PassManager pm(context);

@@ -20,6 +20,8 @@ struct CompileArgs {
   std::string target = "cpu";
   /// --attention: "cudnn" or "carve" (PlanAttrs::attention).
   std::string attention = "cudnn";
+  /// --convolution: "cudnn" or "carve" (PlanAttrs::convolution).
+  std::string convolution = "cudnn";
   /// --cuda-arch: GPU architectures (sm numbers, "80,90"); empty: the runtime's.
   std::string cudaArchs;
   bool fuse = true; // --no-fuse turns elementwise fusion off

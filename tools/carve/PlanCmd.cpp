@@ -619,6 +619,7 @@ std::vector<CompiledRankMemory> compilePlan(const PlanArgs &args, Outcome &o, co
   ca.planPath = "the plan carve plan chose (" + e.c.key() + ")";
   ca.target = o.cluster.device.target; // the program that runs there
   ca.attention = args.attention;
+  ca.convolution = args.convolution;
   ca.loss = args.loss;
   ca.import = args.import;
   if (!o.gpu)

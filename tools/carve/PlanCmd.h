@@ -20,6 +20,8 @@ struct PlanArgs {
   /// --attention: the CUDA program's attention ("cudnn" or "carve") for the
   /// as-compiled check and --calibration carve.
   std::string attention = "cudnn";
+  /// --convolution: the CUDA program's convolutions ("cudnn" or "carve").
+  std::string convolution = "cudnn";
   std::string output; // -o PLAN.json
   bool json = false;  // --json
   std::string loss;

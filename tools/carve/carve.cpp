@@ -108,6 +108,13 @@ cl::opt<std::string> attentionKernel(
              "own kernel everywhere; docs/cuda.md)"),
     cl::value_desc("cudnn|carve"), cl::init("cudnn"), cl::sub(compileCmd), cl::sub(planCmd),
     cl::cat(carveCat));
+cl::opt<std::string> convolutionKernel(
+    "convolution",
+    cl::desc("The CUDA target's convolutions: cudnn (default: cuDNN's convolutions, forward "
+             "and both gradients) or carve (im2col gathers and GEMMs, as on the CPU; "
+             "docs/cuda.md)"),
+    cl::value_desc("cudnn|carve"), cl::init("cudnn"), cl::sub(compileCmd), cl::sub(planCmd),
+    cl::cat(carveCat));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Run every op as its own kernel: no fused elementwise chains, no "
                               "convolution input gradient computed with its GEMM (for "
@@ -339,6 +346,9 @@ int runCompileCommand() {
   if (attentionKernel != "cudnn" && attentionKernel != "carve")
     die("carve compile: --attention must be cudnn or carve, not '" + attentionKernel + "'");
   args.attention = attentionKernel;
+  if (convolutionKernel != "cudnn" && convolutionKernel != "carve")
+    die("carve compile: --convolution must be cudnn or carve, not '" + convolutionKernel + "'");
+  args.convolution = convolutionKernel;
   args.cudaArchs = cudaArch;
   args.fuse = !noFuse;
   args.bucketBytes = bucketBytes;
@@ -497,6 +507,9 @@ int main(int argc, char **argv) {
     if (attentionKernel != "cudnn" && attentionKernel != "carve")
       die("carve plan: --attention must be cudnn or carve, not '" + attentionKernel + "'");
     pa.attention = attentionKernel;
+    if (convolutionKernel != "cudnn" && convolutionKernel != "carve")
+      die("carve plan: --convolution must be cudnn or carve, not '" + convolutionKernel + "'");
+    pa.convolution = convolutionKernel;
     pa.opSearch = !noOpSearch;
     pa.loss = lossName;
     if (planStorage != "carve" && planStorage != "published")

@@ -36,13 +36,14 @@ func.func @forward(%t: tensor<i64> {carve.input = "t"}) -> (tensor<i64> {carve.o
 
 // Tests that an op without a gradient rule between a parameter and the loss is
 // named with its ONNX node.
-// CHECK: model.onnx:7:0: error: no gradient rule for 'carve.conv2d' (node 'Conv_0'), which lies between a trainable parameter and the loss; freeze the parameters before it with --frozen
+// CHECK: model.onnx:7:0: error: no gradient rule for 'carve.max_pool2d' (node 'MaxPool_0'), which lies between a trainable parameter and the loss; freeze the parameters before it with --frozen
 func.func @forward(%x: tensor<1x1x4x4xf32> {carve.input = "x"},
-                   %w: tensor<1x1x3x3xf32> {carve.param = "w", carve.trainable})
+                   %w: tensor<1x1x4x4xf32> {carve.param = "w", carve.trainable})
     -> (tensor<f32> {carve.output = "loss"}) {
-  %y = carve.conv2d %x, %w {dilations = array<i64: 1, 1>, group = 1 : i64,
-                            pads = array<i64: 0, 0, 0, 0>, strides = array<i64: 1, 1>}
-         : (tensor<1x1x4x4xf32>, tensor<1x1x3x3xf32>) -> tensor<1x1x2x2xf32> loc("Conv_0"("model.onnx":7:0))
+  %h = carve.mul %x, %w : (tensor<1x1x4x4xf32>, tensor<1x1x4x4xf32>) -> tensor<1x1x4x4xf32>
+  %y = carve.max_pool2d %h {kernel = array<i64: 2, 2>, pads = array<i64: 0, 0, 0, 0>,
+                            strides = array<i64: 2, 2>}
+         : tensor<1x1x4x4xf32> -> tensor<1x1x2x2xf32> loc("MaxPool_0"("model.onnx":7:0))
   %l = carve.reduce_sum %y {axes = array<i64: 0, 1, 2, 3>, keep_dims = false}
          : tensor<1x1x2x2xf32> -> tensor<f32>
   return %l : tensor<f32>

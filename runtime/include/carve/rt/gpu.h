@@ -413,6 +413,39 @@ void cudnnAttentionCalls(int64_t &forward, int64_t &backward);
 /// Whether this runtime was built with cuDNN (otherwise the _cudnn entries
 /// are carve's kernels).
 bool cudnnAttentionBuilt();
+/// A 2-D convolution's geometry: carve.conv2d's attributes (pads are
+/// [top, left, bottom, right]).
+struct Conv2dGeometry {
+  int64_t strides[2];
+  int64_t pads[4];
+  int64_t dilations[2];
+  int64_t group;
+};
+/// carve.conv2d (no bias: the compiler adds it after) and its gradients on
+/// the CUDA target (runtime/cuda/conv_cudnn.cpp): x [N, C, H, W], w
+/// [O, C / group, kh, kw], y [N, O, Ho, Wo], all f32 as the program stores
+/// them. Each runs as one cuDNN convolution graph, built once per shape and
+/// cached, on an engine cuDNN's heuristics rank first among those that are
+/// deterministic (and, under fp32 without the plan field tf32, neither
+/// tensor-core nor Winograd nor FFT: fp32 arithmetic, as the CPU target's
+/// GEMMs). Under bf16/fp16 the operands are read in the 16-bit format
+/// (rounded as the CPU target's matmul rounds its operands), the sums kept in
+/// f32 and the result written in 16 bits, then widened. Where cuDNN cannot
+/// take the call (no engine, a misaligned tensor, CARVE_CUDNN_CONVOLUTION=off,
+/// a runtime built without cuDNN) carve's direct kernel computes the same
+/// thing, and the first such call of a shape says why on stderr.
+void conv2d(const float *x, Dims xs, const float *w, Dims ws, Conv2dGeometry g, float *y, Dims ys);
+/// dx from dy [N, O, Ho, Wo] and w; dx's shape is the convolution's input's.
+void conv2d_grad_input(const float *dy, Dims ys, const float *w, Dims ws, Conv2dGeometry g,
+                       float *dx, Dims xs);
+/// dw from the convolution's input x and dy.
+void conv2d_grad_weight(const float *x, Dims xs, const float *dy, Dims ys, Conv2dGeometry g,
+                        float *dw, Dims ws);
+/// How many convolution calls of this process ran as cuDNN graphs (forward,
+/// data gradient, filter gradient): what tests read to know the library path
+/// was taken.
+void cudnnConvolutionCalls(int64_t &forward, int64_t &data, int64_t &filter);
+
 /// Targets outside [0, C) (and not ignored) are a fatal error naming the value
 /// (checked on the device, reported at the next synchronize).
 void cross_entropy(const float *logits, Dims ls, const int64_t *targets, int reduction,

@@ -1,0 +1,375 @@
+//===- conv_cudnn.cpp - 2-D convolutions through cuDNN ---------------------===//
+//
+// gpu.h's conv2d, conv2d_grad_input and conv2d_grad_weight: each call is one
+// cuDNN graph of one convolution operation (forward, backward data or
+// backward filter) built through the backend API (cudnn_graph.h) once per
+// shape, on the first engine configuration of cuDNN's heuristic A that
+//
+//   - is deterministic (no CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC: a step
+//     gives the same bits every time, and `--cuda-graph` those of eager), and
+//   - under fp32 without the plan field tf32, computes in fp32: no
+//     TENSOR_CORE or DOWN_CONVERT_INPUTS note (TF32), no WINOGRAD or FFT
+//     (their transforms round differently from the direct sum the CPU
+//     target's GEMMs compute);
+//
+// and whose plan finalizes. Tensors are NCHW as the program stores them;
+// under bf16/fp16 the call converts both operands to the 16-bit format in
+// scratch (the rounding the CPU target's matmul applies to its operands),
+// runs the 16-bit graph with f32 accumulation, and widens the 16-bit result.
+// Where cuDNN cannot take a call (no engine passes, a tensor not 16-byte
+// aligned, CARVE_CUDNN_CONVOLUTION=off, a runtime built without cuDNN)
+// carve's direct kernel (kernels_conv.cu) computes the same quantity, and
+// the first such call of each shape says why on stderr.
+//
+//===----------------------------------------------------------------------===//
+
+#include "conv_fallback.h"
+#include "internal.h"
+
+#if CARVE_HAVE_CUDNN
+#include "cudnn_graph.h"
+#endif
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace carve::gpu {
+
+namespace {
+
+const char *kindName(ConvKind k) {
+  switch (k) {
+  case ConvKind::Forward:
+    return "conv2d";
+  case ConvKind::Data:
+    return "conv2d_grad_input";
+  case ConvKind::Filter:
+    return "conv2d_grad_weight";
+  }
+  return "conv2d";
+}
+
+/// One call's shape: what a cached graph is for.
+struct ConvKey {
+  ConvKind kind;
+  ConvDims d;
+  int64_t post[2];
+  int prec;
+  bool tf32;
+  auto tuple() const {
+    return std::make_tuple(static_cast<int>(kind), d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ho, d.wo,
+                           d.group, d.stride[0], d.stride[1], d.pad[0], d.pad[1], post[0], post[1],
+                           d.dil[0], d.dil[1], prec, tf32);
+  }
+  bool operator<(const ConvKey &o) const { return tuple() < o.tuple(); }
+  std::string text() const {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "x [%lld, %lld, %lld, %lld], w [%lld, %lld, %lld, %lld], y [%lld, %lld, %lld, "
+                  "%lld], strides %lldx%lld, pads %lld %lld %lld %lld, dilations %lldx%lld%s",
+                  (long long)d.n, (long long)d.c, (long long)d.h, (long long)d.w, (long long)d.o,
+                  (long long)(d.c / d.group), (long long)d.kh, (long long)d.kw, (long long)d.n,
+                  (long long)d.o, (long long)d.ho, (long long)d.wo, (long long)d.stride[0],
+                  (long long)d.stride[1], (long long)d.pad[0], (long long)d.pad[1],
+                  (long long)post[0], (long long)post[1], (long long)d.dil[0], (long long)d.dil[1],
+                  prec == static_cast<int>(Precision::BF16)  ? ", bf16"
+                  : prec == static_cast<int>(Precision::F16) ? ", fp16"
+                  : tf32                                     ? ", fp32 (tf32)"
+                                                             : ", fp32");
+    return buf;
+  }
+};
+
+/// The call's sizes from its tensors, checked: a program whose shapes do not
+/// make a convolution is a fatal error naming the call (never a wrong read).
+ConvKey keyOf(ConvKind kind, const Dims &xs, const Dims &ws, const Dims &ys,
+              const Conv2dGeometry &g) {
+  const char *op = kindName(kind);
+  if (xs.rank != 4 || ws.rank != 4 || ys.rank != 4)
+    rt::fatal("%s: x, w and y must be rank 4 (NCHW, OIHW), got ranks %d, %d, %d", op, xs.rank,
+              ws.rank, ys.rank);
+  ConvKey k{};
+  k.kind = kind;
+  ConvDims &d = k.d;
+  d.n = xs.d[0], d.c = xs.d[1], d.h = xs.d[2], d.w = xs.d[3];
+  d.o = ws.d[0], d.kh = ws.d[2], d.kw = ws.d[3];
+  d.ho = ys.d[2], d.wo = ys.d[3], d.group = g.group;
+  d.stride[0] = g.strides[0], d.stride[1] = g.strides[1];
+  d.pad[0] = g.pads[0], d.pad[1] = g.pads[1];
+  k.post[0] = g.pads[2], k.post[1] = g.pads[3];
+  d.dil[0] = g.dilations[0], d.dil[1] = g.dilations[1];
+  k.prec = static_cast<int>(precision());
+  k.tf32 = tf32();
+  bool ok = d.group >= 1 && d.c % d.group == 0 && d.o % d.group == 0 && ws.d[1] * d.group == d.c &&
+            ys.d[0] == d.n && ys.d[1] == d.o;
+  for (int i = 0; i < 2 && ok; ++i) {
+    const int64_t in = i ? d.w : d.h, k2 = i ? d.kw : d.kh, out = i ? d.wo : d.ho;
+    ok = d.stride[i] >= 1 && d.dil[i] >= 1 && d.pad[i] >= 0 && k.post[i] >= 0 &&
+         (in + d.pad[i] + k.post[i] - d.dil[i] * (k2 - 1) - 1) / d.stride[i] + 1 == out;
+  }
+  if (!ok)
+    rt::fatal("%s: shapes that make no convolution: %s, group %lld", op, k.text().c_str(),
+              static_cast<long long>(d.group));
+  return k;
+}
+
+bool disabledByEnvironment() {
+  static const bool off = [] {
+    const char *e = std::getenv("CARVE_CUDNN_CONVOLUTION");
+    return e && std::strcmp(e, "off") == 0;
+  }();
+  return off;
+}
+
+/// A call that carve's kernel takes for `why`, said once per shape.
+void sayOnce(const ConvKey &k, const std::string &why) {
+  static std::set<ConvKey> said;
+  if (said.insert(k).second)
+    std::fprintf(stderr, "carve: %s %s: %s; carve's kernel runs\n", kindName(k.kind),
+                 k.text().c_str(), why.c_str());
+}
+
+int64_t count(const Dims &s) {
+  int64_t n = 1;
+  for (int i = 0; i < s.rank; ++i)
+    n *= s.d[i];
+  return n;
+}
+
+} // namespace
+
+#if !CARVE_HAVE_CUDNN
+
+namespace {
+void run(ConvKind kind, const float *a, const float *b, float *c, const ConvKey &k) {
+  sayOnce(k, "this runtime was built without cuDNN");
+  conv2dByCarve(kind, a, b, c, k.d, k.prec);
+}
+} // namespace
+
+void cudnnConvolutionCalls(int64_t &forward, int64_t &data, int64_t &filter) {
+  forward = data = filter = 0;
+}
+
+#else
+
+namespace {
+
+using namespace dnn;
+
+struct Entry {
+  std::unique_ptr<Graph> graph;
+  std::string refused;
+};
+
+struct ConvState {
+  cudnnHandle_t handle = nullptr;
+  std::string handleError;
+  std::map<ConvKey, Entry> graphs;
+  int64_t calls[3] = {0, 0, 0};
+};
+
+/// Never destroyed (as attention_cudnn.cpp's: a destructor at exit would run
+/// after the CUDA context is gone).
+ConvState &convState() {
+  static ConvState *s = new ConvState;
+  return *s;
+}
+
+/// The numerical notes of configuration `cfg`'s engine.
+std::vector<cudnnBackendNumericalNote_t> notesOf(cudnnBackendDescriptor_t cfg) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  int64_t n = 0;
+  check(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                 &n, &engine.d),
+        "the configuration's engine");
+  std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  int64_t got = 0;
+  check(cudnnBackendGetAttribute(engine.d, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                 CUDNN_TYPE_NUMERICAL_NOTE, static_cast<int64_t>(notes.size()),
+                                 &got, notes.data()),
+        "the engine's numerical notes");
+  notes.resize(static_cast<size_t>(got < 0 ? 0 : got));
+  return notes;
+}
+
+/// Why configuration `cfg` must not run key `k`'s graph ("": it may).
+std::string engineRefusal(cudnnBackendDescriptor_t cfg, const ConvKey &k) {
+  const bool fp32 = k.prec == static_cast<int>(Precision::F32);
+  for (cudnnBackendNumericalNote_t note : notesOf(cfg)) {
+    if (note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)
+      return "every engine heuristic A offers is nondeterministic";
+    if (fp32 && !k.tf32 &&
+        (note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE ||
+         note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))
+      return "every engine heuristic A offers rounds fp32 inputs (TF32; the plan field tf32 "
+             "allows it)";
+    if (fp32 && (note == CUDNN_NUMERICAL_NOTE_WINOGRAD || note == CUDNN_NUMERICAL_NOTE_FFT ||
+                 note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
+                 note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 ||
+                 note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13))
+      return "every engine heuristic A offers for fp32 is a Winograd or FFT transform";
+  }
+  return "";
+}
+
+Dims4 nchw(int64_t n, int64_t c, int64_t h, int64_t w) { return {c * h * w, h * w, w, 1}; }
+
+/// The cached graph for `k`, built on first use; null (with the reason said
+/// once on stderr) where cuDNN refuses it.
+Graph *graphFor(const ConvKey &k) {
+  ConvState &st = convState();
+  auto it = st.graphs.find(k);
+  if (it != st.graphs.end())
+    return it->second.graph.get();
+  Entry &e = st.graphs[k];
+  try {
+    if (capturing())
+      throw Refused{"its graph would be built while the step is captured (the warm-up step did "
+                    "not run this shape)"};
+    if (!st.handle && st.handleError.empty()) {
+      cudnnStatus_t c = cudnnCreate(&st.handle);
+      if (c != CUDNN_STATUS_SUCCESS) {
+        st.handle = nullptr;
+        st.handleError = std::string("cudnnCreate: ") + cudnnGetErrorString(c);
+      }
+    }
+    if (!st.handle)
+      throw Refused{st.handleError};
+    const cudnnDataType_t t = k.prec == static_cast<int>(Precision::BF16)  ? CUDNN_DATA_BFLOAT16
+                              : k.prec == static_cast<int>(Precision::F16) ? CUDNN_DATA_HALF
+                                                                           : CUDNN_DATA_FLOAT;
+    auto g = std::make_unique<Graph>(t);
+    const ConvDims &d = k.d;
+    const Dims4 xd{d.n, d.c, d.h, d.w}, wd{d.o, d.c / d.group, d.kh, d.kw};
+    const Dims4 yd{d.n, d.o, d.ho, d.wo};
+    const Desc &x = g->input(1, t, xd, nchw(xd[0], xd[1], xd[2], xd[3]));
+    const Desc &w = g->input(2, t, wd, nchw(wd[0], wd[1], wd[2], wd[3]));
+    const Desc &y = g->input(3, t, yd, nchw(yd[0], yd[1], yd[2], yd[3]));
+    Graph::ConvGeometry geo{{d.stride[0], d.stride[1]},
+                            {d.pad[0], d.pad[1]},
+                            {k.post[0], k.post[1]},
+                            {d.dil[0], d.dil[1]}};
+    // Forward: uid 1 x, 2 w, 3 y; data: 3 dy, 2 w, 1 dx; filter: 1 x, 3 dy, 2 dw.
+    if (k.kind == ConvKind::Forward)
+      g->convolution(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, geo, x, w, y);
+    else if (k.kind == ConvKind::Data)
+      g->convolution(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, geo, y, w, x);
+    else
+      g->convolution(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, geo, x, y, w);
+    g->plan(st.handle, [&k](cudnnBackendDescriptor_t cfg) { return engineRefusal(cfg, k); });
+    e.graph = std::move(g);
+  } catch (const Refused &r) {
+    e.refused = r.why;
+    std::fprintf(stderr, "carve: %s %s: cuDNN refused the convolution (%s); carve's kernel runs\n",
+                 kindName(k.kind), k.text().c_str(), r.why.c_str());
+  }
+  return e.graph.get();
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+bool aligned(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// x, w, y of the graph (uids 1, 2, 3) from the call's a, b, c.
+void run(ConvKind kind, const float *a, const float *b, float *c, const ConvKey &k, int64_t na,
+         int64_t nb, int64_t nc) {
+  std::string why;
+  if (disabledByEnvironment())
+    why = "CARVE_CUDNN_CONVOLUTION=off";
+  else if (!aligned(a) || !aligned(b) || !aligned(c))
+    why = "a tensor not 16-byte aligned";
+  if (!why.empty())
+    sayOnce(k, why);
+  Graph *g = why.empty() ? graphFor(k) : nullptr;
+  if (!g)
+    return conv2dByCarve(kind, a, b, c, k.d, k.prec);
+  const bool half = k.prec != static_cast<int>(Precision::F32);
+  const size_t bytes = half ? 2 : 0;
+  char *base = static_cast<char *>(workspace(align256(na * bytes) + align256(nb * bytes) +
+                                                 align256(nc * bytes) + align256(g->workspaceBytes),
+                                             kWsConv));
+  void *pa = const_cast<float *>(a), *pb = const_cast<float *>(b), *pc = c;
+  char *p = base;
+  if (half) {
+    auto to16 = [&](const float *x, int64_t n) {
+      auto *y = reinterpret_cast<uint16_t *>(p);
+      k.prec == static_cast<int>(Precision::BF16) ? toBf16(x, y, n) : toF16(x, y, n);
+      p += align256(n * 2);
+      return static_cast<void *>(y);
+    };
+    pa = to16(a, na);
+    pb = to16(b, nb);
+    pc = p;
+    p += align256(nc * 2);
+  }
+  void *ws = g->workspaceBytes ? p : nullptr;
+  // The graph's uids: forward x 1, w 2, y 3; data dy 3, w 2, dx 1; filter
+  // x 1, dy 3, dw 2.
+  std::vector<int64_t> uids = kind == ConvKind::Forward ? std::vector<int64_t>{1, 2, 3}
+                              : kind == ConvKind::Data  ? std::vector<int64_t>{3, 2, 1}
+                                                        : std::vector<int64_t>{1, 3, 2};
+  static const char *const names[3] = {"cuDNN convolution forward",
+                                       "cuDNN convolution backward data",
+                                       "cuDNN convolution backward filter"};
+  ConvState &st = convState();
+  execute(st.handle, *g, uids, {pa, pb, pc}, ws, names[static_cast<int>(kind)]);
+  ++st.calls[static_cast<int>(kind)];
+  if (half) {
+    auto *y16 = static_cast<const uint16_t *>(pc);
+    k.prec == static_cast<int>(Precision::BF16) ? fromBf16(y16, c, nc) : fromF16(y16, c, nc);
+  }
+}
+
+void run(ConvKind kind, const float *a, const float *b, float *c, const ConvKey &k) {
+  const ConvDims &d = k.d;
+  const int64_t nx = d.n * d.c * d.h * d.w, nw = d.o * (d.c / d.group) * d.kh * d.kw;
+  const int64_t ny = d.n * d.o * d.ho * d.wo;
+  if (kind == ConvKind::Forward)
+    run(kind, a, b, c, k, nx, nw, ny);
+  else if (kind == ConvKind::Data)
+    run(kind, a, b, c, k, ny, nw, nx);
+  else
+    run(kind, a, b, c, k, nx, ny, nw);
+}
+
+} // namespace
+
+void cudnnConvolutionCalls(int64_t &forward, int64_t &data, int64_t &filter) {
+  const ConvState &st = convState();
+  forward = st.calls[0];
+  data = st.calls[1];
+  filter = st.calls[2];
+}
+
+#endif // CARVE_HAVE_CUDNN
+
+void conv2d(const float *x, Dims xs, const float *w, Dims ws, Conv2dGeometry g, float *y, Dims ys) {
+  const ConvKey k = keyOf(ConvKind::Forward, xs, ws, ys, g);
+  if (count(ys))
+    run(ConvKind::Forward, x, w, y, k);
+}
+
+void conv2d_grad_input(const float *dy, Dims ys, const float *w, Dims ws, Conv2dGeometry g,
+                       float *dx, Dims xs) {
+  const ConvKey k = keyOf(ConvKind::Data, xs, ws, ys, g);
+  if (count(xs))
+    run(ConvKind::Data, dy, w, dx, k);
+}
+
+void conv2d_grad_weight(const float *x, Dims xs, const float *dy, Dims ys, Conv2dGeometry g,
+                        float *dw, Dims ws) {
+  const ConvKey k = keyOf(ConvKind::Filter, xs, ws, ys, g);
+  if (count(ws))
+    run(ConvKind::Filter, x, dy, dw, k);
+}
+
+} // namespace carve::gpu
