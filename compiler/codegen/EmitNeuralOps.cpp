@@ -165,9 +165,10 @@ bool Generator::emitRotary(Operation *op, StringRef kernel, llvm::raw_ostream &o
   return true;
 }
 
-/// A convolution kept whole (CUDA target): its two operands with their
-/// shapes, the geometry (carve::gpu::Conv2dGeometry: strides, pads, dilations,
-/// group), then the result and its shape.
+/// A convolution kept whole (CUDA target): its two operands, each with its
+/// 16-bit flag (carve.read16: the operand's 16-bit tensor read as stored) and
+/// its shape, the geometry (carve::gpu::Conv2dGeometry: strides, pads,
+/// dilations, group), then the result and its shape.
 bool Generator::emitConvolution(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   auto list = [](ArrayRef<int64_t> v) {
     std::string s = "{";
@@ -186,10 +187,28 @@ bool Generator::emitConvolution(Operation *op, StringRef kernel, llvm::raw_ostre
     geo = geometry(c);
   else
     geo = geometry(cast<Conv2dGradWeightOp>(op));
+  static const char *const flags[3][2] = {{"x16", "w16"}, {"dy16", "w16"}, {"x16", "dy16"}};
+  const int which = isa<Conv2dOp>(op) ? 0 : isa<Conv2dGradInputOp>(op) ? 1 : 2;
+  auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+  if (read16 && read16.size() != 2)
+    return failOp(op, "carve.read16 needs one flag per operand on a convolution");
+  std::string in[2];
+  for (unsigned k = 0; k < 2; ++k) {
+    const bool is16 = read16 && read16[k];
+    in[k] = opnd(op, k);
+    if (is16) {
+      // The tensor the call would round the operand to (stored16).
+      Value s16 = stored16(op->getOperand(k), op, opts.precision);
+      if (!s16)
+        return failOp(op, "carve.read16 marks an operand with no 16-bit tensor of its bits (no "
+                          "view of one, no 16-bit copy before the call)");
+      in[k] = name(s16);
+    }
+    in[k] += ", " + flag(flags[which][k], is16) + ", " + oshape(op, k);
+  }
   Value res = op->getResult(0);
-  os << callee(opts, kernel.str()) << "(" << opnd(op, 0) << ", " << oshape(op, 0) << ", "
-     << opnd(op, 1) << ", " << oshape(op, 1) << ", " << geo << ", " << name(res) << ", "
-     << shapeOf(res) << ");";
+  os << callee(opts, kernel.str()) << "(" << in[0] << ", " << in[1] << ", " << geo << ", "
+     << name(res) << ", " << shapeOf(res) << ");";
   return true;
 }
 

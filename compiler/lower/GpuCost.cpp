@@ -384,8 +384,8 @@ struct Model {
   /// call), priced as a GEMM of the convolution's FLOPs (2 N O Ho Wo C/g kh
   /// kw, the same for either gradient) at the rates of carve's cuBLAS GEMMs
   /// (cuDNN's convolutions are not yet measured through carve); under
-  /// bf16/fp16 both operands converted to 16 bits first and the 16-bit
-  /// result widened after.
+  /// bf16/fp16 the operands not read as their 16-bit tensors (carve.read16)
+  /// converted to 16 bits first and the 16-bit result widened after.
   void convolutionCudnn(Operation *op, StringRef kernel) {
     const bool filter = kernel == "conv2d_grad_weight";
     Value w = filter ? op->getResult(0) : op->getOperand(1);
@@ -397,10 +397,13 @@ struct Model {
     if (flops == 0)
       return;
     const bool half = plan->precision != "fp32";
-    if (half) {
+    // Operands read as their 16-bit tensors (carve.read16) need no conversion.
+    auto read16 = op->getAttrOfType<DenseBoolArrayAttr>(kRead16Attr);
+    auto given16 = [&](unsigned i) { return read16 && read16.size() == 2 && read16[i]; };
+    if (half && !given16(0))
       add("to16Kernel", GpuClass::Conversion, 0, 6 * na);
+    if (half && !given16(1))
       add("to16Kernel", GpuClass::Conversion, 0, 6 * nb);
-    }
     static const char *const names[3] = {"cuDNN convolution forward",
                                          "cuDNN convolution backward data",
                                          "cuDNN convolution backward filter"};

@@ -103,6 +103,7 @@ struct Read16 {
   std::function<bool(Value)> allRead16;
   llvm::DenseMap<Operation *, std::array<bool, 2>> flags; // the op that runs the matmul
   llvm::DenseMap<Operation *, std::array<bool, 3>> attention; // q, k, v of a cuDNN gradient
+  llvm::DenseMap<Operation *, std::array<bool, 2>> conv;      // a cuDNN convolution's operands
   llvm::DenseSet<Operation *> deadViews;                      // casts nothing reads as f32
   llvm::DenseSet<Operation *> crossEntropy;                   // reads its logits as 16 bits
   llvm::DenseSet<std::pair<Operation *, unsigned>> reads;     // (op, operand) read as 16 bits
@@ -142,6 +143,21 @@ struct Read16 {
       // reads the pre-activation as its 16-bit tensor (DGELU's input).
       if (isa<UnaryGradOp>(&op) && epilogueMatmulOf(&op)) {
         reads.insert({&op, 0});
+        continue;
+      }
+      // cuDNN's convolutions: operands that have a 16-bit tensor of their
+      // bits (a weight's copy, a saved activation, a copy made before the
+      // call by carve-round-operands16) are read as that tensor, which is
+      // what the call would round them to.
+      if (isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(&op)) {
+        std::array<bool, 2> f = {false, false};
+        for (unsigned k = 0; k < 2; ++k)
+          if (stored16(op.getOperand(k), &op, precision)) {
+            f[k] = true;
+            reads.insert({&op, k});
+          }
+        if (f[0] || f[1])
+          conv[&op] = f;
         continue;
       }
       // cuDNN's forward: q, k, v whose 16-bit copies carve-pack-activations
@@ -451,6 +467,13 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
             else if (c.kernel != "fused" && c.error.empty())
               c = refuse("carve-select-kernels: rule 3g marks an operand read as 16 bits, but '" +
                          c.kernel + "' has no 16-bit entry");
+          }
+        }
+        if (read16 && StringRef(c.kernel).starts_with("conv2d")) {
+          auto it = read16->conv.find(&op);
+          if (it != read16->conv.end()) {
+            op.setAttr(kRead16Attr, DenseBoolArrayAttr::get(ctx, it->second));
+            ++numRead16Ops;
           }
         }
         if (read16 && read16->deadViews.count(&op)) {

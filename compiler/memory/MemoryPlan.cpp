@@ -626,6 +626,7 @@ private:
         // logits' 16-bit tensor, through an f32 view or as the copy made
         // before them.)
         if ((isa<MatmulOp>(op) && i < 2) || (isa<AttentionGradStatsOp>(op) && (i < 3 || i == 5)) ||
+            (isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(op) && i < 2) ||
             (plan16 && readsExact16(op, i, *plan16)) ||
             (plan16 && isa<CrossEntropyOp, CrossEntropyGradOp>(op) && i == 0 &&
              !op->getAttrOfType<IntegerAttr>(kShardedRowsAttr)))
@@ -634,7 +635,8 @@ private:
     }
   }
 
-  /// A matmul (or cuDNN's attention gradient, or a kernel of readsExact16)
+  /// A matmul (or cuDNN's attention gradient or convolution, or a kernel of
+  /// readsExact16)
   /// on the CUDA target reads the 16-bit tensor of an f32 operand's bits
   /// instead of the operand (carve-select-kernels' carve.read16, stored16,
   /// exact16): the tensor the operand is a view of (through reshapes), or

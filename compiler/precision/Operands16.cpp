@@ -76,6 +76,9 @@ bool reads16(OpOperand &use, const PlanAttrs &plan) {
     return k < 2 && !u->hasAttr(kFusionGroupAttr) && !isScatteredProduct(u) && !gatheredOperand(u);
   if (isa<CrossEntropyOp, CrossEntropyGradOp>(u))
     return k == 0 && !u->getAttrOfType<IntegerAttr>(kShardedRowsAttr);
+  // cuDNN's convolutions round both operands to 16 bits (conv_cudnn.cpp).
+  if (isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(u))
+    return k < 2 && plan.target == "cuda";
   // cuDNN's gradient: q, k, v, o where the forward wrote it in 16 bits, and
   // dy (which it rounds to 16 bits: its copy holds those bits).
   if (isa<AttentionGradStatsOp>(u))
@@ -361,10 +364,12 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
         Operation *mm = isa<MatmulOp>(&op) ? &op : nullptr;
         if (isa<TransposeOp>(&op) && foldOf(&op) == kFoldProduct)
           mm = op.getOperand(0).getDefiningOp();
-        if (!mm || cublasRunner(mm) != &op)
+        // cuDNN's convolutions round both operands as cuBLAS does.
+        const bool conv = isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(&op);
+        if (!conv && (!mm || cublasRunner(mm) != &op))
           continue;
         for (unsigned k = 0; k < 2; ++k) {
-          Value v = aliasRoot(readOperand(mm, k));
+          Value v = aliasRoot(conv ? op.getOperand(k) : readOperand(mm, k));
           auto t = dyn_cast<RankedTensorType>(v.getType());
           if (!t || !t.getElementType().isF32() || !t.hasStaticShape() || t.getNumElements() == 0)
             continue;

@@ -14,8 +14,9 @@
 //
 // and whose plan finalizes. Tensors are NCHW as the program stores them;
 // under bf16/fp16 the call converts both operands to the 16-bit format in
-// scratch (the rounding the CPU target's matmul applies to its operands),
-// runs the 16-bit graph with f32 accumulation, and widens the 16-bit result.
+// scratch (the rounding the CPU target's matmul applies to its operands) where
+// the program does not give them so already (carve.read16), runs the 16-bit
+// graph with f32 accumulation, and widens the 16-bit result.
 // Where cuDNN cannot take a call (no engine passes, a tensor not 16-byte
 // aligned, CARVE_CUDNN_CONVOLUTION=off, a runtime built without cuDNN)
 // carve's direct kernel (kernels_conv.cu) computes the same quantity, and
@@ -144,14 +145,44 @@ int64_t count(const Dims &s) {
   return n;
 }
 
+/// An operand as the call gets it: f32, or the 16-bit tensor of its values.
+struct Operand {
+  const void *p;
+  bool is16;
+  int64_t n; // elements
+};
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+void widen(const uint16_t *x, float *y, int64_t n) {
+  precision() == Precision::BF16 ? fromBf16(x, y, n) : fromF16(x, y, n);
+}
+
+/// carve's direct kernel, 16-bit operands widened into scratch first (their
+/// values exactly: the kernel's rounding leaves them as they are).
+void byCarve(ConvKind kind, Operand a, Operand b, float *c, const ConvKey &k) {
+  const size_t na = a.is16 ? align256(a.n * 4) : 0, nb = b.is16 ? align256(b.n * 4) : 0;
+  char *base = na + nb ? static_cast<char *>(workspace(na + nb, kWsConv)) : nullptr;
+  const float *fa = static_cast<const float *>(a.p), *fb = static_cast<const float *>(b.p);
+  if (a.is16) {
+    widen(static_cast<const uint16_t *>(a.p), reinterpret_cast<float *>(base), a.n);
+    fa = reinterpret_cast<float *>(base);
+  }
+  if (b.is16) {
+    widen(static_cast<const uint16_t *>(b.p), reinterpret_cast<float *>(base + na), b.n);
+    fb = reinterpret_cast<float *>(base + na);
+  }
+  conv2dByCarve(kind, fa, fb, c, k.d, k.prec);
+}
+
 } // namespace
 
 #if !CARVE_HAVE_CUDNN
 
 namespace {
-void run(ConvKind kind, const float *a, const float *b, float *c, const ConvKey &k) {
+void run(ConvKind kind, Operand a, Operand b, float *c, int64_t, const ConvKey &k) {
   sayOnce(k, "this runtime was built without cuDNN");
-  conv2dByCarve(kind, a, b, c, k.d, k.prec);
+  byCarve(kind, a, b, c, k);
 }
 } // namespace
 
@@ -275,39 +306,38 @@ Graph *graphFor(const ConvKey &k) {
   return e.graph.get();
 }
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 bool aligned(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-/// x, w, y of the graph (uids 1, 2, 3) from the call's a, b, c.
-void run(ConvKind kind, const float *a, const float *b, float *c, const ConvKey &k, int64_t na,
-         int64_t nb, int64_t nc) {
+/// x, w, y of the graph (uids 1, 2, 3) from the call's a, b, c (nc elements).
+void run(ConvKind kind, Operand a, Operand b, float *c, int64_t nc, const ConvKey &k) {
   std::string why;
   if (disabledByEnvironment())
     why = "CARVE_CUDNN_CONVOLUTION=off";
-  else if (!aligned(a) || !aligned(b) || !aligned(c))
+  else if (!aligned(a.p) || !aligned(b.p) || !aligned(c))
     why = "a tensor not 16-byte aligned";
   if (!why.empty())
     sayOnce(k, why);
   Graph *g = why.empty() ? graphFor(k) : nullptr;
   if (!g)
-    return conv2dByCarve(kind, a, b, c, k.d, k.prec);
+    return byCarve(kind, a, b, c, k);
   const bool half = k.prec != static_cast<int>(Precision::F32);
-  const size_t bytes = half ? 2 : 0;
-  char *base = static_cast<char *>(workspace(align256(na * bytes) + align256(nb * bytes) +
-                                                 align256(nc * bytes) + align256(g->workspaceBytes),
-                                             kWsConv));
-  void *pa = const_cast<float *>(a), *pb = const_cast<float *>(b), *pc = c;
-  char *p = base;
+  // Scratch: the 16-bit operands the call converts, the 16-bit result, then
+  // cuDNN's workspace.
+  auto conv16 = [&](const Operand &o) { return half && !o.is16 ? align256(o.n * 2) : 0; };
+  char *p = static_cast<char *>(
+      workspace(conv16(a) + conv16(b) + (half ? align256(nc * 2) : 0) + align256(g->workspaceBytes),
+                kWsConv));
+  auto operand = [&](const Operand &o) {
+    if (!half || o.is16)
+      return const_cast<void *>(o.p);
+    auto *y = reinterpret_cast<uint16_t *>(p);
+    k.prec == static_cast<int>(Precision::BF16) ? toBf16(static_cast<const float *>(o.p), y, o.n)
+                                                : toF16(static_cast<const float *>(o.p), y, o.n);
+    p += align256(o.n * 2);
+    return static_cast<void *>(y);
+  };
+  void *pa = operand(a), *pb = operand(b), *pc = c;
   if (half) {
-    auto to16 = [&](const float *x, int64_t n) {
-      auto *y = reinterpret_cast<uint16_t *>(p);
-      k.prec == static_cast<int>(Precision::BF16) ? toBf16(x, y, n) : toF16(x, y, n);
-      p += align256(n * 2);
-      return static_cast<void *>(y);
-    };
-    pa = to16(a, na);
-    pb = to16(b, nb);
     pc = p;
     p += align256(nc * 2);
   }
@@ -323,22 +353,8 @@ void run(ConvKind kind, const float *a, const float *b, float *c, const ConvKey 
   ConvState &st = convState();
   execute(st.handle, *g, uids, {pa, pb, pc}, ws, names[static_cast<int>(kind)]);
   ++st.calls[static_cast<int>(kind)];
-  if (half) {
-    auto *y16 = static_cast<const uint16_t *>(pc);
-    k.prec == static_cast<int>(Precision::BF16) ? fromBf16(y16, c, nc) : fromF16(y16, c, nc);
-  }
-}
-
-void run(ConvKind kind, const float *a, const float *b, float *c, const ConvKey &k) {
-  const ConvDims &d = k.d;
-  const int64_t nx = d.n * d.c * d.h * d.w, nw = d.o * (d.c / d.group) * d.kh * d.kw;
-  const int64_t ny = d.n * d.o * d.ho * d.wo;
-  if (kind == ConvKind::Forward)
-    run(kind, a, b, c, k, nx, nw, ny);
-  else if (kind == ConvKind::Data)
-    run(kind, a, b, c, k, ny, nw, nx);
-  else
-    run(kind, a, b, c, k, nx, ny, nw);
+  if (half)
+    widen(static_cast<const uint16_t *>(pc), c, nc);
 }
 
 } // namespace
@@ -352,24 +368,35 @@ void cudnnConvolutionCalls(int64_t &forward, int64_t &data, int64_t &filter) {
 
 #endif // CARVE_HAVE_CUDNN
 
-void conv2d(const float *x, Dims xs, const float *w, Dims ws, Conv2dGeometry g, float *y, Dims ys) {
-  const ConvKey k = keyOf(ConvKind::Forward, xs, ws, ys, g);
-  if (count(ys))
-    run(ConvKind::Forward, x, w, y, k);
+namespace {
+
+/// The entries' common part: the shapes checked, 16-bit operands only under
+/// a 16-bit precision, empty results left alone.
+void call(ConvKind kind, const void *a, bool a16, const Dims &as, const void *b, bool b16,
+          const Dims &bs, float *c, const Dims &cs, const Dims &xs, const Dims &ws, const Dims &ys,
+          const Conv2dGeometry &g) {
+  const ConvKey k = keyOf(kind, xs, ws, ys, g);
+  if ((a16 || b16) && k.prec == static_cast<int>(Precision::F32))
+    rt::fatal("%s: an operand given in 16 bits under an fp32 plan", kindName(kind));
+  if (count(cs))
+    run(kind, {a, a16, count(as)}, {b, b16, count(bs)}, c, count(cs), k);
 }
 
-void conv2d_grad_input(const float *dy, Dims ys, const float *w, Dims ws, Conv2dGeometry g,
-                       float *dx, Dims xs) {
-  const ConvKey k = keyOf(ConvKind::Data, xs, ws, ys, g);
-  if (count(xs))
-    run(ConvKind::Data, dy, w, dx, k);
+} // namespace
+
+void conv2d(const void *x, bool x16, Dims xs, const void *w, bool w16, Dims ws, Conv2dGeometry g,
+            float *y, Dims ys) {
+  call(ConvKind::Forward, x, x16, xs, w, w16, ws, y, ys, xs, ws, ys, g);
 }
 
-void conv2d_grad_weight(const float *x, Dims xs, const float *dy, Dims ys, Conv2dGeometry g,
-                        float *dw, Dims ws) {
-  const ConvKey k = keyOf(ConvKind::Filter, xs, ws, ys, g);
-  if (count(ws))
-    run(ConvKind::Filter, x, dy, dw, k);
+void conv2d_grad_input(const void *dy, bool dy16, Dims ys, const void *w, bool w16, Dims ws,
+                       Conv2dGeometry g, float *dx, Dims xs) {
+  call(ConvKind::Data, dy, dy16, ys, w, w16, ws, dx, xs, xs, ws, ys, g);
+}
+
+void conv2d_grad_weight(const void *x, bool x16, Dims xs, const void *dy, bool dy16, Dims ys,
+                        Conv2dGeometry g, float *dw, Dims ws) {
+  call(ConvKind::Filter, x, x16, xs, dy, dy16, ys, dw, ws, xs, ws, ys, g);
 }
 
 } // namespace carve::gpu

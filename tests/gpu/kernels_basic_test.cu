@@ -1624,14 +1624,33 @@ void testConvolutionCase(const ConvCase &k, rt::Precision p) {
   g::cudnnConvolutionCalls(f0, d0, w0);
   auto y = poisoned<float>(ys.numel()), gx = poisoned<float>(xs.numel());
   auto gw = poisoned<float>(ws.numel());
-  g::conv2d(dx_->p, xs, dw_->p, ws, k.geo, y->p, ys);
-  g::conv2d_grad_input(ddy->p, ys, dw_->p, ws, k.geo, gx->p, xs);
-  g::conv2d_grad_weight(dx_->p, xs, ddy->p, ys, k.geo, gw->p, ws);
+  g::conv2d(dx_->p, false, xs, dw_->p, false, ws, k.geo, y->p, ys);
+  g::conv2d_grad_input(ddy->p, false, ys, dw_->p, false, ws, k.geo, gx->p, xs);
+  g::conv2d_grad_weight(dx_->p, false, xs, ddy->p, false, ys, k.geo, gw->p, ws);
   g::cudnnConvolutionCalls(f1, d1, w1);
   const std::string what = std::string(label);
-  expectConv("conv2d " + what, y->download(), ref.y, ref.ya, cg * k.kh * k.kw, u16);
-  expectConv("conv2d_grad_input " + what, gx->download(), ref.dx, ref.dxa, og * k.kh * k.kw, u16);
-  expectConv("conv2d_grad_weight " + what, gw->download(), ref.dw, ref.dwa, k.n * ho * wo, u16);
+  const std::vector<float> yv = y->download(), gxv = gx->download(), gwv = gw->download();
+  expectConv("conv2d " + what, yv, ref.y, ref.ya, cg * k.kh * k.kw, u16);
+  expectConv("conv2d_grad_input " + what, gxv, ref.dx, ref.dxa, og * k.kh * k.kw, u16);
+  expectConv("conv2d_grad_weight " + what, gwv, ref.dw, ref.dwa, k.n * ho * wo, u16);
+  if (half) {
+    // The operands given as their 16-bit tensors (carve.read16): the same
+    // bits as the f32 operands the call rounds itself.
+    auto as16 = [&](const std::unique_ptr<DevBuf<float>> &v, int64_t n) {
+      auto c = poisoned<uint16_t>(n);
+      (bf ? g::toBf16 : g::toF16)(v->p, c->p, n);
+      return c;
+    };
+    auto x16 = as16(dx_, xs.numel()), w16 = as16(dw_, ws.numel()), dy16 = as16(ddy, ys.numel());
+    auto y3 = poisoned<float>(ys.numel()), gx3 = poisoned<float>(xs.numel());
+    auto gw3 = poisoned<float>(ws.numel());
+    g::conv2d(x16->p, true, xs, w16->p, true, ws, k.geo, y3->p, ys);
+    g::conv2d_grad_input(dy16->p, true, ys, w16->p, true, ws, k.geo, gx3->p, xs);
+    g::conv2d_grad_weight(x16->p, true, xs, ddy->p, false, ys, k.geo, gw3->p, ws);
+    expectEqual("conv2d from 16-bit x and w " + what, y3->download(), yv);
+    expectEqual("conv2d_grad_input from 16-bit dy and w " + what, gx3->download(), gxv);
+    expectEqual("conv2d_grad_weight from 16-bit x " + what, gw3->download(), gwv);
+  }
   ++checks();
   if (g::cudnnAttentionBuilt() && (f1 - f0 != 1 || d1 - d0 != 1 || w1 - w0 != 1)) {
     std::printf("FAIL %s: cuDNN ran %lld forward, %lld data and %lld filter calls, not 1 each\n",

@@ -390,6 +390,28 @@ void noteAttention(mlir::ModuleOp module) {
                  << " run as carve's own kernel: " << why << "\n";
 }
 
+/// On the CUDA target: how many convolution calls run as cuDNN's (forward,
+/// data and filter gradients) and, where the model has convolutions that
+/// were lowered to im2col GEMMs instead, why.
+void noteConvolutions(mlir::ModuleOp module, const PlanAttrs &plan, bool lowered) {
+  int64_t cudnn = 0;
+  module.walk([&](mlir::Operation *op) {
+    auto k = op->getAttrOfType<mlir::StringAttr>(kKernelAttr);
+    if (k && k.getValue().starts_with("conv2d"))
+      ++cudnn;
+  });
+  if (cudnn)
+    llvm::errs() << "carve: note: " << cudnn << " convolution call" << (cudnn > 1 ? "s" : "")
+                 << " (forward and gradients) run as cuDNN's convolutions (carve's direct kernel "
+                    "where cuDNN refuses a shape on the GPU; it says so when it runs)\n";
+  else if (lowered)
+    llvm::errs() << "carve: note: the convolutions run as im2col GEMMs, not cuDNN's: "
+                 << (plan.convolution == "carve" ? std::string("--convolution carve")
+                                                 : "tp=" + std::to_string(plan.tp) +
+                                                       " splits their channels through the GEMMs")
+                 << "\n";
+}
+
 /// On the CUDA target under bf16/fp16: which GELUs and GELU gradients their
 /// GEMMs compute in cuBLASLt's epilogue (carve-fold-views' "epilogue"), what
 /// that does to the numbers, and why the others run as carve's kernels.
@@ -467,10 +489,14 @@ int runCompile(CompileArgs &args) {
     runPipeline(copy, s, args, progress, r);
     epModules.push_back(std::move(copy.module));
   }
+  bool hasConvolutions = false;
+  im.module->walk([&](mlir::Operation *op) { hasConvolutions |= mlir::isa<Conv2dOp>(op); });
   PartitionSummary partition = runPipeline(im, s, args, progress);
   noteUntrained(*im.module);
-  if (args.target == "cuda" && !args.quiet)
+  if (args.target == "cuda" && !args.quiet) {
     noteAttention(*im.module);
+    noteConvolutions(*im.module, readPlan(*im.module).value_or(PlanAttrs()), hasConvolutions);
+  }
   if (args.target == "cuda" && s.plan.precision != "fp32" && !args.quiet)
     noteGelu(*im.module);
   if (args.target != "cuda" && s.plan.tf32 && !args.quiet)

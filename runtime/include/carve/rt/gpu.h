@@ -433,14 +433,19 @@ struct Conv2dGeometry {
 /// f32 and the result written in 16 bits, then widened. Where cuDNN cannot
 /// take the call (no engine, a misaligned tensor, CARVE_CUDNN_CONVOLUTION=off,
 /// a runtime built without cuDNN) carve's direct kernel computes the same
-/// thing, and the first such call of a shape says why on stderr.
-void conv2d(const float *x, Dims xs, const float *w, Dims ws, Conv2dGeometry g, float *y, Dims ys);
+/// thing, and the first such call of a shape says why on stderr. An operand
+/// whose flag (x16, w16, dy16) is set is given as the 16-bit tensor (the
+/// precision's format) of its values (carve.read16: a weight's copy, a saved
+/// activation, a copy its writer made) and read as stored; the others are
+/// f32.
+void conv2d(const void *x, bool x16, Dims xs, const void *w, bool w16, Dims ws, Conv2dGeometry g,
+            float *y, Dims ys);
 /// dx from dy [N, O, Ho, Wo] and w; dx's shape is the convolution's input's.
-void conv2d_grad_input(const float *dy, Dims ys, const float *w, Dims ws, Conv2dGeometry g,
-                       float *dx, Dims xs);
+void conv2d_grad_input(const void *dy, bool dy16, Dims ys, const void *w, bool w16, Dims ws,
+                       Conv2dGeometry g, float *dx, Dims xs);
 /// dw from the convolution's input x and dy.
-void conv2d_grad_weight(const float *x, Dims xs, const float *dy, Dims ys, Conv2dGeometry g,
-                        float *dw, Dims ws);
+void conv2d_grad_weight(const void *x, bool x16, Dims xs, const void *dy, bool dy16, Dims ys,
+                        Conv2dGeometry g, float *dw, Dims ws);
 /// How many convolution calls of this process ran as cuDNN graphs (forward,
 /// data gradient, filter gradient): what tests read to know the library path
 /// was taken.
