@@ -51,6 +51,8 @@ const char *gpuClassName(GpuClass c) {
     return "loss";
   case GpuClass::Optimizer:
     return "optimizer";
+  case GpuClass::Convolution:
+    return "convolution";
   }
   return "?";
 }
@@ -94,7 +96,7 @@ struct Model {
     l.flops = flops;
     l.bytes = bytes;
     l.half = half;
-    l.tf32 = c == GpuClass::Gemm && !half && tf32;
+    l.tf32 = (c == GpuClass::Gemm || c == GpuClass::Convolution) && !half && tf32;
     if (current) {
       l.op = current->getName().getStringRef().str();
       l.node = nodeName(current->getLoc());
@@ -408,7 +410,7 @@ struct Model {
                                          "cuDNN convolution backward data",
                                          "cuDNN convolution backward filter"};
     const int k = kernel == "conv2d" ? 0 : kernel == "conv2d_grad_input" ? 1 : 2;
-    add(names[k], GpuClass::Gemm, flops, (half ? 2.0 : 4.0) * (na + nb + nc), 1, half);
+    add(names[k], GpuClass::Convolution, flops, (half ? 2.0 : 4.0) * (na + nb + nc), 1, half);
     if (half)
       add("from16Kernel", GpuClass::Conversion, 0, 6 * nc);
   }

@@ -37,8 +37,9 @@ enum class GpuClass {
   Gather,        // embedding gathers and their gradients
   Loss,          // cross-entropy
   Optimizer,     // the update, the gradient norm
+  Convolution,   // cuDNN's convolutions (priced as GEMMs of their FLOPs)
 };
-constexpr int kGpuClasses = 10;
+constexpr int kGpuClasses = 11;
 const char *gpuClassName(GpuClass c);
 
 /// One kernel (or cuBLAS call) of a step, `count` times.

@@ -36,6 +36,7 @@ constexpr double kSmallBwShare = 0.44;
 /// The figures of kernel class c (and, for GEMMs and attention, the kernel).
 ClassFigures figures(const GpuLaunch &l) {
   switch (l.cls) {
+  case GpuClass::Convolution: // not measured through carve: as carve's GEMMs
   case GpuClass::Gemm:
     // cuBLAS through carve's matmul (fp32 output): GPT-2 small's GEMMs
     // 253 TFLOP/s on their shapes (bf16), ResNet-18's fp32 ones. TF32 is not

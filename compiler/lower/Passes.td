@@ -54,6 +54,11 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          the emitter prints no pointer for it or its reshapes
          (carve-plan-memory keeps the 16-bit tensor alive until its last
          such reader);
+      3k. on the CUDA target, a convolution carve-lower-convolutions kept
+         whole (conv2d, conv2d_grad_input, conv2d_grad_weight) runs as its
+         runtime entry, cuDNN's convolution; under bf16/fp16 with
+         carve.read16 on the operands whose 16-bit tensor exists (stored16),
+         which the call reads as stored; elsewhere it is an error;
       3c. on the CUDA target, an attention_stats or attention_grad_stats
          (carve-save-attention-stats) runs as `attention_stats_cudnn` /
          `attention_grad_stats_cudnn`, cuDNN's fused flash attention, where

@@ -176,7 +176,9 @@ def CarveRoundOperands16 : Pass<"carve-round-operands16", "mlir::ModuleOp"> {
     each f32 value (through reshapes, the value they alias) that matmuls
     run by cuBLAS read as an operand (through folded transposes; not a
     fused chain's, a convolution's gathered windows or a scattered
-    product's), and that is not itself an f32 view of a 16-bit tensor:
+    product's), or cuDNN's convolutions (conv2d and its two gradients, which
+    round their operands the same way), and that is not itself an f32 view
+    of a 16-bit tensor:
 
       - where it has a 16-bit copy already (carve-pack-activations' copy of
         a saved activation, a pipeline send's), that copy moves before the

@@ -12,8 +12,9 @@ chains, AdamW with fp32 masters), the GPT with the tanh GELU in bf16 (GELU and i
 gradient in the GEMMs' cuBLASLt epilogues), a Llama-style decoder in bf16 (RMS norm, SwiGLU,
 rotary, grouped-query attention), a BERT-style encoder in bf16 (its padding mask cuDNN's
 16-bit bias), the GPT under SGD with momentum, and a small CNN
-exported with PyTorch (im2col gathers computed inside their GEMMs, batch norm's general
-reductions).
+exported with PyTorch in fp32 and bf16 (its convolutions cuDNN's, forward and gradients:
+the convolution class; batch norm's general reductions) and in fp32 with
+`--convolution carve` (im2col gathers computed inside their GEMMs).
 
 The bf16 programs' attention is cuDNN's fused flash attention (attention_stats_cudnn,
 run by tests/gpu-emu's cuDNN emulation); the GPT in bf16 is also checked compiled with
@@ -105,11 +106,19 @@ def check_program(a, name, model, plan, extra, data):
                       "--progress", "none"], env=env)
     if rc != 0:
         raise Failure("%s: training failed:\n%s%s" % (name, so, se))
-    cudnn = sum(v for k, v in r["launches_by_kernel"].items() if k.startswith("cuDNN"))
-    want_cudnn = plan.get("precision") in ("bf16", "fp16") and "carve" not in extra
+    cudnn = sum(v for k, v in r["launches_by_kernel"].items()
+                if k.startswith("cuDNN flash attention"))
+    want_cudnn = (plan.get("precision") in ("bf16", "fp16") and "--attention" not in extra
+                  and not name.startswith("cnn"))
     if (cudnn > 0) != want_cudnn:
         raise Failure("%s: %d cuDNN attention calls a step, expected %s"
                       % (name, cudnn, "some" if want_cudnn else "none"))
+    conv = sum(v for k, v in r["launches_by_kernel"].items()
+               if k.startswith("cuDNN convolution"))
+    want_conv = name.startswith("cnn") and "--convolution" not in extra
+    if (conv > 0) != want_conv:
+        raise Failure("%s: %d cuDNN convolution calls a step, expected %s"
+                      % (name, conv, "some" if want_conv else "none"))
     ran, ran_flops = profile_table(se)
     model = r["launches_by_kernel"]
     diff = ["%s: model %d, ran %d" % (k, model.get(k, 0), ran.get(k, 0))
@@ -279,6 +288,8 @@ def main():
         images = os.path.join(a.workdir, "images.safetensors")
         make_images(images)
         check_program(a, "cnn-fp32", cnn, {}, [], images)
+        check_program(a, "cnn-bf16", cnn, {"precision": "bf16"}, [], images)
+        check_program(a, "cnn-fp32-im2col", cnn, {}, ["--convolution", "carve"], images)
         check_bad_inputs(a)
     except Failure as e:
         print("FAIL " + str(e))
