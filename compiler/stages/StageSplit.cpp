@@ -55,6 +55,17 @@ double opFlops(Operation *op) {
     auto a = typeOf(op->getOperand(0));
     return 2.0 * out * (double)a.getShape().back();
   }
+  // A convolution kept whole (the CUDA target's cuDNN convolutions) and its
+  // gradients: the FLOPs of the GEMMs im2col would run, 2 per output element
+  // per weight element of its channel group, the same for all three.
+  if ((name == "carve.conv2d" || name == "carve.conv2d_grad_input" ||
+       name == "carve.conv2d_grad_weight") &&
+      op->getNumOperands() >= 2) {
+    const bool filter = name == "carve.conv2d_grad_weight";
+    auto w = typeOf(filter ? op->getResult(0) : op->getOperand(1)).getShape();
+    auto y = typeOf(name == "carve.conv2d" ? op->getResult(0) : op->getOperand(filter ? 1 : 0));
+    return 2.0 * (double)y.getNumElements() * (double)(w[1] * w[2] * w[3]);
+  }
   if ((name == "carve.attention" || name == "carve.attention_grad") && op->getNumOperands() >= 3) {
     auto q = typeOf(op->getOperand(0)), k = typeOf(op->getOperand(1));
     int64_t r = q.getRank();

@@ -3,7 +3,8 @@
 // gpu.h's conv2d, conv2d_grad_input and conv2d_grad_weight: each call is one
 // cuDNN graph of one convolution operation (forward, backward data or
 // backward filter) built through the backend API (cudnn_graph.h) once per
-// shape, on the first engine configuration of cuDNN's heuristic A that
+// shape, on the first engine configuration of cuDNN's heuristic A (or, where
+// A offers none that passes, of its fallback list) that
 //
 //   - is deterministic (no CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC: a step
 //     gives the same bits every time, and `--cuda-graph` those of eager), and
@@ -237,17 +238,16 @@ std::string engineRefusal(cudnnBackendDescriptor_t cfg, const ConvKey &k) {
   const bool fp32 = k.prec == static_cast<int>(Precision::F32);
   for (cudnnBackendNumericalNote_t note : notesOf(cfg)) {
     if (note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)
-      return "every engine heuristic A offers is nondeterministic";
+      return "the engines offered are nondeterministic";
     if (fp32 && !k.tf32 &&
         (note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE ||
          note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))
-      return "every engine heuristic A offers rounds fp32 inputs (TF32; the plan field tf32 "
-             "allows it)";
+      return "the engines offered round fp32 inputs (TF32; the plan field tf32 allows it)";
     if (fp32 && (note == CUDNN_NUMERICAL_NOTE_WINOGRAD || note == CUDNN_NUMERICAL_NOTE_FFT ||
                  note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
                  note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 ||
                  note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13))
-      return "every engine heuristic A offers for fp32 is a Winograd or FFT transform";
+      return "the engines offered for fp32 are Winograd or FFT transforms";
   }
   return "";
 }
@@ -296,7 +296,9 @@ Graph *graphFor(const ConvKey &k) {
       g->convolution(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, geo, y, w, x);
     else
       g->convolution(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, geo, x, y, w);
-    g->plan(st.handle, [&k](cudnnBackendDescriptor_t cfg) { return engineRefusal(cfg, k); });
+    g->plan(
+        st.handle, [&k](cudnnBackendDescriptor_t cfg) { return engineRefusal(cfg, k); },
+        /*fallbackList=*/true);
     e.graph = std::move(g);
   } catch (const Refused &r) {
     e.refused = r.why;

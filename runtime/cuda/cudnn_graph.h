@@ -226,16 +226,40 @@ public:
 
   /// The operation graph, the first engine configuration of heuristic A
   /// that `filter` (if any) accepts and whose plan finalizes, and that
-  /// plan's workspace size.
-  void plan(cudnnHandle_t handle, const EngineFilter &filter = nullptr) {
+  /// plan's workspace size; with `fallbackList`, where heuristic A offers
+  /// none, the same from cuDNN's fallback list (every engine that supports
+  /// the graph: what a filter that refuses A's top choices still finds).
+  void plan(cudnnHandle_t handle, const EngineFilter &filter = nullptr, bool fallbackList = false) {
     graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
                static_cast<int64_t>(ops.size()));
     graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle);
     graph->finalize("the operation graph");
+    std::string why = planFrom(handle, CUDNN_HEUR_MODE_A, filter);
+    if (!why.empty() && fallbackList) {
+      std::string fallback = planFrom(handle, CUDNN_HEUR_MODE_FALLBACK, filter);
+      if (fallback.empty())
+        return;
+      why += "; the fallback list: " + fallback;
+    }
+    if (!why.empty())
+      throw Refused{why};
+  }
+
+  cudnnDataType_t io;
+  std::unique_ptr<Desc> executionPlan;
+  int64_t workspaceBytes = 0;
+
+private:
+  static Dims4 rowMajor(Dims4 d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
+
+  /// plan()'s search in one heuristic's list: "" where a plan was made,
+  /// else why none was.
+  std::string planFrom(cudnnHandle_t handle, cudnnBackendHeurMode_t mode,
+                       const EngineFilter &filter) {
+    const char *list = mode == CUDNN_HEUR_MODE_A ? "heuristic A" : "the fallback heuristic";
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.setDesc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph);
-    cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
     heur.finalize("the engine heuristics");
     int64_t count = 0;
@@ -244,8 +268,8 @@ public:
           "the heuristics' result count");
     if (count <= 0) {
       std::string detail = lastError();
-      throw Refused{"no cuDNN engine takes this graph on this GPU" +
-                    (detail.empty() ? std::string() : ": " + detail)};
+      return std::string("no cuDNN engine of ") + list + " takes this graph on this GPU" +
+             (detail.empty() ? std::string() : ": " + detail);
     }
     std::vector<std::unique_ptr<Desc>> cfgs;
     std::vector<cudnnBackendDescriptor_t> raw;
@@ -257,7 +281,7 @@ public:
     check(cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
           "the heuristics' results");
-    std::string why = "no engine configuration of heuristic A finalized";
+    std::string why = std::string("no engine configuration of ") + list + " finalized";
     for (int64_t i = 0; i < got; ++i) {
       if (filter) {
         std::string skip = filter(cfgs[i]->d);
@@ -280,17 +304,10 @@ public:
                                      CUDNN_TYPE_INT64, 1, &n, &workspaceBytes),
             "the plan's workspace size");
       executionPlan = std::move(p);
-      return;
+      return "";
     }
-    throw Refused{why};
+    return why;
   }
-
-  cudnnDataType_t io;
-  std::unique_ptr<Desc> executionPlan;
-  int64_t workspaceBytes = 0;
-
-private:
-  static Dims4 rowMajor(Dims4 d) { return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1}; }
 
   const Desc &tensor(int64_t uid, cudnnDataType_t t, Dims4 dims, Dims4 strides, bool isVirtual,
                      bool byValue) {
