@@ -56,12 +56,15 @@ struct CarveLowerConvolutionsPass
       tp = plan->tp;
       // The CUDA target's convolutions through cuDNN: one op, forward and
       // gradients, where the plan splits no channel (tp splits the im2col
-      // GEMMs) and not for the planner's pricing (its profile knows GEMMs).
+      // GEMMs); the planner's profile asks for them whole (keepWhole) or not.
       keepConvolutions =
           plan->target == "cuda" && plan->convolution == "cudnn" && tp == 1 && !planning;
       for (const auto &[glob, dim] : plan->ops)
         ops.push_back({glob, dim});
     }
+    // The planner's profile of such a program (tp = 1).
+    if (keepWhole)
+      keepConvolutions = true;
     // A GlobPattern refers to its pattern's characters: `ops` holds them.
     for (const OpOverride &o : ops) {
       auto g = llvm::GlobPattern::create(o.glob);

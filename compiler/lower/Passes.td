@@ -298,7 +298,10 @@ def CarveLowerConvolutions : Pass<"carve-lower-convolutions", "mlir::func::FuncO
   let options = [
     Option<"planning", "planning", "bool", /*default=*/"false",
            "The planner's one-sample import: batch norm over one value per channel "
-           "is lowered to be priced, not refused">
+           "is lowered to be priced, not refused">,
+    Option<"keepWhole", "keep-whole", "bool", /*default=*/"false",
+           "Keep every conv2d whole, whatever the plan (the planner's profile of a "
+           "CUDA program whose convolutions run as cuDNN's at tp = 1)">
   ];
   let dependentDialects = ["carve::CarveDialect"];
   let statistics = [

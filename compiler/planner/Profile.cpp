@@ -222,6 +222,8 @@ void Profiler::markBatch() {
       fixed |= axes && llvm::is_contained(axes.asArrayRef(), 0);
     } else if (isa<GatherGradOp>(o)) {
       fixed |= batch.count(o->getOperand(1)) > 0;
+    } else if (isa<Conv2dGradWeightOp>(o)) {
+      fixed = true; // summed over the samples, as a weight's GEMM gradient
     }
     if (fixed)
       for (Value r : o->getResults())
@@ -335,6 +337,22 @@ void Profiler::gemmDims(Operation *o, OpWork &w) {
         d.push_back((double)std::max<int64_t>(x, 1));
     return d;
   };
+  // A convolution kept whole: the GEMM im2col would run, [pixels, C/g kh kw]
+  // x [C/g kh kw, O/g] per group, the pixels growing with the micro-batch;
+  // its weight gradient contracts over them (K grows).
+  if (isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(o)) {
+    const bool filter = isa<Conv2dGradWeightOp>(o);
+    auto wt = cast<RankedTensorType>((filter ? o->getResult(0) : o->getOperand(1)).getType());
+    auto yt = cast<RankedTensorType>(
+        (isa<Conv2dOp>(o) ? o->getResult(0) : o->getOperand(filter ? 1 : 0)).getType());
+    const double k = (double)(wt.getDimSize(1) * wt.getDimSize(2) * wt.getDimSize(3));
+    const double groups = (double)cast<IntegerAttr>(o->getAttr("group")).getInt();
+    const double n = (double)wt.getDimSize(0) / groups;
+    const double pixels = (double)(yt.getDimSize(2) * yt.getDimSize(3));
+    w.gemmFixed = std::min(k, n);
+    w.gemmPerSample = pixels; // M (forward, data gradient) or K (weight gradient)
+    return;
+  }
   std::vector<double> a = dims(o->getOperand(0)), b = dims(o->getOperand(1));
   if (a.size() < 2 || b.size() < 2) {
     w.gemmFixed = 1; // a vector product: no GEMM to speak of
@@ -406,7 +424,8 @@ void Profiler::countWork() {
     for (Value r : o->getResults())
       out += elemsOf(r);
     w.elems += out;
-    w.matmul = isa<MatmulOp, AttentionOp, AttentionGradOp>(o);
+    w.matmul = isa<MatmulOp, AttentionOp, AttentionGradOp, Conv2dOp, Conv2dGradInputOp,
+                   Conv2dGradWeightOp>(o);
     if (w.matmul)
       gemmDims(o, w);
     w.perSample = perSample;

@@ -211,6 +211,9 @@ struct ProfileRequest {
   bool sequenceParallel = false;
   std::vector<OpOverride> pins; // plan "ops" entries
   std::vector<AnnotationOverride> annotations;
+  /// loadProfileModel: keep the convolutions whole (a CUDA program at tp = 1,
+  /// whose convolutions run as cuDNN's) instead of lowering them to im2col.
+  bool convolutionsWhole = false;
 };
 
 /// The model at one sample with its training step built, ready to be

@@ -105,10 +105,13 @@ bool loadProfileModel(MLIRContext &context, const ProfileRequest &req, ProfileMo
     return success();
   });
   // Convolutions, pooling and batch norm as the ops `carve compile` runs
-  // (im2col), so that they have gradients and are priced as they run.
+  // (im2col, or the convolutions whole where the request says the program
+  // runs them as cuDNN's), so that they have gradients and are priced as
+  // they run.
   PassManager lower(&context);
   CarveLowerConvolutionsOptions lowering;
   lowering.planning = true;
+  lowering.keepWhole = req.convolutionsWhole;
   lower.addNestedPass<func::FuncOp>(createCarveLowerConvolutions(lowering));
   if (failed(lower.run(*model.module))) {
     error = modelName + ": " + (why.empty() ? "carve-lower-convolutions failed" : why);

@@ -11,6 +11,7 @@
 #include "compiler/frontend/Builtin.h"
 #include "compiler/planner/OpSearch.h"
 #include "compiler/planner/Planner.h"
+#include "dialects/carve/CarveOps.h"
 #include "tools/carve/Compile.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -152,6 +153,10 @@ struct Session {
   mlir::MLIRContext context{mlir::MLIRContext::Threading::DISABLED};
   ProfileRequest req;
   ProfileModel model;
+  /// A CUDA cluster's model with its convolutions whole (cuDNN's, at tp =
+  /// 1: what carve compile runs there); null where it has none or the
+  /// cluster is not CUDA's.
+  std::unique_ptr<ProfileModel> whole;
   std::map<std::pair<int, bool>, std::unique_ptr<Profile>> cache;
   std::map<std::pair<int, bool>, std::string> errors;
   int built = 0;
@@ -170,7 +175,8 @@ struct Session {
     auto p = std::make_unique<Profile>();
     std::string why;
     ++built;
-    if (!buildProfile(model, r, *p, why)) {
+    const ProfileModel &m = tp == 1 && whole ? *whole : model;
+    if (!buildProfile(m, r, *p, why)) {
       errors[key] = why;
       error = why;
       cache[key] = nullptr;
@@ -263,6 +269,20 @@ void setup(const PlanArgs &args, Session &s, Outcome &o) {
   s.req.pins = o.opts.constraints.pins;
   if (!loadProfileModel(s.context, s.req, s.model, error))
     die(error.rfind(args.model, 0) == 0 ? error : args.model + ": " + error);
+  // On a CUDA cluster carve compile runs the convolutions whole, as cuDNN's,
+  // where tp = 1 (--convolution cudnn, the default): the profile of those
+  // plans is of that program.
+  if (o.cluster.device.target == "cuda" && args.convolution == "cudnn") {
+    ProfileRequest whole = s.req;
+    whole.convolutionsWhole = true;
+    auto m = std::make_unique<ProfileModel>();
+    if (!loadProfileModel(s.context, whole, *m, error))
+      die(error.rfind(args.model, 0) == 0 ? error : args.model + ": " + error);
+    bool any = false;
+    m->module->walk([&](Conv2dOp) { any = true; });
+    if (any)
+      s.whole = std::move(m);
+  }
   o.base = s.get(1, false, error);
   if (!o.base)
     die(args.model + ": " + error);
