@@ -168,7 +168,7 @@ bool Generator::emitRotary(Operation *op, StringRef kernel, llvm::raw_ostream &o
 /// A convolution kept whole (CUDA target): its two operands, each with its
 /// 16-bit flag (carve.read16: the operand's 16-bit tensor read as stored) and
 /// its shape, the geometry (carve::gpu::Conv2dGeometry: strides, pads,
-/// dilations, group), then the result and its shape.
+/// dilations, group), then the result, its 16-bit copy and its shape.
 bool Generator::emitConvolution(Operation *op, StringRef kernel, llvm::raw_ostream &os) {
   auto list = [](ArrayRef<int64_t> v) {
     std::string s = "{";
@@ -206,9 +206,12 @@ bool Generator::emitConvolution(Operation *op, StringRef kernel, llvm::raw_ostre
     }
     in[k] += ", " + flag(flags[which][k], is16) + ", " + oshape(op, k);
   }
-  Value res = op->getResult(0);
+  // The result, or nullptr where only its 16-bit copy is stored, and that
+  // copy where the call writes it (rule 3h).
+  Value res = op->getResult(0), copy = copyByWriter(op);
   os << callee(opts, kernel.str()) << "(" << in[0] << ", " << in[1] << ", " << geo << ", "
-     << name(res) << ", " << shapeOf(res) << ");";
+     << resultOrCopyOnly(res, copy) << ", " << (copy ? name(copy) : std::string("nullptr")) << ", "
+     << shapeOf(res) << ");";
   return true;
 }
 

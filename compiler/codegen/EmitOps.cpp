@@ -327,8 +327,10 @@ bool Generator::emitOp(Operation *op) {
   // A cast from 16 bits is exact; carve.round16_in_copy: the copy after it
   // rounds (roundCopyBf16).
   // carve.copy_by_writer: the op rounds as it writes its copy (rule 3h).
+  // (cuDNN's convolutions compute their result in 16 bits: rounded.)
   if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kRound16InCopyAttr) &&
-      !op->hasAttr(kWrite16Attr) && !copyByWriter(op))
+      !op->hasAttr(kWrite16Attr) && !copyByWriter(op) &&
+      !isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(op))
     s += round16(op->getResult(0));
   return true;
 }

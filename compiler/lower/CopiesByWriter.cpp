@@ -47,6 +47,26 @@ unsigned attentionGradCopies(Operation *g, StringRef precision) {
   return 3;
 }
 
+/// Rule 3h for cuDNN's convolutions: the first 16-bit copy of the result
+/// among the casts right after it is written by the call (the copy is no
+/// call, marked carve.copy_by_writer). The same bits: the graph computes the
+/// result in 16 bits, which the call widened before.
+unsigned convolutionCopy(Operation *c, StringRef precision) {
+  MLIRContext *ctx = c->getContext();
+  for (Operation *n = c->getNextNode(); n && isa<CastOp>(n); n = n->getNextNode()) {
+    StringAttr ck = n->getAttrOfType<StringAttr>(kKernelAttr);
+    Type to = elementOf(n->getResult(0));
+    if (n->getOperand(0) != c->getResult(0) || !ck ||
+        (ck.getValue() != "toBf16" && ck.getValue() != "toF16") ||
+        !((precision == "bf16" && to.isBF16()) || (precision == "fp16" && to.isF16())))
+      continue;
+    n->setAttr(kKernelAttr, StringAttr::get(ctx, kNoKernel));
+    n->setAttr(kCopyByWriterAttr, UnitAttr::get(ctx));
+    return 1;
+  }
+  return 0;
+}
+
 /// Rule 3h for a layer or RMS norm gradient (not one that computes the add
 /// after it, rule 4c): the first 16-bit copy of its input gradient among
 /// the copies right after it is written by the gradient's kernel as it

@@ -19,6 +19,8 @@ namespace carve {
 unsigned attentionGradCopies(mlir::Operation *g, llvm::StringRef precision);
 /// A layer or RMS norm gradient: its input gradient's copy.
 unsigned normGradInputCopy(mlir::Operation *g, llvm::StringRef precision);
+/// cuDNN's convolution result's 16-bit copy.
+unsigned convolutionCopy(mlir::Operation *c, llvm::StringRef precision);
 /// An add a norm gradient computes (carve.fold = "accumulate"): its copy.
 unsigned accumulatedAddCopy(mlir::Operation *add, llvm::StringRef precision);
 /// A concat marked "assemble", an attention output's "producer" transpose.

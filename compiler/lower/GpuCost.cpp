@@ -411,7 +411,13 @@ struct Model {
                                          "cuDNN convolution backward filter"};
     const int k = kernel == "conv2d" ? 0 : kernel == "conv2d_grad_input" ? 1 : 2;
     add(names[k], GpuClass::Convolution, flops, (half ? 2.0 : 4.0) * (na + nb + nc), 1, half);
-    if (half)
+    // The 16-bit result widened where the f32 result is stored (not where
+    // the call writes its copy and nothing reads the f32 value: rule 3h).
+    Value r = op->getResult(0);
+    bool copy = false;
+    for (Operation *c = op->getNextNode(); c && isa<CastOp>(c); c = c->getNextNode())
+      copy |= c->hasAttr(kCopyByWriterAttr) && c->getOperand(0) == r;
+    if (half && !(copy && (neverStoredF32(r, *plan) || onlyRead16(r))))
       add("from16Kernel", GpuClass::Conversion, 0, 6 * nc);
   }
 
@@ -823,7 +829,7 @@ struct Model {
     // (rule 3h's writers round as they write their copy)
     if (op->hasAttr(kRound16Attr) && !isa<CastOp>(op) && !op->hasAttr(kFusionGroupAttr) &&
         !op->hasAttr(kRound16InCopyAttr) && !op->hasAttr(kWrite16Attr) && op->getNumResults() &&
-        copyBytes() == 0)
+        copyBytes() == 0 && !isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(op))
       add("round16Kernel", GpuClass::Conversion, 0, 8.0 * numel(op->getResult(0)));
   }
 

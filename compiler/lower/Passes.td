@@ -122,7 +122,8 @@ def CarveSelectKernels : Pass<"carve-select-kernels", "mlir::ModuleOp"> {
          carve-round-operands16 made, all three, by
          `attention_grad_stats_cudnn` itself; the copy of a layer or RMS norm gradient's input
          gradient, by that gradient: `layer_norm_grad16`,
-         `rms_norm_grad16`): the op runs as `binary16`, `unary_grad16`,
+         `rms_norm_grad16`; the copy of a cuDNN convolution's result, by the
+         convolution's own entry, which computes it in 16 bits): the op runs as `binary16`, `unary_grad16`,
          `layer_norm16`, `rms_norm16`, `rotary16`, `rotary_grad16`
          (carve.read16 as rule 3g left it, else all false), `concat16`,
          `transpose16`, `expand16` or `transpose16_view`

@@ -616,6 +616,12 @@ struct SelectKernels : impl::CarveSelectKernelsBase<SelectKernels> {
           op.hasAttr(kWrite16Attr) || op.hasAttr(kRound16InCopyAttr))
         continue;
       StringRef kernel = k.getValue();
+      // cuDNN's convolutions (the same entries): the call writes its 16-bit
+      // result there instead of widening it only.
+      if (kernel.starts_with("conv2d")) {
+        numCopyByWriter += convolutionCopy(&op, precision);
+        continue;
+      }
       auto rt = dyn_cast<RankedTensorType>(op.getResult(0).getType());
       const bool f32 = rt && rt.getElementType().isF32();
       const bool flagged = kernel == "binary" || kernel == "binary16" || kernel == "unary_grad" ||

@@ -40,6 +40,7 @@ Storage storageFor(const std::string &precision, bool published, int64_t m, int 
     st.accumulator = plan.fp32ChunkAccumulators() ? 4 : st.grad;
   }
   st.weightViews = precision != "fp32" && !cuda;
+  st.convolutionResults16 = cuda && precision != "fp32" && m == 1;
   st.gradientTransients = m > 1 || st.grad == 2;
   if (published && precision != "fp32") {
     st = Storage{2, 2, 12, 2, 2};
@@ -128,8 +129,8 @@ PartMemory partMemory(const Segment &seg, bool isLayer, const Candidate &c, cons
   // (carve-store-params16); placed among the part's other transients they
   // fragment its scratch, so the part's views are charged as if all were
   // alive at once.
-  pm.work =
-      seg.transient(b, st.gradientTransients) * aBytes + (st.weightViews ? seg.params * 4 : 0);
+  pm.work = seg.transient(b, st.gradientTransients, st.convolutionResults16) * aBytes +
+            (st.weightViews ? seg.params * 4 : 0);
   if (c.recompute == "full" && isLayer)
     pm.work += (seg.saved * b + core * b) * aBytes + seg.savedWide * b * 4;
   else if (c.recompute == "selective" && isLayer)

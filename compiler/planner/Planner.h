@@ -204,6 +204,13 @@ struct Storage {
   /// adding theirs into an accumulator): a transient of the op that writes
   /// it (Segment::transientPeaksGrads).
   bool gradientTransients = false;
+  /// Whether a whole convolution's result is written as its 16-bit copy (a
+  /// bf16/fp16 CUDA program: cuDNN computes it in 16 bits), so that it is
+  /// half an f32 element among the transients, and its weight gradient is
+  /// written into the 16-bit gradient directly, no f32 product
+  /// (Segment::transientPeaks16). One micro-batch only: a pipelined
+  /// program's (micro-batches adding their gradients) is priced as f32.
+  bool convolutionResults16 = false;
 };
 
 /// What carve's compiled programs store under `precision`: fp32 weights,

@@ -527,7 +527,7 @@ void Profiler::countTransients() {
   };
   struct Live {
     int last;
-    double elems;
+    double elems, elems16; // elems16: a whole convolution's result as half
     bool fixed;
     Value value;
   };
@@ -546,7 +546,11 @@ void Profiler::countTransients() {
     return false;
   };
   std::vector<Live> live;
-  double perSample = 0, fixed = 0;
+  double perSample = 0, fixed = 0, perSample16 = 0, fixed16 = 0;
+  auto drop = [&](const Live &l) {
+    (l.fixed ? fixed : perSample) -= l.elems;
+    (l.fixed ? fixed16 : perSample16) -= l.elems16;
+  };
   int group = -1;
   for (Operation &op : body.without_terminator()) {
     Operation *o = &op;
@@ -557,7 +561,7 @@ void Profiler::countTransients() {
       // (the gradient backward passes from a layer to the one before it).
       for (size_t i = 0; i < live.size();)
         if (live[i].last < pos[o] || !readIn(live[i].value, key)) {
-          (live[i].fixed ? fixed : perSample) -= live[i].elems;
+          drop(live[i]);
           live[i] = live.back();
           live.pop_back();
         } else {
@@ -565,11 +569,16 @@ void Profiler::countTransients() {
         }
       group = key;
     }
-    double gradientHere = 0; // returned gradients this op writes
+    // Returned gradients this op writes (gradientHere16: not a whole
+    // convolution's weight gradient, which it writes in 16 bits directly).
+    double gradientHere = 0, gradientHere16 = 0;
     if ((!isView(o) || copies(o)) && !isa<ConstantOp>(o))
       for (Value r : o->getResults()) {
-        if (batch.count(r) && isReturned(r))
+        if (batch.count(r) && isReturned(r)) {
           gradientHere += elemsOf(r);
+          if (!isa<Conv2dGradWeightOp>(o))
+            gradientHere16 += elemsOf(r);
+        }
         if (!batch.count(r) || isReturned(r))
           continue;
         auto [last, readByBackward] = reach(r);
@@ -583,16 +592,21 @@ void Profiler::countTransients() {
         if (fused)
           continue;
         const bool isFixed = fixedSize.contains(r);
-        live.push_back({last, elemsOf(r), isFixed, r});
+        const double e16 =
+            isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(o) ? elemsOf(r) / 2 : elemsOf(r);
+        live.push_back({last, elemsOf(r), e16, isFixed, r});
         (isFixed ? fixed : perSample) += elemsOf(r);
+        (isFixed ? fixed16 : perSample16) += e16;
       }
     Segment &seg = *segs[segOf[o]];
     Segment::notePeak(seg.transientPeaks, perSample, fixed);
     Segment::notePeak(seg.transientPeaksGrads, perSample, fixed + gradientHere);
+    Segment::notePeak(seg.transientPeaks16, perSample16, fixed16);
+    Segment::notePeak(seg.transientPeaksGrads16, perSample16, fixed16 + gradientHere16);
     const int here = pos[o];
     for (size_t i = 0; i < live.size();)
       if (live[i].last <= here) {
-        (live[i].fixed ? fixed : perSample) -= live[i].elems;
+        drop(live[i]);
         live[i] = live.back();
         live.pop_back();
       } else {

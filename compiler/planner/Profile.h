@@ -116,9 +116,18 @@ struct Segment {
   /// batches accumulating their gradients): the gradient is a transient of
   /// the op that writes it.
   std::vector<std::pair<double, double>> transientPeaks, transientPeaksGrads;
-  double transient(double microBatch, bool gradients) const {
+  /// The same with a whole convolution's result counted as half an element
+  /// (its 16-bit copy, which a bf16/fp16 CUDA program's convolutions write
+  /// instead of the f32 result: Storage::convolutionResults16), and with
+  /// gradients, its weight gradient not at all (written into the 16-bit
+  /// gradient directly).
+  std::vector<std::pair<double, double>> transientPeaks16, transientPeaksGrads16;
+  double transient(double microBatch, bool gradients, bool convolutionResults16 = false) const {
+    const auto &peaks = convolutionResults16
+                            ? (gradients ? transientPeaksGrads16 : transientPeaks16)
+                            : (gradients ? transientPeaksGrads : transientPeaks);
     double most = 0;
-    for (auto [perSample, fixed] : gradients ? transientPeaksGrads : transientPeaks)
+    for (auto [perSample, fixed] : peaks)
       most = std::max(most, perSample * microBatch + fixed);
     return most;
   }

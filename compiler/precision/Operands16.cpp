@@ -289,8 +289,8 @@ bool neverStoredF32(Value v, const PlanAttrs &plan) {
   const bool byWriter =
       !w->hasAttr(kFusionGroupAttr) && (foldOf(w).empty() || foldOf(w) == kFoldEpilogue) &&
       !isGatheredOperand(w) &&
-      (binaryKernel(w) ||
-       isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp, RotaryOp, RotaryGradOp>(w));
+      (binaryKernel(w) || isa<UnaryGradOp, LayerNormOp, RmsNormOp, ConcatOp, TransposeOp, RotaryOp,
+                              RotaryGradOp, Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(w));
   if (byWriter)
     return copyReadAlone();
   // A GELU its matmul computes ("epilogue"): the matmul writes its copy.
@@ -355,6 +355,39 @@ struct RoundOperands16Pass : carve::impl::CarveRoundOperands16Base<RoundOperands
       if (!isEmittedFunction(fn))
         continue;
       Block &body = fn.getBody().front();
+      // cuDNN's convolutions compute their result in 16 bits (the call widens
+      // it): rounded as written (carve.round16), and where a reader reads it
+      // as a 16-bit tensor and no 16-bit copy of it exists, a copy right
+      // after the convolution, which the call writes itself (carve-select-
+      // kernels' rule 3h).
+      for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
+        if (!isa<Conv2dOp, Conv2dGradInputOp, Conv2dGradWeightOp>(&op) ||
+            !isF32Tensor(op.getResult(0)))
+          continue;
+        op.setAttr(kRound16Attr, UnitAttr::get(ctx));
+        Value r = op.getResult(0);
+        if (llvm::any_of(r.getUsers(), [&](Operation *u) {
+              auto c = dyn_cast<CastOp>(u);
+              return c && elementOf(c.getResult()) == f16;
+            }))
+          continue; // copied already (the copy moves right after it below)
+        // A reader that computes in f32 reads the copy only where one exists
+        // (readsExact16): the copy is made, and kept where one would.
+        OpBuilder cb(ctx);
+        cb.setInsertionPointAfter(&op);
+        auto t = cast<RankedTensorType>(r.getType());
+        auto copy = CastOp::create(
+            cb,
+            NameLoc::get(cb.getStringAttr(nodeName(op.getLoc()) + " (16-bit result)"), op.getLoc()),
+            RankedTensorType::get(t.getShape(), f16), r);
+        if (llvm::none_of(r.getUses(), [&](OpOperand &u) {
+              return u.getOwner() != copy.getOperation() && reads16(u, *plan);
+            })) {
+          copy->erase();
+          continue;
+        }
+        ++numCasts;
+      }
       ProgramOrder order(fn);
       const int64_t backwardBegin = order.backwardBegin(true);
       // Each f32 value (through reshapes) that a cuBLAS matmul rounds, with

@@ -159,11 +159,21 @@ void widen(const uint16_t *x, float *y, int64_t n) {
   precision() == Precision::BF16 ? fromBf16(x, y, n) : fromF16(x, y, n);
 }
 
+void to16(const float *x, uint16_t *y, int64_t n) {
+  precision() == Precision::BF16 ? toBf16(x, y, n) : toF16(x, y, n);
+}
+
 /// carve's direct kernel, 16-bit operands widened into scratch first (their
-/// values exactly: the kernel's rounding leaves them as they are).
-void byCarve(ConvKind kind, Operand a, Operand b, float *c, const ConvKey &k) {
+/// values exactly: the kernel's rounding leaves them as they are); a result
+/// wanted in 16 bits only computed into scratch, then converted (exactly:
+/// the kernel rounded it).
+void byCarve(ConvKind kind, Operand a, Operand b, float *c, uint16_t *c16, int64_t nc,
+             const ConvKey &k) {
   const size_t na = a.is16 ? align256(a.n * 4) : 0, nb = b.is16 ? align256(b.n * 4) : 0;
-  char *base = na + nb ? static_cast<char *>(workspace(na + nb, kWsConv)) : nullptr;
+  const size_t ncs = c ? 0 : align256(nc * 4);
+  char *base = na + nb + ncs ? static_cast<char *>(workspace(na + nb + ncs, kWsConv)) : nullptr;
+  if (!c)
+    c = reinterpret_cast<float *>(base + na + nb);
   const float *fa = static_cast<const float *>(a.p), *fb = static_cast<const float *>(b.p);
   if (a.is16) {
     widen(static_cast<const uint16_t *>(a.p), reinterpret_cast<float *>(base), a.n);
@@ -174,6 +184,8 @@ void byCarve(ConvKind kind, Operand a, Operand b, float *c, const ConvKey &k) {
     fb = reinterpret_cast<float *>(base + na);
   }
   conv2dByCarve(kind, fa, fb, c, k.d, k.prec);
+  if (c16)
+    to16(c, c16, nc);
 }
 
 } // namespace
@@ -181,9 +193,10 @@ void byCarve(ConvKind kind, Operand a, Operand b, float *c, const ConvKey &k) {
 #if !CARVE_HAVE_CUDNN
 
 namespace {
-void run(ConvKind kind, Operand a, Operand b, float *c, int64_t, const ConvKey &k) {
+void run(ConvKind kind, Operand a, Operand b, float *c, uint16_t *c16, int64_t nc,
+         const ConvKey &k) {
   sayOnce(k, "this runtime was built without cuDNN");
-  byCarve(kind, a, b, c, k);
+  byCarve(kind, a, b, c, c16, nc, k);
 }
 } // namespace
 
@@ -310,25 +323,27 @@ Graph *graphFor(const ConvKey &k) {
 
 bool aligned(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-/// x, w, y of the graph (uids 1, 2, 3) from the call's a, b, c (nc elements).
-void run(ConvKind kind, Operand a, Operand b, float *c, int64_t nc, const ConvKey &k) {
+/// x, w, y of the graph (uids 1, 2, 3) from the call's a, b, c (nc elements;
+/// its 16-bit copy c16 where given, c then possibly null).
+void run(ConvKind kind, Operand a, Operand b, float *c, uint16_t *c16, int64_t nc,
+         const ConvKey &k) {
   std::string why;
   if (disabledByEnvironment())
     why = "CARVE_CUDNN_CONVOLUTION=off";
-  else if (!aligned(a.p) || !aligned(b.p) || !aligned(c))
+  else if (!aligned(a.p) || !aligned(b.p) || !aligned(c) || !aligned(c16))
     why = "a tensor not 16-byte aligned";
   if (!why.empty())
     sayOnce(k, why);
   Graph *g = why.empty() ? graphFor(k) : nullptr;
   if (!g)
-    return byCarve(kind, a, b, c, k);
+    return byCarve(kind, a, b, c, c16, nc, k);
   const bool half = k.prec != static_cast<int>(Precision::F32);
-  // Scratch: the 16-bit operands the call converts, the 16-bit result, then
-  // cuDNN's workspace.
+  // Scratch: the 16-bit operands the call converts, the 16-bit result
+  // (unless it goes straight into c16), then cuDNN's workspace.
   auto conv16 = [&](const Operand &o) { return half && !o.is16 ? align256(o.n * 2) : 0; };
-  char *p = static_cast<char *>(
-      workspace(conv16(a) + conv16(b) + (half ? align256(nc * 2) : 0) + align256(g->workspaceBytes),
-                kWsConv));
+  char *p = static_cast<char *>(workspace(
+      conv16(a) + conv16(b) + (half && !c16 ? align256(nc * 2) : 0) + align256(g->workspaceBytes),
+      kWsConv));
   auto operand = [&](const Operand &o) {
     if (!half || o.is16)
       return const_cast<void *>(o.p);
@@ -339,7 +354,9 @@ void run(ConvKind kind, Operand a, Operand b, float *c, int64_t nc, const ConvKe
     return static_cast<void *>(y);
   };
   void *pa = operand(a), *pb = operand(b), *pc = c;
-  if (half) {
+  if (half && c16) {
+    pc = c16;
+  } else if (half) {
     pc = p;
     p += align256(nc * 2);
   }
@@ -355,7 +372,7 @@ void run(ConvKind kind, Operand a, Operand b, float *c, int64_t nc, const ConvKe
   ConvState &st = convState();
   execute(st.handle, *g, uids, {pa, pb, pc}, ws, names[static_cast<int>(kind)]);
   ++st.calls[static_cast<int>(kind)];
-  if (half)
+  if (half && c)
     widen(static_cast<const uint16_t *>(pc), c, nc);
 }
 
@@ -375,30 +392,33 @@ namespace {
 /// The entries' common part: the shapes checked, 16-bit operands only under
 /// a 16-bit precision, empty results left alone.
 void call(ConvKind kind, const void *a, bool a16, const Dims &as, const void *b, bool b16,
-          const Dims &bs, float *c, const Dims &cs, const Dims &xs, const Dims &ws, const Dims &ys,
-          const Conv2dGeometry &g) {
+          const Dims &bs, float *c, uint16_t *c16, const Dims &cs, const Dims &xs, const Dims &ws,
+          const Dims &ys, const Conv2dGeometry &g) {
   const ConvKey k = keyOf(kind, xs, ws, ys, g);
-  if ((a16 || b16) && k.prec == static_cast<int>(Precision::F32))
-    rt::fatal("%s: an operand given in 16 bits under an fp32 plan", kindName(kind));
+  if ((a16 || b16 || c16) && k.prec == static_cast<int>(Precision::F32))
+    rt::fatal("%s: a tensor given in 16 bits under an fp32 plan", kindName(kind));
+  if (!c && !c16)
+    rt::fatal("%s: no result to write (neither the f32 result nor its 16-bit copy)",
+              kindName(kind));
   if (count(cs))
-    run(kind, {a, a16, count(as)}, {b, b16, count(bs)}, c, count(cs), k);
+    run(kind, {a, a16, count(as)}, {b, b16, count(bs)}, c, c16, count(cs), k);
 }
 
 } // namespace
 
 void conv2d(const void *x, bool x16, Dims xs, const void *w, bool w16, Dims ws, Conv2dGeometry g,
-            float *y, Dims ys) {
-  call(ConvKind::Forward, x, x16, xs, w, w16, ws, y, ys, xs, ws, ys, g);
+            float *y, uint16_t *y16, Dims ys) {
+  call(ConvKind::Forward, x, x16, xs, w, w16, ws, y, y16, ys, xs, ws, ys, g);
 }
 
 void conv2d_grad_input(const void *dy, bool dy16, Dims ys, const void *w, bool w16, Dims ws,
-                       Conv2dGeometry g, float *dx, Dims xs) {
-  call(ConvKind::Data, dy, dy16, ys, w, w16, ws, dx, xs, xs, ws, ys, g);
+                       Conv2dGeometry g, float *dx, uint16_t *dx16, Dims xs) {
+  call(ConvKind::Data, dy, dy16, ys, w, w16, ws, dx, dx16, xs, xs, ws, ys, g);
 }
 
 void conv2d_grad_weight(const void *x, bool x16, Dims xs, const void *dy, bool dy16, Dims ys,
-                        Conv2dGeometry g, float *dw, Dims ws) {
-  call(ConvKind::Filter, x, x16, xs, dy, dy16, ys, dw, ws, xs, ws, ys, g);
+                        Conv2dGeometry g, float *dw, uint16_t *dw16, Dims ws) {
+  call(ConvKind::Filter, x, x16, xs, dy, dy16, ys, dw, dw16, ws, xs, ws, ys, g);
 }
 
 } // namespace carve::gpu

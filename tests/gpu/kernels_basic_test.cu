@@ -1624,9 +1624,9 @@ void testConvolutionCase(const ConvCase &k, rt::Precision p) {
   g::cudnnConvolutionCalls(f0, d0, w0);
   auto y = poisoned<float>(ys.numel()), gx = poisoned<float>(xs.numel());
   auto gw = poisoned<float>(ws.numel());
-  g::conv2d(dx_->p, false, xs, dw_->p, false, ws, k.geo, y->p, ys);
-  g::conv2d_grad_input(ddy->p, false, ys, dw_->p, false, ws, k.geo, gx->p, xs);
-  g::conv2d_grad_weight(dx_->p, false, xs, ddy->p, false, ys, k.geo, gw->p, ws);
+  g::conv2d(dx_->p, false, xs, dw_->p, false, ws, k.geo, y->p, nullptr, ys);
+  g::conv2d_grad_input(ddy->p, false, ys, dw_->p, false, ws, k.geo, gx->p, nullptr, xs);
+  g::conv2d_grad_weight(dx_->p, false, xs, ddy->p, false, ys, k.geo, gw->p, nullptr, ws);
   g::cudnnConvolutionCalls(f1, d1, w1);
   const std::string what = std::string(label);
   const std::vector<float> yv = y->download(), gxv = gx->download(), gwv = gw->download();
@@ -1644,12 +1644,22 @@ void testConvolutionCase(const ConvCase &k, rt::Precision p) {
     auto x16 = as16(dx_, xs.numel()), w16 = as16(dw_, ws.numel()), dy16 = as16(ddy, ys.numel());
     auto y3 = poisoned<float>(ys.numel()), gx3 = poisoned<float>(xs.numel());
     auto gw3 = poisoned<float>(ws.numel());
-    g::conv2d(x16->p, true, xs, w16->p, true, ws, k.geo, y3->p, ys);
-    g::conv2d_grad_input(dy16->p, true, ys, w16->p, true, ws, k.geo, gx3->p, xs);
-    g::conv2d_grad_weight(x16->p, true, xs, ddy->p, false, ys, k.geo, gw3->p, ws);
+    // The results' 16-bit copies written by the calls (rule 3h), alone (no
+    // f32 result) or with the f32 result: the 16-bit values of the results.
+    auto y16 = poisoned<uint16_t>(ys.numel()), gx16 = poisoned<uint16_t>(xs.numel());
+    auto gw16 = poisoned<uint16_t>(ws.numel());
+    g::conv2d(x16->p, true, xs, w16->p, true, ws, k.geo, y3->p, y16->p, ys);
+    g::conv2d_grad_input(dy16->p, true, ys, w16->p, true, ws, k.geo, nullptr, gx16->p, xs);
+    g::conv2d_grad_weight(x16->p, true, xs, ddy->p, false, ys, k.geo, gw3->p, gw16->p, ws);
+    g::conv2d_grad_input(dy16->p, true, ys, w16->p, true, ws, k.geo, gx3->p, nullptr, xs);
     expectEqual("conv2d from 16-bit x and w " + what, y3->download(), yv);
     expectEqual("conv2d_grad_input from 16-bit dy and w " + what, gx3->download(), gxv);
     expectEqual("conv2d_grad_weight from 16-bit x " + what, gw3->download(), gwv);
+    expectEqual("conv2d's 16-bit result " + what, y16->download(), as16(y, ys.numel())->download());
+    expectEqual("conv2d_grad_input's 16-bit result alone " + what, gx16->download(),
+                as16(gx, xs.numel())->download());
+    expectEqual("conv2d_grad_weight's 16-bit result " + what, gw16->download(),
+                as16(gw, ws.numel())->download());
   }
   ++checks();
   if (g::cudnnAttentionBuilt() && (f1 - f0 != 1 || d1 - d0 != 1 || w1 - w0 != 1)) {

@@ -437,15 +437,17 @@ struct Conv2dGeometry {
 /// whose flag (x16, w16, dy16) is set is given as the 16-bit tensor (the
 /// precision's format) of its values (carve.read16: a weight's copy, a saved
 /// activation, a copy its writer made) and read as stored; the others are
-/// f32.
+/// f32. `y16` (bf16/fp16 plans, may be null): the result also written there
+/// in the precision's 16-bit format, the bits the graph computes (rule 3h:
+/// its 16-bit copy); `y` then may be null (no f32 result stored).
 void conv2d(const void *x, bool x16, Dims xs, const void *w, bool w16, Dims ws, Conv2dGeometry g,
-            float *y, Dims ys);
+            float *y, uint16_t *y16, Dims ys);
 /// dx from dy [N, O, Ho, Wo] and w; dx's shape is the convolution's input's.
 void conv2d_grad_input(const void *dy, bool dy16, Dims ys, const void *w, bool w16, Dims ws,
-                       Conv2dGeometry g, float *dx, Dims xs);
+                       Conv2dGeometry g, float *dx, uint16_t *dx16, Dims xs);
 /// dw from the convolution's input x and dy.
 void conv2d_grad_weight(const void *x, bool x16, Dims xs, const void *dy, bool dy16, Dims ys,
-                        Conv2dGeometry g, float *dw, Dims ws);
+                        Conv2dGeometry g, float *dw, uint16_t *dw16, Dims ws);
 /// How many convolution calls of this process ran as cuDNN graphs (forward,
 /// data gradient, filter gradient): what tests read to know the library path
 /// was taken.
